@@ -1,0 +1,36 @@
+# The two commands of the README: `make run` (the main job) and `make test` (everything CI checks).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap run test lint typecheck unit build bench-ring clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+# Rebuild the compiled parts in place after C changes (pip install -e builds them once).
+build: bootstrap
+	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v "^running" || true
+
+run: build
+	$(PY) -m kernel_insight.cli run
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy
+
+unit: build
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+bench-ring: build
+	$(PY) -m bench.ring
+
+clean:
+	rm -rf build $(VENV) *.egg-info
+	find . -name '*.so' -path './agent/*' -delete

@@ -1,0 +1,79 @@
+"""The per-GPU side: the shared-memory ring that producers write and the agent drains.
+
+Example::
+
+    from kernel_insight.agent import Ring, RingReader, ring_name
+
+    with Ring.create(ring_name(0)) as ring:
+        ring.kernel(ring.intern("gemm"), 0, 1_000, 2_000)
+        with RingReader.open(ring_name(0)) as reader:
+            print(reader.read())
+"""
+
+from __future__ import annotations
+
+from kernel_insight.agent.records import (
+    RECORD_DTYPE,
+    CollectiveOp,
+    CollectiveRecord,
+    ErrorKind,
+    ErrorRecord,
+    FingerprintField,
+    FingerprintRecord,
+    KernelRecord,
+    LaunchRecord,
+    MemopKind,
+    MemopRecord,
+    Record,
+    RecordFlag,
+    RecordType,
+    SampleRecord,
+    StringRecord,
+    StringTable,
+    SyncKind,
+    SyncRecord,
+    decode_record,
+    decode_records,
+)
+from kernel_insight.agent.ring import (
+    DEFAULT_CAPACITY,
+    RECORD_SIZE,
+    RING_VERSION,
+    Ring,
+    RingError,
+    RingReader,
+    WriteStatus,
+    ring_name,
+)
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "RECORD_DTYPE",
+    "RECORD_SIZE",
+    "RING_VERSION",
+    "CollectiveOp",
+    "CollectiveRecord",
+    "ErrorKind",
+    "ErrorRecord",
+    "FingerprintField",
+    "FingerprintRecord",
+    "KernelRecord",
+    "LaunchRecord",
+    "MemopKind",
+    "MemopRecord",
+    "Record",
+    "RecordFlag",
+    "RecordType",
+    "Ring",
+    "RingError",
+    "RingReader",
+    "SampleRecord",
+    "StringRecord",
+    "StringTable",
+    "SyncKind",
+    "SyncRecord",
+    "WriteStatus",
+    "decode_record",
+    "decode_records",
+    "ring_name",
+]

@@ -1,0 +1,676 @@
+/*
+ * ki_ring.h - the Kernel Insight shared-memory ring (layout version 1).
+ *
+ * Header-only C11 implementation of docs/ring.md: many producers (processes
+ * and threads), one consumer, lock-free, fixed 64-byte slots in a POSIX
+ * shared-memory object.  A producer never blocks: when the ring is full the
+ * record is dropped and counted.  Usable from C, C++ and CUDA host code: the
+ * atomics are the GCC/Clang __atomic builtins (the C11 memory model, without
+ * needing <stdatomic.h>, which C++ and nvcc do not accept on plain fields).
+ *
+ * Producer:
+ *     struct ki_ring r;
+ *     char err[256];
+ *     if (ki_ring_attach(&r, "/kernel_insight.0", KI_RING_PRODUCER, err, sizeof err) < 0) ...
+ *     ki_ring_kernel(&r, name_id, device, start_ns, end_ns, stream, corr);
+ *     ki_ring_close(&r);
+ *
+ * Consumer:
+ *     struct ki_ring_consumer c;
+ *     ki_ring_consumer_open(&c, "/kernel_insight.0", err, sizeof err);
+ *     n = ki_ring_consume(&c, out, 1024, ki_ring_now_ns());
+ *
+ * Every function returns 0 (or a count) on success and a negative errno on
+ * failure; functions that can fail for a reason a person must read also fill
+ * the caller's err buffer.
+ */
+#ifndef KI_RING_H
+#define KI_RING_H
+
+/* The POSIX interfaces below (shm_open, kill, clock_gettime) need this under
+ * -std=c11; include ki_ring.h first or define it on the command line. */
+#if !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- constants --------------------------------------------------------- */
+
+#define KI_RING_MAGIC 0x0000474E4952494BULL /* "KIRING\0\0" little-endian */
+#define KI_RING_VERSION 1u                  /* layout version */
+#define KI_RING_RECORD_SIZE 64u             /* bytes per slot */
+#define KI_RING_HEADER_SIZE 4096u           /* bytes before the producer table */
+#define KI_RING_MAX_PRODUCERS 1024u         /* producer table entries (power of two) */
+#define KI_RING_DEFAULT_CAPACITY 65536u     /* slots (power of two) */
+#define KI_RING_MIN_CAPACITY 2u
+#define KI_RING_MAX_CAPACITY (1ULL << 30)
+#define KI_RING_STALL_MIN_NS 2000000ULL        /* a dead writer's slot is skipped after 2 ms */
+#define KI_RING_STALL_TIMEOUT_NS 250000000ULL  /* any unpublished slot is skipped after 250 ms */
+#define KI_RING_NAME_MAX 255u
+
+/* Record types (docs/ring.md, "Record types"). */
+enum ki_rec_type {
+    KI_REC_KERNEL = 1,
+    KI_REC_LAUNCH = 2,
+    KI_REC_MEMOP = 3,
+    KI_REC_COLLECTIVE = 4,
+    KI_REC_SYNC = 5,
+    KI_REC_GPU_SAMPLE = 6,
+    KI_REC_FINGERPRINT = 7,
+    KI_REC_ERROR = 8,
+    KI_REC_STRING = 9,
+    KI_REC_TYPE_MAX = 9
+};
+
+/* MEMOP kinds (record id field). */
+enum ki_memop_kind { KI_MEM_ALLOC = 1, KI_MEM_FREE = 2, KI_MEM_ALLOC_ASYNC = 3, KI_MEM_FREE_ASYNC = 4 };
+/* SYNC kinds (record id field). */
+enum ki_sync_kind { KI_SYNC_STREAM = 1, KI_SYNC_CONTEXT = 2, KI_SYNC_EVENT = 3 };
+/* COLLECTIVE ops (record id field). */
+enum ki_coll_op {
+    KI_COLL_ALLREDUCE = 1, KI_COLL_ALLGATHER = 2, KI_COLL_REDUCESCATTER = 3, KI_COLL_BROADCAST = 4,
+    KI_COLL_REDUCE = 5, KI_COLL_SEND = 6, KI_COLL_RECV = 7, KI_COLL_GROUP = 8, KI_COLL_ALLTOALL = 9
+};
+/* ERROR kinds (record id field). */
+enum ki_error_kind { KI_ERR_OOM = 1, KI_ERR_XID = 2, KI_ERR_NCCL_TIMEOUT = 3, KI_ERR_ECC = 4, KI_ERR_CUDA = 5, KI_ERR_OTHER = 6 };
+/* FINGERPRINT fields (record id field). */
+enum ki_fp_field {
+    KI_FP_NAME = 1, KI_FP_UUID = 2, KI_FP_DRIVER_VERSION = 3, KI_FP_CUDA_VERSION = 4,
+    KI_FP_MEMORY_TOTAL = 5, KI_FP_NVLINK_LINKS = 6, KI_FP_NVLINK_BANDWIDTH = 7, KI_FP_PCI_BUS_ID = 8,
+    KI_FP_SM_COUNT = 9, KI_FP_COMPUTE_CAPABILITY = 10
+};
+
+/* Record flags. */
+#define KI_FLAG_FAILED 0x01u      /* MEMOP/COLLECTIVE: the call returned an error */
+#define KI_FLAG_SIMULATED 0x02u   /* produced by the simulator, never real hardware */
+#define KI_FLAG_STRING_LAST 0x80u /* STRING: last chunk of the name */
+#define KI_FLAG_FP_STRING 0x40u   /* FINGERPRINT: value is a string id */
+
+/* Open flags. */
+#define KI_RING_PRODUCER 0x1 /* allocate a producer id on attach */
+#define KI_RING_CREATE 0x2   /* create the object if it does not exist */
+#define KI_RING_EXCL 0x4     /* with CREATE: fail if it exists */
+
+/* Producer results beyond 0. */
+#define KI_RING_DROPPED (-ENOSPC) /* ring full: record dropped and counted */
+#define KI_RING_LOST (-ESTALE)    /* slot abandoned by the consumer before publication */
+
+/* ---- layout ------------------------------------------------------------ */
+
+/* Payload views, 32 bytes each, little-endian (x86-64 and ARM64 are both). */
+struct ki_kernel { uint64_t end_ns; uint64_t stream; uint64_t correlation; uint32_t pid; uint32_t reserved; };
+struct ki_launch { uint32_t pid; uint32_t tid; uint32_t grid[3]; uint32_t block[3]; };
+struct ki_memop { uint64_t address; uint64_t bytes; uint32_t pid; uint32_t tid; int32_t status; uint32_t reserved; };
+struct ki_collective { uint64_t bytes; uint64_t duration_ns; uint64_t comm; uint32_t rank; uint32_t nranks; };
+struct ki_sync { uint64_t duration_ns; uint64_t handle; uint32_t pid; uint32_t tid; uint64_t reserved; };
+struct ki_sample { double value; uint64_t aux; uint64_t reserved[2]; };
+struct ki_fingerprint { uint64_t value; uint64_t reserved[3]; };
+struct ki_error { int64_t code; uint64_t aux; uint32_t pid; uint32_t detail_id; uint64_t reserved; };
+struct ki_string { char text[32]; };
+
+/* One record as producers write it: 48 bytes, the slot's bytes 16..63. */
+struct ki_rec {
+    uint8_t type;    /* enum ki_rec_type */
+    uint8_t flags;   /* KI_FLAG_* */
+    uint16_t device; /* GPU index (STRING: chunk index) */
+    uint32_t id;     /* name id / kind / op / metric / field, by type */
+    uint64_t ts_ns;  /* CLOCK_REALTIME ns (KERNEL: start) */
+    union {
+        uint8_t raw[32];
+        struct ki_kernel kernel;
+        struct ki_launch launch;
+        struct ki_memop memop;
+        struct ki_collective collective;
+        struct ki_sync sync;
+        struct ki_sample sample;
+        struct ki_fingerprint fingerprint;
+        struct ki_error error;
+        struct ki_string string;
+    } u;
+};
+
+/* One slot in shared memory (64 bytes, cache-line aligned). */
+struct ki_slot {
+    uint64_t seq;      /* atomic: free for pos when == pos, published when == pos + 1 */
+    uint32_t producer; /* producer id of the writer */
+    uint32_t check;    /* ki_ring_checksum(pos, producer, rec) */
+    struct ki_rec rec; /* the record */
+};
+
+/* What the consumer hands out: the slot image with seq replaced by the position. */
+struct ki_record {
+    uint64_t pos;      /* ring position the record was read from */
+    uint32_t producer; /* producer id of the writer */
+    uint32_t check;    /* checksum as verified */
+    struct ki_rec rec;
+};
+
+struct ki_producer_entry {
+    uint32_t id;      /* atomic: producer id owning this entry */
+    uint32_t pid;     /* atomic: its process id (liveness checks) */
+    uint64_t dropped; /* atomic: records it dropped because the ring was full */
+    uint64_t lost;    /* atomic: records whose slot the consumer abandoned */
+    uint64_t reserved;
+};
+
+struct ki_ring_header {
+    /* cache line 0: immutable after creation */
+    uint64_t magic;          /* KI_RING_MAGIC, written last by the creator (release) */
+    uint32_t version;        /* KI_RING_VERSION */
+    uint32_t record_size;    /* KI_RING_RECORD_SIZE */
+    uint64_t capacity;       /* slots, power of two */
+    uint32_t header_size;    /* bytes from the start of the object to the first slot */
+    uint32_t max_producers;  /* producer table entries */
+    uint64_t created_ns;     /* CLOCK_REALTIME at creation */
+    uint8_t pad0[24];
+    char label[64];          /* GPU uuid or index this ring belongs to */
+    /* cache lines 2-3: producers */
+    uint64_t head;           /* atomic: next position to reserve */
+    uint8_t pad1[120];
+    /* cache lines 4-5: consumer */
+    uint64_t tail;           /* atomic: next position to consume */
+    uint32_t consumer_pid;   /* atomic: pid of the attached consumer, 0 if none */
+    uint32_t pad2a;
+    uint8_t pad2[112];
+    /* cache line 6: counters */
+    uint64_t dropped;        /* atomic: records dropped because the ring was full */
+    uint64_t abandoned;      /* atomic: reserved slots never published, skipped by the consumer */
+    uint64_t torn;           /* atomic: records that failed their checksum, skipped */
+    uint64_t lost;           /* atomic: late publications refused after abandonment */
+    uint64_t consumed;       /* atomic: records handed out by consumers */
+    uint32_t next_producer;  /* atomic: next producer id (starts at 1) */
+    uint32_t pad3a;
+    uint8_t pad3[16];
+};
+
+struct ki_ring {
+    struct ki_ring_header *hdr; /* mapped header */
+    struct ki_producer_entry *producers; /* mapped producer table */
+    struct ki_slot *slots;      /* mapped slot array */
+    uint64_t mask;              /* capacity - 1 */
+    size_t map_size;            /* bytes mapped */
+    uint32_t producer_id;       /* this handle's producer id, 0 if not a producer */
+    uint32_t pid;               /* getpid() at attach */
+    char name[KI_RING_NAME_MAX + 1]; /* shm object name */
+};
+
+struct ki_ring_consumer {
+    struct ki_ring ring;        /* the attached ring */
+    uint64_t stall_pos;         /* position last seen reserved but unpublished */
+    uint64_t stall_since_ns;    /* when stall_pos was first seen */
+    uint64_t stall_timeout_ns;  /* skip any unpublished slot after this long */
+    uint64_t stall_min_ns;      /* skip a dead writer's slot after this long */
+    uint64_t abandoned;         /* slots this consumer skipped */
+    uint64_t torn;              /* records this consumer rejected */
+};
+
+struct ki_ring_options {
+    uint64_t capacity; /* slots, power of two; 0 = default */
+    mode_t mode;       /* 0600 or 0660; 0 = 0600 */
+    gid_t gid;         /* group for 0660 rings; (gid_t)-1 = unchanged */
+    const char *label; /* GPU uuid or index; NULL = the name */
+};
+
+#ifdef __cplusplus
+#define KI_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define KI_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+KI_STATIC_ASSERT(sizeof(struct ki_rec) == 48, "ki_rec must be 48 bytes");
+KI_STATIC_ASSERT(sizeof(struct ki_slot) == KI_RING_RECORD_SIZE, "slot must be 64 bytes");
+KI_STATIC_ASSERT(sizeof(struct ki_record) == KI_RING_RECORD_SIZE, "record must be 64 bytes");
+KI_STATIC_ASSERT(sizeof(struct ki_ring_header) <= KI_RING_HEADER_SIZE, "header too large");
+KI_STATIC_ASSERT(offsetof(struct ki_ring_header, head) == 128, "head offset");
+KI_STATIC_ASSERT(offsetof(struct ki_ring_header, tail) == 256, "tail offset");
+KI_STATIC_ASSERT(offsetof(struct ki_ring_header, dropped) == 384, "counters offset");
+KI_STATIC_ASSERT(sizeof(struct ki_producer_entry) == 32, "producer entry size");
+
+/* ---- helpers ----------------------------------------------------------- */
+
+#define KI_LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define KI_LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define KI_STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define KI_ADD_RLX(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+
+static inline uint64_t ki_ring_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t ki_ring_mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Checksum of a slot's contents bound to its position, so a torn record and a
+ * record left over from an earlier lap both fail verification. */
+static inline uint32_t ki_ring_checksum(uint64_t pos, uint32_t producer, const struct ki_rec *rec) {
+    uint64_t w[6];
+    memcpy(w, rec, sizeof w);
+    uint64_t h = (pos ^ 0x9E3779B97F4A7C15ULL) * 0xFF51AFD7ED558CCDULL;
+    h = (h ^ producer) * 0xC4CEB9FE1A85EC53ULL;
+    for (int i = 0; i < 6; i++) {
+        h ^= h >> 29;
+        h = (h ^ w[i]) * 0xFF51AFD7ED558CCDULL;
+    }
+    h ^= h >> 32;
+    return (uint32_t)h;
+}
+
+static inline size_t ki_ring_object_size(uint64_t capacity) {
+    return (size_t)KI_RING_HEADER_SIZE + (size_t)KI_RING_MAX_PRODUCERS * sizeof(struct ki_producer_entry) +
+           (size_t)capacity * KI_RING_RECORD_SIZE;
+}
+
+/* Join four strings into the caller's error buffer (cut to fit, on purpose). */
+static inline int ki_ring__fail(char *err, size_t errlen, int rc, const char *a, const char *b, const char *c,
+                                const char *d) {
+    if (!err || !errlen) return rc;
+    const char *parts[4] = {a, b, c, d};
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        for (const char *p = parts[i]; p && *p && off + 1 < errlen; p++) err[off++] = *p;
+    }
+    err[off] = '\0';
+    return rc;
+}
+
+static inline int ki_ring__map(struct ki_ring *r, int fd, size_t size, char *err, size_t errlen) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        return ki_ring__fail(err, errlen, -e, "ring ", r->name, ": mmap failed: ", strerror(e));
+    }
+    r->hdr = (struct ki_ring_header *)p;
+    r->producers = (struct ki_producer_entry *)((char *)p + KI_RING_HEADER_SIZE);
+    r->map_size = size;
+    return 0;
+}
+
+static inline void ki_ring__register_producer(struct ki_ring *r) {
+    uint32_t id = __atomic_add_fetch(&r->hdr->next_producer, 1, __ATOMIC_RELAXED);
+    if (id == 0) id = __atomic_add_fetch(&r->hdr->next_producer, 1, __ATOMIC_RELAXED);
+    struct ki_producer_entry *e = &r->producers[id & (KI_RING_MAX_PRODUCERS - 1)];
+    KI_STORE_REL(&e->pid, r->pid);
+    __atomic_store_n(&e->dropped, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->lost, 0, __ATOMIC_RELAXED);
+    KI_STORE_REL(&e->id, id);
+    r->producer_id = id;
+}
+
+/* Validate a mapped header against what this code understands. */
+static inline int ki_ring__validate(struct ki_ring *r, size_t size, char *err, size_t errlen) {
+    const struct ki_ring_header *h = r->hdr;
+    char detail[160];
+    if (KI_LOAD_ACQ(&h->magic) != KI_RING_MAGIC) {
+        snprintf(detail, sizeof detail, "bad magic 0x%016llx (expected 0x%016llx): not a Kernel Insight ring",
+                 (unsigned long long)h->magic, (unsigned long long)KI_RING_MAGIC);
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", r->name, ": ", detail);
+    }
+    if (h->version != KI_RING_VERSION) {
+        snprintf(detail, sizeof detail, "layout version %u, this build understands version %u", h->version,
+                 KI_RING_VERSION);
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", r->name, ": incompatible ", detail);
+    }
+    if (h->record_size != KI_RING_RECORD_SIZE) {
+        snprintf(detail, sizeof detail, "record size %u bytes, this build uses %u bytes", h->record_size,
+                 KI_RING_RECORD_SIZE);
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", r->name, ": incompatible ", detail);
+    }
+    if (h->capacity < KI_RING_MIN_CAPACITY || h->capacity > KI_RING_MAX_CAPACITY ||
+        (h->capacity & (h->capacity - 1)) != 0 || h->header_size != KI_RING_HEADER_SIZE ||
+        h->max_producers != KI_RING_MAX_PRODUCERS) {
+        snprintf(detail, sizeof detail, "corrupt header (capacity %llu, header size %u, producers %u)",
+                 (unsigned long long)h->capacity, h->header_size, h->max_producers);
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", r->name, ": ", detail);
+    }
+    if (size < ki_ring_object_size(h->capacity)) {
+        snprintf(detail, sizeof detail, "object is %zu bytes, its header needs %zu", size,
+                 ki_ring_object_size(h->capacity));
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", r->name, ": truncated: ", detail);
+    }
+    return 0;
+}
+
+static inline int ki_ring__set_name(struct ki_ring *r, const char *name, char *err, size_t errlen) {
+    size_t n = name ? strlen(name) : 0;
+    if (n < 2 || n > KI_RING_NAME_MAX || name[0] != '/' || strchr(name + 1, '/') != NULL)
+        return ki_ring__fail(err, errlen, -EINVAL, "invalid ring name '", name ? name : "", "': ",
+                             "must be '/' followed by 1-254 characters without '/'");
+    memcpy(r->name, name, n + 1);
+    return 0;
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+/* Create a new ring; fails with -EEXIST if one of that name exists. */
+static inline int ki_ring_create(struct ki_ring *r, const char *name, const struct ki_ring_options *opt, int flags,
+                                 char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    int rc = ki_ring__set_name(r, name, err, errlen);
+    if (rc < 0) return rc;
+    uint64_t cap = opt && opt->capacity ? opt->capacity : KI_RING_DEFAULT_CAPACITY;
+    if (cap < KI_RING_MIN_CAPACITY || cap > KI_RING_MAX_CAPACITY || (cap & (cap - 1)) != 0)
+        return ki_ring__fail(err, errlen, -EINVAL, "ring ", name, ": ", "capacity must be a power of two in [2, 2^30]");
+    mode_t mode = opt && opt->mode ? opt->mode : 0600;
+    if (mode != 0600 && mode != 0660)
+        return ki_ring__fail(err, errlen, -EINVAL, "ring ", name, ": ", "mode must be 0600 or 0660");
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, mode);
+    if (fd < 0) {
+        int e = errno;
+        return ki_ring__fail(err, errlen, -e, "cannot create ring ", name, ": ", strerror(e));
+    }
+    size_t size = ki_ring_object_size(cap);
+    if (fchmod(fd, mode) < 0 || (opt && opt->gid != (gid_t)-1 && opt->gid != 0 && fchown(fd, (uid_t)-1, opt->gid) < 0) ||
+        ftruncate(fd, (off_t)size) < 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(name);
+        return ki_ring__fail(err, errlen, -e, "cannot set up ring ", name, ": ", strerror(e));
+    }
+    rc = ki_ring__map(r, fd, size, err, errlen);
+    close(fd);
+    if (rc < 0) {
+        shm_unlink(name);
+        return rc;
+    }
+    struct ki_ring_header *h = r->hdr;
+    h->version = KI_RING_VERSION;
+    h->record_size = KI_RING_RECORD_SIZE;
+    h->capacity = cap;
+    h->header_size = KI_RING_HEADER_SIZE;
+    h->max_producers = KI_RING_MAX_PRODUCERS;
+    h->created_ns = ki_ring_now_ns();
+    snprintf(h->label, sizeof h->label, "%s", opt && opt->label ? opt->label : name + 1);
+    r->slots = (struct ki_slot *)((char *)r->producers + KI_RING_MAX_PRODUCERS * sizeof(struct ki_producer_entry));
+    for (uint64_t i = 0; i < cap; i++) r->slots[i].seq = i;
+    r->mask = cap - 1;
+    r->pid = (uint32_t)getpid();
+    KI_STORE_REL(&h->magic, KI_RING_MAGIC);
+    if (flags & KI_RING_PRODUCER) ki_ring__register_producer(r);
+    return 0;
+}
+
+/* Attach to an existing ring (or create it with KI_RING_CREATE). */
+static inline int ki_ring_attach(struct ki_ring *r, const char *name, int flags, char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    int rc = ki_ring__set_name(r, name, err, errlen);
+    if (rc < 0) return rc;
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0 && errno == ENOENT && (flags & KI_RING_CREATE)) {
+        rc = ki_ring_create(r, name, NULL, flags, err, errlen);
+        if (rc != -EEXIST) return rc;
+        fd = shm_open(name, O_RDWR, 0);
+    }
+    if (fd < 0) {
+        int e = errno;
+        if (e == EACCES) {
+            struct stat st;
+            int rfd = shm_open(name, O_RDONLY, 0);
+            char detail[128] = "permission denied";
+            if (rfd >= 0 && fstat(rfd, &st) == 0)
+                snprintf(detail, sizeof detail, "permission denied (owner uid %u gid %u, mode %04o; this process uid %u)",
+                         (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), (unsigned)getuid());
+            if (rfd >= 0) close(rfd);
+            return ki_ring__fail(err, errlen, -EACCES, "cannot attach to ring ", name, ": ", detail);
+        }
+        return ki_ring__fail(err, errlen, -e, "cannot attach to ring ", name, ": ",
+                             e == ENOENT ? "no such ring (is the agent or a producer running?)" : strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return ki_ring__fail(err, errlen, -e, "cannot stat ring ", name, ": ", strerror(e));
+    }
+    /* A creator may still be initialising: wait up to a second for the magic. */
+    for (int i = 0; i < 1000 && (size_t)st.st_size < sizeof(struct ki_ring_header); i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+        fstat(fd, &st);
+    }
+    if ((size_t)st.st_size < sizeof(struct ki_ring_header)) {
+        close(fd);
+        char detail[64];
+        snprintf(detail, sizeof detail, "object is %lld bytes, smaller than a ring header", (long long)st.st_size);
+        return ki_ring__fail(err, errlen, -EPROTO, "ring ", name, ": truncated: ", detail);
+    }
+    rc = ki_ring__map(r, fd, (size_t)st.st_size, err, errlen);
+    close(fd);
+    if (rc < 0) return rc;
+    for (int i = 0; i < 1000 && KI_LOAD_ACQ(&r->hdr->magic) == 0; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    rc = ki_ring__validate(r, (size_t)st.st_size, err, errlen);
+    if (rc < 0) {
+        munmap(r->hdr, r->map_size);
+        memset(r, 0, sizeof *r);
+        return rc;
+    }
+    r->slots = (struct ki_slot *)((char *)r->producers + KI_RING_MAX_PRODUCERS * sizeof(struct ki_producer_entry));
+    r->mask = r->hdr->capacity - 1;
+    r->pid = (uint32_t)getpid();
+    if (flags & KI_RING_PRODUCER) ki_ring__register_producer(r);
+    return 0;
+}
+
+/* Unmap; safe on a zeroed or already closed ring. */
+static inline void ki_ring_close(struct ki_ring *r) {
+    if (r && r->hdr) munmap(r->hdr, r->map_size);
+    if (r) memset(r, 0, sizeof *r);
+}
+
+/* Remove the shm object (mapped handles stay valid until closed). */
+static inline int ki_ring_unlink(const char *name) { return shm_unlink(name) < 0 ? -errno : 0; }
+
+/* ---- producer ---------------------------------------------------------- */
+
+/* Write one record.  Never blocks: returns 0, KI_RING_DROPPED (full, counted)
+ * or KI_RING_LOST (the consumer gave the slot up, counted). */
+static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
+    struct ki_slot *slots = r->slots;
+    uint64_t pos = KI_LOAD_RLX(&r->hdr->head);
+    struct ki_slot *s;
+    for (;;) {
+        s = &slots[pos & r->mask];
+        uint64_t seq = KI_LOAD_ACQ(&s->seq);
+        int64_t dif = (int64_t)(seq - pos);
+        if (dif == 0) {
+            if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                break;
+        } else if (dif < 0) {
+            KI_ADD_RLX(&r->hdr->dropped, 1);
+            KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].dropped, 1);
+            return KI_RING_DROPPED;
+        } else {
+            pos = KI_LOAD_RLX(&r->hdr->head);
+        }
+    }
+    __atomic_store_n(&s->producer, r->producer_id, __ATOMIC_RELAXED);
+    memcpy(&s->rec, rec, sizeof *rec);
+    s->check = ki_ring_checksum(pos, r->producer_id, rec);
+    uint64_t expect = pos;
+    if (!__atomic_compare_exchange_n(&s->seq, &expect, pos + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+        KI_ADD_RLX(&r->hdr->lost, 1);
+        KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].lost, 1);
+        return KI_RING_LOST;
+    }
+    return 0;
+}
+
+static inline int ki_ring_kernel(struct ki_ring *r, uint32_t name_id, uint16_t device, uint64_t start_ns,
+                                 uint64_t end_ns, uint64_t stream, uint64_t correlation) {
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_KERNEL;
+    rec.device = device;
+    rec.id = name_id;
+    rec.ts_ns = start_ns;
+    rec.u.kernel.end_ns = end_ns;
+    rec.u.kernel.stream = stream;
+    rec.u.kernel.correlation = correlation;
+    rec.u.kernel.pid = r->pid;
+    return ki_ring_write(r, &rec);
+}
+
+static inline int ki_ring_sample(struct ki_ring *r, uint32_t metric, uint16_t device, uint64_t ts_ns, double value,
+                                 uint64_t aux) {
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_GPU_SAMPLE;
+    rec.device = device;
+    rec.id = metric;
+    rec.ts_ns = ts_ns;
+    rec.u.sample.value = value;
+    rec.u.sample.aux = aux;
+    return ki_ring_write(r, &rec);
+}
+
+/* Register a name under an id chosen by the caller (unique per producer):
+ * written as STRING records of 32-byte chunks.  Returns 0 or the first error. */
+static inline int ki_ring_string(struct ki_ring *r, uint32_t id, const char *name, size_t len) {
+    size_t chunks = len == 0 ? 1 : (len + 31) / 32;
+    if (chunks > 0xFFFF) return -E2BIG;
+    uint64_t now = ki_ring_now_ns();
+    for (size_t i = 0; i < chunks; i++) {
+        struct ki_rec rec;
+        memset(&rec, 0, sizeof rec);
+        rec.type = KI_REC_STRING;
+        rec.id = id;
+        rec.device = (uint16_t)i;
+        rec.ts_ns = now;
+        size_t n = len - i * 32 < 32 ? len - i * 32 : 32;
+        if (len) memcpy(rec.u.string.text, name + i * 32, n);
+        if (i == chunks - 1) rec.flags = KI_FLAG_STRING_LAST;
+        int rc = ki_ring_write(r, &rec);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* ---- consumer ---------------------------------------------------------- */
+
+static inline int ki_ring__pid_alive(uint32_t pid) { return pid == 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH; }
+
+/* Attach as the ring's only consumer; a dead consumer's claim is taken over. */
+static inline int ki_ring_consumer_open(struct ki_ring_consumer *c, const char *name, int flags, char *err,
+                                        size_t errlen) {
+    memset(c, 0, sizeof *c);
+    int rc = ki_ring_attach(&c->ring, name, flags & KI_RING_CREATE, err, errlen);
+    if (rc < 0) return rc;
+    uint32_t me = c->ring.pid, cur = KI_LOAD_ACQ(&c->ring.hdr->consumer_pid);
+    for (;;) {
+        if (cur != 0 && cur != me && ki_ring__pid_alive(cur)) {
+            char detail[64];
+            snprintf(detail, sizeof detail, "already has a consumer (pid %u)", cur);
+            ki_ring_close(&c->ring);
+            return ki_ring__fail(err, errlen, -EBUSY, "ring ", name, ": ", detail);
+        }
+        if (__atomic_compare_exchange_n(&c->ring.hdr->consumer_pid, &cur, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            break;
+    }
+    c->stall_timeout_ns = KI_RING_STALL_TIMEOUT_NS;
+    c->stall_min_ns = KI_RING_STALL_MIN_NS;
+    c->stall_pos = UINT64_MAX;
+    return 0;
+}
+
+static inline void ki_ring_consumer_close(struct ki_ring_consumer *c) {
+    if (!c || !c->ring.hdr) return;
+    uint32_t me = c->ring.pid;
+    __atomic_compare_exchange_n(&c->ring.hdr->consumer_pid, &me, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    ki_ring_close(&c->ring);
+}
+
+/* Copy up to max published records into out and free their slots.  Returns
+ * the number copied.  An unpublished slot whose writer died (after
+ * stall_min_ns) or that stays unpublished for stall_timeout_ns is abandoned;
+ * a record failing its checksum is skipped; both are counted.  now_ns is
+ * CLOCK_MONOTONIC (ki_ring_mono_ns). */
+static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
+    struct ki_ring *r = &c->ring;
+    struct ki_ring_header *h = r->hdr;
+    const uint64_t cap = r->mask + 1;
+    uint64_t pos = KI_LOAD_RLX(&h->tail);
+    uint64_t start = pos;
+    size_t n = 0;
+    while (n < max) {
+        struct ki_slot *s = &r->slots[pos & r->mask];
+        uint64_t seq = KI_LOAD_ACQ(&s->seq);
+        if (seq == pos + 1) {
+            struct ki_record *o = &out[n];
+            o->pos = pos;
+            o->producer = s->producer;
+            o->check = s->check;
+            memcpy(&o->rec, &s->rec, sizeof o->rec);
+            KI_STORE_REL(&s->seq, pos + cap);
+            pos++;
+            if (ki_ring_checksum(o->pos, o->producer, &o->rec) != o->check) {
+                KI_ADD_RLX(&h->torn, 1);
+                c->torn++;
+                continue;
+            }
+            n++;
+        } else if (seq - pos >= cap && seq - pos <= 2 * cap) {
+            pos++; /* freed by a consumer that died before advancing tail (and maybe reused) */
+        } else if (seq == pos && KI_LOAD_ACQ(&h->head) > pos) {
+            /* reserved, not yet published */
+            if (c->stall_pos != pos) {
+                c->stall_pos = pos;
+                c->stall_since_ns = now_ns;
+                break;
+            }
+            uint64_t waited = now_ns - c->stall_since_ns;
+            int dead = 0;
+            if (waited >= c->stall_min_ns) {
+                uint32_t pid = KI_LOAD_ACQ(&r->producers[KI_LOAD_RLX(&s->producer) & (KI_RING_MAX_PRODUCERS - 1)].pid);
+                dead = !ki_ring__pid_alive(pid);
+            }
+            if (!dead && waited < c->stall_timeout_ns) break;
+            uint64_t expect = pos;
+            if (__atomic_compare_exchange_n(&s->seq, &expect, pos + cap, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                KI_ADD_RLX(&h->abandoned, 1);
+                c->abandoned++;
+                pos++;
+            }
+            /* else the writer published just now: read it on the next turn */
+        } else if (seq == pos) {
+            break; /* empty */
+        } else {
+            /* a sequence no protocol step produces: count and resynchronise */
+            KI_ADD_RLX(&h->torn, 1);
+            c->torn++;
+            KI_STORE_REL(&s->seq, pos + cap);
+            pos++;
+        }
+    }
+    if (pos != start) {
+        KI_STORE_REL(&h->tail, pos);
+        KI_ADD_RLX(&h->consumed, n);
+    }
+    return n;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KI_RING_H */

@@ -1,0 +1,367 @@
+"""Typed views of the ring's 64-byte records (docs/ring.md, "Record types").
+
+The ring hands out raw slot images; tools and tests want named fields, the
+agent wants bulk arrays.  Both views are defined here, once.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "RECORD_DTYPE",
+    "CollectiveOp",
+    "CollectiveRecord",
+    "ErrorKind",
+    "ErrorRecord",
+    "FingerprintField",
+    "FingerprintRecord",
+    "KernelRecord",
+    "LaunchRecord",
+    "MemopKind",
+    "MemopRecord",
+    "Record",
+    "RecordFlag",
+    "RecordType",
+    "SampleRecord",
+    "StringRecord",
+    "StringTable",
+    "SyncKind",
+    "SyncRecord",
+    "decode_record",
+    "decode_records",
+]
+
+
+class RecordType(enum.IntEnum):
+    KERNEL = 1
+    LAUNCH = 2
+    MEMOP = 3
+    COLLECTIVE = 4
+    SYNC = 5
+    GPU_SAMPLE = 6
+    FINGERPRINT = 7
+    ERROR = 8
+    STRING = 9
+
+
+class RecordFlag(enum.IntFlag):
+    FAILED = 0x01
+    SIMULATED = 0x02
+    FP_STRING = 0x40
+    STRING_LAST = 0x80
+
+
+class MemopKind(enum.IntEnum):
+    ALLOC = 1
+    FREE = 2
+    ALLOC_ASYNC = 3
+    FREE_ASYNC = 4
+
+
+class SyncKind(enum.IntEnum):
+    STREAM = 1
+    CONTEXT = 2
+    EVENT = 3
+
+
+class CollectiveOp(enum.IntEnum):
+    ALLREDUCE = 1
+    ALLGATHER = 2
+    REDUCESCATTER = 3
+    BROADCAST = 4
+    REDUCE = 5
+    SEND = 6
+    RECV = 7
+    GROUP = 8
+    ALLTOALL = 9
+
+
+class ErrorKind(enum.IntEnum):
+    OOM = 1
+    XID = 2
+    NCCL_TIMEOUT = 3
+    ECC = 4
+    CUDA = 5
+    OTHER = 6
+
+
+class FingerprintField(enum.IntEnum):
+    NAME = 1
+    UUID = 2
+    DRIVER_VERSION = 3
+    CUDA_VERSION = 4
+    MEMORY_TOTAL = 5
+    NVLINK_LINKS = 6
+    NVLINK_BANDWIDTH = 7
+    PCI_BUS_ID = 8
+    SM_COUNT = 9
+    COMPUTE_CAPABILITY = 10
+
+
+#: One consumed record: the slot image with the sequence word replaced by the position.
+RECORD_DTYPE = np.dtype(
+    [
+        ("pos", "<u8"),
+        ("producer", "<u4"),
+        ("check", "<u4"),
+        ("type", "u1"),
+        ("flags", "u1"),
+        ("device", "<u2"),
+        ("id", "<u4"),
+        ("ts_ns", "<u8"),
+        ("payload", "V32"),
+    ]
+)
+assert RECORD_DTYPE.itemsize == 64
+
+_HEAD = struct.Struct("<QII BBHIQ")
+_KERNEL = struct.Struct("<QQQI4x")
+_LAUNCH = struct.Struct("<II3I3I")
+_MEMOP = struct.Struct("<QQIIi4x")
+_COLLECTIVE = struct.Struct("<QQQII")
+_SYNC = struct.Struct("<QQII8x")
+_SAMPLE = struct.Struct("<dQ16x")
+_FINGERPRINT = struct.Struct("<Q24x")
+_ERROR = struct.Struct("<qQII8x")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    name_id: int
+    start_ns: int
+    end_ns: int
+    stream: int
+    correlation: int
+    pid: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    function_id: int
+    ts_ns: int
+    pid: int
+    tid: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MemopRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    kind: int  # MemopKind when known
+    ts_ns: int
+    address: int
+    nbytes: int
+    pid: int
+    tid: int
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    op: int  # CollectiveOp when known
+    ts_ns: int
+    nbytes: int
+    duration_ns: int
+    comm: int
+    rank: int
+    nranks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    kind: int  # SyncKind when known
+    ts_ns: int
+    duration_ns: int
+    handle: int
+    pid: int
+    tid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    metric: int
+    ts_ns: int
+    value: float
+    aux: int
+
+
+@dataclass(frozen=True, slots=True)
+class FingerprintRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    field: int  # FingerprintField when known
+    ts_ns: int
+    value: int
+
+    @property
+    def is_string(self) -> bool:
+        return bool(self.flags & RecordFlag.FP_STRING)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    pos: int
+    producer: int
+    flags: int
+    device: int
+    kind: int  # ErrorKind when known
+    ts_ns: int
+    code: int
+    aux: int
+    pid: int
+    detail_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StringRecord:
+    pos: int
+    producer: int
+    flags: int
+    string_id: int
+    chunk: int
+    ts_ns: int
+    text: bytes
+
+    @property
+    def last(self) -> bool:
+        return bool(self.flags & RecordFlag.STRING_LAST)
+
+
+Record = (
+    KernelRecord
+    | LaunchRecord
+    | MemopRecord
+    | CollectiveRecord
+    | SyncRecord
+    | SampleRecord
+    | FingerprintRecord
+    | ErrorRecord
+    | StringRecord
+)
+
+
+def _enum(cls: type[enum.IntEnum], value: int) -> int:
+    """The enum member when the value is known, else the plain int (newer producers may add kinds)."""
+    try:
+        return cls(value)
+    except ValueError:
+        return value
+
+
+def decode_record(raw: bytes | memoryview) -> Record:
+    """Decode one 64-byte consumed record; unknown types raise ValueError (the consumer counts them)."""
+    if len(raw) != 64:
+        raise ValueError(f"a record is 64 bytes, got {len(raw)}")
+    pos, producer, _check, rtype, flags, device, ident, ts = _HEAD.unpack_from(raw, 0)
+    p = 32
+    if rtype == RecordType.KERNEL:
+        end, stream, corr, pid = _KERNEL.unpack_from(raw, p)
+        return KernelRecord(pos, producer, flags, device, ident, ts, end, stream, corr, pid)
+    if rtype == RecordType.LAUNCH:
+        pid, tid, gx, gy, gz, bx, by, bz = _LAUNCH.unpack_from(raw, p)
+        return LaunchRecord(pos, producer, flags, device, ident, ts, pid, tid, (gx, gy, gz), (bx, by, bz))
+    if rtype == RecordType.MEMOP:
+        addr, nbytes, pid, tid, status = _MEMOP.unpack_from(raw, p)
+        kind = _enum(MemopKind, ident)
+        return MemopRecord(pos, producer, flags, device, kind, ts, addr, nbytes, pid, tid, status)
+    if rtype == RecordType.COLLECTIVE:
+        nbytes, dur, comm, rank, nranks = _COLLECTIVE.unpack_from(raw, p)
+        op = _enum(CollectiveOp, ident)
+        return CollectiveRecord(pos, producer, flags, device, op, ts, nbytes, dur, comm, rank, nranks)
+    if rtype == RecordType.SYNC:
+        dur, handle, pid, tid = _SYNC.unpack_from(raw, p)
+        return SyncRecord(pos, producer, flags, device, _enum(SyncKind, ident), ts, dur, handle, pid, tid)
+    if rtype == RecordType.GPU_SAMPLE:
+        value, aux = _SAMPLE.unpack_from(raw, p)
+        return SampleRecord(pos, producer, flags, device, ident, ts, value, aux)
+    if rtype == RecordType.FINGERPRINT:
+        (value,) = _FINGERPRINT.unpack_from(raw, p)
+        field = _enum(FingerprintField, ident)
+        return FingerprintRecord(pos, producer, flags, device, field, ts, value)
+    if rtype == RecordType.ERROR:
+        code, aux, pid, detail = _ERROR.unpack_from(raw, p)
+        return ErrorRecord(pos, producer, flags, device, _enum(ErrorKind, ident), ts, code, aux, pid, detail)
+    if rtype == RecordType.STRING:
+        text = bytes(raw[p : p + 32])
+        if flags & RecordFlag.STRING_LAST:
+            text = text.rstrip(b"\0")
+        return StringRecord(pos, producer, flags, ident, device, ts, text)
+    raise ValueError(f"unknown record type {rtype} at ring position {pos}")
+
+
+def decode_records(buf: bytes | bytearray | memoryview) -> list[Record]:
+    """Decode a run of consumed records, as RingReader.read_bytes returns them."""
+    view = memoryview(buf)
+    if len(view) % 64:
+        raise ValueError(f"record buffer of {len(view)} bytes is not a whole number of 64-byte records")
+    return [decode_record(view[i : i + 64]) for i in range(0, len(view), 64)]
+
+
+class StringTable:
+    """Reassembles STRING chunks into names, keyed by (producer, string id).
+
+    String ids are chosen by each producer, so the same id from two producers
+    names two different strings; the producer id in every slot tells them apart.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[int, int], str] = {}
+        self._partial: dict[tuple[int, int], list[bytes]] = {}
+
+    def add(self, rec: StringRecord) -> str | None:
+        """Take one chunk; returns the whole name once its last chunk arrives."""
+        key = (rec.producer, rec.string_id)
+        parts = self._partial.setdefault(key, [])
+        if rec.chunk != len(parts):
+            # A chunk went missing (dropped while the ring was full): start over.
+            parts.clear()
+            if rec.chunk != 0:
+                return None
+        parts.append(rec.text)
+        if not rec.last:
+            return None
+        del self._partial[key]
+        name = b"".join(parts).decode("utf-8", errors="replace")
+        self._names[key] = name
+        return name
+
+    def get(self, producer: int, string_id: int) -> str | None:
+        return self._names.get((producer, string_id))
+
+    def __len__(self) -> int:
+        return len(self._names)
