@@ -1,0 +1,220 @@
+"""The storage protocol the kql engine reads through, and an in-memory implementation of it.
+
+Two back ends implement :class:`Storage`: the ClickHouse store of the collector and
+:class:`MemoryStorage` here (tests, the promqltest runner). The engine only ever calls
+``select``, ``label_names`` and ``label_values``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "MATCH_OPS",
+    "STALE_NAN",
+    "STALE_NAN_BITS",
+    "Labels",
+    "Matcher",
+    "MemoryStorage",
+    "SeriesData",
+    "Storage",
+    "is_stale",
+    "is_stale_value",
+    "labels_match",
+    "normalize_labels",
+]
+
+#: The Prometheus staleness marker: a NaN with this exact bit pattern (``value.StaleNaN``).
+STALE_NAN_BITS = 0x7FF0000000000002
+STALE_NAN: float = float(np.array([STALE_NAN_BITS], dtype=np.uint64).view(np.float64)[0])
+
+#: Matcher operators, as PromQL writes them.
+MATCH_OPS = ("=", "!=", "=~", "!~")
+
+#: A label set: (name, value) pairs sorted by name, ``__name__`` included when present.
+Labels = tuple[tuple[str, str], ...]
+
+
+def is_stale(values: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """Elementwise: which values are staleness markers (not merely NaN)."""
+    stale: npt.NDArray[np.bool_] = values.view(np.uint64) == np.uint64(STALE_NAN_BITS)
+    return stale
+
+
+def is_stale_value(value: float) -> bool:
+    """Whether one float is the staleness marker."""
+    return bool(np.array([value], dtype=np.float64).view(np.uint64)[0] == STALE_NAN_BITS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(pattern: str) -> re.Pattern[str]:
+    # PromQL regexes are RE2, fully anchored, with `.` matching newlines.
+    return re.compile(f"(?s:{pattern})")
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """One label matcher: ``name op "value"``; a missing label matches as the empty string.
+
+    >>> Matcher("gpu", "=~", "[01]").matches("1")
+    True
+    """
+
+    name: str
+    op: str  # one of "=", "!=", "=~", "!~"
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.op not in MATCH_OPS:
+            raise ValueError(f"unknown matcher operator {self.op!r}")
+        if self.op in ("=~", "!~"):
+            try:
+                _compile(self.value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {self.value!r}: {exc}") from None
+
+    def matches(self, value: str) -> bool:
+        """Whether a label value (``""`` when the label is absent) satisfies this matcher."""
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        hit = _compile(self.value).fullmatch(value) is not None
+        return hit if self.op == "=~" else not hit
+
+    def matches_empty(self) -> bool:
+        """Whether this matcher accepts series that lack the label altogether."""
+        return self.matches("")
+
+
+def labels_match(labels: Labels | Mapping[str, str], matchers: Sequence[Matcher]) -> bool:
+    """Whether a label set satisfies every matcher."""
+    lookup = labels if isinstance(labels, Mapping) else dict(labels)
+    return all(m.matches(lookup.get(m.name, "")) for m in matchers)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesData:
+    """One series as storage returns it: sorted labels plus samples in time order."""
+
+    labels: Labels  # sorted, includes ("__name__", ...)
+    timestamps: npt.NDArray[np.int64]  # ms, ascending
+    values: npt.NDArray[np.float64]  # stale markers are the StaleNaN bit pattern 0x7ff0000000000002
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What the engine needs from a store. All bounds are inclusive milliseconds since the epoch."""
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        """Series matching every matcher, with their samples where ``start_ms <= t <= end_ms``.
+
+        A series with no sample in the window may be returned with empty arrays or left out.
+        """
+        ...
+
+    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        """Sorted label names of the matching series (all series when ``matchers`` is empty)."""
+        ...
+
+    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        """Sorted distinct values of label ``name`` among the matching series."""
+        ...
+
+
+class _MemSeries:
+    __slots__ = ("_sorted", "labels", "ts", "vs")
+
+    def __init__(self, labels: Labels) -> None:
+        self.labels = labels
+        self.ts: list[int] = []
+        self.vs: list[float] = []
+        self._sorted: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        if self._sorted is None:
+            ts = np.asarray(self.ts, dtype=np.int64)
+            vs = np.asarray(self.vs, dtype=np.float64)
+            order = np.argsort(ts, kind="stable")
+            ts, vs = ts[order], vs[order]
+            # A later write at the same timestamp replaces the earlier one.
+            if len(ts) > 1:
+                keep = np.append(ts[1:] != ts[:-1], True)
+                ts, vs = ts[keep], vs[keep]
+            self._sorted = (ts, vs)
+        return self._sorted
+
+
+def normalize_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
+    """Sorted label tuple without empty values (an empty label value means "no label")."""
+    items = labels.items() if isinstance(labels, Mapping) else labels
+    return tuple(sorted((k, v) for k, v in items if v != ""))
+
+
+class MemoryStorage:
+    """An in-memory :class:`Storage`, for tests and the promqltest runner.
+
+    >>> s = MemoryStorage()
+    >>> s.add({"__name__": "up", "gpu": "0"}, [0, 15_000], [1.0, 1.0])
+    >>> [d.labels for d in s.select([Matcher("__name__", "=", "up")], 0, 10_000)]
+    [(('__name__', 'up'), ('gpu', '0'))]
+    """
+
+    def __init__(self) -> None:
+        self._series: dict[Labels, _MemSeries] = {}
+
+    def add(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        timestamps: Iterable[int],
+        values: Iterable[float],
+    ) -> None:
+        """Append samples to a series (created on first use); order of appends does not matter."""
+        key = normalize_labels(labels)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _MemSeries(key)
+        series.ts.extend(int(t) for t in timestamps)
+        series.vs.extend(float(v) for v in values)
+        if len(series.ts) != len(series.vs):
+            raise ValueError("timestamps and values differ in length")
+        series._sorted = None
+
+    def clear(self) -> None:
+        """Drop every series."""
+        self._series.clear()
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def _matching(self, matchers: Sequence[Matcher]) -> list[_MemSeries]:
+        return [s for s in self._series.values() if labels_match(s.labels, matchers)]
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        out = []
+        for series in self._matching(matchers):
+            ts, vs = series.arrays()
+            lo = int(np.searchsorted(ts, start_ms, side="left"))
+            hi = int(np.searchsorted(ts, end_ms, side="right"))
+            if hi > lo:
+                out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi]))
+        out.sort(key=lambda d: d.labels)
+        return out
+
+    def _in_window(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[Labels]:
+        return [d.labels for d in self.select(matchers, start_ms, end_ms)]
+
+    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        return sorted({k for labels in self._in_window(matchers, start_ms, end_ms) for k, _ in labels})
+
+    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        values = {dict(labels).get(name, "") for labels in self._in_window(matchers, start_ms, end_ms)}
+        values.discard("")
+        return sorted(values)
