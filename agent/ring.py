@@ -51,7 +51,9 @@ def ring_name(gpu: int | str) -> str:
     """The shm object name of a GPU's ring: ``/kernel_insight.<index or uuid>``."""
     label = str(gpu)
     if not _GPU_RE.match(label):
-        raise ValueError(f"invalid GPU label {label!r}: use an index or a UUID ([A-Za-z0-9_.:-], 1-200 chars)")
+        raise ValueError(
+            f"invalid GPU label {label!r}: use an index or a UUID ([A-Za-z0-9_.:-], 1-200 chars)"
+        )
     return f"/kernel_insight.{label}"
 
 
@@ -79,9 +81,7 @@ class RingReader:
         stall_min_s: float = 0.002,
         batch: int = 8192,
     ) -> Self:
-        consumer = _ring.Consumer.open(
-            name, create, int(stall_timeout_s * 1e9), int(stall_min_s * 1e9)
-        )
+        consumer = _ring.Consumer.open(name, create, int(stall_timeout_s * 1e9), int(stall_min_s * 1e9))
         return cls(consumer, batch)
 
     @property

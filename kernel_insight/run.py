@@ -8,6 +8,7 @@ collector + agent + producers as those components land.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import subprocess
@@ -42,16 +43,21 @@ def synthetic_producer(name: str, seconds: float, rate: int) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     name = ring_name(args.gpu)
-    try:
+    with contextlib.suppress(RingError):
         Ring.unlink(name)
-    except RingError:
-        pass
     ring = Ring.create(name, capacity=1 << 16, producer=False)
-    print(f"ki run: ring {name} ({ring.capacity} slots); synthetic producer at {args.rate}/s for {args.seconds}s")
+    print(
+        f"ki run: ring {name} ({ring.capacity} slots); synthetic producer at {args.rate}/s for {args.seconds}s"
+    )
     prod = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from kernel_insight.run import synthetic_producer as p;"
-         f" print(p({name!r}, {args.seconds}, {args.rate}))"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kernel_insight.run import synthetic_producer as p;"
+            f" print(p({name!r}, {args.seconds}, {args.rate}))",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     strings = StringTable()
     per_kernel: Counter[str] = Counter()
@@ -73,7 +79,9 @@ def _run(args: argparse.Namespace) -> int:
         ring.close()
         Ring.unlink(name)
     out, _ = prod.communicate()
-    print(f"\nproducer wrote {out.strip()}, reader got {sum(per_kernel.values())}, dropped {stats['dropped']}")
+    print(
+        f"\nproducer wrote {out.strip()}, reader got {sum(per_kernel.values())}, dropped {stats['dropped']}"
+    )
     for kernel, n in per_kernel.most_common():
         print(f"  {kernel:<24} {n}")
     return 0

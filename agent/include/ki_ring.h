@@ -424,9 +424,11 @@ static inline int ki_ring_attach(struct ki_ring *r, const char *name, int flags,
         int e = errno;
         if (e == EACCES) {
             struct stat st;
-            int rfd = shm_open(name, O_RDONLY, 0);
-            char detail[128] = "permission denied";
-            if (rfd >= 0 && fstat(rfd, &st) == 0)
+            char detail[128] = "permission denied", path[KI_RING_NAME_MAX + 16];
+            /* Linux keeps shm objects in /dev/shm, where stat needs no permission on the object. */
+            snprintf(path, sizeof path, "/dev/shm%s", name);
+            int rfd = -1;
+            if (stat(path, &st) == 0 || ((rfd = shm_open(name, O_RDONLY, 0)) >= 0 && fstat(rfd, &st) == 0))
                 snprintf(detail, sizeof detail, "permission denied (owner uid %u gid %u, mode %04o; this process uid %u)",
                          (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), (unsigned)getuid());
             if (rfd >= 0) close(rfd);
@@ -505,6 +507,9 @@ static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
             pos = KI_LOAD_RLX(&r->hdr->head);
         }
     }
+#ifdef KI_RING_TEST_AFTER_RESERVE
+    KI_RING_TEST_AFTER_RESERVE(r, pos); /* tests only: stall or die between reservation and publication */
+#endif
     __atomic_store_n(&s->producer, r->producer_id, __ATOMIC_RELAXED);
     memcpy(&s->rec, rec, sizeof *rec);
     s->check = ki_ring_checksum(pos, r->producer_id, rec);
@@ -622,6 +627,8 @@ static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_recor
             o->producer = s->producer;
             o->check = s->check;
             memcpy(&o->rec, &s->rec, sizeof o->rec);
+            /* Clear the writer id so a later stall of this slot never blames a stale writer. */
+            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
             KI_STORE_REL(&s->seq, pos + cap);
             pos++;
             if (ki_ring_checksum(o->pos, o->producer, &o->rec) != o->check) {
@@ -641,12 +648,14 @@ static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_recor
             }
             uint64_t waited = now_ns - c->stall_since_ns;
             int dead = 0;
-            if (waited >= c->stall_min_ns) {
-                uint32_t pid = KI_LOAD_ACQ(&r->producers[KI_LOAD_RLX(&s->producer) & (KI_RING_MAX_PRODUCERS - 1)].pid);
-                dead = !ki_ring__pid_alive(pid);
+            uint32_t writer = KI_LOAD_RLX(&s->producer); /* 0 until the writer names itself */
+            if (waited >= c->stall_min_ns && writer != 0) {
+                struct ki_producer_entry *e = &r->producers[writer & (KI_RING_MAX_PRODUCERS - 1)];
+                dead = KI_LOAD_ACQ(&e->id) == writer && !ki_ring__pid_alive(KI_LOAD_ACQ(&e->pid));
             }
             if (!dead && waited < c->stall_timeout_ns) break;
             uint64_t expect = pos;
+            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
             if (__atomic_compare_exchange_n(&s->seq, &expect, pos + cap, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
                 KI_ADD_RLX(&h->abandoned, 1);
                 c->abandoned++;

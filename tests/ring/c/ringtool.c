@@ -1,0 +1,222 @@
+/*
+ * ringtool: a C producer and consumer for the ring tests.
+ *
+ *   ringtool produce NAME COUNT TAG      verifiable KERNEL records; prints "id written dropped lost"
+ *   ringtool forever NAME TAG            verifiable KERNEL records until killed
+ *   ringtool midwrite NAME               reserve a slot, write half a record, then stop forever
+ *   ringtool write-all NAME              one record of every type; prints them as JSON lines
+ *   ringtool dump NAME COUNT TIMEOUT_MS  consume up to COUNT records; prints JSON lines
+ *   ringtool slow NAME STALL_MS          one record, stalling STALL_MS between reservation and
+ *                                        publication; prints the write's result
+ *
+ * The verifiable scheme (checked by the Python tests): type KERNEL, id = TAG,
+ * device = TAG & 0xffff, ts_ns = seq, end_ns = seq ^ KI_TEST_MIX,
+ * stream = TAG * KI_TEST_MUL, correlation = seq, so a torn or mixed record
+ * fails at least one equation.
+ */
+#define _POSIX_C_SOURCE 200809L /* before any system header (see ki_ring.h) */
+#include <time.h>
+
+static unsigned stall_ms; /* set by "slow" only */
+static void test_stall(void) {
+    if (stall_ms) {
+        struct timespec ts = {(time_t)(stall_ms / 1000), (long)(stall_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+#define KI_RING_TEST_AFTER_RESERVE(r, pos) test_stall()
+
+#include "ki_ring.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#define KI_TEST_MIX 0xA5A5A5A55A5A5A5AULL
+#define KI_TEST_MUL 0x9E3779B97F4A7C15ULL
+
+static int die(const char *msg) {
+    fprintf(stderr, "ringtool: %s\n", msg);
+    return 2;
+}
+
+static void verifiable(struct ki_rec *rec, uint32_t tag, uint64_t seq) {
+    memset(rec, 0, sizeof *rec);
+    rec->type = KI_REC_KERNEL;
+    rec->id = tag;
+    rec->device = (uint16_t)(tag & 0xffff);
+    rec->ts_ns = seq;
+    rec->u.kernel.end_ns = seq ^ KI_TEST_MIX;
+    rec->u.kernel.stream = (uint64_t)tag * KI_TEST_MUL;
+    rec->u.kernel.correlation = seq;
+}
+
+static int produce(const char *name, uint64_t count, uint32_t tag, int forever) {
+    struct ki_ring r;
+    char err[256];
+    if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    uint64_t written = 0, dropped = 0, lost = 0;
+    struct ki_rec rec;
+    printf("%u\n", r.producer_id);
+    fflush(stdout);
+    for (uint64_t seq = 0; forever || seq < count; seq++) {
+        verifiable(&rec, tag, seq);
+        int rc = ki_ring_write(&r, &rec);
+        if (rc == 0)
+            written++;
+        else if (rc == KI_RING_DROPPED)
+            dropped++;
+        else
+            lost++;
+    }
+    printf("%u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r.producer_id, written, dropped, lost);
+    ki_ring_close(&r);
+    return 0;
+}
+
+/* Die in the middle of a write: the reservation succeeds, publication never comes. */
+static int midwrite(const char *name) {
+    struct ki_ring r;
+    char err[256];
+    if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    uint64_t pos = __atomic_fetch_add(&r.hdr->head, 1, __ATOMIC_RELAXED);
+    struct ki_slot *s = &r.slots[pos & r.mask];
+    while (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != pos) { /* wait until the slot is ours */
+    }
+    s->producer = r.producer_id;
+    memset(&s->rec, 0x5A, 24); /* half a record */
+    printf("%" PRIu64 "\n", pos);
+    fflush(stdout);
+    for (;;) pause();
+}
+
+static void print_record(const struct ki_record *o) {
+    const struct ki_rec *r = &o->rec;
+    printf("{\"pos\":%" PRIu64 ",\"producer\":%u,\"type\":%u,\"flags\":%u,\"device\":%u,\"id\":%u,\"ts_ns\":%" PRIu64,
+           o->pos, o->producer, r->type, r->flags, r->device, r->id, r->ts_ns);
+    switch (r->type) {
+    case KI_REC_KERNEL:
+        printf(",\"end_ns\":%" PRIu64 ",\"stream\":%" PRIu64 ",\"correlation\":%" PRIu64 ",\"pid\":%u", r->u.kernel.end_ns,
+               r->u.kernel.stream, r->u.kernel.correlation, r->u.kernel.pid);
+        break;
+    case KI_REC_LAUNCH:
+        printf(",\"pid\":%u,\"tid\":%u,\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u]", r->u.launch.pid, r->u.launch.tid,
+               r->u.launch.grid[0], r->u.launch.grid[1], r->u.launch.grid[2], r->u.launch.block[0], r->u.launch.block[1],
+               r->u.launch.block[2]);
+        break;
+    case KI_REC_MEMOP:
+        printf(",\"address\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",\"pid\":%u,\"tid\":%u,\"status\":%d", r->u.memop.address,
+               r->u.memop.bytes, r->u.memop.pid, r->u.memop.tid, r->u.memop.status);
+        break;
+    case KI_REC_COLLECTIVE:
+        printf(",\"nbytes\":%" PRIu64 ",\"duration_ns\":%" PRIu64 ",\"comm\":%" PRIu64 ",\"rank\":%u,\"nranks\":%u",
+               r->u.collective.bytes, r->u.collective.duration_ns, r->u.collective.comm, r->u.collective.rank,
+               r->u.collective.nranks);
+        break;
+    case KI_REC_SYNC:
+        printf(",\"duration_ns\":%" PRIu64 ",\"handle\":%" PRIu64 ",\"pid\":%u,\"tid\":%u", r->u.sync.duration_ns,
+               r->u.sync.handle, r->u.sync.pid, r->u.sync.tid);
+        break;
+    case KI_REC_GPU_SAMPLE:
+        printf(",\"value\":%.17g,\"aux\":%" PRIu64, r->u.sample.value, r->u.sample.aux);
+        break;
+    case KI_REC_FINGERPRINT:
+        printf(",\"value\":%" PRIu64, r->u.fingerprint.value);
+        break;
+    case KI_REC_ERROR:
+        printf(",\"code\":%" PRId64 ",\"aux\":%" PRIu64 ",\"pid\":%u,\"detail_id\":%u", r->u.error.code, r->u.error.aux,
+               r->u.error.pid, r->u.error.detail_id);
+        break;
+    case KI_REC_STRING: {
+        printf(",\"text\":\"");
+        for (int i = 0; i < 32; i++) printf("%02x", (unsigned char)r->u.string.text[i]);
+        printf("\"");
+        break;
+    }
+    default:
+        break;
+    }
+    printf("}\n");
+}
+
+static int write_all(const char *name) {
+    struct ki_ring r;
+    char err[256];
+    if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    int rc = 0;
+    const char *gemm = "ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn";
+    rc |= ki_ring_string(&r, 7, gemm, strlen(gemm));
+    rc |= ki_ring_kernel(&r, 7, 3, 1000, 2500, 0xdeadbeef, 42);
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_LAUNCH, rec.id = 7, rec.device = 3, rec.ts_ns = 11;
+    rec.u.launch = (struct ki_launch){4242, 4243, {128, 2, 1}, {256, 1, 1}};
+    rc |= ki_ring_write(&r, &rec);
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_MEMOP, rec.id = KI_MEM_ALLOC, rec.device = 3, rec.ts_ns = 12, rec.flags = KI_FLAG_FAILED;
+    rec.u.memop = (struct ki_memop){0x7f0000001000ULL, 1ULL << 33, 4242, 4244, 2, 0};
+    rc |= ki_ring_write(&r, &rec);
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_COLLECTIVE, rec.id = KI_COLL_ALLREDUCE, rec.device = 3, rec.ts_ns = 13;
+    rec.u.collective = (struct ki_collective){1 << 20, 350000, 0xc0ffee, 5, 8};
+    rc |= ki_ring_write(&r, &rec);
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_SYNC, rec.id = KI_SYNC_STREAM, rec.device = 3, rec.ts_ns = 14;
+    rec.u.sync = (struct ki_sync){1234567, 0xabc, 4242, 4245, 0};
+    rc |= ki_ring_write(&r, &rec);
+    rc |= ki_ring_sample(&r, 17, 3, 15, 0.1 + 0.2, 99);
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_FINGERPRINT, rec.id = KI_FP_MEMORY_TOTAL, rec.device = 3, rec.ts_ns = 16;
+    rec.u.fingerprint.value = 80ULL << 30;
+    rc |= ki_ring_write(&r, &rec);
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_ERROR, rec.id = KI_ERR_XID, rec.device = 3, rec.ts_ns = 17;
+    rec.u.error = (struct ki_error){-79, 3, 4242, 7, 0};
+    rc |= ki_ring_write(&r, &rec);
+    ki_ring_close(&r);
+    return rc ? die("write failed") : 0;
+}
+
+static int slow(const char *name, unsigned ms) {
+    struct ki_ring r;
+    char err[256];
+    if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    struct ki_rec rec;
+    verifiable(&rec, 9, 0);
+    stall_ms = ms;
+    printf("%d\n", ki_ring_write(&r, &rec));
+    ki_ring_close(&r);
+    return 0;
+}
+
+static int dump(const char *name, uint64_t count, uint64_t timeout_ms) {
+    struct ki_ring_consumer c;
+    char err[256];
+    if (ki_ring_consumer_open(&c, name, 0, err, sizeof err) < 0) return die(err);
+    struct ki_record out[256];
+    uint64_t got = 0, deadline = ki_ring_mono_ns() + timeout_ms * 1000000ULL;
+    while (got < count && ki_ring_mono_ns() < deadline) {
+        size_t want = count - got < 256 ? (size_t)(count - got) : 256;
+        size_t n = ki_ring_consume(&c, out, want, ki_ring_mono_ns());
+        for (size_t i = 0; i < n; i++) print_record(&out[i]);
+        got += n;
+        if (n == 0) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+    ki_ring_consumer_close(&c);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return die("usage: ringtool produce|forever|midwrite|write-all|dump NAME ...");
+    const char *cmd = argv[1], *name = argv[2];
+    if (!strcmp(cmd, "produce") && argc == 5)
+        return produce(name, strtoull(argv[3], NULL, 10), (uint32_t)strtoul(argv[4], NULL, 10), 0);
+    if (!strcmp(cmd, "forever") && argc == 4) return produce(name, 0, (uint32_t)strtoul(argv[3], NULL, 10), 1);
+    if (!strcmp(cmd, "midwrite")) return midwrite(name);
+    if (!strcmp(cmd, "slow") && argc == 4) return slow(name, (unsigned)strtoul(argv[3], NULL, 10));
+    if (!strcmp(cmd, "write-all")) return write_all(name);
+    if (!strcmp(cmd, "dump") && argc == 5) return dump(name, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+    return die("bad arguments");
+}
