@@ -1,5 +1,48 @@
-"""The collector: authenticated ingest of agent batches into ClickHouse (see docs/architecture.md)."""
+"""The collector: authenticated ingest of agent batches into ClickHouse (see docs/architecture.md).
+
+Storage side (docs/storage.md): :class:`EmbeddedStore` (chDB) and :class:`ServerStore`
+(clickhouse-connect) share one schema and one set of SQL.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from kernel_insight.collector.query import ClickHouseStorage
+from kernel_insight.collector.rows import (
+    Event,
+    InstanceInfo,
+    SampleBatch,
+    SampleBuilder,
+    SpanBatch,
+    canonical_labels,
+    series_fingerprint,
+)
+from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
+from kernel_insight.collector.store import (
+    EmbeddedStore,
+    ServerStore,
+    StorageError,
+    StorageUnavailable,
+    Store,
+    open_store,
+)
+
+__all__ = [
+    "SCHEMA",
+    "ClickHouseStorage",
+    "EmbeddedStore",
+    "Event",
+    "InstanceInfo",
+    "Retention",
+    "SampleBatch",
+    "SampleBuilder",
+    "ServerStore",
+    "SpanBatch",
+    "StorageError",
+    "StorageUnavailable",
+    "Store",
+    "canonical_labels",
+    "cluster_ddl",
+    "open_store",
+    "series_fingerprint",
+    "single_ddl",
+]

@@ -1,0 +1,158 @@
+"""kql's storage protocol over the store: label matchers and time windows become SQL filters.
+
+The series table answers which series match (by day, so old series cost nothing); the
+samples table is read only for those fingerprints and only inside the window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.store import Store
+
+__all__ = ["ClickHouseStorage", "matcher_sql"]
+
+# DateTime64 holds 1900-01-01 .. 2299-12-31; Date holds 1970-01-01 .. 2149-06-06.
+_MIN_MS = -2_208_988_800_000
+_MAX_MS = 10_413_791_999_999
+_MAX_DATE = dt.date(2149, 6, 6)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _label_expr(name: str, prefix: str = "") -> str:
+    return f"{prefix}metric" if name == "__name__" else f"{prefix}labels[{_quote(name)}]"
+
+
+def matcher_sql(m: Matcher) -> str:
+    """One matcher as a SQL condition on the series table; a missing label reads as ``''`` as in PromQL.
+
+    Regexes are anchored and ``.`` matches newlines, as in Prometheus; ``match()`` is RE2 like Prometheus.
+    """
+    x = _label_expr(m.name)
+    if m.op == "=":
+        return f"{x} = {_quote(m.value)}"
+    if m.op == "!=":
+        return f"{x} != {_quote(m.value)}"
+    pattern = _quote(f"^(?s:{m.value})$")
+    if m.op == "=~":
+        return f"match({x}, {pattern})"
+    if m.op == "!~":
+        return f"NOT match({x}, {pattern})"
+    raise ValueError(f"unknown matcher operator {m.op!r}")
+
+
+def _clamp(ms: int) -> int:
+    return max(_MIN_MS, min(_MAX_MS, int(ms)))
+
+
+def _day(ms: int) -> dt.date:
+    day = dt.datetime.fromtimestamp(max(0, _clamp(ms)) / 1000, tz=dt.UTC).date()
+    return min(day, _MAX_DATE)
+
+
+class ClickHouseStorage:
+    """:class:`kernel_insight.kql.storage.Storage` backed by a :class:`Store`.
+
+    Example::
+
+        storage = store.storage()
+        storage.select([Matcher("__name__", "=", "up")], 0, 60_000)
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._db = store.database
+
+    def _series_sql(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, *, with_samples: bool
+    ) -> str:
+        conds = [f"`date` BETWEEN '{_day(start_ms).isoformat()}' AND '{_day(end_ms).isoformat()}'"]
+        conds += [matcher_sql(m) for m in matchers]
+        if with_samples:
+            conds.append(
+                f"fingerprint IN (SELECT fingerprint FROM {self._db}.samples WHERE {self._window(start_ms, end_ms)})"
+            )
+        where = " AND ".join(f"({c})" for c in conds)
+        return (
+            "SELECT fingerprint, any(metric) AS s_metric, any(labels) AS s_labels "
+            f"FROM {self._db}.series WHERE {where} GROUP BY fingerprint"
+        )
+
+    @staticmethod
+    def _window(start_ms: int, end_ms: int) -> str:
+        return (
+            f"ts >= fromUnixTimestamp64Milli(toInt64({_clamp(start_ms)}), 'UTC') "
+            f"AND ts <= fromUnixTimestamp64Milli(toInt64({_clamp(end_ms)}), 'UTC')"
+        )
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        if end_ms < start_ms:
+            return []
+        series = self._store.query(self._series_sql(matchers, start_ms, end_ms, with_samples=False))
+        if series.num_rows == 0:
+            return []
+        labels_by_fp: dict[int, Labels] = {}
+        for fp, metric, labels in zip(
+            series.column("fingerprint").to_pylist(),
+            series.column("s_metric").to_pylist(),
+            series.column("s_labels").to_pylist(),
+            strict=True,
+        ):
+            labels_by_fp[int(fp)] = tuple(sorted([("__name__", metric), *((k, v) for k, v in labels)]))
+        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=False)
+        samples = self._store.query(
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
+            f"WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) AND {self._window(start_ms, end_ms)} "
+            "ORDER BY fingerprint, t"
+        )
+        return sorted(_split(samples, labels_by_fp), key=lambda d: d.labels)
+
+    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        if end_ms < start_ms:
+            return []
+        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
+        result = self._store.query(
+            f"SELECT DISTINCT arrayJoin(arrayConcat(['__name__'], mapKeys(s_labels))) AS name FROM ({sub}) ORDER BY name"
+        )
+        return [str(v) for v in result.column("name").to_pylist()]
+
+    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        if end_ms < start_ms:
+            return []
+        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
+        result = self._store.query(
+            f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
+        )
+        return [str(v) for v in result.column("v").to_pylist()]
+
+
+def _split(samples: pa.Table, labels_by_fp: dict[int, Labels]) -> list[SeriesData]:
+    if samples.num_rows == 0:
+        return []
+    fps = samples.column("fingerprint").to_numpy()
+    ts = samples.column("t").to_numpy().astype(np.int64)
+    vs = samples.column("value").to_numpy().astype(np.float64)
+    # Two writes at one timestamp (a re-import) count once, as in Prometheus.
+    keep = np.ones(len(ts), dtype=bool)
+    keep[:-1] = (fps[1:] != fps[:-1]) | (ts[1:] != ts[:-1])
+    fps, ts, vs = fps[keep], ts[keep], vs[keep]
+    bounds = np.flatnonzero(np.diff(fps)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(fps)]))
+    out = []
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        labels = labels_by_fp.get(int(fps[lo]))
+        if labels is not None:
+            out.append(SeriesData(labels, ts[lo:hi].copy(), vs[lo:hi].copy()))
+    return out

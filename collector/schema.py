@@ -1,0 +1,304 @@
+"""The one declarative storage schema, and the DDL generated from it (docs/storage.md).
+
+Single-server DDL (embedded chDB or one ClickHouse server) and cluster DDL
+(ReplicatedMergeTree behind Distributed tables) come from the same table list, so
+the two deployments cannot drift apart; ``deploy/clickhouse/*.sql`` is this
+module's output, checked by a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "DEDUP_WINDOW",
+    "SCHEMA",
+    "Column",
+    "Retention",
+    "Table",
+    "cluster_ddl",
+    "render_sql_file",
+    "single_ddl",
+    "table",
+    "write_deploy_files",
+]
+
+#: How many recent insert blocks per table remember their dedup token; agents retry within minutes,
+#: and the batches table covers anything older.
+DEDUP_WINDOW = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    codec: str | None = None
+    comment: str = ""
+
+    def sql(self) -> str:
+        parts = [_ident(self.name), self.type]
+        if self.codec:
+            parts.append(f"CODEC({self.codec})")
+        if self.comment:
+            parts.append("COMMENT " + _literal(self.comment))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table: columns, engine family and key; ``ttl_column`` + ``retention_key`` give its TTL."""
+
+    name: str
+    columns: tuple[Column, ...]
+    order_by: tuple[str, ...]
+    comment: str
+    replacing: bool = False  # ReplacingMergeTree: rows with equal ORDER BY keys collapse on merge
+    version: str | None = None  # the ReplacingMergeTree version column (the newest row wins)
+    partition_by: str | None = None
+    ttl_column: str | None = None  # a DateTime/Date expression the retention counts from
+    retention_key: str | None = None  # attribute of Retention
+    sharding_key: str = "rand()"  # Distributed sharding expression in the cluster layout
+    settings: Mapping[str, int | str] = field(default_factory=dict)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def engine(self, replicated: bool, database: str, local_name: str) -> str:
+        family = "ReplacingMergeTree" if self.replacing else "MergeTree"
+        args: list[str] = []
+        if replicated:
+            family = "Replicated" + family
+            args += [_literal(f"/clickhouse/tables/{{shard}}/{database}/{local_name}"), _literal("{replica}")]
+        if self.version:
+            args.append(self.version)
+        return f"{family}({', '.join(args)})"
+
+    def ttl(self, retention: Retention) -> str | None:
+        if self.ttl_column is None or self.retention_key is None:
+            return None
+        days = int(getattr(retention, self.retention_key))
+        return f"{self.ttl_column} + INTERVAL {days} DAY" if days > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Days each kind of data is kept (0 keeps it forever); TTL deletes whole day partitions."""
+
+    samples_days: int = 30
+    spans_days: int = 7
+    events_days: int = 90
+    series_days: int = 30
+    batches_days: int = 7
+
+    def __post_init__(self) -> None:
+        for name in ("samples_days", "spans_days", "events_days", "series_days", "batches_days"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"retention {name} must be a whole number of days >= 0, got {value!r}")
+
+
+_TS_MS = "DateTime64(3, 'UTC')"
+_TS_NS = "DateTime64(9, 'UTC')"
+_LABELS = "Map(LowCardinality(String), String)"
+
+SCHEMA: tuple[Table, ...] = (
+    Table(
+        name="series",
+        comment="One row per series per day it had samples: the label index kql matchers run against.",
+        columns=(
+            Column("date", "Date", "DoubleDelta, ZSTD(1)", "UTC day the series had samples on"),
+            Column("metric", "LowCardinality(String)", None, "the __name__ label"),
+            Column("fingerprint", "UInt64", None, "series_fingerprint(labels), the samples key"),
+            Column("labels", _LABELS, "ZSTD(3)", "every label but __name__, none empty"),
+        ),
+        replacing=True,
+        order_by=("metric", "fingerprint", "date"),
+        partition_by="toYYYYMM(date)",
+        ttl_column="date",
+        retention_key="series_days",
+        sharding_key="fingerprint",
+    ),
+    Table(
+        name="samples",
+        comment="Float samples, ordered by series then time so each series compresses as one run.",
+        columns=(
+            Column("fingerprint", "UInt64", "Delta, ZSTD(1)"),
+            Column("ts", _TS_MS, "DoubleDelta, ZSTD(1)"),
+            Column("value", "Float64", "Gorilla, ZSTD(1)"),
+        ),
+        order_by=("fingerprint", "ts"),
+        partition_by="toDate(ts)",
+        ttl_column="toDateTime(ts)",
+        retention_key="samples_days",
+        sharding_key="fingerprint",
+    ),
+    Table(
+        name="kernel_spans",
+        comment="One row per kernel execution on a GPU, for timelines.",
+        columns=(
+            Column("instance", "LowCardinality(String)"),
+            Column("gpu", "UInt16"),
+            Column("stream", "UInt64", "ZSTD(1)"),
+            Column("kernel", "LowCardinality(String)"),
+            Column("start", _TS_NS, "DoubleDelta, ZSTD(1)"),
+            Column("end", _TS_NS, "DoubleDelta, ZSTD(1)"),
+            Column("duration_ns", "UInt64", "T64, ZSTD(1)"),
+            Column("correlation", "UInt64", "Delta, ZSTD(1)"),
+            Column("pid", "UInt32", "ZSTD(1)"),
+        ),
+        order_by=("instance", "gpu", "start"),
+        partition_by="toDate(start)",
+        ttl_column="toDateTime(start)",
+        retention_key="spans_days",
+        sharding_key="cityHash64(instance)",
+    ),
+    Table(
+        name="events",
+        comment="Discrete errors and incidents: oom, xid, nccl_timeout, ecc, cuda, other.",
+        columns=(
+            Column("instance", "LowCardinality(String)"),
+            Column("gpu", "UInt16"),
+            Column("ts", _TS_NS, "DoubleDelta, ZSTD(1)"),
+            Column("kind", "LowCardinality(String)"),
+            Column("code", "Int64"),
+            Column("aux", "UInt64"),
+            Column("pid", "UInt32"),
+            Column("message", "String", "ZSTD(3)"),
+        ),
+        order_by=("instance", "kind", "ts"),
+        partition_by="toYYYYMM(ts)",
+        ttl_column="toDateTime(ts)",
+        retention_key="events_days",
+        sharding_key="cityHash64(instance)",
+    ),
+    Table(
+        name="instances",
+        comment="What each instance is (hardware fingerprint, capacity, placement labels) and when it was last seen.",
+        columns=(
+            Column("id", "String"),
+            Column("hardware_fingerprint", "String"),
+            Column("gpu_count", "UInt16"),
+            Column("gpu_model", "LowCardinality(String)"),
+            Column("memory_total_bytes", "UInt64", None, "summed over the instance's GPUs"),
+            Column("labels", _LABELS, None, "host, rack, switch, model and any the operator adds"),
+            Column("attributes", "Map(String, String)", None, "raw fingerprint fields, gpu<N>.<field>"),
+            Column("last_seen", _TS_MS),
+        ),
+        replacing=True,
+        version="last_seen",
+        order_by=("id",),
+        sharding_key="cityHash64(id)",
+    ),
+    Table(
+        name="batches",
+        comment="Batch ids already stored: the exactly-once record beyond the insert dedup window.",
+        columns=(
+            Column("batch_id", "String"),
+            Column("agent_id", "LowCardinality(String)"),
+            Column("received", _TS_MS),
+            Column("rows", "UInt64"),
+        ),
+        replacing=True,
+        version="received",
+        order_by=("batch_id",),
+        partition_by="toYYYYMM(received)",
+        ttl_column="toDateTime(received)",
+        retention_key="batches_days",
+        sharding_key="cityHash64(batch_id)",
+    ),
+)
+
+
+def table(name: str) -> Table:
+    for t in SCHEMA:
+        if t.name == name:
+            return t
+    raise KeyError(f"no table {name!r} in the schema")
+
+
+def _ident(name: str) -> str:
+    return f"`{name}`" if name in {"end", "date"} else name
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _create(
+    t: Table, database: str, name: str, retention: Retention, *, replicated: bool, on_cluster: str
+) -> str:
+    cols = ",\n".join(f"    {c.sql()}" for c in t.columns)
+    lines = [f"CREATE TABLE IF NOT EXISTS {database}.{name}{on_cluster}\n(\n{cols}\n)"]
+    lines.append(f"ENGINE = {t.engine(replicated, database, name)}")
+    if t.partition_by:
+        lines.append(f"PARTITION BY {t.partition_by}")
+    lines.append(f"ORDER BY ({', '.join(_ident(c) for c in t.order_by)})")
+    ttl = t.ttl(retention)
+    if ttl:
+        lines.append(f"TTL {ttl}")
+    dedup = "replicated_deduplication_window" if replicated else "non_replicated_deduplication_window"
+    settings: dict[str, int | str] = {dedup: DEDUP_WINDOW}
+    if t.partition_by and ttl:
+        settings["ttl_only_drop_parts"] = 1  # drop whole day partitions instead of rewriting parts
+    settings.update(t.settings)
+    lines.append("SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items()))
+    lines.append(f"COMMENT {_literal(t.comment)}")
+    return "\n".join(lines)
+
+
+def single_ddl(database: str = "ki", retention: Retention | None = None) -> list[str]:
+    """Statements creating the schema on one node (embedded chDB or a single server)."""
+    retention = retention or Retention()
+    out = [f"CREATE DATABASE IF NOT EXISTS {database}"]
+    out += [_create(t, database, t.name, retention, replicated=False, on_cluster="") for t in SCHEMA]
+    return out
+
+
+def cluster_ddl(database: str = "ki", cluster: str = "ki", retention: Retention | None = None) -> list[str]:
+    """Statements for a cluster: ``<name>_local`` replicated tables and ``<name>`` Distributed over them.
+
+    Readers and writers use the same table names as on one node, so the store's SQL is unchanged.
+    """
+    retention = retention or Retention()
+    oc = f" ON CLUSTER {_ident(cluster)}"
+    out = [f"CREATE DATABASE IF NOT EXISTS {database}{oc}"]
+    for t in SCHEMA:
+        local = f"{t.name}_local"
+        out.append(_create(t, database, local, retention, replicated=True, on_cluster=oc))
+        out.append(
+            f"CREATE TABLE IF NOT EXISTS {database}.{t.name}{oc}\nAS {database}.{local}\n"
+            f"ENGINE = Distributed({_literal(cluster)}, {_literal(database)}, {_literal(local)}, {t.sharding_key})"
+        )
+    return out
+
+
+def render_sql_file(statements: list[str], header: str) -> str:
+    body = ";\n\n".join(statements)
+    return f"-- {header}\n-- Generated by kernel_insight.collector.schema; do not edit (see docs/storage.md).\n\n{body};\n"
+
+
+def write_deploy_files(directory: Path) -> list[Path]:
+    """Regenerate ``deploy/clickhouse/*.sql``; returns the files written."""
+    files = {
+        "schema-single.sql": render_sql_file(single_ddl(), "Single-server schema (default retention)."),
+        "schema-cluster.sql": render_sql_file(
+            cluster_ddl(), "Cluster schema: ReplicatedMergeTree *_local tables behind Distributed tables."
+        ),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = directory / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    import sys
+
+    for p in write_deploy_files(Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/clickhouse")):
+        print(p)

@@ -1,0 +1,461 @@
+"""The store: inserts and queries against ClickHouse, embedded (chDB) or a server (clickhouse-connect).
+
+Both back ends share every SQL statement; they differ only in how a statement or an
+Arrow table reaches the engine. Exceptions (what to catch)::
+
+    StorageError            the engine refused a statement (a bug or a schema mismatch)
+     +-- StorageUnavailable the store cannot take writes now: retry later (HTTP 503)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.collector.rows import Event, InstanceInfo, SampleBatch, SpanBatch, series_fingerprint
+from kernel_insight.collector.schema import SCHEMA, Retention, single_ddl, table
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.query import ClickHouseStorage
+
+__all__ = [
+    "EmbeddedStore",
+    "ServerStore",
+    "StorageError",
+    "StorageUnavailable",
+    "Store",
+    "open_store",
+    "quote",
+]
+
+_MS_PER_DAY = 86_400_000
+_SERIES_CACHE_MAX = 2_000_000
+
+#: ClickHouse error codes that mean "try again later", not "your statement is wrong".
+_RETRYABLE_CODES = frozenset(
+    {3, 74, 75, 159, 164, 202, 209, 210, 236, 241, 242, 243, 252, 279, 319, 394, 425, 999, 1000}
+)
+_CODE_RE = re.compile(r"Code:\s*(\d+)")
+
+
+class StorageError(Exception):
+    """The engine refused a statement; retrying the same statement will not help."""
+
+
+class StorageUnavailable(StorageError):
+    """The store cannot serve now (closed, unreachable, out of memory or disk, overloaded)."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def quote(text: str) -> str:
+    """A ClickHouse string literal; the only way user text enters our SQL."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _classify(exc: BaseException, what: str) -> StorageError:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    m = _CODE_RE.search(message)
+    if m is None or int(m.group(1)) in _RETRYABLE_CODES:
+        # No server error code at all means the transport failed: the store is unreachable.
+        return StorageUnavailable(f"{what}: {message[:500]}")
+    return StorageError(f"{what}: {message[:500]}")
+
+
+class Store(ABC):
+    """Typed inserts and SQL reads, identical across back ends.
+
+    Example::
+
+        with EmbeddedStore("./ki-data") as store:
+            store.insert_batch("agent-1:42", samples=batch)
+            print(store.query("SELECT count() FROM ki.samples"))
+    """
+
+    def __init__(self, database: str = "ki", retention: Retention | None = None) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", database):
+            raise ValueError(f"invalid database name {database!r}")
+        self.database = database
+        self.retention = retention or Retention()
+        self._closed = False
+        self._series_seen: set[tuple[int, int]] = set()
+        self._series_lock = threading.Lock()
+
+    # ---- back-end primitives -------------------------------------------------------
+
+    @abstractmethod
+    def _command(self, sql: str) -> None: ...
+
+    @abstractmethod
+    def _query(self, sql: str) -> pa.Table: ...
+
+    @abstractmethod
+    def _insert(self, name: str, data: pa.Table, token: str | None) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageUnavailable("the store is closed")
+
+    # ---- schema ----------------------------------------------------------------------
+
+    def create_schema(self) -> None:
+        """Create missing tables and bring their TTLs to the configured retention."""
+        for statement in single_ddl(self.database, self.retention):
+            self.command(statement)
+        for t in SCHEMA:
+            ttl = t.ttl(self.retention)
+            if ttl is not None:
+                self.command(f"ALTER TABLE {self.database}.{t.name} MODIFY TTL {ttl}")
+            elif t.ttl_column is not None:
+                self.command(f"ALTER TABLE {self.database}.{t.name} REMOVE TTL")
+
+    # ---- public SQL ------------------------------------------------------------------
+
+    def command(self, sql: str) -> None:
+        self._check_open()
+        self._command(sql)
+
+    def query(self, sql: str) -> pa.Table:
+        """Run a read and return its result as an Arrow table."""
+        self._check_open()
+        return self._query(sql)
+
+    def ping(self) -> None:
+        """Raises StorageUnavailable unless the engine answers."""
+        self.query("SELECT 1")
+
+    def storage(self) -> ClickHouseStorage:
+        """The kql storage protocol over this store."""
+        from kernel_insight.collector.query import ClickHouseStorage
+
+        return ClickHouseStorage(self)
+
+    # ---- inserts ---------------------------------------------------------------------
+
+    def _table(self, name: str) -> str:
+        return f"{self.database}.{name}"
+
+    def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
+        """Insert samples and any series rows not yet written today; returns the sample count."""
+        self._check_open()
+        if len(batch) == 0:
+            return 0
+        fps = np.fromiter(
+            (series_fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
+        )
+        self._upsert_series(batch, fps, None if dedup_token is None else f"{dedup_token}:series")
+        data = pa.table(
+            {
+                "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
+                "ts": pa.array(batch.ts_ms, pa.timestamp("ms", tz="UTC")),
+                "value": pa.array(batch.values, pa.float64()),
+            }
+        )
+        self._insert("samples", data, None if dedup_token is None else f"{dedup_token}:samples")
+        return len(batch)
+
+    def _upsert_series(
+        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]], token: str | None
+    ) -> None:
+        days = batch.ts_ms // _MS_PER_DAY
+        pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
+        rows: list[tuple[int, int]] = []
+        with self._series_lock:
+            for p in pairs.tolist():
+                key = (int(fps[p >> 24]), p & 0xFFFFFF)
+                if token is not None or key not in self._series_seen:
+                    rows.append((p >> 24, p & 0xFFFFFF))
+        if not rows:
+            return
+        idx = [r[0] for r in rows]
+        data = pa.table(
+            {
+                "date": pa.array(np.array([r[1] for r in rows], dtype=np.int32), pa.date32()),
+                "metric": pa.array([dict(batch.series[i])["__name__"] for i in idx], pa.string()),
+                "fingerprint": pa.array(fps[idx], pa.uint64()),
+                "labels": pa.array(
+                    [[(k, v) for k, v in batch.series[i] if k != "__name__"] for i in idx],
+                    pa.map_(pa.string(), pa.string()),
+                ),
+            }
+        )
+        self._insert("series", data, token)
+        with self._series_lock:
+            if len(self._series_seen) > _SERIES_CACHE_MAX:
+                self._series_seen.clear()
+            self._series_seen.update((int(fps[i]), d) for i, d in rows)
+
+    def insert_spans(self, spans: SpanBatch, *, dedup_token: str | None = None) -> int:
+        self._check_open()
+        if len(spans) == 0:
+            return 0
+        start = np.asarray(spans.start_ns, dtype=np.int64)
+        end = np.asarray(spans.end_ns, dtype=np.int64)
+        data = pa.table(
+            {
+                "instance": pa.array(spans.instance, pa.string()),
+                "gpu": pa.array(spans.gpu, pa.uint16()),
+                "stream": pa.array(spans.stream, pa.uint64()),
+                "kernel": pa.array(spans.kernel, pa.string()),
+                "start": pa.array(start, pa.timestamp("ns", tz="UTC")),
+                "end": pa.array(end, pa.timestamp("ns", tz="UTC")),
+                "duration_ns": pa.array(np.maximum(end - start, 0).astype(np.uint64), pa.uint64()),
+                "correlation": pa.array(spans.correlation, pa.uint64()),
+                "pid": pa.array(spans.pid, pa.uint32()),
+            }
+        )
+        self._insert("kernel_spans", data, None if dedup_token is None else f"{dedup_token}:kernel_spans")
+        return len(spans)
+
+    def insert_events(self, events: Sequence[Event], *, dedup_token: str | None = None) -> int:
+        self._check_open()
+        if not events:
+            return 0
+        data = pa.table(
+            {
+                "instance": pa.array([e.instance for e in events], pa.string()),
+                "gpu": pa.array([e.gpu for e in events], pa.uint16()),
+                "ts": pa.array([e.ts_ns for e in events], pa.timestamp("ns", tz="UTC")),
+                "kind": pa.array([e.kind for e in events], pa.string()),
+                "code": pa.array([e.code for e in events], pa.int64()),
+                "aux": pa.array([e.aux for e in events], pa.uint64()),
+                "pid": pa.array([e.pid for e in events], pa.uint32()),
+                "message": pa.array([e.message for e in events], pa.string()),
+            }
+        )
+        self._insert("events", data, None if dedup_token is None else f"{dedup_token}:events")
+        return len(events)
+
+    def upsert_instances(self, instances: Sequence[InstanceInfo], *, dedup_token: str | None = None) -> int:
+        """Write instance rows; ReplacingMergeTree keeps the newest per id, ``FINAL`` reads see only that."""
+        self._check_open()
+        if not instances:
+            return 0
+        smap = pa.map_(pa.string(), pa.string())
+        data = pa.table(
+            {
+                "id": pa.array([i.id for i in instances], pa.string()),
+                "hardware_fingerprint": pa.array([i.hardware_fingerprint for i in instances], pa.string()),
+                "gpu_count": pa.array([i.gpu_count for i in instances], pa.uint16()),
+                "gpu_model": pa.array([i.gpu_model for i in instances], pa.string()),
+                "memory_total_bytes": pa.array([i.memory_total_bytes for i in instances], pa.uint64()),
+                "labels": pa.array([sorted(i.labels.items()) for i in instances], smap),
+                "attributes": pa.array([sorted(i.attributes.items()) for i in instances], smap),
+                "last_seen": pa.array([i.last_seen_ms for i in instances], pa.timestamp("ms", tz="UTC")),
+            }
+        )
+        self._insert("instances", data, None if dedup_token is None else f"{dedup_token}:instances")
+        return len(instances)
+
+    def batch_seen(self, batch_id: str) -> bool:
+        result = self.query(
+            f"SELECT 1 FROM {self._table('batches')} WHERE batch_id = {quote(batch_id)} LIMIT 1"
+        )
+        return bool(result.num_rows > 0)
+
+    def insert_batch(
+        self,
+        batch_id: str,
+        *,
+        agent_id: str = "",
+        samples: SampleBatch | None = None,
+        spans: SpanBatch | None = None,
+        events: Sequence[Event] = (),
+        instances: Sequence[InstanceInfo] = (),
+    ) -> bool:
+        """Store one batch exactly once: False (and nothing written) when ``batch_id`` was stored before.
+
+        Each table's insert carries the dedup token ``<batch_id>:<table>``, and the batch id is
+        recorded last; a crash anywhere in between is repaired by the retry, whose inserts the
+        engine drops as duplicates up to the last one that had not landed.
+        """
+        if not batch_id:
+            raise ValueError("batch_id must not be empty")
+        self._check_open()
+        if self.batch_seen(batch_id):
+            return False
+        rows = 0
+        if samples is not None:
+            rows += self.insert_samples(samples, dedup_token=batch_id)
+        if spans is not None:
+            rows += self.insert_spans(spans, dedup_token=batch_id)
+        rows += self.insert_events(events, dedup_token=batch_id)
+        rows += self.upsert_instances(instances, dedup_token=batch_id)
+        record = pa.table(
+            {
+                "batch_id": pa.array([batch_id], pa.string()),
+                "agent_id": pa.array([agent_id], pa.string()),
+                "received": pa.array([time.time_ns() // 1_000_000], pa.timestamp("ms", tz="UTC")),
+                "rows": pa.array([rows], pa.uint64()),
+            }
+        )
+        self._insert("batches", record, f"{batch_id}:batches")
+        return True
+
+    # ---- housekeeping ----------------------------------------------------------------
+
+    def disk_bytes(self, name: str) -> int:
+        """Compressed bytes on disk of one table's active parts."""
+        table(name)  # rejects names outside the schema
+        result = self.query(
+            "SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE active "
+            f"AND database = {quote(self.database)} AND table = {quote(name)}"
+        )
+        value = result.column("b")[0].as_py()
+        return int(value or 0)
+
+    def optimize(self, name: str) -> None:
+        """Merge a table's parts now (tests and benchmarks; the engine does this on its own)."""
+        table(name)
+        self.command(f"OPTIMIZE TABLE {self._table(name)} FINAL")
+
+    def close(self) -> None:
+        """Release the engine; safe twice. Later calls raise StorageUnavailable."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class EmbeddedStore(Store):
+    """ClickHouse in-process (chDB) on a data directory; one per directory per process.
+
+    Inserts hand Arrow tables to the engine through the ``Python()`` table function, which
+    reads the Arrow buffers in place; row-by-row INSERT statements are orders of magnitude slower.
+    """
+
+    def __init__(self, path: str | Path, database: str = "ki", retention: Retention | None = None) -> None:
+        super().__init__(database, retention)
+        from chdb import session as chdb_session
+
+        session_cls: Any = chdb_session.Session
+
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._session: Any = session_cls(str(self.path))
+        except Exception as exc:
+            raise _classify(exc, f"cannot open the embedded store at {self.path}") from exc
+        self.create_schema()
+
+    def _run(self, sql: str, fmt: str) -> Any:
+        self._check_open()
+        try:
+            return self._session.query(sql, fmt)
+        except Exception as exc:
+            raise _classify(exc, "embedded ClickHouse") from exc
+
+    def _command(self, sql: str) -> None:
+        self._run(sql, "CSV")
+
+    def _query(self, sql: str) -> pa.Table:
+        import chdb
+
+        to_arrow: Any = chdb.to_arrowTable
+        result = self._run(sql, "Arrow")
+        table_: pa.Table = to_arrow(result)
+        return table_
+
+    def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
+        cols = ", ".join(f"`{c}`" for c in data.column_names)
+        settings = f" SETTINGS insert_deduplication_token = {quote(token)}" if token else ""
+        # chDB resolves Python(_ki_arrow_data) by looking the name up in this frame.
+        _ki_arrow_data = data
+        self._run(
+            f"INSERT INTO {self._table(name)} ({cols}){settings} SELECT {cols} FROM Python(_ki_arrow_data)",
+            "CSV",
+        )
+
+    def _close(self) -> None:
+        try:
+            self._session.close()
+        finally:
+            self._session = None
+
+
+class ServerStore(Store):
+    """A ClickHouse server or cluster through clickhouse-connect (any client it returns works).
+
+    Example::
+
+        store = ServerStore.connect("http://default:@clickhouse:8123")
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        database: str = "ki",
+        retention: Retention | None = None,
+        *,
+        create_schema: bool = True,
+    ) -> None:
+        super().__init__(database, retention)
+        self._client = client
+        if create_schema:
+            self.create_schema()
+
+    @classmethod
+    def connect(
+        cls, dsn: str, database: str = "ki", retention: Retention | None = None, **kwargs: Any
+    ) -> ServerStore:
+        import clickhouse_connect
+
+        try:
+            client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
+        except Exception as exc:
+            raise _classify(exc, "cannot connect to ClickHouse") from exc
+        return cls(client, database, retention)
+
+    def _command(self, sql: str) -> None:
+        try:
+            self._client.command(sql)
+        except Exception as exc:
+            raise _classify(exc, "ClickHouse") from exc
+
+    def _query(self, sql: str) -> pa.Table:
+        try:
+            result: pa.Table = self._client.query_arrow(sql)
+        except Exception as exc:
+            raise _classify(exc, "ClickHouse") from exc
+        return result
+
+    def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
+        settings = {"insert_deduplication_token": token} if token else {}
+        self._check_open()
+        try:
+            self._client.insert_arrow(self._table(name), data, settings=settings)
+        except Exception as exc:
+            raise _classify(exc, "ClickHouse insert") from exc
+
+    def _close(self) -> None:
+        self._client.close()
+
+
+def open_store(target: str | Path, database: str = "ki", retention: Retention | None = None) -> Store:
+    """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path."""
+    text = str(target)
+    if re.match(r"^(https?|clickhouse|chdb)://", text):
+        return ServerStore.connect(text, database, retention)
+    return EmbeddedStore(text, database, retention)

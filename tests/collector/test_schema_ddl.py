@@ -1,0 +1,41 @@
+"""The generated DDL: committed deploy files are current, and the layouts say what docs/storage.md says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl, write_deploy_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_deploy_files_equal_the_generator_output(tmp_path):
+    for path in write_deploy_files(tmp_path):
+        committed = ROOT / "deploy" / "clickhouse" / path.name
+        assert committed.read_text() == path.read_text(), (
+            f"{committed} is stale: run python -m kernel_insight.collector.schema deploy/clickhouse"
+        )
+
+
+def test_cluster_layout_is_replicated_local_tables_behind_distributed():
+    ddl = cluster_ddl(cluster="prod")
+    for t in SCHEMA:
+        local = next(s for s in ddl if f"ki.{t.name}_local ON CLUSTER" in s)
+        assert "ENGINE = Replicated" in local
+        assert f"'/clickhouse/tables/{{shard}}/ki/{t.name}_local', '{{replica}}'" in local
+        dist = next(s for s in ddl if f"ki.{t.name} ON CLUSTER" in s)
+        assert f"Distributed('prod', 'ki', '{t.name}_local', {t.sharding_key})" in dist
+
+
+def test_samples_table_uses_codecs_day_partitions_and_ttl():
+    samples = next(s for s in single_ddl(retention=Retention(samples_days=12)) if "ki.samples\n" in s)
+    assert "CODEC(DoubleDelta, ZSTD(1))" in samples
+    assert "CODEC(Gorilla, ZSTD(1))" in samples
+    assert "PARTITION BY toDate(ts)" in samples
+    assert "TTL toDateTime(ts) + INTERVAL 12 DAY" in samples
+    assert "ORDER BY (fingerprint, ts)" in samples
+
+
+def test_zero_retention_means_no_ttl():
+    spans = next(s for s in single_ddl(retention=Retention(spans_days=0)) if "ki.kernel_spans\n" in s)
+    assert "TTL" not in spans

@@ -1,0 +1,102 @@
+"""ClickHouseStorage answers exactly as kql's MemoryStorage on the same data, on both back ends."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from kernel_insight.collector.query import matcher_sql
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore, ServerStore
+from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, Storage
+
+BASE = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
+
+
+def _data():
+    rng = random.Random(7)
+    out = []
+    for metric in ("gpu_temp_celsius", "kernel_launches_total", "up"):
+        for gpu in ("0", "1", "2", "10"):
+            for host in ("a", "b.example", "weird'host\\x", ""):
+                labels = {"__name__": metric, "gpu": gpu, "host": host}
+                if gpu == "2":
+                    labels["rack"] = "r\n1"
+                n = rng.randint(1, 20)
+                ts = sorted(rng.sample(range(0, 600), n))
+                vs = [rng.random() * 100 if rng.random() > 0.1 else STALE_NAN for _ in ts]
+                out.append((labels, [BASE + t * 1000 for t in ts], vs))
+    return out
+
+
+@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect"])
+def stores(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    # "clickhouse-connect" is its chDB backend: the ServerStore code path against the real engine.
+    store = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")
+    mem = MemoryStorage()
+    b = SampleBuilder()
+    for labels, ts, vs in _data():
+        mem.add(labels, ts, vs)
+        b.add_series(labels, ts, vs)
+    store.insert_batch("seed", samples=b.build())
+    yield store.storage(), mem
+    store.close()
+
+
+def test_is_a_kql_storage(stores):
+    ch, _ = stores
+    assert isinstance(ch, Storage)
+
+
+MATCHERS = [
+    [Matcher("__name__", "=", "up")],
+    [Matcher("__name__", "=~", "gpu_.*|up")],
+    [Matcher("__name__", "=~", "gpu")],  # anchored: matches nothing
+    [Matcher("__name__", "!~", "up"), Matcher("gpu", "=~", "1|10")],
+    [Matcher("gpu", "!=", "0"), Matcher("host", "=", "")],  # empty matches an absent label
+    [Matcher("host", "=~", "weird'host\\\\x")],
+    [Matcher("rack", "=~", "r.1")],  # `.` matches a newline, as in Prometheus
+    [Matcher("rack", "!=", "")],
+    [Matcher("nosuchlabel", "=", "")],
+    [Matcher("host", "=~", "b\\.example")],
+]
+WINDOWS = [(BASE, BASE + 600_000), (BASE + 100_000, BASE + 200_000), (BASE + 5_000, BASE + 5_000), (0, 10)]
+
+
+def _same(a, b):
+    assert [d.labels for d in a] == [d.labels for d in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.timestamps.tolist() == y.timestamps.tolist()
+        assert x.values.view(np.uint64).tolist() == y.values.view(np.uint64).tolist()
+
+
+@pytest.mark.parametrize("matchers", MATCHERS, ids=[str(i) for i in range(len(MATCHERS))])
+def test_select_matches_memory_storage(stores, matchers):
+    ch, mem = stores
+    for start, end in WINDOWS:
+        _same(ch.select(matchers, start, end), mem.select(matchers, start, end))
+
+
+@pytest.mark.parametrize("matchers", MATCHERS, ids=[str(i) for i in range(len(MATCHERS))])
+def test_label_names_and_values_match_memory_storage(stores, matchers):
+    ch, mem = stores
+    for start, end in WINDOWS:
+        assert ch.label_names(matchers, start, end) == mem.label_names(matchers, start, end)
+        for name in ("gpu", "host", "__name__", "rack"):
+            assert ch.label_values(name, matchers, start, end) == mem.label_values(name, matchers, start, end)
+
+
+def test_inverted_window_is_empty(stores):
+    ch, _ = stores
+    assert ch.select([Matcher("__name__", "=", "up")], BASE + 10, BASE) == []
+
+
+def test_matcher_sql_quotes_user_text():
+    assert matcher_sql(Matcher("a'b", "=", "x'); DROP TABLE t; --")) == (
+        "labels['a\\'b'] = 'x\\'); DROP TABLE t; --'"
+    )
+    assert matcher_sql(Matcher("__name__", "=~", "a.*")) == "match(metric, '^(?s:a.*)$')"
