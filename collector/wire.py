@@ -1,0 +1,781 @@
+"""The agent's batch format (docs/wire.md): decoder for the collector, encoder for tests and tools.
+
+The decoder faces untrusted bytes, so every failure is a ``WireError``
+subclass and nothing else: the ingest endpoint maps them to status codes.
+Columns are decoded with numpy, so a batch of 10k records costs a few numpy
+calls, not 100k Python-level varint reads.
+
+Exceptions::
+
+    WireError (ValueError)
+    +-- MalformedBatch         header or body does not follow docs/wire.md (400)
+    |   +-- OversizedBatch     past a size limit before any work is done (413)
+    +-- AuthenticationFailed   the AEAD tag does not verify (401)
+
+Example::
+
+    frame = encode_batch(records, agent_id=aid, key_id=1, key=key, epoch=7, seq=0)
+    header = parse_header(frame)
+    batch = decode_batch(frame, key)
+    batch.records()  # the records.py dataclasses, as the ring handed them out
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from kernel_insight.agent.records import RECORD_DTYPE, Record, RecordType, decode_records
+
+__all__ = [
+    "AEAD_CHACHA20_POLY1305",
+    "COMPRESSION_NONE",
+    "COMPRESSION_ZSTD",
+    "CONTENT_TYPE",
+    "HEADER_SIZE",
+    "INGEST_PATH",
+    "MAGIC",
+    "TAG_SIZE",
+    "WIRE_VERSION",
+    "AuthenticationFailed",
+    "BatchHeader",
+    "BatchId",
+    "Counter",
+    "DecodedBatch",
+    "Limits",
+    "MalformedBatch",
+    "OversizedBatch",
+    "WireError",
+    "decode_batch",
+    "decode_body",
+    "encode_batch",
+    "encode_body",
+    "nonce_for",
+    "open_frame",
+    "parse_header",
+    "seal_body",
+]
+
+MAGIC = b"KIWB"
+WIRE_VERSION = 1
+BODY_VERSION = 1
+AEAD_CHACHA20_POLY1305 = 1
+COMPRESSION_NONE = 0
+COMPRESSION_ZSTD = 1
+HEADER_SIZE = 64
+TAG_SIZE = 16
+KEY_SIZE = 32
+INGEST_PATH = "/v1/ingest"
+CONTENT_TYPE = "application/x-ki-batch"
+
+SECTION_COUNTERS = 0x01
+SECTION_STRINGS = 0x02
+SECTION_RECORDS = 0x10
+
+_HEADER = struct.Struct("<4sBBBB16sIIQQQII")
+assert _HEADER.size == HEADER_SIZE
+
+U64 = npt.NDArray[np.uint64]
+U8 = npt.NDArray[np.uint8]
+
+
+class WireError(ValueError):
+    """Any reason a batch cannot be accepted; the message is safe to return to the sender."""
+
+
+class MalformedBatch(WireError):
+    """The bytes do not follow docs/wire.md."""
+
+
+class OversizedBatch(MalformedBatch):
+    """The frame or its decompressed body is larger than the decoder's limits allow."""
+
+
+class AuthenticationFailed(WireError):
+    """The AEAD tag did not verify: wrong key, or the batch was changed on the way."""
+
+
+class Counter(enum.IntEnum):
+    """Agent self-metrics carried in every batch's COUNTERS section (docs/wire.md)."""
+
+    RECORDS_READ = 1
+    RECORDS_SHIPPED = 2
+    GARBAGE_SKIPPED = 3
+    RING_DROPPED = 4
+    RING_TORN = 5
+    RING_ABANDONED = 6
+    RING_LOST = 7
+    SPOOL_DROPPED_BATCHES = 8
+    SPOOL_DROPPED_RECORDS = 9
+    BATCHES_SEALED = 10
+    BATCHES_SENT = 11
+    BATCHES_RETRIED = 12
+    BATCHES_FAILED = 13
+    BYTES_RAW = 14
+    BYTES_COMPRESSED = 15
+    DRAIN_LAG_NS = 16
+    RING_BACKLOG = 17
+    NAMES_RESET = 18
+    AUTH_FAILURES = 19
+    SPOOL_BYTES = 20
+    SPOOL_BATCHES = 21
+    RSS_KB = 22
+    NAMES_TRUNCATED = 23
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the decoder accepts; past any of these a batch is malformed (or oversized)."""
+
+    max_frame: int = 16 << 20
+    max_body: int = 64 << 20
+    max_records: int = 4 << 20
+    max_strings: int = 65536
+    max_name: int = 65535
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchId:
+    """The deduplication key: unique per batch for an agent's whole life."""
+
+    agent_id: bytes
+    epoch: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    agent_id: bytes
+    key_id: int
+    epoch: int
+    seq: int
+    t_min_ns: int
+    t_max_ns: int
+    record_count: int
+    payload_len: int
+    compression: int
+
+    @property
+    def batch_id(self) -> BatchId:
+        return BatchId(self.agent_id, self.epoch, self.seq)
+
+    @property
+    def nonce(self) -> bytes:
+        return nonce_for(self.epoch, self.seq)
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(
+            MAGIC,
+            WIRE_VERSION,
+            AEAD_CHACHA20_POLY1305,
+            self.compression,
+            0,
+            self.agent_id,
+            self.key_id,
+            self.epoch,
+            self.seq,
+            self.t_min_ns,
+            self.t_max_ns,
+            self.record_count,
+            self.payload_len,
+        )
+
+
+def nonce_for(epoch: int, seq: int) -> bytes:
+    """The 96-bit nonce: epoch then sequence number, both from the authenticated header."""
+    return struct.pack("<IQ", epoch, seq)
+
+
+# ---- column tables -----------------------------------------------------------------
+
+# (field, encoding, storage width in bytes); the order is the wire order.
+_Col = tuple[str, str, int]
+_COMMON: tuple[_Col, ...] = (
+    ("pos", "delta", 8),
+    ("producer", "uv", 4),
+    ("flags", "u8", 1),
+    ("device", "uv", 2),
+    ("id", "uv", 4),
+    ("ts_ns", "delta", 8),
+)
+_PAYLOAD: dict[int, tuple[_Col, ...]] = {
+    RecordType.KERNEL: (
+        ("end_ns", "rel", 8),
+        ("stream", "uv", 8),
+        ("correlation", "delta", 8),
+        ("pid", "uv", 4),
+    ),
+    RecordType.LAUNCH: tuple((f, "uv", 4) for f in ("pid", "tid", "g0", "g1", "g2", "b0", "b1", "b2")),
+    RecordType.MEMOP: (
+        ("address", "delta", 8),
+        ("bytes", "uv", 8),
+        ("pid", "uv", 4),
+        ("tid", "uv", 4),
+        ("status", "sv", 4),
+    ),
+    RecordType.COLLECTIVE: (
+        ("bytes", "uv", 8),
+        ("duration_ns", "uv", 8),
+        ("comm", "uv", 8),
+        ("rank", "uv", 4),
+        ("nranks", "uv", 4),
+    ),
+    RecordType.SYNC: (("duration_ns", "uv", 8), ("handle", "uv", 8), ("pid", "uv", 4), ("tid", "uv", 4)),
+    RecordType.GPU_SAMPLE: (("value", "f64", 8), ("aux", "uv", 8)),
+    RecordType.FINGERPRINT: (("value", "uv", 8),),
+    RecordType.ERROR: (("code", "sv", 8), ("aux", "uv", 8), ("pid", "uv", 4), ("detail_id", "uv", 4)),
+}
+# Payload layouts of ki_ring.h as unsigned bit patterns; "_r*" fields are reserved (zero).
+_PAYLOAD_DTYPE: dict[int, np.dtype[np.void]] = {
+    RecordType.KERNEL: np.dtype(
+        [("end_ns", "<u8"), ("stream", "<u8"), ("correlation", "<u8"), ("pid", "<u4"), ("_r", "<u4")]
+    ),
+    RecordType.LAUNCH: np.dtype([(f, "<u4") for f in ("pid", "tid", "g0", "g1", "g2", "b0", "b1", "b2")]),
+    RecordType.MEMOP: np.dtype(
+        [
+            ("address", "<u8"),
+            ("bytes", "<u8"),
+            ("pid", "<u4"),
+            ("tid", "<u4"),
+            ("status", "<u4"),
+            ("_r", "<u4"),
+        ]
+    ),
+    RecordType.COLLECTIVE: np.dtype(
+        [("bytes", "<u8"), ("duration_ns", "<u8"), ("comm", "<u8"), ("rank", "<u4"), ("nranks", "<u4")]
+    ),
+    RecordType.SYNC: np.dtype(
+        [("duration_ns", "<u8"), ("handle", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("_r", "<u8")]
+    ),
+    RecordType.GPU_SAMPLE: np.dtype([("value", "<u8"), ("aux", "<u8"), ("_r", "V16")]),
+    RecordType.FINGERPRINT: np.dtype([("value", "<u8"), ("_r", "V24")]),
+    RecordType.ERROR: np.dtype(
+        [("code", "<u8"), ("aux", "<u8"), ("pid", "<u4"), ("detail_id", "<u4"), ("_r", "<u8")]
+    ),
+}
+for _dt in _PAYLOAD_DTYPE.values():
+    assert _dt.itemsize == 32
+SHIPPED_TYPES = tuple(sorted(_PAYLOAD))
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+# ---- varints (vectorised) ----------------------------------------------------------
+
+
+def _zigzag(v: U64) -> U64:
+    s = v.view(np.int64)
+    return ((s << np.int64(1)) ^ (s >> np.int64(63))).view(np.uint64)
+
+
+def _unzigzag(z: U64) -> U64:
+    neg = (z & np.uint64(1)).astype(np.int64)
+    return (z >> np.uint64(1)) ^ (-neg).view(np.uint64)
+
+
+def _encode_varints(v: U64) -> bytes:
+    n = v.size
+    if n == 0:
+        return b""
+    nbytes = np.ones(n, dtype=np.int64)
+    for k in range(1, 10):
+        nbytes += (v >> np.uint64(7 * k)) != 0
+    offsets = np.zeros(n, dtype=np.int64)
+    np.cumsum(nbytes[:-1], out=offsets[1:])
+    out = np.zeros(int(nbytes.sum()), dtype=np.uint8)
+    for k in range(int(nbytes.max())):
+        m = nbytes > k
+        byte = ((v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        cont = (nbytes[m] > k + 1).astype(np.uint8) << np.uint8(7)
+        out[offsets[m] + k] = byte | cont
+    return out.tobytes()
+
+
+def _decode_varints(buf: U8, n: int, what: str) -> U64:
+    """Exactly n canonical varints filling buf, or MalformedBatch."""
+    ends = np.flatnonzero(buf < 0x80)
+    if ends.size != n or (n and int(ends[-1]) != buf.size - 1) or (n == 0 and buf.size):
+        raise MalformedBatch(f"{what}: expected {n} varints in {buf.size} bytes")
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts + 1
+    maxlen = int(lens.max())
+    if maxlen > 10:
+        raise MalformedBatch(f"{what}: varint longer than 10 bytes")
+    last = buf[ends]
+    if np.any((lens > 1) & (last == 0)):
+        raise MalformedBatch(f"{what}: non-canonical varint")
+    if maxlen == 10 and np.any(last[lens == 10] > 1):
+        raise MalformedBatch(f"{what}: varint does not fit 64 bits")
+    out = np.zeros(n, dtype=np.uint64)
+    for k in range(maxlen):
+        m = lens > k
+        out[m] |= (buf[starts[m] + k].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * k)
+    return out
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+class _Reader:
+    """Bounds-checked cursor over a body; every overrun is a MalformedBatch."""
+
+    __slots__ = ("buf", "end", "pos", "what")
+
+    def __init__(self, buf: bytes | memoryview, what: str, start: int = 0, end: int | None = None) -> None:
+        self.buf = buf
+        self.pos = start
+        self.end = len(buf) if end is None else end
+        self.what = what
+
+    def done(self) -> bool:
+        return self.pos >= self.end
+
+    def u8(self) -> int:
+        if self.pos >= self.end:
+            raise MalformedBatch(f"{self.what}: truncated")
+        v = self.buf[self.pos]
+        self.pos += 1
+        return v
+
+    def varint(self) -> int:
+        v = 0
+        for k in range(10):
+            b = self.u8()
+            if k == 9 and b > 1:
+                raise MalformedBatch(f"{self.what}: varint does not fit 64 bits")
+            v |= (b & 0x7F) << (7 * k)
+            if not b & 0x80:
+                if k and b == 0:
+                    raise MalformedBatch(f"{self.what}: non-canonical varint")
+                return v
+        raise MalformedBatch(f"{self.what}: varint longer than 10 bytes")
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > self.end:
+            raise MalformedBatch(f"{self.what}: length {n} runs past the end")
+        v = memoryview(self.buf)[self.pos : self.pos + n]
+        self.pos += n
+        return v
+
+
+# ---- decoded batch -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DecodedBatch:
+    """One verified batch: its header, the agent's counters, names and records by type."""
+
+    header: BatchHeader
+    counters: dict[int, int] = field(default_factory=dict)
+    strings: dict[tuple[int, int], str] = field(default_factory=dict)
+    arrays: dict[int, npt.NDArray[np.void]] = field(default_factory=dict)
+
+    @property
+    def batch_id(self) -> BatchId:
+        return self.header.batch_id
+
+    @property
+    def record_count(self) -> int:
+        return sum(len(a) for a in self.arrays.values())
+
+    def counter(self, c: Counter) -> int:
+        return self.counters.get(int(c), 0)
+
+    def to_array(self) -> npt.NDArray[np.void]:
+        """All records as RECORD_DTYPE (check = 0), in ring order: the shape RingReader gives."""
+        if not self.arrays:
+            return np.zeros(0, dtype=RECORD_DTYPE)
+        arr = np.concatenate([self.arrays[t] for t in sorted(self.arrays)])
+        return arr[np.argsort(arr["pos"], kind="stable")]
+
+    def records(self) -> list[Record]:
+        return decode_records(self.to_array().tobytes())
+
+    def name(self, producer: int, string_id: int) -> str | None:
+        return self.strings.get((producer, string_id))
+
+
+# ---- decoder -----------------------------------------------------------------------
+
+
+def parse_header(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> BatchHeader:
+    """Check the cleartext header (nothing here is trusted until the tag verifies)."""
+    if len(frame) > limits.max_frame:
+        raise OversizedBatch(f"frame of {len(frame)} bytes exceeds the limit of {limits.max_frame}")
+    if len(frame) < HEADER_SIZE + TAG_SIZE:
+        raise MalformedBatch(f"frame of {len(frame)} bytes is shorter than header and tag")
+    (magic, version, aead, comp, flags, agent_id, key_id, epoch, seq, t_min, t_max, count, plen) = (
+        _HEADER.unpack_from(frame, 0)
+    )
+    if magic != MAGIC:
+        raise MalformedBatch("bad magic: not a Kernel Insight batch")
+    if version != WIRE_VERSION:
+        raise MalformedBatch(f"wire version {version}, this collector understands {WIRE_VERSION}")
+    if aead != AEAD_CHACHA20_POLY1305:
+        raise MalformedBatch(f"unknown AEAD {aead}")
+    if comp not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
+        raise MalformedBatch(f"unknown compression {comp}")
+    if flags != 0:
+        raise MalformedBatch(f"reserved header flags 0x{flags:02x} set")
+    if plen != len(frame) - HEADER_SIZE:
+        raise MalformedBatch(f"payload length {plen} does not match the frame ({len(frame) - HEADER_SIZE})")
+    if t_min > t_max:
+        raise MalformedBatch("time range is inverted")
+    if count > limits.max_records:
+        raise OversizedBatch(f"{count} records exceed the limit of {limits.max_records}")
+    return BatchHeader(bytes(agent_id), key_id, epoch, seq, t_min, t_max, count, plen, comp)
+
+
+def open_frame(
+    frame: bytes | memoryview, header: BatchHeader, key: bytes, limits: Limits = DEFAULT_LIMITS
+) -> bytes:
+    """Verify and decrypt, then decompress: the body's plaintext."""
+    if len(key) != KEY_SIZE:
+        raise ValueError("a key is 32 bytes")
+    raw = bytes(frame)
+    try:
+        plain = ChaCha20Poly1305(key).decrypt(header.nonce, raw[HEADER_SIZE:], raw[:HEADER_SIZE])
+    except InvalidTag:
+        raise AuthenticationFailed("batch authentication failed (wrong key or tampered batch)") from None
+    if header.compression == COMPRESSION_NONE:
+        if len(plain) > limits.max_body:
+            raise OversizedBatch(f"body of {len(plain)} bytes exceeds the limit of {limits.max_body}")
+        return plain
+    try:
+        size = zstandard.frame_content_size(plain)
+    except zstandard.ZstdError:
+        raise MalformedBatch("body is not a zstd frame") from None
+    if size < 0:
+        raise MalformedBatch("zstd frame without a content size")
+    if size > limits.max_body:
+        raise OversizedBatch(f"body of {size} bytes exceeds the limit of {limits.max_body}")
+    try:
+        out = zstandard.ZstdDecompressor().decompress(plain)
+    except zstandard.ZstdError as exc:
+        raise MalformedBatch(f"zstd: {exc}") from None
+    if len(out) != size:
+        raise MalformedBatch("zstd frame content size mismatch")
+    return out
+
+
+def _decode_column(r: _Reader, n: int, col: _Col, ts: U64 | None, rtype: int) -> U64:
+    name, enc, width = col
+    what = f"{RecordType(rtype).name} column {name}"
+    data = r.take(r.varint())
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if enc == "u8":
+        if buf.size != n:
+            raise MalformedBatch(f"{what}: expected {n} bytes, got {buf.size}")
+        return buf.astype(np.uint64)
+    if enc == "f64":
+        if buf.size != 8 * n:
+            raise MalformedBatch(f"{what}: expected {8 * n} bytes, got {buf.size}")
+        return buf.view("<u8").astype(np.uint64)
+    v = _decode_varints(buf, n, what)
+    if enc == "delta":
+        v = np.cumsum(_unzigzag(v), dtype=np.uint64)
+    elif enc == "rel":
+        assert ts is not None
+        v = ts + _unzigzag(v)
+    elif enc == "sv":
+        v = _unzigzag(v)
+        if width == 4:
+            s = v.view(np.int64)
+            if np.any((s < -(1 << 31)) | (s >= (1 << 31))):
+                raise MalformedBatch(f"{what}: value does not fit 32 bits")
+            v = (s & np.int64(0xFFFFFFFF)).view(np.uint64)
+    if enc in ("uv", "delta") and width < 8 and np.any(v >> np.uint64(8 * width)):
+        raise MalformedBatch(f"{what}: value does not fit {8 * width} bits")
+    return v
+
+
+def _decode_records(r: _Reader, rtype: int, header: BatchHeader, limits: Limits) -> npt.NDArray[np.void]:
+    n = r.varint()
+    if n == 0 or n > limits.max_records:
+        raise MalformedBatch(f"{RecordType(rtype).name}: bad record count {n}")
+    out = np.zeros(n, dtype=RECORD_DTYPE)
+    payload = np.zeros(n, dtype=_PAYLOAD_DTYPE[rtype])
+    ts: U64 | None = None
+    for col in _COMMON + _PAYLOAD[rtype]:
+        v = _decode_column(r, n, col, ts, rtype)
+        name, _enc, width = col
+        if col in _COMMON:
+            if name == "ts_ns":
+                ts = v
+            out[name] = v.astype(_UNSIGNED[width])
+        else:
+            payload[name] = v.astype(_UNSIGNED[width])
+    assert ts is not None
+    if np.any(ts < np.uint64(header.t_min_ns)) or np.any(ts > np.uint64(header.t_max_ns)):
+        raise MalformedBatch(f"{RecordType(rtype).name}: record time outside the header's range")
+    out["type"] = rtype
+    out["payload"] = payload.view("V32").reshape(n)
+    return out
+
+
+def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMITS) -> DecodedBatch:
+    """Parse a verified plaintext body; a malformed one raises MalformedBatch, nothing else."""
+    batch = DecodedBatch(header)
+    r = _Reader(body, "body")
+    version = r.u8()
+    if version != BODY_VERSION:
+        raise MalformedBatch(f"body version {version}, this collector understands {BODY_VERSION}")
+    seen: set[int] = set()
+    while not r.done():
+        tag = r.u8()
+        length = r.varint()
+        if tag in seen:
+            raise MalformedBatch(f"section 0x{tag:02x} appears twice")
+        seen.add(tag)
+        start = r.pos
+        r.take(length)
+        sec = _Reader(body, f"section 0x{tag:02x}", start, start + length)
+        if tag == SECTION_COUNTERS:
+            _decode_counters(sec, batch)
+        elif tag == SECTION_STRINGS:
+            _decode_strings(sec, batch, limits)
+        elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
+            batch.arrays[tag - SECTION_RECORDS] = _decode_records(sec, tag - SECTION_RECORDS, header, limits)
+        else:
+            raise MalformedBatch(f"unknown section 0x{tag:02x}")
+        if not sec.done():
+            raise MalformedBatch(f"section 0x{tag:02x}: {sec.end - sec.pos} bytes left over")
+    total = batch.record_count
+    if total != header.record_count:
+        raise MalformedBatch(f"header says {header.record_count} records, body has {total}")
+    return batch
+
+
+def _decode_counters(r: _Reader, batch: DecodedBatch) -> None:
+    k = r.varint()
+    if k > 4096:
+        raise MalformedBatch(f"{k} counters")
+    last = 0
+    for _ in range(k):
+        cid = r.varint()
+        if cid <= last:
+            raise MalformedBatch("counter ids not strictly increasing")
+        last = cid
+        batch.counters[cid] = r.varint()
+
+
+def _decode_strings(r: _Reader, batch: DecodedBatch, limits: Limits) -> None:
+    k = r.varint()
+    if k > limits.max_strings:
+        raise MalformedBatch(f"{k} names exceed the limit of {limits.max_strings}")
+    for _ in range(k):
+        producer = r.varint()
+        sid = r.varint()
+        if producer >> 32 or sid >> 32:
+            raise MalformedBatch("name key does not fit 32 bits")
+        n = r.varint()
+        if n > limits.max_name:
+            raise MalformedBatch(f"name of {n} bytes exceeds the limit of {limits.max_name}")
+        batch.strings[(producer, sid)] = bytes(r.take(n)).decode("utf-8", errors="replace")
+
+
+KeyLookup = Callable[[BatchHeader], bytes]
+
+
+def decode_batch(
+    frame: bytes | memoryview, key: bytes | KeyLookup, limits: Limits = DEFAULT_LIMITS
+) -> DecodedBatch:
+    """Header, tag, decompression and body in one call; key may be a lookup by header."""
+    header = parse_header(frame, limits)
+    k = key if isinstance(key, bytes) else key(header)
+    return decode_body(open_frame(frame, header, k, limits), header, limits)
+
+
+# ---- encoder -----------------------------------------------------------------------
+
+
+def _encode_column(v: U64, enc: str, width: int, ts: U64) -> bytes:
+    if enc == "u8":
+        return v.astype(np.uint8).tobytes()
+    if enc == "f64":
+        return v.astype("<u8").tobytes()
+    if enc == "delta":
+        d = np.empty_like(v)
+        d[0] = v[0]
+        d[1:] = v[1:] - v[:-1]
+        v = _zigzag(d)
+    elif enc == "rel":
+        v = _zigzag(v - ts)
+    elif enc == "sv":
+        if width == 4:
+            v = v.astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
+        v = _zigzag(v)
+    return _encode_varints(v)
+
+
+def _encode_records(arr: npt.NDArray[np.void], rtype: int) -> bytes:
+    out = bytearray(_varint(len(arr)))
+    payload = arr["payload"].copy().view(_PAYLOAD_DTYPE[rtype])
+    ts = arr["ts_ns"].astype(np.uint64)
+    for col in _COMMON + _PAYLOAD[rtype]:
+        name, enc, width = col
+        src = arr[name] if col in _COMMON else payload[name]
+        data = _encode_column(np.ascontiguousarray(src).astype(np.uint64), enc, width, ts)
+        out += _varint(len(data)) + data
+    return bytes(out)
+
+
+def _section(tag: int, data: bytes) -> bytes:
+    return bytes([tag]) + _varint(len(data)) + data
+
+
+def encode_body(
+    records: npt.NDArray[np.void],
+    strings: Mapping[tuple[int, int], bytes | str] | None = None,
+    counters: Mapping[int, int] | None = None,
+) -> bytes:
+    """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined)."""
+    if records.dtype != RECORD_DTYPE:
+        raise TypeError("encode_body() needs an array of RECORD_DTYPE")
+    out = bytearray([BODY_VERSION])
+    if counters:
+        c = bytearray(_varint(len(counters)))
+        for cid in sorted(counters):
+            c += _varint(int(cid)) + _varint(int(counters[cid]))
+        out += _section(SECTION_COUNTERS, bytes(c))
+    if strings:
+        s = bytearray(_varint(len(strings)))
+        for (producer, sid), name in strings.items():
+            raw = name.encode() if isinstance(name, str) else bytes(name)
+            s += _varint(producer) + _varint(sid) + _varint(len(raw)) + raw
+        out += _section(SECTION_STRINGS, bytes(s))
+    types = records["type"]
+    for t in np.unique(types).tolist():
+        if t not in _PAYLOAD:
+            raise ValueError(f"record type {t} cannot be shipped (STRING chunks go in the string table)")
+        out += _section(SECTION_RECORDS + t, _encode_records(records[types == t], t))
+    return bytes(out)
+
+
+def seal_body(
+    body: bytes,
+    *,
+    agent_id: bytes,
+    key_id: int,
+    key: bytes,
+    epoch: int,
+    seq: int,
+    t_min_ns: int,
+    t_max_ns: int,
+    record_count: int,
+    compress: bool = True,
+    level: int = 3,
+) -> bytes:
+    """Compress and seal a body under the agent's key: the frame the agent would send."""
+    if len(agent_id) != 16:
+        raise ValueError("an agent id is 16 bytes")
+    payload = zstandard.ZstdCompressor(level=level).compress(body) if compress else body
+    header = BatchHeader(
+        agent_id,
+        key_id,
+        epoch,
+        seq,
+        t_min_ns,
+        t_max_ns,
+        record_count,
+        len(payload) + TAG_SIZE,
+        COMPRESSION_ZSTD if compress else COMPRESSION_NONE,
+    )
+    aad = header.pack()
+    return aad + ChaCha20Poly1305(key).encrypt(header.nonce, payload, aad)
+
+
+def encode_batch(
+    records: npt.NDArray[np.void] | Iterable[Record],
+    *,
+    agent_id: bytes,
+    key_id: int,
+    key: bytes,
+    epoch: int,
+    seq: int,
+    strings: Mapping[tuple[int, int], bytes | str] | None = None,
+    counters: Mapping[int, int] | None = None,
+    now_ns: int = 0,
+    compress: bool = True,
+) -> bytes:
+    """Encode and seal one batch; the time range is taken from the records (or now_ns if none)."""
+    arr = records if isinstance(records, np.ndarray) else records_to_array(records)
+    if len(arr):
+        t_min, t_max = int(arr["ts_ns"].min()), int(arr["ts_ns"].max())
+    else:
+        t_min = t_max = now_ns
+    return seal_body(
+        encode_body(arr, strings, counters),
+        agent_id=agent_id,
+        key_id=key_id,
+        key=key,
+        epoch=epoch,
+        seq=seq,
+        t_min_ns=t_min,
+        t_max_ns=t_max,
+        record_count=len(arr),
+        compress=compress,
+    )
+
+
+def records_to_array(records: Iterable[Record]) -> npt.NDArray[np.void]:
+    """The inverse of records.decode_records for shippable records (reserved bytes zero)."""
+    from kernel_insight.agent import records as r
+
+    rows = list(records)
+    out = np.zeros(len(rows), dtype=RECORD_DTYPE)
+    for i, rec in enumerate(rows):
+        p: tuple[int | float, ...]
+        if isinstance(rec, r.KernelRecord):
+            t, ident, ts = RecordType.KERNEL, rec.name_id, rec.start_ns
+            p = (rec.end_ns, rec.stream, rec.correlation, rec.pid)
+            fmt = "<QQQI4x"
+        elif isinstance(rec, r.LaunchRecord):
+            t, ident, ts = RecordType.LAUNCH, rec.function_id, rec.ts_ns
+            p, fmt = (rec.pid, rec.tid, *rec.grid, *rec.block), "<8I"
+        elif isinstance(rec, r.MemopRecord):
+            t, ident, ts = RecordType.MEMOP, rec.kind, rec.ts_ns
+            p, fmt = (rec.address, rec.nbytes, rec.pid, rec.tid, rec.status), "<QQIIi4x"
+        elif isinstance(rec, r.CollectiveRecord):
+            t, ident, ts = RecordType.COLLECTIVE, rec.op, rec.ts_ns
+            p, fmt = (rec.nbytes, rec.duration_ns, rec.comm, rec.rank, rec.nranks), "<QQQII"
+        elif isinstance(rec, r.SyncRecord):
+            t, ident, ts = RecordType.SYNC, rec.kind, rec.ts_ns
+            p, fmt = (rec.duration_ns, rec.handle, rec.pid, rec.tid), "<QQII8x"
+        elif isinstance(rec, r.SampleRecord):
+            t, ident, ts = RecordType.GPU_SAMPLE, rec.metric, rec.ts_ns
+            p, fmt = (rec.value, rec.aux), "<dQ16x"
+        elif isinstance(rec, r.FingerprintRecord):
+            t, ident, ts = RecordType.FINGERPRINT, rec.field, rec.ts_ns
+            p, fmt = (rec.value,), "<Q24x"
+        elif isinstance(rec, r.ErrorRecord):
+            t, ident, ts = RecordType.ERROR, rec.kind, rec.ts_ns
+            p, fmt = (rec.code, rec.aux, rec.pid, rec.detail_id), "<qQII8x"
+        else:
+            raise ValueError(f"{type(rec).__name__} cannot be shipped as a record")
+        out[i] = (rec.pos, rec.producer, 0, t, rec.flags, rec.device, ident, ts, struct.pack(fmt, *p))
+    return out

@@ -1,0 +1,137 @@
+"""Untrusted bytes never crash the decoder: random and mutated batches end in clean rejections.
+
+KI_FUZZ_CASES sets the number of cases (default 100k, split over frames and bodies).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+import zstandard
+from wire_corpus import kernel_stream, random_records
+
+from kernel_insight.collector import wire
+
+KEY = bytes(range(32))
+AID = bytes(16)
+CASES = int(os.environ.get("KI_FUZZ_CASES", "100000"))
+
+
+def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
+    """(frame, header, plaintext body) for a few small valid batches of every shape."""
+    rng = np.random.default_rng(42)
+    out = []
+    shapes = [
+        (random_records(rng, 6), {(1, 2): "gemm", (3, 4): "ψ-kernel"}, {1: 5, 22: 1 << 40}),
+        (random_records(rng, 1, [6]), {}, {}),
+        (kernel_stream(rng, 12), {(1, 1): "a" * 40}, {3: 1}),
+        (random_records(rng, 0), {}, {10: 1}),
+        (random_records(rng, 9, [2, 3, 4, 5, 7, 8]), {}, {}),
+    ]
+    for seq, (arr, strings, counters) in enumerate(shapes):
+        for compress in (True, False):
+            frame = wire.encode_batch(
+                arr,
+                agent_id=AID,
+                key_id=1,
+                key=KEY,
+                epoch=1,
+                seq=seq,
+                strings=strings,
+                counters=counters,
+                now_ns=5,
+                compress=compress,
+            )
+            header = wire.parse_header(frame)
+            out.append((frame, header, wire.encode_body(arr, strings, counters)))
+    return out
+
+
+def _mutate(rnd: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+    b = bytearray(data)
+    for _ in range(rnd.choice((1, 1, 2, 3, 8))):
+        op = rnd.randrange(7)
+        i = rnd.randrange(len(b) + 1) if b else 0
+        if op == 0 and b:
+            b[min(i, len(b) - 1)] ^= 1 << rnd.randrange(8)
+        elif op == 1 and b:
+            b[min(i, len(b) - 1)] = rnd.choice((0, 0x7F, 0x80, 0xFF, rnd.randrange(256)))
+        elif op == 2:
+            del b[i:]
+        elif op == 3:
+            b[i:i] = rnd.randbytes(rnd.randrange(1, 16))
+        elif op == 4 and b:
+            del b[i : i + rnd.randrange(1, 16)]
+        elif op == 5:
+            other = rnd.choice(pool)
+            j = rnd.randrange(len(other) + 1)
+            b[i:] = other[j:]
+        else:
+            b[i:i] = b"\xff" * rnd.randrange(1, 11)
+    return bytes(b)
+
+
+def test_fuzz_random_and_mutated_batches_reject_cleanly():
+    seeds = _seeds()
+    frames = [s[0] for s in seeds]
+    bodies = [s[2] for s in seeds]
+    rnd = random.Random(1234)
+    outcomes = {"ok": 0, "malformed": 0, "auth": 0}
+    started = time.monotonic()
+    for case in range(CASES):
+        kind = case % 10
+        try:
+            if kind == 0:
+                # Frame-level: header checks and the tag (mutations almost never survive it).
+                wire.decode_batch(_mutate(rnd, rnd.choice(frames), frames), KEY)
+            elif kind == 1:
+                # Random bytes behind a valid-looking header.
+                wire.decode_batch(rnd.choice(frames)[:64] + rnd.randbytes(rnd.randrange(0, 200)), KEY)
+            elif kind == 2:
+                # Authenticated garbage: a mutated zstd payload sealed with the right key.
+                frame, header, body = rnd.choice(seeds)
+                payload = _mutate(rnd, zstandard.compress(body), bodies)
+                sealed = wire.seal_body(
+                    payload,
+                    agent_id=AID,
+                    key_id=1,
+                    key=KEY,
+                    epoch=1,
+                    seq=case,
+                    t_min_ns=0,
+                    t_max_ns=2**64 - 1,
+                    record_count=header.record_count,
+                    compress=False,
+                )
+                h = wire.parse_header(sealed)
+                h = wire.BatchHeader(**{**{f: getattr(h, f) for f in h.__slots__}, "compression": 1})
+                wire.decode_body(wire.open_frame(sealed[:6] + b"\x01" + sealed[7:], h, KEY), h)
+            else:
+                # Body-level: the part an authenticated but buggy or hostile agent controls.
+                _frame, header, body = rnd.choice(seeds)
+                mutated = (
+                    _mutate(rnd, body, bodies) if kind < 9 else bytes([1]) + rnd.randbytes(rnd.randrange(60))
+                )
+                wide = wire.BatchHeader(
+                    **{
+                        **{f: getattr(header, f) for f in header.__slots__},
+                        "t_min_ns": 0,
+                        "t_max_ns": 2**64 - 1,
+                    }
+                )
+                batch = wire.decode_body(mutated, wide)
+                assert batch.record_count == header.record_count
+                batch.records()
+            outcomes["ok"] += 1
+        except wire.AuthenticationFailed:
+            outcomes["auth"] += 1
+        except wire.MalformedBatch:
+            outcomes["malformed"] += 1
+    elapsed = time.monotonic() - started
+    print(f"fuzz: {CASES} cases in {elapsed:.1f}s: {outcomes}")
+    assert sum(outcomes.values()) == CASES
+    assert outcomes["malformed"] > CASES // 4
+    assert outcomes["auth"] > CASES // 20
