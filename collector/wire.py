@@ -153,6 +153,10 @@ class BatchId:
     epoch: int
     seq: int
 
+    def __str__(self) -> str:
+        """The text form storage keys on: ``<agent hex>:<epoch>:<seq>``."""
+        return f"{self.agent_id.hex()}:{self.epoch}:{self.seq}"
+
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader:

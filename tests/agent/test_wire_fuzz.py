@@ -92,7 +92,7 @@ def test_fuzz_random_and_mutated_batches_reject_cleanly():
                 wire.decode_batch(rnd.choice(frames)[:64] + rnd.randbytes(rnd.randrange(0, 200)), KEY)
             elif kind == 2:
                 # Authenticated garbage: a mutated zstd payload sealed with the right key.
-                frame, header, body = rnd.choice(seeds)
+                _frame, header, body = rnd.choice(seeds)
                 payload = _mutate(rnd, zstandard.compress(body), bodies)
                 sealed = wire.seal_body(
                     payload,
