@@ -1,0 +1,121 @@
+"""Key store: enrolment, rotation with two active keys, revocation, file modes, no key in output."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from kernel_insight.collector import keys as k
+
+
+@pytest.fixture
+def store(tmp_path):
+    return k.KeyStore(tmp_path / "keys.json")
+
+
+def test_added_agent_key_is_found_and_file_is_private(store, tmp_path):
+    creds = store.add_agent("host-1/gpu0")
+    assert store.key_for(creds.agent_id, 1) == creds.key
+    assert stat.S_IMODE(os.stat(tmp_path / "keys.json").st_mode) == 0o600
+    kf = tmp_path / "agent.key"
+    creds.write_key_file(kf)
+    assert stat.S_IMODE(os.stat(kf).st_mode) == 0o600
+    assert k.read_key_file(kf) == creds
+
+
+def test_rotation_keeps_two_active_keys(store):
+    c1 = store.add_agent("a")
+    c2 = store.rotate(c1.agent_id)
+    assert store.key_for(c1.agent_id, 1) == c1.key
+    assert store.key_for(c1.agent_id, 2) == c2.key
+    c3 = store.rotate(c1.agent_id)
+    assert c3.key_id == 3
+    with pytest.raises(k.UnknownAgent, match="no active key 1"):
+        store.key_for(c1.agent_id, 1)
+    assert store.key_for(c1.agent_id, 3) == c3.key
+    (info,) = store.agents()
+    assert info.active_key_ids == (2, 3)
+    assert info.retired_key_ids == (1,)
+
+
+def test_retire_and_revoke(store):
+    c = store.add_agent("a")
+    store.rotate(c.agent_id)
+    store.retire(c.agent_id, 2)
+    with pytest.raises(k.UnknownAgent):
+        store.key_for(c.agent_id, 2)
+    store.revoke(c.agent_id)
+    with pytest.raises(k.RevokedAgent):
+        store.key_for(c.agent_id, 1)
+    with pytest.raises(k.RevokedAgent):
+        store.rotate(c.agent_id)
+
+
+def test_unknown_agent(store):
+    with pytest.raises(k.UnknownAgent, match="not enrolled"):
+        store.key_for(bytes(16), 1)
+
+
+def test_running_reader_sees_revocation_made_by_another_writer(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(k, "_RELOAD_CHECK_S", 0.0)
+    c = store.add_agent("a")
+    assert store.key_for(c.agent_id, 1) == c.key
+    k.KeyStore(tmp_path / "keys.json").revoke(c.agent_id)
+    with pytest.raises(k.RevokedAgent):
+        store.key_for(c.agent_id, 1)
+
+
+def test_world_readable_store_is_refused(store, tmp_path):
+    store.add_agent("a")
+    os.chmod(tmp_path / "keys.json", 0o644)
+    with pytest.raises(k.KeyStoreError, match="chmod 600"):
+        k.KeyStore(tmp_path / "keys.json")
+
+
+def test_corrupt_store_is_a_clear_error(tmp_path):
+    p = tmp_path / "keys.json"
+    p.write_text("{nope")
+    os.chmod(p, 0o600)
+    with pytest.raises(k.KeyStoreError, match="corrupt"):
+        k.KeyStore(p)
+
+
+def test_key_never_in_repr_errors_or_cli_output(store, tmp_path, capsys):
+    from kernel_insight.cli import main
+
+    creds = store.add_agent("a")
+    assert creds.key.hex() not in repr(creds)
+    kf = tmp_path / "out.key"
+    assert main(["keys", "add", "b", "--store", str(tmp_path / "keys.json"), "--key-file", str(kf)]) == 0
+    assert main(["keys", "list", "--store", str(tmp_path / "keys.json")]) == 0
+    assert main(["keys", "list", "--json", "--store", str(tmp_path / "keys.json")]) == 0
+    assert (
+        main(
+            [
+                "keys",
+                "rotate",
+                creds.agent_id.hex(),
+                "--store",
+                str(tmp_path / "keys.json"),
+                "--key-file",
+                str(tmp_path / "r.key"),
+            ]
+        )
+        == 0
+    )
+    assert main(["keys", "revoke", "00" * 16, "--store", str(tmp_path / "keys.json")]) == 1
+    out = capsys.readouterr()
+    new = k.read_key_file(kf)
+    rotated = k.read_key_file(tmp_path / "r.key")
+    for secret in (creds.key.hex(), new.key.hex(), rotated.key.hex()):
+        assert secret not in out.out
+        assert secret not in out.err
+    assert "not enrolled" in out.err
+    assert new.agent_id.hex() in out.out
+
+
+def test_bad_agent_id_text():
+    with pytest.raises(k.KeyStoreError, match="32 hex"):
+        k.parse_agent_id("xyz")
