@@ -399,7 +399,10 @@ static inline int ki_ring_create(struct ki_ring *r, const char *name, const stru
     h->header_size = KI_RING_HEADER_SIZE;
     h->max_producers = KI_RING_MAX_PRODUCERS;
     h->created_ns = ki_ring_now_ns();
-    snprintf(h->label, sizeof h->label, "%s", opt && opt->label ? opt->label : name + 1);
+    const char *label = opt && opt->label ? opt->label : name + 1;
+    if (!(opt && opt->label) && strncmp(label, "kernel_insight.", 15) == 0) label += 15;
+    size_t llen = strlen(label) < sizeof h->label - 1 ? strlen(label) : sizeof h->label - 1;
+    memcpy(h->label, label, llen); /* the object was zero-filled by ftruncate */
     r->slots = (struct ki_slot *)((char *)r->producers + KI_RING_MAX_PRODUCERS * sizeof(struct ki_producer_entry));
     for (uint64_t i = 0; i < cap; i++) r->slots[i].seq = i;
     r->mask = cap - 1;
