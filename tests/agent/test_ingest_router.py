@@ -1,0 +1,221 @@
+"""The ingest endpoint answers every case with the status docs/wire.md promises."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from wire_corpus import random_records
+
+from kernel_insight.collector import wire
+from kernel_insight.collector.ingest import IngestStats, ingest_router
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.store import StorageError, StorageUnavailable
+
+PATH = wire.INGEST_PATH
+
+
+class Client:
+    """A synchronous face on httpx's ASGI transport (starlette's TestClient warns on import)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def post(self, path, content, headers):
+        async def go():
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://collector") as c:
+                return await c.post(path, content=content, headers=headers)
+
+        return asyncio.run(go())
+
+
+class MemorySink:
+    def __init__(self):
+        self.batches: list[wire.DecodedBatch] = []
+        self.fail: Exception | None = None
+        self.ids: set[str] = set()
+
+    def __call__(self, batch: wire.DecodedBatch) -> bool:
+        if self.fail is not None:
+            raise self.fail
+        if str(batch.batch_id) in self.ids:
+            return False
+        self.ids.add(str(batch.batch_id))
+        self.batches.append(batch)
+        return True
+
+
+@pytest.fixture
+def env(tmp_path):
+    store = KeyStore(tmp_path / "keys.json")
+    creds = store.add_agent("a")
+    sink = MemorySink()
+    stats = IngestStats()
+    app = FastAPI()
+    app.include_router(ingest_router(store, sink, limits=wire.Limits(max_frame=64 * 1024), stats=stats))
+    return Client(app), store, creds, sink, stats
+
+
+def frame(creds, seq=0, n=5, key=None, epoch=1):
+    arr = random_records(np.random.default_rng(seq), n)
+    return wire.encode_batch(
+        arr,
+        agent_id=creds.agent_id,
+        key_id=creds.key_id,
+        key=key or creds.key,
+        epoch=epoch,
+        seq=seq,
+        now_ns=1,
+    )
+
+
+def post(client, body):
+    return client.post(PATH, content=body, headers={"Content-Type": wire.CONTENT_TYPE})
+
+
+def test_valid_batch_is_stored(env):
+    client, _, creds, sink, stats = env
+    r = post(client, frame(creds))
+    assert r.status_code == 200
+    assert r.json()["records"] == 5
+    assert len(sink.batches) == 1
+    assert stats.records == 5
+
+
+def test_replayed_batch_is_409_and_stored_once(env):
+    client, _, creds, sink, _ = env
+    f = frame(creds)
+    assert post(client, f).status_code == 200
+    r = post(client, f)
+    assert r.status_code == 409
+    assert r.json()["status"] == "duplicate"
+    assert len(sink.batches) == 1
+
+
+def test_duplicate_known_only_to_storage_is_409(env, tmp_path):
+    client, _, creds, sink, _ = env
+    f = frame(creds)
+    sink.ids.add(str(wire.parse_header(f).batch_id))  # stored by an earlier collector process
+    assert post(client, f).status_code == 409
+    assert sink.batches == []
+
+
+def test_same_seq_in_new_epoch_is_a_new_batch(env):
+    client, _, creds, sink, _ = env
+    assert post(client, frame(creds, epoch=1)).status_code == 200
+    assert post(client, frame(creds, epoch=2)).status_code == 200
+    assert len(sink.batches) == 2
+
+
+def test_wrong_key_is_401(env):
+    client, _, creds, sink, _ = env
+    assert post(client, frame(creds, key=bytes(32))).status_code == 401
+    assert sink.batches == []
+
+
+def test_tampered_batch_is_401(env):
+    client, _, creds, sink, _ = env
+    f = bytearray(frame(creds))
+    f[80] ^= 0x10
+    assert post(client, bytes(f)).status_code == 401
+    assert sink.batches == []
+
+
+def test_unknown_agent_is_403(env):
+    client, _, creds, _, _ = env
+    stranger = wire.encode_batch(
+        random_records(np.random.default_rng(1), 2),
+        agent_id=bytes(16),
+        key_id=1,
+        key=creds.key,
+        epoch=1,
+        seq=0,
+    )
+    r = post(client, stranger)
+    assert r.status_code == 403
+    assert "not enrolled" in r.json()["detail"]
+
+
+def test_revoked_agent_is_403(env, monkeypatch):
+    from kernel_insight.collector import keys
+
+    monkeypatch.setattr(keys, "_RELOAD_CHECK_S", 0.0)
+    client, store, creds, _, _ = env
+    assert post(client, frame(creds, seq=0)).status_code == 200
+    store.revoke(creds.agent_id)
+    r = post(client, frame(creds, seq=1))
+    assert r.status_code == 403
+    assert "revoked" in r.json()["detail"]
+
+
+def test_rotated_key_and_old_key_both_accepted_until_retired(env, monkeypatch):
+    from kernel_insight.collector import keys
+
+    monkeypatch.setattr(keys, "_RELOAD_CHECK_S", 0.0)
+    client, store, creds, _, _ = env
+    new = store.rotate(creds.agent_id)
+    assert post(client, frame(creds, seq=0)).status_code == 200
+    assert post(client, frame(new, seq=1)).status_code == 200
+    store.retire(creds.agent_id, creds.key_id)
+    assert post(client, frame(creds, seq=2)).status_code == 403
+
+
+def test_malformed_header_is_400(env):
+    client = env[0]
+    assert post(client, b"GET / HTTP/1.0\r\n\r\n" * 5).status_code == 400
+    assert post(client, b"").status_code == 400
+
+
+def test_authenticated_garbage_body_is_400(env):
+    client, _, creds, sink, _ = env
+    f = wire.seal_body(
+        b"\x01\x77\x00",
+        agent_id=creds.agent_id,
+        key_id=1,
+        key=creds.key,
+        epoch=1,
+        seq=0,
+        t_min_ns=0,
+        t_max_ns=0,
+        record_count=0,
+    )
+    r = post(client, f)
+    assert r.status_code == 400
+    assert "unknown section" in r.json()["detail"]
+    assert sink.batches == []
+
+
+def test_oversized_is_413_by_header_and_by_body(env):
+    client, _, creds, _, _ = env
+    assert post(client, b"\0" * (64 * 1024 + 1)).status_code == 413
+    assert post(client, frame(creds, n=6000)).status_code == 413
+
+
+def test_storage_unavailable_is_503_with_retry_after_and_retry_succeeds(env):
+    client, _, creds, sink, _ = env
+    sink.fail = StorageUnavailable("down", retry_after_s=7)
+    f = frame(creds)
+    r = post(client, f)
+    assert r.status_code == 503
+    assert r.headers["Retry-After"] == "7"
+    sink.fail = None
+    assert post(client, f).status_code == 200
+    assert len(sink.batches) == 1
+
+
+def test_storage_refusal_is_422(env):
+    client, _, creds, _, stats = env
+    sink = env[3]
+    sink.fail = StorageError("bad column")
+    assert post(client, frame(creds)).status_code == 422
+    assert stats.by_status == {422: 1}
+
+
+def test_key_never_in_responses(env):
+    client, _, creds, _, _ = env
+    for body in (frame(creds, key=bytes(32)), frame(creds), frame(creds)):
+        assert creds.key.hex() not in post(client, body).text
