@@ -6,6 +6,8 @@ Storage side (docs/storage.md): :class:`EmbeddedStore` (chDB) and :class:`Server
 
 from __future__ import annotations
 
+from kernel_insight.collector.derive import Derived, Deriver
+from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.rows import (
     Event,
@@ -27,11 +29,16 @@ from kernel_insight.collector.store import (
 )
 
 __all__ = [
+    "METRIC_SPECS",
     "SCHEMA",
     "ClickHouseStorage",
+    "Derived",
+    "Deriver",
     "EmbeddedStore",
     "Event",
     "InstanceInfo",
+    "MetricId",
+    "MetricSpec",
     "Retention",
     "SampleBatch",
     "SampleBuilder",

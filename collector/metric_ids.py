@@ -1,0 +1,172 @@
+"""GPU_SAMPLE metric ids: what the NVML sampler writes into a record's ``id`` field (docs/metrics.md).
+
+The table is the contract between the sampler and the collector: the sampler writes
+values already in the metric's unit (bytes, watts, hertz, ratios 0..1), and ``aux``
+carries the one extra label the metric names (an NVLink index, a process id).
+Ids are append-only: a retired id is never reused.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["METRIC_SPECS", "THROTTLE_REASONS", "MetricId", "MetricSpec", "spec"]
+
+
+class MetricId(enum.IntEnum):
+    MEMORY_USED = 1
+    MEMORY_FREE = 2
+    MEMORY_TOTAL = 3
+    TEMPERATURE = 4
+    MEMORY_TEMPERATURE = 5
+    POWER = 6
+    POWER_LIMIT = 7
+    ENERGY = 8
+    GPU_UTIL = 9
+    SM_UTIL = 10
+    MEMORY_UTIL = 11
+    SM_CLOCK = 12
+    MEMORY_CLOCK = 13
+    PCIE_TX = 14
+    PCIE_RX = 15
+    NVLINK_TX = 16
+    NVLINK_RX = 17
+    ECC_CORRECTED = 18
+    ECC_UNCORRECTED = 19
+    THROTTLE_REASONS = 20
+    PROCESS_MEMORY = 21
+    FAN_SPEED = 22
+    PCIE_REPLAYS = 23
+    RETIRED_PAGES = 24
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    id: MetricId
+    name: str
+    type: str  # "gauge" or "counter"
+    unit: str
+    help: str
+    aux_label: str | None = None  # the label ``aux`` becomes, or None when aux is unused
+
+
+METRIC_SPECS: dict[int, MetricSpec] = {
+    s.id: s
+    for s in (
+        MetricSpec(MetricId.MEMORY_USED, "gpu_memory_used_bytes", "gauge", "bytes", "Device memory in use."),
+        MetricSpec(MetricId.MEMORY_FREE, "gpu_memory_free_bytes", "gauge", "bytes", "Device memory free."),
+        MetricSpec(
+            MetricId.MEMORY_TOTAL, "gpu_memory_total_bytes", "gauge", "bytes", "Device memory in all."
+        ),
+        MetricSpec(
+            MetricId.TEMPERATURE, "gpu_temperature_celsius", "gauge", "celsius", "GPU die temperature."
+        ),
+        MetricSpec(
+            MetricId.MEMORY_TEMPERATURE,
+            "gpu_memory_temperature_celsius",
+            "gauge",
+            "celsius",
+            "HBM temperature.",
+        ),
+        MetricSpec(MetricId.POWER, "gpu_power_watts", "gauge", "watts", "Board power draw."),
+        MetricSpec(MetricId.POWER_LIMIT, "gpu_power_limit_watts", "gauge", "watts", "Enforced power limit."),
+        MetricSpec(
+            MetricId.ENERGY, "gpu_energy_joules_total", "counter", "joules", "Energy since driver load."
+        ),
+        MetricSpec(
+            MetricId.GPU_UTIL,
+            "gpu_utilization_ratio",
+            "gauge",
+            "ratio",
+            "Fraction of time a kernel was running.",
+        ),
+        MetricSpec(MetricId.SM_UTIL, "gpu_sm_utilization_ratio", "gauge", "ratio", "Fraction of SMs busy."),
+        MetricSpec(
+            MetricId.MEMORY_UTIL,
+            "gpu_memory_bandwidth_utilization_ratio",
+            "gauge",
+            "ratio",
+            "Fraction of time device memory was read or written.",
+        ),
+        MetricSpec(MetricId.SM_CLOCK, "gpu_sm_clock_hertz", "gauge", "hertz", "SM clock."),
+        MetricSpec(MetricId.MEMORY_CLOCK, "gpu_memory_clock_hertz", "gauge", "hertz", "Memory clock."),
+        MetricSpec(
+            MetricId.PCIE_TX, "gpu_pcie_tx_bytes_per_second", "gauge", "bytes/s", "PCIe transmit throughput."
+        ),
+        MetricSpec(
+            MetricId.PCIE_RX, "gpu_pcie_rx_bytes_per_second", "gauge", "bytes/s", "PCIe receive throughput."
+        ),
+        MetricSpec(
+            MetricId.NVLINK_TX, "gpu_nvlink_tx_bytes_total", "counter", "bytes", "NVLink bytes sent.", "link"
+        ),
+        MetricSpec(
+            MetricId.NVLINK_RX,
+            "gpu_nvlink_rx_bytes_total",
+            "counter",
+            "bytes",
+            "NVLink bytes received.",
+            "link",
+        ),
+        MetricSpec(
+            MetricId.ECC_CORRECTED,
+            "gpu_ecc_corrected_errors_total",
+            "counter",
+            "errors",
+            "Corrected ECC errors.",
+        ),
+        MetricSpec(
+            MetricId.ECC_UNCORRECTED,
+            "gpu_ecc_uncorrected_errors_total",
+            "counter",
+            "errors",
+            "Uncorrected ECC errors.",
+        ),
+        MetricSpec(
+            MetricId.THROTTLE_REASONS,
+            "gpu_throttle_reasons_bitmask",
+            "gauge",
+            "bitmask",
+            "NVML clock event reasons; also expanded to gpu_throttled{reason}.",
+        ),
+        MetricSpec(
+            MetricId.PROCESS_MEMORY,
+            "gpu_process_memory_used_bytes",
+            "gauge",
+            "bytes",
+            "Device memory used by one process.",
+            "pid",
+        ),
+        MetricSpec(
+            MetricId.FAN_SPEED, "gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed, fraction of maximum."
+        ),
+        MetricSpec(
+            MetricId.PCIE_REPLAYS, "gpu_pcie_replays_total", "counter", "replays", "PCIe replay events."
+        ),
+        MetricSpec(
+            MetricId.RETIRED_PAGES,
+            "gpu_retired_pages",
+            "gauge",
+            "pages",
+            "Memory pages retired or rows remapped.",
+        ),
+    )
+}
+
+#: NVML clock event reason bits, as ``gpu_throttled{reason}`` names them.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def spec(metric_id: int) -> MetricSpec | None:
+    """The spec of a metric id, or None for ids newer than this collector (the sample is counted, not stored)."""
+    return METRIC_SPECS.get(metric_id)

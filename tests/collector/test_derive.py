@@ -1,0 +1,190 @@
+"""Ring records, written through the real ring, become the spans, samples, events and instances of docs/metrics.md."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernel_insight.agent import (
+    RECORD_DTYPE,
+    CollectiveOp,
+    ErrorKind,
+    FingerprintField,
+    MemopKind,
+    Ring,
+    RingReader,
+    SyncKind,
+)
+from kernel_insight.collector.derive import Deriver, agent_metric_name
+from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId
+
+T0 = 1_790_000_000_000_000_000  # ns
+
+
+@pytest.fixture
+def ring():
+    name = f"/kernel_insight.test-derive-{os.getpid()}"
+    r = Ring.create(name, capacity=1024)
+    yield r
+    r.close()
+    Ring.unlink(name)
+
+
+def _drain(ring):
+    with RingReader.open(ring.name) as reader:
+        return reader.read_array()
+
+
+def _samples(derived):
+    out = {}
+    b = derived.samples
+    for i, labels in enumerate(b.series):
+        mask = b.series_idx == i
+        out[labels] = list(zip(b.ts_ms[mask].tolist(), b.values[mask].tolist(), strict=True))
+    return out
+
+
+def _find(samples, name, **labels):
+    hits = [
+        v for k, v in samples.items() if dict(k).get("__name__") == name and labels.items() <= dict(k).items()
+    ]
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} series"
+    return hits[0]
+
+
+def test_kernels_become_spans_and_per_kernel_metrics(ring):
+    gemm = ring.intern("gemm_bf16")
+    attn = ring.intern("flash_attn_fwd")
+    ring.fingerprint(FingerprintField.NAME, 0, T0, ring.intern("NVIDIA H100 80GB HBM3"), 1)
+    ring.kernel(gemm, 0, T0 + 1000, T0 + 3000, 7, 1, 42)
+    ring.kernel(gemm, 0, T0 + 4000, T0 + 8000, 7, 2, 42)
+    ring.kernel(attn, 1, T0 + 5000, T0 + 6000, 9, 3, 42)
+    d = Deriver("host-1").derive(_drain(ring), now_ns=T0)
+    assert d.spans.kernel == ["gemm_bf16", "gemm_bf16", "flash_attn_fwd"]
+    assert (d.spans.end_ns - d.spans.start_ns).tolist() == [2000, 4000, 1000]
+    assert d.spans.gpu.tolist() == [0, 0, 1]
+    assert d.spans.correlation.tolist() == [1, 2, 3]
+    s = _samples(d)
+    assert _find(s, "kernel_launches_total", kernel="gemm_bf16", gpu="0", model="NVIDIA H100 80GB HBM3") == [
+        ((T0 + 8000) // 1_000_000, 2.0)
+    ]
+    assert _find(s, "kernel_execution_time_seconds", kernel="gemm_bf16")[0][1] == pytest.approx(3e-6)
+    assert _find(s, "kernel_execution_time_seconds_total", kernel="flash_attn_fwd", gpu="1")[0][
+        1
+    ] == pytest.approx(1e-6)
+
+
+def test_counters_accumulate_across_batches(ring):
+    d = Deriver("host-1")
+    k = ring.intern("k")
+    ring.kernel(k, 0, T0, T0 + 10)
+    d.derive(_drain(ring))
+    ring.kernel(k, 0, T0 + 20, T0 + 30)
+    ring.kernel(k, 0, T0 + 40, T0 + 50)
+    # The name arrived in an earlier batch: the deriver remembers it.
+    assert _find(_samples(d.derive(_drain(ring))), "kernel_launches_total", kernel="k")[0][1] == 3.0
+
+
+def test_gpu_samples_use_the_metric_id_table(ring):
+    ring.sample(MetricId.MEMORY_TOTAL, 0, T0, 80e9)
+    ring.sample(MetricId.MEMORY_FREE, 0, T0, 20e9)
+    ring.sample(MetricId.TEMPERATURE, 0, T0, 61.0)
+    ring.sample(MetricId.NVLINK_TX, 0, T0, 1e12, 3)
+    ring.sample(MetricId.THROTTLE_REASONS, 0, T0, float(0x4 | 0x40))
+    ring.sample(9999, 0, T0, 1.0)  # a metric id newer than this collector
+    d = Deriver("host-1").derive(_drain(ring))
+    s = _samples(d)
+    ms = T0 // 1_000_000
+    assert _find(s, "gpu_memory_free_bytes", gpu="0") == [(ms, 20e9)]
+    assert _find(s, "gpu_memory_free_ratio", gpu="0") == [(ms, 0.25)]
+    assert _find(s, "gpu_temperature_celsius") == [(ms, 61.0)]
+    assert _find(s, "gpu_nvlink_tx_bytes_total", link="3") == [(ms, 1e12)]
+    assert _find(s, "gpu_throttled", reason="sw_power_cap") == [(ms, 1.0)]
+    assert _find(s, "gpu_throttled", reason="gpu_idle") == [(ms, 0.0)]
+    assert d.unknown_records == 1
+
+
+def test_errors_become_events_and_counters(ring):
+    ring.string(77, "Xid 79: GPU has fallen off the bus")
+    ring.error(ErrorKind.XID, 2, T0, 79, 0, 1234, 77)
+    ring.error(ErrorKind.OOM, 0, T0 + 1, 2, 0, 1234)
+    d = Deriver("host-1").derive(_drain(ring))
+    assert [(e.kind, e.gpu, e.code, e.message) for e in d.events] == [
+        ("xid", 2, 79, "Xid 79: GPU has fallen off the bus"),
+        ("oom", 0, 2, ""),
+    ]
+    assert _find(_samples(d), "kernel_errors_total", kind="xid", gpu="2")[0][1] == 1.0
+
+
+def test_memops_collectives_syncs_and_launches(ring):
+    f = ring.intern("gemm")
+    ring.memop(MemopKind.ALLOC, 0, T0, 0x1000, 1 << 20, 42)
+    ring.memop(MemopKind.FREE, 0, T0 + 1, 0x1000, 0, 42)
+    ring.collective(CollectiveOp.ALLREDUCE, 0, T0, 1 << 30, 2_000_000, 5, 0, 8)
+    ring.collective(CollectiveOp.ALLREDUCE, 0, T0 + 5, 1 << 30, 4_000_000, 5, 0, 8, 1)
+    ring.sync(SyncKind.STREAM, 0, T0, 500_000, 7, 42)
+    ring.launch(f, 0, T0, 42, 43, 1, 1, 1, 128, 1, 1)
+    s = _samples(Deriver("host-1").derive(_drain(ring)))
+    assert _find(s, "gpu_memory_allocated_bytes_total")[-1][1] == float(1 << 20)
+    assert _find(s, "gpu_memory_operations_total", kind="free")[-1][1] == 1.0
+    assert _find(s, "nccl_ops_total", op="allreduce")[-1][1] == 2.0
+    assert _find(s, "nccl_op_latency_seconds", op="allreduce") == [
+        (T0 // 1_000_000, 0.002),
+        (T0 // 1_000_000, 0.004),
+    ]
+    assert _find(s, "nccl_op_failures_total", op="allreduce")[-1][1] == 1.0
+    assert _find(s, "cuda_sync_time_seconds_total", kind="stream")[-1][1] == pytest.approx(5e-4)
+    assert _find(s, "cuda_launch_calls_total", kernel="gemm")[-1][1] == 1.0
+
+
+def test_fingerprints_describe_the_instance(ring):
+    for gpu in (0, 1):
+        ring.fingerprint(FingerprintField.NAME, gpu, T0, ring.intern("NVIDIA H100"), 1)
+        ring.fingerprint(FingerprintField.MEMORY_TOTAL, gpu, T0, 80 << 30)
+        ring.fingerprint(FingerprintField.UUID, gpu, T0, ring.intern(f"GPU-{gpu}"), 1)
+    d = Deriver("host-1", labels={"rack": "r7"}).derive(_drain(ring), now_ns=T0)
+    (inst,) = d.instances
+    assert (inst.gpu_count, inst.gpu_model, inst.memory_total_bytes) == (2, "NVIDIA H100", 160 << 30)
+    assert inst.attributes["gpu1.uuid"] == "GPU-1"
+    assert inst.labels == {"rack": "r7"}
+    assert len(inst.hardware_fingerprint) == 32
+
+
+def test_agent_counters_become_ki_agent_metrics():
+    d = Deriver("host-1").derive(
+        np.zeros(0, RECORD_DTYPE), counters={"ring_dropped": 5, "rss_kb": 2, "brand_new": 1}, now_ns=T0
+    )
+    s = _samples(d)
+    assert _find(s, "ki_agent_ring_dropped_total", instance="host-1") == [(T0 // 1_000_000, 5.0)]
+    assert _find(s, "ki_agent_resident_memory_bytes") == [(T0 // 1_000_000, 2048.0)]
+    assert _find(s, "ki_agent_brand_new") == [(T0 // 1_000_000, 1.0)]
+    assert agent_metric_name("drain_lag_ns") == ("ki_agent_drain_lag_seconds", 1e-9)
+
+
+def test_wrong_dtype_is_refused():
+    with pytest.raises(TypeError, match="RECORD_DTYPE"):
+        Deriver("h").derive(np.zeros(3, dtype=np.uint8))
+
+
+def test_every_metric_id_and_derived_metric_is_documented():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for s in METRIC_SPECS.values():
+        assert f"`{s.name}`" in text, s.name
+        assert f"| {int(s.id)} |" in text, s.id
+    for name in (
+        "kernel_launches_total",
+        "kernel_execution_time_seconds",
+        "kernel_execution_time_seconds_total",
+        "gpu_memory_free_ratio",
+        "gpu_throttled",
+        "nccl_op_latency_seconds",
+        "kernel_errors_total",
+        "ki_agent_ring_dropped_total",
+        "cuda_launch_calls_total",
+        "gpu_memory_operations_total",
+        "cuda_syncs_total",
+    ):
+        assert f"`{name}`" in text, name
