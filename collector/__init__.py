@@ -6,9 +6,12 @@ Storage side (docs/storage.md): :class:`EmbeddedStore` (chDB) and :class:`Server
 
 from __future__ import annotations
 
+from kernel_insight.collector.app import create_app
 from kernel_insight.collector.derive import Derived, Deriver
 from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId, MetricSpec
+from kernel_insight.collector.openmetrics import Exposition, OpenMetricsError, parse_exposition
 from kernel_insight.collector.query import ClickHouseStorage
+from kernel_insight.collector.remote_write import RemoteWriteError, encode_write_request, parse_remote_write
 from kernel_insight.collector.rows import (
     Event,
     InstanceInfo,
@@ -36,9 +39,12 @@ __all__ = [
     "Deriver",
     "EmbeddedStore",
     "Event",
+    "Exposition",
     "InstanceInfo",
     "MetricId",
     "MetricSpec",
+    "OpenMetricsError",
+    "RemoteWriteError",
     "Retention",
     "SampleBatch",
     "SampleBuilder",
@@ -49,7 +55,11 @@ __all__ = [
     "Store",
     "canonical_labels",
     "cluster_ddl",
+    "create_app",
+    "encode_write_request",
     "open_store",
+    "parse_exposition",
+    "parse_remote_write",
     "series_fingerprint",
     "single_ddl",
 ]

@@ -15,7 +15,12 @@ from collections.abc import Callable, Sequence
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 #: Modules that contribute subcommands, in --help order.
-COMMAND_MODULES = ["kernel_insight.run", "kernel_insight.agent.cli", "kernel_insight.collector.keys"]
+COMMAND_MODULES = [
+    "kernel_insight.run",
+    "kernel_insight.agent.cli",
+    "kernel_insight.collector.keys",
+    "kernel_insight.collector.cli",
+]
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -1,0 +1,103 @@
+"""The collector's HTTP app: ``create_app(store)`` serves remote_write and health; the ingest router joins it.
+
+Answers follow one rule (docs/storage.md): input the client must fix is a 4xx with a message
+and is never retried; a store that cannot take writes now is a 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from kernel_insight.collector.remote_write import (
+    DEFAULT_MAX_DECOMPRESSED,
+    RemoteWriteError,
+    parse_remote_write,
+)
+from kernel_insight.collector.store import StorageError, StorageUnavailable, Store
+
+__all__ = ["DEFAULT_MAX_BODY", "BodyTooLarge", "create_app", "read_body"]
+
+#: Largest request body accepted before decompression (Prometheus sends a few MB at most).
+DEFAULT_MAX_BODY = 16 << 20
+
+log = logging.getLogger(__name__)
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body larger than {limit} bytes")
+        self.limit = limit
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with BodyTooLarge as soon as it passes ``limit`` (never buffered whole first)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"status": "error", "detail": detail}, status_code=status, headers=headers)
+
+
+def create_app(
+    store: Store,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """The collector app over ``store`` (kept as ``app.state.store`` for other routers)."""
+    app = FastAPI(title="Kernel Insight collector", docs_url=None, redoc_url=None)
+    app.state.store = store
+
+    @app.exception_handler(StorageUnavailable)
+    async def _unavailable(_: Request, exc: StorageUnavailable) -> JSONResponse:
+        log.warning("storage unavailable: %s", exc)
+        return _error(503, f"storage unavailable: {exc}", {"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        log.error("storage refused a write: %s", exc)
+        return _error(500, f"storage refused the write: {exc}")
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+        return _error(413, str(exc))
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        await run_in_threadpool(store.ping)  # StorageUnavailable -> 503
+        return JSONResponse({"status": "ok"})
+
+    @app.post("/api/v1/write", status_code=204)
+    async def remote_write(request: Request) -> Response:
+        encoding = request.headers.get("content-encoding", "snappy").lower()
+        if encoding != "snappy":
+            return _error(
+                415, f"remote_write bodies must be snappy-compressed, got Content-Encoding {encoding!r}"
+            )
+        body = await read_body(request, max_body_bytes)
+        try:
+            batch = await run_in_threadpool(parse_remote_write, body, max_decompressed_bytes)
+        except RemoteWriteError as exc:
+            return _error(400, f"malformed remote_write request: {exc}")
+        await run_in_threadpool(store.insert_samples, batch)
+        return Response(status_code=204)
+
+    for router in routers:
+        app.include_router(router)
+    return app

@@ -1,0 +1,51 @@
+"""``ki import``: a file in, samples visible to kql; bad files get one clear line and exit 1."""
+
+from __future__ import annotations
+
+import time
+
+from kernel_insight.cli import main
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.storage import Matcher
+
+NOW = (int(time.time()) // 60) * 60_000
+
+
+def test_import_stores_samples_visible_to_kql(tmp_path, capsys):
+    f = tmp_path / "dump.prom"
+    f.write_text(
+        "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1"}} 61 {NOW}\n'
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1"}} 62 {NOW + 15000}\n'
+    )
+    data = tmp_path / "data"
+    assert main(["import", str(f), "--store", str(data)]) == 0
+    assert "imported 2 samples of 1 series (prometheus)" in capsys.readouterr().out
+    with EmbeddedStore(data) as store:
+        (series,) = store.storage().select(
+            [Matcher("__name__", "=", "DCGM_FI_DEV_GPU_TEMP")], NOW, NOW + 15000
+        )
+        assert series.values.tolist() == [61.0, 62.0]
+
+
+def test_import_reports_the_bad_line(tmp_path, capsys):
+    f = tmp_path / "bad.prom"
+    f.write_text(f"up 1 {NOW}\nup{{a=b}} 1 {NOW}\n")
+    assert main(["import", str(f), "--store", str(tmp_path / "d")]) == 1
+    assert "bad.prom: line 2, column 6: expected a quoted label value" in capsys.readouterr().err
+
+
+def test_import_refuses_missing_timestamps_when_asked(tmp_path, capsys):
+    f = tmp_path / "now.prom"
+    f.write_text("up 1\n")
+    assert main(["import", str(f), "--store", str(tmp_path / "d"), "--require-timestamps"]) == 1
+    assert "no timestamp" in capsys.readouterr().err
+
+
+def test_import_missing_file_and_bad_utf8(tmp_path, capsys):
+    assert main(["import", str(tmp_path / "nope.prom"), "--store", str(tmp_path / "d")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    f = tmp_path / "latin1.prom"
+    f.write_bytes(b'up 1 1\nup{a="\xe9"} 1 1\n')
+    assert main(["import", str(f), "--store", str(tmp_path / "d")]) == 1
+    assert "line 2: not valid UTF-8" in capsys.readouterr().err

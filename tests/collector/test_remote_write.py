@@ -1,0 +1,184 @@
+"""remote_write decoding (hand-written protobuf, snappy) and the collector app's answers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+
+import cramjam
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_insight.collector.app import create_app
+from kernel_insight.collector.remote_write import (
+    RemoteWriteError,
+    decode_write_request,
+    encode_write_request,
+    parse_remote_write,
+)
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.storage import STALE_NAN, Matcher, is_stale
+
+NOW = (int(time.time()) // 60) * 60_000
+
+
+def _rows(batch):
+    return [
+        (dict(batch.series[i]), t, v)
+        for i, t, v in zip(
+            batch.series_idx.tolist(), batch.ts_ms.tolist(), batch.values.tolist(), strict=True
+        )
+    ]
+
+
+def test_decodes_series_labels_and_samples():
+    body = encode_write_request(
+        [
+            ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, [(NOW, 61.0), (NOW + 15_000, 62.0)]),
+            ({"__name__": "up"}, [(-1, 1.0)]),
+        ]
+    )
+    assert _rows(parse_remote_write(body)) == [
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, NOW, 61.0),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, NOW + 15_000, 62.0),
+        ({"__name__": "up"}, -1, 1.0),
+    ]
+
+
+def test_unknown_fields_metadata_and_histograms_are_skipped():
+    # WriteRequest.metadata (3), a fixed32 field (9), and TimeSeries.histograms (4).
+    series = encode_write_request([({"__name__": "up"}, [(5, 1.0)])], compress=False)
+    extra_ts = b"\x22\x02\x08\x01"  # histograms field with a tiny payload
+    inner = series[2:] + extra_ts
+    msg = b"\x0a" + bytes([len(inner)]) + inner + b"\x1a\x00" + b"\x4d" + struct.pack("<I", 7)
+    assert _rows(decode_write_request(msg)) == [({"__name__": "up"}, 5, 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x0a\x05\x0a", "runs past the end"),
+        (b"\x0b", "unsupported wire type"),
+        (b"\x0a\x04\x12\x02\x08\x01", "wire type 0, expected 1"),
+        (b"\x0a\x06\x0a\x04\x0a\x02\xff\xfe" + b"", "UTF-8"),
+        (b"\x0a\x0b\x12\x09\x09" + b"\x00" * 8, "metric name"),
+        (b"\x80", "truncated varint"),
+        (b"\x08" + b"\xff" * 11, "longer than 10 bytes"),
+    ],
+)
+def test_malformed_protobuf_is_a_clear_error(raw, message):
+    with pytest.raises(RemoteWriteError, match=message):
+        decode_write_request(raw)
+
+
+def test_snappy_problems_are_clear_errors():
+    with pytest.raises(RemoteWriteError, match="snappy"):
+        parse_remote_write(b"\xff\xff\xff")
+    bomb = b"\x80\x80\x80\x80\x08"  # claims 2 GiB
+    with pytest.raises(RemoteWriteError, match="over the"):
+        parse_remote_write(bomb)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_decoder_raises_only_remote_write_error(raw):
+    with contextlib.suppress(RemoteWriteError):
+        decode_write_request(raw)
+    with contextlib.suppress(RemoteWriteError):
+        parse_remote_write(bytes(cramjam.snappy.compress_raw(raw)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.text(min_size=1, max_size=5), st.text(min_size=1, max_size=5), max_size=3),
+            st.lists(
+                st.tuples(st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False)),
+                min_size=1,
+                max_size=4,
+            ),
+        ),
+        max_size=5,
+    )
+)
+def test_fuzz_round_trip(series):
+    series = [({**labels, "__name__": "m"}, samples) for labels, samples in series]
+    got = _rows(parse_remote_write(encode_write_request(series)))
+    want = [(labels, t, v) for labels, samples in series for t, v in samples]
+
+    def key(row):
+        return repr((sorted(row[0].items()), row[1], row[2]))
+
+    assert sorted(got, key=key) == sorted(want, key=key)
+
+
+class Client:
+    """A sync facade over httpx's ASGI transport (Starlette's TestClient warns under httpx)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def request(self, method, path, **kwargs):
+        async def go():
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://collector") as c:
+                return await c.request(method, path, **kwargs)
+
+        return asyncio.run(go())
+
+    def post(self, path, **kwargs):
+        return self.request("POST", path, **kwargs)
+
+    def get(self, path, **kwargs):
+        return self.request("GET", path, **kwargs)
+
+
+@pytest.fixture
+def app_store(tmp_path):
+    store = EmbeddedStore(tmp_path / "d")
+    yield store
+    store.close()
+
+
+def test_app_stores_remote_write_and_kql_reads_it(app_store):
+    client = Client(create_app(app_store))
+    body = encode_write_request([({"__name__": "up", "job": "dcgm"}, [(NOW, 1.0), (NOW + 1000, STALE_NAN)])])
+    r = client.post("/api/v1/write", content=body, headers={"Content-Encoding": "snappy"})
+    assert r.status_code == 204, r.text
+    (series,) = app_store.storage().select([Matcher("job", "=", "dcgm")], NOW, NOW + 1000)
+    assert series.timestamps.tolist() == [NOW, NOW + 1000]
+    assert is_stale(series.values).tolist() == [False, True]
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_app_answers_400_413_415_and_503_never_500(app_store):
+    client = Client(create_app(app_store, max_body_bytes=1000))
+    r = client.post("/api/v1/write", content=b"garbage!")
+    assert r.status_code == 400
+    assert "malformed remote_write request" in r.json()["detail"]
+    r = client.post("/api/v1/write", content=bytes(cramjam.snappy.compress_raw(b"\x0a\x05\x0a")))
+    assert r.status_code == 400
+    assert "runs past the end" in r.json()["detail"]
+    assert client.post("/api/v1/write", content=b"x" * 1001).status_code == 413
+    assert client.post("/api/v1/write", content=b"x", headers={"Content-Encoding": "gzip"}).status_code == 415
+    app_store.close()
+    body = encode_write_request([({"__name__": "up"}, [(NOW, 1.0)])])
+    r = client.post("/api/v1/write", content=body)
+    assert r.status_code == 503
+    assert r.headers["Retry-After"] == "5"
+    assert client.get("/healthz").status_code == 503
+
+
+def test_app_413_without_content_length(app_store):
+    client = Client(create_app(app_store, max_body_bytes=10))
+
+    async def chunks():
+        yield b"x" * 8
+        yield b"x" * 8
+
+    assert client.post("/api/v1/write", content=chunks()).status_code == 413
