@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,6 +14,18 @@ from kernel_insight.collector.query import matcher_sql
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, Storage
+
+
+def start_http_shim(path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernel_insight.collector.chdb_http", "--path", str(path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline().strip()
+    assert line.startswith("port="), line
+    return proc, int(line.removeprefix("port="))
+
 
 BASE = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
 
@@ -32,11 +46,19 @@ def _data():
     return out
 
 
-@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect"])
+@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb", "clickhouse-connect-http"])
 def stores(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    # "clickhouse-connect" is its chDB backend: the ServerStore code path against the real engine.
-    store = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")
+    shim = None
+    if request.param == "embedded":
+        store = EmbeddedStore(path)
+    elif request.param == "clickhouse-connect-chdb":
+        # clickhouse-connect's own chDB backend: the ServerStore code path, in process.
+        store = ServerStore.connect(f"chdb://{path}")
+    else:
+        # clickhouse-connect's HTTP client against the ClickHouse HTTP shim over chDB (another process).
+        shim, port = start_http_shim(path)
+        store = ServerStore.connect(f"http://127.0.0.1:{port}", compress=False)
     mem = MemoryStorage()
     b = SampleBuilder()
     for labels, ts, vs in _data():
@@ -45,6 +67,10 @@ def stores(request, tmp_path_factory):
     store.insert_batch("seed", samples=b.build())
     yield store.storage(), mem
     store.close()
+    if shim is not None:
+        shim.kill()
+        shim.wait()
+        shim.stdout.close()
 
 
 def test_is_a_kql_storage(stores):

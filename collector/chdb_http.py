@@ -1,0 +1,228 @@
+"""A ClickHouse HTTP interface in front of chDB, so clickhouse-connect's HTTP client can be tested here.
+
+No ClickHouse server recent enough for clickhouse-connect installs on these machines, but
+chDB is the ClickHouse engine in a library. This shim speaks the subset of the HTTP
+protocol clickhouse-connect uses (query in the URL or body, settings as URL parameters,
+INSERT data in the body, ``X-ClickHouse-*`` headers, errors as ``Code: N. DB::Exception``)
+and hands every statement to the real engine. It is for tests and local development only:
+no authentication, one process, one data directory (docs/storage.md says what it leaves out).
+
+Run: ``python -m kernel_insight.collector.chdb_http --path DIR --port 0`` prints ``port=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+__all__ = ["serve"]
+
+# Parameters that steer the HTTP layer rather than the query; everything else is a setting.
+_TRANSPORT = {
+    "query",
+    "database",
+    "default_format",
+    "query_id",
+    "session_id",
+    "session_timeout",
+    "session_check",
+    "compress",
+    "decompress",
+    "user",
+    "password",
+    "wait_end_of_query",
+    "enable_http_compression",
+    "send_progress_in_http_headers",
+    "http_headers_progress_interval_ms",
+    "client_protocol_version",
+}
+_INSERT_RE = re.compile(
+    r"^\s*INSERT\s+INTO\s+(?P<table>[`\w.]+)\s*(?:\((?P<cols>[^)]*)\))?\s*(?:SETTINGS\s+(?P<settings>.*?)\s*)?"
+    r"FORMAT\s+(?P<fmt>\w+)\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+_FORMAT_RE = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
+_CODE_RE = re.compile(r"Code:\s*(\d+)")
+_SETTING_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _literal(value: str) -> str:
+    if re.fullmatch(r"-?\d+(\.\d+)?", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class _Engine:
+    def __init__(self, path: str) -> None:
+        from chdb import session as chdb_session
+
+        session_cls: Any = chdb_session.Session
+        self.session = session_cls(path)
+        self.lock = threading.Lock()
+        self.spool = tempfile.mkdtemp(prefix="ki-chdb-http-")
+
+    def run(self, sql: str, fmt: str) -> bytes:
+        with self.lock:
+            result = self.session.query(sql, fmt)
+        return bytes(result.bytes()) if result is not None else b""
+
+
+def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet by default
+            if os.environ.get("KI_CHDB_HTTP_LOG"):
+                super().log_message(format, *args)
+
+        def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if urlsplit(self.path).path in ("/ping", "/"):
+                self._reply(200, b"Ok.\n")
+                return
+            self._handle(b"")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                body = self._read_chunked()
+            else:
+                body = self.rfile.read(length) if length else b""
+            self._handle(body)
+
+        def _read_chunked(self) -> bytes:
+            parts: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+
+        def _handle(self, body: bytes) -> None:
+            params = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
+            if self.headers.get("Content-Encoding") or params.get("decompress") == "1":
+                self._reply(
+                    400, b"Code: 1. DB::Exception: compressed requests are not supported by the chDB shim"
+                )
+                return
+            query = params.get("query")
+            data = b""
+            if query is None:
+                query, body = body.decode("utf-8"), b""
+            else:
+                data = body
+            settings = {
+                k: v
+                for k, v in params.items()
+                if k not in _TRANSPORT and _SETTING_NAME_RE.match(k) and not k.startswith("param_")
+            }
+            try:
+                out, fmt, written = self._execute(query, data, settings, params)
+            except Exception as exc:
+                message = str(exc).strip() or type(exc).__name__
+                m = _CODE_RE.search(message)
+                code = m.group(1) if m else "1001"
+                if not message.startswith("Code:"):
+                    message = f"Code: {code}. DB::Exception: {message}"
+                self._reply(500, message.encode() + b"\n", {"X-ClickHouse-Exception-Code": code})
+                return
+            summary = {
+                "read_rows": "0",
+                "read_bytes": "0",
+                "written_rows": str(written),
+                "written_bytes": "0",
+            }
+            self._reply(
+                200,
+                out,
+                {
+                    "X-ClickHouse-Format": fmt,
+                    "X-ClickHouse-Timezone": "UTC",
+                    "X-ClickHouse-Server-Display-Name": "chdb-http-shim",
+                    "X-ClickHouse-Query-Id": params.get("query_id", ""),
+                    "X-ClickHouse-Summary": json.dumps(summary),
+                    "Content-Type": "application/octet-stream",
+                },
+            )
+
+        def _execute(
+            self, query: str, data: bytes, settings: dict[str, str], params: dict[str, str]
+        ) -> tuple[bytes, str, int]:
+            setting_sql = ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
+            for k, v in params.items():
+                if k.startswith("param_"):
+                    raise ValueError(f"server-side parameter {k} is not supported by the chDB shim")
+                del v
+            m = _INSERT_RE.match(query)
+            if m is not None:
+                fmt = m.group("fmt")
+                cols = m.group("cols")
+                inline = m.group("settings")
+                all_settings = ", ".join(s for s in (inline, setting_sql) if s)
+                fd, path = tempfile.mkstemp(dir=engine.spool)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                try:
+                    select = cols if cols else "*"
+                    sql = f"INSERT INTO {m.group('table')}" + (f" ({cols})" if cols else "")
+                    sql += f" SETTINGS {all_settings}" if all_settings else ""
+                    sql += f" SELECT {select} FROM file({_literal(path)}, {_literal(fmt)})"
+                    engine.run(sql, "CSV")
+                finally:
+                    os.unlink(path)
+                return b"", fmt, 0
+            fmt_match = _FORMAT_RE.search(query)
+            fmt = fmt_match.group(1) if fmt_match else params.get("default_format", "TabSeparated")
+            if fmt_match:
+                query = query[: fmt_match.start()]
+            query = query.rstrip().rstrip(";")
+            if setting_sql and re.match(
+                r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS)\b", query, re.IGNORECASE
+            ):
+                query += f" SETTINGS {setting_sql}"
+            return engine.run(query, fmt), fmt, 0
+
+    return Handler
+
+
+def serve(path: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """Start the shim on a background thread; returns the server (``server_address`` has the port)."""
+    server = ThreadingHTTPServer((host, port), _handler(_Engine(path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--path", required=True, help="chDB data directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = serve(args.path, args.host, args.port)
+    print(f"port={server.server_address[1]}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""ServerStore over clickhouse-connect's HTTP client, against the real engine behind the chDB HTTP shim.
+
+No ClickHouse server recent enough for clickhouse-connect installs here (docs/storage.md,
+"What is tested where"); the shim runs the real engine in another process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.store import ServerStore, StorageError, StorageUnavailable
+
+NOW_MS = (int(time.time()) // 60) * 60_000
+
+
+@pytest.fixture
+def shim(tmp_path):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.collector.chdb_http",
+            "--path",
+            str(tmp_path / "d"),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline().strip()
+    assert line.startswith("port="), line
+    yield proc, f"http://127.0.0.1:{line.removeprefix('port=')}"
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def _batch():
+    b = SampleBuilder()
+    b.add_series({"__name__": "gpu_power_watts", "gpu": "0"}, NOW_MS + np.arange(5) * 1000, np.arange(5.0))
+    return b.build()
+
+
+def _count(store):
+    return store.query("SELECT count() AS c FROM ki.samples").column("c")[0].as_py()
+
+
+def test_exactly_once_over_http(shim):
+    _, url = shim
+    store = ServerStore.connect(url, compress=False)
+    try:
+        assert store.insert_batch("agent-h:1", samples=_batch()) is True
+        assert store.insert_batch("agent-h:1", samples=_batch()) is False
+        # The dedup token travels as an HTTP setting and the engine honours it.
+        store.insert_samples(_batch(), dedup_token="agent-h:2")
+        store.insert_samples(_batch(), dedup_token="agent-h:2")
+        assert _count(store) == 10
+        with pytest.raises(StorageError) as info:
+            store.query("SELECT nope FROM ki.samples")
+        assert not isinstance(info.value, StorageUnavailable)
+    finally:
+        store.close()
+
+
+def test_server_going_away_is_storage_unavailable(shim):
+    proc, url = shim
+    store = ServerStore.connect(url, compress=False)
+    try:
+        proc.kill()
+        proc.wait()
+        with pytest.raises(StorageUnavailable):
+            store.insert_samples(_batch())
+    finally:
+        store.close()
+
+
+def test_unreachable_server_is_storage_unavailable():
+    with pytest.raises(StorageUnavailable, match="cannot connect"):
+        ServerStore.connect("http://127.0.0.1:9", connect_timeout=1)
