@@ -1,10 +1,37 @@
-"""Native parts of the package build: the ring extension (and, later, the agent binary)."""
+"""Native parts of the package build: the ring extension and the ki-agent binary."""
+
+import subprocess
+from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
 
+HERE = Path(__file__).resolve().parent
+
+
+class build_ext_and_agent(build_ext):
+    """Also build the native agent (agent/src/Makefile) into kernel_insight/agent/bin/ki-agent.
+
+    A wheel gets it from build_lib; an editable install (or --inplace) also gets
+    it in the source tree, where kernel_insight/agent links to.
+    """
+
+    def run(self) -> None:
+        super().run()
+        targets = [Path(self.build_lib) / "kernel_insight" / "agent" / "bin"]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(HERE / "agent" / "bin")
+        for out in targets:
+            out.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["make", "-s", "-C", str(HERE / "agent" / "src"), f"OUT={out.resolve()}"], check=True
+            )
+
+
 setup(
+    cmdclass={"build_ext": build_ext_and_agent},
     ext_modules=[
         Extension(
             "kernel_insight.agent._ring",

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "kernel_insight.agent.cli",
     "kernel_insight.collector.keys",
     "kernel_insight.collector.cli",
+    "kernel_insight.agent.launcher",
 ]
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,0 +1,42 @@
+/*
+ * ki_counters.h - the agent's self-metrics, shipped in every batch (docs/wire.md, COUNTERS).
+ *
+ * The ids are wire ids: never renumber one, only add.
+ */
+#ifndef KI_COUNTERS_H
+#define KI_COUNTERS_H
+
+#include <stdint.h>
+
+enum ki_counter {
+    KI_CTR_RECORDS_READ = 1,
+    KI_CTR_RECORDS_SHIPPED = 2,
+    KI_CTR_GARBAGE_SKIPPED = 3,
+    KI_CTR_RING_DROPPED = 4,
+    KI_CTR_RING_TORN = 5,
+    KI_CTR_RING_ABANDONED = 6,
+    KI_CTR_RING_LOST = 7,
+    KI_CTR_SPOOL_DROPPED_BATCHES = 8,
+    KI_CTR_SPOOL_DROPPED_RECORDS = 9,
+    KI_CTR_BATCHES_SEALED = 10,
+    KI_CTR_BATCHES_SENT = 11,
+    KI_CTR_BATCHES_RETRIED = 12,
+    KI_CTR_BATCHES_FAILED = 13,
+    KI_CTR_BYTES_RAW = 14,
+    KI_CTR_BYTES_COMPRESSED = 15,
+    KI_CTR_DRAIN_LAG_NS = 16,
+    KI_CTR_RING_BACKLOG = 17,
+    KI_CTR_NAMES_RESET = 18,
+    KI_CTR_AUTH_FAILURES = 19,
+    KI_CTR_SPOOL_BYTES = 20,
+    KI_CTR_SPOOL_BATCHES = 21,
+    KI_CTR_RSS_KB = 22,
+    KI_CTR_NAMES_TRUNCATED = 23,
+    KI_CTR_MAX = 23
+};
+
+struct ki_counters {
+    uint64_t v[KI_CTR_MAX + 1]; /* indexed by enum ki_counter; v[0] unused */
+};
+
+#endif /* KI_COUNTERS_H */

@@ -1,0 +1,47 @@
+/*
+ * ki_encode.h - consumed ring records to a batch body (docs/wire.md, "Body").
+ *
+ * All buffers are allocated by ki_encoder_create for the configured batch
+ * size; encoding a batch allocates nothing.
+ */
+#ifndef KI_ENCODE_H
+#define KI_ENCODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ki_counters.h"
+
+struct ki_record;
+struct ki_names;
+struct ki_encoder;
+
+/* What encoding found in a batch. */
+struct ki_batch_info {
+    uint64_t t_min;   /* smallest ts_ns of the shipped records */
+    uint64_t t_max;   /* largest ts_ns of the shipped records */
+    uint32_t shipped; /* records encoded (STRING chunks and garbage excluded) */
+    uint32_t strings; /* STRING chunks taken into the name table */
+    uint32_t garbage; /* records of unknown type, skipped */
+    uint32_t names;   /* names in the STRINGS section */
+};
+
+/* An encoder for batches of up to max_records records. NULL on ENOMEM. */
+struct ki_encoder *ki_encoder_create(size_t max_records, const struct ki_names *names);
+
+/* Free; accepts NULL. */
+void ki_encoder_destroy(struct ki_encoder *e);
+
+/* Bytes a body of max_records records can take at most (size of the out buffer). */
+size_t ki_encoder_bound(const struct ki_encoder *e);
+
+/* Encode n records (n <= max_records) into out. STRING chunks go into names
+ * and names used by the batch are shipped; records of unknown type are skipped
+ * and counted in info. The COUNTERS section is written last, from counters as
+ * they are after the records were counted (the caller updates them from info
+ * through the update callback before they are written). Returns 0 or -ENOBUFS. */
+int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n, struct ki_names *names, uint32_t mark,
+                   struct ki_counters *counters, void (*update)(struct ki_counters *, const struct ki_batch_info *, void *),
+                   void *update_arg, uint8_t *out, size_t cap, size_t *len, struct ki_batch_info *info);
+
+#endif /* KI_ENCODE_H */

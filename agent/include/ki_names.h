@@ -1,0 +1,46 @@
+/*
+ * ki_names.h - reassembly of the ring's STRING chunks into names, keyed by (producer, string id).
+ *
+ * Fixed capacity, allocated once: an open-addressing table and an append-only
+ * text arena. When either fills up, everything is forgotten at once and the
+ * reset is counted; names are re-learned as producers register them again
+ * (producers register at start, so a reset can leave old ids unnamed: that is
+ * what the names_reset counter tells the collector).
+ */
+#ifndef KI_NAMES_H
+#define KI_NAMES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ki_record;
+struct ki_names;
+
+/* Room for max_names names and arena_bytes of text; names longer than name_max are cut. NULL on ENOMEM. */
+struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t name_max);
+
+/* Free; accepts NULL. */
+void ki_names_destroy(struct ki_names *n);
+
+/* Take one STRING chunk; a name completed by it is marked with mark. */
+void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark);
+
+/* Mark the name (producer, id) if it is known and complete; returns 1 if it was. */
+int ki_names_mark(struct ki_names *n, uint32_t producer, uint32_t id, uint32_t mark);
+
+/* Append the STRINGS section payload (docs/wire.md) of every complete name marked
+ * with mark to out (room for cap bytes). Returns 0 and the bytes written in *len,
+ * or -ENOBUFS. *count receives the number of names. */
+int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count);
+
+/* Upper bound of ki_names_emit's output. */
+size_t ki_names_emit_bound(const struct ki_names *n);
+
+/* Times the table was cleared because it was full, and names cut to name_max. */
+uint64_t ki_names_resets(const struct ki_names *n);
+uint64_t ki_names_truncated(const struct ki_names *n);
+
+/* The text of a complete name, or NULL (for tests). */
+const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t id, size_t *len);
+
+#endif /* KI_NAMES_H */

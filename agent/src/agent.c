@@ -1,0 +1,384 @@
+/* agent.c - the drain / seal / spool / send loop (ki_agent.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ki_compress.h"
+#include "ki_drain.h"
+#include "ki_encode.h"
+#include "ki_names.h"
+#include "ki_ring.h"
+#include "ki_seal.h"
+#include "ki_spool.h"
+#include "ki_transport.h"
+
+#define NS_PER_MS 1000000ULL
+#define NS_PER_S 1000000000ULL
+#define INGEST_PATH "/v1/ingest"
+
+struct ki_agent {
+    const struct ki_config *cfg; /* settings */
+    const struct ki_log *log;    /* logger */
+    struct ki_drain *drain;      /* ring consumer */
+    struct ki_names *names;      /* name table */
+    struct ki_encoder *enc;      /* body encoder */
+    struct ki_compress *zc;      /* zstd */
+    struct ki_spool *spool;      /* on-disk spool */
+    struct ki_http *http;        /* collector connection */
+    struct ki_seal seal;         /* key, epoch, sequence */
+    struct ki_counters ctr;      /* self-metrics */
+    struct ki_record *staging;   /* records of the batch being built */
+    size_t staging_cap;          /* batch_records */
+    uint8_t *body;               /* encoded body */
+    size_t body_cap;             /* its bytes */
+    uint8_t *frame;              /* header + sealed payload; also the send buffer */
+    size_t frame_cap;            /* its bytes */
+    uint32_t mark;               /* batch mark for the name table */
+    uint64_t last_seal_ns;       /* monotonic time of the last sealed batch */
+    uint64_t next_send_ns;       /* monotonic time before which nothing is sent (backoff) */
+    uint64_t backoff_ns;         /* current backoff, 0 when healthy */
+    int failing;                 /* last attempt failed (log transitions only) */
+    int auth_blocked;            /* 401/403 seen: paused until auth_until_ns or SIGHUP */
+    uint64_t auth_until_ns;      /* end of the authentication pause */
+    uint64_t rng;                /* xorshift state for jitter */
+    char ring_name[300];         /* shm name */
+};
+
+static uint64_t mono_ns(void) { return ki_ring_mono_ns(); }
+static uint64_t real_ns(void) { return ki_ring_now_ns(); }
+
+static uint64_t next_random(struct ki_agent *a) {
+    uint64_t x = a->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return a->rng = x;
+}
+
+static uint64_t read_rss_kb(void) {
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    unsigned long long size, resident;
+    if (sscanf(buf, "%llu %llu", &size, &resident) != 2) return 0;
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+}
+
+static int mkdirs(const char *path) {
+    char tmp[KI_CONFIG_PATH];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0700) < 0 && errno != EEXIST) return -errno;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) < 0 && errno != EEXIST) return -errno;
+    return 0;
+}
+
+struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_log *log, char *err, size_t errlen) {
+    struct ki_agent *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    a->cfg = cfg;
+    a->log = log;
+    a->rng = real_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    if (ki_seal_load_key(&a->seal, cfg->key_file, err, errlen) < 0) goto fail;
+    int rc = mkdirs(cfg->spool_dir);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot create spool directory %s: %s", cfg->spool_dir, strerror(-rc));
+        goto fail;
+    }
+    if (ki_seal_next_epoch(&a->seal, cfg->spool_dir, (uint32_t)(real_ns() / NS_PER_S), err, errlen) < 0) goto fail;
+    a->spool = ki_spool_create(cfg->spool_dir, (uint64_t)cfg->spool_max_mb << 20, (int)cfg->spool_fsync, err, errlen);
+    if (!a->spool) goto fail;
+    a->http = ki_http_create(cfg->collector, INGEST_PATH, (int)cfg->connect_timeout_ms, (int)cfg->io_timeout_ms, err,
+                             errlen);
+    if (!a->http) goto fail;
+    a->names = ki_names_create((size_t)cfg->names_max, (size_t)cfg->names_bytes, (size_t)cfg->name_max);
+    a->staging_cap = (size_t)cfg->batch_records;
+    a->staging = malloc(a->staging_cap * sizeof *a->staging);
+    a->enc = a->names ? ki_encoder_create(a->staging_cap, a->names) : NULL;
+    a->zc = ki_compress_create((int)cfg->zstd_level);
+    if (!a->names || !a->staging || !a->enc || !a->zc) {
+        snprintf(err, errlen, "out of memory for batch buffers (batch_records %lld)", (long long)cfg->batch_records);
+        goto fail;
+    }
+    a->body_cap = ki_encoder_bound(a->enc);
+    a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
+    a->body = malloc(a->body_cap);
+    a->frame = malloc(a->frame_cap);
+    if (!a->body || !a->frame) {
+        snprintf(err, errlen, "out of memory for batch buffers");
+        goto fail;
+    }
+    ki_config_ring_name(cfg, a->ring_name, sizeof a->ring_name);
+    a->drain = ki_drain_create(a->ring_name, (int)cfg->ring_create, (uint64_t)cfg->ring_capacity, err, errlen);
+    if (!a->drain) goto fail;
+    a->last_seal_ns = mono_ns();
+    return a;
+fail:
+    ki_agent_destroy(a);
+    return NULL;
+}
+
+void ki_agent_destroy(struct ki_agent *a) {
+    if (!a) return;
+    ki_drain_destroy(a->drain);
+    ki_http_destroy(a->http);
+    ki_spool_destroy(a->spool);
+    ki_encoder_destroy(a->enc);
+    ki_compress_destroy(a->zc);
+    ki_names_destroy(a->names);
+    free(a->staging);
+    free(a->body);
+    free(a->frame);
+    ki_seal_wipe(&a->seal);
+    free(a);
+}
+
+const struct ki_counters *ki_agent_counters(const struct ki_agent *a) { return &a->ctr; }
+
+/* Fill the counters a batch carries, after its records were counted. */
+static void update_counters(struct ki_counters *c, const struct ki_batch_info *info, void *arg) {
+    struct ki_agent *a = arg;
+    struct ki_drain_stats ds;
+    struct ki_spool_stats ss;
+    ki_drain_stats(a->drain, &ds);
+    ki_spool_stats(a->spool, &ss);
+    c->v[KI_CTR_RECORDS_SHIPPED] += info->shipped;
+    c->v[KI_CTR_GARBAGE_SKIPPED] += info->garbage;
+    c->v[KI_CTR_RING_DROPPED] = ds.dropped;
+    c->v[KI_CTR_RING_TORN] = ds.torn;
+    c->v[KI_CTR_RING_ABANDONED] = ds.abandoned;
+    c->v[KI_CTR_RING_LOST] = ds.lost;
+    c->v[KI_CTR_RING_BACKLOG] = ds.backlog;
+    c->v[KI_CTR_SPOOL_DROPPED_BATCHES] = ss.dropped_batches;
+    c->v[KI_CTR_SPOOL_DROPPED_RECORDS] = ss.dropped_records;
+    c->v[KI_CTR_SPOOL_BYTES] = ss.bytes;
+    c->v[KI_CTR_SPOOL_BATCHES] = ss.batches;
+    c->v[KI_CTR_BATCHES_SEALED] += 1;
+    c->v[KI_CTR_NAMES_RESET] = ki_names_resets(a->names);
+    c->v[KI_CTR_NAMES_TRUNCATED] = ki_names_truncated(a->names);
+    uint64_t now = real_ns();
+    c->v[KI_CTR_DRAIN_LAG_NS] = info->shipped && now > info->t_min ? now - info->t_min : 0;
+    c->v[KI_CTR_RSS_KB] = read_rss_kb();
+}
+
+/* Encode, compress, seal and spool the n staged records (n may be 0: a heartbeat). */
+static int seal_batch(struct ki_agent *a, size_t n) {
+    if (++a->mark == 0) a->mark = 1;
+    size_t blen, clen, flen;
+    struct ki_batch_info info;
+    int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body, a->body_cap,
+                            &blen, &info);
+    if (rc == 0)
+        rc = ki_compress_run(a->zc, a->body, blen, a->frame + KI_HEADER_BYTES,
+                             a->frame_cap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);
+    if (rc < 0) {
+        ki_log_error(a->log, "cannot encode a batch of %zu records: %s (records dropped, counted as spool drops)", n,
+                     strerror(-rc));
+        return rc;
+    }
+    a->ctr.v[KI_CTR_BYTES_RAW] += blen;
+    a->ctr.v[KI_CTR_BYTES_COMPRESSED] += clen;
+    uint64_t t_min = info.t_min, t_max = info.t_max;
+    if (!info.shipped) t_min = t_max = real_ns();
+    rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
+    if (rc == 0) rc = ki_spool_put(a->spool, a->frame, flen);
+    if (rc < 0) {
+        ki_log_error(a->log, "cannot spool batch %u/%llu of %u records: %s", a->seal.epoch,
+                     (unsigned long long)a->seal.next_seq - 1, info.shipped, strerror(-rc));
+        return rc;
+    }
+    a->last_seal_ns = mono_ns();
+    ki_log_debug(a->log, "sealed batch %u/%llu: %u records, %zu names, %zu -> %zu bytes", a->seal.epoch,
+                 (unsigned long long)a->seal.next_seq - 1, info.shipped, (size_t)info.names, blen, flen);
+    return 0;
+}
+
+/* Consume everything the ring holds, sealing a batch per batch_records records. */
+static int drain_ring(struct ki_agent *a) {
+    size_t n = 0;
+    for (;;) {
+        size_t got = ki_drain_poll(a->drain, a->staging + n, a->staging_cap - n);
+        a->ctr.v[KI_CTR_RECORDS_READ] += got;
+        n += got;
+        if (n == a->staging_cap) {
+            seal_batch(a, n);
+            n = 0;
+            continue;
+        }
+        if (got == 0) break;
+    }
+    if (n > 0) return seal_batch(a, n);
+    if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S) return seal_batch(a, 0);
+    return 0;
+}
+
+static void schedule_retry(struct ki_agent *a, int retry_after_s) {
+    uint64_t lo = (uint64_t)a->cfg->backoff_min_ms * NS_PER_MS, hi = (uint64_t)a->cfg->backoff_max_ms * NS_PER_MS;
+    a->backoff_ns = a->backoff_ns ? a->backoff_ns * 2 : lo;
+    if (a->backoff_ns > hi) a->backoff_ns = hi;
+    uint64_t delay;
+    if (retry_after_s >= 0) {
+        delay = (uint64_t)retry_after_s * NS_PER_S;
+        delay += next_random(a) % (delay / 10 + 1); /* spread a fleet told the same Retry-After */
+    } else {
+        delay = a->backoff_ns / 2 + next_random(a) % (a->backoff_ns / 2 + 1); /* "equal jitter" */
+    }
+    a->next_send_ns = mono_ns() + delay;
+}
+
+/* Send spooled batches oldest first until the spool is empty, a wait is due, or budget_ns is spent. */
+static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
+    uint64_t start = mono_ns();
+    while (mono_ns() - start < budget_ns) {
+        uint64_t now = mono_ns();
+        if (now < a->next_send_ns) return;
+        if (a->auth_blocked && now < a->auth_until_ns) return;
+        struct ki_spool_id id;
+        size_t len;
+        int rc = ki_spool_peek(a->spool, a->frame, a->frame_cap, &len, &id);
+        if (rc == -ENOENT) return;
+        if (rc == -EMSGSIZE) {
+            ki_log_error(a->log, "spooled batch %u/%llu is larger than this agent's buffers: dropped", id.epoch,
+                         (unsigned long long)id.seq);
+            a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+            ki_spool_remove(a->spool, id);
+            continue;
+        }
+        if (rc < 0) {
+            ki_log_error(a->log, "cannot read the spool: %s", strerror(-rc));
+            schedule_retry(a, -1);
+            return;
+        }
+        struct ki_http_result res;
+        rc = ki_http_post(a->http, a->frame, len, &res);
+        if (rc < 0) {
+            a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
+            if (!a->failing)
+                ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
+                            ki_http_target(a->http), strerror(-rc));
+            a->failing = 1;
+            schedule_retry(a, -1);
+            return;
+        }
+        int s = res.status;
+        if ((s >= 200 && s < 300) || s == 409) {
+            if (a->failing || a->auth_blocked)
+                ki_log_info(a->log, "collector %s accepts batches again", ki_http_target(a->http));
+            a->failing = 0;
+            a->auth_blocked = 0;
+            a->backoff_ns = 0;
+            a->ctr.v[KI_CTR_BATCHES_SENT]++;
+            ki_spool_remove(a->spool, id);
+        } else if (s == 401 || s == 403) {
+            a->ctr.v[KI_CTR_AUTH_FAILURES]++;
+            if (!a->auth_blocked)
+                ki_log_error(a->log,
+                             "collector refused batch %u/%llu with %d (%s): sending stopped, batches are kept in the "
+                             "spool; fix the key file and send SIGHUP (next try in %llds)",
+                             id.epoch, (unsigned long long)id.seq, s,
+                             s == 401 ? "authentication failed: wrong key" : "agent unknown or revoked",
+                             (long long)a->cfg->auth_retry_s);
+            a->auth_blocked = 1;
+            a->auth_until_ns = mono_ns() + (uint64_t)a->cfg->auth_retry_s * NS_PER_S;
+            return;
+        } else if (s == 429 || s >= 500) {
+            a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
+            if (!a->failing)
+                ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", s, res.retry_after);
+            a->failing = 1;
+            schedule_retry(a, res.retry_after);
+            return;
+        } else {
+            a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+            ki_log_error(a->log, "collector rejected batch %u/%llu with %d: dropped and counted", id.epoch,
+                         (unsigned long long)id.seq, s);
+            ki_spool_remove(a->spool, id);
+        }
+    }
+}
+
+int ki_agent_tick(struct ki_agent *a) {
+    int rc = drain_ring(a);
+    send_spool(a, (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS / 2 + NS_PER_MS);
+    return rc;
+}
+
+static void reload_key(struct ki_agent *a) {
+    char err[256];
+    struct ki_seal fresh = a->seal;
+    if (ki_seal_load_key(&fresh, a->cfg->key_file, err, sizeof err) < 0) {
+        ki_log_error(a->log, "SIGHUP: %s (keeping the current key)", err);
+        return;
+    }
+    int same_agent = !memcmp(fresh.agent_id, a->seal.agent_id, KI_AGENT_ID_BYTES);
+    a->seal = fresh;
+    ki_seal_wipe(&fresh);
+    a->auth_blocked = 0;
+    a->next_send_ns = 0;
+    ki_log_info(a->log, "SIGHUP: key file reloaded (key %u%s); sending resumes", a->seal.key_id,
+                same_agent ? "" : ", new agent id");
+}
+
+static void sleep_until(uint64_t mono_deadline) {
+    uint64_t now = mono_ns();
+    if (mono_deadline <= now) return;
+    uint64_t d = mono_deadline - now;
+    struct timespec ts = {(time_t)(d / NS_PER_S), (long)(d % NS_PER_S)};
+    nanosleep(&ts, NULL); /* a signal ends it early, which is what we want */
+}
+
+int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload) {
+    struct ki_spool_stats ss;
+    ki_spool_stats(a->spool, &ss);
+    ki_log_info(a->log, "started: ring %s, collector %s, epoch %u, agent key %u, spool %s (%llu batches waiting)",
+                a->ring_name, ki_http_target(a->http), a->seal.epoch, a->seal.key_id, a->cfg->spool_dir,
+                (unsigned long long)ss.batches);
+    const uint64_t interval = (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS;
+    uint64_t next = mono_ns();
+    while (!*stop) {
+        if (*reload) {
+            *reload = 0;
+            reload_key(a);
+        }
+        ki_agent_tick(a);
+        next += interval;
+        uint64_t now = mono_ns();
+        if (next < now) next = now;
+        sleep_until(next);
+    }
+    /* SIGTERM: what is in the ring and in memory goes to the spool, then try to deliver it. */
+    drain_ring(a);
+    if (a->staging_cap) seal_batch(a, 0); /* a last batch carries the final counters */
+    uint64_t deadline = mono_ns() + (uint64_t)a->cfg->shutdown_timeout_s * NS_PER_S;
+    for (;;) {
+        ki_spool_stats(a->spool, &ss);
+        uint64_t now = mono_ns();
+        if (!ss.batches || now >= deadline || (a->auth_blocked && a->auth_until_ns > deadline)) break;
+        if (a->next_send_ns > now) sleep_until(a->next_send_ns < deadline ? a->next_send_ns : deadline);
+        send_spool(a, deadline - mono_ns() < deadline ? deadline - mono_ns() : 0);
+    }
+    ki_spool_stats(a->spool, &ss);
+    ki_log_info(a->log, "stopped: %llu records read, %llu batches sent, %llu left in the spool for the next start",
+                (unsigned long long)a->ctr.v[KI_CTR_RECORDS_READ], (unsigned long long)a->ctr.v[KI_CTR_BATCHES_SENT],
+                (unsigned long long)ss.batches);
+    return 0;
+}

@@ -1,0 +1,221 @@
+/* encode.c - columnar batch bodies (ki_encode.h, docs/wire.md). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_encode.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ki_names.h"
+#include "ki_ring.h"
+#include "ki_varint.h"
+
+#define BODY_VERSION 1u
+#define SECTION_COUNTERS 0x01u
+#define SECTION_STRINGS 0x02u
+#define SECTION_RECORDS 0x10u
+#define SHIPPED_TYPES 8 /* KERNEL .. ERROR */
+#define MAX_COLS 14
+#define MAX_RECORD_BYTES 80 /* worst case of all columns of one record, see docs/wire.md */
+
+enum col_enc { ENC_DELTA, ENC_UV, ENC_SV, ENC_REL, ENC_U8, ENC_F64 };
+
+/* One column: where the value sits in struct ki_record, its width and its encoding. */
+struct col {
+    uint8_t off;   /* byte offset in struct ki_record */
+    uint8_t width; /* bytes */
+    uint8_t enc;   /* enum col_enc */
+};
+
+#define P(x) (uint8_t)(32 + (x)) /* payload offset */
+
+/* The wire's column tables: six common columns, then the payload columns by type. */
+static const struct col COMMON[6] = {
+    {0, 8, ENC_DELTA}, {8, 4, ENC_UV}, {17, 1, ENC_U8}, {18, 2, ENC_UV}, {20, 4, ENC_UV}, {24, 8, ENC_DELTA},
+};
+static const struct col PAYLOAD[SHIPPED_TYPES + 1][8] = {
+    [KI_REC_KERNEL] = {{P(0), 8, ENC_REL}, {P(8), 8, ENC_UV}, {P(16), 8, ENC_DELTA}, {P(24), 4, ENC_UV}},
+    [KI_REC_LAUNCH] = {{P(0), 4, ENC_UV}, {P(4), 4, ENC_UV}, {P(8), 4, ENC_UV}, {P(12), 4, ENC_UV},
+                       {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}, {P(24), 4, ENC_UV}, {P(28), 4, ENC_UV}},
+    [KI_REC_MEMOP] = {{P(0), 8, ENC_DELTA}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV},
+                      {P(24), 4, ENC_SV}},
+    [KI_REC_COLLECTIVE] = {{P(0), 8, ENC_UV}, {P(8), 8, ENC_UV}, {P(16), 8, ENC_UV}, {P(24), 4, ENC_UV},
+                           {P(28), 4, ENC_UV}},
+    [KI_REC_SYNC] = {{P(0), 8, ENC_UV}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}},
+    [KI_REC_GPU_SAMPLE] = {{P(0), 8, ENC_F64}, {P(8), 8, ENC_UV}},
+    [KI_REC_FINGERPRINT] = {{P(0), 8, ENC_UV}},
+    [KI_REC_ERROR] = {{P(0), 8, ENC_SV}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}},
+};
+static const uint8_t NPAYLOAD[SHIPPED_TYPES + 1] = {0, 4, 8, 5, 5, 4, 2, 1, 4};
+
+struct ki_encoder {
+    size_t max_records;   /* batch size */
+    uint32_t *order;      /* record indexes grouped by type */
+    uint8_t *section;     /* one RECORDS or STRINGS section being built */
+    size_t section_cap;   /* its bytes */
+    uint8_t *column;      /* one column being built */
+    size_t column_cap;    /* its bytes */
+    size_t bound;         /* worst-case body size */
+};
+
+struct ki_encoder *ki_encoder_create(size_t max_records, const struct ki_names *names) {
+    struct ki_encoder *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    size_t strings = ki_names_emit_bound(names);
+    size_t records = KI_VARINT_MAX + max_records * MAX_RECORD_BYTES + MAX_COLS * (KI_VARINT_MAX + 1);
+    e->max_records = max_records;
+    e->section_cap = records > strings ? records : strings;
+    e->column_cap = max_records * 8 + KI_VARINT_MAX * max_records;
+    e->bound = 1 + SHIPPED_TYPES * (1 + KI_VARINT_MAX + records) + (1 + KI_VARINT_MAX + strings) +
+               (1 + KI_VARINT_MAX + KI_VARINT_MAX + (KI_CTR_MAX + 1) * 2 * KI_VARINT_MAX);
+    e->order = malloc(max_records * sizeof *e->order);
+    e->section = malloc(e->section_cap);
+    e->column = malloc(e->column_cap);
+    if (!e->order || !e->section || !e->column) {
+        ki_encoder_destroy(e);
+        return NULL;
+    }
+    return e;
+}
+
+void ki_encoder_destroy(struct ki_encoder *e) {
+    if (!e) return;
+    free(e->order);
+    free(e->section);
+    free(e->column);
+    free(e);
+}
+
+size_t ki_encoder_bound(const struct ki_encoder *e) { return e->bound; }
+
+static inline uint64_t load(const struct ki_record *r, const struct col *c) {
+    uint64_t v = 0;
+    memcpy(&v, (const uint8_t *)r + c->off, c->width); /* little-endian hosts only (x86-64, ARM64) */
+    return v;
+}
+
+/* Encode one column of the records idx[0..n) into e->column; returns its length. */
+static size_t encode_column(struct ki_encoder *e, const struct ki_record *recs, const uint32_t *idx, size_t n,
+                            const struct col *c) {
+    uint8_t *p = e->column;
+    uint64_t prev = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct ki_record *r = &recs[idx[i]];
+        uint64_t v = load(r, c);
+        switch (c->enc) {
+        case ENC_U8:
+            *p++ = (uint8_t)v;
+            break;
+        case ENC_F64:
+            memcpy(p, &v, 8);
+            p += 8;
+            break;
+        case ENC_DELTA:
+            p += ki_varint_put(p, ki_zigzag(v - prev));
+            prev = v;
+            break;
+        case ENC_REL:
+            p += ki_varint_put(p, ki_zigzag(v - r->rec.ts_ns));
+            break;
+        case ENC_SV:
+            if (c->width == 4) v = (uint64_t)(int64_t)(int32_t)(uint32_t)v;
+            p += ki_varint_put(p, ki_zigzag(v));
+            break;
+        default:
+            p += ki_varint_put(p, v);
+            break;
+        }
+    }
+    return (size_t)(p - e->column);
+}
+
+static int put_section(uint8_t *out, size_t cap, size_t *off, uint8_t tag, const uint8_t *data, size_t len) {
+    if (*off + 1 + KI_VARINT_MAX + len > cap) return -ENOBUFS;
+    out[(*off)++] = tag;
+    *off += ki_varint_put(out + *off, len);
+    memcpy(out + *off, data, len);
+    *off += len;
+    return 0;
+}
+
+int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n, struct ki_names *names, uint32_t mark,
+                   struct ki_counters *counters, void (*update)(struct ki_counters *, const struct ki_batch_info *, void *),
+                   void *update_arg, uint8_t *out, size_t cap, size_t *len, struct ki_batch_info *info) {
+    memset(info, 0, sizeof *info);
+    if (n > e->max_records) return -E2BIG;
+    info->t_min = UINT64_MAX;
+    size_t count[SHIPPED_TYPES + 1] = {0};
+    /* Pass 1: names first (a record may use a name registered later in the same batch), count types. */
+    for (size_t i = 0; i < n; i++) {
+        uint8_t t = recs[i].rec.type;
+        if (t == KI_REC_STRING) {
+            ki_names_add(names, &recs[i], mark);
+            info->strings++;
+        } else if (t >= 1 && t <= SHIPPED_TYPES) {
+            count[t]++;
+        } else {
+            info->garbage++;
+        }
+    }
+    /* Pass 2: group indexes by type (counting sort keeps ring order), mark used names, time range. */
+    size_t start[SHIPPED_TYPES + 2] = {0};
+    for (int t = 1; t <= SHIPPED_TYPES; t++) start[t + 1] = start[t] + count[t];
+    size_t fill[SHIPPED_TYPES + 2];
+    memcpy(fill, start, sizeof fill);
+    for (size_t i = 0; i < n; i++) {
+        const struct ki_rec *r = &recs[i].rec;
+        if (r->type < 1 || r->type > SHIPPED_TYPES) continue;
+        e->order[fill[r->type]++] = (uint32_t)i;
+        if (r->ts_ns < info->t_min) info->t_min = r->ts_ns;
+        if (r->ts_ns > info->t_max) info->t_max = r->ts_ns;
+        switch (r->type) {
+        case KI_REC_KERNEL:
+        case KI_REC_LAUNCH:
+            ki_names_mark(names, recs[i].producer, r->id, mark);
+            break;
+        case KI_REC_ERROR:
+            ki_names_mark(names, recs[i].producer, r->u.error.detail_id, mark);
+            break;
+        case KI_REC_FINGERPRINT:
+            if (r->flags & KI_FLAG_FP_STRING)
+                ki_names_mark(names, recs[i].producer, (uint32_t)r->u.fingerprint.value, mark);
+            break;
+        default:
+            break;
+        }
+        info->shipped++;
+    }
+    if (!info->shipped) info->t_min = info->t_max = 0;
+    size_t off = 0;
+    if (cap < 1) return -ENOBUFS;
+    out[off++] = BODY_VERSION;
+    int rc;
+    for (int t = 1; t <= SHIPPED_TYPES; t++) {
+        if (!count[t]) continue;
+        const uint32_t *idx = e->order + start[t];
+        size_t s = ki_varint_put(e->section, count[t]);
+        for (int c = 0; c < 6 + NPAYLOAD[t]; c++) {
+            const struct col *col = c < 6 ? &COMMON[c] : &PAYLOAD[t][c - 6];
+            size_t clen = encode_column(e, recs, idx, count[t], col);
+            s += ki_varint_put(e->section + s, clen);
+            memcpy(e->section + s, e->column, clen);
+            s += clen;
+        }
+        if ((rc = put_section(out, cap, &off, (uint8_t)(SECTION_RECORDS + t), e->section, s)) < 0) return rc;
+    }
+    size_t slen, k;
+    if ((rc = ki_names_emit(names, mark, e->section, e->section_cap, &slen, &k)) < 0) return rc;
+    info->names = (uint32_t)k;
+    if (k && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
+    if (update) update(counters, info, update_arg);
+    size_t c = 0, nc = 0;
+    for (int id = 1; id <= KI_CTR_MAX; id++) nc++;
+    c += ki_varint_put(e->section + c, nc);
+    for (int id = 1; id <= KI_CTR_MAX; id++) {
+        c += ki_varint_put(e->section + c, (uint64_t)id);
+        c += ki_varint_put(e->section + c, counters->v[id]);
+    }
+    if ((rc = put_section(out, cap, &off, SECTION_COUNTERS, e->section, c)) < 0) return rc;
+    *len = off;
+    return 0;
+}

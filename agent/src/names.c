@@ -1,0 +1,179 @@
+/* names.c - STRING chunk reassembly (ki_names.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_names.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ki_ring.h"
+#include "ki_varint.h"
+
+enum { SLOT_EMPTY = 0, SLOT_PARTIAL = 1, SLOT_COMPLETE = 2, SLOT_BROKEN = 3 };
+
+struct ki_name {
+    uint32_t producer; /* writer's producer id */
+    uint32_t id;       /* the producer's string id */
+    uint32_t off;      /* text offset in the arena */
+    uint32_t len;      /* text bytes kept */
+    uint32_t mark;     /* batch mark of the last use */
+    uint16_t next;     /* next expected chunk index */
+    uint8_t state;     /* SLOT_* */
+    uint8_t cut;       /* text was cut to name_max */
+};
+
+struct ki_names {
+    struct ki_name *slots; /* open addressing, power-of-two size */
+    size_t mask;           /* slots - 1 */
+    size_t used;           /* occupied slots */
+    size_t limit;          /* most occupied slots before a reset */
+    char *arena;           /* name text */
+    size_t arena_cap;      /* arena bytes */
+    size_t arena_used;     /* arena bytes used */
+    size_t name_max;       /* longest name kept */
+    uint64_t resets;       /* times cleared */
+    uint64_t truncated;    /* names cut */
+};
+
+struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t name_max) {
+    struct ki_names *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    size_t size = 16;
+    while (size < max_names + max_names / 3) size <<= 1;
+    n->slots = calloc(size, sizeof *n->slots);
+    n->arena = malloc(arena_bytes);
+    if (!n->slots || !n->arena) {
+        ki_names_destroy(n);
+        return NULL;
+    }
+    n->mask = size - 1;
+    n->limit = max_names;
+    n->arena_cap = arena_bytes;
+    n->name_max = name_max < arena_bytes ? name_max : arena_bytes;
+    return n;
+}
+
+void ki_names_destroy(struct ki_names *n) {
+    if (!n) return;
+    free(n->slots);
+    free(n->arena);
+    free(n);
+}
+
+static void reset(struct ki_names *n) {
+    memset(n->slots, 0, (n->mask + 1) * sizeof *n->slots);
+    n->used = 0;
+    n->arena_used = 0;
+    n->resets++;
+}
+
+static size_t hash(uint32_t producer, uint32_t id) {
+    uint64_t h = ((uint64_t)producer << 32 | id) * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(h >> 32);
+}
+
+static struct ki_name *lookup(const struct ki_names *n, uint32_t producer, uint32_t id) {
+    for (size_t i = hash(producer, id) & n->mask;; i = (i + 1) & n->mask) {
+        struct ki_name *s = &n->slots[i];
+        if (s->state == SLOT_EMPTY || (s->producer == producer && s->id == id)) return s;
+    }
+}
+
+void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark) {
+    uint32_t producer = rec->producer, id = rec->rec.id;
+    uint16_t chunk = rec->rec.device;
+    struct ki_name *s = lookup(n, producer, id);
+    if (s->state == SLOT_EMPTY) {
+        if (chunk != 0) return; /* the start of this name was lost */
+        if (n->used + 1 > n->limit) {
+            reset(n);
+            s = lookup(n, producer, id);
+        }
+        n->used++;
+        *s = (struct ki_name){.producer = producer, .id = id, .state = SLOT_BROKEN};
+    }
+    if (chunk == 0) {
+        /* A (re)registration starts a new text at the end of the arena. */
+        s->state = SLOT_PARTIAL;
+        s->off = (uint32_t)n->arena_used;
+        s->len = 0;
+        s->cut = 0;
+    } else if (s->state != SLOT_PARTIAL || chunk != s->next) {
+        /* A chunk went missing: wait for a new chunk 0 (a complete name stays as it is). */
+        if (s->state == SLOT_PARTIAL) s->state = SLOT_BROKEN;
+        return;
+    }
+    const char *text = rec->rec.u.string.text;
+    size_t take = 32;
+    if (rec->rec.flags & KI_FLAG_STRING_LAST)
+        while (take > 0 && text[take - 1] == '\0') take--; /* as StringTable: trailing NULs of the last chunk */
+    if (s->len + take > n->name_max) {
+        take = n->name_max > s->len ? n->name_max - s->len : 0;
+        s->cut = 1;
+    }
+    /* Names registered at the same time interleave: move this one's text to the end first. */
+    int move = s->off + s->len != n->arena_used;
+    if (n->arena_used + (move ? s->len : 0) + take > n->arena_cap) {
+        reset(n);
+        if (chunk != 0) return;
+        s = lookup(n, producer, id);
+        n->used = 1;
+        *s = (struct ki_name){.producer = producer, .id = id, .state = SLOT_PARTIAL};
+    } else if (move) {
+        memmove(n->arena + n->arena_used, n->arena + s->off, s->len);
+        s->off = (uint32_t)n->arena_used;
+        n->arena_used += s->len;
+    }
+    memcpy(n->arena + n->arena_used, text, take);
+    s->len += (uint32_t)take;
+    n->arena_used += take;
+    s->next = (uint16_t)(chunk + 1);
+    if (rec->rec.flags & KI_FLAG_STRING_LAST) {
+        s->state = SLOT_COMPLETE;
+        s->mark = mark;
+        if (s->cut) n->truncated++;
+    }
+}
+
+int ki_names_mark(struct ki_names *n, uint32_t producer, uint32_t id, uint32_t mark) {
+    struct ki_name *s = lookup(n, producer, id);
+    if (s->state != SLOT_COMPLETE) return 0;
+    s->mark = mark;
+    return 1;
+}
+
+size_t ki_names_emit_bound(const struct ki_names *n) {
+    return KI_VARINT_MAX + n->limit * (3 * KI_VARINT_MAX) + n->arena_cap;
+}
+
+int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count) {
+    size_t k = 0, off = KI_VARINT_MAX; /* the count goes in front once known */
+    for (size_t i = 0; i <= n->mask; i++) {
+        const struct ki_name *s = &n->slots[i];
+        if (s->state != SLOT_COMPLETE || s->mark != mark) continue;
+        if (off + 3 * KI_VARINT_MAX + s->len > cap) return -ENOBUFS;
+        off += ki_varint_put(out + off, s->producer);
+        off += ki_varint_put(out + off, s->id);
+        off += ki_varint_put(out + off, s->len);
+        memcpy(out + off, n->arena + s->off, s->len);
+        off += s->len;
+        k++;
+    }
+    uint8_t head[KI_VARINT_MAX];
+    size_t h = ki_varint_put(head, k);
+    memmove(out + h, out + KI_VARINT_MAX, off - KI_VARINT_MAX);
+    memcpy(out, head, h);
+    *len = off - KI_VARINT_MAX + h;
+    *count = k;
+    return 0;
+}
+
+uint64_t ki_names_resets(const struct ki_names *n) { return n->resets; }
+uint64_t ki_names_truncated(const struct ki_names *n) { return n->truncated; }
+
+const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t id, size_t *len) {
+    const struct ki_name *s = lookup(n, producer, id);
+    if (s->state != SLOT_COMPLETE) return NULL;
+    *len = s->len;
+    return n->arena + s->off;
+}

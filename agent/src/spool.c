@@ -1,0 +1,245 @@
+/* spool.c - one file per sealed batch, indexed by runs (ki_spool.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_spool.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ki_seal.h"
+
+struct ki_spool {
+    int dirfd;                                   /* the spool directory */
+    uint64_t max_bytes;                          /* bound */
+    int do_fsync;                                /* fsync each file */
+    struct ki_spool_run runs[KI_SPOOL_MAX_RUNS]; /* oldest first */
+    size_t nruns;                                /* runs in use */
+    struct ki_spool_stats st;                    /* size and drops */
+};
+
+static void name_of(char *out, size_t len, uint32_t epoch, uint64_t seq) {
+    snprintf(out, len, "%08" PRIx32 "-%016" PRIx64 ".kib", epoch, seq);
+}
+
+static int parse_name(const char *name, uint32_t *epoch, uint64_t *seq) {
+    unsigned int e;
+    unsigned long long s;
+    int used = 0;
+    if (strlen(name) != 8 + 1 + 16 + 4 || sscanf(name, "%8x-%16llx.kib%n", &e, &s, &used) != 2 || used != 29)
+        return -EINVAL;
+    *epoch = e;
+    *seq = s;
+    return 0;
+}
+
+static void run_add(struct ki_spool *sp, uint32_t epoch, uint64_t seq);
+
+/* Forget the oldest run entirely (its files are removed by the caller's drop loop). */
+static void runs_shift(struct ki_spool *sp) {
+    memmove(sp->runs, sp->runs + 1, (sp->nruns - 1) * sizeof sp->runs[0]);
+    sp->nruns--;
+}
+
+struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsync, char *err, size_t errlen) {
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create spool directory %s: %s", dir, strerror(errno));
+        return NULL;
+    }
+    struct ki_spool *sp = calloc(1, sizeof *sp);
+    if (!sp) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    sp->max_bytes = max_bytes;
+    sp->do_fsync = do_fsync;
+    sp->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sp->dirfd < 0) {
+        snprintf(err, errlen, "cannot open spool directory %s: %s", dir, strerror(errno));
+        free(sp);
+        return NULL;
+    }
+    /* Index what is there: runs by epoch (a sorted insert; epochs are few). */
+    int fd = dup(sp->dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        snprintf(err, errlen, "cannot list spool directory %s: %s", dir, strerror(errno));
+        if (fd >= 0) close(fd);
+        ki_spool_destroy(sp);
+        return NULL;
+    }
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        uint32_t epoch;
+        uint64_t seq;
+        if (ent->d_name[0] == '.' && strncmp(ent->d_name, ".tmp-", 5) == 0) {
+            unlinkat(sp->dirfd, ent->d_name, 0); /* a write the last run did not finish */
+            continue;
+        }
+        if (parse_name(ent->d_name, &epoch, &seq) < 0) continue;
+        struct stat st;
+        if (fstatat(sp->dirfd, ent->d_name, &st, 0) < 0) continue;
+        sp->st.bytes += (uint64_t)st.st_size;
+        sp->st.batches++;
+        run_add(sp, epoch, seq);
+    }
+    closedir(d);
+    return sp;
+}
+
+void ki_spool_destroy(struct ki_spool *sp) {
+    if (!sp) return;
+    if (sp->dirfd >= 0) close(sp->dirfd);
+    free(sp);
+}
+
+/* Widen (or insert) the run of epoch to cover seq; runs stay sorted by epoch. */
+static void run_add(struct ki_spool *sp, uint32_t epoch, uint64_t seq) {
+    size_t i = 0;
+    while (i < sp->nruns && sp->runs[i].epoch < epoch) i++;
+    if (i < sp->nruns && sp->runs[i].epoch == epoch) {
+        struct ki_spool_run *r = &sp->runs[i];
+        if (seq < r->first) r->first = seq;
+        if (seq + 1 > r->end) r->end = seq + 1;
+        return;
+    }
+    if (sp->nruns == KI_SPOOL_MAX_RUNS) {
+        if (i == 0) return; /* older than everything we track: it is found again at the next start */
+        runs_shift(sp);     /* the oldest run's files stay until a start re-indexes them */
+        i--;
+    }
+    memmove(sp->runs + i + 1, sp->runs + i, (sp->nruns - i) * sizeof sp->runs[0]);
+    sp->runs[i] = (struct ki_spool_run){epoch, seq, seq + 1};
+    sp->nruns++;
+}
+
+/* Open the oldest batch file; advances past holes. Returns an fd, or -ENOENT when empty. */
+static int open_oldest(struct ki_spool *sp, struct ki_spool_id *id) {
+    while (sp->nruns) {
+        struct ki_spool_run *r = &sp->runs[0];
+        if (r->first >= r->end) {
+            if (sp->nruns == 1) return -ENOENT; /* keep the current run for appends */
+            runs_shift(sp);
+            continue;
+        }
+        char name[64];
+        name_of(name, sizeof name, r->epoch, r->first);
+        int fd = openat(sp->dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            id->epoch = r->epoch;
+            id->seq = r->first;
+            return fd;
+        }
+        if (errno != ENOENT) return -errno;
+        r->first++; /* a hole: the batch was dropped or never written */
+    }
+    return -ENOENT;
+}
+
+static int drop_oldest(struct ki_spool *sp) {
+    struct ki_spool_id id;
+    int fd = open_oldest(sp, &id);
+    if (fd < 0) return fd;
+    uint8_t head[KI_HEADER_BYTES];
+    uint32_t epoch = 0, count = 0;
+    uint64_t seq = 0;
+    if (pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head) ki_seal_peek_header(head, sizeof head, &epoch, &seq, &count);
+    close(fd);
+    int rc = ki_spool_remove(sp, id);
+    if (rc == 0) {
+        sp->st.dropped_batches++;
+        sp->st.dropped_records += count;
+    }
+    return rc;
+}
+
+int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len) {
+    uint32_t epoch, count;
+    uint64_t seq;
+    if (ki_seal_peek_header(frame, len, &epoch, &seq, &count) < 0) return -EINVAL;
+    if (len > sp->max_bytes) {
+        sp->st.dropped_batches++;
+        sp->st.dropped_records += count;
+        return 0;
+    }
+    while (sp->st.bytes + len > sp->max_bytes && sp->st.batches) {
+        int rc = drop_oldest(sp);
+        if (rc == -ENOENT) break;
+        if (rc < 0) return rc;
+    }
+    char name[64], tmp[80];
+    name_of(name, sizeof name, epoch, seq);
+    snprintf(tmp, sizeof tmp, ".tmp-%s", name);
+    int fd = openat(sp->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, frame + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : EIO;
+            close(fd);
+            unlinkat(sp->dirfd, tmp, 0);
+            return -e;
+        }
+        off += (size_t)w;
+    }
+    if ((sp->do_fsync && fsync(fd) < 0) || close(fd) < 0 || renameat(sp->dirfd, tmp, sp->dirfd, name) < 0) {
+        int e = errno;
+        unlinkat(sp->dirfd, tmp, 0);
+        return -e;
+    }
+    if (sp->do_fsync) fsync(sp->dirfd);
+    sp->st.bytes += len;
+    sp->st.batches++;
+    run_add(sp, epoch, seq);
+    return 0;
+}
+
+int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, struct ki_spool_id *id) {
+    int fd = open_oldest(sp, id);
+    if (fd < 0) return fd;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    if ((uint64_t)st.st_size > cap) {
+        close(fd);
+        return -EMSGSIZE;
+    }
+    size_t off = 0, want = (size_t)st.st_size;
+    while (off < want) {
+        ssize_t r = pread(fd, buf + off, want - off, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            close(fd);
+            return -e;
+        }
+        off += (size_t)r;
+    }
+    close(fd);
+    *len = want;
+    return 0;
+}
+
+int ki_spool_remove(struct ki_spool *sp, struct ki_spool_id id) {
+    char name[64];
+    name_of(name, sizeof name, id.epoch, id.seq);
+    struct stat st;
+    if (fstatat(sp->dirfd, name, &st, 0) < 0) return -errno;
+    if (unlinkat(sp->dirfd, name, 0) < 0) return -errno;
+    sp->st.bytes -= (uint64_t)st.st_size < sp->st.bytes ? (uint64_t)st.st_size : sp->st.bytes;
+    if (sp->st.batches) sp->st.batches--;
+    if (sp->nruns && sp->runs[0].epoch == id.epoch && sp->runs[0].first == id.seq) sp->runs[0].first++;
+    return 0;
+}
+
+void ki_spool_stats(const struct ki_spool *sp, struct ki_spool_stats *out) { *out = sp->st; }

@@ -1,0 +1,270 @@
+/* transport.c - minimal HTTP/1.1 client for one endpoint (ki_transport.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_transport.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RESPONSE_MAX 8192u
+
+struct ki_http {
+    char host[256];          /* collector host */
+    char port[8];            /* collector port */
+    char path[512];          /* request path */
+    char target[270];        /* host:port for logs */
+    int connect_timeout_ms;  /* connect bound */
+    int io_timeout_ms;       /* send/receive bound */
+    int fd;                  /* connection, -1 when closed */
+    char head[1024];         /* request head being built */
+    char resp[RESPONSE_MAX]; /* response bytes */
+};
+
+struct ki_http *ki_http_create(const char *url, const char *path, int connect_timeout_ms, int io_timeout_ms, char *err,
+                               size_t errlen) {
+    if (!strncmp(url, "https://", 8)) {
+        snprintf(err, errlen, "collector %s: https is not supported by this ki-agent build yet (docs/agent.md)", url);
+        return NULL;
+    }
+    if (strncmp(url, "http://", 7)) {
+        snprintf(err, errlen, "collector URL %s must start with http://", url);
+        return NULL;
+    }
+    struct ki_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->fd = -1;
+    h->connect_timeout_ms = connect_timeout_ms;
+    h->io_timeout_ms = io_timeout_ms;
+    const char *p = url + 7, *slash = strchr(p, '/');
+    size_t hostport = slash ? (size_t)(slash - p) : strlen(p);
+    const char *prefix = slash ? slash : "";
+    size_t plen = strlen(prefix);
+    while (plen && prefix[plen - 1] == '/') plen--;
+    const char *colon = memchr(p, ':', hostport);
+    if (p[0] == '[') colon = NULL; /* IPv6 literals are not supported: use a name */
+    size_t hl = colon ? (size_t)(colon - p) : hostport;
+    size_t pl = colon ? hostport - hl - 1 : 2;
+    if (hl == 0 || hl >= sizeof h->host || pl == 0 || pl >= sizeof h->port ||
+        plen + strlen(path) >= sizeof h->path) {
+        snprintf(err, errlen, "collector URL %s: cannot parse host and port", url);
+        free(h);
+        return NULL;
+    }
+    memcpy(h->host, p, hl);
+    if (colon) memcpy(h->port, colon + 1, pl);
+    else strcpy(h->port, "80");
+    for (const char *c = h->port; *c; c++)
+        if (!isdigit((unsigned char)*c)) {
+            snprintf(err, errlen, "collector URL %s: the port must be a number", url);
+            free(h);
+            return NULL;
+        }
+    snprintf(h->path, sizeof h->path, "%.*s%s", (int)plen, prefix, path);
+    snprintf(h->target, sizeof h->target, "%s:%s", h->host, h->port);
+    return h;
+}
+
+static void disconnect(struct ki_http *h) {
+    if (h->fd >= 0) close(h->fd);
+    h->fd = -1;
+}
+
+void ki_http_destroy(struct ki_http *h) {
+    if (!h) return;
+    disconnect(h);
+    free(h);
+}
+
+const char *ki_http_target(const struct ki_http *h) { return h->target; }
+
+static int wait_fd(int fd, short events, int timeout_ms) {
+    struct pollfd p = {fd, events, 0};
+    int r;
+    do {
+        r = poll(&p, 1, timeout_ms);
+    } while (r < 0 && errno == EINTR);
+    if (r == 0) return -ETIMEDOUT;
+    if (r < 0) return -errno;
+    return 0;
+}
+
+static int connect_now(struct ki_http *h) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int g = getaddrinfo(h->host, h->port, &hints, &res);
+    if (g != 0) return -EHOSTUNREACH;
+    int rc = -ECONNREFUSED;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            rc = -errno;
+            continue;
+        }
+        int fl = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        int c = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (c < 0 && errno == EINPROGRESS) {
+            c = wait_fd(fd, POLLOUT, h->connect_timeout_ms);
+            if (c == 0) {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+                c = soerr ? -soerr : 0;
+            }
+        } else if (c < 0) {
+            c = -errno;
+        }
+        if (c == 0) {
+            fcntl(fd, F_SETFL, fl);
+            struct timeval tv = {h->io_timeout_ms / 1000, (h->io_timeout_ms % 1000) * 1000};
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            h->fd = fd;
+            rc = 0;
+            break;
+        }
+        close(fd);
+        rc = c;
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+static int send_all(struct ki_http *h, const char *head, size_t hlen, const void *body, size_t blen) {
+    struct iovec iov[2] = {{(void *)head, hlen}, {(void *)body, blen}};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    while (iov[0].iov_len + iov[1].iov_len) {
+        ssize_t w = sendmsg(h->fd, &msg, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return errno == EAGAIN ? -ETIMEDOUT : -errno;
+        size_t n = (size_t)w;
+        for (int i = 0; i < 2 && n; i++) {
+            size_t take = n < iov[i].iov_len ? n : iov[i].iov_len;
+            iov[i].iov_base = (char *)iov[i].iov_base + take;
+            iov[i].iov_len -= take;
+            n -= take;
+        }
+        if (!iov[0].iov_len) {
+            msg.msg_iov = &iov[1];
+            msg.msg_iovlen = 1;
+        }
+    }
+    return 0;
+}
+
+static ssize_t recv_some(struct ki_http *h, char *buf, size_t len) {
+    for (;;) {
+        ssize_t r = recv(h->fd, buf, len, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errno == EAGAIN ? -ETIMEDOUT : -errno;
+        return r;
+    }
+}
+
+/* Find header name (case-insensitive) in [start, end); returns its value or NULL. */
+static const char *header_value(const char *start, const char *end, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = start; p < end;) {
+        const char *eol = strstr(p, "\r\n");
+        if (!eol || eol > end) eol = end;
+        if ((size_t)(eol - p) > n && !strncasecmp(p, name, n) && p[n] == ':') {
+            const char *v = p + n + 1;
+            while (*v == ' ' || *v == '\t') v++;
+            return v;
+        }
+        p = eol + 2;
+    }
+    return NULL;
+}
+
+/* Read one response: status, Retry-After, and the body (discarded). */
+static int read_response(struct ki_http *h, struct ki_http_result *res, int *keep) {
+    size_t have = 0;
+    char *end = NULL;
+    while (!end) {
+        if (have >= sizeof h->resp - 1) return -EPROTO;
+        ssize_t r = recv_some(h, h->resp + have, sizeof h->resp - 1 - have);
+        if (r < 0) return (int)r;
+        if (r == 0) return have ? -EPROTO : -ECONNRESET;
+        have += (size_t)r;
+        h->resp[have] = '\0';
+        end = strstr(h->resp, "\r\n\r\n");
+    }
+    int major, minor, status;
+    if (sscanf(h->resp, "HTTP/%d.%d %d", &major, &minor, &status) != 3 || status < 100 || status > 599) return -EPROTO;
+    res->status = status;
+    res->retry_after = -1;
+    const char *hdr = strstr(h->resp, "\r\n") + 2;
+    const char *ra = header_value(hdr, end, "Retry-After");
+    if (ra && isdigit((unsigned char)*ra)) res->retry_after = atoi(ra);
+    const char *conn = header_value(hdr, end, "Connection");
+    *keep = !(conn && !strncasecmp(conn, "close", 5)) && !(major == 1 && minor == 0);
+    const char *te = header_value(hdr, end, "Transfer-Encoding");
+    const char *cl = header_value(hdr, end, "Content-Length");
+    if (te || !cl) {
+        *keep = 0; /* no length to skip to: this connection ends with the answer */
+        return 0;
+    }
+    long long body = atoll(cl);
+    long long got = (long long)(have - (size_t)(end + 4 - h->resp));
+    while (got < body) {
+        char skip[1024];
+        size_t want = (size_t)(body - got) < sizeof skip ? (size_t)(body - got) : sizeof skip;
+        ssize_t r = recv_some(h, skip, want);
+        if (r <= 0) {
+            *keep = 0;
+            return 0;
+        }
+        got += r;
+    }
+    return 0;
+}
+
+int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res) {
+    int hlen = snprintf(h->head, sizeof h->head,
+                        "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: ki-agent/0.1\r\n"
+                        "Content-Type: application/x-ki-batch\r\nContent-Length: %zu\r\n\r\n",
+                        h->path, h->target, len);
+    if (hlen < 0 || (size_t)hlen >= sizeof h->head) return -EINVAL;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int reused = h->fd >= 0;
+        if (!reused) {
+            int rc = connect_now(h);
+            if (rc < 0) return rc;
+        }
+        int keep = 0;
+        int rc = send_all(h, h->head, (size_t)hlen, body, len);
+        if (rc == 0) rc = read_response(h, res, &keep);
+        if (rc == 0) {
+            if (!keep) disconnect(h);
+            return 0;
+        }
+        disconnect(h);
+        /* A kept-alive connection the server closed meanwhile: one fresh try. */
+        if (!reused || (rc != -ECONNRESET && rc != -EPIPE && rc != -EPROTO)) return rc;
+    }
+    return -ECONNRESET;
+}
