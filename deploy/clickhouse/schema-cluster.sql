@@ -24,8 +24,8 @@ ENGINE = Distributed('ki', 'ki', 'series_local', fingerprint);
 CREATE TABLE IF NOT EXISTS ki.samples_local ON CLUSTER ki
 (
     fingerprint UInt64 CODEC(Delta, ZSTD(1)),
-    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    value Float64 CODEC(Gorilla, ZSTD(1))
+    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
+    value Float64 CODEC(Gorilla, ZSTD(3))
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/samples_local', '{replica}')
 PARTITION BY toDate(ts)

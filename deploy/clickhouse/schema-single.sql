@@ -20,8 +20,8 @@ COMMENT 'One row per series per day it had samples: the label index kql matchers
 CREATE TABLE IF NOT EXISTS ki.samples
 (
     fingerprint UInt64 CODEC(Delta, ZSTD(1)),
-    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
-    value Float64 CODEC(Gorilla, ZSTD(1))
+    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
+    value Float64 CODEC(Gorilla, ZSTD(3))
 )
 ENGINE = MergeTree()
 PARTITION BY toDate(ts)

@@ -29,8 +29,8 @@ def test_cluster_layout_is_replicated_local_tables_behind_distributed():
 
 def test_samples_table_uses_codecs_day_partitions_and_ttl():
     samples = next(s for s in single_ddl(retention=Retention(samples_days=12)) if "ki.samples\n" in s)
-    assert "CODEC(DoubleDelta, ZSTD(1))" in samples
-    assert "CODEC(Gorilla, ZSTD(1))" in samples
+    assert "CODEC(DoubleDelta, ZSTD(3))" in samples
+    assert "CODEC(Gorilla, ZSTD(3))" in samples
     assert "PARTITION BY toDate(ts)" in samples
     assert "TTL toDateTime(ts) + INTERVAL 12 DAY" in samples
     assert "ORDER BY (fingerprint, ts)" in samples
