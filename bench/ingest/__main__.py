@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.collector.rows import Labels, SampleBatch, SpanBatch, canonical_labels
-
 from kernel_insight.collector.store import EmbeddedStore
 
 F64 = npt.NDArray[np.float64]
