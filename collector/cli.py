@@ -1,4 +1,4 @@
-"""``ki import FILE``: backfill OpenMetrics / Prometheus text exposition into the store."""
+"""``ki import FILE`` (backfill text exposition into the store) and ``ki schema`` (print or write the DDL)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernel_insight.collector.openmetrics import OpenMetricsError, parse_exposition
+from kernel_insight.collector.schema import (
+    Retention,
+    cluster_ddl,
+    render_sql_file,
+    single_ddl,
+    write_deploy_files,
+)
 from kernel_insight.collector.store import StorageError, open_store
 
 __all__ = ["DEFAULT_DATA_DIR", "add_commands"]
@@ -39,9 +46,9 @@ def _import(args: argparse.Namespace) -> int:
         print(f"ki import: {args.file}: {exc}", file=sys.stderr)
         return 1
     try:
-        with open_store(args.store) as store:
+        with open_store(args.store, cluster=args.cluster) as store:
             n = store.insert_samples(expo.samples)
-    except StorageError as exc:
+    except (StorageError, ValueError) as exc:
         print(f"ki import: {exc}", file=sys.stderr)
         return 2
     note = (
@@ -50,6 +57,29 @@ def _import(args: argparse.Namespace) -> int:
         else ""
     )
     print(f"imported {n} samples of {len(expo.samples.series)} series ({expo.format}){note}")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    if args.write:
+        for path in write_deploy_files(Path(args.write)):
+            print(path)
+        return 0
+    try:
+        retention = Retention(
+            samples_days=args.retention_samples,
+            spans_days=args.retention_spans,
+            events_days=args.retention_events,
+            series_days=args.retention_series,
+        )
+    except ValueError as exc:
+        print(f"ki schema: {exc}", file=sys.stderr)
+        return 1
+    if args.cluster:
+        statements = cluster_ddl(args.database, args.cluster, retention)
+    else:
+        statements = single_ddl(args.database, retention)
+    print(render_sql_file(statements, "Kernel Insight schema"), end="")
     return 0
 
 
@@ -72,4 +102,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="refuse samples without a timestamp instead of stamping them with the import time",
     )
+    p.add_argument(
+        "--cluster", default=None, help="ClickHouse cluster name (cluster layout, docs/storage.md)"
+    )
     p.set_defaults(handler=_import)
+
+    defaults = Retention()
+    s = sub.add_parser(
+        "schema", help="print the ClickHouse DDL (single server or cluster), or regenerate deploy/"
+    )
+    s.add_argument("--cluster", default=None, help="emit the cluster layout for this cluster name")
+    s.add_argument("--database", default="ki", help="database name (default ki)")
+    s.add_argument("--write", metavar="DIR", help="write schema-single.sql and schema-cluster.sql into DIR")
+    for kind in ("samples", "spans", "events", "series"):
+        s.add_argument(
+            f"--retention-{kind}",
+            type=int,
+            default=getattr(defaults, f"{kind}_days"),
+            metavar="DAYS",
+            help=f"days to keep {kind}, 0 = forever (default {getattr(defaults, f'{kind}_days')})",
+        )
+    s.set_defaults(handler=_schema)

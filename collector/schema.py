@@ -296,10 +296,3 @@ def write_deploy_files(directory: Path) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
-
-
-if __name__ == "__main__":
-    import sys
-
-    for p in write_deploy_files(Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/clickhouse")):
-        print(p)

@@ -29,7 +29,7 @@ from kernel_insight.collector.rows import (
     SpanBatch,
     series_fingerprint,
 )
-from kernel_insight.collector.schema import SCHEMA, Retention, single_ddl, table
+from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl, table
 
 if TYPE_CHECKING:
     from kernel_insight.collector.query import ClickHouseStorage
@@ -90,10 +90,14 @@ class Store(ABC):
             print(store.query("SELECT count() FROM ki.samples"))
     """
 
-    def __init__(self, database: str = "ki", retention: Retention | None = None) -> None:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", database):
-            raise ValueError(f"invalid database name {database!r}")
+    def __init__(
+        self, database: str = "ki", retention: Retention | None = None, cluster: str | None = None
+    ) -> None:
+        for what, name in (("database", database), ("cluster", cluster or "ki")):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"invalid {what} name {name!r}")
         self.database = database
+        self.cluster = cluster
         self.retention = retention or Retention()
         self._closed = False
         self._series_seen: set[tuple[int, int]] = set()
@@ -121,15 +125,30 @@ class Store(ABC):
     # ---- schema ----------------------------------------------------------------------
 
     def create_schema(self) -> None:
-        """Create missing tables and bring their TTLs to the configured retention."""
-        for statement in single_ddl(self.database, self.retention):
+        """Create missing tables and bring their TTLs to the configured retention.
+
+        With ``cluster`` set, the replicated ``*_local`` tables and the Distributed tables over
+        them are created ON CLUSTER (deploy/clickhouse/README.md); reads and writes are unchanged.
+        """
+        if self.cluster is None:
+            statements, suffix, on_cluster = single_ddl(self.database, self.retention), "", ""
+        else:
+            statements = cluster_ddl(self.database, self.cluster, self.retention)
+            suffix, on_cluster = "_local", f" ON CLUSTER `{self.cluster}`"
+        for statement in statements:
             self.command(statement)
         for t in SCHEMA:
+            name = f"{self.database}.{t.name}{suffix}{on_cluster}"
             ttl = t.ttl(self.retention)
             if ttl is not None:
-                self.command(f"ALTER TABLE {self.database}.{t.name} MODIFY TTL {ttl}")
+                self.command(f"ALTER TABLE {name} MODIFY TTL {ttl}")
             elif t.ttl_column is not None:
-                self.command(f"ALTER TABLE {self.database}.{t.name} REMOVE TTL")
+                has_ttl = self.query(
+                    f"SELECT count() AS n FROM system.tables WHERE database = {quote(self.database)} "
+                    f"AND name = {quote(t.name + suffix)} AND position(create_table_query, ' TTL ') > 0"
+                )
+                if has_ttl.column("n")[0].as_py():
+                    self.command(f"ALTER TABLE {name} REMOVE TTL")
 
     # ---- public SQL ------------------------------------------------------------------
 
@@ -419,7 +438,7 @@ class ServerStore(Store):
 
     Example::
 
-        store = ServerStore.connect("http://default:@clickhouse:8123")
+        store = ServerStore.connect("http://default:@clickhouse:8123", cluster="ki")
     """
 
     def __init__(
@@ -428,24 +447,32 @@ class ServerStore(Store):
         database: str = "ki",
         retention: Retention | None = None,
         *,
+        cluster: str | None = None,
         create_schema: bool = True,
     ) -> None:
-        super().__init__(database, retention)
+        super().__init__(database, retention, cluster)
         self._client = client
         if create_schema:
             self.create_schema()
 
     @classmethod
     def connect(
-        cls, dsn: str, database: str = "ki", retention: Retention | None = None, **kwargs: Any
+        cls,
+        dsn: str,
+        database: str = "ki",
+        retention: Retention | None = None,
+        *,
+        cluster: str | None = None,
+        **kwargs: Any,
     ) -> ServerStore:
+        """Connect through clickhouse-connect; ``kwargs`` go to ``clickhouse_connect.get_client``."""
         import clickhouse_connect
 
         try:
             client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
         except Exception as exc:
             raise _classify(exc, "cannot connect to ClickHouse") from exc
-        return cls(client, database, retention)
+        return cls(client, database, retention, cluster=cluster)
 
     def _command(self, sql: str) -> None:
         try:
@@ -472,9 +499,13 @@ class ServerStore(Store):
         self._client.close()
 
 
-def open_store(target: str | Path, database: str = "ki", retention: Retention | None = None) -> Store:
+def open_store(
+    target: str | Path, database: str = "ki", retention: Retention | None = None, cluster: str | None = None
+) -> Store:
     """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path."""
     text = str(target)
     if re.match(r"^(https?|clickhouse|chdb)://", text):
-        return ServerStore.connect(text, database, retention)
+        return ServerStore.connect(text, database, retention, cluster=cluster)
+    if cluster is not None:
+        raise ValueError("a cluster needs a ClickHouse URL, not an embedded data directory")
     return EmbeddedStore(text, database, retention)

@@ -49,3 +49,14 @@ def test_import_missing_file_and_bad_utf8(tmp_path, capsys):
     f.write_bytes(b'up 1 1\nup{a="\xe9"} 1 1\n')
     assert main(["import", str(f), "--store", str(tmp_path / "d")]) == 1
     assert "line 2: not valid UTF-8" in capsys.readouterr().err
+
+
+def test_ki_schema_prints_single_and_cluster_ddl(capsys):
+    assert main(["schema", "--retention-samples", "9"]) == 0
+    out = capsys.readouterr().out
+    assert "TTL toDateTime(ts) + INTERVAL 9 DAY" in out
+    assert "ON CLUSTER" not in out
+    assert main(["schema", "--cluster", "prod"]) == 0
+    assert "Distributed('prod'" in capsys.readouterr().out
+    assert main(["schema", "--retention-spans", "-1"]) == 1
+    assert "spans_days" in capsys.readouterr().err

@@ -13,7 +13,7 @@ def test_committed_deploy_files_equal_the_generator_output(tmp_path):
     for path in write_deploy_files(tmp_path):
         committed = ROOT / "deploy" / "clickhouse" / path.name
         assert committed.read_text() == path.read_text(), (
-            f"{committed} is stale: run python -m kernel_insight.collector.schema deploy/clickhouse"
+            f"{committed} is stale: run ki schema --write deploy/clickhouse"
         )
 
 
@@ -39,3 +39,13 @@ def test_samples_table_uses_codecs_day_partitions_and_ttl():
 def test_zero_retention_means_no_ttl():
     spans = next(s for s in single_ddl(retention=Retention(spans_days=0)) if "ki.kernel_spans\n" in s)
     assert "TTL" not in spans
+
+
+def test_cluster_ddl_parses_in_the_real_engine(tmp_path):
+    # No Keeper here, so the cluster DDL cannot run; ClickHouse's own parser still checks every statement.
+    from kernel_insight.collector.store import EmbeddedStore, quote
+
+    with EmbeddedStore(tmp_path / "d") as store:
+        for statement in cluster_ddl(cluster="prod"):
+            formatted = store.query(f"SELECT formatQuery({quote(statement)}) AS q").column("q")[0].as_py()
+            assert "ON CLUSTER prod" in formatted

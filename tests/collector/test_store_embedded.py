@@ -173,3 +173,15 @@ def test_disk_bytes_counts_compressed_parts(store):
     assert 0 < store.disk_bytes("samples") < 2000 * 16
     with pytest.raises(KeyError):
         store.disk_bytes("system.users")
+
+
+def test_zero_retention_on_a_fresh_store_creates_no_ttl(tmp_path):
+    with EmbeddedStore(tmp_path / "d", retention=Retention(spans_days=0)) as s:
+        assert "TTL" not in s.query("SHOW CREATE TABLE ki.kernel_spans").column(0)[0].as_py()
+
+
+def test_embedded_store_has_no_cluster_mode(tmp_path):
+    from kernel_insight.collector.store import open_store
+
+    with pytest.raises(ValueError, match="cluster needs a ClickHouse URL"):
+        open_store(tmp_path / "d", cluster="ki")
