@@ -42,6 +42,12 @@ int ki_seal_next_epoch(struct ki_seal *s, const char *dir, uint32_t now_s, char 
 int ki_seal_frame(struct ki_seal *s, uint8_t *frame, size_t plen, unsigned compression, uint64_t t_min,
                   uint64_t t_max, uint32_t count, size_t *frame_len);
 
+/* Open a frame sealed under old_key and seal it again in place under s (new header,
+ * next sequence number): used after a key change for batches the collector refused.
+ * Returns 0, or -EBADMSG when old_key does not open it (the frame is left as it was). */
+int ki_seal_reseal(struct ki_seal *s, const uint8_t old_key[KI_KEY_BYTES], uint8_t *frame, size_t len,
+                   size_t *frame_len);
+
 /* Read the fields of a sealed frame's header (the spool uses it). Returns 0 or -EINVAL. */
 int ki_seal_peek_header(const uint8_t *frame, size_t len, uint32_t *epoch, uint64_t *seq, uint32_t *count);
 

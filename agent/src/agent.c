@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "ki_compress.h"
 #include "ki_drain.h"
 #include "ki_encode.h"
@@ -34,6 +36,8 @@ struct ki_agent {
     struct ki_spool *spool;      /* on-disk spool */
     struct ki_http *http;        /* collector connection */
     struct ki_seal seal;         /* key, epoch, sequence */
+    uint8_t prev_key[KI_KEY_BYTES]; /* the key before the last SIGHUP reload */
+    int have_prev_key;           /* prev_key holds a key that differs from the current one */
     struct ki_counters ctr;      /* self-metrics */
     struct ki_record *staging;   /* records of the batch being built */
     size_t staging_cap;          /* batch_records */
@@ -149,6 +153,7 @@ void ki_agent_destroy(struct ki_agent *a) {
     free(a->body);
     free(a->frame);
     ki_seal_wipe(&a->seal);
+    sodium_memzero(a->prev_key, sizeof a->prev_key);
     free(a);
 }
 
@@ -290,6 +295,18 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
             ki_spool_remove(a->spool, id);
         } else if (s == 401 || s == 403) {
             a->ctr.v[KI_CTR_AUTH_FAILURES]++;
+            size_t flen;
+            if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, a->frame, len, &flen) == 0) {
+                /* Sealed under the key that was replaced: it goes again under the current key, as a new batch. */
+                int put = ki_spool_put(a->spool, a->frame, flen);
+                if (put == 0) {
+                    ki_spool_remove(a->spool, id);
+                    ki_log_info(a->log, "batch %u/%llu re-sealed under key %u as %u/%llu", id.epoch,
+                                (unsigned long long)id.seq, a->seal.key_id, a->seal.epoch,
+                                (unsigned long long)a->seal.next_seq - 1);
+                    continue;
+                }
+            }
             if (!a->auth_blocked)
                 ki_log_error(a->log,
                              "collector refused batch %u/%llu with %d (%s): sending stopped, batches are kept in the "
@@ -330,6 +347,10 @@ static void reload_key(struct ki_agent *a) {
         return;
     }
     int same_agent = !memcmp(fresh.agent_id, a->seal.agent_id, KI_AGENT_ID_BYTES);
+    if (sodium_memcmp(fresh.key, a->seal.key, KI_KEY_BYTES) != 0) {
+        memcpy(a->prev_key, a->seal.key, KI_KEY_BYTES);
+        a->have_prev_key = 1;
+    }
     a->seal = fresh;
     ki_seal_wipe(&fresh);
     a->auth_blocked = 0;

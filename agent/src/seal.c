@@ -170,6 +170,23 @@ int ki_seal_frame(struct ki_seal *s, uint8_t *frame, size_t plen, unsigned compr
     return 0;
 }
 
+int ki_seal_reseal(struct ki_seal *s, const uint8_t old_key[KI_KEY_BYTES], uint8_t *frame, size_t len,
+                   size_t *frame_len) {
+    if (len < KI_HEADER_BYTES + KI_TAG_BYTES || memcmp(frame, MAGIC, 4)) return -EINVAL;
+    uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
+    memcpy(nonce, frame + 28, 12); /* epoch || seq, as sealed */
+    unsigned long long plen = 0;
+    if (crypto_aead_chacha20poly1305_ietf_decrypt(frame + KI_HEADER_BYTES, &plen, NULL, frame + KI_HEADER_BYTES,
+                                                  len - KI_HEADER_BYTES, frame, KI_HEADER_BYTES, nonce, old_key) != 0)
+        return -EBADMSG;
+    uint64_t t_min, t_max;
+    uint32_t count;
+    memcpy(&t_min, frame + 40, 8);
+    memcpy(&t_max, frame + 48, 8);
+    memcpy(&count, frame + 56, 4);
+    return ki_seal_frame(s, frame, (size_t)plen, frame[6], t_min, t_max, count, frame_len);
+}
+
 int ki_seal_peek_header(const uint8_t *frame, size_t len, uint32_t *epoch, uint64_t *seq, uint32_t *count) {
     if (len < KI_HEADER_BYTES || memcmp(frame, MAGIC, 4)) return -EINVAL;
     memcpy(epoch, frame + 28, 4);

@@ -92,10 +92,24 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(payload)
 
+        self.handler = Handler
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
+        self._serve()
+
+    def _serve(self) -> None:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def stop(self) -> None:
+        """Stop listening: the agent now gets connection refused."""
+        self.server.shutdown()
+        self.server.server_close()
+
+    def restart(self) -> None:
+        """Listen again on the same port."""
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self._serve()
 
     @property
     def url(self) -> str:
@@ -130,8 +144,8 @@ class Receiver:
         return 200, {}
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        with contextlib.suppress(OSError):
+            self.stop()
 
 
 @dataclass

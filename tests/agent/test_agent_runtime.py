@@ -1,0 +1,366 @@
+"""The real ki-agent against a real ring and an HTTP receiver that decodes like the collector.
+
+Records written into the ring come out of the agent and the Python decoder
+identical; the agent reacts to every collector answer as docs/wire.md says.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from agent_harness import setup, wait_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from wire_corpus import SHIPPED, random_records
+
+from kernel_insight.collector import wire
+from kernel_insight.collector.keys import AgentCredentials, KeyStore
+
+C = wire.Counter
+
+
+def write(s, arr) -> np.ndarray:
+    """Write RECORD_DTYPE rows' 48-byte records; returns what the agent must ship (pos, producer set)."""
+    head = s.ring.stats()["head"]
+    raw = arr.tobytes()
+    for i in range(len(arr)):
+        assert s.ring.write_raw(raw[i * 64 + 16 : i * 64 + 64]) == 0
+    out = arr.copy()
+    out["pos"] = np.arange(head, head + len(arr), dtype=np.uint64)
+    out["producer"] = s.ring.producer_id
+    out["check"] = 0
+    return out
+
+
+def shipped(s) -> dict[int, bytes]:
+    """Every record received so far, by ring position."""
+    got = {}
+    for rec in s.receiver.got.all_array_bytes():
+        got[int.from_bytes(rec[:8], "little")] = rec
+    return got
+
+
+def wait_records(s, positions, timeout=10.0):
+    wait_for(lambda: set(positions) <= shipped(s).keys(), timeout, f"{len(positions)} records")
+
+
+@pytest.fixture
+def env(tmp_path, agent_bin, ring_name):
+    with setup(tmp_path, agent_bin, ring_name) as s:
+        yield s
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 300),
+    types=st.lists(st.sampled_from(SHIPPED), min_size=1, max_size=8, unique=True),
+    names=st.dictionaries(st.integers(1, 2**32 - 1), st.text(min_size=0, max_size=100), max_size=4),
+)
+def test_records_written_into_the_ring_arrive_identical(env, seed, n, types, names):
+    if not env.agents:
+        env.start()
+    for sid, name in names.items():
+        assert env.ring.string(sid, name) == 0
+    expected = write(env, random_records(np.random.default_rng(seed), n, types))
+    wait_records(env, expected["pos"].tolist())
+    got = shipped(env)
+    for row in expected:
+        assert got[int(row["pos"])] == row.tobytes()
+    received = env.receiver.got.names()
+    for sid, name in names.items():
+        assert received[(env.ring.producer_id, sid)] == name
+    assert env.receiver.got.duplicates == 0
+
+
+def test_kernel_names_travel_with_the_batches_that_use_them(env):
+    env.start()
+    gid = env.ring.intern("flash_attn_fwd_" + "x" * 70)
+    env.ring.kernel(gid, 0, 1000, 2000, 7, 1)
+    wait_for(lambda: len(shipped(env)) == 1)
+    env.receiver.got.batches.clear()
+    env.receiver.got.order.clear()
+    env.ring.kernel(gid, 0, 3000, 4000, 7, 2)
+    wait_for(lambda: len(shipped(env)) == 1)
+    assert env.receiver.got.names() == {(env.ring.producer_id, gid): "flash_attn_fwd_" + "x" * 70}
+
+
+def test_garbage_in_the_ring_is_skipped_and_counted_never_shipped(env):
+    agent = env.start()
+    good = write(env, random_records(np.random.default_rng(1), 3, [1]))
+    for t in (0, 10, 77, 255):
+        assert env.ring.write_raw(bytes([t]) + bytes(47)) == 0
+    wait_records(env, good["pos"].tolist())
+    assert agent.stop() == 0
+    assert len(shipped(env)) == 3
+    counters = env.receiver.got.last_counters()
+    assert counters[C.GARBAGE_SKIPPED] == 4
+    assert counters[C.RECORDS_READ] == 7
+    assert counters[C.RECORDS_SHIPPED] == 3
+
+
+def test_sigterm_flushes_the_ring_before_exit(env):
+    agent = env.start("--drain-interval-ms", "60000", "--heartbeat-s", "3600")
+    time.sleep(0.3)  # the first tick has run; the next would be a minute away
+    expected = write(env, random_records(np.random.default_rng(2), 500))
+    assert agent.stop() == 0
+    assert set(expected["pos"].tolist()) <= shipped(env).keys()
+    assert "0 left in the spool" in agent.log()
+
+
+def test_collector_stopped_batches_are_spooled_and_replayed_in_order(env):
+    env.receiver.stop()
+    agent = env.start()
+    expected = []
+    for i in range(5):
+        expected.append(write(env, random_records(np.random.default_rng(i), 50)))
+        time.sleep(0.06)  # a few drain ticks: one batch per round
+    time.sleep(0.2)
+    spooled = sorted(p.name for p in env.spool.glob("*.kib"))
+    assert len(spooled) >= 5
+    env.receiver.restart()
+    for e in expected:
+        wait_records(env, e["pos"].tolist())
+    order = env.receiver.got.order
+    assert order == sorted(order, key=lambda b: (b.epoch, b.seq))
+    assert env.receiver.got.duplicates == 0
+    wait_for(lambda: not list(env.spool.glob("*.kib")), what="empty spool")
+    assert "unreachable" in agent.log()
+    assert "accepts batches again" in agent.log()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_is_honoured(env, status):
+    env.receiver.script = lambda n, body: (status, {"Retry-After": "1"}) if n == 1 else None
+    env.start()
+    expected = write(env, random_records(np.random.default_rng(3), 10))
+    wait_records(env, expected["pos"].tolist())
+    times = env.receiver.got.times
+    assert times[1] - times[0] >= 0.95
+    later = write(env, random_records(np.random.default_rng(4), 1))
+    wait_records(env, later["pos"].tolist())
+    assert env.receiver.got.last_counters()[C.BATCHES_RETRIED] == 1
+
+
+def test_wrong_key_stops_sending_without_spinning_and_sighup_recovers(env):
+    right = env.creds
+    AgentCredentials(right.agent_id, right.key_id, bytes(32)).write_key_file(env.key_file)
+    agent = env.start()
+    expected = write(env, random_records(np.random.default_rng(4), 20))
+    time.sleep(1.5)
+    assert env.receiver.got.requests == 1
+    assert "authentication failed" in agent.log()
+    right.write_key_file(env.key_file)
+    agent.proc.send_signal(signal.SIGHUP)
+    wait_records(env, expected["pos"].tolist())
+    assert "re-sealed" in agent.log()
+    later = write(env, random_records(np.random.default_rng(5), 1))
+    wait_records(env, later["pos"].tolist())
+    # The first refusal paused sending; after SIGHUP the old batch was refused once more, then re-sealed.
+    assert env.receiver.got.last_counters()[C.AUTH_FAILURES] == 2
+
+
+def test_revoked_agent_stops_sending_with_a_clear_error(env):
+    env.keys.revoke(env.creds.agent_id)
+    agent = env.start()
+    write(env, random_records(np.random.default_rng(5), 5))
+    time.sleep(1.0)
+    assert env.receiver.got.requests == 1
+    assert "unknown or revoked" in agent.log()
+    assert agent.stop() == 0
+    assert list(env.spool.glob("*.kib"))  # kept, not thrown away
+
+
+def test_other_4xx_is_logged_counted_and_skipped(env):
+    env.receiver.script = lambda n, body: (400, {}) if n == 1 else None
+    agent = env.start()
+    first = write(env, random_records(np.random.default_rng(6), 5))
+    wait_for(lambda: env.receiver.got.requests >= 1)
+    time.sleep(0.1)
+    second = write(env, random_records(np.random.default_rng(7), 5))
+    wait_records(env, second["pos"].tolist())
+    assert not set(first["pos"].tolist()) & shipped(env).keys()
+    assert env.receiver.got.last_counters()[C.BATCHES_FAILED] == 1
+    assert "rejected batch" in agent.log()
+
+
+def test_sigkill_and_restart_lose_nothing_and_duplicate_nothing(env):
+    # Phase 1: collector answers 503, so everything sits in the spool when the agent is killed.
+    env.receiver.script = lambda n, body: (503, {})
+    a1 = env.start()
+    first = write(env, random_records(np.random.default_rng(8), 200))
+    wait_for(lambda: env.receiver.got.requests >= 2)
+    a1.stop(signal.SIGKILL)
+    # Phase 2: the collector stores a batch but the answer is lost (agent killed while waiting).
+    env.receiver.script = None
+    stored_then_killed = {"done": False}
+
+    def slow_ack(n, body):
+        if not stored_then_killed["done"]:
+            stored_then_killed["done"] = True
+            env.receiver.script = None
+            env.receiver.handle(wire.INGEST_PATH, body)  # stored...
+            time.sleep(3)  # ...and the answer never reaches the agent
+            return (200, {})
+        return None
+
+    env.receiver.script = slow_ack
+    a2 = env.start()
+    wait_for(lambda: stored_then_killed["done"])
+    time.sleep(0.2)
+    a2.stop(signal.SIGKILL)
+    second = write(env, random_records(np.random.default_rng(9), 100))
+    a3 = env.start()
+    wait_records(env, first["pos"].tolist() + second["pos"].tolist())
+    assert a3.stop() == 0
+    assert env.receiver.got.duplicates >= 1  # the replayed, already stored batch was answered 409
+    got = env.receiver.got.all_array_bytes()
+    assert len(got) == len({r[:8] for r in got}) == 300
+    epochs = {b.epoch for b in env.receiver.got.order}
+    assert len(epochs) == 3 or len(epochs) == 2
+
+
+def test_full_spool_drops_oldest_and_reports_the_loss(env):
+    env.receiver.stop()
+    agent = env.start("--spool-max-mb", "1", "--batch-records", "1024")
+    written = 0
+    rng = np.random.default_rng(10)
+    for _ in range(12):
+        written += len(write(env, random_records(rng, 3000)))
+        wait_for(lambda: env.ring.stats()["fill"] == 0)
+    time.sleep(0.2)
+    assert sum(p.stat().st_size for p in env.spool.glob("*.kib")) <= 1 << 20
+    env.receiver.restart()
+    wait_for(lambda: not list(env.spool.glob("*.kib")), what="empty spool")
+    agent.stop()
+    counters = env.receiver.got.last_counters()
+    dropped = counters[C.SPOOL_DROPPED_RECORDS]
+    assert dropped > 0
+    assert counters[C.SPOOL_DROPPED_BATCHES] > 0
+    assert len(shipped(env)) + dropped == written
+
+
+def test_each_start_is_a_new_epoch(env):
+    for _ in range(2):
+        a = env.start()
+        wait_records(env, write(env, random_records(np.random.default_rng(11), 3))["pos"].tolist())
+        assert a.stop() == 0
+    epochs = sorted({b.epoch for b in env.receiver.got.order})
+    assert len(epochs) == 2
+    assert int((env.spool / "epoch").read_text()) == epochs[-1]
+
+
+def test_real_ingest_router_under_uvicorn(env, free_port=None):
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from kernel_insight.collector.ingest import ingest_router
+
+    batches: list[wire.DecodedBatch] = []
+
+    def sink(b: wire.DecodedBatch) -> bool:
+        batches.append(b)
+        return True
+
+    app = FastAPI()
+    app.include_router(ingest_router(env.keys, sink))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started and server.servers)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        agent = env.start(url=f"http://127.0.0.1:{port}")
+        expected = write(env, random_records(np.random.default_rng(12), 1000))
+        wait_for(lambda: sum(b.record_count for b in batches) >= 1000)
+        assert agent.stop() == 0
+        got = {bytes(r)[:8]: bytes(r) for b in batches for r in b.to_array()}
+        for row in expected:
+            assert got[row.tobytes()[:8]] == row.tobytes()
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+# ---- configuration and start-up errors -----------------------------------------------
+
+
+def run_agent(agent_bin, *args, env=None):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KI_AGENT_")}
+    clean.update(env or {})
+    return subprocess.run([str(agent_bin), *args], capture_output=True, text=True, env=clean, timeout=10)
+
+
+def test_help_lists_every_setting(agent_bin):
+    r = run_agent(agent_bin, "--help")
+    assert r.returncode == 0
+    for key in ("ring", "collector", "key_file", "spool_max_mb", "drain_interval_ms", "KI_AGENT_COLLECTOR"):
+        assert key in r.stdout
+
+
+def test_precedence_file_then_environment_then_flags(agent_bin, tmp_path):
+    cfg = tmp_path / "agent.conf"
+    cfg.write_text("# comment\nring = 5\nzstd_level = 7\nspool_max_mb = 9\n")
+    r = run_agent(
+        agent_bin, "--config", str(cfg), "--zstd-level=2", "--print-config", env={"KI_AGENT_RING": "6"}
+    )
+    assert r.returncode == 0, r.stderr
+    assert "ring = 6" in r.stdout
+    assert "zstd_level = 2" in r.stdout
+    assert "spool_max_mb = 9" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--nope", "1"], {}, "unknown option '--nope'"),
+        (["--zstd-level", "99"], {}, "zstd_level must be in [1, 19]"),
+        (["--drain-interval-ms", "abc"], {}, "must be an integer"),
+        ([], {"KI_AGENT_BOGUS": "1"}, "unknown setting"),
+        (["--log-level", "loud"], {}, "log_level"),
+        (["--collector"], {}, "needs a value"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(agent_bin, args, env, message):
+    r = run_agent(agent_bin, *args, env=env)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert r.stderr.count("\n") == 1  # one log line
+
+
+def test_unknown_key_in_config_file_names_file_and_line(agent_bin, tmp_path):
+    cfg = tmp_path / "agent.conf"
+    cfg.write_text("ring = 1\ncolector = http://x\n")
+    r = run_agent(agent_bin, "--config", str(cfg))
+    assert r.returncode == 2
+    assert f"{cfg}:2: unknown setting 'colector'" in r.stderr
+
+
+def test_key_file_readable_by_others_is_refused(agent_bin, tmp_path):
+    creds = KeyStore(tmp_path / "k.json").add_agent("a")
+    creds.write_key_file(tmp_path / "agent.key")
+    os.chmod(tmp_path / "agent.key", 0o644)
+    r = run_agent(agent_bin, "--key-file", str(tmp_path / "agent.key"), "--spool-dir", str(tmp_path / "s"))
+    assert r.returncode == 1
+    assert "chmod 600" in r.stderr
+    assert creds.key.hex() not in r.stderr
+
+
+def test_https_collector_is_refused_until_supported(agent_bin, tmp_path):
+    creds = KeyStore(tmp_path / "k.json").add_agent("a")
+    creds.write_key_file(tmp_path / "agent.key")
+    assert stat.S_IMODE(os.stat(tmp_path / "agent.key").st_mode) == 0o600
+    r = run_agent(
+        agent_bin, "--key-file", str(tmp_path / "agent.key"), "--spool-dir", str(tmp_path / "s"),
+        "--collector", "https://collector:443",
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "https is not supported" in r.stderr
