@@ -256,7 +256,7 @@ def test_each_start_is_a_new_epoch(env):
     assert int((env.spool / "epoch").read_text()) == epochs[-1]
 
 
-def test_real_ingest_router_under_uvicorn(env, free_port=None):
+def test_real_ingest_router_under_uvicorn(env):
     import threading
 
     import uvicorn
