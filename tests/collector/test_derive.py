@@ -188,3 +188,30 @@ def test_every_metric_id_and_derived_metric_is_documented():
         "cuda_syncs_total",
     ):
         assert f"`{name}`" in text, name
+
+
+def test_ring_to_store_to_kql(ring, tmp_path):
+    import time as _time
+
+    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.kql.storage import Matcher
+
+    now = _time.time_ns()
+    k = ring.intern("gemm")
+    for i in range(5):
+        ring.kernel(k, 0, now + i * 1000, now + i * 1000 + 500, 7, i)
+    ring.error(ErrorKind.NCCL_TIMEOUT, 0, now, 1)
+    d = Deriver("host-1").derive(_drain(ring), now_ns=now)
+    with EmbeddedStore(tmp_path / "d") as store:
+        assert store.insert_batch(
+            "host-1:0", samples=d.samples, spans=d.spans, events=d.events, instances=d.instances
+        )
+        (series,) = store.storage().select(
+            [Matcher("__name__", "=", "kernel_launches_total"), Matcher("kernel", "=", "gemm")],
+            now // 1_000_000 - 1000,
+            now // 1_000_000 + 1000,
+        )
+        assert series.values.tolist() == [5.0]
+        assert store.query("SELECT count() AS n FROM ki.kernel_spans").column("n")[0].as_py() == 5
+        assert store.query("SELECT kind FROM ki.events").column("kind").to_pylist() == ["nccl_timeout"]
+        assert store.query("SELECT id FROM ki.instances FINAL").column("id").to_pylist() == ["host-1"]
