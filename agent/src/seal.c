@@ -175,10 +175,16 @@ int ki_seal_reseal(struct ki_seal *s, const uint8_t old_key[KI_KEY_BYTES], uint8
     if (len < KI_HEADER_BYTES + KI_TAG_BYTES || memcmp(frame, MAGIC, 4)) return -EINVAL;
     uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
     memcpy(nonce, frame + 28, 12); /* epoch || seq, as sealed */
-    unsigned long long plen = 0;
-    if (crypto_aead_chacha20poly1305_ietf_decrypt(frame + KI_HEADER_BYTES, &plen, NULL, frame + KI_HEADER_BYTES,
-                                                  len - KI_HEADER_BYTES, frame, KI_HEADER_BYTES, nonce, old_key) != 0)
+    size_t clen = len - KI_HEADER_BYTES - KI_TAG_BYTES;
+    const uint8_t *mac = frame + KI_HEADER_BYTES + clen;
+    /* Verify first without output: a failed in-place decrypt would zero the frame. */
+    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(NULL, NULL, frame + KI_HEADER_BYTES, clen, mac, frame,
+                                                           KI_HEADER_BYTES, nonce, old_key) != 0)
         return -EBADMSG;
+    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(frame + KI_HEADER_BYTES, NULL, frame + KI_HEADER_BYTES, clen,
+                                                           mac, frame, KI_HEADER_BYTES, nonce, old_key) != 0)
+        return -EBADMSG;
+    unsigned long long plen = clen;
     uint64_t t_min, t_max;
     uint32_t count;
     memcpy(&t_min, frame + 40, 8);

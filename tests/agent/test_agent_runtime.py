@@ -364,3 +364,24 @@ def test_https_collector_is_refused_until_supported(agent_bin, tmp_path):
     )  # fmt: skip
     assert r.returncode == 1
     assert "https is not supported" in r.stderr
+
+
+def test_sanitizer_build_runs_clean_through_outage_names_garbage_and_shutdown(
+    tmp_path, agent_asan_bin, ring_name
+):
+    with setup(tmp_path, agent_asan_bin, ring_name) as s:
+        s.receiver.stop()
+        agent = s.start("--batch-records", "256")
+        gid = s.ring.intern("gemm")
+        for i in range(300):
+            s.ring.kernel(gid, 0, 1000 + i, 2000 + i, 1, i)
+        s.ring.write_raw(bytes([99]) + bytes(47))
+        expected = write(s, random_records(np.random.default_rng(13), 700))
+        time.sleep(0.5)
+        s.receiver.restart()
+        wait_records(s, expected["pos"].tolist(), timeout=20)
+        assert agent.stop() == 0
+        log = agent.log()
+        assert "AddressSanitizer" not in log
+        assert "runtime error" not in log
+        assert len(shipped(s)) == 1000

@@ -1,0 +1,79 @@
+/* Unit test: STRING chunk reassembly (names.c). */
+#define _POSIX_C_SOURCE 200809L
+#include <string.h>
+
+#include "ki_names.h"
+#include "ki_ring.h"
+#include "ki_test.h"
+
+static struct ki_record chunk(uint32_t producer, uint32_t id, uint16_t index, const char *text, int last) {
+    struct ki_record r;
+    memset(&r, 0, sizeof r);
+    r.producer = producer;
+    r.rec.type = KI_REC_STRING;
+    r.rec.id = id;
+    r.rec.device = index;
+    r.rec.flags = last ? KI_FLAG_STRING_LAST : 0;
+    memcpy(r.rec.u.string.text, text, strlen(text) < 32 ? strlen(text) : 32);
+    return r;
+}
+
+static int is(const struct ki_names *n, uint32_t p, uint32_t id, const char *want) {
+    size_t len;
+    const char *got = ki_names_get(n, p, id, &len);
+    return got && len == strlen(want) && !memcmp(got, want, len);
+}
+
+int main(void) {
+    struct ki_names *n = ki_names_create(16, 4096, 40);
+    CHECK(n != NULL);
+    /* One chunk, then two interleaved multi-chunk names from two producers. */
+    struct ki_record r = chunk(1, 5, 0, "gemm", 1);
+    ki_names_add(n, &r, 1);
+    CHECK(is(n, 1, 5, "gemm"));
+    struct ki_record a0 = chunk(1, 6, 0, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0);
+    struct ki_record b0 = chunk(2, 6, 0, "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 0);
+    struct ki_record a1 = chunk(1, 6, 1, "A", 1), b1 = chunk(2, 6, 1, "B", 1);
+    ki_names_add(n, &a0, 2);
+    ki_names_add(n, &b0, 2);
+    ki_names_add(n, &a1, 2);
+    ki_names_add(n, &b1, 2);
+    CHECK(is(n, 1, 6, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaA"));
+    CHECK(is(n, 2, 6, "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbB"));
+    /* A missing chunk: the name is not completed from the wrong pieces; a complete name survives stray chunks. */
+    struct ki_record c0 = chunk(3, 1, 0, "cccccccccccccccccccccccccccccccc", 0), c2 = chunk(3, 1, 2, "x", 1);
+    ki_names_add(n, &c0, 3);
+    ki_names_add(n, &c2, 3);
+    CHECK(ki_names_get(n, 3, 1, &(size_t){0}) == NULL);
+    struct ki_record stray = chunk(1, 5, 3, "zz", 1);
+    ki_names_add(n, &stray, 3);
+    CHECK(is(n, 1, 5, "gemm"));
+    /* Names longer than name_max (40) are cut and counted. */
+    struct ki_record l0 = chunk(4, 1, 0, "0123456789012345678901234567890123", 0), l1 = chunk(4, 1, 1, "abcdefghijklmnopq", 1);
+    ki_names_add(n, &l0, 4);
+    ki_names_add(n, &l1, 4);
+    CHECK(is(n, 4, 1, "01234567890123456789012345678901abcdefgh"));
+    CHECK_EQ(ki_names_truncated(n), 1);
+    /* Emission: only names marked with the batch's mark. */
+    uint8_t out[1024];
+    size_t len, count;
+    CHECK_EQ(ki_names_emit(n, 2, out, sizeof out, &len, &count), 0);
+    CHECK_EQ(count, 2);
+    CHECK(ki_names_mark(n, 1, 5, 9) == 1);
+    CHECK(ki_names_mark(n, 9, 9, 9) == 0);
+    CHECK_EQ(ki_names_emit(n, 9, out, sizeof out, &len, &count), 0);
+    CHECK_EQ(count, 1);
+    CHECK_EQ(len, 1 + 3 + 4);
+    CHECK_EQ(ki_names_emit(n, 9, out, 3, &len, &count), -ENOBUFS);
+    /* Filling the table resets it (counted), and the new name is kept. */
+    for (uint32_t i = 0; i < 20; i++) {
+        struct ki_record f = chunk(7, 100 + i, 0, "f", 1);
+        ki_names_add(n, &f, 5);
+    }
+    CHECK(ki_names_resets(n) >= 1);
+    CHECK(is(n, 7, 119, "f"));
+    ki_names_destroy(n);
+    ki_names_destroy(NULL);
+    puts("ok");
+    return 0;
+}
