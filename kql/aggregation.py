@@ -1,0 +1,380 @@
+"""Aggregation operators (sum, avg, topk, quantile, ...) over all steps at once.
+
+Sums and means use Kahan-Neumaier compensation in input order, as Prometheus does, so
+``sum`` of 2, 8, 1e100, -1e100 is 10.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.ast import AggregateExpr
+from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.lexical import go_quote, is_valid_label_name
+from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.values import CallContext, StepVector, format_sample_value
+from kernel_insight.kql.vectors import group_rows
+
+__all__ = ["aggregate", "kahan_inc", "quantile_sorted", "xxhash64"]
+
+F64 = npt.NDArray[np.float64]
+BOOL = npt.NDArray[np.bool_]
+
+
+def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
+    """One Kahan-Neumaier step, elementwise: returns the new (sum, compensation)."""
+    t = total + inc
+    big_sum = np.abs(total) >= np.abs(inc)
+    comp = np.where(
+        np.isinf(t),
+        0.0,
+        comp + np.where(big_sum, (total - t) + inc, (inc - t) + total),
+    )
+    return t, comp
+
+
+def _grouping_key(labels: Labels, node: AggregateExpr) -> Labels:
+    names = node.grouping
+    if node.without:
+        drop = frozenset(names) | {"__name__", "__type__", "__unit__"}
+        return tuple(p for p in labels if p[0] not in drop)
+    keep = frozenset(names)
+    return tuple(p for p in labels if p[0] in keep)
+
+
+def _ranks(gid: npt.NDArray[np.intp], n_groups: int) -> tuple[npt.NDArray[np.intp], int]:
+    """Position of each row within its group (in row order) and the largest group size."""
+    counts = np.zeros(n_groups, dtype=np.intp)
+    rank = np.empty(len(gid), dtype=np.intp)
+    for i, g in enumerate(gid):
+        rank[i] = counts[g]
+        counts[g] += 1
+    return rank, int(counts.max()) if len(counts) else 0
+
+
+def _by_rank(gid: npt.NDArray[np.intp], rank: npt.NDArray[np.intp], depth: int) -> list[npt.NDArray[np.intp]]:
+    order = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[order], np.arange(depth + 1))
+    return [order[bounds[k] : bounds[k + 1]] for k in range(depth)]
+
+
+def _sum_avg(
+    vec: StepVector, gid: npt.NDArray[np.intp], n: int, mean: bool
+) -> tuple[F64, npt.NDArray[np.int64]]:
+    """Prometheus' float sum (Kahan) or mean (direct Kahan mean, switching to incremental on overflow)."""
+    steps = vec.values.shape[1]
+    total = np.zeros((n, steps))
+    comp = np.zeros((n, steps))
+    avg = np.zeros((n, steps))
+    count = np.zeros((n, steps), dtype=np.int64)
+    incremental = np.zeros((n, steps), dtype=bool)
+    rank, depth = _ranks(gid, n)
+    for rows in _by_rank(gid, rank, depth):
+        g = gid[rows]
+        p = vec.present[rows]
+        f = vec.values[rows]
+        first = p & (count[g] == 0)
+        later = p & ~first
+        cnt = count[g] + p
+        t, c = total[g], comp[g]
+        if mean:
+            inc_mode = incremental[g]
+            new_t, new_c = kahan_inc(f, t, c)
+            overflow = later & ~inc_mode & np.isinf(new_t)
+            direct = later & ~inc_mode & ~overflow
+            m, cm = avg[g], c.copy()
+            # Switch to incremental mean where the running sum would overflow.
+            prev = np.maximum(cnt - 1, 1)
+            m = np.where(overflow, t / prev, m)
+            cm = np.where(overflow, c / prev, cm)
+            inc_now = later & (inc_mode | overflow)
+            q = (cnt - 1) / np.maximum(cnt, 1)
+            im, ic = kahan_inc(f / np.maximum(cnt, 1), q * m, q * cm)
+            total[g] = np.where(first, f, np.where(direct, new_t, t))
+            comp[g] = np.where(first, 0.0, np.where(direct, new_c, np.where(inc_now, ic, c)))
+            avg[g] = np.where(inc_now, im, m)
+            incremental[g] = inc_mode | overflow
+        else:
+            new_t, new_c = kahan_inc(f, t, c)
+            total[g] = np.where(first, f, np.where(later, new_t, t))
+            comp[g] = np.where(first, 0.0, np.where(later, new_c, c))
+        count[g] = cnt
+    if mean:
+        safe = np.maximum(count, 1)
+        result = np.where(incremental, avg + comp, total / safe + comp / safe)
+    else:
+        result = np.where(np.isinf(total), total, total + comp)
+    return result, count
+
+
+def quantile_sorted(q: float, values: F64) -> float:
+    """Prometheus' quantile of already sorted values (NaN first), with linear interpolation."""
+    n = len(values)
+    if n == 0 or math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    rank = q * (n - 1)
+    lower = max(0, math.floor(rank))
+    upper = min(n - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    return float(values[lower] * (1 - weight) + values[upper] * weight)
+
+
+def _nan_first_sort(values: F64) -> F64:
+    nan = np.isnan(values)
+    return np.concatenate([values[nan], np.sort(values[~nan])])
+
+
+def _scalar_param(ctx: CallContext | None, param: Any, node: AggregateExpr) -> F64:
+    return np.asarray(param, dtype=np.float64)
+
+
+def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
+    if np.isnan(param).any():
+        raise KqlEvaluationError("Parameter value is NaN")
+    clipped = np.clip(param, -(2.0**62), 2.0**62)
+    return np.trunc(clipped).astype(np.int64)
+
+
+def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    """Evaluate one aggregation over a step vector (``param`` already evaluated)."""
+    op = node.op
+    steps = vec.values.shape[1]
+    if op in ("topk", "bottomk", "limitk", "limit_ratio"):
+        return _select_series(ev, node, vec, np.asarray(param, dtype=np.float64))
+    if op == "count_values":
+        return _count_values(node, vec, str(param))
+    keys = [_grouping_key(lb, node) for lb in vec.labels]
+    gid, n = group_rows(keys)
+    group_labels: list[Labels] = [()] * n
+    for i, g in enumerate(gid):
+        group_labels[g] = keys[i]
+    present = np.zeros((n, steps), dtype=bool)
+    if n:
+        np.logical_or.at(present, gid, vec.present)
+    drop = np.zeros(n, dtype=bool)
+    if any(k == "__name__" for k in node.grouping) and not node.without:
+        np.logical_or.at(drop, gid, vec.drop_name)
+    values = np.zeros((n, steps))
+    masked = np.where(vec.present, vec.values, np.nan)
+    if op in ("sum", "avg"):
+        values, _ = _sum_avg(vec, gid, n, mean=op == "avg")
+    elif op == "count":
+        counts = np.zeros((n, steps))
+        np.add.at(counts, gid, vec.present.astype(np.float64))
+        values = counts
+    elif op == "group":
+        values = np.ones((n, steps))
+    elif op in ("min", "max"):
+        fill = np.inf if op == "min" else -np.inf
+        acc = np.full((n, steps), np.nan)
+        ufunc = np.fmin if op == "min" else np.fmax
+        src = np.where(vec.present, vec.values, np.nan)
+        ufunc.at(acc, gid, src)
+        del fill
+        values = acc
+    elif op in ("stddev", "stdvar"):
+        values = _variance(vec, gid, n, op == "stddev")
+    elif op == "quantile":
+        q = np.asarray(param, dtype=np.float64)
+        for qv in np.unique(q[~np.isnan(q)]) if len(q) else ():
+            if qv < 0 or qv > 1:
+                ev.annotate("warning", f"quantile value should be between 0 and 1, got {format_sample_value(qv)}",
+                            node.param.pos if node.param is not None else node.pos)
+        if np.isnan(q).any():
+            ev.annotate("warning", "quantile value should be between 0 and 1, got NaN",
+                        node.param.pos if node.param is not None else node.pos)
+        order = np.argsort(gid, kind="stable")
+        bounds = np.searchsorted(gid[order], np.arange(n + 1))
+        for g in range(n):
+            rows = order[bounds[g] : bounds[g + 1]]
+            for j in range(steps):
+                col = masked[rows, j][vec.present[rows, j]]
+                if len(col):
+                    values[g, j] = quantile_sorted(float(q[j]), _nan_first_sort(col))
+    else:  # pragma: no cover - the parser only accepts known aggregations
+        raise KqlEvaluationError(f"unknown aggregation {op!r}")
+    return StepVector(group_labels, values, present, drop).compact()
+
+
+def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) -> F64:
+    steps = vec.values.shape[1]
+    mean = np.zeros((n, steps))
+    acc = np.zeros((n, steps))
+    count = np.zeros((n, steps))
+    rank, depth = _ranks(gid, n)
+    for rows in _by_rank(gid, rank, depth):
+        g = gid[rows]
+        p = vec.present[rows]
+        f = vec.values[rows]
+        cnt = count[g] + p
+        first = p & (count[g] == 0)
+        delta = f - mean[g]
+        new_mean = mean[g] + delta / np.maximum(cnt, 1)
+        new_acc = acc[g] + delta * (f - new_mean)
+        mean[g] = np.where(first, f, np.where(p, new_mean, mean[g]))
+        acc[g] = np.where(first, 0.0, np.where(p, new_acc, acc[g]))
+        count[g] = cnt
+    var = acc / np.maximum(count, 1)
+    return np.sqrt(var) if sqrt else var
+
+
+def _count_values(node: AggregateExpr, vec: StepVector, label: str) -> StepVector:
+    if not is_valid_label_name(label):
+        raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
+    steps = vec.values.shape[1]
+    cells: dict[Labels, npt.NDArray[np.float64]] = {}
+    base = [_grouping_key(lb, node) for lb in vec.labels]
+    for i, key in enumerate(base):
+        for j in np.flatnonzero(vec.present[i]):
+            text = format_sample_value(float(vec.values[i, j]))
+            out = tuple(sorted({**dict(key), label: text}.items()))
+            row = cells.get(out)
+            if row is None:
+                row = cells[out] = np.zeros(steps)
+            row[j] += 1
+    labels = list(cells)
+    values = np.array([cells[k] for k in labels]).reshape(len(labels), steps)
+    return StepVector(labels, values, values > 0, np.zeros(len(labels), dtype=bool))
+
+
+def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) -> StepVector:
+    op = node.op
+    steps = vec.values.shape[1]
+    keys = [_grouping_key(lb, node) for lb in vec.labels]
+    gid, n = group_rows(keys)
+    keep = np.zeros_like(vec.present)
+    if op == "limit_ratio":
+        if np.isnan(param).any():
+            raise KqlEvaluationError("Ratio value is NaN")
+        ratio = param.copy()
+        if ((ratio < -1) | (ratio > 1)).any():
+            ev.annotate(
+                "warning",
+                f"ratio value should be between -1 and 1, got {format_sample_value(float(ratio[(ratio < -1) | (ratio > 1)][0]))}, capping to {format_sample_value(float(np.clip(ratio[(ratio < -1) | (ratio > 1)][0], -1, 1)))}",
+                node.param.pos if node.param is not None else node.pos,
+            )
+        ratio = np.clip(ratio, -1, 1)
+        offsets = np.array([_ratio_offset(lb) for lb in vec.labels])
+        for j in range(steps):
+            r = ratio[j]
+            keep[:, j] = (offsets < r) if r >= 0 else (offsets >= 1 + r)
+        keep &= vec.present
+        out = StepVector(vec.labels, vec.values, keep, vec.drop_name, vec.sample_ts)
+        return out.compact()
+    k = _k_values(param, node)
+    order_rows: list[int] | None = None
+    for j in range(steps):
+        kj = int(k[j])
+        if kj < 1:
+            continue
+        rows = np.flatnonzero(vec.present[:, j])
+        if op == "limitk":
+            counts: dict[int, int] = {}
+            for r in rows:
+                g = int(gid[r])
+                if counts.get(g, 0) < kj:
+                    counts[g] = counts.get(g, 0) + 1
+                    keep[r, j] = True
+            continue
+        vals = vec.values[rows, j]
+        nan = np.isnan(vals)
+        # topk: largest first; bottomk: smallest first; NaN always last.
+        key = np.where(nan, np.inf, -vals if op == "topk" else vals)
+        order = rows[np.lexsort((key, gid[rows]))]
+        ranked_gid = gid[order]
+        starts = np.searchsorted(ranked_gid, ranked_gid, side="left")
+        within = np.arange(len(order)) - starts
+        chosen = order[within < kj]
+        keep[chosen, j] = True
+        if steps == 1:
+            order_rows = [int(r) for r in order if keep[r, 0]]
+    out = StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts)
+    if order_rows is not None:
+        # An instant topk/bottomk lists each group's series best first.
+        return out.take(order_rows)
+    return out.compact()
+
+
+def _ratio_offset(labels: Labels) -> float:
+    return xxhash64(_labels_bytes(labels)) / 2.0**64
+
+
+def _labels_bytes(labels: Labels) -> bytes:
+    sep = b"\xff"
+    out = bytearray()
+    for k, v in labels:
+        out += k.encode("utf-8", "surrogateescape") + sep + v.encode("utf-8", "surrogateescape") + sep
+    return bytes(out)
+
+
+_P1 = 11400714785074694791
+_P2 = 14029467366897019727
+_P3 = 1609587929392839161
+_P4 = 9650029242287828579
+_P5 = 2870177450012600261
+_M = (1 << 64) - 1
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M
+
+
+def _round(acc: int, lane: int) -> int:
+    acc = (acc + lane * _P2) & _M
+    return (_rotl(acc, 31) * _P1) & _M
+
+
+def _merge(acc: int, val: int) -> int:
+    acc ^= _round(0, val)
+    return (acc * _P1 + _P4) & _M
+
+
+def xxhash64(data: bytes, seed: int = 0) -> int:
+    """XXH64 (the hash Prometheus uses for label sets), in pure Python."""
+    n = len(data)
+    i = 0
+    if n >= 32:
+        v1 = (seed + _P1 + _P2) & _M
+        v2 = (seed + _P2) & _M
+        v3 = seed & _M
+        v4 = (seed - _P1) & _M
+        while i + 32 <= n:
+            v1 = _round(v1, int.from_bytes(data[i : i + 8], "little"))
+            v2 = _round(v2, int.from_bytes(data[i + 8 : i + 16], "little"))
+            v3 = _round(v3, int.from_bytes(data[i + 16 : i + 24], "little"))
+            v4 = _round(v4, int.from_bytes(data[i + 24 : i + 32], "little"))
+            i += 32
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M
+        h = _merge(h, v1)
+        h = _merge(h, v2)
+        h = _merge(h, v3)
+        h = _merge(h, v4)
+    else:
+        h = (seed + _P5) & _M
+    h = (h + n) & _M
+    while i + 8 <= n:
+        h ^= _round(0, int.from_bytes(data[i : i + 8], "little"))
+        h = (_rotl(h, 27) * _P1 + _P4) & _M
+        i += 8
+    if i + 4 <= n:
+        h ^= (int.from_bytes(data[i : i + 4], "little") * _P1) & _M
+        h = (_rotl(h, 23) * _P2 + _P3) & _M
+        i += 4
+    while i < n:
+        h ^= (data[i] * _P5) & _M
+        h = (_rotl(h, 11) * _P1) & _M
+        i += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M
+    h ^= h >> 29
+    h = (h * _P3) & _M
+    h ^= h >> 32
+    return h

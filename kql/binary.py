@@ -1,0 +1,258 @@
+"""Binary operators: arithmetic, comparisons, set operators and vector matching, over all steps at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.ast import BinaryExpr, VectorMatching
+from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.parser import COMPARISON_OPS
+from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.values import StepVector, labels_to_str
+from kernel_insight.kql.vectors import consolidate
+
+__all__ = ["ARITHMETIC", "COMPARE", "binary_op"]
+
+F64 = npt.NDArray[np.float64]
+BOOL = npt.NDArray[np.bool_]
+
+ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": np.true_divide,
+    "%": np.fmod,
+    "^": np.power,
+    "atan2": np.arctan2,
+}
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "==": np.equal,
+    "!=": np.not_equal,
+    ">": np.greater,
+    "<": np.less,
+    ">=": np.greater_equal,
+    "<=": np.less_equal,
+}
+
+_DEFAULT_MATCHING = VectorMatching()
+
+
+def _apply(op: str, lhs: Any, rhs: Any) -> Any:
+    if op in ARITHMETIC:
+        return ARITHMETIC[op](lhs, rhs)
+    return COMPARE[op](lhs, rhs)
+
+
+def binary_op(node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+    """Evaluate ``lhs op rhs`` where each side is a scalar array (steps,) or a StepVector."""
+    op = node.op
+    l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
+    if not l_vec and not r_vec:
+        result = _apply(op, lhs, rhs)
+        return result.astype(np.float64) if op in COMPARE else result
+    if l_vec and r_vec:
+        matching = node.matching or _DEFAULT_MATCHING
+        if op in ("and", "or", "unless"):
+            return _set_op(op, lhs, rhs, matching)
+        return _vector_vector(node, lhs, rhs, matching)
+    if l_vec:
+        return _vector_scalar(node, lhs, rhs, swapped=False)
+    return _vector_scalar(node, rhs, lhs, swapped=True)
+
+
+def _vector_scalar(node: BinaryExpr, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
+    op = node.op
+    lv, rv = (scalar[None, :], vec.values) if swapped else (vec.values, scalar[None, :])
+    if op in COMPARE:
+        cond = COMPARE[op](lv, rv)
+        if node.return_bool:
+            return StepVector(vec.labels, cond.astype(np.float64), vec.present, np.ones(len(vec), dtype=bool))
+        # The vector's own value survives a comparison, whichever side it is on.
+        return StepVector(vec.labels, vec.values, vec.present & cond, vec.drop_name, vec.sample_ts).compact()
+    values = ARITHMETIC[op](lv, rv)
+    return StepVector(vec.labels, np.broadcast_to(values, vec.values.shape).copy(), vec.present, _ones(len(vec)))
+
+
+def _ones(n: int) -> npt.NDArray[np.bool_]:
+    return np.ones(n, dtype=bool)
+
+
+def signature_fn(matching: VectorMatching) -> Callable[[Labels], Labels]:
+    """Labels two series must agree on to match: the ``on`` labels, or all but ``ignoring`` and the name."""
+    names = frozenset(matching.labels)
+    if matching.on:
+        return lambda labels: tuple(p for p in labels if p[0] in names)
+    return lambda labels: tuple(p for p in labels if p[0] not in names and p[0] != "__name__")
+
+
+def _presence_by_sig(vec: StepVector, sigs: list[Labels]) -> dict[Labels, BOOL]:
+    out: dict[Labels, BOOL] = {}
+    for sig, present in zip(sigs, vec.present, strict=True):
+        seen = out.get(sig)
+        out[sig] = present.copy() if seen is None else seen | present
+    return out
+
+
+def _set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
+    sig = signature_fn(matching)
+    steps = lhs.present.shape[1]
+    none = np.zeros(steps, dtype=bool)
+    if op == "or":
+        l_any = _presence_by_sig(lhs, [sig(lb) for lb in lhs.labels])
+        r_present = np.array([p & ~l_any.get(sig(lb), none) for lb, p in zip(rhs.labels, rhs.present, strict=True)])
+        r_present = r_present.reshape(rhs.present.shape)
+        right = StepVector(rhs.labels, rhs.values, r_present, rhs.drop_name, rhs.sample_ts).compact()
+        sample_ts = None
+        if lhs.sample_ts is not None and right.sample_ts is not None:
+            sample_ts = np.concatenate([lhs.sample_ts, right.sample_ts])
+        return StepVector(
+            lhs.labels + right.labels,
+            np.concatenate([lhs.values, right.values]),
+            np.concatenate([lhs.present, right.present]),
+            np.concatenate([lhs.drop_name, right.drop_name]),
+            sample_ts,
+        )
+    r_any = _presence_by_sig(rhs, [sig(lb) for lb in rhs.labels])
+    if op == "and":
+        present = [p & r_any.get(sig(lb), none) for lb, p in zip(lhs.labels, lhs.present, strict=True)]
+    else:
+        present = [p & ~r_any.get(sig(lb), none) for lb, p in zip(lhs.labels, lhs.present, strict=True)]
+    mask = np.array(present, dtype=bool).reshape(lhs.present.shape)
+    return StepVector(lhs.labels, lhs.values, mask, lhs.drop_name, lhs.sample_ts).compact()
+
+
+def _first_two_overlapping(rows: list[int], present: BOOL) -> tuple[int, int] | None:
+    sub = present[rows]
+    both = np.flatnonzero(sub.sum(axis=0) > 1)
+    if len(both) == 0:
+        return None
+    hits = [rows[k] for k in np.flatnonzero(sub[:, both[0]])]
+    return hits[0], hits[1]
+
+
+def _result_labels(
+    many: Labels, one: Labels, matching: VectorMatching, one_to_one: bool, include: frozenset[str]
+) -> Labels:
+    if one_to_one:
+        names = frozenset(matching.labels)
+        if matching.on:
+            many = tuple(p for p in many if p[0] in names)
+        else:
+            many = tuple(p for p in many if p[0] not in names)
+    if include:
+        one_map = dict(one)
+        kept = {k: v for k, v in many if k not in include}
+        for name in include:
+            value = one_map.get(name, "")
+            if value:
+                kept[name] = value
+        many = tuple(sorted(kept.items()))
+    return many
+
+
+def _vector_vector(node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
+    op = node.op
+    comparison = op in COMPARISON_OPS
+    keeps_name = comparison and not node.return_bool
+    swapped = matching.card == "one-to-many"
+    many, one = (rhs, lhs) if swapped else (lhs, rhs)
+    # After the swap, fill_left fills the many side and fill_right the one side (as upstream).
+    fill_many, fill_one = matching.fill_left, matching.fill_right
+    one_to_one = matching.card == "one-to-one"
+    include = frozenset(matching.include)
+    sig = signature_fn(matching)
+    steps = many.present.shape[1] if len(many) else one.present.shape[1]
+
+    many_sigs = [sig(lb) for lb in many.labels]
+    one_sigs = [sig(lb) for lb in one.labels]
+    one_groups: dict[Labels, list[int]] = {}
+    for j, s in enumerate(one_sigs):
+        one_groups.setdefault(s, []).append(j)
+    for s, rows in one_groups.items():
+        if len(rows) > 1 and (pair := _first_two_overlapping(rows, one.present)) is not None:
+            a, b = sorted((one.labels[pair[0]], one.labels[pair[1]]))
+            side = "left" if swapped else "right"
+            raise KqlEvaluationError(
+                f"found duplicate series for the match group {labels_to_str(s)} on the {side} hand-side of the "
+                f"operation: [{labels_to_str(a)}, {labels_to_str(b)}];many-to-many matching not allowed: "
+                "matching labels must be unique on one side"
+            )
+    one_any = {s: one.present[rows].any(axis=0) for s, rows in one_groups.items()}
+
+    if one_to_one:
+        many_groups: dict[Labels, list[int]] = {}
+        for i, s in enumerate(many_sigs):
+            if s in one_groups:
+                many_groups.setdefault(s, []).append(i)
+        for s, rows in many_groups.items():
+            if len(rows) > 1:
+                matched = many.present[rows] & one_any[s][None, :]
+                if (matched.sum(axis=0) > 1).any():
+                    raise KqlEvaluationError(
+                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                    )
+
+    # Pairs (many row, one row); -1 stands for a side synthesised by a fill modifier.
+    pairs_many: list[int] = []
+    pairs_one: list[int] = []
+    masks: list[BOOL] = []
+    for i, s in enumerate(many_sigs):
+        for j in one_groups.get(s, ()):
+            pairs_many.append(i)
+            pairs_one.append(j)
+            masks.append(many.present[i] & one.present[j])
+        if fill_one is not None:
+            missing = many.present[i] & ~one_any.get(s, np.zeros(steps, dtype=bool))
+            if missing.any():
+                pairs_many.append(i)
+                pairs_one.append(-1)
+                masks.append(missing)
+    if fill_many is not None:
+        many_any: dict[Labels, BOOL] = _presence_by_sig(many, many_sigs)
+        for j, s in enumerate(one_sigs):
+            missing = one.present[j] & ~many_any.get(s, np.zeros(steps, dtype=bool))
+            if missing.any():
+                pairs_many.append(-1)
+                pairs_one.append(j)
+                masks.append(missing)
+    if not pairs_many:
+        return StepVector.empty(steps)
+
+    pm = np.asarray(pairs_many, dtype=np.intp)
+    po = np.asarray(pairs_one, dtype=np.intp)
+    mask = np.array(masks, dtype=bool).reshape(len(pm), steps)
+    many_vals = np.where((pm >= 0)[:, None], many.values[np.maximum(pm, 0)] if len(many) else 0.0, fill_many or 0.0)
+    one_vals = np.where((po >= 0)[:, None], one.values[np.maximum(po, 0)] if len(one) else 0.0, fill_one or 0.0)
+    lv, rv = (one_vals, many_vals) if swapped else (many_vals, one_vals)
+    if comparison:
+        cond = COMPARE[op](lv, rv)
+        if node.return_bool:
+            values = cond.astype(np.float64)
+        else:
+            values = lv
+            mask &= cond
+    else:
+        values = ARITHMETIC[op](lv, rv)
+
+    labels: list[Labels] = []
+    drop = np.ones(len(pm), dtype=bool)
+    cache: dict[tuple[Labels, Labels], Labels] = {}
+    for k in range(len(pm)):
+        i, j = pm[k], po[k]
+        many_labels = many.labels[i] if i >= 0 else one_sigs[j]
+        one_labels = one.labels[j] if j >= 0 else many_sigs[i]
+        key = (many_labels, one_labels)
+        result = cache.get(key)
+        if result is None:
+            result = cache[key] = _result_labels(many_labels, one_labels, matching, one_to_one, include)
+        labels.append(result)
+        if keeps_name:
+            drop[k] = bool(many.drop_name[i]) if i >= 0 else False
+    out = StepVector(labels, np.asarray(values, dtype=np.float64), mask, drop).compact()
+    if not one_to_one:
+        out = consolidate(out, message="multiple matches for labels: grouping labels must ensure unique matches")
+    return out

@@ -1,0 +1,520 @@
+"""The kql evaluator: one handler per AST node type, every expression evaluated at all steps at once.
+
+>>> from kernel_insight.kql.storage import MemoryStorage
+>>> s = MemoryStorage()
+>>> s.add({"__name__": "kernel_launches_total", "gpu": "0"}, [0, 60_000, 120_000], [0.0, 60.0, 120.0])
+>>> Engine(s).instant_query("rate(kernel_launches_total[2m])", 120_000).value.samples[0].value
+1.0
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.aggregation import aggregate
+from kernel_insight.kql.ast import (
+    AggregateExpr,
+    At,
+    BinaryExpr,
+    Call,
+    Expr,
+    MatrixSelector,
+    Node,
+    NumberLiteral,
+    ParenExpr,
+    PosRange,
+    StringLiteral,
+    SubqueryExpr,
+    UnaryExpr,
+    ValueType,
+    VectorSelector,
+)
+from kernel_insight.kql.binary import binary_op
+from kernel_insight.kql.checker import check
+from kernel_insight.kql.errors import (
+    KqlEvaluationError,
+    KqlTypeError,
+    QueryCancelledError,
+    QueryTimeoutError,
+    StorageError,
+    TooManySamplesError,
+    TooManySeriesError,
+)
+from kernel_insight.kql.functions import FUNCTIONS
+from kernel_insight.kql.parser import parse
+from kernel_insight.kql.storage import Matcher, SeriesData, Storage, is_stale
+from kernel_insight.kql.values import (
+    Annotation,
+    CallContext,
+    Matrix,
+    QueryResult,
+    QueryStats,
+    RangeInput,
+    Sample,
+    Scalar,
+    Series,
+    StepVector,
+    String,
+    Vector,
+    drop_name,
+)
+from kernel_insight.kql.vectors import consolidate, finalize_names
+
+__all__ = ["DEFAULT_LOOKBACK_MS", "CancelToken", "Engine", "EngineLimits"]
+
+DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class CancelToken:
+    """Set it from any thread to stop a running query at its next checkpoint."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Execution limits; every query gets them unless it passes its own."""
+
+    max_samples: int = 50_000_000  # samples loaded from storage, over all selectors
+    timeout_s: float = 30.0
+    max_series: int = 1_000_000  # series one selector may return, and series in a result
+    lookback_ms: int = DEFAULT_LOOKBACK_MS
+    subquery_step_ms: int = 60_000  # resolution of subqueries written without a step
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def _flatten(series: Sequence[SeriesData], drop_stale: bool) -> tuple[I64, F64, I64]:
+    """Concatenate series samples; returns (ts, vs, offsets)."""
+    if not series:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.zeros(1, dtype=np.int64)
+    ts_parts, vs_parts = [], []
+    lengths = np.empty(len(series), dtype=np.int64)
+    for i, s in enumerate(series):
+        ts, vs = np.asarray(s.timestamps, dtype=np.int64), np.asarray(s.values, dtype=np.float64)
+        if drop_stale:
+            keep = ~is_stale(vs)
+            if not keep.all():
+                ts, vs = ts[keep], vs[keep]
+        ts_parts.append(ts)
+        vs_parts.append(vs)
+        lengths[i] = len(ts)
+    offsets = np.zeros(len(series) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.concatenate(ts_parts), np.concatenate(vs_parts), offsets
+
+
+def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
+    """For every series (rows) and query time (columns): ``searchsorted`` within that series' slice.
+
+    Returned indices are global positions in ``ts``.
+    """
+    n = len(offsets) - 1
+    out = np.empty((n, len(queries)), dtype=np.int64)
+    if n == 0 or len(queries) == 0:
+        return out
+    if len(ts) == 0:
+        out[:] = 0
+        return out
+    lo = min(int(ts.min()), int(queries.min()))
+    span = max(int(ts.max()), int(queries.max())) - lo + 1
+    if span * (n + 1) < 2**62:
+        # One search over keys that order series first, time second.
+        series_id = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+        keys = series_id * span + (ts - lo)
+        q = np.arange(n, dtype=np.int64)[:, None] * span + (queries - lo)[None, :]
+        out[:] = np.searchsorted(keys, q, side=side)  # type: ignore[call-overload]
+        return out
+    for i in range(n):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        out[i] = a + np.searchsorted(ts[a:b], queries, side=side)  # type: ignore[call-overload]
+    return out
+
+
+# --------------------------------------------------------------------------------- evaluation
+
+
+class _Evaluator:
+    """State of one query: times, limits, annotations, counters."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        query: str,
+        start: int,
+        end: int,
+        step: int,
+        is_range_query: bool,
+        limits: EngineLimits,
+        cancel: CancelToken | None,
+    ) -> None:
+        self.engine = engine
+        self.storage = engine.storage
+        self.query = query
+        self.query_start = start
+        self.query_end = end
+        self.query_step = step
+        self.is_range_query = is_range_query
+        self.limits = limits
+        self.cancel = cancel
+        self.deadline = time.monotonic() + limits.timeout_s
+        self.samples = 0
+        self.annotations: list[Annotation] = []
+        self._seen: set[tuple[str, str, int, int]] = set()
+        self.handlers: dict[type, Callable[[Any, I64], Any]] = {
+            NumberLiteral: self.eval_number,
+            StringLiteral: self.eval_string,
+            VectorSelector: self.eval_vector_selector,
+            MatrixSelector: self.eval_matrix_selector,
+            SubqueryExpr: self.eval_subquery,
+            ParenExpr: self.eval_paren,
+            UnaryExpr: self.eval_unary,
+            BinaryExpr: self.eval_binary,
+            AggregateExpr: self.eval_aggregate,
+            Call: self.eval_call,
+        }
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def annotate(self, level: str, message: str, pos: PosRange) -> None:
+        key = (level, message, pos.start, pos.end)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.annotations.append(Annotation(level, message, pos))  # type: ignore[arg-type]
+
+    def checkpoint(self) -> None:
+        if self.cancel is not None and self.cancel.cancelled:
+            raise QueryCancelledError("query was canceled in expression evaluation")
+        if time.monotonic() > self.deadline:
+            raise QueryTimeoutError(
+                f"query timed out in expression evaluation (timeout {self.limits.timeout_s:g}s)"
+            )
+
+    def count_samples(self, n: int) -> None:
+        self.samples += n
+        if self.samples > self.limits.max_samples:
+            raise TooManySamplesError(
+                "query processing would load too many samples into memory in query execution "
+                f"(limit {self.limits.max_samples})"
+            )
+
+    def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
+        self.checkpoint()
+        try:
+            series = self.storage.select(matchers, start, end)
+        except Exception as exc:
+            raise StorageError(f"storage select failed: {exc}") from exc
+        if len(series) > self.limits.max_series:
+            raise TooManySeriesError(
+                f"query selected {len(series)} series, more than the limit of {self.limits.max_series}"
+            )
+        return series
+
+    # ------------------------------------------------------------------ durations and times
+
+    def duration_seconds(self, node: Node) -> float:
+        """Evaluate a duration expression (numbers are seconds)."""
+        if isinstance(node, NumberLiteral):
+            return node.value
+        if isinstance(node, ParenExpr):
+            return self.duration_seconds(node.expr)
+        if isinstance(node, UnaryExpr):
+            value = self.duration_seconds(node.expr)
+            return -value if node.op == "-" else value
+        if isinstance(node, BinaryExpr):
+            from kernel_insight.kql.binary import ARITHMETIC
+
+            lhs, rhs = self.duration_seconds(node.lhs), self.duration_seconds(node.rhs)
+            return float(ARITHMETIC[node.op](np.float64(lhs), np.float64(rhs)))
+        if isinstance(node, Call):
+            if node.func == "step":
+                return self.query_step / 1000
+            if node.func == "range":
+                return (self.query_end - self.query_start) / 1000
+            a, b = (self.duration_seconds(arg) for arg in node.args)
+            if np.isnan(a) or np.isnan(b):
+                return float("nan")
+            return min(a, b) if node.func == "min_of" else max(a, b)
+        raise KqlEvaluationError(f"invalid duration expression {node}")
+
+    def duration_ms(self, node: Node | None, what: str, positive: bool = False) -> int:
+        if node is None:
+            return 0
+        seconds = self.duration_seconds(node)
+        if not np.isfinite(seconds):
+            raise KqlEvaluationError(f"{what} must be a finite duration, got {seconds}")
+        ms = round(seconds * 1000)
+        if positive and ms <= 0:
+            raise KqlEvaluationError(f"{what} must be greater than 0, got {seconds:g}s")
+        return ms
+
+    def reference_times(self, times: I64, at: At | None, offset: Node | None) -> I64:
+        """The time each step reads data at: the step (or the @ time) minus the offset."""
+        offset_ms = self.duration_ms(offset, "offset")
+        if at is None:
+            base = times
+        else:
+            ms = {"time": at.ms, "start": self.query_start, "end": self.query_end}[at.kind]
+            base = np.full(len(times), ms, dtype=np.int64)
+        refs: I64 = base - offset_ms
+        return refs
+
+    # ------------------------------------------------------------------ dispatch
+
+    def eval(self, node: Node, times: I64) -> Any:
+        self.checkpoint()
+        return self.handlers[type(node)](node, times)
+
+    def eval_number(self, node: NumberLiteral, times: I64) -> F64:
+        return np.full(len(times), node.value)
+
+    def eval_string(self, node: StringLiteral, times: I64) -> str:
+        return node.value
+
+    def eval_paren(self, node: ParenExpr, times: I64) -> Any:
+        return self.eval(node.expr, times)
+
+    def eval_unary(self, node: UnaryExpr, times: I64) -> Any:
+        value = self.eval(node.expr, times)
+        if node.op == "+":
+            return value
+        if isinstance(value, StepVector):
+            return StepVector(value.labels, -value.values, value.present, np.ones(len(value), dtype=bool))
+        return -value
+
+    def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
+        lhs = self.eval(node.lhs, times)
+        rhs = self.eval(node.rhs, times)
+        return binary_op(node, lhs, rhs)
+
+    def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
+        param = self.eval(node.param, times) if node.param is not None else None
+        vec = self.eval(node.expr, times)
+        return aggregate(self, node, vec, param)
+
+    def eval_call(self, node: Call, times: I64) -> Any:
+        spec = FUNCTIONS[node.func]
+        args = [self.eval(arg, times) for arg in node.args]
+        return spec.impl(CallContext(self, node, times), args)
+
+    def eval_vector_selector(self, node: VectorSelector, times: I64) -> StepVector:
+        refs = self.reference_times(times, node.at, node.offset)
+        lookback = self.limits.lookback_ms
+        series = self.select(node.all_matchers(), int(refs.min()) - lookback + 1, int(refs.max()))
+        ts, vs, offsets = _flatten(series, drop_stale=False)
+        n, steps = len(series), len(times)
+        if n == 0 or len(ts) == 0:
+            return StepVector.empty(steps)
+        last = batched_searchsorted(ts, offsets, refs, "right") - 1
+        has = last >= offsets[:-1, None]
+        idx = np.where(has, last, 0)
+        sample_ts = ts[idx]
+        values = vs[idx]
+        present = has & (sample_ts > refs[None, :] - lookback) & ~is_stale(values)
+        self.count_samples(int(present.sum()))
+        labels = [s.labels for s in series]
+        return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
+
+    def eval_matrix_selector(self, node: MatrixSelector, times: I64) -> RangeInput:
+        vec = node.vector
+        refs = self.reference_times(times, vec.at, vec.offset)
+        range_ms = self.duration_ms(node.range, "range", positive=True)
+        extra = self.limits.lookback_ms if (node.anchored or node.smoothed) else 0
+        after = self.limits.lookback_ms if node.smoothed else 0
+        series = self.select(vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after)
+        ts, vs, offsets = _flatten(series, drop_stale=True)
+        lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
+        hi = batched_searchsorted(ts, offsets, refs, "right")
+        self.count_samples(int((hi - lo).sum()))
+        return RangeInput(
+            labels=[s.labels for s in series],
+            drop_name=np.zeros(len(series), dtype=bool),
+            ts=ts,
+            vs=vs,
+            offsets=offsets,
+            lo=lo,
+            hi=hi,
+            end=refs,
+            range_ms=range_ms,
+            anchored=node.anchored,
+            smoothed=node.smoothed,
+        )
+
+    def eval_subquery(self, node: SubqueryExpr, times: I64) -> RangeInput:
+        refs = self.reference_times(times, node.at, node.offset)
+        range_ms = self.duration_ms(node.range, "subquery range", positive=True)
+        step_ms = (
+            self.duration_ms(node.step, "subquery step", positive=True)
+            if node.step is not None
+            else self.limits.subquery_step_ms
+        )
+        first = int(refs.min()) - range_ms
+        start = (first // step_ms) * step_ms
+        if start <= first:
+            start += step_ms
+        inner_times = np.arange(start, int(refs.max()) + 1, step_ms, dtype=np.int64)
+        if len(inner_times) == 0:
+            inner = StepVector.empty(0)
+        else:
+            inner = consolidate(self.eval(node.expr, inner_times))
+        n = len(inner)
+        ts_parts = [inner_times[inner.present[i]] for i in range(n)]
+        vs_parts = [inner.values[i][inner.present[i]] for i in range(n)]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        if n:
+            np.cumsum([len(p) for p in ts_parts], out=offsets[1:])
+        ts = np.concatenate(ts_parts) if n else np.empty(0, dtype=np.int64)
+        vs = np.concatenate(vs_parts) if n else np.empty(0)
+        lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
+        hi = batched_searchsorted(ts, offsets, refs, "right")
+        return RangeInput(
+            labels=inner.labels,
+            drop_name=inner.drop_name.copy(),
+            ts=ts,
+            vs=vs,
+            offsets=offsets,
+            lo=lo,
+            hi=hi,
+            end=refs,
+            range_ms=range_ms,
+        )
+
+
+# --------------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """Evaluates kql over a :class:`Storage`.
+
+    >>> from kernel_insight.kql.storage import MemoryStorage
+    >>> Engine(MemoryStorage()).instant_query("1 + 1", 0).value
+    Scalar(timestamp_ms=0, value=2.0)
+    """
+
+    def __init__(self, storage: Storage, limits: EngineLimits | None = None) -> None:
+        self.storage = storage
+        self.limits = limits or EngineLimits()
+
+    def instant_query(
+        self,
+        query: str | Expr,
+        time_ms: int,
+        *,
+        cancel: CancelToken | None = None,
+        limits: EngineLimits | None = None,
+    ) -> QueryResult:
+        """Evaluate ``query`` at one time; the value is a Vector, Matrix, Scalar or String."""
+        return self._run(query, time_ms, time_ms, 0, False, cancel, limits)
+
+    def range_query(
+        self,
+        query: str | Expr,
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        *,
+        cancel: CancelToken | None = None,
+        limits: EngineLimits | None = None,
+    ) -> QueryResult:
+        """Evaluate ``query`` at ``start, start+step, ... <= end``; the value is a Matrix."""
+        if step_ms <= 0:
+            raise ValueError("zero or negative query resolution step widths are not accepted")
+        if end_ms < start_ms:
+            raise ValueError("end timestamp must not be before start time")
+        return self._run(query, start_ms, end_ms, step_ms, True, cancel, limits)
+
+    def _run(
+        self,
+        query: str | Expr,
+        start: int,
+        end: int,
+        step: int,
+        is_range: bool,
+        cancel: CancelToken | None,
+        limits: EngineLimits | None,
+    ) -> QueryResult:
+        began = time.monotonic()
+        if isinstance(query, str):
+            text = query
+            expr = parse(query)
+        else:
+            text = str(query)
+            expr = query
+            check(expr, text)
+        from kernel_insight.kql.checker import value_type
+
+        kind = value_type(expr)
+        if is_range and kind not in (ValueType.SCALAR, ValueType.VECTOR):
+            raise KqlTypeError(
+                f"invalid expression type {kind!r} for range query, must be scalar or instant vector".replace(
+                    repr(kind), f'"{kind}"'
+                ),
+                text,
+                expr.pos.start,
+                expr.pos.end,
+            )
+        ev = _Evaluator(self, text, start, end, step, is_range, limits or self.limits, cancel)
+        times = np.arange(start, end + 1, step, dtype=np.int64) if is_range else np.array([start], dtype=np.int64)
+        with np.errstate(all="ignore"):
+            raw = ev.eval(expr, times)
+            value = self._result(ev, raw, times, is_range)
+        series = len(value) if isinstance(value, Vector | Matrix) else 1
+        if series > ev.limits.max_series:
+            raise TooManySeriesError(f"query returned {series} series, more than the limit of {ev.limits.max_series}")
+        stats = QueryStats(samples=ev.samples, series=series, seconds=time.monotonic() - began)
+        return QueryResult(value, text, tuple(ev.annotations), stats)
+
+    def _result(self, ev: _Evaluator, raw: Any, times: I64, is_range: bool) -> Vector | Matrix | Scalar | String:
+        t0 = int(times[0])
+        if isinstance(raw, str):
+            return String(t0, raw)
+        if isinstance(raw, RangeInput):
+            return _range_to_matrix(raw)
+        if isinstance(raw, StepVector):
+            vec = finalize_names(raw)
+            if not is_range:
+                samples = tuple(
+                    Sample(vec.labels[i], t0, float(vec.values[i, 0])) for i in np.flatnonzero(vec.present[:, 0])
+                )
+                return Vector(t0, samples)
+            order = sorted(range(len(vec)), key=lambda i: vec.labels[i])
+            return Matrix(
+                tuple(
+                    Series(vec.labels[i], times[vec.present[i]], vec.values[i][vec.present[i]])
+                    for i in order
+                    if vec.present[i].any()
+                )
+            )
+        scalar = np.asarray(raw, dtype=np.float64)
+        if not is_range:
+            return Scalar(t0, float(scalar[0]))
+        return Matrix((Series((), times.copy(), scalar.copy()),))
+
+
+def _range_to_matrix(r: RangeInput) -> Matrix:
+    out = []
+    for i in range(len(r)):
+        lo, hi = int(r.lo[i, 0]), int(r.hi[i, 0])
+        if hi > lo:
+            labels = drop_name(r.labels[i]) if r.drop_name[i] else r.labels[i]
+            out.append(Series(labels, r.ts[lo:hi].copy(), r.vs[lo:hi].copy()))
+    out.sort(key=lambda s: s.labels)
+    return Matrix(tuple(out))

@@ -1,0 +1,118 @@
+"""What kql raises. Catch :class:`KqlError` for everything, or one branch of the tree below.
+
+::
+
+    KqlError
+    ├── KqlParseError          the query is not valid kql (syntax, unknown function, bad duration)
+    │   └── KqlTypeError       it parses but a value has the wrong type (names function and argument)
+    └── KqlExecutionError      a valid query failed while running
+        ├── QueryTimeoutError      ran longer than the timeout
+        ├── QueryCancelledError    its cancel token was set
+        ├── TooManySamplesError    loaded more samples than allowed
+        ├── TooManySeriesError     selected or produced more series than allowed
+        ├── StorageError           the storage back end failed
+        └── KqlEvaluationError     the data made it fail (duplicate label sets, NaN parameter, ...)
+
+Parse and type errors carry a position; ``str()`` shows ``line:column: parse error: message``
+followed by the query and a caret under the problem.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KqlError",
+    "KqlEvaluationError",
+    "KqlExecutionError",
+    "KqlParseError",
+    "KqlTypeError",
+    "QueryCancelledError",
+    "QueryTimeoutError",
+    "StorageError",
+    "TooManySamplesError",
+    "TooManySeriesError",
+]
+
+
+class KqlError(Exception):
+    """Base of every kql error; ``message`` is the text without position or query."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class KqlParseError(KqlError):
+    """The query is not valid kql: ``line`` and ``column`` are 1-based; ``start``/``end`` are offsets.
+
+    >>> from kernel_insight.kql import parse
+    >>> try:
+    ...     parse("sum(rate(x[5m])")
+    ... except KqlParseError as e:
+    ...     print(e)
+    1:16: parse error: unexpected end of input, expected ")"
+      sum(rate(x[5m])
+                     ^
+    """
+
+    kind = "parse error"
+
+    def __init__(self, message: str, query: str = "", start: int = 0, end: int | None = None) -> None:
+        super().__init__(message)
+        self.query = query
+        self.start = max(0, min(start, len(query)))
+        self.end = self.start if end is None else max(self.start, min(end, len(query)))
+        before = query[: self.start]
+        self.line = before.count("\n") + 1
+        self.column = self.start - (before.rfind("\n") + 1) + 1
+
+    @property
+    def brief(self) -> str:
+        """One line: ``1:16: parse error: message``, the form the Prometheus HTTP API returns."""
+        return f"{self.line}:{self.column}: {self.kind}: {self.message}"
+
+    def caret(self) -> str:
+        """The query line holding the problem with ``^`` marks under it."""
+        if not self.query:
+            return ""
+        lines = self.query.split("\n")
+        text = lines[self.line - 1]
+        width = max(1, min(self.end, self.start + len(text) - self.column + 1) - self.start)
+        return f"  {text}\n  {' ' * (self.column - 1)}{'^' * width}"
+
+    def __str__(self) -> str:
+        caret = self.caret()
+        return f"{self.brief}\n{caret}" if caret else self.brief
+
+
+class KqlTypeError(KqlParseError):
+    """A well-formed query with a type mistake, e.g. an instant vector where a range vector is needed."""
+
+    kind = "type error"
+
+
+class KqlExecutionError(KqlError):
+    """A valid query failed while it ran."""
+
+
+class QueryTimeoutError(KqlExecutionError):
+    """The query ran longer than its timeout."""
+
+
+class QueryCancelledError(KqlExecutionError):
+    """The query's cancel token was set."""
+
+
+class TooManySamplesError(KqlExecutionError):
+    """The query loaded more samples than the engine's ``max_samples``."""
+
+
+class TooManySeriesError(KqlExecutionError):
+    """The query selected or produced more series than the engine's ``max_series``."""
+
+
+class StorageError(KqlExecutionError):
+    """The storage back end raised; the original exception is ``__cause__``."""
+
+
+class KqlEvaluationError(KqlExecutionError):
+    """The data made evaluation fail, e.g. two output series with the same labels."""

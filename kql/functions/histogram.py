@@ -1,0 +1,290 @@
+"""Histogram functions over classic ``le`` buckets: histogram_quantile(s) and histogram_fraction.
+
+Native histograms are not stored by kql, so the functions that only read native histograms
+(histogram_count, histogram_sum, ...) return nothing for float input, as in Prometheus.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.functions._common import F64, S, STR, V
+from kernel_insight.kql.functions.registry import function
+from kernel_insight.kql.lexical import go_quote, is_valid_label_name
+from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.values import CallContext, StepVector, format_sample_value
+from kernel_insight.kql.vectors import consolidate
+
+__all__ = ["bucket_fraction", "bucket_quantile"]
+
+_SMALL_DELTA = 1e-12
+_MIN_NORMAL = 2.2250738585072014e-308
+
+
+def _almost_equal(a: float, b: float, eps: float) -> bool:
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < eps * _MIN_NORMAL
+    return diff / min(abs_sum, 1.7976931348623157e308) < eps
+
+
+def _coalesce(buckets: list[list[float]]) -> list[list[float]]:
+    buckets.sort(key=lambda b: b[0])
+    out: list[list[float]] = []
+    for upper, count in buckets:
+        if out and out[-1][0] == upper:
+            out[-1][1] += count
+        else:
+            out.append([upper, count])
+    return out
+
+
+def _monotonic(buckets: list[list[float]]) -> bool:
+    forced = False
+    prev = buckets[0][1]
+    for b in buckets[1:]:
+        cur = b[1]
+        if cur == prev:
+            continue
+        if _almost_equal(prev, cur, _SMALL_DELTA):
+            b[1] = prev
+            continue
+        if cur < prev:
+            b[1] = prev
+            forced = True
+            continue
+        prev = cur
+    return forced
+
+
+def bucket_quantile(q: float, buckets: list[list[float]]) -> tuple[float, bool]:
+    """Prometheus' BucketQuantile over (upper bound, cumulative count) pairs; also says if monotonicity was forced."""
+    if math.isnan(q):
+        return math.nan, False
+    if q < 0:
+        return -math.inf, False
+    if q > 1:
+        return math.inf, False
+    buckets = sorted(([u, c] for u, c in buckets), key=lambda b: b[0])
+    if not buckets or not math.isinf(buckets[-1][0]) or buckets[-1][0] < 0:
+        return math.nan, False
+    buckets = _coalesce(buckets)
+    forced = _monotonic(buckets)
+    if len(buckets) < 2:
+        return math.nan, forced
+    observations = buckets[-1][1]
+    if observations == 0:
+        return math.nan, forced
+    rank = q * observations
+    b = next((i for i in range(len(buckets) - 1) if buckets[i][1] >= rank), len(buckets) - 1)
+    if b == len(buckets) - 1:
+        return buckets[-2][0], forced
+    if b == 0 and buckets[0][0] <= 0:
+        return buckets[0][0], forced
+    start, end, count = 0.0, buckets[b][0], buckets[b][1]
+    if b > 0:
+        start = buckets[b - 1][0]
+        count -= buckets[b - 1][1]
+        rank -= buckets[b - 1][1]
+    return start + (end - start) * (rank / count), forced
+
+
+def bucket_fraction(lower: float, upper: float, buckets: list[list[float]]) -> float:
+    """Fraction of observations between ``lower`` and ``upper``, interpolating linearly in buckets.
+
+    The first bucket starts at 0 when its upper bound is positive; buckets of infinite width
+    are taken to hold all their observations at the infinite end.
+    """
+    buckets = sorted(([u, c] for u, c in buckets), key=lambda b: b[0])
+    if not buckets or not (math.isinf(buckets[-1][0]) and buckets[-1][0] > 0):
+        return math.nan
+    buckets = _coalesce(buckets)
+    _monotonic(buckets)
+    total = buckets[-1][1]
+    if total == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan
+    if lower >= upper:
+        return 0.0
+    rank = 0.0
+    lower_rank = upper_rank = 0.0
+    lower_set = upper_set = False
+    for i, (ub, cum) in enumerate(buckets):
+        if i > 0:
+            lb = buckets[i - 1][0]
+        else:
+            lb = 0.0 if ub > 0 else -math.inf
+        count = cum - rank
+
+        def rank_at(v: float, lb: float = lb, ub: float = ub, count: float = count) -> float:
+            if math.isinf(lb):
+                return rank + count
+            if math.isinf(ub):
+                return rank
+            return rank + count * (v - lb) / (ub - lb)
+
+        if not lower_set and lb >= lower:
+            lower_rank, lower_set = rank, True
+        if not upper_set and lb >= upper:
+            upper_rank, upper_set = rank, True
+        if lower_set and upper_set:
+            break
+        if not lower_set and lb < lower < ub:
+            lower_rank, lower_set = rank_at(lower), True
+        if not upper_set and lb < upper < ub:
+            upper_rank, upper_set = rank_at(upper), True
+        if lower_set and upper_set:
+            break
+        rank = cum
+    if not lower_set or lower_rank > total:
+        lower_rank = total
+    if not upper_set or upper_rank > total:
+        upper_rank = total
+    return (upper_rank - lower_rank) / total
+
+
+def _groups(ctx: CallContext, vec: StepVector, arg_index: int) -> dict[Labels, list[int]]:
+    """Rows grouped by their labels without ``le`` (the name stays part of the key)."""
+    groups: dict[Labels, list[int]] = {}
+    for i, labels in enumerate(vec.labels):
+        le = dict(labels).get("le")
+        try:
+            float(le.replace("Inf", "inf")) if le is not None else None
+        except ValueError:
+            le = None
+        if le is None:
+            lookup = dict(labels)
+            ctx.warn(
+                f"bucket label {go_quote('le')} is missing or has a malformed value of "
+                f"{go_quote(lookup.get('le', ''))} for metric name {go_quote(lookup.get('__name__', ''))}",
+                ctx.node.args[arg_index].pos,
+            )
+            continue
+        key = tuple(p for p in labels if p[0] != "le")
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _le(labels: Labels) -> float:
+    return float(dict(labels)["le"])
+
+
+def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int) -> list[StepVector]:
+    groups = _groups(ctx, vec, arg_index)
+    steps = ctx.steps
+    outs = []
+    keys = list(groups)
+    for q in qs:
+        values = np.full((len(keys), steps), np.nan)
+        present = np.zeros((len(keys), steps), dtype=bool)
+        for g, key in enumerate(keys):
+            rows = groups[key]
+            bounds = [_le(vec.labels[r]) for r in rows]
+            for j in range(steps):
+                buckets = [[bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]]
+                if not buckets:
+                    continue
+                value, forced = bucket_quantile(float(q[j]), buckets)
+                if forced:
+                    ctx.info(
+                        "input to histogram_quantile needed to be fixed for monotonicity (see "
+                        "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
+                        f"for metric name {go_quote(dict(key).get('__name__', ''))}",
+                        ctx.node.args[arg_index].pos,
+                    )
+                values[g, j] = value
+                present[g, j] = True
+        labels = [tuple(p for p in key if p[0] != "__name__") for key in keys]
+        outs.append(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)))
+    return outs
+
+
+def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
+    bad = q[np.isnan(q) | (q < 0) | (q > 1)]
+    if len(bad):
+        ctx.warn(
+            f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}",
+            ctx.node.args[arg_index].pos,
+        )
+
+
+@function("histogram_quantile", (S, V), V)
+def _histogram_quantile(ctx: CallContext, args: list[Any]) -> StepVector:
+    """The φ-quantile of a classic histogram (series with an ``le`` label), per label set without ``le``."""
+    q, vec = args
+    _warn_quantile(ctx, q, 0)
+    (out,) = _quantiles(ctx, vec, [q], 1)
+    return consolidate(out.compact())
+
+
+def _q_label(q: float) -> str:
+    if math.isnan(q):
+        return "NaN"
+    if math.isinf(q):
+        return "+Inf" if q > 0 else "-Inf"
+    return repr(float(q))
+
+
+@function("histogram_quantiles", (V, STR, S), V, variadic=-1, experimental=True)
+def _histogram_quantiles(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Several quantiles at once, each output series labelled ``<label>="<φ>"``."""
+    vec, label, *qs = args
+    if not is_valid_label_name(label):
+        raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
+    for k, q in enumerate(qs):
+        _warn_quantile(ctx, q, 2 + k)
+    outs = _quantiles(ctx, vec, qs, 0)
+    labels: list[Labels] = []
+    parts = []
+    for q, out in zip(qs, outs, strict=True):
+        text = _q_label(float(q[0])) if len(q) else ""
+        labels += [tuple(sorted({**dict(lb), label: text}.items())) for lb in out.labels]
+        parts.append(out)
+    values = np.concatenate([p.values for p in parts]) if parts else np.zeros((0, ctx.steps))
+    present = np.concatenate([p.present for p in parts]) if parts else np.zeros((0, ctx.steps), dtype=bool)
+    merged = StepVector(labels, values, present, np.zeros(len(labels), dtype=bool))
+    return consolidate(merged.compact())
+
+
+@function("histogram_fraction", (S, S, V), V)
+def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Estimated fraction of a classic histogram's observations between ``lower`` and ``upper``."""
+    lower, upper, vec = args
+    groups = _groups(ctx, vec, 2)
+    keys = list(groups)
+    values = np.full((len(keys), ctx.steps), np.nan)
+    present = np.zeros((len(keys), ctx.steps), dtype=bool)
+    for g, key in enumerate(keys):
+        rows = groups[key]
+        bounds = [_le(vec.labels[r]) for r in rows]
+        for j in range(ctx.steps):
+            buckets = [[bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]]
+            if buckets:
+                values[g, j] = bucket_fraction(float(lower[j]), float(upper[j]), buckets)
+                present[g, j] = True
+    labels = [tuple(p for p in key if p[0] != "__name__") for key in keys]
+    return consolidate(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)).compact())
+
+
+def _native_only(name: str, doc: str) -> None:
+    def impl(ctx: CallContext, args: list[Any]) -> StepVector:
+        return StepVector.empty(ctx.steps)
+
+    impl.__doc__ = doc
+    function(name, (V,), V)(impl)
+
+
+for _name, _doc in (
+    ("histogram_count", "Observation count of native histograms (float samples are ignored)."),
+    ("histogram_sum", "Sum of observations of native histograms (float samples are ignored)."),
+    ("histogram_avg", "Mean observation of native histograms (float samples are ignored)."),
+    ("histogram_stddev", "Estimated standard deviation of native histograms (float samples are ignored)."),
+    ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored)."),
+):
+    _native_only(_name, _doc)

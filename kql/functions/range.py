@@ -1,0 +1,629 @@
+"""Functions over range vectors: rate and friends, the *_over_time family, regression and smoothing.
+
+Every function sees all windows of all series at once (a :class:`RangeInput`). Sequential
+algorithms (Kahan sums, Welford variance, regression) advance every window one sample at a
+time in lock step, so the Python loop runs as many times as the longest window has samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.aggregation import kahan_inc, quantile_sorted
+from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
+from kernel_insight.kql.functions.registry import function
+from kernel_insight.kql.ast import MatrixSelector
+from kernel_insight.kql.values import CallContext, RangeInput, StepVector, format_sample_value
+
+__all__: list[str] = []
+
+I64 = npt.NDArray[np.int64]
+
+
+class _Windows:
+    """The (series, step) windows of a range input, flattened to 1-D."""
+
+    def __init__(self, r: RangeInput) -> None:
+        self.r = r
+        self.shape = r.lo.shape
+        self.lo = r.lo.ravel()
+        self.hi = r.hi.ravel()
+        self.cnt = self.hi - self.lo
+        self.n = len(self.lo)
+
+    def reshape(self, values: F64) -> F64:
+        return values.reshape(self.shape)
+
+    def lockstep(self) -> Iterator[tuple[int, npt.NDArray[np.intp], I64]]:
+        """Yield (k, windows that have a k-th sample, flat index of that sample) for k = 0, 1, ..."""
+        if self.n == 0:
+            return
+        order = np.argsort(-self.cnt, kind="stable")
+        sorted_cnt = self.cnt[order]
+        longest = int(sorted_cnt[0]) if len(sorted_cnt) else 0
+        for k in range(longest):
+            active = order[: int(np.searchsorted(-sorted_cnt, -k, side="left"))]
+            yield k, active, self.lo[active] + k
+
+    def per_window(self, step_of: bool = False) -> Iterator[tuple[int, F64]]:
+        """Yield (flat window index, its values) for every non-empty window (Python loop)."""
+        vs = self.r.vs
+        for w in np.flatnonzero(self.cnt > 0):
+            yield int(w), vs[self.lo[w] : self.hi[w]]
+
+
+def _reduce(r: RangeInput, ufunc: Any) -> F64:
+    """``ufunc.reduce`` over every window via reduceat on (lo, hi) pairs."""
+    w = _Windows(r)
+    out = np.full(w.n, np.nan)
+    nonempty = np.flatnonzero(w.cnt > 0)
+    if len(nonempty):
+        padded = np.append(r.vs, np.nan)
+        pairs = np.empty(2 * len(nonempty), dtype=np.intp)
+        pairs[0::2] = w.lo[nonempty]
+        pairs[1::2] = w.hi[nonempty]
+        out[nonempty] = ufunc.reduceat(padded, pairs)[0::2]
+    return w.reshape(out)
+
+
+def _present(r: RangeInput, minimum: int = 1) -> npt.NDArray[np.bool_]:
+    present: npt.NDArray[np.bool_] = r.counts >= minimum
+    return present
+
+
+def _kahan_sum(r: RangeInput) -> F64:
+    w = _Windows(r)
+    total = np.zeros(w.n)
+    comp = np.zeros(w.n)
+    for _k, active, idx in w.lockstep():
+        total[active], comp[active] = kahan_inc(r.vs[idx], total[active], comp[active])
+    return w.reshape(np.where(np.isinf(total), total, total + comp))
+
+
+def _kahan_mean(r: RangeInput) -> F64:
+    """Prometheus' avg_over_time: direct Kahan mean, incremental once the sum would overflow."""
+    w = _Windows(r)
+    total = np.zeros(w.n)
+    comp = np.zeros(w.n)
+    mean = np.zeros(w.n)
+    incremental = np.zeros(w.n, dtype=bool)
+    for k, active, idx in w.lockstep():
+        f = r.vs[idx]
+        if k == 0:
+            total[active] = f
+            continue
+        count = k + 1.0
+        t, c, m, inc = total[active], comp[active], mean[active], incremental[active]
+        new_t, new_c = kahan_inc(f, t, c)
+        overflow = ~inc & np.isinf(new_t)
+        direct = ~inc & ~overflow
+        m = np.where(overflow, t / (count - 1), m)
+        c_inc = np.where(overflow, c / (count - 1), c)
+        q = (count - 1) / count
+        im, ic = kahan_inc(f / count, q * m, q * c_inc)
+        total[active] = np.where(direct, new_t, t)
+        comp[active] = np.where(direct, new_c, ic)
+        mean[active] = np.where(direct, m, im)
+        incremental[active] = inc | overflow
+    count = np.maximum(w.cnt, 1).astype(np.float64)
+    return w.reshape(np.where(incremental, mean + comp, total / count + comp / count))
+
+
+def _variance(r: RangeInput) -> F64:
+    w = _Windows(r)
+    mean = np.zeros(w.n)
+    c_mean = np.zeros(w.n)
+    aux = np.zeros(w.n)
+    c_aux = np.zeros(w.n)
+    for k, active, idx in w.lockstep():
+        f = r.vs[idx]
+        count = k + 1.0
+        delta = f - (mean[active] + c_mean[active])
+        mean[active], c_mean[active] = kahan_inc(delta / count, mean[active], c_mean[active])
+        aux[active], c_aux[active] = kahan_inc(
+            delta * (f - (mean[active] + c_mean[active])), aux[active], c_aux[active]
+        )
+    return w.reshape((aux + c_aux) / np.maximum(w.cnt, 1))
+
+
+def _window_values(r: RangeInput) -> tuple[F64, F64, I64, I64]:
+    """First and last value and timestamp of every window (garbage where empty)."""
+    lo = np.minimum(r.lo, max(len(r.vs) - 1, 0))
+    last = np.maximum(r.hi - 1, 0)
+    if len(r.vs) == 0:
+        zeros = np.zeros(r.lo.shape)
+        return zeros, zeros, r.lo * 0, r.lo * 0
+    return r.vs[lo], r.vs[last], r.ts[lo], r.ts[last]
+
+
+def _prefix(values: F64) -> F64:
+    out = np.zeros(len(values) + 1)
+    np.cumsum(values, out=out[1:])
+    return out
+
+
+def _same_series_prev(r: RangeInput) -> npt.NDArray[np.bool_]:
+    """For every flat sample: whether the previous flat sample belongs to the same series."""
+    same = np.ones(len(r.vs), dtype=bool)
+    starts = r.offsets[:-1]
+    same[starts[starts < len(r.vs)]] = False
+    if len(same):
+        same[0] = False
+    return same
+
+
+def _reset_corrections(r: RangeInput) -> F64:
+    """Sum, per window, of the values before each counter reset inside the window."""
+    same = _same_series_prev(r)
+    prev = np.concatenate([[0.0], r.vs[:-1]]) if len(r.vs) else r.vs
+    corr = np.where(same & (r.vs < prev), prev, 0.0)
+    pre = _prefix(corr)
+    inner_lo = np.minimum(r.lo + 1, r.hi)
+    result: F64 = pre[r.hi] - pre[inner_lo]
+    return result
+
+
+def _extrapolated(ctx: CallContext, r: RangeInput, counter: bool, per_second: bool) -> StepVector:
+    if r.anchored or r.smoothed:
+        return _anchored_or_smoothed(ctx, r, counter, per_second)
+    present = _present(r, 2)
+    first_v, last_v, first_t, last_t = _window_values(r)
+    result = last_v - first_v
+    if counter:
+        result = result + _reset_corrections(r)
+    range_start = (r.end - r.range_ms)[None, :]
+    range_end = r.end[None, :]
+    to_start = (first_t - range_start) / 1000.0
+    to_end = (range_end - last_t) / 1000.0
+    sampled = (last_t - first_t) / 1000.0
+    average = sampled / np.maximum(r.counts - 1, 1)
+    threshold = average * 1.1
+    to_start = np.where(to_start >= threshold, average / 2, to_start)
+    if counter:
+        zero_point = np.where(result != 0, sampled * (first_v / np.where(result != 0, result, 1)), np.inf)
+        use_zero = (result > 0) & (first_v >= 0) & (zero_point < to_start)
+        to_start = np.where(use_zero, zero_point, to_start)
+    to_end = np.where(to_end >= threshold, average / 2, to_end)
+    factor = (sampled + to_start + to_end) / sampled
+    if per_second:
+        factor = factor / (r.range_ms / 1000.0)
+    return range_result(r, result * factor, present)
+
+
+@function("rate", (M,), V)
+def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Per-second increase of a counter over the range, extrapolated to the range boundaries."""
+    return _extrapolated(ctx, args[0], counter=True, per_second=True)
+
+
+@function("increase", (M,), V)
+def _increase(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Increase of a counter over the range, extrapolated to the range boundaries."""
+    return _extrapolated(ctx, args[0], counter=True, per_second=False)
+
+
+@function("delta", (M,), V)
+def _delta(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Difference between first and last value of a gauge, extrapolated to the range boundaries."""
+    return _extrapolated(ctx, args[0], counter=False, per_second=False)
+
+
+def _instant(r: RangeInput, is_rate: bool) -> StepVector:
+    present = _present(r, 2)
+    last = np.maximum(r.hi - 1, 0)
+    prev = np.maximum(r.hi - 2, 0)
+    if len(r.vs) == 0:
+        return StepVector.empty(r.steps)
+    lv, pv = r.vs[last], r.vs[prev]
+    result = lv - pv
+    if is_rate:
+        result = np.where(lv < pv, lv, result)
+        interval = (r.ts[last] - r.ts[prev]).astype(np.float64)
+        present = present & (interval != 0)
+        result = result / np.where(interval != 0, interval, 1.0) * 1000.0
+    return range_result(r, result, present)
+
+
+@function("irate", (M,), V)
+def _irate(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Per-second rate from the last two samples of the range (counter resets handled)."""
+    return _instant(args[0], is_rate=True)
+
+
+@function("idelta", (M,), V)
+def _idelta(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Difference between the last two samples of the range."""
+    return _instant(args[0], is_rate=False)
+
+
+def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
+    """Least-squares slope and intercept per window (Kahan sums, as Prometheus).
+
+    The intercept is taken at ``intercept_ms`` per step, or at each window's first sample.
+    """
+    w = _Windows(r)
+    if intercept_ms is None:
+        t0 = r.ts[np.minimum(w.lo, max(len(r.ts) - 1, 0))] if len(r.ts) else np.zeros(w.n, dtype=np.int64)
+    else:
+        t0 = np.broadcast_to(intercept_ms[None, :], w.shape).ravel()
+    acc = {k: np.zeros(w.n) for k in ("x", "y", "xy", "x2", "cx", "cy", "cxy", "cx2")}
+    first_y = np.zeros(w.n)
+    const_y = np.ones(w.n, dtype=bool)
+    for k, active, idx in w.lockstep():
+        y = r.vs[idx]
+        x = (r.ts[idx] - t0[active]) / 1000.0
+        if k == 0:
+            first_y[active] = y
+        else:
+            const_y[active] &= y == first_y[active]
+        for name, value in (("x", x), ("y", y), ("xy", x * y), ("x2", x * x)):
+            acc[name][active], acc["c" + name][active] = kahan_inc(value, acc[name][active], acc["c" + name][active])
+    n = w.cnt.astype(np.float64)
+    sx, sy = acc["x"] + acc["cx"], acc["y"] + acc["cy"]
+    sxy, sx2 = acc["xy"] + acc["cxy"], acc["x2"] + acc["cx2"]
+    safe_n = np.maximum(n, 1)
+    cov = sxy - sx * sy / safe_n
+    var = sx2 - sx * sx / safe_n
+    slope = cov / var
+    intercept = sy / safe_n - slope * sx / safe_n
+    inf_y = np.isinf(first_y)
+    slope = np.where(const_y, np.where(inf_y, np.nan, 0.0), slope)
+    intercept = np.where(const_y, np.where(inf_y, np.nan, first_y), intercept)
+    return w.reshape(slope), w.reshape(intercept)
+
+
+@function("deriv", (M,), V)
+def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Per-second derivative of a gauge by simple linear regression."""
+    r: RangeInput = args[0]
+    slope, _ = _regression(r, None)
+    return range_result(r, slope, _present(r, 2))
+
+
+@function("predict_linear", (M, S), V, time_dependent=True)
+def _predict_linear(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Value of a gauge ``t`` seconds from now, by simple linear regression."""
+    r, horizon = args
+    slope, intercept = _regression(r, ctx.times)
+    return range_result(r, slope * horizon[None, :] + intercept, _present(r, 2))
+
+
+def _count_changes(r: RangeInput, resets: bool) -> StepVector:
+    same = _same_series_prev(r)
+    prev = np.concatenate([[0.0], r.vs[:-1]]) if len(r.vs) else r.vs
+    if resets:
+        hit = same & (r.vs < prev)
+    else:
+        hit = same & (r.vs != prev) & ~(np.isnan(r.vs) & np.isnan(prev))
+    pre = _prefix(hit.astype(np.float64))
+    inner_lo = np.minimum(r.lo + 1, r.hi)
+    counts = pre[r.hi] - pre[inner_lo]
+    if r.anchored:
+        counts = counts + _anchored_first_change(r, resets)
+    return range_result(r, counts, _present(r, 1))
+
+
+def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
+    """With `anchored`, the window also compares its first sample with the one before it."""
+    has_prev = (r.lo > r.offsets[:-1, None]) & (r.hi > r.lo)
+    prev_idx = np.maximum(r.lo - 1, 0)
+    if len(r.vs) == 0:
+        return np.zeros(r.lo.shape)
+    prev_v, first_v = r.vs[prev_idx], r.vs[np.minimum(r.lo, len(r.vs) - 1)]
+    in_lookback = r.ts[prev_idx] > (r.end[None, :] - r.range_ms - 300_000)
+    if resets:
+        change = first_v < prev_v
+    else:
+        change = (first_v != prev_v) & ~(np.isnan(first_v) & np.isnan(prev_v))
+    result: F64 = (has_prev & in_lookback & change).astype(np.float64)
+    return result
+
+
+@function("changes", (M,), V)
+def _changes(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Number of times the value changed within the range."""
+    return _count_changes(args[0], resets=False)
+
+
+@function("resets", (M,), V)
+def _resets(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Number of counter resets (decreases) within the range."""
+    return _count_changes(args[0], resets=True)
+
+
+@function("sum_over_time", (M,), V)
+def _sum_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Sum of all samples in the range (Kahan summation)."""
+    r = args[0]
+    return range_result(r, _kahan_sum(r), _present(r))
+
+
+@function("avg_over_time", (M,), V)
+def _avg_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Mean of all samples in the range."""
+    r = args[0]
+    return range_result(r, _kahan_mean(r), _present(r))
+
+
+@function("count_over_time", (M,), V)
+def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Number of samples in the range."""
+    r = args[0]
+    return range_result(r, r.counts.astype(np.float64), _present(r))
+
+
+@function("min_over_time", (M,), V)
+def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Smallest sample in the range (NaN only if all are NaN)."""
+    r = args[0]
+    return range_result(r, _reduce(r, np.fmin), _present(r))
+
+
+@function("max_over_time", (M,), V)
+def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Largest sample in the range (NaN only if all are NaN)."""
+    r = args[0]
+    return range_result(r, _reduce(r, np.fmax), _present(r))
+
+
+@function("last_over_time", (M,), V)
+def _last_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Most recent sample in the range; keeps the metric name."""
+    r = args[0]
+    _, last_v, _, _ = _window_values(r)
+    return range_result(r, last_v, _present(r), keep_name=True)
+
+
+@function("first_over_time", (M,), V)
+def _first_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Oldest sample in the range; keeps the metric name."""
+    r = args[0]
+    first_v, _, _, _ = _window_values(r)
+    return range_result(r, first_v, _present(r), keep_name=True)
+
+
+@function("ts_of_last_over_time", (M,), V, experimental=True)
+def _ts_of_last(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Timestamp (seconds) of the most recent sample in the range."""
+    r = args[0]
+    _, _, _, last_t = _window_values(r)
+    return range_result(r, last_t / 1000.0, _present(r))
+
+
+@function("ts_of_first_over_time", (M,), V, experimental=True)
+def _ts_of_first(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Timestamp (seconds) of the oldest sample in the range."""
+    r = args[0]
+    _, _, first_t, _ = _window_values(r)
+    return range_result(r, first_t / 1000.0, _present(r))
+
+
+def _ts_of_extreme(r: RangeInput, largest: bool) -> StepVector:
+    w = _Windows(r)
+    best = np.full(w.n, np.nan)
+    best_t = np.zeros(w.n)
+    for k, active, idx in w.lockstep():
+        f = r.vs[idx]
+        cur = best[active]
+        better = (f >= cur if largest else f <= cur) | np.isnan(cur) | (k == 0)
+        best[active] = np.where(better, f, cur)
+        best_t[active] = np.where(better, r.ts[idx] / 1000.0, best_t[active])
+    return range_result(r, w.reshape(best_t), _present(r))
+
+
+@function("ts_of_max_over_time", (M,), V, experimental=True)
+def _ts_of_max(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Timestamp (seconds) of the largest sample in the range (the last one on ties)."""
+    return _ts_of_extreme(args[0], largest=True)
+
+
+@function("ts_of_min_over_time", (M,), V, experimental=True)
+def _ts_of_min(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Timestamp (seconds) of the smallest sample in the range (the last one on ties)."""
+    return _ts_of_extreme(args[0], largest=False)
+
+
+@function("stddev_over_time", (M,), V)
+def _stddev_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Population standard deviation of the samples in the range."""
+    r = args[0]
+    return range_result(r, np.sqrt(_variance(r)), _present(r))
+
+
+@function("stdvar_over_time", (M,), V)
+def _stdvar_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Population variance of the samples in the range."""
+    r = args[0]
+    return range_result(r, _variance(r), _present(r))
+
+
+def _quantile_warning(ctx: CallContext, q: F64) -> None:
+    bad = q[np.isnan(q) | (q < 0) | (q > 1)]
+    if len(bad):
+        ctx.warn(
+            f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}",
+            ctx.node.args[0].pos,
+        )
+
+
+def _sorted_nan_first(values: F64) -> F64:
+    nan = np.isnan(values)
+    return np.concatenate([values[nan], np.sort(values[~nan])])
+
+
+@function("quantile_over_time", (S, M), V)
+def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """The φ-quantile (0 ≤ φ ≤ 1) of the samples in the range."""
+    q, r = args
+    _quantile_warning(ctx, q)
+    w = _Windows(r)
+    out = np.full(w.n, np.nan)
+    steps = r.steps
+    for i, values in w.per_window():
+        out[i] = quantile_sorted(float(q[i % steps]), _sorted_nan_first(values))
+    return range_result(r, w.reshape(out), _present(r))
+
+
+@function("mad_over_time", (M,), V, experimental=True)
+def _mad_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Median absolute deviation of the samples in the range (NaN if any sample is NaN)."""
+    r = args[0]
+    w = _Windows(r)
+    out = np.full(w.n, np.nan)
+    for i, values in w.per_window():
+        if np.isnan(values).any():
+            continue
+        median = float(np.median(values))
+        out[i] = float(np.median(np.abs(values - median)))
+    return range_result(r, w.reshape(out), _present(r))
+
+
+@function("present_over_time", (M,), V)
+def _present_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """1 for every series that has a sample in the range."""
+    r = args[0]
+    return range_result(r, np.ones(r.lo.shape), _present(r))
+
+
+@function("absent_over_time", (M,), V)
+def _absent_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+    """1, with the selector's equality labels, at steps where no series has a sample in the range."""
+    r: RangeInput = args[0]
+    arg = ctx.node.args[0]
+    labels = labels_from_equal_matchers(arg.vector.all_matchers()) if isinstance(arg, MatrixSelector) else ()
+    empty = ~(r.counts > 0).any(axis=0) if len(r) else np.ones(ctx.steps, dtype=bool)
+    out = StepVector([labels], np.ones((1, ctx.steps)), empty.reshape(1, -1), np.zeros(1, dtype=bool))
+    return out.compact()
+
+
+@function("double_exponential_smoothing", (M, S, S), V, experimental=True)
+def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Holt's double exponential smoothing with smoothing factor ``sf`` and trend factor ``tf``."""
+    r, sf_arr, tf_arr = args
+    for name, arr in (("smoothing", sf_arr), ("trend", tf_arr)):
+        bad = arr[~((arr > 0) & (arr < 1))]
+        if len(bad):
+            short = "sf" if name == "smoothing" else "tf"
+            raise KqlEvaluationError(f"invalid {name} factor. Expected: 0 < {short} < 1, got: {bad[0]:f}")
+    w = _Windows(r)
+    steps = r.steps
+    sf = np.broadcast_to(sf_arr[None, :], w.shape).ravel()
+    tf = np.broadcast_to(tf_arr[None, :], w.shape).ravel()
+    s0 = np.zeros(w.n)
+    s1 = np.zeros(w.n)
+    b = np.zeros(w.n)
+    first = np.zeros(w.n)
+    del steps
+    for k, active, idx in w.lockstep():
+        y = r.vs[idx]
+        if k == 0:
+            s1[active] = y
+            first[active] = y
+            continue
+        if k == 1:
+            b[active] = y - first[active]
+        else:
+            b[active] = tf[active] * (s1[active] - s0[active]) + (1 - tf[active]) * b[active]
+        x = sf[active] * y
+        smoothed = (1 - sf[active]) * (s1[active] + b[active])
+        s0[active], s1[active] = s1[active], x + smoothed
+    return range_result(r, w.reshape(s1), _present(r, 2))
+
+
+def _anchored_or_smoothed(ctx: CallContext, r: RangeInput, counter: bool, per_second: bool) -> StepVector:
+    """rate/increase/delta over ``anchored`` or ``smoothed`` ranges (no extrapolation).
+
+    anchored: the value just before the window (within the lookback) stands in for the
+    window's start; smoothed: both boundaries are interpolated linearly from their neighbours.
+    """
+    steps = r.steps
+    n = len(r)
+    values = np.zeros((n, steps))
+    present = np.zeros((n, steps), dtype=bool)
+    for i in range(n):
+        a, z = int(r.offsets[i]), int(r.offsets[i + 1])
+        ts, vs = r.ts[a:z], r.vs[a:z]
+        for j in range(steps):
+            end = int(r.end[j])
+            start = end - r.range_ms
+            result = _boundary_increase(ts, vs, start, end, counter, r.smoothed)
+            if result is not None:
+                values[i, j] = result / (r.range_ms / 1000.0) if per_second else result
+                present[i, j] = True
+    return range_result(r, values, present)
+
+
+def _boundary_increase(ts: I64, vs: F64, start: int, end: int, counter: bool, smoothed: bool) -> float | None:
+    lookback = 300_000
+    inside = np.flatnonzero((ts > start) & (ts <= end))
+    before = np.flatnonzero((ts <= start) & (ts > start - lookback))
+    if smoothed:
+        after = np.flatnonzero((ts > end) & (ts <= end + lookback))
+        points_t = list(ts[inside])
+        points_v = list(vs[inside])
+        # Left boundary.
+        if len(before):
+            b = before[-1]
+            if len(inside):
+                nxt = inside[0]
+                left = _interpolate(ts[b], vs[b], ts[nxt], vs[nxt], start, counter)
+            elif len(after):
+                nxt = after[0]
+                left = _interpolate(ts[b], vs[b], ts[nxt], vs[nxt], start, counter)
+            else:
+                left = float(vs[b])
+            points_t.insert(0, start)
+            points_v.insert(0, left)
+        elif len(inside) == 0:
+            return None
+        # Right boundary.
+        last_idx = inside[-1] if len(inside) else (before[-1] if len(before) else None)
+        if last_idx is None:
+            return None
+        if len(after):
+            nxt = after[0]
+            right = _interpolate(ts[last_idx], vs[last_idx], ts[nxt], vs[nxt], end, counter)
+        else:
+            right = float(vs[last_idx])
+        points_t.append(end)
+        points_v.append(right)
+        if len(points_v) < 2:
+            return None
+        return _total_change(np.asarray(points_v), counter)
+    # anchored
+    if len(inside) == 0:
+        return None
+    seq = vs[inside]
+    if len(before):
+        seq = np.concatenate([[vs[before[-1]]], seq])
+    else:
+        seq = np.concatenate([[seq[0]], seq])
+    return _total_change(seq, counter)
+
+
+def _interpolate(t1: int, v1: float, t2: int, v2: float, at: int, counter: bool) -> float:
+    if counter and v2 < v1:
+        # A reset between the two samples: the counter restarted from zero.
+        v1 = 0.0
+    if t2 == t1:
+        return float(v2)
+    return float(v1 + (v2 - v1) * (at - t1) / (t2 - t1))
+
+
+def _total_change(seq: F64, counter: bool) -> float:
+    if not counter:
+        return float(seq[-1] - seq[0])
+    total = float(seq[-1] - seq[0])
+    for prev, cur in zip(seq[:-1], seq[1:], strict=True):
+        if cur < prev:
+            total += float(prev)
+    return total
+
+
+_ = math  # math is used by doctests in extensions

@@ -1,0 +1,90 @@
+"""The one function registry: a decorator above each implementation records its signature.
+
+The type checker reads argument and return types at parse time, the engine calls ``impl``
+at run time; nothing else keeps a list of functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kernel_insight.kql.ast import ValueType
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.values import CallContext
+
+__all__ = ["FUNCTIONS", "FunctionSpec", "Impl", "function"]
+
+#: An implementation receives the call context and the evaluated arguments.
+Impl = Callable[["CallContext", list[Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """A function's signature.
+
+    ``variadic`` follows Prometheus: 0 means exactly ``len(arg_types)`` arguments; n > 0 means
+    the last argument is optional and may repeat up to n times; -1 means it may repeat without
+    limit. ``time_dependent`` functions give different answers at different evaluation times
+    even when their arguments do not change (they are never treated as step-invariant).
+    """
+
+    name: str
+    arg_types: tuple[ValueType, ...]
+    return_type: ValueType
+    impl: Impl = field(compare=False, repr=False)
+    variadic: int = 0
+    experimental: bool = False
+    time_dependent: bool = False
+    doc: str = ""
+
+    @property
+    def min_args(self) -> int:
+        return len(self.arg_types) if self.variadic == 0 else len(self.arg_types) - 1
+
+    @property
+    def max_args(self) -> int | None:
+        if self.variadic == 0:
+            return len(self.arg_types)
+        if self.variadic < 0:
+            return None
+        return len(self.arg_types) - 1 + self.variadic
+
+    def arg_type(self, index: int) -> ValueType:
+        """The expected type of argument ``index`` (repeated arguments share the last type)."""
+        return self.arg_types[min(index, len(self.arg_types) - 1)]
+
+
+#: Every function kql knows, by name.
+FUNCTIONS: dict[str, FunctionSpec] = {}
+
+
+def function(
+    name: str,
+    args: tuple[ValueType, ...],
+    returns: ValueType,
+    *,
+    variadic: int = 0,
+    experimental: bool = False,
+    time_dependent: bool = False,
+) -> Callable[[Impl], Impl]:
+    """Register the decorated implementation under ``name``; the docstring becomes its doc."""
+
+    def register(impl: Impl) -> Impl:
+        if name in FUNCTIONS:
+            raise ValueError(f"function {name!r} registered twice")
+        FUNCTIONS[name] = FunctionSpec(
+            name=name,
+            arg_types=args,
+            return_type=returns,
+            impl=impl,
+            variadic=variadic,
+            experimental=experimental,
+            time_dependent=time_dependent,
+            doc=(impl.__doc__ or "").strip().split("\n")[0],
+        )
+        return impl
+
+    return register

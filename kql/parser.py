@@ -1,0 +1,470 @@
+"""Parse kql text into the AST of :mod:`kernel_insight.kql.ast` (lark, LALR, built once).
+
+>>> from kernel_insight.kql import parse
+>>> parse('sum by (gpu) (rate(kernel_launches_total[5m]))').op
+'sum'
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from importlib import resources
+from typing import Any
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from kernel_insight.kql.ast import (
+    AggregateExpr,
+    At,
+    BinaryExpr,
+    Call,
+    Expr,
+    MatrixSelector,
+    NumberLiteral,
+    ParenExpr,
+    PosRange,
+    StringLiteral,
+    SubqueryExpr,
+    UnaryExpr,
+    VectorMatching,
+    VectorSelector,
+)
+from kernel_insight.kql.errors import KqlParseError
+from kernel_insight.kql.lexical import go_quote, is_valid_label_name, parse_duration, parse_number, unquote
+from kernel_insight.kql.storage import Matcher
+
+__all__ = ["AGGREGATORS", "DURATION_FUNCTIONS", "PARAM_AGGREGATORS", "parse", "parse_raw"]
+
+#: Aggregation operators; those in PARAM_AGGREGATORS take a parameter before the vector.
+AGGREGATORS = frozenset(
+    {"sum", "avg", "count", "min", "max", "group", "stddev", "stdvar"}
+    | {"topk", "bottomk", "quantile", "count_values", "limitk", "limit_ratio"}
+)
+PARAM_AGGREGATORS = frozenset({"topk", "bottomk", "quantile", "count_values", "limitk", "limit_ratio"})
+
+#: Functions allowed inside duration expressions (ranges, subquery steps, offsets), with arity.
+DURATION_FUNCTIONS = {"step": 0, "range": 0, "min_of": 2, "max_of": 2}
+
+COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+SET_OPS = frozenset({"and", "or", "unless"})
+
+_TOKEN_NAMES = {
+    "$END": "end of input",
+    "LPAR": '"("',
+    "RPAR": '")"',
+    "LSQB": '"["',
+    "RSQB": '"]"',
+    "LBRACE": '"{"',
+    "RBRACE": '"}"',
+    "COMMA": '","',
+    "COLON": '":"',
+    "AT": '"@"',
+    "IDENTIFIER": "identifier",
+    "LABEL_NAME": "label name",
+    "STRING": "string",
+    "NUMBER": "number",
+    "DURATION": "duration",
+    "CMP": "comparison operator",
+    "MATCH_OP": "label matching operator",
+    "AGG_OP": "aggregation",
+}
+
+
+def _describe(terminal: str) -> str:
+    return _TOKEN_NAMES.get(terminal, terminal.lower().replace("_", " "))
+
+
+def _pos(meta: Any) -> PosRange:
+    if getattr(meta, "empty", True):
+        return PosRange(0, 0)
+    return PosRange(meta.start_pos, meta.end_pos)
+
+
+def _tok_pos(tok: Token) -> PosRange:
+    start = tok.start_pos or 0
+    return PosRange(start, tok.end_pos if tok.end_pos is not None else start + len(tok))
+
+
+class _Error(Exception):
+    """Raised inside the transformer; turned into a KqlParseError with the query attached."""
+
+    def __init__(self, message: str, pos: PosRange) -> None:
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+
+
+def _unquote(tok: Token) -> str:
+    try:
+        return unquote(str(tok))
+    except ValueError as exc:
+        raise _Error(f"invalid string {tok}: {exc}", _tok_pos(tok)) from None
+
+
+@v_args(meta=True)
+class _ToAst(Transformer[Token, Expr]):
+    """Builds one AST class per grammar alias."""
+
+    # ---------------------------------------------------------------- literals
+
+    def number(self, meta: Any, children: list[Token]) -> NumberLiteral:
+        return NumberLiteral(parse_number(str(children[0])), pos=_pos(meta))
+
+    def duration(self, meta: Any, children: list[Token]) -> NumberLiteral:
+        tok = children[0]
+        try:
+            ms = parse_duration(str(tok))
+        except ValueError as exc:
+            raise _Error(str(exc), _tok_pos(tok)) from None
+        return NumberLiteral(ms / 1000, duration=True, pos=_pos(meta))
+
+    def string(self, meta: Any, children: list[Token]) -> StringLiteral:
+        return StringLiteral(_unquote(children[0]), pos=_pos(meta))
+
+    def paren(self, meta: Any, children: list[Expr]) -> ParenExpr:
+        return ParenExpr(children[0], pos=_pos(meta))
+
+    dur_paren = paren
+
+    # ---------------------------------------------------------------- operators
+
+    def unary(self, meta: Any, children: list[Any]) -> Expr:
+        op, expr = str(children[0]), children[1]
+        pos = _pos(meta)
+        if isinstance(expr, NumberLiteral):
+            # As in Prometheus, a signed number is one literal: `-1` is NumberLiteral(-1).
+            value = -expr.value if op == "-" else expr.value
+            return NumberLiteral(value, duration=expr.duration, pos=pos)
+        return UnaryExpr(op, expr, pos=pos)
+
+    dur_unary = unary
+
+    def binary(self, meta: Any, children: list[Any]) -> BinaryExpr:
+        lhs, op_tok, mods, rhs = children
+        op = str(op_tok).lower()
+        return_bool, matching = self._modifiers(op, op_tok, mods)
+        return BinaryExpr(op, lhs, rhs, return_bool=return_bool, matching=matching, pos=_pos(meta))
+
+    def dur_binary(self, meta: Any, children: list[Any]) -> BinaryExpr:
+        lhs, op_tok, rhs = children
+        return BinaryExpr(str(op_tok), lhs, rhs, pos=_pos(meta))
+
+    def _modifiers(self, op: str, op_tok: Token, mods: Any) -> tuple[bool, VectorMatching | None]:
+        bool_tok, matching_tree, *fills = mods.children
+        if bool_tok is not None and op not in COMPARISON_OPS:
+            raise _Error("bool modifier can only be used on comparison operators", _tok_pos(bool_tok))
+        fill_left: float | None = None
+        fill_right: float | None = None
+        for fill_tok, value in fills:
+            if op in SET_OPS:
+                raise _Error(f"fill modifiers are not allowed for set operator {op!r}", _tok_pos(fill_tok))
+            kind = str(fill_tok).lower()
+            if kind in ("fill", "fill_left"):
+                fill_left = value
+            if kind in ("fill", "fill_right"):
+                fill_right = value
+        if matching_tree is None and not fills:
+            return bool_tok is not None, None
+        card, on, labels, include, given = "one-to-one", False, (), (), False
+        if matching_tree is not None:
+            on, labels, group = matching_tree
+            given = True
+            if group is not None:
+                group_tok, include = group
+                if op in SET_OPS:
+                    raise _Error(f"no grouping allowed for {op!r} operation", _tok_pos(group_tok))
+                card = "many-to-one" if str(group_tok).lower() == "group_left" else "one-to-many"
+                if on:
+                    for name in include:
+                        if name in labels:
+                            raise _Error(
+                                f"label {go_quote(name)} must not occur in ON and GROUP clause at once",
+                                _tok_pos(group_tok),
+                            )
+        if op in SET_OPS:
+            card = "many-to-many"
+        matching = VectorMatching(
+            card=card,
+            on=on,
+            labels=labels,
+            include=include,
+            matching_given=given,
+            fill_left=fill_left,
+            fill_right=fill_right,
+        )
+        return bool_tok is not None, matching
+
+    def bin_mods(self, meta: Any, children: list[Any]) -> Any:
+        return _Children(children)
+
+    def matching(self, meta: Any, children: list[Any]) -> tuple[bool, tuple[str, ...], Any]:
+        kw, labels, group = children
+        return str(kw).lower() == "on", labels, group
+
+    def group_mod(self, meta: Any, children: list[Any]) -> tuple[Token, tuple[str, ...]]:
+        tok, labels = children
+        return tok, labels if labels is not None else ()
+
+    def fill_mod(self, meta: Any, children: list[Any]) -> tuple[Token, float]:
+        return children[0], children[1]
+
+    def signed_number(self, meta: Any, children: list[Any]) -> float:
+        sign, tok = children
+        value = parse_duration(str(tok)) / 1000 if tok.type == "DURATION" else parse_number(str(tok))
+        return -value if sign is not None and str(sign) == "-" else value
+
+    # ---------------------------------------------------------------- postfix modifiers
+
+    def matrix(self, meta: Any, children: list[Any]) -> MatrixSelector:
+        inner, rng = children
+        pos = _pos(meta)
+        if not isinstance(inner, VectorSelector):
+            raise _Error("ranges only allowed for vector selectors", pos)
+        if inner.offset is not None or inner.at is not None:
+            raise _Error("no offset or @ modifiers allowed before range", pos)
+        return MatrixSelector(inner, rng, pos=pos)
+
+    def subquery(self, meta: Any, children: list[Any]) -> SubqueryExpr:
+        inner, rng, step = children
+        return SubqueryExpr(inner, rng, step, pos=_pos(meta))
+
+    def offset(self, meta: Any, children: list[Any]) -> Expr:
+        inner, tok, value = children
+        pos = _pos(meta)
+        if isinstance(inner, VectorSelector | SubqueryExpr):
+            if inner.offset is not None:
+                raise _Error("offset may not be set multiple times", _tok_pos(tok))
+            return _replace(inner, offset=value, pos=pos)
+        if isinstance(inner, MatrixSelector):
+            if inner.vector.offset is not None:
+                raise _Error("offset may not be set multiple times", _tok_pos(tok))
+            return _replace(inner, vector=_replace(inner.vector, offset=value), pos=pos)
+        raise _Error(
+            "offset modifier must be preceded by an instant vector selector or range vector selector "
+            "or a subquery",
+            _tok_pos(tok),
+        )
+
+    def at(self, meta: Any, children: list[Any]) -> Expr:
+        inner, at = children
+        pos = _pos(meta)
+        if isinstance(inner, VectorSelector | SubqueryExpr):
+            if inner.at is not None:
+                raise _Error("@ <timestamp> may not be set multiple times", pos)
+            return _replace(inner, at=at, pos=pos)
+        if isinstance(inner, MatrixSelector):
+            if inner.vector.at is not None:
+                raise _Error("@ <timestamp> may not be set multiple times", pos)
+            return _replace(inner, vector=_replace(inner.vector, at=at), pos=pos)
+        raise _Error(
+            "@ modifier must be preceded by an instant vector selector or range vector selector or a subquery",
+            pos,
+        )
+
+    def at_number(self, meta: Any, children: list[Any]) -> At:
+        sign, tok = children
+        if tok.type == "DURATION":
+            ms = parse_duration(str(tok))
+        else:
+            value = parse_number(str(tok))
+            if math.isnan(value) or math.isinf(value):
+                raise _Error(f"timestamp out of bounds for @ modifier: {tok}", _tok_pos(tok))
+            ms = round(value * 1000)
+        return At("time", -ms if sign is not None and str(sign) == "-" else ms)
+
+    def at_function(self, meta: Any, children: list[Any]) -> At:
+        tok = children[0]
+        name = str(tok).lower()
+        if name not in ("start", "end"):
+            raise _Error(f"unexpected {go_quote(str(tok))} in @, expected start() or end()", _tok_pos(tok))
+        return At(name)
+
+    def range_modifier(self, meta: Any, children: list[Any]) -> MatrixSelector:
+        inner, tok = children
+        kind = str(tok).lower()
+        if not isinstance(inner, MatrixSelector):
+            raise _Error(f"{kind} modifier must be preceded by a range vector selector", _tok_pos(tok))
+        if inner.anchored or inner.smoothed:
+            raise _Error("anchored and smoothed modifiers may be given only once", _tok_pos(tok))
+        return _replace(inner, anchored=kind == "anchored", smoothed=kind == "smoothed", pos=_pos(meta))
+
+    # ---------------------------------------------------------------- selectors
+
+    def vector_selector(self, meta: Any, children: list[Any]) -> VectorSelector:
+        pos = _pos(meta)
+        if len(children) == 2:
+            name_tok, items = children
+            name: str | None = str(name_tok)
+        else:
+            name, items = None, children[0]
+        matchers: list[Matcher] = []
+        for kind, value, item_pos in items or ():
+            if kind == "name":
+                if name is not None:
+                    raise _Error(f"metric name must not be set twice: {go_quote(name)} or {go_quote(value)}", item_pos)
+                name = value
+                continue
+            if name is not None and value.name == "__name__" and len(children) == 2:
+                raise _Error(
+                    f"metric name must not be set twice: {go_quote(name)} or {go_quote(value.value)}", item_pos
+                )
+            matchers.append(value)
+        if name is None and all(m.matches_empty() for m in matchers):
+            raise _Error("vector selector must contain at least one non-empty matcher", pos)
+        return VectorSelector(name, tuple(matchers), pos=pos)
+
+    def matchers(self, meta: Any, children: list[Any]) -> list[Any]:
+        return [c for c in children if c is not None]
+
+    def label_matcher(self, meta: Any, children: list[Any]) -> tuple[str, Matcher, PosRange]:
+        name, op_tok, value_tok = children
+        pos = _pos(meta)
+        try:
+            matcher = Matcher(name, str(op_tok), _unquote(value_tok))
+        except ValueError as exc:
+            raise _Error(str(exc), _tok_pos(value_tok)) from None
+        return "matcher", matcher, pos
+
+    def name_matcher(self, meta: Any, children: list[Any]) -> tuple[str, str, PosRange]:
+        return "name", _unquote(children[0]), _pos(meta)
+
+    def label_name(self, meta: Any, children: list[Token]) -> str:
+        tok = children[0]
+        name = _unquote(tok) if tok.type == "STRING" else str(tok)
+        if not is_valid_label_name(name):
+            raise _Error(f"invalid label name {go_quote(name)}", _tok_pos(tok))
+        return name
+
+    def label_list(self, meta: Any, children: list[Any]) -> tuple[str, ...]:
+        return tuple(c for c in children if c is not None)
+
+    # ---------------------------------------------------------------- calls and aggregations
+
+    def args(self, meta: Any, children: list[Any]) -> list[Expr]:
+        return [c for c in children if c is not None]
+
+    def call(self, meta: Any, children: list[Any]) -> Call:
+        from kernel_insight.kql.functions import FUNCTIONS  # local: the registry imports the AST
+
+        name_tok, args = children
+        name = str(name_tok)
+        if name not in FUNCTIONS:
+            raise _Error(f"unknown function with name {go_quote(name)}", _tok_pos(name_tok))
+        return Call(name, tuple(args or ()), pos=_pos(meta))
+
+    def dur_call(self, meta: Any, children: list[Any]) -> Call:
+        name_tok, *args = children
+        args = [a for a in args if a is not None]
+        name = str(name_tok).lower()
+        if name not in DURATION_FUNCTIONS:
+            raise _Error(
+                f"unknown function {go_quote(str(name_tok))} in duration expression, "
+                "expected step(), range(), min_of() or max_of()",
+                _tok_pos(name_tok),
+            )
+        want = DURATION_FUNCTIONS[name]
+        if len(args) != want:
+            raise _Error(f"expected {want} argument(s) in call to {go_quote(name)}, got {len(args)}", _pos(meta))
+        return Call(name, tuple(args), pos=_pos(meta))
+
+    def grouping(self, meta: Any, children: list[Any]) -> tuple[bool, tuple[str, ...]]:
+        kw, labels = children
+        return str(kw).lower() == "without", labels
+
+    def aggregate_pre(self, meta: Any, children: list[Any]) -> AggregateExpr:
+        op_tok, grouping, args = children
+        return self._aggregate(meta, op_tok, args, grouping)
+
+    def aggregate_post(self, meta: Any, children: list[Any]) -> AggregateExpr:
+        op_tok, args, grouping = children
+        return self._aggregate(meta, op_tok, args, grouping)
+
+    def _aggregate(self, meta: Any, op_tok: Token, args: list[Expr] | None, grouping: Any) -> AggregateExpr:
+        op = str(op_tok).lower()
+        args = args or []
+        pos = _pos(meta)
+        want = 2 if op in PARAM_AGGREGATORS else 1
+        if len(args) != want:
+            raise _Error(
+                f"wrong number of arguments for aggregate expression provided, expected {want}, got {len(args)}",
+                pos,
+            )
+        without, labels = grouping if grouping is not None else (False, ())
+        param = args[0] if want == 2 else None
+        return AggregateExpr(op, args[-1], param=param, grouping=labels, without=without, pos=pos)
+
+
+class _Children:
+    """A bare list holder so bin_mods is not mistaken for an AST node."""
+
+    __slots__ = ("children",)
+
+    def __init__(self, children: list[Any]) -> None:
+        self.children = children
+
+
+def _replace(node: Any, **changes: Any) -> Any:
+    values = {f: getattr(node, f) for f in node.__dataclass_fields__}
+    values.update(changes)
+    return type(node)(**values)
+
+
+@functools.cache
+def _parser() -> Lark:
+    grammar = resources.files("kernel_insight.kql").joinpath("grammar/kql.lark").read_text()
+    return Lark(
+        grammar,
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:
+    if isinstance(exc, UnexpectedCharacters):
+        ch = query[exc.pos_in_stream] if exc.pos_in_stream < len(query) else ""
+        return KqlParseError(f"unexpected character: {go_quote(ch)}", query, exc.pos_in_stream)
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        expected = sorted({_describe(t) for t in exc.expected if not t.startswith("__")})
+        hint = f", expected {' or '.join(expected)}" if 0 < len(expected) <= 4 else ""
+        if tok.type == "$END":
+            return KqlParseError(f"unexpected end of input{hint}", query, len(query))
+        start = tok.start_pos if tok.start_pos is not None else 0
+        what = f"{_describe(tok.type)} {go_quote(str(tok))}" if tok.type in _TOKEN_NAMES else go_quote(str(tok))
+        return KqlParseError(f"unexpected {what}{hint}", query, start, start + len(str(tok)))
+    if isinstance(exc, UnexpectedEOF):
+        return KqlParseError("unexpected end of input", query, len(query))
+    return KqlParseError(str(exc), query, getattr(exc, "pos_in_stream", 0) or 0)
+
+
+def parse_raw(query: str) -> Expr:
+    """Parse without the type-checking pass (the printer and tests use it)."""
+    if not query.strip():
+        raise KqlParseError("no expression found in input", query, 0)
+    try:
+        tree = _parser().parse(query)
+    except UnexpectedInput as exc:
+        raise _syntax_error(query, exc) from None
+    try:
+        result: Expr = _ToAst().transform(tree)
+    except _Error as exc:
+        raise KqlParseError(exc.message, query, exc.pos.start, exc.pos.end) from None
+    except VisitError as exc:
+        orig = exc.orig_exc
+        if isinstance(orig, _Error):
+            raise KqlParseError(orig.message, query, orig.pos.start, orig.pos.end) from None
+        raise
+    return result
+
+
+def parse(query: str) -> Expr:
+    """Parse and type-check a query; raises :class:`KqlParseError` (or its subclass KqlTypeError)."""
+    from kernel_insight.kql.checker import check  # local: the checker needs the function registry
+
+    expr = parse_raw(query)
+    check(expr, query)
+    return expr

@@ -1,0 +1,669 @@
+"""Run the Prometheus project's PromQL test scripts (``*.test``) against kql.
+
+``python -m kernel_insight.kql.promqltest FILE...`` prints one line per file with the float and
+native-histogram counts, every failing case, and ends with ``N passed, N failed``. A case is
+*native-histogram* when the data loaded since the last ``clear`` holds ``{{...}}`` samples or
+came from ``load_with_nhcb``, or when its expected result holds ``{{...}}``; every other case
+is *float*. Failing cases listed in the skip file (``promqltest_skips.txt`` next to this
+module: ``file:line  reason``) are known; the exit status is 1 when a failure is not listed
+there or a listed case passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.errors import KqlError
+from kernel_insight.kql.lexical import parse_duration, unquote
+from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
+from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector
+
+__all__ = [
+    "SKIP_FILE",
+    "STANDARD_FILES",
+    "NEWER_FILES",
+    "CaseResult",
+    "FileReport",
+    "almost_equal",
+    "load_skips",
+    "main",
+    "run_file",
+]
+
+#: Files of standard PromQL (the 95 % target) and of newer flag-gated features.
+STANDARD_FILES = (
+    "aggregators.test",
+    "functions.test",
+    "histograms.test",
+    "literals.test",
+    "limit.test",
+    "name_label_dropping.test",
+    "operators.test",
+    "range_queries.test",
+    "selectors.test",
+    "staleness.test",
+    "trig_functions.test",
+)
+NEWER_FILES = (
+    "duration_expression.test",
+    "extended_vectors.test",
+    "fill-modifier.test",
+    "info.test",
+    "type_and_unit.test",
+    "start_timestamps.test",
+)
+
+SKIP_FILE = Path(__file__).with_name("promqltest_skips.txt")
+
+_MIN_NORMAL = 2.2250738585072014e-308
+_EPSILON = 1e-6
+
+
+def almost_equal(a: float, b: float, eps: float = _EPSILON) -> bool:
+    """The harness' float comparison: relative tolerance, NaN equals NaN, stale only equals stale."""
+    if is_stale_value(a) or is_stale_value(b):
+        return is_stale_value(a) and is_stale_value(b)
+    if math.isnan(a) and math.isnan(b):
+        return True
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < eps * _MIN_NORMAL
+    return diff / min(abs_sum, 1.7976931348623157e308) < eps
+
+
+# ----------------------------------------------------------------------------- script parsing
+
+
+class ScriptError(ValueError):
+    """The test script itself is malformed."""
+
+
+def parse_time(text: str) -> int:
+    """A time or duration as the scripts write it (``50m``, ``0``, ``10s500ms``), in ms."""
+    text = text.strip()
+    if re.fullmatch(r"-?[0-9]+", text):
+        return int(text) * 1000
+    if text.startswith("-"):
+        return -parse_duration(text[1:])
+    return parse_duration(text)
+
+
+_NUMBER = r"[+-]?(?:[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.|Inf|inf|NaN|nan)"
+_EXPAND = re.compile(rf"^({_NUMBER})(?:([+-])({_NUMBER}))?x([0-9]+)$")
+
+
+def _float(text: str) -> float:
+    low = text.lower().lstrip("+")
+    if low in ("inf", "-inf", "nan"):
+        return float(low)
+    return float(text)
+
+
+def _split_values(text: str) -> list[str]:
+    """Whitespace-separated value tokens, keeping ``{{...}}`` histogram literals whole."""
+    tokens: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+            continue
+        j = i
+        depth = 0
+        while j < n and (depth > 0 or not text[j].isspace()):
+            if text.startswith("{{", j):
+                depth += 1
+                j += 2
+                continue
+            if text.startswith("}}", j) and depth:
+                depth -= 1
+                j += 2
+                continue
+            j += 1
+        tokens.append(text[i:j])
+        i = j
+    return tokens
+
+
+@dataclass
+class Value:
+    kind: str  # "float", "skip", "stale", "histogram"
+    value: float = 0.0
+
+
+def expand_values(tokens: Sequence[str]) -> list[Value]:
+    """``0+10x3`` -> 0 10 20 30; ``_`` -> a gap; ``stale``; ``{{...}}`` -> a histogram placeholder."""
+    out: list[Value] = []
+    for tok in tokens:
+        if tok == "_":
+            out.append(Value("skip"))
+            continue
+        if tok == "stale":
+            out.append(Value("stale", STALE_NAN))
+            continue
+        if "{{" in tok:
+            m = re.search(r"x([0-9]+)$", tok)
+            count = int(m.group(1)) + 1 if m and tok.endswith(m.group(0)) and "}}x" in tok else 1
+            out.extend(Value("histogram") for _ in range(count))
+            continue
+        m = re.fullmatch(r"_x([0-9]+)", tok)
+        if m:
+            out.extend(Value("skip") for _ in range(int(m.group(1))))
+            continue
+        m = _EXPAND.match(tok)
+        if m:
+            start = _float(m.group(1))
+            delta = _float(m.group(3)) if m.group(3) else 0.0
+            if m.group(2) == "-":
+                delta = -delta
+            out.extend(Value("float", start + k * delta) for k in range(int(m.group(4)) + 1))
+            continue
+        try:
+            out.append(Value("float", _float(tok)))
+        except ValueError:
+            raise ScriptError(f"bad value {tok!r}") from None
+    return out
+
+
+def parse_series(text: str) -> tuple[Labels, str]:
+    """``name{a="b", ...} rest`` -> (labels, rest); the name, braces and quoting are all optional."""
+    text = text.strip()
+    labels: dict[str, str] = {}
+    m = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text)
+    pos = 0
+    if m:
+        labels["__name__"] = m.group(0)
+        pos = m.end()
+    if text[pos : pos + 1] == "{":
+        pos += 1
+        while True:
+            while pos < len(text) and text[pos] in " \t,":
+                pos += 1
+            if pos >= len(text):
+                raise ScriptError(f"unterminated label set in {text!r}")
+            if text[pos] == "}":
+                pos += 1
+                break
+            if text[pos] in "\"'`":
+                sm = re.match(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', text[pos:])
+                if not sm:
+                    raise ScriptError(f"bad string in {text!r}")
+                name = unquote(sm.group(0))
+                pos += sm.end()
+            else:
+                nm = re.match(r"[a-zA-Z_][a-zA-Z0-9_]*", text[pos:])
+                if not nm:
+                    raise ScriptError(f"bad label name in {text!r}")
+                name = nm.group(0)
+                pos += nm.end()
+            while pos < len(text) and text[pos] == " ":
+                pos += 1
+            if text[pos : pos + 1] != "=":
+                # A bare quoted string is the metric name.
+                labels["__name__"] = name
+                continue
+            pos += 1
+            while pos < len(text) and text[pos] == " ":
+                pos += 1
+            vm = re.match(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', text[pos:])
+            if not vm:
+                raise ScriptError(f"bad label value in {text!r}")
+            labels[name] = unquote(vm.group(0))
+            pos += vm.end()
+    return normalize_labels(labels), text[pos:]
+
+
+@dataclass
+class Expect:
+    kind: str  # fail, warn, info, no_warn, no_info, ordered, string, range
+    msg: str | None = None
+    regex: str | None = None
+    string: str | None = None
+    range: tuple[int, int, int] | None = None
+
+
+@dataclass
+class Case:
+    file: str
+    line: int
+    query: str
+    instant: bool
+    at: int = 0
+    start: int = 0
+    end: int = 0
+    step: int = 0
+    expects: list[Expect] = field(default_factory=list)
+    results: list[tuple[Labels | None, list[Value]]] = field(default_factory=list)
+    histogram: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def kind(self) -> str:
+        return "native-histogram" if self.histogram else "float"
+
+    def has(self, kind: str) -> bool:
+        return any(e.kind == kind for e in self.expects)
+
+
+@dataclass
+class Load:
+    interval: int
+    series: list[tuple[Labels, list[Value]]]
+
+
+@dataclass
+class Clear:
+    pass
+
+
+def _blocks(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
+    block: list[str] = []
+    start = 0
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            if block:
+                yield start, block
+                block = []
+            continue
+        if block and (line == "clear" or line.split()[0].startswith(("load", "eval"))):
+            yield start, block  # a command word starts a new block even without a blank line
+            block = []
+        if not block:
+            start = number
+        block.append(line)
+    if block:
+        yield start, block
+
+
+_EXPECT = re.compile(r"^expect\s+(\w+)(?:\s+(msg|regex)\s*:\s?(.*))?$")
+
+
+def parse_script(path: Path) -> list[Load | Clear | Case]:
+    """The commands of one test script, in order."""
+    commands: list[Load | Clear | Case] = []
+    name = path.name
+    histogram_data = False
+    for start, block in _blocks(path.read_text().split("\n")):
+        head = block[0]
+        word = head.split()[0]
+        if word == "clear":
+            commands.append(Clear())
+            histogram_data = False
+            continue
+        if word.startswith("load"):
+            if word == "load_with_nhcb":
+                histogram_data = True
+            interval = parse_time(head.split()[1])
+            series = []
+            for line in block[1:]:
+                labels, rest = parse_series(line)
+                if rest.startswith("@st"):
+                    continue  # start timestamps are not stored by kql
+                if "{{" in rest:
+                    histogram_data = True
+                series.append((labels, expand_values(_split_values(rest))))
+            commands.append(Load(interval, series))
+            continue
+        if word.startswith("eval"):
+            commands.append(_parse_eval(name, start, block, histogram_data))
+            continue
+        raise ScriptError(f"{name}:{start}: unknown command {word!r}")
+    return commands
+
+
+def _parse_eval(name: str, line: int, block: list[str], histogram_data: bool) -> Case:
+    head = block[0]
+    word, rest = head.split(None, 1)
+    expects: list[Expect] = []
+    legacy = {"eval_fail": "fail", "eval_warn": "warn", "eval_info": "info", "eval_ordered": "ordered"}
+    if word in legacy:
+        expects.append(Expect(legacy[word]))
+    m = re.match(r"instant\s+at\s+(\S+)\s+(.*)$", rest)
+    if m:
+        case = Case(name, line, m.group(2), True, at=parse_time(m.group(1)))
+    else:
+        m = re.match(r"range\s+from\s+(\S+)\s+to\s+(\S+)\s+step\s+(\S+)\s+(.*)$", rest)
+        if not m:
+            raise ScriptError(f"{name}:{line}: cannot parse {head!r}")
+        case = Case(
+            name,
+            line,
+            m.group(4),
+            False,
+            start=parse_time(m.group(1)),
+            end=parse_time(m.group(2)),
+            step=parse_time(m.group(3)),
+        )
+    case.expects = expects
+    case.histogram = histogram_data or any("{{" in b for b in block[1:])
+    for body in block[1:]:
+        if body.startswith("expected_fail_message"):
+            case.expects.append(Expect("fail", msg=body.split(None, 1)[1] if " " in body else ""))
+            continue
+        if body.startswith("expected_fail_regexp"):
+            case.expects.append(Expect("fail", regex=body.split(None, 1)[1] if " " in body else ""))
+            continue
+        if body.startswith("expect "):
+            sm = re.match(r"^expect\s+string\s+(.*)$", body)
+            if sm:
+                case.expects.append(Expect("string", string=unquote(sm.group(1).strip())))
+                continue
+            rm = re.match(r"^expect\s+range\s+vector\s+from\s+(\S+)\s+to\s+(\S+)\s+step\s+(\S+)$", body)
+            if rm:
+                case.expects.append(
+                    Expect("range", range=(parse_time(rm.group(1)), parse_time(rm.group(2)), parse_time(rm.group(3))))
+                )
+                continue
+            em = _EXPECT.match(body)
+            if not em:
+                raise ScriptError(f"{name}:{line}: cannot parse {body!r}")
+            kind, how, text = em.group(1), em.group(2), em.group(3)
+            case.expects.append(
+                Expect(kind, msg=text if how == "msg" else None, regex=text if how == "regex" else None)
+            )
+            continue
+        if re.fullmatch(_NUMBER, body):
+            case.results.append((None, [Value("float", _float(body))]))
+            continue
+        labels, rest = parse_series(body)
+        case.results.append((labels, expand_values(_split_values(rest))))
+    return case
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    passed: bool
+    reason: str = ""
+
+
+@dataclass
+class FileReport:
+    file: str
+    results: list[CaseResult]
+
+    def count(self, kind: str, passed: bool | None = None) -> int:
+        return sum(1 for r in self.results if r.case.kind == kind and (passed is None or r.passed == passed))
+
+
+def _fmt_labels(labels: Labels | None) -> str:
+    if labels is None:
+        return "scalar"
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels) + "}"
+
+
+def _check_annotations(case: Case, result: QueryResult) -> str | None:
+    for level, key in (("warning", "warn"), ("info", "info")):
+        texts = result.warnings if level == "warning" else result.infos
+        wanted = [e for e in case.expects if e.kind == key]
+        if case.has("no_" + key) and texts:
+            return f"unexpected {level}: {texts[0]}"
+        if not wanted:
+            continue
+        if not texts:
+            return f"expected a {level}, got none"
+        for e in wanted:
+            if e.msg is not None and e.msg not in texts:
+                return f"expected {level} {e.msg!r}, got {texts}"
+            if e.regex is not None and not any(re.search(e.regex, t) for t in texts):
+                return f"expected {level} matching {e.regex!r}, got {texts}"
+        specific = [e for e in wanted if e.msg is not None or e.regex is not None]
+        if specific:
+            for t in texts:
+                if not any((e.msg == t) or (e.regex is not None and re.search(e.regex, t)) for e in specific):
+                    return f"unexpected {level}: {t}"
+    return None
+
+
+def _compare_vector(case: Case, vec: Vector) -> str | None:
+    expected = case.results
+    if any(labels is None for labels, _ in expected):
+        return f"expected a scalar, got a vector of {len(vec)}"
+    got = {s.labels: s.value for s in vec.samples}
+    if len(got) != len(vec.samples):
+        return "result contains duplicate label sets"
+    want: dict[Labels, float] = {}
+    for labels, values in expected:
+        assert labels is not None
+        if len(values) != 1:
+            return f"instant eval expects one value per series ({_fmt_labels(labels)})"
+        want[labels] = values[0].value
+    if set(got) != set(want):
+        missing = [_fmt_labels(lb) for lb in want if lb not in got]
+        extra = [_fmt_labels(lb) for lb in got if lb not in want]
+        return f"series differ: missing {missing[:3]}, unexpected {extra[:3]}"
+    for labels, value in want.items():
+        if not almost_equal(value, got[labels]):
+            return f"{_fmt_labels(labels)}: expected {value!r}, got {got[labels]!r}"
+    if case.has("ordered"):
+        order = [s.labels for s in vec.samples]
+        if order != [lb for lb, _ in expected]:
+            return "order differs"
+    return None
+
+
+def _compare_matrix(case: Case, mat: Matrix, times: list[int]) -> str | None:
+    got: dict[Labels, dict[int, float]] = {}
+    for s in mat.series:
+        got[s.labels] = {int(t): float(v) for t, v in zip(s.timestamps, s.values, strict=True)}
+    want: dict[Labels, dict[int, float]] = {}
+    for labels, values in case.results:
+        if labels is None:
+            return "expected a scalar, got a matrix"
+        if len(values) != len(times):
+            return f"{_fmt_labels(labels)}: expected {len(times)} points in the script, found {len(values)}"
+        want[labels] = {t: v.value for t, v in zip(times, values, strict=True) if v.kind != "skip"}
+    want = {k: v for k, v in want.items() if v}
+    if set(got) != set(want):
+        missing = [_fmt_labels(lb) for lb in want if lb not in got]
+        extra = [_fmt_labels(lb) for lb in got if lb not in want]
+        return f"series differ: missing {missing[:3]}, unexpected {extra[:3]}"
+    for labels, points in want.items():
+        if set(points) != set(got[labels]):
+            return f"{_fmt_labels(labels)}: points at {sorted(got[labels])}, expected at {sorted(points)}"
+        for t, v in points.items():
+            if not almost_equal(v, got[labels][t]):
+                return f"{_fmt_labels(labels)} @{t}: expected {v!r}, got {got[labels][t]!r}"
+    return None
+
+
+_TIME_FUNCS = re.compile(r"\b(start|end|range|step)\s*\(", re.IGNORECASE)
+
+
+def _evaluate(engine: Engine, case: Case) -> str | None:
+    fail = next((e for e in case.expects if e.kind == "fail"), None)
+    try:
+        if case.instant:
+            result = engine.instant_query(case.query, case.at)
+        else:
+            result = engine.range_query(case.query, case.start, case.end, case.step)
+    except KqlError as exc:
+        if fail is None:
+            return f"unexpected error: {type(exc).__name__}: {exc.message}"
+        if fail.msg is not None and exc.message != fail.msg.strip():
+            return f"expected error {fail.msg!r}, got {exc.message!r}"
+        if fail.regex is not None and not re.search(fail.regex, exc.message):
+            return f"expected error matching {fail.regex!r}, got {exc.message!r}"
+        return None
+    if fail is not None:
+        return "expected an error, got none"
+    problem = _check_annotations(case, result)
+    if problem:
+        return problem
+    value = result.value
+    string = next((e for e in case.expects if e.kind == "string"), None)
+    if string is not None:
+        if not isinstance(value, String) or value.value != string.string:
+            return f"expected string {string.string!r}, got {value!r}"
+        return None
+    rng = next((e for e in case.expects if e.kind == "range"), None)
+    if rng is not None and rng.range is not None:
+        if not isinstance(value, Matrix):
+            return f"expected a range vector, got {type(value).__name__}"
+        start, end, step = rng.range
+        return _compare_matrix(case, value, list(range(start, end + 1, step)))
+    if isinstance(value, Scalar):
+        if len(case.results) != 1 or case.results[0][0] is not None:
+            return f"expected a vector, got scalar {value.value!r}"
+        want = case.results[0][1][0].value
+        return None if almost_equal(want, value.value) else f"expected {want!r}, got {value.value!r}"
+    if isinstance(value, String):
+        return f"unexpected string {value.value!r}"
+    if case.instant:
+        if isinstance(value, Matrix):
+            return "got a range vector without 'expect range vector'"
+        problem = _compare_vector(case, value)
+        if problem is None:
+            problem = _range_recheck(engine, case)
+        return problem
+    assert isinstance(value, Matrix)
+    return _compare_matrix(case, value, list(range(case.start, case.end + 1, case.step)))
+
+
+def _range_recheck(engine: Engine, case: Case) -> str | None:
+    """As upstream: an instant eval must give the same answer as the middle step of a range query."""
+    if case.has("ordered") or _TIME_FUNCS.search(case.query):
+        return None
+    try:
+        result = engine.range_query(case.query, case.at - 60_000, case.at + 60_000, 60_000)
+    except KqlError as exc:
+        return f"range re-check failed: {exc.message}"
+    assert isinstance(result.value, Matrix)
+    got: dict[Labels, float] = {}
+    for s in result.value.series:
+        for t, v in zip(s.timestamps, s.values, strict=True):
+            if int(t) == case.at:
+                got[s.labels] = float(v)
+    want = {lb: vals[0].value for lb, vals in case.results if lb is not None}
+    if case.results and case.results[0][0] is None:
+        want = {(): case.results[0][1][0].value}
+    if set(got) != set(want) or any(not almost_equal(want[k], got[k]) for k in want):
+        return f"range re-check differs: got {got}"
+    return None
+
+
+def run_file(path: Path, skips: dict[str, str] | None = None) -> FileReport:
+    """Run every eval of one script; loads and clears apply in order."""
+    storage = MemoryStorage()
+    engine = Engine(storage)
+    results: list[CaseResult] = []
+    for command in parse_script(path):
+        if isinstance(command, Clear):
+            storage.clear()
+        elif isinstance(command, Load):
+            for labels, values in command.series:
+                ts = [k * command.interval for k, v in enumerate(values) if v.kind in ("float", "stale")]
+                vs = [v.value for v in values if v.kind in ("float", "stale")]
+                if ts:
+                    storage.add(labels, ts, vs)
+        else:
+            try:
+                problem = _evaluate(engine, command)
+            except Exception as exc:  # a crash is a failure of this case, not of the run
+                problem = f"crash: {type(exc).__name__}: {exc}"
+            results.append(CaseResult(command, problem is None, problem or ""))
+    return FileReport(path.name, results)
+
+
+# ----------------------------------------------------------------------------- skip file
+
+
+def load_skips(path: Path = SKIP_FILE) -> dict[str, str]:
+    """``file:line`` -> reason, from the skip file (``#`` comments and blank lines ignored)."""
+    skips: dict[str, str] = {}
+    if not path.exists():
+        return skips
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, reason = line.partition(" ")
+        skips[key] = reason.strip()
+    return skips
+
+
+def default_dir() -> Path:
+    """``<repo root>/../shared/promqltest``: where CI keeps the upstream scripts."""
+    repo_root = Path(__file__).resolve().parent.parent
+    return repo_root.parent / "shared" / "promqltest"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernel_insight.kql.promqltest", description=__doc__)
+    parser.add_argument("files", nargs="*", type=Path, help="test scripts (default: all in ../shared/promqltest)")
+    parser.add_argument("--skips", type=Path, default=SKIP_FILE, help="skip file (file:line reason)")
+    parser.add_argument("--write-skips", action="store_true", help="rewrite the skip file from this run's failures")
+    parser.add_argument("-q", "--quiet", action="store_true", help="do not list failing cases")
+    args = parser.parse_args(argv)
+    files = args.files or sorted(default_dir().glob("*.test"))
+    skips = load_skips(args.skips)
+    reports = [run_file(f) for f in files]
+    passed = failed = unlisted = 0
+    stale_skips: list[str] = []
+    new_skips: dict[str, str] = {}
+    for report in reports:
+        fp, ft = report.count("float", True), report.count("float")
+        hp, ht = report.count("native-histogram", True), report.count("native-histogram")
+        print(f"{report.file}: float {fp}/{ft} passed, native-histogram {hp}/{ht} passed")
+        for r in report.results:
+            if r.passed:
+                passed += 1
+                if r.case.id in skips:
+                    stale_skips.append(r.case.id)
+                continue
+            failed += 1
+            known = r.case.id in skips
+            unlisted += not known
+            new_skips[r.case.id] = skips.get(r.case.id) or f"[{r.case.kind}] {r.reason}"
+            if not args.quiet:
+                mark = "known" if known else "FAIL"
+                print(f"  {mark} {r.case.id} [{r.case.kind}] {r.case.query}\n      {r.reason}")
+    for title, names in (("standard", STANDARD_FILES), ("newer", NEWER_FILES)):
+        chosen = [r for r in reports if r.file in names]
+        fp = sum(r.count("float", True) for r in chosen)
+        ft = sum(r.count("float") for r in chosen)
+        if ft:
+            print(f"{title} files: float {fp}/{ft} passed ({100 * fp / ft:.1f}%)")
+    if args.write_skips:
+        _write_skips(args.skips, new_skips)
+    for case_id in stale_skips:
+        print(f"  listed in the skip file but passes now: {case_id}")
+    if unlisted:
+        print(f"{unlisted} failing case(s) not listed in {args.skips.name}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if (unlisted or stale_skips) and not args.write_skips else 0
+
+
+def _write_skips(path: Path, skips: dict[str, str]) -> None:
+    header = (
+        "# PromQL test cases kql does not pass yet, one per line: <file>:<line of the eval> <reason>.\n"
+        "# The promqltest runner fails when a failing case is missing here or a listed case passes.\n"
+        "# Regenerate with: python -m kernel_insight.kql.promqltest --write-skips\n"
+    )
+    lines = [f"{k} {v}".replace("\n", " ") for k, v in sorted(skips.items(), key=lambda kv: _sort_key(kv[0]))]
+    path.write_text(header + "\n".join(lines) + ("\n" if lines else ""))
+
+
+def _sort_key(case_id: str) -> tuple[str, int]:
+    name, _, line = case_id.rpartition(":")
+    return name, int(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

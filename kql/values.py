@@ -1,0 +1,324 @@
+"""Values: the engine's internal step-wise forms and the typed results queries return.
+
+Inside the engine an instant vector is evaluated at every step at once (a :class:`StepVector`:
+one row per series, one column per step, with a presence mask) and a range vector is a
+:class:`RangeInput` (every series' samples plus the window of each step). Queries return
+:class:`Vector`, :class:`Matrix`, :class:`Scalar` or :class:`String` inside a
+:class:`QueryResult`, which :func:`to_prometheus_json` turns into the HTTP API's ``data``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.ast import PosRange
+from kernel_insight.kql.storage import Labels
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.ast import Call
+
+__all__ = [
+    "Annotation",
+    "CallContext",
+    "Matrix",
+    "QueryResult",
+    "QueryStats",
+    "RangeInput",
+    "Sample",
+    "Scalar",
+    "Series",
+    "StepVector",
+    "String",
+    "Vector",
+    "format_sample_value",
+    "labels_to_str",
+    "to_prometheus_json",
+]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+
+#: Labels dropped together with the metric name (Prometheus type-and-unit metadata).
+NAME_LABELS = ("__name__", "__type__", "__unit__")
+
+
+def drop_name(labels: Labels) -> Labels:
+    """The label set without ``__name__`` (and the ``__type__``/``__unit__`` metadata that goes with it)."""
+    return tuple(p for p in labels if p[0] not in NAME_LABELS)
+
+
+def labels_to_str(labels: Labels) -> str:
+    """Prometheus' ``labels.String()``: ``{__name__="up", job="a"}``."""
+    from kernel_insight.kql.lexical import go_quote
+
+    return "{" + ", ".join(f"{k}={go_quote(v)}" for k, v in labels) + "}"
+
+
+# ------------------------------------------------------------------------------ internal forms
+
+
+@dataclass(slots=True)
+class StepVector:
+    """An instant vector at every step: ``values[i, j]`` is series ``i`` at step ``j`` if ``present[i, j]``.
+
+    Rows may share labels as long as they are never present at the same step (a series that
+    changes provenance over time); ``drop_name[i]`` marks rows whose metric name is removed
+    when the result is returned (Prometheus' delayed name removal). ``sample_ts`` holds the
+    sample timestamps for rows that come straight from a selector (``timestamp()`` needs them).
+    """
+
+    labels: list[Labels]
+    values: F64
+    present: BOOL
+    drop_name: BOOL
+    sample_ts: I64 | None = None
+
+    @classmethod
+    def empty(cls, steps: int) -> StepVector:
+        return cls([], np.empty((0, steps)), np.empty((0, steps), dtype=bool), np.empty(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, rows: npt.NDArray[np.intp] | list[int]) -> StepVector:
+        """A new vector of the given rows, in the given order."""
+        idx = np.asarray(rows, dtype=np.intp)
+        return StepVector(
+            [self.labels[i] for i in idx],
+            self.values[idx],
+            self.present[idx],
+            self.drop_name[idx],
+            None if self.sample_ts is None else self.sample_ts[idx],
+        )
+
+    def compact(self) -> StepVector:
+        """Without the rows that are absent at every step."""
+        keep = np.flatnonzero(self.present.any(axis=1))
+        return self if len(keep) == len(self.labels) else self.take(keep)
+
+
+@dataclass(slots=True)
+class RangeInput:
+    """A range vector at every step: the samples of each series and each step's window.
+
+    All series' samples are concatenated in ``ts``/``vs``; series ``i`` owns
+    ``ts[offsets[i]:offsets[i + 1]]``. The window of series ``i`` at step ``j`` is
+    ``ts[lo[i, j]:hi[i, j]]``, i.e. samples with ``end[j] - range_ms < t <= end[j]``. Stale markers
+    are already removed. ``before`` and ``after`` hold the extra samples anchored/smoothed
+    selectors may look at outside the window.
+    """
+
+    labels: list[Labels]
+    drop_name: BOOL
+    ts: I64
+    vs: F64
+    offsets: I64
+    lo: I64
+    hi: I64
+    end: I64
+    range_ms: int
+    anchored: bool = False
+    smoothed: bool = False
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def steps(self) -> int:
+        return len(self.end)
+
+    @property
+    def counts(self) -> I64:
+        counts: I64 = self.hi - self.lo
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """A warning or info raised while evaluating, with the position of the expression it is about."""
+
+    level: Literal["warning", "info"]
+    message: str
+    pos: PosRange
+
+    def format(self, query: str) -> str:
+        """``PromQL warning: <message> (1:7)``, as Prometheus words it."""
+        line, col = self.pos.line_col(query)
+        return f"PromQL {self.level}: {self.message} ({line}:{col})"
+
+
+class CallContext:
+    """What a function implementation may ask the engine for."""
+
+    __slots__ = ("_eval", "node", "times")
+
+    def __init__(self, evaluator: Any, node: Call, times: I64) -> None:
+        self._eval = evaluator
+        self.node = node
+        self.times = times
+
+    @property
+    def steps(self) -> int:
+        return len(self.times)
+
+    @property
+    def query_start_ms(self) -> int:
+        start: int = self._eval.query_start
+        return start
+
+    @property
+    def query_end_ms(self) -> int:
+        end: int = self._eval.query_end
+        return end
+
+    @property
+    def query_step_ms(self) -> int:
+        step: int = self._eval.query_step
+        return step
+
+    @property
+    def is_range_query(self) -> bool:
+        is_range: bool = self._eval.is_range_query
+        return is_range
+
+    def warn(self, message: str, pos: PosRange | None = None) -> None:
+        self._eval.annotate("warning", message, pos or self.node.pos)
+
+    def info(self, message: str, pos: PosRange | None = None) -> None:
+        self._eval.annotate("info", message, pos or self.node.pos)
+
+    def check(self) -> None:
+        """Raise if the query timed out or was cancelled (call it in long loops)."""
+        self._eval.checkpoint()
+
+
+# ------------------------------------------------------------------------------ public results
+
+
+def format_sample_value(value: float) -> str:
+    """A sample value as the Prometheus HTTP API writes it: ``"1"``, ``"0.5"``, ``"+Inf"``, ``"NaN"``."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(float(value))
+    if "e" in text or "E" in text:
+        # Go's 'f' format never uses an exponent.
+        text = np.format_float_positional(value, trim="-")
+    elif text.endswith(".0"):
+        text = text[:-2]
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    timestamp_ms: int
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class String:
+    timestamp_ms: int
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    labels: Labels
+    timestamp_ms: int
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """An instant vector; ``samples`` keep the order the query gave them (sort, topk)."""
+
+    timestamp_ms: int
+    samples: tuple[Sample, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Series:
+    labels: Labels
+    timestamps: I64
+    values: F64
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    """A range query's result (or an instant query of a range vector), series sorted by labels."""
+
+    series: tuple[Series, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.series)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryStats:
+    samples: int = 0
+    series: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """A query's value plus the annotations raised while computing it."""
+
+    value: Vector | Matrix | Scalar | String
+    query: str = ""
+    annotations: tuple[Annotation, ...] = ()
+    stats: QueryStats = field(default_factory=QueryStats)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [a.format(self.query) for a in self.annotations if a.level == "warning"]
+
+    @property
+    def infos(self) -> list[str]:
+        return [a.format(self.query) for a in self.annotations if a.level == "info"]
+
+    def to_prometheus_json(self) -> dict[str, Any]:
+        """The ``data`` object of a Prometheus ``/api/v1/query[_range]`` response."""
+        return to_prometheus_json(self.value)
+
+
+def _ts(ms: int) -> float | int:
+    return ms // 1000 if ms % 1000 == 0 else ms / 1000
+
+
+def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, Any]:
+    """``{"resultType": ..., "result": ...}`` exactly as the Prometheus HTTP API encodes it."""
+    if isinstance(value, Scalar):
+        return {"resultType": "scalar", "result": [_ts(value.timestamp_ms), format_sample_value(value.value)]}
+    if isinstance(value, String):
+        return {"resultType": "string", "result": [_ts(value.timestamp_ms), value.value]}
+    if isinstance(value, Vector):
+        return {
+            "resultType": "vector",
+            "result": [
+                {"metric": dict(s.labels), "value": [_ts(s.timestamp_ms), format_sample_value(s.value)]}
+                for s in value.samples
+            ],
+        }
+    return {
+        "resultType": "matrix",
+        "result": [
+            {
+                "metric": dict(s.labels),
+                "values": [
+                    [_ts(int(t)), format_sample_value(float(v))] for t, v in zip(s.timestamps, s.values, strict=True)
+                ],
+            }
+            for s in value.series
+        ],
+    }

@@ -1,0 +1,77 @@
+"""Row operations on step vectors shared by the engine, binary operators and functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.values import StepVector, drop_name, labels_to_str
+
+__all__ = ["DUPLICATE_LABELSET", "consolidate", "finalize_names", "group_rows", "without_labels"]
+
+DUPLICATE_LABELSET = "vector cannot contain metrics with the same labelset"
+
+
+def group_rows(keys: Sequence[Hashable]) -> tuple[npt.NDArray[np.intp], int]:
+    """Dense group ids for a list of keys, numbered in order of first appearance."""
+    ids: dict[Hashable, int] = {}
+    out = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.intp, count=len(keys))
+    return out, len(ids)
+
+
+def consolidate(
+    vec: StepVector,
+    key: Callable[[Labels], Labels] | None = None,
+    message: str = DUPLICATE_LABELSET,
+) -> StepVector:
+    """Merge rows whose (keyed) labels are equal; raise if two of them are present at the same step.
+
+    With ``key`` the rows take the keyed labels (``finalize_names`` passes the name-dropping key).
+    """
+    labels = [key(lb) for lb in vec.labels] if key is not None else vec.labels
+    gid, n = group_rows(labels)
+    if n == len(labels):
+        if key is None:
+            return vec
+        return StepVector(labels, vec.values, vec.present, vec.drop_name, vec.sample_ts)
+    counts = np.zeros((n, vec.present.shape[1]), dtype=np.int64)
+    np.add.at(counts, gid, vec.present)
+    if (counts > 1).any():
+        raise KqlEvaluationError(message)
+    first = np.full(n, -1, dtype=np.intp)
+    for i, g in enumerate(gid):
+        if first[g] < 0:
+            first[g] = i
+    values = np.zeros((n, vec.present.shape[1]))
+    present = np.zeros((n, vec.present.shape[1]), dtype=bool)
+    drop = np.zeros(n, dtype=bool)
+    sample_ts = None if vec.sample_ts is None else np.zeros((n, vec.present.shape[1]), dtype=np.int64)
+    for i, g in enumerate(gid):
+        p = vec.present[i]
+        values[g, p] = vec.values[i, p]
+        present[g] |= p
+        drop[g] |= vec.drop_name[i]
+        if sample_ts is not None and vec.sample_ts is not None:
+            sample_ts[g, p] = vec.sample_ts[i, p]
+    return StepVector([labels[i] for i in first], values, present, drop, sample_ts)
+
+
+def finalize_names(vec: StepVector) -> StepVector:
+    """Apply delayed name removal: drop ``__name__`` where flagged, then merge equal label sets."""
+    if not vec.drop_name.any():
+        return consolidate(vec)
+    labels = [drop_name(lb) if d else lb for lb, d in zip(vec.labels, vec.drop_name, strict=True)]
+    out = StepVector(labels, vec.values, vec.present, np.zeros(len(labels), dtype=bool), vec.sample_ts)
+    return consolidate(out)
+
+
+def without_labels(labels: Labels, names: frozenset[str]) -> Labels:
+    return tuple(p for p in labels if p[0] not in names)
+
+
+def describe(labels: Labels) -> str:
+    return labels_to_str(labels)
