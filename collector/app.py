@@ -95,7 +95,10 @@ def create_app(
             batch = await run_in_threadpool(parse_remote_write, body, max_decompressed_bytes)
         except RemoteWriteError as exc:
             return _error(400, f"malformed remote_write request: {exc}")
-        await run_in_threadpool(store.insert_samples, batch)
+        try:
+            await run_in_threadpool(store.insert_samples, batch)
+        except ValueError as exc:  # rows the schema cannot hold
+            return _error(400, f"remote_write request refused: {exc}")
         return Response(status_code=204)
 
     for router in routers:

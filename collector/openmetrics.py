@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kernel_insight.collector.rows import SampleBatch, SampleBuilder
+from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder
 
 __all__ = ["Exposition", "MetricMeta", "OpenMetricsError", "parse_exposition"]
 
@@ -211,8 +211,8 @@ def parse_exposition(
             ln.skip_ws()
         if not ln.at_end() and not (om and ln.text.startswith("# ", ln.pos)):
             raise ln.fail("unexpected text after the sample")  # OpenMetrics exemplars are ignored
-        if ts_ms is not None and not -(2**63) <= ts_ms < 2**63:
-            raise ln.fail("timestamp out of range", 0)
+        if ts_ms is not None and not MIN_TS_MS <= ts_ms <= MAX_TS_MS:
+            raise ln.fail(f"timestamp {ts_ms} ms is outside 1970-01-01 .. 2149-06-06", 0)
         if ts_ms is None:
             if default_timestamp_ms is None:
                 raise ln.fail("the sample has no timestamp", 0)

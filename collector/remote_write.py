@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from kernel_insight.collector.rows import SampleBatch, SampleBuilder
+from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
@@ -125,6 +125,10 @@ def decode_write_request(buf: bytes) -> SampleBatch:
                     elif n3 == 2:
                         _expect(w3, 0, "Sample", n3)
                         t = s3 - (1 << 64) if s3 >= 1 << 63 else s3
+                        if not MIN_TS_MS <= t <= MAX_TS_MS:
+                            raise RemoteWriteError(
+                                f"sample timestamp {t} ms is outside 1970-01-01 .. 2149-06-06"
+                            )
                 ts.append(t)
                 vs.append(value_f)
             # 3: exemplars, 4: native histograms: not stored yet

@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_TS_MS",
+    "MIN_TS_MS",
     "Event",
     "InstanceInfo",
     "Labels",
@@ -24,6 +26,10 @@ __all__ = [
     "canonical_labels",
     "series_fingerprint",
 ]
+
+#: Sample timestamps the schema can hold: the series table's Date column spans 1970-01-01 .. 2149-06-06.
+MIN_TS_MS = 0
+MAX_TS_MS = 65_536 * 86_400_000 - 1
 
 #: Sorted (name, value) pairs, ``__name__`` included, no empty values (as kql's ``normalize_labels``).
 Labels = tuple[tuple[str, str], ...]
@@ -75,6 +81,9 @@ class SampleBatch:
             raise ValueError("series_idx, ts_ms and values must have the same length")
         if n and (int(self.series_idx.min()) < 0 or int(self.series_idx.max()) >= len(self.series)):
             raise ValueError("series_idx points outside series")
+        if n and (int(self.ts_ms.min()) < MIN_TS_MS or int(self.ts_ms.max()) > MAX_TS_MS):
+            bad = int(self.ts_ms.min()) if int(self.ts_ms.min()) < MIN_TS_MS else int(self.ts_ms.max())
+            raise ValueError(f"timestamp {bad} ms is outside the storable range 1970-01-01 .. 2149-06-06")
 
     def __len__(self) -> int:
         return len(self.ts_ms)

@@ -391,6 +391,7 @@ class EmbeddedStore(Store):
 
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._insert_lock = threading.Lock()
         try:
             self._session: Any = session_cls(str(self.path))
         except Exception as exc:
@@ -419,12 +420,14 @@ class EmbeddedStore(Store):
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
         cols = ", ".join(f"`{c}`" for c in data.column_names)
         settings = f" SETTINGS insert_deduplication_token = {quote(token)}" if token else ""
-        # chDB resolves Python(_ki_arrow_data) by looking the name up in this frame.
+        # chDB resolves Python(_ki_arrow_data) by looking the name up from this frame, and two
+        # threads doing so at once can be handed each other's table: inserts take turns.
         _ki_arrow_data = data
-        self._run(
-            f"INSERT INTO {self._table(name)} ({cols}){settings} SELECT {cols} FROM Python(_ki_arrow_data)",
-            "CSV",
-        )
+        with self._insert_lock:
+            self._run(
+                f"INSERT INTO {self._table(name)} ({cols}){settings} SELECT {cols} FROM Python(_ki_arrow_data)",
+                "CSV",
+            )
 
     def _close(self) -> None:
         try:

@@ -27,14 +27,14 @@ def test_prometheus_text_with_millisecond_timestamps():
         'gpu_temp_celsius{gpu="1",host="a",} 62 1700000000000\n'
         "# a plain comment\n"
         "\n"
-        "up 1 -5\n"
+        "up 1 5\n"
     )
     expo = parse_exposition(text)
     assert expo.format == "prometheus"
     assert _rows(expo) == [
         ({"__name__": "gpu_temp_celsius", "gpu": "0", "host": "a"}, 1700000000000, 61.5),
         ({"__name__": "gpu_temp_celsius", "gpu": "1", "host": "a"}, 1700000000000, 62.0),
-        ({"__name__": "up"}, -5, 1.0),
+        ({"__name__": "up"}, 5, 1.0),
     ]
     assert expo.metadata["gpu_temp_celsius"].type == "gauge"
     assert expo.metadata["gpu_temp_celsius"].help == "GPU temperature."
@@ -82,6 +82,8 @@ def test_missing_timestamp_uses_the_default_or_fails():
         ("up 1 2\n# EOF\nup 1 3\n# EOF\n", 3, 1, "after '# EOF'"),
         ("# TYPE up gauge\nup 1 2\n", None, None, None),
         ("{} 1 2\n", 1, 3, "expected a metric name"),
+        ("up 1 -5\n", 1, 1, "outside 1970-01-01"),
+        ("up 1 99999999999999999\n", 1, 1, "outside 1970-01-01"),
         ('{""} 1 2\n', 1, 1, "metric name"),
         ("up 1_000 2\n", 1, 4, "invalid value"),
     ],
@@ -130,7 +132,7 @@ def _esc(v: str) -> str:
             _names,
             st.dictionaries(_label_names, st.text(min_size=1, max_size=10), max_size=4),
             _values,
-            st.integers(-(2**62), 2**62),
+            st.integers(0, 5_662_310_399_999),
         ),
         max_size=10,
     )

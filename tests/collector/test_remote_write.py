@@ -39,13 +39,13 @@ def test_decodes_series_labels_and_samples():
     body = encode_write_request(
         [
             ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, [(NOW, 61.0), (NOW + 15_000, 62.0)]),
-            ({"__name__": "up"}, [(-1, 1.0)]),
+            ({"__name__": "up"}, [(1, 1.0)]),
         ]
     )
     assert _rows(parse_remote_write(body)) == [
         ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, NOW, 61.0),
         ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, NOW + 15_000, 62.0),
-        ({"__name__": "up"}, -1, 1.0),
+        ({"__name__": "up"}, 1, 1.0),
     ]
 
 
@@ -75,6 +75,12 @@ def test_malformed_protobuf_is_a_clear_error(raw, message):
         decode_write_request(raw)
 
 
+def test_timestamps_outside_the_schema_are_refused():
+    for t in (-1, 2**62):
+        with pytest.raises(RemoteWriteError, match="outside 1970-01-01"):
+            parse_remote_write(encode_write_request([({"__name__": "up"}, [(t, 1.0)])]))
+
+
 def test_snappy_problems_are_clear_errors():
     with pytest.raises(RemoteWriteError, match="snappy"):
         parse_remote_write(b"\xff\xff\xff")
@@ -98,7 +104,7 @@ def test_fuzz_decoder_raises_only_remote_write_error(raw):
         st.tuples(
             st.dictionaries(st.text(min_size=1, max_size=5), st.text(min_size=1, max_size=5), max_size=3),
             st.lists(
-                st.tuples(st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False)),
+                st.tuples(st.integers(0, 5_662_310_399_999), st.floats(allow_nan=False)),
                 min_size=1,
                 max_size=4,
             ),

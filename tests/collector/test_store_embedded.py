@@ -185,3 +185,24 @@ def test_embedded_store_has_no_cluster_mode(tmp_path):
 
     with pytest.raises(ValueError, match="cluster needs a ClickHouse URL"):
         open_store(tmp_path / "d", cluster="ki")
+
+
+def test_one_session_serves_several_threads(store):
+    # FastAPI runs handlers on a thread pool: inserts and reads share the one chDB session.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(i):
+        store.insert_batch(f"agent-t:{i}", samples=_samples(n_series=2, n=50, base=NOW_MS + i * 60_000))
+        return len(
+            store.storage().select([Matcher("__name__", "=", "gpu_temp_celsius")], NOW_MS, NOW_MS + 10**7)
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(work, range(12)))
+    assert all(n == 2 for n in seen)
+    assert _count(store, "samples") == 12 * 100
+
+
+def test_out_of_range_timestamps_are_refused_before_storage():
+    with pytest.raises(ValueError, match="outside the storable range"):
+        _samples(base=-10_000)
