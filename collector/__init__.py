@@ -22,6 +22,7 @@ from kernel_insight.collector.rows import (
     series_fingerprint,
 )
 from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
+from kernel_insight.collector.sink import StoreSink
 from kernel_insight.collector.store import (
     EmbeddedStore,
     ServerStore,
@@ -53,6 +54,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "Store",
+    "StoreSink",
     "canonical_labels",
     "cluster_ddl",
     "create_app",

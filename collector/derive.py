@@ -121,6 +121,19 @@ class Deriver:
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
         self._memory_total: dict[int, float] = {}
 
+    # ---- undo ------------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[tuple[tuple[str, str], ...], float]:
+        """The running totals, to hand back to :meth:`rollback` if the derived rows are not stored.
+
+        Without it a batch that failed to store (and will be retried) would be counted twice.
+        Names, fingerprints and memory totals need no undo: learning them twice is harmless.
+        """
+        return dict(self._totals)
+
+    def rollback(self, checkpoint: dict[tuple[tuple[str, str], ...], float]) -> None:
+        self._totals = defaultdict(float, checkpoint)
+
     # ---- helpers ---------------------------------------------------------------------
 
     def _name(self, producer: int, string_id: int) -> str | None:

@@ -1,0 +1,72 @@
+"""StoreSink: the ingest router's decoded batches become stored rows, once, with counters that survive a failed store."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from kernel_insight.agent import RECORD_DTYPE, RecordType
+from kernel_insight.collector.sink import StoreSink
+from kernel_insight.collector.store import EmbeddedStore, StorageUnavailable
+from kernel_insight.collector.wire import BatchHeader, Counter, DecodedBatch
+from kernel_insight.kql.storage import Matcher
+
+AGENT = bytes(range(16))
+NOW = time.time_ns()
+
+
+def _batch(seq: int, kernels: int = 3) -> DecodedBatch:
+    arr = np.zeros(kernels, RECORD_DTYPE)
+    arr["pos"] = np.arange(kernels) + seq * 100
+    arr["producer"] = 1
+    arr["type"] = RecordType.KERNEL
+    arr["id"] = 5
+    arr["ts_ns"] = NOW + seq * 10_000_000 + np.arange(kernels) * 1000
+    payload = np.zeros(kernels, np.dtype([("end", "<u8"), ("rest", "V24")]))
+    payload["end"] = arr["ts_ns"] + 500
+    arr["payload"] = payload.view("V32")
+    header = BatchHeader(AGENT, 1, 7, seq, NOW, NOW + seq * 10_000_000 + 10_000, kernels, 0, 1)
+    return DecodedBatch(
+        header,
+        counters={int(Counter.RING_DROPPED): 4},
+        strings={(1, 5): "gemm"},
+        arrays={RecordType.KERNEL: arr},
+    )
+
+
+def _launches(store):
+    window = (NOW // 1_000_000 - 1000, NOW // 1_000_000 + 1000)
+    series = store.storage().select([Matcher("__name__", "=", "kernel_launches_total")], *window)
+    return [s.values.tolist() for s in series]
+
+
+def test_batches_are_derived_stored_once_and_counted(tmp_path):
+    with EmbeddedStore(tmp_path / "d") as store:
+        sink = StoreSink(store, instance_of=lambda a: "host-1")
+        assert sink(_batch(0)) is True
+        assert sink(_batch(0)) is False  # a retry of a stored batch
+        assert sink(_batch(1)) is True
+        assert _launches(store) == [[3.0, 6.0]]
+        dropped = store.storage().select([Matcher("__name__", "=", "ki_agent_ring_dropped_total")], 0, 2**42)
+        assert [dict(s.labels)["instance"] for s in dropped] == ["host-1"]
+        spans = store.query("SELECT kernel, count() AS n FROM ki.kernel_spans GROUP BY kernel").to_pylist()
+        assert spans == [{"kernel": "gemm", "n": 6}]
+
+
+def test_a_failed_store_does_not_count_twice(tmp_path):
+    with EmbeddedStore(tmp_path / "d") as store:
+        sink = StoreSink(store)
+        assert sink(_batch(0)) is True
+        real = store.insert_batch
+
+        def down(*args, **kwargs):
+            raise StorageUnavailable("disk full")
+
+        store.insert_batch = down
+        with pytest.raises(StorageUnavailable):
+            sink(_batch(1))
+        store.insert_batch = real
+        assert sink(_batch(1)) is True  # the agent's retry
+        assert _launches(store) == [[3.0, 6.0]]
