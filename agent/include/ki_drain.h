@@ -1,9 +1,13 @@
 /*
  * ki_drain.h - the agent's side of the ring: attach as the single consumer, copy records out.
  *
- * A consumed record's slot is free for producers at once, so the agent writes
- * what it consumed to the spool within the same tick (docs/agent.md,
- * "Delivery"). Pages of the ring the agent has read are handed back to the
+ * Two phases, so that a record leaves the ring only once it is in the spool:
+ * ki_drain_poll copies published records out but keeps their slots;
+ * ki_drain_commit, called after the batch is spooled, frees them and moves the
+ * ring's tail. An agent killed in between finds the records again at its next
+ * start; those an earlier run had already spooled are skipped by position
+ * (skip_before, from the spool's newest mark). This is ki_ring_consume split in
+ * two (the same stall, abandon and checksum rules). Pages of the ring the agent has read are handed back to the
  * kernel (MADV_DONTNEED on the consumer's mapping; the shared memory stays),
  * so the ring's size does not count in the agent's resident memory.
  */
@@ -28,10 +32,24 @@ struct ki_drain_stats {
 /* Attach to ring name as its consumer (creating it with capacity slots when create is set). NULL with err. */
 struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, char *err, size_t errlen);
 
+/* Records at positions below pos are not handed out (an earlier run spooled them),
+ * provided the ring is the one created at ring_created_ns. */
+void ki_drain_skip_before(struct ki_drain *d, uint64_t ring_created_ns, uint64_t pos);
+
+/* The ring's identity and the position after the last record handed out (for the spool mark). */
+uint64_t ki_drain_ring_created_ns(const struct ki_drain *d);
+uint64_t ki_drain_read_pos(const struct ki_drain *d);
+
+/* Free the slots of everything read so far (call once it is spooled). */
+void ki_drain_commit(struct ki_drain *d);
+
+/* Records skipped because an earlier run had spooled them. */
+uint64_t ki_drain_skipped(const struct ki_drain *d);
+
 /* Give up the consumer role and unmap; accepts NULL. */
 void ki_drain_destroy(struct ki_drain *d);
 
-/* Copy up to max published records into out; returns the count. */
+/* Copy up to max published records into out, keeping their slots until ki_drain_commit; returns the count. */
 size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max);
 
 /* The ring header's counters. */

@@ -28,6 +28,13 @@ struct ki_spool_run {
     uint64_t end;   /* one past the newest seq */
 };
 
+/* Which ring records a spooled batch holds, kept in a 24-byte trailer after the frame
+ * (never sent): after a SIGKILL the agent skips ring records an earlier run spooled. */
+struct ki_spool_mark {
+    uint64_t ring_created_ns; /* identity of the ring (its header's created_ns) */
+    uint64_t next_pos;        /* one past the last ring position the batch covers */
+};
+
 struct ki_spool_stats {
     uint64_t bytes;           /* bytes on disk now */
     uint64_t batches;         /* batches on disk now */
@@ -43,12 +50,16 @@ struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsy
 /* Close; accepts NULL. Batches stay on disk for the next run. */
 void ki_spool_destroy(struct ki_spool *sp);
 
-/* Store a sealed frame, first dropping the oldest batches (counted) until it fits.
- * A frame larger than the whole bound is itself dropped (counted). Returns 0 or a negative errno. */
-int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len);
+/* Store a sealed frame with its ring mark, first dropping the oldest batches (counted)
+ * until it fits. A frame larger than the whole bound is itself dropped (counted).
+ * Returns 0 or a negative errno. */
+int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len, const struct ki_spool_mark *mark);
 
-/* Copy the oldest batch into buf. Returns 0, -ENOENT when the spool is empty,
- * or -EMSGSIZE when it does not fit (the caller removes it). */
+/* The mark of the newest batch on disk when the spool was opened; -ENOENT if none. */
+int ki_spool_last_mark(const struct ki_spool *sp, struct ki_spool_mark *mark);
+
+/* Copy the oldest batch's frame into buf. Returns 0, -ENOENT when the spool is empty,
+ * -EMSGSIZE when it does not fit or -EBADMSG when the file is damaged (the caller removes it). */
 int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, struct ki_spool_id *id);
 
 /* Remove a batch (normally the one peek returned). Returns 0 or a negative errno. */

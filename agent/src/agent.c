@@ -53,6 +53,8 @@ struct ki_agent {
     int auth_blocked;            /* 401/403 seen: paused until auth_until_ns or SIGHUP */
     uint64_t auth_until_ns;      /* end of the authentication pause */
     uint64_t rng;                /* xorshift state for jitter */
+    uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
+    uint64_t lost_records;       /* records in them */
     char ring_name[300];         /* shm name */
 };
 
@@ -134,6 +136,11 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     ki_config_ring_name(cfg, a->ring_name, sizeof a->ring_name);
     a->drain = ki_drain_create(a->ring_name, (int)cfg->ring_create, (uint64_t)cfg->ring_capacity, err, errlen);
     if (!a->drain) goto fail;
+    struct ki_spool_mark mark;
+    if (ki_spool_last_mark(a->spool, &mark) == 0) {
+        /* Records an earlier run spooled but had not yet freed in the ring (it was killed) are not sent twice. */
+        ki_drain_skip_before(a->drain, mark.ring_created_ns, mark.next_pos);
+    }
     a->last_seal_ns = mono_ns();
     return a;
 fail:
@@ -173,8 +180,8 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
     c->v[KI_CTR_RING_ABANDONED] = ds.abandoned;
     c->v[KI_CTR_RING_LOST] = ds.lost;
     c->v[KI_CTR_RING_BACKLOG] = ds.backlog;
-    c->v[KI_CTR_SPOOL_DROPPED_BATCHES] = ss.dropped_batches;
-    c->v[KI_CTR_SPOOL_DROPPED_RECORDS] = ss.dropped_records;
+    c->v[KI_CTR_SPOOL_DROPPED_BATCHES] = ss.dropped_batches + a->lost_batches;
+    c->v[KI_CTR_SPOOL_DROPPED_RECORDS] = ss.dropped_records + a->lost_records;
     c->v[KI_CTR_SPOOL_BYTES] = ss.bytes;
     c->v[KI_CTR_SPOOL_BATCHES] = ss.batches;
     c->v[KI_CTR_BATCHES_SEALED] += 1;
@@ -204,10 +211,15 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     a->ctr.v[KI_CTR_BYTES_COMPRESSED] += clen;
     uint64_t t_min = info.t_min, t_max = info.t_max;
     if (!info.shipped) t_min = t_max = real_ns();
+    struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
     rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
-    if (rc == 0) rc = ki_spool_put(a->spool, a->frame, flen);
+    if (rc == 0) rc = ki_spool_put(a->spool, a->frame, flen, &mark);
+    /* Spooled (or lost for good): either way the ring slots can go now. */
+    ki_drain_commit(a->drain);
     if (rc < 0) {
-        ki_log_error(a->log, "cannot spool batch %u/%llu of %u records: %s", a->seal.epoch,
+        a->lost_batches++;
+        a->lost_records += info.shipped;
+        ki_log_error(a->log, "cannot spool batch %u/%llu of %u records: %s (counted as spool drops)", a->seal.epoch,
                      (unsigned long long)a->seal.next_seq - 1, info.shipped, strerror(-rc));
         return rc;
     }
@@ -261,9 +273,9 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
         size_t len;
         int rc = ki_spool_peek(a->spool, a->frame, a->frame_cap, &len, &id);
         if (rc == -ENOENT) return;
-        if (rc == -EMSGSIZE) {
-            ki_log_error(a->log, "spooled batch %u/%llu is larger than this agent's buffers: dropped", id.epoch,
-                         (unsigned long long)id.seq);
+        if (rc == -EMSGSIZE || rc == -EBADMSG) {
+            ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", id.epoch, (unsigned long long)id.seq,
+                         rc == -EMSGSIZE ? "larger than this agent's buffers" : "damaged");
             a->ctr.v[KI_CTR_BATCHES_FAILED]++;
             ki_spool_remove(a->spool, id);
             continue;
@@ -298,7 +310,8 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
             size_t flen;
             if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, a->frame, len, &flen) == 0) {
                 /* Sealed under the key that was replaced: it goes again under the current key, as a new batch. */
-                int put = ki_spool_put(a->spool, a->frame, flen);
+                struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
+                int put = ki_spool_put(a->spool, a->frame, flen, &mark);
                 if (put == 0) {
                     ki_spool_remove(a->spool, id);
                     ki_log_info(a->log, "batch %u/%llu re-sealed under key %u as %u/%llu", id.epoch,
@@ -373,6 +386,11 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
     ki_log_info(a->log, "started: ring %s, collector %s, epoch %u, agent key %u, spool %s (%llu batches waiting)",
                 a->ring_name, ki_http_target(a->http), a->seal.epoch, a->seal.key_id, a->cfg->spool_dir,
                 (unsigned long long)ss.batches);
+    struct ki_spool_mark mark;
+    if (ki_spool_last_mark(a->spool, &mark) == 0 && mark.ring_created_ns == ki_drain_ring_created_ns(a->drain) &&
+        mark.next_pos > ki_drain_read_pos(a->drain))
+        ki_log_info(a->log, "ring records %llu..%llu were spooled by the previous run: not read again",
+                    (unsigned long long)ki_drain_read_pos(a->drain), (unsigned long long)mark.next_pos - 1);
     const uint64_t interval = (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS;
     uint64_t next = mono_ns();
     while (!*stop) {

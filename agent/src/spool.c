@@ -14,6 +14,9 @@
 
 #include "ki_seal.h"
 
+#define TRAILER_BYTES 24u
+static const char TRAILER_MAGIC[8] = {'K', 'I', 'S', 'P', 'O', 'O', 'L', '1'};
+
 struct ki_spool {
     int dirfd;                                   /* the spool directory */
     uint64_t max_bytes;                          /* bound */
@@ -21,6 +24,8 @@ struct ki_spool {
     struct ki_spool_run runs[KI_SPOOL_MAX_RUNS]; /* oldest first */
     size_t nruns;                                /* runs in use */
     struct ki_spool_stats st;                    /* size and drops */
+    struct ki_spool_mark last_mark;              /* newest batch's mark at open */
+    int have_mark;                               /* last_mark is valid */
 };
 
 static void name_of(char *out, size_t len, uint32_t epoch, uint64_t seq) {
@@ -74,6 +79,9 @@ struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsy
         return NULL;
     }
     struct dirent *ent;
+    uint32_t newest_epoch = 0;
+    uint64_t newest_seq = 0;
+    int have_newest = 0;
     while ((ent = readdir(d)) != NULL) {
         uint32_t epoch;
         uint64_t seq;
@@ -87,8 +95,28 @@ struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsy
         sp->st.bytes += (uint64_t)st.st_size;
         sp->st.batches++;
         run_add(sp, epoch, seq);
+        if (!have_newest || epoch > newest_epoch || (epoch == newest_epoch && seq > newest_seq)) {
+            newest_epoch = epoch;
+            newest_seq = seq;
+            have_newest = 1;
+        }
     }
     closedir(d);
+    if (have_newest) {
+        char name[64];
+        uint8_t t[TRAILER_BYTES];
+        struct stat st;
+        name_of(name, sizeof name, newest_epoch, newest_seq);
+        int f = openat(sp->dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (f >= 0 && fstat(f, &st) == 0 && st.st_size >= (off_t)TRAILER_BYTES &&
+            pread(f, t, sizeof t, st.st_size - (off_t)TRAILER_BYTES) == (ssize_t)sizeof t &&
+            !memcmp(t, TRAILER_MAGIC, 8)) {
+            memcpy(&sp->last_mark.ring_created_ns, t + 8, 8);
+            memcpy(&sp->last_mark.next_pos, t + 16, 8);
+            sp->have_mark = 1;
+        }
+        if (f >= 0) close(f);
+    }
     return sp;
 }
 
@@ -158,10 +186,21 @@ static int drop_oldest(struct ki_spool *sp) {
     return rc;
 }
 
-int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len) {
+int ki_spool_last_mark(const struct ki_spool *sp, struct ki_spool_mark *mark) {
+    if (!sp->have_mark) return -ENOENT;
+    *mark = sp->last_mark;
+    return 0;
+}
+
+int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t flen, const struct ki_spool_mark *mark) {
     uint32_t epoch, count;
     uint64_t seq;
-    if (ki_seal_peek_header(frame, len, &epoch, &seq, &count) < 0) return -EINVAL;
+    if (ki_seal_peek_header(frame, flen, &epoch, &seq, &count) < 0) return -EINVAL;
+    size_t len = flen + TRAILER_BYTES;
+    uint8_t trailer[TRAILER_BYTES];
+    memcpy(trailer, TRAILER_MAGIC, 8);
+    memcpy(trailer + 8, &mark->ring_created_ns, 8);
+    memcpy(trailer + 16, &mark->next_pos, 8);
     if (len > sp->max_bytes) {
         sp->st.dropped_batches++;
         sp->st.dropped_records += count;
@@ -179,7 +218,8 @@ int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len) {
     if (fd < 0) return -errno;
     size_t off = 0;
     while (off < len) {
-        ssize_t w = write(fd, frame + off, len - off);
+        ssize_t w = off < flen ? write(fd, frame + off, flen - off)
+                               : write(fd, trailer + (off - flen), len - off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             int e = w < 0 ? errno : EIO;
@@ -210,11 +250,15 @@ int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, st
         close(fd);
         return -e;
     }
-    if ((uint64_t)st.st_size > cap) {
+    if (st.st_size < (off_t)(KI_HEADER_BYTES + TRAILER_BYTES)) {
+        close(fd);
+        return -EBADMSG;
+    }
+    if ((uint64_t)st.st_size - TRAILER_BYTES > cap) {
         close(fd);
         return -EMSGSIZE;
     }
-    size_t off = 0, want = (size_t)st.st_size;
+    size_t off = 0, want = (size_t)st.st_size - TRAILER_BYTES;
     while (off < want) {
         ssize_t r = pread(fd, buf + off, want - off, (off_t)off);
         if (r < 0 && errno == EINTR) continue;

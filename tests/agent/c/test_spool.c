@@ -25,33 +25,39 @@ int main(int argc, char **argv) {
     CHECK(sp != NULL);
     struct ki_spool_id id;
     size_t len;
+    struct ki_spool_mark m = {111, 5000}, m2 = {111, 6000}, got_mark;
+    CHECK_EQ(ki_spool_last_mark(sp, &got_mark), -ENOENT);
     CHECK_EQ(ki_spool_peek(sp, got, sizeof got, &len, &id), -ENOENT);
-    for (uint64_t s = 0; s < 3; s++) CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, s, 10 + (uint32_t)s, 1000)), 0);
+    for (uint64_t s = 0; s < 3; s++) CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, s, 10 + (uint32_t)s, 976), &m), 0);
     struct ki_spool_stats st;
     ki_spool_stats(sp, &st);
     CHECK_EQ(st.batches, 3);
     CHECK_EQ(st.bytes, 3000);
     /* A fourth batch does not fit: the oldest (seq 0, 10 records) is dropped and counted. */
-    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, 3, 13, 1000)), 0);
+    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, 3, 13, 976), &m), 0);
     ki_spool_stats(sp, &st);
     CHECK_EQ(st.dropped_batches, 1);
     CHECK_EQ(st.dropped_records, 10);
     CHECK_EQ(ki_spool_peek(sp, got, sizeof got, &len, &id), 0);
     CHECK_EQ(id.seq, 1);
-    CHECK_EQ(len, 1000);
-    frame(buf, 7, 1, 11, 1000);
-    CHECK(!memcmp(got, buf, 1000));
+    CHECK_EQ(len, 976);
+    frame(buf, 7, 1, 11, 976);
+    CHECK(!memcmp(got, buf, 976));
     CHECK_EQ(ki_spool_peek(sp, got, 10, &len, &id), -EMSGSIZE);
     CHECK_EQ(ki_spool_remove(sp, id), 0);
     /* Larger than the whole bound: dropped itself. */
-    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, 4, 99, 4000)), 0);
+    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 7, 4, 99, 4000), &m), 0);
     ki_spool_stats(sp, &st);
     CHECK_EQ(st.dropped_records, 10 + 99);
     ki_spool_destroy(sp);
     /* A new run (new epoch) finds seq 2 and 3 of epoch 7 first, then its own. */
     sp = ki_spool_create(argv[1], 1 << 20, 1, err, sizeof err);
     CHECK(sp != NULL);
-    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 8, 0, 1, 500)), 0);
+    /* The newest batch's ring mark survives the restart. */
+    CHECK_EQ(ki_spool_last_mark(sp, &got_mark), 0);
+    CHECK_EQ(got_mark.ring_created_ns, 111);
+    CHECK_EQ(got_mark.next_pos, 5000);
+    CHECK_EQ(ki_spool_put(sp, buf, frame(buf, 8, 0, 1, 500), &m2), 0);
     uint64_t want[][2] = {{7, 2}, {7, 3}, {8, 0}};
     for (int i = 0; i < 3; i++) {
         CHECK_EQ(ki_spool_peek(sp, got, sizeof got, &len, &id), 0);
