@@ -60,6 +60,43 @@ def _literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _decode_body(body: bytes, encoding: str) -> bytes:
+    """Undo HTTP compression of a request body the way clickhouse-server does."""
+    encoding = encoding.strip().lower()
+    if not encoding or encoding == "identity":
+        return body
+    if encoding == "zstd":
+        import zstandard
+
+        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(body))
+    if encoding == "lz4":
+        import lz4.frame  # type: ignore[import-untyped]
+
+        return bytes(lz4.frame.decompress(body))
+    if encoding in ("gzip", "deflate"):
+        import zlib
+
+        return zlib.decompress(body, 47)
+    raise ValueError(f"unsupported Content-Encoding {encoding!r}")
+
+
+def _encode_body(body: bytes, accept: str) -> tuple[bytes, str]:
+    offered = [e.split(";")[0].strip().lower() for e in accept.split(",")]
+    if "zstd" in offered:
+        import zstandard
+
+        return zstandard.ZstdCompressor().compress(body), "zstd"
+    if "lz4" in offered:
+        import lz4.frame
+
+        return bytes(lz4.frame.compress(body)), "lz4"
+    if "gzip" in offered:
+        import gzip
+
+        return gzip.compress(body), "gzip"
+    return body, ""
+
+
 class _Engine:
     def __init__(self, path: str) -> None:
         from chdb import session as chdb_session
@@ -117,10 +154,15 @@ def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
 
         def _handle(self, body: bytes) -> None:
             params = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
-            if self.headers.get("Content-Encoding") or params.get("decompress") == "1":
+            if params.get("decompress") == "1":
                 self._reply(
-                    400, b"Code: 1. DB::Exception: compressed requests are not supported by the chDB shim"
+                    400, b"Code: 1. DB::Exception: ClickHouse-native block compression is not supported"
                 )
+                return
+            try:
+                body = _decode_body(body, self.headers.get("Content-Encoding", ""))
+            except ValueError as exc:
+                self._reply(400, f"Code: 1. DB::Exception: {exc}".encode())
                 return
             query = params.get("query")
             data = b""
@@ -149,10 +191,14 @@ def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
                 "written_rows": str(written),
                 "written_bytes": "0",
             }
+            encoding = ""
+            if params.get("enable_http_compression") == "1":
+                out, encoding = _encode_body(out, self.headers.get("Accept-Encoding", ""))
             self._reply(
                 200,
                 out,
                 {
+                    **({"Content-Encoding": encoding} if encoding else {}),
                     "X-ClickHouse-Format": fmt,
                     "X-ClickHouse-Timezone": "UTC",
                     "X-ClickHouse-Server-Display-Name": "chdb-http-shim",

@@ -58,7 +58,7 @@ def stores(request, tmp_path_factory):
     else:
         # clickhouse-connect's HTTP client against the ClickHouse HTTP shim over chDB (another process).
         shim, port = start_http_shim(path)
-        store = ServerStore.connect(f"http://127.0.0.1:{port}", compress=False)
+        store = ServerStore.connect(f"http://127.0.0.1:{port}")  # default client settings
     mem = MemoryStorage()
     b = SampleBuilder()
     for labels, ts, vs in _data():

@@ -84,3 +84,22 @@ def test_server_going_away_is_storage_unavailable(shim):
 def test_unreachable_server_is_storage_unavailable():
     with pytest.raises(StorageUnavailable, match="cannot connect"):
         ServerStore.connect("http://127.0.0.1:9", connect_timeout=1)
+
+
+def test_shim_speaks_http_compression_both_ways(shim):
+    import httpx
+    import zstandard
+
+    _, url = shim
+    body = zstandard.ZstdCompressor().compress(b"SELECT 40 + 2 FORMAT TabSeparated")
+    r = httpx.post(
+        url + "/?enable_http_compression=1",
+        content=body,
+        headers={"Content-Encoding": "zstd", "Accept-Encoding": "zstd"},
+    )
+    assert r.status_code == 200
+    assert r.headers["content-encoding"] == "zstd"
+    assert r.text == "42\n"  # httpx undid the zstd
+    r = httpx.post(url, content=b"SELECT 1", headers={"Content-Encoding": "br"})
+    assert r.status_code == 400
+    assert "unsupported Content-Encoding" in r.text
