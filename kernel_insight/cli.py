@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "kernel_insight.collector.keys",
     "kernel_insight.collector.cli",
     "kernel_insight.agent.launcher",
+    "kernel_insight.agent.probe.cli",
+    "kernel_insight.api.cli",
 ]
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,0 +1,289 @@
+"""Bearer tokens with scopes for the query and health API, kept in one JSON file of mode 0600.
+
+Only a SHA-256 of each token's secret is stored, so the file leaks no usable
+token; ``ki tokens create`` prints the token once. A running server notices
+a revocation within a second without a restart (it re-reads the file when
+its inode, mtime or size change).
+
+Scopes: ``read`` (queries, snapshot, instances), ``ingest-admin`` (agent keys,
+rules), ``admin`` (everything, including the other two).
+
+    >>> import tempfile, pathlib
+    >>> store = TokenStore(pathlib.Path(tempfile.mkdtemp()) / "tokens.json")
+    >>> created = store.create("grafana", ["read"])
+    >>> store.authenticate(created.token).scopes
+    ('read',)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from kernel_insight.api.errors import ApiError
+
+__all__ = [
+    "DEFAULT_TOKEN_STORE",
+    "Authenticator",
+    "CreatedToken",
+    "Scope",
+    "TokenError",
+    "TokenInfo",
+    "TokenStore",
+    "UnknownToken",
+]
+
+#: Where ``ki tokens`` and the API look unless told otherwise (env KI_TOKEN_STORE overrides).
+DEFAULT_TOKEN_STORE = Path("ki-data/tokens.json")
+_FORMAT_VERSION = 1
+_RELOAD_CHECK_S = 0.5
+_PREFIX = "ki_"
+
+
+class Scope(StrEnum):
+    READ = "read"
+    INGEST_ADMIN = "ingest-admin"
+    ADMIN = "admin"
+
+
+class TokenError(Exception):
+    """A token store problem (corrupt or world-readable file, bad scope)."""
+
+
+class UnknownToken(TokenError):
+    """No such token, or it was revoked."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """What the store knows about a token; never the token itself."""
+
+    id: str
+    name: str
+    scopes: tuple[str, ...]
+    created: float
+    revoked: bool = False
+
+    def allows(self, scope: Scope | str) -> bool:
+        return not self.revoked and (Scope.ADMIN.value in self.scopes or str(scope) in self.scopes)
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedToken:
+    """The token text (shown once) and its record."""
+
+    token: str
+    info: TokenInfo
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _parse_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    out = []
+    for s in scopes:
+        try:
+            out.append(Scope(s).value)
+        except ValueError:
+            known = ", ".join(x.value for x in Scope)
+            raise TokenError(f"unknown scope {s!r} (known: {known})") from None
+    if not out:
+        raise TokenError("a token needs at least one scope")
+    return tuple(sorted(set(out)))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class TokenStore:
+    """The API's tokens. Writers lock the file and replace it atomically; readers reload on change."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._tokens: dict[str, dict[str, Any]] = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self._checked = 0.0
+        with self._lock:
+            self._load()
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> None:
+        stamp = self._file_stamp()
+        if stamp is None:
+            self._tokens, self._stamp = {}, None
+            return
+        mode = stat.S_IMODE(self.path.stat().st_mode)
+        if mode & 0o077:
+            raise TokenError(f"token store {self.path} is readable by others (mode {mode:04o}): chmod 600 it")
+        try:
+            doc = json.loads(self.path.read_text())
+            if doc.get("version") != _FORMAT_VERSION:
+                raise TokenError(
+                    f"token store {self.path}: unsupported format version {doc.get('version')!r}"
+                )
+            tokens = {str(t["id"]): t for t in doc["tokens"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TokenError(f"token store {self.path} is corrupt ({type(exc).__name__})") from None
+        self._tokens, self._stamp = tokens, stamp
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < _RELOAD_CHECK_S:
+            return
+        self._checked = now
+        if self._file_stamp() != self._stamp:
+            self._load()
+
+    @staticmethod
+    def _info(t: dict[str, Any]) -> TokenInfo:
+        return TokenInfo(t["id"], t["name"], tuple(t["scopes"]), float(t["created"]), bool(t.get("revoked")))
+
+    def authenticate(self, token: str) -> TokenInfo:
+        """The token's record, or UnknownToken (also for revoked or malformed tokens)."""
+        if not token.startswith(_PREFIX) or "." not in token:
+            raise UnknownToken("malformed token (expected ki_<id>.<secret>)")
+        token_id, _, secret = token[len(_PREFIX) :].partition(".")
+        with self._lock:
+            self._refresh()
+            record = self._tokens.get(token_id)
+        if record is None or not hmac.compare_digest(record["hash"], _hash(secret)):
+            raise UnknownToken("unknown token")
+        if record.get("revoked"):
+            raise UnknownToken(f"token {token_id} was revoked")
+        return self._info(record)
+
+    def list(self) -> list[TokenInfo]:
+        with self._lock:
+            self._refresh()
+            return [self._info(t) for t in self._tokens.values()]
+
+    # ---- writing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with self._lock:
+                self._load()
+                yield self._tokens
+                doc = {"version": _FORMAT_VERSION, "tokens": list(self._tokens.values())}
+                _write_private(self.path, json.dumps(doc, indent=1).encode())
+                self._stamp = self._file_stamp()
+        finally:
+            os.close(fd)
+
+    def create(self, name: str, scopes: Iterable[str]) -> CreatedToken:
+        """A new token with these scopes; the returned text is the only copy of its secret."""
+        parsed = _parse_scopes(scopes)
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        record = {
+            "id": token_id,
+            "name": name,
+            "scopes": list(parsed),
+            "created": time.time(),
+            "hash": _hash(secret),
+        }
+        with self._editing() as tokens:
+            tokens[token_id] = record
+        return CreatedToken(f"{_PREFIX}{token_id}.{secret}", self._info(record))
+
+    def revoke(self, token_id: str) -> None:
+        """Refuse the token from now on (running servers notice within a second)."""
+        if token_id.startswith(_PREFIX):
+            token_id = token_id[len(_PREFIX) :].partition(".")[0]
+        with self._editing() as tokens:
+            if token_id not in tokens:
+                raise UnknownToken(f"no token with id {token_id!r}")
+            tokens[token_id]["revoked"] = True
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `ki tokens create --scope read`.")
+#: Declares the bearer scheme in the OpenAPI schema; the check itself reads the header.
+_BEARER = Depends(_bearer)
+
+
+class Authenticator:
+    """Turns ``Authorization: Bearer`` into a :class:`TokenInfo`, or a 401/403 with a message.
+
+    ``local_dev=True`` lets every request through: only for a server bound to 127.0.0.1
+    (the caller checks the bind address; :func:`kernel_insight.api.app.serve` does).
+    """
+
+    def __init__(self, tokens: TokenStore | None, *, local_dev: bool = False) -> None:
+        if tokens is None and not local_dev:
+            raise ValueError("an Authenticator needs a TokenStore unless it runs in local development mode")
+        self.tokens = tokens
+        self.local_dev = local_dev
+
+    def check(self, authorization: str | None, scope: Scope) -> TokenInfo | None:
+        if self.local_dev:
+            return None
+        assert self.tokens is not None
+        challenge = {"WWW-Authenticate": 'Bearer realm="kernel-insight"'}
+        if not authorization:
+            raise ApiError(
+                401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", challenge
+            )
+        kind, _, token = authorization.partition(" ")
+        if kind.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401, "unauthorized", "the Authorization header must be 'Bearer <token>'", challenge
+            )
+        try:
+            info = self.tokens.authenticate(token.strip())
+        except UnknownToken as exc:
+            raise ApiError(401, "unauthorized", str(exc), challenge) from None
+        except TokenError as exc:  # the server's own file is broken: not the client's fault, but no 500
+            raise ApiError(503, "unavailable", f"token store unreadable: {exc}") from None
+        if not info.allows(scope):
+            raise ApiError(403, "forbidden", f"token {info.id} lacks the {scope.value!r} scope")
+        return info
+
+    def require(self, scope: Scope) -> Callable[..., Awaitable[TokenInfo | None]]:
+        """A FastAPI dependency that admits requests carrying ``scope`` (or ``admin``)."""
+
+        async def dependency(
+            request: Request, credentials: HTTPAuthorizationCredentials | None = _BEARER
+        ) -> TokenInfo | None:
+            return self.check(request.headers.get("authorization"), scope)
+
+        return dependency

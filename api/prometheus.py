@@ -1,0 +1,444 @@
+"""The Prometheus HTTP API (``/api/v1/query`` and friends) evaluated by kql, so Grafana and promtool work unchanged.
+
+Parameters, response shapes, error types and status codes follow Prometheus'
+``web/api/v1/api.go``: parse problems are ``bad_data`` (400), a query that fails
+while running is ``execution`` (422), a timeout is ``timeout`` (503), a cancelled
+query ``canceled`` (499), a storage failure ``internal`` (500, the store's fault,
+never the client's input) or ``unavailable`` (503 + Retry-After, when the store is down).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from kernel_insight.api.auth import Authenticator, Scope
+from kernel_insight.api.errors import error_response
+from kernel_insight.collector.store import StorageUnavailable
+from kernel_insight.kql.ast import VectorSelector
+from kernel_insight.kql.engine import Engine, EngineLimits
+from kernel_insight.kql.errors import (
+    KqlError,
+    KqlParseError,
+    QueryCancelledError,
+    QueryTimeoutError,
+    StorageError,
+)
+from kernel_insight.kql.lexical import parse_duration
+from kernel_insight.kql.parser import parse
+from kernel_insight.kql.storage import Matcher, Storage
+
+__all__ = [
+    "MAX_POINTS",
+    "MetricMetadata",
+    "ParamError",
+    "parse_duration_param",
+    "parse_time",
+    "prometheus_router",
+]
+
+#: Prometheus refuses range queries with more points per series than this.
+MAX_POINTS = 11_000
+#: Prometheus' minTime/maxTime, as the Go client sends them for "no bound".
+_MIN_TIME_MS = -9223372036854775808 // 1_000_000 // 1000 * 1000
+_MAX_TIME_MS = 9223372036854775807 // 1_000_000 // 1000 * 1000
+#: Where "all time" starts and ends for our storage (DateTime64(3) holds 1900..2299).
+_STORE_MIN_MS = 0
+_STORE_MAX_MS = 4_102_444_800_000  # 2100-01-01
+
+MetricMetadata = dict[str, list[dict[str, str]]]
+
+
+class ParamError(ValueError):
+    """A request parameter the client must fix (bad_data, 400)."""
+
+
+def parse_time(text: str, name: str) -> int:
+    """Unix seconds (float) or RFC 3339, as Prometheus' ``parseTime``; milliseconds out."""
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value):
+            raise ParamError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp')
+        return _clamp(round(value * 1000))
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ParamError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp') from None
+    if parsed.tzinfo is None:
+        raise ParamError(f'invalid parameter "{name}": cannot parse "{text}" to a valid timestamp')
+    return _clamp(round(parsed.timestamp() * 1000))
+
+
+def _clamp(ms: int) -> int:
+    # Go clients send minTime/maxTime for open bounds; the store holds 1970..2100.
+    return max(_STORE_MIN_MS, min(_STORE_MAX_MS, ms))
+
+
+def parse_duration_param(text: str, name: str) -> int:
+    """Seconds (float) or a Prometheus duration (``5m``); milliseconds out."""
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or abs(value) > 9.2e15:
+            raise ParamError(
+                f'invalid parameter "{name}": cannot parse "{text}" to a valid duration. It overflows int64'
+            )
+        return round(value * 1000)
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise ParamError(f'invalid parameter "{name}": cannot parse "{text}" to a valid duration') from None
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class _Params:
+    """The request's parameters, form body first (Go's ``FormValue`` order), then the URL query."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self.pairs = pairs
+
+    @classmethod
+    async def read(cls, request: Request) -> _Params:
+        pairs: list[tuple[str, str]] = []
+        if request.method == "POST":
+            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype == "application/x-www-form-urlencoded":
+                body = await request.body()
+                try:
+                    pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+                except (UnicodeDecodeError, ValueError) as exc:
+                    raise ParamError(f"error parsing form values: {exc}") from None
+        pairs += list(request.query_params.multi_items())
+        return cls(pairs)
+
+    def get(self, name: str) -> str | None:
+        for k, v in self.pairs:
+            if k == name:
+                return v
+        return None
+
+    def get_all(self, name: str) -> list[str]:
+        return [v for k, v in self.pairs if k == name]
+
+
+def _success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ()) -> JSONResponse:
+    body: dict[str, Any] = {"status": "success", "data": data}
+    if warnings:
+        body["warnings"] = list(warnings)
+    if infos:
+        body["infos"] = list(infos)
+    return JSONResponse(body)
+
+
+def _kql_error(exc: KqlError) -> JSONResponse:
+    if isinstance(exc, KqlParseError):
+        return error_response(400, "bad_data", exc.brief)
+    if isinstance(exc, QueryTimeoutError):
+        return error_response(503, "timeout", f"query timed out in expression evaluation: {exc.message}")
+    if isinstance(exc, QueryCancelledError):
+        return error_response(499, "canceled", exc.message)
+    if isinstance(exc, StorageError):
+        cause = exc.__cause__
+        if isinstance(cause, StorageUnavailable):
+            retry = str(cause.retry_after_s)
+            return error_response(503, "unavailable", f"storage unavailable: {cause}", {"Retry-After": retry})
+        return error_response(500, "internal", exc.message)
+    return error_response(422, "execution", exc.message)
+
+
+def _selectors(values: list[str]) -> list[tuple[Matcher, ...]]:
+    """``match[]`` values as matcher sets; each must be a plain series selector."""
+    out = []
+    for text in values:
+        try:
+            expr = parse(text)
+        except KqlParseError as exc:
+            raise ParamError(f'invalid parameter "match[]": {exc.brief}') from None
+        if not isinstance(expr, VectorSelector) or expr.offset is not None or expr.at is not None:
+            raise ParamError(f'invalid parameter "match[]": {text!r} is not a series selector')
+        matchers = expr.all_matchers()
+        if all(m.matches_empty() for m in matchers):
+            raise ParamError(
+                'invalid parameter "match[]": match[] must contain at least one non-empty matcher'
+            )
+        out.append(matchers)
+    return out
+
+
+def _bounds(params: _Params) -> tuple[int, int]:
+    start = params.get("start")
+    end = params.get("end")
+    start_ms = parse_time(start, "start") if start else _STORE_MIN_MS
+    end_ms = parse_time(end, "end") if end else _STORE_MAX_MS
+    if end_ms < start_ms:
+        raise ParamError('invalid parameter "end": end timestamp must not be before start time')
+    return start_ms, end_ms
+
+
+def _limit(params: _Params) -> int:
+    text = params.get("limit")
+    if not text:
+        return 0
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ParamError(f'invalid parameter "limit": cannot parse "{text}" to a valid integer') from None
+    if limit < 0:
+        raise ParamError('invalid parameter "limit": limit must be non-negative')
+    return limit
+
+
+def _truncate(items: list[Any], limit: int) -> tuple[list[Any], list[str]]:
+    if limit and len(items) > limit:
+        return items[:limit], ["results truncated due to limit"]
+    return items, []
+
+
+def prometheus_router(
+    storage_factory: Callable[[], Storage],
+    auth: Authenticator,
+    *,
+    limits: EngineLimits | None = None,
+    metadata: MetricMetadata | None = None,
+    version: str = "0.1.0",
+    clock: Callable[[], float] = time.time,
+) -> APIRouter:
+    """The query API over the storage ``storage_factory()`` returns (called once per request)."""
+    base_limits = limits or EngineLimits()
+    router = APIRouter(tags=["prometheus"])
+    read = Depends(auth.require(Scope.READ))
+
+    def engine_limits(params: _Params) -> EngineLimits:
+        text = params.get("timeout")
+        if not text:
+            return base_limits
+        timeout_ms = parse_duration_param(text, "timeout")
+        if timeout_ms <= 0:
+            raise ParamError('invalid parameter "timeout": timeout must be positive')
+        return EngineLimits(
+            max_samples=base_limits.max_samples,
+            timeout_s=min(base_limits.timeout_s, timeout_ms / 1000),
+            max_series=base_limits.max_series,
+            lookback_ms=base_limits.lookback_ms,
+            subquery_step_ms=base_limits.subquery_step_ms,
+        )
+
+    async def handle(request: Request, work: Callable[[_Params], JSONResponse]) -> JSONResponse:
+        try:
+            params = await _Params.read(request)
+            return await run_in_threadpool(work, params)
+        except ParamError as exc:
+            return error_response(400, "bad_data", str(exc))
+        except KqlError as exc:
+            return _kql_error(exc)
+
+    def do_query(params: _Params) -> JSONResponse:
+        query = params.get("query")
+        if query is None:
+            raise ParamError('invalid parameter "query": no query given')
+        t = params.get("time")
+        time_ms = parse_time(t, "time") if t else round(clock() * 1000)
+        limits_ = engine_limits(params)
+        result = Engine(storage_factory(), limits_).instant_query(query, time_ms)
+        return _success(result.to_prometheus_json(), result.warnings, result.infos)
+
+    def do_query_range(params: _Params) -> JSONResponse:
+        start_ms = parse_time(params.get("start") or "", "start")
+        end_ms = parse_time(params.get("end") or "", "end")
+        if end_ms < start_ms:
+            raise ParamError('invalid parameter "end": end timestamp must not be before start time')
+        step_ms = parse_duration_param(params.get("step") or "", "step")
+        if step_ms <= 0:
+            raise ParamError(
+                'invalid parameter "step": zero or negative query resolution step widths are not accepted. '
+                "Try a positive integer"
+            )
+        if (end_ms - start_ms) // step_ms > MAX_POINTS:
+            raise ParamError(
+                "exceeded maximum resolution of 11,000 points per timeseries. "
+                "Try decreasing the query resolution (?step=XX)"
+            )
+        query = params.get("query")
+        if query is None:
+            raise ParamError('invalid parameter "query": no query given')
+        limits_ = engine_limits(params)
+        result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
+        return _success(result.to_prometheus_json(), result.warnings, result.infos)
+
+    def do_series(params: _Params) -> JSONResponse:
+        matches = params.get_all("match[]")
+        if not matches:
+            raise ParamError("no match[] parameter provided")
+        sets = _selectors(matches)
+        start_ms, end_ms = _bounds(params)
+        storage = storage_factory()
+        seen: dict[tuple[tuple[str, str], ...], None] = {}
+        try:
+            for matchers in sets:
+                for s in storage.select(matchers, start_ms, end_ms):
+                    seen[s.labels] = None
+        except KqlError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"storage failed: {exc}") from exc
+        series, warnings = _truncate([dict(labels) for labels in sorted(seen)], _limit(params))
+        return _success(series, warnings)
+
+    def do_labels(params: _Params) -> JSONResponse:
+        sets = _selectors(params.get_all("match[]")) or [()]
+        start_ms, end_ms = _bounds(params)
+        storage = storage_factory()
+        names: set[str] = set()
+        try:
+            for matchers in sets:
+                names.update(storage.label_names(list(matchers), start_ms, end_ms))
+        except Exception as exc:
+            raise StorageError(f"storage failed: {exc}") from exc
+        out, warnings = _truncate(sorted(names), _limit(params))
+        return _success(out, warnings)
+
+    def label_values(name: str) -> Callable[[_Params], JSONResponse]:
+        def work(params: _Params) -> JSONResponse:
+            if name != "__name__" and not _LABEL_NAME.match(name):
+                raise ParamError(f'invalid label name: "{name}"')
+            sets = _selectors(params.get_all("match[]")) or [()]
+            start_ms, end_ms = _bounds(params)
+            storage = storage_factory()
+            values: set[str] = set()
+            try:
+                for matchers in sets:
+                    values.update(storage.label_values(name, list(matchers), start_ms, end_ms))
+            except Exception as exc:
+                raise StorageError(f"storage failed: {exc}") from exc
+            out, warnings = _truncate(sorted(values), _limit(params))
+            return _success(out, warnings)
+
+        return work
+
+    def do_metadata(params: _Params) -> JSONResponse:
+        limit = _limit(params)
+        metric = params.get("metric")
+        table = metadata or {}
+        names = sorted(table) if not metric else [metric] if metric in table else []
+        if limit:
+            names = names[:limit]
+        return _success({n: table[n] for n in names})
+
+    # -- routes: the GET forms carry the parameters for the OpenAPI schema; both read them the same way
+
+    def _q(description: str) -> Any:
+        return Query(None, description=description)
+
+    @router.get("/api/v1/query", summary="Instant query (Prometheus API)")
+    async def query_get(
+        request: Request,
+        query: str | None = _q("kql / PromQL expression"),
+        time: str | None = _q("evaluation time: unix seconds or RFC 3339; default now"),
+        timeout: str | None = _q("evaluation timeout: seconds or a duration"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_query)
+
+    @router.post("/api/v1/query", include_in_schema=False)
+    async def query_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_query)
+
+    @router.get("/api/v1/query_range", summary="Range query (Prometheus API)")
+    async def query_range_get(
+        request: Request,
+        query: str | None = _q("kql / PromQL expression"),
+        start: str | None = _q("unix seconds or RFC 3339"),
+        end: str | None = _q("unix seconds or RFC 3339"),
+        step: str | None = _q("seconds or a duration"),
+        timeout: str | None = _q("evaluation timeout"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_query_range)
+
+    @router.post("/api/v1/query_range", include_in_schema=False)
+    async def query_range_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_query_range)
+
+    match_param = Query(None, alias="match[]", description="series selectors")
+
+    @router.get("/api/v1/series", summary="Series matching selectors (Prometheus API)")
+    async def series_get(
+        request: Request,
+        match: list[str] | None = match_param,
+        start: str | None = _q("unix seconds or RFC 3339"),
+        end: str | None = _q("unix seconds or RFC 3339"),
+        limit: str | None = _q("at most this many series"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_series)
+
+    @router.post("/api/v1/series", include_in_schema=False)
+    async def series_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_series)
+
+    @router.get("/api/v1/labels", summary="Label names (Prometheus API)")
+    async def labels_get(
+        request: Request,
+        match: list[str] | None = match_param,
+        start: str | None = _q("unix seconds or RFC 3339"),
+        end: str | None = _q("unix seconds or RFC 3339"),
+        limit: str | None = _q("at most this many names"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_labels)
+
+    @router.post("/api/v1/labels", include_in_schema=False)
+    async def labels_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_labels)
+
+    @router.get("/api/v1/label/{name}/values", summary="Values of one label (Prometheus API)")
+    async def label_values_get(
+        request: Request,
+        name: str = Path(description="label name"),
+        match: list[str] | None = match_param,
+        start: str | None = _q("unix seconds or RFC 3339"),
+        end: str | None = _q("unix seconds or RFC 3339"),
+        limit: str | None = _q("at most this many values"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, label_values(name))
+
+    @router.get("/api/v1/metadata", summary="Metric metadata (Prometheus API)")
+    async def metadata_get(
+        request: Request,
+        metric: str | None = _q("one metric name"),
+        limit: str | None = _q("at most this many metrics"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_metadata)
+
+    @router.get("/api/v1/status/buildinfo", summary="Build information (Prometheus API)")
+    async def buildinfo(_t: object = read) -> JSONResponse:
+        return _success(
+            {
+                "version": version,
+                "revision": "",
+                "branch": "",
+                "buildUser": "",
+                "buildDate": "",
+                "goVersion": "",
+            }
+        )
+
+    return router

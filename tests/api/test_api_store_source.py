@@ -1,0 +1,115 @@
+"""The snapshot read from a real embedded store: instances table, GPU samples via kql, events."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import TestClient
+
+from kernel_insight.api import StoreSource, TokenStore, create_api_app
+from kernel_insight.api.models import HealthSnapshot, InstanceDetail
+from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore
+
+GiB = 1 << 30
+NOW_MS = int(time.time() * 1000)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = EmbeddedStore(tmp_path_factory.mktemp("api-store"))
+    b = SampleBuilder()
+    for inst, free in (("n1", 30 * GiB), ("n2", 5 * GiB)):
+        for gpu in ("0", "1"):
+            base = {"instance": inst, "gpu": gpu, "model": "NVIDIA H100", "models": "llama-70b"}
+            for t in (NOW_MS - 20_000, NOW_MS - 5_000):
+                b.add({**base, "__name__": "gpu_memory_free_bytes"}, t, free / 2)
+                b.add({**base, "__name__": "gpu_memory_total_bytes"}, t, 40 * GiB)
+                b.add({**base, "__name__": "gpu_temperature_celsius"}, t, 50.0 + int(gpu))
+                b.add({**base, "__name__": "gpu_power_watts"}, t, 300.0)
+                b.add({**base, "__name__": "gpu_sm_utilization_ratio"}, t, 0.25 * (1 + int(gpu)))
+            for i in range(100):
+                b.add(
+                    {**base, "__name__": "nccl_op_latency_seconds", "op": "allreduce"},
+                    NOW_MS - 60_000 + i,
+                    (i + 1) / 1000,
+                )
+    # an instance only seen in samples, 200 s ago (stale)
+    b.add({"__name__": "gpu_memory_free_bytes", "instance": "old", "gpu": "0"}, NOW_MS - 200_000, 1.0)
+    s.insert_samples(b.build())
+    s.upsert_instances(
+        [
+            InstanceInfo(
+                id=i,
+                last_seen_ms=NOW_MS - 2_000,
+                hardware_fingerprint="hw-" + i,
+                gpu_count=2,
+                gpu_model="NVIDIA H100",
+                memory_total_bytes=80 * GiB,
+                labels={"models": "llama-70b", "host": "h-" + i, "rack": "r1"},
+                attributes={
+                    "gpu0.driver_version": "550.54",
+                    "gpu0.cuda_version": "12040",
+                    "gpu0.nvlink_bandwidth": "18",
+                },
+            )
+            for i in ("n1", "n2")
+        ]
+    )
+    s.insert_events(
+        [
+            Event("n2", 0, (NOW_MS - 30_000) * 1_000_000, "xid", 79, message="fell off the bus"),
+            Event("n2", 1, (NOW_MS - 3_600_000) * 1_000_000, "oom", 2, message="old"),
+        ]
+    )
+    yield s
+    s.close()
+
+
+def test_store_source_collects_capacity_latency_and_errors(store):
+    facts = {f.id: f for f in StoreSource(store).collect(NOW_MS)}
+    assert set(facts) == {"n1", "n2", "old"}
+    n1 = facts["n1"]
+    assert n1.gpu_memory_free_bytes == 30 * GiB
+    assert n1.gpu_memory_total_bytes == 80 * GiB
+    assert n1.temperature_celsius == 51.0
+    assert n1.power_watts == 600.0
+    assert n1.sm_utilization_ratio == pytest.approx(0.375)
+    assert len(n1.nccl_latencies) == 200
+    assert n1.labels["host"] == "h-n1"
+    assert n1.last_seen_ms == NOW_MS - 2_000
+    assert facts["n2"].errors_by_kind == {"xid": 1}  # the oom is older than 5 minutes
+    assert facts["old"].gpu_memory_free_bytes == 1.0  # within the 5-minute lookback
+    assert facts["old"].last_seen_ms == NOW_MS - 200_000  # known from its samples alone
+
+
+def test_api_app_over_the_store_serves_snapshot_and_recent_errors(store, tmp_path):
+    tokens = TokenStore(tmp_path / "tokens.json")
+    app = create_api_app(store, tokens=tokens)
+    client = TestClient(app)
+    client.headers["Authorization"] = "Bearer " + tokens.create("r", ["read"]).token
+    snap = HealthSnapshot.model_validate_json(client.get("/v1/health/snapshot").content)
+    by_id = {i.id: i for i in snap.instances}
+    assert by_id["n1"].healthy
+    assert by_id["n1"].fingerprint.driver_version == "550.54"
+    assert by_id["n1"].nccl_latency_seconds is not None
+    assert by_id["n1"].nccl_latency_seconds.p50 == pytest.approx(0.0505)
+    assert by_id["n1"].gpu_memory_free_ratio == pytest.approx(30 / 80)
+    assert not by_id["n2"].healthy
+    assert by_id["n2"].errors_5m == 1
+    assert by_id["old"].stale
+    assert not by_id["old"].healthy
+    detail = InstanceDetail.model_validate_json(client.get("/v1/instances/n2").content)
+    assert [(e.kind, e.code, e.message) for e in detail.recent_errors] == [
+        ("xid", 79, "fell off the bus"),
+        ("oom", 2, "old"),
+    ]
+    r = client.get(
+        "/api/v1/query", params={"query": "sum(gpu_memory_free_bytes{instance='n1'})", "time": NOW_MS / 1000}
+    )
+    assert r.status_code == 200
+    assert r.json()["data"]["result"][0]["value"][1] == str(30 * GiB)
+    assert client.get("/healthz").status_code == 200  # the collector's liveness probe needs no token
+    client.headers.pop("Authorization")
+    assert client.get("/v1/topology").json()["errorType"] == "unauthorized"
