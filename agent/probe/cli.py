@@ -1,0 +1,146 @@
+"""``ki probe nvml|simulate``: run a probe that writes into GPU rings.
+
+Each probe is imported only when its command runs, so a machine without bcc
+or NVML can still run the others (and ``ki --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+__all__ = ["add_commands"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class ProbeUnavailable(Exception):
+    """The probe cannot run on this machine (no BPF, no NVML...): one clear line, exit 2."""
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.probe.simulate import SimConfig, Simulator
+    from kernel_insight.agent.ring import Ring, ring_name
+
+    config = SimConfig(
+        gpus=args.gpus,
+        seed=args.seed,
+        layers=args.layers,
+        error_rate=args.error_rate,
+        launch_sample=args.launch_sample,
+    )
+    rings = [Ring.attach(ring_name(f"{args.label_prefix}{i}"), create=True) for i in range(args.gpus)]
+    try:
+        sim = Simulator(config, [r.write_raw for r in rings])
+        print(
+            f"simulating {args.gpus} GPU(s) into {', '.join(r.name for r in rings)} "
+            f"(every record flagged SIMULATED); Ctrl-C stops",
+            file=sys.stderr,
+        )
+        written = sim.run(args.seconds)
+        dropped = sum(r.stats()["dropped"] for r in rings)
+        print(f"wrote {written} records in {sim.steps} steps ({dropped} dropped: ring full)", file=sys.stderr)
+    finally:
+        for r in rings:
+            r.close()
+    return 0
+
+
+def _nvml(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
+
+    try:
+        sampler = NvmlSampler.open(
+            gpus=_gpu_list(args.gpus),
+            library=args.library,
+            label_prefix=args.label_prefix,
+            interval_s=args.interval,
+            fingerprint_every_s=args.fingerprint_every,
+        )
+    except NvmlUnavailable as e:
+        raise ProbeUnavailable(str(e)) from e
+    with sampler:
+        print(
+            f"sampling NVML for GPU(s) {', '.join(map(str, sampler.indices))}; Ctrl-C stops", file=sys.stderr
+        )
+        sampler.run(args.seconds)
+    return 0
+
+
+def _gpu_list(text: str) -> list[int] | None:
+    if text == "all":
+        return None
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--gpus: expected 'all' or indices like 0,1,3, got {text!r}"
+        ) from None
+    if not gpus or min(gpus) < 0:
+        raise argparse.ArgumentTypeError(f"--gpus: expected 'all' or indices like 0,1,3, got {text!r}")
+    return gpus
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    probe = sub.add_parser("probe", help="run a probe (eBPF tracer, NVML sampler, simulator) into GPU rings")
+    psub = probe.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--seconds", type=_positive, default=None, help="stop after this long (default: run until Ctrl-C)"
+        )
+        p.add_argument(
+            "--label-prefix",
+            default="",
+            help="ring of GPU i is /kernel_insight.<prefix><i> (default: no prefix)",
+        )
+
+    s = psub.add_parser(
+        "simulate", help="write realistic records flagged SIMULATED, for machines without GPUs"
+    )
+    s.add_argument("--gpus", type=int, default=1, help="how many GPUs to simulate (default 1)")
+    s.add_argument("--seed", type=int, default=0, help="random seed; equal seeds give equal runs")
+    s.add_argument("--layers", type=int, default=12, help="transformer layers per step (default 12)")
+    s.add_argument("--error-rate", type=float, default=1 / 600, help="random errors per GPU per second")
+    s.add_argument("--launch-sample", type=int, default=16, help="one LAUNCH record per N launches (0: none)")
+    common(s)
+    s.set_defaults(handler=_errors_to_exit(_simulate))
+
+    n = psub.add_parser("nvml", help="sample NVML once a second per GPU: memory, power, clocks, errors...")
+    n.add_argument("--gpus", default="all", help="'all' (default) or indices such as 0,1")
+    n.add_argument("--interval", type=_positive, default=1.0, help="seconds between samples (default 1)")
+    n.add_argument("--fingerprint-every", type=_positive, default=60.0, help="seconds between FINGERPRINTs")
+    n.add_argument(
+        "--library", default=None, help="path of libnvidia-ml.so.1 (default: as the loader finds it)"
+    )
+    common(n)
+    n.set_defaults(handler=_errors_to_exit(_nvml))
+
+
+def _errors_to_exit(fn: Handler) -> Handler:
+    """A probe that cannot run says why in one line (exit 2); bad settings exit 1; no tracebacks."""
+
+    def run(args: argparse.Namespace) -> int:
+        from kernel_insight.agent.ring import RingError
+
+        try:
+            return fn(args)
+        except ProbeUnavailable as e:
+            print(f"ki probe {args.probe_command}: {e}", file=sys.stderr)
+            return 2
+        except (ValueError, RingError, argparse.ArgumentTypeError) as e:
+            print(f"ki probe {args.probe_command}: {e}", file=sys.stderr)
+            return 1
+
+    return run

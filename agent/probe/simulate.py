@@ -1,0 +1,573 @@
+"""A stand-in for GPUs on machines without one: realistic records, every one flagged SIMULATED.
+
+The model is data-parallel training: each simulated GPU runs the same
+transformer step (forward and backward kernels per layer, gradient all-reduce
+buckets overlapping the backward pass, an optimizer, a stream synchronise),
+with long-tailed kernel durations, activation memory that grows and is
+released every step, a cache that creeps up until an allocation fails (OOM),
+checkpoint pauses, and NVML samples (utilisation, power, temperature, clocks,
+throttling, NVLink) that follow the load.  Every record carries
+``RecordFlag.SIMULATED`` so it can never pass for real data.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kernel_insight.agent.probe._writer import FlaggedWriter
+from kernel_insight.agent.records import (
+    CollectiveOp,
+    ErrorKind,
+    FingerprintField,
+    MemopKind,
+    RecordFlag,
+    SyncKind,
+)
+from kernel_insight.collector.metric_ids import MetricId
+
+__all__ = ["KERNELS", "SimConfig", "Simulator"]
+
+_MIB = 1 << 20
+_GIB = 1 << 30
+_US = 1_000
+_S = 1_000_000_000
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """A kernel's duration law: lognormal around ``median_us`` with a Pareto straggler tail."""
+
+    name: str
+    median_us: float
+    sigma: float = 0.08
+    grid: tuple[int, int, int] = (132, 1, 1)
+    block: tuple[int, int, int] = (256, 1, 1)
+
+
+_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
+_GEMM_NN = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+_LN = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
+_ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>"
+
+#: Kernels of one layer's forward and backward pass, and of the optimizer.
+KERNELS: dict[str, list[KernelSpec]] = {
+    "forward": [
+        KernelSpec(_LN, 60, 0.05),
+        KernelSpec(_GEMM, 900),
+        KernelSpec(
+            "flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>",
+            1400,
+            0.12,
+        ),
+        KernelSpec(_GEMM, 300),
+        KernelSpec(_ADD, 40, 0.05),
+        KernelSpec(_LN, 60, 0.05),
+        KernelSpec(_GEMM, 1200),
+        KernelSpec(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", 150, 0.05
+        ),
+        KernelSpec(_GEMM, 1200),
+        KernelSpec(_ADD, 40, 0.05),
+    ],
+    "backward": [
+        KernelSpec(_GEMM_NN, 1200),
+        KernelSpec(_GEMM, 1200),
+        KernelSpec(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl>",
+            200,
+            0.05,
+        ),
+        KernelSpec(_GEMM_NN, 1200),
+        KernelSpec(_GEMM, 1200),
+        KernelSpec(
+            "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel<c10::BFloat16, float>", 120
+        ),
+        KernelSpec(_GEMM_NN, 300),
+        KernelSpec(_GEMM, 300),
+        KernelSpec(
+            "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8>>",
+            3000,
+            0.15,
+        ),
+        KernelSpec(_GEMM_NN, 900),
+        KernelSpec(_GEMM, 900),
+        KernelSpec(
+            "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel<c10::BFloat16, float>", 120
+        ),
+        KernelSpec(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t>>",
+            80,
+        ),
+    ],
+    "optimizer": [
+        KernelSpec(
+            "void at::native::multi_tensor_apply_kernel<at::native::FusedAdamMathFunctor<float, 4>>", 2500
+        ),
+        KernelSpec("void at::native::multi_tensor_apply_kernel<at::native::L2NormFunctor<float, 1>>", 400),
+    ],
+}
+_ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+#: XID codes drawn by the simulator, with the text the driver logs for them.
+XIDS: dict[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    48: "Double Bit ECC Error",
+    63: "ECC page retirement or row remapping recording event",
+    74: "NVLink Error",
+    79: "GPU has fallen off the bus",
+    94: "Contained ECC error",
+    119: "GSP RPC timeout",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Knobs of the simulated job; the defaults give about 2.5 steps/s and ~700 kernels/s per GPU."""
+
+    gpus: int = 1
+    seed: int = 0
+    layers: int = 12
+    time_scale: float = 2.0  # multiplies every kernel duration
+    launch_sample: int = 16  # one LAUNCH record per this many launches (0: none)
+    error_rate: float = 1 / 600  # random xid / nccl_timeout errors per GPU per second
+    fingerprint_every_s: float = 60.0
+    memory_total: int = 80 * _GIB
+    static_memory: int = 28 * _GIB  # weights, gradients, optimizer state
+    activation_bytes: int = 1536 * _MIB  # per layer, allocated in forward, freed in backward
+    growth_every_steps: int = 25  # the allocator cache grows by growth_bytes this often...
+    growth_bytes: int = 2 * _GIB  # ...until an allocation fails (OOM) and the cache is released
+    idle_every_steps: int = 120  # a checkpoint pause this often...
+    idle_s: float = 4.0  # ...this long, with no kernels
+    nvlink_links: int = 18
+    power_limit_w: float = 700.0
+    model_bytes: int = 14 * _GIB  # gradient bytes all-reduced per step
+    buckets: int = 4
+
+    def __post_init__(self) -> None:
+        checks = [
+            (1 <= self.gpus <= 1024, "gpus must be in 1..1024"),
+            (self.layers >= 1, "layers must be at least 1"),
+            (self.time_scale > 0, "time_scale must be positive"),
+            (self.launch_sample >= 0, "launch_sample must be 0 or more"),
+            (0 <= self.error_rate <= 1, "error_rate must be in 0..1 (errors per GPU per second)"),
+            (self.fingerprint_every_s > 0, "fingerprint_every_s must be positive"),
+            (self.static_memory < self.memory_total, "static_memory must be below memory_total"),
+            (self.growth_every_steps >= 1 and self.idle_every_steps >= 1, "step periods must be at least 1"),
+            (self.buckets >= 1 and self.nvlink_links >= 0, "buckets must be >= 1, nvlink_links >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"simulator: {message}")
+
+
+@dataclass(slots=True)
+class _Gpu:
+    index: int
+    writer: FlaggedWriter
+    rng: random.Random
+    pid: int
+    heap: list[tuple[int, int, Callable[[], object]]] = field(default_factory=list)
+    busy: list[tuple[int, int]] = field(default_factory=list)  # device intervals, for utilisation
+    compute_free: int = 0
+    comm_free: int = 0
+    next_addr: int = 0x7F00_0000_0000
+    cache: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) of the growing cache
+    outstanding: int = 0
+    nvlink_bytes: int = 0  # all-reduce bytes moved since the last sample
+    nvlink_total: list[int] = field(default_factory=list)
+    energy_j: float = 0.0
+    temperature: float = 34.0
+    slowdown: float = 1.0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    next_sample: int = 0
+    next_fingerprint: int = 0
+    correlation: int = 0
+    launches: int = 0
+
+
+class Simulator:
+    """Generates records for ``config.gpus`` GPUs up to a moving "now" into one writer per GPU.
+
+    Time is the caller's: ``advance_to(now_ns)`` emits every record stamped at
+    or before ``now_ns`` (CLOCK_REALTIME nanoseconds), so tests drive it with a
+    synthetic clock and ``run`` drives it with the wall clock.
+
+    Example::
+
+        rings = [Ring.attach(ring_name(i), create=True) for i in range(2)]
+        sim = Simulator(SimConfig(gpus=2), [r.write_raw for r in rings])
+        sim.run(seconds=10)
+    """
+
+    def __init__(
+        self, config: SimConfig, sinks: Sequence[Callable[[bytes], int]], start_ns: int | None = None
+    ) -> None:
+        if len(sinks) != config.gpus:
+            raise ValueError(f"simulator: {config.gpus} GPUs need {config.gpus} sinks, got {len(sinks)}")
+        self.config = config
+        self.start_ns = time.time_ns() if start_ns is None else start_ns
+        self._seq = 0
+        self._step = 0
+        self._comm = random.Random(config.seed).getrandbits(63) | 1
+        self._coll_seq = 0
+        self.horizon = self.start_ns  # host time up to which steps are generated
+        self.gpus = [
+            _Gpu(
+                index=i,
+                writer=FlaggedWriter(sink, RecordFlag.SIMULATED),
+                rng=random.Random(config.seed * 1_000_003 + i),
+                pid=200_000 + i,
+                compute_free=self.start_ns,
+                comm_free=self.start_ns,
+                nvlink_total=[0] * config.nvlink_links,
+                next_sample=self.start_ns + _S,
+                next_fingerprint=self.start_ns,
+            )
+            for i, sink in enumerate(sinks)
+        ]
+
+    # ---- public -------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        return self._step
+
+    def advance_to(self, now_ns: int) -> int:
+        """Emit every record stamped at or before now_ns; returns how many were written."""
+        while self.horizon <= now_ns + _S:
+            self._generate_step()
+        written = 0
+        for g in self.gpus:
+            while g.next_fingerprint <= now_ns:
+                self._fingerprint(g, g.next_fingerprint)
+                g.next_fingerprint += int(self.config.fingerprint_every_s * _S)
+            while g.next_sample <= now_ns:
+                self._samples(g, g.next_sample)
+                g.next_sample += _S
+            before = g.writer.written
+            while g.heap and g.heap[0][0] <= now_ns:
+                heapq.heappop(g.heap)[2]()
+            written += g.writer.written - before
+        return written
+
+    def run(
+        self,
+        seconds: float | None = None,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        sleep: Callable[[float], None] = time.sleep,
+        tick_s: float = 0.05,
+    ) -> int:
+        """Follow the wall clock for ``seconds`` (forever when None); returns records written."""
+        end = None if seconds is None else self.start_ns + int(seconds * _S)
+        total = 0
+        while True:
+            now = clock()
+            if end is not None and now >= end:
+                return total + self.advance_to(end)
+            total += self.advance_to(now)
+            sleep(tick_s)
+
+    # ---- generation ---------------------------------------------------------
+
+    def _push(self, g: _Gpu, ts: int, fn: Callable[[], object]) -> None:
+        self._seq += 1
+        heapq.heappush(g.heap, (ts, self._seq, fn))
+
+    def _duration(self, g: _Gpu, spec: KernelSpec) -> int:
+        d = spec.median_us * self.config.time_scale * math.exp(g.rng.gauss(0.0, spec.sigma))
+        if g.rng.random() < 0.005:  # stragglers: a Pareto tail on top of the lognormal body
+            d *= 1.0 + g.rng.paretovariate(1.3)
+        return max(1_000, int(d * _US * g.slowdown))
+
+    def _kernel(self, g: _Gpu, host: int, spec: KernelSpec, comm: bool = False) -> tuple[int, int]:
+        """Launch one kernel at host time ``host``; returns (host time after the launch, device end)."""
+        cfg = self.config
+        launch_cost = int(g.rng.uniform(4, 9) * _US)
+        stream = 0x2 if comm else 0x1
+        free = g.comm_free if comm else g.compute_free
+        start = max(host + 5 * _US, free)
+        end = start + self._duration(g, spec)
+        if comm:
+            g.comm_free = end
+        else:
+            g.compute_free = end
+        g.busy.append((start, end))
+        g.correlation += 1
+        corr = g.correlation
+        g.launches += 1
+        w = g.writer
+        pid = g.pid
+        if cfg.launch_sample and g.launches % cfg.launch_sample == 0:
+            self._push(
+                g,
+                host,
+                lambda: w.launch(w.intern(spec.name, host), g.index, host, pid, pid, spec.grid, spec.block),
+            )
+        self._push(
+            g, start, lambda: w.kernel(w.intern(spec.name, start), g.index, start, end, stream, corr, pid)
+        )
+        return host + launch_cost, end
+
+    def _memop(self, g: _Gpu, ts: int, kind: int, addr: int, nbytes: int, status: int = 0) -> None:
+        w = g.writer
+        self._push(g, ts, lambda: w.memop(kind, g.index, ts, addr, nbytes, g.pid, g.pid, status))
+
+    def _alloc(self, g: _Gpu, ts: int, nbytes: int, kind: int = MemopKind.ALLOC_ASYNC) -> int:
+        addr = g.next_addr
+        g.next_addr += (nbytes + 0x1FFFFF) & ~0x1FFFFF
+        g.outstanding += nbytes
+        self._memop(g, ts, kind, addr, nbytes)
+        return addr
+
+    def _free(self, g: _Gpu, ts: int, addr: int, nbytes: int, kind: int = MemopKind.FREE_ASYNC) -> None:
+        g.outstanding -= nbytes
+        self._memop(g, ts, kind, addr, nbytes)
+
+    def _error(self, g: _Gpu, ts: int, kind: int, code: int, aux: int, detail: str) -> None:
+        w = g.writer
+        self._push(g, ts, lambda: w.error(kind, g.index, ts, code, aux, g.pid, w.intern(detail, ts)))
+
+    def _generate_step(self) -> None:
+        cfg = self.config
+        self._step += 1
+        step = self._step
+        start = self.horizon
+        if step > 1 and step % cfg.idle_every_steps == 0:
+            start += int(cfg.idle_s * _S)  # checkpoint: the GPUs sit idle
+        hosts: list[int] = []
+        acts: list[list[tuple[int, int]]] = []
+        for g in self.gpus:
+            host = start + int(g.rng.uniform(0.5, 2.5) * 1_000 * _US)  # data loading
+            g.compute_free = max(g.compute_free, host)
+            g.comm_free = max(g.comm_free, host)
+            if step % cfg.growth_every_steps == 0:
+                host = self._grow_cache(g, host)
+            layer_acts: list[tuple[int, int]] = []
+            for _ in range(cfg.layers):
+                layer_acts.append((self._alloc(g, host, cfg.activation_bytes), cfg.activation_bytes))
+                for spec in KERNELS["forward"]:
+                    host, _end = self._kernel(g, host, spec)
+            hosts.append(host)
+            acts.append(layer_acts)
+        # Backward, bucket by bucket; each bucket's all-reduce starts when the slowest rank reaches it.
+        per_bucket = max(1, cfg.layers // cfg.buckets)
+        layer = cfg.layers
+        bucket_bytes = cfg.model_bytes // cfg.buckets
+        while layer > 0:
+            arrive: list[int] = []
+            for gi, g in enumerate(self.gpus):
+                host = hosts[gi]
+                for li in range(layer - 1, max(0, layer - per_bucket) - 1, -1):
+                    for spec in KERNELS["backward"]:
+                        host, _end = self._kernel(g, host, spec)
+                    addr, nbytes = acts[gi][li]
+                    self._free(g, host, addr, nbytes)
+                hosts[gi] = host
+                arrive.append(g.compute_free)
+            layer = max(0, layer - per_bucket)
+            self._allreduce(arrive, hosts, bucket_bytes)
+        for gi, g in enumerate(self.gpus):
+            host = hosts[gi]
+            for spec in KERNELS["optimizer"]:
+                host, _end = self._kernel(g, host, spec)
+            done = max(g.compute_free, g.comm_free)
+            waited = max(0, done - host)
+            w = g.writer
+            self._push(
+                g,
+                host,
+                functools.partial(w.sync, SyncKind.STREAM, g.index, host, waited, 0x1, g.pid, g.pid),
+            )
+            hosts[gi] = max(done, host)
+        self.horizon = max(hosts)
+
+    def _allreduce(self, arrive: list[int], hosts: list[int], nbytes: int) -> None:
+        cfg = self.config
+        self._coll_seq += 1
+        seq = self._coll_seq
+        n = cfg.gpus
+        ready = max(arrive)
+        # Ring all-reduce moves 2(n-1)/n of the buffer over ~450 GB/s of NVLink; one GPU only copies.
+        wire = nbytes * 2 * (n - 1) / n if n > 1 else 0
+        base = int((wire / 450e9) * _S) + 25 * _US
+        timeout = any(g.rng.random() < cfg.error_rate / 20 for g in self.gpus)
+        for gi, g in enumerate(self.gpus):
+            start = max(ready, g.comm_free, hosts[gi])
+            dur = int(base * math.exp(g.rng.gauss(0, 0.1)))
+            if g.rng.random() < 0.01:
+                dur = int(dur * (1 + g.rng.paretovariate(1.5)))
+            spec = KernelSpec(_ALLREDUCE_KERNEL, dur / _US / cfg.time_scale, 0.0)
+            g.comm_free = max(g.comm_free, start)
+            _host, end = self._kernel(g, start - 5 * _US, spec, comm=True)
+            g.nvlink_bytes += int(wire)
+            w = g.writer
+            self._push(
+                g,
+                start,
+                functools.partial(
+                    w.collective,
+                    CollectiveOp.ALLREDUCE,
+                    g.index,
+                    start,
+                    nbytes,
+                    end - start,
+                    self._comm,
+                    gi,
+                    n,
+                    timeout,
+                ),
+            )
+            if timeout:
+                detail = (
+                    f"[Rank {gi}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+                    f"OpType=ALLREDUCE, NumelIn={nbytes // 2}, Timeout(ms)=600000) ran for 600012 "
+                    "milliseconds before timing out (simulated)"
+                )
+                self._error(g, end, ErrorKind.NCCL_TIMEOUT, 600_000, seq, detail)
+
+    def _grow_cache(self, g: _Gpu, host: int) -> int:
+        cfg = self.config
+        peak = cfg.static_memory + g.outstanding + cfg.layers * cfg.activation_bytes + cfg.growth_bytes
+        if peak <= cfg.memory_total:
+            g.cache.append((self._alloc(g, host, cfg.growth_bytes, MemopKind.ALLOC), cfg.growth_bytes))
+            return host + 30 * _US
+        # The allocation fails: an OOM, then the job empties its cache and carries on.
+        self._memop(g, host, MemopKind.ALLOC, 0, cfg.growth_bytes, CUDA_ERROR_OUT_OF_MEMORY)
+        free = cfg.memory_total - cfg.static_memory - g.outstanding
+        detail = (
+            f"CUDA out of memory. Tried to allocate {cfg.growth_bytes / _GIB:.2f} GiB. GPU {g.index} has a "
+            f"total capacity of {cfg.memory_total / _GIB:.2f} GiB of which {max(0, free) / _GIB:.2f} GiB is "
+            "free (simulated)"
+        )
+        self._error(g, host, ErrorKind.OOM, CUDA_ERROR_OUT_OF_MEMORY, cfg.growth_bytes, detail)
+        host += 200 * _US
+        for addr, nbytes in g.cache:
+            self._free(g, host, addr, nbytes, MemopKind.FREE)
+            host += 20 * _US
+        g.cache.clear()
+        return host
+
+    # ---- NVML-like state ----------------------------------------------------
+
+    def _utilisation(self, g: _Gpu, lo: int, hi: int) -> float:
+        busy = 0
+        edge = lo
+        keep: list[tuple[int, int]] = []
+        for s, e in sorted(g.busy):
+            if e > hi - 2 * _S:
+                keep.append((s, e))
+            s, e = max(s, edge), min(e, hi)
+            if e > s:
+                busy += e - s
+                edge = e
+        g.busy = keep
+        return min(1.0, busy / (hi - lo))
+
+    def _samples(self, g: _Gpu, ts: int) -> None:
+        cfg = self.config
+        util = self._utilisation(g, ts - _S, ts)
+        power = min(cfg.power_limit_w, 85.0 + (cfg.power_limit_w - 85.0) * util**0.9 + g.rng.gauss(0, 4))
+        g.energy_j += power
+        target = 30.0 + 0.07 * power
+        g.temperature += (target - g.temperature) * (1 - math.exp(-1 / 30))
+        reasons = 0
+        clock = 1980e6
+        if util < 0.05:
+            reasons |= 0x1
+            clock = 345e6
+        if g.temperature >= 78.0:
+            reasons |= 0x20
+            clock = min(clock, 1755e6)
+        if power >= 0.98 * cfg.power_limit_w:
+            reasons |= 0x4
+            clock = min(clock, 1830e6)
+        g.slowdown = 1980e6 / clock if reasons & 0x24 else 1.0
+        if g.rng.random() < 0.002:
+            g.ecc_corrected += 1
+        used = cfg.static_memory + g.outstanding
+        per_link = g.nvlink_bytes // max(1, cfg.nvlink_links)
+        g.nvlink_bytes = 0
+        w = g.writer
+        dev = g.index
+        values: list[tuple[int, float, int]] = [
+            (MetricId.MEMORY_USED, used, 0),
+            (MetricId.MEMORY_FREE, cfg.memory_total - used, 0),
+            (MetricId.MEMORY_TOTAL, cfg.memory_total, 0),
+            (MetricId.TEMPERATURE, round(g.temperature), 0),
+            (MetricId.MEMORY_TEMPERATURE, round(g.temperature + 6), 0),
+            (MetricId.POWER, round(power, 3), 0),
+            (MetricId.POWER_LIMIT, cfg.power_limit_w, 0),
+            (MetricId.ENERGY, round(g.energy_j, 3), 0),
+            (MetricId.GPU_UTIL, round(util, 2), 0),
+            (MetricId.SM_UTIL, round(util * 0.82, 2), 0),
+            (MetricId.MEMORY_UTIL, round(util * 0.45, 2), 0),
+            (MetricId.SM_CLOCK, clock, 0),
+            (MetricId.MEMORY_CLOCK, 2619e6, 0),
+            (MetricId.PCIE_TX, round(12e6 + 30e6 * util), 0),
+            (MetricId.PCIE_RX, round(20e6 + 180e6 * util), 0),
+            (MetricId.ECC_CORRECTED, g.ecc_corrected, 0),
+            (MetricId.ECC_UNCORRECTED, g.ecc_uncorrected, 0),
+            (MetricId.THROTTLE_REASONS, reasons, 0),
+            (MetricId.PROCESS_MEMORY, used - 512 * _MIB, g.pid),
+            (MetricId.PCIE_REPLAYS, 0, 0),
+            (MetricId.RETIRED_PAGES, 0, 0),
+        ]
+        for link in range(cfg.nvlink_links):
+            g.nvlink_total[link] += per_link
+            values.append((MetricId.NVLINK_TX, g.nvlink_total[link], link))
+            values.append((MetricId.NVLINK_RX, g.nvlink_total[link], link))
+        for metric, value, aux in values:
+            w.sample(metric, dev, ts, float(value), aux)
+        if g.rng.random() < cfg.error_rate:
+            self._random_error(g, ts)
+
+    def _random_error(self, g: _Gpu, ts: int) -> None:
+        w = g.writer
+        if g.rng.random() < 0.7:
+            code = g.rng.choice(sorted(XIDS))
+            if code in (48, 94):
+                g.ecc_uncorrected += 1
+            detail = f"NVRM: Xid (PCI:0000:{0x18 + g.index:02x}:00): {code}, {XIDS[code]} (simulated)"
+            w.error(ErrorKind.XID, g.index, ts, code, 0, g.pid, w.intern(detail, ts))
+        else:
+            self._coll_seq += 1
+            detail = (
+                f"[Rank {g.index}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum="
+                f"{self._coll_seq}, OpType=ALLREDUCE, Timeout(ms)=600000) (simulated)"
+            )
+            w.error(ErrorKind.NCCL_TIMEOUT, g.index, ts, 600_000, self._coll_seq, g.pid, w.intern(detail, ts))
+
+    def _fingerprint(self, g: _Gpu, ts: int) -> None:
+        cfg = self.config
+        w = g.writer
+        dev = g.index
+        strings = {
+            FingerprintField.NAME: "NVIDIA H100 80GB HBM3 (simulated)",
+            FingerprintField.UUID: f"GPU-5140a7ed-0000-4000-8000-{cfg.seed & 0xFFFF:04x}{dev:08x}",
+            FingerprintField.DRIVER_VERSION: "550.54.15",
+            FingerprintField.PCI_BUS_ID: f"00000000:{0x18 + dev:02X}:00.0",
+        }
+        for fid, text in strings.items():
+            w.fingerprint(fid, dev, ts, w.intern(text, ts), True)
+        numbers = {
+            FingerprintField.CUDA_VERSION: 12040,
+            FingerprintField.MEMORY_TOTAL: cfg.memory_total,
+            FingerprintField.NVLINK_LINKS: cfg.nvlink_links,
+            FingerprintField.NVLINK_BANDWIDTH: 25_000_000_000
+            * cfg.nvlink_links,  # bytes/s, one direction, all links
+            FingerprintField.SM_COUNT: 132,
+            FingerprintField.COMPUTE_CAPABILITY: 90,
+        }
+        for fid, value in numbers.items():
+            w.fingerprint(fid, dev, ts, value)

@@ -1,0 +1,234 @@
+"""The simulator: realistic, reproducible records, every one flagged SIMULATED."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+import pytest
+from probeutil import drain, names_of
+
+from kernel_insight.agent import ring_name
+from kernel_insight.agent.probe import SimConfig, Simulator
+from kernel_insight.agent.records import (
+    CollectiveOp,
+    CollectiveRecord,
+    ErrorKind,
+    ErrorRecord,
+    FingerprintField,
+    FingerprintRecord,
+    KernelRecord,
+    LaunchRecord,
+    MemopKind,
+    MemopRecord,
+    Record,
+    RecordFlag,
+    SampleRecord,
+    StringRecord,
+    SyncRecord,
+    decode_record,
+)
+from kernel_insight.cli import main
+from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId
+
+S = 1_000_000_000
+T0 = 1_800_000_000 * S
+
+
+def simulate(seconds: float, **kw: object) -> list[list[Record]]:
+    """Run the simulator on a synthetic clock into in-memory sinks; records per GPU."""
+    config = SimConfig(**kw)  # type: ignore[arg-type]
+    sinks: list[list[bytes]] = [[] for _ in range(config.gpus)]
+
+    def sink(out: list[bytes]):
+        def write(rec: bytes) -> int:
+            out.append(rec)
+            return 0
+
+        return write
+
+    sim = Simulator(config, [sink(s) for s in sinks], start_ns=T0)
+    sim.advance_to(T0 + int(seconds * S))
+    # A consumed record is the 48-byte record behind 16 bytes of position, producer and checksum.
+    return [[decode_record(bytes(16) + r) for r in s] for s in sinks]
+
+
+@pytest.fixture(scope="module")
+def one_gpu() -> list[Record]:
+    return simulate(70, seed=3, layers=2, time_scale=10, idle_every_steps=40, idle_s=5)[0]
+
+
+def test_every_record_is_flagged_simulated(one_gpu):
+    assert len(one_gpu) > 1000
+    assert all(r.flags & RecordFlag.SIMULATED for r in one_gpu)
+    kinds = Counter(type(r).__name__ for r in one_gpu)
+    for kind in [
+        KernelRecord,
+        LaunchRecord,
+        MemopRecord,
+        SampleRecord,
+        FingerprintRecord,
+        StringRecord,
+        SyncRecord,
+    ]:
+        assert kinds[kind.__name__] > 0, kind
+
+
+def test_kernel_names_are_registered_before_use(one_gpu):
+    seen: set[int] = set()
+    table = names_of([])
+    for r in one_gpu:
+        if isinstance(r, StringRecord) and table.add(r) is not None:
+            seen.add(r.string_id)
+        elif isinstance(r, KernelRecord):
+            assert r.name_id in seen
+    names = {table.get(0, r.name_id) for r in one_gpu if isinstance(r, KernelRecord)}
+    assert any(n and n.startswith("flash_fwd_kernel") for n in names)
+    assert any(n and "xmma_gemm" in n for n in names)
+
+
+def test_kernel_durations_are_long_tailed_per_name(one_gpu):
+    table = names_of(one_gpu)
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for r in one_gpu:
+        if isinstance(r, KernelRecord):
+            assert r.end_ns > r.start_ns
+            by_name[table.get(0, r.name_id) or "?"].append(r.duration_ns)
+    flash = next(v for k, v in by_name.items() if k.startswith("flash_fwd_kernel"))
+    flash.sort()
+    median = statistics.median(flash)
+    # lognormal body around the spec median (1400 us x time_scale 10), then a heavy tail
+    assert 0.85 * 14e6 < median < 1.15 * 14e6
+    assert flash[-1] > 1.5 * median
+    medians = sorted(statistics.median(v) for v in by_name.values())
+    assert medians[-1] > 20 * medians[0]  # kernels differ by orders of magnitude
+
+
+def test_kernels_on_one_stream_never_overlap(one_gpu):
+    last_end: dict[int, int] = {}
+    for r in sorted((r for r in one_gpu if isinstance(r, KernelRecord)), key=lambda r: r.start_ns):
+        assert r.start_ns >= last_end.get(r.stream, 0)
+        last_end[r.stream] = r.end_ns
+
+
+def test_activation_memory_grows_and_is_released(one_gpu):
+    outstanding = 0
+    peak = 0
+    allocs = 0
+    for r in sorted((r for r in one_gpu if isinstance(r, MemopRecord)), key=lambda r: r.ts_ns):
+        if r.kind in (MemopKind.ALLOC, MemopKind.ALLOC_ASYNC) and not r.status:
+            outstanding += r.nbytes
+            allocs += 1
+        elif r.kind in (MemopKind.FREE, MemopKind.FREE_ASYNC):
+            outstanding -= r.nbytes
+        peak = max(peak, outstanding)
+        assert outstanding >= 0
+    assert allocs > 100
+    assert peak >= 2 * SimConfig().activation_bytes
+    assert outstanding < peak
+
+
+def test_cache_growth_ends_in_an_oom_then_release():
+    recs = simulate(20, seed=1, layers=2, time_scale=10, growth_every_steps=1, growth_bytes=8 << 30)[0]
+    failed = [r for r in recs if isinstance(r, MemopRecord) and r.flags & RecordFlag.FAILED]
+    assert failed
+    assert all(r.status == 2 and r.nbytes == 8 << 30 for r in failed)
+    ooms = [r for r in recs if isinstance(r, ErrorRecord) and r.kind == ErrorKind.OOM]
+    assert len(ooms) == len(failed)
+    table = names_of(recs)
+    assert "CUDA out of memory" in (table.get(0, ooms[0].detail_id) or "")
+    frees = [r for r in recs if isinstance(r, MemopRecord) and r.kind == MemopKind.FREE]
+    assert frees
+    assert min(f.ts_ns for f in frees) > failed[0].ts_ns
+
+
+def test_nvml_samples_follow_the_load(one_gpu):
+    util: dict[int, float] = {}
+    power: dict[int, float] = {}
+    per_second: Counter[int] = Counter()
+    for r in one_gpu:
+        if isinstance(r, SampleRecord):
+            assert r.metric in METRIC_SPECS
+            per_second[r.ts_ns] += 1
+            if r.metric == MetricId.GPU_UTIL:
+                util[r.ts_ns] = r.value
+            elif r.metric == MetricId.POWER:
+                power[r.ts_ns] = r.value
+    assert len(util) == 70  # one sample set a second
+    assert len(set(per_second.values())) == 1
+    busy = [t for t, u in util.items() if u > 0.8]
+    idle = [t for t, u in util.items() if u < 0.05]
+    assert busy
+    assert idle
+    assert max(power[t] for t in idle) < min(power[t] for t in busy)
+
+
+def test_ranks_all_reduce_together():
+    per_gpu = simulate(5, gpus=2, seed=2, layers=4, time_scale=5)
+    colls = [[r for r in recs if isinstance(r, CollectiveRecord)] for recs in per_gpu]
+    assert len(colls[0]) == len(colls[1]) > 4
+    for a, b in zip(colls[0], colls[1], strict=True):
+        assert a.op == b.op == CollectiveOp.ALLREDUCE
+        assert (a.rank, b.rank, a.nranks, b.nranks) == (0, 1, 2, 2)
+        assert a.comm == b.comm
+        assert a.nbytes == b.nbytes > 0
+        assert a.duration_ns > 0
+    assert {r.device for r in per_gpu[1] if not isinstance(r, StringRecord)} == {1}
+
+
+def test_random_errors_are_xid_or_nccl_timeout_and_say_simulated():
+    recs = simulate(30, seed=5, layers=1, time_scale=20, error_rate=0.5)[0]
+    errors = [r for r in recs if isinstance(r, ErrorRecord)]
+    kinds = Counter(r.kind for r in errors)
+    assert kinds[ErrorKind.XID] > 3
+    assert kinds[ErrorKind.NCCL_TIMEOUT] > 0
+    table = names_of(recs)
+    for r in errors:
+        assert "(simulated)" in (table.get(0, r.detail_id) or "")
+
+
+def test_fingerprint_at_start_and_every_minute():
+    recs = simulate(125, seed=0, layers=1, time_scale=50)[0]
+    table = names_of(recs)
+    fps = [r for r in recs if isinstance(r, FingerprintRecord)]
+    assert sorted({(r.ts_ns - T0) // S for r in fps}) == [0, 60, 120]
+    names = [table.get(0, r.value) for r in fps if r.field == FingerprintField.NAME]
+    assert names[0] is not None
+    assert "(simulated)" in names[0]
+    total = next(r.value for r in fps if r.field == FingerprintField.MEMORY_TOTAL)
+    assert total == SimConfig().memory_total
+
+
+def test_same_seed_same_records():
+    a = simulate(3, seed=9, layers=2)[0]
+    b = simulate(3, seed=9, layers=2)[0]
+    c = simulate(3, seed=10, layers=2)[0]
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [({"gpus": 0}, "gpus"), ({"error_rate": 2.0}, "error_rate"), ({"time_scale": 0}, "time_scale")],
+)
+def test_bad_config_is_refused_with_the_reason(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SimConfig(**kw)
+
+
+def test_cli_simulate_writes_flagged_records_into_each_gpu_ring(label_prefix, capsys):
+    rc = main(["probe", "simulate", "--gpus", "2", "--seconds", "1.5", "--label-prefix", label_prefix])
+    assert rc == 0
+    assert "SIMULATED" in capsys.readouterr().err
+    for i in range(2):
+        recs = drain(ring_name(f"{label_prefix}{i}"))
+        assert any(isinstance(r, KernelRecord) for r in recs)
+        assert any(isinstance(r, SampleRecord) for r in recs)
+        assert all(r.flags & RecordFlag.SIMULATED for r in recs)
+        assert {r.device for r in recs if not isinstance(r, StringRecord)} == {i}
+
+
+def test_cli_simulate_bad_argument_exits_1_with_message(label_prefix, capsys):
+    rc = main(["probe", "simulate", "--gpus", "0", "--seconds", "1", "--label-prefix", label_prefix])
+    assert rc == 1
+    assert "gpus must be" in capsys.readouterr().err
