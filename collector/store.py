@@ -396,7 +396,11 @@ class EmbeddedStore(Store):
             self._session: Any = session_cls(str(self.path))
         except Exception as exc:
             raise _classify(exc, f"cannot open the embedded store at {self.path}") from exc
-        self.create_schema()
+        try:
+            self.create_schema()
+        except BaseException:
+            self.close()  # a half-opened session would hold the directory for this process
+            raise
 
     def _run(self, sql: str, fmt: str) -> Any:
         self._check_open()
@@ -456,7 +460,11 @@ class ServerStore(Store):
         super().__init__(database, retention, cluster)
         self._client = client
         if create_schema:
-            self.create_schema()
+            try:
+                self.create_schema()
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def connect(
