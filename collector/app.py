@@ -85,6 +85,12 @@ def create_app(
 
     @app.post("/api/v1/write", status_code=204)
     async def remote_write(request: Request) -> Response:
+        content_type = request.headers.get("content-type", "application/x-protobuf").lower()
+        if "proto=" in content_type and "prometheus.writerequest" not in content_type:
+            # Remote write 2.0 senders fall back to 1.0 on a 415 (the 2.0 spec says so).
+            return _error(
+                415, f"only remote_write 1.0 (prometheus.WriteRequest) is accepted, got {content_type!r}"
+            )
         encoding = request.headers.get("content-encoding", "snappy").lower()
         if encoding != "snappy":
             return _error(

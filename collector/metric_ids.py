@@ -15,6 +15,8 @@ __all__ = ["METRIC_SPECS", "THROTTLE_REASONS", "MetricId", "MetricSpec", "spec"]
 
 
 class MetricId(enum.IntEnum):
+    """GPU_SAMPLE ids; append-only, the NVML sampler writes them (docs/metrics.md)."""
+
     MEMORY_USED = 1
     MEMORY_FREE = 2
     MEMORY_TOTAL = 3

@@ -159,6 +159,7 @@ def decompress(body: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) ->
 
 
 def parse_remote_write(body: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> SampleBatch:
+    """Samples of a snappy-compressed WriteRequest body, as ``POST /api/v1/write`` receives it."""
     return decode_write_request(decompress(body, max_decompressed))
 
 

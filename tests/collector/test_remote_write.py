@@ -180,6 +180,17 @@ def test_app_answers_400_413_415_and_503_never_500(app_store):
     assert client.get("/healthz").status_code == 503
 
 
+def test_app_refuses_remote_write_2_so_senders_fall_back(app_store):
+    client = Client(create_app(app_store))
+    v2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+    body = encode_write_request([({"__name__": "up"}, [(NOW, 1.0)])])
+    r = client.post("/api/v1/write", content=body, headers={"Content-Type": v2})
+    assert r.status_code == 415
+    assert "1.0" in r.json()["detail"]
+    v1 = "application/x-protobuf;proto=prometheus.WriteRequest"
+    assert client.post("/api/v1/write", content=body, headers={"Content-Type": v1}).status_code == 204
+
+
 def test_app_413_without_content_length(app_store):
     client = Client(create_app(app_store, max_body_bytes=10))
 
