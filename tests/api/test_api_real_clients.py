@@ -64,11 +64,11 @@ needs_promtool = pytest.mark.skipif(
 def test_promtool_instant_query(local_url):
     out = promtool("instant", "--time", str(NOW_S), local_url, "sum by (instance) (gpu_power_watts)")
     assert out.splitlines() == [
-        '{instance="n1"} => 320 @[%d]' % NOW_S,
-        '{instance="n2"} => 320 @[%d]' % NOW_S,
+        f'{{instance="n1"}} => 320 @[{NOW_S}]',
+        f'{{instance="n2"}} => 320 @[{NOW_S}]',
     ]
     as_json = promtool("instant", "-o", "json", "--time", str(NOW_S), local_url, "count(gpu_power_watts)")
-    assert '"value":[%d,"2"]' % NOW_S in as_json.replace(" ", "")
+    assert f'"value":[{NOW_S},"2"]' in as_json.replace(" ", "")
 
 
 @needs_promtool
@@ -78,8 +78,8 @@ def test_promtool_range_query_with_a_bearer_token(secured):
     out = promtool(
         "range", *args, "--header", f"Authorization: Bearer {token}", url, "gpu_power_watts{instance='n2'}"
     )
-    assert "318 @[%d]" % (NOW_S - 30) in out
-    assert "320 @[%d]" % NOW_S in out
+    assert f"318 @[{NOW_S - 30}]" in out
+    assert f"320 @[{NOW_S}]" in out
     refused = subprocess.run(
         [PROMTOOL, "query", "range", *args, url, "up"], capture_output=True, text=True, timeout=60
     )
