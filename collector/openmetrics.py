@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder
+from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder, canonical_labels
 
 __all__ = ["Exposition", "MetricMeta", "OpenMetricsError", "parse_exposition"]
 
@@ -21,6 +21,9 @@ _QUOTED_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _FLOAT_RE = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?i:inf(?:inity)?)|(?i:nan))")
 _INT_RE = re.compile(r"[+-]?\d+")
 _WS_RE = re.compile(r"[ \t]+")
+_FAST_RE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?)[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*$'
+)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = {
     "counter",
@@ -176,8 +179,24 @@ def parse_exposition(
     meta: dict[str, MetricMeta] = {}
     defaulted = 0
     eof_seen = False
+    # Each distinct series text is parsed (and checked) once; later lines of the same series only
+    # need their value and timestamp checked, which makes big backfills several times faster.
+    known: dict[str, tuple[tuple[str, str], ...]] = {}
+    ts_re = _FLOAT_RE if om else _INT_RE
     for no, raw in enumerate(lines, start=1):
-        ln = _Line(no, raw[:-1] if raw.endswith("\r") else raw)
+        text = raw[:-1] if raw.endswith("\r") else raw
+        fast = None if eof_seen else _FAST_RE.match(text)
+        if fast is not None:
+            series = known.get(fast.group(1))
+            v, t = fast.group(2), fast.group(3)
+            if series is not None and _FLOAT_RE.fullmatch(v) and t is not None and ts_re.fullmatch(t):
+                t_num = float(t) if om else int(t)
+                if math.isfinite(t_num):
+                    ts_fast = round(t_num * 1000) if om else int(t_num)
+                    if MIN_TS_MS <= ts_fast <= MAX_TS_MS:
+                        out.add(series, ts_fast, float(v))
+                        continue
+        ln = _Line(no, text)
         if eof_seen:
             raise ln.fail("text after '# EOF'", 0)
         if ln.text.strip() == "":
@@ -219,9 +238,12 @@ def parse_exposition(
             ts_ms = default_timestamp_ms
             defaulted += 1
         try:
-            out.add([("__name__", name), *labels], ts_ms, value)
+            canonical = canonical_labels([("__name__", name), *labels])
         except ValueError as exc:
             raise ln.fail(str(exc), 0) from None
+        if fast is not None:
+            known[fast.group(1)] = canonical
+        out.add(canonical, ts_ms, value)
     if om and not eof_seen:
         raise OpenMetricsError(max(len(lines), 1), 1, "OpenMetrics text must end with '# EOF'")
     return Exposition(out.build(), meta, format, defaulted)

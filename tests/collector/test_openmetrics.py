@@ -145,3 +145,62 @@ def test_fuzz_round_trip(samples):
     text = "".join(lines)
     got = _rows(parse_exposition(text))
     assert got == [({"__name__": n, **labels}, t, v) for n, labels, v, t in samples]
+
+
+def _outcome(text):
+    try:
+        return [
+            (labels, t, repr(v)) for labels, t, v in _rows(parse_exposition(text, default_timestamp_ms=0))
+        ]
+    except OpenMetricsError as exc:
+        return exc.message
+
+
+_series_text = st.builds(
+    lambda name, body: name + body,
+    st.sampled_from(["a", "a_b", "a:b", ""]),
+    st.sampled_from(
+        ["", "{}", '{x="1"}', '{x="1",}', '{x="a b"}', '{x="}"}', '{x="\\""}', "{x=1}", '{x="1" y="2"}']
+    ),
+)
+_sample_line = st.builds(
+    lambda series, sep, value, ts: f"{series}{sep}{value}{ts}",
+    _series_text,
+    st.sampled_from([" ", "\t", "  ", ""]),
+    st.sampled_from(["1", "-2.5", "inf", "NaN", "1e3", "x", "1_0", ".5", "+Inf", ""]),
+    st.sampled_from(
+        ["", " 5", " -5", " 1.5", " inf", " nan", " 99999999999999999", ' # {a="1"} 1', " 5 ", " 5 6"]
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            _sample_line,
+            st.text(alphabet=st.sampled_from(list('ab_{}=",# \\.0123456789eEinfNa+-:\t')), max_size=40),
+        ),
+        max_size=6,
+    ),
+    st.booleans(),
+)
+def test_fuzz_repeated_lines_parse_like_first_ones(lines, openmetrics):
+    # Repeats of a series take the cached fast path; they must be read exactly as the first was.
+    lines = [line for line in lines if not line.startswith("#")]
+    tail = ["# EOF"] if openmetrics else []
+    once = _outcome("\n".join([*lines, *tail]) + "\n")
+    twice = _outcome("\n".join([*(x for line in lines for x in (line, line)), *tail]) + "\n")
+    if isinstance(once, str):
+        assert isinstance(twice, str)
+    else:
+        assert twice == [row for row in once for row in (row, row)]
+
+
+def test_repeated_series_with_bad_value_or_timestamp_still_fail():
+    with pytest.raises(OpenMetricsError, match="line 2, column 4: invalid value"):
+        parse_exposition("up 1 5\nup x 5\n")
+    with pytest.raises(OpenMetricsError, match=r"line 2, column 1: .*outside"):
+        parse_exposition("up 1 5\nup 1 -5\n")
+    with pytest.raises(OpenMetricsError, match="line 2, column 6: the timestamp must be finite"):
+        parse_exposition("up 1 5\nup 1 inf\n# EOF\n")
