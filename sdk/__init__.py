@@ -1,5 +1,69 @@
-"""The Python client: health snapshots, instance selection and kql queries (see docs/architecture.md)."""
+"""The Python client: health snapshots, instance selection and kql queries (docs/api.md).
+
+Depends on httpx only. Sync clients first; ``Async*`` twins share their logic::
+
+    from kernel_insight.sdk import HealthClient
+    health = HealthClient("http://collector:8428", token="ki_...")
+    inst = health.select_instance(required_free_bytes=20 << 30, model="llama-70b")
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from kernel_insight.sdk._client import (
+    DEFAULT_MAX_STALE_S,
+    DEFAULT_TTL_S,
+    AsyncHealthClient,
+    AsyncKqlClient,
+    HealthClient,
+    KqlClient,
+)
+from kernel_insight.sdk._exceptions import (
+    ApiError,
+    AuthenticationError,
+    BadRequestError,
+    KernelInsightError,
+    NoEligibleInstance,
+    NotFoundError,
+    PermissionDeniedError,
+    ServerError,
+    SnapshotUnavailable,
+    TransportError,
+)
+from kernel_insight.sdk._models import (
+    Fingerprint,
+    HealthSnapshot,
+    Instance,
+    NcclLatency,
+    QueryResult,
+    Sample,
+    Series,
+)
+from kernel_insight.sdk._select import SelectionIndex, weight
+
+__all__ = [
+    "DEFAULT_MAX_STALE_S",
+    "DEFAULT_TTL_S",
+    "ApiError",
+    "AsyncHealthClient",
+    "AsyncKqlClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "Fingerprint",
+    "HealthClient",
+    "HealthSnapshot",
+    "Instance",
+    "KernelInsightError",
+    "KqlClient",
+    "NcclLatency",
+    "NoEligibleInstance",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "QueryResult",
+    "Sample",
+    "SelectionIndex",
+    "Series",
+    "ServerError",
+    "SnapshotUnavailable",
+    "TransportError",
+    "weight",
+]

@@ -1,0 +1,214 @@
+"""Typed values the SDK returns: health snapshot instances and kql query results.
+
+Query values are ``array.array("d")``: numpy-friendly (``np.asarray(series.values)``
+shares the buffer) without making numpy a dependency of the SDK.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Fingerprint",
+    "HealthSnapshot",
+    "Instance",
+    "NcclLatency",
+    "QueryResult",
+    "Sample",
+    "Series",
+]
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+@dataclass(frozen=True, slots=True)
+class NcclLatency:
+    """NCCL operation duration quantiles over the last 5 minutes, seconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    hardware_fingerprint: str
+    gpu_model: str
+    gpu_count: int
+    driver_version: str | None
+    cuda_version: str | None
+    memory_total_bytes: int
+    nvlink_bandwidth: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One instance of the health snapshot (docs/api.md lists the fields and the healthy/stale rule)."""
+
+    id: str
+    models: tuple[str, ...]
+    labels: Mapping[str, str]
+    fingerprint: Fingerprint
+    gpu_memory_free_bytes: int | None
+    gpu_memory_total_bytes: int | None
+    gpu_memory_free_ratio: float | None
+    nccl_latency_seconds: NcclLatency | None
+    errors_5m: int
+    error_rate_per_s: float
+    temperature_celsius: float | None
+    power_watts: float | None
+    sm_utilization_ratio: float | None
+    last_seen_ms: int
+    healthy: bool
+    stale: bool
+    reasons: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Instance:
+        fp = d.get("fingerprint") or {}
+        nccl = d.get("nccl_latency_seconds")
+        return cls(
+            id=str(d["id"]),
+            models=tuple(d.get("models") or ()),
+            labels=dict(d.get("labels") or {}),
+            fingerprint=Fingerprint(
+                hardware_fingerprint=str(fp.get("hardware_fingerprint", "")),
+                gpu_model=str(fp.get("gpu_model", "")),
+                gpu_count=int(fp.get("gpu_count", 0)),
+                driver_version=fp.get("driver_version"),
+                cuda_version=fp.get("cuda_version"),
+                memory_total_bytes=int(fp.get("memory_total_bytes", 0)),
+                nvlink_bandwidth=_opt_float(fp.get("nvlink_bandwidth")),
+            ),
+            gpu_memory_free_bytes=_opt_int(d.get("gpu_memory_free_bytes")),
+            gpu_memory_total_bytes=_opt_int(d.get("gpu_memory_total_bytes")),
+            gpu_memory_free_ratio=_opt_float(d.get("gpu_memory_free_ratio")),
+            nccl_latency_seconds=None
+            if not nccl
+            else NcclLatency(float(nccl["p50"]), float(nccl["p90"]), float(nccl["p99"]), int(nccl["count"])),
+            errors_5m=int(d.get("errors_5m", 0)),
+            error_rate_per_s=float(d.get("error_rate_per_s", 0.0)),
+            temperature_celsius=_opt_float(d.get("temperature_celsius")),
+            power_watts=_opt_float(d.get("power_watts")),
+            sm_utilization_ratio=_opt_float(d.get("sm_utilization_ratio")),
+            last_seen_ms=int(d.get("last_seen_ms", 0)),
+            healthy=bool(d.get("healthy")),
+            stale=bool(d.get("stale")),
+            reasons=tuple(d.get("reasons") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSnapshot:
+    """The server's snapshot as fetched: ``etag`` for revalidation, ``as_of_ms`` when its data last changed."""
+
+    as_of_ms: int
+    instances: tuple[Instance, ...]
+    etag: str | None = None
+    rule: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], etag: str | None) -> HealthSnapshot:
+        return cls(
+            as_of_ms=int(d.get("as_of_ms", 0)),
+            instances=tuple(Instance.from_json(i) for i in d.get("instances", ())),
+            etag=etag,
+            rule=dict(d.get("rule") or {}),
+        )
+
+    def get(self, instance_id: str) -> Instance | None:
+        return next((i for i in self.instances if i.id == instance_id), None)
+
+
+# ------------------------------------------------------------------------------ query results
+
+
+def _value(text: Any) -> float:
+    """Prometheus writes sample values as strings: "1.5", "NaN", "+Inf"."""
+    return float(text) if not isinstance(text, str) else float(text.replace("Inf", "inf"))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One instant-vector element (or a scalar, with no labels): ``timestamp`` in unix seconds."""
+
+    labels: Mapping[str, str]
+    timestamp: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Series:
+    """One range-vector series: ``timestamps`` (unix seconds) and ``values`` as ``array('d')``."""
+
+    labels: Mapping[str, str]
+    timestamps: array[float]
+    values: array[float]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """A query's answer. ``result_type`` is ``vector``, ``matrix``, ``scalar`` or ``string``.
+
+    ``samples`` holds a vector (or the scalar, as one unlabelled sample), ``series`` a matrix,
+    ``string`` a string result; ``warnings`` and ``infos`` are the server's annotations.
+    """
+
+    result_type: str
+    samples: tuple[Sample, ...] = ()
+    series: tuple[Series, ...] = ()
+    string: str | None = None
+    warnings: tuple[str, ...] = ()
+    infos: tuple[str, ...] = ()
+
+    @property
+    def scalar(self) -> float:
+        """The value of a scalar result (NaN when the result is not a scalar)."""
+        return self.samples[0].value if self.result_type == "scalar" and self.samples else math.nan
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> QueryResult:
+        data = body["data"]
+        kind = str(data["resultType"])
+        result = data["result"]
+        warnings = tuple(body.get("warnings") or ())
+        infos = tuple(body.get("infos") or ())
+        if kind == "vector":
+            samples = tuple(
+                Sample(dict(r["metric"]), float(r["value"][0]), _value(r["value"][1])) for r in result
+            )
+            return cls(kind, samples=samples, warnings=warnings, infos=infos)
+        if kind == "matrix":
+            series = tuple(
+                Series(
+                    dict(r["metric"]),
+                    array("d", (float(t) for t, _ in r["values"])),
+                    array("d", (_value(v) for _, v in r["values"])),
+                )
+                for r in result
+            )
+            return cls(kind, series=series, warnings=warnings, infos=infos)
+        if kind == "scalar":
+            return cls(
+                kind,
+                samples=(Sample({}, float(result[0]), _value(result[1])),),
+                warnings=warnings,
+                infos=infos,
+            )
+        if kind == "string":
+            return cls(kind, string=str(result[1]), warnings=warnings, infos=infos)
+        raise ValueError(f"unknown resultType {kind!r}")

@@ -1,0 +1,127 @@
+"""Instance selection over a snapshot: an index built once per snapshot, a few microseconds per pick.
+
+Per model (and for "any model"), the healthy instances are sorted by free memory,
+largest first, with cumulative weights; a pick is two bisections: one finds how
+many instances have the room asked for (a prefix of the order), one draws within
+that prefix in proportion to the weights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kernel_insight.sdk._models import Instance
+
+__all__ = ["DEFAULT_P99_REF_S", "SelectionIndex", "weight"]
+
+#: The NCCL p99 a fleet without NCCL data is judged against.
+DEFAULT_P99_REF_S = 0.001
+
+
+def weight(instance: Instance, p99_ref_s: float) -> float:
+    """``free_bytes / (1 + p99 / p99_ref) / (1 + errors_5m)``.
+
+    * Proportional to free memory: an instance with twice the room gets twice the
+      requests, which evens out memory use across the fleet instead of filling the
+      emptiest instance first.
+    * Divided by ``1 + p99 / p99_ref``, where ``p99_ref`` is the fleet's median NCCL p99:
+      a typical instance keeps half its weight, one three times slower than typical a
+      quarter; slow interconnect (congested switch, degraded NVLink) drains traffic
+      gradually rather than all at once. No NCCL data counts as typical.
+    * Divided by ``1 + errors_5m`` (errors in the last 5 minutes, ``300 x error_rate_per_s``):
+      each recent error dilutes the share further, so an instance that keeps failing
+      fades out before the server's health rule marks it unhealthy.
+
+    A weighted random draw, not the best-scoring instance, because many clients select
+    from the same snapshot independently: picking the maximum would send all of them to
+    one instance until the next snapshot (herding).
+    """
+    free = float(instance.gpu_memory_free_bytes or 0)
+    nccl = instance.nccl_latency_seconds
+    p99 = nccl.p99 if nccl is not None else p99_ref_s
+    return free / (1.0 + p99 / p99_ref_s) / (1.0 + instance.errors_5m)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    instances: tuple[Instance, ...]  # free memory, largest first
+    neg_free: tuple[float, ...]  # -free, ascending: bisect finds the prefix with enough room
+    cumulative: tuple[float, ...]  # cumulative weights in the same order
+
+
+def _group(instances: Sequence[Instance], p99_ref_s: float) -> _Group:
+    ordered = sorted(instances, key=lambda i: (-(i.gpu_memory_free_bytes or 0), i.id))
+    cumulative = []
+    total = 0.0
+    for inst in ordered:
+        total += weight(inst, p99_ref_s)
+        cumulative.append(total)
+    return _Group(
+        tuple(ordered), tuple(-float(i.gpu_memory_free_bytes or 0) for i in ordered), tuple(cumulative)
+    )
+
+
+class SelectionIndex:
+    """The eligible instances of one snapshot, grouped by model, ready for :meth:`pick`."""
+
+    def __init__(self, instances: Sequence[Instance]) -> None:
+        eligible = [i for i in instances if i.healthy and not i.stale and i.gpu_memory_free_bytes is not None]
+        p99s = [i.nccl_latency_seconds.p99 for i in eligible if i.nccl_latency_seconds is not None]
+        ref = statistics.median(p99s) if p99s else DEFAULT_P99_REF_S
+        self.p99_ref_s = ref if ref > 0 else DEFAULT_P99_REF_S
+        by_model: dict[str, list[Instance]] = {}
+        for inst in eligible:
+            for model in inst.models:
+                by_model.setdefault(model, []).append(inst)
+        self._all = _group(eligible, self.p99_ref_s)
+        self._by_model = {m: _group(v, self.p99_ref_s) for m, v in by_model.items()}
+        self.size = len(eligible)
+
+    def candidates(self, required_free_bytes: int, model: str | None) -> tuple[Instance, ...]:
+        """Eligible instances with at least ``required_free_bytes`` free, largest first."""
+        group = self._all if model is None else self._by_model.get(model)
+        if group is None:
+            return ()
+        k = bisect.bisect_right(group.neg_free, -float(required_free_bytes))
+        return group.instances[:k]
+
+    def pick(
+        self,
+        required_free_bytes: int,
+        model: str | None,
+        random: Callable[[], float],
+        excluded: Mapping[str, float],
+        now: float,
+    ) -> Instance | None:
+        """A weighted random eligible instance not excluded at ``now``, or None."""
+        group = self._all if model is None else self._by_model.get(model)
+        if group is None:
+            return None
+        k = bisect.bisect_right(group.neg_free, -float(required_free_bytes))
+        if k == 0:
+            return None
+        total = group.cumulative[k - 1]
+        if total > 0:
+            i = min(bisect.bisect_right(group.cumulative, random() * total, 0, k), k - 1)
+        else:  # every candidate has zero free memory (and zero was asked for): uniform
+            i = min(int(random() * k), k - 1)
+        chosen = group.instances[i]
+        if not excluded or excluded.get(chosen.id, 0.0) <= now:
+            return chosen
+        # Slow path: draw again among those not excluded.
+        allowed = [j for j in range(k) if excluded.get(group.instances[j].id, 0.0) <= now]
+        if not allowed:
+            return None
+        weights = [weight(group.instances[j], self.p99_ref_s) for j in allowed]
+        total = sum(weights)
+        if total <= 0:
+            return group.instances[allowed[min(int(random() * len(allowed)), len(allowed) - 1)]]
+        r = random() * total
+        for j, w in zip(allowed, weights, strict=True):
+            r -= w
+            if r < 0:
+                return group.instances[j]
+        return group.instances[allowed[-1]]

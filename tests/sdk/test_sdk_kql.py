@@ -1,0 +1,185 @@
+"""KqlClient: typed results, retries with backoff on 5xx and connection errors, clear 4xx exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from urllib.parse import parse_qs
+
+import httpx
+import numpy as np
+import pytest
+
+from kernel_insight.sdk import (
+    AsyncKqlClient,
+    AuthenticationError,
+    BadRequestError,
+    KqlClient,
+    ServerError,
+    TransportError,
+)
+
+VECTOR = {
+    "status": "success",
+    "data": {
+        "resultType": "vector",
+        "result": [
+            {"metric": {"instance": "n1"}, "value": [1700000000, "1.5"]},
+            {"metric": {}, "value": [1700000000, "NaN"]},
+        ],
+    },
+    "warnings": ["PromQL warning: something (1:1)"],
+}
+MATRIX = {
+    "status": "success",
+    "data": {
+        "resultType": "matrix",
+        "result": [
+            {
+                "metric": {"gpu": "0"},
+                "values": [[1700000000, "1"], [1700000015.5, "+Inf"], [1700000030, "-2"]],
+            }
+        ],
+    },
+}
+
+
+class Script:
+    """Answers from a list, in order; records the requests."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.requests = []
+
+    def __call__(self, request):
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def kql(script, **kw):
+    sleeps = []
+    client = KqlClient("http://ki", "tok", transport=httpx.MockTransport(script), sleep=sleeps.append, **kw)
+    return client, sleeps
+
+
+def form(request):
+    return {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
+
+
+def test_instant_query_is_typed_and_posts_the_parameters():
+    script = Script(httpx.Response(200, json=VECTOR))
+    client, _ = kql(script)
+    r = client.query("sum(x)", time=dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC), timeout=5)
+    assert r.result_type == "vector"
+    assert r.samples[0].labels == {"instance": "n1"}
+    assert r.samples[0].value == 1.5
+    assert np.isnan(r.samples[1].value)
+    assert r.warnings == ("PromQL warning: something (1:1)",)
+    sent = form(script.requests[0])
+    assert sent == {"query": "sum(x)", "time": "1700000000.0", "timeout": "5.0"}
+    assert script.requests[0].url.path == "/api/v1/query"
+    assert script.requests[0].headers["authorization"] == "Bearer tok"
+
+
+def test_range_query_values_are_numpy_friendly():
+    script = Script(httpx.Response(200, json=MATRIX))
+    client, _ = kql(script)
+    r = client.query_range("x", 1700000000, 1700000030, dt.timedelta(seconds=15))
+    series = r.series[0]
+    values = np.asarray(series.values)
+    assert values.dtype == np.float64
+    assert values.tolist() == [1.0, float("inf"), -2.0]
+    assert np.frombuffer(series.timestamps, dtype=np.float64)[1] == 1700000015.5
+    assert form(script.requests[0])["step"] == "15.0"
+
+
+def test_scalar_and_string_results():
+    script = Script(
+        httpx.Response(200, json={"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}),
+        httpx.Response(
+            200, json={"status": "success", "data": {"resultType": "string", "result": [1, "hi"]}}
+        ),
+    )
+    client, _ = kql(script)
+    assert client.query("2").scalar == 2.0
+    assert client.query('"hi"').string == "hi"
+
+
+def test_5xx_and_connection_errors_are_retried_with_backoff():
+    script = Script(
+        httpx.Response(
+            503,
+            json={"status": "error", "errorType": "unavailable", "error": "down"},
+            headers={"Retry-After": "2"},
+        ),
+        httpx.ConnectError("refused"),
+        httpx.Response(500, json={"status": "error", "errorType": "internal", "error": "boom"}),
+        httpx.Response(200, json=VECTOR),
+    )
+    client, sleeps = kql(script, retries=3, backoff_s=0.1)
+    assert client.query("x").result_type == "vector"
+    assert len(script.requests) == 4
+    assert sleeps[0] == 2.0  # the server's Retry-After
+    assert 0 <= sleeps[1] <= 0.2
+    assert 0 <= sleeps[2] <= 0.4
+
+
+def test_persistent_failures_raise_after_the_retries():
+    client, sleeps = kql(Script(*[httpx.ConnectError("refused")] * 3), retries=2)
+    with pytest.raises(TransportError, match="after 3 attempts"):
+        client.query("x")
+    assert len(sleeps) == 2
+    err = httpx.Response(502, json={"status": "error", "errorType": "internal", "error": "bad gateway"})
+    client, _ = kql(Script(err, err), retries=1)
+    with pytest.raises(ServerError) as info:
+        client.query("x")
+    assert info.value.status == 502
+
+
+def test_4xx_raise_at_once_with_the_servers_error_type_and_message():
+    body = {"status": "error", "errorType": "bad_data", "error": "1:5: parse error: unexpected end of input"}
+    script = Script(httpx.Response(400, json=body))
+    client, sleeps = kql(script)
+    with pytest.raises(BadRequestError) as info:
+        client.query("sum(")
+    assert info.value.error_type == "bad_data"
+    assert info.value.message == body["error"]
+    assert sleeps == []
+    client, _ = kql(
+        Script(httpx.Response(401, json={"status": "error", "errorType": "unauthorized", "error": "no"}))
+    )
+    with pytest.raises(AuthenticationError):
+        client.query("x")
+    client, _ = kql(Script(httpx.Response(422, json={"detail": [{"msg": "bad"}]})))
+    with pytest.raises(BadRequestError, match="bad"):
+        client.query("x")
+
+
+def test_naive_datetimes_are_refused():
+    client, _ = kql(Script())
+    with pytest.raises(ValueError, match="naive datetime"):
+        client.query("x", time=dt.datetime(2024, 1, 1))
+
+
+def test_async_client_retries_the_same_way():
+    script = Script(httpx.ConnectError("refused"), httpx.Response(200, json=MATRIX))
+
+    async def handler(request):
+        return script(request)
+
+    sleeps = []
+
+    async def fake_sleep(s):
+        sleeps.append(s)
+
+    async def go():
+        async with AsyncKqlClient("http://ki", transport=httpx.MockTransport(handler), sleep=fake_sleep) as c:
+            return await c.query_range("x", 0, 30, "15s")
+
+    r = asyncio.run(go())
+    assert r.result_type == "matrix"
+    assert len(sleeps) == 1
+    assert form(script.requests[1])["step"] == "15s"

@@ -1,0 +1,79 @@
+"""The SDK against a running collector (uvicorn on loopback) over a real embedded store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import running_server
+
+from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.sdk import (
+    AuthenticationError,
+    BadRequestError,
+    HealthClient,
+    KqlClient,
+    NoEligibleInstance,
+    SnapshotUnavailable,
+)
+
+GiB = 1 << 30
+NOW_MS = int(time.time() * 1000)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    store = EmbeddedStore(tmp_path_factory.mktemp("sdk-store"))
+    b = SampleBuilder()
+    for inst, free in (("n1", 30), ("n2", 2)):
+        for t in (NOW_MS - 10_000, NOW_MS - 1_000):
+            b.add({"__name__": "gpu_memory_free_bytes", "instance": inst, "gpu": "0"}, t, free * GiB)
+            b.add({"__name__": "gpu_memory_total_bytes", "instance": inst, "gpu": "0"}, t, 80 * GiB)
+    store.insert_samples(b.build())
+    store.upsert_instances(
+        [
+            InstanceInfo(id=i, last_seen_ms=NOW_MS - 1_000, labels={"models": "llama-70b"})
+            for i in ("n1", "n2")
+        ]
+    )
+    tokens = TokenStore(tmp_path_factory.mktemp("sdk-tokens") / "tokens.json")
+    token = tokens.create("sdk", ["read"]).token
+    with running_server(create_api_app(store, tokens=tokens, interval_s=1.0)) as url:
+        yield url, token
+    store.close()
+
+
+def test_health_client_selects_from_the_live_snapshot(served):
+    url, token = served
+    with HealthClient(url, token, ttl=0) as client:
+        assert {client.select_instance(10 * GiB, model="llama-70b").id for _ in range(20)} == {"n1"}
+        etag = client.snapshot().etag
+        assert etag
+        assert client.snapshot().etag == etag  # revalidated (ttl=0): 304 keeps the same snapshot
+        with pytest.raises(NoEligibleInstance):
+            client.select_instance(50 * GiB)
+
+
+def test_kql_client_queries_and_reports_bad_queries(served):
+    url, token = served
+    with KqlClient(url, token) as kql:
+        r = kql.query("sum by (instance) (gpu_memory_free_bytes)", time=NOW_MS / 1000)
+        assert {s.labels["instance"]: s.value for s in r.samples} == {"n1": 30 * GiB, "n2": 2 * GiB}
+        rr = kql.query_range("gpu_memory_free_bytes{instance='n2'}", NOW_MS / 1000 - 10, NOW_MS / 1000, 5)
+        assert list(rr.series[0].values) == [2 * GiB] * 3
+        with pytest.raises(BadRequestError) as info:
+            kql.query("sum(")
+        assert info.value.error_type == "bad_data"
+        assert "parse error" in info.value.message
+    with KqlClient(url, "ki_bad.token") as kql, pytest.raises(AuthenticationError):
+        kql.query("1")
+
+
+def test_unreachable_server_is_a_clear_error():
+    with (
+        HealthClient("http://127.0.0.1:9", "t", timeout=0.5) as client,
+        pytest.raises(SnapshotUnavailable, match="cannot reach"),
+    ):
+        client.snapshot()
