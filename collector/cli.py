@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernel_insight.collector.openmetrics import OpenMetricsError, parse_exposition
+from kernel_insight.collector.remote_write import encode_write_request
+from kernel_insight.collector.rows import SampleBatch
 from kernel_insight.collector.schema import (
     Retention,
     cluster_ddl,
@@ -46,9 +48,12 @@ def _import(args: argparse.Namespace) -> int:
         print(f"ki import: {args.file}: {exc}", file=sys.stderr)
         return 1
     try:
-        with open_store(args.store, cluster=args.cluster) as store:
-            n = store.insert_samples(expo.samples)
-    except (StorageError, ValueError) as exc:
+        if args.collector:
+            n = _send(args.collector, expo.samples)
+        else:
+            with open_store(args.store, cluster=args.cluster) as store:
+                n = store.insert_samples(expo.samples)
+    except (StorageError, ValueError, OSError) as exc:
         print(f"ki import: {exc}", file=sys.stderr)
         return 2
     note = (
@@ -58,6 +63,40 @@ def _import(args: argparse.Namespace) -> int:
     )
     print(f"imported {n} samples of {len(expo.samples.series)} series ({expo.format}){note}")
     return 0
+
+
+def _send(url: str, samples: SampleBatch, chunk: int = 50_000) -> int:
+    """Through a running collector's remote_write endpoint (its data directory is in use)."""
+    import httpx
+    import numpy as np
+
+    order = np.argsort(samples.series_idx, kind="stable")
+    idx, ts, vs = samples.series_idx[order], samples.ts_ms[order], samples.values[order]
+    bounds = np.flatnonzero(np.diff(idx)) + 1
+    runs = list(
+        zip(
+            np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(idx)])).tolist(), strict=True
+        )
+    )
+    sent = 0
+    with httpx.Client(timeout=60) as client:
+        pending: list[tuple[dict[str, str], list[tuple[int, float]]]] = []
+        size = 0
+        for k, (lo, hi) in enumerate(runs):
+            points = list(zip(ts[lo:hi].tolist(), vs[lo:hi].tolist(), strict=True))
+            pending.append((dict(samples.series[int(idx[lo])]), points))
+            size += len(points)
+            if size >= chunk or k == len(runs) - 1:
+                r = client.post(
+                    url.rstrip("/") + "/api/v1/write",
+                    content=encode_write_request(pending),
+                    headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"},
+                )
+                if r.status_code != 204:
+                    raise OSError(f"the collector answered {r.status_code}: {r.text[:300]}")
+                sent += size
+                pending, size = [], 0
+    return sent
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -104,6 +143,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--cluster", default=None, help="ClickHouse cluster name (cluster layout, docs/storage.md)"
+    )
+    p.add_argument(
+        "--collector",
+        default=None,
+        metavar="URL",
+        help="send through a running collector's remote_write endpoint instead (e.g. http://127.0.0.1:8428)",
     )
     p.set_defaults(handler=_import)
 

@@ -395,7 +395,13 @@ class EmbeddedStore(Store):
         try:
             self._session: Any = session_cls(str(self.path))
         except Exception as exc:
-            raise _classify(exc, f"cannot open the embedded store at {self.path}") from exc
+            # chDB lets one process at a time use a data directory; the engine's own message
+            # ("Error initializing EmbeddedServer") does not say so.
+            raise StorageUnavailable(
+                f"cannot open the embedded store at {self.path}: is another process (a running collector?) "
+                f"using it? Only one process at a time can; send through the collector instead (ki import --collector URL) "
+                f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})"
+            ) from exc
         try:
             self.create_schema()
         except BaseException:

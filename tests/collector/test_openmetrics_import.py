@@ -60,3 +60,39 @@ def test_ki_schema_prints_single_and_cluster_ddl(capsys):
     assert "Distributed('prod'" in capsys.readouterr().out
     assert main(["schema", "--retention-spans", "-1"]) == 1
     assert "spans_days" in capsys.readouterr().err
+
+
+def test_import_through_a_running_collector(tmp_path, capsys):
+    # The collector's process holds the data directory; ki import then goes through remote_write.
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = tmp_path / "data"
+    server = (
+        "import uvicorn; from kernel_insight.collector import EmbeddedStore, create_app; "
+        f"uvicorn.run(create_app(EmbeddedStore({str(data)!r})), host='127.0.0.1', port={port}, log_level='error')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", server])
+    try:
+        import httpx
+
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        f = tmp_path / "dump.prom"
+        f.write_text("".join(f'm{{i="{i % 7}"}} {i} {NOW + i}\n' for i in range(100)))
+        url = f"http://127.0.0.1:{port}"
+        assert main(["import", str(f), "--collector", url]) == 0
+        assert "imported 100 samples of 7 series" in capsys.readouterr().out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    with EmbeddedStore(data) as store:
+        assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 100

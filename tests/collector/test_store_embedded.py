@@ -206,3 +206,15 @@ def test_one_session_serves_several_threads(store):
 def test_out_of_range_timestamps_are_refused_before_storage():
     with pytest.raises(ValueError, match="outside the storable range"):
         _samples(base=-10_000)
+
+
+def test_a_directory_in_use_by_another_process_is_a_clear_error(tmp_path):
+    path = tmp_path / "d"
+    with EmbeddedStore(path):
+        child = f"from kernel_insight.collector.store import EmbeddedStore; EmbeddedStore({str(path)!r})"
+        proc = subprocess.run(
+            [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False
+        )
+    assert proc.returncode == 1
+    assert "StorageUnavailable: cannot open the embedded store" in proc.stderr
+    assert "another process" in proc.stderr
