@@ -25,10 +25,21 @@ struct ki_http *ki_http_create(const char *url, const char *path, int connect_ti
 /* Close the connection and free; accepts NULL. */
 void ki_http_destroy(struct ki_http *h);
 
-/* POST body; 0 with the answer in res, or a negative errno when no answer came
- * (connection refused, reset, timed out). A dead kept-alive connection is
- * reopened once transparently. */
+/* Send a POST of body (which must stay valid until the answer is in); 0 or a
+ * negative errno (connection refused, reset, timed out). */
+int ki_http_send(struct ki_http *h, const void *body, size_t len);
+
+/* Wait up to timeout_ms for the answer to the request sent: 0 with the answer in
+ * res, -EAGAIN when it has not come yet (call again), or a negative errno. A
+ * kept-alive connection the server had closed is reopened and the request
+ * resent once, transparently. */
+int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res);
+
+/* Send and wait up to io_timeout_ms: the two above in one call. */
 int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res);
+
+/* Drop the connection (after a timeout, so a late answer is never taken for the next request's). */
+void ki_http_reset(struct ki_http *h);
 
 /* "host:port" for logs. */
 const char *ki_http_target(const struct ki_http *h);

@@ -43,7 +43,12 @@ struct ki_agent {
     size_t staging_cap;          /* batch_records */
     uint8_t *body;               /* encoded body */
     size_t body_cap;             /* its bytes */
-    uint8_t *frame;              /* header + sealed payload; also the send buffer */
+    uint8_t *frame;              /* header + sealed payload of the batch being sealed */
+    uint8_t *send_buf;           /* the spooled batch being sent */
+    int in_flight;               /* a request is out, its answer not yet in */
+    struct ki_spool_id flight_id; /* the batch in flight */
+    size_t flight_len;           /* its length */
+    uint64_t flight_deadline_ns; /* give up waiting for its answer then */
     size_t frame_cap;            /* its bytes */
     uint32_t mark;               /* batch mark for the name table */
     uint64_t last_seal_ns;       /* monotonic time of the last sealed batch */
@@ -129,7 +134,8 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
     a->body = malloc(a->body_cap);
     a->frame = malloc(a->frame_cap);
-    if (!a->body || !a->frame) {
+    a->send_buf = malloc(a->frame_cap);
+    if (!a->body || !a->frame || !a->send_buf) {
         snprintf(err, errlen, "out of memory for batch buffers");
         goto fail;
     }
@@ -159,6 +165,7 @@ void ki_agent_destroy(struct ki_agent *a) {
     free(a->staging);
     free(a->body);
     free(a->frame);
+    free(a->send_buf);
     ki_seal_wipe(&a->seal);
     sodium_memzero(a->prev_key, sizeof a->prev_key);
     free(a);
@@ -262,22 +269,99 @@ static void schedule_retry(struct ki_agent *a, int retry_after_s) {
     a->next_send_ns = mono_ns() + delay;
 }
 
-/* Send spooled batches oldest first until the spool is empty, a wait is due, or budget_ns is spent. */
+/* Settle the batch in flight from the collector's answer (rc < 0: no answer). Returns 1 to keep sending. */
+static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) {
+    struct ki_spool_id id = a->flight_id;
+    size_t len = a->flight_len;
+    a->in_flight = 0;
+    if (rc < 0) {
+        a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
+        if (!a->failing)
+            ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
+                        ki_http_target(a->http), strerror(-rc));
+        a->failing = 1;
+        schedule_retry(a, -1);
+        return 0;
+    }
+    int s = res->status;
+    if ((s >= 200 && s < 300) || s == 409) {
+        if (a->failing || a->auth_blocked) ki_log_info(a->log, "collector %s accepts batches again", ki_http_target(a->http));
+        a->failing = 0;
+        a->auth_blocked = 0;
+        a->backoff_ns = 0;
+        a->ctr.v[KI_CTR_BATCHES_SENT]++;
+        ki_spool_remove(a->spool, id);
+        return 1;
+    }
+    if (s == 401 || s == 403) {
+        a->ctr.v[KI_CTR_AUTH_FAILURES]++;
+        size_t flen;
+        if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, a->send_buf, len, &flen) == 0) {
+            /* Sealed under the key that was replaced: it goes again under the current key, as a new batch. */
+            struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
+            if (ki_spool_put(a->spool, a->send_buf, flen, &mark) == 0) {
+                ki_spool_remove(a->spool, id);
+                ki_log_info(a->log, "batch %u/%llu re-sealed under key %u as %u/%llu", id.epoch,
+                            (unsigned long long)id.seq, a->seal.key_id, a->seal.epoch,
+                            (unsigned long long)a->seal.next_seq - 1);
+                return 1;
+            }
+        }
+        if (!a->auth_blocked)
+            ki_log_error(a->log,
+                         "collector refused batch %u/%llu with %d (%s): sending stopped, batches are kept in the "
+                         "spool; fix the key file and send SIGHUP (next try in %llds)",
+                         id.epoch, (unsigned long long)id.seq, s,
+                         s == 401 ? "authentication failed: wrong key" : "agent unknown or revoked",
+                         (long long)a->cfg->auth_retry_s);
+        a->auth_blocked = 1;
+        a->auth_until_ns = mono_ns() + (uint64_t)a->cfg->auth_retry_s * NS_PER_S;
+        return 0;
+    }
+    if (s == 429 || s >= 500) {
+        a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
+        if (!a->failing)
+            ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", s, res->retry_after);
+        a->failing = 1;
+        schedule_retry(a, res->retry_after);
+        return 0;
+    }
+    a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+    ki_log_error(a->log, "collector rejected batch %u/%llu with %d: dropped and counted", id.epoch,
+                 (unsigned long long)id.seq, s);
+    ki_spool_remove(a->spool, id);
+    return 1;
+}
+
+/* Send spooled batches oldest first, one request in flight at a time, for up to budget_ns:
+ * waiting for an answer never holds up the next drain for longer than the budget. */
 static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
-    uint64_t start = mono_ns();
-    while (mono_ns() - start < budget_ns) {
+    const uint64_t end = mono_ns() + budget_ns;
+    for (;;) {
         uint64_t now = mono_ns();
-        if (now < a->next_send_ns) return;
+        if (a->in_flight) {
+            struct ki_http_result res;
+            int wait_ms = now < end ? (int)((end - now + NS_PER_MS - 1) / NS_PER_MS) : 0;
+            int rc = ki_http_wait(a->http, wait_ms, &res);
+            if (rc == -EAGAIN) {
+                if (mono_ns() < a->flight_deadline_ns) return; /* still waiting: drain first */
+                ki_http_reset(a->http);
+                rc = -ETIMEDOUT;
+            }
+            if (!settle(a, rc, &res)) return;
+            continue;
+        }
+        if (now >= end || now < a->next_send_ns) return;
         if (a->auth_blocked && now < a->auth_until_ns) return;
-        struct ki_spool_id id;
         size_t len;
-        int rc = ki_spool_peek(a->spool, a->frame, a->frame_cap, &len, &id);
+        int rc = ki_spool_peek(a->spool, a->send_buf, a->frame_cap, &len, &a->flight_id);
         if (rc == -ENOENT) return;
         if (rc == -EMSGSIZE || rc == -EBADMSG) {
-            ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", id.epoch, (unsigned long long)id.seq,
+            ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", a->flight_id.epoch,
+                         (unsigned long long)a->flight_id.seq,
                          rc == -EMSGSIZE ? "larger than this agent's buffers" : "damaged");
             a->ctr.v[KI_CTR_BATCHES_FAILED]++;
-            ki_spool_remove(a->spool, id);
+            ki_spool_remove(a->spool, a->flight_id);
             continue;
         }
         if (rc < 0) {
@@ -285,64 +369,11 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
             schedule_retry(a, -1);
             return;
         }
-        struct ki_http_result res;
-        rc = ki_http_post(a->http, a->frame, len, &res);
-        if (rc < 0) {
-            a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
-            if (!a->failing)
-                ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
-                            ki_http_target(a->http), strerror(-rc));
-            a->failing = 1;
-            schedule_retry(a, -1);
-            return;
-        }
-        int s = res.status;
-        if ((s >= 200 && s < 300) || s == 409) {
-            if (a->failing || a->auth_blocked)
-                ki_log_info(a->log, "collector %s accepts batches again", ki_http_target(a->http));
-            a->failing = 0;
-            a->auth_blocked = 0;
-            a->backoff_ns = 0;
-            a->ctr.v[KI_CTR_BATCHES_SENT]++;
-            ki_spool_remove(a->spool, id);
-        } else if (s == 401 || s == 403) {
-            a->ctr.v[KI_CTR_AUTH_FAILURES]++;
-            size_t flen;
-            if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, a->frame, len, &flen) == 0) {
-                /* Sealed under the key that was replaced: it goes again under the current key, as a new batch. */
-                struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
-                int put = ki_spool_put(a->spool, a->frame, flen, &mark);
-                if (put == 0) {
-                    ki_spool_remove(a->spool, id);
-                    ki_log_info(a->log, "batch %u/%llu re-sealed under key %u as %u/%llu", id.epoch,
-                                (unsigned long long)id.seq, a->seal.key_id, a->seal.epoch,
-                                (unsigned long long)a->seal.next_seq - 1);
-                    continue;
-                }
-            }
-            if (!a->auth_blocked)
-                ki_log_error(a->log,
-                             "collector refused batch %u/%llu with %d (%s): sending stopped, batches are kept in the "
-                             "spool; fix the key file and send SIGHUP (next try in %llds)",
-                             id.epoch, (unsigned long long)id.seq, s,
-                             s == 401 ? "authentication failed: wrong key" : "agent unknown or revoked",
-                             (long long)a->cfg->auth_retry_s);
-            a->auth_blocked = 1;
-            a->auth_until_ns = mono_ns() + (uint64_t)a->cfg->auth_retry_s * NS_PER_S;
-            return;
-        } else if (s == 429 || s >= 500) {
-            a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
-            if (!a->failing)
-                ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", s, res.retry_after);
-            a->failing = 1;
-            schedule_retry(a, res.retry_after);
-            return;
-        } else {
-            a->ctr.v[KI_CTR_BATCHES_FAILED]++;
-            ki_log_error(a->log, "collector rejected batch %u/%llu with %d: dropped and counted", id.epoch,
-                         (unsigned long long)id.seq, s);
-            ki_spool_remove(a->spool, id);
-        }
+        a->flight_len = len;
+        a->in_flight = 1;
+        a->flight_deadline_ns = mono_ns() + (uint64_t)a->cfg->io_timeout_ms * NS_PER_MS;
+        rc = ki_http_send(a->http, a->send_buf, len);
+        if (rc < 0 && !settle(a, rc, NULL)) return;
     }
 }
 
@@ -350,6 +381,13 @@ int ki_agent_tick(struct ki_agent *a) {
     int rc = drain_ring(a);
     send_spool(a, (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS / 2 + NS_PER_MS);
     return rc;
+}
+
+/* Drain, then send (or wait for answers) until the next tick is due. */
+static void tick_until(struct ki_agent *a, uint64_t next_tick_ns) {
+    drain_ring(a);
+    uint64_t now = mono_ns();
+    send_spool(a, next_tick_ns > now ? next_tick_ns - now : 0);
 }
 
 static void reload_key(struct ki_agent *a) {
@@ -398,10 +436,10 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
             *reload = 0;
             reload_key(a);
         }
-        ki_agent_tick(a);
         next += interval;
         uint64_t now = mono_ns();
         if (next < now) next = now;
+        tick_until(a, next);
         sleep_until(next);
     }
     /* SIGTERM: what is in the ring and in memory goes to the spool, then try to deliver it. */
@@ -412,8 +450,10 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
         ki_spool_stats(a->spool, &ss);
         uint64_t now = mono_ns();
         if (!ss.batches || now >= deadline || (a->auth_blocked && a->auth_until_ns > deadline)) break;
-        if (a->next_send_ns > now) sleep_until(a->next_send_ns < deadline ? a->next_send_ns : deadline);
-        send_spool(a, deadline - mono_ns() < deadline ? deadline - mono_ns() : 0);
+        if (!a->in_flight && a->next_send_ns > now)
+            sleep_until(a->next_send_ns < deadline ? a->next_send_ns : deadline);
+        now = mono_ns();
+        send_spool(a, deadline > now ? deadline - now : 0);
     }
     ki_spool_stats(a->spool, &ss);
     ki_log_info(a->log, "stopped: %llu records read, %llu batches sent, %llu left in the spool for the next start",

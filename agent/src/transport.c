@@ -29,6 +29,10 @@ struct ki_http {
     int connect_timeout_ms;  /* connect bound */
     int io_timeout_ms;       /* send/receive bound */
     int fd;                  /* connection, -1 when closed */
+    const void *body;        /* body of the request in flight */
+    size_t len;              /* its length */
+    int hlen;                /* its head's length (in head) */
+    int reused;              /* the request went out on a kept-alive connection */
     char head[1024];         /* request head being built */
     char resp[RESPONSE_MAX]; /* response bytes */
 };
@@ -243,28 +247,81 @@ static int read_response(struct ki_http *h, struct ki_http_result *res, int *kee
     return 0;
 }
 
-int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res) {
-    int hlen = snprintf(h->head, sizeof h->head,
-                        "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: ki-agent/0.1\r\n"
-                        "Content-Type: application/x-ki-batch\r\nContent-Length: %zu\r\n\r\n",
-                        h->path, h->target, len);
-    if (hlen < 0 || (size_t)hlen >= sizeof h->head) return -EINVAL;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int reused = h->fd >= 0;
-        if (!reused) {
-            int rc = connect_now(h);
-            if (rc < 0) return rc;
-        }
-        int keep = 0;
-        int rc = send_all(h, h->head, (size_t)hlen, body, len);
-        if (rc == 0) rc = read_response(h, res, &keep);
-        if (rc == 0) {
-            if (!keep) disconnect(h);
-            return 0;
-        }
+void ki_http_reset(struct ki_http *h) { disconnect(h); }
+
+/* A kept-alive connection the server has closed shows as readable (EOF) while idle. */
+static int idle_conn_alive(struct ki_http *h) {
+    struct pollfd p = {h->fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 0;
+}
+
+static int transmit(struct ki_http *h) {
+    h->reused = h->fd >= 0;
+    if (h->reused && !idle_conn_alive(h)) {
         disconnect(h);
-        /* A kept-alive connection the server closed meanwhile: one fresh try. */
-        if (!reused || (rc != -ECONNRESET && rc != -EPIPE && rc != -EPROTO)) return rc;
+        h->reused = 0;
     }
-    return -ECONNRESET;
+    if (h->fd < 0) {
+        int rc = connect_now(h);
+        if (rc < 0) return rc;
+    }
+    int rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len);
+    if (rc < 0 && h->reused) {
+        disconnect(h); /* closed under us: one fresh connection */
+        h->reused = 0;
+        if ((rc = connect_now(h)) < 0) return rc;
+        rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len);
+    }
+    if (rc < 0) disconnect(h);
+    return rc;
+}
+
+int ki_http_send(struct ki_http *h, const void *body, size_t len) {
+    h->hlen = snprintf(h->head, sizeof h->head,
+                       "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: ki-agent/0.1\r\n"
+                       "Content-Type: application/x-ki-batch\r\nContent-Length: %zu\r\n\r\n",
+                       h->path, h->target, len);
+    if (h->hlen < 0 || (size_t)h->hlen >= sizeof h->head) return -EINVAL;
+    h->body = body;
+    h->len = len;
+    return transmit(h);
+}
+
+int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) {
+    if (h->fd < 0) return -ENOTCONN;
+    int rc = wait_fd(h->fd, POLLIN, timeout_ms < 0 ? 0 : timeout_ms);
+    if (rc == -ETIMEDOUT) return -EAGAIN;
+    if (rc < 0) {
+        disconnect(h);
+        return rc;
+    }
+    int keep = 0;
+    rc = read_response(h, res, &keep);
+    if (rc == 0) {
+        if (!keep) disconnect(h);
+        return 0;
+    }
+    disconnect(h);
+    if (h->reused && rc == -ECONNRESET) {
+        /* The server closed the kept-alive connection as the request arrived: send it again once. */
+        h->reused = 0;
+        if ((rc = connect_now(h)) < 0) return rc;
+        if ((rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len)) < 0) {
+            disconnect(h);
+            return rc;
+        }
+        return -EAGAIN;
+    }
+    return rc;
+}
+
+int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res) {
+    int rc = ki_http_send(h, body, len);
+    if (rc < 0) return rc;
+    for (int i = 0; i < 2; i++) {
+        rc = ki_http_wait(h, h->io_timeout_ms, res);
+        if (rc != -EAGAIN) return rc;
+    }
+    disconnect(h);
+    return -ETIMEDOUT;
 }
