@@ -1,4 +1,4 @@
-"""``ki probe nvml|simulate``: run a probe that writes into GPU rings.
+"""``ki probe ebpf|nvml|simulate``: run a probe that writes into GPU rings.
 
 Each probe is imported only when its command runs, so a machine without bcc
 or NVML can still run the others (and ``ki --help``).
@@ -68,6 +68,30 @@ def _nvml(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ebpf(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.probe.ebpf import EbpfUnavailable, Tracer, TracerConfig
+
+    config = TracerConfig(
+        gpu=args.gpu,
+        label_prefix=args.label_prefix,
+        pid=args.pid,
+        cgroup=args.cgroup,
+        libcuda=args.libcuda,
+        libcudart=args.libcudart,
+        libnccl=args.libnccl,
+        launch_sample=args.launch_sample,
+        drain_interval_s=args.interval,
+    )
+    try:
+        tracer = Tracer.start(config)
+    except EbpfUnavailable as e:
+        raise ProbeUnavailable(str(e)) from e
+    with tracer:
+        print(f"tracing {tracer.describe()}; Ctrl-C stops", file=sys.stderr)
+        tracer.run(args.seconds)
+    return 0
+
+
 def _gpu_list(text: str) -> list[int] | None:
     if text == "all":
         return None
@@ -126,6 +150,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     common(n)
     n.set_defaults(handler=_errors_to_exit(_nvml))
+
+    e = psub.add_parser("ebpf", help="trace CUDA and NCCL calls with uprobes (root, bcc)")
+    e.add_argument("--gpu", type=int, default=0, help="GPU whose ring receives the records (default 0)")
+    who = e.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, default=None, help="trace only this process")
+    who.add_argument("--cgroup", default=None, help="trace only processes of this cgroup v2 directory")
+    who.add_argument("--all", action="store_true", help="trace every process (the default)")
+    e.add_argument("--libcuda", default=None, help="path of libcuda.so.1 (default: as the loader finds it)")
+    e.add_argument("--libcudart", default=None, help="path of libcudart.so (default: as the loader finds it)")
+    e.add_argument("--libnccl", default=None, help="path of libnccl.so.2 (default: as the loader finds it)")
+    e.add_argument("--launch-sample", type=int, default=0, help="one LAUNCH record per N launches (0: none)")
+    e.add_argument("--interval", type=_positive, default=1.0, help="seconds between map drains (default 1)")
+    common(e)
+    e.set_defaults(handler=_errors_to_exit(_ebpf))
 
 
 def _errors_to_exit(fn: Handler) -> Handler:
