@@ -1,5 +1,77 @@
-"""kql: a PromQL-compatible query language evaluated over ClickHouse (see docs/architecture.md)."""
+"""kql: PromQL with GPU-friendly extensions, evaluated over any :class:`Storage` (see docs/kql.md).
+
+>>> from kernel_insight.kql import Engine, MemoryStorage
+>>> store = MemoryStorage()
+>>> store.add({"__name__": "kernel_execution_time_seconds", "model": "llama-70b"}, [0, 15_000], [0.12, 0.31])
+>>> result = Engine(store).instant_query('kernel_execution_time_seconds > 200ms', 15_000)
+>>> len(result.value.samples)
+1
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from kernel_insight.kql.checker import check, value_type
+from kernel_insight.kql.engine import CancelToken, Engine, EngineLimits
+from kernel_insight.kql.errors import (
+    KqlError,
+    KqlEvaluationError,
+    KqlExecutionError,
+    KqlParseError,
+    KqlTypeError,
+    QueryCancelledError,
+    QueryTimeoutError,
+    StorageError,
+    TooManySamplesError,
+    TooManySeriesError,
+)
+from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec
+from kernel_insight.kql.parser import parse
+from kernel_insight.kql.printer import format_expr
+from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
+from kernel_insight.kql.values import (
+    Annotation,
+    Matrix,
+    QueryResult,
+    Sample,
+    Scalar,
+    Series,
+    String,
+    Vector,
+    to_prometheus_json,
+)
+
+__all__ = [
+    "FUNCTIONS",
+    "STALE_NAN",
+    "Annotation",
+    "CancelToken",
+    "Engine",
+    "EngineLimits",
+    "FunctionSpec",
+    "KqlError",
+    "KqlEvaluationError",
+    "KqlExecutionError",
+    "KqlParseError",
+    "KqlTypeError",
+    "Matcher",
+    "Matrix",
+    "MemoryStorage",
+    "QueryCancelledError",
+    "QueryResult",
+    "QueryTimeoutError",
+    "Sample",
+    "Scalar",
+    "Series",
+    "SeriesData",
+    "Storage",
+    "StorageError",
+    "String",
+    "TooManySamplesError",
+    "TooManySeriesError",
+    "Vector",
+    "check",
+    "format_expr",
+    "parse",
+    "to_prometheus_json",
+    "value_type",
+]

@@ -186,11 +186,17 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
         q = np.asarray(param, dtype=np.float64)
         for qv in np.unique(q[~np.isnan(q)]) if len(q) else ():
             if qv < 0 or qv > 1:
-                ev.annotate("warning", f"quantile value should be between 0 and 1, got {format_sample_value(qv)}",
-                            node.param.pos if node.param is not None else node.pos)
+                ev.annotate(
+                    "warning",
+                    f"quantile value should be between 0 and 1, got {format_sample_value(qv)}",
+                    node.param.pos if node.param is not None else node.pos,
+                )
         if np.isnan(q).any():
-            ev.annotate("warning", "quantile value should be between 0 and 1, got NaN",
-                        node.param.pos if node.param is not None else node.pos)
+            ev.annotate(
+                "warning",
+                "quantile value should be between 0 and 1, got NaN",
+                node.param.pos if node.param is not None else node.pos,
+            )
         order = np.argsort(gid, kind="stable")
         bounds = np.searchsorted(gid[order], np.arange(n + 1))
         for g in range(n):
@@ -220,7 +226,8 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
         new_mean = mean[g] + delta / np.maximum(cnt, 1)
         new_acc = acc[g] + delta * (f - new_mean)
         mean[g] = np.where(first, f, np.where(p, new_mean, mean[g]))
-        acc[g] = np.where(first, 0.0, np.where(p, new_acc, acc[g]))
+        # As upstream, a group that starts with NaN or ±Inf has an undefined deviation.
+        acc[g] = np.where(first, np.where(np.isfinite(f), 0.0, np.nan), np.where(p, new_acc, acc[g]))
         count[g] = cnt
     var = acc / np.maximum(count, 1)
     return np.sqrt(var) if sqrt else var
@@ -249,7 +256,7 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) ->
     op = node.op
     steps = vec.values.shape[1]
     keys = [_grouping_key(lb, node) for lb in vec.labels]
-    gid, n = group_rows(keys)
+    gid, _ = group_rows(keys)
     keep = np.zeros_like(vec.present)
     if op == "limit_ratio":
         if np.isnan(param).any():

@@ -1,16 +1,15 @@
 """The kql abstract syntax tree: frozen node classes named as in PromQL, each with its position.
 
 Nodes compare by value and ignore positions, so ``parse("a + b") == parse("a+b")``; NaN
-literals compare equal to each other (by bit pattern), which keeps round-trip tests exact.
+literals compare equal to each other, which keeps round-trip tests exact.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from kernel_insight.kql.storage import Matcher
@@ -37,7 +36,7 @@ __all__ = [
 ]
 
 
-class ValueType(str, Enum):
+class ValueType(StrEnum):
     """The four PromQL value types (plus ``none`` for an empty argument slot)."""
 
     SCALAR = "scalar"
@@ -46,7 +45,7 @@ class ValueType(str, Enum):
     STRING = "string"
 
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +66,12 @@ _NOPOS = PosRange(0, 0)
 
 
 def _key(value: Any) -> Any:
-    # Floats compare by bit pattern (NaN == NaN); everything else as is.
+    # Numbers compare as floats and every NaN equals every NaN (a query cannot tell them apart).
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     if isinstance(value, float):
         if math.isnan(value):
-            return ("nan", struct.pack(">d", value))
+            return ("nan",)
         return ("f", value)
     if isinstance(value, tuple):
         return tuple(_key(v) for v in value)
@@ -145,10 +146,13 @@ class VectorMatching:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class NumberLiteral(Node):
-    """A number; ``duration`` marks one written as a duration (``5m`` is 300 seconds)."""
+    """A number; ``duration`` marks one written as a duration (``5m`` is 300 seconds), ``unit`` one
+    written as a byte size (``40GiB`` is 42949672960 with unit ``GiB``), so printing keeps the spelling.
+    """
 
     value: float
     duration: bool = False
+    unit: str = ""
     pos: PosRange = field(default=_NOPOS, compare=False, repr=False)
 
 
@@ -166,6 +170,7 @@ class VectorSelector(Node):
     matchers: tuple[Matcher, ...] = ()
     offset: Expr | None = None  # a duration expression, seconds
     at: At | None = None
+    smoothed: bool = False  # interpolate between the samples around each step
     pos: PosRange = field(default=_NOPOS, compare=False, repr=False)
 
     def all_matchers(self) -> tuple[Matcher, ...]:

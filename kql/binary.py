@@ -74,7 +74,9 @@ def _vector_scalar(node: BinaryExpr, vec: StepVector, scalar: F64, swapped: bool
         # The vector's own value survives a comparison, whichever side it is on.
         return StepVector(vec.labels, vec.values, vec.present & cond, vec.drop_name, vec.sample_ts).compact()
     values = ARITHMETIC[op](lv, rv)
-    return StepVector(vec.labels, np.broadcast_to(values, vec.values.shape).copy(), vec.present, _ones(len(vec)))
+    return StepVector(
+        vec.labels, np.broadcast_to(values, vec.values.shape).copy(), vec.present, _ones(len(vec))
+    )
 
 
 def _ones(n: int) -> npt.NDArray[np.bool_]:
@@ -103,7 +105,9 @@ def _set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching)
     none = np.zeros(steps, dtype=bool)
     if op == "or":
         l_any = _presence_by_sig(lhs, [sig(lb) for lb in lhs.labels])
-        r_present = np.array([p & ~l_any.get(sig(lb), none) for lb, p in zip(rhs.labels, rhs.present, strict=True)])
+        r_present = np.array(
+            [p & ~l_any.get(sig(lb), none) for lb, p in zip(rhs.labels, rhs.present, strict=True)], dtype=bool
+        )
         r_present = r_present.reshape(rhs.present.shape)
         right = StepVector(rhs.labels, rhs.values, r_present, rhs.drop_name, rhs.sample_ts).compact()
         sample_ts = None
@@ -154,7 +158,9 @@ def _result_labels(
     return many
 
 
-def _vector_vector(node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
+def _vector_vector(
+    node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching: VectorMatching
+) -> StepVector:
     op = node.op
     comparison = op in COMPARISON_OPS
     keeps_name = comparison and not node.return_bool
@@ -181,7 +187,9 @@ def _vector_vector(node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching:
                 f"operation: [{labels_to_str(a)}, {labels_to_str(b)}];many-to-many matching not allowed: "
                 "matching labels must be unique on one side"
             )
-    one_any = {s: one.present[rows].any(axis=0) for s, rows in one_groups.items()}
+    one_any: dict[Labels, BOOL] = {
+        s: np.asarray(one.present[rows].any(axis=0)) for s, rows in one_groups.items()
+    }
 
     if one_to_one:
         many_groups: dict[Labels, list[int]] = {}
@@ -225,8 +233,12 @@ def _vector_vector(node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching:
     pm = np.asarray(pairs_many, dtype=np.intp)
     po = np.asarray(pairs_one, dtype=np.intp)
     mask = np.array(masks, dtype=bool).reshape(len(pm), steps)
-    many_vals = np.where((pm >= 0)[:, None], many.values[np.maximum(pm, 0)] if len(many) else 0.0, fill_many or 0.0)
-    one_vals = np.where((po >= 0)[:, None], one.values[np.maximum(po, 0)] if len(one) else 0.0, fill_one or 0.0)
+    many_vals = np.where(
+        (pm >= 0)[:, None], many.values[np.maximum(pm, 0)] if len(many) else 0.0, fill_many or 0.0
+    )
+    one_vals = np.where(
+        (po >= 0)[:, None], one.values[np.maximum(po, 0)] if len(one) else 0.0, fill_one or 0.0
+    )
     lv, rv = (one_vals, many_vals) if swapped else (many_vals, one_vals)
     if comparison:
         cond = COMPARE[op](lv, rv)
@@ -254,5 +266,7 @@ def _vector_vector(node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching:
             drop[k] = bool(many.drop_name[i]) if i >= 0 else False
     out = StepVector(labels, np.asarray(values, dtype=np.float64), mask, drop).compact()
     if not one_to_one:
-        out = consolidate(out, message="multiple matches for labels: grouping labels must ensure unique matches")
+        out = consolidate(
+            out, message="multiple matches for labels: grouping labels must ensure unique matches"
+        )
     return out

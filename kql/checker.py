@@ -21,7 +21,7 @@ from kernel_insight.kql.ast import (
     ValueType,
     VectorSelector,
 )
-from kernel_insight.kql.errors import KqlTypeError
+from kernel_insight.kql.errors import KqlParseError, KqlTypeError
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS
@@ -83,6 +83,13 @@ class _Checker:
         if isinstance(node, StringLiteral):
             return STR
         if isinstance(node, VectorSelector):
+            if node.name is None and all(m.matches_empty() for m in node.matchers):
+                raise KqlParseError(
+                    "vector selector must contain at least one non-empty matcher",
+                    self.query,
+                    node.pos.start,
+                    node.pos.end,
+                )
             self.duration(node.offset, "offset")
             return V
         if isinstance(node, MatrixSelector):
@@ -131,7 +138,12 @@ class _Checker:
             raise self.fail(f"set operator {go_quote(node.op)} not allowed in binary scalar expression", node)
         if node.matching is not None and not both_vectors:
             m = node.matching
-            if m.matching_given or m.card != "one-to-one" or m.fill_left is not None or m.fill_right is not None:
+            if (
+                m.matching_given
+                or m.card != "one-to-one"
+                or m.fill_left is not None
+                or m.fill_right is not None
+            ):
                 raise self.fail("vector matching only allowed between instant vectors", node)
         return V if V in (lt, rt) else S
 
@@ -149,16 +161,29 @@ class _Checker:
         spec = FUNCTIONS[node.func]
         n = len(node.args)
         if spec.variadic == 0 and n != spec.min_args:
-            raise self.fail(f"expected {spec.min_args} argument(s) in call to {go_quote(node.func)}, got {n}", node)
+            raise self.fail(
+                f"expected {spec.min_args} argument(s) in call to {go_quote(node.func)}, got {n}", node
+            )
         if n < spec.min_args:
             raise self.fail(
-                f"expected at least {spec.min_args} argument(s) in call to {go_quote(node.func)}, got {n}", node
+                f"expected at least {spec.min_args} argument(s) in call to {go_quote(node.func)}, got {n}",
+                node,
             )
         if spec.max_args is not None and n > spec.max_args:
             raise self.fail(
-                f"expected at most {spec.max_args} argument(s) in call to {go_quote(node.func)}, got {n}", node
+                f"expected at most {spec.max_args} argument(s) in call to {go_quote(node.func)}, got {n}",
+                node,
             )
         for i, arg in enumerate(node.args):
+            if i in spec.unevaluated:
+                # A label filter rather than a value (info's second argument): any selector will do.
+                if not isinstance(arg, VectorSelector) or arg.offset is not None or arg.at is not None:
+                    raise self.fail(
+                        f'expected a label selector such as {{data=~".+"}} in call to function '
+                        f"{go_quote(node.func)} (argument {i + 1})",
+                        arg,
+                    )
+                continue
             want = spec.arg_type(i)
             self.expect(arg, (want,), f"in call to function {go_quote(node.func)} (argument {i + 1})")
             if isinstance(arg, MatrixSelector):
@@ -168,11 +193,13 @@ class _Checker:
     def range_modifiers(self, func: str, arg: MatrixSelector) -> None:
         if arg.smoothed and func not in SMOOTHED_FUNCTIONS:
             raise self.fail(
-                f"smoothed modifier can only be used with: {', '.join(SMOOTHED_FUNCTIONS)} - not with {func}", arg
+                f"smoothed modifier can only be used with: {', '.join(SMOOTHED_FUNCTIONS)} - not with {func}",
+                arg,
             )
         if arg.anchored and func not in ANCHORED_FUNCTIONS:
             raise self.fail(
-                f"anchored modifier can only be used with: {', '.join(ANCHORED_FUNCTIONS)} - not with {func}", arg
+                f"anchored modifier can only be used with: {', '.join(ANCHORED_FUNCTIONS)} - not with {func}",
+                arg,
             )
 
 

@@ -35,6 +35,7 @@ from kernel_insight.kql.ast import (
     UnaryExpr,
     ValueType,
     VectorSelector,
+    children,
 )
 from kernel_insight.kql.binary import binary_op
 from kernel_insight.kql.checker import check
@@ -277,6 +278,21 @@ class _Evaluator:
         refs: I64 = base - offset_ms
         return refs
 
+    def data_times(self, node: Node, times: I64) -> I64:
+        """When the selectors under ``node`` read their data, per step (follows @, offset, subqueries)."""
+        while isinstance(node, ParenExpr):
+            node = node.expr
+        if isinstance(node, VectorSelector):
+            return self.reference_times(times, node.at, node.offset)
+        if isinstance(node, MatrixSelector):
+            return self.reference_times(times, node.vector.at, node.vector.offset)
+        if isinstance(node, SubqueryExpr):
+            return self.data_times(node.expr, self.reference_times(times, node.at, node.offset))
+        for child in children(node):
+            if not isinstance(child, NumberLiteral | StringLiteral):
+                return self.data_times(child, times)
+        return times
+
     # ------------------------------------------------------------------ dispatch
 
     def eval(self, node: Node, times: I64) -> Any:
@@ -312,15 +328,21 @@ class _Evaluator:
 
     def eval_call(self, node: Call, times: I64) -> Any:
         spec = FUNCTIONS[node.func]
-        args = [self.eval(arg, times) for arg in node.args]
+        args = [arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)]
         return spec.impl(CallContext(self, node, times), args)
 
     def eval_vector_selector(self, node: VectorSelector, times: I64) -> StepVector:
         refs = self.reference_times(times, node.at, node.offset)
+        if node.smoothed:
+            return self._smoothed_selector(node, refs)
+        return self.lookup(node.all_matchers(), refs)
+
+    def lookup(self, matchers: Sequence[Matcher], refs: I64) -> StepVector:
+        """The latest sample of every matching series at each reference time (lookback, staleness)."""
         lookback = self.limits.lookback_ms
-        series = self.select(node.all_matchers(), int(refs.min()) - lookback + 1, int(refs.max()))
+        series = self.select(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
         ts, vs, offsets = _flatten(series, drop_stale=False)
-        n, steps = len(series), len(times)
+        n, steps = len(series), len(refs)
         if n == 0 or len(ts) == 0:
             return StepVector.empty(steps)
         last = batched_searchsorted(ts, offsets, refs, "right") - 1
@@ -333,13 +355,40 @@ class _Evaluator:
         labels = [s.labels for s in series]
         return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
 
+    def _smoothed_selector(self, node: VectorSelector, refs: I64) -> StepVector:
+        """Each step's value interpolated linearly between the samples just before and after it."""
+        lookback = self.limits.lookback_ms
+        series = self.select(node.all_matchers(), int(refs.min()) - lookback + 1, int(refs.max()) + lookback)
+        ts, vs, offsets = _flatten(series, drop_stale=False)
+        n, steps = len(series), len(refs)
+        if n == 0 or len(ts) == 0:
+            return StepVector.empty(steps)
+        nxt = batched_searchsorted(ts, offsets, refs, "right")
+        last = nxt - 1
+        has_prev = last >= offsets[:-1, None]
+        has_next = nxt < offsets[1:, None]
+        p_idx, n_idx = np.where(has_prev, last, 0), np.where(has_next, nxt, 0)
+        pt, pv, nt, nv = ts[p_idx], vs[p_idx], ts[n_idx], vs[n_idx]
+        has_prev &= (pt > refs[None, :] - lookback) & ~is_stale(pv)
+        has_next &= (nt <= refs[None, :] + lookback) & ~is_stale(nv)
+        exact = has_prev & (pt == refs[None, :])
+        span = np.where(has_next & has_prev, nt - pt, 1).astype(np.float64)
+        interpolated = pv + (nv - pv) * (refs[None, :] - pt) / span
+        values = np.where(exact | ~has_next, pv, interpolated)
+        present = has_prev
+        self.count_samples(int(present.sum()))
+        labels = [s.labels for s in series]
+        return StepVector(labels, values, present, np.zeros(n, dtype=bool)).compact()
+
     def eval_matrix_selector(self, node: MatrixSelector, times: I64) -> RangeInput:
         vec = node.vector
         refs = self.reference_times(times, vec.at, vec.offset)
         range_ms = self.duration_ms(node.range, "range", positive=True)
         extra = self.limits.lookback_ms if (node.anchored or node.smoothed) else 0
         after = self.limits.lookback_ms if node.smoothed else 0
-        series = self.select(vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after)
+        series = self.select(
+            vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after
+        )
         ts, vs, offsets = _flatten(series, drop_stale=True)
         lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
         hi = batched_searchsorted(ts, offsets, refs, "right")
@@ -472,17 +521,23 @@ class Engine:
                 expr.pos.end,
             )
         ev = _Evaluator(self, text, start, end, step, is_range, limits or self.limits, cancel)
-        times = np.arange(start, end + 1, step, dtype=np.int64) if is_range else np.array([start], dtype=np.int64)
+        times = (
+            np.arange(start, end + 1, step, dtype=np.int64) if is_range else np.array([start], dtype=np.int64)
+        )
         with np.errstate(all="ignore"):
             raw = ev.eval(expr, times)
             value = self._result(ev, raw, times, is_range)
         series = len(value) if isinstance(value, Vector | Matrix) else 1
         if series > ev.limits.max_series:
-            raise TooManySeriesError(f"query returned {series} series, more than the limit of {ev.limits.max_series}")
+            raise TooManySeriesError(
+                f"query returned {series} series, more than the limit of {ev.limits.max_series}"
+            )
         stats = QueryStats(samples=ev.samples, series=series, seconds=time.monotonic() - began)
         return QueryResult(value, text, tuple(ev.annotations), stats)
 
-    def _result(self, ev: _Evaluator, raw: Any, times: I64, is_range: bool) -> Vector | Matrix | Scalar | String:
+    def _result(
+        self, ev: _Evaluator, raw: Any, times: I64, is_range: bool
+    ) -> Vector | Matrix | Scalar | String:
         t0 = int(times[0])
         if isinstance(raw, str):
             return String(t0, raw)
@@ -492,7 +547,8 @@ class Engine:
             vec = finalize_names(raw)
             if not is_range:
                 samples = tuple(
-                    Sample(vec.labels[i], t0, float(vec.values[i, 0])) for i in np.flatnonzero(vec.present[:, 0])
+                    Sample(vec.labels[i], t0, float(vec.values[i, 0]))
+                    for i in np.flatnonzero(vec.present[:, 0])
                 )
                 return Vector(t0, samples)
             order = sorted(range(len(vec)), key=lambda i: vec.labels[i])

@@ -49,7 +49,7 @@ class KqlParseError(KqlError):
     ...     parse("sum(rate(x[5m])")
     ... except KqlParseError as e:
     ...     print(e)
-    1:16: parse error: unexpected end of input, expected ")"
+    1:16: parse error: unexpected end of input, expected ")" or ","
       sum(rate(x[5m])
                      ^
     """

@@ -6,12 +6,14 @@ import math
 import re
 
 __all__ = [
+    "BYTE_UNITS",
     "DURATION_UNITS",
     "format_duration",
     "format_float",
     "go_quote",
     "is_valid_label_name",
     "is_valid_metric_name",
+    "parse_bytes",
     "parse_duration",
     "parse_number",
     "unquote",
@@ -74,6 +76,37 @@ def format_duration(ms: int) -> str:
             parts.append(f"{ms // size}{unit}")
             ms %= size
     return sign + "".join(parts)
+
+
+#: Byte-size units of the kql byte literals (``40GiB``), in bytes.
+BYTE_UNITS: dict[str, int] = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "PB": 10**15,
+    "EB": 10**18,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+    "PiB": 2**50,
+    "EiB": 2**60,
+}
+_BYTES = re.compile(r"([0-9]+(?:\.[0-9]+)?)([KMGTPE]i?B|B)")
+
+
+def parse_bytes(text: str) -> tuple[float, str]:
+    """``1.5GiB`` -> (1610612736.0, "GiB").
+
+    >>> parse_bytes("40GiB")
+    (42949672960.0, 'GiB')
+    """
+    m = _BYTES.fullmatch(text)
+    if not m:
+        raise ValueError(f"not a valid byte size: {text!r}")
+    return float(m.group(1)) * BYTE_UNITS[m.group(2)], m.group(2)
 
 
 def parse_number(text: str) -> float:

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
@@ -32,7 +33,14 @@ from kernel_insight.kql.ast import (
     VectorSelector,
 )
 from kernel_insight.kql.errors import KqlParseError
-from kernel_insight.kql.lexical import go_quote, is_valid_label_name, parse_duration, parse_number, unquote
+from kernel_insight.kql.lexical import (
+    go_quote,
+    is_valid_label_name,
+    parse_bytes,
+    parse_duration,
+    parse_number,
+    unquote,
+)
 from kernel_insight.kql.storage import Matcher
 
 __all__ = ["AGGREGATORS", "DURATION_FUNCTIONS", "PARAM_AGGREGATORS", "parse", "parse_raw"]
@@ -70,6 +78,12 @@ _TOKEN_NAMES = {
     "MATCH_OP": "label matching operator",
     "AGG_OP": "aggregation",
 }
+
+
+# Tokens whose text varies: messages name the kind and quote the text (`unexpected number "3"`).
+_KINDS = frozenset(
+    {"IDENTIFIER", "LABEL_NAME", "STRING", "NUMBER", "DURATION", "BYTES", "CMP", "MATCH_OP", "AGG_OP"}
+)
 
 
 def _describe(terminal: str) -> str:
@@ -120,6 +134,10 @@ class _ToAst(Transformer[Token, Expr]):
             raise _Error(str(exc), _tok_pos(tok)) from None
         return NumberLiteral(ms / 1000, duration=True, pos=_pos(meta))
 
+    def bytes(self, meta: Any, children: list[Token]) -> NumberLiteral:
+        value, unit = parse_bytes(str(children[0]))
+        return NumberLiteral(value, unit=unit, pos=_pos(meta))
+
     def string(self, meta: Any, children: list[Token]) -> StringLiteral:
         return StringLiteral(_unquote(children[0]), pos=_pos(meta))
 
@@ -136,7 +154,7 @@ class _ToAst(Transformer[Token, Expr]):
         if isinstance(expr, NumberLiteral):
             # As in Prometheus, a signed number is one literal: `-1` is NumberLiteral(-1).
             value = -expr.value if op == "-" else expr.value
-            return NumberLiteral(value, duration=expr.duration, pos=pos)
+            return NumberLiteral(value, duration=expr.duration, unit=expr.unit, pos=pos)
         return UnaryExpr(op, expr, pos=pos)
 
     dur_unary = unary
@@ -159,7 +177,9 @@ class _ToAst(Transformer[Token, Expr]):
         fill_right: float | None = None
         for fill_tok, value in fills:
             if op in SET_OPS:
-                raise _Error(f"fill modifiers are not allowed for set operator {op!r}", _tok_pos(fill_tok))
+                raise _Error(
+                    f"fill modifiers are not allowed for set operator {go_quote(op)}", _tok_pos(fill_tok)
+                )
             kind = str(fill_tok).lower()
             if kind in ("fill", "fill_left"):
                 fill_left = value
@@ -174,7 +194,7 @@ class _ToAst(Transformer[Token, Expr]):
             if group is not None:
                 group_tok, include = group
                 if op in SET_OPS:
-                    raise _Error(f"no grouping allowed for {op!r} operation", _tok_pos(group_tok))
+                    raise _Error(f"no grouping allowed for {go_quote(op)} operation", _tok_pos(group_tok))
                 card = "many-to-one" if str(group_tok).lower() == "group_left" else "one-to-many"
                 if on:
                     for name in include:
@@ -222,8 +242,8 @@ class _ToAst(Transformer[Token, Expr]):
         pos = _pos(meta)
         if not isinstance(inner, VectorSelector):
             raise _Error("ranges only allowed for vector selectors", pos)
-        if inner.offset is not None or inner.at is not None:
-            raise _Error("no offset or @ modifiers allowed before range", pos)
+        if inner.offset is not None or inner.at is not None or inner.smoothed:
+            raise _Error("no offset, @ or smoothed modifiers allowed before range", pos)
         return MatrixSelector(inner, rng, pos=pos)
 
     def subquery(self, meta: Any, children: list[Any]) -> SubqueryExpr:
@@ -281,11 +301,16 @@ class _ToAst(Transformer[Token, Expr]):
             raise _Error(f"unexpected {go_quote(str(tok))} in @, expected start() or end()", _tok_pos(tok))
         return At(name)
 
-    def range_modifier(self, meta: Any, children: list[Any]) -> MatrixSelector:
+    def range_modifier(self, meta: Any, children: list[Any]) -> Expr:
         inner, tok = children
         kind = str(tok).lower()
+        if isinstance(inner, VectorSelector) and kind == "smoothed":
+            if inner.smoothed:
+                raise _Error("smoothed modifier may be given only once", _tok_pos(tok))
+            return _replace(inner, smoothed=True, pos=_pos(meta))
         if not isinstance(inner, MatrixSelector):
-            raise _Error(f"{kind} modifier must be preceded by a range vector selector", _tok_pos(tok))
+            what = "an instant or range vector selector" if kind == "smoothed" else "a range vector selector"
+            raise _Error(f"{kind} modifier must be preceded by {what}", _tok_pos(tok))
         if inner.anchored or inner.smoothed:
             raise _Error("anchored and smoothed modifiers may be given only once", _tok_pos(tok))
         return _replace(inner, anchored=kind == "anchored", smoothed=kind == "smoothed", pos=_pos(meta))
@@ -303,16 +328,18 @@ class _ToAst(Transformer[Token, Expr]):
         for kind, value, item_pos in items or ():
             if kind == "name":
                 if name is not None:
-                    raise _Error(f"metric name must not be set twice: {go_quote(name)} or {go_quote(value)}", item_pos)
+                    raise _Error(
+                        f"metric name must not be set twice: {go_quote(name)} or {go_quote(value)}", item_pos
+                    )
                 name = value
                 continue
             if name is not None and value.name == "__name__" and len(children) == 2:
                 raise _Error(
-                    f"metric name must not be set twice: {go_quote(name)} or {go_quote(value.value)}", item_pos
+                    f"metric name must not be set twice: {go_quote(name)} or {go_quote(value.value)}",
+                    item_pos,
                 )
             matchers.append(value)
-        if name is None and all(m.matches_empty() for m in matchers):
-            raise _Error("vector selector must contain at least one non-empty matcher", pos)
+        # The checker rejects selectors that match everything (info() may take one as its filter).
         return VectorSelector(name, tuple(matchers), pos=pos)
 
     def matchers(self, meta: Any, children: list[Any]) -> list[Any]:
@@ -366,7 +393,9 @@ class _ToAst(Transformer[Token, Expr]):
             )
         want = DURATION_FUNCTIONS[name]
         if len(args) != want:
-            raise _Error(f"expected {want} argument(s) in call to {go_quote(name)}, got {len(args)}", _pos(meta))
+            raise _Error(
+                f"expected {want} argument(s) in call to {go_quote(name)}, got {len(args)}", _pos(meta)
+            )
         return Call(name, tuple(args), pos=_pos(meta))
 
     def grouping(self, meta: Any, children: list[Any]) -> tuple[bool, tuple[str, ...]]:
@@ -405,10 +434,11 @@ class _Children:
         self.children = children
 
 
-def _replace(node: Any, **changes: Any) -> Any:
-    values = {f: getattr(node, f) for f in node.__dataclass_fields__}
-    values.update(changes)
-    return type(node)(**values)
+_N = TypeVar("_N", bound=VectorSelector | MatrixSelector | SubqueryExpr)
+
+
+def _replace(node: _N, **changes: Any) -> _N:
+    return dataclasses.replace(node, **changes)
 
 
 @functools.cache
@@ -425,8 +455,9 @@ def _parser() -> Lark:
 
 def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:
     if isinstance(exc, UnexpectedCharacters):
-        ch = query[exc.pos_in_stream] if exc.pos_in_stream < len(query) else ""
-        return KqlParseError(f"unexpected character: {go_quote(ch)}", query, exc.pos_in_stream)
+        at = exc.pos_in_stream or 0
+        ch = query[at] if at < len(query) else ""
+        return KqlParseError(f"unexpected character: {go_quote(ch)}", query, at)
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         expected = sorted({_describe(t) for t in exc.expected if not t.startswith("__")})
@@ -434,7 +465,7 @@ def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:
         if tok.type == "$END":
             return KqlParseError(f"unexpected end of input{hint}", query, len(query))
         start = tok.start_pos if tok.start_pos is not None else 0
-        what = f"{_describe(tok.type)} {go_quote(str(tok))}" if tok.type in _TOKEN_NAMES else go_quote(str(tok))
+        what = f"{_describe(tok.type)} {go_quote(str(tok))}" if tok.type in _KINDS else go_quote(str(tok))
         return KqlParseError(f"unexpected {what}{hint}", query, start, start + len(str(tok)))
     if isinstance(exc, UnexpectedEOF):
         return KqlParseError("unexpected end of input", query, len(query))

@@ -10,6 +10,8 @@ parser (which keeps the user's parentheses as ParenExpr) prints without extra on
 
 from __future__ import annotations
 
+import math
+
 from kernel_insight.kql.ast import (
     AggregateExpr,
     At,
@@ -26,6 +28,7 @@ from kernel_insight.kql.ast import (
     VectorSelector,
 )
 from kernel_insight.kql.lexical import (
+    BYTE_UNITS,
     format_duration,
     format_float,
     go_quote,
@@ -87,10 +90,19 @@ def format_matcher(m: Matcher) -> str:
 
 
 def _number(node: NumberLiteral) -> str:
-    if node.duration:
-        ms = node.value * 1000
-        if ms == round(ms) and abs(ms) < 2**62:
-            return format_duration(round(ms))
+    if node.unit in BYTE_UNITS:
+        size = node.value / BYTE_UNITS[node.unit]
+        text = format_float(abs(size))
+        if (
+            "e" not in text
+            and "n" not in text.lower()
+            and abs(size) * BYTE_UNITS[node.unit] == abs(node.value)
+        ):
+            return ("-" if node.value < 0 else "") + text + node.unit
+    if node.duration and math.isfinite(node.value) and abs(node.value) < 2**52:
+        ms = round(node.value * 1000)
+        if ms / 1000 == node.value:  # exactly what the parser makes of the duration text
+            return format_duration(ms)
     return format_float(node.value)
 
 
@@ -127,7 +139,7 @@ def _selector(node: VectorSelector) -> str:
     return name + braces
 
 
-def _matching(op: str, return_bool: bool, matching: VectorMatching | None) -> str:
+def _matching(op: str, return_bool: bool, matching: VectorMatching | None, rhs_paren: bool = False) -> str:
     parts = [op]
     if return_bool:
         parts.append("bool")
@@ -136,7 +148,9 @@ def _matching(op: str, return_bool: bool, matching: VectorMatching | None) -> st
             parts.append(("on" if matching.on else "ignoring") + format_labels(matching.labels))
         if matching.card in ("many-to-one", "one-to-many"):
             group = "group_left" if matching.card == "many-to-one" else "group_right"
-            parts.append(group + (format_labels(matching.include) if matching.include else ""))
+            # `group_left (x)` would read the parenthesis as the label list, so spell out `()`.
+            bare = not matching.include and not rhs_paren
+            parts.append(group + ("" if bare else format_labels(matching.include)))
         left, right = matching.fill_left, matching.fill_right
         if left is not None and right is not None and format_float(left) == format_float(right):
             parts.append(f"fill({format_float(left)})")
@@ -172,7 +186,7 @@ def format_expr(node: Node) -> str:
     if isinstance(node, StringLiteral):
         return go_quote(node.value)
     if isinstance(node, VectorSelector):
-        return _selector(node) + _at(node.at) + _offset(node.offset)
+        return _selector(node) + _at(node.at) + _offset(node.offset) + (" smoothed" if node.smoothed else "")
     if isinstance(node, MatrixSelector):
         vec = node.vector
         modifier = " anchored" if node.anchored else " smoothed" if node.smoothed else ""
@@ -193,7 +207,8 @@ def format_expr(node: Node) -> str:
         right_assoc = node.op == "^"
         lhs = _operand(node.lhs, prec, right=False, right_assoc=right_assoc)
         rhs = _operand(node.rhs, prec, right=True, right_assoc=right_assoc)
-        return f"{lhs} {_matching(node.op, node.return_bool, node.matching)} {rhs}"
+        modifiers = _matching(node.op, node.return_bool, node.matching, rhs.startswith("("))
+        return f"{lhs} {modifiers} {rhs}"
     if isinstance(node, AggregateExpr):
         grouping = ""
         if node.without:

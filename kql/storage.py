@@ -7,7 +7,6 @@ Two back ends implement :class:`Storage`: the ClickHouse store of the collector 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from kernel_insight.kql.regex import compile_anchored
 
 __all__ = [
     "MATCH_OPS",
@@ -53,12 +54,6 @@ def is_stale_value(value: float) -> bool:
     return bool(np.array([value], dtype=np.float64).view(np.uint64)[0] == STALE_NAN_BITS)
 
 
-@functools.lru_cache(maxsize=4096)
-def _compile(pattern: str) -> re.Pattern[str]:
-    # PromQL regexes are RE2, fully anchored, with `.` matching newlines.
-    return re.compile(f"(?s:{pattern})")
-
-
 @dataclass(frozen=True, slots=True)
 class Matcher:
     """One label matcher: ``name op "value"``; a missing label matches as the empty string.
@@ -76,7 +71,7 @@ class Matcher:
             raise ValueError(f"unknown matcher operator {self.op!r}")
         if self.op in ("=~", "!~"):
             try:
-                _compile(self.value)
+                compile_anchored(self.value)
             except re.error as exc:
                 raise ValueError(f"invalid regular expression {self.value!r}: {exc}") from None
 
@@ -86,7 +81,7 @@ class Matcher:
             return value == self.value
         if self.op == "!=":
             return value != self.value
-        hit = _compile(self.value).fullmatch(value) is not None
+        hit = compile_anchored(self.value).fullmatch(value) is not None
         return hit if self.op == "=~" else not hit
 
     def matches_empty(self) -> bool:

@@ -20,7 +20,10 @@ from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.storage import Labels
 
 if TYPE_CHECKING:
-    from kernel_insight.kql.ast import Call
+    from collections.abc import Sequence
+
+    from kernel_insight.kql.ast import Call, Node
+    from kernel_insight.kql.storage import Matcher
 
 __all__ = [
     "Annotation",
@@ -187,6 +190,21 @@ class CallContext:
         is_range: bool = self._eval.is_range_query
         return is_range
 
+    def lookup(self, matchers: Sequence[Matcher], refs: I64) -> StepVector:
+        """Select series and take their latest sample at each reference time, like a selector."""
+        result: StepVector = self._eval.lookup(matchers, refs)
+        return result
+
+    def data_times(self, node: Node) -> I64:
+        """When the selectors under an argument read their data, per step (after @ and offset)."""
+        result: I64 = self._eval.data_times(node, self.times)
+        return result
+
+    @property
+    def lookback_ms(self) -> int:
+        lookback: int = self._eval.limits.lookback_ms
+        return lookback
+
     def warn(self, message: str, pos: PosRange | None = None) -> None:
         self._eval.annotate("warning", message, pos or self.node.pos)
 
@@ -316,7 +334,8 @@ def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, An
             {
                 "metric": dict(s.labels),
                 "values": [
-                    [_ts(int(t)), format_sample_value(float(v))] for t, v in zip(s.timestamps, s.values, strict=True)
+                    [_ts(int(t)), format_sample_value(float(v))]
+                    for t, v in zip(s.timestamps, s.values, strict=True)
                 ],
             }
             for s in value.series

@@ -11,7 +11,7 @@ from kernel_insight.kql.ast import MatrixSelector, Node, ParenExpr, SubqueryExpr
 from kernel_insight.kql.storage import Labels, Matcher
 from kernel_insight.kql.values import RangeInput, StepVector
 
-__all__ = ["M", "S", "STR", "V", "F64", "map_values", "range_result", "selector_of", "unwrap"]
+__all__ = ["F64", "STR", "M", "S", "V", "map_values", "range_result", "selector_of", "unwrap"]
 
 S, V, M, STR = ValueType.SCALAR, ValueType.VECTOR, ValueType.MATRIX, ValueType.STRING
 F64 = npt.NDArray[np.float64]

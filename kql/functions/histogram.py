@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kernel_insight.kql.errors import KqlEvaluationError
-from kernel_insight.kql.functions._common import F64, S, STR, V
+from kernel_insight.kql.functions._common import F64, STR, S, V
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
@@ -116,18 +116,17 @@ def bucket_fraction(lower: float, upper: float, buckets: list[list[float]]) -> f
     lower_rank = upper_rank = 0.0
     lower_set = upper_set = False
     for i, (ub, cum) in enumerate(buckets):
-        if i > 0:
-            lb = buckets[i - 1][0]
-        else:
-            lb = 0.0 if ub > 0 else -math.inf
+        lb = buckets[i - 1][0] if i > 0 else (0.0 if ub > 0 else -math.inf)
         count = cum - rank
 
-        def rank_at(v: float, lb: float = lb, ub: float = ub, count: float = count) -> float:
+        def rank_at(
+            v: float, lb: float = lb, ub: float = ub, below: float = rank, count: float = count
+        ) -> float:
             if math.isinf(lb):
-                return rank + count
+                return below + count  # no interpolation in an infinite bucket
             if math.isinf(ub):
-                return rank
-            return rank + count * (v - lb) / (ub - lb)
+                return below
+            return below + count * (v - lb) / (ub - lb)
 
         if not lower_set and lb >= lower:
             lower_rank, lower_set = rank, True
@@ -187,7 +186,9 @@ def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int)
             rows = groups[key]
             bounds = [_le(vec.labels[r]) for r in rows]
             for j in range(steps):
-                buckets = [[bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]]
+                buckets = [
+                    [bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]
+                ]
                 if not buckets:
                     continue
                 value, forced = bucket_quantile(float(q[j]), buckets)

@@ -13,6 +13,7 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import STR, V, labels_from_equal_matchers
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
+from kernel_insight.kql.regex import compile_anchored
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import CallContext, StepVector
 from kernel_insight.kql.vectors import consolidate
@@ -58,9 +59,11 @@ def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
     """Set ``dst`` to the expanded ``replacement`` where ``regex`` fully matches label ``src``."""
     vec, dst, replacement, src, regex = args
     try:
-        pattern = re.compile(f"(?s:{regex})")
+        pattern = compile_anchored(regex)
     except re.error as exc:
-        raise KqlEvaluationError(f"invalid regular expression in label_replace(): {go_quote(regex)}: {exc}") from None
+        raise KqlEvaluationError(
+            f"invalid regular expression in label_replace(): {go_quote(regex)}: {exc}"
+        ) from None
     if not is_valid_label_name(dst):
         raise KqlEvaluationError(f"invalid destination label name in label_replace(): {go_quote(dst)}")
     new_labels = []
@@ -138,7 +141,7 @@ def natural_less(a: str, b: str) -> bool:
             if i == len(cb) - 1:
                 return False
             continue
-        return x < y
+        return bool(x < y)
     return False
 
 

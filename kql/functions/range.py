@@ -7,6 +7,7 @@ time in lock step, so the Python loop runs as many times as the longest window h
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -15,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.aggregation import kahan_inc, quantile_sorted
+from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
 from kernel_insight.kql.functions.registry import function
-from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.values import CallContext, RangeInput, StepVector, format_sample_value
 
 __all__: list[str] = []
@@ -263,7 +264,9 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
         else:
             const_y[active] &= y == first_y[active]
         for name, value in (("x", x), ("y", y), ("xy", x * y), ("x2", x * x)):
-            acc[name][active], acc["c" + name][active] = kahan_inc(value, acc[name][active], acc["c" + name][active])
+            acc[name][active], acc["c" + name][active] = kahan_inc(
+                value, acc[name][active], acc["c" + name][active]
+            )
     n = w.cnt.astype(np.float64)
     sx, sy = acc["x"] + acc["cx"], acc["y"] + acc["cy"]
     sxy, sx2 = acc["xy"] + acc["cxy"], acc["x2"] + acc["cx2"]
@@ -297,10 +300,7 @@ def _predict_linear(ctx: CallContext, args: list[Any]) -> StepVector:
 def _count_changes(r: RangeInput, resets: bool) -> StepVector:
     same = _same_series_prev(r)
     prev = np.concatenate([[0.0], r.vs[:-1]]) if len(r.vs) else r.vs
-    if resets:
-        hit = same & (r.vs < prev)
-    else:
-        hit = same & (r.vs != prev) & ~(np.isnan(r.vs) & np.isnan(prev))
+    hit = same & (r.vs < prev) if resets else same & (r.vs != prev) & ~(np.isnan(r.vs) & np.isnan(prev))
     pre = _prefix(hit.astype(np.float64))
     inner_lo = np.minimum(r.lo + 1, r.hi)
     counts = pre[r.hi] - pre[inner_lo]
@@ -317,10 +317,7 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
         return np.zeros(r.lo.shape)
     prev_v, first_v = r.vs[prev_idx], r.vs[np.minimum(r.lo, len(r.vs) - 1)]
     in_lookback = r.ts[prev_idx] > (r.end[None, :] - r.range_ms - 300_000)
-    if resets:
-        change = first_v < prev_v
-    else:
-        change = (first_v != prev_v) & ~(np.isnan(first_v) & np.isnan(prev_v))
+    change = first_v < prev_v if resets else (first_v != prev_v) & ~(np.isnan(first_v) & np.isnan(prev_v))
     result: F64 = (has_prev & in_lookback & change).astype(np.float64)
     return result
 
@@ -565,6 +562,8 @@ def _boundary_increase(ts: I64, vs: F64, start: int, end: int, counter: bool, sm
     before = np.flatnonzero((ts <= start) & (ts > start - lookback))
     if smoothed:
         after = np.flatnonzero((ts > end) & (ts <= end + lookback))
+        if len(inside) == 0 and not (len(before) and len(after)):
+            return None  # data only before or only after the range
         points_t = list(ts[inside])
         points_v = list(vs[inside])
         # Left boundary.
@@ -600,10 +599,8 @@ def _boundary_increase(ts: I64, vs: F64, start: int, end: int, counter: bool, sm
     if len(inside) == 0:
         return None
     seq = vs[inside]
-    if len(before):
-        seq = np.concatenate([[vs[before[-1]]], seq])
-    else:
-        seq = np.concatenate([[seq[0]], seq])
+    # The sample before the window anchors its start; without one the first sample does.
+    seq = np.concatenate([[vs[before[-1]] if len(before) else seq[0]], seq])
     return _total_change(seq, counter)
 
 
@@ -620,7 +617,7 @@ def _total_change(seq: F64, counter: bool) -> float:
     if not counter:
         return float(seq[-1] - seq[0])
     total = float(seq[-1] - seq[0])
-    for prev, cur in zip(seq[:-1], seq[1:], strict=True):
+    for prev, cur in itertools.pairwise(seq):
         if cur < prev:
             total += float(prev)
     return total

@@ -38,6 +38,7 @@ class FunctionSpec:
     variadic: int = 0
     experimental: bool = False
     time_dependent: bool = False
+    unevaluated: tuple[int, ...] = ()  # arguments the implementation gets as AST nodes
     doc: str = ""
 
     @property
@@ -69,6 +70,7 @@ def function(
     variadic: int = 0,
     experimental: bool = False,
     time_dependent: bool = False,
+    unevaluated: tuple[int, ...] = (),
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -83,6 +85,7 @@ def function(
             variadic=variadic,
             experimental=experimental,
             time_dependent=time_dependent,
+            unevaluated=unevaluated,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

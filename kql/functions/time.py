@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from kernel_insight.kql.ast import VectorSelector
 from kernel_insight.kql.functions._common import F64, S, V, map_values, unwrap
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.values import CallContext, StepVector
-from kernel_insight.kql.ast import VectorSelector
 
 __all__: list[str] = []
 
@@ -98,7 +98,9 @@ for _name, _part, _doc in (
     ("minute", lambda s: np.floor_divide(s, 60) % 60, "Minute 0-59 (UTC)."),
     (
         "days_in_month",
-        lambda s: ((_dt(s, "M") + 1).astype("datetime64[D]") - _dt(s, "M").astype("datetime64[D]")).astype(np.int64),
+        lambda s: ((_dt(s, "M") + 1).astype("datetime64[D]") - _dt(s, "M").astype("datetime64[D]")).astype(
+            np.int64
+        ),
         "Number of days in the month (UTC).",
     ),
 ):

@@ -1,0 +1,81 @@
+"""The Prometheus PromQL test scripts, run against kql; every failing case must be in the skip file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel_insight.kql.promqltest import (
+    NEWER_FILES,
+    SKIP_FILE,
+    STANDARD_FILES,
+    FileReport,
+    default_dir,
+    expand_values,
+    load_skips,
+    main,
+    parse_series,
+    run_file,
+)
+
+SCRIPTS = default_dir()
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, FileReport]:
+    if not SCRIPTS.is_dir():
+        pytest.fail(f"the PromQL test scripts are missing: expected them in {SCRIPTS}")
+    return {path.name: run_file(path) for path in sorted(SCRIPTS.glob("*.test"))}
+
+
+def test_all_scripts_are_classified(reports: dict[str, FileReport]) -> None:
+    assert set(reports) == set(STANDARD_FILES) | set(NEWER_FILES)
+    for report in reports.values():
+        evals = sum(
+            1 for line in (SCRIPTS / report.file).read_text().splitlines() if line.strip().startswith("eval")
+        )
+        assert report.count("float") + report.count("native-histogram") == len(report.results) == evals
+
+
+def test_standard_files_pass_at_least_95_percent_of_float_cases(reports: dict[str, FileReport]) -> None:
+    passed = sum(reports[f].count("float", True) for f in STANDARD_FILES)
+    total = sum(reports[f].count("float") for f in STANDARD_FILES)
+    print(f"standard files: float {passed}/{total}")
+    assert passed / total >= 0.95
+
+
+def test_every_failing_case_is_listed_with_a_reason(reports: dict[str, FileReport]) -> None:
+    skips = load_skips()
+    failing = {r.case.id for report in reports.values() for r in report.results if not r.passed}
+    unlisted = sorted(failing - set(skips))
+    assert not unlisted, f"failing cases missing from {SKIP_FILE.name}: {unlisted[:20]}"
+    assert all(reason.strip() for reason in skips.values())
+
+
+def test_no_listed_case_passes(reports: dict[str, FileReport]) -> None:
+    skips = load_skips()
+    passing = {r.case.id for report in reports.values() for r in report.results if r.passed}
+    stale = sorted(passing & set(skips))
+    assert not stale, f"cases pass now, remove them from {SKIP_FILE.name}: {stale[:20]}"
+
+
+def test_runner_command_line_ends_with_the_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["-q", str(SCRIPTS / "literals.test"), str(SCRIPTS / "staleness.test")])
+    lines = capsys.readouterr().out.strip().split("\n")
+    assert lines[0] == "literals.test: float 25/25 passed, native-histogram 0/0 passed"
+    assert lines[-1] == "42 passed, 0 failed"
+    assert status == 0
+
+
+def test_series_lines_expand_like_upstream() -> None:
+    labels, rest = parse_series('http_requests{job="api", instance="0"}  0+10x3 _ stale -2.5')
+    assert labels == (("__name__", "http_requests"), ("instance", "0"), ("job", "api"))
+    values = expand_values(rest.split())
+    assert [v.value for v in values[:4]] == [0, 10, 20, 30]
+    assert [v.kind for v in values[4:]] == ["skip", "stale", "float"]
+    assert [v.value for v in expand_values(["1x2", "8000-10x1"])] == [1, 1, 1, 8000, 7990]
+
+
+def test_skip_file_lives_next_to_the_runner() -> None:
+    assert SKIP_FILE.resolve() == Path(__file__).resolve().parents[2] / "kql" / "promqltest_skips.txt"
