@@ -39,12 +39,21 @@ from kernel_insight.agent.records import (
     decode_record,
 )
 from kernel_insight.collector.metric_ids import THROTTLE_REASONS, MetricId, spec
-from kernel_insight.collector.rows import Event, InstanceInfo, SampleBatch, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import (
+    Event,
+    InstanceInfo,
+    Labels,
+    SampleBatch,
+    SampleBuilder,
+    SpanBatch,
+    canonical_labels,
+)
 
 __all__ = ["AGENT_COUNTERS", "Derived", "Deriver", "agent_metric_name"]
 
 _KERNEL_DTYPE = np.dtype([("end", "<u8"), ("stream", "<u8"), ("corr", "<u8"), ("pid", "<u4"), ("_r", "<u4")])
 _NS_PER_MS = 1_000_000
+_LABEL_CACHE_MAX = 200_000
 
 #: Agent self-metrics (docs/wire.md, COUNTERS): name -> (metric name, type, scale to the metric's unit).
 AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
@@ -117,13 +126,14 @@ class Deriver:
         self.labels = dict(labels or {})
         self.strings = StringTable()
         self._names: dict[tuple[int, int], str] = {}
-        self._totals: dict[tuple[tuple[str, str], ...], float] = defaultdict(float)
+        self._totals: dict[Labels, float] = defaultdict(float)
+        self._label_cache: dict[tuple[str, int | None, str, tuple[tuple[str, str], ...]], Labels] = {}
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
         self._memory_total: dict[int, float] = {}
 
     # ---- undo ------------------------------------------------------------------------
 
-    def checkpoint(self) -> dict[tuple[tuple[str, str], ...], float]:
+    def checkpoint(self) -> dict[Labels, float]:
         """The running totals, to hand back to :meth:`rollback` if the derived rows are not stored.
 
         Without it a batch that failed to store (and will be retried) would be counted twice.
@@ -131,7 +141,7 @@ class Deriver:
         """
         return dict(self._totals)
 
-    def rollback(self, checkpoint: dict[tuple[tuple[str, str], ...], float]) -> None:
+    def rollback(self, checkpoint: dict[Labels, float]) -> None:
         self._totals = defaultdict(float, checkpoint)
 
     # ---- helpers ---------------------------------------------------------------------
@@ -145,20 +155,26 @@ class Deriver:
     def _model(self, gpu: int) -> str:
         return self._fingerprint.get(gpu, {}).get("name", "")
 
-    def _labels(self, metric: str, gpu: int | None, **extra: str) -> dict[str, str]:
-        out = {**self.labels, "__name__": metric, "instance": self.instance}
-        if gpu is not None:
-            out["gpu"] = str(gpu)
-            model = self._model(gpu)
-            if model:
+    def _labels(self, metric: str, gpu: int | None, **extra: str) -> Labels:
+        """The series' canonical labels, built once per (metric, gpu, model, extra labels)."""
+        model = self._model(gpu) if gpu is not None else ""
+        key = (metric, gpu, model, tuple(extra.items()))
+        labels = self._label_cache.get(key)
+        if labels is None:
+            out = {**self.labels, "__name__": metric, "instance": self.instance}
+            if gpu is not None:
+                out["gpu"] = str(gpu)
                 out["model"] = model
-        out.update(extra)
-        return out
+            out.update(extra)
+            labels = canonical_labels(out)
+            if len(self._label_cache) > _LABEL_CACHE_MAX:
+                self._label_cache.clear()
+            self._label_cache[key] = labels
+        return labels
 
-    def _count(self, out: SampleBuilder, labels: dict[str, str], delta: float, ts_ms: int) -> None:
-        key = tuple(sorted(labels.items()))
-        self._totals[key] += delta
-        out.add(labels, ts_ms, self._totals[key])
+    def _count(self, out: SampleBuilder, labels: Labels, delta: float, ts_ms: int) -> None:
+        total = self._totals[labels] = self._totals[labels] + delta
+        out.add_canonical(labels, ts_ms, total)
 
     # ---- the one entry point ---------------------------------------------------------
 
@@ -220,6 +236,7 @@ class Deriver:
         uniq, inverse = np.unique(key, return_inverse=True)
         names_u = [self._kernel_name(int(u) >> 32, int(u) & 0xFFFFFFFF) for u in uniq.tolist()]
         names = np.array(names_u, dtype=object)[inverse]
+        inverse = inverse.ravel()
         gpu = k["device"].astype(np.uint16)
         spans = SpanBatch(
             instance=[self.instance] * len(k),
@@ -235,31 +252,25 @@ class Deriver:
         dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
         name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1][inverse]
         group = gpu.astype(np.int64) * (len(names_u) + 1) + name_ids
-        groups, ginv = np.unique(group, return_inverse=True)
+        _, ginv = np.unique(group, return_inverse=True)
         counts = np.bincount(ginv)
         sums = np.bincount(ginv, weights=dur)
-        last_end = np.zeros(len(groups), dtype=np.int64)
-        np.maximum.at(last_end, ginv, end)
-        first = np.zeros(len(groups), dtype=np.int64)
-        first[ginv[::-1]] = np.arange(len(k))[::-1]
-        for g in range(len(groups)):
-            i = int(first[g])
-            ts_ms = int(last_end[g]) // _NS_PER_MS
+        order = np.argsort(ginv, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        last_end = np.maximum.reduceat(end[order], starts)
+        first = order[starts]
+        for i, last, n, total in zip(
+            first.tolist(), last_end.tolist(), counts.tolist(), sums.tolist(), strict=True
+        ):
+            ts_ms = last // _NS_PER_MS
             gpu_i = int(gpu[i])
-            kernel = str(names[i])
+            kernel = names_u[inverse[i]]
+            self._count(out, self._labels("kernel_launches_total", gpu_i, kernel=kernel), float(n), ts_ms)
             self._count(
-                out, self._labels("kernel_launches_total", gpu_i, kernel=kernel), float(counts[g]), ts_ms
+                out, self._labels("kernel_execution_time_seconds_total", gpu_i, kernel=kernel), total, ts_ms
             )
-            self._count(
-                out,
-                self._labels("kernel_execution_time_seconds_total", gpu_i, kernel=kernel),
-                float(sums[g]),
-                ts_ms,
-            )
-            out.add(
-                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel),
-                ts_ms,
-                float(sums[g] / counts[g]),
+            out.add_canonical(
+                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel), ts_ms, total / n
             )
         return spans
 
@@ -294,7 +305,7 @@ class Deriver:
                 self._count(
                     out, self._labels("nccl_op_time_seconds_total", rec.device, op=op), seconds, ts_ms
                 )
-                out.add(self._labels("nccl_op_latency_seconds", rec.device, op=op), ts_ms, seconds)
+                out.add_canonical(self._labels("nccl_op_latency_seconds", rec.device, op=op), ts_ms, seconds)
                 if failed:
                     self._count(out, self._labels("nccl_op_failures_total", rec.device, op=op), 1, ts_ms)
             case SyncRecord():
@@ -332,17 +343,17 @@ class Deriver:
             return 1
         ts_ms = rec.ts_ns // _NS_PER_MS
         extra = {s.aux_label: str(rec.aux)} if s.aux_label else {}
-        out.add(self._labels(s.name, rec.device, **extra), ts_ms, rec.value)
+        out.add_canonical(self._labels(s.name, rec.device, **extra), ts_ms, rec.value)
         if rec.metric == MetricId.MEMORY_TOTAL and rec.value > 0:
             self._memory_total[rec.device] = rec.value
         elif rec.metric == MetricId.MEMORY_FREE:
             total = self._memory_total.get(rec.device)
             if total:
-                out.add(self._labels("gpu_memory_free_ratio", rec.device), ts_ms, rec.value / total)
+                out.add_canonical(self._labels("gpu_memory_free_ratio", rec.device), ts_ms, rec.value / total)
         elif rec.metric == MetricId.THROTTLE_REASONS:
             bits = int(rec.value)
             for bit, reason in THROTTLE_REASONS.items():
-                out.add(
+                out.add_canonical(
                     self._labels("gpu_throttled", rec.device, reason=reason),
                     ts_ms,
                     1.0 if bits & bit else 0.0,

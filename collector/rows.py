@@ -125,6 +125,16 @@ class SampleBuilder:
         self._one_ts.append(int(ts_ms))
         self._one_vs.append(float(value))
 
+    def add_canonical(self, labels: Labels, ts_ms: int, value: float) -> None:
+        """Like :meth:`add` for labels already made by :func:`canonical_labels` (not checked again)."""
+        i = self._index.get(labels)
+        if i is None:
+            i = self._index[labels] = len(self._series)
+            self._series.append(labels)
+        self._one_idx.append(i)
+        self._one_ts.append(int(ts_ms))
+        self._one_vs.append(float(value))
+
     def add_series(
         self,
         labels: Mapping[str, str] | Iterable[tuple[str, str]],

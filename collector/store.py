@@ -182,7 +182,7 @@ class Store(ABC):
         if len(batch) == 0:
             return 0
         fps = np.fromiter(
-            (series_fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
+            (self._fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
         )
         self._upsert_series(batch, fps, None if dedup_token is None else f"{dedup_token}:series")
         data = pa.table(

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.agent import RECORD_DTYPE, RecordType
+from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.rows import Labels, SampleBatch, SpanBatch, canonical_labels
 from kernel_insight.collector.store import EmbeddedStore
 
@@ -270,6 +272,46 @@ def bench_spans(path: Path, total: int, per_batch: int) -> float:
     return float(visible - per_batch) / elapsed
 
 
+def _kernel_records(b: int, n: int, rng: np.random.Generator) -> npt.NDArray[np.void]:
+    """One agent batch of KERNEL records as the wire decoder hands them over (RECORD_DTYPE)."""
+    a = np.zeros(n, RECORD_DTYPE)
+    a["pos"] = np.arange(n) + b * n
+    a["producer"] = 1
+    a["type"] = RecordType.KERNEL
+    a["id"] = rng.integers(1, 201, n)
+    a["device"] = rng.integers(0, 8, n)
+    start = time.time_ns() - 3_600_000_000_000 + b * n * 20_000 + np.cumsum(rng.integers(1_000, 30_000, n))
+    a["ts_ns"] = start
+    payload = np.zeros(
+        n, np.dtype([("end", "<u8"), ("stream", "<u8"), ("corr", "<u8"), ("pid", "<u4"), ("r", "<u4")])
+    )
+    payload["end"] = start + rng.lognormal(11, 0.6, n).astype(np.int64)
+    payload["stream"] = rng.integers(0, 4, n)
+    payload["corr"] = np.arange(n) + b * n
+    payload["pid"] = 4242
+    a["payload"] = payload.view("V32")
+    return a
+
+
+def bench_records(path: Path, total: int, per_batch: int) -> float:
+    """KERNEL records -> Deriver (spans + per-kernel metrics) -> insert_batch -> visible."""
+    rng = np.random.default_rng(4)
+    names = {(1, i): f"kernel_{i}" for i in range(1, 201)}
+    batches = [_kernel_records(b, per_batch, rng) for b in range(total // per_batch + 1)]
+    deriver = Deriver("node-0001")
+    with EmbeddedStore(path) as store:
+        d = deriver.derive(batches[0], strings=names)
+        store.insert_batch("warmup", samples=d.samples, spans=d.spans)
+        t = time.perf_counter()
+        for i, b in enumerate(batches[1:]):
+            d = deriver.derive(b, strings=names)
+            store.insert_batch(f"records:{i}", samples=d.samples, spans=d.spans)
+        visible = store.query("SELECT count() AS c FROM ki.kernel_spans").column("c")[0].as_py()
+        elapsed = time.perf_counter() - t
+        assert visible == len(batches) * per_batch
+    return float(visible - per_batch) / elapsed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
@@ -286,7 +328,12 @@ def main() -> None:
         print(f"samples: {n} in batches of {n_series * 50}: {sps:,.0f} samples/s (decoded rows -> visible)")
         spans_total = 200_000 if args.quick else 2_000_000
         sp = bench_spans(root / "spans", spans_total, 50_000)
-        print(f"spans: {spans_total} in batches of 50000: {sp:,.0f} spans/s")
+        print(f"spans: {spans_total} in batches of 50000: {sp:,.0f} spans/s (decoded span rows -> visible)")
+        rec_total = 200_000 if args.quick else 1_000_000
+        rp = bench_records(root / "records", rec_total, 50_000)
+        print(
+            f"kernel records: {rec_total} in batches of 50000: {rp:,.0f} records/s (derive spans + metrics -> visible)"
+        )
         bps, bps_total, n2 = bytes_per_sample(root / "bps", 1000, 1440 if args.quick else 5760)
         print(
             f"on disk: {bps:.3f} bytes/sample (samples table), {bps_total:.3f} with the series index, {n2} samples"
