@@ -160,11 +160,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s.add_argument("--database", default="ki", help="database name (default ki)")
     s.add_argument("--write", metavar="DIR", help="write schema-single.sql and schema-cluster.sql into DIR")
     for kind in ("samples", "spans", "events", "series"):
+        default = getattr(defaults, f"{kind}_days")
+        shown = "as samples" if default is None else default
         s.add_argument(
             f"--retention-{kind}",
             type=int,
-            default=getattr(defaults, f"{kind}_days"),
+            default=default,
             metavar="DAYS",
-            help=f"days to keep {kind}, 0 = forever (default {getattr(defaults, f'{kind}_days')})",
+            help=f"days to keep {kind}, 0 = forever (default {shown})",
         )
     s.set_defaults(handler=_schema)

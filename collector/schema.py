@@ -85,19 +85,35 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """Days each kind of data is kept (0 keeps it forever); TTL deletes whole day partitions."""
+    """Days each kind of data is kept (0 keeps it forever); TTL deletes whole day partitions.
+
+    ``series_days`` (the label index) defaults to ``samples_days`` and may only be longer:
+    a sample whose series row expired first could no longer be found by any query.
+    """
 
     samples_days: int = 30
     spans_days: int = 7
     events_days: int = 90
-    series_days: int = 30
+    series_days: int | None = None
     batches_days: int = 7
 
     def __post_init__(self) -> None:
         for name in ("samples_days", "spans_days", "events_days", "series_days", "batches_days"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
+            if name == "series_days" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"retention {name} must be a whole number of days >= 0, got {value!r}")
+        s = self.series_days
+        if s is not None and s != 0 and (self.samples_days == 0 or s < self.samples_days):
+            raise ValueError(
+                f"retention series_days ({s}) must cover samples_days ({self.samples_days or 'forever'}): "
+                "series rows are how queries find samples"
+            )
+
+    @property
+    def series_ttl_days(self) -> int:
+        return self.samples_days if self.series_days is None else self.series_days
 
 
 _TS_MS = "DateTime64(3, 'UTC')"
@@ -118,7 +134,7 @@ SCHEMA: tuple[Table, ...] = (
         order_by=("metric", "fingerprint", "date"),
         partition_by="toYYYYMM(date)",
         ttl_column="date",
-        retention_key="series_days",
+        retention_key="series_ttl_days",
         sharding_key="fingerprint",
     ),
     Table(

@@ -150,6 +150,13 @@ def test_retention_is_configurable_and_reapplied(tmp_path):
 def test_bad_retention_is_refused():
     with pytest.raises(ValueError, match="samples_days"):
         Retention(samples_days=-1)
+    # The label index must outlive the samples it indexes.
+    with pytest.raises(ValueError, match="must cover samples_days"):
+        Retention(samples_days=30, series_days=7)
+    with pytest.raises(ValueError, match="must cover samples_days"):
+        Retention(samples_days=0, series_days=7)
+    assert Retention(samples_days=90).series_ttl_days == 90
+    assert Retention(samples_days=0, series_days=0).series_ttl_days == 0
 
 
 def test_closed_store_is_unavailable_not_a_crash(tmp_path):
