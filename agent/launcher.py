@@ -35,8 +35,10 @@ def _exec(args: argparse.Namespace) -> int:
         argv = argv[1:]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(binary, [str(binary), *argv])
-    return 1  # not reached: execv replaces this process or raises
+    # KI_AGENT_* variables are ki-agent settings; this one is the launcher's, so it does not go along.
+    env = {k: v for k, v in os.environ.items() if k != BINARY_ENV}
+    os.execve(binary, [str(binary), *argv], env)
+    return 1  # not reached: execve replaces this process or raises
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

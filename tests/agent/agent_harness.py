@@ -72,6 +72,8 @@ class Receiver:
         self.keys = keys
         self.got = Received()
         self.script: Script | None = None
+        self.close_each = False
+        self.idle_timeout: float | None = None
         self.lock = threading.Lock()
         receiver = self
 
@@ -81,6 +83,11 @@ class Receiver:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                if receiver.idle_timeout is not None:
+                    self.connection.settimeout(receiver.idle_timeout)
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 status, headers = receiver.handle(self.path, body)
@@ -88,6 +95,8 @@ class Receiver:
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
+                if receiver.close_each:
+                    self.send_header("Connection", "close")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -425,3 +426,41 @@ def test_repeated_sigkill_under_load_loses_nothing_and_duplicates_nothing(env):
     kernels = [r for r in got if r[16] == 1]
     assert len(kernels) == total  # none twice
     assert {int.from_bytes(r[48:56], "little") for r in kernels} == set(range(total))  # none lost
+
+
+@pytest.mark.parametrize("mode", ["close_each", "idle_timeout"])
+def test_connections_closed_by_the_collector_are_reopened_without_errors(env, mode):
+    if mode == "close_each":
+        env.receiver.close_each = True
+    else:
+        env.receiver.idle_timeout = 0.2  # the server drops kept-alive connections idle this long
+    agent = env.start()
+    for i in range(4):
+        expected = write(env, random_records(np.random.default_rng(20 + i), 5))
+        wait_records(env, expected["pos"].tolist())
+        time.sleep(0.4)
+    assert agent.stop() == 0
+    assert "unreachable" not in agent.log()
+    assert env.receiver.got.last_counters()[C.BATCHES_RETRIED] == 0
+
+
+def test_ki_agent_launcher_execs_the_binary(agent_bin):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KI_AGENT_")}
+    env["KI_AGENT_BINARY"] = str(agent_bin)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "agent", "--version"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ki-agent ")
+    env["KI_AGENT_BINARY"] = "/nonexistent/ki-agent"
+    r = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "agent", "--version"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 1
+    assert "ki-agent binary not found" in r.stderr
