@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.store import quote
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 
 if TYPE_CHECKING:
@@ -26,12 +27,8 @@ _MAX_MS = 10_413_791_999_999
 _MAX_DATE = dt.date(2149, 6, 6)
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _label_expr(name: str, prefix: str = "") -> str:
-    return f"{prefix}metric" if name == "__name__" else f"{prefix}labels[{_quote(name)}]"
+    return f"{prefix}metric" if name == "__name__" else f"{prefix}labels[{quote(name)}]"
 
 
 def matcher_sql(m: Matcher) -> str:
@@ -41,10 +38,10 @@ def matcher_sql(m: Matcher) -> str:
     """
     x = _label_expr(m.name)
     if m.op == "=":
-        return f"{x} = {_quote(m.value)}"
+        return f"{x} = {quote(m.value)}"
     if m.op == "!=":
-        return f"{x} != {_quote(m.value)}"
-    pattern = _quote(f"^(?s:{m.value})$")
+        return f"{x} != {quote(m.value)}"
+    pattern = quote(f"^(?s:{m.value})$")
     if m.op == "=~":
         return f"match({x}, {pattern})"
     if m.op == "!~":
