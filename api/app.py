@@ -92,7 +92,7 @@ def serve(app: FastAPI, host: str, port: int, *, local_dev: bool) -> None:
         if host != LOCAL_DEV_HOST:
             raise ValueError(f"local development mode (no tokens) binds {LOCAL_DEV_HOST} only, not {host}")
         print(
-            f"ki: LOCAL DEVELOPMENT MODE: no bearer tokens are checked; listening on {LOCAL_DEV_HOST}:{port} only",
+            f"ki: LOCAL DEVELOPMENT MODE: no bearer tokens are checked; bound to {LOCAL_DEV_HOST} only",
             file=sys.stderr,
             flush=True,
         )
@@ -100,4 +100,6 @@ def serve(app: FastAPI, host: str, port: int, *, local_dev: bool) -> None:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    print(f"ki: listening on http://{host}:{bound}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -126,3 +126,53 @@ def test_local_development_mode_needs_no_token_and_binds_loopback_only(now_ms: i
         serve(client.app, "0.0.0.0", 0, local_dev=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs a TokenStore"):
         Authenticator(None)
+
+
+def test_ki_api_serve_local_dev_says_so_and_refuses_other_addresses(tmp_path):
+    import subprocess
+    import sys
+
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "api",
+            "serve",
+            "--local-dev",
+            "--host",
+            "0.0.0.0",
+            "--store",
+            str(tmp_path / "d"),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "binds 127.0.0.1 only" in refused.stderr
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "api",
+            "serve",
+            "--local-dev",
+            "--store",
+            str(tmp_path / "d"),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("ki: listening on http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert "LOCAL DEVELOPMENT MODE" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from conftest import TestClient
 
@@ -11,6 +12,7 @@ from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.storage import STALE_NAN
 
 GiB = 1 << 30
 NOW_MS = int(time.time() * 1000)
@@ -35,6 +37,17 @@ def store(tmp_path_factory):
                     NOW_MS - 60_000 + i,
                     (i + 1) / 1000,
                 )
+    b.add(
+        {
+            "__name__": "gpu_power_watts",
+            "instance": "n2",
+            "gpu": "1",
+            "model": "NVIDIA H100",
+            "models": "llama-70b",
+        },
+        NOW_MS - 4_000,
+        STALE_NAN,
+    )
     # an instance only seen in samples, 200 s ago (stale)
     b.add({"__name__": "gpu_memory_free_bytes", "instance": "old", "gpu": "0"}, NOW_MS - 200_000, 1.0)
     s.insert_samples(b.build())
@@ -76,7 +89,11 @@ def test_store_source_collects_capacity_latency_and_errors(store):
     assert n1.temperature_celsius == 51.0
     assert n1.power_watts == 600.0
     assert n1.sm_utilization_ratio == pytest.approx(0.375)
-    assert len(n1.nccl_latencies) == 200
+    expected = np.quantile(np.tile(np.arange(1, 101) / 1000, 2), [0.5, 0.9, 0.99])
+    assert n1.nccl_quantiles is not None
+    assert n1.nccl_quantiles[:3] == pytest.approx(expected.tolist())
+    assert n1.nccl_quantiles[3] == 200
+    assert facts["n2"].power_watts == 300.0  # GPU 1's power series ended with a staleness marker
     assert n1.labels["host"] == "h-n1"
     assert n1.last_seen_ms == NOW_MS - 2_000
     assert facts["n2"].errors_by_kind == {"xid": 1}  # the oom is older than 5 minutes
