@@ -74,3 +74,8 @@ def test_c_encoder_and_seal_agree_with_python_decoder(tmp_path):
     assert batch.strings[(2, 42)] == "k" * 32 + "ernel"
     assert batch.counter(wire.Counter.RECORDS_READ) == 2004
     assert batch.counter(wire.Counter.GARBAGE_SKIPPED) == 2
+
+
+def test_c_http_client_survives_random_and_mutated_responses(tmp_path):
+    out = run_unit(tmp_path, "test_http_fuzz")
+    assert "answered=" in out
