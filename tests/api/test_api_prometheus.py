@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote
 
 import pytest
 from conftest import FakeSource, TestClient, build_app
+from fastapi import FastAPI
 
 from kernel_insight.api import Authenticator
+from kernel_insight.api.prometheus import _kql_error
+from kernel_insight.collector.store import StorageUnavailable
 from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.errors import KqlEvaluationError, QueryCancelledError, QueryTimeoutError
+from kernel_insight.kql.errors import StorageError as KqlStorageError
 from kernel_insight.kql.storage import MemoryStorage
 
 T0 = 1_700_000_000  # seconds
@@ -176,3 +182,46 @@ def test_metadata_and_buildinfo(client):
     assert list(one) == ["gpu_power_watts"]
     assert _ok(client.get("/api/v1/metadata", params={"metric": "nope"})) == {}
     assert set(_ok(client.get("/api/v1/status/buildinfo"))) >= {"version", "revision", "goVersion"}
+
+
+def test_too_many_samples_is_an_execution_error(storage, tokens, auth_headers):
+    from kernel_insight.api import prometheus_router
+    from kernel_insight.api.errors import install_error_handlers
+    from kernel_insight.kql.engine import EngineLimits
+
+    app = FastAPI()
+    app.include_router(
+        prometheus_router(lambda: storage, Authenticator(tokens), limits=EngineLimits(max_samples=10))
+    )
+    install_error_handlers(app)
+    r = TestClient(app).get(
+        "/api/v1/query",
+        params={"query": "sum(count_over_time(kernel_launches_total[10m]))", "time": str(T0 + 600)},
+        headers=auth_headers,
+    )
+    _err(r, 422, "execution", "")
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "error_type"),
+    [
+        (QueryTimeoutError("took 30 s"), 503, "timeout"),
+        (QueryCancelledError("stopped"), 499, "canceled"),
+        (KqlStorageError("select failed"), 500, "internal"),
+        (KqlEvaluationError("duplicate series"), 422, "execution"),
+    ],
+)
+def test_engine_errors_map_to_prometheus_codes(exc, status, error_type):
+    r = _kql_error(exc)
+    assert r.status_code == status
+    assert json.loads(r.body)["errorType"] == error_type
+
+
+def test_store_unavailable_is_a_503_with_retry_after():
+    try:
+        raise KqlStorageError("select failed") from StorageUnavailable("connection refused", retry_after_s=7)
+    except KqlStorageError as exc:
+        r = _kql_error(exc)
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "7"
+    assert "connection refused" in json.loads(r.body)["error"]
