@@ -2,16 +2,50 @@
 
 Example::
 
-    from kernel_insight.agent.probe import SimConfig, Simulator
-    from kernel_insight.agent import Ring, ring_name
+    from kernel_insight.agent.probe import span, instrument_torch
 
-    ring = Ring.attach(ring_name(0), create=True)
-    Simulator(SimConfig(gpus=1), [ring.write_raw]).run(seconds=5)
+    with span("flash_attn"):
+        out = attention(q, k, v)
 """
 
 from __future__ import annotations
 
 from kernel_insight.agent.probe._writer import FlaggedWriter
+from kernel_insight.agent.probe.ebpf import EbpfUnavailable, LaunchStats, Tracer, TracerConfig, find_library
+from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
 from kernel_insight.agent.probe.simulate import SimConfig, Simulator
+from kernel_insight.agent.probe.timing import (
+    Backend,
+    CpuBackend,
+    CupyBackend,
+    Probe,
+    TorchBackend,
+    TorchHooks,
+    configure,
+    default_probe,
+    instrument_torch,
+    span,
+)
 
-__all__ = ["FlaggedWriter", "SimConfig", "Simulator"]
+__all__ = [
+    "Backend",
+    "CpuBackend",
+    "CupyBackend",
+    "EbpfUnavailable",
+    "FlaggedWriter",
+    "LaunchStats",
+    "NvmlSampler",
+    "NvmlUnavailable",
+    "Probe",
+    "SimConfig",
+    "Simulator",
+    "TorchBackend",
+    "TorchHooks",
+    "Tracer",
+    "TracerConfig",
+    "configure",
+    "default_probe",
+    "find_library",
+    "instrument_torch",
+    "span",
+]
