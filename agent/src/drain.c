@@ -139,7 +139,11 @@ void ki_drain_commit(struct ki_drain *d) {
     if (tail == d->read_pos) return;
     for (uint64_t p = tail; p < d->read_pos; p++) {
         struct ki_slot *s = &r->slots[p & r->mask];
-        if (KI_LOAD_ACQ(&s->seq) == p + 1) KI_STORE_REL(&s->seq, p + cap);
+        if (KI_LOAD_ACQ(&s->seq) == p + 1) {
+            /* Clear the writer id so a later stall of this slot never blames a stale writer (as ki_ring.h does). */
+            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
+            KI_STORE_REL(&s->seq, p + cap);
+        }
     }
     KI_STORE_REL(&h->tail, d->read_pos);
     KI_ADD_RLX(&h->consumed, d->pending);
