@@ -210,6 +210,10 @@ static int seal_batch(struct ki_agent *a, size_t n) {
         rc = ki_compress_run(a->zc, a->body, blen, a->frame + KI_HEADER_BYTES,
                              a->frame_cap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);
     if (rc < 0) {
+        /* Cannot happen with buffers sized by the encoder's bound; if it does, the loss is counted. */
+        ki_drain_commit(a->drain);
+        a->lost_batches++;
+        a->lost_records += n;
         ki_log_error(a->log, "cannot encode a batch of %zu records: %s (records dropped, counted as spool drops)", n,
                      strerror(-rc));
         return rc;
