@@ -28,12 +28,11 @@ BOOL = npt.NDArray[np.bool_]
 def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
     """One Kahan-Neumaier step, elementwise: returns the new (sum, compensation)."""
     t = total + inc
-    big_sum = np.abs(total) >= np.abs(inc)
-    comp = np.where(
-        np.isinf(t),
-        0.0,
-        comp + np.where(big_sum, (total - t) + inc, (inc - t) + total),
-    )
+    correction = np.where(np.abs(total) >= np.abs(inc), (total - t) + inc, (inc - t) + total)
+    comp = comp + correction
+    inf = np.isinf(t)
+    if inf.any():
+        comp = np.where(inf, 0.0, comp)
     return t, comp
 
 
@@ -48,12 +47,13 @@ def _grouping_key(labels: Labels, node: AggregateExpr) -> Labels:
 
 def _ranks(gid: npt.NDArray[np.intp], n_groups: int) -> tuple[npt.NDArray[np.intp], int]:
     """Position of each row within its group (in row order) and the largest group size."""
-    counts = np.zeros(n_groups, dtype=np.intp)
     rank = np.empty(len(gid), dtype=np.intp)
-    for i, g in enumerate(gid):
-        rank[i] = counts[g]
-        counts[g] += 1
-    return rank, int(counts.max()) if len(counts) else 0
+    if len(gid) == 0:
+        return rank, 0
+    order = np.argsort(gid, kind="stable")
+    starts = np.searchsorted(gid[order], np.arange(n_groups))
+    rank[order] = np.arange(len(gid)) - starts[gid[order]]
+    return rank, int(rank.max()) + 1
 
 
 def _by_rank(gid: npt.NDArray[np.intp], rank: npt.NDArray[np.intp], depth: int) -> list[npt.NDArray[np.intp]]:
@@ -62,10 +62,65 @@ def _by_rank(gid: npt.NDArray[np.intp], rank: npt.NDArray[np.intp], depth: int) 
     return [order[bounds[k] : bounds[k + 1]] for k in range(depth)]
 
 
+#: Groups up to this size are summed strictly in row order, exactly like Prometheus; larger ones
+#: in blocks of this size whose Kahan totals are then summed the same way (same accuracy, and
+#: a Python loop of a few hundred steps instead of one step per series).
+_SEQUENTIAL_LIMIT = 256
+
+
+def _kahan_totals(
+    values: F64, present: BOOL, gid: npt.NDArray[np.intp], n: int
+) -> tuple[F64, F64, npt.NDArray[np.int64]]:
+    """Kahan-Neumaier sum, compensation and count of the present values of every group and step."""
+    steps = values.shape[1]
+    total = np.zeros((n, steps))
+    comp = np.zeros((n, steps))
+    count = np.zeros((n, steps), dtype=np.int64)
+    rank, depth = _ranks(gid, n)
+    if depth > _SEQUENTIAL_LIMIT:
+        blocks = rank // _SEQUENTIAL_LIMIT
+        sub_gid, n_sub = group_rows(list(zip(gid.tolist(), blocks.tolist(), strict=True)))
+        parent = np.zeros(n_sub, dtype=np.intp)
+        parent[sub_gid] = gid
+        sub_total, sub_comp, sub_count = _kahan_totals(values, present, sub_gid, n_sub)
+        total, comp, _ = _kahan_totals(sub_total, sub_count > 0, parent, n)
+        np.add.at(comp, parent, np.where(sub_count > 0, sub_comp, 0.0))
+        np.add.at(count, parent, sub_count)
+        return total, comp, count
+    for rows in _by_rank(gid, rank, depth):
+        g = gid[rows]
+        p = present[rows]
+        new_t, new_c = kahan_inc(values[rows], total[g], comp[g])
+        total[g] = np.where(p, new_t, total[g])
+        comp[g] = np.where(p, new_c, comp[g])
+        count[g] += p
+    return total, comp, count
+
+
 def _sum_avg(
     vec: StepVector, gid: npt.NDArray[np.intp], n: int, mean: bool
 ) -> tuple[F64, npt.NDArray[np.int64]]:
     """Prometheus' float sum (Kahan) or mean (direct Kahan mean, switching to incremental on overflow)."""
+    present_values = vec.values[vec.present]
+    safe_sum = np.isfinite(present_values).all() and (
+        len(present_values) == 0 or float(np.abs(present_values).max()) * len(vec) < 1e307
+    )
+    if not mean or safe_sum:
+        total, comp, count = _kahan_totals(vec.values, vec.present, gid, n)
+        if mean:
+            denominator = np.maximum(count, 1)
+            return total / denominator + comp / denominator, count
+        return np.where(np.isinf(total), total, total + comp), count
+    return _overflowing_mean(vec, gid, n)
+
+
+def _overflowing_mean(
+    vec: StepVector, gid: npt.NDArray[np.intp], n: int
+) -> tuple[F64, npt.NDArray[np.int64]]:
+    """The mean where a running sum may overflow (or hold infinities): Prometheus' steps exactly.
+
+    Direct Kahan mean until the sum would overflow, incremental mean from there on.
+    """
     steps = vec.values.shape[1]
     total = np.zeros((n, steps))
     comp = np.zeros((n, steps))
@@ -81,34 +136,23 @@ def _sum_avg(
         later = p & ~first
         cnt = count[g] + p
         t, c = total[g], comp[g]
-        if mean:
-            inc_mode = incremental[g]
-            new_t, new_c = kahan_inc(f, t, c)
-            overflow = later & ~inc_mode & np.isinf(new_t)
-            direct = later & ~inc_mode & ~overflow
-            m, cm = avg[g], c.copy()
-            # Switch to incremental mean where the running sum would overflow.
-            prev = np.maximum(cnt - 1, 1)
-            m = np.where(overflow, t / prev, m)
-            cm = np.where(overflow, c / prev, cm)
-            inc_now = later & (inc_mode | overflow)
-            q = (cnt - 1) / np.maximum(cnt, 1)
-            im, ic = kahan_inc(f / np.maximum(cnt, 1), q * m, q * cm)
-            total[g] = np.where(first, f, np.where(direct, new_t, t))
-            comp[g] = np.where(first, 0.0, np.where(direct, new_c, np.where(inc_now, ic, c)))
-            avg[g] = np.where(inc_now, im, m)
-            incremental[g] = inc_mode | overflow
-        else:
-            new_t, new_c = kahan_inc(f, t, c)
-            total[g] = np.where(first, f, np.where(later, new_t, t))
-            comp[g] = np.where(first, 0.0, np.where(later, new_c, c))
+        inc_mode = incremental[g]
+        new_t, new_c = kahan_inc(f, t, c)
+        overflow = later & ~inc_mode & np.isinf(new_t)
+        direct = later & ~inc_mode & ~overflow
+        prev = np.maximum(cnt - 1, 1)
+        m = np.where(overflow, t / prev, avg[g])
+        cm = np.where(overflow, c / prev, c)
+        inc_now = later & (inc_mode | overflow)
+        q = (cnt - 1) / np.maximum(cnt, 1)
+        im, ic = kahan_inc(f / np.maximum(cnt, 1), q * m, q * cm)
+        total[g] = np.where(first, f, np.where(direct, new_t, t))
+        comp[g] = np.where(first, 0.0, np.where(direct, new_c, np.where(inc_now, ic, c)))
+        avg[g] = np.where(inc_now, im, m)
+        incremental[g] = inc_mode | overflow
         count[g] = cnt
-    if mean:
-        safe = np.maximum(count, 1)
-        result = np.where(incremental, avg + comp, total / safe + comp / safe)
-    else:
-        result = np.where(np.isinf(total), total, total + comp)
-    return result, count
+    denominator = np.maximum(count, 1)
+    return np.where(incremental, avg + comp, total / denominator + comp / denominator), count
 
 
 def quantile_sorted(q: float, values: F64) -> float:

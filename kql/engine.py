@@ -38,7 +38,7 @@ from kernel_insight.kql.ast import (
     children,
 )
 from kernel_insight.kql.binary import binary_op
-from kernel_insight.kql.checker import check
+from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
     KqlEvaluationError,
     KqlTypeError,
@@ -50,6 +50,7 @@ from kernel_insight.kql.errors import (
 )
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.parser import parse
+from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.storage import Matcher, SeriesData, Storage, is_stale
 from kernel_insight.kql.values import (
     Annotation,
@@ -105,22 +106,19 @@ class EngineLimits:
 
 def _flatten(series: Sequence[SeriesData], drop_stale: bool) -> tuple[I64, F64, I64]:
     """Concatenate series samples; returns (ts, vs, offsets)."""
-    if not series:
-        return np.empty(0, dtype=np.int64), np.empty(0), np.zeros(1, dtype=np.int64)
-    ts_parts, vs_parts = [], []
-    lengths = np.empty(len(series), dtype=np.int64)
-    for i, s in enumerate(series):
-        ts, vs = np.asarray(s.timestamps, dtype=np.int64), np.asarray(s.values, dtype=np.float64)
-        if drop_stale:
-            keep = ~is_stale(vs)
-            if not keep.all():
-                ts, vs = ts[keep], vs[keep]
-        ts_parts.append(ts)
-        vs_parts.append(vs)
-        lengths[i] = len(ts)
     offsets = np.zeros(len(series) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return np.concatenate(ts_parts), np.concatenate(vs_parts), offsets
+    if not series:
+        return np.empty(0, dtype=np.int64), np.empty(0), offsets
+    np.cumsum([len(s.timestamps) for s in series], out=offsets[1:])
+    ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
+    vs = np.concatenate([s.values for s in series]).astype(np.float64, copy=False)
+    if drop_stale:
+        stale = is_stale(vs)
+        if stale.any():
+            kept_before = np.concatenate([[0], np.cumsum(~stale)])
+            offsets = kept_before[offsets]
+            ts, vs = ts[~stale], vs[~stale]
+    return ts, vs, offsets
 
 
 def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
@@ -501,21 +499,14 @@ class Engine:
         limits: EngineLimits | None,
     ) -> QueryResult:
         began = time.monotonic()
-        if isinstance(query, str):
-            text = query
-            expr = parse(query)
-        else:
-            text = str(query)
-            expr = query
-            check(expr, text)
-        from kernel_insight.kql.checker import value_type
-
+        # A tree built in code has no positions in any text: print it and parse that, so that
+        # annotations point into the query they are reported with.
+        text = query if isinstance(query, str) else format_expr(query)
+        expr = parse(text)
         kind = value_type(expr)
         if is_range and kind not in (ValueType.SCALAR, ValueType.VECTOR):
             raise KqlTypeError(
-                f"invalid expression type {kind!r} for range query, must be scalar or instant vector".replace(
-                    repr(kind), f'"{kind}"'
-                ),
+                f'invalid expression type "{kind}" for range query, must be scalar or instant vector',
                 text,
                 expr.pos.start,
                 expr.pos.end,

@@ -164,6 +164,7 @@ class MemoryStorage:
 
     def __init__(self) -> None:
         self._series: dict[Labels, _MemSeries] = {}
+        self._by_name: dict[str, list[_MemSeries]] = {}
 
     def add(
         self,
@@ -176,6 +177,7 @@ class MemoryStorage:
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _MemSeries(key)
+            self._by_name.setdefault(dict(key).get("__name__", ""), []).append(series)
         series.ts.extend(int(t) for t in timestamps)
         series.vs.extend(float(v) for v in values)
         if len(series.ts) != len(series.vs):
@@ -185,12 +187,15 @@ class MemoryStorage:
     def clear(self) -> None:
         """Drop every series."""
         self._series.clear()
+        self._by_name.clear()
 
     def __len__(self) -> int:
         return len(self._series)
 
     def _matching(self, matchers: Sequence[Matcher]) -> list[_MemSeries]:
-        return [s for s in self._series.values() if labels_match(s.labels, matchers)]
+        names = [m.value for m in matchers if m.name == "__name__" and m.op == "="]
+        candidates = self._by_name.get(names[0], []) if names else self._series.values()
+        return [s for s in candidates if labels_match(s.labels, matchers)]
 
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
         out = []

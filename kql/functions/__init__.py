@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from kernel_insight.kql.functions import histogram, info, labels, math, range, time  # noqa: F401  (registration)
+from kernel_insight.kql.functions import (  # noqa: F401  (importing registers the functions)
+    extensions,
+    histogram,
+    info,
+    labels,
+    math,
+    range,
+    time,
+)
 from kernel_insight.kql.functions.registry import FUNCTIONS, FunctionSpec, function
 
 __all__ = ["FUNCTIONS", "FunctionSpec", "function"]

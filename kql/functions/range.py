@@ -28,7 +28,13 @@ I64 = npt.NDArray[np.int64]
 
 
 class _Windows:
-    """The (series, step) windows of a range input, flattened to 1-D."""
+    """The (series, step) windows of a range input, flattened to 1-D.
+
+    For lock-step algorithms the windows are ordered longest first, so the windows that still
+    have a k-th sample are always a prefix: per-window state lives in arrays in that order
+    (``sorted``), is updated through slices (views, no gather/scatter), and ``restore`` puts
+    the results back in (series, step) order.
+    """
 
     def __init__(self, r: RangeInput) -> None:
         self.r = r
@@ -37,20 +43,34 @@ class _Windows:
         self.hi = r.hi.ravel()
         self.cnt = self.hi - self.lo
         self.n = len(self.lo)
+        self.order = np.argsort(-self.cnt, kind="stable")
+        self.sorted_lo = self.lo[self.order]
+        self.sorted_cnt = self.cnt[self.order]
 
     def reshape(self, values: F64) -> F64:
+        """Per-window values in (series, step) order as a (series, steps) array."""
         return values.reshape(self.shape)
 
-    def lockstep(self) -> Iterator[tuple[int, npt.NDArray[np.intp], I64]]:
-        """Yield (k, windows that have a k-th sample, flat index of that sample) for k = 0, 1, ..."""
-        if self.n == 0:
-            return
-        order = np.argsort(-self.cnt, kind="stable")
-        sorted_cnt = self.cnt[order]
-        longest = int(sorted_cnt[0]) if len(sorted_cnt) else 0
+    def sorted(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Per-window values in (series, step) order, rearranged into lock-step order."""
+        return values[self.order]
+
+    def restore(self, values: F64) -> F64:
+        """Lock-step-ordered results as a (series, steps) array."""
+        out = np.empty_like(values)
+        out[self.order] = values
+        return out.reshape(self.shape)
+
+    def lockstep(self) -> Iterator[tuple[int, slice, I64]]:
+        """Yield (k, the windows that have a k-th sample, that sample's flat index), k = 0, 1, ...
+
+        The windows are a slice of the lock-step order.
+        """
+        longest = int(self.sorted_cnt[0]) if self.n else 0
+        negative = -self.sorted_cnt
         for k in range(longest):
-            active = order[: int(np.searchsorted(-sorted_cnt, -k, side="left"))]
-            yield k, active, self.lo[active] + k
+            m = int(np.searchsorted(negative, -k, side="left"))
+            yield k, slice(0, m), self.sorted_lo[:m] + k
 
     def per_window(self, step_of: bool = False) -> Iterator[tuple[int, F64]]:
         """Yield (flat window index, its values) for every non-empty window (Python loop)."""
@@ -78,18 +98,30 @@ def _present(r: RangeInput, minimum: int = 1) -> npt.NDArray[np.bool_]:
     return present
 
 
-def _kahan_sum(r: RangeInput) -> F64:
-    w = _Windows(r)
+def _kahan_totals(w: _Windows) -> tuple[F64, F64]:
+    """Kahan-Neumaier sum and compensation of every window, in lock-step order."""
     total = np.zeros(w.n)
     comp = np.zeros(w.n)
     for _k, active, idx in w.lockstep():
-        total[active], comp[active] = kahan_inc(r.vs[idx], total[active], comp[active])
-    return w.reshape(np.where(np.isinf(total), total, total + comp))
+        total[active], comp[active] = kahan_inc(w.r.vs[idx], total[active], comp[active])
+    return total, comp
+
+
+def _kahan_sum(r: RangeInput) -> F64:
+    w = _Windows(r)
+    total, comp = _kahan_totals(w)
+    return w.restore(np.where(np.isinf(total), total, total + comp))
 
 
 def _kahan_mean(r: RangeInput) -> F64:
     """Prometheus' avg_over_time: direct Kahan mean, incremental once the sum would overflow."""
     w = _Windows(r)
+    longest = int(w.sorted_cnt[0]) if w.n else 0
+    if len(r.vs) == 0 or (np.isfinite(r.vs).all() and float(np.abs(r.vs).max()) * longest < 1e307):
+        # No running sum can overflow, so Prometheus never switches to the incremental mean.
+        total, comp = _kahan_totals(w)
+        count = np.maximum(w.sorted_cnt, 1).astype(np.float64)
+        return w.restore(total / count + comp / count)
     total = np.zeros(w.n)
     comp = np.zeros(w.n)
     mean = np.zeros(w.n)
@@ -112,8 +144,8 @@ def _kahan_mean(r: RangeInput) -> F64:
         comp[active] = np.where(direct, new_c, ic)
         mean[active] = np.where(direct, m, im)
         incremental[active] = inc | overflow
-    count = np.maximum(w.cnt, 1).astype(np.float64)
-    return w.reshape(np.where(incremental, mean + comp, total / count + comp / count))
+    count = np.maximum(w.sorted_cnt, 1).astype(np.float64)
+    return w.restore(np.where(incremental, mean + comp, total / count + comp / count))
 
 
 def _variance(r: RangeInput) -> F64:
@@ -130,7 +162,7 @@ def _variance(r: RangeInput) -> F64:
         aux[active], c_aux[active] = kahan_inc(
             delta * (f - (mean[active] + c_mean[active])), aux[active], c_aux[active]
         )
-    return w.reshape((aux + c_aux) / np.maximum(w.cnt, 1))
+    return w.restore((aux + c_aux) / np.maximum(w.sorted_cnt, 1))
 
 
 def _window_values(r: RangeInput) -> tuple[F64, F64, I64, I64]:
@@ -253,6 +285,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
         t0 = r.ts[np.minimum(w.lo, max(len(r.ts) - 1, 0))] if len(r.ts) else np.zeros(w.n, dtype=np.int64)
     else:
         t0 = np.broadcast_to(intercept_ms[None, :], w.shape).ravel()
+    t0 = w.sorted(t0)
     acc = {k: np.zeros(w.n) for k in ("x", "y", "xy", "x2", "cx", "cy", "cxy", "cx2")}
     first_y = np.zeros(w.n)
     const_y = np.ones(w.n, dtype=bool)
@@ -267,7 +300,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
             acc[name][active], acc["c" + name][active] = kahan_inc(
                 value, acc[name][active], acc["c" + name][active]
             )
-    n = w.cnt.astype(np.float64)
+    n = w.sorted_cnt.astype(np.float64)
     sx, sy = acc["x"] + acc["cx"], acc["y"] + acc["cy"]
     sxy, sx2 = acc["xy"] + acc["cxy"], acc["x2"] + acc["cx2"]
     safe_n = np.maximum(n, 1)
@@ -278,7 +311,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     inf_y = np.isinf(first_y)
     slope = np.where(const_y, np.where(inf_y, np.nan, 0.0), slope)
     intercept = np.where(const_y, np.where(inf_y, np.nan, first_y), intercept)
-    return w.reshape(slope), w.reshape(intercept)
+    return w.restore(slope), w.restore(intercept)
 
 
 @function("deriv", (M,), V)
@@ -411,7 +444,7 @@ def _ts_of_extreme(r: RangeInput, largest: bool) -> StepVector:
         better = (f >= cur if largest else f <= cur) | np.isnan(cur) | (k == 0)
         best[active] = np.where(better, f, cur)
         best_t[active] = np.where(better, r.ts[idx] / 1000.0, best_t[active])
-    return range_result(r, w.reshape(best_t), _present(r))
+    return range_result(r, w.restore(best_t), _present(r))
 
 
 @function("ts_of_max_over_time", (M,), V, experimental=True)
@@ -510,8 +543,8 @@ def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVect
             raise KqlEvaluationError(f"invalid {name} factor. Expected: 0 < {short} < 1, got: {bad[0]:f}")
     w = _Windows(r)
     steps = r.steps
-    sf = np.broadcast_to(sf_arr[None, :], w.shape).ravel()
-    tf = np.broadcast_to(tf_arr[None, :], w.shape).ravel()
+    sf = w.sorted(np.broadcast_to(sf_arr[None, :], w.shape).ravel())
+    tf = w.sorted(np.broadcast_to(tf_arr[None, :], w.shape).ravel())
     s0 = np.zeros(w.n)
     s1 = np.zeros(w.n)
     b = np.zeros(w.n)
@@ -530,7 +563,7 @@ def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVect
         x = sf[active] * y
         smoothed = (1 - sf[active]) * (s1[active] + b[active])
         s0[active], s1[active] = s1[active], x + smoothed
-    return range_result(r, w.reshape(s1), _present(r, 2))
+    return range_result(r, w.restore(s1), _present(r, 2))
 
 
 def _anchored_or_smoothed(ctx: CallContext, r: RangeInput, counter: bool, per_second: bool) -> StepVector:

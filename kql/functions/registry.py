@@ -39,6 +39,7 @@ class FunctionSpec:
     experimental: bool = False
     time_dependent: bool = False
     unevaluated: tuple[int, ...] = ()  # arguments the implementation gets as AST nodes
+    extension: bool = False  # a kql addition, not a PromQL function
     doc: str = ""
 
     @property
@@ -71,6 +72,7 @@ def function(
     experimental: bool = False,
     time_dependent: bool = False,
     unevaluated: tuple[int, ...] = (),
+    extension: bool = False,
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -86,6 +88,7 @@ def function(
             experimental=experimental,
             time_dependent=time_dependent,
             unevaluated=unevaluated,
+            extension=extension,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

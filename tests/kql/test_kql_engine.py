@@ -306,3 +306,21 @@ def test_stats_count_samples_and_series(store: MemoryStorage) -> None:
     assert result.stats.samples == 10
     assert result.stats.series == 2
     assert np.isfinite(result.stats.seconds)
+
+
+def test_large_groups_keep_compensated_sums() -> None:
+    s = MemoryStorage()
+    values = [2.0, 8.0, 1e100, -1e100] * 300 + [52.0] * 300
+    for i, v in enumerate(values):
+        s.add({"__name__": "x", "i": f"{i:04d}", "part": "cancel" if i < 1200 else "flat"}, [0], [v])
+    engine = Engine(s)
+    sums = values_by_part(engine.instant_query("sum by (part) (x)", 0).value)
+    assert sums == {"cancel": 3000.0, "flat": 52.0 * 300}
+    means = values_by_part(engine.instant_query("avg by (part) (x)", 0).value)
+    assert means == {"cancel": 2.5, "flat": 52.0}
+    s.add({"__name__": "x", "i": "inf", "part": "flat"}, [0], [math.inf])
+    assert values_by_part(engine.instant_query("avg by (part) (x)", 0).value)["flat"] == math.inf
+
+
+def values_by_part(vec: Vector) -> dict[str, float]:
+    return {dict(s.labels)["part"]: s.value for s in vec.samples}
