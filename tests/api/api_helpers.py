@@ -1,4 +1,4 @@
-"""Fixtures for the API tests: a fake health source, token stores, apps over memory storage."""
+"""Helpers for the API tests: a fake health source, an ASGI test client, apps over memory storage, a real server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 from fastapi import FastAPI
 
@@ -20,7 +19,6 @@ from kernel_insight.api import (
     HealthRule,
     InstanceFacts,
     Snapshotter,
-    TokenStore,
     default_metadata,
     health_router,
     install_error_handlers,
@@ -116,26 +114,6 @@ def facts(
         nccl_latencies=latencies if latencies is not None else [0.001, 0.002, 0.003],
         errors_by_kind=errors or {},
     )
-
-
-@pytest.fixture
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@pytest.fixture
-def tokens(tmp_path) -> TokenStore:
-    return TokenStore(tmp_path / "tokens.json")
-
-
-@pytest.fixture
-def read_token(tokens: TokenStore) -> str:
-    return tokens.create("reader", ["read"]).token
-
-
-@pytest.fixture
-def auth_headers(read_token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {read_token}"}
 
 
 def build_app(

@@ -8,7 +8,7 @@ import stat
 import time
 
 import pytest
-from conftest import FakeSource, TestClient, build_app, facts
+from api_helpers import FakeSource, TestClient, build_app, facts
 
 from kernel_insight.api import Authenticator, TokenError, TokenStore, UnknownToken, serve
 from kernel_insight.cli import main

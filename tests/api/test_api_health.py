@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import FakeSource, GiB, TestClient, build_app, facts
+from api_helpers import FakeSource, GiB, TestClient, build_app, facts
 
 from kernel_insight.api import Authenticator, HealthRule, Snapshotter, build_snapshot
 from kernel_insight.api.models import HealthSnapshot

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FakeSource, TestClient, build_app, facts
+from api_helpers import FakeSource, TestClient, build_app, facts
 
 from kernel_insight.api import Authenticator
 from kernel_insight.api.models import InstanceDetail, InstanceList, Topology

@@ -6,7 +6,7 @@ import json
 from urllib.parse import quote
 
 import pytest
-from conftest import FakeSource, TestClient, build_app
+from api_helpers import FakeSource, TestClient, build_app
 from fastapi import FastAPI
 
 from kernel_insight.api import Authenticator

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import schemathesis
-from conftest import running_server
+from api_helpers import running_server
 from hypothesis import HealthCheck, given, settings
 
 from kernel_insight.api import TokenStore, create_api_app

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import TestClient
+from api_helpers import TestClient
 
 from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail

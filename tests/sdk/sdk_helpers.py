@@ -1,4 +1,4 @@
-"""Fixtures for the SDK tests: snapshot bodies as the real server encodes them, a fake clock."""
+"""Helpers for the SDK tests: snapshot bodies as the real server encodes them, a fake server and clock."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import pytest
 import uvicorn
 
 from kernel_insight.api.health import HealthRule, InstanceFacts, build_snapshot
@@ -76,11 +75,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from collections import Counter
 
 import httpx
 import pytest
-from conftest import FakeServer, GiB, instance
+from sdk_helpers import FakeServer, GiB, instance
 
 from kernel_insight.sdk import (
     AsyncHealthClient,
