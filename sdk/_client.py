@@ -156,12 +156,12 @@ class _HealthCore:
         )
 
     def exclude(self, instance_id: str, seconds: float, reason: str) -> None:
-        self.excluded[instance_id] = self.clock() + seconds
-        self.reasons[instance_id] = reason
+        # Copy on write: selecting threads read the old dicts while this builds new ones.
         now = self.clock()
-        for key in [k for k, until in self.excluded.items() if until <= now]:
-            self.excluded.pop(key)
-            self.reasons.pop(key, None)
+        excluded = {k: until for k, until in self.excluded.items() if until > now}
+        excluded[instance_id] = now + seconds
+        self.reasons = {**{k: r for k, r in self.reasons.items() if k in excluded}, instance_id: reason}
+        self.excluded = excluded
 
 
 class HealthClient:
