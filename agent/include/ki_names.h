@@ -40,6 +40,14 @@ size_t ki_names_emit_bound(const struct ki_names *n);
 uint64_t ki_names_resets(const struct ki_names *n);
 uint64_t ki_names_truncated(const struct ki_names *n);
 
+/* Write every complete name to path (temporary file, then rename), tagged with the
+ * ring's identity, if any name completed since the last save. Returns 0 or a negative errno. */
+int ki_names_save(struct ki_names *n, const char *path, uint64_t ring_created_ns);
+
+/* Load names saved for the same ring (created_ns); other rings' files are ignored.
+ * Returns the number of names loaded, or a negative errno (-ENOENT: no file). */
+int ki_names_load(struct ki_names *n, const char *path, uint64_t ring_created_ns);
+
 /* The text of a complete name, or NULL (for tests). */
 const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t id, size_t *len);
 

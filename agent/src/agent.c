@@ -61,6 +61,7 @@ struct ki_agent {
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
     uint64_t lost_records;       /* records in them */
     char ring_name[300];         /* shm name */
+    char names_path[KI_CONFIG_PATH + 8]; /* where names survive a restart */
 };
 
 static uint64_t mono_ns(void) { return ki_ring_mono_ns(); }
@@ -142,6 +143,9 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     ki_config_ring_name(cfg, a->ring_name, sizeof a->ring_name);
     a->drain = ki_drain_create(a->ring_name, (int)cfg->ring_create, (uint64_t)cfg->ring_capacity, err, errlen);
     if (!a->drain) goto fail;
+    snprintf(a->names_path, sizeof a->names_path, "%s/names", cfg->spool_dir);
+    int loaded = ki_names_load(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
+    if (loaded > 0) ki_log_info(log, "%d names of this ring remembered from the previous run", loaded);
     struct ki_spool_mark mark;
     if (ki_spool_last_mark(a->spool, &mark) == 0) {
         /* Records an earlier run spooled but had not yet freed in the ring (it was killed) are not sent twice. */
@@ -235,6 +239,9 @@ static int seal_batch(struct ki_agent *a, size_t n) {
         return rc;
     }
     a->last_seal_ns = mono_ns();
+    /* Names are registered once per producer: keep them for the next run (only when a name completed). */
+    int saved = ki_names_save(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
+    if (saved < 0) ki_log_warn(a->log, "cannot save names to %s: %s", a->names_path, strerror(-saved));
     ki_log_debug(a->log, "sealed batch %u/%llu: %u records, %zu names, %zu -> %zu bytes", a->seal.epoch,
                  (unsigned long long)a->seal.next_seq - 1, info.shipped, (size_t)info.names, blen, flen);
     return 0;

@@ -3,8 +3,11 @@
 #include "ki_names.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ki_ring.h"
 #include "ki_varint.h"
@@ -33,6 +36,7 @@ struct ki_names {
     size_t name_max;       /* longest name kept */
     uint64_t resets;       /* times cleared */
     uint64_t truncated;    /* names cut */
+    int dirty;             /* a name completed since the last save */
 };
 
 struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t name_max) {
@@ -131,6 +135,7 @@ void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark
     if (rec->rec.flags & KI_FLAG_STRING_LAST) {
         s->state = SLOT_COMPLETE;
         s->mark = mark;
+        n->dirty = 1;
         if (s->cut) n->truncated++;
     }
 }
@@ -176,4 +181,68 @@ const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t i
     if (s->state != SLOT_COMPLETE) return NULL;
     *len = s->len;
     return n->arena + s->off;
+}
+
+static const char NAMES_MAGIC[8] = {'K', 'I', 'N', 'A', 'M', 'E', 'S', '1'};
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? -errno : -EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int ki_names_save(struct ki_names *n, const char *path, uint64_t ring_created_ns) {
+    if (!n->dirty) return 0;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    int rc = write_all(fd, NAMES_MAGIC, 8);
+    if (rc == 0) rc = write_all(fd, &ring_created_ns, 8);
+    for (size_t i = 0; rc == 0 && i <= n->mask; i++) {
+        const struct ki_name *s = &n->slots[i];
+        if (s->state != SLOT_COMPLETE) continue;
+        uint32_t head[3] = {s->producer, s->id, s->len};
+        rc = write_all(fd, head, sizeof head);
+        if (rc == 0) rc = write_all(fd, n->arena + s->off, s->len);
+    }
+    if (close(fd) < 0 && rc == 0) rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0) rc = -errno;
+    if (rc < 0) unlink(tmp);
+    else n->dirty = 0;
+    return rc;
+}
+
+int ki_names_load(struct ki_names *n, const char *path, uint64_t ring_created_ns) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -errno;
+    char magic[8];
+    uint64_t created;
+    int loaded = 0;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, NAMES_MAGIC, 8) || fread(&created, 8, 1, f) != 1 ||
+        created != ring_created_ns) {
+        fclose(f);
+        return 0; /* another ring's names (or not a names file): start empty */
+    }
+    uint32_t head[3];
+    while (fread(head, sizeof head, 1, f) == 1) {
+        uint32_t len = head[2];
+        if (len > n->name_max || n->arena_used + len > n->arena_cap || n->used + 1 > n->limit) break;
+        struct ki_name *s = lookup(n, head[0], head[1]);
+        if (s->state != SLOT_EMPTY) continue;
+        if (fread(n->arena + n->arena_used, 1, len, f) != len) break;
+        *s = (struct ki_name){.producer = head[0], .id = head[1], .off = (uint32_t)n->arena_used, .len = len,
+                              .state = SLOT_COMPLETE};
+        n->arena_used += len;
+        n->used++;
+        loaded++;
+    }
+    fclose(f);
+    return loaded;
 }

@@ -464,3 +464,18 @@ def test_ki_agent_launcher_execs_the_binary(agent_bin):
     )
     assert r.returncode == 1
     assert "ki-agent binary not found" in r.stderr
+
+
+def test_names_survive_an_agent_restart(env):
+    gid = env.ring.intern("attention_kernel")
+    a1 = env.start()
+    env.ring.kernel(gid, 0, 1000, 2000, 1, 1)
+    wait_for(lambda: len(shipped(env)) == 1)
+    assert a1.stop(signal.SIGKILL) == -signal.SIGKILL
+    env.receiver.got.batches.clear()
+    env.receiver.got.order.clear()
+    a2 = env.start()
+    env.ring.kernel(gid, 0, 3000, 4000, 1, 2)
+    wait_for(lambda: len(shipped(env)) == 1)
+    assert env.receiver.got.names() == {(env.ring.producer_id, gid): "attention_kernel"}
+    assert "names of this ring remembered" in a2.log()

@@ -31,7 +31,7 @@ def run_unit(tmp_path: Path, name: str, *args: str) -> str:
 
 
 def test_c_names(tmp_path):
-    run_unit(tmp_path, "test_names")
+    run_unit(tmp_path, "test_names", str(tmp_path / "names"))
 
 
 def test_c_spool(tmp_path):

@@ -24,7 +24,8 @@ static int is(const struct ki_names *n, uint32_t p, uint32_t id, const char *wan
     return got && len == strlen(want) && !memcmp(got, want, len);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    CHECK(argc == 2); /* a scratch file for save/load */
     struct ki_names *n = ki_names_create(16, 4096, 40);
     CHECK(n != NULL);
     /* One chunk, then two interleaved multi-chunk names from two producers. */
@@ -72,6 +73,16 @@ int main(void) {
     }
     CHECK(ki_names_resets(n) >= 1);
     CHECK(is(n, 7, 119, "f"));
+    /* Save and load: the same ring gets its names back, another ring does not. */
+    CHECK_EQ(ki_names_save(n, argv[1], 1234), 0);
+    struct ki_names *m = ki_names_create(16, 4096, 40);
+    CHECK(ki_names_load(m, argv[1], 1234) >= 1);
+    CHECK(is(m, 7, 119, "f"));
+    ki_names_destroy(m);
+    m = ki_names_create(16, 4096, 40);
+    CHECK_EQ(ki_names_load(m, argv[1], 999), 0);
+    CHECK(ki_names_get(m, 7, 119, &(size_t){0}) == NULL);
+    ki_names_destroy(m);
     ki_names_destroy(n);
     ki_names_destroy(NULL);
     puts("ok");
