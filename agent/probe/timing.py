@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -78,8 +77,11 @@ class CpuBackend:
 
     name = "cpu"
 
+    def __init__(self, device: int | None = None) -> None:
+        self._device = int(os.environ.get("KI_PROBE_GPU", "0")) if device is None else device
+
     def device(self) -> int:
-        return int(os.environ.get("KI_PROBE_GPU", "0"))
+        return self._device
 
     def stream(self, stream: Any) -> tuple[Any, int]:
         return stream, stream if isinstance(stream, int) else 0
@@ -225,14 +227,8 @@ def _choose_backend() -> Backend:
     return CpuBackend()
 
 
-@dataclass(slots=True)
-class _Pending:
-    name_id: int
-    device: int
-    stream_id: int
-    start: Any
-    end: Any
-    seq: int
+#: A span in flight: (name id, device, stream id, start event, end event, sequence number).
+_Pending = tuple[int, int, int, Any, Any, int]
 
 
 class Probe:
@@ -270,7 +266,7 @@ class Probe:
 
     def begin(self, stream: Any = None) -> tuple[Any, Any, int, int]:
         """Record a start event; returns what ``end`` needs.  No synchronisation."""
-        b = self.backend
+        b = self._backend or self.backend
         s, sid = b.stream(stream)
         ev = b.event()
         b.record(ev, s)
@@ -279,12 +275,14 @@ class Probe:
     def end(self, name: str, token: tuple[Any, Any, int, int]) -> None:
         """Record the end event and queue the pair for the reaper."""
         start, s, sid, dev = token
-        b = self.backend
+        b = self._backend or self.backend
         ev = b.event()
         b.record(ev, s)
-        name_id = self._name_id(dev, name)
+        name_id = self._names.get((dev, name))
+        if name_id is None:
+            name_id = self._name_id(dev, name)
         self._seq += 1
-        self._pending.append(_Pending(name_id, dev, sid, start, ev, self._seq))
+        self._pending.append((name_id, dev, sid, start, ev, self._seq))
         if self._reaper is None:
             self._start_reaper()
 
@@ -327,21 +325,22 @@ class Probe:
         """Write every completed span in order; stops at the first still running. Returns spans written."""
         b = self.backend
         n = 0
-        while self._pending:
-            p = self._pending[0]
-            if not b.done(p.end):
+        pending = self._pending
+        while pending:
+            name_id, dev, sid, start, end, seq = pending[0]
+            if not b.done(end):
                 break
-            self._pending.popleft()
-            anchor, anchor_real = self._anchor(p.device)
-            start_ns = anchor_real + b.elapsed_ns(anchor, p.start)
-            end_ns = start_ns + b.elapsed_ns(p.start, p.end)
-            b.release(p.start)
-            b.release(p.end)
-            ring = self._rings.get(p.device)
+            pending.popleft()
+            anchor, anchor_real = self._anchor(dev)
+            start_ns = anchor_real + b.elapsed_ns(anchor, start)
+            end_ns = start_ns + b.elapsed_ns(start, end)
+            b.release(start)
+            b.release(end)
+            ring = self._rings.get(dev)
             if ring is None:
                 self.dropped += 1
                 continue
-            if ring.kernel(p.name_id, p.device, start_ns, end_ns, p.stream_id, p.seq) == 0:
+            if ring.kernel(name_id, dev, start_ns, end_ns, sid, seq) == 0:
                 self.written += 1
                 n += 1
             else:

@@ -1,0 +1,124 @@
+"""make bench-probe: host cost of a span, and instrument_torch's share of a transformer layer's step.
+
+Uses the CUDA back end when PyTorch sees a GPU, else the CPU clock back end
+(the figures then measure the probe's own Python cost, not CUDA event
+records).  Targets (issue 7): < 2 us of host time per span, < 0.3% of the
+step time of a transformer layer.  Ends with one ``BENCH probe ...`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import statistics
+import sys
+import time
+from typing import Any
+
+from kernel_insight.agent import Ring, ring_name
+from kernel_insight.agent.probe.timing import Probe, instrument_torch, span
+from kernel_insight.agent.probe.timing import _choose_backend as choose_backend
+
+PREFIX = "bench-probe-"
+SPANS = 20_000
+ROUNDS = 5
+
+
+def _span_ns(probe: Probe) -> float:
+    """Median host ns per ``with span(...)`` (an empty body), over ROUNDS rounds."""
+    s = span("bench_span", probe=probe)
+    out = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter_ns()
+        for _ in range(SPANS):
+            with s:
+                pass
+        out.append((time.perf_counter_ns() - t0) / SPANS)
+        probe.flush(30)
+    return statistics.median(out)
+
+
+def _layer_overhead(torch: Any, probe: Probe) -> tuple[float, float]:
+    """(step ms without spans, % added by instrument_torch) for one TransformerEncoderLayer forward."""
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True
+    ).to(dev)
+    layer.eval()
+    x = torch.randn(8, 512 if cuda else 128, 1024, device=dev)
+
+    def step_ms(n: int) -> float:
+        with torch.no_grad():
+            for _ in range(3):
+                layer(x)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                layer(x)
+            if cuda:
+                torch.cuda.synchronize()
+            return (time.perf_counter() - t0) * 1e3 / n
+
+    n = 50 if cuda else 10
+    base, hooked = [], []
+    for _ in range(ROUNDS):
+        base.append(step_ms(n))
+        with instrument_torch(layer, probe=probe):
+            hooked.append(step_ms(n))
+        probe.flush(30)
+    b, h = statistics.median(base), statistics.median(hooked)
+    return b, 100 * (h - b) / b
+
+
+class _Empty:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _calibration_ns() -> float:
+    """ns of an empty ``with`` on this machine now: spans cost a few of these, so shared or slow CPUs show."""
+    e = _Empty()
+    t0 = time.perf_counter_ns()
+    for _ in range(SPANS):
+        with e:
+            pass
+    return (time.perf_counter_ns() - t0) / SPANS
+
+
+def main() -> int:
+    backend = choose_backend()
+    probe = Probe(backend, label_prefix=PREFIX)
+    try:
+        calib = _calibration_ns()
+        ns = _span_ns(probe)
+        try:
+            torch = importlib.import_module("torch")
+        except ImportError:
+            print("bench-probe: PyTorch not installed: no transformer-layer figure", file=sys.stderr)
+            step_ms, pct = float("nan"), float("nan")
+        else:
+            step_ms, pct = _layer_overhead(torch, probe)
+        print(
+            f"back end {backend.name}: {ns:.0f} ns of host time per span (target < 2000); empty with: {calib:.0f} ns"
+        )
+        print(
+            f"TransformerEncoderLayer step {step_ms:.2f} ms; instrument_torch adds {pct:.3f}% (target < 0.3%)"
+        )
+        print(
+            f"BENCH probe backend={backend.name} ns_per_span={ns:.0f} layer_step_ms={step_ms:.3f} "
+            f"layer_overhead_pct={pct:.3f} empty_with_ns={calib:.0f}"
+        )
+    finally:
+        probe.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name(f"{PREFIX}0"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
