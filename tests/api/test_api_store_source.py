@@ -11,16 +11,18 @@ from api_helpers import TestClient
 from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN
 
 GiB = 1 << 30
 NOW_MS = int(time.time() * 1000)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = EmbeddedStore(tmp_path_factory.mktemp("api-store"))
+@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb"])
+def store(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("api-store")
+    # The second back end is ServerStore's code path (clickhouse-connect) over its in-process chDB driver.
+    s = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")
     b = SampleBuilder()
     for inst, free in (("n1", 30 * GiB), ("n2", 5 * GiB)):
         for gpu in ("0", "1"):
