@@ -16,10 +16,10 @@ from kernel_insight.kql.ast import AggregateExpr
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, format_sample_value
+from kernel_insight.kql.values import StepVector, format_sample_value
 from kernel_insight.kql.vectors import group_rows
 
-__all__ = ["aggregate", "kahan_inc", "quantile_sorted", "xxhash64"]
+__all__ = ["aggregate", "bad_quantile_message", "kahan_inc", "quantile_sorted", "sort_nan_first", "xxhash64"]
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
@@ -171,13 +171,18 @@ def quantile_sorted(q: float, values: F64) -> float:
     return float(values[lower] * (1 - weight) + values[upper] * weight)
 
 
-def _nan_first_sort(values: F64) -> F64:
+def bad_quantile_message(q: F64) -> str | None:
+    """The warning for quantile parameters outside [0, 1] (or NaN) at any step, else None."""
+    bad = q[np.isnan(q) | (q < 0) | (q > 1)]
+    if not len(bad):
+        return None
+    return f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}"
+
+
+def sort_nan_first(values: F64) -> F64:
+    """Values in ascending order with NaN first, the order Prometheus' quantiles use."""
     nan = np.isnan(values)
     return np.concatenate([values[nan], np.sort(values[~nan])])
-
-
-def _scalar_param(ctx: CallContext | None, param: Any, node: AggregateExpr) -> F64:
-    return np.asarray(param, dtype=np.float64)
 
 
 def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
@@ -228,19 +233,9 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
         values = _variance(vec, gid, n, op == "stddev")
     elif op == "quantile":
         q = np.asarray(param, dtype=np.float64)
-        for qv in np.unique(q[~np.isnan(q)]) if len(q) else ():
-            if qv < 0 or qv > 1:
-                ev.annotate(
-                    "warning",
-                    f"quantile value should be between 0 and 1, got {format_sample_value(qv)}",
-                    node.param.pos if node.param is not None else node.pos,
-                )
-        if np.isnan(q).any():
-            ev.annotate(
-                "warning",
-                "quantile value should be between 0 and 1, got NaN",
-                node.param.pos if node.param is not None else node.pos,
-            )
+        message = bad_quantile_message(q)
+        if message is not None:
+            ev.annotate("warning", message, node.param.pos if node.param is not None else node.pos)
         order = np.argsort(gid, kind="stable")
         bounds = np.searchsorted(gid[order], np.arange(n + 1))
         for g in range(n):
@@ -248,7 +243,7 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
             for j in range(steps):
                 col = masked[rows, j][vec.present[rows, j]]
                 if len(col):
-                    values[g, j] = quantile_sorted(float(q[j]), _nan_first_sort(col))
+                    values[g, j] = quantile_sorted(float(q[j]), sort_nan_first(col))
     else:  # pragma: no cover - the parser only accepts known aggregations
         raise KqlEvaluationError(f"unknown aggregation {op!r}")
     return StepVector(group_labels, values, present, drop).compact()

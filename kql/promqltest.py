@@ -23,7 +23,7 @@ from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.lexical import parse_duration, unquote
 from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
-from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector
+from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector, almost_equal
 
 __all__ = [
     "NEWER_FILES",
@@ -31,10 +31,10 @@ __all__ = [
     "STANDARD_FILES",
     "CaseResult",
     "FileReport",
-    "almost_equal",
     "load_skips",
     "main",
     "run_file",
+    "same_value",
 ]
 
 #: Files of standard PromQL (the 95 % target) and of newer flag-gated features.
@@ -62,23 +62,14 @@ NEWER_FILES = (
 
 SKIP_FILE = Path(__file__).with_name("promqltest_skips.txt")
 
-_MIN_NORMAL = 2.2250738585072014e-308
-_EPSILON = 1e-6
 
-
-def almost_equal(a: float, b: float, eps: float = _EPSILON) -> bool:
-    """The harness' float comparison: relative tolerance, NaN equals NaN, stale only equals stale."""
+def same_value(a: float, b: float) -> bool:
+    """The harness' float comparison: relative tolerance 1e-6, NaN equals NaN, stale only equals stale."""
     if is_stale_value(a) or is_stale_value(b):
         return is_stale_value(a) and is_stale_value(b)
     if math.isnan(a) and math.isnan(b):
         return True
-    if a == b:
-        return True
-    abs_sum = abs(a) + abs(b)
-    diff = abs(a - b)
-    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
-        return diff < eps * _MIN_NORMAL
-    return diff / min(abs_sum, 1.7976931348623157e308) < eps
+    return almost_equal(a, b, 1e-6)
 
 
 # ----------------------------------------------------------------------------- script parsing
@@ -452,7 +443,7 @@ def _compare_vector(case: Case, vec: Vector) -> str | None:
         extra = [_fmt_labels(lb) for lb in got if lb not in want]
         return f"series differ: missing {missing[:3]}, unexpected {extra[:3]}"
     for labels, value in want.items():
-        if not almost_equal(value, got[labels]):
+        if not same_value(value, got[labels]):
             return f"{_fmt_labels(labels)}: expected {value!r}, got {got[labels]!r}"
     if case.has("ordered"):
         order = [s.labels for s in vec.samples]
@@ -482,7 +473,7 @@ def _compare_matrix(case: Case, mat: Matrix, times: list[int]) -> str | None:
         if set(points) != set(got[labels]):
             return f"{_fmt_labels(labels)}: points at {sorted(got[labels])}, expected at {sorted(points)}"
         for t, v in points.items():
-            if not almost_equal(v, got[labels][t]):
+            if not same_value(v, got[labels][t]):
                 return f"{_fmt_labels(labels)} @{t}: expected {v!r}, got {got[labels][t]!r}"
     return None
 
@@ -526,7 +517,7 @@ def _evaluate(engine: Engine, case: Case) -> str | None:
         if len(case.results) != 1 or case.results[0][0] is not None:
             return f"expected a vector, got scalar {value.value!r}"
         want = case.results[0][1][0].value
-        return None if almost_equal(want, value.value) else f"expected {want!r}, got {value.value!r}"
+        return None if same_value(want, value.value) else f"expected {want!r}, got {value.value!r}"
     if isinstance(value, String):
         return f"unexpected string {value.value!r}"
     if case.instant:
@@ -557,7 +548,7 @@ def _range_recheck(engine: Engine, case: Case) -> str | None:
     want = {lb: vals[0].value for lb, vals in case.results if lb is not None}
     if case.results and case.results[0][0] is None:
         want = {(): case.results[0][1][0].value}
-    if set(got) != set(want) or any(not almost_equal(want[k], got[k]) for k in want):
+    if set(got) != set(want) or any(not same_value(want[k], got[k]) for k in want):
         return f"range re-check differs: got {got}"
     return None
 

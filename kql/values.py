@@ -38,6 +38,7 @@ __all__ = [
     "StepVector",
     "String",
     "Vector",
+    "almost_equal",
     "format_sample_value",
     "labels_to_str",
     "to_prometheus_json",
@@ -217,6 +218,20 @@ class CallContext:
 
 
 # ------------------------------------------------------------------------------ public results
+
+
+_MIN_NORMAL = 2.2250738585072014e-308
+
+
+def almost_equal(a: float, b: float, epsilon: float) -> bool:
+    """Prometheus' ``almost.Equal``: relative tolerance ``epsilon``, near-zero values compared absolutely."""
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < epsilon * _MIN_NORMAL
+    return diff / min(abs_sum, 1.7976931348623157e308) < epsilon
 
 
 def format_sample_value(value: float) -> str:

@@ -9,9 +9,9 @@ import numpy.typing as npt
 
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, drop_name, labels_to_str
+from kernel_insight.kql.values import StepVector, drop_name
 
-__all__ = ["DUPLICATE_LABELSET", "consolidate", "finalize_names", "group_rows", "without_labels"]
+__all__ = ["DUPLICATE_LABELSET", "consolidate", "finalize_names", "group_rows"]
 
 DUPLICATE_LABELSET = "vector cannot contain metrics with the same labelset"
 
@@ -67,11 +67,3 @@ def finalize_names(vec: StepVector) -> StepVector:
     labels = [drop_name(lb) if d else lb for lb, d in zip(vec.labels, vec.drop_name, strict=True)]
     out = StepVector(labels, vec.values, vec.present, np.zeros(len(labels), dtype=bool), vec.sample_ts)
     return consolidate(out)
-
-
-def without_labels(labels: Labels, names: frozenset[str]) -> Labels:
-    return tuple(p for p in labels if p[0] not in names)
-
-
-def describe(labels: Labels) -> str:
-    return labels_to_str(labels)

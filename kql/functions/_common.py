@@ -7,11 +7,11 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.ast import MatrixSelector, Node, ParenExpr, SubqueryExpr, ValueType, VectorSelector
+from kernel_insight.kql.ast import Node, ParenExpr, ValueType
 from kernel_insight.kql.storage import Labels, Matcher
 from kernel_insight.kql.values import RangeInput, StepVector
 
-__all__ = ["F64", "STR", "M", "S", "V", "map_values", "range_result", "selector_of", "unwrap"]
+__all__ = ["F64", "STR", "M", "S", "V", "map_values", "range_result", "unwrap"]
 
 S, V, M, STR = ValueType.SCALAR, ValueType.VECTOR, ValueType.MATRIX, ValueType.STRING
 F64 = npt.NDArray[np.float64]
@@ -35,18 +35,6 @@ def unwrap(node: Node) -> Node:
     while isinstance(node, ParenExpr):
         node = node.expr
     return node
-
-
-def selector_of(node: Node) -> VectorSelector | None:
-    """The vector selector behind an argument (through parentheses and range selectors), if any."""
-    node = unwrap(node)
-    if isinstance(node, MatrixSelector):
-        return node.vector
-    if isinstance(node, VectorSelector):
-        return node
-    if isinstance(node, SubqueryExpr):
-        return None
-    return None
 
 
 def labels_from_equal_matchers(matchers: tuple[Matcher, ...]) -> Labels:

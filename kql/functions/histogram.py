@@ -11,28 +11,18 @@ from typing import Any
 
 import numpy as np
 
+from kernel_insight.kql.aggregation import bad_quantile_message
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, STR, S, V
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, format_sample_value
+from kernel_insight.kql.values import CallContext, StepVector, almost_equal
 from kernel_insight.kql.vectors import consolidate
 
 __all__ = ["bucket_fraction", "bucket_quantile"]
 
 _SMALL_DELTA = 1e-12
-_MIN_NORMAL = 2.2250738585072014e-308
-
-
-def _almost_equal(a: float, b: float, eps: float) -> bool:
-    if a == b:
-        return True
-    abs_sum = abs(a) + abs(b)
-    diff = abs(a - b)
-    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
-        return diff < eps * _MIN_NORMAL
-    return diff / min(abs_sum, 1.7976931348623157e308) < eps
 
 
 def _coalesce(buckets: list[list[float]]) -> list[list[float]]:
@@ -53,7 +43,7 @@ def _monotonic(buckets: list[list[float]]) -> bool:
         cur = b[1]
         if cur == prev:
             continue
-        if _almost_equal(prev, cur, _SMALL_DELTA):
+        if almost_equal(prev, cur, _SMALL_DELTA):
             b[1] = prev
             continue
         if cur < prev:
@@ -207,12 +197,9 @@ def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int)
 
 
 def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
-    bad = q[np.isnan(q) | (q < 0) | (q > 1)]
-    if len(bad):
-        ctx.warn(
-            f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}",
-            ctx.node.args[arg_index].pos,
-        )
+    message = bad_quantile_message(q)
+    if message is not None:
+        ctx.warn(message, ctx.node.args[arg_index].pos)
 
 
 @function("histogram_quantile", (S, V), V)

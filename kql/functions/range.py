@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.aggregation import kahan_inc, quantile_sorted
+from kernel_insight.kql.aggregation import bad_quantile_message, kahan_inc, quantile_sorted, sort_nan_first
 from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
 from kernel_insight.kql.functions.registry import function
-from kernel_insight.kql.values import CallContext, RangeInput, StepVector, format_sample_value
+from kernel_insight.kql.values import CallContext, RangeInput, StepVector
 
 __all__: list[str] = []
 
@@ -473,30 +473,18 @@ def _stdvar_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     return range_result(r, _variance(r), _present(r))
 
 
-def _quantile_warning(ctx: CallContext, q: F64) -> None:
-    bad = q[np.isnan(q) | (q < 0) | (q > 1)]
-    if len(bad):
-        ctx.warn(
-            f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}",
-            ctx.node.args[0].pos,
-        )
-
-
-def _sorted_nan_first(values: F64) -> F64:
-    nan = np.isnan(values)
-    return np.concatenate([values[nan], np.sort(values[~nan])])
-
-
 @function("quantile_over_time", (S, M), V)
 def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """The φ-quantile (0 ≤ φ ≤ 1) of the samples in the range."""
     q, r = args
-    _quantile_warning(ctx, q)
+    message = bad_quantile_message(q)
+    if message is not None:
+        ctx.warn(message, ctx.node.args[0].pos)
     w = _Windows(r)
     out = np.full(w.n, np.nan)
     steps = r.steps
     for i, values in w.per_window():
-        out[i] = quantile_sorted(float(q[i % steps]), _sorted_nan_first(values))
+        out[i] = quantile_sorted(float(q[i % steps]), sort_nan_first(values))
     return range_result(r, w.reshape(out), _present(r))
 
 

@@ -232,11 +232,25 @@ def test_query_times_out() -> None:
 
 
 def test_query_can_be_cancelled_from_another_thread() -> None:
-    engine = Engine(SlowStorage(0.05))
     token = CancelToken()
-    threading.Timer(0.02, token.cancel).start()
+    started, release = threading.Event(), threading.Event()
+
+    class BlockingStorage(MemoryStorage):
+        def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+            started.set()
+            release.wait(5)
+            return super().select(matchers, start_ms, end_ms)
+
+    def cancel_once_running() -> None:
+        started.wait(5)
+        token.cancel()
+        release.set()
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
     with pytest.raises(QueryCancelledError, match="canceled"):
-        engine.instant_query("up + up + up + up", 0, cancel=token)
+        Engine(BlockingStorage()).instant_query("up + up", 0, cancel=token)
+    canceller.join()
 
 
 def test_storage_failures_are_typed() -> None:
