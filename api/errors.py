@@ -6,12 +6,15 @@ endpoints use it too so an SDK needs one decoder.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-__all__ = ["ApiError", "error_body", "error_response", "install_error_handlers"]
+__all__ = ["API_PATH_PREFIXES", "ApiError", "error_body", "error_response", "install_error_handlers"]
 
 
 def error_body(error_type: str, message: str) -> dict[str, Any]:
@@ -38,11 +41,30 @@ class ApiError(HTTPException):
         self.message = message
 
 
+#: Paths whose malformed parameters get a 400 ``bad_data`` in the one shape (other routers keep FastAPI's 422).
+API_PATH_PREFIXES = ("/v1/health/", "/v1/instances", "/v1/topology", "/api/v1/")
+
+
+def _describe(errors: Sequence[Any]) -> str:
+    parts = []
+    for e in errors:
+        loc = [str(x) for x in e.get("loc", ()) if x not in ("query", "path", "body")]
+        parts.append(f'invalid parameter "{".".join(loc)}": {e.get("msg", "invalid")}')
+    return "; ".join(parts) or "invalid request"
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Render :class:`ApiError` in the one error shape (only ApiError: other routers keep theirs)."""
+    """Render :class:`ApiError`, and malformed parameters of this package's paths, in the one error shape."""
 
     async def _handle(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
         return error_response(exc.status_code, exc.error_type, exc.message, dict(exc.headers or {}))
 
+    async def _validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        if request.url.path.startswith(API_PATH_PREFIXES):
+            return error_response(400, "bad_data", _describe(exc.errors()))
+        return await request_validation_exception_handler(request, exc)
+
     app.add_exception_handler(ApiError, _handle)
+    app.add_exception_handler(RequestValidationError, _validation)

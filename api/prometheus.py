@@ -331,6 +331,20 @@ def prometheus_router(
 
         return work
 
+    def do_format_query(params: _Params) -> JSONResponse:
+        query = params.get("query")
+        if query is None:
+            raise ParamError('invalid parameter "query": no query given')
+        return _success(str(parse(query)))
+
+    def do_exemplars(params: _Params) -> JSONResponse:
+        query = params.get("query")
+        if query is None:
+            raise ParamError('invalid parameter "query": no query given')
+        parse(query)  # a bad query is still a 400, as in Prometheus
+        _bounds(params)
+        return _success([])  # exemplars are not stored (docs/storage.md)
+
     def do_metadata(params: _Params) -> JSONResponse:
         limit = _limit(params)
         metric = params.get("metric")
@@ -427,6 +441,30 @@ def prometheus_router(
         _t: object = read,
     ) -> JSONResponse:
         return await handle(request, do_metadata)
+
+    @router.get("/api/v1/format_query", summary="The query pretty-printed (Prometheus API)")
+    async def format_query_get(
+        request: Request, query: str | None = _q("kql / PromQL expression"), _t: object = read
+    ) -> JSONResponse:
+        return await handle(request, do_format_query)
+
+    @router.post("/api/v1/format_query", include_in_schema=False)
+    async def format_query_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_format_query)
+
+    @router.get("/api/v1/query_exemplars", summary="Exemplars (none are stored: always empty)")
+    async def exemplars_get(
+        request: Request,
+        query: str | None = _q("kql / PromQL expression"),
+        start: str | None = _q("unix seconds or RFC 3339"),
+        end: str | None = _q("unix seconds or RFC 3339"),
+        _t: object = read,
+    ) -> JSONResponse:
+        return await handle(request, do_exemplars)
+
+    @router.post("/api/v1/query_exemplars", include_in_schema=False)
+    async def exemplars_post(request: Request, _t: object = read) -> JSONResponse:
+        return await handle(request, do_exemplars)
 
     @router.get("/api/v1/status/buildinfo", summary="Build information (Prometheus API)")
     async def buildinfo(_t: object = read) -> JSONResponse:

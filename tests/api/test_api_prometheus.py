@@ -225,3 +225,12 @@ def test_store_unavailable_is_a_503_with_retry_after():
     assert r.status_code == 503
     assert r.headers["retry-after"] == "7"
     assert "connection refused" in json.loads(r.body)["error"]
+
+
+def test_format_query_and_exemplars(client):
+    assert _ok(client.get("/api/v1/format_query", params={"query": "sum by(a)(rate(x{y='1'}[5m]))"})) == (
+        'sum by (a) (rate(x{y="1"}[5m]))'
+    )
+    _err(client.get("/api/v1/format_query", params={"query": "sum("}), 400, "bad_data", "parse error")
+    assert _ok(client.post("/api/v1/query_exemplars", data={"query": "up", "start": "0", "end": "10"})) == []
+    _err(client.get("/api/v1/query_exemplars", params={"query": "up{"}), 400, "bad_data", "parse error")
