@@ -330,3 +330,44 @@ def test_missing_library_override_is_refused_clearly(tmp_path):
         pytest.skip(f"BPF not permitted: bcc not importable ({e})")
     with pytest.raises(EbpfUnavailable, match=r"no such library /nonexistent/libcuda\.so\.1"):
         Tracer.start(TracerConfig(libcuda="/nonexistent/libcuda.so.1"))
+
+
+def _cgroup2_root() -> Path | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return None
+
+
+@pytest.mark.ebpf
+def test_cgroup_filter_traces_only_that_cgroups_processes(stand_ins, label_prefix, programs):
+    root = _cgroup2_root()
+    if root is None or not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v2 hierarchy to make a test cgroup in")
+    group = root / f"ki-probe-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        inside, outside = Program(stand_ins / "cuda_pattern"), Program(stand_ins / "cuda_pattern")
+        programs += [inside, outside]
+        (group / "cgroup.procs").write_text(str(inside.pid))
+        with start(config(stand_ins, label_prefix, cgroup=str(group))) as tracer:
+            outside.go()
+            inside.go()
+            tracer.drain()
+            counts = {n: s.count for n, s in tracer.launches.items()}
+            inside.finish()
+            outside.finish()
+        recs = drain(ring_name(f"{label_prefix}0"))
+    finally:
+        with open(root / "cgroup.procs", "w") as f:
+            for p in programs:
+                if p.proc.poll() is None:
+                    f.write(str(p.pid))
+        group.rmdir()
+    assert counts == {
+        "gemm_kernel": 1000,
+        "flash_attn_fwd_kernel_with_a_name_longer_than_32_bytes": 500,
+        "ki_runtime_kernel_stub": 300,
+    }
+    assert {r.pid for r in recs if isinstance(r, SyncRecord)} == {inside.pid}
