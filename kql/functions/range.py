@@ -27,13 +27,19 @@ __all__: list[str] = []
 I64 = npt.NDArray[np.int64]
 
 
+#: Windows with more samples than this (dense data, long ranges) are computed one window at a
+#: time with numpy over the window instead of in lock step, which loops once per sample.
+LOCKSTEP_LIMIT = 256
+
+
 class _Windows:
     """The (series, step) windows of a range input, flattened to 1-D.
 
     For lock-step algorithms the windows are ordered longest first, so the windows that still
     have a k-th sample are always a prefix: per-window state lives in arrays in that order
     (``sorted``), is updated through slices (views, no gather/scatter), and ``restore`` puts
-    the results back in (series, step) order.
+    the results back in (series, step) order. Lock step stops at ``LOCKSTEP_LIMIT`` samples;
+    the windows longer than that (``long()``, also a prefix) are then finished one at a time.
     """
 
     def __init__(self, r: RangeInput) -> None:
@@ -64,13 +70,21 @@ class _Windows:
     def lockstep(self) -> Iterator[tuple[int, slice, I64]]:
         """Yield (k, the windows that have a k-th sample, that sample's flat index), k = 0, 1, ...
 
-        The windows are a slice of the lock-step order.
+        The windows are a slice of the lock-step order; k stops below ``LOCKSTEP_LIMIT``.
         """
-        longest = int(self.sorted_cnt[0]) if self.n else 0
+        longest = min(int(self.sorted_cnt[0]) if self.n else 0, LOCKSTEP_LIMIT)
         negative = -self.sorted_cnt
         for k in range(longest):
             m = int(np.searchsorted(negative, -k, side="left"))
             yield k, slice(0, m), self.sorted_lo[:m] + k
+
+    def long(self) -> Iterator[tuple[int, F64, I64]]:
+        """(lock-step position, values, timestamps) of every window lock step did not finish."""
+        n_long = int(np.searchsorted(-self.sorted_cnt, -LOCKSTEP_LIMIT, side="left"))
+        for j in range(n_long):
+            a = int(self.sorted_lo[j])
+            b = a + int(self.sorted_cnt[j])
+            yield j, self.r.vs[a:b], self.r.ts[a:b]
 
     def per_window(self, step_of: bool = False) -> Iterator[tuple[int, F64]]:
         """Yield (flat window index, its values) for every non-empty window (Python loop)."""
@@ -98,12 +112,24 @@ def _present(r: RangeInput, minimum: int = 1) -> npt.NDArray[np.bool_]:
     return present
 
 
+def _exact_sum(values: F64) -> float:
+    """Correctly rounded sum of a long window (Kahan is exact to about the same degree)."""
+    if not np.isfinite(values).all():
+        return float(np.sum(values))  # inf, -inf or NaN, as the compensated sum gives
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return float(np.sum(values))
+
+
 def _kahan_totals(w: _Windows) -> tuple[F64, F64]:
     """Kahan-Neumaier sum and compensation of every window, in lock-step order."""
     total = np.zeros(w.n)
     comp = np.zeros(w.n)
     for _k, active, idx in w.lockstep():
         total[active], comp[active] = kahan_inc(w.r.vs[idx], total[active], comp[active])
+    for j, values, _ in w.long():
+        total[j], comp[j] = _exact_sum(values), 0.0
     return total, comp
 
 
@@ -145,7 +171,28 @@ def _kahan_mean(r: RangeInput) -> F64:
         mean[active] = np.where(direct, m, im)
         incremental[active] = inc | overflow
     count = np.maximum(w.sorted_cnt, 1).astype(np.float64)
-    return w.restore(np.where(incremental, mean + comp, total / count + comp / count))
+    result = np.where(incremental, mean + comp, total / count + comp / count)
+    for j, values, _ in w.long():
+        result[j] = _sequential_mean(values)
+    return w.restore(result)
+
+
+def _sequential_mean(values: F64) -> float:
+    """Prometheus' avg_over_time for one window, step by step (only for sums that may overflow)."""
+    total, comp, mean, incremental = float(values[0]), 0.0, 0.0, False
+    for i, f in enumerate(values[1:].tolist(), start=2):
+        count = float(i)
+        if not incremental:
+            new_t, new_c = kahan_inc(np.float64(f), np.float64(total), np.float64(comp))
+            if not math.isinf(new_t):
+                total, comp = float(new_t), float(new_c)
+                continue
+            incremental = True
+            mean, comp = total / (count - 1), comp / (count - 1)
+        q = (count - 1) / count
+        m, c = kahan_inc(np.float64(f / count), np.float64(q * mean), np.float64(q * comp))
+        mean, comp = float(m), float(c)
+    return mean + comp if incremental else total / len(values) + comp / len(values)
 
 
 def _variance(r: RangeInput) -> F64:
@@ -162,7 +209,14 @@ def _variance(r: RangeInput) -> F64:
         aux[active], c_aux[active] = kahan_inc(
             delta * (f - (mean[active] + c_mean[active])), aux[active], c_aux[active]
         )
-    return w.restore((aux + c_aux) / np.maximum(w.sorted_cnt, 1))
+    result = (aux + c_aux) / np.maximum(w.sorted_cnt, 1)
+    for j, values, _ in w.long():
+        if np.isfinite(values).all():
+            center = math.fsum(values) / len(values)
+            result[j] = math.fsum((values - center) ** 2) / len(values)
+        else:
+            result[j] = math.nan
+    return w.restore(result)
 
 
 def _window_values(r: RangeInput) -> tuple[F64, F64, I64, I64]:
@@ -300,6 +354,12 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
             acc[name][active], acc["c" + name][active] = kahan_inc(
                 value, acc[name][active], acc["c" + name][active]
             )
+    for j, values, stamps in w.long():
+        x = (stamps - t0[j]) / 1000.0
+        first_y[j] = values[0]
+        const_y[j] = bool((values == values[0]).all())
+        for name, value in (("x", x), ("y", values), ("xy", x * values), ("x2", x * x)):
+            acc[name][j], acc["c" + name][j] = _exact_sum(value), 0.0
     n = w.sorted_cnt.astype(np.float64)
     sx, sy = acc["x"] + acc["cx"], acc["y"] + acc["cy"]
     sxy, sx2 = acc["xy"] + acc["cxy"], acc["x2"] + acc["cx2"]
@@ -444,6 +504,15 @@ def _ts_of_extreme(r: RangeInput, largest: bool) -> StepVector:
         better = (f >= cur if largest else f <= cur) | np.isnan(cur) | (k == 0)
         best[active] = np.where(better, f, cur)
         best_t[active] = np.where(better, r.ts[idx] / 1000.0, best_t[active])
+    for j, values, stamps in w.long():
+        # What the comparison above ends with: the last occurrence of the extreme non-NaN
+        # value, or the last sample when all are NaN.
+        finite = ~np.isnan(values)
+        extreme = (values.max() if largest else values.min()) if finite.all() else None
+        if extreme is None and finite.any():
+            extreme = values[finite].max() if largest else values[finite].min()
+        hits = np.flatnonzero(values == extreme) if extreme is not None else [len(values) - 1]
+        best_t[j] = stamps[hits[-1]] / 1000.0
     return range_result(r, w.restore(best_t), _present(r))
 
 
@@ -551,7 +620,19 @@ def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVect
         x = sf[active] * y
         smoothed = (1 - sf[active]) * (s1[active] + b[active])
         s0[active], s1[active] = s1[active], x + smoothed
+    for j, values, _ in w.long():
+        s1[j] = _smooth(values.tolist(), float(sf[j]), float(tf[j]))
     return range_result(r, w.restore(s1), _present(r, 2))
+
+
+def _smooth(values: list[float], sf: float, tf: float) -> float:
+    """Holt's double exponential smoothing of one window, as Prometheus computes it."""
+    s0, s1, b = 0.0, values[0], values[1] - values[0]
+    for i in range(1, len(values)):
+        if i > 1:
+            b = tf * (s1 - s0) + (1 - tf) * b
+        s0, s1 = s1, sf * values[i] + (1 - sf) * (s1 + b)
+    return s1
 
 
 def _anchored_or_smoothed(ctx: CallContext, r: RangeInput, counter: bool, per_second: bool) -> StepVector:

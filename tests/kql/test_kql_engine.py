@@ -338,3 +338,40 @@ def test_large_groups_keep_compensated_sums() -> None:
 
 def values_by_part(vec: Vector) -> dict[str, float]:
     return {dict(s.labels)["part"]: s.value for s in vec.samples}
+
+
+LONG_WINDOW_QUERIES = [
+    "sum_over_time(x[10m])",
+    "avg_over_time(x[10m])",
+    "avg_over_time(huge[10m])",
+    "stddev_over_time(x[10m])",
+    "stdvar_over_time(x[10m])",
+    "deriv(x[10m])",
+    "predict_linear(x[10m], 60)",
+    "ts_of_max_over_time(x[10m])",
+    "ts_of_min_over_time(steps[10m])",
+    "double_exponential_smoothing(x[10m], 0.3, 0.6)",
+]
+
+
+@pytest.mark.parametrize("query", LONG_WINDOW_QUERIES)
+def test_long_windows_agree_with_lock_step(query: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_insight.kql.functions import range as range_functions
+
+    s = MemoryStorage()
+    rng = np.random.default_rng(7)
+    stamps = np.arange(600) * 1000
+    s.add({"__name__": "x", "gpu": "0"}, stamps, rng.normal(100, 15, 600))
+    s.add({"__name__": "x", "gpu": "1"}, stamps[::7], rng.normal(5, 1, len(stamps[::7])))
+    s.add({"__name__": "huge"}, stamps, np.full(600, 9e307))
+    s.add({"__name__": "steps"}, stamps, np.repeat([3.0, 1.0, 2.0, 1.0], 150))
+    engine = Engine(s)
+    monkeypatch.setattr(range_functions, "LOCKSTEP_LIMIT", 10_000)  # every window in lock step
+    with_lock_step = engine.range_query(query, 300_000, 600_000, 30_000).value
+    monkeypatch.setattr(range_functions, "LOCKSTEP_LIMIT", 8)  # nearly every window on its own
+    per_window = engine.range_query(query, 300_000, 600_000, 30_000).value
+    assert isinstance(with_lock_step, Matrix)
+    assert isinstance(per_window, Matrix)
+    assert [x.labels for x in per_window.series] == [x.labels for x in with_lock_step.series]
+    for a, b in zip(with_lock_step.series, per_window.series, strict=True):
+        np.testing.assert_allclose(a.values, b.values, rtol=1e-9)
