@@ -144,12 +144,12 @@ def _split(samples: pa.Table, labels_by_fp: dict[int, Labels]) -> list[SeriesDat
     keep = np.ones(len(ts), dtype=bool)
     keep[:-1] = (fps[1:] != fps[:-1]) | (ts[1:] != ts[:-1])
     fps, ts, vs = fps[keep], ts[keep], vs[keep]
-    bounds = np.flatnonzero(np.diff(fps)) + 1
-    starts = np.concatenate(([0], bounds))
-    ends = np.concatenate((bounds, [len(fps)]))
+    bounds = np.flatnonzero(fps[1:] != fps[:-1]) + 1
+    heads = fps[np.concatenate(([0], bounds))].tolist()
     out = []
-    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        labels = labels_by_fp.get(int(fps[lo]))
+    # Views into this call's own arrays (MemoryStorage hands out slices the same way).
+    for fp, t, v in zip(heads, np.split(ts, bounds), np.split(vs, bounds), strict=True):
+        labels = labels_by_fp.get(fp)
         if labels is not None:
-            out.append(SeriesData(labels, ts[lo:hi].copy(), vs[lo:hi].copy()))
+            out.append(SeriesData(labels, t, v))
     return out
