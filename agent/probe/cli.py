@@ -88,7 +88,11 @@ def _ebpf(args: argparse.Namespace) -> int:
         raise ProbeUnavailable(str(e)) from e
     with tracer:
         print(f"tracing {tracer.describe()}; Ctrl-C stops", file=sys.stderr)
-        tracer.run(args.seconds)
+        try:
+            tracer.run(args.seconds)
+        finally:
+            tracer.drain()
+            print(tracer.summary(), file=sys.stderr)
     return 0
 
 

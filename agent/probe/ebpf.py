@@ -30,6 +30,7 @@ from kernel_insight.agent.ring import Ring, ring_name
 
 __all__ = [
     "API_NAMES",
+    "CUDA_ALLOCATED_BYTES",
     "LAUNCH_CALLS",
     "LAUNCH_HOST_LATENCY_BUCKET",
     "LAUNCH_HOST_TIME",
@@ -46,6 +47,8 @@ __all__ = [
 LAUNCH_CALLS = 25  # counter: launch API calls of one kernel since the tracer started
 LAUNCH_HOST_TIME = 26  # counter: seconds the launching threads spent inside those calls
 LAUNCH_HOST_LATENCY_BUCKET = 27  # counter: calls with host time < 2**(bucket+1) ns (log2 buckets)
+#: PROPOSED gauge: bytes a process allocated through cuMemAlloc*/cuMemAllocAsync and has not freed (aux = pid).
+CUDA_ALLOCATED_BYTES = 28
 
 API_NAMES = {0: "cuLaunchKernel", 1: "cuLaunchKernel_ptsz", 2: "cudaLaunchKernel"}
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -237,6 +240,7 @@ class Tracer:
         self._launch_seen: dict[tuple[int, int, int], tuple[int, int, tuple[int, ...]]] = {}
         self.launches: dict[str, LaunchStats] = defaultdict(LaunchStats)
         self._outstanding: dict[int, int] = defaultdict(int)
+        self._outstanding_sent: dict[int, int] = {}
         self._mono_to_real = time.time_ns() - time.monotonic_ns()
         self._stop = threading.Event()
         self._closed = False
@@ -336,7 +340,26 @@ class Tracer:
         self._mono_to_real = time.time_ns() - time.monotonic_ns()
         self._bpf.ring_buffer_consume()
         self._flush_launches()
+        self._flush_outstanding()
         return self.records_written - before
+
+    def _flush_outstanding(self) -> None:
+        ts = time.time_ns()
+        for pid, n in self._outstanding.items():
+            if self._outstanding_sent.get(pid) != n:
+                self._outstanding_sent[pid] = n
+                self._put(self.ring.sample(CUDA_ALLOCATED_BYTES, self.config.gpu, ts, float(n), pid))
+
+    def summary(self, top: int = 10) -> str:
+        """A few lines for a person: the most launched kernels and what each process holds."""
+        lines = [f"{'launches':>10} {'host us/launch':>14}  kernel"]
+        ranked = sorted(self.launches.items(), key=lambda kv: -kv[1].count)[:top]
+        for name, st in ranked:
+            per = st.host_ns / st.count / 1e3 if st.count and st.host_ns else float("nan")
+            lines.append(f"{st.count:>10} {per:>14.2f}  {name}")
+        for pid, n in sorted(self.outstanding().items()):
+            lines.append(f"pid {pid}: {n} bytes allocated and not freed")
+        return "\n".join(lines)
 
     def outstanding(self) -> dict[int, int]:
         """Bytes allocated and not yet freed, per process, from what the tracer saw."""

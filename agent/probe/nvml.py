@@ -259,6 +259,9 @@ class NvmlSampler:
             v = self._read(d, name, ecc)
             if v is not None:
                 out.append((metric, v, 0))
+        pages = self._read(d, "retired_pages", functools.partial(_retired_pages, h))
+        if pages is not None:
+            out.append((MetricId.RETIRED_PAGES, pages, 0))
         procs = self._read(d, "processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h))
         for p in procs or []:
             if p.usedGpuMemory is not None:
@@ -425,6 +428,21 @@ def _throttle_reasons(h: Any) -> int:
         if e.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             raise
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))  # older drivers' name
+
+
+def _retired_pages(h: Any) -> int:
+    """Rows remapped (Ampere and later); before that, pages retired for single- and double-bit errors."""
+    try:
+        corr, unc, _pending, _failed = pynvml.nvmlDeviceGetRemappedRows(h)
+        return int(corr) + int(unc)
+    except pynvml.NVMLError as e:
+        if e.value not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            raise
+    causes = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    )
+    return sum(len(pynvml.nvmlDeviceGetRetiredPages(h, c)) for c in causes)
 
 
 def _compute_capability(h: Any) -> int:

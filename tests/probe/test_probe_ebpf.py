@@ -15,6 +15,7 @@ from probeutil import HERE, ROOT, compile_c, drain, names_of
 from kernel_insight.agent import ring_name
 from kernel_insight.agent.probe import ebpf
 from kernel_insight.agent.probe.ebpf import (
+    CUDA_ALLOCATED_BYTES,
     LAUNCH_CALLS,
     LAUNCH_HOST_LATENCY_BUCKET,
     EbpfUnavailable,
@@ -176,6 +177,8 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
     assert addrs[4] == addrs[2]
     assert addrs[5] == 0
     assert outstanding == {traced.pid: 3 * MIB}
+    held = [r for r in recs if isinstance(r, SampleRecord) and r.metric == CUDA_ALLOCATED_BYTES]
+    assert [(r.aux, r.value) for r in held] == [(traced.pid, 3.0 * MIB)]
     (oom,) = [r for r in recs if isinstance(r, ErrorRecord)]
     assert (oom.kind, oom.code, oom.aux, oom.pid) == (ErrorKind.OOM, 2, 2 << 40, traced.pid)
     assert "CUDA_ERROR_OUT_OF_MEMORY" in (name(oom.detail_id) or "")
@@ -254,7 +257,11 @@ def test_cli_traces_a_pid_until_its_time_is_up(stand_ins, label_prefix, programs
         raise AssertionError(line + rest)
     prog.go()
     assert cli.wait(timeout=30) == 0
+    summary = cli.stderr.read()
     cli.stderr.close()
+    assert "1000" in summary
+    assert "gemm_kernel" in summary
+    assert f"pid {prog.pid}: {3 * MIB} bytes allocated and not freed" in summary
     prog.finish()
     recs = drain(ring_name(f"{label_prefix}0"))
     assert sum(1 for r in recs if isinstance(r, SyncRecord)) == 3

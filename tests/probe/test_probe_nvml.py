@@ -58,6 +58,8 @@ cuda 12040
 0.field138.1 300
 0.field139.1 400
 0.field90.0 25000
+0.remapped_corr 2
+0.remapped_unc 1
 0.process 4242 1073741824
 0.process 4343 2147483648
 1.name NVIDIA H100 80GB HBM3
@@ -120,6 +122,7 @@ def test_samples_are_scripted_values_in_metric_units(fake_nvml, script, label_pr
         (MetricId.PCIE_RX, 0): 2000 * 1024.0,
         (MetricId.ECC_CORRECTED, 0): 3.0,
         (MetricId.ECC_UNCORRECTED, 0): 0.0,
+        (MetricId.RETIRED_PAGES, 0): 3.0,
         (MetricId.PROCESS_MEMORY, 4242): 2.0**30,
         (MetricId.PROCESS_MEMORY, 4343): 2.0**31,
         (MetricId.MEMORY_TEMPERATURE, 0): 70.0,

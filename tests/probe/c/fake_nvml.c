@@ -234,6 +234,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsig
     return num(d, "throttle", reasons);
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
+                                              unsigned int *pending, unsigned int *failure) {
+    unsigned long long c = 0, u = 0;
+    nvmlReturn_t rc = num(d, "remapped_corr", &c);
+    if (!rc) rc = num(d, "remapped_unc", &u);
+    if (!rc) { *corr = (unsigned int)c; *unc = (unsigned int)u; *pending = *failure = 0; }
+    return rc;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active) {
     unsigned long long links = 0;
     nvmlReturn_t rc = num(d, "nvlink_links", &links);
