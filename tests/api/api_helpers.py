@@ -124,7 +124,7 @@ def build_app(
     clock: Callable[[], float] = time.time,
 ) -> tuple[FastAPI, Snapshotter]:
     snapshotter = Snapshotter(source, rule, interval_s=3600, clock=clock)
-    mem = storage or MemoryStorage()
+    mem = storage if storage is not None else MemoryStorage()
     app = FastAPI()
     for router in (
         health_router(snapshotter, auth, manage_lifecycle=False),

@@ -234,3 +234,26 @@ def test_format_query_and_exemplars(client):
     _err(client.get("/api/v1/format_query", params={"query": "sum("}), 400, "bad_data", "parse error")
     assert _ok(client.post("/api/v1/query_exemplars", data={"query": "up", "start": "0", "end": "10"})) == []
     _err(client.get("/api/v1/query_exemplars", params={"query": "up{"}), 400, "bad_data", "parse error")
+
+
+class DownStorage(MemoryStorage):
+    def select(self, matchers, start_ms, end_ms):
+        raise StorageUnavailable("ClickHouse connection refused", retry_after_s=3)
+
+    def label_names(self, matchers, start_ms, end_ms):
+        raise StorageUnavailable("ClickHouse connection refused", retry_after_s=3)
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/api/v1/query", {"query": "up"}),
+        ("/api/v1/series", {"match[]": "up"}),
+        ("/api/v1/labels", {}),
+    ],
+)
+def test_an_unreachable_store_is_a_503_with_retry_after(tokens, auth_headers, path, params):
+    app, _ = build_app(FakeSource(), Authenticator(tokens), DownStorage())
+    r = TestClient(app).get(path, params=params, headers=auth_headers)
+    _err(r, 503, "unavailable", "connection refused")
+    assert r.headers["retry-after"] == "3"
