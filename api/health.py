@@ -320,8 +320,8 @@ class Snapshotter:
     """Rebuilds the snapshot every ``interval_s`` on a background thread.
 
     ``start()``/``shutdown()`` follow the pipeline contract: shutdown is safe without start
-    and safe twice. A failed rebuild keeps the previous snapshot (it ages into ``stale``
-    flags only when a rebuild succeeds) and is logged; ``last_error`` holds it.
+    and safe twice. A failed rebuild re-judges the previous facts at the new time (so
+    instances age into ``stale``) and is logged; ``last_error`` holds it.
     """
 
     def __init__(
@@ -338,6 +338,7 @@ class Snapshotter:
         self.clock = clock
         self.last_error: BaseException | None = None
         self._snapshot: Snapshot | None = None
+        self._facts: list[InstanceFacts] | None = None
         self._lock = threading.Lock()  # one rebuild at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -347,10 +348,21 @@ class Snapshotter:
         return self._snapshot
 
     def refresh(self) -> Snapshot:
-        """Rebuild now (blocking); raises what the source raises."""
+        """Rebuild now (blocking); raises what the source raises.
+
+        When the source fails, the last facts are judged again at the new time before the
+        error propagates, so instances turn ``stale`` while the store cannot be read: what
+        nobody has heard from lately is not vouched for.
+        """
         with self._lock:
             now_ms = int(self.clock() * 1000)
-            facts = self.source.collect(now_ms)
+            try:
+                facts = self.source.collect(now_ms)
+            except Exception:
+                if self._facts is not None:
+                    self._snapshot = build_snapshot(self._facts, self.rule, now_ms, self._snapshot)
+                raise
+            self._facts = facts
             snap = build_snapshot(facts, self.rule, now_ms, self._snapshot)
             self._snapshot = snap
             self.last_error = None

@@ -181,3 +181,15 @@ def test_store_down_before_the_first_snapshot_is_a_503_then_the_last_snapshot_is
     assert snapshotter.tick() is False  # the background iteration: fails, logs, keeps the old snapshot
     assert isinstance(snapshotter.last_error, ConnectionError)
     assert len(client.get("/v1/health/snapshot", headers=auth_headers).json()["instances"]) == 5
+
+
+def test_instances_turn_stale_while_the_store_cannot_be_read(fleet, now_ms):
+    clock = [now_ms / 1000]
+    snapshotter = Snapshotter(fleet, clock=lambda: clock[0])
+    assert snapshotter.refresh().healthy.tolist() == [True, True, False, False, False]
+    fleet.fail = ConnectionError("store down")
+    clock[0] += 120
+    assert snapshotter.tick() is False
+    snap = snapshotter.current()
+    assert [r["stale"] for r in snap.records] == [True] * 5
+    assert not snap.healthy.any()
