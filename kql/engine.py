@@ -403,6 +403,7 @@ class _Evaluator:
             range_ms=range_ms,
             anchored=node.anchored,
             smoothed=node.smoothed,
+            checkpoint=self.checkpoint,
         )
 
     def eval_subquery(self, node: SubqueryExpr, times: I64) -> RangeInput:
@@ -442,6 +443,7 @@ class _Evaluator:
             hi=hi,
             end=refs,
             range_ms=range_ms,
+            checkpoint=self.checkpoint,
         )
 
 

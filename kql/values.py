@@ -10,6 +10,7 @@ one row per series, one column per step, with a presence mask) and a range vecto
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -65,6 +66,10 @@ def labels_to_str(labels: Labels) -> str:
 
 
 # ------------------------------------------------------------------------------ internal forms
+
+
+def _no_checkpoint() -> None:
+    pass
 
 
 @dataclass(slots=True)
@@ -129,6 +134,7 @@ class RangeInput:
     range_ms: int
     anchored: bool = False
     smoothed: bool = False
+    checkpoint: Callable[[], None] = _no_checkpoint  # raises when the query timed out or was cancelled
 
     def __len__(self) -> int:
         return len(self.labels)

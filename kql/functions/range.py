@@ -75,6 +75,8 @@ class _Windows:
         longest = min(int(self.sorted_cnt[0]) if self.n else 0, LOCKSTEP_LIMIT)
         negative = -self.sorted_cnt
         for k in range(longest):
+            if k % 32 == 31:
+                self.r.checkpoint()
             m = int(np.searchsorted(negative, -k, side="left"))
             yield k, slice(0, m), self.sorted_lo[:m] + k
 
@@ -82,14 +84,17 @@ class _Windows:
         """(lock-step position, values, timestamps) of every window lock step did not finish."""
         n_long = int(np.searchsorted(-self.sorted_cnt, -LOCKSTEP_LIMIT, side="left"))
         for j in range(n_long):
+            self.r.checkpoint()
             a = int(self.sorted_lo[j])
             b = a + int(self.sorted_cnt[j])
             yield j, self.r.vs[a:b], self.r.ts[a:b]
 
-    def per_window(self, step_of: bool = False) -> Iterator[tuple[int, F64]]:
+    def per_window(self) -> Iterator[tuple[int, F64]]:
         """Yield (flat window index, its values) for every non-empty window (Python loop)."""
         vs = self.r.vs
-        for w in np.flatnonzero(self.cnt > 0):
+        for i, w in enumerate(np.flatnonzero(self.cnt > 0)):
+            if i % 1024 == 1023:
+                self.r.checkpoint()
             yield int(w), vs[self.lo[w] : self.hi[w]]
 
 
