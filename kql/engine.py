@@ -37,7 +37,7 @@ from kernel_insight.kql.ast import (
     VectorSelector,
     children,
 )
-from kernel_insight.kql.binary import binary_op
+from kernel_insight.kql.binary import ARITHMETIC, binary_op
 from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
     KqlEvaluationError,
@@ -156,7 +156,7 @@ class _Evaluator:
 
     def __init__(
         self,
-        engine: Engine,
+        storage: Storage,
         query: str,
         start: int,
         end: int,
@@ -165,8 +165,7 @@ class _Evaluator:
         limits: EngineLimits,
         cancel: CancelToken | None,
     ) -> None:
-        self.engine = engine
-        self.storage = engine.storage
+        self.storage = storage
         self.query = query
         self.query_start = start
         self.query_end = end
@@ -239,8 +238,6 @@ class _Evaluator:
             value = self.duration_seconds(node.expr)
             return -value if node.op == "-" else value
         if isinstance(node, BinaryExpr):
-            from kernel_insight.kql.binary import ARITHMETIC
-
             lhs, rhs = self.duration_seconds(node.lhs), self.duration_seconds(node.rhs)
             return float(ARITHMETIC[node.op](np.float64(lhs), np.float64(rhs)))
         if isinstance(node, Call):
@@ -513,7 +510,7 @@ class Engine:
                 expr.pos.start,
                 expr.pos.end,
             )
-        ev = _Evaluator(self, text, start, end, step, is_range, limits or self.limits, cancel)
+        ev = _Evaluator(self.storage, text, start, end, step, is_range, limits or self.limits, cancel)
         times = (
             np.arange(start, end + 1, step, dtype=np.int64) if is_range else np.array([start], dtype=np.int64)
         )
