@@ -56,6 +56,8 @@ class _Device:
     handle: Any
     ring: Ring
     links: list[int] = field(default_factory=list)  # active NVLink indices
+    gpm: list[Any] = field(default_factory=list)  # two GPM samples (previous, current) when supported
+    gpm_primed: bool = False
     skip: set[str] = field(default_factory=set)  # metrics found unsupported
     lost: bool = False
 
@@ -153,7 +155,7 @@ class NvmlSampler:
             for i in indices:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 ring = Ring.attach(ring_name(f"{label_prefix}{i}"), create=True)
-                devices.append(_Device(i, handle, ring, _active_links(handle)))
+                devices.append(_Device(i, handle, ring, _active_links(handle), _gpm_samples(handle)))
         except pynvml.NVMLError as e:
             pynvml.nvmlShutdown()
             raise NvmlUnavailable(f"NVML: {_text(e)}") from None
@@ -267,6 +269,10 @@ class NvmlSampler:
             if p.usedGpuMemory is not None:
                 out.append((MetricId.PROCESS_MEMORY, p.usedGpuMemory, p.pid))
         out += self._fields(d)
+        if d.gpm:
+            sm = self._read(d, "gpm", functools.partial(_gpm_sm_util, d))
+            if sm is not None:
+                out.append((MetricId.SM_UTIL, sm, 0))
         ring = d.ring
         for mid, value, aux in out:
             ring.sample(mid, d.index, ts, float(value), aux)
@@ -393,6 +399,9 @@ class NvmlSampler:
             self._events.join(timeout=2.0)
         for d in self._devices:
             d.ring.close()
+            for sample in d.gpm:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlGpmSampleFree(sample)
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
@@ -428,6 +437,36 @@ def _throttle_reasons(h: Any) -> int:
         if e.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             raise
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))  # older drivers' name
+
+
+def _gpm_samples(h: Any) -> list[Any]:
+    """Two GPM sample buffers when the GPU supports GPM (Hopper and later), else none."""
+    try:
+        if not pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+            return []
+        return [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+    except pynvml.NVMLError:
+        return []
+
+
+def _gpm_sm_util(d: _Device) -> float | None:
+    """SM utilisation (0..1) between the previous sample and now; None on the first call."""
+    prev, cur = d.gpm
+    pynvml.nvmlGpmSampleGet(d.handle, cur)
+    d.gpm.reverse()  # this sample is the next call's previous one
+    if not d.gpm_primed:
+        d.gpm_primed = True
+        return None
+    get = pynvml.c_nvmlGpmMetricsGet_t()
+    get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    get.numMetrics = 1
+    get.sample1, get.sample2 = prev, cur
+    get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    pynvml.nvmlGpmMetricsGet(get)
+    m = get.metrics[0]
+    if m.nvmlReturn != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(m.nvmlReturn)
+    return float(m.value) / 100.0
 
 
 def _retired_pages(h: Any) -> int:

@@ -229,6 +229,7 @@ def test_launch_records_are_sampled_but_counts_stay_exact(stand_ins, label_prefi
 
 
 @pytest.mark.ebpf
+@pytest.mark.slow
 def test_cli_traces_a_pid_until_its_time_is_up(stand_ins, label_prefix, programs):
     prog = Program(stand_ins / "cuda_pattern")
     programs.append(prog)

@@ -59,6 +59,8 @@ cuda 12040
 0.field139.1 400
 0.field90.0 25000
 0.remapped_corr 2
+0.gpm_supported 1
+0.gpm2 73.5
 0.remapped_unc 1
 0.process 4242 1073741824
 0.process 4343 2147483648
@@ -132,6 +134,16 @@ def test_samples_are_scripted_values_in_metric_units(fake_nvml, script, label_pr
         (MetricId.NVLINK_TX, 1): 300 * 1024.0,
         (MetricId.NVLINK_RX, 1): 400 * 1024.0,
     }  # FAN_SPEED is NS in the script, so absent
+
+
+def test_sm_utilisation_comes_from_gpm_between_two_samples(fake_nvml, script, label_prefix):
+    with NvmlSampler.open([0, 1], library=str(fake_nvml), label_prefix=label_prefix, events=False) as s:
+        s.sample_once()
+        assert (MetricId.SM_UTIL, 0) not in samples(label_prefix)  # GPM needs two samples
+        s.sample_once()
+        assert samples(label_prefix)[(MetricId.SM_UTIL, 0)] == pytest.approx(0.735)
+        s.sample_once()
+        assert (MetricId.SM_UTIL, 0) not in samples(label_prefix, 1)  # GPU 1 has no GPM
 
 
 def test_fingerprint_at_start_and_every_period(fake_nvml, script, label_prefix):

@@ -316,6 +316,56 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *majo
     return rc;
 }
 
+/* ---- GPM (Hopper and later): SM utilisation between two samples ---------- */
+
+struct fake_gpm_sample { int dev; unsigned long long seq; };
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo; } nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[477];
+} nvmlGpmMetricsGet_t;
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+static unsigned long long gpm_seq;
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *s) {
+    unsigned long long v = 0;
+    nvmlReturn_t rc = num(d, "gpm_supported", &v);
+    if (rc == NVML_ERROR_NOT_SUPPORTED) v = 0, rc = NVML_SUCCESS;
+    if (!rc) s->isSupportedDevice = (unsigned int)v;
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *s) {
+    *s = calloc(1, sizeof **s);
+    return *s ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t s) { free(s); return NVML_SUCCESS; }
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t s) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    s->dev = d->index;
+    s->seq = ++gpm_seq;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    if (m->version != 1 || !m->sample1 || !m->sample2 || m->sample1->seq >= m->sample2->seq)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < m->numMetrics && i < 477; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "gpm%u", m->metrics[i].metricId);
+        load();
+        const char *v = lookup(m->sample2->dev, key);
+        m->metrics[i].nvmlReturn = status_of(v);
+        m->metrics[i].value = v && !status_of(v) ? strtod(v, NULL) : 0.0;
+    }
+    return NVML_SUCCESS;
+}
+
 /* ---- events ------------------------------------------------------------ */
 
 EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
