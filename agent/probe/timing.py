@@ -58,14 +58,15 @@ REANCHOR_S = 10.0
 
 
 class Backend(Protocol):
-    """How to record and read timing events on one kind of device."""
+    """How to record and read timing events on one kind of device.
+
+    ``begin`` and ``end`` are the hot path: one call each per span.
+    """
 
     name: str
 
-    def device(self) -> int: ...
-    def stream(self, stream: Any) -> tuple[Any, int]: ...  # (stream object, stream id for the record)
-    def event(self) -> Any: ...  # a fresh or pooled event
-    def record(self, event: Any, stream: Any) -> None: ...
+    def begin(self, stream: Any) -> tuple[Any, Any, int, int]: ...  # (start event, stream, stream id, device)
+    def end(self, stream: Any) -> Any: ...  # the end event, recorded on stream
     def done(self, event: Any) -> bool: ...
     def elapsed_ns(self, start: Any, end: Any) -> int: ...
     def anchor(self) -> tuple[Any, int]: ...  # (completed event, CLOCK_REALTIME ns when it completed)
@@ -73,36 +74,30 @@ class Backend(Protocol):
 
 
 class CpuBackend:
-    """Host monotonic clock: an "event" is the time it was recorded, always complete."""
+    """Host monotonic clock: an "event" is the time it was recorded (an int), always complete."""
 
     name = "cpu"
 
     def __init__(self, device: int | None = None) -> None:
         self._device = int(os.environ.get("KI_PROBE_GPU", "0")) if device is None else device
 
-    def device(self) -> int:
-        return self._device
+    def begin(self, stream: Any) -> tuple[int, Any, int, int]:
+        return time.monotonic_ns(), stream, stream if isinstance(stream, int) else 0, self._device
 
-    def stream(self, stream: Any) -> tuple[Any, int]:
-        return stream, stream if isinstance(stream, int) else 0
+    def end(self, stream: Any) -> int:
+        return time.monotonic_ns()
 
-    def event(self) -> list[int]:
-        return [0]
-
-    def record(self, event: list[int], stream: Any) -> None:
-        event[0] = time.monotonic_ns()
-
-    def done(self, event: list[int]) -> bool:
+    def done(self, event: int) -> bool:
         return True
 
-    def elapsed_ns(self, start: list[int], end: list[int]) -> int:
-        return end[0] - start[0]
+    def elapsed_ns(self, start: int, end: int) -> int:
+        return end - start
 
-    def anchor(self) -> tuple[list[int], int]:
+    def anchor(self) -> tuple[int, int]:
         mono, real = time.monotonic_ns(), time.time_ns()
-        return [mono], real
+        return mono, real
 
-    def release(self, event: list[int]) -> None:
+    def release(self, event: int) -> None:
         pass
 
 
@@ -132,18 +127,17 @@ class TorchBackend:
         self._torch = importlib.import_module("torch")
         self._pool = _EventPool(lambda: self._torch.cuda.Event(enable_timing=True))
 
-    def device(self) -> int:
-        return int(self._torch.cuda.current_device())
+    def begin(self, stream: Any) -> tuple[Any, Any, int, int]:
+        cuda = self._torch.cuda
+        s = cuda.current_stream() if stream is None else stream
+        ev = self._pool.get()
+        ev.record(s)
+        return ev, s, int(s.cuda_stream), int(s.device.index or 0)
 
-    def stream(self, stream: Any) -> tuple[Any, int]:
-        s = self._torch.cuda.current_stream() if stream is None else stream
-        return s, int(s.cuda_stream)
-
-    def event(self) -> Any:
-        return self._pool.get()
-
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
+    def end(self, stream: Any) -> Any:
+        ev = self._pool.get()
+        ev.record(stream)
+        return ev
 
     def done(self, event: Any) -> bool:
         return bool(event.query())
@@ -170,18 +164,16 @@ class CupyBackend:
         self._cp = importlib.import_module("cupy")
         self._pool = _EventPool(lambda: self._cp.cuda.Event())
 
-    def device(self) -> int:
-        return int(self._cp.cuda.runtime.getDevice())
-
-    def stream(self, stream: Any) -> tuple[Any, int]:
+    def begin(self, stream: Any) -> tuple[Any, Any, int, int]:
         s = self._cp.cuda.get_current_stream() if stream is None else stream
-        return s, int(s.ptr)
+        ev = self._pool.get()
+        ev.record(s)
+        return ev, s, int(s.ptr), int(self._cp.cuda.runtime.getDevice())
 
-    def event(self) -> Any:
-        return self._pool.get()
-
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
+    def end(self, stream: Any) -> Any:
+        ev = self._pool.get()
+        ev.record(stream)
+        return ev
 
     def done(self, event: Any) -> bool:
         return bool(event.done)
@@ -266,18 +258,12 @@ class Probe:
 
     def begin(self, stream: Any = None) -> tuple[Any, Any, int, int]:
         """Record a start event; returns what ``end`` needs.  No synchronisation."""
-        b = self._backend or self.backend
-        s, sid = b.stream(stream)
-        ev = b.event()
-        b.record(ev, s)
-        return ev, s, sid, b.device()
+        return (self._backend or self.backend).begin(stream)
 
     def end(self, name: str, token: tuple[Any, Any, int, int]) -> None:
         """Record the end event and queue the pair for the reaper."""
         start, s, sid, dev = token
-        b = self._backend or self.backend
-        ev = b.event()
-        b.record(ev, s)
+        ev = (self._backend or self.backend).end(s)
         name_id = self._names.get((dev, name))
         if name_id is None:
             name_id = self._name_id(dev, name)

@@ -97,19 +97,17 @@ class FakeDevice:
         self.recorded: list[FakeEvent] = []
         self.anchors = 0
 
-    def device(self) -> int:
-        return 2
+    def _record(self) -> FakeEvent:
+        ev = FakeEvent()
+        ev.t = self.clock
+        self.recorded.append(ev)
+        return ev
 
-    def stream(self, stream: Any) -> tuple[Any, int]:
-        return stream, 0x55
+    def begin(self, stream: Any) -> tuple[FakeEvent, Any, int, int]:
+        return self._record(), stream, 0x55, 2
 
-    def event(self) -> FakeEvent:
-        return FakeEvent()
-
-    def record(self, event: FakeEvent, stream: Any) -> None:
-        event.t = self.clock
-        event.done = False
-        self.recorded.append(event)
+    def end(self, stream: Any) -> FakeEvent:
+        return self._record()
 
     def done(self, event: FakeEvent) -> bool:
         return event.done
