@@ -104,6 +104,17 @@ class RingReader:
             raise TypeError("read_into() needs an array of RECORD_DTYPE")
         return self._consumer.read_into(out)
 
+    def peek(self, max_records: int | None = None) -> npt.NDArray[np.void]:
+        """Read without freeing: the records stay in the ring (and are read again by a
+        restarted consumer) until commit(), for consumers that must first make them durable."""
+        limit = len(self._buf) if max_records is None else max(0, min(max_records, len(self._buf)))
+        n = self._consumer.peek_into(self._buf[:limit])
+        return self._buf[:n].copy()
+
+    def commit(self) -> None:
+        """Free every slot read by peek() so far."""
+        self._consumer.commit()
+
     def read_bytes(self, max_records: int | None = None) -> bytes:
         return self.read_array(max_records).tobytes()
 

@@ -18,7 +18,11 @@
  * Consumer:
  *     struct ki_ring_consumer c;
  *     ki_ring_consumer_open(&c, "/kernel_insight.0", err, sizeof err);
- *     n = ki_ring_consume(&c, out, 1024, ki_ring_now_ns());
+ *     n = ki_ring_consume(&c, out, 1024, ki_ring_mono_ns());
+ *
+ * A consumer that must not lose records it has read but not yet made durable
+ * (the agent) reads with ki_ring_peek() and frees with ki_ring_commit() once
+ * the records are safe; ki_ring_consume() is the two in one call.
  *
  * Every function returns 0 (or a count) on success and a negative errno on
  * failure; functions that can fail for a reason a person must read also fill
@@ -218,6 +222,8 @@ struct ki_ring_consumer {
     uint64_t stall_min_ns;      /* skip a dead writer's slot after this long */
     uint64_t abandoned;         /* slots this consumer skipped */
     uint64_t torn;              /* records this consumer rejected */
+    uint64_t read_pos;          /* next position to read; [tail, read_pos) is read but not yet freed */
+    uint64_t pending;           /* records handed out since the last commit */
 };
 
 struct ki_ring_options {
@@ -599,6 +605,7 @@ static inline int ki_ring_consumer_open(struct ki_ring_consumer *c, const char *
     c->stall_timeout_ns = KI_RING_STALL_TIMEOUT_NS;
     c->stall_min_ns = KI_RING_STALL_MIN_NS;
     c->stall_pos = UINT64_MAX;
+    c->read_pos = KI_LOAD_ACQ(&c->ring.hdr->tail);
     return 0;
 }
 
@@ -609,19 +616,20 @@ static inline void ki_ring_consumer_close(struct ki_ring_consumer *c) {
     ki_ring_close(&c->ring);
 }
 
-/* Copy up to max published records into out and free their slots.  Returns
- * the number copied.  An unpublished slot whose writer died (after
- * stall_min_ns) or that stays unpublished for stall_timeout_ns is abandoned;
- * a record failing its checksum is skipped; both are counted.  now_ns is
- * CLOCK_MONOTONIC (ki_ring_mono_ns). */
-static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
+/* Copy up to max published records, from the read position on, into out
+ * without freeing their slots (ki_ring_commit frees them).  Returns the number
+ * copied.  An unpublished slot whose writer died (after stall_min_ns) or that
+ * stays unpublished for stall_timeout_ns is abandoned; a record failing its
+ * checksum is skipped; both are counted.  now_ns is CLOCK_MONOTONIC
+ * (ki_ring_mono_ns).  Producers see the ring full until the commit. */
+static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
     struct ki_ring *r = &c->ring;
     struct ki_ring_header *h = r->hdr;
     const uint64_t cap = r->mask + 1;
-    uint64_t pos = KI_LOAD_RLX(&h->tail);
-    uint64_t start = pos;
+    uint64_t pos = c->read_pos;
+    const uint64_t end = KI_LOAD_RLX(&h->tail) + cap; /* one lap: the slots beyond are read, not freed */
     size_t n = 0;
-    while (n < max) {
+    while (n < max && pos != end) {
         struct ki_slot *s = &r->slots[pos & r->mask];
         uint64_t seq = KI_LOAD_ACQ(&s->seq);
         if (seq == pos + 1) {
@@ -630,9 +638,6 @@ static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_recor
             o->producer = s->producer;
             o->check = s->check;
             memcpy(&o->rec, &s->rec, sizeof o->rec);
-            /* Clear the writer id so a later stall of this slot never blames a stale writer. */
-            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
-            KI_STORE_REL(&s->seq, pos + cap);
             pos++;
             if (ki_ring_checksum(o->pos, o->producer, &o->rec) != o->check) {
                 KI_ADD_RLX(&h->torn, 1);
@@ -675,10 +680,35 @@ static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_recor
             pos++;
         }
     }
-    if (pos != start) {
-        KI_STORE_REL(&h->tail, pos);
-        KI_ADD_RLX(&h->consumed, n);
+    c->read_pos = pos;
+    c->pending += n;
+    return n;
+}
+
+/* Free every slot read by ki_ring_peek so far and advance tail. */
+static inline void ki_ring_commit(struct ki_ring_consumer *c) {
+    struct ki_ring *r = &c->ring;
+    struct ki_ring_header *h = r->hdr;
+    const uint64_t cap = r->mask + 1;
+    uint64_t tail = KI_LOAD_RLX(&h->tail);
+    if (tail == c->read_pos) return;
+    for (uint64_t p = tail; p != c->read_pos; p++) {
+        struct ki_slot *s = &r->slots[p & r->mask];
+        if (KI_LOAD_ACQ(&s->seq) == p + 1) {
+            /* Clear the writer id so a later stall of this slot never blames a stale writer. */
+            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
+            KI_STORE_REL(&s->seq, p + cap);
+        }
     }
+    KI_STORE_REL(&h->tail, c->read_pos);
+    KI_ADD_RLX(&h->consumed, c->pending);
+    c->pending = 0;
+}
+
+/* Read and free in one call: ki_ring_peek then ki_ring_commit. */
+static inline size_t ki_ring_consume(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
+    size_t n = ki_ring_peek(c, out, max, now_ns);
+    ki_ring_commit(c);
     return n;
 }
 

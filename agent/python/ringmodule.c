@@ -571,6 +571,25 @@ static PyObject *Consumer_read_into(ConsumerObject *self, PyObject *arg) {
     return PyLong_FromSize_t(n);
 }
 
+/* peek_into(buffer) -> n: like read_into, but the slots stay taken until commit(). */
+static PyObject *Consumer_peek_into(ConsumerObject *self, PyObject *arg) {
+    if (check_open(&self->c.ring) < 0) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    size_t max = (size_t)b.len / sizeof(struct ki_record);
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS n = ki_ring_peek(&self->c, (struct ki_record *)b.buf, max, ki_ring_mono_ns());
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *Consumer_commit(ConsumerObject *self, PyObject *unused) {
+    (void)unused;
+    if (check_open(&self->c.ring) < 0) return NULL;
+    ki_ring_commit(&self->c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Consumer_stats(ConsumerObject *self, PyObject *unused) {
     (void)unused;
     if (check_open(&self->c.ring) < 0) return NULL;
@@ -612,6 +631,8 @@ static PyMethodDef Consumer_methods[] = {
      "open(name, create=False, stall_timeout_ns=250ms, stall_min_ns=2ms) -> Consumer"},
     {"close", (PyCFunction)Consumer_close, METH_NOARGS, "release the consumer claim and unmap"},
     {"read_into", (PyCFunction)Consumer_read_into, METH_O, "read_into(buffer) -> records copied"},
+    {"peek_into", (PyCFunction)Consumer_peek_into, METH_O, "peek_into(buffer) -> records copied, slots kept"},
+    {"commit", (PyCFunction)Consumer_commit, METH_NOARGS, "free every slot peeked so far"},
     {"stats", (PyCFunction)Consumer_stats, METH_NOARGS, "ring counters"},
     {"producer_stats", (PyCFunction)Consumer_producer_stats, METH_O, "producer_stats(id) -> dict or None"},
     {"__enter__", (PyCFunction)Consumer_enter, METH_NOARGS, NULL},

@@ -269,3 +269,25 @@ def test_attach_to_missing_ring_names_the_problem(ring_name: str) -> None:
         Ring.attach(ring_name)
     with pytest.raises(RingError, match="invalid ring name"):
         Ring.attach("no-slash")
+
+
+def test_peek_keeps_slots_until_commit_and_a_restart_rereads_them(ring_name: str) -> None:
+    with Ring.create(ring_name, capacity=8) as ring:
+        assert [ring.kernel(1, 0, i, i) for i in range(8)] == [0] * 8
+        with RingReader.open(ring_name) as reader:
+            first = reader.peek()
+            assert list(first["ts_ns"]) == list(range(8))
+            assert reader.peek().size == 0  # a whole lap read: nothing beyond it
+            assert ring.kernel(1, 0, 99, 99) == -28  # still taken until the commit
+            assert reader.stats()["tail"] == 0
+        with RingReader.open(ring_name) as reader:  # restarted before committing
+            again = reader.peek(5)
+            assert list(again["ts_ns"]) == list(range(5))
+            reader.commit()
+            assert reader.stats()["tail"] == 5
+            assert [ring.kernel(1, 0, 8 + i, 0) for i in range(5)] == [0] * 5
+            rest = reader.peek()
+            assert list(rest["ts_ns"]) == [5, 6, 7, 8, 9, 10, 11, 12]
+            reader.commit()
+            stats = reader.stats()
+    assert (stats["tail"], stats["consumed"], stats["torn"], stats["fill"]) == (13, 13, 0, 0)
