@@ -300,14 +300,16 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) ->
     if op == "limit_ratio":
         if np.isnan(param).any():
             raise KqlEvaluationError("Ratio value is NaN")
-        ratio = param.copy()
-        if ((ratio < -1) | (ratio > 1)).any():
+        outside = param[(param < -1) | (param > 1)]
+        if len(outside):
+            got, capped = float(outside[0]), float(np.clip(outside[0], -1, 1))
             ev.annotate(
                 "warning",
-                f"ratio value should be between -1 and 1, got {format_sample_value(float(ratio[(ratio < -1) | (ratio > 1)][0]))}, capping to {format_sample_value(float(np.clip(ratio[(ratio < -1) | (ratio > 1)][0], -1, 1)))}",
+                f"ratio value should be between -1 and 1, got {format_sample_value(got)}, "
+                f"capping to {format_sample_value(capped)}",
                 node.param.pos if node.param is not None else node.pos,
             )
-        ratio = np.clip(ratio, -1, 1)
+        ratio = np.clip(param, -1, 1)
         offsets = np.array([_ratio_offset(lb) for lb in vec.labels])
         for j in range(steps):
             r = ratio[j]
@@ -322,19 +324,14 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) ->
         if kj < 1:
             continue
         rows = np.flatnonzero(vec.present[:, j])
-        if op == "limitk":
-            counts: dict[int, int] = {}
-            for r in rows:
-                g = int(gid[r])
-                if counts.get(g, 0) < kj:
-                    counts[g] = counts.get(g, 0) + 1
-                    keep[r, j] = True
-            continue
         vals = vec.values[rows, j]
         nan = np.isnan(vals)
-        # topk: largest first; bottomk: smallest first; NaN always last.
-        key = np.where(nan, np.inf, -vals if op == "topk" else vals)
-        order = rows[np.lexsort((key, gid[rows]))]
+        if op == "limitk":
+            order = rows[np.lexsort((rows, gid[rows]))]  # the first k series of each group
+        else:
+            # topk: largest first; bottomk: smallest first; NaN always last.
+            key = np.where(nan, 0.0, -vals if op == "topk" else vals)
+            order = rows[np.lexsort((key, nan, gid[rows]))]
         ranked_gid = gid[order]
         starts = np.searchsorted(ranked_gid, ranked_gid, side="left")
         within = np.arange(len(order)) - starts

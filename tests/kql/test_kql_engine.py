@@ -375,3 +375,17 @@ def test_long_windows_agree_with_lock_step(query: str, monkeypatch: pytest.Monke
     assert [x.labels for x in per_window.series] == [x.labels for x in with_lock_step.series]
     for a, b in zip(with_lock_step.series, per_window.series, strict=True):
         np.testing.assert_allclose(a.values, b.values, rtol=1e-9)
+
+
+def test_topk_and_bottomk_put_nan_after_infinities() -> None:
+    s = MemoryStorage()
+    for i, v in enumerate([1.0, -math.inf, math.nan, 5.0, math.inf]):
+        s.add({"__name__": "x", "i": str(i)}, [0], [v])
+    engine = Engine(s)
+    top = [x.value for x in engine.instant_query("topk(5, x)", 0).value.samples]
+    bottom = [x.value for x in engine.instant_query("bottomk(5, x)", 0).value.samples]
+    assert top[:4] == [math.inf, 5.0, 1.0, -math.inf]
+    assert bottom[:4] == [-math.inf, 1.0, 5.0, math.inf]
+    assert math.isnan(top[4])
+    assert math.isnan(bottom[4])
+    assert [dict(x.labels)["i"] for x in engine.instant_query("limitk(2, x)", 0).value.samples] == ["0", "1"]
