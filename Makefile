@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -30,6 +30,9 @@ test: lint typecheck unit
 
 bench-ring: build
 	$(PY) -m bench.ring
+
+bench-api: build
+	$(PY) -m bench.api
 
 clean:
 	rm -rf build $(VENV) *.egg-info

@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Build tools and headers for the C extension and the native agent.
-APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv)
+# Build tools and headers for the C extension and the native agent; prometheus
+# brings promtool, a real Prometheus client the API tests drive.
+APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
