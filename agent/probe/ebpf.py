@@ -10,6 +10,7 @@ COLLECTIVE), with their host-side duration.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import importlib
@@ -241,6 +242,7 @@ class Tracer:
         self.launches: dict[str, LaunchStats] = defaultdict(LaunchStats)
         self._outstanding: dict[int, int] = defaultdict(int)
         self._outstanding_sent: dict[int, int] = {}
+        self._retired: dict[str, LaunchStats] = {}  # launches of processes that have exited, by name
         self._mono_to_real = time.time_ns() - time.monotonic_ns()
         self._stop = threading.Event()
         self._closed = False
@@ -340,8 +342,41 @@ class Tracer:
         self._mono_to_real = time.time_ns() - time.monotonic_ns()
         self._bpf.ring_buffer_consume()
         self._flush_launches()
+        self._forget_exited()
         self._flush_outstanding()
         return self.records_written - before
+
+    def _forget_exited(self) -> None:
+        """Fold the launch counts of processes that exited into per-name totals and drop their map entries.
+
+        Without this the BPF maps (fixed size) would fill with the keys of
+        long-gone processes on a machine that starts many.
+        """
+        pids = {k[0] for k in self._launch_seen} | set(self._outstanding)
+        dead = {p for p in pids if not _alive(p)}
+        if not dead:
+            return
+        launches = self._bpf[b"launches"]
+        for key in [k for k in self._launch_seen if k[0] in dead]:
+            count, sum_ns, hist = self._launch_seen.pop(key)
+            r = self._retired.setdefault(self._name(*key), LaunchStats())
+            r.count += count
+            r.host_ns += sum_ns
+            r.hist = [a + b for a, b in zip(r.hist, hist, strict=True)]
+            with contextlib.suppress(KeyError):
+                del launches[launches.Key(*key)]
+        fnames = self._bpf[b"fnames"]
+        for k in [k for k in fnames.keys() if int(k.pid) in dead]:  # noqa: SIM118  (a BPF map, not a dict)
+            with contextlib.suppress(KeyError):
+                del fnames[k]
+        self._names = {k: v for k, v in self._names.items() if k[0] not in dead}
+        for pid in dead:
+            if self._outstanding.get(pid):
+                self._outstanding[pid] = 0  # the driver frees a dead process's memory
+        for pid in [
+            p for p, n in self._outstanding.items() if p in dead and self._outstanding_sent.get(p) == n
+        ]:
+            del self._outstanding[pid]  # its 0 has been written
 
     def _flush_outstanding(self) -> None:
         ts = time.time_ns()
@@ -407,6 +442,8 @@ class Tracer:
                 changed.add(name)
         if not changed:
             return
+        for name, r in self._retired.items():
+            totals[name] = LaunchStats(r.count, r.host_ns, list(r.hist))
         for key, (count, sum_ns, hist) in self._launch_seen.items():
             name = self._name(*key)
             t = totals.setdefault(name, LaunchStats())
@@ -475,6 +512,16 @@ class Tracer:
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _filter(cgroup: str | None) -> str:

@@ -222,7 +222,18 @@ def test_launch_records_are_sampled_but_counts_stay_exact(stand_ins, label_prefi
         tracer.drain()
         counts = {n: s.count for n, s in tracer.launches.items()}
         prog.finish()
+        tracer.drain()  # the process has exited: its map entries go, its counts stay
+        tracer.drain()
+        after = {n: s.count for n, s in tracer.launches.items()}
+        assert tracer.outstanding() == {}
+        assert len(tracer._bpf[b"launches"]) == 0
+        assert len(tracer._bpf[b"fnames"]) == 0
     recs = drain(ring_name(f"{label_prefix}0"))
+    assert after == counts
+    held = [
+        (r.aux, r.value) for r in recs if isinstance(r, SampleRecord) and r.metric == CUDA_ALLOCATED_BYTES
+    ]
+    assert held == [(prog.pid, 3.0 * MIB), (prog.pid, 0.0)]
     assert sum(1 for r in recs if isinstance(r, LaunchRecord)) == 18
     assert counts["gemm_kernel"] == 1000
     assert sum(counts.values()) == 1800
