@@ -19,7 +19,8 @@ struct ki_config {
     char ring[KI_CONFIG_STR];         /* GPU index/uuid, or a shm name starting with / */
     int64_t ring_create;              /* create the ring when it does not exist */
     int64_t ring_capacity;            /* slots of a ring this agent creates */
-    char collector[KI_CONFIG_STR];    /* http://host:port of the collector */
+    char collector[KI_CONFIG_STR];    /* http[s]://host:port of the collector */
+    char tls_ca_file[KI_CONFIG_PATH]; /* CA certificates for https; "" = the system's */
     char key_file[KI_CONFIG_PATH];    /* the agent's key file (ki keys add) */
     char spool_dir[KI_CONFIG_PATH];   /* on-disk spool and epoch file */
     int64_t spool_max_mb;             /* spool bound; oldest batches dropped past it */

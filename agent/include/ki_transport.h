@@ -1,9 +1,9 @@
 /*
  * ki_transport.h - HTTP/1.1 POST of one batch over a kept-alive TCP connection.
  *
- * Plain http:// only for now; an https:// collector URL is refused at start
- * with a clear message (TLS is planned: docs/agent.md). Timeouts bound every
- * step, so a silent collector cannot stall the drain loop for long.
+ * http:// or https:// (TLS through a dlopen'ed libssl, ki_tls.h: verified
+ * against the system trust store or ca_file). Timeouts bound every step, so a
+ * silent collector cannot stall the drain loop for long.
  */
 #ifndef KI_TRANSPORT_H
 #define KI_TRANSPORT_H
@@ -18,9 +18,14 @@ struct ki_http_result {
     int retry_after; /* Retry-After in seconds, -1 when absent */
 };
 
-/* Parse url (http://host[:port][/prefix]) and prepare; connects lazily. NULL with err on a bad URL or ENOMEM. */
-struct ki_http *ki_http_create(const char *url, const char *path, int connect_timeout_ms, int io_timeout_ms, char *err,
-                               size_t errlen);
+/* Parse url (http[s]://host[:port][/prefix]) and prepare; connects lazily. ca_file
+ * ("" or NULL: system trust store) is used for https. NULL with err on a bad URL,
+ * missing libssl or ENOMEM. */
+struct ki_http *ki_http_create(const char *url, const char *path, const char *ca_file, int connect_timeout_ms,
+                               int io_timeout_ms, char *err, size_t errlen);
+
+/* Why the last failed call failed, in words (TLS verification, ...), or "" when errno says it all. */
+const char *ki_http_error(const struct ki_http *h);
 
 /* Close the connection and free; accepts NULL. */
 void ki_http_destroy(struct ki_http *h);

@@ -119,8 +119,8 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     if (ki_seal_next_epoch(&a->seal, cfg->spool_dir, (uint32_t)(real_ns() / NS_PER_S), err, errlen) < 0) goto fail;
     a->spool = ki_spool_create(cfg->spool_dir, (uint64_t)cfg->spool_max_mb << 20, (int)cfg->spool_fsync, err, errlen);
     if (!a->spool) goto fail;
-    a->http = ki_http_create(cfg->collector, INGEST_PATH, (int)cfg->connect_timeout_ms, (int)cfg->io_timeout_ms, err,
-                             errlen);
+    a->http = ki_http_create(cfg->collector, INGEST_PATH, cfg->tls_ca_file, (int)cfg->connect_timeout_ms,
+                             (int)cfg->io_timeout_ms, err, errlen);
     if (!a->http) goto fail;
     a->names = ki_names_create((size_t)cfg->names_max, (size_t)cfg->names_bytes, (size_t)cfg->name_max);
     a->staging_cap = (size_t)cfg->batch_records;
@@ -289,7 +289,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
         if (!a->failing)
             ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
-                        ki_http_target(a->http), strerror(-rc));
+                        ki_http_target(a->http), *ki_http_error(a->http) ? ki_http_error(a->http) : strerror(-rc));
         a->failing = 1;
         schedule_retry(a, -1);
         return 0;

@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ki_transport.h"
 
+#include "ki_tls.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,18 +35,18 @@ struct ki_http {
     size_t len;              /* its length */
     int hlen;                /* its head's length (in head) */
     int reused;              /* the request went out on a kept-alive connection */
+    struct ki_tls *tls;      /* TLS library and context for https, else NULL */
+    struct ki_tls_conn *conn; /* TLS session on fd */
+    char error[256];         /* words for the last failure */
     char head[1024];         /* request head being built */
     char resp[RESPONSE_MAX]; /* response bytes */
 };
 
-struct ki_http *ki_http_create(const char *url, const char *path, int connect_timeout_ms, int io_timeout_ms, char *err,
-                               size_t errlen) {
-    if (!strncmp(url, "https://", 8)) {
-        snprintf(err, errlen, "collector %s: https is not supported by this ki-agent build yet (docs/agent.md)", url);
-        return NULL;
-    }
-    if (strncmp(url, "http://", 7)) {
-        snprintf(err, errlen, "collector URL %s must start with http://", url);
+struct ki_http *ki_http_create(const char *url, const char *path, const char *ca_file, int connect_timeout_ms,
+                               int io_timeout_ms, char *err, size_t errlen) {
+    int https = !strncmp(url, "https://", 8);
+    if (!https && strncmp(url, "http://", 7)) {
+        snprintf(err, errlen, "collector URL %s must start with http:// or https://", url);
         return NULL;
     }
     struct ki_http *h = calloc(1, sizeof *h);
@@ -55,7 +57,7 @@ struct ki_http *ki_http_create(const char *url, const char *path, int connect_ti
     h->fd = -1;
     h->connect_timeout_ms = connect_timeout_ms;
     h->io_timeout_ms = io_timeout_ms;
-    const char *p = url + 7, *slash = strchr(p, '/');
+    const char *p = url + (https ? 8 : 7), *slash = strchr(p, '/');
     size_t hostport = slash ? (size_t)(slash - p) : strlen(p);
     const char *prefix = slash ? slash : "";
     size_t plen = strlen(prefix);
@@ -72,7 +74,7 @@ struct ki_http *ki_http_create(const char *url, const char *path, int connect_ti
     }
     memcpy(h->host, p, hl);
     if (colon) memcpy(h->port, colon + 1, pl);
-    else strcpy(h->port, "80");
+    else strcpy(h->port, https ? "443" : "80");
     for (const char *c = h->port; *c; c++)
         if (!isdigit((unsigned char)*c)) {
             snprintf(err, errlen, "collector URL %s: the port must be a number", url);
@@ -81,10 +83,18 @@ struct ki_http *ki_http_create(const char *url, const char *path, int connect_ti
         }
     snprintf(h->path, sizeof h->path, "%.*s%s", (int)plen, prefix, path);
     snprintf(h->target, sizeof h->target, "%s:%s", h->host, h->port);
+    if (https && !(h->tls = ki_tls_create(ca_file, err, errlen))) {
+        free(h);
+        return NULL;
+    }
     return h;
 }
 
+const char *ki_http_error(const struct ki_http *h) { return h->error; }
+
 static void disconnect(struct ki_http *h) {
+    ki_tls_close(h->tls, h->conn);
+    h->conn = NULL;
     if (h->fd >= 0) close(h->fd);
     h->fd = -1;
 }
@@ -92,6 +102,7 @@ static void disconnect(struct ki_http *h) {
 void ki_http_destroy(struct ki_http *h) {
     if (!h) return;
     disconnect(h);
+    ki_tls_destroy(h->tls);
     free(h);
 }
 
@@ -143,6 +154,11 @@ static int connect_now(struct ki_http *h) {
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (h->tls && !(h->conn = ki_tls_connect(h->tls, fd, h->host, h->io_timeout_ms, h->error, sizeof h->error))) {
+                close(fd);
+                rc = -EPROTO;
+                break; /* a TLS failure is not a reason to try the next address */
+            }
             h->fd = fd;
             rc = 0;
             break;
@@ -155,6 +171,10 @@ static int connect_now(struct ki_http *h) {
 }
 
 static int send_all(struct ki_http *h, const char *head, size_t hlen, const void *body, size_t blen) {
+    if (h->conn) {
+        int rc = ki_tls_write(h->tls, h->conn, head, hlen);
+        return rc < 0 ? rc : ki_tls_write(h->tls, h->conn, body, blen);
+    }
     struct iovec iov[2] = {{(void *)head, hlen}, {(void *)body, blen}};
     struct msghdr msg;
     memset(&msg, 0, sizeof msg);
@@ -180,6 +200,7 @@ static int send_all(struct ki_http *h, const char *head, size_t hlen, const void
 }
 
 static ssize_t recv_some(struct ki_http *h, char *buf, size_t len) {
+    if (h->conn) return ki_tls_read(h->tls, h->conn, buf, len);
     for (;;) {
         ssize_t r = recv(h->fd, buf, len, 0);
         if (r < 0 && errno == EINTR) continue;
@@ -277,6 +298,7 @@ static int transmit(struct ki_http *h) {
 }
 
 int ki_http_send(struct ki_http *h, const void *body, size_t len) {
+    h->error[0] = '\0';
     h->hlen = snprintf(h->head, sizeof h->head,
                        "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: ki-agent/0.1\r\n"
                        "Content-Type: application/x-ki-batch\r\nContent-Length: %zu\r\n\r\n",
@@ -289,7 +311,8 @@ int ki_http_send(struct ki_http *h, const void *body, size_t len) {
 
 int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) {
     if (h->fd < 0) return -ENOTCONN;
-    int rc = wait_fd(h->fd, POLLIN, timeout_ms < 0 ? 0 : timeout_ms);
+    int pending = h->conn && ki_tls_pending(h->tls, h->conn) > 0;
+    int rc = pending ? 0 : wait_fd(h->fd, POLLIN, timeout_ms < 0 ? 0 : timeout_ms);
     if (rc == -ETIMEDOUT) return -EAGAIN;
     if (rc < 0) {
         disconnect(h);

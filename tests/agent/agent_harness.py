@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -68,8 +69,9 @@ Script = Callable[[int, bytes], tuple[int, dict[str, str]] | None]
 class Receiver:
     """A collector stand-in: decodes and deduplicates like the real one; `script` may override answers."""
 
-    def __init__(self, keys: KeyStore) -> None:
+    def __init__(self, keys: KeyStore, tls: ssl.SSLContext | None = None) -> None:
         self.keys = keys
+        self.tls = tls
         self.got = Received()
         self.script: Script | None = None
         self.close_each = False
@@ -102,9 +104,15 @@ class Receiver:
                 self.wfile.write(payload)
 
         self.handler = Handler
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = self._make_server(0)
         self.port = self.server.server_address[1]
         self._serve()
+
+    def _make_server(self, port: int) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", port), self.handler)
+        if self.tls is not None:
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
+        return server
 
     def _serve(self) -> None:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -117,11 +125,13 @@ class Receiver:
 
     def restart(self) -> None:
         """Listen again on the same port."""
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self.server = self._make_server(self.port)
         self._serve()
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"https://localhost:{self.port}"
         return f"http://127.0.0.1:{self.port}"
 
     def handle(self, path: str, body: bytes) -> tuple[int, dict[str, str]]:
@@ -174,7 +184,14 @@ class AgentProc:
 class Setup:
     """One ring, one key store, one enrolled agent, spool dir; starts agents and receivers."""
 
-    def __init__(self, tmp: Path, binary: Path, ring_name: str, capacity: int = 1 << 14) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        binary: Path,
+        ring_name: str,
+        capacity: int = 1 << 14,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.tmp = tmp
         self.binary = binary
         self.ring_name = ring_name
@@ -186,7 +203,7 @@ class Setup:
         self.key_file = tmp / "agent.key"
         self.creds.write_key_file(self.key_file)
         self.spool = tmp / "spool"
-        self.receiver = Receiver(self.keys)
+        self.receiver = Receiver(self.keys, tls)
         self.agents: list[AgentProc] = []
 
     def start(self, *extra: str, url: str | None = None, env: dict[str, str] | None = None) -> AgentProc:
@@ -233,9 +250,53 @@ def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condi
 
 
 @contextlib.contextmanager
-def setup(tmp: Path, binary: Path, name: str, capacity: int = 1 << 14) -> Iterator[Setup]:
-    s = Setup(tmp, binary, name, capacity)
+def setup(
+    tmp: Path, binary: Path, name: str, capacity: int = 1 << 14, tls: ssl.SSLContext | None = None
+) -> Iterator[Setup]:
+    s = Setup(tmp, binary, name, capacity, tls)
     try:
         yield s
     finally:
         s.close()
+
+
+def self_signed(tmp: Path) -> tuple[Path, ssl.SSLContext]:
+    """A certificate for localhost / 127.0.0.1 (its own CA) and a server context using it."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert_path, key_path)
+    return cert_path, ctx

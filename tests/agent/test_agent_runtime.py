@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from agent_harness import setup, wait_for
+from agent_harness import self_signed, setup, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_corpus import SHIPPED, random_records
@@ -355,16 +354,26 @@ def test_key_file_readable_by_others_is_refused(agent_bin, tmp_path):
     assert creds.key.hex() not in r.stderr
 
 
-def test_https_collector_is_refused_until_supported(agent_bin, tmp_path):
-    creds = KeyStore(tmp_path / "k.json").add_agent("a")
-    creds.write_key_file(tmp_path / "agent.key")
-    assert stat.S_IMODE(os.stat(tmp_path / "agent.key").st_mode) == 0o600
-    r = run_agent(
-        agent_bin, "--key-file", str(tmp_path / "agent.key"), "--spool-dir", str(tmp_path / "s"),
-        "--collector", "https://collector:443",
-    )  # fmt: skip
-    assert r.returncode == 1
-    assert "https is not supported" in r.stderr
+def test_https_with_a_trusted_ca_delivers(tmp_path, agent_bin, ring_name):
+    cert, ctx = self_signed(tmp_path)
+    with setup(tmp_path, agent_bin, ring_name, tls=ctx) as s:
+        agent = s.start("--tls-ca-file", str(cert))
+        expected = write(s, random_records(np.random.default_rng(30), 200))
+        wait_records(s, expected["pos"].tolist())
+        assert agent.stop() == 0
+        assert s.receiver.got.duplicates == 0, agent.log()
+        assert "unreachable" not in agent.log()  # TLS session tickets and the like are not errors
+
+
+def test_https_with_an_untrusted_certificate_sends_nothing_and_says_why(tmp_path, agent_bin, ring_name):
+    _cert, ctx = self_signed(tmp_path)
+    with setup(tmp_path, agent_bin, ring_name, tls=ctx) as s:
+        agent = s.start("--shutdown-timeout-s", "0")  # the system trust store does not know this certificate
+        write(s, random_records(np.random.default_rng(31), 5))
+        wait_for(lambda: "certificate is not trusted" in agent.log(), what="the TLS error in the log")
+        assert agent.stop() == 0
+        assert s.receiver.got.batches == {}
+        assert list(s.spool.glob("*.kib"))  # kept for when the trust is fixed
 
 
 def test_sanitizer_build_runs_clean_through_outage_names_garbage_and_shutdown(

@@ -78,7 +78,7 @@ int main(void) {
     snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(addr.sin_port));
     pthread_t t;
     pthread_create(&t, NULL, serve, NULL);
-    struct ki_http *h = ki_http_create(url, "/v1/ingest", 1000, 1000, err, sizeof err);
+    struct ki_http *h = ki_http_create(url, "/v1/ingest", NULL, 1000, 1000, err, sizeof err);
     CHECK(h != NULL);
     int ok = 0, failed = 0;
     for (int i = 0; i < ROUNDS; i++) {
@@ -97,10 +97,12 @@ int main(void) {
     ki_http_destroy(h);
     close(listener);
     /* Bad URLs are refused at creation. */
-    CHECK(ki_http_create("https://x", "/p", 1, 1, err, sizeof err) == NULL);
-    CHECK(ki_http_create("ftp://x", "/p", 1, 1, err, sizeof err) == NULL);
-    CHECK(ki_http_create("http://:80", "/p", 1, 1, err, sizeof err) == NULL);
-    CHECK(ki_http_create("http://host:8x", "/p", 1, 1, err, sizeof err) == NULL);
+    CHECK(ki_http_create("https://", "/p", NULL, 1, 1, err, sizeof err) == NULL);
+    CHECK(ki_http_create("https://h", "/p", "/nonexistent/ca.pem", 1, 1, err, sizeof err) == NULL);
+    CHECK(strstr(err, "trusted certificates") != NULL);
+    CHECK(ki_http_create("ftp://x", "/p", NULL, 1, 1, err, sizeof err) == NULL);
+    CHECK(ki_http_create("http://:80", "/p", NULL, 1, 1, err, sizeof err) == NULL);
+    CHECK(ki_http_create("http://host:8x", "/p", NULL, 1, 1, err, sizeof err) == NULL);
     printf("ok answered=%d failed=%d\n", ok, failed);
     CHECK(ok > ROUNDS / 50);
     CHECK(failed > ROUNDS / 10);
