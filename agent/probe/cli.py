@@ -80,6 +80,7 @@ def _ebpf(args: argparse.Namespace) -> int:
         libcudart=args.libcudart,
         libnccl=args.libnccl,
         launch_sample=args.launch_sample,
+        launch_latency=not args.count_only,
         drain_interval_s=args.interval,
     )
     try:
@@ -165,6 +166,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--libcudart", default=None, help="path of libcudart.so (default: as the loader finds it)")
     e.add_argument("--libnccl", default=None, help="path of libnccl.so.2 (default: as the loader finds it)")
     e.add_argument("--launch-sample", type=int, default=0, help="one LAUNCH record per N launches (0: none)")
+    e.add_argument(
+        "--count-only",
+        action="store_true",
+        help="count launches without timing them (one uprobe per launch instead of two)",
+    )
     e.add_argument("--interval", type=_positive, default=1.0, help="seconds between map drains (default 1)")
     common(e)
     e.set_defaults(handler=_errors_to_exit(_ebpf))

@@ -256,6 +256,8 @@ class Tracer:
         reason = _bpf_permitted()
         if reason is not None:
             raise EbpfUnavailable(f"BPF not permitted: {reason}")
+        if config.pid is not None and not _alive(config.pid):
+            raise EbpfUnavailable(f"no process {config.pid} to trace")
         bcc = _import_bcc()
         libs: dict[str, str] = {}
         overrides = {"cuda": config.libcuda, "cudart": config.libcudart, "nccl": config.libnccl}

@@ -340,6 +340,15 @@ def test_bad_tracer_config_is_refused(kw, message):
         TracerConfig(**kw)
 
 
+def test_tracing_a_process_that_does_not_exist_is_refused(stand_ins):
+    if os.geteuid() != 0:
+        pytest.skip("BPF not permitted: not root, the permission check comes first")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with pytest.raises(EbpfUnavailable, match=f"no process {dead.pid} to trace"):
+        Tracer.start(config(stand_ins, "unused-", pid=dead.pid))
+
+
 def test_missing_library_override_is_refused_clearly(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("BPF not permitted: not root, the permission check comes first")
