@@ -13,18 +13,19 @@ if [[ $(id -u) -ne 0 ]]; then
     say "not root: skipping apt-get, header links and tracefs (the ebpf tests will skip and say why)"
 else
     # 1. bcc's Python front end and kernel headers (never PyPI's unrelated 'bcc').
-    if ! dpkg -s python3-bpfcc >/dev/null 2>&1 || ! dpkg -s linux-headers-amd64 >/dev/null 2>&1; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-bpfcc linux-headers-amd64 >/dev/null
-        say "installed python3-bpfcc linux-headers-amd64"
+    arch=$(dpkg --print-architecture)  # amd64 on the CI machine; arm64 works the same way
+    if ! dpkg -s python3-bpfcc >/dev/null 2>&1 || ! dpkg -s "linux-headers-$arch" >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-bpfcc "linux-headers-$arch" >/dev/null
+        say "installed python3-bpfcc linux-headers-$arch"
     fi
     # 2. bcc compiles its programs against /lib/modules/$(uname -r)/{build,source}.
     #    The running kernel may have no packaged headers; the newest Debian headers serve
     #    (the tracer's programs use only stable uprobe helpers, no kernel structs).
     kdir=/lib/modules/$(uname -r)
-    hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1 || true)
+    hdr=$(ls -d /usr/src/linux-headers-*-"$arch" 2>/dev/null | sort -V | tail -n1 || true)
     common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1 || true)
     if [[ -z $hdr || -z $common ]]; then
-        say "no /usr/src/linux-headers-*-amd64 and -common after install: cannot link headers" >&2
+        say "no /usr/src/linux-headers-*-$arch and -common after install: cannot link headers" >&2
         exit 1
     fi
     mkdir -p "$kdir"
