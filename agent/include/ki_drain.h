@@ -2,12 +2,11 @@
  * ki_drain.h - the agent's side of the ring: attach as the single consumer, copy records out.
  *
  * Two phases, so that a record leaves the ring only once it is in the spool:
- * ki_drain_poll copies published records out but keeps their slots;
- * ki_drain_commit, called after the batch is spooled, frees them and moves the
- * ring's tail. An agent killed in between finds the records again at its next
- * start; those an earlier run had already spooled are skipped by position
- * (skip_before, from the spool's newest mark). This is ki_ring_consume split in
- * two (the same stall, abandon and checksum rules). Pages of the ring the agent has read are handed back to the
+ * ki_drain_poll copies published records out but keeps their slots
+ * (ki_ring_peek); ki_drain_commit, called after the batch is spooled, frees
+ * them and moves the ring's tail (ki_ring_commit). An agent killed in between
+ * finds the records again at its next start; those an earlier run had already
+ * spooled are skipped by position (skip_before, from the spool's newest mark). Pages of the ring the agent has read are handed back to the
  * kernel (MADV_DONTNEED on the consumer's mapping; the shared memory stays),
  * so the ring's size does not count in the agent's resident memory.
  */

@@ -1,4 +1,4 @@
-/* drain.c - two-phase ring consumer (ki_drain.h). */
+/* drain.c - the agent's ring consumer: ki_ring_peek / ki_ring_commit plus restart skipping (ki_drain.h). */
 #define _GNU_SOURCE /* MADV_DONTNEED */
 #include "ki_ring.h"
 #include "ki_drain.h"
@@ -9,9 +9,7 @@
 #define PAGE 4096u
 
 struct ki_drain {
-    struct ki_ring_consumer c; /* the attached consumer */
-    uint64_t read_pos;         /* next position to read; slots from tail to here are read, not yet freed */
-    uint64_t pending;          /* records handed out since the last commit */
+    struct ki_ring_consumer c; /* the attached consumer (ki_ring_peek / ki_ring_commit) */
     uint64_t skip_before;      /* positions below this were spooled by an earlier run */
     uint64_t skipped;          /* records skipped for that reason */
     uint64_t released;         /* ring position up to which pages were handed back */
@@ -32,8 +30,7 @@ struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity
         free(d);
         return NULL;
     }
-    d->read_pos = KI_LOAD_ACQ(&d->c.ring.hdr->tail);
-    d->released = d->read_pos / (PAGE / KI_RING_RECORD_SIZE) * (PAGE / KI_RING_RECORD_SIZE);
+    d->released = d->c.read_pos / (PAGE / KI_RING_RECORD_SIZE) * (PAGE / KI_RING_RECORD_SIZE);
     return d;
 }
 
@@ -48,7 +45,7 @@ void ki_drain_skip_before(struct ki_drain *d, uint64_t ring_created_ns, uint64_t
 }
 
 uint64_t ki_drain_ring_created_ns(const struct ki_drain *d) { return d->c.ring.hdr->created_ns; }
-uint64_t ki_drain_read_pos(const struct ki_drain *d) { return d->read_pos; }
+uint64_t ki_drain_read_pos(const struct ki_drain *d) { return d->c.read_pos; }
 uint64_t ki_drain_skipped(const struct ki_drain *d) { return d->skipped; }
 
 /* Drop the consumer's page mappings for whole pages of slots already freed. */
@@ -68,86 +65,21 @@ static void release_pages(struct ki_drain *d) {
 }
 
 size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max) {
-    struct ki_ring_consumer *c = &d->c;
-    struct ki_ring *r = &c->ring;
-    struct ki_ring_header *h = r->hdr;
-    const uint64_t cap = r->mask + 1;
-    const uint64_t now_ns = ki_ring_mono_ns();
-    uint64_t pos = d->read_pos;
-    size_t n = 0;
-    while (n < max) {
-        struct ki_slot *s = &r->slots[pos & r->mask];
-        uint64_t seq = KI_LOAD_ACQ(&s->seq);
-        if (seq == pos + 1) {
-            struct ki_record *o = &out[n];
-            o->pos = pos;
-            o->producer = s->producer;
-            o->check = s->check;
-            memcpy(&o->rec, &s->rec, sizeof o->rec);
-            pos++;
-            if (ki_ring_checksum(o->pos, o->producer, &o->rec) != o->check) {
-                KI_ADD_RLX(&h->torn, 1);
-                c->torn++;
-                continue;
-            }
-            if (o->pos < d->skip_before) {
-                d->skipped++;
-                continue;
-            }
-            n++;
-        } else if (seq - pos >= cap && seq - pos <= 2 * cap) {
-            pos++; /* freed by a consumer that died before advancing tail (and maybe reused) */
-        } else if (seq == pos && KI_LOAD_ACQ(&h->head) > pos) {
-            /* reserved, not yet published: the ring's stall rules */
-            if (c->stall_pos != pos) {
-                c->stall_pos = pos;
-                c->stall_since_ns = now_ns;
-                break;
-            }
-            uint64_t waited = now_ns - c->stall_since_ns;
-            int dead = 0;
-            if (waited >= c->stall_min_ns) {
-                uint32_t pid = KI_LOAD_ACQ(&r->producers[KI_LOAD_RLX(&s->producer) & (KI_RING_MAX_PRODUCERS - 1)].pid);
-                dead = !ki_ring__pid_alive(pid);
-            }
-            if (!dead && waited < c->stall_timeout_ns) break;
-            uint64_t expect = pos;
-            if (__atomic_compare_exchange_n(&s->seq, &expect, pos + cap, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                KI_ADD_RLX(&h->abandoned, 1);
-                c->abandoned++;
-                pos++;
-            }
-        } else if (seq == pos) {
-            break; /* empty */
-        } else {
-            KI_ADD_RLX(&h->torn, 1); /* a sequence no protocol step produces: resynchronise */
-            c->torn++;
-            KI_STORE_REL(&s->seq, pos + cap);
-            pos++;
+    for (;;) {
+        size_t got = ki_ring_peek(&d->c, out, max, ki_ring_mono_ns());
+        if (!got || out[0].pos >= d->skip_before) return got; /* positions increase: only a prefix can need skipping */
+        /* Drop what an earlier run already spooled (only right after a restart). */
+        size_t kept = 0;
+        for (size_t i = 0; i < got; i++) {
+            if (out[i].pos < d->skip_before) d->skipped++;
+            else out[kept++] = out[i];
         }
+        if (kept || got < max) return kept;
     }
-    d->read_pos = pos;
-    d->pending += n;
-    return n;
 }
 
 void ki_drain_commit(struct ki_drain *d) {
-    struct ki_ring *r = &d->c.ring;
-    struct ki_ring_header *h = r->hdr;
-    const uint64_t cap = r->mask + 1;
-    uint64_t tail = KI_LOAD_RLX(&h->tail);
-    if (tail == d->read_pos) return;
-    for (uint64_t p = tail; p < d->read_pos; p++) {
-        struct ki_slot *s = &r->slots[p & r->mask];
-        if (KI_LOAD_ACQ(&s->seq) == p + 1) {
-            /* Clear the writer id so a later stall of this slot never blames a stale writer (as ki_ring.h does). */
-            __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
-            KI_STORE_REL(&s->seq, p + cap);
-        }
-    }
-    KI_STORE_REL(&h->tail, d->read_pos);
-    KI_ADD_RLX(&h->consumed, d->pending);
-    d->pending = 0;
+    ki_ring_commit(&d->c);
     release_pages(d);
 }
 
