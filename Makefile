@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -33,6 +33,18 @@ bench-ring: build
 
 bench-api: build
 	$(PY) -m bench.api
+
+bench-agent: build
+	$(PY) -m bench.agent
+
+bench-ingest: build
+	$(PY) -m bench.ingest
+
+bench-ebpf: build
+	$(PY) -m bench.ebpf
+
+bench-probe: build
+	$(PY) -m bench.probe
 
 clean:
 	rm -rf build $(VENV) *.egg-info

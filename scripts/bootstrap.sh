@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 # Build tools and headers for the C extension and the native agent; prometheus
 # brings promtool, a real Prometheus client the API tests drive.
-APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus)
+# python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh).
+APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus
+    python3-bpfcc "linux-headers-$(dpkg --print-architecture)")
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -37,3 +39,6 @@ if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; the
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
     echo "$want" >"$stamp"
 fi
+
+# eBPF prerequisites (header links, tracefs) and Debian's bcc visible from the venv.
+scripts/setup_ebpf.sh .venv
