@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 
@@ -25,6 +26,8 @@ __all__ = ["ClickHouseStorage", "matcher_sql"]
 _MIN_MS = -2_208_988_800_000
 _MAX_MS = 10_413_791_999_999
 _MAX_DATE = dt.date(2149, 6, 6)
+_EPOCH = dt.date(1970, 1, 1)
+_MS_PER_DAY = 86_400_000
 
 
 def _label_expr(name: str, prefix: str = "") -> str:
@@ -47,6 +50,10 @@ def matcher_sql(m: Matcher) -> str:
     if m.op == "!~":
         return f"NOT match({x}, {pattern})"
     raise ValueError(f"unknown matcher operator {m.op!r}")
+
+
+def _date(day: int) -> str:
+    return (_EPOCH + dt.timedelta(days=day)).isoformat()
 
 
 def _clamp(ms: int) -> int:
@@ -77,14 +84,37 @@ class ClickHouseStorage:
         conds = [f"`date` BETWEEN '{_day(start_ms).isoformat()}' AND '{_day(end_ms).isoformat()}'"]
         conds += [matcher_sql(m) for m in matchers]
         if with_samples:
-            conds.append(
-                f"fingerprint IN (SELECT fingerprint FROM {self._db}.samples WHERE {self._window(start_ms, end_ms)})"
-            )
+            conds.append(self._had_samples(start_ms, end_ms))
         where = " AND ".join(f"({c})" for c in conds)
         return (
             "SELECT fingerprint, any(metric) AS s_metric, any(labels) AS s_labels "
             f"FROM {self._db}.series WHERE {where} GROUP BY fingerprint"
         )
+
+    def _had_samples(self, start_ms: int, end_ms: int) -> str:
+        """Series with a sample in the window, reading samples only for the window's partial days.
+
+        A series row exists for exactly the UTC days the series had samples on, so a day the
+        window covers whole needs no sample scan: a week of label names costs two partial days.
+        """
+        lo, hi = max(start_ms, MIN_TS_MS), min(end_ms, MAX_TS_MS)
+        if hi < lo:
+            return "0"
+        first, last = lo // _MS_PER_DAY, hi // _MS_PER_DAY
+        full_lo = first if lo == first * _MS_PER_DAY else first + 1
+        full_hi = last if hi == (last + 1) * _MS_PER_DAY - 1 else last - 1
+        parts = []
+        if full_lo <= full_hi:
+            parts.append(f"`date` BETWEEN '{_date(full_lo)}' AND '{_date(full_hi)}'")
+        for day in sorted({first, last}):
+            if full_lo <= day <= full_hi:
+                continue
+            window = self._window(max(lo, day * _MS_PER_DAY), min(hi, (day + 1) * _MS_PER_DAY - 1))
+            parts.append(
+                f"(`date` = '{_date(day)}' AND fingerprint IN (SELECT fingerprint FROM {self._db}.samples "
+                f"WHERE {window}))"
+            )
+        return " OR ".join(parts)
 
     @staticmethod
     def _window(start_ms: int, end_ms: int) -> str:

@@ -132,7 +132,7 @@ SCHEMA: tuple[Table, ...] = (
         ),
         replacing=True,
         order_by=("metric", "fingerprint", "date"),
-        partition_by="toYYYYMM(date)",
+        partition_by="date",  # by day, like samples, so a day's series rows expire with its samples
         ttl_column="date",
         retention_key="series_ttl_days",
         sharding_key="fingerprint",

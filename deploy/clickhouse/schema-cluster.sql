@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS ki.series_local ON CLUSTER ki
     labels Map(LowCardinality(String), String) CODEC(ZSTD(3)) COMMENT 'every label but __name__, none empty'
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/series_local', '{replica}')
-PARTITION BY toYYYYMM(date)
+PARTITION BY date
 ORDER BY (metric, fingerprint, `date`)
 TTL date + INTERVAL 30 DAY
 SETTINGS replicated_deduplication_window = 10000, ttl_only_drop_parts = 1

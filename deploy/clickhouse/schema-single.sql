@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS ki.series
     labels Map(LowCardinality(String), String) CODEC(ZSTD(3)) COMMENT 'every label but __name__, none empty'
 )
 ENGINE = ReplacingMergeTree()
-PARTITION BY toYYYYMM(date)
+PARTITION BY date
 ORDER BY (metric, fingerprint, `date`)
 TTL date + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1
