@@ -76,10 +76,14 @@ class Table:
             args.append(self.version)
         return f"{family}({', '.join(args)})"
 
-    def ttl(self, retention: Retention) -> str | None:
+    def ttl_days(self, retention: Retention) -> int:
+        """Days this table keeps rows under ``retention``; 0 is forever."""
         if self.ttl_column is None or self.retention_key is None:
-            return None
-        days = int(getattr(retention, self.retention_key))
+            return 0
+        return int(getattr(retention, self.retention_key))
+
+    def ttl(self, retention: Retention) -> str | None:
+        days = self.ttl_days(retention)
         return f"{self.ttl_column} + INTERVAL {days} DAY" if days > 0 else None
 
 

@@ -52,6 +52,7 @@ _RETRYABLE_CODES = frozenset(
     {3, 74, 75, 159, 164, 202, 209, 210, 236, 241, 242, 243, 252, 279, 319, 394, 425, 999, 1000}
 )
 _CODE_RE = re.compile(r"Code:\s*(\d+)")
+_TTL_DAYS_RE = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.DOTALL)
 
 
 class StorageError(Exception):
@@ -137,18 +138,25 @@ class Store(ABC):
             suffix, on_cluster = "_local", f" ON CLUSTER `{self.cluster}`"
         for statement in statements:
             self.command(statement)
+        # ALTER only where the retention changed: MODIFY TTL re-evaluates every part of the table.
+        current = {
+            row["name"]: row["q"]
+            for row in self.query(
+                f"SELECT name, create_table_query AS q FROM system.tables WHERE database = {quote(self.database)}"
+            ).to_pylist()
+        }
         for t in SCHEMA:
+            if t.ttl_column is None:
+                continue
+            found = _TTL_DAYS_RE.search(current.get(t.name + suffix, ""))
+            have = int(found.group(1)) if found else 0
+            want = t.ttl(self.retention)
+            if have == t.ttl_days(self.retention):
+                continue
             name = f"{self.database}.{t.name}{suffix}{on_cluster}"
-            ttl = t.ttl(self.retention)
-            if ttl is not None:
-                self.command(f"ALTER TABLE {name} MODIFY TTL {ttl}")
-            elif t.ttl_column is not None:
-                has_ttl = self.query(
-                    f"SELECT count() AS n FROM system.tables WHERE database = {quote(self.database)} "
-                    f"AND name = {quote(t.name + suffix)} AND position(create_table_query, ' TTL ') > 0"
-                )
-                if has_ttl.column("n")[0].as_py():
-                    self.command(f"ALTER TABLE {name} REMOVE TTL")
+            self.command(
+                f"ALTER TABLE {name} MODIFY TTL {want}" if want else f"ALTER TABLE {name} REMOVE TTL"
+            )
 
     # ---- public SQL ------------------------------------------------------------------
 

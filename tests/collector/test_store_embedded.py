@@ -225,3 +225,13 @@ def test_a_directory_in_use_by_another_process_is_a_clear_error(tmp_path):
     assert proc.returncode == 1
     assert "StorageUnavailable: cannot open the embedded store" in proc.stderr
     assert "another process" in proc.stderr
+
+
+def test_reopening_with_the_same_retention_alters_nothing(tmp_path):
+    with EmbeddedStore(tmp_path / "d", retention=Retention(samples_days=3)) as s:
+        s.insert_samples(_samples())  # with data, a MODIFY TTL would leave a mutation behind
+    with EmbeddedStore(tmp_path / "d", retention=Retention(samples_days=3)) as s:
+        mutations = s.query("SELECT count() AS n FROM system.mutations WHERE database = 'ki'").column("n")[0]
+        ddl = s.query("SHOW CREATE TABLE ki.series").column(0)[0].as_py()
+    assert mutations.as_py() == 0
+    assert "toIntervalDay(3)" in ddl  # the series index follows samples_days
