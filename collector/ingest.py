@@ -7,7 +7,7 @@ batch and False when storage already had that batch id, and raises
 
 Example::
 
-    app.include_router(ingest_router(KeyStore(path), sink=lambda batch: store_batch(store, batch)))
+    app = create_app(store, routers=[ingest_router(KeyStore(path), sink=StoreSink(store))])
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from kernel_insight.collector.keys import KeyStoreError, RevokedAgent, UnknownAgent
-from kernel_insight.collector.store import StorageError, StorageUnavailable, Store
+from kernel_insight.collector.store import StorageError, StorageUnavailable
 from kernel_insight.collector.wire import (
     DEFAULT_LIMITS,
     INGEST_PATH,
     AuthenticationFailed,
     BatchId,
-    Counter,
     DecodedBatch,
     Limits,
     MalformedBatch,
@@ -39,7 +38,7 @@ from kernel_insight.collector.wire import (
     parse_header,
 )
 
-__all__ = ["IngestStats", "KeyLookup", "SeenBatches", "Sink", "counter_names", "ingest_router", "store_sink"]
+__all__ = ["IngestStats", "KeyLookup", "SeenBatches", "Sink", "ingest_router"]
 
 log = logging.getLogger("kernel_insight.collector.ingest")
 
@@ -88,55 +87,6 @@ class IngestStats:
 
     def count(self, status: int) -> None:
         self.by_status[status] = self.by_status.get(status, 0) + 1
-
-
-def counter_names(counters: dict[int, int]) -> dict[str, float]:
-    """Wire counter ids to the lower-case names docs/wire.md gives them (unknown ids: counter_<id>)."""
-    out: dict[str, float] = {}
-    for cid, value in counters.items():
-        try:
-            name = Counter(cid).name.lower()
-        except ValueError:
-            name = f"counter_{cid}"
-        out[name] = float(value)
-    return out
-
-
-def store_sink(store: Store) -> Sink:
-    """A sink that derives rows (collector/derive.py) and stores each batch exactly once.
-
-    One Deriver per agent, fed that agent's batches in order under a lock; a batch
-    id the store has seen is answered as a duplicate before anything is derived, so
-    a replay never moves the deriver's running totals.
-    """
-    from kernel_insight.collector.derive import Deriver
-
-    derivers: dict[bytes, tuple[Deriver, threading.Lock]] = {}
-    table_lock = threading.Lock()
-
-    def sink(batch: DecodedBatch) -> bool:
-        agent = batch.header.agent_id
-        with table_lock:
-            if agent not in derivers:
-                derivers[agent] = (Deriver(agent.hex()), threading.Lock())
-            deriver, lock = derivers[agent]
-        bid = str(batch.batch_id)
-        with lock:
-            if store.batch_seen(bid):
-                return False
-            derived = deriver.derive(
-                batch.to_array(), strings=batch.strings, counters=counter_names(batch.counters)
-            )
-            return store.insert_batch(
-                bid,
-                agent_id=agent.hex(),
-                samples=derived.samples,
-                spans=derived.spans,
-                events=derived.events,
-                instances=derived.instances,
-            )
-
-    return sink
 
 
 def _answer(status: int, state: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:

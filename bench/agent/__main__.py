@@ -72,13 +72,14 @@ def _collector(data: str, keys: str, port: int, stats_path: str) -> None:
     import uvicorn
 
     from kernel_insight.collector.app import create_app
-    from kernel_insight.collector.ingest import ingest_router, store_sink
+    from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import KeyStore
+    from kernel_insight.collector.sink import StoreSink
     from kernel_insight.collector.store import EmbeddedStore
     from kernel_insight.collector.wire import HEADER_SIZE, DecodedBatch
 
     store = EmbeddedStore(data)
-    inner = store_sink(store)
+    inner = StoreSink(store)
     totals = {"frame_bytes": 0, "records": 0, "batches": 0}
 
     def sink(batch: DecodedBatch) -> bool:

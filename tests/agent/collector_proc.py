@@ -9,8 +9,9 @@ from pathlib import Path
 import uvicorn
 
 from kernel_insight.collector.app import create_app
-from kernel_insight.collector.ingest import ingest_router, store_sink
+from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.sink import StoreSink
 from kernel_insight.collector.store import EmbeddedStore
 
 
@@ -18,7 +19,7 @@ def main() -> None:
     data, keys, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     logging.basicConfig(level=logging.WARNING)
     store = EmbeddedStore(data)
-    app = create_app(store, routers=[ingest_router(KeyStore(keys), store_sink(store))])
+    app = create_app(store, routers=[ingest_router(KeyStore(keys), StoreSink(store))])
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     finally:
