@@ -197,6 +197,12 @@ class Deriver:
         events: list[Event] = []
         unknown = 0
         types = records["type"]
+        if "simulated" not in self.labels and np.any(records["flags"] & RecordFlag.SIMULATED):
+            # Simulated data must never pass for real: from the first simulated record on, every
+            # series and the instance itself carry simulated="true" (erring on the safe side if a
+            # real producer shares the instance).
+            self.labels["simulated"] = "true"
+            self._label_cache.clear()
         # Names and fingerprints first, so this batch's records can use them.
         for i in np.flatnonzero(types == RecordType.STRING).tolist():
             rec = decode_record(records[i].tobytes())
@@ -342,8 +348,17 @@ class Deriver:
         if s is None:
             return 1
         ts_ms = rec.ts_ns // _NS_PER_MS
-        extra = {s.aux_label: str(rec.aux)} if s.aux_label else {}
+        extra: dict[str, str] = {}
+        if s.aux_label and s.aux_kind == "value":
+            extra[s.aux_label] = str(rec.aux)
+        elif s.aux_label:
+            extra[s.aux_label] = self._kernel_name(rec.producer, rec.aux & 0xFFFFFFFF)
+            if s.aux_kind == "string_log2_bucket":
+                extra["le"] = repr(2.0 ** ((rec.aux >> 32) + 1) / 1e9)
         out.add_canonical(self._labels(s.name, rec.device, **extra), ts_ms, rec.value)
+        if rec.metric == MetricId.LAUNCH_CALLS:  # the histogram's +Inf bucket is the call count
+            labels = self._labels("cuda_launch_host_seconds_bucket", rec.device, le="+Inf", **extra)
+            out.add_canonical(labels, ts_ms, rec.value)
         if rec.metric == MetricId.MEMORY_TOTAL and rec.value > 0:
             self._memory_total[rec.device] = rec.value
         elif rec.metric == MetricId.MEMORY_FREE:

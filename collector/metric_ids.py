@@ -41,6 +41,10 @@ class MetricId(enum.IntEnum):
     FAN_SPEED = 22
     PCIE_REPLAYS = 23
     RETIRED_PAGES = 24
+    LAUNCH_CALLS = 25
+    LAUNCH_HOST_TIME = 26
+    LAUNCH_HOST_LATENCY_BUCKET = 27
+    CUDA_ALLOCATED_BYTES = 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,10 @@ class MetricSpec:
     unit: str
     help: str
     aux_label: str | None = None  # the label ``aux`` becomes, or None when aux is unused
+    #: How aux reads: "value" (the label's value as is), "string" (low 32 bits: a string id the
+    #: producer registered), "string_log2_bucket" (low 32 bits a string id, high 32 bits a log2
+    #: bucket index b, the bucket's upper bound 2**(b+1) ns).
+    aux_kind: str = "value"
 
 
 METRIC_SPECS: dict[int, MetricSpec] = {
@@ -151,6 +159,43 @@ METRIC_SPECS: dict[int, MetricSpec] = {
             "gauge",
             "pages",
             "Memory pages retired or rows remapped.",
+        ),
+        # Launch aggregates counted in the kernel by the eBPF tracer (exact even when per-launch
+        # LAUNCH records are sampled); cumulative since the tracer started.
+        MetricSpec(
+            MetricId.LAUNCH_CALLS,
+            "cuda_launch_api_calls_total",
+            "counter",
+            "calls",
+            "Launch API calls of one kernel, counted in the kernel by the eBPF tracer.",
+            "kernel",
+            "string",
+        ),
+        MetricSpec(
+            MetricId.LAUNCH_HOST_TIME,
+            "cuda_launch_host_seconds_total",
+            "counter",
+            "seconds",
+            "Host time the launching threads spent inside launch API calls of one kernel.",
+            "kernel",
+            "string",
+        ),
+        MetricSpec(
+            MetricId.LAUNCH_HOST_LATENCY_BUCKET,
+            "cuda_launch_host_seconds_bucket",
+            "counter",
+            "calls",
+            "Histogram of host time per launch call (classic le buckets; +Inf from the call count).",
+            "kernel",
+            "string_log2_bucket",
+        ),
+        MetricSpec(
+            MetricId.CUDA_ALLOCATED_BYTES,
+            "cuda_allocated_bytes",
+            "gauge",
+            "bytes",
+            "Device memory a process allocated through the driver and has not freed (eBPF).",
+            "pid",
         ),
     )
 }

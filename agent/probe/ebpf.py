@@ -42,13 +42,12 @@ __all__ = [
     "find_library",
 ]
 
-#: GPU_SAMPLE metric ids for the launch aggregates.  PROPOSED, not yet in
-#: collector/metric_ids.py: until the collector adds them it counts and drops
-#: these samples.  aux = kernel-name string id (bucket index << 32 for buckets).
+#: GPU_SAMPLE metric ids for the launch aggregates (collector/metric_ids.py, docs/metrics.md).
+#: aux = kernel-name string id (bucket index << 32 for buckets; buckets are cumulative).
 LAUNCH_CALLS = 25  # counter: launch API calls of one kernel since the tracer started
 LAUNCH_HOST_TIME = 26  # counter: seconds the launching threads spent inside those calls
 LAUNCH_HOST_LATENCY_BUCKET = 27  # counter: calls with host time < 2**(bucket+1) ns (log2 buckets)
-#: PROPOSED gauge: bytes a process allocated through cuMemAlloc*/cuMemAllocAsync and has not freed (aux = pid).
+#: gauge: bytes a process allocated through cuMemAlloc*/cuMemAllocAsync and has not freed (aux = pid).
 CUDA_ALLOCATED_BYTES = 28
 
 API_NAMES = {0: "cuLaunchKernel", 1: "cuLaunchKernel_ptsz", 2: "cudaLaunchKernel"}
@@ -461,13 +460,14 @@ class Tracer:
             self._put(self.ring.sample(LAUNCH_CALLS, dev, ts, float(t.count), sid))
             if self.config.launch_latency:
                 self._put(self.ring.sample(LAUNCH_HOST_TIME, dev, ts, t.host_ns / 1e9, sid))
-                for bucket, n in enumerate(t.hist):
-                    if n:
-                        self._put(
-                            self.ring.sample(
-                                LAUNCH_HOST_LATENCY_BUCKET, dev, ts, float(n), sid | bucket << 32
-                            )
-                        )
+                # Cumulative (Prometheus le) buckets up to the highest one used; the ones above
+                # equal the call count, which the collector writes as the +Inf bucket.
+                top = max((b for b, n in enumerate(t.hist) if n), default=-1)
+                cumulative = 0
+                for bucket in range(top + 1):
+                    cumulative += t.hist[bucket]
+                    aux = sid | bucket << 32
+                    self._put(self.ring.sample(LAUNCH_HOST_LATENCY_BUCKET, dev, ts, float(cumulative), aux))
 
     def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
         e = ctypes.cast(data, ctypes.POINTER(_Event)).contents

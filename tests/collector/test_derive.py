@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,41 @@ def test_ring_to_store_to_kql(ring, tmp_path):
         assert store.query("SELECT count() AS n FROM ki.kernel_spans").column("n")[0].as_py() == 5
         assert store.query("SELECT kind FROM ki.events").column("kind").to_pylist() == ["nccl_timeout"]
         assert store.query("SELECT id FROM ki.instances FINAL").column("id").to_pylist() == ["host-1"]
+
+
+def test_simulated_records_label_every_series_and_the_instance() -> None:
+    from kernel_insight.agent import RECORD_DTYPE as DT
+
+    rec = np.zeros(1, dtype=DT)
+    rec["type"] = 6  # GPU_SAMPLE
+    rec["flags"] = 0x02  # SIMULATED
+    rec["id"] = 4  # temperature
+    rec["ts_ns"] = 1_700_000_000_000_000_000
+    rec["payload"] = np.frombuffer(struct.pack("<dQ16x", 61.0, 0), dtype="V32")
+    d = Deriver("sim-1")
+    out = d.derive(rec, now_ns=1_700_000_000_000_000_000)
+    assert all(dict(labels).get("simulated") == "true" for labels in out.samples.series)
+    assert out.instances[0].labels["simulated"] == "true"
+
+
+def test_launch_aggregates_become_named_counters_and_a_histogram() -> None:
+    from kernel_insight.agent import RECORD_DTYPE as DT
+
+    recs = np.zeros(4, dtype=DT)
+    ts = 1_700_000_000_000_000_000
+    name = b"gemm_kernel"
+    recs[0]["type"], recs[0]["id"], recs[0]["flags"], recs[0]["ts_ns"] = 9, 5, 0x80, ts  # STRING id 5
+    recs[0]["payload"] = np.frombuffer(name.ljust(32, b"\0"), dtype="V32")[0]
+    for i, (metric, value, aux) in enumerate([(25, 10.0, 5), (26, 0.002, 5), (27, 7.0, 5 | 3 << 32)], 1):
+        recs[i]["type"], recs[i]["id"], recs[i]["ts_ns"] = 6, metric, ts
+        recs[i]["payload"] = np.frombuffer(struct.pack("<dQ16x", value, aux), dtype="V32")[0]
+    recs["producer"] = 1
+    out = Deriver("h").derive(recs, now_ns=ts)
+    got = {
+        (dict(labels)["__name__"], dict(labels).get("le")): dict(labels).get("kernel")
+        for labels in out.samples.series
+    }
+    assert got[("cuda_launch_api_calls_total", None)] == "gemm_kernel"
+    assert got[("cuda_launch_host_seconds_total", None)] == "gemm_kernel"
+    assert got[("cuda_launch_host_seconds_bucket", "+Inf")] == "gemm_kernel"
+    assert got[("cuda_launch_host_seconds_bucket", repr(2.0**4 / 1e9))] == "gemm_kernel"

@@ -149,7 +149,10 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
     calls = {name(r.aux): r.value for r in recs if isinstance(r, SampleRecord) and r.metric == LAUNCH_CALLS}
     assert calls == {n: float(s.count) for n, s in launches.items()}
     buckets = [r for r in recs if isinstance(r, SampleRecord) and r.metric == LAUNCH_HOST_LATENCY_BUCKET]
-    assert sum(r.value for r in buckets if name(r.aux & 0xFFFFFFFF) == "gemm_kernel") == 1000
+    last = max(r.ts_ns for r in buckets if name(r.aux & 0xFFFFFFFF) == "gemm_kernel")
+    gemm = [r.value for r in buckets if name(r.aux & 0xFFFFFFFF) == "gemm_kernel" and r.ts_ns == last]
+    assert gemm == sorted(gemm)  # cumulative le buckets, lowest first
+    assert gemm[-1] == 1000  # the highest bucket holds every call
     # sampled per-launch records (1 in 1): grid and block as passed
     dims = Counter((name(r.function_id), r.grid, r.block) for r in recs if isinstance(r, LaunchRecord))
     assert dims == {
