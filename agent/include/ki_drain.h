@@ -28,8 +28,10 @@ struct ki_drain_stats {
     uint64_t backlog;   /* records waiting (head - tail) */
 };
 
-/* Attach to ring name as its consumer (creating it with capacity slots when create is set). NULL with err. */
-struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, char *err, size_t errlen);
+/* Attach to ring name as its consumer (creating it with capacity slots when create is set).
+ * NULL with a negative errno in *rc (-ENOENT: no such ring) and a message in err.
+ * The other functions accept a NULL drain (no ring yet): nothing to read, zero counters. */
+struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, int *rc, char *err, size_t errlen);
 
 /* Records at positions below pos are not handed out (an earlier run spooled them),
  * provided the ring is the one created at ring_created_ns. */

@@ -101,6 +101,26 @@ static int mkdirs(const char *path) {
     return 0;
 }
 
+/* Become the ring's consumer; names and the restart mark of the spool apply from here. */
+static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
+    int rc = 0;
+    a->drain = ki_drain_create(a->ring_name, (int)a->cfg->ring_create, (uint64_t)a->cfg->ring_capacity, &rc, err,
+                               errlen);
+    if (!a->drain) return rc < 0 ? rc : -EIO;
+    uint64_t created = ki_drain_ring_created_ns(a->drain);
+    int loaded = ki_names_load(a->names, a->names_path, created);
+    if (loaded > 0) ki_log_info(a->log, "%d names of this ring remembered from the previous run", loaded);
+    struct ki_spool_mark mark;
+    if (ki_spool_last_mark(a->spool, &mark) == 0 && mark.ring_created_ns == created) {
+        /* Records an earlier run spooled but had not yet freed in the ring (it was killed) are not sent twice. */
+        ki_drain_skip_before(a->drain, mark.ring_created_ns, mark.next_pos);
+        if (mark.next_pos > ki_drain_read_pos(a->drain))
+            ki_log_info(a->log, "ring records %llu..%llu were spooled by the previous run: not read again",
+                        (unsigned long long)ki_drain_read_pos(a->drain), (unsigned long long)mark.next_pos - 1);
+    }
+    return 0;
+}
+
 struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_log *log, char *err, size_t errlen) {
     struct ki_agent *a = calloc(1, sizeof *a);
     if (!a) {
@@ -141,15 +161,12 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
         goto fail;
     }
     ki_config_ring_name(cfg, a->ring_name, sizeof a->ring_name);
-    a->drain = ki_drain_create(a->ring_name, (int)cfg->ring_create, (uint64_t)cfg->ring_capacity, err, errlen);
-    if (!a->drain) goto fail;
     snprintf(a->names_path, sizeof a->names_path, "%s/names", cfg->spool_dir);
-    int loaded = ki_names_load(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
-    if (loaded > 0) ki_log_info(log, "%d names of this ring remembered from the previous run", loaded);
-    struct ki_spool_mark mark;
-    if (ki_spool_last_mark(a->spool, &mark) == 0) {
-        /* Records an earlier run spooled but had not yet freed in the ring (it was killed) are not sent twice. */
-        ki_drain_skip_before(a->drain, mark.ring_created_ns, mark.next_pos);
+    rc = attach_ring(a, err, errlen);
+    if (rc == -ENOENT && !cfg->ring_create) {
+        ki_log_warn(log, "%s: waiting for a producer to create it (or start with --ring-create)", err);
+    } else if (rc < 0) {
+        goto fail;
     }
     a->last_seal_ns = mono_ns();
     return a;
@@ -435,17 +452,19 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
     ki_log_info(a->log, "started: ring %s, collector %s, epoch %u, agent key %u, spool %s (%llu batches waiting)",
                 a->ring_name, ki_http_target(a->http), a->seal.epoch, a->seal.key_id, a->cfg->spool_dir,
                 (unsigned long long)ss.batches);
-    struct ki_spool_mark mark;
-    if (ki_spool_last_mark(a->spool, &mark) == 0 && mark.ring_created_ns == ki_drain_ring_created_ns(a->drain) &&
-        mark.next_pos > ki_drain_read_pos(a->drain))
-        ki_log_info(a->log, "ring records %llu..%llu were spooled by the previous run: not read again",
-                    (unsigned long long)ki_drain_read_pos(a->drain), (unsigned long long)mark.next_pos - 1);
     const uint64_t interval = (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS;
-    uint64_t next = mono_ns();
+    uint64_t next = mono_ns(), next_attach = 0;
     while (!*stop) {
         if (*reload) {
             *reload = 0;
             reload_key(a);
+        }
+        if (!a->drain && mono_ns() >= next_attach) {
+            char err[512];
+            int rc = attach_ring(a, err, sizeof err);
+            if (rc == 0) ki_log_info(a->log, "ring %s is there now: draining it", a->ring_name);
+            else if (rc != -ENOENT) ki_log_error(a->log, "%s", err);
+            next_attach = mono_ns() + NS_PER_S;
         }
         next += interval;
         uint64_t now = mono_ns();

@@ -15,10 +15,11 @@ struct ki_drain {
     uint64_t released;         /* ring position up to which pages were handed back */
 };
 
-struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, char *err, size_t errlen) {
+struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, int *rc, char *err, size_t errlen) {
     struct ki_drain *d = calloc(1, sizeof *d);
     if (!d) {
         snprintf(err, errlen, "out of memory");
+        *rc = -ENOMEM;
         return NULL;
     }
     if (create) {
@@ -26,7 +27,7 @@ struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity
         struct ki_ring_options opt = {capacity, 0600, (gid_t)-1, NULL};
         if (ki_ring_create(&r, name, &opt, 0, err, errlen) == 0) ki_ring_close(&r);
     }
-    if (ki_ring_consumer_open(&d->c, name, 0, err, errlen) < 0) {
+    if ((*rc = ki_ring_consumer_open(&d->c, name, 0, err, errlen)) < 0) {
         free(d);
         return NULL;
     }
@@ -41,12 +42,12 @@ void ki_drain_destroy(struct ki_drain *d) {
 }
 
 void ki_drain_skip_before(struct ki_drain *d, uint64_t ring_created_ns, uint64_t pos) {
-    if (ring_created_ns == d->c.ring.hdr->created_ns) d->skip_before = pos;
+    if (d && ring_created_ns == d->c.ring.hdr->created_ns) d->skip_before = pos;
 }
 
-uint64_t ki_drain_ring_created_ns(const struct ki_drain *d) { return d->c.ring.hdr->created_ns; }
-uint64_t ki_drain_read_pos(const struct ki_drain *d) { return d->c.read_pos; }
-uint64_t ki_drain_skipped(const struct ki_drain *d) { return d->skipped; }
+uint64_t ki_drain_ring_created_ns(const struct ki_drain *d) { return d ? d->c.ring.hdr->created_ns : 0; }
+uint64_t ki_drain_read_pos(const struct ki_drain *d) { return d ? d->c.read_pos : 0; }
+uint64_t ki_drain_skipped(const struct ki_drain *d) { return d ? d->skipped : 0; }
 
 /* Drop the consumer's page mappings for whole pages of slots already freed. */
 static void release_pages(struct ki_drain *d) {
@@ -65,6 +66,7 @@ static void release_pages(struct ki_drain *d) {
 }
 
 size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max) {
+    if (!d) return 0;
     for (;;) {
         size_t got = ki_ring_peek(&d->c, out, max, ki_ring_mono_ns());
         if (!got || out[0].pos >= d->skip_before) return got; /* positions increase: only a prefix can need skipping */
@@ -79,11 +81,14 @@ size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max) {
 }
 
 void ki_drain_commit(struct ki_drain *d) {
+    if (!d) return;
     ki_ring_commit(&d->c);
     release_pages(d);
 }
 
 void ki_drain_stats(const struct ki_drain *d, struct ki_drain_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!d) return;
     const struct ki_ring_header *h = d->c.ring.hdr;
     out->dropped = KI_LOAD_RLX(&h->dropped);
     out->torn = KI_LOAD_RLX(&h->torn);

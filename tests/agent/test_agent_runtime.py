@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_corpus import SHIPPED, random_records
 
+from kernel_insight.agent.ring import Ring
 from kernel_insight.collector import wire
 from kernel_insight.collector.keys import AgentCredentials, KeyStore
 
@@ -488,3 +489,17 @@ def test_names_survive_an_agent_restart(env):
     wait_for(lambda: len(shipped(env)) == 1)
     assert env.receiver.got.names() == {(env.ring.producer_id, gid): "attention_kernel"}
     assert "names of this ring remembered" in a2.log()
+
+
+def test_agent_started_before_its_ring_waits_for_it(tmp_path, agent_bin, ring_name):
+    with setup(tmp_path, agent_bin, ring_name) as s:
+        s.ring.close()
+        Ring.unlink(ring_name)
+        agent = s.start()
+        wait_for(lambda: "waiting for a producer" in agent.log(), what="the waiting message")
+        assert agent.proc.poll() is None
+        s.ring = Ring.create(ring_name, capacity=1 << 12)
+        expected = write(s, random_records(np.random.default_rng(40), 50))
+        wait_records(s, expected["pos"].tolist())
+        assert agent.stop() == 0
+        assert "is there now" in agent.log()
