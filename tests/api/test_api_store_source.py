@@ -15,11 +15,15 @@ from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN
 
 GiB = 1 << 30
+#: "now" for the data and the assertions: set when the module fixture builds the data, not at
+#: import, since a full suite collects this module minutes before it runs (the data would be stale).
 NOW_MS = int(time.time() * 1000)
 
 
 @pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb"])
 def store(request, tmp_path_factory):
+    global NOW_MS
+    NOW_MS = int(time.time() * 1000)
     path = tmp_path_factory.mktemp("api-store")
     # The second back end is ServerStore's code path (clickhouse-connect) over its in-process chDB driver.
     s = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")

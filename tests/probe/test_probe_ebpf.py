@@ -267,7 +267,7 @@ def test_cli_traces_a_pid_until_its_time_is_up(stand_ins, label_prefix, programs
         rest = cli.stderr.read()
         cli.wait()
         cli.stderr.close()
-        if "BPF not permitted" in line + rest:
+        if "BPF not permitted" in line + rest or "bcc is not importable" in line + rest:
             pytest.skip(f"BPF not permitted: {line + rest}")
         raise AssertionError(line + rest)
     prog.go()
@@ -391,10 +391,9 @@ def test_cgroup_filter_traces_only_that_cgroups_processes(stand_ins, label_prefi
             outside.finish()
         recs = drain(ring_name(f"{label_prefix}0"))
     finally:
-        with open(root / "cgroup.procs", "w") as f:
-            for p in programs:
-                if p.proc.poll() is None:
-                    f.write(str(p.pid))
+        for p in programs:  # one write per pid: cgroup.procs takes a single pid per write(2)
+            if p.proc.poll() is None:
+                (root / "cgroup.procs").write_text(f"{p.pid}\n")
         group.rmdir()
     assert counts == {
         "gemm_kernel": 1000,

@@ -20,11 +20,15 @@ from kernel_insight.sdk import (
 )
 
 GiB = 1 << 30
+#: "now" for the data and the assertions: set when the module fixture builds the data, not at
+#: import, since a full suite collects this module minutes before it runs (the data would be stale).
 NOW_MS = int(time.time() * 1000)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    global NOW_MS
+    NOW_MS = int(time.time() * 1000)
     store = EmbeddedStore(tmp_path_factory.mktemp("sdk-store"))
     b = SampleBuilder()
     for inst, free in (("n1", 30), ("n2", 2)):
