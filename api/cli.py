@@ -1,4 +1,4 @@
-"""``ki tokens create|revoke|list`` (bearer tokens) and ``ki api serve`` (the collector app with the query and health API)."""
+"""``ki tokens create|revoke|list``: bearer tokens for the query and health API (``ki collector`` serves it)."""
 
 from __future__ import annotations
 
@@ -52,27 +52,6 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from kernel_insight.api.app import create_api_app, serve
-    from kernel_insight.collector.store import StorageError, open_store
-
-    try:
-        tokens = None if args.local_dev else TokenStore(token_store_path(args.tokens))
-        store = open_store(args.store)
-    except (StorageError, ValueError) as exc:
-        print(f"ki api serve: {exc}", file=sys.stderr)
-        return 2
-    try:
-        app = create_api_app(store, tokens=tokens, local_dev=args.local_dev, interval_s=args.interval)
-        serve(app, args.host, args.port, local_dev=args.local_dev)
-    except ValueError as exc:
-        print(f"ki api serve: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        store.close()
-    return 0
-
-
 def _errors_to_exit(fn: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -108,18 +87,3 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     r.add_argument("token_id", help="the token id (or the whole token)")
     lst = action("list", _list, "list tokens (ids, scopes, names; never secrets)")
     lst.add_argument("--json", action="store_true", help="print JSON")
-
-    api = sub.add_parser("api", help="serve the collector with the query and health API")
-    asub = api.add_subparsers(dest="api_command", required=True, metavar="ACTION")
-    s = asub.add_parser("serve", help="run the collector app with the query, health and instance endpoints")
-    s.add_argument("--store", default="./ki-data", help="data directory (embedded) or ClickHouse URL")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8428, help="port (0: any free port, printed at start)")
-    s.add_argument("--tokens", help=f"token file (default $KI_TOKEN_STORE or {DEFAULT_TOKEN_STORE})")
-    s.add_argument(
-        "--local-dev",
-        action="store_true",
-        help="no tokens checked; binds 127.0.0.1 only and says so at start",
-    )
-    s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
-    s.set_defaults(handler=_serve)

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "kernel_insight.agent.launcher",
     "kernel_insight.agent.probe.cli",
     "kernel_insight.api.cli",
+    "kernel_insight.collector.server",
 ]
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,8 +1,9 @@
 """``ki run``: the main job, as the README's run command starts it.
 
-For now it creates GPU 0's ring, feeds it from a synthetic producer process
-and drains it with a reader, printing what arrives; it grows into
-collector + agent + producers as those components land.
+The whole pipeline on one machine, on loopback: a collector on the embedded
+store, an enrolled native agent draining a GPU ring, and the simulator writing
+realistic (``simulated="true"``) records into that ring; every few seconds it
+asks the collector, through the SDK, what has arrived.
 """
 
 from __future__ import annotations
@@ -10,86 +11,163 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
+import signal
+import socket
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
-from kernel_insight.agent.records import KernelRecord, StringRecord, StringTable
-from kernel_insight.agent.ring import Ring, RingError, RingReader, ring_name
+__all__ = ["add_commands"]
 
-__all__ = ["add_commands", "synthetic_producer"]
-
-_KERNELS = ["gemm_bf16_128x256", "flash_attn_fwd", "rms_norm", "rotary_emb", "nccl_allreduce_ring"]
+_KI = [sys.executable, "-m", "kernel_insight.cli"]
 
 
-def synthetic_producer(name: str, seconds: float, rate: int) -> int:
-    """Write KERNEL records at about `rate` per second; returns how many were written."""
-    ring = Ring.attach(name)
-    ids = [ring.intern(k) for k in _KERNELS]
-    rng = random.Random(os.getpid())
-    written = 0
-    deadline = time.monotonic() + seconds
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _enrol(data: Path) -> tuple[Path, str]:
+    """The agent's key file and a read token, made once per data directory and reused."""
+    from kernel_insight.api import TokenStore
+    from kernel_insight.collector.keys import KeyStore
+
+    key_file = data / "agent.key"
+    if not key_file.exists():
+        KeyStore(data / "keys.json").add_agent(f"{socket.gethostname()}/gpu0").write_key_file(key_file)
+    token_file = data / "read.token"
+    if not token_file.exists():
+        token = TokenStore(data / "tokens.json").create("ki run", ["read"]).token
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+    return key_file, token_file.read_text().strip()
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path, **kw: object) -> Iterator[subprocess.Popen[str]]:
+    """A child that is asked to stop (SIGTERM, then SIGKILL) however the job ends."""
+    with log.open("a") as out:
+        proc = subprocess.Popen(cmd, stdout=kw.pop("stdout", out), stderr=out, text=True)  # type: ignore[call-overload]
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        now = time.time_ns()
-        for _ in range(max(1, rate // 100)):
-            dur = int(rng.lognormvariate(11, 0.6))
-            if ring.kernel(rng.choice(ids), 0, now, now + dur, 7, written) == 0:
-                written += 1
-        time.sleep(0.01)
-    return written
+        line = proc.stdout.readline()
+        if line.startswith("ki: listening on "):
+            return line.split()[-1]
+        if not line and proc.poll() is not None:
+            break
+    raise RuntimeError("the collector did not start; see the collector log")
+
+
+def _report(url: str, token: str, elapsed: float) -> str:
+    from kernel_insight.sdk import HealthClient, KernelInsightError, KqlClient
+
+    parts = [f"{elapsed:5.0f}s"]
+    try:
+        with KqlClient(url, token, retries=0) as kql:
+            spans = kql.query("sum(kernel_launches_total)").samples
+            parts.append(f"{int(spans[0].value) if spans else 0:>9,} kernels stored")
+            top = kql.query("topk(1, sum by (kernel) (kernel_execution_time_seconds_total))").samples
+            if top:
+                name = top[0].labels.get("kernel", "?")
+                parts.append(f"busiest: {name if len(name) <= 40 else name[:37] + '...'}")
+            free = kql.query("sum(gpu_memory_free_bytes)").samples
+            if free:
+                parts.append(f"free {free[0].value / 2**30:.1f} GiB")
+        with HealthClient(url, token, ttl=0) as health:
+            insts = health.snapshot().instances
+            healthy = sum(1 for i in insts if i.healthy)
+            parts.append(f"{len(insts)} instance(s), {healthy} healthy")
+    except KernelInsightError as exc:
+        parts.append(f"(collector not answering yet: {exc})")
+    return "  ".join(parts)
 
 
 def _run(args: argparse.Namespace) -> int:
-    name = ring_name(args.gpu)
-    with contextlib.suppress(RingError):
-        Ring.unlink(name)
-    ring = Ring.create(name, capacity=1 << 16, producer=False)
-    print(
-        f"ki run: ring {name} ({ring.capacity} slots); synthetic producer at {args.rate}/s for {args.seconds}s"
-    )
-    prod = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from kernel_insight.run import synthetic_producer as p;"
-            f" print(p({name!r}, {args.seconds}, {args.rate}))",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    strings = StringTable()
-    per_kernel: Counter[str] = Counter()
-    try:
-        with RingReader.open(name) as reader:
-            while True:
-                done = prod.poll() is not None
-                for rec in reader.read():
-                    if isinstance(rec, StringRecord):
-                        strings.add(rec)
-                    elif isinstance(rec, KernelRecord):
-                        per_kernel[strings.get(rec.producer, rec.name_id) or f"#{rec.name_id}"] += 1
-                if done:
-                    break
-                time.sleep(0.1)
-                print(f"\r  read {sum(per_kernel.values()):>9} kernel records", end="", flush=True)
-            stats = reader.stats()
-    finally:
-        ring.close()
-        Ring.unlink(name)
-    out, _ = prod.communicate()
-    print(
-        f"\nproducer wrote {out.strip()}, reader got {sum(per_kernel.values())}, dropped {stats['dropped']}"
-    )
-    for kernel, n in per_kernel.most_common():
-        print(f"  {kernel:<24} {n}")
+    data = Path(args.data).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    logs = data / "logs"
+    logs.mkdir(exist_ok=True)
+    key_file, token = _enrol(data)
+    port = args.port or _free_port()
+    ring = f"/kernel_insight.{args.ring_prefix}0"
+    print(f"ki run: data in {data}; logs in {logs}")
+    collector_cmd = [*_KI, "collector", "--store", str(data), "--port", str(port)]
+    collector_cmd += [
+        "--keys",
+        str(data / "keys.json"),
+        "--tokens",
+        str(data / "tokens.json"),
+        "--interval",
+        "2",
+    ]
+    with _process(collector_cmd, logs / "collector.log", stdout=subprocess.PIPE) as collector:
+        url = _wait_listening(collector, 120)
+        print(f"ki run: collector on {url} (embedded ClickHouse in {data})")
+        agent_cmd = [*_KI, "agent", "--ring", ring, "--ring-create", "--collector", url]
+        agent_cmd += ["--key-file", str(key_file), "--spool-dir", str(data / "spool"), "--log-level", "warn"]
+        with _process(agent_cmd, logs / "agent.log") as agent:
+            deadline = time.monotonic() + 10
+            while not Path("/dev/shm", ring[1:]).exists() and time.monotonic() < deadline:
+                if agent.poll() is not None:
+                    print(
+                        f"ki run: the agent exited ({agent.returncode}); see {logs / 'agent.log'}",
+                        file=sys.stderr,
+                    )
+                    return 1
+                time.sleep(0.05)
+            print(f"ki run: agent (pid {agent.pid}) draining ring {ring} every 100 ms")
+            sim_cmd = [*_KI, "probe", "simulate", "--gpus", "1", "--label-prefix", args.ring_prefix]
+            if args.seconds:
+                sim_cmd += ["--seconds", str(args.seconds)]
+            with _process(sim_cmd, logs / "simulate.log") as sim:
+                print(
+                    'ki run: simulator writing kernels, NCCL, memory and NVML-like samples (simulated="true")'
+                )
+                print(f"ki run: read token in {data / 'read.token'}; try:")
+                print(
+                    f'  curl -H "Authorization: Bearer $(cat {data / "read.token"})" {url}/v1/health/snapshot'
+                )
+                t0 = time.monotonic()
+                try:
+                    while sim.poll() is None:
+                        time.sleep(args.every)
+                        print(_report(url, token, time.monotonic() - t0), flush=True)
+                except KeyboardInterrupt:
+                    print("\nki run: stopping")
+            # The agent flushes what is in the ring on SIGTERM; give the collector a moment to store it.
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=30)
+        time.sleep(args.every)
+        print(_report(url, token, time.monotonic() - t0), flush=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path("/dev/shm", ring[1:]))
     return 0
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="the main job: a ring, a synthetic producer and a reader")
-    p.add_argument("--gpu", default="0", help="GPU index or UUID (default 0)")
-    p.add_argument("--seconds", type=float, default=5.0, help="how long to produce (default 5)")
-    p.add_argument("--rate", type=int, default=20000, help="records per second (default 20000)")
+    p = sub.add_parser("run", help="the main job: collector + agent + simulated GPU, on this machine")
+    p.add_argument("--data", default="./ki-data", help="data directory (default ./ki-data)")
+    p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
+    p.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
+    p.add_argument("--every", type=float, default=5.0, help="seconds between reports (default 5)")
+    p.add_argument(
+        "--ring-prefix", default="run-", help="ring of the simulated GPU: /kernel_insight.<prefix>0"
+    )
     p.set_defaults(handler=_run)

@@ -2,7 +2,7 @@
 
 Targets (issue 6): snapshot p99 <= 10 ms for 1,000 instances; 200 concurrent clients
 for 30 s with zero errors (requests/s reported); select_instance <= 20 us per call.
-The collector runs as its own process (``ki api serve``) on 127.0.0.1 over an embedded
+The collector runs as its own process (``ki collector``) on 127.0.0.1 over an embedded
 store holding 1,000 instances x 8 GPUs. Ends with one ``BENCH api ...`` line.
 """
 
@@ -84,8 +84,7 @@ def start_server(data: Path, tokens: Path) -> tuple[subprocess.Popen[str], str]:
             sys.executable,
             "-m",
             "kernel_insight.cli",
-            "api",
-            "serve",
+            "collector",
             "--store",
             str(data),
             "--port",

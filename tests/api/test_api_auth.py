@@ -128,7 +128,7 @@ def test_local_development_mode_needs_no_token_and_binds_loopback_only(now_ms: i
         Authenticator(None)
 
 
-def test_ki_api_serve_local_dev_says_so_and_refuses_other_addresses(tmp_path):
+def test_ki_collector_local_dev_says_so_and_refuses_other_addresses(tmp_path):
     import subprocess
     import sys
 
@@ -137,8 +137,7 @@ def test_ki_api_serve_local_dev_says_so_and_refuses_other_addresses(tmp_path):
             sys.executable,
             "-m",
             "kernel_insight.cli",
-            "api",
-            "serve",
+            "collector",
             "--local-dev",
             "--host",
             "0.0.0.0",
@@ -158,8 +157,7 @@ def test_ki_api_serve_local_dev_says_so_and_refuses_other_addresses(tmp_path):
             sys.executable,
             "-m",
             "kernel_insight.cli",
-            "api",
-            "serve",
+            "collector",
             "--local-dev",
             "--store",
             str(tmp_path / "d"),

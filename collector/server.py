@@ -1,0 +1,94 @@
+"""``ki collector``: the one server process: agent ingest, remote_write, the query and health API.
+
+The composition root: it is the only place that knows every router, so the
+routers themselves stay independent of each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+__all__ = ["DEFAULT_PORT", "add_commands", "build_collector_app"]
+
+#: Port the collector listens on when none is given.
+DEFAULT_PORT = 8470
+
+
+def build_collector_app(
+    store: Any,
+    *,
+    keys_path: Path,
+    tokens_path: Path | None,
+    local_dev: bool = False,
+    interval_s: float = 5.0,
+) -> FastAPI:
+    """The collector app over ``store``: agent ingest (keys at ``keys_path``), remote_write,
+    and the query and health API (bearer tokens at ``tokens_path``, none in local-dev mode)."""
+    from kernel_insight.api import TokenStore, create_api_app
+    from kernel_insight.collector.ingest import ingest_router
+    from kernel_insight.collector.keys import KeyStore
+    from kernel_insight.collector.sink import StoreSink
+
+    tokens = None if local_dev or tokens_path is None else TokenStore(tokens_path)
+    ingest = ingest_router(KeyStore(keys_path), StoreSink(store))
+    return create_api_app(
+        store, tokens=tokens, local_dev=local_dev, interval_s=interval_s, extra_routers=[ingest]
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from kernel_insight.api.app import serve
+    from kernel_insight.api.cli import token_store_path
+    from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
+    from kernel_insight.collector.store import StorageError, open_store
+
+    keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
+    try:
+        store = open_store(args.store)
+    except (StorageError, ValueError) as exc:
+        print(f"ki collector: {exc}", file=sys.stderr)
+        return 2
+    try:
+        app = build_collector_app(
+            store,
+            keys_path=keys,
+            tokens_path=None if args.local_dev else token_store_path(args.tokens),
+            local_dev=args.local_dev,
+            interval_s=args.interval,
+        )
+        serve(app, args.host, args.port, local_dev=args.local_dev)
+    except ValueError as exc:
+        print(f"ki collector: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kernel_insight.api.auth import DEFAULT_TOKEN_STORE
+    from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
+
+    s = sub.add_parser(
+        "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
+    )
+    s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)"
+    )
+    s.add_argument("--keys", help=f"agent key store (default $KI_KEY_STORE or {DEFAULT_KEYS})")
+    s.add_argument("--tokens", help=f"bearer token file (default $KI_TOKEN_STORE or {DEFAULT_TOKEN_STORE})")
+    s.add_argument(
+        "--local-dev",
+        action="store_true",
+        help="no bearer tokens checked; binds 127.0.0.1 only and says so at start",
+    )
+    s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    s.set_defaults(handler=_serve)
