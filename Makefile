@@ -49,3 +49,4 @@ bench-probe: build
 clean:
 	rm -rf build $(VENV) *.egg-info
 	find . -name '*.so' -path './agent/*' -delete
+	rm -rf agent/bin

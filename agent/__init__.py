@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+from kernel_insight.agent.launcher import BINARY_ENV, agent_binary
 from kernel_insight.agent.records import (
     RECORD_DTYPE,
     CollectiveOp,
@@ -47,6 +48,7 @@ from kernel_insight.agent.ring import (
 )
 
 __all__ = [
+    "BINARY_ENV",
     "DEFAULT_CAPACITY",
     "RECORD_DTYPE",
     "RECORD_SIZE",
@@ -73,6 +75,7 @@ __all__ = [
     "SyncKind",
     "SyncRecord",
     "WriteStatus",
+    "agent_binary",
     "decode_record",
     "decode_records",
     "ring_name",
