@@ -13,7 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "COLLECTIVE_PAYLOAD",
+    "ERROR_PAYLOAD",
+    "FINGERPRINT_PAYLOAD",
+    "KERNEL_PAYLOAD",
+    "LAUNCH_PAYLOAD",
+    "MEMOP_PAYLOAD",
     "RECORD_DTYPE",
+    "REC_HEAD",
+    "SAMPLE_PAYLOAD",
+    "SYNC_PAYLOAD",
     "CollectiveOp",
     "CollectiveRecord",
     "ErrorKind",
@@ -119,15 +128,19 @@ RECORD_DTYPE = np.dtype(
 )
 assert RECORD_DTYPE.itemsize == 64
 
-_HEAD = struct.Struct("<QII BBHIQ")
-_KERNEL = struct.Struct("<QQQI4x")
-_LAUNCH = struct.Struct("<II3I3I")
-_MEMOP = struct.Struct("<QQIIi4x")
-_COLLECTIVE = struct.Struct("<QQQII")
-_SYNC = struct.Struct("<QQII8x")
-_SAMPLE = struct.Struct("<dQ16x")
-_FINGERPRINT = struct.Struct("<Q24x")
-_ERROR = struct.Struct("<qQII8x")
+_HEAD = struct.Struct("<QII BBHIQ")  # a consumed record's first 32 bytes (pos, producer, check, header)
+
+#: The 16-byte record header and the 32-byte payload of each type, as docs/ring.md lays them
+#: out: the one definition both the decoder here and Python-side record packers use.
+REC_HEAD = struct.Struct("<BBHIQ")
+KERNEL_PAYLOAD = struct.Struct("<QQQI4x")
+LAUNCH_PAYLOAD = struct.Struct("<II3I3I")
+MEMOP_PAYLOAD = struct.Struct("<QQIIi4x")
+COLLECTIVE_PAYLOAD = struct.Struct("<QQQII")
+SYNC_PAYLOAD = struct.Struct("<QQII8x")
+SAMPLE_PAYLOAD = struct.Struct("<dQ16x")
+FINGERPRINT_PAYLOAD = struct.Struct("<Q24x")
+ERROR_PAYLOAD = struct.Struct("<qQII8x")
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,31 +303,31 @@ def decode_record(raw: bytes | memoryview) -> Record:
     pos, producer, _check, rtype, flags, device, ident, ts = _HEAD.unpack_from(raw, 0)
     p = 32
     if rtype == RecordType.KERNEL:
-        end, stream, corr, pid = _KERNEL.unpack_from(raw, p)
+        end, stream, corr, pid = KERNEL_PAYLOAD.unpack_from(raw, p)
         return KernelRecord(pos, producer, flags, device, ident, ts, end, stream, corr, pid)
     if rtype == RecordType.LAUNCH:
-        pid, tid, gx, gy, gz, bx, by, bz = _LAUNCH.unpack_from(raw, p)
+        pid, tid, gx, gy, gz, bx, by, bz = LAUNCH_PAYLOAD.unpack_from(raw, p)
         return LaunchRecord(pos, producer, flags, device, ident, ts, pid, tid, (gx, gy, gz), (bx, by, bz))
     if rtype == RecordType.MEMOP:
-        addr, nbytes, pid, tid, status = _MEMOP.unpack_from(raw, p)
+        addr, nbytes, pid, tid, status = MEMOP_PAYLOAD.unpack_from(raw, p)
         kind = _enum(MemopKind, ident)
         return MemopRecord(pos, producer, flags, device, kind, ts, addr, nbytes, pid, tid, status)
     if rtype == RecordType.COLLECTIVE:
-        nbytes, dur, comm, rank, nranks = _COLLECTIVE.unpack_from(raw, p)
+        nbytes, dur, comm, rank, nranks = COLLECTIVE_PAYLOAD.unpack_from(raw, p)
         op = _enum(CollectiveOp, ident)
         return CollectiveRecord(pos, producer, flags, device, op, ts, nbytes, dur, comm, rank, nranks)
     if rtype == RecordType.SYNC:
-        dur, handle, pid, tid = _SYNC.unpack_from(raw, p)
+        dur, handle, pid, tid = SYNC_PAYLOAD.unpack_from(raw, p)
         return SyncRecord(pos, producer, flags, device, _enum(SyncKind, ident), ts, dur, handle, pid, tid)
     if rtype == RecordType.GPU_SAMPLE:
-        value, aux = _SAMPLE.unpack_from(raw, p)
+        value, aux = SAMPLE_PAYLOAD.unpack_from(raw, p)
         return SampleRecord(pos, producer, flags, device, ident, ts, value, aux)
     if rtype == RecordType.FINGERPRINT:
-        (value,) = _FINGERPRINT.unpack_from(raw, p)
+        (value,) = FINGERPRINT_PAYLOAD.unpack_from(raw, p)
         field = _enum(FingerprintField, ident)
         return FingerprintRecord(pos, producer, flags, device, field, ts, value)
     if rtype == RecordType.ERROR:
-        code, aux, pid, detail = _ERROR.unpack_from(raw, p)
+        code, aux, pid, detail = ERROR_PAYLOAD.unpack_from(raw, p)
         return ErrorRecord(pos, producer, flags, device, _enum(ErrorKind, ident), ts, code, aux, pid, detail)
     if rtype == RecordType.STRING:
         text = bytes(raw[p : p + 32])

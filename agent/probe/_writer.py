@@ -7,22 +7,24 @@ simulator must mark each record SIMULATED (docs/ring.md), so it packs the
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 
-from kernel_insight.agent.records import RecordFlag, RecordType
+from kernel_insight.agent.records import (
+    COLLECTIVE_PAYLOAD,
+    ERROR_PAYLOAD,
+    FINGERPRINT_PAYLOAD,
+    KERNEL_PAYLOAD,
+    LAUNCH_PAYLOAD,
+    MEMOP_PAYLOAD,
+    REC_HEAD,
+    SAMPLE_PAYLOAD,
+    SYNC_PAYLOAD,
+    RecordFlag,
+    RecordType,
+)
 
 __all__ = ["FlaggedWriter"]
 
-_HEAD = struct.Struct("<BBHIQ")
-_KERNEL = struct.Struct("<QQQI4x")
-_LAUNCH = struct.Struct("<II3I3I")
-_MEMOP = struct.Struct("<QQIIi4x")
-_COLLECTIVE = struct.Struct("<QQQII")
-_SYNC = struct.Struct("<QQII8x")
-_SAMPLE = struct.Struct("<dQ16x")
-_FINGERPRINT = struct.Struct("<Q24x")
-_ERROR = struct.Struct("<qQII8x")
 _U64 = (1 << 64) - 1
 
 
@@ -51,7 +53,7 @@ class FlaggedWriter:
         self.failed = 0
 
     def _put(self, rtype: int, flags: int, device: int, ident: int, ts_ns: int, payload: bytes) -> int:
-        rec = _HEAD.pack(rtype, (self.flags | flags) & 0xFF, device, ident, ts_ns & _U64) + payload
+        rec = REC_HEAD.pack(rtype, (self.flags | flags) & 0xFF, device, ident, ts_ns & _U64) + payload
         rc = self._write(rec)
         if rc == 0:
             self.written += 1
@@ -88,7 +90,7 @@ class FlaggedWriter:
         self, name_id: int, device: int, start_ns: int, end_ns: int, stream: int, corr: int, pid: int
     ) -> int:
         return self._put(
-            RecordType.KERNEL, 0, device, name_id, start_ns, _KERNEL.pack(end_ns, stream, corr, pid)
+            RecordType.KERNEL, 0, device, name_id, start_ns, KERNEL_PAYLOAD.pack(end_ns, stream, corr, pid)
         )
 
     def launch(
@@ -101,7 +103,7 @@ class FlaggedWriter:
         grid: tuple[int, int, int] = (1, 1, 1),
         block: tuple[int, int, int] = (1, 1, 1),
     ) -> int:
-        payload = _LAUNCH.pack(pid, tid, *grid, *block)
+        payload = LAUNCH_PAYLOAD.pack(pid, tid, *grid, *block)
         return self._put(RecordType.LAUNCH, 0, device, function_id, ts_ns, payload)
 
     def memop(
@@ -116,7 +118,7 @@ class FlaggedWriter:
         status: int = 0,
     ) -> int:
         flags = RecordFlag.FAILED if status else 0
-        payload = _MEMOP.pack(address, nbytes, pid, tid, status)
+        payload = MEMOP_PAYLOAD.pack(address, nbytes, pid, tid, status)
         return self._put(RecordType.MEMOP, flags, device, kind, ts_ns, payload)
 
     def collective(
@@ -131,23 +133,27 @@ class FlaggedWriter:
         nranks: int,
         failed: bool = False,
     ) -> int:
-        payload = _COLLECTIVE.pack(nbytes, duration_ns, comm, rank, nranks)
+        payload = COLLECTIVE_PAYLOAD.pack(nbytes, duration_ns, comm, rank, nranks)
         flags = RecordFlag.FAILED if failed else 0
         return self._put(RecordType.COLLECTIVE, flags, device, op, ts_ns, payload)
 
     def sync(
         self, kind: int, device: int, ts_ns: int, duration_ns: int, handle: int, pid: int, tid: int = 0
     ) -> int:
-        return self._put(RecordType.SYNC, 0, device, kind, ts_ns, _SYNC.pack(duration_ns, handle, pid, tid))
+        return self._put(
+            RecordType.SYNC, 0, device, kind, ts_ns, SYNC_PAYLOAD.pack(duration_ns, handle, pid, tid)
+        )
 
     def sample(self, metric: int, device: int, ts_ns: int, value: float, aux: int = 0) -> int:
-        return self._put(RecordType.GPU_SAMPLE, 0, device, metric, ts_ns, _SAMPLE.pack(value, aux))
+        return self._put(RecordType.GPU_SAMPLE, 0, device, metric, ts_ns, SAMPLE_PAYLOAD.pack(value, aux))
 
     def fingerprint(self, field: int, device: int, ts_ns: int, value: int, is_string: bool = False) -> int:
         flags = RecordFlag.FP_STRING if is_string else 0
-        return self._put(RecordType.FINGERPRINT, flags, device, field, ts_ns, _FINGERPRINT.pack(value))
+        return self._put(RecordType.FINGERPRINT, flags, device, field, ts_ns, FINGERPRINT_PAYLOAD.pack(value))
 
     def error(
         self, kind: int, device: int, ts_ns: int, code: int, aux: int = 0, pid: int = 0, detail_id: int = 0
     ) -> int:
-        return self._put(RecordType.ERROR, 0, device, kind, ts_ns, _ERROR.pack(code, aux, pid, detail_id))
+        return self._put(
+            RecordType.ERROR, 0, device, kind, ts_ns, ERROR_PAYLOAD.pack(code, aux, pid, detail_id)
+        )
