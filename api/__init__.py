@@ -6,15 +6,19 @@ this package; ``api_routers`` gives the routers alone.
 
 from __future__ import annotations
 
+from kernel_insight.api.agents import agents_router
 from kernel_insight.api.app import api_routers, create_api_app, default_metadata, serve
 from kernel_insight.api.auth import (
     Authenticator,
+    ClickHouseTokenStore,
     CreatedToken,
     Scope,
     TokenError,
     TokenInfo,
     TokenStore,
+    TokenStoreBase,
     UnknownToken,
+    open_token_store,
 )
 from kernel_insight.api.errors import ApiError, install_error_handlers
 from kernel_insight.api.health import (
@@ -34,6 +38,7 @@ from kernel_insight.api.topology import topology_router
 __all__ = [
     "ApiError",
     "Authenticator",
+    "ClickHouseTokenStore",
     "CreatedToken",
     "HealthRule",
     "HealthSource",
@@ -45,7 +50,9 @@ __all__ = [
     "TokenError",
     "TokenInfo",
     "TokenStore",
+    "TokenStoreBase",
     "UnknownToken",
+    "agents_router",
     "api_routers",
     "build_snapshot",
     "create_api_app",
@@ -53,6 +60,7 @@ __all__ = [
     "health_router",
     "install_error_handlers",
     "instances_router",
+    "open_token_store",
     "prometheus_router",
     "serve",
     "topology_router",

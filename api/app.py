@@ -9,11 +9,12 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
-from kernel_insight.api.auth import Authenticator, TokenStore
+from kernel_insight.api.agents import agents_router
+from kernel_insight.api.auth import Authenticator, Scope, TokenStoreBase
 from kernel_insight.api.errors import install_error_handlers
 from kernel_insight.api.health import (
     DEFAULT_INTERVAL_S,
@@ -26,6 +27,9 @@ from kernel_insight.api.health import (
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.prometheus import MetricMetadata, prometheus_router
 from kernel_insight.api.topology import topology_router
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.keys import KeyStoreBase
 
 __all__ = ["LOCAL_DEV_HOST", "api_routers", "create_api_app", "default_metadata", "serve"]
 
@@ -66,18 +70,29 @@ def api_routers(
 def create_api_app(
     store: Any,
     *,
-    tokens: TokenStore | None = None,
+    tokens: TokenStoreBase | None = None,
     local_dev: bool = False,
     rule: HealthRule | None = None,
     interval_s: float = DEFAULT_INTERVAL_S,
     extra_routers: list[APIRouter] | None = None,
+    keys: KeyStoreBase | None = None,
 ) -> FastAPI:
-    """The collector app over ``store`` with this package's routers; ``app.state.snapshotter`` is the snapshotter."""
+    """The collector app over ``store`` with this package's routers; ``app.state.snapshotter`` is the snapshotter.
+
+    remote_write takes tokens with the ``ingest`` scope; with ``keys`` (the agent key store)
+    the ``/v1/agents`` enrolment endpoints (scope ``ingest-admin``) are served too.
+    """
     from kernel_insight.collector.app import create_app
 
     auth = Authenticator(tokens, local_dev=local_dev)
     routers, snapshotter = api_routers(store, auth, rule=rule, interval_s=interval_s)
-    app = create_app(store, routers=[*routers, *(extra_routers or [])])
+    if keys is not None:
+        routers.append(agents_router(keys, auth))
+    app = create_app(
+        store,
+        routers=[*routers, *(extra_routers or [])],
+        write_dependencies=[Depends(auth.require(Scope.INGEST))],
+    )
     install_error_handlers(app)
     app.state.snapshotter = snapshotter
     app.state.authenticator = auth

@@ -5,8 +5,9 @@ token; ``ki tokens create`` prints the token once. A running server notices
 a revocation within a second without a restart (it re-reads the file when
 its inode, mtime or size change).
 
-Scopes: ``read`` (queries, snapshot, instances), ``ingest-admin`` (agent keys,
-rules), ``admin`` (everything, including the other two).
+Scopes: ``read`` (queries, snapshot, instances), ``ingest`` (remote_write: sending
+samples, nothing else), ``ingest-admin`` (agent keys, rules), ``admin`` (everything).
+Several collectors over one ClickHouse share tokens through :class:`ClickHouseTokenStore`.
 
     >>> import tempfile, pathlib
     >>> store = TokenStore(pathlib.Path(tempfile.mkdtemp()) / "tokens.json")
@@ -23,30 +24,37 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped]
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kernel_insight.api.errors import ApiError
+from kernel_insight.collector.store import StorageError, Store
 
 __all__ = [
     "DEFAULT_TOKEN_STORE",
     "Authenticator",
+    "ClickHouseTokenStore",
     "CreatedToken",
     "Scope",
     "TokenError",
     "TokenInfo",
     "TokenStore",
+    "TokenStoreBase",
     "UnknownToken",
+    "open_token_store",
 ]
 
 #: Where ``ki tokens`` and the API look unless told otherwise (env KI_TOKEN_STORE overrides).
@@ -58,6 +66,7 @@ _PREFIX = "ki_"
 
 class Scope(StrEnum):
     READ = "read"
+    INGEST = "ingest"
     INGEST_ADMIN = "ingest-admin"
     ADMIN = "admin"
 
@@ -122,19 +131,84 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class TokenStore:
-    """The API's tokens. Writers lock the file and replace it atomically; readers reload on change."""
+class TokenStoreBase(ABC):
+    """Tokens, whatever holds them: parsing, hashing and the revocation rule live here.
+
+    A back end supplies the current records (refreshed as its reload bound says)
+    and an edit session that writes changes back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
+        """The records by token id, refreshed when due (``miss``: an id was not found). Lock held."""
+
+    @abstractmethod
+    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
+        """A fresh copy of the records to change in place; written back when the block ends."""
+
+    @staticmethod
+    def _info(t: dict[str, Any]) -> TokenInfo:
+        return TokenInfo(t["id"], t["name"], tuple(t["scopes"]), float(t["created"]), bool(t.get("revoked")))
+
+    def authenticate(self, token: str) -> TokenInfo:
+        """The token's record, or UnknownToken (also for revoked or malformed tokens)."""
+        if not token.startswith(_PREFIX) or "." not in token:
+            raise UnknownToken("malformed token (expected ki_<id>.<secret>)")
+        token_id, _, secret = token[len(_PREFIX) :].partition(".")
+        with self._lock:
+            record = self._current().get(token_id)
+            if record is None:
+                record = self._current(miss=True).get(token_id)  # created a moment ago elsewhere?
+        if record is None or not hmac.compare_digest(record["hash"], _hash(secret)):
+            raise UnknownToken("unknown token")
+        if record.get("revoked"):
+            raise UnknownToken(f"token {token_id} was revoked")
+        return self._info(record)
+
+    def list(self) -> list[TokenInfo]:
+        with self._lock:
+            return [self._info(t) for t in self._current().values()]
+
+    def create(self, name: str, scopes: Iterable[str]) -> CreatedToken:
+        """A new token with these scopes; the returned text is the only copy of its secret."""
+        parsed = _parse_scopes(scopes)
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        record = {
+            "id": token_id,
+            "name": name,
+            "scopes": list(parsed),
+            "created": time.time(),
+            "hash": _hash(secret),
+        }
+        with self._editing() as tokens:
+            tokens[token_id] = record
+        return CreatedToken(f"{_PREFIX}{token_id}.{secret}", self._info(record))
+
+    def revoke(self, token_id: str) -> None:
+        """Refuse the token from now on (running servers notice within their reload bound)."""
+        if token_id.startswith(_PREFIX):
+            token_id = token_id[len(_PREFIX) :].partition(".")[0]
+        with self._editing() as tokens:
+            if token_id not in tokens:
+                raise UnknownToken(f"no token with id {token_id!r}")
+            tokens[token_id]["revoked"] = True
+
+
+class TokenStore(TokenStoreBase):
+    """The API's tokens in a file. Writers lock the file and replace it atomically; readers reload on change."""
 
     def __init__(self, path: Path | str) -> None:
+        super().__init__()
         self.path = Path(path)
-        self._lock = threading.Lock()
         self._tokens: dict[str, dict[str, Any]] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._checked = 0.0
         with self._lock:
             self._load()
-
-    # ---- reading ---------------------------------------------------------------------
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -162,38 +236,13 @@ class TokenStore:
             raise TokenError(f"token store {self.path} is corrupt ({type(exc).__name__})") from None
         self._tokens, self._stamp = tokens, stamp
 
-    def _refresh(self) -> None:
+    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
-        if now - self._checked < _RELOAD_CHECK_S:
-            return
-        self._checked = now
-        if self._file_stamp() != self._stamp:
-            self._load()
-
-    @staticmethod
-    def _info(t: dict[str, Any]) -> TokenInfo:
-        return TokenInfo(t["id"], t["name"], tuple(t["scopes"]), float(t["created"]), bool(t.get("revoked")))
-
-    def authenticate(self, token: str) -> TokenInfo:
-        """The token's record, or UnknownToken (also for revoked or malformed tokens)."""
-        if not token.startswith(_PREFIX) or "." not in token:
-            raise UnknownToken("malformed token (expected ki_<id>.<secret>)")
-        token_id, _, secret = token[len(_PREFIX) :].partition(".")
-        with self._lock:
-            self._refresh()
-            record = self._tokens.get(token_id)
-        if record is None or not hmac.compare_digest(record["hash"], _hash(secret)):
-            raise UnknownToken("unknown token")
-        if record.get("revoked"):
-            raise UnknownToken(f"token {token_id} was revoked")
-        return self._info(record)
-
-    def list(self) -> list[TokenInfo]:
-        with self._lock:
-            self._refresh()
-            return [self._info(t) for t in self._tokens.values()]
-
-    # ---- writing ---------------------------------------------------------------------
+        if now - self._checked >= _RELOAD_CHECK_S:
+            self._checked = now
+            if self._file_stamp() != self._stamp:
+                self._load()
+        return self._tokens
 
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
@@ -210,30 +259,99 @@ class TokenStore:
         finally:
             os.close(fd)
 
-    def create(self, name: str, scopes: Iterable[str]) -> CreatedToken:
-        """A new token with these scopes; the returned text is the only copy of its secret."""
-        parsed = _parse_scopes(scopes)
-        token_id = secrets.token_hex(6)
-        secret = secrets.token_urlsafe(32)
-        record = {
-            "id": token_id,
-            "name": name,
-            "scopes": list(parsed),
-            "created": time.time(),
-            "hash": _hash(secret),
-        }
-        with self._editing() as tokens:
-            tokens[token_id] = record
-        return CreatedToken(f"{_PREFIX}{token_id}.{secret}", self._info(record))
 
-    def revoke(self, token_id: str) -> None:
-        """Refuse the token from now on (running servers notice within a second)."""
-        if token_id.startswith(_PREFIX):
-            token_id = token_id[len(_PREFIX) :].partition(".")[0]
-        with self._editing() as tokens:
-            if token_id not in tokens:
-                raise UnknownToken(f"no token with id {token_id!r}")
-            tokens[token_id]["revoked"] = True
+class ClickHouseTokenStore(TokenStoreBase):
+    """Tokens in a ClickHouse table, for several collectors over one store (cluster mode).
+
+    Same layout and rules as :class:`~kernel_insight.collector.keys.ClickHouseKeyStore`:
+    one row per edit, newest version wins, every process re-reads the table at least every
+    ``refresh_s`` (so a revocation is honoured everywhere within that bound) and at once
+    when a token id is unknown. Only SHA-256 hashes of secrets are stored.
+    """
+
+    def __init__(self, store: Store, *, table: str = "api_tokens", refresh_s: float | None = None) -> None:
+        super().__init__()
+        from kernel_insight.collector.keys import CLUSTER_REFRESH_S, versioned_table_ddl
+
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
+            raise ValueError(f"invalid table name {table!r}")
+        self.store = store
+        self.table = table
+        self.refresh_s = CLUSTER_REFRESH_S if refresh_s is None else refresh_s
+        self._tokens: dict[str, dict[str, Any]] = {}
+        self._versions: dict[str, int] = {}
+        self._loaded = -float("inf")
+        try:
+            store.command(versioned_table_ddl(store, table, "token_id", "API bearer tokens (docs/api.md)"))
+        except StorageError as exc:
+            raise TokenError(f"cannot create the token table: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"ClickHouseTokenStore({self.store.database}.{self.table})"
+
+    def _load(self) -> None:
+        try:
+            rows = self.store.query(
+                "SELECT token_id, max(version) AS v, argMax(doc, version) AS doc "
+                f"FROM {self.store.database}.{self.table} GROUP BY token_id"
+            ).to_pylist()
+        except StorageError as exc:
+            raise TokenError(f"token table {self.store.database}.{self.table} unreadable: {exc}") from None
+        try:
+            self._tokens = {str(r["token_id"]): json.loads(r["doc"]) for r in rows}
+        except (ValueError, TypeError) as exc:
+            raise TokenError(f"token table holds a corrupt record ({type(exc).__name__})") from None
+        self._versions = {str(r["token_id"]): int(r["v"]) for r in rows}
+        self._loaded = time.monotonic()
+
+    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
+        from kernel_insight.collector.keys import _MISS_REFRESH_S
+
+        age = time.monotonic() - self._loaded
+        if age >= self.refresh_s or (miss and age >= _MISS_REFRESH_S):
+            self._load()
+        return self._tokens
+
+    @contextlib.contextmanager
+    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
+        from kernel_insight.collector.keys import next_version
+
+        with self._lock:
+            self._load()
+            before = {t: json.dumps(r, sort_keys=True) for t, r in self._tokens.items()}
+            yield self._tokens
+            changed = [
+                (t, doc)
+                for t, r in self._tokens.items()
+                if before.get(t) != (doc := json.dumps(r, sort_keys=True))
+            ]
+            if not changed:
+                return
+            versions = [next_version(self._versions.get(t, 0)) for t, _ in changed]
+            data = pa.table(
+                {
+                    "token_id": pa.array([t for t, _ in changed], pa.string()),
+                    "version": pa.array(versions, pa.uint64()),
+                    "doc": pa.array([d for _, d in changed], pa.string()),
+                }
+            )
+            try:
+                self.store._insert(self.table, data, None)
+            except StorageError as exc:
+                self._loaded = -float("inf")
+                raise TokenError(f"token table {self.table}: write failed: {exc}") from None
+            self._versions.update((t, v) for (t, _), v in zip(changed, versions, strict=True))
+
+
+def open_token_store(target: str | Path | Store) -> TokenStoreBase:
+    """The table store over a ``Store``, else the file store at a path (``ki tokens --store``).
+
+    A ClickHouse URL as ``target`` is for callers that own the store's lifetime: open it
+    with :func:`kernel_insight.collector.store.open_store` and pass the ``Store``.
+    """
+    if isinstance(target, Store):
+        return ClickHouseTokenStore(target)
+    return TokenStore(Path(target))
 
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `ki tokens create --scope read`.")
@@ -248,7 +366,7 @@ class Authenticator:
     (the caller checks the bind address; :func:`kernel_insight.api.app.serve` does).
     """
 
-    def __init__(self, tokens: TokenStore | None, *, local_dev: bool = False) -> None:
+    def __init__(self, tokens: TokenStoreBase | None, *, local_dev: bool = False) -> None:
         if tokens is None and not local_dev:
             raise ValueError("an Authenticator needs a TokenStore unless it runs in local development mode")
         self.tokens = tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -59,8 +60,15 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     routers: Sequence[APIRouter] = (),
+    write_dependencies: Sequence[Any] = (),
 ) -> FastAPI:
-    """The collector app over ``store`` (kept as ``app.state.store`` for other routers)."""
+    """The collector app over ``store`` (kept as ``app.state.store`` for other routers).
+
+    ``write_dependencies`` (FastAPI ``Depends(...)``) guard ``POST /api/v1/write``; the
+    composition root passes the API's bearer-token check here, so this module needs no
+    import of the api package. Without any, remote_write is open: fit for tests and
+    single-user tools only (``ki collector`` always passes the check, docs/api.md).
+    """
     app = FastAPI(title="Kernel Insight collector", docs_url=None, redoc_url=None)
     app.state.store = store
 
@@ -83,7 +91,7 @@ def create_app(
         await run_in_threadpool(store.ping)  # StorageUnavailable -> 503
         return JSONResponse({"status": "ok"})
 
-    @app.post("/api/v1/write", status_code=204)
+    @app.post("/api/v1/write", status_code=204, dependencies=list(write_dependencies))
     async def remote_write(request: Request) -> Response:
         content_type = request.headers.get("content-type", "application/x-protobuf").lower()
         if "proto=" in content_type and "prometheus.writerequest" not in content_type:

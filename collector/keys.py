@@ -24,28 +24,41 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import stat
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.collector.store import StorageError, Store, open_store, quote
+
 __all__ = [
+    "CLUSTER_REFRESH_S",
     "DEFAULT_STORE",
     "MAX_ACTIVE_KEYS",
     "AgentCredentials",
     "AgentInfo",
+    "ClickHouseKeyStore",
     "KeyStore",
+    "KeyStoreBase",
     "KeyStoreError",
     "RevokedAgent",
     "UnknownAgent",
     "add_commands",
+    "check_agent_name",
+    "is_store_url",
+    "next_version",
     "parse_agent_id",
     "read_key_file",
+    "versioned_table_ddl",
 ]
 
 #: Where ``ki keys`` and the collector look when nothing else is said (env KI_KEY_STORE overrides).
@@ -55,6 +68,10 @@ MAX_ACTIVE_KEYS = 2
 KEY_SIZE = 32
 _FORMAT_VERSION = 1
 _RELOAD_CHECK_S = 0.5
+#: Longest a collector over a ClickHouse key store serves from its cached copy: the revocation bound.
+CLUSTER_REFRESH_S = 1.0
+#: Soonest a lookup of an unknown agent re-reads the table (floods of unknown ids cost one read per this).
+_MISS_REFRESH_S = 0.2
 
 
 class KeyStoreError(Exception):
@@ -67,6 +84,12 @@ class UnknownAgent(KeyStoreError):
 
 class RevokedAgent(KeyStoreError):
     """The agent was enrolled and then revoked."""
+
+
+def check_agent_name(name: str) -> None:
+    """Agent names are labels for people: 1-200 characters on one line."""
+    if not name or len(name) > 200 or any(c in name for c in "\n\r\0"):
+        raise KeyStoreError("agent name must be 1-200 characters on one line")
 
 
 def parse_agent_id(text: str) -> bytes:
@@ -148,65 +171,35 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class KeyStore:
-    """The collector's table of agents and their keys, in one JSON file of mode 0600.
+class KeyStoreBase(ABC):
+    """Agents and their keys, whatever holds them; the rules (rotation, retirement, revocation) live here.
 
-    Writers (``ki keys``) take an exclusive lock and replace the file
-    atomically; a running collector notices the change on its next lookup,
-    so a revocation takes effect within a second, without a restart.
+    A back end supplies two things: the current table of agent records (refreshed
+    as often as its reload bound says) and an edit session that writes changes back.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._agents: dict[bytes, dict[str, Any]] = {}
-        self._stamp: tuple[int, int, int] | None = None
-        self._checked = 0.0
-        self._load()
+
+    @abstractmethod
+    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
+        """The agent records, refreshed when due (``miss``: a lookup found nothing; refresh sooner).
+
+        Called with ``self._lock`` held.
+        """
+
+    @abstractmethod
+    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
+        """A fresh copy of the records to change in place; changes are written when the block ends."""
 
     # ---- reading ---------------------------------------------------------------------
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _load(self) -> None:
-        stamp = self._file_stamp()
-        if stamp is None:
-            self._agents, self._stamp = {}, None
-            return
-        st = self.path.stat()
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            raise KeyStoreError(
-                f"key store {self.path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
-            )
-        try:
-            doc = json.loads(self.path.read_text())
-            if doc.get("version") != _FORMAT_VERSION:
-                raise KeyStoreError(
-                    f"key store {self.path}: unsupported format version {doc.get('version')!r}"
-                )
-            agents = {bytes.fromhex(a["agent_id"]): a for a in doc["agents"]}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise KeyStoreError(f"key store {self.path} is corrupt ({type(exc).__name__})") from None
-        self._agents, self._stamp = agents, stamp
-
-    def _refresh(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < _RELOAD_CHECK_S:
-            return
-        self._checked = now
-        if self._file_stamp() != self._stamp:
-            self._load()
 
     def key_for(self, agent_id: bytes, key_id: int) -> bytes:
         """The active key (agent_id, key_id), or UnknownAgent / RevokedAgent."""
         with self._lock:
-            self._refresh()
-            agent = self._agents.get(agent_id)
+            agent = self._current().get(agent_id)
+            if agent is None:
+                agent = self._current(miss=True).get(agent_id)  # enrolled a moment ago elsewhere?
             if agent is None:
                 raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
             if agent.get("revoked"):
@@ -218,8 +211,15 @@ class KeyStore:
 
     def agents(self) -> list[AgentInfo]:
         with self._lock:
-            self._refresh()
-            return [self._info(a) for a in self._agents.values()]
+            return [self._info(a) for a in self._current().values()]
+
+    def agent(self, agent_id: bytes) -> AgentInfo:
+        """One agent's record (no keys), or UnknownAgent."""
+        with self._lock:
+            agent = self._current().get(agent_id) or self._current(miss=True).get(agent_id)
+            if agent is None:
+                raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
+            return self._info(agent)
 
     @staticmethod
     def _info(a: dict[str, Any]) -> AgentInfo:
@@ -234,24 +234,8 @@ class KeyStore:
 
     # ---- writing ---------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[bytes, dict[str, Any]]]:
-        """Lock the file against other writers, reload, edit, write back atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with self._lock:
-                self._load()
-                yield self._agents
-                doc = {"version": _FORMAT_VERSION, "agents": list(self._agents.values())}
-                _write_private(self.path, json.dumps(doc, indent=1).encode())
-                self._stamp = self._file_stamp()
-        finally:
-            os.close(fd)
-
-    def _agent(self, agents: dict[bytes, dict[str, Any]], agent_id: bytes) -> dict[str, Any]:
+    @staticmethod
+    def _agent(agents: dict[bytes, dict[str, Any]], agent_id: bytes) -> dict[str, Any]:
         agent = agents.get(agent_id)
         if agent is None:
             raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
@@ -259,8 +243,7 @@ class KeyStore:
 
     def add_agent(self, name: str) -> AgentCredentials:
         """Enrol a new agent with a fresh id and key."""
-        if not name or len(name) > 200 or any(c in name for c in "\n\r\0"):
-            raise KeyStoreError("agent name must be 1-200 characters on one line")
+        check_agent_name(name)
         agent_id = secrets.token_bytes(16)
         key = secrets.token_bytes(KEY_SIZE)
         with self._editing() as agents:
@@ -303,13 +286,220 @@ class KeyStore:
             self._agent(agents, agent_id)["revoked"] = True
 
 
+class KeyStore(KeyStoreBase):
+    """The collector's table of agents and their keys, in one JSON file of mode 0600.
+
+    Writers (``ki keys``) take an exclusive lock and replace the file
+    atomically; a running collector notices the change on its next lookup,
+    so a revocation takes effect within a second, without a restart.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._agents: dict[bytes, dict[str, Any]] = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self._checked = 0.0
+        self._load()
+
+    def __repr__(self) -> str:
+        return f"KeyStore({str(self.path)!r})"
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> None:
+        stamp = self._file_stamp()
+        if stamp is None:
+            self._agents, self._stamp = {}, None
+            return
+        st = self.path.stat()
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise KeyStoreError(
+                f"key store {self.path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
+            )
+        try:
+            doc = json.loads(self.path.read_text())
+            if doc.get("version") != _FORMAT_VERSION:
+                raise KeyStoreError(
+                    f"key store {self.path}: unsupported format version {doc.get('version')!r}"
+                )
+            agents = {bytes.fromhex(a["agent_id"]): a for a in doc["agents"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise KeyStoreError(f"key store {self.path} is corrupt ({type(exc).__name__})") from None
+        self._agents, self._stamp = agents, stamp
+
+    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
+        now = time.monotonic()
+        if now - self._checked >= _RELOAD_CHECK_S:
+            self._checked = now
+            if self._file_stamp() != self._stamp:
+                self._load()
+        return self._agents
+
+    @contextlib.contextmanager
+    def _editing(self) -> Iterator[dict[bytes, dict[str, Any]]]:
+        """Lock the file against other writers, reload, edit, write back atomically."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with self._lock:
+                self._load()
+                yield self._agents
+                doc = {"version": _FORMAT_VERSION, "agents": list(self._agents.values())}
+                _write_private(self.path, json.dumps(doc, indent=1).encode())
+                self._stamp = self._file_stamp()
+        finally:
+            os.close(fd)
+
+
+class ClickHouseKeyStore(KeyStoreBase):
+    """The key store as a ClickHouse table, for several collectors over one store (cluster mode).
+
+    One row per edit of an agent (``agent_id``, ``version``, ``doc``: the agent's JSON
+    record); the newest version wins (``argMax``), and ReplacingMergeTree folds old
+    rows away in the background. Every process re-reads the table at least every
+    ``refresh_s`` (default :data:`CLUSTER_REFRESH_S`), and at once (at most every
+    :data:`_MISS_REFRESH_S`) when a lookup finds no such agent, so an enrolment made
+    through one collector is usable through another at once and a revocation is
+    honoured everywhere within ``refresh_s`` (plus replication delay on a cluster).
+    Key material reaches the engine only as Arrow data, never inside SQL text, so no
+    engine error message can quote it. Concurrent edits of one agent through two
+    processes: the later write wins.
+    """
+
+    def __init__(self, store: Store, *, table: str = "agent_keys", refresh_s: float | None = None) -> None:
+        super().__init__()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
+            raise ValueError(f"invalid table name {table!r}")
+        self.store = store
+        self.table = table
+        self.refresh_s = CLUSTER_REFRESH_S if refresh_s is None else refresh_s
+        self._agents: dict[bytes, dict[str, Any]] = {}
+        self._versions: dict[bytes, int] = {}
+        self._loaded = -float("inf")
+        self._create_table()
+
+    def __repr__(self) -> str:
+        return f"ClickHouseKeyStore({self.store.database}.{self.table})"
+
+    def _create_table(self) -> None:
+        self.store.command(
+            versioned_table_ddl(
+                self.store, self.table, "agent_id", "agent records and keys (docs/storage.md)"
+            )
+        )
+
+    def _load(self) -> None:
+        try:
+            rows = self.store.query(
+                f"SELECT agent_id, max(version) AS v, argMax(doc, version) AS doc "
+                f"FROM {self.store.database}.{self.table} GROUP BY agent_id"
+            ).to_pylist()
+        except StorageError as exc:
+            raise KeyStoreError(
+                f"key store table {self.store.database}.{self.table} unreadable: {exc}"
+            ) from None
+        try:
+            agents = {bytes.fromhex(r["agent_id"]): json.loads(r["doc"]) for r in rows}
+        except (ValueError, TypeError) as exc:
+            raise KeyStoreError(f"key store table holds a corrupt record ({type(exc).__name__})") from None
+        self._agents = agents
+        self._versions = {bytes.fromhex(r["agent_id"]): int(r["v"]) for r in rows}
+        self._loaded = time.monotonic()
+
+    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
+        age = time.monotonic() - self._loaded
+        if age >= self.refresh_s or (miss and age >= _MISS_REFRESH_S):
+            self._load()
+        return self._agents
+
+    @contextlib.contextmanager
+    def _editing(self) -> Iterator[dict[bytes, dict[str, Any]]]:
+        with self._lock:
+            self._load()
+            before = {a: json.dumps(r, sort_keys=True) for a, r in self._agents.items()}
+            yield self._agents
+            changed = [
+                (a, json.dumps(r, sort_keys=True))
+                for a, r in self._agents.items()
+                if before.get(a) != json.dumps(r, sort_keys=True)
+            ]
+            if not changed:
+                return
+            versions = [next_version(self._versions.get(a, 0)) for a, _ in changed]
+            data = pa.table(
+                {
+                    "agent_id": pa.array([a.hex() for a, _ in changed], pa.string()),
+                    "version": pa.array(versions, pa.uint64()),
+                    "doc": pa.array([d for _, d in changed], pa.string()),
+                }
+            )
+            try:
+                self.store._insert(self.table, data, None)  # Arrow, not SQL: keys never in statement text
+            except StorageError as exc:
+                self._loaded = -float("inf")  # what we hold in memory was never written
+                raise KeyStoreError(f"key store table {self.table}: write failed: {exc}") from None
+            self._versions.update((a, v) for (a, _), v in zip(changed, versions, strict=True))
+
+
+def next_version(previous: int) -> int:
+    """A row version above ``previous`` and, clocks agreeing, above any other writer's earlier one."""
+    return max(time.time_ns(), previous + 1)
+
+
+def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for a small (key, version, doc) table where the newest version wins.
+
+    On a cluster the table is replicated to every node and not sharded (the same ZooKeeper
+    path for all shards): every collector reads it whole from whichever node it talks to.
+    """
+    name = f"{store.database}.{table}"
+    columns = f"({key} String, version UInt64, doc String)"
+    if store.cluster is None:
+        engine = "ReplacingMergeTree(version)"
+        on_cluster = ""
+    else:
+        path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
+        engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
+        on_cluster = f" ON CLUSTER `{store.cluster}`"
+    return (
+        f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} {columns} ENGINE = {engine} "
+        f"ORDER BY {key} COMMENT {quote(comment)}"
+    )
+
+
+def is_store_url(text: str | Path) -> bool:
+    """Whether ``text`` names a ClickHouse (rather than a file): the URLs ``open_store`` connects to."""
+    return re.match(r"^(https?|clickhouse|chdb)://", str(text)) is not None
+
+
 # ---- ki keys ... -----------------------------------------------------------------------
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _store(args: argparse.Namespace) -> KeyStore:
-    return KeyStore(Path(args.store or os.environ.get("KI_KEY_STORE", str(DEFAULT_STORE))))
+@contextlib.contextmanager
+def _opened(args: argparse.Namespace) -> Iterator[KeyStoreBase]:
+    """The file store, or the table store of a ClickHouse URL (closed again afterwards)."""
+    target = args.store or os.environ.get("KI_KEY_STORE", str(DEFAULT_STORE))
+    if not is_store_url(target):
+        yield KeyStore(Path(target))
+        return
+    try:
+        store = open_store(target)
+    except (StorageError, ValueError) as exc:
+        raise KeyStoreError(f"cannot open the store: {exc}") from None
+    try:
+        yield ClickHouseKeyStore(store)
+    finally:
+        store.close()
 
 
 def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:
@@ -319,7 +509,8 @@ def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:
 
 
 def _add(args: argparse.Namespace) -> int:
-    creds = _store(args).add_agent(args.name)
+    with _opened(args) as store:
+        creds = store.add_agent(args.name)
     path = _key_file(args, creds)
     print(
         f"enrolled agent {creds.agent_id.hex()} ({args.name}), key {creds.key_id}; key file {path} (mode 0600)"
@@ -328,26 +519,30 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    creds = _store(args).rotate(parse_agent_id(args.agent_id))
+    with _opened(args) as store:
+        creds = store.rotate(parse_agent_id(args.agent_id))
     path = _key_file(args, creds)
     print(f"agent {creds.agent_id.hex()}: new key {creds.key_id}; key file {path} (mode 0600)")
     return 0
 
 
 def _retire(args: argparse.Namespace) -> int:
-    _store(args).retire(parse_agent_id(args.agent_id), args.key_id)
+    with _opened(args) as store:
+        store.retire(parse_agent_id(args.agent_id), args.key_id)
     print(f"agent {args.agent_id}: key {args.key_id} retired")
     return 0
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    _store(args).revoke(parse_agent_id(args.agent_id))
+    with _opened(args) as store:
+        store.revoke(parse_agent_id(args.agent_id))
     print(f"agent {args.agent_id}: revoked")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    infos = _store(args).agents()
+    with _opened(args) as store:
+        infos = store.agents()
     if args.json:
         print(json.dumps([_asdict(i) for i in infos], indent=2))
         return 0
@@ -366,7 +561,7 @@ def _errors_to_exit(fn: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (KeyStoreError, OSError) as exc:
+        except (KeyStoreError, StorageError, OSError) as exc:
             print(f"ki keys: {exc}", file=sys.stderr)
             return 1
 
@@ -377,13 +572,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     keys = sub.add_parser("keys", help="enrol agents and manage their keys (the collector's key store)")
     ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
 
-    def action(name: str, fn: Handler, help_: str) -> argparse.ArgumentParser:
-        p = ksub.add_parser(name, help=help_)
-        p.add_argument("--store", help=f"key store file (default $KI_KEY_STORE or {DEFAULT_STORE})")
+    def action(name: str, fn: Handler, help_: str, aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+        p = ksub.add_parser(name, help=help_, aliases=list(aliases))
+        p.add_argument(
+            "--store",
+            help=f"key store file, or a ClickHouse URL for the cluster table (default $KI_KEY_STORE or {DEFAULT_STORE})",
+        )
         p.set_defaults(handler=_errors_to_exit(fn))
         return p
 
-    a = action("add", _add, "enrol a new agent; writes its key file")
+    a = action("add-agent", _add, "enrol a new agent; writes its key file", aliases=("add",))
     a.add_argument("name", help="a label for people, e.g. host-17/gpu0")
     a.add_argument("--key-file", help="where to write the agent's key file (default ki-agent-<id>.key)")
     r = action("rotate", _rotate, "give an agent a new key (the two newest stay active)")

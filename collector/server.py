@@ -14,38 +14,72 @@ from typing import Any
 
 from fastapi import FastAPI
 
-__all__ = ["DEFAULT_PORT", "add_commands", "build_collector_app"]
+__all__ = ["AUTH_STORES", "DEFAULT_PORT", "add_commands", "auth_store_kind", "build_collector_app"]
 
 #: Port the collector listens on when none is given.
 DEFAULT_PORT = 8470
 
 
+#: Where agent keys and API tokens live: files beside an embedded store, tables in a ClickHouse one.
+AUTH_STORES = ("auto", "file", "table")
+
+
+def auth_store_kind(store: Any, requested: str = "auto") -> str:
+    """``file`` or ``table``: ``auto`` picks the table for a ClickHouse server (several collectors
+    may share it, and must share enrolments and revocations), the files for an embedded store."""
+    from kernel_insight.collector.store import ServerStore
+
+    if requested not in AUTH_STORES:
+        raise ValueError(f"unknown auth store {requested!r} (known: {', '.join(AUTH_STORES)})")
+    if requested != "auto":
+        return requested
+    return "table" if isinstance(store, ServerStore) else "file"
+
+
 def build_collector_app(
     store: Any,
     *,
-    keys_path: Path,
-    tokens_path: Path | None,
+    keys_path: Path | None = None,
+    tokens_path: Path | None = None,
     local_dev: bool = False,
     interval_s: float = 5.0,
+    auth_store: str = "auto",
 ) -> FastAPI:
-    """The collector app over ``store``: agent ingest (keys at ``keys_path``), remote_write,
-    and the query and health API (bearer tokens at ``tokens_path``, none in local-dev mode)."""
-    from kernel_insight.api import TokenStore, create_api_app
+    """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
+    enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
+    local-dev mode. Keys and tokens live in files (``keys_path``, ``tokens_path``) or, with
+    ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``."""
+    from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
-    from kernel_insight.collector.keys import KeyStore
+    from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
     from kernel_insight.collector.sink import StoreSink
 
-    tokens = None if local_dev or tokens_path is None else TokenStore(tokens_path)
-    ingest = ingest_router(KeyStore(keys_path), StoreSink(store))
+    keys: KeyStoreBase
+    tokens: TokenStoreBase | None = None
+    if auth_store_kind(store, auth_store) == "table":
+        keys = ClickHouseKeyStore(store)
+        if not local_dev:
+            tokens = ClickHouseTokenStore(store)
+    else:
+        if keys_path is None:
+            raise ValueError("a file key store needs keys_path")
+        keys = KeyStore(keys_path)
+        if not local_dev:
+            if tokens_path is None:
+                raise ValueError("a collector that checks tokens needs tokens_path (or --local-dev)")
+            tokens = TokenStore(tokens_path)
+    ingest = ingest_router(keys, StoreSink(store))
     return create_api_app(
-        store, tokens=tokens, local_dev=local_dev, interval_s=interval_s, extra_routers=[ingest]
+        store, tokens=tokens, local_dev=local_dev, interval_s=interval_s, extra_routers=[ingest], keys=keys
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.app import serve
+    from kernel_insight.api.auth import TokenError
     from kernel_insight.api.cli import token_store_path
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
+    from kernel_insight.collector.keys import KeyStoreError
     from kernel_insight.collector.store import StorageError, open_store
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
@@ -61,9 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
             tokens_path=None if args.local_dev else token_store_path(args.tokens),
             local_dev=args.local_dev,
             interval_s=args.interval,
+            auth_store=args.auth_store,
         )
         serve(app, args.host, args.port, local_dev=args.local_dev)
-    except ValueError as exc:
+    except (ValueError, KeyStoreError, TokenError, StorageError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -89,6 +124,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--local-dev",
         action="store_true",
         help="no bearer tokens checked; binds 127.0.0.1 only and says so at start",
+    )
+    s.add_argument(
+        "--auth-store",
+        choices=AUTH_STORES,
+        default="auto",
+        help="where agent keys and tokens live: files (--keys, --tokens) or tables in the store "
+        "(auto: tables for a ClickHouse URL, files for a data directory; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
     s.set_defaults(handler=_serve)
