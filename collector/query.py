@@ -15,6 +15,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.store import quote
+from kernel_insight.kql.pushdown import SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ _MAX_MS = 10_413_791_999_999
 _MAX_DATE = dt.date(2149, 6, 6)
 _EPOCH = dt.date(1970, 1, 1)
 _MS_PER_DAY = 86_400_000
+_LABELS_CACHE_MAX = 1_000_000
 
 
 def _label_expr(name: str, prefix: str = "") -> str:
@@ -77,6 +79,7 @@ class ClickHouseStorage:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._db = store.database
+        self._labels_cache: dict[int, Labels] = {}
 
     def _series_sql(
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, *, with_samples: bool
@@ -124,26 +127,45 @@ class ClickHouseStorage:
         )
 
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        return self.select_columns(matchers, start_ms, end_ms).series()
+
+    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+        """``select`` as one block of arrays: no Python work per sample, little per series."""
         if end_ms < start_ms:
-            return []
-        series = self._store.query(self._series_sql(matchers, start_ms, end_ms, with_samples=False))
-        if series.num_rows == 0:
-            return []
-        labels_by_fp: dict[int, Labels] = {}
-        for fp, metric, labels in zip(
-            series.column("fingerprint").to_pylist(),
-            series.column("s_metric").to_pylist(),
-            series.column("s_labels").to_pylist(),
-            strict=True,
-        ):
-            labels_by_fp[int(fp)] = tuple(sorted([("__name__", metric), *((k, v) for k, v in labels)]))
+            return columns_of([])
         sub = self._series_sql(matchers, start_ms, end_ms, with_samples=False)
+        series = self._store.query(sub)
+        if series.num_rows == 0:
+            return columns_of([])
+        labels_by_fp = self._labels(series)
         samples = self._store.query(
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
             f"WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) AND {self._window(start_ms, end_ms)} "
             "ORDER BY fingerprint, t"
         )
-        return sorted(_split(samples, labels_by_fp), key=lambda d: d.labels)
+        return _columns(samples, labels_by_fp)
+
+    def _labels(self, series: pa.Table) -> dict[int, Labels]:
+        """Labels per fingerprint; a fingerprint names one label set forever, so built labels are kept."""
+        fps = series.column("fingerprint").to_numpy().tolist()
+        cache = self._labels_cache
+        out: dict[int, Labels] = {}
+        missing = []
+        for i, fp in enumerate(fps):
+            labels = cache.get(fp)
+            if labels is None:
+                missing.append(i)
+            else:
+                out[fp] = labels
+        if missing:
+            if len(cache) + len(missing) > _LABELS_CACHE_MAX:
+                cache.clear()
+            metrics = series.column("s_metric").to_pylist()
+            maps = series.column("s_labels").to_pylist()
+            for i in missing:
+                labels = tuple(sorted([("__name__", metrics[i]), *((k, v) for k, v in maps[i])]))
+                out[fps[i]] = cache[fps[i]] = labels
+        return out
 
     def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
         if end_ms < start_ms:
@@ -164,22 +186,28 @@ class ClickHouseStorage:
         return [str(v) for v in result.column("v").to_pylist()]
 
 
-def _split(samples: pa.Table, labels_by_fp: dict[int, Labels]) -> list[SeriesData]:
+def _columns(samples: pa.Table, labels_by_fp: dict[int, Labels]) -> SeriesColumns:
+    """Samples ordered by (fingerprint, t) as :class:`SeriesColumns` sorted by labels."""
     if samples.num_rows == 0:
-        return []
+        return columns_of([])
     fps = samples.column("fingerprint").to_numpy()
     ts = samples.column("t").to_numpy().astype(np.int64)
     vs = samples.column("value").to_numpy().astype(np.float64)
     # Two writes at one timestamp (a re-import) count once, as in Prometheus.
     keep = np.ones(len(ts), dtype=bool)
     keep[:-1] = (fps[1:] != fps[:-1]) | (ts[1:] != ts[:-1])
-    fps, ts, vs = fps[keep], ts[keep], vs[keep]
-    bounds = np.flatnonzero(fps[1:] != fps[:-1]) + 1
-    heads = fps[np.concatenate(([0], bounds))].tolist()
-    out = []
-    # Views into this call's own arrays (MemoryStorage hands out slices the same way).
-    for fp, t, v in zip(heads, np.split(ts, bounds), np.split(vs, bounds), strict=True):
-        labels = labels_by_fp.get(fp)
-        if labels is not None:
-            out.append(SeriesData(labels, t, v))
-    return out
+    if not keep.all():
+        fps, ts, vs = fps[keep], ts[keep], vs[keep]
+    starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
+    lengths = np.diff(np.append(starts, len(fps)))
+    heads = fps[starts].tolist()
+    found = [(labels, i) for i, fp in enumerate(heads) if (labels := labels_by_fp.get(fp)) is not None]
+    found.sort()
+    order = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
+    starts, lengths = starts[order], lengths[order]
+    offsets = np.zeros(len(found) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not np.array_equal(order, np.arange(len(heads))):
+        idx = gather_ranges(starts, lengths)
+        ts, vs = ts[idx], vs[idx]
+    return SeriesColumns([labels for labels, _ in found], ts, vs, offsets)

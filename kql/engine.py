@@ -51,6 +51,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
+from kernel_insight.kql.pushdown import ColumnarStorage, SeriesColumns, columns_of
 from kernel_insight.kql.storage import Matcher, SeriesData, Storage, is_stale
 from kernel_insight.kql.values import (
     Annotation,
@@ -102,23 +103,6 @@ class EngineLimits:
 
 
 # --------------------------------------------------------------------------------- helpers
-
-
-def _flatten(series: Sequence[SeriesData], drop_stale: bool) -> tuple[I64, F64, I64]:
-    """Concatenate series samples; returns (ts, vs, offsets)."""
-    offsets = np.zeros(len(series) + 1, dtype=np.int64)
-    if not series:
-        return np.empty(0, dtype=np.int64), np.empty(0), offsets
-    np.cumsum([len(s.timestamps) for s in series], out=offsets[1:])
-    ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
-    vs = np.concatenate([s.values for s in series]).astype(np.float64, copy=False)
-    if drop_stale:
-        stale = is_stale(vs)
-        if stale.any():
-            kept_before = np.concatenate([[0], np.cumsum(~stale)])
-            offsets = kept_before[offsets]
-            ts, vs = ts[~stale], vs[~stale]
-    return ts, vs, offsets
 
 
 def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
@@ -225,6 +209,21 @@ class _Evaluator:
                 f"query selected {len(series)} series, more than the limit of {self.limits.max_series}"
             )
         return series
+
+    def select_columns(self, matchers: Sequence[Matcher], start: int, end: int) -> SeriesColumns:
+        """Like :meth:`select`, as one block; a :class:`ColumnarStorage` answers so without per-series work."""
+        if not isinstance(self.storage, ColumnarStorage):
+            return columns_of(self.select(matchers, start, end))
+        self.checkpoint()
+        try:
+            cols = self.storage.select_columns(matchers, start, end)
+        except Exception as exc:
+            raise StorageError(f"storage select failed: {exc}") from exc
+        if len(cols) > self.limits.max_series:
+            raise TooManySeriesError(
+                f"query selected {len(cols)} series, more than the limit of {self.limits.max_series}"
+            )
+        return cols
 
     # ------------------------------------------------------------------ durations and times
 
@@ -335,9 +334,9 @@ class _Evaluator:
     def lookup(self, matchers: Sequence[Matcher], refs: I64) -> StepVector:
         """The latest sample of every matching series at each reference time (lookback, staleness)."""
         lookback = self.limits.lookback_ms
-        series = self.select(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
-        ts, vs, offsets = _flatten(series, drop_stale=False)
-        n, steps = len(series), len(refs)
+        cols = self.select_columns(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
+        ts, vs, offsets = cols.ts, cols.vs, cols.offsets
+        n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
             return StepVector.empty(steps)
         last = batched_searchsorted(ts, offsets, refs, "right") - 1
@@ -347,15 +346,17 @@ class _Evaluator:
         values = vs[idx]
         present = has & (sample_ts > refs[None, :] - lookback) & ~is_stale(values)
         self.count_samples(int(present.sum()))
-        labels = [s.labels for s in series]
+        labels = cols.labels
         return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
 
     def _smoothed_selector(self, node: VectorSelector, refs: I64) -> StepVector:
         """Each step's value interpolated linearly between the samples just before and after it."""
         lookback = self.limits.lookback_ms
-        series = self.select(node.all_matchers(), int(refs.min()) - lookback + 1, int(refs.max()) + lookback)
-        ts, vs, offsets = _flatten(series, drop_stale=False)
-        n, steps = len(series), len(refs)
+        cols = self.select_columns(
+            node.all_matchers(), int(refs.min()) - lookback + 1, int(refs.max()) + lookback
+        )
+        ts, vs, offsets = cols.ts, cols.vs, cols.offsets
+        n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
             return StepVector.empty(steps)
         nxt = batched_searchsorted(ts, offsets, refs, "right")
@@ -372,7 +373,7 @@ class _Evaluator:
         values = np.where(exact | ~has_next, pv, interpolated)
         present = has_prev
         self.count_samples(int(present.sum()))
-        labels = [s.labels for s in series]
+        labels = cols.labels
         return StepVector(labels, values, present, np.zeros(n, dtype=bool)).compact()
 
     def eval_matrix_selector(self, node: MatrixSelector, times: I64) -> RangeInput:
@@ -381,16 +382,16 @@ class _Evaluator:
         range_ms = self.duration_ms(node.range, "range", positive=True)
         extra = self.limits.lookback_ms if (node.anchored or node.smoothed) else 0
         after = self.limits.lookback_ms if node.smoothed else 0
-        series = self.select(
+        cols = self.select_columns(
             vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after
-        )
-        ts, vs, offsets = _flatten(series, drop_stale=True)
+        ).without_stale()
+        ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
         hi = batched_searchsorted(ts, offsets, refs, "right")
         self.count_samples(int((hi - lo).sum()))
         return RangeInput(
-            labels=[s.labels for s in series],
-            drop_name=np.zeros(len(series), dtype=bool),
+            labels=cols.labels,
+            drop_name=np.zeros(len(cols), dtype=bool),
             ts=ts,
             vs=vs,
             offsets=offsets,

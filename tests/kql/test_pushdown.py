@@ -1,0 +1,163 @@
+"""The columnar read path (ClickHouseStorage.select_columns) answers exactly as the reference MemoryStorage."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.pushdown import ColumnarStorage, SeriesColumns, columns_of, gather_ranges
+from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, is_stale
+from kernel_insight.kql.values import Matrix
+
+BASE = (int(time.time()) // 3600) * 3_600_000 - 2 * 3_600_000
+STEP = 15_000
+POINTS = 240  # one hour
+
+
+def _data(seed: int) -> list[tuple[dict[str, str], list[int], list[float]]]:
+    """Gauges and counters with gaps, jitter, stale markers and counter resets."""
+    rng = random.Random(seed)
+    out = []
+    for inst in ("n0", "n1", "n2"):
+        for gpu in range(4):
+            base = {"instance": inst, "gpu": str(gpu), "model": rng.choice(["a", "b"])}
+            ts = [
+                BASE + i * STEP + rng.randint(-2000, 2000)
+                for i in range(POINTS)
+                if rng.random() > 0.05  # scrape gaps
+            ]
+            gauge = [rng.gauss(60, 10) if rng.random() > 0.03 else STALE_NAN for _ in ts]
+            counter, total = [], 0.0
+            for _ in ts:
+                total = 0.0 if rng.random() < 0.01 else total + rng.randint(0, 500)  # resets
+                counter.append(total if rng.random() > 0.02 else STALE_NAN)
+            out.append(({**base, "__name__": "gpu_temp"}, ts, gauge))
+            out.append(({**base, "__name__": "launches_total", "kernel": "gemm"}, ts, counter))
+    return out
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    store = EmbeddedStore(tmp_path_factory.mktemp("pushdown"))
+    mem = MemoryStorage()
+    b = SampleBuilder()
+    for labels, ts, vs in _data(11):
+        mem.add(labels, ts, vs)
+        b.add_series(labels, ts, vs)
+    batch = b.build()
+    store.insert_samples(batch)
+    store.insert_samples(batch)  # a re-import: every sample stored twice, read once
+    yield store.storage(), mem
+    store.close()
+
+
+def _same_series(a: list[SeriesData], b: list[SeriesData]) -> None:
+    assert [s.labels for s in a] == [s.labels for s in b]
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x.timestamps, y.timestamps)
+        # Bit for bit: stale markers must survive as stale markers, not as any NaN.
+        np.testing.assert_array_equal(x.values.view(np.uint64), y.values.view(np.uint64))
+
+
+def _same_matrix(a: Matrix, b: Matrix) -> None:
+    assert [s.labels for s in a.series] == [s.labels for s in b.series]
+    for x, y in zip(a.series, b.series, strict=True):
+        np.testing.assert_array_equal(x.timestamps, y.timestamps)
+        np.testing.assert_array_equal(x.values, y.values)
+
+
+def test_gather_ranges_concatenates_ranges_in_the_given_order():
+    idx = gather_ranges(np.array([5, 0, 9]), np.array([2, 3, 0]))
+    assert idx.tolist() == [5, 6, 0, 1, 2]
+    assert gather_ranges(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).tolist() == []
+
+
+def test_without_stale_keeps_a_series_whose_samples_were_all_stale():
+    cols = columns_of(
+        [
+            SeriesData((("__name__", "a"),), np.array([1, 2]), np.array([STALE_NAN, STALE_NAN])),
+            SeriesData((("__name__", "b"),), np.array([1, 2]), np.array([1.0, STALE_NAN])),
+        ]
+    ).without_stale()
+    assert cols.offsets.tolist() == [0, 0, 1]
+    assert cols.ts.tolist() == [1]
+    assert not is_stale(cols.vs).any()
+
+
+def test_clickhouse_storage_is_columnar(stores):
+    ch, mem = stores
+    assert isinstance(ch, ColumnarStorage)
+    assert not isinstance(mem, ColumnarStorage)
+
+
+@pytest.mark.parametrize(
+    "matchers",
+    [
+        [Matcher("__name__", "=", "gpu_temp")],
+        [Matcher("__name__", "=~", "gpu_temp|launches_total"), Matcher("gpu", "!=", "1")],
+        [Matcher("instance", "=~", "n[02]"), Matcher("kernel", "=", "")],
+        [Matcher("__name__", "=", "missing")],
+    ],
+)
+def test_select_columns_equals_memory_select_on_random_windows(stores, matchers):
+    ch, mem = stores
+    rng = random.Random(3)
+    for _ in range(4):
+        start = BASE + rng.randint(-600_000, POINTS * STEP)
+        end = start + rng.randint(0, 1_800_000)
+        cols = ch.select_columns(matchers, start, end)
+        assert isinstance(cols, SeriesColumns)
+        assert cols.offsets[0] == 0
+        assert cols.offsets[-1] == len(cols.ts)
+        assert (np.diff(cols.offsets) > 0).all()  # no empty series, as select returns them
+        _same_series(cols.series(), mem.select(matchers, start, end))
+        _same_series(ch.select(matchers, start, end), mem.select(matchers, start, end))
+
+
+QUERIES = [
+    "gpu_temp",
+    'gpu_temp{instance=~"n[01]"} offset 2m',
+    "rate(launches_total[5m])",
+    "increase(launches_total[10m])",
+    "irate(launches_total[1m])",
+    "resets(launches_total[15m])",
+    "avg_over_time(gpu_temp[5m])",
+    "max_over_time(gpu_temp[3m])",
+    "quantile_over_time(0.9, gpu_temp[10m])",
+    "last_over_time(gpu_temp[2m])",
+    "count_over_time(launches_total[5m])",
+    "sum by (instance) (rate(launches_total[5m]))",
+    "topk(2, gpu_temp)",
+    "gpu_temp > 65 and on (instance, gpu) rate(launches_total[5m]) > 10",
+    "max_over_time(rate(launches_total[5m])[20m:1m])",
+]
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_engine_over_clickhouse_equals_the_reference_evaluator(stores, query):
+    ch, mem = stores
+    start, end = BASE + 300_000 + 500, BASE + POINTS * STEP + 120_000
+    got = Engine(ch).range_query(query, start, end, 30_000).value
+    want = Engine(mem).range_query(query, start, end, 30_000).value
+    assert isinstance(got, Matrix)
+    assert isinstance(want, Matrix)
+    assert len(want) > 0
+    _same_matrix(got, want)
+
+
+def test_engine_reads_a_columnar_store_without_per_series_select(stores, monkeypatch):
+    ch, mem = stores
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the engine should use select_columns")
+
+    monkeypatch.setattr(ch, "select", refuse)
+    got = Engine(ch).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
+    want = Engine(mem).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
+    _same_matrix(got.value, want.value)
