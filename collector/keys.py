@@ -197,17 +197,26 @@ class KeyStoreBase(ABC):
     def key_for(self, agent_id: bytes, key_id: int) -> bytes:
         """The active key (agent_id, key_id), or UnknownAgent / RevokedAgent."""
         with self._lock:
-            agent = self._current().get(agent_id)
-            if agent is None:
-                agent = self._current(miss=True).get(agent_id)  # enrolled a moment ago elsewhere?
-            if agent is None:
-                raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
-            if agent.get("revoked"):
-                raise RevokedAgent(f"agent {agent_id.hex()} was revoked")
-            for k in agent["keys"]:
-                if k["id"] == key_id and k["active"]:
-                    return bytes.fromhex(k["key"])
-            raise UnknownAgent(f"agent {agent_id.hex()} has no active key {key_id}")
+            try:
+                return self._lookup(self._current(), agent_id, key_id)
+            except RevokedAgent:
+                raise
+            except UnknownAgent:
+                # Enrolled or rotated a moment ago through another collector? A 403 would make the
+                # agent drop the batch, so look once more in a fresh copy before refusing.
+                return self._lookup(self._current(miss=True), agent_id, key_id)
+
+    @staticmethod
+    def _lookup(agents: dict[bytes, dict[str, Any]], agent_id: bytes, key_id: int) -> bytes:
+        agent = agents.get(agent_id)
+        if agent is None:
+            raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
+        if agent.get("revoked"):
+            raise RevokedAgent(f"agent {agent_id.hex()} was revoked")
+        for k in agent["keys"]:
+            if k["id"] == key_id and k["active"]:
+                return bytes.fromhex(k["key"])
+        raise UnknownAgent(f"agent {agent_id.hex()} has no active key {key_id}")
 
     def agents(self) -> list[AgentInfo]:
         with self._lock:

@@ -69,9 +69,11 @@ def build_collector_app(
                 raise ValueError("a collector that checks tokens needs tokens_path (or --local-dev)")
             tokens = TokenStore(tokens_path)
     ingest = ingest_router(keys, StoreSink(store))
-    return create_api_app(
+    app = create_api_app(
         store, tokens=tokens, local_dev=local_dev, interval_s=interval_s, extra_routers=[ingest], keys=keys
     )
+    app.state.keys, app.state.tokens = keys, tokens
+    return app
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -87,6 +89,14 @@ def _serve(args: argparse.Namespace) -> int:
         store = open_store(args.store)
     except (StorageError, ValueError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
+        return 2
+    if auth_store_kind(store, args.auth_store) == "table" and (args.keys or args.tokens):
+        store.close()
+        print(
+            "ki collector: --keys and --tokens name files, but this collector keeps agent keys and tokens "
+            "in tables of the store (give --auth-store file to use files)",
+            file=sys.stderr,
+        )
         return 2
     try:
         app = build_collector_app(

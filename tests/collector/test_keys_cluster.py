@@ -1,0 +1,177 @@
+"""Cluster mode: keys and tokens in ClickHouse tables, so collectors over one store share enrolments and revocations.
+
+Two collector apps, each with its own clickhouse-connect client, talk to one engine
+(chDB behind the HTTP shim), as two collectors behind a load balancer talk to one cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from kernel_insight.api import ClickHouseTokenStore, TokenStore, UnknownToken
+from kernel_insight.cli import main
+from kernel_insight.collector import keys as k
+from kernel_insight.collector.server import auth_store_kind, build_collector_app
+from kernel_insight.collector.store import ServerStore
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.collector.chdb_http",
+            "--path",
+            str(tmp_path_factory.mktemp("cluster") / "d"),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline().strip()
+    assert line.startswith("port="), line
+    yield f"http://127.0.0.1:{line.removeprefix('port=')}"
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+@pytest.fixture
+def stores(shim):
+    a, b = ServerStore.connect(shim, compress=False), ServerStore.connect(shim, compress=False)
+    yield a, b
+    a.close()
+    b.close()
+
+
+class Client:
+    def __init__(self, app, token: str) -> None:
+        self.app, self.headers = app, {"Authorization": f"Bearer {token}"}
+
+    def request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://ki") as c:
+                return await c.request(method, path, headers=self.headers, **kwargs)
+
+        return asyncio.run(go())
+
+
+def _wait_for(check, bound_s: float) -> float:
+    """Seconds until ``check()`` holds; fails past ``bound_s``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < bound_s, f"not seen within {bound_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_a_clickhouse_url_selects_table_stores_and_a_data_directory_files(stores, tmp_path):
+    a, _ = stores
+    assert auth_store_kind(a) == "table"
+    assert auth_store_kind(a, "file") == "file"
+    assert auth_store_kind(object()) == "file"
+    with pytest.raises(ValueError, match="unknown auth store"):
+        auth_store_kind(a, "zookeeper")
+    app = build_collector_app(a, interval_s=3600)
+    assert isinstance(app.state.keys, k.ClickHouseKeyStore)
+    assert isinstance(app.state.tokens, ClickHouseTokenStore)
+    app = build_collector_app(
+        a, keys_path=tmp_path / "k.json", tokens_path=tmp_path / "t.json", auth_store="file"
+    )
+    assert isinstance(app.state.keys, k.KeyStore)
+    assert isinstance(app.state.tokens, TokenStore)
+
+
+def test_two_collectors_share_enrolments_and_revocations_within_the_bound(stores):
+    a, b = stores
+    app_a, app_b = build_collector_app(a, interval_s=3600), build_collector_app(b, interval_s=3600)
+    admin = app_a.state.tokens.create("ops", ["ingest-admin", "read"]).token
+    # A token made through one collector works through the other at once (unknown ids re-read the table).
+    ca, cb = Client(app_a, admin), Client(app_b, admin)
+    r = ca.request("POST", "/v1/agents", json={"name": "host-9/gpu0"})
+    assert r.status_code == 201, r.text
+    agent = r.json()["agent"]["agent_id"]
+    aid = bytes.fromhex(agent)
+    r = cb.request("GET", f"/v1/agents/{agent}")
+    assert r.status_code == 200, r.text
+    assert r.json()["active_key_ids"] == [1]
+    keys_b = app_b.state.keys
+    assert len(keys_b.key_for(aid, 1)) == k.KEY_SIZE
+    # Rotation through B; A accepts the new key once it re-reads (a miss does so at once).
+    rotated = cb.request("POST", f"/v1/agents/{agent}/rotate").json()
+    time.sleep(k._MISS_REFRESH_S)  # a miss re-reads at most this often; A read the table just now
+    assert app_a.state.keys.key_for(aid, rotated["key_id"]) == bytes.fromhex(
+        rotated["key_file"].rsplit("key = ", 1)[1].strip()
+    )
+    # Revocation through A: B refuses the agent within CLUSTER_REFRESH_S (plus a query).
+    assert ca.request("POST", f"/v1/agents/{agent}/revoke").status_code == 200
+
+    def b_refuses() -> bool:
+        try:
+            keys_b.key_for(aid, 1)
+        except k.RevokedAgent:
+            return True
+        return False
+
+    took = _wait_for(b_refuses, k.CLUSTER_REFRESH_S + 2.0)
+    assert took <= k.CLUSTER_REFRESH_S + 2.0
+    assert cb.request("GET", f"/v1/agents/{agent}").json()["revoked"] is True
+
+
+def test_a_token_revoked_through_one_collector_is_refused_by_the_other(stores):
+    a, b = stores
+    app_a, app_b = build_collector_app(a, interval_s=3600), build_collector_app(b, interval_s=3600)
+    created = app_a.state.tokens.create("grafana", ["read"])
+    cb = Client(app_b, created.token)
+    assert cb.request("GET", "/api/v1/query", params={"query": "1"}).status_code == 200
+    ClickHouseTokenStore(a).revoke(created.info.id)
+
+    def b_refuses() -> bool:
+        return cb.request("GET", "/api/v1/query", params={"query": "1"}).status_code == 401
+
+    _wait_for(b_refuses, k.CLUSTER_REFRESH_S + 2.0)
+    with pytest.raises(UnknownToken, match="revoked"):
+        app_b.state.tokens.authenticate(created.token)
+
+
+def test_table_key_store_keeps_the_rotation_rules(stores):
+    a, _ = stores
+    store = k.ClickHouseKeyStore(a, table="agent_keys_rules")
+    c1 = store.add_agent("a")
+    c2 = store.rotate(c1.agent_id)
+    c3 = store.rotate(c1.agent_id)
+    assert c3.key_id == 3
+    with pytest.raises(k.UnknownAgent, match="no active key 1"):
+        store.key_for(c1.agent_id, 1)
+    assert store.key_for(c1.agent_id, 2) == c2.key
+    fresh = k.ClickHouseKeyStore(a, table="agent_keys_rules")
+    (info,) = fresh.agents()
+    assert info.active_key_ids == (2, 3)
+    assert info.retired_key_ids == (1,)
+    assert "agent_keys_rules" in repr(fresh)
+    assert c3.key.hex() not in repr(fresh)
+
+
+def test_ki_keys_cli_works_against_the_table_store(shim, stores, tmp_path, capsys):
+    a, _ = stores
+    key_file = tmp_path / "agent.key"
+    assert main(["keys", "add-agent", "cli-agent", "--store", shim, "--key-file", str(key_file)]) == 0
+    creds = k.read_key_file(key_file)
+    assert creds.key.hex() not in capsys.readouterr().out
+    assert k.ClickHouseKeyStore(a).key_for(creds.agent_id, 1) == creds.key
+    assert main(["keys", "revoke", creds.agent_id.hex(), "--store", shim]) == 0
+    assert main(["keys", "list", "--store", shim]) == 0
+    listing = capsys.readouterr().out
+    line = next(x for x in listing.splitlines() if creds.agent_id.hex() in x)
+    assert "revoked" in line
+    assert main(["keys", "list", "--store", "http://127.0.0.1:9"]) == 1
+    assert "cannot open the store" in capsys.readouterr().err
