@@ -119,3 +119,28 @@ def test_key_never_in_repr_errors_or_cli_output(store, tmp_path, capsys):
 def test_bad_agent_id_text():
     with pytest.raises(k.KeyStoreError, match="32 hex"):
         k.parse_agent_id("xyz")
+
+
+def test_one_agent_is_shown_without_its_keys(store):
+    c = store.add_agent("host-2/gpu1")
+    info = store.agent(c.agent_id)
+    assert info.name == "host-2/gpu1"
+    assert info.active_key_ids == (1,)
+    assert c.key.hex() not in repr(info)
+    assert c.key.hex() not in repr(store)
+    with pytest.raises(k.UnknownAgent, match="not enrolled"):
+        store.agent(bytes(16))
+
+
+@pytest.mark.parametrize("name", ["", "a\nb", "x" * 201, "nul\0"])
+def test_bad_agent_names_are_refused_before_anything_is_written(store, tmp_path, name):
+    with pytest.raises(k.KeyStoreError, match="1-200 characters"):
+        store.add_agent(name)
+    assert not (tmp_path / "keys.json").exists()
+
+
+def test_store_urls_are_told_from_paths():
+    assert k.is_store_url("http://ch:8123")
+    assert k.is_store_url("chdb://./d")
+    assert not k.is_store_url("ki-data/keys.json")
+    assert not k.is_store_url("./http://odd")
