@@ -15,8 +15,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.store import quote
-from kernel_insight.kql.pushdown import SeriesColumns, columns_of, gather_ranges
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData
+from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -145,6 +145,53 @@ class ClickHouseStorage:
         )
         return _columns(samples, labels_by_fp)
 
+    def select_last_on_grid(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, lookback_ms: int
+    ) -> GridColumns | None:
+        """An instant-vector selector at every grid step, computed by ClickHouse's ``timeSeriesLastToGrid``.
+
+        The window ``(t - lookback, t]`` is left-open like the engine's (and Prometheus 3.x);
+        stale markers stay in the input, so a series whose latest sample is one is absent at
+        that step, and a second aggregate over ``ts`` itself gives each value's sample time.
+        """
+        first = start_ms - lookback_ms + 1
+        if step_ms <= 0 or lookback_ms <= 0 or end_ms < start_ms or first < 0 or end_ms > MAX_TS_MS:
+            return None
+        sub = self._series_sql(matchers, first, end_ms, with_samples=False)
+        series = self._store.query(sub)
+        steps = (end_ms - start_ms) // step_ms + 1
+        if series.num_rows == 0:
+            return _empty_grid(steps)
+        labels_by_fp = self._labels(series)
+        grid = (
+            f"fromUnixTimestamp64Milli(toInt64({start_ms}), 'UTC'), "
+            f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
+            f"{_seconds(step_ms)}, {_seconds(lookback_ms)}"
+        )
+        result = self._store.query(
+            f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v, "
+            f"timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t "
+            f"FROM {self._db}.samples WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) "
+            f"AND {self._window(first, end_ms)} GROUP BY fingerprint "
+            "SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
+        )
+        if result.num_rows == 0:
+            return _empty_grid(steps)
+        fps = result.column("fingerprint").to_numpy().tolist()
+        found = sorted(
+            (labels, i) for i, fp in enumerate(fps) if (labels := labels_by_fp.get(fp)) is not None
+        )
+        rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
+        v_flat = result.column("v").combine_chunks().flatten()
+        t_flat = result.column("t").combine_chunks().flatten()
+        if len(t_flat) != len(fps) * steps:
+            return None  # not the grid we asked for: let the engine compute it
+        has = t_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
+        values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
+        times = t_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
+        present = has & ~is_stale(values)
+        return GridColumns([labels for labels, _ in found], values, times, present)
+
     def _labels(self, series: pa.Table) -> dict[int, Labels]:
         """Labels per fingerprint; a fingerprint names one label set forever, so built labels are kept."""
         fps = series.column("fingerprint").to_numpy().tolist()
@@ -184,6 +231,17 @@ class ClickHouseStorage:
             f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
         )
         return [str(v) for v in result.column("v").to_pylist()]
+
+
+def _seconds(ms: int) -> str:
+    """Milliseconds as the Decimal64(3) seconds the *ToGrid functions take for step and window."""
+    return f"toDecimal64('{ms // 1000}.{ms % 1000:03d}', 3)"
+
+
+def _empty_grid(steps: int) -> GridColumns:
+    return GridColumns(
+        [], np.empty((0, steps)), np.empty((0, steps), dtype=np.int64), np.empty((0, steps), dtype=bool)
+    )
 
 
 def _columns(samples: pa.Table, labels_by_fp: dict[int, Labels]) -> SeriesColumns:

@@ -51,7 +51,14 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
-from kernel_insight.kql.pushdown import ColumnarStorage, SeriesColumns, columns_of
+from kernel_insight.kql.pushdown import (
+    GRID_MIN_STEP_MS,
+    ColumnarStorage,
+    GridStorage,
+    SeriesColumns,
+    columns_of,
+    grid_step,
+)
 from kernel_insight.kql.storage import Matcher, SeriesData, Storage, is_stale
 from kernel_insight.kql.values import (
     Annotation,
@@ -334,6 +341,9 @@ class _Evaluator:
     def lookup(self, matchers: Sequence[Matcher], refs: I64) -> StepVector:
         """The latest sample of every matching series at each reference time (lookback, staleness)."""
         lookback = self.limits.lookback_ms
+        pushed = self._lookup_on_grid(matchers, refs)
+        if pushed is not None:
+            return pushed
         cols = self.select_columns(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         n, steps = len(cols), len(refs)
@@ -348,6 +358,32 @@ class _Evaluator:
         self.count_samples(int(present.sum()))
         labels = cols.labels
         return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
+
+    def _lookup_on_grid(self, matchers: Sequence[Matcher], refs: I64) -> StepVector | None:
+        """:meth:`lookup` computed by a :class:`GridStorage` when the reference times form a grid."""
+        if not isinstance(self.storage, GridStorage):
+            return None
+        step = grid_step(refs)
+        if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
+            return None
+        self.checkpoint()
+        try:
+            grid = self.storage.select_last_on_grid(
+                matchers, int(refs[0]), int(refs[-1]), step, self.limits.lookback_ms
+            )
+        except Exception as exc:
+            raise StorageError(f"storage select failed: {exc}") from exc
+        if grid is None:
+            return None
+        if len(grid) > self.limits.max_series:
+            raise TooManySeriesError(
+                f"query selected {len(grid)} series, more than the limit of {self.limits.max_series}"
+            )
+        self.count_samples(int(grid.present.sum()))
+        n = len(grid)
+        return StepVector(
+            grid.labels, grid.values, grid.present, np.zeros(n, dtype=bool), grid.sample_ts
+        ).compact()
 
     def _smoothed_selector(self, node: VectorSelector, refs: I64) -> StepVector:
         """Each step's value interpolated linearly between the samples just before and after it."""

@@ -1,9 +1,11 @@
-"""Columnar reads: a store that can hand over every selected sample as one set of arrays skips per-series work.
+"""What a store may do beyond ``Storage.select``: columnar reads, and selectors evaluated on a step grid.
 
 The engine flattens selected series into ``(ts, vs, offsets)`` anyway; a store answering in
 that form (:class:`ColumnarStorage`, e.g. ClickHouse's one Arrow result ordered by series)
-saves splitting the result into per-series objects and concatenating them again, which
-costs Python time per series. Stores without it keep working through :func:`columns_of`.
+saves splitting the result into per-series objects and concatenating them again. A
+:class:`GridStorage` goes further and returns an instant-vector selector's value at every
+step (ClickHouse's ``timeSeriesLastToGrid``), so only one value per series and step leaves
+the database. Stores without either keep working through ``select``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import numpy.typing as npt
 
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
 
-__all__ = ["ColumnarStorage", "SeriesColumns", "columns_of", "gather_ranges"]
+__all__ = [
+    "GRID_MIN_STEP_MS",
+    "ColumnarStorage",
+    "GridColumns",
+    "GridStorage",
+    "SeriesColumns",
+    "columns_of",
+    "gather_ranges",
+    "grid_step",
+]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -84,3 +95,50 @@ def gather_ranges(starts: I64, lengths: I64) -> I64:
     shift = np.repeat(starts - (ends - lengths), lengths)
     out: I64 = np.arange(total, dtype=np.int64) + shift
     return out
+
+
+#: Below this step a range query's grid holds about as many points as the raw samples (15 s
+#: scrapes), so computing it in ClickHouse saves nothing; instant queries always qualify.
+GRID_MIN_STEP_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class GridColumns:
+    """Each selected series' latest sample at every step of a grid, as the engine's lookup computes it.
+
+    ``sample_ts[i, j]`` is the timestamp of the sample behind ``values[i, j]``; ``present`` is
+    False where no sample lies in the lookback window or the latest one is a stale marker.
+    """
+
+    labels: list[Labels]  # sorted
+    values: F64  # (series, steps)
+    sample_ts: I64  # (series, steps)
+    present: npt.NDArray[np.bool_]  # (series, steps)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@runtime_checkable
+class GridStorage(Protocol):
+    """A store that evaluates an instant-vector selector on a regular grid itself (push-down)."""
+
+    def select_last_on_grid(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, lookback_ms: int
+    ) -> GridColumns | None:
+        """Latest sample per series at ``start, start+step, ... <= end`` within ``(t - lookback, t]``.
+
+        ``None`` when the store cannot answer this grid (the engine then reads raw samples).
+        """
+        ...
+
+
+def grid_step(refs: I64) -> int | None:
+    """The step of evenly spaced reference times (1 for a single time), or None when they are not a grid."""
+    if len(refs) == 1:
+        return 1
+    d = np.diff(refs)
+    step = int(d[0])
+    if step <= 0 or not (d == step).all():
+        return None
+    return step

@@ -161,3 +161,66 @@ def test_engine_reads_a_columnar_store_without_per_series_select(stores, monkeyp
     got = Engine(ch).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
     want = Engine(mem).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
     _same_matrix(got.value, want.value)
+
+
+GRID_QUERIES = [
+    "gpu_temp",
+    "launches_total",
+    'gpu_temp{instance="n1"} offset 1m',
+    "timestamp(gpu_temp)",
+    "gpu_temp @ end()",
+    "avg by (model) (gpu_temp)",
+    "topk(3, gpu_temp)",
+    "gpu_temp > 60 or launches_total",
+]
+
+
+@pytest.mark.parametrize("query", GRID_QUERIES)
+@pytest.mark.parametrize("step_ms", [30_000, 60_000, 97_000])
+def test_selectors_pushed_to_clickhouse_grid_equal_the_reference(stores, query, step_ms):
+    ch, mem = stores
+    rng = random.Random(step_ms)
+    for _ in range(3):
+        start = BASE + rng.randint(-300_000, POINTS * STEP)
+        end = start + rng.randint(0, 3_600_000)
+        got = Engine(ch).range_query(query, start, end, step_ms)
+        want = Engine(mem).range_query(query, start, end, step_ms)
+        _same_matrix(got.value, want.value)
+        assert got.stats.samples == want.stats.samples
+
+
+def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores):
+    ch, mem = stores
+    rng = random.Random(5)
+    seen = 0
+    for _ in range(30):
+        t = BASE + rng.randint(-120_000, POINTS * STEP + 400_000)
+        got = Engine(ch).instant_query("gpu_temp", t).value
+        want = Engine(mem).instant_query("gpu_temp", t).value
+        assert got == want
+        seen += len(want)
+    assert seen > 0
+
+
+def test_selector_grid_is_computed_in_clickhouse(stores, monkeypatch):
+    ch, mem = stores
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a selector on a grid should not read raw samples")
+
+    monkeypatch.setattr(ch, "select_columns", refuse)
+    start, end = BASE + 600_500, BASE + 3_000_500
+    got = Engine(ch).range_query("gpu_temp", start, end, 60_000).value
+    _same_matrix(got, Engine(mem).range_query("gpu_temp", start, end, 60_000).value)
+    assert len(got) == 12
+
+
+def test_fine_steps_read_raw_samples_instead_of_a_grid(stores, monkeypatch):
+    ch, _ = stores
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a 15 s step should not be pushed down")
+
+    monkeypatch.setattr(ch, "select_last_on_grid", refuse)
+    got = Engine(ch).range_query("gpu_temp", BASE + 600_500, BASE + 900_500, 15_000).value
+    assert len(got) == 12
