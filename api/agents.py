@@ -107,9 +107,11 @@ def _issued(keys: KeyStoreBase, creds: AgentCredentials, status: int) -> JSONRes
 
 async def _enrol_name(request: Request) -> str:
     """The ``name`` of a JSON body, parsed here so that every bad body is a 400 with a message."""
-    raw = await request.body()
-    if len(raw) > _MAX_BODY:
-        raise ApiError(413, "bad_data", f"request body larger than {_MAX_BODY} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():  # refused as soon as it is too long, never buffered whole
+        raw += chunk
+        if len(raw) > _MAX_BODY:
+            raise ApiError(413, "bad_data", f"request body larger than {_MAX_BODY} bytes")
     try:
         doc = json.loads(raw)
     except ValueError:

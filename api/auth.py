@@ -41,6 +41,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kernel_insight.api.errors import ApiError
+from kernel_insight.collector.keys import CLUSTER_REFRESH_S, MISS_REFRESH_S, next_version, versioned_table_ddl
 from kernel_insight.collector.store import StorageError, Store
 
 __all__ = [
@@ -271,8 +272,6 @@ class ClickHouseTokenStore(TokenStoreBase):
 
     def __init__(self, store: Store, *, table: str = "api_tokens", refresh_s: float | None = None) -> None:
         super().__init__()
-        from kernel_insight.collector.keys import CLUSTER_REFRESH_S, versioned_table_ddl
-
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
             raise ValueError(f"invalid table name {table!r}")
         self.store = store
@@ -305,17 +304,13 @@ class ClickHouseTokenStore(TokenStoreBase):
         self._loaded = time.monotonic()
 
     def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        from kernel_insight.collector.keys import _MISS_REFRESH_S
-
         age = time.monotonic() - self._loaded
-        if age >= self.refresh_s or (miss and age >= _MISS_REFRESH_S):
+        if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
             self._load()
         return self._tokens
 
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
-        from kernel_insight.collector.keys import next_version
-
         with self._lock:
             self._load()
             before = {t: json.dumps(r, sort_keys=True) for t, r in self._tokens.items()}

@@ -44,6 +44,7 @@ __all__ = [
     "CLUSTER_REFRESH_S",
     "DEFAULT_STORE",
     "MAX_ACTIVE_KEYS",
+    "MISS_REFRESH_S",
     "AgentCredentials",
     "AgentInfo",
     "ClickHouseKeyStore",
@@ -71,7 +72,7 @@ _RELOAD_CHECK_S = 0.5
 #: Longest a collector over a ClickHouse key store serves from its cached copy: the revocation bound.
 CLUSTER_REFRESH_S = 1.0
 #: Soonest a lookup of an unknown agent re-reads the table (floods of unknown ids cost one read per this).
-_MISS_REFRESH_S = 0.2
+MISS_REFRESH_S = 0.2
 
 
 class KeyStoreError(Exception):
@@ -375,7 +376,7 @@ class ClickHouseKeyStore(KeyStoreBase):
     record); the newest version wins (``argMax``), and ReplacingMergeTree folds old
     rows away in the background. Every process re-reads the table at least every
     ``refresh_s`` (default :data:`CLUSTER_REFRESH_S`), and at once (at most every
-    :data:`_MISS_REFRESH_S`) when a lookup finds no such agent, so an enrolment made
+    :data:`MISS_REFRESH_S`) when a lookup finds no such agent, so an enrolment made
     through one collector is usable through another at once and a revocation is
     honoured everywhere within ``refresh_s`` (plus replication delay on a cluster).
     Key material reaches the engine only as Arrow data, never inside SQL text, so no
@@ -425,7 +426,7 @@ class ClickHouseKeyStore(KeyStoreBase):
 
     def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
         age = time.monotonic() - self._loaded
-        if age >= self.refresh_s or (miss and age >= _MISS_REFRESH_S):
+        if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
             self._load()
         return self._agents
 

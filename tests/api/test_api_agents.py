@@ -125,6 +125,12 @@ def test_bad_enrolment_bodies_are_400_with_a_message(client, body, message):
     assert message in r.json()["error"]
 
 
+def test_an_oversized_enrolment_body_is_refused_413(client):
+    r = client.post("/v1/agents", json={"name": "x" * 10_000})
+    assert r.status_code == 413
+    assert "larger than" in r.json()["error"]
+
+
 def test_bad_and_unknown_ids_are_400_and_404_never_500(client):
     agent = _enrol(client)["agent"]["agent_id"]
     for path in ("/v1/agents/xyz", "/v1/agents/00/rotate", "/v1/agents/" + "g" * 32 + "/revoke"):

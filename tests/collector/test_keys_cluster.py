@@ -108,7 +108,7 @@ def test_two_collectors_share_enrolments_and_revocations_within_the_bound(stores
     assert len(keys_b.key_for(aid, 1)) == k.KEY_SIZE
     # Rotation through B; A accepts the new key once it re-reads (a miss does so at once).
     rotated = cb.request("POST", f"/v1/agents/{agent}/rotate").json()
-    time.sleep(k._MISS_REFRESH_S)  # a miss re-reads at most this often; A read the table just now
+    time.sleep(k.MISS_REFRESH_S)  # a miss re-reads at most this often; A read the table just now
     assert app_a.state.keys.key_for(aid, rotated["key_id"]) == bytes.fromhex(
         rotated["key_file"].rsplit("key = ", 1)[1].strip()
     )
@@ -175,3 +175,17 @@ def test_ki_keys_cli_works_against_the_table_store(shim, stores, tmp_path, capsy
     assert "revoked" in line
     assert main(["keys", "list", "--store", "http://127.0.0.1:9"]) == 1
     assert "cannot open the store" in capsys.readouterr().err
+
+
+def test_an_unreachable_table_is_a_503_with_retry_after_never_a_403_or_500(shim, tmp_path):
+    store = ServerStore.connect(shim, compress=False)
+    app = build_collector_app(store, interval_s=3600)
+    token = app.state.tokens.create("ops", ["ingest-admin"]).token
+    keys = app.state.keys
+    store.close()
+    time.sleep(k.CLUSTER_REFRESH_S)
+    r = Client(app, token).request("GET", "/v1/agents")
+    assert r.status_code == 503, r.text
+    assert "unreadable" in r.json()["error"]
+    with pytest.raises(k.KeyStoreError, match="unreadable"):
+        keys.key_for(bytes(16), 1)
