@@ -136,6 +136,11 @@ def test_real_prometheus_remote_writes_to_ki_collector_with_a_credentials_file(t
         line = collector.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("ki: listening on http://127.0.0.1:"), line
         url = line.split("listening on ")[1].strip()
+        # ki collector checks tokens on remote_write: what Prometheus gets through is thanks to its token.
+        refused = httpx.post(
+            f"{url}/api/v1/write", content=_body("no-token"), headers=BODY_HEADERS, timeout=10
+        )
+        assert refused.status_code == 401, refused.text
         prom_port = _free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(

@@ -189,3 +189,25 @@ def test_an_unreachable_table_is_a_503_with_retry_after_never_a_403_or_500(shim,
     assert "unreadable" in r.json()["error"]
     with pytest.raises(k.KeyStoreError, match="unreadable"):
         keys.key_for(bytes(16), 1)
+
+
+def test_ki_collector_over_a_clickhouse_url_refuses_key_and_token_files(shim, tmp_path):
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "collector",
+            "--store",
+            shim,
+            "--port",
+            "0",
+            "--keys",
+            str(tmp_path / "keys.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "--auth-store file" in refused.stderr
