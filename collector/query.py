@@ -16,7 +16,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
+from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -192,6 +192,59 @@ class ClickHouseStorage:
         present = has & ~is_stale(values)
         return GridColumns([labels for labels, _ in found], values, times, present)
 
+    def select_range_on_grid(
+        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
+    ) -> tuple[GridColumns, int] | None:
+        """A range function at every grid step, computed by ClickHouse's ``timeSeries*ToGrid`` aggregates.
+
+        Stale markers are filtered out in SQL, as the engine drops them before range functions;
+        a ``timeSeriesCountToGrid`` next to the function counts the samples the windows held.
+        """
+        agg = _GRID_AGGREGATES.get(func)
+        first = start_ms - range_ms + 1
+        if (
+            agg is None
+            or step_ms <= 0
+            or range_ms <= 0
+            or end_ms < start_ms
+            or first < 0
+            or end_ms > MAX_TS_MS
+        ):
+            return None
+        sub = self._series_sql(matchers, first, end_ms, with_samples=False)
+        series = self._store.query(sub)
+        steps = (end_ms - start_ms) // step_ms + 1
+        if series.num_rows == 0:
+            return _empty_grid(steps), 0
+        labels_by_fp = self._labels(series)
+        grid = (
+            f"fromUnixTimestamp64Milli(toInt64({start_ms}), 'UTC'), "
+            f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
+            f"{_seconds(step_ms)}, {_seconds(range_ms)}"
+        )
+        result = self._store.query(
+            f"SELECT fingerprint, {agg}({grid})(ts, value) AS v, timeSeriesCountToGrid({grid})(ts, value) AS n "
+            f"FROM {self._db}.samples WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) "
+            f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
+            "GROUP BY fingerprint SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
+        )
+        if result.num_rows == 0:
+            return _empty_grid(steps), 0
+        fps = result.column("fingerprint").to_numpy().tolist()
+        found = sorted(
+            (labels, i) for i, fp in enumerate(fps) if (labels := labels_by_fp.get(fp)) is not None
+        )
+        rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
+        v_flat = result.column("v").combine_chunks().flatten()
+        n_flat = result.column("n").combine_chunks().flatten()
+        if len(v_flat) != len(fps) * steps or len(n_flat) != len(fps) * steps:
+            return None
+        present = v_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
+        values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
+        counts = n_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
+        grid_cols = GridColumns([labels for labels, _ in found], values, np.zeros_like(counts), present)
+        return grid_cols, int(counts.sum())
+
     def _labels(self, series: pa.Table) -> dict[int, Labels]:
         """Labels per fingerprint; a fingerprint names one label set forever, so built labels are kept."""
         fps = series.column("fingerprint").to_numpy().tolist()
@@ -231,6 +284,25 @@ class ClickHouseStorage:
             f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
         )
         return [str(v) for v in result.column("v").to_pylist()]
+
+
+#: kql range functions and the ClickHouse aggregates that compute them on a grid.
+_GRID_AGGREGATES = {
+    "rate": "timeSeriesRateToGrid",
+    "increase": "timeSeriesIncreaseToGrid",
+    "delta": "timeSeriesDeltaToGrid",
+    "irate": "timeSeriesInstantRateToGrid",
+    "idelta": "timeSeriesInstantDeltaToGrid",
+    "deriv": "timeSeriesDerivToGrid",
+    "changes": "timeSeriesChangesToGrid",
+    "resets": "timeSeriesResetsToGrid",
+    "sum_over_time": "timeSeriesSumToGrid",
+    "avg_over_time": "timeSeriesAvgToGrid",
+    "count_over_time": "timeSeriesCountToGrid",
+    "min_over_time": "timeSeriesMinToGrid",
+    "max_over_time": "timeSeriesMaxToGrid",
+    "last_over_time": "timeSeriesLastToGrid",
+}
 
 
 def _seconds(ms: int) -> str:

@@ -53,8 +53,10 @@ from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
     GRID_MIN_STEP_MS,
+    GRID_RANGE_FUNCTIONS,
     ColumnarStorage,
     GridStorage,
+    RangeGridStorage,
     SeriesColumns,
     columns_of,
     grid_step,
@@ -328,6 +330,9 @@ class _Evaluator:
         return aggregate(self, node, vec, param)
 
     def eval_call(self, node: Call, times: I64) -> Any:
+        pushed = self._range_on_grid(node, times)
+        if pushed is not None:
+            return pushed
         spec = FUNCTIONS[node.func]
         args = [arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)]
         return spec.impl(CallContext(self, node, times), args)
@@ -384,6 +389,39 @@ class _Evaluator:
         return StepVector(
             grid.labels, grid.values, grid.present, np.zeros(n, dtype=bool), grid.sample_ts
         ).compact()
+
+    def _range_on_grid(self, node: Call, times: I64) -> StepVector | None:
+        """``func(selector[range])`` computed by a :class:`RangeGridStorage` when the steps form a grid."""
+        keep_name = GRID_RANGE_FUNCTIONS.get(node.func)
+        if keep_name is None or len(node.args) != 1 or not isinstance(self.storage, RangeGridStorage):
+            return None
+        arg = node.args[0]
+        while isinstance(arg, ParenExpr):
+            arg = arg.expr
+        if not isinstance(arg, MatrixSelector) or arg.anchored or arg.smoothed:
+            return None
+        refs = self.reference_times(times, arg.vector.at, arg.vector.offset)
+        step = grid_step(refs)
+        if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
+            return None
+        range_ms = self.duration_ms(arg.range, "range", positive=True)
+        self.checkpoint()
+        try:
+            answer = self.storage.select_range_on_grid(
+                node.func, arg.vector.all_matchers(), int(refs[0]), int(refs[-1]), step, range_ms
+            )
+        except Exception as exc:
+            raise StorageError(f"storage select failed: {exc}") from exc
+        if answer is None:
+            return None
+        grid, samples = answer
+        if len(grid) > self.limits.max_series:
+            raise TooManySeriesError(
+                f"query selected {len(grid)} series, more than the limit of {self.limits.max_series}"
+            )
+        self.count_samples(samples)
+        drop = np.full(len(grid), not keep_name, dtype=bool)
+        return StepVector(grid.labels, np.where(grid.present, grid.values, 0.0), grid.present, drop).compact()
 
     def _smoothed_selector(self, node: VectorSelector, refs: I64) -> StepVector:
         """Each step's value interpolated linearly between the samples just before and after it."""

@@ -21,9 +21,11 @@ from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
 
 __all__ = [
     "GRID_MIN_STEP_MS",
+    "GRID_RANGE_FUNCTIONS",
     "ColumnarStorage",
     "GridColumns",
     "GridStorage",
+    "RangeGridStorage",
     "SeriesColumns",
     "columns_of",
     "gather_ranges",
@@ -129,6 +131,42 @@ class GridStorage(Protocol):
         """Latest sample per series at ``start, start+step, ... <= end`` within ``(t - lookback, t]``.
 
         ``None`` when the store cannot answer this grid (the engine then reads raw samples).
+        """
+        ...
+
+
+#: Range functions a :class:`RangeGridStorage` may compute, and whether each keeps the metric name.
+#: Only functions whose pushed result equals the engine's own on randomized data are listed
+#: (``tests/kql/test_pushdown.py``).
+GRID_RANGE_FUNCTIONS: dict[str, bool] = {
+    "rate": False,
+    "increase": False,
+    "delta": False,
+    "irate": False,
+    "idelta": False,
+    "deriv": False,
+    "changes": False,
+    "resets": False,
+    "sum_over_time": False,
+    "avg_over_time": False,
+    "count_over_time": False,
+    "min_over_time": False,
+    "max_over_time": False,
+    "last_over_time": True,
+}
+
+
+@runtime_checkable
+class RangeGridStorage(Protocol):
+    """A store that evaluates ``func(selector[range])`` on a regular grid itself (push-down)."""
+
+    def select_range_on_grid(
+        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
+    ) -> tuple[GridColumns, int] | None:
+        """``func`` over ``(t - range, t]`` at every grid time, and the samples the windows held in all.
+
+        ``values`` hold the function's result where ``present``; ``sample_ts`` is unused.
+        ``None`` when the store cannot compute this function or grid.
         """
         ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -11,7 +12,13 @@ import pytest
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
-from kernel_insight.kql.pushdown import ColumnarStorage, SeriesColumns, columns_of, gather_ranges
+from kernel_insight.kql.pushdown import (
+    GRID_RANGE_FUNCTIONS,
+    ColumnarStorage,
+    SeriesColumns,
+    columns_of,
+    gather_ranges,
+)
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, is_stale
 from kernel_insight.kql.values import Matrix
 
@@ -32,7 +39,10 @@ def _data(seed: int) -> list[tuple[dict[str, str], list[int], list[float]]]:
                 for i in range(POINTS)
                 if rng.random() > 0.05  # scrape gaps
             ]
-            gauge = [rng.gauss(60, 10) if rng.random() > 0.03 else STALE_NAN for _ in ts]
+            gauge = [
+                rng.gauss(60, 10) if r > 0.04 else STALE_NAN if r > 0.01 else math.nan
+                for r in (rng.random() for _ in ts)
+            ]
             counter, total = [], 0.0
             for _ in ts:
                 total = 0.0 if rng.random() < 0.01 else total + rng.randint(0, 500)  # resets
@@ -70,6 +80,14 @@ def _same_matrix(a: Matrix, b: Matrix) -> None:
     for x, y in zip(a.series, b.series, strict=True):
         np.testing.assert_array_equal(x.timestamps, y.timestamps)
         np.testing.assert_array_equal(x.values, y.values)
+
+
+def _close_matrix(a: Matrix, b: Matrix) -> None:
+    """Equal up to summation order (ClickHouse and numpy add in different orders)."""
+    assert [s.labels for s in a.series] == [s.labels for s in b.series]
+    for x, y in zip(a.series, b.series, strict=True):
+        np.testing.assert_array_equal(x.timestamps, y.timestamps)
+        np.testing.assert_allclose(x.values, y.values, rtol=1e-12, atol=1e-12)
 
 
 def test_gather_ranges_concatenates_ranges_in_the_given_order():
@@ -148,7 +166,7 @@ def test_engine_over_clickhouse_equals_the_reference_evaluator(stores, query):
     assert isinstance(got, Matrix)
     assert isinstance(want, Matrix)
     assert len(want) > 0
-    _same_matrix(got, want)
+    _close_matrix(got, want)
 
 
 def test_engine_reads_a_columnar_store_without_per_series_select(stores, monkeypatch):
@@ -158,8 +176,9 @@ def test_engine_reads_a_columnar_store_without_per_series_select(stores, monkeyp
         raise AssertionError("the engine should use select_columns")
 
     monkeypatch.setattr(ch, "select", refuse)
-    got = Engine(ch).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
-    want = Engine(mem).range_query("rate(launches_total[5m])", BASE + 600_000, BASE + 1_800_000, 60_000)
+    query = "quantile_over_time(0.9, launches_total[5m])"  # not pushed down: raw samples
+    got = Engine(ch).range_query(query, BASE + 600_000, BASE + 1_800_000, 60_000)
+    want = Engine(mem).range_query(query, BASE + 600_000, BASE + 1_800_000, 60_000)
     _same_matrix(got.value, want.value)
 
 
@@ -197,7 +216,8 @@ def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores):
         t = BASE + rng.randint(-120_000, POINTS * STEP + 400_000)
         got = Engine(ch).instant_query("gpu_temp", t).value
         want = Engine(mem).instant_query("gpu_temp", t).value
-        assert got == want
+        assert [s.labels for s in got.samples] == [s.labels for s in want.samples]
+        np.testing.assert_array_equal([s.value for s in got.samples], [s.value for s in want.samples])
         seen += len(want)
     assert seen > 0
 
@@ -224,3 +244,45 @@ def test_fine_steps_read_raw_samples_instead_of_a_grid(stores, monkeypatch):
     monkeypatch.setattr(ch, "select_last_on_grid", refuse)
     got = Engine(ch).range_query("gpu_temp", BASE + 600_500, BASE + 900_500, 15_000).value
     assert len(got) == 12
+
+
+@pytest.mark.parametrize("func", sorted(GRID_RANGE_FUNCTIONS))
+@pytest.mark.parametrize("metric", ["gpu_temp", "launches_total"])
+def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, func, metric):
+    ch, mem = stores
+    rng = random.Random(f"{func}{metric}")
+    for rng_s, step_ms in ((60, 60_000), (300, 30_000), (45, 120_000)):
+        start = BASE + rng.randint(-300_000, POINTS * STEP)
+        end = start + rng.randint(0, 3_600_000)
+        query = f"{func}({metric}[{rng_s}s])"
+        got = Engine(ch).range_query(query, start, end, step_ms)
+        want = Engine(mem).range_query(query, start, end, step_ms)
+        _close_matrix(got.value, want.value)
+        assert got.stats.samples == want.stats.samples
+
+
+def test_range_function_grid_is_computed_in_clickhouse(stores, monkeypatch):
+    ch, mem = stores
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("rate on a grid should not read raw samples")
+
+    monkeypatch.setattr(ch, "select_columns", refuse)
+    query = "sum by (instance) (rate(launches_total[5m] offset 1m))"
+    start, end = BASE + 600_500, BASE + 3_000_500
+    got = Engine(ch).range_query(query, start, end, 60_000).value
+    _close_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
+    assert len(got) == 3
+
+
+def test_anchored_ranges_and_at_are_not_pushed_down(stores, monkeypatch):
+    ch, mem = stores
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("not a grid the store can compute")
+
+    monkeypatch.setattr(ch, "select_range_on_grid", refuse)
+    start, end = BASE + 600_500, BASE + 3_000_500
+    for query in ("rate(launches_total[5m] @ end())", "quantile_over_time(0.5, gpu_temp[5m])"):
+        got = Engine(ch).range_query(query, start, end, 60_000).value
+        _close_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
