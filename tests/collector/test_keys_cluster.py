@@ -211,3 +211,50 @@ def test_ki_collector_over_a_clickhouse_url_refuses_key_and_token_files(shim, tm
     )
     assert refused.returncode == 2
     assert "--auth-store file" in refused.stderr
+
+
+@pytest.mark.slow
+def test_two_ki_collector_processes_over_one_clickhouse(shim, stores):
+    a, _ = stores
+    admin = ClickHouseTokenStore(a).create("ops", ["ingest-admin"]).token
+    procs = [
+        subprocess.Popen(
+            # The store's one clickhouse-connect client serves every thread of the collector; with its
+            # default per-client session it refuses concurrent queries (see the report on store.py).
+            [
+                sys.executable,
+                "-m",
+                "kernel_insight.cli",
+                "collector",
+                "--port",
+                "0",
+                "--store",
+                shim + "/?autogenerate_session_id=false",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        urls = []
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.startswith("ki: listening on http://127.0.0.1:"), line + p.stderr.read()
+            urls.append(line.split("listening on ")[1].strip())
+        headers = {"Authorization": f"Bearer {admin}"}
+        with httpx.Client(headers=headers, timeout=10) as http:
+            r = http.post(f"{urls[0]}/v1/agents", json={"name": "lb-agent"})
+            assert r.status_code == 201, r.text
+            agent = r.json()["agent"]["agent_id"]
+            assert http.get(f"{urls[1]}/v1/agents/{agent}").json()["revoked"] is False
+            assert http.post(f"{urls[0]}/v1/agents/{agent}/revoke").status_code == 200
+            took = _wait_for(
+                lambda: http.get(f"{urls[1]}/v1/agents/{agent}").json()["revoked"], k.CLUSTER_REFRESH_S + 2.0
+            )
+            assert took <= k.CLUSTER_REFRESH_S + 2.0
+    finally:
+        for p in procs:
+            p.terminate()
+            p.communicate(timeout=60)
