@@ -197,8 +197,9 @@ class ClickHouseStorage:
     ) -> tuple[GridColumns, int] | None:
         """A range function at every grid step, computed by ClickHouse's ``timeSeries*ToGrid`` aggregates.
 
-        Stale markers are filtered out in SQL, as the engine drops them before range functions;
-        a ``timeSeriesCountToGrid`` next to the function counts the samples the windows held.
+        Stale markers are filtered out in SQL, as the engine drops them before range functions.
+        The samples never reach the engine, so the count returned is of computed values (a
+        ``timeSeriesCountToGrid`` for the exact window count made the query ~30% slower).
         """
         agg = _GRID_AGGREGATES.get(func)
         first = start_ms - range_ms + 1
@@ -223,7 +224,7 @@ class ClickHouseStorage:
             f"{_seconds(step_ms)}, {_seconds(range_ms)}"
         )
         result = self._store.query(
-            f"SELECT fingerprint, {agg}({grid})(ts, value) AS v, timeSeriesCountToGrid({grid})(ts, value) AS n "
+            f"SELECT fingerprint, {agg}({grid})(ts, value) AS v "
             f"FROM {self._db}.samples WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) "
             f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
             "GROUP BY fingerprint SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
@@ -236,14 +237,14 @@ class ClickHouseStorage:
         )
         rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
         v_flat = result.column("v").combine_chunks().flatten()
-        n_flat = result.column("n").combine_chunks().flatten()
-        if len(v_flat) != len(fps) * steps or len(n_flat) != len(fps) * steps:
+        if len(v_flat) != len(fps) * steps:
             return None
         present = v_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
         values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
-        counts = n_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
-        grid_cols = GridColumns([labels for labels, _ in found], values, np.zeros_like(counts), present)
-        return grid_cols, int(counts.sum())
+        grid_cols = GridColumns(
+            [labels for labels, _ in found], values, np.zeros(values.shape, dtype=np.int64), present
+        )
+        return grid_cols, int(present.sum())
 
     def _labels(self, series: pa.Table) -> dict[int, Labels]:
         """Labels per fingerprint; a fingerprint names one label set forever, so built labels are kept."""

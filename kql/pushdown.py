@@ -163,9 +163,11 @@ class RangeGridStorage(Protocol):
     def select_range_on_grid(
         self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
     ) -> tuple[GridColumns, int] | None:
-        """``func`` over ``(t - range, t]`` at every grid time, and the samples the windows held in all.
+        """``func`` over ``(t - range, t]`` at every grid time, and how many samples to account for.
 
-        ``values`` hold the function's result where ``present``; ``sample_ts`` is unused.
+        ``values`` hold the function's result where ``present``; ``sample_ts`` is unused. The
+        count feeds the engine's sample limit and statistics; a store that cannot count window
+        samples cheaply may count computed values instead.
         ``None`` when the store cannot compute this function or grid.
         """
         ...

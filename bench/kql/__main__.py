@@ -22,16 +22,18 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
-from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.pushdown import SeriesColumns
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 from kernel_insight.kql.values import Matrix
 
 F64 = npt.NDArray[np.float64]
@@ -271,6 +273,25 @@ def compare(a: Matrix, b: Matrix, rtol: float = 1e-6, atol: float = 1e-9) -> str
     return ""
 
 
+class RawReads:
+    """The same store without its push-down methods: the engine reads raw samples (columnar) and computes all."""
+
+    def __init__(self, inner: ClickHouseStorage) -> None:
+        self._inner = inner
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        return self._inner.select(matchers, start_ms, end_ms)
+
+    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+        return self._inner.select_columns(matchers, start_ms, end_ms)
+
+    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        return self._inner.label_names(matchers, start_ms, end_ms)
+
+    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        return self._inner.label_values(name, matchers, start_ms, end_ms)
+
+
 def timed(fn: Callable[[], object], reps: int) -> list[float]:
     out = []
     for _ in range(reps):
@@ -337,17 +358,25 @@ def main(argv: list[str] | None = None) -> int:
     queries = [(n, q) for n, q in QUERIES if not only or n in only]
 
     prom = Prometheus(root / "prom", root / "prometheus.log")
-    rows: list[tuple[str, float, float, float, int, str]] = []
+    rows: list[tuple[str, float, float, float, float, int, str]] = []
     try:
         prom.wait_ready()
         with EmbeddedStore(root / "chdb") as store:
             engine = Engine(store.storage())
+            raw_engine = Engine(RawReads(store.storage()))
             for name, query in queries:
                 expected, _, _ = prom.range_query(query, start, end, step_ms)
                 got = engine.range_query(query, start, end, step_ms).value
                 assert isinstance(got, Matrix)
                 why = compare(got, expected)
-                kql_s = timed(functools.partial(engine.range_query, query, start, end, step_ms), args.reps)
+                raw_got = raw_engine.range_query(query, start, end, step_ms).value
+                assert isinstance(raw_got, Matrix)
+                if not why and (raw_why := compare(raw_got, expected)):
+                    why = "without push-down: " + raw_why
+                kql_s, raw_s = [], []
+                for _ in range(args.reps):  # interleaved, so load changes hit both alike
+                    kql_s += timed(functools.partial(engine.range_query, query, start, end, step_ms), 1)
+                    raw_s += timed(functools.partial(raw_engine.range_query, query, start, end, step_ms), 1)
                 prom_wall, prom_engine = [], []
                 for _ in range(args.reps):
                     _, wall, eng = prom.range_query(query, start, end, step_ms)
@@ -355,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                     prom_engine.append(eng)
                 k = statistics.median(kql_s)
                 p = statistics.median(prom_engine if args.prometheus_time == "engine" else prom_wall)
-                rows.append((name, k, p, statistics.median(prom_wall), len(got), why))
+                r = statistics.median(raw_s)
+                rows.append((name, k, r, p, statistics.median(prom_wall), len(got), why))
                 print(
-                    f"{name:20s} kql {k * 1000:8.1f} ms  prom {p * 1000:8.1f} ms "
+                    f"{name:20s} kql {k * 1000:8.1f} ms (no push-down {r * 1000:8.1f})  prom {p * 1000:8.1f} ms "
                     f"(http {statistics.median(prom_wall) * 1000:8.1f})  ratio {k / p:6.2f}  "
                     f"series {len(got):5d}  {'ok' if not why else 'DIFFER: ' + why}",
                     flush=True,
@@ -368,15 +398,18 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
     print()
-    print("| query | kql ms | Prometheus ms (engine) | Prometheus ms (HTTP) | ratio | series | agree |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for (_name, k, p, w, n, why), (_, query) in zip(rows, queries, strict=True):
+    print(
+        "| query | kql ms | kql ms, no push-down | Prometheus ms (engine) | Prometheus ms (HTTP) "
+        "| ratio | series | agree |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for (_name, k, r, p, w, n, why), (_, query) in zip(rows, queries, strict=True):
         print(
-            f"| `{query}` | {k * 1000:.1f} | {p * 1000:.1f} | {w * 1000:.1f} | {k / p:.2f} | {n} | "
-            f"{'yes' if not why else 'no: ' + why} |"
+            f"| `{query.replace('|', chr(92) + '|')}` | {k * 1000:.1f} | {r * 1000:.1f} | {p * 1000:.1f} | "
+            f"{w * 1000:.1f} | {k / p:.2f} | {n} | {'yes' if not why else 'no: ' + why} |"
         )
-    ratios = [k / p for _, k, p, _, _, _ in rows]
-    agree = sum(1 for r in rows if not r[5])
+    ratios = [row[1] / row[3] for row in rows]
+    agree = sum(1 for row in rows if not row[6])
     median_ratio = statistics.median(ratios) if ratios else math.nan
     print(f"BENCH kql median_ratio_vs_prometheus={median_ratio:.2f} agree={agree}/{len(rows)}")
     return 0 if agree == len(rows) else 1

@@ -258,7 +258,8 @@ def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, func, 
         got = Engine(ch).range_query(query, start, end, step_ms)
         want = Engine(mem).range_query(query, start, end, step_ms)
         _close_matrix(got.value, want.value)
-        assert got.stats.samples == want.stats.samples
+        # Pushed down, only computed values are counted: never more than the engine reads itself.
+        assert got.stats.samples <= want.stats.samples
 
 
 def test_range_function_grid_is_computed_in_clickhouse(stores, monkeypatch):
