@@ -331,7 +331,7 @@ class ClickHouseTokenStore(TokenStoreBase):
                 }
             )
             try:
-                self.store._insert(self.table, data, None)
+                self.store.insert_table(self.table, data)
             except StorageError as exc:
                 self._loaded = -float("inf")
                 raise TokenError(f"token table {self.table}: write failed: {exc}") from None

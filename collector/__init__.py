@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from kernel_insight.collector.app import create_app
 from kernel_insight.collector.derive import Derived, Deriver
-from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, Sink, ingest_router
+from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
 from kernel_insight.collector.keys import (
     AgentCredentials,
     AgentInfo,
+    ClickHouseKeyStore,
     KeyStore,
+    KeyStoreBase,
     KeyStoreError,
     RevokedAgent,
     UnknownAgent,
@@ -67,6 +69,7 @@ __all__ = [
     "AuthenticationFailed",
     "BatchHeader",
     "BatchId",
+    "ClickHouseKeyStore",
     "ClickHouseStorage",
     "Counter",
     "DecodedBatch",
@@ -79,6 +82,7 @@ __all__ = [
     "InstanceInfo",
     "KeyLookup",
     "KeyStore",
+    "KeyStoreBase",
     "KeyStoreError",
     "Limits",
     "MalformedBatch",
@@ -93,7 +97,6 @@ __all__ = [
     "SampleBuilder",
     "SeenBatches",
     "ServerStore",
-    "Sink",
     "SpanBatch",
     "StorageError",
     "StorageUnavailable",

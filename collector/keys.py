@@ -452,7 +452,7 @@ class ClickHouseKeyStore(KeyStoreBase):
                 }
             )
             try:
-                self.store._insert(self.table, data, None)  # Arrow, not SQL: keys never in statement text
+                self.store.insert_table(self.table, data)  # Arrow, not SQL: keys never in statement text
             except StorageError as exc:
                 self._loaded = -float("inf")  # what we hold in memory was never written
                 raise KeyStoreError(f"key store table {self.table}: write failed: {exc}") from None

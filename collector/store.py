@@ -306,6 +306,12 @@ class Store(ABC):
         self._insert("instances", data, None if dedup_token is None else f"{dedup_token}:instances")
         return len(instances)
 
+    def insert_table(self, name: str, data: pa.Table) -> None:
+        """Insert an Arrow table into one of this store's tables (as Arrow, never as SQL text,
+        so values such as keys cannot appear in a statement or an engine error)."""
+        self._check_open()
+        self._insert(name, data, None)
+
     def batch_seen(self, batch_id: str) -> bool:
         result = self.query(
             f"SELECT 1 FROM {self._table('batches')} WHERE batch_id = {quote(batch_id)} LIMIT 1"
@@ -493,6 +499,11 @@ class ServerStore(Store):
         """Connect through clickhouse-connect; ``kwargs`` go to ``clickhouse_connect.get_client``."""
         import clickhouse_connect
 
+        # One client serves every thread of a collector; a clickhouse-connect session would
+        # refuse concurrent queries ("concurrent queries within the same session"), and the
+        # store needs no session state, so none is made unless the caller asks for one.
+        if "autogenerate_session_id" not in dsn:
+            kwargs.setdefault("autogenerate_session_id", False)
         try:
             client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
         except Exception as exc:
