@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from kernel_insight.api.auth import DEFAULT_TOKEN_STORE, Scope, TokenError, TokenStore
+from kernel_insight.api.auth import (
+    DEFAULT_TOKEN_STORE,
+    Scope,
+    TokenError,
+    TokenStore,
+    TokenStoreBase,
+    open_token_store,
+)
 
 __all__ = ["add_commands", "token_store_path"]
 
@@ -22,8 +30,29 @@ def token_store_path(explicit: str | None = None) -> Path:
     return Path(explicit or os.environ.get("KI_TOKEN_STORE") or DEFAULT_TOKEN_STORE)
 
 
+@contextlib.contextmanager
+def _opened(args: argparse.Namespace) -> Iterator[TokenStoreBase]:
+    """The token file, or the token table of a ClickHouse URL (several collectors share it)."""
+    from kernel_insight.collector.keys import is_store_url
+    from kernel_insight.collector.store import StorageError, open_store
+
+    target = args.store or os.environ.get("KI_TOKEN_STORE") or str(DEFAULT_TOKEN_STORE)
+    if not is_store_url(target):
+        yield TokenStore(Path(target))
+        return
+    try:
+        store = open_store(target)
+    except (StorageError, ValueError) as exc:
+        raise TokenError(f"cannot open the store: {exc}") from None
+    try:
+        yield open_token_store(store)
+    finally:
+        store.close()
+
+
 def _create(args: argparse.Namespace) -> int:
-    created = TokenStore(token_store_path(args.store)).create(args.name, args.scope)
+    with _opened(args) as tokens:
+        created = tokens.create(args.name, args.scope)
     if args.json:
         print(json.dumps({"token": created.token, **asdict(created.info)}))
     else:
@@ -36,13 +65,15 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    TokenStore(token_store_path(args.store)).revoke(args.token_id)
+    with _opened(args) as tokens:
+        tokens.revoke(args.token_id)
     print(f"revoked {args.token_id}")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    infos = TokenStore(token_store_path(args.store)).list()
+    with _opened(args) as tokens:
+        infos = tokens.list()
     if args.json:
         print(json.dumps([asdict(i) for i in infos]))
         return 0
@@ -69,7 +100,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     def action(name: str, fn: Handler, help_: str) -> argparse.ArgumentParser:
         p = tsub.add_parser(name, help=help_)
-        p.add_argument("--store", help=f"token file (default $KI_TOKEN_STORE or {DEFAULT_TOKEN_STORE})")
+        p.add_argument(
+            "--store",
+            help=f"token file, or a ClickHouse URL for the shared token table (default $KI_TOKEN_STORE or {DEFAULT_TOKEN_STORE})",
+        )
         p.set_defaults(handler=_errors_to_exit(fn))
         return p
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ def _import(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.collector:
-            n = _send(args.collector, expo.samples)
+            n = _send(args.collector, expo.samples, token=args.token or os.environ.get("KI_TOKEN"))
         else:
             with open_store(args.store, cluster=args.cluster) as store:
                 n = store.insert_samples(expo.samples)
@@ -65,7 +66,7 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _send(url: str, samples: SampleBatch, chunk: int = 50_000) -> int:
+def _send(url: str, samples: SampleBatch, chunk: int = 50_000, token: str | None = None) -> int:
     """Through a running collector's remote_write endpoint (its data directory is in use)."""
     import httpx
     import numpy as np
@@ -79,7 +80,8 @@ def _send(url: str, samples: SampleBatch, chunk: int = 50_000) -> int:
         )
     )
     sent = 0
-    with httpx.Client(timeout=60) as client:
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(timeout=60, headers=auth) as client:
         pending: list[tuple[dict[str, str], list[tuple[int, float]]]] = []
         size = 0
         for k, (lo, hi) in enumerate(runs):
@@ -148,7 +150,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--collector",
         default=None,
         metavar="URL",
-        help="send through a running collector's remote_write endpoint instead (e.g. http://127.0.0.1:8428)",
+        help="send through a running collector's remote_write endpoint instead (e.g. http://127.0.0.1:8470)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="bearer token with the ingest scope for --collector (default $KI_TOKEN)",
     )
     p.set_defaults(handler=_import)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.store import StorageError, Store, open_store, quote
+from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store, quote
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -483,11 +483,6 @@ def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str
         f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} {columns} ENGINE = {engine} "
         f"ORDER BY {key} COMMENT {quote(comment)}"
     )
-
-
-def is_store_url(text: str | Path) -> bool:
-    """Whether ``text`` names a ClickHouse (rather than a file): the URLs ``open_store`` connects to."""
-    return re.match(r"^(https?|clickhouse|chdb)://", str(text)) is not None
 
 
 # ---- ki keys ... -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "Store",
+    "is_store_url",
     "open_store",
     "quote",
 ]
@@ -535,12 +536,17 @@ class ServerStore(Store):
         self._client.close()
 
 
+def is_store_url(text: str | Path) -> bool:
+    """Whether ``text`` names a ClickHouse (rather than a file): the URLs ``open_store`` connects to."""
+    return re.match(r"^(https?|clickhouse|chdb)://", str(text)) is not None
+
+
 def open_store(
     target: str | Path, database: str = "ki", retention: Retention | None = None, cluster: str | None = None
 ) -> Store:
     """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path."""
     text = str(target)
-    if re.match(r"^(https?|clickhouse|chdb)://", text):
+    if is_store_url(text):
         return ServerStore.connect(text, database, retention, cluster=cluster)
     if cluster is not None:
         raise ValueError("a cluster needs a ClickHouse URL, not an embedded data directory")

@@ -1,0 +1,55 @@
+"""`ki tokens --store URL` manages the shared token table; `ki import --collector` sends a token."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from api_helpers import running_server
+
+from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.store import EmbeddedStore
+
+KI = [sys.executable, "-m", "kernel_insight.cli"]
+
+
+def test_ki_tokens_manage_the_table_of_a_clickhouse_url(tmp_path) -> None:
+    url = f"chdb://{tmp_path / 'ch'}"
+    made = subprocess.run(
+        [*KI, "tokens", "create", "--store", url, "--scope", "read", "--name", "g"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    listed = subprocess.run(
+        [*KI, "tokens", "list", "--store", url], capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "read" in listed.stdout
+    assert made.stdout.strip() not in listed.stdout  # secrets are never listed
+
+
+def test_ki_import_sends_its_token_to_a_collector(tmp_path) -> None:
+    tokens = TokenStore(tmp_path / "tokens.json")
+    ingest = tokens.create("importer", ["ingest"]).token
+    data = tmp_path / "metrics.prom"
+    data.write_text('# TYPE gpu_temp gauge\ngpu_temp{gpu="0"} 61 1700000000000\n')
+    store = EmbeddedStore(tmp_path / "store")
+    try:
+        with running_server(create_api_app(store, tokens=tokens)) as url:
+            refused = subprocess.run(
+                [*KI, "import", str(data), "--collector", url], capture_output=True, text=True, timeout=120
+            )
+            assert refused.returncode != 0
+            assert "401" in refused.stderr + refused.stdout
+            sent = subprocess.run(
+                [*KI, "import", str(data), "--collector", url, "--token", ingest],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert sent.returncode == 0, sent.stderr
+            assert "imported 1 samples" in sent.stdout
+    finally:
+        store.close()
