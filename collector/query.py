@@ -146,13 +146,20 @@ class ClickHouseStorage:
         return _columns(samples, labels_by_fp)
 
     def select_last_on_grid(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, lookback_ms: int
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        lookback_ms: int,
+        sample_times: bool = True,
     ) -> GridColumns | None:
         """An instant-vector selector at every grid step, computed by ClickHouse's ``timeSeriesLastToGrid``.
 
         The window ``(t - lookback, t]`` is left-open like the engine's (and Prometheus 3.x);
         stale markers stay in the input, so a series whose latest sample is one is absent at
-        that step, and a second aggregate over ``ts`` itself gives each value's sample time.
+        that step, and a second aggregate over ``ts`` itself gives each value's sample time
+        (only when asked for: it makes the query ~50% slower).
         """
         first = start_ms - lookback_ms + 1
         if step_ms <= 0 or lookback_ms <= 0 or end_ms < start_ms or first < 0 or end_ms > MAX_TS_MS:
@@ -168,9 +175,9 @@ class ClickHouseStorage:
             f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
             f"{_seconds(step_ms)}, {_seconds(lookback_ms)}"
         )
+        times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
         result = self._store.query(
-            f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v, "
-            f"timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t "
+            f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v{times if sample_times else ''} "
             f"FROM {self._db}.samples WHERE fingerprint IN (SELECT fingerprint FROM ({sub})) "
             f"AND {self._window(first, end_ms)} GROUP BY fingerprint "
             "SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
@@ -183,14 +190,16 @@ class ClickHouseStorage:
         )
         rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
         v_flat = result.column("v").combine_chunks().flatten()
-        t_flat = result.column("t").combine_chunks().flatten()
-        if len(t_flat) != len(fps) * steps:
+        if len(v_flat) != len(fps) * steps:
             return None  # not the grid we asked for: let the engine compute it
-        has = t_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
+        has = v_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
         values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
-        times = t_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
+        sample_ts = None
+        if sample_times:
+            t_flat = result.column("t").combine_chunks().flatten()
+            sample_ts = t_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
         present = has & ~is_stale(values)
-        return GridColumns([labels for labels, _ in found], values, times, present)
+        return GridColumns([labels for labels, _ in found], values, sample_ts, present)
 
     def select_range_on_grid(
         self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int

@@ -168,6 +168,7 @@ class _Evaluator:
         self.cancel = cancel
         self.deadline = time.monotonic() + limits.timeout_s
         self.samples = 0
+        self.sample_times_wanted = 0  # > 0 while evaluating the argument of timestamp()
         self.annotations: list[Annotation] = []
         self._seen: set[tuple[str, str, int, int]] = set()
         self.handlers: dict[type, Callable[[Any, I64], Any]] = {
@@ -334,19 +335,30 @@ class _Evaluator:
         if pushed is not None:
             return pushed
         spec = FUNCTIONS[node.func]
-        args = [arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)]
+        # Only timestamp() reads the sample times of its selector; a grid read skips them otherwise.
+        wants_times = node.func == "timestamp"
+        self.sample_times_wanted += wants_times
+        try:
+            args = [
+                arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)
+            ]
+        finally:
+            self.sample_times_wanted -= wants_times
         return spec.impl(CallContext(self, node, times), args)
 
     def eval_vector_selector(self, node: VectorSelector, times: I64) -> StepVector:
         refs = self.reference_times(times, node.at, node.offset)
         if node.smoothed:
             return self._smoothed_selector(node, refs)
-        return self.lookup(node.all_matchers(), refs)
+        return self.lookup(node.all_matchers(), refs, self.sample_times_wanted > 0)
 
-    def lookup(self, matchers: Sequence[Matcher], refs: I64) -> StepVector:
-        """The latest sample of every matching series at each reference time (lookback, staleness)."""
+    def lookup(self, matchers: Sequence[Matcher], refs: I64, sample_times: bool = True) -> StepVector:
+        """The latest sample of every matching series at each reference time (lookback, staleness).
+
+        ``sample_times=False`` lets a grid read leave out the sample timestamps (``sample_ts``).
+        """
         lookback = self.limits.lookback_ms
-        pushed = self._lookup_on_grid(matchers, refs)
+        pushed = self._lookup_on_grid(matchers, refs, sample_times)
         if pushed is not None:
             return pushed
         cols = self.select_columns(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
@@ -364,7 +376,9 @@ class _Evaluator:
         labels = cols.labels
         return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
 
-    def _lookup_on_grid(self, matchers: Sequence[Matcher], refs: I64) -> StepVector | None:
+    def _lookup_on_grid(
+        self, matchers: Sequence[Matcher], refs: I64, sample_times: bool
+    ) -> StepVector | None:
         """:meth:`lookup` computed by a :class:`GridStorage` when the reference times form a grid."""
         if not isinstance(self.storage, GridStorage):
             return None
@@ -374,7 +388,7 @@ class _Evaluator:
         self.checkpoint()
         try:
             grid = self.storage.select_last_on_grid(
-                matchers, int(refs[0]), int(refs[-1]), step, self.limits.lookback_ms
+                matchers, int(refs[0]), int(refs[-1]), step, self.limits.lookback_ms, sample_times
             )
         except Exception as exc:
             raise StorageError(f"storage select failed: {exc}") from exc

@@ -114,7 +114,7 @@ class GridColumns:
 
     labels: list[Labels]  # sorted
     values: F64  # (series, steps)
-    sample_ts: I64  # (series, steps)
+    sample_ts: I64 | None  # (series, steps); None when not asked for
     present: npt.NDArray[np.bool_]  # (series, steps)
 
     def __len__(self) -> int:
@@ -126,9 +126,17 @@ class GridStorage(Protocol):
     """A store that evaluates an instant-vector selector on a regular grid itself (push-down)."""
 
     def select_last_on_grid(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, lookback_ms: int
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        lookback_ms: int,
+        sample_times: bool = True,
     ) -> GridColumns | None:
         """Latest sample per series at ``start, start+step, ... <= end`` within ``(t - lookback, t]``.
+
+        With ``sample_times=False`` the store may leave ``sample_ts`` as None.
 
         ``None`` when the store cannot answer this grid (the engine then reads raw samples).
         """

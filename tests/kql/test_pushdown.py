@@ -287,3 +287,20 @@ def test_anchored_ranges_and_at_are_not_pushed_down(stores, monkeypatch):
     for query in ("rate(launches_total[5m] @ end())", "quantile_over_time(0.5, gpu_temp[5m])"):
         got = Engine(ch).range_query(query, start, end, 60_000).value
         _close_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
+
+
+def test_grid_reads_ask_for_sample_times_only_under_timestamp(stores, monkeypatch):
+    ch, mem = stores
+    asked = []
+    real = ch.select_last_on_grid
+
+    def spy(*args, **kwargs):
+        asked.append(args[-1] if len(args) == 6 else kwargs.get("sample_times", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ch, "select_last_on_grid", spy)
+    start, end = BASE + 600_500, BASE + 3_000_500
+    for query in ("gpu_temp", "timestamp(gpu_temp)", "timestamp((gpu_temp))"):
+        got = Engine(ch).range_query(query, start, end, 60_000).value
+        _same_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
+    assert asked == [False, True, True]
