@@ -304,3 +304,17 @@ def test_grid_reads_ask_for_sample_times_only_under_timestamp(stores, monkeypatc
         got = Engine(ch).range_query(query, start, end, 60_000).value
         _same_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
     assert asked == [False, True, True]
+
+
+@pytest.mark.parametrize("list_max", [0, 10_000])
+def test_many_series_filter_samples_by_the_series_query_itself(stores, monkeypatch, list_max):
+    from kernel_insight.collector import query
+
+    ch, mem = stores
+    monkeypatch.setattr(query, "FINGERPRINT_LIST_MAX", list_max)
+    start, end = BASE + 600_500, BASE + 3_000_500
+    for q in ("gpu_temp", "rate(launches_total[5m])", "quantile_over_time(0.5, gpu_temp[5m])"):
+        got = Engine(ch).range_query(q, start, end, 60_000).value
+        want = Engine(mem).range_query(q, start, end, 60_000).value
+        assert len(want) > 0
+        _close_matrix(got, want)
