@@ -307,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=float, default=60.0, help="range query step in seconds")
     ap.add_argument("--only", default="", help="comma-separated query names to run")
     ap.add_argument(
+        "--offset-ms",
+        type=int,
+        default=500,
+        help="query times past the whole second (samples sit at .250 s: 250 puts steps on some samples' grid)",
+    )
+    ap.add_argument(
         "--keep", type=Path, default=None, help="work directory to keep (default: a temporary one)"
     )
     ap.add_argument(
@@ -352,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Off the sample grid: samples sit on x.250 s, queries on x.500 s.
     step_ms = round(args.step * 1000)
-    start = t0 + 3600_000 + 500
-    end = t0 + HOURS * 3600_000 - 500
+    start = t0 + 3600_000 + args.offset_ms
+    end = t0 + HOURS * 3600_000 - 1000 + args.offset_ms
     only = {q for q in args.only.split(",") if q}
     queries = [(n, q) for n, q in QUERIES if not only or n in only]
 
