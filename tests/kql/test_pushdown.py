@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.pushdown import (
     GRID_RANGE_FUNCTIONS,
@@ -52,9 +52,11 @@ def _data(seed: int) -> list[tuple[dict[str, str], list[int], list[float]]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    store = EmbeddedStore(tmp_path_factory.mktemp("pushdown"))
+@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb"])
+def stores(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    # clickhouse-connect's own chDB backend runs the ServerStore code path (its Arrow conversion) in process.
+    store = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")
     mem = MemoryStorage()
     b = SampleBuilder()
     for labels, ts, vs in _data(11):
