@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -45,6 +45,9 @@ bench-ebpf: build
 
 bench-probe: build
 	$(PY) -m bench.probe
+
+bench-kql: build
+	$(PY) -m bench.kql
 
 clean:
 	rm -rf build $(VENV) *.egg-info
