@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
@@ -170,11 +171,7 @@ class ClickHouseStorage:
         if series.num_rows == 0:
             return _empty_grid(steps)
         labels_by_fp = self._labels(series)
-        grid = (
-            f"fromUnixTimestamp64Milli(toInt64({start_ms}), 'UTC'), "
-            f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
-            f"{_seconds(step_ms)}, {_seconds(lookback_ms)}"
-        )
+        grid = _grid_params(start_ms, steps, step_ms, lookback_ms)
         times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
         result = self._store.query(
             f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v{times if sample_times else ''} "
@@ -184,22 +181,14 @@ class ClickHouseStorage:
         )
         if result.num_rows == 0:
             return _empty_grid(steps)
-        fps = result.column("fingerprint").to_numpy().tolist()
-        found = sorted(
-            (labels, i) for i, fp in enumerate(fps) if (labels := labels_by_fp.get(fp)) is not None
-        )
-        rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
-        v_flat = result.column("v").combine_chunks().flatten()
-        if len(v_flat) != len(fps) * steps:
+        labels, rows = _grid_order(result, labels_by_fp)
+        v = _grid_column(result, "v", steps, rows)
+        t = _grid_column(result, "t", steps, rows) if sample_times else None
+        if v is None or (sample_times and t is None):
             return None  # not the grid we asked for: let the engine compute it
-        has = v_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
-        values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
-        sample_ts = None
-        if sample_times:
-            t_flat = result.column("t").combine_chunks().flatten()
-            sample_ts = t_flat.fill_null(0).to_numpy().astype(np.int64).reshape(len(fps), steps)[rows]
-        present = has & ~is_stale(values)
-        return GridColumns([labels for labels, _ in found], values, sample_ts, present)
+        has, values = v
+        sample_ts = None if t is None else np.where(t[0], t[1], 0).astype(np.int64)
+        return GridColumns(labels, values, sample_ts, has & ~is_stale(values))
 
     def select_range_on_grid(
         self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
@@ -227,11 +216,7 @@ class ClickHouseStorage:
         if series.num_rows == 0:
             return _empty_grid(steps), 0
         labels_by_fp = self._labels(series)
-        grid = (
-            f"fromUnixTimestamp64Milli(toInt64({start_ms}), 'UTC'), "
-            f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
-            f"{_seconds(step_ms)}, {_seconds(range_ms)}"
-        )
+        grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._store.query(
             f"SELECT fingerprint, {agg}({grid})(ts, value) AS v "
             f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
@@ -240,20 +225,12 @@ class ClickHouseStorage:
         )
         if result.num_rows == 0:
             return _empty_grid(steps), 0
-        fps = result.column("fingerprint").to_numpy().tolist()
-        found = sorted(
-            (labels, i) for i, fp in enumerate(fps) if (labels := labels_by_fp.get(fp)) is not None
-        )
-        rows = np.fromiter((i for _, i in found), dtype=np.int64, count=len(found))
-        v_flat = result.column("v").combine_chunks().flatten()
-        if len(v_flat) != len(fps) * steps:
+        labels, rows = _grid_order(result, labels_by_fp)
+        v = _grid_column(result, "v", steps, rows)
+        if v is None:
             return None
-        present = v_flat.is_valid().to_numpy(zero_copy_only=False).reshape(len(fps), steps)[rows]
-        values = v_flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(fps), steps)[rows]
-        grid_cols = GridColumns(
-            [labels for labels, _ in found], values, np.zeros(values.shape, dtype=np.int64), present
-        )
-        return grid_cols, int(present.sum())
+        present, values = v
+        return GridColumns(labels, values, None, present), int(present.sum())
 
     def _labels(self, series: pa.Table) -> dict[int, Labels]:
         """Labels per fingerprint; a fingerprint names one label set forever, so built labels are kept."""
@@ -326,6 +303,38 @@ def _fingerprints_in(series: pa.Table, sub: str) -> str:
         return f"fingerprint IN (SELECT fingerprint FROM ({sub}))"
     fps = ",".join(str(fp) for fp in series.column("fingerprint").to_numpy().tolist())
     return f"fingerprint IN ({fps})"
+
+
+def _grid_params(start_ms: int, steps: int, step_ms: int, window_ms: int) -> str:
+    """The (start, end, step, window) parameters of a ``timeSeries*ToGrid`` aggregate."""
+    return (
+        f"fromUnixTimestamp64Milli(toInt64({start_ms}), 'UTC'), "
+        f"fromUnixTimestamp64Milli(toInt64({start_ms + (steps - 1) * step_ms}), 'UTC'), "
+        f"{_seconds(step_ms)}, {_seconds(window_ms)}"
+    )
+
+
+def _grid_order(
+    result: pa.Table, labels_by_fp: dict[int, Labels]
+) -> tuple[list[Labels], npt.NDArray[np.int64]]:
+    """Sorted labels of a grid result's rows, and the row order that sorts them (unknown series left out)."""
+    fps = result.column("fingerprint").to_numpy().tolist()
+    found = sorted((labels, i) for i, fp in enumerate(fps) if (labels := labels_by_fp.get(fp)) is not None)
+    return [labels for labels, _ in found], np.fromiter(
+        (i for _, i in found), dtype=np.int64, count=len(found)
+    )
+
+
+def _grid_column(
+    result: pa.Table, name: str, steps: int, rows: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]] | None:
+    """An Array(Nullable(Float64)) column as (not null, values) of shape (series, steps); None if not that shape."""
+    flat = result.column(name).combine_chunks().flatten()
+    if len(flat) != result.num_rows * steps:
+        return None
+    valid = flat.is_valid().to_numpy(zero_copy_only=False).reshape(-1, steps)[rows]
+    values = flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, steps)[rows]
+    return valid, values
 
 
 def _seconds(ms: int) -> str:
