@@ -320,3 +320,36 @@ def test_many_series_filter_samples_by_the_series_query_itself(stores, monkeypat
         want = Engine(mem).range_query(q, start, end, 60_000).value
         assert len(want) > 0
         _close_matrix(got, want)
+
+
+def test_label_sort_keys_order_like_the_label_tuples():
+    from kernel_insight.collector.query import _sort_key
+
+    rng = random.Random(9)
+    alphabet = ["", "a", "ab", "a_b", "b", "é", "Z", "a b", "\t"]
+    sets = []
+    for _ in range(2000):
+        n = rng.randint(1, 4)
+        sets.append(tuple(sorted({(rng.choice(alphabet[1:]), rng.choice(alphabet)) for _ in range(n)})))
+    keys = [_sort_key(s) for s in sets]
+    assert None not in keys
+    assert sorted(sets) == [s for _, s in sorted(zip(keys, sets, strict=True))]
+    assert _sort_key((("__name__", "x\x00y"),)) is None
+
+
+def test_series_whose_labels_have_no_sort_key_are_sorted_by_their_tuples():
+    from kernel_insight.collector.query import _sort_key, _sorted_rows
+
+    labels = [(("__name__", "b"),), (("__name__", "a\x01"),), (("__name__", "a"),)]
+    known = {fp: (lab, _sort_key(lab)) for fp, lab in enumerate(labels)}
+    assert known[1][1] is None
+    got, rows = _sorted_rows([0, 1, 2, 99], known)
+    assert got == sorted(labels)
+    assert rows.tolist() == [2, 1, 0]
+
+
+def test_select_columns_come_back_sorted_by_labels(stores):
+    ch, _ = stores
+    cols = ch.select_columns([Matcher("__name__", "=~", ".+")], BASE, BASE + POINTS * STEP)
+    assert cols.labels == sorted(cols.labels)
+    assert len(cols) == 24
