@@ -19,14 +19,11 @@ Several collectors over one ClickHouse share tokens through :class:`ClickHouseTo
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
-import stat
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -42,6 +39,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kernel_insight.api.errors import ApiError
 from kernel_insight.collector.keys import CLUSTER_REFRESH_S, MISS_REFRESH_S, next_version, versioned_table_ddl
+from kernel_insight.collector.private_json import PrivateJsonFile
 from kernel_insight.collector.store import StorageError, Store
 
 __all__ = [
@@ -61,7 +59,6 @@ __all__ = [
 #: Where ``ki tokens`` and the API look unless told otherwise (env KI_TOKEN_STORE overrides).
 DEFAULT_TOKEN_STORE = Path("ki-data/tokens.json")
 _FORMAT_VERSION = 1
-_RELOAD_CHECK_S = 0.5
 _PREFIX = "ki_"
 
 
@@ -117,19 +114,6 @@ def _parse_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
     if not out:
         raise TokenError("a token needs at least one scope")
     return tuple(sorted(set(out)))
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class TokenStoreBase(ABC):
@@ -205,60 +189,20 @@ class TokenStore(TokenStoreBase):
     def __init__(self, path: Path | str) -> None:
         super().__init__()
         self.path = Path(path)
-        self._tokens: dict[str, dict[str, Any]] = {}
-        self._stamp: tuple[int, int, int] | None = None
-        self._checked = 0.0
-        with self._lock:
-            self._load()
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _load(self) -> None:
-        stamp = self._file_stamp()
-        if stamp is None:
-            self._tokens, self._stamp = {}, None
-            return
-        mode = stat.S_IMODE(self.path.stat().st_mode)
-        if mode & 0o077:
-            raise TokenError(f"token store {self.path} is readable by others (mode {mode:04o}): chmod 600 it")
-        try:
-            doc = json.loads(self.path.read_text())
-            if doc.get("version") != _FORMAT_VERSION:
-                raise TokenError(
-                    f"token store {self.path}: unsupported format version {doc.get('version')!r}"
-                )
-            tokens = {str(t["id"]): t for t in doc["tokens"]}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise TokenError(f"token store {self.path} is corrupt ({type(exc).__name__})") from None
-        self._tokens, self._stamp = tokens, stamp
+        self._file = PrivateJsonFile(
+            self.path,
+            what="token store",
+            field="tokens",
+            version=_FORMAT_VERSION,
+            key=lambda t: str(t["id"]),
+            error=TokenError,
+        )
 
     def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        now = time.monotonic()
-        if now - self._checked >= _RELOAD_CHECK_S:
-            self._checked = now
-            if self._file_stamp() != self._stamp:
-                self._load()
-        return self._tokens
+        return self._file.current()
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with self._lock:
-                self._load()
-                yield self._tokens
-                doc = {"version": _FORMAT_VERSION, "tokens": list(self._tokens.values())}
-                _write_private(self.path, json.dumps(doc, indent=1).encode())
-                self._stamp = self._file_stamp()
-        finally:
-            os.close(fd)
+    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
+        return self._file.editing(self._lock)
 
 
 class ClickHouseTokenStore(TokenStoreBase):

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
 import secrets
-import stat
 import sys
 import threading
 import time
@@ -38,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.private_json import PrivateJsonFile, write_private
 from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store, quote
 
 __all__ = [
@@ -68,7 +67,6 @@ DEFAULT_STORE = Path("ki-data/keys.json")
 MAX_ACTIVE_KEYS = 2
 KEY_SIZE = 32
 _FORMAT_VERSION = 1
-_RELOAD_CHECK_S = 0.5
 #: Longest a collector over a ClickHouse key store serves from its cached copy: the revocation bound.
 CLUSTER_REFRESH_S = 1.0
 #: Soonest a lookup of an unknown agent re-reads the table (floods of unknown ids cost one read per this).
@@ -123,7 +121,7 @@ class AgentCredentials:
 
     def write_key_file(self, path: Path) -> None:
         """Create the file 0600 from the start, so the key is never readable by others."""
-        _write_private(path, self.key_file_text().encode())
+        write_private(path, self.key_file_text().encode())
 
 
 def read_key_file(path: Path) -> AgentCredentials:
@@ -157,19 +155,6 @@ class AgentInfo:
     revoked: bool
     active_key_ids: tuple[int, ...]
     retired_key_ids: tuple[int, ...]
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class KeyStoreBase(ABC):
@@ -307,66 +292,24 @@ class KeyStore(KeyStoreBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = Path(path)
-        self._agents: dict[bytes, dict[str, Any]] = {}
-        self._stamp: tuple[int, int, int] | None = None
-        self._checked = 0.0
-        self._load()
+        self._file = PrivateJsonFile(
+            self.path,
+            what="key store",
+            field="agents",
+            version=_FORMAT_VERSION,
+            key=lambda a: bytes.fromhex(a["agent_id"]),
+            error=KeyStoreError,
+        )
 
     def __repr__(self) -> str:
         return f"KeyStore({str(self.path)!r})"
 
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _load(self) -> None:
-        stamp = self._file_stamp()
-        if stamp is None:
-            self._agents, self._stamp = {}, None
-            return
-        st = self.path.stat()
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            raise KeyStoreError(
-                f"key store {self.path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
-            )
-        try:
-            doc = json.loads(self.path.read_text())
-            if doc.get("version") != _FORMAT_VERSION:
-                raise KeyStoreError(
-                    f"key store {self.path}: unsupported format version {doc.get('version')!r}"
-                )
-            agents = {bytes.fromhex(a["agent_id"]): a for a in doc["agents"]}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise KeyStoreError(f"key store {self.path} is corrupt ({type(exc).__name__})") from None
-        self._agents, self._stamp = agents, stamp
-
     def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
-        now = time.monotonic()
-        if now - self._checked >= _RELOAD_CHECK_S:
-            self._checked = now
-            if self._file_stamp() != self._stamp:
-                self._load()
-        return self._agents
+        return self._file.current()
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[bytes, dict[str, Any]]]:
+    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
         """Lock the file against other writers, reload, edit, write back atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with self._lock:
-                self._load()
-                yield self._agents
-                doc = {"version": _FORMAT_VERSION, "agents": list(self._agents.values())}
-                _write_private(self.path, json.dumps(doc, indent=1).encode())
-                self._stamp = self._file_stamp()
-        finally:
-            os.close(fd)
+        return self._file.editing(self._lock)
 
 
 class ClickHouseKeyStore(KeyStoreBase):

@@ -141,9 +141,8 @@ def test_unknown_agent_is_403(env):
 
 
 def test_revoked_agent_is_403(env, monkeypatch):
-    from kernel_insight.collector import keys
 
-    monkeypatch.setattr(keys, "_RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("kernel_insight.collector.private_json.RELOAD_CHECK_S", 0.0)
     client, store, creds, _, _ = env
     assert post(client, frame(creds, seq=0)).status_code == 200
     store.revoke(creds.agent_id)
@@ -153,9 +152,8 @@ def test_revoked_agent_is_403(env, monkeypatch):
 
 
 def test_rotated_key_and_old_key_both_accepted_until_retired(env, monkeypatch):
-    from kernel_insight.collector import keys
 
-    monkeypatch.setattr(keys, "_RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("kernel_insight.collector.private_json.RELOAD_CHECK_S", 0.0)
     client, store, creds, _, _ = env
     new = store.rotate(creds.agent_id)
     assert post(client, frame(creds, seq=0)).status_code == 200

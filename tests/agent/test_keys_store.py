@@ -59,7 +59,7 @@ def test_unknown_agent(store):
 
 
 def test_running_reader_sees_revocation_made_by_another_writer(store, tmp_path, monkeypatch):
-    monkeypatch.setattr(k, "_RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("kernel_insight.collector.private_json.RELOAD_CHECK_S", 0.0)
     c = store.add_agent("a")
     assert store.key_for(c.agent_id, 1) == c.key
     k.KeyStore(tmp_path / "keys.json").revoke(c.agent_id)

@@ -158,7 +158,7 @@ def test_bad_and_unknown_ids_are_400_and_404_never_500(client):
 
 def test_a_broken_key_store_is_a_503_not_a_500(client, key_store, monkeypatch):
     _enrol(client)
-    monkeypatch.setattr(k, "_RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("kernel_insight.collector.private_json.RELOAD_CHECK_S", 0.0)
     os.chmod(key_store.path, 0o644)
     key_store.path.touch()
     r = client.get("/v1/agents")

@@ -67,9 +67,8 @@ def test_remote_write_needs_a_token_with_the_ingest_scope(store, tokens: TokenSt
 
 
 def test_a_revoked_ingest_token_is_refused(store, tokens: TokenStore, monkeypatch):
-    import kernel_insight.api.auth as auth
 
-    monkeypatch.setattr(auth, "_RELOAD_CHECK_S", 0.0)
+    monkeypatch.setattr("kernel_insight.collector.private_json.RELOAD_CHECK_S", 0.0)
     client = TestClient(create_api_app(store, tokens=tokens, interval_s=3600))
     created = tokens.create("prometheus", ["ingest"])
     headers = {**BODY_HEADERS, "Authorization": f"Bearer {created.token}"}
