@@ -446,6 +446,11 @@ class StoreSource:
             f" WHERE metric IN ({names}) AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
         )
 
+    @staticmethod
+    def _metric_in(metrics: Sequence[str]) -> str:
+        """The samples key leads with metric: this filter skips every other metric's granules."""
+        return f"s.metric IN ({', '.join(_sql_string(m) for m in metrics)})"
+
     def collect(self, now_ms: int) -> list[InstanceFacts]:
         db = self.store.database
         rows = self.store.query(
@@ -471,7 +476,8 @@ class StoreSource:
             " SELECT any(f.instance) AS instance, any(f.metric) AS metric, argMax(s.value, s.ts) AS v,"
             "  toUnixTimestamp64Milli(max(s.ts)) AS t"
             f" FROM {db}.samples AS s INNER JOIN ({self._series(list(self.GAUGES), start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} GROUP BY s.fingerprint"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(list(self.GAUGES))}"
+            " GROUP BY s.fingerprint"
             ") WHERE NOT isNaN(v) AND instance != '' GROUP BY instance, metric"
         ).to_pylist()
         for g in gauges:
@@ -484,7 +490,8 @@ class StoreSource:
         latencies = self.store.query(
             "SELECT f.instance AS instance, quantilesExactInclusive(0.5, 0.9, 0.99)(s.value) AS q, count() AS n"
             f" FROM {db}.samples AS s INNER JOIN ({self._series([self.LATENCY_METRIC], start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} AND isFinite(s.value) GROUP BY instance"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in([self.LATENCY_METRIC])}"
+            " AND isFinite(s.value) GROUP BY instance"
         ).to_pylist()
         for lat in latencies:
             if lat["instance"] in facts:

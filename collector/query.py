@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.store import quote
@@ -301,11 +302,16 @@ FINGERPRINT_LIST_MAX = 4_000
 
 
 def _fingerprints_in(series: pa.Table, sub: str) -> str:
-    """The samples filter for the series just found: their fingerprints, or the series query itself."""
+    """The samples filter for the series just found: their metrics and fingerprints, or the series query itself.
+
+    The samples key leads with ``metric``, so naming the metrics lets the primary key skip every
+    other metric's granules before the fingerprints are looked at.
+    """
     if series.num_rows > FINGERPRINT_LIST_MAX:
-        return f"fingerprint IN (SELECT fingerprint FROM ({sub}))"
+        return f"(metric, fingerprint) IN (SELECT s_metric, fingerprint FROM ({sub}))"
+    metrics = ",".join(quote(str(m)) for m in pc.unique(series.column("s_metric")).to_pylist())
     fps = ",".join(str(fp) for fp in series.column("fingerprint").to_numpy().tolist())
-    return f"fingerprint IN ({fps})"
+    return f"metric IN ({metrics}) AND fingerprint IN ({fps})"
 
 
 def _grid_params(start_ms: int, steps: int, step_ms: int, window_ms: int) -> str:

@@ -143,14 +143,16 @@ SCHEMA: tuple[Table, ...] = (
     ),
     Table(
         name="samples",
-        comment="Float samples, ordered by series then time so each series compresses as one run.",
+        comment="Float samples, ordered by metric, series, time: a selector reads its metric's granules only.",
         columns=(
+            # Leading the key: a metric's series share granules instead of ~6 random metrics per granule.
+            Column("metric", "LowCardinality(String)", "ZSTD(1)", "the __name__ label"),
             Column("fingerprint", "UInt64", "Delta, ZSTD(1)"),
             # ZSTD(3) over ZSTD(1): 1.48 instead of 1.50 bytes/sample on bench/ingest data, same ingest rate.
             Column("ts", _TS_MS, "DoubleDelta, ZSTD(3)"),
             Column("value", "Float64", "Gorilla, ZSTD(3)"),
         ),
-        order_by=("fingerprint", "ts"),
+        order_by=("metric", "fingerprint", "ts"),
         partition_by="toDate(ts)",
         ttl_column="toDateTime(ts)",
         retention_key="samples_days",

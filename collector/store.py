@@ -194,8 +194,15 @@ class Store(ABC):
             (self._fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
         )
         self._upsert_series(batch, fps, None if dedup_token is None else f"{dedup_token}:series")
+        # The metric column as a dictionary of the batch's distinct names (chDB wants them unique).
+        names, codes = np.unique([dict(s)["__name__"] for s in batch.series], return_inverse=True)
+        metric = pa.DictionaryArray.from_arrays(
+            pa.array(codes.astype(np.int32)[batch.series_idx], pa.int32()),
+            pa.array(names.tolist(), pa.string()),
+        )
         data = pa.table(
             {
+                "metric": metric,
                 "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
                 "ts": pa.array(batch.ts_ms, pa.timestamp("ms", tz="UTC")),
                 "value": pa.array(batch.values, pa.float64()),

@@ -19,16 +19,17 @@ COMMENT 'One row per series per day it had samples: the label index kql matchers
 
 CREATE TABLE IF NOT EXISTS ki.samples
 (
+    metric LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the __name__ label',
     fingerprint UInt64 CODEC(Delta, ZSTD(1)),
     ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
     value Float64 CODEC(Gorilla, ZSTD(3))
 )
 ENGINE = MergeTree()
 PARTITION BY toDate(ts)
-ORDER BY (fingerprint, ts)
+ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1
-COMMENT 'Float samples, ordered by series then time so each series compresses as one run.';
+COMMENT 'Float samples, ordered by metric, series, time: a selector reads its metric\'s granules only.';
 
 CREATE TABLE IF NOT EXISTS ki.kernel_spans
 (

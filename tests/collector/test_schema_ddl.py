@@ -33,7 +33,7 @@ def test_samples_table_uses_codecs_day_partitions_and_ttl():
     assert "CODEC(Gorilla, ZSTD(3))" in samples
     assert "PARTITION BY toDate(ts)" in samples
     assert "TTL toDateTime(ts) + INTERVAL 12 DAY" in samples
-    assert "ORDER BY (fingerprint, ts)" in samples
+    assert "ORDER BY (metric, fingerprint, ts)" in samples
 
 
 def test_zero_retention_means_no_ttl():
