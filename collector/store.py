@@ -137,6 +137,7 @@ class Store(ABC):
         else:
             statements = cluster_ddl(self.database, self.cluster, self.retention)
             suffix, on_cluster = "_local", f" ON CLUSTER `{self.cluster}`"
+        self._migrate_samples_without_metric(suffix)
         for statement in statements:
             self.command(statement)
         # ALTER only where the retention changed: MODIFY TTL re-evaluates every part of the table.
@@ -160,6 +161,36 @@ class Store(ABC):
             )
 
     # ---- public SQL ------------------------------------------------------------------
+
+    def _migrate_samples_without_metric(self, suffix: str) -> None:
+        """Stores made before samples were ordered by metric: move the old table aside, so the
+        new one is created, and copy its rows over with the metric from the series index."""
+        table = f"samples{suffix}"
+        columns = (
+            self.query(
+                f"SELECT name FROM system.columns WHERE database = {quote(self.database)} AND table = {quote(table)}"
+            )
+            .column("name")
+            .to_pylist()
+        )
+        if not columns or "metric" in columns:
+            return
+        if self.cluster is not None:
+            raise StorageError(
+                f"{self.database}.{table} has the layout of an older version (no metric column); "
+                "migrate it on the cluster first (docs/storage.md, 'Upgrading')"
+            )
+        old = f"{self.database}.samples_before_metric"
+        self.command(f"RENAME TABLE {self._table('samples')} TO {old}")
+        for statement in single_ddl(self.database, self.retention):
+            self.command(statement)
+        self.command(
+            f"INSERT INTO {self._table('samples')} (metric, fingerprint, ts, value) "
+            f"SELECT m.metric, o.fingerprint, o.ts, o.value FROM {old} AS o "
+            f"INNER JOIN (SELECT DISTINCT fingerprint, metric FROM {self._table('series')}) AS m "
+            "ON o.fingerprint = m.fingerprint"
+        )
+        self.command(f"DROP TABLE {old}")
 
     def command(self, sql: str) -> None:
         self._check_open()
