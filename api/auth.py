@@ -21,26 +21,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
-import re
 import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kernel_insight.api.errors import ApiError
-from kernel_insight.collector.keys import CLUSTER_REFRESH_S, MISS_REFRESH_S, next_version, versioned_table_ddl
-from kernel_insight.collector.private_json import PrivateJsonFile
-from kernel_insight.collector.store import StorageError, Store
+from kernel_insight.collector.private_json import PrivateJsonFile, VersionedJsonTable
+from kernel_insight.collector.store import Store
 
 __all__ = [
     "DEFAULT_TOKEN_STORE",
@@ -216,70 +212,32 @@ class ClickHouseTokenStore(TokenStoreBase):
 
     def __init__(self, store: Store, *, table: str = "api_tokens", refresh_s: float | None = None) -> None:
         super().__init__()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
-            raise ValueError(f"invalid table name {table!r}")
         self.store = store
         self.table = table
-        self.refresh_s = CLUSTER_REFRESH_S if refresh_s is None else refresh_s
-        self._tokens: dict[str, dict[str, Any]] = {}
-        self._versions: dict[str, int] = {}
-        self._loaded = -float("inf")
-        try:
-            store.command(versioned_table_ddl(store, table, "token_id", "API bearer tokens (docs/api.md)"))
-        except StorageError as exc:
-            raise TokenError(f"cannot create the token table: {exc}") from None
+        self._table: VersionedJsonTable[str] = VersionedJsonTable(
+            store,
+            table,
+            id_column="token_id",
+            what="token table",
+            comment="API bearer tokens (docs/api.md)",
+            encode_id=str,
+            decode_id=str,
+            error=TokenError,
+            refresh_s=refresh_s,
+        )
+
+    @property
+    def refresh_s(self) -> float:
+        return self._table.refresh_s
 
     def __repr__(self) -> str:
         return f"ClickHouseTokenStore({self.store.database}.{self.table})"
 
-    def _load(self) -> None:
-        try:
-            rows = self.store.query(
-                "SELECT token_id, max(version) AS v, argMax(doc, version) AS doc "
-                f"FROM {self.store.database}.{self.table} GROUP BY token_id"
-            ).to_pylist()
-        except StorageError as exc:
-            raise TokenError(f"token table {self.store.database}.{self.table} unreadable: {exc}") from None
-        try:
-            self._tokens = {str(r["token_id"]): json.loads(r["doc"]) for r in rows}
-        except (ValueError, TypeError) as exc:
-            raise TokenError(f"token table holds a corrupt record ({type(exc).__name__})") from None
-        self._versions = {str(r["token_id"]): int(r["v"]) for r in rows}
-        self._loaded = time.monotonic()
-
     def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        age = time.monotonic() - self._loaded
-        if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
-            self._load()
-        return self._tokens
+        return self._table.current(miss=miss)
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
-        with self._lock:
-            self._load()
-            before = {t: json.dumps(r, sort_keys=True) for t, r in self._tokens.items()}
-            yield self._tokens
-            changed = [
-                (t, doc)
-                for t, r in self._tokens.items()
-                if before.get(t) != (doc := json.dumps(r, sort_keys=True))
-            ]
-            if not changed:
-                return
-            versions = [next_version(self._versions.get(t, 0)) for t, _ in changed]
-            data = pa.table(
-                {
-                    "token_id": pa.array([t for t, _ in changed], pa.string()),
-                    "version": pa.array(versions, pa.uint64()),
-                    "doc": pa.array([d for _, d in changed], pa.string()),
-                }
-            )
-            try:
-                self.store.insert_table(self.table, data)
-            except StorageError as exc:
-                self._loaded = -float("inf")
-                raise TokenError(f"token table {self.table}: write failed: {exc}") from None
-            self._versions.update((t, v) for (t, _), v in zip(changed, versions, strict=True))
+    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
+        return self._table.editing(self._lock)
 
 
 def open_token_store(target: str | Path | Store) -> TokenStoreBase:

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import secrets
 import sys
 import threading
@@ -34,10 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
-
-from kernel_insight.collector.private_json import PrivateJsonFile, write_private
-from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store, quote
+from kernel_insight.collector.private_json import (
+    CLUSTER_REFRESH_S,
+    MISS_REFRESH_S,
+    PrivateJsonFile,
+    VersionedJsonTable,
+    next_version,
+    versioned_table_ddl,
+    write_private,
+)
+from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -67,10 +72,6 @@ DEFAULT_STORE = Path("ki-data/keys.json")
 MAX_ACTIVE_KEYS = 2
 KEY_SIZE = 32
 _FORMAT_VERSION = 1
-#: Longest a collector over a ClickHouse key store serves from its cached copy: the revocation bound.
-CLUSTER_REFRESH_S = 1.0
-#: Soonest a lookup of an unknown agent re-reads the table (floods of unknown ids cost one read per this).
-MISS_REFRESH_S = 0.2
 
 
 class KeyStoreError(Exception):
@@ -329,103 +330,32 @@ class ClickHouseKeyStore(KeyStoreBase):
 
     def __init__(self, store: Store, *, table: str = "agent_keys", refresh_s: float | None = None) -> None:
         super().__init__()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
-            raise ValueError(f"invalid table name {table!r}")
         self.store = store
+        self._table = VersionedJsonTable(
+            store,
+            table,
+            id_column="agent_id",
+            what="key store table",
+            comment="agent records and keys (docs/storage.md)",
+            encode_id=bytes.hex,
+            decode_id=bytes.fromhex,
+            error=KeyStoreError,
+            refresh_s=refresh_s,
+        )
         self.table = table
-        self.refresh_s = CLUSTER_REFRESH_S if refresh_s is None else refresh_s
-        self._agents: dict[bytes, dict[str, Any]] = {}
-        self._versions: dict[bytes, int] = {}
-        self._loaded = -float("inf")
-        self._create_table()
+
+    @property
+    def refresh_s(self) -> float:
+        return self._table.refresh_s
 
     def __repr__(self) -> str:
         return f"ClickHouseKeyStore({self.store.database}.{self.table})"
 
-    def _create_table(self) -> None:
-        self.store.command(
-            versioned_table_ddl(
-                self.store, self.table, "agent_id", "agent records and keys (docs/storage.md)"
-            )
-        )
-
-    def _load(self) -> None:
-        try:
-            rows = self.store.query(
-                f"SELECT agent_id, max(version) AS v, argMax(doc, version) AS doc "
-                f"FROM {self.store.database}.{self.table} GROUP BY agent_id"
-            ).to_pylist()
-        except StorageError as exc:
-            raise KeyStoreError(
-                f"key store table {self.store.database}.{self.table} unreadable: {exc}"
-            ) from None
-        try:
-            agents = {bytes.fromhex(r["agent_id"]): json.loads(r["doc"]) for r in rows}
-        except (ValueError, TypeError) as exc:
-            raise KeyStoreError(f"key store table holds a corrupt record ({type(exc).__name__})") from None
-        self._agents = agents
-        self._versions = {bytes.fromhex(r["agent_id"]): int(r["v"]) for r in rows}
-        self._loaded = time.monotonic()
-
     def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
-        age = time.monotonic() - self._loaded
-        if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
-            self._load()
-        return self._agents
+        return self._table.current(miss=miss)
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[bytes, dict[str, Any]]]:
-        with self._lock:
-            self._load()
-            before = {a: json.dumps(r, sort_keys=True) for a, r in self._agents.items()}
-            yield self._agents
-            changed = [
-                (a, json.dumps(r, sort_keys=True))
-                for a, r in self._agents.items()
-                if before.get(a) != json.dumps(r, sort_keys=True)
-            ]
-            if not changed:
-                return
-            versions = [next_version(self._versions.get(a, 0)) for a, _ in changed]
-            data = pa.table(
-                {
-                    "agent_id": pa.array([a.hex() for a, _ in changed], pa.string()),
-                    "version": pa.array(versions, pa.uint64()),
-                    "doc": pa.array([d for _, d in changed], pa.string()),
-                }
-            )
-            try:
-                self.store.insert_table(self.table, data)  # Arrow, not SQL: keys never in statement text
-            except StorageError as exc:
-                self._loaded = -float("inf")  # what we hold in memory was never written
-                raise KeyStoreError(f"key store table {self.table}: write failed: {exc}") from None
-            self._versions.update((a, v) for (a, _), v in zip(changed, versions, strict=True))
-
-
-def next_version(previous: int) -> int:
-    """A row version above ``previous`` and, clocks agreeing, above any other writer's earlier one."""
-    return max(time.time_ns(), previous + 1)
-
-
-def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` for a small (key, version, doc) table where the newest version wins.
-
-    On a cluster the table is replicated to every node and not sharded (the same ZooKeeper
-    path for all shards): every collector reads it whole from whichever node it talks to.
-    """
-    name = f"{store.database}.{table}"
-    columns = f"({key} String, version UInt64, doc String)"
-    if store.cluster is None:
-        engine = "ReplacingMergeTree(version)"
-        on_cluster = ""
-    else:
-        path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
-        engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
-        on_cluster = f" ON CLUSTER `{store.cluster}`"
-    return (
-        f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} {columns} ENGINE = {engine} "
-        f"ORDER BY {key} COMMENT {quote(comment)}"
-    )
+    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
+        return self._table.editing(self._lock)
 
 
 # ---- ki keys ... -----------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""A JSON document of secret records in a file of mode 0600, shared by processes.
+"""Secret records (agent keys, API tokens) as JSON documents: in a 0600 file, or in a ClickHouse table.
 
-The agent key store and the API token store keep the same kind of file: writers
-(``ki keys``, ``ki tokens``, the admin API) take an exclusive lock and replace the
-file atomically; a running collector notices the change on its next lookup, so a
-revocation takes effect within a second, without a restart.
+The agent key store and the API token store keep the same two kinds of store. In a
+file, writers (``ki keys``, ``ki tokens``, the admin API) take an exclusive lock and
+replace the file atomically; a running collector notices the change on its next
+lookup. In a table (several collectors over one ClickHouse), one row per edit, the
+newest version wins, and every process re-reads the table within a bound.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -19,10 +21,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-__all__ = ["RELOAD_CHECK_S", "PrivateJsonFile", "write_private"]
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.collector.store import StorageError, Store, quote
+
+__all__ = [
+    "CLUSTER_REFRESH_S",
+    "MISS_REFRESH_S",
+    "RELOAD_CHECK_S",
+    "PrivateJsonFile",
+    "VersionedJsonTable",
+    "next_version",
+    "versioned_table_ddl",
+    "write_private",
+]
 
 #: A reader looks at the file's inode, mtime and size at most this often.
 RELOAD_CHECK_S = 0.5
+#: Longest a collector over a ClickHouse table store serves from its cached copy: the revocation bound.
+CLUSTER_REFRESH_S = 1.0
+#: Soonest a lookup of an unknown id re-reads the table (floods of unknown ids cost one read per this).
+MISS_REFRESH_S = 0.2
 
 K = TypeVar("K")
 
@@ -119,3 +138,119 @@ class PrivateJsonFile(Generic[K]):
                 self._stamp = self._file_stamp()
         finally:
             os.close(fd)
+
+
+def next_version(previous: int) -> int:
+    """A row version above ``previous`` and, clocks agreeing, above any other writer's earlier one."""
+    return max(time.time_ns(), previous + 1)
+
+
+def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for a small (key, version, doc) table where the newest version wins.
+
+    On a cluster the table is replicated to every node and not sharded (the same ZooKeeper
+    path for all shards): every collector reads it whole from whichever node it talks to.
+    """
+    name = f"{store.database}.{table}"
+    columns = f"({key} String, version UInt64, doc String)"
+    if store.cluster is None:
+        engine = "ReplacingMergeTree(version)"
+        on_cluster = ""
+    else:
+        path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
+        engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
+        on_cluster = f" ON CLUSTER `{store.cluster}`"
+    return (
+        f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} {columns} ENGINE = {engine} "
+        f"ORDER BY {key} COMMENT {quote(comment)}"
+    )
+
+
+class VersionedJsonTable(Generic[K]):
+    """Records as a ClickHouse table (``<id>``, ``version``, ``doc``), for several collectors.
+
+    The newest version of a record wins (``argMax``; ReplacingMergeTree folds old rows away).
+    :meth:`current` re-reads the table at least every ``refresh_s``, and at once (at most
+    every :data:`MISS_REFRESH_S`) when the caller missed an id, so a record made through one
+    collector is usable through another at once and a revocation is honoured everywhere
+    within ``refresh_s``. Records reach the engine only as Arrow data, never inside SQL
+    text, so no engine error can quote a secret. Concurrent edits of one record through two
+    processes: the later write wins.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        table: str,
+        *,
+        id_column: str,
+        what: str,
+        comment: str,
+        encode_id: Callable[[K], str],
+        decode_id: Callable[[str], K],
+        error: type[Exception],
+        refresh_s: float | None = None,
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table):
+            raise ValueError(f"invalid table name {table!r}")
+        self.store, self.table, self._id = store, table, id_column
+        self._what, self._encode, self._decode, self._error = what, encode_id, decode_id, error
+        self.refresh_s = CLUSTER_REFRESH_S if refresh_s is None else refresh_s
+        self.records: dict[K, dict[str, Any]] = {}
+        self._versions: dict[K, int] = {}
+        self._loaded = -float("inf")
+        try:
+            store.command(versioned_table_ddl(store, table, id_column, comment))
+        except StorageError as exc:
+            raise error(f"cannot create the {what} {store.database}.{table}: {exc}") from None
+
+    def reload(self) -> None:
+        name = f"{self.store.database}.{self.table}"
+        try:
+            rows = self.store.query(
+                f"SELECT {self._id}, max(version) AS v, argMax(doc, version) AS doc FROM {name} GROUP BY {self._id}"
+            ).to_pylist()
+        except StorageError as exc:
+            raise self._error(f"{self._what} {name} unreadable: {exc}") from None
+        try:
+            records = {self._decode(r[self._id]): json.loads(r["doc"]) for r in rows}
+        except (ValueError, TypeError) as exc:
+            raise self._error(f"{self._what} holds a corrupt record ({type(exc).__name__})") from None
+        self.records = records
+        self._versions = {self._decode(r[self._id]): int(r["v"]) for r in rows}
+        self._loaded = time.monotonic()
+
+    def current(self, *, miss: bool = False) -> dict[K, dict[str, Any]]:
+        age = time.monotonic() - self._loaded
+        if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
+            self.reload()
+        return self.records
+
+    @contextlib.contextmanager
+    def editing(self, lock: threading.Lock) -> Iterator[dict[K, dict[str, Any]]]:
+        """Reload, let the caller edit the records in place, then write one new row per changed record."""
+        with lock:
+            self.reload()
+            before = {i: json.dumps(r, sort_keys=True) for i, r in self.records.items()}
+            yield self.records
+            changed = [
+                (i, doc)
+                for i, r in self.records.items()
+                if before.get(i) != (doc := json.dumps(r, sort_keys=True))
+            ]
+            if not changed:
+                return
+            versions = [next_version(self._versions.get(i, 0)) for i, _ in changed]
+            data = pa.table(
+                {
+                    self._id: pa.array([self._encode(i) for i, _ in changed], pa.string()),
+                    "version": pa.array(versions, pa.uint64()),
+                    "doc": pa.array([d for _, d in changed], pa.string()),
+                }
+            )
+            try:
+                self.store.insert_table(self.table, data)
+            except StorageError as exc:
+                self._loaded = -float("inf")  # what we hold in memory was never written
+                raise self._error(f"{self._what} {self.table}: write failed: {exc}") from None
+            self._versions.update((i, v) for (i, _), v in zip(changed, versions, strict=True))
