@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
 from kernel_insight.api import (
@@ -135,25 +131,3 @@ def build_app(
         app.include_router(router)
     install_error_handlers(app)
     return app, snapshotter
-
-
-@contextlib.contextmanager
-def running_server(app: FastAPI) -> Iterator[str]:
-    """``app`` under a real uvicorn on 127.0.0.1 and an ephemeral port, in a thread; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive(), "uvicorn exited"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()

@@ -9,7 +9,7 @@ import warnings
 from datetime import UTC
 
 import pytest
-from api_helpers import running_server
+from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
 from kernel_insight.collector.rows import SampleBuilder

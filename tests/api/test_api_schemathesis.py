@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 import schemathesis
-from api_helpers import running_server
 from hypothesis import HealthCheck, given, settings
+from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder

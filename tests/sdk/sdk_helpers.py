@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
-from collections.abc import Iterator
 
 import httpx
-import uvicorn
 
 from kernel_insight.api.health import HealthRule, InstanceFacts, build_snapshot
 
@@ -75,25 +70,3 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-@contextlib.contextmanager
-def running_server(app) -> Iterator[str]:
-    """``app`` under a real uvicorn on 127.0.0.1 and an ephemeral port, in a thread; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive(), "uvicorn exited"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from sdk_helpers import running_server
+from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
