@@ -86,7 +86,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
-        store = open_store(args.store)
+        cache = None if args.query_cache_mb is None else int(args.query_cache_mb * 1024 * 1024)
+        store = open_store(args.store, cache_bytes=cache)
     except (StorageError, ValueError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2
@@ -141,6 +142,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default="auto",
         help="where agent keys and tokens live: files (--keys, --tokens) or tables in the store "
         "(auto: tables for a ClickHouse URL, files for a data directory; docs/storage.md)",
+    )
+    s.add_argument(
+        "--query-cache-mb",
+        type=float,
+        default=None,
+        help="memory for decoded past hours that kql re-reads (default 256 for a data directory, "
+        "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
     s.set_defaults(handler=_serve)

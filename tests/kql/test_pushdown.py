@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.sample_cache import SampleCache
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.pushdown import (
@@ -52,11 +53,20 @@ def _data(seed: int) -> list[tuple[dict[str, str], list[int], list[float]]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb"])
+@pytest.fixture(scope="module", params=["embedded", "embedded-cached", "clickhouse-connect-chdb"])
 def stores(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     # clickhouse-connect's own chDB backend runs the ServerStore code path (its Arrow conversion) in process.
-    store = EmbeddedStore(path) if request.param == "embedded" else ServerStore.connect(f"chdb://{path}")
+    # "embedded" has its sample cache off, so the ClickHouse push-down answers; with the cache on
+    # (the default) every read of these settled hours comes from decoded blocks in memory.
+    if request.param == "embedded":
+        store = EmbeddedStore(path, cache_bytes=0)
+    elif request.param == "embedded-cached":
+        store = EmbeddedStore(path)
+        # Every hour of the data settled, whatever the minute the suite runs at.
+        store.sample_cache = SampleCache(64 << 20, clock=lambda: (BASE + 10 * 3_600_000) / 1000)
+    else:
+        store = ServerStore.connect(f"chdb://{path}")
     mem = MemoryStorage()
     b = SampleBuilder()
     for labels, ts, vs in _data(11):
@@ -224,14 +234,24 @@ def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores):
     assert seen > 0
 
 
-def test_selector_grid_is_computed_in_clickhouse(stores, monkeypatch):
-    ch, mem = stores
+def _refuse_the_slower_path(ch, monkeypatch, what: str) -> None:
+    """Pushed down, a grid query must not read raw samples; with the sample cache on, it must
+    read them (from memory) and never ask ClickHouse for a grid."""
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a selector on a grid should not read raw samples")
+        raise AssertionError(what)
 
-    monkeypatch.setattr(ch, "select_columns", refuse)
+    if ch.sample_cache is None:
+        monkeypatch.setattr(ch, "select_columns", refuse)
+    else:
+        monkeypatch.setattr(ch._store, "query", refuse)  # every hour is cached after a first read
+
+
+def test_selector_grid_is_computed_in_clickhouse(stores, monkeypatch):
+    ch, mem = stores
     start, end = BASE + 600_500, BASE + 3_000_500
+    Engine(ch).range_query("gpu_temp", start, end, 60_000)  # fills the cache, where there is one
+    _refuse_the_slower_path(ch, monkeypatch, "a selector on a grid read raw samples (or, cached, ClickHouse)")
     got = Engine(ch).range_query("gpu_temp", start, end, 60_000).value
     _same_matrix(got, Engine(mem).range_query("gpu_temp", start, end, 60_000).value)
     assert len(got) == 12
@@ -266,13 +286,10 @@ def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, func, 
 
 def test_range_function_grid_is_computed_in_clickhouse(stores, monkeypatch):
     ch, mem = stores
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("rate on a grid should not read raw samples")
-
-    monkeypatch.setattr(ch, "select_columns", refuse)
     query = "sum by (instance) (rate(launches_total[5m] offset 1m))"
     start, end = BASE + 600_500, BASE + 3_000_500
+    Engine(ch).range_query(query, start, end, 60_000)  # fills the cache, where there is one
+    _refuse_the_slower_path(ch, monkeypatch, "rate on a grid read raw samples (or, cached, ClickHouse)")
     got = Engine(ch).range_query(query, start, end, 60_000).value
     _close_matrix(got, Engine(mem).range_query(query, start, end, 60_000).value)
     assert len(got) == 3

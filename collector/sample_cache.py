@@ -1,0 +1,189 @@
+"""Decoded samples of whole past hours in memory, so queries that re-read them skip ClickHouse.
+
+Dashboards and alert rules read the same recent hours over and over; decoding them from
+ClickHouse (Gorilla + ZSTD, then Arrow) costs more than the PromQL evaluation itself, which is
+why Prometheus keeps its recent data in memory. This cache holds one entry per metric and
+UTC hour: every series of the metric with samples in that hour, as numpy columns. It is exact,
+not a time-to-live cache: the store invalidates the (metric, hour) pairs of every insert after
+it commits, and a fill that raced an insert to its hour is thrown away (see :meth:`put`).
+That needs every write to pass through this process, which is true for the embedded store
+(one process per data directory); a ClickHouse server may have other writers, so the cache is
+off there unless configured.
+
+Hours still being written (the current one, up to ``settle_ms`` after it ends) are never
+cached: live ingestion would invalidate them every batch. Queries read those from ClickHouse.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["BLOCK_MS", "DEFAULT_CACHE_BYTES", "CacheStats", "SampleBlock", "SampleCache"]
+
+#: One cache entry spans one UTC hour of one metric.
+BLOCK_MS = 3_600_000
+
+#: The embedded store's default budget: ~16 M decoded samples.
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+#: Pairs remembered as recently invalidated before the memory is reset (see ``_touched``).
+_TOUCHED_MAX = 100_000
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleBlock:
+    """One metric's samples in one hour: series ``fps[i]`` owns ``offsets[i]:offsets[i+1]``.
+
+    ``fps`` ascend and are unique; each series' timestamps ascend without duplicates.
+    """
+
+    fps: U64
+    offsets: I64
+    ts: I64
+    vs: F64
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.fps.nbytes + self.offsets.nbytes + self.ts.nbytes + self.vs.nbytes)
+
+    @classmethod
+    def from_sorted(cls, fps: U64, ts: I64, vs: F64) -> SampleBlock:
+        """From samples ordered by (fingerprint, ts), one row per sample."""
+        if len(fps) == 0:
+            return cls(np.empty(0, np.uint64), np.zeros(1, np.int64), ts[:0], vs[:0])
+        starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
+        offsets = np.append(starts, len(fps)).astype(np.int64)
+        return cls(np.ascontiguousarray(fps[starts]), offsets, ts, vs)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    fills_discarded: int
+
+
+class SampleCache:
+    """An LRU of :class:`SampleBlock` per (metric, hour start in ms), bounded in bytes; thread-safe.
+
+    Example::
+
+        cache = SampleCache(64 << 20)
+        gen = cache.generation()              # before reading ClickHouse
+        ...                                   # read the hour
+        cache.put("gpu_power_watts", hour, block, gen)
+        cache.get("gpu_power_watts", hour)
+    """
+
+    def __init__(
+        self, max_bytes: int, *, settle_ms: int = 120_000, clock: Callable[[], float] = time.time
+    ) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.settle_ms = settle_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, int], SampleBlock] = OrderedDict()
+        self._bytes = 0
+        self._gen = 0
+        # When each recently invalidated pair was invalidated, so a fill that began before then
+        # is refused; fills that began before ``_floor`` are refused outright.
+        self._touched: dict[tuple[str, int], int] = {}
+        self._floor = 0
+        self._hits = self._misses = self._discarded = 0
+
+    # ---- what may be cached ------------------------------------------------------------
+
+    def cacheable_before(self) -> int:
+        """Hours starting before this time (ms) are complete and settled: they may be cached."""
+        return int(self._clock() * 1000) - self.settle_ms - BLOCK_MS + 1
+
+    # ---- reads and fills ---------------------------------------------------------------
+
+    def generation(self) -> int:
+        """Take this before reading ClickHouse for a fill; hand it to :meth:`put`."""
+        with self._lock:
+            return self._gen
+
+    def get(self, metric: str, block: int) -> SampleBlock | None:
+        with self._lock:
+            entry = self._entries.get((metric, block))
+            if entry is None:
+                self._misses += 1
+                return None
+            self._entries.move_to_end((metric, block))
+            self._hits += 1
+            return entry
+
+    def put(self, metric: str, block: int, entry: SampleBlock, generation: int) -> bool:
+        """Keep ``entry`` unless its hour was written since ``generation`` was taken (a stale read)."""
+        key = (metric, block)
+        size = entry.nbytes
+        with self._lock:
+            if generation < self._floor or self._touched.get(key, -1) > generation:
+                self._discarded += 1
+                return False
+            if size > self.max_bytes:
+                return False
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[key] = entry
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+            return True
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def invalidate(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Forget these (metric, hour) entries; call after the write to them committed."""
+        with self._lock:
+            self._gen += 1
+            if len(self._touched) > _TOUCHED_MAX:
+                self._touched.clear()
+                self._floor = self._gen
+            for key in pairs:
+                self._touched[key] = self._gen
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= old.nbytes
+
+    def invalidate_samples(self, metrics: list[str], codes: npt.NDArray[np.int64], ts_ms: I64) -> None:
+        """Invalidate the hours a batch of samples fell in: sample ``i`` is ``metrics[codes[i]]`` at ``ts_ms[i]``."""
+        if len(ts_ms) == 0:
+            return
+        hours = ts_ms // BLOCK_MS
+        pairs = np.unique(np.stack([codes.astype(np.int64), hours]), axis=1)
+        self.invalidate((metrics[int(c)], int(h) * BLOCK_MS) for c, h in pairs.T.tolist())
+
+    def clear(self) -> None:
+        """Forget everything, and refuse fills already under way (after a write we cannot map to hours)."""
+        with self._lock:
+            self._gen += 1
+            self._floor = self._gen
+            self._touched.clear()
+            self._entries.clear()
+            self._bytes = 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                len(self._entries), self._bytes, self.max_bytes, self._hits, self._misses, self._discarded
+            )

@@ -1,0 +1,226 @@
+"""The decoded-hours sample cache: reads through it equal reads without it, and writes are never hidden."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache
+from kernel_insight.collector.store import EmbeddedStore, ServerStore, open_store
+from kernel_insight.kql.pushdown import SeriesColumns
+from kernel_insight.kql.storage import STALE_NAN, Matcher
+
+# A whole UTC hour, recent enough for the default retention (samples older than it are dropped).
+HOUR0 = int(time.time() * 1000) // BLOCK_MS * BLOCK_MS - 6 * BLOCK_MS
+HOURS = 3
+STEP = 15_000
+
+
+def _batch(seed: int, hours: int = HOURS) -> SampleBuilder:
+    rng = random.Random(seed)
+    b = SampleBuilder()
+    for metric in ("gpu_temp", "gpu_power", "launches_total"):
+        for inst in ("n0", "n1", "n2"):
+            for gpu in range(3):
+                if rng.random() < 0.15:
+                    continue  # not every GPU has every metric
+                first = rng.randrange(0, hours * BLOCK_MS // 2)  # series appear at different times
+                ts = [
+                    t + rng.randint(-2000, 2000) for t in range(HOUR0 + first, HOUR0 + hours * BLOCK_MS, STEP)
+                ]
+                vs = [rng.gauss(60, 10) if rng.random() > 0.02 else STALE_NAN for _ in ts]
+                labels = {"__name__": metric, "instance": inst, "gpu": str(gpu)}
+                if metric == "launches_total":
+                    labels["kernel"] = rng.choice(["gemm", "attn"])
+                b.add_series(labels, ts, vs)
+    return b
+
+
+def _clock_at(ms: int) -> SampleCache:
+    return SampleCache(64 << 20, clock=lambda: ms / 1000)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = EmbeddedStore(tmp_path / "d")
+    batch = _batch(3).build()
+    s.insert_samples(batch)
+    s.insert_samples(batch)  # stored twice, read once
+    yield s
+    s.close()
+
+
+def _same(a: SeriesColumns, b: SeriesColumns) -> None:
+    assert a.labels == b.labels
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    np.testing.assert_array_equal(a.ts, b.ts)
+    np.testing.assert_array_equal(a.vs.view(np.uint64), b.vs.view(np.uint64))
+
+
+MATCHERS = [
+    [Matcher("__name__", "=", "gpu_temp")],
+    [Matcher("__name__", "=", "gpu_power"), Matcher("instance", "=~", "n[01]")],
+    [Matcher("__name__", "=", "launches_total"), Matcher("kernel", "!=", "gemm"), Matcher("gpu", "!~", "2")],
+    [Matcher("__name__", "=", "gpu_temp"), Matcher("missing", "=", "")],
+    [Matcher("__name__", "=", "gpu_temp"), Matcher("instance", "=", "nowhere")],
+    [Matcher("__name__", "=~", "gpu_.*")],  # two metrics, found through the series table
+    [Matcher("instance", "=", "n2")],  # no metric named at all
+]
+
+
+@pytest.mark.parametrize("settled_hours", [0, 1, 2, 3])
+def test_reads_through_the_cache_equal_reads_without_it(store, settled_hours):
+    """Random windows over 3 h, with 0-3 of the hours settled (cached) and the rest read from ClickHouse."""
+    # Hours before this clock's settle line are cacheable: exactly ``settled_hours`` of them.
+    now = HOUR0 + settled_hours * BLOCK_MS + 3 * 60_000
+    store.sample_cache = _clock_at(now)
+    cached, plain = store.storage(), store.storage(use_cache=False)
+    rng = random.Random(settled_hours)
+    found = 0
+    for _ in range(25):
+        start = HOUR0 + rng.randrange(-BLOCK_MS // 2, HOURS * BLOCK_MS)
+        end = start + rng.randrange(0, 2 * BLOCK_MS)
+        for matchers in MATCHERS:
+            got = cached.select_columns(matchers, start, end)
+            _same(got, plain.select_columns(matchers, start, end))
+            found += len(got) > 0
+    assert found > 100  # most of the 175 reads found series
+    stats = store.sample_cache.stats()
+    if settled_hours >= 2:
+        assert stats.hits > 0
+        assert stats.entries > 0
+    if settled_hours == 0:
+        assert stats.entries == 0  # nothing settled: nothing cached
+
+
+def test_a_late_write_to_a_cached_hour_and_a_new_series_are_seen(store):
+    store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
+    storage = store.storage()
+    m = [Matcher("__name__", "=", "gpu_temp")]
+    before = storage.select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    assert store.sample_cache.stats().entries > 0
+    late = SampleBuilder()
+    late.add({"__name__": "gpu_temp", "instance": "n9", "gpu": "0"}, HOUR0 + 1_234, 99.0)  # a new series
+    late.add({"__name__": "gpu_temp", "instance": "n0", "gpu": "0"}, HOUR0 + BLOCK_MS + 7, -1.0)
+    store.insert_samples(late.build())
+    after = storage.select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    assert len(after) == len(before) + 1
+    assert len(after.ts) == len(before.ts) + 2
+    _same(after, store.storage(use_cache=False).select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS))
+
+
+def test_writes_that_cannot_be_mapped_to_hours_clear_the_cache(store):
+    store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
+    store.storage().select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)
+    assert store.sample_cache.stats().entries > 0
+    store.command("ALTER TABLE ki.samples DELETE WHERE value > 60 SETTINGS mutations_sync = 1")
+    assert store.sample_cache.stats().entries == 0
+    got = store.storage().select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)
+    assert not (got.vs > 60).any()
+
+
+def test_concurrent_late_writes_are_never_hidden(store):
+    """Readers fill hours while a writer keeps adding late samples to them; afterwards the
+    cached answer equals ClickHouse's."""
+    store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
+    m = [Matcher("__name__", "=", "gpu_power")]
+    window = (HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for i in range(40):
+                b = SampleBuilder()
+                b.add(
+                    {"__name__": "gpu_power", "instance": "late", "gpu": str(i % 3)},
+                    HOUR0 + i * 61_001,
+                    float(i),
+                )
+                store.insert_samples(b.build())
+        except BaseException as exc:
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            storage = store.storage()
+            for _ in range(40):
+                storage.select_columns(m, *window)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=writer),
+        threading.Thread(target=reader),
+        threading.Thread(target=reader),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    _same(
+        store.storage().select_columns(m, *window), store.storage(use_cache=False).select_columns(m, *window)
+    )
+    assert len(store.storage().select_columns([*m, Matcher("instance", "=", "late")], *window).ts) == 40
+
+
+def test_long_windows_and_windows_past_retention_bypass_the_cache(store):
+    store.sample_cache = _clock_at(HOUR0 + 100 * BLOCK_MS)
+    storage = store.storage()
+    storage.select_columns(
+        [Matcher("__name__", "=", "gpu_temp")], HOUR0 - 60 * BLOCK_MS, HOUR0 + 3 * BLOCK_MS
+    )
+    assert store.sample_cache.stats().hits + store.sample_cache.stats().misses == 0
+    store.retention = type(store.retention)(samples_days=2)
+    storage.select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)  # ~4 days ago
+    assert store.sample_cache.stats().misses == 0
+
+
+def _block(n: int) -> SampleBlock:
+    fps = np.repeat(np.arange(4, dtype=np.uint64), n // 4)
+    return SampleBlock.from_sorted(fps, np.arange(n, dtype=np.int64), np.zeros(n))
+
+
+def test_a_fill_that_raced_a_write_to_its_hour_is_refused():
+    cache = SampleCache(1 << 20)
+    gen = cache.generation()
+    cache.invalidate([("m", 0)])  # a write committed while the fill was reading
+    assert not cache.put("m", 0, _block(8), gen)
+    assert cache.get("m", 0) is None
+    assert cache.put("m", BLOCK_MS, _block(8), gen)  # another hour was not written
+    assert cache.put("m", 0, _block(8), cache.generation())
+    assert cache.stats().fills_discarded == 1
+    gen = cache.generation()
+    cache.clear()
+    assert not cache.put("m", 0, _block(8), gen)
+
+
+def test_the_cache_keeps_to_its_byte_budget_least_recently_used_first():
+    one = _block(64).nbytes
+    cache = SampleCache(3 * one)
+    for hour in range(3):
+        assert cache.put("m", hour * BLOCK_MS, _block(64), cache.generation())
+    cache.get("m", 0)  # hour 0 used most recently now
+    cache.put("m", 3 * BLOCK_MS, _block(64), cache.generation())
+    assert cache.get("m", BLOCK_MS) is None
+    assert cache.get("m", 0) is not None
+    assert cache.stats().bytes <= 3 * one
+    assert cache.stats().entries == 3
+    assert not cache.put("m", 9 * BLOCK_MS, _block(1024), cache.generation())  # larger than the budget
+    with pytest.raises(ValueError, match="cache size"):
+        SampleCache(-1)
+
+
+def test_the_cache_is_on_for_a_data_directory_and_off_for_a_server_by_default(tmp_path):
+    with open_store(tmp_path / "a") as s:
+        assert isinstance(s, EmbeddedStore)
+        assert s.sample_cache is not None
+    with open_store(tmp_path / "b", cache_bytes=0) as s:
+        assert s.sample_cache is None
+    with ServerStore.connect(f"chdb://{tmp_path / 'c'}") as s:
+        assert s.sample_cache is None
