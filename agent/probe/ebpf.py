@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -35,10 +36,12 @@ __all__ = [
     "LAUNCH_CALLS",
     "LAUNCH_HOST_LATENCY_BUCKET",
     "LAUNCH_HOST_TIME",
+    "BpfProgramStats",
     "EbpfUnavailable",
     "LaunchStats",
     "Tracer",
     "TracerConfig",
+    "bpf_run_time_stats",
     "find_library",
 ]
 
@@ -95,6 +98,18 @@ class LaunchStats:
     count: int = 0
     host_ns: int = 0
     hist: list[int] = field(default_factory=lambda: [0] * _HIST)
+
+
+@dataclass(frozen=True, slots=True)
+class BpfProgramStats:
+    """The kernel's run-time statistics of one loaded BPF program (zero unless stats are enabled).
+
+    ``run_time_ns`` is CPU the program spent in the threads that hit its
+    probe, on the tracer's behalf; it excludes the uprobe trap itself.
+    """
+
+    run_time_ns: int
+    run_cnt: int
 
 
 class _Event(ctypes.Structure):
@@ -496,6 +511,18 @@ class Tracer:
             failed = 1 if e.status != 0 else 0
             self._put(ring.collective(e.kind, dev, ts, e.a, e.dur, e.b, e.rank, e.nranks, failed))
 
+    def program_stats(self) -> dict[str, BpfProgramStats]:
+        """Run time and run count of each loaded BPF program, from ``/proc/self/fdinfo/<prog fd>``.
+
+        The counters only advance while BPF statistics are enabled
+        (``bpf_run_time_stats()``); they are cumulative since the program was loaded.
+        """
+        stats: dict[str, BpfProgramStats] = {}
+        for name, fn in self._bpf.funcs.items():
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            stats[key] = _read_prog_fdinfo(int(fn.fd))
+        return stats
+
     # ---- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:
@@ -514,6 +541,54 @@ class Tracer:
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _read_prog_fdinfo(fd: int) -> BpfProgramStats:
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("run_time_ns", "run_cnt"):
+            fields[key] = int(value.strip())
+    if len(fields) != 2:
+        raise EbpfUnavailable(f"fd {fd} reports no BPF run-time statistics (kernel older than 5.1?)")
+    return BpfProgramStats(fields["run_time_ns"], fields["run_cnt"])
+
+
+_BPF_ENABLE_STATS = 32  # bpf(2) command; attr: u32 type
+_BPF_STATS_RUN_TIME = 0
+_NR_BPF = {"x86_64": 321, "aarch64": 280}
+
+
+@contextlib.contextmanager
+def bpf_run_time_stats() -> Iterator[str]:
+    """Have the kernel account BPF programs' run time while the block runs; yields how it was enabled.
+
+    Uses the ``BPF_ENABLE_STATS`` command (Linux 5.8), whose fd keeps the
+    statistics on until it is closed, so a crash cannot leave them on; else
+    sets ``kernel.bpf_stats_enabled`` and restores the previous value.  The
+    statistics cost two clock reads per program run, so they stay off otherwise.
+    """
+    nr = _NR_BPF.get(os.uname().machine)
+    if nr is not None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        attr = (ctypes.c_uint32 * 2)(_BPF_STATS_RUN_TIME, 0)
+        fd = libc.syscall(nr, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+        if fd >= 0:
+            try:
+                yield "BPF_ENABLE_STATS"
+            finally:
+                os.close(fd)
+            return
+    knob = Path("/proc/sys/kernel/bpf_stats_enabled")
+    try:
+        previous = knob.read_text().strip()
+        knob.write_text("1\n")
+    except OSError as e:
+        raise EbpfUnavailable(f"cannot enable BPF run-time statistics: {e}") from None
+    try:
+        yield "kernel.bpf_stats_enabled"
+    finally:
+        knob.write_text(previous + "\n")
 
 
 def _alive(pid: int) -> bool:

@@ -215,6 +215,30 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
 
 
 @pytest.mark.ebpf
+def test_bpf_run_time_is_counted_per_call_only_while_stats_are_enabled(stand_ins, label_prefix):
+    def launches(n: int) -> None:
+        subprocess.run(
+            [str(stand_ins / "launch_loop"), str(n)], input="go\n", text=True, check=True, capture_output=True
+        )
+
+    with start(config(stand_ins, label_prefix)) as tracer:
+        before = tracer.program_stats()
+        assert {"launch_drv_entry", "launch_return"} <= set(before)
+        with ebpf.bpf_run_time_stats():
+            launches(1000)
+            during = tracer.program_stats()
+        launches(500)
+        after = tracer.program_stats()
+    entry = during["launch_drv_entry"].run_cnt - before["launch_drv_entry"].run_cnt
+    assert entry == 1000
+    assert during["launch_return"].run_cnt - before["launch_return"].run_cnt == 1000
+    assert during["launch_drv_entry"].run_time_ns > before["launch_drv_entry"].run_time_ns
+    # off again once the block ends (unless something else on the machine turned them on)
+    if Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip() == "0":
+        assert after["launch_drv_entry"] == during["launch_drv_entry"]
+
+
+@pytest.mark.ebpf
 def test_launch_records_are_sampled_but_counts_stay_exact(stand_ins, label_prefix, programs):
     prog = Program(stand_ins / "cuda_pattern")
     programs.append(prog)
