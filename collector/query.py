@@ -34,6 +34,9 @@ _EPOCH = dt.date(1970, 1, 1)
 _MS_PER_DAY = 86_400_000
 _LABELS_CACHE_MAX = 1_000_000
 
+#: Memory per cached sample: fingerprint-free ts and value, plus slack for offsets and copies.
+_CACHED_BYTES_PER_SAMPLE = 24
+
 #: Windows longer than this many hours bypass the sample cache (a month-long query would
 #: otherwise flush what dashboards keep re-reading).
 CACHE_MAX_HOURS = 48
@@ -90,7 +93,7 @@ class ClickHouseStorage:
         self._store = store
         self._db = store.database
         self._use_cache = use_cache
-        self._labels_cache: dict[int, _Known] = {}
+        self._labels_cache: dict[int, _Known] = store.labels_cache
 
     @property
     def sample_cache(self) -> SampleCache | None:
@@ -149,9 +152,9 @@ class ClickHouseStorage:
         """``select`` as one block of arrays: no Python work per sample, little per series."""
         if end_ms < start_ms:
             return columns_of([])
-        hours = self._cached_hours(start_ms, end_ms)
-        if hours is not None and hours.stop > end_ms:
-            cols = self._select_cached_metric(matchers, start_ms, end_ms, hours)
+        plan = self._cache_plan(matchers, start_ms, end_ms)
+        if plan is not None and plan[1].stop > end_ms:
+            cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
             if cols is not None:
                 return cols
         sub = self._series_sql(matchers, start_ms, end_ms, with_samples=False)
@@ -159,8 +162,8 @@ class ClickHouseStorage:
         if series.num_rows == 0:
             return columns_of([])
         labels_by_fp = self._labels(series)
-        if hours is not None:
-            return self._columns_from_cache(series, sub, labels_by_fp, start_ms, end_ms, hours)
+        if plan is not None:
+            return self._columns_from_cache(series, sub, labels_by_fp, start_ms, end_ms, *plan)
         samples = self._store.query(
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
             f"WHERE {_fingerprints_in(series, sub)} AND {self._window(start_ms, end_ms)} "
@@ -195,6 +198,31 @@ class ClickHouseStorage:
             return None
         return range(first * BLOCK_MS, stop * BLOCK_MS, BLOCK_MS)
 
+    def _cache_plan(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> tuple[str, range] | None:
+        """(metric, settled hours) when the cache holds every settled hour of the window for the
+        metric the selector names; else None, after queueing a background fill of what is missing.
+
+        Only selectors that name their metric (``__name__="..."``) go through the cache: a cache
+        entry is one metric's hour.
+        """
+        hours = self._cached_hours(start_ms, end_ms)
+        cache = self.sample_cache
+        if hours is None or cache is None:
+            return None
+        names = {m.value for m in matchers if m.name == "__name__" and m.op == "="}
+        if len(names) != 1:
+            return None
+        metric = names.pop()
+        missing = [hour for hour in hours if not cache.has(metric, hour)]
+        if not missing:
+            return metric, hours
+        wanted = [hour for hour in missing if not cache.oversized(metric, hour)]
+        if wanted:
+            cache.fill_later((metric, tuple(wanted)), lambda: self._fill(cache, metric, wanted))
+        return None
+
     def _columns_from_cache(
         self,
         series: pa.Table,
@@ -202,16 +230,14 @@ class ClickHouseStorage:
         labels_by_fp: dict[int, _Known],
         start_ms: int,
         end_ms: int,
+        metric: str,
         hours: range,
     ) -> SeriesColumns:
-        """``select_columns`` from cached hours, filling the missing ones, plus the unsettled rest from ClickHouse."""
-        cache = self.sample_cache
-        assert cache is not None
+        """``select_columns`` from the cached hours plus the unsettled rest from ClickHouse."""
         fps = series.column("fingerprint").to_numpy().tolist()
         labels, rows = _sorted_rows(fps, labels_by_fp)
         want = np.asarray(fps, dtype=np.uint64)[rows]
-        metrics = [str(m) for m in pc.unique(series.column("s_metric")).to_pylist()]
-        blocks = self._hour_blocks(cache, metrics, hours)
+        blocks = self._hour_blocks(metric, hours)
         tail_start = hours.stop
         if tail_start <= end_ms:
             tail = self._store.query(
@@ -223,34 +249,27 @@ class ClickHouseStorage:
         return _assemble(labels, want, blocks, start_ms, end_ms)
 
     def _select_cached_metric(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hours: range
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, metric: str, hours: range
     ) -> SeriesColumns | None:
-        """``select_columns`` without asking ClickHouse which series match, when every hour is cached.
+        """``select_columns`` without asking ClickHouse which series match: every hour is cached.
 
         The cached hours of a metric hold every series of it with samples then, so the other
-        matchers can run on their labels here (each distinct label value tested once). Only for
-        selectors naming their metric; None otherwise.
+        matchers run on their labels here (each distinct label value tested once). None when
+        some series' labels are unknown (samples without a series row): the SQL path decides.
         """
-        names = {m.value for m in matchers if m.name == "__name__" and m.op == "="}
-        if len(names) != 1:
-            return None
-        metric = names.pop()
-        cache = self.sample_cache
-        assert cache is not None
-        blocks = self._hour_blocks(cache, [metric], hours)
+        blocks = self._hour_blocks(metric, hours)
         fps = np.unique(np.concatenate([block.fps for block in blocks])).tolist()
         known = self._known_labels(metric, fps, start_ms, end_ms)
         if known is None:
             return None
-        others = [m for m in matchers if m.name != "__name__"]
-        rest = [m for m in matchers if m.name == "__name__" and m.op != "="]
+        others = [m for m in matchers if not (m.name == "__name__" and m.op == "=")]
         verdicts: dict[tuple[int, str], bool] = {}
         matched: dict[int, _Known] = {}
         for fp in fps:
             entry = known[fp]
             lookup = dict(entry[0])
             ok = True
-            for i, m in enumerate(others + rest):
+            for i, m in enumerate(others):
                 value = lookup.get(m.name, "")
                 verdict = verdicts.get((i, value))
                 if verdict is None:
@@ -272,49 +291,62 @@ class ClickHouseStorage:
         if any(fp not in cache for fp in fps):
             sub = self._series_sql([Matcher("__name__", "=", metric)], start_ms, end_ms, with_samples=False)
             self._labels(self._store.query(sub))
-            if any(fp not in cache for fp in fps):
-                return None  # samples without a series row: let the SQL path decide
         out = {fp: known for fp in fps if (known := cache.get(fp)) is not None}
-        return out if len(out) == len(fps) else None  # cleared meanwhile by another query
+        return out if len(out) == len(fps) else None
 
-    def _hour_blocks(self, cache: SampleCache, metrics: list[str], hours: range) -> list[SampleBlock]:
-        """Every metric's block for every hour, in hour order; missing ones are read (all the
-        metric's series) and offered to the cache."""
-        found: dict[tuple[str, int], SampleBlock] = {}
-        for metric in metrics:
-            missing = []
-            for hour in hours:
-                block = cache.get(metric, hour)
-                if block is None:
-                    missing.append(hour)
-                else:
-                    found[metric, hour] = block
-            if not missing:
-                continue
-            generation = cache.generation()
-            # One read for all missing hours: the samples key is (metric, fingerprint, ts), so a
-            # read per hour would scan the metric's granules once per hour.
-            lo, hi = missing[0], missing[-1] + BLOCK_MS - 1
-            fps, ts, vs = _deduplicated(
-                self._store.query(
-                    f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
-                    f"WHERE metric = {quote(metric)} AND {self._window(lo, hi)} ORDER BY fingerprint, t"
-                )
+    def _hour_blocks(self, metric: str, hours: range) -> list[SampleBlock]:
+        """The metric's block for every hour; one evicted since the plan is read again, here."""
+        cache = self.sample_cache
+        assert cache is not None
+        found = {hour: block for hour in hours if (block := cache.get(metric, hour)) is not None}
+        missing = [hour for hour in hours if hour not in found]
+        if missing:
+            found.update(self._fill(cache, metric, missing, check_size=False))
+        return [found[hour] for hour in hours]
+
+    def _fill(
+        self, cache: SampleCache, metric: str, hours: list[int], *, check_size: bool = True
+    ) -> dict[int, SampleBlock]:
+        """Read these hours of the metric (all its series) and offer them to the cache.
+
+        One read for all of them: the samples key is (metric, fingerprint, ts), so a read per
+        hour would scan the metric's granules once per hour. With ``check_size`` a count comes
+        first, and hours that would take over a quarter of the budget are not read.
+        """
+        generation = cache.generation()
+        lo, hi = hours[0], hours[-1] + BLOCK_MS - 1
+        where = f"metric = {quote(metric)} AND {self._window(lo, hi)}"
+        if check_size:
+            rows = int(
+                self._store.query(f"SELECT count() AS n FROM {self._db}.samples WHERE {where}")["n"][
+                    0
+                ].as_py()
             )
-            # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
-            # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
-            hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
-            order = np.argsort(hour_of, kind="stable")
-            fps, ts, vs, hour_of = fps[order], ts[order], vs[order], hour_of[order]
-            rel = np.array([(hour - lo) // BLOCK_MS for hour in missing], dtype=np.int16)
-            firsts = np.searchsorted(hour_of, rel, side="left")
-            lasts = np.searchsorted(hour_of, rel, side="right")
-            for hour, a, b in zip(missing, firsts.tolist(), lasts.tolist(), strict=True):
-                # Copies, so an hour evicted later frees its memory (a view would pin the whole read).
-                block = SampleBlock.from_sorted(fps[a:b].copy(), ts[a:b].copy(), vs[a:b].copy())
-                cache.put(metric, hour, block, generation)
-                found[metric, hour] = block
-        return [found[metric, hour] for hour in hours for metric in metrics]
+            if rows * _CACHED_BYTES_PER_SAMPLE > cache.max_bytes // 4:
+                for hour in hours:
+                    cache.mark_oversized(metric, hour)
+                return {}
+        fps, ts, vs = _deduplicated(
+            self._store.query(
+                f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
+                f"WHERE {where} ORDER BY fingerprint, t"
+            )
+        )
+        # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
+        # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
+        hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
+        order = np.argsort(hour_of, kind="stable")
+        fps, ts, vs, hour_of = fps[order], ts[order], vs[order], hour_of[order]
+        rel = np.array([(hour - lo) // BLOCK_MS for hour in hours], dtype=np.int16)
+        firsts = np.searchsorted(hour_of, rel, side="left")
+        lasts = np.searchsorted(hour_of, rel, side="right")
+        out = {}
+        for hour, a, b in zip(hours, firsts.tolist(), lasts.tolist(), strict=True):
+            # Copies, so an hour evicted later frees its memory (a view would pin the whole read).
+            block = SampleBlock.from_sorted(fps[a:b].copy(), ts[a:b].copy(), vs[a:b].copy())
+            cache.put(metric, hour, block, generation)
+            out[hour] = block
+        return out
 
     def select_last_on_grid(
         self,
@@ -335,7 +367,7 @@ class ClickHouseStorage:
         first = start_ms - lookback_ms + 1
         if step_ms <= 0 or lookback_ms <= 0 or end_ms < start_ms or first < 0 or end_ms > MAX_TS_MS:
             return None
-        if self._cached_hours(first, end_ms) is not None:
+        if self._cache_plan(matchers, first, end_ms) is not None:
             return None  # decoded samples in memory beat any grid ClickHouse computes
         sub = self._series_sql(matchers, first, end_ms, with_samples=False)
         series = self._store.query(sub)
@@ -380,7 +412,7 @@ class ClickHouseStorage:
             or end_ms < start_ms
             or first < 0
             or end_ms > MAX_TS_MS
-            or (func not in PUSHDOWN_BEATS_CACHE and self._cached_hours(first, end_ms) is not None)
+            or (func not in PUSHDOWN_BEATS_CACHE and self._cache_plan(matchers, first, end_ms) is not None)
         ):
             return None
         sub = self._series_sql(matchers, first, end_ms, with_samples=False)

@@ -12,14 +12,21 @@ off there unless configured.
 
 Hours still being written (the current one, up to ``settle_ms`` after it ends) are never
 cached: live ingestion would invalidate them every batch. Queries read those from ClickHouse.
+
+Missing hours are filled by one background thread (:meth:`fill_later`), so the query that
+finds them missing is answered the uncached way, no slower than without a cache, and the
+ones after it find the hours in memory.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +42,11 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
 #: Pairs remembered as recently invalidated before the memory is reset (see ``_touched``).
 _TOUCHED_MAX = 100_000
+
+#: How long an hour too large for the budget is not tried again.
+OVERSIZED_RETRY_S = 600.0
+
+log = logging.getLogger(__name__)
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -75,6 +87,7 @@ class CacheStats:
     hits: int
     misses: int
     fills_discarded: int
+    fills_failed: int
 
 
 class SampleCache:
@@ -105,7 +118,11 @@ class SampleCache:
         # is refused; fills that began before ``_floor`` are refused outright.
         self._touched: dict[tuple[str, int], int] = {}
         self._floor = 0
-        self._hits = self._misses = self._discarded = 0
+        self._hits = self._misses = self._discarded = self._failed = 0
+        self._oversized: dict[tuple[str, int], float] = {}
+        self._pending: dict[Hashable, Future[None]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
 
     # ---- what may be cached ------------------------------------------------------------
 
@@ -119,6 +136,11 @@ class SampleCache:
         """Take this before reading ClickHouse for a fill; hand it to :meth:`put`."""
         with self._lock:
             return self._gen
+
+    def has(self, metric: str, block: int) -> bool:
+        """Whether the hour is cached (not counted as a hit or a miss, nor made recently used)."""
+        with self._lock:
+            return (metric, block) in self._entries
 
     def get(self, metric: str, block: int) -> SampleBlock | None:
         with self._lock:
@@ -149,6 +171,72 @@ class SampleCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
             return True
+
+    def mark_oversized(self, metric: str, block: int) -> None:
+        """This hour alone would take more than a quarter of the budget: do not try it for a while."""
+        with self._lock:
+            self._oversized[metric, block] = self._clock()
+
+    def oversized(self, metric: str, block: int) -> bool:
+        with self._lock:
+            since = self._oversized.get((metric, block))
+            if since is None:
+                return False
+            if self._clock() - since > OVERSIZED_RETRY_S:
+                del self._oversized[metric, block]
+                return False
+            return True
+
+    # ---- background fills ----------------------------------------------------------------
+
+    def fill_later(self, key: Hashable, fill: Callable[[], object]) -> bool:
+        """Run ``fill`` on the background thread unless a fill with the same key is queued or running.
+
+        Failures are counted and logged, never raised: the query that asked has already been
+        answered without the cache.
+        """
+        with self._lock:
+            if self._closed or key in self._pending:
+                return False
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ki-sample-cache")
+            future = self._executor.submit(self._run_fill, fill)
+            self._pending[key] = future
+        future.add_done_callback(lambda _f: self._done(key))
+        return True
+
+    def _run_fill(self, fill: Callable[[], object]) -> None:
+        try:
+            fill()
+        except Exception:
+            with self._lock:
+                self._failed += 1
+            log.warning("sample cache fill failed", exc_info=True)
+
+    def _done(self, key: Hashable) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until no fill is queued or running; False if some still were after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                pending = list(self._pending.values())
+            if not pending:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            wait_futures(pending, timeout=left)
+
+    def close(self) -> None:
+        """Stop taking fills, drop queued ones and wait for a running one (it uses the store)."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -185,5 +273,11 @@ class SampleCache:
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(
-                len(self._entries), self._bytes, self.max_bytes, self._hits, self._misses, self._discarded
+                len(self._entries),
+                self._bytes,
+                self.max_bytes,
+                self._hits,
+                self._misses,
+                self._discarded,
+                self._failed,
             )

@@ -110,6 +110,9 @@ class Store(ABC):
         #: write to the samples table passes through this object, so off unless a subclass or
         #: the operator knows that.
         self.sample_cache: SampleCache | None = None
+        #: fingerprint -> (labels, sort key) for kql reads, shared by every ``storage()`` (the
+        #: API makes one per request); a fingerprint names one label set forever.
+        self.labels_cache: dict[int, Any] = {}
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -434,6 +437,8 @@ class Store(ABC):
         """Release the engine; safe twice. Later calls raise StorageUnavailable."""
         if self._closed:
             return
+        if self.sample_cache is not None:
+            self.sample_cache.close()  # a background fill may be reading through this store
         self._closed = True
         self._close()
 

@@ -57,7 +57,6 @@ def store(tmp_path):
 
 def _same(a: SeriesColumns, b: SeriesColumns) -> None:
     assert a.labels == b.labels
-    np.testing.assert_array_equal(a.offsets, b.offsets)
     np.testing.assert_array_equal(a.ts, b.ts)
     np.testing.assert_array_equal(a.vs.view(np.uint64), b.vs.view(np.uint64))
 
@@ -68,8 +67,8 @@ MATCHERS = [
     [Matcher("__name__", "=", "launches_total"), Matcher("kernel", "!=", "gemm"), Matcher("gpu", "!~", "2")],
     [Matcher("__name__", "=", "gpu_temp"), Matcher("missing", "=", "")],
     [Matcher("__name__", "=", "gpu_temp"), Matcher("instance", "=", "nowhere")],
-    [Matcher("__name__", "=~", "gpu_.*")],  # two metrics, found through the series table
-    [Matcher("instance", "=", "n2")],  # no metric named at all
+    [Matcher("__name__", "=~", "gpu_.*")],  # two metrics: not through the cache
+    [Matcher("instance", "=", "n2")],  # no metric named at all: not through the cache
 ]
 
 
@@ -81,15 +80,19 @@ def test_reads_through_the_cache_equal_reads_without_it(store, settled_hours):
     store.sample_cache = _clock_at(now)
     cached, plain = store.storage(), store.storage(use_cache=False)
     rng = random.Random(settled_hours)
-    found = 0
+    windows = []
     for _ in range(25):
         start = HOUR0 + rng.randrange(-BLOCK_MS // 2, HOURS * BLOCK_MS)
-        end = start + rng.randrange(0, 2 * BLOCK_MS)
-        for matchers in MATCHERS:
-            got = cached.select_columns(matchers, start, end)
-            _same(got, plain.select_columns(matchers, start, end))
-            found += len(got) > 0
-    assert found > 100  # most of the 175 reads found series
+        windows.append((start, start + rng.randrange(0, 2 * BLOCK_MS)))
+    found = 0
+    for _ in range(2):  # the first pass queues fills of the hours it misses, the second reads them
+        for start, end in windows:
+            for matchers in MATCHERS:
+                got = cached.select_columns(matchers, start, end)
+                _same(got, plain.select_columns(matchers, start, end))
+                found += len(got) > 0
+        assert store.sample_cache.wait_idle()
+    assert found > 200  # most of the 350 reads found series
     stats = store.sample_cache.stats()
     if settled_hours >= 2:
         assert stats.hits > 0
@@ -102,25 +105,35 @@ def test_a_late_write_to_a_cached_hour_and_a_new_series_are_seen(store):
     store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
     storage = store.storage()
     m = [Matcher("__name__", "=", "gpu_temp")]
-    before = storage.select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS)
-    assert store.sample_cache.stats().entries > 0
+    window = (HOUR0, HOUR0 + HOURS * BLOCK_MS - 1)
+    storage.select_columns(m, *window)  # queues the fill
+    assert store.sample_cache.wait_idle()
+    before = storage.select_columns(m, *window)
+    assert store.sample_cache.stats().entries == HOURS
     late = SampleBuilder()
     late.add({"__name__": "gpu_temp", "instance": "n9", "gpu": "0"}, HOUR0 + 1_234, 99.0)  # a new series
     late.add({"__name__": "gpu_temp", "instance": "n0", "gpu": "0"}, HOUR0 + BLOCK_MS + 7, -1.0)
     store.insert_samples(late.build())
-    after = storage.select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    after = storage.select_columns(m, *window)
     assert len(after) == len(before) + 1
     assert len(after.ts) == len(before.ts) + 2
-    _same(after, store.storage(use_cache=False).select_columns(m, HOUR0, HOUR0 + HOURS * BLOCK_MS))
+    _same(after, store.storage(use_cache=False).select_columns(m, *window))
+    assert store.sample_cache.wait_idle()  # the read after the write queued a refill
+    hits = store.sample_cache.stats().hits
+    _same(storage.select_columns(m, *window), after)
+    assert store.sample_cache.stats().hits == hits + HOURS  # that answer came from the cache
 
 
 def test_writes_that_cannot_be_mapped_to_hours_clear_the_cache(store):
     store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
-    store.storage().select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)
+    m = [Matcher("__name__", "=", "gpu_temp")]
+    store.storage().select_columns(m, HOUR0, HOUR0 + BLOCK_MS)
+    assert store.sample_cache.wait_idle()
     assert store.sample_cache.stats().entries > 0
     store.command("ALTER TABLE ki.samples DELETE WHERE value > 60 SETTINGS mutations_sync = 1")
     assert store.sample_cache.stats().entries == 0
-    got = store.storage().select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)
+    got = store.storage().select_columns(m, HOUR0, HOUR0 + BLOCK_MS)
+    assert len(got.vs) > 0
     assert not (got.vs > 60).any()
 
 
@@ -129,7 +142,7 @@ def test_concurrent_late_writes_are_never_hidden(store):
     cached answer equals ClickHouse's."""
     store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
     m = [Matcher("__name__", "=", "gpu_power")]
-    window = (HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    window = (HOUR0, HOUR0 + HOURS * BLOCK_MS - 1)
     errors: list[BaseException] = []
 
     def writer() -> None:
@@ -163,22 +176,55 @@ def test_concurrent_late_writes_are_never_hidden(store):
     for t in threads:
         t.join(timeout=120)
     assert not errors
+    assert store.sample_cache.wait_idle()
+    store.storage().select_columns(m, *window)  # queues the refill of hours the last writes touched
+    assert store.sample_cache.wait_idle()
+    hits = store.sample_cache.stats().hits
     _same(
         store.storage().select_columns(m, *window), store.storage(use_cache=False).select_columns(m, *window)
     )
+    assert store.sample_cache.stats().hits == hits + HOURS  # that answer came from the cache
     assert len(store.storage().select_columns([*m, Matcher("instance", "=", "late")], *window).ts) == 40
 
 
 def test_long_windows_and_windows_past_retention_bypass_the_cache(store):
     store.sample_cache = _clock_at(HOUR0 + 100 * BLOCK_MS)
     storage = store.storage()
-    storage.select_columns(
-        [Matcher("__name__", "=", "gpu_temp")], HOUR0 - 60 * BLOCK_MS, HOUR0 + 3 * BLOCK_MS
-    )
-    assert store.sample_cache.stats().hits + store.sample_cache.stats().misses == 0
+    m = [Matcher("__name__", "=", "gpu_temp")]
+    storage.select_columns(m, HOUR0 - 60 * BLOCK_MS, HOUR0 + 3 * BLOCK_MS)  # 63 hours
     store.retention = type(store.retention)(samples_days=2)
-    storage.select_columns([Matcher("__name__", "=", "gpu_temp")], HOUR0, HOUR0 + BLOCK_MS)  # ~4 days ago
-    assert store.sample_cache.stats().misses == 0
+    storage.select_columns(m, HOUR0, HOUR0 + BLOCK_MS)  # ~4 days before the clock
+    assert store.sample_cache.wait_idle()
+    assert store.sample_cache.stats().entries == 0  # neither read queued a fill
+
+
+def test_hours_too_large_for_the_budget_are_not_read_into_it(store):
+    store.sample_cache = SampleCache(64 << 10, clock=lambda: (HOUR0 + 10 * BLOCK_MS) / 1000)  # 64 KiB
+    m = [Matcher("__name__", "=", "gpu_temp")]
+    window = (HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    want = store.storage(use_cache=False).select_columns(m, *window)
+    _same(store.storage().select_columns(m, *window), want)
+    assert store.sample_cache.wait_idle()
+    assert store.sample_cache.stats().entries == 0
+    assert store.sample_cache.oversized("gpu_temp", HOUR0)
+    _same(store.storage().select_columns(m, *window), want)  # and answered all the same
+
+
+def test_every_storage_of_a_store_shares_the_cached_hours_and_labels(store, monkeypatch):
+    """The HTTP API makes a storage per request: the second request must not need ClickHouse."""
+    store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
+    m = [Matcher("__name__", "=", "launches_total"), Matcher("kernel", "=", "gemm")]
+    window = (HOUR0 + 600_000, HOUR0 + HOURS * BLOCK_MS - 1)
+    want = store.storage().select_columns(m, *window)  # queues the fill
+    assert len(want) > 0
+    assert store.sample_cache.wait_idle()
+    _same(store.storage().select_columns(m, *window), want)  # learns the labels of the metric's series
+
+    def refuse(sql: str) -> None:
+        raise AssertionError(f"asked ClickHouse: {sql[:80]}")
+
+    monkeypatch.setattr(store, "query", refuse)
+    _same(store.storage().select_columns(m, *window), want)
 
 
 def _block(n: int) -> SampleBlock:
@@ -214,6 +260,30 @@ def test_the_cache_keeps_to_its_byte_budget_least_recently_used_first():
     assert not cache.put("m", 9 * BLOCK_MS, _block(1024), cache.generation())  # larger than the budget
     with pytest.raises(ValueError, match="cache size"):
         SampleCache(-1)
+
+
+def test_background_fills_are_deduplicated_and_their_failures_counted(caplog):
+    cache = SampleCache(1 << 20)
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def slow() -> None:
+        gate.wait(10)
+        ran.append("slow")
+
+    def broken() -> None:
+        raise RuntimeError("store went away")
+
+    assert cache.fill_later("a", slow)
+    assert not cache.fill_later("a", slow)  # already queued
+    assert cache.fill_later("b", broken)
+    gate.set()
+    assert cache.wait_idle(10)
+    assert ran == ["slow"]
+    assert cache.stats().fills_failed == 1
+    assert "sample cache fill failed" in caplog.text
+    cache.close()
+    assert not cache.fill_later("c", slow)
 
 
 def test_the_cache_is_on_for_a_data_directory_and_off_for_a_server_by_default(tmp_path):

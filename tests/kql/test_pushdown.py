@@ -244,7 +244,8 @@ def _refuse_the_slower_path(ch, monkeypatch, what: str) -> None:
     if ch.sample_cache is None:
         monkeypatch.setattr(ch, "select_columns", refuse)
     else:
-        monkeypatch.setattr(ch._store, "query", refuse)  # every hour is cached after a first read
+        assert ch.sample_cache.wait_idle()  # the first read queued the fill of its hours
+        monkeypatch.setattr(ch._store, "query", refuse)  # every hour is cached now
 
 
 def test_selector_grid_is_computed_in_clickhouse(stores, monkeypatch):
