@@ -6,7 +6,6 @@ Sums and means use Kahan-Neumaier compensation in input order, as Prometheus doe
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,14 @@ from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, format_sample_value
 from kernel_insight.kql.vectors import group_rows
 
-__all__ = ["aggregate", "bad_quantile_message", "kahan_inc", "quantile_sorted", "sort_nan_first", "xxhash64"]
+__all__ = [
+    "aggregate",
+    "bad_quantile_message",
+    "kahan_inc",
+    "quantiles_of_sorted_rows",
+    "sort_rows_nan_first",
+    "xxhash64",
+]
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
@@ -155,20 +161,38 @@ def _overflowing_mean(
     return np.where(incremental, avg + comp, total / denominator + comp / denominator), count
 
 
-def quantile_sorted(q: float, values: F64) -> float:
-    """Prometheus' quantile of already sorted values (NaN first), with linear interpolation."""
-    n = len(values)
-    if n == 0 or math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    rank = q * (n - 1)
-    lower = max(0, math.floor(rank))
-    upper = min(n - 1, lower + 1)
-    weight = rank - math.floor(rank)
-    return float(values[lower] * (1 - weight) + values[upper] * weight)
+def sort_rows_nan_first(values: F64, valid: npt.NDArray[np.bool_]) -> F64:
+    """Each row's valid values in the order Prometheus' quantiles use (NaN first, then ascending),
+    followed by +inf padding where the row had invalid places (never read: see ``counts``).
+
+    One numpy sort along the rows instead of a Python-level sort per row; NaN sorts with -inf
+    here and the first n_nan places of each row are then its NaNs.
+    """
+    nan = np.isnan(values) & valid
+    ordered = np.where(valid, np.where(nan, -np.inf, values), np.inf)
+    ordered.sort(axis=1)
+    ordered[np.arange(values.shape[1])[None, :] < nan.sum(axis=1)[:, None]] = np.nan
+    return ordered
+
+
+def quantiles_of_sorted_rows(phi: F64, ordered: F64, counts: npt.NDArray[np.int64]) -> F64:
+    """Prometheus' φ-quantile, linear interpolation, of each row's first ``counts[i]`` sorted values.
+
+    ``phi`` per row; NaN φ gives NaN, φ < 0 gives -Inf, φ > 1 gives +Inf. Rows with a count
+    of 0 hold garbage: the caller leaves them out.
+    """
+    bad = np.isnan(phi) | (phi < 0) | (phi > 1)
+    rank = np.where(bad, 0.0, phi) * (counts - 1).astype(np.float64)
+    floor = np.floor(rank)
+    lower = np.maximum(floor.astype(np.int64), 0)
+    upper = np.clip(lower + 1, 0, np.maximum(counts - 1, 0))
+    weight = rank - floor
+    rows = np.arange(len(counts))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as in Go
+        result: F64 = ordered[rows, lower] * (1 - weight) + ordered[rows, upper] * weight
+    result = np.where(phi < 0, -np.inf, np.where(phi > 1, np.inf, result))
+    out: F64 = np.where(np.isnan(phi), np.nan, result)
+    return out
 
 
 def bad_quantile_message(q: F64) -> str | None:
@@ -177,12 +201,6 @@ def bad_quantile_message(q: F64) -> str | None:
     if not len(bad):
         return None
     return f"quantile value should be between 0 and 1, got {format_sample_value(float(bad[0]))}"
-
-
-def sort_nan_first(values: F64) -> F64:
-    """Values in ascending order with NaN first, the order Prometheus' quantiles use."""
-    nan = np.isnan(values)
-    return np.concatenate([values[nan], np.sort(values[~nan])])
 
 
 def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
@@ -240,10 +258,11 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
         bounds = np.searchsorted(gid[order], np.arange(n + 1))
         for g in range(n):
             rows = order[bounds[g] : bounds[g + 1]]
-            for j in range(steps):
-                col = masked[rows, j][vec.present[rows, j]]
-                if len(col):
-                    values[g, j] = quantile_sorted(float(q[j]), sort_nan_first(col))
+            # One row per step: the group's present values at that step.
+            valid = vec.present[rows].T
+            counts = valid.sum(axis=1)
+            result = quantiles_of_sorted_rows(q, sort_rows_nan_first(masked[rows].T, valid), counts)
+            values[g] = np.where(counts > 0, result, values[g])
     else:  # pragma: no cover - the parser only accepts known aggregations
         raise KqlEvaluationError(f"unknown aggregation {op!r}")
     return StepVector(group_labels, values, present, drop).compact()

@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.aggregation import bad_quantile_message, kahan_inc, quantile_sorted, sort_nan_first
+from kernel_insight.kql.aggregation import (
+    bad_quantile_message,
+    kahan_inc,
+    quantiles_of_sorted_rows,
+    sort_rows_nan_first,
+)
 from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
@@ -30,6 +35,9 @@ I64 = npt.NDArray[np.int64]
 #: Windows with more samples than this (dense data, long ranges) are computed one window at a
 #: time with numpy over the window instead of in lock step, which loops once per sample.
 LOCKSTEP_LIMIT = 256
+
+#: Values per matrix when windows are sorted side by side (``_Windows.sorted_chunks``): 32 MB.
+SORT_CHUNK_VALUES = 4_000_000
 
 
 class _Windows:
@@ -88,6 +96,27 @@ class _Windows:
             a = int(self.sorted_lo[j])
             b = a + int(self.sorted_cnt[j])
             yield j, self.r.vs[a:b], self.r.ts[a:b]
+
+    def sorted_chunks(self) -> Iterator[tuple[I64, F64, I64]]:
+        """(flat window indices, their values sorted as Prometheus sorts them, counts), chunk by chunk.
+
+        Each chunk's windows are the rows of one matrix (``sort_rows_nan_first``). Windows come
+        longest first, so a chunk is padded to about its own windows' length, and a chunk holds
+        at most ``SORT_CHUNK_VALUES`` values.
+        """
+        nonempty = int(np.count_nonzero(self.sorted_cnt))
+        start = 0
+        while start < nonempty:
+            width = int(self.sorted_cnt[start])
+            stop = min(nonempty, start + max(1, SORT_CHUNK_VALUES // width))
+            windows = self.order[start:stop]
+            counts = self.cnt[windows]
+            cols = np.arange(width)
+            valid = cols[None, :] < counts[:, None]
+            values = self.r.vs[np.where(valid, self.lo[windows][:, None] + cols[None, :], 0)]
+            yield windows, sort_rows_nan_first(values, valid), counts
+            start = stop
+            self.r.checkpoint()
 
     def per_window(self) -> Iterator[tuple[int, F64]]:
         """Yield (flat window index, its values) for every non-empty window (Python loop)."""
@@ -557,8 +586,9 @@ def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     w = _Windows(r)
     out = np.full(w.n, np.nan)
     steps = r.steps
-    for i, values in w.per_window():
-        out[i] = quantile_sorted(float(q[i % steps]), sort_nan_first(values))
+    for windows, ordered, counts in w.sorted_chunks():
+        phi = np.asarray(q, dtype=np.float64)[windows % steps]
+        out[windows] = quantiles_of_sorted_rows(phi, ordered, counts)
     return range_result(r, w.reshape(out), _present(r))
 
 
