@@ -105,6 +105,9 @@ enum ki_fp_field {
 #define KI_FLAG_SIMULATED 0x02u   /* produced by the simulator, never real hardware */
 #define KI_FLAG_STRING_LAST 0x80u /* STRING: last chunk of the name */
 #define KI_FLAG_FP_STRING 0x40u   /* FINGERPRINT: value is a string id */
+/* Flags a producer handle may OR into every record it writes (ki_ring_set_flags);
+ * the others mean something for one record only. */
+#define KI_RING_HANDLE_FLAGS KI_FLAG_SIMULATED
 
 /* Open flags. */
 #define KI_RING_PRODUCER 0x1 /* allocate a producer id on attach */
@@ -211,6 +214,7 @@ struct ki_ring {
     size_t map_size;            /* bytes mapped */
     uint32_t producer_id;       /* this handle's producer id, 0 if not a producer */
     uint32_t pid;               /* getpid() at attach */
+    uint8_t flags;              /* KI_RING_HANDLE_FLAGS OR-ed into every record written (ki_ring_set_flags) */
     char name[KI_RING_NAME_MAX + 1]; /* shm object name */
 };
 
@@ -495,9 +499,25 @@ static inline int ki_ring_unlink(const char *name) { return shm_unlink(name) < 0
 
 /* ---- producer ---------------------------------------------------------- */
 
-/* Write one record.  Never blocks: returns 0, KI_RING_DROPPED (full, counted)
- * or KI_RING_LOST (the consumer gave the slot up, counted). */
+/* OR `flags` into the flags byte of every record this handle writes from now on,
+ * strings included (0 clears).  This is how a producer of synthetic data marks
+ * all of it KI_FLAG_SIMULATED without building records itself.  Only
+ * KI_RING_HANDLE_FLAGS are accepted: returns 0 or -EINVAL. */
+static inline int ki_ring_set_flags(struct ki_ring *r, unsigned flags) {
+    if (flags & ~(unsigned)KI_RING_HANDLE_FLAGS) return -EINVAL;
+    r->flags = (uint8_t)flags;
+    return 0;
+}
+
+/* Write one record (with the handle's flags OR-ed in).  Never blocks: returns 0,
+ * KI_RING_DROPPED (full, counted) or KI_RING_LOST (the consumer gave the slot up, counted). */
 static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
+    struct ki_rec flagged;
+    if (r->flags) {
+        flagged = *rec;
+        flagged.flags |= r->flags;
+        rec = &flagged;
+    }
     struct ki_slot *slots = r->slots;
     uint64_t pos = KI_LOAD_RLX(&r->hdr->head);
     struct ki_slot *s;

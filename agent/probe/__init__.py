@@ -10,7 +10,6 @@ Example::
 
 from __future__ import annotations
 
-from kernel_insight.agent.probe._writer import FlaggedWriter
 from kernel_insight.agent.probe.ebpf import EbpfUnavailable, LaunchStats, Tracer, TracerConfig, find_library
 from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
 from kernel_insight.agent.probe.simulate import SimConfig, Simulator
@@ -32,7 +31,6 @@ __all__ = [
     "CpuBackend",
     "CupyBackend",
     "EbpfUnavailable",
-    "FlaggedWriter",
     "LaunchStats",
     "NvmlSampler",
     "NvmlUnavailable",

@@ -32,7 +32,7 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     rings = [Ring.attach(ring_name(f"{args.label_prefix}{i}"), create=True) for i in range(args.gpus)]
     try:
-        sim = Simulator(config, [r.write_raw for r in rings])
+        sim = Simulator(config, rings)
         print(
             f"simulating {args.gpus} GPU(s) into {', '.join(r.name for r in rings)} "
             f"(every record flagged SIMULATED); Ctrl-C stops",

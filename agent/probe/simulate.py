@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kernel_insight.agent.probe._writer import FlaggedWriter
 from kernel_insight.agent.records import (
     CollectiveOp,
     ErrorKind,
@@ -29,6 +28,7 @@ from kernel_insight.agent.records import (
     RecordFlag,
     SyncKind,
 )
+from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.metric_ids import MetricId
 
 __all__ = ["KERNELS", "SimConfig", "Simulator"]
@@ -172,10 +172,10 @@ class SimConfig:
 @dataclass(slots=True)
 class _Gpu:
     index: int
-    writer: FlaggedWriter
+    ring: Ring
     rng: random.Random
     pid: int
-    heap: list[tuple[int, int, Callable[[], object]]] = field(default_factory=list)
+    heap: list[tuple[int, int, Callable[[], int]]] = field(default_factory=list)
     busy: list[tuple[int, int]] = field(default_factory=list)  # device intervals, for utilisation
     compute_free: int = 0
     comm_free: int = 0
@@ -193,27 +193,41 @@ class _Gpu:
     next_fingerprint: int = 0
     correlation: int = 0
     launches: int = 0
+    written: int = 0  # records the ring took (STRING chunks not counted)
+    failed: int = 0  # records it refused (full or lost)
+
+    def put(self, status: int) -> None:
+        """Count one write's status (0, or the ring's DROPPED/LOST)."""
+        if status == 0:
+            self.written += 1
+        else:
+            self.failed += 1
 
 
 class Simulator:
-    """Generates records for ``config.gpus`` GPUs up to a moving "now" into one writer per GPU.
+    """Generates records for ``config.gpus`` GPUs up to a moving "now" into one ring handle per GPU.
 
     Time is the caller's: ``advance_to(now_ns)`` emits every record stamped at
     or before ``now_ns`` (CLOCK_REALTIME nanoseconds), so tests drive it with a
-    synthetic clock and ``run`` drives it with the wall clock.
+    synthetic clock and ``run`` drives it with the wall clock.  The simulator
+    sets SIMULATED in each handle's ``flags``, so the ring itself marks every
+    record it writes through them, names included.  STRING records carry the
+    ring's clock, not the simulated one.
 
     Example::
 
         rings = [Ring.attach(ring_name(i), create=True) for i in range(2)]
-        sim = Simulator(SimConfig(gpus=2), [r.write_raw for r in rings])
+        sim = Simulator(SimConfig(gpus=2), rings)
         sim.run(seconds=10)
     """
 
-    def __init__(
-        self, config: SimConfig, sinks: Sequence[Callable[[bytes], int]], start_ns: int | None = None
-    ) -> None:
-        if len(sinks) != config.gpus:
-            raise ValueError(f"simulator: {config.gpus} GPUs need {config.gpus} sinks, got {len(sinks)}")
+    def __init__(self, config: SimConfig, rings: Sequence[Ring], start_ns: int | None = None) -> None:
+        if len(rings) != config.gpus:
+            raise ValueError(f"simulator: {config.gpus} GPUs need {config.gpus} rings, got {len(rings)}")
+        for ring in rings:
+            if ring.producer_id == 0:
+                raise ValueError(f"simulator: ring {ring.name} was attached without producer=True")
+            ring.flags |= RecordFlag.SIMULATED
         self.config = config
         self.start_ns = time.time_ns() if start_ns is None else start_ns
         self._seq = 0
@@ -224,7 +238,7 @@ class Simulator:
         self.gpus = [
             _Gpu(
                 index=i,
-                writer=FlaggedWriter(sink, RecordFlag.SIMULATED),
+                ring=ring,
                 rng=random.Random(config.seed * 1_000_003 + i),
                 pid=200_000 + i,
                 compute_free=self.start_ns,
@@ -233,7 +247,7 @@ class Simulator:
                 next_sample=self.start_ns + _S,
                 next_fingerprint=self.start_ns,
             )
-            for i, sink in enumerate(sinks)
+            for i, ring in enumerate(rings)
         ]
 
     # ---- public -------------------------------------------------------------
@@ -248,16 +262,16 @@ class Simulator:
             self._generate_step()
         written = 0
         for g in self.gpus:
+            before = g.written
             while g.next_fingerprint <= now_ns:
                 self._fingerprint(g, g.next_fingerprint)
                 g.next_fingerprint += int(self.config.fingerprint_every_s * _S)
             while g.next_sample <= now_ns:
                 self._samples(g, g.next_sample)
                 g.next_sample += _S
-            before = g.writer.written
             while g.heap and g.heap[0][0] <= now_ns:
-                heapq.heappop(g.heap)[2]()
-            written += g.writer.written - before
+                g.put(heapq.heappop(g.heap)[2]())
+            written += g.written - before
         return written
 
     def run(
@@ -280,7 +294,7 @@ class Simulator:
 
     # ---- generation ---------------------------------------------------------
 
-    def _push(self, g: _Gpu, ts: int, fn: Callable[[], object]) -> None:
+    def _push(self, g: _Gpu, ts: int, fn: Callable[[], int]) -> None:
         self._seq += 1
         heapq.heappush(g.heap, (ts, self._seq, fn))
 
@@ -306,21 +320,19 @@ class Simulator:
         g.correlation += 1
         corr = g.correlation
         g.launches += 1
-        w = g.writer
+        w = g.ring
         pid = g.pid
         if cfg.launch_sample and g.launches % cfg.launch_sample == 0:
             self._push(
                 g,
                 host,
-                lambda: w.launch(w.intern(spec.name, host), g.index, host, pid, pid, spec.grid, spec.block),
+                lambda: w.launch(w.intern(spec.name), g.index, host, pid, pid, *spec.grid, *spec.block),
             )
-        self._push(
-            g, start, lambda: w.kernel(w.intern(spec.name, start), g.index, start, end, stream, corr, pid)
-        )
+        self._push(g, start, lambda: w.kernel(w.intern(spec.name), g.index, start, end, stream, corr, pid))
         return host + launch_cost, end
 
     def _memop(self, g: _Gpu, ts: int, kind: int, addr: int, nbytes: int, status: int = 0) -> None:
-        w = g.writer
+        w = g.ring
         self._push(g, ts, lambda: w.memop(kind, g.index, ts, addr, nbytes, g.pid, g.pid, status))
 
     def _alloc(self, g: _Gpu, ts: int, nbytes: int, kind: int = MemopKind.ALLOC_ASYNC) -> int:
@@ -335,8 +347,8 @@ class Simulator:
         self._memop(g, ts, kind, addr, nbytes)
 
     def _error(self, g: _Gpu, ts: int, kind: int, code: int, aux: int, detail: str) -> None:
-        w = g.writer
-        self._push(g, ts, lambda: w.error(kind, g.index, ts, code, aux, g.pid, w.intern(detail, ts)))
+        w = g.ring
+        self._push(g, ts, lambda: w.error(kind, g.index, ts, code, aux, g.pid, w.intern(detail)))
 
     def _generate_step(self) -> None:
         cfg = self.config
@@ -383,7 +395,7 @@ class Simulator:
                 host, _end = self._kernel(g, host, spec)
             done = max(g.compute_free, g.comm_free)
             waited = max(0, done - host)
-            w = g.writer
+            w = g.ring
             self._push(
                 g,
                 host,
@@ -411,7 +423,7 @@ class Simulator:
             g.comm_free = max(g.comm_free, start)
             _host, end = self._kernel(g, start - 5 * _US, spec, comm=True)
             g.nvlink_bytes += int(wire)
-            w = g.writer
+            w = g.ring
             self._push(
                 g,
                 start,
@@ -425,7 +437,7 @@ class Simulator:
                     self._comm,
                     gi,
                     n,
-                    timeout,
+                    int(timeout),
                 ),
             )
             if timeout:
@@ -498,7 +510,7 @@ class Simulator:
         used = cfg.static_memory + g.outstanding
         per_link = g.nvlink_bytes // max(1, cfg.nvlink_links)
         g.nvlink_bytes = 0
-        w = g.writer
+        w = g.ring
         dev = g.index
         values: list[tuple[int, float, int]] = [
             (MetricId.MEMORY_USED, used, 0),
@@ -528,29 +540,31 @@ class Simulator:
             values.append((MetricId.NVLINK_TX, g.nvlink_total[link], link))
             values.append((MetricId.NVLINK_RX, g.nvlink_total[link], link))
         for metric, value, aux in values:
-            w.sample(metric, dev, ts, float(value), aux)
+            g.put(w.sample(metric, dev, ts, float(value), aux))
         if g.rng.random() < cfg.error_rate:
             self._random_error(g, ts)
 
     def _random_error(self, g: _Gpu, ts: int) -> None:
-        w = g.writer
+        w = g.ring
         if g.rng.random() < 0.7:
             code = g.rng.choice(sorted(XIDS))
             if code in (48, 94):
                 g.ecc_uncorrected += 1
             detail = f"NVRM: Xid (PCI:0000:{0x18 + g.index:02x}:00): {code}, {XIDS[code]} (simulated)"
-            w.error(ErrorKind.XID, g.index, ts, code, 0, g.pid, w.intern(detail, ts))
+            g.put(w.error(ErrorKind.XID, g.index, ts, code, 0, g.pid, w.intern(detail)))
         else:
             self._coll_seq += 1
             detail = (
                 f"[Rank {g.index}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum="
                 f"{self._coll_seq}, OpType=ALLREDUCE, Timeout(ms)=600000) (simulated)"
             )
-            w.error(ErrorKind.NCCL_TIMEOUT, g.index, ts, 600_000, self._coll_seq, g.pid, w.intern(detail, ts))
+            g.put(
+                w.error(ErrorKind.NCCL_TIMEOUT, g.index, ts, 600_000, self._coll_seq, g.pid, w.intern(detail))
+            )
 
     def _fingerprint(self, g: _Gpu, ts: int) -> None:
         cfg = self.config
-        w = g.writer
+        w = g.ring
         dev = g.index
         strings = {
             FingerprintField.NAME: "NVIDIA H100 80GB HBM3 (simulated)",
@@ -559,7 +573,7 @@ class Simulator:
             FingerprintField.PCI_BUS_ID: f"00000000:{0x18 + dev:02X}:00.0",
         }
         for fid, text in strings.items():
-            w.fingerprint(fid, dev, ts, w.intern(text, ts), True)
+            g.put(w.fingerprint(fid, dev, ts, w.intern(text), 1))
         numbers = {
             FingerprintField.CUDA_VERSION: 12040,
             FingerprintField.MEMORY_TOTAL: cfg.memory_total,
@@ -570,4 +584,4 @@ class Simulator:
             FingerprintField.COMPUTE_CAPABILITY: 90,
         }
         for fid, value in numbers.items():
-            w.fingerprint(fid, dev, ts, value)
+            g.put(w.fingerprint(fid, dev, ts, value))

@@ -115,16 +115,48 @@ static gid_t group_id(PyObject *group, int *ok) {
     return g->gr_gid;
 }
 
+/* A handle's record flags from Python: an int with only KI_RING_HANDLE_FLAGS set, checked before
+ * any ring is created so a bad value leaves nothing behind. */
+static int parse_handle_flags(PyObject *value, unsigned *out) {
+    unsigned long v = PyLong_AsUnsignedLong(value);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (v & ~(unsigned long)KI_RING_HANDLE_FLAGS) {
+        char msg[160]; /* PyErr_Format has no %lx before 3.12 */
+        snprintf(msg, sizeof msg,
+                 "flags 0x%lx: a handle may only set 0x%x (SIMULATED); the other flags belong to single records", v,
+                 (unsigned)KI_RING_HANDLE_FLAGS);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    *out = (unsigned)v;
+    return 0;
+}
+
+/* ring.flags = n: OR n into every record this handle writes from now on. */
+static int Ring_set_flags(RingObject *self, PyObject *value, void *c) {
+    (void)c;
+    unsigned flags;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "flags cannot be deleted (set 0 to clear)");
+        return -1;
+    }
+    if (parse_handle_flags(value, &flags) < 0) return -1;
+    (void)ki_ring_set_flags(&self->ring, flags); /* cannot fail: checked above */
+    return 0;
+}
+
 static PyObject *Ring_create(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "capacity", "mode", "group", "label", "producer", NULL};
+    static char *kwlist[] = {"name", "capacity", "mode", "group", "label", "producer", "flags", NULL};
     const char *name, *label = NULL;
     unsigned long long capacity = 0;
     unsigned int mode = 0600;
-    PyObject *group = NULL;
+    PyObject *group = NULL, *flags = NULL;
     int producer = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|KIOzp:create", kwlist, &name, &capacity, &mode, &group, &label,
-                                     &producer))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|KIOzp$O:create", kwlist, &name, &capacity, &mode, &group, &label,
+                                     &producer, &flags))
         return NULL;
+    unsigned handle_flags = 0;
+    if (flags && parse_handle_flags(flags, &handle_flags) < 0) return NULL;
     int ok;
     gid_t gid = group_id(group, &ok);
     if (!ok) return NULL;
@@ -137,23 +169,29 @@ static PyObject *Ring_create(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Py_DECREF(self);
         return raise_ring_error(rc, err);
     }
+    (void)ki_ring_set_flags(&self->ring, handle_flags); /* cannot fail: checked above */
     return (PyObject *)self;
 }
 
 static PyObject *Ring_attach(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "create", "producer", NULL};
+    static char *kwlist[] = {"name", "create", "producer", "flags", NULL};
     const char *name;
     int create = 0, producer = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|pp:attach", kwlist, &name, &create, &producer)) return NULL;
+    PyObject *flags = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|pp$O:attach", kwlist, &name, &create, &producer, &flags))
+        return NULL;
+    unsigned handle_flags = 0;
+    if (flags && parse_handle_flags(flags, &handle_flags) < 0) return NULL;
     RingObject *self = (RingObject *)Ring_new_handle(type);
     if (!self) return NULL;
     char err[256];
-    int flags = (create ? KI_RING_CREATE : 0) | (producer ? KI_RING_PRODUCER : 0);
-    int rc = ki_ring_attach(&self->ring, name, flags, err, sizeof err);
+    int open_flags = (create ? KI_RING_CREATE : 0) | (producer ? KI_RING_PRODUCER : 0);
+    int rc = ki_ring_attach(&self->ring, name, open_flags, err, sizeof err);
     if (rc < 0) {
         Py_DECREF(self);
         return raise_ring_error(rc, err);
     }
+    (void)ki_ring_set_flags(&self->ring, handle_flags); /* cannot fail: checked above */
     return (PyObject *)self;
 }
 
@@ -472,6 +510,10 @@ static PyObject *Ring_get_label(RingObject *self, void *c) {
     if (check_open(&self->ring) < 0) return NULL;
     return PyUnicode_FromStringAndSize(self->ring.hdr->label, (Py_ssize_t)strnlen(self->ring.hdr->label, 64));
 }
+static PyObject *Ring_get_flags(RingObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLong(self->ring.flags);
+}
 static PyObject *Ring_get_closed(RingObject *self, void *c) {
     (void)c;
     return PyBool_FromLong(self->ring.hdr == NULL);
@@ -479,9 +521,9 @@ static PyObject *Ring_get_closed(RingObject *self, void *c) {
 
 static PyMethodDef Ring_methods[] = {
     {"create", (PyCFunction)(void (*)(void))Ring_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "create(name, capacity=65536, mode=0o600, group=None, label=None, producer=True) -> Ring"},
+     "create(name, capacity=65536, mode=0o600, group=None, label=None, producer=True, *, flags=0) -> Ring"},
     {"attach", (PyCFunction)(void (*)(void))Ring_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "attach(name, create=False, producer=True) -> Ring"},
+     "attach(name, create=False, producer=True, *, flags=0) -> Ring"},
     {"unlink", (PyCFunction)Ring_unlink, METH_O | METH_CLASS, "unlink(name): remove the shared-memory object"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "unmap the ring"},
     {"kernel", (PyCFunction)(void (*)(void))Ring_kernel, METH_FASTCALL,
@@ -515,6 +557,8 @@ static PyGetSetDef Ring_getset[] = {
     {"capacity", (getter)Ring_get_capacity, NULL, "slots", NULL},
     {"label", (getter)Ring_get_label, NULL, "GPU label", NULL},
     {"closed", (getter)Ring_get_closed, NULL, "whether close() was called", NULL},
+    {"flags", (getter)Ring_get_flags, (setter)Ring_set_flags,
+     "record flags OR-ed into every record this handle writes, strings included (only SIMULATED)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject RingType = {

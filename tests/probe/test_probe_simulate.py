@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
+import os
 import statistics
+import uuid
 from collections import Counter, defaultdict
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from probeutil import drain, names_of
 
-from kernel_insight.agent import ring_name
+from kernel_insight.agent import Ring, RingError, RingReader, ring_name
 from kernel_insight.agent.probe import SimConfig, Simulator
 from kernel_insight.agent.records import (
+    RECORD_DTYPE,
     CollectiveOp,
     CollectiveRecord,
     ErrorKind,
@@ -26,7 +34,7 @@ from kernel_insight.agent.records import (
     SampleRecord,
     StringRecord,
     SyncRecord,
-    decode_record,
+    decode_records,
 )
 from kernel_insight.cli import main
 from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId
@@ -35,22 +43,37 @@ S = 1_000_000_000
 T0 = 1_800_000_000 * S
 
 
-def simulate(seconds: float, **kw: object) -> list[list[Record]]:
-    """Run the simulator on a synthetic clock into in-memory sinks; records per GPU."""
+def simulate_arrays(seconds: float, **kw: object) -> list[npt.NDArray[np.void]]:
+    """Run the simulator on a synthetic clock into real rings, draining each simulated second.
+
+    Returns each GPU's records as consumed (RECORD_DTYPE); a ring that dropped any fails the test.
+    """
     config = SimConfig(**kw)  # type: ignore[arg-type]
-    sinks: list[list[bytes]] = [[] for _ in range(config.gpus)]
+    prefix = f"simtest-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+    names = [ring_name(f"{prefix}{i}") for i in range(config.gpus)]
+    out: list[list[npt.NDArray[np.void]]] = [[] for _ in names]
+    try:
+        rings = [Ring.create(n, capacity=1 << 16) for n in names]
+        readers = [RingReader.open(n) for n in names]
+        sim = Simulator(config, rings, start_ns=T0)
+        for t in range(1, math.ceil(seconds) + 1):
+            sim.advance_to(T0 + int(min(t, seconds) * S))
+            for got, reader in zip(out, readers, strict=True):
+                while (batch := reader.read_array()).size:
+                    got.append(batch)
+        assert [r.stats()["dropped"] for r in rings] == [0] * len(rings)
+        for x in [*rings, *readers]:
+            x.close()
+    finally:
+        for n in names:
+            with contextlib.suppress(RingError):
+                Ring.unlink(n)
+    return [np.concatenate(a) if a else np.empty(0, dtype=RECORD_DTYPE) for a in out]
 
-    def sink(out: list[bytes]):
-        def write(rec: bytes) -> int:
-            out.append(rec)
-            return 0
 
-        return write
-
-    sim = Simulator(config, [sink(s) for s in sinks], start_ns=T0)
-    sim.advance_to(T0 + int(seconds * S))
-    # A consumed record is the 48-byte record behind 16 bytes of position, producer and checksum.
-    return [[decode_record(bytes(16) + r) for r in s] for s in sinks]
+def simulate(seconds: float, **kw: object) -> list[list[Record]]:
+    """simulate_arrays, decoded."""
+    return [decode_records(a.tobytes()) for a in simulate_arrays(seconds, **kw)]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +105,7 @@ def test_kernel_names_are_registered_before_use(one_gpu):
             seen.add(r.string_id)
         elif isinstance(r, KernelRecord):
             assert r.name_id in seen
-    names = {table.get(0, r.name_id) for r in one_gpu if isinstance(r, KernelRecord)}
+    names = {table.get(r.producer, r.name_id) for r in one_gpu if isinstance(r, KernelRecord)}
     assert any(n and n.startswith("flash_fwd_kernel") for n in names)
     assert any(n and "xmma_gemm" in n for n in names)
 
@@ -93,7 +116,7 @@ def test_kernel_durations_are_long_tailed_per_name(one_gpu):
     for r in one_gpu:
         if isinstance(r, KernelRecord):
             assert r.end_ns > r.start_ns
-            by_name[table.get(0, r.name_id) or "?"].append(r.duration_ns)
+            by_name[table.get(r.producer, r.name_id) or "?"].append(r.duration_ns)
     flash = next(v for k, v in by_name.items() if k.startswith("flash_fwd_kernel"))
     flash.sort()
     median = statistics.median(flash)
@@ -136,7 +159,7 @@ def test_cache_growth_ends_in_an_oom_then_release():
     ooms = [r for r in recs if isinstance(r, ErrorRecord) and r.kind == ErrorKind.OOM]
     assert len(ooms) == len(failed)
     table = names_of(recs)
-    assert "CUDA out of memory" in (table.get(0, ooms[0].detail_id) or "")
+    assert "CUDA out of memory" in (table.get(ooms[0].producer, ooms[0].detail_id) or "")
     frees = [r for r in recs if isinstance(r, MemopRecord) and r.kind == MemopKind.FREE]
     assert frees
     assert min(f.ts_ns for f in frees) > failed[0].ts_ns
@@ -184,7 +207,7 @@ def test_random_errors_are_xid_or_nccl_timeout_and_say_simulated():
     assert kinds[ErrorKind.NCCL_TIMEOUT] > 0
     table = names_of(recs)
     for r in errors:
-        assert "(simulated)" in (table.get(0, r.detail_id) or "")
+        assert "(simulated)" in (table.get(r.producer, r.detail_id) or "")
 
 
 def test_fingerprint_at_start_and_every_minute():
@@ -192,7 +215,7 @@ def test_fingerprint_at_start_and_every_minute():
     table = names_of(recs)
     fps = [r for r in recs if isinstance(r, FingerprintRecord)]
     assert sorted({(r.ts_ns - T0) // S for r in fps}) == [0, 60, 120]
-    names = [table.get(0, r.value) for r in fps if r.field == FingerprintField.NAME]
+    names = [table.get(r.producer, r.value) for r in fps if r.field == FingerprintField.NAME]
     assert names[0] is not None
     assert "(simulated)" in names[0]
     total = next(r.value for r in fps if r.field == FingerprintField.MEMORY_TOTAL)
@@ -200,9 +223,12 @@ def test_fingerprint_at_start_and_every_minute():
 
 
 def test_same_seed_same_records():
-    a = simulate(3, seed=9, layers=2)[0]
-    b = simulate(3, seed=9, layers=2)[0]
-    c = simulate(3, seed=10, layers=2)[0]
+    def run(seed: int) -> list[Record]:
+        # STRING records carry the ring's wall clock at registration, not the simulated one
+        recs = simulate(3, seed=seed, layers=2)[0]
+        return [dataclasses.replace(r, ts_ns=0) if isinstance(r, StringRecord) else r for r in recs]
+
+    a, b, c = run(9), run(9), run(10)
     assert a == b
     assert a != c
 
@@ -236,19 +262,11 @@ def test_cli_simulate_bad_argument_exits_1_with_message(label_prefix, capsys):
 
 def test_collector_derives_every_simulated_record():
     """The contract with the collector: every record type and metric id the simulator writes is known there."""
-    import numpy as np
-
-    from kernel_insight.agent.records import RECORD_DTYPE
     from kernel_insight.collector.derive import Deriver
 
-    config = SimConfig(
-        seed=4, layers=2, time_scale=10, error_rate=0.3, growth_every_steps=1, growth_bytes=8 << 30
+    (records,) = simulate_arrays(
+        20, seed=4, layers=2, time_scale=10, error_rate=0.3, growth_every_steps=1, growth_bytes=8 << 30
     )
-    raw: list[bytes] = []
-    Simulator(config, [lambda r: raw.append(r) or 0], start_ns=T0).advance_to(T0 + 20 * S)
-    head = np.zeros(1, dtype=[("pos", "<u8"), ("producer", "<u4"), ("check", "<u4")])
-    head["producer"] = 1
-    records = np.frombuffer(b"".join(head.tobytes() + r for r in raw), dtype=RECORD_DTYPE)
     derived = Deriver("sim-host").derive(records, now_ns=T0 + 20 * S)
     assert derived.unknown_records == 0
     assert derived.spans.start_ns.size == sum(1 for r in records if r["type"] == 1)

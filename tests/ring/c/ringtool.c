@@ -5,6 +5,9 @@
  *   ringtool forever NAME TAG            verifiable KERNEL records until killed
  *   ringtool midwrite NAME               reserve a slot, write half a record, then stop forever
  *   ringtool write-all NAME              one record of every type; prints them as JSON lines
+ *   ringtool flagged NAME                a name, a KERNEL and a failed MEMOP from a plain handle,
+ *                                        then the same from a handle with KI_FLAG_SIMULATED set;
+ *                                        prints "plain_id flagged_id bad_flags_rc"
  *   ringtool dump NAME COUNT TIMEOUT_MS  consume up to COUNT records; prints JSON lines
  *   ringtool slow NAME STALL_MS          one record, stalling STALL_MS between reservation and
  *                                        publication; prints the write's result
@@ -176,6 +179,33 @@ static int write_all(const char *name) {
     return rc ? die("write failed") : 0;
 }
 
+static int write_three(struct ki_ring *r) {
+    const char *name = "a_kernel_name_long_enough_for_two_chunks";
+    int rc = ki_ring_string(r, 1, name, strlen(name));
+    rc |= ki_ring_kernel(r, 1, 0, 100, 200, 1, 1);
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_MEMOP, rec.id = KI_MEM_ALLOC, rec.ts_ns = 300, rec.flags = KI_FLAG_FAILED;
+    rec.u.memop.status = 2;
+    rc |= ki_ring_write(r, &rec);
+    return rc;
+}
+
+static int flagged(const char *name) {
+    struct ki_ring plain, sim;
+    char err[256];
+    if (ki_ring_attach(&plain, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    if (ki_ring_attach(&sim, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    int bad = ki_ring_set_flags(&sim, KI_FLAG_STRING_LAST); /* refused: a per-record flag */
+    int rc = ki_ring_set_flags(&sim, KI_FLAG_SIMULATED);
+    rc |= write_three(&plain);
+    rc |= write_three(&sim);
+    printf("%u %u %d\n", plain.producer_id, sim.producer_id, bad);
+    ki_ring_close(&plain);
+    ki_ring_close(&sim);
+    return rc ? die("write failed") : 0;
+}
+
 static int slow(const char *name, unsigned ms) {
     struct ki_ring r;
     char err[256];
@@ -209,7 +239,7 @@ static int dump(const char *name, uint64_t count, uint64_t timeout_ms) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) return die("usage: ringtool produce|forever|midwrite|write-all|dump NAME ...");
+    if (argc < 3) return die("usage: ringtool produce|forever|midwrite|write-all|flagged|dump NAME ...");
     const char *cmd = argv[1], *name = argv[2];
     if (!strcmp(cmd, "produce") && argc == 5)
         return produce(name, strtoull(argv[3], NULL, 10), (uint32_t)strtoul(argv[4], NULL, 10), 0);
@@ -217,6 +247,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "midwrite")) return midwrite(name);
     if (!strcmp(cmd, "slow") && argc == 4) return slow(name, (unsigned)strtoul(argv[3], NULL, 10));
     if (!strcmp(cmd, "write-all")) return write_all(name);
+    if (!strcmp(cmd, "flagged")) return flagged(name);
     if (!strcmp(cmd, "dump") && argc == 5) return dump(name, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     return die("bad arguments");
 }
