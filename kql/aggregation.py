@@ -32,10 +32,16 @@ BOOL = npt.NDArray[np.bool_]
 
 
 def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
-    """One Kahan-Neumaier step, elementwise: returns the new (sum, compensation)."""
+    """One Kahan-Neumaier step, elementwise: returns the new (sum, compensation).
+
+    Prometheus' kahanSumInc picks Fast2Sum's operand order by magnitude; Knuth's TwoSum needs
+    no branch and yields the same exact rounding error of ``total + inc`` wherever that sum
+    is finite (where it is not, the compensation is reset below either way), at half the
+    numpy operations (tests/kql/test_kql_numerics.py checks them equal bit for bit).
+    """
     t = total + inc
-    correction = np.where(np.abs(total) >= np.abs(inc), (total - t) + inc, (inc - t) + total)
-    comp = comp + correction
+    bb = t - total
+    comp = comp + ((total - (t - bb)) + (inc - bb))
     inf = np.isinf(t)
     if inf.any():
         comp = np.where(inf, 0.0, comp)

@@ -1,4 +1,5 @@
-"""Quantiles sorted row-wise by numpy equal Prometheus' one-slice-at-a-time algorithm, bit for bit."""
+"""Vectorised numeric kernels equal Prometheus' own scalar algorithms bit for bit: quantiles of
+row-sorted windows, and the Kahan step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_insight.kql.aggregation import quantiles_of_sorted_rows, sort_rows_nan_first
+from kernel_insight.kql.aggregation import kahan_inc, quantiles_of_sorted_rows, sort_rows_nan_first
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.storage import MemoryStorage
 
@@ -78,3 +79,29 @@ def test_quantile_over_time_and_quantile_by_equal_the_reference_on_ragged_window
             assert _same(v, _prometheus_quantile(0.37, window))
     by = engine.range_query("quantile by (g) (0.8, x)", 300_000, 3_500_000, 45_000).value
     assert len(by) == 2
+
+
+def _neumaier(inc: float, total: float, comp: float) -> tuple[float, float]:
+    """promql/functions.go kahanSumInc, as Prometheus writes it."""
+    t = total + inc
+    if math.isinf(t):
+        return t, 0.0
+    c = (total - t) + inc if abs(total) >= abs(inc) else (inc - t) + total
+    return t, comp + c
+
+
+finite_or_not = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=-1e308, max_value=1e308),
+    st.sampled_from([1.7e308, -1.7e308, 1e-308, 0.0, -0.0, math.inf, math.nan]),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(finite_or_not, finite_or_not, st.floats(min_value=-1e10, max_value=1e10))
+def test_kahan_step_equals_prometheus_kahan_sum_inc_bit_for_bit(inc, total, comp):
+    with np.errstate(all="ignore"):
+        t, c = kahan_inc(np.array([inc]), np.array([total]), np.array([comp]))
+    want_t, want_c = _neumaier(inc, total, comp)
+    assert _same(float(t[0]), want_t)
+    assert _same(float(c[0]), want_c)
