@@ -141,6 +141,16 @@ def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
     return out
 
 
+def window_bounds(ts: I64, offsets: I64, refs: I64, range_ms: int) -> tuple[I64, I64]:
+    """Global [lo, hi) sample indices of every series' window ``(ref - range, ref]`` at every ref.
+
+    One search for both ends: the series-major keys are built once.
+    """
+    both = batched_searchsorted(ts, offsets, np.concatenate([refs - range_ms, refs]), "right")
+    steps = len(refs)
+    return np.ascontiguousarray(both[:, :steps]), np.ascontiguousarray(both[:, steps:])
+
+
 # --------------------------------------------------------------------------------- evaluation
 
 
@@ -474,8 +484,7 @@ class _Evaluator:
             vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after
         ).without_stale()
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
-        lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
-        hi = batched_searchsorted(ts, offsets, refs, "right")
+        lo, hi = window_bounds(ts, offsets, refs, range_ms)
         self.count_samples(int((hi - lo).sum()))
         return RangeInput(
             labels=cols.labels,
@@ -517,8 +526,7 @@ class _Evaluator:
             np.cumsum([len(p) for p in ts_parts], out=offsets[1:])
         ts = np.concatenate(ts_parts) if n else np.empty(0, dtype=np.int64)
         vs = np.concatenate(vs_parts) if n else np.empty(0)
-        lo = batched_searchsorted(ts, offsets, refs - range_ms, "right")
-        hi = batched_searchsorted(ts, offsets, refs, "right")
+        lo, hi = window_bounds(ts, offsets, refs, range_ms)
         return RangeInput(
             labels=inner.labels,
             drop_name=inner.drop_name.copy(),
