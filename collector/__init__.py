@@ -33,6 +33,7 @@ from kernel_insight.collector.rows import (
     canonical_labels,
     series_fingerprint,
 )
+from kernel_insight.collector.sample_cache import CacheStats, SampleBlock, SampleCache
 from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
 from kernel_insight.collector.sink import StoreSink
 from kernel_insight.collector.store import (
@@ -69,6 +70,7 @@ __all__ = [
     "AuthenticationFailed",
     "BatchHeader",
     "BatchId",
+    "CacheStats",
     "ClickHouseKeyStore",
     "ClickHouseStorage",
     "Counter",
@@ -94,7 +96,9 @@ __all__ = [
     "Retention",
     "RevokedAgent",
     "SampleBatch",
+    "SampleBlock",
     "SampleBuilder",
+    "SampleCache",
     "SeenBatches",
     "ServerStore",
     "SpanBatch",

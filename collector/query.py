@@ -16,7 +16,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
-from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache
+from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale
@@ -246,7 +246,7 @@ class ClickHouseStorage:
                 "ORDER BY fingerprint, t"
             )
             blocks.append(_sorted_block(tail))
-        return _assemble(labels, want, blocks, start_ms, end_ms)
+        return gather_series(labels, want, blocks, start_ms, end_ms)
 
     def _select_cached_metric(
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, metric: str, hours: range
@@ -281,7 +281,7 @@ class ClickHouseStorage:
                 matched[fp] = entry
         labels, rows = _sorted_rows(list(matched), matched)
         want = np.fromiter(matched, dtype=np.uint64, count=len(matched))[rows]
-        return _assemble(labels, want, blocks, start_ms, end_ms)
+        return gather_series(labels, want, blocks, start_ms, end_ms)
 
     def _known_labels(
         self, metric: str, fps: list[int], start_ms: int, end_ms: int
@@ -618,56 +618,3 @@ def _deduplicated(
 
 def _sorted_block(samples: pa.Table) -> SampleBlock:
     return SampleBlock.from_sorted(*_deduplicated(samples))
-
-
-def _assemble(
-    labels: list[Labels], want: npt.NDArray[np.uint64], blocks: list[SampleBlock], start_ms: int, end_ms: int
-) -> SeriesColumns:
-    """The series ``want`` (in that order, labelled ``labels``) cut out of time-ordered blocks, inside the window.
-
-    Each wanted series' range in each block is found by a search over the block's fingerprints
-    and trimmed to the window with prefix counts (a series' samples ascend, so those outside
-    the window are a prefix and a suffix of its range). When most of the blocks is wanted they
-    are laid side by side and gathered once; otherwise each block's wanted ranges are gathered
-    first, so a selective query does not copy whole hours. Series with no sample in the window
-    are left out.
-    """
-    n, k = len(want), len(blocks)
-    if n == 0 or k == 0:
-        return columns_of([])
-    starts = np.zeros((n, k), dtype=np.int64)
-    lengths = np.zeros((n, k), dtype=np.int64)
-    for j, block in enumerate(blocks):
-        if len(block.fps) == 0 or len(block.ts) == 0:
-            continue
-        pos = np.minimum(np.searchsorted(block.fps, want), len(block.fps) - 1)
-        hit = block.fps[pos] == want
-        a = block.offsets[pos]
-        b = np.where(hit, block.offsets[pos + 1], a)
-        if int(block.ts[a[hit]].min(initial=start_ms)) < start_ms:
-            early = np.concatenate(([0], np.cumsum(block.ts < start_ms)))
-            a = a + (early[b] - early[a])
-        if int(block.ts[np.maximum(b[hit] - 1, 0)].max(initial=end_ms)) > end_ms:
-            late = np.concatenate(([0], np.cumsum(block.ts > end_ms)))
-            b = b - (late[b] - late[a])
-        starts[:, j] = a
-        lengths[:, j] = np.maximum(b - a, 0)
-    total = int(lengths.sum())
-    sizes = np.array([len(block.ts) for block in blocks], dtype=np.int64)
-    if 2 * total >= int(sizes.sum()):
-        idx = gather_ranges((starts + (np.cumsum(sizes) - sizes)[None, :]).ravel(), lengths.ravel())
-        flat_ts = blocks[0].ts if k == 1 else np.concatenate([block.ts for block in blocks])
-        flat_vs = blocks[0].vs if k == 1 else np.concatenate([block.vs for block in blocks])
-    else:
-        pieces = [gather_ranges(starts[:, j], lengths[:, j]) for j in range(k)]
-        flat_ts = np.concatenate([block.ts[p] for block, p in zip(blocks, pieces, strict=True)])
-        flat_vs = np.concatenate([block.vs[p] for block, p in zip(blocks, pieces, strict=True)])
-        piece_base = np.cumsum(lengths.sum(axis=0)) - lengths.sum(axis=0)
-        within = np.cumsum(lengths, axis=0) - lengths
-        idx = gather_ranges((within + piece_base[None, :]).ravel(), lengths.ravel())
-    counts = lengths.sum(axis=1)
-    nonempty = counts > 0
-    offsets = np.zeros(int(nonempty.sum()) + 1, dtype=np.int64)
-    np.cumsum(counts[nonempty], out=offsets[1:])
-    kept_labels = [lab for lab, keep in zip(labels, nonempty.tolist(), strict=True) if keep]
-    return SeriesColumns(kept_labels, flat_ts[idx], flat_vs[idx], offsets)
