@@ -479,7 +479,7 @@ class ClickHouseStorage:
 
 
 #: Range functions ClickHouse computes on a grid faster than the engine does on cached samples
-#: (bench/kql: deriv 38 ms pushed down, 111 ms in numpy's lock-step Kahan regression).
+#: (bench/kql: deriv 24-38 ms pushed down, 60-75 ms in numpy's lock-step Kahan regression).
 PUSHDOWN_BEATS_CACHE = frozenset({"deriv"})
 
 #: kql range functions and the ClickHouse aggregates that compute them on a grid.

@@ -21,6 +21,7 @@ from kernel_insight.kql.vectors import group_rows
 __all__ = [
     "aggregate",
     "bad_quantile_message",
+    "kahan_add",
     "kahan_inc",
     "quantiles_of_sorted_rows",
     "sort_rows_nan_first",
@@ -31,21 +32,35 @@ F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 
 
-def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
-    """One Kahan-Neumaier step, elementwise: returns the new (sum, compensation).
+def kahan_add(total: F64, comp: F64, inc: F64, t: F64, bb: F64) -> None:
+    """One Kahan-Neumaier step in place on same-shaped float arrays (views welcome).
 
-    Prometheus' kahanSumInc picks Fast2Sum's operand order by magnitude; Knuth's TwoSum needs
-    no branch and yields the same exact rounding error of ``total + inc`` wherever that sum
-    is finite (where it is not, the compensation is reset below either way), at half the
-    numpy operations (tests/kql/test_kql_numerics.py checks them equal bit for bit).
+    ``total`` and ``comp`` are updated; ``inc``, ``t`` and ``bb`` are scratch (``inc`` is
+    overwritten). Prometheus' kahanSumInc picks Fast2Sum's operand order by magnitude;
+    Knuth's TwoSum needs no branch and yields the same exact rounding error of
+    ``total + inc`` wherever that sum is finite (where it is not, the compensation is reset
+    to 0 as Prometheus does), at half the numpy operations and no allocation: lock-step
+    loops run it once per window and sample (tests/kql/test_kql_numerics.py checks it
+    against kahanSumInc bit for bit).
     """
-    t = total + inc
-    bb = t - total
-    comp = comp + ((total - (t - bb)) + (inc - bb))
+    np.add(total, inc, out=t)
+    np.subtract(t, total, out=bb)  # bb = t - total
+    np.subtract(inc, bb, out=inc)  # inc - bb
+    np.subtract(t, bb, out=bb)  # t - bb
+    np.subtract(total, bb, out=bb)  # total - (t - bb)
+    np.add(bb, inc, out=bb)  # the rounding error of total + inc
+    np.add(comp, bb, out=comp)
     inf = np.isinf(t)
     if inf.any():
-        comp = np.where(inf, 0.0, comp)
-    return t, comp
+        comp[inf] = 0.0
+    total[...] = t
+
+
+def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
+    """:func:`kahan_add` on copies, broadcasting: returns the new (sum, compensation) arrays."""
+    t, c, i = (np.array(x, dtype=np.float64) for x in np.broadcast_arrays(total, comp, inc))
+    kahan_add(t, c, i, np.empty_like(t), np.empty_like(t))
+    return t, c
 
 
 def _grouping_key(labels: Labels, node: AggregateExpr) -> Labels:

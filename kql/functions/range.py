@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from kernel_insight.kql.aggregation import (
     bad_quantile_message,
+    kahan_add,
     kahan_inc,
     quantiles_of_sorted_rows,
     sort_rows_nan_first,
@@ -160,8 +161,10 @@ def _kahan_totals(w: _Windows) -> tuple[F64, F64]:
     """Kahan-Neumaier sum and compensation of every window, in lock-step order."""
     total = np.zeros(w.n)
     comp = np.zeros(w.n)
+    t_buf, b_buf = np.empty(w.n), np.empty(w.n)
     for _k, active, idx in w.lockstep():
-        total[active], comp[active] = kahan_inc(w.r.vs[idx], total[active], comp[active])
+        m = len(idx)
+        kahan_add(total[active], comp[active], w.r.vs[idx], t_buf[:m], b_buf[:m])
     for j, values, _ in w.long():
         total[j], comp[j] = _exact_sum(values), 0.0
     return total, comp
@@ -235,14 +238,20 @@ def _variance(r: RangeInput) -> F64:
     c_mean = np.zeros(w.n)
     aux = np.zeros(w.n)
     c_aux = np.zeros(w.n)
+    # Scratch space reused by every step (the active windows are always a prefix).
+    f_buf, d_buf, x_buf, t_buf, b_buf = (np.empty(w.n) for _ in range(5))
     for k, active, idx in w.lockstep():
-        f = r.vs[idx]
-        count = k + 1.0
-        delta = f - (mean[active] + c_mean[active])
-        mean[active], c_mean[active] = kahan_inc(delta / count, mean[active], c_mean[active])
-        aux[active], c_aux[active] = kahan_inc(
-            delta * (f - (mean[active] + c_mean[active])), aux[active], c_aux[active]
-        )
+        m = len(idx)
+        f = np.take(r.vs, idx, out=f_buf[:m])
+        delta, x = d_buf[:m], x_buf[:m]
+        np.add(mean[active], c_mean[active], out=delta)
+        np.subtract(f, delta, out=delta)
+        np.divide(delta, k + 1.0, out=x)
+        kahan_add(mean[active], c_mean[active], x, t_buf[:m], b_buf[:m])
+        np.add(mean[active], c_mean[active], out=x)
+        np.subtract(f, x, out=x)
+        np.multiply(delta, x, out=x)
+        kahan_add(aux[active], c_aux[active], x, t_buf[:m], b_buf[:m])
     result = (aux + c_aux) / np.maximum(w.sorted_cnt, 1)
     for j, values, _ in w.long():
         if np.isfinite(values).all():
@@ -377,17 +386,18 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     acc = {k: np.zeros(w.n) for k in ("x", "y", "xy", "x2", "cx", "cy", "cxy", "cx2")}
     first_y = np.zeros(w.n)
     const_y = np.ones(w.n, dtype=bool)
+    t_buf, b_buf = np.empty(w.n), np.empty(w.n)
     for k, active, idx in w.lockstep():
+        m = len(idx)
         y = r.vs[idx]
         x = (r.ts[idx] - t0[active]) / 1000.0
         if k == 0:
             first_y[active] = y
         else:
             const_y[active] &= y == first_y[active]
-        for name, value in (("x", x), ("y", y), ("xy", x * y), ("x2", x * x)):
-            acc[name][active], acc["c" + name][active] = kahan_inc(
-                value, acc[name][active], acc["c" + name][active]
-            )
+        for name, value in (("xy", x * y), ("x2", x * x), ("x", x), ("y", y)):
+            # kahan_add overwrites its increment: x and y go last, after the products used them.
+            kahan_add(acc[name][active], acc["c" + name][active], value, t_buf[:m], b_buf[:m])
     for j, values, stamps in w.long():
         x = (stamps - t0[j]) / 1000.0
         first_y[j] = values[0]
