@@ -186,10 +186,10 @@ class ClickHouseStorage:
         first, last = start_ms // BLOCK_MS, end_ms // BLOCK_MS
         if last - first + 1 > CACHE_MAX_HOURS:
             return None
-        days = self._store.retention.samples_days
-        if days and start_ms < cache.cacheable_before() - (days - 1) * _MS_PER_DAY:
-            return None
         settled = cache.cacheable_before()
+        days = self._store.retention.samples_days
+        if days and start_ms < settled - (days - 1) * _MS_PER_DAY:
+            return None
         stop = first
         while stop <= last and stop * BLOCK_MS < settled:
             stop += 1
@@ -317,11 +317,8 @@ class ClickHouseStorage:
         lo, hi = hours[0], hours[-1] + BLOCK_MS - 1
         where = f"metric = {quote(metric)} AND {self._window(lo, hi)}"
         if check_size:
-            rows = int(
-                self._store.query(f"SELECT count() AS n FROM {self._db}.samples WHERE {where}")["n"][
-                    0
-                ].as_py()
-            )
+            counted = self._store.query(f"SELECT count() AS n FROM {self._db}.samples WHERE {where}")
+            rows = int(counted.column("n")[0].as_py())
             if rows * _CACHED_BYTES_PER_SAMPLE > cache.max_bytes // 4:
                 for hour in hours:
                     cache.mark_oversized(metric, hour)
