@@ -115,6 +115,9 @@ def serve(app: FastAPI, host: str, port: int, *, local_dev: bool) -> None:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listen before saying so: a client that connects between this line and uvicorn's start
+    # waits in the backlog instead of being refused (seen with two collectors starting at once).
+    sock.listen(2048)
     bound = sock.getsockname()[1]
     print(f"ki: listening on http://{host}:{bound}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
