@@ -19,7 +19,7 @@ from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
-from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale
+from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale, labels_match
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -164,12 +164,15 @@ class ClickHouseStorage:
         labels_by_fp = self._labels(series)
         if plan is not None:
             return self._columns_from_cache(series, sub, labels_by_fp, start_ms, end_ms, *plan)
-        samples = self._store.query(
-            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
-            f"WHERE {_fingerprints_in(series, sub)} AND {self._window(start_ms, end_ms)} "
-            "ORDER BY fingerprint, t"
-        )
+        samples = self._samples(f"{_fingerprints_in(series, sub)} AND {self._window(start_ms, end_ms)}")
         return _columns(samples, labels_by_fp)
+
+    def _samples(self, where: str) -> pa.Table:
+        """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t)."""
+        return self._store.query(
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
+            f"WHERE {where} ORDER BY fingerprint, t"
+        )
 
     # ---- the sample cache (collector/sample_cache.py) ------------------------------------
 
@@ -190,9 +193,8 @@ class ClickHouseStorage:
         days = self._store.retention.samples_days
         if days and start_ms < settled - (days - 1) * _MS_PER_DAY:
             return None
-        stop = first
-        while stop <= last and stop * BLOCK_MS < settled:
-            stop += 1
+        # Hour h is settled when h * BLOCK_MS < settled.
+        stop = max(first, min(last + 1, -(-settled // BLOCK_MS)))
         cached_ms = min(stop * BLOCK_MS, end_ms + 1) - start_ms
         if stop == first or 2 * cached_ms < end_ms - start_ms + 1:
             return None
@@ -240,11 +242,7 @@ class ClickHouseStorage:
         blocks = self._hour_blocks(metric, hours)
         tail_start = hours.stop
         if tail_start <= end_ms:
-            tail = self._store.query(
-                f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
-                f"WHERE {_fingerprints_in(series, sub)} AND {self._window(tail_start, end_ms)} "
-                "ORDER BY fingerprint, t"
-            )
+            tail = self._samples(f"{_fingerprints_in(series, sub)} AND {self._window(tail_start, end_ms)}")
             blocks.append(_sorted_block(tail))
         return gather_series(labels, want, blocks, start_ms, end_ms)
 
@@ -254,7 +252,7 @@ class ClickHouseStorage:
         """``select_columns`` without asking ClickHouse which series match: every hour is cached.
 
         The cached hours of a metric hold every series of it with samples then, so the other
-        matchers run on their labels here (each distinct label value tested once). None when
+        matchers run on their labels here. None when
         some series' labels are unknown (samples without a series row): the SQL path decides.
         """
         blocks = self._hour_blocks(metric, hours)
@@ -263,22 +261,7 @@ class ClickHouseStorage:
         if known is None:
             return None
         others = [m for m in matchers if not (m.name == "__name__" and m.op == "=")]
-        verdicts: dict[tuple[int, str], bool] = {}
-        matched: dict[int, _Known] = {}
-        for fp in fps:
-            entry = known[fp]
-            lookup = dict(entry[0])
-            ok = True
-            for i, m in enumerate(others):
-                value = lookup.get(m.name, "")
-                verdict = verdicts.get((i, value))
-                if verdict is None:
-                    verdict = verdicts[i, value] = m.matches(value)
-                if not verdict:
-                    ok = False
-                    break
-            if ok:
-                matched[fp] = entry
+        matched = {fp: entry for fp, entry in known.items() if labels_match(entry[0], others)}
         labels, rows = _sorted_rows(list(matched), matched)
         want = np.fromiter(matched, dtype=np.uint64, count=len(matched))[rows]
         return gather_series(labels, want, blocks, start_ms, end_ms)
@@ -323,12 +306,7 @@ class ClickHouseStorage:
                 for hour in hours:
                     cache.mark_oversized(metric, hour)
                 return {}
-        fps, ts, vs = _deduplicated(
-            self._store.query(
-                f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
-                f"WHERE {where} ORDER BY fingerprint, t"
-            )
-        )
+        fps, ts, vs = _deduplicated(self._samples(where))
         # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
         # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
         hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
