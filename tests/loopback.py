@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,14 +10,15 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from kernel_insight.api.app import listening_socket
+
 __all__ = ["running_server"]
 
 
 @contextlib.contextmanager
 def running_server(app: FastAPI) -> Iterator[str]:
     """``app`` under a real uvicorn on 127.0.0.1 and an ephemeral port, in a thread; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
