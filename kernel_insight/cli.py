@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "kernel_insight.agent.probe.cli",
     "kernel_insight.api.cli",
     "kernel_insight.collector.server",
+    "kernel_insight.rules.cli",
 ]
 
 Handler = Callable[[argparse.Namespace], int]

@@ -38,5 +38,5 @@ def test_wheel_holds_the_compiled_ring_under_one_namespace(tmp_path: Path) -> No
     assert any(n.startswith("kernel_insight/agent/_ring.") and n.endswith(".so") for n in names)
     assert "kernel_insight/agent/include/ki_ring.h" in names
     assert "kernel_insight/kql/grammar/kql.lark" in names  # an installed kql must parse
-    for component in ["agent", "collector", "kql", "api", "sdk"]:
+    for component in ["agent", "collector", "kql", "api", "sdk", "rules"]:
         assert f"kernel_insight/{component}/__init__.py" in names

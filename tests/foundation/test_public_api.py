@@ -17,6 +17,7 @@ PACKAGES = [
     "kernel_insight.kql",
     "kernel_insight.api",
     "kernel_insight.sdk",
+    "kernel_insight.rules",
 ]
 
 
@@ -38,7 +39,7 @@ def test_ring_api_is_public() -> None:
 
 def test_components_install_under_one_namespace() -> None:
     root = Path(kernel_insight.__file__).parent
-    for component in ["agent", "collector", "kql", "api", "sdk"]:
+    for component in ["agent", "collector", "kql", "api", "sdk", "rules"]:
         mod = importlib.import_module(f"kernel_insight.{component}")
         assert Path(mod.__file__ or "").parent.resolve() == (root / component).resolve()
     dist = importlib.metadata.distribution("kernel-insight")
