@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from kernel_insight.agent.launcher import BINARY_ENV, agent_binary
+from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.agent.records import (
     RECORD_DTYPE,
     CollectiveOp,
@@ -50,6 +51,7 @@ from kernel_insight.agent.ring import (
 __all__ = [
     "BINARY_ENV",
     "DEFAULT_CAPACITY",
+    "METRIC_SPECS",
     "RECORD_DTYPE",
     "RECORD_SIZE",
     "RING_VERSION",
@@ -63,6 +65,8 @@ __all__ = [
     "LaunchRecord",
     "MemopKind",
     "MemopRecord",
+    "MetricId",
+    "MetricSpec",
     "Record",
     "RecordFlag",
     "RecordType",

@@ -39,7 +39,7 @@ LOCAL_DEV_HOST = "127.0.0.1"
 
 def default_metadata() -> MetricMetadata:
     """Type, help and unit of the GPU sample metrics (docs/metrics.md) for ``/api/v1/metadata``."""
-    from kernel_insight.collector.metric_ids import METRIC_SPECS
+    from kernel_insight.agent.metric_ids import METRIC_SPECS
 
     return {s.name: [{"type": s.type, "help": s.help, "unit": s.unit}] for s in METRIC_SPECS.values()}
 

@@ -6,6 +6,7 @@ Storage side (docs/storage.md): :class:`EmbeddedStore` (chDB) and :class:`Server
 
 from __future__ import annotations
 
+from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.app import create_app
 from kernel_insight.collector.derive import Derived, Deriver
 from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
@@ -20,7 +21,6 @@ from kernel_insight.collector.keys import (
     UnknownAgent,
     read_key_file,
 )
-from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.openmetrics import Exposition, OpenMetricsError, parse_exposition
 from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.remote_write import RemoteWriteError, encode_write_request, parse_remote_write

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.agent.metric_ids import THROTTLE_REASONS, MetricId, spec
 from kernel_insight.agent.records import (
     RECORD_DTYPE,
     CollectiveOp,
@@ -38,7 +39,6 @@ from kernel_insight.agent.records import (
     SyncRecord,
     decode_record,
 )
-from kernel_insight.collector.metric_ids import THROTTLE_REASONS, MetricId, spec
 from kernel_insight.collector.rows import (
     Event,
     InstanceInfo,

@@ -26,16 +26,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.probe._bpf import BPF_TEXT, EV_COLLECTIVE, EV_LAUNCH, EV_MEMOP, EV_SYNC, NAME_LEN
 from kernel_insight.agent.records import ErrorKind, MemopKind
 from kernel_insight.agent.ring import Ring, ring_name
 
 __all__ = [
     "API_NAMES",
-    "CUDA_ALLOCATED_BYTES",
-    "LAUNCH_CALLS",
-    "LAUNCH_HOST_LATENCY_BUCKET",
-    "LAUNCH_HOST_TIME",
     "BpfProgramStats",
     "EbpfUnavailable",
     "LaunchStats",
@@ -45,13 +42,8 @@ __all__ = [
     "find_library",
 ]
 
-#: GPU_SAMPLE metric ids for the launch aggregates (collector/metric_ids.py, docs/metrics.md).
+#: The launch aggregates are GPU_SAMPLE metrics (agent/metric_ids.py, docs/metrics.md):
 #: aux = kernel-name string id (bucket index << 32 for buckets; buckets are cumulative).
-LAUNCH_CALLS = 25  # counter: launch API calls of one kernel since the tracer started
-LAUNCH_HOST_TIME = 26  # counter: seconds the launching threads spent inside those calls
-LAUNCH_HOST_LATENCY_BUCKET = 27  # counter: calls with host time < 2**(bucket+1) ns (log2 buckets)
-#: gauge: bytes a process allocated through cuMemAlloc*/cuMemAllocAsync and has not freed (aux = pid).
-CUDA_ALLOCATED_BYTES = 28
 
 API_NAMES = {0: "cuLaunchKernel", 1: "cuLaunchKernel_ptsz", 2: "cudaLaunchKernel"}
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -399,7 +391,7 @@ class Tracer:
         for pid, n in self._outstanding.items():
             if self._outstanding_sent.get(pid) != n:
                 self._outstanding_sent[pid] = n
-                self._put(self.ring.sample(CUDA_ALLOCATED_BYTES, self.config.gpu, ts, float(n), pid))
+                self._put(self.ring.sample(MetricId.CUDA_ALLOCATED_BYTES, self.config.gpu, ts, float(n), pid))
 
     def summary(self, top: int = 10) -> str:
         """A few lines for a person: the most launched kernels and what each process holds."""
@@ -472,9 +464,9 @@ class Tracer:
             t = totals[name]
             self.launches[name] = t
             sid = self.ring.intern(name)
-            self._put(self.ring.sample(LAUNCH_CALLS, dev, ts, float(t.count), sid))
+            self._put(self.ring.sample(MetricId.LAUNCH_CALLS, dev, ts, float(t.count), sid))
             if self.config.launch_latency:
-                self._put(self.ring.sample(LAUNCH_HOST_TIME, dev, ts, t.host_ns / 1e9, sid))
+                self._put(self.ring.sample(MetricId.LAUNCH_HOST_TIME, dev, ts, t.host_ns / 1e9, sid))
                 # Cumulative (Prometheus le) buckets up to the highest one used; the ones above
                 # equal the call count, which the collector writes as the +Inf bucket.
                 top = max((b for b, n in enumerate(t.hist) if n), default=-1)
@@ -482,7 +474,9 @@ class Tracer:
                 for bucket in range(top + 1):
                     cumulative += t.hist[bucket]
                     aux = sid | bucket << 32
-                    self._put(self.ring.sample(LAUNCH_HOST_LATENCY_BUCKET, dev, ts, float(cumulative), aux))
+                    self._put(
+                        self.ring.sample(MetricId.LAUNCH_HOST_LATENCY_BUCKET, dev, ts, float(cumulative), aux)
+                    )
 
     def _on_event(self, _ctx: Any, data: Any, _size: int) -> None:
         e = ctypes.cast(data, ctypes.POINTER(_Event)).contents

@@ -20,9 +20,9 @@ from typing import Any, Self
 
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed
 
+from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import ErrorKind, FingerprintField
 from kernel_insight.agent.ring import Ring, ring_name
-from kernel_insight.collector.metric_ids import MetricId
 
 __all__ = ["EVENT_MASK", "NvmlSampler", "NvmlUnavailable"]
 

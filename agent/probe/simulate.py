@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import (
     CollectiveOp,
     ErrorKind,
@@ -29,7 +30,6 @@ from kernel_insight.agent.records import (
     SyncKind,
 )
 from kernel_insight.agent.ring import Ring
-from kernel_insight.collector.metric_ids import MetricId
 
 __all__ = ["KERNELS", "SimConfig", "Simulator"]
 

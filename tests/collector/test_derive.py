@@ -19,8 +19,8 @@ from kernel_insight.agent import (
     RingReader,
     SyncKind,
 )
+from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId
 from kernel_insight.collector.derive import Deriver, agent_metric_name
-from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId
 
 T0 = 1_790_000_000_000_000_000  # ns
 

@@ -17,8 +17,8 @@ import pytest
 from kernel_insight.api import ClickHouseTokenStore, TokenStore, UnknownToken
 from kernel_insight.cli import main
 from kernel_insight.collector import keys as k
-from kernel_insight.collector.server import auth_store_kind, build_collector_app
 from kernel_insight.collector.store import ServerStore
+from kernel_insight.server import auth_store_kind, build_collector_app
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,9 @@ import pytest
 from probeutil import HERE, ROOT, compile_c, drain, names_of
 
 from kernel_insight.agent import ring_name
+from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.probe import ebpf
 from kernel_insight.agent.probe.ebpf import (
-    CUDA_ALLOCATED_BYTES,
-    LAUNCH_CALLS,
-    LAUNCH_HOST_LATENCY_BUCKET,
     EbpfUnavailable,
     Tracer,
     TracerConfig,
@@ -146,9 +144,15 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
         "ki_runtime_kernel_stub": 300,
     }
     assert all(sum(s.hist) == s.count and s.host_ns > 0 for s in launches.values())
-    calls = {name(r.aux): r.value for r in recs if isinstance(r, SampleRecord) and r.metric == LAUNCH_CALLS}
+    calls = {
+        name(r.aux): r.value
+        for r in recs
+        if isinstance(r, SampleRecord) and r.metric == MetricId.LAUNCH_CALLS
+    }
     assert calls == {n: float(s.count) for n, s in launches.items()}
-    buckets = [r for r in recs if isinstance(r, SampleRecord) and r.metric == LAUNCH_HOST_LATENCY_BUCKET]
+    buckets = [
+        r for r in recs if isinstance(r, SampleRecord) and r.metric == MetricId.LAUNCH_HOST_LATENCY_BUCKET
+    ]
     last = max(r.ts_ns for r in buckets if name(r.aux & 0xFFFFFFFF) == "gemm_kernel")
     gemm = [r.value for r in buckets if name(r.aux & 0xFFFFFFFF) == "gemm_kernel" and r.ts_ns == last]
     assert gemm == sorted(gemm)  # cumulative le buckets, lowest first
@@ -180,7 +184,7 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
     assert addrs[4] == addrs[2]
     assert addrs[5] == 0
     assert outstanding == {traced.pid: 3 * MIB}
-    held = [r for r in recs if isinstance(r, SampleRecord) and r.metric == CUDA_ALLOCATED_BYTES]
+    held = [r for r in recs if isinstance(r, SampleRecord) and r.metric == MetricId.CUDA_ALLOCATED_BYTES]
     assert [(r.aux, r.value) for r in held] == [(traced.pid, 3.0 * MIB)]
     (oom,) = [r for r in recs if isinstance(r, ErrorRecord)]
     assert (oom.kind, oom.code, oom.aux, oom.pid) == (ErrorKind.OOM, 2, 2 << 40, traced.pid)
@@ -258,7 +262,9 @@ def test_launch_records_are_sampled_but_counts_stay_exact(stand_ins, label_prefi
     recs = drain(ring_name(f"{label_prefix}0"))
     assert after == counts
     held = [
-        (r.aux, r.value) for r in recs if isinstance(r, SampleRecord) and r.metric == CUDA_ALLOCATED_BYTES
+        (r.aux, r.value)
+        for r in recs
+        if isinstance(r, SampleRecord) and r.metric == MetricId.CUDA_ALLOCATED_BYTES
     ]
     assert held == [(prog.pid, 3.0 * MIB), (prog.pid, 0.0)]
     assert sum(1 for r in recs if isinstance(r, LaunchRecord)) == 18
@@ -307,7 +313,7 @@ def test_cli_traces_a_pid_until_its_time_is_up(stand_ins, label_prefix, programs
     assert sum(1 for r in recs if isinstance(r, CollectiveRecord)) == 9
     last: dict[int, float] = {}  # cumulative counters: a drain may land mid-pattern, the last value counts
     for r in recs:
-        if isinstance(r, SampleRecord) and r.metric == LAUNCH_CALLS:
+        if isinstance(r, SampleRecord) and r.metric == MetricId.LAUNCH_CALLS:
             last[r.aux] = r.value
     assert sorted(last.values()) == [300.0, 500.0, 1000.0]
 

@@ -14,6 +14,7 @@ import pytest
 from probeutil import HERE, ROOT, compile_c, drain, names_of
 
 from kernel_insight.agent import ring_name
+from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
 from kernel_insight.agent.records import (
     ErrorKind,
@@ -22,7 +23,6 @@ from kernel_insight.agent.records import (
     FingerprintRecord,
     SampleRecord,
 )
-from kernel_insight.collector.metric_ids import MetricId
 
 pytestmark = pytest.mark.nvml
 

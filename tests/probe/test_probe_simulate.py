@@ -16,6 +16,7 @@ import pytest
 from probeutil import drain, names_of
 
 from kernel_insight.agent import Ring, RingError, RingReader, ring_name
+from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId
 from kernel_insight.agent.probe import SimConfig, Simulator
 from kernel_insight.agent.records import (
     RECORD_DTYPE,
@@ -37,7 +38,6 @@ from kernel_insight.agent.records import (
     decode_records,
 )
 from kernel_insight.cli import main
-from kernel_insight.collector.metric_ids import METRIC_SPECS, MetricId
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
