@@ -594,15 +594,15 @@ def load_skips(path: Path = SKIP_FILE) -> dict[str, str]:
 
 
 def default_dir() -> Path:
-    """``<repo root>/../shared/promqltest``: where CI keeps the upstream scripts."""
+    """``<repo root>/tests/fixtures/promqltest``: Prometheus' scripts, vendored with its LICENSE and NOTICE."""
     repo_root = Path(__file__).resolve().parent.parent
-    return repo_root.parent / "shared" / "promqltest"
+    return repo_root / "tests" / "fixtures" / "promqltest"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernel_insight.kql.promqltest", description=__doc__)
     parser.add_argument(
-        "files", nargs="*", type=Path, help="test scripts (default: all in ../shared/promqltest)"
+        "files", nargs="*", type=Path, help="test scripts (default: all in tests/fixtures/promqltest)"
     )
     parser.add_argument("--skips", type=Path, default=SKIP_FILE, help="skip file (file:line reason)")
     parser.add_argument(
