@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -48,6 +48,9 @@ bench-probe: build
 
 bench-kql: build
 	$(PY) -m bench.kql
+
+bench-derive:
+	$(PY) -m bench.derive
 
 clean:
 	rm -rf build $(VENV) *.egg-info

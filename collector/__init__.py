@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.app import create_app
-from kernel_insight.collector.derive import Derived, Deriver
+from kernel_insight.collector.derive import DROP_REASONS, DROP_STATS, Derived, Deriver, DropStats
 from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
 from kernel_insight.collector.keys import (
     AgentCredentials,
@@ -62,6 +62,8 @@ from kernel_insight.collector.wire import (
 
 __all__ = [
     "CONTENT_TYPE",
+    "DROP_REASONS",
+    "DROP_STATS",
     "INGEST_PATH",
     "METRIC_SPECS",
     "SCHEMA",
@@ -77,6 +79,7 @@ __all__ = [
     "DecodedBatch",
     "Derived",
     "Deriver",
+    "DropStats",
     "EmbeddedStore",
     "Event",
     "Exposition",

@@ -2,44 +2,41 @@
 
 A :class:`Deriver` belongs to one instance (one agent) and keeps the little state that
 derivation needs across batches: names, GPU models, memory totals and running counter
-totals. KERNEL records, the bulk of the traffic, are handled as numpy columns; the rare
-types one record at a time.
+totals. Every record type is handled as numpy columns over the whole batch; Python runs
+once per series (or per event), never per record. Records whose fields cannot be stored
+are dropped and counted by reason before any state is touched (docs/metrics.md, "Dropped
+records").
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.agent.metric_ids import THROTTLE_REASONS, MetricId, spec
+from kernel_insight.agent.metric_ids import METRIC_SPECS, THROTTLE_REASONS, MetricId
 from kernel_insight.agent.records import (
     RECORD_DTYPE,
     CollectiveOp,
-    CollectiveRecord,
     ErrorKind,
-    ErrorRecord,
     FingerprintField,
-    FingerprintRecord,
-    KernelRecord,
-    LaunchRecord,
     MemopKind,
-    MemopRecord,
     RecordFlag,
     RecordType,
-    SampleRecord,
     StringRecord,
     StringTable,
     SyncKind,
-    SyncRecord,
     decode_record,
 )
 from kernel_insight.collector.rows import (
+    MAX_TS_MS,
     Event,
     InstanceInfo,
     Labels,
@@ -49,11 +46,45 @@ from kernel_insight.collector.rows import (
     canonical_labels,
 )
 
-__all__ = ["AGENT_COUNTERS", "Derived", "Deriver", "agent_metric_name"]
+__all__ = [
+    "AGENT_COUNTERS",
+    "DROP_REASONS",
+    "DROP_STATS",
+    "Derived",
+    "Deriver",
+    "DropStats",
+    "agent_metric_name",
+]
 
-_KERNEL_DTYPE = np.dtype([("end", "<u8"), ("stream", "<u8"), ("corr", "<u8"), ("pid", "<u4"), ("_r", "<u4")])
 _NS_PER_MS = 1_000_000
 _LABEL_CACHE_MAX = 200_000
+#: The last nanosecond the schema can store (rows.MAX_TS_MS, 2149-06-06): later times are dropped.
+_MAX_TS_NS = (MAX_TS_MS + 1) * _NS_PER_MS - 1
+#: A GPU's memory above this (256 TiB) is not a GPU: the FINGERPRINT or sample is dropped, so the
+#: instance's summed memory always fits the UInt64 column.
+_MAX_GPU_MEMORY = 1 << 48
+#: Latency buckets are log2 of nanoseconds: 2**64 ns is 584 years, so higher indices are garbage.
+_MAX_BUCKET = 63
+
+# Payload layouts of ki_ring.h (docs/ring.md) as the derive pass reads them.
+_KERNEL_DTYPE = np.dtype([("end", "<u8"), ("stream", "<u8"), ("corr", "<u8"), ("pid", "<u4"), ("_r", "<u4")])
+_LAUNCH_DTYPE = np.dtype([("pid", "<u4"), ("tid", "<u4"), ("_g", "V24")])
+_MEMOP_DTYPE = np.dtype([("address", "<u8"), ("bytes", "<u8"), ("_r", "V16")])
+_COLLECTIVE_DTYPE = np.dtype([("bytes", "<u8"), ("duration", "<u8"), ("_r", "V16")])
+_SYNC_DTYPE = np.dtype([("duration", "<u8"), ("_r", "V24")])
+_SAMPLE_DTYPE = np.dtype([("value", "<f8"), ("aux", "<u8"), ("_r", "V16")])
+_FINGERPRINT_DTYPE = np.dtype([("value", "<u8"), ("_r", "V24")])
+_ERROR_DTYPE = np.dtype([("code", "<i8"), ("aux", "<u8"), ("pid", "<u4"), ("detail", "<u4"), ("_r", "V8")])
+
+#: Why a record was dropped instead of stored (``ki_collector_records_dropped_total{reason}``).
+DROP_REASONS: dict[str, str] = {
+    "timestamp_out_of_range": "the record's time is after 2149-06-06, the last day the schema stores",
+    "end_out_of_range": "a KERNEL record's end time is after 2149-06-06",
+    "bucket_out_of_range": "a latency-bucket sample's log2 bucket index is above 63",
+    "value_out_of_range": "a throttle bitmask or memory total that is not a finite, non-negative number",
+    "fingerprint_out_of_range": "a FINGERPRINT memory total above 256 TiB",
+    "batch_time_out_of_range": "the batch header's time is after 2149-06-06 (counters stamped with now)",
+}
 
 #: Agent self-metrics (docs/wire.md, COUNTERS): name -> (metric name, type, scale to the metric's unit).
 AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
@@ -82,6 +113,10 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "names_truncated": ("ki_agent_names_truncated_total", "counter", 1.0),
 }
 
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+
 
 def agent_metric_name(counter: str) -> tuple[str, float]:
     """Metric name and scale for an agent counter; counters newer than this table keep their raw name."""
@@ -90,6 +125,33 @@ def agent_metric_name(counter: str) -> tuple[str, float]:
         return known[0], known[2]
     safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in counter.lower())
     return f"ki_agent_{safe}", 1.0
+
+
+class DropStats:
+    """Records dropped by reason since start, summed over every deriver: the collector's metrics read it.
+
+    >>> s = DropStats()
+    >>> s.add({"bucket_out_of_range": 2})
+    >>> s.snapshot()["bucket_out_of_range"]
+    2
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(DROP_REASONS, 0)
+
+    def add(self, dropped: Mapping[str, int]) -> None:
+        with self._lock:
+            for reason, n in dropped.items():
+                self._counts[reason] = self._counts.get(reason, 0) + n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+#: Where every :class:`Deriver` counts its drops unless given its own :class:`DropStats`.
+DROP_STATS = DropStats()
 
 
 @dataclass(slots=True)
@@ -101,6 +163,7 @@ class Derived:
     events: list[Event] = field(default_factory=list)
     instances: list[InstanceInfo] = field(default_factory=list)
     unknown_records: int = 0  # records of a type or metric id this collector does not know
+    dropped: dict[str, int] = field(default_factory=dict)  # records refused, by DROP_REASONS key
 
 
 def _kind(enum_cls: type[MemopKind] | type[SyncKind] | type[CollectiveOp] | type[ErrorKind], v: int) -> str:
@@ -108,6 +171,20 @@ def _kind(enum_cls: type[MemopKind] | type[SyncKind] | type[CollectiveOp] | type
         return enum_cls(v).name.lower()
     except ValueError:
         return f"unknown_{v}"
+
+
+def _payload(recs: npt.NDArray[np.void], dtype: np.dtype[np.void]) -> npt.NDArray[np.void]:
+    return np.ascontiguousarray(recs["payload"]).view(dtype)
+
+
+def _group_rows(cols: Sequence[npt.NDArray[np.generic]]) -> tuple[list[tuple[int, ...]], I64]:
+    """Distinct rows of the integer columns and, per record, the index of its row."""
+    if len(cols) == 1:
+        uniq, inv = np.unique(cols[0], return_inverse=True)
+        return [(int(u),) for u in uniq.tolist()], inv.reshape(-1).astype(np.int64)
+    stacked = np.stack([np.asarray(c).astype(np.uint64) for c in cols], axis=1)
+    rows, inv = np.unique(stacked, axis=0, return_inverse=True)
+    return [tuple(r) for r in rows.tolist()], inv.reshape(-1).astype(np.int64)
 
 
 class Deriver:
@@ -121,13 +198,17 @@ class Deriver:
     0
     """
 
-    def __init__(self, instance: str, labels: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, instance: str, labels: Mapping[str, str] | None = None, *, stats: DropStats | None = None
+    ) -> None:
         self.instance = instance
         self.labels = dict(labels or {})
         self.strings = StringTable()
+        self.stats = DROP_STATS if stats is None else stats
         self._names: dict[tuple[int, int], str] = {}
         self._totals: dict[Labels, float] = defaultdict(float)
         self._label_cache: dict[tuple[str, int | None, str, tuple[tuple[str, str], ...]], Labels] = {}
+        self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
         self._memory_total: dict[int, float] = {}
 
@@ -176,6 +257,80 @@ class Deriver:
         total = self._totals[labels] = self._totals[labels] + delta
         out.add_canonical(labels, ts_ms, total)
 
+    def _series_groups(
+        self, tag: str, cols: Sequence[npt.NDArray[np.generic]], make: Callable[[tuple[int, ...]], Labels]
+    ) -> tuple[list[Labels], I64]:
+        """Records grouped by the series they feed: ``make`` builds the labels of one distinct key row.
+
+        Labels are remembered per (tag, key row) until a name, model or instance label changes, so
+        a steady stream costs one dict lookup per distinct key and batch. Two keys can name one
+        series (two producers' ids for one kernel name), so the groups are the distinct labels,
+        not the distinct keys.
+        """
+        rows, inv = _group_rows(cols)
+        if len(self._key_cache) > _LABEL_CACHE_MAX:
+            self._key_cache.clear()
+        series: list[Labels] = []
+        index: dict[Labels, int] = {}
+        remap = np.empty(len(rows), dtype=np.int64)
+        cache = self._key_cache
+        for j, row in enumerate(rows):
+            labels = cache.get((tag, row))
+            if labels is None:
+                labels = cache[(tag, row)] = make(row)
+            k = index.get(labels)
+            if k is None:
+                k = index[labels] = len(series)
+                series.append(labels)
+            remap[j] = k
+        return series, remap[inv]
+
+    def _by_kind(
+        self,
+        metric: str,
+        label: str,
+        kinds: type[MemopKind] | type[SyncKind] | type[CollectiveOp] | type[ErrorKind],
+    ) -> Callable[[tuple[int, ...]], Labels]:
+        """Labels of a (gpu, kind id) key row: the kind id named by its enum."""
+        return lambda g: self._labels(metric, g[0], **{label: _kind(kinds, g[1])})
+
+    def _with_label(self, metric: str, label: str, value: str) -> Callable[[tuple[int, ...]], Labels]:
+        """Labels of a (gpu,) key row with one fixed extra label."""
+        return lambda g: self._labels(metric, g[0], **{label: value})
+
+    def _forget_labels(self) -> None:
+        self._label_cache.clear()
+        self._key_cache.clear()
+
+    def _accumulate(
+        self, out: SampleBuilder, series: list[Labels], idx: I64, ts_ms: I64, deltas: F64
+    ) -> None:
+        """Counters: one sample per record, the series' running total after it (in record order).
+
+        Each total starts from the one kept across batches and adds its records one at a time in
+        record order (so it rounds exactly as a per-record loop would); the loop runs over the
+        k-th record of every series at once, so it turns as many times as the busiest series has
+        records in this batch.
+        """
+        n = len(idx)
+        acc = np.fromiter((self._totals.get(s, 0.0) for s in series), dtype=np.float64, count=len(series))
+        order = np.argsort(idx, kind="stable")
+        counts = np.bincount(idx, minlength=len(series))
+        first = np.cumsum(counts) - counts
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - first[idx[order]]
+        by_rank = np.argsort(rank, kind="stable")
+        bounds = np.searchsorted(rank[by_rank], np.arange(int(counts.max()) + 1))
+        running = np.empty(n, dtype=np.float64)
+        for k in range(len(bounds) - 1):
+            at = by_rank[bounds[k] : bounds[k + 1]]  # the k-th record of each series that has one
+            g = idx[at]
+            acc[g] += deltas[at]
+            running[at] = acc[g]
+        for s, total in zip(series, acc.tolist(), strict=True):
+            self._totals[s] = total
+        out.add_columns(series, idx, ts_ms, running)
+
     # ---- the one entry point ---------------------------------------------------------
 
     def derive(
@@ -187,62 +342,83 @@ class Deriver:
         now_ns: int | None = None,
     ) -> Derived:
         """Rows for one batch: ``records`` in RECORD_DTYPE (ring order), names the wire batch carried,
-        and the agent's counters by name (docs/wire.md, lower-case)."""
+        and the agent's counters by name (docs/wire.md, lower-case).
+
+        Records that cannot be stored are left out and counted in ``Derived.dropped`` (and in
+        ``self.stats``); nothing of theirs reaches the deriver's state.
+        """
         if records.dtype != RECORD_DTYPE:
             raise TypeError("derive() needs an array of RECORD_DTYPE")
-        now_ns = time.time_ns() if now_ns is None else now_ns
-        if strings:
+        dropped: dict[str, int] = {}
+        if now_ns is None or not 0 <= now_ns <= _MAX_TS_NS:
+            if now_ns is not None:
+                dropped["batch_time_out_of_range"] = 1
+            now_ns = time.time_ns()
+        if strings and any(self._names.get(k) != v for k, v in strings.items()):
             self._names.update(strings)
-        samples = SampleBuilder()
-        events: list[Event] = []
-        unknown = 0
+            self._key_cache.clear()  # a kernel label may read differently now
         types = records["type"]
+        stamped = (types != RecordType.STRING) & (types != RecordType.FINGERPRINT)
+        late = stamped & (records["ts_ns"] > np.uint64(_MAX_TS_NS))
+        if late.any():
+            dropped["timestamp_out_of_range"] = int(late.sum())
+            records = records[~late]
+            types = records["type"]
+        samples = SampleBuilder()
         if "simulated" not in self.labels and np.any(records["flags"] & RecordFlag.SIMULATED):
             # Simulated data must never pass for real: from the first simulated record on, every
             # series and the instance itself carry simulated="true" (erring on the safe side if a
             # real producer shares the instance).
             self.labels["simulated"] = "true"
-            self._label_cache.clear()
-        # Names and fingerprints first, so this batch's records can use them.
+            self._forget_labels()
+        # Names and fingerprints first, so this batch's records can use them (rare: a loop is fine).
         for i in np.flatnonzero(types == RecordType.STRING).tolist():
             rec = decode_record(records[i].tobytes())
             assert isinstance(rec, StringRecord)
-            self.strings.add(rec)
-        fp_changed = False
-        for i in np.flatnonzero(types == RecordType.FINGERPRINT).tolist():
-            fp_changed |= self._fingerprint_record(records[i])
-        spans = self._kernels(records[types == RecordType.KERNEL], samples)
-        for i in np.flatnonzero((types != RecordType.KERNEL) & (types != RecordType.STRING)).tolist():
-            rtype = int(types[i])
-            if rtype == RecordType.FINGERPRINT:
-                continue
-            if rtype not in RecordType._value2member_map_:
-                unknown += 1
-                continue
-            unknown += self._one(records[i], samples, events)
+            if self.strings.add(rec) is not None:
+                self._key_cache.clear()
+        fp_changed = self._fingerprints(records[types == RecordType.FINGERPRINT], dropped)
+        if fp_changed:
+            self._key_cache.clear()  # a GPU's model label may read differently now
+        spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped)
+        self._launches(records[types == RecordType.LAUNCH], samples)
+        self._memops(records[types == RecordType.MEMOP], samples)
+        self._collectives(records[types == RecordType.COLLECTIVE], samples)
+        self._syncs(records[types == RecordType.SYNC], samples)
+        unknown = self._gpu_samples(records[types == RecordType.GPU_SAMPLE], samples, dropped)
+        events = self._errors(records[types == RecordType.ERROR], samples)
+        unknown += int(np.count_nonzero((types == 0) | (types > max(RecordType))))
         if counters:
             ts_ms = now_ns // _NS_PER_MS
             for name, value in counters.items():
                 metric, scale = agent_metric_name(name)
-                samples.add(self._labels(metric, None), ts_ms, float(value) * scale)
+                samples.add_canonical(self._labels(metric, None), ts_ms, float(value) * scale)
         instances = []
         if fp_changed or len(records) or counters:
             instances.append(self._instance(now_ns))
-        return Derived(samples.build(), spans, events, instances, unknown)
+        if dropped:
+            self.stats.add(dropped)
+        return Derived(samples.build(), spans, events, instances, unknown, dropped)
 
-    # ---- KERNEL: spans and per-kernel metrics, as columns ------------------------------
+    # ---- KERNEL: spans and per-kernel metrics ------------------------------------------
 
-    def _kernels(self, k: npt.NDArray[np.void], out: SampleBuilder) -> SpanBatch:
+    def _kernels(self, k: npt.NDArray[np.void], out: SampleBuilder, dropped: dict[str, int]) -> SpanBatch:
         if len(k) == 0:
             return SpanBatch.empty()
-        payload = np.ascontiguousarray(k["payload"]).view(_KERNEL_DTYPE)
+        payload = _payload(k, _KERNEL_DTYPE)
+        late = payload["end"] > np.uint64(_MAX_TS_NS)
+        if late.any():
+            dropped["end_out_of_range"] = int(late.sum())
+            k, payload = k[~late], payload[~late]
+            if len(k) == 0:
+                return SpanBatch.empty()
         start = k["ts_ns"].astype(np.int64)
         end = payload["end"].astype(np.int64)
         key = (k["producer"].astype(np.uint64) << np.uint64(32)) | k["id"].astype(np.uint64)
         uniq, inverse = np.unique(key, return_inverse=True)
+        inverse = inverse.reshape(-1)
         names_u = [self._kernel_name(int(u) >> 32, int(u) & 0xFFFFFFFF) for u in uniq.tolist()]
         names = np.array(names_u, dtype=object)[inverse]
-        inverse = inverse.ravel()
         gpu = k["device"].astype(np.uint16)
         spans = SpanBatch(
             instance=[self.instance] * len(k),
@@ -256,9 +432,10 @@ class Deriver:
         )
         # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
         dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
-        name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1][inverse]
+        name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1].reshape(-1)[inverse]
         group = gpu.astype(np.int64) * (len(names_u) + 1) + name_ids
         _, ginv = np.unique(group, return_inverse=True)
+        ginv = ginv.reshape(-1)
         counts = np.bincount(ginv)
         sums = np.bincount(ginv, weights=dur)
         order = np.argsort(ginv, kind="stable")
@@ -280,118 +457,267 @@ class Deriver:
             )
         return spans
 
-    # ---- the other record types, one at a time ----------------------------------------
+    # ---- LAUNCH, MEMOP, COLLECTIVE, SYNC: counters per record ---------------------------
 
-    def _one(self, raw: np.void, out: SampleBuilder, events: list[Event]) -> int:
-        rec = decode_record(raw.tobytes())
-        if isinstance(rec, KernelRecord | StringRecord | FingerprintRecord):
-            return 0  # handled in bulk before
-        ts_ms = rec.ts_ns // _NS_PER_MS
-        failed = bool(rec.flags & RecordFlag.FAILED)
-        match rec:
-            case LaunchRecord():
-                kernel = self._kernel_name(rec.producer, rec.function_id)
-                self._count(out, self._labels("cuda_launch_calls_total", rec.device, kernel=kernel), 1, ts_ms)
-            case MemopRecord():
-                kind = _kind(MemopKind, rec.kind)
-                self._count(out, self._labels("gpu_memory_operations_total", rec.device, kind=kind), 1, ts_ms)
-                if failed:
-                    labels = self._labels("gpu_memory_operation_failures_total", rec.device, kind=kind)
-                    self._count(out, labels, 1, ts_ms)
-                elif rec.kind in (MemopKind.ALLOC, MemopKind.ALLOC_ASYNC):
-                    labels = self._labels("gpu_memory_allocated_bytes_total", rec.device)
-                    self._count(out, labels, float(rec.nbytes), ts_ms)
-            case CollectiveRecord():
-                op = _kind(CollectiveOp, rec.op)
-                seconds = rec.duration_ns / 1e9
-                self._count(out, self._labels("nccl_ops_total", rec.device, op=op), 1, ts_ms)
-                self._count(
-                    out, self._labels("nccl_bytes_total", rec.device, op=op), float(rec.nbytes), ts_ms
-                )
-                self._count(
-                    out, self._labels("nccl_op_time_seconds_total", rec.device, op=op), seconds, ts_ms
-                )
-                out.add_canonical(self._labels("nccl_op_latency_seconds", rec.device, op=op), ts_ms, seconds)
-                if failed:
-                    self._count(out, self._labels("nccl_op_failures_total", rec.device, op=op), 1, ts_ms)
-            case SyncRecord():
-                kind = _kind(SyncKind, rec.kind)
-                seconds = rec.duration_ns / 1e9
-                self._count(out, self._labels("cuda_syncs_total", rec.device, kind=kind), 1, ts_ms)
-                self._count(
-                    out, self._labels("cuda_sync_time_seconds_total", rec.device, kind=kind), seconds, ts_ms
-                )
-            case SampleRecord():
-                return self._sample(rec, out)
-            case ErrorRecord():
-                kind = _kind(ErrorKind, rec.kind)
-                detail = self._name(rec.producer, rec.detail_id) if rec.detail_id else None
-                events.append(
-                    Event(
-                        self.instance,
-                        rec.device,
-                        rec.ts_ns,
-                        kind,
-                        code=rec.code,
-                        aux=rec.aux,
-                        pid=rec.pid,
-                        message=detail or "",
-                    )
-                )
-                self._count(out, self._labels("kernel_errors_total", rec.device, kind=kind), 1, ts_ms)
-            case _:
-                return 1
-        return 0
+    def _launches(self, r: npt.NDArray[np.void], out: SampleBuilder) -> None:
+        if len(r) == 0:
+            return
+        series, idx = self._series_groups(
+            "launch",
+            (r["device"], r["producer"], r["id"]),
+            lambda g: self._labels("cuda_launch_calls_total", g[0], kernel=self._kernel_name(g[1], g[2])),
+        )
+        self._accumulate(out, series, idx, _ts_ms(r), np.ones(len(r)))
 
-    def _sample(self, rec: SampleRecord, out: SampleBuilder) -> int:
-        s = spec(rec.metric)
-        if s is None:
-            return 1
-        ts_ms = rec.ts_ns // _NS_PER_MS
+    def _memops(self, r: npt.NDArray[np.void], out: SampleBuilder) -> None:
+        if len(r) == 0:
+            return
+        ts_ms = _ts_ms(r)
+        device, kind = r["device"], r["id"]
+        series, idx = self._series_groups(
+            "memop",
+            (device, kind),
+            lambda g: self._labels("gpu_memory_operations_total", g[0], kind=_kind(MemopKind, g[1])),
+        )
+        self._accumulate(out, series, idx, ts_ms, np.ones(len(r)))
+        failed = (r["flags"] & RecordFlag.FAILED) != 0
+        if failed.any():
+            series, idx = self._series_groups(
+                "memop_failed",
+                (device[failed], kind[failed]),
+                lambda g: self._labels(
+                    "gpu_memory_operation_failures_total", g[0], kind=_kind(MemopKind, g[1])
+                ),
+            )
+            self._accumulate(out, series, idx, ts_ms[failed], np.ones(int(failed.sum())))
+        alloc = ~failed & np.isin(kind, (MemopKind.ALLOC, MemopKind.ALLOC_ASYNC))
+        if alloc.any():
+            series, idx = self._series_groups(
+                "alloc", (device[alloc],), lambda g: self._labels("gpu_memory_allocated_bytes_total", g[0])
+            )
+            nbytes = _payload(r[alloc], _MEMOP_DTYPE)["bytes"].astype(np.float64)
+            self._accumulate(out, series, idx, ts_ms[alloc], nbytes)
+
+    def _collectives(self, r: npt.NDArray[np.void], out: SampleBuilder) -> None:
+        if len(r) == 0:
+            return
+        ts_ms = _ts_ms(r)
+        p = _payload(r, _COLLECTIVE_DTYPE)
+        seconds = p["duration"].astype(np.float64) / 1e9
+        device, op = r["device"], r["id"]
+        keys = (device, op)
+        for metric, deltas in (
+            ("nccl_ops_total", np.ones(len(r))),
+            ("nccl_bytes_total", p["bytes"].astype(np.float64)),
+            ("nccl_op_time_seconds_total", seconds),
+        ):
+            series, idx = self._series_groups(
+                f"nccl:{metric}",
+                keys,
+                self._by_kind(metric, "op", CollectiveOp),
+            )
+            self._accumulate(out, series, idx, ts_ms, deltas)
+        series, idx = self._series_groups(
+            "nccl_latency",
+            keys,
+            lambda g: self._labels("nccl_op_latency_seconds", g[0], op=_kind(CollectiveOp, g[1])),
+        )
+        out.add_columns(series, idx, ts_ms, seconds)
+        failed = (r["flags"] & RecordFlag.FAILED) != 0
+        if failed.any():
+            series, idx = self._series_groups(
+                "nccl_failed",
+                (device[failed], op[failed]),
+                lambda g: self._labels("nccl_op_failures_total", g[0], op=_kind(CollectiveOp, g[1])),
+            )
+            self._accumulate(out, series, idx, ts_ms[failed], np.ones(int(failed.sum())))
+
+    def _syncs(self, r: npt.NDArray[np.void], out: SampleBuilder) -> None:
+        if len(r) == 0:
+            return
+        ts_ms = _ts_ms(r)
+        seconds = _payload(r, _SYNC_DTYPE)["duration"].astype(np.float64) / 1e9
+        for metric, deltas in (
+            ("cuda_syncs_total", np.ones(len(r))),
+            ("cuda_sync_time_seconds_total", seconds),
+        ):
+            series, idx = self._series_groups(
+                f"sync:{metric}",
+                (r["device"], r["id"]),
+                self._by_kind(metric, "kind", SyncKind),
+            )
+            self._accumulate(out, series, idx, ts_ms, deltas)
+
+    # ---- GPU_SAMPLE: the metric-id table -----------------------------------------------
+
+    def _gpu_samples(self, r: npt.NDArray[np.void], out: SampleBuilder, dropped: dict[str, int]) -> int:
+        """Gauges and counters of the NVML sampler and the eBPF tracer; returns the unknown-id count."""
+        if len(r) == 0:
+            return 0
+        metric = r["id"]
+        known = np.isin(metric, np.fromiter(METRIC_SPECS, dtype=np.uint32))
+        unknown = int(len(r) - known.sum())
+        p = _payload(r, _SAMPLE_DTYPE)
+        value, aux = p["value"], p["aux"]
+        bucket = metric == MetricId.LAUNCH_HOST_LATENCY_BUCKET
+        bad_bucket = known & bucket & ((aux >> np.uint64(32)) > np.uint64(_MAX_BUCKET))
+        with np.errstate(invalid="ignore"):
+            throttle = metric == MetricId.THROTTLE_REASONS
+            bad_throttle = throttle & ~(np.isfinite(value) & (value >= 0) & (value < 2.0**64))
+            mtotal = metric == MetricId.MEMORY_TOTAL
+            bad_total = mtotal & ~(np.isfinite(value) & (value <= _MAX_GPU_MEMORY))
+        for reason, bad in (
+            ("bucket_out_of_range", bad_bucket),
+            ("value_out_of_range", bad_throttle | bad_total),
+        ):
+            if bad.any():
+                dropped[reason] = dropped.get(reason, 0) + int(bad.sum())
+        keep = known & ~bad_bucket & ~bad_throttle & ~bad_total
+        if not keep.all():
+            r, metric, value, aux = r[keep], metric[keep], value[keep], aux[keep]
+            if len(r) == 0:
+                return unknown
+        ts_ms = _ts_ms(r)
+        device = r["device"]
+        series, idx = self._series_groups("sample", (metric, device, r["producer"], aux), self._sample_labels)
+        out.add_columns(series, idx, ts_ms, value)
+        calls = metric == MetricId.LAUNCH_CALLS  # the histogram's +Inf bucket is the call count
+        if calls.any():
+            series, idx = self._series_groups(
+                "sample_inf",
+                (device[calls], r["producer"][calls], aux[calls]),
+                lambda g: self._labels(
+                    "cuda_launch_host_seconds_bucket",
+                    g[0],
+                    le="+Inf",
+                    kernel=self._kernel_name(g[1], g[2] & 0xFFFFFFFF),
+                ),
+            )
+            out.add_columns(series, idx, ts_ms[calls], value[calls])
+        self._free_ratio(metric, device, ts_ms, value, out)
+        throttle = metric == MetricId.THROTTLE_REASONS
+        if throttle.any():
+            bits = value[throttle].astype(np.uint64)
+            gpus, t_ms = device[throttle], ts_ms[throttle]
+            for bit, reason in THROTTLE_REASONS.items():
+                series, idx = self._series_groups(
+                    f"throttle:{reason}",
+                    (gpus,),
+                    self._with_label("gpu_throttled", "reason", reason),
+                )
+                flag = ((bits & np.uint64(bit)) != 0).astype(np.float64)
+                out.add_columns(series, idx, t_ms, flag)
+        return unknown
+
+    def _sample_labels(self, g: tuple[int, ...]) -> Labels:
+        metric, gpu, producer, aux = g
+        s = METRIC_SPECS[metric]
         extra: dict[str, str] = {}
         if s.aux_label and s.aux_kind == "value":
-            extra[s.aux_label] = str(rec.aux)
+            extra[s.aux_label] = str(aux)
         elif s.aux_label:
-            extra[s.aux_label] = self._kernel_name(rec.producer, rec.aux & 0xFFFFFFFF)
+            extra[s.aux_label] = self._kernel_name(producer, aux & 0xFFFFFFFF)
             if s.aux_kind == "string_log2_bucket":
-                extra["le"] = repr(2.0 ** ((rec.aux >> 32) + 1) / 1e9)
-        out.add_canonical(self._labels(s.name, rec.device, **extra), ts_ms, rec.value)
-        if rec.metric == MetricId.LAUNCH_CALLS:  # the histogram's +Inf bucket is the call count
-            labels = self._labels("cuda_launch_host_seconds_bucket", rec.device, le="+Inf", **extra)
-            out.add_canonical(labels, ts_ms, rec.value)
-        if rec.metric == MetricId.MEMORY_TOTAL and rec.value > 0:
-            self._memory_total[rec.device] = rec.value
-        elif rec.metric == MetricId.MEMORY_FREE:
-            total = self._memory_total.get(rec.device)
-            if total:
-                out.add_canonical(self._labels("gpu_memory_free_ratio", rec.device), ts_ms, rec.value / total)
-        elif rec.metric == MetricId.THROTTLE_REASONS:
-            bits = int(rec.value)
-            for bit, reason in THROTTLE_REASONS.items():
-                out.add_canonical(
-                    self._labels("gpu_throttled", rec.device, reason=reason),
-                    ts_ms,
-                    1.0 if bits & bit else 0.0,
+                extra["le"] = repr(2.0 ** ((aux >> 32) + 1) / 1e9)
+        return self._labels(s.name, gpu, **extra)
+
+    def _free_ratio(
+        self,
+        metric: npt.NDArray[np.uint32],
+        device: npt.NDArray[np.uint16],
+        ts_ms: I64,
+        value: F64,
+        out: SampleBuilder,
+    ) -> None:
+        """``gpu_memory_free_ratio``: each free sample over the GPU's latest total before it (record order)."""
+        free = metric == MetricId.MEMORY_FREE
+        total = (metric == MetricId.MEMORY_TOTAL) & (value > 0)
+        if not (free.any() or total.any()):
+            return
+        ratios: list[tuple[int, npt.NDArray[np.intp], F64]] = []
+        for gpu in np.unique(device[free | total]).tolist():
+            mine = np.flatnonzero((device == gpu) & (free | total))
+            is_total = total[mine]
+            last = np.maximum.accumulate(np.where(is_total, np.arange(len(mine)), -1))
+            before = self._memory_total.get(gpu, 0.0)
+            totals = np.where(last >= 0, value[mine][np.maximum(last, 0)], before)
+            if is_total.any():
+                self._memory_total[gpu] = float(value[mine][is_total][-1])
+            f = ~is_total & (totals != 0)
+            if f.any():
+                ratios.append((gpu, mine[f], value[mine][f] / totals[f]))
+        for gpu, at, ratio in ratios:
+            out.add_series_canonical(self._labels("gpu_memory_free_ratio", gpu), ts_ms[at], ratio)
+
+    # ---- ERROR: events and a counter ----------------------------------------------------
+
+    def _errors(self, r: npt.NDArray[np.void], out: SampleBuilder) -> list[Event]:
+        if len(r) == 0:
+            return []
+        p = _payload(r, _ERROR_DTYPE)
+        events = []
+        for gpu, ts_ns, kind, producer, code, aux, pid, detail in zip(
+            r["device"].tolist(),
+            r["ts_ns"].tolist(),
+            r["id"].tolist(),
+            r["producer"].tolist(),
+            p["code"].tolist(),
+            p["aux"].tolist(),
+            p["pid"].tolist(),
+            p["detail"].tolist(),
+            strict=True,
+        ):
+            message = (self._name(producer, detail) if detail else None) or ""
+            events.append(
+                Event(
+                    self.instance,
+                    gpu,
+                    ts_ns,
+                    _kind(ErrorKind, kind),
+                    code=code,
+                    aux=aux,
+                    pid=pid,
+                    message=message,
                 )
-        return 0
+            )
+        series, idx = self._series_groups(
+            "error",
+            (r["device"], r["id"]),
+            lambda g: self._labels("kernel_errors_total", g[0], kind=_kind(ErrorKind, g[1])),
+        )
+        self._accumulate(out, series, idx, _ts_ms(r), np.ones(len(r)))
+        return events
 
     # ---- FINGERPRINT: what the instance is ---------------------------------------------
 
-    def _fingerprint_record(self, raw: np.void) -> bool:
-        rec = decode_record(raw.tobytes())
-        assert isinstance(rec, FingerprintRecord)
-        try:
-            key = FingerprintField(rec.field).name.lower()
-        except ValueError:
-            key = f"field_{rec.field}"
-        value = (self._name(rec.producer, rec.value) or "") if rec.is_string else str(rec.value)
-        fields = self._fingerprint[rec.device]
-        if fields.get(key) == value:
-            return False
-        fields[key] = value
-        if rec.field == FingerprintField.MEMORY_TOTAL and not rec.is_string and rec.value > 0:
-            self._memory_total[rec.device] = float(rec.value)
-        return True
+    def _fingerprints(self, r: npt.NDArray[np.void], dropped: dict[str, int]) -> bool:
+        changed = False
+        values = _payload(r, _FINGERPRINT_DTYPE)["value"].tolist()
+        for producer, flags, gpu, fid, value in zip(
+            r["producer"].tolist(),
+            r["flags"].tolist(),
+            r["device"].tolist(),
+            r["id"].tolist(),
+            values,
+            strict=True,
+        ):
+            is_string = bool(flags & RecordFlag.FP_STRING)
+            if fid == FingerprintField.MEMORY_TOTAL and not is_string and value > _MAX_GPU_MEMORY:
+                dropped["fingerprint_out_of_range"] = dropped.get("fingerprint_out_of_range", 0) + 1
+                continue
+            try:
+                key = FingerprintField(fid).name.lower()
+            except ValueError:
+                key = f"field_{fid}"
+            text = (self._name(producer, value) or "") if is_string else str(value)
+            fields = self._fingerprint[gpu]
+            if fields.get(key) == text:
+                continue
+            fields[key] = text
+            changed = True
+            if fid == FingerprintField.MEMORY_TOTAL and not is_string and value > 0:
+                self._memory_total[gpu] = float(value)
+        return changed
 
     def _instance(self, now_ns: int) -> InstanceInfo:
         attributes = {
@@ -402,14 +728,27 @@ class Deriver:
         )
         hw = hashlib.sha256(repr(stable).encode()).hexdigest()[:32] if stable else ""
         models = [f.get("name", "") for f in self._fingerprint.values() if f.get("name")]
-        memory = sum(int(float(f.get("memory_total", "0") or 0)) for f in self._fingerprint.values())
+        memory = sum(_memory_of(f) for f in self._fingerprint.values())
         return InstanceInfo(
             id=self.instance,
             last_seen_ms=now_ns // _NS_PER_MS,
             hardware_fingerprint=hw,
             gpu_count=len(self._fingerprint),
             gpu_model=max(set(models), key=models.count) if models else "",
-            memory_total_bytes=memory,
+            memory_total_bytes=min(memory, (1 << 64) - 1),
             labels=dict(self.labels),
             attributes=attributes,
         )
+
+
+def _memory_of(fields: Mapping[str, str]) -> int:
+    """One GPU's memory total from its fingerprint text (a string-flagged total is not a number: 0)."""
+    try:
+        value = float(fields.get("memory_total", "0") or 0)
+    except ValueError:
+        return 0
+    return int(value) if math.isfinite(value) and 0 <= value <= _MAX_GPU_MEMORY else 0
+
+
+def _ts_ms(r: npt.NDArray[np.void]) -> I64:
+    return (r["ts_ns"] // np.uint64(_NS_PER_MS)).astype(np.int64)

@@ -149,6 +149,11 @@ def ingest_router(
         except StorageError as exc:
             log.error("ingest: storage refused batch %s: %s", bid, exc)
             return _answer(422, "rejected", f"storage refused the batch: {exc}")
+        except (ValueError, ArithmeticError) as exc:
+            # A value this collector cannot turn into rows (derive validates what it knows of, so
+            # this is a gap in that): retrying cannot help, so the agent must set the batch aside.
+            log.error("ingest: batch %s cannot be stored: %s", bid, exc)
+            return _answer(422, "rejected", f"batch cannot be stored: {exc}")
         finally:
             with in_flight_lock:
                 in_flight.discard(bid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -149,6 +150,37 @@ class SampleBuilder:
         self._idx.append(np.full(len(ts), i, dtype=np.int32))
         self._ts.append(ts)
         self._vs.append(vs)
+
+    def add_series_canonical(
+        self, labels: Labels, ts_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+    ) -> None:
+        """Like :meth:`add_series` for labels already made by :func:`canonical_labels` (not checked again)."""
+        i = self._index.get(labels)
+        if i is None:
+            i = self._index[labels] = len(self._series)
+            self._series.append(labels)
+        self._idx.append(np.full(len(ts_ms), i, dtype=np.int32))
+        self._ts.append(np.asarray(ts_ms, dtype=np.int64))
+        self._vs.append(np.asarray(values, dtype=np.float64))
+
+    def add_columns(
+        self,
+        series: Sequence[Labels],
+        idx: npt.NDArray[np.integer[Any]],
+        ts_ms: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float64],
+    ) -> None:
+        """Many series at once: sample ``i`` belongs to ``series[idx[i]]`` (canonical labels, not checked)."""
+        remap = np.empty(len(series), dtype=np.int32)
+        for j, labels in enumerate(series):
+            i = self._index.get(labels)
+            if i is None:
+                i = self._index[labels] = len(self._series)
+                self._series.append(labels)
+            remap[j] = i
+        self._idx.append(remap[idx])
+        self._ts.append(np.asarray(ts_ms, dtype=np.int64))
+        self._vs.append(np.asarray(values, dtype=np.float64))
 
     def __len__(self) -> int:
         return len(self._one_ts) + sum(len(t) for t in self._ts)
