@@ -435,6 +435,44 @@ def _asdict(info: AgentInfo) -> dict[str, Any]:
     return {f: getattr(info, f) for f in AgentInfo.__slots__}
 
 
+def _enrol(args: argparse.Namespace) -> int:
+    """Enrol over the collector's API (``POST /v1/agents``, scope ``ingest-admin``): what a node's
+    init step runs, so that agents never hold the key store's or ClickHouse's credentials."""
+    import httpx
+
+    path = Path(args.key_file)
+    if path.exists():
+        read_key_file(path)  # a damaged file is an error, not a reason to enrol again
+        print(f"{path} exists; not enrolling again")
+        return 0
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KI_TOKEN", "")
+    if not token:
+        raise KeyStoreError(
+            "enrolment needs a token with the ingest-admin scope: --token-file FILE or $KI_TOKEN"
+        )
+    verify: str | bool = args.ca_file or True
+    try:
+        answer = httpx.post(
+            args.collector.rstrip("/") + "/v1/agents",
+            json={"name": args.name},
+            headers={"Authorization": f"Bearer {token}"},
+            verify=verify,
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        raise KeyStoreError(f"cannot reach the collector at {args.collector}: {exc}") from None
+    if answer.status_code != 201:
+        raise KeyStoreError(
+            f"the collector refused the enrolment ({answer.status_code}): {answer.text[:300]}"
+        )
+    write_private(path, answer.json()["key_file"].encode())
+    creds = read_key_file(path)
+    print(
+        f"enrolled agent {creds.agent_id.hex()} ({args.name}), key {creds.key_id}; key file {path} (mode 0600)"
+    )
+    return 0
+
+
 def _errors_to_exit(fn: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -462,6 +500,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     a = action("add-agent", _add, "enrol a new agent; writes its key file", aliases=("add",))
     a.add_argument("name", help="a label for people, e.g. host-17/gpu0")
     a.add_argument("--key-file", help="where to write the agent's key file (default ki-agent-<id>.key)")
+    e = ksub.add_parser(
+        "enrol", help="enrol this agent through a collector's API and write its key file (once; idempotent)"
+    )
+    e.add_argument("name", help="a label for people, e.g. host-17/gpu0")
+    e.add_argument("--collector", required=True, help="collector URL, e.g. https://collector:8470")
+    e.add_argument("--key-file", required=True, help="the key file to write (nothing happens when it exists)")
+    e.add_argument(
+        "--token-file", help="file holding a token with the ingest-admin scope (default: $KI_TOKEN)"
+    )
+    e.add_argument("--ca-file", help="PEM CA bundle trusted for an https collector (default: the system's)")
+    e.set_defaults(handler=_errors_to_exit(_enrol))
     r = action("rotate", _rotate, "give an agent a new key (the two newest stay active)")
     r.add_argument("agent_id")
     r.add_argument("--key-file", help="where to write the new key file (default ki-agent-<id>.key)")

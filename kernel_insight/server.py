@@ -87,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
         cache = None if args.query_cache_mb is None else int(args.query_cache_mb * 1024 * 1024)
-        store = open_store(args.store, cache_bytes=cache)
+        store = open_store(args.store, cluster=args.cluster, cache_bytes=cache)
     except (StorageError, ValueError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2
@@ -125,6 +125,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
     )
     s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
+    s.add_argument(
+        "--cluster",
+        help="ClickHouse cluster name: the schema is created ON CLUSTER as replicated local tables under "
+        "Distributed ones (deploy/clickhouse/README.md); only with a ClickHouse URL",
+    )
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)"
