@@ -361,12 +361,13 @@ class Store(ABC):
         self._insert("instances", data, None if dedup_token is None else f"{dedup_token}:instances")
         return len(instances)
 
-    def insert_table(self, name: str, data: pa.Table) -> None:
+    def insert_table(self, name: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         """Insert an Arrow table into one of this store's tables (as Arrow, never as SQL text,
-        so values such as keys cannot appear in a statement or an engine error)."""
+        so values such as keys cannot appear in a statement or an engine error); a second
+        insert under the same ``dedup_token`` is dropped (the rule lease relies on it)."""
         self._check_open()
         try:
-            self._insert(name, data, None)
+            self._insert(name, data, dedup_token)
         finally:
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()

@@ -10,9 +10,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+
+if TYPE_CHECKING:
+    from kernel_insight.rules.manager import RuleManager
 
 __all__ = ["AUTH_STORES", "DEFAULT_PORT", "add_commands", "auth_store_kind", "build_collector_app"]
 
@@ -44,11 +47,14 @@ def build_collector_app(
     local_dev: bool = False,
     interval_s: float = 5.0,
     auth_store: str = "auto",
+    rules: RuleManager | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
     local-dev mode. Keys and tokens live in files (``keys_path``, ``tokens_path``) or, with
-    ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``."""
+    ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``.
+    ``rules`` (docs/rules.md) is started and stopped with the app; ``/api/v1/rules`` and
+    ``/api/v1/alerts`` answer (empty without it)."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
@@ -68,11 +74,20 @@ def build_collector_app(
             if tokens_path is None:
                 raise ValueError("a collector that checks tokens needs tokens_path (or --local-dev)")
             tokens = TokenStore(tokens_path)
+    from kernel_insight.api.auth import Authenticator
+    from kernel_insight.rules.api import rules_router
+
     ingest = ingest_router(keys, StoreSink(store))
+    rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)
     app = create_api_app(
-        store, tokens=tokens, local_dev=local_dev, interval_s=interval_s, extra_routers=[ingest], keys=keys
+        store,
+        tokens=tokens,
+        local_dev=local_dev,
+        interval_s=interval_s,
+        extra_routers=[ingest, rule_api],
+        keys=keys,
     )
-    app.state.keys, app.state.tokens = keys, tokens
+    app.state.keys, app.state.tokens, app.state.rules = keys, tokens, rules
     return app
 
 
@@ -100,6 +115,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        from kernel_insight.rules.manager import rule_manager_for
+
+        rules = rule_manager_for(store, args)
         app = build_collector_app(
             store,
             keys_path=keys,
@@ -107,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
             local_dev=args.local_dev,
             interval_s=args.interval,
             auth_store=args.auth_store,
+            rules=rules,
         )
         serve(app, args.host, args.port, local_dev=args.local_dev)
     except (ValueError, KeyStoreError, TokenError, StorageError) as exc:
@@ -156,4 +175,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    from kernel_insight.rules.manager import add_rule_arguments
+
+    add_rule_arguments(s)
     s.set_defaults(handler=_serve)

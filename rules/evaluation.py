@@ -359,12 +359,15 @@ class Group:
         external_url: str = "",
         write: Callable[[list[WrittenSample]], None] | None = None,
         on_alerts: Callable[[AlertingRule, int], None] | None = None,
+        before_rule: Callable[[Rule], None] | None = None,
     ) -> None:
         """Evaluate every rule at ``ts_ms``; each rule's samples are written before the next rule
         runs (a recording rule's output is visible to the rules after it, as in Prometheus)."""
         start = time.perf_counter()
         offset = self.spec.query_offset_ms
         for rule in self.rules:
+            if before_rule is not None:
+                before_rule(rule)
             t0 = time.perf_counter()
             rule.last_eval_ms = ts_ms
             try:

@@ -1,0 +1,117 @@
+"""Which collector evaluates a rule group: a lease per group in a ClickHouse table.
+
+Several collectors over one ClickHouse load the same rule files; each group must be
+evaluated by exactly one of them, or every alert would reach Alertmanager twice and
+recorded series would be written twice. ClickHouse has no compare-and-set, but it
+has insert deduplication: two inserts carrying the same ``insert_deduplication_token``
+store one block. A lease is a sequence of *terms*; taking term ``n + 1`` is an insert
+under the token ``<group>:<n + 1>``, so when two collectors race for it exactly one
+row lands, and both read back the same holder. The holder renews its term at every
+evaluation (a row with a later ``expires_ms``); a term whose expiry has passed may be
+taken by anyone. Expiry is 1.5 intervals after the last renewal, so a dead holder's
+groups move within two intervals. Clocks of the collectors are assumed to agree to
+well under half an interval.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.collector.schema import DEDUP_WINDOW
+from kernel_insight.collector.store import Store, quote
+
+__all__ = ["LEASE_TABLE", "Lease", "LeaseState", "holder_id"]
+
+#: The table holding every group's lease terms.
+LEASE_TABLE = "rule_leases"
+
+
+def holder_id() -> str:
+    """This process's name in the lease table: host, pid and a random part (a restarted pid differs)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """The newest term of a group's lease."""
+
+    term: int
+    holder: str
+    expires_ms: int
+
+
+class Lease:
+    """Take and renew group leases for ``holder`` in ``store``'s ``rule_leases`` table."""
+
+    def __init__(self, store: Store, holder: str | None = None, *, table: str = LEASE_TABLE) -> None:
+        self.store = store
+        self.holder = holder or holder_id()
+        self.table = f"{store.database}.{table}"
+        self._name = table
+        if store.cluster is None:
+            engine = "ReplacingMergeTree(version)"
+            on_cluster = ""
+            window = f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+        else:
+            path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
+            engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
+            on_cluster = f" ON CLUSTER `{store.cluster}`"
+            window = f"replicated_deduplication_window = {DEDUP_WINDOW}"
+        store.command(
+            f"CREATE TABLE IF NOT EXISTS {self.table}{on_cluster} (group_key String, term UInt64, "
+            f"holder String, expires_ms Int64, version UInt64) ENGINE = {engine} "
+            f"ORDER BY (group_key, term) SETTINGS {window} "
+            f"COMMENT {quote('which collector evaluates each rule group (docs/rules.md)')}"
+        )
+
+    def current(self, group_key: str) -> LeaseState | None:
+        """The newest term of ``group_key``'s lease, or None if nobody ever held it."""
+        rows = self.store.query(
+            f"SELECT term, argMax(holder, version) AS holder, argMax(expires_ms, version) AS expires "
+            f"FROM {self.table} WHERE group_key = {quote(group_key)} "
+            f"GROUP BY term ORDER BY term DESC LIMIT 1"
+        ).to_pylist()
+        if not rows:
+            return None
+        r = rows[0]
+        return LeaseState(int(r["term"]), str(r["holder"]), int(r["expires"]))
+
+    def _write(self, group_key: str, term: int, expires_ms: int, token: str | None) -> None:
+        data = pa.table(
+            {
+                "group_key": pa.array([group_key], pa.string()),
+                "term": pa.array([term], pa.uint64()),
+                "holder": pa.array([self.holder], pa.string()),
+                "expires_ms": pa.array([expires_ms], pa.int64()),
+                "version": pa.array([time.time_ns()], pa.uint64()),
+            }
+        )
+        self.store.insert_table(self._name, data, dedup_token=token)
+
+    def hold(self, group_key: str, ttl_ms: int, now_ms: int | None = None) -> bool:
+        """Renew this holder's lease or take a free one; True when this process holds it now."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        state = self.current(group_key)
+        if state is not None and state.holder == self.holder:
+            self._write(group_key, state.term, now + ttl_ms, f"{group_key}:{state.term}:{self.holder}:{now}")
+            after = self.current(group_key)
+            return after is not None and after.term == state.term
+        if state is not None and state.expires_ms > now:
+            return False
+        term = 1 if state is None else state.term + 1
+        # The one insert per term that ClickHouse keeps is the winner's (dedup by token).
+        self._write(group_key, term, now + ttl_ms, f"lease:{group_key}:{term}")
+        after = self.current(group_key)
+        return after is not None and after.term == term and after.holder == self.holder
+
+    def release(self, group_key: str) -> None:
+        """Give the lease up at once (shutdown): the next collector need not wait for expiry."""
+        state = self.current(group_key)
+        if state is not None and state.holder == self.holder:
+            self._write(group_key, state.term, 0, f"{group_key}:{state.term}:{self.holder}:release")
