@@ -11,11 +11,11 @@ from rules_helpers import receiver
 
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.server import build_collector_app
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import Engine
 from kernel_insight.rules.manager import RuleManager
 from kernel_insight.rules.notifier import Notifier
+from kernel_insight.server import build_collector_app
 
 T0 = 1_800_000_000_000  # a fixed time (2027-01-15) so the test does not depend on the clock
 RULES = """
