@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
+import orjson
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -36,6 +37,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.lexical import parse_duration
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.storage import Matcher, Storage
+from kernel_insight.kql.values import QueryResult, prometheus_json_bytes
 
 __all__ = [
     "MAX_POINTS",
@@ -144,6 +146,25 @@ def _success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ())
     if infos:
         body["infos"] = list(infos)
     return JSONResponse(body)
+
+
+class _EncodedJSON(JSONResponse):
+    """A JSON response whose body is already encoded."""
+
+    def render(self, content: Any) -> bytes:
+        assert isinstance(content, bytes)
+        return content
+
+
+def _result_response(result: QueryResult) -> JSONResponse:
+    """A query's result as ``_success`` would write it, encoded without a Python object per sample
+    (``prometheus_json_bytes``: a 240k-point range result took ~0.6 s through JSONResponse)."""
+    body = b'{"status":"success","data":' + prometheus_json_bytes(result.value)
+    if warnings := result.warnings:
+        body += b',"warnings":' + orjson.dumps(warnings)
+    if infos := result.infos:
+        body += b',"infos":' + orjson.dumps(infos)
+    return _EncodedJSON(body + b"}")
 
 
 def _kql_error(exc: KqlError) -> JSONResponse:
@@ -256,7 +277,7 @@ def prometheus_router(
         time_ms = parse_time(t, "time") if t else round(clock() * 1000)
         limits_ = engine_limits(params)
         result = Engine(storage_factory(), limits_).instant_query(query, time_ms)
-        return _success(result.to_prometheus_json(), result.warnings, result.infos)
+        return _result_response(result)
 
     def do_query_range(params: _Params) -> JSONResponse:
         start_ms = parse_time(params.get("start") or "", "start")
@@ -279,7 +300,7 @@ def prometheus_router(
             raise ParamError('invalid parameter "query": no query given')
         limits_ = engine_limits(params)
         result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
-        return _success(result.to_prometheus_json(), result.warnings, result.infos)
+        return _result_response(result)
 
     def do_series(params: _Params) -> JSONResponse:
         matches = params.get_all("match[]")

@@ -37,6 +37,7 @@ from kernel_insight.kql.values import (
     Series,
     String,
     Vector,
+    prometheus_json_bytes,
     to_prometheus_json,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "check",
     "format_expr",
     "parse",
+    "prometheus_json_bytes",
     "to_prometheus_json",
     "value_type",
 ]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -82,6 +83,9 @@ from kernel_insight.kql.vectors import consolidate, finalize_names
 __all__ = ["DEFAULT_LOOKBACK_MS", "CancelToken", "Engine", "EngineLimits"]
 
 DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
+#: Parsed queries kept by text. Dashboards and rules send the same texts over and over, and
+#: parsing a join takes ~2 ms, as long as evaluating it at one step; the tree is immutable.
+PARSE_CACHE_SIZE = 1024
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -149,6 +153,12 @@ def window_bounds(ts: I64, offsets: I64, refs: I64, range_ms: int) -> tuple[I64,
     both = batched_searchsorted(ts, offsets, np.concatenate([refs - range_ms, refs]), "right")
     steps = len(refs)
     return np.ascontiguousarray(both[:, :steps]), np.ascontiguousarray(both[:, steps:])
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _parsed(text: str) -> Expr:
+    """:func:`parse`, remembered (a query that fails to parse raises every time: nothing is kept)."""
+    return parse(text)
 
 
 # --------------------------------------------------------------------------------- evaluation
@@ -598,7 +608,7 @@ class Engine:
         # A tree built in code has no positions in any text: print it and parse that, so that
         # annotations point into the query they are reported with.
         text = query if isinstance(query, str) else format_expr(query)
-        expr = parse(text)
+        expr = _parsed(text)
         kind = value_type(expr)
         if is_range and kind not in (ValueType.SCALAR, ValueType.VECTOR):
             raise KqlTypeError(

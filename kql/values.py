@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.storage import Labels
@@ -42,6 +43,7 @@ __all__ = [
     "almost_equal",
     "format_sample_value",
     "labels_to_str",
+    "prometheus_json_bytes",
     "to_prometheus_json",
 ]
 
@@ -362,3 +364,88 @@ def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, An
             for s in value.series
         ],
     }
+
+
+# ------------------------------------------------------------------------------ fast JSON encoding
+
+#: Outside this range (and for NaN and the infinities) :func:`format_sample_value` writes the
+#: value; inside it, orjson's shortest round-trip digits are Go's ``FormatFloat(v, 'f', -1, 64)``.
+_FAST_MAX = 1e16
+_FAST_MIN = 1e-4
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _value_bytes(values: F64) -> npt.NDArray[np.object_]:
+    """The text of :func:`format_sample_value` for every value, as bytes in an object array.
+
+    orjson writes the shortest digits that round-trip, as Go does (checked against ``repr``
+    on millions of values); integral values are written as integers (Go's ``"1"``, not
+    ``"1.0"``), and only the rare values outside the positional range go through
+    :func:`format_sample_value`.
+    """
+    n = len(values)
+    out = np.empty(n, dtype=object)
+    if n == 0:
+        return out
+    mag = np.abs(values)
+    zero = values == 0
+    fast = (mag < _FAST_MAX) & ((mag >= _FAST_MIN) | zero) & ~(zero & np.signbit(values))  # -0 is odd
+    integral = fast & (values == np.trunc(values))
+    fraction = fast & ~integral
+    if integral.any():
+        out[integral] = orjson.dumps(values[integral].astype(np.int64), option=_NUMPY)[1:-1].split(b",")
+    if fraction.any():
+        out[fraction] = orjson.dumps(np.ascontiguousarray(values[fraction]), option=_NUMPY)[1:-1].split(b",")
+    odd = ~fast
+    if odd.any():
+        for i in np.flatnonzero(odd).tolist():
+            out[i] = format_sample_value(float(values[i])).encode()
+    return out
+
+
+def _ts_bytes(ms: int) -> bytes:
+    return str(_ts(ms)).encode()
+
+
+def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
+    """:func:`to_prometheus_json` already encoded as compact UTF-8 JSON, without a Python object per sample.
+
+    A range query over 1,000 series and 240 steps took ~0.6 s to build as objects and dump;
+    here the values are formatted by two orjson calls and every point is two slices of one
+    joined list.
+    """
+    if isinstance(value, Scalar | String):
+        return orjson.dumps(to_prometheus_json(value))
+    if isinstance(value, Vector):
+        t = _ts_bytes(value.timestamp_ms)
+        texts = _value_bytes(np.array([s.value for s in value.samples], dtype=np.float64)).tolist()
+        items = [
+            b'{"metric":%b,"value":[%b,"%b"]}' % (orjson.dumps(dict(s.labels)), t, v)
+            for s, v in zip(value.samples, texts, strict=True)
+        ]
+        return b'{"resultType":"vector","result":[' + b",".join(items) + b"]}"
+    series = value.series
+    if not series:
+        return b'{"resultType":"matrix","result":[]}'
+    lengths = [len(s.timestamps) for s in series]
+    all_ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
+    steps, where = np.unique(all_ts, return_inverse=True)
+    # Every point is (head, value): a series' first head opens its list, the others also close
+    # the point before, so one join of a slice writes a whole series.
+    stamps = [_ts_bytes(t) for t in steps.tolist()]
+    opening = np.array([b'[%b,"' % t for t in stamps], dtype=object)
+    following = np.array([b'"],[%b,"' % t for t in stamps], dtype=object)
+    first = np.zeros(len(all_ts), dtype=bool)
+    starts = np.cumsum([0, *lengths[:-1]])
+    first[starts[np.asarray(lengths) > 0]] = True
+    pieces = np.empty((len(all_ts), 2), dtype=object)
+    pieces[:, 0] = np.where(first, opening[where], following[where])
+    pieces[:, 1] = _value_bytes(np.concatenate([s.values for s in series]).astype(np.float64, copy=False))
+    flat = pieces.ravel().tolist()
+    items = []
+    at = 0
+    for s, n in zip(series, lengths, strict=True):
+        body = b"".join(flat[2 * at : 2 * (at + n)]) + b'"]' if n else b""
+        at += n
+        items.append(b'{"metric":%b,"values":[%b]}' % (orjson.dumps(dict(s.labels)), body))
+    return b'{"resultType":"matrix","result":[' + b",".join(items) + b"]}"

@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 # Build tools and headers for the C extension and the native agent; prometheus
 # brings promtool, a real Prometheus client the API tests drive.
-# python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh).
-APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus prometheus-alertmanager
+# python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh);
+# victoria-metrics is the second server make bench-kql compares kql with.
+APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager
     python3-bpfcc "linux-headers-$(dpkg --print-architecture)")
 
 missing=()

@@ -1,67 +1,57 @@
-"""make bench-kql: ~20 range queries through kql on embedded chDB and through Prometheus 2.42, side by side.
+"""make bench-kql: ~28 GPU-fleet queries through ``ki collector``'s HTTP API, Prometheus 2.42 and VictoriaMetrics.
 
-Dataset: 2,000 GPU series (gauges and counters, labels instance/gpu/kernel/model) over 6 h at
-15 s. Prometheus gets the same samples through ``promtool tsdb create-blocks-from openmetrics``
-and runs on loopback. Every query runs as a range query at times off the sample grid (2.x
-includes a sample exactly at a window's start, 3.x does not); both answers must agree.
-kql is timed four ways: through the embedded store's sample cache once it holds the hours
-(the headline, what a dashboard or rule re-reading recent hours gets), on the first read
-after the cache was cleared (cold: answered without it while its hours are queued for a
-background fill), without the cache (ClickHouse computes grids: push-down), and with neither.
-Ends with one ``BENCH kql median_ratio_vs_prometheus=<n> agree=<n>/<n> ...`` line.
+Dataset (bench/kql/data.py): 2,050 series over 7 h at 15 s. ``ki collector`` (a separate
+process over an embedded store, bearer tokens checked), Prometheus (promtool-made blocks) and
+VictoriaMetrics (imported; only when installed, response cache off) each answer every query over
+one keep-alive connection, interleaved, in three modes: range 1 h at 15 s, range 6 h at 60 s and
+instant. Query times sit off the sample grid (samples at x.250 s, queries at x.500 s; 2.x
+includes a sample exactly at a window's start, 3.x does not). kql's answers must agree with
+Prometheus'. kql is also timed in-process (the engine alone over a copy of the store) as a
+second column. The collector's sample cache is warmed first (two passes over the queries).
+Ratios are kql's HTTP time over Prometheus' HTTP time, medians of ``--reps`` runs; all
+servers share the machine, so ratios measured in one run are comparable even on a busy one.
+Ends with one ``BENCH kql median_ratio_vs_prometheus=<n> geomean_ratio_vs_prometheus=<n>
+instant_geomean_ratio=<n> refused=<n> ...`` line (median and geomean over the range modes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import functools
-import json
 import math
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from kernel_insight.collector.query import ClickHouseStorage
-from kernel_insight.collector.rows import SampleBuilder
+from bench.kql.data import HOURS, SCRAPE_MS, dataset, load_chdb, prometheus_text, write_promtool_blocks
+from bench.kql.servers import Answer, Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
-from kernel_insight.kql.pushdown import SeriesColumns
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData
-from kernel_insight.kql.values import Matrix
+from kernel_insight.kql.errors import KqlError
+from kernel_insight.kql.values import Matrix, Sample, Series, Vector
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-
-SCRAPE_MS = 15_000
-HOURS = 6
-INSTANCES = 25
-GPUS = 8
-KERNELS = ("gemm_fp16", "flash_attn_fwd", "flash_attn_bwd", "nccl_allreduce", "layernorm")
-MODELS = ("llama-70b", "llama-8b", "mistral-7b", "mixtral-8x22b")
-
-#: (name, query): selectors, rate, *_over_time, aggregations with by, topk, vector matching,
-#: alert-style and/or, a subquery.
+#: (name, query): what dashboards and alerts of a GPU fleet ask: selectors (an ``up``-like one of 25
+#: series, absent), rates, windows up to 1 h, aggregations, topk, joins with group_left, alerts, a subquery.
 QUERIES: list[tuple[str, str]] = [
+    ("up_like", "ki_agent_drain_lag_seconds"),
+    ("absent", 'absent(ki_agent_drain_lag_seconds{instance="node-99"})'),
     ("selector", "gpu_temperature_celsius"),
     ("selector_regex", 'gpu_power_watts{instance=~"node-0[0-4]"}'),
     ("rate", "rate(kernel_launches_total[5m])"),
     ("irate", 'irate(kernel_launches_total{kernel="gemm_fp16"}[1m])'),
-    ("increase", "increase(gpu_energy_joules_total[1h])"),
+    ("increase_1h", "increase(gpu_energy_joules_total[1h])"),
+    ("resets_1h", "resets(gpu_energy_joules_total[1h])"),
     ("sum_by_rate", "sum by (instance) (rate(kernel_launches_total[5m]))"),
     ("sum_by_2_rate", "sum by (model, kernel) (rate(kernel_launches_total[5m]))"),
     ("avg_over_time", "avg_over_time(gpu_temperature_celsius[10m])"),
+    ("avg_over_time_1h", "avg_over_time(gpu_power_watts[1h])"),
     ("max_over_time", "max_over_time(gpu_power_watts[5m])"),
     ("quantile_over_time", "quantile_over_time(0.9, gpu_sm_utilization_ratio[10m])"),
     ("stddev_over_time", "stddev_over_time(gpu_temperature_celsius[15m])"),
@@ -75,188 +65,33 @@ QUERIES: list[tuple[str, str]] = [
         "sum by (instance, gpu) (rate(kernel_launches_total[5m])) / on (instance, gpu) group_left (model) gpu_power_watts",
     ),
     (
+        "share_group_left",
+        "sum by (instance, gpu) (rate(kernel_launches_total[5m])) / on (instance) group_left "
+        "sum by (instance) (rate(kernel_launches_total[5m]))",
+    ),
+    (
+        "mul_group_left",
+        "rate(kernel_launches_total[5m]) * on (gpu, instance) group_left gpu_sm_utilization_ratio",
+    ),
+    (
         "alert_and",
         "gpu_temperature_celsius > 80 and on (instance, gpu) rate(gpu_energy_joules_total[5m]) > 600",
     ),
     ("alert_or", "gpu_temperature_celsius > 85 or gpu_power_watts > 650"),
+    (
+        "alert_count_avg_1h",
+        "count_over_time(gpu_temperature_celsius[1h]) > 100 and avg_over_time(gpu_temperature_celsius[1h]) > 70",
+    ),
     ("subquery", "max_over_time(rate(kernel_launches_total[5m])[30m:1m])"),
     ("sum_all_rate", "sum(rate(gpu_energy_joules_total[5m]))"),
 ]
 
-
-# --------------------------------------------------------------------------------- data
-
-
-def dataset(t0_ms: int, seed: int = 5) -> list[tuple[Labels, I64, F64]]:
-    """2,000 series: 4 gauges and 1 energy counter per GPU (1,000) plus launches per kernel per GPU (1,000).
-
-    Each instance scrapes at its own phase (whole seconds + 250 ms); counters reset once on a few GPUs
-    (a process restart), so rate/increase see resets as in a real fleet.
-    """
-    rng = np.random.default_rng(seed)
-    points = HOURS * 3600_000 // SCRAPE_MS
-    out: list[tuple[Labels, I64, F64]] = []
-    for n in range(INSTANCES):
-        inst = f"node-{n:02d}"
-        model = MODELS[n % len(MODELS)]
-        # Scrapes at x.250 s: query steps (x.500 s) and subquery steps (whole minutes) never hit a sample.
-        ts = t0_ms + (n % 15) * 1000 + 250 + np.arange(points, dtype=np.int64) * SCRAPE_MS
-        for gpu in range(GPUS):
-            base = {"instance": inst, "gpu": str(gpu), "model": model}
-            load = np.clip(0.6 + np.cumsum(rng.normal(0, 0.02, points)), 0.0, 1.0)
-
-            def add(
-                name: str,
-                values: F64,
-                extra: dict[str, str] | None = None,
-                base: dict[str, str] = base,
-                ts: I64 = ts,
-            ) -> None:
-                labels = {**base, **(extra or {}), "__name__": name}
-                out.append((tuple(sorted(labels.items())), ts, np.round(values, 6)))
-
-            add("gpu_temperature_celsius", 45 + 40 * load + rng.normal(0, 1.5, points))
-            add("gpu_power_watts", 120 + 560 * load + rng.normal(0, 15, points))
-            add("gpu_sm_utilization_ratio", np.clip(load + rng.normal(0, 0.05, points), 0, 1))
-            add("gpu_memory_used_bytes", np.floor((20 + 50 * load) * 2**30))
-            reset = int(rng.integers(points // 4, points)) if rng.random() < 0.2 else points
-            energy = np.cumsum((120 + 560 * load) * 15.0)
-            energy[reset:] -= energy[reset - 1] if reset < points else 0
-            add("gpu_energy_joules_total", energy)
-            for k, kernel in enumerate(KERNELS):
-                per_scrape = rng.poisson(200 * (k + 1) * load + 1)
-                launches = np.cumsum(per_scrape).astype(np.float64)
-                if reset < points:
-                    launches[reset:] -= launches[reset - 1]
-                add("kernel_launches_total", launches, {"kernel": kernel})
-    return out
-
-
-def load_chdb(path: Path, data: list[tuple[Labels, I64, F64]]) -> None:
-    with EmbeddedStore(path) as store:
-        for i in range(0, len(data), 250):
-            b = SampleBuilder()
-            for labels, ts, vs in data[i : i + 250]:
-                b.add_series(labels, ts, vs)
-            store.insert_samples(b.build(), dedup_token=f"bench-kql:{i}")
-        store.optimize("samples")
-
-
-def write_openmetrics(path: Path, data: list[tuple[Labels, I64, F64]]) -> None:
-    """OpenMetrics text for promtool: one family at a time, series contiguous, timestamps in seconds."""
-    by_name: dict[str, list[tuple[Labels, I64, F64]]] = {}
-    for item in data:
-        by_name.setdefault(dict(item[0])["__name__"], []).append(item)
-    with path.open("w") as f:
-        for name, items in by_name.items():
-            kind = "counter" if name.endswith("_total") else "gauge"
-            family = name.removesuffix("_total") if kind == "counter" else name
-            f.write(f"# TYPE {family} {kind}\n")
-            for labels, ts, vs in items:
-                lab = ",".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
-                head = f"{name}{{{lab}}} "
-                f.writelines(
-                    f"{head}{v!r} {t // 1000}.{t % 1000:03d}\n"
-                    for v, t in zip(vs.tolist(), ts.tolist(), strict=True)
-                )
-        f.write("# EOF\n")
-
-
-# --------------------------------------------------------------------------------- prometheus
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Prometheus:
-    """A Prometheus 2.x server on loopback over promtool-made blocks; stopped on exit."""
-
-    def __init__(self, data_dir: Path, log: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._log = log.open("w")
-        self.proc = subprocess.Popen(
-            [
-                "prometheus",
-                f"--storage.tsdb.path={data_dir}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                f"--config.file={self._config(data_dir.parent)}",
-                "--storage.tsdb.retention.time=100y",
-                "--query.max-samples=500000000",
-                "--query.timeout=5m",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @staticmethod
-    def _config(root: Path) -> Path:
-        cfg = root / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-        return cfg
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}; see {self._log.name}")
-            try:
-                with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("prometheus not ready in time")
-
-    def range_query(
-        self, query: str, start_ms: int, end_ms: int, step_ms: int
-    ) -> tuple[Matrix, float, float]:
-        """(result, HTTP wall seconds, engine seconds as Prometheus's own stats report them)."""
-        params = urllib.parse.urlencode(
-            {
-                "query": query,
-                "start": f"{start_ms / 1000:.3f}",
-                "end": f"{end_ms / 1000:.3f}",
-                "step": f"{step_ms / 1000:.3f}",
-                "stats": "all",
-            }
-        )
-        began = time.perf_counter()
-        with urllib.request.urlopen(f"{self.base}/api/v1/query_range?{params}", timeout=600) as r:
-            body = r.read()
-        wall = time.perf_counter() - began
-        doc = json.loads(body)
-        if doc.get("status") != "success":
-            raise RuntimeError(f"prometheus: {doc}")
-        timings = doc["data"].get("stats", {}).get("timings", {})
-        engine = float(timings.get("execTotalTime", wall))
-        from kernel_insight.kql.values import Series
-
-        series = []
-        for item in doc["data"]["result"]:
-            labels = tuple(sorted(item["metric"].items()))
-            ts = np.array([round(float(t) * 1000) for t, _ in item["values"]], dtype=np.int64)
-            vs = np.array([float(v) for _, v in item["values"]], dtype=np.float64)
-            series.append(Series(labels, ts, vs))
-        series.sort(key=lambda s: s.labels)
-        return Matrix(tuple(series)), wall, engine
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
-# --------------------------------------------------------------------------------- compare
+#: mode -> (range ms, step ms); step 0 is an instant query at the end time.
+MODES: dict[str, tuple[int, int]] = {
+    "range_1h": (3600_000, 15_000),
+    "range_6h": (6 * 3600_000, 60_000),
+    "instant": (0, 0),
+}
 
 
 def compare(a: Matrix, b: Matrix, rtol: float = 1e-6, atol: float = 1e-9) -> str:
@@ -265,7 +100,10 @@ def compare(a: Matrix, b: Matrix, rtol: float = 1e-6, atol: float = 1e-9) -> str
     db = {s.labels: s for s in b.series}
     if da.keys() != db.keys():
         only_a, only_b = sorted(da.keys() - db.keys()), sorted(db.keys() - da.keys())
-        return f"series differ: {len(only_a)} only in kql (e.g. {only_a[:1]}), {len(only_b)} only in prometheus (e.g. {only_b[:1]})"
+        return (
+            f"series differ: {len(only_a)} only in kql (e.g. {only_a[:1]}), "
+            f"{len(only_b)} only in prometheus (e.g. {only_b[:1]})"
+        )
     for labels, sa in da.items():
         sb = db[labels]
         if not np.array_equal(sa.timestamps, sb.timestamps):
@@ -278,188 +116,268 @@ def compare(a: Matrix, b: Matrix, rtol: float = 1e-6, atol: float = 1e-9) -> str
     return ""
 
 
-class RawReads:
-    """The same store without its push-down methods: the engine reads raw samples (columnar) and computes all."""
-
-    def __init__(self, inner: ClickHouseStorage) -> None:
-        self._inner = inner
-
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
-        return self._inner.select(matchers, start_ms, end_ms)
-
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
-        return self._inner.select_columns(matchers, start_ms, end_ms)
-
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self._inner.label_names(matchers, start_ms, end_ms)
-
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self._inner.label_values(name, matchers, start_ms, end_ms)
+def as_matrix(value: object) -> Matrix:
+    """An in-process result in the form :func:`bench.kql.servers.matrix_of` gives HTTP answers."""
+    if isinstance(value, Matrix):
+        return value
+    if isinstance(value, Vector):
+        samples: tuple[Sample, ...] = value.samples
+        out = [
+            Series(s.labels, np.array([s.timestamp_ms]), np.array([s.value]))
+            for s in sorted(samples, key=lambda s: s.labels)
+        ]
+        return Matrix(tuple(out))
+    raise TypeError(f"unexpected result {type(value).__name__}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Row:
+    mode: str
     name: str
     query: str
-    kql: dict[str, float]  # median seconds: cached (warm), cold, pushdown (no cache), raw (neither)
-    prom: float  # median seconds, as --prometheus-time chooses
-    prom_http: float
+    kql: float  # median seconds through ki collector's HTTP API
+    inproc: float  # median seconds of the engine alone, in this process
+    prom: float
+    vm: float  # nan when VictoriaMetrics is not there
     series: int
-    why: str  # '' when every kql path agreed with Prometheus
+    refused: str  # kql's error where Prometheus answered
+    why: str  # '' when kql agrees with Prometheus
+
+    @property
+    def ratio(self) -> float:
+        return self.kql / self.prom
 
 
-def timed(fn: Callable[[], object], reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
+def geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
+
+
+def prepare(root: Path, vm_wanted: bool) -> tuple[int, bool]:
+    """Load the dataset into chDB (two copies: the collector's and the in-process one), Prometheus blocks, and
+    VictoriaMetrics when wanted; reuse what a previous ``--keep`` run loaded. Returns (t0, VictoriaMetrics loaded)."""
+    stamp = root / "t0"
+    if stamp.exists():
+        t0 = int(stamp.read_text())
+        print(f"reusing the dataset in {root}", flush=True)
+    else:
+        now = int(time.time()) * 1000
+        t0 = (now - (HOURS + 1) * 3600_000) // 3600_000 * 3600_000
+        data = dataset(t0)
+        print(
+            f"dataset: {len(data)} series, {sum(len(ts) for _, ts, _ in data)} samples, "
+            f"{HOURS} h at {SCRAPE_MS // 1000} s",
+            flush=True,
+        )
         began = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - began)
-    return out
+        load_chdb(root / "chdb", data)
+        shutil.copytree(root / "chdb", root / "chdb-http", symlinks=True)  # chDB links are relative
+        print(f"chDB load: {time.perf_counter() - began:.1f} s", flush=True)
+        began = time.perf_counter()
+        write_promtool_blocks(root, data, root / "prom")
+        print(f"promtool blocks: {time.perf_counter() - began:.1f} s", flush=True)
+        stamp.write_text(str(t0))
+    vm_stamp = root / "vm-loaded"
+    if vm_wanted and not vm_stamp.exists():
+        began = time.perf_counter()
+        vm = VictoriaMetrics(root / "vm", root / "vm.log")
+        try:
+            vm.load(prometheus_text(dataset(t0)))
+        finally:
+            vm.stop()
+        vm_stamp.touch()
+        print(f"VictoriaMetrics import: {time.perf_counter() - began:.1f} s", flush=True)
+    return t0, vm_wanted
+
+
+def timed(fn: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    fn()
+    return time.perf_counter() - began
+
+
+def run_mode(
+    mode: str,
+    queries: list[tuple[str, str]],
+    t0: int,
+    offset_ms: int,
+    reps: int,
+    kql: HttpQuerier,
+    prom: HttpQuerier,
+    vm: HttpQuerier | None,
+    engine: Engine,
+    wait_idle: Callable[[], object],
+) -> list[Row]:
+    range_ms, step_ms = MODES[mode]
+    end = t0 + HOURS * 3600_000 - 1000 + offset_ms  # off the sample grid: samples x.250 s, queries x.500 s
+    start = end - range_ms
+
+    def in_process(q: str) -> object:
+        if step_ms:
+            return engine.range_query(q, start, end, step_ms).value
+        return engine.instant_query(q, end).value
+
+    for _ in range(2):  # warm both sample caches: a miss queues the fill of its hours
+        for _, q in queries:
+            kql.query(q, start, end, step_ms)
+            with contextlib.suppress(KqlError):
+                in_process(q)
+        wait_idle()
+    rows = []
+    for name, q in queries:
+        expected, got = prom.query(q, start, end, step_ms), kql.query(q, start, end, step_ms)
+        why, refused, inproc_ok = "", "", True
+        if expected.matrix is None:
+            why = f"prometheus refused: {expected.error}"
+        elif got.matrix is None:
+            refused = why = got.error
+        else:
+            why = compare(got.matrix, expected.matrix)
+            try:
+                mine = as_matrix(in_process(q))
+            except KqlError as exc:
+                why, inproc_ok = why or f"in-process: {exc}", False
+            else:
+                if not why and (diff := compare(mine, expected.matrix)):
+                    why = f"in-process: {diff}"
+        times: dict[str, list[float]] = {"kql": [], "inproc": [], "prom": [], "vm": []}
+        for _ in range(reps):  # interleaved, so load changes hit all alike
+            answers: list[tuple[str, Answer]] = [("kql", kql.query(q, start, end, step_ms))]
+            answers.append(("prom", prom.query(q, start, end, step_ms)))
+            if vm is not None:
+                answers.append(("vm", vm.query(q, start, end, step_ms)))
+            for label, a in answers:
+                times[label].append(a.seconds)
+            if inproc_ok:
+                times["inproc"].append(timed(lambda q=q: in_process(q)))  # type: ignore[misc]
+
+        def med(label: str, times: dict[str, list[float]] = times) -> float:
+            return statistics.median(times[label]) if times[label] else math.nan
+
+        row = Row(
+            mode,
+            name,
+            q,
+            med("kql"),
+            med("inproc"),
+            med("prom"),
+            med("vm"),
+            len(got.matrix) if got.matrix is not None else 0,
+            refused,
+            why,
+        )
+        rows.append(row)
+        print(
+            f"{mode:9s} {name:20s} kql {row.kql * 1000:7.1f} ms (in-process {row.inproc * 1000:7.1f})  "
+            f"prom {row.prom * 1000:7.1f}  vm {row.vm * 1000:7.1f}  ratio {row.ratio:5.2f}  "
+            f"vm/prom {row.vm / row.prom:5.2f}  series {row.series:5d}  "
+            f"{'ok' if not why else 'REFUSED: ' + why if refused else 'DIFFER: ' + why}",
+            flush=True,
+        )
+    return rows
+
+
+def report(rows: list[Row], vm_on: bool) -> int:
+    print()
+    print(
+        "| mode | query | kql ms (HTTP) | kql ms (in-process) | Prometheus ms | VictoriaMetrics ms "
+        "| kql / Prometheus | VictoriaMetrics / Prometheus | series | agree |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(
+            f"| {r.mode} | `{r.query.replace('|', chr(92) + '|')}` | {r.kql * 1000:.1f} | {r.inproc * 1000:.1f} | "
+            f"{r.prom * 1000:.1f} | {r.vm * 1000:.1f} | {r.ratio:.2f} | {r.vm / r.prom:.2f} | {r.series} | "
+            f"{'yes' if not r.why else ('REFUSED: ' if r.refused else 'no: ') + r.why} |"
+        )
+    answered = [r for r in rows if not r.refused and not math.isnan(r.prom)]
+    print()
+    print(
+        "| mode | kql / Prometheus geomean | median | max | in-process / Prometheus geomean | VictoriaMetrics / Prometheus geomean |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for mode in MODES:
+        rs = [r for r in answered if r.mode == mode]
+        if rs:
+            print(
+                f"| {mode} | {geomean([r.ratio for r in rs]):.2f} | {statistics.median(r.ratio for r in rs):.2f} | "
+                f"{max(r.ratio for r in rs):.2f} | {geomean([r.inproc / r.prom for r in rs if not math.isnan(r.inproc)]):.2f} | "
+                f"{geomean([r.vm / r.prom for r in rs]) if vm_on else math.nan:.2f} |"
+            )
+    ranged = [r for r in answered if r.mode != "instant"]
+    instant = [r for r in answered if r.mode == "instant"]
+    refused = sum(1 for r in rows if r.refused)
+    agree = sum(1 for r in rows if not r.why)
+    over = sum(1 for r in answered if r.ratio > 1.0)
+    vm_part = (
+        f" vm_geomean_ratio={geomean([r.vm / r.prom for r in ranged]):.2f}"
+        f" vm_instant_geomean_ratio={geomean([r.vm / r.prom for r in instant]):.2f}"
+        if vm_on
+        else ""
+    )
+    print(
+        f"BENCH kql median_ratio_vs_prometheus={statistics.median(r.ratio for r in ranged) if ranged else math.nan:.2f} "
+        f"geomean_ratio_vs_prometheus={geomean([r.ratio for r in ranged]):.2f} "
+        f"instant_geomean_ratio={geomean([r.ratio for r in instant]):.2f} refused={refused} "
+        f"agree={agree}/{len(rows)} above_1={over} "
+        f"inprocess_geomean_ratio={geomean([r.inproc / r.prom for r in ranged if not math.isnan(r.inproc)]):.2f}"
+        f"{vm_part}"
+    )
+    return 0 if agree == len(rows) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.kql", description=__doc__)
-    ap.add_argument("--reps", type=int, default=5, help="timed runs per query and engine (median reported)")
-    ap.add_argument("--step", type=float, default=60.0, help="range query step in seconds")
+    ap.add_argument("--reps", type=int, default=5, help="timed runs per query and server (median reported)")
     ap.add_argument("--only", default="", help="comma-separated query names to run")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated modes ({', '.join(MODES)})")
     ap.add_argument(
         "--offset-ms",
         type=int,
         default=500,
         help="query times past the whole second (samples sit at .250 s: 250 puts steps on some samples' grid)",
     )
-    ap.add_argument(
-        "--keep", type=Path, default=None, help="work directory to keep (default: a temporary one)"
-    )
-    ap.add_argument(
-        "--prometheus-time",
-        choices=("engine", "http"),
-        default="engine",
-        help="compare against Prometheus's own execTotalTime (default) or its HTTP round trip",
-    )
+    ap.add_argument("--keep", type=Path, default=None, help="work directory to keep and reuse")
+    ap.add_argument("--no-vm", action="store_true", help="leave VictoriaMetrics out even when installed")
     args = ap.parse_args(argv)
     for tool in ("prometheus", "promtool"):
         if shutil.which(tool) is None:
             print(f"{tool} missing: apt-get install -y prometheus", file=sys.stderr)
             return 2
+    vm_wanted = not args.no_vm and shutil.which("victoria-metrics") is not None
+    if not vm_wanted and not args.no_vm:
+        print("victoria-metrics not installed (apt-get install -y victoria-metrics): its column is left out")
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-kql-"))
     root.mkdir(parents=True, exist_ok=True)
-    now = int(time.time()) * 1000
-    t0 = (now - (HOURS + 1) * 3600_000) // 3600_000 * 3600_000
-    stamp = root / "t0"
-    if args.keep is not None and stamp.exists():
-        t0 = int(stamp.read_text())  # reuse the data a previous --keep run loaded
-        print(f"reusing the dataset in {root}", flush=True)
-    else:
-        data = dataset(t0)
-        samples = sum(len(ts) for _, ts, _ in data)
-        print(
-            f"dataset: {len(data)} series, {samples} samples, {HOURS} h at {SCRAPE_MS // 1000} s", flush=True
-        )
-        began = time.perf_counter()
-        load_chdb(root / "chdb", data)
-        print(f"chDB load: {time.perf_counter() - began:.1f} s", flush=True)
-        om = root / "data.om"
-        began = time.perf_counter()
-        write_openmetrics(om, data)
-        subprocess.run(
-            ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(root / "prom")],
-            check=True,
-            capture_output=True,
-        )
-        om.unlink()
-        print(f"promtool blocks: {time.perf_counter() - began:.1f} s", flush=True)
-        del data
-        stamp.write_text(str(t0))
-
-    # Off the sample grid: samples sit on x.250 s, queries on x.500 s.
-    step_ms = round(args.step * 1000)
-    start = t0 + 3600_000 + args.offset_ms
-    end = t0 + HOURS * 3600_000 - 1000 + args.offset_ms
     only = {q for q in args.only.split(",") if q}
     queries = [(n, q) for n, q in QUERIES if not only or n in only]
-
-    prom = Prometheus(root / "prom", root / "prometheus.log")
+    modes = [m for m in args.modes.split(",") if m]
+    servers: list[Server] = []
     rows: list[Row] = []
     try:
-        prom.wait_ready()
+        t0, vm_on = prepare(root, vm_wanted)
+        prom = Prometheus(root / "prom", root / "prometheus.log")
+        servers.append(prom)
+        vm = VictoriaMetrics(root / "vm", root / "vm.log") if vm_on else None
+        if vm is not None:
+            servers.append(vm)
+        collector = Collector(root / "chdb-http", root, root / "collector.log")
+        servers.append(collector)
+        kql, pq = collector.querier(), prom.querier()
+        vq = vm.querier() if vm is not None else None
         with EmbeddedStore(root / "chdb") as store:
             cache = store.sample_cache
             assert cache is not None, "the embedded store's sample cache is on by default"
-            # The dataset's hours all ended over an hour ago: settled, so the cache may serve them.
-            engines = {
-                "cached": Engine(store.storage()),
-                "pushdown": Engine(store.storage(use_cache=False)),
-                "raw": Engine(RawReads(store.storage(use_cache=False))),
-            }
-            for name, query in queries:
-                expected, _, _ = prom.range_query(query, start, end, step_ms)
-                why = ""
-                got = Matrix(())
-                for label, eng in engines.items():
-                    answer = eng.range_query(query, start, end, step_ms).value
-                    assert isinstance(answer, Matrix)
-                    if label == "cached":
-                        got = answer
-                    if not why and (diff := compare(answer, expected)):
-                        why = f"{label}: {diff}"
-                times: dict[str, list[float]] = {"cold": [], "cached": [], "pushdown": [], "raw": []}
-                run = functools.partial(engines["cached"].range_query, query, start, end, step_ms)
-                for _ in range(args.reps):  # interleaved, so load changes hit all alike
-                    cache.clear()
-                    times["cold"] += timed(run, 1)  # answered without the cache; queues its fill
-                    cache.wait_idle()  # the fill runs in the background (a dashboard refreshes later)
-                    times["cached"] += timed(run, 1)
-                    for label in ("pushdown", "raw"):
-                        eng = engines[label]
-                        times[label] += timed(
-                            functools.partial(eng.range_query, query, start, end, step_ms), 1
-                        )
-                prom_wall, prom_engine = [], []
-                for _ in range(args.reps):
-                    _, wall, eng_s = prom.range_query(query, start, end, step_ms)
-                    prom_wall.append(wall)
-                    prom_engine.append(eng_s)
-                med = {label: statistics.median(ts) for label, ts in times.items()}
-                p = statistics.median(prom_engine if args.prometheus_time == "engine" else prom_wall)
-                rows.append(Row(name, query, med, p, statistics.median(prom_wall), len(got), why))
-                print(
-                    f"{name:20s} kql {med['cached'] * 1000:7.1f} ms (cold {med['cold'] * 1000:7.1f}, "
-                    f"no cache {med['pushdown'] * 1000:7.1f}, no push-down {med['raw'] * 1000:7.1f})  "
-                    f"prom {p * 1000:7.1f} ms (http {statistics.median(prom_wall) * 1000:7.1f})  "
-                    f"ratio {med['cached'] / p:5.2f}  series {len(got):5d}  {'ok' if not why else 'DIFFER: ' + why}",
-                    flush=True,
+            engine = Engine(store.storage())
+            for mode in modes:
+                rows += run_mode(
+                    mode, queries, t0, args.offset_ms, args.reps, kql, pq, vq, engine, cache.wait_idle
                 )
-            print(f"sample cache after the run: {cache.stats()}")
     finally:
-        prom.stop()
+        for server in reversed(servers):
+            server.stop()
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
-
-    print()
-    print(
-        "| query | kql ms | kql ms, cold cache | kql ms, no cache | kql ms, no cache, no push-down "
-        "| Prometheus ms (engine) | Prometheus ms (HTTP) | ratio | ratio, no cache | series | agree |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for row in rows:
-        m = row.kql
-        print(
-            f"| `{row.query.replace('|', chr(92) + '|')}` | {m['cached'] * 1000:.1f} | {m['cold'] * 1000:.1f} | "
-            f"{m['pushdown'] * 1000:.1f} | {m['raw'] * 1000:.1f} | {row.prom * 1000:.1f} | {row.prom_http * 1000:.1f} | "
-            f"{m['cached'] / row.prom:.2f} | {m['pushdown'] / row.prom:.2f} | {row.series} | "
-            f"{'yes' if not row.why else 'no: ' + row.why} |"
-        )
-    agree = sum(1 for row in rows if not row.why)
-
-    def median_ratio(label: str) -> float:
-        return statistics.median([row.kql[label] / row.prom for row in rows]) if rows else math.nan
-
-    print(
-        f"BENCH kql median_ratio_vs_prometheus={median_ratio('cached'):.2f} agree={agree}/{len(rows)} "
-        f"cold_median_ratio={median_ratio('cold'):.2f} nocache_median_ratio={median_ratio('pushdown'):.2f}"
-    )
-    return 0 if agree == len(rows) else 1
+    return report(rows, vm_on)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ EXPECTED = {
     "KqlError", "KqlEvaluationError", "KqlExecutionError", "KqlParseError", "KqlTypeError", "Matcher",
     "Matrix", "MemoryStorage", "QueryCancelledError", "QueryResult", "QueryTimeoutError", "Sample",
     "Scalar", "Series", "SeriesData", "Storage", "StorageError", "String", "TooManySamplesError",
-    "TooManySeriesError", "Vector", "check", "format_expr", "parse", "to_prometheus_json", "value_type",
+    "TooManySeriesError", "Vector", "check", "format_expr", "parse", "prometheus_json_bytes", "to_prometheus_json",
+    "value_type",
 }  # fmt: skip
 
 

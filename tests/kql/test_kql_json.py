@@ -1,0 +1,114 @@
+"""prometheus_json_bytes writes exactly the JSON json.dumps writes for to_prometheus_json, only faster."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_insight.kql import (
+    Matrix,
+    Sample,
+    Scalar,
+    Series,
+    String,
+    Vector,
+    prometheus_json_bytes,
+    to_prometheus_json,
+)
+from kernel_insight.kql.values import format_sample_value
+
+
+def _dumps(value: Vector | Matrix | Scalar | String) -> bytes:
+    # What starlette's JSONResponse writes for the dict form.
+    return json.dumps(to_prometheus_json(value), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# Every kind of float: any bit pattern (NaN payloads, subnormals, huge), round decimals as
+# gauges hold, integers as counters hold, and the edges of Python's positional repr.
+_EDGES = [
+    0.0,
+    -0.0,
+    1e-4,
+    -1e-4,
+    9.999e-5,
+    1e16,
+    9999999999999998.0,
+    1e15,
+    0.1,
+    5e-324,
+    1.7976931348623157e308,
+]
+floats = st.one_of(
+    st.integers(0, 2**64 - 1).map(lambda b: struct.unpack("<d", struct.pack("<Q", b))[0]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.decimals(-1e6, 1e6, places=6, allow_nan=False).map(float),
+    st.integers(-(2**60), 2**60).map(float),
+    st.sampled_from(_EDGES),
+)
+labels = st.lists(
+    st.tuples(st.sampled_from(["__name__", "gpu", "instance", "é", 'q"uote', "x\ny"]), st.text(max_size=6)),
+    max_size=4,
+    unique_by=lambda p: p[0],
+).map(lambda ps: tuple(sorted(ps)))
+ms = st.integers(0, 4_102_444_800_000)
+
+
+@st.composite
+def matrices(draw: st.DrawFn) -> Matrix:
+    steps = sorted(set(draw(st.lists(ms, min_size=1, max_size=12))))
+    out = []
+    for lab in draw(st.lists(labels, max_size=5, unique=True)):
+        keep = draw(st.lists(st.booleans(), min_size=len(steps), max_size=len(steps)))
+        ts = np.array([t for t, k in zip(steps, keep, strict=True) if k], dtype=np.int64)
+        vs = np.array(draw(st.lists(floats, min_size=len(ts), max_size=len(ts))), dtype=np.float64)
+        out.append(Series(lab, ts, vs))
+    return Matrix(tuple(out))
+
+
+@settings(max_examples=300, deadline=None)
+@given(matrices())
+def test_matrix_bytes_equal_json_dumps(m: Matrix) -> None:
+    assert prometheus_json_bytes(m) == _dumps(m)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ms, st.lists(st.tuples(labels, floats), max_size=6))
+def test_vector_bytes_equal_json_dumps(
+    t: int, items: list[tuple[tuple[tuple[str, str], ...], float]]
+) -> None:
+    v = Vector(t, tuple(Sample(lab, t, x) for lab, x in items))
+    assert prometheus_json_bytes(v) == _dumps(v)
+
+
+@given(ms, floats, st.text(max_size=8))
+def test_scalar_and_string_bytes_equal_json_dumps(t: int, x: float, text: str) -> None:
+    assert prometheus_json_bytes(Scalar(t, x)) == _dumps(Scalar(t, x))
+    assert prometheus_json_bytes(String(t, text)) == _dumps(String(t, text))
+
+
+def test_values_are_written_as_go_formats_them() -> None:
+    values = [1.0, 0.5, -0.0, 1e-5, 1e20, math.inf, -math.inf, math.nan, 123.456, 2.0**53]
+    m = Matrix(
+        (Series((("__name__", "x"),), np.arange(len(values), dtype=np.int64) * 1500, np.array(values)),)
+    )
+    doc = json.loads(prometheus_json_bytes(m))
+    got = [v for _, v in doc["result"][0]["values"]]
+    assert got == [
+        "1",
+        "0.5",
+        "-0",
+        "0.00001",
+        "100000000000000000000",
+        "+Inf",
+        "-Inf",
+        "NaN",
+        "123.456",
+        "9007199254740992",
+    ]
+    assert got == [format_sample_value(x) for x in values]
+    assert [t for t, _ in doc["result"][0]["values"]][:3] == [0, 1.5, 3]
