@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 __all__ = ["add_commands"]
 
@@ -29,6 +30,8 @@ def _simulate(args: argparse.Namespace) -> int:
         layers=args.layers,
         error_rate=args.error_rate,
         launch_sample=args.launch_sample,
+        slow_kernel=args.slow_kernel,
+        slow_factor=args.slow_factor,
     )
     rings = [Ring.attach(ring_name(f"{args.label_prefix}{i}"), create=True) for i in range(args.gpus)]
     try:
@@ -38,7 +41,11 @@ def _simulate(args: argparse.Namespace) -> int:
             f"(every record flagged SIMULATED); Ctrl-C stops",
             file=sys.stderr,
         )
-        written = sim.run(args.seconds)
+        slow_when = None
+        if args.slow_kernel:
+            flag = Path(args.slow_file) if args.slow_file else None
+            slow_when = (lambda: True) if flag is None else flag.exists
+        written = sim.run(args.seconds, slow_when=slow_when)
         dropped = sum(r.stats()["dropped"] for r in rings)
         print(f"wrote {written} records in {sim.steps} steps ({dropped} dropped: ring full)", file=sys.stderr)
     finally:
@@ -143,6 +150,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s.add_argument("--layers", type=int, default=12, help="transformer layers per step (default 12)")
     s.add_argument("--error-rate", type=float, default=1 / 600, help="random errors per GPU per second")
     s.add_argument("--launch-sample", type=int, default=16, help="one LAUNCH record per N launches (0: none)")
+    s.add_argument(
+        "--slow-kernel",
+        default="",
+        metavar="SUBSTRING",
+        help="make the kernels whose name contains this slow (a regression to alert on)",
+    )
+    s.add_argument("--slow-factor", type=float, default=100.0, help="how many times slower (default 100)")
+    s.add_argument(
+        "--slow-file",
+        default=None,
+        metavar="PATH",
+        help="slow only while this file exists (touch / rm it to switch; default: always)",
+    )
     common(s)
     s.set_defaults(handler=_errors_to_exit(_simulate))
 

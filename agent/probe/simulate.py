@@ -151,6 +151,8 @@ class SimConfig:
     power_limit_w: float = 700.0
     model_bytes: int = 14 * _GIB  # gradient bytes all-reduced per step
     buckets: int = 4
+    slow_kernel: str = ""  # while Simulator.slow is set, kernels whose name contains this...
+    slow_factor: float = 100.0  # ...run this many times longer (a regression to alert on)
 
     def __post_init__(self) -> None:
         checks = [
@@ -163,6 +165,7 @@ class SimConfig:
             (self.static_memory < self.memory_total, "static_memory must be below memory_total"),
             (self.growth_every_steps >= 1 and self.idle_every_steps >= 1, "step periods must be at least 1"),
             (self.buckets >= 1 and self.nvlink_links >= 0, "buckets must be >= 1, nvlink_links >= 0"),
+            (self.slow_factor > 0, "slow_factor must be positive"),
         ]
         for ok, message in checks:
             if not ok:
@@ -229,6 +232,8 @@ class Simulator:
                 raise ValueError(f"simulator: ring {ring.name} was attached without producer=True")
             ring.flags |= RecordFlag.SIMULATED
         self.config = config
+        #: Whether ``config.slow_kernel`` runs ``slow_factor`` times longer now (``run(slow_when=...)``).
+        self.slow = False
         self.start_ns = time.time_ns() if start_ns is None else start_ns
         self._seq = 0
         self._step = 0
@@ -281,11 +286,15 @@ class Simulator:
         clock: Callable[[], int] = time.time_ns,
         sleep: Callable[[float], None] = time.sleep,
         tick_s: float = 0.05,
+        slow_when: Callable[[], bool] | None = None,
     ) -> int:
-        """Follow the wall clock for ``seconds`` (forever when None); returns records written."""
+        """Follow the wall clock for ``seconds`` (forever when None); returns records written.
+        ``slow_when`` is asked every tick whether the ``slow_kernel`` regression is on now."""
         end = None if seconds is None else self.start_ns + int(seconds * _S)
         total = 0
         while True:
+            if slow_when is not None:
+                self.slow = slow_when()
             now = clock()
             if end is not None and now >= end:
                 return total + self.advance_to(end)
@@ -300,6 +309,8 @@ class Simulator:
 
     def _duration(self, g: _Gpu, spec: KernelSpec) -> int:
         d = spec.median_us * self.config.time_scale * math.exp(g.rng.gauss(0.0, spec.sigma))
+        if self.slow and self.config.slow_kernel and self.config.slow_kernel in spec.name:
+            d *= self.config.slow_factor
         if g.rng.random() < 0.005:  # stragglers: a Pareto tail on top of the lognormal body
             d *= 1.0 + g.rng.paretovariate(1.3)
         return max(1_000, int(d * _US * g.slowdown))

@@ -272,3 +272,44 @@ def test_collector_derives_every_simulated_record():
     assert derived.spans.start_ns.size == sum(1 for r in records if r["type"] == 1)
     assert {e.kind for e in derived.events} >= {"oom", "xid"}
     assert "(simulated)" in derived.instances[-1].attributes["gpu0.name"]
+
+
+def test_a_slow_kernel_regression_can_be_switched_on_and_off():
+    """``slow_kernel``: while ``sim.slow`` is set, only the named kernels run ``slow_factor`` times longer."""
+    config = SimConfig(seed=5, layers=2, slow_kernel="flash_fwd", slow_factor=50.0)
+    prefix = f"simslow-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+    name = ring_name(f"{prefix}0")
+    try:
+        ring, reader = Ring.create(name, capacity=1 << 16), RingReader.open(name)
+        sim = Simulator(config, [ring], start_ns=T0)
+        phases: list[list[Record]] = []
+        done = 0
+        for slow, until in ((False, 5), (True, 40), (False, 45)):
+            sim.slow = slow
+            records: list[Record] = []
+            for t in range(done + 1, until + 1):
+                sim.advance_to(T0 + t * S)
+                while (batch := reader.read_array()).size:
+                    records += decode_records(batch.tobytes())
+            phases.append(records)
+            done = until
+        assert ring.stats()["dropped"] == 0
+        ring.close()
+        reader.close()
+    finally:
+        with contextlib.suppress(RingError):
+            Ring.unlink(name)
+    table = names_of([r for p in phases for r in p])
+
+    def median(records: list[Record], prefix: str) -> float:
+        return statistics.median(
+            r.duration_ns
+            for r in records
+            if isinstance(r, KernelRecord) and (table.get(r.producer, r.name_id) or "").startswith(prefix)
+        )
+
+    fast, slow, _ = phases
+    assert 35 < median(slow, "flash_fwd") / median(fast, "flash_fwd") < 70
+    assert (
+        0.8 < median(slow, "void at::native::(anonymous") / median(fast, "void at::native::(anonymous") < 1.25
+    )
