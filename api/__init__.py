@@ -7,7 +7,7 @@ this package; ``api_routers`` gives the routers alone.
 from __future__ import annotations
 
 from kernel_insight.api.agents import agents_router
-from kernel_insight.api.app import api_routers, create_api_app, default_metadata, serve
+from kernel_insight.api.app import TlsFiles, api_routers, create_api_app, default_metadata, serve
 from kernel_insight.api.auth import (
     Authenticator,
     ClickHouseTokenStore,
@@ -20,6 +20,7 @@ from kernel_insight.api.auth import (
     UnknownToken,
     open_token_store,
 )
+from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
 from kernel_insight.api.errors import ApiError, install_error_handlers
 from kernel_insight.api.health import (
     HealthRule,
@@ -32,6 +33,7 @@ from kernel_insight.api.health import (
     health_router,
 )
 from kernel_insight.api.instances import instances_router
+from kernel_insight.api.logs import RepeatFilter
 from kernel_insight.api.prometheus import prometheus_router
 from kernel_insight.api.topology import topology_router
 
@@ -39,14 +41,17 @@ __all__ = [
     "ApiError",
     "Authenticator",
     "ClickHouseTokenStore",
+    "ConnectionLimits",
     "CreatedToken",
     "HealthRule",
     "HealthSource",
     "InstanceFacts",
+    "RepeatFilter",
     "Scope",
     "Snapshot",
     "Snapshotter",
     "StoreSource",
+    "TlsFiles",
     "TokenError",
     "TokenInfo",
     "TokenStore",
@@ -57,6 +62,7 @@ __all__ = [
     "build_snapshot",
     "create_api_app",
     "default_metadata",
+    "guarded_protocol",
     "health_router",
     "install_error_handlers",
     "instances_router",

@@ -6,15 +6,20 @@ this package; :func:`api_routers` gives the routers alone to compose differently
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import ssl
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
 
 from kernel_insight.api.agents import agents_router
 from kernel_insight.api.auth import Authenticator, Scope, TokenStoreBase
+from kernel_insight.api.connections import ConnectionLimits, guarded_protocol, raise_nofile_limit
 from kernel_insight.api.errors import install_error_handlers
 from kernel_insight.api.health import (
     DEFAULT_INTERVAL_S,
@@ -25,13 +30,22 @@ from kernel_insight.api.health import (
     health_router,
 )
 from kernel_insight.api.instances import instances_router
+from kernel_insight.api.logs import install_repeat_filter
 from kernel_insight.api.prometheus import MetricMetadata, prometheus_router
 from kernel_insight.api.topology import topology_router
 
 if TYPE_CHECKING:
     from kernel_insight.collector.keys import KeyStoreBase
 
-__all__ = ["LOCAL_DEV_HOST", "api_routers", "create_api_app", "default_metadata", "listening_socket", "serve"]
+__all__ = [
+    "LOCAL_DEV_HOST",
+    "TlsFiles",
+    "api_routers",
+    "create_api_app",
+    "default_metadata",
+    "listening_socket",
+    "serve",
+]
 
 #: The only address a server without token checks may listen on.
 LOCAL_DEV_HOST = "127.0.0.1"
@@ -116,8 +130,48 @@ def listening_socket(host: str, port: int, *, backlog: int = 2048) -> socket.soc
     return sock
 
 
-def serve(app: FastAPI, host: str, port: int, *, local_dev: bool) -> None:
-    """Run ``app`` with uvicorn; local development mode refuses any address but 127.0.0.1 and says so."""
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for HTTPS: the server's certificate chain and key, and optionally the CAs whose
+    client certificates it requires (mutual TLS; without ``client_ca`` clients are not asked for one)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """A server TLS context from these files; a ValueError names the file that is wrong."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"cannot load the TLS certificate {self.cert} with key {self.key}: {exc}"
+            ) from None
+        if self.client_ca is not None:
+            try:
+                ctx.load_verify_locations(cafile=self.client_ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot load the client CA file {self.client_ca}: {exc}") from None
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    local_dev: bool,
+    tls: TlsFiles | None = None,
+    limits: ConnectionLimits | None = None,
+) -> None:
+    """Run ``app`` with uvicorn; local development mode refuses any address but 127.0.0.1 and says so.
+
+    ``limits`` bound what clients can hold (connections, head and body deadlines;
+    docs/security.md); the descriptor limit is raised to its hard limit first and the
+    connection cap lowered to fit it. ``tls`` serves HTTPS.
+    """
     import uvicorn
 
     if local_dev:
@@ -128,7 +182,41 @@ def serve(app: FastAPI, host: str, port: int, *, local_dev: bool) -> None:
             file=sys.stderr,
             flush=True,
         )
-    sock = listening_socket(host, port)
+    if tls is not None:
+        tls.context()  # a clear error about a bad file now, rather than a traceback from uvicorn
+    if tls is None and not _is_loopback(host):
+        print(
+            f"ki: WARNING: serving plain HTTP on {host}: bearer tokens and remote_write samples cross the "
+            "network in cleartext (give --tls-cert and --tls-key; docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
+    limits = (limits or ConnectionLimits()).fitted(raise_nofile_limit())
+    sock = listening_socket(host, port, backlog=limits.backlog)
     bound = sock.getsockname()[1]
-    print(f"ki: listening on http://{host}:{bound}", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    tls_options: dict[str, Any] = {}
+    if tls is not None:
+        tls_options = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+        if tls.client_ca is not None:
+            tls_options |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        **tls_options,
+        http=guarded_protocol(limits),
+        ws="none",
+        backlog=limits.backlog,
+        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+        h11_max_incomplete_event_size=limits.max_head_bytes,
+    )
+    install_repeat_filter()  # after uvicorn.Config, which installs uvicorn's handlers
+    scheme = "https" if tls is not None else "http"
+    print(f"ki: listening on {scheme}://{host}:{bound}", flush=True)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from kernel_insight.collector.remote_write import (
     DEFAULT_MAX_DECOMPRESSED,
     RemoteWriteError,
+    RemoteWriteTooLarge,
     parse_remote_write,
 )
 from kernel_insight.collector.store import StorageError, StorageUnavailable, Store
@@ -42,7 +44,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise BodyTooLarge(limit)
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in request.stream():  # ClientDisconnect when the client goes or the body deadline passes
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(limit)
@@ -86,6 +88,11 @@ def create_app(
     async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
         return _error(413, str(exc))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # Nobody is left to read this; answered quietly so a flood of cut-off uploads logs nothing.
+        return _error(400, "the client disconnected before its request body arrived")
+
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         await run_in_threadpool(store.ping)  # StorageUnavailable -> 503
@@ -107,6 +114,8 @@ def create_app(
         body = await read_body(request, max_body_bytes)
         try:
             batch = await run_in_threadpool(parse_remote_write, body, max_decompressed_bytes)
+        except RemoteWriteTooLarge as exc:
+            return _error(413, f"remote_write request too large: {exc}")
         except RemoteWriteError as exc:
             return _error(400, f"malformed remote_write request: {exc}")
         try:

@@ -21,11 +21,13 @@ from typing import Protocol
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from kernel_insight.collector.keys import KeyStoreError, RevokedAgent, UnknownAgent
 from kernel_insight.collector.store import StorageError, StorageUnavailable
 from kernel_insight.collector.wire import (
     DEFAULT_LIMITS,
+    HEADER_SIZE,
     INGEST_PATH,
     AuthenticationFailed,
     BatchId,
@@ -36,6 +38,7 @@ from kernel_insight.collector.wire import (
     decode_body,
     open_frame,
     parse_header,
+    parse_sender,
 )
 
 __all__ = ["IngestStats", "KeyLookup", "SeenBatches", "Sink", "ingest_router"]
@@ -108,6 +111,26 @@ def ingest_router(
     in_flight_lock = threading.Lock()
     router = APIRouter()
 
+    def lookup(agent_id: bytes, key_id: int) -> bytes | JSONResponse:
+        """The sender's key, or the answer that refuses it (403 unknown/revoked, 503 store down)."""
+        try:
+            return keys.key_for(agent_id, key_id)
+        except (UnknownAgent, RevokedAgent) as exc:
+            log.warning("ingest: refused batch from agent %s: %s", agent_id.hex(), exc)
+            return _answer(403, "forbidden", str(exc))
+        except KeyStoreError as exc:
+            log.error("ingest: key store unusable: %s", exc)
+            return _answer(503, "unavailable", "key store unavailable", {"Retry-After": "5"})
+
+    def refuse_sender(prefix: bytes) -> JSONResponse | None:
+        """The answer for a frame whose first HEADER_SIZE bytes already rule it out, else None."""
+        try:
+            agent_id, key_id = parse_sender(prefix)
+        except MalformedBatch as exc:
+            return _answer(400, "rejected", str(exc))
+        key = lookup(agent_id, key_id)
+        return key if isinstance(key, JSONResponse) else None
+
     def settle(frame: bytes) -> JSONResponse:
         try:
             header = parse_header(frame, limits)
@@ -116,14 +139,9 @@ def ingest_router(
         except MalformedBatch as exc:
             return _answer(400, "rejected", str(exc))
         agent = header.agent_id.hex()
-        try:
-            key = keys.key_for(header.agent_id, header.key_id)
-        except (UnknownAgent, RevokedAgent) as exc:
-            log.warning("ingest: refused batch from agent %s: %s", agent, exc)
-            return _answer(403, "forbidden", str(exc))
-        except KeyStoreError as exc:
-            log.error("ingest: key store unusable: %s", exc)
-            return _answer(503, "unavailable", "key store unavailable", {"Retry-After": "5"})
+        key = lookup(header.agent_id, header.key_id)
+        if isinstance(key, JSONResponse):
+            return key
         try:
             batch = decode_body(open_frame(frame, header, key, limits), header, limits)
         except AuthenticationFailed as exc:
@@ -163,6 +181,24 @@ def ingest_router(
         stats.records += batch.record_count
         return JSONResponse({"status": "stored", "batch_id": str(bid), "records": batch.record_count})
 
+    async def read_frame(request: Request) -> JSONResponse:
+        """Read the body, but refuse an unknown or revoked sender (or not-a-batch) after its
+        first HEADER_SIZE bytes: strangers never make the collector buffer a frame."""
+        body = bytearray()
+        try:
+            async for chunk in request.stream():
+                first = len(body) < HEADER_SIZE
+                body += chunk
+                if first and len(body) >= HEADER_SIZE:
+                    refused = await run_in_threadpool(refuse_sender, bytes(body[:HEADER_SIZE]))
+                    if refused is not None:
+                        return refused  # the rest is discarded unread (docs/security.md)
+                if len(body) > limits.max_frame:
+                    break
+        except ClientDisconnect:  # the client went, or the body deadline cut it off
+            return _answer(400, "rejected", "the client disconnected before the frame arrived")
+        return await run_in_threadpool(settle, bytes(body))
+
     @router.post(INGEST_PATH, summary="Receive one sealed agent batch (docs/wire.md)")
     async def ingest(request: Request) -> JSONResponse:
         declared = request.headers.get("content-length")
@@ -171,12 +207,7 @@ def ingest_router(
         elif declared is not None and int(declared) > limits.max_frame:
             response = _answer(413, "rejected", f"frames are limited to {limits.max_frame} bytes")
         else:
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limits.max_frame:
-                    break
-            response = await run_in_threadpool(settle, bytes(body))
+            response = await read_frame(request)
         stats.count(response.status_code)
         return response
 

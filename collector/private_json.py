@@ -48,7 +48,7 @@ K = TypeVar("K")
 
 def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` with mode 0600 from the first byte on, replacing it atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new directory: ours alone
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -126,7 +126,7 @@ class PrivateJsonFile(Generic[K]):
     def editing(self, lock: threading.Lock) -> Iterator[dict[K, dict[str, Any]]]:
         """Lock the file against other writers (and ``lock`` against this process's threads),
         reload, let the caller edit the records in place, write them back atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -17,6 +17,7 @@ from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, Sam
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "RemoteWriteError",
+    "RemoteWriteTooLarge",
     "decode_write_request",
     "decompress",
     "encode_write_request",
@@ -31,6 +32,10 @@ _DOUBLE = struct.Struct("<d")
 
 class RemoteWriteError(ValueError):
     """A body that is not a valid snappy-compressed WriteRequest (HTTP 400: Prometheus does not retry)."""
+
+
+class RemoteWriteTooLarge(RemoteWriteError):
+    """A body whose snappy header announces more than the decompression limit (HTTP 413)."""
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -151,7 +156,9 @@ def decompress(body: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) ->
     except RemoteWriteError:
         raise RemoteWriteError("not snappy: the body has no valid length header") from None
     if size > max_decompressed:
-        raise RemoteWriteError(f"body decompresses to {size} bytes, over the {max_decompressed}-byte limit")
+        raise RemoteWriteTooLarge(
+            f"body decompresses to {size} bytes, over the {max_decompressed}-byte limit"
+        )
     try:
         return bytes(cramjam.snappy.decompress_raw(body))
     except Exception as exc:  # cramjam raises its own DecompressionError

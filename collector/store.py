@@ -473,7 +473,8 @@ class EmbeddedStore(Store):
         session_cls: Any = chdb_session.Session
 
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        # Samples, keys and tokens live here: a directory we create is readable by its owner only.
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._insert_lock = threading.Lock()
         try:
             self._session: Any = session_cls(str(self.path))

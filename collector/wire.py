@@ -61,6 +61,7 @@ __all__ = [
     "nonce_for",
     "open_frame",
     "parse_header",
+    "parse_sender",
     "seal_body",
 ]
 
@@ -424,6 +425,23 @@ class DecodedBatch:
 
 
 # ---- decoder -----------------------------------------------------------------------
+
+
+def parse_sender(prefix: bytes | memoryview) -> tuple[bytes, int]:
+    """(agent_id, key_id) from a frame's first ``HEADER_SIZE`` bytes, checking magic and version only.
+
+    The collector reads this much of a request body, refuses unknown or revoked senders, and
+    only then reads the rest: a stranger cannot make it buffer 16 MiB (nothing here is
+    authenticated yet; the tag is checked once the whole frame is in).
+    """
+    if len(prefix) < HEADER_SIZE:
+        raise MalformedBatch(f"frame of {len(prefix)} bytes is shorter than its header")
+    magic, version, _aead, _comp, _flags, agent_id, key_id = _HEADER.unpack_from(prefix, 0)[:7]
+    if magic != MAGIC:
+        raise MalformedBatch("bad magic: not a Kernel Insight batch")
+    if version != WIRE_VERSION:
+        raise MalformedBatch(f"wire version {version}, this collector understands {WIRE_VERSION}")
+    return bytes(agent_id), int(key_id)
 
 
 def parse_header(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> BatchHeader:

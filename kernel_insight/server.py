@@ -91,6 +91,31 @@ def build_collector_app(
     return app
 
 
+def _tls(args: argparse.Namespace) -> Any:
+    """``TlsFiles`` from --tls-cert/--tls-key/--tls-client-ca, None without them; ValueError when half given."""
+    from kernel_insight.api.app import TlsFiles
+
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    ca = None if args.tls_client_ca is None else Path(args.tls_client_ca)
+    return TlsFiles(Path(args.tls_cert), Path(args.tls_key), ca)
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from kernel_insight.api.connections import ConnectionLimits
+
+    return ConnectionLimits(
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keep_alive_s=args.keep_alive,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.app import serve
     from kernel_insight.api.auth import TokenError
@@ -100,6 +125,13 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.collector.store import StorageError, open_store
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
+    try:
+        tls, limits = _tls(args), _limits(args)
+        if tls is not None:
+            tls.context()  # refuse bad certificate files before opening the store
+    except ValueError as exc:
+        print(f"ki collector: {exc}", file=sys.stderr)
+        return 2
     try:
         cache = None if args.query_cache_mb is None else int(args.query_cache_mb * 1024 * 1024)
         store = open_store(args.store, cluster=args.cluster, cache_bytes=cache)
@@ -127,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
             auth_store=args.auth_store,
             rules=rules,
         )
-        serve(app, args.host, args.port, local_dev=args.local_dev)
+        serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
     except (ValueError, KeyStoreError, TokenError, StorageError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2
@@ -138,6 +170,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kernel_insight.api.auth import DEFAULT_TOKEN_STORE
+    from kernel_insight.api.connections import (
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        DEFAULT_KEEP_ALIVE_S,
+        DEFAULT_MAX_CONNECTIONS,
+    )
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
 
     s = sub.add_parser(
@@ -178,4 +216,41 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     from kernel_insight.rules.manager import add_rule_arguments
 
     add_rule_arguments(s)
+    t = s.add_argument_group("TLS (docs/security.md)")
+    t.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (chain)")
+    t.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    t.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by these PEM CAs (mutual TLS); default: none asked",
+    )
+    c = s.add_argument_group("connection limits (docs/security.md)")
+    c.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"open connections at most (default {DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file "
+        "limit); past it the connection idle longest is closed",
+    )
+    c.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"seconds a client has to send a request head (default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    c.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"seconds a client has to send a request body after its head (default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    c.add_argument(
+        "--keep-alive",
+        type=float,
+        default=DEFAULT_KEEP_ALIVE_S,
+        metavar="SECONDS",
+        help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})",
+    )
     s.set_defaults(handler=_serve)

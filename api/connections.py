@@ -1,0 +1,248 @@
+"""Connection limits for the collector's HTTP server: a cap on open connections, request head and
+body deadlines, and the file-descriptor budget they fit in (docs/security.md).
+
+uvicorn alone keeps a connection that sent half a request head open for ever, and its
+``limit_concurrency`` counts such connections against legitimate requests, so a flood of
+half-sent requests starves everyone (and, past the descriptor limit, the store itself).
+:func:`guarded_protocol` returns uvicorn's h11 protocol with three rules added:
+
+- the request head must arrive within ``header_timeout_s`` of the connection opening (or of
+  the previous response on a keep-alive connection), else 408 and close;
+- the request body must arrive within ``body_timeout_s`` of its head, else 408 and close;
+- at most ``max_connections`` are open: a new connection past the cap closes the oldest one
+  that is still waiting for a request head (the slow ones are the cheap ones to drop), and is
+  answered 503 itself only when every open connection is busy with a request.
+
+Example::
+
+    limits = ConnectionLimits(max_connections=256)
+    uvicorn.Config(app, http=guarded_protocol(limits), backlog=limits.backlog)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_KEEP_ALIVE_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionLimits",
+    "guarded_protocol",
+    "raise_nofile_limit",
+]
+
+#: Most connections open at once (lowered to fit the process's descriptor limit).
+DEFAULT_MAX_CONNECTIONS = 4096
+#: Seconds a client has to send a whole request head.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: Seconds a client has to send a whole request body once its head arrived (16 MiB at 300 kB/s).
+DEFAULT_BODY_TIMEOUT_S = 60.0
+#: Seconds an idle keep-alive connection stays open between requests.
+DEFAULT_KEEP_ALIVE_S = 5.0
+#: Connections the kernel queues before the server accepts them.
+DEFAULT_BACKLOG = 2048
+#: Largest request head (request line and headers) accepted, in bytes.
+DEFAULT_MAX_HEAD_BYTES = 64 << 10
+#: Descriptors kept for everything but client connections (the store, logs, key files, threads).
+RESERVED_FDS = 512
+
+log = logging.getLogger("kernel_insight.api.connections")
+
+_TIMEOUT_408 = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+_FULL_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+
+
+def _raw(template: bytes, text: str) -> bytes:
+    body = text.encode()
+    return template % (len(body), body)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one collector process lets clients hold; ``ki collector`` flags set each field."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    backlog: int = DEFAULT_BACKLOG
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, not {value}")
+        if self.backlog < 1 or self.max_head_bytes < 1024:
+            raise ValueError("backlog must be at least 1 and max_head_bytes at least 1024")
+
+    def fitted(self, nofile: int) -> ConnectionLimits:
+        """These limits with the connection cap and backlog lowered to fit ``nofile`` descriptors.
+
+        Connections past the cap are accepted (a descriptor each, up to ``backlog`` in one accept
+        round) before they are closed, so cap + backlog + the reserve must stay under the limit:
+        a server out of descriptors can no longer open its own files.
+        """
+        room = max(nofile - RESERVED_FDS, 64)
+        cap = max(min(self.max_connections, room - min(self.backlog, room // 4)), 1)
+        # One accept round takes up to ``backlog`` connections before any of them is read; at
+        # most half the cap per round leaves a legitimate newcomer time to send its request head
+        # before later newcomers could evict it.
+        backlog = max(min(self.backlog, room // 4, cap // 2), 1)
+        if (cap, backlog) == (self.max_connections, self.backlog):
+            return self
+        return ConnectionLimits(
+            cap, self.header_timeout_s, self.body_timeout_s, self.keep_alive_s, backlog, self.max_head_bytes
+        )
+
+
+def raise_nofile_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit; returns the soft limit now in force.
+
+    Linux starts most processes at a soft limit of 1024, which a few hundred idle
+    connections and the store's files exhaust; the hard limit is what the administrator allows.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with head/body deadlines and a connection cap (see the module docstring)."""
+
+    limits: ClassVar[ConnectionLimits]
+    #: Connections waiting for a request head, oldest first (a dict keeps insertion order).
+    waiting: ClassVar[dict[_GuardedH11, None]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = False  # bytes of a request head seen since the connection went idle
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._evict_one():
+            log.warning(
+                "connection limit (%d) reached and every connection is busy: refusing new connections",
+                self.limits.max_connections,
+            )
+            transport.write(_raw(_FULL_503, "too many connections; retry later\n"))
+            transport.close()
+            return
+        self._track()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timers()
+        self.waiting.pop(self, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self in self.waiting:
+            self._head_bytes = True
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._track()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._head_bytes = False
+        self._track()
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for a request head; False when none waits."""
+        for victim in self.waiting:
+            if victim is not self:
+                victim._close(None)
+                return True
+        return False
+
+    def _track(self) -> None:
+        """Start or stop the deadlines and the eviction entry after h11's state moved."""
+        if self.transport is None or self.transport.is_closing():
+            self._stop_timers()
+            self.waiting.pop(self, None)
+            return
+        theirs = self.conn.their_state
+        awaiting_head = theirs is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+        if awaiting_head:
+            if self not in self.waiting:
+                self.waiting[self] = None
+                self._cancel_body()
+                self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
+            return
+        self.waiting.pop(self, None)
+        self._cancel_head()
+        if theirs is h11.SEND_BODY:
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
+        else:
+            self._cancel_body()
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        # An idle keep-alive connection is just closed; a half-sent head is told why.
+        self._close("request head not received in time\n" if self._head_bytes else None)
+
+    def _body_expired(self) -> None:
+        self._body_timer = None
+        if self.cycle is not None and not self.cycle.response_started:
+            self._close("request body not received in time\n")
+        else:
+            self._close(None)
+
+    def _close(self, why: str | None) -> None:
+        self._stop_timers()
+        self.waiting.pop(self, None)
+        if self.transport is None or self.transport.is_closing():
+            return
+        if why is not None:
+            self.transport.write(_raw(_TIMEOUT_408, why))
+        self.transport.close()
+
+    def _cancel_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _stop_timers(self) -> None:
+        self._cancel_head()
+        self._cancel_body()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """An HTTP protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``.
+
+    Each call makes a class of its own, so two servers in one process keep separate counts.
+    """
+    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits, "waiting": {}})
