@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.batcher import Batcher, BatcherStats, Ticket
 from kernel_insight.collector.derive import DROP_REASONS, DROP_STATS, Derived, Deriver, DropStats
 from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
 from kernel_insight.collector.keys import (
@@ -38,6 +39,7 @@ from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, sing
 from kernel_insight.collector.sink import StoreSink
 from kernel_insight.collector.store import (
     EmbeddedStore,
+    PreparedRows,
     ServerStore,
     StorageError,
     StorageUnavailable,
@@ -72,6 +74,8 @@ __all__ = [
     "AuthenticationFailed",
     "BatchHeader",
     "BatchId",
+    "Batcher",
+    "BatcherStats",
     "CacheStats",
     "ClickHouseKeyStore",
     "ClickHouseStorage",
@@ -95,6 +99,7 @@ __all__ = [
     "MetricSpec",
     "OpenMetricsError",
     "OversizedBatch",
+    "PreparedRows",
     "RemoteWriteError",
     "Retention",
     "RevokedAgent",
@@ -109,6 +114,7 @@ __all__ = [
     "StorageUnavailable",
     "Store",
     "StoreSink",
+    "Ticket",
     "UnknownAgent",
     "WireError",
     "canonical_labels",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 __all__ = [
     "DEDUP_WINDOW",
+    "MERGE_SETTINGS",
     "SCHEMA",
     "Column",
     "Retention",
@@ -28,6 +29,18 @@ __all__ = [
 #: How many recent insert blocks per table remember their dedup token; agents retry within minutes,
 #: and the batches table covers anything older.
 DEDUP_WINDOW = 10_000
+
+#: Merge settings every table gets (docs/storage.md, "Merges"). ClickHouse's merge selector
+#: leaves a partition alone while its few parts differ much in size, so day partitions that
+#: stopped receiving rows kept 2-5 small parts each for good (140 parts seen after 33 minutes):
+#: once every part of a partition is this old, the partition is merged into one part.
+#: Replaced parts are deleted a minute after a merge instead of eight, so ``du`` follows the
+#: active parts.
+MERGE_SETTINGS: dict[str, int] = {
+    "min_age_to_force_merge_seconds": 600,
+    "min_age_to_force_merge_on_partition_only": 1,
+    "old_parts_lifetime": 60,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +276,7 @@ def _create(
     if ttl:
         lines.append(f"TTL {ttl}")
     dedup = "replicated_deduplication_window" if replicated else "non_replicated_deduplication_window"
-    settings: dict[str, int | str] = {dedup: DEDUP_WINDOW}
+    settings: dict[str, int | str] = {dedup: DEDUP_WINDOW, **MERGE_SETTINGS}
     if t.partition_by and ttl:
         settings["ttl_only_drop_parts"] = 1  # drop whole day partitions instead of rewriting parts
     settings.update(t.settings)

@@ -1,16 +1,21 @@
 """The ingest router's sink: a decoded agent batch -> derived rows -> stored exactly once.
 
 ``ingest_router(keys, sink=StoreSink(store))`` is the whole wiring; the router owns
-authentication and status codes, this owns what a batch becomes in storage.
+authentication and status codes, this owns what a batch becomes in storage. Rows are
+written in groups with other requests' rows by a :class:`~kernel_insight.collector.batcher.Batcher`
+(docs/storage.md, "Ingest: group commit"); a request is answered once its rows are durable.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 
+from kernel_insight.collector.batcher import Batcher, Ticket
 from kernel_insight.collector.derive import Deriver
-from kernel_insight.collector.store import Store
+from kernel_insight.collector.rows import Labels
+from kernel_insight.collector.store import StorageError, Store
 from kernel_insight.collector.wire import Counter, DecodedBatch
 
 __all__ = ["StoreSink"]
@@ -26,8 +31,13 @@ def _counter_name(counter_id: int) -> str:
 class StoreSink:
     """Derive and store one batch; True when stored, False when its batch id was stored before.
 
-    One :class:`Deriver` per agent keeps names and running counter totals between batches;
-    a batch that fails to store rolls its deriver back, so the agent's retry counts once.
+    One :class:`Deriver` per agent keeps names and running counter totals between batches.
+    A batch whose rows end up not stored (refused, or a duplicate found at write time) has
+    its counter increments taken back out of its deriver, so the agent's retry counts once,
+    even when later batches of the same agent were derived meanwhile (``submit`` pipelines).
+
+    The batcher starts on the first batch; ``close()`` (also the app's shutdown) flushes
+    what is queued.
 
     Example::
 
@@ -40,15 +50,21 @@ class StoreSink:
         *,
         instance_of: Callable[[bytes], str] | None = None,
         labels_of: Callable[[str], Mapping[str, str]] | None = None,
+        batcher: Batcher | None = None,
     ) -> None:
         self.store = store
+        self.batcher = batcher if batcher is not None else Batcher(store)
         self._instance_of = instance_of or (lambda agent_id: agent_id.hex())
         self._labels_of = labels_of or (lambda instance: {})
         self._derivers: dict[bytes, tuple[Deriver, threading.Lock]] = {}
         self._lock = threading.Lock()
+        self._started = False
 
     def _deriver(self, agent_id: bytes) -> tuple[Deriver, threading.Lock]:
         with self._lock:
+            if not self._started:
+                self.batcher.start()
+                self._started = True
             entry = self._derivers.get(agent_id)
             if entry is None:
                 instance = self._instance_of(agent_id)
@@ -58,13 +74,17 @@ class StoreSink:
                 )
             return entry
 
-    def __call__(self, batch: DecodedBatch) -> bool:
+    def submit(self, batch: DecodedBatch) -> Future[bool]:
+        """Derive and queue ``batch``; the future says True (stored), False (stored before) or raises
+        the storage exception. A batch id still queued (its store being retried) is not derived
+        again: the future waits on the queued rows."""
         batch_id = str(batch.batch_id)
-        if self.store.batch_seen(batch_id):
-            return False
         deriver, lock = self._deriver(batch.header.agent_id)
+        queued = self.batcher.pending(batch_id)
+        if queued is not None:
+            return queued.answer()
         with lock:
-            checkpoint = deriver.checkpoint()
+            before = deriver.checkpoint()
             try:
                 derived = deriver.derive(
                     batch.to_array(),
@@ -72,7 +92,8 @@ class StoreSink:
                     counters={_counter_name(k): float(v) for k, v in batch.counters.items()},
                     now_ns=batch.header.t_max_ns,
                 )
-                return self.store.insert_batch(
+                after = deriver.checkpoint()
+                rows = self.store.prepare(
                     batch_id,
                     agent_id=deriver.instance,
                     samples=derived.samples,
@@ -80,6 +101,36 @@ class StoreSink:
                     events=derived.events,
                     instances=derived.instances,
                 )
+                ticket = self.batcher.submit(rows)
+                if ticket.rows is not rows:  # queued meanwhile by a retry: these rows are not needed
+                    deriver.rollback(before)
+                    return ticket.answer()
+            except (ValueError, OverflowError) as exc:
+                deriver.rollback(before)
+                raise StorageError(f"batch {batch_id} holds values storage cannot take: {exc}") from exc
             except BaseException:
-                deriver.rollback(checkpoint)
+                deriver.rollback(before)
                 raise
+        increments = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+        if increments:
+            ticket.on_final(lambda t: self._undo_unless_stored(t, deriver, lock, increments))
+        return ticket.answer()
+
+    @staticmethod
+    def _undo_unless_stored(
+        ticket: Ticket, deriver: Deriver, lock: threading.Lock, increments: dict[Labels, float]
+    ) -> None:
+        if ticket.stored:
+            return
+        with lock:
+            totals = deriver.checkpoint()
+            for labels, inc in increments.items():
+                totals[labels] = totals.get(labels, 0.0) - inc
+            deriver.rollback(totals)
+
+    def __call__(self, batch: DecodedBatch) -> bool:
+        return self.submit(batch).result()
+
+    def close(self) -> None:
+        """Write what is queued and stop the batcher; safe twice."""
+        self.batcher.shutdown()

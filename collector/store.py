@@ -14,6 +14,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -22,6 +23,8 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import (
+    MAX_TS_MS,
+    MIN_TS_MS,
     Event,
     InstanceInfo,
     Labels,
@@ -30,13 +33,14 @@ from kernel_insight.collector.rows import (
     series_fingerprint,
 )
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
-from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl, table
+from kernel_insight.collector.schema import MERGE_SETTINGS, SCHEMA, Retention, cluster_ddl, single_ddl, table
 
 if TYPE_CHECKING:
     from kernel_insight.collector.query import ClickHouseStorage
 
 __all__ = [
     "EmbeddedStore",
+    "PreparedRows",
     "ServerStore",
     "StorageError",
     "StorageUnavailable",
@@ -55,6 +59,45 @@ _RETRYABLE_CODES = frozenset(
 )
 _CODE_RE = re.compile(r"Code:\s*(\d+)")
 _TTL_DAYS_RE = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.DOTALL)
+
+
+#: The order a group's tables are written in (``Store.insert_prepared``); the ``batches`` rows
+#: come after all of them, since they vouch that everything before them landed.
+_GROUP_ORDER = ("series", "samples", "kernel_spans", "events", "instances")
+_MAX_NS = MAX_TS_MS * 1_000_000
+
+
+def _check_ns_range(values: Any, what: str) -> None:
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.size and (int(arr.min()) < MIN_TS_MS or int(arr.max()) > _MAX_NS):
+        bad = int(arr.min()) if int(arr.min()) < MIN_TS_MS else int(arr.max())
+        raise ValueError(f"{what} {bad} ns is outside the storable range 1970-01-01 .. 2149-06-06")
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    if len(parts) == 1:
+        return parts[0]
+    # One dictionary for the group's metric names: chDB wants a chunk's dictionary values unique.
+    return pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+
+
+@dataclass(slots=True)
+class PreparedRows:
+    """One batch's rows as Arrow tables (``Store.prepare``), ready to be written with others.
+
+    Converting is done in the caller's thread, batch by batch, so a value the schema cannot
+    hold refuses its own batch and never a group; ``Store.insert_prepared`` then writes any
+    number of them with one insert per table.
+    """
+
+    batch_id: str
+    agent_id: str = ""
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    rows: int = 0
+    metric_names: list[str] = field(default_factory=list)
+    metric_codes: np.ndarray[Any, Any] | None = None
+    ts_ms: np.ndarray[Any, Any] | None = None
+    series_keys: list[tuple[int, int]] = field(default_factory=list)
 
 
 class StorageError(Exception):
@@ -156,6 +199,13 @@ class Store(ABC):
             ).to_pylist()
         }
         for t in SCHEMA:
+            # Tables made before MERGE_SETTINGS existed get them (docs/storage.md, "Merges").
+            missing = {k: v for k, v in MERGE_SETTINGS.items() if k not in current.get(t.name + suffix, k)}
+            if missing:
+                assignments = ", ".join(f"{k} = {v}" for k, v in missing.items())
+                self.command(
+                    f"ALTER TABLE {self.database}.{t.name}{suffix}{on_cluster} MODIFY SETTING {assignments}"
+                )
             if t.ttl_column is None:
                 continue
             found = _TTL_DAYS_RE.search(current.get(t.name + suffix, ""))
@@ -228,20 +278,20 @@ class Store(ABC):
     def _table(self, name: str) -> str:
         return f"{self.database}.{name}"
 
-    def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
-        """Insert samples and any series rows not yet written today; returns the sample count."""
-        self._check_open()
-        if len(batch) == 0:
-            return 0
+    def _sample_rows(
+        self, batch: SampleBatch
+    ) -> tuple[pa.Table, pa.Table | None, list[str], np.ndarray[Any, Any], list[tuple[int, int]]]:
+        """The samples table of ``batch``, the series rows for (series, day) pairs not written yet,
+        the metric names and per-sample codes (for the sample cache) and the new series keys."""
         fps = np.fromiter(
             (self._fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
         )
-        self._upsert_series(batch, fps, None if dedup_token is None else f"{dedup_token}:series")
+        series, keys = self._series_rows(batch, fps)
         # The metric column as a dictionary of the batch's distinct names (chDB wants them unique).
         names, codes = np.unique([dict(s)["__name__"] for s in batch.series], return_inverse=True)
+        sample_codes = codes.astype(np.int32)[batch.series_idx]
         metric = pa.DictionaryArray.from_arrays(
-            pa.array(codes.astype(np.int32)[batch.series_idx], pa.int32()),
-            pa.array(names.tolist(), pa.string()),
+            pa.array(sample_codes, pa.int32()), pa.array(names.tolist(), pa.string())
         )
         data = pa.table(
             {
@@ -251,11 +301,22 @@ class Store(ABC):
                 "value": pa.array(batch.values, pa.float64()),
             }
         )
+        return data, series, names.tolist(), sample_codes, keys
+
+    def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
+        """Insert samples and any series rows not yet written today; returns the sample count."""
+        self._check_open()
+        if len(batch) == 0:
+            return 0
+        data, series, names, codes, keys = self._sample_rows(batch)
+        if series is not None:
+            self._insert("series", series, None if dedup_token is None else f"{dedup_token}:series")
+            self._mark_series(keys)
         try:
             self._insert("samples", data, None if dedup_token is None else f"{dedup_token}:samples")
         finally:
             if self.sample_cache is not None:  # after the write (or its failure), never before
-                self.sample_cache.invalidate_samples(names.tolist(), codes[batch.series_idx], batch.ts_ms)
+                self.sample_cache.invalidate_samples(names, codes, batch.ts_ms)
         return len(batch)
 
     def _fingerprint(self, labels: Labels) -> int:
@@ -266,9 +327,9 @@ class Store(ABC):
             fp = self._fp_cache[labels] = series_fingerprint(labels)
         return fp
 
-    def _upsert_series(
-        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]], token: str | None
-    ) -> None:
+    def _series_rows(
+        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]]
+    ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
         pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
         rows: list[tuple[int, int]] = []
@@ -280,7 +341,7 @@ class Store(ABC):
                 if key not in self._series_seen:
                     rows.append((p >> 24, p & 0xFFFFFF))
         if not rows:
-            return
+            return None, []
         idx = [r[0] for r in rows]
         data = pa.table(
             {
@@ -293,19 +354,19 @@ class Store(ABC):
                 ),
             }
         )
-        self._insert("series", data, token)
+        return data, [(int(fps[i]), d) for i, d in rows]
+
+    def _mark_series(self, keys: Sequence[tuple[int, int]]) -> None:
         with self._series_lock:
             if len(self._series_seen) > _SERIES_CACHE_MAX:
                 self._series_seen.clear()
-            self._series_seen.update((int(fps[i]), d) for i, d in rows)
+            self._series_seen.update(keys)
 
-    def insert_spans(self, spans: SpanBatch, *, dedup_token: str | None = None) -> int:
-        self._check_open()
-        if len(spans) == 0:
-            return 0
+    @staticmethod
+    def _spans_table(spans: SpanBatch) -> pa.Table:
         start = np.asarray(spans.start_ns, dtype=np.int64)
         end = np.asarray(spans.end_ns, dtype=np.int64)
-        data = pa.table(
+        return pa.table(
             {
                 "instance": pa.array(spans.instance, pa.string()),
                 "gpu": pa.array(spans.gpu, pa.uint16()),
@@ -318,14 +379,21 @@ class Store(ABC):
                 "pid": pa.array(spans.pid, pa.uint32()),
             }
         )
-        self._insert("kernel_spans", data, None if dedup_token is None else f"{dedup_token}:kernel_spans")
+
+    def insert_spans(self, spans: SpanBatch, *, dedup_token: str | None = None) -> int:
+        self._check_open()
+        if len(spans) == 0:
+            return 0
+        self._insert(
+            "kernel_spans",
+            self._spans_table(spans),
+            None if dedup_token is None else f"{dedup_token}:kernel_spans",
+        )
         return len(spans)
 
-    def insert_events(self, events: Sequence[Event], *, dedup_token: str | None = None) -> int:
-        self._check_open()
-        if not events:
-            return 0
-        data = pa.table(
+    @staticmethod
+    def _events_table(events: Sequence[Event]) -> pa.Table:
+        return pa.table(
             {
                 "instance": pa.array([e.instance for e in events], pa.string()),
                 "gpu": pa.array([e.gpu for e in events], pa.uint16()),
@@ -337,16 +405,20 @@ class Store(ABC):
                 "message": pa.array([e.message for e in events], pa.string()),
             }
         )
-        self._insert("events", data, None if dedup_token is None else f"{dedup_token}:events")
+
+    def insert_events(self, events: Sequence[Event], *, dedup_token: str | None = None) -> int:
+        self._check_open()
+        if not events:
+            return 0
+        self._insert(
+            "events", self._events_table(events), None if dedup_token is None else f"{dedup_token}:events"
+        )
         return len(events)
 
-    def upsert_instances(self, instances: Sequence[InstanceInfo], *, dedup_token: str | None = None) -> int:
-        """Write instance rows; ReplacingMergeTree keeps the newest per id, ``FINAL`` reads see only that."""
-        self._check_open()
-        if not instances:
-            return 0
+    @staticmethod
+    def _instances_table(instances: Sequence[InstanceInfo]) -> pa.Table:
         smap = pa.map_(pa.string(), pa.string())
-        data = pa.table(
+        return pa.table(
             {
                 "id": pa.array([i.id for i in instances], pa.string()),
                 "hardware_fingerprint": pa.array([i.hardware_fingerprint for i in instances], pa.string()),
@@ -358,7 +430,17 @@ class Store(ABC):
                 "last_seen": pa.array([i.last_seen_ms for i in instances], pa.timestamp("ms", tz="UTC")),
             }
         )
-        self._insert("instances", data, None if dedup_token is None else f"{dedup_token}:instances")
+
+    def upsert_instances(self, instances: Sequence[InstanceInfo], *, dedup_token: str | None = None) -> int:
+        """Write instance rows; ReplacingMergeTree keeps the newest per id, ``FINAL`` reads see only that."""
+        self._check_open()
+        if not instances:
+            return 0
+        self._insert(
+            "instances",
+            self._instances_table(instances),
+            None if dedup_token is None else f"{dedup_token}:instances",
+        )
         return len(instances)
 
     def insert_table(self, name: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
@@ -372,11 +454,122 @@ class Store(ABC):
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()
 
-    def batch_seen(self, batch_id: str) -> bool:
+    def batches_seen(self, batch_ids: Sequence[str]) -> set[str]:
+        """Which of ``batch_ids`` the batches table already records (one query for any number)."""
+        if not batch_ids:
+            return set()
+        wanted = ", ".join(quote(b) for b in batch_ids)
         result = self.query(
-            f"SELECT 1 FROM {self._table('batches')} WHERE batch_id = {quote(batch_id)} LIMIT 1"
+            f"SELECT DISTINCT batch_id FROM {self._table('batches')} WHERE batch_id IN ({wanted})"
         )
-        return bool(result.num_rows > 0)
+        return {str(b) for b in result.column("batch_id").to_pylist()}
+
+    def batch_seen(self, batch_id: str) -> bool:
+        return batch_id in self.batches_seen([batch_id])
+
+    def prepare(
+        self,
+        batch_id: str,
+        *,
+        agent_id: str = "",
+        samples: SampleBatch | None = None,
+        spans: SpanBatch | None = None,
+        events: Sequence[Event] = (),
+        instances: Sequence[InstanceInfo] = (),
+    ) -> PreparedRows:
+        """One batch's rows as Arrow tables: every conversion (and so every refusal of a value the
+        schema cannot hold, as ValueError / OverflowError) happens here, before anything is written."""
+        if not batch_id:
+            raise ValueError("batch_id must not be empty")
+        self._check_open()
+        out = PreparedRows(batch_id, agent_id)
+        if samples is not None and len(samples):
+            data, series, out.metric_names, out.metric_codes, out.series_keys = self._sample_rows(samples)
+            out.ts_ms = samples.ts_ms
+            out.tables["samples"] = data
+            if series is not None:
+                out.tables["series"] = series
+            out.rows += len(samples)
+        if spans is not None and len(spans):
+            _check_ns_range(spans.start_ns, "span start")
+            _check_ns_range(spans.end_ns, "span end")
+            out.tables["kernel_spans"] = self._spans_table(spans)
+            out.rows += len(spans)
+        if events:
+            _check_ns_range(np.fromiter((e.ts_ns for e in events), np.int64, len(events)), "event time")
+            out.tables["events"] = self._events_table(events)
+            out.rows += len(events)
+        if instances:
+            out.tables["instances"] = self._instances_table(instances)
+            out.rows += len(instances)
+        return out
+
+    def insert_prepared(
+        self, group: Sequence[PreparedRows], token: str, done: set[str] | None = None
+    ) -> None:
+        """Write a group of prepared batches together: one insert per table, then their ``batches`` rows.
+
+        Table ``t`` is inserted with the dedup token ``<token>:<t>`` and then added to ``done``;
+        tables already in ``done`` are skipped. So a failed call retried with the same group,
+        token and ``done`` set writes each row exactly once: what landed is neither sent again nor,
+        should it be sent again, stored twice (the engine drops a repeated token).
+        """
+        if not token:
+            raise ValueError("token must not be empty")
+        self._check_open()
+        done = set() if done is None else done
+        for name in _GROUP_ORDER:
+            if name in done:
+                continue
+            parts = [p.tables[name] for p in group if name in p.tables]
+            if not parts:
+                done.add(name)
+                continue
+            if name == "series":
+                data, keys = self._new_series(parts, group)
+                if data is not None:
+                    self._insert("series", data, f"{token}:series")
+                self._mark_series(keys)
+            elif name == "samples":
+                try:
+                    self._insert("samples", _concat(parts), f"{token}:samples")
+                finally:
+                    if self.sample_cache is not None:  # after the write (or its failure), never before
+                        for p in group:
+                            if p.ts_ms is not None and p.metric_codes is not None:
+                                self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
+            else:
+                self._insert(name, _concat(parts), f"{token}:{name}")
+            done.add(name)
+        if "batches" not in done:
+            now_ms = time.time_ns() // 1_000_000
+            record = pa.table(
+                {
+                    "batch_id": pa.array([p.batch_id for p in group], pa.string()),
+                    "agent_id": pa.array([p.agent_id for p in group], pa.string()),
+                    "received": pa.array([now_ms] * len(group), pa.timestamp("ms", tz="UTC")),
+                    "rows": pa.array([p.rows for p in group], pa.uint64()),
+                }
+            )
+            self._insert("batches", record, f"{token}:batches")
+            done.add("batches")
+
+    def _new_series(
+        self, parts: list[pa.Table], group: Sequence[PreparedRows]
+    ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
+        """The group's series rows without repeats and without pairs another group wrote since."""
+        keys = [k for p in group for k in p.series_keys]
+        with self._series_lock:
+            keep: list[int] = []
+            chosen: set[tuple[int, int]] = set()
+            for i, k in enumerate(keys):
+                if k not in chosen and k not in self._series_seen:
+                    chosen.add(k)
+                    keep.append(i)
+        if not keep:
+            return None, keys
+        data = _concat(parts)
+        return (data if len(keep) == len(keys) else data.take(pa.array(keep, pa.int64()))), keys
 
     def insert_batch(
         self,
@@ -392,29 +585,18 @@ class Store(ABC):
 
         Each table's insert carries the dedup token ``<batch_id>:<table>``, and the batch id is
         recorded last; a crash anywhere in between is repaired by the retry, whose inserts the
-        engine drops as duplicates up to the last one that had not landed.
+        engine drops as duplicates up to the last one that had not landed. The collector stores
+        agent batches in groups instead (``insert_prepared``, collector/batcher.py).
         """
         if not batch_id:
             raise ValueError("batch_id must not be empty")
         self._check_open()
         if self.batch_seen(batch_id):
             return False
-        rows = 0
-        if samples is not None:
-            rows += self.insert_samples(samples, dedup_token=batch_id)
-        if spans is not None:
-            rows += self.insert_spans(spans, dedup_token=batch_id)
-        rows += self.insert_events(events, dedup_token=batch_id)
-        rows += self.upsert_instances(instances, dedup_token=batch_id)
-        record = pa.table(
-            {
-                "batch_id": pa.array([batch_id], pa.string()),
-                "agent_id": pa.array([agent_id], pa.string()),
-                "received": pa.array([time.time_ns() // 1_000_000], pa.timestamp("ms", tz="UTC")),
-                "rows": pa.array([rows], pa.uint64()),
-            }
+        prepared = self.prepare(
+            batch_id, agent_id=agent_id, samples=samples, spans=spans, events=events, instances=instances
         )
-        self._insert("batches", record, f"{batch_id}:batches")
+        self.insert_prepared([prepared], batch_id)
         return True
 
     # ---- housekeeping ----------------------------------------------------------------

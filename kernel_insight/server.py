@@ -77,7 +77,8 @@ def build_collector_app(
     from kernel_insight.api.auth import Authenticator
     from kernel_insight.rules.api import rules_router
 
-    ingest = ingest_router(keys, StoreSink(store))
+    sink = StoreSink(store)
+    ingest = ingest_router(keys, sink)
     rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)
     app = create_api_app(
         store,
@@ -88,6 +89,7 @@ def build_collector_app(
         keys=keys,
     )
     app.state.keys, app.state.tokens, app.state.rules = keys, tokens, rules
+    app.state.sink = sink  # ``sink.close()`` before the store closes: it writes what is queued
     return app
 
 
@@ -159,7 +161,10 @@ def _serve(args: argparse.Namespace) -> int:
             auth_store=args.auth_store,
             rules=rules,
         )
-        serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
+        try:
+            serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
+        finally:
+            app.state.sink.close()  # requests still queued are written before the store closes
     except (ValueError, KeyStoreError, TokenError, StorageError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2

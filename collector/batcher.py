@@ -1,0 +1,399 @@
+"""Group commit: rows of many agent batches go into ClickHouse together, each acknowledged once durable.
+
+One insert per table per batch is ClickHouse's anti-pattern: every insert makes a part
+per partition, and ~6 tables x tens of batches per second outrun the merges. Here a
+request's batch is converted on the request's thread (``Store.prepare``), queued, and
+written by one flusher thread together with everything else queued, one insert per table,
+when ``max_rows`` rows are waiting or the oldest has waited ``max_delay_s``, whichever
+comes first. The request is answered only when its group's ``batches`` rows landed
+(docs/storage.md, "Ingest: group commit").
+
+Example::
+
+    batcher = Batcher(store)
+    batcher.start()
+    future = batcher.submit(store.prepare("agent:1:7", spans=spans)).answer()
+    stored = future.result()     # True, or False when that batch id was stored before
+    batcher.shutdown()           # flushes what is queued; safe twice and without start()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
+
+__all__ = ["Batcher", "BatcherStats", "Ticket"]
+
+log = logging.getLogger("kernel_insight.collector.batcher")
+
+#: Upper bounds of the flush-size (rows) and insert-latency (seconds) histograms in ``BatcherStats``.
+FLUSH_ROWS_BOUNDS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000)
+INSERT_SECONDS_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def _bucket(bounds: tuple[float, ...], value: float) -> int:
+    for i, b in enumerate(bounds):
+        if value <= b:
+            return i
+    return len(bounds)
+
+
+@dataclass
+class BatcherStats:
+    """Plain counters for the collector's metrics (read them; only the flusher writes them).
+
+    ``flush_rows_counts`` and ``insert_seconds_counts`` are per-bucket (not cumulative) counts
+    for ``FLUSH_ROWS_BOUNDS`` / ``INSERT_SECONDS_BOUNDS`` plus a last +Inf bucket.
+    """
+
+    queue_batches: int = 0  # batches waiting for a flush, the one being written included
+    queue_rows: int = 0
+    flushes: int = 0  # groups written (a group split after a refusal counts once per part)
+    flushed_batches: int = 0
+    flushed_rows: int = 0
+    last_flush_batches: int = 0
+    last_flush_rows: int = 0
+    duplicates: int = 0  # batches found in the batches table at flush time
+    retries: int = 0  # flush attempts that failed with StorageUnavailable and were retried
+    refused_batches: int = 0  # batches the engine refused (answered with the error)
+    partial_batches: int = 0  # refused after some of their tables had landed (logged)
+    queue_full: int = 0  # submits refused because the queue held max_queue_rows
+    insert_seconds_total: float = 0.0
+    insert_seconds_last: float = 0.0
+    insert_seconds_max: float = 0.0
+    flush_rows_counts: list[int] = field(default_factory=lambda: [0] * (len(FLUSH_ROWS_BOUNDS) + 1))
+    insert_seconds_counts: list[int] = field(default_factory=lambda: [0] * (len(INSERT_SECONDS_BOUNDS) + 1))
+
+
+class Ticket:
+    """One queued batch: its final outcome, and the requests waiting to be answered about it.
+
+    A request's answer (``answer()``) can come before the outcome: while storage is
+    unavailable the group stays queued and is retried, but its waiting requests are answered
+    StorageUnavailable (503) at once; the agent's retry of the same batch id attaches to this
+    ticket again instead of storing the batch a second time.
+    """
+
+    def __init__(self, rows: PreparedRows) -> None:
+        self.rows = rows
+        self.enqueued = time.monotonic()
+        self.outcome: bool | BaseException | None = None
+        self._answers: list[Future[bool]] = []
+        self._final: list[Callable[[Ticket], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    @property
+    def stored(self) -> bool:
+        """True once this ticket's rows are stored by this group (False for a duplicate or a refusal)."""
+        return self.outcome is True
+
+    def answer(self) -> Future[bool]:
+        """A future for one request: True stored, False stored before, or the storage exception."""
+        fut: Future[bool] = Future()
+        with self._lock:
+            if self.outcome is None:
+                self._answers.append(fut)
+                return fut
+        _resolve(fut, self.outcome)
+        return fut
+
+    def on_final(self, callback: Callable[[Ticket], None]) -> None:
+        """Call ``callback(ticket)`` once the outcome is final (at once if it already is)."""
+        with self._lock:
+            if self.outcome is None:
+                self._final.append(callback)
+                return
+        callback(self)
+
+    def _settle(self, outcome: bool | BaseException) -> None:
+        with self._lock:
+            if self.outcome is not None:
+                return
+            self.outcome = outcome
+            answers, self._answers = self._answers, []
+            finals, self._final = self._final, []
+        for cb in finals:
+            try:
+                cb(self)
+            except Exception:  # a callback's bug must not stop the flusher
+                log.exception("batcher: final callback for batch %s failed", self.rows.batch_id)
+        for fut in answers:
+            _resolve(fut, outcome)
+
+    def _answer_unavailable(self, exc: StorageUnavailable) -> None:
+        with self._lock:
+            answers, self._answers = self._answers, []
+        for fut in answers:
+            _resolve(fut, exc)
+
+
+def _resolve(fut: Future[bool], outcome: bool | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        # A fresh exception per request: one instance raised in several threads shares a traceback.
+        if isinstance(outcome, StorageUnavailable):
+            fut.set_exception(StorageUnavailable(str(outcome), outcome.retry_after_s))
+        else:
+            fut.set_exception(StorageError(str(outcome)))
+    else:
+        fut.set_result(outcome)
+
+
+@dataclass
+class _Group:
+    tickets: list[Ticket]
+    token: str
+    done: set[str] = field(default_factory=set)
+    checked: bool = False
+
+
+def _group_token(tickets: list[Ticket]) -> str:
+    """The dedup token prefix of a group: a single batch keeps its own id (as ``Store.insert_batch``)."""
+    if len(tickets) == 1:
+        return tickets[0].rows.batch_id
+    digest = hashlib.blake2b("\n".join(t.rows.batch_id for t in tickets).encode(), digest_size=16)
+    return "group:" + digest.hexdigest()
+
+
+class Batcher:
+    """The flusher: queues prepared batches and writes them in groups (see the module docstring).
+
+    ``max_queue_rows`` bounds memory: past it ``submit`` raises StorageUnavailable (503,
+    Retry-After 1) until the flusher catches up. ``shutdown`` refuses new batches, flushes
+    what is queued (retrying an unavailable store for up to ``shutdown_timeout_s``) and stops.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_delay_s: float = 0.1,
+        max_rows: int = 500_000,
+        max_queue_rows: int = 2_000_000,
+        retry_min_s: float = 0.2,
+        retry_max_s: float = 5.0,
+        shutdown_timeout_s: float = 30.0,
+    ) -> None:
+        if max_delay_s < 0 or max_rows < 1 or max_queue_rows < max_rows:
+            raise ValueError("need max_delay_s >= 0 and 1 <= max_rows <= max_queue_rows")
+        self.store = store
+        self.max_delay_s = max_delay_s
+        self.max_rows = max_rows
+        self.max_queue_rows = max_queue_rows
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.stats = BatcherStats()
+        self._cond = threading.Condition()
+        self._queue: deque[Ticket] = deque()
+        self._pending: dict[str, Ticket] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stop_by = 0.0
+
+    # ---- life cycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flusher thread (idempotent; refused after ``shutdown``)."""
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the batcher was shut down")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ki-batcher", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Refuse new batches, write what is queued, stop the thread; safe twice and without start."""
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        with self._cond:
+            if not self._stopping:
+                self._stopping = True
+                self._stop_by = time.monotonic() + timeout
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join(timeout + 5)
+        else:
+            self._drain_now()  # never started: nothing else would settle what is queued
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # ---- the request side ------------------------------------------------------------
+
+    def pending(self, batch_id: str) -> Ticket | None:
+        """The queued (or being written, or being retried) ticket of ``batch_id``, if any; asking
+        wakes a flusher waiting to retry an unavailable store (an agent's retry has come)."""
+        with self._cond:
+            ticket = self._pending.get(batch_id)
+            if ticket is not None:
+                self._cond.notify_all()
+            return ticket
+
+    def submit(self, rows: PreparedRows) -> Ticket:
+        """Queue one prepared batch; a batch id already queued returns the queued ticket."""
+        with self._cond:
+            if self._stopping:
+                raise StorageUnavailable("the collector is shutting down", retry_after_s=5)
+            queued = self._pending.get(rows.batch_id)
+            if queued is not None:
+                self._cond.notify_all()  # an agent retrying a stalled batch: retry storage now
+                return queued
+            if self.stats.queue_rows + rows.rows > self.max_queue_rows and self._queue:
+                self.stats.queue_full += 1
+                raise StorageUnavailable("the ingest queue is full; the store is behind", retry_after_s=1)
+            ticket = Ticket(rows)
+            self._queue.append(ticket)
+            self._pending[rows.batch_id] = ticket
+            self.stats.queue_batches += 1
+            self.stats.queue_rows += rows.rows
+            if len(self._queue) == 1 or self.stats.queue_rows >= self.max_rows:
+                self._cond.notify_all()
+        return ticket
+
+    # ---- the flusher -------------------------------------------------------------------
+
+    def _take(self) -> list[Ticket] | None:
+        """Wait for a group to be due and take it; None when stopping with nothing queued."""
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            due = self._queue[0].enqueued + self.max_delay_s
+            while not self._stopping and self.stats.queue_rows < self.max_rows:
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            taken: list[Ticket] = []
+            rows = 0
+            while self._queue and (not taken or rows + self._queue[0].rows.rows <= self.max_rows):
+                t = self._queue.popleft()
+                taken.append(t)
+                rows += t.rows.rows
+            return taken
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            try:
+                self._flush(taken)
+            except BaseException as exc:  # never leave a request waiting on a dead flusher
+                log.exception("batcher: flush failed unexpectedly")
+                for t in taken:
+                    self._finish(t, StorageUnavailable(f"ingest flush failed: {exc}"))
+
+    def _drain_now(self) -> None:
+        while True:
+            with self._cond:
+                taken = list(self._queue)
+                self._queue.clear()
+            if not taken:
+                return
+            self._flush(taken)
+
+    def _finish(self, ticket: Ticket, outcome: bool | BaseException) -> None:
+        with self._cond:
+            if self._pending.get(ticket.rows.batch_id) is ticket:
+                del self._pending[ticket.rows.batch_id]
+                self.stats.queue_batches -= 1
+                self.stats.queue_rows -= ticket.rows.rows
+        ticket._settle(outcome)
+
+    def _give_up(self) -> bool:
+        return self._stopping and time.monotonic() >= self._stop_by
+
+    def _flush(self, taken: list[Ticket]) -> None:
+        work: deque[_Group] = deque([_Group(taken, _group_token(taken))])
+        delay = self.retry_min_s
+        while work:
+            group = work.popleft()
+            try:
+                if not group.checked:
+                    seen = self.store.batches_seen([t.rows.batch_id for t in group.tickets])
+                    for t in group.tickets:
+                        if t.rows.batch_id in seen:
+                            self.stats.duplicates += 1
+                            self._finish(t, False)
+                    group.tickets = [t for t in group.tickets if t.rows.batch_id not in seen]
+                    group.token = _group_token(group.tickets) if group.tickets else group.token
+                    group.checked = True
+                if not group.tickets:
+                    continue
+                started = time.monotonic()
+                self.store.insert_prepared([t.rows for t in group.tickets], group.token, group.done)
+                self._count_flush(group, time.monotonic() - started)
+                for t in group.tickets:
+                    self._finish(t, True)
+                delay = self.retry_min_s
+            except StorageUnavailable as exc:
+                if self._give_up():
+                    log.error("batcher: giving up on %d batches at shutdown: %s", len(group.tickets), exc)
+                    for t in group.tickets:
+                        self._finish(t, exc)
+                    continue
+                # The group stays first in line with its token and what landed; its requests are
+                # answered now (503) and an agent's retry attaches to the same tickets.
+                self.stats.retries += 1
+                log.warning("batcher: storage unavailable, retrying %d batches: %s", len(group.tickets), exc)
+                for t in group.tickets:
+                    t._answer_unavailable(exc)
+                work.appendleft(group)
+                wait = min(delay, max(0.0, self._stop_by - time.monotonic())) if self._stopping else delay
+                with self._cond:
+                    self._cond.wait(wait)
+                delay = min(delay * 2, self.retry_max_s)
+            except (StorageError, ValueError) as exc:
+                if len(group.tickets) > 1:
+                    # One batch's rows were refused: write the rest one batch at a time, each from
+                    # where the group stopped, so only the refused batch fails.
+                    work.extendleft(
+                        reversed([_Group([t], t.rows.batch_id, set(group.done), True) for t in group.tickets])
+                    )
+                    continue
+                (t,) = group.tickets
+                self.stats.refused_batches += 1
+                # A series row is a label index entry, not data: one without samples is read as nothing.
+                landed = sorted(n for n in group.done if n != "series" and n in t.rows.tables)
+                if landed:
+                    self.stats.partial_batches += 1
+                    log.error(
+                        "batcher: batch %s refused after its tables %s had landed: %s",
+                        t.rows.batch_id,
+                        landed,
+                        exc,
+                    )
+                else:
+                    log.error("batcher: batch %s refused by storage: %s", t.rows.batch_id, exc)
+                self._finish(t, exc if isinstance(exc, StorageError) else StorageError(str(exc)))
+
+    def _count_flush(self, group: _Group, seconds: float) -> None:
+        s = self.stats
+        rows = sum(t.rows.rows for t in group.tickets)
+        s.flushes += 1
+        s.flushed_batches += len(group.tickets)
+        s.flushed_rows += rows
+        s.last_flush_batches = len(group.tickets)
+        s.last_flush_rows = rows
+        s.insert_seconds_total += seconds
+        s.insert_seconds_last = seconds
+        s.insert_seconds_max = max(s.insert_seconds_max, seconds)
+        s.flush_rows_counts[_bucket(FLUSH_ROWS_BOUNDS, rows)] += 1
+        s.insert_seconds_counts[_bucket(INSERT_SECONDS_BOUNDS, seconds)] += 1

@@ -1,0 +1,156 @@
+"""Group commit (collector/batcher.py): many batches, one insert per table, each answered once durable."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.rows import SampleBuilder, SpanBatch
+from kernel_insight.collector.store import EmbeddedStore, StorageError, StorageUnavailable
+
+NOW_MS = int(time.time() * 1000)
+
+
+def _rows(store, i: int, n: int = 5):
+    b = SampleBuilder()
+    for k in range(n):
+        b.add({"__name__": "m", "batch": str(i)}, NOW_MS + k, float(k))
+    start = np.array([NOW_MS * 1_000_000 + i * 1000 + k for k in range(n)], np.int64)
+    spans = SpanBatch(
+        ["h"] * n,
+        np.zeros(n, np.uint16),
+        np.zeros(n, np.uint64),
+        ["k"] * n,
+        start,
+        start + 10,
+        np.full(n, i, np.uint64),
+        np.zeros(n, np.uint32),
+    )
+    return store.prepare(f"agent:{i}", agent_id="h", samples=b.build(), spans=spans)
+
+
+def _counts(store) -> dict[str, int]:
+    q = "SELECT (SELECT count() FROM ki.samples) AS s, (SELECT count() FROM ki.kernel_spans) AS k, "
+    q += "(SELECT count() FROM ki.batches) AS b"
+    return store.query(q).to_pylist()[0]
+
+
+@pytest.fixture
+def store(tmp_path):
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as s:
+        yield s
+
+
+def test_concurrent_batches_share_inserts_and_each_is_answered_stored(store):
+    batcher = Batcher(store, max_delay_s=0.2)
+    batcher.start()
+    results: list[bool] = []
+    go = threading.Barrier(20)
+
+    def one(i: int) -> None:
+        rows = _rows(store, i)
+        go.wait()
+        results.append(batcher.submit(rows).answer().result(timeout=30))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.shutdown()
+    assert results == [True] * 20
+    assert _counts(store) == {"s": 100, "k": 100, "b": 20}
+    assert batcher.stats.flushed_batches == 20
+    assert batcher.stats.flushes <= 5  # not one insert round per batch
+    assert batcher.stats.queue_batches == 0
+    assert batcher.stats.queue_rows == 0
+    assert sum(batcher.stats.flush_rows_counts) == batcher.stats.flushes
+
+
+def test_a_batch_stored_before_is_answered_false_and_not_written_again(store):
+    assert store.insert_batch("agent:1", samples=SampleBuilder().build()) is True
+    batcher = Batcher(store, max_delay_s=0.05)
+    batcher.start()
+    assert batcher.submit(_rows(store, 1)).answer().result(timeout=30) is False
+    assert batcher.submit(_rows(store, 2)).answer().result(timeout=30) is True
+    batcher.shutdown()
+    assert _counts(store) == {"s": 5, "k": 5, "b": 2}
+    assert batcher.stats.duplicates == 1
+
+
+def test_a_refused_batch_fails_alone_and_leaves_nothing_behind(store):
+    """The engine refusing one batch's rows: the group is written batch by batch, the refused
+    one is answered with the error, and none of its rows are stored (issue 13, item 3)."""
+    batcher = Batcher(store, max_delay_s=10)
+    good = [_rows(store, i) for i in (0, 1, 3, 4)]
+    bad = _rows(store, 2)
+    # A column the samples table does not have: the engine refuses the insert.
+    bad.tables["samples"] = bad.tables["samples"].append_column("bogus", pa.array([1] * 5, pa.int64()))
+    tickets = [batcher.submit(r) for r in (good[0], good[1], bad, good[2], good[3])]
+    batcher.shutdown()  # never started: shutdown writes what is queued
+    assert [t.outcome for t in tickets[:2] + tickets[3:]] == [True] * 4
+    with pytest.raises(StorageError):
+        tickets[2].answer().result(timeout=1)
+    assert _counts(store) == {"s": 20, "k": 20, "b": 4}
+    assert store.query("SELECT count() AS n FROM ki.kernel_spans WHERE correlation = 2").to_pylist() == [
+        {"n": 0}
+    ]
+    assert batcher.stats.refused_batches == 1
+    assert batcher.stats.partial_batches == 0
+
+
+def test_an_unavailable_store_is_retried_with_the_same_tokens(store, monkeypatch):
+    """Spans fail after samples landed: requests are answered 503 at once, the group is retried
+    where it stopped, and the agent's retry of the same batch attaches to the queued one."""
+    real = store._insert
+    failures = {"left": 1}
+
+    def flaky(name, data, token):
+        if name == "kernel_spans" and failures["left"]:
+            failures["left"] -= 1
+            raise StorageUnavailable("disk busy")
+        return real(name, data, token)
+
+    monkeypatch.setattr(store, "_insert", flaky)
+    batcher = Batcher(store, max_delay_s=0.01, retry_min_s=0.3, retry_max_s=0.3)
+    batcher.start()
+    first = batcher.submit(_rows(store, 7)).answer()
+    with pytest.raises(StorageUnavailable):
+        first.result(timeout=30)
+    queued = batcher.pending("agent:7")
+    assert queued is not None  # still queued, not dropped
+    assert queued.answer().result(timeout=30) is True  # the retry's answer
+    batcher.shutdown()
+    assert _counts(store) == {"s": 5, "k": 5, "b": 1}
+    assert batcher.stats.retries >= 1
+
+
+def test_shutdown_writes_what_is_queued_at_once_and_is_safe_twice(store):
+    batcher = Batcher(store, max_delay_s=30)
+    batcher.start()
+    tickets = [batcher.submit(_rows(store, i)) for i in range(3)]
+    started = time.monotonic()
+    batcher.shutdown()
+    assert time.monotonic() - started < 10  # did not wait out max_delay_s
+    assert [t.outcome for t in tickets] == [True, True, True]
+    batcher.shutdown()
+    with pytest.raises(StorageUnavailable):
+        batcher.submit(_rows(store, 9))
+    Batcher(store).shutdown()  # never started, nothing queued
+    assert _counts(store)["b"] == 3
+
+
+def test_the_queue_is_bounded(store):
+    batcher = Batcher(store, max_delay_s=30, max_rows=10, max_queue_rows=20)
+    batcher.submit(_rows(store, 0))  # 10 rows each (5 samples + 5 spans)
+    batcher.submit(_rows(store, 1))
+    with pytest.raises(StorageUnavailable):
+        batcher.submit(_rows(store, 2))
+    assert batcher.stats.queue_full == 1
+    batcher.shutdown()
+    assert _counts(store)["b"] == 2
