@@ -9,6 +9,7 @@ never the client's input) or ``unavailable`` (503 + Retry-After, when the store 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -40,6 +41,7 @@ from kernel_insight.kql.storage import Matcher, Storage
 from kernel_insight.kql.values import QueryResult, prometheus_json_bytes
 
 __all__ = [
+    "MAX_FORM_BYTES",
     "MAX_POINTS",
     "MetricMetadata",
     "ParamError",
@@ -50,6 +52,8 @@ __all__ = [
 
 #: Prometheus refuses range queries with more points per series than this.
 MAX_POINTS = 11_000
+#: The largest form body read (Go's ``ParseForm`` limit, which Prometheus inherits): 10 MiB.
+MAX_FORM_BYTES = 10 << 20
 #: Prometheus' minTime/maxTime, as the Go client sends them for "no bound".
 _MIN_TIME_MS = -9223372036854775808 // 1_000_000 // 1000 * 1000
 _MAX_TIME_MS = 9223372036854775807 // 1_000_000 // 1000 * 1000
@@ -116,12 +120,12 @@ class _Params:
         self.pairs = pairs
 
     @classmethod
-    async def read(cls, request: Request) -> _Params:
+    async def read(cls, request: Request, max_bytes: int = MAX_FORM_BYTES) -> _Params:
         pairs: list[tuple[str, str]] = []
         if request.method == "POST":
             ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype == "application/x-www-form-urlencoded":
-                body = await request.body()
+                body = await _read_capped(request, max_bytes)
                 try:
                     pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
                 except (UnicodeDecodeError, ValueError) as exc:
@@ -137,6 +141,21 @@ class _Params:
 
     def get_all(self, name: str) -> list[str]:
         return [v for k, v in self.pairs if k == name]
+
+
+async def _read_capped(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused (as Go's ``ParseForm``) once it passes ``max_bytes``, without buffering more."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise ParamError("error parsing form values: http: POST too large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ParamError("error parsing form values: http: POST too large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ()) -> JSONResponse:
@@ -171,7 +190,7 @@ def _kql_error(exc: KqlError) -> JSONResponse:
     if isinstance(exc, KqlParseError):
         return error_response(400, "bad_data", exc.brief)
     if isinstance(exc, QueryTimeoutError):
-        return error_response(503, "timeout", f"query timed out in expression evaluation: {exc.message}")
+        return error_response(503, "timeout", exc.message)
     if isinstance(exc, QueryCancelledError):
         return error_response(499, "canceled", exc.message)
     if isinstance(exc, StorageError):
@@ -239,8 +258,13 @@ def prometheus_router(
     metadata: MetricMetadata | None = None,
     version: str = "0.1.0",
     clock: Callable[[], float] = time.time,
+    max_form_bytes: int = MAX_FORM_BYTES,
 ) -> APIRouter:
-    """The query API over the storage ``storage_factory()`` returns (called once per request)."""
+    """The query API over the storage ``storage_factory()`` returns (called once per request).
+
+    ``limits`` bound every query (a request's ``timeout`` can only shorten it); form bodies larger
+    than ``max_form_bytes`` are refused before they are buffered.
+    """
     base_limits = limits or EngineLimits()
     router = APIRouter(tags=["prometheus"])
     read = Depends(auth.require(Scope.READ))
@@ -252,17 +276,11 @@ def prometheus_router(
         timeout_ms = parse_duration_param(text, "timeout")
         if timeout_ms <= 0:
             raise ParamError('invalid parameter "timeout": timeout must be positive')
-        return EngineLimits(
-            max_samples=base_limits.max_samples,
-            timeout_s=min(base_limits.timeout_s, timeout_ms / 1000),
-            max_series=base_limits.max_series,
-            lookback_ms=base_limits.lookback_ms,
-            subquery_step_ms=base_limits.subquery_step_ms,
-        )
+        return dataclasses.replace(base_limits, timeout_s=min(base_limits.timeout_s, timeout_ms / 1000))
 
     async def handle(request: Request, work: Callable[[_Params], JSONResponse]) -> JSONResponse:
         try:
-            params = await _Params.read(request)
+            params = await _Params.read(request, max_form_bytes)
             return await run_in_threadpool(work, params)
         except ParamError as exc:
             return error_response(400, "bad_data", str(exc))

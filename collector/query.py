@@ -19,6 +19,7 @@ from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
+from kernel_insight.kql.regex import anchored
 from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale, labels_match
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def matcher_sql(m: Matcher) -> str:
         return f"{x} = {quote(m.value)}"
     if m.op == "!=":
         return f"{x} != {quote(m.value)}"
-    pattern = quote(f"^(?s:{m.value})$")
+    pattern = quote(anchored(m.value))
     if m.op == "=~":
         return f"match({x}, {pattern})"
     if m.op == "!~":

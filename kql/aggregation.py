@@ -238,7 +238,7 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
     if op in ("topk", "bottomk", "limitk", "limit_ratio"):
         return _select_series(ev, node, vec, np.asarray(param, dtype=np.float64))
     if op == "count_values":
-        return _count_values(node, vec, str(param))
+        return _count_values(ev, node, vec, str(param))
     keys = [_grouping_key(lb, node) for lb in vec.labels]
     gid, n = group_rows(keys)
     group_labels: list[Labels] = [()] * n
@@ -278,6 +278,8 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
         order = np.argsort(gid, kind="stable")
         bounds = np.searchsorted(gid[order], np.arange(n + 1))
         for g in range(n):
+            if g % 1024 == 1023:
+                ev.checkpoint()
             rows = order[bounds[g] : bounds[g + 1]]
             # One row per step: the group's present values at that step.
             valid = vec.present[rows].T
@@ -312,18 +314,21 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
     return np.sqrt(var) if sqrt else var
 
 
-def _count_values(node: AggregateExpr, vec: StepVector, label: str) -> StepVector:
+def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, label: str) -> StepVector:
     if not is_valid_label_name(label):
         raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
     steps = vec.values.shape[1]
     cells: dict[Labels, npt.NDArray[np.float64]] = {}
     base = [_grouping_key(lb, node) for lb in vec.labels]
     for i, key in enumerate(base):
+        ev.checkpoint()
         for j in np.flatnonzero(vec.present[i]):
             text = format_sample_value(float(vec.values[i, j]))
             out = tuple(sorted({**dict(key), label: text}.items()))
             row = cells.get(out)
             if row is None:
+                # Every distinct value is a new dense row of the output: bound it before it grows.
+                ev.dense(len(cells) + 1, steps)
                 row = cells[out] = np.zeros(steps)
             row[j] += 1
     labels = list(cells)
@@ -360,6 +365,8 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) ->
     k = _k_values(param, node)
     order_rows: list[int] | None = None
     for j in range(steps):
+        if j % 64 == 63:
+            ev.checkpoint()
         kj = int(k[j])
         if kj < 1:
             continue

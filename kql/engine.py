@@ -42,6 +42,7 @@ from kernel_insight.kql.binary import ARITHMETIC, binary_op
 from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
     KqlEvaluationError,
+    KqlParseError,
     KqlTypeError,
     QueryCancelledError,
     QueryTimeoutError,
@@ -50,6 +51,7 @@ from kernel_insight.kql.errors import (
     TooManySeriesError,
 )
 from kernel_insight.kql.functions import FUNCTIONS
+from kernel_insight.kql.lexical import MAX_DURATION_MS
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
@@ -86,6 +88,8 @@ DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
 #: Parsed queries kept by text. Dashboards and rules send the same texts over and over, and
 #: parsing a join takes ~2 ms, as long as evaluating it at one step; the tree is immutable.
 PARSE_CACHE_SIZE = 1024
+#: Python loops over series check the deadline once per this many iterations (a monotonic clock read).
+_CHECK_EVERY = 1024
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -108,7 +112,9 @@ class CancelToken:
 class EngineLimits:
     """Execution limits; every query gets them unless it passes its own."""
 
-    max_samples: int = 50_000_000  # samples loaded from storage, over all selectors
+    # Samples held in memory at one time (Prometheus' query.max-samples): the inputs a node is
+    # working on plus the results it has built; kql also counts its dense series x steps arrays.
+    max_samples: int = 50_000_000
     timeout_s: float = 30.0
     max_series: int = 1_000_000  # series one selector may return, and series in a result
     lookback_ms: int = DEFAULT_LOOKBACK_MS
@@ -159,6 +165,15 @@ def window_bounds(ts: I64, offsets: I64, refs: I64, range_ms: int) -> tuple[I64,
 def _parsed(text: str) -> Expr:
     """:func:`parse`, remembered (a query that fails to parse raises every time: nothing is kept)."""
     return parse(text)
+def _held_size(value: Any) -> int:
+    """Samples a node's result holds, as Prometheus counts them: present points, one per scalar step."""
+    if isinstance(value, StepVector):
+        return int(np.count_nonzero(value.present))
+    if isinstance(value, RangeInput):
+        return len(value.ts)
+    if isinstance(value, np.ndarray):
+        return len(value)
+    return 0
 
 
 # --------------------------------------------------------------------------------- evaluation
@@ -187,7 +202,9 @@ class _Evaluator:
         self.limits = limits
         self.cancel = cancel
         self.deadline = time.monotonic() + limits.timeout_s
-        self.samples = 0
+        self.samples = 0  # loaded from storage over the whole query (stats)
+        self.held = 0  # held in memory now: live intermediate results (Prometheus' currentSamples)
+        self.peak = 0
         self.sample_times_wanted = 0  # > 0 while evaluating the argument of timestamp()
         self.annotations: list[Annotation] = []
         self._seen: set[tuple[str, str, int, int]] = set()
@@ -220,12 +237,30 @@ class _Evaluator:
                 f"query timed out in expression evaluation (timeout {self.limits.timeout_s:g}s)"
             )
 
-    def count_samples(self, n: int) -> None:
-        self.samples += n
-        if self.samples > self.limits.max_samples:
+    def hold(self, n: int) -> None:
+        """Count ``n`` more samples as held in memory; refuse past ``max_samples`` (Prometheus' text)."""
+        held = self.held + n
+        if held > self.limits.max_samples:
             raise TooManySamplesError(
-                "query processing would load too many samples into memory in query execution "
-                f"(limit {self.limits.max_samples})"
+                "query processing would load too many samples into memory in query execution"
+            )
+        self.held = held
+        if held > self.peak:
+            self.peak = held
+
+    def count_samples(self, n: int) -> None:
+        """Samples loaded from storage: held until the expression that reads them has its result."""
+        self.samples += n
+        self.hold(n)
+
+    def dense(self, series: int, steps: int) -> None:
+        """Refuse before allocating ``series x steps`` arrays that would not fit the sample limit.
+
+        kql stores step vectors densely, so the cells count even where a series has no sample.
+        """
+        if self.held + series * steps > self.limits.max_samples:
+            raise TooManySamplesError(
+                "query processing would load too many samples into memory in query execution"
             )
 
     def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
@@ -287,6 +322,11 @@ class _Evaluator:
         if not np.isfinite(seconds):
             raise KqlEvaluationError(f"{what} must be a finite duration, got {seconds}")
         ms = round(seconds * 1000)
+        if abs(ms) > MAX_DURATION_MS:
+            # A client's mistake, as for a duration literal out of range: 400 with its position.
+            raise KqlParseError(
+                f"{what} out of range: {seconds:g}s", self.query, node.pos.start, node.pos.end
+            )
         if positive and ms <= 0:
             raise KqlEvaluationError(f"{what} must be greater than 0, got {seconds:g}s")
         return ms
@@ -320,8 +360,15 @@ class _Evaluator:
     # ------------------------------------------------------------------ dispatch
 
     def eval(self, node: Node, times: I64) -> Any:
+        """Evaluate ``node`` at ``times``; its inputs are released once its result is counted."""
         self.checkpoint()
-        return self.handlers[type(node)](node, times)
+        before = self.held
+        value = self.handlers[type(node)](node, times)
+        size = _held_size(value)
+        # The result and the inputs it was built from are in memory together at this point.
+        self.hold(size)
+        self.held = before + size
+        return value
 
     def eval_number(self, node: NumberLiteral, times: I64) -> F64:
         return np.full(len(times), node.value)
@@ -386,6 +433,7 @@ class _Evaluator:
         n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
             return StepVector.empty(steps)
+        self.dense(n, steps)
         last = batched_searchsorted(ts, offsets, refs, "right") - 1
         has = last >= offsets[:-1, None]
         idx = np.where(has, last, 0)
@@ -467,6 +515,7 @@ class _Evaluator:
         n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
             return StepVector.empty(steps)
+        self.dense(n, steps)
         nxt = batched_searchsorted(ts, offsets, refs, "right")
         last = nxt - 1
         has_prev = last >= offsets[:-1, None]
@@ -494,8 +543,11 @@ class _Evaluator:
             vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after
         ).without_stale()
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
+        # What is held is each loaded sample once, however many steps' windows share it (Prometheus
+        # holds one series' window at a time); the windows' (lo, hi) bounds are dense arrays.
+        self.count_samples(len(ts))
+        self.dense(len(cols), len(refs))
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
-        self.count_samples(int((hi - lo).sum()))
         return RangeInput(
             labels=cols.labels,
             drop_name=np.zeros(len(cols), dtype=bool),
@@ -523,19 +575,21 @@ class _Evaluator:
         start = (first // step_ms) * step_ms
         if start <= first:
             start += step_ms
+        # Every inner step holds at least a value per series: refuse before allocating the steps.
+        self.dense(1, max(0, (int(refs.max()) - start) // step_ms + 1))
         inner_times = np.arange(start, int(refs.max()) + 1, step_ms, dtype=np.int64)
         if len(inner_times) == 0:
             inner = StepVector.empty(0)
         else:
             inner = consolidate(self.eval(node.expr, inner_times))
         n = len(inner)
-        ts_parts = [inner_times[inner.present[i]] for i in range(n)]
-        vs_parts = [inner.values[i][inner.present[i]] for i in range(n)]
+        self.dense(n, len(refs))
+        # Row-major order of the present cells is series by series, in time order.
+        rows, cols = np.nonzero(inner.present)
+        ts = inner_times[cols]
+        vs = inner.values[rows, cols]
         offsets = np.zeros(n + 1, dtype=np.int64)
-        if n:
-            np.cumsum([len(p) for p in ts_parts], out=offsets[1:])
-        ts = np.concatenate(ts_parts) if n else np.empty(0, dtype=np.int64)
-        vs = np.concatenate(vs_parts) if n else np.empty(0)
+        np.cumsum(np.count_nonzero(inner.present, axis=1), out=offsets[1:])
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
         return RangeInput(
             labels=inner.labels,
@@ -629,7 +683,9 @@ class Engine:
             raise TooManySeriesError(
                 f"query returned {series} series, more than the limit of {ev.limits.max_series}"
             )
-        stats = QueryStats(samples=ev.samples, series=series, seconds=time.monotonic() - began)
+        stats = QueryStats(
+            samples=ev.samples, series=series, seconds=time.monotonic() - began, peak_samples=ev.peak
+        )
         return QueryResult(value, text, tuple(ev.annotations), stats)
 
     def _result(
@@ -649,13 +705,14 @@ class Engine:
                 )
                 return Vector(t0, samples)
             order = sorted(range(len(vec)), key=lambda i: vec.labels[i])
-            return Matrix(
-                tuple(
-                    Series(vec.labels[i], times[vec.present[i]], vec.values[i][vec.present[i]])
-                    for i in order
-                    if vec.present[i].any()
-                )
-            )
+            out = []
+            for k, i in enumerate(order):
+                if k % _CHECK_EVERY == _CHECK_EVERY - 1:
+                    ev.checkpoint()
+                row = vec.present[i]
+                if row.any():
+                    out.append(Series(vec.labels[i], times[row], vec.values[i][row]))
+            return Matrix(tuple(out))
         scalar = np.asarray(raw, dtype=np.float64)
         if not is_range:
             return Scalar(t0, float(scalar[0]))
@@ -665,6 +722,8 @@ class Engine:
 def _range_to_matrix(r: RangeInput) -> Matrix:
     out = []
     for i in range(len(r)):
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            r.checkpoint()
         lo, hi = int(r.lo[i, 0]), int(r.hi[i, 0])
         if hi > lo:
             labels = drop_name(r.labels[i]) if r.drop_name[i] else r.labels[i]

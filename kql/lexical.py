@@ -8,6 +8,7 @@ import re
 __all__ = [
     "BYTE_UNITS",
     "DURATION_UNITS",
+    "MAX_DURATION_MS",
     "format_duration",
     "format_float",
     "go_quote",
@@ -30,6 +31,8 @@ DURATION_UNITS: dict[str, int] = {
     "ms": 1,
 }
 _UNIT_ORDER = list(DURATION_UNITS)
+#: The longest duration Prometheus parses (Go's time.Duration: 2^63-1 ns, about 292 years).
+MAX_DURATION_MS = (2**63 - 1) // 1_000_000
 _DURATION_PART = re.compile(r"([0-9]+)(ms|[smhdwy])")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -57,6 +60,8 @@ def parse_duration(text: str) -> int:
         pos = m.end()
     if pos != len(text):
         raise ValueError(f"not a valid duration string: {text!r}")
+    if total > MAX_DURATION_MS:
+        raise ValueError("duration out of range")
     return total
 
 

@@ -13,7 +13,7 @@ import math
 from importlib import resources
 from typing import Any, TypeVar
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from kernel_insight.kql.ast import (
@@ -43,7 +43,23 @@ from kernel_insight.kql.lexical import (
 )
 from kernel_insight.kql.storage import Matcher
 
-__all__ = ["AGGREGATORS", "DURATION_FUNCTIONS", "PARAM_AGGREGATORS", "parse", "parse_raw"]
+__all__ = [
+    "AGGREGATORS",
+    "DURATION_FUNCTIONS",
+    "MAX_AT_MS",
+    "MAX_DEPTH",
+    "PARAM_AGGREGATORS",
+    "parse",
+    "parse_raw",
+]
+
+#: How deeply the parse tree may nest (about 255 terms of ``1+1+...``, 255 parentheses or 127 nested
+#: calls). Every pass over the tree (transformer, checker, evaluator, printer) recurses, so a deeper
+#: query would exhaust Python's stack; Prometheus has no such limit, and no real query comes near it.
+MAX_DEPTH = 256
+#: The largest ``@`` time, in milliseconds, either side of the epoch (2^62 ms, about 146 million
+#: years): any offset and range subtracted from it still fits the engine's int64 arithmetic.
+MAX_AT_MS = 2**62
 
 #: Aggregation operators; those in PARAM_AGGREGATORS take a parameter before the vector.
 AGGREGATORS = frozenset(
@@ -110,6 +126,13 @@ class _Error(Exception):
         self.pos = pos
 
 
+def _duration_ms(tok: Token) -> int:
+    try:
+        return parse_duration(str(tok))
+    except ValueError as exc:
+        raise _Error(str(exc), _tok_pos(tok)) from None
+
+
 def _unquote(tok: Token) -> str:
     try:
         return unquote(str(tok))
@@ -127,12 +150,7 @@ class _ToAst(Transformer[Token, Expr]):
         return NumberLiteral(parse_number(str(children[0])), pos=_pos(meta))
 
     def duration(self, meta: Any, children: list[Token]) -> NumberLiteral:
-        tok = children[0]
-        try:
-            ms = parse_duration(str(tok))
-        except ValueError as exc:
-            raise _Error(str(exc), _tok_pos(tok)) from None
-        return NumberLiteral(ms / 1000, duration=True, pos=_pos(meta))
+        return NumberLiteral(_duration_ms(children[0]) / 1000, duration=True, pos=_pos(meta))
 
     def bytes(self, meta: Any, children: list[Token]) -> NumberLiteral:
         value, unit = parse_bytes(str(children[0]))
@@ -232,7 +250,7 @@ class _ToAst(Transformer[Token, Expr]):
 
     def signed_number(self, meta: Any, children: list[Any]) -> float:
         sign, tok = children
-        value = parse_duration(str(tok)) / 1000 if tok.type == "DURATION" else parse_number(str(tok))
+        value = _duration_ms(tok) / 1000 if tok.type == "DURATION" else parse_number(str(tok))
         return -value if sign is not None and str(sign) == "-" else value
 
     # ---------------------------------------------------------------- postfix modifiers
@@ -286,11 +304,13 @@ class _ToAst(Transformer[Token, Expr]):
     def at_number(self, meta: Any, children: list[Any]) -> At:
         sign, tok = children
         if tok.type == "DURATION":
-            ms = parse_duration(str(tok))
+            ms = _duration_ms(tok)
         else:
             value = parse_number(str(tok))
-            if math.isnan(value) or math.isinf(value):
-                raise _Error(f"timestamp out of bounds for @ modifier: {tok}", _tok_pos(tok))
+            # Prometheus refuses infinities and NaN here; kql also refuses times whose milliseconds
+            # would not fit the engine's int64 arithmetic (with any offset and range added).
+            if not math.isfinite(value) or abs(value) * 1000 > MAX_AT_MS:
+                raise _Error(f"timestamp out of bounds for @ modifier: {value:f}", _tok_pos(tok))
             ms = round(value * 1000)
         return At("time", -ms if sign is not None and str(sign) == "-" else ms)
 
@@ -472,6 +492,21 @@ def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:
     return KqlParseError(str(exc), query, getattr(exc, "pos_in_stream", 0) or 0)
 
 
+def _check_depth(tree: Tree[Token], query: str) -> None:
+    """Refuse trees deeper than :data:`MAX_DEPTH`, walking without recursion (the parse itself is LALR)."""
+    stack: list[tuple[Tree[Token], int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            meta = node.meta
+            start = 0 if getattr(meta, "empty", True) else meta.start_pos
+            end = start if getattr(meta, "empty", True) else meta.end_pos
+            raise KqlParseError(
+                f"expression nests too deeply: more than {MAX_DEPTH} levels", query, start, end
+            )
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
 def parse_raw(query: str) -> Expr:
     """Parse without the type-checking pass (the printer and tests use it)."""
     if not query.strip():
@@ -480,6 +515,7 @@ def parse_raw(query: str) -> Expr:
         tree = _parser().parse(query)
     except UnexpectedInput as exc:
         raise _syntax_error(query, exc) from None
+    _check_depth(tree, query)
     try:
         result: Expr = _ToAst().transform(tree)
     except _Error as exc:

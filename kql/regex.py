@@ -1,130 +1,134 @@
-"""PromQL regular expressions are RE2; this compiles them with Python's ``re``.
+"""PromQL regular expressions: RE2 syntax (Go's ``regexp``), matched in time linear in the text.
 
-The syntax differs in a few places users hit: RE2 allows flag groups anywhere (``a(?i)b``
-scopes the flag to the rest of the enclosing group), ``(?<name>...)``, ``\\z``, ``\\Q...\\E``
-and POSIX classes such as ``[[:digit:]]``. Matching is always anchored and ``.`` matches
-newlines, as in Prometheus.
+Python's ``re`` backtracks, so a pattern such as ``(a+)+b`` can take seconds per label value
+while holding the GIL; RE2 (the ``google-re2`` package) cannot. Every pattern is compiled as
+Prometheus does, ``^(?s:pattern)$``, so kql's matching, ClickHouse's ``match()`` (RE2 too) and
+Prometheus agree on anchoring and on ``.`` matching newlines.
 """
 
 from __future__ import annotations
 
 import functools
-import re
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["compile_anchored", "translate"]
+import re2
 
-_POSIX = {
-    "alnum": "0-9A-Za-z",
-    "alpha": "A-Za-z",
-    "ascii": "\\x00-\\x7F",
-    "blank": "\\t ",
-    "cntrl": "\\x00-\\x1F\\x7F",
-    "digit": "0-9",
-    "graph": "!-~",
-    "lower": "a-z",
-    "print": " -~",
-    "punct": "!-/:-@[-`{-~",
-    "space": "\\t\\n\\v\\f\\r ",
-    "upper": "A-Z",
-    "word": "0-9A-Za-z_",
-    "xdigit": "0-9A-Fa-f",
+if TYPE_CHECKING:
+    from re2 import _Match, _Regexp
+
+__all__ = ["Regex", "RegexError", "anchored", "compile_anchored"]
+
+
+class RegexError(ValueError):
+    """The pattern is not valid RE2; the message reads like Go's ``regexp/syntax`` error."""
+
+
+# RE2's error texts (re2.cc CodeText) in Go's words (regexp/syntax ErrorCode), which Prometheus shows.
+_GO_WORDS = {
+    "missing )": "missing closing )",
+    "missing ]": "missing closing ]",
+    "unexpected )": "unexpected )",
+    "trailing \\": "trailing backslash at end of expression",
+    "no argument for repetition operator": "missing argument to repetition operator",
+    "invalid repetition size": "invalid repeat count",
+    "bad repetition operator": "invalid nested repetition operator",
+    "invalid perl operator": "invalid or unsupported Perl syntax",
+    "invalid named capture group": "invalid named capture",
+    "pattern too large - compile failed": "expression too large",
+    "invalid escape sequence": "invalid escape sequence",
+    "invalid character class": "invalid character class",
+    "invalid character class range": "invalid character class range",
+    "invalid UTF-8": "invalid UTF-8",
 }
 
-
-def translate(pattern: str) -> str:
-    """Rewrite RE2 syntax that Python's ``re`` lacks into an equivalent Python pattern."""
-    out: list[str] = []
-    # For each open group: the scoped-flag groups opened inside it, closed again at its end.
-    pending: list[list[str]] = [[]]
-    i, n = 0, len(pattern)
-    while i < n:
-        ch = pattern[i]
-        if ch == "\\":
-            nxt = pattern[i + 1 : i + 2]
-            if nxt == "Q":
-                end = pattern.find("\\E", i + 2)
-                literal = pattern[i + 2 :] if end < 0 else pattern[i + 2 : end]
-                out.append(re.escape(literal))
-                i = n if end < 0 else end + 2
-                continue
-            if nxt == "z":
-                out.append("\\Z")
-                i += 2
-                continue
-            out.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if ch == "[":
-            j, cls = _char_class(pattern, i)
-            out.append(cls)
-            i = j
-            continue
-        if ch == "(":
-            m = re.match(r"\(\?([imsU-]+)\)", pattern[i:])
-            if m:
-                flags = m.group(1).replace("U", "")
-                if flags.strip("-"):
-                    out.append(f"(?{flags}:")
-                    pending[-1].append(flags)
-                i += m.end()
-                continue
-            if pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
-                out.append("(?P<")
-                i += 3
-                pending.append([])
-                continue
-            out.append("(")
-            pending.append([])
-            i += 1
-            continue
-        if ch == ")":
-            if len(pending) > 1:
-                out.append(")" * len(pending.pop()))
-            out.append(")")
-            i += 1
-            continue
-        if ch == "|" and pending[-1]:
-            # Flags stay set in the following alternatives of the same group.
-            out.append(")" * len(pending[-1]) + "|" + "".join(f"(?{f}:" for f in pending[-1]))
-            i += 1
-            continue
-        out.append(ch)
-        i += 1
-    out.append(")" * len(pending[0]))
-    return "".join(out)
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # a bad user pattern is an answer to the user, not a line in our log
 
 
-def _char_class(pattern: str, start: int) -> tuple[int, str]:
-    i = start + 1
-    body: list[str] = []
-    if pattern[i : i + 1] == "^":
-        body.append("^")
-        i += 1
-    if pattern[i : i + 1] == "]":
-        body.append("\\]")
-        i += 1
-    while i < len(pattern) and pattern[i] != "]":
-        m = re.match(r"\[:(\^?)(\w+):\]", pattern[i:])
-        if m and m.group(2) in _POSIX:
-            if m.group(1):
-                raise re.error(f"negated POSIX class [:^{m.group(2)}:] is not supported")
-            body.append(_POSIX[m.group(2)])
-            i += m.end()
-            continue
-        if pattern[i] == "\\":
-            body.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if pattern[i] == "[":
-            body.append("\\[")
-            i += 1
-            continue
-        body.append(pattern[i])
-        i += 1
-    return i + 1, "[" + "".join(body) + "]"
+def anchored(pattern: str) -> str:
+    """The pattern as Prometheus compiles it for a matcher: ``^(?s:pattern)$``."""
+    return f"^(?s:{pattern})$"
+
+
+def _go_error(raw: str) -> str:
+    code, _, arg = raw.partition(": ")
+    for known in sorted(_GO_WORDS, key=len, reverse=True):
+        if raw.startswith(known):
+            code, arg = known, raw[len(known) :].removeprefix(": ")
+            break
+    words = _GO_WORDS.get(code, code)
+    return f"error parsing regexp: {words}: `{arg}`" if arg else f"error parsing regexp: {words}"
+
+
+class Regex:
+    """A compiled PromQL regex: ``matches`` says whether a whole label value matches; ``match`` gives groups.
+
+    >>> compile_anchored("gpu[0-3]").matches("gpu2")
+    True
+
+    Matchers run over every candidate series, so the common shapes skip RE2's Python wrapper (a few
+    microseconds a call): a plain alternation of literals (``a|b|c``, what Grafana's multi-value
+    variables produce) is a set lookup, ``.*`` matches everything, and answers for recent values
+    are remembered (label values repeat across series).
+    """
+
+    __slots__ = ("_literals", "_memo", "_raw", "compiled", "pattern")
+
+    def __init__(self, pattern: str, compiled: _Regexp[str]) -> None:
+        self.pattern = pattern
+        self.compiled = compiled
+        self._literals = _literal_alternatives(pattern)
+        # The wrapper's C++ object: one call per value instead of the span and offset bookkeeping
+        # of ``search``. Private, so only used when present.
+        self._raw: Any = getattr(compiled, "_regexp", None) if _UNANCHORED is not None else None
+        self._memo: dict[str, bool] = {}
+
+    def matches(self, text: str) -> bool:
+        """Whether ``text`` matches the whole pattern (``^(?s:pattern)$``)."""
+        if self._literals is not None:
+            return text in self._literals
+        hit = self._memo.get(text)
+        if hit is not None:
+            return hit
+        if self._raw is not None:
+            data = text.encode("utf-8", "surrogatepass")
+            hit = self._raw.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0
+        else:
+            hit = self.compiled.search(text) is not None
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.clear()
+        self._memo[text] = hit
+        return hit
+
+    def match(self, text: str) -> _Match[str] | None:
+        """The match with its groups (``label_replace``), or None."""
+        return self.compiled.search(text)
+
+
+_MEMO_SIZE = 4096
+_UNANCHORED: Any = getattr(getattr(getattr(re2, "_re2", None), "RE2", None), "Anchor", None)
+_UNANCHORED = getattr(_UNANCHORED, "UNANCHORED", None)
+_METACHARACTERS = frozenset("\\.+*?()|[]{}^$")
+
+
+def _literal_alternatives(pattern: str) -> frozenset[str] | None:
+    """The strings ``a|b|c`` (or ``(a|b|c)``) stands for, if it is nothing but literal alternatives."""
+    body = pattern
+    if body.startswith("(") and body.endswith(")") and "(" not in body[1:] and ")" not in body[:-1]:
+        body = body[1:-1]
+    options = body.split("|")
+    if any(_METACHARACTERS.intersection(o) for o in options):
+        return None
+    return frozenset(options)
 
 
 @functools.lru_cache(maxsize=4096)
-def compile_anchored(pattern: str) -> re.Pattern[str]:
-    """Compile a PromQL regex; use ``fullmatch`` (PromQL anchors both ends). Raises ``re.error``."""
-    return re.compile(f"(?s:{translate(pattern)})")
+def compile_anchored(pattern: str) -> Regex:
+    """Compile a PromQL regex anchored at both ends, as Prometheus does. Raises :class:`RegexError`."""
+    try:
+        compiled = re2.compile(anchored(pattern), _OPTIONS)
+    except re2.error as exc:
+        detail = exc.args[0] if exc.args else ""
+        text = detail.decode("utf-8", "replace") if isinstance(detail, bytes) else str(detail)
+        raise RegexError(_go_error(text)) from None
+    return Regex(pattern, compiled)

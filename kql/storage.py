@@ -7,7 +7,6 @@ Two back ends implement :class:`Storage`: the ClickHouse store of the collector 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -15,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.regex import compile_anchored
+from kernel_insight.kql.regex import RegexError, compile_anchored
 
 __all__ = [
     "MATCH_OPS",
@@ -72,7 +71,7 @@ class Matcher:
         if self.op in ("=~", "!~"):
             try:
                 compile_anchored(self.value)
-            except re.error as exc:
+            except RegexError as exc:
                 raise ValueError(f"invalid regular expression {self.value!r}: {exc}") from None
 
     def matches(self, value: str) -> bool:
@@ -81,7 +80,7 @@ class Matcher:
             return value == self.value
         if self.op == "!=":
             return value != self.value
-        hit = compile_anchored(self.value).fullmatch(value) is not None
+        hit = compile_anchored(self.value).matches(value)
         return hit if self.op == "=~" else not hit
 
     def matches_empty(self) -> bool:

@@ -306,9 +306,10 @@ class Matrix:
 
 @dataclass(frozen=True, slots=True)
 class QueryStats:
-    samples: int = 0
+    samples: int = 0  # loaded from storage
     series: int = 0
     seconds: float = 0.0
+    peak_samples: int = 0  # most held in memory at one time (what ``max_samples`` limits)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from functools import cmp_to_key
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,17 +13,20 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import STR, V, labels_from_equal_matchers
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
-from kernel_insight.kql.regex import compile_anchored
+from kernel_insight.kql.regex import RegexError, compile_anchored
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import CallContext, StepVector
 from kernel_insight.kql.vectors import consolidate
+
+if TYPE_CHECKING:
+    from re2 import _Match
 
 __all__ = ["expand_template", "natural_less"]
 
 _TEMPLATE = re.compile(r"\$(?:\$|\{([A-Za-z0-9_]+)\}|([A-Za-z0-9_]+))")
 
 
-def expand_template(template: str, match: re.Match[str]) -> str:
+def expand_template(template: str, match: _Match[str]) -> str:
     """Go's ``Regexp.Expand``: ``$1``, ``${1}``, ``$name``; unknown groups expand to nothing."""
 
     def sub(m: re.Match[str]) -> str:
@@ -60,15 +63,17 @@ def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
     vec, dst, replacement, src, regex = args
     try:
         pattern = compile_anchored(regex)
-    except re.error as exc:
+    except RegexError as exc:
         raise KqlEvaluationError(
             f"invalid regular expression in label_replace(): {go_quote(regex)}: {exc}"
         ) from None
     if not is_valid_label_name(dst):
         raise KqlEvaluationError(f"invalid destination label name in label_replace(): {go_quote(dst)}")
     new_labels = []
-    for labels in vec.labels:
-        m = pattern.fullmatch(dict(labels).get(src, ""))
+    for i, labels in enumerate(vec.labels):
+        if i % 1024 == 1023:
+            ctx.check()
+        m = pattern.match(dict(labels).get(src, ""))
         new_labels.append(_with_label(labels, dst, expand_template(replacement, m)) if m else labels)
     return _relabel(vec, dst, new_labels)
 
