@@ -16,7 +16,7 @@ import re2
 if TYPE_CHECKING:
     from re2 import _Match, _Regexp
 
-__all__ = ["Regex", "RegexError", "anchored", "compile_anchored"]
+__all__ = ["Regex", "RegexError", "anchored", "compile_anchored", "compile_go"]
 
 
 class RegexError(ValueError):
@@ -125,10 +125,18 @@ def _literal_alternatives(pattern: str) -> frozenset[str] | None:
 @functools.lru_cache(maxsize=4096)
 def compile_anchored(pattern: str) -> Regex:
     """Compile a PromQL regex anchored at both ends, as Prometheus does. Raises :class:`RegexError`."""
+    return Regex(pattern, compile_go(anchored(pattern)))
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_go(pattern: str) -> _Regexp[str]:
+    """Go's ``regexp.Compile``: RE2, unanchored (alert templates' ``match``, ``reReplaceAll``).
+
+    Raises :class:`RegexError` with Go's words.
+    """
     try:
-        compiled = re2.compile(anchored(pattern), _OPTIONS)
+        return re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
         detail = exc.args[0] if exc.args else ""
         text = detail.decode("utf-8", "replace") if isinstance(detail, bytes) else str(detail)
         raise RegexError(_go_error(text)) from None
-    return Regex(pattern, compiled)

@@ -23,7 +23,10 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from re2 import _Regexp
 
 __all__ = [
     "FUNCTION_NAMES",
@@ -398,11 +401,11 @@ def _match(pattern: str, text: str) -> bool:
     return _go_regexp(pattern).search(text) is not None
 
 
-def _go_regexp(pattern: str) -> re.Pattern[str]:
-    """Go's ``regexp.MustCompile`` (RE2, unanchored) through kql's RE2 translation."""
-    from kernel_insight.kql.regex import translate
+def _go_regexp(pattern: str) -> _Regexp[str]:
+    """Go's ``regexp.MustCompile`` (RE2, unanchored, linear time): kql's RE2 compile."""
+    from kernel_insight.kql.regex import compile_go
 
-    return re.compile(translate(pattern))
+    return compile_go(pattern)
 
 
 def _sort_by_label(name: str, v: Sequence[QuerySample]) -> list[QuerySample]:
