@@ -165,6 +165,8 @@ def window_bounds(ts: I64, offsets: I64, refs: I64, range_ms: int) -> tuple[I64,
 def _parsed(text: str) -> Expr:
     """:func:`parse`, remembered (a query that fails to parse raises every time: nothing is kept)."""
     return parse(text)
+
+
 def _held_size(value: Any) -> int:
     """Samples a node's result holds, as Prometheus counts them: present points, one per scalar step."""
     if isinstance(value, StepVector):
