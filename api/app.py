@@ -36,6 +36,7 @@ from kernel_insight.api.topology import topology_router
 
 if TYPE_CHECKING:
     from kernel_insight.collector.keys import KeyStoreBase
+    from kernel_insight.collector.metrics import CollectorMetrics
 
 __all__ = [
     "LOCAL_DEV_HOST",
@@ -90,11 +91,13 @@ def create_api_app(
     interval_s: float = DEFAULT_INTERVAL_S,
     extra_routers: list[APIRouter] | None = None,
     keys: KeyStoreBase | None = None,
+    metrics: CollectorMetrics | None = None,
 ) -> FastAPI:
     """The collector app over ``store`` with this package's routers; ``app.state.snapshotter`` is the snapshotter.
 
     remote_write takes tokens with the ``ingest`` scope; with ``keys`` (the agent key store)
     the ``/v1/agents`` enrolment endpoints (scope ``ingest-admin``) are served too.
+    ``metrics``: the collector's own metrics (``collector.create_app``), shared with the ingest router.
     """
     from kernel_insight.collector.app import create_app
 
@@ -106,6 +109,7 @@ def create_api_app(
         store,
         routers=[*routers, *(extra_routers or [])],
         write_dependencies=[Depends(auth.require(Scope.INGEST))],
+        metrics=metrics,
     )
     install_error_handlers(app)
     app.state.snapshotter = snapshotter

@@ -22,6 +22,7 @@ from kernel_insight.collector.keys import (
     UnknownAgent,
     read_key_file,
 )
+from kernel_insight.collector.metrics import AgentStates, CollectorMetrics, RequestMetrics, StoreStats
 from kernel_insight.collector.openmetrics import Exposition, OpenMetricsError, parse_exposition
 from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.remote_write import RemoteWriteError, encode_write_request, parse_remote_write
@@ -71,6 +72,7 @@ __all__ = [
     "SCHEMA",
     "AgentCredentials",
     "AgentInfo",
+    "AgentStates",
     "AuthenticationFailed",
     "BatchHeader",
     "BatchId",
@@ -79,6 +81,7 @@ __all__ = [
     "CacheStats",
     "ClickHouseKeyStore",
     "ClickHouseStorage",
+    "CollectorMetrics",
     "Counter",
     "DecodedBatch",
     "Derived",
@@ -101,6 +104,7 @@ __all__ = [
     "OversizedBatch",
     "PreparedRows",
     "RemoteWriteError",
+    "RequestMetrics",
     "Retention",
     "RevokedAgent",
     "SampleBatch",
@@ -114,6 +118,7 @@ __all__ = [
     "StorageUnavailable",
     "Store",
     "StoreSink",
+    "StoreStats",
     "Ticket",
     "UnknownAgent",
     "WireError",

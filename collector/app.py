@@ -6,8 +6,9 @@ and is never retried; a store that cannot take writes now is a 503 with Retry-Af
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
 from kernel_insight.collector.remote_write import (
     DEFAULT_MAX_DECOMPRESSED,
     RemoteWriteError,
@@ -63,16 +65,36 @@ def create_app(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     routers: Sequence[APIRouter] = (),
     write_dependencies: Sequence[Any] = (),
+    metrics: CollectorMetrics | None = None,
+    metrics_dependencies: Sequence[Any] = (),
 ) -> FastAPI:
     """The collector app over ``store`` (kept as ``app.state.store`` for other routers).
+
+    ``metrics`` (a new :class:`CollectorMetrics` when None; ``app.state.metrics``) counts every
+    request and every insert into ``store`` and is served at ``GET /metrics``, open unless
+    ``metrics_dependencies`` guard it (docs/api.md says why open is the default).
 
     ``write_dependencies`` (FastAPI ``Depends(...)``) guard ``POST /api/v1/write``; the
     composition root passes the API's bearer-token check here, so this module needs no
     import of the api package. Without any, remote_write is open: fit for tests and
     single-user tools only (``ki collector`` always passes the check, docs/api.md).
     """
-    app = FastAPI(title="Kernel Insight collector", docs_url=None, redoc_url=None)
+    metrics = metrics if metrics is not None else CollectorMetrics()
+    store.insert_observer = metrics.observe_insert
+    store_stats = metrics.store_stats if metrics.store_stats is not None else metrics.watch_store(store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        store_stats.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(store_stats.shutdown)
+
+    app = FastAPI(title="Kernel Insight collector", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.store = store
+    app.state.metrics = metrics
+    app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(StorageUnavailable)
     async def _unavailable(_: Request, exc: StorageUnavailable) -> JSONResponse:
@@ -97,6 +119,11 @@ def create_app(
     async def healthz() -> JSONResponse:
         await run_in_threadpool(store.ping)  # StorageUnavailable -> 503
         return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", dependencies=list(metrics_dependencies), include_in_schema=False)
+    async def metrics_endpoint(request: Request) -> Response:
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.post("/api/v1/write", status_code=204, dependencies=list(write_dependencies))
     async def remote_write(request: Request) -> Response:

@@ -50,6 +50,7 @@ __all__ = [
     "AGENT_COUNTERS",
     "DROP_REASONS",
     "DROP_STATS",
+    "INGEST_LAG_METRIC",
     "Derived",
     "Deriver",
     "DropStats",
@@ -85,6 +86,10 @@ DROP_REASONS: dict[str, str] = {
     "fingerprint_out_of_range": "a FINGERPRINT memory total above 256 TiB",
     "batch_time_out_of_range": "the batch header's time is after 2149-06-06 (counters stamped with now)",
 }
+
+#: Per agent batch, at the collector's receive time: receive time minus the batch's t_max. Its newest
+#: sample is the agent's heartbeat as the store knows it (api/health.py judges staleness by it).
+INGEST_LAG_METRIC = "ki_ingest_lag_seconds"
 
 #: Agent self-metrics (docs/wire.md, COUNTERS): name -> (metric name, type, scale to the metric's unit).
 AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
@@ -340,9 +345,12 @@ class Deriver:
         strings: Mapping[tuple[int, int], str] | None = None,
         counters: Mapping[str, float] | None = None,
         now_ns: int | None = None,
+        received_ns: int | None = None,
     ) -> Derived:
         """Rows for one batch: ``records`` in RECORD_DTYPE (ring order), names the wire batch carried,
         and the agent's counters by name (docs/wire.md, lower-case).
+        ``now_ns`` is the batch's t_max; with ``received_ns`` (when the collector got it) the
+        batch's ingest lag is recorded.
 
         Records that cannot be stored are left out and counted in ``Derived.dropped`` (and in
         ``self.stats``); nothing of theirs reaches the deriver's state.
@@ -393,6 +401,9 @@ class Deriver:
             for name, value in counters.items():
                 metric, scale = agent_metric_name(name)
                 samples.add_canonical(self._labels(metric, None), ts_ms, float(value) * scale)
+        if received_ns is not None:
+            lag_s = (received_ns - now_ns) / 1e9
+            samples.add_canonical(self._labels(INGEST_LAG_METRIC, None), received_ns // _NS_PER_MS, lag_s)
         instances = []
         if fp_changed or len(records) or counters:
             instances.append(self._instance(now_ns))

@@ -12,8 +12,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from kernel_insight.collector.keys import KeyStoreError, RevokedAgent, UnknownAgent
+from kernel_insight.collector.metrics import CollectorMetrics
 from kernel_insight.collector.store import StorageError, StorageUnavailable
 from kernel_insight.collector.wire import (
     DEFAULT_LIMITS,
@@ -31,6 +34,7 @@ from kernel_insight.collector.wire import (
     INGEST_PATH,
     AuthenticationFailed,
     BatchId,
+    Counter,
     DecodedBatch,
     Limits,
     MalformedBatch,
@@ -41,7 +45,7 @@ from kernel_insight.collector.wire import (
     parse_sender,
 )
 
-__all__ = ["IngestStats", "KeyLookup", "SeenBatches", "Sink", "ingest_router"]
+__all__ = ["IngestStats", "KeyLookup", "SeenBatches", "Sink", "counter_name", "ingest_router"]
 
 log = logging.getLogger("kernel_insight.collector.ingest")
 
@@ -96,6 +100,34 @@ def _answer(status: int, state: str, detail: str, headers: dict[str, str] | None
     return JSONResponse({"status": state, "detail": detail}, status_code=status, headers=headers)
 
 
+#: The ``outcome`` label of ``ki_collector_ingest_batches_total`` per status code (docs/metrics.md).
+_OUTCOMES = {
+    200: "stored",
+    400: "rejected",
+    401: "unauthenticated",
+    403: "forbidden",
+    408: "rejected",
+    409: "duplicate",
+    413: "rejected",
+    422: "failed",
+    503: "unavailable",
+}
+
+
+def _outcome(response: JSONResponse) -> str:
+    if response.status_code == 503 and b'"busy"' in bytes(response.body):
+        return "busy"
+    return _OUTCOMES.get(response.status_code, "other")
+
+
+def counter_name(counter_id: int) -> str:
+    """The name of a COUNTERS id (docs/wire.md), lower-case; ``counter_<id>`` for ids newer than this collector."""
+    try:
+        return Counter(counter_id).name.lower()
+    except ValueError:
+        return f"counter_{counter_id}"
+
+
 def ingest_router(
     keys: KeyLookup,
     sink: Sink,
@@ -103,10 +135,12 @@ def ingest_router(
     limits: Limits = DEFAULT_LIMITS,
     seen: SeenBatches | None = None,
     stats: IngestStats | None = None,
+    metrics: CollectorMetrics | None = None,
 ) -> APIRouter:
     """The ingest endpoint, bound to a key store and a sink."""
     seen = seen if seen is not None else SeenBatches()
     stats = stats if stats is not None else IngestStats()
+    metrics = metrics if metrics is not None else CollectorMetrics(process=False)
     in_flight: set[BatchId] = set()
     in_flight_lock = threading.Lock()
     router = APIRouter()
@@ -132,6 +166,13 @@ def ingest_router(
         return key if isinstance(key, JSONResponse) else None
 
     def settle(frame: bytes) -> JSONResponse:
+        response = store_frame(frame)
+        with contextlib.suppress(MalformedBatch):  # no header: no record count to report
+            records = parse_header(frame, limits).record_count
+            metrics.ingest_records.labels(outcome=_outcome(response)).inc(records)
+        return response
+
+    def store_frame(frame: bytes) -> JSONResponse:
         try:
             header = parse_header(frame, limits)
         except OversizedBatch as exc:
@@ -179,6 +220,8 @@ def ingest_router(
         if not stored:
             return _answer(409, "duplicate", f"batch {bid} was stored before")
         stats.records += batch.record_count
+        counters = {counter_name(k): float(v) for k, v in batch.counters.items()}
+        metrics.agents.observe(agent, header.t_max_ns, counters, time.time())
         return JSONResponse({"status": "stored", "batch_id": str(bid), "records": batch.record_count})
 
     async def read_frame(request: Request) -> JSONResponse:
@@ -209,6 +252,7 @@ def ingest_router(
         else:
             response = await read_frame(request)
         stats.count(response.status_code)
+        metrics.ingest_batches.labels(outcome=_outcome(response)).inc()
         return response
 
     return router

@@ -9,23 +9,18 @@ written in groups with other requests' rows by a :class:`~kernel_insight.collect
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from kernel_insight.collector.batcher import Batcher, Ticket
 from kernel_insight.collector.derive import Deriver
+from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.rows import Labels
 from kernel_insight.collector.store import StorageError, Store
-from kernel_insight.collector.wire import Counter, DecodedBatch
+from kernel_insight.collector.wire import DecodedBatch
 
 __all__ = ["StoreSink"]
-
-
-def _counter_name(counter_id: int) -> str:
-    try:
-        return Counter(counter_id).name.lower()
-    except ValueError:
-        return f"counter_{counter_id}"
 
 
 class StoreSink:
@@ -89,8 +84,9 @@ class StoreSink:
                 derived = deriver.derive(
                     batch.to_array(),
                     strings=batch.strings,
-                    counters={_counter_name(k): float(v) for k, v in batch.counters.items()},
+                    counters={counter_name(k): float(v) for k, v in batch.counters.items()},
                     now_ns=batch.header.t_max_ns,
+                    received_ns=time.time_ns(),
                 )
                 after = deriver.checkpoint()
                 rows = self.store.prepare(

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -156,6 +156,9 @@ class Store(ABC):
         #: fingerprint -> (labels, sort key) for kql reads, shared by every ``storage()`` (the
         #: API makes one per request); a fingerprint names one label set forever.
         self.labels_cache: dict[int, Any] = {}
+        #: Told of every INSERT: (table, rows, seconds, succeeded); the collector's /metrics
+        #: (``CollectorMetrics.observe_insert``) counts rows by table and times inserts with it.
+        self.insert_observer: Callable[[str, int, float, bool], None] | None = None
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -170,6 +173,20 @@ class Store(ABC):
 
     @abstractmethod
     def _close(self) -> None: ...
+
+    def _write(self, name: str, data: pa.Table, token: str | None) -> None:
+        """``_insert``, reported to ``insert_observer``: every write of every path passes here."""
+        observer = self.insert_observer
+        if observer is None:
+            self._insert(name, data, token)
+            return
+        start = time.perf_counter()
+        try:
+            self._insert(name, data, token)
+        except BaseException:
+            observer(name, data.num_rows, time.perf_counter() - start, False)
+            raise
+        observer(name, data.num_rows, time.perf_counter() - start, True)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -310,10 +327,10 @@ class Store(ABC):
             return 0
         data, series, names, codes, keys = self._sample_rows(batch)
         if series is not None:
-            self._insert("series", series, None if dedup_token is None else f"{dedup_token}:series")
+            self._write("series", series, None if dedup_token is None else f"{dedup_token}:series")
             self._mark_series(keys)
         try:
-            self._insert("samples", data, None if dedup_token is None else f"{dedup_token}:samples")
+            self._write("samples", data, None if dedup_token is None else f"{dedup_token}:samples")
         finally:
             if self.sample_cache is not None:  # after the write (or its failure), never before
                 self.sample_cache.invalidate_samples(names, codes, batch.ts_ms)
@@ -384,7 +401,7 @@ class Store(ABC):
         self._check_open()
         if len(spans) == 0:
             return 0
-        self._insert(
+        self._write(
             "kernel_spans",
             self._spans_table(spans),
             None if dedup_token is None else f"{dedup_token}:kernel_spans",
@@ -410,7 +427,7 @@ class Store(ABC):
         self._check_open()
         if not events:
             return 0
-        self._insert(
+        self._write(
             "events", self._events_table(events), None if dedup_token is None else f"{dedup_token}:events"
         )
         return len(events)
@@ -436,7 +453,7 @@ class Store(ABC):
         self._check_open()
         if not instances:
             return 0
-        self._insert(
+        self._write(
             "instances",
             self._instances_table(instances),
             None if dedup_token is None else f"{dedup_token}:instances",
@@ -449,7 +466,7 @@ class Store(ABC):
         insert under the same ``dedup_token`` is dropped (the rule lease relies on it)."""
         self._check_open()
         try:
-            self._insert(name, data, dedup_token)
+            self._write(name, data, dedup_token)
         finally:
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()
@@ -528,18 +545,18 @@ class Store(ABC):
             if name == "series":
                 data, keys = self._new_series(parts, group)
                 if data is not None:
-                    self._insert("series", data, f"{token}:series")
+                    self._write("series", data, f"{token}:series")
                 self._mark_series(keys)
             elif name == "samples":
                 try:
-                    self._insert("samples", _concat(parts), f"{token}:samples")
+                    self._write("samples", _concat(parts), f"{token}:samples")
                 finally:
                     if self.sample_cache is not None:  # after the write (or its failure), never before
                         for p in group:
                             if p.ts_ms is not None and p.metric_codes is not None:
                                 self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
             else:
-                self._insert(name, _concat(parts), f"{token}:{name}")
+                self._write(name, _concat(parts), f"{token}:{name}")
             done.add(name)
         if "batches" not in done:
             now_ms = time.time_ns() // 1_000_000
@@ -551,7 +568,7 @@ class Store(ABC):
                     "rows": pa.array([p.rows for p in group], pa.uint64()),
                 }
             )
-            self._insert("batches", record, f"{token}:batches")
+            self._write("batches", record, f"{token}:batches")
             done.add("batches")
 
     def _new_series(

@@ -48,16 +48,18 @@ def build_collector_app(
     interval_s: float = 5.0,
     auth_store: str = "auto",
     rules: RuleManager | None = None,
+    stats_interval_s: float | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
     local-dev mode. Keys and tokens live in files (``keys_path``, ``tokens_path``) or, with
     ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``.
     ``rules`` (docs/rules.md) is started and stopped with the app; ``/api/v1/rules`` and
-    ``/api/v1/alerts`` answer (empty without it)."""
+    ``/api/v1/alerts`` answer (empty without it). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default)."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
+    from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S, CollectorMetrics
     from kernel_insight.collector.sink import StoreSink
 
     keys: KeyStoreBase
@@ -77,8 +79,10 @@ def build_collector_app(
     from kernel_insight.api.auth import Authenticator
     from kernel_insight.rules.api import rules_router
 
+    metrics = CollectorMetrics()
+    metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
     sink = StoreSink(store)
-    ingest = ingest_router(keys, sink)
+    ingest = ingest_router(keys, sink, metrics=metrics)
     rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)
     app = create_api_app(
         store,
@@ -87,6 +91,7 @@ def build_collector_app(
         interval_s=interval_s,
         extra_routers=[ingest, rule_api],
         keys=keys,
+        metrics=metrics,
     )
     app.state.keys, app.state.tokens, app.state.rules = keys, tokens, rules
     app.state.sink = sink  # ``sink.close()`` before the store closes: it writes what is queued
@@ -160,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             auth_store=args.auth_store,
             rules=rules,
+            stats_interval_s=args.stats_interval,
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -182,6 +188,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         DEFAULT_MAX_CONNECTIONS,
     )
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
+    from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
 
     s = sub.add_parser(
         "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
@@ -218,6 +225,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    s.add_argument(
+        "--stats-interval",
+        type=float,
+        default=DEFAULT_STORE_STATS_INTERVAL_S,
+        help=f"seconds between reads of the store's parts per table for /metrics "
+        f"(default {DEFAULT_STORE_STATS_INTERVAL_S:g})",
+    )
     from kernel_insight.rules.manager import add_rule_arguments
 
     add_rule_arguments(s)

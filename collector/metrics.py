@@ -1,0 +1,384 @@
+"""The collector's own metrics, served as Prometheus text at ``GET /metrics`` (docs/metrics.md).
+
+One :class:`CollectorMetrics` per app holds every family on its own registry (two apps in
+one process never mix their figures); the composition root hands it to each stage, which
+records into its attributes. Values that cost a query (parts per table) are refreshed in
+the background and only read by a scrape.
+
+Example::
+
+    metrics = CollectorMetrics()
+    metrics.ingest_batches.labels(outcome="stored").inc()
+    text = metrics.exposition()[0]
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
+
+__all__ = [
+    "DEFAULT_AGENT_TTL_S",
+    "DEFAULT_STORE_STATS_INTERVAL_S",
+    "AgentStates",
+    "CollectorMetrics",
+    "RequestMetrics",
+    "StoreStats",
+]
+
+log = logging.getLogger(__name__)
+
+#: An agent that sent nothing for this long leaves /metrics (a fleet's churn must not grow it forever).
+DEFAULT_AGENT_TTL_S = 15 * 60.0
+#: How often the parts, rows and bytes per table are read from ``system.parts``.
+DEFAULT_STORE_STATS_INTERVAL_S = 30.0
+
+#: Seconds: from a 304 of the health snapshot (~1 ms) to a slow kql range query.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Rows per insert or flush: one agent batch (tens) to a large import chunk (millions).
+ROWS_BUCKETS = (1.0, 10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0, 10_000_000.0)
+
+
+@dataclass(slots=True)
+class _AgentState:
+    received_s: float
+    lag_s: float
+    counters: dict[str, float]
+
+
+class AgentStates(Collector):
+    """Per agent: when its newest batch arrived, how late that batch was, and the counters it carried.
+
+    An agent's counters (docs/wire.md, COUNTERS) are exported under the names of the stored
+    ``ki_agent_*`` series, labelled ``agent`` (the agent id, the ``instance`` of the stored
+    series; ``instance`` itself is the label Prometheus gives the scrape target).
+    """
+
+    def __init__(self, ttl_s: float = DEFAULT_AGENT_TTL_S, clock: Callable[[], float] = time.time) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._agents: dict[str, _AgentState] = {}
+
+    def observe(self, agent: str, t_max_ns: int, counters: Mapping[str, float], received_s: float) -> None:
+        """One stored batch: ``t_max_ns`` is its newest record's (producer) time, ``counters`` by name."""
+        lag = max(0.0, received_s - t_max_ns / 1e9)
+        with self._lock:
+            state = self._agents.get(agent)
+            if state is None or received_s >= state.received_s:
+                merged = dict(state.counters) if state is not None else {}
+                merged.update(counters)
+                self._agents[agent] = _AgentState(received_s, lag, merged)
+
+    def lag_s(self, agent: str) -> float | None:
+        with self._lock:
+            state = self._agents.get(agent)
+            return None if state is None else state.lag_s
+
+    def collect(self) -> Iterable[Metric]:
+        now = self.clock()
+        with self._lock:
+            for agent in [a for a, s in self._agents.items() if now - s.received_s > self.ttl_s]:
+                del self._agents[agent]
+            agents = sorted(self._agents.items())
+        lag = GaugeMetricFamily(
+            "ki_collector_agent_ingest_lag_seconds",
+            "Receive time of the agent's newest batch minus that batch's newest record time (t_max)",
+            labels=["agent"],
+        )
+        seen = GaugeMetricFamily(
+            "ki_collector_agent_last_batch_timestamp_seconds",
+            "When the collector stored the agent's newest batch (unix seconds, collector clock)",
+            labels=["agent"],
+        )
+        for agent, state in agents:
+            lag.add_metric([agent], state.lag_s)
+            seen.add_metric([agent], state.received_s)
+        yield lag
+        yield seen
+        specs = AGENT_COUNTERS
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for agent, state in agents:
+            for counter, value in sorted(state.counters.items()):
+                name, kind, scale = _agent_metric(counter, specs)
+                family = families.get(name)
+                if family is None:
+                    help_text = (
+                        f"The agent's {counter} counter, as its newest batch carried it (docs/wire.md)"
+                    )
+                    family = families[name] = (
+                        CounterMetricFamily(name.removesuffix("_total"), help_text, labels=["agent"])
+                        if kind == "counter"
+                        else GaugeMetricFamily(name, help_text, labels=["agent"])
+                    )
+                family.add_metric([agent], value * scale)
+        yield from families.values()
+
+
+def _agent_metric(counter: str, specs: Mapping[str, tuple[str, str, float]]) -> tuple[str, str, float]:
+    spec = specs.get(counter)
+    if spec is not None:
+        return spec
+    safe = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in counter.lower())
+    return f"ki_agent_{safe}", "gauge", 1.0
+
+
+class _DroppedRecords(Collector):
+    """Records derivation left out, by reason (docs/metrics.md, "Dropped records")."""
+
+    def __init__(self, stats: DropStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "ki_collector_records_dropped",
+            "Records left out at derivation because a field cannot be stored, by reason; the rest of the batch is stored",
+            labels=["reason"],
+        )
+        counts = self.stats.snapshot()
+        for reason in sorted(set(DROP_REASONS) | set(counts)):
+            family.add_metric([reason], counts.get(reason, 0))
+        yield family
+
+
+class StoreStats(Collector):
+    """Active parts, rows and bytes on disk per table, read from ``system.parts`` every ``interval_s``.
+
+    A scrape only reads the last answer, so a slow or unreachable store never slows a scrape;
+    ``start()``/``shutdown()`` follow the pipeline contract (shutdown safe without start, and twice).
+    """
+
+    def __init__(self, store: Any, interval_s: float = DEFAULT_STORE_STATS_INTERVAL_S) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.last_error: BaseException | None = None
+        self._tables: list[dict[str, Any]] = []
+        self._refreshed_s = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        """Read the figures now (blocking)."""
+        database = str(self.store.database).replace("\\", "\\\\").replace("'", "\\'")
+        rows = self.store.query(
+            "SELECT table, count() AS parts, sum(rows) AS rows, sum(bytes_on_disk) AS bytes"
+            f" FROM system.parts WHERE active AND database = '{database}' GROUP BY table ORDER BY table"
+        ).to_pylist()
+        self._tables = rows
+        self._refreshed_s = time.time()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+                self.last_error = None
+            except Exception as exc:  # keep the last figures; the store may come back
+                self.last_error = exc
+                log.warning("store statistics for /metrics: %s", exc)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="ki-store-stats", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def collect(self) -> Iterable[Metric]:
+        parts = GaugeMetricFamily(
+            "ki_store_active_parts", "Active data parts of the table (system.parts)", labels=["table"]
+        )
+        rows = GaugeMetricFamily("ki_store_rows", "Rows in the table's active parts", labels=["table"])
+        size = GaugeMetricFamily(
+            "ki_store_disk_bytes", "Compressed bytes on disk of the table's active parts", labels=["table"]
+        )
+        for t in self._tables:
+            parts.add_metric([t["table"]], float(t["parts"]))
+            rows.add_metric([t["table"]], float(t["rows"] or 0))
+            size.add_metric([t["table"]], float(t["bytes"] or 0))
+        refreshed = GaugeMetricFamily(
+            "ki_store_stats_timestamp_seconds",
+            "When the ki_store_* figures were last read from the store (0: not yet)",
+        )
+        refreshed.add_metric([], self._refreshed_s)
+        yield from (parts, rows, size, refreshed)
+
+
+class CollectorMetrics:
+    """Every metric family the collector exports; the stages record into these attributes.
+
+    Families fed by a stage that is not in the running collector export no series (they are
+    labelled), so an absent series means "not measured", never a fake zero.
+    """
+
+    def __init__(
+        self,
+        *,
+        agent_ttl_s: float = DEFAULT_AGENT_TTL_S,
+        clock: Callable[[], float] = time.time,
+        process: bool = True,
+        drop_stats: DropStats | None = None,
+    ) -> None:
+        # The *_created series prometheus_client adds by default are noise for Prometheus and cost a
+        # series per child. This switch is process-wide; the collector owns its process.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # HTTP (the request middleware)
+        self.http_requests = Counter(
+            "ki_collector_http_requests",
+            "HTTP requests answered, by endpoint (route template), method and status code",
+            ["endpoint", "method", "status"],
+            registry=r,
+        )
+        self.http_duration = Histogram(
+            "ki_collector_http_request_duration_seconds",
+            "Time from request start to the end of the answer, by endpoint (route template)",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # Agent ingest (the ingest router)
+        self.ingest_batches = Counter(
+            "ki_collector_ingest_batches",
+            "Agent batches by outcome (stored, duplicate, rejected, unauthenticated, forbidden, unavailable, busy, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.ingest_records = Counter(
+            "ki_collector_ingest_records",
+            "Records in agent batches by outcome (stored, or the reason the batch was not)",
+            ["outcome"],
+            registry=r,
+        )
+        # The store (every insert of every path: agent batches, remote_write, import)
+        self.rows = Counter(
+            "ki_collector_rows",
+            "Rows handed to ClickHouse, by table and outcome (stored, failed)",
+            ["table", "outcome"],
+            registry=r,
+        )
+        self.insert_duration = Histogram(
+            "ki_collector_insert_duration_seconds",
+            "Time of one INSERT into ClickHouse, by table",
+            ["table"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # The group-commit batcher (collector/sink.py, store.py)
+        self.batcher_queue_depth = Gauge(
+            "ki_collector_batcher_queue_depth",
+            "What waits in the group-commit queue for the next flush, by unit (requests, rows)",
+            ["unit"],
+            registry=r,
+        )
+        self.flush_rows = Histogram(
+            "ki_collector_flush_rows",
+            "Rows in one flush of the group-commit queue, by table",
+            ["table"],
+            buckets=ROWS_BUCKETS,
+            registry=r,
+        )
+        self.flushes = Counter(
+            "ki_collector_flushes",
+            "Flushes of the group-commit queue, by trigger (size, time, shutdown)",
+            ["trigger"],
+            registry=r,
+        )
+        # Derivation (collector/derive.py counts its drops in a DropStats; read at scrape time)
+        r.register(_DroppedRecords(drop_stats if drop_stats is not None else DROP_STATS))
+        # Agents (their counters as carried on the wire) and the store's parts
+        self.agents = AgentStates(agent_ttl_s, clock)
+        r.register(self.agents)
+        self.store_stats: StoreStats | None = None
+        if process:
+            ProcessCollector(registry=r)
+
+    def watch_store(self, store: Any, interval_s: float = DEFAULT_STORE_STATS_INTERVAL_S) -> StoreStats:
+        """Export ``store``'s parts, rows and bytes per table (refreshed by ``StoreStats.start()``)."""
+        if self.store_stats is not None:
+            self.registry.unregister(self.store_stats)
+        self.store_stats = StoreStats(store, interval_s)
+        self.registry.register(self.store_stats)
+        return self.store_stats
+
+    def observe_insert(self, table: str, rows: int, seconds: float, ok: bool) -> None:
+        """One INSERT: the store calls this for every table it writes (``Store.insert_observer``)."""
+        self.rows.labels(table=table, outcome="stored" if ok else "failed").inc(rows)
+        if ok:
+            self.insert_duration.labels(table=table).observe(seconds)
+
+    def register(self, collector: Collector) -> None:
+        """Add a custom collector (for figures computed at scrape time from another stage's state)."""
+        self.registry.register(collector)
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) for a scrape: OpenMetrics when ``accept`` asks for it, else text 0.0.4."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+#: Methods counted under their own name; anything else (a client may send any token) is "other".
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
+class RequestMetrics:
+    """ASGI middleware: every HTTP answer counted by route template, method and status, and timed.
+
+    The endpoint label is the matched route's template (``/v1/instances/{instance_id}``), never
+    the raw path, and ``other`` when no route matched: label values stay bounded whatever
+    clients send.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: CollectorMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # an exception that escapes every handler ends as a 500 from the server
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            route = scope.get("route")
+            endpoint = str(getattr(route, "path", "")) or "other"
+            method = scope.get("method", "")
+            self.metrics.http_requests.labels(
+                endpoint=endpoint, method=method if method in _METHODS else "other", status=str(status)
+            ).inc()
+            self.metrics.http_duration.labels(endpoint=endpoint).observe(time.perf_counter() - start)
