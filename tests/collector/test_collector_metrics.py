@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -53,7 +54,7 @@ def test_every_insert_counts_rows_by_table_and_is_timed(store):
     app = create_app(store)
     b = SampleBuilder()
     for t in range(5):
-        b.add({"__name__": "up", "instance": "a"}, 1_000 + t, 1.0)
+        b.add({"__name__": "up", "instance": "a"}, int(time.time() * 1000) + t, 1.0)
     store.insert_samples(b.build())
     text = app.state.metrics.exposition()[0].decode()
     assert _value(text, 'ki_collector_rows_total{outcome="stored",table="samples"}') == 5
@@ -68,7 +69,7 @@ def test_store_stats_are_read_in_the_background_not_per_scrape(store):
     assert _value(text, "ki_store_stats_timestamp_seconds") == 0  # not read yet: no figures invented
     assert "ki_store_active_parts{" not in text
     b = SampleBuilder()
-    b.add({"__name__": "up"}, 1_000, 1.0)
+    b.add({"__name__": "up"}, int(time.time() * 1000), 1.0)  # recent: a 1970 sample would expire by TTL
     store.insert_samples(b.build())
     stats.refresh()
     text = app.state.metrics.exposition()[0].decode()
@@ -119,3 +120,16 @@ def test_promtool_accepts_the_exposition(store):
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_records_dropped_at_derivation_are_exported_by_reason():
+    from kernel_insight.collector.derive import DROP_REASONS, DropStats
+
+    drops = DropStats()
+    metrics = CollectorMetrics(process=False, drop_stats=drops)
+    text = metrics.exposition()[0].decode()
+    for reason in DROP_REASONS:  # measured zeros: every reason is there from the start
+        assert _value(text, f'ki_collector_records_dropped_total{{reason="{reason}"}}') == 0
+    drops.add({"bucket_out_of_range": 3})
+    text = metrics.exposition()[0].decode()
+    assert _value(text, 'ki_collector_records_dropped_total{reason="bucket_out_of_range"}') == 3
