@@ -14,26 +14,32 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
     ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
 from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
 
 __all__ = [
@@ -158,6 +164,70 @@ class _DroppedRecords(Collector):
         for reason in sorted(set(DROP_REASONS) | set(counts)):
             family.add_metric([reason], counts.get(reason, 0))
         yield family
+
+
+class _BatcherFigures(Collector):
+    """The group-commit batcher's ``BatcherStats`` (collector/batcher.py), read at scrape time."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.batcher.stats
+        for name, help_text, value in (
+            (
+                "queue_batches",
+                "Agent batches waiting for a flush, the one being written included",
+                s.queue_batches,
+            ),
+            ("queue_rows", "Rows waiting for a flush", s.queue_rows),
+        ):
+            gauge = GaugeMetricFamily(f"ki_collector_batcher_{name}", help_text)
+            gauge.add_metric([], float(value))
+            yield gauge
+        for name, help_text, value in (
+            ("flushes", "Groups written (a group split after a refusal counts once per part)", s.flushes),
+            ("flushed_batches", "Agent batches written by flushes", s.flushed_batches),
+            ("flushed_rows", "Rows written by flushes, all tables", s.flushed_rows),
+            ("duplicates", "Batches found already stored at flush time (answered 409)", s.duplicates),
+            ("retries", "Flush attempts that found the store unavailable and were retried", s.retries),
+            ("refused_batches", "Batches the engine refused (answered with the error)", s.refused_batches),
+            ("partial_batches", "Refused batches some of whose tables had landed", s.partial_batches),
+            ("queue_full", "Batches refused with 503 because the queue held its row limit", s.queue_full),
+        ):
+            counter = CounterMetricFamily(f"ki_collector_batcher_{name}", help_text)
+            counter.add_metric([], float(value))
+            yield counter
+        yield _histogram(
+            "ki_collector_batcher_flush_rows",
+            "Rows in one flush (all tables of the group)",
+            FLUSH_ROWS_BOUNDS,
+            s.flush_rows_counts,
+            float(s.flushed_rows),
+        )
+        yield _histogram(
+            "ki_collector_batcher_flush_duration_seconds",
+            "Time to write one group, every table's insert and the batches rows",
+            INSERT_SECONDS_BOUNDS,
+            s.insert_seconds_counts,
+            s.insert_seconds_total,
+        )
+
+
+def _histogram(
+    name: str, help_text: str, bounds: Sequence[float], counts: Sequence[int], total: float
+) -> HistogramMetricFamily:
+    """A histogram from per-bucket (not cumulative) counts, the last one for +Inf."""
+    cumulative = list(itertools.accumulate(counts))
+    buckets = [(_le(b), float(n)) for b, n in zip(bounds, cumulative, strict=False)]
+    buckets.append(("+Inf", float(cumulative[-1] if cumulative else 0)))
+    family = HistogramMetricFamily(name, help_text)
+    family.add_metric([], buckets, total)
+    return family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
 
 
 class StoreStats(Collector):
@@ -290,26 +360,6 @@ class CollectorMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        # The group-commit batcher (collector/sink.py, store.py)
-        self.batcher_queue_depth = Gauge(
-            "ki_collector_batcher_queue_depth",
-            "What waits in the group-commit queue for the next flush, by unit (requests, rows)",
-            ["unit"],
-            registry=r,
-        )
-        self.flush_rows = Histogram(
-            "ki_collector_flush_rows",
-            "Rows in one flush of the group-commit queue, by table",
-            ["table"],
-            buckets=ROWS_BUCKETS,
-            registry=r,
-        )
-        self.flushes = Counter(
-            "ki_collector_flushes",
-            "Flushes of the group-commit queue, by trigger (size, time, shutdown)",
-            ["trigger"],
-            registry=r,
-        )
         # Derivation (collector/derive.py counts its drops in a DropStats; read at scrape time)
         r.register(_DroppedRecords(drop_stats if drop_stats is not None else DROP_STATS))
         # Agents (their counters as carried on the wire) and the store's parts
@@ -326,6 +376,10 @@ class CollectorMetrics:
         self.store_stats = StoreStats(store, interval_s)
         self.registry.register(self.store_stats)
         return self.store_stats
+
+    def watch_batcher(self, batcher: Batcher) -> None:
+        """Export the group-commit batcher's figures (queue depth, flush sizes and times)."""
+        self.registry.register(_BatcherFigures(batcher))
 
     def observe_insert(self, table: str, rows: int, seconds: float, ok: bool) -> None:
         """One INSERT: the store calls this for every table it writes (``Store.insert_observer``)."""

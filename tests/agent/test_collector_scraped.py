@@ -146,6 +146,14 @@ def test_prometheus_scrapes_ingest_and_agent_metrics_from_ki_collector(tmp_path,
             wait_value(p, 'ki_collector_insert_duration_seconds_count{table="samples"}', lambda v: v > 0) > 0
         )
         assert wait_value(p, "process_resident_memory_bytes{job='ki'}", lambda v: v > 0) > 0
+        flushed = wait_value(p, "ki_collector_batcher_flushed_batches_total", lambda v: v > 0)
+        assert wait_value(p, "ki_collector_batcher_flush_rows_count", lambda v: 1 <= v <= flushed) <= flushed
+        assert (
+            wait_value(
+                p, 'ki_collector_records_dropped_total{reason="timestamp_out_of_range"}', lambda v: v == 0
+            )
+            == 0
+        )
         # promtool lints the same exposition Prometheus scraped.
         text = httpx.get(f"{url}/metrics", timeout=10).text
         check = subprocess.run(

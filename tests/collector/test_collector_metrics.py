@@ -133,3 +133,32 @@ def test_records_dropped_at_derivation_are_exported_by_reason():
     drops.add({"bucket_out_of_range": 3})
     text = metrics.exposition()[0].decode()
     assert _value(text, 'ki_collector_records_dropped_total{reason="bucket_out_of_range"}') == 3
+
+
+def test_group_commit_figures_come_from_the_batcher(store):
+    from kernel_insight.collector.batcher import Batcher
+
+    metrics = CollectorMetrics(process=False)
+    batcher = Batcher(store, max_delay_s=0.01)
+    metrics.watch_batcher(batcher)
+    batcher.start()
+    try:
+        now = int(time.time() * 1000)
+        futures = []
+        for i in range(3):
+            b = SampleBuilder()
+            for t in range(10):
+                b.add({"__name__": "up", "instance": f"a{i}"}, now + t, 1.0)
+            futures.append(batcher.submit(store.prepare(f"agent:1:{i}", samples=b.build())).answer())
+        assert all(f.result(timeout=30) for f in futures)
+    finally:
+        batcher.shutdown()
+    text = metrics.exposition()[0].decode()
+    assert _value(text, "ki_collector_batcher_flushed_batches_total") == 3
+    assert _value(text, "ki_collector_batcher_queue_batches") == 0
+    flushes = _value(text, "ki_collector_batcher_flushes_total")
+    assert 1 <= flushes <= 3
+    assert _value(text, "ki_collector_batcher_flush_rows_count") == flushes
+    assert _value(text, 'ki_collector_batcher_flush_rows_bucket{le="+Inf"}') == flushes
+    assert _value(text, "ki_collector_batcher_flush_rows_sum") >= 30  # samples, plus series and batches rows
+    assert _value(text, "ki_collector_batcher_flush_duration_seconds_count") == flushes
