@@ -25,7 +25,7 @@ import asyncio
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -59,6 +59,10 @@ log = logging.getLogger("kernel_insight.api.connections")
 
 _TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+_HEAD_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
 )
 _FULL_503 = (
@@ -130,18 +134,29 @@ def raise_nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-class _GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with head/body deadlines and a connection cap (see the module docstring)."""
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _Base
+else:
+    _Base = object
+
+
+class _Guard(_Base):
+    """Head/body deadlines, a head size cap and the connection cap over one of uvicorn's HTTP/1.1
+    protocols (see the module docstring); the concrete classes say where a request stands."""
 
     limits: ClassVar[ConnectionLimits]
     #: Connections waiting for a request head, oldest first (a dict keeps insertion order).
-    waiting: ClassVar[dict[_GuardedH11, None]]
+    waiting: ClassVar[dict[_Guard, None]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._head_bytes = False  # bytes of a request head seen since the connection went idle
+        self._head_bytes = 0  # bytes received since the connection started waiting for a head
+
+    def _phase(self) -> str:
+        """``head`` (waiting for a request head), ``body`` (its body) or ``busy`` (being answered)."""
+        raise NotImplementedError
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -162,43 +177,41 @@ class _GuardedH11(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self in self.waiting:
-            self._head_bytes = True
+            self._head_bytes += len(data)
         super().data_received(data)
-
-    def handle_events(self) -> None:
-        super().handle_events()
         self._track()
+        if self in self.waiting and self._head_bytes > self.limits.max_head_bytes:
+            self._close(_HEAD_431, f"request head larger than {self.limits.max_head_bytes} bytes\n")
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._head_bytes = False
         self._track()
 
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for a request head; False when none waits."""
         for victim in self.waiting:
             if victim is not self:
-                victim._close(None)
+                victim._close(None, "")
                 return True
         return False
 
     def _track(self) -> None:
-        """Start or stop the deadlines and the eviction entry after h11's state moved."""
+        """Start or stop the deadlines and the eviction entry after the parser's state moved."""
         if self.transport is None or self.transport.is_closing():
             self._stop_timers()
             self.waiting.pop(self, None)
             return
-        theirs = self.conn.their_state
-        awaiting_head = theirs is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
-        if awaiting_head:
+        phase = self._phase()
+        if phase == "head":
             if self not in self.waiting:
                 self.waiting[self] = None
+                self._head_bytes = 0
                 self._cancel_body()
                 self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
             return
         self.waiting.pop(self, None)
         self._cancel_head()
-        if theirs is h11.SEND_BODY:
+        if phase == "body":
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
         else:
@@ -207,22 +220,25 @@ class _GuardedH11(H11Protocol):
     def _head_expired(self) -> None:
         self._head_timer = None
         # An idle keep-alive connection is just closed; a half-sent head is told why.
-        self._close("request head not received in time\n" if self._head_bytes else None)
+        if self._head_bytes:
+            self._close(_TIMEOUT_408, "request head not received in time\n")
+        else:
+            self._close(None, "")
 
     def _body_expired(self) -> None:
         self._body_timer = None
         if self.cycle is not None and not self.cycle.response_started:
-            self._close("request body not received in time\n")
+            self._close(_TIMEOUT_408, "request body not received in time\n")
         else:
-            self._close(None)
+            self._close(None, "")
 
-    def _close(self, why: str | None) -> None:
+    def _close(self, template: bytes | None, why: str) -> None:
         self._stop_timers()
         self.waiting.pop(self, None)
         if self.transport is None or self.transport.is_closing():
             return
-        if why is not None:
-            self.transport.write(_raw(_TIMEOUT_408, why))
+        if template is not None:
+            self.transport.write(_raw(template, why))
         self.transport.close()
 
     def _cancel_head(self) -> None:
@@ -240,9 +256,67 @@ class _GuardedH11(H11Protocol):
         self._cancel_body()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+class _GuardedH11(_Guard, H11Protocol):
+    """Over h11 (pure Python): the request's stage is h11's own state."""
+
+    def _phase(self) -> str:
+        theirs = self.conn.their_state
+        if theirs is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
+            return "head"
+        return "body" if theirs is h11.SEND_BODY else "busy"
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._track()
+
+
+def _httptools_class() -> type[asyncio.Protocol] | None:
+    """The guard over httptools (a C parser, what uvicorn prefers when installed), or None without it."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+
+    class _GuardedHttpTools(_Guard, HttpToolsProtocol):  # type: ignore[misc]
+        """Over httptools: its parser callbacks say where the request stands."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._stage = "head"
+            super().__init__(*args, **kwargs)
+
+        def _phase(self) -> str:
+            return self._stage
+
+        def on_headers_complete(self) -> None:
+            self._stage = "body"
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            # Answered before its body was read (a refusal): the next thing to come is a head.
+            self._stage = "head" if self.cycle.response_complete else "busy"
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            if self._stage == "busy":
+                self._stage = "head"
+            super().on_response_complete()
+
+    return _GuardedHttpTools
+
+
+def guarded_protocol(limits: ConnectionLimits, *, parser: str = "auto") -> type[asyncio.Protocol]:
     """An HTTP protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits``.
 
-    Each call makes a class of its own, so two servers in one process keep separate counts.
+    ``parser``: ``httptools`` (C, fast), ``h11`` (pure Python), or ``auto`` (httptools when
+    installed, as uvicorn chooses). Each call makes a class of its own, so two servers in one
+    process keep separate counts.
     """
-    return type("GuardedH11Protocol", (_GuardedH11,), {"limits": limits, "waiting": {}})
+    base: type[asyncio.Protocol] = _GuardedH11
+    if parser in ("auto", "httptools"):
+        fast = _httptools_class()
+        if fast is None and parser == "httptools":
+            raise ValueError("the httptools parser is not installed")
+        base = fast or _GuardedH11
+    elif parser != "h11":
+        raise ValueError(f"unknown HTTP parser {parser!r} (auto, httptools or h11)")
+    return type("GuardedHttpProtocol", (base,), {"limits": limits, "waiting": {}})

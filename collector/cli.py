@@ -50,7 +50,7 @@ def _import(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.collector:
-            n = _send(args.collector, expo.samples, token=args.token or os.environ.get("KI_TOKEN"))
+            n = _send(args.collector, expo.samples, token=_token(args))
         else:
             with open_store(args.store, cluster=args.cluster) as store:
                 n = store.insert_samples(expo.samples)
@@ -64,6 +64,26 @@ def _import(args: argparse.Namespace) -> int:
     )
     print(f"imported {n} samples of {len(expo.samples.series)} series ({expo.format}){note}")
     return 0
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The ingest token: from --token-file, else $KI_TOKEN, else the deprecated --token (which
+    every user of the machine can read in ``ps``, so it says so)."""
+    if args.token_file:
+        try:
+            return Path(args.token_file).read_text().strip() or None
+        except OSError as exc:
+            raise OSError(f"cannot read the token file {args.token_file}: {exc.strerror}") from None
+    if os.environ.get("KI_TOKEN"):
+        return os.environ["KI_TOKEN"].strip()
+    if args.token:
+        print(
+            "ki import: --token is deprecated: any user can read it in the process list; "
+            "use --token-file FILE or $KI_TOKEN",
+            file=sys.stderr,
+        )
+        return str(args.token)
+    return None
 
 
 def _send(url: str, samples: SampleBatch, chunk: int = 50_000, token: str | None = None) -> int:
@@ -153,9 +173,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="send through a running collector's remote_write endpoint instead (e.g. http://127.0.0.1:8470)",
     )
     p.add_argument(
-        "--token",
+        "--token-file",
         default=None,
-        help="bearer token with the ingest scope for --collector (default $KI_TOKEN)",
+        metavar="FILE",
+        help="file holding a bearer token with the ingest scope for --collector (default: $KI_TOKEN)",
+    )
+    p.add_argument(
+        "--token", default=None, help="deprecated (visible in ps): the token itself; use --token-file"
     )
     p.set_defaults(handler=_import)
 

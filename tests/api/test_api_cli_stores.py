@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,13 +44,23 @@ def test_ki_import_sends_its_token_to_a_collector(tmp_path) -> None:
             )
             assert refused.returncode != 0
             assert "401" in refused.stderr + refused.stdout
-            sent = subprocess.run(
-                [*KI, "import", str(data), "--collector", url, "--token", ingest],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert sent.returncode == 0, sent.stderr
-            assert "imported 1 samples" in sent.stdout
+            token_file = tmp_path / "ingest.token"
+            token_file.write_text(ingest + "\n")
+            token_file.chmod(0o600)
+            env = {k: v for k, v in os.environ.items() if k != "KI_TOKEN"}
+            ways = {
+                "file": (
+                    [*KI, "import", str(data), "--collector", url, "--token-file", str(token_file)],
+                    env,
+                ),
+                "env": ([*KI, "import", str(data), "--collector", url], {**env, "KI_TOKEN": ingest}),
+                "argument": ([*KI, "import", str(data), "--collector", url, "--token", ingest], env),
+            }
+            for way, (argv, environ) in ways.items():
+                sent = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
+                assert sent.returncode == 0, (way, sent.stderr)
+                assert "imported 1 samples" in sent.stdout
+                # The token on the command line shows in ps: it still works, and says it is deprecated.
+                assert ("--token is deprecated" in sent.stderr) == (way == "argument"), (way, sent.stderr)
     finally:
         store.close()

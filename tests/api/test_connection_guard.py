@@ -1,0 +1,191 @@
+"""The connection guard over both of uvicorn's HTTP/1.1 parsers (h11 and httptools): head and
+body deadlines, the head size cap, the connection cap and who it evicts. ``ki collector`` uses
+httptools when it is installed (it is a dependency); h11 is uvicorn's fallback."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+
+from kernel_insight.api.app import listening_socket
+from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
+
+LIMITS = ConnectionLimits(
+    max_connections=8,
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+    keep_alive_s=5,
+    backlog=4,
+    max_head_bytes=4096,
+)
+PARSERS = ["h11", "httptools"]
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/ok")
+    async def ok() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    @app.post("/echo")
+    async def echo(request: Request) -> JSONResponse:
+        n = 0
+        try:
+            async for chunk in request.stream():
+                n += len(chunk)
+        except ClientDisconnect:
+            return JSONResponse({"gone": True}, status_code=400)
+        return JSONResponse({"bytes": n})
+
+    return app
+
+
+@contextlib.contextmanager
+def serving(parser: str) -> Iterator[tuple[str, int]]:
+    sock = listening_socket("127.0.0.1", 0, backlog=LIMITS.backlog)
+    config = uvicorn.Config(
+        _app(), http=guarded_protocol(LIMITS, parser=parser), log_level="warning", lifespan="off", ws="none"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive(), "uvicorn exited"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+def _exchange(addr: tuple[str, int], data: bytes, wait_s: float = 10) -> bytes:
+    """Send ``data`` and read until the server closes the connection."""
+    with socket.create_connection(addr, timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                out += chunk
+        return out
+
+
+def _request(addr: tuple[str, int], path: str = "/ok") -> bytes:
+    return _exchange(addr, f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+
+
+@pytest.fixture(params=PARSERS)
+def server(request) -> Iterator[tuple[str, int]]:
+    with serving(request.param) as addr:
+        yield addr
+
+
+def test_a_whole_request_is_served(server):
+    assert _request(server).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_half_sent_head_gets_408_after_the_header_timeout(server):
+    start = time.monotonic()
+    answer = _exchange(server, b"GET /ok HTTP/1.1\r\nHost: t\r\n")
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert time.monotonic() - start >= LIMITS.header_timeout_s * 0.8
+
+
+def test_a_head_dripped_slowly_is_cut_at_the_header_timeout_not_renewed_by_each_byte(server):
+    with socket.create_connection(server, timeout=10) as s:
+        start = time.monotonic()
+        s.sendall(b"GET /ok HTTP/1.1\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                s.sendall(b"X-Drip: 1\r\n" if answer == b"" else b"")
+                s.settimeout(0.1)
+                with contextlib.suppress(TimeoutError):
+                    answer += s.recv(4096)
+                if answer:
+                    break
+        took = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408 "), answer  # not renewed by each line
+    assert took < LIMITS.header_timeout_s + 2
+
+
+def test_an_oversized_head_gets_431(server):
+    answer = _exchange(server, b"GET /ok HTTP/1.1\r\nHost: t\r\n" + b"X-Big: " + b"a" * 8000)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer
+
+
+def test_a_stalled_body_gets_408_after_the_body_timeout(server):
+    start = time.monotonic()
+    answer = _exchange(server, b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert time.monotonic() - start >= LIMITS.body_timeout_s * 0.8
+
+
+def test_a_body_that_arrives_in_time_is_read(server):
+    answer = _exchange(
+        server,
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000,
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert b'"bytes":1000' in answer
+
+
+def test_past_the_cap_the_connection_waiting_longest_is_closed_and_newcomers_are_served(server):
+    idle = [socket.create_connection(server, timeout=10) for _ in range(LIMITS.max_connections)]
+    try:
+        for s in idle:
+            s.sendall(b"GET /ok HTTP/1.1\r\n")  # half a head each
+        served = [_request(server) for _ in range(4)]
+        assert all(a.startswith(b"HTTP/1.1 200 ") for a in served), served
+        idle[0].settimeout(5)
+        assert idle[0].recv(100) == b""  # the oldest half-sent connection was closed (no answer)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_when_every_connection_is_busy_a_newcomer_gets_503(server):
+    busy = [socket.create_connection(server, timeout=10) for _ in range(LIMITS.max_connections)]
+    try:
+        for s in busy:  # heads complete, bodies still coming: busy, not evictable
+            s.sendall(
+                b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+            )
+        for s in busy:
+            assert s.recv(100).startswith(b"HTTP/1.1 100 ")  # the server has read this head
+        answer = _request(server)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert b"retry-after: 1" in answer.lower()
+    finally:
+        for s in busy:
+            s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_keep_alive_connection_gets_a_new_head_deadline_after_each_response(parser):
+    with serving(parser) as addr, socket.create_connection(addr, timeout=10) as s:
+        for _ in range(3):
+            s.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while b'{"ok":true}' not in got:
+                got += s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200 ")
+        s.sendall(b"GET /ok HTTP/1.1\r\n")  # then half a head: 408 after the header timeout
+        rest = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(4096):
+                rest += chunk
+        assert rest.startswith(b"HTTP/1.1 408 "), rest
