@@ -61,6 +61,7 @@ class RecordType(enum.IntEnum):
 class RecordFlag(enum.IntFlag):
     FAILED = 0x01
     SIMULATED = 0x02
+    STRING_SIZED = 0x20  # last STRING chunk of a name ending in NUL: byte 31 is the chunk's length
     FP_STRING = 0x40
     STRING_LAST = 0x80
 
@@ -331,7 +332,9 @@ def decode_record(raw: bytes | memoryview) -> Record:
         return ErrorRecord(pos, producer, flags, device, _enum(ErrorKind, ident), ts, code, aux, pid, detail)
     if rtype == RecordType.STRING:
         text = bytes(raw[p : p + 32])
-        if flags & RecordFlag.STRING_LAST:
+        if flags & RecordFlag.STRING_LAST and flags & RecordFlag.STRING_SIZED:
+            text = text[: min(text[31], 31)]  # the name ends in NUL: keep exactly its bytes
+        elif flags & RecordFlag.STRING_LAST:
             text = text.rstrip(b"\0")
         return StringRecord(pos, producer, flags, ident, device, ts, text)
     raise ValueError(f"unknown record type {rtype} at ring position {pos}")

@@ -37,9 +37,11 @@ from kernel_insight.agent.records import RECORD_DTYPE, Record, RecordType, decod
 
 __all__ = [
     "AEAD_CHACHA20_POLY1305",
+    "BATCH_STATUS_HEADER",
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
     "CONTENT_TYPE",
+    "FRAMES_CONTENT_TYPE",
     "HEADER_SIZE",
     "INGEST_PATH",
     "MAGIC",
@@ -63,6 +65,7 @@ __all__ = [
     "parse_header",
     "parse_sender",
     "seal_body",
+    "split_frames",
 ]
 
 MAGIC = b"KIWB"
@@ -76,6 +79,10 @@ TAG_SIZE = 16
 KEY_SIZE = 32
 INGEST_PATH = "/v1/ingest"
 CONTENT_TYPE = "application/x-ki-batch"
+#: A request body of one or more frames back to back, each answered on its own (docs/wire.md, HTTP).
+FRAMES_CONTENT_TYPE = "application/x-ki-batches"
+#: The response header carrying one status per frame of a FRAMES_CONTENT_TYPE request, in body order.
+BATCH_STATUS_HEADER = "KI-Batch-Status"
 
 SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
@@ -130,13 +137,18 @@ class Counter(enum.IntEnum):
     SPOOL_BATCHES = 21
     RSS_KB = 22
     NAMES_TRUNCATED = 23
+    BATCHES_DEAD_LETTERED = 24
+    SPOOL_WRITE_ERRORS = 25
+    REQUESTS_SENT = 26
+    REQUESTS_FAILED = 27
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What the decoder accepts; past any of these a batch is malformed (or oversized)."""
 
-    max_frame: int = 16 << 20
+    max_frame: int = 16 << 20  # one frame, and one request body of several frames
+    max_frames: int = 256  # frames in one request body
     max_body: int = 64 << 20
     max_records: int = 4 << 20
     max_strings: int = 65536
@@ -470,6 +482,37 @@ def parse_header(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
     if count > limits.max_records:
         raise OversizedBatch(f"{count} records exceed the limit of {limits.max_records}")
     return BatchHeader(bytes(agent_id), key_id, epoch, seq, t_min, t_max, count, plen, comp)
+
+
+def split_frames(body: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> list[memoryview]:
+    """Cut a request body of frames laid back to back at each header's payload_len.
+
+    Only the lengths are read here (each frame's header is checked later on its
+    own, and nothing is trusted before its tag verifies); a body that does not
+    tile into whole frames is malformed as a whole, since no frame boundary
+    after the break can be found again.
+    """
+    if len(body) > limits.max_frame:
+        raise OversizedBatch(f"request body of {len(body)} bytes exceeds the limit of {limits.max_frame}")
+    view = memoryview(body)
+    out: list[memoryview] = []
+    pos = 0
+    while pos < len(view):
+        if len(out) == limits.max_frames:
+            raise OversizedBatch(f"more than {limits.max_frames} frames in one request")
+        if len(view) - pos < HEADER_SIZE + TAG_SIZE:
+            raise MalformedBatch(
+                f"frame {len(out)} at byte {pos}: {len(view) - pos} bytes left, shorter than a header"
+            )
+        (plen,) = struct.unpack_from("<I", view, pos + HEADER_SIZE - 4)
+        end = pos + HEADER_SIZE + plen
+        if plen < TAG_SIZE or end > len(view):
+            raise MalformedBatch(f"frame {len(out)} at byte {pos}: payload length {plen} runs past the body")
+        out.append(view[pos:end])
+        pos = end
+    if not out:
+        raise MalformedBatch("empty request body")
+    return out
 
 
 def open_frame(

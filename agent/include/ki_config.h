@@ -25,6 +25,8 @@ struct ki_config {
     char spool_dir[KI_CONFIG_PATH];   /* on-disk spool and epoch file */
     int64_t spool_max_mb;             /* spool bound; oldest batches dropped past it */
     int64_t spool_fsync;              /* fsync each spooled batch (power-loss safety) */
+    int64_t dead_letter_max_mb;       /* bound of the dead-letter file (refused batches) */
+    int64_t request_max_kb;           /* most bytes of batches in one request (a single batch may be larger) */
     int64_t drain_interval_ms;        /* ring drain period */
     int64_t batch_records;            /* most records in one batch */
     int64_t heartbeat_s;              /* seal an empty batch after this long without one */

@@ -32,7 +32,11 @@ enum ki_counter {
     KI_CTR_SPOOL_BATCHES = 21,
     KI_CTR_RSS_KB = 22,
     KI_CTR_NAMES_TRUNCATED = 23,
-    KI_CTR_MAX = 23
+    KI_CTR_BATCHES_DEAD_LETTERED = 24,
+    KI_CTR_SPOOL_WRITE_ERRORS = 25,
+    KI_CTR_REQUESTS_SENT = 26,
+    KI_CTR_REQUESTS_FAILED = 27,
+    KI_CTR_MAX = 27
 };
 
 struct ki_counters {

@@ -104,6 +104,7 @@ enum ki_fp_field {
 #define KI_FLAG_FAILED 0x01u      /* MEMOP/COLLECTIVE: the call returned an error */
 #define KI_FLAG_SIMULATED 0x02u   /* produced by the simulator, never real hardware */
 #define KI_FLAG_STRING_LAST 0x80u /* STRING: last chunk of the name */
+#define KI_FLAG_STRING_SIZED 0x20u /* STRING, last chunk: text[31] is this chunk's byte count (0..31), for names ending in NUL */
 #define KI_FLAG_FP_STRING 0x40u   /* FINGERPRINT: value is a string id */
 /* Flags a producer handle may OR into every record it writes (ki_ring_set_flags);
  * the others mean something for one record only. */
@@ -580,9 +581,14 @@ static inline int ki_ring_sample(struct ki_ring *r, uint32_t metric, uint16_t de
 }
 
 /* Register a name under an id chosen by the caller (unique per producer):
- * written as STRING records of 32-byte chunks.  Returns 0 or the first error. */
+ * written as STRING records of 32-byte chunks.  The last chunk is NUL-padded;
+ * a name that itself ends in NUL is written "sized" instead (its last chunk
+ * holds len % 32 bytes, possibly none, and their count in text[31], flag
+ * STRING_SIZED), so readers never strip a NUL that belongs to the name.
+ * Returns 0 or the first error. */
 static inline int ki_ring_string(struct ki_ring *r, uint32_t id, const char *name, size_t len) {
-    size_t chunks = len == 0 ? 1 : (len + 31) / 32;
+    int sized = len > 0 && name[len - 1] == '\0';
+    size_t chunks = sized ? len / 32 + 1 : len == 0 ? 1 : (len + 31) / 32;
     if (chunks > 0xFFFF) return -E2BIG;
     uint64_t now = ki_ring_now_ns();
     for (size_t i = 0; i < chunks; i++) {
@@ -593,8 +599,14 @@ static inline int ki_ring_string(struct ki_ring *r, uint32_t id, const char *nam
         rec.device = (uint16_t)i;
         rec.ts_ns = now;
         size_t n = len - i * 32 < 32 ? len - i * 32 : 32;
-        if (len) memcpy(rec.u.string.text, name + i * 32, n);
-        if (i == chunks - 1) rec.flags = KI_FLAG_STRING_LAST;
+        if (n) memcpy(rec.u.string.text, name + i * 32, n);
+        if (i == chunks - 1) {
+            rec.flags = KI_FLAG_STRING_LAST;
+            if (sized) {
+                rec.flags |= KI_FLAG_STRING_SIZED;
+                rec.u.string.text[31] = (char)n; /* n < 32 here: len / 32 full chunks came before */
+            }
+        }
         int rc = ki_ring_write(r, &rec);
         if (rc < 0) return rc;
     }

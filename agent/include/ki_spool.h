@@ -44,8 +44,10 @@ struct ki_spool_stats {
 
 struct ki_spool;
 
-/* Open (creating) the spool directory and index what an earlier run left. NULL with err on failure. */
-struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsync, char *err, size_t errlen);
+/* Open (creating) the spool directory and index what an earlier run left. dead_max_bytes bounds
+ * the dead-letter file (ki_spool_dead_letter). NULL with err on failure. */
+struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, uint64_t dead_max_bytes, int do_fsync, char *err,
+                                 size_t errlen);
 
 /* Close; accepts NULL. Batches stay on disk for the next run. */
 void ki_spool_destroy(struct ki_spool *sp);
@@ -59,8 +61,22 @@ int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t len, const st
 int ki_spool_last_mark(const struct ki_spool *sp, struct ki_spool_mark *mark);
 
 /* Copy the oldest batch's frame into buf. Returns 0, -ENOENT when the spool is empty,
- * -EMSGSIZE when it does not fit or -EBADMSG when the file is damaged (the caller removes it). */
+ * -EMSGSIZE when it does not fit or -EBADMSG when the file is damaged (its length is not the
+ * header's; the caller removes it). */
 int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, struct ki_spool_id *id);
+
+/* Like ki_spool_peek, for the oldest batch after `after` (building a request of several batches).
+ * Holes (batches already removed) are skipped. */
+int ki_spool_peek_after(struct ki_spool *sp, struct ki_spool_id after, uint8_t *buf, size_t cap, size_t *len,
+                        struct ki_spool_id *id);
+
+/* Move a batch the collector refused for good to the dead-letter file <dir>/dead-letter and remove it
+ * from the spool. Each entry: "KIDL", u16 status, u16 0, u64 unix time ns, u32 frame length, u32 0,
+ * then the frame (docs/agent.md). When the file would pass dead_max_bytes it is renamed to
+ * dead-letter.1 (replacing the older one) and a new one started. The batch leaves the spool even
+ * when the entry cannot be written (returns that error; -EFBIG: larger than the bound). */
+int ki_spool_dead_letter(struct ki_spool *sp, struct ki_spool_id id, const uint8_t *frame, size_t len, int status,
+                         uint64_t now_ns);
 
 /* Remove a batch (normally the one peek returned). Returns 0 or a negative errno. */
 int ki_spool_remove(struct ki_spool *sp, struct ki_spool_id id);

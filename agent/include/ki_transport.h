@@ -9,14 +9,27 @@
 #define KI_TRANSPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct ki_http;
+
+#define KI_HTTP_MAX_FRAMES 64          /* most frames one request carries (KI-Batch-Status entries) */
+#define KI_HTTP_RETRY_AFTER_MAX 86400  /* Retry-After values are clamped to this many seconds */
+#define KI_HTTP_BODY_SKIP_MAX (1 << 20) /* an answer body longer than this ends the connection instead */
 
 /* The answer to one POST. */
 struct ki_http_result {
     int status;      /* HTTP status code */
-    int retry_after; /* Retry-After in seconds, -1 when absent */
+    int retry_after; /* Retry-After in seconds (delta-seconds only, clamped to [0, KI_HTTP_RETRY_AFTER_MAX]), -1 when absent or invalid */
+    int nframes;     /* entries in frame_status: -1 without a KI-Batch-Status header, -2 when it was malformed */
+    uint16_t frame_status[KI_HTTP_MAX_FRAMES]; /* KI-Batch-Status: one status per frame, in body order */
 };
+
+/* Parse a response head (status line and headers, up to but excluding the blank line):
+ * fills res, *content_length (-1 when absent) and *keep (the connection stays usable).
+ * Every number is checked (digits only, no overflow, in range); returns 0 or -EPROTO.
+ * Pure: exposed for the fuzz test. */
+int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res, long long *content_length, int *keep);
 
 /* Parse url (http[s]://host[:port][/prefix]) and prepare; connects lazily. ca_file
  * ("" or NULL: system trust store) is used for https. NULL with err on a bad URL,
@@ -31,8 +44,9 @@ const char *ki_http_error(const struct ki_http *h);
 void ki_http_destroy(struct ki_http *h);
 
 /* Send a POST of body (which must stay valid until the answer is in); 0 or a
- * negative errno (connection refused, reset, timed out). */
-int ki_http_send(struct ki_http *h, const void *body, size_t len);
+ * negative errno (connection refused, reset, timed out). content_type NULL:
+ * application/x-ki-batch (one frame). */
+int ki_http_send(struct ki_http *h, const void *body, size_t len, const char *content_type);
 
 /* Wait up to timeout_ms for the answer to the request sent: 0 with the answer in
  * res, -EAGAIN when it has not come yet (call again), or a negative errno. A

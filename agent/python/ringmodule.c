@@ -13,6 +13,8 @@
 
 #include "ki_ring.h"
 
+#include <pthread.h>
+
 static PyObject *RingError; /* module state: the exception type, set once at import */
 
 typedef struct {
@@ -23,9 +25,16 @@ typedef struct {
     uint32_t next_string_id;
 } RingObject;
 
+/* A consumer handle. peek_into/read_into run without the GIL, so every use of the mapping
+ * holds `lock`: close() waits for a read in progress instead of unmapping under it, and two
+ * threads never move read_pos at once. Whoever holds `lock` never waits for the GIL (the
+ * GIL-free sections take it after releasing the GIL and drop it before taking the GIL back),
+ * so taking `lock` with the GIL held cannot deadlock. */
 typedef struct {
     PyObject_HEAD
     struct ki_ring_consumer c;
+    pthread_mutex_t lock; /* guards c (the mapping, read_pos) */
+    int lock_ready;       /* lock was initialised */
 } ConsumerObject;
 
 static PyTypeObject RingType;
@@ -581,6 +590,11 @@ static PyObject *Consumer_open(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|pKK:open", kwlist, &name, &create, &timeout, &min)) return NULL;
     ConsumerObject *self = (ConsumerObject *)type->tp_alloc(type, 0);
     if (!self) return NULL;
+    if (pthread_mutex_init(&self->lock, NULL) != 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->lock_ready = 1;
     char err[256];
     int rc = ki_ring_consumer_open(&self->c, name, create ? KI_RING_CREATE : 0, err, sizeof err);
     if (rc < 0) {
@@ -592,45 +606,72 @@ static PyObject *Consumer_open(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-static void Consumer_dealloc(ConsumerObject *self) {
+static void consumer_lock(ConsumerObject *self) {
+    if (self->lock_ready) pthread_mutex_lock(&self->lock);
+}
+
+static void consumer_unlock(ConsumerObject *self) {
+    if (self->lock_ready) pthread_mutex_unlock(&self->lock);
+}
+
+/* Unmap once no other thread is inside a read (it waits for one in progress). */
+static void consumer_close(ConsumerObject *self) {
+    consumer_lock(self);
     ki_ring_consumer_close(&self->c);
+    consumer_unlock(self);
+}
+
+static void Consumer_dealloc(ConsumerObject *self) {
+    consumer_close(self);
+    if (self->lock_ready) pthread_mutex_destroy(&self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *Consumer_close(ConsumerObject *self, PyObject *unused) {
     (void)unused;
-    ki_ring_consumer_close(&self->c);
+    consumer_close(self);
     Py_RETURN_NONE;
 }
 
-/* read_into(buffer) -> n: fill a writable buffer with whole 64-byte records. */
-static PyObject *Consumer_read_into(ConsumerObject *self, PyObject *arg) {
-    if (check_open(&self->c.ring) < 0) return NULL;
-    Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    size_t max = (size_t)b.len / sizeof(struct ki_record);
-    size_t n;
-    Py_BEGIN_ALLOW_THREADS n = ki_ring_consume(&self->c, (struct ki_record *)b.buf, max, ki_ring_mono_ns());
-    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
-    return PyLong_FromSize_t(n);
+/* The GIL-free part of read_into/peek_into: -1 when the ring was closed meanwhile. */
+static Py_ssize_t consumer_read(ConsumerObject *self, Py_buffer *b, int keep) {
+    size_t max = (size_t)b->len / sizeof(struct ki_record);
+    Py_ssize_t n = -1;
+    Py_BEGIN_ALLOW_THREADS consumer_lock(self);
+    if (self->c.ring.hdr != NULL) {
+        struct ki_record *out = (struct ki_record *)b->buf;
+        n = (Py_ssize_t)(keep ? ki_ring_peek(&self->c, out, max, ki_ring_mono_ns())
+                              : ki_ring_consume(&self->c, out, max, ki_ring_mono_ns()));
+    }
+    consumer_unlock(self);
+    Py_END_ALLOW_THREADS return n;
 }
 
-/* peek_into(buffer) -> n: like read_into, but the slots stay taken until commit(). */
-static PyObject *Consumer_peek_into(ConsumerObject *self, PyObject *arg) {
+static PyObject *consumer_read_call(ConsumerObject *self, PyObject *arg, int keep) {
     if (check_open(&self->c.ring) < 0) return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    size_t max = (size_t)b.len / sizeof(struct ki_record);
-    size_t n;
-    Py_BEGIN_ALLOW_THREADS n = ki_ring_peek(&self->c, (struct ki_record *)b.buf, max, ki_ring_mono_ns());
-    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
-    return PyLong_FromSize_t(n);
+    Py_ssize_t n = consumer_read(self, &b, keep);
+    PyBuffer_Release(&b);
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "ring is closed");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
 }
+
+/* read_into(buffer) -> n: fill a writable buffer with whole 64-byte records. */
+static PyObject *Consumer_read_into(ConsumerObject *self, PyObject *arg) { return consumer_read_call(self, arg, 0); }
+
+/* peek_into(buffer) -> n: like read_into, but the slots stay taken until commit(). */
+static PyObject *Consumer_peek_into(ConsumerObject *self, PyObject *arg) { return consumer_read_call(self, arg, 1); }
 
 static PyObject *Consumer_commit(ConsumerObject *self, PyObject *unused) {
     (void)unused;
     if (check_open(&self->c.ring) < 0) return NULL;
+    consumer_lock(self); /* close() needs the GIL we hold: only a read in progress can be inside */
     ki_ring_commit(&self->c);
+    consumer_unlock(self);
     Py_RETURN_NONE;
 }
 
@@ -654,7 +695,7 @@ static PyObject *Consumer_enter(PyObject *self, PyObject *unused) {
 
 static PyObject *Consumer_exit(ConsumerObject *self, PyObject *args) {
     (void)args;
-    ki_ring_consumer_close(&self->c);
+    consumer_close(self);
     Py_RETURN_FALSE;
 }
 

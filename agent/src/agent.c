@@ -26,6 +26,16 @@
 #define NS_PER_S 1000000000ULL
 #define INGEST_PATH "/v1/ingest"
 
+#define MULTI_RETRY_NS (300 * NS_PER_S) /* after a refused request of several batches, send one per request this long */
+#define FRAMES_CONTENT_TYPE "application/x-ki-batches"
+
+/* One batch of the request in flight. */
+struct ki_flight {
+    struct ki_spool_id id; /* its spool id */
+    size_t off;            /* where it starts in send_buf */
+    size_t len;            /* its frame length */
+};
+
 struct ki_agent {
     const struct ki_config *cfg; /* settings */
     const struct ki_log *log;    /* logger */
@@ -44,12 +54,22 @@ struct ki_agent {
     uint8_t *body;               /* encoded body */
     size_t body_cap;             /* its bytes */
     uint8_t *frame;              /* header + sealed payload of the batch being sealed */
-    uint8_t *send_buf;           /* the spooled batch being sent */
-    int in_flight;               /* a request is out, its answer not yet in */
-    struct ki_spool_id flight_id; /* the batch in flight */
-    size_t flight_len;           /* its length */
-    uint64_t flight_deadline_ns; /* give up waiting for its answer then */
     size_t frame_cap;            /* its bytes */
+    uint8_t *send_buf;           /* the spooled batches of the request being sent, back to back */
+    size_t send_cap;             /* its bytes: max(frame_cap, request_max) */
+    size_t request_max;          /* request_max_kb in bytes: more batches join a request up to this */
+    int in_flight;               /* a request is out, its answer not yet in */
+    struct ki_flight flight[KI_HTTP_MAX_FRAMES]; /* the batches in flight, in body order */
+    int nflight;                 /* how many */
+    uint64_t flight_deadline_ns; /* give up waiting for its answer then */
+    uint64_t single_until_ns;    /* the collector refused a request of several batches: one per request until then */
+    int pending;                 /* a sealed batch (in frame) is not yet in the spool: its records stay in the ring */
+    size_t pending_len;          /* its frame length */
+    uint32_t pending_records;    /* its records */
+    struct ki_spool_mark pending_mark; /* its ring mark */
+    int spool_errno;             /* the last spool write error (positive), 0 while writes succeed: logged on change */
+    int names_errno;             /* the same for saving the name table */
+    char proto_error[96];        /* words for an answer that did not settle a request of several batches */
     uint32_t mark;               /* batch mark for the name table */
     uint64_t last_seal_ns;       /* monotonic time of the last sealed batch */
     uint64_t next_send_ns;       /* monotonic time before which nothing is sent (backoff) */
@@ -137,7 +157,8 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
         goto fail;
     }
     if (ki_seal_next_epoch(&a->seal, cfg->spool_dir, (uint32_t)(real_ns() / NS_PER_S), err, errlen) < 0) goto fail;
-    a->spool = ki_spool_create(cfg->spool_dir, (uint64_t)cfg->spool_max_mb << 20, (int)cfg->spool_fsync, err, errlen);
+    a->spool = ki_spool_create(cfg->spool_dir, (uint64_t)cfg->spool_max_mb << 20, (uint64_t)cfg->dead_letter_max_mb << 20,
+                               (int)cfg->spool_fsync, err, errlen);
     if (!a->spool) goto fail;
     a->http = ki_http_create(cfg->collector, INGEST_PATH, cfg->tls_ca_file, (int)cfg->connect_timeout_ms,
                              (int)cfg->io_timeout_ms, err, errlen);
@@ -155,7 +176,9 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
     a->body = malloc(a->body_cap);
     a->frame = malloc(a->frame_cap);
-    a->send_buf = malloc(a->frame_cap);
+    a->request_max = (size_t)cfg->request_max_kb << 10;
+    a->send_cap = a->frame_cap > a->request_max ? a->frame_cap : a->request_max;
+    a->send_buf = malloc(a->send_cap); /* pages are touched only as far as requests reach */
     if (!a->body || !a->frame || !a->send_buf) {
         snprintf(err, errlen, "out of memory for batch buffers");
         goto fail;
@@ -220,6 +243,35 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
     c->v[KI_CTR_RSS_KB] = read_rss_kb();
 }
 
+/* Write the sealed batch to the spool; only then are its ring slots freed. While the spool
+ * cannot take it (disk full, read-only, ...) it stays pending and its records stay in the
+ * ring (producers see a full ring, counted, only once the ring itself is full); the error is
+ * logged once per change, not per attempt. Returns 0 or the spool's negative errno. */
+static int spool_pending(struct ki_agent *a) {
+    int rc = ki_spool_put(a->spool, a->frame, a->pending_len, &a->pending_mark);
+    if (rc < 0) {
+        a->ctr.v[KI_CTR_SPOOL_WRITE_ERRORS]++;
+        if (-rc != a->spool_errno)
+            ki_log_error(a->log,
+                         "cannot write to the spool %s: %s; records stay in the ring until it can (batches already "
+                         "spooled are still sent)",
+                         a->cfg->spool_dir, strerror(-rc));
+        a->spool_errno = -rc;
+        return rc;
+    }
+    if (a->spool_errno) ki_log_info(a->log, "the spool %s takes batches again", a->cfg->spool_dir);
+    a->spool_errno = 0;
+    a->pending = 0;
+    ki_drain_commit(a->drain);
+    /* Names are registered once per producer: keep them for the next run (only when a name completed). */
+    int saved = ki_names_save(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
+    if (saved < 0 && -saved != a->names_errno)
+        ki_log_warn(a->log, "cannot save names to %s: %s", a->names_path, strerror(-saved));
+    if (saved >= 0 && a->names_errno) ki_log_info(a->log, "names are saved to %s again", a->names_path);
+    a->names_errno = saved < 0 ? -saved : 0;
+    return 0;
+}
+
 /* Encode, compress, seal and spool the n staged records (n may be 0: a heartbeat). */
 static int seal_batch(struct ki_agent *a, size_t n) {
     if (++a->mark == 0) a->mark = 1;
@@ -243,37 +295,36 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     a->ctr.v[KI_CTR_BYTES_COMPRESSED] += clen;
     uint64_t t_min = info.t_min, t_max = info.t_max;
     if (!info.shipped) t_min = t_max = real_ns();
-    struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
+    a->pending_mark = (struct ki_spool_mark){ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
     rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
-    if (rc == 0) rc = ki_spool_put(a->spool, a->frame, flen, &mark);
-    /* Spooled (or lost for good): either way the ring slots can go now. */
-    ki_drain_commit(a->drain);
     if (rc < 0) {
+        ki_drain_commit(a->drain);
         a->lost_batches++;
         a->lost_records += info.shipped;
-        ki_log_error(a->log, "cannot spool batch %u/%llu of %u records: %s (counted as spool drops)", a->seal.epoch,
-                     (unsigned long long)a->seal.next_seq - 1, info.shipped, strerror(-rc));
+        ki_log_error(a->log, "cannot seal a batch of %u records: %s (counted as spool drops)", info.shipped,
+                     strerror(-rc));
         return rc;
     }
+    a->pending = 1;
+    a->pending_len = flen;
+    a->pending_records = info.shipped;
     a->last_seal_ns = mono_ns();
-    /* Names are registered once per producer: keep them for the next run (only when a name completed). */
-    int saved = ki_names_save(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
-    if (saved < 0) ki_log_warn(a->log, "cannot save names to %s: %s", a->names_path, strerror(-saved));
     ki_log_debug(a->log, "sealed batch %u/%llu: %u records, %zu names, %zu -> %zu bytes", a->seal.epoch,
                  (unsigned long long)a->seal.next_seq - 1, info.shipped, (size_t)info.names, blen, flen);
-    return 0;
+    return spool_pending(a);
 }
 
 /* Consume everything the ring holds, sealing a batch per batch_records records. */
 static int drain_ring(struct ki_agent *a) {
+    if (a->pending && spool_pending(a) < 0) return 0; /* the spool still refuses: read nothing more */
     size_t n = 0;
     for (;;) {
         size_t got = ki_drain_poll(a->drain, a->staging + n, a->staging_cap - n);
         a->ctr.v[KI_CTR_RECORDS_READ] += got;
         n += got;
         if (n == a->staging_cap) {
-            seal_batch(a, n);
             n = 0;
+            if (seal_batch(a, a->staging_cap) < 0 && a->pending) return 0;
             continue;
         }
         if (got == 0) break;
@@ -290,6 +341,7 @@ static void schedule_retry(struct ki_agent *a, int retry_after_s) {
     uint64_t delay;
     if (retry_after_s >= 0) {
         delay = (uint64_t)retry_after_s * NS_PER_S;
+        if (delay > hi) delay = hi; /* a collector's word is trusted only up to the longest backoff */
         delay += next_random(a) % (delay / 10 + 1); /* spread a fleet told the same Retry-After */
     } else {
         delay = a->backoff_ns / 2 + next_random(a) % (a->backoff_ns / 2 + 1); /* "equal jitter" */
@@ -297,42 +349,29 @@ static void schedule_retry(struct ki_agent *a, int retry_after_s) {
     a->next_send_ns = mono_ns() + delay;
 }
 
-/* Settle the batch in flight from the collector's answer (rc < 0: no answer). Returns 1 to keep sending. */
-static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) {
-    struct ki_spool_id id = a->flight_id;
-    size_t len = a->flight_len;
-    a->in_flight = 0;
-    if (rc < 0) {
-        a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
-        if (!a->failing)
-            ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
-                        ki_http_target(a->http), *ki_http_error(a->http) ? ki_http_error(a->http) : strerror(-rc));
-        a->failing = 1;
-        schedule_retry(a, -1);
-        return 0;
-    }
-    int s = res->status;
+enum frame_verdict { FRAME_DONE, FRAME_RETRY, FRAME_AUTH };
+
+/* Settle one batch of the request from its status. */
+static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_flight *f, int s) {
+    struct ki_spool_id id = f->id;
+    uint8_t *frame = a->send_buf + f->off;
     if ((s >= 200 && s < 300) || s == 409) {
-        if (a->failing || a->auth_blocked) ki_log_info(a->log, "collector %s accepts batches again", ki_http_target(a->http));
-        a->failing = 0;
-        a->auth_blocked = 0;
-        a->backoff_ns = 0;
         a->ctr.v[KI_CTR_BATCHES_SENT]++;
         ki_spool_remove(a->spool, id);
-        return 1;
+        return FRAME_DONE;
     }
     if (s == 401 || s == 403) {
         a->ctr.v[KI_CTR_AUTH_FAILURES]++;
         size_t flen;
-        if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, a->send_buf, len, &flen) == 0) {
+        if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, frame, f->len, &flen) == 0) {
             /* Sealed under the key that was replaced: it goes again under the current key, as a new batch. */
             struct ki_spool_mark mark = {ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
-            if (ki_spool_put(a->spool, a->send_buf, flen, &mark) == 0) {
+            if (ki_spool_put(a->spool, frame, flen, &mark) == 0) {
                 ki_spool_remove(a->spool, id);
                 ki_log_info(a->log, "batch %u/%llu re-sealed under key %u as %u/%llu", id.epoch,
                             (unsigned long long)id.seq, a->seal.key_id, a->seal.epoch,
                             (unsigned long long)a->seal.next_seq - 1);
-                return 1;
+                return FRAME_DONE;
             }
         }
         if (!a->auth_blocked)
@@ -344,25 +383,126 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
                          (long long)a->cfg->auth_retry_s);
         a->auth_blocked = 1;
         a->auth_until_ns = mono_ns() + (uint64_t)a->cfg->auth_retry_s * NS_PER_S;
+        return FRAME_AUTH;
+    }
+    if (s == 429 || s >= 500 || s == 408) {
+        a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
+        return FRAME_RETRY;
+    }
+    /* Any other 4xx: this batch can never be stored. Keep it for a person, go on with the next. */
+    a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+    int rc = ki_spool_dead_letter(a->spool, id, frame, f->len, s, real_ns());
+    if (rc == 0) {
+        a->ctr.v[KI_CTR_BATCHES_DEAD_LETTERED]++;
+        ki_log_error(a->log, "collector rejected batch %u/%llu with %d: moved to %s/dead-letter, going on", id.epoch,
+                     (unsigned long long)id.seq, s, a->cfg->spool_dir);
+    } else {
+        ki_log_error(a->log, "collector rejected batch %u/%llu with %d: dropped (cannot write the dead-letter file: %s)",
+                     id.epoch, (unsigned long long)id.seq, s, strerror(-rc));
+    }
+    return FRAME_DONE;
+}
+
+/* Settle the request in flight from the collector's answer (rc < 0: no answer). Returns 1 to keep sending. */
+static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) {
+    int n = a->nflight, multi = n > 1;
+    a->in_flight = 0;
+    a->nflight = 0;
+    if (rc == 0 && multi && res->nframes != n) {
+        int s = res->status;
+        if (res->nframes == -1 && s >= 400 && s < 500 && s != 401 && s != 403 && s != 408 && s != 429) {
+            /* A collector that does not take several batches per request (docs/wire.md): one per request. */
+            ki_log_warn(a->log, "collector answered %d to a request of %d batches: sending one batch per request", s,
+                        n);
+            a->single_until_ns = mono_ns() + MULTI_RETRY_NS;
+            return 1;
+        }
+        if (res->nframes != -1 || (s >= 200 && s < 300)) {
+            rc = -EPROTO; /* an answer that does not settle each batch: retried, one per request */
+            snprintf(a->proto_error, sizeof a->proto_error, "answer %d without one status per batch", s);
+            a->single_until_ns = mono_ns() + MULTI_RETRY_NS;
+        }
+    }
+    if (rc < 0) {
+        a->ctr.v[KI_CTR_BATCHES_RETRIED] += (uint64_t)n;
+        a->ctr.v[KI_CTR_REQUESTS_FAILED]++;
+        if (!a->failing)
+            ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
+                        ki_http_target(a->http),
+                        rc == -EPROTO && a->proto_error[0] ? a->proto_error
+                        : *ki_http_error(a->http)           ? ki_http_error(a->http)
+                                                            : strerror(-rc));
+        a->proto_error[0] = '\0';
+        a->failing = 1;
+        schedule_retry(a, -1);
         return 0;
     }
-    if (s == 429 || s >= 500) {
-        a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
-        if (!a->failing)
-            ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", s, res->retry_after);
+    int retry = 0, auth = 0, done = 0, retry_status = 0;
+    int per_frame = multi && res->nframes == n; /* else one answer for the whole request (503 from a proxy, ...) */
+    for (int i = 0; i < n; i++) {
+        int s = per_frame ? res->frame_status[i] : res->status;
+        enum frame_verdict v = settle_frame(a, &a->flight[i], s);
+        if (v == FRAME_RETRY) retry_status = s;
+        retry += v == FRAME_RETRY;
+        auth += v == FRAME_AUTH;
+        done += v == FRAME_DONE;
+    }
+    if (retry) {
+        if (!a->failing) {
+            if (res->retry_after >= 0)
+                ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", retry_status,
+                            res->retry_after);
+            else
+                ki_log_warn(a->log, "collector answered %d (no Retry-After): retrying with backoff", retry_status);
+        }
         a->failing = 1;
         schedule_retry(a, res->retry_after);
         return 0;
     }
-    a->ctr.v[KI_CTR_BATCHES_FAILED]++;
-    ki_log_error(a->log, "collector rejected batch %u/%llu with %d: dropped and counted", id.epoch,
-                 (unsigned long long)id.seq, s);
-    ki_spool_remove(a->spool, id);
-    return 1;
+    if (auth) return 0;
+    if (a->failing || a->auth_blocked) ki_log_info(a->log, "collector %s accepts batches again", ki_http_target(a->http));
+    a->failing = 0;
+    a->auth_blocked = 0;
+    a->backoff_ns = 0;
+    return done > 0;
+}
+
+/* Fill send_buf with the oldest spooled batches, up to request_max bytes and KI_HTTP_MAX_FRAMES
+ * batches (one while the collector takes only one). Returns the number, 0 when the spool is
+ * empty, or a negative errno when it cannot be read. */
+static int build_request(struct ki_agent *a) {
+    int max = mono_ns() < a->single_until_ns ? 1 : KI_HTTP_MAX_FRAMES;
+    size_t off = 0;
+    a->nflight = 0;
+    while (a->nflight < max) {
+        struct ki_flight *f = &a->flight[a->nflight];
+        size_t cap = a->nflight ? (a->request_max > off ? a->request_max - off : 0) : a->send_cap;
+        int rc = a->nflight ? ki_spool_peek_after(a->spool, a->flight[a->nflight - 1].id, a->send_buf + off, cap,
+                                                  &f->len, &f->id)
+                            : ki_spool_peek(a->spool, a->send_buf, cap, &f->len, &f->id);
+        if (rc == -ENOENT || (a->nflight && rc == -EMSGSIZE)) break; /* no more, or the next does not fit */
+        if (rc == -EMSGSIZE || rc == -EBADMSG) {
+            ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", f->id.epoch, (unsigned long long)f->id.seq,
+                         rc == -EMSGSIZE ? "larger than this agent's buffers" : "damaged");
+            a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+            ki_spool_remove(a->spool, f->id);
+            continue;
+        }
+        if (rc < 0) {
+            if (a->nflight) break;
+            return rc;
+        }
+        f->off = off;
+        off += f->len;
+        a->nflight++;
+        if (off >= a->request_max) break;
+    }
+    return a->nflight;
 }
 
 /* Send spooled batches oldest first, one request in flight at a time, for up to budget_ns:
- * waiting for an answer never holds up the next drain for longer than the budget. */
+ * waiting for an answer never holds up the next drain for longer than the budget. A backlog
+ * goes as requests of several batches, so a collector that was away catches up at its full rate. */
 static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
     const uint64_t end = mono_ns() + budget_ns;
     for (;;) {
@@ -381,26 +521,18 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
         }
         if (now >= end || now < a->next_send_ns) return;
         if (a->auth_blocked && now < a->auth_until_ns) return;
-        size_t len;
-        int rc = ki_spool_peek(a->spool, a->send_buf, a->frame_cap, &len, &a->flight_id);
-        if (rc == -ENOENT) return;
-        if (rc == -EMSGSIZE || rc == -EBADMSG) {
-            ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", a->flight_id.epoch,
-                         (unsigned long long)a->flight_id.seq,
-                         rc == -EMSGSIZE ? "larger than this agent's buffers" : "damaged");
-            a->ctr.v[KI_CTR_BATCHES_FAILED]++;
-            ki_spool_remove(a->spool, a->flight_id);
-            continue;
-        }
-        if (rc < 0) {
-            ki_log_error(a->log, "cannot read the spool: %s", strerror(-rc));
+        int n = build_request(a);
+        if (n == 0) return;
+        if (n < 0) {
+            ki_log_error(a->log, "cannot read the spool: %s", strerror(-n));
             schedule_retry(a, -1);
             return;
         }
-        a->flight_len = len;
+        const struct ki_flight *last = &a->flight[n - 1];
         a->in_flight = 1;
+        a->ctr.v[KI_CTR_REQUESTS_SENT]++;
         a->flight_deadline_ns = mono_ns() + (uint64_t)a->cfg->io_timeout_ms * NS_PER_MS;
-        rc = ki_http_send(a->http, a->send_buf, len);
+        int rc = ki_http_send(a->http, a->send_buf, last->off + last->len, n > 1 ? FRAMES_CONTENT_TYPE : NULL);
         if (rc < 0 && !settle(a, rc, NULL)) return;
     }
 }
@@ -474,7 +606,7 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
     }
     /* SIGTERM: what is in the ring and in memory goes to the spool, then try to deliver it. */
     drain_ring(a);
-    if (a->staging_cap) seal_batch(a, 0); /* a last batch carries the final counters */
+    if (!a->pending) seal_batch(a, 0); /* a last batch carries the final counters */
     uint64_t deadline = mono_ns() + (uint64_t)a->cfg->shutdown_timeout_s * NS_PER_S;
     for (;;) {
         ki_spool_stats(a->spool, &ss);

@@ -37,6 +37,8 @@ static const struct ki_config_entry ENTRIES[] = {
     STR(spool_dir, "/var/lib/kernel-insight/agent", KI_CONFIG_PATH, "spool directory (also holds the epoch file)"),
     INT(spool_max_mb, "256", 1, 1 << 20, "spool size bound in MiB; past it the oldest batches are dropped"),
     BOOL(spool_fsync, "0", "fsync every spooled batch (survives power loss, costs I/O)"),
+    INT(dead_letter_max_mb, "16", 1, 1 << 20, "bound of the dead-letter file of refused batches (kept twice: current and .1)"),
+    INT(request_max_kb, "256", 1, 16384, "a backlog is sent as requests of several batches up to this size"),
     INT(drain_interval_ms, "100", 1, 60000, "how often the ring is drained and a batch sealed"),
     INT(batch_records, "4096", 64, 1 << 20, "most records in one batch"),
     INT(heartbeat_s, "10", 1, 86400, "seal a batch (counters only) after this long without one"),

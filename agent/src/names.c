@@ -109,7 +109,9 @@ void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark
     }
     const char *text = rec->rec.u.string.text;
     size_t take = 32;
-    if (rec->rec.flags & KI_FLAG_STRING_LAST)
+    if ((rec->rec.flags & KI_FLAG_STRING_LAST) && (rec->rec.flags & KI_FLAG_STRING_SIZED))
+        take = (uint8_t)text[31] < 32 ? (uint8_t)text[31] : 31; /* a name ending in NUL: its byte count */
+    else if (rec->rec.flags & KI_FLAG_STRING_LAST)
         while (take > 0 && text[take - 1] == '\0') take--; /* as StringTable: trailing NULs of the last chunk */
     if (s->len + take > n->name_max) {
         take = n->name_max > s->len ? n->name_max - s->len : 0;

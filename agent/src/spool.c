@@ -17,9 +17,15 @@
 #define TRAILER_BYTES 24u
 static const char TRAILER_MAGIC[8] = {'K', 'I', 'S', 'P', 'O', 'O', 'L', '1'};
 
+#define DEAD_LETTER "dead-letter"          /* the dead-letter file in the spool directory */
+#define DEAD_LETTER_OLD "dead-letter.1"    /* its previous generation, once it reached its bound */
+#define DEAD_ENTRY_BYTES 24u               /* magic, status, reserved, unix time ns, frame length */
+static const char DEAD_MAGIC[4] = {'K', 'I', 'D', 'L'};
+
 struct ki_spool {
     int dirfd;                                   /* the spool directory */
     uint64_t max_bytes;                          /* bound */
+    uint64_t dead_max_bytes;                     /* bound of the dead-letter file (twice this with its old generation) */
     int do_fsync;                                /* fsync each file */
     struct ki_spool_run runs[KI_SPOOL_MAX_RUNS]; /* oldest first */
     size_t nruns;                                /* runs in use */
@@ -51,7 +57,8 @@ static void runs_shift(struct ki_spool *sp) {
     sp->nruns--;
 }
 
-struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsync, char *err, size_t errlen) {
+struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, uint64_t dead_max_bytes, int do_fsync, char *err,
+                                 size_t errlen) {
     if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
         snprintf(err, errlen, "cannot create spool directory %s: %s", dir, strerror(errno));
         return NULL;
@@ -62,6 +69,7 @@ struct ki_spool *ki_spool_create(const char *dir, uint64_t max_bytes, int do_fsy
         return NULL;
     }
     sp->max_bytes = max_bytes;
+    sp->dead_max_bytes = dead_max_bytes;
     sp->do_fsync = do_fsync;
     sp->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (sp->dirfd < 0) {
@@ -146,28 +154,40 @@ static void run_add(struct ki_spool *sp, uint32_t epoch, uint64_t seq) {
     sp->nruns++;
 }
 
-/* Open the oldest batch file; advances past holes. Returns an fd, or -ENOENT when empty. */
-static int open_oldest(struct ki_spool *sp, struct ki_spool_id *id) {
-    while (sp->nruns) {
-        struct ki_spool_run *r = &sp->runs[0];
-        if (r->first >= r->end) {
+/* Open the oldest batch file after `after` (NULL: the oldest of all, advancing past holes at the front).
+ * Returns an fd, or -ENOENT when there is none. */
+static int open_next(struct ki_spool *sp, const struct ki_spool_id *after, struct ki_spool_id *id) {
+    for (size_t i = 0; i < sp->nruns;) {
+        struct ki_spool_run *r = &sp->runs[i];
+        uint64_t seq = r->first;
+        if (after && (r->epoch < after->epoch || (r->epoch == after->epoch && after->seq + 1 >= r->end))) {
+            i++;
+            continue;
+        }
+        if (after && r->epoch == after->epoch && after->seq + 1 > seq) seq = after->seq + 1;
+        if (!after && seq >= r->end) {
             if (sp->nruns == 1) return -ENOENT; /* keep the current run for appends */
             runs_shift(sp);
             continue;
         }
-        char name[64];
-        name_of(name, sizeof name, r->epoch, r->first);
-        int fd = openat(sp->dirfd, name, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            id->epoch = r->epoch;
-            id->seq = r->first;
-            return fd;
+        for (; seq < r->end; seq++) {
+            char name[64];
+            name_of(name, sizeof name, r->epoch, seq);
+            int fd = openat(sp->dirfd, name, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0) {
+                id->epoch = r->epoch;
+                id->seq = seq;
+                return fd;
+            }
+            if (errno != ENOENT) return -errno;
+            if (!after) r->first = seq + 1; /* a hole at the front: the batch was dropped, sent or never written */
         }
-        if (errno != ENOENT) return -errno;
-        r->first++; /* a hole: the batch was dropped or never written */
+        if (after) i++;
     }
     return -ENOENT;
 }
+
+static int open_oldest(struct ki_spool *sp, struct ki_spool_id *id) { return open_next(sp, NULL, id); }
 
 static int drop_oldest(struct ki_spool *sp) {
     struct ki_spool_id id;
@@ -241,9 +261,8 @@ int ki_spool_put(struct ki_spool *sp, const uint8_t *frame, size_t flen, const s
     return 0;
 }
 
-int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, struct ki_spool_id *id) {
-    int fd = open_oldest(sp, id);
-    if (fd < 0) return fd;
+/* Read the batch file fd (closing it) into buf. */
+static int read_frame(int fd, uint8_t *buf, size_t cap, size_t *len) {
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
@@ -270,8 +289,69 @@ int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, st
         off += (size_t)r;
     }
     close(fd);
+    /* The frame must be exactly what its header says (64 + payload_len): anything else was damaged on disk. */
+    uint32_t plen;
+    memcpy(&plen, buf + KI_HEADER_BYTES - 4, 4);
+    if (memcmp(buf, "KIWB", 4) || (uint64_t)plen + KI_HEADER_BYTES != want) return -EBADMSG;
     *len = want;
     return 0;
+}
+
+int ki_spool_peek(struct ki_spool *sp, uint8_t *buf, size_t cap, size_t *len, struct ki_spool_id *id) {
+    int fd = open_oldest(sp, id);
+    return fd < 0 ? fd : read_frame(fd, buf, cap, len);
+}
+
+int ki_spool_peek_after(struct ki_spool *sp, struct ki_spool_id after, uint8_t *buf, size_t cap, size_t *len,
+                        struct ki_spool_id *id) {
+    int fd = open_next(sp, &after, id);
+    return fd < 0 ? fd : read_frame(fd, buf, cap, len);
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? -errno : -EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int ki_spool_dead_letter(struct ki_spool *sp, struct ki_spool_id id, const uint8_t *frame, size_t len, int status,
+                         uint64_t now_ns) {
+    uint64_t entry = DEAD_ENTRY_BYTES + (uint64_t)len;
+    int rc = 0;
+    if (entry > sp->dead_max_bytes) {
+        rc = -EFBIG;
+    } else {
+        struct stat st;
+        if (fstatat(sp->dirfd, DEAD_LETTER, &st, 0) == 0 && (uint64_t)st.st_size + entry > sp->dead_max_bytes &&
+            renameat(sp->dirfd, DEAD_LETTER, sp->dirfd, DEAD_LETTER_OLD) < 0)
+            rc = -errno;
+        int fd = rc < 0 ? -1 : openat(sp->dirfd, DEAD_LETTER, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        if (rc == 0 && fd < 0) rc = -errno;
+        if (fd >= 0) {
+            uint8_t head[DEAD_ENTRY_BYTES] = {0};
+            uint16_t s16 = (uint16_t)status;
+            uint32_t l32 = (uint32_t)len;
+            memcpy(head, DEAD_MAGIC, 4);
+            memcpy(head + 4, &s16, 2);
+            memcpy(head + 8, &now_ns, 8);
+            memcpy(head + 16, &l32, 4);
+            struct stat before;
+            off_t start = fstat(fd, &before) == 0 ? before.st_size : 0;
+            rc = write_all(fd, head, sizeof head);
+            if (rc == 0) rc = write_all(fd, frame, len);
+            if (rc == 0 && sp->do_fsync && fsync(fd) < 0) rc = -errno;
+            if (rc < 0 && ftruncate(fd, start) < 0) rc = -errno; /* never leave half an entry */
+            close(fd);
+        }
+    }
+    int rm = ki_spool_remove(sp, id);
+    return rc < 0 ? rc : rm;
 }
 
 int ki_spool_remove(struct ki_spool *sp, struct ki_spool_id id) {

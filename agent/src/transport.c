@@ -209,15 +209,19 @@ static ssize_t recv_some(struct ki_http *h, char *buf, size_t len) {
     }
 }
 
-/* Find header name (case-insensitive) in [start, end); returns its value or NULL. */
-static const char *header_value(const char *start, const char *end, const char *name) {
+/* Find header name (case-insensitive) in [start, end); returns its value and its length in *vlen, or NULL. */
+static const char *header_value(const char *start, const char *end, const char *name, size_t *vlen) {
     size_t n = strlen(name);
     for (const char *p = start; p < end;) {
-        const char *eol = strstr(p, "\r\n");
-        if (!eol || eol > end) eol = end;
+        const char *eol = p;
+        while (eol + 1 < end && !(eol[0] == '\r' && eol[1] == '\n')) eol++;
+        if (eol + 1 >= end) eol = end;
         if ((size_t)(eol - p) > n && !strncasecmp(p, name, n) && p[n] == ':') {
             const char *v = p + n + 1;
-            while (*v == ' ' || *v == '\t') v++;
+            while (v < eol && (*v == ' ' || *v == '\t')) v++;
+            const char *ve = eol;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            *vlen = (size_t)(ve - v);
             return v;
         }
         p = eol + 2;
@@ -225,7 +229,84 @@ static const char *header_value(const char *start, const char *end, const char *
     return NULL;
 }
 
-/* Read one response: status, Retry-After, and the body (discarded). */
+/* A non-negative decimal of at most 18 digits (so it cannot overflow) filling [v, v+len); -1 otherwise. */
+static long long parse_count(const char *v, size_t len) {
+    if (len == 0 || len > 18) return -1;
+    char buf[20];
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    for (size_t i = 0; i < len; i++)
+        if (!isdigit((unsigned char)buf[i])) return -1;
+    char *endp;
+    errno = 0;
+    long long x = strtoll(buf, &endp, 10);
+    if (errno || *endp || x < 0) return -1;
+    return x;
+}
+
+/* KI-Batch-Status: "200, 409, 503": statuses 100..599, separated by commas. */
+static int parse_frame_status(const char *v, size_t len, struct ki_http_result *res) {
+    const char *p = v, *end = v + len;
+    int n = 0;
+    while (p < end) {
+        while (p < end && (*p == ' ' || *p == '\t')) p++;
+        const char *q = p;
+        while (q < end && isdigit((unsigned char)*q)) q++;
+        long long s = parse_count(p, (size_t)(q - p));
+        if (s < 100 || s > 599 || n == KI_HTTP_MAX_FRAMES) return -EPROTO;
+        res->frame_status[n++] = (uint16_t)s;
+        while (q < end && (*q == ' ' || *q == '\t')) q++;
+        if (q < end && *q != ',') return -EPROTO;
+        p = q < end ? q + 1 : q;
+        if (q < end && p == end) return -EPROTO; /* a trailing comma */
+    }
+    if (n == 0) return -EPROTO;
+    res->nframes = n;
+    return 0;
+}
+
+int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res, long long *content_length, int *keep) {
+    const char *end = head + len;
+    res->retry_after = -1;
+    res->nframes = -1;
+    *content_length = -1;
+    *keep = 0;
+    /* "HTTP/1.x SSS" */
+    if (len < 12 || memcmp(head, "HTTP/1.", 7) || !isdigit((unsigned char)head[7]) || head[8] != ' ') return -EPROTO;
+    long long status = parse_count(head + 9, 3);
+    if (status < 100 || status > 599 || (len > 12 && head[12] != ' ' && head[12] != '\r')) return -EPROTO;
+    res->status = (int)status;
+    const char *hdr = head;
+    while (hdr + 1 < end && !(hdr[0] == '\r' && hdr[1] == '\n')) hdr++;
+    hdr += 2;
+    if (hdr > end) hdr = end;
+    size_t vl;
+    const char *v = header_value(hdr, end, "Retry-After", &vl);
+    if (v) {
+        /* delta-seconds only (an HTTP date counts as absent); a huge value is clamped, not trusted */
+        long long ra = parse_count(v, vl);
+        if (ra < 0 && vl > 18) {
+            size_t i = 0;
+            while (i < vl && isdigit((unsigned char)v[i])) i++;
+            if (i == vl) ra = KI_HTTP_RETRY_AFTER_MAX;
+        }
+        if (ra >= 0) res->retry_after = ra > KI_HTTP_RETRY_AFTER_MAX ? KI_HTTP_RETRY_AFTER_MAX : (int)ra;
+    }
+    v = header_value(hdr, end, "KI-Batch-Status", &vl);
+    if (v && parse_frame_status(v, vl, res) < 0) res->nframes = -2;
+    v = header_value(hdr, end, "Connection", &vl);
+    *keep = !(v && vl >= 5 && !strncasecmp(v, "close", 5)) && head[7] != '0';
+    const char *te = header_value(hdr, end, "Transfer-Encoding", &vl);
+    v = header_value(hdr, end, "Content-Length", &vl);
+    if (v) {
+        *content_length = parse_count(v, vl);
+        if (*content_length < 0) return -EPROTO;
+    }
+    if (te || !v || *content_length > KI_HTTP_BODY_SKIP_MAX) *keep = 0; /* no length to skip to, or too much */
+    return 0;
+}
+
+/* Read one response: status, Retry-After, KI-Batch-Status, and the body (discarded). */
 static int read_response(struct ki_http *h, struct ki_http_result *res, int *keep) {
     size_t have = 0;
     char *end = NULL;
@@ -238,23 +319,15 @@ static int read_response(struct ki_http *h, struct ki_http_result *res, int *kee
         h->resp[have] = '\0';
         end = strstr(h->resp, "\r\n\r\n");
     }
-    int major, minor, status;
-    if (sscanf(h->resp, "HTTP/%d.%d %d", &major, &minor, &status) != 3 || status < 100 || status > 599) return -EPROTO;
-    res->status = status;
-    res->retry_after = -1;
-    const char *hdr = strstr(h->resp, "\r\n") + 2;
-    const char *ra = header_value(hdr, end, "Retry-After");
-    if (ra && isdigit((unsigned char)*ra)) res->retry_after = atoi(ra);
-    const char *conn = header_value(hdr, end, "Connection");
-    *keep = !(conn && !strncasecmp(conn, "close", 5)) && !(major == 1 && minor == 0);
-    const char *te = header_value(hdr, end, "Transfer-Encoding");
-    const char *cl = header_value(hdr, end, "Content-Length");
-    if (te || !cl) {
-        *keep = 0; /* no length to skip to: this connection ends with the answer */
+    long long body;
+    int rc = ki_http_parse_head(h->resp, (size_t)(end - h->resp), res, &body, keep);
+    if (rc < 0) return rc;
+    if (!*keep) return 0; /* the connection ends with this answer: its body is not needed */
+    long long got = (long long)(have - (size_t)(end + 4 - h->resp));
+    if (got > body) {
+        *keep = 0; /* more bytes than announced: the stream cannot be trusted for the next answer */
         return 0;
     }
-    long long body = atoll(cl);
-    long long got = (long long)(have - (size_t)(end + 4 - h->resp));
     while (got < body) {
         char skip[1024];
         size_t want = (size_t)(body - got) < sizeof skip ? (size_t)(body - got) : sizeof skip;
@@ -297,12 +370,12 @@ static int transmit(struct ki_http *h) {
     return rc;
 }
 
-int ki_http_send(struct ki_http *h, const void *body, size_t len) {
+int ki_http_send(struct ki_http *h, const void *body, size_t len, const char *content_type) {
     h->error[0] = '\0';
     h->hlen = snprintf(h->head, sizeof h->head,
                        "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: ki-agent/0.1\r\n"
-                       "Content-Type: application/x-ki-batch\r\nContent-Length: %zu\r\n\r\n",
-                       h->path, h->target, len);
+                       "Content-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+                       h->path, h->target, content_type ? content_type : "application/x-ki-batch", len);
     if (h->hlen < 0 || (size_t)h->hlen >= sizeof h->head) return -EINVAL;
     h->body = body;
     h->len = len;
@@ -339,7 +412,7 @@ int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) 
 }
 
 int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res) {
-    int rc = ki_http_send(h, body, len);
+    int rc = ki_http_send(h, body, len, NULL);
     if (rc < 0) return rc;
     for (int i = 0; i < 2; i++) {
         rc = ki_http_wait(h, h->io_timeout_ms, res);

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +39,7 @@ class Received:
     batches: dict[wire.BatchId, wire.DecodedBatch] = field(default_factory=dict)
     order: list[wire.BatchId] = field(default_factory=list)
     requests: int = 0
+    frames_per_request: list[int] = field(default_factory=list)
     duplicates: int = 0
     times: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -74,6 +77,7 @@ class Receiver:
         self.tls = tls
         self.got = Received()
         self.script: Script | None = None
+        self.frame_script: Callable[[int, bytes], int | None] | None = None
         self.close_each = False
         self.idle_timeout: float | None = None
         self.lock = threading.Lock()
@@ -92,7 +96,7 @@ class Receiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                status, headers = receiver.handle(self.path, body)
+                status, headers = receiver.handle(self.path, body, self.headers.get("Content-Type", ""))
                 payload = b"{}"
                 self.send_response(status)
                 for k, v in headers.items():
@@ -134,7 +138,9 @@ class Receiver:
             return f"https://localhost:{self.port}"
         return f"http://127.0.0.1:{self.port}"
 
-    def handle(self, path: str, body: bytes) -> tuple[int, dict[str, str]]:
+    def handle(
+        self, path: str, body: bytes, content_type: str = wire.CONTENT_TYPE
+    ) -> tuple[int, dict[str, str]]:
         with self.lock:
             self.got.requests += 1
             self.got.times.append(time.monotonic())
@@ -145,6 +151,24 @@ class Receiver:
             override = self.script(n, body)
             if override is not None:
                 return override
+        if content_type == wire.FRAMES_CONTENT_TYPE:
+            try:
+                frames = wire.split_frames(body)
+            except wire.WireError as exc:
+                self.got.errors.append(str(exc))
+                return 400, {}
+            self.got.frames_per_request.append(len(frames))
+            statuses = [self.handle_frame(n, bytes(f))[0] for f in frames]
+            return 200, {wire.BATCH_STATUS_HEADER: ", ".join(map(str, statuses))}
+        self.got.frames_per_request.append(1)
+        return self.handle_frame(n, body)
+
+    def handle_frame(self, n: int, body: bytes) -> tuple[int, dict[str, str]]:
+        """One frame, as the real router settles it; `frame_script` may override its status."""
+        if self.frame_script is not None:
+            override = self.frame_script(n, body)
+            if override is not None:
+                return override, {}
         try:
             batch = wire.decode_batch(body, lambda h: self.keys.key_for(h.agent_id, h.key_id))
         except wire.AuthenticationFailed:
@@ -238,6 +262,51 @@ class Setup:
         self.ring.close()
         with contextlib.suppress(OSError):
             Ring.unlink(self.ring_name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Collector:
+    """The real collector (collector_proc.py: create_app + ingest router + embedded store) as a process."""
+
+    def __init__(self, data: Path, keys: Path, port: int, log: Path) -> None:
+        self.args = [
+            sys.executable,
+            str(REPO / "tests" / "agent" / "collector_proc.py"),
+            str(data),
+            str(keys),
+            str(port),
+        ]
+        self.port = port
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import httpx
+
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, 60, "collector health")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -8,15 +8,12 @@ exactly once.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from agent_harness import wait_for
+from agent_harness import Collector, free_port, wait_for
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
@@ -24,37 +21,6 @@ from kernel_insight.collector.keys import KeyStore
 HERE = Path(__file__).resolve().parent
 TOTAL = 1_000_000
 OUTAGE_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Collector:
-    def __init__(self, data: Path, keys: Path, port: int, log: Path) -> None:
-        self.args = [sys.executable, str(HERE / "collector_proc.py"), str(data), str(keys), str(port)]
-        self.port = port
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("a") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, 60, "collector health")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
 
 
 @pytest.mark.slow

@@ -80,6 +80,31 @@ def test_records_written_into_the_ring_arrive_identical(env, seed, n, types, nam
     assert env.receiver.got.duplicates == 0
 
 
+NUL_NAMES = {
+    1: "\x00",
+    2: "\x00" * 32,  # a full last chunk: written sized, with an empty last chunk
+    3: "k" * 31 + "\x00",
+    4: "k" * 40 + "\x00\x00",
+    5: "a\x00b",  # inside a name a NUL was never stripped
+    6: "é" * 20 + "\x00",
+    7: "",
+}
+
+
+def test_names_ending_in_nul_arrive_whole(env):
+    """Ring STRING chunks -> agent name table -> wire -> decoder, byte for byte (docs/ring.md, STRING_SIZED)."""
+    env.start()
+    for sid, name in NUL_NAMES.items():
+        assert env.ring.string(sid, name) == 0
+    write(
+        env, random_records(np.random.default_rng(11), 1, [1])
+    )  # names ship with the batch they complete in
+    wait_for(lambda: len(env.receiver.got.names()) >= len(NUL_NAMES), what="every name")
+    received = env.receiver.got.names()
+    for sid, name in NUL_NAMES.items():
+        assert received[(env.ring.producer_id, sid)] == name
+
+
 def test_kernel_names_travel_with_the_batches_that_use_them(env):
     env.start()
     gid = env.ring.intern("flash_attn_fwd_" + "x" * 70)
@@ -139,7 +164,7 @@ def test_collector_stopped_batches_are_spooled_and_replayed_in_order(env):
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_is_honoured(env, status):
     env.receiver.script = lambda n, body: (status, {"Retry-After": "1"}) if n == 1 else None
-    env.start()
+    env.start("--backoff-max-ms", "5000")
     expected = write(env, random_records(np.random.default_rng(3), 10))
     wait_records(env, expected["pos"].tolist())
     times = env.receiver.got.times
@@ -147,6 +172,26 @@ def test_retry_after_is_honoured(env, status):
     later = write(env, random_records(np.random.default_rng(4), 1))
     wait_records(env, later["pos"].tolist())
     assert env.receiver.got.last_counters()[C.BATCHES_RETRIED] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "logged"),
+    [
+        ("3600", "retry after 3600s"),  # trusted only up to backoff_max_ms
+        ("99999999999999999999999", "retry after 86400s"),  # past 64 bits: clamped, never wrapped negative
+        ("-1", "no Retry-After"),  # invalid: the agent's own backoff
+        ("Wed, 21 Oct 2015 07:28:00 GMT", "no Retry-After"),
+    ],
+)
+def test_retry_after_is_validated_and_clamped_to_the_longest_backoff(env, value, logged):
+    env.receiver.script = lambda n, body: (503, {"Retry-After": value}) if n == 1 else None
+    agent = env.start("--backoff-max-ms", "300")
+    expected = write(env, random_records(np.random.default_rng(3), 10))
+    wait_records(env, expected["pos"].tolist(), timeout=5)
+    times = env.receiver.got.times
+    assert times[1] - times[0] < 2.0
+    assert logged in agent.log()
+    assert "-1s" not in agent.log()
 
 
 def test_wrong_key_stops_sending_without_spinning_and_sighup_recovers(env):
@@ -178,7 +223,21 @@ def test_revoked_agent_stops_sending_with_a_clear_error(env):
     assert list(env.spool.glob("*.kib"))  # kept, not thrown away
 
 
-def test_other_4xx_is_logged_counted_and_skipped(env):
+def read_dead_letters(path):
+    """Entries of a dead-letter file (docs/agent.md): (status, unix ns, frame)."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        assert data[pos : pos + 4] == b"KIDL"
+        status = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        ns = int.from_bytes(data[pos + 8 : pos + 16], "little")
+        n = int.from_bytes(data[pos + 16 : pos + 20], "little")
+        out.append((status, ns, data[pos + 24 : pos + 24 + n]))
+        pos += 24 + n
+    return out
+
+
+def test_other_4xx_goes_to_the_dead_letter_file_and_the_agent_goes_on(env):
     env.receiver.script = lambda n, body: (400, {}) if n == 1 else None
     agent = env.start()
     first = write(env, random_records(np.random.default_rng(6), 5))
@@ -187,8 +246,52 @@ def test_other_4xx_is_logged_counted_and_skipped(env):
     second = write(env, random_records(np.random.default_rng(7), 5))
     wait_records(env, second["pos"].tolist())
     assert not set(first["pos"].tolist()) & shipped(env).keys()
-    assert env.receiver.got.last_counters()[C.BATCHES_FAILED] == 1
-    assert "rejected batch" in agent.log()
+    wait_for(lambda: (env.spool / "dead-letter").exists(), what="the dead-letter file")
+    third = write(env, random_records(np.random.default_rng(8), 1))  # sealed after the refusal: counts it
+    wait_records(env, third["pos"].tolist())
+    counters = env.receiver.got.last_counters()
+    assert counters[C.BATCHES_FAILED] == 1
+    assert counters[C.BATCHES_DEAD_LETTERED] == 1
+    assert "moved to" in agent.log()
+    ((status, ns, frame),) = read_dead_letters(env.spool / "dead-letter")
+    assert status == 400
+    assert abs(ns - time.time_ns()) < 60e9
+    # The frame is kept as sent: it still opens, with the first records in it.
+    batch = wire.decode_batch(frame, env.creds.key)
+    assert sorted(batch.to_array()["pos"].tolist()) == first["pos"].tolist()
+    assert env.receiver.got.requests == 3  # refused once, never retried
+
+
+def test_a_permanently_refused_batch_inside_a_backlog_is_dead_lettered_alone(env):
+    """Catch-up requests carry several batches; one refused for good goes to the dead-letter file,
+    the others of the same request are stored, and nothing is retried forever."""
+    env.receiver.script = lambda n, body: (503, {}) if n <= 3 else None
+    refused: list[int] = []
+
+    def frame_script(n, body):
+        h = wire.parse_header(body)
+        if h.seq == 2:
+            refused.append(h.seq)
+            return 422
+        return None
+
+    env.receiver.frame_script = frame_script
+    agent = env.start("--batch-records", "64")
+    expected = write(env, random_records(np.random.default_rng(9), 64 * 8))
+    wait_for(lambda: len(env.receiver.got.batches) >= 7, what="the backlog")
+    wait_for(lambda: (env.spool / "dead-letter").exists(), what="the dead-letter file")
+    assert max(env.receiver.got.frames_per_request) > 1
+    assert refused == [2]
+    got = shipped(env).keys()
+    lost = set(expected["pos"].tolist()) - got
+    assert len(lost) == 64  # exactly the refused batch
+    ((status, _, frame),) = read_dead_letters(env.spool / "dead-letter")
+    assert status == 422
+    assert wire.parse_header(frame).seq == 2
+    later = write(env, random_records(np.random.default_rng(10), 3))
+    wait_records(env, later["pos"].tolist())
+    assert env.receiver.got.last_counters()[C.BATCHES_DEAD_LETTERED] == 1
+    assert agent.log().count("moved to") == 1
 
 
 def test_sigkill_and_restart_lose_nothing_and_duplicate_nothing(env):
@@ -503,3 +606,78 @@ def test_agent_started_before_its_ring_waits_for_it(tmp_path, agent_bin, ring_na
         wait_records(s, expected["pos"].tolist())
         assert agent.stop() == 0
         assert "is there now" in agent.log()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 512 KiB tmpfs of our own, so 'disk full' and 'read-only' are real filesystem states."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path) -> None:
+    """Write zeros into path until the filesystem is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 512, 1):
+            try:
+                while os.write(fd, bytes(size)):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("state", ["full", "read-only"])
+def test_spool_that_cannot_write_keeps_records_in_the_ring_and_logs_once(
+    tmp_path, agent_bin, ring_name, small_fs, state
+):
+    with setup(tmp_path, agent_bin, ring_name, capacity=1 << 14) as env:
+        env.spool = small_fs / "spool"
+        agent = env.start("--batch-records", "256")
+        first = write(env, random_records(np.random.default_rng(20), 10))
+        wait_records(env, first["pos"].tolist())
+        if state == "full":
+            fill(small_fs / "filler")
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+        before = env.ring.stats()
+        # 8,000 records in batches the spool cannot take, many ticks long: the ring (16,384 slots) has room.
+        expected = first
+        for i in range(8):
+            expected = write(env, random_records(np.random.default_rng(21 + i), 1000))
+            time.sleep(0.05)
+        wait_for(lambda: "cannot write to the spool" in agent.log(), what="the spool error")
+        time.sleep(0.5)  # many more ticks, each one trying the spool again
+        stats = env.ring.stats()
+        assert stats["head"] - stats["tail"] >= 8000 - 256  # still in the ring, not thrown away
+        assert stats["dropped"] == before["dropped"] == 0
+        assert len(shipped(env)) == 10
+        if state == "full":
+            (small_fs / "filler").unlink()
+        else:
+            subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+        wait_for(lambda: len(shipped(env)) == 8010, timeout=20, what="every record after the spool recovered")
+        assert expected["pos"][-1] in shipped(env)
+        log = agent.log()
+        assert log.count("cannot write to the spool") == 1
+        assert log.count("takes batches again") == 1
+        later = write(env, random_records(np.random.default_rng(40), 1))
+        wait_records(env, later["pos"].tolist())
+        counters = env.receiver.got.last_counters()
+        assert counters[C.SPOOL_DROPPED_RECORDS] == 0
+        assert counters[C.SPOOL_DROPPED_BATCHES] == 0
+        assert counters[C.SPOOL_WRITE_ERRORS] >= 2
+        assert env.receiver.got.duplicates == 0

@@ -217,3 +217,153 @@ def test_key_never_in_responses(env):
     client, _, creds, _, _ = env
     for body in (frame(creds, key=bytes(32)), frame(creds), frame(creds)):
         assert creds.key.hex() not in post(client, body).text
+
+
+# ---- requests of several frames (application/x-ki-batches) -------------------------------
+
+
+def post_many(client, frames):
+    return client.post(PATH, content=b"".join(frames), headers={"Content-Type": wire.FRAMES_CONTENT_TYPE})
+
+
+def statuses(r):
+    return [int(s) for s in r.headers[wire.BATCH_STATUS_HEADER].split(",")]
+
+
+def test_several_frames_in_one_request_are_each_stored_and_answered(env):
+    client, _, creds, sink, stats = env
+    r = post_many(client, [frame(creds, seq=s) for s in range(4)])
+    assert r.status_code == 200
+    assert statuses(r) == [200, 200, 200, 200]
+    assert [x["records"] for x in r.json()["results"]] == [5, 5, 5, 5]
+    assert sorted(b.batch_id.seq for b in sink.batches) == [0, 1, 2, 3]
+    assert stats.by_status == {200: 4}
+
+
+def test_each_frame_of_a_request_gets_its_own_outcome(env):
+    client, _, creds, sink, _ = env
+    stored_before = frame(creds, seq=0)
+    assert post(client, stored_before).status_code == 200
+    tampered = bytearray(frame(creds, seq=2))
+    tampered[80] ^= 0x10
+    garbage = wire.seal_body(
+        b"\x01\x77\x00", agent_id=creds.agent_id, key_id=1, key=creds.key, epoch=1, seq=3,
+        t_min_ns=0, t_max_ns=0, record_count=0,
+    )  # fmt: skip
+    stranger = wire.encode_batch(
+        random_records(np.random.default_rng(1), 2),
+        agent_id=bytes(16),
+        key_id=1,
+        key=creds.key,
+        epoch=1,
+        seq=4,
+    )
+    r = post_many(
+        client, [stored_before, frame(creds, seq=1), bytes(tampered), garbage, stranger, frame(creds, seq=5)]
+    )
+    assert r.status_code == 200
+    assert statuses(r) == [409, 200, 401, 400, 403, 200]
+    assert "Retry-After" not in r.headers
+    assert sorted(b.batch_id.seq for b in sink.batches) == [0, 1, 5]
+    assert "unknown section" in r.json()["results"][3]["detail"]
+
+
+def test_storage_unavailable_for_some_frames_answers_them_503_with_the_longest_retry_after(env):
+    _client, _, creds, sink, _ = env
+    calls = []
+
+    def flaky(batch):
+        calls.append(batch.batch_id.seq)
+        if batch.batch_id.seq == 1:
+            raise StorageUnavailable("busy", retry_after_s=4)
+        if batch.batch_id.seq == 2:
+            raise StorageError("bad value")
+        return MemorySink.__call__(sink, batch)
+
+    app = FastAPI()
+    store, _ = env[1], None
+    app.include_router(ingest_router(store, flaky))
+    r = post_many(Client(app), [frame(creds, seq=s) for s in range(4)])
+    assert statuses(r) == [200, 503, 422, 200]
+    assert r.headers["Retry-After"] == "4"
+    assert calls == [0, 1, 2, 3]  # in body order
+
+
+def test_unexpected_sink_failure_answers_that_frame_500_and_settles_the_rest(env):
+    _client, store, creds, sink, _ = env
+
+    def broken(batch):
+        if batch.batch_id.seq == 0:
+            raise RuntimeError("bug")
+        return MemorySink.__call__(sink, batch)
+
+    app = FastAPI()
+    app.include_router(ingest_router(store, broken))
+    c = Client(app)
+    r = post_many(c, [frame(creds, seq=0), frame(creds, seq=1)])
+    assert statuses(r) == [500, 200]
+    # Nothing of the failed frame stays "in flight": its retry is stored normally.
+    r = post_many(c, [frame(creds, seq=1), frame(creds, seq=2)])
+    assert statuses(r) == [409, 200]
+
+
+def test_frames_of_one_request_are_all_submitted_before_any_is_waited_for(env):
+    """With group commit a sink answers only after a flush: frames must share one, not queue for one each."""
+    from concurrent.futures import Future
+
+    _client, store, creds, _, _ = env
+    events: list[str] = []
+
+    class GroupSink:
+        def __init__(self):
+            self.futures: list[Future[bool]] = []
+
+        def __call__(self, batch):  # the router must not use this when submit exists
+            raise AssertionError("called one at a time")
+
+        def submit(self, batch):
+            events.append(f"submit {batch.batch_id.seq}")
+            f: Future[bool] = Future()
+            self.futures.append(f)
+            if len(self.futures) == 3:  # "the flush": every queued batch becomes durable at once
+                events.append("flush")
+                for x in self.futures:
+                    x.set_result(True)
+            return f
+
+    app = FastAPI()
+    app.include_router(ingest_router(store, GroupSink()))
+    r = post_many(Client(app), [frame(creds, seq=s) for s in range(3)])
+    assert statuses(r) == [200, 200, 200]
+    assert events == ["submit 0", "submit 1", "submit 2", "flush"]
+
+
+def test_a_body_that_does_not_split_into_frames_is_400_as_a_whole(env):
+    client, _, creds, sink, _ = env
+    good = frame(creds, seq=0)
+    for body in (good + good[:70], good[:-1], b"", b"\0" * 100):
+        r = client.post(PATH, content=body, headers={"Content-Type": wire.FRAMES_CONTENT_TYPE})
+        assert r.status_code == 400, body[:8]
+        assert wire.BATCH_STATUS_HEADER not in r.headers
+    assert sink.batches == []
+
+
+def test_too_many_frames_or_bytes_in_one_request_is_413(env):
+    client, store, creds, sink, _ = env
+    app = FastAPI()
+    app.include_router(ingest_router(store, sink, limits=wire.Limits(max_frames=3)))
+    assert post_many(Client(app), [frame(creds, seq=s) for s in range(4)]).status_code == 413
+    assert post_many(client, [frame(creds, seq=s, n=1000) for s in range(8)]).status_code == 413
+    assert sink.batches == []
+
+
+def test_one_frame_agents_are_answered_as_before(env):
+    """An agent that predates x-ki-batches sends one frame with application/x-ki-batch: no per-frame header."""
+    client, _, creds, _sink, _ = env
+    r = post(client, frame(creds))
+    assert r.status_code == 200
+    assert wire.BATCH_STATUS_HEADER not in r.headers
+    assert r.json()["status"] == "stored"
+    # Two frames under the old content type are one malformed frame, as they always were.
+    r = post(client, frame(creds, seq=1) + frame(creds, seq=2))
+    assert r.status_code == 400

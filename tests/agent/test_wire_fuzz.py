@@ -145,3 +145,46 @@ def _fuzz(cases: int, seed: int) -> None:
     assert sum(outcomes.values()) == cases
     assert outcomes["malformed"] > cases // 4
     assert outcomes["auth"] > cases // 20
+
+
+def test_fuzz_request_bodies_of_several_frames_split_cleanly_or_are_rejected():
+    """split_frames (x-ki-batches request bodies): either whole frames that tile the body, or MalformedBatch."""
+    frames = [s[0] for s in _seeds()]
+    rnd = random.Random(77)
+    limits = wire.Limits(max_frames=16, max_frame=1 << 16)
+    outcomes = {"ok": 0, "malformed": 0}
+    for case in range(CASES // 4):
+        body = b"".join(rnd.choice(frames) for _ in range(rnd.randrange(1, 20)))
+        if case % 4:
+            body = _mutate(rnd, body, frames)
+        try:
+            parts = wire.split_frames(body, limits)
+        except wire.MalformedBatch:  # OversizedBatch included
+            outcomes["malformed"] += 1
+            continue
+        outcomes["ok"] += 1
+        assert b"".join(bytes(p) for p in parts) == body
+        assert 1 <= len(parts) <= 16
+        for p in parts:
+            assert len(p) >= wire.HEADER_SIZE + wire.TAG_SIZE
+            assert int.from_bytes(p[60:64], "little") == len(p) - wire.HEADER_SIZE
+    assert outcomes["ok"] > CASES // 40
+    assert outcomes["malformed"] > CASES // 40
+
+
+def test_fuzz_string_chunks_decode_to_at_most_their_bytes():
+    """decode_record on STRING chunks with any flags and bytes: sized chunks give at most 31 bytes."""
+    from kernel_insight.agent.records import RecordFlag, StringRecord, decode_record
+
+    rnd = random.Random(5)
+    for _ in range(CASES // 4):
+        raw = bytearray(rnd.randbytes(64))
+        raw[16] = 9  # STRING
+        rec = decode_record(bytes(raw))
+        assert isinstance(rec, StringRecord)
+        if rec.flags & RecordFlag.STRING_LAST and rec.flags & RecordFlag.STRING_SIZED:
+            assert rec.text == bytes(raw[32 : 32 + min(raw[63], 31)])
+        elif rec.flags & RecordFlag.STRING_LAST:
+            assert rec.text == bytes(raw[32:64]).rstrip(b"\0")
+        else:
+            assert rec.text == bytes(raw[32:64])

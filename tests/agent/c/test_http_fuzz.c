@@ -20,7 +20,10 @@ static const char *const SEEDS[] = {
     "HTTP/1.1 409 Conflict\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
     "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     "HTTP/1.0 401 Unauthorized\r\n\r\n",
+    "HTTP/1.1 200 OK\r\nKI-Batch-Status: 200, 409, 503\r\nRetry-After: 99999999999999999999\r\nContent-Length: 2\r\n\r\n{}",
+    "HTTP/1.1 503 Busy\r\nRetry-After: -1\r\nContent-Length: -5\r\n\r\n",
 };
+#define NSEEDS (sizeof SEEDS / sizeof SEEDS[0])
 
 static int listener;
 static unsigned long long rng = 88172645463325252ULL;
@@ -39,7 +42,7 @@ static void *serve(void *arg) {
         int c = accept(listener, NULL, NULL);
         if (c < 0) break;
         (void)!read(c, req, sizeof req); /* the request (small, one read on loopback) */
-        const char *seed = SEEDS[next_rand() % 5];
+        const char *seed = SEEDS[next_rand() % NSEEDS];
         size_t n = strlen(seed);
         memcpy(resp, seed, n);
         unsigned kind = next_rand() % 4;
@@ -64,7 +67,68 @@ static void *serve(void *arg) {
     return NULL;
 }
 
+/* Known answers of the head parser: numbers are validated and clamped, never trusted. */
+static void parse_cases(void) {
+    struct ki_http_result r;
+    long long cl;
+    int keep;
+    const char *h = "HTTP/1.1 200 OK\r\nKI-Batch-Status: 200, 409,503 ,422\r\nContent-Length: 12\r\nRetry-After: 3";
+    CHECK_EQ(ki_http_parse_head(h, strlen(h), &r, &cl, &keep), 0);
+    CHECK_EQ(r.status, 200);
+    CHECK_EQ(r.nframes, 4);
+    CHECK_EQ(r.frame_status[0], 200);
+    CHECK_EQ(r.frame_status[2], 503);
+    CHECK_EQ(r.frame_status[3], 422);
+    CHECK_EQ(cl, 12);
+    CHECK_EQ(keep, 1);
+    CHECK_EQ(r.retry_after, 3);
+    const char *huge = "HTTP/1.1 503 x\r\nRetry-After: 184467440737095516160\r\nContent-Length: 0";
+    CHECK_EQ(ki_http_parse_head(huge, strlen(huge), &r, &cl, &keep), 0);
+    CHECK_EQ(r.retry_after, KI_HTTP_RETRY_AFTER_MAX);
+    const char *neg = "HTTP/1.1 503 x\r\nRetry-After: -1\r\nContent-Length: 0";
+    CHECK_EQ(ki_http_parse_head(neg, strlen(neg), &r, &cl, &keep), 0);
+    CHECK_EQ(r.retry_after, -1);
+    const char *date = "HTTP/1.1 503 x\r\nRetry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\nContent-Length: 0";
+    CHECK_EQ(ki_http_parse_head(date, strlen(date), &r, &cl, &keep), 0);
+    CHECK_EQ(r.retry_after, -1);
+    const char *badlen[] = {"HTTP/1.1 200 OK\r\nContent-Length: -1", "HTTP/1.1 200 OK\r\nContent-Length: 1x",
+                            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999", "HTTP/1.1 2000 OK",
+                            "HTTP/1.1 099 OK", "HTTX/1.1 200 OK"};
+    for (size_t i = 0; i < sizeof badlen / sizeof badlen[0]; i++)
+        CHECK_EQ(ki_http_parse_head(badlen[i], strlen(badlen[i]), &r, &cl, &keep), -EPROTO);
+    const char *big = "HTTP/1.1 200 OK\r\nContent-Length: 900000000";
+    CHECK_EQ(ki_http_parse_head(big, strlen(big), &r, &cl, &keep), 0);
+    CHECK_EQ(keep, 0); /* a body too long to skip ends the connection */
+    const char *badframes[] = {"HTTP/1.1 200 OK\r\nKI-Batch-Status: 200,", "HTTP/1.1 200 OK\r\nKI-Batch-Status: 2000",
+                               "HTTP/1.1 200 OK\r\nKI-Batch-Status: ", "HTTP/1.1 200 OK\r\nKI-Batch-Status: 200;201"};
+    for (size_t i = 0; i < sizeof badframes / sizeof badframes[0]; i++) {
+        CHECK_EQ(ki_http_parse_head(badframes[i], strlen(badframes[i]), &r, &cl, &keep), 0);
+        CHECK_EQ(r.nframes, -2);
+    }
+    /* Random heads: any result is clean (0 or -EPROTO), statuses in range. */
+    char buf[512];
+    for (int i = 0; i < 200000; i++) {
+        size_t n = next_rand() % sizeof buf;
+        const char *seed = SEEDS[next_rand() % NSEEDS];
+        size_t sl = strlen(seed);
+        memcpy(buf, seed, sl < sizeof buf ? sl : sizeof buf);
+        if (next_rand() % 2)
+            for (size_t j = 0; j < n; j++) buf[j] = (char)next_rand();
+        else
+            for (int k = 0; k < 4; k++) buf[next_rand() % sizeof buf] = (char)next_rand();
+        int rc = ki_http_parse_head(buf, n, &r, &cl, &keep);
+        CHECK(rc == 0 || rc == -EPROTO);
+        if (rc == 0) {
+            CHECK(r.status >= 100 && r.status <= 599);
+            CHECK(r.retry_after >= -1 && r.retry_after <= KI_HTTP_RETRY_AFTER_MAX);
+            CHECK(r.nframes >= -2 && r.nframes <= KI_HTTP_MAX_FRAMES && r.nframes != 0);
+            for (int j = 0; j < r.nframes; j++) CHECK(r.frame_status[j] >= 100 && r.frame_status[j] <= 599);
+        }
+    }
+}
+
 int main(void) {
+    parse_cases();
     signal(SIGPIPE, SIG_IGN); /* the server side writes to clients that gave up */
     listener = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {0};
