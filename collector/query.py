@@ -7,6 +7,8 @@ samples table is read only for those fingerprints and only inside the window.
 from __future__ import annotations
 
 import datetime as dt
+import re
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,10 +19,20 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
+from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.collector.store import quote
+from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored
-from kernel_insight.kql.storage import STALE_NAN_BITS, Labels, Matcher, SeriesData, is_stale, labels_match
+from kernel_insight.kql.storage import (
+    READ_BUDGET,
+    STALE_NAN_BITS,
+    Labels,
+    Matcher,
+    SeriesData,
+    is_stale,
+    labels_match,
+)
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -41,6 +53,10 @@ _CACHED_BYTES_PER_SAMPLE = 24
 #: Windows longer than this many hours bypass the sample cache (a month-long query would
 #: otherwise flush what dashboards keep re-reading).
 CACHE_MAX_HOURS = 48
+
+_GRID_SETTING = "allow_experimental_ts_to_grid_aggregate_function = 1"
+#: The server's error code in a refused statement's message.
+_CODE = re.compile(r"Code:\s*(\d+)")
 
 #: A series' labels and the string that sorts like them (None when one cannot be built).
 _Known = tuple[Labels, str | None]
@@ -159,7 +175,7 @@ class ClickHouseStorage:
             if cols is not None:
                 return cols
         sub = self._series_sql(matchers, start_ms, end_ms, with_samples=False)
-        series = self._store.query(sub)
+        series = self._read(sub)
         if series.num_rows == 0:
             return columns_of([])
         labels_by_fp = self._labels(series)
@@ -170,10 +186,41 @@ class ClickHouseStorage:
 
     def _samples(self, where: str) -> pa.Table:
         """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t)."""
-        return self._store.query(
+        return self._read(
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
-            f"WHERE {where} ORDER BY fingerprint, t"
+            f"WHERE {where} ORDER BY fingerprint, t",
+            rows_per_sample=1,
         )
+
+    def _read(self, sql: str, rows_per_sample: int = 0, settings: str = "") -> pa.Table:
+        """A read bounded by the running kql query's budget (``READ_BUDGET``), if there is one.
+
+        ClickHouse stops it at the query's deadline (``max_execution_time``) and, for reads whose
+        rows hold samples (``rows_per_sample`` samples or grid cells a row), once it would return
+        more than the query may still hold (``max_result_rows``): a 200k-series read fails in
+        ClickHouse with the query's own timeout or sample-limit error instead of filling memory.
+        """
+        budget = READ_BUDGET.get()
+        extra = [settings] if settings else []
+        if budget is not None:
+            remaining = budget.deadline - time.monotonic()
+            if remaining <= 0:
+                raise QueryTimeoutError.after(budget.timeout_s)
+            extra.append(f"max_execution_time = {remaining:.3f}, timeout_overflow_mode = 'throw'")
+            if rows_per_sample:
+                rows = max(1, budget.max_samples // rows_per_sample)
+                extra.append(f"max_result_rows = {rows}, result_overflow_mode = 'throw'")
+        if extra:
+            sql = f"{sql} SETTINGS {', '.join(extra)}"
+        try:
+            return self._store.query(sql)
+        except StoreError as exc:
+            code = _CODE.search(str(exc))
+            if budget is not None and code is not None and code.group(1) == "159":  # TIMEOUT_EXCEEDED
+                raise QueryTimeoutError.after(budget.timeout_s) from exc
+            if budget is not None and code is not None and code.group(1) == "396":  # TOO_MANY_ROWS_OR_BYTES
+                raise TooManySamplesError() from exc
+            raise
 
     # ---- the sample cache (collector/sample_cache.py) ------------------------------------
 
@@ -274,7 +321,7 @@ class ClickHouseStorage:
         cache = self._labels_cache
         if any(fp not in cache for fp in fps):
             sub = self._series_sql([Matcher("__name__", "=", metric)], start_ms, end_ms, with_samples=False)
-            self._labels(self._store.query(sub))
+            self._labels(self._read(sub))
         out = {fp: known for fp in fps if (known := cache.get(fp)) is not None}
         return out if len(out) == len(fps) else None
 
@@ -346,18 +393,19 @@ class ClickHouseStorage:
         if self._cache_plan(matchers, first, end_ms) is not None:
             return None  # decoded samples in memory beat any grid ClickHouse computes
         sub = self._series_sql(matchers, first, end_ms, with_samples=False)
-        series = self._store.query(sub)
+        series = self._read(sub)
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps)
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, lookback_ms)
         times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
-        result = self._store.query(
+        result = self._read(
             f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v{times if sample_times else ''} "
             f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
-            f"AND {self._window(first, end_ms)} GROUP BY fingerprint "
-            "SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
+            f"AND {self._window(first, end_ms)} GROUP BY fingerprint",
+            rows_per_sample=steps,
+            settings=_GRID_SETTING,
         )
         if result.num_rows == 0:
             return _empty_grid(steps)
@@ -392,17 +440,19 @@ class ClickHouseStorage:
         ):
             return None
         sub = self._series_sql(matchers, first, end_ms, with_samples=False)
-        series = self._store.query(sub)
+        series = self._read(sub)
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps), 0
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
-        result = self._store.query(
+        result = self._read(
             f"SELECT fingerprint, {agg}({grid})(ts, value) AS v "
             f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
             f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
-            "GROUP BY fingerprint SETTINGS allow_experimental_ts_to_grid_aggregate_function = 1"
+            "GROUP BY fingerprint",
+            rows_per_sample=steps,
+            settings=_GRID_SETTING,
         )
         if result.num_rows == 0:
             return _empty_grid(steps), 0

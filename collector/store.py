@@ -9,6 +9,7 @@ Arrow table reaches the engine. Exceptions (what to catch)::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -700,6 +701,11 @@ class EmbeddedStore(Store):
         try:
             return self._session.query(sql, fmt)
         except Exception as exc:
+            # chDB hands what a statement that failed mid-stream had already produced (rows of a
+            # throwIf, a result over max_result_rows, a timeout) to the session's next query as
+            # that query's result: a throwaway statement takes it instead.
+            with contextlib.suppress(Exception):
+                self._session.query("SELECT 1", "CSV")
             raise _classify(exc, "embedded ClickHouse") from exc
 
     def _command(self, sql: str) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,7 @@ from kernel_insight.kql.ast import (
 from kernel_insight.kql.binary import ARITHMETIC, binary_op
 from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
+    KqlError,
     KqlEvaluationError,
     KqlParseError,
     KqlTypeError,
@@ -64,7 +65,7 @@ from kernel_insight.kql.pushdown import (
     columns_of,
     grid_step,
 )
-from kernel_insight.kql.storage import Matcher, SeriesData, Storage, is_stale
+from kernel_insight.kql.storage import READ_BUDGET, Matcher, ReadBudget, SeriesData, Storage, is_stale
 from kernel_insight.kql.values import (
     Annotation,
     CallContext,
@@ -92,6 +93,7 @@ PARSE_CACHE_SIZE = 1024
 _CHECK_EVERY = 1024
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+_T = TypeVar("_T")
 
 
 class CancelToken:
@@ -235,17 +237,13 @@ class _Evaluator:
         if self.cancel is not None and self.cancel.cancelled:
             raise QueryCancelledError("query was canceled in expression evaluation")
         if time.monotonic() > self.deadline:
-            raise QueryTimeoutError(
-                f"query timed out in expression evaluation (timeout {self.limits.timeout_s:g}s)"
-            )
+            raise QueryTimeoutError.after(self.limits.timeout_s)
 
     def hold(self, n: int) -> None:
         """Count ``n`` more samples as held in memory; refuse past ``max_samples`` (Prometheus' text)."""
         held = self.held + n
         if held > self.limits.max_samples:
-            raise TooManySamplesError(
-                "query processing would load too many samples into memory in query execution"
-            )
+            raise TooManySamplesError()
         self.held = held
         if held > self.peak:
             self.peak = held
@@ -261,16 +259,27 @@ class _Evaluator:
         kql stores step vectors densely, so the cells count even where a series has no sample.
         """
         if self.held + series * steps > self.limits.max_samples:
-            raise TooManySamplesError(
-                "query processing would load too many samples into memory in query execution"
-            )
+            raise TooManySamplesError()
 
-    def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
+    def read(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Call the storage under this query's budget (READ_BUDGET); its failures become StorageError.
+
+        A back end that honours the budget raises the query's own timeout or sample-limit error.
+        """
         self.checkpoint()
+        budget = ReadBudget(self.deadline, self.limits.timeout_s, max(0, self.limits.max_samples - self.held))
+        token = READ_BUDGET.set(budget)
         try:
-            series = self.storage.select(matchers, start, end)
+            return fn(*args)
+        except KqlError:
+            raise
         except Exception as exc:
             raise StorageError(f"storage select failed: {exc}") from exc
+        finally:
+            READ_BUDGET.reset(token)
+
+    def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
+        series = self.read(self.storage.select, matchers, start, end)
         if len(series) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(series)} series, more than the limit of {self.limits.max_series}"
@@ -281,11 +290,7 @@ class _Evaluator:
         """Like :meth:`select`, as one block; a :class:`ColumnarStorage` answers so without per-series work."""
         if not isinstance(self.storage, ColumnarStorage):
             return columns_of(self.select(matchers, start, end))
-        self.checkpoint()
-        try:
-            cols = self.storage.select_columns(matchers, start, end)
-        except Exception as exc:
-            raise StorageError(f"storage select failed: {exc}") from exc
+        cols = self.read(self.storage.select_columns, matchers, start, end)
         if len(cols) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(cols)} series, more than the limit of {self.limits.max_series}"
@@ -455,13 +460,15 @@ class _Evaluator:
         step = grid_step(refs)
         if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
             return None
-        self.checkpoint()
-        try:
-            grid = self.storage.select_last_on_grid(
-                matchers, int(refs[0]), int(refs[-1]), step, self.limits.lookback_ms, sample_times
-            )
-        except Exception as exc:
-            raise StorageError(f"storage select failed: {exc}") from exc
+        grid = self.read(
+            self.storage.select_last_on_grid,
+            matchers,
+            int(refs[0]),
+            int(refs[-1]),
+            step,
+            self.limits.lookback_ms,
+            sample_times,
+        )
         if grid is None:
             return None
         if len(grid) > self.limits.max_series:
@@ -489,13 +496,15 @@ class _Evaluator:
         if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
             return None
         range_ms = self.duration_ms(arg.range, "range", positive=True)
-        self.checkpoint()
-        try:
-            answer = self.storage.select_range_on_grid(
-                node.func, arg.vector.all_matchers(), int(refs[0]), int(refs[-1]), step, range_ms
-            )
-        except Exception as exc:
-            raise StorageError(f"storage select failed: {exc}") from exc
+        answer = self.read(
+            self.storage.select_range_on_grid,
+            node.func,
+            arg.vector.all_matchers(),
+            int(refs[0]),
+            int(refs[-1]),
+            step,
+            range_ms,
+        )
         if answer is None:
             return None
         grid, samples = answer

@@ -97,13 +97,24 @@ class KqlExecutionError(KqlError):
 class QueryTimeoutError(KqlExecutionError):
     """The query ran longer than its timeout."""
 
+    @classmethod
+    def after(cls, timeout_s: float) -> QueryTimeoutError:
+        """The error every part of a query raises at its deadline (Prometheus' text, plus the timeout)."""
+        return cls(f"query timed out in expression evaluation (timeout {timeout_s:g}s)")
+
 
 class QueryCancelledError(KqlExecutionError):
     """The query's cancel token was set."""
 
 
 class TooManySamplesError(KqlExecutionError):
-    """The query loaded more samples than the engine's ``max_samples``."""
+    """The query would hold more samples in memory at once than the engine's ``max_samples``."""
+
+    #: Prometheus' text for ``ErrTooManySamples``.
+    MESSAGE = "query processing would load too many samples into memory in query execution"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
 
 
 class TooManySeriesError(KqlExecutionError):

@@ -8,6 +8,7 @@ Two back ends implement :class:`Storage`: the ClickHouse store of the collector 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -18,11 +19,13 @@ from kernel_insight.kql.regex import RegexError, compile_anchored
 
 __all__ = [
     "MATCH_OPS",
+    "READ_BUDGET",
     "STALE_NAN",
     "STALE_NAN_BITS",
     "Labels",
     "Matcher",
     "MemoryStorage",
+    "ReadBudget",
     "SeriesData",
     "Storage",
     "is_stale",
@@ -101,6 +104,24 @@ class SeriesData:
     labels: Labels  # sorted, includes ("__name__", ...)
     timestamps: npt.NDArray[np.int64]  # ms, ascending
     values: npt.NDArray[np.float64]  # stale markers are the StaleNaN bit pattern 0x7ff0000000000002
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBudget:
+    """What the running query may still spend on one storage read; see :data:`READ_BUDGET`.
+
+    A back end that can bound a read (ClickHouse's ``max_execution_time`` and
+    ``max_result_rows``) raises :class:`~kernel_insight.kql.errors.QueryTimeoutError` or
+    :class:`~kernel_insight.kql.errors.TooManySamplesError` itself instead of returning more.
+    """
+
+    deadline: float  # time.monotonic() value at which the query times out
+    timeout_s: float  # the query's whole timeout, for the message
+    max_samples: int  # samples the read may return before the query is over its sample limit
+
+
+#: Set by the engine around each storage read, in the reading thread; ``None`` outside a query.
+READ_BUDGET: ContextVar[ReadBudget | None] = ContextVar("kql_read_budget", default=None)
 
 
 @runtime_checkable
