@@ -48,6 +48,7 @@ __all__ = [
     "DURATION_FUNCTIONS",
     "MAX_AT_MS",
     "MAX_DEPTH",
+    "MAX_QUERY_LENGTH",
     "PARAM_AGGREGATORS",
     "parse",
     "parse_raw",
@@ -57,6 +58,10 @@ __all__ = [
 #: calls). Every pass over the tree (transformer, checker, evaluator, printer) recurses, so a deeper
 #: query would exhaust Python's stack; Prometheus has no such limit, and no real query comes near it.
 MAX_DEPTH = 256
+#: The longest query text parsed, in characters. Parsing costs tens of microseconds a character in
+#: Python, so a multi-megabyte query (a POST body may hold 10 MiB) would hold a worker for minutes;
+#: 128 Ki characters leave room for a Grafana variable of thousands of alternatives.
+MAX_QUERY_LENGTH = 128 * 1024
 #: The largest ``@`` time, in milliseconds, either side of the epoch (2^62 ms, about 146 million
 #: years): any offset and range subtracted from it still fits the engine's int64 arithmetic.
 MAX_AT_MS = 2**62
@@ -511,6 +516,13 @@ def parse_raw(query: str) -> Expr:
     """Parse without the type-checking pass (the printer and tests use it)."""
     if not query.strip():
         raise KqlParseError("no expression found in input", query, 0)
+    if len(query) > MAX_QUERY_LENGTH:
+        raise KqlParseError(
+            f"query is too long: {len(query)} characters, more than the limit of {MAX_QUERY_LENGTH}",
+            query,
+            MAX_QUERY_LENGTH,
+            len(query),
+        )
     try:
         tree = _parser().parse(query)
     except UnexpectedInput as exc:

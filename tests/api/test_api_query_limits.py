@@ -66,6 +66,13 @@ def test_hostile_queries_are_bad_data_with_a_position(client, query: str, fragme
         assert error.startswith("1:"), error  # line:column of the problem
 
 
+def test_an_overlong_query_is_bad_data_at_once(client) -> None:
+    query = "up{" + ",".join(f'a{i}="x"' for i in range(20_000)) + "}"  # 228 KB: minutes to parse
+    began = time.monotonic()
+    _bad_data(client.post("/api/v1/query", data={"query": query}), "query is too long")
+    assert time.monotonic() - began < 5
+
+
 @pytest.mark.parametrize("selector", ["(" * 500 + "up" + ")" * 500, "up offset 9999999999999999999d"])
 def test_hostile_match_selectors_are_bad_data(client, selector: str) -> None:
     for path in ("/api/v1/series", "/api/v1/labels", "/api/v1/label/gpu/values"):

@@ -26,7 +26,7 @@ from kernel_insight.kql import (
     parse,
 )
 from kernel_insight.kql import engine as engine_module
-from kernel_insight.kql.parser import MAX_DEPTH
+from kernel_insight.kql.parser import MAX_DEPTH, MAX_QUERY_LENGTH
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
 
@@ -132,6 +132,15 @@ def test_deep_nesting_is_a_parse_error_with_a_position(query: str, column: int |
     with pytest.raises(KqlParseError, match=f"nests too deeply: more than {MAX_DEPTH} levels") as info:
         parse(query)
     assert 1 <= info.value.column <= len(query)
+
+
+def test_overlong_queries_are_refused_before_parsing() -> None:
+    # 50,000 matchers took 33 s to parse on the dev machine; the limit answers at once.
+    query = "up{" + ",".join(f'a{i}="x"' for i in range(50_000)) + "}"
+    with pytest.raises(KqlParseError, match=f"query is too long: {len(query)} characters") as info:
+        parse(query)
+    assert info.value.start == MAX_QUERY_LENGTH
+    assert len(parse("up{" + ",".join(f'gpu!="{i}"' for i in range(500)) + "}").matchers) == 500
 
 
 def test_nesting_up_to_the_limit_is_evaluated() -> None:
