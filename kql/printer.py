@@ -73,7 +73,8 @@ def _precedence(node: Node) -> int:
 
 
 def _is_negative(node: NumberLiteral) -> bool:
-    return node.value < 0 or str(node.value).startswith("-")
+    """Whether the number prints with a sign (``-1``, ``-0``, and ``+Inf``), which binds like unary minus."""
+    return node.value < 0 or str(node.value).startswith("-") or node.value == math.inf
 
 
 def _label(name: str) -> str:
