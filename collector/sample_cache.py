@@ -286,6 +286,26 @@ class SampleCache:
             )
 
 
+def _first_at_least(ts: I64, lo: I64, hi: I64, t: int) -> I64:
+    """For every range ``[lo[i], hi[i])`` of ascending ``ts``: the first index whose time is >= t (or hi[i]).
+
+    A binary search over all ranges at once: ~log2(samples per series) passes over the ranges,
+    where prefix counts over the whole block cost a pass over every sample of the hour (an
+    instant query wants a few of them).
+    """
+    lo, hi = lo.copy(), hi.copy()
+    if len(ts) == 0:
+        return lo
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi) // 2
+        below = open_ & (ts[np.minimum(mid, len(ts) - 1)] < t)
+        lo = np.where(below, mid + 1, lo)
+        hi = np.where(open_ & ~below, mid, hi)
+
+
 def gather_series(
     labels: list[Labels], want: npt.NDArray[np.uint64], blocks: list[SampleBlock], start_ms: int, end_ms: int
 ) -> SeriesColumns:
@@ -311,11 +331,9 @@ def gather_series(
         a = block.offsets[pos]
         b = np.where(hit, block.offsets[pos + 1], a)
         if int(block.ts[a[hit]].min(initial=start_ms)) < start_ms:
-            early = np.concatenate(([0], np.cumsum(block.ts < start_ms)))
-            a = a + (early[b] - early[a])
+            a = _first_at_least(block.ts, a, b, start_ms)
         if int(block.ts[np.maximum(b[hit] - 1, 0)].max(initial=end_ms)) > end_ms:
-            late = np.concatenate(([0], np.cumsum(block.ts > end_ms)))
-            b = b - (late[b] - late[a])
+            b = _first_at_least(block.ts, a, b, end_ms + 1)
         starts[:, j] = a
         lengths[:, j] = np.maximum(b - a, 0)
     total = int(lengths.sum())

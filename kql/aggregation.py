@@ -6,6 +6,7 @@ Sums and means use Kahan-Neumaier compensation in input order, as Prometheus doe
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -95,15 +96,57 @@ def _by_rank(gid: npt.NDArray[np.intp], rank: npt.NDArray[np.intp], depth: int) 
 _SEQUENTIAL_LIMIT = 256
 
 
+#: One numpy Kahan step over all groups costs about as much as this many scalar steps in Python:
+#: few steps and many series (an instant ``sum``) are summed value by value instead.
+_SCALAR_COST_RATIO = 100
+
+
+def _kahan_totals_scalar(
+    values: F64, present: BOOL, gid: npt.NDArray[np.intp], n: int
+) -> tuple[F64, F64, npt.NDArray[np.int64]]:
+    """:func:`_kahan_totals` value by value in row order, with :func:`kahan_add`'s arithmetic
+    (the same bits; strictly sequential even for groups over ``_SEQUENTIAL_LIMIT``, as Prometheus)."""
+    steps = values.shape[1]
+    total = [[0.0] * steps for _ in range(n)]
+    comp = [[0.0] * steps for _ in range(n)]
+    count = np.zeros((n, steps), dtype=np.int64)
+    isinf = math.isinf
+    for g, row, here in zip(gid.tolist(), values.tolist(), present.tolist(), strict=True):
+        tot, com = total[g], comp[g]
+        for j, (x, p) in enumerate(zip(row, here, strict=True)):
+            if p:
+                a = tot[j]
+                t = a + x
+                bb = t - a
+                err = (a - (t - bb)) + (x - bb)
+                com[j] = 0.0 if isinf(t) else com[j] + err
+                tot[j] = t
+    np.add.at(count, gid, present)
+    return (
+        np.array(total, dtype=np.float64).reshape(n, steps),
+        np.array(comp, dtype=np.float64).reshape(n, steps),
+        count,
+    )
+
+
 def _kahan_totals(
     values: F64, present: BOOL, gid: npt.NDArray[np.intp], n: int
 ) -> tuple[F64, F64, npt.NDArray[np.int64]]:
     """Kahan-Neumaier sum, compensation and count of the present values of every group and step."""
+    rank, depth = _ranks(gid, n)
+    if len(gid) * values.shape[1] <= _SCALAR_COST_RATIO * min(depth, _SEQUENTIAL_LIMIT):
+        return _kahan_totals_scalar(values, present, gid, n)
+    return _kahan_totals_vectorised(values, present, gid, n, rank, depth)
+
+
+def _kahan_totals_vectorised(
+    values: F64, present: BOOL, gid: npt.NDArray[np.intp], n: int, rank: npt.NDArray[np.intp], depth: int
+) -> tuple[F64, F64, npt.NDArray[np.int64]]:
+    """:func:`_kahan_totals` one numpy step per rank within the groups (rank r of every group at once)."""
     steps = values.shape[1]
     total = np.zeros((n, steps))
     comp = np.zeros((n, steps))
     count = np.zeros((n, steps), dtype=np.int64)
-    rank, depth = _ranks(gid, n)
     if depth > _SEQUENTIAL_LIMIT:
         blocks = rank // _SEQUENTIAL_LIMIT
         sub_gid, n_sub = group_rows(list(zip(gid.tolist(), blocks.tolist(), strict=True)))

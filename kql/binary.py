@@ -187,9 +187,12 @@ def _vector_vector(
                 f"operation: [{labels_to_str(a)}, {labels_to_str(b)}];many-to-many matching not allowed: "
                 "matching labels must be unique on one side"
             )
-    one_any: dict[Labels, BOOL] = {
-        s: np.asarray(one.present[rows].any(axis=0)) for s, rows in one_groups.items()
-    }
+    # Where each signature's "one" side is present: needed to check one-to-one matches and to fill.
+    one_any: dict[Labels, BOOL] = (
+        {s: np.asarray(one.present[rows].any(axis=0)) for s, rows in one_groups.items()}
+        if one_to_one or fill_one is not None
+        else {}
+    )
 
     if one_to_one:
         many_groups: dict[Labels, list[int]] = {}
@@ -205,6 +208,75 @@ def _vector_vector(
                     )
 
     # Pairs (many row, one row); -1 stands for a side synthesised by a fill modifier.
+    if fill_one is None and fill_many is None and all(len(rows) == 1 for rows in one_groups.values()):
+        # The usual join: one series per signature on the "one" side, so every many row has at
+        # most one partner, found by one dict lookup, and the pairs' masks are one gather.
+        partner = {s: rows[0] for s, rows in one_groups.items()}
+        match = np.fromiter((partner.get(s, -1) for s in many_sigs), dtype=np.intp, count=len(many_sigs))
+        pm = np.flatnonzero(match >= 0)
+        po = match[pm]
+        if len(pm) == 0:
+            return StepVector.empty(steps)
+        mask = many.present[pm] & one.present[po]
+        many_vals, one_vals = many.values[pm], one.values[po]
+    else:
+        pm, po, mask, many_vals, one_vals = _pairs_general(
+            many, one, many_sigs, one_sigs, one_groups, one_any, fill_many, fill_one, steps
+        )
+        if len(pm) == 0:
+            return StepVector.empty(steps)
+    lv, rv = (one_vals, many_vals) if swapped else (many_vals, one_vals)
+    if comparison:
+        cond = COMPARE[op](lv, rv)
+        if node.return_bool:
+            values = cond.astype(np.float64)
+        else:
+            values = lv
+            mask &= cond
+    else:
+        values = ARITHMETIC[op](lv, rv)
+
+    labels: list[Labels] = []
+    cache: dict[tuple[Labels, Labels], Labels] = {}
+    rows_many, rows_one = pm.tolist(), po.tolist()
+    for i, j in zip(rows_many, rows_one, strict=True):
+        many_labels = many.labels[i] if i >= 0 else one_sigs[j]
+        one_labels = one.labels[j] if j >= 0 else many_sigs[i]
+        if not one_to_one and not include:
+            labels.append(many_labels)  # many-to-one without group_left labels keeps the many side's
+            continue
+        key = (many_labels, one_labels)
+        result = cache.get(key)
+        if result is None:
+            result = cache[key] = _result_labels(many_labels, one_labels, matching, one_to_one, include)
+        labels.append(result)
+    if keeps_name:
+        drop = np.where(pm >= 0, many.drop_name[np.maximum(pm, 0)] if len(many) else False, False)
+    else:
+        drop = np.ones(len(pm), dtype=bool)
+    out = StepVector(
+        labels, np.asarray(values, dtype=np.float64), mask, np.asarray(drop, dtype=bool)
+    ).compact()
+    if not one_to_one:
+        out = consolidate(
+            out, message="multiple matches for labels: grouping labels must ensure unique matches"
+        )
+    return out
+
+
+def _pairs_general(
+    many: StepVector,
+    one: StepVector,
+    many_sigs: list[Labels],
+    one_sigs: list[Labels],
+    one_groups: dict[Labels, list[int]],
+    one_any: dict[Labels, BOOL],
+    fill_many: float | None,
+    fill_one: float | None,
+    steps: int,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], BOOL, F64, F64]:
+    """(many rows, one rows, masks, many values, one values) of every pair, fill modifiers included:
+    -1 stands for a side a fill synthesises (its value is the fill)."""
     pairs_many: list[int] = []
     pairs_one: list[int] = []
     masks: list[BOOL] = []
@@ -227,11 +299,11 @@ def _vector_vector(
                 pairs_many.append(-1)
                 pairs_one.append(j)
                 masks.append(missing)
-    if not pairs_many:
-        return StepVector.empty(steps)
-
     pm = np.asarray(pairs_many, dtype=np.intp)
     po = np.asarray(pairs_one, dtype=np.intp)
+    if len(pm) == 0:
+        empty = np.empty((0, steps))
+        return pm, po, np.empty((0, steps), dtype=bool), empty, empty
     mask = np.array(masks, dtype=bool).reshape(len(pm), steps)
     many_vals = np.where(
         (pm >= 0)[:, None], many.values[np.maximum(pm, 0)] if len(many) else 0.0, fill_many or 0.0
@@ -239,34 +311,4 @@ def _vector_vector(
     one_vals = np.where(
         (po >= 0)[:, None], one.values[np.maximum(po, 0)] if len(one) else 0.0, fill_one or 0.0
     )
-    lv, rv = (one_vals, many_vals) if swapped else (many_vals, one_vals)
-    if comparison:
-        cond = COMPARE[op](lv, rv)
-        if node.return_bool:
-            values = cond.astype(np.float64)
-        else:
-            values = lv
-            mask &= cond
-    else:
-        values = ARITHMETIC[op](lv, rv)
-
-    labels: list[Labels] = []
-    drop = np.ones(len(pm), dtype=bool)
-    cache: dict[tuple[Labels, Labels], Labels] = {}
-    for k in range(len(pm)):
-        i, j = pm[k], po[k]
-        many_labels = many.labels[i] if i >= 0 else one_sigs[j]
-        one_labels = one.labels[j] if j >= 0 else many_sigs[i]
-        key = (many_labels, one_labels)
-        result = cache.get(key)
-        if result is None:
-            result = cache[key] = _result_labels(many_labels, one_labels, matching, one_to_one, include)
-        labels.append(result)
-        if keeps_name:
-            drop[k] = bool(many.drop_name[i]) if i >= 0 else False
-    out = StepVector(labels, np.asarray(values, dtype=np.float64), mask, drop).compact()
-    if not one_to_one:
-        out = consolidate(
-            out, message="multiple matches for labels: grouping labels must ensure unique matches"
-        )
-    return out
+    return pm, po, mask, many_vals, one_vals

@@ -57,6 +57,9 @@ NAME_LABELS = ("__name__", "__type__", "__unit__")
 
 def drop_name(labels: Labels) -> Labels:
     """The label set without ``__name__`` (and the ``__type__``/``__unit__`` metadata that goes with it)."""
+    # Sorted labels that start with the name and go on past "__unit__" hold no metadata: a slice.
+    if labels and labels[0][0] == "__name__" and (len(labels) == 1 or labels[1][0] > "__unit__"):
+        return labels[1:]
     return tuple(p for p in labels if p[0] not in NAME_LABELS)
 
 

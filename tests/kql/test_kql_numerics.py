@@ -105,3 +105,27 @@ def test_kahan_step_equals_prometheus_kahan_sum_inc_bit_for_bit(inc, total, comp
     want_t, want_c = _neumaier(inc, total, comp)
     assert _same(float(t[0]), want_t)
     assert _same(float(c[0]), want_c)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.lists(finite_or_not, min_size=1, max_size=240),
+    st.randoms(use_true_random=False),
+)
+def test_scalar_and_numpy_group_sums_are_the_same_bits(rows, steps, groups, pool, rnd):
+    """The value-by-value Kahan (few steps) and the numpy one (many) give identical sums and counts."""
+    from kernel_insight.kql.aggregation import _kahan_totals_scalar, _kahan_totals_vectorised, _ranks
+
+    values = np.array([[rnd.choice(pool) for _ in range(steps)] for _ in range(rows)], dtype=np.float64)
+    present = np.array([[rnd.random() < 0.8 for _ in range(steps)] for _ in range(rows)])
+    gid = np.array([rnd.randrange(groups) for _ in range(rows)], dtype=np.intp)
+    n = int(gid.max()) + 1
+    with np.errstate(all="ignore"):
+        want = _kahan_totals_vectorised(values, present, gid, n, *_ranks(gid, n))  # groups well under 256
+        got = _kahan_totals_scalar(values, present, gid, n)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        assert all(_same(float(x), float(y)) for x, y in zip(a.ravel(), b.ravel(), strict=True))
