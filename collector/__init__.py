@@ -23,17 +23,29 @@ from kernel_insight.collector.keys import (
     read_key_file,
 )
 from kernel_insight.collector.metrics import AgentStates, CollectorMetrics, RequestMetrics, StoreStats
-from kernel_insight.collector.openmetrics import Exposition, OpenMetricsError, parse_exposition
+from kernel_insight.collector.openmetrics import (
+    Exposition,
+    ExpositionReader,
+    OpenMetricsError,
+    parse_exposition,
+)
 from kernel_insight.collector.query import ClickHouseStorage
-from kernel_insight.collector.remote_write import RemoteWriteError, encode_write_request, parse_remote_write
+from kernel_insight.collector.remote_write import (
+    RemoteWriteError,
+    SeriesEncoder,
+    encode_write_request,
+    parse_remote_write,
+)
 from kernel_insight.collector.rows import (
     Event,
     InstanceInfo,
     SampleBatch,
     SampleBuilder,
+    SeriesLimits,
     SpanBatch,
     canonical_labels,
     series_fingerprint,
+    validate_series,
 )
 from kernel_insight.collector.sample_cache import CacheStats, SampleBlock, SampleCache
 from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
@@ -90,6 +102,7 @@ __all__ = [
     "EmbeddedStore",
     "Event",
     "Exposition",
+    "ExpositionReader",
     "IngestStats",
     "InstanceInfo",
     "KeyLookup",
@@ -112,6 +125,8 @@ __all__ = [
     "SampleBuilder",
     "SampleCache",
     "SeenBatches",
+    "SeriesEncoder",
+    "SeriesLimits",
     "ServerStore",
     "SpanBatch",
     "StorageError",
@@ -135,4 +150,5 @@ __all__ = [
     "read_key_file",
     "series_fingerprint",
     "single_ddl",
+    "validate_series",
 ]

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
+import shutil
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
-from kernel_insight.collector.openmetrics import OpenMetricsError, parse_exposition
-from kernel_insight.collector.remote_write import encode_write_request
-from kernel_insight.collector.rows import SampleBatch
+from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
+from kernel_insight.collector.remote_write import SeriesEncoder
+from kernel_insight.collector.rows import Labels, SampleBatch, SeriesLimits, concat_samples
 from kernel_insight.collector.schema import (
     Retention,
     cluster_ddl,
@@ -29,41 +35,211 @@ DEFAULT_DATA_DIR = "./ki-data"
 Handler = Callable[[argparse.Namespace], int]
 
 
+#: Bytes read per step: a few tens of MB of parser state, whatever the file's size.
+CHUNK_BYTES = 8 << 20
+#: Samples per insert into an embedded store (ClickHouse wants few, large inserts).
+FLUSH_SAMPLES = 500_000
+#: Samples per remote_write request with ``--collector``, and requests in flight at once.
+REQUEST_SAMPLES = 20_000
+SENDERS = 4
+#: A single line longer than this is refused rather than buffered.
+MAX_LINE_BYTES = 64 << 20
+
+
+class _ImportError(Exception):
+    """A message for standard error and an exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _chunks(f: BinaryIO, size: int) -> Iterator[bytes]:
+    """Whole lines, about ``size`` bytes at a time (the last chunk may lack its newline)."""
+    rest = b""
+    while True:
+        block = f.read(size)
+        if not block:
+            if rest:
+                yield rest
+            return
+        block = rest + block if rest else block
+        cut = block.rfind(b"\n") + 1
+        if cut == 0:
+            if len(block) > MAX_LINE_BYTES:
+                raise _ImportError(f"a line longer than {MAX_LINE_BYTES} bytes", 1)
+            rest = block
+            continue
+        rest = block[cut:]
+        yield block[:cut]
+
+
+def _tail(f: BinaryIO) -> bytes:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - 64))
+    tail = f.read()
+    f.seek(0)
+    return tail
+
+
+class _Writer:
+    """Stores batches on a thread of its own, so parsing the next chunk overlaps the insert.
+
+    The queue holds at most two batches: memory stays bounded however far the reader gets ahead.
+    """
+
+    def __init__(self, write: Callable[[SampleBatch], int]) -> None:
+        self._write = write
+        self._queue: queue.Queue[SampleBatch | None] = queue.Queue(maxsize=2)
+        self.stored = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ki-import-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.stored += self._write(batch)
+                except BaseException as exc:  # handed to the reading thread, which reports it
+                    self.error = exc
+
+    def put(self, batch: SampleBatch) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put(batch)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _import(args: argparse.Namespace) -> int:
-    path = Path(args.file)
     try:
-        raw = sys.stdin.buffer.read() if args.file == "-" else path.read_bytes()
-    except OSError as exc:
-        print(f"ki import: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 1
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        print(f"ki import: {args.file}: line {line}: not valid UTF-8", file=sys.stderr)
-        return 1
-    default_ts = None if args.require_timestamps else int(time.time() * 1000)
-    try:
-        expo = parse_exposition(text, default_timestamp_ms=default_ts, format=args.format)
-    except OpenMetricsError as exc:
-        print(f"ki import: {args.file}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        if args.collector:
-            n = _send(args.collector, expo.samples, token=_token(args))
-        else:
-            with open_store(args.store, cluster=args.cluster) as store:
-                n = store.insert_samples(expo.samples)
-    except (StorageError, ValueError, OSError) as exc:
+        return _import_stream(args)
+    except _ImportError as exc:
         print(f"ki import: {exc}", file=sys.stderr)
-        return 2
-    note = (
-        f", {expo.defaulted_timestamps} without a timestamp stored at import time"
-        if expo.defaulted_timestamps
-        else ""
+        return exc.status
+
+
+def _import_stream(args: argparse.Namespace) -> int:
+    """Read, parse and store a chunk at a time: memory stays flat whatever the file's size."""
+    if args.file == "-":
+        # Standard input cannot be seeked for the format check: spool it to disk, not memory.
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 -- closed with f below
+        shutil.copyfileobj(sys.stdin.buffer, spool, CHUNK_BYTES)
+        spool.seek(0)
+        f: BinaryIO = spool
+    else:
+        try:
+            f = Path(args.file).open("rb")  # noqa: SIM115 -- closed below, after the stream
+        except OSError as exc:
+            raise _ImportError(f"cannot read {args.file}: {exc.strerror}", 1) from None
+    limits = SeriesLimits(
+        max_labels=args.max_labels,
+        max_name_bytes=args.max_name_bytes,
+        max_value_bytes=args.max_value_bytes,
+        utf8_names=args.utf8_names,
     )
-    print(f"imported {n} samples of {len(expo.samples.series)} series ({expo.format}){note}")
+    with f:
+        fmt = args.format if args.format != "auto" else detect_format(_tail(f))
+        default_ts = None if args.require_timestamps else int(time.time() * 1000)
+        reader = ExpositionReader(format=fmt, default_timestamp_ms=default_ts, limits=limits)
+        size = os.fstat(f.fileno()).st_size
+        try:
+            if args.collector:
+                sender = _Sender(args.collector, _token(args))
+                try:
+                    n, series = _pump(f, reader, sender.send, REQUEST_SAMPLES * SENDERS, size, args.file)
+                finally:
+                    sender.close()
+            else:
+                with open_store(args.store, cluster=args.cluster) as store:
+                    n, series = _pump(f, reader, store.insert_samples, FLUSH_SAMPLES, size, args.file)
+        except OpenMetricsError as exc:
+            raise _ImportError(f"{args.file}: {exc}", 1) from None
+        except (StorageError, ValueError, OSError) as exc:
+            raise _ImportError(str(exc), 2) from None
+    note = f", {reader.defaulted} without a timestamp stored at import time" if reader.defaulted else ""
+    print(f"imported {n} samples of {series} series ({fmt}){note}")
     return 0
+
+
+def _pump(
+    f: BinaryIO,
+    reader: ExpositionReader,
+    write: Callable[[SampleBatch], int],
+    flush_samples: int,
+    size: int,
+    name: str,
+) -> tuple[int, int]:
+    """Chunks -> reader -> writer thread, with a progress bar on a terminal; (samples, series) stored."""
+    writer = _Writer(write)
+    pending: list[SampleBatch] = []
+    waiting = 0
+    seen: set[Labels] = set()
+    progress = _progress(size, name)
+    try:
+        for chunk in _chunks(f, CHUNK_BYTES):
+            batch = reader.feed(chunk)
+            if len(batch):
+                seen.update(batch.series)
+                pending.append(batch)
+                waiting += len(batch)
+            if waiting >= flush_samples:
+                writer.put(concat_samples(pending))
+                pending, waiting = [], 0
+            if progress is not None:
+                progress(len(chunk), reader.lines)
+        reader.finish()
+        if pending:
+            writer.put(concat_samples(pending))
+    finally:
+        try:
+            writer.close()
+        finally:
+            if progress is not None:
+                progress(0, -1)
+    return writer.stored, len(seen)
+
+
+def _progress(total: int, name: str) -> Callable[[int, int], None] | None:
+    """A rich progress bar on standard error when it is a terminal; ``advance(bytes, lines)``, lines -1 ends it."""
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[lines]} lines"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(f"importing {Path(name).name}", total=total or None, lines=0)
+    bar.start()
+
+    def advance(nbytes: int, lines: int) -> None:
+        if lines < 0:
+            bar.stop()
+        else:
+            bar.update(task, advance=nbytes, lines=f"{lines:,}")
+
+    return advance
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -86,39 +262,45 @@ def _token(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _send(url: str, samples: SampleBatch, chunk: int = 50_000, token: str | None = None) -> int:
-    """Through a running collector's remote_write endpoint (its data directory is in use)."""
-    import httpx
-    import numpy as np
+class _Sender:
+    """remote_write requests to a running collector, ``SENDERS`` at once over keep-alive connections."""
 
-    order = np.argsort(samples.series_idx, kind="stable")
-    idx, ts, vs = samples.series_idx[order], samples.ts_ms[order], samples.values[order]
-    bounds = np.flatnonzero(np.diff(idx)) + 1
-    runs = list(
-        zip(
-            np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [len(idx)])).tolist(), strict=True
-        )
-    )
-    sent = 0
-    auth = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(timeout=60, headers=auth) as client:
-        pending: list[tuple[dict[str, str], list[tuple[int, float]]]] = []
-        size = 0
-        for k, (lo, hi) in enumerate(runs):
-            points = list(zip(ts[lo:hi].tolist(), vs[lo:hi].tolist(), strict=True))
-            pending.append((dict(samples.series[int(idx[lo])]), points))
-            size += len(points)
-            if size >= chunk or k == len(runs) - 1:
-                r = client.post(
-                    url.rstrip("/") + "/api/v1/write",
-                    content=encode_write_request(pending),
-                    headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"},
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.url = url.rstrip("/") + "/api/v1/write"
+        self.encoder = SeriesEncoder()
+        self.client = httpx.Client(timeout=120, headers=headers, limits=httpx.Limits(max_connections=SENDERS))
+        self.pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="ki-import-send")
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.client.close()
+
+    def _post(self, body: bytes) -> None:
+        r = self.client.post(self.url, content=body)
+        if r.status_code != 204:
+            raise OSError(f"the collector answered {r.status_code}: {r.text[:300]}")
+
+    def send(self, batch: SampleBatch) -> int:
+        """Split ``batch`` into requests of ``REQUEST_SAMPLES`` samples, sent ``SENDERS`` at a time."""
+        bodies = [
+            self.encoder.encode(
+                SampleBatch(
+                    batch.series,
+                    batch.series_idx[i : i + REQUEST_SAMPLES],
+                    batch.ts_ms[i : i + REQUEST_SAMPLES],
+                    batch.values[i : i + REQUEST_SAMPLES],
                 )
-                if r.status_code != 204:
-                    raise OSError(f"the collector answered {r.status_code}: {r.text[:300]}")
-                sent += size
-                pending, size = [], 0
-    return sent
+            )
+            for i in range(0, len(batch), REQUEST_SAMPLES)
+        ]
+        for _ in self.pool.map(self._post, bodies):
+            pass
+        return len(batch)
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -181,9 +363,33 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--token", default=None, help="deprecated (visible in ps): the token itself; use --token-file"
     )
+    defaults = SeriesLimits()
+    p.add_argument(
+        "--max-labels",
+        type=int,
+        default=defaults.max_labels,
+        help=f"most labels per series, __name__ included (default {defaults.max_labels}, 0 = no limit)",
+    )
+    p.add_argument(
+        "--max-name-bytes",
+        type=int,
+        default=defaults.max_name_bytes,
+        help=f"longest metric or label name (default {defaults.max_name_bytes}, 0 = no limit)",
+    )
+    p.add_argument(
+        "--max-value-bytes",
+        type=int,
+        default=defaults.max_value_bytes,
+        help=f"longest label value (default {defaults.max_value_bytes}, 0 = no limit)",
+    )
+    p.add_argument(
+        "--utf8-names",
+        action="store_true",
+        help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
+    )
     p.set_defaults(handler=_import)
 
-    defaults = Retention()
+    retention = Retention()
     s = sub.add_parser(
         "schema", help="print the ClickHouse DDL (single server or cluster), or regenerate deploy/"
     )
@@ -191,7 +397,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     s.add_argument("--database", default="ki", help="database name (default ki)")
     s.add_argument("--write", metavar="DIR", help="write schema-single.sql and schema-cluster.sql into DIR")
     for kind in ("samples", "spans", "events", "series"):
-        default = getattr(defaults, f"{kind}_days")
+        default = getattr(retention, f"{kind}_days")
         shown = "as samples" if default is None else default
         s.add_argument(
             f"--retention-{kind}",

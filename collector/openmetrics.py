@@ -9,10 +9,34 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
-from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder, canonical_labels
+import numpy as np
+import numpy.typing as npt
 
-__all__ = ["Exposition", "MetricMeta", "OpenMetricsError", "parse_exposition"]
+from kernel_insight.collector.rows import (
+    MAX_TS_MS,
+    MIN_TS_MS,
+    Labels,
+    SampleBatch,
+    SampleBuilder,
+    SeriesLimits,
+    canonical_labels,
+    validate_series,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Exposition",
+    "ExpositionReader",
+    "MetricMeta",
+    "OpenMetricsError",
+    "detect_format",
+    "parse_exposition",
+]
+
+#: Prometheus' classic names and Mimir's size limits (rows.SeriesLimits).
+DEFAULT_LIMITS = SeriesLimits()
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _NAME_RE = re.compile(_NAME)
@@ -24,6 +48,9 @@ _WS_RE = re.compile(r"[ \t]+")
 _FAST_RE = re.compile(
     r'([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?)[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*$'
 )
+# A sample line of the usual shape: series, one space, value, one space, timestamp.
+_FAST_LINE = re.compile(rb"^([^#\n][^\n]*) ([^ \t\n]+) ([^ \t\n]+)$", re.M)
+_COMMENT_LINE = re.compile(rb"^#[^\n]*", re.M)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = {
     "counter",
@@ -160,93 +187,268 @@ def _float(ln: _Line, what: str) -> float:
 
 
 def parse_exposition(
-    text: str, *, default_timestamp_ms: int | None = None, format: str = "auto"
+    text: str,
+    *,
+    default_timestamp_ms: int | None = None,
+    format: str = "auto",
+    limits: SeriesLimits = DEFAULT_LIMITS,
 ) -> Exposition:
     """Samples of every line; a sample without a timestamp gets ``default_timestamp_ms`` or is an error.
 
     ``format="auto"`` reads OpenMetrics (timestamps in seconds) when the text ends with ``# EOF``,
-    else Prometheus text (timestamps in milliseconds).
+    else Prometheus text (timestamps in milliseconds). Big files go through
+    :class:`ExpositionReader` instead, a chunk at a time.
     """
-    if format not in ("auto", "prometheus", "openmetrics"):
-        raise ValueError(f"unknown format {format!r}: use auto, prometheus or openmetrics")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    raw = text.encode()
     if format == "auto":
-        format = "openmetrics" if lines and lines[-1].rstrip("\r") == "# EOF" else "prometheus"
-    om = format == "openmetrics"
-    out = SampleBuilder()
-    meta: dict[str, MetricMeta] = {}
-    defaulted = 0
-    eof_seen = False
-    # Each distinct series text is parsed (and checked) once; later lines of the same series only
-    # need their value and timestamp checked, which makes big backfills several times faster.
-    known: dict[str, tuple[tuple[str, str], ...]] = {}
-    ts_re = _FLOAT_RE if om else _INT_RE
-    for no, raw in enumerate(lines, start=1):
-        text = raw[:-1] if raw.endswith("\r") else raw
-        fast = None if eof_seen else _FAST_RE.match(text)
-        if fast is not None:
-            series = known.get(fast.group(1))
-            v, t = fast.group(2), fast.group(3)
-            if series is not None and _FLOAT_RE.fullmatch(v) and t is not None and ts_re.fullmatch(t):
-                t_num = float(t) if om else int(t)
-                if math.isfinite(t_num):
-                    ts_fast = round(t_num * 1000) if om else int(t_num)
-                    if MIN_TS_MS <= ts_fast <= MAX_TS_MS:
-                        out.add(series, ts_fast, float(v))
-                        continue
-        ln = _Line(no, text)
-        if eof_seen:
-            raise ln.fail("text after '# EOF'", 0)
-        if ln.text.strip() == "":
-            continue
-        if ln.text.startswith("#"):
-            eof_seen = _comment(ln, meta, om)
-            continue
+        format = detect_format(raw[-64:])
+    reader = ExpositionReader(format=format, default_timestamp_ms=default_timestamp_ms, limits=limits)
+    batch = reader.feed(raw)
+    reader.finish()
+    return Exposition(batch, reader.metadata, format, reader.defaulted)
+
+
+def detect_format(tail: bytes) -> str:
+    """``openmetrics`` when the text's last bytes are its ``# EOF`` line, else ``prometheus``."""
+    if tail.endswith(b"\n"):
+        tail = tail[:-1]
+    if tail.endswith(b"\r"):
+        tail = tail[:-1]
+    return "openmetrics" if tail == b"# EOF" or tail.endswith(b"\n# EOF") else "prometheus"
+
+
+class ExpositionReader:
+    """Parses exposition text a chunk of whole lines at a time, so a file of any size fits in memory.
+
+    Lines of the usual shape (``series value timestamp``, single spaces) take a fast path:
+    one regex pass over the chunk, a dict lookup per line for the series (each distinct
+    series text is parsed and checked once, in full), and numpy for values and timestamps.
+    A chunk with anything else (missing timestamps, tabs, CRLF, exemplars, an error) goes
+    through the line-by-line parser, which also gives the error its line and column.
+
+    >>> r = ExpositionReader(format="prometheus")
+    >>> len(r.feed(b"up 1 1000\nup 0 2000\n"))
+    2
+    """
+
+    def __init__(
+        self,
+        *,
+        format: str = "prometheus",
+        default_timestamp_ms: int | None = None,
+        limits: SeriesLimits = DEFAULT_LIMITS,
+    ) -> None:
+        if format not in ("prometheus", "openmetrics"):
+            raise ValueError(f"unknown format {format!r}: use prometheus or openmetrics")
+        self.format = format
+        self.om = format == "openmetrics"
+        self.default_timestamp_ms = default_timestamp_ms
+        self.limits = limits
+        self.metadata: dict[str, MetricMeta] = {}
+        self.defaulted = 0  # samples that had no timestamp and got the default
+        self.lines = 0  # lines consumed so far
+        self.eof_seen = False
+        self._ids: dict[bytes, int] = {}  # series text -> index in _series (fast path)
+        self._series: list[Labels] = []
+        self._known: dict[str, Labels] = {}  # series text -> labels (line-by-line path)
+
+    def feed(self, chunk: bytes) -> SampleBatch:
+        """Samples of ``chunk``: whole lines (the stream's last chunk may lack the final newline)."""
+        first = self.lines + 1
+        nlines = chunk.count(b"\n") + (0 if not chunk or chunk.endswith(b"\n") else 1)
+        saved = self.eof_seen, {k: MetricMeta(m.type, m.help, m.unit) for k, m in self.metadata.items()}
+        batch = self._fast(chunk, first, nlines)
+        if batch is None:  # undo what the fast path's comment pass learnt, then go line by line
+            self.eof_seen, self.metadata = saved
+            batch = self._slow(chunk, first)
+        self.lines += nlines
+        return batch
+
+    def finish(self) -> None:
+        """Call after the last chunk: OpenMetrics text must have ended with ``# EOF``."""
+        if self.om and not self.eof_seen:
+            raise OpenMetricsError(max(self.lines, 1), 1, "OpenMetrics text must end with '# EOF'")
+
+    # ---- the fast path -------------------------------------------------------------
+
+    def _fast(self, chunk: bytes, first: int, nlines: int) -> SampleBatch | None:
+        if self.eof_seen or b"\r" in chunk:
+            return None
+        comments = 0
+        if chunk.startswith(b"#") or b"\n#" in chunk:
+            comments = self._comments(chunk, first)
+            if comments < 0:
+                return None
+        found = _FAST_LINE.findall(chunk)
+        if len(found) + comments != nlines:
+            return None  # blank lines, missing timestamps, odd spacing: line by line
+        if not found:
+            return SampleBatch.empty()
+        texts, values, stamps = zip(*found, strict=True)
+        ids = self._series_ids(texts)
+        if ids is None:
+            return None
+        v = _numbers(values, np.float64)
+        if v is None:
+            return None
+        if self.om:
+            seconds = _numbers(stamps, np.float64)
+            if seconds is None or not np.isfinite(seconds).all():
+                return None
+            ts = np.round(seconds * 1000)
+            if ts.size and (ts.min() < MIN_TS_MS or ts.max() > MAX_TS_MS):
+                return None
+            ts_ms = ts.astype(np.int64)
+        else:
+            ints = _numbers(stamps, np.int64)
+            if ints is None or (ints.size and (ints.min() < MIN_TS_MS or ints.max() > MAX_TS_MS)):
+                return None
+            ts_ms = ints
+        used, local = np.unique(ids, return_inverse=True)
+        series = [self._series[i] for i in used.tolist()]
+        return SampleBatch(series, local.reshape(-1).astype(np.int32), ts_ms, v)
+
+    def _series_ids(self, texts: tuple[bytes, ...]) -> npt.NDArray[np.int64] | None:
+        get = self._ids.get
+        ids = list(map(get, texts))
+        if None in ids:
+            for text in set(texts) - self._ids.keys():
+                labels = self._parse_series(text)
+                if labels is None:
+                    return None
+                self._ids[text] = len(self._series)
+                self._series.append(labels)
+            ids = list(map(get, texts))
+        return np.array(ids, dtype=np.int64)
+
+    def _parse_series(self, text: bytes) -> Labels | None:
+        """The labels of a series text, or None when it is not one whole valid series (the slow path says why)."""
+        try:
+            ln = _Line(0, text.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
         name = ln.match(_NAME_RE)
         labels: list[tuple[str, str]] = []
-        if ln.text.startswith("{", ln.pos):
-            name, labels = _labels(ln, name)
-        if name is None:
-            raise ln.fail("expected a metric name")
-        if not ln.skip_ws():
-            raise ln.fail("expected whitespace before the value")
-        value = _float(ln, "value")
-        ts_ms: int | None = None
-        ln.skip_ws()
-        if not ln.at_end() and not ln.text.startswith("#", ln.pos):
-            start = ln.pos
-            if om:
-                seconds = _float(ln, "timestamp")
-                if not math.isfinite(seconds):
-                    raise ln.fail("the timestamp must be finite", start)
-                ts_ms = round(seconds * 1000)
-            else:
-                got = ln.match(_INT_RE)
-                if got is None or (not ln.at_end() and ln.text[ln.pos] not in " \t"):
-                    raise ln.fail("invalid timestamp (Prometheus text wants integer milliseconds)", start)
-                ts_ms = int(got)
-            ln.skip_ws()
-        if not ln.at_end() and not (om and ln.text.startswith("# ", ln.pos)):
-            raise ln.fail("unexpected text after the sample")  # OpenMetrics exemplars are ignored
-        if ts_ms is not None and not MIN_TS_MS <= ts_ms <= MAX_TS_MS:
-            raise ln.fail(f"timestamp {ts_ms} ms is outside 1970-01-01 .. 2149-06-06", 0)
-        if ts_ms is None:
-            if default_timestamp_ms is None:
-                raise ln.fail("the sample has no timestamp", 0)
-            ts_ms = default_timestamp_ms
-            defaulted += 1
         try:
+            if ln.text.startswith("{", ln.pos):
+                name, labels = _labels(ln, name)
+            if name is None or not ln.at_end():
+                return None
             canonical = canonical_labels([("__name__", name), *labels])
-        except ValueError as exc:
-            raise ln.fail(str(exc), 0) from None
-        if fast is not None:
-            known[fast.group(1)] = canonical
-        out.add(canonical, ts_ms, value)
-    if om and not eof_seen:
-        raise OpenMetricsError(max(len(lines), 1), 1, "OpenMetrics text must end with '# EOF'")
-    return Exposition(out.build(), meta, format, defaulted)
+            validate_series(canonical, self.limits)
+        except (OpenMetricsError, ValueError):
+            return None
+        return canonical
+
+    def _comments(self, chunk: bytes, first: int) -> int:
+        """Handle the chunk's ``#`` lines; the count, or -1 when the chunk must go line by line."""
+        n = 0
+        line = first
+        pos = 0
+        for m in _COMMENT_LINE.finditer(chunk):
+            line += chunk.count(b"\n", pos, m.start())
+            pos = m.start()
+            try:
+                text = m.group(0).decode("utf-8")
+            except UnicodeDecodeError:
+                return -1
+            if _comment(_Line(line, text), self.metadata, self.om):
+                if chunk[m.end() :].strip(b"\n") or m.end() < len(chunk) - 1:
+                    return -1  # text after '# EOF': the slow path reports it
+                self.eof_seen = True
+            n += 1
+        return n
+
+    # ---- line by line --------------------------------------------------------------
+
+    def _slow(self, chunk: bytes, first: int) -> SampleBatch:
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = first + chunk.count(b"\n", 0, exc.start)
+            column = exc.start - chunk.rfind(b"\n", 0, exc.start)  # in bytes
+            raise OpenMetricsError(line, column, "not valid UTF-8") from None
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        om = self.om
+        out = SampleBuilder()
+        known = self._known
+        ts_re = _FLOAT_RE if om else _INT_RE
+        for no, raw in enumerate(lines, start=first):
+            text = raw[:-1] if raw.endswith("\r") else raw
+            fast = None if self.eof_seen else _FAST_RE.match(text)
+            if fast is not None:
+                series = known.get(fast.group(1))
+                v, t = fast.group(2), fast.group(3)
+                if series is not None and _FLOAT_RE.fullmatch(v) and t is not None and ts_re.fullmatch(t):
+                    t_num = float(t) if om else int(t)
+                    if math.isfinite(t_num):
+                        ts_fast = round(t_num * 1000) if om else int(t_num)
+                        if MIN_TS_MS <= ts_fast <= MAX_TS_MS:
+                            out.add(series, ts_fast, float(v))
+                            continue
+            ln = _Line(no, text)
+            if self.eof_seen:
+                raise ln.fail("text after '# EOF'", 0)
+            if ln.text.strip() == "":
+                continue
+            if ln.text.startswith("#"):
+                self.eof_seen = _comment(ln, self.metadata, om)
+                continue
+            name = ln.match(_NAME_RE)
+            labels: list[tuple[str, str]] = []
+            if ln.text.startswith("{", ln.pos):
+                name, labels = _labels(ln, name)
+            if name is None:
+                raise ln.fail("expected a metric name")
+            if not ln.skip_ws():
+                raise ln.fail("expected whitespace before the value")
+            value = _float(ln, "value")
+            ts_ms: int | None = None
+            ln.skip_ws()
+            if not ln.at_end() and not ln.text.startswith("#", ln.pos):
+                start = ln.pos
+                if om:
+                    seconds = _float(ln, "timestamp")
+                    if not math.isfinite(seconds):
+                        raise ln.fail("the timestamp must be finite", start)
+                    ts_ms = round(seconds * 1000)
+                else:
+                    got = ln.match(_INT_RE)
+                    if got is None or (not ln.at_end() and ln.text[ln.pos] not in " \t"):
+                        raise ln.fail("invalid timestamp (Prometheus text wants integer milliseconds)", start)
+                    ts_ms = int(got)
+                ln.skip_ws()
+            if not ln.at_end() and not (om and ln.text.startswith("# ", ln.pos)):
+                raise ln.fail("unexpected text after the sample")  # OpenMetrics exemplars are ignored
+            if ts_ms is not None and not MIN_TS_MS <= ts_ms <= MAX_TS_MS:
+                raise ln.fail(f"timestamp {ts_ms} ms is outside 1970-01-01 .. 2149-06-06", 0)
+            if ts_ms is None:
+                if self.default_timestamp_ms is None:
+                    raise ln.fail("the sample has no timestamp", 0)
+                ts_ms = self.default_timestamp_ms
+                self.defaulted += 1
+            try:
+                canonical = canonical_labels([("__name__", name), *labels])
+                validate_series(canonical, self.limits)
+            except ValueError as exc:
+                raise ln.fail(str(exc), 0) from None
+            if fast is not None:
+                known[fast.group(1)] = canonical
+            out.add_canonical(canonical, ts_ms, value)
+        return out.build()
+
+
+def _numbers(texts: tuple[bytes, ...], dtype: type[np.float64] | type[np.int64]) -> npt.NDArray[Any] | None:
+    """Parse number tokens in bulk; None when any is not one the text formats allow (the slow path says which)."""
+    joined = b"".join(texts)
+    if b"_" in joined or not joined.isascii():
+        return None  # Python (and numpy) accept 1_000 and Unicode digits; the formats do not
+    try:
+        return np.array(texts).astype(dtype)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _comment(ln: _Line, meta: dict[str, MetricMeta], om: bool) -> bool:

@@ -12,12 +12,13 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, SampleBatch, SampleBuilder
+from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS, Labels, SampleBatch, SampleBuilder
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "RemoteWriteError",
     "RemoteWriteTooLarge",
+    "SeriesEncoder",
     "decode_write_request",
     "decompress",
     "encode_write_request",
@@ -206,3 +207,61 @@ def encode_write_request(
     import cramjam
 
     return bytes(cramjam.snappy.compress_raw(raw))
+
+
+class SeriesEncoder:
+    """Encodes :class:`SampleBatch` es as WriteRequests with numpy: the fast sender (``ki import``, benches).
+
+    Each series' label fields are encoded once and remembered; samples are laid out as
+    columns (tag, length, double, tag, varint timestamp) and packed in one pass.
+
+    >>> body = SeriesEncoder().encode(SampleBatch([(("__name__", "up"),)], np.zeros(1, np.int32),
+    ...                                          np.array([1000]), np.array([1.0])))
+    >>> len(parse_remote_write(body))
+    1
+    """
+
+    def __init__(self, cache_max: int = 1_000_000) -> None:
+        self._labels: dict[Labels, bytes] = {}
+        self._cache_max = cache_max
+
+    def _label_bytes(self, labels: Labels) -> bytes:
+        raw = self._labels.get(labels)
+        if raw is None:
+            raw = b"".join(_enc_len(1, _enc_len(1, k.encode()) + _enc_len(2, v.encode())) for k, v in labels)
+            if len(self._labels) >= self._cache_max:
+                self._labels.clear()
+            self._labels[labels] = raw
+        return raw
+
+    def encode(self, batch: SampleBatch, *, compress: bool = True) -> bytes:
+        """One WriteRequest with every sample of ``batch``, series by series (snappy-compressed by default)."""
+        import cramjam
+
+        n = len(batch)
+        order = np.argsort(batch.series_idx, kind="stable")
+        idx = batch.series_idx[order]
+        ts = batch.ts_ms[order].astype(np.uint64)
+        vlen = np.ones(n, dtype=np.int64)
+        for k in range(1, 10):
+            vlen += (ts >> np.uint64(7 * k)) != 0
+        rows = np.zeros((n, 22), dtype=np.uint8)
+        rows[:, 0] = 0x12  # TimeSeries.samples, length-delimited
+        rows[:, 1] = 10 + vlen  # Sample: 1 + 8 (value) + 1 + varint (timestamp), always < 128
+        rows[:, 2] = 0x09  # Sample.value, 64-bit
+        rows[:, 3:11] = batch.values[order].astype("<f8").view(np.uint8).reshape(n, 8)
+        rows[:, 11] = 0x10  # Sample.timestamp, varint
+        for k in range(10):
+            byte = ((ts >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+            rows[:, 12 + k] = byte | ((vlen > k + 1).astype(np.uint8) << np.uint8(7))
+        flat = rows[np.arange(22) < (12 + vlen)[:, None]].tobytes()
+        ends = np.cumsum(12 + vlen)
+        series_ends = [*np.flatnonzero(np.diff(idx)).tolist(), n - 1] if n else []
+        parts = []
+        start = 0
+        for last in series_ends:
+            body = self._label_bytes(batch.series[int(idx[last])]) + flat[start : int(ends[last])]
+            parts.append(_enc_len(1, body))
+            start = int(ends[last])
+        raw = b"".join(parts)
+        return bytes(cramjam.snappy.compress_raw(raw)) if compress else raw

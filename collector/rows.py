@@ -8,6 +8,7 @@ series fingerprint once per batch, not once per sample.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +24,12 @@ __all__ = [
     "Labels",
     "SampleBatch",
     "SampleBuilder",
+    "SeriesLimits",
     "SpanBatch",
     "canonical_labels",
+    "concat_samples",
     "series_fingerprint",
+    "validate_series",
 ]
 
 #: Sample timestamps the schema can hold: the series table's Date column spans 1970-01-01 .. 2149-06-06.
@@ -50,6 +54,60 @@ def canonical_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> L
         if not k:
             raise ValueError("empty label name")
     return out
+
+
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesLimits:
+    """What a series may look like when it arrives from outside (remote_write, ``ki import``).
+
+    Names follow Prometheus' classic rules (``[a-zA-Z_:][a-zA-Z0-9_:]*`` for metric names,
+    ``[a-zA-Z_][a-zA-Z0-9_]*`` for label names) unless ``utf8_names`` allows any non-empty
+    UTF-8, as Prometheus 3's ``metric_name_validation_scheme: utf8`` does. The size limits
+    default to Grafana Mimir's (30 labels, 1,024-byte names, 2,048-byte values); 0 turns one off.
+    """
+
+    max_labels: int = 30
+    max_name_bytes: int = 1024
+    max_value_bytes: int = 2048
+    utf8_names: bool = False
+
+
+def validate_series(labels: Labels, limits: SeriesLimits) -> None:
+    """Raise ValueError with a message a sender can act on when ``labels`` break ``limits``."""
+    if limits.max_labels and len(labels) > limits.max_labels:
+        raise ValueError(f"{len(labels)} labels exceed the limit of {limits.max_labels} (__name__ included)")
+    for k, v in labels:
+        if (
+            limits.max_name_bytes
+            and len(k) > limits.max_name_bytes // 4
+            and len(k.encode()) > limits.max_name_bytes
+        ):
+            raise ValueError(
+                f"label name of {len(k.encode())} bytes exceeds the limit of {limits.max_name_bytes}"
+            )
+        if (
+            limits.max_value_bytes
+            and len(v) > limits.max_value_bytes // 4
+            and len(v.encode()) > limits.max_value_bytes
+        ):
+            shown = k[:64]
+            raise ValueError(
+                f"value of label {shown!r} has {len(v.encode())} bytes, over the limit of {limits.max_value_bytes}"
+            )
+        if limits.max_name_bytes and k == "__name__" and len(v.encode()) > limits.max_name_bytes:
+            raise ValueError(
+                f"metric name of {len(v.encode())} bytes exceeds the limit of {limits.max_name_bytes}"
+            )
+        if not limits.utf8_names:
+            if k == "__name__":
+                if not _METRIC_NAME_RE.fullmatch(v):
+                    raise ValueError(f"invalid metric name {v[:128]!r} (want [a-zA-Z_:][a-zA-Z0-9_:]*)")
+            elif not _LABEL_NAME_RE.fullmatch(k):
+                raise ValueError(f"invalid label name {k[:128]!r} (want [a-zA-Z_][a-zA-Z0-9_]*)")
 
 
 def series_fingerprint(labels: Labels) -> int:
@@ -92,6 +150,32 @@ class SampleBatch:
     @classmethod
     def empty(cls) -> SampleBatch:
         return cls([], np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64))
+
+
+def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
+    """One batch holding every sample of ``batches``, each series listed once."""
+    if len(batches) == 1:
+        return batches[0]
+    index: dict[Labels, int] = {}
+    series: list[Labels] = []
+    idx = []
+    for b in batches:
+        remap = np.empty(len(b.series), dtype=np.int32)
+        for j, labels in enumerate(b.series):
+            i = index.get(labels)
+            if i is None:
+                i = index[labels] = len(series)
+                series.append(labels)
+            remap[j] = i
+        idx.append(remap[b.series_idx])
+    if not batches:
+        return SampleBatch.empty()
+    return SampleBatch(
+        series,
+        np.concatenate(idx),
+        np.concatenate([b.ts_ms for b in batches]),
+        np.concatenate([b.values for b in batches]),
+    )
 
 
 class SampleBuilder:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_insight.collector.openmetrics import OpenMetricsError, parse_exposition
+from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, parse_exposition
+from kernel_insight.collector.rows import SeriesLimits
 
 
 def _rows(expo):
@@ -55,7 +57,7 @@ def test_openmetrics_with_second_timestamps_units_and_exemplars():
 
 def test_escapes_special_values_and_utf8_names():
     text = '{"gpu.temp", path="C:\\\\x \\"q\\"\\n"} +Inf 1\nb NaN 2\nc -inf 3\n'
-    rows = _rows(parse_exposition(text))
+    rows = _rows(parse_exposition(text, limits=SeriesLimits(utf8_names=True)))
     assert rows[0][0] == {"__name__": "gpu.temp", "path": 'C:\\x "q"\n'}
     assert rows[0][2] == math.inf
     assert math.isnan(rows[1][2])
@@ -204,3 +206,86 @@ def test_repeated_series_with_bad_value_or_timestamp_still_fail():
         parse_exposition("up 1 5\nup 1 -5\n")
     with pytest.raises(OpenMetricsError, match="line 2, column 6: the timestamp must be finite"):
         parse_exposition("up 1 5\nup 1 inf\n# EOF\n")
+
+
+# ---- the chunked reader's fast path against the line-by-line parser ------------------------
+
+
+def _by_series(batch):
+    out: dict = {}
+    for i, labels in enumerate(batch.series):
+        m = batch.series_idx == i
+        values = [repr(v) for v in batch.values[m].tolist()]  # NaN compares by its text
+        out.setdefault(labels, []).extend(zip(batch.ts_ms[m].tolist(), values, strict=True))
+    return {k: sorted(v, key=repr) for k, v in out.items()}
+
+
+def _merge(batches):
+    out: dict = {}
+    for b in batches:
+        for k, v in _by_series(b).items():
+            out.setdefault(k, []).extend(v)
+    return {k: sorted(v, key=repr) for k, v in out.items()}
+
+
+_line = st.tuples(
+    st.sampled_from(["up", "gpu_temp", "a:b"]),
+    st.dictionaries(
+        st.sampled_from(["gpu", "host", "k"]), st.sampled_from(["0", "1", "x y", 'q"', "é"]), max_size=2
+    ),
+    st.sampled_from(["1", "-2.5", "+Inf", "NaN", "1e3", ".5", "7."]),
+    st.integers(0, 5_662_310_399_999),
+    st.sampled_from([" ", " ", " ", "\t"]),  # tabs send a chunk down the slow path
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_line, max_size=30), st.lists(st.integers(1, 30), max_size=4), st.booleans())
+def test_chunked_fast_path_matches_the_line_by_line_parser(lines, cuts, om):
+    text_lines = ["# TYPE up gauge"] if om else []
+    for name, labels, value, ts, sep in lines:
+        lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+        stamp = f"{ts // 1000}.{ts % 1000:03d}" if om else str(ts)
+        text_lines.append(f"{name}{{{lab}}}{sep}{value} {stamp}" if lab else f"{name}{sep}{value} {stamp}")
+    if om:
+        text_lines.append("# EOF")
+    raw = ("\n".join(text_lines) + "\n").encode()
+    fmt = "openmetrics" if om else "prometheus"
+    want = ExpositionReader(format=fmt)._slow(raw, 1)
+    reader = ExpositionReader(format=fmt)
+    bounds = sorted({0, len(text_lines), *(c for c in cuts if c < len(text_lines))})
+    parts = [("\n".join(text_lines[a:b]) + "\n").encode() for a, b in itertools.pairwise(bounds)]
+    got = [reader.feed(p) for p in parts]
+    reader.finish()
+    assert _merge(got) == _by_series(want)
+    assert reader.lines == len(text_lines)
+
+
+def test_an_error_in_a_later_chunk_names_its_line_in_the_file():
+    reader = ExpositionReader(format="prometheus")
+    reader.feed(b"up 1 1000\nup 1 2000\n")
+    with pytest.raises(OpenMetricsError, match=r"line 4, column 4: invalid value"):
+        reader.feed(b"up 1 3000\nup x 4000\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"x{y}"} 1 2\n', "invalid metric name 'x{y}'"),
+        ('up{"a b\\""="1"} 1 2\n', "invalid label name"),
+        ("up{" + ",".join(f'l{i}="v"' for i in range(31)) + "} 1 2\n", "32 labels exceed the limit of 30"),
+        ("a" * 1025 + " 1 2\n", "metric name of 1025 bytes exceeds the limit of 1024"),
+        ('up{a="' + "v" * 2049 + '"} 1 2\n', "2049 bytes, over the limit of 2048"),
+    ],
+)
+def test_names_prometheus_rejects_and_oversized_series_are_refused(text, message):
+    with pytest.raises(OpenMetricsError, match="line 1, column 1: ") as info:
+        parse_exposition(text)
+    assert message in str(info.value)
+
+
+def test_limits_are_settings():
+    text = '{"x{y}", a="' + "v" * 3000 + '"} 1 2\n'
+    limits = SeriesLimits(max_value_bytes=0, utf8_names=True)
+    (labels,) = parse_exposition(text, limits=limits).samples.series
+    assert dict(labels)["__name__"] == "x{y}"

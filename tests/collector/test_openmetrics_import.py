@@ -48,7 +48,7 @@ def test_import_missing_file_and_bad_utf8(tmp_path, capsys):
     f = tmp_path / "latin1.prom"
     f.write_bytes(b'up 1 1\nup{a="\xe9"} 1 1\n')
     assert main(["import", str(f), "--store", str(tmp_path / "d")]) == 1
-    assert "line 2: not valid UTF-8" in capsys.readouterr().err
+    assert "line 2, column 7: not valid UTF-8" in capsys.readouterr().err
 
 
 def test_ki_schema_prints_single_and_cluster_ddl(capsys):
@@ -96,3 +96,83 @@ def test_import_through_a_running_collector(tmp_path, capsys):
         proc.wait(timeout=30)
     with EmbeddedStore(data) as store:
         assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 100
+
+
+def _big(path, series=50, points=400):
+    with path.open("w") as f:
+        for s in range(series):
+            f.writelines(f'gpu_temp{{gpu="{s}"}} {p % 90} {NOW + p * 15000}\n' for p in range(points))
+
+
+def test_import_streams_a_chunk_at_a_time_and_counts_every_sample(tmp_path, capsys, monkeypatch):
+    import kernel_insight.collector.cli as cli
+
+    monkeypatch.setattr(cli, "CHUNK_BYTES", 4096)  # hundreds of chunks, lines cut at every boundary
+    monkeypatch.setattr(cli, "FLUSH_SAMPLES", 3000)
+    f = tmp_path / "big.prom"
+    _big(f)
+    data = tmp_path / "data"
+    assert main(["import", str(f), "--store", str(data)]) == 0
+    assert "imported 20000 samples of 50 series (prometheus)" in capsys.readouterr().out
+    with EmbeddedStore(data) as store:
+        assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 20000
+
+
+def test_a_bad_line_in_a_later_chunk_is_reported_with_its_line_in_the_file(tmp_path, capsys, monkeypatch):
+    import kernel_insight.collector.cli as cli
+
+    monkeypatch.setattr(cli, "CHUNK_BYTES", 4096)
+    f = tmp_path / "big.prom"
+    _big(f, series=5)
+    with f.open("a") as out:
+        out.write(f'{{"x{{y}}"}} 1 {NOW}\n')
+    assert main(["import", str(f), "--store", str(tmp_path / "d")]) == 1
+    assert "big.prom: line 2001, column 1: invalid metric name 'x{y}'" in capsys.readouterr().err
+
+
+def test_import_reads_standard_input(tmp_path, monkeypatch, capsys):
+    import io
+    import sys
+
+    text = f"# TYPE up gauge\nup 1 {NOW / 1000:.3f}\n# EOF\n".encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    assert main(["import", "-", "--store", str(tmp_path / "d")]) == 0
+    assert "imported 1 samples of 1 series (openmetrics)" in capsys.readouterr().out
+
+
+def test_import_shows_a_progress_bar_on_a_terminal(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    f = tmp_path / "big.prom"
+    _big(f, series=5, points=100)
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernel_insight.cli", "import", str(f), "--store", str(tmp_path / "d")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+        )
+        os.close(terminal)
+        terminal = -1
+        shown = b""
+        while True:
+            try:
+                block = os.read(controller, 65536)
+            except OSError:
+                break
+            if not block:
+                break
+            shown += block
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert proc.returncode == 0, shown
+    assert b"imported 500 samples" in proc.stdout
+    assert b"importing big.prom" in shown
