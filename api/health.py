@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from kernel_insight.api.auth import Authenticator, Scope
 from kernel_insight.api.errors import ApiError
 from kernel_insight.api.models import ErrorBody, HealthSnapshot
+from kernel_insight.collector.derive import INGEST_LAG_METRIC
 
 __all__ = [
     "CACHE_CONTROL",
@@ -55,9 +56,14 @@ DEFAULT_INTERVAL_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class HealthRule:
-    """When an instance is ``stale`` and when it is ``healthy``.
+    """When an instance is ``stale``, ``lagging`` and ``healthy`` (docs/api.md states it exactly).
 
-    ``stale``: nothing heard from it (instance row or GPU sample) for ``stale_after_s``.
+    Two clocks: the producers' (``last_seen_ms``, the newest data's own timestamp) and the
+    collector's (``last_heard_ms``, when the newest batch of its agent was stored: the
+    heartbeat). ``fresh``: the newest data is at most ``stale_after_s`` old. ``lagging``: not
+    fresh, but the agent was heard within ``stale_after_s`` and the newest data is at most
+    ``max_data_age_s`` old: the agent is catching up on a backlog, which is no reason to stop
+    routing to the instance. ``stale``: neither.
     ``healthy``: not stale, a free-memory sample within the last 5 minutes (when
     ``require_memory_data``), at most ``max_errors_5m`` errors and no error of a
     ``fatal_error_kinds`` kind in the last 5 minutes, and no GPU hotter than
@@ -65,19 +71,39 @@ class HealthRule:
     """
 
     stale_after_s: float = 60.0
+    max_data_age_s: float = 300.0
     max_errors_5m: int = 10
     fatal_error_kinds: tuple[str, ...] = ("xid", "ecc")
     max_temperature_celsius: float = 90.0
     require_memory_data: bool = True
 
+    def freshness(self, facts: InstanceFacts, now_ms: int) -> tuple[bool, bool, str | None]:
+        """(stale, lagging, why stale)."""
+        data_age_s = (now_ms - facts.last_seen_ms) / 1000.0
+        if data_age_s <= self.stale_after_s:
+            return False, False, None
+        heard = (
+            facts.last_heard_ms is not None and (now_ms - facts.last_heard_ms) / 1000.0 <= self.stale_after_s
+        )
+        if heard and data_age_s <= self.max_data_age_s:
+            return False, True, None
+        # No age in the text: it would change the snapshot, and its ETag, on every rebuild.
+        if heard:
+            return (
+                True,
+                False,
+                (
+                    f"stale: newest data older than {self.max_data_age_s:g} s although its agent is sending (ingest lag)"
+                ),
+            )
+        return True, False, f"stale: nothing heard for more than {self.stale_after_s:g} s"
+
     def judge(self, facts: InstanceFacts, now_ms: int) -> tuple[bool, bool, list[str]]:
         """(healthy, stale, reasons)."""
         reasons: list[str] = []
-        age_s = (now_ms - facts.last_seen_ms) / 1000.0
-        stale = age_s > self.stale_after_s
-        if stale:
-            # No age in the text: it would change the snapshot, and its ETag, on every rebuild.
-            reasons.append(f"stale: nothing heard for more than {self.stale_after_s:g} s")
+        stale, _, why = self.freshness(facts, now_ms)
+        if why is not None:
+            reasons.append(why)
         if self.require_memory_data and facts.gpu_memory_free_bytes is None:
             reasons.append("no gpu_memory_free_bytes sample in the last 5 minutes")
         total = sum(facts.errors_by_kind.values())
@@ -94,6 +120,7 @@ class HealthRule:
     def as_dict(self) -> dict[str, Any]:
         return {
             "stale_after_s": self.stale_after_s,
+            "max_data_age_s": self.max_data_age_s,
             "max_errors_5m": self.max_errors_5m,
             "fatal_error_kinds": list(self.fatal_error_kinds),
             "max_temperature_celsius": self.max_temperature_celsius,
@@ -106,7 +133,7 @@ class InstanceFacts:
     """What a :class:`HealthSource` knows about one instance; None means no data."""
 
     id: str
-    last_seen_ms: int
+    last_seen_ms: int  # producer clock: the newest data's own timestamp
     labels: Mapping[str, str] = field(default_factory=dict)
     attributes: Mapping[str, str] = field(default_factory=dict)
     hardware_fingerprint: str = ""
@@ -121,6 +148,8 @@ class InstanceFacts:
     nccl_latencies: Sequence[float] | np.ndarray[Any, Any] = ()  # raw durations, or:
     nccl_quantiles: tuple[float, float, float, int] | None = None  # (p50, p90, p99, count) computed elsewhere
     errors_by_kind: Mapping[str, int] = field(default_factory=dict)
+    last_heard_ms: int | None = None  # collector clock: when its agent's newest batch was stored
+    ingest_lag_s: float | None = None  # that batch's receive time minus its t_max
 
 
 class HealthSource(Protocol):
@@ -177,6 +206,8 @@ def served_models(labels: Mapping[str, str]) -> list[str]:
 def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict[str, Any]:
     """The snapshot's JSON object for one instance (the shape of ``models.InstanceHealth``)."""
     healthy, stale, reasons = rule.judge(facts, now_ms)
+    _, lagging, _ = rule.freshness(facts, now_ms)
+    lag = facts.ingest_lag_s
     free = _num(facts.gpu_memory_free_bytes)
     total = _num(facts.gpu_memory_total_bytes)
     if total is None and facts.memory_total_bytes > 0:
@@ -215,8 +246,11 @@ def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict
         "power_watts": _num(facts.power_watts),
         "sm_utilization_ratio": _num(facts.sm_utilization_ratio),
         "last_seen_ms": int(facts.last_seen_ms),
+        "last_heard_ms": None if facts.last_heard_ms is None else int(facts.last_heard_ms),
+        "ingest_lag_s": None if lag is None or not math.isfinite(lag) else round(max(0.0, lag), 3),
         "healthy": healthy,
         "stale": stale,
+        "lagging": lagging,
         "reasons": reasons,
     }
 
@@ -434,6 +468,8 @@ class StoreSource:
         "gpu_sm_utilization_ratio": ("sm_utilization_ratio", "mean"),
     }
     LATENCY_METRIC = "nccl_op_latency_seconds"
+    #: One sample per stored agent batch, at its receive time (collector/derive.py): the heartbeat.
+    HEARTBEAT_METRIC = INGEST_LAG_METRIC
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -497,6 +533,17 @@ class StoreSource:
             if lat["instance"] in facts:
                 p50, p90, p99 = (float(x) for x in lat["q"])
                 facts[lat["instance"]].nccl_quantiles = (p50, p90, p99, int(lat["n"]))
+        heartbeats = self.store.query(
+            "SELECT f.instance AS instance, toUnixTimestamp64Milli(max(s.ts)) AS heard_ms,"
+            " argMax(s.value, s.ts) AS lag"
+            f" FROM {db}.samples AS s INNER JOIN ({self._series([self.HEARTBEAT_METRIC], start, now_ms)}) AS f"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in([self.HEARTBEAT_METRIC])}"
+            " GROUP BY instance"
+        ).to_pylist()
+        for h in heartbeats:
+            if h["instance"] in facts:
+                facts[h["instance"]].last_heard_ms = int(h["heard_ms"])
+                facts[h["instance"]].ingest_lag_s = float(h["lag"])
         errors = self.store.query(
             f"SELECT instance, kind, count() AS n FROM {db}.events WHERE ts >= {_ms(start)} GROUP BY instance, kind"
         ).to_pylist()

@@ -68,14 +68,26 @@ class InstanceHealth(BaseModel):
     temperature_celsius: float | None = Field(description="hottest GPU")
     power_watts: float | None = Field(description="summed over the GPUs")
     sm_utilization_ratio: float | None = Field(description="mean over the GPUs")
-    last_seen_ms: int
+    last_seen_ms: int = Field(description="the newest data's own (producer) timestamp")
+    last_heard_ms: int | None = Field(
+        None, description="when the collector stored the newest batch of the instance's agent (its heartbeat)"
+    )
+    ingest_lag_s: float | None = Field(
+        None,
+        description="that batch's receive time minus its newest record's time: how late its data arrives",
+    )
     healthy: bool
     stale: bool
+    lagging: bool = Field(
+        False,
+        description="data older than stale_after_s, but the agent is heard and catching up: still selectable",
+    )
     reasons: list[str] = Field(description="why the instance is not healthy; empty when healthy")
 
 
 class HealthRuleModel(BaseModel):
     stale_after_s: float
+    max_data_age_s: float
     max_errors_5m: int
     fatal_error_kinds: list[str]
     max_temperature_celsius: float

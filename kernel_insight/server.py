@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 if TYPE_CHECKING:
+    from kernel_insight.api.health import HealthRule
     from kernel_insight.rules.manager import RuleManager
 
 __all__ = ["AUTH_STORES", "DEFAULT_PORT", "add_commands", "auth_store_kind", "build_collector_app"]
@@ -49,13 +50,15 @@ def build_collector_app(
     auth_store: str = "auto",
     rules: RuleManager | None = None,
     stats_interval_s: float | None = None,
+    health_rule: HealthRule | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
     local-dev mode. Keys and tokens live in files (``keys_path``, ``tokens_path``) or, with
     ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``.
     ``rules`` (docs/rules.md) is started and stopped with the app; ``/api/v1/rules`` and
-    ``/api/v1/alerts`` answer (empty without it). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default)."""
+    ``/api/v1/alerts`` answer (empty without it). ``health_rule`` judges the snapshot (the
+    default ``HealthRule()`` when None). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default)."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
@@ -90,6 +93,7 @@ def build_collector_app(
         tokens=tokens,
         local_dev=local_dev,
         interval_s=interval_s,
+        rule=health_rule,
         extra_routers=[ingest, rule_api],
         keys=keys,
         metrics=metrics,
@@ -122,6 +126,14 @@ def _limits(args: argparse.Namespace) -> Any:
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
     )
+
+
+def _health_rule(args: argparse.Namespace) -> HealthRule:
+    from kernel_insight.api.health import HealthRule
+
+    if not 0 < args.stale_after <= args.max_data_age:
+        raise ValueError("need 0 < --stale-after <= --max-data-age")
+    return HealthRule(stale_after_s=args.stale_after, max_data_age_s=args.max_data_age)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -167,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
             auth_store=args.auth_store,
             rules=rules,
             stats_interval_s=args.stats_interval,
+            health_rule=_health_rule(args),
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -188,8 +201,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         DEFAULT_KEEP_ALIVE_S,
         DEFAULT_MAX_CONNECTIONS,
     )
+    from kernel_insight.api.health import HealthRule
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
+
+    rule = HealthRule()
 
     s = sub.add_parser(
         "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
@@ -226,6 +242,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    s.add_argument(
+        "--stale-after",
+        type=float,
+        default=rule.stale_after_s,
+        help="health: an instance whose data is older than this, and whose agent was not heard for "
+        f"this long, is stale (seconds, default {rule.stale_after_s:g}; docs/api.md)",
+    )
+    s.add_argument(
+        "--max-data-age",
+        type=float,
+        default=rule.max_data_age_s,
+        help="health: data of an agent that is heard (catching up on a backlog) may be this old "
+        f"before the instance is stale (seconds, default {rule.max_data_age_s:g})",
+    )
     s.add_argument(
         "--stats-interval",
         type=float,

@@ -54,7 +54,12 @@ class Fingerprint:
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """One instance of the health snapshot (docs/api.md lists the fields and the healthy/stale rule)."""
+    """One instance of the health snapshot (docs/api.md lists the fields and the healthy/stale rule).
+
+    ``lagging``: its newest data is older than the rule's ``stale_after_s`` but its agent is
+    heard and catching up (``ingest_lag_s`` says how far behind); it stays eligible.
+    ``last_heard_ms`` and ``ingest_lag_s`` are None for data that no agent sent (remote_write).
+    """
 
     id: str
     models: tuple[str, ...]
@@ -73,6 +78,9 @@ class Instance:
     healthy: bool
     stale: bool
     reasons: tuple[str, ...] = ()
+    lagging: bool = False
+    last_heard_ms: int | None = None
+    ingest_lag_s: float | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Instance:
@@ -106,6 +114,9 @@ class Instance:
             healthy=bool(d.get("healthy")),
             stale=bool(d.get("stale")),
             reasons=tuple(d.get("reasons") or ()),
+            lagging=bool(d.get("lagging")),
+            last_heard_ms=_opt_int(d.get("last_heard_ms")),
+            ingest_lag_s=_opt_float(d.get("ingest_lag_s")),
         )
 
 

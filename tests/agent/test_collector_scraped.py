@@ -10,47 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from collector_cli import free_port, start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore
 
 RECORDS = 3_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_collector(tmp: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    """``ki collector`` on an ephemeral port; returns the process and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp / "data"),
-         "--keys", str(tmp / "keys.json"), "--tokens", str(tmp / "tokens.json"), "--port", "0", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    assert line.startswith("ki: listening on http://127.0.0.1:"), line + proc.stderr.read()  # type: ignore[union-attr]
-    return proc, line.split("listening on ")[1].strip()
-
-
-def start_agent(tmp: Path, binary: Path, ring: str, url: str) -> subprocess.Popen[bytes]:
-    with (tmp / "agent.log").open("w") as log:
-        return subprocess.Popen(
-            [str(binary), "--ring", ring, "--collector", url, "--key-file", str(tmp / "agent.key"),
-             "--spool-dir", str(tmp / "spool"), "--drain-interval-ms", "20", "--heartbeat-s", "1"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
 
 
 def prom_value(prom: str, query: str) -> float | None:
@@ -92,12 +63,14 @@ def test_prometheus_scrapes_ingest_and_agent_metrics_from_ki_collector(tmp_path,
         # /metrics is open (Prometheus' convention; it carries no secret), the API is not.
         assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
         assert httpx.get(f"{url}/v1/health/snapshot", timeout=10).status_code == 401
-        agent = start_agent(tmp_path, agent_bin, ring_name, url)
+        agent = start_agent(
+            tmp_path, agent_bin, ring_name, url, "--drain-interval-ms", "20", "--heartbeat-s", "1"
+        )
         name = ring.intern("gemm_kernel")
         base = time.time_ns()
         for i in range(RECORDS):
             assert ring.kernel(name, 0, base + i * 1_000, base + i * 1_000 + 500, 1, i) == 0
-        prom_port = _free_port()
+        prom_port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             json.dumps(  # YAML is a superset of JSON
@@ -167,8 +140,7 @@ def test_prometheus_scrapes_ingest_and_agent_metrics_from_ki_collector(tmp_path,
         if agent is not None:
             agent.terminate()
             agent.wait(30)
-        collector.terminate()
-        collector.communicate(timeout=60)
+        stop_collector(collector)
         ring.close()
         with contextlib.suppress(OSError):
             Ring.unlink(ring_name)

@@ -1,0 +1,142 @@
+"""Health sees backlog, not silence, with real processes: ``ki collector``, ``ki-agent``, a ring producer, the SDK.
+
+The producer writes GPU memory samples into the ring; the agent ships them. To make the data
+arrive late the way a backlog does (batches whose newest record is far older than their arrival),
+the producer stamps its records ``lag`` seconds in the past: at the collector that is
+indistinguishable from an agent sending its spool, and unlike a throttled link it does not depend
+on how fast the agent catches up. The collector runs with ``--stale-after 8`` so the test is short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from collector_cli import start_agent, start_collector, stop_collector
+
+from kernel_insight.agent.metric_ids import MetricId
+from kernel_insight.agent.ring import Ring
+from kernel_insight.api import TokenStore
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.sdk import HealthClient, NoEligibleInstance
+
+GiB = 1 << 30
+#: Generous for a loaded machine: the agent is heard several times a second when all is well.
+STALE_AFTER_S = 8.0
+LAG_S = 30.0
+
+
+class Producer:
+    """Writes free/total GPU memory every 50 ms, stamped ``lag_s`` seconds in the past."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.lag_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ts = time.time_ns() - int(self.lag_s * 1e9)
+            self.ring.sample(MetricId.MEMORY_FREE, 0, ts, float(30 * GiB))
+            self.ring.sample(MetricId.MEMORY_TOTAL, 0, ts, float(80 * GiB))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def wait_instance(client: HealthClient, agent: str, check, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    inst = None
+    while time.monotonic() < deadline:
+        inst = client.snapshot().get(agent)
+        if inst is not None and check(inst):
+            return inst
+        time.sleep(0.05)
+    raise AssertionError(f"instance never {what} within {timeout} s; last: {inst}")
+
+
+@pytest.mark.slow
+def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_stale(
+    tmp_path, agent_bin, ring_name
+):
+    keys = KeyStore(tmp_path / "keys.json")
+    creds = keys.add_agent("lagging")
+    creds.write_key_file(tmp_path / "agent.key")
+    agent_id = creds.agent_id.hex()
+    token = TokenStore(tmp_path / "tokens.json").create("sdk", ["read"]).token
+    with contextlib.suppress(OSError):
+        Ring.unlink(ring_name)
+    ring = Ring.create(ring_name, capacity=1 << 14)
+    collector, url = start_collector(
+        tmp_path, "--stale-after", str(STALE_AFTER_S), "--max-data-age", "120", "--interval", "0.2"
+    )
+    producer = Producer(ring)
+    agent = start_agent(tmp_path, agent_bin, ring_name, url, "--drain-interval-ms", "250")
+    try:
+        with HealthClient(url, token, ttl=0) as client:
+            # 1. On time: fresh, healthy, selectable.
+            fresh = wait_instance(
+                client, agent_id, lambda i: i.healthy and i.gpu_memory_free_bytes and not i.lagging, "fresh"
+            )
+            assert not fresh.stale
+            assert fresh.ingest_lag_s is not None
+            assert fresh.last_heard_ms is not None
+            assert client.select_instance(10 * GiB).id == agent_id
+
+            # 2. The data now arrives LAG_S late while the agent keeps sending: lagging, still healthy.
+            producer.lag_s = LAG_S
+            late = wait_instance(client, agent_id, lambda i: i.lagging, "lagging")
+            assert late.healthy
+            assert not late.stale
+            assert late.reasons == ()
+            late = wait_instance(
+                client, agent_id, lambda i: (i.ingest_lag_s or 0) >= LAG_S, "reported its lag"
+            )
+            # At least LAG_S (records are stamped LAG_S before they are written); more is the
+            # collector's own backlog on a loaded machine, which the lag includes by design.
+            assert late.ingest_lag_s >= LAG_S  # type: ignore[operator]
+            assert time.time() * 1000 - late.last_seen_ms > STALE_AFTER_S * 1000  # the data itself is old
+            # Its data stays recent (under --max-data-age): it never turns stale while the agent is heard.
+            deadline = time.monotonic() + 2 * STALE_AFTER_S
+            while time.monotonic() < deadline:
+                inst = client.snapshot().get(agent_id)
+                assert inst is not None
+                assert inst.healthy, inst.reasons
+                assert not inst.stale
+                assert client.select_instance(10 * GiB).id == agent_id
+                time.sleep(0.1)
+            # /metrics shows the same lag for the agent.
+            metrics = httpx.get(f"{url}/metrics", timeout=10).text
+            line = next(
+                x
+                for x in metrics.splitlines()
+                if x.startswith(f'ki_collector_agent_ingest_lag_seconds{{agent="{agent_id}"}}')
+            )
+            assert float(line.rsplit(" ", 1)[1]) >= LAG_S
+
+            # 3. The agent stops: nothing heard for STALE_AFTER_S -> stale, unhealthy, not selectable.
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(10)
+            gone = wait_instance(client, agent_id, lambda i: i.stale, "stale")
+            assert not gone.healthy
+            assert not gone.lagging
+            assert any("nothing heard" in r for r in gone.reasons), gone.reasons
+            with pytest.raises(NoEligibleInstance):
+                client.select_instance(10 * GiB)
+    finally:
+        producer.stop()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+        stop_collector(collector)
+        ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name)
