@@ -67,6 +67,14 @@ MetricMetadata = dict[str, list[dict[str, str]]]
 class ParamError(ValueError):
     """A request parameter the client must fix (bad_data, 400)."""
 
+    status = 400
+
+
+class BodyTooLarge(ParamError):
+    """A form body over the cap (bad_data, 413 as every capped body in the collector; Go's text)."""
+
+    status = 413
+
 
 def parse_time(text: str, name: str) -> int:
     """Unix seconds (float) or RFC 3339, as Prometheus' ``parseTime``; milliseconds out."""
@@ -144,16 +152,16 @@ class _Params:
 
 
 async def _read_capped(request: Request, max_bytes: int) -> bytes:
-    """The request body, refused (as Go's ``ParseForm``) once it passes ``max_bytes``, without buffering more."""
+    """The request body, refused (Go's ``ParseForm`` text, 413) once it passes ``max_bytes``, unbuffered."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        raise ParamError("error parsing form values: http: POST too large")
+        raise BodyTooLarge("error parsing form values: http: POST too large")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise ParamError("error parsing form values: http: POST too large")
+            raise BodyTooLarge("error parsing form values: http: POST too large")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -283,7 +291,7 @@ def prometheus_router(
             params = await _Params.read(request, max_form_bytes)
             return await run_in_threadpool(work, params)
         except ParamError as exc:
-            return error_response(400, "bad_data", str(exc))
+            return error_response(exc.status, "bad_data", str(exc))
         except KqlError as exc:
             return _kql_error(exc)
 
