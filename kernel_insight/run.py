@@ -30,6 +30,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _shipped_rules() -> Path | None:
+    """deploy/rules of a source checkout (what ``make run`` uses), or None when installed without it."""
+    rules = Path(__file__).resolve().parent.parent / "deploy" / "rules"
+    return rules if any(rules.glob("*.yml")) else None
+
+
 def _enrol(data: Path) -> tuple[Path, str]:
     """The agent's key file and a read token, made once per data directory and reused."""
     from kernel_insight.api import TokenStore
@@ -117,6 +123,9 @@ def _run(args: argparse.Namespace) -> int:
         "--interval",
         "2",
     ]
+    rules = _shipped_rules()
+    if rules is not None:
+        collector_cmd += ["--rules", str(rules / "*.yml")]
     with _process(collector_cmd, logs / "collector.log", stdout=subprocess.PIPE) as collector:
         url = _wait_listening(collector, 120)
         print(f"ki run: collector on {url} (embedded ClickHouse in {data})")
@@ -144,6 +153,12 @@ def _run(args: argparse.Namespace) -> int:
                 print(
                     f'  curl -H "Authorization: Bearer $(cat {data / "read.token"})" {url}/v1/health/snapshot'
                 )
+                if rules is not None:
+                    print(f"ki run: alert rules from {rules} (docs/rules.md); pending and firing alerts:")
+                    print(
+                        f'  curl -H "Authorization: Bearer $(cat {data / "read.token"})" {url}/api/v1/alerts'
+                    )
+                    print(f"  (every rule with its state and last evaluation: {url}/api/v1/rules)")
                 t0 = time.monotonic()
                 try:
                     while sim.poll() is None:
