@@ -52,6 +52,9 @@ bench-kql: build
 bench-derive:
 	$(PY) -m bench.derive
 
+bench-import: build
+	$(PY) -m bench.importing
+
 clean:
 	rm -rf build $(VENV) *.egg-info
 	find . -name '*.so' -path './agent/*' -delete

@@ -6,8 +6,10 @@ and is never retried; a store that cannot take writes now is a 503 with Retry-Af
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -16,11 +18,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from kernel_insight.collector.batcher import Batcher
 from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
 from kernel_insight.collector.remote_write import (
+    DEFAULT_LIMITS,
     DEFAULT_MAX_DECOMPRESSED,
     RemoteWriteError,
     RemoteWriteTooLarge,
+    SeriesCache,
     parse_remote_write,
 )
 from kernel_insight.collector.store import StorageError, StorageUnavailable, Store
@@ -92,6 +97,10 @@ def create_app(
             await run_in_threadpool(store_stats.shutdown)
 
     app = FastAPI(title="Kernel Insight collector", docs_url=None, redoc_url=None, lifespan=lifespan)
+    #: remote_write: validated labels by their raw bytes (parsed once per series, not per request).
+    #: ``app.state.series_limits`` (rows.SeriesLimits) and ``app.state.remote_write_batcher`` (a
+    #: started Batcher) are read per request, so the composition root can set them after this.
+    series_cache: SeriesCache = {}
     app.state.store = store
     app.state.metrics = metrics
     app.add_middleware(RequestMetrics, metrics=metrics)
@@ -139,14 +148,28 @@ def create_app(
                 415, f"remote_write bodies must be snappy-compressed, got Content-Encoding {encoding!r}"
             )
         body = await read_body(request, max_body_bytes)
+        limits = getattr(app.state, "series_limits", None) or DEFAULT_LIMITS
         try:
-            batch = await run_in_threadpool(parse_remote_write, body, max_decompressed_bytes)
+            batch = await run_in_threadpool(
+                parse_remote_write, body, max_decompressed_bytes, limits, series_cache
+            )
         except RemoteWriteTooLarge as exc:
             return _error(413, f"remote_write request too large: {exc}")
         except RemoteWriteError as exc:
             return _error(400, f"malformed remote_write request: {exc}")
+        batcher: Batcher | None = getattr(app.state, "remote_write_batcher", None)
         try:
-            await run_in_threadpool(store.insert_samples, batch)
+            if batcher is None:
+                await run_in_threadpool(store.insert_samples, batch)
+            else:
+                # Group commit (collector/batcher.py): this request's rows go into ClickHouse with
+                # every other request's and agent batch's, answered once they landed.
+                rows = await run_in_threadpool(store.prepare, f"rw:{uuid.uuid4().hex}", samples=batch)
+                try:
+                    batcher.start()  # idempotent; refused once the app is shutting down
+                except RuntimeError:
+                    return _error(503, "the collector is shutting down", {"Retry-After": "5"})
+                await asyncio.wrap_future(batcher.submit(rows).answer())
         except ValueError as exc:  # rows the schema cannot hold
             return _error(400, f"remote_write request refused: {exc}")
         return Response(status_code=204)

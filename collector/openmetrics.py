@@ -48,8 +48,7 @@ _WS_RE = re.compile(r"[ \t]+")
 _FAST_RE = re.compile(
     r'([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*\})?)[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*$'
 )
-# A sample line of the usual shape: series, one space, value, one space, timestamp.
-_FAST_LINE = re.compile(rb"^([^#\n][^\n]*) ([^ \t\n]+) ([^ \t\n]+)$", re.M)
+
 _COMMENT_LINE = re.compile(rb"^#[^\n]*", re.M)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = {
@@ -272,43 +271,63 @@ class ExpositionReader:
     # ---- the fast path -------------------------------------------------------------
 
     def _fast(self, chunk: bytes, first: int, nlines: int) -> SampleBatch | None:
-        if self.eof_seen or b"\r" in chunk:
+        if self.eof_seen or b"\r" in chunk or b"\t" in chunk:
             return None
         comments = 0
         if chunk.startswith(b"#") or b"\n#" in chunk:
             comments = self._comments(chunk, first)
             if comments < 0:
                 return None
-        found = _FAST_LINE.findall(chunk)
-        if len(found) + comments != nlines:
-            return None  # blank lines, missing timestamps, odd spacing: line by line
-        if not found:
+        buf = np.frombuffer(chunk, dtype=np.uint8)
+        ends = np.flatnonzero(buf == 0x0A)
+        if not chunk.endswith(b"\n"):
+            ends = np.append(ends, len(buf))
+        starts = np.empty_like(ends)
+        if len(ends):
+            starts[0] = 0
+            starts[1:] = ends[:-1] + 1
+        if comments:
+            keep = buf[np.minimum(starts, len(buf) - 1)] != 0x23  # '#'
+            starts, ends = starts[keep], ends[keep]
+        if len(starts) + comments != nlines:
+            return None
+        if not len(starts):
             return SampleBatch.empty()
-        texts, values, stamps = zip(*found, strict=True)
+        # Each line: series, space, value, space, timestamp; the last two spaces split it (a label
+        # value may hold spaces, values and timestamps cannot). A line of another shape gives a
+        # series text that does not parse, and the chunk goes line by line.
+        spaces = np.flatnonzero(buf == 0x20)
+        last = np.searchsorted(spaces, ends) - 1
+        if last.min() < 1:
+            return None
+        s1, s2 = spaces[last], spaces[last - 1]
+        if np.any((s2 <= starts) | (s1 >= ends - 1) | (s2 >= s1 - 1)):
+            return None
+        texts = [chunk[a:b] for a, b in zip(starts.tolist(), s2.tolist(), strict=True)]
         ids = self._series_ids(texts)
         if ids is None:
             return None
-        v = _numbers(values, np.float64)
+        v = _gathered_numbers(buf, s2 + 1, s1, np.float64)
         if v is None:
             return None
         if self.om:
-            seconds = _numbers(stamps, np.float64)
+            seconds = _gathered_numbers(buf, s1 + 1, ends, np.float64)
             if seconds is None or not np.isfinite(seconds).all():
                 return None
             ts = np.round(seconds * 1000)
-            if ts.size and (ts.min() < MIN_TS_MS or ts.max() > MAX_TS_MS):
+            if ts.min() < MIN_TS_MS or ts.max() > MAX_TS_MS:
                 return None
             ts_ms = ts.astype(np.int64)
         else:
-            ints = _numbers(stamps, np.int64)
-            if ints is None or (ints.size and (ints.min() < MIN_TS_MS or ints.max() > MAX_TS_MS)):
+            ints = _gathered_numbers(buf, s1 + 1, ends, np.int64)
+            if ints is None or ints.min() < MIN_TS_MS or ints.max() > MAX_TS_MS:
                 return None
             ts_ms = ints
         used, local = np.unique(ids, return_inverse=True)
         series = [self._series[i] for i in used.tolist()]
         return SampleBatch(series, local.reshape(-1).astype(np.int32), ts_ms, v)
 
-    def _series_ids(self, texts: tuple[bytes, ...]) -> npt.NDArray[np.int64] | None:
+    def _series_ids(self, texts: list[bytes]) -> npt.NDArray[np.int64] | None:
         get = self._ids.get
         ids = list(map(get, texts))
         if None in ids:
@@ -440,13 +459,24 @@ class ExpositionReader:
         return out.build()
 
 
-def _numbers(texts: tuple[bytes, ...], dtype: type[np.float64] | type[np.int64]) -> npt.NDArray[Any] | None:
-    """Parse number tokens in bulk; None when any is not one the text formats allow (the slow path says which)."""
-    joined = b"".join(texts)
-    if b"_" in joined or not joined.isascii():
+def _gathered_numbers(
+    buf: npt.NDArray[np.uint8],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    dtype: type[np.float64] | type[np.int64],
+) -> npt.NDArray[Any] | None:
+    """Parse the number tokens ``buf[start[i]:end[i]]`` in bulk (as fixed-width byte strings); None
+    when any is not one the text formats allow (the line-by-line parser then says which)."""
+    lens = end - start
+    width = int(lens.max())
+    if width > 40:
+        return None
+    at = start[:, None] + np.arange(width)
+    cells = np.where(at < end[:, None], buf[np.minimum(at, len(buf) - 1)], 0).astype(np.uint8)
+    if np.any((cells == 0x5F) | (cells >= 0x80)):
         return None  # Python (and numpy) accept 1_000 and Unicode digits; the formats do not
     try:
-        return np.array(texts).astype(dtype)
+        return cells.view(f"S{width}").reshape(-1).astype(dtype)
     except (ValueError, OverflowError):
         return None
 

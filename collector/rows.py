@@ -80,27 +80,16 @@ def validate_series(labels: Labels, limits: SeriesLimits) -> None:
     """Raise ValueError with a message a sender can act on when ``labels`` break ``limits``."""
     if limits.max_labels and len(labels) > limits.max_labels:
         raise ValueError(f"{len(labels)} labels exceed the limit of {limits.max_labels} (__name__ included)")
+    names, values = limits.max_name_bytes, limits.max_value_bytes
     for k, v in labels:
-        if (
-            limits.max_name_bytes
-            and len(k) > limits.max_name_bytes // 4
-            and len(k.encode()) > limits.max_name_bytes
-        ):
+        if names and len(k) > names // 4 and len(k.encode()) > names:
+            raise ValueError(f"label name of {len(k.encode())} bytes exceeds the limit of {names}")
+        if k == "__name__":  # the metric name is a name: the name limit, not the value limit
+            if names and len(v) > names // 4 and len(v.encode()) > names:
+                raise ValueError(f"metric name of {len(v.encode())} bytes exceeds the limit of {names}")
+        elif values and len(v) > values // 4 and len(v.encode()) > values:
             raise ValueError(
-                f"label name of {len(k.encode())} bytes exceeds the limit of {limits.max_name_bytes}"
-            )
-        if (
-            limits.max_value_bytes
-            and len(v) > limits.max_value_bytes // 4
-            and len(v.encode()) > limits.max_value_bytes
-        ):
-            shown = k[:64]
-            raise ValueError(
-                f"value of label {shown!r} has {len(v.encode())} bytes, over the limit of {limits.max_value_bytes}"
-            )
-        if limits.max_name_bytes and k == "__name__" and len(v.encode()) > limits.max_name_bytes:
-            raise ValueError(
-                f"metric name of {len(v.encode())} bytes exceeds the limit of {limits.max_name_bytes}"
+                f"value of label {k[:64]!r} has {len(v.encode())} bytes, over the limit of {values}"
             )
         if not limits.utf8_names:
             if k == "__name__":

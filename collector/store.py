@@ -149,7 +149,7 @@ class Store(ABC):
         self._closed = False
         self._series_seen: set[tuple[int, int]] = set()
         self._series_lock = threading.Lock()
-        self._fp_cache: dict[Labels, int] = {}
+        self._fp_cache: dict[Labels, tuple[int, str]] = {}
         #: Decoded past hours for kql reads (collector/sample_cache.py); exact only while every
         #: write to the samples table passes through this object, so off unless a subclass or
         #: the operator knows that.
@@ -301,12 +301,11 @@ class Store(ABC):
     ) -> tuple[pa.Table, pa.Table | None, list[str], np.ndarray[Any, Any], list[tuple[int, int]]]:
         """The samples table of ``batch``, the series rows for (series, day) pairs not written yet,
         the metric names and per-sample codes (for the sample cache) and the new series keys."""
-        fps = np.fromiter(
-            (self._fingerprint(s) for s in batch.series), dtype=np.uint64, count=len(batch.series)
-        )
-        series, keys = self._series_rows(batch, fps)
+        meta = [self._fingerprint(s) for s in batch.series]
+        fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
+        series, keys = self._series_rows(batch, fps, meta)
         # The metric column as a dictionary of the batch's distinct names (chDB wants them unique).
-        names, codes = np.unique([dict(s)["__name__"] for s in batch.series], return_inverse=True)
+        names, codes = np.unique([m[1] for m in meta], return_inverse=True)
         sample_codes = codes.astype(np.int32)[batch.series_idx]
         metric = pa.DictionaryArray.from_arrays(
             pa.array(sample_codes, pa.int32()), pa.array(names.tolist(), pa.string())
@@ -337,16 +336,18 @@ class Store(ABC):
                 self.sample_cache.invalidate_samples(names, codes, batch.ts_ms)
         return len(batch)
 
-    def _fingerprint(self, labels: Labels) -> int:
-        fp = self._fp_cache.get(labels)
-        if fp is None:
+    def _fingerprint(self, labels: Labels) -> tuple[int, str]:
+        """The series' fingerprint and metric name, remembered: a steady stream of the same series
+        (remote_write sends each one every scrape) costs one dict lookup per series per batch."""
+        meta = self._fp_cache.get(labels)
+        if meta is None:
             if len(self._fp_cache) > _SERIES_CACHE_MAX:
                 self._fp_cache.clear()
-            fp = self._fp_cache[labels] = series_fingerprint(labels)
-        return fp
+            meta = self._fp_cache[labels] = (series_fingerprint(labels), dict(labels)["__name__"])
+        return meta
 
     def _series_rows(
-        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]]
+        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]], meta: list[tuple[int, str]]
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
         pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
@@ -364,7 +365,7 @@ class Store(ABC):
         data = pa.table(
             {
                 "date": pa.array(np.array([r[1] for r in rows], dtype=np.int32), pa.date32()),
-                "metric": pa.array([dict(batch.series[i])["__name__"] for i in idx], pa.string()),
+                "metric": pa.array([meta[i][1] for i in idx], pa.string()),
                 "fingerprint": pa.array(fps[idx], pa.uint64()),
                 "labels": pa.array(
                     [[(k, v) for k, v in batch.series[i] if k != "__name__"] for i in idx],

@@ -51,6 +51,7 @@ def build_collector_app(
     rules: RuleManager | None = None,
     stats_interval_s: float | None = None,
     health_rule: HealthRule | None = None,
+    series_limits: Any = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -100,6 +101,10 @@ def build_collector_app(
     )
     app.state.keys, app.state.tokens, app.state.rules = keys, tokens, rules
     app.state.sink = sink  # ``sink.close()`` before the store closes: it writes what is queued
+    # remote_write goes through the same group commit as agent batches (one insert per table per
+    # flush), checked against ``series_limits`` (rows.SeriesLimits; None: the defaults).
+    app.state.remote_write_batcher = sink.batcher
+    app.state.series_limits = series_limits
     return app
 
 
@@ -180,6 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
             rules=rules,
             stats_interval_s=args.stats_interval,
             health_rule=_health_rule(args),
+            series_limits=_series_limits(args),
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -303,4 +309,42 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="SECONDS",
         help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})",
     )
+    from kernel_insight.collector.rows import SeriesLimits
+
+    limits = SeriesLimits()
+    w = s.add_argument_group("remote_write series limits (docs/storage.md)")
+    w.add_argument(
+        "--max-labels",
+        type=int,
+        default=limits.max_labels,
+        help=f"most labels per series, __name__ included (default {limits.max_labels}, 0 = no limit)",
+    )
+    w.add_argument(
+        "--max-name-bytes",
+        type=int,
+        default=limits.max_name_bytes,
+        help=f"longest metric or label name (default {limits.max_name_bytes}, 0 = no limit)",
+    )
+    w.add_argument(
+        "--max-value-bytes",
+        type=int,
+        default=limits.max_value_bytes,
+        help=f"longest label value (default {limits.max_value_bytes}, 0 = no limit)",
+    )
+    w.add_argument(
+        "--utf8-names",
+        action="store_true",
+        help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
+    )
     s.set_defaults(handler=_serve)
+
+
+def _series_limits(args: argparse.Namespace) -> Any:
+    from kernel_insight.collector.rows import SeriesLimits
+
+    return SeriesLimits(
+        max_labels=args.max_labels,
+        max_name_bytes=args.max_name_bytes,
+        max_value_bytes=args.max_value_bytes,
+        utf8_names=args.utf8_names,
+    )

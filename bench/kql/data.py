@@ -26,6 +26,7 @@ __all__ = [
     "dataset",
     "load_chdb",
     "prometheus_text",
+    "write_openmetrics",
     "write_promtool_blocks",
 ]
 
@@ -97,13 +98,12 @@ def load_chdb(path: Path, data: Dataset) -> None:
         store.optimize("samples")
 
 
-def write_promtool_blocks(root: Path, data: Dataset, out: Path) -> None:
-    """Prometheus TSDB blocks through ``promtool tsdb create-blocks-from openmetrics``."""
+def write_openmetrics(path: Path, data: Dataset) -> None:
+    """OpenMetrics text (timestamps in seconds), one family at a time: promtool's and ``ki import``'s input."""
     by_name: dict[str, Dataset] = {}
     for item in data:
         by_name.setdefault(dict(item[0])["__name__"], []).append(item)
-    om = root / "data.om"
-    with om.open("w") as f:
+    with path.open("w") as f:
         for name, items in by_name.items():
             kind = "counter" if name.endswith("_total") else "gauge"
             family = name.removesuffix("_total") if kind == "counter" else name
@@ -116,6 +116,12 @@ def write_promtool_blocks(root: Path, data: Dataset, out: Path) -> None:
                     for v, t in zip(vs.tolist(), ts.tolist(), strict=True)
                 )
         f.write("# EOF\n")
+
+
+def write_promtool_blocks(root: Path, data: Dataset, out: Path) -> None:
+    """Prometheus TSDB blocks through ``promtool tsdb create-blocks-from openmetrics``."""
+    om = root / "data.om"
+    write_openmetrics(om, data)
     subprocess.run(
         ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(out)],
         check=True,

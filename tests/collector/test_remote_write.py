@@ -20,10 +20,12 @@ from kernel_insight.collector.remote_write import (
     encode_write_request,
     parse_remote_write,
 )
+from kernel_insight.collector.rows import SeriesLimits
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, is_stale
 
 NOW = (int(time.time()) // 60) * 60_000
+ANY_NAMES = SeriesLimits(max_labels=0, max_name_bytes=0, max_value_bytes=0, utf8_names=True)
 
 
 def _rows(batch):
@@ -114,7 +116,7 @@ def test_fuzz_decoder_raises_only_remote_write_error(raw):
 )
 def test_fuzz_round_trip(series):
     series = [({**labels, "__name__": "m"}, samples) for labels, samples in series]
-    got = _rows(parse_remote_write(encode_write_request(series)))
+    got = _rows(parse_remote_write(encode_write_request(series), limits=ANY_NAMES))
     want = [(labels, t, v) for labels, samples in series for t, v in samples]
 
     def key(row):
@@ -199,3 +201,89 @@ def test_app_413_without_content_length(app_store):
         yield b"x" * 8
 
     assert client.post("/api/v1/write", content=chunks()).status_code == 413
+
+
+# ---- the fast scan against the general decoder -------------------------------------------
+
+
+def _proto3(series, exemplar_at=None):
+    """A WriteRequest as Go's proto3 encoder writes it: zero values and timestamps left out."""
+    from kernel_insight.collector.remote_write import _enc_len, _enc_varint
+
+    parts = []
+    for n, (labels, samples) in enumerate(series):
+        body = b"".join(_enc_len(1, _enc_len(1, k.encode()) + _enc_len(2, v.encode())) for k, v in labels)
+        for t, v in samples:
+            sample = (b"\x09" + struct.pack("<d", v) if v != 0.0 else b"") + (
+                b"\x10" + _enc_varint(t) if t else b""
+            )
+            body += _enc_len(2, sample)
+        if n == exemplar_at:
+            body += _enc_len(3, _enc_len(1, _enc_len(1, b"trace_id") + _enc_len(2, b"abc")))
+        parts.append(_enc_len(1, body))
+    return b"".join(parts)
+
+
+_series = st.tuples(
+    st.lists(
+        st.tuples(st.sampled_from(["__name__", "job", "gpu", "a"]), st.sampled_from(["m", "x", "0", "h y"])),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda kv: kv[0],
+    ).map(lambda ls: [("__name__", "m"), *[kv for kv in ls if kv[0] != "__name__"]]),
+    st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 127, 128, NOW, 5_662_310_399_999]), st.sampled_from([0.0, 1.5, -2.0])
+        ),
+        max_size=4,
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_series, max_size=6), st.one_of(st.none(), st.integers(0, 5)))
+def test_fast_scan_matches_the_general_decoder(series, exemplar_at):
+    from kernel_insight.collector.remote_write import _decode_general
+
+    raw = _proto3(series, exemplar_at)
+    cache: dict = {}
+    want = sorted(map(repr, _rows(_decode_general(raw, SeriesLimits()))))
+    assert sorted(map(repr, _rows(decode_write_request(raw, SeriesLimits(), cache)))) == want
+    assert sorted(map(repr, _rows(decode_write_request(raw, SeriesLimits(), cache)))) == want  # cached
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"__name__": "x{y}"}, "invalid metric name 'x{y}'"),
+        ({"__name__": "up", 'a b"}': "1"}, "invalid label name"),
+        ({"__name__": "up", **{f"l{i}": "v" for i in range(30)}}, "31 labels exceed the limit of 30"),
+        ({"__name__": "a" * 5_000_000}, "metric name of 5000000 bytes exceeds the limit of 1024"),
+        ({"__name__": "up", "a": "v" * 2049}, "over the limit of 2048"),
+    ],
+)
+def test_app_refuses_series_prometheus_would_with_400(app_store, labels, message):
+    client = Client(create_app(app_store))
+    body = encode_write_request([(labels, [(NOW, 1.0)])])
+    r = client.post("/api/v1/write", content=body, headers={"Content-Encoding": "snappy"})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["detail"]
+    assert app_store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 0
+
+
+def test_app_series_limits_are_settings_and_writes_go_through_the_batcher(app_store):
+    from kernel_insight.collector.batcher import Batcher
+
+    app = create_app(app_store)
+    app.state.series_limits = SeriesLimits(max_labels=40, utf8_names=True)
+    batcher = app.state.remote_write_batcher = Batcher(app_store)
+    try:
+        client = Client(app)
+        labels = {"__name__": "x{y}", **{f"l{i}": "v" for i in range(30)}}
+        body = encode_write_request([(labels, [(NOW, 1.0)])])
+        assert client.post("/api/v1/write", content=body).status_code == 204
+        assert batcher.stats.flushed_batches == 1
+    finally:
+        batcher.shutdown()
+    (series,) = app_store.storage().select([Matcher("__name__", "=", "x{y}")], NOW, NOW)
+    assert series.values.tolist() == [1.0]

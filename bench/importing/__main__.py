@@ -1,0 +1,245 @@
+"""``ki import`` and remote_write on the path users run, beside VictoriaMetrics and promtool.
+
+The dataset is bench/kql's (2,050 series of GPU gauges and counters, 7 h at 15 s: about
+3.4M samples), written as OpenMetrics text. Timed here, each as a real process:
+
+- ``ki import FILE`` into a fresh embedded store (samples/s, peak RSS of the process);
+- ``ki collector`` receiving Prometheus remote_write (protobuf + snappy, as Prometheus encodes
+  it: 2,000-sample requests, one scrape of every series each) from ``--senders`` concurrent
+  keep-alive connections; acknowledged samples/s, then every sample counted in the store;
+- VictoriaMetrics (``/api/v1/import/prometheus`` and the same remote_write requests) and
+  ``promtool tsdb create-blocks-from openmetrics`` on the same data, when installed.
+
+Ends with ``BENCH remote_write samples_per_s=<n> ...`` and then
+``BENCH import samples_per_s=<n> peak_rss_mb=<n> ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.kql.data import dataset, prometheus_text, write_openmetrics
+from kernel_insight.collector.remote_write import SeriesEncoder
+from kernel_insight.collector.rows import Labels, SampleBatch
+from kernel_insight.collector.store import EmbeddedStore
+
+REQUEST_SAMPLES = 2_000  # Prometheus' max_samples_per_send
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(argv: list[str]) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (MB) and output of a child process.
+
+    CPU seconds are reported beside wall time because this machine is shared: wall time
+    says what a user waited, CPU time what the work cost whatever else was running.
+    """
+    t = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} failed ({proc.returncode}): {out[-2000:]}")
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, out
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def requests(data: list[tuple[Labels, np.ndarray, np.ndarray]]) -> list[bytes]:
+    """Snappy WriteRequests of REQUEST_SAMPLES samples, time-major as a scraping Prometheus sends them."""
+    series = [labels for labels, _, _ in data]
+    ts = np.stack([t for _, t, _ in data])  # (series, points)
+    vs = np.stack([v for _, _, v in data])
+    order_ts = ts.T.ravel()
+    order_vs = vs.T.ravel()
+    idx = np.tile(np.arange(len(series), dtype=np.int32), ts.shape[1])
+    enc = SeriesEncoder()
+    return [
+        enc.encode(
+            SampleBatch(
+                series,
+                idx[i : i + REQUEST_SAMPLES],
+                order_ts[i : i + REQUEST_SAMPLES],
+                order_vs[i : i + REQUEST_SAMPLES],
+            )
+        )
+        for i in range(0, len(idx), REQUEST_SAMPLES)
+    ]
+
+
+async def _send_all(url: str, bodies: list[bytes], senders: int) -> float:
+    """Every body POSTed over ``senders`` keep-alive connections; seconds until the last 2xx."""
+    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+    limits = httpx.Limits(max_connections=senders, max_keepalive_connections=senders)
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for b in bodies:
+        queue.put_nowait(b)
+    async with httpx.AsyncClient(limits=limits, timeout=120, headers=headers) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                r = await client.post(url, content=body)
+                if r.status_code // 100 != 2:
+                    raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:300]}")
+
+        await client.post(url, content=bodies[0])  # connect and warm up (stored twice: not counted)
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(senders)))
+        return time.perf_counter() - t
+
+
+def bench_ki_remote_write(
+    root: Path, bodies: list[bytes], total: int, senders: int
+) -> tuple[float, float, int]:
+    """A real ``ki collector`` (local-dev: no tokens) on the embedded store; samples/s and samples stored."""
+    data = root / "rw-data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernel_insight.cli", "collector", "--local-dev", "--store", str(data),
+         "--keys", str(root / "keys.json"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if "listening on" not in line:
+            raise RuntimeError(f"ki collector did not start: {line!r}")
+        url = line.split("listening on ")[1].strip() + "/api/v1/write"
+        cpu = _cpu_s(proc.pid)
+        elapsed = asyncio.run(_send_all(url, bodies, senders))
+        cpu = _cpu_s(proc.pid) - cpu
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    with EmbeddedStore(data) as store:
+        stored = int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
+    return total / elapsed, total / cpu, stored
+
+
+def _wait_http(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def bench_victoria(root: Path, text: Path, bodies: list[bytes], total: int, senders: int) -> dict[str, float]:
+    """VictoriaMetrics on the same data: text import of the whole file, then remote_write (fresh store each)."""
+    out: dict[str, float] = {}
+    for kind in ("import", "remote_write"):
+        port = _free_port()
+        proc = subprocess.Popen(
+            ["victoria-metrics", f"-storageDataPath={root / ('vm-' + kind)}",
+             f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_http(base + "/health")
+            if kind == "import":
+                t = time.perf_counter()
+                with text.open("rb") as f:
+                    httpx.post(base + "/api/v1/import/prometheus", content=f, timeout=600).raise_for_status()
+                urllib.request.urlopen(base + "/internal/force_flush", timeout=120).read()
+                out["victoriametrics_import"] = total / (time.perf_counter() - t)
+            else:
+                elapsed = asyncio.run(_send_all(base + "/api/v1/write", bodies, senders))
+                out["victoriametrics_remote_write"] = total / elapsed
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--senders", type=int, default=16, help="concurrent remote_write connections")
+    ap.add_argument("--no-compare", action="store_true", help="skip VictoriaMetrics and promtool")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ki-bench-import-"))
+    try:
+        t0 = (int(time.time()) // 86400) * 86_400_000 - 2 * 86_400_000
+        data = dataset(t0)
+        total = sum(len(t) for _, t, _ in data)
+        om = root / "data.om"
+        write_openmetrics(om, data)
+        size_mb = om.stat().st_size / 2**20
+        print(f"dataset: {total} samples of {len(data)} series, OpenMetrics {size_mb:.0f} MB")
+
+        ki = [sys.executable, "-m", "kernel_insight.cli"]
+        elapsed, cpu, rss, out = _run([*ki, "import", str(om), "--store", str(root / "import-data")])
+        import_sps, import_cpu = total / elapsed, total / cpu
+        print(
+            f"ki import: {out.strip()} in {elapsed:.1f} s ({cpu:.1f} CPU s): {import_sps:,.0f} samples/s, "
+            f"{import_cpu:,.0f} per CPU second, peak RSS {rss} MB"
+        )
+        with EmbeddedStore(root / "import-data") as store:
+            stored = int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
+        if stored != total:
+            raise RuntimeError(f"ki import stored {stored} of {total} samples")
+        shutil.rmtree(root / "import-data")
+
+        bodies = requests(data)
+        rw_sps, rw_cpu, rw_stored = bench_ki_remote_write(root, bodies, total, args.senders)
+        lost = total + REQUEST_SAMPLES - rw_stored  # the warm-up request is stored twice
+        print(
+            f"ki collector remote_write: {len(bodies)} requests of {REQUEST_SAMPLES} samples, "
+            f"{args.senders} senders: {rw_sps:,.0f} samples/s, {rw_cpu:,.0f} per collector CPU second, "
+            f"{rw_stored} stored (lost {lost})"
+        )
+        compare: dict[str, float] = {}
+        if not args.no_compare and shutil.which("victoria-metrics"):
+            text = root / "data.prom"
+            with text.open("wb") as f:
+                f.writelines(prometheus_text(data))
+            compare.update(bench_victoria(root, text, bodies, total, args.senders))
+            text.unlink()
+        if not args.no_compare and shutil.which("promtool"):
+            elapsed, _, prss, _ = _run(
+                ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(root / "blocks")]
+            )
+            compare["promtool_import"] = total / elapsed
+            print(f"promtool create-blocks-from openmetrics: {elapsed:.1f} s, peak RSS {prss} MB")
+        for name, value in compare.items():
+            print(f"compare: {name} {value:,.0f} samples/s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("remote_write"))
+    print(
+        f"BENCH remote_write samples_per_s={rw_sps:.0f} senders={args.senders} lost={lost} {extra}".rstrip()
+    )
+    extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("import"))
+    print(
+        f"BENCH import samples_per_s={import_sps:.0f} peak_rss_mb={rss} per_cpu_s={import_cpu:.0f} {extra}".rstrip()
+    )
+
+
+if __name__ == "__main__":
+    main()
