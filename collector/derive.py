@@ -116,6 +116,10 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "spool_batches": ("ki_agent_spool_batches", "gauge", 1.0),
     "rss_kb": ("ki_agent_resident_memory_bytes", "gauge", 1024.0),
     "names_truncated": ("ki_agent_names_truncated_total", "counter", 1.0),
+    "batches_dead_lettered": ("ki_agent_batches_dead_lettered_total", "counter", 1.0),
+    "spool_write_errors": ("ki_agent_spool_write_errors_total", "counter", 1.0),
+    "requests_sent": ("ki_agent_requests_sent_total", "counter", 1.0),
+    "requests_failed": ("ki_agent_requests_failed_total", "counter", 1.0),
 }
 
 F64 = npt.NDArray[np.float64]

@@ -82,14 +82,14 @@ def test_agent_counters_exported_under_the_stored_names_and_forgotten_after_ttl(
     now = [1_000.0]
     metrics = CollectorMetrics(agent_ttl_s=60, clock=lambda: now[0], process=False)
     agents = metrics.agents
-    agents.observe(
-        "ab12", int(990.5e9), {"ring_dropped": 7, "spool_batches": 3, "drain_lag_ns": 2e9}, 1_000.0
-    )
+    counters = {"ring_dropped": 7, "spool_batches": 3, "drain_lag_ns": 2e9, "batches_dead_lettered": 2}
+    agents.observe("ab12", int(990.5e9), counters, 1_000.0)
     text = metrics.exposition()[0].decode()
     assert _value(text, 'ki_agent_ring_dropped_total{agent="ab12"}') == 7
     assert "# TYPE ki_agent_ring_dropped_total counter" in text
     assert _value(text, 'ki_agent_spool_batches{agent="ab12"}') == 3
     assert _value(text, 'ki_agent_drain_lag_seconds{agent="ab12"}') == 2.0  # scaled as the stored series
+    assert _value(text, 'ki_agent_batches_dead_lettered_total{agent="ab12"}') == 2
     assert _value(text, 'ki_collector_agent_ingest_lag_seconds{agent="ab12"}') == pytest.approx(9.5)
     # An older batch arriving late (a retry) does not move the agent's figures back.
     agents.observe("ab12", int(900e9), {"ring_dropped": 1}, 999.0)
