@@ -157,13 +157,17 @@ def _kahan_totals_vectorised(
         np.add.at(comp, parent, np.where(sub_count > 0, sub_comp, 0.0))
         np.add.at(count, parent, sub_count)
         return total, comp, count
+    # An absent value adds -0.0: x + -0.0 is x for every x, and its rounding error is 0, so a
+    # Kahan step over it changes nothing that reaches a result (a NaN total stays NaN) and the
+    # loop needs no mask: a gather, the step in place, a scatter per rank.
+    masked = np.where(present, values, -0.0)
     for rows in _by_rank(gid, rank, depth):
         g = gid[rows]
-        p = present[rows]
-        new_t, new_c = kahan_inc(values[rows], total[g], comp[g])
-        total[g] = np.where(p, new_t, total[g])
-        comp[g] = np.where(p, new_c, comp[g])
-        count[g] += p
+        t, c = total[g], comp[g]
+        kahan_add(t, c, masked[rows], np.empty_like(t), np.empty_like(t))
+        total[g] = t
+        comp[g] = c
+    np.add.at(count, gid, present)
     return total, comp, count
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kql.data import HOURS, SCRAPE_MS, dataset, load_chdb, prometheus_text, write_promtool_blocks
-from bench.kql.servers import Answer, Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics
+from bench.kql.servers import Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
@@ -240,13 +240,13 @@ def run_mode(
                 if not why and (diff := compare(mine, expected.matrix)):
                     why = f"in-process: {diff}"
         times: dict[str, list[float]] = {"kql": [], "inproc": [], "prom": [], "vm": []}
-        for _ in range(reps):  # interleaved, so load changes hit all alike
-            answers: list[tuple[str, Answer]] = [("kql", kql.query(q, start, end, step_ms))]
-            answers.append(("prom", prom.query(q, start, end, step_ms)))
-            if vm is not None:
-                answers.append(("vm", vm.query(q, start, end, step_ms)))
-            for label, a in answers:
-                times[label].append(a.seconds)
+        servers = [("kql", kql), ("prom", prom)] + ([("vm", vm)] if vm is not None else [])
+        for rep in range(reps):
+            # Interleaved, so load changes hit all alike, and each server goes first in turn: a Go
+            # server's garbage collection after its answer runs into the next server's time.
+            turn = rep % len(servers)
+            for label, server in servers[turn:] + servers[:turn]:
+                times[label].append(server.query(q, start, end, step_ms).seconds)
             if inproc_ok:
                 times["inproc"].append(timed(lambda q=q: in_process(q)))  # type: ignore[misc]
 

@@ -129,3 +129,24 @@ def test_scalar_and_numpy_group_sums_are_the_same_bits(rows, steps, groups, pool
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape
         assert all(_same(float(x), float(y)) for x, y in zip(a.ravel(), b.ravel(), strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(-50, 50), max_size=12, unique=True), max_size=6),
+    st.lists(st.integers(-60, 60), max_size=10),
+    st.sampled_from(["left", "right"]),
+)
+def test_batched_searchsorted_equals_a_search_per_series(series, queries, side):
+    """The counting search gives numpy's searchsorted within each series' slice, for any query order."""
+    from kernel_insight.kql.engine import batched_searchsorted
+
+    parts = [np.array(sorted(s), dtype=np.int64) for s in series]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    ts = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    q = np.array(queries, dtype=np.int64)
+    got = batched_searchsorted(ts, offsets, q, side)
+    assert got.shape == (len(parts), len(q))
+    for i, p in enumerate(parts):
+        assert got[i].tolist() == (offsets[i] + np.searchsorted(p, q, side=side)).tolist()
