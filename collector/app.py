@@ -130,8 +130,8 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", dependencies=list(metrics_dependencies), include_in_schema=False)
-    async def metrics_endpoint(request: Request) -> Response:
-        body, content_type = metrics.exposition(request.headers.get("accept"))
+    async def metrics_endpoint() -> Response:
+        body, content_type = await run_in_threadpool(metrics.exposition)
         return Response(body, media_type=content_type)
 
     @app.post("/api/v1/write", status_code=204, dependencies=list(write_dependencies))

@@ -29,7 +29,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -37,6 +37,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
@@ -84,6 +85,13 @@ class AgentStates(Collector):
         self.clock = clock
         self._lock = threading.Lock()
         self._agents: dict[str, _AgentState] = {}
+        #: Each agent's exposition lines by metric name, rendered when its batch arrives: a scrape
+        #: of a thousand agents then joins bytes (ms) instead of formatting 30,000 samples (~0.5 s).
+        self._lines: dict[str, dict[str, bytes]] = {}
+        self._headers: dict[str, bytes] = {
+            _LAG: _header(_LAG, _LAG_HELP, "gauge"),
+            _SEEN: _header(_SEEN, _SEEN_HELP, "gauge"),
+        }
 
     def observe(self, agent: str, t_max_ns: int, counters: Mapping[str, float], received_s: float) -> None:
         """One stored batch: ``t_max_ns`` is its newest record's (producer) time, ``counters`` by name."""
@@ -93,7 +101,44 @@ class AgentStates(Collector):
             if state is None or received_s >= state.received_s:
                 merged = dict(state.counters) if state is not None else {}
                 merged.update(counters)
-                self._agents[agent] = _AgentState(received_s, lag, merged)
+                state = self._agents[agent] = _AgentState(received_s, lag, merged)
+                self._lines[agent] = self._render(agent, state)
+
+    def _render(self, agent: str, state: _AgentState) -> dict[str, bytes]:
+        label = '{agent="' + _escape(agent) + '"} '
+        lines = {
+            _LAG: f"{_LAG}{label}{_num(state.lag_s)}\n".encode(),
+            _SEEN: f"{_SEEN}{label}{_num(state.received_s)}\n".encode(),
+        }
+        for counter, value in state.counters.items():
+            name, kind, scale = _agent_metric(counter, AGENT_COUNTERS)
+            if name not in self._headers:
+                self._headers[name] = _header(name, _counter_help(counter), kind)
+            lines[name] = f"{name}{label}{_num(value * scale)}\n".encode()
+        return lines
+
+    def _expire(self) -> list[str]:
+        """Forget agents not heard for ``ttl_s``; the live ones, sorted (call with the lock held)."""
+        now = self.clock()
+        for agent in [a for a, s in self._agents.items() if now - s.received_s > self.ttl_s]:
+            del self._agents[agent]
+            del self._lines[agent]
+        return sorted(self._agents)
+
+    def render_text(self) -> bytes:
+        """These metrics in the text format 0.0.4, one family after another (as the format requires)."""
+        with self._lock:
+            agents = self._expire()
+            by_name: dict[str, list[bytes]] = {}
+            for agent in agents:
+                for name, line in self._lines[agent].items():
+                    by_name.setdefault(name, []).append(line)
+            headers = dict(self._headers)
+        out = []
+        for name in (_LAG, _SEEN, *sorted(n for n in by_name if n not in (_LAG, _SEEN))):
+            out.append(headers[name])
+            out.extend(by_name.get(name, ()))
+        return b"".join(out)
 
     def lag_s(self, agent: str) -> float | None:
         with self._lock:
@@ -101,21 +146,11 @@ class AgentStates(Collector):
             return None if state is None else state.lag_s
 
     def collect(self) -> Iterable[Metric]:
-        now = self.clock()
+        """The same figures as prometheus_client families (any registry or format can use them)."""
         with self._lock:
-            for agent in [a for a, s in self._agents.items() if now - s.received_s > self.ttl_s]:
-                del self._agents[agent]
-            agents = sorted(self._agents.items())
-        lag = GaugeMetricFamily(
-            "ki_collector_agent_ingest_lag_seconds",
-            "Receive time of the agent's newest batch minus that batch's newest record time (t_max)",
-            labels=["agent"],
-        )
-        seen = GaugeMetricFamily(
-            "ki_collector_agent_last_batch_timestamp_seconds",
-            "When the collector stored the agent's newest batch (unix seconds, collector clock)",
-            labels=["agent"],
-        )
+            agents = [(a, self._agents[a]) for a in self._expire()]
+        lag = GaugeMetricFamily(_LAG, _LAG_HELP, labels=["agent"])
+        seen = GaugeMetricFamily(_SEEN, _SEEN_HELP, labels=["agent"])
         for agent, state in agents:
             lag.add_metric([agent], state.lag_s)
             seen.add_metric([agent], state.received_s)
@@ -128,9 +163,7 @@ class AgentStates(Collector):
                 name, kind, scale = _agent_metric(counter, specs)
                 family = families.get(name)
                 if family is None:
-                    help_text = (
-                        f"The agent's {counter} counter, as its newest batch carried it (docs/wire.md)"
-                    )
+                    help_text = _counter_help(counter)
                     family = families[name] = (
                         CounterMetricFamily(name.removesuffix("_total"), help_text, labels=["agent"])
                         if kind == "counter"
@@ -138,6 +171,32 @@ class AgentStates(Collector):
                     )
                 family.add_metric([agent], value * scale)
         yield from families.values()
+
+
+_LAG = "ki_collector_agent_ingest_lag_seconds"
+_LAG_HELP = "Receive time of the agent's newest batch minus that batch's newest record time (t_max)"
+_SEEN = "ki_collector_agent_last_batch_timestamp_seconds"
+_SEEN_HELP = "When the collector stored the agent's newest batch (unix seconds, collector clock)"
+
+
+def _counter_help(counter: str) -> str:
+    return f"The agent's {counter} counter, as its newest batch carried it (docs/wire.md)"
+
+
+def _num(value: float) -> str:
+    """A sample value as prometheus_client writes it (Go's formatting), so both renderings agree."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _header(name: str, help_text: str, kind: str) -> bytes:
+    escaped = help_text.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n".encode()
 
 
 def _agent_metric(counter: str, specs: Mapping[str, tuple[str, str, float]]) -> tuple[str, str, float]:
@@ -363,8 +422,7 @@ class CollectorMetrics:
         # Derivation (collector/derive.py counts its drops in a DropStats; read at scrape time)
         r.register(_DroppedRecords(drop_stats if drop_stats is not None else DROP_STATS))
         # Agents (their counters as carried on the wire) and the store's parts
-        self.agents = AgentStates(agent_ttl_s, clock)
-        r.register(self.agents)
+        self.agents = AgentStates(agent_ttl_s, clock)  # rendered apart: see exposition()
         self.store_stats: StoreStats | None = None
         if process:
             ProcessCollector(registry=r)
@@ -391,10 +449,10 @@ class CollectorMetrics:
         """Add a custom collector (for figures computed at scrape time from another stage's state)."""
         self.registry.register(collector)
 
-    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
-        """(body, content type) for a scrape: OpenMetrics when ``accept`` asks for it, else text 0.0.4."""
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) for a scrape, in the text format 0.0.4 whatever the scraper prefers:
+        every Prometheus reads it, and the per-agent section is pre-rendered text (``AgentStates``)."""
+        return generate_latest(self.registry) + self.agents.render_text(), CONTENT_TYPE_PLAIN_0_0_4
 
 
 #: Methods counted under their own name; anything else (a client may send any token) is "other".

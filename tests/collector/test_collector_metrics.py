@@ -98,12 +98,37 @@ def test_agent_counters_exported_under_the_stored_names_and_forgotten_after_ttl(
     assert 'agent="ab12"' not in metrics.exposition()[0].decode()
 
 
-def test_openmetrics_when_the_scraper_asks_for_it(store):
+def test_text_format_whatever_the_scraper_prefers(store):
+    """Prometheus asks for OpenMetrics first; every Prometheus reads text 0.0.4, which the
+    pre-rendered per-agent section is written in."""
     app = create_app(store)
+    prometheus_accept = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    )
     with running_server(app) as url, httpx.Client(base_url=url) as client:
-        r = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
-    assert r.headers["content-type"].startswith("application/openmetrics-text")
-    assert r.text.rstrip().endswith("# EOF")
+        r = client.get("/metrics", headers={"Accept": prometheus_accept})
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "# EOF" not in r.text
+
+
+def test_pre_rendered_agent_lines_equal_what_prometheus_client_renders():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kernel_insight.collector.ingest import counter_name
+
+    metrics = CollectorMetrics(process=False)
+    now = time.time()
+    for a in range(3):
+        counters = {
+            counter_name(i): float(i * a + 0.5) for i in range(1, 30)
+        }  # 28, 29: newer than this collector
+        metrics.agents.observe(f"{a:032x}", int((now - 2.25) * 1e9), counters, now)
+    registry = CollectorRegistry()
+    registry.register(metrics.agents)
+    assert set(metrics.agents.render_text().decode().splitlines()) == set(
+        generate_latest(registry).decode().splitlines()
+    )
 
 
 @pytest.mark.skipif(
