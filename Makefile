@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -54,6 +54,9 @@ bench-derive:
 
 bench-import: build
 	$(PY) -m bench.importing
+
+bench-metrics: build
+	$(PY) -m bench.metrics
 
 clean:
 	rm -rf build $(VENV) *.egg-info
