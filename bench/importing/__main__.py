@@ -233,7 +233,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("remote_write"))
     print(
-        f"BENCH remote_write samples_per_s={rw_sps:.0f} senders={args.senders} lost={lost} {extra}".rstrip()
+        f"BENCH remote_write samples_per_s={rw_sps:.0f} per_cpu_s={rw_cpu:.0f} senders={args.senders} "
+        f"lost={lost} {extra}".rstrip()
     )
     extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("import"))
     print(
