@@ -37,6 +37,7 @@ from kernel_insight.api.topology import topology_router
 if TYPE_CHECKING:
     from kernel_insight.collector.keys import KeyStoreBase
     from kernel_insight.collector.metrics import CollectorMetrics
+    from kernel_insight.kql.engine import EngineLimits
 
 __all__ = [
     "LOCAL_DEV_HOST",
@@ -66,8 +67,11 @@ def api_routers(
     rule: HealthRule | None = None,
     interval_s: float = DEFAULT_INTERVAL_S,
     source: HealthSource | None = None,
+    query_limits: EngineLimits | None = None,
 ) -> tuple[list[APIRouter], Snapshotter]:
     """The routers (health snapshot, instances, topology, Prometheus API) and the snapshotter they share.
+
+    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``).
 
     The health router's lifespan starts and stops the snapshotter with the app.
     """
@@ -77,7 +81,7 @@ def api_routers(
         health_router(snapshotter, auth),
         instances_router(snapshotter, auth),
         topology_router(snapshotter, auth),
-        prometheus_router(storage_factory, auth, metadata=default_metadata()),
+        prometheus_router(storage_factory, auth, limits=query_limits, metadata=default_metadata()),
     ]
     return routers, snapshotter
 
@@ -92,6 +96,7 @@ def create_api_app(
     extra_routers: list[APIRouter] | None = None,
     keys: KeyStoreBase | None = None,
     metrics: CollectorMetrics | None = None,
+    query_limits: EngineLimits | None = None,
 ) -> FastAPI:
     """The collector app over ``store`` with this package's routers; ``app.state.snapshotter`` is the snapshotter.
 
@@ -102,7 +107,9 @@ def create_api_app(
     from kernel_insight.collector.app import create_app
 
     auth = Authenticator(tokens, local_dev=local_dev)
-    routers, snapshotter = api_routers(store, auth, rule=rule, interval_s=interval_s)
+    routers, snapshotter = api_routers(
+        store, auth, rule=rule, interval_s=interval_s, query_limits=query_limits
+    )
     if keys is not None:
         routers.append(agents_router(keys, auth))
     app = create_app(

@@ -34,10 +34,11 @@ from kernel_insight.kql.errors import (
     QueryCancelledError,
     QueryTimeoutError,
     StorageError,
+    TooManySamplesError,
 )
 from kernel_insight.kql.lexical import parse_duration
 from kernel_insight.kql.parser import parse
-from kernel_insight.kql.storage import Matcher, Storage
+from kernel_insight.kql.storage import READ_BUDGET, Matcher, ReadBudget, Storage
 from kernel_insight.kql.values import QueryResult, prometheus_json_bytes
 
 __all__ = [
@@ -328,6 +329,22 @@ def prometheus_router(
         result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
         return _result_response(result)
 
+    def listing(read: Callable[[], None]) -> None:
+        """Run a series or label read under the query limits (READ_BUDGET): a store that honours
+        them stops it at the timeout and before it returns more samples than a query may hold."""
+        budget = ReadBudget(
+            time.monotonic() + base_limits.timeout_s, base_limits.timeout_s, base_limits.max_samples
+        )
+        token = READ_BUDGET.set(budget)
+        try:
+            read()
+        except KqlError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"storage failed: {exc}") from exc
+        finally:
+            READ_BUDGET.reset(token)
+
     def do_series(params: _Params) -> JSONResponse:
         matches = params.get_all("match[]")
         if not matches:
@@ -336,14 +353,17 @@ def prometheus_router(
         start_ms, end_ms = _bounds(params)
         storage = storage_factory()
         seen: dict[tuple[tuple[str, str], ...], None] = {}
-        try:
+
+        def read() -> None:
+            loaded = 0  # select() hands back samples too: the same limit as a query's
             for matchers in sets:
                 for s in storage.select(matchers, start_ms, end_ms):
                     seen[s.labels] = None
-        except KqlError:
-            raise
-        except Exception as exc:
-            raise StorageError(f"storage failed: {exc}") from exc
+                    loaded += len(s.timestamps)
+                if loaded > base_limits.max_samples:
+                    raise TooManySamplesError()
+
+        listing(read)
         series, warnings = _truncate([dict(labels) for labels in sorted(seen)], _limit(params))
         return _success(series, warnings)
 
@@ -352,11 +372,12 @@ def prometheus_router(
         start_ms, end_ms = _bounds(params)
         storage = storage_factory()
         names: set[str] = set()
-        try:
+
+        def read() -> None:
             for matchers in sets:
                 names.update(storage.label_names(list(matchers), start_ms, end_ms))
-        except Exception as exc:
-            raise StorageError(f"storage failed: {exc}") from exc
+
+        listing(read)
         out, warnings = _truncate(sorted(names), _limit(params))
         return _success(out, warnings)
 
@@ -368,11 +389,12 @@ def prometheus_router(
             start_ms, end_ms = _bounds(params)
             storage = storage_factory()
             values: set[str] = set()
-            try:
+
+            def read() -> None:
                 for matchers in sets:
                     values.update(storage.label_values(name, list(matchers), start_ms, end_ms))
-            except Exception as exc:
-                raise StorageError(f"storage failed: {exc}") from exc
+
+            listing(read)
             out, warnings = _truncate(sorted(values), _limit(params))
             return _success(out, warnings)
 

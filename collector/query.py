@@ -196,24 +196,27 @@ class ClickHouseStorage:
         """A read bounded by the running kql query's budget (``READ_BUDGET``), if there is one.
 
         ClickHouse stops it at the query's deadline (``max_execution_time``) and, for reads whose
-        rows hold samples (``rows_per_sample`` samples or grid cells a row), once it would return
-        more than the query may still hold (``max_result_rows``): a 200k-series read fails in
-        ClickHouse with the query's own timeout or sample-limit error instead of filling memory.
+        rows hold samples (``rows_per_sample`` samples or grid cells a row), once it has more rows
+        than the query may still hold (``max_result_rows``): a 200k-series read ends in ClickHouse
+        with the query's own timeout or sample-limit error instead of filling memory. Both stop
+        with ``break`` (a partial result this method refuses), not ``throw``: a statement that
+        fails mid-stream in chDB hands its rows to the session's next query (collector/store.py).
         """
         budget = READ_BUDGET.get()
         extra = [settings] if settings else []
+        rows = 0
         if budget is not None:
             remaining = budget.deadline - time.monotonic()
             if remaining <= 0:
                 raise QueryTimeoutError.after(budget.timeout_s)
-            extra.append(f"max_execution_time = {remaining:.3f}, timeout_overflow_mode = 'throw'")
+            extra.append(f"max_execution_time = {remaining:.3f}, timeout_overflow_mode = 'break'")
             if rows_per_sample:
-                rows = max(1, budget.max_samples // rows_per_sample)
-                extra.append(f"max_result_rows = {rows}, result_overflow_mode = 'throw'")
+                rows = budget.max_samples // rows_per_sample
+                extra.append(f"max_result_rows = {rows + 1}, result_overflow_mode = 'break'")
         if extra:
             sql = f"{sql} SETTINGS {', '.join(extra)}"
         try:
-            return self._store.query(sql)
+            table: pa.Table = self._store.query(sql)
         except StoreError as exc:
             code = _CODE.search(str(exc))
             if budget is not None and code is not None and code.group(1) == "159":  # TIMEOUT_EXCEEDED
@@ -221,6 +224,12 @@ class ClickHouseStorage:
             if budget is not None and code is not None and code.group(1) == "396":  # TOO_MANY_ROWS_OR_BYTES
                 raise TooManySamplesError() from exc
             raise
+        if budget is not None:
+            if time.monotonic() >= budget.deadline:
+                raise QueryTimeoutError.after(budget.timeout_s)  # the result may have been cut short
+            if rows_per_sample and table.num_rows > rows:
+                raise TooManySamplesError()
+        return table
 
     # ---- the sample cache (collector/sample_cache.py) ------------------------------------
 
@@ -495,7 +504,7 @@ class ClickHouseStorage:
         if end_ms < start_ms:
             return []
         sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
-        result = self._store.query(
+        result = self._read(
             f"SELECT DISTINCT arrayJoin(arrayConcat(['__name__'], mapKeys(s_labels))) AS name FROM ({sub}) ORDER BY name"
         )
         return [str(v) for v in result.column("name").to_pylist()]
@@ -504,7 +513,7 @@ class ClickHouseStorage:
         if end_ms < start_ms:
             return []
         sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
-        result = self._store.query(
+        result = self._read(
             f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
         )
         return [str(v) for v in result.column("v").to_pylist()]

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 if TYPE_CHECKING:
     from kernel_insight.api.health import HealthRule
+    from kernel_insight.kql.engine import EngineLimits
     from kernel_insight.rules.manager import RuleManager
 
 __all__ = ["AUTH_STORES", "DEFAULT_PORT", "add_commands", "auth_store_kind", "build_collector_app"]
@@ -52,6 +53,7 @@ def build_collector_app(
     stats_interval_s: float | None = None,
     health_rule: HealthRule | None = None,
     series_limits: Any = None,
+    query_limits: EngineLimits | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -59,7 +61,8 @@ def build_collector_app(
     ``auth_store`` ``table`` (``auto`` over a ClickHouse server), in tables of ``store``.
     ``rules`` (docs/rules.md) is started and stopped with the app; ``/api/v1/rules`` and
     ``/api/v1/alerts`` answer (empty without it). ``health_rule`` judges the snapshot (the
-    default ``HealthRule()`` when None). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default)."""
+    default ``HealthRule()`` when None). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default).
+    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``, docs/kql.md)."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
@@ -98,6 +101,7 @@ def build_collector_app(
         extra_routers=[ingest, rule_api],
         keys=keys,
         metrics=metrics,
+        query_limits=query_limits,
     )
     app.state.keys, app.state.tokens, app.state.rules = keys, tokens, rules
     app.state.sink = sink  # ``sink.close()`` before the store closes: it writes what is queued
@@ -120,6 +124,15 @@ def _tls(args: argparse.Namespace) -> Any:
         raise ValueError("TLS needs both --tls-cert and --tls-key")
     ca = None if args.tls_client_ca is None else Path(args.tls_client_ca)
     return TlsFiles(Path(args.tls_cert), Path(args.tls_key), ca)
+
+
+def _query_limits(args: argparse.Namespace) -> EngineLimits:
+    """``EngineLimits`` from --query-timeout and --query-max-samples (Prometheus' flags of those names)."""
+    from kernel_insight.kql.engine import EngineLimits
+
+    if args.query_timeout <= 0 or args.query_max_samples <= 0:
+        raise ValueError("--query-timeout and --query-max-samples must be positive")
+    return EngineLimits(max_samples=args.query_max_samples, timeout_s=args.query_timeout)
 
 
 def _limits(args: argparse.Namespace) -> Any:
@@ -186,6 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
             stats_interval_s=args.stats_interval,
             health_rule=_health_rule(args),
             series_limits=_series_limits(args),
+            query_limits=_query_limits(args),
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -268,6 +282,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=DEFAULT_STORE_STATS_INTERVAL_S,
         help=f"seconds between reads of the store's parts per table for /metrics "
         f"(default {DEFAULT_STORE_STATS_INTERVAL_S:g})",
+    )
+    from kernel_insight.kql.engine import EngineLimits
+
+    query = EngineLimits()
+    q = s.add_argument_group("query limits (docs/kql.md, 'Limits and cancellation')")
+    q.add_argument(
+        "--query-timeout",
+        type=float,
+        default=query.timeout_s,
+        metavar="SECONDS",
+        help=f"longest a query may run; a request's timeout can only shorten it (default {query.timeout_s:g})",
+    )
+    q.add_argument(
+        "--query-max-samples",
+        type=int,
+        default=query.max_samples,
+        metavar="N",
+        help=f"samples a query may hold in memory at once (default {query.max_samples:,})",
     )
     from kernel_insight.rules.manager import add_rule_arguments
 

@@ -9,13 +9,19 @@ import pytest
 from api_helpers import FakeSource, TestClient, build_app
 from fastapi import FastAPI
 
-from kernel_insight.api import Authenticator
+from kernel_insight.api import Authenticator, create_api_app
 from kernel_insight.api.errors import install_error_handlers
 from kernel_insight.api.prometheus import prometheus_router
+from kernel_insight.cli import build_parser
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import EngineLimits
+from kernel_insight.kql.errors import TooManySamplesError
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+from kernel_insight.server import _query_limits
 
 T0 = 1_700_000_000
+TOO_MANY = TooManySamplesError.MESSAGE
 
 
 @pytest.fixture
@@ -153,3 +159,43 @@ def test_the_sample_limit_is_422_with_prometheus_text(storage, tokens, auth_head
         params={"query": "count_over_time(up[10m])", "start": T0, "end": T0 + 600, "step": 15},
     )
     assert r.status_code == 200, r.text
+
+
+# ----------------------------------------------------------------------------------- the collector's settings
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = EmbeddedStore(tmp_path / "d")
+    b = SampleBuilder()
+    base = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
+    for i in range(30):
+        ts = [base + k * 15_000 for k in range(40)]
+        b.add_series({"__name__": "util", "gpu": str(i)}, ts, [float(k) for k in range(40)])
+    s.insert_batch("seed", samples=b.build())
+    yield s, base / 1000
+    s.close()
+
+
+def test_ki_collector_query_flags_set_the_limits() -> None:
+    args = build_parser().parse_args(["collector", "--query-timeout", "5", "--query-max-samples", "100"])
+    assert _query_limits(args) == EngineLimits(max_samples=100, timeout_s=5.0)
+    defaults = _query_limits(build_parser().parse_args(["collector"]))
+    assert defaults == EngineLimits()
+    with pytest.raises(ValueError, match="must be positive"):
+        _query_limits(build_parser().parse_args(["collector", "--query-max-samples", "0"]))
+
+
+def test_the_collector_app_applies_its_query_limits_to_queries_and_listings(store) -> None:
+    s, base = store
+    app = create_api_app(s, local_dev=True, interval_s=3600, query_limits=EngineLimits(max_samples=200))
+    c = TestClient(app)
+    window = {"start": base, "end": base + 600}
+    r = c.get("/api/v1/query_range", params={"query": "util", "step": 15, **window})
+    assert (r.status_code, r.json()["error"]) == (422, TOO_MANY)
+    # /api/v1/series reads the matching series' samples: refused past the limit too (by ClickHouse's
+    # max_result_rows on a read, or once counted when the hours come from the sample cache).
+    r = c.get("/api/v1/series", params={"match[]": "util", **window})
+    assert (r.status_code, r.json()["error"]) == (422, TOO_MANY)
+    roomy = TestClient(create_api_app(s, local_dev=True, interval_s=3600))
+    assert len(roomy.get("/api/v1/series", params={"match[]": "util", **window}).json()["data"]) == 30
