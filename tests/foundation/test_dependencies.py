@@ -21,7 +21,7 @@ RULES: dict[str, tuple[frozenset[str], frozenset[str] | None]] = {
     # Producers and the agent know nothing of servers: only the ring, records and metric ids.
     "agent": (frozenset({"agent"}), frozenset({"numpy", "pynvml", "bcc", "torch", "cupy"})),
     # The query language knows no HTTP and no storage engine: storage is a protocol it defines.
-    "kql": (frozenset({"kql"}), frozenset({"numpy", "lark", "re2"})),
+    "kql": (frozenset({"kql"}), frozenset({"numpy", "lark", "re2", "orjson"})),
     # The collector stores what agents send and implements kql's storage protocol.
     "collector": (frozenset({"collector", "agent", "kql"}), None),
     # The API composes kql and the collector's storage.
