@@ -42,12 +42,16 @@ def rss_bytes(pid: int) -> int:
 
 @contextlib.contextmanager
 def running_collector(
-    tmp: Path, *extra: str, start_timeout_s: float = 120, probe_cert: tuple[str, str] | None = None
+    tmp: Path,
+    *extra: str,
+    start_timeout_s: float = 120,
+    probe_cert: tuple[str, str] | None = None,
+    interval_s: float = 0.5,
 ) -> Iterator[RunningCollector]:
     """``ki collector`` over an embedded store in ``tmp``; stderr goes to ``tmp/collector.err``.
 
     ``probe_cert`` (certificate, key) is what the start-up probe presents to a collector that
-    requires client certificates.
+    requires client certificates; ``interval_s`` is the health snapshot's rebuild interval.
     """
     tokens = TokenStore(tmp / "tokens.json")
     read = tokens.create("reader", ["read"]).token
@@ -56,7 +60,16 @@ def running_collector(
     agent = keys.add_agent("host/gpu0")
     err = tmp / "collector.err"
     args = [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp / "data")]
-    args += ["--keys", str(keys.path), "--tokens", str(tokens.path), "--port", "0", "--interval", "0.5"]
+    args += [
+        "--keys",
+        str(keys.path),
+        "--tokens",
+        str(tokens.path),
+        "--port",
+        "0",
+        "--interval",
+        str(interval_s),
+    ]
     with err.open("w") as err_file:
         proc = subprocess.Popen([*args, *extra], stdout=subprocess.PIPE, stderr=err_file, text=True)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from collector_process import RunningCollector, rss_bytes, running_collector
+from load_clients import HALF_SENT, Flood
 
 from kernel_insight.collector import wire
 from kernel_insight.collector.remote_write import encode_write_request
@@ -34,7 +34,6 @@ LIMIT_FLAGS = (
     "--body-timeout",
     str(BODY_TIMEOUT_S),
 )
-HALF_SENT = b"GET /v1/health/snapshot HTTP/1.1\r\nHost: collector\r\nX-Slow: "
 
 
 @pytest.fixture(scope="module")
@@ -82,57 +81,6 @@ def _read_all(s: socket.socket, deadline_s: float) -> bytes:
     return out
 
 
-class Flood:
-    """Keeps ``size`` connections open that each sent half a request head, reopening any the
-    server closes, until stopped: the slow-connection flood from one client."""
-
-    def __init__(self, c: RunningCollector, size: int) -> None:
-        self.c, self.size = c, size
-        self.opened = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Flood:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
-
-    def _run(self) -> None:
-        import selectors
-
-        sel = selectors.DefaultSelector()
-        socks: set[socket.socket] = set()
-        try:
-            while not self.stop.is_set():
-                while len(socks) < self.size and not self.stop.is_set():
-                    try:
-                        s = socket.create_connection(self.c.host_port, timeout=2)
-                        s.sendall(HALF_SENT)
-                    except OSError:
-                        break
-                    s.setblocking(False)
-                    sel.register(s, selectors.EVENT_READ)
-                    socks.add(s)
-                    self.opened += 1
-                for key, _ in sel.select(timeout=0.02):
-                    s = key.fileobj  # type: ignore[assignment]
-                    try:
-                        data = s.recv(4096)
-                    except OSError:
-                        data = b""
-                    if not data:  # closed by the server: open another in its place
-                        sel.unregister(s)
-                        s.close()
-                        socks.discard(s)
-        finally:
-            for s in socks:
-                s.close()
-            sel.close()
-
-
 def test_a_half_sent_request_is_answered_408_and_closed_after_the_header_timeout(collector):
     s = _connect(collector)
     try:
@@ -152,7 +100,7 @@ def test_a_flood_of_half_sent_requests_does_not_stop_legitimate_requests(collect
     auth = {"Authorization": f"Bearer {collector.read_token}", "Connection": "close"}
     err_before = collector.stderr.stat().st_size
     answered = []
-    with Flood(collector, MAX_CONNECTIONS * 5) as flood:
+    with Flood(collector.host_port, MAX_CONNECTIONS * 5) as flood:
         deadline = time.monotonic() + 20
         while flood.opened < MAX_CONNECTIONS * 5 and time.monotonic() < deadline:
             time.sleep(0.01)
