@@ -10,8 +10,9 @@ half-sent requests starves everyone (and, past the descriptor limit, the store i
   the previous response on a keep-alive connection), else 408 and close;
 - the request body must arrive within ``body_timeout_s`` of its head, else 408 and close;
 - at most ``max_connections`` are open: a new connection past the cap closes the oldest one
-  that is still waiting for a request head (the slow ones are the cheap ones to drop), and is
-  answered 503 itself only when every open connection is busy with a request.
+  that is still waiting for its first request head (the slow ones are the cheap ones to drop),
+  else the one idle longest after a response, and is answered 503 itself only when every open
+  connection is busy with a request.
 
 Example::
 
@@ -145,14 +146,17 @@ class _Guard(_Base):
     protocols (see the module docstring); the concrete classes say where a request stands."""
 
     limits: ClassVar[ConnectionLimits]
-    #: Connections waiting for a request head, oldest first (a dict keeps insertion order).
+    #: Connections waiting for their first request head, oldest first (dicts keep insertion order).
     waiting: ClassVar[dict[_Guard, None]]
+    #: Connections waiting for a later request head (kept alive after a response), oldest first.
+    idle: ClassVar[dict[_Guard, None]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0  # bytes received since the connection started waiting for a head
+        self._served = False  # answered a request already: evicted only after those that never were
 
     def _phase(self) -> str:
         """``head`` (waiting for a request head), ``body`` (its body) or ``busy`` (being answered)."""
@@ -172,44 +176,54 @@ class _Guard(_Base):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
-        self.waiting.pop(self, None)
+        self._unlist()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self in self.waiting:
+        if self._listed():
             self._head_bytes += len(data)
         super().data_received(data)
         self._track()
-        if self in self.waiting and self._head_bytes > self.limits.max_head_bytes:
+        if self._listed() and self._head_bytes > self.limits.max_head_bytes:
             self._close(_HEAD_431, f"request head larger than {self.limits.max_head_bytes} bytes\n")
 
     def on_response_complete(self) -> None:
+        self._served = True
         super().on_response_complete()
         self._track()
 
+    def _listed(self) -> bool:
+        return self in self.waiting or self in self.idle
+
+    def _unlist(self) -> None:
+        self.waiting.pop(self, None)
+        self.idle.pop(self, None)
+
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for a request head; False when none waits."""
-        for victim in self.waiting:
-            if victim is not self:
-                victim._close(None, "")
-                return True
+        """Close the connection that has waited longest for its first request head, else the one
+        idle longest after a response (a client that proved itself); False when none waits."""
+        for listed in (self.waiting, self.idle):
+            for victim in listed:
+                if victim is not self:
+                    victim._close(None, "")
+                    return True
         return False
 
     def _track(self) -> None:
         """Start or stop the deadlines and the eviction entry after the parser's state moved."""
         if self.transport is None or self.transport.is_closing():
             self._stop_timers()
-            self.waiting.pop(self, None)
+            self._unlist()
             return
         phase = self._phase()
         if phase == "head":
-            if self not in self.waiting:
-                self.waiting[self] = None
+            if not self._listed():
+                (self.idle if self._served else self.waiting)[self] = None
                 self._head_bytes = 0
                 self._cancel_body()
                 self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
             return
-        self.waiting.pop(self, None)
+        self._unlist()
         self._cancel_head()
         if phase == "body":
             if self._body_timer is None:
@@ -234,7 +248,7 @@ class _Guard(_Base):
 
     def _close(self, template: bytes | None, why: str) -> None:
         self._stop_timers()
-        self.waiting.pop(self, None)
+        self._unlist()
         if self.transport is None or self.transport.is_closing():
             return
         if template is not None:
@@ -319,4 +333,4 @@ def guarded_protocol(limits: ConnectionLimits, *, parser: str = "auto") -> type[
         base = fast or _GuardedH11
     elif parser != "h11":
         raise ValueError(f"unknown HTTP parser {parser!r} (auto, httptools or h11)")
-    return type("GuardedHttpProtocol", (base,), {"limits": limits, "waiting": {}})
+    return type("GuardedHttpProtocol", (base,), {"limits": limits, "waiting": {}, "idle": {}})

@@ -5,12 +5,14 @@ process measuring latency competes with the collector only, not with its own loa
     python tests/load_clients.py queries URL TOKEN SECONDS [SET]
     python tests/load_clients.py poison URL KEYFILE SECONDS
 
-Each runs for SECONDS and prints one JSON line with what it saw; ``Flood`` is also used in-process.
+Each runs until its standard input closes (or SECONDS pass, a safety bound) and then prints
+one JSON line with what it saw; ``Flood`` is also used in-process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import socket
 import struct
@@ -88,9 +90,23 @@ class Flood:
             sel.close()
 
 
+def _stopped(seconds: str) -> threading.Event:
+    """Set when standard input closes (the test says stop) or after ``seconds``."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    threading.Timer(float(seconds), stop.set).start()
+    return stop
+
+
 def _flood(host: str, port: str, size: str, seconds: str) -> dict[str, object]:
+    stop = _stopped(seconds)
     with Flood((host, int(port)), int(size)) as f:
-        time.sleep(float(seconds))  # the flood runs for this long; nothing to wait for
+        stop.wait()
     return {"opened": f.opened}
 
 
@@ -99,9 +115,9 @@ def _queries(url: str, token: str, seconds: str, which: str = "bounded") -> dict
 
     statuses: Counter[int] = Counter()
     slowest = 0.0
-    end = time.monotonic() + float(seconds)
+    stop = _stopped(seconds)
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
-        while time.monotonic() < end:
+        while not stop.is_set():
             for q in QUERY_SETS[which]:
                 t0 = time.monotonic()
                 r = client.post(f"{url}/api/v1/query", data={"query": q, "timeout": "20s"})
@@ -155,10 +171,10 @@ def _poison(url: str, key_file: str, seconds: str) -> dict[str, object]:
 
     creds = read_key_file(Path(key_file))
     statuses: Counter[int] = Counter()
-    end = time.monotonic() + float(seconds)
+    stop = _stopped(seconds)
     seq = 0
     with httpx.Client(timeout=30) as client:
-        while time.monotonic() < end:
+        while not stop.is_set():
             r = client.post(
                 f"{url}{wire.INGEST_PATH}",
                 content=_poison_batch(creds, seq),
@@ -172,7 +188,7 @@ def _poison(url: str, key_file: str, seconds: str) -> dict[str, object]:
 def main(argv: list[str]) -> int:
     kinds = {"flood": _flood, "queries": _queries, "poison": _poison}
     print(json.dumps(kinds[argv[0]](*argv[1:])), flush=True)
-    return 0
+    os._exit(0)  # the safety timer's thread would otherwise keep the process for SECONDS
 
 
 if __name__ == "__main__":

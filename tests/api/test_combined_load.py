@@ -16,13 +16,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from collector_process import running_collector
 
-LOAD_S = 20.0
+MEASURE_S = 15.0
+START_S = 60.0  # for the three load processes to be seen at work (a loaded machine starts them slowly)
+SAFETY_S = 300.0
 MAX_CONNECTIONS = 128
 FLOOD = 2 * MAX_CONNECTIONS
 WARMUP = 50
@@ -57,22 +60,11 @@ def _sockets(pid: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "queries",
-    [
-        "bounded",
-        pytest.param(
-            "within_limits",
-            marks=pytest.mark.xfail(
-                reason="kql holds the GIL for up to ~1 s inside one numpy call (np.repeat in "
-                "engine.batched_searchsorted, from eval_subquery) on a 21.6M-step subquery that is "
-                "within max_samples, stalling every request meanwhile; missing piece: the kql engine "
-                "evaluating large subqueries in GIL-releasing chunks (not landed by 06:30 UTC)",
-                strict=False,
-            ),
-        ),
-    ],
-)
+# "bounded": queries the engine must refuse or run in linear time (ReDoS, [1d:1ms], [10000d:1ms]),
+# in a loop; "within_limits": a 21.6M-step subquery under max_samples, which really runs (~20 s
+# each here). One numpy call in it holds the GIL up to ~1 s (the max below shows it): one request
+# in thousands waits that long, so p99 holds; docs/security.md names it as a known gap.
+@pytest.mark.parametrize("queries", ["bounded", "within_limits"])
 def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path, queries):
     flags = ["--max-connections", str(MAX_CONNECTIONS), "--header-timeout", "2", "--body-timeout", "5"]
     with running_collector(tmp_path, *flags, interval_s=5.0) as c:  # ki collector's default interval
@@ -85,24 +77,16 @@ def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path,
                 assert client.get("/v1/health/snapshot").status_code == 200
 
             py = [sys.executable, str(LOAD_CLIENTS)]
+            pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
             loads = {
-                "queries": subprocess.Popen(
-                    [*py, "queries", c.url, c.read_token, str(LOAD_S), queries],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                ),
-                "flood": subprocess.Popen(
-                    [*py, "flood", host, str(port), str(FLOOD), str(LOAD_S)],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                ),
-                "poison": subprocess.Popen(
-                    [*py, "poison", c.url, str(key_file), str(LOAD_S)], stdout=subprocess.PIPE, text=True
-                ),
+                "queries": [*py, "queries", c.url, c.read_token, str(SAFETY_S), queries],
+                "flood": [*py, "flood", host, str(port), str(FLOOD), str(SAFETY_S)],
+                "poison": [*py, "poison", c.url, str(key_file), str(SAFETY_S)],
             }
+            procs = {name: subprocess.Popen(argv, **pipes) for name, argv in loads.items()}
             try:
                 # Measure only once all three are at work, as the collector itself sees it.
-                deadline = time.monotonic() + LOAD_S / 2
+                deadline = time.monotonic() + START_S
                 while True:
                     assert time.monotonic() < deadline, "the load did not get going"
                     metrics = client.get("/metrics").text
@@ -113,26 +97,28 @@ def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path,
                     time.sleep(0.05)
 
                 latencies = []
-                while all(p.poll() is None for p in loads.values()):
+                end = time.monotonic() + MEASURE_S
+                while time.monotonic() < end:
+                    assert all(p.poll() is None for p in procs.values()), "a load process ended early"
                     t0 = time.perf_counter()
                     r = client.get("/v1/health/snapshot")
                     latencies.append(time.perf_counter() - t0)
                     assert r.status_code == 200, r.text
             finally:
                 results = {}
-                for name, p in loads.items():
-                    out, _ = p.communicate(timeout=120)
+                for name, p in procs.items():
+                    out, _ = p.communicate(input="", timeout=120)  # closing stdin stops it
                     results[name] = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
                     assert p.returncode == 0, (name, out)
 
     print(f"snapshot under load: {len(latencies)} requests, p50 {np.percentile(latencies, 50) * 1e3:.1f} ms, "
-          f"p99 {np.percentile(latencies, 99) * 1e3:.1f} ms; {results}")  # fmt: skip
+          f"p99 {np.percentile(latencies, 99) * 1e3:.1f} ms, max {max(latencies) * 1e3:.0f} ms; {results}")  # fmt: skip
     # The load was real: pathological queries answered (never 500), the flood churned, every
     # poisoned batch stored with its bad records dropped.
     assert 500 not in {int(k) for k in results["queries"]["statuses"]}
     assert sum(results["queries"]["statuses"].values()) >= 3
     assert results["flood"]["opened"] > FLOOD
     assert set(results["poison"]["statuses"]) == {"200"}, results["poison"]
-    assert len(latencies) >= MIN_SAMPLES, f"only {len(latencies)} snapshot requests in {LOAD_S} s"
+    assert len(latencies) >= MIN_SAMPLES, f"only {len(latencies)} snapshot requests in {MEASURE_S} s"
     p99 = float(np.percentile(latencies, 99))
     assert p99 < P99_LIMIT_S, f"health snapshot p99 {p99 * 1e3:.1f} ms under load"

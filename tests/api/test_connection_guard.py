@@ -51,10 +51,10 @@ def _app() -> FastAPI:
 
 
 @contextlib.contextmanager
-def serving(parser: str) -> Iterator[tuple[str, int]]:
-    sock = listening_socket("127.0.0.1", 0, backlog=LIMITS.backlog)
+def serving(parser: str, limits: ConnectionLimits = LIMITS) -> Iterator[tuple[str, int]]:
+    sock = listening_socket("127.0.0.1", 0, backlog=limits.backlog)
     config = uvicorn.Config(
-        _app(), http=guarded_protocol(LIMITS, parser=parser), log_level="warning", lifespan="off", ws="none"
+        _app(), http=guarded_protocol(limits, parser=parser), log_level="warning", lifespan="off", ws="none"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -189,3 +189,36 @@ def test_a_keep_alive_connection_gets_a_new_head_deadline_after_each_response(pa
             while chunk := s.recv(4096):
                 rest += chunk
         assert rest.startswith(b"HTTP/1.1 408 "), rest
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_client_outlasts_a_flood_of_connections_that_never_sent_a_whole_head(parser):
+    """Past the cap, connections that never completed a request go first: a client that was
+    served and keeps its connection open between requests is not the one evicted."""
+    patient = ConnectionLimits(max_connections=8, header_timeout_s=30, keep_alive_s=30, backlog=4)
+    with serving(parser, patient) as server, socket.create_connection(server, timeout=10) as client:
+
+        def ask() -> bytes:
+            client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while b'{"ok":true}' not in got:
+                chunk = client.recv(4096)
+                assert chunk, f"the kept-alive connection was closed after {got!r}"
+                got += chunk
+            return got
+
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        flood = [socket.create_connection(server, timeout=10) for _ in range(3 * patient.max_connections)]
+        try:
+            for s in flood:
+                s.sendall(b"GET /ok HTTP/1.1\r\n")
+            closed = 0
+            for s in flood:  # the server evicts flood connections to stay under the cap
+                s.settimeout(0.2)
+                with contextlib.suppress(TimeoutError):
+                    closed += s.recv(100) == b""
+            assert closed >= 2 * patient.max_connections - 1
+            assert ask().startswith(b"HTTP/1.1 200 ")
+        finally:
+            for s in flood:
+                s.close()
