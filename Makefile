@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -57,6 +57,9 @@ bench-import: build
 
 bench-metrics: build
 	$(PY) -m bench.metrics
+
+bench-rules: build
+	$(PY) -m bench.rules
 
 clean:
 	rm -rf build $(VENV) *.egg-info

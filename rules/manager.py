@@ -45,6 +45,7 @@ from kernel_insight.rules.evaluation import (
 )
 from kernel_insight.rules.lease import Lease
 from kernel_insight.rules.notifier import Notifier, alert_payload
+from kernel_insight.rules.prefetch import CycleStorage, read_windows
 
 __all__ = [
     "DEFAULT_RESEND_DELAY_MS",
@@ -77,10 +78,11 @@ class ReloadStatus:
 class _Writer:
     """Buffers a group's output; flushed before a rule that reads a buffered metric, and at the end."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_flush: Callable[[list[WrittenSample]], None] | None = None) -> None:
         self.store = store
         self.buffer: list[WrittenSample] = []
         self.names: set[str] = set()
+        self.on_flush = on_flush
 
     def add(self, samples: list[WrittenSample]) -> None:
         self.buffer += samples
@@ -100,8 +102,11 @@ class _Writer:
         b = SampleBuilder()
         for labels, ts, value in self.buffer:
             b.add_canonical(labels, ts, value)
+        written = self.buffer
         self.buffer, self.names = [], set()
         self.store.insert_samples(b.build())
+        if self.on_flush is not None:
+            self.on_flush(written)
 
 
 class _Runner:
@@ -114,6 +119,8 @@ class _Runner:
         self.leader = manager.lease is None
         self.needs_restore = True
         self.thread = threading.Thread(target=self._run, name=f"ki-rules-{group.spec.name}", daemon=True)
+        #: How far back each metric is read, so one evaluation reads each metric once (rules/prefetch.py).
+        self.windows = read_windows(r.spec.query for r in group.rules)
 
     def start(self) -> None:
         self.thread.start()
@@ -151,9 +158,10 @@ class _Runner:
         if self.needs_restore:
             m.restore(self.group, ts)
             self.needs_restore = False
-        writer = _Writer(m.store)
+        storage = CycleStorage(m.store.storage(), ts - spec.query_offset_ms, self.windows)
+        writer = _Writer(m.store, on_flush=storage.absorb)
         self.group.eval(
-            Engine(m.store.storage()),
+            Engine(storage),
             ts,
             external_labels=m.external_labels,
             external_url=m.external_url,

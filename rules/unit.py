@@ -28,6 +28,7 @@ from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 from kernel_insight.kql.values import Scalar, Vector
 from kernel_insight.rules.config import RuleFileError, expand_globs, load_files
 from kernel_insight.rules.evaluation import AlertingRule, AlertState, Group, WrittenSample
+from kernel_insight.rules.prefetch import CycleStorage, read_windows
 
 __all__ = ["TestFileResult", "run_test_file", "run_test_files"]
 
@@ -248,12 +249,27 @@ def _run_group(
     curr = 0
     errs: list[str] = []
     write = _writer(store)
+    windows = {g.key: read_windows(r.spec.query for r in g.rules) for g in groups}
     ts = start_ms
     while ts <= start_ms + max_t:
         view.now_ms = ts
         eval_errs = []
         for g in groups:
-            g.eval(engine, ts, external_labels=external_labels, external_url=external_url, write=write)
+            # Through the collector's per-evaluation read path (rules/prefetch.py), so the
+            # differential against promtool covers it too.
+            cycle = CycleStorage(view, ts - g.spec.query_offset_ms, windows[g.key])
+
+            def write_through(samples: list[WrittenSample], cycle: CycleStorage = cycle) -> None:
+                write(samples)
+                cycle.absorb(samples)
+
+            g.eval(
+                Engine(cycle),
+                ts,
+                external_labels=external_labels,
+                external_url=external_url,
+                write=write_through,
+            )
             for r in g.rules:
                 if r.health == "err" and r.last_eval_ms == ts:
                     eval_errs.append(f"    rule: {r.name}, time: {_go_since_epoch(ts)}, err: {r.last_error}")

@@ -1,0 +1,169 @@
+"""One storage read per metric per group evaluation, instead of one per rule.
+
+A group of a hundred rules over a handful of metrics would otherwise send the store a
+hundred queries every interval, each finding and decompressing the same granules. Before a
+group runs, :func:`read_windows` works out from the rules' syntax trees how far back each
+metric is read; :class:`CycleStorage` then reads each metric's series once, over that window
+(on first use), and answers the rules' selects from memory. A select it cannot answer
+exactly from what it holds (another metric, a wider window, a name given by regex) goes to
+the store, so the answer is always the store's. What the group itself writes (recorded
+series, ALERTS) is added to what is held as it is written (:meth:`CycleStorage.absorb`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kernel_insight.kql.ast import MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData, Storage, labels_match
+
+__all__ = ["CycleStorage", "read_windows"]
+
+
+def _seconds(expr: Any) -> float | None:
+    if expr is None:
+        return 0.0
+    if isinstance(expr, NumberLiteral) and expr.value >= 0:
+        return float(expr.value)
+    return None  # a computed or negative duration: not bounded here
+
+
+def _walk(node: Any, extra_ms: int, lookback_ms: int, out: dict[str, int]) -> None:
+    if isinstance(node, (VectorSelector, MatrixSelector)):
+        vs = node.vector if isinstance(node, MatrixSelector) else node
+        offset = _seconds(vs.offset)
+        rng = _seconds(node.range) if isinstance(node, MatrixSelector) else 0.0
+        if vs.name is None or vs.at is not None or offset is None or rng is None:
+            return
+        window = extra_ms + int((offset + rng) * 1000) + lookback_ms
+        out[vs.name] = max(out.get(vs.name, 0), window)
+        return
+    if isinstance(node, SubqueryExpr):
+        offset, rng = _seconds(node.offset), _seconds(node.range)
+        if node.at is not None or offset is None or rng is None:
+            return
+        _walk(node.expr, extra_ms + int((offset + rng) * 1000), lookback_ms, out)
+        return
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            for child in value if isinstance(value, tuple) else (value,):
+                if dataclasses.is_dataclass(child):
+                    _walk(child, extra_ms, lookback_ms, out)
+
+
+def read_windows(exprs: Iterable[Any], lookback_ms: int = 300_000) -> dict[str, int]:
+    """Metric name -> how many ms before the evaluation time the queries read it (lookback included)."""
+    out: dict[str, int] = {}
+    for e in exprs:
+        _walk(e, 0, lookback_ms, out)
+    return out
+
+
+class _Held:
+    """One metric's series over the window, with an index of label pairs for ``=`` matchers."""
+
+    def __init__(self, lo: int, series: list[SeriesData]) -> None:
+        self.lo = lo
+        self.series = series
+        self._index: dict[tuple[str, str], list[int]] | None = None
+        self._by_labels: dict[Labels, int] | None = None
+
+    def index(self) -> dict[tuple[str, str], list[int]]:
+        if self._index is None:
+            index: dict[tuple[str, str], list[int]] = {}
+            for i, s in enumerate(self.series):
+                for pair in s.labels:
+                    index.setdefault(pair, []).append(i)
+            self._index = index
+        return self._index
+
+    def candidates(self, matchers: Sequence[Matcher]) -> Iterable[int]:
+        eq = [(m.name, m.value) for m in matchers if m.op == "=" and m.value != ""]
+        if not eq:
+            return range(len(self.series))
+        index = self.index()
+        lists = sorted((index.get(pair, []) for pair in eq), key=len)
+        if len(lists) == 1:
+            return lists[0]
+        rest = [set(x) for x in lists[1:]]
+        return [i for i in lists[0] if all(i in r for r in rest)]
+
+    def absorb(self, labels: Labels, ts: int, value: float) -> None:
+        """Add a sample this process just wrote (the group's own output)."""
+        if self._by_labels is None:
+            self._by_labels = {s.labels: i for i, s in enumerate(self.series)}
+        i = self._by_labels.get(labels)
+        if i is None:
+            self._by_labels[labels] = len(self.series)
+            self.series.append(SeriesData(labels, np.array([ts], np.int64), np.array([value], np.float64)))
+            self._index = None
+            return
+        s = self.series[i]
+        t = np.append(s.timestamps, np.int64(ts))
+        v = np.append(s.values, value)
+        if len(s.timestamps) and ts <= int(s.timestamps[-1]):
+            order = np.argsort(t, kind="stable")
+            t, v = t[order], v[order]
+            keep = np.append(t[1:] != t[:-1], True)  # a later write at the same time replaces
+            t, v = t[keep], v[keep]
+        self.series[i] = SeriesData(labels, t, v)
+
+
+class CycleStorage:
+    """The store as one evaluation at ``ts_ms`` sees it, each metric of ``windows`` read once."""
+
+    def __init__(self, inner: Storage, ts_ms: int, windows: dict[str, int]) -> None:
+        self.inner = inner
+        self.ts_ms = ts_ms
+        self.windows = windows
+        self._held: dict[str, _Held] = {}
+        self.reads = 0
+
+    def absorb(self, samples: Iterable[tuple[Labels, int, float]]) -> None:
+        """Samples the group just wrote to the store: added to what is held of their metrics, so
+        the rules after see them without a read (only the group's evaluator writes its output)."""
+        for labels, ts, value in samples:
+            name = next((v for k, v in labels if k == "__name__"), "")
+            held = self._held.get(name)
+            if held is not None and held.lo <= ts <= self.ts_ms:
+                held.absorb(labels, ts, value)
+
+    def _series(self, name: str) -> _Held:
+        held = self._held.get(name)
+        if held is None:
+            lo = self.ts_ms - self.windows[name]
+            self.reads += 1
+            held = self._held[name] = _Held(
+                lo, self.inner.select([Matcher("__name__", "=", name)], lo, self.ts_ms)
+            )
+        return held
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        names = [m.value for m in matchers if m.name == "__name__" and m.op == "="]
+        if len(names) == 1 and names[0] in self.windows and end_ms <= self.ts_ms:
+            held = self._series(names[0])
+            if start_ms >= held.lo:
+                rest = [m for m in matchers if not (m.name == "__name__" and m.op == "=")]
+                out = []
+                for i in held.candidates(rest):
+                    s = held.series[i]
+                    if rest and not labels_match(s.labels, rest):
+                        continue
+                    a = int(np.searchsorted(s.timestamps, start_ms, side="left"))
+                    b = int(np.searchsorted(s.timestamps, end_ms, side="right"))
+                    if b > a:
+                        out.append(SeriesData(s.labels, s.timestamps[a:b], s.values[a:b]))
+                out.sort(key=lambda d: d.labels)
+                return out
+        return self.inner.select(matchers, start_ms, end_ms)
+
+    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        return self.inner.label_names(matchers, start_ms, end_ms)
+
+    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+        return self.inner.label_values(name, matchers, start_ms, end_ms)

@@ -1,0 +1,72 @@
+"""One read per metric per evaluation (rules/prefetch.py) answers exactly what the store would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel_insight.kql import Engine, MemoryStorage, parse
+from kernel_insight.rules.prefetch import CycleStorage, read_windows
+
+T = 10_000_000
+
+
+@pytest.fixture
+def store():
+    rng = np.random.default_rng(3)
+    s = MemoryStorage()
+    for inst in range(6):
+        for gpu in range(4):
+            ts = np.arange(T - 3_600_000, T + 60_000, 15_000) + inst * 1000
+            base = {"instance": f"h{inst}", "gpu": str(gpu)}
+            s.add({"__name__": "temp", **base}, ts, rng.normal(60, 10, len(ts)))
+            s.add({"__name__": "launches_total", **base}, ts, np.cumsum(rng.poisson(5, len(ts))))
+    return s
+
+
+QUERIES = [
+    "temp",
+    'temp{instance="h2"} > 60',
+    'temp{instance="h2", gpu="1"}',
+    'temp{instance=~"h[12]", gpu!="0"}',
+    "avg_over_time(temp[5m])",
+    "rate(launches_total[10m] offset 5m)",
+    'max_over_time(rate(launches_total{gpu="3"}[1m])[20m:1m])',
+    "temp @ 9000",  # pinned: read through to the store
+    'count({__name__=~"temp|launches_total"})',  # a name by regex: read through
+    "sum by (instance) (temp) / on (instance) group_left () max(temp)",
+    'temp{instance=""}',
+    "temp offset -1m",  # a read after the evaluation time: through
+]
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_answers_equal_the_stores(store, query):
+    expr = parse(query)
+    cycle = CycleStorage(store, T, read_windows([expr]))
+    got = Engine(cycle).instant_query(expr, T).value
+    want = Engine(store).instant_query(expr, T).value
+    assert got == want
+
+
+def test_each_metric_is_read_once_for_the_whole_group(store):
+    exprs = [parse(q) for q in QUERIES[:7]]
+    windows = read_windows(exprs)
+    assert windows == {"temp": 600_000, "launches_total": 1_200_000 + 60_000 + 300_000}
+    cycle = CycleStorage(store, T, windows)
+    engine = Engine(cycle)
+    for e in exprs:
+        engine.instant_query(e, T)
+    assert cycle.reads == 2
+
+
+def test_what_the_group_writes_is_seen_by_the_next_rule(store):
+    cycle = CycleStorage(store, T, read_windows([parse("temp"), parse("rec")]))
+    engine = Engine(cycle)
+    assert engine.instant_query("rec", T).value.samples == ()
+    written = [((("__name__", "rec"), ("x", "1")), T, 4.0)]
+    store.add(dict(written[0][0]), [T], [4.0])
+    cycle.absorb(written)
+    (s,) = engine.instant_query("rec", T).value.samples
+    assert (s.labels, s.value) == ((("__name__", "rec"), ("x", "1")), 4.0)
+    assert cycle.reads == 1
