@@ -17,6 +17,7 @@ listed in :data:`FUNCTION_NAMES`. Not supported (a parse error says so): ``defin
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import html
 import math
 import re
@@ -936,7 +937,13 @@ def render(
         "externalURL": external_url,
         "value": value,
     }
-    return Template(text, name).execute(data, variables, template_funcs(query, external_url, now_s))
+    return _parsed(text, name).execute(data, variables, template_funcs(query, external_url, now_s))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str, name: str) -> Template:
+    """Templates are parsed once: a rule renders the same few texts for every alert, every evaluation."""
+    return Template(text, name)
 
 
 def template_funcs(query: QueryFunc | None, external_url: str, now_s: float) -> dict[str, Callable[..., Any]]:
