@@ -367,3 +367,40 @@ def test_one_frame_agents_are_answered_as_before(env):
     # Two frames under the old content type are one malformed frame, as they always were.
     r = post(client, frame(creds, seq=1) + frame(creds, seq=2))
     assert r.status_code == 400
+
+
+def test_the_agents_delivery_counters_reach_the_collectors_metrics(env):
+    """Wire counters 24-27 (dead letters, spool write errors, requests) are exposed like the others."""
+    from kernel_insight.collector import CollectorMetrics
+
+    _client, store, creds, sink, _ = env
+    metrics = CollectorMetrics(process=False)
+    app = FastAPI()
+    app.include_router(ingest_router(store, sink, metrics=metrics))
+    C = wire.Counter
+    counters = {C.SPOOL_BATCHES: 40, C.RING_DROPPED: 5, C.BATCHES_FAILED: 2, C.BATCHES_DEAD_LETTERED: 2,
+                C.SPOOL_WRITE_ERRORS: 3, C.REQUESTS_SENT: 10, C.REQUESTS_FAILED: 1, C.BATCHES_RETRIED: 4}  # fmt: skip
+    frames = [
+        wire.encode_batch(
+            random_records(np.random.default_rng(s), 3),
+            agent_id=creds.agent_id,
+            key_id=creds.key_id,
+            key=creds.key,
+            epoch=1,
+            seq=s,
+            counters={int(k): v + s for k, v in counters.items()},
+        )
+        for s in range(2)
+    ]
+    assert statuses(post_many(Client(app), frames)) == [200, 200]
+    text = metrics.exposition()[0].decode()
+    agent = creds.agent_id.hex()
+    for name, value in [
+        ("ki_agent_batches_dead_lettered_total", 3),
+        ("ki_agent_spool_write_errors_total", 4),
+        ("ki_agent_requests_sent_total", 11),
+        ("ki_agent_requests_failed_total", 2),
+        ("ki_agent_spool_batches", 41),
+        ("ki_agent_ring_dropped_total", 6),
+    ]:
+        assert f'{name}{{agent="{agent}"}} {float(value)}' in text, name
