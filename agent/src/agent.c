@@ -58,6 +58,9 @@ struct ki_agent {
     uint8_t *send_buf;           /* the spooled batches of the request being sent, back to back */
     size_t send_cap;             /* its bytes: max(frame_cap, request_max) */
     size_t request_max;          /* request_max_kb in bytes: more batches join a request up to this */
+    size_t request_budget;       /* what a request may carry now: halved after a request timed out,
+                                    doubled back (up to request_max) after quick answers */
+    uint64_t flight_sent_ns;     /* when the request in flight went out */
     int in_flight;               /* a request is out, its answer not yet in */
     struct ki_flight flight[KI_HTTP_MAX_FRAMES]; /* the batches in flight, in body order */
     int nflight;                 /* how many */
@@ -69,7 +72,8 @@ struct ki_agent {
     struct ki_spool_mark pending_mark; /* its ring mark */
     int spool_errno;             /* the last spool write error (positive), 0 while writes succeed: logged on change */
     int names_errno;             /* the same for saving the name table */
-    char proto_error[96];        /* words for an answer that did not settle a request of several batches */
+    char proto_error[96];        /* words for a failed request that errno does not say (no answer in time, an
+                                    answer that does not settle each batch) */
     uint32_t mark;               /* batch mark for the name table */
     uint64_t last_seal_ns;       /* monotonic time of the last sealed batch */
     uint64_t next_send_ns;       /* monotonic time before which nothing is sent (backoff) */
@@ -178,6 +182,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     a->frame = malloc(a->frame_cap);
     a->request_max = (size_t)cfg->request_max_kb << 10;
     a->send_cap = a->frame_cap > a->request_max ? a->frame_cap : a->request_max;
+    a->request_budget = a->request_max;
     a->send_buf = malloc(a->send_cap); /* pages are touched only as far as requests reach */
     if (!a->body || !a->frame || !a->send_buf) {
         snprintf(err, errlen, "out of memory for batch buffers");
@@ -429,9 +434,9 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         if (!a->failing)
             ki_log_warn(a->log, "collector %s unreachable (%s): spooling and retrying with backoff",
                         ki_http_target(a->http),
-                        rc == -EPROTO && a->proto_error[0] ? a->proto_error
-                        : *ki_http_error(a->http)           ? ki_http_error(a->http)
-                                                            : strerror(-rc));
+                        a->proto_error[0]          ? a->proto_error
+                        : *ki_http_error(a->http) ? ki_http_error(a->http)
+                                                  : strerror(-rc));
         a->proto_error[0] = '\0';
         a->failing = 1;
         schedule_retry(a, -1);
@@ -476,7 +481,7 @@ static int build_request(struct ki_agent *a) {
     a->nflight = 0;
     while (a->nflight < max) {
         struct ki_flight *f = &a->flight[a->nflight];
-        size_t cap = a->nflight ? (a->request_max > off ? a->request_max - off : 0) : a->send_cap;
+        size_t cap = a->nflight ? (a->request_budget > off ? a->request_budget - off : 0) : a->send_cap;
         int rc = a->nflight ? ki_spool_peek_after(a->spool, a->flight[a->nflight - 1].id, a->send_buf + off, cap,
                                                   &f->len, &f->id)
                             : ki_spool_peek(a->spool, a->send_buf, cap, &f->len, &f->id);
@@ -495,7 +500,7 @@ static int build_request(struct ki_agent *a) {
         f->off = off;
         off += f->len;
         a->nflight++;
-        if (off >= a->request_max) break;
+        if (off >= a->request_budget) break;
     }
     return a->nflight;
 }
@@ -515,6 +520,12 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
                 if (mono_ns() < a->flight_deadline_ns) return; /* still waiting: drain first */
                 ki_http_reset(a->http);
                 rc = -ETIMEDOUT;
+                snprintf(a->proto_error, sizeof a->proto_error, "no answer within %lld ms to a request of %d batches",
+                         (long long)a->cfg->io_timeout_ms, a->nflight);
+                if (a->nflight > 1) a->request_budget /= 2; /* too much for the collector in io_timeout_ms */
+            } else if (rc == 0 && mono_ns() - a->flight_sent_ns < (uint64_t)a->cfg->io_timeout_ms * NS_PER_MS / 4) {
+                a->request_budget = a->request_budget < a->request_max / 2 ? a->request_budget * 2 : a->request_max;
+                if (a->request_budget < 1024) a->request_budget = 1024;
             }
             if (!settle(a, rc, &res)) return;
             continue;
@@ -531,7 +542,8 @@ static void send_spool(struct ki_agent *a, uint64_t budget_ns) {
         const struct ki_flight *last = &a->flight[n - 1];
         a->in_flight = 1;
         a->ctr.v[KI_CTR_REQUESTS_SENT]++;
-        a->flight_deadline_ns = mono_ns() + (uint64_t)a->cfg->io_timeout_ms * NS_PER_MS;
+        a->flight_sent_ns = mono_ns();
+        a->flight_deadline_ns = a->flight_sent_ns + (uint64_t)a->cfg->io_timeout_ms * NS_PER_MS;
         int rc = ki_http_send(a->http, a->send_buf, last->off + last->len, n > 1 ? FRAMES_CONTENT_TYPE : NULL);
         if (rc < 0 && !settle(a, rc, NULL)) return;
     }

@@ -34,6 +34,7 @@ struct ki_http {
     const void *body;        /* body of the request in flight */
     size_t len;              /* its length */
     int hlen;                /* its head's length (in head) */
+    size_t sent;             /* bytes of head + body sent so far (plain TCP sends without blocking) */
     int reused;              /* the request went out on a kept-alive connection */
     struct ki_tls *tls;      /* TLS library and context for https, else NULL */
     struct ki_tls_conn *conn; /* TLS session on fd */
@@ -170,31 +171,37 @@ static int connect_now(struct ki_http *h) {
     return rc;
 }
 
-static int send_all(struct ki_http *h, const char *head, size_t hlen, const void *body, size_t blen) {
-    if (h->conn) {
-        int rc = ki_tls_write(h->tls, h->conn, head, hlen);
-        return rc < 0 ? rc : ki_tls_write(h->tls, h->conn, body, blen);
-    }
-    struct iovec iov[2] = {{(void *)head, hlen}, {(void *)body, blen}};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 2;
-    while (iov[0].iov_len + iov[1].iov_len) {
-        ssize_t w = sendmsg(h->fd, &msg, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        size_t n = (size_t)w;
-        for (int i = 0; i < 2 && n; i++) {
-            size_t take = n < iov[i].iov_len ? n : iov[i].iov_len;
-            iov[i].iov_base = (char *)iov[i].iov_base + take;
-            iov[i].iov_len -= take;
-            n -= take;
-        }
-        if (!iov[0].iov_len) {
-            msg.msg_iov = &iov[1];
+static int send_all_tls(struct ki_http *h) {
+    int rc = ki_tls_write(h->tls, h->conn, h->head, (size_t)h->hlen);
+    if (rc == 0) rc = ki_tls_write(h->tls, h->conn, h->body, h->len);
+    if (rc == 0) h->sent = (size_t)h->hlen + h->len;
+    return rc;
+}
+
+/* Send what the socket takes now of the request, without blocking: a large request to a
+ * collector that reads slowly never holds up the drain loop (TLS writes block, bounded by
+ * io_timeout_ms). Returns 0 (all sent, or the socket is full) or a negative errno. */
+static int pump(struct ki_http *h) {
+    size_t total = (size_t)h->hlen + h->len;
+    if (h->conn) return h->sent < total ? send_all_tls(h) : 0;
+    while (h->sent < total) {
+        struct iovec iov[2];
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        if (h->sent < (size_t)h->hlen) {
+            iov[0] = (struct iovec){h->head + h->sent, (size_t)h->hlen - h->sent};
+            iov[1] = (struct iovec){(void *)h->body, h->len};
+            msg.msg_iovlen = 2;
+        } else {
+            iov[0] = (struct iovec){(char *)h->body + (h->sent - (size_t)h->hlen), total - h->sent};
             msg.msg_iovlen = 1;
         }
+        ssize_t w = sendmsg(h->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (w < 0) return -errno;
+        h->sent += (size_t)w;
     }
     return 0;
 }
@@ -359,12 +366,14 @@ static int transmit(struct ki_http *h) {
         int rc = connect_now(h);
         if (rc < 0) return rc;
     }
-    int rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len);
+    h->sent = 0;
+    int rc = pump(h);
     if (rc < 0 && h->reused) {
         disconnect(h); /* closed under us: one fresh connection */
         h->reused = 0;
         if ((rc = connect_now(h)) < 0) return rc;
-        rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len);
+        h->sent = 0;
+        rc = pump(h);
     }
     if (rc < 0) disconnect(h);
     return rc;
@@ -382,10 +391,57 @@ int ki_http_send(struct ki_http *h, const void *body, size_t len, const char *co
     return transmit(h);
 }
 
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Send the rest of the request as the socket takes it, until timeout_ms: 0 when all is sent
+ * or an answer is already readable (an early 413, or the server closing), -EAGAIN when time
+ * ran out first, or a negative errno. */
+static int finish_send(struct ki_http *h, int timeout_ms, int *left_ms) {
+    int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    while (h->sent < (size_t)h->hlen + h->len) {
+        int64_t left = deadline - now_ms();
+        struct pollfd p = {h->fd, POLLOUT | POLLIN, 0};
+        int r;
+        do {
+            r = poll(&p, 1, left > 0 ? (int)left : 0);
+        } while (r < 0 && errno == EINTR);
+        if (r < 0) return -errno;
+        if (r == 0) return -EAGAIN;
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) break; /* read what the server says */
+        int rc = pump(h);
+        if (rc < 0) return rc;
+    }
+    int64_t left = deadline - now_ms();
+    *left_ms = left > 0 ? (int)left : 0;
+    return 0;
+}
+
 int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) {
     if (h->fd < 0) return -ENOTCONN;
+    int left_ms = timeout_ms < 0 ? 0 : timeout_ms;
+    int rc = finish_send(h, timeout_ms, &left_ms);
+    if (rc == -EAGAIN) return rc;
+    if (rc < 0) {
+        disconnect(h);
+        if (h->reused && (rc == -EPIPE || rc == -ECONNRESET)) {
+            /* The server closed the kept-alive connection as the request went out: send it again once. */
+            h->reused = 0;
+            if ((rc = connect_now(h)) < 0) return rc;
+            h->sent = 0;
+            if ((rc = pump(h)) < 0) {
+                disconnect(h);
+                return rc;
+            }
+            return -EAGAIN;
+        }
+        return rc;
+    }
     int pending = h->conn && ki_tls_pending(h->tls, h->conn) > 0;
-    int rc = pending ? 0 : wait_fd(h->fd, POLLIN, timeout_ms < 0 ? 0 : timeout_ms);
+    rc = pending ? 0 : wait_fd(h->fd, POLLIN, left_ms);
     if (rc == -ETIMEDOUT) return -EAGAIN;
     if (rc < 0) {
         disconnect(h);
@@ -402,7 +458,8 @@ int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) 
         /* The server closed the kept-alive connection as the request arrived: send it again once. */
         h->reused = 0;
         if ((rc = connect_now(h)) < 0) return rc;
-        if ((rc = send_all(h, h->head, (size_t)h->hlen, h->body, h->len)) < 0) {
+        h->sent = 0;
+        if ((rc = pump(h)) < 0) {
             disconnect(h);
             return rc;
         }
