@@ -173,6 +173,7 @@ def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int)
         values = np.full((len(keys), steps), np.nan)
         present = np.zeros((len(keys), steps), dtype=bool)
         for g, key in enumerate(keys):
+            ctx.check()  # a Python loop over every step of every group: the deadline holds inside it
             rows = groups[key]
             bounds = [_le(vec.labels[r]) for r in rows]
             for j in range(steps):
@@ -249,6 +250,7 @@ def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
     values = np.full((len(keys), ctx.steps), np.nan)
     present = np.zeros((len(keys), ctx.steps), dtype=bool)
     for g, key in enumerate(keys):
+        ctx.check()
         rows = groups[key]
         bounds = [_le(vec.labels[r]) for r in rows]
         for j in range(ctx.steps):

@@ -49,6 +49,8 @@ def _info(ctx: CallContext, args: list[Any]) -> StepVector:
 
     rows: dict[tuple[int, Labels], np.ndarray] = {}
     for i, labels in enumerate(base.labels):
+        if i % 64 == 63:
+            ctx.check()
         lookup = dict(labels)
         if all(m.matches(lookup.get("__name__", "")) for m in name_matchers):
             rows[(i, labels)] = base.present[i].copy()  # info series pass through untouched

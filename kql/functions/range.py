@@ -691,6 +691,7 @@ def _anchored_or_smoothed(ctx: CallContext, r: RangeInput, counter: bool, per_se
     values = np.zeros((n, steps))
     present = np.zeros((n, steps), dtype=bool)
     for i in range(n):
+        r.checkpoint()  # a Python loop over every step of every series: the deadline holds inside it
         a, z = int(r.offsets[i]), int(r.offsets[i + 1])
         ts, vs = r.ts[a:z], r.vs[a:z]
         for j in range(steps):

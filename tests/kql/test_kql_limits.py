@@ -287,7 +287,7 @@ def test_hostile_queries_fail_only_as_kql_errors(pieces: list[str], depth: int, 
 def _many(series: int) -> MemoryStorage:
     s = MemoryStorage()
     for i in range(series):
-        s.add({"__name__": "x", "gpu": str(i % 7), "pod": f"p{i}"}, [0], [float(i)])
+        s.add({"__name__": "x", "gpu": str(i % 7), "pod": f"p{i}", "le": "+Inf"}, [0], [float(i)])
     return s
 
 
@@ -297,6 +297,8 @@ def _many(series: int) -> MemoryStorage:
         'count_values("v", x)',
         'label_replace(x, "dst", "$1", "pod", "p(.*)")',
         "quantile by (pod) (0.5, x)",
+        "histogram_quantile(0.9, x)",  # one group (of one bucket) per pod, a Python loop over steps
+        "increase(x[1m] anchored)",
         "x",  # building the result, series by series
     ],
 )
