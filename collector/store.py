@@ -677,6 +677,9 @@ class EmbeddedStore(Store):
         # Samples, keys and tokens live here: a directory we create is readable by its owner only.
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._insert_lock = threading.Lock()
+        # chDB runs one statement of a session at a time anyway (three concurrent sleep(1): 3 s);
+        # the lock keeps a failed statement and the throwaway query after it together (_run).
+        self._session_lock = threading.Lock()
         try:
             self._session: Any = session_cls(str(self.path))
         except Exception as exc:
@@ -699,15 +702,17 @@ class EmbeddedStore(Store):
 
     def _run(self, sql: str, fmt: str) -> Any:
         self._check_open()
-        try:
-            return self._session.query(sql, fmt)
-        except Exception as exc:
-            # chDB hands what a statement that failed mid-stream had already produced (rows of a
-            # throwIf, a result over max_result_rows, a timeout) to the session's next query as
-            # that query's result: a throwaway statement takes it instead.
-            with contextlib.suppress(Exception):
-                self._session.query("SELECT 1", "CSV")
-            raise _classify(exc, "embedded ClickHouse") from exc
+        with self._session_lock:
+            try:
+                return self._session.query(sql, fmt)
+            except Exception as exc:
+                # chDB hands what a statement that failed mid-stream had already produced (rows of
+                # a throwIf, a result over max_result_rows, a memory limit) to the session's next
+                # query, another thread's too, as that query's result: a throwaway statement takes
+                # it instead, before any other statement can run.
+                with contextlib.suppress(Exception):
+                    self._session.query("SELECT 1", "CSV")
+                raise _classify(exc, "embedded ClickHouse") from exc
 
     def _command(self, sql: str) -> None:
         self._run(sql, "CSV")

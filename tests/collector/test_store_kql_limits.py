@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import traceback
 
@@ -92,3 +94,29 @@ def test_a_read_that_fails_midway_does_not_leak_into_the_next(store) -> None:
     with pytest.raises(StoreError):
         store.query("SELECT throwIf(number = 500000) AS x FROM numbers(1000000)")
     assert store.query("SELECT number FROM numbers(1000)").num_rows == 1000
+
+
+def test_a_failed_read_does_not_leak_into_another_threads_read(store) -> None:
+    # Before the session lock, about one read in five of the reading thread got the failing
+    # statement's rows (or none) while another thread kept failing.
+    failures = 0
+    wrong = 0
+    done = threading.Event()
+
+    def fail() -> None:
+        nonlocal failures
+        for _ in range(100):
+            with contextlib.suppress(StoreError):
+                store.query("SELECT throwIf(number = 50000) AS x FROM numbers(100000)")
+            failures += 1
+        done.set()
+
+    t = threading.Thread(target=fail)
+    t.start()
+    reads = 0
+    while not done.is_set() or reads < 50:
+        wrong += store.query("SELECT number FROM numbers(1000)").num_rows != 1000
+        reads += 1
+    t.join()
+    assert failures == 100
+    assert wrong == 0, f"{wrong} of {reads} reads got another statement's rows"
