@@ -274,3 +274,27 @@ def test_repeated_log_messages_are_rate_limited():
     other = logging.LogRecord("t", logging.ERROR, "f", 1, "another message", (), None)
     assert flt.filter(other)
     assert np.sum(passed) == 1
+
+
+def test_the_collector_raises_its_open_file_limit_to_the_hard_limit(collector):
+    line = next(
+        x for x in Path(f"/proc/{collector.proc.pid}/limits").read_text().splitlines() if "open files" in x
+    )
+    soft, hard = line.split()[3:5]
+    assert soft == hard, line
+
+
+def test_a_repeated_error_is_logged_once_with_a_count_not_once_per_request(collector):
+    """A hundred batches from strangers: each is refused (403), the log says so once (per 10 s)."""
+    before = collector.stderr.read_text()
+    with httpx.Client(timeout=10) as client:
+        for i in range(100):
+            stranger = i.to_bytes(2, "little") * 8
+            r = client.post(
+                f"{collector.url}{wire.INGEST_PATH}",
+                content=_header(stranger, 1, 16) + bytes(16),
+                headers={"Content-Type": wire.CONTENT_TYPE},
+            )
+            assert r.status_code == 403
+    new = collector.stderr.read_text()[len(before) :]
+    assert new.count("refused batch from agent") <= 1, new[-2000:]
