@@ -28,7 +28,8 @@ from kernel_insight.collector.remote_write import (
     SeriesCache,
     parse_remote_write,
 )
-from kernel_insight.collector.store import StorageError, StorageUnavailable, Store
+from kernel_insight.collector.rows import SampleBatch
+from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = ["DEFAULT_MAX_BODY", "BodyTooLarge", "create_app", "read_body"]
 
@@ -149,27 +150,31 @@ def create_app(
             )
         body = await read_body(request, max_body_bytes)
         limits = getattr(app.state, "series_limits", None) or DEFAULT_LIMITS
-        try:
-            batch = await run_in_threadpool(
-                parse_remote_write, body, max_decompressed_bytes, limits, series_cache
-            )
-        except RemoteWriteTooLarge as exc:
-            return _error(413, f"remote_write request too large: {exc}")
-        except RemoteWriteError as exc:
-            return _error(400, f"malformed remote_write request: {exc}")
         batcher: Batcher | None = getattr(app.state, "remote_write_batcher", None)
-        try:
+
+        def decode() -> SampleBatch | PreparedRows:
+            """Decode (and, for the batcher, convert) on one worker thread: one hand-off per request."""
+            batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache)
             if batcher is None:
-                await run_in_threadpool(store.insert_samples, batch)
-            else:
+                return batch
+            return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch)
+
+        try:
+            decoded = await run_in_threadpool(decode)
+            if isinstance(decoded, SampleBatch):
+                await run_in_threadpool(store.insert_samples, decoded)
+            elif batcher is not None:
                 # Group commit (collector/batcher.py): this request's rows go into ClickHouse with
                 # every other request's and agent batch's, answered once they landed.
-                rows = await run_in_threadpool(store.prepare, f"rw:{uuid.uuid4().hex}", samples=batch)
                 try:
                     batcher.start()  # idempotent; refused once the app is shutting down
                 except RuntimeError:
                     return _error(503, "the collector is shutting down", {"Retry-After": "5"})
-                await asyncio.wrap_future(batcher.submit(rows).answer())
+                await asyncio.wrap_future(batcher.submit(decoded).answer())
+        except RemoteWriteTooLarge as exc:
+            return _error(413, f"remote_write request too large: {exc}")
+        except RemoteWriteError as exc:
+            return _error(400, f"malformed remote_write request: {exc}")
         except ValueError as exc:  # rows the schema cannot hold
             return _error(400, f"remote_write request refused: {exc}")
         return Response(status_code=204)
