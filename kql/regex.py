@@ -105,7 +105,9 @@ class Regex:
         return self.compiled.search(text)
 
 
-_MEMO_SIZE = 4096
+# Bounded so that hostile queries cannot grow them: at most 512 compiled patterns (RE2 caps each
+# one's automaton at 8 MiB) with 256 remembered answers each.
+_MEMO_SIZE = 256
 _UNANCHORED: Any = getattr(getattr(getattr(re2, "_re2", None), "RE2", None), "Anchor", None)
 _UNANCHORED = getattr(_UNANCHORED, "UNANCHORED", None)
 _METACHARACTERS = frozenset("\\.+*?()|[]{}^$")
@@ -122,13 +124,13 @@ def _literal_alternatives(pattern: str) -> frozenset[str] | None:
     return frozenset(options)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)
 def compile_anchored(pattern: str) -> Regex:
     """Compile a PromQL regex anchored at both ends, as Prometheus does. Raises :class:`RegexError`."""
     return Regex(pattern, compile_go(anchored(pattern)))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=512)
 def compile_go(pattern: str) -> _Regexp[str]:
     """Go's ``regexp.Compile``: RE2, unanchored (alert templates' ``match``, ``reReplaceAll``).
 
