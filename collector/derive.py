@@ -51,6 +51,7 @@ __all__ = [
     "DROP_REASONS",
     "DROP_STATS",
     "INGEST_LAG_METRIC",
+    "NAMES_MAX_BYTES",
     "Derived",
     "Deriver",
     "DropStats",
@@ -64,6 +65,9 @@ _MAX_TS_NS = (MAX_TS_MS + 1) * _NS_PER_MS - 1
 #: A GPU's memory above this (256 TiB) is not a GPU: the FINGERPRINT or sample is dropped, so the
 #: instance's summed memory always fits the UInt64 column.
 _MAX_GPU_MEMORY = 1 << 48
+#: Characters of names (kernel names, error details...) remembered per agent; an agent may send
+#: 65,536 names of 64 KiB per batch, so without a bound one agent could fill the collector's memory.
+NAMES_MAX_BYTES = 64 << 20
 #: Latency buckets are log2 of nanoseconds: 2**64 ns is 584 years, so higher indices are garbage.
 _MAX_BUCKET = 63
 
@@ -85,6 +89,7 @@ DROP_REASONS: dict[str, str] = {
     "value_out_of_range": "a throttle bitmask or memory total that is not a finite, non-negative number",
     "fingerprint_out_of_range": "a FINGERPRINT memory total above 256 TiB",
     "batch_time_out_of_range": "the batch header's time is after 2149-06-06 (counters stamped with now)",
+    "names_over_limit": "not a record: a name past the agent's 64 Mi characters of names (kept as unknown_<id>)",
 }
 
 #: Per agent batch, at the collector's receive time: receive time minus the batch's t_max. Its newest
@@ -215,6 +220,7 @@ class Deriver:
         self.strings = StringTable()
         self.stats = DROP_STATS if stats is None else stats
         self._names: dict[tuple[int, int], str] = {}
+        self._names_chars = 0  # characters held in _names
         self._totals: dict[Labels, float] = defaultdict(float)
         self._label_cache: dict[tuple[str, int | None, str, tuple[tuple[str, str], ...]], Labels] = {}
         self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
@@ -367,7 +373,7 @@ class Deriver:
                 dropped["batch_time_out_of_range"] = 1
             now_ns = time.time_ns()
         if strings and any(self._names.get(k) != v for k, v in strings.items()):
-            self._names.update(strings)
+            self._learn_names(strings, dropped)
             self._key_cache.clear()  # a kernel label may read differently now
         types = records["type"]
         stamped = (types != RecordType.STRING) & (types != RecordType.FINGERPRINT)
@@ -414,6 +420,21 @@ class Deriver:
         if dropped:
             self.stats.add(dropped)
         return Derived(samples.build(), spans, events, instances, unknown, dropped)
+
+    def _learn_names(self, strings: Mapping[tuple[int, int], str], dropped: dict[str, int]) -> None:
+        """Remember the batch's names, up to NAMES_MAX_BYTES per agent: past that a new name is
+        dropped (its records keep the id, ``unknown_<id>``), so no agent can grow this without end."""
+        names = self._names
+        for key, name in strings.items():
+            old = names.get(key)
+            if old == name:
+                continue
+            grow = len(name) - (len(old) if old is not None else 0)
+            if self._names_chars + grow > NAMES_MAX_BYTES:
+                dropped["names_over_limit"] = dropped.get("names_over_limit", 0) + 1
+                continue
+            names[key] = name
+            self._names_chars += grow
 
     # ---- KERNEL: spans and per-kernel metrics ------------------------------------------
 

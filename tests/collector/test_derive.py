@@ -341,3 +341,15 @@ def test_columnar_derive_matches_the_per_record_reference(seed) -> None:
         want = old.derive(recs, strings=names, counters=counters, now_ns=T0 + k)
         assert _normalized(got) == _normalized(want)
         assert got.dropped == {}
+
+
+def test_names_are_bounded_per_agent(monkeypatch) -> None:
+    """One agent cannot grow the collector's memory without end by sending ever more names."""
+    from kernel_insight.collector import derive
+
+    monkeypatch.setattr(derive, "NAMES_MAX_BYTES", 100)
+    d = Deriver("h")
+    out = d.derive(np.zeros(0, RECORD_DTYPE), strings={(1, i): "x" * 30 for i in range(5)}, now_ns=T0)
+    assert out.dropped == {"names_over_limit": 2}
+    assert d._name(1, 2) == "x" * 30
+    assert d._name(1, 3) is None
