@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -39,6 +39,10 @@ bench-agent: build
 
 bench-ingest: build
 	$(PY) -m bench.ingest
+
+# Real ki collector + 8 ki-agents fed by C producers; a rate search bounded to 10 minutes.
+bench-e2e: build
+	$(PY) -m bench.e2e
 
 bench-ebpf: build
 	$(PY) -m bench.ebpf

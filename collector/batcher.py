@@ -4,8 +4,9 @@ One insert per table per batch is ClickHouse's anti-pattern: every insert makes 
 per partition, and ~6 tables x tens of batches per second outrun the merges. Here a
 request's batch is converted on the request's thread (``Store.prepare``), queued, and
 written by one flusher thread together with everything else queued, one insert per table,
-when ``max_rows`` rows are waiting or the oldest has waited ``max_delay_s``, whichever
-comes first. The request is answered only when its group's ``batches`` rows landed
+when ``max_rows`` rows are waiting or ``max_delay_s`` has passed since the last flush began,
+whichever comes first (so at most one flush per ``max_delay_s``, and a batch arriving after a
+quiet spell is written at once). The request is answered only when its group's ``batches`` rows landed
 (docs/storage.md, "Ingest: group commit").
 
 Example::
@@ -180,7 +181,7 @@ class Batcher:
         self,
         store: Store,
         *,
-        max_delay_s: float = 0.1,
+        max_delay_s: float = 0.2,
         max_rows: int = 500_000,
         max_queue_rows: int = 2_000_000,
         retry_min_s: float = 0.2,
@@ -203,6 +204,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stop_by = 0.0
+        self._last_flush = 0.0
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -274,12 +276,15 @@ class Batcher:
                 self._cond.wait()
             if not self._queue:
                 return None
-            due = self._queue[0].enqueued + self.max_delay_s
+            # At most one flush per max_delay_s: after a quiet spell a batch goes at once, under
+            # load what arrives while one group is written (or within max_delay_s) forms the next.
+            due = self._last_flush + self.max_delay_s
             while not self._stopping and self.stats.queue_rows < self.max_rows:
                 left = due - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
+            self._last_flush = time.monotonic()
             taken: list[Ticket] = []
             rows = 0
             while self._queue and (not taken or rows + self._queue[0].rows.rows <= self.max_rows):

@@ -350,15 +350,25 @@ class Store(ABC):
         self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]], meta: list[tuple[int, str]]
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
-        pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
         rows: list[tuple[int, int]] = []
-        with self._series_lock:
-            for p in pairs.tolist():
-                key = (int(fps[p >> 24]), p & 0xFFFFFF)
-                # Seen pairs are skipped even under a dedup token: a retry then sends fewer rows under
-                # the same token, which the engine drops or stores exactly as it would the full set.
-                if key not in self._series_seen:
-                    rows.append((p >> 24, p & 0xFFFFFF))
+        first, last = int(days.min()), int(days.max())
+        # Seen pairs are skipped even under a dedup token: a retry then sends fewer rows under
+        # the same token, which the engine drops or stores exactly as it would the full set.
+        if first == last:  # the common case: every sample of the batch on one UTC day
+            with self._series_lock:
+                seen = self._series_seen
+                used = np.unique(batch.series_idx).tolist()  # a series row only for a day it has samples on
+                rows = [
+                    (i, first)
+                    for i, fp in zip(used, fps[used].tolist(), strict=True)
+                    if (fp, first) not in seen
+                ]
+        else:
+            pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
+            with self._series_lock:
+                for p in pairs.tolist():
+                    if (int(fps[p >> 24]), p & 0xFFFFFF) not in self._series_seen:
+                        rows.append((p >> 24, p & 0xFFFFFF))
         if not rows:
             return None, []
         idx = [r[0] for r in rows]

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 if TYPE_CHECKING:
     from kernel_insight.api.health import HealthRule
@@ -39,6 +39,24 @@ def auth_store_kind(store: Any, requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     return "table" if isinstance(store, ServerStore) else "file"
+
+
+def _closing(sink: Any) -> APIRouter:
+    """A router whose lifespan writes what the sink has queued when the app shuts down: uvicorn
+    re-raises SIGTERM once the server stopped, so code after ``serve()`` may never run."""
+    import contextlib
+    from collections.abc import AsyncIterator
+
+    from starlette.concurrency import run_in_threadpool
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await run_in_threadpool(sink.close)
+
+    return APIRouter(lifespan=lifespan)
 
 
 def build_collector_app(
@@ -98,7 +116,7 @@ def build_collector_app(
         local_dev=local_dev,
         interval_s=interval_s,
         rule=health_rule,
-        extra_routers=[ingest, rule_api],
+        extra_routers=[ingest, rule_api, _closing(sink)],  # queued batches are written at shutdown
         keys=keys,
         metrics=metrics,
         query_limits=query_limits,

@@ -44,7 +44,7 @@ def test_stores_made_before_the_merge_settings_get_them(tmp_path):
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         store.command(
             "ALTER TABLE ki.samples RESET SETTING min_age_to_force_merge_seconds, "
-            "min_age_to_force_merge_on_partition_only, old_parts_lifetime"
+            "min_age_to_force_merge_on_partition_only, old_parts_lifetime, cleanup_delay_period"
         )
         q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'samples'"
         assert "min_age_to_force_merge_seconds" not in store.query(q).to_pylist()[0]["q"]

@@ -11,6 +11,9 @@
  *   ringtool dump NAME COUNT TIMEOUT_MS  consume up to COUNT records; prints JSON lines
  *   ringtool slow NAME STALL_MS          one record, stalling STALL_MS between reservation and
  *                                        publication; prints the write's result
+ *   ringtool paced NAME RATE SECONDS     load for bench/e2e: KERNEL records at RATE/s on GPU 0 over 8
+ *                                        names (correlation = attempt number), 16 NVML-like GPU_SAMPLE
+ *                                        metrics at 10 Hz; prints "written dropped samples"
  *
  * The verifiable scheme (checked by the Python tests): type KERNEL, id = TAG,
  * device = TAG & 0xffff, ts_ns = seq, end_ns = seq ^ KI_TEST_MIX,
@@ -218,6 +221,69 @@ static int slow(const char *name, unsigned ms) {
     return 0;
 }
 
+/* What an NVML sampler reads at tick k (10 Hz) of one busy GPU: steady clocks, memory and
+ * temperatures that step every few seconds, noisy power and link throughput, energy counting up. */
+static double nvml_value(uint32_t metric, uint64_t k, uint64_t *energy_mj) {
+    uint64_t h = (k * 0x9E3779B97F4A7C15ULL + metric) >> 40;
+    switch (metric) {
+    case 1: return 60e9 + (double)((k / 50) % 4) * 1e9;  /* memory used */
+    case 2: return 20e9 - (double)((k / 50) % 4) * 1e9;  /* memory free */
+    case 4: return 60.0 + (double)((k / 100) % 5);       /* temperature */
+    case 5: return 70.0 + (double)((k / 150) % 4);       /* memory temperature */
+    case 6: return 400.0 + (double)(h % 1000) / 10.0;    /* power, W */
+    case 8: *energy_mj += 40000 + h % 10000; return (double)*energy_mj;
+    case 9: case 10: case 11: return 95.0 + (double)((k / 30) % 5); /* utilizations */
+    case 12: return 1980.0;                              /* SM clock */
+    case 13: return 2619.0;                              /* memory clock */
+    case 14: case 15: case 16: case 17: return (double)(10000 + h % 5000); /* PCIe, NVLink */
+    default: return 0.0;
+    }
+}
+
+/* Paced load (bench/e2e): every millisecond, the KERNEL records due by then, with realistic
+ * wall-clock times and durations; every 100 ms one sample of 16 NVML metrics. */
+static int paced(const char *name, uint64_t rate, double seconds) {
+    static const char *kernels[8] = {"ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn",
+                                     "flash_fwd_kernel", "rms_norm_kernel", "rotary_embedding_kernel",
+                                     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "softmax_warp_forward",
+                                     "vectorized_elementwise_kernel", "reduce_kernel"};
+    static const uint32_t metrics[16] = {1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 22};
+    struct ki_ring r;
+    char err[256];
+    if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
+    for (uint32_t i = 0; i < 8; i++)
+        if (ki_ring_string(&r, i + 1, kernels[i], strlen(kernels[i])) != 0) return die("cannot write names");
+    const uint64_t step = 1000000ULL, t0 = ki_ring_mono_ns(), end = t0 + (uint64_t)(seconds * 1e9);
+    uint64_t seq = 0, written = 0, dropped = 0, samples = 0, next_sample = t0, energy = 0, tick = 0;
+    for (uint64_t due = t0 + step; due <= end; due += step) {
+        uint64_t target = (uint64_t)((double)rate * (double)(due - t0) / 1e9), now = ki_ring_now_ns();
+        for (; seq < target; seq++) {
+            uint64_t h = seq * 0x9E3779B97F4A7C15ULL;
+            uint64_t dur = 4000 + (h >> 40) % 400000; /* 4 us .. 404 us */
+            if (ki_ring_kernel(&r, 1 + (uint32_t)((h >> 20) % 8), 0, now, now + dur, 7, seq) == 0)
+                written++;
+            else
+                dropped++;
+        }
+        if (due >= next_sample) {
+            next_sample += 100 * step;
+            for (int m = 0; m < 16; m++) {
+                double v = nvml_value(metrics[m], tick, &energy);
+                if (ki_ring_sample(&r, metrics[m], 0, now, v, 0) == 0)
+                    samples++;
+                else
+                    dropped++;
+            }
+            tick++;
+        }
+        struct timespec ts = {(time_t)(due / 1000000000ULL), (long)(due % 1000000000ULL)};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+    }
+    printf("%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", written, dropped, samples);
+    ki_ring_close(&r);
+    return 0;
+}
+
 static int dump(const char *name, uint64_t count, uint64_t timeout_ms) {
     struct ki_ring_consumer c;
     char err[256];
@@ -248,6 +314,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "slow") && argc == 4) return slow(name, (unsigned)strtoul(argv[3], NULL, 10));
     if (!strcmp(cmd, "write-all")) return write_all(name);
     if (!strcmp(cmd, "flagged")) return flagged(name);
+    if (!strcmp(cmd, "paced") && argc == 5) return paced(name, strtoull(argv[3], NULL, 10), strtod(argv[4], NULL));
     if (!strcmp(cmd, "dump") && argc == 5) return dump(name, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     return die("bad arguments");
 }

@@ -1,0 +1,278 @@
+"""make bench-e2e: the highest kernel-record rate one ``ki collector`` sustains from N real agents.
+
+Real processes only (bench/e2e/fleet.py): one ``ki collector`` on the embedded store, and
+per GPU a ring, a C producer (``ringtool paced``: KERNEL records at R/N per second plus 16
+NVML-like metrics at 10 Hz) and a ``ki-agent`` with its own spool. A trial runs the
+producers for ``--warmup`` + ``--seconds``; it passes when, over the measured window,
+
+- the agents' spool backlog did not grow in the last 30 s (at most one batch per agent
+  more than 30 s before), and
+- after the producers stop and the agents deliver, every written record is stored exactly
+  once (``lost`` counts records missing, dropped by a full ring, or stored twice).
+
+Rates are tried from ``--start`` up (x1.5) while they pass and down (halving the gap) once
+one fails, until ``--budget-s`` would be exceeded. Figures: the collector's CPU over the
+window (% of one core), p99 time to acknowledge an ingest request (from the collector's
+``/metrics`` histogram, when the collector serves one), the backlog at the end of the
+window, and bytes per stored sample: ``du`` of the samples table's directory and
+``system.parts`` after the run. Ends with one ``BENCH e2e ...`` line for the best passing rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, wait_until
+from kernel_insight.agent.launcher import agent_binary
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.store import EmbeddedStore
+
+INGEST_ENDPOINT = "/v1/ingest"
+
+
+@dataclass
+class Trial:
+    rate: int
+    agents: int
+    passed: bool = False
+    written: int = 0
+    stored: int = 0
+    lost: int = 0
+    ring_dropped: int = 0
+    collector_cpu_pct: float = 0.0
+    p99_ack_ms: float = math.nan
+    backlog_end: int = 0
+    backlog_30s_before: int = 0
+    backlog_max: int = 0
+    drain_s: float = 0.0
+    samples: int = 0
+    bytes_per_sample_du: float = math.nan
+    bytes_per_sample_store: float = math.nan
+    store_du_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _du_bytes(path: Path) -> int:
+    """What ``du`` counts: allocated blocks, not file lengths."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def _ack_histogram(url: str) -> dict[float, float] | None:
+    """Cumulative bucket counts of the ingest endpoint's request durations, if /metrics serves them."""
+    try:
+        r = httpx.get(f"{url}/metrics", timeout=5)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    out: dict[float, float] = {}
+    for line in r.text.splitlines():
+        if not line.startswith("ki_collector_http_request_duration_seconds_bucket{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        if f'endpoint="{INGEST_ENDPOINT}"' not in labels:
+            continue
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        out[math.inf if le == "+Inf" else float(le)] = out.get(
+            math.inf if le == "+Inf" else float(le), 0
+        ) + float(value)
+    return out or None
+
+
+def _p99_ms(before: dict[float, float] | None, after: dict[float, float] | None) -> float:
+    if after is None:
+        return math.nan
+    before = before or {}
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return math.nan
+    want = 0.99 * total
+    prev_b, prev_c = 0.0, 0.0
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= want:
+            if math.isinf(b):
+                return prev_b * 1000
+            return (prev_b + (b - prev_b) * (want - prev_c) / max(c - prev_c, 1e-9)) * 1000
+        prev_b, prev_c = b, c
+    return math.nan
+
+
+def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, ringtool: Path) -> Trial:
+    trial = Trial(rate, agents)
+    keys = KeyStore(tmp / "keys.json")
+    nodes = [Node(tmp, i, keys, agent_binary(), ringtool) for i in range(agents)]
+    collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log")
+    try:
+        collector.start()
+        for n in nodes:
+            n.start_agent(collector.url)
+        per_agent = rate // agents
+        for n in nodes:
+            n.start_producer(per_agent, warmup + seconds)
+        t0 = time.monotonic()
+        timeline: list[tuple[float, int]] = []
+        cpu_start = hist_start = None
+        while time.monotonic() - t0 < warmup + seconds:
+            time.sleep(1.0)
+            now = time.monotonic() - t0
+            timeline.append((now, sum(n.backlog() for n in nodes)))
+            if cpu_start is None and now >= warmup:
+                cpu_start, cpu_t0 = cpu_seconds(collector.pid), time.monotonic()
+                hist_start = _ack_histogram(collector.url)
+        assert cpu_start is not None
+        trial.collector_cpu_pct = 100 * (cpu_seconds(collector.pid) - cpu_start) / (time.monotonic() - cpu_t0)
+        trial.p99_ack_ms = _p99_ms(hist_start, _ack_histogram(collector.url))
+        end_t = timeline[-1][0]
+        trial.backlog_end = timeline[-1][1]
+        trial.backlog_30s_before = next(b for t, b in timeline if t >= end_t - 30)
+        trial.backlog_max = max(b for t, b in timeline if t >= warmup)
+        bounded = trial.backlog_end <= trial.backlog_30s_before + agents
+        produced = [n.produced() for n in nodes]
+        trial.written = sum(p[0] for p in produced)
+        trial.ring_dropped = sum(p[1] for p in produced)
+        drain_start = time.monotonic()
+        try:
+            wait_until(
+                lambda: all(n.backlog() == 0 and n.ring_fill() == 0 for n in nodes), 180, "agents to deliver"
+            )
+        except TimeoutError as exc:
+            trial.notes.append(str(exc))
+        trial.drain_s = time.monotonic() - drain_start
+        for n in nodes:
+            n.stop_agent()
+        collector.stop()
+        with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
+            rows = store.query(
+                "SELECT count() AS n, uniqExact(instance, correlation) AS u FROM ki.kernel_spans"
+            ).to_pylist()[0]
+            trial.stored = int(rows["u"])
+            duplicates = int(rows["n"]) - int(rows["u"])
+            trial.lost = trial.written - trial.stored + trial.ring_dropped + duplicates
+            trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
+            path = store.query(
+                "SELECT data_paths FROM system.tables WHERE database = 'ki' AND name = 'samples'"
+            ).to_pylist()[0]["data_paths"][0]
+            samples_dir = Path(path) if Path(path).is_absolute() else tmp / "data" / path
+
+            def replaced_parts() -> int:
+                q = "SELECT count() AS n FROM system.parts WHERE NOT active AND database = 'ki' AND table = 'samples'"
+                return int(store.query(q).to_pylist()[0]["n"])
+
+            # Parts a merge replaced are deleted old_parts_lifetime (30 s) later (docs/storage.md).
+            try:
+                wait_until(lambda: replaced_parts() == 0, 60, "replaced parts to be deleted", 1.0)
+            except TimeoutError as exc:
+                trial.notes.append(str(exc))
+            reported = store.disk_bytes("samples")
+            du = _du_bytes(samples_dir)
+            if trial.samples:
+                trial.bytes_per_sample_store = reported / trial.samples
+                trial.bytes_per_sample_du = du / trial.samples
+        trial.store_du_bytes = _du_bytes(tmp / "data")
+        trial.passed = bounded and trial.lost == 0 and not trial.notes
+        if not bounded:
+            trial.notes.append(
+                f"backlog grew: {trial.backlog_30s_before} -> {trial.backlog_end} batches in 30 s"
+            )
+        return trial
+    finally:
+        for n in nodes:
+            n.close()
+        collector.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=8, help="agents (one GPU, ring and producer each)")
+    p.add_argument("--start", type=int, default=200_000, help="first total rate tried, kernel records/s")
+    p.add_argument("--rates", default="", help="comma-separated total rates to run instead of the search")
+    p.add_argument("--warmup", type=float, default=10.0)
+    p.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up (>= 30)")
+    p.add_argument("--budget-s", type=float, default=600.0, help="stop starting trials past this")
+    p.add_argument("--keep", action="store_true", help="keep the trial directories")
+    args = p.parse_args()
+    if args.seconds < 30:
+        p.error("--seconds must be at least 30 (the backlog is judged over the last 30 s)")
+    began = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="ki-bench-e2e-"))
+    ringtool = build_ringtool(root)
+    trials: list[Trial] = []
+    fixed = [int(r) for r in args.rates.split(",") if r.strip()]
+    rate = fixed.pop(0) if fixed else args.start
+    lo, hi = 0, 0  # highest passing, lowest failing
+    last_s = args.warmup + args.seconds + 40
+    while True:
+        tmp = root / f"rate-{rate}"
+        tmp.mkdir()
+        started = time.monotonic()
+        t = run_trial(rate, args.agents, args.warmup, args.seconds, tmp, ringtool)
+        last_s = time.monotonic() - started
+        trials.append(t)
+        print(json.dumps(asdict(t), default=str), flush=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if t.passed:
+            lo = max(lo, rate)
+        else:
+            hi = rate if hi == 0 else min(hi, rate)
+        if fixed:
+            rate = fixed.pop(0)
+        elif args.rates:
+            break
+        else:
+            nxt = int(lo * 1.5) if hi == 0 else (lo + hi) // 2 if lo else hi // 2
+            nxt = nxt // (args.agents * 1000) * args.agents * 1000
+            if (
+                nxt <= 0
+                or nxt in (t.rate for t in trials)
+                or (hi and hi - lo <= max(hi // 8, args.agents * 1000))
+            ):
+                break
+            rate = nxt
+        if time.monotonic() - began + last_s > args.budget_s:
+            break
+    passing = [t for t in trials if t.passed]
+    best = max(passing, key=lambda t: t.rate) if passing else min(trials, key=lambda t: t.rate)
+    print(
+        f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} (1 min) at the end",
+        flush=True,
+    )
+    for t in trials:
+        print(
+            f"  rate {t.rate:>8}/s: {'pass' if t.passed else 'FAIL'} cpu {t.collector_cpu_pct:5.1f}% "
+            f"backlog {t.backlog_30s_before}->{t.backlog_end} (max {t.backlog_max}) lost {t.lost} "
+            f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms {'; '.join(t.notes)}"
+        )
+    if not passing:
+        print("no rate passed; figures of the lowest rate tried", file=sys.stderr)
+    print(
+        f"BENCH e2e gpus={best.agents} records_per_s={best.rate if best.passed else 0} "
+        f"collector_cpu_pct={best.collector_cpu_pct:.0f} p99_ack_ms={best.p99_ack_ms:.0f} "
+        f"backlog_batches={best.backlog_end} lost={best.lost} bytes_per_sample_du={best.bytes_per_sample_du:.2f} "
+        f"bytes_per_sample_store={best.bytes_per_sample_store:.2f}"
+    )
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
