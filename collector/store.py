@@ -76,10 +76,16 @@ def _check_ns_range(values: Any, what: str) -> None:
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:
+    # No copy: chDB reads the chunks one by one (each with its own dictionary of metric names)
+    # and the engine squashes them into one part per partition.
     if len(parts) == 1:
         return parts[0]
-    # One dictionary for the group's metric names: chDB wants a chunk's dictionary values unique.
-    return pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+    if any(p.schema != parts[0].schema for p in parts[1:]):  # a column dictionary-encoded in some only
+        plain = pa.schema(
+            [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in parts[0].schema]
+        )
+        parts = [p.cast(plain) for p in parts]
+    return pa.concat_tables(parts)
 
 
 @dataclass(slots=True)
@@ -395,9 +401,16 @@ class Store(ABC):
     def _spans_table(spans: SpanBatch) -> pa.Table:
         start = np.asarray(spans.start_ns, dtype=np.int64)
         end = np.asarray(spans.end_ns, dtype=np.int64)
+        inst = spans.instance
+        if inst and inst.count(inst[0]) == len(inst):  # one agent's batch: one instance
+            instance = pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(len(inst), np.int32)), pa.array([inst[0]], pa.string())
+            )
+        else:
+            instance = pa.array(inst, pa.string())
         return pa.table(
             {
-                "instance": pa.array(spans.instance, pa.string()),
+                "instance": instance,
                 "gpu": pa.array(spans.gpu, pa.uint16()),
                 "stream": pa.array(spans.stream, pa.uint64()),
                 "kernel": pa.array(spans.kernel, pa.string()),

@@ -121,6 +121,11 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
     keys = KeyStore(tmp / "keys.json")
     nodes = [Node(tmp, i, keys, agent_binary(), ringtool) for i in range(agents)]
     collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log")
+    with EmbeddedStore(tmp / "data", cache_bytes=0) as store:  # the schema, and where samples live
+        path = store.query(
+            "SELECT data_paths FROM system.tables WHERE database = 'ki' AND name = 'samples'"
+        ).to_pylist()[0]["data_paths"][0]
+    samples_dir = Path(path) if Path(path).is_absolute() else tmp / "data" / path
     try:
         collector.start()
         for n in nodes:
@@ -159,6 +164,14 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         trial.drain_s = time.monotonic() - drain_start
         for n in nodes:
             n.stop_agent()
+        # du while the collector runs: parts a merge replaced are deleted old_parts_lifetime (30 s)
+        # after it (docs/storage.md, "Merges"); wait until du stops shrinking, at most 60 s.
+        sizes = [_du_bytes(samples_dir)]
+        began, settle_by = time.monotonic(), time.monotonic() + 60
+        while time.monotonic() < settle_by and (time.monotonic() - began < 36 or sizes[-1] < sizes[-6]):
+            time.sleep(2.0)
+            sizes.append(_du_bytes(samples_dir))
+        du = sizes[-1]
         collector.stop()
         with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
             rows = store.query(
@@ -168,22 +181,7 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             duplicates = int(rows["n"]) - int(rows["u"])
             trial.lost = trial.written - trial.stored + trial.ring_dropped + duplicates
             trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
-            path = store.query(
-                "SELECT data_paths FROM system.tables WHERE database = 'ki' AND name = 'samples'"
-            ).to_pylist()[0]["data_paths"][0]
-            samples_dir = Path(path) if Path(path).is_absolute() else tmp / "data" / path
-
-            def replaced_parts() -> int:
-                q = "SELECT count() AS n FROM system.parts WHERE NOT active AND database = 'ki' AND table = 'samples'"
-                return int(store.query(q).to_pylist()[0]["n"])
-
-            # Parts a merge replaced are deleted old_parts_lifetime (30 s) later (docs/storage.md).
-            try:
-                wait_until(lambda: replaced_parts() == 0, 60, "replaced parts to be deleted", 1.0)
-            except TimeoutError as exc:
-                trial.notes.append(str(exc))
             reported = store.disk_bytes("samples")
-            du = _du_bytes(samples_dir)
             if trial.samples:
                 trial.bytes_per_sample_store = reported / trial.samples
                 trial.bytes_per_sample_du = du / trial.samples

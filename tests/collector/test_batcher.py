@@ -154,3 +154,28 @@ def test_the_queue_is_bounded(store):
     assert batcher.stats.queue_full == 1
     batcher.shutdown()
     assert _counts(store)["b"] == 2
+
+
+def test_a_group_mixes_batches_of_one_instance_and_of_several(store):
+    """One instance per batch is sent dictionary-encoded; a batch with several is not: one insert takes both."""
+    n = 5
+    start = np.array([NOW_MS * 1_000_000 + 900_000 + k for k in range(n)], np.int64)
+    spans = SpanBatch(
+        ["h", "g", "h", "g", "h"],
+        np.zeros(n, np.uint16),
+        np.zeros(n, np.uint64),
+        ["k"] * n,
+        start,
+        start + 10,
+        np.full(n, 5, np.uint64),
+        np.zeros(n, np.uint32),
+    )
+    mixed = store.prepare("agent:5", agent_id="h", spans=spans)
+    batcher = Batcher(store)
+    tickets = [batcher.submit(_rows(store, 4)), batcher.submit(mixed)]
+    batcher.shutdown()
+    assert [t.outcome for t in tickets] == [True, True]
+    got = store.query(
+        "SELECT instance, count() AS n FROM ki.kernel_spans GROUP BY instance ORDER BY instance"
+    )
+    assert got.to_pylist() == [{"instance": "g", "n": 2}, {"instance": "h", "n": 8}]
