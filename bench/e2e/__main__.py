@@ -164,11 +164,12 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         trial.drain_s = time.monotonic() - drain_start
         for n in nodes:
             n.stop_agent()
-        # du while the collector runs: parts a merge replaced are deleted old_parts_lifetime (30 s)
-        # after it (docs/storage.md, "Merges"); wait until du stops shrinking, at most 60 s.
+        # du while the collector runs: parts a merge replaced are deleted old_parts_lifetime (10 s)
+        # after it, but an idle table is looked at less and less often (docs/storage.md,
+        # "Merges"): wait until du has not shrunk for 20 s, at most 120 s.
         sizes = [_du_bytes(samples_dir)]
-        began, settle_by = time.monotonic(), time.monotonic() + 60
-        while time.monotonic() < settle_by and (time.monotonic() - began < 36 or sizes[-1] < sizes[-6]):
+        settle_by = time.monotonic() + 120
+        while time.monotonic() < settle_by and (len(sizes) < 11 or sizes[-1] < sizes[-11]):
             time.sleep(2.0)
             sizes.append(_du_bytes(samples_dir))
         du = sizes[-1]
@@ -205,7 +206,7 @@ def main() -> None:
     p.add_argument("--rates", default="", help="comma-separated total rates to run instead of the search")
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up (>= 30)")
-    p.add_argument("--budget-s", type=float, default=600.0, help="stop starting trials past this")
+    p.add_argument("--budget-s", type=float, default=540.0, help="start no trial that would end past this")
     p.add_argument("--keep", action="store_true", help="keep the trial directories")
     args = p.parse_args()
     if args.seconds < 30:

@@ -14,7 +14,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/series_loca
 PARTITION BY date
 ORDER BY (metric, fingerprint, `date`)
 TTL date + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per series per day it had samples: the label index kql matchers run against.';
 
 CREATE TABLE IF NOT EXISTS ki.series ON CLUSTER ki
@@ -32,7 +32,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/samples_local', '{re
 PARTITION BY toDate(ts)
 ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
 COMMENT 'Float samples, ordered by metric, series, time: a selector reads its metric\'s granules only.';
 
 CREATE TABLE IF NOT EXISTS ki.samples ON CLUSTER ki
@@ -55,7 +55,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/kernel_spans_local',
 PARTITION BY toDate(start)
 ORDER BY (instance, gpu, start)
 TTL toDateTime(start) + INTERVAL 7 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per kernel execution on a GPU, for timelines.';
 
 CREATE TABLE IF NOT EXISTS ki.kernel_spans ON CLUSTER ki
@@ -77,7 +77,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/events_local', '{rep
 PARTITION BY toYYYYMM(ts)
 ORDER BY (instance, kind, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
 COMMENT 'Discrete errors and incidents: oom, xid, nccl_timeout, ecc, cuda, other.';
 
 CREATE TABLE IF NOT EXISTS ki.events ON CLUSTER ki
@@ -97,7 +97,7 @@ CREATE TABLE IF NOT EXISTS ki.instances_local ON CLUSTER ki
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/instances_local', '{replica}', last_seen)
 ORDER BY (id)
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
 COMMENT 'What each instance is (hardware fingerprint, capacity, placement labels) and when it was last seen.';
 
 CREATE TABLE IF NOT EXISTS ki.instances ON CLUSTER ki
@@ -115,7 +115,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/batches_loc
 PARTITION BY toYYYYMM(received)
 ORDER BY (batch_id)
 TTL toDateTime(received) + INTERVAL 7 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 30, cleanup_delay_period = 5, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
 COMMENT 'Batch ids already stored: the exactly-once record beyond the insert dedup window.';
 
 CREATE TABLE IF NOT EXISTS ki.batches ON CLUSTER ki
