@@ -51,6 +51,8 @@ __all__ = [
     "DROP_REASONS",
     "DROP_STATS",
     "INGEST_LAG_METRIC",
+    "MAX_FINGERPRINT_FIELDS",
+    "MAX_FINGERPRINT_GPUS",
     "NAMES_MAX_BYTES",
     "Derived",
     "Deriver",
@@ -68,6 +70,10 @@ _MAX_GPU_MEMORY = 1 << 48
 #: Characters of names (kernel names, error details...) remembered per agent; an agent may send
 #: 65,536 names of 64 KiB per batch, so without a bound one agent could fill the collector's memory.
 NAMES_MAX_BYTES = 64 << 20
+#: What one agent's fingerprint may hold: GPUs, and fields per GPU (10 are defined; newer
+#: producers may add a few). The instance row carries them all, so they are bounded.
+MAX_FINGERPRINT_GPUS = 1024
+MAX_FINGERPRINT_FIELDS = 64
 #: Latency buckets are log2 of nanoseconds: 2**64 ns is 584 years, so higher indices are garbage.
 _MAX_BUCKET = 63
 
@@ -89,6 +95,7 @@ DROP_REASONS: dict[str, str] = {
     "value_out_of_range": "a throttle bitmask or memory total that is not a finite, non-negative number",
     "fingerprint_out_of_range": "a FINGERPRINT memory total above 256 TiB",
     "batch_time_out_of_range": "the batch header's time is after 2149-06-06 (counters stamped with now)",
+    "fingerprint_over_limit": "a FINGERPRINT past 1,024 GPUs or 64 fields per GPU for one agent",
     "names_over_limit": "not a record: a name past the agent's 64 Mi characters of names (kept as unknown_<id>)",
 }
 
@@ -746,8 +753,14 @@ class Deriver:
             except ValueError:
                 key = f"field_{fid}"
             text = (self._name(producer, value) or "") if is_string else str(value)
+            if gpu not in self._fingerprint and len(self._fingerprint) >= MAX_FINGERPRINT_GPUS:
+                dropped["fingerprint_over_limit"] = dropped.get("fingerprint_over_limit", 0) + 1
+                continue
             fields = self._fingerprint[gpu]
             if fields.get(key) == text:
+                continue
+            if key not in fields and len(fields) >= MAX_FINGERPRINT_FIELDS:
+                dropped["fingerprint_over_limit"] = dropped.get("fingerprint_over_limit", 0) + 1
                 continue
             fields[key] = text
             changed = True

@@ -353,3 +353,26 @@ def test_names_are_bounded_per_agent(monkeypatch) -> None:
     assert out.dropped == {"names_over_limit": 2}
     assert d._name(1, 2) == "x" * 30
     assert d._name(1, 3) is None
+
+
+def test_fingerprints_are_bounded_per_agent(monkeypatch) -> None:
+    from kernel_insight.collector import derive
+
+    monkeypatch.setattr(derive, "MAX_FINGERPRINT_FIELDS", 3)
+    monkeypatch.setattr(derive, "MAX_FINGERPRINT_GPUS", 2)
+    recs = np.zeros(8, RECORD_DTYPE)
+    recs["type"] = 7  # FINGERPRINT
+    recs["ts_ns"] = T0
+    recs["id"] = [100, 101, 102, 103, 100, 100, 100, 104]  # fields unknown to this collector
+    recs["device"] = [0, 0, 0, 0, 1, 2, 3, 1]
+    out = Deriver("h").derive(recs, now_ns=T0)
+    assert out.dropped == {"fingerprint_over_limit": 3}  # gpu0's 4th field, gpus 2 and 3
+    (inst,) = out.instances
+    assert inst.gpu_count == 2
+    assert sorted(inst.attributes) == [
+        "gpu0.field_100",
+        "gpu0.field_101",
+        "gpu0.field_102",
+        "gpu1.field_100",
+        "gpu1.field_104",
+    ]
