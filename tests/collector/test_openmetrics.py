@@ -289,3 +289,20 @@ def test_limits_are_settings():
     limits = SeriesLimits(max_value_bytes=0, utf8_names=True)
     (labels,) = parse_exposition(text, limits=limits).samples.series
     assert dict(labels)["__name__"] == "x{y}"
+
+
+@pytest.mark.parametrize("om", [False, True])
+def test_the_usual_shape_takes_the_fast_path(om):
+    """Lines as exporters and promtool write them never fall back to the line-by-line parser."""
+    stamp = "1700000000.250" if om else "1700000000250"
+    text = "# TYPE gpu_temp gauge\n" + "".join(
+        f'gpu_temp{{gpu="{g}",host="a b"}} {60 + g}.5 {stamp}\n' for g in range(8)
+    )
+    if om:
+        text += "# EOF\n"
+    reader = ExpositionReader(format="openmetrics" if om else "prometheus")
+    batch = reader._fast(text.encode(), 1, text.count("\n"))
+    assert batch is not None
+    assert sorted(batch.values.tolist()) == [60.5 + g for g in range(8)]
+    assert set(batch.ts_ms.tolist()) == {1700000000250}
+    assert reader.eof_seen == om
