@@ -311,7 +311,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             super().on_message_complete()
 
         def on_response_complete(self) -> None:
-            if self._stage == "busy":
+            if self._stage == "busy" and not self.pipeline:  # a pipelined request is answered next
                 self._stage = "head"
             super().on_response_complete()
 

@@ -222,3 +222,14 @@ def test_a_kept_alive_client_outlasts_a_flood_of_connections_that_never_sent_a_w
         finally:
             for s in flood:
                 s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_pipelined_requests_are_all_answered(parser):
+    with serving(parser) as addr:
+        answer = _exchange(
+            addr,
+            b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n" * 2
+            + b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        )
+    assert answer.count(b"HTTP/1.1 200 ") == 3, answer
