@@ -45,7 +45,7 @@ from kernel_insight.rules.evaluation import (
 )
 from kernel_insight.rules.lease import Lease
 from kernel_insight.rules.notifier import Notifier, alert_payload
-from kernel_insight.rules.prefetch import CycleStorage, read_windows
+from kernel_insight.rules.prefetch import CycleStorage, read_windows, served_from_memory
 
 __all__ = [
     "DEFAULT_RESEND_DELAY_MS",
@@ -76,13 +76,20 @@ class ReloadStatus:
 
 
 class _Writer:
-    """Buffers a group's output; flushed before a rule that reads a buffered metric, and at the end."""
+    """Buffers a group's output and writes it in one insert at the end of the evaluation.
 
-    def __init__(self, store: Store, on_flush: Callable[[list[WrittenSample]], None] | None = None) -> None:
+    A rule that reads a buffered metric sees it through the evaluation's
+    :class:`CycleStorage` when all its reads are answered from memory; otherwise the buffer
+    is inserted first, as Prometheus commits each rule's output before the next rule runs.
+    """
+
+    def __init__(self, store: Store, cycle: CycleStorage | None = None) -> None:
         self.store = store
+        self.cycle = cycle
         self.buffer: list[WrittenSample] = []
+        self.absorbed = 0  # buffer[:absorbed] is already in the cycle's memory
         self.names: set[str] = set()
-        self.on_flush = on_flush
+        self.served: dict[int, bool] = {}
 
     def add(self, samples: list[WrittenSample]) -> None:
         self.buffer += samples
@@ -93,7 +100,15 @@ class _Writer:
                     break
 
     def before(self, rule: Rule) -> None:
-        if self.buffer and any(n in rule.spec.expr for n in self.names):
+        if len(self.buffer) == self.absorbed or not any(n in rule.spec.expr for n in self.names):
+            return
+        served = self.served.get(id(rule))
+        if served is None:
+            served = self.served[id(rule)] = served_from_memory(rule.spec.query)
+        if served and self.cycle is not None:
+            self.cycle.absorb(self.buffer[self.absorbed :], load=True)
+            self.absorbed = len(self.buffer)
+        else:
             self.flush()
 
     def flush(self) -> None:
@@ -102,11 +117,11 @@ class _Writer:
         b = SampleBuilder()
         for labels, ts, value in self.buffer:
             b.add_canonical(labels, ts, value)
-        written = self.buffer
-        self.buffer, self.names = [], set()
+        rest = self.buffer[self.absorbed :]
+        self.buffer, self.names, self.absorbed = [], set(), 0
         self.store.insert_samples(b.build())
-        if self.on_flush is not None:
-            self.on_flush(written)
+        if self.cycle is not None:
+            self.cycle.absorb(rest)
 
 
 class _Runner:
@@ -159,7 +174,7 @@ class _Runner:
             m.restore(self.group, ts)
             self.needs_restore = False
         storage = CycleStorage(m.store.storage(), ts - spec.query_offset_ms, self.windows)
-        writer = _Writer(m.store, on_flush=storage.absorb)
+        writer = _Writer(m.store, storage)
         self.group.eval(
             Engine(storage),
             ts,

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from kernel_insight.kql.ast import MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
+from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData, Storage, labels_match
 
-__all__ = ["CycleStorage", "read_windows"]
+__all__ = ["CycleStorage", "read_windows", "served_from_memory"]
 
 #: Metric names that need no escaping in a regex alternation.
 _PLAIN = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -58,6 +58,30 @@ def _walk(node: Any, extra_ms: int, lookback_ms: int, out: dict[str, int]) -> No
             for child in value if isinstance(value, tuple) else (value,):
                 if dataclasses.is_dataclass(child):
                     _walk(child, extra_ms, lookback_ms, out)
+
+
+def served_from_memory(expr: Any) -> bool:
+    """Whether every read of ``expr`` is one :class:`CycleStorage` answers from what it holds
+    (named selectors, literal non-negative ranges and offsets, no ``@``), so a write the group
+    has not sent to the store yet can be shown to it by :meth:`CycleStorage.absorb` alone."""
+    if isinstance(expr, (VectorSelector, MatrixSelector)):
+        vs = expr.vector if isinstance(expr, MatrixSelector) else expr
+        names = [m for m in vs.all_matchers() if m.name == "__name__" and m.op == "="]
+        rng = _seconds(expr.range) if isinstance(expr, MatrixSelector) else 0.0
+        return bool(names) and vs.at is None and _seconds(vs.offset) is not None and rng is not None
+    if isinstance(expr, SubqueryExpr) and (
+        expr.at is not None or _seconds(expr.offset) is None or _seconds(expr.range) is None
+    ):
+        return False
+    if isinstance(expr, Call) and expr.func == "info":
+        return False  # reads target_info by a matcher set of its own
+    if dataclasses.is_dataclass(expr):
+        for f in dataclasses.fields(expr):
+            value = getattr(expr, f.name)
+            for child in value if isinstance(value, tuple) else (value,):
+                if dataclasses.is_dataclass(child) and not served_from_memory(child):
+                    return False
+    return True
 
 
 def read_windows(exprs: Iterable[Any], lookback_ms: int = 300_000) -> dict[str, int]:
@@ -128,11 +152,15 @@ class CycleStorage:
         self._held: dict[str, _Held] = {}
         self.reads = 0
 
-    def absorb(self, samples: Iterable[tuple[Labels, int, float]]) -> None:
-        """Samples the group just wrote to the store: added to what is held of their metrics, so
-        the rules after see them without a read (only the group's evaluator writes its output)."""
+    def absorb(self, samples: Iterable[tuple[Labels, int, float]], *, load: bool = False) -> None:
+        """Samples the group wrote (or is about to write) to the store: added to what is held of
+        their metrics, so the rules after see them without a read (only the group's evaluator
+        writes its output). ``load``: read a metric of the windows first if not held yet (the
+        samples are not in the store yet, so a later read would miss them)."""
         for labels, ts, value in samples:
             name = next((v for k, v in labels if k == "__name__"), "")
+            if load and name in self.windows and name not in self._held:
+                self._series(name)
             held = self._held.get(name)
             if held is not None and held.lo <= ts <= self.ts_ms:
                 held.absorb(labels, ts, value)

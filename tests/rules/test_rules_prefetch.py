@@ -70,3 +70,15 @@ def test_what_the_group_writes_is_seen_by_the_next_rule(store):
     (s,) = engine.instant_query("rec", T).value.samples
     assert (s.labels, s.value) == ((("__name__", "rec"), ("x", "1")), 4.0)
     assert cycle.reads == 1
+
+
+def test_only_reads_held_in_memory_are_served_from_it():
+    from kernel_insight.rules.prefetch import served_from_memory
+
+    assert served_from_memory(parse("rate(x[5m]) > on (a) group_left () max(y offset 1m)"))
+    assert served_from_memory(parse("max_over_time(rate(x[1m])[10m:1m])"))
+    assert not served_from_memory(parse('{__name__=~"x|y"}'))
+    assert not served_from_memory(parse("x @ 100"))
+    assert not served_from_memory(parse("x offset -1m"))
+    assert not served_from_memory(parse("x[step() * 2]"))
+    assert not served_from_memory(parse("info(x)"))
