@@ -94,3 +94,12 @@ def test_ki_rules_test_fails_on_a_wrong_expectation(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "alertname: SlowModelKernels, time: 28m" in err
     assert 'summary="h1 ran 113 slow kernels"' in err
+
+
+def test_query_offset_and_limit_behave_as_in_prometheus():
+    """query_offset (not in promtool 2.42): rules see and write data one offset in the past; a
+    group's limit fails the rule that exceeds it (the test group stops there, as promtool's)."""
+    from kernel_insight.rules import run_test_file
+
+    result = run_test_file(str(FIXTURES / "kql_offset_limit_test.yml"))
+    assert result.errors == ["    rule: TwoHot, time: 1m0s, err: exceeded limit of 1 with 2 alerts"]
