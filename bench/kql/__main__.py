@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import math
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -353,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     servers: list[Server] = []
     rows: list[Row] = []
+    # SIGTERM ends the run through the finally below, which stops the servers it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         t0, vm_on = prepare(root, vm_wanted)
         prom = Prometheus(root / "prom", root / "prometheus.log")
