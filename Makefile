@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -36,6 +36,9 @@ bench-api: build
 
 bench-agent: build
 	$(PY) -m bench.agent
+
+bench-catchup: build
+	$(PY) -m bench.agent --catchup --agents 2 --rate 2000 --outage 30
 
 bench-ingest: build
 	$(PY) -m bench.ingest

@@ -1,5 +1,8 @@
 """make bench-agent: ki-agent for 60 s at 100k KERNEL records/s against the real collector.
 
+``make bench-catchup`` (``--catchup``): N agents under load, the collector stopped for 30 s
+and restarted; how much faster the backlog drains than it grew (issue 11: at least 5x).
+
 Measures the agent from /proc: VmRSS, VmHWM, CPU time, and wire bytes per
 record (frame bytes the collector received / records stored). Targets
 (issue 3): VmHWM <= 5 MB (stretch 2 MB), CPU <= 5% of one core, <= 6 bytes
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from types import FrameType
 
@@ -81,17 +85,29 @@ def _collector(data: str, keys: str, port: int, stats_path: str) -> None:
     store = EmbeddedStore(data)
     inner = StoreSink(store)
     totals = {"frame_bytes": 0, "records": 0, "batches": 0}
+    lock = threading.Lock()
 
-    def sink(batch: DecodedBatch) -> bool:
-        stored = inner(batch)
-        if stored:
-            totals["frame_bytes"] += HEADER_SIZE + batch.header.payload_len
-            totals["records"] += batch.record_count
-            totals["batches"] += 1
-            Path(stats_path).write_text(json.dumps(totals))
-        return stored
+    class CountingSink:
+        """StoreSink, counting what it stored; keeps ``submit`` so a request's frames share a group commit."""
 
-    app = create_app(store, routers=[ingest_router(KeyStore(Path(keys)), sink)])
+        def submit(self, batch: DecodedBatch) -> Future[bool]:
+            future = inner.submit(batch)
+
+            def count(f: Future[bool]) -> None:
+                if f.exception() is None and f.result():
+                    with lock:
+                        totals["frame_bytes"] += HEADER_SIZE + batch.header.payload_len
+                        totals["records"] += batch.record_count
+                        totals["batches"] += 1
+                        Path(stats_path).write_text(json.dumps(totals))
+
+            future.add_done_callback(count)
+            return future
+
+        def __call__(self, batch: DecodedBatch) -> bool:
+            return self.submit(batch).result()
+
+    app = create_app(store, routers=[ingest_router(KeyStore(Path(keys)), CountingSink())])
     try:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     finally:
@@ -214,12 +230,147 @@ def run(seconds: float, rate: int, agent_args: list[str]) -> dict[str, float]:
     }
 
 
+def _spool_records(spool: Path) -> int:
+    from kernel_insight.collector import wire
+
+    total = 0
+    for f in spool.glob("*.kib"):
+        with contextlib.suppress(OSError, wire.WireError):
+            total += wire.parse_header(f.read_bytes()[:-24]).record_count  # minus the spool trailer
+    return total
+
+
+def run_catchup(agents: int, rate: int, outage_s: float, warm_s: float = 5.0) -> dict[str, float]:
+    """N agents at `rate` records/s each; the collector is stopped for outage_s, then restarted.
+
+    Growth is timed from the stop to the restarted collector answering /healthz; drain from
+    then until every agent's spool is back to its steady one or two batches.
+    """
+    from kernel_insight.agent.ring import Ring
+    from kernel_insight.collector.keys import KeyStore
+    from kernel_insight.collector.store import EmbeddedStore
+
+    tmp = Path(tempfile.mkdtemp(prefix="ki-bench-catchup-"))
+    names = [f"/ki_bench_catchup.{os.getpid()}.{i}" for i in range(agents)]
+    rings = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            Ring.unlink(name)
+        rings.append(Ring.create(name, capacity=1 << 16))
+    keys = KeyStore(tmp / "keys.json")
+    port = _free_port()
+    me = [sys.executable, "-m", "bench.agent"]
+    collector_args = [
+        *me,
+        "--collector-child",
+        str(tmp / "data"),
+        str(tmp / "keys.json"),
+        str(port),
+        str(tmp / "c.json"),
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    producers: list[subprocess.Popen[bytes]] = []
+    spools = [tmp / f"spool{i}" for i in range(agents)]
+
+    def start_collector() -> subprocess.Popen[bytes]:
+        c = subprocess.Popen(collector_args, cwd=REPO)
+        procs.append(c)
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    return c
+            if time.monotonic() > deadline:
+                raise RuntimeError("collector did not start")
+            time.sleep(0.1)
+
+    try:
+        collector = start_collector()
+        for i in range(agents):
+            keys.add_agent(f"gpu{i}").write_key_file(tmp / f"agent{i}.key")
+            procs.append(
+                subprocess.Popen(
+                    [str(_agent_binary()), "--ring", names[i], "--collector", f"http://127.0.0.1:{port}",
+                     "--key-file", str(tmp / f"agent{i}.key"), "--spool-dir", str(spools[i]),
+                     "--backoff-max-ms", "1000", "--shutdown-timeout-s", "60"],
+                    stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+        produce_s = warm_s + outage_s + 60
+        for name in names:
+            producers.append(
+                subprocess.Popen(
+                    [*me, "--producer-child", name, str(produce_s), str(rate)],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                )
+            )
+        time.sleep(warm_s)
+        collector.terminate()
+        collector.wait(60)
+        stopped = time.monotonic()
+        time.sleep(outage_s)
+        collector = start_collector()
+        back = time.monotonic()
+        backlog = sum(_spool_records(s) for s in spools)
+        while any(len(list(s.glob("*.kib"))) > 2 for s in spools):
+            if time.monotonic() - back > 120:
+                raise RuntimeError("the backlog did not drain in 120 s")
+            time.sleep(0.05)
+        drained = time.monotonic()
+        written = dropped = 0
+        for p in producers:
+            out, _ = p.communicate()
+            produced = json.loads(out.decode().strip().splitlines()[-1])
+            written += produced["written"]
+            dropped += produced["dropped"]
+        for a in procs[1 : 1 + agents]:
+            a.send_signal(signal.SIGTERM)
+            a.wait(90)
+        collector.terminate()
+        collector.wait(60)
+    finally:
+        for p in [*producers, *procs]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for r, name in zip(rings, names, strict=True):
+            r.close()
+            with contextlib.suppress(OSError):
+                Ring.unlink(name)
+    store = EmbeddedStore(tmp / "data")
+    try:
+        stored = store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]["n"]
+    finally:
+        store.close()
+    grow_s, drain_s = back - stopped, drained - back
+    return {
+        "agents": agents,
+        "records_per_s": agents * rate,
+        "outage_s": outage_s,
+        "backlog_records": backlog,
+        "grow_s": grow_s,
+        "drain_s": drain_s,
+        "drain_x": grow_s / drain_s,
+        "written": written,
+        "ring_dropped": dropped,
+        "lost": written - stored,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=100_000, help="KERNEL records per second")
     parser.add_argument(
         "--agent-arg", action="append", default=[], help="extra ki-agent argument (repeatable)"
+    )
+    parser.add_argument(
+        "--catchup", action="store_true", help="collector outage: how fast the agents' backlog drains"
+    )
+    parser.add_argument("--agents", type=int, default=2, help="agents (with --catchup)")
+    parser.add_argument(
+        "--outage", type=float, default=30.0, help="seconds the collector is away (--catchup)"
     )
     parser.add_argument(
         "--producer-child", nargs=3, metavar=("RING", "SECONDS", "RATE"), help=argparse.SUPPRESS
@@ -242,6 +393,15 @@ def main() -> int:
 
         signal.signal(signal.SIGTERM, on_term)
         _collector(data, keys, int(port), stats)
+        return 0
+    if args.catchup:
+        c = run_catchup(args.agents, args.rate, args.outage)
+        print(json.dumps(c))
+        print(
+            f"BENCH catchup agents={c['agents']} records_per_s={c['records_per_s']} outage_s={c['outage_s']} "
+            f"backlog_records={c['backlog_records']} grow_s={c['grow_s']:.1f} drain_s={c['drain_s']:.1f} "
+            f"drain_x={c['drain_x']:.1f} lost={c['lost']} ring_dropped={c['ring_dropped']}"
+        )
         return 0
     r = run(args.seconds, args.rate, args.agent_arg)
     print(json.dumps(r))
