@@ -25,7 +25,8 @@ struct ki_drain_stats {
     uint64_t torn;      /* records failing their checksum */
     uint64_t abandoned; /* slots never published */
     uint64_t lost;      /* late publications refused */
-    uint64_t backlog;   /* records waiting (head - tail) */
+    uint64_t backlog;   /* records waiting (head - tail), read but not yet freed ones included */
+    uint64_t capacity;  /* the ring's slots */
 };
 
 /* Attach to ring name as its consumer (creating it with capacity slots when create is set).

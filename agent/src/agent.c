@@ -26,7 +26,8 @@
 #define NS_PER_S 1000000000ULL
 #define INGEST_PATH "/v1/ingest"
 
-#define MULTI_RETRY_NS (300 * NS_PER_S) /* after a refused request of several batches, send one per request this long */
+#define MULTI_RETRY_NS (300 * NS_PER_S)
+#define BACKLOG_SEAL_NS NS_PER_S /* while a backlog waits, a batch gathers up to this long (fewer, larger batches) */ /* after a refused request of several batches, send one per request this long */
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
 
 /* One batch of the request in flight. */
@@ -51,6 +52,9 @@ struct ki_agent {
     struct ki_counters ctr;      /* self-metrics */
     struct ki_record *staging;   /* records of the batch being built */
     size_t staging_cap;          /* batch_records */
+    size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
+    uint64_t staged_since_ns;    /* monotonic time the first of them was read */
+    int stopping;                /* SIGTERM: seal everything now */
     uint8_t *body;               /* encoded body */
     size_t body_cap;             /* its bytes */
     uint8_t *frame;              /* header + sealed payload of the batch being sealed */
@@ -319,22 +323,43 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     return spool_pending(a);
 }
 
+/* Whether staged records may wait for more: while batches queue up in the spool (the collector
+ * is away or slower than the producers), a batch gathers records for up to BACKLOG_SEAL_NS
+ * instead of one tick, so the backlog is fewer, larger batches that the collector takes in
+ * fewer steps. The records stay in the ring meanwhile, so a batch is sealed at once when
+ * the ring is half full or the agent is stopping. */
+static int hold_back(struct ki_agent *a) {
+    if (a->stopping || mono_ns() - a->staged_since_ns >= BACKLOG_SEAL_NS) return 0;
+    struct ki_spool_stats ss;
+    ki_spool_stats(a->spool, &ss);
+    if (!a->failing && ss.batches < 2) return 0;
+    struct ki_drain_stats ds;
+    ki_drain_stats(a->drain, &ds);
+    return ds.backlog < ds.capacity / 2;
+}
+
 /* Consume everything the ring holds, sealing a batch per batch_records records. */
 static int drain_ring(struct ki_agent *a) {
     if (a->pending && spool_pending(a) < 0) return 0; /* the spool still refuses: read nothing more */
-    size_t n = 0;
+    size_t n = a->staged;
     for (;;) {
         size_t got = ki_drain_poll(a->drain, a->staging + n, a->staging_cap - n);
         a->ctr.v[KI_CTR_RECORDS_READ] += got;
+        if (got && n == 0) a->staged_since_ns = mono_ns();
         n += got;
         if (n == a->staging_cap) {
-            n = 0;
+            n = a->staged = 0;
             if (seal_batch(a, a->staging_cap) < 0 && a->pending) return 0;
             continue;
         }
         if (got == 0) break;
     }
-    if (n > 0) return seal_batch(a, n);
+    a->staged = n;
+    if (n > 0) {
+        if (hold_back(a)) return 0;
+        a->staged = 0;
+        return seal_batch(a, n);
+    }
     if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S) return seal_batch(a, 0);
     return 0;
 }
@@ -617,6 +642,7 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
         sleep_until(next);
     }
     /* SIGTERM: what is in the ring and in memory goes to the spool, then try to deliver it. */
+    a->stopping = 1;
     drain_ring(a);
     if (!a->pending) seal_batch(a, 0); /* a last batch carries the final counters */
     uint64_t deadline = mono_ns() + (uint64_t)a->cfg->shutdown_timeout_s * NS_PER_S;

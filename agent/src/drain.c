@@ -96,4 +96,5 @@ void ki_drain_stats(const struct ki_drain *d, struct ki_drain_stats *out) {
     out->lost = KI_LOAD_RLX(&h->lost);
     uint64_t head = KI_LOAD_ACQ(&h->head), tail = KI_LOAD_ACQ(&h->tail);
     out->backlog = head > tail ? head - tail : 0;
+    out->capacity = d->c.ring.mask + 1;
 }

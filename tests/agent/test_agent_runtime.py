@@ -146,10 +146,14 @@ def test_collector_stopped_batches_are_spooled_and_replayed_in_order(env):
     expected = []
     for i in range(5):
         expected.append(write(env, random_records(np.random.default_rng(i), 50)))
-        time.sleep(0.06)  # a few drain ticks: one batch per round
-    time.sleep(0.2)
-    spooled = sorted(p.name for p in env.spool.glob("*.kib"))
-    assert len(spooled) >= 5
+        time.sleep(0.06)  # a few drain ticks: one batch per round while the collector answers
+
+    def spooled_records():
+        return sum(wire.parse_header(p.read_bytes()[:-24]).record_count for p in env.spool.glob("*.kib"))
+
+    wait_for(lambda: spooled_records() == 250, what="every record in the spool")
+    # While the collector is away, batches gather records for up to a second: fewer, larger batches.
+    assert len(list(env.spool.glob("*.kib"))) < 5
     env.receiver.restart()
     for e in expected:
         wait_records(env, e["pos"].tolist())

@@ -67,7 +67,9 @@ def test_collector_outage_every_record_once_fast_catch_up_and_healthy(tmp_path, 
         wait_until(lambda: time.monotonic() - stopped >= OUTAGE_S, OUTAGE_S + 5, "the outage to last", 0.5)
         grown = sum(n.backlog() for n in nodes)
         grew_s = time.monotonic() - stopped
-        assert grown >= 2 * 100  # batches sealed every 100 ms kept piling up in the spools
+        # Batches kept piling up in the spools: while the collector is away an agent seals one
+        # batch per second of records (docs/agent.md, "Catching up"), not one per 100 ms tick.
+        assert grown >= 2 * 0.8 * OUTAGE_S
         collector.start()
         restarted = time.monotonic()
         steady = 2 * 2  # a couple of batches per agent in flight is what "caught up" looks like
