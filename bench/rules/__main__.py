@@ -234,7 +234,9 @@ def run(root: Path, cycles: int) -> int:
             while time.monotonic() < end:
                 if cpu_start is None and time.monotonic() > end - cycles * INTERVAL_S:
                     cpu_start = (time.monotonic(), _cpu_seconds(collector.pid))
-                groups = client.get("/api/v1/rules").json()["data"]["groups"]
+                # The recording rules are enough to see every group's evaluations; asking for all
+                # 1,201 rules with their alerts twice a second would load the collector we measure.
+                groups = client.get("/api/v1/rules", params={"type": "record"}).json()["data"]["groups"]
                 for g in groups:
                     seen = times.setdefault(g["name"], {})
                     if g["lastEvaluation"].startswith("0001") or g["lastEvaluation"] in seen:
@@ -242,13 +244,21 @@ def run(root: Path, cycles: int) -> int:
                     if seen and max(_epoch(t) for t in seen) < _epoch(g["lastEvaluation"]) - INTERVAL_S - 1:
                         missed += 1
                     seen[g["lastEvaluation"]] = g["evaluationTime"]
-                    errors = [r for r in g["rules"] if r["health"] == "err"]
-                    if errors:
-                        print(f"bench-rules: {g['name']}: {errors[0]['name']}: {errors[0]['lastError']}")
-                        return 1
                 if fired_at is None and time.monotonic() > end - (cycles - 1) * INTERVAL_S:
                     fired_at = sender.fire()
-                time.sleep(0.5)
+                time.sleep(1.0)
+            everything = client.get("/api/v1/rules", params={"exclude_alerts": "true"}).json()["data"][
+                "groups"
+            ]
+            errors = [
+                (g["name"], r["name"], r.get("lastError"))
+                for g in everything
+                for r in g["rules"]
+                if r["health"] == "err"
+            ]
+            if errors:
+                print(f"bench-rules: rules failed: {errors[:3]}", file=sys.stderr)
+                return 1
             assert cpu_start is not None
             cpu_per_interval = (
                 (_cpu_seconds(collector.pid) - cpu_start[1]) / (time.monotonic() - cpu_start[0]) * INTERVAL_S
