@@ -24,6 +24,8 @@ from kernel_insight.kql.storage import Labels, Matcher, SeriesData, Storage, lab
 
 __all__ = ["CycleStorage", "read_windows", "served_from_memory"]
 
+#: Metrics whose windows are at most this long are read together, with the longest of them.
+MERGE_WINDOW_MS = 30 * 60_000
 #: Metric names that need no escaping in a regex alternation.
 _PLAIN = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -170,16 +172,21 @@ class CycleStorage:
         if held is not None:
             return held
         window = self.windows[name]
-        lo = self.ts_ms - window
-        # Every metric not yet read that needs the same window comes in the same read: one
-        # query instead of one per metric (a group's recorded series are many and small).
+
+        # Every metric not yet read that needs the same window (or, for short windows, any
+        # window up to MERGE_WINDOW_MS) comes in the same read: one query instead of one per
+        # metric, at the price of a few more minutes of samples for some of them.
+        def together(w: int) -> bool:
+            return w == window or (w <= MERGE_WINDOW_MS and window <= MERGE_WINDOW_MS)
+
         names = [name]
         if _PLAIN.fullmatch(name):
             names += [
                 n
                 for n, w in self.windows.items()
-                if w == window and n != name and n not in self._held and _PLAIN.fullmatch(n)
+                if together(w) and n != name and n not in self._held and _PLAIN.fullmatch(n)
             ]
+        lo = self.ts_ms - max(self.windows[n] for n in names)
         self.reads += 1
         if len(names) == 1:
             self._held[name] = _Held(lo, self.inner.select([Matcher("__name__", "=", name)], lo, self.ts_ms))
