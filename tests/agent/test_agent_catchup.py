@@ -1,0 +1,146 @@
+"""A collector that was away catches up at its full rate (issue 11): two real agents, one real collector.
+
+The collector is stopped for OUTAGE_S while producers keep writing at a steady
+rate; after the restart the agents send their backlog as requests of several
+batches, and the backlog must drain at least 5x faster than it grew. Every
+record is stored exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from agent_harness import Collector, free_port, wait_for
+
+from kernel_insight.agent.ring import Ring
+from kernel_insight.collector import wire
+from kernel_insight.collector.keys import KeyStore
+
+OUTAGE_S = 30.0
+RATE = 500  # KERNEL records/s per agent: a steady load well below what one collector stores
+AGENTS = 2
+
+
+class Producer(threading.Thread):
+    """Writes KERNEL records into one ring at RATE/s in 10 ms steps; correlation numbers are unique."""
+
+    def __init__(self, ring: Ring, base: int) -> None:
+        super().__init__(daemon=True)
+        self.ring = ring
+        self.base = base
+        self.written = 0
+        self.dropped = 0
+        self.stop_flag = threading.Event()
+        self.names = [ring.intern(f"kernel_{i}") for i in range(4)]
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop_flag.is_set():
+            due = int((time.monotonic() - start) * RATE)
+            now = time.time_ns()
+            while self.written < due:
+                n = self.written
+                rc = self.ring.kernel(self.names[n % 4], 0, now, now + 5000, 1, self.base + n)
+                if rc != 0:
+                    self.dropped += 1
+                self.written += 1
+            time.sleep(0.01)
+
+
+def spooled(spool: Path) -> int:
+    return len(list(spool.glob("*.kib")))
+
+
+def spooled_records(spool: Path) -> int:
+    """Records in the spooled batches, from their headers."""
+    total = 0
+    for f in spool.glob("*.kib"):
+        with contextlib.suppress(OSError, wire.WireError):
+            total += wire.parse_header(f.read_bytes()[:-24]).record_count  # the 24-byte spool trailer
+    return total
+
+
+@pytest.mark.slow
+def test_backlog_after_a_collector_outage_drains_five_times_faster_than_it_grew(
+    tmp_path, agent_bin, ring_name
+):
+    keys = KeyStore(tmp_path / "keys.json")
+    port = free_port()
+    collector = Collector(tmp_path / "data", tmp_path / "keys.json", port, tmp_path / "collector.log")
+    rings: list[Ring] = []
+    agents: list[subprocess.Popen[bytes]] = []
+    producers: list[Producer] = []
+    spools = [tmp_path / f"spool{i}" for i in range(AGENTS)]
+    try:
+        for i in range(AGENTS):
+            keys.add_agent(f"gpu{i}").write_key_file(tmp_path / f"agent{i}.key")
+            name = f"{ring_name}.{i}"
+            with contextlib.suppress(OSError):
+                Ring.unlink(name)
+            rings.append(Ring.create(name, capacity=1 << 16))
+        collector.start()
+        for i in range(AGENTS):
+            with (tmp_path / f"agent{i}.log").open("w") as log:
+                agents.append(
+                    subprocess.Popen(
+                        [str(agent_bin), "--ring", f"{ring_name}.{i}", "--collector", collector.url,
+                         "--key-file", str(tmp_path / f"agent{i}.key"), "--spool-dir", str(spools[i]),
+                         "--backoff-max-ms", "1000", "--shutdown-timeout-s", "30"],
+                        stdout=log, stderr=subprocess.STDOUT,
+                    )
+                )  # fmt: skip
+            producers.append(Producer(rings[i], base=i << 40))
+        for p in producers:
+            p.start()
+        time.sleep(3.0)  # steady state before the outage
+        collector.stop()
+        stopped = time.monotonic()
+        time.sleep(OUTAGE_S)
+        collector.start()
+        back = time.monotonic()
+        grown = [spooled(s) for s in spools]
+        backlog = [spooled_records(s) for s in spools]
+        # Drained: each agent is down to the batch or two of steady state.
+        wait_for(lambda: all(spooled(s) <= 2 for s in spools), OUTAGE_S, "the backlog to drain")
+        drained = time.monotonic()
+        growth_s, drain_s = back - stopped, drained - back
+        print(
+            f"backlog of {backlog} records in {grown} batches grew in {growth_s:.1f} s, "
+            f"drained in {drain_s:.1f} s ({growth_s / drain_s:.1f}x)"
+        )
+        assert min(backlog) >= 0.8 * RATE * OUTAGE_S  # the outage really built a backlog
+        assert drain_s * 5 <= growth_s
+        for p in producers:
+            p.stop_flag.set()
+            p.join()
+        for a in agents:
+            a.terminate()
+            assert a.wait(60) == 0
+    finally:
+        for p in producers:
+            p.stop_flag.set()
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+        collector.stop()
+        for i, r in enumerate(rings):
+            r.close()
+            with contextlib.suppress(OSError):
+                Ring.unlink(f"{ring_name}.{i}")
+    assert sum(p.dropped for p in producers) == 0
+    from kernel_insight.collector.store import EmbeddedStore
+
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        row = store.query(
+            "SELECT count() AS n, uniqExact(correlation) AS u FROM ki.kernel_spans"
+        ).to_pylist()[0]
+    finally:
+        store.close()
+    total = sum(p.written for p in producers)
+    assert row == {"n": total, "u": total}
