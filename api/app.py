@@ -25,6 +25,7 @@ from kernel_insight.api.health import (
     DEFAULT_INTERVAL_S,
     HealthRule,
     HealthSource,
+    SnapshotFigures,
     Snapshotter,
     StoreSource,
     health_router,
@@ -105,7 +106,8 @@ def create_api_app(
 
     remote_write takes tokens with the ``ingest`` scope; with ``keys`` (the agent key store)
     the ``/v1/agents`` enrolment endpoints (scope ``ingest-admin``) are served too.
-    ``metrics``: the collector's own metrics (``collector.create_app``), shared with the ingest router.
+    ``metrics``: the collector's own metrics (``collector.create_app``), shared with the ingest router;
+    the snapshot's instances by state join them.
     """
     from kernel_insight.collector.app import create_app
 
@@ -122,6 +124,7 @@ def create_api_app(
         metrics=metrics,
     )
     install_error_handlers(app)
+    app.state.metrics.register(SnapshotFigures(snapshotter))
     app.state.snapshotter = snapshotter
     app.state.authenticator = auth
     return app

@@ -121,6 +121,7 @@ def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_s
                 if x.startswith(f'ki_collector_agent_ingest_lag_seconds{{agent="{agent_id}"}}')
             )
             assert float(line.rsplit(" ", 1)[1]) >= LAG_S
+            assert "ki_health_instances_lagging 1.0" in metrics.splitlines()
 
             # 3. The agent stops: nothing heard for STALE_AFTER_S -> stale, unhealthy, not selectable.
             agent.send_signal(signal.SIGKILL)

@@ -111,3 +111,36 @@ def test_store_source_reads_the_heartbeat_the_sink_stores(tmp_path):
         assert (stale, lagging) == (False, True)
     finally:
         store.close()
+
+
+def test_metrics_count_instances_by_state_from_the_current_snapshot():
+    from api_helpers import FakeSource
+
+    from kernel_insight.api import Snapshotter
+    from kernel_insight.api.health import SnapshotFigures
+    from kernel_insight.collector import CollectorMetrics
+
+    metrics = CollectorMetrics(process=False)
+    now_s = NOW_MS / 1000
+    snapshotter = Snapshotter(
+        FakeSource(
+            [
+                heard(10, 1),
+                dataclasses.replace(heard(120, 1), id="late"),
+                dataclasses.replace(heard(400, 300), id="gone"),
+            ]
+        ),
+        RULE,
+        clock=lambda: now_s,
+    )
+    metrics.register(SnapshotFigures(snapshotter))
+    assert "ki_health_instances" not in metrics.exposition()[0].decode()  # no snapshot yet: nothing claimed
+    snapshotter.refresh()
+    text = metrics.exposition()[0].decode()
+    assert 'ki_health_instances{state="healthy"} 2.0' in text
+    assert 'ki_health_instances{state="unhealthy"} 1.0' in text
+    assert "ki_health_instances_stale 1.0" in text
+    assert "ki_health_instances_lagging 1.0" in text
+    (line,) = [x for x in text.splitlines() if x.startswith("ki_health_snapshot_computed_timestamp_seconds ")]
+    assert float(line.split()[1]) == now_s
+    assert "ki_health_snapshot_rebuild_failing 0.0" in text
