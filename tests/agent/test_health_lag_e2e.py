@@ -16,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from collector_cli import start_agent, start_collector, stop_collector
+from collector_cli import free_port, start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.ring import Ring
@@ -132,6 +132,74 @@ def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_s
             assert any("nothing heard" in r for r in gone.reasons), gone.reasons
             with pytest.raises(NoEligibleInstance):
                 client.select_instance(10 * GiB)
+    finally:
+        producer.stop()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+        stop_collector(collector)
+        ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name)
+
+
+@pytest.mark.slow
+def test_after_a_collector_outage_the_catching_up_instance_stays_selectable(tmp_path, agent_bin, ring_name):
+    """The issue's outage case: the collector is away OUTAGE_S, the agent spools, the collector comes
+    back on the same port. Once the agent is heard again, its instance is healthy in every snapshot
+    while the backlog drains, although its newest data is older than ``--stale-after`` meanwhile
+    (the old rule, data age alone, would have called it stale)."""
+    outage_s, stale_after_s = 15.0, 3.0
+    keys = KeyStore(tmp_path / "keys.json")
+    creds = keys.add_agent("outage")
+    creds.write_key_file(tmp_path / "agent.key")
+    agent_id = creds.agent_id.hex()
+    token = TokenStore(tmp_path / "tokens.json").create("sdk", ["read"]).token
+    with contextlib.suppress(OSError):
+        Ring.unlink(ring_name)
+    ring = Ring.create(ring_name, capacity=1 << 16)
+    port = free_port()
+    flags = (
+        "--port",
+        str(port),
+        "--stale-after",
+        str(stale_after_s),
+        "--max-data-age",
+        "120",
+        "--interval",
+        "0.2",
+    )
+    collector, url = start_collector(tmp_path, *flags)
+    producer = Producer(ring)
+    agent = start_agent(tmp_path, agent_bin, ring_name, url, "--backoff-max-ms", "500")
+    try:
+        with HealthClient(url, token, ttl=0, max_stale=3600) as client:
+            wait_instance(client, agent_id, lambda i: i.healthy and not i.lagging, "fresh")
+        stop_collector(collector)
+        time.sleep(outage_s)  # the outage itself: the agent spools meanwhile
+        back_ms = time.time() * 1000
+        collector, url = start_collector(tmp_path, *flags)
+        with HealthClient(url, token, ttl=0, max_stale=3600) as client:
+            # Until the agent's first resend lands it is honestly not heard: it may be stale.
+            first = wait_instance(
+                client, agent_id, lambda i: (i.last_heard_ms or 0) >= back_ms, "heard again", timeout=60
+            )
+            oldest_data_s = (first.last_heard_ms - first.last_seen_ms) / 1000  # type: ignore[operator]
+            deadline = time.monotonic() + 60
+            while True:
+                inst = client.snapshot().get(agent_id)
+                assert inst is not None
+                age_s = time.time() - inst.last_seen_ms / 1000
+                oldest_data_s = max(oldest_data_s, age_s)
+                assert not inst.stale, (inst.reasons, age_s)
+                assert inst.healthy, inst.reasons
+                assert client.select_instance(10 * GiB).id == agent_id
+                if not inst.lagging and age_s < stale_after_s:
+                    break  # caught up
+                assert time.monotonic() < deadline, f"never caught up; last {inst}"
+                time.sleep(0.1)
+        # The backlog was real: while it drained, the newest data was older than --stale-after.
+        assert oldest_data_s > stale_after_s
     finally:
         producer.stop()
         if agent.poll() is None:
