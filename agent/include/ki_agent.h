@@ -2,9 +2,11 @@
  * ki_agent.h - the agent: drain the ring every tick, seal a batch, spool it, send the spool in order.
  *
  * One thread. Each tick: consume what the ring holds, encode, compress and
- * seal it into batches of at most batch_records records, write each to the
- * spool, then send spooled batches oldest first until the spool is empty, the
- * collector asks to wait, or half a tick has been spent. docs/agent.md has
+ * seal it into batches of at most batch_records records (while a backlog waits,
+ * a batch gathers records for up to a second), write each to the spool, then
+ * send spooled batches oldest first, several per request when more than one is
+ * waiting, until the spool is empty, the collector asks to wait, or the next
+ * tick is due. docs/agent.md has
  * the whole story (delivery, spool, backoff, shutdown).
  */
 #ifndef KI_AGENT_H

@@ -1,6 +1,7 @@
 /* names.c - STRING chunk reassembly (ki_names.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "ki_names.h"
+#include "ki_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -187,32 +188,20 @@ const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t i
 
 static const char NAMES_MAGIC[8] = {'K', 'I', 'N', 'A', 'M', 'E', 'S', '1'};
 
-static int write_all(int fd, const void *buf, size_t len) {
-    const char *p = buf;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return w < 0 ? -errno : -EIO;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 int ki_names_save(struct ki_names *n, const char *path, uint64_t ring_created_ns) {
     if (!n->dirty) return 0;
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -errno;
-    int rc = write_all(fd, NAMES_MAGIC, 8);
-    if (rc == 0) rc = write_all(fd, &ring_created_ns, 8);
+    int rc = ki_write_all(fd, NAMES_MAGIC, 8);
+    if (rc == 0) rc = ki_write_all(fd, &ring_created_ns, 8);
     for (size_t i = 0; rc == 0 && i <= n->mask; i++) {
         const struct ki_name *s = &n->slots[i];
         if (s->state != SLOT_COMPLETE) continue;
         uint32_t head[3] = {s->producer, s->id, s->len};
-        rc = write_all(fd, head, sizeof head);
-        if (rc == 0) rc = write_all(fd, n->arena + s->off, s->len);
+        rc = ki_write_all(fd, head, sizeof head);
+        if (rc == 0) rc = ki_write_all(fd, n->arena + s->off, s->len);
     }
     if (close(fd) < 0 && rc == 0) rc = -errno;
     if (rc == 0 && rename(tmp, path) < 0) rc = -errno;

@@ -1,6 +1,7 @@
 /* spool.c - one file per sealed batch, indexed by runs (ki_spool.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "ki_spool.h"
+#include "ki_io.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -308,18 +309,6 @@ int ki_spool_peek_after(struct ki_spool *sp, struct ki_spool_id after, uint8_t *
     return fd < 0 ? fd : read_frame(fd, buf, cap, len);
 }
 
-static int write_all(int fd, const void *buf, size_t len) {
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return w < 0 ? -errno : -EIO;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 int ki_spool_dead_letter(struct ki_spool *sp, struct ki_spool_id id, const uint8_t *frame, size_t len, int status,
                          uint64_t now_ns) {
     uint64_t entry = DEAD_ENTRY_BYTES + (uint64_t)len;
@@ -343,8 +332,8 @@ int ki_spool_dead_letter(struct ki_spool *sp, struct ki_spool_id id, const uint8
             memcpy(head + 16, &l32, 4);
             struct stat before;
             off_t start = fstat(fd, &before) == 0 ? before.st_size : 0;
-            rc = write_all(fd, head, sizeof head);
-            if (rc == 0) rc = write_all(fd, frame, len);
+            rc = ki_write_all(fd, head, sizeof head);
+            if (rc == 0) rc = ki_write_all(fd, frame, len);
             if (rc == 0 && sp->do_fsync && fsync(fd) < 0) rc = -errno;
             if (rc < 0 && ftruncate(fd, start) < 0) rc = -errno; /* never leave half an entry */
             close(fd);

@@ -420,6 +420,19 @@ static int finish_send(struct ki_http *h, int timeout_ms, int *left_ms) {
     return 0;
 }
 
+/* The request again, once, on a fresh connection: -EAGAIN (wait for its answer) or a negative errno. */
+static int resend_fresh(struct ki_http *h) {
+    h->reused = 0;
+    int rc = connect_now(h);
+    if (rc < 0) return rc;
+    h->sent = 0;
+    if ((rc = pump(h)) < 0) {
+        disconnect(h);
+        return rc;
+    }
+    return -EAGAIN;
+}
+
 int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) {
     if (h->fd < 0) return -ENOTCONN;
     int left_ms = timeout_ms < 0 ? 0 : timeout_ms;
@@ -427,18 +440,8 @@ int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) 
     if (rc == -EAGAIN) return rc;
     if (rc < 0) {
         disconnect(h);
-        if (h->reused && (rc == -EPIPE || rc == -ECONNRESET)) {
-            /* The server closed the kept-alive connection as the request went out: send it again once. */
-            h->reused = 0;
-            if ((rc = connect_now(h)) < 0) return rc;
-            h->sent = 0;
-            if ((rc = pump(h)) < 0) {
-                disconnect(h);
-                return rc;
-            }
-            return -EAGAIN;
-        }
-        return rc;
+        /* The server closed the kept-alive connection as the request went out: send it again once. */
+        return h->reused && (rc == -EPIPE || rc == -ECONNRESET) ? resend_fresh(h) : rc;
     }
     int pending = h->conn && ki_tls_pending(h->tls, h->conn) > 0;
     rc = pending ? 0 : wait_fd(h->fd, POLLIN, left_ms);
@@ -454,18 +457,8 @@ int ki_http_wait(struct ki_http *h, int timeout_ms, struct ki_http_result *res) 
         return 0;
     }
     disconnect(h);
-    if (h->reused && rc == -ECONNRESET) {
-        /* The server closed the kept-alive connection as the request arrived: send it again once. */
-        h->reused = 0;
-        if ((rc = connect_now(h)) < 0) return rc;
-        h->sent = 0;
-        if ((rc = pump(h)) < 0) {
-            disconnect(h);
-            return rc;
-        }
-        return -EAGAIN;
-    }
-    return rc;
+    /* The server closed the kept-alive connection as the request arrived: send it again once. */
+    return h->reused && rc == -ECONNRESET ? resend_fresh(h) : rc;
 }
 
 int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http_result *res) {
