@@ -162,17 +162,20 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         except TimeoutError as exc:
             trial.notes.append(str(exc))
         trial.drain_s = time.monotonic() - drain_start
-        for n in nodes:
-            n.stop_agent()
-        # du while the collector runs: parts a merge replaced are deleted old_parts_lifetime (10 s)
-        # after it, but an idle table is looked at less and less often (docs/storage.md,
-        # "Merges"): wait until du has not shrunk for 20 s, at most 120 s.
+        # du while the collector and the agents run (as in production: the agents' heartbeats
+        # keep the tables written every 10 s): parts a merge replaced are deleted
+        # old_parts_lifetime (10 s) after it, but only when ClickHouse next looks at the table,
+        # which it does less and less often once nothing is inserted (docs/storage.md,
+        # "Merges"; its passes came 15-30 s apart here): wait until du has not shrunk for 40 s,
+        # at most 120 s.
         sizes = [_du_bytes(samples_dir)]
         settle_by = time.monotonic() + 120
-        while time.monotonic() < settle_by and (len(sizes) < 11 or sizes[-1] < sizes[-11]):
+        while time.monotonic() < settle_by and (len(sizes) < 21 or sizes[-1] < sizes[-21]):
             time.sleep(2.0)
             sizes.append(_du_bytes(samples_dir))
         du = sizes[-1]
+        for n in nodes:
+            n.stop_agent()
         collector.stop()
         with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
             rows = store.query(
