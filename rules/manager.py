@@ -395,6 +395,17 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _default_external_url(args: argparse.Namespace) -> str:
+    """``http(s)://HOST:PORT`` as users reach the collector: the machine's name when it binds every address."""
+    import socket
+
+    host = socket.getfqdn() if args.host in ("0.0.0.0", "::", "") else args.host
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if getattr(args, "tls_cert", None) else "http"
+    return f"{scheme}://{host}:{args.port}"
+
+
 def rule_manager_for(store: Store, args: argparse.Namespace) -> RuleManager | None:
     """The manager ``ki collector --rules`` asks for, loaded (raises ValueError on a bad rule file),
     with a lease when the store is a ClickHouse server other collectors may share, and SIGHUP
@@ -407,7 +418,7 @@ def rule_manager_for(store: Store, args: argparse.Namespace) -> RuleManager | No
         store,
         args.rules,
         alertmanagers=args.alertmanager,
-        external_url=args.external_url or f"http://{args.host}:{args.port}",
+        external_url=args.external_url or _default_external_url(args),
         resend_delay_ms=int(args.rules_resend_delay * 1000),
         lease=Lease(store) if isinstance(store, ServerStore) else None,
     )

@@ -103,3 +103,18 @@ def test_query_offset_and_limit_behave_as_in_prometheus():
 
     result = run_test_file(str(FIXTURES / "kql_offset_limit_test.yml"))
     assert result.errors == ["    rule: TwoHot, time: 1m0s, err: exceeded limit of 1 with 2 alerts"]
+
+
+def test_the_default_generator_url_is_how_the_collector_is_reached():
+    import argparse
+    import socket
+
+    from kernel_insight.rules.manager import _default_external_url
+
+    def url(**kw):
+        return _default_external_url(argparse.Namespace(**{"host": "127.0.0.1", "port": 8470, **kw}))
+
+    assert url() == "http://127.0.0.1:8470"
+    assert url(tls_cert="c.pem") == "https://127.0.0.1:8470"
+    assert url(host="0.0.0.0") == f"http://{socket.getfqdn()}:8470"
+    assert url(host="::1") == "http://[::1]:8470"
