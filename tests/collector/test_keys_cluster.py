@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from loopback import chdb_http_server
 
 from kernel_insight.api import ClickHouseTokenStore, TokenStore, UnknownToken
 from kernel_insight.cli import main
@@ -23,25 +24,8 @@ from kernel_insight.server import auth_store_kind, build_collector_app
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel_insight.collector.chdb_http",
-            "--path",
-            str(tmp_path_factory.mktemp("cluster") / "d"),
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline().strip()
-    assert line.startswith("port="), line
-    yield f"http://127.0.0.1:{line.removeprefix('port=')}"
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    with chdb_http_server(tmp_path_factory.mktemp("cluster") / "d") as url:
+        yield url
 
 
 @pytest.fixture

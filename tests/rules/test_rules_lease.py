@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from loopback import chdb_http_server
 
 from kernel_insight.collector.store import ServerStore
 from kernel_insight.rules.lease import Lease
@@ -32,25 +33,8 @@ groups:
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel_insight.collector.chdb_http",
-            "--path",
-            str(tmp_path_factory.mktemp("lease") / "d"),
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline().strip()
-    assert line.startswith("port="), line
-    yield f"http://127.0.0.1:{line.removeprefix('port=')}"
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    with chdb_http_server(tmp_path_factory.mktemp("lease") / "d") as url:
+        yield url
 
 
 def test_one_insert_per_term_wins_a_race(shim):
