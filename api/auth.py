@@ -6,7 +6,7 @@ a revocation within a second without a restart (it re-reads the file when
 its inode, mtime or size change).
 
 Scopes: ``read`` (queries, snapshot, instances), ``ingest`` (remote_write: sending
-samples, nothing else), ``ingest-admin`` (agent keys, rules), ``admin`` (everything).
+samples, nothing else), ``ingest-admin`` (agent keys), ``admin`` (everything, the rule reload too).
 Several collectors over one ClickHouse share tokens through :class:`ClickHouseTokenStore`.
 
     >>> import tempfile, pathlib
