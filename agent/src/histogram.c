@@ -1,0 +1,344 @@
+/* histogram.c - native-histogram accumulators in a fixed-capacity table (ki_histogram.h). */
+#include "ki_histogram.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ki_histogram_bounds.h"
+
+/* Positive and negative buckets share one sorted array of int32 sort keys: a
+ * positive bucket i is i, a negative one i - NEG_OFF. Indexes stay within
+ * +-(1075 << 8) < 2^19, so every negative key sorts before every positive one. */
+#define NEG_OFF (1 << 22)
+#define NEG_LIMIT (-(1 << 21))
+
+struct ki_hist {
+    int32_t schema;
+    uint32_t n; /* populated buckets */
+    double zero_threshold;
+    uint64_t zero_count, count;
+    double sum;
+    uint32_t hint; /* last bucket position touched */
+};
+
+struct ki_histtab {
+    struct ki_histogram_config cfg;
+    uint32_t room;       /* bucket slots per histogram: max_buckets + 1 */
+    uint32_t used;       /* histograms in use */
+    uint32_t hash_mask;
+    uint32_t *hash;      /* slot + 1, 0 = empty */
+    struct ki_histogram_key *keys;
+    struct ki_hist *hists;
+    int32_t *bkeys;      /* room per histogram */
+    uint64_t *bcounts;   /* room per histogram */
+    uint64_t keys_refused, obs_refused, bucket_refused, bytes;
+};
+
+static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */
+    return k >= 0 ? k >> sh : -(int32_t)(((uint32_t)-k + ((1u << sh) - 1)) >> sh);
+}
+
+int32_t ki_histogram_index(double v, int32_t schema) {
+    int inf = isinf(v);
+    int exp;
+    double frac = frexp(inf ? DBL_MAX : fabs(v), &exp);
+    int32_t key;
+    if (schema > 0) {
+        const double *b = ki_histogram_bounds[schema];
+        int32_t lo = 0, hi = 1 << schema; /* sort.SearchFloat64s: first bound >= frac */
+        while (lo < hi) {
+            int32_t mid = (lo + hi) >> 1;
+            if (b[mid] < frac)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        key = lo + (exp - 1) * (1 << schema);
+    } else {
+        key = exp;
+        if (frac == 0.5) key--;
+        key = floor_shift(key + ((1 << -schema) - 1), -schema);
+    }
+    return inf ? key + 1 : key;
+}
+
+double ki_histogram_upper(int32_t index, int32_t schema) {
+    if (schema < 0) {
+        int32_t exp = index * (1 << -schema);
+        if (exp == 1024) return DBL_MAX;
+        return ldexp(1, exp);
+    }
+    double frac = ki_histogram_bounds[schema][(uint32_t)index & ((1u << schema) - 1)];
+    int32_t exp = floor_shift(index, schema) + 1;
+    if (frac == 0.5 && exp == 1025) return DBL_MAX;
+    return ldexp(frac, exp);
+}
+
+static uint32_t key_hash(const struct ki_histogram_key *k) {
+    uint64_t h = ((uint64_t)k->pid << 32 | k->gpu) * 0x9E3779B97F4A7C15ULL;
+    h ^= (k->stream + 0x632BE59BD9B4E019ULL) * 0xC2B2AE3D27D4EB4FULL;
+    h ^= (uint64_t)k->name_id * 0x165667B19E3779F9ULL;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_key *b) {
+    return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id;
+}
+
+struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
+    if (!cfg || cfg->schema < KI_HISTOGRAM_SCHEMA_MIN || cfg->schema > KI_HISTOGRAM_SCHEMA_MAX ||
+        !(cfg->zero_threshold >= 0) || !(cfg->max_zero_threshold >= 0) || cfg->max_buckets == 0 ||
+        cfg->max_buckets > (1u << 20) || cfg->max_keys == 0 || cfg->max_keys > (1u << 28)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct ki_histtab *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->cfg = *cfg;
+    t->room = cfg->max_buckets + 1;
+    uint32_t hsize = 2;
+    while (hsize < 2 * cfg->max_keys) hsize <<= 1;
+    t->hash_mask = hsize - 1;
+    size_t nb = (size_t)cfg->max_keys * t->room;
+    t->hash = calloc(hsize, sizeof *t->hash);
+    t->keys = calloc(cfg->max_keys, sizeof *t->keys);
+    t->hists = calloc(cfg->max_keys, sizeof *t->hists);
+    t->bkeys = calloc(nb, sizeof *t->bkeys);
+    t->bcounts = calloc(nb, sizeof *t->bcounts);
+    if (!t->hash || !t->keys || !t->hists || !t->bkeys || !t->bcounts) {
+        ki_histtab_destroy(t);
+        errno = ENOMEM;
+        return NULL;
+    }
+    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash +
+               (uint64_t)cfg->max_keys * (sizeof *t->keys + sizeof *t->hists) +
+               (uint64_t)nb * (sizeof *t->bkeys + sizeof *t->bcounts);
+    return t;
+}
+
+void ki_histtab_destroy(struct ki_histtab *t) {
+    if (!t) return;
+    free(t->hash);
+    free(t->keys);
+    free(t->hists);
+    free(t->bkeys);
+    free(t->bcounts);
+    free(t);
+}
+
+static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key, uint32_t *pos) {
+    uint32_t i = key_hash(key) & t->hash_mask;
+    for (;;) {
+        uint32_t s = t->hash[i];
+        if (s == 0) {
+            *pos = i;
+            return -ENOENT;
+        }
+        if (key_eq(&t->keys[s - 1], key)) return (int)(s - 1);
+        i = (i + 1) & t->hash_mask;
+    }
+}
+
+int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *key) {
+    uint32_t pos;
+    return lookup(t, key, &pos);
+}
+
+const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32_t slot) {
+    return slot < t->used ? &t->keys[slot] : NULL;
+}
+
+/* Position of sort key sk in the histogram's sorted buckets, or where it goes (*found = 0). */
+static uint32_t bucket_pos(const int32_t *bk, const struct ki_hist *h, int32_t sk, int *found) {
+    if (h->hint < h->n && bk[h->hint] == sk) {
+        *found = 1;
+        return h->hint;
+    }
+    uint32_t lo = 0, hi = h->n;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        if (bk[mid] < sk)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = lo < h->n && bk[lo] == sk;
+    return lo;
+}
+
+static void bucket_remove(int32_t *bk, uint64_t *bc, struct ki_hist *h, uint32_t p) {
+    memmove(bk + p, bk + p + 1, (h->n - p - 1) * sizeof *bk);
+    memmove(bc + p, bc + p + 1, (h->n - p - 1) * sizeof *bc);
+    h->n--;
+    h->hint = 0;
+}
+
+/* client_golang maybeWidenZeroBucket: merge the bucket(s) nearest zero into the zero bucket. */
+static int widen_zero(const struct ki_histtab *t, int32_t *bk, uint64_t *bc, struct ki_hist *h) {
+    if (h->zero_threshold >= t->cfg.max_zero_threshold || h->n == 0) return 0;
+    int32_t smallest = INT32_MAX;
+    if (bk[0] < NEG_LIMIT) smallest = bk[0] + NEG_OFF; /* smallest negative index */
+    for (uint32_t i = 0; i < h->n; i++)
+        if (bk[i] >= NEG_LIMIT) { /* smallest positive index */
+            if (bk[i] < smallest) smallest = bk[i];
+            break;
+        }
+    double zt = ki_histogram_upper(smallest, h->schema);
+    if (zt > t->cfg.max_zero_threshold) return 0;
+    h->zero_threshold = zt;
+    int32_t targets[2] = {smallest - NEG_OFF, smallest};
+    for (int k = 0; k < 2; k++) {
+        int found;
+        uint32_t p = bucket_pos(bk, h, targets[k], &found);
+        if (found) {
+            h->zero_count += bc[p];
+            bucket_remove(bk, bc, h, p);
+        }
+    }
+    return 1;
+}
+
+/* client_golang doubleBucketWidth: schema - 1, buckets merged pairwise. */
+static void halve(int32_t *bk, uint64_t *bc, struct ki_hist *h) {
+    uint32_t w = 0;
+    for (uint32_t r = 0; r < h->n; r++) {
+        int neg = bk[r] < NEG_LIMIT;
+        int32_t i = neg ? bk[r] + NEG_OFF : bk[r];
+        if (i > 0) i++;
+        i /= 2; /* truncates toward zero, like Go */
+        int32_t sk = neg ? i - NEG_OFF : i;
+        if (w > 0 && bk[w - 1] == sk) {
+            bc[w - 1] += bc[r];
+        } else {
+            bk[w] = sk;
+            bc[w] = bc[r];
+            w++;
+        }
+    }
+    h->n = w;
+    h->schema--;
+    h->hint = 0;
+}
+
+int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v) {
+    uint32_t pos;
+    int slot = lookup(t, key, &pos);
+    if (slot < 0) {
+        if (t->used == t->cfg.max_keys) {
+            t->keys_refused++;
+            t->obs_refused++;
+            return -ENOSPC;
+        }
+        slot = (int)t->used++;
+        t->hash[pos] = (uint32_t)slot + 1;
+        t->keys[slot] = *key;
+        struct ki_hist *nh = &t->hists[slot];
+        nh->schema = t->cfg.schema;
+        nh->zero_threshold = t->cfg.zero_threshold;
+    }
+    struct ki_hist *h = &t->hists[slot];
+    int32_t *bk = t->bkeys + (size_t)slot * t->room;
+    uint64_t *bc = t->bcounts + (size_t)slot * t->room;
+    if (!isnan(v)) {
+        int32_t sk;
+        if (v > h->zero_threshold)
+            sk = ki_histogram_index(v, h->schema);
+        else if (v < -h->zero_threshold)
+            sk = ki_histogram_index(v, h->schema) - NEG_OFF;
+        else {
+            h->zero_count++;
+            goto counted;
+        }
+        int found;
+        uint32_t p = bucket_pos(bk, h, sk, &found);
+        if (found) {
+            bc[p]++;
+            h->hint = p;
+            goto counted;
+        }
+        memmove(bk + p + 1, bk + p, (h->n - p) * sizeof *bk);
+        memmove(bc + p + 1, bc + p, (h->n - p) * sizeof *bc);
+        bk[p] = sk;
+        bc[p] = 1;
+        h->n++;
+        h->hint = p;
+        while (h->n > t->cfg.max_buckets) {
+            if (widen_zero(t, bk, bc, h)) continue;
+            if (h->schema > KI_HISTOGRAM_SCHEMA_MIN) {
+                halve(bk, bc, h);
+                continue;
+            }
+            /* Nothing merged since the insert, so the new bucket still holds only v: take it out. */
+            int32_t i = ki_histogram_index(v, h->schema);
+            p = bucket_pos(bk, h, v > 0 ? i : i - NEG_OFF, &found);
+            if (found && bc[p] == 1) bucket_remove(bk, bc, h, p);
+            t->bucket_refused++;
+            return -ERANGE;
+        }
+    }
+counted:
+    h->count++;
+    h->sum += v;
+    return 0;
+}
+
+size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }
+
+/* client_golang makeBuckets: spans with gaps of up to two buckets filled with zeros, counts as deltas. */
+static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, uint32_t to, int32_t off,
+                         struct ki_histogram_span *spans, uint32_t *nspans, int64_t *deltas, uint32_t *ndeltas) {
+    uint32_t ns = 0, nd = 0;
+    int64_t prev = 0;
+    int32_t next = 0;
+    for (uint32_t r = from; r < to; r++) {
+        int32_t i = bk[r] + off;
+        int32_t gap = i - next;
+        if (r == from || gap > 2) {
+            spans[ns].offset = gap;
+            spans[ns].length = 0;
+            ns++;
+        } else {
+            for (int32_t j = 0; j < gap; j++) {
+                spans[ns - 1].length++;
+                deltas[nd++] = -prev;
+                prev = 0;
+            }
+        }
+        spans[ns - 1].length++;
+        deltas[nd++] = (int64_t)bc[r] - prev;
+        prev = (int64_t)bc[r];
+        next = i + 1;
+    }
+    *nspans = ns;
+    *ndeltas = nd;
+}
+
+int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_export *out) {
+    if (slot >= t->used) return -ENOENT;
+    const struct ki_hist *h = &t->hists[slot];
+    const int32_t *bk = t->bkeys + (size_t)slot * t->room;
+    const uint64_t *bc = t->bcounts + (size_t)slot * t->room;
+    out->schema = h->schema;
+    out->zero_threshold = h->zero_threshold;
+    out->zero_count = h->zero_count;
+    out->count = h->count;
+    out->sum = h->sum;
+    uint32_t nneg = 0;
+    while (nneg < h->n && bk[nneg] < NEG_LIMIT) nneg++;
+    make_buckets(bk, bc, 0, nneg, NEG_OFF, out->neg_spans, &out->n_neg_spans, out->neg_deltas, &out->n_neg_deltas);
+    make_buckets(bk, bc, nneg, h->n, 0, out->pos_spans, &out->n_pos_spans, out->pos_deltas, &out->n_pos_deltas);
+    return 0;
+}
+
+void ki_histtab_stats(const struct ki_histtab *t, struct ki_histtab_stats *out) {
+    out->keys = t->used;
+    out->keys_refused = t->keys_refused;
+    out->obs_refused = t->obs_refused;
+    out->bucket_refused = t->bucket_refused;
+    out->bytes = t->bytes;
+}

@@ -1,0 +1,258 @@
+/*
+ * Unit test: native-histogram accumulators (histogram.c).
+ *   test_histogram                     the published examples (below) and edge cases
+ *   test_histogram index IN OUT        IN: float64 values; OUT: int32 index per (schema -4..8, value)
+ *   test_histogram export SCHEMA IN    observe IN under one key, print the exported histogram
+ * Expected numbers are copied from prometheus/client_golang prometheus/histogram_test.go
+ * (TestGetLe, TestNativeHistogram; commit 89c60c05).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "ki_histogram.h"
+#include "ki_histogram_bounds.h"
+#include "ki_test.h"
+
+#define ROOM 4096
+static struct ki_histogram_span ps[ROOM], ns[ROOM];
+static int64_t pd[ROOM], nd[ROOM];
+
+static struct ki_histogram_export export_one(struct ki_histtab *t, uint32_t slot) {
+    CHECK(ki_histtab_export_room(t) <= ROOM);
+    struct ki_histogram_export e = {.pos_spans = ps, .neg_spans = ns, .pos_deltas = pd, .neg_deltas = nd};
+    CHECK_EQ(ki_histtab_export(t, slot, &e), 0);
+    return e;
+}
+
+struct scenario {
+    const char *name;
+    double obs[16];
+    int nobs;
+    int32_t schema; /* client_golang's schema for the factor of the case */
+    double zt, max_zt;
+    uint32_t max_buckets;
+    uint64_t count, zero_count;
+    double sum, want_zt;
+    int32_t want_schema;
+    int32_t pspans[8], nspans[8]; /* offset, length pairs; terminated by length 0 */
+    int64_t pdeltas[8], ndeltas[8];
+    int npd, nnd;
+};
+
+#define ZT KI_HISTOGRAM_DEFAULT_ZERO_THRESHOLD
+static const struct scenario SCENARIOS[] = {
+    {"factor 1.1 results in schema 3", {0, 1, 2, 3}, 4, 3, ZT, 0, 1000, 4, 1, 6, ZT, 3,
+     {0, 1, 7, 1, 4, 1}, {0}, {1, 0, 0}, {0}, 3, 0},
+    {"factor 1.2 results in schema 2", {0, 1, 1.2, 1.4, 1.8, 2}, 6, 2, ZT, 0, 1000, 6, 1, 7.4, ZT, 2,
+     {0, 5}, {0}, {1, -1, 2, -2, 2}, {0}, 5, 0},
+    {"factor 4 results in schema -1",
+     {0.0156251, 0.0625, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 3.5, 5, 6, 7, 33.33}, 14, -1, ZT, 0, 1000, 14, 0,
+     63.2581251, ZT, -1, {-2, 6}, {0}, {2, 0, 0, 2, -1, -2}, {0}, 6, 0},
+    {"factor 17 results in schema -2",
+     {0.0156251, 0.0625, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 3.5, 5, 6, 7, 33.33}, 14, -2, ZT, 0, 1000, 14, 0,
+     63.2581251, ZT, -2, {-1, 4}, {0}, {2, 2, 3, -6}, {0}, 4, 0},
+    {"negative buckets", {0, -1, -1.2, -1.4, -1.8, -2}, 6, 2, ZT, 0, 1000, 6, 1, -7.4, ZT, 2,
+     {0}, {0, 5}, {0}, {1, -1, 2, -2, 2}, 0, 5},
+    {"negative and positive buckets", {0, -1, -1.2, -1.4, -1.8, -2, 1, 1.2, 1.4, 1.8, 2}, 11, 2, ZT, 0, 1000, 11,
+     1, 0, ZT, 2, {0, 5}, {0, 5}, {1, -1, 2, -2, 2}, {1, -1, 2, -2, 2}, 5, 5},
+    {"wide zero bucket", {0, -1, -1.2, -1.4, -1.8, -2, 1, 1.2, 1.4, 1.8, 2}, 11, 2, 1.4, 0, 1000, 11, 7, 0, 1.4,
+     2, {4, 1}, {4, 1}, {2}, {2}, 1, 1},
+    {"+Inf observation", {0, 1, 1.2, 1.4, 1.8, 2, INFINITY}, 7, 2, ZT, 0, 1000, 7, 1, INFINITY, ZT, 2,
+     {0, 5, 4092, 1}, {0}, {1, -1, 2, -2, 2, -1}, {0}, 6, 0},
+    {"-Inf observation", {0, 1, 1.2, 1.4, 1.8, 2, -INFINITY}, 7, 2, ZT, 0, 1000, 7, 1, -INFINITY, ZT, 2,
+     {0, 5}, {4097, 1}, {1, -1, 2, -2, 2}, {1}, 5, 1},
+    {"limited buckets but nothing triggered", {0, 1, 1.2, 1.4, 1.8, 2}, 6, 2, ZT, 0, 4, 6, 1, 7.4, ZT, 2,
+     {0, 5}, {0}, {1, -1, 2, -2, 2}, {0}, 5, 0},
+    {"buckets limited by halving resolution", {0, 1, 1.1, 1.2, 1.4, 1.8, 2, 3}, 8, 2, ZT, 0, 4, 8, 1, 11.5, ZT, 1,
+     {0, 5}, {0}, {1, 2, -1, -2, 1}, {0}, 5, 0},
+    {"buckets limited by widening the zero bucket", {0, 1, 1.1, 1.2, 1.4, 1.8, 2, 3}, 8, 2, ZT, 1.2, 4, 8, 2,
+     11.5, 1, 2, {1, 7}, {0}, {1, 1, -2, 2, -2, 0, 1}, {0}, 7, 0},
+    {"buckets limited by widening the zero bucket twice", {0, 1, 1.1, 1.2, 1.4, 1.8, 2, 3, 4}, 9, 2, ZT, 1.2, 4, 9,
+     3, 15.5, 1.189207115002721, 2, {2, 7}, {0}, {2, -2, 2, -2, 0, 1, 0}, {0}, 7, 0},
+    {"buckets limited by halving resolution, negative observations", {0, -1, -1.1, -1.2, -1.4, -1.8, -2, -3}, 8, 2,
+     ZT, 0, 4, 8, 1, -11.5, ZT, 1, {0}, {0, 5}, {0}, {1, 2, -1, -2, 1}, 0, 5},
+    {"buckets limited by widening the zero bucket, negative observations", {0, -1, -1.1, -1.2, -1.4, -1.8, -2, -3},
+     8, 2, ZT, 1.2, 4, 8, 2, -11.5, 1, 2, {0}, {1, 7}, {0}, {1, 1, -2, 2, -2, 0, 1}, 0, 7},
+    {"buckets limited by widening the zero bucket twice, negative observations",
+     {0, -1, -1.1, -1.2, -1.4, -1.8, -2, -3, -4}, 9, 2, ZT, 1.2, 4, 9, 3, -15.5, 1.189207115002721, 2, {0}, {2, 7},
+     {0}, {2, -2, 2, -2, 0, 1, 0}, 0, 7},
+};
+
+static void check_spans(const char *name, const struct ki_histogram_span *got, uint32_t n, const int32_t *want) {
+    uint32_t k = 0;
+    while (k < 4 && want[2 * k + 1] != 0) k++;
+    if (n != k) fprintf(stderr, "%s: %u spans, want %u\n", name, n, k);
+    CHECK_EQ(n, k);
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK_EQ(got[i].offset, want[2 * i]);
+        CHECK_EQ(got[i].length, want[2 * i + 1]);
+    }
+}
+
+static void run_scenario(const struct scenario *s) {
+    fprintf(stderr, "scenario: %s\n", s->name); /* names the failing case */
+    struct ki_histogram_config cfg = {s->schema, s->zt, s->max_buckets, s->max_zt, 4};
+    struct ki_histtab *t = ki_histtab_create(&cfg);
+    CHECK(t != NULL);
+    struct ki_histogram_key k = {1, 0, KI_HISTOGRAM_NO_STREAM, 7};
+    for (int i = 0; i < s->nobs; i++) CHECK_EQ(ki_histtab_observe(t, &k, s->obs[i]), 0);
+    struct ki_histogram_export e = export_one(t, 0);
+    CHECK_EQ(e.count, s->count);
+    CHECK_EQ(e.zero_count, s->zero_count);
+    CHECK(e.sum == s->sum || fabs(e.sum - s->sum) < 1e-9);
+    CHECK(e.zero_threshold == s->want_zt);
+    CHECK_EQ(e.schema, s->want_schema);
+    check_spans(s->name, e.pos_spans, e.n_pos_spans, s->pspans);
+    check_spans(s->name, e.neg_spans, e.n_neg_spans, s->nspans);
+    CHECK_EQ(e.n_pos_deltas, s->npd);
+    CHECK_EQ(e.n_neg_deltas, s->nnd);
+    for (int i = 0; i < s->npd; i++) CHECK_EQ(e.pos_deltas[i], s->pdeltas[i]);
+    for (int i = 0; i < s->nnd; i++) CHECK_EQ(e.neg_deltas[i], s->ndeltas[i]);
+    ki_histtab_destroy(t);
+}
+
+static void unit(void) {
+    /* TestGetLe */
+    static const struct { int32_t key, schema; double want; } LE[] = {
+        {-1, -1, 0.25}, {0, -1, 1}, {1, -1, 4}, {512, -1, DBL_MAX}, {513, -1, INFINITY},
+        {-1, 0, 0.5}, {0, 0, 1}, {1, 0, 2}, {1024, 0, DBL_MAX}, {1025, 0, INFINITY},
+        {-1, 2, 0.8408964152537144}, {0, 2, 1}, {1, 2, 1.189207115002721}, {4096, 2, DBL_MAX}, {4097, 2, INFINITY},
+    };
+    for (size_t i = 0; i < sizeof LE / sizeof LE[0]; i++) CHECK(ki_histogram_upper(LE[i].key, LE[i].schema) == LE[i].want);
+    /* The bounds table: entry 2j of schema s is entry j of schema s-1, and every entry is 2^(j/2^s-1) within
+     * 8 ulp (client_golang's table was built by repeated multiplication: entries 109, 111, 125 of schema 7 are
+     * 3-4 ulp below exp2, which is why the table is copied, not recomputed). */
+    for (int s = 1; s <= 8; s++)
+        for (int j = 0; j < (1 << s); j++) {
+            double b = ki_histogram_bounds[s][j], x = exp2((double)j / (1 << s) - 1);
+            CHECK(fabs(b - x) <= 8 * DBL_EPSILON * x);
+            if (j % 2 == 0) CHECK(b == ki_histogram_bounds[s - 1][j / 2]);
+            if (j > 0) CHECK(b > ki_histogram_bounds[s][j - 1]);
+        }
+    /* Edge cases: powers of two are upper bounds (bucket (2^(k-1), 2^k] at schema 0), boundaries belong below. */
+    for (int s = KI_HISTOGRAM_SCHEMA_MIN; s <= KI_HISTOGRAM_SCHEMA_MAX; s++) {
+        CHECK_EQ(ki_histogram_index(1.0, s), 0);
+        CHECK_EQ(ki_histogram_index(-1.0, s), 0);
+        CHECK_EQ(ki_histogram_index(nextafter(1.0, 2), s), 1);
+        CHECK_EQ(ki_histogram_index(INFINITY, s), ki_histogram_index(DBL_MAX, s) + 1);
+        for (int32_t i = -300; i <= 300; i += 7) { /* every upper bound is in its own bucket, the next double above */
+            double u = ki_histogram_upper(i, s);
+            if (u == 0 || u == DBL_MAX || isinf(u) || u < DBL_MIN) continue;
+            CHECK_EQ(ki_histogram_index(u, s), i);
+            CHECK_EQ(ki_histogram_index(nextafter(u, INFINITY), s), i + 1);
+        }
+        CHECK(ki_histogram_upper(ki_histogram_index(DBL_MAX, s), s) == DBL_MAX);
+    }
+    CHECK_EQ(ki_histogram_index(4.0, 0), 2);
+    CHECK_EQ(ki_histogram_index(4.0, -1), 1);
+    CHECK_EQ(ki_histogram_index(DBL_MIN / 4, 0), -1024); /* subnormal 2^-1024: the upper bound of bucket -1024 */
+    for (size_t i = 0; i < sizeof SCENARIOS / sizeof SCENARIOS[0]; i++) run_scenario(&SCENARIOS[i]);
+
+    /* NaN: counted, no bucket, sum NaN. Tiny values in the zero bucket. */
+    struct ki_histogram_config cfg = {3, ZT, 8, 0, 2};
+    struct ki_histtab *t = ki_histtab_create(&cfg);
+    CHECK(t != NULL);
+    struct ki_histogram_key a = {10, 0, KI_HISTOGRAM_NO_STREAM, 1}, b = {10, 0, 3, 1}, c = {11, 0, 3, 1};
+    CHECK_EQ(ki_histtab_observe(t, &a, NAN), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, 1e-40), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, -1e-300), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, ZT), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, nextafter(ZT, 1)), 0);
+    struct ki_histogram_export e = export_one(t, 0);
+    CHECK_EQ(e.count, 5);
+    CHECK_EQ(e.zero_count, 3);
+    CHECK(isnan(e.sum));
+    CHECK_EQ(e.n_pos_spans, 1);
+    CHECK_EQ(e.pos_spans[0].offset, -128 * 8 + 1);
+    /* The table: keys are distinct by stream and pid; a full table refuses and counts. */
+    CHECK_EQ(ki_histtab_observe(t, &b, 0.5), 0);
+    CHECK_EQ(ki_histtab_observe(t, &c, 0.5), -ENOSPC);
+    CHECK_EQ(ki_histtab_observe(t, &c, 0.5), -ENOSPC);
+    CHECK_EQ(ki_histtab_find(t, &b), 1);
+    CHECK_EQ(ki_histtab_find(t, &c), -ENOENT);
+    CHECK(ki_histtab_key(t, 1)->stream == 3);
+    CHECK(ki_histtab_key(t, 2) == NULL);
+    CHECK_EQ(ki_histtab_export(t, 2, &e), -ENOENT);
+    struct ki_histtab_stats st;
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.keys, 2);
+    CHECK_EQ(st.keys_refused, 2);
+    CHECK_EQ(st.obs_refused, 2);
+    ki_histtab_destroy(t);
+    /* Refusal at schema -4: 1 bucket allowed, a second magnitude cannot be merged in. */
+    struct ki_histogram_config tiny = {-4, 0, 1, 0, 1};
+    t = ki_histtab_create(&tiny);
+    CHECK_EQ(ki_histtab_observe(t, &a, 1), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, 1e100), -ERANGE);
+    CHECK_EQ(ki_histtab_observe(t, &a, 0.5), 0); /* same bucket as 1 at schema -4: (2^-16, 1] */
+    e = export_one(t, 0);
+    CHECK_EQ(e.count, 2);
+    CHECK(e.sum == 1.5);
+    CHECK_EQ(e.n_pos_deltas, 1);
+    CHECK_EQ(e.pos_deltas[0], 2);
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.bucket_refused, 1);
+    ki_histtab_destroy(t);
+    /* Bad settings. */
+    struct ki_histogram_config bad = {9, 0, 8, 0, 1};
+    CHECK(ki_histtab_create(&bad) == NULL && errno == EINVAL);
+    bad.schema = 0;
+    bad.max_keys = 0;
+    CHECK(ki_histtab_create(&bad) == NULL && errno == EINVAL);
+    ki_histtab_destroy(NULL);
+}
+
+static double *read_values(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *n = (size_t)len / sizeof(double);
+    double *v = malloc((size_t)len + 8);
+    CHECK(v != NULL);
+    CHECK_EQ(fread(v, sizeof(double), *n, f), *n);
+    fclose(f);
+    return v;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 1) {
+        unit();
+        puts("ok");
+        return 0;
+    }
+    size_t n;
+    double *v = read_values(argv[argc == 4 && !strcmp(argv[1], "index") ? 2 : 3], &n);
+    if (!strcmp(argv[1], "index")) {
+        FILE *out = fopen(argv[3], "wb");
+        CHECK(out != NULL);
+        for (int32_t s = KI_HISTOGRAM_SCHEMA_MIN; s <= KI_HISTOGRAM_SCHEMA_MAX; s++)
+            for (size_t i = 0; i < n; i++) {
+                int32_t k = ki_histogram_index(v[i], s);
+                CHECK_EQ(fwrite(&k, sizeof k, 1, out), 1);
+            }
+        fclose(out);
+        printf("ok indexes=%zu\n", n * 13);
+    } else {
+        struct ki_histogram_config cfg = {atoi(argv[2]), ZT, 160, 0, 1};
+        struct ki_histtab *t = ki_histtab_create(&cfg);
+        CHECK(t != NULL);
+        struct ki_histogram_key k = {1, 0, KI_HISTOGRAM_NO_STREAM, 1};
+        for (size_t i = 0; i < n; i++) CHECK_EQ(ki_histtab_observe(t, &k, v[i]), 0);
+        struct ki_histogram_export e = export_one(t, 0);
+        printf("ok\nschema %d\nzero_threshold %.17g\nzero_count %llu\ncount %llu\nsum %.17g\n", e.schema,
+               e.zero_threshold, (unsigned long long)e.zero_count, (unsigned long long)e.count, e.sum);
+        printf("pos_spans");
+        for (uint32_t i = 0; i < e.n_pos_spans; i++) printf(" %d:%u", e.pos_spans[i].offset, e.pos_spans[i].length);
+        printf("\npos_deltas");
+        for (uint32_t i = 0; i < e.n_pos_deltas; i++) printf(" %lld", (long long)e.pos_deltas[i]);
+        printf("\n");
+        ki_histtab_destroy(t);
+    }
+    free(v);
+    return 0;
+}
