@@ -35,6 +35,7 @@ from kernel_insight.api.health import (
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.logs import RepeatFilter
 from kernel_insight.api.prometheus import prometheus_router
+from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
 
 __all__ = [
@@ -69,5 +70,6 @@ __all__ = [
     "open_token_store",
     "prometheus_router",
     "serve",
+    "timeline_router",
     "topology_router",
 ]

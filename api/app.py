@@ -33,6 +33,7 @@ from kernel_insight.api.health import (
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.logs import install_repeat_filter
 from kernel_insight.api.prometheus import MetricMetadata, prometheus_router
+from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def api_routers(
     source: HealthSource | None = None,
     query_limits: EngineLimits | None = None,
 ) -> tuple[list[APIRouter], Snapshotter]:
-    """The routers (health snapshot, instances, topology, Prometheus API) and the snapshotter they share.
+    """The routers (health snapshot, instances, topology, timeline, Prometheus API) and the snapshotter they share.
 
     ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``).
 
@@ -85,6 +86,7 @@ def api_routers(
         health_router(snapshotter, auth),
         instances_router(snapshotter, auth),
         topology_router(snapshotter, auth),
+        timeline_router(store, auth),
         prometheus_router(storage_factory, auth, limits=query_limits, metadata=default_metadata()),
     ]
     return routers, snapshotter

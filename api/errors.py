@@ -42,7 +42,7 @@ class ApiError(HTTPException):
 
 
 #: Paths whose malformed parameters get a 400 ``bad_data`` in the one shape (other routers keep FastAPI's 422).
-API_PATH_PREFIXES = ("/v1/health/", "/v1/instances", "/v1/topology", "/api/v1/")
+API_PATH_PREFIXES = ("/v1/health/", "/v1/instances", "/v1/topology", "/v1/timeline/", "/api/v1/")
 
 
 def _describe(errors: Sequence[Any]) -> str:

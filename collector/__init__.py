@@ -50,6 +50,7 @@ from kernel_insight.collector.rows import (
 from kernel_insight.collector.sample_cache import CacheStats, SampleBlock, SampleCache
 from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
 from kernel_insight.collector.sink import StoreSink
+from kernel_insight.collector.spans import SpanCursor, SpanQueryError, SpanWindow
 from kernel_insight.collector.store import (
     EmbeddedStore,
     PreparedRows,
@@ -59,6 +60,7 @@ from kernel_insight.collector.store import (
     Store,
     open_store,
 )
+from kernel_insight.collector.trace import TraceTooLarge, chrome_trace
 from kernel_insight.collector.wire import (
     CONTENT_TYPE,
     INGEST_PATH,
@@ -129,15 +131,20 @@ __all__ = [
     "SeriesLimits",
     "ServerStore",
     "SpanBatch",
+    "SpanCursor",
+    "SpanQueryError",
+    "SpanWindow",
     "StorageError",
     "StorageUnavailable",
     "Store",
     "StoreSink",
     "StoreStats",
     "Ticket",
+    "TraceTooLarge",
     "UnknownAgent",
     "WireError",
     "canonical_labels",
+    "chrome_trace",
     "cluster_ddl",
     "create_app",
     "decode_batch",

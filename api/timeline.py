@@ -1,0 +1,187 @@
+"""``/v1/timeline/*``: one GPU's kernel spans for a window, paged; per-kernel summary; correlation; export.
+
+Every answer is bounded (window length, page size, export size) and every bad parameter is a
+400 with a message; the reads are in collector/spans.py and collector/trace.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from kernel_insight.api.auth import Authenticator, Scope
+from kernel_insight.api.errors import ApiError
+from kernel_insight.api.health import ERROR_RESPONSES
+from kernel_insight.api.prometheus import ParamError, parse_time
+from kernel_insight.collector.spans import (
+    SpanCursor,
+    SpanQueryError,
+    SpanWindow,
+    read_counters,
+    read_events,
+    read_spans,
+    summarize,
+)
+from kernel_insight.collector.store import StorageError
+from kernel_insight.collector.trace import TraceTooLarge, chrome_trace
+
+__all__ = ["MAX_PAGE", "timeline_router"]
+
+#: The largest page of spans one request returns.
+MAX_PAGE = 10_000
+#: Spans a correlation view lists (a bigger window: page through /v1/timeline/spans).
+CORRELATION_SPANS = 5_000
+
+_T = TypeVar("_T")
+
+_INSTANCE = Query(..., min_length=1, max_length=256, description="the instance (agent) id")
+_GPU = Query(..., ge=0, le=65535, description="GPU index on the instance")
+_FROM = Query(..., alias="from", description="window start: Unix seconds or RFC 3339 (inclusive)")
+_TO = Query(
+    ..., alias="to", description="window end: Unix seconds or RFC 3339 (exclusive); at most 24 h after from"
+)
+_STREAM = Query(None, ge=0, le=2**64 - 1, description="only this CUDA stream")
+_KERNEL = Query(None, max_length=1024, description="RE2 regex on the kernel name, anchored as in PromQL")
+_MIN_DUR = Query(0, ge=0, le=2**63 - 1, description="only spans at least this long (nanoseconds)")
+
+
+def _window(
+    instance: str, gpu: int, start: str, end: str, stream: int | None, kernel: str | None, min_dur: int
+) -> SpanWindow:
+    try:
+        start_ms, end_ms = parse_time(start, "from"), parse_time(end, "to")
+        return SpanWindow(instance, gpu, start_ms * 1_000_000, end_ms * 1_000_000, stream, kernel, min_dur)
+    except (ParamError, SpanQueryError) as exc:
+        raise ApiError(400, "bad_data", str(exc)) from None
+
+
+async def _read(fn: Callable[..., _T], *args: Any) -> _T:
+    try:
+        return await run_in_threadpool(fn, *args)
+    except TraceTooLarge as exc:
+        raise ApiError(400, "bad_data", str(exc)) from None
+    except StorageError as exc:  # the store is down or refused: retryable, never a 500
+        raise ApiError(503, "unavailable", f"cannot read spans: {exc}", {"Retry-After": "5"}) from None
+
+
+def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
+    """The timeline routes over ``store`` (read scope)."""
+    router = APIRouter(tags=["timeline"])
+    read = Depends(auth.require(Scope.READ))
+
+    @router.get(
+        "/v1/timeline/spans", responses=ERROR_RESPONSES, summary="Kernel spans of one GPU window, paged"
+    )
+    async def spans(
+        instance: str = _INSTANCE,
+        gpu: int = _GPU,
+        start: str = _FROM,
+        end: str = _TO,
+        stream: int | None = _STREAM,
+        kernel: str | None = _KERNEL,
+        min_duration_ns: int = _MIN_DUR,
+        limit: int = Query(1000, ge=1, le=MAX_PAGE, description="spans per page"),
+        cursor: str | None = Query(None, max_length=200, description="next_cursor of the previous page"),
+        _token: object = read,
+    ) -> JSONResponse:
+        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        try:
+            after = None if cursor is None else SpanCursor.decode(cursor)
+        except SpanQueryError as exc:
+            raise ApiError(400, "bad_data", str(exc)) from None
+        rows, nxt = await _read(read_spans, store, window, limit, after)
+        return JSONResponse({"spans": rows, "next_cursor": None if nxt is None else nxt.encode()})
+
+    @router.get(
+        "/v1/timeline/summary", responses=ERROR_RESPONSES, summary="Per-kernel count, time, share, quantiles"
+    )
+    async def summary(
+        instance: str = _INSTANCE,
+        gpu: int = _GPU,
+        start: str = _FROM,
+        end: str = _TO,
+        stream: int | None = _STREAM,
+        kernel: str | None = _KERNEL,
+        min_duration_ns: int = _MIN_DUR,
+        kernels: int = Query(50, ge=1, le=1000, description="kernels listed, most total time first"),
+        slowest: int = Query(5, ge=0, le=100, description="slowest spans listed per kernel"),
+        _token: object = read,
+    ) -> JSONResponse:
+        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        body = await _read(summarize, store, window, kernels, slowest)
+        for k in body["kernels"]:
+            for s in k["slowest"]:
+                s["timeline"] = _moment_link(window, s)
+        return JSONResponse(body)
+
+    @router.get(
+        "/v1/timeline/correlation",
+        responses=ERROR_RESPONSES,
+        summary="One window's spans, events and NVML samples (memory, SM utilisation) side by side",
+    )
+    async def correlation(
+        instance: str = _INSTANCE,
+        gpu: int = _GPU,
+        start: str = _FROM,
+        end: str = _TO,
+        _token: object = read,
+    ) -> JSONResponse:
+        window = _window(instance, gpu, start, end, None, None, 0)
+        rows, nxt = await _read(read_spans, store, window, CORRELATION_SPANS, None)
+        events = await _read(read_events, store, window, CORRELATION_SPANS)
+        counters = await _read(read_counters, store, window)
+        return JSONResponse(
+            {
+                "start_ns": window.start_ns,
+                "end_ns": window.end_ns,
+                "spans": rows,
+                "spans_truncated": nxt is not None,
+                "events": events,
+                "counters": {k: [[t, v] for t, v in pts] for k, pts in counters.items()},
+            }
+        )
+
+    @router.get(
+        "/v1/timeline/export",
+        responses={200: {"content": {"application/json": {}}}, **ERROR_RESPONSES},
+        summary="Chrome trace event JSON of one GPU window (opens in Perfetto and chrome://tracing)",
+    )
+    async def export(
+        instance: str = _INSTANCE,
+        gpu: int = _GPU,
+        start: str = _FROM,
+        end: str = _TO,
+        stream: int | None = _STREAM,
+        kernel: str | None = _KERNEL,
+        min_duration_ns: int = _MIN_DUR,
+        _token: object = read,
+    ) -> Response:
+        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        body = await _read(chrome_trace, store, window)
+        name = f"{instance}-gpu{gpu}.trace.json".replace('"', "")
+        return Response(
+            body,
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+    return router
+
+
+def _moment_link(window: SpanWindow, span: dict[str, Any]) -> str:
+    """The spans URL of a 10 ms window around ``span``, for jumping to its moment on a timeline."""
+    centre_ms = span["start_ns"] // 1_000_000
+    query = urlencode(
+        {
+            "instance": window.instance,
+            "gpu": window.gpu,
+            "from": f"{(centre_ms - 5) / 1000:.3f}",
+            "to": f"{(centre_ms + 5) / 1000:.3f}",
+        }
+    )
+    return f"/v1/timeline/spans?{query}"

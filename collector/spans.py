@@ -1,0 +1,254 @@
+"""Reads of kernel spans for timelines: one window of one GPU, paged, summarised, lined up with events and samples.
+
+Every read is bounded by ``(instance, gpu, start)``, the kernel_spans sort key, so a window
+reads only its own granules whatever the table holds (docs/storage.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernel_insight.collector.store import quote
+from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
+from kernel_insight.kql.storage import Matcher
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.store import Store
+
+__all__ = [
+    "COUNTER_METRICS",
+    "MAX_WINDOW_NS",
+    "SpanCursor",
+    "SpanQueryError",
+    "SpanWindow",
+    "read_counters",
+    "read_events",
+    "read_spans",
+    "summarize",
+]
+
+#: The longest window one read may cover (a day): longer ones are refused with a message.
+MAX_WINDOW_NS = 86_400 * 1_000_000_000
+#: NVML samples drawn next to spans: metric name -> the short name used in views and traces.
+COUNTER_METRICS = {"gpu_memory_used_bytes": "memory_used_bytes", "gpu_sm_utilization_ratio": "sm_utilization"}
+
+_NS = "toUnixTimestamp64Nano"
+
+
+class SpanQueryError(ValueError):
+    """A window, filter or cursor the caller must fix (the API answers 400 with this message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanWindow:
+    """One GPU's window ``[start_ns, end_ns)`` with optional filters; spans are those *starting* in it.
+
+    Example::
+
+        SpanWindow("node-1", 0, t0, t0 + 10**10, kernel="gemm.*", min_duration_ns=50_000)
+    """
+
+    instance: str
+    gpu: int
+    start_ns: int
+    end_ns: int
+    stream: int | None = None
+    kernel: str | None = None  # RE2, anchored as a PromQL matcher
+    min_duration_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.instance:
+            raise SpanQueryError("instance must not be empty")
+        if not 0 <= self.gpu <= 65535:
+            raise SpanQueryError(f"gpu must be 0..65535, got {self.gpu}")
+        if self.end_ns <= self.start_ns:
+            raise SpanQueryError("the window's end must be after its start")
+        if self.end_ns - self.start_ns > MAX_WINDOW_NS:
+            raise SpanQueryError(
+                f"the window is {(self.end_ns - self.start_ns) / 1e9:.0f} s; at most {MAX_WINDOW_NS // 10**9} s"
+            )
+        if self.stream is not None and not 0 <= self.stream < 2**64:
+            raise SpanQueryError(f"stream must be 0..2^64-1, got {self.stream}")
+        if self.min_duration_ns < 0:
+            raise SpanQueryError("min_duration must not be negative")
+        if self.kernel is not None:
+            try:
+                compile_anchored(self.kernel)
+            except RegexError as exc:
+                raise SpanQueryError(f"invalid kernel regex: {exc}") from None
+
+    def where(self) -> str:
+        """The SQL condition: the sort-key prefix first, then the filters."""
+        parts = [
+            f"instance = {quote(self.instance)}",
+            f"gpu = {self.gpu}",
+            f"start >= fromUnixTimestamp64Nano(toInt64({self.start_ns}), 'UTC')",
+            f"start < fromUnixTimestamp64Nano(toInt64({self.end_ns}), 'UTC')",
+        ]
+        if self.stream is not None:
+            parts.append(f"stream = {self.stream}")
+        if self.kernel is not None:
+            parts.append(f"match(kernel, {quote(anchored(self.kernel))})")
+        if self.min_duration_ns:
+            parts.append(f"duration_ns >= {self.min_duration_ns}")
+        return " AND ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanCursor:
+    """Where the next page starts: after this (start, stream, correlation), the page order."""
+
+    start_ns: int
+    stream: int
+    correlation: int
+
+    def encode(self) -> str:
+        raw = f"{self.start_ns}.{self.stream}.{self.correlation}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> SpanCursor:
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+            a, b, c = (int(x) for x in raw.split("."))
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            raise SpanQueryError(f"invalid cursor {text[:40]!r}: pass back next_cursor unchanged") from None
+        if a < 0 or not 0 <= b < 2**64 or not 0 <= c < 2**64:
+            raise SpanQueryError(f"invalid cursor {text[:40]!r}: out of range")
+        return cls(a, b, c)
+
+
+_SPAN_COLUMNS = (
+    f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid"
+)
+
+
+def _span(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "stream": int(row["stream"]),
+        "kernel": row["kernel"],
+        "start_ns": int(row["start_ns"]),
+        "end_ns": int(row["end_ns"]),
+        "duration_ns": int(row["duration_ns"]),
+        "correlation": int(row["correlation"]),
+        "pid": int(row["pid"]),
+    }
+
+
+def read_spans(
+    store: Store, window: SpanWindow, limit: int, cursor: SpanCursor | None = None
+) -> tuple[list[dict[str, Any]], SpanCursor | None]:
+    """One page of spans in (start, stream, correlation) order and the cursor of the next (None: no more)."""
+    where = window.where()
+    if cursor is not None:
+        where += (
+            f" AND ({_NS}(start), stream, correlation) >"
+            f" (toInt64({cursor.start_ns}), toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
+        )
+    rows = store.query(
+        f"SELECT {_SPAN_COLUMNS} FROM {store.database}.kernel_spans WHERE {where}"
+        f" ORDER BY start_ns, stream, correlation LIMIT {int(limit) + 1}"
+    ).to_pylist()
+    spans = [_span(r) for r in rows[:limit]]
+    if len(rows) <= limit or not spans:
+        return spans, None
+    last = spans[-1]
+    return spans, SpanCursor(last["start_ns"], last["stream"], last["correlation"])
+
+
+def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> dict[str, Any]:
+    """Per kernel: count, total and share of GPU time, p50/p90/p99/max, and its slowest spans.
+
+    ``share`` is the kernel's part of all kernel time in the window (streams overlap, so
+    the sum of durations can exceed the window; ``busy_ratio`` compares it to the window).
+    """
+    db, where = store.database, window.where()
+    totals = store.query(
+        f"SELECT count() AS n, sum(duration_ns) AS total FROM {db}.kernel_spans WHERE {where}"
+    ).to_pylist()[0]
+    total_ns = int(totals["total"] or 0)
+    rows = store.query(
+        "SELECT kernel, count() AS n, sum(duration_ns) AS total,"
+        " quantiles(0.5, 0.9, 0.99)(duration_ns) AS q, max(duration_ns) AS mx"
+        f" FROM {db}.kernel_spans WHERE {where}"
+        f" GROUP BY kernel ORDER BY total DESC, kernel LIMIT {int(kernels)}"
+    ).to_pylist()
+    slow: dict[str, list[dict[str, Any]]] = {r["kernel"]: [] for r in rows}
+    if rows and slowest > 0:
+        names = ", ".join(quote(k) for k in slow)
+        for r in store.query(
+            f"SELECT {_SPAN_COLUMNS} FROM {db}.kernel_spans WHERE {where} AND kernel IN ({names})"
+            f" ORDER BY duration_ns DESC, start_ns LIMIT {int(slowest)} BY kernel"
+        ).to_pylist():
+            slow[r["kernel"]].append(_span(r))
+    out = []
+    for r in rows:
+        q = [float(x) for x in r["q"]]
+        out.append(
+            {
+                "kernel": r["kernel"],
+                "count": int(r["n"]),
+                "total_ns": int(r["total"]),
+                "share": int(r["total"]) / total_ns if total_ns else 0.0,
+                "p50_ns": q[0],
+                "p90_ns": q[1],
+                "p99_ns": q[2],
+                "max_ns": int(r["mx"]),
+                "slowest": slow[r["kernel"]],
+            }
+        )
+    return {
+        "span_count": int(totals["n"]),
+        "total_ns": total_ns,
+        "busy_ratio": total_ns / (window.end_ns - window.start_ns),
+        "kernels": out,
+    }
+
+
+def read_events(store: Store, window: SpanWindow, limit: int) -> list[dict[str, Any]]:
+    """The GPU's events (errors, OOM, XID...) in the window, oldest first."""
+    rows = store.query(
+        f"SELECT {_NS}(ts) AS ts_ns, kind, code, aux, pid, message FROM {store.database}.events"
+        f" WHERE instance = {quote(window.instance)} AND gpu = {window.gpu}"
+        f" AND ts >= fromUnixTimestamp64Nano(toInt64({window.start_ns}), 'UTC')"
+        f" AND ts < fromUnixTimestamp64Nano(toInt64({window.end_ns}), 'UTC')"
+        f" ORDER BY ts_ns LIMIT {int(limit)}"
+    ).to_pylist()
+    return [
+        {
+            "ts_ns": int(r["ts_ns"]),
+            "kind": r["kind"],
+            "code": int(r["code"]),
+            "aux": int(r["aux"]),
+            "pid": int(r["pid"]),
+            "message": r["message"],
+        }
+        for r in rows
+    ]
+
+
+def read_counters(store: Store, window: SpanWindow) -> dict[str, list[tuple[int, float]]]:
+    """NVML samples of the GPU in the window: short name -> [(ts_ms, value)] (:data:`COUNTER_METRICS`)."""
+    storage = store.storage()
+    start_ms = window.start_ns // 1_000_000
+    end_ms = (window.end_ns - 1) // 1_000_000
+    out: dict[str, list[tuple[int, float]]] = {}
+    for metric, short in COUNTER_METRICS.items():
+        matchers = [
+            Matcher("__name__", "=", metric),
+            Matcher("instance", "=", window.instance),
+            Matcher("gpu", "=", str(window.gpu)),
+        ]
+        points: list[tuple[int, float]] = []
+        for series in storage.select(matchers, start_ms, end_ms):
+            points.extend(
+                (int(t), float(v))
+                for t, v in zip(series.timestamps, series.values, strict=True)
+                if v == v  # stale markers are NaN
+            )
+        points.sort()
+        out[short] = points
+    return out

@@ -1,0 +1,128 @@
+"""One GPU's window as a Chrome trace event JSON file, which Perfetto and chrome://tracing open.
+
+Layout (docs/api.md, "Timeline export"): one process per GPU, one thread (track) per stream,
+``ph: "X"`` complete events for spans (``ts``/``dur`` in microseconds with three decimals, so
+nanoseconds survive; exact nanoseconds again in ``args``), ``ph: "C"`` counters for memory and SM
+utilisation, ``ph: "i"`` instant events for errors. ``ts`` counts from the window's start
+(``otherData.origin_ns``): microseconds since 1970 with nanosecond decimals need 19 digits, more
+than a double (what every JSON reader parses ``ts`` into) holds. The span events are formatted inside
+ClickHouse: a 60 s window can hold a million spans, too many to build as Python dicts in time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.store import Store
+
+__all__ = ["MAX_EXPORT_SPANS", "TraceTooLarge", "chrome_trace", "stream_tids"]
+
+#: The most spans one export writes (about 200 MB of JSON); a larger window is refused, not cut.
+MAX_EXPORT_SPANS = 2_000_000
+#: Events (errors) per export.
+MAX_EXPORT_EVENTS = 100_000
+
+
+class TraceTooLarge(ValueError):
+    """The window holds more spans than :data:`MAX_EXPORT_SPANS`; the message says how many."""
+
+
+def _us(ns: str) -> str:
+    """SQL: nanoseconds (an Int64 expression) as microseconds with three decimals, as text."""
+    return f"concat(toString(intDiv({ns}, 1000)), '.', leftPad(toString({ns} % 1000), 3, '0'))"
+
+
+def stream_tids(streams: list[int]) -> dict[int, int]:
+    """Streams to small track ids (1, 2, ... in stream order): JSON readers hold numbers as doubles."""
+    return {s: i + 1 for i, s in enumerate(sorted(streams))}
+
+
+def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPORT_SPANS) -> bytes:
+    """The trace of ``window`` (its filters apply to spans only); raises TraceTooLarge past ``max_spans``."""
+    db, where = store.database, window.where()
+    head = store.query(
+        f"SELECT count() AS n, groupUniqArray(stream) AS streams FROM {db}.kernel_spans WHERE {where}"
+    ).to_pylist()[0]
+    if int(head["n"]) > max_spans:
+        raise TraceTooLarge(
+            f"the window holds {head['n']} spans; an export takes at most {max_spans}: narrow the window or filter"
+        )
+    tids = stream_tids([int(s) for s in head["streams"]])
+    pid = window.gpu
+    origin = window.start_ns
+    meta: list[dict[str, Any]] = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": f"{window.instance} GPU {window.gpu}"},
+        },
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "GPU"}},
+    ]
+    for stream, tid in tids.items():
+        meta.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"stream {stream}"}}
+        )
+        meta.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        )
+    parts = [orjson.dumps(m) for m in meta]
+    if tids:
+        keys = ", ".join(str(s) for s in tids)
+        values = ", ".join(str(t) for t in tids.values())
+        start, dur = "toUnixTimestamp64Nano(start)", "toInt64(duration_ns)"
+        rel = f"({start} - toInt64({origin}))"
+        span_sql = (
+            'SELECT concat(\'{"ph":"X","cat":"kernel","pid":\', toString(gpu),'
+            f" ',\"tid\":', toString(transform(stream, [{keys}], [{values}], 0)),"
+            f" ',\"ts\":', {_us(rel)}, ',\"dur\":', {_us(dur)},"
+            " ',\"name\":', toJSONString(toString(kernel)),"
+            f' \',"args":{{"start_ns":\', toString({start}), \',"dur_ns":\', toString(duration_ns),'
+            ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
+            " ',\"pid\":', toString(pid), '}}') AS e"
+            f" FROM {db}.kernel_spans WHERE {where} ORDER BY start, stream"
+        )
+        column = store.query(span_sql).column("e")
+        parts.extend(s.encode() for s in column.to_pylist())
+    for ev in read_events(store, window, MAX_EXPORT_EVENTS):
+        parts.append(
+            orjson.dumps(
+                {
+                    "ph": "i",
+                    "s": "p",
+                    "cat": "error",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": (ev["ts_ns"] - origin) / 1000,
+                    "name": f"{ev['kind']} {ev['code']}",
+                    "args": {
+                        "ts_ns": ev["ts_ns"],
+                        "message": ev["message"],
+                        "pid": ev["pid"],
+                        "aux": ev["aux"],
+                    },
+                }
+            )
+        )
+    for name, points in read_counters(store, window).items():
+        parts.extend(
+            orjson.dumps(
+                {
+                    "ph": "C",
+                    "pid": pid,
+                    "tid": 0,
+                    "name": name,
+                    "ts": (ts_ms * 1_000_000 - origin) / 1000,
+                    "args": {"value": v},
+                }
+            )
+            for ts_ms, v in points
+        )
+    other = orjson.dumps({"origin_ns": str(origin), "instance": window.instance, "gpu": window.gpu})
+    return b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[' + b",".join(parts) + b"]}"

@@ -1,0 +1,206 @@
+"""``/v1/timeline/*`` over a real embedded store: spans paged and filtered, summary, correlation, export."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from api_helpers import TestClient
+from trace_check import check_trace
+
+from kernel_insight.api import create_api_app
+from kernel_insight.collector.rows import Event, SampleBuilder, SpanBatch
+from kernel_insight.collector.store import EmbeddedStore
+
+S = 1_000_000_000
+#: An hour ago, on a whole second: older spans would fall to the 7-day TTL.
+T0 = (time.time_ns() // S - 3600) * S
+
+
+def _spans(instance: str, gpu: int, rows: list[tuple[int, str, int, int]]) -> SpanBatch:
+    """rows: (stream, kernel, start_ns, duration_ns)."""
+    return SpanBatch(
+        instance=[instance] * len(rows),
+        gpu=np.full(len(rows), gpu, np.uint16),
+        stream=np.array([r[0] for r in rows], np.uint64),
+        kernel=[r[1] for r in rows],
+        start_ns=np.array([r[2] for r in rows], np.int64),
+        end_ns=np.array([r[2] + r[3] for r in rows], np.int64),
+        correlation=np.arange(1, len(rows) + 1, dtype=np.uint64),
+        pid=np.full(len(rows), 42, np.uint32),
+    )
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    st = EmbeddedStore(tmp_path_factory.mktemp("timeline-store"))
+    rows = []
+    # 100 gemm spans of 10 us .. 1 ms on stream 7, 50 copy spans of 2 us on stream 2**63+5 (a real
+    # CUDA stream handle is a pointer), one nested pair, all inside [T0, T0 + 1 s).
+    for i in range(100):
+        rows.append((7, "gemm_fp16", T0 + i * 5_000_000 + 123, 10_000 * (i + 1)))
+    for i in range(50):
+        rows.append((2**63 + 5, 'copy<"q">', T0 + i * 5_000_000 + 1_000_001, 2_000))
+    st.insert_spans(_spans("n1", 0, rows))
+    st.insert_spans(_spans("n1", 1, [(7, "gemm_fp16", T0, 999)]))  # another GPU: never mixed in
+    st.insert_spans(_spans("n1", 0, [(7, "late", T0 + 2 * S, 5)]))  # outside the window
+    st.insert_events(
+        [
+            Event("n1", 0, T0 + 300_000_000, "xid", 79, message="fell off the bus"),
+            Event("n1", 1, T0 + 300_000_000, "oom", 0),
+        ]
+    )
+    b = SampleBuilder()
+    for t in range(0, 1000, 100):
+        b.add({"__name__": "gpu_memory_used_bytes", "instance": "n1", "gpu": "0"}, T0 // 10**6 + t, 1e9 + t)
+        b.add({"__name__": "gpu_sm_utilization_ratio", "instance": "n1", "gpu": "0"}, T0 // 10**6 + t, 0.5)
+    st.insert_samples(b.build())
+    yield st
+    st.close()
+
+
+@pytest.fixture
+def client(store, tokens, auth_headers):
+    c = TestClient(create_api_app(store, tokens=tokens, interval_s=3600))
+    c.headers.update(auth_headers)
+    return c
+
+
+WINDOW = {"instance": "n1", "gpu": 0, "from": T0 / S, "to": (T0 + S) / S}
+
+
+def test_spans_page_through_the_window_in_start_order_without_gaps(client):
+    seen: list[dict] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {**WINDOW, "limit": 40} | ({"cursor": cursor} if cursor else {})
+        r = client.get("/v1/timeline/spans", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        seen.extend(body["spans"])
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 4
+    assert len(seen) == 150
+    assert [s["start_ns"] for s in seen] == sorted(s["start_ns"] for s in seen)
+    assert len({(s["start_ns"], s["stream"]) for s in seen}) == 150
+    first = seen[0]
+    assert first == {
+        "stream": 7,
+        "kernel": "gemm_fp16",
+        "start_ns": T0 + 123,
+        "end_ns": T0 + 123 + 10_000,
+        "duration_ns": 10_000,
+        "correlation": 1,
+        "pid": 42,
+    }
+    assert any(s["stream"] == 2**63 + 5 for s in seen)  # uint64 streams survive JSON
+
+
+def test_spans_filter_by_stream_kernel_regex_and_min_duration(client):
+    r = client.get("/v1/timeline/spans", params={**WINDOW, "kernel": "copy.*", "limit": 1000})
+    assert {s["kernel"] for s in r.json()["spans"]} == {'copy<"q">'}
+    assert len(r.json()["spans"]) == 50
+    r = client.get("/v1/timeline/spans", params={**WINDOW, "kernel": "gemm.*", "min_duration_ns": 500_000})
+    assert [s["duration_ns"] for s in r.json()["spans"]] == [10_000 * i for i in range(50, 101)]
+    r = client.get("/v1/timeline/spans", params={**WINDOW, "stream": 2**63 + 5})
+    assert len(r.json()["spans"]) == 50
+    r = client.get("/v1/timeline/spans", params={**WINDOW, "kernel": "gem"})  # anchored, as in PromQL
+    assert r.json()["spans"] == []
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"kernel": "(a"}, "invalid kernel regex"),
+        ({"from": "x"}, "from"),
+        ({"to": T0 / S}, "end must be after"),
+        ({"to": T0 / S + 90_000}, "at most 86400 s"),
+        ({"gpu": -1}, "gpu"),
+        ({"limit": 10**6}, "limit"),
+        ({"cursor": "!!!"}, "invalid cursor"),
+        ({"min_duration_ns": -5}, "min_duration_ns"),
+        ({"stream": 2**64}, "stream"),
+    ],
+)
+def test_bad_parameters_are_400_with_a_message(client, params, words):
+    r = client.get("/v1/timeline/spans", params={**WINDOW, **params})
+    assert r.status_code == 400, r.text
+    assert r.json()["errorType"] == "bad_data"
+    assert words in r.json()["error"]
+
+
+def test_timeline_needs_a_read_token(client):
+    r = client.get("/v1/timeline/spans", params=WINDOW, headers={"Authorization": ""})
+    assert r.status_code == 401
+
+
+def test_summary_counts_shares_quantiles_and_slowest_spans(client):
+    r = client.get("/v1/timeline/summary", params={**WINDOW, "slowest": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    gemm_total = sum(10_000 * (i + 1) for i in range(100))
+    assert body["span_count"] == 150
+    assert body["total_ns"] == gemm_total + 100_000
+    gemm, copy = body["kernels"]
+    assert gemm["kernel"] == "gemm_fp16"
+    assert gemm["count"] == 100
+    assert gemm["total_ns"] == gemm_total
+    assert gemm["share"] == pytest.approx(gemm_total / (gemm_total + 100_000))
+    assert gemm["max_ns"] == 1_000_000
+    assert 450_000 <= gemm["p50_ns"] <= 550_000
+    assert gemm["p99_ns"] >= 980_000 - 10_000
+    assert [s["duration_ns"] for s in gemm["slowest"]] == [1_000_000, 990_000, 980_000]
+    assert "instance=n1" in gemm["slowest"][0]["timeline"]
+    assert copy["count"] == 50
+    assert copy["p90_ns"] == 2000
+    assert len(copy["slowest"]) == 3
+    assert body["busy_ratio"] == pytest.approx((gemm_total + 100_000) / S)
+
+
+def test_correlation_lines_up_spans_events_and_nvml_samples(client):
+    r = client.get("/v1/timeline/correlation", params=WINDOW)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["spans"]) == 150
+    assert body["spans_truncated"] is False
+    assert [(e["kind"], e["code"], e["message"]) for e in body["events"]] == [("xid", 79, "fell off the bus")]
+    assert len(body["counters"]["memory_used_bytes"]) == 10
+    assert body["counters"]["memory_used_bytes"][1] == [T0 // 10**6 + 100, 1e9 + 100]
+    assert {v for _, v in body["counters"]["sm_utilization"]} == {0.5}
+
+
+def test_export_is_a_valid_chrome_trace_with_a_track_per_stream(client):
+    r = client.get("/v1/timeline/export", params=WINDOW)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    checked = check_trace(r.content)
+    assert checked["phases"]["X"] == 150
+    assert checked["phases"]["i"] == 1
+    assert checked["phases"]["C"] == 20
+    assert sorted(checked["tracks"].values()) == [50, 100]
+    names = {e["args"]["name"] for e in checked["doc"]["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"GPU", "stream 7", f"stream {2**63 + 5}"}
+    kernels = {e["name"] for e in checked["doc"]["traceEvents"] if e["ph"] == "X"}
+    assert kernels == {"gemm_fp16", 'copy<"q">'}
+
+
+def test_export_of_an_empty_window_is_still_a_valid_trace(client):
+    r = client.get("/v1/timeline/export", params={**WINDOW, "from": T0 / S - 100, "to": T0 / S - 50})
+    checked = check_trace(r.content)
+    assert checked["phases"]["X"] == 0
+    assert checked["phases"]["M"] == 2
+
+
+def test_export_refuses_a_window_over_the_span_limit(client, monkeypatch):
+    import kernel_insight.collector.trace as trace
+
+    monkeypatch.setattr(trace, "MAX_EXPORT_SPANS", 100)
+    monkeypatch.setattr(trace.chrome_trace, "__kwdefaults__", {"max_spans": 100})
+    r = client.get("/v1/timeline/export", params=WINDOW)
+    assert r.status_code == 400
+    assert "150 spans" in r.json()["error"]
