@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -67,6 +67,10 @@ bench-metrics: build
 
 bench-rules: build
 	$(PY) -m bench.rules
+
+# The web UI in Debian's chromium: fleet page first paint with 1,000 instances.
+bench-ui: build
+	$(PY) -m bench.ui
 
 clean:
 	rm -rf build $(VENV) *.egg-info

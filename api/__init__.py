@@ -37,6 +37,7 @@ from kernel_insight.api.logs import RepeatFilter
 from kernel_insight.api.prometheus import prometheus_router
 from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
+from kernel_insight.api.ui import ui_router
 
 __all__ = [
     "ApiError",
@@ -72,4 +73,5 @@ __all__ = [
     "serve",
     "timeline_router",
     "topology_router",
+    "ui_router",
 ]

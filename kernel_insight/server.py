@@ -80,7 +80,8 @@ def build_collector_app(
     ``rules`` (docs/rules.md) is started and stopped with the app; ``/api/v1/rules`` and
     ``/api/v1/alerts`` answer (empty without it). ``health_rule`` judges the snapshot (the
     default ``HealthRule()`` when None). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default).
-    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``, docs/kql.md)."""
+    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``, docs/kql.md).
+    The web UI (docs/ui.md) is served at ``/``."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
@@ -102,6 +103,7 @@ def build_collector_app(
                 raise ValueError("a collector that checks tokens needs tokens_path (or --local-dev)")
             tokens = TokenStore(tokens_path)
     from kernel_insight.api.auth import Authenticator
+    from kernel_insight.api.ui import ui_router
     from kernel_insight.rules.api import rules_router
 
     metrics = CollectorMetrics()
@@ -116,7 +118,12 @@ def build_collector_app(
         local_dev=local_dev,
         interval_s=interval_s,
         rule=health_rule,
-        extra_routers=[ingest, rule_api, _closing(sink)],  # queued batches are written at shutdown
+        extra_routers=[
+            ingest,
+            rule_api,
+            ui_router(),
+            _closing(sink),
+        ],  # the sink writes what is queued at shutdown
         keys=keys,
         metrics=metrics,
         query_limits=query_limits,

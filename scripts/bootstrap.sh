@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # brings promtool, a real Prometheus client the API tests drive.
 # python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh);
 # victoria-metrics is the second server make bench-kql compares kql with.
-APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager
+APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager chromium
     python3-bpfcc "linux-headers-$(dpkg --print-architecture)")
 
 missing=()

@@ -1,0 +1,442 @@
+// Kernel Insight web UI: one page, hash routes, the public APIs only (docs/ui.md).
+// No framework: pages build HTML strings (escaped) and hand them to innerHTML once,
+// which is what keeps a 1,000-instance fleet grid well under a second.
+"use strict";
+
+const TOKEN_KEY = "ki.token";
+const main = document.getElementById("main");
+const top_ = document.getElementById("top");
+let refreshTimer = null;
+let chart = null;
+
+// ---- helpers ---------------------------------------------------------------------------
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+function fmtNum(v, digits = 3) {
+  if (v === null || v === undefined) return "–";
+  const n = Number(v);
+  if (!isFinite(n)) return String(v);
+  if (n !== 0 && (Math.abs(n) >= 1e6 || Math.abs(n) < 1e-3)) return n.toExponential(digits - 1);
+  return String(Math.round(n * 10 ** digits) / 10 ** digits);
+}
+
+// Axis ticks: 40G rather than 40,000,000,000 (which does not fit beside the plot).
+function fmtSI(v) {
+  if (v === null || v === undefined) return "";
+  const a = Math.abs(v);
+  for (const [d, s] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) if (a >= d) return `${+(v / d).toPrecision(3)}${s}`;
+  return String(+v.toPrecision(3));
+}
+
+function fmtPct(r) { return r === null || r === undefined ? "–" : `${Math.round(r * 100)}%`; }
+function fmtBytes(b) { return b === null || b === undefined ? "–" : `${(b / 2 ** 30).toFixed(1)} GiB`; }
+function fmtTime(ms) { return ms ? new Date(ms).toISOString().replace(".000", "") : "–"; }
+
+function parseHash() {
+  const h = location.hash.replace(/^#\/?/, "");
+  const [path, qs] = h.split("?", 2);
+  return { parts: path.split("/").map(decodeURIComponent), params: new URLSearchParams(qs || "") };
+}
+
+function setHashParams(page, params) {
+  const qs = params.toString();
+  history.replaceState(null, "", `#/${page}${qs ? "?" + qs : ""}`);
+}
+
+class ApiError extends Error {
+  constructor(status, type, message) { super(message); this.status = status; this.type = type; }
+}
+
+// Every call carries the bearer token; a 401 sends the user back to the sign-in page.
+async function api(path, opts = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) { showLogin(); throw new ApiError(401, "unauthorized", "not signed in"); }
+  const headers = { Authorization: `Bearer ${token}`, ...(opts.headers || {}) };
+  const res = await fetch(path, { ...opts, headers });
+  let body = null;
+  try { body = await res.json(); } catch (_) { body = null; }
+  if (!res.ok) {
+    if (res.status === 401) { sessionStorage.removeItem(TOKEN_KEY); showLogin("The token was refused (expired or revoked): sign in again."); }
+    throw new ApiError(res.status, body?.errorType || "http", body?.error || `HTTP ${res.status}`);
+  }
+  return body;
+}
+
+function form(params) {
+  return { method: "POST", headers: { "Content-Type": "application/x-www-form-urlencoded" }, body: new URLSearchParams(params).toString() };
+}
+
+// ---- sign-in ---------------------------------------------------------------------------
+
+function showLogin(message) {
+  clearInterval(refreshTimer);
+  top_.hidden = true;
+  main.innerHTML = `<form class="login" id="login">
+    <h1>Sign in to Kernel Insight</h1>
+    <p class="muted">Paste a token with the <code>read</code> scope (<code>ki tokens create --scope read --name me</code>).
+    It is kept in this browser tab only (sessionStorage).</p>
+    <input id="token" name="token" type="password" autocomplete="off" placeholder="ki_..." required>
+    <button type="submit">Sign in</button>
+    <p class="error" id="login-error">${esc(message || "")}</p></form>`;
+  document.getElementById("login").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const token = document.getElementById("token").value.trim();
+    const out = document.getElementById("login-error");
+    const res = await fetch("/api/v1/status/buildinfo", { headers: { Authorization: `Bearer ${token}` } });
+    if (res.status === 401) { out.textContent = "This token is not known to the collector (or revoked)."; return; }
+    if (res.status === 403) { out.textContent = "This token lacks the read scope."; return; }
+    if (!res.ok) { out.textContent = `The collector answered HTTP ${res.status}.`; return; }
+    sessionStorage.setItem(TOKEN_KEY, token);
+    if (!location.hash || location.hash === "#/login") location.hash = "#/fleet";
+    route();
+  });
+}
+
+document.getElementById("signout").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showLogin("Signed out.");
+});
+
+// ---- fleet -----------------------------------------------------------------------------
+
+function stateOf(i) {
+  if (i.stale) return "stale";
+  if (!i.healthy) return "unhealthy";
+  if (i.lagging) return "lagging";
+  return "healthy";
+}
+
+function labelValue(i, key) {
+  if (key === "model") return i.models || [];
+  const v = i.labels?.[key];
+  return v === undefined ? [] : [v];
+}
+
+let fleetFirst = true;
+
+async function pageFleet(params) {
+  main.innerHTML = `<h1>Fleet</h1><p class="muted">Loading the health snapshot…</p>`;
+  const load = async () => {
+    const snap = await api("/v1/health/snapshot");
+    renderFleet(snap, parseHash().params);
+  };
+  await load();
+  refreshTimer = setInterval(() => load().catch(() => {}), 15000);
+}
+
+function renderFleet(snap, params) {
+  const key = params.get("label") || "";
+  const value = params.get("value") || "";
+  const state = params.get("state") || "";
+  const all = snap.instances;
+  const keys = new Set(["model"]);
+  const values = new Set();
+  for (const i of all) for (const k in i.labels || {}) if (k !== "models") keys.add(k);
+  if (key) for (const i of all) for (const v of labelValue(i, key)) values.add(v);
+  const shown = all.filter((i) => (!key || !value || labelValue(i, key).includes(value)) && (!state || stateOf(i) === state));
+  const counts = { healthy: 0, lagging: 0, unhealthy: 0, stale: 0 };
+  for (const i of all) counts[stateOf(i)]++;
+  const tiles = shown.map((i) => {
+    const st = stateOf(i);
+    const ratio = i.gpu_memory_free_ratio;
+    const reasons = (i.reasons || []).join("; ");
+    const lag = i.ingest_lag_s === null || i.ingest_lag_s === undefined ? "–" : `${fmtNum(i.ingest_lag_s, 2)} s`;
+    const p99 = i.nccl_latency_seconds ? `${fmtNum(i.nccl_latency_seconds.p99 * 1000, 2)} ms` : "–";
+    return `<a class="tile ${st}" href="#/instance/${encodeURIComponent(i.id)}" data-id="${esc(i.id)}" data-state="${st}" title="${esc(reasons || st)}">` +
+      `<b>${esc(i.id)}</b>${esc(st)} · ${esc(i.fingerprint?.gpu_count ?? "?")} GPUs` +
+      `<div class="bar"><i style="width:${ratio === null ? 0 : Math.round(ratio * 100)}%"></i></div>` +
+      `free ${fmtPct(ratio)} · lag ${lag}<br>NCCL p99 ${p99} · err ${fmtNum(i.error_rate_per_s, 3)}/s` +
+      (reasons ? `<div class="why">${esc(reasons)}</div>` : "") + `</a>`;
+  });
+  const opt = (v, cur, label) => `<option value="${esc(v)}"${v === cur ? " selected" : ""}>${esc(label ?? v)}</option>`;
+  main.innerHTML = `<h1>Fleet</h1>
+    <div class="toolbar">
+      <label>Label <select id="f-label">${opt("", key, "(any)")}${[...keys].sort().map((k) => opt(k, key)).join("")}</select></label>
+      <label>= <select id="f-value">${opt("", value, "(any)")}${[...values].sort().map((v) => opt(v, value)).join("")}</select></label>
+      <label>State <select id="f-state">${opt("", state, "(any)")}${Object.keys(counts).map((s) => opt(s, state)).join("")}</select></label>
+      <span class="summary" id="fleet-summary"><span>${shown.length} of ${all.length} instances</span>
+        <span style="color:var(--ok)">${counts.healthy} healthy</span><span style="color:var(--lag)">${counts.lagging} lagging</span>
+        <span style="color:var(--bad)">${counts.unhealthy} unhealthy</span><span style="color:var(--stale)">${counts.stale} stale</span>
+        <span class="muted">as of ${fmtTime(snap.as_of_ms)}</span></span>
+    </div>
+    <div class="grid" id="fleet-grid">${tiles.join("")}</div>`;
+  const update = () => {
+    const p = new URLSearchParams();
+    const k = document.getElementById("f-label").value;
+    const v = k === key ? document.getElementById("f-value").value : "";
+    const s = document.getElementById("f-state").value;
+    if (k) p.set("label", k);
+    if (v) p.set("value", v);
+    if (s) p.set("state", s);
+    setHashParams("fleet", p);
+    renderFleet(snap, p);
+  };
+  for (const id of ["f-label", "f-value", "f-state"]) document.getElementById(id).addEventListener("change", update);
+  if (fleetFirst) {
+    fleetFirst = false;
+    // The first frame that shows the grid: what `make bench-ui` reports as fleet_first_paint_ms.
+    requestAnimationFrame(() => { window.kiFleetFirstPaintMs = performance.now(); });
+  }
+}
+
+// ---- one instance ----------------------------------------------------------------------
+
+async function pageInstance(id) {
+  main.innerHTML = `<h1>Instance ${esc(id)}</h1><p class="muted">Loading…</p>`;
+  const sel = `{instance="${id.replace(/["\\]/g, "\\$&")}"}`;
+  const [rec, mem, total, temp, util] = await Promise.all([
+    api(`/v1/instances/${encodeURIComponent(id)}`),
+    api("/api/v1/query", form({ query: `gpu_memory_free_bytes${sel}` })),
+    api("/api/v1/query", form({ query: `gpu_memory_total_bytes${sel}` })),
+    api("/api/v1/query", form({ query: `gpu_temperature_celsius${sel}` })),
+    api("/api/v1/query", form({ query: `gpu_sm_utilization_ratio${sel}` })),
+  ]);
+  const i = rec.instance;
+  const gpus = new Map();
+  const put = (res, field) => { for (const s of res.data.result) { const g = s.metric.gpu ?? "?"; if (!gpus.has(g)) gpus.set(g, {}); gpus.get(g)[field] = Number(s.value[1]); } };
+  put(mem, "free"); put(total, "total"); put(temp, "temp"); put(util, "util");
+  const rows = [...gpus.entries()].sort((a, b) => Number(a[0]) - Number(b[0])).map(([g, v]) =>
+    `<tr><td>${esc(g)}</td><td class="num">${fmtBytes(v.free)}</td><td class="num">${fmtBytes(v.total)}</td>` +
+    `<td class="num">${v.free !== undefined && v.total ? fmtPct(v.free / v.total) : "–"}</td>` +
+    `<td class="num">${fmtNum(v.temp, 1)}</td><td class="num">${fmtPct(v.util)}</td></tr>`).join("");
+  const field = (k, v) => `<tr><th>${esc(k)}</th><td>${v}</td></tr>`;
+  const explore = (q) => `#/explore?${new URLSearchParams({ q, range: "1h" })}`;
+  main.innerHTML = `<h1>Instance ${esc(i.id)} <span class="state-${stateOf(i) === "healthy" ? "inactive" : "firing"}">${esc(stateOf(i))}</span></h1>
+    <table id="instance-facts">
+      ${field("reasons", esc((i.reasons || []).join("; ") || "none"))}
+      ${field("models", esc((i.models || []).join(", ")))}
+      ${field("labels", esc(Object.entries(i.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")))}
+      ${field("GPU", esc(`${i.fingerprint?.gpu_count ?? "?"} × ${i.fingerprint?.gpu_model ?? "?"}, driver ${i.fingerprint?.driver_version ?? "?"}`))}
+      ${field("memory free", `${fmtBytes(i.gpu_memory_free_bytes)} of ${fmtBytes(i.gpu_memory_total_bytes)} (${fmtPct(i.gpu_memory_free_ratio)})`)}
+      ${field("NCCL latency", i.nccl_latency_seconds ? esc(`p50 ${fmtNum(i.nccl_latency_seconds.p50 * 1000)} ms, p99 ${fmtNum(i.nccl_latency_seconds.p99 * 1000)} ms (${i.nccl_latency_seconds.count} ops)`) : "–")}
+      ${field("errors (5 min)", esc(i.errors_5m))}
+      ${field("last seen / heard", `${fmtTime(i.last_seen_ms)} / ${fmtTime(i.last_heard_ms)}`)}
+      ${field("ingest lag", i.ingest_lag_s === null ? "–" : `${fmtNum(i.ingest_lag_s, 2)} s`)}
+    </table>
+    <h1>GPUs</h1>
+    <table id="instance-gpus"><tr><th>GPU</th><th>free</th><th>total</th><th>free ratio</th><th>°C</th><th>SM use</th></tr>${rows || `<tr><td colspan="6" class="muted">no GPU gauges in the last 5 minutes</td></tr>`}</table>
+    <p><a href="${explore(`gpu_memory_free_bytes${sel} / gpu_memory_total_bytes${sel}`)}">Free memory ratio per GPU in Explore</a></p>
+    <h1>Recent errors</h1>
+    <table><tr><th>time</th><th>GPU</th><th>kind</th><th>code</th><th>message</th></tr>${(rec.recent_errors || []).map((e) =>
+      `<tr><td>${fmtTime(e.ts_ms)}</td><td>${esc(e.gpu)}</td><td>${esc(e.kind)}</td><td>${esc(e.code)}</td><td>${esc(e.message)}</td></tr>`).join("") || `<tr><td colspan="5" class="muted">none</td></tr>`}</table>`;
+}
+
+// ---- explore ---------------------------------------------------------------------------
+
+const RANGES = { "5m": 300, "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+let names = null;
+
+async function loadNames() {
+  if (names) return names;
+  const [metrics, labels] = await Promise.all([api("/api/v1/label/__name__/values"), api("/api/v1/labels")]);
+  names = [...new Set([...(metrics.data || []), ...(labels.data || [])])].sort();
+  return names;
+}
+
+function seriesName(metric) {
+  const name = metric.__name__ || "";
+  const rest = Object.entries(metric).filter(([k]) => k !== "__name__").map(([k, v]) => `${k}="${v}"`).join(", ");
+  return rest ? `${name}{${rest}}` : name || "{}";
+}
+
+async function pageExplore(params) {
+  const q = params.get("q") || "";
+  const range = RANGES[params.get("range")] ? params.get("range") : "1h";
+  main.innerHTML = `<h1>Explore</h1>
+    <div class="editor"><textarea id="q" spellcheck="false" placeholder="kql, e.g. sum by (instance) (gpu_memory_free_bytes)">${esc(q)}</textarea></div>
+    <div class="suggest" id="suggest"></div>
+    <div class="toolbar">
+      <button id="run" type="button">Run</button>
+      <label>Range <select id="range">${Object.keys(RANGES).map((r) => `<option${r === range ? " selected" : ""}>${r}</option>`).join("")}</select></label>
+      <span class="muted">Ctrl+Enter runs; Tab takes the first completion. The URL carries the query and range.</span>
+    </div>
+    <div id="q-error"></div>
+    <div class="chart" id="chart" hidden></div>
+    <div id="q-table"></div>`;
+  const ta = document.getElementById("q");
+  const run = () => {
+    const p = new URLSearchParams({ q: ta.value, range: document.getElementById("range").value });
+    setHashParams("explore", p);
+    runQuery(ta.value, RANGES[p.get("range")]);
+  };
+  document.getElementById("run").addEventListener("click", run);
+  document.getElementById("range").addEventListener("change", run);
+  ta.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); run(); }
+    if (ev.key === "Tab") {
+      const first = document.querySelector("#suggest button");
+      if (first) { ev.preventDefault(); first.click(); }
+    }
+  });
+  ta.addEventListener("input", () => suggest(ta));
+  loadNames().catch(() => {});
+  if (q) runQuery(q, RANGES[range]);
+}
+
+// Completion: the identifier before the cursor against metric and label names from the API.
+function suggest(ta) {
+  const box = document.getElementById("suggest");
+  const before = ta.value.slice(0, ta.selectionStart);
+  const word = (before.match(/[A-Za-z_:][A-Za-z0-9_:]*$/) || [""])[0];
+  if (!names || word.length < 2) { box.innerHTML = ""; return; }
+  const hits = names.filter((n) => n.startsWith(word) && n !== word).slice(0, 12);
+  box.innerHTML = hits.map((n) => `<button type="button" data-name="${esc(n)}">${esc(n)}</button>`).join("");
+  for (const b of box.querySelectorAll("button")) {
+    b.addEventListener("click", () => {
+      const at = ta.selectionStart;
+      ta.value = ta.value.slice(0, at - word.length) + b.dataset.name + ta.value.slice(at);
+      ta.selectionStart = ta.selectionEnd = at - word.length + b.dataset.name.length;
+      box.innerHTML = "";
+      ta.focus();
+    });
+  }
+}
+
+// Parse and type errors come back as "line:col: parse error: message" (docs/api.md): mark the spot.
+function showError(query, err) {
+  const box = document.getElementById("q-error");
+  const m = /^(\d+):(\d+): /.exec(err.message);
+  let caret = "";
+  if (m) {
+    const line = Number(m[1]), col = Number(m[2]);
+    const text = query.split("\n")[line - 1] ?? "";
+    caret = `<div class="caret" id="q-caret">${esc(text)}\n${" ".repeat(Math.max(0, col - 1))}^</div>`;
+    const ta = document.getElementById("q");
+    const offset = query.split("\n").slice(0, line - 1).reduce((n, l) => n + l.length + 1, 0) + col - 1;
+    ta.focus();
+    ta.setSelectionRange(offset, Math.min(query.length, offset + 1));
+  }
+  box.innerHTML = `<p class="error" id="q-message">${esc(err.type)}: ${esc(err.message)}</p>${caret}`;
+}
+
+async function runQuery(query, rangeS) {
+  document.getElementById("q-error").innerHTML = "";
+  document.getElementById("q-table").innerHTML = `<p class="muted">Running…</p>`;
+  const end = Date.now() / 1000;
+  const start = end - rangeS;
+  const step = Math.max(1, Math.ceil(rangeS / 240));
+  let inst, rng;
+  try {
+    [inst, rng] = await Promise.all([
+      api("/api/v1/query", form({ query, time: end })),
+      api("/api/v1/query_range", form({ query, start, end, step })).catch((e) => e),
+    ]);
+  } catch (err) {
+    document.getElementById("q-table").innerHTML = "";
+    document.getElementById("chart").hidden = true;
+    showError(query, err);
+    return;
+  }
+  renderTable(inst.data, inst.warnings);
+  if (rng instanceof Error) {
+    document.getElementById("chart").hidden = true;
+    showError(query, rng);
+  } else {
+    renderChart(rng.data);
+  }
+}
+
+function renderTable(data, warnings) {
+  const out = document.getElementById("q-table");
+  const warn = (warnings || []).map((w) => `<p class="muted">warning: ${esc(w)}</p>`).join("");
+  if (data.resultType === "scalar" || data.resultType === "string") {
+    out.innerHTML = `${warn}<table id="result-table"><tr><th>${data.resultType}</th></tr><tr><td class="num">${esc(data.result[1])}</td></tr></table>`;
+    return;
+  }
+  const rows = data.result.map((s) => {
+    const v = s.value ? s.value[1] : s.values ? `${s.values.length} samples` : s.histogram ? "native histogram" : "";
+    return `<tr><td>${esc(seriesName(s.metric))}</td><td class="num">${esc(v)}</td></tr>`;
+  });
+  out.innerHTML = `${warn}<p class="muted">${rows.length} series (instant, now)</p>
+    <table id="result-table"><tr><th>series</th><th>value</th></tr>${rows.join("") || `<tr><td colspan="2" class="muted">no data</td></tr>`}</table>`;
+}
+
+const PALETTE = ["#4a7bd0", "#d23c3c", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22", "#34495e", "#c0392b", "#7f8c8d"];
+
+function renderChart(data) {
+  const box = document.getElementById("chart");
+  if (chart) { chart.destroy(); chart = null; }
+  if (data.resultType !== "matrix" || data.result.length === 0) { box.hidden = true; box.dataset.series = "0"; return; }
+  // Every series of a range query sits on the same step grid: align them on the union of times.
+  const times = [...new Set(data.result.flatMap((s) => (s.values || []).map((v) => v[0])))].sort((a, b) => a - b);
+  const index = new Map(times.map((t, n) => [t, n]));
+  const cols = data.result.map((s) => {
+    const col = new Array(times.length).fill(null);
+    for (const [t, v] of s.values || []) col[index.get(t)] = Number(v);
+    return col;
+  });
+  box.hidden = false;
+  box.innerHTML = "";
+  box.dataset.series = String(data.result.length);
+  const opts = {
+    width: Math.max(400, box.clientWidth - 14),
+    height: 320,
+    series: [{}, ...data.result.map((s, n) => ({ label: seriesName(s.metric), stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: false }))],
+    axes: [{}, { size: 60, values: (u, vals) => vals.map(fmtSI) }],
+    legend: { live: true },
+  };
+  chart = new uPlot(opts, [times, ...cols], box);
+}
+
+// ---- alerts ----------------------------------------------------------------------------
+
+async function pageAlerts() {
+  main.innerHTML = `<h1>Alerts</h1><p class="muted">Loading…</p>`;
+  const load = async () => {
+    const [rules, alerts] = await Promise.all([api("/api/v1/rules"), api("/api/v1/alerts")]);
+    renderAlerts(rules.data.groups || [], alerts.data.alerts || []);
+  };
+  await load();
+  refreshTimer = setInterval(() => load().catch(() => {}), 10000);
+}
+
+function renderAlerts(groups, alerts) {
+  const labels = (l) => esc(Object.entries(l || {}).map(([k, v]) => `${k}=${v}`).join(", "));
+  const firing = alerts.map((a) => `<tr class="alert" data-state="${esc(a.state)}"><td class="state-${esc(a.state)}">${esc(a.state)}</td>` +
+    `<td>${esc(a.labels?.alertname)}</td><td>${labels(a.labels)}</td><td>${esc(a.activeAt)}</td><td class="num">${esc(a.value)}</td>` +
+    `<td>${esc(a.annotations?.summary || a.annotations?.description || "")}</td></tr>`).join("");
+  const rules = groups.map((g) => `<h1>Group ${esc(g.name)} <span class="muted">(${esc(g.file)}, every ${esc(g.interval)} s, last ${esc(g.lastEvaluation)}, took ${fmtNum(g.evaluationTime * 1000, 2)} ms)</span></h1>
+    <table class="rules"><tr><th>rule</th><th>type</th><th>state</th><th>health</th><th>last evaluation</th><th>query</th></tr>${g.rules.map((r) =>
+      `<tr><td>${esc(r.name)}</td><td>${esc(r.type)}</td><td class="state-${esc(r.state || "inactive")}">${esc(r.state || "–")}</td>` +
+      `<td>${esc(r.health)}${r.lastError ? `<div class="error">${esc(r.lastError)}</div>` : ""}</td><td>${esc(r.lastEvaluation)}</td>` +
+      `<td><a href="#/explore?${new URLSearchParams({ q: r.query, range: "1h" })}"><code>${esc(r.query)}</code></a></td></tr>`).join("")}</table>`).join("");
+  main.innerHTML = `<h1>Alerts <span class="muted">(${alerts.filter((a) => a.state === "firing").length} firing, ${alerts.filter((a) => a.state === "pending").length} pending)</span></h1>
+    <table id="alerts"><tr><th>state</th><th>alert</th><th>labels</th><th>active since</th><th>value</th><th>summary</th></tr>${firing || `<tr><td colspan="6" class="muted">no pending or firing alerts</td></tr>`}</table>
+    ${rules || `<p class="muted">No rule groups: start the collector with <code>--rules FILE</code> (docs/rules.md).</p>`}`;
+}
+
+// ---- not available yet -----------------------------------------------------------------
+
+function pagePlaceholder(title, why) {
+  main.innerHTML = `<h1>${esc(title)}</h1><div class="placeholder" id="not-available"><b>Not available yet.</b> ${why}</div>`;
+}
+
+// ---- router ----------------------------------------------------------------------------
+
+async function route() {
+  clearInterval(refreshTimer);
+  if (!sessionStorage.getItem(TOKEN_KEY)) { showLogin(); return; }
+  top_.hidden = false;
+  const { parts, params } = parseHash();
+  const page = parts[0] || "fleet";
+  for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.page === page);
+  try {
+    if (page === "fleet") await pageFleet(params);
+    else if (page === "instance") await pageInstance(parts.slice(1).join("/"));
+    else if (page === "explore") await pageExplore(params);
+    else if (page === "alerts") await pageAlerts();
+    else if (page === "kernels") pagePlaceholder("Kernels", "Per-kernel latency tables and heatmaps need native histograms in the store and the query API, which are not done yet.");
+    else if (page === "timeline") pagePlaceholder("Timeline", "The per-GPU span timeline needs the timelines API, which is not done yet.");
+    else main.innerHTML = `<h1>Not found</h1><p>No page <code>${esc(page)}</code>. <a href="#/fleet">Fleet</a></p>`;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return;
+    main.innerHTML = `<h1>Error</h1><p class="error" id="page-error">${esc(err.message)}</p>`;
+  }
+}
+
+// Only a change of page re-renders; filters and queries rewrite the hash with replaceState.
+window.addEventListener("hashchange", route);
+route();

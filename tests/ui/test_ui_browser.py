@@ -1,0 +1,173 @@
+"""The web UI in a real browser (Debian's chromium through Playwright) against a real ``ki collector``.
+
+The collector runs over an embedded store holding 40 instances x 8 GPUs (``bench.ui.populate_fleet``;
+node-0003's GPU 0 at 95 degrees, so the health rule marks it unhealthy), with a rule file whose
+alert fires on that GPU. Screenshots of each page go to the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from collector_process import RunningCollector, running_collector
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # the browser and the fleet live with the benchmark that shares them
+    sys.path.insert(0, str(REPO))
+
+from bench.ui import chromium, populate_fleet  # noqa: E402
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
+
+INSTANCES = 40
+RULES = """
+groups:
+  - name: gpu
+    interval: 1s
+    rules:
+      - alert: GpuTooHot
+        expr: gpu_temperature_celsius > 90
+        labels: {severity: page}
+        annotations: {summary: "GPU {{ $labels.gpu }} of {{ $labels.instance }} is at {{ $value }} C"}
+      - record: instance:gpu_memory_free_bytes:sum
+        expr: sum by (instance) (gpu_memory_free_bytes)
+"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    try:
+        with chromium() as b:
+            yield b
+    except RuntimeError as exc:
+        pytest.skip(f"browser tests need chromium: {exc}")
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCollector]:
+    tmp = tmp_path_factory.mktemp("ui")
+    populate_fleet(tmp / "data", INSTANCES, int(time.time() * 1000), hot=("node-0003",))
+    rules = tmp / "rules.yml"
+    rules.write_text(RULES)
+    with running_collector(tmp, "--rules", str(rules)) as c:
+        yield c
+
+
+@pytest.fixture
+def page(browser, tmp_path):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(20_000)
+    errors: list[str] = []
+    p.on("pageerror", lambda e: errors.append(str(e)))
+    yield p
+    context.close()
+    assert errors == [], f"JavaScript errors in the page: {errors}"
+
+
+def _sign_in(page, c: RunningCollector) -> None:
+    page.goto(c.url + "/")
+    page.fill("#token", c.read_token)
+    page.click("#login button")
+    page.wait_for_selector("#fleet-grid .tile")
+
+
+def test_nothing_but_the_sign_in_page_without_a_token_and_a_wrong_token_is_refused(page, collector, tmp_path):
+    page.goto(collector.url + "/#/explore?q=up")
+    page.wait_for_selector("#login")
+    assert page.is_hidden("#top")
+    page.fill("#token", "ki_0000.nope")
+    page.click("#login button")
+    page.wait_for_selector("#login-error:has-text('not known')")
+    page.fill("#token", collector.ingest_token)  # valid, but no read scope
+    page.click("#login button")
+    page.wait_for_selector("#login-error:has-text('lacks the read scope')")
+    page.screenshot(path=tmp_path / "login.png")
+
+
+def test_fleet_shows_every_instance_coloured_by_health_with_reasons_and_filters(page, collector, tmp_path):
+    _sign_in(page, collector)
+    tiles = page.locator("#fleet-grid .tile")
+    assert tiles.count() == INSTANCES
+    hot = page.locator('.tile[data-id="node-0003"]')
+    assert hot.get_attribute("data-state") == "unhealthy"
+    assert "90" in hot.locator(".why").inner_text()  # the reason names the temperature limit
+    assert page.locator('.tile[data-state="healthy"]').count() == INSTANCES - 1
+    assert "free" in tiles.first.inner_text()
+    page.screenshot(path=tmp_path / "fleet.png", full_page=True)
+
+    page.select_option("#f-label", "rack")
+    page.select_option("#f-value", "rack-1")  # node-0032 .. node-0039
+    page.wait_for_function("document.querySelectorAll('#fleet-grid .tile').length === 8")
+    assert "label=rack" in page.url
+    assert "value=rack-1" in page.url
+    page.select_option("#f-label", "")
+    page.select_option("#f-state", "unhealthy")
+    page.wait_for_function("document.querySelectorAll('#fleet-grid .tile').length === 1")
+
+    page.click('.tile[data-id="node-0003"]')
+    page.wait_for_selector("#instance-gpus")
+    assert page.locator("#instance-gpus tr").count() == 1 + 8  # header + one row per GPU
+    assert "90" in page.locator("#instance-facts").inner_text()
+    page.screenshot(path=tmp_path / "instance.png", full_page=True)
+
+
+def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(page, collector, tmp_path):
+    _sign_in(page, collector)
+    query = 'gpu_memory_free_bytes{instance=~"node-000[0-2]"}'
+    page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=5m")
+    page.wait_for_selector("#chart canvas")
+    assert page.get_attribute("#chart", "data-series") == "24"  # 3 instances x 8 GPUs
+    assert page.locator(".u-legend tr.u-series").count() == 1 + 24  # uPlot's time row + the series
+    assert page.locator("#result-table tr").count() == 1 + 24
+    page.screenshot(path=tmp_path / "explore.png", full_page=True)
+
+    page.fill("#q", "sum by (instance) (gpu_memory_free_bytes)")
+    page.click("#run")
+    page.wait_for_function(f"document.querySelector('#chart').dataset.series === '{INSTANCES}'")
+    assert "sum+by" in page.url or "sum%20by" in page.url
+
+    page.fill("#q", "sum(rate(x[5m])")
+    page.click("#run")
+    page.wait_for_selector("#q-caret")
+    assert page.inner_text("#q-message").startswith("bad_data: 1:16: parse error")
+    caret_line = page.inner_text("#q-caret").split("\n")[1]
+    assert caret_line.index("^") == 15  # column 16, under the end of the query
+    page.screenshot(path=tmp_path / "explore-error.png")
+
+    page.fill("#q", "")
+    page.type("#q", "gpu_mem")
+    page.wait_for_selector('#suggest button[data-name="gpu_memory_free_bytes"]')
+    page.press("#q", "Tab")
+    assert page.input_value("#q").startswith("gpu_memory_")
+
+
+def test_alerts_show_the_firing_alert_and_each_rule_with_its_last_evaluation(page, collector, tmp_path):
+    _sign_in(page, collector)
+    page.goto(collector.url + "/#/alerts")
+    page.wait_for_selector('tr.alert[data-state="firing"]', timeout=30_000)
+    row = page.locator('tr.alert[data-state="firing"]').first.inner_text()
+    assert "GpuTooHot" in row
+    assert "node-0003" in row
+    rules = page.locator("table.rules").inner_text()
+    assert "GpuTooHot" in rules
+    assert "instance:gpu_memory_free_bytes:sum" in rules
+    assert "0001-01-01" not in page.locator("table.rules tr").nth(1).inner_text()  # evaluated
+    page.screenshot(path=tmp_path / "alerts.png", full_page=True)
+
+
+def test_kernels_and_timeline_say_they_are_not_available_yet_and_sign_out_forgets_the_token(page, collector):
+    _sign_in(page, collector)
+    for name in ("kernels", "timeline"):
+        page.goto(f"{collector.url}/#/{name}")
+        page.wait_for_selector("#not-available:has-text('Not available yet')")
+    page.click("#signout")
+    page.wait_for_selector("#login")
+    assert page.evaluate("sessionStorage.getItem('ki.token')") is None
+    page.goto(collector.url + "/#/fleet")
+    page.wait_for_selector("#login")

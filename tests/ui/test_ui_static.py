@@ -1,0 +1,68 @@
+"""The collector serves the UI's files at ``/`` and ``/ui/...``, without a token, and nothing else from disk."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from kernel_insight.api.ui import STATIC_DIR
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.server import build_collector_app
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui-static")
+    store = EmbeddedStore(tmp / "store")
+    yield build_collector_app(store, keys_path=tmp / "keys.json", tokens_path=tmp / "tokens.json")
+    store.close()
+
+
+def _get(app, path):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ki") as c:
+            return await c.get(path)
+
+    return asyncio.run(go())
+
+
+def test_the_page_and_its_files_are_served_without_a_token(app):
+    index = _get(app, "/")
+    assert index.status_code == 200
+    assert index.headers["content-type"].startswith("text/html")
+    assert '<script src="/ui/app.js">' in index.text
+    js = _get(app, "/ui/app.js")
+    assert js.status_code == 200
+    assert js.headers["content-type"].startswith("text/javascript")
+    assert _get(app, "/ui/vendor/uPlot.iife.min.js").text.startswith("/*! https://github.com/leeoniya/uPlot")
+    assert "MIT" in _get(app, "/ui/vendor/uPlot.LICENSE").text
+
+
+def test_the_data_still_needs_a_token(app):
+    assert _get(app, "/v1/health/snapshot").status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/ui/nope.js", "/ui/../__init__.py", "/ui/%2e%2e/__init__.py", "/ui/"])
+def test_only_the_ui_files_are_served(app, path):
+    r = _get(app, path)
+    assert r.status_code == 404, r.text
+
+
+def test_the_ui_is_not_part_of_the_api_schema(app):
+    paths = _get(app, "/openapi.json").json()["paths"]
+    assert "/" not in paths
+    assert not any(p.startswith("/ui") for p in paths)
+
+
+def test_every_static_file_is_package_data():
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    conf = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    globs = conf["tool"]["setuptools"]["package-data"]["kernel_insight.api.ui"]
+    files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
+    assert files
+    assert all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files)
