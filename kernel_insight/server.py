@@ -118,12 +118,8 @@ def build_collector_app(
         local_dev=local_dev,
         interval_s=interval_s,
         rule=health_rule,
-        extra_routers=[
-            ingest,
-            rule_api,
-            ui_router(),
-            _closing(sink),
-        ],  # the sink writes what is queued at shutdown
+        # _closing: queued batches are written at shutdown; ui_router: the web UI at / (docs/ui.md)
+        extra_routers=[ingest, rule_api, ui_router(), _closing(sink)],
         keys=keys,
         metrics=metrics,
         query_limits=query_limits,
