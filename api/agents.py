@@ -26,6 +26,7 @@ from kernel_insight.collector.keys import (
     RevokedAgent,
     UnknownAgent,
     check_agent_name,
+    check_instance_labels,
     parse_agent_id,
 )
 
@@ -34,13 +35,17 @@ __all__ = ["AgentList", "AgentRecord", "EnrolRequest", "IssuedKey", "agents_rout
 log = logging.getLogger("kernel_insight.api.agents")
 T = TypeVar("T")
 
-#: Bodies of enrolment requests are one short name; anything larger is refused before parsing.
-_MAX_BODY = 4096
+#: Bodies of enrolment requests are a short name and a few labels; anything larger is refused before parsing.
+_MAX_BODY = 8192
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
 class EnrolRequest(BaseModel):
     name: str = Field(description="a label for people, e.g. host-17/gpu0 (1-200 characters, one line)")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="the instance's labels (model, host, rack, switch, ...), applied to it and its series",
+    )
 
 
 class AgentRecord(BaseModel):
@@ -50,6 +55,7 @@ class AgentRecord(BaseModel):
     revoked: bool
     active_key_ids: list[int]
     retired_key_ids: list[int]
+    labels: dict[str, str]
 
 
 class AgentList(BaseModel):
@@ -70,6 +76,7 @@ def _record(info: AgentInfo) -> dict[str, Any]:
         "revoked": info.revoked,
         "active_key_ids": list(info.active_key_ids),
         "retired_key_ids": list(info.retired_key_ids),
+        "labels": dict(info.labels),
     }
 
 
@@ -105,8 +112,8 @@ def _issued(keys: KeyStoreBase, creds: AgentCredentials, status: int) -> JSONRes
     return JSONResponse(body, status_code=status, headers=_NO_STORE)
 
 
-async def _enrol_name(request: Request) -> str:
-    """The ``name`` of a JSON body, parsed here so that every bad body is a 400 with a message."""
+async def _enrol_body(request: Request) -> tuple[str, dict[str, str]]:
+    """The ``name`` and ``labels`` of a JSON body, parsed here so that every bad body is a 400 with a message."""
     raw = bytearray()
     async for chunk in request.stream():  # refused as soon as it is too long, never buffered whole
         raw += chunk
@@ -121,9 +128,10 @@ async def _enrol_name(request: Request) -> str:
         raise ApiError(400, "bad_data", 'the body must be {"name": "<label>"} with a string name')
     try:
         check_agent_name(name)
+        labels = check_instance_labels(doc.get("labels") or {})
     except KeyStoreError as exc:
         raise ApiError(400, "bad_data", str(exc)) from None
-    return name
+    return name, labels
 
 
 _AGENT_ID = Path(description="the agent id (32 hex digits, dashes allowed)")
@@ -166,8 +174,8 @@ def agents_router(keys: KeyStoreBase, auth: Authenticator) -> APIRouter:
         },
     )
     async def enrol(request: Request) -> JSONResponse:
-        name = await _enrol_name(request)
-        creds = await _call(lambda: keys.add_agent(name))
+        name, labels = await _enrol_body(request)
+        creds = await _call(lambda: keys.add_agent(name, labels))
         log.info("agents: enrolled agent %s", creds.agent_id.hex())
         return await _call(lambda: _issued(keys, creds, 201))
 

@@ -255,19 +255,23 @@ class Deriver:
     def _kernel_name(self, producer: int, string_id: int) -> str:
         return self._name(producer, string_id) or f"unknown_{string_id}"
 
-    def _model(self, gpu: int) -> str:
+    def _gpu_product(self, gpu: int) -> str:
         return self._fingerprint.get(gpu, {}).get("name", "")
 
     def _labels(self, metric: str, gpu: int | None, **extra: str) -> Labels:
-        """The series' canonical labels, built once per (metric, gpu, model, extra labels)."""
-        model = self._model(gpu) if gpu is not None else ""
-        key = (metric, gpu, model, tuple(extra.items()))
+        """The series' canonical labels, built once per (metric, gpu, GPU product, extra labels).
+
+        ``model`` is the served model, an instance label (enrolment); the GPU's product name
+        is ``gpu_product``, so the two never overwrite each other.
+        """
+        product = self._gpu_product(gpu) if gpu is not None else ""
+        key = (metric, gpu, product, tuple(extra.items()))
         labels = self._label_cache.get(key)
         if labels is None:
             out = {**self.labels, "__name__": metric, "instance": self.instance}
             if gpu is not None:
                 out["gpu"] = str(gpu)
-                out["model"] = model
+                out["gpu_product"] = product
             out.update(extra)
             labels = canonical_labels(out)
             if len(self._label_cache) > _LABEL_CACHE_MAX:
@@ -284,7 +288,7 @@ class Deriver:
     ) -> tuple[list[Labels], I64]:
         """Records grouped by the series they feed: ``make`` builds the labels of one distinct key row.
 
-        Labels are remembered per (tag, key row) until a name, model or instance label changes, so
+        Labels are remembered per (tag, key row) until a name, GPU product or instance label changes, so
         a steady stream costs one dict lookup per distinct key and batch. Two keys can name one
         series (two producers' ids for one kernel name), so the groups are the distinct labels,
         not the distinct keys.
@@ -404,7 +408,7 @@ class Deriver:
                 self._key_cache.clear()
         fp_changed = self._fingerprints(records[types == RecordType.FINGERPRINT], dropped)
         if fp_changed:
-            self._key_cache.clear()  # a GPU's model label may read differently now
+            self._key_cache.clear()  # a GPU's gpu_product label may read differently now
         spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped)
         self._launches(records[types == RecordType.LAUNCH], samples)
         self._memops(records[types == RecordType.MEMOP], samples)

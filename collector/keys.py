@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import secrets
 import sys
 import threading
@@ -59,9 +60,11 @@ __all__ = [
     "UnknownAgent",
     "add_commands",
     "check_agent_name",
+    "check_instance_labels",
     "is_store_url",
     "next_version",
     "parse_agent_id",
+    "parse_label_args",
     "read_key_file",
     "versioned_table_ddl",
 ]
@@ -72,6 +75,7 @@ DEFAULT_STORE = Path("ki-data/keys.json")
 MAX_ACTIVE_KEYS = 2
 KEY_SIZE = 32
 _FORMAT_VERSION = 1
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 class KeyStoreError(Exception):
@@ -90,6 +94,53 @@ def check_agent_name(name: str) -> None:
     """Agent names are labels for people: 1-200 characters on one line."""
     if not name or len(name) > 200 or any(c in name for c in "\n\r\0"):
         raise KeyStoreError("agent name must be 1-200 characters on one line")
+
+
+#: Labels the collector sets itself on every series; an enrolment cannot claim them.
+RESERVED_LABELS = frozenset({"__name__", "instance", "gpu", "gpu_product", "le", "simulated"})
+#: Labels per instance at most, and the longest value (series carry them; see rows.SeriesLimits).
+MAX_INSTANCE_LABELS = 16
+_MAX_LABEL_VALUE = 200
+
+
+def check_instance_labels(labels: object) -> dict[str, str]:
+    """Enrolment labels (model, host, rack, switch, anything) as a checked ``{name: value}``.
+
+    Names are Prometheus label names (``[a-zA-Z_][a-zA-Z0-9_]*``, not ``__``-prefixed, not one
+    of :data:`RESERVED_LABELS`); values are 1-200 characters on one line. Raises KeyStoreError.
+    """
+    if not isinstance(labels, dict):
+        raise KeyStoreError('labels must be an object of strings, e.g. {"model": "llama-70b", "rack": "r1"}')
+    if len(labels) > MAX_INSTANCE_LABELS:
+        raise KeyStoreError(f"{len(labels)} labels: at most {MAX_INSTANCE_LABELS} per instance")
+    out: dict[str, str] = {}
+    for name, value in labels.items():
+        if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise KeyStoreError(f"invalid label name {str(name)[:60]!r}: expected [a-zA-Z_][a-zA-Z0-9_]*")
+        if name in RESERVED_LABELS:
+            raise KeyStoreError(f"label {name!r} is set by the collector and cannot be given at enrolment")
+        if (
+            not isinstance(value, str)
+            or not value
+            or len(value) > _MAX_LABEL_VALUE
+            or any(c in value for c in "\n\r\0")
+        ):
+            raise KeyStoreError(
+                f"label {name!r}: the value must be 1-{_MAX_LABEL_VALUE} characters on one line"
+            )
+        out[name] = value
+    return dict(sorted(out.items()))
+
+
+def parse_label_args(items: list[str] | None) -> dict[str, str]:
+    """``--label k=v`` arguments (repeatable) as checked labels."""
+    labels: dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise KeyStoreError(f"--label {item!r}: expected NAME=VALUE")
+        labels[name.strip()] = value.strip()
+    return check_instance_labels(labels)
 
 
 def parse_agent_id(text: str) -> bytes:
@@ -156,6 +207,7 @@ class AgentInfo:
     revoked: bool
     active_key_ids: tuple[int, ...]
     retired_key_ids: tuple[int, ...]
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class KeyStoreBase(ABC):
@@ -226,7 +278,21 @@ class KeyStoreBase(ABC):
             bool(a.get("revoked")),
             tuple(k["id"] for k in a["keys"] if k["active"]),
             tuple(k["id"] for k in a["keys"] if not k["active"]),
+            dict(a.get("labels") or {}),
         )
+
+    def labels_of(self, instance: str) -> dict[str, str]:
+        """The enrolment labels of the instance an agent feeds (its id in hex); {} when unknown.
+
+        The collector's sink applies them to the instance and every series it derives.
+        """
+        try:
+            agent_id = parse_agent_id(instance)
+        except KeyStoreError:
+            return {}
+        with self._lock:
+            agent = self._current().get(agent_id) or self._current(miss=True).get(agent_id)
+        return dict(agent.get("labels") or {}) if agent is not None else {}
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -237,9 +303,10 @@ class KeyStoreBase(ABC):
             raise UnknownAgent(f"agent {agent_id.hex()} is not enrolled")
         return agent
 
-    def add_agent(self, name: str) -> AgentCredentials:
-        """Enrol a new agent with a fresh id and key."""
+    def add_agent(self, name: str, labels: dict[str, str] | None = None) -> AgentCredentials:
+        """Enrol a new agent with a fresh id and key; ``labels`` are its instance's (model, rack, ...)."""
         check_agent_name(name)
+        checked = check_instance_labels(labels or {})
         agent_id = secrets.token_bytes(16)
         key = secrets.token_bytes(KEY_SIZE)
         with self._editing() as agents:
@@ -248,6 +315,7 @@ class KeyStoreBase(ABC):
                 "name": name,
                 "created": time.time(),
                 "revoked": False,
+                "labels": checked,
                 "keys": [{"id": 1, "key": key.hex(), "created": time.time(), "active": True}],
             }
         return AgentCredentials(agent_id, 1, key)
@@ -388,7 +456,7 @@ def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:
 
 def _add(args: argparse.Namespace) -> int:
     with _opened(args) as store:
-        creds = store.add_agent(args.name)
+        creds = store.add_agent(args.name, parse_label_args(args.label))
     path = _key_file(args, creds)
     print(
         f"enrolled agent {creds.agent_id.hex()} ({args.name}), key {creds.key_id}; key file {path} (mode 0600)"
@@ -427,7 +495,8 @@ def _list(args: argparse.Namespace) -> int:
     for i in infos:
         state = "revoked" if i.revoked else "active"
         keys = ",".join(map(str, i.active_key_ids)) or "-"
-        print(f"{i.agent_id}  {state:7}  keys {keys:7}  {i.name}")
+        labels = ",".join(f"{k}={v}" for k, v in i.labels.items())
+        print(f"{i.agent_id}  {state:7}  keys {keys:7}  {i.name}" + (f"  {{{labels}}}" if labels else ""))
     return 0
 
 
@@ -454,7 +523,7 @@ def _enrol(args: argparse.Namespace) -> int:
     try:
         answer = httpx.post(
             args.collector.rstrip("/") + "/v1/agents",
-            json={"name": args.name},
+            json={"name": args.name, "labels": parse_label_args(args.label)},
             headers={"Authorization": f"Bearer {token}"},
             verify=verify,
             timeout=30,
@@ -500,6 +569,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     a = action("add-agent", _add, "enrol a new agent; writes its key file", aliases=("add",))
     a.add_argument("name", help="a label for people, e.g. host-17/gpu0")
     a.add_argument("--key-file", help="where to write the agent's key file (default ki-agent-<id>.key)")
+    a.add_argument(
+        "--label",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a label of the agent's instance (model, host, rack, switch, ...); repeatable",
+    )
     e = ksub.add_parser(
         "enrol", help="enrol this agent through a collector's API and write its key file (once; idempotent)"
     )
@@ -508,6 +583,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--key-file", required=True, help="the key file to write (nothing happens when it exists)")
     e.add_argument(
         "--token-file", help="file holding a token with the ingest-admin scope (default: $KI_TOKEN)"
+    )
+    e.add_argument(
+        "--label",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a label of the agent's instance (model, host, rack, switch, ...); repeatable",
     )
     e.add_argument("--ca-file", help="PEM CA bundle trusted for an https collector (default: the system's)")
     e.set_defaults(handler=_errors_to_exit(_enrol))

@@ -108,7 +108,7 @@ def build_collector_app(
 
     metrics = CollectorMetrics()
     metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
-    sink = StoreSink(store)
+    sink = StoreSink(store, labels_of=keys.labels_of)  # enrolment labels on the instance and its series
     metrics.watch_batcher(sink.batcher)
     ingest = ingest_router(keys, sink, metrics=metrics)
     rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)

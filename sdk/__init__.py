@@ -3,7 +3,7 @@
 Depends on httpx only. Sync clients first; ``Async*`` twins share their logic::
 
     from kernel_insight.sdk import HealthClient
-    health = HealthClient("http://collector:8428", token="ki_...")
+    health = HealthClient("http://collector:8470", token="ki_...")
     inst = health.select_instance(required_free_bytes=20 << 30, model="llama-70b")
 """
 

@@ -147,12 +147,28 @@ class _HealthCore:
         chosen = index.pick(required_free_bytes, model, self.random, self.excluded, self.clock())
         if chosen is not None:
             return chosen
+        raise NoEligibleInstance(self.why_none(snapshot, required_free_bytes, model))
+
+    def why_none(self, snapshot: HealthSnapshot, required_free_bytes: int, model: str | None) -> str:
+        """Why no instance qualifies, naming the condition that failed first (model, room, exclusions)."""
+        index = self.index
+        assert index is not None
+        now = self.clock()
         what = f"model {model!r}" if model is not None else "any model"
-        raise NoEligibleInstance(
-            f"no instance for {what} with {required_free_bytes} bytes free: "
-            f"{len(snapshot.instances)} in the snapshot, {index.size} healthy, "
-            f"{len(index.candidates(required_free_bytes, model))} with the room, "
-            f"{sum(1 for until in self.excluded.values() if until > self.clock())} excluded"
+        head = f"no instance for {what} with {required_free_bytes} bytes free: "
+        if model is not None and not index.serves(model):
+            served = ", ".join(repr(m) for m in index.models()[:10]) or "none (no instance has a model label)"
+            return (
+                head + f"none of the {index.size} healthy instances serves model {model!r} "
+                f"({len(snapshot.instances)} in the snapshot; models served: {served})"
+            )
+        room = index.candidates(required_free_bytes, model)
+        excluded = sum(1 for i in room if self.excluded.get(i.id, 0.0) > now)
+        most = index.most_free(model)
+        serving = "" if model is None else f"{index.count(model)} of them serve it, "
+        return head + (
+            f"{len(snapshot.instances)} in the snapshot, {index.size} healthy, {serving}"
+            f"{len(room)} with the room (most free: {most} bytes), {excluded} of those excluded"
         )
 
     def exclude(self, instance_id: str, seconds: float, reason: str) -> None:
@@ -167,7 +183,7 @@ class _HealthCore:
 class HealthClient:
     """The fleet's health snapshot, cached and revalidated with its ETag, and instance selection over it.
 
-    >>> client = HealthClient("http://collector:8428", token="ki_...")    # doctest: +SKIP
+    >>> client = HealthClient("http://collector:8470", token="ki_...")    # doctest: +SKIP
     >>> inst = client.select_instance(20 << 30, model="llama-70b")       # doctest: +SKIP
     >>> client.exclude(inst.id, seconds=300, reason="kernel_oom")        # doctest: +SKIP
 
@@ -393,7 +409,7 @@ class _KqlCore:
 class KqlClient:
     """kql (PromQL) queries over the Prometheus HTTP API, with retries on 5xx and connection errors.
 
-    >>> kql = KqlClient("http://collector:8428", token="ki_...")               # doctest: +SKIP
+    >>> kql = KqlClient("http://collector:8470", token="ki_...")               # doctest: +SKIP
     >>> r = kql.query("sum by (instance) (gpu_memory_free_bytes)")             # doctest: +SKIP
     >>> {s.labels["instance"]: s.value for s in r.samples}                      # doctest: +SKIP
 

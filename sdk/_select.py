@@ -80,6 +80,24 @@ class SelectionIndex:
         self._by_model = {m: _group(v, self.p99_ref_s) for m, v in by_model.items()}
         self.size = len(eligible)
 
+    def serves(self, model: str) -> bool:
+        """Whether any eligible instance serves ``model``."""
+        return model in self._by_model
+
+    def count(self, model: str | None) -> int:
+        """Eligible instances (serving ``model``)."""
+        group = self._all if model is None else self._by_model.get(model)
+        return 0 if group is None else len(group.instances)
+
+    def models(self) -> list[str]:
+        """The models eligible instances serve, sorted."""
+        return sorted(self._by_model)
+
+    def most_free(self, model: str | None) -> int:
+        """The largest free memory among the eligible instances (serving ``model``); 0 when none."""
+        group = self._all if model is None else self._by_model.get(model)
+        return int(-group.neg_free[0]) if group is not None and group.neg_free else 0
+
     def candidates(self, required_free_bytes: int, model: str | None) -> tuple[Instance, ...]:
         """Eligible instances with at least ``required_free_bytes`` free, largest first."""
         group = self._all if model is None else self._by_model.get(model)

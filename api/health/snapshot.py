@@ -53,8 +53,13 @@ def _nvlink_bandwidth(attributes: Mapping[str, str], gpu_count: int) -> float | 
 
 
 def served_models(labels: Mapping[str, str]) -> list[str]:
-    """The instance's ``models`` label, split at commas (set at enrolment, e.g. ``llama-70b,mistral-7b``)."""
-    return sorted({m.strip() for m in labels.get("models", "").split(",") if m.strip()})
+    """The models an instance serves: its ``model`` label, and its ``models`` label split at commas.
+
+    Both are instance labels (enrolment, or the series of a remote-written instance):
+    ``model=llama-70b`` for one, ``models=llama-70b,mistral-7b`` for several.
+    """
+    names = [labels.get("model", ""), *labels.get("models", "").split(",")]
+    return sorted({m.strip() for m in names if m.strip()})
 
 
 def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict[str, Any]:

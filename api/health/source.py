@@ -40,6 +40,10 @@ class StoreSource:
         "gpu_sm_utilization_ratio": ("sm_utilization_ratio", "mean"),
     }
     LATENCY_METRIC = "nccl_op_latency_seconds"
+    #: The series whose labels an instance takes as its own (relabelling, docs/api.md).
+    LABELS_METRIC = "gpu_memory_free_bytes"
+    #: Labels of a series that describe the series (one GPU), not the instance.
+    SERIES_ONLY_LABELS = frozenset({"instance", "gpu", "gpu_product", "le"})
     #: One sample per stored agent batch, at its receive time (collector/derive.py): the heartbeat.
     HEARTBEAT_METRIC = INGEST_LAG_METRIC
 
@@ -95,6 +99,7 @@ class StoreSource:
             f.last_seen_ms = max(f.last_seen_ms, int(g["last_ms"]))
             name, how = self.GAUGES[g["metric"]]
             setattr(f, name, float(g[how]))
+        self._series_labels(facts, start, now_ms)
         latencies = self.store.query(
             "SELECT f.instance AS instance, quantilesExactInclusive(0.5, 0.9, 0.99)(s.value) AS q, count() AS n"
             f" FROM {db}.samples AS s INNER JOIN ({self._series([self.LATENCY_METRIC], start, now_ms)}) AS f"
@@ -125,6 +130,29 @@ class StoreSource:
                 counts[e["kind"]] = int(e["n"])
                 facts[e["instance"]].errors_by_kind = counts
         return list(facts.values())
+
+    def _series_labels(self, facts: dict[str, InstanceFacts], start_ms: int, now_ms: int) -> None:
+        """Each instance's labels from its newest-day ``gpu_memory_free_bytes`` series, under its own.
+
+        This is how data that no enrolled agent sent (remote_write, ``ki import``) gets labels:
+        the series' ``instance`` label names the instance, and the series' other labels but
+        :attr:`SERIES_ONLY_LABELS` (``model``, ``rack``, ``host``, ...) become the instance's.
+        Enrolment labels win where both say something. One series per instance (the lowest
+        fingerprint) so the answer does not change between rebuilds.
+        """
+        rows = self.store.query(
+            "SELECT labels['instance'] AS instance, argMin(labels, fingerprint) AS l"
+            f" FROM {self.store.database}.series WHERE metric = {_sql_string(self.LABELS_METRIC)}"
+            f" AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
+            " AND labels['instance'] != '' GROUP BY instance"
+        ).to_pylist()
+        for r in rows:
+            own = {k: v for k, v in dict(r["l"] or []).items() if k not in self.SERIES_ONLY_LABELS and v}
+            if not own:
+                continue
+            f = facts.get(r["instance"])
+            if f is not None:  # an instance with neither a row nor recent samples is not in the snapshot
+                f.labels = dict(sorted({**own, **f.labels}.items()))
 
     def recent_errors(self, instance_id: str, limit: int) -> list[dict[str, Any]]:
         rows = self.store.query(

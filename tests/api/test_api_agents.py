@@ -81,6 +81,19 @@ def test_enrol_returns_the_key_file_once_and_the_collector_accepts_its_key(clien
     assert creds.key.hex() not in one.text
 
 
+def test_enrolment_labels_are_stored_listed_and_handed_to_the_collector(client, key_store):
+    labels = {"model": "llama-70b", "rack": "r1", "host": "h1", "switch": "s1"}
+    r = client.post("/v1/agents", json={"name": "h1/gpu0", "labels": labels})
+    assert r.status_code == 201, r.text
+    agent = r.json()["agent"]
+    assert agent["labels"] == dict(sorted(labels.items()))
+    assert client.get(f"/v1/agents/{agent['agent_id']}").json()["labels"] == agent["labels"]
+    assert key_store.labels_of(agent["agent_id"]) == agent["labels"]  # what the sink applies
+    assert key_store.labels_of("0" * 32) == {}
+    assert key_store.labels_of("not-an-agent") == {}
+    assert _enrol(client, "plain")["agent"]["labels"] == {}
+
+
 def test_rotate_retire_and_revoke_mirror_ki_keys(client, key_store):
     agent = _enrol(client)["agent"]["agent_id"]
     aid = bytes.fromhex(agent)
@@ -115,6 +128,13 @@ def test_rotate_retire_and_revoke_mirror_ki_keys(client, key_store):
         ({}, "string name"),
         ([1, 2], "string name"),
         (b"{nope", "must be JSON"),
+        ({"name": "x", "labels": ["model"]}, "labels must be an object"),
+        ({"name": "x", "labels": {"instance": "y"}}, "set by the collector"),
+        ({"name": "x", "labels": {"gpu_product": "y"}}, "set by the collector"),
+        ({"name": "x", "labels": {"rack-id": "r1"}}, "invalid label name"),
+        ({"name": "x", "labels": {"model": ""}}, "1-200 characters"),
+        ({"name": "x", "labels": {"model": 7}}, "1-200 characters"),
+        ({"name": "x", "labels": {f"l{i}": "v" for i in range(17)}}, "at most 16"),
     ],
 )
 def test_bad_enrolment_bodies_are_400_with_a_message(client, body, message):

@@ -165,7 +165,7 @@ class Deriver:
             out = {**self.labels, "__name__": metric, "instance": self.instance}
             if gpu is not None:
                 out["gpu"] = str(gpu)
-                out["model"] = model
+                out["gpu_product"] = model
             out.update(extra)
             labels = canonical_labels(out)
             if len(self._label_cache) > _LABEL_CACHE_MAX:

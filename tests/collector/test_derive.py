@@ -69,9 +69,9 @@ def test_kernels_become_spans_and_per_kernel_metrics(ring):
     assert d.spans.gpu.tolist() == [0, 0, 1]
     assert d.spans.correlation.tolist() == [1, 2, 3]
     s = _samples(d)
-    assert _find(s, "kernel_launches_total", kernel="gemm_bf16", gpu="0", model="NVIDIA H100 80GB HBM3") == [
-        ((T0 + 8000) // 1_000_000, 2.0)
-    ]
+    assert _find(
+        s, "kernel_launches_total", kernel="gemm_bf16", gpu="0", gpu_product="NVIDIA H100 80GB HBM3"
+    ) == [((T0 + 8000) // 1_000_000, 2.0)]
     assert _find(s, "kernel_execution_time_seconds", kernel="gemm_bf16")[0][1] == pytest.approx(3e-6)
     assert _find(s, "kernel_execution_time_seconds_total", kernel="flash_attn_fwd", gpu="1")[0][
         1

@@ -61,12 +61,17 @@ def test_enrol_writes_a_private_key_file_the_collector_accepts_and_is_idempotent
             str(key_file),
             "--token-file",
             str(tmp_path / "admin.token"),
+            "--label",
+            "model=llama-70b",
+            "--label",
+            "rack=r7",
         )
         assert done.returncode == 0, done.stderr
         creds = read_key_file(key_file)
         assert key_file.stat().st_mode & 0o777 == 0o600
         assert [a.name for a in KeyStore(keys_path).agents()] == ["node-7/gpu0"]
         assert KeyStore(keys_path).key_for(creds.agent_id, creds.key_id) == creds.key
+        assert KeyStore(keys_path).agent(creds.agent_id).labels == {"model": "llama-70b", "rack": "r7"}
 
         again = _ki(
             "keys",

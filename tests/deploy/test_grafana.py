@@ -16,7 +16,13 @@ from kernel_insight.kql.ast import VectorSelector, walk
 
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 #: What Grafana puts in place of its variables before the query reaches the collector.
-VARIABLES = {"$model": ".*", "$instance": ".*", "$__rate_interval": "1m", "$__interval": "15s"}
+VARIABLES = {
+    "$model": ".*",
+    "$gpu_product": ".*",
+    "$instance": ".*",
+    "$__rate_interval": "1m",
+    "$__interval": "15s",
+}
 
 
 def _documented_metrics() -> set[str]:
