@@ -38,8 +38,8 @@ groups:
     rules:
       - alert: SlowModelKernels
         expr: |
-          count_over_time(kernel_execution_time_seconds{model=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 5
-            and avg_over_time(kernel_execution_time_seconds{model=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 200ms
+          count_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 5
+            and avg_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 200ms
         for: 2s
         labels:
           severity: page
@@ -86,7 +86,7 @@ def test_the_article_rule_fires_and_resolves_through_alertmanager(tmp_path, labe
     ki = [sys.executable, "-m", "kernel_insight.cli"]
     (tmp_path / "rules.yml").write_text(RULE)
     key_file = tmp_path / "agent.key"
-    KeyStore(tmp_path / "keys.json").add_agent("e2e/gpu0").write_key_file(key_file)
+    KeyStore(tmp_path / "keys.json").add_agent("e2e/gpu0", {"model": "llama-70b"}).write_key_file(key_file)
     slow_flag = tmp_path / "slow"
     am_port, ki_port = _free_port(), _free_port()
     with receiver() as hook:
