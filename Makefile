@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -71,6 +71,9 @@ bench-rules: build
 # The web UI in Debian's chromium: fleet page first paint with 1,000 instances.
 bench-ui: build
 	$(PY) -m bench.ui
+
+bench-histogram-core:
+	$(PY) -m bench.histogram
 
 clean:
 	rm -rf build $(VENV) *.egg-info

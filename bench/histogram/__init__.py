@@ -1,0 +1,1 @@
+"""make bench-histogram-core: the agent's native-histogram table (issue 14)."""
