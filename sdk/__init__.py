@@ -39,6 +39,15 @@ from kernel_insight.sdk._models import (
     Series,
 )
 from kernel_insight.sdk._select import SelectionIndex, weight
+from kernel_insight.sdk._timeline import (
+    AsyncTimelineClient,
+    Correlation,
+    KernelSummary,
+    Span,
+    TimelineClient,
+    TimelineEvent,
+    TimelineSummary,
+)
 
 __all__ = [
     "DEFAULT_MAX_STALE_S",
@@ -46,13 +55,16 @@ __all__ = [
     "ApiError",
     "AsyncHealthClient",
     "AsyncKqlClient",
+    "AsyncTimelineClient",
     "AuthenticationError",
     "BadRequestError",
+    "Correlation",
     "Fingerprint",
     "HealthClient",
     "HealthSnapshot",
     "Instance",
     "KernelInsightError",
+    "KernelSummary",
     "KqlClient",
     "NcclLatency",
     "NoEligibleInstance",
@@ -64,6 +76,10 @@ __all__ = [
     "Series",
     "ServerError",
     "SnapshotUnavailable",
+    "Span",
+    "TimelineClient",
+    "TimelineEvent",
+    "TimelineSummary",
     "TransportError",
     "weight",
 ]

@@ -1,0 +1,410 @@
+"""Kernel timelines: :class:`TimelineClient` (spans, summary, correlation, Perfetto export) and its types.
+
+The logic (parameters, paging, decoding, retries) is in the sans-I/O ``_TimelineCore``; the sync
+and async clients only move bytes (docs/api.md, "Kernel timelines").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from kernel_insight.sdk._client import TimeLike, _api_error, _headers, _KqlCore, _time_param
+from kernel_insight.sdk._exceptions import ServerError
+
+__all__ = [
+    "AsyncTimelineClient",
+    "Correlation",
+    "KernelSummary",
+    "Span",
+    "TimelineClient",
+    "TimelineEvent",
+    "TimelineSummary",
+]
+
+SPANS_PATH = "/v1/timeline/spans"
+SUMMARY_PATH = "/v1/timeline/summary"
+CORRELATION_PATH = "/v1/timeline/correlation"
+EXPORT_PATH = "/v1/timeline/export"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One kernel execution; times are nanoseconds since the epoch."""
+
+    stream: int
+    kernel: str
+    start_ns: int
+    end_ns: int
+    duration_ns: int
+    correlation: int
+    pid: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Span:
+        return cls(
+            int(d["stream"]),
+            str(d["kernel"]),
+            int(d["start_ns"]),
+            int(d["end_ns"]),
+            int(d["duration_ns"]),
+            int(d["correlation"]),
+            int(d["pid"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSummary:
+    """One kernel over a window: how often, how long in all, its share of kernel time, quantiles (ns)."""
+
+    kernel: str
+    count: int
+    total_ns: int
+    share: float
+    p50_ns: float
+    p90_ns: float
+    p99_ns: float
+    max_ns: int
+    slowest: tuple[Span, ...]
+    slowest_links: tuple[str, ...]  # the spans URL around each slowest span, same order
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSummary:
+    """Per-kernel figures of a window, most total time first."""
+
+    span_count: int
+    total_ns: int
+    busy_ratio: float
+    kernels: tuple[KernelSummary, ...]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TimelineSummary:
+        kernels = tuple(
+            KernelSummary(
+                str(k["kernel"]),
+                int(k["count"]),
+                int(k["total_ns"]),
+                float(k["share"]),
+                float(k["p50_ns"]),
+                float(k["p90_ns"]),
+                float(k["p99_ns"]),
+                int(k["max_ns"]),
+                tuple(Span.from_json(s) for s in k["slowest"]),
+                tuple(str(s.get("timeline", "")) for s in k["slowest"]),
+            )
+            for k in d["kernels"]
+        )
+        return cls(int(d["span_count"]), int(d["total_ns"]), float(d["busy_ratio"]), kernels)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """An error or incident on the GPU (OOM, Xid, NCCL timeout...)."""
+
+    ts_ns: int
+    kind: str
+    code: int
+    aux: int
+    pid: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Correlation:
+    """One window side by side: spans, events, and NVML samples ``name -> ((ts_ms, value), ...)``."""
+
+    start_ns: int
+    end_ns: int
+    spans: tuple[Span, ...]
+    spans_truncated: bool
+    events: tuple[TimelineEvent, ...]
+    counters: Mapping[str, tuple[tuple[int, float], ...]]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Correlation:
+        return cls(
+            int(d["start_ns"]),
+            int(d["end_ns"]),
+            tuple(Span.from_json(s) for s in d["spans"]),
+            bool(d["spans_truncated"]),
+            tuple(
+                TimelineEvent(
+                    int(e["ts_ns"]),
+                    str(e["kind"]),
+                    int(e["code"]),
+                    int(e["aux"]),
+                    int(e["pid"]),
+                    str(e["message"]),
+                )
+                for e in d["events"]
+            ),
+            {str(k): tuple((int(t), float(v)) for t, v in pts) for k, pts in d["counters"].items()},
+        )
+
+
+class _TimelineCore:
+    """Parameters and response interpretation shared by both clients; retries as in the kql clients."""
+
+    def __init__(self, retries: int, backoff_s: float, max_backoff_s: float) -> None:
+        self.retry = _KqlCore(retries, backoff_s, max_backoff_s)
+
+    @staticmethod
+    def window(
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        stream: int | None = None,
+        kernel: str | None = None,
+        min_duration_ns: int = 0,
+    ) -> dict[str, str]:
+        params = {
+            "instance": instance,
+            "gpu": str(int(gpu)),
+            "from": _time_param(start),
+            "to": _time_param(end),
+        }
+        if stream is not None:
+            params["stream"] = str(int(stream))
+        if kernel is not None:
+            params["kernel"] = kernel
+        if min_duration_ns:
+            params["min_duration_ns"] = str(int(min_duration_ns))
+        return params
+
+    def outcome(self, response: httpx.Response, attempt: int) -> httpx.Response | float:
+        """The 200 response, or the delay before the next attempt; raises a 4xx, or a 5xx when out of attempts."""
+        if response.status_code == 200:
+            return response
+        error = _api_error(response)
+        if response.status_code >= 500 and attempt < self.retry.retries:
+            return self.retry.delay(attempt, response.headers.get("retry-after"))
+        raise error
+
+    @staticmethod
+    def json(response: httpx.Response, decode: Callable[[Any], Any]) -> Any:
+        try:
+            return decode(response.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerError(200, "bad_response", f"unexpected response body: {exc}") from None
+
+
+class TimelineClient:
+    """One GPU's kernel timeline: spans, per-kernel summary, correlation view, Perfetto export.
+
+    >>> tl = TimelineClient("http://collector:8470", token="ki_...")             # doctest: +SKIP
+    >>> s = tl.summary("node-1", 0, time.time() - 60, time.time())                # doctest: +SKIP
+    >>> [(k.kernel, k.p99_ns) for k in s.kernels[:3]]                             # doctest: +SKIP
+    >>> tl.to_perfetto("trace.json", "node-1", 0, time.time() - 10, time.time())  # doctest: +SKIP
+
+    Times are Unix seconds or aware datetimes; 4xx answers raise at once (:class:`BadRequestError`
+    with the server's message), 5xx and connection errors are retried as in :class:`KqlClient`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._core = _TimelineCore(retries, backoff_s, max_backoff_s)
+        self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
+        self._sleep = sleep
+
+    def _get(self, path: str, params: Mapping[str, str]) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.get(path, params=dict(params))
+            except httpx.TransportError as exc:
+                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
+            else:
+                outcome = self._core.outcome(response, attempt)
+                if isinstance(outcome, httpx.Response):
+                    return outcome
+                wait = outcome
+            self._sleep(wait)
+            attempt += 1
+
+    def iter_spans(
+        self,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        stream: int | None = None,
+        kernel: str | None = None,
+        min_duration_ns: int = 0,
+        page_size: int = 1000,
+    ) -> Iterator[Span]:
+        """Every span starting in ``[start, end)``, page by page (``kernel``: RE2, anchored)."""
+        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        params["limit"] = str(page_size)
+        while True:
+            body = self._core.json(self._get(SPANS_PATH, params), dict)
+            yield from (Span.from_json(s) for s in body["spans"])
+            if body.get("next_cursor") is None:
+                return
+            params["cursor"] = str(body["next_cursor"])
+
+    def spans(self, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any) -> list[Span]:
+        """:meth:`iter_spans` as a list."""
+        return list(self.iter_spans(instance, gpu, start, end, **filters))
+
+    def summary(
+        self,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        kernels: int = 50,
+        slowest: int = 5,
+        stream: int | None = None,
+        kernel: str | None = None,
+        min_duration_ns: int = 0,
+    ) -> TimelineSummary:
+        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        params |= {"kernels": str(kernels), "slowest": str(slowest)}
+        result: TimelineSummary = self._core.json(self._get(SUMMARY_PATH, params), TimelineSummary.from_json)
+        return result
+
+    def correlation(self, instance: str, gpu: int, start: TimeLike, end: TimeLike) -> Correlation:
+        params = self._core.window(instance, gpu, start, end)
+        result: Correlation = self._core.json(self._get(CORRELATION_PATH, params), Correlation.from_json)
+        return result
+
+    def export(self, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any) -> bytes:
+        """The window as Chrome trace event JSON (bytes), as ``GET /v1/timeline/export`` gives it."""
+        return self._get(EXPORT_PATH, self._core.window(instance, gpu, start, end, **filters)).content
+
+    def to_perfetto(
+        self, path: str | Path, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any
+    ) -> Path:
+        """Write the window's trace to ``path`` for ui.perfetto.dev or chrome://tracing; returns the path."""
+        out = Path(path)
+        out.write_bytes(self.export(instance, gpu, start, end, **filters))
+        return out
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncTimelineClient:
+    """:class:`TimelineClient` for asyncio."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self._core = _TimelineCore(retries, backoff_s, max_backoff_s)
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=_headers(token), timeout=timeout, transport=transport
+        )
+        self._sleep = sleep
+
+    async def _get(self, path: str, params: Mapping[str, str]) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.get(path, params=dict(params))
+            except httpx.TransportError as exc:
+                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
+            else:
+                outcome = self._core.outcome(response, attempt)
+                if isinstance(outcome, httpx.Response):
+                    return outcome
+                wait = outcome
+            await self._sleep(wait)
+            attempt += 1
+
+    async def spans(
+        self,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        stream: int | None = None,
+        kernel: str | None = None,
+        min_duration_ns: int = 0,
+        page_size: int = 1000,
+    ) -> list[Span]:
+        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        params["limit"] = str(page_size)
+        out: list[Span] = []
+        while True:
+            body = self._core.json(await self._get(SPANS_PATH, params), dict)
+            out.extend(Span.from_json(s) for s in body["spans"])
+            if body.get("next_cursor") is None:
+                return out
+            params["cursor"] = str(body["next_cursor"])
+
+    async def summary(
+        self, instance: str, gpu: int, start: TimeLike, end: TimeLike, *, kernels: int = 50, slowest: int = 5
+    ) -> TimelineSummary:
+        params = self._core.window(instance, gpu, start, end) | {
+            "kernels": str(kernels),
+            "slowest": str(slowest),
+        }
+        result: TimelineSummary = self._core.json(
+            await self._get(SUMMARY_PATH, params), TimelineSummary.from_json
+        )
+        return result
+
+    async def correlation(self, instance: str, gpu: int, start: TimeLike, end: TimeLike) -> Correlation:
+        params = self._core.window(instance, gpu, start, end)
+        result: Correlation = self._core.json(
+            await self._get(CORRELATION_PATH, params), Correlation.from_json
+        )
+        return result
+
+    async def export(self, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any) -> bytes:
+        return (await self._get(EXPORT_PATH, self._core.window(instance, gpu, start, end, **filters))).content
+
+    async def to_perfetto(
+        self, path: str | Path, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any
+    ) -> Path:
+        out = Path(path)
+        out.write_bytes(await self.export(instance, gpu, start, end, **filters))
+        return out
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,212 @@
+"""TimelineClient: paging, typed answers and errors over httpx.MockTransport; then a real collector and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from loopback import running_server
+from trace_check import check_trace
+
+from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.rows import Event, SpanBatch
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.sdk import (
+    AsyncTimelineClient,
+    BadRequestError,
+    Span,
+    TimelineClient,
+    TimelineSummary,
+)
+
+S = 1_000_000_000
+
+
+def _span_json(i: int) -> dict:
+    return {
+        "stream": 3,
+        "kernel": "k",
+        "start_ns": 10 * S + i,
+        "end_ns": 10 * S + i + 5,
+        "duration_ns": 5,
+        "correlation": i,
+        "pid": 1,
+    }
+
+
+def _paging_transport(seen: list[httpx.Request]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        cursor = request.url.params.get("cursor")
+        if cursor is None:
+            return httpx.Response(200, json={"spans": [_span_json(0), _span_json(1)], "next_cursor": "c1"})
+        assert cursor == "c1"
+        return httpx.Response(200, json={"spans": [_span_json(2)], "next_cursor": None})
+
+    return httpx.MockTransport(handler)
+
+
+def test_spans_follow_cursors_and_come_back_typed():
+    seen: list[httpx.Request] = []
+    with TimelineClient("http://ki", "tok", transport=_paging_transport(seen)) as tl:
+        spans = tl.spans("n1", 0, 10, 11, kernel="k.*", min_duration_ns=3, page_size=2)
+    assert [s.correlation for s in spans] == [0, 1, 2]
+    assert isinstance(spans[0], Span)
+    assert spans[0].start_ns == 10 * S
+    first = seen[0].url.params
+    assert (first["instance"], first["gpu"], first["from"], first["to"]) == ("n1", "0", "10.0", "11.0")
+    assert (first["kernel"], first["min_duration_ns"], first["limit"]) == ("k.*", "3", "2")
+    assert seen[0].headers["authorization"] == "Bearer tok"
+    assert len(seen) == 2
+
+
+def test_async_client_pages_the_same_way():
+    seen: list[httpx.Request] = []
+    sync_transport = _paging_transport(seen)
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return sync_transport.handle_request(request)
+
+    async def go() -> list[Span]:
+        async with AsyncTimelineClient("http://ki", transport=httpx.MockTransport(handler)) as tl:
+            return await tl.spans("n1", 0, 10, 11)
+
+    assert [s.correlation for s in asyncio.run(go())] == [0, 1, 2]
+
+
+def test_a_400_raises_with_the_server_message_and_a_503_is_retried():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/summary"):
+            if len(calls) == 1:
+                return httpx.Response(503, json={"status": "error", "errorType": "unavailable", "error": "x"})
+            return httpx.Response(
+                200, json={"span_count": 0, "total_ns": 0, "busy_ratio": 0.0, "kernels": []}
+            )
+        return httpx.Response(
+            400, json={"status": "error", "errorType": "bad_data", "error": "invalid kernel regex: missing )"}
+        )
+
+    with TimelineClient("http://ki", transport=httpx.MockTransport(handler), sleep=lambda s: None) as tl:
+        assert tl.summary("n1", 0, 1, 2) == TimelineSummary(0, 0, 0.0, ())
+        with pytest.raises(BadRequestError, match="invalid kernel regex"):
+            tl.spans("n1", 0, 1, 2, kernel="(")
+    assert calls[:2] == ["/v1/timeline/summary", "/v1/timeline/summary"]
+
+
+# ---------------------------------------------------------------- a real collector
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    t0 = (time.time_ns() // S - 600) * S
+    store = EmbeddedStore(tmp_path_factory.mktemp("sdk-timeline-store"))
+    n = 300
+    starts = t0 + np.arange(n, dtype=np.int64) * 1_000_000
+    durations = np.where(np.arange(n) % 100 == 99, 900_000, 20_000).astype(np.int64)
+    store.insert_spans(
+        SpanBatch(
+            instance=["n1"] * n,
+            gpu=np.zeros(n, np.uint16),
+            stream=(np.arange(n) % 3).astype(np.uint64),
+            kernel=["slow" if d > 100_000 else "fast" for d in durations],
+            start_ns=starts,
+            end_ns=starts + durations,
+            correlation=np.arange(n, dtype=np.uint64),
+            pid=np.full(n, 7, np.uint32),
+        )
+    )
+    store.insert_events([Event("n1", 0, t0 + 150_000_000, "oom", 2, message="cudaMalloc failed")])
+    tokens = TokenStore(tmp_path_factory.mktemp("sdk-timeline-tokens") / "tokens.json")
+    token = tokens.create("sdk", ["read"]).token
+    with running_server(create_api_app(store, tokens=tokens, interval_s=3600)) as url:
+        yield url, token, t0
+    store.close()
+
+
+def test_against_a_real_collector_spans_summary_correlation_and_perfetto(served, tmp_path):
+    url, token, t0 = served
+    with TimelineClient(url, token) as tl:
+        spans = tl.spans("n1", 0, t0 / S, t0 / S + 1, page_size=64)
+        summary = tl.summary("n1", 0, t0 / S, t0 / S + 1, slowest=2)
+        corr = tl.correlation("n1", 0, t0 / S, t0 / S + 1)
+        path = tl.to_perfetto(tmp_path / "t.json", "n1", 0, t0 / S, t0 / S + 1)
+    assert len(spans) == 300
+    assert len({s.correlation for s in spans}) == 300
+    slow = next(k for k in summary.kernels if k.kernel == "slow")
+    assert slow.count == 3
+    assert slow.max_ns == 900_000
+    assert [s.duration_ns for s in slow.slowest] == [900_000, 900_000]
+    assert slow.slowest_links[0].startswith("/v1/timeline/spans?instance=n1")
+    assert [e.kind for e in corr.events] == ["oom"]
+    checked = check_trace(path.read_bytes())
+    assert checked["phases"]["X"] == 300
+    assert sorted(checked["tracks"].values()) == [100, 100, 100]
+
+
+def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
+    url, token, t0 = served
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    out = tmp_path / "trace.json"
+    args = ["--instance", "n1", "--gpu", "0", "--from", str(t0 / S), "--to", str(t0 / S + 1)]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "timeline",
+            "export",
+            "--collector",
+            url,
+            "--token-file",
+            str(token_file),
+            *args,
+            "--kernel",
+            "slow",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KI_TOKEN": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ui.perfetto.dev" in done.stdout
+    checked = check_trace(out.read_bytes())
+    assert checked["phases"]["X"] == 3
+    assert json.loads(out.read_bytes())["otherData"]["instance"] == "n1"
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "timeline",
+            "export",
+            "--collector",
+            url,
+            "--token-file",
+            str(token_file),
+            *args,
+            "--kernel",
+            "(",
+            "-o",
+            str(tmp_path / "x.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1
+    assert "invalid kernel regex" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
