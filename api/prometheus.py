@@ -25,7 +25,6 @@ from starlette.concurrency import run_in_threadpool
 
 from kernel_insight.api.auth import Authenticator, Scope
 from kernel_insight.api.errors import error_response
-from kernel_insight.collector.store import StorageUnavailable
 from kernel_insight.kql.ast import VectorSelector
 from kernel_insight.kql.engine import Engine, EngineLimits
 from kernel_insight.kql.errors import (
@@ -203,10 +202,13 @@ def _kql_error(exc: KqlError) -> JSONResponse:
     if isinstance(exc, QueryCancelledError):
         return error_response(499, "canceled", exc.message)
     if isinstance(exc, StorageError):
-        cause = exc.__cause__
-        if isinstance(cause, StorageUnavailable):
-            retry = str(cause.retry_after_s)
-            return error_response(503, "unavailable", f"storage unavailable: {cause}", {"Retry-After": retry})
+        if exc.retry_after_s is not None:
+            # The store's own words (the innermost storage error), not the layers that wrapped them.
+            cause: BaseException = exc
+            while isinstance(cause.__cause__, StorageError):
+                cause = cause.__cause__
+            retry = {"Retry-After": str(exc.retry_after_s)}
+            return error_response(503, "unavailable", f"storage unavailable: {cause}", retry)
         return error_response(500, "internal", exc.message)
     return error_response(422, "execution", exc.message)
 
@@ -338,6 +340,8 @@ def prometheus_router(
         token = READ_BUDGET.set(budget)
         try:
             read()
+        except StorageError as exc:  # retryable stays retryable: it is read from the cause
+            raise StorageError(f"storage failed: {exc}") from exc
         except KqlError:
             raise
         except Exception as exc:

@@ -1,7 +1,8 @@
 """The collector's HTTP app: ``create_app(store)`` serves remote_write and health; the ingest router joins it.
 
 Answers follow one rule (docs/storage.md): input the client must fix is a 4xx with a message
-and is never retried; a store that cannot take writes now is a 503 with Retry-After.
+and is never retried, and so is a write the store refuses for good (422); a store that cannot
+take writes now is a 503 with Retry-After; only a fault of the server itself is a 5xx otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kernel_insight.collector.remote_write import (
     parse_remote_write,
 )
 from kernel_insight.collector.rows import SampleBatch
-from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
+from kernel_insight.collector.store import PreparedRows, StorageError, Store
 
 __all__ = ["DEFAULT_MAX_BODY", "BodyTooLarge", "create_app", "read_body"]
 
@@ -106,15 +107,14 @@ def create_app(
     app.state.metrics = metrics
     app.add_middleware(RequestMetrics, metrics=metrics)
 
-    @app.exception_handler(StorageUnavailable)
-    async def _unavailable(_: Request, exc: StorageUnavailable) -> JSONResponse:
-        log.warning("storage unavailable: %s", exc)
-        return _error(503, f"storage unavailable: {exc}", {"Retry-After": str(exc.retry_after_s)})
-
     @app.exception_handler(StorageError)
     async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
-        log.error("storage refused a write: %s", exc)
-        return _error(500, f"storage refused the write: {exc}")
+        if exc.retry_after_s is not None:
+            log.warning("storage unavailable: %s", exc)
+            return _error(503, f"storage unavailable: {exc}", {"Retry-After": str(exc.retry_after_s)})
+        # Writes answer permanent refusals themselves (4xx); one reaching here is a read's.
+        log.error("storage refused a statement: %s", exc)
+        return _error(500, f"storage refused the statement: {exc}")
 
     @app.exception_handler(BodyTooLarge)
     async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
@@ -177,6 +177,13 @@ def create_app(
             return _error(400, f"malformed remote_write request: {exc}")
         except ValueError as exc:  # rows the schema cannot hold
             return _error(400, f"remote_write request refused: {exc}")
+        except StorageError as exc:
+            if exc.retryable:
+                raise  # 503 with Retry-After (the handler above): Prometheus retries it
+            # Permanent: a 5xx would have Prometheus resend it forever and stall its queue
+            # behind it. 422, like the agent ingest's answer to the same refusal.
+            log.error("remote_write: storage refused the request: %s", exc)
+            return _error(422, f"storage refused the write: {exc}")
         return Response(status_code=204)
 
     for router in routers:

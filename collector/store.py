@@ -3,8 +3,14 @@
 Both back ends share every SQL statement; they differ only in how a statement or an
 Arrow table reaches the engine. Exceptions (what to catch)::
 
-    StorageError            the engine refused a statement (a bug or a schema mismatch)
-     +-- StorageUnavailable the store cannot take writes now: retry later (HTTP 503)
+    kql.StorageError        the engine refused a statement or its values: permanent (HTTP 4xx on
+     |                      writes, the batch is set aside; 500 on reads)
+     +-- StorageUnavailable the store cannot serve now: ``retryable``, retry later (HTTP 503)
+
+``StorageError`` is kql's (kernel_insight.kql.errors): one hierarchy and one ``retryable`` for
+reads and writes. Only ClickHouse's own errors and its transport's are turned into them; any
+other exception (a bug here) passes through unchanged, so it is never mistaken for a store that
+is merely away.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +41,7 @@ from kernel_insight.collector.rows import (
 )
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
 from kernel_insight.collector.schema import MERGE_SETTINGS, SCHEMA, Retention, cluster_ddl, single_ddl, table
+from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
     from kernel_insight.collector.query import ClickHouseStorage
@@ -107,16 +114,16 @@ class PreparedRows:
     series_keys: list[tuple[int, int]] = field(default_factory=list)
 
 
-class StorageError(Exception):
-    """The engine refused a statement; retrying the same statement will not help."""
-
-
 class StorageUnavailable(StorageError):
-    """The store cannot serve now (closed, unreachable, out of memory or disk, overloaded)."""
+    """The store cannot serve now (closed, unreachable, out of memory or disk, overloaded): retryable."""
 
     def __init__(self, message: str, retry_after_s: int = 5) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
+
+    @property
+    def retry_after_s(self) -> int:
+        """Seconds to wait before retrying (``Retry-After``)."""
+        return self._retry_after_s if self._retry_after_s is not None else 5
 
 
 def quote(text: str) -> str:
@@ -124,13 +131,49 @@ def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _classify(exc: BaseException, what: str) -> StorageError:
+#: clickhouse-connect's errors that say the statement or its data is wrong, not the connection.
+_CLIENT_PERMANENT = frozenset({"DataError", "ProgrammingError", "NotSupportedError", "IntegrityError"})
+
+
+def _is_transport(exc: BaseException) -> bool:
+    """A failure to reach the engine: sockets, TLS, HTTP (urllib3) or clickhouse-connect itself."""
+    if isinstance(exc, OSError):
+        return True
+    return any(k.__module__.split(".")[0] in {"clickhouse_connect", "urllib3"} for k in type(exc).__mro__)
+
+
+def _classify(exc: BaseException, what: str) -> StorageError | None:
+    """The storage error ``exc`` stands for, or ``None`` when it is not the engine's nor the transport's.
+
+    An engine error carries ``Code: N``: retryable codes (memory, timeouts, too many parts,
+    network) give ``StorageUnavailable``, the rest a permanent ``StorageError``. Without a code,
+    only a transport failure means the store is unreachable; anything else is a bug of ours.
+    """
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     m = _CODE_RE.search(message)
-    if m is None or int(m.group(1)) in _RETRYABLE_CODES:
-        # No server error code at all means the transport failed: the store is unreachable.
-        return StorageUnavailable(f"{what}: {message[:500]}")
-    return StorageError(f"{what}: {message[:500]}")
+    if m is not None:
+        if int(m.group(1)) in _RETRYABLE_CODES:
+            return StorageUnavailable(f"{what}: {message[:500]}")
+        return StorageError(f"{what}: {message[:500]}")
+    if not _is_transport(exc):
+        return None
+    if type(exc).__name__ in _CLIENT_PERMANENT:
+        return StorageError(f"{what}: {message[:500]}")
+    return StorageUnavailable(f"{what}: {message[:500]}")
+
+
+@contextlib.contextmanager
+def _engine_errors(what: str) -> Iterator[None]:
+    """Turn the engine's and the transport's exceptions into storage errors; others pass unchanged."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        error = _classify(exc, what)
+        if error is None:
+            raise
+        raise error from exc
 
 
 class Store(ABC):
@@ -725,17 +768,17 @@ class EmbeddedStore(Store):
 
     def _run(self, sql: str, fmt: str) -> Any:
         self._check_open()
-        with self._session_lock:
+        with self._session_lock, _engine_errors("embedded ClickHouse"):
             try:
                 return self._session.query(sql, fmt)
-            except Exception as exc:
-                # chDB hands what a statement that failed mid-stream had already produced (rows of
-                # a throwIf, a result over max_result_rows, a memory limit) to the session's next
-                # query, another thread's too, as that query's result: a throwaway statement takes
-                # it instead, before any other statement can run.
+            except Exception:
+                # chDB hands what a statement that failed mid-stream had already produced (rows
+                # of a throwIf, a result over max_result_rows, a memory limit) to the session's
+                # next query, another thread's too, as that query's result: a throwaway
+                # statement takes it instead, before any other statement can run.
                 with contextlib.suppress(Exception):
                     self._session.query("SELECT 1", "CSV")
-                raise _classify(exc, "embedded ClickHouse") from exc
+                raise
 
     def _command(self, sql: str) -> None:
         self._run(sql, "CSV")
@@ -812,32 +855,24 @@ class ServerStore(Store):
         # store needs no session state, so none is made unless the caller asks for one.
         if "autogenerate_session_id" not in dsn:
             kwargs.setdefault("autogenerate_session_id", False)
-        try:
+        with _engine_errors("cannot connect to ClickHouse"):
             client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
-        except Exception as exc:
-            raise _classify(exc, "cannot connect to ClickHouse") from exc
         return cls(client, database, retention, cluster=cluster)
 
     def _command(self, sql: str) -> None:
-        try:
+        with _engine_errors("ClickHouse"):
             self._client.command(sql)
-        except Exception as exc:
-            raise _classify(exc, "ClickHouse") from exc
 
     def _query(self, sql: str) -> pa.Table:
-        try:
+        with _engine_errors("ClickHouse"):
             result: pa.Table = self._client.query_arrow(sql)
-        except Exception as exc:
-            raise _classify(exc, "ClickHouse") from exc
         return result
 
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
         settings = {"insert_deduplication_token": token} if token else {}
         self._check_open()
-        try:
+        with _engine_errors("ClickHouse insert"):
             self._client.insert_arrow(self._table(name), data, settings=settings)
-        except Exception as exc:
-            raise _classify(exc, "ClickHouse insert") from exc
 
     def _close(self) -> None:
         self._client.close()

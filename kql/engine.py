@@ -270,6 +270,8 @@ class _Evaluator:
         token = READ_BUDGET.set(budget)
         try:
             return fn(*args)
+        except StorageError as exc:  # retryable stays retryable: it is read from the cause
+            raise StorageError(f"storage select failed: {exc}") from exc
         except KqlError:
             raise
         except Exception as exc:

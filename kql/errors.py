@@ -10,7 +10,7 @@
         ├── QueryCancelledError    its cancel token was set
         ├── TooManySamplesError    loaded more samples than allowed
         ├── TooManySeriesError     selected or produced more series than allowed
-        ├── StorageError           the storage back end failed
+        ├── StorageError           the storage back end failed (``retryable``: try again later)
         └── KqlEvaluationError     the data made it fail (duplicate label sets, NaN parameter, ...)
 
 Parse and type errors carry a position; ``str()`` shows ``line:column: parse error: message``
@@ -122,7 +122,34 @@ class TooManySeriesError(KqlExecutionError):
 
 
 class StorageError(KqlExecutionError):
-    """The storage back end raised; the original exception is ``__cause__``."""
+    """The storage back end failed; the original exception is ``__cause__``.
+
+    The one storage error of the project: the collector's store raises it (and its subclass
+    ``StorageUnavailable``) too, so every layer reads one notion of ``retryable``: the same
+    request may succeed later (store unreachable, overloaded, closed), answered 503 with
+    ``Retry-After``. A permanent one (the engine refused the statement or its values) is not
+    retried. Wrapping keeps it: an error raised ``from`` a retryable one is retryable.
+
+    >>> StorageError("disk full", retry_after_s=30).retryable
+    True
+    """
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self._retry_after_s = retry_after_s
+
+    @property
+    def retry_after_s(self) -> int | None:
+        """Seconds to wait before the same request may succeed; ``None`` when retrying cannot help."""
+        if self._retry_after_s is not None:
+            return self._retry_after_s
+        cause = self.__cause__
+        return cause.retry_after_s if isinstance(cause, StorageError) else None
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed later (HTTP 503 with ``Retry-After``)."""
+        return self.retry_after_s is not None
 
 
 class KqlEvaluationError(KqlExecutionError):
