@@ -4,26 +4,32 @@ No ClickHouse server recent enough for clickhouse-connect installs on these mach
 chDB is the ClickHouse engine in a library. This shim speaks the subset of the HTTP
 protocol clickhouse-connect uses (query in the URL or body, settings as URL parameters,
 INSERT data in the body, ``X-ClickHouse-*`` headers, errors as ``Code: N. DB::Exception``)
-and hands every statement to the real engine. It is for tests and local development only:
-no authentication, one process, one data directory (docs/storage.md says what it leaves out).
+and hands every statement to the real engine. It is a test stand-in, not part of the
+product: no authentication, one process, one data directory (docs/storage.md says what it
+leaves out).
 
-Run: ``python -m kernel_insight.collector.chdb_http --path DIR --port 0`` prints ``port=<n>``.
+Run: ``python tests/chdb_http.py --path DIR --port 0`` prints ``port=<n>``; tests use
+``running_shim(path)``, which starts it as its own process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-__all__ = ["serve"]
+__all__ = ["running_shim", "serve"]
 
 # Parameters that steer the HTTP layer rather than the query; everything else is a setting.
 _TRANSPORT = {
@@ -253,6 +259,28 @@ def serve(path: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPSer
     server = ThreadingHTTPServer((host, port), _handler(_Engine(path)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+@contextlib.contextmanager
+def running_shim(path: str | Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run the shim in its own process over chDB directory ``path``: yields (process, base URL).
+
+    Its own process, as a ClickHouse server would be: the clients under test share nothing
+    with the engine but the socket. Killed on exit (a test may kill it before).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--path", str(path), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("port="), line
+        yield proc, f"http://127.0.0.1:{line.removeprefix('port=')}"
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:

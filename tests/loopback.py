@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from chdb_http import running_shim
 from fastapi import FastAPI
 
 from kernel_insight.api.app import listening_socket
@@ -41,19 +40,7 @@ def running_server(app: FastAPI) -> Iterator[str]:
 
 @contextlib.contextmanager
 def chdb_http_server(path: Path) -> Iterator[str]:
-    """A ClickHouse HTTP front over chDB (``collector/chdb_http.py``) on 127.0.0.1; yields its URL.
+    """A ClickHouse HTTP front over chDB (``tests/chdb_http.py``) on 127.0.0.1; yields its URL.
     Several ``ServerStore`` clients or collector processes share it as they would a ClickHouse server."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernel_insight.collector.chdb_http", "--path", str(path), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline().strip()
-        assert line.startswith("port="), line
-        yield f"http://127.0.0.1:{line.removeprefix('port=')}"
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
+    with running_shim(path) as (_, url):
+        yield url

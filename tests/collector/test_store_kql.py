@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+from chdb_http import running_shim
 
 from kernel_insight.collector.query import matcher_sql
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, Storage
-
-
-def start_http_shim(path):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernel_insight.collector.chdb_http", "--path", str(path), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline().strip()
-    assert line.startswith("port="), line
-    return proc, int(line.removeprefix("port="))
-
 
 BASE = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
 
@@ -49,7 +37,7 @@ def _data():
 @pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb", "clickhouse-connect-http"])
 def stores(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    shim = None
+    shim = contextlib.ExitStack()
     if request.param == "embedded":
         store = EmbeddedStore(path)
     elif request.param == "clickhouse-connect-chdb":
@@ -57,8 +45,8 @@ def stores(request, tmp_path_factory):
         store = ServerStore.connect(f"chdb://{path}")
     else:
         # clickhouse-connect's HTTP client against the ClickHouse HTTP shim over chDB (another process).
-        shim, port = start_http_shim(path)
-        store = ServerStore.connect(f"http://127.0.0.1:{port}")  # default client settings
+        _, url = shim.enter_context(running_shim(path))
+        store = ServerStore.connect(url)  # default client settings
     mem = MemoryStorage()
     b = SampleBuilder()
     for labels, ts, vs in _data():
@@ -67,10 +55,7 @@ def stores(request, tmp_path_factory):
     store.insert_batch("seed", samples=b.build())
     yield store.storage(), mem
     store.close()
-    if shim is not None:
-        shim.kill()
-        shim.wait()
-        shim.stdout.close()
+    shim.close()
 
 
 def test_is_a_kql_storage(stores):

@@ -6,12 +6,11 @@ No ClickHouse server recent enough for clickhouse-connect installs here (docs/st
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+from chdb_http import running_shim
 
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import ServerStore, StorageError, StorageUnavailable
@@ -21,25 +20,8 @@ NOW_MS = (int(time.time()) // 60) * 60_000
 
 @pytest.fixture
 def shim(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel_insight.collector.chdb_http",
-            "--path",
-            str(tmp_path / "d"),
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline().strip()
-    assert line.startswith("port="), line
-    yield proc, f"http://127.0.0.1:{line.removeprefix('port=')}"
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    with running_shim(tmp_path / "d") as (proc, url):
+        yield proc, url
 
 
 def _batch():
