@@ -15,7 +15,10 @@
 #define NEG_OFF (1 << 22)
 #define NEG_LIMIT (-(1 << 21))
 
+/* One histogram's record: key and state in the first cache line, then its sorted
+ * bucket keys, then their counts, so an observation touches one contiguous block. */
 struct ki_hist {
+    struct ki_histogram_key key;
     int32_t schema;
     uint32_t n; /* populated buckets */
     double zero_threshold;
@@ -24,16 +27,18 @@ struct ki_hist {
     uint32_t hint; /* last bucket position touched */
 };
 
+#define LINE 64
+
 struct ki_histtab {
     struct ki_histogram_config cfg;
     uint32_t room;       /* bucket slots per histogram: max_buckets + 1 */
     uint32_t used;       /* histograms in use */
     uint32_t hash_mask;
     uint32_t *hash;      /* slot + 1, 0 = empty */
-    struct ki_histogram_key *keys;
-    struct ki_hist *hists;
-    int32_t *bkeys;      /* room per histogram */
-    uint64_t *bcounts;   /* room per histogram */
+    size_t stride;       /* bytes per record, a multiple of LINE */
+    size_t counts_at;    /* offset of the counts in a record */
+    void *block;         /* the records' allocation; recs is it aligned to LINE */
+    uint8_t *recs;
     uint64_t keys_refused, obs_refused, bucket_refused, bytes;
 };
 
@@ -104,31 +109,34 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     uint32_t hsize = 2;
     while (hsize < 2 * cfg->max_keys) hsize <<= 1;
     t->hash_mask = hsize - 1;
-    size_t nb = (size_t)cfg->max_keys * t->room;
+    t->counts_at = (sizeof(struct ki_hist) + (size_t)t->room * sizeof(int32_t) + 7) & ~(size_t)7;
+    t->stride = (t->counts_at + (size_t)t->room * sizeof(uint64_t) + LINE - 1) & ~(size_t)(LINE - 1);
+    size_t rbytes = (size_t)cfg->max_keys * t->stride + LINE;
     t->hash = calloc(hsize, sizeof *t->hash);
-    t->keys = calloc(cfg->max_keys, sizeof *t->keys);
-    t->hists = calloc(cfg->max_keys, sizeof *t->hists);
-    t->bkeys = calloc(nb, sizeof *t->bkeys);
-    t->bcounts = calloc(nb, sizeof *t->bcounts);
-    if (!t->hash || !t->keys || !t->hists || !t->bkeys || !t->bcounts) {
+    t->block = calloc(1, rbytes); /* zero pages: only records in use are touched */
+    if (!t->hash || !t->block) {
         ki_histtab_destroy(t);
         errno = ENOMEM;
         return NULL;
     }
-    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash +
-               (uint64_t)cfg->max_keys * (sizeof *t->keys + sizeof *t->hists) +
-               (uint64_t)nb * (sizeof *t->bkeys + sizeof *t->bcounts);
+    t->recs = (uint8_t *)(((uintptr_t)t->block + LINE - 1) & ~(uintptr_t)(LINE - 1));
+    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash + rbytes;
     return t;
 }
 
 void ki_histtab_destroy(struct ki_histtab *t) {
     if (!t) return;
     free(t->hash);
-    free(t->keys);
-    free(t->hists);
-    free(t->bkeys);
-    free(t->bcounts);
+    free(t->block);
     free(t);
+}
+
+static struct ki_hist *rec(const struct ki_histtab *t, uint32_t slot) {
+    return (struct ki_hist *)(void *)(t->recs + (size_t)slot * t->stride);
+}
+static int32_t *rec_keys(struct ki_hist *h) { return (int32_t *)(void *)(h + 1); }
+static uint64_t *rec_counts(const struct ki_histtab *t, struct ki_hist *h) {
+    return (uint64_t *)(void *)((uint8_t *)h + t->counts_at);
 }
 
 static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key, uint32_t *pos) {
@@ -139,7 +147,7 @@ static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key
             *pos = i;
             return -ENOENT;
         }
-        if (key_eq(&t->keys[s - 1], key)) return (int)(s - 1);
+        if (key_eq(&rec(t, s - 1)->key, key)) return (int)(s - 1);
         i = (i + 1) & t->hash_mask;
     }
 }
@@ -150,7 +158,7 @@ int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *k
 }
 
 const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32_t slot) {
-    return slot < t->used ? &t->keys[slot] : NULL;
+    return slot < t->used ? &rec(t, slot)->key : NULL;
 }
 
 /* Position of sort key sk in the histogram's sorted buckets, or where it goes (*found = 0). */
@@ -236,14 +244,14 @@ int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key,
         }
         slot = (int)t->used++;
         t->hash[pos] = (uint32_t)slot + 1;
-        t->keys[slot] = *key;
-        struct ki_hist *nh = &t->hists[slot];
+        struct ki_hist *nh = rec(t, (uint32_t)slot);
+        nh->key = *key;
         nh->schema = t->cfg.schema;
         nh->zero_threshold = t->cfg.zero_threshold;
     }
-    struct ki_hist *h = &t->hists[slot];
-    int32_t *bk = t->bkeys + (size_t)slot * t->room;
-    uint64_t *bc = t->bcounts + (size_t)slot * t->room;
+    struct ki_hist *h = rec(t, (uint32_t)slot);
+    int32_t *bk = rec_keys(h);
+    uint64_t *bc = rec_counts(t, h);
     if (!isnan(v)) {
         int32_t sk;
         if (v > h->zero_threshold)
@@ -320,9 +328,9 @@ static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, u
 
 int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_export *out) {
     if (slot >= t->used) return -ENOENT;
-    const struct ki_hist *h = &t->hists[slot];
-    const int32_t *bk = t->bkeys + (size_t)slot * t->room;
-    const uint64_t *bc = t->bcounts + (size_t)slot * t->room;
+    struct ki_hist *h = rec(t, slot);
+    const int32_t *bk = rec_keys(h);
+    const uint64_t *bc = rec_counts(t, h);
     out->schema = h->schema;
     out->zero_threshold = h->zero_threshold;
     out->zero_count = h->zero_count;
