@@ -2,10 +2,12 @@
  * bench_histogram_core: CPU per observation into the agent's native-histogram table
  * (agent/src/histogram.c) with 10,000 distinct keys, and the table's memory.
  *
- * Observations are pre-generated (keys uniform over the table, which is the cache's
- * worst case; durations lognormal around 50 us with 1% stragglers 10-1000x slower) and
- * fed in ticks of 100,000 (one 100 ms drain tick at 1M observations/s) for `seconds`
- * simulated seconds. Prints key=value pairs; bench/histogram turns them into the BENCH line.
+ * Observations are pre-generated (durations lognormal around 50 us with 1% stragglers
+ * 10-1000x slower) and fed in ticks of 100,000 (one 100 ms drain tick at 1M observations/s)
+ * for `seconds` simulated seconds, twice: keys uniform over the 10,000 (the cache's worst
+ * case), then Zipf-distributed (s = 1.1: a few hot kernels, a long tail of rare ones, as
+ * a training step launches them). Prints key=value pairs; bench/histogram turns them into
+ * the BENCH line.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -51,10 +53,22 @@ int main(int argc, char **argv) {
     static struct ki_histogram_key keys[KEYS];
     for (uint32_t i = 0; i < KEYS; i++)
         keys[i] = (struct ki_histogram_key){1000 + i % 4, 0, i % 8 == 7 ? KI_HISTOGRAM_NO_STREAM : i % 8, i};
-    uint16_t *kidx = malloc(POOL * sizeof *kidx);
-    double *dur = malloc(POOL * sizeof *dur);
-    if (!kidx || !dur) return 1;
+    uint16_t *kidx = malloc(POOL * sizeof *kidx), *zidx = malloc(POOL * sizeof *zidx);
+    double *dur = malloc(POOL * sizeof *dur), *cdf = malloc(KEYS * sizeof *cdf);
+    if (!kidx || !zidx || !dur || !cdf) return 1;
+    double acc = 0;
+    for (uint32_t i = 0; i < KEYS; i++) cdf[i] = acc += pow(i + 1, -1.1);
     for (uint32_t i = 0; i < POOL; i++) {
+        double u = urand() * acc;
+        uint32_t lo = 0, hi = KEYS - 1;
+        while (lo < hi) {
+            uint32_t mid = (lo + hi) / 2;
+            if (cdf[mid] < u)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        zidx[i] = (uint16_t)((lo * 7919u) % KEYS); /* hot keys scattered over the table */
         kidx[i] = (uint16_t)(urand() * KEYS);
         double z = sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand());
         dur[i] = 50e-6 * exp(0.6 * z) * (urand() < 0.01 ? 10 + 990 * urand() : 1);
@@ -78,15 +92,24 @@ int main(int argc, char **argv) {
         n += TICK;
     }
     double total = cpu_s() - c0;
+    double z0 = cpu_s();
+    for (int s = 0; s < seconds * 10; s++)
+        for (int i = 0; i < TICK; i++) {
+            ki_histtab_observe(t, &keys[zidx[pos]], dur[pos]);
+            pos = (pos + 1) & (POOL - 1);
+        }
+    double zipf = cpu_s() - z0;
     struct ki_histtab_stats st;
     ki_histtab_stats(t, &st);
-    printf("ns_per_obs=%.1f best_tick_ns_per_obs=%.1f table_kb=%llu hwm_growth_kb=%ld keys=%llu obs=%llu "
+    printf("ns_per_obs=%.1f zipf_ns_per_obs=%.1f best_tick_ns_per_obs=%.1f table_kb=%llu hwm_growth_kb=%ld keys=%llu obs=%llu "
            "schema=%d max_buckets=%u refused=%llu\n",
-           total / (double)n * 1e9, best_tick / TICK * 1e9, (unsigned long long)(st.bytes / 1024),
+           total / (double)n * 1e9, zipf / (double)n * 1e9, best_tick / TICK * 1e9, (unsigned long long)(st.bytes / 1024),
            hwm_kb() - hwm0, (unsigned long long)st.keys, (unsigned long long)n, schema, max_buckets,
            (unsigned long long)(st.obs_refused + st.bucket_refused));
     ki_histtab_destroy(t);
     free(kidx);
+    free(zidx);
+    free(cdf);
     free(dur);
     return 0;
 }
