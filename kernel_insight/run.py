@@ -153,6 +153,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(
                     f'  curl -H "Authorization: Bearer $(cat {data / "read.token"})" {url}/v1/health/snapshot'
                 )
+                print(f"ki run: web UI at {url}/ (sign in with that token; docs/ui.md)")
                 if rules is not None:
                     print(f"ki run: alert rules from {rules} (docs/rules.md); pending and firing alerts:")
                     print(

@@ -8,16 +8,19 @@ the browser is the distribution's ``/usr/bin/chromium`` (scripts/bootstrap.sh in
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.api.__main__ import populate
-from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.rows import SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "chromium", "populate_fleet"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "KERNELS", "chromium", "populate_fleet", "populate_spans"]
 
 #: Debian's chromium package.
 CHROMIUM = "/usr/bin/chromium"
@@ -64,3 +67,46 @@ def populate_fleet(path: Path, instances: int, now_ms: int, *, hot: tuple[str, .
         b.add({**labels, "model": "NVIDIA H100 80GB HBM3"}, now_ms - 500, 95.0)
     with EmbeddedStore(path) as store:
         store.insert_samples(b.build())
+
+
+#: The kernels ``populate_spans`` draws from.
+KERNELS = (
+    "gemm_fp16_128x128",
+    "flash_attn_fwd",
+    "layernorm_fwd",
+    "nccl_allreduce_ring",
+    "softmax_fp32",
+    "memcpy_d2d",
+)
+
+
+def populate_spans(
+    path: Path,
+    instance: str,
+    gpu: int,
+    start_ns: int,
+    count: int,
+    *,
+    streams: int = 4,
+    window_ns: int = 10_000_000_000,
+) -> None:
+    """``count`` kernel spans of one GPU in ``[start_ns, start_ns + window_ns)``, back to back on
+    ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot."""
+    rng = random.Random(19)
+    per = -(-count // streams)
+    slot = window_ns // per
+    rows = [(s, i) for i in range(per) for s in range(streams)][:count]
+    starts = np.array([start_ns + i * slot for _, i in rows], np.int64)
+    durs = np.array([int(slot * rng.uniform(0.25, 0.9)) for _ in rows], np.int64)
+    batch = SpanBatch(
+        instance=[instance] * count,
+        gpu=np.full(count, gpu, np.uint16),
+        stream=np.array([0x7F0000001000 + s * 0x100 for s, _ in rows], np.uint64),
+        kernel=[KERNELS[rng.randrange(len(KERNELS))] for _ in rows],
+        start_ns=starts,
+        end_ns=starts + durs,
+        correlation=np.arange(1, count + 1, dtype=np.uint64),
+        pid=np.full(count, 4242, np.uint32),
+    )
+    with EmbeddedStore(path) as store:
+        store.insert_spans(batch)

@@ -7,8 +7,14 @@ new tab signed in with a read token (sessionStorage, as the sign-in page leaves 
 ``/#/fleet``; the page records ``performance.now()`` in the first animation frame after the grid
 is in the DOM (``window.kiFleetFirstPaintMs``): navigation, the page's files, the snapshot GET
 and the rendering, on the browser's own clock. One warm-up round (the snapshot's first build),
-then the median of ``--rounds``. ``timeline_fps`` is 0: the Timeline page is not built yet
-(it needs the timelines API). Ends with one ``BENCH ui ...`` line.
+then the median of ``--rounds``.
+
+Target: the timeline draws 100,000 spans at >= 30 frames per second while panning. The same
+store holds ``--spans`` kernel spans of node-0001's GPU 0 over 10 s on 4 streams; the Timeline
+page loads them all (``/v1/timeline/spans``, pages of 10,000), then ``kiTimeline.panFps`` pans
+a few pixels every animation frame for 3 s over the whole window, so every frame draws every
+span (the worst case: zoomed in, fewer are in view), and counts frames. Ends with one
+``BENCH ui ...`` line.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.api.__main__ import start_server
-from bench.ui import chromium, populate_fleet
+from bench.ui import chromium, populate_fleet, populate_spans
 from kernel_insight.api.auth import TokenStore
 
 
@@ -41,16 +47,39 @@ def first_paint_ms(browser: Any, url: str, token: str) -> tuple[float, int]:
         context.close()
 
 
+def timeline_fps(browser: Any, url: str, token: str, start_s: int, spans: int) -> tuple[float, float]:
+    """Seconds to load the window's spans, and frames per second while panning over all of them."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        context.add_init_script(f"sessionStorage.setItem('ki.token', {token!r})")
+        page = context.new_page()
+        t0 = time.perf_counter()
+        page.goto(f"{url}/#/timeline?instance=node-0001&gpu=0&from={start_s - 1}&to={start_s + 11}")
+        page.wait_for_selector("#t-count", timeout=300_000)
+        loaded = time.perf_counter() - t0
+        shown = int(page.get_attribute("#t-count", "data-spans") or 0)
+        if shown != spans:
+            raise SystemExit(f"the timeline holds {shown} spans, not {spans}")
+        return loaded, float(page.evaluate("kiTimeline.panFps(3000, 3)"))
+    finally:
+        context.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.ui", description=__doc__)
     ap.add_argument("--instances", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--spans", type=int, default=100_000)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ki-bench-ui-") as tmp:
         data, tokens_path = Path(tmp) / "data", Path(tmp) / "tokens.json"
         t0 = time.perf_counter()
         populate_fleet(data, args.instances, int(time.time() * 1000))
-        print(f"populated {args.instances} instances x 8 GPUs in {time.perf_counter() - t0:.1f} s")
+        start_s = int(time.time()) - 120
+        populate_spans(data, "node-0001", 0, start_s * 1_000_000_000, args.spans)
+        print(
+            f"populated {args.instances} instances x 8 GPUs and {args.spans} spans in {time.perf_counter() - t0:.1f} s"
+        )
         token = TokenStore(tokens_path).create("bench", ["read"]).token
         proc, url = start_server(data, tokens_path)
         rounds: list[float] = []
@@ -63,14 +92,17 @@ def main() -> None:
                     if tiles != args.instances:
                         raise SystemExit(f"the grid shows {tiles} tiles, not {args.instances}")
                     rounds.append(ms)
+                loaded, fps = timeline_fps(browser, url, token, start_s, args.spans)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     median = statistics.median(rounds)
     print(f"fleet first paint, {args.instances} instances: " + ", ".join(f"{r:.0f}" for r in rounds) + " ms")
     print(f"load average {os.getloadavg()[0]:.1f}, cpus {os.cpu_count()}: server and browser share them")
-    print("timeline_fps=0: the Timeline page does not exist yet (it needs the timelines API)")
-    print(f"BENCH ui fleet_first_paint_ms={median:.0f} timeline_fps=0")
+    print(
+        f"timeline: {args.spans} spans loaded in {loaded:.1f} s; panning, every span in view: {fps:.1f} frames/s"
+    )
+    print(f"BENCH ui fleet_first_paint_ms={median:.0f} timeline_fps={fps:.0f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The web UI in a real browser (Debian's chromium through Playwright) against a real ``ki collector``.
 
 The collector runs over an embedded store holding 40 instances x 8 GPUs (``bench.ui.populate_fleet``;
-node-0003's GPU 0 at 95 degrees, so the health rule marks it unhealthy), with a rule file whose
-alert fires on that GPU. Screenshots of each page go to the test's tmp dir.
+node-0003's GPU 0 at 95 degrees, so the health rule marks it unhealthy) and 20,000 kernel spans of
+node-0001's GPU 0 (``bench.ui.populate_spans``), with a rule file whose alert fires on the hot GPU.
+Screenshots of each page go to the test's tmp dir.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -20,11 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the browser and the fleet live with the benchmark that shares them
     sys.path.insert(0, str(REPO))
 
-from bench.ui import chromium, populate_fleet  # noqa: E402
+from bench.ui import KERNELS, chromium, populate_fleet, populate_spans  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 INSTANCES = 40
+SPANS = 20_000
+#: The spans' window: 10 s of node-0001's GPU 0 starting two minutes before the test (whole seconds).
+SPAN_START_S = int(time.time()) - 120
 RULES = """
 groups:
   - name: gpu
@@ -52,6 +57,7 @@ def browser() -> Iterator[object]:
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCollector]:
     tmp = tmp_path_factory.mktemp("ui")
     populate_fleet(tmp / "data", INSTANCES, int(time.time() * 1000), hot=("node-0003",))
+    populate_spans(tmp / "data", "node-0001", 0, SPAN_START_S * 1_000_000_000, SPANS)
     rules = tmp / "rules.yml"
     rules.write_text(RULES)
     with running_collector(tmp, "--rules", str(rules)) as c:
@@ -161,11 +167,57 @@ def test_alerts_show_the_firing_alert_and_each_rule_with_its_last_evaluation(pag
     page.screenshot(path=tmp_path / "alerts.png", full_page=True)
 
 
-def test_kernels_and_timeline_say_they_are_not_available_yet_and_sign_out_forgets_the_token(page, collector):
+def _window() -> str:
+    return f"instance=node-0001&gpu=0&from={SPAN_START_S - 1}&to={SPAN_START_S + 11}"
+
+
+def test_kernels_lists_each_kernel_of_the_window_and_says_heatmaps_are_not_available(
+    page, collector, tmp_path
+):
     _sign_in(page, collector)
-    for name in ("kernels", "timeline"):
-        page.goto(f"{collector.url}/#/{name}")
-        page.wait_for_selector("#not-available:has-text('Not available yet')")
+    page.goto(f"{collector.url}/#/kernels?{_window()}")
+    page.wait_for_selector("#kernels tr.kernel")
+    rows = page.locator("#kernels tr.kernel")
+    assert rows.count() == len(KERNELS)
+    assert {rows.nth(n).locator("td").first.inner_text() for n in range(rows.count())} == set(KERNELS)
+    assert f"{SPANS} spans" in page.inner_text("#k-body")
+    assert "not available yet" in page.inner_text("#not-available")
+    page.screenshot(path=tmp_path / "kernels.png", full_page=True)
+
+
+def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports(page, collector, tmp_path):
+    _sign_in(page, collector)
+    page.goto(f"{collector.url}/#/timeline?{_window()}")
+    page.wait_for_selector("#t-count", timeout=60_000)
+    assert page.get_attribute("#t-count", "data-spans") == str(SPANS)
+    assert page.get_attribute("#t-count", "data-lanes") == "4"
+    whole = page.evaluate("kiTimeline.view()")
+    box = page.locator("#t-canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    for _ in range(10):
+        page.mouse.wheel(0, -100)  # zoom in around the pointer
+    page.wait_for_function(f"kiTimeline.view().t1 - kiTimeline.view().t0 < {(whole['t1'] - whole['t0']) / 5}")
+    zoomed = page.evaluate("kiTimeline.view()")
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] / 2 - 200, box["y"] + box["height"] / 2)
+    page.mouse.up()
+    panned = page.evaluate("kiTimeline.view()")
+    assert panned["t0"] > zoomed["t0"]  # dragging left shows later spans
+    assert abs((panned["t1"] - panned["t0"]) - (zoomed["t1"] - zoomed["t0"])) < 1e-3 * (
+        zoomed["t1"] - zoomed["t0"]
+    )
+    page.screenshot(path=tmp_path / "timeline.png")
+    fps = page.evaluate("kiTimeline.panFps(500, 4)")
+    assert fps > 0  # the figure itself is make bench-ui's
+
+    with page.expect_download() as dl:
+        page.click("#t-export")
+    trace = json.loads(Path(dl.value.path()).read_text())
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == SPANS
+
+
+def test_sign_out_forgets_the_token(page, collector):
+    _sign_in(page, collector)
     page.click("#signout")
     page.wait_for_selector("#login")
     assert page.evaluate("sessionStorage.getItem('ki.token')") is None

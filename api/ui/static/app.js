@@ -218,7 +218,9 @@ async function pageInstance(id) {
     </table>
     <h1>GPUs</h1>
     <table id="instance-gpus"><tr><th>GPU</th><th>free</th><th>total</th><th>free ratio</th><th>°C</th><th>SM use</th></tr>${rows || `<tr><td colspan="6" class="muted">no GPU gauges in the last 5 minutes</td></tr>`}</table>
-    <p><a href="${explore(`gpu_memory_free_bytes${sel} / gpu_memory_total_bytes${sel}`)}">Free memory ratio per GPU in Explore</a></p>
+    <p><a href="${explore(`gpu_memory_free_bytes${sel} / gpu_memory_total_bytes${sel}`)}">Free memory ratio per GPU in Explore</a>
+      · GPU 0, last 15 minutes: <a href="#/kernels?${new URLSearchParams({ instance: i.id, gpu: 0 })}">kernels</a>,
+      <a href="#/timeline?${new URLSearchParams({ instance: i.id, gpu: 0 })}">timeline</a></p>
     <h1>Recent errors</h1>
     <table><tr><th>time</th><th>GPU</th><th>kind</th><th>code</th><th>message</th></tr>${(rec.recent_errors || []).map((e) =>
       `<tr><td>${fmtTime(e.ts_ms)}</td><td>${esc(e.gpu)}</td><td>${esc(e.kind)}</td><td>${esc(e.code)}</td><td>${esc(e.message)}</td></tr>`).join("") || `<tr><td colspan="5" class="muted">none</td></tr>`}</table>`;
@@ -408,10 +410,206 @@ function renderAlerts(groups, alerts) {
     ${rules || `<p class="muted">No rule groups: start the collector with <code>--rules FILE</code> (docs/rules.md).</p>`}`;
 }
 
-// ---- not available yet -----------------------------------------------------------------
+// ---- kernels and timeline: one GPU's window (/v1/timeline/*) ------------------------------
 
-function pagePlaceholder(title, why) {
-  main.innerHTML = `<h1>${esc(title)}</h1><div class="placeholder" id="not-available"><b>Not available yet.</b> ${why}</div>`;
+// The window a kernels or timeline page looks at: instance, GPU and [from, to) in unix seconds.
+function windowOf(params) {
+  const now = Date.now() / 1000;
+  const to = Number(params.get("to")) || now;
+  const from = Number(params.get("from")) || to - 900;
+  return { instance: params.get("instance") || "", gpu: params.get("gpu") || "0", from, to };
+}
+
+function windowForm(w, page) {
+  const iso = (t) => new Date(t * 1000).toISOString().slice(0, 19);
+  return `<form class="toolbar" id="w-form">
+    <label>Instance <input id="w-instance" value="${esc(w.instance)}" placeholder="node-0001" required></label>
+    <label>GPU <input id="w-gpu" value="${esc(w.gpu)}" size="3"></label>
+    <label>From (UTC) <input id="w-from" value="${iso(w.from)}" size="20"></label>
+    <label>To <input id="w-to" value="${iso(w.to)}" size="20"></label>
+    <button type="submit">Show</button></form>`;
+}
+
+function bindWindowForm(page) {
+  document.getElementById("w-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const t = (id) => Date.parse(document.getElementById(id).value + "Z") / 1000;
+    const p = new URLSearchParams({ instance: document.getElementById("w-instance").value, gpu: document.getElementById("w-gpu").value, from: t("w-from"), to: t("w-to") });
+    location.hash = `#/${page}?${p}`;
+  });
+}
+
+function windowQuery(w) {
+  return new URLSearchParams({ instance: w.instance, gpu: w.gpu, from: w.from, to: w.to });
+}
+
+function fmtNs(ns) {
+  if (ns === null || ns === undefined) return "–";
+  if (ns >= 1e9) return `${fmtNum(ns / 1e9, 3)} s`;
+  if (ns >= 1e6) return `${fmtNum(ns / 1e6, 3)} ms`;
+  if (ns >= 1e3) return `${fmtNum(ns / 1e3, 3)} µs`;
+  return `${ns} ns`;
+}
+
+async function pageKernels(params) {
+  const w = windowOf(params);
+  main.innerHTML = `<h1>Kernels</h1>${windowForm(w, "kernels")}<div id="k-body"></div>`;
+  bindWindowForm("kernels");
+  if (!w.instance) { document.getElementById("k-body").innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  const q = windowQuery(w);
+  q.set("kernels", "100");
+  const s = await api(`/v1/timeline/summary?${q}`);
+  const rows = s.kernels.map((k) => `<tr class="kernel"><td><code>${esc(k.kernel)}</code></td><td class="num">${k.count}</td>` +
+    `<td class="num">${fmtNs(k.total_ns)}</td><td class="num">${fmtPct(k.share)}</td><td class="num">${fmtNs(k.p50_ns)}</td>` +
+    `<td class="num">${fmtNs(k.p90_ns)}</td><td class="num">${fmtNs(k.p99_ns)}</td><td class="num">${fmtNs(k.max_ns)}</td></tr>`).join("");
+  document.getElementById("k-body").innerHTML = `<p>${s.span_count} spans, ${fmtNs(s.total_ns)} of kernel time, GPU busy ${fmtPct(s.busy_ratio)}
+    · <a href="#/timeline?${windowQuery(w)}">open the timeline</a></p>
+    <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
+    <div class="placeholder" id="not-available"><b>Latency heatmaps: not available yet.</b> A heatmap over time per kernel needs native histograms in the store and the query API, which are not done yet.</div>`;
+}
+
+const LANE_H = 22;
+const COLOURS = ["#4a7bd0", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22", "#c0392b", "#34495e"];
+
+async function pageTimeline(params) {
+  const w = windowOf(params);
+  main.innerHTML = `<h1>Timeline</h1>${windowForm(w, "timeline")}<div id="t-body"></div>`;
+  bindWindowForm("timeline");
+  const body = document.getElementById("t-body");
+  if (!w.instance) { body.innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  body.innerHTML = `<p class="muted" id="t-status">Loading spans…</p>`;
+  // Every page of the window (10,000 spans each), into columns: a 100,000-span window is ~10 requests.
+  const names = [], nameIx = new Map(), streams = new Map();
+  let start = [], dur = [], lane = [], kern = [];
+  const origin = Math.floor(w.from) * 1e9;
+  let cursor = null;
+  do {
+    const q = windowQuery(w);
+    q.set("limit", "10000");
+    if (cursor) q.set("cursor", cursor);
+    const page = await api(`/v1/timeline/spans?${q}`);
+    for (const s of page.spans) {
+      if (!streams.has(String(s.stream))) streams.set(String(s.stream), streams.size);
+      if (!nameIx.has(s.kernel)) { nameIx.set(s.kernel, names.length); names.push(s.kernel); }
+      start.push(s.start_ns - origin); dur.push(s.duration_ns); lane.push(streams.get(String(s.stream))); kern.push(nameIx.get(s.kernel));
+    }
+    cursor = page.next_cursor;
+    const st = document.getElementById("t-status");
+    if (st) st.textContent = `Loading spans… ${start.length}`;
+  } while (cursor);
+  const tl = {
+    start: Float64Array.from(start), dur: Float64Array.from(dur), lane: Uint16Array.from(lane), kern: Uint32Array.from(kern),
+    names, lanes: [...streams.keys()], maxDur: dur.reduce((m, d) => (d > m ? d : m), 0),
+    t0: 0, t1: (w.to - Math.floor(w.from)) * 1e9, offset: (w.from - Math.floor(w.from)) * 1e9,
+  };
+  tl.t0 = tl.offset;
+  start = dur = lane = kern = null;
+  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}">${tl.start.length} spans on ${tl.lanes.length} streams</span>
+      <span class="muted">wheel: zoom · drag: pan · double-click: whole window</span>
+      <button type="button" id="t-export">Open in Perfetto (download trace)</button>
+      <span id="t-range" class="muted"></span></div>
+    <canvas id="t-canvas"></canvas><div id="t-hover" class="muted"></div>
+    <p class="muted">Host launches, NCCL operations and memory allocations are not stored per call yet, so they have no tracks here (docs/api.md).</p>`;
+  const canvas = document.getElementById("t-canvas");
+  const ctx = canvas.getContext("2d");
+  const width = main.clientWidth - 4;
+  const height = 24 + tl.lanes.length * LANE_H;
+  canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
+  canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
+  ctx.scale(devicePixelRatio, devicePixelRatio);
+  const LEFT = 150;
+  const draw = () => {
+    const { t0, t1 } = tl;
+    const scale = (width - LEFT) / (t1 - t0);
+    ctx.clearRect(0, 0, width, height);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#1c1f24";
+    for (let l = 0; l < tl.lanes.length; l++) ctx.fillText(`stream 0x${Number(tl.lanes[l]).toString(16)}`, 4, 24 + l * LANE_H + 14);
+    // first span that can reach t0: binary search on start - maxDur
+    let lo = 0, hi = tl.start.length;
+    const from = t0 - tl.maxDur;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (tl.start[m] < from) lo = m + 1; else hi = m; }
+    const paths = COLOURS.map(() => new Path2D());
+    const lastPx = new Float64Array(tl.lanes.length).fill(-1);
+    const labels = [];
+    for (let i = lo; i < tl.start.length; i++) {
+      const s = tl.start[i];
+      if (s > t1) break;
+      const e = s + tl.dur[i];
+      if (e < t0) continue;
+      const l = tl.lane[i];
+      let x0 = LEFT + (s - t0) * scale, x1 = LEFT + (e - t0) * scale;
+      if (x1 <= lastPx[l]) continue; // this pixel column of the lane is painted already
+      x0 = Math.max(x0, lastPx[l], LEFT); x1 = Math.min(Math.max(x1, x0 + 1), width);
+      lastPx[l] = x1;
+      paths[tl.kern[i] % COLOURS.length].rect(x0, 24 + l * LANE_H + 2, x1 - x0, LANE_H - 4);
+      if (x1 - x0 > 50 && labels.length < 500) labels.push([i, x0, x1, l]);
+    }
+    paths.forEach((p, n) => { ctx.fillStyle = COLOURS[n]; ctx.fill(p); });
+    ctx.fillStyle = "#fff";
+    for (const [i, x0, x1, l] of labels) {
+      ctx.save(); ctx.beginPath(); ctx.rect(x0, 24 + l * LANE_H, x1 - x0 - 2, LANE_H); ctx.clip();
+      ctx.fillText(tl.names[tl.kern[i]], x0 + 3, 24 + l * LANE_H + 15); ctx.restore();
+    }
+    ctx.fillStyle = "#555";
+    for (let k = 0; k <= 4; k++) {
+      const t = t0 + (t1 - t0) * k / 4;
+      ctx.fillText(`+${fmtNs(Math.round(t - tl.offset))}`, LEFT + (width - LEFT - 60) * k / 4, 12);
+    }
+    document.getElementById("t-range").textContent = `showing ${fmtNs(Math.round(t1 - t0))}`;
+  };
+  const clamp = () => {
+    const full = [tl.offset, (w.to - Math.floor(w.from)) * 1e9];
+    const span = Math.max(1000, Math.min(tl.t1 - tl.t0, full[1] - full[0]));
+    tl.t0 = Math.min(Math.max(tl.t0, full[0]), full[1] - span); tl.t1 = tl.t0 + span;
+  };
+  let pending = false;
+  const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; draw(); }); } };
+  canvas.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    const at = tl.t0 + (Math.max(ev.offsetX, LEFT) - LEFT) / (width - LEFT) * (tl.t1 - tl.t0);
+    const k = ev.deltaY > 0 ? 1.25 : 0.8;
+    tl.t0 = at - (at - tl.t0) * k; tl.t1 = at + (tl.t1 - at) * k; clamp(); redraw();
+  }, { passive: false });
+  let drag = null;
+  canvas.addEventListener("mousedown", (ev) => { drag = { x: ev.clientX, t0: tl.t0, t1: tl.t1 }; });
+  window.addEventListener("mouseup", () => { drag = null; });
+  canvas.addEventListener("mousemove", (ev) => {
+    if (drag) {
+      const dt = (ev.clientX - drag.x) / (width - LEFT) * (drag.t1 - drag.t0);
+      tl.t0 = drag.t0 - dt; tl.t1 = drag.t1 - dt; clamp(); redraw();
+    }
+  });
+  canvas.addEventListener("dblclick", () => { tl.t0 = tl.offset; tl.t1 = (w.to - Math.floor(w.from)) * 1e9; redraw(); });
+  document.getElementById("t-export").addEventListener("click", async () => {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const res = await fetch(`/v1/timeline/export?${windowQuery(w)}`, { headers: { Authorization: `Bearer ${token}` } });
+    if (!res.ok) { document.getElementById("t-hover").textContent = `export failed: HTTP ${res.status}`; return; }
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(await res.blob());
+    a.download = `ki-${w.instance}-gpu${w.gpu}.trace.json`;
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  });
+  // For tests and make bench-ui: pan by `px` per frame for `ms` and report frames per second.
+  window.kiTimeline = {
+    view: () => ({ t0: tl.t0, t1: tl.t1, spans: tl.start.length }),
+    zoom: (k) => { const m = (tl.t0 + tl.t1) / 2; tl.t0 = m - (m - tl.t0) * k; tl.t1 = m + (tl.t1 - m) * k; clamp(); draw(); },
+    panFps: (ms, px) => new Promise((resolve) => {
+      let frames = 0, dir = 1;
+      const began = performance.now();
+      const step = (now) => {
+        const dt = dir * px / (width - LEFT) * (tl.t1 - tl.t0);
+        const before = tl.t0;
+        tl.t0 += dt; tl.t1 += dt; clamp();
+        if (tl.t0 === before) dir = -dir; // bounce at either end of the window
+        draw(); frames++;
+        if (now - began < ms) requestAnimationFrame(step); else resolve(frames * 1000 / (now - began));
+      };
+      requestAnimationFrame(step);
+    }),
+  };
+  draw();
 }
 
 // ---- router ----------------------------------------------------------------------------
@@ -428,8 +626,8 @@ async function route() {
     else if (page === "instance") await pageInstance(parts.slice(1).join("/"));
     else if (page === "explore") await pageExplore(params);
     else if (page === "alerts") await pageAlerts();
-    else if (page === "kernels") pagePlaceholder("Kernels", "Per-kernel latency tables and heatmaps need native histograms in the store and the query API, which are not done yet.");
-    else if (page === "timeline") pagePlaceholder("Timeline", "The per-GPU span timeline needs the timelines API, which is not done yet.");
+    else if (page === "kernels") await pageKernels(params);
+    else if (page === "timeline") await pageTimeline(params);
     else main.innerHTML = `<h1>Not found</h1><p>No page <code>${esc(page)}</code>. <a href="#/fleet">Fleet</a></p>`;
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) return;
