@@ -209,7 +209,7 @@ def main() -> None:
     p.add_argument("--rates", default="", help="comma-separated total rates to run instead of the search")
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up (>= 30)")
-    p.add_argument("--budget-s", type=float, default=540.0, help="start no trial that would end past this")
+    p.add_argument("--budget-s", type=float, default=450.0, help="start no trial that would end past this")
     p.add_argument("--keep", action="store_true", help="keep the trial directories")
     args = p.parse_args()
     if args.seconds < 30:
