@@ -105,6 +105,11 @@ def test_fleet_shows_every_instance_coloured_by_health_with_reasons_and_filters(
     assert "90" in hot.locator(".why").inner_text()  # the reason names the temperature limit
     assert page.locator('.tile[data-state="healthy"]').count() == INSTANCES - 1
     assert "free" in tiles.first.inner_text()
+    page.wait_for_selector('.tile[data-id="node-0003"] .gpus i.bad')  # the per-GPU cells fill in
+    assert hot.locator(".gpus i").count() == 8
+    assert hot.locator(".gpus i.bad").count() == 1
+    assert "GPU 0" in hot.locator(".gpus i.bad").get_attribute("title")
+    assert page.locator(".tile .gpus i.bad").count() == 1
     page.screenshot(path=tmp_path / "fleet.png", full_page=True)
 
     page.select_option("#f-label", "rack")

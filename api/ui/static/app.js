@@ -117,11 +117,44 @@ function labelValue(i, key) {
 
 let fleetFirst = true;
 
+// One cell per GPU: red above the health rule's temperature limit, amber under 10% free memory,
+// grey without data (the snapshot judges instances; these say which GPU is the cause).
+function gpuCells(snap, i) {
+  const m = snap.gpus?.get(i.id);
+  if (!m) return "";
+  const hot = snap.rule?.max_temperature_celsius ?? 90;
+  const cells = [...m.entries()].sort((a, b) => Number(a[0]) - Number(b[0])).map(([g, v]) => {
+    const cls = v.temp > hot ? "bad" : v.free === undefined ? "stale" : v.free < 0.1 ? "low" : "";
+    return `<i class="${cls}" title="GPU ${esc(g)}: free ${fmtPct(v.free)}, ${fmtNum(v.temp, 1)} °C"></i>`;
+  });
+  return `<div class="gpus">${cells.join("")}</div>`;
+}
+
 async function pageFleet(params) {
   main.innerHTML = `<h1>Fleet</h1><p class="muted">Loading the health snapshot…</p>`;
   const load = async () => {
     const snap = await api("/v1/health/snapshot");
     renderFleet(snap, parseHash().params);
+    // Per-GPU cells come from two instant queries after the grid is drawn, so the grid never waits for them.
+    const [ratio, temp] = await Promise.all([
+      api("/api/v1/query", form({ query: "gpu_memory_free_bytes / gpu_memory_total_bytes" })),
+      api("/api/v1/query", form({ query: "gpu_temperature_celsius" })),
+    ]);
+    const gpus = new Map();
+    const put = (res, field) => {
+      for (const r of res.data.result) {
+        const inst = r.metric.instance, g = r.metric.gpu;
+        if (inst === undefined || g === undefined) continue;
+        if (!gpus.has(inst)) gpus.set(inst, new Map());
+        const m = gpus.get(inst);
+        if (!m.has(g)) m.set(g, {});
+        m.get(g)[field] = Number(r.value[1]);
+      }
+    };
+    put(ratio, "free"); put(temp, "temp");
+    snap.gpus = gpus;
+    if (parseHash().parts[0] === "fleet" || !location.hash) renderFleet(snap, parseHash().params);
+    if (window.kiFleetGpuPaintMs === undefined) requestAnimationFrame(() => { window.kiFleetGpuPaintMs = performance.now(); });
   };
   await load();
   refreshTimer = setInterval(() => load().catch(() => {}), 15000);
@@ -146,7 +179,7 @@ function renderFleet(snap, params) {
     const lag = i.ingest_lag_s === null || i.ingest_lag_s === undefined ? "–" : `${fmtNum(i.ingest_lag_s, 2)} s`;
     const p99 = i.nccl_latency_seconds ? `${fmtNum(i.nccl_latency_seconds.p99 * 1000, 2)} ms` : "–";
     return `<a class="tile ${st}" href="#/instance/${encodeURIComponent(i.id)}" data-id="${esc(i.id)}" data-state="${st}" title="${esc(reasons || st)}">` +
-      `<b>${esc(i.id)}</b>${esc(st)} · ${esc(i.fingerprint?.gpu_count ?? "?")} GPUs` +
+      `<b>${esc(i.id)}</b>${esc(st)} · ${esc(i.fingerprint?.gpu_count ?? "?")} GPUs` + gpuCells(snap, i) +
       `<div class="bar"><i style="width:${ratio === null ? 0 : Math.round(ratio * 100)}%"></i></div>` +
       `free ${fmtPct(ratio)} · lag ${lag}<br>NCCL p99 ${p99} · err ${fmtNum(i.error_rate_per_s, 3)}/s` +
       (reasons ? `<div class="why">${esc(reasons)}</div>` : "") + `</a>`;
