@@ -15,6 +15,7 @@ from __future__ import annotations
 from kernel_insight.agent.launcher import BINARY_ENV, agent_binary
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.agent.records import (
+    PAYLOAD_DTYPES,
     RECORD_DTYPE,
     CollectiveOp,
     CollectiveRecord,
@@ -52,6 +53,7 @@ __all__ = [
     "BINARY_ENV",
     "DEFAULT_CAPACITY",
     "METRIC_SPECS",
+    "PAYLOAD_DTYPES",
     "RECORD_DTYPE",
     "RECORD_SIZE",
     "RING_VERSION",

@@ -19,6 +19,7 @@ __all__ = [
     "KERNEL_PAYLOAD",
     "LAUNCH_PAYLOAD",
     "MEMOP_PAYLOAD",
+    "PAYLOAD_DTYPES",
     "RECORD_DTYPE",
     "REC_HEAD",
     "SAMPLE_PAYLOAD",
@@ -128,6 +129,42 @@ RECORD_DTYPE = np.dtype(
     ]
 )
 assert RECORD_DTYPE.itemsize == 64
+
+#: Each record type's 32-byte payload as a numpy dtype, field for field as ``ki_ring.h``'s
+#: payload structs (same names, offsets, sizes and signedness): the table every vectorised
+#: reader views payloads through. tests/agent/test_record_layout.py checks it, the struct
+#: formats below and the wire decoder's against the compiler's ``offsetof``/``sizeof``.
+PAYLOAD_DTYPES: dict[RecordType, np.dtype[np.void]] = {
+    RecordType.KERNEL: np.dtype(
+        [("end_ns", "<u8"), ("stream", "<u8"), ("correlation", "<u8"), ("pid", "<u4"), ("reserved", "<u4")]
+    ),
+    RecordType.LAUNCH: np.dtype(
+        [("pid", "<u4"), ("tid", "<u4"), ("grid", "<u4", (3,)), ("block", "<u4", (3,))]
+    ),
+    RecordType.MEMOP: np.dtype(
+        [
+            ("address", "<u8"),
+            ("bytes", "<u8"),
+            ("pid", "<u4"),
+            ("tid", "<u4"),
+            ("status", "<i4"),
+            ("reserved", "<u4"),
+        ]
+    ),
+    RecordType.COLLECTIVE: np.dtype(
+        [("bytes", "<u8"), ("duration_ns", "<u8"), ("comm", "<u8"), ("rank", "<u4"), ("nranks", "<u4")]
+    ),
+    RecordType.SYNC: np.dtype(
+        [("duration_ns", "<u8"), ("handle", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("reserved", "<u8")]
+    ),
+    RecordType.GPU_SAMPLE: np.dtype([("value", "<f8"), ("aux", "<u8"), ("reserved", "<u8", (2,))]),
+    RecordType.FINGERPRINT: np.dtype([("value", "<u8"), ("reserved", "<u8", (3,))]),
+    RecordType.ERROR: np.dtype(
+        [("code", "<i8"), ("aux", "<u8"), ("pid", "<u4"), ("detail_id", "<u4"), ("reserved", "<u8")]
+    ),
+    RecordType.STRING: np.dtype([("text", "S32")]),
+}
+assert all(dt.itemsize == 32 for dt in PAYLOAD_DTYPES.values())
 
 _HEAD = struct.Struct("<QII BBHIQ")  # a consumed record's first 32 bytes (pos, producer, check, header)
 

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from kernel_insight.agent.metric_ids import METRIC_SPECS, THROTTLE_REASONS, MetricId
 from kernel_insight.agent.records import (
+    PAYLOAD_DTYPES,
     RECORD_DTYPE,
     CollectiveOp,
     ErrorKind,
@@ -77,15 +78,14 @@ MAX_FINGERPRINT_FIELDS = 64
 #: Latency buckets are log2 of nanoseconds: 2**64 ns is 584 years, so higher indices are garbage.
 _MAX_BUCKET = 63
 
-# Payload layouts of ki_ring.h (docs/ring.md) as the derive pass reads them.
-_KERNEL_DTYPE = np.dtype([("end", "<u8"), ("stream", "<u8"), ("corr", "<u8"), ("pid", "<u4"), ("_r", "<u4")])
-_LAUNCH_DTYPE = np.dtype([("pid", "<u4"), ("tid", "<u4"), ("_g", "V24")])
-_MEMOP_DTYPE = np.dtype([("address", "<u8"), ("bytes", "<u8"), ("_r", "V16")])
-_COLLECTIVE_DTYPE = np.dtype([("bytes", "<u8"), ("duration", "<u8"), ("_r", "V16")])
-_SYNC_DTYPE = np.dtype([("duration", "<u8"), ("_r", "V24")])
-_SAMPLE_DTYPE = np.dtype([("value", "<f8"), ("aux", "<u8"), ("_r", "V16")])
-_FINGERPRINT_DTYPE = np.dtype([("value", "<u8"), ("_r", "V24")])
-_ERROR_DTYPE = np.dtype([("code", "<i8"), ("aux", "<u8"), ("pid", "<u4"), ("detail", "<u4"), ("_r", "V8")])
+# Payload layouts of ki_ring.h (docs/ring.md): records.PAYLOAD_DTYPES, the one table.
+_KERNEL_DTYPE = PAYLOAD_DTYPES[RecordType.KERNEL]
+_MEMOP_DTYPE = PAYLOAD_DTYPES[RecordType.MEMOP]
+_COLLECTIVE_DTYPE = PAYLOAD_DTYPES[RecordType.COLLECTIVE]
+_SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
+_SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
+_FINGERPRINT_DTYPE = PAYLOAD_DTYPES[RecordType.FINGERPRINT]
+_ERROR_DTYPE = PAYLOAD_DTYPES[RecordType.ERROR]
 
 #: Why a record was dropped instead of stored (``ki_collector_records_dropped_total{reason}``).
 DROP_REASONS: dict[str, str] = {
@@ -453,14 +453,14 @@ class Deriver:
         if len(k) == 0:
             return SpanBatch.empty()
         payload = _payload(k, _KERNEL_DTYPE)
-        late = payload["end"] > np.uint64(_MAX_TS_NS)
+        late = payload["end_ns"] > np.uint64(_MAX_TS_NS)
         if late.any():
             dropped["end_out_of_range"] = int(late.sum())
             k, payload = k[~late], payload[~late]
             if len(k) == 0:
                 return SpanBatch.empty()
         start = k["ts_ns"].astype(np.int64)
-        end = payload["end"].astype(np.int64)
+        end = payload["end_ns"].astype(np.int64)
         key = (k["producer"].astype(np.uint64) << np.uint64(32)) | k["id"].astype(np.uint64)
         uniq, inverse = np.unique(key, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -474,7 +474,7 @@ class Deriver:
             kernel=names.tolist(),
             start_ns=start,
             end_ns=end,
-            correlation=payload["corr"].astype(np.uint64),
+            correlation=payload["correlation"].astype(np.uint64),
             pid=payload["pid"].astype(np.uint32),
         )
         # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
@@ -550,7 +550,7 @@ class Deriver:
             return
         ts_ms = _ts_ms(r)
         p = _payload(r, _COLLECTIVE_DTYPE)
-        seconds = p["duration"].astype(np.float64) / 1e9
+        seconds = p["duration_ns"].astype(np.float64) / 1e9
         device, op = r["device"], r["id"]
         keys = (device, op)
         for metric, deltas in (
@@ -583,7 +583,7 @@ class Deriver:
         if len(r) == 0:
             return
         ts_ms = _ts_ms(r)
-        seconds = _payload(r, _SYNC_DTYPE)["duration"].astype(np.float64) / 1e9
+        seconds = _payload(r, _SYNC_DTYPE)["duration_ns"].astype(np.float64) / 1e9
         for metric, deltas in (
             ("cuda_syncs_total", np.ones(len(r))),
             ("cuda_sync_time_seconds_total", seconds),
@@ -711,7 +711,7 @@ class Deriver:
             p["code"].tolist(),
             p["aux"].tolist(),
             p["pid"].tolist(),
-            p["detail"].tolist(),
+            p["detail_id"].tolist(),
             strict=True,
         ):
             message = (self._name(producer, detail) if detail else None) or ""
