@@ -1,4 +1,4 @@
-"""The Python client: health snapshots, instance selection and kql queries (docs/api.md).
+"""The Python client: health snapshots, instance selection, failure-aware routing and kql queries (docs/api.md).
 
 Depends on httpx only. Sync clients first; ``Async*`` twins share their logic::
 
@@ -38,6 +38,16 @@ from kernel_insight.sdk._models import (
     Sample,
     Series,
 )
+from kernel_insight.sdk._route import (
+    Attempt,
+    Classifier,
+    Failure,
+    RouteFailed,
+    RoutePolicy,
+    aroute,
+    classify,
+    route,
+)
 from kernel_insight.sdk._select import SelectionIndex, weight
 from kernel_insight.sdk._timeline import (
     AsyncTimelineClient,
@@ -48,6 +58,7 @@ from kernel_insight.sdk._timeline import (
     TimelineEvent,
     TimelineSummary,
 )
+from kernel_insight.sdk._transport import AsyncRoutingTransport, RoutingTransport, endpoint_label
 
 __all__ = [
     "DEFAULT_MAX_STALE_S",
@@ -55,10 +66,14 @@ __all__ = [
     "ApiError",
     "AsyncHealthClient",
     "AsyncKqlClient",
+    "AsyncRoutingTransport",
     "AsyncTimelineClient",
+    "Attempt",
     "AuthenticationError",
     "BadRequestError",
+    "Classifier",
     "Correlation",
+    "Failure",
     "Fingerprint",
     "HealthClient",
     "HealthSnapshot",
@@ -71,6 +86,9 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "QueryResult",
+    "RouteFailed",
+    "RoutePolicy",
+    "RoutingTransport",
     "Sample",
     "SelectionIndex",
     "Series",
@@ -81,5 +99,9 @@ __all__ = [
     "TimelineEvent",
     "TimelineSummary",
     "TransportError",
+    "aroute",
+    "classify",
+    "endpoint_label",
+    "route",
     "weight",
 ]

@@ -13,7 +13,7 @@ import logging
 import random as _random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -139,17 +139,32 @@ class _HealthCore:
             f"and the server does not answer: {exc}"
         ) from exc
 
-    def select(self, snapshot: HealthSnapshot, required_free_bytes: int, model: str | None) -> Instance:
+    def select(
+        self,
+        snapshot: HealthSnapshot,
+        required_free_bytes: int,
+        model: str | None,
+        avoid: Collection[str] = (),
+    ) -> Instance:
         if required_free_bytes < 0:
             raise ValueError("required_free_bytes must not be negative")
         index = self.index
         assert index is not None
-        chosen = index.pick(required_free_bytes, model, self.random, self.excluded, self.clock())
+        excluded: Mapping[str, float] = self.excluded
+        if avoid:
+            excluded = {**excluded, **dict.fromkeys(avoid, float("inf"))}
+        chosen = index.pick(required_free_bytes, model, self.random, excluded, self.clock())
         if chosen is not None:
             return chosen
-        raise NoEligibleInstance(self.why_none(snapshot, required_free_bytes, model))
+        raise NoEligibleInstance(self.why_none(snapshot, required_free_bytes, model, excluded))
 
-    def why_none(self, snapshot: HealthSnapshot, required_free_bytes: int, model: str | None) -> str:
+    def why_none(
+        self,
+        snapshot: HealthSnapshot,
+        required_free_bytes: int,
+        model: str | None,
+        excluded: Mapping[str, float] | None = None,
+    ) -> str:
         """Why no instance qualifies, naming the condition that failed first (model, room, exclusions)."""
         index = self.index
         assert index is not None
@@ -163,12 +178,13 @@ class _HealthCore:
                 f"({len(snapshot.instances)} in the snapshot; models served: {served})"
             )
         room = index.candidates(required_free_bytes, model)
-        excluded = sum(1 for i in room if self.excluded.get(i.id, 0.0) > now)
+        out = self.excluded if excluded is None else excluded
+        n_out = sum(1 for i in room if out.get(i.id, 0.0) > now)
         most = index.most_free(model)
         serving = "" if model is None else f"{index.count(model)} of them serve it, "
         return head + (
             f"{len(snapshot.instances)} in the snapshot, {index.size} healthy, {serving}"
-            f"{len(room)} with the room (most free: {most} bytes), {excluded} of those excluded"
+            f"{len(room)} with the room (most free: {most} bytes), {n_out} of those excluded"
         )
 
     def exclude(self, instance_id: str, seconds: float, reason: str) -> None:
@@ -236,16 +252,19 @@ class HealthClient:
         finally:
             self._lock.release()
 
-    def select_instance(self, required_free_bytes: int, model: str | None = None) -> Instance:
+    def select_instance(
+        self, required_free_bytes: int, model: str | None = None, *, avoid: Collection[str] = ()
+    ) -> Instance:
         """A healthy instance serving ``model`` with ``required_free_bytes`` free, drawn by weight.
 
         Eligible: healthy, not stale, serving ``model`` (any when None), at least
         ``required_free_bytes`` of GPU memory free, not excluded. Among them the draw is
         weighted by ``free_bytes / (1 + p99 / p99_ref) / (1 + errors_5m)`` (see
-        :func:`kernel_insight.sdk.weight` for why). Raises :class:`NoEligibleInstance`.
+        :func:`kernel_insight.sdk.weight` for why). ``avoid``: ids left out of this one pick
+        (those a request already failed on). Raises :class:`NoEligibleInstance`.
         """
         snap = self.snapshot()
-        return self._core.select(snap, required_free_bytes, model)
+        return self._core.select(snap, required_free_bytes, model, avoid)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         """Leave ``instance_id`` out of selection for ``seconds`` (after a kernel_oom, an nccl_timeout, ...)."""
@@ -308,9 +327,11 @@ class AsyncHealthClient:
             except ServerError as exc:
                 return core.fallback(exc, now)
 
-    async def select_instance(self, required_free_bytes: int, model: str | None = None) -> Instance:
+    async def select_instance(
+        self, required_free_bytes: int, model: str | None = None, *, avoid: Collection[str] = ()
+    ) -> Instance:
         snap = await self.snapshot()
-        return self._core.select(snap, required_free_bytes, model)
+        return self._core.select(snap, required_free_bytes, model, avoid)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         self._core.exclude(instance_id, seconds, reason)

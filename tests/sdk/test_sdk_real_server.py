@@ -13,10 +13,13 @@ from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import (
     AuthenticationError,
     BadRequestError,
+    Failure,
     HealthClient,
     KqlClient,
     NoEligibleInstance,
+    RouteFailed,
     SnapshotUnavailable,
+    route,
 )
 
 GiB = 1 << 30
@@ -58,6 +61,31 @@ def test_health_client_selects_from_the_live_snapshot(served):
         assert client.snapshot().etag == etag  # revalidated (ttl=0): 304 keeps the same snapshot
         with pytest.raises(NoEligibleInstance):
             client.select_instance(50 * GiB)
+
+
+def test_route_retries_an_oom_on_more_room_and_excludes_an_nccl_timeout_live(served):
+    url, token = served
+    with HealthClient(url, token, ttl=0) as client:
+        tried: list[str] = []
+
+        def call(inst):
+            tried.append(inst.id)
+            if inst.id == "n2":  # 2 GiB free in the snapshot: the kernel ran out
+                raise RuntimeError("CUDA error: out of memory")
+            return inst.id
+
+        for _ in range(10):
+            tried.clear()
+            assert route(client, call, required_free_bytes=GiB, model="llama-70b") == "n1"
+            assert tried in (["n1"], ["n2", "n1"])
+        with pytest.raises(RouteFailed, match="no instance left to try") as info:
+            route(
+                client,
+                lambda inst: (_ for _ in ()).throw(RuntimeError("NCCL watchdog timeout")),
+                model="llama-70b",
+            )
+        assert {a.failure for a in info.value.attempts} == {Failure.NCCL_TIMEOUT}
+        assert set(client.excluded()) == {a.instance_id for a in info.value.attempts}
 
 
 def test_kql_client_queries_and_reports_bad_queries(served):
