@@ -29,6 +29,7 @@ from kernel_insight.sdk._exceptions import (
     SnapshotUnavailable,
     TransportError,
 )
+from kernel_insight.sdk._memory import ModelCatalog, ModelMetadataError, ModelSpec, request_memory
 from kernel_insight.sdk._models import (
     Fingerprint,
     HealthSnapshot,
@@ -81,6 +82,9 @@ __all__ = [
     "KernelInsightError",
     "KernelSummary",
     "KqlClient",
+    "ModelCatalog",
+    "ModelMetadataError",
+    "ModelSpec",
     "NcclLatency",
     "NoEligibleInstance",
     "NotFoundError",
@@ -102,6 +106,7 @@ __all__ = [
     "aroute",
     "classify",
     "endpoint_label",
+    "request_memory",
     "route",
     "weight",
 ]
