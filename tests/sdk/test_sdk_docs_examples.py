@@ -1,4 +1,4 @@
-"""The SDK examples of docs/api.md and docs/routing.md run as written, against a collector on loopback
+"""The SDK's health, selection and routing examples of docs/api.md and docs/routing.md run as written, against a collector on loopback
 (real uvicorn, real embedded store) and a stand-in inference server named by the instances'
 ``endpoint`` label. Only the collector URL and the token are substituted."""
 
@@ -28,8 +28,9 @@ def _examples() -> list[tuple[str, str]]:
         path = DOCS / name
         if not path.exists():
             continue
-        blocks = re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL)
-        out += [(f"{name}#{i}", b) for i, b in enumerate(blocks) if "kernel_insight.sdk" in b]
+        blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.DOTALL | re.MULTILINE)
+        # The health, selection, routing and kql examples (the timeline's need stored spans: not here).
+        out += [(f"{name}#{i}", b) for i, b in enumerate(blocks) if re.search(r"HealthClient|route\(", b)]
     return out
 
 
