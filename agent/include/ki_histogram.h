@@ -50,6 +50,8 @@ struct ki_histogram_config {
     uint32_t max_buckets;      /* populated buckets per histogram (>= 1); also its storage */
     double max_zero_threshold; /* widen the zero bucket up to this before lowering the schema (0: never) */
     uint32_t max_keys;         /* histograms in the table */
+    uint64_t pool_buckets;     /* bucket slots shared by all histograms (0: enough for every key at
+                                * max_buckets, reserved but touched only as used) */
 };
 
 struct ki_histogram_key {
@@ -82,7 +84,8 @@ struct ki_histtab_stats {
     uint64_t keys_refused;  /* new keys refused because the table was full */
     uint64_t obs_refused;   /* observations lost with them */
     uint64_t bucket_refused; /* observations refused at schema -4 with max_buckets populated */
-    uint64_t bytes;         /* memory allocated for the table */
+    uint64_t pool_refused;  /* observations refused because the bucket pool was spent */
+    uint64_t bytes;         /* memory in use: records, hash, pool chunks handed out */
 };
 
 struct ki_histtab;
@@ -95,7 +98,9 @@ int32_t ki_histogram_index(double v, int32_t schema);
  * last finite bucket, +Inf above). */
 double ki_histogram_upper(int32_t index, int32_t schema);
 
-/* A table for cfg->max_keys histograms of cfg->max_buckets buckets each.
+/* A table for cfg->max_keys histograms of up to cfg->max_buckets buckets each, their
+ * buckets in one pool of chunks (8, 16, 32, ... slots; a histogram moves to a bigger
+ * chunk as it grows, and the smaller one is reused by others).
  * NULL with errno EINVAL (bad setting) or ENOMEM. */
 struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg);
 
@@ -103,7 +108,8 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg);
 void ki_histtab_destroy(struct ki_histtab *t);
 
 /* Add one observation v under key. Returns 0, -ENOSPC if the key is new and the
- * table is full (counted), or -ERANGE if no bucket could take it (counted). */
+ * table is full (counted), -ERANGE if no bucket could take it (counted), or
+ * -ENOBUFS if it needed a new bucket and the pool is spent (counted). */
 int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v);
 
 /* Slot of key (0..keys-1, stable for the table's life), or -ENOENT. */

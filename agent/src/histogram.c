@@ -15,19 +15,24 @@
 #define NEG_OFF (1 << 22)
 #define NEG_LIMIT (-(1 << 21))
 
-/* One histogram's record: key and state in the first cache line, then its sorted
- * bucket keys, then their counts, so an observation touches one contiguous block. */
+/* One histogram's record: key and state. Its buckets live in a chunk of the shared
+ * pool: cap sorted bucket keys, then their counts. */
 struct ki_hist {
     struct ki_histogram_key key;
     int32_t schema;
-    uint32_t n; /* populated buckets */
+    uint32_t n;     /* populated buckets */
+    uint32_t hint;  /* last bucket position touched */
+    uint32_t cap;   /* bucket slots of its chunk (0: none yet) */
+    uint64_t chunk; /* byte offset of its chunk in the pool */
     double zero_threshold;
     uint64_t zero_count, count;
     double sum;
-    uint32_t hint; /* last bucket position touched */
 };
 
-#define LINE 64
+/* Chunk size classes: 8, 16, 32, ... bucket slots, the last one exactly room. A chunk
+ * that grows moves to the next class; the old one goes to its class's free list. */
+#define MAX_CLASSES 24
+#define FIRST_CAP 8
 
 struct ki_histtab {
     struct ki_histogram_config cfg;
@@ -35,11 +40,13 @@ struct ki_histtab {
     uint32_t used;       /* histograms in use */
     uint32_t hash_mask;
     uint32_t *hash;      /* slot + 1, 0 = empty */
-    size_t stride;       /* bytes per record, a multiple of LINE */
-    size_t counts_at;    /* offset of the counts in a record */
-    void *block;         /* the records' allocation; recs is it aligned to LINE */
-    uint8_t *recs;
-    uint64_t keys_refused, obs_refused, bucket_refused, bytes;
+    struct ki_hist *recs;
+    uint8_t *pool;       /* bucket chunks, bump-allocated, pages touched as used */
+    size_t pool_bytes, pool_used;
+    uint32_t nclasses;
+    uint32_t class_cap[MAX_CLASSES];
+    uint64_t free_head[MAX_CLASSES]; /* offset + 1 of a free chunk (its first 8 bytes link the next), 0: none */
+    uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes;
 };
 
 static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */
@@ -95,6 +102,9 @@ static int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_ke
     return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id;
 }
 
+static size_t keys_bytes(uint32_t cap) { return ((size_t)cap * sizeof(int32_t) + 7) & ~(size_t)7; }
+static size_t chunk_bytes(uint32_t cap) { return keys_bytes(cap) + (size_t)cap * sizeof(uint64_t); }
+
 struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     if (!cfg || cfg->schema < KI_HISTOGRAM_SCHEMA_MIN || cfg->schema > KI_HISTOGRAM_SCHEMA_MAX ||
         !(cfg->zero_threshold >= 0) || !(cfg->max_zero_threshold >= 0) || cfg->max_buckets == 0 ||
@@ -109,34 +119,70 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     uint32_t hsize = 2;
     while (hsize < 2 * cfg->max_keys) hsize <<= 1;
     t->hash_mask = hsize - 1;
-    t->counts_at = (sizeof(struct ki_hist) + (size_t)t->room * sizeof(int32_t) + 7) & ~(size_t)7;
-    t->stride = (t->counts_at + (size_t)t->room * sizeof(uint64_t) + LINE - 1) & ~(size_t)(LINE - 1);
-    size_t rbytes = (size_t)cfg->max_keys * t->stride + LINE;
+    size_t worst = 0; /* one histogram's chunks of every class: what it can hold in the pool at most */
+    for (uint32_t c = FIRST_CAP;; c *= 2) {
+        uint32_t cap = c < t->room ? c : t->room;
+        t->class_cap[t->nclasses++] = cap;
+        worst += chunk_bytes(cap);
+        if (cap == t->room) break;
+    }
+    t->pool_bytes = cfg->pool_buckets ? (size_t)cfg->pool_buckets * 12 + chunk_bytes(t->room)
+                                      : (size_t)cfg->max_keys * worst;
     t->hash = calloc(hsize, sizeof *t->hash);
-    t->block = calloc(1, rbytes); /* zero pages: only records in use are touched */
-    if (!t->hash || !t->block) {
+    t->recs = calloc(cfg->max_keys, sizeof *t->recs);
+    t->pool = calloc(1, t->pool_bytes); /* zero pages: touched only as chunks are handed out */
+    if (!t->hash || !t->recs || !t->pool) {
         ki_histtab_destroy(t);
         errno = ENOMEM;
         return NULL;
     }
-    t->recs = (uint8_t *)(((uintptr_t)t->block + LINE - 1) & ~(uintptr_t)(LINE - 1));
-    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash + rbytes;
+    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash + (uint64_t)cfg->max_keys * sizeof *t->recs;
     return t;
 }
 
 void ki_histtab_destroy(struct ki_histtab *t) {
     if (!t) return;
     free(t->hash);
-    free(t->block);
+    free(t->recs);
+    free(t->pool);
     free(t);
 }
 
-static struct ki_hist *rec(const struct ki_histtab *t, uint32_t slot) {
-    return (struct ki_hist *)(void *)(t->recs + (size_t)slot * t->stride);
+static struct ki_hist *rec(const struct ki_histtab *t, uint32_t slot) { return &t->recs[slot]; }
+static int32_t *rec_keys(const struct ki_histtab *t, const struct ki_hist *h) {
+    return (int32_t *)(void *)(t->pool + h->chunk);
 }
-static int32_t *rec_keys(struct ki_hist *h) { return (int32_t *)(void *)(h + 1); }
-static uint64_t *rec_counts(const struct ki_histtab *t, struct ki_hist *h) {
-    return (uint64_t *)(void *)((uint8_t *)h + t->counts_at);
+static uint64_t *rec_counts(const struct ki_histtab *t, const struct ki_hist *h) {
+    return (uint64_t *)(void *)(t->pool + h->chunk + keys_bytes(h->cap));
+}
+
+/* Move h's buckets to a chunk of the next class. Returns 0, or -ENOBUFS when the pool is spent. */
+static int grow(struct ki_histtab *t, struct ki_hist *h) {
+    uint32_t c = 0;
+    while (c < t->nclasses && t->class_cap[c] <= h->cap) c++;
+    if (c == t->nclasses) return -ENOBUFS;
+    uint32_t cap = t->class_cap[c];
+    size_t off;
+    if (t->free_head[c]) {
+        off = t->free_head[c] - 1;
+        memcpy(&t->free_head[c], t->pool + off, sizeof t->free_head[c]);
+    } else {
+        if (t->pool_bytes - t->pool_used < chunk_bytes(cap)) return -ENOBUFS;
+        off = t->pool_used;
+        t->pool_used += chunk_bytes(cap);
+    }
+    if (h->cap) {
+        memcpy(t->pool + off, rec_keys(t, h), h->n * sizeof(int32_t));
+        memcpy(t->pool + off + keys_bytes(cap), rec_counts(t, h), h->n * sizeof(uint64_t));
+        uint32_t old = 0;
+        while (t->class_cap[old] != h->cap) old++;
+        uint64_t link = t->free_head[old];
+        memcpy(t->pool + h->chunk, &link, sizeof link);
+        t->free_head[old] = h->chunk + 1;
+    }
+    h->chunk = off;
+    h->cap = cap;
+    return 0;
 }
 
 static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key, uint32_t *pos) {
@@ -250,8 +296,6 @@ int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key,
         nh->zero_threshold = t->cfg.zero_threshold;
     }
     struct ki_hist *h = rec(t, (uint32_t)slot);
-    int32_t *bk = rec_keys(h);
-    uint64_t *bc = rec_counts(t, h);
     if (!isnan(v)) {
         int32_t sk;
         if (v > h->zero_threshold)
@@ -263,11 +307,21 @@ int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key,
             goto counted;
         }
         int found;
+        int32_t *bk = rec_keys(t, h);
+        uint64_t *bc = rec_counts(t, h);
         uint32_t p = bucket_pos(bk, h, sk, &found);
         if (found) {
             bc[p]++;
             h->hint = p;
             goto counted;
+        }
+        if (h->n == h->cap) {
+            if (grow(t, h) < 0) {
+                t->pool_refused++;
+                return -ENOBUFS;
+            }
+            bk = rec_keys(t, h);
+            bc = rec_counts(t, h);
         }
         memmove(bk + p + 1, bk + p, (h->n - p) * sizeof *bk);
         memmove(bc + p + 1, bc + p, (h->n - p) * sizeof *bc);
@@ -328,8 +382,8 @@ static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, u
 
 int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_export *out) {
     if (slot >= t->used) return -ENOENT;
-    struct ki_hist *h = rec(t, slot);
-    const int32_t *bk = rec_keys(h);
+    const struct ki_hist *h = rec(t, slot);
+    const int32_t *bk = rec_keys(t, h);
     const uint64_t *bc = rec_counts(t, h);
     out->schema = h->schema;
     out->zero_threshold = h->zero_threshold;
@@ -348,5 +402,6 @@ void ki_histtab_stats(const struct ki_histtab *t, struct ki_histtab_stats *out) 
     out->keys_refused = t->keys_refused;
     out->obs_refused = t->obs_refused;
     out->bucket_refused = t->bucket_refused;
-    out->bytes = t->bytes;
+    out->pool_refused = t->pool_refused;
+    out->bytes = t->bytes + t->pool_used;
 }

@@ -196,6 +196,34 @@ static void unit(void) {
     ki_histtab_stats(t, &st);
     CHECK_EQ(st.bucket_refused, 1);
     ki_histtab_destroy(t);
+    /* A small shared pool: buckets run out, the refusal is counted, what was taken stays consistent;
+     * a chunk given up by a growing histogram is reused by the next one. */
+    struct ki_histogram_config pooled = {0, ZT, 64, 0, 4, 40};
+    t = ki_histtab_create(&pooled);
+    CHECK(t != NULL);
+    int taken = 0, refused = 0;
+    for (int i = 0; i < 64; i++) {
+        int rc = ki_histtab_observe(t, &a, ldexp(1.0, i)); /* one new bucket each at schema 0 */
+        if (rc == 0) taken++;
+        else {
+            CHECK_EQ(rc, -ENOBUFS);
+            refused++;
+        }
+    }
+    CHECK(taken >= 32 && refused > 0);
+    e = export_one(t, 0);
+    CHECK_EQ(e.count, taken);
+    int64_t total = 0, run = 0;
+    for (uint32_t i = 0; i < e.n_pos_deltas; i++) total += (run += e.pos_deltas[i]);
+    CHECK_EQ(total, taken);
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.pool_refused, refused);
+    uint64_t before = st.bytes;
+    CHECK_EQ(ki_histtab_observe(t, &b, 1.0), 0); /* takes the 8-slot chunk key a gave up: no new pool bytes */
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.bytes, before);
+    CHECK_EQ(ki_histtab_observe(t, &a, 1.0), 0); /* existing buckets still count */
+    ki_histtab_destroy(t);
     /* Bad settings. */
     struct ki_histogram_config bad = {9, 0, 8, 0, 1};
     CHECK(ki_histtab_create(&bad) == NULL && errno == EINVAL);
