@@ -139,6 +139,13 @@ def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(page,
     page.screenshot(path=tmp_path / "explore.png", full_page=True)
 
     page.fill("#q", "sum by (instance) (gpu_memory_free_bytes)")
+    tokens = page.eval_on_selector_all("#q-hl span", "spans => spans.map(s => [s.className, s.textContent])")
+    assert tokens == [
+        ["tok-fn", "sum"],
+        ["tok-kw", "by"],
+        ["tok-label", "instance"],
+        ["tok-metric", "gpu_memory_free_bytes"],
+    ]
     page.click("#run")
     page.wait_for_function(f"document.querySelector('#chart').dataset.series === '{INSTANCES}'")
     assert "sum+by" in page.url or "sum%20by" in page.url

@@ -281,7 +281,7 @@ async function pageExplore(params) {
   const q = params.get("q") || "";
   const range = RANGES[params.get("range")] ? params.get("range") : "1h";
   main.innerHTML = `<h1>Explore</h1>
-    <div class="editor"><textarea id="q" spellcheck="false" placeholder="kql, e.g. sum by (instance) (gpu_memory_free_bytes)">${esc(q)}</textarea></div>
+    <div class="editor"><pre id="q-hl" aria-hidden="true"></pre><textarea id="q" spellcheck="false" placeholder="kql, e.g. sum by (instance) (gpu_memory_free_bytes)">${esc(q)}</textarea></div>
     <div class="suggest" id="suggest"></div>
     <div class="toolbar">
       <button id="run" type="button">Run</button>
@@ -306,9 +306,46 @@ async function pageExplore(params) {
       if (first) { ev.preventDefault(); first.click(); }
     }
   });
-  ta.addEventListener("input", () => suggest(ta));
+  const hl = document.getElementById("q-hl");
+  const paint = () => { hl.innerHTML = highlight(ta.value) + "\n"; hl.scrollTop = ta.scrollTop; hl.scrollLeft = ta.scrollLeft; };
+  ta.addEventListener("input", () => { paint(); suggest(ta); });
+  ta.addEventListener("scroll", paint);
+  paint();
   loadNames().catch(() => {});
   if (q) runQuery(q, RANGES[range]);
+}
+
+// Syntax highlighting under the (transparent) textarea: strings, numbers and durations, comments,
+// keywords, function names (an identifier before "("), label names (an identifier before an
+// operator inside braces or a grouping list) and metric names. A lexer only, never an error:
+// errors are the API's to report (showError).
+const KEYWORDS = new Set(["by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or", "unless", "atan2"]);
+const AGGREGATORS = new Set(["sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group", "limitk", "limit_ratio"]);
+const GROUPING = new Set(["by", "without", "on", "ignoring", "group_left", "group_right"]);
+const TOKEN = /(#[^\n]*)|("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?)|(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*|0x[0-9a-fA-F]+|\d*\.?\d+(?:[eE][+-]?\d+)?|Inf|NaN)|([A-Za-z_:][A-Za-z0-9_:]*)|([\s\S])/g;
+
+function highlight(text) {
+  let out = "", depth = 0, m, grouping = false, inList = false;
+  TOKEN.lastIndex = 0;
+  while ((m = TOKEN.exec(text))) {
+    const [tok, comment, str, num, ident] = m;
+    let cls = "";
+    if (comment) cls = "tok-comment";
+    else if (str) cls = "tok-str";
+    else if (num) cls = "tok-num";
+    else if (ident) {
+      const rest = text.slice(TOKEN.lastIndex);
+      if (KEYWORDS.has(ident.toLowerCase())) { cls = "tok-kw"; grouping = GROUPING.has(ident.toLowerCase()); }
+      else if (inList || depth > 0 || /^\s*(=~|!~|!=|=)/.test(rest)) cls = "tok-label";
+      else if (/^\s*\(/.test(rest) || (AGGREGATORS.has(ident) && /^\s*(by|without)\b/i.test(rest))) cls = "tok-fn";
+      else cls = "tok-metric";
+    } else if (tok === "(" && grouping) { inList = true; grouping = false; }
+    else if (tok === ")" && inList) inList = false;
+    else if (tok === "{") depth++;
+    else if (tok === "}") depth = Math.max(0, depth - 1);
+    out += cls ? `<span class="${cls}">${esc(tok)}</span>` : esc(tok);
+  }
+  return out;
 }
 
 // Completion: the identifier before the cursor against metric and label names from the API.
