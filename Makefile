@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-timeline clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -33,6 +33,9 @@ bench-ring: build
 
 bench-api: build
 	$(PY) -m bench.api
+
+bench-timeline:
+	$(PY) -m bench.timeline
 
 bench-agent: build
 	$(PY) -m bench.agent

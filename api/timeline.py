@@ -1,4 +1,4 @@
-"""``/v1/timeline/*``: one GPU's kernel spans for a window, paged; per-kernel summary; correlation; export.
+"""``/v1/timeline/*``: one GPU's kernel spans for a window, paged; summary; correlation; export; captures.
 
 Every answer is bounded (window length, page size, export size) and every bad parameter is a
 400 with a message; the reads are in collector/spans.py and collector/trace.py.
@@ -6,18 +6,27 @@ Every answer is bounded (window length, page size, export size) and every bad pa
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from kernel_insight.api.auth import Authenticator, Scope
+from kernel_insight.api.auth import Authenticator, Scope, TokenInfo
 from kernel_insight.api.errors import ApiError
 from kernel_insight.api.health import ERROR_RESPONSES
 from kernel_insight.api.prometheus import ParamError, parse_time
+from kernel_insight.collector.captures import (
+    MAX_CAPTURE_SECONDS,
+    CaptureError,
+    pending_captures,
+    request_capture,
+)
 from kernel_insight.collector.spans import (
     SpanCursor,
     SpanQueryError,
@@ -30,7 +39,7 @@ from kernel_insight.collector.spans import (
 from kernel_insight.collector.store import StorageError
 from kernel_insight.collector.trace import TraceTooLarge, chrome_trace
 
-__all__ = ["MAX_PAGE", "timeline_router"]
+__all__ = ["MAX_PAGE", "CaptureBody", "timeline_router"]
 
 #: The largest page of spans one request returns.
 MAX_PAGE = 10_000
@@ -38,6 +47,19 @@ MAX_PAGE = 10_000
 CORRELATION_SPANS = 5_000
 
 _T = TypeVar("_T")
+
+audit = logging.getLogger("kernel_insight.audit")
+
+
+class CaptureBody(BaseModel):
+    """``POST /v1/timeline/captures``: every span of ``instance``'s GPU ``gpu`` for ``seconds``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: str = Field(min_length=1, max_length=256)
+    gpu: int = Field(ge=0, le=65535)
+    seconds: int = Field(ge=1, le=MAX_CAPTURE_SECONDS)
+
 
 _INSTANCE = Query(..., min_length=1, max_length=256, description="the instance (agent) id")
 _GPU = Query(..., ge=0, le=65535, description="GPU index on the instance")
@@ -73,6 +95,7 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
     """The timeline routes over ``store`` (read scope)."""
     router = APIRouter(tags=["timeline"])
     read = Depends(auth.require(Scope.READ))
+    admin = Depends(auth.require(Scope.ADMIN))
 
     @router.get(
         "/v1/timeline/spans", responses=ERROR_RESPONSES, summary="Kernel spans of one GPU window, paged"
@@ -169,6 +192,43 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
             media_type="application/json",
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
+
+    @router.post(
+        "/v1/timeline/captures",
+        status_code=201,
+        responses={404: {"description": "No such instance"}, **ERROR_RESPONSES},
+        summary="Ask an agent to ship every span of one GPU for N seconds (scope admin; audited)",
+    )
+    async def capture(body: CaptureBody, token: TokenInfo | None = admin) -> JSONResponse:
+        token_id, token_name = (token.id, token.name) if token is not None else ("local-dev", "local-dev")
+        try:
+            row = await _read(
+                functools.partial(
+                    request_capture,
+                    store,
+                    body.instance,
+                    body.gpu,
+                    body.seconds,
+                    token_id=token_id,
+                    token_name=token_name,
+                )
+            )
+        except CaptureError as exc:
+            raise ApiError(exc.status, "not_found" if exc.status == 404 else "bad_data", str(exc)) from None
+        # One line per request, never rate-limited away (the message itself differs each time).
+        audit.warning(
+            f"audit: capture {row['id']} of {body.instance!r} GPU {body.gpu} for {body.seconds} s "
+            f"requested by token {token_id} ({token_name!r})"
+        )
+        return JSONResponse(row, status_code=201)
+
+    @router.get(
+        "/v1/timeline/captures",
+        responses=ERROR_RESPONSES,
+        summary="An instance's pending capture requests (what its agent will be told)",
+    )
+    async def captures(instance: str = _INSTANCE, _token: object = read) -> JSONResponse:
+        return JSONResponse({"captures": await _read(pending_captures, store, instance)})
 
     return router
 

@@ -1,4 +1,4 @@
-"""``ki timeline export``: one GPU's window as a Chrome trace file, through a collector's API.
+"""``ki timeline export`` (a GPU window as a Chrome trace file) and ``ki timeline capture``, through the API.
 
 It goes through the API (the SDK's :class:`TimelineClient`) rather than the store, so it works
 against a running collector with a read token and never needs the store's credentials.
@@ -72,6 +72,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capture(args: argparse.Namespace) -> int:
+    with TimelineClient(args.collector, _token(args), retries=1) as client:
+        req = client.capture(args.instance, args.gpu, args.seconds)
+    print(
+        f"capture {req.id}: every span of {req.instance} GPU {req.gpu} for {req.seconds} s, {req.state} "
+        "(stored and audited; delivery to the agent is not built yet: docs/wire.md)"
+    )
+    return 0
+
+
 def _run(fn: Handler) -> Handler:
     """Errors a user can act on (refused request, unreachable collector, unwritable file) as one line."""
 
@@ -95,7 +105,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    timeline = sub.add_parser("timeline", help="kernel timelines: export a GPU window to Perfetto")
+    timeline = sub.add_parser(
+        "timeline", help="kernel timelines: export a GPU window to Perfetto; ask for a capture"
+    )
     tsub = timeline.add_subparsers(dest="timeline_command", required=True, metavar="ACTION")
     e = tsub.add_parser("export", help="write a GPU window as Chrome trace JSON (Perfetto, chrome://tracing)")
     _common(e)
@@ -106,3 +118,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--min-duration-ns", type=int, default=0, help="only spans at least this long")
     e.add_argument("-o", "--output", required=True, help="the trace file to write")
     e.set_defaults(handler=_run(_export))
+    c = tsub.add_parser("capture", help="ask an agent for every span of one GPU for N seconds (admin token)")
+    _common(c)
+    c.add_argument("--seconds", type=int, required=True, help="the window's length, 1..60")
+    c.set_defaults(handler=_run(_capture))

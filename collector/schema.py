@@ -214,6 +214,29 @@ SCHEMA: tuple[Table, ...] = (
         sharding_key="cityHash64(instance)",
     ),
     Table(
+        name="capture_requests",
+        comment="Capture windows asked for (ki timeline capture): every span of one GPU for N seconds; the audit record.",
+        columns=(
+            Column("id", "String"),
+            Column("instance", "LowCardinality(String)"),
+            Column("gpu", "UInt16"),
+            Column("seconds", "UInt32"),
+            Column(
+                "state", "LowCardinality(String)", None, "pending until the agent takes it (docs/wire.md)"
+            ),
+            Column("requested", _TS_MS),
+            Column("updated", _TS_MS),
+            Column("token_id", "String", None, "who asked: the admin token's id (never the token)"),
+            Column("token_name", "String"),
+        ),
+        replacing=True,
+        version="updated",
+        order_by=("instance", "id"),
+        ttl_column="toDateTime(requested)",
+        retention_key="events_days",
+        sharding_key="cityHash64(instance)",
+    ),
+    Table(
         name="instances",
         comment="What each instance is (hardware fingerprint, capacity, placement labels) and when it was last seen.",
         columns=(

@@ -52,6 +52,7 @@ from kernel_insight.sdk._route import (
 from kernel_insight.sdk._select import SelectionIndex, weight
 from kernel_insight.sdk._timeline import (
     AsyncTimelineClient,
+    CaptureRequest,
     Correlation,
     KernelSummary,
     Span,
@@ -72,6 +73,7 @@ __all__ = [
     "Attempt",
     "AuthenticationError",
     "BadRequestError",
+    "CaptureRequest",
     "Classifier",
     "Correlation",
     "Failure",

@@ -21,6 +21,7 @@ from kernel_insight.sdk._exceptions import ServerError
 
 __all__ = [
     "AsyncTimelineClient",
+    "CaptureRequest",
     "Correlation",
     "KernelSummary",
     "Span",
@@ -33,6 +34,7 @@ SPANS_PATH = "/v1/timeline/spans"
 SUMMARY_PATH = "/v1/timeline/summary"
 CORRELATION_PATH = "/v1/timeline/correlation"
 EXPORT_PATH = "/v1/timeline/export"
+CAPTURES_PATH = "/v1/timeline/captures"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,31 @@ class Correlation:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    """A capture window asked for: every span of one GPU for ``seconds`` (state ``pending`` at first)."""
+
+    id: str
+    instance: str
+    gpu: int
+    seconds: int
+    state: str
+    requested_ms: int
+    requested_by: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureRequest:
+        return cls(
+            str(d["id"]),
+            str(d["instance"]),
+            int(d["gpu"]),
+            int(d["seconds"]),
+            str(d["state"]),
+            int(d["requested_ms"]),
+            str(d["requested_by"]),
+        )
+
+
 class _TimelineCore:
     """Parameters and response interpretation shared by both clients; retries as in the kql clients."""
 
@@ -181,8 +208,8 @@ class _TimelineCore:
         return params
 
     def outcome(self, response: httpx.Response, attempt: int) -> httpx.Response | float:
-        """The 200 response, or the delay before the next attempt; raises a 4xx, or a 5xx when out of attempts."""
-        if response.status_code == 200:
+        """The 200/201 response, or the delay before the next attempt; raises a 4xx, or a 5xx when out of attempts."""
+        if response.status_code in (200, 201):
             return response
         error = _api_error(response)
         if response.status_code >= 500 and attempt < self.retry.retries:
@@ -225,11 +252,16 @@ class TimelineClient:
         self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
         self._sleep = sleep
 
-    def _get(self, path: str, params: Mapping[str, str]) -> httpx.Response:
+    def _get(
+        self, path: str, params: Mapping[str, str], body: Mapping[str, Any] | None = None
+    ) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                response = self._http.get(path, params=dict(params))
+                if body is None:
+                    response = self._http.get(path, params=dict(params))
+                else:
+                    response = self._http.post(path, json=dict(body))
             except httpx.TransportError as exc:
                 wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
             else:
@@ -301,6 +333,19 @@ class TimelineClient:
         out.write_bytes(self.export(instance, gpu, start, end, **filters))
         return out
 
+    def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
+        """Ask ``instance``'s agent for every span of GPU ``gpu`` for ``seconds`` (admin token; audited).
+
+        Only stored as pending today: delivery to agents is not built yet (docs/wire.md).
+        """
+        body = {"instance": instance, "gpu": gpu, "seconds": seconds}
+        result: CaptureRequest = self._core.json(self._get(CAPTURES_PATH, {}, body), CaptureRequest.from_json)
+        return result
+
+    def pending_captures(self, instance: str) -> list[CaptureRequest]:
+        body = self._core.json(self._get(CAPTURES_PATH, {"instance": instance}), dict)
+        return [CaptureRequest.from_json(c) for c in body["captures"]]
+
     def close(self) -> None:
         self._http.close()
 
@@ -332,11 +377,16 @@ class AsyncTimelineClient:
         )
         self._sleep = sleep
 
-    async def _get(self, path: str, params: Mapping[str, str]) -> httpx.Response:
+    async def _get(
+        self, path: str, params: Mapping[str, str], body: Mapping[str, Any] | None = None
+    ) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                response = await self._http.get(path, params=dict(params))
+                if body is None:
+                    response = await self._http.get(path, params=dict(params))
+                else:
+                    response = await self._http.post(path, json=dict(body))
             except httpx.TransportError as exc:
                 wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
             else:
@@ -397,6 +447,12 @@ class AsyncTimelineClient:
         out = Path(path)
         out.write_bytes(await self.export(instance, gpu, start, end, **filters))
         return out
+
+    async def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
+        body = {"instance": instance, "gpu": gpu, "seconds": seconds}
+        response = await self._get(CAPTURES_PATH, {}, body)
+        result: CaptureRequest = self._core.json(response, CaptureRequest.from_json)
+        return result
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -84,6 +84,28 @@ CREATE TABLE IF NOT EXISTS ki.events ON CLUSTER ki
 AS ki.events_local
 ENGINE = Distributed('ki', 'ki', 'events_local', cityHash64(instance));
 
+CREATE TABLE IF NOT EXISTS ki.capture_requests_local ON CLUSTER ki
+(
+    id String,
+    instance LowCardinality(String),
+    gpu UInt16,
+    seconds UInt32,
+    state LowCardinality(String) COMMENT 'pending until the agent takes it (docs/wire.md)',
+    requested DateTime64(3, 'UTC'),
+    updated DateTime64(3, 'UTC'),
+    token_id String COMMENT 'who asked: the admin token\'s id (never the token)',
+    token_name String
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/capture_requests_local', '{replica}', updated)
+ORDER BY (instance, id)
+TTL toDateTime(requested) + INTERVAL 90 DAY
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
+COMMENT 'Capture windows asked for (ki timeline capture): every span of one GPU for N seconds; the audit record.';
+
+CREATE TABLE IF NOT EXISTS ki.capture_requests ON CLUSTER ki
+AS ki.capture_requests_local
+ENGINE = Distributed('ki', 'ki', 'capture_requests_local', cityHash64(instance));
+
 CREATE TABLE IF NOT EXISTS ki.instances_local ON CLUSTER ki
 (
     id String,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -10,7 +11,7 @@ from api_helpers import TestClient
 from trace_check import check_trace
 
 from kernel_insight.api import create_api_app
-from kernel_insight.collector.rows import Event, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 
 S = 1_000_000_000
@@ -204,3 +205,53 @@ def test_export_refuses_a_window_over_the_span_limit(client, monkeypatch):
     r = client.get("/v1/timeline/export", params=WINDOW)
     assert r.status_code == 400
     assert "150 spans" in r.json()["error"]
+
+
+# ---------------------------------------------------------------- capture windows
+
+
+@pytest.fixture
+def admin_headers(tokens) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tokens.create('ops', ['admin']).token}"}
+
+
+def test_a_capture_needs_an_admin_token(client):
+    r = client.post("/v1/timeline/captures", json={"instance": "n1", "gpu": 0, "seconds": 10})
+    assert r.status_code == 403
+
+
+def test_a_capture_is_stored_pending_for_its_agent_and_audited(client, store, admin_headers, caplog):
+    store.upsert_instances([InstanceInfo(id="n1", gpu_count=2, last_seen_ms=T0 // 10**6)])
+    with caplog.at_level(logging.WARNING, logger="kernel_insight.audit"):
+        r = client.post(
+            "/v1/timeline/captures", json={"instance": "n1", "gpu": 1, "seconds": 10}, headers=admin_headers
+        )
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert (made["instance"], made["gpu"], made["seconds"], made["state"]) == ("n1", 1, 10, "pending")
+    assert made["requested_by"] == "ops"
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "kernel_insight.audit"]
+    assert len(lines) == 1
+    assert made["id"] in lines[0]
+    assert "'ops'" in lines[0]
+    pending = client.get("/v1/timeline/captures", params={"instance": "n1"}).json()["captures"]
+    assert [p["id"] for p in pending] == [made["id"]]
+    rows = store.query(f"SELECT token_name, seconds FROM {store.database}.capture_requests").to_pylist()
+    assert {"token_name": "ops", "seconds": 10} in rows
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"instance": "nope", "gpu": 0, "seconds": 10}, 404, "never reported"),
+        ({"instance": "n1", "gpu": 5, "seconds": 10}, 400, "has 2 GPUs"),
+        ({"instance": "n1", "gpu": 0, "seconds": 0}, 400, "seconds"),
+        ({"instance": "n1", "gpu": 0, "seconds": 600}, 400, "seconds"),
+        ({"instance": "n1", "gpu": 0}, 400, "seconds"),
+    ],
+)
+def test_bad_capture_requests_are_refused_with_a_message(client, store, admin_headers, body, status, words):
+    store.upsert_instances([InstanceInfo(id="n1", gpu_count=2, last_seen_ms=T0 // 10**6)])
+    r = client.post("/v1/timeline/captures", json=body, headers=admin_headers)
+    assert r.status_code == status, r.text
+    assert words in r.text

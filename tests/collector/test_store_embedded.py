@@ -42,7 +42,15 @@ def test_schema_creates_every_table_with_codecs(store):
     tables = set(
         store.query("SELECT name FROM system.tables WHERE database = 'ki'").column("name").to_pylist()
     )
-    assert tables == {"series", "samples", "kernel_spans", "events", "instances", "batches"}
+    assert tables == {
+        "series",
+        "samples",
+        "kernel_spans",
+        "events",
+        "instances",
+        "batches",
+        "capture_requests",
+    }
     rows = store.query(
         "SELECT name, compression_codec FROM system.columns WHERE database='ki' AND table='samples'"
     ).to_pylist()

@@ -16,7 +16,7 @@ from loopback import running_server
 from trace_check import check_trace
 
 from kernel_insight.api import TokenStore, create_api_app
-from kernel_insight.collector.rows import Event, SpanBatch
+from kernel_insight.collector.rows import Event, InstanceInfo, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import (
     AsyncTimelineClient,
@@ -27,6 +27,8 @@ from kernel_insight.sdk import (
 )
 
 S = 1_000_000_000
+#: The admin token of the served collector (set by its fixture).
+ADMIN: dict[str, str] = {}
 
 
 def _span_json(i: int) -> dict:
@@ -128,6 +130,8 @@ def served(tmp_path_factory):
     store.insert_events([Event("n1", 0, t0 + 150_000_000, "oom", 2, message="cudaMalloc failed")])
     tokens = TokenStore(tmp_path_factory.mktemp("sdk-timeline-tokens") / "tokens.json")
     token = tokens.create("sdk", ["read"]).token
+    ADMIN["token"] = tokens.create("ops", ["admin"]).token
+    store.upsert_instances([InstanceInfo(id="n1", gpu_count=1, last_seen_ms=t0 // 10**6)])
     with running_server(create_api_app(store, tokens=tokens, interval_s=3600)) as url:
         yield url, token, t0
     store.close()
@@ -210,3 +214,27 @@ def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
     assert bad.returncode == 1
     assert "invalid kernel regex" in bad.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_ki_timeline_capture_needs_admin_and_stores_a_pending_request(served, tmp_path):
+    url, token, _ = served
+    admin = tmp_path / "admin"
+    admin.write_text(ADMIN["token"])
+    reader = tmp_path / "reader"
+    reader.write_text(token)
+    base = [sys.executable, "-m", "kernel_insight.cli", "timeline", "capture", "--collector", url]
+    args = ["--instance", "n1", "--gpu", "0", "--seconds", "10"]
+    refused = subprocess.run(
+        [*base, "--token-file", str(reader), *args], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 1
+    assert "403" in refused.stderr or "admin" in refused.stderr
+    done = subprocess.run(
+        [*base, "--token-file", str(admin), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pending" in done.stdout
+    with TimelineClient(url, token) as tl:
+        pending = tl.pending_captures("n1")
+    assert [(p.gpu, p.seconds, p.requested_by) for p in pending] == [(0, 10, "ops")]
+    assert pending[0].id in done.stdout

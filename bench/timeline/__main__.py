@@ -1,0 +1,181 @@
+"""make bench-timeline: one GPU's hour of kept spans plus a 10 s full capture, read through a real collector.
+
+Targets (issue 15): API time for a 10 s window p99 <= 100 ms (keep-alive client); export of a
+60 s window to a file <= 1 s; span bytes on disk <= 12 per span. The data (an hour at 500
+spans/s = 1.8M spans, plus 10 s at 100k kernels/s = 1M spans, 8 streams, 40 kernel names) is
+written into an embedded store in agent-sized batches, then ``ki collector`` serves that store
+as its own process on 127.0.0.1. Ends with one ``BENCH timeline ...`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from kernel_insight.api.auth import TokenStore
+from kernel_insight.collector.rows import SpanBatch
+from kernel_insight.collector.store import EmbeddedStore
+
+S = 1_000_000_000
+KERNELS = [f"ampere_sgemm_{i}x{i}_tn" for i in range(32)] + [
+    f"void at::native::kernel_{i}<float>" for i in range(8)
+]
+STREAMS = 8
+INSTANCE = "bench-node-1"
+BATCH = 50_000  # spans per insert, as one ingest request of a busy agent
+
+
+def _batch(rng: np.random.Generator, starts: np.ndarray, corr0: int) -> SpanBatch:
+    n = len(starts)
+    durations = rng.lognormal(np.log(20_000), 1.0, n).astype(np.int64) + 1_000
+    return SpanBatch(
+        instance=[INSTANCE] * n,
+        gpu=np.zeros(n, np.uint16),
+        stream=(0x7F00_0000_0000 + rng.integers(0, STREAMS, n) * 0x100).astype(np.uint64),
+        kernel=[KERNELS[i] for i in rng.integers(0, len(KERNELS), n)],
+        start_ns=starts,
+        end_ns=starts + durations,
+        correlation=np.arange(corr0, corr0 + n, dtype=np.uint64),
+        pid=np.full(n, 4242, np.uint32),
+    )
+
+
+def populate(data: Path, t0: int, hour_rate: int, capture_rate: int, capture_at: int) -> int:
+    """The hour (uniform ``hour_rate``/s) and the capture (``capture_rate``/s for 10 s); the span count."""
+    rng = np.random.default_rng(15)
+    hour = np.sort(t0 + rng.integers(0, 3600 * S, 3600 * hour_rate)).astype(np.int64)
+    capture = np.sort(capture_at + rng.integers(0, 10 * S, 10 * capture_rate)).astype(np.int64)
+    total = 0
+    with EmbeddedStore(data) as store:
+        for starts in (hour, capture):
+            for i in range(0, len(starts), BATCH):
+                total += store.insert_spans(_batch(rng, starts[i : i + BATCH], total))
+        store.optimize("kernel_spans")
+    return total
+
+
+def start_server(data: Path, tokens: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel_insight.cli",
+            "collector",
+            "--store",
+            str(data),
+            "--port",
+            "0",
+            "--tokens",
+            str(tokens),
+            "--interval",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("ki: listening on "):
+        proc.kill()
+        raise SystemExit(f"server did not start: {line!r}")
+    return proc, line.removeprefix("ki: listening on ")
+
+
+def window_times(client: httpx.Client, t0: int, capture_at: int, requests: int) -> dict[str, list[float]]:
+    """ms per request for random 10 s windows (a quarter of them on the capture): a page of spans, a summary."""
+    rng = random.Random(1)
+    out: dict[str, list[float]] = {"spans": [], "summary": []}
+    for i in range(requests):
+        start = capture_at if i % 4 == 0 else t0 + rng.randrange(0, 3590) * S
+        params = {"instance": INSTANCE, "gpu": "0", "from": repr(start / S), "to": repr(start / S + 10)}
+        for kind, path, extra in (
+            ("spans", "/v1/timeline/spans", {"limit": "1000"}),
+            ("summary", "/v1/timeline/summary", {}),
+        ):
+            t = time.perf_counter()
+            r = client.get(path, params=params | extra)
+            out[kind].append((time.perf_counter() - t) * 1000)
+            if r.status_code != 200:
+                raise SystemExit(f"{path} answered {r.status_code}: {r.text[:200]}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__)
+    ap.add_argument("--hour-rate", type=int, default=500, help="kept spans per second over the hour")
+    ap.add_argument(
+        "--capture-rate", type=int, default=100_000, help="kernels per second in the 10 s capture"
+    )
+    ap.add_argument(
+        "--requests", type=int, default=200, help="10 s windows asked (each: spans page + summary)"
+    )
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ki-bench-timeline-") as tmp:
+        data, tokens_path = Path(tmp) / "data", Path(tmp) / "tokens.json"
+        t0 = (time.time_ns() // S - 3700) * S  # the last hour: inside the 7-day span retention
+        capture_at = t0 + 1800 * S
+        t = time.perf_counter()
+        spans = populate(data, t0, args.hour_rate, args.capture_rate, capture_at)
+        print(f"stored {spans} spans in {time.perf_counter() - t:.1f} s")
+        with EmbeddedStore(data) as store:
+            disk = store.disk_bytes("kernel_spans")
+            parts = store.query(
+                f"SELECT column, sum(column_data_compressed_bytes) AS b FROM system.parts_columns"
+                f" WHERE database = '{store.database}' AND table = 'kernel_spans' AND active GROUP BY column ORDER BY b DESC"
+            ).to_pylist()
+        per_span = disk / spans
+        print(f"kernel_spans on disk: {disk / 1e6:.1f} MB, {per_span:.2f} bytes/span; by column:")
+        for p in parts:
+            print(f"  {p['column']:12} {p['b'] / spans:.2f} bytes/span")
+        token = TokenStore(tokens_path).create("bench", ["read"]).token
+        proc, url = start_server(data, tokens_path)
+        try:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
+                window_times(c, t0, capture_at, 5)  # warm up: first reads load marks and codecs
+                times = window_times(c, t0, capture_at, args.requests)
+                export_params = {
+                    "instance": INSTANCE,
+                    "gpu": "0",
+                    "from": repr((capture_at - 25 * S) / S),
+                    "to": repr((capture_at + 35 * S) / S),
+                }
+                exports = []
+                out = Path(tmp) / "trace.json"
+                for _ in range(3):
+                    t = time.perf_counter()
+                    r = c.get("/v1/timeline/export", params=export_params)
+                    if r.status_code != 200:
+                        raise SystemExit(f"export answered {r.status_code}: {r.text[:200]}")
+                    out.write_bytes(r.content)
+                    exports.append(time.perf_counter() - t)
+                events = r.content.count(b'"ph":"X"')
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    q_spans = statistics.quantiles(times["spans"], n=100)
+    q_sum = statistics.quantiles(times["summary"], n=100)
+    window_p99 = max(q_spans[98], q_sum[98])
+    export_s = statistics.median(exports)
+    print(f"10 s window, spans page of 1000: p50 {q_spans[49]:.1f} ms, p99 {q_spans[98]:.1f} ms")
+    print(f"10 s window, per-kernel summary: p50 {q_sum[49]:.1f} ms, p99 {q_sum[98]:.1f} ms")
+    print(
+        f"export of a 60 s window ({events} spans, {len(r.content) / 1e6:.0f} MB) to a file: median {export_s:.2f} s of {[round(e, 2) for e in exports]}"
+    )
+    print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}; server and client share them")
+    print(
+        f"BENCH timeline window_p99_ms={window_p99:.1f} export_60s_s={export_s:.2f} bytes_per_span={per_span:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
