@@ -1,0 +1,55 @@
+"""Golden wire frames: the format cannot drift silently, on either side (tests/fixtures/wire/, golden_wire.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from golden_wire import FIXTURES, KEY, batch_json, golden_records, seal_in_c
+
+from kernel_insight.agent.records import RecordType
+from kernel_insight.collector import wire
+
+
+def test_committed_input_is_every_shipped_type_and_a_name():
+    raw = (FIXTURES / "records.bin").read_bytes()
+    assert raw == golden_records().tobytes(), "records.bin no longer matches golden_wire.golden_records()"
+    types = set(np.frombuffer(raw, dtype=golden_records().dtype)["type"].tolist())
+    assert types == {int(t) for t in wire.SHIPPED_TYPES} | {int(RecordType.STRING)}
+
+
+def test_the_decoder_reads_the_golden_frame_as_committed():
+    frame = (FIXTURES / "frame.kib").read_bytes()
+    want = json.loads((FIXTURES / "frame.json").read_text())
+    assert batch_json(wire.decode_batch(frame, KEY)) == want
+
+
+def test_the_golden_frame_holds_its_input_records():
+    frame = (FIXTURES / "frame.kib").read_bytes()
+    recs = golden_records()
+    shipped = recs[recs["type"] != int(RecordType.STRING)]
+    assert wire.decode_batch(frame, KEY).to_array().tobytes() == shipped.tobytes()
+
+
+def test_a_tampered_golden_frame_is_refused():
+    frame = bytearray((FIXTURES / "frame.kib").read_bytes())
+    frame[-1] ^= 1
+    with pytest.raises(wire.AuthenticationFailed):
+        wire.decode_batch(bytes(frame), KEY)
+
+
+def test_the_c_encoder_still_seals_the_golden_frame(tmp_path):
+    """Sealed from the same records by the current C sources: same header and same plaintext body.
+
+    The nonce is epoch || seq, so sealing is deterministic; the compressed bytes (and so the
+    header's payload length and the tag) depend on the zstd library's version, so the frame is
+    compared after opening rather than byte for byte.
+    """
+    golden = (FIXTURES / "frame.kib").read_bytes()
+    fresh = seal_in_c(tmp_path, FIXTURES / "records.bin")
+    g_head, f_head = wire.parse_header(golden), wire.parse_header(fresh)
+    assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
+    assert fresh[:20] == golden[:20]  # magic, version, AEAD, compression, flags, agent id
+    assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
