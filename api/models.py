@@ -121,12 +121,21 @@ class InstanceDetail(BaseModel):
     recent_errors: list[RecentError]
 
 
+class TopologyMember(BaseModel):
+    """One instance at its place: its health and what its hardware is."""
+
+    id: str
+    healthy: bool
+    fingerprint: Fingerprint
+
+
 class TopologyGroup(BaseModel):
     host: str
     rack: str
     switch: str
     instances: list[str]
     healthy: int
+    members: list[TopologyMember]
 
 
 class Topology(BaseModel):

@@ -27,7 +27,8 @@ PLACEMENT_LABELS = ("host", "rack", "switch")
 
 
 def topology(snap: Snapshot) -> dict[str, object]:
-    """Groups sorted by (switch, rack, host), each listing its instance ids and how many are healthy."""
+    """Groups sorted by (switch, rack, host), each listing its instance ids, how many are healthy, and
+    each member's health and hardware fingerprint (GPU product, count, driver, CUDA, memory, NVLink)."""
     groups: dict[tuple[str, str, str], list[dict[str, object]]] = {}
     for r in snap.records:
         labels = r["labels"]
@@ -42,6 +43,10 @@ def topology(snap: Snapshot) -> dict[str, object]:
                 "switch": switch,
                 "instances": [str(r["id"]) for r in members],
                 "healthy": sum(1 for r in members if r["healthy"]),
+                "members": [
+                    {"id": str(r["id"]), "healthy": bool(r["healthy"]), "fingerprint": r["fingerprint"]}
+                    for r in members
+                ],
             }
             for (switch, rack, host), members in sorted(groups.items())
         ],

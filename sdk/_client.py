@@ -145,6 +145,7 @@ class _HealthCore:
         required_free_bytes: int,
         model: str | None,
         avoid: Collection[str] = (),
+        prefer: Mapping[str, str] | None = None,
     ) -> Instance:
         if required_free_bytes < 0:
             raise ValueError("required_free_bytes must not be negative")
@@ -153,6 +154,12 @@ class _HealthCore:
         excluded: Mapping[str, float] = self.excluded
         if avoid:
             excluded = {**excluded, **dict.fromkeys(avoid, float("inf"))}
+        if prefer:
+            near = index.pick_preferring(
+                required_free_bytes, model, prefer, self.random, excluded, self.clock()
+            )
+            if near is not None:
+                return near
         chosen = index.pick(required_free_bytes, model, self.random, excluded, self.clock())
         if chosen is not None:
             return chosen
@@ -253,7 +260,12 @@ class HealthClient:
             self._lock.release()
 
     def select_instance(
-        self, required_free_bytes: int, model: str | None = None, *, avoid: Collection[str] = ()
+        self,
+        required_free_bytes: int,
+        model: str | None = None,
+        *,
+        avoid: Collection[str] = (),
+        prefer: Mapping[str, str] | None = None,
     ) -> Instance:
         """A healthy instance serving ``model`` with ``required_free_bytes`` free, drawn by weight.
 
@@ -261,10 +273,12 @@ class HealthClient:
         ``required_free_bytes`` of GPU memory free, not excluded. Among them the draw is
         weighted by ``free_bytes / (1 + p99 / p99_ref) / (1 + errors_5m)`` (see
         :func:`kernel_insight.sdk.weight` for why). ``avoid``: ids left out of this one pick
-        (those a request already failed on). Raises :class:`NoEligibleInstance`.
+        (those a request already failed on). ``prefer``: labels such as ``{"rack": "r4"}`` (the
+        caller's own place); an eligible instance carrying them is drawn if there is one, any
+        eligible instance otherwise. Raises :class:`NoEligibleInstance`.
         """
         snap = self.snapshot()
-        return self._core.select(snap, required_free_bytes, model, avoid)
+        return self._core.select(snap, required_free_bytes, model, avoid, prefer)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         """Leave ``instance_id`` out of selection for ``seconds`` (after a kernel_oom, an nccl_timeout, ...)."""
@@ -328,10 +342,15 @@ class AsyncHealthClient:
                 return core.fallback(exc, now)
 
     async def select_instance(
-        self, required_free_bytes: int, model: str | None = None, *, avoid: Collection[str] = ()
+        self,
+        required_free_bytes: int,
+        model: str | None = None,
+        *,
+        avoid: Collection[str] = (),
+        prefer: Mapping[str, str] | None = None,
     ) -> Instance:
         snap = await self.snapshot()
-        return self._core.select(snap, required_free_bytes, model, avoid)
+        return self._core.select(snap, required_free_bytes, model, avoid, prefer)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         self._core.exclude(instance_id, seconds, reason)

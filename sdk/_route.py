@@ -28,7 +28,7 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -254,6 +254,7 @@ def route(
     *,
     required_free_bytes: int = 0,
     model: str | None = None,
+    prefer: Mapping[str, str] | None = None,
     classifier: Classifier = classify,
     policy: RoutePolicy | None = None,
     observe: Callable[[Attempt], None] | None = None,
@@ -267,7 +268,8 @@ def route(
     exception raised, unchanged). Raises :class:`RouteFailed` when ``max_attempts`` tries
     failed for causes routing handles, or when a retry finds no eligible instance;
     :class:`NoEligibleInstance` when not even the first could be selected. ``observe`` sees
-    every :class:`Attempt` (for metrics).
+    every :class:`Attempt` (for metrics). ``prefer`` (e.g. ``{"rack": "r4"}``) is passed to
+    ``select_instance``: the caller's rack first while it has room.
 
     >>> r = route(health, lambda i: http.post(i.labels["endpoint"] + "/v1/generate", json=req),
     ...           required_free_bytes=12 << 30, model="llama-70b")              # doctest: +SKIP
@@ -275,7 +277,7 @@ def route(
     state = _Attempts(policy or RoutePolicy(), required_free_bytes)
     while True:
         try:
-            inst = health.select_instance(state.required, model, avoid=state.avoid)
+            inst = health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
         except NoEligibleInstance as exc:
             if not state.log:
                 raise
@@ -312,6 +314,7 @@ async def aroute(
     *,
     required_free_bytes: int = 0,
     model: str | None = None,
+    prefer: Mapping[str, str] | None = None,
     classifier: Classifier = classify,
     policy: RoutePolicy | None = None,
     observe: Callable[[Attempt], None] | None = None,
@@ -322,7 +325,7 @@ async def aroute(
     state = _Attempts(policy or RoutePolicy(), required_free_bytes)
     while True:
         try:
-            inst = await health.select_instance(state.required, model, avoid=state.avoid)
+            inst = await health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
         except NoEligibleInstance as exc:
             if not state.log:
                 raise

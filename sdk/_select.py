@@ -106,6 +106,34 @@ class SelectionIndex:
         k = bisect.bisect_right(group.neg_free, -float(required_free_bytes))
         return group.instances[:k]
 
+    def pick_preferring(
+        self,
+        required_free_bytes: int,
+        model: str | None,
+        prefer: Mapping[str, str],
+        random: Callable[[], float],
+        excluded: Mapping[str, float],
+        now: float,
+    ) -> Instance | None:
+        """A weighted draw among the candidates carrying every ``prefer`` label; None when there is none."""
+        near = [
+            i
+            for i in self.candidates(required_free_bytes, model)
+            if excluded.get(i.id, 0.0) <= now and all(i.labels.get(k) == v for k, v in prefer.items())
+        ]
+        if not near:
+            return None
+        weights = [weight(i, self.p99_ref_s) for i in near]
+        total = sum(weights)
+        if total <= 0:
+            return near[min(int(random() * len(near)), len(near) - 1)]
+        r = random() * total
+        for inst, w in zip(near, weights, strict=True):
+            r -= w
+            if r < 0:
+                return inst
+        return near[-1]
+
     def pick(
         self,
         required_free_bytes: int,

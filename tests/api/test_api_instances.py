@@ -77,3 +77,12 @@ def test_topology_groups_by_switch_rack_and_host(client):
         ("s1", "r1", "h1", ["n1", "n2"], 1),
         ("s1", "r2", "h2", ["n3"], 1),
     ]
+    # The graph's leaves: each member's health and hardware, where it sits.
+    members = {m.id: (g.rack, m) for g in topo.groups for m in g.members}
+    rack, n2 = members["n2"]
+    assert rack == "r1"
+    assert not n2.healthy
+    assert n2.fingerprint.hardware_fingerprint == "fp-n2"
+    assert (n2.fingerprint.driver_version, n2.fingerprint.cuda_version) == ("550.54", "12040")
+    assert n2.fingerprint.nvlink_bandwidth == 900
+    assert members["n1"][1].healthy

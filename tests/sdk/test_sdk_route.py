@@ -315,3 +315,31 @@ def test_an_instance_without_an_endpoint_label_is_a_clear_error(clock):
     transport = RoutingTransport(health, inner=httpx.MockTransport(lambda r: httpx.Response(200)))
     with httpx.Client(transport=transport) as client, pytest.raises(ValueError, match="no 'endpoint' label"):
         client.get("http://llm/")
+
+
+def test_selection_prefers_the_callers_rack_while_it_has_room(clock):
+    facts = [instance("a1", 40), instance("a2", 10), instance("b1", 70)]
+    racks = {"a1": "ra", "a2": "ra", "b1": "rb"}
+    for f in facts:
+        f.labels = {**f.labels, "rack": racks[f.id]}
+    health = _health(FakeServer(facts), clock)
+    assert {health.select_instance(GiB, prefer={"rack": "ra"}).id for _ in range(100)} == {"a1", "a2"}
+    # Only a1 in the rack has 20 GiB; with a1 excluded the draw leaves the rack.
+    assert {health.select_instance(20 * GiB, prefer={"rack": "ra"}).id for _ in range(50)} == {"a1"}
+    assert {health.select_instance(20 * GiB, prefer={"rack": "ra"}, avoid=["a1"]).id for _ in range(20)} == {
+        "b1"
+    }
+    assert {health.select_instance(GiB, prefer={"rack": "nowhere"}).id for _ in range(200)} == {
+        "a1",
+        "a2",
+        "b1",
+    }
+    # route() passes it on: an OOM in the rack moves the retry to more room, wherever it is.
+    tried = []
+
+    def call(inst):
+        tried.append(inst.id)
+        return httpx.Response(500, text="out of memory") if inst.id == "a2" else inst.id
+
+    got = {route(health, call, prefer={"rack": "ra"}) for _ in range(30)}
+    assert got == {"a1"}
