@@ -18,6 +18,8 @@ from urllib.parse import quote
 import pytest
 from collector_process import RunningCollector, running_collector
 
+from kernel_insight.api import TokenStore
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the browser and the fleet live with the benchmark that shares them
     sys.path.insert(0, str(REPO))
@@ -218,6 +220,10 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert abs((panned["t1"] - panned["t0"]) - (zoomed["t1"] - zoomed["t0"])) < 1e-3 * (
         zoomed["t1"] - zoomed["t0"]
     )
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 24 + 11)  # the middle of the first lane
+    page.wait_for_function("document.getElementById('t-hover').textContent !== ''")
+    hover = page.inner_text("#t-hover")
+    assert any(hover.startswith(k + " · stream 0x7f0000001000") for k in KERNELS), hover
     page.screenshot(path=tmp_path / "timeline.png")
     fps = page.evaluate("kiTimeline.panFps(500, 4)")
     assert fps > 0  # the figure itself is make bench-ui's
@@ -226,6 +232,27 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
         page.click("#t-export")
     trace = json.loads(Path(dl.value.path()).read_text())
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == SPANS
+
+
+def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector):
+    tokens = TokenStore(collector.stderr.parent / "tokens.json")  # the collector's token file
+    created = tokens.create("ui-revoke", ["read"])
+    page.goto(collector.url + "/")
+    page.fill("#token", created.token)
+    page.click("#login button")
+    page.wait_for_selector("#fleet-grid .tile")
+    tokens.revoke(created.info.id)
+    deadline = time.monotonic() + 15  # the server re-reads the file within a second
+    pages = [("alerts", "#alerts"), ("fleet", "#fleet-grid .tile")]
+    n = 0
+    while not page.is_visible("#login"):
+        assert time.monotonic() < deadline, "the page still works with a revoked token"
+        name, shown = pages[n % 2]
+        n += 1
+        page.click(f'header nav a[data-page="{name}"]')
+        page.wait_for_selector(f"#login, {shown}")  # each page load is one more request with the token
+    assert "refused" in page.inner_text("#login-error")
+    assert page.evaluate("sessionStorage.getItem('ki.token')") is None
 
 
 def test_sign_out_forgets_the_token(page, collector):

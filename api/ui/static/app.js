@@ -648,8 +648,28 @@ async function pageTimeline(params) {
     if (drag) {
       const dt = (ev.clientX - drag.x) / (width - LEFT) * (drag.t1 - drag.t0);
       tl.t0 = drag.t0 - dt; tl.t1 = drag.t1 - dt; clamp(); redraw();
+      return;
     }
+    const i = spanAt(ev.offsetX, ev.offsetY);
+    document.getElementById("t-hover").textContent = i < 0 ? "" :
+      `${tl.names[tl.kern[i]]} · stream 0x${Number(tl.lanes[tl.lane[i]]).toString(16)} · start +${fmtNs(Math.round(tl.start[i] - tl.offset))} · ${fmtNs(tl.dur[i])}`;
   });
+  // The span under the pointer, or the nearest one of that lane within 3 pixels; -1 for none.
+  const spanAt = (x, y) => {
+    const l = Math.floor((y - 24) / LANE_H);
+    if (l < 0 || l >= tl.lanes.length || x < LEFT) return -1;
+    const perPx = (tl.t1 - tl.t0) / (width - LEFT);
+    const t = tl.t0 + (x - LEFT) * perPx, slack = 3 * perPx;
+    let lo = 0, hi = tl.start.length;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (tl.start[m] <= t + slack) lo = m + 1; else hi = m; }
+    let best = -1, bestGap = Infinity;
+    for (let i = lo - 1; i >= 0 && tl.start[i] >= t - tl.maxDur - slack; i--) {
+      if (tl.lane[i] !== l) continue;
+      const gap = t < tl.start[i] ? tl.start[i] - t : Math.max(0, t - tl.start[i] - tl.dur[i]);
+      if (gap < bestGap) { best = i; bestGap = gap; if (gap === 0) break; }
+    }
+    return bestGap <= slack ? best : -1;
+  };
   canvas.addEventListener("dblclick", () => { tl.t0 = tl.offset; tl.t1 = (w.to - Math.floor(w.from)) * 1e9; redraw(); });
   document.getElementById("t-export").addEventListener("click", async () => {
     const token = sessionStorage.getItem(TOKEN_KEY);
@@ -664,6 +684,7 @@ async function pageTimeline(params) {
   // For tests and make bench-ui: pan by `px` per frame for `ms` and report frames per second.
   window.kiTimeline = {
     view: () => ({ t0: tl.t0, t1: tl.t1, spans: tl.start.length }),
+    spanAt: (x, y) => spanAt(x, y),
     zoom: (k) => { const m = (tl.t0 + tl.t1) / 2; tl.t0 = m - (m - tl.t0) * k; tl.t1 = m + (tl.t1 - m) * k; clamp(); draw(); },
     panFps: (ms, px) => new Promise((resolve) => {
       let frames = 0, dir = 1;
