@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.api.__main__ import populate
-from kernel_insight.collector.rows import SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import Event, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 
 __all__ = ["CHROMIUM", "CHROMIUM_ARGS", "KERNELS", "chromium", "populate_fleet", "populate_spans"]
@@ -91,7 +91,8 @@ def populate_spans(
     window_ns: int = 10_000_000_000,
 ) -> None:
     """``count`` kernel spans of one GPU in ``[start_ns, start_ns + window_ns)``, back to back on
-    ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot."""
+    ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot;
+    plus the GPU's memory use and SM use every 100 ms of the window and one OOM event in its middle."""
     rng = random.Random(19)
     per = -(-count // streams)
     slot = window_ns // per
@@ -108,5 +109,15 @@ def populate_spans(
         correlation=np.arange(1, count + 1, dtype=np.uint64),
         pid=np.full(count, 4242, np.uint32),
     )
+    samples = SampleBuilder()
+    base = {"instance": instance, "gpu": str(gpu)}
+    for n, t_ms in enumerate(range(start_ns // 1_000_000, (start_ns + window_ns) // 1_000_000, 100)):
+        samples.add(
+            {**base, "__name__": "gpu_memory_used_bytes"}, t_ms, (40 + 30 * (n % 50) / 50) * (1 << 30)
+        )
+        samples.add({**base, "__name__": "gpu_sm_utilization_ratio"}, t_ms, rng.uniform(0.5, 1.0))
+    oom = Event(instance, gpu, start_ns + window_ns // 2, "oom", 2, message="CUDA out of memory (simulated)")
     with EmbeddedStore(path) as store:
         store.insert_spans(batch)
+        store.insert_samples(samples.build())
+        store.insert_events([oom])

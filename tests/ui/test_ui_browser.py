@@ -205,6 +205,9 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     page.wait_for_selector("#t-count", timeout=60_000)
     assert page.get_attribute("#t-count", "data-spans") == str(SPANS)
     assert page.get_attribute("#t-count", "data-lanes") == "4"
+    assert page.get_attribute("#t-count", "data-tracks") == "memory_used_bytes:100,sm_utilization:100"
+    assert page.get_attribute("#t-count", "data-events") == "1"
+    assert "oom 2: CUDA out of memory (simulated)" in page.inner_text("#t-events")
     whole = page.evaluate("kiTimeline.view()")
     box = page.locator("#t-canvas").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)

@@ -567,6 +567,13 @@ async function pageTimeline(params) {
     const st = document.getElementById("t-status");
     if (st) st.textContent = `Loading spans… ${start.length}`;
   } while (cursor);
+  // The GPU's NVML counters and events of the same window, as tracks under the streams.
+  const corr = await api(`/v1/timeline/correlation?${windowQuery(w)}`);
+  const tracks = Object.entries(corr.counters || {}).map(([name, pts]) => {
+    const vs = pts.map((p) => p[1]);
+    return { name, t: Float64Array.from(pts.map((p) => p[0] * 1e6 - origin)), v: Float64Array.from(vs), lo: Math.min(...vs), hi: Math.max(...vs) };
+  });
+  const events = (corr.events || []).map((e) => ({ t: e.ts_ns - origin, text: `${e.kind} ${e.code}${e.message ? ": " + e.message : ""}` }));
   const tl = {
     start: Float64Array.from(start), dur: Float64Array.from(dur), lane: Uint16Array.from(lane), kern: Uint32Array.from(kern),
     names, lanes: [...streams.keys()], maxDur: dur.reduce((m, d) => (d > m ? d : m), 0),
@@ -574,16 +581,19 @@ async function pageTimeline(params) {
   };
   tl.t0 = tl.offset;
   start = dur = lane = kern = null;
-  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}">${tl.start.length} spans on ${tl.lanes.length} streams</span>
+  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}" data-tracks="${esc(tracks.map((k) => `${k.name}:${k.t.length}`).join(","))}" data-events="${events.length}">${tl.start.length} spans on ${tl.lanes.length} streams</span>
       <span class="muted">wheel: zoom · drag: pan · double-click: whole window</span>
       <button type="button" id="t-export">Open in Perfetto (download trace)</button>
       <span id="t-range" class="muted"></span></div>
     <canvas id="t-canvas"></canvas><div id="t-hover" class="muted"></div>
-    <p class="muted">Host launches, NCCL operations and memory allocations are not stored per call yet, so they have no tracks here (docs/api.md).</p>`;
+    <ul id="t-events">${events.map((e) => `<li class="error">+${fmtNs(Math.round(e.t - tl.offset))}: ${esc(e.text)}</li>`).join("")}</ul>
+    <p class="muted">Memory and SM use are the GPU's NVML samples; red lines are its events. Host launches, NCCL operations and memory allocations are not stored per call yet, so they have no tracks here (docs/api.md).</p>`;
   const canvas = document.getElementById("t-canvas");
   const ctx = canvas.getContext("2d");
   const width = main.clientWidth - 4;
-  const height = 24 + tl.lanes.length * LANE_H;
+  const TRACK_H = 40;
+  const tracksTop = 24 + tl.lanes.length * LANE_H + 6;
+  const height = tracksTop + tracks.length * (TRACK_H + 6);
   canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
   canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
   ctx.scale(devicePixelRatio, devicePixelRatio);
@@ -620,6 +630,32 @@ async function pageTimeline(params) {
     for (const [i, x0, x1, l] of labels) {
       ctx.save(); ctx.beginPath(); ctx.rect(x0, 24 + l * LANE_H, x1 - x0 - 2, LANE_H); ctx.clip();
       ctx.fillText(tl.names[tl.kern[i]], x0 + 3, 24 + l * LANE_H + 15); ctx.restore();
+    }
+    // counters: a step line per track, scaled to its own range over the window
+    tracks.forEach((k, n) => {
+      const top = tracksTop + n * (TRACK_H + 6);
+      ctx.fillStyle = "#1c1f24";
+      ctx.fillText(k.name.replace(/_/g, " "), 4, top + 14);
+      ctx.strokeStyle = "#d8dbe0"; ctx.strokeRect(LEFT, top, width - LEFT, TRACK_H);
+      ctx.beginPath(); ctx.strokeStyle = n ? "#2e9b4f" : "#4a7bd0";
+      const y = (v) => top + TRACK_H - 2 - (k.hi > k.lo ? (v - k.lo) / (k.hi - k.lo) : 0.5) * (TRACK_H - 4);
+      let started = false;
+      for (let i = 0; i < k.t.length; i++) {
+        const x = LEFT + (k.t[i] - t0) * scale;
+        const xn = i + 1 < k.t.length ? LEFT + (k.t[i + 1] - t0) * scale : width;
+        if (xn < LEFT || x > width) continue;
+        const xa = Math.max(x, LEFT), xb = Math.min(xn, width);
+        if (!started) { ctx.moveTo(xa, y(k.v[i])); started = true; } else ctx.lineTo(xa, y(k.v[i]));
+        ctx.lineTo(xb, y(k.v[i]));
+      }
+      ctx.stroke();
+    });
+    // events: a red line through every lane
+    ctx.strokeStyle = "#d23c3c";
+    for (const e of events) {
+      const x = LEFT + (e.t - t0) * scale;
+      if (x < LEFT || x > width) continue;
+      ctx.beginPath(); ctx.moveTo(x, 16); ctx.lineTo(x, height); ctx.stroke();
     }
     ctx.fillStyle = "#555";
     for (let k = 0; k <= 4; k++) {
