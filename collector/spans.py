@@ -141,16 +141,21 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
 def read_spans(
     store: Store, window: SpanWindow, limit: int, cursor: SpanCursor | None = None
 ) -> tuple[list[dict[str, Any]], SpanCursor | None]:
-    """One page of spans in (start, stream, correlation) order and the cursor of the next (None: no more)."""
+    """One page of spans in (start, stream, correlation) order and the cursor of the next (None: no more).
+
+    Ordered by the ``start`` column itself (not an expression of it), so ClickHouse reads the
+    window's granules in key order and stops after the page instead of sorting the window.
+    """
     where = window.where()
     if cursor is not None:
+        after = f"fromUnixTimestamp64Nano(toInt64({cursor.start_ns}), 'UTC')"
         where += (
-            f" AND ({_NS}(start), stream, correlation) >"
-            f" (toInt64({cursor.start_ns}), toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
+            f" AND start >= {after} AND (start, stream, correlation) >"
+            f" ({after}, toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
         )
     rows = store.query(
         f"SELECT {_SPAN_COLUMNS} FROM {store.database}.kernel_spans WHERE {where}"
-        f" ORDER BY start_ns, stream, correlation LIMIT {int(limit) + 1}"
+        f" ORDER BY start, stream, correlation LIMIT {int(limit) + 1}"
     ).to_pylist()
     spans = [_span(r) for r in rows[:limit]]
     if len(rows) <= limit or not spans:
@@ -164,29 +169,34 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
 
     ``share`` is the kernel's part of all kernel time in the window (streams overlap, so
     the sum of durations can exceed the window; ``busy_ratio`` compares it to the window).
+    One pass over the window: the window's totals are window functions over the groups, the
+    slowest spans ``groupArraySorted`` of each group.
     """
-    db, where = store.database, window.where()
-    totals = store.query(
-        f"SELECT count() AS n, sum(duration_ns) AS total FROM {db}.kernel_spans WHERE {where}"
-    ).to_pylist()[0]
-    total_ns = int(totals["total"] or 0)
+    keep = max(1, int(slowest))
     rows = store.query(
         "SELECT kernel, count() AS n, sum(duration_ns) AS total,"
-        " quantiles(0.5, 0.9, 0.99)(duration_ns) AS q, max(duration_ns) AS mx"
-        f" FROM {db}.kernel_spans WHERE {where}"
+        " quantiles(0.5, 0.9, 0.99)(duration_ns) AS q, max(duration_ns) AS mx,"
+        f" groupArraySorted({keep})((-toInt64(duration_ns), {_NS}(start), stream, correlation, pid, duration_ns))"
+        " AS slow, sum(sum(duration_ns)) OVER () AS all_total, sum(count()) OVER () AS all_n"
+        f" FROM {store.database}.kernel_spans WHERE {window.where()}"
         f" GROUP BY kernel ORDER BY total DESC, kernel LIMIT {int(kernels)}"
     ).to_pylist()
-    slow: dict[str, list[dict[str, Any]]] = {r["kernel"]: [] for r in rows}
-    if rows and slowest > 0:
-        names = ", ".join(quote(k) for k in slow)
-        for r in store.query(
-            f"SELECT {_SPAN_COLUMNS} FROM {db}.kernel_spans WHERE {where} AND kernel IN ({names})"
-            f" ORDER BY duration_ns DESC, start_ns LIMIT {int(slowest)} BY kernel"
-        ).to_pylist():
-            slow[r["kernel"]].append(_span(r))
+    total_ns = int(rows[0]["all_total"]) if rows else 0
     out = []
     for r in rows:
         q = [float(x) for x in r["q"]]
+        slow = [
+            {
+                "stream": int(t["3"]),
+                "kernel": r["kernel"],
+                "start_ns": int(t["2"]),
+                "end_ns": int(t["2"]) + int(t["6"]),
+                "duration_ns": int(t["6"]),
+                "correlation": int(t["4"]),
+                "pid": int(t["5"]),
+            }
+            for t in r["slow"][: int(slowest)]
+        ]
         out.append(
             {
                 "kernel": r["kernel"],
@@ -197,11 +207,11 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
                 "p90_ns": q[1],
                 "p99_ns": q[2],
                 "max_ns": int(r["mx"]),
-                "slowest": slow[r["kernel"]],
+                "slowest": slow,
             }
         )
     return {
-        "span_count": int(totals["n"]),
+        "span_count": int(rows[0]["all_n"]) if rows else 0,
         "total_ns": total_ns,
         "busy_ratio": total_ns / (window.end_ns - window.start_ns),
         "kernels": out,

@@ -161,6 +161,10 @@ def test_summary_counts_shares_quantiles_and_slowest_spans(client):
     assert copy["p90_ns"] == 2000
     assert len(copy["slowest"]) == 3
     assert body["busy_ratio"] == pytest.approx((gemm_total + 100_000) / S)
+    top = client.get("/v1/timeline/summary", params={**WINDOW, "kernels": 1, "slowest": 0}).json()
+    assert [k["kernel"] for k in top["kernels"]] == ["gemm_fp16"]
+    assert top["span_count"] == 150  # the window's figures, not only the kernels listed
+    assert top["kernels"][0]["slowest"] == []
 
 
 def test_correlation_lines_up_spans_events_and_nvml_samples(client):
