@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query
@@ -27,6 +27,7 @@ from kernel_insight.collector.captures import (
     pending_captures,
     request_capture,
 )
+from kernel_insight.collector.perfetto_trace import perfetto_trace
 from kernel_insight.collector.spans import (
     SpanCursor,
     SpanQueryError,
@@ -171,8 +172,11 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
 
     @router.get(
         "/v1/timeline/export",
-        responses={200: {"content": {"application/json": {}}}, **ERROR_RESPONSES},
-        summary="Chrome trace event JSON of one GPU window (opens in Perfetto and chrome://tracing)",
+        responses={
+            200: {"content": {"application/json": {}, "application/x-protobuf": {}}},
+            **ERROR_RESPONSES,
+        },
+        summary="One GPU window as Chrome trace JSON (Perfetto, chrome://tracing) or a Perfetto protobuf trace",
     )
     async def export(
         instance: str = _INSTANCE,
@@ -182,15 +186,21 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         stream: int | None = _STREAM,
         kernel: str | None = _KERNEL,
         min_duration_ns: int = _MIN_DUR,
+        format: Literal["json", "perfetto"] = Query(
+            "json", description="json: Chrome trace event JSON; perfetto: a native Perfetto protobuf trace"
+        ),
         _token: object = read,
     ) -> Response:
         window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
-        body = await _read(chrome_trace, store, window)
-        name = f"{instance}-gpu{gpu}.trace.json".replace('"', "")
+        if format == "perfetto":
+            body = await _read(perfetto_trace, store, window)
+            media, suffix = "application/x-protobuf", "perfetto-trace"
+        else:
+            body = await _read(chrome_trace, store, window)
+            media, suffix = "application/json", "trace.json"
+        name = f"{instance}-gpu{gpu}.{suffix}".replace('"', "")
         return Response(
-            body,
-            media_type="application/json",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+            body, media_type=media, headers={"Content-Disposition": f'attachment; filename="{name}"'}
         )
 
     @router.post(

@@ -65,7 +65,9 @@ def _export(args: argparse.Namespace) -> int:
             filters["kernel"] = args.kernel
         if args.min_duration_ns:
             filters["min_duration_ns"] = args.min_duration_ns
-        path = client.to_perfetto(args.output, args.instance, args.gpu, args.start, args.end, **filters)
+        path = client.to_perfetto(
+            args.output, args.instance, args.gpu, args.start, args.end, format=args.format, **filters
+        )
     print(
         f"wrote {path} ({path.stat().st_size} bytes): open it in https://ui.perfetto.dev or chrome://tracing"
     )
@@ -116,6 +118,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--stream", type=int, help="only this stream")
     e.add_argument("--kernel", help="only kernels matching this RE2 regex (anchored)")
     e.add_argument("--min-duration-ns", type=int, default=0, help="only spans at least this long")
+    e.add_argument(
+        "--format",
+        choices=["json", "perfetto"],
+        default="json",
+        help="json: Chrome trace JSON (Perfetto and chrome://tracing); perfetto: native protobuf (Perfetto)",
+    )
     e.add_argument("-o", "--output", required=True, help="the trace file to write")
     e.set_defaults(handler=_run(_export))
     c = tsub.add_parser("capture", help="ask an agent for every span of one GPU for N seconds (admin token)")

@@ -29,6 +29,7 @@ from kernel_insight.collector.openmetrics import (
     OpenMetricsError,
     parse_exposition,
 )
+from kernel_insight.collector.perfetto_trace import perfetto_trace
 from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
@@ -154,6 +155,7 @@ __all__ = [
     "open_store",
     "parse_exposition",
     "parse_remote_write",
+    "perfetto_trace",
     "read_key_file",
     "series_fingerprint",
     "single_ddl",

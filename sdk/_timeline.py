@@ -321,16 +321,27 @@ class TimelineClient:
         result: Correlation = self._core.json(self._get(CORRELATION_PATH, params), Correlation.from_json)
         return result
 
-    def export(self, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any) -> bytes:
-        """The window as Chrome trace event JSON (bytes), as ``GET /v1/timeline/export`` gives it."""
-        return self._get(EXPORT_PATH, self._core.window(instance, gpu, start, end, **filters)).content
+    def export(
+        self, instance: str, gpu: int, start: TimeLike, end: TimeLike, *, format: str = "json", **filters: Any
+    ) -> bytes:
+        """The window's trace (bytes): Chrome trace JSON, or ``format="perfetto"`` a Perfetto protobuf."""
+        params = self._core.window(instance, gpu, start, end, **filters) | {"format": format}
+        return self._get(EXPORT_PATH, params).content
 
     def to_perfetto(
-        self, path: str | Path, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any
+        self,
+        path: str | Path,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        format: str = "json",
+        **filters: Any,
     ) -> Path:
-        """Write the window's trace to ``path`` for ui.perfetto.dev or chrome://tracing; returns the path."""
+        """Write the window's trace to ``path`` for ui.perfetto.dev (both formats) or chrome://tracing (JSON)."""
         out = Path(path)
-        out.write_bytes(self.export(instance, gpu, start, end, **filters))
+        out.write_bytes(self.export(instance, gpu, start, end, format=format, **filters))
         return out
 
     def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
@@ -438,14 +449,25 @@ class AsyncTimelineClient:
         )
         return result
 
-    async def export(self, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any) -> bytes:
-        return (await self._get(EXPORT_PATH, self._core.window(instance, gpu, start, end, **filters))).content
+    async def export(
+        self, instance: str, gpu: int, start: TimeLike, end: TimeLike, *, format: str = "json", **filters: Any
+    ) -> bytes:
+        params = self._core.window(instance, gpu, start, end, **filters) | {"format": format}
+        return (await self._get(EXPORT_PATH, params)).content
 
     async def to_perfetto(
-        self, path: str | Path, instance: str, gpu: int, start: TimeLike, end: TimeLike, **filters: Any
+        self,
+        path: str | Path,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        format: str = "json",
+        **filters: Any,
     ) -> Path:
         out = Path(path)
-        out.write_bytes(await self.export(instance, gpu, start, end, **filters))
+        out.write_bytes(await self.export(instance, gpu, start, end, format=format, **filters))
         return out
 
     async def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:

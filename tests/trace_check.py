@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-__all__ = ["check_trace"]
+__all__ = ["check_perfetto", "check_trace"]
 
 _SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "trace_event.schema.json").read_text())
 _VALIDATOR = jsonschema.Draft202012Validator(_SCHEMA)
@@ -51,3 +51,46 @@ def check_trace(raw: bytes) -> dict[str, Any]:
             assert not stack or end <= stack[-1], f"span {start}..{end} on {track} overlaps its parent"
             stack.append(end)
     return {"phases": phases, "tracks": {k: len(v) for k, v in tracks.items()}, "doc": doc}
+
+
+def check_perfetto(raw: bytes) -> dict[str, Any]:
+    """Parse ``raw`` with the perfetto package's own ``Trace`` message and check it the same way.
+
+    Every track an event names is described first; slices on a track open and close in stack
+    order (each END closes the innermost open BEGIN, none stays open); counters sit on counter
+    tracks. Returns counts by event type, slices per track name, and the slices themselves.
+    """
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    trace.ParseFromString(raw)
+    names: dict[int, str] = {}
+    counters: set[int] = set()
+    types: Counter[str] = Counter()
+    stacks: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    slices: list[tuple[str, str, int, int]] = []
+    per_track: Counter[str] = Counter()
+    for packet in trace.packet:
+        assert packet.trusted_packet_sequence_id == 1
+        if packet.HasField("track_descriptor"):
+            d = packet.track_descriptor
+            names[d.uuid] = d.process.process_name if d.HasField("process") else d.name
+            if d.HasField("counter"):
+                counters.add(d.uuid)
+            continue
+        ev = packet.track_event
+        assert ev.track_uuid in names, f"event on undescribed track {ev.track_uuid}"
+        kind = pb.TrackEvent.Type.Name(ev.type)
+        types[kind] += 1
+        if kind == "TYPE_SLICE_BEGIN":
+            stacks[ev.track_uuid].append((packet.timestamp, ev.name))
+        elif kind == "TYPE_SLICE_END":
+            assert stacks[ev.track_uuid], "END without BEGIN"
+            start, name = stacks[ev.track_uuid].pop()
+            assert packet.timestamp >= start
+            slices.append((names[ev.track_uuid], name, start, packet.timestamp))
+            per_track[names[ev.track_uuid]] += 1
+        elif kind == "TYPE_COUNTER":
+            assert ev.track_uuid in counters
+    assert all(not s for s in stacks.values()), "slices left open"
+    return {"types": types, "tracks": per_track, "slices": slices, "names": set(names.values())}

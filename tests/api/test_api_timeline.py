@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 from api_helpers import TestClient
-from trace_check import check_trace
+from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import create_api_app
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder, SpanBatch
@@ -259,3 +259,26 @@ def test_bad_capture_requests_are_refused_with_a_message(client, store, admin_he
     r = client.post("/v1/timeline/captures", json=body, headers=admin_headers)
     assert r.status_code == status, r.text
     assert words in r.text
+
+
+def test_perfetto_export_reads_back_with_the_packages_own_messages(client):
+    r = client.get("/v1/timeline/export", params={**WINDOW, "format": "perfetto"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/x-protobuf"
+    checked = check_perfetto(r.content)
+    assert checked["types"]["TYPE_SLICE_BEGIN"] == 150
+    assert checked["types"]["TYPE_INSTANT"] == 1
+    assert checked["types"]["TYPE_COUNTER"] == 20
+    assert checked["tracks"] == {"stream 7": 100, f"stream {2**63 + 5}": 50}
+    assert "n1 GPU 0" in checked["names"]
+    first = min(checked["slices"], key=lambda s: s[2])
+    assert first == ("stream 7", "gemm_fp16", T0 + 123, T0 + 123 + 10_000)  # exact nanoseconds
+
+
+def test_perfetto_export_refuses_more_spans_than_it_builds(client, monkeypatch):
+    import kernel_insight.collector.perfetto_trace as proto
+
+    monkeypatch.setattr(proto.perfetto_trace, "__kwdefaults__", {"max_spans": 100})
+    r = client.get("/v1/timeline/export", params={**WINDOW, "format": "perfetto"})
+    assert r.status_code == 400
+    assert "export JSON" in r.json()["error"]

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from loopback import running_server
-from trace_check import check_trace
+from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import TokenStore, create_api_app
 from kernel_insight.collector.rows import Event, InstanceInfo, SpanBatch
@@ -190,6 +190,14 @@ def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
     checked = check_trace(out.read_bytes())
     assert checked["phases"]["X"] == 3
     assert json.loads(out.read_bytes())["otherData"]["instance"] == "n1"
+    proto = tmp_path / "trace.perfetto-trace"
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "timeline", "export", "--collector", url,
+         "--token-file", str(token_file), *args, "--format", "perfetto", "-o", str(proto)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert check_perfetto(proto.read_bytes())["types"]["TYPE_SLICE_BEGIN"] == 300
     bad = subprocess.run(
         [
             sys.executable,

@@ -1,0 +1,92 @@
+"""One GPU's window as a native Perfetto trace (protobuf ``Trace``), built with the ``perfetto`` package's messages.
+
+Same layout as the JSON export (collector/trace.py): a process track per GPU, a child track
+per stream, counter tracks for memory and SM utilisation, instants for errors; but timestamps
+are absolute nanoseconds (protobuf integers lose nothing). Building one message per event in
+Python costs microseconds each, so this format takes at most :data:`MAX_PROTO_SPANS` spans.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ignore[import-untyped]
+
+from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
+from kernel_insight.collector.trace import MAX_EXPORT_EVENTS, TraceTooLarge, stream_tids
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.store import Store
+
+__all__ = ["MAX_PROTO_SPANS", "perfetto_trace"]
+
+#: The most spans one protobuf export writes (a few seconds of Python); larger windows: JSON.
+MAX_PROTO_SPANS = 200_000
+_SEQ = 1  # the one trusted packet sequence this writer emits
+
+
+def _packet(trace: pb.Trace) -> pb.TracePacket:
+    packet = trace.packet.add()
+    packet.trusted_packet_sequence_id = _SEQ
+    return packet
+
+
+def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PROTO_SPANS) -> bytes:
+    """The serialized ``perfetto.protos.Trace`` of ``window``; raises TraceTooLarge past ``max_spans``."""
+    db, where = store.database, window.where()
+    rows = store.query(
+        "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid"
+        f" FROM {db}.kernel_spans WHERE {where} ORDER BY start, stream LIMIT {int(max_spans) + 1}"
+    ).to_pydict()
+    if len(rows["s"]) > max_spans:
+        raise TraceTooLarge(
+            f"the window holds more than {max_spans} spans, the most a protobuf export takes: "
+            "narrow the window or filter, or export JSON"
+        )
+    trace = pb.Trace()
+    gpu_uuid = 1 + window.gpu
+    first = _packet(trace)
+    first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    first.track_descriptor.uuid = gpu_uuid
+    first.track_descriptor.process.pid = window.gpu + 1
+    first.track_descriptor.process.process_name = f"{window.instance} GPU {window.gpu}"
+    tracks: dict[int, int] = {}
+    for stream, tid in stream_tids(sorted(set(rows["stream"]))).items():
+        uuid = (gpu_uuid << 32) + tid
+        tracks[stream] = uuid
+        desc = _packet(trace).track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, f"stream {stream}"
+    for stream, kernel, start, dur, corr, pid in zip(
+        rows["stream"], rows["kernel"], rows["s"], rows["d"], rows["correlation"], rows["pid"], strict=True
+    ):
+        begin = _packet(trace)
+        begin.timestamp = start
+        ev = begin.track_event
+        ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, tracks[stream], kernel
+        ev.categories.append("kernel")
+        for name, value in (("correlation", corr), ("pid", pid), ("stream", stream)):
+            a = ev.debug_annotations.add()
+            a.name, a.uint_value = name, value
+        end = _packet(trace)
+        end.timestamp = start + dur
+        end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, tracks[stream]
+    for e in read_events(store, window, MAX_EXPORT_EVENTS):
+        p = _packet(trace)
+        p.timestamp = e["ts_ns"]
+        ev = p.track_event
+        ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_INSTANT, gpu_uuid, f"{e['kind']} {e['code']}"
+        ev.categories.append("error")
+        a = ev.debug_annotations.add()
+        a.name, a.string_value = "message", e["message"]
+    for i, (name, points) in enumerate(read_counters(store, window).items()):
+        uuid = (gpu_uuid << 32) + (1 << 31) + i
+        desc = _packet(trace).track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
+        desc.counter.SetInParent()
+        for ts_ms, value in points:
+            p = _packet(trace)
+            p.timestamp = ts_ms * 1_000_000
+            p.track_event.type, p.track_event.track_uuid = pb.TrackEvent.TYPE_COUNTER, uuid
+            p.track_event.double_counter_value = value
+    data: bytes = trace.SerializeToString()
+    return data
