@@ -185,9 +185,7 @@ def _window() -> str:
     return f"instance=node-0001&gpu=0&from={SPAN_START_S - 1}&to={SPAN_START_S + 11}"
 
 
-def test_kernels_lists_each_kernel_of_the_window_and_says_heatmaps_are_not_available(
-    page, collector, tmp_path
-):
+def test_kernels_lists_each_kernel_of_the_window_and_draws_its_latency_heatmap(page, collector, tmp_path):
     _sign_in(page, collector)
     page.goto(f"{collector.url}/#/kernels?{_window()}")
     page.wait_for_selector("#kernels tr.kernel")
@@ -196,6 +194,15 @@ def test_kernels_lists_each_kernel_of_the_window_and_says_heatmaps_are_not_avail
     assert {rows.nth(n).locator("td").first.inner_text() for n in range(rows.count())} == set(KERNELS)
     assert f"{SPANS} spans" in page.inner_text("#k-body")
     assert "not available yet" in page.inner_text("#not-available")
+
+    first = rows.first
+    count = first.locator("td").nth(1).inner_text()
+    first.locator("a").click()
+    page.wait_for_selector("#heatmap[data-spans]")
+    assert page.get_attribute("#heatmap", "data-spans") == count  # every span of that kernel, binned
+    assert page.get_attribute("#heatmap", "data-truncated") == "false"
+    assert int(page.get_attribute("#heatmap", "data-max-count")) > 0
+    assert "kernel=" in page.url
     page.screenshot(path=tmp_path / "kernels.png", full_page=True)
 
 

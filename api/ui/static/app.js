@@ -529,13 +529,71 @@ async function pageKernels(params) {
   const q = windowQuery(w);
   q.set("kernels", "100");
   const s = await api(`/v1/timeline/summary?${q}`);
-  const rows = s.kernels.map((k) => `<tr class="kernel"><td><code>${esc(k.kernel)}</code></td><td class="num">${k.count}</td>` +
+  const link = (k) => `#/kernels?${windowQuery(w)}&kernel=${encodeURIComponent(k)}`;
+  const rows = s.kernels.map((k) => `<tr class="kernel" data-kernel="${esc(k.kernel)}"><td><a href="${link(k.kernel)}"><code>${esc(k.kernel)}</code></a></td><td class="num">${k.count}</td>` +
     `<td class="num">${fmtNs(k.total_ns)}</td><td class="num">${fmtPct(k.share)}</td><td class="num">${fmtNs(k.p50_ns)}</td>` +
     `<td class="num">${fmtNs(k.p90_ns)}</td><td class="num">${fmtNs(k.p99_ns)}</td><td class="num">${fmtNs(k.max_ns)}</td></tr>`).join("");
+  const kernel = params.get("kernel");
   document.getElementById("k-body").innerHTML = `<p>${s.span_count} spans, ${fmtNs(s.total_ns)} of kernel time, GPU busy ${fmtPct(s.busy_ratio)}
-    · <a href="#/timeline?${windowQuery(w)}">open the timeline</a></p>
+    · <a href="#/timeline?${windowQuery(w)}">open the timeline</a> · a kernel's name opens its latency heatmap</p>
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
-    <div class="placeholder" id="not-available"><b>Latency heatmaps: not available yet.</b> A heatmap over time per kernel needs native histograms in the store and the query API, which are not done yet.</div>`;
+    <div id="k-heatmap"></div>
+    <div class="placeholder" id="not-available"><b>Heatmaps from native histograms: not available yet.</b> The heatmap here is drawn in the browser from the kernel's spans of the window (at most ${HEATMAP_MAX_SPANS.toLocaleString("en")}); drawn from native histograms it would cover any window with no span limit, which needs native histograms in the store and the query API (not done yet).</div>`;
+  if (kernel) await kernelHeatmap(w, kernel);
+}
+
+const HEATMAP_MAX_SPANS = 50000;
+
+// Latency over time for one kernel: time columns x log-duration rows, darker = more spans.
+async function kernelHeatmap(w, kernel) {
+  const box = document.getElementById("k-heatmap");
+  box.innerHTML = `<p class="muted">Loading the spans of ${esc(kernel)}…</p>`;
+  const re = kernel.replace(/[\\^$.|?*+()[\]{}]/g, "\\$&"); // the API anchors the RE2 regex
+  const start = [], dur = [];
+  let cursor = null;
+  do {
+    const q = windowQuery(w);
+    q.set("kernel", re); q.set("limit", "10000");
+    if (cursor) q.set("cursor", cursor);
+    const page = await api(`/v1/timeline/spans?${q}`);
+    for (const sp of page.spans) { start.push(sp.start_ns); dur.push(sp.duration_ns); }
+    cursor = page.next_cursor;
+  } while (cursor && start.length < HEATMAP_MAX_SPANS);
+  const COLS = 120, ROWS = 40, W = 960, H = 320, LEFT = 70, BOTTOM = 20;
+  const t0 = w.from * 1e9, t1 = w.to * 1e9;
+  const dMin = dur.reduce((m, d) => (d < m ? d : m), Infinity), dMax = dur.reduce((m, d) => (d > m ? d : m), 0);
+  const lo = Math.log(Math.max(1, Math.min(dMin, dMax))), hi = Math.log(Math.max(2, dMax)) + 1e-9;
+  const bins = new Uint32Array(COLS * ROWS);
+  let maxCount = 0;
+  for (let i = 0; i < start.length; i++) {
+    const c = Math.min(COLS - 1, Math.floor((start[i] - t0) / (t1 - t0) * COLS));
+    const r = Math.min(ROWS - 1, Math.floor((Math.log(Math.max(1, dur[i])) - lo) / (hi - lo) * ROWS));
+    const n = ++bins[r * COLS + c];
+    if (n > maxCount) maxCount = n;
+  }
+  box.innerHTML = `<h1>Latency heatmap: <code>${esc(kernel)}</code></h1>
+    <p class="muted" id="heatmap-info">${start.length} spans${cursor ? ` (the first ${start.length}: the window holds more; narrow it)` : ""}; duration on a log scale, ${fmtNs(Math.round(Math.exp(lo)))} to ${fmtNs(Math.round(Math.exp(hi)))}; darker: more spans</p>
+    <canvas id="heatmap" data-spans="${start.length}" data-truncated="${cursor ? "true" : "false"}" data-max-count="${maxCount}"></canvas>`;
+  const canvas = document.getElementById("heatmap");
+  canvas.width = W * devicePixelRatio; canvas.height = H * devicePixelRatio;
+  canvas.style.width = `${W}px`; canvas.style.height = `${H}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.scale(devicePixelRatio, devicePixelRatio);
+  ctx.fillStyle = "#fff"; ctx.fillRect(LEFT, 0, W - LEFT, H - BOTTOM);
+  const cw = (W - LEFT) / COLS, rh = (H - BOTTOM) / ROWS;
+  for (let r = 0; r < ROWS; r++) for (let c = 0; c < COLS; c++) {
+    const n = bins[r * COLS + c];
+    if (!n) continue;
+    const k = Math.sqrt(n / maxCount);
+    ctx.fillStyle = `rgb(${Math.round(230 - 200 * k)}, ${Math.round(238 - 170 * k)}, ${Math.round(255 - 110 * k)})`;
+    ctx.fillRect(LEFT + c * cw, H - BOTTOM - (r + 1) * rh, Math.ceil(cw), Math.ceil(rh));
+  }
+  ctx.fillStyle = "#1c1f24"; ctx.font = "11px system-ui, sans-serif";
+  for (let k = 0; k <= 4; k++) {
+    const d = Math.exp(lo + (hi - lo) * k / 4);
+    ctx.fillText(fmtNs(Math.round(d)), 2, H - BOTTOM - (H - BOTTOM) * k / 4 + (k === 0 ? -2 : k === 4 ? 10 : 4));
+    ctx.fillText(`+${fmtNs(Math.round((t1 - t0) * k / 4))}`, LEFT + (W - LEFT - 50) * k / 4, H - 4);
+  }
 }
 
 const LANE_H = 22;
