@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-timeline clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-timeline bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -49,6 +49,9 @@ bench-ingest: build
 # Real ki collector + 8 ki-agents fed by C producers; a rate search bounded to 10 minutes.
 bench-e2e: build
 	$(PY) -m bench.e2e
+
+bench-routing:
+	$(PY) -m bench.routing
 
 bench-ebpf: build
 	$(PY) -m bench.ebpf
