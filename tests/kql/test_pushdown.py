@@ -206,9 +206,48 @@ GRID_QUERIES = [
 ]
 
 
+#: Selectors at one fixed time: nothing to compute on a grid, so the engine reads samples.
+NOT_PUSHED = {"gpu_temp @ end()"}
+
+
+@pytest.fixture
+def pushed(stores, monkeypatch) -> dict[str, int]:
+    """Answers the storage's push-down entry points gave (a None is a refusal: the engine reads
+    samples instead), so a test of the pushed path fails when nothing was pushed down. With the
+    sample cache on, settled hours are read from memory instead (its hits count those)."""
+    ch, _ = stores
+    answered = {"select_last_on_grid": 0, "select_range_on_grid": 0}
+    answered["cache_lookups_before"] = _cache_lookups(ch)
+    for name in ("select_last_on_grid", "select_range_on_grid"):
+        real = getattr(ch, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            result = _real(*args, **kwargs)
+            answered[_name] += result is not None
+            return result
+
+        monkeypatch.setattr(ch, name, spy)
+    return answered
+
+
+def _cache_lookups(ch) -> int:
+    if ch.sample_cache is None:
+        return 0
+    stats = ch.sample_cache.stats()
+    return stats.hits + stats.misses
+
+
+def _assert_pushed(ch, pushed: dict[str, int], entry: str, what: str) -> None:
+    if ch.sample_cache is not None and pushed[entry] == 0:
+        lookups = _cache_lookups(ch) - pushed["cache_lookups_before"]
+        assert lookups > 0, f"{what}: neither pushed down nor read through the cache"
+    else:
+        assert pushed[entry] > 0, f"{what} was not pushed down"
+
+
 @pytest.mark.parametrize("query", GRID_QUERIES)
 @pytest.mark.parametrize("step_ms", [30_000, 60_000, 97_000])
-def test_selectors_pushed_to_clickhouse_grid_equal_the_reference(stores, query, step_ms):
+def test_selectors_pushed_to_clickhouse_grid_equal_the_reference(stores, pushed, query, step_ms):
     ch, mem = stores
     rng = random.Random(step_ms)
     for _ in range(3):
@@ -218,9 +257,11 @@ def test_selectors_pushed_to_clickhouse_grid_equal_the_reference(stores, query, 
         want = Engine(mem).range_query(query, start, end, step_ms)
         _same_matrix(got.value, want.value)
         assert got.stats.samples == want.stats.samples
+    if query not in NOT_PUSHED:
+        _assert_pushed(ch, pushed, "select_last_on_grid", query)
 
 
-def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores):
+def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores, pushed):
     ch, mem = stores
     rng = random.Random(5)
     seen = 0
@@ -232,6 +273,7 @@ def test_instant_selectors_on_clickhouse_grid_equal_the_reference(stores):
         np.testing.assert_array_equal([s.value for s in got.samples], [s.value for s in want.samples])
         seen += len(want)
     assert seen > 0
+    _assert_pushed(ch, pushed, "select_last_on_grid", "an instant selector")
 
 
 def _refuse_the_slower_path(ch, monkeypatch, what: str) -> None:
@@ -271,7 +313,7 @@ def test_fine_steps_read_raw_samples_instead_of_a_grid(stores, monkeypatch):
 
 @pytest.mark.parametrize("func", sorted(GRID_RANGE_FUNCTIONS))
 @pytest.mark.parametrize("metric", ["gpu_temp", "launches_total"])
-def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, func, metric):
+def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, pushed, func, metric):
     ch, mem = stores
     rng = random.Random(f"{func}{metric}")
     for rng_s, step_ms in ((60, 60_000), (300, 30_000), (45, 120_000)):
@@ -283,6 +325,7 @@ def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, func, 
         _close_matrix(got.value, want.value)
         # Pushed down, only computed values are counted: never more than the engine reads itself.
         assert got.stats.samples <= want.stats.samples
+    _assert_pushed(ch, pushed, "select_range_on_grid", func)
 
 
 def test_range_function_grid_is_computed_in_clickhouse(stores, monkeypatch):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +36,15 @@ def _drain_until(reader: RingReader, procs: list[subprocess.Popen[str]], buf: np
             chunks.append(buf[:n].copy())
         else:
             time.sleep(0.0005)
+
+
+def _read_until_records(reader: RingReader, within_s: float) -> list[Any]:
+    """Read until records come (polling, not a fixed sleep); fails past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not (recs := reader.read()):
+        assert time.monotonic() < deadline, f"no record within {within_s} s"
+        time.sleep(0.001)
+    return recs
 
 
 def test_four_mixed_producers_account_for_every_record(ringtool: Path, ring_name: str) -> None:
@@ -149,8 +159,8 @@ def test_a_writer_that_dies_mid_write_is_skipped_and_counted(ringtool: Path, rin
         stuck.kill()
         stuck.wait()
         stuck.stdout.close()
-        time.sleep(0.005)  # the stall was first seen above; its writer is now dead past stall_min
-        recs = reader.read()
+        # The stall was first seen above; once its writer is dead past stall_min the slot is skipped.
+        recs = _read_until_records(reader, within_s=5.0)
         assert [r.pos for r in recs] == [pos + 1]
         assert reader.stats()["abandoned"] == 1
         assert reader.stats()["torn"] == 0
@@ -170,13 +180,10 @@ def test_a_stalled_live_writer_loses_its_slot_only_after_the_timeout_and_is_told
             time.sleep(0.001)
         assert ring.kernel(1, 0, 1, 2) == 0
         t0 = time.monotonic()
-        assert reader.read() == []
-        time.sleep(0.03)
-        assert reader.read() == []  # alive and within the timeout: waited for
-        assert reader.stats()["abandoned"] == 0
-        while time.monotonic() - t0 < 0.15:
-            time.sleep(0.01)
-        recs = reader.read()
+        assert reader.read() == []  # the reader sees the stall from here on
+        recs = _read_until_records(reader, within_s=5.0)
+        # Alive: waited for until the timeout, every read before it came back empty.
+        assert time.monotonic() - t0 >= 0.1
         assert [r.pos for r in recs] == [1]
         assert reader.stats()["abandoned"] == 1
         out, _ = slow.communicate()
@@ -203,7 +210,10 @@ def test_consumer_restart_resumes_without_loss_or_rereading(ringtool: Path, ring
         p = subprocess.Popen(
             [ringtool, "dump", ring_name, "1000000", "10000"], stdout=subprocess.PIPE, text=True
         )
-        time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while ring.stats()["consumed"] <= 1000:  # it holds the claim and is reading: kill it now
+            assert time.monotonic() < deadline, "the second consumer did not start reading"
+            time.sleep(0.001)
         p.kill()
         second_out, _ = p.communicate()
         second = [json.loads(line)["correlation"] for line in second_out.splitlines() if line.endswith("}")]
