@@ -66,3 +66,21 @@ def test_every_static_file_is_package_data():
     files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
     assert files
     assert all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files)
+
+
+def test_a_browser_that_cannot_start_says_why(monkeypatch):
+    """What the browser tests' skip message and make bench-ui's error are made of."""
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    import bench.ui
+
+    monkeypatch.setattr(bench.ui, "CHROMIUM", "/nonexistent/chromium")
+    with (
+        pytest.raises(RuntimeError, match=r"/nonexistent/chromium is missing: install Debian's chromium"),
+        bench.ui.chromium(),
+    ):
+        pass
