@@ -32,6 +32,9 @@ def _simulate(args: argparse.Namespace) -> int:
         launch_sample=args.launch_sample,
         slow_kernel=args.slow_kernel,
         slow_factor=args.slow_factor,
+        gpu_product=args.gpu_product,
+        memory_total=int(args.memory_gib * (1 << 30)),
+        static_memory=min(28 << 30, int(args.memory_gib * (1 << 30) * 0.35)),
     )
     rings = [Ring.attach(ring_name(f"{args.label_prefix}{i}"), create=True) for i in range(args.gpus)]
     try:
@@ -147,6 +150,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument("--gpus", type=int, default=1, help="how many GPUs to simulate (default 1)")
     s.add_argument("--seed", type=int, default=0, help="random seed; equal seeds give equal runs")
+    s.add_argument(
+        "--gpu-product",
+        default="NVIDIA H100 80GB HBM3",
+        help="the GPU product name reported (the gpu_product label); the served model is an enrolment label",
+    )
+    s.add_argument(
+        "--memory-gib", type=_positive, default=80.0, help="memory of each simulated GPU, GiB (default 80)"
+    )
     s.add_argument("--layers", type=int, default=12, help="transformer layers per step (default 12)")
     s.add_argument("--error-rate", type=float, default=1 / 600, help="random errors per GPU per second")
     s.add_argument("--launch-sample", type=int, default=16, help="one LAUNCH record per N launches (0: none)")

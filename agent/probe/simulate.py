@@ -141,6 +141,9 @@ class SimConfig:
     error_rate: float = 1 / 600  # random xid / nccl_timeout errors per GPU per second
     fingerprint_every_s: float = 60.0
     memory_total: int = 80 * _GIB
+    #: The GPU's product name (the ``gpu_product`` label); the served model is an instance label
+    #: given at enrolment (``ki keys add-agent NAME --label model=...``), not something a GPU reports.
+    gpu_product: str = "NVIDIA H100 80GB HBM3"
     static_memory: int = 28 * _GIB  # weights, gradients, optimizer state
     activation_bytes: int = 1536 * _MIB  # per layer, allocated in forward, freed in backward
     growth_every_steps: int = 25  # the allocator cache grows by growth_bytes this often...
@@ -166,6 +169,7 @@ class SimConfig:
             (self.growth_every_steps >= 1 and self.idle_every_steps >= 1, "step periods must be at least 1"),
             (self.buckets >= 1 and self.nvlink_links >= 0, "buckets must be >= 1, nvlink_links >= 0"),
             (self.slow_factor > 0, "slow_factor must be positive"),
+            (0 < len(self.gpu_product) <= 100, "gpu_product must be 1-100 characters"),
         ]
         for ok, message in checks:
             if not ok:
@@ -578,7 +582,7 @@ class Simulator:
         w = g.ring
         dev = g.index
         strings = {
-            FingerprintField.NAME: "NVIDIA H100 80GB HBM3 (simulated)",
+            FingerprintField.NAME: f"{cfg.gpu_product} (simulated)",
             FingerprintField.UUID: f"GPU-5140a7ed-0000-4000-8000-{cfg.seed & 0xFFFF:04x}{dev:08x}",
             FingerprintField.DRIVER_VERSION: "550.54.15",
             FingerprintField.PCI_BUS_ID: f"00000000:{0x18 + dev:02X}:00.0",

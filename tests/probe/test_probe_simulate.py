@@ -222,6 +222,18 @@ def test_fingerprint_at_start_and_every_minute():
     assert total == SimConfig().memory_total
 
 
+def test_the_gpu_product_and_memory_can_be_chosen_for_a_mixed_fleet():
+    recs = simulate(2, seed=0, layers=1, gpu_product="NVIDIA A100-SXM4-40GB", memory_total=40 << 30,
+                    static_memory=14 << 30)[0]  # fmt: skip
+    table = names_of(recs)
+    fps = [r for r in recs if isinstance(r, FingerprintRecord)]
+    names = {table.get(r.producer, r.value) for r in fps if r.field == FingerprintField.NAME}
+    assert names == {"NVIDIA A100-SXM4-40GB (simulated)"}
+    assert {r.value for r in fps if r.field == FingerprintField.MEMORY_TOTAL} == {40 << 30}
+    with pytest.raises(ValueError, match="gpu_product"):
+        SimConfig(gpu_product="")
+
+
 def test_same_seed_same_records():
     def run(seed: int) -> list[Record]:
         # STRING records carry the ring's wall clock at registration, not the simulated one
@@ -243,7 +255,10 @@ def test_bad_config_is_refused_with_the_reason(kw, message):
 
 
 def test_cli_simulate_writes_flagged_records_into_each_gpu_ring(label_prefix, capsys):
-    rc = main(["probe", "simulate", "--gpus", "2", "--seconds", "1.5", "--label-prefix", label_prefix])
+    rc = main(
+        ["probe", "simulate", "--gpus", "2", "--seconds", "1.5", "--label-prefix", label_prefix,
+         "--gpu-product", "NVIDIA A100-SXM4-40GB", "--memory-gib", "40"]
+    )  # fmt: skip
     assert rc == 0
     assert "SIMULATED" in capsys.readouterr().err
     for i in range(2):
