@@ -11,6 +11,7 @@ import pytest
 
 from kernel_insight.collector import StorageError as CollectorStorageError
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.batcher import Batcher
 from kernel_insight.collector.remote_write import encode_write_request
 from kernel_insight.collector.store import EmbeddedStore, ServerStore, StorageUnavailable
 from kernel_insight.kql import Engine, StorageError
@@ -138,4 +139,20 @@ def test_remote_write_refused_for_good_is_a_422_not_a_retried_5xx(tmp_path):
         assert r.status_code == 503
         assert r.headers["Retry-After"] == "5"
     finally:
+        store.close()
+
+
+def test_remote_write_through_the_group_commit_refused_for_good_is_a_422(tmp_path):
+    """Under ``ki collector`` remote_write rows go through the batcher: its refusal is permanent too."""
+    store = EmbeddedStore(tmp_path / "d")
+    batcher = Batcher(store, max_delay_s=0.01, shutdown_timeout_s=2)
+    try:
+        store.command("DROP TABLE ki.samples")
+        app = create_app(store)
+        app.state.remote_write_batcher = batcher
+        r = _post(app, "/api/v1/write", encode_write_request([({"__name__": "up"}, [(NOW, 1.0)])]))
+        assert r.status_code == 422, r.text
+        assert "Retry-After" not in r.headers
+    finally:
+        batcher.shutdown()
         store.close()
