@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 
@@ -276,7 +277,8 @@ def test_perfetto_export_reads_back_with_the_packages_own_messages(client):
 
 
 def test_perfetto_export_refuses_more_spans_than_it_builds(client, monkeypatch):
-    import kernel_insight.collector.perfetto_trace as proto
+    # the package exports the function under the module's name, so fetch the module itself
+    proto = importlib.import_module("kernel_insight.collector.perfetto_trace")
 
     monkeypatch.setattr(proto.perfetto_trace, "__kwdefaults__", {"max_spans": 100})
     r = client.get("/v1/timeline/export", params={**WINDOW, "format": "perfetto"})
