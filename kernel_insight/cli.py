@@ -23,7 +23,7 @@ COMMAND_MODULES = [
     "kernel_insight.agent.launcher",
     "kernel_insight.agent.probe.cli",
     "kernel_insight.api.cli",
-    "kernel_insight.api.timeline_cli",
+    "kernel_insight.timeline_cli",
     "kernel_insight.server",
     "kernel_insight.rules.cli",
 ]
