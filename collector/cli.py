@@ -27,7 +27,7 @@ from kernel_insight.collector.schema import (
 )
 from kernel_insight.collector.store import StorageError, open_store
 
-__all__ = ["DEFAULT_DATA_DIR", "add_commands"]
+__all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "series_limits"]
 
 #: Where the embedded store keeps its data unless told otherwise.
 DEFAULT_DATA_DIR = "./ki-data"
@@ -138,12 +138,7 @@ def _import_stream(args: argparse.Namespace) -> int:
             f = Path(args.file).open("rb")  # noqa: SIM115 -- closed below, after the stream
         except OSError as exc:
             raise _ImportError(f"cannot read {args.file}: {exc.strerror}", 1) from None
-    limits = SeriesLimits(
-        max_labels=args.max_labels,
-        max_name_bytes=args.max_name_bytes,
-        max_value_bytes=args.max_value_bytes,
-        utf8_names=args.utf8_names,
-    )
+    limits = series_limits(args)
     with f:
         fmt = args.format if args.format != "auto" else detect_format(_tail(f))
         default_ts = None if args.require_timestamps else int(time.time() * 1000)
@@ -326,6 +321,44 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The flags of ``SeriesLimits``, shared by ``ki import`` and ``ki collector`` (remote_write)."""
+    defaults = SeriesLimits()
+    parser.add_argument(
+        "--max-labels",
+        type=int,
+        default=defaults.max_labels,
+        help=f"most labels per series, __name__ included (default {defaults.max_labels}, 0 = no limit)",
+    )
+    parser.add_argument(
+        "--max-name-bytes",
+        type=int,
+        default=defaults.max_name_bytes,
+        help=f"longest metric or label name (default {defaults.max_name_bytes}, 0 = no limit)",
+    )
+    parser.add_argument(
+        "--max-value-bytes",
+        type=int,
+        default=defaults.max_value_bytes,
+        help=f"longest label value (default {defaults.max_value_bytes}, 0 = no limit)",
+    )
+    parser.add_argument(
+        "--utf8-names",
+        action="store_true",
+        help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
+    )
+
+
+def series_limits(args: argparse.Namespace) -> SeriesLimits:
+    """``SeriesLimits`` from the flags ``add_series_limit_arguments`` added."""
+    return SeriesLimits(
+        max_labels=args.max_labels,
+        max_name_bytes=args.max_name_bytes,
+        max_value_bytes=args.max_value_bytes,
+        utf8_names=args.utf8_names,
+    )
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="load OpenMetrics / Prometheus text (with timestamps) into the store")
     p.add_argument("file", help="the exposition file, or - for standard input")
@@ -363,30 +396,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument(
         "--token", default=None, help="deprecated (visible in ps): the token itself; use --token-file"
     )
-    defaults = SeriesLimits()
-    p.add_argument(
-        "--max-labels",
-        type=int,
-        default=defaults.max_labels,
-        help=f"most labels per series, __name__ included (default {defaults.max_labels}, 0 = no limit)",
-    )
-    p.add_argument(
-        "--max-name-bytes",
-        type=int,
-        default=defaults.max_name_bytes,
-        help=f"longest metric or label name (default {defaults.max_name_bytes}, 0 = no limit)",
-    )
-    p.add_argument(
-        "--max-value-bytes",
-        type=int,
-        default=defaults.max_value_bytes,
-        help=f"longest label value (default {defaults.max_value_bytes}, 0 = no limit)",
-    )
-    p.add_argument(
-        "--utf8-names",
-        action="store_true",
-        help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
-    )
+    add_series_limit_arguments(p)
     p.set_defaults(handler=_import)
 
     retention = Retention()

@@ -179,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.app import serve
     from kernel_insight.api.auth import TokenError
     from kernel_insight.api.cli import token_store_path
+    from kernel_insight.collector.cli import series_limits
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.keys import KeyStoreError
     from kernel_insight.collector.store import StorageError, open_store
@@ -219,7 +220,7 @@ def _serve(args: argparse.Namespace) -> int:
             rules=rules,
             stats_interval_s=args.stats_interval,
             health_rule=_health_rule(args),
-            series_limits=_series_limits(args),
+            series_limits=series_limits(args),
             query_limits=_query_limits(args),
         )
         try:
@@ -362,42 +363,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="SECONDS",
         help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})",
     )
-    from kernel_insight.collector.rows import SeriesLimits
+    from kernel_insight.collector.cli import add_series_limit_arguments
 
-    limits = SeriesLimits()
-    w = s.add_argument_group("remote_write series limits (docs/storage.md)")
-    w.add_argument(
-        "--max-labels",
-        type=int,
-        default=limits.max_labels,
-        help=f"most labels per series, __name__ included (default {limits.max_labels}, 0 = no limit)",
-    )
-    w.add_argument(
-        "--max-name-bytes",
-        type=int,
-        default=limits.max_name_bytes,
-        help=f"longest metric or label name (default {limits.max_name_bytes}, 0 = no limit)",
-    )
-    w.add_argument(
-        "--max-value-bytes",
-        type=int,
-        default=limits.max_value_bytes,
-        help=f"longest label value (default {limits.max_value_bytes}, 0 = no limit)",
-    )
-    w.add_argument(
-        "--utf8-names",
-        action="store_true",
-        help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
-    )
+    add_series_limit_arguments(s.add_argument_group("remote_write series limits (docs/storage.md)"))
     s.set_defaults(handler=_serve)
-
-
-def _series_limits(args: argparse.Namespace) -> Any:
-    from kernel_insight.collector.rows import SeriesLimits
-
-    return SeriesLimits(
-        max_labels=args.max_labels,
-        max_name_bytes=args.max_name_bytes,
-        max_value_bytes=args.max_value_bytes,
-        utf8_names=args.utf8_names,
-    )
