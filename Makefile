@@ -34,7 +34,7 @@ bench-ring: build
 bench-api: build
 	$(PY) -m bench.api
 
-bench-timeline:
+bench-timeline: build
 	$(PY) -m bench.timeline
 
 bench-agent: build
@@ -50,7 +50,7 @@ bench-ingest: build
 bench-e2e: build
 	$(PY) -m bench.e2e
 
-bench-routing:
+bench-routing: build
 	$(PY) -m bench.routing
 
 bench-ebpf: build
@@ -62,7 +62,7 @@ bench-probe: build
 bench-kql: build
 	$(PY) -m bench.kql
 
-bench-derive:
+bench-derive: build
 	$(PY) -m bench.derive
 
 bench-import: build
@@ -78,7 +78,7 @@ bench-rules: build
 bench-ui: build
 	$(PY) -m bench.ui
 
-bench-histogram-core:
+bench-histogram-core: build
 	$(PY) -m bench.histogram
 
 clean:
