@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 from collector_process import RunningCollector, running_collector
 
@@ -247,6 +248,14 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
 def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector):
     tokens = TokenStore(collector.stderr.parent / "tokens.json")  # the collector's token file
     created = tokens.create("ui-revoke", ["read"])
+    # The server re-reads the token file within a second: sign in only once it knows the token.
+    deadline = time.monotonic() + 15
+    headers = {"Authorization": f"Bearer {created.token}"}
+    while (
+        httpx.get(collector.url + "/api/v1/status/buildinfo", headers=headers, timeout=10).status_code != 200
+    ):
+        assert time.monotonic() < deadline, "the collector never accepted the new token"
+        time.sleep(0.1)
     page.goto(collector.url + "/")
     page.fill("#token", created.token)
     page.click("#login button")
