@@ -39,6 +39,8 @@ from kernel_insight.collector.remote_write import (
 )
 from kernel_insight.collector.rows import (
     Event,
+    HistogramBatch,
+    HistogramBuilder,
     InstanceInfo,
     SampleBatch,
     SampleBuilder,
@@ -106,6 +108,8 @@ __all__ = [
     "Event",
     "Exposition",
     "ExpositionReader",
+    "HistogramBatch",
+    "HistogramBuilder",
     "IngestStats",
     "InstanceInfo",
     "KeyLookup",

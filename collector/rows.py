@@ -20,6 +20,8 @@ __all__ = [
     "MAX_TS_MS",
     "MIN_TS_MS",
     "Event",
+    "HistogramBatch",
+    "HistogramBuilder",
     "InstanceInfo",
     "Labels",
     "SampleBatch",
@@ -27,6 +29,7 @@ __all__ = [
     "SeriesLimits",
     "SpanBatch",
     "canonical_labels",
+    "concat_histograms",
     "concat_samples",
     "series_fingerprint",
     "validate_series",
@@ -263,6 +266,386 @@ class SampleBuilder:
         ts = [*self._ts, np.asarray(self._one_ts, dtype=np.int64)]
         vs = [*self._vs, np.asarray(self._one_vs, dtype=np.float64)]
         return SampleBatch(list(self._series), np.concatenate(idx), np.concatenate(ts), np.concatenate(vs))
+
+
+I32 = npt.NDArray[np.int32]
+F64 = npt.NDArray[np.float64]
+
+#: Prometheus' counter-reset hints (``histogram.CounterResetHint``): unknown, reset, not a reset, gauge.
+COUNTER_RESET_HINTS = (0, 1, 2, 3)
+
+
+def _offsets(lengths: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int32]:
+    out = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+@dataclass(slots=True)
+class HistogramBatch:
+    """Native histogram samples as columns, in the float samples' series model.
+
+    Row ``i`` belongs to ``series[series_idx[i]]`` at ``ts_ms[i]``. Scalars are one value per
+    row; spans, buckets and custom values are flat arrays cut by per-row offsets (``*_offsets``
+    has ``len + 1`` entries, row ``i`` owning ``[off[i], off[i+1])``), the layout of an Arrow
+    list column, so the store hands them to ClickHouse without a loop per row. Buckets are
+    ABSOLUTE counts (a ``FloatHistogram``'s), not the deltas integer histograms travel as
+    (:meth:`HistogramBuilder.add_deltas` converts).
+    """
+
+    series: list[Labels]
+    series_idx: I32
+    ts_ms: npt.NDArray[np.int64]
+    schema: I32
+    zero_threshold: F64
+    zero_count: F64
+    count: F64
+    sum: F64
+    counter_reset_hint: npt.NDArray[np.uint8]
+    pos_span_offset: I32  # flat: every row's positive spans' offsets, then cut by pos_span_offsets
+    pos_span_length: npt.NDArray[np.uint32]
+    pos_span_offsets: I32
+    pos_buckets: F64
+    pos_bucket_offsets: I32
+    neg_span_offset: I32
+    neg_span_length: npt.NDArray[np.uint32]
+    neg_span_offsets: I32
+    neg_buckets: F64
+    neg_bucket_offsets: I32
+    custom_values: F64
+    custom_value_offsets: I32
+
+    def __post_init__(self) -> None:
+        n = len(self.ts_ms)
+        scalars = (
+            self.series_idx,
+            self.schema,
+            self.zero_threshold,
+            self.zero_count,
+            self.count,
+            self.sum,
+            self.counter_reset_hint,
+        )
+        if any(len(c) != n for c in scalars):
+            raise ValueError("every histogram column must have one value per row")
+        for name, offsets, flat in (
+            ("positive span", self.pos_span_offsets, self.pos_span_offset),
+            ("positive bucket", self.pos_bucket_offsets, self.pos_buckets),
+            ("negative span", self.neg_span_offsets, self.neg_span_offset),
+            ("negative bucket", self.neg_bucket_offsets, self.neg_buckets),
+            ("custom value", self.custom_value_offsets, self.custom_values),
+        ):
+            if len(offsets) != n + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(flat):
+                raise ValueError(f"{name} offsets must have {n + 1} entries from 0 to {len(flat)}")
+            if n and bool(np.any(np.diff(offsets) < 0)):
+                raise ValueError(f"{name} offsets must not decrease")
+        if len(self.pos_span_length) != len(self.pos_span_offset) or len(self.neg_span_length) != len(
+            self.neg_span_offset
+        ):
+            raise ValueError("span offsets and lengths must have the same length")
+        if n and (int(self.series_idx.min()) < 0 or int(self.series_idx.max()) >= len(self.series)):
+            raise ValueError("series_idx points outside series")
+        if n and (int(self.ts_ms.min()) < MIN_TS_MS or int(self.ts_ms.max()) > MAX_TS_MS):
+            bad = int(self.ts_ms.min()) if int(self.ts_ms.min()) < MIN_TS_MS else int(self.ts_ms.max())
+            raise ValueError(f"timestamp {bad} ms is outside the storable range 1970-01-01 .. 2149-06-06")
+        if n and (int(self.schema.min()) < -128 or int(self.schema.max()) > 127):
+            raise ValueError("histogram schema must be within -128 .. 127 (Prometheus uses -53 and -4 .. 8)")
+        if n and int(self.counter_reset_hint.max()) > 3:
+            raise ValueError(
+                "counter_reset_hint must be 0 (unknown), 1 (reset), 2 (not a reset) or 3 (gauge)"
+            )
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+    @classmethod
+    def empty(cls) -> HistogramBatch:
+        return HistogramBuilder().build()
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as plain values (the fields of a ``FloatHistogram``, plus labels and ts_ms)."""
+
+        def cut(flat: npt.NDArray[Any], off: I32) -> list[Any]:
+            return flat[int(off[i]) : int(off[i + 1])].tolist()  # type: ignore[no-any-return]
+
+        return {
+            "labels": self.series[int(self.series_idx[i])],
+            "ts_ms": int(self.ts_ms[i]),
+            "schema": int(self.schema[i]),
+            "zero_threshold": float(self.zero_threshold[i]),
+            "zero_count": float(self.zero_count[i]),
+            "count": float(self.count[i]),
+            "sum": float(self.sum[i]),
+            "counter_reset_hint": int(self.counter_reset_hint[i]),
+            "positive_spans": tuple(
+                zip(
+                    cut(self.pos_span_offset, self.pos_span_offsets),
+                    cut(self.pos_span_length, self.pos_span_offsets),
+                    strict=True,
+                )
+            ),
+            "positive_buckets": tuple(cut(self.pos_buckets, self.pos_bucket_offsets)),
+            "negative_spans": tuple(
+                zip(
+                    cut(self.neg_span_offset, self.neg_span_offsets),
+                    cut(self.neg_span_length, self.neg_span_offsets),
+                    strict=True,
+                )
+            ),
+            "negative_buckets": tuple(cut(self.neg_buckets, self.neg_bucket_offsets)),
+            "custom_values": tuple(cut(self.custom_values, self.custom_value_offsets)),
+        }
+
+
+def _cat(parts: Sequence[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def _cat_offsets(batches: Sequence[HistogramBatch], name: str) -> I32:
+    """Per-row offsets of several batches joined: each batch's shifted by the flat values before it."""
+    out = [np.zeros(1, np.int32)]
+    base = 0
+    for b in batches:
+        off: I32 = getattr(b, name)
+        out.append((off[1:] + base).astype(np.int32))
+        base += int(off[-1])
+    return np.concatenate(out)
+
+
+def concat_histograms(batches: Sequence[HistogramBatch]) -> HistogramBatch:
+    """One batch holding every histogram sample of ``batches``, each series listed once."""
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return HistogramBatch.empty()
+    index: dict[Labels, int] = {}
+    series: list[Labels] = []
+    idx = []
+    for b in batches:
+        remap = np.empty(len(b.series), dtype=np.int32)
+        for j, labels in enumerate(b.series):
+            i = index.get(labels)
+            if i is None:
+                i = index[labels] = len(series)
+                series.append(labels)
+            remap[j] = i
+        idx.append(remap[b.series_idx])
+
+    def cat(name: str, dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return _cat([getattr(b, name) for b in batches], dtype)
+
+    return HistogramBatch(
+        series,
+        np.concatenate(idx),
+        cat("ts_ms", np.int64),
+        cat("schema", np.int32),
+        cat("zero_threshold", np.float64),
+        cat("zero_count", np.float64),
+        cat("count", np.float64),
+        cat("sum", np.float64),
+        cat("counter_reset_hint", np.uint8),
+        cat("pos_span_offset", np.int32),
+        cat("pos_span_length", np.uint32),
+        _cat_offsets(batches, "pos_span_offsets"),
+        cat("pos_buckets", np.float64),
+        _cat_offsets(batches, "pos_bucket_offsets"),
+        cat("neg_span_offset", np.int32),
+        cat("neg_span_length", np.uint32),
+        _cat_offsets(batches, "neg_span_offsets"),
+        cat("neg_buckets", np.float64),
+        _cat_offsets(batches, "neg_bucket_offsets"),
+        cat("custom_values", np.float64),
+        _cat_offsets(batches, "custom_value_offsets"),
+    )
+
+
+Spans = Sequence[tuple[int, int]]
+
+
+class HistogramBuilder:
+    """Collects native histogram samples one at a time, then builds a :class:`HistogramBatch`.
+
+    ``add`` takes absolute bucket counts (a float histogram, or an integer one already summed);
+    ``add_deltas`` takes an integer histogram as remote_write and the agent send it, each bucket
+    the difference to the one before; ``add_histogram`` takes any object with a
+    ``FloatHistogram``'s fields (kernel_insight.kql.nativehist).
+
+    >>> b = HistogramBuilder()
+    >>> b.add({"__name__": "lat", "gpu": "0"}, 1_000, schema=3, count=3.0, sum=0.5,
+    ...       positive_spans=[(0, 2)], positive_buckets=[1.0, 2.0])
+    >>> len(b.build())
+    1
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[Labels, int] = {}
+        self._series: list[Labels] = []
+        self._idx: list[int] = []
+        self._ts: list[int] = []
+        self._schema: list[int] = []
+        self._zt: list[float] = []
+        self._zc: list[float] = []
+        self._count: list[float] = []
+        self._sum: list[float] = []
+        self._hint: list[int] = []
+        self._span_off: tuple[list[int], list[int]] = ([], [])
+        self._span_len: tuple[list[int], list[int]] = ([], [])
+        self._span_n: tuple[list[int], list[int]] = ([], [])
+        self._buckets: tuple[list[float], list[float]] = ([], [])
+        self._bucket_n: tuple[list[int], list[int]] = ([], [])
+        self._custom: list[float] = []
+        self._custom_n: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._ts)
+
+    def _series_index(self, labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> int:
+        key = labels if isinstance(labels, tuple) and labels in self._index else canonical_labels(labels)
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self._series)
+            self._series.append(key)
+        return i
+
+    def add(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        ts_ms: int,
+        *,
+        schema: int,
+        count: float,
+        sum: float,
+        zero_threshold: float = 0.0,
+        zero_count: float = 0.0,
+        positive_spans: Spans = (),
+        positive_buckets: Sequence[float] = (),
+        negative_spans: Spans = (),
+        negative_buckets: Sequence[float] = (),
+        counter_reset_hint: int = 0,
+        custom_values: Sequence[float] = (),
+    ) -> None:
+        """One histogram sample with absolute bucket counts; ValueError if spans and buckets disagree."""
+        if counter_reset_hint not in COUNTER_RESET_HINTS:
+            raise ValueError(f"counter_reset_hint {counter_reset_hint} is not one of 0, 1, 2, 3")
+        if not -128 <= schema <= 127:
+            raise ValueError(f"histogram schema {schema} is outside -128 .. 127")
+        for what, spans, buckets in (
+            ("positive", positive_spans, positive_buckets),
+            ("negative", negative_spans, negative_buckets),
+        ):
+            need = 0
+            for i, (off, length) in enumerate(spans):
+                if length < 0 or (i > 0 and off < 0):
+                    raise ValueError(
+                        f"{what} span {i} ({off}, {length}): only the first span may have a negative offset, no length is negative"
+                    )
+                need += length
+            if need != len(buckets):
+                raise ValueError(
+                    f"{what} spans cover {need} buckets but {len(buckets)} bucket counts were given"
+                )
+        self._idx.append(self._series_index(labels))
+        self._ts.append(int(ts_ms))
+        self._schema.append(int(schema))
+        self._zt.append(float(zero_threshold))
+        self._zc.append(float(zero_count))
+        self._count.append(float(count))
+        self._sum.append(float(sum))
+        self._hint.append(int(counter_reset_hint))
+        for side, spans, buckets in (
+            (0, positive_spans, positive_buckets),
+            (1, negative_spans, negative_buckets),
+        ):
+            self._span_off[side].extend(int(o) for o, _ in spans)
+            self._span_len[side].extend(int(n) for _, n in spans)
+            self._span_n[side].append(len(spans))
+            self._buckets[side].extend(float(c) for c in buckets)
+            self._bucket_n[side].append(len(buckets))
+        self._custom.extend(float(v) for v in custom_values)
+        self._custom_n.append(len(custom_values))
+
+    def add_deltas(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        ts_ms: int,
+        *,
+        schema: int,
+        count: float,
+        sum: float,
+        zero_threshold: float = 0.0,
+        zero_count: float = 0.0,
+        positive_spans: Spans = (),
+        positive_deltas: Sequence[int] = (),
+        negative_spans: Spans = (),
+        negative_deltas: Sequence[int] = (),
+        counter_reset_hint: int = 0,
+        custom_values: Sequence[float] = (),
+    ) -> None:
+        """An integer histogram whose buckets are deltas (each to the previous bucket of its side)."""
+        self.add(
+            labels,
+            ts_ms,
+            schema=schema,
+            count=count,
+            sum=sum,
+            zero_threshold=zero_threshold,
+            zero_count=zero_count,
+            positive_spans=positive_spans,
+            positive_buckets=np.cumsum(np.asarray(positive_deltas, dtype=np.int64))
+            .astype(np.float64)
+            .tolist(),
+            negative_spans=negative_spans,
+            negative_buckets=np.cumsum(np.asarray(negative_deltas, dtype=np.int64))
+            .astype(np.float64)
+            .tolist(),
+            counter_reset_hint=counter_reset_hint,
+            custom_values=custom_values,
+        )
+
+    def add_histogram(
+        self, labels: Mapping[str, str] | Iterable[tuple[str, str]], ts_ms: int, h: Any
+    ) -> None:
+        """A ``FloatHistogram`` (kernel_insight.kql.nativehist) or anything with its fields."""
+        self.add(
+            labels,
+            ts_ms,
+            schema=h.schema,
+            count=h.count,
+            sum=h.sum,
+            zero_threshold=h.zero_threshold,
+            zero_count=h.zero_count,
+            positive_spans=h.positive_spans,
+            positive_buckets=h.positive_buckets,
+            negative_spans=h.negative_spans,
+            negative_buckets=h.negative_buckets,
+            counter_reset_hint=getattr(h, "counter_reset_hint", 0),
+            custom_values=getattr(h, "custom_values", ()),
+        )
+
+    def build(self) -> HistogramBatch:
+        return HistogramBatch(
+            list(self._series),
+            np.asarray(self._idx, dtype=np.int32),
+            np.asarray(self._ts, dtype=np.int64),
+            np.asarray(self._schema, dtype=np.int32),
+            np.asarray(self._zt, dtype=np.float64),
+            np.asarray(self._zc, dtype=np.float64),
+            np.asarray(self._count, dtype=np.float64),
+            np.asarray(self._sum, dtype=np.float64),
+            np.asarray(self._hint, dtype=np.uint8),
+            np.asarray(self._span_off[0], dtype=np.int32),
+            np.asarray(self._span_len[0], dtype=np.uint32),
+            _offsets(np.asarray(self._span_n[0], dtype=np.int64)),
+            np.asarray(self._buckets[0], dtype=np.float64),
+            _offsets(np.asarray(self._bucket_n[0], dtype=np.int64)),
+            np.asarray(self._span_off[1], dtype=np.int32),
+            np.asarray(self._span_len[1], dtype=np.uint32),
+            _offsets(np.asarray(self._span_n[1], dtype=np.int64)),
+            np.asarray(self._buckets[1], dtype=np.float64),
+            _offsets(np.asarray(self._bucket_n[1], dtype=np.int64)),
+            np.asarray(self._custom, dtype=np.float64),
+            _offsets(np.asarray(self._custom_n, dtype=np.int64)),
+        )
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
     Event,
+    HistogramBatch,
     InstanceInfo,
     Labels,
     SampleBatch,
@@ -71,7 +72,7 @@ _TTL_DAYS_RE = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.DOTALL)
 
 #: The order a group's tables are written in (``Store.insert_prepared``); the ``batches`` rows
 #: come after all of them, since they vouch that everything before them landed.
-_GROUP_ORDER = ("series", "samples", "kernel_spans", "events", "instances")
+_GROUP_ORDER = ("series", "samples", "histograms", "kernel_spans", "events", "instances")
 _MAX_NS = MAX_TS_MS * 1_000_000
 
 
@@ -112,6 +113,7 @@ class PreparedRows:
     metric_codes: np.ndarray[Any, Any] | None = None
     ts_ms: np.ndarray[Any, Any] | None = None
     series_keys: list[tuple[int, int]] = field(default_factory=list)
+    histogram_metrics: list[str] = field(default_factory=list)
 
 
 class StorageUnavailable(StorageError):
@@ -209,6 +211,11 @@ class Store(ABC):
         #: Told of every INSERT: (table, rows, seconds, succeeded); the collector's /metrics
         #: (``CollectorMetrics.observe_insert``) counts rows by table and times inserts with it.
         self.insert_observer: Callable[[str, int, float, bool], None] | None = None
+        #: Metric names the histograms table holds, when this process can know them all (an
+        #: embedded store: one process owns it); None means unknown, so reads look every time.
+        self._histogram_known: frozenset[str] | None = None
+        self._histogram_noted: frozenset[str] = frozenset()
+        self._track_histogram_metrics = False
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -322,6 +329,7 @@ class Store(ABC):
         try:
             self._command(sql)
         finally:
+            self._histogram_known = None  # any statement may have written histograms: read again
             if self.sample_cache is not None:
                 self.sample_cache.clear()  # any statement may have changed samples
 
@@ -369,6 +377,86 @@ class Store(ABC):
         )
         return data, series, names.tolist(), sample_codes, keys
 
+    def _histogram_rows(
+        self, batch: HistogramBatch
+    ) -> tuple[pa.Table, pa.Table | None, list[str], list[tuple[int, int]]]:
+        """The histograms table of ``batch``, its new series rows, its metric names and new series keys.
+
+        The same series model as samples: one fingerprint per label set, series rows for
+        (series, day) pairs not written yet, so selectors and label APIs find histogram series
+        through the one series table.
+        """
+        meta = [self._fingerprint(s) for s in batch.series]
+        fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
+        series, keys = self._series_rows(batch, fps, meta)
+        names, codes = np.unique([m[1] for m in meta], return_inverse=True)
+        metric = pa.DictionaryArray.from_arrays(
+            pa.array(codes.astype(np.int32)[batch.series_idx], pa.int32()),
+            pa.array(names.tolist(), pa.string()),
+        )
+
+        def lists(offsets: np.ndarray[Any, Any], flat: np.ndarray[Any, Any], kind: pa.DataType) -> pa.Array:
+            return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, kind))
+
+        data = pa.table(
+            {
+                "metric": metric,
+                "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
+                "ts": pa.array(batch.ts_ms, pa.timestamp("ms", tz="UTC")),
+                "schema": pa.array(batch.schema.astype(np.int8), pa.int8()),
+                "zero_threshold": pa.array(batch.zero_threshold, pa.float64()),
+                "zero_count": pa.array(batch.zero_count, pa.float64()),
+                "count": pa.array(batch.count, pa.float64()),
+                "sum": pa.array(batch.sum, pa.float64()),
+                "counter_reset_hint": pa.array(batch.counter_reset_hint, pa.uint8()),
+                "positive_span_offsets": lists(batch.pos_span_offsets, batch.pos_span_offset, pa.int32()),
+                "positive_span_lengths": lists(batch.pos_span_offsets, batch.pos_span_length, pa.uint32()),
+                "positive_buckets": lists(batch.pos_bucket_offsets, batch.pos_buckets, pa.float64()),
+                "negative_span_offsets": lists(batch.neg_span_offsets, batch.neg_span_offset, pa.int32()),
+                "negative_span_lengths": lists(batch.neg_span_offsets, batch.neg_span_length, pa.uint32()),
+                "negative_buckets": lists(batch.neg_bucket_offsets, batch.neg_buckets, pa.float64()),
+                "custom_values": lists(batch.custom_value_offsets, batch.custom_values, pa.float64()),
+            }
+        )
+        return data, series, names.tolist(), keys
+
+    def insert_histograms(self, batch: HistogramBatch, *, dedup_token: str | None = None) -> int:
+        """Insert native histogram samples and any series rows not yet written today; returns the count."""
+        self._check_open()
+        if len(batch) == 0:
+            return 0
+        data, series, names, keys = self._histogram_rows(batch)
+        if series is not None:
+            self._write("series", series, None if dedup_token is None else f"{dedup_token}:series")
+            self._mark_series(keys)
+        self._note_histogram_metrics(names)  # before the write: a reader must not miss rows that landed
+        self._write("histograms", data, None if dedup_token is None else f"{dedup_token}:histograms")
+        return len(batch)
+
+    def _note_histogram_metrics(self, names: Sequence[str]) -> None:
+        """Remember metrics this process writes histograms of (reads of other metrics skip the table)."""
+        if not self._histogram_noted.issuperset(names):
+            with self._series_lock:
+                self._histogram_noted = self._histogram_noted | set(names)
+
+    def histogram_metrics(self) -> frozenset[str] | None:
+        """The metric names that have native histogram samples, or None when this store cannot know
+        them without asking (a server other collectors write to): then every read looks.
+
+        Exact for a store whose writes all pass through this object (the embedded store): the
+        table's metrics read once (again after any raw statement), plus every metric this
+        process writes, noted before its write. Selectors of float-only metrics then never read
+        the histograms table (docs/storage.md).
+        """
+        if not self._track_histogram_metrics:
+            return None
+        known = self._histogram_known
+        if known is None:
+            rows = self.query(f"SELECT DISTINCT metric FROM {self._table('histograms')}")
+            known = self._histogram_known = frozenset(str(m) for m in rows.column("metric").to_pylist())
+        noted = self._histogram_noted
+        return known | noted if noted else known
+
     def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
         """Insert samples and any series rows not yet written today; returns the sample count."""
         self._check_open()
@@ -396,7 +484,10 @@ class Store(ABC):
         return meta
 
     def _series_rows(
-        self, batch: SampleBatch, fps: np.ndarray[Any, np.dtype[np.uint64]], meta: list[tuple[int, str]]
+        self,
+        batch: SampleBatch | HistogramBatch,
+        fps: np.ndarray[Any, np.dtype[np.uint64]],
+        meta: list[tuple[int, str]],
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
         rows: list[tuple[int, int]] = []
@@ -536,6 +627,8 @@ class Store(ABC):
         try:
             self._write(name, data, dedup_token)
         finally:
+            if name == "histograms":
+                self._histogram_known = None
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()
 
@@ -561,6 +654,7 @@ class Store(ABC):
         spans: SpanBatch | None = None,
         events: Sequence[Event] = (),
         instances: Sequence[InstanceInfo] = (),
+        histograms: HistogramBatch | None = None,
     ) -> PreparedRows:
         """One batch's rows as Arrow tables: every conversion (and so every refusal of a value the
         schema cannot hold, as ValueError / OverflowError) happens here, before anything is written."""
@@ -575,6 +669,14 @@ class Store(ABC):
             if series is not None:
                 out.tables["series"] = series
             out.rows += len(samples)
+        if histograms is not None and len(histograms):
+            data, series, out.histogram_metrics, keys = self._histogram_rows(histograms)
+            out.tables["histograms"] = data
+            if series is not None:
+                have = out.tables.get("series")
+                out.tables["series"] = series if have is None else _concat([have, series])
+                out.series_keys = [*out.series_keys, *keys]
+            out.rows += len(histograms)
         if spans is not None and len(spans):
             _check_ns_range(spans.start_ns, "span start")
             _check_ns_range(spans.end_ns, "span end")
@@ -624,6 +726,8 @@ class Store(ABC):
                             if p.ts_ms is not None and p.metric_codes is not None:
                                 self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
             else:
+                if name == "histograms":  # before the write: a reader must not miss rows that landed
+                    self._note_histogram_metrics([m for p in group for m in p.histogram_metrics])
                 self._write(name, _concat(parts), f"{token}:{name}")
             done.add(name)
         if "batches" not in done:
@@ -665,6 +769,7 @@ class Store(ABC):
         spans: SpanBatch | None = None,
         events: Sequence[Event] = (),
         instances: Sequence[InstanceInfo] = (),
+        histograms: HistogramBatch | None = None,
     ) -> bool:
         """Store one batch exactly once: False (and nothing written) when ``batch_id`` was stored before.
 
@@ -679,7 +784,13 @@ class Store(ABC):
         if self.batch_seen(batch_id):
             return False
         prepared = self.prepare(
-            batch_id, agent_id=agent_id, samples=samples, spans=spans, events=events, instances=instances
+            batch_id,
+            agent_id=agent_id,
+            samples=samples,
+            spans=spans,
+            events=events,
+            instances=instances,
+            histograms=histograms,
         )
         self.insert_prepared([prepared], batch_id)
         return True
@@ -763,8 +874,10 @@ class EmbeddedStore(Store):
         except BaseException:
             self.close()  # a half-opened session would hold the directory for this process
             raise
-        # One process owns the directory, so every write passes through here: the cache is exact.
+        # One process owns the directory, so every write passes through here: the cache is exact,
+        # and so is the set of metrics with histograms.
         self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
+        self._track_histogram_metrics = True
 
     def _run(self, sql: str, fmt: str) -> Any:
         self._check_open()

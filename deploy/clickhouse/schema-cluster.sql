@@ -39,6 +39,36 @@ CREATE TABLE IF NOT EXISTS ki.samples ON CLUSTER ki
 AS ki.samples_local
 ENGINE = Distributed('ki', 'ki', 'samples_local', fingerprint);
 
+CREATE TABLE IF NOT EXISTS ki.histograms_local ON CLUSTER ki
+(
+    metric LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the __name__ label',
+    fingerprint UInt64 CODEC(Delta, ZSTD(1)) COMMENT 'series_fingerprint(labels), as in samples',
+    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
+    schema Int8 CODEC(ZSTD(1)) COMMENT '-4 .. 8 exponential, -53 custom bounds (NHCB)',
+    zero_threshold Float64 CODEC(ZSTD(1)),
+    zero_count Float64 CODEC(Gorilla, ZSTD(3)),
+    count Float64 CODEC(Gorilla, ZSTD(3)),
+    sum Float64 CODEC(Gorilla, ZSTD(3)) COMMENT 'a stale marker is the StaleNaN bit pattern here',
+    counter_reset_hint UInt8 CODEC(ZSTD(1)) COMMENT '0 unknown, 1 reset, 2 not a reset, 3 gauge',
+    positive_span_offsets Array(Int32) CODEC(ZSTD(3)) COMMENT 'Prometheus Span.Offset per span',
+    positive_span_lengths Array(UInt32) CODEC(ZSTD(3)),
+    positive_buckets Array(Float64) CODEC(ZSTD(3)) COMMENT 'absolute counts, not deltas',
+    negative_span_offsets Array(Int32) CODEC(ZSTD(3)),
+    negative_span_lengths Array(UInt32) CODEC(ZSTD(3)),
+    negative_buckets Array(Float64) CODEC(ZSTD(3)) COMMENT 'absolute counts, not deltas',
+    custom_values Array(Float64) CODEC(ZSTD(3)) COMMENT 'bucket bounds of schema -53'
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/histograms_local', '{replica}')
+PARTITION BY toDate(ts)
+ORDER BY (metric, fingerprint, ts)
+TTL toDateTime(ts) + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+COMMENT 'Native histogram samples (Prometheus\' sparse exponential buckets), in the samples\' series model.';
+
+CREATE TABLE IF NOT EXISTS ki.histograms ON CLUSTER ki
+AS ki.histograms_local
+ENGINE = Distributed('ki', 'ki', 'histograms_local', fingerprint);
+
 CREATE TABLE IF NOT EXISTS ki.kernel_spans_local ON CLUSTER ki
 (
     instance LowCardinality(String),

@@ -50,6 +50,7 @@ def test_schema_creates_every_table_with_codecs(store):
         "instances",
         "batches",
         "capture_requests",
+        "histograms",
     }
     rows = store.query(
         "SELECT name, compression_codec FROM system.columns WHERE database='ki' AND table='samples'"
