@@ -31,6 +31,13 @@ from kernel_insight.collector.openmetrics import (
 )
 from kernel_insight.collector.perfetto_trace import perfetto_trace
 from kernel_insight.collector.query import ClickHouseStorage
+from kernel_insight.collector.relabel import (
+    RelabelConfig,
+    Relabeler,
+    RelabelError,
+    load_relabel_configs,
+    parse_relabel_configs,
+)
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
     SeriesEncoder,
@@ -123,6 +130,9 @@ __all__ = [
     "OpenMetricsError",
     "OversizedBatch",
     "PreparedRows",
+    "RelabelConfig",
+    "RelabelError",
+    "Relabeler",
     "RemoteWriteError",
     "RequestMetrics",
     "Retention",
@@ -156,8 +166,10 @@ __all__ = [
     "encode_batch",
     "encode_write_request",
     "ingest_router",
+    "load_relabel_configs",
     "open_store",
     "parse_exposition",
+    "parse_relabel_configs",
     "parse_remote_write",
     "perfetto_trace",
     "read_key_file",

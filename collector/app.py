@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect
 
 from kernel_insight.collector.batcher import Batcher
 from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
+from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.remote_write import (
     DEFAULT_LIMITS,
     DEFAULT_MAX_DECOMPRESSED,
@@ -151,10 +152,13 @@ def create_app(
         body = await read_body(request, max_body_bytes)
         limits = getattr(app.state, "series_limits", None) or DEFAULT_LIMITS
         batcher: Batcher | None = getattr(app.state, "remote_write_batcher", None)
+        relabeler: Relabeler | None = getattr(app.state, "relabeler", None)
 
         def decode() -> SampleBatch | PreparedRows:
             """Decode (and, for the batcher, convert) on one worker thread: one hand-off per request."""
             batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache)
+            if relabeler is not None:  # --relabel-config (collector/relabel.py)
+                batch = relabeler.apply_batch(batch)
             if batcher is None:
                 return batch
             return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch)

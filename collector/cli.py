@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
+from kernel_insight.collector.relabel import Relabeler, RelabelError, load_relabel_configs
 from kernel_insight.collector.remote_write import SeriesEncoder
 from kernel_insight.collector.rows import Labels, SampleBatch, SeriesLimits, concat_samples
 from kernel_insight.collector.schema import (
@@ -27,7 +28,7 @@ from kernel_insight.collector.schema import (
 )
 from kernel_insight.collector.store import StorageError, open_store
 
-__all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "series_limits"]
+__all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "relabeler", "series_limits"]
 
 #: Where the embedded store keeps its data unless told otherwise.
 DEFAULT_DATA_DIR = "./ki-data"
@@ -139,6 +140,11 @@ def _import_stream(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise _ImportError(f"cannot read {args.file}: {exc.strerror}", 1) from None
     limits = series_limits(args)
+    try:
+        rules = relabeler(args)
+    except RelabelError as exc:
+        f.close()
+        raise _ImportError(str(exc), 2) from None
     with f:
         fmt = args.format if args.format != "auto" else detect_format(_tail(f))
         default_ts = None if args.require_timestamps else int(time.time() * 1000)
@@ -148,12 +154,14 @@ def _import_stream(args: argparse.Namespace) -> int:
             if args.collector:
                 sender = _Sender(args.collector, _token(args))
                 try:
-                    n, series = _pump(f, reader, sender.send, REQUEST_SAMPLES * SENDERS, size, args.file)
+                    n, series = _pump(
+                        f, reader, sender.send, REQUEST_SAMPLES * SENDERS, size, args.file, rules
+                    )
                 finally:
                     sender.close()
             else:
                 with open_store(args.store, cluster=args.cluster) as store:
-                    n, series = _pump(f, reader, store.insert_samples, FLUSH_SAMPLES, size, args.file)
+                    n, series = _pump(f, reader, store.insert_samples, FLUSH_SAMPLES, size, args.file, rules)
         except OpenMetricsError as exc:
             raise _ImportError(f"{args.file}: {exc}", 1) from None
         except (StorageError, ValueError, OSError) as exc:
@@ -170,6 +178,7 @@ def _pump(
     flush_samples: int,
     size: int,
     name: str,
+    rules: Relabeler | None = None,
 ) -> tuple[int, int]:
     """Chunks -> reader -> writer thread, with a progress bar on a terminal; (samples, series) stored."""
     writer = _Writer(write)
@@ -180,6 +189,8 @@ def _pump(
     try:
         for chunk in _chunks(f, CHUNK_BYTES):
             batch = reader.feed(chunk)
+            if rules is not None:
+                batch = rules.apply_batch(batch)
             if len(batch):
                 seen.update(batch.series)
                 pending.append(batch)
@@ -347,6 +358,18 @@ def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._Argum
         action="store_true",
         help="accept any UTF-8 metric and label names (Prometheus 3's utf8 scheme) instead of the classic ones",
     )
+    parser.add_argument(
+        "--relabel-config",
+        metavar="FILE",
+        help="YAML list of Prometheus relabel rules applied to every series before it is stored "
+        "(docs/storage.md, Relabelling)",
+    )
+
+
+def relabeler(args: argparse.Namespace) -> Relabeler | None:
+    """The ``--relabel-config`` rules; raises :class:`RelabelError` (a ValueError) for a bad file."""
+    path = getattr(args, "relabel_config", None)
+    return Relabeler(load_relabel_configs(path)) if path else None
 
 
 def series_limits(args: argparse.Namespace) -> SeriesLimits:

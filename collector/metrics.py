@@ -42,12 +42,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
 from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
+from kernel_insight.collector.relabel import Relabeler
 
 __all__ = [
     "DEFAULT_AGENT_TTL_S",
     "DEFAULT_STORE_STATS_INTERVAL_S",
     "AgentStates",
     "CollectorMetrics",
+    "RelabelFigures",
     "RequestMetrics",
     "StoreStats",
 ]
@@ -223,6 +225,20 @@ class _DroppedRecords(Collector):
         for reason in sorted(set(DROP_REASONS) | set(counts)):
             family.add_metric([reason], counts.get(reason, 0))
         yield family
+
+
+class RelabelFigures(Collector):
+    """What ``--relabel-config`` dropped (collector/relabel.py), read at scrape time."""
+
+    def __init__(self, relabeler: Relabeler) -> None:
+        self.relabeler = relabeler
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "ki_collector_relabel_dropped_samples",
+            "Remote-written samples whose series a relabel rule dropped (keep/drop, or the metric name removed)",
+            value=self.relabeler.dropped_samples,
+        )
 
 
 class _BatcherFigures(Collector):

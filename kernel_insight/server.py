@@ -72,6 +72,7 @@ def build_collector_app(
     health_rule: HealthRule | None = None,
     series_limits: Any = None,
     query_limits: EngineLimits | None = None,
+    relabeler: Any = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -85,7 +86,11 @@ def build_collector_app(
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
-    from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S, CollectorMetrics
+    from kernel_insight.collector.metrics import (
+        DEFAULT_STORE_STATS_INTERVAL_S,
+        CollectorMetrics,
+        RelabelFigures,
+    )
     from kernel_insight.collector.sink import StoreSink
 
     keys: KeyStoreBase
@@ -130,6 +135,10 @@ def build_collector_app(
     # flush), checked against ``series_limits`` (rows.SeriesLimits; None: the defaults).
     app.state.remote_write_batcher = sink.batcher
     app.state.series_limits = series_limits
+    # remote-written series relabelled before they are stored (collector/relabel.py; None: as sent)
+    app.state.relabeler = relabeler
+    if relabeler is not None:
+        metrics.register(RelabelFigures(relabeler))
     return app
 
 
@@ -179,14 +188,14 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.app import serve
     from kernel_insight.api.auth import TokenError
     from kernel_insight.api.cli import token_store_path
-    from kernel_insight.collector.cli import series_limits
+    from kernel_insight.collector.cli import relabeler, series_limits
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.keys import KeyStoreError
     from kernel_insight.collector.store import StorageError, open_store
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
-        tls, limits = _tls(args), _limits(args)
+        tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)
         if tls is not None:
             tls.context()  # refuse bad certificate files before opening the store
     except ValueError as exc:
@@ -222,6 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
             health_rule=_health_rule(args),
             series_limits=series_limits(args),
             query_limits=_query_limits(args),
+            relabeler=rules_for_series,
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)

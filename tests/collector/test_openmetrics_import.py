@@ -176,3 +176,34 @@ def test_import_shows_a_progress_bar_on_a_terminal(tmp_path):
     assert proc.returncode == 0, shown
     assert b"imported 500 samples" in proc.stdout
     assert b"importing big.prom" in shown
+
+
+def test_import_relabels_series_before_storing_them(tmp_path, capsys):
+    # DCGM's exporter names the host `Hostname`; the rules give it the `host` the topology uses,
+    # derive the served model from the pod name, and keep only the GPU temperature.
+    f = tmp_path / "dcgm.prom"
+    f.write_text(
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1",pod="vllm-llama-70b-0"}} 61 {NOW}\n'
+        f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",Hostname="n1",pod="vllm-llama-70b-0"}} 300 {NOW}\n'
+    )
+    rules = tmp_path / "relabel.yml"
+    rules.write_text(
+        "- action: keep\n  source_labels: [__name__]\n  regex: DCGM_FI_DEV_GPU_TEMP\n"
+        "- source_labels: [Hostname]\n  target_label: host\n"
+        "- source_labels: [pod]\n  regex: 'vllm-(.+)-[0-9]+'\n  target_label: model\n"
+        "- action: labeldrop\n  regex: Hostname|pod\n"
+    )
+    data = tmp_path / "data"
+    assert main(["import", str(f), "--store", str(data), "--relabel-config", str(rules)]) == 0
+    assert "imported 1 samples of 1 series" in capsys.readouterr().out
+    with EmbeddedStore(data) as store:
+        (series,) = store.storage().select([Matcher("__name__", "=~", "DCGM.*")], NOW, NOW)
+    assert dict(series.labels) == {
+        "__name__": "DCGM_FI_DEV_GPU_TEMP",
+        "gpu": "0",
+        "host": "n1",
+        "model": "llama-70b",
+    }
+    rules.write_text("- action: hashmod\n  target_label: shard\n")
+    assert main(["import", str(f), "--store", str(data), "--relabel-config", str(rules)]) == 2
+    assert "hashmod requires non-zero modulus" in capsys.readouterr().err

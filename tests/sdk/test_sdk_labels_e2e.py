@@ -148,3 +148,67 @@ def test_labels_from_enrolment_and_remote_write_reach_topology_and_selection(tmp
         assert sample.labels["model"] == "llama-70b"
         assert sample.labels["gpu_product"] == "NVIDIA H100 80GB HBM3"
         assert sample.labels["rack"] == "r1"
+
+
+def _remote_write(url: str, token: str, series: list[tuple[dict[str, str], list[tuple[int, float]]]]) -> None:
+    r = httpx.post(
+        url + "/api/v1/write",
+        content=encode_write_request(series),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/x-protobuf",
+            "Content-Encoding": "snappy",
+            "X-Prometheus-Remote-Write-Version": "0.1.0",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 204, r.text
+
+
+def test_relabelled_remote_write_reaches_the_snapshot(tmp_path):
+    # A Prometheus that knows nothing of `model` writes its vLLM job; the collector's rules derive
+    # the served model from the job name and drop the Go runtime series nobody routes on.
+    rules = tmp_path / "relabel.yml"
+    rules.write_text(
+        "relabel_configs:\n"
+        "  - source_labels: [job]\n    regex: 'vllm-(.*)'\n    target_label: model\n"
+        "  - source_labels: [__name__]\n    regex: 'go_.*'\n    action: drop\n"
+        "  - action: labeldrop\n    regex: job\n"
+    )
+    bad = tmp_path / "bad.yml"
+    bad.write_text("- action: explode\n")
+    refused = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp_path / "x"),
+         "--local-dev", "--port", "0", "--relabel-config", str(bad)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "unknown relabel action 'explode'" in refused.stderr
+
+    with running_collector(tmp_path, "--relabel-config", str(rules)) as c:
+        now_ms = time.time_ns() // 1_000_000
+        base = {"instance": "rw-9", "gpu": "0", "job": "vllm-qwen-32b"}
+        _remote_write(
+            c.url,
+            c.ingest_token,
+            [
+                ({**base, "__name__": "gpu_memory_free_bytes"}, [(now_ms, 30.0 * GiB)]),
+                ({**base, "__name__": "gpu_memory_total_bytes"}, [(now_ms, 40.0 * GiB)]),
+                ({**base, "__name__": "go_goroutines"}, [(now_ms - 1000, 7.0), (now_ms, 8.0)]),
+            ],
+        )
+        with HealthClient(c.url, c.read_token, ttl=0) as health:
+            deadline = time.monotonic() + 60
+            while (rw := health.snapshot().get("rw-9")) is None or not rw.gpu_memory_free_bytes:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            assert rw.models == ("qwen-32b",)
+            assert "job" not in rw.labels
+            assert health.select_instance(GiB, model="qwen-32b").id == "rw-9"
+        with KqlClient(c.url, c.read_token) as kql:
+            assert not kql.query("go_goroutines", time=now_ms / 1e3).samples
+            (free,) = kql.query("gpu_memory_free_bytes{instance='rw-9'}", time=now_ms / 1e3).samples
+        assert free.labels["model"] == "qwen-32b"
+        assert "job" not in free.labels
+        text = httpx.get(c.url + "/metrics", headers={"Authorization": f"Bearer {c.read_token}"}).text
+        assert "ki_collector_relabel_dropped_samples_total 2.0" in text
