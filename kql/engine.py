@@ -65,10 +65,19 @@ from kernel_insight.kql.pushdown import (
     columns_of,
     grid_step,
 )
-from kernel_insight.kql.storage import READ_BUDGET, Matcher, ReadBudget, SeriesData, Storage, is_stale
+from kernel_insight.kql.storage import (
+    READ_BUDGET,
+    Matcher,
+    ReadBudget,
+    SeriesData,
+    Storage,
+    is_stale,
+    is_stale_histogram,
+)
 from kernel_insight.kql.values import (
     Annotation,
     CallContext,
+    HistRange,
     Matrix,
     QueryResult,
     QueryStats,
@@ -80,6 +89,7 @@ from kernel_insight.kql.values import (
     String,
     Vector,
     drop_name,
+    hist_mask,
 )
 from kernel_insight.kql.vectors import consolidate, finalize_names
 
@@ -171,9 +181,9 @@ def _parsed(text: str) -> Expr:
 def _held_size(value: Any) -> int:
     """Samples a node's result holds, as Prometheus counts them: present points, one per scalar step."""
     if isinstance(value, StepVector):
-        return int(np.count_nonzero(value.present))
+        return int(np.count_nonzero(value.any_present()))
     if isinstance(value, RangeInput):
-        return len(value.ts)
+        return len(value.ts) + (0 if value.hist is None else len(value.hist.ts))
     if isinstance(value, np.ndarray):
         return len(value)
     return 0
@@ -437,6 +447,8 @@ class _Evaluator:
         if pushed is not None:
             return pushed
         cols = self.select_columns(matchers, int(refs.min()) - lookback + 1, int(refs.max()))
+        if cols.hist is not None:
+            return self._lookup_mixed(cols, refs)
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
@@ -451,6 +463,49 @@ class _Evaluator:
         self.count_samples(int(present.sum()))
         labels = cols.labels
         return StepVector(labels, values, present, np.zeros(n, dtype=bool), sample_ts).compact()
+
+    def _lookup_mixed(self, cols: SeriesColumns, refs: I64) -> StepVector:
+        """:meth:`lookup` over series holding native histograms: the later of each series' latest
+        float and latest histogram is its sample (a stale marker of either kind ends both)."""
+        hist = cols.hist
+        assert hist is not None
+        lookback = self.limits.lookback_ms
+        n, steps = len(cols), len(refs)
+        if n == 0:
+            return StepVector.empty(steps)
+        self.dense(n, steps)
+        window_start = refs[None, :] - lookback
+        if len(cols.ts):
+            last = batched_searchsorted(cols.ts, cols.offsets, refs, "right") - 1
+            has = last >= cols.offsets[:-1, None]
+            idx = np.where(has, last, 0)
+            f_ts, values = cols.ts[idx], cols.vs[idx]
+        else:
+            has = np.zeros((n, steps), dtype=bool)
+            f_ts, values = np.zeros((n, steps), dtype=np.int64), np.zeros((n, steps))
+        if len(hist.ts):
+            hlast = batched_searchsorted(hist.ts, hist.offsets, refs, "right") - 1
+            hhas = hlast >= hist.offsets[:-1, None]
+            hidx = np.where(hhas, hlast, 0)
+            h_ts = hist.ts[hidx]
+        else:
+            hhas = np.zeros((n, steps), dtype=bool)
+            hidx, h_ts = np.zeros((n, steps), dtype=np.int64), np.zeros((n, steps), dtype=np.int64)
+        use_hist = hhas & (~has | (h_ts > f_ts))
+        present = has & ~use_hist & (f_ts > window_start) & ~is_stale(values)
+        hists: npt.NDArray[np.object_] = np.full((n, steps), None, dtype=object)
+        shown = use_hist & (h_ts > window_start)
+        if shown.any():
+            hists[shown] = hist.hs[hidx[shown]]
+            for i, j in zip(*np.nonzero(shown), strict=True):
+                if is_stale_histogram(hists[i, j]):
+                    hists[i, j] = None
+        hp = hist_mask(hists)
+        self.count_samples(int(present.sum()) + int(hp.sum()))
+        sample_ts = np.where(use_hist, h_ts, f_ts)
+        return StepVector(
+            cols.labels, values, present, np.zeros(n, dtype=bool), sample_ts, hists if hp.any() else None
+        ).compact()
 
     def _lookup_on_grid(
         self, matchers: Sequence[Matcher], refs: I64, sample_times: bool
@@ -557,9 +612,13 @@ class _Evaluator:
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         # What is held is each loaded sample once, however many steps' windows share it (Prometheus
         # holds one series' window at a time); the windows' (lo, hi) bounds are dense arrays.
-        self.count_samples(len(ts))
+        self.count_samples(len(ts) + (0 if cols.hist is None else len(cols.hist.ts)))
         self.dense(len(cols), len(refs))
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
+        hist = None
+        if cols.hist is not None:
+            hlo, hhi = window_bounds(cols.hist.ts, cols.hist.offsets, refs, range_ms)
+            hist = HistRange(cols.hist.ts, cols.hist.hs, cols.hist.offsets, hlo, hhi)
         return RangeInput(
             labels=cols.labels,
             drop_name=np.zeros(len(cols), dtype=bool),
@@ -573,6 +632,7 @@ class _Evaluator:
             anchored=node.anchored,
             smoothed=node.smoothed,
             checkpoint=self.checkpoint,
+            hist=hist,
         )
 
     def eval_subquery(self, node: SubqueryExpr, times: I64) -> RangeInput:
@@ -603,6 +663,15 @@ class _Evaluator:
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.count_nonzero(inner.present, axis=1), out=offsets[1:])
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
+        hist = None
+        if inner.hists is not None:
+            hmask = hist_mask(inner.hists)
+            hrows, hcols = np.nonzero(hmask)
+            hoffsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.count_nonzero(hmask, axis=1), out=hoffsets[1:])
+            hts = inner_times[hcols]
+            hlo, hhi = window_bounds(hts, hoffsets, refs, range_ms)
+            hist = HistRange(hts, inner.hists[hrows, hcols], hoffsets, hlo, hhi)
         return RangeInput(
             labels=inner.labels,
             drop_name=inner.drop_name.copy(),
@@ -614,6 +683,7 @@ class _Evaluator:
             end=refs,
             range_ms=range_ms,
             checkpoint=self.checkpoint,
+            hist=hist,
         )
 
 
@@ -710,20 +780,39 @@ class Engine:
             return _range_to_matrix(raw)
         if isinstance(raw, StepVector):
             vec = finalize_names(raw)
+            hists = vec.hists
             if not is_range:
-                samples = tuple(
-                    Sample(vec.labels[i], t0, float(vec.values[i, 0]))
-                    for i in np.flatnonzero(vec.present[:, 0])
-                )
+                if hists is None:
+                    samples = tuple(
+                        Sample(vec.labels[i], t0, float(vec.values[i, 0]))
+                        for i in np.flatnonzero(vec.present[:, 0])
+                    )
+                else:
+                    samples = tuple(
+                        Sample(vec.labels[i], t0, float(vec.values[i, 0]))
+                        if vec.present[i, 0]
+                        else Sample(vec.labels[i], t0, float("nan"), hists[i, 0])
+                        for i in np.flatnonzero(vec.any_present()[:, 0])
+                    )
                 return Vector(t0, samples)
             order = sorted(range(len(vec)), key=lambda i: vec.labels[i])
+            hmask = None if hists is None else hist_mask(hists)
             out = []
             for k, i in enumerate(order):
                 if k % _CHECK_EVERY == _CHECK_EVERY - 1:
                     ev.checkpoint()
                 row = vec.present[i]
-                if row.any():
-                    out.append(Series(vec.labels[i], times[row], vec.values[i][row]))
+                if hists is None or hmask is None:
+                    if row.any():
+                        out.append(Series(vec.labels[i], times[row], vec.values[i][row]))
+                    continue
+                hrow = hmask[i]
+                if row.any() or hrow.any():
+                    out.append(
+                        Series(
+                            vec.labels[i], times[row], vec.values[i][row], times[hrow], tuple(hists[i][hrow])
+                        )
+                    )
             return Matrix(tuple(out))
         scalar = np.asarray(raw, dtype=np.float64)
         if not is_range:
@@ -737,8 +826,20 @@ def _range_to_matrix(r: RangeInput) -> Matrix:
         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
             r.checkpoint()
         lo, hi = int(r.lo[i, 0]), int(r.hi[i, 0])
-        if hi > lo:
-            labels = drop_name(r.labels[i]) if r.drop_name[i] else r.labels[i]
+        labels = drop_name(r.labels[i]) if r.drop_name[i] else r.labels[i]
+        if r.hist is not None:
+            hlo, hhi = int(r.hist.lo[i, 0]), int(r.hist.hi[i, 0])
+            if hi > lo or hhi > hlo:
+                out.append(
+                    Series(
+                        labels,
+                        r.ts[lo:hi].copy(),
+                        r.vs[lo:hi].copy(),
+                        r.hist.ts[hlo:hhi].copy(),
+                        tuple(r.hist.hs[hlo:hhi]),
+                    )
+                )
+        elif hi > lo:
             out.append(Series(labels, r.ts[lo:hi].copy(), r.vs[lo:hi].copy()))
     out.sort(key=lambda s: s.labels)
     return Matrix(tuple(out))

@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale, is_stale_histogram
 
 __all__ = [
     "GRID_MIN_STEP_MS",
@@ -25,6 +25,7 @@ __all__ = [
     "ColumnarStorage",
     "GridColumns",
     "GridStorage",
+    "HistColumns",
     "RangeGridStorage",
     "SeriesColumns",
     "columns_of",
@@ -34,6 +35,27 @@ __all__ = [
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+OBJ = npt.NDArray[np.object_]
+
+
+@dataclass(frozen=True, slots=True)
+class HistColumns:
+    """The native-histogram samples of selected series, laid out as :class:`SeriesColumns` lays out floats.
+
+    Series ``i`` owns ``ts[offsets[i]:offsets[i+1]]`` and the ``FloatHistogram`` objects at the
+    same positions of ``hs`` (an object array, so windows and steps gather them with numpy indexing).
+    """
+
+    ts: I64  # ms, ascending within each series
+    hs: OBJ  # FloatHistogram per sample; stale markers have the StaleNaN bit pattern as sum
+    offsets: I64  # len(labels) + 1
+
+    def without_stale(self) -> HistColumns:
+        stale = np.fromiter((is_stale_histogram(h) for h in self.hs), dtype=bool, count=len(self.hs))
+        if not stale.any():
+            return self
+        kept_before = np.concatenate([[0], np.cumsum(~stale)])
+        return HistColumns(self.ts[~stale], self.hs[~stale], kept_before[self.offsets])
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +63,15 @@ class SeriesColumns:
     """Selected series as one block: series ``i`` owns samples ``offsets[i]:offsets[i+1]``.
 
     Series are sorted by labels and have at least one sample each, as ``Storage.select`` returns them.
+    Native-histogram samples, when any series has some, are in ``hist`` (None: floats only,
+    the fast path every float query keeps).
     """
 
     labels: list[Labels]
     ts: I64  # ms, ascending within each series
     vs: F64  # stale markers keep their bit pattern
     offsets: I64  # len(labels) + 1, offsets[0] == 0
+    hist: HistColumns | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -54,18 +79,36 @@ class SeriesColumns:
     def series(self) -> list[SeriesData]:
         """The same data as ``Storage.select`` returns it (views, no copies)."""
         o = self.offsets.tolist()
+        if self.hist is None:
+            return [
+                SeriesData(labels, self.ts[o[i] : o[i + 1]], self.vs[o[i] : o[i + 1]])
+                for i, labels in enumerate(self.labels)
+            ]
+        h = self.hist
+        ho = h.offsets.tolist()
         return [
-            SeriesData(labels, self.ts[o[i] : o[i + 1]], self.vs[o[i] : o[i + 1]])
+            SeriesData(
+                labels,
+                self.ts[o[i] : o[i + 1]],
+                self.vs[o[i] : o[i + 1]],
+                h.ts[ho[i] : ho[i + 1]],
+                tuple(h.hs[ho[i] : ho[i + 1]].tolist()),
+            )
             for i, labels in enumerate(self.labels)
         ]
 
     def without_stale(self) -> SeriesColumns:
         """Stale markers removed; a series left with no sample keeps its (empty) slot."""
+        hist = None if self.hist is None else self.hist.without_stale()
         stale = is_stale(self.vs)
         if not stale.any():
-            return self
+            return (
+                self
+                if hist is self.hist
+                else SeriesColumns(self.labels, self.ts, self.vs, self.offsets, hist)
+            )
         kept_before = np.concatenate([[0], np.cumsum(~stale)])
-        return SeriesColumns(self.labels, self.ts[~stale], self.vs[~stale], kept_before[self.offsets])
+        return SeriesColumns(self.labels, self.ts[~stale], self.vs[~stale], kept_before[self.offsets], hist)
 
 
 @runtime_checkable
@@ -85,7 +128,15 @@ def columns_of(series: Sequence[SeriesData]) -> SeriesColumns:
     np.cumsum([len(s.timestamps) for s in series], out=offsets[1:])
     ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
     vs = np.concatenate([s.values for s in series]).astype(np.float64, copy=False)
-    return SeriesColumns([s.labels for s in series], ts, vs, offsets)
+    hist = None
+    if any(s.histograms for s in series):
+        hoffsets = np.zeros(len(series) + 1, dtype=np.int64)
+        np.cumsum([len(s.histograms) for s in series], out=hoffsets[1:])
+        hts = np.concatenate([s.hist_timestamps for s in series]).astype(np.int64, copy=False)
+        hs = np.empty(int(hoffsets[-1]), dtype=object)
+        hs[:] = [h for s in series for h in s.histograms]
+        hist = HistColumns(hts, hs, hoffsets)
+    return SeriesColumns([s.labels for s in series], ts, vs, offsets, hist)
 
 
 def gather_ranges(starts: I64, lengths: I64) -> I64:

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.regex import RegexError, compile_anchored
+
+#: A native-histogram sample value: ``kernel_insight.kql.nativehist.FloatHistogram`` (issue 14's
+#: contract); kql only reads its fields and calls its methods.
+FloatHistogram = Any
 
 __all__ = [
     "MATCH_OPS",
@@ -29,6 +33,7 @@ __all__ = [
     "SeriesData",
     "Storage",
     "is_stale",
+    "is_stale_histogram",
     "is_stale_value",
     "labels_match",
     "normalize_labels",
@@ -97,13 +102,28 @@ def labels_match(labels: Labels | Mapping[str, str], matchers: Sequence[Matcher]
     return all(m.matches(lookup.get(m.name, "")) for m in matchers)
 
 
+def is_stale_histogram(h: FloatHistogram) -> bool:
+    """Whether a histogram sample is a staleness marker (its sum is the StaleNaN bit pattern, as in Prometheus)."""
+    return is_stale_value(h.sum)
+
+
+def _no_times() -> npt.NDArray[np.int64]:
+    return np.empty(0, dtype=np.int64)
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesData:
-    """One series as storage returns it: sorted labels plus samples in time order."""
+    """One series as storage returns it: sorted labels plus samples in time order.
+
+    A series may hold float samples, native-histogram samples or both (a metric that changed
+    type); the two kinds are kept apart, each ascending in time, never at the same timestamp.
+    """
 
     labels: Labels  # sorted, includes ("__name__", ...)
     timestamps: npt.NDArray[np.int64]  # ms, ascending
     values: npt.NDArray[np.float64]  # stale markers are the StaleNaN bit pattern 0x7ff0000000000002
+    hist_timestamps: npt.NDArray[np.int64] = field(default_factory=_no_times)  # ms, ascending
+    histograms: tuple[FloatHistogram, ...] = ()  # one per hist_timestamps entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,16 +164,23 @@ class Storage(Protocol):
         ...
 
 
+_FloatArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+_HistArrays = tuple[npt.NDArray[np.int64], "tuple[FloatHistogram, ...]"]
+
+
 class _MemSeries:
-    __slots__ = ("_sorted", "labels", "ts", "vs")
+    __slots__ = ("_sorted", "hs", "hts", "labels", "ts", "vs")
 
     def __init__(self, labels: Labels) -> None:
         self.labels = labels
         self.ts: list[int] = []
         self.vs: list[float] = []
-        self._sorted: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
+        self.hts: list[int] = []
+        self.hs: list[FloatHistogram] = []
+        self._sorted: tuple[_FloatArrays, _HistArrays] | None = None
 
-    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    def arrays(self) -> tuple[_FloatArrays, _HistArrays]:
+        """Floats and histograms, each sorted by time; at a timestamp both kinds hold, the histogram wins."""
         if self._sorted is None:
             ts = np.asarray(self.ts, dtype=np.int64)
             vs = np.asarray(self.vs, dtype=np.float64)
@@ -163,7 +190,18 @@ class _MemSeries:
             if len(ts) > 1:
                 keep = np.append(ts[1:] != ts[:-1], True)
                 ts, vs = ts[keep], vs[keep]
-            self._sorted = (ts, vs)
+            hts = np.asarray(self.hts, dtype=np.int64)
+            horder = np.argsort(hts, kind="stable")
+            hts = hts[horder]
+            hs = [self.hs[i] for i in horder.tolist()]
+            if len(hts) > 1:
+                hkeep = np.append(hts[1:] != hts[:-1], True)
+                hs = [h for h, k in zip(hs, hkeep.tolist(), strict=True) if k]
+                hts = hts[hkeep]
+            if len(hts) and len(ts):
+                clash = np.isin(ts, hts)
+                ts, vs = ts[~clash], vs[~clash]
+            self._sorted = ((ts, vs), (hts, tuple(hs)))
         return self._sorted
 
 
@@ -193,16 +231,34 @@ class MemoryStorage:
         values: Iterable[float],
     ) -> None:
         """Append samples to a series (created on first use); order of appends does not matter."""
-        key = normalize_labels(labels)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = _MemSeries(key)
-            self._by_name.setdefault(dict(key).get("__name__", ""), []).append(series)
+        series = self._series_for(labels)
         series.ts.extend(int(t) for t in timestamps)
         series.vs.extend(float(v) for v in values)
         if len(series.ts) != len(series.vs):
             raise ValueError("timestamps and values differ in length")
         series._sorted = None
+
+    def add_histograms(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        timestamps: Iterable[int],
+        histograms: Iterable[FloatHistogram],
+    ) -> None:
+        """Append native-histogram samples to a series (created on first use), as :meth:`add` does floats."""
+        series = self._series_for(labels)
+        series.hts.extend(int(t) for t in timestamps)
+        series.hs.extend(histograms)
+        if len(series.hts) != len(series.hs):
+            raise ValueError("timestamps and histograms differ in length")
+        series._sorted = None
+
+    def _series_for(self, labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> _MemSeries:
+        key = normalize_labels(labels)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _MemSeries(key)
+            self._by_name.setdefault(dict(key).get("__name__", ""), []).append(series)
+        return series
 
     def clear(self) -> None:
         """Drop every series."""
@@ -220,11 +276,17 @@ class MemoryStorage:
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
         out = []
         for series in self._matching(matchers):
-            ts, vs = series.arrays()
+            (ts, vs), (hts, hs) = series.arrays()
             lo = int(np.searchsorted(ts, start_ms, side="left"))
             hi = int(np.searchsorted(ts, end_ms, side="right"))
-            if hi > lo:
-                out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi]))
+            if not len(hts):
+                if hi > lo:
+                    out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi]))
+                continue
+            hlo = int(np.searchsorted(hts, start_ms, side="left"))
+            hhi = int(np.searchsorted(hts, end_ms, side="right"))
+            if hi > lo or hhi > hlo:
+                out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi], hts[hlo:hhi], hs[hlo:hhi]))
         out.sort(key=lambda d: d.labels)
         return out
 

@@ -25,11 +25,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kernel_insight.kql.ast import Call, Node
-    from kernel_insight.kql.storage import Matcher
+    from kernel_insight.kql.storage import FloatHistogram, Matcher
 
 __all__ = [
     "Annotation",
     "CallContext",
+    "HistRange",
     "Matrix",
     "QueryResult",
     "QueryStats",
@@ -50,6 +51,23 @@ __all__ = [
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
+OBJ = npt.NDArray[np.object_]
+
+
+def _not_none(x: object) -> bool:
+    return x is not None
+
+
+_IS_SET = np.frompyfunc(_not_none, 1, 1)
+
+
+def hist_mask(hists: OBJ) -> BOOL:
+    """Which cells of an object array hold a histogram (not None)."""
+    if hists.size == 0:
+        return np.zeros(hists.shape, dtype=bool)
+    mask: BOOL = np.asarray(_IS_SET(hists), dtype=bool)
+    return mask
+
 
 #: Labels dropped together with the metric name (Prometheus type-and-unit metadata).
 NAME_LABELS = ("__name__", "__type__", "__unit__")
@@ -85,6 +103,12 @@ class StepVector:
     changes provenance over time); ``drop_name[i]`` marks rows whose metric name is removed
     when the result is returned (Prometheus' delayed name removal). ``sample_ts`` holds the
     sample timestamps for rows that come straight from a selector (``timestamp()`` needs them).
+
+    Native histograms live beside the floats: ``hists[i, j]`` is the ``FloatHistogram`` of
+    series ``i`` at step ``j`` or None; ``present`` covers float samples only, and a cell is
+    never both. ``hists`` is None when the vector holds no histogram at all, so float queries
+    never look at it, and code written for floats drops histogram samples (as Prometheus'
+    float-only functions do) instead of misreading them.
     """
 
     labels: list[Labels]
@@ -92,6 +116,7 @@ class StepVector:
     present: BOOL
     drop_name: BOOL
     sample_ts: I64 | None = None
+    hists: OBJ | None = None
 
     @classmethod
     def empty(cls, steps: int) -> StepVector:
@@ -109,12 +134,49 @@ class StepVector:
             self.present[idx],
             self.drop_name[idx],
             None if self.sample_ts is None else self.sample_ts[idx],
+            None if self.hists is None else self.hists[idx],
         )
+
+    def hist_present(self) -> BOOL:
+        """Where a histogram sample is (all False without histograms)."""
+        if self.hists is None:
+            return np.zeros(self.present.shape, dtype=bool)
+        return hist_mask(self.hists)
+
+    def any_present(self) -> BOOL:
+        """Where a sample of either kind is."""
+        return self.present if self.hists is None else self.present | hist_mask(self.hists)
+
+    def floats_only(self) -> StepVector:
+        """The same vector without its histogram samples."""
+        if self.hists is None:
+            return self
+        return StepVector(self.labels, self.values, self.present, self.drop_name, self.sample_ts).compact()
 
     def compact(self) -> StepVector:
         """Without the rows that are absent at every step."""
-        keep = np.flatnonzero(self.present.any(axis=1))
+        keep = np.flatnonzero(self.any_present().any(axis=1))
         return self if len(keep) == len(self.labels) else self.take(keep)
+
+
+@dataclass(slots=True)
+class HistRange:
+    """The native-histogram samples of a range vector, indexed as :class:`RangeInput` indexes floats.
+
+    Series ``i`` owns ``ts[offsets[i]:offsets[i + 1]]`` (and the same positions of ``hs``); its
+    window at step ``j`` is ``lo[i, j]:hi[i, j]``.
+    """
+
+    ts: I64
+    hs: OBJ
+    offsets: I64
+    lo: I64
+    hi: I64
+
+    @property
+    def counts(self) -> I64:
+        counts: I64 = self.hi - self.lo
+        return counts
 
 
 @dataclass(slots=True)
@@ -125,7 +187,8 @@ class RangeInput:
     ``ts[offsets[i]:offsets[i + 1]]``. The window of series ``i`` at step ``j`` is
     ``ts[lo[i, j]:hi[i, j]]``, i.e. samples with ``end[j] - range_ms < t <= end[j]``. Stale markers
     are already removed. ``before`` and ``after`` hold the extra samples anchored/smoothed
-    selectors may look at outside the window.
+    selectors may look at outside the window. Native-histogram samples, when there are any,
+    are in ``hist`` (``ts``/``vs`` hold the floats only, so float functions ignore them).
     """
 
     labels: list[Labels]
@@ -140,6 +203,7 @@ class RangeInput:
     anchored: bool = False
     smoothed: bool = False
     checkpoint: Callable[[], None] = _no_checkpoint  # raises when the query timed out or was cancelled
+    hist: HistRange | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -274,9 +338,12 @@ class String:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """One sample of an instant vector: a float ``value``, or a native ``histogram`` (then ``value`` is NaN)."""
+
     labels: Labels
     timestamp_ms: int
     value: float
+    histogram: FloatHistogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +357,19 @@ class Vector:
         return len(self.samples)
 
 
+def _no_times() -> I64:
+    return np.empty(0, dtype=np.int64)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Series:
+    """One series of a matrix: float points, and native-histogram points apart (as Prometheus returns them)."""
+
     labels: Labels
     timestamps: I64
     values: F64
+    hist_timestamps: I64 = field(default_factory=_no_times)
+    histograms: tuple[FloatHistogram, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

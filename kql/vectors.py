@@ -37,9 +37,10 @@ def consolidate(
     if n == len(labels):
         if key is None:
             return vec
-        return StepVector(labels, vec.values, vec.present, vec.drop_name, vec.sample_ts)
+        return StepVector(labels, vec.values, vec.present, vec.drop_name, vec.sample_ts, vec.hists)
     counts = np.zeros((n, vec.present.shape[1]), dtype=np.int64)
-    np.add.at(counts, gid, vec.present)
+    hmask = vec.hist_present()
+    np.add.at(counts, gid, vec.present | hmask)
     if (counts > 1).any():
         raise KqlEvaluationError(message)
     first = np.full(n, -1, dtype=np.intp)
@@ -50,6 +51,7 @@ def consolidate(
     present = np.zeros((n, vec.present.shape[1]), dtype=bool)
     drop = np.zeros(n, dtype=bool)
     sample_ts = None if vec.sample_ts is None else np.zeros((n, vec.present.shape[1]), dtype=np.int64)
+    hists = None if vec.hists is None else np.full((n, vec.present.shape[1]), None, dtype=object)
     for i, g in enumerate(gid):
         p = vec.present[i]
         values[g, p] = vec.values[i, p]
@@ -57,7 +59,10 @@ def consolidate(
         drop[g] |= vec.drop_name[i]
         if sample_ts is not None and vec.sample_ts is not None:
             sample_ts[g, p] = vec.sample_ts[i, p]
-    return StepVector([labels[i] for i in first], values, present, drop, sample_ts)
+            sample_ts[g, hmask[i]] = vec.sample_ts[i, hmask[i]]
+        if hists is not None and vec.hists is not None:
+            hists[g, hmask[i]] = vec.hists[i, hmask[i]]
+    return StepVector([labels[i] for i in first], values, present, drop, sample_ts, hists)
 
 
 def finalize_names(vec: StepVector) -> StepVector:
@@ -65,5 +70,7 @@ def finalize_names(vec: StepVector) -> StepVector:
     if not vec.drop_name.any():
         return consolidate(vec)
     labels = [drop_name(lb) if d else lb for lb, d in zip(vec.labels, vec.drop_name, strict=True)]
-    out = StepVector(labels, vec.values, vec.present, np.zeros(len(labels), dtype=bool), vec.sample_ts)
+    out = StepVector(
+        labels, vec.values, vec.present, np.zeros(len(labels), dtype=bool), vec.sample_ts, vec.hists
+    )
     return consolidate(out)
