@@ -22,9 +22,11 @@ from kernel_insight.api.errors import ApiError
 from kernel_insight.api.health import ERROR_RESPONSES
 from kernel_insight.api.prometheus import ParamError, parse_time
 from kernel_insight.collector.captures import (
+    CAPTURE_STATES,
     MAX_CAPTURE_SECONDS,
     CaptureError,
-    pending_captures,
+    get_capture,
+    list_captures,
     request_capture,
 )
 from kernel_insight.collector.perfetto_trace import perfetto_trace
@@ -235,10 +237,32 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
     @router.get(
         "/v1/timeline/captures",
         responses=ERROR_RESPONSES,
-        summary="An instance's pending capture requests (what its agent will be told)",
+        summary="An instance's capture requests: pending ones (what its agent will be told), or in any state",
     )
-    async def captures(instance: str = _INSTANCE, _token: object = read) -> JSONResponse:
-        return JSONResponse({"captures": await _read(pending_captures, store, instance)})
+    async def captures(
+        instance: str = _INSTANCE,
+        state: str = Query(
+            "pending", description=f"one of {', '.join(CAPTURE_STATES)}, or 'any' (the newest 100 requests)"
+        ),
+        _token: object = read,
+    ) -> JSONResponse:
+        try:
+            rows = await _read(list_captures, store, instance, None if state == "any" else state)
+        except CaptureError as exc:
+            raise ApiError(400, "bad_data", str(exc)) from None
+        return JSONResponse({"captures": rows})
+
+    @router.get(
+        "/v1/timeline/captures/{capture_id}",
+        responses={404: {"description": "No such capture request"}, **ERROR_RESPONSES},
+        summary="One capture request: its state and, once the agent reports, its window and span count",
+    )
+    async def capture_state(capture_id: str, _token: object = read) -> JSONResponse:
+        try:
+            row = await _read(get_capture, store, capture_id)
+        except CaptureError as exc:
+            raise ApiError(exc.status, "not_found" if exc.status == 404 else "bad_data", str(exc)) from None
+        return JSONResponse(row)
 
     return router
 

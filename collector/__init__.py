@@ -9,6 +9,7 @@ from __future__ import annotations
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.app import create_app
 from kernel_insight.collector.batcher import Batcher, BatcherStats, Ticket
+from kernel_insight.collector.captures import CaptureDesk, CaptureError
 from kernel_insight.collector.derive import DROP_REASONS, DROP_STATS, Derived, Deriver, DropStats
 from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
 from kernel_insight.collector.keys import (
@@ -77,6 +78,7 @@ from kernel_insight.collector.wire import (
     AuthenticationFailed,
     BatchHeader,
     BatchId,
+    CaptureReport,
     Counter,
     DecodedBatch,
     Limits,
@@ -103,6 +105,9 @@ __all__ = [
     "Batcher",
     "BatcherStats",
     "CacheStats",
+    "CaptureDesk",
+    "CaptureError",
+    "CaptureReport",
     "ClickHouseKeyStore",
     "ClickHouseStorage",
     "CollectorMetrics",

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from kernel_insight.collector.captures import CAPTURE_HEADER, CaptureDesk
 from kernel_insight.collector.keys import KeyStoreError, RevokedAgent, UnknownAgent
 from kernel_insight.collector.metrics import CollectorMetrics
 from kernel_insight.collector.store import StorageError, StorageUnavailable
@@ -114,6 +115,7 @@ class _Outcome:
     batch_id: str | None = None
     records: int = 0
     header_records: int | None = None  # the record count its header claimed, once the header parsed
+    agent_id: bytes | None = None  # the sender, once the frame authenticated
 
 
 def _answer(outcome: _Outcome) -> JSONResponse:
@@ -205,6 +207,7 @@ def ingest_router(
     seen: SeenBatches | None = None,
     stats: IngestStats | None = None,
     metrics: CollectorMetrics | None = None,
+    captures: CaptureDesk | None = None,
 ) -> APIRouter:
     """The ingest endpoint, bound to a key store and a sink.
 
@@ -213,7 +216,9 @@ def ingest_router(
     a backlog); each frame is authenticated, decoded and deduplicated on its
     own. The frames of one request are all handed to the sink before any is
     waited for, so a sink with ``submit`` (which returns a future that resolves
-    once the batch is durable) lets them share one storage flush.
+    once the batch is durable) lets them share one storage flush. With ``captures``,
+    an answer that settles a frame offers the sender its pending capture requests
+    (``KI-Capture`` headers) and stored batches report on their capture windows.
     """
     seen = seen if seen is not None else SeenBatches()
     stats = stats if stats is not None else IngestStats()
@@ -273,7 +278,7 @@ def ingest_router(
             return _Outcome(400, "rejected", str(exc))
         bid = header.batch_id
         if bid in seen:
-            return _Outcome(409, "duplicate", f"batch {bid} was stored before")
+            return _Outcome(409, "duplicate", f"batch {bid} was stored before", agent_id=header.agent_id)
         with in_flight_lock:
             if bid in in_flight:
                 return _Outcome(503, "busy", f"batch {bid} is being stored now", {"Retry-After": "1"})
@@ -310,12 +315,15 @@ def ingest_router(
             with in_flight_lock:
                 in_flight.discard(bid)
         seen.add(bid)
+        agent_id = batch.header.agent_id
         if not stored:
-            return _Outcome(409, "duplicate", f"batch {bid} was stored before")
+            return _Outcome(409, "duplicate", f"batch {bid} was stored before", agent_id=agent_id)
+        if captures is not None and batch.captures:
+            captures.heard(agent_id, batch.captures)
         stats.records += batch.record_count
         counters = {counter_name(k): float(v) for k, v in batch.counters.items()}
         metrics.agents.observe(batch.header.agent_id.hex(), batch.header.t_max_ns, counters, time.time())
-        return _Outcome(200, "stored", "", batch_id=str(bid), records=batch.record_count)
+        return _Outcome(200, "stored", "", batch_id=str(bid), records=batch.record_count, agent_id=agent_id)
 
     def settle(frames: list[memoryview] | list[bytes]) -> list[_Outcome]:
         """Prepare every frame, submit every batch in body order, then wait for each."""
@@ -381,6 +389,10 @@ def ingest_router(
             metrics.ingest_batches.labels(outcome=_outcome(o)).inc()
             if o.header_records is not None:
                 metrics.ingest_records.labels(outcome=_outcome(o)).inc(o.header_records)
+        sender = next((o.agent_id for o in outcomes if o.agent_id is not None), None)
+        if captures is not None and sender is not None:  # only to a sender whose batch was settled
+            for value in await run_in_threadpool(captures.offers, sender):
+                response.headers.append(CAPTURE_HEADER, value)
         return response
 
     return router

@@ -249,12 +249,22 @@ SCHEMA: tuple[Table, ...] = (
             Column("gpu", "UInt16"),
             Column("seconds", "UInt32"),
             Column(
-                "state", "LowCardinality(String)", None, "pending until the agent takes it (docs/wire.md)"
+                "state",
+                "LowCardinality(String)",
+                None,
+                "pending, delivered (told the agent), capturing, done or expired (docs/wire.md)",
             ),
             Column("requested", _TS_MS),
             Column("updated", _TS_MS),
             Column("token_id", "String", None, "who asked: the admin token's id (never the token)"),
             Column("token_name", "String"),
+            Column(
+                "window_start", _TS_NS, None, "the window as the agent ran it (its clock); 0 until it reports"
+            ),
+            Column("window_end", _TS_NS),
+            Column(
+                "spans", "UInt64", None, "kernel spans of the GPU the agent shipped for the window so far"
+            ),
         ),
         replacing=True,
         version="updated",

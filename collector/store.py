@@ -272,6 +272,7 @@ class Store(ABC):
                 f"SELECT name, create_table_query AS q FROM system.tables WHERE database = {quote(self.database)}"
             ).to_pylist()
         }
+        self._add_missing_columns(suffix, on_cluster)
         for t in SCHEMA:
             # Tables made before MERGE_SETTINGS existed get them (docs/storage.md, "Merges").
             missing = {k: v for k, v in MERGE_SETTINGS.items() if k not in current.get(t.name + suffix, k)}
@@ -293,6 +294,29 @@ class Store(ABC):
             )
 
     # ---- public SQL ------------------------------------------------------------------
+
+    def _add_missing_columns(self, suffix: str, on_cluster: str) -> None:
+        """Columns a newer version added to a table (at its end) are added to a store made before
+        them: ``ADD COLUMN`` only changes metadata, and old rows read the column's default."""
+        have: dict[str, set[str]] = {}
+        for row in self.query(
+            f"SELECT table, name FROM system.columns WHERE database = {quote(self.database)}"
+        ).to_pylist():
+            have.setdefault(row["table"], set()).add(row["name"])
+        for t in SCHEMA:
+            table = t.name + suffix
+            if table not in have:
+                continue
+            for column in t.columns:
+                if column.name in have[table]:
+                    continue
+                targets = (
+                    [table] if self.cluster is None else [table, t.name]
+                )  # the local and Distributed tables
+                for target in targets:
+                    self.command(
+                        f"ALTER TABLE {self.database}.{target}{on_cluster} ADD COLUMN IF NOT EXISTS {column.sql()}"
+                    )
 
     def _migrate_samples_without_metric(self, suffix: str) -> None:
         """Stores made before samples were ordered by metric: move the old table aside, so the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +50,7 @@ __all__ = [
     "AuthenticationFailed",
     "BatchHeader",
     "BatchId",
+    "CaptureReport",
     "Counter",
     "DecodedBatch",
     "Limits",
@@ -86,7 +87,10 @@ BATCH_STATUS_HEADER = "KI-Batch-Status"
 
 SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
+SECTION_CAPTURES = 0x03
 SECTION_RECORDS = 0x10
+#: Capture windows one CAPTURES section may report on.
+MAX_CAPTURES = 64
 
 _HEADER = struct.Struct("<4sBBBB16sIIQQQII")
 assert _HEADER.size == HEADER_SIZE
@@ -141,6 +145,23 @@ class Counter(enum.IntEnum):
     SPOOL_WRITE_ERRORS = 25
     REQUESTS_SENT = 26
     REQUESTS_FAILED = 27
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureReport:
+    """What one batch says about one capture window (a CAPTURES entry, docs/wire.md).
+
+    ``id`` is the request's 16 hex digits; ``[start_ns, end_ns)`` the window on the agent's
+    clock; ``spans`` the GPU's kernel spans the agent shipped for the window up to and
+    including this batch; ``final`` marks the window's last batch.
+    """
+
+    id: str
+    gpu: int
+    start_ns: int
+    end_ns: int
+    spans: int
+    final: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,12 +425,13 @@ class _Reader:
 
 @dataclass(slots=True)
 class DecodedBatch:
-    """One verified batch: its header, the agent's counters, names and records by type."""
+    """One verified batch: its header, the agent's counters, names, records by type and capture reports."""
 
     header: BatchHeader
     counters: dict[int, int] = field(default_factory=dict)
     strings: dict[tuple[int, int], str] = field(default_factory=dict)
     arrays: dict[int, npt.NDArray[np.void]] = field(default_factory=dict)
+    captures: tuple[CaptureReport, ...] = ()
 
     @property
     def batch_id(self) -> BatchId:
@@ -623,6 +645,8 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
             _decode_counters(sec, batch)
         elif tag == SECTION_STRINGS:
             _decode_strings(sec, batch, limits)
+        elif tag == SECTION_CAPTURES:
+            batch.captures = _decode_captures(sec)
         elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
             batch.arrays[tag - SECTION_RECORDS] = _decode_records(sec, tag - SECTION_RECORDS, header, limits)
         else:
@@ -661,6 +685,36 @@ def _decode_strings(r: _Reader, batch: DecodedBatch, limits: Limits) -> None:
         if n > limits.max_name:
             raise MalformedBatch(f"name of {n} bytes exceeds the limit of {limits.max_name}")
         batch.strings[(producer, sid)] = bytes(r.take(n)).decode("utf-8", errors="replace")
+
+
+def _decode_captures(r: _Reader) -> tuple[CaptureReport, ...]:
+    k = r.varint()
+    if not 1 <= k <= MAX_CAPTURES:
+        raise MalformedBatch(f"{k} capture reports (1..{MAX_CAPTURES})")
+    out = []
+    for _ in range(k):
+        cid = int.from_bytes(r.take(8), "little")
+        gpu, start, end, spans, final = r.varint(), r.varint(), r.varint(), r.varint(), r.u8()
+        if gpu > 65535 or end <= start or start >> 63 or end >> 63 or final > 1:
+            raise MalformedBatch(
+                f"capture report {cid:016x}: gpu {gpu}, window {start}..{end}, final {final}"
+            )
+        out.append(CaptureReport(f"{cid:016x}", gpu, start, end, spans, bool(final)))
+    return tuple(out)
+
+
+def _encode_captures(reports: Sequence[CaptureReport]) -> bytes:
+    out = bytearray(_varint(len(reports)))
+    for c in reports:
+        out += int(c.id, 16).to_bytes(8, "little")
+        out += (
+            _varint(c.gpu)
+            + _varint(c.start_ns)
+            + _varint(c.end_ns)
+            + _varint(c.spans)
+            + bytes([int(c.final)])
+        )
+    return bytes(out)
 
 
 KeyLookup = Callable[[BatchHeader], bytes]
@@ -717,6 +771,7 @@ def encode_body(
     records: npt.NDArray[np.void],
     strings: Mapping[tuple[int, int], bytes | str] | None = None,
     counters: Mapping[int, int] | None = None,
+    captures: Sequence[CaptureReport] = (),
 ) -> bytes:
     """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined)."""
     if records.dtype != RECORD_DTYPE:
@@ -733,6 +788,8 @@ def encode_body(
             raw = name.encode() if isinstance(name, str) else bytes(name)
             s += _varint(producer) + _varint(sid) + _varint(len(raw)) + raw
         out += _section(SECTION_STRINGS, bytes(s))
+    if captures:
+        out += _section(SECTION_CAPTURES, _encode_captures(captures))
     types = records["type"]
     for t in np.unique(types).tolist():
         if t not in _PAYLOAD:
@@ -786,6 +843,7 @@ def encode_batch(
     counters: Mapping[int, int] | None = None,
     now_ns: int = 0,
     compress: bool = True,
+    captures: Sequence[CaptureReport] = (),
 ) -> bytes:
     """Encode and seal one batch; the time range is taken from the records (or now_ns if none)."""
     arr = records if isinstance(records, np.ndarray) else records_to_array(records)
@@ -794,7 +852,7 @@ def encode_batch(
     else:
         t_min = t_max = now_ns
     return seal_body(
-        encode_body(arr, strings, counters),
+        encode_body(arr, strings, counters, captures),
         agent_id=agent_id,
         key_id=key_id,
         key=key,

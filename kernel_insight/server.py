@@ -84,6 +84,7 @@ def build_collector_app(
     ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``, docs/kql.md).
     The web UI (docs/ui.md) is served at ``/``."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
+    from kernel_insight.collector.captures import CaptureDesk
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import ClickHouseKeyStore, KeyStore, KeyStoreBase
     from kernel_insight.collector.metrics import (
@@ -115,7 +116,8 @@ def build_collector_app(
     metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
     sink = StoreSink(store, labels_of=keys.labels_of)  # enrolment labels on the instance and its series
     metrics.watch_batcher(sink.batcher)
-    ingest = ingest_router(keys, sink, metrics=metrics)
+    # capture windows reach agents in ingest answers (docs/wire.md); instances are agent ids, as in the sink
+    ingest = ingest_router(keys, sink, metrics=metrics, captures=CaptureDesk(store))
     rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)
     app = create_api_app(
         store,

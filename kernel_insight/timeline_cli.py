@@ -77,9 +77,25 @@ def _export(args: argparse.Namespace) -> int:
 def _capture(args: argparse.Namespace) -> int:
     with TimelineClient(args.collector, _token(args), retries=1) as client:
         req = client.capture(args.instance, args.gpu, args.seconds)
+        print(
+            f"capture {req.id}: every span of {req.instance} GPU {req.gpu} for {req.seconds} s, {req.state} "
+            "(audited); the agent starts it at its next batch",
+            flush=True,
+        )
+        if args.wait is None:
+            return 0
+        try:
+            req = client.wait_capture(req.id, timeout_s=args.wait + req.seconds)
+        except TimeoutError as exc:
+            print(f"ki timeline: {exc}", file=sys.stderr)
+            return 1
+    if req.state != "done":
+        print(f"ki timeline: capture {req.id} {req.state}: its agent did not run the window", file=sys.stderr)
+        return 1
     print(
-        f"capture {req.id}: every span of {req.instance} GPU {req.gpu} for {req.seconds} s, {req.state} "
-        "(stored and audited; delivery to the agent is not built yet: docs/wire.md)"
+        f"capture {req.id} done: {req.spans} spans from {req.window_start_ns} to {req.window_end_ns} ns "
+        f"(export them with ki timeline export --from {req.window_start_ns / 1e9:.3f} "
+        f"--to {req.window_end_ns / 1e9:.3f})"
     )
     return 0
 
@@ -129,4 +145,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     c = tsub.add_parser("capture", help="ask an agent for every span of one GPU for N seconds (admin token)")
     _common(c)
     c.add_argument("--seconds", type=int, required=True, help="the window's length, 1..60")
+    c.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=60.0,
+        metavar="S",
+        help="wait until every span of the window is stored (up to S seconds past the window; default 60)",
+    )
     c.set_defaults(handler=_run(_capture))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -160,9 +161,18 @@ class CaptureRequest:
     instance: str
     gpu: int
     seconds: int
-    state: str
+    state: str  # pending, delivered, capturing, done or expired
     requested_ms: int
     requested_by: str
+    updated_ms: int = 0
+    window_start_ns: int = 0  # the window as the agent ran it (its clock), once it reports
+    window_end_ns: int = 0
+    spans: int = 0  # kernel spans the agent shipped for the window (all of them once ``done``)
+
+    @property
+    def finished(self) -> bool:
+        """The request will not change any more (``done`` or ``expired``)."""
+        return self.state in ("done", "expired")
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CaptureRequest:
@@ -174,6 +184,10 @@ class CaptureRequest:
             str(d["state"]),
             int(d["requested_ms"]),
             str(d["requested_by"]),
+            int(d.get("updated_ms", 0)),
+            int(d.get("window_start_ns", 0)),
+            int(d.get("window_end_ns", 0)),
+            int(d.get("spans", 0)),
         )
 
 
@@ -347,15 +361,38 @@ class TimelineClient:
     def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
         """Ask ``instance``'s agent for every span of GPU ``gpu`` for ``seconds`` (admin token; audited).
 
-        Only stored as pending today: delivery to agents is not built yet (docs/wire.md).
+        The agent is told in its next ingest answer and starts the window then (docs/wire.md);
+        :meth:`wait_capture` follows the request until every span of the window is stored.
         """
         body = {"instance": instance, "gpu": gpu, "seconds": seconds}
         result: CaptureRequest = self._core.json(self._get(CAPTURES_PATH, {}, body), CaptureRequest.from_json)
         return result
 
     def pending_captures(self, instance: str) -> list[CaptureRequest]:
-        body = self._core.json(self._get(CAPTURES_PATH, {"instance": instance}), dict)
+        return self.captures(instance, "pending")
+
+    def captures(self, instance: str, state: str = "pending") -> list[CaptureRequest]:
+        """The instance's capture requests in ``state`` (``any``: the newest 100 in every state)."""
+        body = self._core.json(self._get(CAPTURES_PATH, {"instance": instance, "state": state}), dict)
         return [CaptureRequest.from_json(c) for c in body["captures"]]
+
+    def capture_status(self, capture_id: str) -> CaptureRequest:
+        """One capture request as it stands now."""
+        result: CaptureRequest = self._core.json(
+            self._get(f"{CAPTURES_PATH}/{quote(capture_id, safe='')}", {}), CaptureRequest.from_json
+        )
+        return result
+
+    def wait_capture(self, capture_id: str, timeout_s: float = 120.0, poll_s: float = 0.5) -> CaptureRequest:
+        """Poll until the request is ``done`` or ``expired`` and return it; TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            req = self.capture_status(capture_id)
+            if req.finished:
+                return req
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"capture {capture_id} still {req.state} after {timeout_s:g} s")
+            self._sleep(poll_s)
 
     def close(self) -> None:
         self._http.close()
@@ -475,6 +512,27 @@ class AsyncTimelineClient:
         response = await self._get(CAPTURES_PATH, {}, body)
         result: CaptureRequest = self._core.json(response, CaptureRequest.from_json)
         return result
+
+    async def captures(self, instance: str, state: str = "pending") -> list[CaptureRequest]:
+        body = self._core.json(await self._get(CAPTURES_PATH, {"instance": instance, "state": state}), dict)
+        return [CaptureRequest.from_json(c) for c in body["captures"]]
+
+    async def capture_status(self, capture_id: str) -> CaptureRequest:
+        response = await self._get(f"{CAPTURES_PATH}/{quote(capture_id, safe='')}", {})
+        result: CaptureRequest = self._core.json(response, CaptureRequest.from_json)
+        return result
+
+    async def wait_capture(
+        self, capture_id: str, timeout_s: float = 120.0, poll_s: float = 0.5
+    ) -> CaptureRequest:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            req = await self.capture_status(capture_id)
+            if req.finished:
+                return req
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"capture {capture_id} still {req.state} after {timeout_s:g} s")
+            await self._sleep(poll_s)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -25,6 +25,7 @@ class RunningCollector:
     ingest_token: str
     agent: AgentCredentials
     keys: KeyStore
+    admin_token: str = ""
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -56,6 +57,7 @@ def running_collector(
     tokens = TokenStore(tmp / "tokens.json")
     read = tokens.create("reader", ["read"]).token
     ingest = tokens.create("writer", ["ingest"]).token
+    admin = tokens.create("admin", ["admin"]).token
     keys = KeyStore(tmp / "keys.json")
     agent = keys.add_agent("host/gpu0")
     err = tmp / "collector.err"
@@ -82,7 +84,7 @@ def running_collector(
             assert proc.poll() is None, err.read_text()[-3000:]
             assert time.monotonic() < deadline, "the collector did not answer /healthz"
             time.sleep(0.05)
-        yield RunningCollector(url, proc, err, read, ingest, agent, keys)
+        yield RunningCollector(url, proc, err, read, ingest, agent, keys, admin)
     finally:
         proc.terminate()
         try:

@@ -100,11 +100,14 @@ CREATE TABLE IF NOT EXISTS ki.capture_requests
     instance LowCardinality(String),
     gpu UInt16,
     seconds UInt32,
-    state LowCardinality(String) COMMENT 'pending until the agent takes it (docs/wire.md)',
+    state LowCardinality(String) COMMENT 'pending, delivered (told the agent), capturing, done or expired (docs/wire.md)',
     requested DateTime64(3, 'UTC'),
     updated DateTime64(3, 'UTC'),
     token_id String COMMENT 'who asked: the admin token\'s id (never the token)',
-    token_name String
+    token_name String,
+    window_start DateTime64(9, 'UTC') COMMENT 'the window as the agent ran it (its clock); 0 until it reports',
+    window_end DateTime64(9, 'UTC'),
+    spans UInt64 COMMENT 'kernel spans of the GPU the agent shipped for the window so far'
 )
 ENGINE = ReplacingMergeTree(updated)
 ORDER BY (instance, id)
