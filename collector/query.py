@@ -22,6 +22,7 @@ from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleC
 from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.collector.store import quote
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
+from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored
 from kernel_insight.kql.storage import (
@@ -438,10 +439,11 @@ class ClickHouseStorage:
         The samples never reach the engine, so the count returned is of computed values (a
         ``timeSeriesCountToGrid`` for the exact window count made the query ~30% slower).
         """
-        agg = _GRID_AGGREGATES.get(func)
+        spec = FUNCTIONS.get(func)
+        pushdown = spec.pushdown if spec is not None else None
         first = start_ms - range_ms + 1
         if (
-            agg is None
+            pushdown is None
             or step_ms <= 0
             or range_ms <= 0
             or end_ms < start_ms
@@ -449,7 +451,7 @@ class ClickHouseStorage:
             or end_ms > MAX_TS_MS
             or (
                 # One window (an instant query) is read faster from the cache even for these.
-                (func not in PUSHDOWN_BEATS_CACHE or start_ms == end_ms)
+                (not pushdown.beats_cache or start_ms == end_ms)
                 and self._cache_plan(matchers, first, end_ms) is not None
             )
         ):
@@ -462,7 +464,7 @@ class ClickHouseStorage:
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
-            f"SELECT fingerprint, {agg}({grid})(ts, value) AS v "
+            f"SELECT fingerprint, {pushdown.aggregate}({grid})(ts, value) AS v "
             f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
             f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
             "GROUP BY fingerprint",
@@ -517,30 +519,6 @@ class ClickHouseStorage:
             f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
         )
         return [str(v) for v in result.column("v").to_pylist()]
-
-
-#: Range functions ClickHouse computes on a grid faster than the engine does on cached samples
-#: (bench/kql: deriv 24-38 ms pushed down, 60-75 ms in numpy's lock-step Kahan regression), when
-#: the grid has more than one step: an instant deriv took 20-60 ms pushed down, ~2 ms cached.
-PUSHDOWN_BEATS_CACHE = frozenset({"deriv"})
-
-#: kql range functions and the ClickHouse aggregates that compute them on a grid.
-_GRID_AGGREGATES = {
-    "rate": "timeSeriesRateToGrid",
-    "increase": "timeSeriesIncreaseToGrid",
-    "delta": "timeSeriesDeltaToGrid",
-    "irate": "timeSeriesInstantRateToGrid",
-    "idelta": "timeSeriesInstantDeltaToGrid",
-    "deriv": "timeSeriesDerivToGrid",
-    "changes": "timeSeriesChangesToGrid",
-    "resets": "timeSeriesResetsToGrid",
-    "sum_over_time": "timeSeriesSumToGrid",
-    "avg_over_time": "timeSeriesAvgToGrid",
-    "count_over_time": "timeSeriesCountToGrid",
-    "min_over_time": "timeSeriesMinToGrid",
-    "max_over_time": "timeSeriesMaxToGrid",
-    "last_over_time": "timeSeriesLastToGrid",
-}
 
 
 #: Up to this many series the samples query names the fingerprints found (~21 bytes each, well

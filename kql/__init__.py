@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from kernel_insight.kql.aggregators import AGGREGATORS, AggregatorSpec
 from kernel_insight.kql.checker import check, value_type
 from kernel_insight.kql.engine import CancelToken, Engine, EngineLimits
 from kernel_insight.kql.errors import (
@@ -24,7 +25,7 @@ from kernel_insight.kql.errors import (
     TooManySamplesError,
     TooManySeriesError,
 )
-from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec
+from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
@@ -42,13 +43,16 @@ from kernel_insight.kql.values import (
 )
 
 __all__ = [
+    "AGGREGATORS",
     "FUNCTIONS",
     "STALE_NAN",
+    "AggregatorSpec",
     "Annotation",
     "CancelToken",
     "Engine",
     "EngineLimits",
     "FunctionSpec",
+    "GridPushdown",
     "KqlError",
     "KqlEvaluationError",
     "KqlExecutionError",

@@ -7,12 +7,14 @@ Sums and means use Kahan-Neumaier compensation in input order, as Prometheus doe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.ast import AggregateExpr
+from kernel_insight.kql.aggregators import AGGREGATORS, aggregator
+from kernel_insight.kql.ast import AggregateExpr, ValueType
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
@@ -280,62 +282,113 @@ def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
 
 def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """Evaluate one aggregation over a step vector (``param`` already evaluated)."""
-    op = node.op
+    spec = AGGREGATORS.get(node.op)
+    if spec is None:  # pragma: no cover - the parser only accepts registered aggregations
+        raise KqlEvaluationError(f"unknown aggregation {node.op!r}")
+    result: StepVector = spec.impl(ev, node, vec, param)
+    return result
+
+
+#: A per-group reduction: (evaluator, node, vector, group id of each row, group count, parameter)
+#: -> values of shape (groups, steps); rows absent at a step are masked by ``vec.present``.
+Reduce = Callable[[Any, AggregateExpr, StepVector, npt.NDArray[np.intp], int, Any], F64]
+
+
+def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], StepVector]:
+    """An aggregation that reduces the rows of each ``by``/``without`` group to one row."""
+
+    def impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+        steps = vec.values.shape[1]
+        keys = [_grouping_key(lb, node) for lb in vec.labels]
+        gid, n = group_rows(keys)
+        group_labels: list[Labels] = [()] * n
+        for i, g in enumerate(gid):
+            group_labels[g] = keys[i]
+        present = np.zeros((n, steps), dtype=bool)
+        if n:
+            np.logical_or.at(present, gid, vec.present)
+        drop = np.zeros(n, dtype=bool)
+        if any(k == "__name__" for k in node.grouping) and not node.without:
+            np.logical_or.at(drop, gid, vec.drop_name)
+        values = reduce(ev, node, vec, gid, n, param)
+        return StepVector(group_labels, values, present, drop).compact()
+
+    impl.__doc__ = reduce.__doc__
+    return impl
+
+
+@aggregator("sum")
+@aggregator("avg")
+@aggregator("stddev")
+@aggregator("stdvar")
+@_grouped
+def _moments(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """Sum or mean (Kahan-Neumaier compensated), population standard deviation or variance of each group."""
+    if node.op in ("sum", "avg"):
+        return _sum_avg(vec, gid, n, mean=node.op == "avg")[0]
+    return _variance(vec, gid, n, node.op == "stddev")
+
+
+@aggregator("count")
+@_grouped
+def _count(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """Number of series in each group."""
+    counts = np.zeros((n, vec.values.shape[1]))
+    np.add.at(counts, gid, vec.present.astype(np.float64))
+    return counts
+
+
+@aggregator("group")
+@_grouped
+def _group(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """1 for every group."""
+    return np.ones((n, vec.values.shape[1]))
+
+
+@aggregator("min")
+@aggregator("max")
+@_grouped
+def _min_or_max(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """Smallest or largest value of each group (NaN only when all are NaN)."""
+    acc = np.full((n, vec.values.shape[1]), np.nan)
+    ufunc = np.fmin if node.op == "min" else np.fmax
+    ufunc.at(acc, gid, np.where(vec.present, vec.values, np.nan))
+    return acc
+
+
+@aggregator("quantile", ValueType.SCALAR)
+@_grouped
+def _quantile(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """The phi-quantile of each group."""
     steps = vec.values.shape[1]
-    if op in ("topk", "bottomk", "limitk", "limit_ratio"):
-        return _select_series(ev, node, vec, np.asarray(param, dtype=np.float64))
-    if op == "count_values":
-        return _count_values(ev, node, vec, str(param))
-    keys = [_grouping_key(lb, node) for lb in vec.labels]
-    gid, n = group_rows(keys)
-    group_labels: list[Labels] = [()] * n
-    for i, g in enumerate(gid):
-        group_labels[g] = keys[i]
-    present = np.zeros((n, steps), dtype=bool)
-    if n:
-        np.logical_or.at(present, gid, vec.present)
-    drop = np.zeros(n, dtype=bool)
-    if any(k == "__name__" for k in node.grouping) and not node.without:
-        np.logical_or.at(drop, gid, vec.drop_name)
     values = np.zeros((n, steps))
     masked = np.where(vec.present, vec.values, np.nan)
-    if op in ("sum", "avg"):
-        values, _ = _sum_avg(vec, gid, n, mean=op == "avg")
-    elif op == "count":
-        counts = np.zeros((n, steps))
-        np.add.at(counts, gid, vec.present.astype(np.float64))
-        values = counts
-    elif op == "group":
-        values = np.ones((n, steps))
-    elif op in ("min", "max"):
-        fill = np.inf if op == "min" else -np.inf
-        acc = np.full((n, steps), np.nan)
-        ufunc = np.fmin if op == "min" else np.fmax
-        src = np.where(vec.present, vec.values, np.nan)
-        ufunc.at(acc, gid, src)
-        del fill
-        values = acc
-    elif op in ("stddev", "stdvar"):
-        values = _variance(vec, gid, n, op == "stddev")
-    elif op == "quantile":
-        q = np.asarray(param, dtype=np.float64)
-        message = bad_quantile_message(q)
-        if message is not None:
-            ev.annotate("warning", message, node.param.pos if node.param is not None else node.pos)
-        order = np.argsort(gid, kind="stable")
-        bounds = np.searchsorted(gid[order], np.arange(n + 1))
-        for g in range(n):
-            if g % 1024 == 1023:
-                ev.checkpoint()
-            rows = order[bounds[g] : bounds[g + 1]]
-            # One row per step: the group's present values at that step.
-            valid = vec.present[rows].T
-            counts = valid.sum(axis=1)
-            result = quantiles_of_sorted_rows(q, sort_rows_nan_first(masked[rows].T, valid), counts)
-            values[g] = np.where(counts > 0, result, values[g])
-    else:  # pragma: no cover - the parser only accepts known aggregations
-        raise KqlEvaluationError(f"unknown aggregation {op!r}")
-    return StepVector(group_labels, values, present, drop).compact()
+    q = np.asarray(param, dtype=np.float64)
+    message = bad_quantile_message(q)
+    if message is not None:
+        ev.annotate("warning", message, node.param.pos if node.param is not None else node.pos)
+    order = np.argsort(gid, kind="stable")
+    bounds = np.searchsorted(gid[order], np.arange(n + 1))
+    for g in range(n):
+        if g % 1024 == 1023:
+            ev.checkpoint()
+        rows = order[bounds[g] : bounds[g + 1]]
+        # One row per step: the group's present values at that step.
+        valid = vec.present[rows].T
+        counts = valid.sum(axis=1)
+        result = quantiles_of_sorted_rows(q, sort_rows_nan_first(masked[rows].T, valid), counts)
+        values[g] = np.where(counts > 0, result, values[g])
+    return values
 
 
 def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) -> F64:
@@ -361,7 +414,10 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
     return np.sqrt(var) if sqrt else var
 
 
-def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, label: str) -> StepVector:
+@aggregator("count_values", ValueType.STRING)
+def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    """Number of series per distinct value, the value in the label the parameter names."""
+    label = str(param)
     if not is_valid_label_name(label):
         raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
     steps = vec.values.shape[1]
@@ -383,7 +439,13 @@ def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, label: str) -> 
     return StepVector(labels, values, values > 0, np.zeros(len(labels), dtype=bool))
 
 
-def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: F64) -> StepVector:
+@aggregator("topk", ValueType.SCALAR)
+@aggregator("bottomk", ValueType.SCALAR)
+@aggregator("limitk", ValueType.SCALAR)
+@aggregator("limit_ratio", ValueType.SCALAR)
+def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    """Series of each group chosen by value (topk, bottomk), by order (limitk) or by label hash (limit_ratio)."""
+    param = np.asarray(param, dtype=np.float64)
     op = node.op
     steps = vec.values.shape[1]
     keys = [_grouping_key(lb, node) for lb in vec.labels]

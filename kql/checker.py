@@ -6,6 +6,7 @@ Errors name the function or operator and the argument at fault, and point at it:
 
 from __future__ import annotations
 
+from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.ast import (
     AggregateExpr,
     BinaryExpr,
@@ -33,8 +34,6 @@ S, V, M, STR = ValueType.SCALAR, ValueType.VECTOR, ValueType.MATRIX, ValueType.S
 #: Functions that accept range selectors with the `anchored` / `smoothed` modifiers.
 ANCHORED_FUNCTIONS = ("changes", "delta", "increase", "rate", "resets")
 SMOOTHED_FUNCTIONS = ("delta", "increase", "rate")
-
-_SCALAR_PARAM_AGGREGATORS = frozenset({"topk", "bottomk", "quantile", "limitk", "limit_ratio"})
 
 
 def value_type(node: Node) -> ValueType:
@@ -149,12 +148,10 @@ class _Checker:
 
     def aggregate(self, node: AggregateExpr) -> ValueType:
         self.expect(node.expr, (V,), f"in aggregation {go_quote(node.op)}")
-        if node.op in _SCALAR_PARAM_AGGREGATORS:
+        param = AGGREGATORS[node.op].param
+        if param is not None:
             assert node.param is not None
-            self.expect(node.param, (S,), f"in aggregation parameter of {go_quote(node.op)}")
-        elif node.op == "count_values":
-            assert node.param is not None
-            self.expect(node.param, (STR,), f"in aggregation parameter of {go_quote(node.op)}")
+            self.expect(node.param, (param,), f"in aggregation parameter of {go_quote(node.op)}")
         return V
 
     def call(self, node: Call) -> ValueType:

@@ -57,7 +57,6 @@ from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
     GRID_MIN_STEP_MS,
-    GRID_RANGE_FUNCTIONS,
     ColumnarStorage,
     GridStorage,
     RangeGridStorage,
@@ -539,8 +538,8 @@ class _Evaluator:
 
     def _range_on_grid(self, node: Call, times: I64) -> StepVector | None:
         """``func(selector[range])`` computed by a :class:`RangeGridStorage` when the steps form a grid."""
-        keep_name = GRID_RANGE_FUNCTIONS.get(node.func)
-        if keep_name is None or len(node.args) != 1 or not isinstance(self.storage, RangeGridStorage):
+        pushdown = FUNCTIONS[node.func].pushdown
+        if pushdown is None or len(node.args) != 1 or not isinstance(self.storage, RangeGridStorage):
             return None
         arg = node.args[0]
         while isinstance(arg, ParenExpr):
@@ -569,7 +568,7 @@ class _Evaluator:
                 f"query selected {len(grid)} series, more than the limit of {self.limits.max_series}"
             )
         self.count_samples(samples)
-        drop = np.full(len(grid), not keep_name, dtype=bool)
+        drop = np.full(len(grid), not pushdown.keeps_name, dtype=bool)
         return StepVector(grid.labels, np.where(grid.present, grid.values, 0.0), grid.present, drop).compact()
 
     def _smoothed_selector(self, node: VectorSelector, refs: I64) -> StepVector:

@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternRE, TerminalDef
 
+import kernel_insight.kql.aggregation  # noqa: F401  (importing registers the aggregators)
+from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.ast import (
     AggregateExpr,
     At,
@@ -44,12 +47,10 @@ from kernel_insight.kql.lexical import (
 from kernel_insight.kql.storage import Matcher
 
 __all__ = [
-    "AGGREGATORS",
     "DURATION_FUNCTIONS",
     "MAX_AT_MS",
     "MAX_DEPTH",
     "MAX_QUERY_LENGTH",
-    "PARAM_AGGREGATORS",
     "parse",
     "parse_raw",
 ]
@@ -65,13 +66,6 @@ MAX_QUERY_LENGTH = 128 * 1024
 #: The largest ``@`` time, in milliseconds, either side of the epoch (2^62 ms, about 146 million
 #: years): any offset and range subtracted from it still fits the engine's int64 arithmetic.
 MAX_AT_MS = 2**62
-
-#: Aggregation operators; those in PARAM_AGGREGATORS take a parameter before the vector.
-AGGREGATORS = frozenset(
-    {"sum", "avg", "count", "min", "max", "group", "stddev", "stdvar"}
-    | {"topk", "bottomk", "quantile", "count_values", "limitk", "limit_ratio"}
-)
-PARAM_AGGREGATORS = frozenset({"topk", "bottomk", "quantile", "count_values", "limitk", "limit_ratio"})
 
 #: Functions allowed inside duration expressions (ranges, subquery steps, offsets), with arity.
 DURATION_FUNCTIONS = {"step": 0, "range": 0, "min_of": 2, "max_of": 2}
@@ -439,7 +433,7 @@ class _ToAst(Transformer[Token, Expr]):
         op = str(op_tok).lower()
         args = args or []
         pos = _pos(meta)
-        want = 2 if op in PARAM_AGGREGATORS else 1
+        want = 1 if AGGREGATORS[op].param is None else 2
         if len(args) != want:
             raise _Error(
                 f"wrong number of arguments for aggregate expression provided, expected {want}, got {len(args)}",
@@ -475,7 +469,20 @@ def _parser() -> Lark:
         lexer="contextual",
         propagate_positions=True,
         maybe_placeholders=True,
+        edit_terminals=_aggregator_names,
     )
+
+
+def _aggregator_names(terminal: TerminalDef) -> None:
+    """Put the registered aggregation names into the grammar's AGG_OP pattern (longest first)."""
+    if terminal.name == "AGG_OP":
+        names = "|".join(sorted(AGGREGATORS, key=lambda n: (-len(n), n)))
+        pattern = terminal.pattern
+        if not isinstance(pattern, PatternRE) or "__aggregators__" not in pattern.value:
+            raise ValueError(
+                f"grammar/kql.lark: AGG_OP must hold the __aggregators__ placeholder, got {pattern}"
+            )
+        terminal.pattern = PatternRE(pattern.value.replace("__aggregators__", names), pattern.flags)
 
 
 def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:

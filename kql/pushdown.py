@@ -21,7 +21,6 @@ from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale, is
 
 __all__ = [
     "GRID_MIN_STEP_MS",
-    "GRID_RANGE_FUNCTIONS",
     "ColumnarStorage",
     "GridColumns",
     "GridStorage",
@@ -194,27 +193,6 @@ class GridStorage(Protocol):
         ...
 
 
-#: Range functions a :class:`RangeGridStorage` may compute, and whether each keeps the metric name.
-#: Only functions whose pushed result equals the engine's own on randomized data are listed
-#: (``tests/kql/test_pushdown.py``).
-GRID_RANGE_FUNCTIONS: dict[str, bool] = {
-    "rate": False,
-    "increase": False,
-    "delta": False,
-    "irate": False,
-    "idelta": False,
-    "deriv": False,
-    "changes": False,
-    "resets": False,
-    "sum_over_time": False,
-    "avg_over_time": False,
-    "count_over_time": False,
-    "min_over_time": False,
-    "max_over_time": False,
-    "last_over_time": True,
-}
-
-
 @runtime_checkable
 class RangeGridStorage(Protocol):
     """A store that evaluates ``func(selector[range])`` on a regular grid itself (push-down)."""
@@ -223,6 +201,9 @@ class RangeGridStorage(Protocol):
         self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
     ) -> tuple[GridColumns, int] | None:
         """``func`` over ``(t - range, t]`` at every grid time, and how many samples to account for.
+
+        The engine asks only for functions whose spec carries a
+        :class:`~kernel_insight.kql.functions.GridPushdown`, named by its ``aggregate``.
 
         ``values`` hold the function's result where ``present``; ``sample_ts`` is unused. The
         count feeds the engine's sample limit and statistics; a store that cannot count window

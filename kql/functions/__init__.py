@@ -11,6 +11,6 @@ from kernel_insight.kql.functions import (  # noqa: F401  (importing registers t
     range,
     time,
 )
-from kernel_insight.kql.functions.registry import FUNCTIONS, FunctionSpec, function
+from kernel_insight.kql.functions.registry import FUNCTIONS, FunctionSpec, GridPushdown, function
 
-__all__ = ["FUNCTIONS", "FunctionSpec", "function"]
+__all__ = ["FUNCTIONS", "FunctionSpec", "GridPushdown", "function"]

@@ -25,7 +25,7 @@ from kernel_insight.kql.aggregation import (
 from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
-from kernel_insight.kql.functions.registry import function
+from kernel_insight.kql.functions.registry import GridPushdown, function
 from kernel_insight.kql.values import CallContext, RangeInput, StepVector
 
 __all__: list[str] = []
@@ -326,19 +326,19 @@ def _extrapolated(ctx: CallContext, r: RangeInput, counter: bool, per_second: bo
     return range_result(r, result * factor, present)
 
 
-@function("rate", (M,), V)
+@function("rate", (M,), V, pushdown=GridPushdown("timeSeriesRateToGrid"))
 def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second increase of a counter over the range, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=True, per_second=True)
 
 
-@function("increase", (M,), V)
+@function("increase", (M,), V, pushdown=GridPushdown("timeSeriesIncreaseToGrid"))
 def _increase(ctx: CallContext, args: list[Any]) -> StepVector:
     """Increase of a counter over the range, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=True, per_second=False)
 
 
-@function("delta", (M,), V)
+@function("delta", (M,), V, pushdown=GridPushdown("timeSeriesDeltaToGrid"))
 def _delta(ctx: CallContext, args: list[Any]) -> StepVector:
     """Difference between first and last value of a gauge, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=False, per_second=False)
@@ -360,13 +360,13 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
     return range_result(r, result, present)
 
 
-@function("irate", (M,), V)
+@function("irate", (M,), V, pushdown=GridPushdown("timeSeriesInstantRateToGrid"))
 def _irate(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second rate from the last two samples of the range (counter resets handled)."""
     return _instant(args[0], is_rate=True)
 
 
-@function("idelta", (M,), V)
+@function("idelta", (M,), V, pushdown=GridPushdown("timeSeriesInstantDeltaToGrid"))
 def _idelta(ctx: CallContext, args: list[Any]) -> StepVector:
     """Difference between the last two samples of the range."""
     return _instant(args[0], is_rate=False)
@@ -418,7 +418,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     return w.restore(slope), w.restore(intercept)
 
 
-@function("deriv", (M,), V)
+@function("deriv", (M,), V, pushdown=GridPushdown("timeSeriesDerivToGrid", beats_cache=True))
 def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second derivative of a gauge by simple linear regression."""
     r: RangeInput = args[0]
@@ -459,54 +459,54 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
     return result
 
 
-@function("changes", (M,), V)
+@function("changes", (M,), V, pushdown=GridPushdown("timeSeriesChangesToGrid"))
 def _changes(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of times the value changed within the range."""
     return _count_changes(args[0], resets=False)
 
 
-@function("resets", (M,), V)
+@function("resets", (M,), V, pushdown=GridPushdown("timeSeriesResetsToGrid"))
 def _resets(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of counter resets (decreases) within the range."""
     return _count_changes(args[0], resets=True)
 
 
-@function("sum_over_time", (M,), V)
+@function("sum_over_time", (M,), V, pushdown=GridPushdown("timeSeriesSumToGrid"))
 def _sum_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Sum of all samples in the range (Kahan summation)."""
     r = args[0]
     return range_result(r, _kahan_sum(r), _present(r))
 
 
-@function("avg_over_time", (M,), V)
+@function("avg_over_time", (M,), V, pushdown=GridPushdown("timeSeriesAvgToGrid"))
 def _avg_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Mean of all samples in the range."""
     r = args[0]
     return range_result(r, _kahan_mean(r), _present(r))
 
 
-@function("count_over_time", (M,), V)
+@function("count_over_time", (M,), V, pushdown=GridPushdown("timeSeriesCountToGrid"))
 def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of samples in the range."""
     r = args[0]
     return range_result(r, r.counts.astype(np.float64), _present(r))
 
 
-@function("min_over_time", (M,), V)
+@function("min_over_time", (M,), V, pushdown=GridPushdown("timeSeriesMinToGrid"))
 def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Smallest sample in the range (NaN only if all are NaN)."""
     r = args[0]
     return range_result(r, _reduce(r, np.fmin), _present(r))
 
 
-@function("max_over_time", (M,), V)
+@function("max_over_time", (M,), V, pushdown=GridPushdown("timeSeriesMaxToGrid"))
 def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Largest sample in the range (NaN only if all are NaN)."""
     r = args[0]
     return range_result(r, _reduce(r, np.fmax), _present(r))
 
 
-@function("last_over_time", (M,), V)
+@function("last_over_time", (M,), V, pushdown=GridPushdown("timeSeriesLastToGrid", keeps_name=True))
 def _last_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Most recent sample in the range; keeps the metric name."""
     r = args[0]

@@ -15,10 +15,27 @@ from kernel_insight.kql.ast import ValueType
 if TYPE_CHECKING:
     from kernel_insight.kql.values import CallContext
 
-__all__ = ["FUNCTIONS", "FunctionSpec", "Impl", "function"]
+__all__ = ["FUNCTIONS", "FunctionSpec", "GridPushdown", "Impl", "function"]
 
 #: An implementation receives the call context and the evaluated arguments.
 Impl = Callable[["CallContext", list[Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class GridPushdown:
+    """``func(selector[range])`` on a step grid may be computed by the store (a ``RangeGridStorage``).
+
+    Only functions whose pushed result equals the engine's own on randomized data carry one
+    (``tests/kql/test_pushdown.py`` runs every such function both ways). ``aggregate`` names the
+    window operation as ClickHouse's ``timeSeries*ToGrid`` aggregate family does, the one grid
+    store there is; ``keeps_name`` when the result keeps the metric name; ``beats_cache`` when the
+    store computes a grid of more than one step faster than the engine does over samples already
+    decoded in memory (measured by bench/kql), so such a grid is pushed down even when cached.
+    """
+
+    aggregate: str
+    keeps_name: bool = False
+    beats_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +57,7 @@ class FunctionSpec:
     time_dependent: bool = False
     unevaluated: tuple[int, ...] = ()  # arguments the implementation gets as AST nodes
     extension: bool = False  # a kql addition, not a PromQL function
+    pushdown: GridPushdown | None = None  # a store may compute it on a step grid
     doc: str = ""
 
     @property
@@ -73,6 +91,7 @@ def function(
     time_dependent: bool = False,
     unevaluated: tuple[int, ...] = (),
     extension: bool = False,
+    pushdown: GridPushdown | None = None,
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -89,6 +108,7 @@ def function(
             time_dependent=time_dependent,
             unevaluated=unevaluated,
             extension=extension,
+            pushdown=pushdown,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

@@ -11,7 +11,8 @@ import pytest
 import kernel_insight.kql as kql
 
 EXPECTED = {
-    "FUNCTIONS", "STALE_NAN", "Annotation", "CancelToken", "Engine", "EngineLimits", "FunctionSpec",
+    "AGGREGATORS", "AggregatorSpec", "FUNCTIONS", "GridPushdown", "STALE_NAN", "Annotation", "CancelToken", "Engine",
+    "EngineLimits", "FunctionSpec",
     "KqlError", "KqlEvaluationError", "KqlExecutionError", "KqlParseError", "KqlTypeError", "Matcher",
     "Matrix", "MemoryStorage", "QueryCancelledError", "QueryResult", "QueryTimeoutError", "Sample",
     "Scalar", "Series", "SeriesData", "Storage", "StorageError", "String", "TooManySamplesError",

@@ -8,6 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.ast import (
     AggregateExpr,
     At,
@@ -25,7 +26,7 @@ from kernel_insight.kql.ast import (
 )
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.lexical import BYTE_UNITS
-from kernel_insight.kql.parser import AGGREGATORS, PARAM_AGGREGATORS, parse_raw
+from kernel_insight.kql.parser import parse_raw
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.storage import Matcher
 
@@ -172,7 +173,7 @@ def exprs() -> st.SearchStrategy[Node]:
     @st.composite
     def aggregate(draw: st.DrawFn, inner: st.SearchStrategy[Node]) -> AggregateExpr:
         op = draw(st.sampled_from(sorted(AGGREGATORS)))
-        param = draw(inner) if op in PARAM_AGGREGATORS else None
+        param = draw(inner) if AGGREGATORS[op].param is not None else None
         return AggregateExpr(
             op, draw(inner), param, tuple(draw(st.lists(LABELS, max_size=3))), draw(st.booleans())
         )

@@ -13,8 +13,8 @@ from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import SampleCache
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.pushdown import (
-    GRID_RANGE_FUNCTIONS,
     ColumnarStorage,
     SeriesColumns,
     columns_of,
@@ -311,7 +311,7 @@ def test_fine_steps_read_raw_samples_instead_of_a_grid(stores, monkeypatch):
     assert len(got) == 12
 
 
-@pytest.mark.parametrize("func", sorted(GRID_RANGE_FUNCTIONS))
+@pytest.mark.parametrize("func", sorted(f for f, spec in FUNCTIONS.items() if spec.pushdown is not None))
 @pytest.mark.parametrize("metric", ["gpu_temp", "launches_total"])
 def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, pushed, func, metric):
     ch, mem = stores

@@ -1,0 +1,49 @@
+"""The one aggregator registry: a decorator above each implementation records its name and parameter.
+
+The grammar's ``AGG_OP`` token, the parser's argument count, the type checker's parameter type
+and the engine's dispatch all read :data:`AGGREGATORS`, as :mod:`kernel_insight.kql.functions`
+does for functions; adding an aggregation is one decorated implementation in
+:mod:`kernel_insight.kql.aggregation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel_insight.kql.ast import AggregateExpr, ValueType
+
+__all__ = ["AGGREGATORS", "AggImpl", "AggregatorSpec", "aggregator"]
+
+#: An implementation receives the evaluator, the node, the evaluated vector and the evaluated
+#: parameter (None without one) and returns a StepVector.
+AggImpl = Callable[[Any, AggregateExpr, Any, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorSpec:
+    """An aggregation operator: ``param`` is the type of the argument before the vector, None without one."""
+
+    name: str
+    param: ValueType | None
+    impl: AggImpl = field(compare=False, repr=False)
+    doc: str = ""
+
+
+#: Every aggregation kql knows, by (lower-case) name; filled when kql.aggregation is imported.
+AGGREGATORS: dict[str, AggregatorSpec] = {}
+
+
+def aggregator(name: str, param: ValueType | None = None) -> Callable[[AggImpl], AggImpl]:
+    """Register the decorated implementation as the aggregation ``name``; the docstring becomes its doc."""
+
+    def register(impl: AggImpl) -> AggImpl:
+        if name in AGGREGATORS:
+            raise ValueError(f"aggregator {name!r} registered twice")
+        if not name.isidentifier() or name != name.lower():
+            raise ValueError(f"aggregator name {name!r} must be a lower-case identifier")
+        AGGREGATORS[name] = AggregatorSpec(name, param, impl, (impl.__doc__ or "").strip().split("\n")[0])
+        return impl
+
+    return register
