@@ -362,6 +362,25 @@ class HistogramBatch:
     def empty(cls) -> HistogramBatch:
         return HistogramBuilder().build()
 
+    def slice(self, lo: int, hi: int) -> HistogramBatch:
+        """Rows ``lo`` to ``hi`` (exclusive) as a batch of their own, sharing ``series``."""
+
+        def cut(offsets: I32, *flats: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
+            a, z = int(offsets[lo]), int(offsets[hi])
+            return [(offsets[lo : hi + 1] - a).astype(np.int32), *(f[a:z] for f in flats)]
+
+        ps_off, ps_o, ps_l = cut(self.pos_span_offsets, self.pos_span_offset, self.pos_span_length)
+        pb_off, pb = cut(self.pos_bucket_offsets, self.pos_buckets)
+        ns_off, ns_o, ns_l = cut(self.neg_span_offsets, self.neg_span_offset, self.neg_span_length)
+        nb_off, nb = cut(self.neg_bucket_offsets, self.neg_buckets)
+        cv_off, cv = cut(self.custom_value_offsets, self.custom_values)
+        r = slice(lo, hi)
+        return HistogramBatch(
+            self.series, self.series_idx[r], self.ts_ms[r], self.schema[r], self.zero_threshold[r],
+            self.zero_count[r], self.count[r], self.sum[r], self.counter_reset_hint[r],
+            ps_o, ps_l, ps_off, pb, pb_off, ns_o, ns_l, ns_off, nb, nb_off, cv, cv_off,
+        )  # fmt: skip
+
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as plain values (the fields of a ``FloatHistogram``, plus labels and ts_ms)."""
 

@@ -83,6 +83,30 @@ def _check_ns_range(values: Any, what: str) -> None:
         raise ValueError(f"{what} {bad} ns is outside the storable range 1970-01-01 .. 2149-06-06")
 
 
+def _integral_rows(offsets: np.ndarray[Any, Any], flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Per row: whether all of its values are whole numbers an Int64 holds exactly (|v| < 2^53)."""
+    bad = ~((flat == np.floor(flat)) & (np.abs(flat) < 2.0**53))
+    seen = np.zeros(len(flat) + 1, dtype=np.int64)
+    np.cumsum(bad, out=seen[1:])
+    result: np.ndarray[Any, Any] = seen[offsets[1:]] == seen[offsets[:-1]]
+    return result
+
+
+def _bucket_lists(
+    side: str, offsets: np.ndarray[Any, Any], flat: np.ndarray[Any, Any], integral: np.ndarray[Any, Any]
+) -> dict[str, pa.Array]:
+    """``<side>_counts`` (Int64, integer rows) and ``<side>_float_counts`` (Float64, the other rows)."""
+    lengths = np.diff(offsets)
+    out = {}
+    for name, rows, kind in (("counts", integral, pa.int64()), ("float_counts", ~integral, pa.float64())):
+        keep = np.repeat(rows, lengths)
+        own = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(np.where(rows, lengths, 0), out=own[1:])
+        values = flat[keep].astype(np.int64) if name == "counts" else flat[keep]
+        out[f"{side}_{name}"] = pa.ListArray.from_arrays(pa.array(own, pa.int32()), pa.array(values, kind))
+    return out
+
+
 def _concat(parts: list[pa.Table]) -> pa.Table:
     # No copy: chDB reads the chunks one by one (each with its own dictionary of metric names)
     # and the engine squashes them into one part per partition.
@@ -422,6 +446,12 @@ class Store(ABC):
         def lists(offsets: np.ndarray[Any, Any], flat: np.ndarray[Any, Any], kind: pa.DataType) -> pa.Array:
             return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, kind))
 
+        # Rows whose every bucket count is a whole number (integer histograms) go to the Int64
+        # columns, the others (float histograms) to the Float64 ones: one of the two is empty.
+        integral = _integral_rows(batch.pos_bucket_offsets, batch.pos_buckets) & _integral_rows(
+            batch.neg_bucket_offsets, batch.neg_buckets
+        )
+
         data = pa.table(
             {
                 "metric": metric,
@@ -435,10 +465,10 @@ class Store(ABC):
                 "counter_reset_hint": pa.array(batch.counter_reset_hint, pa.uint8()),
                 "positive_span_offsets": lists(batch.pos_span_offsets, batch.pos_span_offset, pa.int32()),
                 "positive_span_lengths": lists(batch.pos_span_offsets, batch.pos_span_length, pa.uint32()),
-                "positive_buckets": lists(batch.pos_bucket_offsets, batch.pos_buckets, pa.float64()),
+                **_bucket_lists("positive", batch.pos_bucket_offsets, batch.pos_buckets, integral),
                 "negative_span_offsets": lists(batch.neg_span_offsets, batch.neg_span_offset, pa.int32()),
                 "negative_span_lengths": lists(batch.neg_span_offsets, batch.neg_span_length, pa.uint32()),
-                "negative_buckets": lists(batch.neg_bucket_offsets, batch.neg_buckets, pa.float64()),
+                **_bucket_lists("negative", batch.neg_bucket_offsets, batch.neg_buckets, integral),
                 "custom_values": lists(batch.custom_value_offsets, batch.custom_values, pa.float64()),
             }
         )

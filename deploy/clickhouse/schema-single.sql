@@ -44,10 +44,12 @@ CREATE TABLE IF NOT EXISTS ki.histograms
     counter_reset_hint UInt8 CODEC(ZSTD(1)) COMMENT '0 unknown, 1 reset, 2 not a reset, 3 gauge',
     positive_span_offsets Array(Int32) CODEC(ZSTD(3)) COMMENT 'Prometheus Span.Offset per span',
     positive_span_lengths Array(UInt32) CODEC(ZSTD(3)),
-    positive_buckets Array(Float64) CODEC(ZSTD(3)) COMMENT 'absolute counts, not deltas',
+    positive_counts Array(Int64) CODEC(Delta, ZSTD(1)) COMMENT 'integer histograms: absolute counts',
+    positive_float_counts Array(Float64) CODEC(ZSTD(3)) COMMENT 'float histograms: absolute counts',
     negative_span_offsets Array(Int32) CODEC(ZSTD(3)),
     negative_span_lengths Array(UInt32) CODEC(ZSTD(3)),
-    negative_buckets Array(Float64) CODEC(ZSTD(3)) COMMENT 'absolute counts, not deltas',
+    negative_counts Array(Int64) CODEC(Delta, ZSTD(1)) COMMENT 'integer histograms: absolute counts',
+    negative_float_counts Array(Float64) CODEC(ZSTD(3)) COMMENT 'float histograms: absolute counts',
     custom_values Array(Float64) CODEC(ZSTD(3)) COMMENT 'bucket bounds of schema -53'
 )
 ENGINE = MergeTree()

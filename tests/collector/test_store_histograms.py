@@ -17,8 +17,8 @@ NOW_MS = (int(time.time()) // 60) * 60_000
 
 COLUMNS = (
     "schema, zero_threshold, zero_count, count, sum, counter_reset_hint, positive_span_offsets, "
-    "positive_span_lengths, positive_buckets, negative_span_offsets, negative_span_lengths, "
-    "negative_buckets, custom_values"
+    "positive_span_lengths, positive_counts, positive_float_counts, negative_span_offsets, "
+    "negative_span_lengths, negative_counts, negative_float_counts, custom_values"
 )
 
 
@@ -93,14 +93,18 @@ def test_histograms_round_trip_through_chdb(store):
     assert first["zero_threshold"] == 2.938735877055719e-39
     assert first["positive_span_offsets"] == [-3, 1]
     assert first["positive_span_lengths"] == [2, 3]
-    assert first["positive_buckets"] == [2.0, 1.0, 1.0, 2.0, 3.0]
+    # An integer histogram's counts go to the Int64 column, a float one's to the Float64 column.
+    assert first["positive_counts"] == [2, 1, 1, 2, 3]
+    assert first["positive_float_counts"] == []
     assert first["negative_span_offsets"] == [0]
-    assert first["negative_buckets"] == [1.0]
+    assert first["negative_counts"] == [1]
     assert first["counter_reset_hint"] == 2
     # A stale histogram keeps the StaleNaN bit pattern in sum (Prometheus marks it there).
     assert is_stale_value(second["sum"])
     assert second["counter_reset_hint"] == 3
-    assert second["negative_buckets"] == []
+    assert second["positive_float_counts"] == [13.5]
+    assert second["positive_counts"] == []
+    assert second["negative_float_counts"] == []
     assert second["custom_values"] == []
     (nhcb,) = by_metric["nhcb_seconds"]
     assert nhcb["schema"] == -53
