@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.store import quote
+from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.wire import CaptureReport
 
 if TYPE_CHECKING:
@@ -107,18 +107,20 @@ def _public(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rows(store: Store, where: str, limit: int = 1000) -> list[dict[str, Any]]:
+def _rows(store: Store, where: str, p: Params, limit: int = 1000) -> list[dict[str, Any]]:
     return list(
         store.query(
-            f"SELECT {_COLUMNS} FROM {store.database}.capture_requests FINAL WHERE {where}"
-            f" ORDER BY requested_ms, id LIMIT {int(limit)}"
+            f"SELECT {_COLUMNS} FROM {qualified(store.database, 'capture_requests')} FINAL WHERE {where}"
+            f" ORDER BY requested_ms, id LIMIT {int(limit)}",
+            p,
         ).to_pylist()
     )
 
 
 def pending_captures(store: Store, instance: str) -> list[dict[str, Any]]:
     """The instance's pending capture requests, oldest first."""
-    return [_public(r) for r in _rows(store, f"instance = {quote(instance)} AND state = 'pending'")]
+    p = Params()
+    return [_public(r) for r in _rows(store, f"instance = {p(instance, 'String')} AND state = 'pending'", p)]
 
 
 def list_captures(
@@ -127,10 +129,14 @@ def list_captures(
     """The instance's capture requests in ``state`` (None: any), newest ``limit`` of them, oldest first."""
     if state is not None and state not in CAPTURE_STATES:
         raise CaptureError(f"state must be one of {', '.join(CAPTURE_STATES)}, got {state!r}")
-    where = f"instance = {quote(instance)}" + ("" if state is None else f" AND state = {quote(state)}")
+    p = Params()
+    where = f"instance = {p(instance, 'String')}" + (
+        "" if state is None else f" AND state = {p(state, 'String')}"
+    )
     rows = store.query(
-        f"SELECT * FROM (SELECT {_COLUMNS} FROM {store.database}.capture_requests FINAL WHERE {where}"
-        f" ORDER BY requested_ms DESC, id DESC LIMIT {int(limit)}) ORDER BY requested_ms, id"
+        f"SELECT * FROM (SELECT {_COLUMNS} FROM {qualified(store.database, 'capture_requests')} FINAL"
+        f" WHERE {where} ORDER BY requested_ms DESC, id DESC LIMIT {int(limit)}) ORDER BY requested_ms, id",
+        p,
     ).to_pylist()
     return [_public(r) for r in rows]
 
@@ -139,7 +145,8 @@ def get_capture(store: Store, capture_id: str) -> dict[str, Any]:
     """One request by id (raises CaptureError 404 when there is none)."""
     if not _ID_RE.match(capture_id):
         raise CaptureError(f"a capture id is 16 hex digits, got {capture_id[:40]!r}")
-    rows = _rows(store, f"id = {quote(capture_id)}", 1)
+    p = Params()
+    rows = _rows(store, f"id = {p(capture_id, 'String')}", p, 1)
     if not rows:
         raise CaptureError(f"no capture {capture_id}", 404)
     return _public(rows[0])
@@ -181,8 +188,10 @@ def request_capture(
         raise CaptureError(f"seconds must be 1..{MAX_CAPTURE_SECONDS}, got {seconds}")
     if not 0 <= gpu <= 65535:
         raise CaptureError(f"gpu must be 0..65535, got {gpu}")
+    p = Params()
     known = store.query(
-        f"SELECT gpu_count FROM {store.database}.instances FINAL WHERE id = {quote(instance)}"
+        f"SELECT gpu_count FROM {qualified(store.database, 'instances')} FINAL WHERE id = {p(instance, 'String')}",
+        p,
     ).to_pylist()
     if not known:
         raise CaptureError(f"no instance {instance!r}: it has never reported", 404)
@@ -251,7 +260,7 @@ class CaptureDesk:
         now = self._clock()
         if now - self._read_at < self._refresh_s:
             return
-        rows = _rows(self.store, "state IN ('pending', 'delivered', 'capturing')", 100_000)
+        rows = _rows(self.store, "state IN ('pending', 'delivered', 'capturing')", Params(), 100_000)
         self._read_at = now
         self._open = {r["id"]: r for r in rows}
         expired = []

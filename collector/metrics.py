@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
 from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
 from kernel_insight.collector.relabel import Relabeler
+from kernel_insight.collector.sql import Params
 
 __all__ = [
     "DEFAULT_AGENT_TTL_S",
@@ -323,10 +324,12 @@ class StoreStats(Collector):
 
     def refresh(self) -> None:
         """Read the figures now (blocking)."""
-        database = str(self.store.database).replace("\\", "\\\\").replace("'", "\\'")
+        p = Params()
         rows = self.store.query(
             "SELECT table, count() AS parts, sum(rows) AS rows, sum(bytes_on_disk) AS bytes"
-            f" FROM system.parts WHERE active AND database = '{database}' GROUP BY table ORDER BY table"
+            f" FROM system.parts WHERE active AND database = {p(str(self.store.database), 'String')}"
+            " GROUP BY table ORDER BY table",
+            p,
         ).to_pylist()
         self._tables = rows
         self._refreshed_s = time.time()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ignore[import-untyped]
 
 from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
+from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.trace import MAX_EXPORT_EVENTS, TraceTooLarge, stream_tids
 
 if TYPE_CHECKING:
@@ -33,10 +34,12 @@ def _packet(trace: pb.Trace) -> pb.TracePacket:
 
 def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PROTO_SPANS) -> bytes:
     """The serialized ``perfetto.protos.Trace`` of ``window``; raises TraceTooLarge past ``max_spans``."""
-    db, where = store.database, window.where()
+    p = Params()
     rows = store.query(
         "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid"
-        f" FROM {db}.kernel_spans WHERE {where} ORDER BY start, stream LIMIT {int(max_spans) + 1}"
+        f" FROM {qualified(store.database, 'kernel_spans')} WHERE {window.where(p)}"
+        f" ORDER BY start, stream LIMIT {int(max_spans) + 1}",
+        p,
     ).to_pydict()
     if len(rows["s"]) > max_spans:
         raise TraceTooLarge(

@@ -23,7 +23,8 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.store import StorageError, Store, quote
+from kernel_insight.collector.sql import ident, literal, qualified
+from kernel_insight.collector.store import StorageError, Store
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -145,24 +146,32 @@ def next_version(previous: int) -> int:
     return max(time.time_ns(), previous + 1)
 
 
-def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` for a small (key, version, doc) table where the newest version wins.
+def replacing_table_ddl(
+    store: Store, table: str, columns: str, order_by: str, comment: str, *, dedup_window: int | None = None
+) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for a small table whose rows carry a ``version``; the newest wins.
 
     On a cluster the table is replicated to every node and not sharded (the same ZooKeeper
     path for all shards): every collector reads it whole from whichever node it talks to.
+    ``dedup_window`` keeps that many insert tokens (so a repeated insert is dropped).
     """
-    name = f"{store.database}.{table}"
-    columns = f"({key} String, version UInt64, doc String)"
     if store.cluster is None:
-        engine = "ReplacingMergeTree(version)"
-        on_cluster = ""
+        engine, on_cluster, window = "ReplacingMergeTree(version)", "", "non_replicated_deduplication_window"
     else:
-        path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
+        path = literal(f"/clickhouse/tables/all/{store.database}/{table}")
         engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
-        on_cluster = f" ON CLUSTER `{store.cluster}`"
+        on_cluster, window = f" ON CLUSTER {ident(store.cluster)}", "replicated_deduplication_window"
+    settings = f" SETTINGS {window} = {int(dedup_window)}" if dedup_window is not None else ""
     return (
-        f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} {columns} ENGINE = {engine} "
-        f"ORDER BY {key} COMMENT {quote(comment)}"
+        f"CREATE TABLE IF NOT EXISTS {qualified(store.database, table)}{on_cluster} ({columns}) ENGINE = {engine} "
+        f"ORDER BY {order_by}{settings} COMMENT {literal(comment)}"
+    )
+
+
+def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
+    """The DDL of a small (key, version, doc) table where the newest version of a key wins."""
+    return replacing_table_ddl(
+        store, table, f"{ident(key)} String, version UInt64, doc String", ident(key), comment
     )
 
 
@@ -205,10 +214,11 @@ class VersionedJsonTable(Generic[K]):
             raise error(f"cannot create the {what} {store.database}.{table}: {exc}") from None
 
     def reload(self) -> None:
-        name = f"{self.store.database}.{self.table}"
+        name = qualified(self.store.database, self.table)
+        key = ident(self._id)
         try:
             rows = self.store.query(
-                f"SELECT {self._id}, max(version) AS v, argMax(doc, version) AS doc FROM {name} GROUP BY {self._id}"
+                f"SELECT {key}, max(version) AS v, argMax(doc, version) AS doc FROM {name} GROUP BY {key}"
             ).to_pylist()
         except StorageError as exc:
             raise self._error(f"{self._what} {name} unreadable: {exc}") from None

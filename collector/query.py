@@ -19,8 +19,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
+from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.store import StorageError as StoreError
-from kernel_insight.collector.store import quote
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
@@ -63,21 +63,22 @@ _CODE = re.compile(r"Code:\s*(\d+)")
 _Known = tuple[Labels, str | None]
 
 
-def _label_expr(name: str, prefix: str = "") -> str:
-    return f"{prefix}metric" if name == "__name__" else f"{prefix}labels[{quote(name)}]"
+def _label_expr(name: str, p: Params, prefix: str = "") -> str:
+    return f"{prefix}metric" if name == "__name__" else f"{prefix}labels[{p(name, 'String')}]"
 
 
-def matcher_sql(m: Matcher) -> str:
+def matcher_sql(m: Matcher, p: Params) -> str:
     """One matcher as a SQL condition on the series table; a missing label reads as ``''`` as in PromQL.
 
-    Regexes are anchored and ``.`` matches newlines, as in Prometheus; ``match()`` is RE2 like Prometheus.
+    The label name and value become parameters in ``p``. Regexes are anchored and ``.`` matches
+    newlines, as in Prometheus; ``match()`` is RE2 like Prometheus.
     """
-    x = _label_expr(m.name)
+    x = _label_expr(m.name, p)
     if m.op == "=":
-        return f"{x} = {quote(m.value)}"
+        return f"{x} = {p(m.value, 'String')}"
     if m.op == "!=":
-        return f"{x} != {quote(m.value)}"
-    pattern = quote(anchored(m.value))
+        return f"{x} != {p(m.value, 'String')}"
+    pattern = p(anchored(m.value), "String")
     if m.op == "=~":
         return f"match({x}, {pattern})"
     if m.op == "!~":
@@ -109,7 +110,8 @@ class ClickHouseStorage:
 
     def __init__(self, store: Store, *, use_cache: bool = True) -> None:
         self._store = store
-        self._db = store.database
+        self._series_table = qualified(store.database, "series")
+        self._samples_table = qualified(store.database, "samples")
         self._use_cache = use_cache
         self._labels_cache: dict[int, _Known] = store.labels_cache
 
@@ -119,16 +121,17 @@ class ClickHouseStorage:
         return self._store.sample_cache if self._use_cache else None
 
     def _series_sql(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, *, with_samples: bool
+        self, p: Params, matchers: Sequence[Matcher], start_ms: int, end_ms: int, *, with_samples: bool
     ) -> str:
+        """The series matching ``matchers`` with a row in the window's days; their values go into ``p``."""
         conds = [f"`date` BETWEEN '{_day(start_ms).isoformat()}' AND '{_day(end_ms).isoformat()}'"]
-        conds += [matcher_sql(m) for m in matchers]
+        conds += [matcher_sql(m, p) for m in matchers]
         if with_samples:
             conds.append(self._had_samples(start_ms, end_ms))
         where = " AND ".join(f"({c})" for c in conds)
         return (
             "SELECT fingerprint, any(metric) AS s_metric, any(labels) AS s_labels "
-            f"FROM {self._db}.series WHERE {where} GROUP BY fingerprint"
+            f"FROM {self._series_table} WHERE {where} GROUP BY fingerprint"
         )
 
     def _had_samples(self, start_ms: int, end_ms: int) -> str:
@@ -151,7 +154,7 @@ class ClickHouseStorage:
                 continue
             window = self._window(max(lo, day * _MS_PER_DAY), min(hi, (day + 1) * _MS_PER_DAY - 1))
             parts.append(
-                f"(`date` = '{_date(day)}' AND fingerprint IN (SELECT fingerprint FROM {self._db}.samples "
+                f"(`date` = '{_date(day)}' AND fingerprint IN (SELECT fingerprint FROM {self._samples_table} "
                 f"WHERE {window}))"
             )
         return " OR ".join(parts)
@@ -175,25 +178,29 @@ class ClickHouseStorage:
             cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
             if cols is not None:
                 return cols
-        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=False)
-        series = self._read(sub)
+        p = Params()
+        sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=False)
+        series = self._read(sub, p)
         if series.num_rows == 0:
             return columns_of([])
         labels_by_fp = self._labels(series)
         if plan is not None:
-            return self._columns_from_cache(series, sub, labels_by_fp, start_ms, end_ms, *plan)
-        samples = self._samples(f"{_fingerprints_in(series, sub)} AND {self._window(start_ms, end_ms)}")
-        return _columns(samples, labels_by_fp)
+            return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
+        where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
+        return _columns(self._samples(where, p), labels_by_fp)
 
-    def _samples(self, where: str) -> pa.Table:
+    def _samples(self, where: str, p: Params) -> pa.Table:
         """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t)."""
         return self._read(
-            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._db}.samples "
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._samples_table} "
             f"WHERE {where} ORDER BY fingerprint, t",
+            p,
             rows_per_sample=1,
         )
 
-    def _read(self, sql: str, rows_per_sample: int = 0, settings: str = "") -> pa.Table:
+    def _read(
+        self, sql: str, p: Params | None = None, rows_per_sample: int = 0, settings: str = ""
+    ) -> pa.Table:
         """A read bounded by the running kql query's budget (``READ_BUDGET``), if there is one.
 
         ClickHouse stops it at the query's deadline (``max_execution_time``) and, for reads whose
@@ -217,7 +224,7 @@ class ClickHouseStorage:
         if extra:
             sql = f"{sql} SETTINGS {', '.join(extra)}"
         try:
-            table: pa.Table = self._store.query(sql)
+            table: pa.Table = self._store.query(sql, p)
         except StoreError as exc:
             code = _CODE.search(str(exc))
             if budget is not None and code is not None and code.group(1) == "159":  # TIMEOUT_EXCEEDED
@@ -287,6 +294,7 @@ class ClickHouseStorage:
         self,
         series: pa.Table,
         sub: str,
+        p: Params,
         labels_by_fp: dict[int, _Known],
         start_ms: int,
         end_ms: int,
@@ -300,7 +308,9 @@ class ClickHouseStorage:
         blocks = self._hour_blocks(metric, hours)
         tail_start = hours.stop
         if tail_start <= end_ms:
-            tail = self._samples(f"{_fingerprints_in(series, sub)} AND {self._window(tail_start, end_ms)}")
+            tail = self._samples(
+                f"{_fingerprints_in(series, sub, p)} AND {self._window(tail_start, end_ms)}", p
+            )
             blocks.append(_sorted_block(tail))
         return gather_series(labels, want, blocks, start_ms, end_ms)
 
@@ -332,8 +342,11 @@ class ClickHouseStorage:
         """Labels of these series of ``metric``, from the labels cache or else from the series table."""
         cache = self._labels_cache
         if any(fp not in cache for fp in fps):
-            sub = self._series_sql([Matcher("__name__", "=", metric)], start_ms, end_ms, with_samples=False)
-            self._labels(self._read(sub))
+            p = Params()
+            sub = self._series_sql(
+                p, [Matcher("__name__", "=", metric)], start_ms, end_ms, with_samples=False
+            )
+            self._labels(self._read(sub, p))
         out = {fp: known for fp in fps if (known := cache.get(fp)) is not None}
         return out if len(out) == len(fps) else None
 
@@ -358,15 +371,16 @@ class ClickHouseStorage:
         """
         generation = cache.generation()
         lo, hi = hours[0], hours[-1] + BLOCK_MS - 1
-        where = f"metric = {quote(metric)} AND {self._window(lo, hi)}"
+        p = Params()
+        where = f"metric = {p(metric, 'String')} AND {self._window(lo, hi)}"
         if check_size:
-            counted = self._store.query(f"SELECT count() AS n FROM {self._db}.samples WHERE {where}")
+            counted = self._store.query(f"SELECT count() AS n FROM {self._samples_table} WHERE {where}", p)
             rows = int(counted.column("n")[0].as_py())
             if rows * _CACHED_BYTES_PER_SAMPLE > cache.max_bytes // 4:
                 for hour in hours:
                     cache.mark_oversized(metric, hour)
                 return {}
-        fps, ts, vs = _deduplicated(self._samples(where))
+        fps, ts, vs = _deduplicated(self._samples(where, p))
         # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
         # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
         hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
@@ -404,8 +418,9 @@ class ClickHouseStorage:
             return None
         if self._cache_plan(matchers, first, end_ms) is not None:
             return None  # decoded samples in memory beat any grid ClickHouse computes
-        sub = self._series_sql(matchers, first, end_ms, with_samples=False)
-        series = self._read(sub)
+        p = Params()
+        sub = self._series_sql(p, matchers, first, end_ms, with_samples=False)
+        series = self._read(sub, p)
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps)
@@ -414,8 +429,9 @@ class ClickHouseStorage:
         times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
         result = self._read(
             f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v{times if sample_times else ''} "
-            f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
+            f"FROM {self._samples_table} WHERE {_fingerprints_in(series, sub, p)} "
             f"AND {self._window(first, end_ms)} GROUP BY fingerprint",
+            p,
             rows_per_sample=steps,
             settings=_GRID_SETTING,
         )
@@ -456,8 +472,9 @@ class ClickHouseStorage:
             )
         ):
             return None
-        sub = self._series_sql(matchers, first, end_ms, with_samples=False)
-        series = self._read(sub)
+        p = Params()
+        sub = self._series_sql(p, matchers, first, end_ms, with_samples=False)
+        series = self._read(sub, p)
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps), 0
@@ -465,9 +482,10 @@ class ClickHouseStorage:
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
             f"SELECT fingerprint, {pushdown.aggregate}({grid})(ts, value) AS v "
-            f"FROM {self._db}.samples WHERE {_fingerprints_in(series, sub)} "
+            f"FROM {self._samples_table} WHERE {_fingerprints_in(series, sub, p)} "
             f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
             "GROUP BY fingerprint",
+            p,
             rows_per_sample=steps,
             settings=_GRID_SETTING,
         )
@@ -505,28 +523,31 @@ class ClickHouseStorage:
     def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
         if end_ms < start_ms:
             return []
-        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
+        p = Params()
+        sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(
-            f"SELECT DISTINCT arrayJoin(arrayConcat(['__name__'], mapKeys(s_labels))) AS name FROM ({sub}) ORDER BY name"
+            f"SELECT DISTINCT arrayJoin(arrayConcat(['__name__'], mapKeys(s_labels))) AS name FROM ({sub}) ORDER BY name",
+            p,
         )
         return [str(v) for v in result.column("name").to_pylist()]
 
     def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
         if end_ms < start_ms:
             return []
-        sub = self._series_sql(matchers, start_ms, end_ms, with_samples=True)
+        p = Params()
+        sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(
-            f"SELECT DISTINCT {_label_expr(name, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v"
+            f"SELECT DISTINCT {_label_expr(name, p, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v", p
         )
         return [str(v) for v in result.column("v").to_pylist()]
 
 
-#: Up to this many series the samples query names the fingerprints found (~21 bytes each, well
-#: inside ClickHouse's 256 KiB max_query_size) instead of running the series query again.
+#: Up to this many series the samples query names the fingerprints found (one Array(UInt64)
+#: parameter, ~21 bytes each) instead of running the series query again.
 FINGERPRINT_LIST_MAX = 4_000
 
 
-def _fingerprints_in(series: pa.Table, sub: str) -> str:
+def _fingerprints_in(series: pa.Table, sub: str, p: Params) -> str:
     """The samples filter for the series just found: their metrics and fingerprints, or the series query itself.
 
     The samples key leads with ``metric``, so naming the metrics lets the primary key skip every
@@ -534,9 +555,9 @@ def _fingerprints_in(series: pa.Table, sub: str) -> str:
     """
     if series.num_rows > FINGERPRINT_LIST_MAX:
         return f"(metric, fingerprint) IN (SELECT s_metric, fingerprint FROM ({sub}))"
-    metrics = ",".join(quote(str(m)) for m in pc.unique(series.column("s_metric")).to_pylist())
-    fps = ",".join(str(fp) for fp in series.column("fingerprint").to_numpy().tolist())
-    return f"metric IN ({metrics}) AND fingerprint IN ({fps})"
+    metrics = [str(m) for m in pc.unique(series.column("s_metric")).to_pylist()]
+    fps = series.column("fingerprint").to_numpy().tolist()
+    return f"metric IN {p(metrics, 'Array(String)')} AND fingerprint IN {p(fps, 'Array(UInt64)')}"
 
 
 def _grid_params(start_ms: int, steps: int, step_ms: int, window_ms: int) -> str:

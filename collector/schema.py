@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernel_insight.collector.sql import ident, literal, qualified
+
 __all__ = [
     "DEDUP_WINDOW",
     "MERGE_SETTINGS",
@@ -54,11 +56,11 @@ class Column:
     comment: str = ""
 
     def sql(self) -> str:
-        parts = [_ident(self.name), self.type]
+        parts = [ident(self.name), self.type]
         if self.codec:
             parts.append(f"CODEC({self.codec})")
         if self.comment:
-            parts.append("COMMENT " + _literal(self.comment))
+            parts.append("COMMENT " + literal(self.comment))
         return " ".join(parts)
 
 
@@ -87,7 +89,7 @@ class Table:
         args: list[str] = []
         if replicated:
             family = "Replicated" + family
-            args += [_literal(f"/clickhouse/tables/{{shard}}/{database}/{local_name}"), _literal("{replica}")]
+            args += [literal(f"/clickhouse/tables/{{shard}}/{database}/{local_name}"), literal("{replica}")]
         if self.version:
             args.append(self.version)
         return f"{family}({', '.join(args)})"
@@ -327,23 +329,15 @@ def table(name: str) -> Table:
     raise KeyError(f"no table {name!r} in the schema")
 
 
-def _ident(name: str) -> str:
-    return f"`{name}`" if name in {"end", "date"} else name
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _create(
     t: Table, database: str, name: str, retention: Retention, *, replicated: bool, on_cluster: str
 ) -> str:
     cols = ",\n".join(f"    {c.sql()}" for c in t.columns)
-    lines = [f"CREATE TABLE IF NOT EXISTS {database}.{name}{on_cluster}\n(\n{cols}\n)"]
+    lines = [f"CREATE TABLE IF NOT EXISTS {qualified(database, name)}{on_cluster}\n(\n{cols}\n)"]
     lines.append(f"ENGINE = {t.engine(replicated, database, name)}")
     if t.partition_by:
         lines.append(f"PARTITION BY {t.partition_by}")
-    lines.append(f"ORDER BY ({', '.join(_ident(c) for c in t.order_by)})")
+    lines.append(f"ORDER BY ({', '.join(ident(c) for c in t.order_by)})")
     ttl = t.ttl(retention)
     if ttl:
         lines.append(f"TTL {ttl}")
@@ -353,14 +347,14 @@ def _create(
         settings["ttl_only_drop_parts"] = 1  # drop whole day partitions instead of rewriting parts
     settings.update(t.settings)
     lines.append("SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items()))
-    lines.append(f"COMMENT {_literal(t.comment)}")
+    lines.append(f"COMMENT {literal(t.comment)}")
     return "\n".join(lines)
 
 
 def single_ddl(database: str = "ki", retention: Retention | None = None) -> list[str]:
     """Statements creating the schema on one node (embedded chDB or a single server)."""
     retention = retention or Retention()
-    out = [f"CREATE DATABASE IF NOT EXISTS {database}"]
+    out = [f"CREATE DATABASE IF NOT EXISTS {ident(database)}"]
     out += [_create(t, database, t.name, retention, replicated=False, on_cluster="") for t in SCHEMA]
     return out
 
@@ -371,14 +365,14 @@ def cluster_ddl(database: str = "ki", cluster: str = "ki", retention: Retention 
     Readers and writers use the same table names as on one node, so the store's SQL is unchanged.
     """
     retention = retention or Retention()
-    oc = f" ON CLUSTER {_ident(cluster)}"
-    out = [f"CREATE DATABASE IF NOT EXISTS {database}{oc}"]
+    oc = f" ON CLUSTER {ident(cluster)}"
+    out = [f"CREATE DATABASE IF NOT EXISTS {ident(database)}{oc}"]
     for t in SCHEMA:
         local = f"{t.name}_local"
         out.append(_create(t, database, local, retention, replicated=True, on_cluster=oc))
         out.append(
-            f"CREATE TABLE IF NOT EXISTS {database}.{t.name}{oc}\nAS {database}.{local}\n"
-            f"ENGINE = Distributed({_literal(cluster)}, {_literal(database)}, {_literal(local)}, {t.sharding_key})"
+            f"CREATE TABLE IF NOT EXISTS {qualified(database, t.name)}{oc}\nAS {qualified(database, local)}\n"
+            f"ENGINE = Distributed({literal(cluster)}, {literal(database)}, {literal(local)}, {t.sharding_key})"
         )
     return out
 

@@ -11,7 +11,7 @@ import binascii
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernel_insight.collector.store import quote
+from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
 from kernel_insight.kql.storage import Matcher
 
@@ -80,10 +80,10 @@ class SpanWindow:
             except RegexError as exc:
                 raise SpanQueryError(f"invalid kernel regex: {exc}") from None
 
-    def where(self) -> str:
-        """The SQL condition: the sort-key prefix first, then the filters."""
+    def where(self, p: Params) -> str:
+        """The SQL condition (its values as parameters in ``p``): the sort-key prefix first, then the filters."""
         parts = [
-            f"instance = {quote(self.instance)}",
+            f"instance = {p(self.instance, 'String')}",
             f"gpu = {self.gpu}",
             f"start >= fromUnixTimestamp64Nano(toInt64({self.start_ns}), 'UTC')",
             f"start < fromUnixTimestamp64Nano(toInt64({self.end_ns}), 'UTC')",
@@ -91,7 +91,7 @@ class SpanWindow:
         if self.stream is not None:
             parts.append(f"stream = {self.stream}")
         if self.kernel is not None:
-            parts.append(f"match(kernel, {quote(anchored(self.kernel))})")
+            parts.append(f"match(kernel, {p(anchored(self.kernel), 'String')})")
         if self.min_duration_ns:
             parts.append(f"duration_ns >= {self.min_duration_ns}")
         return " AND ".join(parts)
@@ -146,7 +146,8 @@ def read_spans(
     Ordered by the ``start`` column itself (not an expression of it), so ClickHouse reads the
     window's granules in key order and stops after the page instead of sorting the window.
     """
-    where = window.where()
+    p = Params()
+    where = window.where(p)
     if cursor is not None:
         after = f"fromUnixTimestamp64Nano(toInt64({cursor.start_ns}), 'UTC')"
         where += (
@@ -154,8 +155,9 @@ def read_spans(
             f" ({after}, toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
         )
     rows = store.query(
-        f"SELECT {_SPAN_COLUMNS} FROM {store.database}.kernel_spans WHERE {where}"
-        f" ORDER BY start, stream, correlation LIMIT {int(limit) + 1}"
+        f"SELECT {_SPAN_COLUMNS} FROM {qualified(store.database, 'kernel_spans')} WHERE {where}"
+        f" ORDER BY start, stream, correlation LIMIT {int(limit) + 1}",
+        p,
     ).to_pylist()
     spans = [_span(r) for r in rows[:limit]]
     if len(rows) <= limit or not spans:
@@ -173,13 +175,15 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
     slowest spans ``groupArraySorted`` of each group.
     """
     keep = max(1, int(slowest))
+    p = Params()
     rows = store.query(
         "SELECT kernel, count() AS n, sum(duration_ns) AS total,"
         " quantiles(0.5, 0.9, 0.99)(duration_ns) AS q, max(duration_ns) AS mx,"
         f" groupArraySorted({keep})((-toInt64(duration_ns), {_NS}(start), stream, correlation, pid, duration_ns))"
         " AS slow, sum(sum(duration_ns)) OVER () AS all_total, sum(count()) OVER () AS all_n"
-        f" FROM {store.database}.kernel_spans WHERE {window.where()}"
-        f" GROUP BY kernel ORDER BY total DESC, kernel LIMIT {int(kernels)}"
+        f" FROM {qualified(store.database, 'kernel_spans')} WHERE {window.where(p)}"
+        f" GROUP BY kernel ORDER BY total DESC, kernel LIMIT {int(kernels)}",
+        p,
     ).to_pylist()
     total_ns = int(rows[0]["all_total"]) if rows else 0
     out = []
@@ -220,12 +224,14 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
 
 def read_events(store: Store, window: SpanWindow, limit: int) -> list[dict[str, Any]]:
     """The GPU's events (errors, OOM, XID...) in the window, oldest first."""
+    p = Params()
     rows = store.query(
-        f"SELECT {_NS}(ts) AS ts_ns, kind, code, aux, pid, message FROM {store.database}.events"
-        f" WHERE instance = {quote(window.instance)} AND gpu = {window.gpu}"
+        f"SELECT {_NS}(ts) AS ts_ns, kind, code, aux, pid, message FROM {qualified(store.database, 'events')}"
+        f" WHERE instance = {p(window.instance, 'String')} AND gpu = {window.gpu}"
         f" AND ts >= fromUnixTimestamp64Nano(toInt64({window.start_ns}), 'UTC')"
         f" AND ts < fromUnixTimestamp64Nano(toInt64({window.end_ns}), 'UTC')"
-        f" ORDER BY ts_ns LIMIT {int(limit)}"
+        f" ORDER BY ts_ns LIMIT {int(limit)}",
+        p,
     ).to_pylist()
     return [
         {

@@ -42,6 +42,7 @@ from kernel_insight.collector.rows import (
 )
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
 from kernel_insight.collector.schema import MERGE_SETTINGS, SCHEMA, Retention, cluster_ddl, single_ddl, table
+from kernel_insight.collector.sql import Params, ident, literal, qualified
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
@@ -152,9 +153,8 @@ class StorageUnavailable(StorageError):
         return self._retry_after_s if self._retry_after_s is not None else 5
 
 
-def quote(text: str) -> str:
-    """A ClickHouse string literal; the only way user text enters our SQL."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+#: A ClickHouse string literal: ``sql.literal`` under its older name. Values belong in parameters.
+quote = literal
 
 
 #: clickhouse-connect's errors that say the statement or its data is wrong, not the connection.
@@ -244,10 +244,10 @@ class Store(ABC):
     # ---- back-end primitives -------------------------------------------------------
 
     @abstractmethod
-    def _command(self, sql: str) -> None: ...
+    def _command(self, sql: str, params: Params | None = None) -> None: ...
 
     @abstractmethod
-    def _query(self, sql: str) -> pa.Table: ...
+    def _query(self, sql: str, params: Params | None = None) -> pa.Table: ...
 
     @abstractmethod
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None: ...
@@ -285,15 +285,17 @@ class Store(ABC):
             statements, suffix, on_cluster = single_ddl(self.database, self.retention), "", ""
         else:
             statements = cluster_ddl(self.database, self.cluster, self.retention)
-            suffix, on_cluster = "_local", f" ON CLUSTER `{self.cluster}`"
+            suffix, on_cluster = "_local", f" ON CLUSTER {ident(self.cluster)}"
         self._migrate_samples_without_metric(suffix)
         for statement in statements:
             self.command(statement)
         # ALTER only where the retention changed: MODIFY TTL re-evaluates every part of the table.
+        p = Params()
         current = {
             row["name"]: row["q"]
             for row in self.query(
-                f"SELECT name, create_table_query AS q FROM system.tables WHERE database = {quote(self.database)}"
+                f"SELECT name, create_table_query AS q FROM system.tables WHERE database = {p(self.database, 'String')}",
+                p,
             ).to_pylist()
         }
         self._add_missing_columns(suffix, on_cluster)
@@ -303,7 +305,7 @@ class Store(ABC):
             if missing:
                 assignments = ", ".join(f"{k} = {v}" for k, v in missing.items())
                 self.command(
-                    f"ALTER TABLE {self.database}.{t.name}{suffix}{on_cluster} MODIFY SETTING {assignments}"
+                    f"ALTER TABLE {self._table(t.name + suffix)}{on_cluster} MODIFY SETTING {assignments}"
                 )
             if t.ttl_column is None:
                 continue
@@ -312,7 +314,7 @@ class Store(ABC):
             want = t.ttl(self.retention)
             if have == t.ttl_days(self.retention):
                 continue
-            name = f"{self.database}.{t.name}{suffix}{on_cluster}"
+            name = f"{self._table(t.name + suffix)}{on_cluster}"
             self.command(
                 f"ALTER TABLE {name} MODIFY TTL {want}" if want else f"ALTER TABLE {name} REMOVE TTL"
             )
@@ -323,8 +325,9 @@ class Store(ABC):
         """Columns a newer version added to a table (at its end) are added to a store made before
         them: ``ADD COLUMN`` only changes metadata, and old rows read the column's default."""
         have: dict[str, set[str]] = {}
+        p = Params()
         for row in self.query(
-            f"SELECT table, name FROM system.columns WHERE database = {quote(self.database)}"
+            f"SELECT table, name FROM system.columns WHERE database = {p(self.database, 'String')}", p
         ).to_pylist():
             have.setdefault(row["table"], set()).add(row["name"])
         for t in SCHEMA:
@@ -339,16 +342,19 @@ class Store(ABC):
                 )  # the local and Distributed tables
                 for target in targets:
                     self.command(
-                        f"ALTER TABLE {self.database}.{target}{on_cluster} ADD COLUMN IF NOT EXISTS {column.sql()}"
+                        f"ALTER TABLE {self._table(target)}{on_cluster} ADD COLUMN IF NOT EXISTS {column.sql()}"
                     )
 
     def _migrate_samples_without_metric(self, suffix: str) -> None:
         """Stores made before samples were ordered by metric: move the old table aside, so the
         new one is created, and copy its rows over with the metric from the series index."""
         table = f"samples{suffix}"
+        p = Params()
         columns = (
             self.query(
-                f"SELECT name FROM system.columns WHERE database = {quote(self.database)} AND table = {quote(table)}"
+                f"SELECT name FROM system.columns WHERE database = {p(self.database, 'String')} "
+                f"AND table = {p(table, 'String')}",
+                p,
             )
             .column("name")
             .to_pylist()
@@ -360,7 +366,7 @@ class Store(ABC):
                 f"{self.database}.{table} has the layout of an older version (no metric column); "
                 "migrate it on the cluster first (docs/storage.md, 'Upgrading')"
             )
-        old = f"{self.database}.samples_before_metric"
+        old = self._table("samples_before_metric")
         self.command(f"RENAME TABLE {self._table('samples')} TO {old}")
         for statement in single_ddl(self.database, self.retention):
             self.command(statement)
@@ -372,19 +378,20 @@ class Store(ABC):
         )
         self.command(f"DROP TABLE {old}")
 
-    def command(self, sql: str) -> None:
+    def command(self, sql: str, params: Params | None = None) -> None:
+        """Run a statement; ``params`` holds the values of its ``{name:Type}`` placeholders (collector/sql.py)."""
         self._check_open()
         try:
-            self._command(sql)
+            self._command(sql, params)
         finally:
             self._histogram_known = None  # any statement may have written histograms: read again
             if self.sample_cache is not None:
                 self.sample_cache.clear()  # any statement may have changed samples
 
-    def query(self, sql: str) -> pa.Table:
-        """Run a read and return its result as an Arrow table."""
+    def query(self, sql: str, params: Params | None = None) -> pa.Table:
+        """Run a read and return its result as an Arrow table; ``params`` as for ``command``."""
         self._check_open()
-        return self._query(sql)
+        return self._query(sql, params)
 
     def ping(self) -> None:
         """Raises StorageUnavailable unless the engine answers."""
@@ -399,7 +406,7 @@ class Store(ABC):
     # ---- inserts ---------------------------------------------------------------------
 
     def _table(self, name: str) -> str:
-        return f"{self.database}.{name}"
+        return qualified(self.database, name)
 
     def _sample_rows(
         self, batch: SampleBatch
@@ -690,9 +697,11 @@ class Store(ABC):
         """Which of ``batch_ids`` the batches table already records (one query for any number)."""
         if not batch_ids:
             return set()
-        wanted = ", ".join(quote(b) for b in batch_ids)
+        p = Params()
         result = self.query(
-            f"SELECT DISTINCT batch_id FROM {self._table('batches')} WHERE batch_id IN ({wanted})"
+            f"SELECT DISTINCT batch_id FROM {self._table('batches')} "
+            f"WHERE batch_id IN {p(list(batch_ids), 'Array(String)')}",
+            p,
         )
         return {str(b) for b in result.column("batch_id").to_pylist()}
 
@@ -854,9 +863,11 @@ class Store(ABC):
     def disk_bytes(self, name: str) -> int:
         """Compressed bytes on disk of one table's active parts."""
         table(name)  # rejects names outside the schema
+        p = Params()
         result = self.query(
             "SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE active "
-            f"AND database = {quote(self.database)} AND table = {quote(name)}"
+            f"AND database = {p(self.database, 'String')} AND table = {p(name, 'String')}",
+            p,
         )
         value = result.column("b")[0].as_py()
         return int(value or 0)
@@ -933,11 +944,12 @@ class EmbeddedStore(Store):
         self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
         self._track_histogram_metrics = True
 
-    def _run(self, sql: str, fmt: str) -> Any:
+    def _run(self, sql: str, fmt: str, params: Params | None = None) -> Any:
         self._check_open()
+        texts = params.texts() if params else None
         with self._session_lock, _engine_errors("embedded ClickHouse"):
             try:
-                return self._session.query(sql, fmt)
+                return self._session.query(sql, fmt, params=texts)
             except Exception:
                 # chDB hands what a statement that failed mid-stream had already produced (rows
                 # of a throwIf, a result over max_result_rows, a memory limit) to the session's
@@ -947,12 +959,12 @@ class EmbeddedStore(Store):
                     self._session.query("SELECT 1", "CSV")
                 raise
 
-    def _command(self, sql: str) -> None:
-        self._run(sql, "CSV")
+    def _command(self, sql: str, params: Params | None = None) -> None:
+        self._run(sql, "CSV", params)
 
-    def _query(self, sql: str) -> pa.Table:
+    def _query(self, sql: str, params: Params | None = None) -> pa.Table:
         # ArrowStream read by pyarrow directly: chdb.to_arrowTable would import pandas (0.3 s).
-        result = self._run(sql, "ArrowStream")
+        result = self._run(sql, "ArrowStream", params)
         data = result.bytes()
         if not data:
             raise StorageError(f"embedded ClickHouse returned no result set for: {sql[:200]}")
@@ -960,8 +972,9 @@ class EmbeddedStore(Store):
         return table_
 
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
-        cols = ", ".join(f"`{c}`" for c in data.column_names)
-        settings = f" SETTINGS insert_deduplication_token = {quote(token)}" if token else ""
+        cols = ", ".join(ident(c) for c in data.column_names)
+        # An INSERT's SETTINGS take no parameters; the token is ours (batch id and table name).
+        settings = f" SETTINGS insert_deduplication_token = {literal(token)}" if token else ""
         # chDB resolves Python(_ki_arrow_data) by looking the name up from this frame, and two
         # threads doing so at once can be handed each other's table: inserts take turns.
         _ki_arrow_data = data
@@ -1026,13 +1039,13 @@ class ServerStore(Store):
             client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
         return cls(client, database, retention, cluster=cluster)
 
-    def _command(self, sql: str) -> None:
+    def _command(self, sql: str, params: Params | None = None) -> None:
         with _engine_errors("ClickHouse"):
-            self._client.command(sql)
+            self._client.command(sql, **_passed_through(params))
 
-    def _query(self, sql: str) -> pa.Table:
+    def _query(self, sql: str, params: Params | None = None) -> pa.Table:
         with _engine_errors("ClickHouse"):
-            result: pa.Table = self._client.query_arrow(sql)
+            result: pa.Table = self._client.query_arrow(sql, **_passed_through(params))
         return result
 
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
@@ -1043,6 +1056,23 @@ class ServerStore(Store):
 
     def _close(self) -> None:
         self._client.close()
+
+
+class _Text:
+    """A parameter already in ClickHouse's text form: clickhouse-connect sends ``str()`` of it as is."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _passed_through(params: Params | None) -> dict[str, dict[str, _Text]]:
+    """clickhouse-connect's ``parameters`` argument, formatted as for chDB so both engines read the same text."""
+    return {"parameters": {k: _Text(v) for k, v in params.texts().items()}} if params else {}
 
 
 def is_store_url(text: str | Path) -> bool:

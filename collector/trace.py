@@ -18,6 +18,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
+from kernel_insight.collector.sql import Params, qualified
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -46,9 +47,10 @@ def stream_tids(streams: list[int]) -> dict[int, int]:
 
 def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPORT_SPANS) -> bytes:
     """The trace of ``window`` (its filters apply to spans only); raises TraceTooLarge past ``max_spans``."""
-    db, where = store.database, window.where()
+    p = Params()
+    spans, where = qualified(store.database, "kernel_spans"), window.where(p)
     head = store.query(
-        f"SELECT count() AS n, groupUniqArray(stream) AS streams FROM {db}.kernel_spans WHERE {where}"
+        f"SELECT count() AS n, groupUniqArray(stream) AS streams FROM {spans} WHERE {where}", p
     ).to_pylist()[0]
     if int(head["n"]) > max_spans:
         raise TraceTooLarge(
@@ -88,9 +90,9 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
             f' \',"args":{{"start_ns":\', toString({start}), \',"dur_ns":\', toString(duration_ns),'
             ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
             " ',\"pid\":', toString(pid), '}}') AS e"
-            f" FROM {db}.kernel_spans WHERE {where} ORDER BY start, stream"
+            f" FROM {spans} WHERE {where} ORDER BY start, stream"
         )
-        column = store.query(span_sql).column("e").combine_chunks()
+        column = store.query(span_sql, p).column("e").combine_chunks()
         if len(column):
             # One join in Arrow's C++: a million Python strings would take longer than the query.
             whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)

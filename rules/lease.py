@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.private_json import replacing_table_ddl
 from kernel_insight.collector.schema import DEDUP_WINDOW
-from kernel_insight.collector.store import Store, quote
+from kernel_insight.collector.sql import Params, qualified
+from kernel_insight.collector.store import Store
 
 __all__ = ["LEASE_TABLE", "Lease", "LeaseState", "holder_id"]
 
@@ -52,30 +54,27 @@ class Lease:
     def __init__(self, store: Store, holder: str | None = None, *, table: str = LEASE_TABLE) -> None:
         self.store = store
         self.holder = holder or holder_id()
-        self.table = f"{store.database}.{table}"
+        self.table = qualified(store.database, table)
         self._name = table
-        if store.cluster is None:
-            engine = "ReplacingMergeTree(version)"
-            on_cluster = ""
-            window = f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
-        else:
-            path = quote(f"/clickhouse/tables/all/{store.database}/{table}")
-            engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
-            on_cluster = f" ON CLUSTER `{store.cluster}`"
-            window = f"replicated_deduplication_window = {DEDUP_WINDOW}"
         store.command(
-            f"CREATE TABLE IF NOT EXISTS {self.table}{on_cluster} (group_key String, term UInt64, "
-            f"holder String, expires_ms Int64, version UInt64) ENGINE = {engine} "
-            f"ORDER BY (group_key, term) SETTINGS {window} "
-            f"COMMENT {quote('which collector evaluates each rule group (docs/rules.md)')}"
+            replacing_table_ddl(
+                store,
+                table,
+                "group_key String, term UInt64, holder String, expires_ms Int64, version UInt64",
+                "(group_key, term)",
+                "which collector evaluates each rule group (docs/rules.md)",
+                dedup_window=DEDUP_WINDOW,
+            )
         )
 
     def current(self, group_key: str) -> LeaseState | None:
         """The newest term of ``group_key``'s lease, or None if nobody ever held it."""
+        p = Params()
         rows = self.store.query(
             f"SELECT term, argMax(holder, version) AS holder, argMax(expires_ms, version) AS expires "
-            f"FROM {self.table} WHERE group_key = {quote(group_key)} "
-            f"GROUP BY term ORDER BY term DESC LIMIT 1"
+            f"FROM {self.table} WHERE group_key = {p(group_key, 'String')} "
+            f"GROUP BY term ORDER BY term DESC LIMIT 1",
+            p,
         ).to_pylist()
         if not rows:
             return None

@@ -2,8 +2,9 @@
 
 No ClickHouse server recent enough for clickhouse-connect installs on these machines, but
 chDB is the ClickHouse engine in a library. This shim speaks the subset of the HTTP
-protocol clickhouse-connect uses (query in the URL or body, settings as URL parameters,
-INSERT data in the body, ``X-ClickHouse-*`` headers, errors as ``Code: N. DB::Exception``)
+protocol clickhouse-connect uses (query in the URL, body or a multipart form, settings as URL
+parameters, server-side query parameters as ``param_<name>``, INSERT data in the body,
+``X-ClickHouse-*`` headers, errors as ``Code: N. DB::Exception``)
 and hands every statement to the real engine. It is a test stand-in, not part of the
 product: no authentication, one process, one data directory (docs/storage.md says what it
 leaves out).
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import email.parser
+import email.policy
 import json
 import os
 import re
@@ -28,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from kernel_insight.collector.sql import literal
 
 __all__ = ["running_shim", "serve"]
 
@@ -61,9 +66,21 @@ _SETTING_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _literal(value: str) -> str:
-    if re.fullmatch(r"-?\d+(\.\d+)?", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return value if re.fullmatch(r"-?\d+(\.\d+)?", value) else literal(value)
+
+
+def _form_fields(body: bytes, content_type: str) -> dict[str, str]:
+    """The fields of a ``multipart/form-data`` body (clickhouse-connect sends long parameters so)."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + body
+    )
+    fields = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = payload.decode("utf-8") if isinstance(payload, bytes) else ""
+    return fields
 
 
 def _decode_body(body: bytes, encoding: str) -> bytes:
@@ -112,9 +129,10 @@ class _Engine:
         self.lock = threading.Lock()
         self.spool = tempfile.mkdtemp(prefix="ki-chdb-http-")
 
-    def run(self, sql: str, fmt: str) -> bytes:
+    def run(self, sql: str, fmt: str, query_params: dict[str, str] | None = None) -> bytes:
+        # The values are the HTTP ``param_<name>`` texts, which chDB reads as the server does.
         with self.lock:
-            result = self.session.query(sql, fmt)
+            result = self.session.query(sql, fmt, params=query_params or None)
         return bytes(result.bytes()) if result is not None else b""
 
 
@@ -170,6 +188,10 @@ def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
             except ValueError as exc:
                 self._reply(400, f"Code: 1. DB::Exception: {exc}".encode())
                 return
+            content_type = self.headers.get("Content-Type", "")
+            if content_type.startswith("multipart/form-data"):
+                params.update(_form_fields(body, content_type))
+                body = b""
             query = params.get("query")
             data = b""
             if query is None:
@@ -218,10 +240,7 @@ def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
             self, query: str, data: bytes, settings: dict[str, str], params: dict[str, str]
         ) -> tuple[bytes, str, int]:
             setting_sql = ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
-            for k, v in params.items():
-                if k.startswith("param_"):
-                    raise ValueError(f"server-side parameter {k} is not supported by the chDB shim")
-                del v
+            query_params = {k.removeprefix("param_"): v for k, v in params.items() if k.startswith("param_")}
             m = _INSERT_RE.match(query)
             if m is not None:
                 fmt = m.group("fmt")
@@ -249,7 +268,7 @@ def _handler(engine: _Engine) -> type[BaseHTTPRequestHandler]:
                 r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS)\b", query, re.IGNORECASE
             ):
                 query += f" SETTINGS {setting_sql}"
-            return engine.run(query, fmt), fmt, 0
+            return engine.run(query, fmt, query_params), fmt, 0
 
     return Handler
 

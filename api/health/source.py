@@ -7,16 +7,13 @@ from typing import Any
 
 from kernel_insight.api.health.rule import ERROR_WINDOW_MS, InstanceFacts
 from kernel_insight.collector.derive import INGEST_LAG_METRIC
+from kernel_insight.collector.sql import Params, qualified
 
 __all__ = ["StoreSource"]
 
 
 def _ms(ms: int) -> str:
     return f"fromUnixTimestamp64Milli(toInt64({int(ms)}), 'UTC')"
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class StoreSource:
@@ -50,24 +47,25 @@ class StoreSource:
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def _series(self, metrics: Sequence[str], start_ms: int, now_ms: int) -> str:
-        db = self.store.database
-        names = ", ".join(_sql_string(m) for m in metrics)
+    def _table(self, name: str) -> str:
+        return qualified(self.store.database, name)
+
+    def _series(self, p: Params, metrics: Sequence[str], start_ms: int, now_ms: int) -> str:
         return (
-            f"SELECT DISTINCT fingerprint, metric, labels['instance'] AS instance FROM {db}.series"
-            f" WHERE metric IN ({names}) AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
+            f"SELECT DISTINCT fingerprint, metric, labels['instance'] AS instance FROM {self._table('series')}"
+            f" WHERE metric IN {p(list(metrics), 'Array(String)')}"
+            f" AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
         )
 
     @staticmethod
-    def _metric_in(metrics: Sequence[str]) -> str:
+    def _metric_in(p: Params, metrics: Sequence[str]) -> str:
         """The samples key leads with metric: this filter skips every other metric's granules."""
-        return f"s.metric IN ({', '.join(_sql_string(m) for m in metrics)})"
+        return f"s.metric IN {p(list(metrics), 'Array(String)')}"
 
     def collect(self, now_ms: int) -> list[InstanceFacts]:
-        db = self.store.database
         rows = self.store.query(
             "SELECT id, hardware_fingerprint, gpu_count, gpu_model, memory_total_bytes, labels, attributes,"
-            f" toUnixTimestamp64Milli(last_seen) AS last_seen_ms FROM {db}.instances FINAL"
+            f" toUnixTimestamp64Milli(last_seen) AS last_seen_ms FROM {self._table('instances')} FINAL"
         ).to_pylist()
         facts: dict[str, InstanceFacts] = {}
         for r in rows:
@@ -83,14 +81,17 @@ class StoreSource:
             )
         start = now_ms - ERROR_WINDOW_MS
         window = f"s.ts >= {_ms(start)} AND s.ts <= {_ms(now_ms)}"
+        samples = self._table("samples")
+        p = Params()
         gauges = self.store.query(
             "SELECT instance, metric, sum(v) AS total, max(v) AS top, avg(v) AS mean, max(t) AS last_ms FROM ("
             " SELECT any(f.instance) AS instance, any(f.metric) AS metric, argMax(s.value, s.ts) AS v,"
             "  toUnixTimestamp64Milli(max(s.ts)) AS t"
-            f" FROM {db}.samples AS s INNER JOIN ({self._series(list(self.GAUGES), start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(list(self.GAUGES))}"
+            f" FROM {samples} AS s INNER JOIN ({self._series(p, list(self.GAUGES), start, now_ms)}) AS f"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(p, list(self.GAUGES))}"
             " GROUP BY s.fingerprint"
-            ") WHERE NOT isNaN(v) AND instance != '' GROUP BY instance, metric"
+            ") WHERE NOT isNaN(v) AND instance != '' GROUP BY instance, metric",
+            p,
         ).to_pylist()
         for g in gauges:
             f = facts.get(g["instance"])
@@ -100,29 +101,34 @@ class StoreSource:
             name, how = self.GAUGES[g["metric"]]
             setattr(f, name, float(g[how]))
         self._series_labels(facts, start, now_ms)
+        p = Params()
         latencies = self.store.query(
             "SELECT f.instance AS instance, quantilesExactInclusive(0.5, 0.9, 0.99)(s.value) AS q, count() AS n"
-            f" FROM {db}.samples AS s INNER JOIN ({self._series([self.LATENCY_METRIC], start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in([self.LATENCY_METRIC])}"
-            " AND isFinite(s.value) GROUP BY instance"
+            f" FROM {samples} AS s INNER JOIN ({self._series(p, [self.LATENCY_METRIC], start, now_ms)}) AS f"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(p, [self.LATENCY_METRIC])}"
+            " AND isFinite(s.value) GROUP BY instance",
+            p,
         ).to_pylist()
         for lat in latencies:
             if lat["instance"] in facts:
                 p50, p90, p99 = (float(x) for x in lat["q"])
                 facts[lat["instance"]].nccl_quantiles = (p50, p90, p99, int(lat["n"]))
+        p = Params()
         heartbeats = self.store.query(
             "SELECT f.instance AS instance, toUnixTimestamp64Milli(max(s.ts)) AS heard_ms,"
             " argMax(s.value, s.ts) AS lag"
-            f" FROM {db}.samples AS s INNER JOIN ({self._series([self.HEARTBEAT_METRIC], start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in([self.HEARTBEAT_METRIC])}"
-            " GROUP BY instance"
+            f" FROM {samples} AS s INNER JOIN ({self._series(p, [self.HEARTBEAT_METRIC], start, now_ms)}) AS f"
+            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(p, [self.HEARTBEAT_METRIC])}"
+            " GROUP BY instance",
+            p,
         ).to_pylist()
         for h in heartbeats:
             if h["instance"] in facts:
                 facts[h["instance"]].last_heard_ms = int(h["heard_ms"])
                 facts[h["instance"]].ingest_lag_s = float(h["lag"])
         errors = self.store.query(
-            f"SELECT instance, kind, count() AS n FROM {db}.events WHERE ts >= {_ms(start)} GROUP BY instance, kind"
+            f"SELECT instance, kind, count() AS n FROM {self._table('events')} WHERE ts >= {_ms(start)}"
+            " GROUP BY instance, kind"
         ).to_pylist()
         for e in errors:
             if e["instance"] in facts:
@@ -140,11 +146,13 @@ class StoreSource:
         Enrolment labels win where both say something. One series per instance (the lowest
         fingerprint) so the answer does not change between rebuilds.
         """
+        p = Params()
         rows = self.store.query(
             "SELECT labels['instance'] AS instance, argMin(labels, fingerprint) AS l"
-            f" FROM {self.store.database}.series WHERE metric = {_sql_string(self.LABELS_METRIC)}"
+            f" FROM {self._table('series')} WHERE metric = {p(self.LABELS_METRIC, 'String')}"
             f" AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
-            " AND labels['instance'] != '' GROUP BY instance"
+            " AND labels['instance'] != '' GROUP BY instance",
+            p,
         ).to_pylist()
         for r in rows:
             own = {k: v for k, v in dict(r["l"] or []).items() if k not in self.SERIES_ONLY_LABELS and v}
@@ -155,10 +163,12 @@ class StoreSource:
                 f.labels = dict(sorted({**own, **f.labels}.items()))
 
     def recent_errors(self, instance_id: str, limit: int) -> list[dict[str, Any]]:
+        p = Params()
         rows = self.store.query(
             "SELECT toUnixTimestamp64Milli(ts) AS ts_ms, gpu, kind, code, message"
-            f" FROM {self.store.database}.events WHERE instance = {_sql_string(instance_id)}"
-            f" ORDER BY ts DESC LIMIT {int(limit)}"
+            f" FROM {self._table('events')} WHERE instance = {p(instance_id, 'String')}"
+            f" ORDER BY ts DESC LIMIT {int(limit)}",
+            p,
         ).to_pylist()
         return [
             {

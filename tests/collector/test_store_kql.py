@@ -12,6 +12,7 @@ from chdb_http import running_shim
 
 from kernel_insight.collector.query import matcher_sql
 from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.sql import Params
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, Storage
 
@@ -106,8 +107,34 @@ def test_inverted_window_is_empty(stores):
     assert ch.select([Matcher("__name__", "=", "up")], BASE + 10, BASE) == []
 
 
-def test_matcher_sql_quotes_user_text():
-    assert matcher_sql(Matcher("a'b", "=", "x'); DROP TABLE t; --")) == (
-        "labels['a\\'b'] = 'x\\'); DROP TABLE t; --'"
-    )
-    assert matcher_sql(Matcher("__name__", "=~", "a.*")) == "match(metric, '^(?s:a.*)$')"
+def test_matcher_sql_sends_user_text_as_parameters():
+    p = Params()
+    assert matcher_sql(Matcher("a'b", "=", "x'); DROP TABLE t; --"), p) == "labels[{p0:String}] = {p1:String}"
+    assert p == {"p0": "a'b", "p1": "x'); DROP TABLE t; --"}
+    assert matcher_sql(Matcher("__name__", "=~", "a.*"), p) == "match(metric, {p2:String})"
+    assert p["p2"] == "^(?s:a.*)$"
+
+
+@pytest.mark.parametrize("backend", ["embedded", "clickhouse-connect-chdb", "clickhouse-connect-http"])
+def test_user_text_reaches_the_engine_unchanged(backend, tmp_path):
+    # Quotes, backslashes, tabs, newlines and placeholder syntax in label values select exactly their series.
+    with contextlib.ExitStack() as stack:
+        if backend == "embedded":
+            store = stack.enter_context(EmbeddedStore(tmp_path))
+        elif backend == "clickhouse-connect-chdb":
+            store = stack.enter_context(ServerStore.connect(f"chdb://{tmp_path}"))
+        else:
+            _, url = stack.enter_context(running_shim(tmp_path))
+            store = stack.enter_context(ServerStore.connect(url))
+        tricky = "x'); DROP TABLE t; --\\\t\n\r\x00`{p0:String}é"
+        b = SampleBuilder()
+        b.add_series({"__name__": "odd", "v": tricky}, [BASE], [1.0])
+        b.add_series({"__name__": "odd", "v": "plain"}, [BASE], [2.0])
+        store.insert_batch("odd", samples=b.build())
+        ch = store.storage()
+        found = ch.select([Matcher("__name__", "=", "odd"), Matcher("v", "=", tricky)], BASE - 1, BASE + 1)
+        assert [dict(s.labels)["v"] for s in found] == [tricky]
+        regex = [Matcher("__name__", "=", "odd"), Matcher("v", "=~", "x'.*é")]
+        assert [dict(s.labels)["v"] for s in ch.select(regex, BASE - 1, BASE + 1)] == [tricky]
+        values = ch.label_values("v", [Matcher("__name__", "=", "odd")], BASE - 1, BASE + 1)
+        assert values == sorted([tricky, "plain"])

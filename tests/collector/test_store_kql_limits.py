@@ -48,8 +48,8 @@ def test_clickhouse_refuses_reads_over_the_sample_limit(
     returned: list[int] = [0]
     query_store = store.query
 
-    def spy(sql: str):
-        table = query_store(sql)
+    def spy(sql: str, params=None):
+        table = query_store(sql, params)
         if "max_result_rows" in sql:
             returned.append(table.num_rows)
         return table
