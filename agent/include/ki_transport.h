@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ki_capture.h"
+
 struct ki_http;
 
 #define KI_HTTP_MAX_FRAMES 64          /* most frames one request carries (KI-Batch-Status entries) */
@@ -23,6 +25,9 @@ struct ki_http_result {
     int retry_after; /* Retry-After in seconds (delta-seconds only, clamped to [0, KI_HTTP_RETRY_AFTER_MAX]), -1 when absent or invalid */
     int nframes;     /* entries in frame_status: -1 without a KI-Batch-Status header, -2 when it was malformed */
     uint16_t frame_status[KI_HTTP_MAX_FRAMES]; /* KI-Batch-Status: one status per frame, in body order */
+    int ncaptures;   /* entries in captures: the KI-Capture values (one per header line or comma-separated) */
+    int bad_captures; /* KI-Capture values that did not parse, or beyond KI_CAPTURE_OFFERS: ignored */
+    struct ki_capture_offer captures[KI_CAPTURE_OFFERS]; /* capture windows the collector asks for */
 };
 
 /* Parse a response head (status line and headers, up to but excluding the blank line):

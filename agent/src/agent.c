@@ -13,6 +13,7 @@
 
 #include <sodium.h>
 
+#include "ki_capture.h"
 #include "ki_compress.h"
 #include "ki_drain.h"
 #include "ki_encode.h"
@@ -88,6 +89,8 @@ struct ki_agent {
     uint64_t rng;                /* xorshift state for jitter */
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
     uint64_t lost_records;       /* records in them */
+    struct ki_captures caps;     /* capture windows the collector asked for: their kernel spans bypass span
+                                    sampling (ki_captures_covers), batches report on them (CAPTURES) */
     char ring_name[300];         /* shm name */
     char names_path[KI_CONFIG_PATH + 8]; /* where names survive a restart */
 };
@@ -180,7 +183,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
         snprintf(err, errlen, "out of memory for batch buffers (batch_records %lld)", (long long)cfg->batch_records);
         goto fail;
     }
-    a->body_cap = ki_encoder_bound(a->enc);
+    a->body_cap = ki_encoder_bound(a->enc) + KI_CAPTURE_SECTION_MAX;
     a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
     a->body = malloc(a->body_cap);
     a->frame = malloc(a->frame_cap);
@@ -286,8 +289,10 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     if (++a->mark == 0) a->mark = 1;
     size_t blen, clen, flen;
     struct ki_batch_info info;
-    int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body, a->body_cap,
-                            &blen, &info);
+    ki_captures_count(&a->caps, a->staging, n);
+    int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,
+                            a->body_cap - KI_CAPTURE_SECTION_MAX, &blen, &info);
+    if (rc == 0) blen += ki_captures_section(&a->caps, real_ns(), a->body + blen, a->body_cap - blen);
     if (rc == 0)
         rc = ki_compress_run(a->zc, a->body, blen, a->frame + KI_HEADER_BYTES,
                              a->frame_cap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);
@@ -360,7 +365,9 @@ static int drain_ring(struct ki_agent *a) {
         a->staged = 0;
         return seal_batch(a, n);
     }
-    if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S) return seal_batch(a, 0);
+    /* A heartbeat, or a capture window's final report (due even when its GPU is idle). */
+    if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S || ki_captures_due(&a->caps, real_ns()))
+        return seal_batch(a, 0);
     return 0;
 }
 
@@ -433,6 +440,22 @@ static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_fligh
     return FRAME_DONE;
 }
 
+/* Start the capture windows an answer asks for (docs/wire.md); a repeated offer of one id runs once. */
+static void start_captures(struct ki_agent *a, const struct ki_http_result *res) {
+    if (res->bad_captures)
+        ki_log_warn(a->log, "collector sent %d KI-Capture values this agent cannot read: ignored", res->bad_captures);
+    for (int i = 0; i < res->ncaptures; i++) {
+        const struct ki_capture_offer *o = &res->captures[i];
+        int rc = ki_captures_start(&a->caps, o, real_ns());
+        if (rc > 0)
+            ki_log_info(a->log, "capture %016llx: every kernel span of GPU %u for %u s", (unsigned long long)o->id,
+                        o->gpu, o->seconds);
+        else if (rc < 0)
+            ki_log_warn(a->log, "capture %016llx not started: %d windows run already (it is offered again)",
+                        (unsigned long long)o->id, KI_CAPTURE_MAX);
+    }
+}
+
 /* Settle the request in flight from the collector's answer (rc < 0: no answer). Returns 1 to keep sending. */
 static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) {
     int n = a->nflight, multi = n > 1;
@@ -467,6 +490,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         schedule_retry(a, -1);
         return 0;
     }
+    if (res->ncaptures || res->bad_captures) start_captures(a, res);
     int retry = 0, auth = 0, done = 0, retry_status = 0;
     int per_frame = multi && res->nframes == n; /* else one answer for the whole request (503 from a proxy, ...) */
     for (int i = 0; i < n; i++) {

@@ -236,6 +236,33 @@ static const char *header_value(const char *start, const char *end, const char *
     return NULL;
 }
 
+/* Every KI-Capture value in [start, end): header lines of that name, each value or comma-separated list. */
+static void parse_captures(const char *start, const char *end, struct ki_http_result *res) {
+    static const char name[] = "KI-Capture";
+    const size_t n = sizeof name - 1;
+    for (const char *p = start; p < end;) {
+        const char *eol = p;
+        while (eol + 1 < end && !(eol[0] == '\r' && eol[1] == '\n')) eol++;
+        if (eol + 1 >= end) eol = end;
+        if ((size_t)(eol - p) > n && !strncasecmp(p, name, n) && p[n] == ':') {
+            for (const char *v = p + n + 1; v < eol;) {
+                const char *comma = memchr(v, ',', (size_t)(eol - v));
+                const char *ve = comma ? comma : eol;
+                while (v < ve && (*v == ' ' || *v == '\t')) v++;
+                const char *vt = ve;
+                while (vt > v && (vt[-1] == ' ' || vt[-1] == '\t')) vt--;
+                struct ki_capture_offer o;
+                if (vt > v && res->ncaptures < KI_CAPTURE_OFFERS && ki_capture_parse(v, (size_t)(vt - v), &o) == 0)
+                    res->captures[res->ncaptures++] = o;
+                else if (vt > v)
+                    res->bad_captures++;
+                v = comma ? comma + 1 : eol;
+            }
+        }
+        p = eol + 2;
+    }
+}
+
 /* A non-negative decimal of at most 18 digits (so it cannot overflow) filling [v, v+len); -1 otherwise. */
 static long long parse_count(const char *v, size_t len) {
     if (len == 0 || len > 18) return -1;
@@ -276,6 +303,8 @@ int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res,
     const char *end = head + len;
     res->retry_after = -1;
     res->nframes = -1;
+    res->ncaptures = 0;
+    res->bad_captures = 0;
     *content_length = -1;
     *keep = 0;
     /* "HTTP/1.x SSS" */
@@ -301,6 +330,7 @@ int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res,
     }
     v = header_value(hdr, end, "KI-Batch-Status", &vl);
     if (v && parse_frame_status(v, vl, res) < 0) res->nframes = -2;
+    parse_captures(hdr, end, res);
     v = header_value(hdr, end, "Connection", &vl);
     *keep = !(v && vl >= 5 && !strncasecmp(v, "close", 5)) && head[7] != '0';
     const char *te = header_value(hdr, end, "Transfer-Encoding", &vl);

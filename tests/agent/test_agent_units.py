@@ -79,3 +79,26 @@ def test_c_encoder_and_seal_agree_with_python_decoder(tmp_path):
 def test_c_http_client_survives_random_and_mutated_responses(tmp_path):
     out = run_unit(tmp_path, "test_http_fuzz")
     assert "answered=" in out
+
+
+def test_c_capture_windows_report_what_the_collector_decodes(tmp_path):
+    out = tmp_path / "sections.bin"
+    run_unit(tmp_path, "test_capture", str(out))
+    raw, sections = out.read_bytes(), []
+    while raw:
+        n = int.from_bytes(raw[:8], "little")
+        sections.append(raw[8 : 8 + n])
+        raw = raw[8 + n :]
+    empty = np.zeros(0, RECORD_DTYPE)
+    header = wire.parse_header(
+        wire.encode_batch(empty, agent_id=bytes(16), key_id=1, key=bytes(32), epoch=1, seq=0)
+    )
+    t0, s = 1_700_000_000 * 10**9, 10**9
+    reports = [wire.decode_body(bytes([wire.BODY_VERSION]) + sec, header).captures for sec in sections]
+    assert reports == [
+        (
+            wire.CaptureReport("0000000000abcdef", 1, t0, t0 + 10 * s, spans=2, final=False),
+            wire.CaptureReport("0000000000000042", 0, t0 + s, t0 + 3 * s, spans=2, final=True),
+        ),
+        (wire.CaptureReport("0000000000abcdef", 1, t0, t0 + 10 * s, spans=2, final=True),),
+    ]

@@ -22,6 +22,8 @@ static const char *const SEEDS[] = {
     "HTTP/1.0 401 Unauthorized\r\n\r\n",
     "HTTP/1.1 200 OK\r\nKI-Batch-Status: 200, 409, 503\r\nRetry-After: 99999999999999999999\r\nContent-Length: 2\r\n\r\n{}",
     "HTTP/1.1 503 Busy\r\nRetry-After: -1\r\nContent-Length: -5\r\n\r\n",
+    "HTTP/1.1 200 OK\r\nKI-Capture: 00000000000000ff;gpu=3;seconds=10\r\nKI-Capture: 0123456789abcdef;gpu=0;seconds=1, "
+    "0000000000000001;gpu=1;seconds=60\r\nContent-Length: 2\r\n\r\n{}",
 };
 #define NSEEDS (sizeof SEEDS / sizeof SEEDS[0])
 
@@ -105,6 +107,26 @@ static void parse_cases(void) {
         CHECK_EQ(ki_http_parse_head(badframes[i], strlen(badframes[i]), &r, &cl, &keep), 0);
         CHECK_EQ(r.nframes, -2);
     }
+    /* KI-Capture: one value per line or comma-separated; anything else is counted and ignored. */
+    const char *cap = "HTTP/1.1 200 OK\r\nki-capture: 00000000000000ff;gpu=3;seconds=10\r\nContent-Length: 0\r\n"
+                      "KI-Capture:0123456789abcdef;gpu=65535;seconds=3600 , 0123456789abcdeF;gpu=0;seconds=1,\r\n"
+                      "KI-Capture: 0000000000000002;gpu=65536;seconds=1\r\nKI-Capture: 0000000000000003;gpu=0;seconds=0\r\n"
+                      "KI-Capture: 0000000000000004;gpu=0;seconds=1;x=1\r\nKI-Capture: 000000000000005;gpu=0;seconds=1";
+    CHECK_EQ(ki_http_parse_head(cap, strlen(cap), &r, &cl, &keep), 0);
+    CHECK_EQ(r.ncaptures, 2);
+    CHECK_EQ(r.bad_captures, 5);
+    CHECK_EQ(r.captures[0].id, 0xff);
+    CHECK_EQ(r.captures[0].gpu, 3);
+    CHECK_EQ(r.captures[0].seconds, 10);
+    CHECK_EQ(r.captures[1].id, 0x0123456789abcdefULL);
+    CHECK_EQ(r.captures[1].gpu, 65535);
+    CHECK_EQ(r.captures[1].seconds, 3600);
+    char many[1024] = "HTTP/1.1 200 OK\r\nKI-Capture: ";
+    for (int i = 1; i <= 6; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s%016x;gpu=0;seconds=5", i > 1 ? ", " : "", i);
+    CHECK_EQ(ki_http_parse_head(many, strlen(many), &r, &cl, &keep), 0);
+    CHECK_EQ(r.ncaptures, KI_CAPTURE_OFFERS); /* the rest come with the next answers */
+    CHECK_EQ(r.captures[3].id, 4);
     /* Random heads: any result is clean (0 or -EPROTO), statuses in range. */
     char buf[512];
     for (int i = 0; i < 200000; i++) {
@@ -123,6 +145,10 @@ static void parse_cases(void) {
             CHECK(r.retry_after >= -1 && r.retry_after <= KI_HTTP_RETRY_AFTER_MAX);
             CHECK(r.nframes >= -2 && r.nframes <= KI_HTTP_MAX_FRAMES && r.nframes != 0);
             for (int j = 0; j < r.nframes; j++) CHECK(r.frame_status[j] >= 100 && r.frame_status[j] <= 599);
+            CHECK(r.ncaptures >= 0 && r.ncaptures <= KI_CAPTURE_OFFERS);
+            for (int j = 0; j < r.ncaptures; j++)
+                CHECK(r.captures[j].id && r.captures[j].gpu <= 65535 && r.captures[j].seconds >= 1 &&
+                      r.captures[j].seconds <= KI_CAPTURE_MAX_SECONDS);
         }
     }
 }
