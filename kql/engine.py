@@ -712,6 +712,14 @@ class Engine:
         """Evaluate ``query`` at one time; the value is a Vector, Matrix, Scalar or String."""
         return self._run(query, time_ms, time_ms, 0, False, cancel, limits)
 
+    def latest(self, matchers: Sequence[Matcher], time_ms: int) -> StepVector:
+        """Each matching series' newest sample at ``time_ms``, as a bare selector evaluates (lookback,
+        staleness), with the sample's own timestamp in ``sample_ts``: for callers that combine the
+        samples themselves, so the instant-selector rules stay here (the health snapshot)."""
+        ev = _Evaluator(self.storage, "", time_ms, time_ms, 0, False, self.limits, None)
+        with np.errstate(all="ignore"):
+            return ev.lookup(matchers, np.array([time_ms], dtype=np.int64), sample_times=True)
+
     def range_query(
         self,
         query: str | Expr,
