@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
 from kernel_insight.collector.app import create_app
-from kernel_insight.collector.batcher import Batcher, BatcherStats, Ticket
+from kernel_insight.collector.batcher import Batcher, BatcherStats, FlushFailed, Ticket
 from kernel_insight.collector.captures import CaptureDesk, CaptureError
 from kernel_insight.collector.derive import DROP_REASONS, DROP_STATS, Derived, Deriver, DropStats
 from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
@@ -104,6 +104,7 @@ __all__ = [
     "BatchId",
     "Batcher",
     "BatcherStats",
+    "FlushFailed",
     "CacheStats",
     "CaptureDesk",
     "CaptureError",

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.batcher import Batcher, FlushFailed
 from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.remote_write import (
@@ -31,7 +31,7 @@ from kernel_insight.collector.remote_write import (
     parse_remote_write,
 )
 from kernel_insight.collector.rows import SampleBatch
-from kernel_insight.collector.store import PreparedRows, StorageError, Store
+from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = ["DEFAULT_MAX_BODY", "BodyTooLarge", "create_app", "read_body"]
 
@@ -181,13 +181,15 @@ def create_app(
             return _error(400, f"malformed remote_write request: {exc}")
         except ValueError as exc:  # rows the schema cannot hold
             return _error(400, f"remote_write request refused: {exc}")
+        except StorageUnavailable:
+            raise  # 503 with Retry-After (the handler above): Prometheus retries it
         except StorageError as exc:
-            if exc.retryable:
-                raise  # 503 with Retry-After (the handler above): Prometheus retries it
             # Permanent: a 5xx would have Prometheus resend it forever and stall its queue
             # behind it. 422, like the agent ingest's answer to the same refusal.
             log.error("remote_write: storage refused the request: %s", exc)
             return _error(422, f"storage refused the write: {exc}")
+        except FlushFailed:  # logged with its traceback by the batcher
+            return _error(500, "internal error while storing the write")
         return Response(status_code=204)
 
     for router in routers:

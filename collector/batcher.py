@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
-__all__ = ["Batcher", "BatcherStats", "Ticket"]
+__all__ = ["Batcher", "BatcherStats", "FlushFailed", "Ticket"]
 
 log = logging.getLogger("kernel_insight.collector.batcher")
 
@@ -72,6 +72,14 @@ class BatcherStats:
     insert_seconds_max: float = 0.0
     flush_rows_counts: list[int] = field(default_factory=lambda: [0] * (len(FLUSH_ROWS_BOUNDS) + 1))
     insert_seconds_counts: list[int] = field(default_factory=lambda: [0] * (len(INSERT_SECONDS_BOUNDS) + 1))
+
+
+class FlushFailed(RuntimeError):
+    """The flusher failed with no storage error: a fault of the collector itself (HTTP 500, logged).
+
+    Never a ``StorageUnavailable``: that would have the sender retry a bug as if the store were
+    merely away, and never a ``StorageError``: the batch itself was not refused.
+    """
 
 
 class Ticket:
@@ -147,8 +155,10 @@ def _resolve(fut: Future[bool], outcome: bool | BaseException) -> None:
         # A fresh exception per request: one instance raised in several threads shares a traceback.
         if isinstance(outcome, StorageUnavailable):
             fut.set_exception(StorageUnavailable(str(outcome), outcome.retry_after_s))
-        else:
+        elif isinstance(outcome, StorageError):
             fut.set_exception(StorageError(str(outcome)))
+        else:
+            fut.set_exception(FlushFailed(str(outcome)))
     else:
         fut.set_result(outcome)
 
@@ -303,7 +313,7 @@ class Batcher:
             except BaseException as exc:  # never leave a request waiting on a dead flusher
                 log.exception("batcher: flush failed unexpectedly")
                 for t in taken:
-                    self._finish(t, StorageUnavailable(f"ingest flush failed: {exc}"))
+                    self._finish(t, FlushFailed(f"ingest flush failed: {type(exc).__name__}: {exc}"))
 
     def _drain_now(self) -> None:
         while True:

@@ -11,7 +11,7 @@ import pytest
 
 from kernel_insight.collector import StorageError as CollectorStorageError
 from kernel_insight.collector.app import create_app
-from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.batcher import Batcher, FlushFailed
 from kernel_insight.collector.remote_write import encode_write_request
 from kernel_insight.collector.store import EmbeddedStore, ServerStore, StorageUnavailable
 from kernel_insight.kql import Engine, StorageError
@@ -156,3 +156,37 @@ def test_remote_write_through_the_group_commit_refused_for_good_is_a_422(tmp_pat
     finally:
         batcher.shutdown()
         store.close()
+
+
+def test_a_bug_in_the_group_commit_is_a_logged_500_never_a_retryable_503(tmp_path, monkeypatch, caplog):
+    """A fault of the collector (here: the flusher's insert raises a plain RuntimeError) is no
+    store that is away: answered 500 on remote_write and agent ingest alike, with its traceback logged."""
+    store = EmbeddedStore(tmp_path / "d")
+    batcher = Batcher(store, max_delay_s=0.01, shutdown_timeout_s=2)
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(store, "insert_prepared", bug)
+    try:
+        app = create_app(store)
+        app.state.remote_write_batcher = batcher
+        with caplog.at_level("ERROR", logger="kernel_insight.collector.batcher"):
+            r = _post(app, "/api/v1/write", encode_write_request([({"__name__": "up"}, [(NOW, 1.0)])]))
+        assert r.status_code == 500, r.text
+        assert "Retry-After" not in r.headers
+        assert r.json()["detail"] == "internal error while storing the write"
+        assert any("a bug of ours" in (rec.exc_text or "") for rec in caplog.records)
+        with pytest.raises(FlushFailed, match="RuntimeError: a bug of ours"):
+            batcher.submit(store.prepare("agent:1", samples=_one_sample())).answer().result(timeout=30)
+    finally:
+        batcher.shutdown()
+        store.close()
+
+
+def _one_sample():
+    from kernel_insight.collector.rows import SampleBuilder
+
+    b = SampleBuilder()
+    b.add({"__name__": "up"}, NOW, 1.0)
+    return b.build()
