@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -37,7 +37,7 @@ from kernel_insight.kql.errors import (
 )
 from kernel_insight.kql.lexical import parse_duration
 from kernel_insight.kql.parser import parse
-from kernel_insight.kql.storage import READ_BUDGET, Matcher, ReadBudget, Storage
+from kernel_insight.kql.storage import Matcher, Storage, read_within
 from kernel_insight.kql.values import QueryResult, prometheus_json_bytes
 
 __all__ = [
@@ -121,11 +121,35 @@ def parse_duration_param(text: str, name: str) -> int:
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Param:
+    """One parameter of a Prometheus API endpoint, as its OpenAPI schema describes it."""
+
+    name: str
+    description: str
+    repeated: bool = False
+    path: bool = False
+
+    def openapi(self) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "string"}
+        if self.repeated:
+            schema = {"type": "array", "items": schema}
+        where = "path" if self.path else "query"
+        return {
+            "name": self.name,
+            "in": where,
+            "required": self.path,
+            "description": self.description,
+            "schema": schema,
+        }
+
+
 class _Params:
     """The request's parameters, form body first (Go's ``FormValue`` order), then the URL query."""
 
-    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+    def __init__(self, pairs: list[tuple[str, str]], path_params: dict[str, str] | None = None) -> None:
         self.pairs = pairs
+        self.path_params = path_params or {}
 
     @classmethod
     async def read(cls, request: Request, max_bytes: int = MAX_FORM_BYTES) -> _Params:
@@ -139,7 +163,7 @@ class _Params:
                 except (UnicodeDecodeError, ValueError) as exc:
                     raise ParamError(f"error parsing form values: {exc}") from None
         pairs += list(request.query_params.multi_items())
-        return cls(pairs)
+        return cls(pairs, dict(request.path_params))
 
     def get(self, name: str) -> str | None:
         for k, v in self.pairs:
@@ -334,20 +358,7 @@ def prometheus_router(
     def listing(read: Callable[[], None]) -> None:
         """Run a series or label read under the query limits (READ_BUDGET): a store that honours
         them stops it at the timeout and before it returns more samples than a query may hold."""
-        budget = ReadBudget(
-            time.monotonic() + base_limits.timeout_s, base_limits.timeout_s, base_limits.max_samples
-        )
-        token = READ_BUDGET.set(budget)
-        try:
-            read()
-        except StorageError as exc:  # retryable stays retryable: it is read from the cause
-            raise StorageError(f"storage failed: {exc}") from exc
-        except KqlError:
-            raise
-        except Exception as exc:
-            raise StorageError(f"storage failed: {exc}") from exc
-        finally:
-            READ_BUDGET.reset(token)
+        read_within(base_limits.read_budget(time.monotonic() + base_limits.timeout_s), "storage failed", read)
 
     def do_series(params: _Params) -> JSONResponse:
         matches = params.get_all("match[]")
@@ -371,38 +382,31 @@ def prometheus_router(
         series, warnings = _truncate([dict(labels) for labels in sorted(seen)], _limit(params))
         return _success(series, warnings)
 
-    def do_labels(params: _Params) -> JSONResponse:
+    def label_listing(
+        params: _Params, fetch: Callable[[Storage, list[Matcher], int, int], list[str]]
+    ) -> JSONResponse:
+        """Label names or values of the ``match[]`` sets (all series without one), sorted and limited."""
         sets = _selectors(params.get_all("match[]")) or [()]
         start_ms, end_ms = _bounds(params)
         storage = storage_factory()
-        names: set[str] = set()
+        found: set[str] = set()
 
         def read() -> None:
             for matchers in sets:
-                names.update(storage.label_names(list(matchers), start_ms, end_ms))
+                found.update(fetch(storage, list(matchers), start_ms, end_ms))
 
         listing(read)
-        out, warnings = _truncate(sorted(names), _limit(params))
+        out, warnings = _truncate(sorted(found), _limit(params))
         return _success(out, warnings)
 
-    def label_values(name: str) -> Callable[[_Params], JSONResponse]:
-        def work(params: _Params) -> JSONResponse:
-            if name != "__name__" and not _LABEL_NAME.match(name):
-                raise ParamError(f'invalid label name: "{name}"')
-            sets = _selectors(params.get_all("match[]")) or [()]
-            start_ms, end_ms = _bounds(params)
-            storage = storage_factory()
-            values: set[str] = set()
+    def do_labels(params: _Params) -> JSONResponse:
+        return label_listing(params, lambda storage, m, start, end: storage.label_names(m, start, end))
 
-            def read() -> None:
-                for matchers in sets:
-                    values.update(storage.label_values(name, list(matchers), start_ms, end_ms))
-
-            listing(read)
-            out, warnings = _truncate(sorted(values), _limit(params))
-            return _success(out, warnings)
-
-        return work
+    def do_label_values(params: _Params) -> JSONResponse:
+        name = params.path_params["name"]
+        if name != "__name__" and not _LABEL_NAME.match(name):
+            raise ParamError(f'invalid label name: "{name}"')
+        return label_listing(params, lambda storage, m, start, end: storage.label_values(name, m, start, end))
 
     def do_format_query(params: _Params) -> JSONResponse:
         query = params.get("query")
@@ -427,117 +431,88 @@ def prometheus_router(
             names = names[:limit]
         return _success({n: table[n] for n in names})
 
-    # -- routes: the GET forms carry the parameters for the OpenAPI schema; both read them the same way
+    # -- routes: one endpoint per path for GET and POST (a form body; Prometheus accepts both),
+    # the parameters described once for the OpenAPI schema (every endpoint reads them through _Params)
 
-    def _q(description: str) -> Any:
-        return Query(None, description=description)
+    def route(path: str, work: Callable[[_Params], JSONResponse], summary: str, *params: _Param) -> None:
+        async def endpoint(request: Request, _t: object = read) -> JSONResponse:
+            return await handle(request, work)
 
-    @router.get("/api/v1/query", summary="Instant query (Prometheus API)")
-    async def query_get(
-        request: Request,
-        query: str | None = _q("kql / PromQL expression"),
-        time: str | None = _q("evaluation time: unix seconds or RFC 3339; default now"),
-        timeout: str | None = _q("evaluation timeout: seconds or a duration"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_query)
+        router.add_api_route(
+            path,
+            endpoint,
+            methods=["GET"],
+            summary=summary,
+            response_class=JSONResponse,
+            openapi_extra={"parameters": [p.openapi() for p in params]},
+        )
+        router.add_api_route(path, endpoint, methods=["POST"], include_in_schema=False)
 
-    @router.post("/api/v1/query", include_in_schema=False)
-    async def query_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_query)
-
-    @router.get("/api/v1/query_range", summary="Range query (Prometheus API)")
-    async def query_range_get(
-        request: Request,
-        query: str | None = _q("kql / PromQL expression"),
-        start: str | None = _q("unix seconds or RFC 3339"),
-        end: str | None = _q("unix seconds or RFC 3339"),
-        step: str | None = _q("seconds or a duration"),
-        timeout: str | None = _q("evaluation timeout"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_query_range)
-
-    @router.post("/api/v1/query_range", include_in_schema=False)
-    async def query_range_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_query_range)
-
-    match_param = Query(None, alias="match[]", description="series selectors")
-
-    @router.get("/api/v1/series", summary="Series matching selectors (Prometheus API)")
-    async def series_get(
-        request: Request,
-        match: list[str] | None = match_param,
-        start: str | None = _q("unix seconds or RFC 3339"),
-        end: str | None = _q("unix seconds or RFC 3339"),
-        limit: str | None = _q("at most this many series"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_series)
-
-    @router.post("/api/v1/series", include_in_schema=False)
-    async def series_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_series)
-
-    @router.get("/api/v1/labels", summary="Label names (Prometheus API)")
-    async def labels_get(
-        request: Request,
-        match: list[str] | None = match_param,
-        start: str | None = _q("unix seconds or RFC 3339"),
-        end: str | None = _q("unix seconds or RFC 3339"),
-        limit: str | None = _q("at most this many names"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_labels)
-
-    @router.post("/api/v1/labels", include_in_schema=False)
-    async def labels_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_labels)
-
-    @router.get("/api/v1/label/{name}/values", summary="Values of one label (Prometheus API)")
-    async def label_values_get(
-        request: Request,
-        name: str = Path(description="label name"),
-        match: list[str] | None = match_param,
-        start: str | None = _q("unix seconds or RFC 3339"),
-        end: str | None = _q("unix seconds or RFC 3339"),
-        limit: str | None = _q("at most this many values"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, label_values(name))
-
-    @router.get("/api/v1/metadata", summary="Metric metadata (Prometheus API)")
-    async def metadata_get(
-        request: Request,
-        metric: str | None = _q("one metric name"),
-        limit: str | None = _q("at most this many metrics"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_metadata)
-
-    @router.get("/api/v1/format_query", summary="The query pretty-printed (Prometheus API)")
-    async def format_query_get(
-        request: Request, query: str | None = _q("kql / PromQL expression"), _t: object = read
-    ) -> JSONResponse:
-        return await handle(request, do_format_query)
-
-    @router.post("/api/v1/format_query", include_in_schema=False)
-    async def format_query_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_format_query)
-
-    @router.get("/api/v1/query_exemplars", summary="Exemplars (none are stored: always empty)")
-    async def exemplars_get(
-        request: Request,
-        query: str | None = _q("kql / PromQL expression"),
-        start: str | None = _q("unix seconds or RFC 3339"),
-        end: str | None = _q("unix seconds or RFC 3339"),
-        _t: object = read,
-    ) -> JSONResponse:
-        return await handle(request, do_exemplars)
-
-    @router.post("/api/v1/query_exemplars", include_in_schema=False)
-    async def exemplars_post(request: Request, _t: object = read) -> JSONResponse:
-        return await handle(request, do_exemplars)
+    query, timeout = _Param("query", "kql / PromQL expression"), _Param("timeout", "evaluation timeout")
+    start, end = _Param("start", "unix seconds or RFC 3339"), _Param("end", "unix seconds or RFC 3339")
+    matches = _Param("match[]", "series selectors", repeated=True)
+    route(
+        "/api/v1/query",
+        do_query,
+        "Instant query (Prometheus API)",
+        query,
+        _Param("time", "evaluation time: unix seconds or RFC 3339; default now"),
+        _Param("timeout", "evaluation timeout: seconds or a duration"),
+    )
+    route(
+        "/api/v1/query_range",
+        do_query_range,
+        "Range query (Prometheus API)",
+        query,
+        start,
+        end,
+        _Param("step", "seconds or a duration"),
+        timeout,
+    )
+    route(
+        "/api/v1/series",
+        do_series,
+        "Series matching selectors (Prometheus API)",
+        matches,
+        start,
+        end,
+        _Param("limit", "at most this many series"),
+    )
+    route(
+        "/api/v1/labels",
+        do_labels,
+        "Label names (Prometheus API)",
+        matches,
+        start,
+        end,
+        _Param("limit", "at most this many names"),
+    )
+    route(
+        "/api/v1/label/{name}/values",
+        do_label_values,
+        "Values of one label (Prometheus API)",
+        _Param("name", "label name", path=True),
+        matches,
+        start,
+        end,
+        _Param("limit", "at most this many values"),
+    )
+    route(
+        "/api/v1/metadata",
+        do_metadata,
+        "Metric metadata (Prometheus API)",
+        _Param("metric", "one metric name"),
+        _Param("limit", "at most this many metrics"),
+    )
+    route("/api/v1/format_query", do_format_query, "The query pretty-printed (Prometheus API)", query)
+    route(
+        "/api/v1/query_exemplars",
+        do_exemplars,
+        "Exemplars (none are stored: always empty)",
+        query,
+        start,
+        end,
+    )
 
     @router.get("/api/v1/status/buildinfo", summary="Build information (Prometheus API)")
     async def buildinfo(_t: object = read) -> JSONResponse:

@@ -41,13 +41,11 @@ from kernel_insight.kql.ast import (
 from kernel_insight.kql.binary import ARITHMETIC, binary_op
 from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
-    KqlError,
     KqlEvaluationError,
     KqlParseError,
     KqlTypeError,
     QueryCancelledError,
     QueryTimeoutError,
-    StorageError,
     TooManySamplesError,
     TooManySeriesError,
 )
@@ -65,13 +63,13 @@ from kernel_insight.kql.pushdown import (
     grid_step,
 )
 from kernel_insight.kql.storage import (
-    READ_BUDGET,
     Matcher,
     ReadBudget,
     SeriesData,
     Storage,
     is_stale,
     is_stale_histogram,
+    read_within,
 )
 from kernel_insight.kql.values import (
     Annotation,
@@ -130,6 +128,10 @@ class EngineLimits:
     max_series: int = 1_000_000  # series one selector may return, and series in a result
     lookback_ms: int = DEFAULT_LOOKBACK_MS
     subquery_step_ms: int = 60_000  # resolution of subqueries written without a step
+
+    def read_budget(self, deadline: float, held: int = 0) -> ReadBudget:
+        """What one storage read may spend: until ``deadline``, and the samples ``held`` leaves free."""
+        return ReadBudget(deadline, self.timeout_s, max(0, self.max_samples - held))
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -275,18 +277,9 @@ class _Evaluator:
         A back end that honours the budget raises the query's own timeout or sample-limit error.
         """
         self.checkpoint()
-        budget = ReadBudget(self.deadline, self.limits.timeout_s, max(0, self.limits.max_samples - self.held))
-        token = READ_BUDGET.set(budget)
-        try:
-            return fn(*args)
-        except StorageError as exc:  # retryable stays retryable: it is read from the cause
-            raise StorageError(f"storage select failed: {exc}") from exc
-        except KqlError:
-            raise
-        except Exception as exc:
-            raise StorageError(f"storage select failed: {exc}") from exc
-        finally:
-            READ_BUDGET.reset(token)
+        return read_within(
+            self.limits.read_budget(self.deadline, self.held), "storage select failed", fn, *args
+        )
 
     def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
         series = self.read(self.storage.select, matchers, start, end)

@@ -7,14 +7,15 @@ Two back ends implement :class:`Storage`: the ClickHouse store of the collector 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql.errors import KqlError, StorageError
 from kernel_insight.kql.regex import RegexError, compile_anchored
 
 #: A native-histogram sample value: ``kernel_insight.kql.nativehist.FloatHistogram`` (issue 14's
@@ -37,6 +38,7 @@ __all__ = [
     "is_stale_value",
     "labels_match",
     "normalize_labels",
+    "read_within",
 ]
 
 #: The Prometheus staleness marker: a NaN with this exact bit pattern (``value.StaleNaN``).
@@ -142,6 +144,28 @@ class ReadBudget:
 
 #: Set by the engine around each storage read, in the reading thread; ``None`` outside a query.
 READ_BUDGET: ContextVar[ReadBudget | None] = ContextVar("kql_read_budget", default=None)
+
+_T = TypeVar("_T")
+
+
+def read_within(budget: ReadBudget, what: str, fn: Callable[..., _T], *args: Any) -> _T:
+    """Call a storage read under ``budget`` (:data:`READ_BUDGET`); its failures become StorageError.
+
+    kql's own errors (the budget's timeout and sample limit) pass as they are; any other
+    failure is wrapped as ``"<what>: <message>"``, and a retryable one stays retryable (read
+    from the cause). The engine's reads and the API's series and label listings share it.
+    """
+    token = READ_BUDGET.set(budget)
+    try:
+        return fn(*args)
+    except StorageError as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+    except KqlError:
+        raise
+    except Exception as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+    finally:
+        READ_BUDGET.reset(token)
 
 
 @runtime_checkable
