@@ -69,6 +69,9 @@ class Ring:
         bz: int = ...,
         /,
     ) -> int: ...
+    def launch_span(
+        self, name_id: int, device: int, ts_ns: int, pid: int, tid: int, correlation: int, host_ns: int, /
+    ) -> int: ...
     def memop(
         self,
         kind: int,

@@ -62,6 +62,7 @@ class RecordType(enum.IntEnum):
 class RecordFlag(enum.IntFlag):
     FAILED = 0x01
     SIMULATED = 0x02
+    LAUNCH_SPAN = 0x04  # LAUNCH: the host side of a CUDA-event span (docs/ring.md)
     STRING_SIZED = 0x20  # last STRING chunk of a name ending in NUL: byte 31 is the chunk's length
     FP_STRING = 0x40
     STRING_LAST = 0x80

@@ -80,6 +80,9 @@ _MAX_BUCKET = 63
 
 # Payload layouts of ki_ring.h (docs/ring.md): records.PAYLOAD_DTYPES, the one table.
 _KERNEL_DTYPE = PAYLOAD_DTYPES[RecordType.KERNEL]
+_LAUNCH_DTYPE = PAYLOAD_DTYPES[RecordType.LAUNCH]
+#: Host launches (ring flag LAUNCH_SPAN) held for a kernel record in a later batch, per agent.
+MAX_OPEN_LAUNCHES = 65_536
 _MEMOP_DTYPE = PAYLOAD_DTYPES[RecordType.MEMOP]
 _COLLECTIVE_DTYPE = PAYLOAD_DTYPES[RecordType.COLLECTIVE]
 _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
@@ -233,6 +236,8 @@ class Deriver:
         self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
         self._memory_total: dict[int, float] = {}
+        # (gpu, pid, correlation) -> (launch ns, host ns, tid): launches whose kernel is not in yet
+        self._open_launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}
 
     # ---- undo ------------------------------------------------------------------------
 
@@ -409,8 +414,15 @@ class Deriver:
         fp_changed = self._fingerprints(records[types == RecordType.FINGERPRINT], dropped)
         if fp_changed:
             self._key_cache.clear()  # a GPU's gpu_product label may read differently now
+        launches = records[types == RecordType.LAUNCH]
+        of_span = (launches["flags"] & RecordFlag.LAUNCH_SPAN) != 0
+        if of_span.any():
+            self._span_launches(launches[of_span])
+            launches = launches[~of_span]  # the host side of a span, not a driver launch call
         spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped)
-        self._launches(records[types == RecordType.LAUNCH], samples)
+        if self._open_launches and len(spans):
+            self._attach_launches(spans)
+        self._launches(launches, samples)
         self._memops(records[types == RecordType.MEMOP], samples)
         self._collectives(records[types == RecordType.COLLECTIVE], samples)
         self._syncs(records[types == RecordType.SYNC], samples)
@@ -503,6 +515,36 @@ class Deriver:
                 self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel), ts_ms, total / n
             )
         return spans
+
+    # ---- LAUNCH_SPAN: the host side of CUDA-event spans -----------------------------------
+
+    def _span_launches(self, r: npt.NDArray[np.void]) -> None:
+        """Hold each launch until its kernel record arrives (the probe writes it just before)."""
+        p = _payload(r, _LAUNCH_DTYPE)
+        corr = p["grid"][:, 0].astype(np.uint64) | (p["grid"][:, 1].astype(np.uint64) << np.uint64(32))
+        held = self._open_launches
+        for gpu, pid, c, ts, host, tid in zip(
+            r["device"].tolist(),
+            p["pid"].tolist(),
+            corr.tolist(),
+            r["ts_ns"].tolist(),
+            p["grid"][:, 2].tolist(),
+            p["tid"].tolist(),
+            strict=True,
+        ):
+            held[(gpu, pid, c)] = (min(ts, _MAX_TS_NS), host, tid)
+        while len(held) > MAX_OPEN_LAUNCHES:  # kernels that never came: forget the oldest
+            del held[next(iter(held))]
+
+    def _attach_launches(self, spans: SpanBatch) -> None:
+        """Fill the spans' host side from the held launches (each taken once)."""
+        held = self._open_launches
+        for i, key in enumerate(
+            zip(spans.gpu.tolist(), spans.pid.tolist(), spans.correlation.tolist(), strict=True)
+        ):
+            hit = held.pop(key, None)
+            if hit is not None:
+                spans.launch_ns[i], spans.launch_host_ns[i], spans.tid[i] = hit
 
     # ---- LAUNCH, MEMOP, COLLECTIVE, SYNC: counters per record ---------------------------
 

@@ -1,8 +1,9 @@
 """One GPU's window as a native Perfetto trace (protobuf ``Trace``), built with the ``perfetto`` package's messages.
 
 Same layout as the JSON export (collector/trace.py): a process track per GPU, a child track
-per stream, counter tracks for memory and SM utilisation, instants for errors; but timestamps
-are absolute nanoseconds (protobuf integers lose nothing). Building one message per event in
+per stream, counter tracks for memory and SM utilisation, instants for errors, and for spans
+with a host side (ring flag LAUNCH_SPAN) a launch slice on the host thread's track with a flow
+(``flow_ids`` / ``terminating_flow_ids``) to the kernel; but timestamps are absolute nanoseconds (protobuf integers lose nothing). Building one message per event in
 Python costs microseconds each, so this format takes at most :data:`MAX_PROTO_SPANS` spans.
 """
 
@@ -36,7 +37,8 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
     """The serialized ``perfetto.protos.Trace`` of ``window``; raises TraceTooLarge past ``max_spans``."""
     p = Params()
     rows = store.query(
-        "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid"
+        "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid,"
+        " launch_ns, launch_host_ns, tid"
         f" FROM {qualified(store.database, 'kernel_spans')} WHERE {window.where(p)}"
         f" ORDER BY start, stream LIMIT {int(max_spans) + 1}",
         p,
@@ -59,14 +61,30 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
         tracks[stream] = uuid
         desc = _packet(trace).track_descriptor
         desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, f"stream {stream}"
-    for stream, kernel, start, dur, corr, pid in zip(
-        rows["stream"], rows["kernel"], rows["s"], rows["d"], rows["correlation"], rows["pid"], strict=True
+    threads = _host_tracks(trace, window, rows)
+    flow = 0
+    for stream, kernel, start, dur, corr, pid, launch, host_ns, tid in zip(
+        rows["stream"],
+        rows["kernel"],
+        rows["s"],
+        rows["d"],
+        rows["correlation"],
+        rows["pid"],
+        rows["launch_ns"],
+        rows["launch_host_ns"],
+        rows["tid"],
+        strict=True,
     ):
+        if launch:
+            flow += 1
+            _launch_slice(trace, threads[(pid, tid)], kernel, launch, max(host_ns, 1), flow)
         begin = _packet(trace)
         begin.timestamp = start
         ev = begin.track_event
         ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, tracks[stream], kernel
         ev.categories.append("kernel")
+        if launch:
+            ev.terminating_flow_ids.append(flow)
         for name, value in (("correlation", corr), ("pid", pid), ("stream", stream)):
             a = ev.debug_annotations.add()
             a.name, a.uint_value = name, value
@@ -93,3 +111,39 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
             p.track_event.double_counter_value = value
     data: bytes = trace.SerializeToString()
     return data
+
+
+def _host_tracks(
+    trace: pb.Trace, window: SpanWindow, rows: dict[str, list[int]]
+) -> dict[tuple[int, int], int]:
+    """A process track per host process and a thread track per thread that launched spans: (pid, tid) -> uuid."""
+    threads: dict[tuple[int, int], int] = {}
+    seen: set[int] = set()
+    for pid, tid, launch in zip(rows["pid"], rows["tid"], rows["launch_ns"], strict=True):
+        if not launch or (pid, tid) in threads:
+            continue
+        if pid not in seen:
+            seen.add(pid)
+            desc = _packet(trace).track_descriptor
+            desc.uuid = (1 << 62) | pid
+            desc.process.pid = pid
+            desc.process.process_name = f"{window.instance} process {pid} (host)"
+        desc = _packet(trace).track_descriptor
+        desc.uuid = (1 << 61) | (pid << 24) | (tid & 0xFFFFFF)
+        desc.parent_uuid = (1 << 62) | pid
+        desc.thread.pid, desc.thread.tid, desc.thread.thread_name = pid, tid, f"thread {tid}"
+        threads[(pid, tid)] = desc.uuid
+    return threads
+
+
+def _launch_slice(trace: pb.Trace, track: int, name: str, start: int, dur: int, flow: int) -> None:
+    """The host side of one span: a slice on its thread's track that starts the flow to its kernel."""
+    begin = _packet(trace)
+    begin.timestamp = start
+    ev = begin.track_event
+    ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, track, name
+    ev.categories.append("launch")
+    ev.flow_ids.append(flow)
+    end = _packet(trace)
+    end.timestamp = start + dur
+    end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, track

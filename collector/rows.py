@@ -679,11 +679,25 @@ class SpanBatch:
     end_ns: npt.NDArray[np.int64]
     correlation: npt.NDArray[np.uint64]
     pid: npt.NDArray[np.uint32]
+    #: The host side of spans from the CUDA-event probe (ring flag LAUNCH_SPAN): when the host
+    #: launched the span (0: unknown), the host ns its code took, and the host thread.
+    #: Left out: zeros.
+    launch_ns: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    launch_host_ns: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, np.uint32))
+    tid: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, np.uint32))
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
         cols = (self.instance, self.gpu, self.stream, self.kernel, self.end_ns, self.correlation, self.pid)
         if any(len(c) != n for c in cols):
+            raise ValueError("every span column must have the same length")
+        if n and not len(self.launch_ns):
+            self.launch_ns = np.zeros(n, np.int64)
+        if n and not len(self.launch_host_ns):
+            self.launch_host_ns = np.zeros(n, np.uint32)
+        if n and not len(self.tid):
+            self.tid = np.zeros(n, np.uint32)
+        if not len(self.launch_ns) == len(self.launch_host_ns) == len(self.tid) == n:
             raise ValueError("every span column must have the same length")
 
     def __len__(self) -> int:

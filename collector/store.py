@@ -614,6 +614,9 @@ class Store(ABC):
                 "duration_ns": pa.array(np.maximum(end - start, 0).astype(np.uint64), pa.uint64()),
                 "correlation": pa.array(spans.correlation, pa.uint64()),
                 "pid": pa.array(spans.pid, pa.uint32()),
+                "launch_ns": pa.array(spans.launch_ns, pa.int64()),
+                "launch_host_ns": pa.array(spans.launch_host_ns, pa.uint32()),
+                "tid": pa.array(spans.tid, pa.uint32()),
             }
         )
 

@@ -3,8 +3,11 @@
 Layout (docs/api.md, "Timeline export"): one process per GPU, one thread (track) per stream,
 ``ph: "X"`` complete events for spans (``ts``/``dur`` in microseconds with three decimals, so
 nanoseconds survive; exact nanoseconds again in ``args``), ``ph: "C"`` counters for memory and SM
-utilisation, ``ph: "i"`` instant events for errors. ``ts`` counts from the window's start
-(``otherData.origin_ns``): microseconds since 1970 with nanosecond decimals need 19 digits, more
+utilisation, ``ph: "i"`` instant events for errors. A span whose host side the CUDA-event probe
+recorded (ring flag LAUNCH_SPAN) also has its launch: a ``cat: "launch"`` slice on the host
+process's thread and a flow (``ph: "s"`` there, ``ph: "f"`` bound to the kernel) from one to the
+other. ``ts`` counts from the window's start, or from the earliest launch of its spans if that is
+earlier (``otherData.origin_ns``): microseconds since 1970 with nanosecond decimals need 19 digits, more
 than a double (what every JSON reader parses ``ts`` into) holds. The span events are formatted inside
 ClickHouse: a 60 s window can hold a million spans, too many to build as Python dicts in time.
 """
@@ -50,7 +53,11 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
     p = Params()
     spans, where = qualified(store.database, "kernel_spans"), window.where(p)
     head = store.query(
-        f"SELECT count() AS n, groupUniqArray(stream) AS streams FROM {spans} WHERE {where}", p
+        "SELECT count() AS n, groupUniqArray(stream) AS streams, countIf(launch_ns != 0) AS launches,"
+        " minIf(launch_ns, launch_ns != 0) AS first_launch,"
+        " groupUniqArrayIf((pid, tid), launch_ns != 0) AS threads"
+        f" FROM {spans} WHERE {where}",
+        p,
     ).to_pylist()[0]
     if int(head["n"]) > max_spans:
         raise TraceTooLarge(
@@ -58,7 +65,8 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
         )
     tids = stream_tids([int(s) for s in head["streams"]])
     pid = window.gpu
-    origin = window.start_ns
+    launches = int(head["launches"])
+    origin = min(window.start_ns, int(head["first_launch"])) if launches else window.start_ns
     meta: list[dict[str, Any]] = [
         {
             "ph": "M",
@@ -75,6 +83,14 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
         )
         meta.append(
             {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        )
+    threads = sorted((int(t["1"]), int(t["2"])) for t in head["threads"]) if launches else []
+    for host_pid in sorted({hp for hp, _ in threads}):
+        name = f"{window.instance} process {host_pid} (host)"
+        meta.append({"ph": "M", "name": "process_name", "pid": host_pid, "tid": 0, "args": {"name": name}})
+    for host_pid, tid in threads:
+        meta.append(
+            {"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid, "args": {"name": f"thread {tid}"}}
         )
     parts = [orjson.dumps(m) for m in meta]
     if tids:
@@ -97,6 +113,8 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
             # One join in Arrow's C++: a million Python strings would take longer than the query.
             whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
             parts.append(pc.binary_join(whole, ",")[0].as_buffer().to_pybytes())
+    if launches:
+        parts.append(_launch_events(store, spans, where, p, origin, tids))
     for ev in read_events(store, window, MAX_EXPORT_EVENTS):
         parts.append(
             orjson.dumps(
@@ -133,3 +151,39 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
         )
     other = orjson.dumps({"origin_ns": str(origin), "instance": window.instance, "gpu": window.gpu})
     return b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[' + b",".join(parts) + b"]}"
+
+
+def _launch_events(
+    store: Store, spans: str, where: str, p: Params, origin: int, tids: dict[int, int]
+) -> bytes:
+    """Per span with a host side: its launch slice on the host thread and the flow to the kernel.
+
+    The flow starts (``s``) where the launch slice starts and ends (``f``, ``bp: "e"``: bound to
+    the enclosing slice) where the kernel starts, so both ends sit inside their slices.
+    """
+    keys = ", ".join(str(s) for s in tids)
+    values = ", ".join(str(t) for t in tids.values())
+    launch, start = "launch_ns", "toUnixTimestamp64Nano(start)"
+    dur = "greatest(toInt64(launch_host_ns), 1)"
+    lrel, krel = f"({launch} - toInt64({origin}))", f"({start} - toInt64({origin}))"
+    host = "',\"pid\":', toString(pid), ',\"tid\":', toString(tid)"
+    sql = (
+        'SELECT concat(\'{"ph":"X","cat":"launch"\','
+        f" {host}, ',\"ts\":', {_us(lrel)}, ',\"dur\":', {_us(dur)},"
+        " ',\"name\":', toJSONString(toString(kernel)),"
+        f' \',"args":{{"start_ns":\', toString({launch}), \',"dur_ns":\', toString({dur}),'
+        ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
+        ' \',"pid":\', toString(pid), \'}},{"ph":"s","cat":"launch","id":\', toString(n),'
+        f" {host}, ',\"ts\":', {_us(lrel)}, ',\"name\":', toJSONString(toString(kernel)),"
+        ' \'},{"ph":"f","bp":"e","cat":"launch","id":\', toString(n),'
+        " ',\"pid\":', toString(gpu),"
+        f" ',\"tid\":', toString(transform(stream, [{keys}], [{values}], 0)),"
+        f" ',\"ts\":', {_us(krel)}, ',\"name\":', toJSONString(toString(kernel)), '}}') AS e"
+        f" FROM (SELECT *, rowNumberInAllBlocks() + 1 AS n FROM (SELECT gpu, stream, kernel, start,"
+        f" correlation, pid, tid, launch_ns, launch_host_ns FROM {spans} WHERE {where} AND launch_ns != 0"
+        " ORDER BY start, stream))"
+    )
+    column = store.query(sql, p).column("e").combine_chunks()
+    whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
+    data: bytes = pc.binary_join(whole, ",")[0].as_buffer().to_pybytes()
+    return data

@@ -42,6 +42,19 @@ def check_trace(raw: bytes) -> dict[str, Any]:
         assert round(e["ts"] * 1000) == start - origin, e
         assert round(e["dur"] * 1000) == dur, e
         tracks[(e["pid"], e["tid"])].append((start, start + dur))
+    # Flows: each id starts once (s) and ends once (f), and each end lies inside a slice of its
+    # track (where Perfetto binds it): s inside its launch slice, f at its kernel's start.
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == phases["s"], "a flow id starts twice"
+    assert len(ends) == phases["f"], "a flow id ends twice"
+    assert starts.keys() == ends.keys(), "a flow without its other end"
+    for e in (*starts.values(), *ends.values()):
+        at = origin + round(e["ts"] * 1000)
+        assert any(a <= at < b or a == at == b for a, b in tracks[(e["pid"], e["tid"])]), (
+            f"flow end {e} in no slice"
+        )
+    flows = [(starts[i], ends[i]) for i in sorted(starts)]
     for track, spans in tracks.items():
         spans.sort(key=lambda s: (s[0], -s[1]))
         stack: list[int] = []
@@ -50,7 +63,7 @@ def check_trace(raw: bytes) -> dict[str, Any]:
                 stack.pop()
             assert not stack or end <= stack[-1], f"span {start}..{end} on {track} overlaps its parent"
             stack.append(end)
-    return {"phases": phases, "tracks": {k: len(v) for k, v in tracks.items()}, "doc": doc}
+    return {"phases": phases, "tracks": {k: len(v) for k, v in tracks.items()}, "doc": doc, "flows": flows}
 
 
 def check_perfetto(raw: bytes) -> dict[str, Any]:
@@ -70,11 +83,18 @@ def check_perfetto(raw: bytes) -> dict[str, Any]:
     stacks: dict[int, list[tuple[int, str]]] = defaultdict(list)
     slices: list[tuple[str, str, int, int]] = []
     per_track: Counter[str] = Counter()
+    flows_out: dict[int, tuple[str, str, int]] = {}
+    flows_in: dict[int, tuple[str, str, int]] = {}
     for packet in trace.packet:
         assert packet.trusted_packet_sequence_id == 1
         if packet.HasField("track_descriptor"):
             d = packet.track_descriptor
-            names[d.uuid] = d.process.process_name if d.HasField("process") else d.name
+            if d.HasField("process"):
+                names[d.uuid] = d.process.process_name
+            elif d.HasField("thread"):
+                names[d.uuid] = d.thread.thread_name
+            else:
+                names[d.uuid] = d.name
             if d.HasField("counter"):
                 counters.add(d.uuid)
             continue
@@ -84,6 +104,13 @@ def check_perfetto(raw: bytes) -> dict[str, Any]:
         types[kind] += 1
         if kind == "TYPE_SLICE_BEGIN":
             stacks[ev.track_uuid].append((packet.timestamp, ev.name))
+            for f in ev.flow_ids:
+                assert f not in flows_out, f"flow {f} starts twice"
+                flows_out[f] = (names[ev.track_uuid], ev.name, packet.timestamp)
+            for f in ev.terminating_flow_ids:
+                assert f in flows_out, f"flow {f} ends before it starts"
+                assert f not in flows_in, f"flow {f} ends twice"
+                flows_in[f] = (names[ev.track_uuid], ev.name, packet.timestamp)
         elif kind == "TYPE_SLICE_END":
             assert stacks[ev.track_uuid], "END without BEGIN"
             start, name = stacks[ev.track_uuid].pop()
@@ -93,4 +120,12 @@ def check_perfetto(raw: bytes) -> dict[str, Any]:
         elif kind == "TYPE_COUNTER":
             assert ev.track_uuid in counters
     assert all(not s for s in stacks.values()), "slices left open"
-    return {"types": types, "tracks": per_track, "slices": slices, "names": set(names.values())}
+    assert flows_out.keys() == flows_in.keys(), "a flow without its other end"
+    flows = [(flows_out[f], flows_in[f]) for f in sorted(flows_out)]
+    return {
+        "types": types,
+        "tracks": per_track,
+        "slices": slices,
+        "names": set(names.values()),
+        "flows": flows,
+    }

@@ -103,6 +103,9 @@ enum ki_fp_field {
 /* Record flags. */
 #define KI_FLAG_FAILED 0x01u      /* MEMOP/COLLECTIVE: the call returned an error */
 #define KI_FLAG_SIMULATED 0x02u   /* produced by the simulator, never real hardware */
+#define KI_FLAG_LAUNCH_SPAN 0x04u /* LAUNCH: the host side of the KERNEL record with the same pid and correlation,
+                                     written by the CUDA-event probe: grid x, y = correlation (low, high 32 bits),
+                                     grid z = host ns the span's code took (capped), block = 0 (docs/ring.md) */
 #define KI_FLAG_STRING_LAST 0x80u /* STRING: last chunk of the name */
 #define KI_FLAG_STRING_SIZED 0x20u /* STRING, last chunk: text[31] is this chunk's byte count (0..31), for names ending in NUL */
 #define KI_FLAG_FP_STRING 0x40u   /* FINGERPRINT: value is a string id */

@@ -219,8 +219,11 @@ def _choose_backend() -> Backend:
     return CpuBackend()
 
 
-#: A span in flight: (name id, device, stream id, start event, end event, sequence number).
-_Pending = tuple[int, int, int, Any, Any, int]
+#: A span in flight: (name id, device, stream id, start event, end event, sequence number,
+#: host ns at begin, host ns begin..end, host thread id).
+_Pending = tuple[int, int, int, Any, Any, int, int, int, int]
+#: What ``begin`` hands to ``end``: the back end's (start event, stream, stream id, device) and the host time.
+_Token = tuple[Any, Any, int, int, int]
 
 
 class Probe:
@@ -241,6 +244,7 @@ class Probe:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._anchors: dict[int, tuple[Any, int, float]] = {}  # device -> (event, real ns, monotonic s)
         self._seq = 0
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -256,19 +260,23 @@ class Probe:
 
     # ---- hot path ------------------------------------------------------------------
 
-    def begin(self, stream: Any = None) -> tuple[Any, Any, int, int]:
-        """Record a start event; returns what ``end`` needs.  No synchronisation."""
-        return (self._backend or self.backend).begin(stream)
+    def begin(self, stream: Any = None) -> _Token:
+        """Record a start event and the host time (the launch); returns what ``end`` needs.  No synchronisation."""
+        start, s, sid, dev = (self._backend or self.backend).begin(stream)
+        return start, s, sid, dev, time.time_ns()
 
-    def end(self, name: str, token: tuple[Any, Any, int, int]) -> None:
-        """Record the end event and queue the pair for the reaper."""
-        start, s, sid, dev = token
+    def end(self, name: str, token: _Token) -> None:
+        """Record the end event and queue the pair for the reaper, with the host side of the span."""
+        start, s, sid, dev, launch_ns = token
         ev = (self._backend or self.backend).end(s)
+        host_ns = time.time_ns() - launch_ns
         name_id = self._names.get((dev, name))
         if name_id is None:
             name_id = self._name_id(dev, name)
         self._seq += 1
-        self._pending.append((name_id, dev, sid, start, ev, self._seq))
+        self._pending.append(
+            (name_id, dev, sid, start, ev, self._seq, launch_ns, host_ns, threading.get_native_id())
+        )
         if self._reaper is None:
             self._start_reaper()
 
@@ -313,7 +321,7 @@ class Probe:
         n = 0
         pending = self._pending
         while pending:
-            name_id, dev, sid, start, end, seq = pending[0]
+            name_id, dev, sid, start, end, seq, launch_ns, host_ns, tid = pending[0]
             if not b.done(end):
                 break
             pending.popleft()
@@ -326,7 +334,10 @@ class Probe:
             if ring is None:
                 self.dropped += 1
                 continue
-            if ring.kernel(name_id, dev, start_ns, end_ns, sid, seq) == 0:
+            # The host side first (its launch, thread, enqueue time), tied to the kernel by pid and
+            # correlation: the timeline's flow from launch to kernel (docs/ring.md, LAUNCH_SPAN).
+            ring.launch_span(name_id, dev, launch_ns, self._pid, tid, seq, max(0, host_ns))
+            if ring.kernel(name_id, dev, start_ns, end_ns, sid, seq, self._pid) == 0:
                 self.written += 1
                 n += 1
             else:
@@ -416,7 +427,7 @@ class span:
         self.name = name
         self.stream = stream
         self._probe = probe
-        self._tokens: list[tuple[Any, Any, int, int]] = []  # a stack: the same span object may nest
+        self._tokens: list[_Token] = []  # a stack: the same span object may nest
 
     def __enter__(self) -> span:
         probe = self._probe or default_probe()

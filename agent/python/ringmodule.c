@@ -286,6 +286,25 @@ static PyObject *Ring_launch(RingObject *self, PyObject *const *args, Py_ssize_t
     return write_result(self, &rec);
 }
 
+/* launch_span(name_id, device, ts_ns, pid, tid, correlation, host_ns): the host side of a CUDA-event
+ * span (KI_FLAG_LAUNCH_SPAN), tied to its KERNEL record by pid and correlation. */
+static PyObject *Ring_launch_span(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t a[7];
+    if (require_producer(self) < 0 || parse_u64(args, nargs, 7, 7, a, "launch_span") < 0 ||
+        check_common(a, "launch_span") < 0)
+        return NULL;
+    for (int i = 3; i < 5; i++)
+        if (check_u32(a[i], "launch_span", "pid and tid") < 0) return NULL;
+    REC_INIT(rec, KI_REC_LAUNCH, a[1], a[0], a[2]);
+    rec.flags = KI_FLAG_LAUNCH_SPAN;
+    rec.u.launch.pid = (uint32_t)a[3];
+    rec.u.launch.tid = (uint32_t)a[4];
+    rec.u.launch.grid[0] = (uint32_t)a[5];
+    rec.u.launch.grid[1] = (uint32_t)(a[5] >> 32);
+    rec.u.launch.grid[2] = a[6] > UINT32_MAX ? UINT32_MAX : (uint32_t)a[6];
+    return write_result(self, &rec);
+}
+
 /* memop(kind, device, ts_ns, address, nbytes, pid, tid=0, status=0) */
 static PyObject *Ring_memop(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t a[8]; /* status (argument 8) is signed: parsed on its own */
@@ -539,6 +558,9 @@ static PyMethodDef Ring_methods[] = {
      "kernel(name_id, device, start_ns, end_ns, stream=0, correlation=0, pid=self) -> status"},
     {"launch", (PyCFunction)(void (*)(void))Ring_launch, METH_FASTCALL,
      "launch(function_id, device, ts_ns, pid, tid, gx=1, gy=1, gz=1, bx=1, by=1, bz=1) -> status"},
+    {"launch_span", (PyCFunction)(void (*)(void))Ring_launch_span, METH_FASTCALL,
+     "launch_span(name_id, device, ts_ns, pid, tid, correlation, host_ns) -> status: the host side of a "
+     "CUDA-event span, tied to its kernel record by pid and correlation"},
     {"memop", (PyCFunction)(void (*)(void))Ring_memop, METH_FASTCALL,
      "memop(kind, device, ts_ns, address, nbytes, pid, tid=0, status=0) -> status"},
     {"collective", (PyCFunction)(void (*)(void))Ring_collective, METH_FASTCALL,

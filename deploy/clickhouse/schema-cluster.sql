@@ -81,7 +81,10 @@ CREATE TABLE IF NOT EXISTS ki.kernel_spans_local ON CLUSTER ki
     `end` DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
     duration_ns UInt64 CODEC(T64, ZSTD(1)),
     correlation UInt64 CODEC(Delta, ZSTD(1)),
-    pid UInt32 CODEC(ZSTD(1))
+    pid UInt32 CODEC(ZSTD(1)),
+    launch_ns Int64 CODEC(Delta, ZSTD(1)) COMMENT 'host time the span was launched (CUDA-event probe, ring flag LAUNCH_SPAN); 0: unknown',
+    launch_host_ns UInt32 CODEC(T64, ZSTD(1)) COMMENT 'host ns the span\'s code took to enqueue it',
+    tid UInt32 CODEC(ZSTD(1)) COMMENT 'host thread of the launch; 0: unknown'
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/kernel_spans_local', '{replica}')
 PARTITION BY toDate(start)

@@ -212,6 +212,52 @@ def test_export_refuses_a_window_over_the_span_limit(client, monkeypatch):
     assert "150 spans" in r.json()["error"]
 
 
+def _launched(store) -> dict[str, object]:
+    """GPU 2 of n1: three spans whose host side the probe recorded (one launched before the window
+    starts, two nested launches on one thread) and one without; returns the window's parameters."""
+    rows = [(7, "step", T0 + 10_000, 50_000), (7, "fwd", T0 + 20_000, 5_000), (9, "bwd", T0 + 40_000, 8_000)]
+    batch = _spans("n1", 2, [*rows, (9, "no_host_side", T0 + 70_000, 1_000)])
+    batch.launch_ns[:3] = [T0 - 4_000, T0 + 1_000, T0 + 30_000]
+    batch.launch_host_ns[:3] = [30_000, 2_000, 500]
+    batch.tid[:3] = [77, 77, 78]
+    store.insert_spans(batch)
+    return {"instance": "n1", "gpu": 2, "from": T0 / S, "to": (T0 + S) / S}
+
+
+def test_export_draws_a_flow_from_each_host_launch_to_its_kernel(client, store):
+    window = _launched(store)
+    checked = check_trace(client.get("/v1/timeline/export", params=window).content)
+    doc = checked["doc"]
+    origin = int(doc["otherData"]["origin_ns"])
+    assert origin == T0 - 4_000  # the earliest launch, before the window's start
+    assert checked["phases"]["s"] == checked["phases"]["f"] == 3
+    launches = sorted(
+        (e["tid"], e["args"]["start_ns"], e["args"]["dur_ns"], e["name"])
+        for e in doc["traceEvents"]
+        if e["ph"] == "X" and e["cat"] == "launch"
+    )
+    assert launches == [
+        (77, T0 - 4_000, 30_000, "step"),
+        (77, T0 + 1_000, 2_000, "fwd"),
+        (78, T0 + 30_000, 500, "bwd"),
+    ]
+    host_side = [e for e in doc["traceEvents"] if e["ph"] == "s" or (e["ph"] == "X" and e["cat"] == "launch")]
+    assert {e["pid"] for e in host_side} == {42}
+    ends = {s["name"]: (f["pid"], origin + round(f["ts"] * 1000)) for s, f in checked["flows"]}
+    assert ends == {"step": (2, T0 + 10_000), "fwd": (2, T0 + 20_000), "bwd": (2, T0 + 40_000)}
+    names = {e["args"].get("name") for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert {"n1 process 42 (host)", "thread 77", "thread 78"} <= names
+
+    proto = check_perfetto(client.get("/v1/timeline/export", params={**window, "format": "perfetto"}).content)
+    assert sorted((src[0], src[1], src[2], dst[0], dst[2]) for src, dst in proto["flows"]) == [
+        ("thread 77", "fwd", T0 + 1_000, "stream 7", T0 + 20_000),
+        ("thread 77", "step", T0 - 4_000, "stream 7", T0 + 10_000),
+        ("thread 78", "bwd", T0 + 30_000, "stream 9", T0 + 40_000),
+    ]
+    assert proto["tracks"]["thread 77"] == 2
+    assert "n1 process 42 (host)" in proto["names"]
+
+
 # ---------------------------------------------------------------- capture windows
 
 

@@ -376,3 +376,24 @@ def test_fingerprints_are_bounded_per_agent(monkeypatch) -> None:
         "gpu1.field_100",
         "gpu1.field_104",
     ]
+
+
+def test_probe_launches_become_the_host_side_of_their_spans_even_a_batch_later(ring):
+    step = ring.intern("train_step")
+    ring.launch(step, 0, T0, 42, 7)  # a driver launch call (eBPF): counted, never attached
+    ring.launch_span(step, 0, T0 + 100, 42, 7, 5, 900)
+    ring.kernel(step, 0, T0 + 1000, T0 + 3000, 3, 5, 42)
+    ring.launch_span(step, 1, T0 + 200, 42, 8, 6, 50)  # its kernel comes in the next batch
+    ring.launch_span(step, 0, T0 + 300, 43, 9, 5, 70)  # same correlation, another process
+    deriver = Deriver("host-1")
+    d = deriver.derive(_drain(ring), now_ns=T0)
+    assert d.spans.launch_ns.tolist() == [T0 + 100]
+    assert d.spans.launch_host_ns.tolist() == [900]
+    assert d.spans.tid.tolist() == [7]
+    assert _find(_samples(d), "cuda_launch_calls_total", gpu="0") == [(T0 // 10**6, 1.0)]
+    ring.kernel(step, 1, T0 + 2000, T0 + 2500, 3, 6, 42)
+    ring.kernel(step, 0, T0 + 2100, T0 + 2600, 3, 5, 43)
+    ring.kernel(step, 0, T0 + 2200, T0 + 2700, 3, 99, 42)  # no launch known
+    d = deriver.derive(_drain(ring), now_ns=T0)
+    assert d.spans.launch_ns.tolist() == [T0 + 200, T0 + 300, 0]
+    assert d.spans.tid.tolist() == [8, 9, 0]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from probeutil import HERE, INCLUDE, compile_c, drain, names_of
 from kernel_insight.agent import ring_name
 from kernel_insight.agent.probe import timing
 from kernel_insight.agent.probe.timing import CpuBackend, Probe, instrument_torch, span
-from kernel_insight.agent.records import KernelRecord, Record
+from kernel_insight.agent.records import KernelRecord, LaunchRecord, Record, RecordFlag
 
 MS = 1_000_000
 
@@ -43,6 +45,35 @@ def test_span_times_a_block_into_a_kernel_record(probe, label_prefix):
     assert 5 * MS <= k.duration_ns < 50 * MS
     assert before - 2 * MS <= k.start_ns <= before + 10 * MS  # on CLOCK_REALTIME
     assert k.stream == 9
+
+
+def test_each_span_has_its_host_side_launch_record_tied_by_pid_and_correlation(probe, label_prefix):
+    before = time.time_ns()
+    with span("outer", probe=probe):
+        time.sleep(0.002)
+        with span("inner", probe=probe):
+            time.sleep(0.003)
+    assert probe.flush()
+    recs = drain(ring_name(f"{label_prefix}0"))
+    launches = [r for r in recs if isinstance(r, LaunchRecord)]
+    ks = [r for r in recs if isinstance(r, KernelRecord)]
+    assert len(launches) == len(ks) == 2
+    by_corr = {(lr.pid, lr.grid[0] | lr.grid[1] << 32): lr for lr in launches}
+    for k in ks:
+        lr = by_corr[(k.pid, k.correlation)]
+        assert lr.flags == RecordFlag.LAUNCH_SPAN
+        assert (lr.pid, lr.tid, lr.device, lr.function_id) == (
+            os.getpid(),
+            threading.get_native_id(),
+            0,
+            k.name_id,
+        )
+        assert lr.block == (0, 0, 0)
+        assert before <= lr.ts_ns <= k.start_ns + 2 * MS  # launched as the span began (host clock)
+    # host time of the code inside each span: outer holds inner
+    host = {names_of(recs).get(k.producer, k.name_id): by_corr[(k.pid, k.correlation)].grid[2] for k in ks}
+    assert host["inner"] >= 3 * MS
+    assert host["outer"] >= host["inner"] + 2 * MS
 
 
 def test_decorator_times_every_call_and_keeps_results_and_exceptions(probe, label_prefix):
