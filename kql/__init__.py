@@ -26,6 +26,7 @@ from kernel_insight.kql.errors import (
     TooManySeriesError,
 )
 from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
+from kernel_insight.kql.nativehist import FloatHistogram, HistogramError, parse_histogram
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
@@ -51,8 +52,10 @@ __all__ = [
     "CancelToken",
     "Engine",
     "EngineLimits",
+    "FloatHistogram",
     "FunctionSpec",
     "GridPushdown",
+    "HistogramError",
     "KqlError",
     "KqlEvaluationError",
     "KqlExecutionError",
@@ -77,6 +80,7 @@ __all__ = [
     "check",
     "format_expr",
     "parse",
+    "parse_histogram",
     "prometheus_json_bytes",
     "to_prometheus_json",
     "value_type",

@@ -1,0 +1,1287 @@
+"""Prometheus' native-histogram value (``FloatHistogram``) and its math, ported to Python.
+
+A port of prometheus/prometheus ``model/histogram/float_histogram.go`` and ``generic.go``
+(the value type, add/sub with schema and zero-bucket reconciliation, compact, reset detection,
+resolution reduction), of ``promql/quantile.go`` (``histogram_quantile``, ``histogram_fraction``)
+and ``promql/functions.go`` (stddev/stdvar/avg), plus the promqltest ``{{...}}`` notation
+(``promql/parser``). Results are bit-exact with Prometheus where Prometheus is deterministic;
+spans are kept in the canonical form (maximal runs of present buckets) after add/sub, which
+Prometheus' ``Equals`` treats the same as its own layout except where Prometheus leaves two
+directly adjacent spans (offset 0) unmerged.
+
+>>> h = parse_histogram("{{schema:0 count:4 sum:5 buckets:[1 2 1]}}")
+>>> str(h)
+'{count:4, sum:5, (0.5,1]:1, (1,2]:2, (2,4]:1}'
+>>> round(histogram_quantile(0.5, h)[0], 6)
+1.414214
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql._nativehist_bounds import EXPONENTIAL_BOUNDS
+
+__all__ = [
+    "COUNTER_RESET",
+    "CUSTOM_BUCKETS_SCHEMA",
+    "GAUGE_TYPE",
+    "NOT_COUNTER_RESET",
+    "UNKNOWN_COUNTER_RESET",
+    "Bucket",
+    "FloatHistogram",
+    "HistogramError",
+    "HistogramNotationError",
+    "HistogramSeriesValue",
+    "OpResult",
+    "expand_histogram_series",
+    "get_bound",
+    "go_float",
+    "histogram_avg",
+    "histogram_fraction",
+    "histogram_quantile",
+    "histogram_stddev",
+    "histogram_stdvar",
+    "kahan_inc",
+    "parse_histogram",
+]
+
+#: Counter-reset hints, Prometheus' ``CounterResetHint`` values.
+UNKNOWN_COUNTER_RESET = 0
+COUNTER_RESET = 1
+NOT_COUNTER_RESET = 2
+GAUGE_TYPE = 3
+
+#: The schema of native histograms with custom buckets (NHCB).
+CUSTOM_BUCKETS_SCHEMA = -53
+EXPONENTIAL_SCHEMA_MIN = -4
+EXPONENTIAL_SCHEMA_MAX = 8
+
+_MAX_FLOAT = 1.7976931348623157e308
+_INF = math.inf
+
+Span = tuple[int, int]
+_I64 = npt.NDArray[np.int64]
+_F64 = npt.NDArray[np.float64]
+
+# Info annotations (promql/annotations): kql attaches a position and the metric name.
+NAN_RESULT_INFO = (
+    "histogram_quantile: the quantile lies above all buckets of a histogram with NaN observations"
+)
+NAN_SKEW_INFO = (
+    "histogram_quantile: NaN observations of the histogram may skew the result towards higher values"
+)
+FRACTION_NAN_INFO = "histogram_fraction: the histogram has NaN observations, not counted in any bucket"
+
+
+class HistogramError(ValueError):
+    """An operation Prometheus refuses (mixing exponential and custom-bucket schemas, bad resolution change)."""
+
+
+class HistogramNotationError(ValueError):
+    """A promqltest ``{{...}}`` histogram literal that does not parse; the message says where."""
+
+
+def is_custom_buckets_schema(schema: int) -> bool:
+    return schema == CUSTOM_BUCKETS_SCHEMA
+
+
+def is_exponential_schema(schema: int) -> bool:
+    return EXPONENTIAL_SCHEMA_MIN <= schema <= EXPONENTIAL_SCHEMA_MAX
+
+
+def _ldexp(frac: float, exp: int) -> float:
+    """Go's ``math.Ldexp``: overflow gives +Inf (Python raises)."""
+    try:
+        return math.ldexp(frac, exp)
+    except OverflowError:
+        return _INF
+
+
+def get_bound_exponential(idx: int, schema: int) -> float:
+    """The upper bound of bucket ``idx`` in an exponential ``schema`` (Go ``getBoundExponential``)."""
+    if schema < 0:
+        exp = idx << -schema
+        if exp == 1024:
+            return _MAX_FLOAT  # the last bucket before the ±Inf bucket
+        return _ldexp(1.0, exp)
+    frac = EXPONENTIAL_BOUNDS[schema][idx & ((1 << schema) - 1)]
+    exp = (idx >> schema) + 1
+    if frac == 0.5 and exp == 1025:
+        return _MAX_FLOAT
+    return _ldexp(frac, exp)
+
+
+def get_bound(idx: int, schema: int, custom_values: Sequence[float] = ()) -> float:
+    """The upper bound of bucket ``idx`` (custom values for NHCB: -Inf at -1, +Inf past the last)."""
+    if schema == CUSTOM_BUCKETS_SCHEMA:
+        n = len(custom_values)
+        if idx > n or idx < -1:
+            raise HistogramError(f"index {idx} out of bounds for custom bounds of length {n}")
+        if idx == n:
+            return _INF
+        if idx == -1:
+            return -_INF
+        return custom_values[idx]
+    return get_bound_exponential(idx, schema)
+
+
+def _bounds_exponential(idx: _I64, schema: int) -> _F64:
+    """Vectorised :func:`get_bound_exponential` (same bits: one ``ldexp`` per bound)."""
+    with np.errstate(over="ignore"):
+        if schema < 0:
+            exp = idx << -schema
+            out = np.ldexp(1.0, exp.astype(np.int64))
+            out[exp == 1024] = _MAX_FLOAT
+            neg_schema: _F64 = out
+            return neg_schema
+        table = np.asarray(EXPONENTIAL_BOUNDS[schema])
+        frac = table[idx & ((1 << schema) - 1)]
+        exp = (idx >> schema) + 1
+        out = np.ldexp(frac, exp.astype(np.int64))
+        out[(frac == 0.5) & (exp == 1025)] = _MAX_FLOAT
+        result: _F64 = out
+        return result
+
+
+def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    """Neumaier-compensated ``total + inc`` (Prometheus ``util/kahansum.Inc``): (new total, new c)."""
+    t = total + inc
+    if math.isinf(t):
+        c = 0.0
+    elif abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+# --- Go's %g ---------------------------------------------------------------------------------
+
+
+def go_float(x: float) -> str:
+    """``x`` as Go's ``fmt`` prints a float64 with ``%g``/``%v`` (shortest digits, e+06 exponents)."""
+    if x != x:
+        return "NaN"
+    if math.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    if x == 0:
+        return "-0" if math.copysign(1.0, x) < 0 else "0"
+    r = repr(x)
+    neg = r.startswith("-")
+    if neg:
+        r = r[1:]
+    mant, _, e = r.partition("e")
+    exp10 = int(e) if e else 0
+    ip, _, fp = mant.partition(".")
+    digits = (ip + fp).lstrip("0")
+    # Decimal exponent of the first significant digit.
+    dp = len(ip.lstrip("0")) + exp10 if ip.strip("0") else exp10 - (len(fp) - len(fp.lstrip("0")))
+    digits = digits.rstrip("0") or "0"
+    exp = dp - 1
+    if exp < -4 or exp >= 6:
+        body = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        s = f"{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    elif exp < 0:
+        s = "0." + "0" * (-exp - 1) + digits
+    elif len(digits) <= dp:
+        s = digits + "0" * (dp - len(digits))
+    else:
+        s = digits[:dp] + "." + digits[dp:]
+    return ("-" if neg else "") + s
+
+
+# --- the value type --------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Bucket:
+    """One bucket as Prometheus' iterators return it (``histogram.Bucket[float64]``)."""
+
+    lower: float
+    upper: float
+    lower_inclusive: bool
+    upper_inclusive: bool
+    count: float
+    index: int = 0
+
+    def __str__(self) -> str:
+        lo = "[" if self.lower_inclusive else "("
+        hi = "]" if self.upper_inclusive else ")"
+        return f"{lo}{go_float(self.lower)},{go_float(self.upper)}{hi}:{go_float(self.count)}"
+
+
+@dataclass(slots=True)
+class OpResult:
+    """What :meth:`FloatHistogram.add`/``sub`` return beside the histogram: Prometheus' warnings.
+
+    ``counter_reset_collision``: one operand said CounterReset and the other NotCounterReset
+    (PromQL warns "conflicting counter resets"); ``nhcb_bounds_reconciled``: custom-bucket bounds
+    differed and were intersected (PromQL adds an info annotation).
+    """
+
+    histogram: FloatHistogram
+    counter_reset_collision: bool = False
+    nhcb_bounds_reconciled: bool = False
+
+
+def _indices(spans: Sequence[Span]) -> list[int]:
+    """Absolute bucket indexes of a span list (one ``range`` per span, no per-bucket Python work)."""
+    out: list[int] = []
+    i = 0
+    for off, ln in spans:
+        i += off
+        out.extend(range(i, i + ln))
+        i += ln
+    return out
+
+
+def _spans_from_indices(idx: Sequence[int] | _I64) -> tuple[Span, ...]:
+    """Canonical spans (maximal runs) for ascending absolute indexes."""
+    n = len(idx)
+    if n == 0:
+        return ()
+    arr = np.asarray(idx, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [n]))
+    first = arr[starts]
+    prev_end = np.concatenate(([0], arr[ends[:-1] - 1] + 1))
+    offsets = first - prev_end
+    lengths = ends - starts
+    return tuple(zip(offsets.tolist(), lengths.tolist(), strict=True))
+
+
+def _floats_bits_equal(a: Sequence[float], b: Sequence[float]) -> bool:
+    if len(a) != len(b):
+        return False
+    n = len(a)
+    return struct.pack(f"<{n}d", *a) == struct.pack(f"<{n}d", *b)
+
+
+def _spans_match(s1: Sequence[Span], s2: Sequence[Span]) -> bool:
+    """Go ``spansMatch``: equal layouts, zero-length spans folded into the next span's offset."""
+
+    def norm(spans: Sequence[Span]) -> list[Span]:
+        out: list[Span] = []
+        carry = 0
+        for off, ln in spans:
+            if ln == 0:
+                carry += off
+                continue
+            out.append((off + carry, ln))
+            carry = 0
+        return out
+
+    return norm(s1) == norm(s2)
+
+
+def _reduce(idx: _I64, counts: _F64, origin_schema: int, target_schema: int) -> tuple[_I64, _F64]:
+    """Merge buckets into a lower-resolution schema, summing in Go's order (left to right)."""
+    if len(idx) == 0:
+        return idx, counts
+    t = ((idx - 1) >> (origin_schema - target_schema)) + 1
+    new = np.concatenate(([True], t[1:] != t[:-1]))
+    starts = np.flatnonzero(new)
+    out = counts[starts].copy()
+    lengths = np.diff(np.concatenate((starts, [len(t)])))
+    for k in range(1, int(lengths.max())):
+        sel = lengths > k
+        out[sel] += counts[starts[sel] + k]
+    return t[starts], out
+
+
+@dataclass(slots=True)
+class FloatHistogram:
+    """A native histogram with float counts; bucket counts are ABSOLUTE (not deltas).
+
+    Fields follow Prometheus' ``FloatHistogram``; spans are ``(offset, length)`` pairs. Methods
+    return new histograms (the receiver is never changed), so samples may be shared freely.
+
+    >>> a = FloatHistogram(schema=0, count=2, sum=3, positive_spans=((0, 2),), positive_buckets=(1, 1))
+    >>> str(a.mul(2))
+    '{count:4, sum:6, (0.5,1]:2, (1,2]:2}'
+    """
+
+    schema: int = 0
+    zero_threshold: float = 0.0
+    zero_count: float = 0.0
+    count: float = 0.0
+    sum: float = 0.0
+    positive_spans: tuple[Span, ...] = ()
+    positive_buckets: tuple[float, ...] = ()
+    negative_spans: tuple[Span, ...] = ()
+    negative_buckets: tuple[float, ...] = ()
+    counter_reset_hint: int = UNKNOWN_COUNTER_RESET
+    custom_values: tuple[float, ...] = field(default=())
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_deltas(
+        cls,
+        schema: int,
+        zero_threshold: float,
+        zero_count: float,
+        count: float,
+        sum: float,
+        pos_spans: Sequence[Span],
+        pos_deltas: Sequence[int],
+        neg_spans: Sequence[Span],
+        neg_deltas: Sequence[int],
+        hint: int = UNKNOWN_COUNTER_RESET,
+        custom_values: Sequence[float] = (),
+    ) -> FloatHistogram:
+        """An integer histogram (buckets as deltas, as remote_write and the agent send them) as floats."""
+        return cls(
+            schema=schema,
+            zero_threshold=float(zero_threshold),
+            zero_count=float(zero_count),
+            count=float(count),
+            sum=float(sum),
+            positive_spans=tuple((int(o), int(n)) for o, n in pos_spans),
+            positive_buckets=tuple(float(x) for x in accumulate(int(d) for d in pos_deltas)),
+            negative_spans=tuple((int(o), int(n)) for o, n in neg_spans),
+            negative_buckets=tuple(float(x) for x in accumulate(int(d) for d in neg_deltas)),
+            counter_reset_hint=hint,
+            custom_values=tuple(float(v) for v in custom_values),
+        )
+
+    def uses_custom_buckets(self) -> bool:
+        return self.schema == CUSTOM_BUCKETS_SCHEMA
+
+    def copy(self, **changes: object) -> FloatHistogram:
+        """A copy with some fields replaced (tuples are immutable, so nothing deep to copy)."""
+        h = FloatHistogram(
+            self.schema,
+            self.zero_threshold,
+            self.zero_count,
+            self.count,
+            self.sum,
+            self.positive_spans,
+            self.positive_buckets,
+            self.negative_spans,
+            self.negative_buckets,
+            self.counter_reset_hint,
+            self.custom_values,
+        )
+        for k, v in changes.items():
+            setattr(h, k, v)
+        return h
+
+    def _side(self, positive: bool) -> tuple[_I64, _F64]:
+        spans = self.positive_spans if positive else self.negative_spans
+        buckets = self.positive_buckets if positive else self.negative_buckets
+        return np.asarray(_indices(spans), dtype=np.int64), np.asarray(buckets, dtype=np.float64)
+
+    # --- printing and comparing -------------------------------------------------------------
+
+    def buckets(self, positive: bool = True) -> list[Bucket]:
+        """Positive buckets ascending, or negative buckets descending from zero (Go's iterators)."""
+        spans = self.positive_spans if positive else self.negative_spans
+        counts = self.positive_buckets if positive else self.negative_buckets
+        cv = self.custom_values
+        out: list[Bucket] = []
+        custom = self.uses_custom_buckets()
+        for i, c in zip(_indices(spans), counts, strict=False):
+            if positive:
+                lo, hi = get_bound(i - 1, self.schema, cv), get_bound(i, self.schema, cv)
+            else:
+                lo, hi = -get_bound(i, self.schema, cv), -get_bound(i - 1, self.schema, cv)
+            if custom:
+                out.append(Bucket(lo, hi, i == 0, True, c, i))
+            else:
+                out.append(Bucket(lo, hi, lo < 0, hi > 0, c, i))
+        return out
+
+    def zero_bucket(self) -> Bucket:
+        if self.uses_custom_buckets():
+            raise HistogramError("histograms with custom buckets have no zero bucket")
+        return Bucket(-self.zero_threshold, self.zero_threshold, True, True, self.zero_count)
+
+    def all_buckets(self) -> list[Bucket]:
+        """Every bucket ascending (Go ``AllBucketIterator``), bounds clipped at the zero threshold."""
+        zt = self.zero_threshold
+        out: list[Bucket] = []
+        for b in reversed(self.buckets(False)):
+            if -zt < b.upper < 0:
+                b = Bucket(b.lower, -zt, b.lower_inclusive, b.upper_inclusive, b.count, b.index)
+            elif 0 < b.lower < zt:
+                b = Bucket(zt, b.upper, b.lower_inclusive, b.upper_inclusive, b.count, b.index)
+            out.append(b)
+        if self.zero_count > 0:
+            out.append(self.zero_bucket())
+        for b in self.buckets(True):
+            if 0 < b.lower < zt:
+                b = Bucket(zt, b.upper, b.lower_inclusive, b.upper_inclusive, b.count, b.index)
+            elif -zt < b.upper < 0:
+                b = Bucket(b.lower, -zt, b.lower_inclusive, b.upper_inclusive, b.count, b.index)
+            out.append(b)
+        return out
+
+    def __str__(self) -> str:
+        """Prometheus' ``FloatHistogram.String()``: count, sum, then every populated bucket."""
+        parts = [f"{{count:{go_float(self.count)}, sum:{go_float(self.sum)}"]
+        parts.extend(str(b) for b in reversed(self.buckets(False)) if b.count != 0)
+        if self.zero_count != 0:
+            parts.append(str(self.zero_bucket()))
+        parts.extend(str(b) for b in self.buckets(True) if b.count != 0)
+        return ", ".join(parts) + "}"
+
+    def test_expression(self) -> str:
+        """The promqltest ``{{...}}`` form of this histogram (Go ``TestExpression``)."""
+        m = self.compact(2**31)
+        res: list[str] = []
+        if m.schema != 0:
+            res.append(f"schema:{m.schema}")
+        if m.count != 0:
+            res.append(f"count:{go_float(m.count)}")
+        if m.sum != 0:
+            res.append(f"sum:{go_float(m.sum)}")
+        if m.zero_count != 0:
+            res.append(f"z_bucket:{go_float(m.zero_count)}")
+        if m.zero_threshold != 0:
+            res.append(f"z_bucket_w:{go_float(m.zero_threshold)}")
+        if m.uses_custom_buckets():
+            res.append("custom_values:[" + " ".join(go_float(v) for v in m.custom_values) + "]")
+        hint = {COUNTER_RESET: "reset", NOT_COUNTER_RESET: "not_reset", GAUGE_TYPE: "gauge"}
+        if m.counter_reset_hint in hint:
+            res.append(f"counter_reset_hint:{hint[m.counter_reset_hint]}")
+        for spans, buckets, bkey, okey in (
+            (m.positive_spans, m.positive_buckets, "buckets", "offset"),
+            (m.negative_spans, m.negative_buckets, "n_buckets", "n_offset"),
+        ):
+            if spans and spans[0][0] != 0:
+                res.append(f"{okey}:{spans[0][0]}")
+            if buckets:
+                res.append(f"{bkey}:[" + " ".join(go_float(b) for b in buckets) + "]")
+        return "{{" + " ".join(res) + "}}"
+
+    def equals(self, other: FloatHistogram | None) -> bool:
+        """Prometheus ``Equals``: same layout and bit-identical counts (so NaN equals NaN)."""
+        if other is None:
+            return False
+        h, h2 = self, other
+        if h.schema != h2.schema or not _floats_bits_equal((h.count, h.sum), (h2.count, h2.sum)):
+            return False
+        if h.uses_custom_buckets() and tuple(h.custom_values) != tuple(h2.custom_values):
+            return False
+        if h.zero_threshold != h2.zero_threshold or not _floats_bits_equal((h.zero_count,), (h2.zero_count,)):
+            return False
+        return (
+            _spans_match(h.negative_spans, h2.negative_spans)
+            and _floats_bits_equal(h.negative_buckets, h2.negative_buckets)
+            and _spans_match(h.positive_spans, h2.positive_spans)
+            and _floats_bits_equal(h.positive_buckets, h2.positive_buckets)
+        )
+
+    # --- scalar arithmetic ------------------------------------------------------------------
+
+    def mul(self, factor: float) -> FloatHistogram:
+        """Every count and the sum times ``factor``; a negative factor makes it a gauge."""
+        f = float(factor)
+        return self.copy(
+            zero_count=self.zero_count * f,
+            count=self.count * f,
+            sum=self.sum * f,
+            positive_buckets=tuple(x * f for x in self.positive_buckets),
+            negative_buckets=tuple(x * f for x in self.negative_buckets),
+            counter_reset_hint=GAUGE_TYPE if f < 0 else self.counter_reset_hint,
+        )
+
+    def div(self, scalar: float) -> FloatHistogram:
+        """Every count and the sum divided by ``scalar``; dividing by zero drops every bucket."""
+        s = float(scalar)
+        zc, cnt, sm = (_safe_div(v, s) for v in (self.zero_count, self.count, self.sum))
+        if s == 0:
+            return self.copy(
+                zero_count=zc,
+                count=cnt,
+                sum=sm,
+                positive_buckets=(),
+                negative_buckets=(),
+                positive_spans=(),
+                negative_spans=(),
+            )
+        return self.copy(
+            zero_count=zc,
+            count=cnt,
+            sum=sm,
+            positive_buckets=tuple(x / s for x in self.positive_buckets),
+            negative_buckets=tuple(x / s for x in self.negative_buckets),
+            counter_reset_hint=GAUGE_TYPE if s < 0 else self.counter_reset_hint,
+        )
+
+    # --- layout -----------------------------------------------------------------------------
+
+    def compact(self, max_empty_buckets: int = 0) -> FloatHistogram:
+        """Drop empty buckets at span edges, split at runs of more than ``max_empty_buckets`` empty ones, merge spans that close.
+
+        Same result as Go ``Compact``: the populated buckets, with gaps of at most
+        ``max_empty_buckets`` filled by explicit zeros.
+        """
+        ps, pb = _compact_side(self.positive_spans, self.positive_buckets, max_empty_buckets)
+        ns, nb = _compact_side(self.negative_spans, self.negative_buckets, max_empty_buckets)
+        return self.copy(positive_spans=ps, positive_buckets=pb, negative_spans=ns, negative_buckets=nb)
+
+    def reduce_resolution(self, target_schema: int) -> FloatHistogram:
+        """This histogram in the lower ``target_schema`` (buckets merged; Go ``ReduceResolution``)."""
+        if self.uses_custom_buckets():
+            raise HistogramError("cannot reduce resolution when there are custom buckets")
+        if is_custom_buckets_schema(target_schema):
+            raise HistogramError("cannot reduce resolution to custom buckets schema")
+        if target_schema >= self.schema:
+            raise HistogramError(f"cannot reduce resolution from schema {self.schema} to {target_schema}")
+        return self._reduced(target_schema)
+
+    def _reduced(self, target_schema: int) -> FloatHistogram:
+        pi, pc = _reduce(*self._side(True), self.schema, target_schema)
+        ni, nc = _reduce(*self._side(False), self.schema, target_schema)
+        return self.copy(
+            schema=target_schema,
+            positive_spans=_spans_from_indices(pi),
+            positive_buckets=tuple(pc.tolist()),
+            negative_spans=_spans_from_indices(ni),
+            negative_buckets=tuple(nc.tolist()),
+        )
+
+    def copy_to_schema(self, target_schema: int) -> FloatHistogram:
+        """A copy in ``target_schema`` (<= this schema); the hint resets to unknown as in Go ``CopyToSchema``."""
+        if target_schema == self.schema:
+            return self.copy()
+        if self.uses_custom_buckets():
+            raise HistogramError(f"cannot reduce resolution to {target_schema} when there are custom buckets")
+        if is_custom_buckets_schema(target_schema):
+            raise HistogramError("cannot reduce resolution to custom buckets schema")
+        if target_schema > self.schema:
+            raise HistogramError(f"cannot copy from schema {self.schema} to {target_schema}")
+        return self._reduced(target_schema).copy(counter_reset_hint=UNKNOWN_COUNTER_RESET)
+
+    # --- histogram + histogram --------------------------------------------------------------
+
+    def add(self, other: FloatHistogram) -> OpResult:
+        """``self + other`` (Go ``Add``): lower schema wins, zero buckets widen to cover both.
+
+        Raises :class:`HistogramError` when one is exponential and the other uses custom buckets.
+        """
+        return self._add(other, negative=False)
+
+    def sub(self, other: FloatHistogram) -> OpResult:
+        """``self - other`` (Go ``Sub``). PromQL's ``-`` operator then marks the result a gauge."""
+        return self._add(other, negative=True)
+
+    def _add(self, other: FloatHistogram, negative: bool) -> OpResult:
+        if self.uses_custom_buckets() != other.uses_custom_buckets():
+            raise HistogramError(
+                "cannot apply this operation on histograms with a mix of exponential and custom bucket schemas"
+            )
+        h = self.copy()
+        collision = h._adjust_counter_reset(other)
+        sign = -1.0 if negative else 1.0
+        if not h.uses_custom_buckets():
+            other_zero = h._reconcile_zero_buckets(other)
+            h.zero_count = h.zero_count - other_zero if negative else h.zero_count + other_zero
+        h.count = h.count - other.count if negative else h.count + other.count
+        h.sum = h.sum - other.sum if negative else h.sum + other.sum
+
+        if h.uses_custom_buckets():
+            if tuple(h.custom_values) == tuple(other.custom_values):
+                ai, ac = h._side(True)
+                bi, bc = other._side(True)
+                idx, counts = _add_sides(ai, ac, bi, bc, sign)
+                h.positive_spans, h.positive_buckets = _spans_from_indices(idx), tuple(counts.tolist())
+                return OpResult(h, collision, False)
+            bounds = _intersect_bounds(h.custom_values, other.custom_values)
+            h.positive_spans, h.positive_buckets = _add_custom_mismatched(
+                h.positive_spans,
+                h.positive_buckets,
+                h.custom_values,
+                other.positive_spans,
+                other.positive_buckets,
+                other.custom_values,
+                bounds,
+                negative,
+            )
+            h.custom_values = bounds
+            return OpResult(h, collision, True)
+
+        ap, ac = h._side(True)
+        an, anc = h._side(False)
+        bp, bc = other._side(True)
+        bn, bnc = other._side(False)
+        if other.schema < h.schema:
+            ap, ac = _reduce(ap, ac, h.schema, other.schema)
+            an, anc = _reduce(an, anc, h.schema, other.schema)
+            h.schema = other.schema
+        elif other.schema > h.schema:
+            bp, bc = _reduce(bp, bc, other.schema, h.schema)
+            bn, bnc = _reduce(bn, bnc, other.schema, h.schema)
+        # Buckets of the other histogram within the (widened) zero bucket are already in zero_count.
+        if len(bp):
+            keep = _bounds_exponential(bp, h.schema) > h.zero_threshold
+            bp, bc = bp[keep], bc[keep]
+        if len(bn):
+            keep = _bounds_exponential(bn, h.schema) > h.zero_threshold
+            bn, bnc = bn[keep], bnc[keep]
+        pi, pc = _add_sides(ap, ac, bp, bc, sign)
+        ni, nc = _add_sides(an, anc, bn, bnc, sign)
+        h.positive_spans, h.positive_buckets = _spans_from_indices(pi), tuple(pc.tolist())
+        h.negative_spans, h.negative_buckets = _spans_from_indices(ni), tuple(nc.tolist())
+        return OpResult(h, collision, False)
+
+    def _adjust_counter_reset(self, other: FloatHistogram) -> bool:
+        """Go ``adjustCounterReset``: the hint of a sum; True on a CounterReset/NotCounterReset clash."""
+        a, b = self.counter_reset_hint, other.counter_reset_hint
+        if a in (b, GAUGE_TYPE):
+            return False
+        if b == GAUGE_TYPE:
+            self.counter_reset_hint = GAUGE_TYPE
+            return False
+        if a == UNKNOWN_COUNTER_RESET:
+            return False
+        self.counter_reset_hint = UNKNOWN_COUNTER_RESET
+        return b != UNKNOWN_COUNTER_RESET
+
+    def _zero_count_for_larger_threshold(self, larger: float) -> tuple[float, float]:
+        """Go ``zeroCountForLargerThreshold``: (zero count, threshold) if the zero bucket were ``larger`` wide.
+
+        A threshold that falls inside a populated bucket moves up to that bucket's upper bound.
+        """
+        if larger == self.zero_threshold:
+            return self.zero_count, larger
+        if larger < self.zero_threshold:
+            raise HistogramError(f"new threshold {larger} is less than old threshold {self.zero_threshold}")
+        pos = self.buckets(True)
+        neg = self.buckets(False)
+        while True:
+            zc = self.zero_count
+            for b in pos:
+                if b.lower >= larger:
+                    break
+                zc += b.count
+                if b.upper > larger:
+                    if b.count != 0:
+                        larger = b.upper
+                    break
+            restart = False
+            for b in neg:
+                if b.upper <= -larger:
+                    break
+                zc += b.count
+                if b.lower < -larger:
+                    if b.count != 0:
+                        larger = -b.lower
+                        restart = True
+                    break
+            if not restart:
+                return zc, larger
+
+    def _trim_buckets_in_zero_bucket(self) -> None:
+        """Zero the buckets now inside the zero bucket, then compact (as Go does, ``Compact(0)``)."""
+        pos = list(self.positive_buckets)
+        for k, b in enumerate(self.buckets(True)):
+            if b.lower >= self.zero_threshold:
+                break
+            pos[k] = 0.0
+        neg = list(self.negative_buckets)
+        for k, b in enumerate(self.buckets(False)):
+            if b.upper <= -self.zero_threshold:
+                break
+            neg[k] = 0.0
+        self.positive_buckets, self.negative_buckets = tuple(pos), tuple(neg)
+        c = self.compact(0)
+        self.positive_spans, self.positive_buckets = c.positive_spans, c.positive_buckets
+        self.negative_spans, self.negative_buckets = c.negative_spans, c.negative_buckets
+
+    def _reconcile_zero_buckets(self, other: FloatHistogram) -> float:
+        """Widen this zero bucket to cover ``other``'s; returns ``other``'s zero count at that width."""
+        other_zc = other.zero_count
+        other_zt = other.zero_threshold
+        while other_zt != self.zero_threshold:
+            if self.zero_threshold > other_zt:
+                other_zc, other_zt = other._zero_count_for_larger_threshold(self.zero_threshold)
+            if other_zt > self.zero_threshold:
+                self.zero_count, self.zero_threshold = self._zero_count_for_larger_threshold(other_zt)
+                self._trim_buckets_in_zero_bucket()
+        return other_zc
+
+    # --- counter resets ---------------------------------------------------------------------
+
+    def detect_reset(self, previous: FloatHistogram) -> bool:
+        """Whether this histogram, following ``previous``, starts a new counter (Go ``DetectReset``)."""
+        if self.counter_reset_hint == COUNTER_RESET:
+            return True
+        if self.counter_reset_hint == NOT_COUNTER_RESET:
+            return False
+        if self.count < previous.count:
+            return True
+        if self.uses_custom_buckets():
+            if not previous.uses_custom_buckets():
+                return True
+            if tuple(self.custom_values) != tuple(previous.custom_values):
+                return _reset_mismatched_custom(self, previous)
+        if self.schema > previous.schema:
+            return True
+        if self.zero_threshold < previous.zero_threshold:
+            return True
+        prev_zc, new_threshold = previous._zero_count_for_larger_threshold(self.zero_threshold)
+        if new_threshold != self.zero_threshold:
+            return True
+        if self.zero_count < prev_zc:
+            return True
+        custom = self.uses_custom_buckets()
+        for positive in (True, False):
+            ci, cc = self._side(positive)
+            pi, pc = previous._side(positive)
+            if not custom and previous.schema != self.schema:
+                pi, pc = _reduce(pi, pc, previous.schema, self.schema)
+            if not custom and self.zero_threshold != 0:
+                keep_c = _bounds_exponential(ci, self.schema) > self.zero_threshold
+                keep_p = _bounds_exponential(pi, self.schema) > self.zero_threshold
+                ci, cc, pi, pc = ci[keep_c], cc[keep_c], pi[keep_p], pc[keep_p]
+            if _bucket_reset(ci, cc, pi, pc):
+                return True
+        return False
+
+
+def _bucket_reset(ci: _I64, cc: _F64, pi: _I64, pc: _F64) -> bool:
+    """Go ``detectReset``: a populated previous bucket is gone, or a bucket count went down."""
+    if len(pi) == 0:
+        return False
+    pos = np.searchsorted(ci, pi)
+    pos_clipped = np.minimum(pos, max(len(ci) - 1, 0))
+    found = (pos < len(ci)) & (ci[pos_clipped] == pi) if len(ci) else np.zeros(len(pi), dtype=bool)
+    if bool(np.any(pc[~found] != 0)):
+        return True
+    return bool(np.any(cc[pos_clipped[found]] < pc[found]))
+
+
+def _reset_mismatched_custom(h: FloatHistogram, previous: FloatHistogram) -> bool:
+    """Go ``detectResetWithMismatchedCustomBounds``: compare cumulative counts at the shared bounds."""
+    shared = (*_intersect_bounds(h.custom_values, previous.custom_values), _INF)
+
+    def rollups(x: FloatHistogram) -> list[float]:
+        out = [0.0] * len(shared)
+        j = 0
+        for b in x.buckets(True):
+            while j < len(shared) and b.upper > shared[j]:
+                j += 1
+            if j < len(shared):
+                out[j] += b.count
+        return out
+
+    return any(a < b for a, b in zip(rollups(h), rollups(previous), strict=True))
+
+
+def _compact_side(
+    spans: Sequence[Span], buckets: Sequence[float], max_empty: int
+) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+    idx = np.asarray(_indices(spans), dtype=np.int64)
+    counts = np.asarray(buckets, dtype=np.float64)
+    if len(idx) != len(counts):
+        n = min(len(idx), len(counts))
+        idx, counts = idx[:n], counts[:n]
+    keep = counts != 0
+    idx, counts = idx[keep], counts[keep]
+    if len(idx) == 0:
+        return (), ()
+    if max_empty > 0 and len(idx) > 1:
+        gaps = np.diff(idx) - 1
+        fill = (gaps > 0) & (gaps <= max_empty)
+        if bool(fill.any()):
+            # Rebuild with explicit zeros in the small gaps.
+            seg = np.concatenate(([True], ~fill))  # a new run starts where the gap is not filled
+            new_idx: list[int] = []
+            new_counts: list[float] = []
+            ii, cc = idx.tolist(), counts.tolist()
+            for k in range(len(ii)):
+                if k and not seg[k]:
+                    gap = ii[k] - ii[k - 1] - 1
+                    new_idx.extend(range(ii[k - 1] + 1, ii[k]))
+                    new_counts.extend([0.0] * gap)
+                new_idx.append(ii[k])
+                new_counts.append(cc[k])
+            return _spans_from_indices(new_idx), tuple(new_counts)
+    return _spans_from_indices(idx), tuple(counts.tolist())
+
+
+def _add_sides(ai: _I64, ac: _F64, bi: _I64, bc: _F64, sign: float) -> tuple[_I64, _F64]:
+    """Bucket-wise ``a + sign*b`` over the union of present buckets (buckets only in b get ``sign*b``)."""
+    if len(bi) == 0:
+        return ai, ac
+    bv = bc * sign if sign < 0 else bc
+    if len(ai) == 0:
+        return bi, bv.copy()
+    idx = np.union1d(ai, bi)
+    out = np.zeros(len(idx), dtype=np.float64)
+    pa = np.searchsorted(idx, ai)
+    pb = np.searchsorted(idx, bi)
+    out[pa] = ac
+    in_a = np.zeros(len(idx), dtype=bool)
+    in_a[pa] = True
+    out[pb] = np.where(in_a[pb], out[pb] + bv, bv)
+    return idx, out
+
+
+def _intersect_bounds(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
+    sb = set(b)
+    return tuple(x for x in a if x in sb)
+
+
+def _add_custom_mismatched(
+    spans_a: Sequence[Span],
+    buckets_a: Sequence[float],
+    bounds_a: Sequence[float],
+    spans_b: Sequence[Span],
+    buckets_b: Sequence[float],
+    bounds_b: Sequence[float],
+    bounds: Sequence[float],
+    negative: bool,
+) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+    """Go ``addCustomBucketsWithMismatches``: both mapped onto the shared bounds (Kahan sums), empties dropped."""
+    n = len(bounds) + 1
+    target = [0.0] * n
+    comp = [0.0] * n
+
+    def map_side(
+        spans: Sequence[Span], buckets: Sequence[float], src_bounds: Sequence[float], neg: bool
+    ) -> None:
+        k = 0
+        for src, value in zip(_indices(spans), buckets, strict=False):
+            t = n - 1
+            if src < len(src_bounds):
+                sb = src_bounds[src]
+                while k < len(bounds):
+                    if bounds[k] >= sb:
+                        t = k
+                        break
+                    k += 1
+            target[t], comp[t] = kahan_inc(-value if neg else value, target[t], comp[t])
+
+    map_side(spans_a, buckets_a, bounds_a, False)
+    map_side(spans_b, buckets_b, bounds_b, negative)
+    idx = [i for i in range(n) if target[i] != 0 or comp[i] != 0]
+    return _spans_from_indices(idx), tuple(target[i] for i in idx)
+
+
+# --- promql/quantile.go ----------------------------------------------------------------------
+
+
+def _ordered(h: FloatHistogram, reverse: bool) -> tuple[list[float], list[tuple[bool, int]]]:
+    """Counts of every bucket in Go's ``AllBucketIterator`` order (or reverse), keyed (positive?, index).
+
+    The zero bucket (present only when populated, as in Go) is keyed ``(False, _ZERO)``.
+    """
+    neg_idx = _indices(h.negative_spans)
+    pos_idx = _indices(h.positive_spans)
+    counts: list[float] = list(reversed(h.negative_buckets[: len(neg_idx)]))
+    keys: list[tuple[bool, int]] = [(False, i) for i in reversed(neg_idx[: len(h.negative_buckets)])]
+    if h.zero_count > 0:
+        counts.append(h.zero_count)
+        keys.append((False, _ZERO))
+    counts.extend(h.positive_buckets[: len(pos_idx)])
+    keys.extend((True, i) for i in pos_idx[: len(h.positive_buckets)])
+    if reverse:
+        counts.reverse()
+        keys.reverse()
+    return counts, keys
+
+
+_ZERO = -(2**62)
+
+
+def _bucket_of(h: FloatHistogram, key: tuple[bool, int], count: float) -> tuple[float, float]:
+    """(lower, upper) of one bucket as ``AllBucketIterator`` yields it (clipped at the zero threshold)."""
+    positive, i = key
+    zt = h.zero_threshold
+    if i == _ZERO:
+        return -zt, zt
+    cv = h.custom_values
+    if positive:
+        lo, hi = get_bound(i - 1, h.schema, cv), get_bound(i, h.schema, cv)
+    else:
+        lo, hi = -get_bound(i, h.schema, cv), -get_bound(i - 1, h.schema, cv)
+    if 0 < lo < zt:
+        lo = zt
+    elif -zt < hi < 0:
+        hi = -zt
+    return lo, hi
+
+
+def histogram_quantile(q: float, h: FloatHistogram) -> tuple[float, list[str]]:
+    """The φ-quantile of a native histogram and its info annotations (Go ``HistogramQuantile``).
+
+    Exponential interpolation inside standard buckets, linear in the zero bucket and in
+    custom buckets; 0 is the natural bound of a one-signed histogram's zero bucket.
+    """
+    if q < 0:
+        return -_INF, []
+    if q > 1:
+        return _INF, []
+    if h.count == 0 or math.isnan(q):
+        return math.nan, []
+    annos: list[str] = []
+    nan_sum = math.isnan(h.sum)
+    forward = nan_sum or q < 0.5
+    counts, keys = _ordered(h, reverse=not forward)
+    rank = q * h.count if forward else (1 - q) * h.count
+    if not counts:
+        return math.nan, annos  # no buckets at all: Go's zero Bucket gives 0 + 0*NaN
+    cum = list(accumulate(counts))
+    total = cum[-1]
+    if min(counts) >= 0 and not math.isnan(total):
+        k = bisect.bisect_left(cum, rank)
+        while k < len(counts) and counts[k] == 0:
+            k += 1
+        if k >= len(counts):
+            k = len(counts) - 1
+        count = cum[k]
+    else:
+        count = 0.0
+        k = len(counts) - 1
+        for j, c in enumerate(counts):
+            if c == 0:
+                continue
+            count += c
+            if count >= rank:
+                k = j
+                break
+    bcount = counts[k]
+    lower, upper = _bucket_of(h, keys[k], bcount)
+    custom = h.uses_custom_buckets()
+    if not custom and lower < 0 < upper:
+        if not h.negative_buckets and h.positive_buckets:
+            lower = 0.0
+        elif not h.positive_buckets and h.negative_buckets:
+            upper = 0.0
+    elif custom:
+        if lower == -_INF:
+            if upper <= 0:
+                return upper, annos
+            lower = 0.0
+        elif upper == _INF:
+            return lower, annos
+    if count > h.count:
+        count = h.count
+    if count < rank:
+        if nan_sum:
+            return math.nan, [NAN_RESULT_INFO]
+        return upper, annos
+    if forward:
+        rank -= count - bcount
+    else:
+        rank = count - rank
+    if nan_sum and total < h.count:
+        annos.append(NAN_SKEW_INFO)
+    fraction = rank / bcount if bcount != 0 else (math.nan if rank == 0 else math.copysign(_INF, rank))
+    if custom or (lower <= 0 <= upper):
+        return lower + (upper - lower) * fraction, annos
+    log_lower = math.log2(abs(lower))
+    log_upper = math.log2(abs(upper))
+    if lower > 0:
+        return _exp2(log_lower + (log_upper - log_lower) * fraction), annos
+    return -_exp2(log_upper + (log_lower - log_upper) * (1 - fraction)), annos
+
+
+def _exp2(x: float) -> float:
+    try:
+        return math.pow(2.0, x)
+    except OverflowError:
+        return _INF
+
+
+def _fraction_below(lower: float, upper: float, v: float, linear: bool) -> float:
+    """Go ``Bucket.FractionBelow``: the share of the bucket at or below ``v`` (log scale unless linear)."""
+    if linear:
+        return (v - lower) / (upper - lower)
+    log_lower = math.log2(abs(lower))
+    log_upper = math.log2(abs(upper))
+    log_v = math.log2(abs(v))
+    if v > 0:
+        return (log_v - log_lower) / (log_upper - log_lower)
+    return 1 - ((log_v - log_upper) / (log_lower - log_upper))
+
+
+def _interpolate(rank: float, lo: float, hi: float, count: float, v: float, linear: bool) -> float:
+    """The rank at ``v`` inside one bucket; a bucket reaching -Inf contributes its whole count (Go)."""
+    if linear and lo == -_INF:
+        return count
+    return rank + count * _fraction_below(lo, hi, v, linear)
+
+
+def histogram_fraction(lower: float, upper: float, h: FloatHistogram) -> tuple[float, list[str]]:
+    """The estimated share of observations between ``lower`` and ``upper`` (Go ``HistogramFraction``)."""
+    if h.count == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan, []
+    if lower >= upper:
+        return 0.0, []
+    counts, keys = _ordered(h, reverse=False)
+    custom = h.uses_custom_buckets()
+    rank = lower_rank = upper_rank = 0.0
+    lower_set = upper_set = False
+    count = 0.0
+    consumed = 0
+    for consumed, (c, key) in enumerate(zip(counts, keys, strict=True), start=1):  # noqa: B007
+        b_lo, b_hi = _bucket_of(h, key, c)
+        count += c
+        zero_bucket = False
+        if b_lo <= 0 and b_hi >= 0:
+            zero_bucket = True
+            if not h.negative_buckets and h.positive_buckets:
+                b_lo = 0.0
+            elif not h.positive_buckets and h.negative_buckets:
+                b_hi = 0.0
+        linear = custom or zero_bucket
+
+        if not lower_set and b_lo >= lower:
+            lower_rank, lower_set = rank, True
+        if not upper_set and b_lo >= upper:
+            upper_rank, upper_set = rank, True
+        if lower_set and upper_set:
+            break
+        if not lower_set and b_lo < lower < b_hi:
+            lower_rank, lower_set = _interpolate(rank, b_lo, b_hi, c, lower, linear), True
+        if not upper_set and b_lo < upper < b_hi:
+            upper_rank, upper_set = _interpolate(rank, b_lo, b_hi, c, upper, linear), True
+        if lower_set and upper_set:
+            break
+        rank += c
+    annos: list[str] = []
+    if math.isnan(h.sum):
+        for c in counts[consumed:]:
+            count += c
+        if count < h.count:
+            annos.append(FRACTION_NAN_INFO)
+    else:
+        count = h.count
+    if not lower_set or lower_rank > count:
+        lower_rank = count
+    if not upper_set or upper_rank > count:
+        upper_rank = count
+    return (upper_rank - lower_rank) / h.count, annos
+
+
+def _variance(h: FloatHistogram) -> float:
+    """Go ``histogramVariance``: geometric bucket means (arithmetic for NHCB, 0 in the zero bucket), Kahan sum."""
+    mean = _safe_div(h.sum, h.count)
+    variance = c_var = 0.0
+    custom = h.uses_custom_buckets()
+    counts, keys = _ordered(h, reverse=False)
+    for cnt, key in zip(counts, keys, strict=True):
+        if cnt == 0:
+            continue
+        lo, hi = _bucket_of(h, key, cnt)
+        if custom:
+            val = (hi + lo) / 2.0
+        elif lo <= 0 <= hi:
+            val = 0.0
+        else:
+            val = math.sqrt(hi * lo)
+            if hi < 0:
+                val = -val
+        delta = val - mean
+        variance, c_var = kahan_inc(cnt * delta * delta, variance, c_var)
+    variance += c_var
+    return _safe_div(variance, h.count)
+
+
+def _safe_div(a: float, b: float) -> float:
+    """IEEE division (Go's): x/0 is ±Inf or NaN rather than an exception."""
+    if b == 0:
+        if a == 0 or a != a:
+            return math.nan
+        return math.copysign(_INF, a) * math.copysign(1.0, b)
+    return a / b
+
+
+def histogram_stdvar(h: FloatHistogram) -> float:
+    """The estimated variance of the observations (``histogram_stdvar``)."""
+    return _variance(h)
+
+
+def histogram_stddev(h: FloatHistogram) -> float:
+    """The estimated standard deviation of the observations (``histogram_stddev``)."""
+    v = _variance(h)
+    return math.sqrt(v) if v >= 0 else math.nan
+
+
+def histogram_avg(h: FloatHistogram) -> float:
+    """``sum / count`` (``histogram_avg``), IEEE semantics for an empty histogram."""
+    return _safe_div(h.sum, h.count)
+
+
+# --- promqltest notation (promql/parser: histogram_series_value) ----------------------------
+
+_HINTS = {
+    "unknown": UNKNOWN_COUNTER_RESET,
+    "reset": COUNTER_RESET,
+    "not_reset": NOT_COUNTER_RESET,
+    "gauge": GAUGE_TYPE,
+}
+_NUM_KEYS = {"sum", "count", "z_bucket", "z_bucket_w"}
+_INT_KEYS = {"schema", "offset", "n_offset"}
+_LIST_KEYS = {"buckets", "n_buckets", "custom_values"}
+_ITEM = re.compile(r"\s*([A-Za-z_]+)\s*:\s*(\[[^\]]*\]|[^\s\]}]+)")
+
+
+def _number(text: str) -> float:
+    """A PromQL number: decimal, hex/octal integer, Inf/NaN in any case, with an optional sign."""
+    t = text.strip()
+    sign = 1.0
+    if t[:1] in "+-":
+        sign = -1.0 if t[0] == "-" else 1.0
+        t = t[1:]
+    low = t.lower()
+    if low in ("inf", "infinity"):
+        return sign * _INF
+    if low == "nan":
+        return math.nan
+    try:
+        return sign * float(int(t, 0))
+    except ValueError:
+        pass
+    try:
+        return sign * float(t)
+    except ValueError:
+        raise HistogramNotationError(f"error parsing number: {text!r}") from None
+
+
+def _int(text: str, key: str) -> int:
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        raise HistogramNotationError(f"error parsing {key} number: {text!r}") from None
+
+
+@dataclass(slots=True)
+class HistogramSeriesValue:
+    """One loaded histogram sample and whether its literal set ``counter_reset_hint`` explicitly."""
+
+    histogram: FloatHistogram
+    hint_set: bool
+
+
+def _parse_one(text: str) -> HistogramSeriesValue:
+    t = text.strip()
+    if not (t.startswith("{{") and t.endswith("}}")):
+        raise HistogramNotationError(f"a histogram literal is written {{{{...}}}}, got {text!r}")
+    body = t[2:-2]
+    desc: dict[str, object] = {}
+    pos = 0
+    while pos < len(body):
+        if body[pos:].strip() == "":
+            break
+        m = _ITEM.match(body, pos)
+        if not m:
+            raise HistogramNotationError(
+                f"unexpected {body[pos:].strip()[:20]!r} in histogram description, "
+                "expected a key such as buckets:[5 10 7]"
+            )
+        key, raw = m.group(1).lower(), m.group(2)
+        if key in desc:
+            raise HistogramNotationError(f'duplicate key "{key}" in histogram')
+        if key in _INT_KEYS:
+            desc[key] = _int(raw, key)
+        elif key in _NUM_KEYS:
+            desc[key] = _number(raw)
+        elif key in _LIST_KEYS:
+            if not (raw.startswith("[") and raw.endswith("]")):
+                raise HistogramNotationError(f"error parsing {key} float array: {raw!r}")
+            items = raw[1:-1].split()
+            if not items:
+                raise HistogramNotationError(f"error parsing {key} float array: empty")
+            desc[key] = tuple(_number(x) for x in items)
+        elif key == "counter_reset_hint":
+            if raw.lower() not in _HINTS:
+                raise HistogramNotationError(f"error parsing counter_reset_hint: unknown value {raw!r}")
+            desc[key] = _HINTS[raw.lower()]
+        else:
+            raise HistogramNotationError(f"unknown histogram description key {key!r}")
+        pos = m.end()
+
+    def spans(bkey: str, okey: str) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+        b = desc.get(bkey, ())
+        assert isinstance(b, tuple)
+        off = desc.get(okey, 0)
+        assert isinstance(off, int)
+        return (((off, len(b)),) if b else ()), b
+
+    ps, pb = spans("buckets", "offset")
+    ns, nb = spans("n_buckets", "n_offset")
+    h = FloatHistogram(
+        schema=int(desc.get("schema", 0)),  # type: ignore[call-overload]
+        zero_threshold=float(desc.get("z_bucket_w", 0.0)),  # type: ignore[arg-type]
+        zero_count=float(desc.get("z_bucket", 0.0)),  # type: ignore[arg-type]
+        count=float(desc.get("count", 0.0)),  # type: ignore[arg-type]
+        sum=float(desc.get("sum", 0.0)),  # type: ignore[arg-type]
+        positive_spans=ps,
+        positive_buckets=pb,
+        negative_spans=ns,
+        negative_buckets=nb,
+        counter_reset_hint=int(desc.get("counter_reset_hint", UNKNOWN_COUNTER_RESET)),  # type: ignore[call-overload]
+        custom_values=desc.get("custom_values", ()),  # type: ignore[arg-type]
+    )
+    return HistogramSeriesValue(h, "counter_reset_hint" in desc)
+
+
+def parse_histogram(text: str) -> FloatHistogram:
+    """One ``{{schema:0 sum:5 count:4 buckets:[1 2 1]}}`` literal as a :class:`FloatHistogram`."""
+    return _parse_one(text).histogram
+
+
+def _split_literal(token: str, start: int) -> int:
+    """The index just past the ``}}`` closing the literal that opens at ``start``."""
+    end = token.find("}}", start + 2)
+    if end < 0:
+        raise HistogramNotationError(f"unterminated histogram literal in {token!r}")
+    return end + 2
+
+
+def expand_histogram_series(token: str) -> list[HistogramSeriesValue]:
+    """One promqltest series item holding histograms, expanded to its samples.
+
+    ``{{...}}`` is one sample, ``{{...}}xN`` is N+1 copies, ``{{a}}+{{b}}xN`` is a, a+b, ...
+    (N additions) and ``{{a}}-{{b}}xN`` the same with subtraction, as promqltest loads them.
+    """
+    t = token.strip()
+    if not t.startswith("{{"):
+        raise HistogramNotationError(f"expected a histogram literal, got {token!r}")
+    end = _split_literal(t, 0)
+    base = _parse_one(t[:end])
+    rest = t[end:]
+    if not rest:
+        return [base]
+    m = re.fullmatch(r"x([0-9]+)", rest)
+    if m:
+        return [base] * (int(m.group(1)) + 1)
+    if rest[0] in "+-" and rest[1:].startswith("{{"):
+        inc_end = _split_literal(rest, 1)
+        inc = _parse_one(rest[1:inc_end])
+        m = re.fullmatch(r"x([0-9]+)", rest[inc_end:])
+        if not m:
+            raise HistogramNotationError(f"expected xN after {rest[:inc_end]!r} in {token!r}")
+        times = int(m.group(1))
+        out = [HistogramSeriesValue(base.histogram, inc.hint_set)]
+        cur = base.histogram
+        for _ in range(times):
+            if cur.schema > inc.histogram.schema:
+                raise HistogramNotationError(
+                    f"error combining histograms: cannot merge from schema {inc.histogram.schema} to {cur.schema}"
+                )
+            try:
+                r = cur.add(inc.histogram) if rest[0] == "+" else cur.sub(inc.histogram)
+            except HistogramError as exc:
+                raise HistogramNotationError(str(exc)) from None
+            cur = r.histogram
+            out.append(HistogramSeriesValue(cur, inc.hint_set))
+        return out
+    raise HistogramNotationError(f"unexpected {rest!r} after a histogram literal in {token!r}")
