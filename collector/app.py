@@ -30,7 +30,7 @@ from kernel_insight.collector.remote_write import (
     SeriesCache,
     parse_remote_write,
 )
-from kernel_insight.collector.rows import SampleBatch
+from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder, SampleBatch
 from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = ["DEFAULT_MAX_BODY", "BodyTooLarge", "create_app", "read_body"]
@@ -154,19 +154,26 @@ def create_app(
         batcher: Batcher | None = getattr(app.state, "remote_write_batcher", None)
         relabeler: Relabeler | None = getattr(app.state, "relabeler", None)
 
-        def decode() -> SampleBatch | PreparedRows:
+        def decode() -> tuple[SampleBatch, HistogramBatch] | PreparedRows:
             """Decode (and, for the batcher, convert) on one worker thread: one hand-off per request."""
-            batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache)
+            builder = HistogramBuilder()
+            batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache, builder)
+            hists = builder.build()
             if relabeler is not None:  # --relabel-config (collector/relabel.py)
                 batch = relabeler.apply_batch(batch)
+                hists = relabeler.apply_histograms(hists)
             if batcher is None:
-                return batch
-            return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch)
+                return batch, hists
+            return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch, histograms=hists)
+
+        def insert(batch: SampleBatch, hists: HistogramBatch) -> None:
+            store.insert_samples(batch)
+            store.insert_histograms(hists)
 
         try:
             decoded = await run_in_threadpool(decode)
-            if isinstance(decoded, SampleBatch):
-                await run_in_threadpool(store.insert_samples, decoded)
+            if isinstance(decoded, tuple):
+                await run_in_threadpool(insert, *decoded)
             elif batcher is not None:
                 # Group commit (collector/batcher.py): this request's rows go into ClickHouse with
                 # every other request's and agent batch's, answered once they landed.

@@ -112,6 +112,7 @@ class ClickHouseStorage:
         self._store = store
         self._series_table = qualified(store.database, "series")
         self._samples_table = qualified(store.database, "samples")
+        self._histograms_table = qualified(store.database, "histograms")
         self._use_cache = use_cache
         self._labels_cache: dict[int, _Known] = store.labels_cache
 
@@ -153,9 +154,10 @@ class ClickHouseStorage:
             if full_lo <= day <= full_hi:
                 continue
             window = self._window(max(lo, day * _MS_PER_DAY), min(hi, (day + 1) * _MS_PER_DAY - 1))
+            # Histogram series have their samples in the histograms table (docs/storage.md).
             parts.append(
                 f"(`date` = '{_date(day)}' AND fingerprint IN (SELECT fingerprint FROM {self._samples_table} "
-                f"WHERE {window}))"
+                f"WHERE {window} UNION ALL SELECT fingerprint FROM {self._histograms_table} WHERE {window}))"
             )
         return " OR ".join(parts)
 

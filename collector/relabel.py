@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import yaml
 
-from kernel_insight.collector.rows import SampleBatch
+from kernel_insight.collector.rows import HistogramBatch, SampleBatch
 from kernel_insight.kql.functions.labels import expand_template
 from kernel_insight.kql.regex import Regex, RegexError, compile_anchored
 
@@ -263,10 +264,20 @@ class Relabeler:
         """
         if not self.configs or not batch.series:
             return batch
+        new_series, remap = self._remap(batch.series)
+        idx = remap[batch.series_idx]
+        keep = idx >= 0
+        if keep.all():
+            return SampleBatch(new_series, idx, batch.ts_ms, batch.values)
+        self.dropped_samples += int(len(keep) - np.count_nonzero(keep))
+        return SampleBatch(new_series, idx[keep], batch.ts_ms[keep], batch.values[keep])
+
+    def _remap(self, series: list[Labels]) -> tuple[list[Labels], npt.NDArray[np.int32]]:
+        """The relabelled series (each once) and, per input series, its new index (-1: dropped)."""
         new_series: list[Labels] = []
         index: dict[Labels, int] = {}
-        remap = np.empty(len(batch.series), np.int32)
-        for i, labels in enumerate(batch.series):
+        remap = np.empty(len(series), np.int32)
+        for i, labels in enumerate(series):
             out = self.apply(labels)
             if out is None:
                 remap[i] = -1
@@ -276,12 +287,17 @@ class Relabeler:
                 k = index[out] = len(new_series)
                 new_series.append(out)
             remap[i] = k
+        return new_series, remap
+
+    def apply_histograms(self, batch: HistogramBatch) -> HistogramBatch:
+        """:meth:`apply_batch` for native histogram samples (remote_write): same rules, same series."""
+        if not self.configs or not batch.series:
+            return batch
+        new_series, remap = self._remap(batch.series)
         idx = remap[batch.series_idx]
-        keep = idx >= 0
-        if keep.all():
-            return SampleBatch(new_series, idx, batch.ts_ms, batch.values)
-        self.dropped_samples += int(len(keep) - np.count_nonzero(keep))
-        return SampleBatch(new_series, idx[keep], batch.ts_ms[keep], batch.values[keep])
+        keep = np.flatnonzero(idx >= 0)
+        self.dropped_samples += len(idx) - len(keep)
+        return batch.take(keep, new_series, idx[keep])
 
     def __bool__(self) -> bool:
         return bool(self.configs)

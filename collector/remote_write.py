@@ -1,20 +1,23 @@
-"""Prometheus remote_write 1.0: snappy-compressed protobuf ``WriteRequest`` -> samples.
+"""Prometheus remote_write 1.0: snappy-compressed protobuf ``WriteRequest`` -> samples and native histograms.
 
-The decoder is hand-written for the four messages remote_write 1.0 uses (WriteRequest,
-TimeSeries, Label, Sample); exemplars, native histograms and metadata are skipped.
-Snappy is the raw block format (not framed), via ``cramjam``.
+The decoder is hand-written for the messages remote_write 1.0 uses (WriteRequest,
+TimeSeries, Label, Sample, Histogram, BucketSpan; prompb/types.proto); exemplars and
+metadata are skipped. Snappy is the raw block format (not framed), via ``cramjam``.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
+    HistogramBuilder,
     Labels,
     SampleBatch,
     SampleBuilder,
@@ -32,6 +35,7 @@ __all__ = [
     "SeriesEncoder",
     "decode_write_request",
     "decompress",
+    "encode_histogram",
     "encode_write_request",
     "parse_remote_write",
 ]
@@ -123,9 +127,15 @@ _CACHE_MAX = 500_000
 
 
 def decode_write_request(
-    buf: bytes, limits: SeriesLimits = DEFAULT_LIMITS, cache: SeriesCache | None = None
+    buf: bytes,
+    limits: SeriesLimits = DEFAULT_LIMITS,
+    cache: SeriesCache | None = None,
+    histograms: HistogramBuilder | None = None,
 ) -> SampleBatch:
     """Samples of an uncompressed WriteRequest; raises RemoteWriteError on anything malformed.
+
+    Native histogram samples (``TimeSeries.histograms``, integer and float) are added to
+    ``histograms`` when one is given, and checked but dropped otherwise.
 
     Requests encoded as Prometheus encodes them take a fast scan: each series' label bytes
     are looked up in ``cache`` (parsed and checked against ``limits`` only when new), and
@@ -135,7 +145,7 @@ def decode_write_request(
     try:
         return _decode_fast(buf, limits, {} if cache is None else cache)
     except _Unusual:
-        return _decode_general(buf, limits)
+        return _decode_general(buf, limits, histograms)
 
 
 def _decode_fast(buf: bytes, limits: SeriesLimits, cache: SeriesCache) -> SampleBatch:
@@ -289,7 +299,9 @@ def _checked(labels: list[tuple[str, str]], limits: SeriesLimits) -> Labels:
     return canonical
 
 
-def _decode_general(buf: bytes, limits: SeriesLimits) -> SampleBatch:
+def _decode_general(
+    buf: bytes, limits: SeriesLimits, histograms: HistogramBuilder | None = None
+) -> SampleBatch:
     """Any valid WriteRequest, field by field (unknown fields skipped)."""
     out = SampleBuilder()
     for number, wire, start, end in _fields(buf, 0, len(buf), "WriteRequest"):
@@ -299,6 +311,7 @@ def _decode_general(buf: bytes, limits: SeriesLimits) -> SampleBatch:
         labels: list[tuple[str, str]] = []
         ts: list[int] = []
         vs: list[float] = []
+        hists: list[tuple[int, int]] = []
         for n2, w2, s2, e2 in _fields(buf, start, end, "TimeSeries"):
             if n2 == 1:
                 _expect(w2, 2, "TimeSeries", n2)
@@ -313,20 +326,154 @@ def _decode_general(buf: bytes, limits: SeriesLimits) -> SampleBatch:
                         (value_f,) = _DOUBLE.unpack_from(buf, s3)
                     elif n3 == 2:
                         _expect(w3, 0, "Sample", n3)
-                        t = s3 - (1 << 64) if s3 >= 1 << 63 else s3
-                        if not MIN_TS_MS <= t <= MAX_TS_MS:
-                            raise RemoteWriteError(
-                                f"sample timestamp {t} ms is outside 1970-01-01 .. 2149-06-06"
-                            )
+                        t = _timestamp(s3, "sample")
                 ts.append(t)
                 vs.append(value_f)
-            # 3: exemplars, 4: native histograms: not stored yet
-        if not ts:
+            elif n2 == 4:
+                _expect(w2, 2, "TimeSeries", n2)
+                hists.append((s2, e2))
+            # 3: exemplars: not stored
+        if not ts and not hists:
             continue
-        out.add_series_canonical(
-            _checked(labels, limits), np.asarray(ts, np.int64), np.asarray(vs, np.float64)
-        )
+        canonical = _checked(labels, limits)
+        if ts:
+            out.add_series_canonical(canonical, np.asarray(ts, np.int64), np.asarray(vs, np.float64))
+        for s2, e2 in hists:
+            fields = _histogram(buf, s2, e2)
+            if histograms is None:
+                continue
+            try:
+                histograms.add(canonical, **fields)
+            except ValueError as exc:
+                raise RemoteWriteError(f"series {_shown(canonical)}: histogram: {exc}") from None
     return out.build()
+
+
+def _timestamp(raw: int, what: str) -> int:
+    t = raw - (1 << 64) if raw >= 1 << 63 else raw
+    if not MIN_TS_MS <= t <= MAX_TS_MS:
+        raise RemoteWriteError(f"{what} timestamp {t} ms is outside 1970-01-01 .. 2149-06-06")
+    return t
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _shown(labels: Labels) -> str:
+    return "{" + ", ".join(f"{k[:64]}={v[:64]!r}" for k, v in labels[:8]) + "}"
+
+
+def _packed_varints(buf: bytes, number: int, wire: int, start: int, end: int) -> list[int]:
+    """A repeated varint field's values: packed (one length-delimited run) or one per field."""
+    if wire == 0:
+        return [start]  # _fields yields the value itself for varints
+    _expect(wire, 2, "Histogram", number)
+    out = []
+    pos = start
+    while pos < end:
+        v, pos = _varint(buf, pos, end)
+        out.append(v)
+    return out
+
+
+def _packed_doubles(buf: bytes, number: int, wire: int, start: int, end: int) -> list[float]:
+    """A repeated double field's values: packed or one per field."""
+    if wire == 1:
+        return [_DOUBLE.unpack_from(buf, start)[0]]
+    _expect(wire, 2, "Histogram", number)
+    if (end - start) % 8:
+        raise RemoteWriteError(f"Histogram: field {number} holds {end - start} bytes, not whole doubles")
+    return np.frombuffer(buf, dtype="<f8", count=(end - start) // 8, offset=start).tolist()  # type: ignore[no-any-return]
+
+
+def _span(buf: bytes, start: int, end: int) -> tuple[int, int]:
+    offset = length = 0
+    for n, w, v, _e in _fields(buf, start, end, "BucketSpan"):
+        _expect(w, 0, "BucketSpan", n)
+        if n == 1:
+            offset = _zigzag(v)
+        elif n == 2:
+            length = v
+    if not -(1 << 31) <= offset < 1 << 31 or length >= 1 << 32:
+        raise RemoteWriteError("BucketSpan: offset or length outside 32 bits")
+    return offset, length
+
+
+def _histogram(buf: bytes, start: int, end: int) -> dict[str, Any]:
+    """One prompb.Histogram as ``HistogramBuilder.add`` keyword arguments (integer deltas summed)."""
+    count_i: int | None = None
+    count_f: float | None = None
+    zero_i: int | None = None
+    zero_f: float | None = None
+    total = threshold = 0.0
+    schema = hint = t = 0
+    spans: dict[int, list[tuple[int, int]]] = {8: [], 11: []}
+    deltas: dict[int, list[int]] = {9: [], 12: []}
+    counts: dict[int, list[float]] = {10: [], 13: []}
+    custom: list[float] = []
+    what = "Histogram"
+    for n, w, v, e in _fields(buf, start, end, what):
+        if n in (1, 6, 4, 14, 15):
+            _expect(w, 0, what, n)
+            if n == 1:
+                count_i = v
+            elif n == 6:
+                zero_i = v
+            elif n == 4:
+                schema = _zigzag(v)
+            elif n == 14:
+                hint = v
+            else:
+                t = _timestamp(v, "histogram")
+        elif n in (2, 3, 5, 7):
+            _expect(w, 1, what, n)
+            (x,) = _DOUBLE.unpack_from(buf, v)
+            if n == 2:
+                count_f = x
+            elif n == 3:
+                total = x
+            elif n == 5:
+                threshold = x
+            else:
+                zero_f = x
+        elif n in spans:
+            _expect(w, 2, what, n)
+            spans[n].append(_span(buf, v, e))
+        elif n in deltas:
+            deltas[n].extend(_zigzag(d) for d in _packed_varints(buf, n, w, v, e))
+        elif n in counts:
+            counts[n].extend(_packed_doubles(buf, n, w, v, e))
+        elif n == 16:
+            custom.extend(_packed_doubles(buf, n, w, v, e))
+    is_float = count_f is not None or zero_f is not None or bool(counts[10] or counts[13])
+    if is_float and (count_i is not None or zero_i is not None or deltas[9] or deltas[12]):
+        raise RemoteWriteError("Histogram mixes integer and float fields")
+    if not -128 <= schema <= 127:
+        raise RemoteWriteError(f"Histogram: schema {schema} outside -128 .. 127")
+    if hint > 3:
+        raise RemoteWriteError(f"Histogram: reset_hint {hint} is not 0..3")
+    if is_float:
+        negative, positive = counts[10], counts[13]
+        count, zero = count_f or 0.0, zero_f or 0.0
+    else:
+        negative = np.cumsum(np.asarray(deltas[9], dtype=np.int64)).astype(np.float64).tolist()
+        positive = np.cumsum(np.asarray(deltas[12], dtype=np.int64)).astype(np.float64).tolist()
+        count, zero = float(count_i or 0), float(zero_i or 0)
+    return {
+        "ts_ms": t,
+        "schema": schema,
+        "count": count,
+        "sum": total,
+        "zero_threshold": threshold,
+        "zero_count": zero,
+        "positive_spans": spans[11],
+        "positive_buckets": positive,
+        "negative_spans": spans[8],
+        "negative_buckets": negative,
+        "counter_reset_hint": hint,
+        "custom_values": custom,
+    }
 
 
 def decompress(body: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
@@ -352,9 +499,11 @@ def parse_remote_write(
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
     limits: SeriesLimits = DEFAULT_LIMITS,
     cache: SeriesCache | None = None,
+    histograms: HistogramBuilder | None = None,
 ) -> SampleBatch:
-    """Samples of a snappy-compressed WriteRequest body, as ``POST /api/v1/write`` receives it."""
-    return decode_write_request(decompress(body, max_decompressed), limits, cache)
+    """Samples of a snappy-compressed WriteRequest body, as ``POST /api/v1/write`` receives it
+    (native histograms into ``histograms``, see :func:`decode_write_request`)."""
+    return decode_write_request(decompress(body, max_decompressed), limits, cache, histograms)
 
 
 # ---- encoder: tests, benchmarks, and anyone feeding the collector from Python ---------
@@ -374,10 +523,89 @@ def _enc_len(number: int, payload: bytes) -> bytes:
     return _enc_varint(number << 3 | 2) + _enc_varint(len(payload)) + payload
 
 
-def encode_write_request(
-    series: Iterable[tuple[Mapping[str, str], Iterable[tuple[int, float]]]], *, compress: bool = True
+def _enc_zigzag(v: int) -> bytes:
+    return _enc_varint((v << 1) ^ (v >> 63))
+
+
+def encode_histogram(
+    ts_ms: int,
+    *,
+    schema: int,
+    count: float,
+    sum: float,
+    zero_threshold: float = 0.0,
+    zero_count: float = 0.0,
+    positive_spans: Iterable[tuple[int, int]] = (),
+    positive_buckets: Iterable[float] = (),
+    negative_spans: Iterable[tuple[int, int]] = (),
+    negative_buckets: Iterable[float] = (),
+    counter_reset_hint: int = 0,
+    custom_values: Iterable[float] = (),
+    integer: bool = True,
 ) -> bytes:
-    """A WriteRequest for ``[(labels, [(ts_ms, value), ...]), ...]``, snappy-compressed by default."""
+    """One prompb.Histogram message, encoded as Prometheus' remote_write encodes it.
+
+    Buckets are given as absolute counts; ``integer`` sends them as Prometheus sends an integer
+    histogram (``count_int``, ``zero_count_int``, packed zigzag deltas), else as a float one
+    (``count_float``, packed absolute ``*_counts``). Zero values are left out, as proto3 does.
+    """
+    out = bytearray()
+
+    def double(number: int, x: float) -> None:
+        if x != 0.0 or np.signbit(x):
+            out.extend(_enc_varint(number << 3 | 1) + _DOUBLE.pack(x))
+
+    def varint(number: int, x: int) -> None:
+        if x:
+            out.extend(_enc_varint(number << 3) + _enc_varint(x))
+
+    if integer:
+        varint(1, int(count))
+    else:
+        double(2, count)
+    double(3, sum)
+    varint(4, (schema << 1) ^ (schema >> 31))
+    double(5, zero_threshold)
+    if integer:
+        varint(6, int(zero_count))
+    else:
+        double(7, zero_count)
+    for spans_no, values_no, spans, buckets in (
+        (8, 9, negative_spans, negative_buckets),
+        (11, 12, positive_spans, positive_buckets),
+    ):
+        for off, length in spans:
+            span = (_enc_varint(1 << 3) + _enc_zigzag(off) if off else b"") + (
+                _enc_varint(2 << 3) + _enc_varint(length) if length else b""
+            )
+            out.extend(_enc_len(spans_no, span))
+        values = list(buckets)
+        if not values:
+            continue
+        if integer:
+            ints = [int(v) for v in values]
+            deltas = [ints[0], *(b - a for a, b in itertools.pairwise(ints))]
+            out.extend(_enc_len(values_no, b"".join(_enc_zigzag(d) for d in deltas)))
+        else:
+            out.extend(_enc_len(values_no + 1, b"".join(_DOUBLE.pack(v) for v in values)))
+    varint(14, counter_reset_hint)
+    varint(15, ts_ms)
+    custom = list(custom_values)
+    if custom:
+        out.extend(_enc_len(16, b"".join(_DOUBLE.pack(v) for v in custom)))
+    return bytes(out)
+
+
+def encode_write_request(
+    series: Iterable[tuple[Mapping[str, str], Iterable[tuple[int, float]]]],
+    *,
+    compress: bool = True,
+    histograms: Iterable[tuple[Mapping[str, str], Iterable[bytes]]] = (),
+) -> bytes:
+    """A WriteRequest for ``[(labels, [(ts_ms, value), ...]), ...]``, snappy-compressed by default.
+
+    ``histograms`` adds series with native histogram samples: ``[(labels, [encode_histogram(...), ...])]``.
+    """
     parts = []
     for labels, samples in series:
         ts_parts = [
@@ -386,6 +614,12 @@ def encode_write_request(
         for t, v in samples:
             sample = b"\x09" + _DOUBLE.pack(v) + b"\x10" + _enc_varint(t)
             ts_parts.append(_enc_len(2, sample))
+        parts.append(_enc_len(1, b"".join(ts_parts)))
+    for labels, messages in histograms:
+        ts_parts = [
+            _enc_len(1, _enc_len(1, k.encode()) + _enc_len(2, v.encode())) for k, v in sorted(labels.items())
+        ]
+        ts_parts += [_enc_len(4, m) for m in messages]
         parts.append(_enc_len(1, b"".join(ts_parts)))
     raw = b"".join(parts)
     if not compress:

@@ -8,6 +8,7 @@ series fingerprint once per batch, not once per sample.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -381,6 +382,36 @@ class HistogramBatch:
             ps_o, ps_l, ps_off, pb, pb_off, ns_o, ns_l, ns_off, nb, nb_off, cv, cv_off,
         )  # fmt: skip
 
+    def take(
+        self,
+        rows: npt.NDArray[np.integer[Any]],
+        series: list[Labels] | None = None,
+        series_idx: I32 | None = None,
+    ) -> HistogramBatch:
+        """These rows (indices, in this order) as a batch of their own; ``series`` and ``series_idx``
+        (one per kept row) replace the series when given (relabelling)."""
+        rows = np.asarray(rows, dtype=np.int64)
+
+        def cut(offsets: I32, *flats: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
+            starts, lengths = offsets[:-1][rows].astype(np.int64), np.diff(offsets)[rows].astype(np.int64)
+            new = np.zeros(len(rows) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=new[1:])
+            at = np.repeat(starts - new[:-1], lengths) + np.arange(int(new[-1]), dtype=np.int64)
+            return [new, *(f[at] for f in flats)]
+
+        ps_off, ps_o, ps_l = cut(self.pos_span_offsets, self.pos_span_offset, self.pos_span_length)
+        pb_off, pb = cut(self.pos_bucket_offsets, self.pos_buckets)
+        ns_off, ns_o, ns_l = cut(self.neg_span_offsets, self.neg_span_offset, self.neg_span_length)
+        nb_off, nb = cut(self.neg_bucket_offsets, self.neg_buckets)
+        cv_off, cv = cut(self.custom_value_offsets, self.custom_values)
+        idx = self.series_idx[rows] if series_idx is None else series_idx
+        return HistogramBatch(
+            self.series if series is None else series, idx, self.ts_ms[rows], self.schema[rows],
+            self.zero_threshold[rows], self.zero_count[rows], self.count[rows], self.sum[rows],
+            self.counter_reset_hint[rows],
+            ps_o, ps_l, ps_off, pb, pb_off, ns_o, ns_l, ns_off, nb, nb_off, cv, cv_off,
+        )  # fmt: skip
+
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as plain values (the fields of a ``FloatHistogram``, plus labels and ts_ms)."""
 
@@ -563,6 +594,13 @@ class HistogramBuilder:
                 raise ValueError(
                     f"{what} spans cover {need} buckets but {len(buckets)} bucket counts were given"
                 )
+        # Prometheus' ValidateHistogram: no negative count, and no more observations in the buckets
+        # than the histogram counts (a float histogram may be a rounding error over).
+        if zero_count < 0 or any(c < 0 for c in positive_buckets) or any(c < 0 for c in negative_buckets):
+            raise ValueError("a bucket (or the zero bucket) has a negative observation count")
+        observed = float(zero_count) + math.fsum(positive_buckets) + math.fsum(negative_buckets)
+        if observed > count and observed - count > 1e-9 * max(1.0, abs(count)):
+            raise ValueError(f"{observed:g} observations found in buckets, but the count is {count:g}")
         self._idx.append(self._series_index(labels))
         self._ts.append(int(ts_ms))
         self._schema.append(int(schema))

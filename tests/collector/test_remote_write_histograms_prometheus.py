@@ -1,0 +1,240 @@
+"""A real Prometheus scrapes native histograms (protobuf exposition) and remote-writes them to ki collector.
+
+The target is a small HTTP server in this process serving ``io.prometheus.client.MetricFamily``
+messages (varint-delimited, built by Google's protobuf library from client_model's
+metrics.proto, transcribed below field for field); Prometheus (Debian's 2.42) runs with
+``--enable-feature=native-histograms`` and ``send_native_histograms: true``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from collector_process import running_collector
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal.encoder import _VarintBytes
+
+from kernel_insight.collector.store import EmbeddedStore
+
+F = descriptor_pb2.FieldDescriptorProto
+PROTO_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+
+
+def _metric_family():
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="ki_test_client_model.proto", package="io.prometheus.client", syntax="proto2"
+    )
+    opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+
+    def message(name, fields):
+        m = fd.message_type.add(name=name)
+        for fname, number, ftype, label, type_name in fields:
+            f = m.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                f.type_name = type_name
+        return m
+
+    message("LabelPair", [("name", 1, F.TYPE_STRING, opt, None), ("value", 2, F.TYPE_STRING, opt, None)])
+    message("BucketSpan", [("offset", 1, F.TYPE_SINT32, opt, None), ("length", 2, F.TYPE_UINT32, opt, None)])
+    span = ".io.prometheus.client.BucketSpan"
+    message(
+        "Histogram",
+        [
+            ("sample_count", 1, F.TYPE_UINT64, opt, None),
+            ("sample_sum", 2, F.TYPE_DOUBLE, opt, None),
+            ("schema", 5, F.TYPE_SINT32, opt, None),
+            ("zero_threshold", 6, F.TYPE_DOUBLE, opt, None),
+            ("zero_count", 7, F.TYPE_UINT64, opt, None),
+            ("negative_span", 9, F.TYPE_MESSAGE, rep, span),
+            ("negative_delta", 10, F.TYPE_SINT64, rep, None),
+            ("positive_span", 12, F.TYPE_MESSAGE, rep, span),
+            ("positive_delta", 13, F.TYPE_SINT64, rep, None),
+        ],
+    )
+    message(
+        "Metric",
+        [
+            ("label", 1, F.TYPE_MESSAGE, rep, ".io.prometheus.client.LabelPair"),
+            ("histogram", 7, F.TYPE_MESSAGE, opt, ".io.prometheus.client.Histogram"),
+        ],
+    )
+    mf = message(
+        "MetricFamily",
+        [
+            ("name", 1, F.TYPE_STRING, opt, None),
+            ("help", 2, F.TYPE_STRING, opt, None),
+            ("type", 3, F.TYPE_ENUM, opt, ".io.prometheus.client.MetricType"),
+            ("metric", 4, F.TYPE_MESSAGE, rep, ".io.prometheus.client.Metric"),
+        ],
+    )
+    del mf
+    kind = fd.enum_type.add(name="MetricType")
+    for i, n in enumerate(("COUNTER", "GAUGE", "SUMMARY", "UNTYPED", "HISTOGRAM")):
+        kind.value.add(name=n, number=i)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("io.prometheus.client.MetricFamily"))
+
+
+MetricFamily = _metric_family()
+
+
+class _Target:
+    """The scraped histogram: every scrape adds observations, so each remote-written sample differs."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+        self.lock = threading.Lock()
+
+    def state(self) -> tuple[int, list[int], int]:
+        with self.lock:
+            self.scrapes += 1
+            n = self.scrapes
+        # Buckets at schema 0: indices -1, 0 (span offset -1, length 2) and 3 (offset 2, length 1).
+        buckets = [n, 2 * n, 3 * n]
+        return n, buckets, 1
+
+    def body(self) -> bytes:
+        n, buckets, zero = self.state()
+        mf = MetricFamily(name="ki_test_latency_seconds", help="test", type=4)
+        m = mf.metric.add()
+        m.label.add(name="kernel", value="gemm")
+        h = m.histogram
+        h.sample_count = sum(buckets) + zero
+        h.sample_sum = 1.5 * n
+        h.schema = 0
+        h.zero_threshold = 1e-9
+        h.zero_count = zero
+        h.positive_span.add(offset=-1, length=2)
+        h.positive_span.add(offset=2, length=1)
+        h.positive_delta.extend([buckets[0], buckets[1] - buckets[0], buckets[2] - buckets[1]])
+        raw = mf.SerializeToString()
+        return bytes(_VarintBytes(len(raw))) + raw
+
+
+def _serve(target: _Target) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = target.body()
+            self.send_response(200)
+            self.send_header("Content-Type", PROTO_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None, reason="the prometheus binary (Debian package) is not installed"
+)
+def test_real_prometheus_remote_writes_native_histograms(tmp_path):
+    target = _Target()
+    server = _serve(target)
+    prom = None
+    try:
+        with running_collector(tmp_path) as collector:
+            cred = tmp_path / "ingest.token"
+            cred.write_text(collector.ingest_token + "\n")
+            cred.chmod(0o600)
+            prom_port = _free_port()
+            config = tmp_path / "prometheus.yml"
+            config.write_text(
+                json.dumps(
+                    {
+                        "global": {"scrape_interval": "1s"},
+                        "scrape_configs": [
+                            {
+                                "job_name": "nh",
+                                "static_configs": [{"targets": [f"127.0.0.1:{server.server_address[1]}"]}],
+                            }
+                        ],
+                        "remote_write": [
+                            {
+                                "url": f"{collector.url}/api/v1/write",
+                                "authorization": {"type": "Bearer", "credentials_file": str(cred)},
+                                "send_native_histograms": True,
+                                "queue_config": {"batch_send_deadline": "1s"},
+                            }
+                        ],
+                    }
+                )
+            )
+            prom = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    f"--storage.tsdb.path={tmp_path / 'prom'}",
+                    "--enable-feature=native-histograms",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            deadline = time.monotonic() + 90
+            found: list[dict[str, str]] = []
+            auth = {"Authorization": f"Bearer {collector.read_token}"}
+            with httpx.Client(base_url=collector.url, headers=auth, timeout=10) as http:
+                while time.monotonic() < deadline and len(found) < 1:
+                    assert prom.poll() is None, prom.stderr.read()  # type: ignore[union-attr]
+                    r = http.get("/api/v1/series", params={"match[]": "ki_test_latency_seconds"})
+                    assert r.status_code == 200, r.text
+                    found = r.json()["data"]
+                    if not found:
+                        time.sleep(0.5)
+            assert found, (
+                f"no histogram series reached the collector within 90 s: {collector.stderr.read_text()[-2000:]}"
+            )
+            assert found[0]["job"] == "nh"
+            assert found[0]["kernel"] == "gemm"
+            # A few more scrapes, so several samples are stored.
+            wait_until = time.monotonic() + 4
+            while time.monotonic() < wait_until:
+                time.sleep(0.2)
+            prom.terminate()
+            prom.communicate(timeout=30)
+            prom = None
+        with EmbeddedStore(tmp_path / "data") as store:
+            rows = store.query(
+                "SELECT schema, zero_threshold, zero_count, count, sum, positive_span_offsets, "
+                "positive_span_lengths, positive_counts, positive_float_counts FROM ki.histograms "
+                "WHERE metric = 'ki_test_latency_seconds' ORDER BY ts"
+            ).to_pylist()
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.communicate(timeout=30)
+        server.shutdown()
+    assert len(rows) >= 2, rows
+    for row in rows:
+        n = round(row["sum"] / 1.5)  # the scrape this sample came from
+        assert row["schema"] == 0
+        assert row["zero_threshold"] == 1e-9
+        assert row["zero_count"] == 1.0
+        assert row["positive_span_offsets"] == [-1, 2]
+        assert row["positive_span_lengths"] == [2, 1]
+        assert row["positive_counts"] == [n, 2 * n, 3 * n]
+        assert row["positive_float_counts"] == []
+        assert row["count"] == 6 * n + 1
