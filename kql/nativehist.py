@@ -541,6 +541,8 @@ class FloatHistogram:
             raise HistogramError("cannot reduce resolution to custom buckets schema")
         if target_schema >= self.schema:
             raise HistogramError(f"cannot reduce resolution from schema {self.schema} to {target_schema}")
+        _check_spans(self.positive_spans, len(self.positive_buckets))
+        _check_spans(self.negative_spans, len(self.negative_buckets))
         return self._reduced(target_schema)
 
     def _reduced(self, target_schema: int) -> FloatHistogram:
@@ -751,6 +753,24 @@ class FloatHistogram:
             if _bucket_reset(ci, cc, pi, pc):
                 return True
         return False
+
+
+_SPANS_BUCKETS_MISMATCH = "histogram spans specify different number of buckets than provided"
+
+
+def _check_spans(spans: Sequence[Span], n_buckets: int) -> None:
+    """Go ``reduceResolution``'s layout checks, with its messages."""
+    needed = 0
+    for n, (off, ln) in enumerate(spans):
+        if n > 0 and off < 0:
+            raise HistogramError(
+                f"span number {n + 1} with offset {off}: histogram has a span whose offset is negative"
+            )
+        needed += ln
+        if needed > n_buckets:
+            raise HistogramError(f"have {n_buckets} buckets but spans need more: {_SPANS_BUCKETS_MISMATCH}")
+    if needed != n_buckets:
+        raise HistogramError(f"spans need {needed} buckets, have {n_buckets} buckets: {_SPANS_BUCKETS_MISMATCH}")
 
 
 def _bucket_reset(ci: _I64, cc: _F64, pi: _I64, pc: _F64) -> bool:
