@@ -18,13 +18,10 @@ Several collectors over one ClickHouse share tokens through :class:`ClickHouseTo
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import secrets
-import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,7 +32,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kernel_insight.api.errors import ApiError
-from kernel_insight.collector.private_json import PrivateJsonFile, VersionedJsonTable
+from kernel_insight.collector.private_json import PrivateJsonFile, SecretStore, VersionedJsonTable
 from kernel_insight.collector.store import Store
 
 __all__ = [
@@ -112,23 +109,11 @@ def _parse_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
-class TokenStoreBase(ABC):
+class TokenStoreBase(SecretStore[str]):
     """Tokens, whatever holds them: parsing, hashing and the revocation rule live here.
 
-    A back end supplies the current records (refreshed as its reload bound says)
-    and an edit session that writes changes back.
+    The records and their back end (a file or a ClickHouse table) are ``SecretStore``'s.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    @abstractmethod
-    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        """The records by token id, refreshed when due (``miss``: an id was not found). Lock held."""
-
-    @abstractmethod
-    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
-        """A fresh copy of the records to change in place; written back when the block ends."""
 
     @staticmethod
     def _info(t: dict[str, Any]) -> TokenInfo:
@@ -183,22 +168,17 @@ class TokenStore(TokenStoreBase):
     """The API's tokens in a file. Writers lock the file and replace it atomically; readers reload on change."""
 
     def __init__(self, path: Path | str) -> None:
-        super().__init__()
         self.path = Path(path)
-        self._file = PrivateJsonFile(
-            self.path,
-            what="token store",
-            field="tokens",
-            version=_FORMAT_VERSION,
-            key=lambda t: str(t["id"]),
-            error=TokenError,
+        super().__init__(
+            PrivateJsonFile(
+                self.path,
+                what="token store",
+                field="tokens",
+                version=_FORMAT_VERSION,
+                key=lambda t: str(t["id"]),
+                error=TokenError,
+            )
         )
-
-    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        return self._file.current()
-
-    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
-        return self._file.editing(self._lock)
 
 
 class ClickHouseTokenStore(TokenStoreBase):
@@ -211,33 +191,20 @@ class ClickHouseTokenStore(TokenStoreBase):
     """
 
     def __init__(self, store: Store, *, table: str = "api_tokens", refresh_s: float | None = None) -> None:
-        super().__init__()
-        self.store = store
-        self.table = table
-        self._table: VersionedJsonTable[str] = VersionedJsonTable(
-            store,
-            table,
-            id_column="token_id",
-            what="token table",
-            comment="API bearer tokens (docs/api.md)",
-            encode_id=str,
-            decode_id=str,
-            error=TokenError,
-            refresh_s=refresh_s,
+        self.store, self.table = store, table
+        super().__init__(
+            VersionedJsonTable(
+                store,
+                table,
+                id_column="token_id",
+                what="token table",
+                comment="API bearer tokens (docs/api.md)",
+                encode_id=str,
+                decode_id=str,
+                error=TokenError,
+                refresh_s=refresh_s,
+            )
         )
-
-    @property
-    def refresh_s(self) -> float:
-        return self._table.refresh_s
-
-    def __repr__(self) -> str:
-        return f"ClickHouseTokenStore({self.store.database}.{self.table})"
-
-    def _current(self, *, miss: bool = False) -> dict[str, dict[str, Any]]:
-        return self._table.current(miss=miss)
-
-    def _editing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
-        return self._table.editing(self._lock)
 
 
 def open_token_store(target: str | Path | Store) -> TokenStoreBase:

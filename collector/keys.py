@@ -1,4 +1,4 @@
-"""Agent enrolment keys: the collector's key store, the agent's key file, and ``ki keys ...``.
+"""Agent enrolment keys: the collector's key store and the agent's key file (``ki keys``: keys_cli.py).
 
 Key material never appears in a repr, a log line or an error message; only
 agent ids (public, they travel in every batch header) and key ids do.
@@ -19,17 +19,9 @@ Example::
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
 import re
 import secrets
-import sys
-import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,12 +30,13 @@ from kernel_insight.collector.private_json import (
     CLUSTER_REFRESH_S,
     MISS_REFRESH_S,
     PrivateJsonFile,
+    SecretStore,
     VersionedJsonTable,
     next_version,
     versioned_table_ddl,
     write_private,
 )
-from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store
+from kernel_insight.collector.store import Store, is_store_url
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -58,7 +51,6 @@ __all__ = [
     "KeyStoreError",
     "RevokedAgent",
     "UnknownAgent",
-    "add_commands",
     "check_agent_name",
     "check_instance_labels",
     "is_store_url",
@@ -210,26 +202,11 @@ class AgentInfo:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-class KeyStoreBase(ABC):
+class KeyStoreBase(SecretStore[bytes]):
     """Agents and their keys, whatever holds them; the rules (rotation, retirement, revocation) live here.
 
-    A back end supplies two things: the current table of agent records (refreshed
-    as often as its reload bound says) and an edit session that writes changes back.
+    The records and their back end (a file or a ClickHouse table) are ``SecretStore``'s.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    @abstractmethod
-    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
-        """The agent records, refreshed when due (``miss``: a lookup found nothing; refresh sooner).
-
-        Called with ``self._lock`` held.
-        """
-
-    @abstractmethod
-    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
-        """A fresh copy of the records to change in place; changes are written when the block ends."""
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -359,26 +336,17 @@ class KeyStore(KeyStoreBase):
     """
 
     def __init__(self, path: Path) -> None:
-        super().__init__()
         self.path = Path(path)
-        self._file = PrivateJsonFile(
-            self.path,
-            what="key store",
-            field="agents",
-            version=_FORMAT_VERSION,
-            key=lambda a: bytes.fromhex(a["agent_id"]),
-            error=KeyStoreError,
+        super().__init__(
+            PrivateJsonFile(
+                self.path,
+                what="key store",
+                field="agents",
+                version=_FORMAT_VERSION,
+                key=lambda a: bytes.fromhex(a["agent_id"]),
+                error=KeyStoreError,
+            )
         )
-
-    def __repr__(self) -> str:
-        return f"KeyStore({str(self.path)!r})"
-
-    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
-        return self._file.current()
-
-    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
-        """Lock the file against other writers, reload, edit, write back atomically."""
-        return self._file.editing(self._lock)
 
 
 class ClickHouseKeyStore(KeyStoreBase):
@@ -397,208 +365,17 @@ class ClickHouseKeyStore(KeyStoreBase):
     """
 
     def __init__(self, store: Store, *, table: str = "agent_keys", refresh_s: float | None = None) -> None:
-        super().__init__()
-        self.store = store
-        self._table = VersionedJsonTable(
-            store,
-            table,
-            id_column="agent_id",
-            what="key store table",
-            comment="agent records and keys (docs/storage.md)",
-            encode_id=bytes.hex,
-            decode_id=bytes.fromhex,
-            error=KeyStoreError,
-            refresh_s=refresh_s,
+        self.store, self.table = store, table
+        super().__init__(
+            VersionedJsonTable(
+                store,
+                table,
+                id_column="agent_id",
+                what="key store table",
+                comment="agent records and keys (docs/storage.md)",
+                encode_id=bytes.hex,
+                decode_id=bytes.fromhex,
+                error=KeyStoreError,
+                refresh_s=refresh_s,
+            )
         )
-        self.table = table
-
-    @property
-    def refresh_s(self) -> float:
-        return self._table.refresh_s
-
-    def __repr__(self) -> str:
-        return f"ClickHouseKeyStore({self.store.database}.{self.table})"
-
-    def _current(self, *, miss: bool = False) -> dict[bytes, dict[str, Any]]:
-        return self._table.current(miss=miss)
-
-    def _editing(self) -> contextlib.AbstractContextManager[dict[bytes, dict[str, Any]]]:
-        return self._table.editing(self._lock)
-
-
-# ---- ki keys ... -----------------------------------------------------------------------
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-@contextlib.contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[KeyStoreBase]:
-    """The file store, or the table store of a ClickHouse URL (closed again afterwards)."""
-    target = args.store or os.environ.get("KI_KEY_STORE", str(DEFAULT_STORE))
-    if not is_store_url(target):
-        yield KeyStore(Path(target))
-        return
-    try:
-        store = open_store(target)
-    except (StorageError, ValueError) as exc:
-        raise KeyStoreError(f"cannot open the store: {exc}") from None
-    try:
-        yield ClickHouseKeyStore(store)
-    finally:
-        store.close()
-
-
-def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:
-    path = Path(args.key_file or f"ki-agent-{creds.agent_id.hex()}.key")
-    creds.write_key_file(path)
-    return path
-
-
-def _add(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
-        creds = store.add_agent(args.name, parse_label_args(args.label))
-    path = _key_file(args, creds)
-    print(
-        f"enrolled agent {creds.agent_id.hex()} ({args.name}), key {creds.key_id}; key file {path} (mode 0600)"
-    )
-    return 0
-
-
-def _rotate(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
-        creds = store.rotate(parse_agent_id(args.agent_id))
-    path = _key_file(args, creds)
-    print(f"agent {creds.agent_id.hex()}: new key {creds.key_id}; key file {path} (mode 0600)")
-    return 0
-
-
-def _retire(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
-        store.retire(parse_agent_id(args.agent_id), args.key_id)
-    print(f"agent {args.agent_id}: key {args.key_id} retired")
-    return 0
-
-
-def _revoke(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
-        store.revoke(parse_agent_id(args.agent_id))
-    print(f"agent {args.agent_id}: revoked")
-    return 0
-
-
-def _list(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
-        infos = store.agents()
-    if args.json:
-        print(json.dumps([_asdict(i) for i in infos], indent=2))
-        return 0
-    for i in infos:
-        state = "revoked" if i.revoked else "active"
-        keys = ",".join(map(str, i.active_key_ids)) or "-"
-        labels = ",".join(f"{k}={v}" for k, v in i.labels.items())
-        print(f"{i.agent_id}  {state:7}  keys {keys:7}  {i.name}" + (f"  {{{labels}}}" if labels else ""))
-    return 0
-
-
-def _asdict(info: AgentInfo) -> dict[str, Any]:
-    return {f: getattr(info, f) for f in AgentInfo.__slots__}
-
-
-def _enrol(args: argparse.Namespace) -> int:
-    """Enrol over the collector's API (``POST /v1/agents``, scope ``ingest-admin``): what a node's
-    init step runs, so that agents never hold the key store's or ClickHouse's credentials."""
-    import httpx
-
-    path = Path(args.key_file)
-    if path.exists():
-        read_key_file(path)  # a damaged file is an error, not a reason to enrol again
-        print(f"{path} exists; not enrolling again")
-        return 0
-    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KI_TOKEN", "")
-    if not token:
-        raise KeyStoreError(
-            "enrolment needs a token with the ingest-admin scope: --token-file FILE or $KI_TOKEN"
-        )
-    verify: str | bool = args.ca_file or True
-    try:
-        answer = httpx.post(
-            args.collector.rstrip("/") + "/v1/agents",
-            json={"name": args.name, "labels": parse_label_args(args.label)},
-            headers={"Authorization": f"Bearer {token}"},
-            verify=verify,
-            timeout=30,
-        )
-    except httpx.HTTPError as exc:
-        raise KeyStoreError(f"cannot reach the collector at {args.collector}: {exc}") from None
-    if answer.status_code != 201:
-        raise KeyStoreError(
-            f"the collector refused the enrolment ({answer.status_code}): {answer.text[:300]}"
-        )
-    write_private(path, answer.json()["key_file"].encode())
-    creds = read_key_file(path)
-    print(
-        f"enrolled agent {creds.agent_id.hex()} ({args.name}), key {creds.key_id}; key file {path} (mode 0600)"
-    )
-    return 0
-
-
-def _errors_to_exit(fn: Handler) -> Handler:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except (KeyStoreError, StorageError, OSError) as exc:
-            print(f"ki keys: {exc}", file=sys.stderr)
-            return 1
-
-    return run
-
-
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = sub.add_parser("keys", help="enrol agents and manage their keys (the collector's key store)")
-    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-
-    def action(name: str, fn: Handler, help_: str, aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-        p = ksub.add_parser(name, help=help_, aliases=list(aliases))
-        p.add_argument(
-            "--store",
-            help=f"key store file, or a ClickHouse URL for the cluster table (default $KI_KEY_STORE or {DEFAULT_STORE})",
-        )
-        p.set_defaults(handler=_errors_to_exit(fn))
-        return p
-
-    a = action("add-agent", _add, "enrol a new agent; writes its key file", aliases=("add",))
-    a.add_argument("name", help="a label for people, e.g. host-17/gpu0")
-    a.add_argument("--key-file", help="where to write the agent's key file (default ki-agent-<id>.key)")
-    a.add_argument(
-        "--label",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a label of the agent's instance (model, host, rack, switch, ...); repeatable",
-    )
-    e = ksub.add_parser(
-        "enrol", help="enrol this agent through a collector's API and write its key file (once; idempotent)"
-    )
-    e.add_argument("name", help="a label for people, e.g. host-17/gpu0")
-    e.add_argument("--collector", required=True, help="collector URL, e.g. https://collector:8470")
-    e.add_argument("--key-file", required=True, help="the key file to write (nothing happens when it exists)")
-    e.add_argument(
-        "--token-file", help="file holding a token with the ingest-admin scope (default: $KI_TOKEN)"
-    )
-    e.add_argument(
-        "--label",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a label of the agent's instance (model, host, rack, switch, ...); repeatable",
-    )
-    e.add_argument("--ca-file", help="PEM CA bundle trusted for an https collector (default: the system's)")
-    e.set_defaults(handler=_errors_to_exit(_enrol))
-    r = action("rotate", _rotate, "give an agent a new key (the two newest stay active)")
-    r.add_argument("agent_id")
-    r.add_argument("--key-file", help="where to write the new key file (default ki-agent-<id>.key)")
-    t = action("retire", _retire, "deactivate one of an agent's keys")
-    t.add_argument("agent_id")
-    t.add_argument("key_id", type=int)
-    v = action("revoke", _revoke, "refuse everything from an agent from now on")
-    v.add_argument("agent_id")
-    lst = action("list", _list, "list agents and their key ids (never the keys)")
-    lst.add_argument("--json", action="store_true", help="print JSON")

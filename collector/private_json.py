@@ -1,6 +1,8 @@
 """Secret records (agent keys, API tokens) as JSON documents: in a 0600 file, or in a ClickHouse table.
 
-The agent key store and the API token store keep the same two kinds of store. In a
+The agent key store and the API token store are both a ``SecretStore`` over one of these two
+record holders; they add only their rules (keys: rotation, retirement, revocation; tokens:
+hashing, scopes). In a
 file, writers (``ki keys``, ``ki tokens``, the admin API) take an exclusive lock and
 replace the file atomically; a running collector notices the change on its next
 lookup. In a table (several collectors over one ClickHouse), one row per edit, the
@@ -31,6 +33,7 @@ __all__ = [
     "MISS_REFRESH_S",
     "RELOAD_CHECK_S",
     "PrivateJsonFile",
+    "SecretStore",
     "VersionedJsonTable",
     "next_version",
     "versioned_table_ddl",
@@ -114,8 +117,14 @@ class PrivateJsonFile(Generic[K]):
             raise self._error(f"{self._what} {self.path} is corrupt ({type(exc).__name__})") from None
         self.records, self._stamp = records, stamp
 
-    def current(self) -> dict[K, dict[str, Any]]:
-        """The records, reloaded if the file changed since the last look (looked at every RELOAD_CHECK_S)."""
+    @property
+    def label(self) -> str:
+        """Where the records are, for a repr (never their content)."""
+        return repr(str(self.path))
+
+    def current(self, *, miss: bool = False) -> dict[K, dict[str, Any]]:
+        """The records, reloaded if the file changed since the last look (looked at every RELOAD_CHECK_S;
+        ``miss`` changes nothing: a file is looked at often enough)."""
         now = time.monotonic()
         if now - self._checked >= RELOAD_CHECK_S:
             self._checked = now
@@ -230,7 +239,13 @@ class VersionedJsonTable(Generic[K]):
         self._versions = {self._decode(r[self._id]): int(r["v"]) for r in rows}
         self._loaded = time.monotonic()
 
+    @property
+    def label(self) -> str:
+        """Where the records are, for a repr (never their content)."""
+        return f"{self.store.database}.{self.table}"
+
     def current(self, *, miss: bool = False) -> dict[K, dict[str, Any]]:
+        """The records, re-read when ``refresh_s`` has passed (``miss``: after MISS_REFRESH_S)."""
         age = time.monotonic() - self._loaded
         if age >= self.refresh_s or (miss and age >= MISS_REFRESH_S):
             self.reload()
@@ -264,3 +279,32 @@ class VersionedJsonTable(Generic[K]):
                 self._loaded = -float("inf")  # what we hold in memory was never written
                 raise self._error(f"{self._what} {self.table}: write failed: {exc}") from None
             self._versions.update((i, v) for (i, _), v in zip(changed, versions, strict=True))
+
+
+class SecretStore(Generic[K]):
+    """Records holding secrets, by id, in a private JSON file or a versioned ClickHouse table.
+
+    The one base of the agent key store (``collector/keys.py``) and the API token store
+    (``api/auth.py``): it holds the records and the lock every read and edit takes; the
+    subclasses hold the rules. ``repr`` names where the records are, never their content.
+    """
+
+    def __init__(self, records: PrivateJsonFile[K] | VersionedJsonTable[K]) -> None:
+        self._lock = threading.Lock()
+        self._records = records
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._records.label})"
+
+    @property
+    def refresh_s(self) -> float | None:
+        """The longest a change made elsewhere goes unseen (table stores; None for a file, seen at once)."""
+        return self._records.refresh_s if isinstance(self._records, VersionedJsonTable) else None
+
+    def _current(self, *, miss: bool = False) -> dict[K, dict[str, Any]]:
+        """The records, refreshed when due (``miss``: a lookup found nothing; refresh sooner). Lock held."""
+        return self._records.current(miss=miss)
+
+    def _editing(self) -> contextlib.AbstractContextManager[dict[K, dict[str, Any]]]:
+        """A fresh copy of the records to change in place; written back when the block ends."""
+        return self._records.editing(self._lock)

@@ -18,7 +18,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES = [
     "kernel_insight.run",
     "kernel_insight.agent.cli",
-    "kernel_insight.collector.keys",
+    "kernel_insight.collector.keys_cli",
     "kernel_insight.collector.cli",
     "kernel_insight.agent.launcher",
     "kernel_insight.agent.probe.cli",
