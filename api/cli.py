@@ -33,21 +33,11 @@ def token_store_path(explicit: str | None = None) -> Path:
 @contextlib.contextmanager
 def _opened(args: argparse.Namespace) -> Iterator[TokenStoreBase]:
     """The token file, or the token table of a ClickHouse URL (several collectors share it)."""
-    from kernel_insight.collector.keys import is_store_url
-    from kernel_insight.collector.store import StorageError, open_store
+    from kernel_insight.collector.private_json import opened_secret_store
 
     target = args.store or os.environ.get("KI_TOKEN_STORE") or str(DEFAULT_TOKEN_STORE)
-    if not is_store_url(target):
-        yield TokenStore(Path(target))
-        return
-    try:
-        store = open_store(target)
-    except (StorageError, ValueError) as exc:
-        raise TokenError(f"cannot open the store: {exc}") from None
-    try:
-        yield open_token_store(store)
-    finally:
-        store.close()
+    with opened_secret_store(target, TokenStore, open_token_store, TokenError) as tokens:
+        yield tokens
 
 
 def _create(args: argparse.Namespace) -> int:

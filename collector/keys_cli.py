@@ -23,8 +23,8 @@ from kernel_insight.collector.keys import (
     parse_label_args,
     read_key_file,
 )
-from kernel_insight.collector.private_json import write_private
-from kernel_insight.collector.store import StorageError, is_store_url, open_store
+from kernel_insight.collector.private_json import opened_secret_store, write_private
+from kernel_insight.collector.store import StorageError
 
 __all__ = ["add_commands"]
 
@@ -35,17 +35,8 @@ Handler = Callable[[argparse.Namespace], int]
 def _opened(args: argparse.Namespace) -> Iterator[KeyStoreBase]:
     """The file store, or the table store of a ClickHouse URL (closed again afterwards)."""
     target = args.store or os.environ.get("KI_KEY_STORE", str(DEFAULT_STORE))
-    if not is_store_url(target):
-        yield KeyStore(Path(target))
-        return
-    try:
-        store = open_store(target)
-    except (StorageError, ValueError) as exc:
-        raise KeyStoreError(f"cannot open the store: {exc}") from None
-    try:
-        yield ClickHouseKeyStore(store)
-    finally:
-        store.close()
+    with opened_secret_store(target, KeyStore, ClickHouseKeyStore, KeyStoreError) as store:
+        yield store
 
 
 def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.sql import ident, literal, qualified
-from kernel_insight.collector.store import StorageError, Store
+from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -36,6 +36,7 @@ __all__ = [
     "SecretStore",
     "VersionedJsonTable",
     "next_version",
+    "opened_secret_store",
     "versioned_table_ddl",
     "write_private",
 ]
@@ -308,3 +309,28 @@ class SecretStore(Generic[K]):
     def _editing(self) -> contextlib.AbstractContextManager[dict[K, dict[str, Any]]]:
         """A fresh copy of the records to change in place; written back when the block ends."""
         return self._records.editing(self._lock)
+
+
+S = TypeVar("S", bound=SecretStore[Any])
+
+
+@contextlib.contextmanager
+def opened_secret_store(
+    target: str, in_file: Callable[[Path], S], in_table: Callable[[Store], S], error: type[Exception]
+) -> Iterator[S]:
+    """The file store at a path, or the table store of a ClickHouse URL (closed again afterwards).
+
+    What ``ki keys --store`` and ``ki tokens --store`` open; a store that cannot be opened is
+    ``error`` with the reason.
+    """
+    if not is_store_url(target):
+        yield in_file(Path(target))
+        return
+    try:
+        store = open_store(target)
+    except (StorageError, ValueError) as exc:
+        raise error(f"cannot open the store: {exc}") from None
+    try:
+        yield in_table(store)
+    finally:
+        store.close()
