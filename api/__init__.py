@@ -34,7 +34,7 @@ from kernel_insight.api.health import (
 )
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.logs import RepeatFilter
-from kernel_insight.api.prometheus import prometheus_router
+from kernel_insight.api.prometheus import prometheus_router, query_routes
 from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
 from kernel_insight.api.ui import ui_router
@@ -70,6 +70,7 @@ __all__ = [
     "instances_router",
     "open_token_store",
     "prometheus_router",
+    "query_routes",
     "serve",
     "timeline_router",
     "topology_router",

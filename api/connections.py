@@ -284,6 +284,42 @@ class _GuardedH11(_Guard, H11Protocol):
         self._track()
 
 
+class _HeadWithBody:
+    """The transport a response is written to, holding the response head until the first body
+    write so that both leave in one ``send`` (uvicorn writes them apart).
+
+    On loopback each ``send`` runs the whole delivery to the client, and the client wakes for
+    the head alone and again for the body: one write instead of two took ~30 us off a small
+    query's answer. Everything but ``write`` and ``close`` is the real transport's.
+    """
+
+    __slots__ = ("_cycle", "_head", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._held = False  # the head was held once (later writes go straight out)
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.writelines((head, data))
+        elif not self._held and self._cycle.response_started:  # the head (a 100 Continue goes out at once)
+            self._head, self._held = data, True
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:  # a response cut off after its head: the head still goes first
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def _httptools_class() -> type[asyncio.Protocol] | None:
     """The guard over httptools (a C parser, what uvicorn prefers when installed), or None without it."""
     try:
@@ -304,6 +340,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         def on_headers_complete(self) -> None:
             self._stage = "body"
             super().on_headers_complete()
+            self.cycle.transport = _HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
             # Answered before its body was read (a refusal): the next thing to come is a head.

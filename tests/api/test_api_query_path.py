@@ -1,0 +1,137 @@
+"""The query endpoints' own request path: bare ASGI routes, inline or threaded evaluation, one write per answer."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+
+import httpx
+from api_helpers import TestClient
+from collector_process import running_collector
+from fastapi import FastAPI
+
+from kernel_insight.api import Authenticator, TokenStore, install_error_handlers, prometheus_router
+from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+
+
+class _Recording(MemoryStorage):
+    """Records the thread each read ran in; ``spin_s`` makes every read take at least that long."""
+
+    def __init__(self, spin_s: float = 0.0) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.spin_s = spin_s
+        self.add({"__name__": "up", "job": "a"}, [0, 15_000], [1.0, 1.0])
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        self.threads.append(threading.current_thread().name)
+        until = time.perf_counter() + self.spin_s
+        while time.perf_counter() < until:  # CPU work standing in for an expensive read
+            pass
+        return super().select(matchers, start_ms, end_ms)
+
+
+def _client(storage: MemoryStorage, tmp_path) -> TestClient:
+    tokens = TokenStore(tmp_path / "tokens.json")
+    app = FastAPI()
+    app.include_router(prometheus_router(lambda: storage, Authenticator(tokens)))
+    install_error_handlers(app)
+    client = TestClient(app)
+    client.headers["Authorization"] = f"Bearer {tokens.create('r', ['read']).token}"
+    return client
+
+
+def test_a_quick_query_asked_again_runs_on_the_event_loop(tmp_path):
+    storage = _Recording()
+    client = _client(storage, tmp_path)
+    for t in ("15", "16", "17", "18"):  # another evaluation time is the same request
+        body = client.get("/api/v1/query", params={"query": "up", "time": t}).json()
+        assert body["data"]["result"][0]["value"][1] == "1"
+    # Never seen: a query thread. The very first run in a process is slow (imports, the parser
+    # built), so its second run is in a thread too; from then on it is known to be quick.
+    assert storage.threads[0].startswith("ki-query"), storage.threads
+    assert not any(t.startswith("ki-query") for t in storage.threads[2:]), storage.threads
+    # A new range span is a new request: a thread first.
+    client.get("/api/v1/query_range", params={"query": "up", "start": "0", "end": "15", "step": "15"})
+    assert storage.threads[-1].startswith("ki-query")
+
+
+def test_a_query_that_was_slow_stays_in_a_query_thread(tmp_path):
+    storage = _Recording(spin_s=0.003)  # three times the inline bound (api.prometheus.INLINE_MAX_S)
+    client = _client(storage, tmp_path)
+    for _ in range(3):
+        assert client.get("/api/v1/query", params={"query": "up", "time": "15"}).status_code == 200
+    assert len(storage.threads) == 3
+    assert all(t.startswith("ki-query") for t in storage.threads), storage.threads
+
+
+def test_the_query_route_checks_tokens_and_answers_errors_in_the_one_shape(tmp_path):
+    client = _client(_Recording(), tmp_path)
+    r = client.get("/api/v1/query", params={"query": "up"}, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    assert r.json()["status"] == "error"
+    assert r.json()["errorType"] == "unauthorized"
+    r = client.post("/api/v1/query_range", data={"query": "up", "start": "1", "end": "0", "step": "1"})
+    assert r.status_code == 400
+    assert r.json()["error"] == 'invalid parameter "end": end timestamp must not be before start time'
+    assert client.request("DELETE", "/api/v1/query").status_code == 405
+
+
+def _read_answer(s: socket.socket) -> tuple[bytes, int]:
+    """One HTTP answer with a Content-Length, and how many recv calls it took."""
+    got, calls = b"", 0
+    while True:
+        head, sep, body = got.partition(b"\r\n\r\n")
+        if sep:
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            if len(body) >= length:
+                return got, calls
+        chunk = s.recv(65536)
+        assert chunk, got
+        got, calls = got + chunk, calls + 1
+
+
+def test_a_live_collector_writes_head_and_body_once_counts_the_route_and_sends_100_continue(tmp_path):
+    with running_collector(tmp_path) as c:
+        auth = f"Authorization: Bearer {c.read_token}\r\n".encode()
+        path = "/api/v1/query?" + urllib.parse.urlencode({"query": "vector(1)", "time": "1700000000"})
+        with socket.create_connection(c.host_port, timeout=10) as s:
+            for _ in range(5):  # one keep-alive connection; each answer arrives in one piece
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n".encode() + auth + b"\r\n")
+                answer, calls = _read_answer(s)
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                assert answer.endswith(b'"value":[1700000000,"1"]}]}}')
+                assert calls == 1, "the head and the body left in separate writes"
+            form = urllib.parse.urlencode({"query": "vector(2)", "time": "1700000000"}).encode()
+            s.sendall(
+                b"POST /api/v1/query HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n"
+                + auth
+                + f"Content-Length: {len(form)}\r\n\r\n".encode()
+            )
+            interim = s.recv(4096)  # the client waits for it before it sends the body
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            s.sendall(form)
+            answer, _ = _read_answer(s)
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert b'"1700000000,"2"' not in answer
+            assert answer.endswith(b'"value":[1700000000,"2"]}]}}')
+        assert httpx.get(f"{c.url}/api/v1/query", params={"query": "1"}).status_code == 401
+        metrics = httpx.get(f"{c.url}/metrics").text
+    counted = {
+        status: float(m.group(1))
+        for status in ("200", "401")
+        if (
+            m := re.search(
+                rf'ki_collector_http_requests_total\{{endpoint="/api/v1/query",method="(?:GET|POST)",'
+                rf'status="{status}"\}} (\S+)',
+                metrics,
+            )
+        )
+    }
+    assert counted.get("200", 0) >= 5, metrics
+    assert counted.get("401") == 1.0, metrics
