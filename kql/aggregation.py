@@ -18,7 +18,7 @@ from kernel_insight.kql.ast import AggregateExpr, ValueType
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, format_sample_value
+from kernel_insight.kql.values import StepVector, format_sample_value, keep_hists
 from kernel_insight.kql.vectors import group_rows
 
 __all__ = [
@@ -423,10 +423,14 @@ def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> 
     steps = vec.values.shape[1]
     cells: dict[Labels, npt.NDArray[np.float64]] = {}
     base = [_grouping_key(lb, node) for lb in vec.labels]
+    hists = vec.hists
+    present = vec.any_present()
     for i, key in enumerate(base):
         ev.checkpoint()
-        for j in np.flatnonzero(vec.present[i]):
-            text = format_sample_value(float(vec.values[i, j]))
+        for j in np.flatnonzero(present[i]):
+            h = None if hists is None else hists[i, j]
+            # A histogram counts under its text, Prometheus' FloatHistogram.String().
+            text = format_sample_value(float(vec.values[i, j])) if h is None else str(h)
             out = tuple(sorted({**dict(key), label: text}.items()))
             row = cells.get(out)
             if row is None:
@@ -468,9 +472,8 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
         for j in range(steps):
             r = ratio[j]
             keep[:, j] = (offsets < r) if r >= 0 else (offsets >= 1 + r)
-        keep &= vec.present
-        out = StepVector(vec.labels, vec.values, keep, vec.drop_name, vec.sample_ts)
-        return out.compact()
+        keep &= vec.any_present()
+        return _kept(vec, keep).compact()
     k = _k_values(param, node)
     order_rows: list[int] | None = None
     for j in range(steps):
@@ -479,7 +482,8 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
         kj = int(k[j])
         if kj < 1:
             continue
-        rows = np.flatnonzero(vec.present[:, j])
+        # limitk keeps histogram samples too; topk/bottomk only see floats (the engine drops the rest).
+        rows = np.flatnonzero((vec.any_present() if op == "limitk" else vec.present)[:, j])
         vals = vec.values[rows, j]
         nan = np.isnan(vals)
         if op == "limitk":
@@ -495,11 +499,17 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
         keep[chosen, j] = True
         if steps == 1:
             order_rows = [int(r) for r in order if keep[r, 0]]
-    out = StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts)
+    out = _kept(vec, keep)
     if order_rows is not None:
         # An instant topk/bottomk lists each group's series best first.
         return out.take(order_rows)
     return out.compact()
+
+
+def _kept(vec: StepVector, keep: BOOL) -> StepVector:
+    """The samples of ``vec`` (either kind) where ``keep``."""
+    hists = None if vec.hists is None else keep_hists(vec.hists, keep)
+    return StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts, hists)
 
 
 def _ratio_offset(labels: Labels) -> float:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql import histeval
 from kernel_insight.kql.aggregation import aggregate
 from kernel_insight.kql.ast import (
     AggregateExpr,
@@ -394,17 +395,30 @@ class _Evaluator:
         if node.op == "+":
             return value
         if isinstance(value, StepVector):
-            return StepVector(value.labels, -value.values, value.present, np.ones(len(value), dtype=bool))
+            hists = value.hists
+            if hists is not None:
+                hists = hists.copy()
+                for i, j, h in histeval.cells(hists):
+                    hists[i, j] = histeval.hmul(h, -1.0)
+            return StepVector(
+                value.labels, -value.values, value.present, np.ones(len(value), dtype=bool), None, hists
+            )
         return -value
 
     def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
         lhs = self.eval(node.lhs, times)
         rhs = self.eval(node.rhs, times)
+        if (isinstance(lhs, StepVector) and lhs.hists is not None) or (
+            isinstance(rhs, StepVector) and rhs.hists is not None
+        ):
+            return histeval.binary(self, node, lhs, rhs)
         return binary_op(node, lhs, rhs)
 
     def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
         param = self.eval(node.param, times) if node.param is not None else None
         vec = self.eval(node.expr, times)
+        if vec.hists is not None:
+            return histeval.aggregate(self, node, vec, param)
         return aggregate(self, node, vec, param)
 
     def eval_call(self, node: Call, times: I64) -> Any:
@@ -421,7 +435,14 @@ class _Evaluator:
             ]
         finally:
             self.sample_times_wanted -= wants_times
-        return spec.impl(CallContext(self, node, times), args)
+        ctx = CallContext(self, node, times)
+        if any(
+            (isinstance(a, StepVector) and a.hists is not None)
+            or (isinstance(a, RangeInput) and a.hist is not None)
+            for a in args
+        ):
+            return histeval.call(ctx, node.func, spec.impl, args)
+        return spec.impl(ctx, args)
 
     def eval_vector_selector(self, node: VectorSelector, times: I64) -> StepVector:
         refs = self.reference_times(times, node.at, node.offset)
@@ -572,9 +593,11 @@ class _Evaluator:
         )
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         n, steps = len(cols), len(refs)
-        if n == 0 or len(ts) == 0:
+        if n == 0 or (len(ts) == 0 and cols.hist is None):
             return StepVector.empty(steps)
         self.dense(n, steps)
+        if len(ts) == 0:
+            return histeval.smoothed_selector(self, node, StepVector.empty(steps), cols, refs)
         nxt = batched_searchsorted(ts, offsets, refs, "right")
         last = nxt - 1
         has_prev = last >= offsets[:-1, None]
@@ -590,7 +613,10 @@ class _Evaluator:
         present = has_prev
         self.count_samples(int(present.sum()))
         labels = cols.labels
-        return StepVector(labels, values, present, np.zeros(n, dtype=bool)).compact()
+        out = StepVector(labels, values, present, np.zeros(n, dtype=bool))
+        if cols.hist is not None:
+            return histeval.smoothed_selector(self, node, out, cols, refs)
+        return out.compact()
 
     def eval_matrix_selector(self, node: MatrixSelector, times: I64) -> RangeInput:
         vec = node.vector

@@ -19,9 +19,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernel_insight.kql import histeval
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.lexical import parse_duration, unquote
+from kernel_insight.kql.nativehist import FloatHistogram, HistogramNotationError, expand_histogram_series
 from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
 from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector, almost_equal
 
@@ -129,6 +131,19 @@ def _split_values(text: str) -> list[str]:
 class Value:
     kind: str  # "float", "skip", "stale", "histogram"
     value: float = 0.0
+    hist: FloatHistogram | None = None
+    hint_set: bool = False  # the script gave the histogram's counter_reset_hint (compared only then)
+
+
+def histogram_values(token: str) -> list[Value]:
+    """``{{...}}``, ``{{...}}x3`` and ``{{...}}+{{...}}x3`` / ``-``: the histograms a script token
+    stands for (the notation is :func:`nativehist.expand_histogram_series`)."""
+    try:
+        return [
+            Value("histogram", hist=v.histogram, hint_set=v.hint_set) for v in expand_histogram_series(token)
+        ]
+    except HistogramNotationError as exc:
+        raise ScriptError(f"bad histogram value {token!r}: {exc}") from None
 
 
 def expand_values(tokens: Sequence[str]) -> list[Value]:
@@ -142,9 +157,7 @@ def expand_values(tokens: Sequence[str]) -> list[Value]:
             out.append(Value("stale", STALE_NAN))
             continue
         if "{{" in tok:
-            m = re.search(r"x([0-9]+)$", tok)
-            count = int(m.group(1)) + 1 if m and tok.endswith(m.group(0)) and "}}x" in tok else 1
-            out.extend(Value("histogram") for _ in range(count))
+            out.extend(histogram_values(tok))
             continue
         m = re.fullmatch(r"_x([0-9]+)", tok)
         if m:
@@ -252,6 +265,7 @@ class Case:
 class Load:
     interval: int
     series: list[tuple[Labels, list[Value]]]
+    with_nhcb: bool = False
 
 
 @dataclass
@@ -306,7 +320,7 @@ def parse_script(path: Path) -> list[Load | Clear | Case]:
                 if "{{" in rest:
                     histogram_data = True
                 series.append((labels, expand_values(_split_values(rest))))
-            commands.append(Load(interval, series))
+            commands.append(Load(interval, series, word == "load_with_nhcb"))
             continue
         if word.startswith("eval"):
             commands.append(_parse_eval(name, start, block, histogram_data))
@@ -425,26 +439,72 @@ def _check_annotations(case: Case, result: QueryResult) -> str | None:
     return None
 
 
+def same_histogram(want: FloatHistogram, got: FloatHistogram, hint_set: bool) -> bool:
+    """promqltest's compareNativeHistogram on both sides compacted: counts within 1e-6, layouts exact."""
+    a, b = histeval.hcompact(want.copy()), histeval.hcompact(got.copy())
+    if a.schema != b.schema or not same_value(a.count, b.count) or not same_value(a.sum, b.sum):
+        return False
+    if a.schema == histeval.CUSTOM_BUCKETS_SCHEMA and tuple(a.custom_values) != tuple(b.custom_values):
+        return False
+    if a.zero_threshold != b.zero_threshold or not same_value(a.zero_count, b.zero_count):
+        return False
+    for spans, buckets in (("negative_spans", "negative_buckets"), ("positive_spans", "positive_buckets")):
+        if _spans(getattr(a, spans)) != _spans(getattr(b, spans)):
+            return False
+        ba, bb = list(getattr(a, buckets)), list(getattr(b, buckets))
+        if len(ba) != len(bb) or not all(same_value(x, y) for x, y in zip(ba, bb, strict=True)):
+            return False
+    return not hint_set or a.counter_reset_hint == b.counter_reset_hint
+
+
+def _spans(spans: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Spans without empty ones, an empty span's offset carried into the next (Prometheus' spansMatch)."""
+    out: list[tuple[int, int]] = []
+    carry = 0
+    for offset, length in spans:
+        if length == 0:
+            carry += offset
+            continue
+        out.append((offset + carry, length))
+        carry = 0
+    return out
+
+
+def _same_point(want: Value, got_value: float, got_hist: FloatHistogram | None) -> bool:
+    if want.kind == "histogram":
+        return (
+            got_hist is not None
+            and want.hist is not None
+            and same_histogram(want.hist, got_hist, want.hint_set)
+        )
+    return got_hist is None and same_value(want.value, got_value)
+
+
+def _show(value: float, hist: FloatHistogram | None) -> str:
+    return repr(value) if hist is None else str(hist)
+
+
 def _compare_vector(case: Case, vec: Vector) -> str | None:
     expected = case.results
     if any(labels is None for labels, _ in expected):
         return f"expected a scalar, got a vector of {len(vec)}"
-    got = {s.labels: s.value for s in vec.samples}
+    got = {s.labels: (s.value, s.histogram) for s in vec.samples}
     if len(got) != len(vec.samples):
         return "result contains duplicate label sets"
-    want: dict[Labels, float] = {}
+    want: dict[Labels, Value] = {}
     for labels, values in expected:
         assert labels is not None
         if len(values) != 1:
             return f"instant eval expects one value per series ({_fmt_labels(labels)})"
-        want[labels] = values[0].value
+        want[labels] = values[0]
     if set(got) != set(want):
         missing = [_fmt_labels(lb) for lb in want if lb not in got]
         extra = [_fmt_labels(lb) for lb in got if lb not in want]
         return f"series differ: missing {missing[:3]}, unexpected {extra[:3]}"
     for labels, value in want.items():
-        if not same_value(value, got[labels]):
-            return f"{_fmt_labels(labels)}: expected {value!r}, got {got[labels]!r}"
+        if not _same_point(value, *got[labels]):
+            shown = str(value.hist) if value.kind == "histogram" else repr(value.value)
+            return f"{_fmt_labels(labels)}: expected {shown}, got {_show(*got[labels])}"
     if case.has("ordered"):
         order = [s.labels for s in vec.samples]
         if order != [lb for lb, _ in expected]:
@@ -453,28 +513,33 @@ def _compare_vector(case: Case, vec: Vector) -> str | None:
 
 
 def _compare_matrix(case: Case, mat: Matrix, times: list[int]) -> str | None:
-    got: dict[Labels, dict[int, float]] = {}
+    got: dict[Labels, dict[int, tuple[float, FloatHistogram | None]]] = {}
     for s in mat.series:
-        got[s.labels] = {int(t): float(v) for t, v in zip(s.timestamps, s.values, strict=True)}
-    want: dict[Labels, dict[int, float]] = {}
+        points: dict[int, tuple[float, FloatHistogram | None]] = {
+            int(t): (float(v), None) for t, v in zip(s.timestamps, s.values, strict=True)
+        }
+        points.update({int(t): (math.nan, h) for t, h in zip(s.hist_timestamps, s.histograms, strict=True)})
+        got[s.labels] = points
+    want: dict[Labels, dict[int, Value]] = {}
     for labels, values in case.results:
         if labels is None:
             return "expected a scalar, got a matrix"
         if len(values) > len(times):
             return f"{_fmt_labels(labels)}: {len(values)} values in the script for {len(times)} steps"
         # Fewer values than steps: the steps without one expect no point (as upstream).
-        want[labels] = {t: v.value for t, v in zip(times, values, strict=False) if v.kind != "skip"}
+        want[labels] = {t: v for t, v in zip(times, values, strict=False) if v.kind != "skip"}
     want = {k: v for k, v in want.items() if v}
     if set(got) != set(want):
         missing = [_fmt_labels(lb) for lb in want if lb not in got]
         extra = [_fmt_labels(lb) for lb in got if lb not in want]
         return f"series differ: missing {missing[:3]}, unexpected {extra[:3]}"
-    for labels, points in want.items():
-        if set(points) != set(got[labels]):
-            return f"{_fmt_labels(labels)}: points at {sorted(got[labels])}, expected at {sorted(points)}"
-        for t, v in points.items():
-            if not same_value(v, got[labels][t]):
-                return f"{_fmt_labels(labels)} @{t}: expected {v!r}, got {got[labels][t]!r}"
+    for labels, expected_points in want.items():
+        if set(expected_points) != set(got[labels]):
+            return f"{_fmt_labels(labels)}: points at {sorted(got[labels])}, expected at {sorted(expected_points)}"
+        for t, v in expected_points.items():
+            if not _same_point(v, *got[labels][t]):
+                shown = str(v.hist) if v.kind == "histogram" else repr(v.value)
+                return f"{_fmt_labels(labels)} @{t}: expected {shown}, got {_show(*got[labels][t])}"
     return None
 
 
@@ -540,17 +605,141 @@ def _range_recheck(engine: Engine, case: Case) -> str | None:
     except KqlError as exc:
         return f"range re-check failed: {exc.message}"
     assert isinstance(result.value, Matrix)
-    got: dict[Labels, float] = {}
+    got: dict[Labels, tuple[float, FloatHistogram | None]] = {}
     for s in result.value.series:
         for t, v in zip(s.timestamps, s.values, strict=True):
             if int(t) == case.at:
-                got[s.labels] = float(v)
-    want = {lb: vals[0].value for lb, vals in case.results if lb is not None}
+                got[s.labels] = (float(v), None)
+        for t, h in zip(s.hist_timestamps, s.histograms, strict=True):
+            if int(t) == case.at:
+                got[s.labels] = (math.nan, h)
+    want = {lb: vals[0] for lb, vals in case.results if lb is not None}
     if case.results and case.results[0][0] is None:
-        want = {(): case.results[0][1][0].value}
-    if set(got) != set(want) or any(not same_value(want[k], got[k]) for k in want):
-        return f"range re-check differs: got {got}"
+        want = {(): case.results[0][1][0]}
+    if set(got) != set(want) or any(not _same_point(want[k], *got[k]) for k in want):
+        shown = {_fmt_labels(k): _show(*v) for k, v in got.items()}
+        return f"range re-check differs: got {shown}"
     return None
+
+
+def _load(storage: MemoryStorage, command: Load) -> None:
+    for labels, values in command.series:
+        ts = [k * command.interval for k, v in enumerate(values) if v.kind in ("float", "stale")]
+        vs = [v.value for v in values if v.kind in ("float", "stale")]
+        if ts:
+            storage.add(labels, ts, vs)
+        hs = [(k * command.interval, v.hist) for k, v in enumerate(values) if v.hist is not None]
+        if hs:
+            storage.add_histograms(labels, [t for t, _ in hs], [h for _, h in hs])
+    if command.with_nhcb:
+        for labels, stamps, hists in custom_bucket_histograms(command):
+            storage.add_histograms(labels, stamps, hists)
+
+
+class _TempHistogram:
+    """Prometheus' convertnhcb.TempHistogram: one classic histogram's buckets, count and sum at one time."""
+
+    def __init__(self) -> None:
+        self.buckets: list[tuple[float, float]] = []  # (le, cumulative count), ascending le
+        self.count = 0.0
+        self.sum = 0.0
+        self.has_count = False
+        self.err = False
+
+    def set_bucket(self, le: float, count: float) -> None:
+        if self.err:
+            return
+        if count < 0:
+            self.err = True
+            return
+        les = [b[0] for b in self.buckets]
+        if le in les:
+            return
+        at = sum(1 for x in les if x < le)
+        if (at > 0 and count < self.buckets[at - 1][1]) or (at < len(les) and count > self.buckets[at][1]):
+            self.err = True
+            return
+        self.buckets.insert(at, (le, count))
+
+    def convert(self) -> FloatHistogram | None:
+        if self.err:
+            return None
+        buckets = list(self.buckets)
+        count = self.count
+        if not self.has_count and buckets:
+            count = buckets[-1][1]
+        if not buckets or buckets[-1][0] != math.inf:
+            buckets.append((math.inf, count))
+        if count != buckets[-1][1]:
+            return None
+        deltas, prev = [], 0.0
+        for _, cumulative in buckets:
+            deltas.append(cumulative - prev)
+            prev = cumulative
+        h = FloatHistogram(
+            schema=histeval.CUSTOM_BUCKETS_SCHEMA,
+            zero_threshold=0.0,
+            zero_count=0.0,
+            count=count,
+            sum=self.sum,
+            positive_spans=((0, len(buckets)),),
+            positive_buckets=tuple(deltas),
+            negative_spans=(),
+            negative_buckets=(),
+            custom_values=tuple(le for le, _ in buckets[:-1]),
+        )
+        compacted: FloatHistogram = histeval.hcompact(h)
+        return compacted
+
+
+def custom_bucket_histograms(command: Load) -> list[tuple[Labels, list[int], list[FloatHistogram]]]:
+    """``load_with_nhcb``: each classic histogram (``_bucket``/``_count``/``_sum`` series) of the load
+    also as a native histogram with custom buckets, named without the suffix (promqltest's
+    appendCustomHistogram)."""
+    groups: dict[Labels, dict[int, _TempHistogram]] = {}
+    for labels, values in command.series:
+        lookup = dict(labels)
+        name = lookup.get("__name__", "")
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix):
+                break
+        else:
+            continue
+        le = math.nan
+        if suffix == "_bucket":
+            try:
+                le = float(lookup.get("le", "").replace("Inf", "inf"))
+            except ValueError:
+                continue
+            if math.isnan(le):
+                continue
+        base = tuple(
+            sorted((k, v) for k, v in {**lookup, "__name__": name[: -len(suffix)]}.items() if k != "le")
+        )
+        by_time = groups.setdefault(base, {})
+        for k, v in enumerate(values):
+            if v.kind not in ("float", "stale"):
+                continue
+            temp = by_time.setdefault(k * command.interval, _TempHistogram())
+            if suffix == "_bucket":
+                temp.set_bucket(le, v.value)
+            elif suffix == "_count":
+                if v.value < 0:
+                    temp.err = True
+                temp.count, temp.has_count = v.value, True
+            else:
+                temp.sum = v.value
+    out = []
+    for base, by_time in groups.items():
+        stamps, hists = [], []
+        for t in sorted(by_time):
+            h = by_time[t].convert()
+            if h is not None:
+                stamps.append(t)
+                hists.append(h)
+        if stamps:
+            out.append((base, stamps, hists))
+    return out
 
 
 def run_file(path: Path, skips: dict[str, str] | None = None) -> FileReport:
@@ -562,11 +751,7 @@ def run_file(path: Path, skips: dict[str, str] | None = None) -> FileReport:
         if isinstance(command, Clear):
             storage.clear()
         elif isinstance(command, Load):
-            for labels, values in command.series:
-                ts = [k * command.interval for k, v in enumerate(values) if v.kind in ("float", "stale")]
-                vs = [v.value for v in values if v.kind in ("float", "stale")]
-                if ts:
-                    storage.add(labels, ts, vs)
+            _load(storage, command)
         else:
             try:
                 problem = _evaluate(engine, command)
@@ -642,7 +827,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hp = sum(r.count("native-histogram", True) for r in reports)
     ht = sum(r.count("native-histogram") for r in reports)
     if ht:
-        print(f"all files: native-histogram {hp}/{ht} passed (native histograms are not stored by kql)")
+        print(f"all files: native-histogram {hp}/{ht} passed ({100 * hp / ht:.1f}%)")
     if args.write_skips:
         _write_skips(args.skips, new_skips)
     for case_id in stale_skips:

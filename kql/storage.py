@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -18,9 +18,8 @@ import numpy.typing as npt
 from kernel_insight.kql.errors import KqlError, StorageError
 from kernel_insight.kql.regex import RegexError, compile_anchored
 
-#: A native-histogram sample value: ``kernel_insight.kql.nativehist.FloatHistogram`` (issue 14's
-#: contract); kql only reads its fields and calls its methods.
-FloatHistogram = Any
+if TYPE_CHECKING:
+    from kernel_insight.kql.nativehist import FloatHistogram
 
 __all__ = [
     "MATCH_OPS",
@@ -127,6 +126,24 @@ class SeriesData:
     hist_timestamps: npt.NDArray[np.int64] = field(default_factory=_no_times)  # ms, ascending
     histograms: tuple[FloatHistogram, ...] = ()  # one per hist_timestamps entry
 
+    def window(self, start_ms: int, end_ms: int) -> SeriesData | None:
+        """The samples of both kinds with ``start_ms <= t <= end_ms`` (None when there are none)."""
+        a = int(np.searchsorted(self.timestamps, start_ms, side="left"))
+        b = int(np.searchsorted(self.timestamps, end_ms, side="right"))
+        if not self.histograms:
+            return SeriesData(self.labels, self.timestamps[a:b], self.values[a:b]) if b > a else None
+        ha = int(np.searchsorted(self.hist_timestamps, start_ms, side="left"))
+        hb = int(np.searchsorted(self.hist_timestamps, end_ms, side="right"))
+        if b <= a and hb <= ha:
+            return None
+        return SeriesData(
+            self.labels,
+            self.timestamps[a:b],
+            self.values[a:b],
+            self.hist_timestamps[ha:hb],
+            self.histograms[ha:hb],
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ReadBudget:
@@ -192,6 +209,35 @@ _FloatArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
 _HistArrays = tuple[npt.NDArray[np.int64], "tuple[FloatHistogram, ...]"]
 
 
+def tsdb_hints(
+    hs: Sequence[FloatHistogram], hts: npt.NDArray[np.int64], float_ts: npt.NDArray[np.int64]
+) -> tuple[FloatHistogram, ...]:
+    """Counter-reset hints as Prometheus' TSDB returns them on read: a counter histogram that
+    follows another in the same chunk says "not a counter reset", one that starts a chunk
+    because the counter went down says "counter reset", a series' first sample (or the first
+    after a float sample) keeps its own; gauge histograms stay gauges."""
+    out: list[FloatHistogram] = []
+    prev: FloatHistogram | None = None
+    prev_t = -(2**63)
+    floats = float_ts.tolist()
+    k = 0
+    for h, t in zip(hs, hts.tolist(), strict=True):
+        while k < len(floats) and floats[k] < t:
+            if floats[k] > prev_t:
+                prev = None  # a float sample between two histograms starts a new chunk
+            k += 1
+        hint = h.counter_reset_hint
+        if hint != 3 and prev is not None and prev.counter_reset_hint != 3 and not is_stale_histogram(h):
+            wanted = 1 if (hint == 1 or h.detect_reset(prev)) else 2
+            if wanted != hint:
+                h = h.copy()
+                h.counter_reset_hint = wanted
+        out.append(h)
+        prev = None if is_stale_histogram(h) else h
+        prev_t = t
+    return tuple(out)
+
+
 class _MemSeries:
     __slots__ = ("_sorted", "hs", "hts", "labels", "ts", "vs")
 
@@ -225,7 +271,7 @@ class _MemSeries:
             if len(hts) and len(ts):
                 clash = np.isin(ts, hts)
                 ts, vs = ts[~clash], vs[~clash]
-            self._sorted = ((ts, vs), (hts, tuple(hs)))
+            self._sorted = ((ts, vs), (hts, tsdb_hints(hs, hts, ts)))
         return self._sorted
 
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kernel_insight.kql.ast import Call, Node
-    from kernel_insight.kql.storage import FloatHistogram, Matcher
+    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.storage import Matcher
 
 __all__ = [
     "Annotation",
@@ -59,6 +60,13 @@ def _not_none(x: object) -> bool:
 
 
 _IS_SET = np.frompyfunc(_not_none, 1, 1)
+
+
+def keep_hists(hists: OBJ, keep: BOOL) -> OBJ:
+    """A copy of ``hists`` with None wherever ``keep`` is False."""
+    out = hists.copy()
+    out[~keep] = None
+    return out
 
 
 def hist_mask(hists: OBJ) -> BOOL:
@@ -416,6 +424,43 @@ def _ts(ms: int) -> float | int:
     return ms // 1000 if ms % 1000 == 0 else ms / 1000
 
 
+def format_histogram_float(value: float) -> str:
+    """A histogram's count, sum or bucket bound as Prometheus' ``jsonutil.MarshalFloat`` writes it:
+    Go's ``'e'`` format below 1e-6 and from 1e21 on, ``'f'`` otherwise."""
+    mag = abs(value)
+    if mag != 0 and math.isfinite(value) and (mag < 1e-6 or mag >= 1e21):
+        return repr(float(value))  # Python's shortest repr is Go's 'e' form in these ranges ("1e-07")
+    return format_sample_value(value)
+
+
+def histogram_json(h: FloatHistogram) -> dict[str, Any]:
+    """A native histogram as the Prometheus HTTP API writes it (``jsonutil.MarshalHistogram``):
+    count, sum, and the non-empty buckets as ``[boundary rule, lower, upper, count]``, the rule
+    0 for ``(lower, upper]``, 1 for ``[lower, upper)``, 2 for ``(lower, upper)``, 3 for ``[lower, upper]``."""
+    out: dict[str, Any] = {"count": format_histogram_float(h.count), "sum": format_histogram_float(h.sum)}
+    buckets = []
+    for lower, upper, lower_inclusive, upper_inclusive, count in _all_buckets(h):
+        if count == 0:
+            continue
+        rule = (3 if upper_inclusive else 1) if lower_inclusive else (0 if upper_inclusive else 2)
+        buckets.append(
+            [
+                rule,
+                format_histogram_float(lower),
+                format_histogram_float(upper),
+                format_histogram_float(count),
+            ]
+        )
+    if buckets:
+        out["buckets"] = buckets
+    return out
+
+
+def _all_buckets(h: FloatHistogram) -> list[tuple[float, float, bool, bool, float]]:
+    """(lower, upper, lower inclusive, upper inclusive, count) of every bucket, lowest first."""
+    return [(b.lower, b.upper, b.lower_inclusive, b.upper_inclusive, b.count) for b in h.all_buckets()]
+
+
 def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, Any]:
     """``{"resultType": ..., "result": ...}`` exactly as the Prometheus HTTP API encodes it."""
     if isinstance(value, Scalar):
@@ -423,26 +468,27 @@ def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, An
     if isinstance(value, String):
         return {"resultType": "string", "result": [_ts(value.timestamp_ms), value.value]}
     if isinstance(value, Vector):
-        return {
-            "resultType": "vector",
-            "result": [
-                {"metric": dict(s.labels), "value": [_ts(s.timestamp_ms), format_sample_value(s.value)]}
-                for s in value.samples
-            ],
-        }
-    return {
-        "resultType": "matrix",
-        "result": [
-            {
-                "metric": dict(s.labels),
-                "values": [
-                    [_ts(int(t)), format_sample_value(float(v))]
-                    for t, v in zip(s.timestamps, s.values, strict=True)
-                ],
-            }
-            for s in value.series
-        ],
-    }
+        return {"resultType": "vector", "result": [_sample_json(s) for s in value.samples]}
+    return {"resultType": "matrix", "result": [_series_json(s) for s in value.series]}
+
+
+def _sample_json(s: Sample) -> dict[str, Any]:
+    if s.histogram is not None:
+        return {"metric": dict(s.labels), "histogram": [_ts(s.timestamp_ms), histogram_json(s.histogram)]}
+    return {"metric": dict(s.labels), "value": [_ts(s.timestamp_ms), format_sample_value(s.value)]}
+
+
+def _series_json(s: Series) -> dict[str, Any]:
+    out: dict[str, Any] = {"metric": dict(s.labels)}
+    if len(s.timestamps) or not s.histograms:
+        out["values"] = [
+            [_ts(int(t)), format_sample_value(float(v))] for t, v in zip(s.timestamps, s.values, strict=True)
+        ]
+    if s.histograms:
+        out["histograms"] = [
+            [_ts(int(t)), histogram_json(h)] for t, h in zip(s.hist_timestamps, s.histograms, strict=True)
+        ]
+    return out
 
 
 # ------------------------------------------------------------------------------ fast JSON encoding
@@ -469,7 +515,8 @@ def _value_bytes(values: F64) -> npt.NDArray[np.object_]:
     mag = np.abs(values)
     zero = values == 0
     fast = (mag < _FAST_MAX) & ((mag >= _FAST_MIN) | zero) & ~(zero & np.signbit(values))  # -0 is odd
-    integral = fast & (values == np.trunc(values))
+    with np.errstate(invalid="ignore"):  # trunc(NaN) warns on some numpy builds; NaN is never fast
+        integral = fast & (values == np.trunc(values))
     fraction = fast & ~integral
     if integral.any():
         out[integral] = orjson.dumps(values[integral].astype(np.int64), option=_NUMPY)[1:-1].split(b",")
@@ -495,6 +542,8 @@ def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     """
     if isinstance(value, Scalar | String):
         return orjson.dumps(to_prometheus_json(value))
+    if isinstance(value, Vector) and any(s.histogram is not None for s in value.samples):
+        return orjson.dumps(to_prometheus_json(value))
     if isinstance(value, Vector):
         t = _ts_bytes(value.timestamp_ms)
         texts = _value_bytes(np.array([s.value for s in value.samples], dtype=np.float64)).tolist()
@@ -506,6 +555,9 @@ def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     series = value.series
     if not series:
         return b'{"resultType":"matrix","result":[]}'
+    if any(s.histograms for s in series):
+        # Histogram points are few next to float points in practice: the plain encoder writes them.
+        return orjson.dumps(to_prometheus_json(value))
     lengths = [len(s.timestamps) for s in series]
     all_ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
     steps, where = np.unique(all_ts, return_inverse=True)

@@ -209,10 +209,9 @@ class CycleStorage:
                     s = held.series[i]
                     if rest and not labels_match(s.labels, rest):
                         continue
-                    a = int(np.searchsorted(s.timestamps, start_ms, side="left"))
-                    b = int(np.searchsorted(s.timestamps, end_ms, side="right"))
-                    if b > a:
-                        out.append(SeriesData(s.labels, s.timestamps[a:b], s.values[a:b]))
+                    part = s.window(start_ms, end_ms)  # floats and native histograms
+                    if part is not None:
+                        out.append(part)
                 out.sort(key=lambda d: d.labels)
                 return out
         return self.inner.select(matchers, start_ms, end_ms)

@@ -60,6 +60,8 @@ def _info(ctx: CallContext, args: list[Any]) -> StepVector:
             j for j, im in enumerate(info_maps) if ident and all(im.get(k) == v for k, v in ident.items())
         ]
         for step in np.flatnonzero(base.present[i]):
+            if infos.hists is not None and any(infos.hists[c, step] is not None for c in candidates):
+                raise KqlEvaluationError("info sample should be float")
             added = _data_labels(infos, info_maps, candidates, int(step), wanted, lookup)
             if added is None:
                 if required:

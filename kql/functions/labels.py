@@ -53,7 +53,7 @@ def _relabel(vec: StepVector, dst: str, new_labels: list[Labels]) -> StepVector:
     drop = vec.drop_name.copy()
     if dst == "__name__":
         drop[:] = False  # a name written by the user survives delayed name removal
-    out = StepVector(new_labels, vec.values, vec.present, drop, vec.sample_ts)
+    out = StepVector(new_labels, vec.values, vec.present, drop, vec.sample_ts, vec.hists)
     return consolidate(out)
 
 

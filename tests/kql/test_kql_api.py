@@ -12,11 +12,11 @@ import kernel_insight.kql as kql
 
 EXPECTED = {
     "AGGREGATORS", "AggregatorSpec", "FUNCTIONS", "GridPushdown", "STALE_NAN", "Annotation", "CancelToken", "Engine",
-    "EngineLimits", "FunctionSpec",
+    "EngineLimits", "FloatHistogram", "FunctionSpec", "HistogramError",
     "KqlError", "KqlEvaluationError", "KqlExecutionError", "KqlParseError", "KqlTypeError", "Matcher",
     "Matrix", "MemoryStorage", "QueryCancelledError", "QueryResult", "QueryTimeoutError", "Sample",
     "Scalar", "Series", "SeriesData", "Storage", "StorageError", "String", "TooManySamplesError",
-    "TooManySeriesError", "Vector", "check", "format_expr", "parse", "prometheus_json_bytes", "to_prometheus_json",
+    "TooManySeriesError", "Vector", "check", "format_expr", "parse", "parse_histogram", "prometheus_json_bytes", "to_prometheus_json",
     "value_type",
 }  # fmt: skip
 

@@ -6,8 +6,20 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
+import pytest
 
-from kernel_insight.kql import Engine, Matrix, MemoryStorage, Vector
+from kernel_insight.kql import (
+    Engine,
+    Matrix,
+    MemoryStorage,
+    Sample,
+    Vector,
+    prometheus_json_bytes,
+    to_prometheus_json,
+)
+from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.promqltest import histogram_values
 from kernel_insight.kql.storage import STALE_NAN, Matcher
 
 
@@ -17,6 +29,7 @@ class _H:
 
     count: float
     sum: float
+    counter_reset_hint: int = 3  # a gauge: the store's counter-reset hints leave it alone
 
 
 def _store() -> MemoryStorage:
@@ -103,3 +116,200 @@ def test_float_functions_ignore_histogram_samples() -> None:
     result = Engine(_store()).instant_query("abs(lat)", 60_000).value
     assert isinstance(result, Vector)
     assert sorted(dict(x.labels)["job"] for x in result.samples) == ["b", "c"]
+
+
+# ------------------------------------------------------------------------- with real histograms
+
+
+def _h(count: float, buckets: tuple[float, ...], hint: int = 0, schema: int = 0) -> FloatHistogram:
+    """A histogram with positive buckets from index 0 (schema 0: (0.5,1], (1,2], (2,4], ...), sum = count."""
+    return FloatHistogram(
+        schema=schema,
+        zero_threshold=0.0,
+        zero_count=0.0,
+        count=count,
+        sum=count,
+        positive_spans=((0, len(buckets)),) if buckets else (),
+        positive_buckets=buckets,
+        negative_spans=(),
+        negative_buckets=(),
+        counter_reset_hint=hint,
+    )
+
+
+def _counter_store() -> MemoryStorage:
+    s = MemoryStorage()
+    # A counter histogram growing by (2 observations in (0.5,1], 2 in (1,2]) every 15 s.
+    stamps = list(range(0, 300_001, 15_000))
+    s.add_histograms(
+        {"__name__": "lat", "job": "a"}, stamps, [_h(4.0 * k, (2.0 * k, 2.0 * k)) for k in range(len(stamps))]
+    )
+    s.add_histograms(
+        {"__name__": "lat", "job": "b"}, stamps, [_h(2.0 * k, (2.0 * k, 0.0)) for k in range(len(stamps))]
+    )
+    s.add({"__name__": "plain", "job": "a"}, stamps, [float(k) for k in range(len(stamps))])
+    return s
+
+
+def _one(result: Vector | Matrix | object) -> Sample:
+    assert isinstance(result, Vector)
+    assert len(result.samples) == 1
+    return result.samples[0]
+
+
+def test_rate_of_a_histogram_counter_is_a_histogram_per_second() -> None:
+    engine = Engine(_counter_store())
+    rate = _one(engine.instant_query('rate(lat{job="a"}[1m])', 300_000).value)
+    assert rate.histogram is not None
+    # 4 observations per 15 s, extrapolated over the full minute: 16 per minute.
+    assert rate.histogram.count == pytest.approx(16 / 60)
+    assert list(rate.histogram.positive_buckets) == pytest.approx([8 / 60, 8 / 60])
+    assert rate.histogram.counter_reset_hint == 3  # a gauge histogram
+    count = _one(engine.instant_query('histogram_count(rate(lat{job="a"}[1m]))', 300_000).value)
+    assert count.value == pytest.approx(16 / 60)
+    assert count.labels == (("job", "a"),)
+
+
+def test_a_counter_reset_is_added_back_into_the_rate() -> None:
+    s = MemoryStorage()
+    hs = [_h(4, (2, 2)), _h(8, (4, 4)), _h(2, (1, 1)), _h(6, (3, 3))]
+    s.add_histograms({"__name__": "c"}, [0, 15_000, 30_000, 45_000], hs)
+    result = _one(Engine(s).instant_query("increase(c[45s])", 45_000).value)
+    assert result.histogram is not None
+    # The window (0 s, 45 s] holds 8, 2, 6: last - first + the value before the reset = 6 - 8 + 8 = 6
+    # over 30 s, extrapolated 15 s towards the window's start: 6 * 45 / 30.
+    assert result.histogram.count == pytest.approx(9.0)
+    assert list(result.histogram.positive_buckets) == pytest.approx([4.5, 4.5])
+    assert _one(Engine(s).instant_query("resets(c[45s])", 45_000).value).value == 1.0
+    assert _one(Engine(s).instant_query("changes(c[45s])", 45_000).value).value == 2.0
+
+
+def test_sum_and_avg_aggregate_histograms_and_refuse_mixed_groups() -> None:
+    engine = Engine(_counter_store())
+    total = _one(engine.instant_query("sum(lat)", 300_000).value)
+    assert total.histogram is not None
+    assert total.histogram.count == 80 + 40
+    assert list(total.histogram.positive_buckets) == [80.0, 40.0]
+    mean = _one(engine.instant_query("avg(lat)", 300_000).value)
+    assert mean.histogram is not None
+    assert mean.histogram.count == 60
+    mixed = engine.instant_query('sum({job="a"})', 300_000)
+    assert isinstance(mixed.value, Vector)
+    assert len(mixed.value) == 0
+    assert mixed.warnings == [
+        "PromQL warning: encountered a mix of histograms and floats for aggregation (1:5)"
+    ]
+    counted = _one(engine.instant_query('count({job="a"})', 300_000).value)
+    assert counted.value == 2.0
+    ignored = engine.instant_query("max(lat)", 300_000)
+    assert ignored.infos == ["PromQL info: ignored histogram in max aggregation (1:5)"]
+
+
+def test_histogram_functions_read_histograms_and_skip_floats() -> None:
+    engine = Engine(_counter_store())
+    for query, expected in (
+        ('histogram_count(lat{job="a"})', 80.0),
+        ('histogram_sum(lat{job="a"})', 80.0),
+        ('histogram_avg(lat{job="a"})', 1.0),
+    ):
+        sample = _one(engine.instant_query(query, 300_000).value)
+        assert sample.value == expected, query
+        assert sample.labels == (("job", "a"),)
+    assert len(engine.instant_query("histogram_count(plain)", 300_000).value) == 0  # type: ignore[arg-type]
+    # All observations of job b lie in (0.5, 1]: the median interpolates inside that bucket.
+    median = _one(engine.instant_query('histogram_quantile(0.5, lat{job="b"})', 300_000).value)
+    assert 0.5 < median.value <= 1.0
+    below_one = _one(engine.instant_query('histogram_fraction(0, 1, lat{job="b"})', 300_000).value)
+    assert below_one.value == pytest.approx(1.0)
+
+
+def test_arithmetic_with_scalars_and_between_histograms() -> None:
+    engine = Engine(_counter_store())
+    doubled = _one(engine.instant_query('lat{job="a"} * 2', 300_000).value)
+    assert doubled.histogram is not None
+    assert doubled.histogram.count == 160
+    assert dict(doubled.labels) == {"job": "a"}  # arithmetic drops the metric name
+    halved = _one(engine.instant_query('lat{job="a"} / 2', 300_000).value)
+    assert halved.histogram is not None
+    assert halved.histogram.count == 40
+    scaled = _one(engine.instant_query('0.5 * lat{job="a"}', 300_000).value)
+    assert scaled.histogram is not None
+    assert scaled.histogram.count == 40
+    refused = engine.instant_query('lat{job="a"} + 1', 300_000)
+    assert isinstance(refused.value, Vector)
+    assert len(refused.value) == 0
+    assert refused.infos == [
+        'PromQL info: incompatible sample types encountered for binary operator "+": histogram + float (1:1)'
+    ]
+    diff = _one(engine.instant_query('lat{job="a"} - ignoring(job) lat{job="b"}', 300_000).value)
+    assert diff.histogram is not None
+    assert diff.histogram.count == 40
+    assert diff.histogram.counter_reset_hint == 3
+    same = engine.instant_query('lat{job="a"} == lat{job="a"}', 300_000).value
+    assert isinstance(same, Vector)
+    assert len(same) == 1
+    negated = _one(engine.instant_query('-lat{job="a"}', 300_000).value)
+    assert negated.histogram is not None
+    assert negated.histogram.count == -80
+    kept = engine.instant_query('lat{job="a"} and plain', 300_000).value
+    assert isinstance(kept, Vector)
+    assert kept.samples[0].histogram is not None
+
+
+def test_mixed_float_and_histogram_windows() -> None:
+    s = MemoryStorage()
+    s.add({"__name__": "m"}, [0, 15_000], [1.0, 2.0])
+    s.add_histograms({"__name__": "m"}, [30_000, 45_000], [_h(1, (1,)), _h(2, (2,))])
+    engine = Engine(s)
+    rate = engine.instant_query("rate(m[1m])", 45_000)
+    assert isinstance(rate.value, Vector)
+    assert len(rate.value) == 0
+    assert rate.warnings == [
+        'PromQL warning: encountered a mix of histograms and floats for metric name "m" (1:6)'
+    ]
+    maximum = engine.instant_query("max_over_time(m[1m])", 45_000)
+    assert _one(maximum.value).value == 2.0
+    assert maximum.infos == [
+        'PromQL info: ignored histograms in a range containing both floats and histograms for metric name "m" (1:15)'
+    ]
+    assert _one(engine.instant_query("count_over_time(m[1m])", 45_000).value).value == 4.0
+    last = _one(engine.instant_query("last_over_time(m[1m])", 45_000).value)
+    assert last.histogram is not None
+    assert last.histogram.count == 2
+    assert _one(engine.instant_query("changes(m[1m])", 45_000).value).value == 3.0
+
+
+def test_prometheus_json_of_histogram_samples() -> None:
+    s = MemoryStorage()
+    s.add_histograms({"__name__": "h"}, [0, 60_000], [_h(3, (1, 2)), _h(5, (2, 3))])
+    engine = Engine(s)
+    instant = engine.instant_query("h", 60_000)
+    expected_hist = {"count": "5", "sum": "5", "buckets": [[0, "0.5", "1", "2"], [0, "1", "2", "3"]]}
+    assert to_prometheus_json(instant.value) == {
+        "resultType": "vector",
+        "result": [{"metric": {"__name__": "h"}, "histogram": [60, expected_hist]}],
+    }
+    assert orjson.loads(prometheus_json_bytes(instant.value)) == to_prometheus_json(instant.value)
+    ranged = engine.range_query("h", 0, 60_000, 60_000)
+    data = orjson.loads(prometheus_json_bytes(ranged.value))
+    assert data["result"][0]["metric"] == {"__name__": "h"}
+    assert "values" not in data["result"][0]  # a series of histograms only has no float points
+    assert data["result"][0]["histograms"][1] == [60, expected_hist]
+
+
+def test_promqltest_histogram_notation_expands_series() -> None:
+    values = histogram_values("{{schema:0 sum:1 count:2 buckets:[1 1]}}+{{sum:1 count:1 buckets:[1]}}x2")
+    assert [v.hist.count for v in values if v.hist is not None] == [2.0, 3.0, 4.0]
+    repeated = histogram_values("{{count:1 sum:1 buckets:[1]}}x3")
+    assert len(repeated) == 4
+
+
+def test_rule_evaluation_cache_keeps_histograms() -> None:
+    """A rule over a histogram metric reads it through the rules' per-cycle cache (rules/prefetch.py)."""
+    from kernel_insight.rules.prefetch import CycleStorage
+
+    cycle = CycleStorage(_counter_store(), 300_000, {"lat": 120_000})
+    engine = Engine(cycle)
+    quantile = engine.instant_query('histogram_count(rate(lat{job="a"}[1m]))', 300_000)
+    assert _one(quantile.value).value == pytest.approx(16 / 60)
+    assert cycle.reads == 1

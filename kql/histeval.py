@@ -1,0 +1,1491 @@
+"""Native histograms in the evaluator: Prometheus' per-sample rules for histogram samples.
+
+The engine's float path is columnar (numpy over series x steps). Histogram samples live beside
+it (:attr:`StepVector.hists`, :attr:`RangeInput.hist`) and the operations that touch them are
+here, one Python step per histogram cell, following ``promql/engine.go`` and
+``promql/functions.go`` line for line: binary operators, aggregations, the range functions that
+read histograms and the annotations Prometheus raises for mixed float/histogram input. The
+histogram arithmetic itself is :mod:`kernel_insight.kql.nativehist`'s; only the wrappers at the
+top of this module call it, so its conventions are met in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql import nativehist as nh
+from kernel_insight.kql.binary import ARITHMETIC
+from kernel_insight.kql.lexical import go_quote
+from kernel_insight.kql.storage import Labels
+from kernel_insight.kql.values import RangeInput, StepVector, hist_mask, keep_hists
+
+__all__ = [
+    "CUSTOM_BUCKETS_SCHEMA",
+    "Incompatible",
+    "hadd",
+    "hsub",
+    "metric_name",
+]
+
+F64 = npt.NDArray[np.float64]
+BOOL = npt.NDArray[np.bool_]
+OBJ = npt.NDArray[np.object_]
+H = Any  # nativehist.FloatHistogram
+
+CUSTOM_BUCKETS_SCHEMA = -53
+
+#: Counter-reset hints (Prometheus' histogram.CounterResetHint).
+UNKNOWN, COUNTER_RESET, NOT_COUNTER_RESET, GAUGE = 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------------------ nativehist calls
+
+
+class Incompatible(Exception):
+    """Histograms with exponential and custom buckets met in one operation."""
+
+
+def uses_custom(h: H) -> bool:
+    return bool(h.schema == CUSTOM_BUCKETS_SCHEMA)
+
+
+def _checked(a: H, b: H) -> None:
+    if uses_custom(a) != uses_custom(b):
+        raise Incompatible
+
+
+def hadd(a: H, b: H) -> tuple[H, bool, bool]:
+    """``a + b`` as a new histogram, whether counter-reset hints collided, whether custom buckets were reconciled."""
+    _checked(a, b)
+    try:
+        res = a.add(b)
+    except nh.HistogramError:
+        raise Incompatible from None
+    return res.histogram, bool(res.counter_reset_collision), bool(res.nhcb_bounds_reconciled)
+
+
+def hsub(a: H, b: H) -> tuple[H, bool, bool]:
+    """``a - b`` as a new histogram (same flags as :func:`hadd`)."""
+    _checked(a, b)
+    try:
+        res = a.sub(b)
+    except nh.HistogramError:
+        raise Incompatible from None
+    return res.histogram, bool(res.counter_reset_collision), bool(res.nhcb_bounds_reconciled)
+
+
+def hmul(h: H, f: float) -> H:
+    """``h * f`` as a new histogram."""
+    return h.mul(f)
+
+
+def hdiv(h: H, f: float) -> H:
+    """``h / f`` as a new histogram."""
+    return h.div(f)
+
+
+def hcompact(h: H) -> H:
+    """``h`` without empty buckets (Prometheus' ``Compact(0)``), as a new histogram."""
+    return h.compact(0)
+
+
+def hequals(a: H, b: H) -> bool:
+    return bool(a.equals(b))
+
+
+def detect_reset(cur: H, prev: H) -> bool:
+    return bool(cur.detect_reset(prev))
+
+
+def with_hint(h: H, hint: int) -> H:
+    return h.copy(counter_reset_hint=hint)
+
+
+def hstr(h: H) -> str:
+    return str(h)
+
+
+# ------------------------------------------------------------------------------ annotations
+
+
+def metric_name(labels: Labels) -> str:
+    return dict(labels).get("__name__", "")
+
+
+def mixed_floats_histograms(name: str) -> str:
+    return f"encountered a mix of histograms and floats for metric name {go_quote(name)}"
+
+
+MIXED_FLOATS_HISTOGRAMS_AGG = "encountered a mix of histograms and floats for aggregation"
+
+
+def not_counter(name: str) -> str:
+    return f"this native histogram metric is not a counter: {go_quote(name)}"
+
+
+def not_gauge(name: str) -> str:
+    return f"this native histogram metric is not a gauge: {go_quote(name)}"
+
+
+def mixed_exponential_custom(name: str) -> str:
+    return (
+        "vector contains a mix of histograms with exponential and custom buckets schemas for metric name "
+        f"{go_quote(name)}"
+    )
+
+
+def incompatible_types(lhs: str, op: str, rhs: str) -> str:
+    return f"incompatible sample types encountered for binary operator {go_quote(op)}: {lhs} {op} {rhs}"
+
+
+def ignored_in_aggregation(op: str) -> str:
+    return f"ignored histogram in {op} aggregation"
+
+
+def ignored_in_mixed_range(name: str) -> str:
+    return f"ignored histograms in a range containing both floats and histograms for metric name {go_quote(name)}"
+
+
+def counter_reset_collision(operation: str) -> str:
+    return f"conflicting counter resets during histogram {operation}"
+
+
+def reconciled_custom_buckets(operation: str) -> str:
+    return f"mismatched custom buckets were reconciled during {operation}"
+
+
+def incompatible_bucket_layout(op: str) -> str:
+    return f"incompatible bucket layout encountered for binary operator {op}"
+
+
+# ------------------------------------------------------------------------------ cells
+
+
+def cells(hists: OBJ) -> Iterator[tuple[int, int, H]]:
+    """(row, step, histogram) of every histogram cell, row-major (Prometheus' input order per step)."""
+    rows, steps = np.nonzero(hist_mask(hists))
+    for i, j in zip(rows.tolist(), steps.tolist(), strict=True):
+        yield i, j, hists[i, j]
+
+
+def empty_hists(rows: int, steps: int) -> OBJ:
+    return np.full((rows, steps), None, dtype=object)
+
+
+def float_of_hists(vec: StepVector, fn: Callable[[H], float]) -> StepVector:
+    """A float per histogram cell (floats dropped), the metric name dropped: histogram_count and friends."""
+    values = np.zeros(vec.values.shape)
+    present = np.zeros(vec.present.shape, dtype=bool)
+    if vec.hists is not None:
+        for i, j, h in cells(vec.hists):
+            values[i, j] = fn(h)
+            present[i, j] = True
+    return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
+
+
+# ------------------------------------------------------------------------------ ranges
+
+
+def window(r: RangeInput, i: int, j: int) -> tuple[list[int], list[H]]:
+    """The histogram samples (timestamps, histograms) of series ``i``'s window at step ``j``."""
+    hr = r.hist
+    if hr is None:
+        return [], []
+    lo, hi = int(hr.lo[i, j]), int(hr.hi[i, j])
+    return hr.ts[lo:hi].tolist(), list(hr.hs[lo:hi])
+
+
+def hist_windows(r: RangeInput) -> Iterator[tuple[int, int, list[int], list[H], int]]:
+    """(series, step, hist timestamps, histograms, float count) of every window holding a histogram."""
+    hr = r.hist
+    if hr is None:
+        return
+    counts = hr.hi - hr.lo
+    rows, steps = np.nonzero(counts > 0)
+    fcounts = r.hi - r.lo
+    for n, (i, j) in enumerate(zip(rows.tolist(), steps.tolist(), strict=True)):
+        if n % 1024 == 1023:
+            r.checkpoint()
+        lo, hi = int(hr.lo[i, j]), int(hr.hi[i, j])
+        yield i, j, hr.ts[lo:hi].tolist(), list(hr.hs[lo:hi]), int(fcounts[i, j])
+
+
+def has_hist_windows(r: RangeInput) -> BOOL:
+    """Which (series, step) windows hold at least one histogram."""
+    if r.hist is None:
+        return np.zeros(r.lo.shape, dtype=bool)
+    mask: BOOL = (r.hist.hi - r.hist.lo) > 0
+    return mask
+
+
+def quantile_nan(x: float) -> bool:
+    return math.isnan(x)
+
+
+# ------------------------------------------------------------------------------ binary operators
+
+_CMP_FLOAT: dict[str, Callable[[float, float], bool]] = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+}
+
+
+def fdiv(a: float, b: float) -> float:
+    """Go's float division: x/0 is ±Inf, 0/0 and NaN/0 are NaN."""
+    return float(np.float64(a) / np.float64(b))
+
+
+def _arith(op: str, a: float, b: float) -> float:
+    return float(ARITHMETIC[op](np.float64(a), np.float64(b)))
+
+
+class ElemResult:
+    """What one pair of samples gives under a binary operator (Prometheus' vectorElemBinop)."""
+
+    __slots__ = ("f", "h", "info", "keep", "warn")
+
+    def __init__(
+        self, f: float, h: H | None, keep: bool, info: str | None = None, warn: str | None = None
+    ) -> None:
+        self.f, self.h, self.keep, self.info, self.warn = f, h, keep, info, warn
+
+
+def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> ElemResult:
+    """One pair: floats, float and histogram, or two histograms; ``keep`` False drops the pair.
+
+    Raises :class:`Incompatible` for exponential and custom-bucket histograms added or subtracted.
+    """
+    if lh is None and rh is None:
+        if op in _CMP_FLOAT:
+            return ElemResult(lf, None, _CMP_FLOAT[op](lf, rf))
+        return ElemResult(_arith(op, lf, rf), None, True)
+    if lh is None:
+        if op == "*":
+            return ElemResult(0.0, hcompact(hmul(rh, lf)), True)
+        return ElemResult(0.0, None, False, info=incompatible_types("float", op, "histogram"))
+    if rh is None:
+        if op == "*":
+            return ElemResult(0.0, hcompact(hmul(lh, rf)), True)
+        if op == "/":
+            return ElemResult(0.0, hcompact(hdiv(lh, rf)), True)
+        return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "float"))
+    if op == "+":
+        res, collision, reconciled = hadd(lh, rh)
+        return ElemResult(
+            0.0,
+            hcompact(res),
+            True,
+            info=reconciled_custom_buckets("addition") if reconciled else None,
+            warn=counter_reset_collision("addition") if collision else None,
+        )
+    if op == "-":
+        res, collision, reconciled = hsub(lh, rh)
+        res.counter_reset_hint = GAUGE
+        return ElemResult(
+            0.0,
+            hcompact(res),
+            True,
+            info=reconciled_custom_buckets("subtraction") if reconciled else None,
+            warn=counter_reset_collision("subtraction") if collision else None,
+        )
+    if op == "==":
+        return ElemResult(0.0, lh, hequals(lh, rh))
+    if op == "!=":
+        return ElemResult(0.0, lh, not hequals(lh, rh))
+    return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "histogram"))
+
+
+def _annotate_elem(ev: Any, res: ElemResult, pos: Any) -> None:
+    if res.info is not None:
+        ev.annotate("info", res.info, pos)
+    if res.warn is not None:
+        ev.annotate("warning", res.warn, pos)
+
+
+class _Builder:
+    """Output rows of a histogram-bearing operation, keyed by labels, filled cell by cell."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.rows: dict[Labels, int] = {}
+        self.labels: list[Labels] = []
+        self.values: list[F64] = []
+        self.present: list[BOOL] = []
+        self.hists: list[OBJ] = []
+        self.drop: list[bool] = []
+        self.any_hist = False
+
+    def row(self, labels: Labels, drop: bool) -> int:
+        r = self.rows.get(labels)
+        if r is None:
+            r = self.rows[labels] = len(self.labels)
+            self.labels.append(labels)
+            self.values.append(np.zeros(self.steps))
+            self.present.append(np.zeros(self.steps, dtype=bool))
+            self.hists.append(np.full(self.steps, None, dtype=object))
+            self.drop.append(drop)
+        elif drop:
+            self.drop[r] = True
+        return r
+
+    def filled(self, labels: Labels, j: int) -> bool:
+        r = self.rows.get(labels)
+        return r is not None and (bool(self.present[r][j]) or self.hists[r][j] is not None)
+
+    def put(self, labels: Labels, j: int, f: float, h: H | None, drop: bool) -> None:
+        r = self.row(labels, drop)
+        if h is None:
+            self.values[r][j] = f
+            self.present[r][j] = True
+        else:
+            self.hists[r][j] = h
+            self.any_hist = True
+
+    def vector(self) -> StepVector:
+        n = len(self.labels)
+        if n == 0:
+            return StepVector.empty(self.steps)
+        return StepVector(
+            self.labels,
+            np.array(self.values).reshape(n, self.steps),
+            np.array(self.present, dtype=bool).reshape(n, self.steps),
+            np.array(self.drop, dtype=bool),
+            None,
+            np.array(self.hists, dtype=object).reshape(n, self.steps) if self.any_hist else None,
+        )
+
+
+def vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
+    """``vec op scalar`` (or ``scalar op vec``) where ``vec`` holds histograms: Prometheus' VectorscalarBinop."""
+    op = node.op
+    comparison = op in _CMP_FLOAT
+    changes_schema = not comparison
+    out = _Builder(vec.values.shape[1])
+    hists = vec.hists
+    for j in range(vec.values.shape[1]):
+        s = float(scalar[j])
+        for i in range(len(vec)):
+            h = hists[i, j] if hists is not None else None
+            if h is None and not vec.present[i, j]:
+                continue
+            f = float(vec.values[i, j])
+            lf, rf, lh, rh = (s, f, None, h) if swapped else (f, s, h, None)
+            res = elem_binop(op, lf, rf, lh, rh)
+            if res.info is not None or res.warn is not None:
+                _annotate_elem(ev, res, node.pos)
+                if not res.keep and (lh is not None or rh is not None):
+                    continue
+            value, hist = res.f, res.h
+            if comparison and swapped:
+                value, hist = rf, rh
+            keep = res.keep
+            if node.return_bool:
+                value, hist, keep = (1.0 if res.keep else 0.0), None, True
+            if keep:
+                drop = bool(vec.drop_name[i]) or changes_schema or node.return_bool
+                out.put(vec.labels[i], j, value, hist, drop)
+    return out.vector()
+
+
+def set_op(op: str, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+    """``and``/``or``/``unless`` over vectors of either sample kind (presence is what counts)."""
+    from kernel_insight.kql.binary import signature_fn
+
+    sig = signature_fn(matching)
+    steps = lhs.values.shape[1] if len(lhs) else rhs.values.shape[1]
+    none = np.zeros(steps, dtype=bool)
+    l_all, r_all = lhs.any_present(), rhs.any_present()
+
+    def by_sig(vec: StepVector, present: BOOL) -> dict[Labels, BOOL]:
+        acc: dict[Labels, BOOL] = {}
+        for lb, p in zip(vec.labels, present, strict=True):
+            key = sig(lb)
+            acc[key] = p.copy() if key not in acc else acc[key] | p
+        return acc
+
+    def masked(vec: StepVector, keep: BOOL) -> StepVector:
+        hists = None if vec.hists is None else keep_hists(vec.hists, keep)
+        return StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts, hists)
+
+    if op == "or":
+        l_any = by_sig(lhs, l_all)
+        keep = np.array([~l_any.get(sig(lb), none) for lb in rhs.labels], dtype=bool).reshape(r_all.shape)
+        right = masked(rhs, keep).compact()
+        lh = lhs.hists if lhs.hists is not None else np.full(lhs.values.shape, None, dtype=object)
+        rh = right.hists if right.hists is not None else np.full(right.values.shape, None, dtype=object)
+        return StepVector(
+            lhs.labels + right.labels,
+            np.concatenate([lhs.values, right.values]),
+            np.concatenate([lhs.present, right.present]),
+            np.concatenate([lhs.drop_name, right.drop_name]),
+            None,
+            np.concatenate([lh, rh]),
+        )
+    r_any = by_sig(rhs, r_all)
+    if op == "and":
+        keep = np.array([r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
+    else:
+        keep = np.array([~r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
+    return masked(lhs, keep.reshape(l_all.shape)).compact()
+
+
+def vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+    """Arithmetic or comparison between vectors holding histograms: Prometheus' VectorBinop, step by step."""
+    from kernel_insight.kql.binary import _result_labels, signature_fn
+    from kernel_insight.kql.errors import KqlEvaluationError
+    from kernel_insight.kql.values import labels_to_str
+
+    op = node.op
+    comparison = op in _CMP_FLOAT
+    keeps_name = comparison and not node.return_bool
+    swapped = matching.card == "one-to-many"
+    many, one = (rhs, lhs) if swapped else (lhs, rhs)
+    one_to_one = matching.card == "one-to-one"
+    include = frozenset(matching.include)
+    sig = signature_fn(matching)
+    steps = lhs.values.shape[1] if len(lhs) else rhs.values.shape[1]
+    m_all, o_all = many.any_present(), one.any_present()
+    many_sigs = [sig(lb) for lb in many.labels]
+    one_sigs = [sig(lb) for lb in one.labels]
+    out = _Builder(steps)
+    cache: dict[tuple[Labels, Labels], Labels] = {}
+
+    def sample(vec: StepVector, i: int, j: int) -> tuple[float, H | None]:
+        h = vec.hists[i, j] if vec.hists is not None else None
+        return float(vec.values[i, j]), h
+
+    for j in range(steps):
+        right: dict[Labels, int] = {}
+        for r in np.flatnonzero(o_all[:, j]).tolist():
+            s = one_sigs[r]
+            if s in right:
+                a, b = sorted((one.labels[r], one.labels[right[s]]))
+                side = "left" if swapped else "right"
+                raise KqlEvaluationError(
+                    f"found duplicate series for the match group {labels_to_str(s)} on the {side} hand-side of "
+                    f"the operation: [{labels_to_str(a)}, {labels_to_str(b)}];many-to-many matching not allowed: "
+                    "matching labels must be unique on one side"
+                )
+            right[s] = r
+        matched_one: set[Labels] = set()
+        matched_many: dict[Labels, set[Labels]] = {}
+        for i in np.flatnonzero(m_all[:, j]).tolist():
+            s = many_sigs[i]
+            found = right.get(s)
+            if found is None:
+                continue
+            k = found
+            mf, mh = sample(many, i, j)
+            of, oh = sample(one, k, j)
+            lf, rf, lh, rh = (of, mf, oh, mh) if swapped else (mf, of, mh, oh)
+            try:
+                res = elem_binop(op, lf, rf, lh, rh)
+            except Incompatible:
+                ev.annotate("warning", incompatible_bucket_layout(op), node.pos)
+                continue
+            if res.info is not None or res.warn is not None:
+                _annotate_elem(ev, res, node.pos)
+                # An incompatible pair and a counter-reset collision drop the pair (Prometheus
+                # returns them as the pair's error); reconciled custom buckets keep it.
+                if res.warn is not None or not res.keep:
+                    continue
+            value, hist = res.f, res.h
+            if node.return_bool:
+                value, hist = (1.0 if res.keep else 0.0), None
+            many_labels, one_labels = many.labels[i], one.labels[k]
+            if not one_to_one and not include:
+                metric = many_labels
+            else:
+                key = (many_labels, one_labels)
+                metric = cache.get(key) or cache.setdefault(
+                    key, _result_labels(many_labels, one_labels, matching, one_to_one, include)
+                )
+            if one_to_one:
+                if s in matched_one:
+                    raise KqlEvaluationError(
+                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                    )
+                matched_one.add(s)
+            else:
+                seen = matched_many.setdefault(s, set())
+                if metric in seen:
+                    raise KqlEvaluationError(
+                        "multiple matches for labels: grouping labels must ensure unique matches"
+                    )
+                seen.add(metric)
+            if not res.keep and not node.return_bool:
+                continue
+            drop = bool(many.drop_name[i]) if keeps_name else True
+            out.put(metric, j, value, hist, drop)
+    return out.vector()
+
+
+def binary(ev: Any, node: Any, lhs: Any, rhs: Any) -> Any:
+    """``binary_op`` for operands of which at least one vector holds histogram samples."""
+    from kernel_insight.kql.ast import VectorMatching
+
+    l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
+    if l_vec and r_vec:
+        matching = node.matching or VectorMatching()
+        if node.op in ("and", "or", "unless"):
+            return set_op(node.op, lhs, rhs, matching)
+        return vector_vector(ev, node, lhs, rhs, matching)
+    if l_vec:
+        return vector_scalar(ev, node, lhs, rhs, swapped=False)
+    return vector_scalar(ev, node, rhs, lhs, swapped=True)
+
+
+# ------------------------------------------------------------------------------ aggregation
+
+
+def _proxy(vec: StepVector) -> StepVector:
+    """The vector with every sample as a float (histograms as 0): for operators that only count samples."""
+    hp = vec.hist_present()
+    return StepVector(
+        vec.labels, np.where(hp, 0.0, vec.values), vec.present | hp, vec.drop_name, vec.sample_ts
+    )
+
+
+def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
+    """An aggregation over a vector holding histograms (Prometheus' aggregation and aggregationK)."""
+    from kernel_insight.kql.aggregation import _grouping_key
+    from kernel_insight.kql.aggregation import aggregate as float_aggregate
+    from kernel_insight.kql.vectors import group_rows
+
+    op = node.op
+    if op in ("count", "group"):
+        return float_aggregate(ev, node, _proxy(vec), param)
+    if op in ("min", "max", "stddev", "stdvar", "quantile", "topk", "bottomk"):
+        if vec.hist_present().any():
+            pos = node.pos if op in ("topk", "bottomk") else node.expr.pos
+            ev.annotate("info", ignored_in_aggregation(op), pos)
+        return float_aggregate(ev, node, vec.floats_only(), param)
+    if op not in ("sum", "avg"):
+        return float_aggregate(ev, node, vec, param)  # limitk, limit_ratio, count_values read histograms
+    steps = vec.values.shape[1]
+    keys = [_grouping_key(lb, node) for lb in vec.labels]
+    gid, n = group_rows(keys)
+    group_labels: list[Labels] = [()] * n
+    for i, g in enumerate(gid.tolist()):
+        group_labels[g] = keys[i]
+    has_float = np.zeros((n, steps), dtype=bool)
+    np.logical_or.at(has_float, gid, vec.present)
+    hp = vec.hist_present()
+    has_hist = np.zeros((n, steps), dtype=bool)
+    np.logical_or.at(has_hist, gid, hp)
+    mixed = has_float & has_hist
+    if mixed.any():
+        ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
+    totals: OBJ = np.full((n, steps), None, dtype=object)
+    counts = np.zeros((n, steps), dtype=np.int64)
+    bad = np.zeros((n, steps), dtype=bool)
+    reset_seen = np.zeros((n, steps), dtype=bool)
+    not_reset_seen = np.zeros((n, steps), dtype=bool)
+    assert vec.hists is not None
+    for k, (i, j, h) in enumerate(cells(vec.hists)):
+        if k % 1024 == 1023:
+            ev.checkpoint()
+        g = int(gid[i])
+        if mixed[g, j] or bad[g, j]:
+            continue
+        if h.counter_reset_hint == COUNTER_RESET:
+            reset_seen[g, j] = True
+        elif h.counter_reset_hint == NOT_COUNTER_RESET:
+            not_reset_seen[g, j] = True
+        counts[g, j] += 1
+        acc = totals[g, j]
+        if acc is None:
+            totals[g, j] = h.copy()
+            continue
+        try:
+            res, _, reconciled = hadd(acc, h)
+        except Incompatible:
+            ev.annotate("warning", mixed_exponential_custom(metric_name(vec.labels[i])), node.expr.pos)
+            bad[g, j] = True
+            totals[g, j] = None
+            continue
+        if reconciled:
+            ev.annotate("info", reconciled_custom_buckets("aggregation"), node.expr.pos)
+        totals[g, j] = res
+    if (reset_seen & not_reset_seen).any():
+        ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
+    for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
+        total = totals[g, j]
+        if op == "avg":
+            total = hdiv(total, float(counts[g, j]))
+        totals[g, j] = hcompact(total)
+    drop = np.zeros(n, dtype=bool)
+    if any(k == "__name__" for k in node.grouping) and not node.without:
+        np.logical_or.at(drop, gid, vec.drop_name)
+    floats = float_aggregate(ev, node, vec.floats_only(), param)
+    row_of = {lb: r for r, lb in enumerate(floats.labels)}
+    values = np.zeros((n, steps))
+    present = np.zeros((n, steps), dtype=bool)
+    for g, lb in enumerate(group_labels):
+        r = row_of.get(lb)
+        if r is not None:
+            values[g] = floats.values[r]
+            present[g] = floats.present[r] & ~mixed[g]
+    return StepVector(group_labels, values, present, drop, None, totals).compact()
+
+
+# ------------------------------------------------------------------------------ functions
+
+#: Functions that read only floats and say so when a range held both kinds (Prometheus'
+#: HistogramIgnoredInMixedRangeInfo); histograms alone give no result and no annotation.
+IGNORED_IN_MIXED_RANGE = frozenset(
+    {
+        "min_over_time",
+        "max_over_time",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "quantile_over_time",
+        "mad_over_time",
+        "deriv",
+        "predict_linear",
+        "double_exponential_smoothing",
+        "ts_of_min_over_time",
+        "ts_of_max_over_time",
+    }
+)
+#: Functions whose implementation carries histogram cells through unchanged (labels or order only).
+PASS_THROUGH = frozenset({"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"})
+#: Functions that only look at where samples are, of either kind.
+PRESENCE = frozenset({"absent", "timestamp"})
+
+
+def _strip(arg: Any) -> Any:
+    if isinstance(arg, StepVector):
+        return arg.floats_only()
+    if isinstance(arg, RangeInput) and arg.hist is not None:
+        from dataclasses import replace
+
+        return replace(arg, hist=None)
+    return arg
+
+
+def call(ctx: Any, name: str, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    """A function call with histogram samples among its arguments."""
+    handler = HANDLERS.get(name)
+    if handler is not None:
+        return handler(ctx, impl, args)
+    if name in PASS_THROUGH:
+        return impl(ctx, args)
+    if name in PRESENCE:
+        return impl(ctx, [_proxy(a) if isinstance(a, StepVector) else a for a in args])
+    out = impl(ctx, [_strip(a) for a in args])
+    if name in IGNORED_IN_MIXED_RANGE:
+        for a in args:
+            if isinstance(a, RangeInput):
+                _info_mixed(ctx, a)
+    return out
+
+
+def _matrix_arg(ctx: Any) -> Any:
+    from kernel_insight.kql.ast import MatrixSelector, SubqueryExpr
+
+    for arg in ctx.node.args:
+        node = arg
+        while hasattr(node, "expr") and not isinstance(node, MatrixSelector | SubqueryExpr):
+            node = node.expr
+        if isinstance(node, MatrixSelector | SubqueryExpr):
+            return arg
+    return ctx.node.args[0]
+
+
+def _info_mixed(ctx: Any, r: RangeInput) -> None:
+    both = (r.counts > 0) & has_hist_windows(r)
+    pos = ctx.node.args[0].pos
+    for i in np.flatnonzero(both.any(axis=1)).tolist():
+        ctx.info(ignored_in_mixed_range(metric_name(r.labels[i])), pos)
+
+
+def _mixed_warn(ctx: Any, r: RangeInput, mixed: BOOL) -> None:
+    pos = _matrix_arg(ctx).pos
+    for i in np.flatnonzero(mixed.any(axis=1)).tolist():
+        ctx.warn(mixed_floats_histograms(metric_name(r.labels[i])), pos)
+
+
+def _combine(
+    r: RangeInput,
+    floats: StepVector,
+    hists: dict[tuple[int, int], H],
+    values: dict[tuple[int, int], float] | None = None,
+    drop: BOOL | None = None,
+    keep_name: bool = False,
+) -> StepVector:
+    """A range function's result: the float implementation's, less the windows in ``drop``, with
+    the histogram (``hists``) and float (``values``) results of the windows computed here."""
+    n, steps = r.lo.shape
+    out_v = np.zeros((n, steps))
+    out_p = np.zeros((n, steps), dtype=bool)
+    out_h = np.full((n, steps), None, dtype=object)
+    row_of = {lb: i for i, lb in enumerate(r.labels)}
+    for k, lb in enumerate(floats.labels):
+        i = row_of.get(lb)
+        if i is not None:
+            out_v[i] = floats.values[k]
+            out_p[i] = floats.present[k]
+    if drop is not None:
+        out_p &= ~drop
+    for (i, j), f in (values or {}).items():
+        out_v[i, j] = f
+        out_p[i, j] = True
+    for (i, j), h in hists.items():
+        out_h[i, j] = h
+        out_p[i, j] = False
+    names = r.drop_name.copy() if keep_name else np.ones(n, dtype=bool)
+    return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None).compact()
+
+
+def _rate(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], counter: bool, per_second: bool
+) -> StepVector:
+    r: RangeInput = args[0]
+    if r.anchored or r.smoothed:
+        return _extended_rate(ctx, impl, r, counter, per_second)
+    mixed = (r.counts > 0) & has_hist_windows(r)
+    if mixed.any():
+        _mixed_warn(ctx, r, mixed)
+    floats = impl(ctx, [_strip(r)])
+    hists: dict[tuple[int, int], H] = {}
+    pos = _matrix_arg(ctx).pos
+    for i, j, ts, hs, nfloat in hist_windows(r):
+        if nfloat or len(hs) < 2 or r.anchored or r.smoothed:
+            continue
+        name = metric_name(r.labels[i])
+        h = histogram_rate(ctx, hs, counter, name, pos)
+        if h is None:
+            continue
+        end = int(r.end[j])
+        factor = _extrapolation(ts, hs, h, end - r.range_ms, end, counter)
+        if per_second:
+            factor /= r.range_ms / 1000.0
+        hists[i, j] = hmul(h, factor)
+    return _combine(r, floats, hists, drop=mixed)
+
+
+def _extrapolation(
+    ts: list[int], hs: list[H], result: H, range_start: int, range_end: int, counter: bool
+) -> float:
+    """Prometheus' extrapolatedRate factor for a histogram window."""
+    first_t, last_t = ts[0], ts[-1]
+    to_start = (first_t - range_start) / 1000.0
+    to_end = (range_end - last_t) / 1000.0
+    sampled = (last_t - first_t) / 1000.0
+    average = sampled / (len(ts) - 1)
+    threshold = average * 1.1
+    if to_start >= threshold:
+        to_start = average / 2
+    if counter and result.count > 0 and hs[0].count >= 0:
+        to_zero = sampled * (hs[0].count / result.count)
+        if to_zero < to_start:
+            to_start = to_zero
+    if to_end >= threshold:
+        to_end = average / 2
+    return (sampled + to_start + to_end) / sampled if sampled != 0 else 1.0
+
+
+def histogram_rate(ctx: Any, points: list[H], counter: bool, name: str, pos: Any) -> H | None:
+    """Prometheus' histogramRate: last minus first, counter resets added back, as a gauge histogram."""
+    prev = points[0]
+    last = points[-1]
+    custom = uses_custom(prev)
+    if counter and (prev.counter_reset_hint == GAUGE or last.counter_reset_hint == GAUGE):
+        ctx.warn(not_counter(name), pos)
+    if counter and len(points) > 1 and detect_reset(points[1], prev):
+        prev = _empty_like(points[1])
+        custom = uses_custom(points[1])
+    if uses_custom(last) != custom:
+        ctx.warn(mixed_exponential_custom(name), pos)
+        return None
+    min_schema = min(last.schema, prev.schema)
+    for cur in points[1:-1]:
+        if not counter:
+            continue
+        if cur.counter_reset_hint == GAUGE:
+            ctx.warn(not_counter(name), pos)
+        min_schema = min(min_schema, cur.schema)
+        if uses_custom(cur) != custom:
+            ctx.warn(mixed_exponential_custom(name), pos)
+            return None
+    h = last.copy_to_schema(min_schema) if min_schema != last.schema else last.copy()
+    try:
+        h, _, reconciled = hsub(h, prev)
+    except Incompatible:
+        ctx.warn(mixed_exponential_custom(name), pos)
+        return None
+    if reconciled:
+        ctx.info(reconciled_custom_buckets("subtraction"), pos)
+    if counter:
+        for cur in points[1:]:
+            if detect_reset(cur, prev):
+                try:
+                    h, _, reconciled = hadd(h, prev)
+                except Incompatible:
+                    ctx.warn(mixed_exponential_custom(name), pos)
+                    return None
+                if reconciled:
+                    ctx.info(reconciled_custom_buckets("addition"), pos)
+            prev = cur
+    elif points[0].counter_reset_hint != GAUGE or points[-1].counter_reset_hint != GAUGE:
+        ctx.warn(not_gauge(name), pos)
+    h = h.copy()
+    h.counter_reset_hint = GAUGE
+    return hcompact(h)
+
+
+def _empty_like(h: H) -> H:
+    """An empty histogram with ``h``'s schema and custom bounds (a counter reset's zero point)."""
+    out = nh.FloatHistogram(
+        schema=h.schema,
+        zero_threshold=0.0,
+        zero_count=0.0,
+        count=0.0,
+        sum=0.0,
+        positive_spans=(),
+        positive_buckets=(),
+        negative_spans=(),
+        negative_buckets=(),
+        custom_values=h.custom_values,
+    )
+    return out
+
+
+def _instant(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], is_rate: bool) -> StepVector:
+    """irate/idelta where windows hold histograms: the last two samples of either kind."""
+    r: RangeInput = args[0]
+    touched = has_hist_windows(r)
+    floats = impl(ctx, [_strip(r)])
+    hists: dict[tuple[int, int], H] = {}
+    values: dict[tuple[int, int], float] = {}
+    pos = _matrix_arg(ctx).pos
+    for i, j, hts, hs, _ in hist_windows(r):
+        lo, hi = int(r.lo[i, j]), int(r.hi[i, j])
+        samples: list[tuple[int, float, H | None]] = [
+            (int(t), float(v), None) for t, v in zip(r.ts[lo:hi][-2:], r.vs[lo:hi][-2:], strict=True)
+        ]
+        samples += [(t, 0.0, h) for t, h in zip(hts[-2:], hs[-2:], strict=True)]
+        samples.sort(key=lambda x: x[0])
+        if len(samples) < 2:
+            continue
+        (t0, f0, h0), (t1, f1, h1) = samples[-2], samples[-1]
+        interval = t1 - t0
+        if interval == 0:
+            continue
+        name = metric_name(r.labels[i])
+        if h0 is None and h1 is None:
+            result = f1 - f0
+            if is_rate and f1 < f0:
+                result = f1
+            values[i, j] = result / (interval / 1000.0) if is_rate else result
+            continue
+        if h0 is None or h1 is None:
+            ctx.warn(mixed_floats_histograms(name), pos)
+            continue
+        if is_rate and (h1.counter_reset_hint == GAUGE or h0.counter_reset_hint == GAUGE):
+            ctx.warn(not_counter(name), pos)
+        if not is_rate and (h1.counter_reset_hint != GAUGE or h0.counter_reset_hint != GAUGE):
+            ctx.warn(not_gauge(name), pos)
+        res = h1.copy()
+        if not is_rate or not detect_reset(h1, h0):
+            try:
+                res, _, reconciled = hsub(h1, h0)
+            except Incompatible:
+                ctx.warn(mixed_exponential_custom(name), pos)
+                continue
+            if reconciled:
+                ctx.info(reconciled_custom_buckets("subtraction"), pos)
+        res = res.copy()
+        res.counter_reset_hint = GAUGE
+        res = hcompact(res)
+        if is_rate:
+            res = hdiv(res, interval / 1000.0)
+        hists[i, j] = res
+    return _combine(r, floats, hists, values, drop=touched)
+
+
+def _merged(r: RangeInput, i: int, j: int) -> list[tuple[int, float, H | None]]:
+    """Every sample of a window, floats and histograms, in time order."""
+    lo, hi = int(r.lo[i, j]), int(r.hi[i, j])
+    out: list[tuple[int, float, H | None]] = [
+        (int(t), float(v), None) for t, v in zip(r.ts[lo:hi].tolist(), r.vs[lo:hi].tolist(), strict=True)
+    ]
+    hts, hs = window(r, i, j)
+    out += [(t, 0.0, h) for t, h in zip(hts, hs, strict=True)]
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def _anchored_windows(ctx: Any, r: RangeInput) -> list[tuple[int, int, list[tuple[int, float, H | None]]]]:
+    """For every step of every series holding histograms: the window's samples of both kinds after
+    the anchor, the latest sample at or before the range start within the lookback (Prometheus'
+    pickFirstSampleIndices); an empty list where no sample lies inside the range."""
+    import bisect
+
+    assert r.hist is not None
+    lookback = int(ctx.lookback_ms)
+    out: list[tuple[int, int, list[tuple[int, float, H | None]]]] = []
+    for i in np.flatnonzero(np.diff(r.hist.offsets) > 0).tolist():
+        fts, fvs, hts, hs = _series_slices(r, i)
+        merged: list[tuple[int, float, H | None]] = [(t, v, None) for t, v in zip(fts, fvs, strict=True)]
+        merged += [(t, 0.0, h) for t, h in zip(hts, hs, strict=True)]
+        merged.sort(key=lambda x: x[0])
+        stamps = [m[0] for m in merged]
+        for j in range(r.steps):
+            end = int(r.end[j])
+            start = end - r.range_ms
+            first = bisect.bisect_right(stamps, start)
+            last = bisect.bisect_right(stamps, end)
+            if last <= first:
+                out.append((i, j, []))
+                continue
+            anchor = first - 1 if first > 0 and stamps[first - 1] > start - lookback else first
+            out.append((i, j, merged[anchor:last]))
+    return out
+
+
+def _changes_or_resets(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], resets: bool
+) -> StepVector:
+    r: RangeInput = args[0]
+    touched = has_hist_windows(r)
+    floats = impl(ctx, [_strip(r)])
+    values: dict[tuple[int, int], float] = {}
+    windows: Iterable[tuple[int, int, list[tuple[int, float, H | None]]]]
+    if r.anchored:
+        windows = _anchored_windows(ctx, r)
+        touched = np.zeros(r.lo.shape, dtype=bool)
+        for i, j, _ in windows:
+            touched[i, j] = True
+    else:
+        windows = ((i, j, _merged(r, i, j)) for i, j, _, _, _ in hist_windows(r))
+    for i, j, samples in windows:
+        if not samples:
+            continue
+        count = 0
+        for (_, pf, ph), (_, cf, ch) in itertools.pairwise(samples):
+            if ph is None and ch is None:
+                hit = cf < pf if resets else (cf != pf and not (math.isnan(cf) and math.isnan(pf)))
+            elif ph is None or ch is None:
+                hit = True
+            else:
+                hit = detect_reset(ch, ph) if resets else not hequals(ch, ph)
+            count += hit
+        values[i, j] = float(count)
+    return _combine(r, floats, {}, values, drop=touched)
+
+
+def _sum_avg_over_time(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], mean: bool
+) -> StepVector:
+    r: RangeInput = args[0]
+    hw = has_hist_windows(r)
+    mixed = (r.counts > 0) & hw
+    if mixed.any():
+        _mixed_warn(ctx, r, mixed)
+    floats = impl(ctx, [_strip(r)])
+    hists: dict[tuple[int, int], H] = {}
+    pos = ctx.node.args[0].pos
+    for i, j, _, hs, nfloat in hist_windows(r):
+        if nfloat:
+            continue
+        reset_seen = any(h.counter_reset_hint == COUNTER_RESET for h in hs)
+        not_reset_seen = any(h.counter_reset_hint == NOT_COUNTER_RESET for h in hs)
+        total = hs[0].copy()
+        try:
+            for h in hs[1:]:
+                total, _, reconciled = hadd(total, h)
+                if reconciled:
+                    ctx.info(reconciled_custom_buckets("aggregation"), pos)
+        except Incompatible:
+            ctx.warn(mixed_exponential_custom(metric_name(r.labels[i])), pos)
+            continue
+        if reset_seen and not_reset_seen:
+            ctx.warn(counter_reset_collision("aggregation"), pos)
+        if mean:
+            total = hdiv(total, float(len(hs)))
+        hists[i, j] = hcompact(total) if not mean else total
+    return _combine(r, floats, hists, drop=mixed)
+
+
+def _count_like(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], count: bool) -> StepVector:
+    r: RangeInput = args[0]
+    floats = impl(ctx, [_strip(r)])
+    values: dict[tuple[int, int], float] = {}
+    for i, j, _, hs, nfloat in hist_windows(r):
+        values[i, j] = float(len(hs) + nfloat) if count else 1.0
+    return _combine(r, floats, {}, values)
+
+
+def _first_last(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], last: bool, ts: bool
+) -> StepVector:
+    r: RangeInput = args[0]
+    touched = has_hist_windows(r)
+    floats = impl(ctx, [_strip(r)])
+    hists: dict[tuple[int, int], H] = {}
+    values: dict[tuple[int, int], float] = {}
+    for i, j, _, _, _ in hist_windows(r):
+        samples = _merged(r, i, j)
+        t, f, h = samples[-1] if last else samples[0]
+        if ts:
+            values[i, j] = t / 1000.0
+        elif h is None:
+            values[i, j] = f
+        else:
+            hists[i, j] = h
+    return _combine(r, floats, hists, values, drop=touched, keep_name=not ts)
+
+
+def _absent_over_time(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+    from dataclasses import replace
+
+    r: RangeInput = args[0]
+    assert r.hist is not None
+    # A window with a histogram counts as a window with a sample: widen the float windows' counts.
+    hi = np.where(has_hist_windows(r), np.maximum(r.hi, r.lo + 1), r.hi)
+    padded = replace(r, hi=hi, vs=np.append(r.vs, 0.0), ts=np.append(r.ts, 0), hist=None)
+    out: StepVector = impl(ctx, [padded])
+    return out
+
+
+def _native_floats(
+    fn: Callable[[H], float],
+) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
+    def handler(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+        return float_of_hists(args[0], fn)
+
+    return handler
+
+
+def _histogram_stdvar(h: H) -> float:
+    return float(nh.histogram_stdvar(h))
+
+
+HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]] = {
+    "rate": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=True),
+    "increase": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=False),
+    "delta": lambda ctx, impl, args: _rate(ctx, impl, args, counter=False, per_second=False),
+    "irate": lambda ctx, impl, args: _instant(ctx, impl, args, is_rate=True),
+    "idelta": lambda ctx, impl, args: _instant(ctx, impl, args, is_rate=False),
+    "changes": lambda ctx, impl, args: _changes_or_resets(ctx, impl, args, resets=False),
+    "resets": lambda ctx, impl, args: _changes_or_resets(ctx, impl, args, resets=True),
+    "sum_over_time": lambda ctx, impl, args: _sum_avg_over_time(ctx, impl, args, mean=False),
+    "avg_over_time": lambda ctx, impl, args: _sum_avg_over_time(ctx, impl, args, mean=True),
+    "count_over_time": lambda ctx, impl, args: _count_like(ctx, impl, args, count=True),
+    "present_over_time": lambda ctx, impl, args: _count_like(ctx, impl, args, count=False),
+    "last_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=True, ts=False),
+    "first_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=False, ts=False),
+    "ts_of_last_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=True, ts=True),
+    "ts_of_first_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=False, ts=True),
+    "absent_over_time": _absent_over_time,
+    "histogram_count": _native_floats(lambda h: float(h.count)),
+    "histogram_sum": _native_floats(lambda h: float(h.sum)),
+    "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count))),
+    "histogram_stdvar": _native_floats(_histogram_stdvar),
+    "histogram_stddev": _native_floats(lambda h: math.sqrt(_histogram_stdvar(h))),
+}
+
+
+# ------------------------------------------------------------------------------ histogram_quantile & co
+
+
+def mixed_classic_native(name: str) -> str:
+    base = "vector contains a mix of classic and native histograms"
+    return f"{base} for metric name {go_quote(name)}" if name else base
+
+
+def _split_classic_native(ctx: Any, vec: StepVector, arg_index: int) -> StepVector:
+    """The float (classic bucket) part of ``vec``, less the buckets that collide with a native histogram
+    of the same labels at the same step (both are dropped then, with Prometheus' warning)."""
+    assert vec.hists is not None
+    by_key: dict[Labels, list[int]] = {}
+    for i, lb in enumerate(vec.labels):
+        le = dict(lb).get("le")
+        if le is None:
+            continue
+        try:
+            float(le.replace("Inf", "inf"))
+        except ValueError:
+            continue
+        by_key.setdefault(tuple(p for p in lb if p[0] != "le"), []).append(i)
+    present = vec.present.copy()
+    hists = vec.hists.copy()
+    for i, j, _ in cells(vec.hists):
+        rows = by_key.get(vec.labels[i])
+        if rows and present[rows, j].any():
+            ctx.warn(mixed_classic_native(metric_name(vec.labels[i])), ctx.node.args[arg_index].pos)
+            present[rows, j] = False
+            hists[i, j] = None
+    return StepVector(vec.labels, vec.values, present, vec.drop_name, vec.sample_ts, hists)
+
+
+def _native_part(vec: StepVector, fn: Callable[[int, int, H], float]) -> StepVector:
+    values = np.zeros(vec.values.shape)
+    present = np.zeros(vec.values.shape, dtype=bool)
+    if vec.hists is not None:
+        for i, j, h in cells(vec.hists):
+            values[i, j] = fn(i, j, h)
+            present[i, j] = True
+    return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
+
+
+def _concat(a: StepVector, b: StepVector) -> StepVector:
+    from kernel_insight.kql.vectors import consolidate
+
+    return consolidate(
+        StepVector(
+            a.labels + b.labels,
+            np.concatenate([a.values, b.values]),
+            np.concatenate([a.present, b.present]),
+            np.concatenate([a.drop_name, b.drop_name]),
+        )
+    )
+
+
+#: nativehist's info texts, as Prometheus' annotations word them (``for metric name "x"`` follows).
+_NOTES = {
+    "NAN_RESULT_INFO": "input to histogram_quantile has NaN observations, result is NaN",
+    "NAN_SKEW_INFO": "input to histogram_quantile has NaN observations, result is skewed higher",
+    "FRACTION_NAN_INFO": "input to histogram_fraction has NaN observations, which are excluded from all fractions",
+}
+
+
+def _note_text(note: str) -> str:
+    for constant, text in _NOTES.items():
+        if note == getattr(nh, constant, None):
+            return text
+    return note
+
+
+def _notes(ctx: Any, notes: Iterable[str], name: str, pos: Any) -> None:
+    for note in notes:
+        ctx.info(_note_text(note) + (f" for metric name {go_quote(name)}" if name else ""), pos)
+
+
+def _quantile_of(ctx: Any, q: float, h: H, name: str, pos: Any) -> float:
+    value, notes = nh.histogram_quantile(q, h)
+    if notes:
+        _notes(ctx, notes, name, pos)
+    return float(value)
+
+
+def _fraction_of(ctx: Any, lower: float, upper: float, h: H, name: str, pos: Any) -> float:
+    value, notes = nh.histogram_fraction(lower, upper, h)
+    if notes:
+        _notes(ctx, notes, name, pos)
+    return float(value)
+
+
+def _histogram_quantile(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+    q, vec = args
+    classic = _split_classic_native(ctx, vec, 1)
+    floats = impl(ctx, [q, classic.floats_only()])
+    pos = ctx.node.args[1].pos
+    native = _native_part(
+        classic, lambda i, j, h: _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
+    )
+    return _concat(floats, native)
+
+
+def _histogram_fraction(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+    lower, upper, vec = args
+    classic = _split_classic_native(ctx, vec, 2)
+    floats = impl(ctx, [lower, upper, classic.floats_only()])
+    pos = ctx.node.args[2].pos
+    native = _native_part(
+        classic,
+        lambda i, j, h: _fraction_of(
+            ctx, float(lower[j]), float(upper[j]), h, metric_name(vec.labels[i]), pos
+        ),
+    )
+    return _concat(floats, native)
+
+
+def _quantile_fn(ctx: Any, q: F64, vec: StepVector, pos: Any) -> Callable[[int, int, H], float]:
+    def fn(i: int, j: int, h: H) -> float:
+        return _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
+
+    return fn
+
+
+def _histogram_quantiles(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+    from kernel_insight.kql.functions.histogram import _q_label
+
+    vec, label, *qs = args
+    classic = _split_classic_native(ctx, vec, 0)
+    out: StepVector = impl(ctx, [classic.floats_only(), label, *qs])
+    pos = ctx.node.args[0].pos
+    for q in qs:
+        text = _q_label(float(q[0])) if len(q) else ""
+        native = _native_part(classic, _quantile_fn(ctx, q, vec, pos))
+        native.labels = [tuple(sorted({**dict(lb), label: text}.items())) for lb in native.labels]
+        out = _concat(out, native)
+    return out
+
+
+HANDLERS["histogram_quantile"] = _histogram_quantile
+HANDLERS["histogram_fraction"] = _histogram_fraction
+HANDLERS["histogram_quantiles"] = _histogram_quantiles
+
+
+# ------------------------------------------------------------------------------ anchored / smoothed
+
+
+def _series_slices(r: RangeInput, i: int) -> tuple[list[int], list[float], list[int], list[H]]:
+    a, z = int(r.offsets[i]), int(r.offsets[i + 1])
+    fts, fvs = r.ts[a:z].tolist(), r.vs[a:z].tolist()
+    if r.hist is None:
+        return fts, fvs, [], []
+    ha, hz = int(r.hist.offsets[i]), int(r.hist.offsets[i + 1])
+    return fts, fvs, r.hist.ts[ha:hz].tolist(), list(r.hist.hs[ha:hz])
+
+
+def _extended_window(r: RangeInput, ts: list[int], j: int, lookback: int) -> tuple[int, int]:
+    """[a, b) of the samples an anchored or smoothed window at step ``j`` reads: after the range
+    start minus the lookback, up to the range end (plus the lookback when smoothed)."""
+    import bisect
+
+    end = int(r.end[j])
+    start = end - r.range_ms
+    a = bisect.bisect_right(ts, start - lookback)
+    b = bisect.bisect_right(ts, end + (lookback if r.smoothed else 0))
+    return a, b
+
+
+def _interpolate_hist(ctx: Any, h1: H, t1: int, h2: H, t2: int, t: int, counter: bool, pos: Any) -> H:
+    if t == t1:
+        return h1.copy()
+    if t == t2:
+        return h2.copy()
+    fraction = (t - t1) / (t2 - t1)
+    if counter and detect_reset(h2, h1):
+        return hmul(h2, fraction)
+    res, _, reconciled = hsub(h2, h1)
+    if reconciled:
+        ctx.info(reconciled_custom_buckets("subtraction"), pos)
+    res = hmul(res, fraction)
+    res, _, reconciled = hadd(res, h1)
+    if reconciled:
+        ctx.info(reconciled_custom_buckets("addition"), pos)
+    return res
+
+
+def extended_histogram_rate(
+    ctx: Any,
+    hts: list[int],
+    hs: list[H],
+    start: int,
+    end: int,
+    r: RangeInput,
+    counter: bool,
+    per_second: bool,
+    name: str,
+    pos: Any,
+) -> H | None:
+    """Prometheus' extendedHistogramRate: rate/increase/delta of an anchored or smoothed range."""
+    import bisect
+
+    last = len(hs) - 1
+    first = max(0, bisect.bisect_right(hts, start, 0, last) - 1)
+    if r.smoothed:
+        last = bisect.bisect_left(hts, end, 0, last)
+    if hts[last] <= start:
+        return None
+    if r.smoothed and hts[first] > end:
+        return None
+    custom = uses_custom(hs[first])
+    for h in hs[first : last + 1]:
+        if uses_custom(h) != custom:
+            ctx.warn(mixed_exponential_custom(name), pos)
+            return None
+        if counter and h.counter_reset_hint == GAUGE:
+            ctx.warn(not_counter(name), pos)
+    try:
+        if r.smoothed and hts[first] < start:
+            left = _interpolate_hist(
+                ctx, hs[first], hts[first], hs[first + 1], hts[first + 1], start, counter, pos
+            )
+        else:
+            left = hs[first].copy()
+        if r.smoothed and last > 0 and hts[last] > end:
+            right = _interpolate_hist(
+                ctx, hs[last - 1], hts[last - 1], hs[last], hts[last], end, counter, pos
+            )
+        else:
+            right = hs[last].copy()
+        if not counter and (left.counter_reset_hint != GAUGE or right.counter_reset_hint != GAUGE):
+            ctx.warn(not_gauge(name), pos)
+        result, _, reconciled = hsub(right, left)
+        if reconciled:
+            ctx.info(reconciled_custom_buckets("subtraction"), pos)
+        if counter:
+            correction = _reset_correction(hts, hs, first, last, left, right, start, r.smoothed)
+            if correction is not None:
+                result, _, reconciled = hadd(result, correction)
+                if reconciled:
+                    ctx.info(reconciled_custom_buckets("addition"), pos)
+    except Incompatible:
+        ctx.warn(mixed_exponential_custom(name), pos)
+        return None
+    if per_second:
+        result = hdiv(result, r.range_ms / 1000.0)
+    result = result.copy()
+    result.counter_reset_hint = GAUGE
+    return hcompact(result)
+
+
+def _reset_correction(
+    hts: list[int],
+    hs: list[H],
+    first_index: int,
+    last_index: int,
+    left: H,
+    right: H,
+    start: int,
+    smoothed: bool,
+) -> H | None:
+    """Prometheus' correctForCounterResetsHistogram."""
+    first = first_index + 1
+    prev = left
+    if smoothed and hts[first_index] < start and detect_reset(hs[first_index + 1], hs[first_index]):
+        prev = hs[first_index + 1]
+        first += 1
+    last = last_index - 1
+    if first > last + 1:
+        return None
+    correction: H | None = None
+
+    def add(h: H) -> None:
+        nonlocal correction
+        correction = h.copy() if correction is None else hadd(correction, h)[0]
+
+    for h in hs[first : last + 1]:
+        if detect_reset(h, prev):
+            add(prev)
+        prev = h
+    if detect_reset(right, prev):
+        add(prev)
+    return correction
+
+
+def _extended_rate(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], r: RangeInput, counter: bool, per_second: bool
+) -> StepVector:
+    """rate/increase/delta over anchored or smoothed ranges holding histograms."""
+    floats = impl(ctx, [_strip(r)])
+    lookback = int(ctx.lookback_ms)
+    pos = _matrix_arg(ctx).pos
+    hists: dict[tuple[int, int], H] = {}
+    drop = np.zeros(r.lo.shape, dtype=bool)
+    assert r.hist is not None
+    for i in np.flatnonzero(np.diff(r.hist.offsets) > 0).tolist():
+        r.checkpoint()
+        fts, _, hts, hs = _series_slices(r, i)
+        name = metric_name(r.labels[i])
+        for j in range(r.steps):
+            ha, hb = _extended_window(r, hts, j, lookback)
+            if hb <= ha:
+                continue
+            drop[i, j] = True
+            fa, fb = _extended_window(r, fts, j, lookback)
+            if fb > fa:
+                ctx.warn(mixed_floats_histograms(name), pos)
+                continue
+            end = int(r.end[j])
+            h = extended_histogram_rate(
+                ctx, hts[ha:hb], hs[ha:hb], end - r.range_ms, end, r, counter, per_second, name, pos
+            )
+            if h is not None:
+                hists[i, j] = h
+    return _combine(r, floats, hists, drop=drop)
+
+
+def smoothed_selector(ev: Any, node: Any, floats: StepVector, cols: Any, refs: Any) -> StepVector:
+    """A ``smoothed`` instant selector over series holding histograms (Prometheus' smoothSeries):
+    each step's histogram interpolated between the samples around it, carried forward after the last."""
+    import bisect
+
+    hist = cols.hist
+    lookback = int(ev.limits.lookback_ms)
+    n, steps = len(cols), len(refs)
+    values = np.zeros((n, steps))
+    present = np.zeros((n, steps), dtype=bool)
+    hists = np.full((n, steps), None, dtype=object)
+    row_of = {lb: k for k, lb in enumerate(floats.labels)}
+    touched = np.diff(hist.offsets) > 0
+    for i, lb in enumerate(cols.labels):
+        k = row_of.get(lb)
+        if k is not None and not touched[i]:
+            values[i], present[i] = floats.values[k], floats.present[k]
+    for i in np.flatnonzero(touched).tolist():
+        ev.checkpoint()
+        a, z = int(cols.offsets[i]), int(cols.offsets[i + 1])
+        fts, fvs = cols.ts[a:z].tolist(), cols.vs[a:z].tolist()
+        ha, hz = int(hist.offsets[i]), int(hist.offsets[i + 1])
+        hts, hs = hist.ts[ha:hz].tolist(), list(hist.hs[ha:hz])
+        name = metric_name(cols.labels[i])
+        for j in range(steps):
+            t = int(refs[j])
+            fa, fb = bisect.bisect_right(fts, t - lookback), bisect.bisect_right(fts, t + lookback)
+            sa, sb = bisect.bisect_right(hts, t - lookback), bisect.bisect_right(hts, t + lookback)
+            if fb <= fa and sb <= sa:
+                continue
+            if fb > fa and sb > sa:
+                ev.annotate("warning", mixed_floats_histograms(name), node.pos)
+                continue
+            if fb > fa:
+                x = bisect.bisect_left(fts, t, fa, fb)
+                if x < fb and fts[x] == t:
+                    values[i, j], present[i, j] = fvs[x], True
+                elif fa < x < fb:
+                    t1, t2, v1, v2 = fts[x - 1], fts[x], fvs[x - 1], fvs[x]
+                    values[i, j], present[i, j] = v1 + (v2 - v1) * (t - t1) / (t2 - t1), True
+                elif x > fa:
+                    values[i, j], present[i, j] = fvs[x - 1], True
+                continue
+            x = bisect.bisect_left(hts, t, sa, sb)
+            if x < sb and hts[x] == t:
+                hists[i, j] = hs[x].copy()
+            elif sa < x < sb:
+                prev, nxt = hs[x - 1], hs[x]
+                if uses_custom(prev) != uses_custom(nxt):
+                    ev.annotate("warning", mixed_exponential_custom(name), node.pos)
+                    continue
+                counter = prev.counter_reset_hint != GAUGE or nxt.counter_reset_hint != GAUGE
+                ctx = _EvalAnnotations(ev, node.pos)
+                try:
+                    hists[i, j] = _interpolate_hist(ctx, prev, hts[x - 1], nxt, hts[x], t, counter, node.pos)
+                except Incompatible:
+                    ev.annotate("warning", mixed_exponential_custom(name), node.pos)
+            elif x > sa:
+                hists[i, j] = with_hint(hs[x - 1], UNKNOWN)
+    hp = hist_mask(hists)
+    ev.count_samples(int(hp.sum()))
+    return StepVector(
+        list(cols.labels), values, present, np.zeros(n, dtype=bool), None, hists if hp.any() else None
+    ).compact()
+
+
+class _EvalAnnotations:
+    """The ``warn``/``info`` of a call context, for code shared with selectors."""
+
+    def __init__(self, ev: Any, pos: Any) -> None:
+        self.ev, self.pos = ev, pos
+
+    def warn(self, message: str, pos: Any = None) -> None:
+        self.ev.annotate("warning", message, pos or self.pos)
+
+    def info(self, message: str, pos: Any = None) -> None:
+        self.ev.annotate("info", message, pos or self.pos)
