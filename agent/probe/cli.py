@@ -91,6 +91,7 @@ def _ebpf(args: argparse.Namespace) -> int:
         libnccl=args.libnccl,
         launch_sample=args.launch_sample,
         launch_latency=not args.count_only,
+        launch_every=args.launch_every,
         drain_interval_s=args.interval,
     )
     try:
@@ -197,6 +198,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--libcudart", default=None, help="path of libcudart.so (default: as the loader finds it)")
     e.add_argument("--libnccl", default=None, help="path of libnccl.so.2 (default: as the loader finds it)")
     e.add_argument("--launch-sample", type=int, default=0, help="one LAUNCH record per N launches (0: none)")
+    e.add_argument(
+        "--launch-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="trace kernel launches (a uprobe trap per cuLaunchKernel) during one drain interval in every N "
+        "(0, the default: never; 1: always); timelines do not need them (docs/probes.md)",
+    )
     e.add_argument(
         "--count-only",
         action="store_true",

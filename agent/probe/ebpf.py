@@ -3,7 +3,10 @@
 Launches are counted in the kernel (per process, API and function handle,
 with a log2 histogram of the call's host time) and flushed to the ring as
 cumulative samples once per drain; a launch costs the traced thread one
-uprobe pair and no event.  Per-launch LAUNCH records are optional and sampled.
+uprobe pair (a trap each: microseconds in a VM) and no event, so the launch
+uprobes are off unless asked for (``launch_every``: attached one drain interval
+in every N). Per-launch LAUNCH records are optional and sampled. Timelines tie
+launches to kernels through the CUDA-event probe's own records, not these.
 Memory, synchronisation and NCCL calls become one record each (MEMOP, SYNC,
 COLLECTIVE), with their host-side duration.
 """
@@ -68,6 +71,9 @@ class TracerConfig:
     libnccl: str | None = None
     launch_sample: int = 0  # one LAUNCH record per this many launches (0: none, 1: every launch)
     launch_latency: bool = True  # a uretprobe per launch for the host-time histogram
+    #: Launch uprobes attached one drain interval in every this many (0: never, the default;
+    #: 1: always): each traced launch traps, so tracing 1 interval in N costs 1/N of that.
+    launch_every: int = 0
     drain_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -77,6 +83,8 @@ class TracerConfig:
             raise ValueError(f"ebpf: invalid pid {self.pid}")
         if self.launch_sample < 0:
             raise ValueError("ebpf: launch_sample must be 0 (off) or a positive period")
+        if self.launch_every < 0:
+            raise ValueError("ebpf: launch_every must be 0 (launch uprobes off) or a positive period")
         if self.drain_interval_s <= 0:
             raise ValueError("ebpf: drain interval must be positive")
         if not 0 <= self.gpu <= 0xFFFF:
@@ -236,10 +244,22 @@ class Tracer:
     """
 
     def __init__(
-        self, config: TracerConfig, bpf: Any, ring: Ring, attached: list[str], skipped: list[str]
+        self,
+        config: TracerConfig,
+        bpf: Any,
+        ring: Ring,
+        attached: list[str],
+        skipped: list[str],
+        launch_probes: list[tuple[bytes, bytes, bytes, bytes | None]] | None = None,
     ) -> None:
         self.config = config
         self._bpf = bpf
+        # (library path, symbol, entry program, return program or None) of the launch uprobes,
+        # attached only while launches are traced (launch_every)
+        self._launch_probes = launch_probes or []
+        self._launch_attached = False
+        self._interval = 0  # drains so far: the duty cycle's clock
+        self.launch_intervals = 0  # drain intervals during which launches were traced
         self.ring = ring
         self.attached = attached
         self.skipped = skipped
@@ -296,6 +316,7 @@ class Tracer:
             ) from None
         attached: list[str] = []
         skipped: list[str] = []
+        launch_probes: list[tuple[bytes, bytes, bytes, bytes | None]] = []
         pid = config.pid if config.pid is not None else -1
         for lib, sym, entry, ret in _PROBES:
             path = libs.get(lib)
@@ -304,6 +325,12 @@ class Tracer:
                 continue
             if ret == "launch_return" and not config.launch_latency:
                 ret = None
+            if entry.startswith("launch_"):  # attached by the duty cycle (launch_every), if at all
+                if config.launch_every:
+                    launch_probes.append(
+                        (path.encode(), sym.encode(), entry.encode(), None if ret is None else ret.encode())
+                    )
+                continue
             try:
                 # bcc wants bytes (str draws a DeprecationWarning)
                 bpf.attach_uprobe(name=path.encode(), sym=sym.encode(), fn_name=entry.encode(), pid=pid)
@@ -313,11 +340,23 @@ class Tracer:
                 skipped.append(f"{sym} ({e})")
                 continue
             attached.append(sym)
-        if not attached:
+        tracer_ring = None
+        try:
+            tracer_ring = Ring.attach(ring_name(f"{config.label_prefix}{config.gpu}"), create=True)
+            tracer = cls(config, bpf, tracer_ring, attached, skipped, launch_probes)
+            tracer._cycle_launches()  # the first interval traces launches whenever any does
+        except BaseException:
             bpf.cleanup()
-            raise EbpfUnavailable(f"no probe could be attached: {'; '.join(skipped)}")
-        ring = Ring.attach(ring_name(f"{config.label_prefix}{config.gpu}"), create=True)
-        return cls(config, bpf, ring, attached, skipped)
+            if tracer_ring is not None:
+                tracer_ring.close()
+            raise
+        if not tracer.attached:
+            tracer.close()
+            off = " (launch uprobes are off: launch_every=0)" if not config.launch_every else ""
+            raise EbpfUnavailable(
+                f"no probe could be attached{off}: {'; '.join(skipped) or 'nothing else to trace'}"
+            )
+        return tracer
 
     def describe(self) -> str:
         who = (
@@ -345,14 +384,55 @@ class Tracer:
         self.drain()
 
     def drain(self) -> int:
-        """Read pending events and the launch maps into the ring; returns records written."""
+        """Read pending events and the launch maps into the ring; returns records written.
+
+        Also turns the launch uprobes on or off for the next interval (``launch_every``)."""
         before = self.records_written
         self._mono_to_real = time.time_ns() - time.monotonic_ns()
         self._bpf.ring_buffer_consume()
         self._flush_launches()
         self._forget_exited()
         self._flush_outstanding()
+        self._interval += 1
+        self._cycle_launches()
         return self.records_written - before
+
+    @property
+    def tracing_launches(self) -> bool:
+        """Whether the launch uprobes are attached now."""
+        return self._launch_attached
+
+    def _cycle_launches(self) -> None:
+        """Attach the launch uprobes for one interval in every ``launch_every``, detach them otherwise."""
+        every = self.config.launch_every
+        want = bool(self._launch_probes) and every > 0 and self._interval % every == 0
+        if want == self._launch_attached:
+            if want:
+                self.launch_intervals += 1
+            return
+        pid = self.config.pid if self.config.pid is not None else -1
+        for path, sym, entry, ret in self._launch_probes:
+            name = sym.decode()
+            if want:
+                try:
+                    self._bpf.attach_uprobe(name=path, sym=sym, fn_name=entry, pid=pid)
+                    if ret is not None:
+                        self._bpf.attach_uretprobe(name=path, sym=sym, fn_name=ret, pid=pid)
+                except Exception as e:
+                    if name not in self.skipped and all(not s.startswith(f"{name} (") for s in self.skipped):
+                        self.skipped.append(f"{name} ({e})")
+                    continue
+                if name not in self.attached:
+                    self.attached.append(name)
+            else:
+                with contextlib.suppress(Exception):
+                    self._bpf.detach_uprobe(name=path, sym=sym, pid=pid)
+                if ret is not None:
+                    with contextlib.suppress(Exception):
+                        self._bpf.detach_uretprobe(name=path, sym=sym, pid=pid)
+        self._launch_attached = want
+        if want:
+            self.launch_intervals += 1
 
     def _forget_exited(self) -> None:
         """Fold the launch counts of processes that exited into per-name totals and drop their map entries.

@@ -1,5 +1,9 @@
 """make bench-ebpf: what a traced cuLaunchKernel costs, and the tracer's CPU at 100k launches/s.
 
+Also what the launch uprobes cost the workload in each setting of ``launch_every`` (off, the
+default; one drain interval in ten; always): the traced process's own CPU per call at a paced
+rate, against the same run untraced.
+
 Runs against the stand-in libcuda of the tests (tests/probe/c), whose
 cuLaunchKernel does nothing, so the difference between traced and untraced
 calls is the uprobe cost alone.  Needs root and BPF (as the ebpf tests do).
@@ -34,6 +38,10 @@ PACED_RATES = (2_000.0, 20_000.0)  # two rates this VM reaches (~26k/s at most),
 PACED_S = 4.0  # seconds per paced run (four drains), ROUNDS runs per rate, alternating
 ENTRY = "launch_drv_entry"  # the uprobe program on cuLaunchKernel: runs once per traced call
 FLAT_PCT = 0.05  # percentage points of one core: two tracer CPU medians closer than this agree
+DUTY_RATE = 20_000.0  # calls/s of the workload-cost runs
+DUTY_S = 3.0  # seconds per workload-cost run
+DUTY_INTERVAL_S = 0.1  # drain interval of the workload-cost runs (30 intervals per run)
+DUTY_MODES = (("off", 0), ("1-in-10", 10), ("always", 1))
 
 
 def _build(d: Path) -> Path:
@@ -82,9 +90,59 @@ def _median_ns(prog: Path) -> float:
     return statistics.median(_loop(prog, CALLS) for _ in range(ROUNDS))
 
 
-def _traced(prog: Path, launch_latency: bool = True) -> Tracer:
+def _traced(
+    prog: Path, launch_latency: bool = True, launch_every: int = 1, interval_s: float = 1.0
+) -> Tracer:
     lib = str(prog.parent / "libcuda.so.1")
-    return Tracer.start(TracerConfig(label_prefix="bench-ebpf-", libcuda=lib, launch_latency=launch_latency))
+    return Tracer.start(
+        TracerConfig(
+            label_prefix="bench-ebpf-",
+            libcuda=lib,
+            launch_latency=launch_latency,
+            launch_every=launch_every,
+            drain_interval_s=interval_s,
+        )
+    )
+
+
+def _child_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _workload_cpu_ns(prog: Path, tracer: Tracer | None) -> float:
+    """The workload's own CPU (user + system: uprobe traps are charged to it) per call at DUTY_RATE."""
+    calls = int(DUTY_RATE * DUTY_S)
+    stop = threading.Event()
+    drainer = None
+    if tracer is not None:
+
+        def drain() -> None:
+            while not stop.is_set():
+                tracer.drain()
+                stop.wait(DUTY_INTERVAL_S)
+
+        drainer = threading.Thread(target=drain)
+        drainer.start()
+    before = _child_cpu_s()
+    _loop(prog, calls, DUTY_RATE)
+    used = _child_cpu_s() - before
+    stop.set()
+    if drainer is not None:
+        drainer.join()
+    return used * 1e9 / calls
+
+
+def _duty_costs(prog: Path) -> dict[str, float]:
+    """Extra workload CPU ns per call in each launch_every mode (median of ROUNDS, minus untraced)."""
+    runs: dict[str, list[float]] = {"untraced": []}
+    for _ in range(ROUNDS):
+        runs["untraced"].append(_workload_cpu_ns(prog, None))
+        for name, every in DUTY_MODES:
+            with _traced(prog, launch_every=every, interval_s=DUTY_INTERVAL_S) as tracer:
+                runs.setdefault(name, []).append(_workload_cpu_ns(prog, tracer))
+    base = statistics.median(runs["untraced"])
+    return {name: statistics.median(runs[name]) - base for name, _ in DUTY_MODES} | {"untraced": base}
 
 
 def _drain_every_second(tracer: Tracer, stop: threading.Event) -> None:
@@ -165,6 +223,7 @@ def main() -> int:
                 count_only = _median_ns(prog)
             with _traced(prog) as tracer, bpf_run_time_stats() as how:
                 runs = [_paced(tracer, prog, target) for _ in range(ROUNDS) for target in PACED_RATES]
+            duty = _duty_costs(prog)
         except EbpfUnavailable as e:
             print(f"bench-ebpf: {e}", file=sys.stderr)
             return 2
@@ -209,12 +268,23 @@ def main() -> int:
         f"BPF programs {bpf_ns:.0f} ns x {TARGET / 1000:.0f}k/s = {bpf_pct:.3f}% -> {total:.2f}% of one core "
         f"(stats via {how}; excludes the uprobe trap, which the traced threads pay: ns_per_call)"
     )
+    print(
+        f"workload CPU per call at {DUTY_RATE / 1000:.0f}k/s, drains every {DUTY_INTERVAL_S} s: untraced "
+        f"{duty['untraced']:.0f} ns; extra with launch uprobes "
+        + ", ".join(
+            f"{name} {duty[name]:.0f} ns ({100 * duty[name] * TARGET / 1e9:.2f}% of a core at "
+            f"{TARGET / 1000:.0f}k launches/s)"
+            for name, _ in DUTY_MODES
+        )
+    )
     rate_reached = statistics.median(r.rate for r in runs if r.target == max(PACED_RATES))
     print(
         f"BENCH ebpf ns_per_call={full - base:.0f} cpu_pct_at_100k={total:.2f} "
         f"bpf_ns_per_call={bpf_ns:.0f} tracer_cpu_pct_measured={measured:.3f} "
         f"tracer_cpu_model={model} rate_reached={rate_reached:.0f} "
-        f"ns_per_call_count_only={count_only - base:.0f} untraced_ns={base:.1f}"
+        f"ns_per_call_count_only={count_only - base:.0f} untraced_ns={base:.1f} "
+        f"workload_ns_per_call_off={duty['off']:.0f} workload_ns_per_call_1in10={duty['1-in-10']:.0f} "
+        f"workload_ns_per_call_always={duty['always']:.0f}"
     )
     return 0
 

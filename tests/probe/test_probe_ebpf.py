@@ -97,6 +97,7 @@ def start(config: TracerConfig) -> Tracer:
 
 
 def config(d: Path, prefix: str, **kw: object) -> TracerConfig:
+    kw.setdefault("launch_every", 1)  # launches traced in every interval unless a test says otherwise
     return TracerConfig(
         label_prefix=prefix,
         libcuda=str(d / "libcuda.so.1"),
@@ -219,6 +220,34 @@ def test_tracer_reports_exactly_the_pattern_of_the_traced_process(stand_ins, lab
 
 
 @pytest.mark.ebpf
+def test_launch_uprobes_are_off_by_default_and_trace_one_interval_in_n(stand_ins, label_prefix, programs):
+    progs = [Program(stand_ins / "cuda_pattern") for _ in range(4)]
+    programs += progs
+    with start(config(stand_ins, label_prefix, launch_every=0)) as tracer:
+        assert not tracer.tracing_launches
+        assert "cuLaunchKernel" not in tracer.attached
+        progs[0].go()
+        tracer.drain()
+        assert tracer.launches == {}  # no launch trapped
+        assert tracer.outstanding() == {progs[0].pid: 3 * MIB}  # memory calls still traced
+    with start(config(stand_ins, label_prefix, launch_every=2)) as tracer:
+        seen = []
+        for prog in progs[1:]:  # intervals 0 (traced), 1 (not), 2 (traced)
+            seen.append(tracer.tracing_launches)
+            prog.go()
+            tracer.drain()
+        assert seen == [True, False, True]
+        assert tracer.launch_intervals == 2  # intervals 0 and 2; the third drain began interval 3
+        assert {n: s.count for n, s in tracer.launches.items()} == {
+            "gemm_kernel": 2000,
+            "flash_attn_fwd_kernel_with_a_name_longer_than_32_bytes": 1000,
+            "ki_runtime_kernel_stub": 600,
+        }
+    for prog in progs:
+        prog.finish()
+
+
+@pytest.mark.ebpf
 def test_bpf_run_time_is_counted_per_call_only_while_stats_are_enabled(stand_ins, label_prefix):
     def launches(n: int) -> None:
         subprocess.run(
@@ -287,6 +316,8 @@ def test_cli_traces_a_pid_until_its_time_is_up(stand_ins, label_prefix, programs
         str(prog.pid),
         "--seconds",
         "2",
+        "--launch-every",
+        "1",
     ]
     cmd += ["--label-prefix", label_prefix, "--libcuda", str(stand_ins / "libcuda.so.1")]
     cmd += ["--libcudart", str(stand_ins / "libcudart.so.12"), "--libnccl", str(stand_ins / "libnccl.so.2")]
