@@ -23,7 +23,7 @@ from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
-from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of, gather_ranges
+from kernel_insight.kql.pushdown import GridColumns, HistColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored
 from kernel_insight.kql.storage import (
     READ_BUDGET,
@@ -186,10 +186,46 @@ class ClickHouseStorage:
         if series.num_rows == 0:
             return columns_of([])
         labels_by_fp = self._labels(series)
-        if plan is not None:
+        if plan is not None:  # never a metric with histograms (_cache_plan)
             return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
         where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
-        return _columns(self._samples(where, p), labels_by_fp)
+        cols = _columns(self._samples(where, p), labels_by_fp)
+        with_hists = self._histogram_metrics_of(series, start_ms, end_ms)
+        if not with_hists:
+            return cols  # floats only: the path every float query keeps, no histogram read
+        hp = Params()
+        where = (
+            f"{_fingerprints_in(series, sub, hp)} AND metric IN {hp(sorted(with_hists), 'Array(String)')} "
+            f"AND {self._window(start_ms, end_ms)}"
+        )
+        return _merge_histograms(cols, self._histograms(where, hp), labels_by_fp)
+
+    def _histogram_metrics_of(self, series: pa.Table, start_ms: int, end_ms: int) -> frozenset[str]:
+        """Which metrics of the series just found have native histogram samples (maybe in the window).
+
+        The embedded store knows its histogram metrics (``Store.histogram_metrics``): no query.
+        Otherwise one small read of the histograms table, whose key leads with the metric.
+        """
+        metrics = frozenset(str(m) for m in pc.unique(series.column("s_metric")).to_pylist())
+        known = self._store.histogram_metrics()
+        if known is not None:
+            return metrics & known
+        p = Params()
+        found = self._read(
+            f"SELECT DISTINCT metric FROM {self._histograms_table} WHERE metric IN "
+            f"{p(sorted(metrics), 'Array(String)')} AND {self._window(start_ms, end_ms)}",
+            p,
+        )
+        return frozenset(str(m) for m in found.column("metric").to_pylist())
+
+    def _histograms(self, where: str, p: Params) -> pa.Table:
+        """Native histogram samples matching ``where``, ordered by (fingerprint, t); one bucket list per side."""
+        return self._read(
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, {_HISTOGRAM_COLUMNS} "
+            f"FROM {self._histograms_table} WHERE {where} ORDER BY fingerprint, t",
+            p,
+            rows_per_sample=1,
+        )
 
     def _samples(self, where: str, p: Params) -> pa.Table:
         """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t)."""
@@ -284,6 +320,9 @@ class ClickHouseStorage:
         if len(names) != 1:
             return None
         metric = names.pop()
+        known = self._store.histogram_metrics()
+        if known is None or metric in known:
+            return None  # the cache holds floats only; a store that cannot tell reads every time
         missing = [hour for hour in hours if not cache.has(metric, hour)]
         if not missing:
             return metric, hours
@@ -426,6 +465,8 @@ class ClickHouseStorage:
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps)
+        if self._histogram_metrics_of(series, first, end_ms):
+            return None  # the grid aggregates read floats only: the engine computes histograms
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, lookback_ms)
         times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
@@ -480,6 +521,8 @@ class ClickHouseStorage:
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps), 0
+        if self._histogram_metrics_of(series, first, end_ms):
+            return None  # the grid aggregates read floats only: the engine computes histograms
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
@@ -641,6 +684,121 @@ def _columns(samples: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumn
         idx = gather_ranges(starts, lengths)
         ts, vs = ts[idx], vs[idx]
     return SeriesColumns(labels, ts, vs, offsets)
+
+
+#: The histograms table's columns as one histogram: each side's counts from whichever of its two
+#: columns (integer, float) the row filled (docs/storage.md, "Native histograms").
+_HISTOGRAM_COLUMNS = (
+    "schema, zero_threshold, zero_count, count, sum, counter_reset_hint, "
+    "positive_span_offsets, positive_span_lengths, "
+    "if(empty(positive_float_counts), CAST(positive_counts, 'Array(Float64)'), positive_float_counts) AS pb, "
+    "negative_span_offsets, negative_span_lengths, "
+    "if(empty(negative_float_counts), CAST(negative_counts, 'Array(Float64)'), negative_float_counts) AS nb, "
+    "custom_values"
+)
+
+
+def _histogram_objects(rows: pa.Table) -> npt.NDArray[np.object_]:
+    """One ``FloatHistogram`` per row, as an object array (HistColumns' layout)."""
+    from kernel_insight.kql.nativehist import FloatHistogram
+
+    c = {
+        name: rows.column(name).to_pylist() for name in rows.column_names if name not in ("fingerprint", "t")
+    }
+    out = np.empty(rows.num_rows, dtype=object)
+    out[:] = [
+        FloatHistogram(
+            schema=schema,
+            zero_threshold=zt,
+            zero_count=zc,
+            count=count,
+            sum=total,
+            positive_spans=tuple(zip(po, pl, strict=True)),
+            positive_buckets=tuple(pb),
+            negative_spans=tuple(zip(no, nl, strict=True)),
+            negative_buckets=tuple(nb),
+            counter_reset_hint=hint,
+            custom_values=tuple(cv),
+        )
+        for schema, zt, zc, count, total, hint, po, pl, pb, no, nl, nb, cv in zip(
+            c["schema"],
+            c["zero_threshold"],
+            c["zero_count"],
+            c["count"],
+            c["sum"],
+            c["counter_reset_hint"],
+            c["positive_span_offsets"],
+            c["positive_span_lengths"],
+            c["pb"],
+            c["negative_span_offsets"],
+            c["negative_span_lengths"],
+            c["nb"],
+            c["custom_values"],
+            strict=True,
+        )
+    ]
+    return out
+
+
+def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumns:
+    """Float columns plus the histogram samples of the same selection, as one :class:`SeriesColumns`.
+
+    Series are every series with a sample of either kind, sorted by labels; a series' float
+    sample at a timestamp where it also has a histogram is dropped (the histogram wins, as in
+    ``MemoryStorage``); two histogram rows at one timestamp count once.
+    """
+    if hists.num_rows == 0:
+        return cols
+    fps = hists.column("fingerprint").to_numpy().astype(np.uint64, copy=False)
+    ts = hists.column("t").to_numpy().astype(np.int64, copy=False)
+    keep = np.ones(len(ts), dtype=bool)
+    keep[:-1] = (fps[1:] != fps[:-1]) | (ts[1:] != ts[:-1])
+    if not keep.all():
+        hists = hists.filter(pa.array(keep))
+        fps, ts = fps[keep], ts[keep]
+    objects = _histogram_objects(hists)
+    starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
+    ends = np.append(starts[1:], len(fps))
+    by_labels: dict[Labels, tuple[int, int]] = {}
+    for fp, a, b in zip(fps[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        known = labels_by_fp.get(fp)
+        if known is not None:
+            by_labels[known[0]] = (a, b)
+    floats = {labels: i for i, labels in enumerate(cols.labels)}
+    keys = {known[0]: known[1] for known in labels_by_fp.values()}
+    union = list({*floats, *by_labels})
+    if all(keys.get(labels) is not None for labels in union):
+        union.sort(key=lambda labels: keys[labels])  # type: ignore[arg-type,return-value]
+    else:
+        union.sort()
+    f_off = cols.offsets
+    f_starts, f_lens, h_starts, h_lens = [], [], [], []
+    for labels in union:
+        i = floats.get(labels)
+        f_starts.append(0 if i is None else int(f_off[i]))
+        f_lens.append(0 if i is None else int(f_off[i + 1] - f_off[i]))
+        a, b = by_labels.get(labels, (0, 0))
+        h_starts.append(a)
+        h_lens.append(b - a)
+    fi = gather_ranges(np.asarray(f_starts, dtype=np.int64), np.asarray(f_lens, dtype=np.int64))
+    hi = gather_ranges(np.asarray(h_starts, dtype=np.int64), np.asarray(h_lens, dtype=np.int64))
+    fts, fvs = cols.ts[fi], cols.vs[fi]
+    f_lengths = np.asarray(f_lens, dtype=np.int64)
+    h_lengths = np.asarray(h_lens, dtype=np.int64)
+    hts = ts[hi]
+    # The histogram wins at a timestamp both kinds hold: same series, same time.
+    f_series = np.repeat(np.arange(len(union)), f_lengths)
+    h_series = np.repeat(np.arange(len(union)), h_lengths)
+    if len(fts) and len(hts):
+        clash = np.isin(f_series.astype(np.int64) << 42 | fts, h_series.astype(np.int64) << 42 | hts)
+        if clash.any():
+            fts, fvs = fts[~clash], fvs[~clash]
+            f_lengths = np.bincount(f_series[~clash], minlength=len(union)).astype(np.int64)
+    f_offsets = np.zeros(len(union) + 1, dtype=np.int64)
+    np.cumsum(f_lengths, out=f_offsets[1:])
+    h_offsets = np.zeros(len(union) + 1, dtype=np.int64)
+    np.cumsum(h_lengths, out=h_offsets[1:])
+    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, objects[hi], h_offsets))
 
 
 def _deduplicated(

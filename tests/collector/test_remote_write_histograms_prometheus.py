@@ -214,6 +214,13 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             assert stored >= 3, (
                 f"no histograms reached the store in 90 s: {collector.stderr.read_text()[-2000:]}"
             )
+            # Histogram-only series are listed like any other (the series index, the label APIs).
+            with httpx.Client(base_url=collector.url, headers=auth, timeout=10) as http:
+                r = http.get("/api/v1/series", params={"match[]": "ki_test_latency_seconds"})
+            assert r.status_code == 200, r.text
+            (listed,) = r.json()["data"]
+            assert listed["job"] == "nh"
+            assert listed["kernel"] == "gemm"
             prom.terminate()
             prom.communicate(timeout=30)
             prom = None
