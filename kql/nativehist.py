@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import re
 import struct
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "HistogramError",
     "HistogramNotationError",
     "HistogramSeriesValue",
+    "KahanResult",
     "OpResult",
     "expand_histogram_series",
     "get_bound",
@@ -85,6 +87,11 @@ FRACTION_NAN_INFO = "histogram_fraction: the histogram has NaN observations, not
 
 class HistogramError(ValueError):
     """An operation Prometheus refuses (mixing exponential and custom-bucket schemas, bad resolution change)."""
+
+
+_MIXED_SCHEMAS = (
+    "cannot apply this operation on histograms with a mix of exponential and custom bucket schemas"
+)
 
 
 class HistogramNotationError(ValueError):
@@ -234,6 +241,16 @@ class OpResult:
     nhcb_bounds_reconciled: bool = False
 
 
+@dataclass(slots=True)
+class KahanResult:
+    """What :meth:`FloatHistogram.kahan_add` returns: the sum so far, its compensation and the warnings."""
+
+    histogram: FloatHistogram
+    compensation: FloatHistogram
+    counter_reset_collision: bool = False
+    nhcb_bounds_reconciled: bool = False
+
+
 def _indices(spans: Sequence[Span]) -> list[int]:
     """Absolute bucket indexes of a span list (one ``range`` per span, no per-bucket Python work)."""
     out: list[int] = []
@@ -245,20 +262,36 @@ def _indices(spans: Sequence[Span]) -> list[int]:
     return out
 
 
-def _spans_from_indices(idx: Sequence[int] | _I64) -> tuple[Span, ...]:
+def _spans_from_indices(idx: Sequence[int]) -> tuple[Span, ...]:
     """Canonical spans (maximal runs) for ascending absolute indexes."""
-    n = len(idx)
-    if n == 0:
+    spans: list[Span] = []
+    it = iter(idx)
+    start = next(it, None)
+    if start is None:
         return ()
-    arr = np.asarray(idx, dtype=np.int64)
-    breaks = np.flatnonzero(np.diff(arr) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [n]))
-    first = arr[starts]
-    prev_end = np.concatenate(([0], arr[ends[:-1] - 1] + 1))
-    offsets = first - prev_end
-    lengths = ends - starts
-    return tuple(zip(offsets.tolist(), lengths.tolist(), strict=True))
+    prev_end = 0
+    length = 1
+    for i in it:
+        if i == start + length:
+            length += 1
+            continue
+        spans.append((start - prev_end, length))
+        prev_end = start + length
+        start, length = i, 1
+    spans.append((start - prev_end, length))
+    return tuple(spans)
+
+
+def _index_at(spans: Sequence[Span], j: int) -> int:
+    """The absolute index of the ``j``-th bucket described by ``spans``."""
+    i = 0
+    for off, ln in spans:
+        i += off
+        if j < ln:
+            return i + j
+        j -= ln
+        i += ln
+    raise IndexError(j)
 
 
 def _floats_bits_equal(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -285,19 +318,48 @@ def _spans_match(s1: Sequence[Span], s2: Sequence[Span]) -> bool:
     return norm(s1) == norm(s2)
 
 
-def _reduce(idx: _I64, counts: _F64, origin_schema: int, target_schema: int) -> tuple[_I64, _F64]:
-    """Merge buckets into a lower-resolution schema, summing in Go's order (left to right)."""
-    if len(idx) == 0:
-        return idx, counts
-    t = ((idx - 1) >> (origin_schema - target_schema)) + 1
-    new = np.concatenate(([True], t[1:] != t[:-1]))
-    starts = np.flatnonzero(new)
-    out = counts[starts].copy()
-    lengths = np.diff(np.concatenate((starts, [len(t)])))
-    for k in range(1, int(lengths.max())):
-        sel = lengths > k
-        out[sel] += counts[starts[sel] + k]
-    return t[starts], out
+def _reduce(
+    idx: Sequence[int], counts: Sequence[float], origin_schema: int, target_schema: int
+) -> tuple[list[int], list[float]]:
+    """Merge buckets into a lower-resolution schema, summing left to right as Go does."""
+    shift = origin_schema - target_schema
+    out_i: list[int] = []
+    out_c: list[float] = []
+    last = None
+    for i, c in zip(idx, counts, strict=False):
+        t = ((i - 1) >> shift) + 1
+        if t == last:
+            out_c[-1] += c
+        else:
+            out_i.append(t)
+            out_c.append(c)
+            last = t
+    return out_i, out_c
+
+
+def _above_threshold(
+    idx: Sequence[int], counts: Sequence[float], schema: int, threshold: float
+) -> tuple[Sequence[int], Sequence[float]]:
+    """Drop the leading buckets whose upper bound is <= ``threshold`` (they lie in the zero bucket)."""
+    k = 0
+    while k < len(idx) and get_bound_exponential(idx[k], schema) <= threshold:
+        k += 1
+    return (idx[k:], counts[k:]) if k else (idx, counts)
+
+
+def _merge(
+    ai: Sequence[int], ac: Sequence[float], bi: Sequence[int], bc: Sequence[float], negative: bool
+) -> tuple[list[int], list[float]]:
+    """Bucket-wise ``a + b`` (or ``a - b``) over the union of present buckets, as Go ``addBuckets``."""
+    d = dict(zip(ai, ac, strict=False))
+    if negative:
+        for i, v in zip(bi, bc, strict=False):
+            d[i] = d[i] - v if i in d else -v
+    else:
+        for i, v in zip(bi, bc, strict=False):
+            d[i] = d[i] + v if i in d else v
+    idx = sorted(d)
+    return idx, [d[i] for i in idx]
 
 
 @dataclass(slots=True)
@@ -378,10 +440,10 @@ class FloatHistogram:
             setattr(h, k, v)
         return h
 
-    def _side(self, positive: bool) -> tuple[_I64, _F64]:
-        spans = self.positive_spans if positive else self.negative_spans
-        buckets = self.positive_buckets if positive else self.negative_buckets
-        return np.asarray(_indices(spans), dtype=np.int64), np.asarray(buckets, dtype=np.float64)
+    def _side(self, positive: bool) -> tuple[list[int], tuple[float, ...]]:
+        if positive:
+            return _indices(self.positive_spans), self.positive_buckets
+        return _indices(self.negative_spans), self.negative_buckets
 
     # --- printing and comparing -------------------------------------------------------------
 
@@ -551,9 +613,9 @@ class FloatHistogram:
         return self.copy(
             schema=target_schema,
             positive_spans=_spans_from_indices(pi),
-            positive_buckets=tuple(pc.tolist()),
+            positive_buckets=tuple(pc),
             negative_spans=_spans_from_indices(ni),
-            negative_buckets=tuple(nc.tolist()),
+            negative_buckets=tuple(nc),
         )
 
     def copy_to_schema(self, target_schema: int) -> FloatHistogram:
@@ -583,27 +645,28 @@ class FloatHistogram:
 
     def _add(self, other: FloatHistogram, negative: bool) -> OpResult:
         if self.uses_custom_buckets() != other.uses_custom_buckets():
-            raise HistogramError(
-                "cannot apply this operation on histograms with a mix of exponential and custom bucket schemas"
-            )
+            raise HistogramError(_MIXED_SCHEMAS)
         h = self.copy()
         collision = h._adjust_counter_reset(other)
-        sign = -1.0 if negative else 1.0
         if not h.uses_custom_buckets():
-            other_zero = h._reconcile_zero_buckets(other)
+            other_zero, _ = h._reconcile_zero_buckets(other)
             h.zero_count = h.zero_count - other_zero if negative else h.zero_count + other_zero
         h.count = h.count - other.count if negative else h.count + other.count
         h.sum = h.sum - other.sum if negative else h.sum + other.sum
 
         if h.uses_custom_buckets():
             if tuple(h.custom_values) == tuple(other.custom_values):
-                ai, ac = h._side(True)
-                bi, bc = other._side(True)
-                idx, counts = _add_sides(ai, ac, bi, bc, sign)
-                h.positive_spans, h.positive_buckets = _spans_from_indices(idx), tuple(counts.tolist())
+                h.positive_spans, h.positive_buckets = _add_side(
+                    h.positive_spans,
+                    h.positive_buckets,
+                    other.positive_spans,
+                    other.positive_buckets,
+                    negative,
+                    None,
+                )
                 return OpResult(h, collision, False)
             bounds = _intersect_bounds(h.custom_values, other.custom_values)
-            h.positive_spans, h.positive_buckets = _add_custom_mismatched(
+            h.positive_spans, h.positive_buckets, _ = _add_custom_mismatched(
                 h.positive_spans,
                 h.positive_buckets,
                 h.custom_values,
@@ -612,32 +675,28 @@ class FloatHistogram:
                 other.custom_values,
                 bounds,
                 negative,
+                None,
             )
             h.custom_values = bounds
             return OpResult(h, collision, True)
 
-        ap, ac = h._side(True)
-        an, anc = h._side(False)
-        bp, bc = other._side(True)
-        bn, bnc = other._side(False)
+        ps, pb, ns, nb = h.positive_spans, h.positive_buckets, h.negative_spans, h.negative_buckets
+        ops, opb, ons, onb = (
+            other.positive_spans,
+            other.positive_buckets,
+            other.negative_spans,
+            other.negative_buckets,
+        )
         if other.schema < h.schema:
-            ap, ac = _reduce(ap, ac, h.schema, other.schema)
-            an, anc = _reduce(an, anc, h.schema, other.schema)
+            ps, pb = _reduced_side(ps, pb, h.schema, other.schema)
+            ns, nb = _reduced_side(ns, nb, h.schema, other.schema)
             h.schema = other.schema
         elif other.schema > h.schema:
-            bp, bc = _reduce(bp, bc, other.schema, h.schema)
-            bn, bnc = _reduce(bn, bnc, other.schema, h.schema)
-        # Buckets of the other histogram within the (widened) zero bucket are already in zero_count.
-        if len(bp):
-            keep = _bounds_exponential(bp, h.schema) > h.zero_threshold
-            bp, bc = bp[keep], bc[keep]
-        if len(bn):
-            keep = _bounds_exponential(bn, h.schema) > h.zero_threshold
-            bn, bnc = bn[keep], bnc[keep]
-        pi, pc = _add_sides(ap, ac, bp, bc, sign)
-        ni, nc = _add_sides(an, anc, bn, bnc, sign)
-        h.positive_spans, h.positive_buckets = _spans_from_indices(pi), tuple(pc.tolist())
-        h.negative_spans, h.negative_buckets = _spans_from_indices(ni), tuple(nc.tolist())
+            ops, opb = _reduced_side(ops, opb, other.schema, h.schema)
+            ons, onb = _reduced_side(ons, onb, other.schema, h.schema)
+        threshold = (h.schema, h.zero_threshold)
+        h.positive_spans, h.positive_buckets = _add_side(ps, pb, ops, opb, negative, threshold)
+        h.negative_spans, h.negative_buckets = _add_side(ns, nb, ons, onb, negative, threshold)
         return OpResult(h, collision, False)
 
     def _adjust_counter_reset(self, other: FloatHistogram) -> bool:
@@ -653,68 +712,198 @@ class FloatHistogram:
         self.counter_reset_hint = UNKNOWN_COUNTER_RESET
         return b != UNKNOWN_COUNTER_RESET
 
-    def _zero_count_for_larger_threshold(self, larger: float) -> tuple[float, float]:
-        """Go ``zeroCountForLargerThreshold``: (zero count, threshold) if the zero bucket were ``larger`` wide.
+    def _zero_count_for_larger_threshold(
+        self, larger: float, c: FloatHistogram | None = None
+    ) -> tuple[float, float, float]:
+        """Go ``zeroCountForLargerThreshold``: (zero count, threshold, its Kahan compensation) at width ``larger``.
 
         A threshold that falls inside a populated bucket moves up to that bucket's upper bound.
+        ``c`` is the Kahan compensation histogram of this one (same layout), as in ``KahanAdd``.
         """
+        czc = c.zero_count if c is not None else 0.0
         if larger == self.zero_threshold:
-            return self.zero_count, larger
+            return self.zero_count, larger, czc
         if larger < self.zero_threshold:
             raise HistogramError(f"new threshold {larger} is less than old threshold {self.zero_threshold}")
         pos = self.buckets(True)
         neg = self.buckets(False)
         while True:
             zc = self.zero_count
-            for b in pos:
+            for k, b in enumerate(pos):
                 if b.lower >= larger:
                     break
-                zc += b.count
+                zc, czc = kahan_inc(b.count, zc, czc)
+                if c is not None:
+                    zc, czc = kahan_inc(c.positive_buckets[k], zc, czc)
                 if b.upper > larger:
                     if b.count != 0:
                         larger = b.upper
                     break
             restart = False
-            for b in neg:
+            for k, b in enumerate(neg):
                 if b.upper <= -larger:
                     break
-                zc += b.count
+                zc, czc = kahan_inc(b.count, zc, czc)
+                if c is not None:
+                    zc, czc = kahan_inc(c.negative_buckets[k], zc, czc)
                 if b.lower < -larger:
                     if b.count != 0:
                         larger = -b.lower
-                        restart = True
+                        restart = True  # Go's "continue outer" (the compensation is not reset)
                     break
             if not restart:
-                return zc, larger
+                return zc, larger, czc
 
-    def _trim_buckets_in_zero_bucket(self) -> None:
+    def _trim_buckets_in_zero_bucket(self, c: FloatHistogram | None = None) -> None:
         """Zero the buckets now inside the zero bucket, then compact (as Go does, ``Compact(0)``)."""
         pos = list(self.positive_buckets)
+        cpos = list(c.positive_buckets) if c is not None else None
         for k, b in enumerate(self.buckets(True)):
             if b.lower >= self.zero_threshold:
                 break
             pos[k] = 0.0
+            if cpos is not None:
+                cpos[k] = 0.0
         neg = list(self.negative_buckets)
+        cneg = list(c.negative_buckets) if c is not None else None
         for k, b in enumerate(self.buckets(False)):
             if b.upper <= -self.zero_threshold:
                 break
             neg[k] = 0.0
-        self.positive_buckets, self.negative_buckets = tuple(pos), tuple(neg)
-        c = self.compact(0)
-        self.positive_spans, self.positive_buckets = c.positive_spans, c.positive_buckets
-        self.negative_spans, self.negative_buckets = c.negative_spans, c.negative_buckets
+            if cneg is not None:
+                cneg[k] = 0.0
+        if c is None or cpos is None or cneg is None:
+            self.positive_buckets, self.negative_buckets = tuple(pos), tuple(neg)
+            compacted = self.compact(0)
+            self.positive_spans, self.positive_buckets = compacted.positive_spans, compacted.positive_buckets
+            self.negative_spans, self.negative_buckets = compacted.negative_spans, compacted.negative_buckets
+            return
+        self.positive_spans, self.positive_buckets, c.positive_buckets = _kahan_compact(
+            self.positive_spans, pos, cpos
+        )
+        self.negative_spans, self.negative_buckets, c.negative_buckets = _kahan_compact(
+            self.negative_spans, neg, cneg
+        )
+        c.positive_spans, c.negative_spans = self.positive_spans, self.negative_spans
 
-    def _reconcile_zero_buckets(self, other: FloatHistogram) -> float:
-        """Widen this zero bucket to cover ``other``'s; returns ``other``'s zero count at that width."""
+    def _reconcile_zero_buckets(
+        self, other: FloatHistogram, c: FloatHistogram | None = None
+    ) -> tuple[float, float]:
+        """Widen this zero bucket to cover ``other``'s; ``other``'s zero count at that width and its compensation."""
         other_zc = other.zero_count
         other_zt = other.zero_threshold
+        other_czc = 0.0
         while other_zt != self.zero_threshold:
             if self.zero_threshold > other_zt:
-                other_zc, other_zt = other._zero_count_for_larger_threshold(self.zero_threshold)
+                other_zc, other_zt, other_czc = other._zero_count_for_larger_threshold(self.zero_threshold)
             if other_zt > self.zero_threshold:
-                self.zero_count, self.zero_threshold = self._zero_count_for_larger_threshold(other_zt)
-                self._trim_buckets_in_zero_bucket()
-        return other_zc
+                self.zero_count, self.zero_threshold, czc = self._zero_count_for_larger_threshold(other_zt, c)
+                if c is not None:
+                    c.zero_count = czc
+                    c.zero_threshold = self.zero_threshold
+                self._trim_buckets_in_zero_bucket(c)
+        return other_zc, other_czc
+
+    # --- Kahan summation (sum/avg aggregation, sum_over_time) -----------------------------
+
+    def new_compensation(self) -> FloatHistogram:
+        """An all-zero Kahan compensation histogram with this layout (Go ``newCompensationHistogram``)."""
+        return FloatHistogram(
+            schema=self.schema,
+            zero_threshold=self.zero_threshold,
+            positive_spans=self.positive_spans,
+            positive_buckets=(0.0,) * len(self.positive_buckets),
+            negative_spans=self.negative_spans if not self.uses_custom_buckets() else (),
+            negative_buckets=(0.0,) * len(self.negative_buckets) if not self.uses_custom_buckets() else (),
+            counter_reset_hint=self.counter_reset_hint,
+            custom_values=self.custom_values,
+        )
+
+    def kahan_add(self, other: FloatHistogram, c: FloatHistogram | None = None) -> KahanResult:
+        """``self + other`` with Kahan-compensated counts (Go ``KahanAdd``), as PromQL's ``sum`` adds.
+
+        ``c`` is the running compensation (None at the start); the result carries the new one.
+        The final value of a sum is ``result.histogram.add(result.compensation).histogram``.
+        """
+        if self.uses_custom_buckets() != other.uses_custom_buckets():
+            raise HistogramError(_MIXED_SCHEMAS)
+        h = self.copy()
+        collision = h._adjust_counter_reset(other)
+        c = h.new_compensation() if c is None else c.copy()
+        if not h.uses_custom_buckets():
+            other_zc, other_czc = h._reconcile_zero_buckets(other, c)
+            h.zero_count, c.zero_count = kahan_inc(other_zc, h.zero_count, c.zero_count)
+            h.zero_count, c.zero_count = kahan_inc(other_czc, h.zero_count, c.zero_count)
+        h.count, c.count = kahan_inc(other.count, h.count, c.count)
+        h.sum, c.sum = kahan_inc(other.sum, h.sum, c.sum)
+
+        if h.uses_custom_buckets():
+            reconciled = tuple(h.custom_values) != tuple(other.custom_values)
+            if not reconciled:
+                h.positive_spans, h.positive_buckets, c.positive_buckets = _kahan_add_side(
+                    h.positive_spans,
+                    h.positive_buckets,
+                    c.positive_buckets,
+                    other.positive_spans,
+                    other.positive_buckets,
+                    None,
+                    None,
+                )
+            else:
+                bounds = _intersect_bounds(h.custom_values, other.custom_values)
+                h.positive_spans, h.positive_buckets, c.positive_buckets = _add_custom_mismatched(
+                    h.positive_spans,
+                    h.positive_buckets,
+                    h.custom_values,
+                    other.positive_spans,
+                    other.positive_buckets,
+                    other.custom_values,
+                    bounds,
+                    False,
+                    c.positive_buckets,
+                )
+                h.custom_values = c.custom_values = bounds
+            c.positive_spans = h.positive_spans
+            return KahanResult(h, c, collision, reconciled)
+
+        hp = (h.positive_spans, h.positive_buckets, c.positive_buckets)
+        hn = (h.negative_spans, h.negative_buckets, c.negative_buckets)
+        op: tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...] | None] = (
+            other.positive_spans,
+            other.positive_buckets,
+            None,
+        )
+        on: tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...] | None] = (
+            other.negative_spans,
+            other.negative_buckets,
+            None,
+        )
+        if other.schema < h.schema:
+            hp = _kahan_reduce(*hp, h.schema, other.schema)
+            hn = _kahan_reduce(*hn, h.schema, other.schema)
+            h.schema = other.schema
+        elif other.schema > h.schema:
+            if op[1]:
+                op = _kahan_reduce(op[0], op[1], (0.0,) * len(op[1]), other.schema, h.schema)
+            if on[1]:
+                on = _kahan_reduce(on[0], on[1], (0.0,) * len(on[1]), other.schema, h.schema)
+        threshold = (h.schema, h.zero_threshold)
+        h.positive_spans, h.positive_buckets, c.positive_buckets = _kahan_add_side(*hp, *op, threshold)
+        h.negative_spans, h.negative_buckets, c.negative_buckets = _kahan_add_side(*hn, *on, threshold)
+        c.schema, c.zero_threshold = h.schema, h.zero_threshold
+        c.positive_spans, c.negative_spans = h.positive_spans, h.negative_spans
+        return KahanResult(h, c, collision, False)
+
+    def has_overflow(self) -> bool:
+        """Whether a count, the sum or a custom bound is infinite (Go ``HasOverflow``), e.g. after a big sum."""
+        return (
+            math.isinf(self.zero_count)
+            or math.isinf(self.count)
+            or math.isinf(self.sum)
+            or any(map(math.isinf, self.positive_buckets))
+            or any(map(math.isinf, self.negative_buckets))
+            or any(map(math.isinf, self.custom_values))
+        )
 
     # --- counter resets ---------------------------------------------------------------------
 
@@ -735,21 +924,24 @@ class FloatHistogram:
             return True
         if self.zero_threshold < previous.zero_threshold:
             return True
-        prev_zc, new_threshold = previous._zero_count_for_larger_threshold(self.zero_threshold)
+        prev_zc, new_threshold, _ = previous._zero_count_for_larger_threshold(self.zero_threshold)
         if new_threshold != self.zero_threshold:
             return True
         if self.zero_count < prev_zc:
             return True
         custom = self.uses_custom_buckets()
         for positive in (True, False):
+            ci: Sequence[int]
+            cc: Sequence[float]
+            pi: Sequence[int]
+            pc: Sequence[float]
             ci, cc = self._side(positive)
             pi, pc = previous._side(positive)
             if not custom and previous.schema != self.schema:
                 pi, pc = _reduce(pi, pc, previous.schema, self.schema)
             if not custom and self.zero_threshold != 0:
-                keep_c = _bounds_exponential(ci, self.schema) > self.zero_threshold
-                keep_p = _bounds_exponential(pi, self.schema) > self.zero_threshold
-                ci, cc, pi, pc = ci[keep_c], cc[keep_c], pi[keep_p], pc[keep_p]
+                ci, cc = _above_threshold(ci, cc, self.schema, self.zero_threshold)
+                pi, pc = _above_threshold(pi, pc, self.schema, self.zero_threshold)
             if _bucket_reset(ci, cc, pi, pc):
                 return True
         return False
@@ -770,19 +962,24 @@ def _check_spans(spans: Sequence[Span], n_buckets: int) -> None:
         if needed > n_buckets:
             raise HistogramError(f"have {n_buckets} buckets but spans need more: {_SPANS_BUCKETS_MISMATCH}")
     if needed != n_buckets:
-        raise HistogramError(f"spans need {needed} buckets, have {n_buckets} buckets: {_SPANS_BUCKETS_MISMATCH}")
+        raise HistogramError(
+            f"spans need {needed} buckets, have {n_buckets} buckets: {_SPANS_BUCKETS_MISMATCH}"
+        )
 
 
-def _bucket_reset(ci: _I64, cc: _F64, pi: _I64, pc: _F64) -> bool:
+def _bucket_reset(ci: Sequence[int], cc: Sequence[float], pi: Sequence[int], pc: Sequence[float]) -> bool:
     """Go ``detectReset``: a populated previous bucket is gone, or a bucket count went down."""
-    if len(pi) == 0:
-        return False
-    pos = np.searchsorted(ci, pi)
-    pos_clipped = np.minimum(pos, max(len(ci) - 1, 0))
-    found = (pos < len(ci)) & (ci[pos_clipped] == pi) if len(ci) else np.zeros(len(pi), dtype=bool)
-    if bool(np.any(pc[~found] != 0)):
-        return True
-    return bool(np.any(cc[pos_clipped[found]] < pc[found]))
+    if list(ci) == list(pi):
+        return any(map(operator.lt, cc, pc))
+    current = dict(zip(ci, cc, strict=False))
+    for i, p in zip(pi, pc, strict=False):
+        c = current.get(i)
+        if c is None:
+            if p != 0:
+                return True
+        elif c < p:
+            return True
+    return False
 
 
 def _reset_mismatched_custom(h: FloatHistogram, previous: FloatHistogram) -> bool:
@@ -803,53 +1000,119 @@ def _reset_mismatched_custom(h: FloatHistogram, previous: FloatHistogram) -> boo
 
 
 def _compact_side(
-    spans: Sequence[Span], buckets: Sequence[float], max_empty: int
+    spans: tuple[Span, ...], buckets: tuple[float, ...], max_empty: int
 ) -> tuple[tuple[Span, ...], tuple[float, ...]]:
-    idx = np.asarray(_indices(spans), dtype=np.int64)
-    counts = np.asarray(buckets, dtype=np.float64)
-    if len(idx) != len(counts):
-        n = min(len(idx), len(counts))
-        idx, counts = idx[:n], counts[:n]
-    keep = counts != 0
-    idx, counts = idx[keep], counts[keep]
-    if len(idx) == 0:
+    if (
+        0.0 not in buckets
+        and all(ln > 0 for _, ln in spans)
+        and all(off > max_empty for off, _ in spans[1:])
+        and sum(ln for _, ln in spans) == len(buckets)
+    ):
+        return spans, buckets  # nothing to do, as Go's fast path
+    pairs = [(i, c) for i, c in zip(_indices(spans), buckets, strict=False) if c != 0]
+    if not pairs:
         return (), ()
-    if max_empty > 0 and len(idx) > 1:
-        gaps = np.diff(idx) - 1
-        fill = (gaps > 0) & (gaps <= max_empty)
-        if bool(fill.any()):
-            # Rebuild with explicit zeros in the small gaps.
-            seg = np.concatenate(([True], ~fill))  # a new run starts where the gap is not filled
-            new_idx: list[int] = []
-            new_counts: list[float] = []
-            ii, cc = idx.tolist(), counts.tolist()
-            for k in range(len(ii)):
-                if k and not seg[k]:
-                    gap = ii[k] - ii[k - 1] - 1
-                    new_idx.extend(range(ii[k - 1] + 1, ii[k]))
-                    new_counts.extend([0.0] * gap)
-                new_idx.append(ii[k])
-                new_counts.append(cc[k])
-            return _spans_from_indices(new_idx), tuple(new_counts)
-    return _spans_from_indices(idx), tuple(counts.tolist())
+    if max_empty > 0:
+        filled: list[tuple[int, float]] = [pairs[0]]
+        for i, c in pairs[1:]:
+            gap = i - filled[-1][0] - 1
+            if 0 < gap <= max_empty:
+                filled.extend((j, 0.0) for j in range(filled[-1][0] + 1, i))
+            filled.append((i, c))
+        pairs = filled
+    return _spans_from_indices([i for i, _ in pairs]), tuple(c for _, c in pairs)
 
 
-def _add_sides(ai: _I64, ac: _F64, bi: _I64, bc: _F64, sign: float) -> tuple[_I64, _F64]:
-    """Bucket-wise ``a + sign*b`` over the union of present buckets (buckets only in b get ``sign*b``)."""
-    if len(bi) == 0:
-        return ai, ac
-    bv = bc * sign if sign < 0 else bc
-    if len(ai) == 0:
-        return bi, bv.copy()
-    idx = np.union1d(ai, bi)
-    out = np.zeros(len(idx), dtype=np.float64)
-    pa = np.searchsorted(idx, ai)
-    pb = np.searchsorted(idx, bi)
-    out[pa] = ac
-    in_a = np.zeros(len(idx), dtype=bool)
-    in_a[pa] = True
-    out[pb] = np.where(in_a[pb], out[pb] + bv, bv)
-    return idx, out
+def _reduced_side(
+    spans: Sequence[Span], buckets: Sequence[float], origin: int, target: int
+) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+    i, c = _reduce(_indices(spans), buckets, origin, target)
+    return _spans_from_indices(i), tuple(c)
+
+
+def _add_side(
+    a_spans: tuple[Span, ...],
+    a_buckets: tuple[float, ...],
+    b_spans: tuple[Span, ...],
+    b_buckets: tuple[float, ...],
+    negative: bool,
+    threshold: tuple[int, float] | None,
+) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+    """One side of Go ``addBuckets``; ``threshold`` (schema, zero threshold) drops b's buckets inside the zero bucket."""
+    if not b_buckets:
+        return a_spans, a_buckets
+    if a_spans == b_spans and (
+        threshold is None or get_bound_exponential(b_spans[0][0], threshold[0]) > threshold[1]
+    ):
+        # The common case (same layout): one C-level pass over the counts.
+        return a_spans, tuple(map(operator.sub if negative else operator.add, a_buckets, b_buckets))
+    bi: Sequence[int] = _indices(b_spans)
+    bc: Sequence[float] = b_buckets
+    if threshold is not None:
+        bi, bc = _above_threshold(bi, bc, threshold[0], threshold[1])
+    idx, counts = _merge(_indices(a_spans), a_buckets, bi, bc, negative)
+    return _spans_from_indices(idx), tuple(counts)
+
+
+def _kahan_compact(
+    spans: Sequence[Span], buckets: Sequence[float], comp: Sequence[float]
+) -> tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...]]:
+    """Compact(0) of a histogram and its compensation: a bucket goes only when both are zero."""
+    keep = [(i, b, c) for i, b, c in zip(_indices(spans), buckets, comp, strict=False) if b != 0 or c != 0]
+    return _spans_from_indices([k[0] for k in keep]), tuple(k[1] for k in keep), tuple(k[2] for k in keep)
+
+
+def _kahan_reduce(
+    spans: Sequence[Span], buckets: Sequence[float], comp: Sequence[float], origin: int, target: int
+) -> tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...]]:
+    """Go ``kahanReduceResolution``: merged buckets and their compensations summed with Kahan."""
+    shift = origin - target
+    out_i: list[int] = []
+    out_b: list[float] = []
+    out_c: list[float] = []
+    last = None
+    for i, b, c in zip(_indices(spans), buckets, comp, strict=False):
+        t = ((i - 1) >> shift) + 1
+        if t == last:
+            out_b[-1], out_c[-1] = kahan_inc(b, out_b[-1], out_c[-1])
+            out_b[-1], out_c[-1] = kahan_inc(c, out_b[-1], out_c[-1])
+        else:
+            out_i.append(t)
+            out_b.append(b)
+            out_c.append(c)
+            last = t
+    return _spans_from_indices(out_i), tuple(out_b), tuple(out_c)
+
+
+def _kahan_add_side(
+    a_spans: tuple[Span, ...],
+    a_buckets: tuple[float, ...],
+    a_comp: tuple[float, ...],
+    b_spans: tuple[Span, ...],
+    b_buckets: tuple[float, ...],
+    b_comp: tuple[float, ...] | None,
+    threshold: tuple[int, float] | None,
+) -> tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...]]:
+    """One side of Go ``kahanAddBuckets``: b (and its compensation) Kahan-added into a."""
+    if not b_buckets:
+        return a_spans, a_buckets, a_comp
+    bi: Sequence[int] = _indices(b_spans)
+    bb: Sequence[float] = b_buckets
+    bc: Sequence[float] = b_comp if b_comp is not None else (0.0,) * len(b_buckets)
+    if threshold is not None:
+        k = len(bi) - len(_above_threshold(bi, bb, threshold[0], threshold[1])[0])
+        bi, bb, bc = bi[k:], bb[k:], bc[k:]
+    acc = {i: [v, c] for i, v, c in zip(_indices(a_spans), a_buckets, a_comp, strict=False)}
+    for i, v, cv in zip(bi, bb, bc, strict=False):
+        cell = acc.get(i)
+        if cell is None:
+            acc[i] = [v, cv]
+            continue
+        cell[0], cell[1] = kahan_inc(v, cell[0], cell[1])
+        if cv != 0:
+            cell[0], cell[1] = kahan_inc(cv, cell[0], cell[1])
+    idx = sorted(acc)
+    return _spans_from_indices(idx), tuple(acc[i][0] for i in idx), tuple(acc[i][1] for i in idx)
 
 
 def _intersect_bounds(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
@@ -866,17 +1129,25 @@ def _add_custom_mismatched(
     bounds_b: Sequence[float],
     bounds: Sequence[float],
     negative: bool,
-) -> tuple[tuple[Span, ...], tuple[float, ...]]:
-    """Go ``addCustomBucketsWithMismatches``: both mapped onto the shared bounds (Kahan sums), empties dropped."""
+    comp_a: Sequence[float] | None,
+) -> tuple[tuple[Span, ...], tuple[float, ...], tuple[float, ...]]:
+    """Go ``addCustomBucketsWithMismatches``: both mapped onto the shared bounds (Kahan sums), empties dropped.
+
+    Returns spans, buckets and the Kahan compensation buckets.
+    """
     n = len(bounds) + 1
     target = [0.0] * n
     comp = [0.0] * n
 
     def map_side(
-        spans: Sequence[Span], buckets: Sequence[float], src_bounds: Sequence[float], neg: bool
+        spans: Sequence[Span],
+        buckets: Sequence[float],
+        src_bounds: Sequence[float],
+        neg: bool,
+        c_buckets: Sequence[float] | None,
     ) -> None:
         k = 0
-        for src, value in zip(_indices(spans), buckets, strict=False):
+        for pos, (src, value) in enumerate(zip(_indices(spans), buckets, strict=False)):
             t = n - 1
             if src < len(src_bounds):
                 sb = src_bounds[src]
@@ -886,49 +1157,48 @@ def _add_custom_mismatched(
                         break
                     k += 1
             target[t], comp[t] = kahan_inc(-value if neg else value, target[t], comp[t])
+            if not neg and c_buckets is not None:
+                target[t], comp[t] = kahan_inc(c_buckets[pos], target[t], comp[t])
 
-    map_side(spans_a, buckets_a, bounds_a, False)
-    map_side(spans_b, buckets_b, bounds_b, negative)
+    map_side(spans_a, buckets_a, bounds_a, False, comp_a)
+    map_side(spans_b, buckets_b, bounds_b, negative, None)
     idx = [i for i in range(n) if target[i] != 0 or comp[i] != 0]
-    return _spans_from_indices(idx), tuple(target[i] for i in idx)
+    return _spans_from_indices(idx), tuple(target[i] for i in idx), tuple(comp[i] for i in idx)
 
 
 # --- promql/quantile.go ----------------------------------------------------------------------
 
 
-def _ordered(h: FloatHistogram, reverse: bool) -> tuple[list[float], list[tuple[bool, int]]]:
-    """Counts of every bucket in Go's ``AllBucketIterator`` order (or reverse), keyed (positive?, index).
+def _ordered(h: FloatHistogram, reverse: bool) -> tuple[float, ...]:
+    """Counts of every bucket in Go's ``AllBucketIterator`` order (or ``AllReverseBucketIterator``'s).
 
-    The zero bucket (present only when populated, as in Go) is keyed ``(False, _ZERO)``.
+    Negative buckets from the lowest up, the zero bucket (only when populated, as in Go), then the
+    positive buckets; tuple slicing keeps this out of per-bucket Python.
     """
-    neg_idx = _indices(h.negative_spans)
-    pos_idx = _indices(h.positive_spans)
-    counts: list[float] = list(reversed(h.negative_buckets[: len(neg_idx)]))
-    keys: list[tuple[bool, int]] = [(False, i) for i in reversed(neg_idx[: len(h.negative_buckets)])]
-    if h.zero_count > 0:
-        counts.append(h.zero_count)
-        keys.append((False, _ZERO))
-    counts.extend(h.positive_buckets[: len(pos_idx)])
-    keys.extend((True, i) for i in pos_idx[: len(h.positive_buckets)])
+    zero = (h.zero_count,) if h.zero_count > 0 else ()
     if reverse:
-        counts.reverse()
-        keys.reverse()
-    return counts, keys
+        return h.positive_buckets[::-1] + zero + h.negative_buckets
+    return h.negative_buckets[::-1] + zero + h.positive_buckets
 
 
-_ZERO = -(2**62)
-
-
-def _bucket_of(h: FloatHistogram, key: tuple[bool, int], count: float) -> tuple[float, float]:
-    """(lower, upper) of one bucket as ``AllBucketIterator`` yields it (clipped at the zero threshold)."""
-    positive, i = key
+def _bucket_of(h: FloatHistogram, k: int, reverse: bool) -> tuple[float, float]:
+    """(lower, upper) of the ``k``-th bucket of :func:`_ordered`, clipped at the zero threshold as Go does."""
+    n_neg, n_pos = len(h.negative_buckets), len(h.positive_buckets)
+    has_zero = 1 if h.zero_count > 0 else 0
+    first, n_first = (n_pos, True) if reverse else (n_neg, False)
     zt = h.zero_threshold
-    if i == _ZERO:
+    if k < first:
+        positive, j = n_first, first - 1 - k
+    elif has_zero and k == first:
         return -zt, zt
+    else:
+        positive, j = (not n_first), k - first - has_zero
     cv = h.custom_values
     if positive:
+        i = _index_at(h.positive_spans, j)
         lo, hi = get_bound(i - 1, h.schema, cv), get_bound(i, h.schema, cv)
     else:
+        i = _index_at(h.negative_spans, j)
         lo, hi = -get_bound(i, h.schema, cv), -get_bound(i - 1, h.schema, cv)
     if 0 < lo < zt:
         lo = zt
@@ -952,7 +1222,7 @@ def histogram_quantile(q: float, h: FloatHistogram) -> tuple[float, list[str]]:
     annos: list[str] = []
     nan_sum = math.isnan(h.sum)
     forward = nan_sum or q < 0.5
-    counts, keys = _ordered(h, reverse=not forward)
+    counts = _ordered(h, reverse=not forward)
     rank = q * h.count if forward else (1 - q) * h.count
     if not counts:
         return math.nan, annos  # no buckets at all: Go's zero Bucket gives 0 + 0*NaN
@@ -976,7 +1246,7 @@ def histogram_quantile(q: float, h: FloatHistogram) -> tuple[float, list[str]]:
                 k = j
                 break
     bcount = counts[k]
-    lower, upper = _bucket_of(h, keys[k], bcount)
+    lower, upper = _bucket_of(h, k, not forward)
     custom = h.uses_custom_buckets()
     if not custom and lower < 0 < upper:
         if not h.negative_buckets and h.positive_buckets:
@@ -1044,14 +1314,14 @@ def histogram_fraction(lower: float, upper: float, h: FloatHistogram) -> tuple[f
         return math.nan, []
     if lower >= upper:
         return 0.0, []
-    counts, keys = _ordered(h, reverse=False)
+    counts = _ordered(h, reverse=False)
     custom = h.uses_custom_buckets()
     rank = lower_rank = upper_rank = 0.0
     lower_set = upper_set = False
     count = 0.0
     consumed = 0
-    for consumed, (c, key) in enumerate(zip(counts, keys, strict=True), start=1):  # noqa: B007
-        b_lo, b_hi = _bucket_of(h, key, c)
+    for consumed, c in enumerate(counts, start=1):
+        b_lo, b_hi = _bucket_of(h, consumed - 1, False)
         count += c
         zero_bucket = False
         if b_lo <= 0 and b_hi >= 0:
@@ -1090,26 +1360,58 @@ def histogram_fraction(lower: float, upper: float, h: FloatHistogram) -> tuple[f
     return (upper_rank - lower_rank) / h.count, annos
 
 
+def _side_bounds(h: FloatHistogram, positive: bool) -> tuple[_F64, _F64]:
+    """(lower, upper) arrays of one side's buckets in storage order, clipped at the zero threshold."""
+    idx = np.asarray(_indices(h.positive_spans if positive else h.negative_spans), dtype=np.int64)
+    if h.uses_custom_buckets():
+        ext = np.concatenate(([-_INF], np.asarray(h.custom_values, dtype=np.float64), [_INF]))
+        up, below = ext[idx + 1], ext[idx]
+    else:
+        up, below = _bounds_exponential(idx, h.schema), _bounds_exponential(idx - 1, h.schema)
+    lo, hi = (below, up) if positive else (-up, -below)
+    zt = h.zero_threshold
+    if zt > 0:
+        lo = np.where((lo > 0) & (lo < zt), zt, lo)
+        hi = np.where((hi < 0) & (hi > -zt), -zt, hi)
+    return lo, hi
+
+
 def _variance(h: FloatHistogram) -> float:
-    """Go ``histogramVariance``: geometric bucket means (arithmetic for NHCB, 0 in the zero bucket), Kahan sum."""
+    """Go ``histogramVariance``: geometric bucket means (arithmetic for NHCB, 0 in the zero bucket), Kahan sum.
+
+    Bucket means and terms are numpy element-wise (same IEEE operations as Go's loop); only
+    the compensated sum runs in bucket order in Python, as its result depends on the order.
+    """
     mean = _safe_div(h.sum, h.count)
-    variance = c_var = 0.0
     custom = h.uses_custom_buckets()
-    counts, keys = _ordered(h, reverse=False)
-    for cnt, key in zip(counts, keys, strict=True):
-        if cnt == 0:
+    parts: list[_F64] = []
+    for positive in (False, True):
+        counts = np.asarray(h.positive_buckets if positive else h.negative_buckets, dtype=np.float64)
+        if len(counts) == 0:
+            if positive is False and h.zero_count > 0:
+                parts.append(np.asarray([h.zero_count * (0.0 - mean) * (0.0 - mean)]))
             continue
-        lo, hi = _bucket_of(h, key, cnt)
-        if custom:
-            val = (hi + lo) / 2.0
-        elif lo <= 0 <= hi:
-            val = 0.0
+        lo, hi = _side_bounds(h, positive)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if custom:
+                val = (hi + lo) / 2.0
+            else:
+                val = np.sqrt(hi * lo)
+                val = np.where(hi < 0, -val, val)
+                val = np.where((lo <= 0) & (hi >= 0), 0.0, val)
+            delta = val - mean
+            terms = counts * delta * delta
+        terms = terms[counts != 0]
+        if not positive:
+            parts.append(terms[::-1])
+            if h.zero_count > 0:
+                parts.append(np.asarray([h.zero_count * (0.0 - mean) * (0.0 - mean)]))
         else:
-            val = math.sqrt(hi * lo)
-            if hi < 0:
-                val = -val
-        delta = val - mean
-        variance, c_var = kahan_inc(cnt * delta * delta, variance, c_var)
+            parts.append(terms)
+    variance = c_var = 0.0
+    for part in parts:
+        for term in part.tolist():
+            variance, c_var = kahan_inc(term, variance, c_var)
     variance += c_var
     return _safe_div(variance, h.count)
 

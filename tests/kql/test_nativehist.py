@@ -627,3 +627,66 @@ def test_prometheus_native_histograms_test_math(
     assert set(got) == set(expected)
     for k, v in got.items():
         assert _almost_equal(v, _scalar(expected[k])), f"{k}: got {v!r}, Prometheus {expected[k]}"
+
+
+def _check_kahan(
+    case: dict[str, Any], a: FloatHistogram, c: FloatHistogram | None, b: FloatHistogram
+) -> None:
+    """Go testHistogramKahanAdd: the compensation keeps the sum's layout; sum + compensation is the expected sum."""
+    if case.get("expErrMsg"):
+        with pytest.raises(HistogramError, match=re.escape(case["expErrMsg"])):
+            a.kahan_add(b, c)
+        return
+    r = a.kahan_add(b, c)
+    assert r.counter_reset_collision is bool(case.get("expCounterResetCollision"))
+    assert r.nhcb_bounds_reconciled is bool(case.get("expNHCBBoundsReconciled"))
+    s, comp = r.histogram, r.compensation
+    assert (comp.schema, comp.zero_threshold) == (s.schema, s.zero_threshold)
+    assert (comp.positive_spans, comp.negative_spans) == (s.positive_spans, s.negative_spans)
+    assert (len(comp.positive_buckets), len(comp.negative_buckets)) == (
+        len(s.positive_buckets),
+        len(s.negative_buckets),
+    )
+    exp = _fh(case.get("expected") or case.get("expectedSum"))
+    if exp is not None:
+        got = s.add(comp).histogram.compact(0)
+        assert _same(got, exp.compact(0)), str(got)
+
+
+@pytest.mark.parametrize("case", _table("TestFloatHistogramAdd"))
+def test_go_add_table_through_kahan_add(case: dict[str, Any]) -> None:
+    a, b = _fh(case["in1"]), _fh(case["in2"])
+    assert a is not None
+    assert b is not None
+    _check_kahan(case, a, None, b)
+    _check_kahan(case, b, None, a)
+
+
+@pytest.mark.parametrize("case", _table("TestKahanAddWithCompHistogram"))
+def test_go_kahan_add_with_compensation_table(case: dict[str, Any]) -> None:
+    a, b = _fh(case["in1"]), _fh(case["in2"])
+    assert a is not None
+    assert b is not None
+    _check_kahan(case, a, _fh(case.get("comp")), b)
+
+
+def test_kahan_add_compensates_what_plain_add_loses() -> None:
+    big = FH(count=1e16, sum=1e16, positive_spans=((0, 1),), positive_buckets=(1e16,))
+    one = FH(count=1.0, sum=1.0, positive_spans=((0, 1),), positive_buckets=(1.0,))
+    plain, r = big, big.kahan_add(one)
+    c = r.compensation
+    total = r.histogram
+    for _ in range(9):
+        plain = plain.add(one).histogram
+        r = total.kahan_add(one, c)
+        total, c = r.histogram, r.compensation
+    assert plain.count == 1e16  # each +1 is lost in plain float addition
+    final = total.add(c).histogram
+    assert final.count == 1e16 + 10
+    assert final.positive_buckets == (1e16 + 10,)
+
+
+def test_has_overflow() -> None:
+    assert not _h1().has_overflow()
+    assert _h1().copy(sum=math.inf).has_overflow()
+    assert _h1().copy(positive_buckets=(1, 2, math.inf, 1, 1, 1, 1)).has_overflow()
