@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
@@ -50,6 +52,30 @@ _FAST_RE = re.compile(
 )
 
 _COMMENT_LINE = re.compile(rb"^#[^\n]*", re.M)
+_COMMENT_LINE_NL = re.compile(rb"^#[^\n]*(?:\n|\Z)", re.M)
+
+# The columnar path: Arrow's CSV reader (C++, on Arrow's threads) splits ``series value timestamp``
+# lines at their single spaces and parses both numbers. Quotes are plain characters to it, so a
+# label value is never unescaped here (the series text is parsed by our own parser, once per series).
+_CSV_READ = pa_csv.ReadOptions(column_names=["series", "value", "ts"], use_threads=True, block_size=1 << 20)
+_CSV_PARSE = pa_csv.ParseOptions(
+    delimiter=" ", quote_char=False, double_quote=False, escape_char=False, ignore_empty_lines=False
+)
+
+
+def _csv_convert(ts_type: pa.DataType) -> pa_csv.ConvertOptions:
+    return pa_csv.ConvertOptions(
+        column_types={"series": pa.dictionary(pa.int32(), pa.binary()), "value": pa.float64(), "ts": ts_type},
+        null_values=[],
+        true_values=[],
+        false_values=[],
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+
+
+_CSV_CONVERT_MS = _csv_convert(pa.int64())
+_CSV_CONVERT_SECONDS = _csv_convert(pa.float64())
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _TYPES = {
     "counter",
@@ -220,10 +246,12 @@ class ExpositionReader:
     """Parses exposition text a chunk of whole lines at a time, so a file of any size fits in memory.
 
     Lines of the usual shape (``series value timestamp``, single spaces) take a fast path:
-    one regex pass over the chunk, a dict lookup per line for the series (each distinct
-    series text is parsed and checked once, in full), and numpy for values and timestamps.
-    A chunk with anything else (missing timestamps, tabs, CRLF, exemplars, an error) goes
-    through the line-by-line parser, which also gives the error its line and column.
+    Arrow's CSV reader splits the lines and parses the numbers in C++ (the series texts come
+    out dictionary-encoded, so each distinct one is looked up once per block, and parsed and
+    checked once, in full); a chunk it cannot take (a space inside a label value) goes through
+    numpy instead (the last two spaces of each line, a dict lookup per line). A chunk with
+    anything else (missing timestamps, tabs, CRLF, exemplars, an error) goes through the
+    line-by-line parser, which also gives the error its line and column.
 
     >>> r = ExpositionReader(format="prometheus")
     >>> len(r.feed(b"up 1 1000\nup 0 2000\n"))
@@ -256,8 +284,14 @@ class ExpositionReader:
         first = self.lines + 1
         nlines = chunk.count(b"\n") + (0 if not chunk or chunk.endswith(b"\n") else 1)
         saved = self.eof_seen, {k: MetricMeta(m.type, m.help, m.unit) for k, m in self.metadata.items()}
-        batch = self._fast(chunk, first, nlines)
-        if batch is None:  # undo what the fast path's comment pass learnt, then go line by line
+        batch = self._columnar(chunk, first, nlines)
+        if batch is None:  # undo what the comment pass learnt, then the numpy path
+            self.eof_seen, self.metadata = (
+                saved[0],
+                {k: MetricMeta(m.type, m.help, m.unit) for k, m in saved[1].items()},
+            )
+            batch = self._fast(chunk, first, nlines)
+        if batch is None:  # the same, then line by line
             self.eof_seen, self.metadata = saved
             batch = self._slow(chunk, first)
         self.lines += nlines
@@ -268,7 +302,67 @@ class ExpositionReader:
         if self.om and not self.eof_seen:
             raise OpenMetricsError(max(self.lines, 1), 1, "OpenMetrics text must end with '# EOF'")
 
-    # ---- the fast path -------------------------------------------------------------
+    # ---- the fast paths ------------------------------------------------------------
+
+    def _columnar(self, chunk: bytes, first: int, nlines: int) -> SampleBatch | None:
+        if self.eof_seen or b"\r" in chunk or b"\t" in chunk:
+            return None
+        # Arrow's number parsers take a little more than the formats do: NaN payloads ("nan(1)")
+        # and hexadecimal integers ("0x10"). A chunk where either could hide takes the numpy path.
+        if b"(" in chunk or (not self.om and (b"0x" in chunk or b"0X" in chunk)):
+            return None
+        body, comments = chunk, 0
+        if chunk.startswith(b"#") or b"\n#" in chunk:
+            comments = self._comments(chunk, first)
+            if comments < 0:
+                return None
+            body = _COMMENT_LINE_NL.sub(b"", chunk)
+        if nlines == comments and not body:
+            return SampleBatch.empty()
+        try:
+            table_ = pa_csv.read_csv(
+                pa.BufferReader(body),
+                _CSV_READ,
+                _CSV_PARSE,
+                _CSV_CONVERT_SECONDS if self.om else _CSV_CONVERT_MS,
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # another shape, a number the formats do not allow, an empty line...
+        if table_.num_rows + comments != nlines:
+            return None
+        parts = []
+        for block in table_.column("series").chunks:
+            ids = self._series_ids(block.dictionary.to_pylist())
+            if ids is None:
+                return None
+            parts.append(ids[block.indices.to_numpy(zero_copy_only=False)])
+        ids_all = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        v = table_.column("value").to_numpy()
+        if self.om:
+            seconds = table_.column("ts").to_numpy()
+            if not np.isfinite(seconds).all():
+                return None
+            ts = np.round(seconds * 1000)
+            if ts.min() < MIN_TS_MS or ts.max() > MAX_TS_MS:
+                return None
+            ts_ms = ts.astype(np.int64)
+        else:
+            ts_ms = table_.column("ts").to_numpy()
+            if ts_ms.min() < MIN_TS_MS or ts_ms.max() > MAX_TS_MS:
+                return None
+        return self._batch(ids_all, ts_ms, v)
+
+    def _batch(
+        self, ids: npt.NDArray[np.int64], ts_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+    ) -> SampleBatch:
+        """A batch of the series ``ids`` (indexes of ``_series``) use, numbered in that order."""
+        present = np.zeros(len(self._series), dtype=bool)
+        present[ids] = True
+        used = np.flatnonzero(present)
+        local = np.empty(len(self._series), dtype=np.int32)
+        local[used] = np.arange(len(used), dtype=np.int32)
+        series = [self._series[i] for i in used.tolist()]
+        return SampleBatch(series, local[ids], np.ascontiguousarray(ts_ms), np.ascontiguousarray(values))
 
     def _fast(self, chunk: bytes, first: int, nlines: int) -> SampleBatch | None:
         if self.eof_seen or b"\r" in chunk or b"\t" in chunk:
@@ -323,9 +417,7 @@ class ExpositionReader:
             if ints is None or ints.min() < MIN_TS_MS or ints.max() > MAX_TS_MS:
                 return None
             ts_ms = ints
-        used, local = np.unique(ids, return_inverse=True)
-        series = [self._series[i] for i in used.tolist()]
-        return SampleBatch(series, local.reshape(-1).astype(np.int32), ts_ms, v)
+        return self._batch(ids, ts_ms, v)
 
     def _series_ids(self, texts: list[bytes]) -> npt.NDArray[np.int64] | None:
         get = self._ids.get

@@ -16,6 +16,7 @@ is merely away.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -60,7 +61,14 @@ __all__ = [
     "quote",
 ]
 
+log = logging.getLogger(__name__)
+
 _MS_PER_DAY = 86_400_000
+#: How often the embedded store asks the engine to delete the parts merges replaced (docs/storage.md,
+#: "Merges"). chDB's own cleanup ran rarely: replaced parts stayed 40 s and more after the merges
+#: (past ``old_parts_lifetime``), so ``du`` of a busy table was several times its active parts.
+#: The statement costs ~0.3 ms and deletes nothing younger than ``old_parts_lifetime``.
+CLEANUP_INTERVAL_S = 2.0
 _SERIES_CACHE_MAX = 2_000_000
 
 #: ClickHouse error codes that mean "try again later", not "your statement is wrong".
@@ -300,8 +308,13 @@ class Store(ABC):
         }
         self._add_missing_columns(suffix, on_cluster)
         for t in SCHEMA:
-            # Tables made before MERGE_SETTINGS existed get them (docs/storage.md, "Merges").
-            missing = {k: v for k, v in MERGE_SETTINGS.items() if k not in current.get(t.name + suffix, k)}
+            # Tables made before MERGE_SETTINGS existed, or with other values, get them (docs/storage.md, "Merges").
+            ddl = current.get(t.name + suffix)
+            missing = {
+                k: v
+                for k, v in MERGE_SETTINGS.items()
+                if ddl is not None and not re.search(rf"\b{k} = {v}(?![\w.])", ddl)
+            }
             if missing:
                 assignments = ", ".join(f"{k} = {v}" for k, v in missing.items())
                 self.command(
@@ -925,6 +938,8 @@ class EmbeddedStore(Store):
         # chDB runs one statement of a session at a time anyway (three concurrent sleep(1): 3 s);
         # the lock keeps a failed statement and the throwaway query after it together (_run).
         self._session_lock = threading.Lock()
+        self._cleanup_stop = threading.Event()
+        self._cleanup_thread: threading.Thread | None = None
         try:
             self._session: Any = session_cls(str(self.path))
         except Exception as exc:
@@ -946,6 +961,18 @@ class EmbeddedStore(Store):
         # and so is the set of metrics with histograms.
         self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
         self._track_histogram_metrics = True
+        self._cleanup_thread = threading.Thread(
+            target=self._cleanup_loop, name="ki-store-cleanup", daemon=True
+        )
+        self._cleanup_thread.start()
+
+    def _cleanup_loop(self) -> None:
+        """Have the engine delete replaced parts every ``CLEANUP_INTERVAL_S``, busy or idle."""
+        while not self._cleanup_stop.wait(CLEANUP_INTERVAL_S):
+            try:
+                self._command("SYSTEM START CLEANUP")
+            except StorageError as exc:  # closing, or a transient engine error: the next round retries
+                log.debug("embedded store cleanup: %s", exc)
 
     def _run(self, sql: str, fmt: str, params: Params | None = None) -> Any:
         self._check_open()
@@ -988,6 +1015,9 @@ class EmbeddedStore(Store):
             )
 
     def _close(self) -> None:
+        self._cleanup_stop.set()
+        if self._cleanup_thread is not None:
+            self._cleanup_thread.join()
         try:
             self._session.close()
         finally:

@@ -14,8 +14,9 @@ Rates are tried from ``--start`` up (x1.5) while they pass and down (halving the
 one fails, until ``--budget-s`` would be exceeded. Figures: the collector's CPU over the
 window (% of one core), p99 time to acknowledge an ingest request (from the collector's
 ``/metrics`` histogram, when the collector serves one), the backlog at the end of the
-window, and bytes per stored sample: ``du`` of the samples table's directory and
-``system.parts`` after the run. Ends with one ``BENCH e2e ...`` line for the best passing rate.
+window, and bytes per stored sample: ``du`` of the samples table's directory beside
+``system.parts`` (active parts) after the run, and the same for the sample tables together
+(samples, their series index and histograms). Ends with one ``BENCH e2e ...`` line for the best passing rate.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.store import EmbeddedStore
 
 INGEST_ENDPOINT = "/v1/ingest"
+#: The tables a float or histogram sample lives in: its rows, and the series index that finds them.
+SAMPLE_TABLES = ("samples", "series", "histograms")
 
 
 @dataclass
@@ -60,6 +63,9 @@ class Trial:
     samples: int = 0
     bytes_per_sample_du: float = math.nan
     bytes_per_sample_store: float = math.nan
+    #: samples + series + histograms tables (the index a sample needs to be read back), per sample
+    bytes_per_sample_du_all: float = math.nan
+    bytes_per_sample_store_all: float = math.nan
     store_du_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -121,11 +127,15 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
     keys = KeyStore(tmp / "keys.json")
     nodes = [Node(tmp, i, keys, agent_binary(), ringtool) for i in range(agents)]
     collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log")
-    with EmbeddedStore(tmp / "data", cache_bytes=0) as store:  # the schema, and where samples live
-        path = store.query(
-            "SELECT data_paths FROM system.tables WHERE database = 'ki' AND name = 'samples'"
-        ).to_pylist()[0]["data_paths"][0]
-    samples_dir = Path(path) if Path(path).is_absolute() else tmp / "data" / path
+    with EmbeddedStore(tmp / "data", cache_bytes=0) as store:  # the schema, and where the sample tables live
+        paths = {
+            row["name"]: Path(row["data_paths"][0])
+            for row in store.query(
+                "SELECT name, data_paths FROM system.tables WHERE database = 'ki' AND name IN "
+                f"({', '.join(repr(t) for t in SAMPLE_TABLES)})"
+            ).to_pylist()
+        }
+    dirs = {t: p if p.is_absolute() else tmp / "data" / p for t, p in paths.items()}
     try:
         collector.start()
         for n in nodes:
@@ -162,18 +172,20 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         except TimeoutError as exc:
             trial.notes.append(str(exc))
         trial.drain_s = time.monotonic() - drain_start
+
         # du while the collector and the agents run (as in production: the agents' heartbeats
-        # keep the tables written every 10 s): parts a merge replaced are deleted
-        # old_parts_lifetime (10 s) after it, but only when ClickHouse next looks at the table,
-        # which it does less and less often once nothing is inserted (docs/storage.md,
-        # "Merges"; its passes came 15-30 s apart here): wait until du has not shrunk for 40 s,
-        # at most 120 s.
-        sizes = [_du_bytes(samples_dir)]
-        settle_by = time.monotonic() + 120
-        while time.monotonic() < settle_by and (len(sizes) < 21 or sizes[-1] < sizes[-21]):
+        # keep the tables written): parts a merge replaced are deleted old_parts_lifetime (1 s)
+        # after it, the store asking for the cleanup every 2 s (docs/storage.md, "Merges"). Taken
+        # once du has not shrunk for 10 s (at most 60 s), so the figure is the store's steady state.
+        def du_now() -> tuple[int, int]:
+            return _du_bytes(dirs["samples"]), sum(_du_bytes(d) for d in dirs.values())
+
+        sizes = [du_now()]
+        settle_by = time.monotonic() + 60
+        while time.monotonic() < settle_by and (len(sizes) < 6 or sizes[-1][1] < sizes[-6][1]):
             time.sleep(2.0)
-            sizes.append(_du_bytes(samples_dir))
-        du = sizes[-1]
+            sizes.append(du_now())
+        du, du_all = sizes[-1]
         for n in nodes:
             n.stop_agent()
         collector.stop()
@@ -186,9 +198,12 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             trial.lost = trial.written - trial.stored + trial.ring_dropped + duplicates
             trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
             reported = store.disk_bytes("samples")
+            reported_all = sum(store.disk_bytes(t) for t in SAMPLE_TABLES)
             if trial.samples:
                 trial.bytes_per_sample_store = reported / trial.samples
                 trial.bytes_per_sample_du = du / trial.samples
+                trial.bytes_per_sample_store_all = reported_all / trial.samples
+                trial.bytes_per_sample_du_all = du_all / trial.samples
         trial.store_du_bytes = _du_bytes(tmp / "data")
         trial.passed = bounded and trial.lost == 0 and not trial.notes
         if not bounded:
@@ -262,7 +277,9 @@ def main() -> None:
         print(
             f"  rate {t.rate:>8}/s: {'pass' if t.passed else 'FAIL'} cpu {t.collector_cpu_pct:5.1f}% "
             f"backlog {t.backlog_30s_before}->{t.backlog_end} (max {t.backlog_max}) lost {t.lost} "
-            f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms {'; '.join(t.notes)}"
+            f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms bytes/sample du {t.bytes_per_sample_du:.2f} "
+            f"store {t.bytes_per_sample_store:.2f} (with series: {t.bytes_per_sample_du_all:.2f} / "
+            f"{t.bytes_per_sample_store_all:.2f}) {'; '.join(t.notes)}"
         )
     if not passing:
         print("no rate passed; figures of the lowest rate tried", file=sys.stderr)
@@ -270,7 +287,9 @@ def main() -> None:
         f"BENCH e2e gpus={best.agents} records_per_s={best.rate if best.passed else 0} "
         f"collector_cpu_pct={best.collector_cpu_pct:.0f} p99_ack_ms={best.p99_ack_ms:.0f} "
         f"backlog_batches={best.backlog_end} lost={best.lost} bytes_per_sample_du={best.bytes_per_sample_du:.2f} "
-        f"bytes_per_sample_store={best.bytes_per_sample_store:.2f}"
+        f"bytes_per_sample_store={best.bytes_per_sample_store:.2f} "
+        f"bytes_per_sample_du_all={best.bytes_per_sample_du_all:.2f} "
+        f"bytes_per_sample_store_all={best.bytes_per_sample_store_all:.2f}"
     )
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

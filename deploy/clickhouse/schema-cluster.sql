@@ -14,7 +14,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/series_loca
 PARTITION BY date
 ORDER BY (metric, fingerprint, `date`)
 TTL date + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per series per day it had samples: the label index kql matchers run against.';
 
 CREATE TABLE IF NOT EXISTS ki.series ON CLUSTER ki
@@ -32,7 +32,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/samples_local', '{re
 PARTITION BY toDate(ts)
 ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Float samples, ordered by metric, series, time: a selector reads its metric\'s granules only.';
 
 CREATE TABLE IF NOT EXISTS ki.samples ON CLUSTER ki
@@ -64,7 +64,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/histograms_local', '
 PARTITION BY toDate(ts)
 ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Native histogram samples (Prometheus\' sparse exponential buckets), in the samples\' series model.';
 
 CREATE TABLE IF NOT EXISTS ki.histograms ON CLUSTER ki
@@ -90,7 +90,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/kernel_spans_local',
 PARTITION BY toDate(start)
 ORDER BY (instance, gpu, start)
 TTL toDateTime(start) + INTERVAL 7 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per kernel execution on a GPU, for timelines.';
 
 CREATE TABLE IF NOT EXISTS ki.kernel_spans ON CLUSTER ki
@@ -112,7 +112,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/events_local', '{rep
 PARTITION BY toYYYYMM(ts)
 ORDER BY (instance, kind, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Discrete errors and incidents: oom, xid, nccl_timeout, ecc, cuda, other.';
 
 CREATE TABLE IF NOT EXISTS ki.events ON CLUSTER ki
@@ -137,7 +137,7 @@ CREATE TABLE IF NOT EXISTS ki.capture_requests_local ON CLUSTER ki
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/capture_requests_local', '{replica}', updated)
 ORDER BY (instance, id)
 TTL toDateTime(requested) + INTERVAL 90 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1
 COMMENT 'Capture windows asked for (ki timeline capture): every span of one GPU for N seconds; the audit record.';
 
 CREATE TABLE IF NOT EXISTS ki.capture_requests ON CLUSTER ki
@@ -157,7 +157,7 @@ CREATE TABLE IF NOT EXISTS ki.instances_local ON CLUSTER ki
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/instances_local', '{replica}', last_seen)
 ORDER BY (id)
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1
 COMMENT 'What each instance is (hardware fingerprint, capacity, placement labels) and when it was last seen.';
 
 CREATE TABLE IF NOT EXISTS ki.instances ON CLUSTER ki
@@ -175,7 +175,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/ki/batches_loc
 PARTITION BY toYYYYMM(received)
 ORDER BY (batch_id)
 TTL toDateTime(received) + INTERVAL 7 DAY
-SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Batch ids already stored: the exactly-once record beyond the insert dedup window.';
 
 CREATE TABLE IF NOT EXISTS ki.batches ON CLUSTER ki

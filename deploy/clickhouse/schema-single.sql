@@ -14,7 +14,7 @@ ENGINE = ReplacingMergeTree()
 PARTITION BY date
 ORDER BY (metric, fingerprint, `date`)
 TTL date + INTERVAL 30 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per series per day it had samples: the label index kql matchers run against.';
 
 CREATE TABLE IF NOT EXISTS ki.samples
@@ -28,7 +28,7 @@ ENGINE = MergeTree()
 PARTITION BY toDate(ts)
 ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Float samples, ordered by metric, series, time: a selector reads its metric\'s granules only.';
 
 CREATE TABLE IF NOT EXISTS ki.histograms
@@ -56,7 +56,7 @@ ENGINE = MergeTree()
 PARTITION BY toDate(ts)
 ORDER BY (metric, fingerprint, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Native histogram samples (Prometheus\' sparse exponential buckets), in the samples\' series model.';
 
 CREATE TABLE IF NOT EXISTS ki.kernel_spans
@@ -78,7 +78,7 @@ ENGINE = MergeTree()
 PARTITION BY toDate(start)
 ORDER BY (instance, gpu, start)
 TTL toDateTime(start) + INTERVAL 7 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'One row per kernel execution on a GPU, for timelines.';
 
 CREATE TABLE IF NOT EXISTS ki.events
@@ -96,7 +96,7 @@ ENGINE = MergeTree()
 PARTITION BY toYYYYMM(ts)
 ORDER BY (instance, kind, ts)
 TTL toDateTime(ts) + INTERVAL 90 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Discrete errors and incidents: oom, xid, nccl_timeout, ecc, cuda, other.';
 
 CREATE TABLE IF NOT EXISTS ki.capture_requests
@@ -117,7 +117,7 @@ CREATE TABLE IF NOT EXISTS ki.capture_requests
 ENGINE = ReplacingMergeTree(updated)
 ORDER BY (instance, id)
 TTL toDateTime(requested) + INTERVAL 90 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1
 COMMENT 'Capture windows asked for (ki timeline capture): every span of one GPU for N seconds; the audit record.';
 
 CREATE TABLE IF NOT EXISTS ki.instances
@@ -133,7 +133,7 @@ CREATE TABLE IF NOT EXISTS ki.instances
 )
 ENGINE = ReplacingMergeTree(last_seen)
 ORDER BY (id)
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1
 COMMENT 'What each instance is (hardware fingerprint, capacity, placement labels) and when it was last seen.';
 
 CREATE TABLE IF NOT EXISTS ki.batches
@@ -147,5 +147,5 @@ ENGINE = ReplacingMergeTree(received)
 PARTITION BY toYYYYMM(received)
 ORDER BY (batch_id)
 TTL toDateTime(received) + INTERVAL 7 DAY
-SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 10, cleanup_delay_period = 1, ttl_only_drop_parts = 1
+SETTINGS non_replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
 COMMENT 'Batch ids already stored: the exactly-once record beyond the insert dedup window.';

@@ -44,7 +44,8 @@ def test_stores_made_before_the_merge_settings_get_them(tmp_path):
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         store.command(
             "ALTER TABLE ki.samples RESET SETTING min_age_to_force_merge_seconds, "
-            "min_age_to_force_merge_on_partition_only, old_parts_lifetime, cleanup_delay_period"
+            "min_age_to_force_merge_on_partition_only, old_parts_lifetime, cleanup_delay_period, "
+            "min_compressed_bytes_to_fsync_after_merge"
         )
         q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'samples'"
         assert "min_age_to_force_merge_seconds" not in store.query(q).to_pylist()[0]["q"]
@@ -52,3 +53,44 @@ def test_stores_made_before_the_merge_settings_get_them(tmp_path):
         ddl = store.query(q).to_pylist()[0]["q"]
         for name, value in MERGE_SETTINGS.items():
             assert f"{name} = {value}" in ddl
+
+
+def test_stores_made_with_other_merge_values_get_the_current_ones(tmp_path):
+    # A store from the previous release kept replaced parts 10 s (du ~9x the active parts).
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        store.command("ALTER TABLE ki.samples MODIFY SETTING old_parts_lifetime = 10")
+        q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'samples'"
+        assert "old_parts_lifetime = 10" in store.query(q).to_pylist()[0]["q"]
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        ddl = store.query(q).to_pylist()[0]["q"]
+        assert f"old_parts_lifetime = {MERGE_SETTINGS['old_parts_lifetime']}" in ddl
+        assert "old_parts_lifetime = 10" not in ddl
+
+
+def _inactive_parts(store: EmbeddedStore) -> int:
+    q = "SELECT count() AS n FROM system.parts WHERE NOT active AND database = 'ki' AND table = 'samples'"
+    return int(store.query(q).to_pylist()[0]["n"])
+
+
+def test_replaced_parts_are_deleted_without_further_writes(tmp_path):
+    # A small partition: the selector merges each new part into it, replacing the whole part each
+    # time. chDB alone left the replaced parts on disk 40 s and more after the last write.
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        store.command(
+            "INSERT INTO ki.samples (metric, fingerprint, ts, value) SELECT 'm', number % 500, "
+            "now64(3) - 3600 + number / 100, number FROM numbers(20000)"
+        )
+        for _ in range(20):  # paced as a trickle of heartbeats: a table that is not busy
+            store.command(
+                "INSERT INTO ki.samples (metric, fingerprint, ts, value) SELECT 'm', number, now64(3), 1 FROM numbers(28)"
+            )
+            time.sleep(0.4)
+        deadline = time.monotonic() + 30
+        while _inactive_parts(store) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)  # wait for the merges to replace something
+        assert _inactive_parts(store) > 0
+        deadline = time.monotonic() + 10
+        while _inactive_parts(store) > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _inactive_parts(store) == 0
+        assert store.query("SELECT count() AS n FROM ki.samples").to_pylist() == [{"n": 20560}]

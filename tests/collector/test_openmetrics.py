@@ -306,3 +306,37 @@ def test_the_usual_shape_takes_the_fast_path(om):
     assert sorted(batch.values.tolist()) == [60.5 + g for g in range(8)]
     assert set(batch.ts_ms.tolist()) == {1700000000250}
     assert reader.eof_seen == om
+
+
+@pytest.mark.parametrize("om", [False, True])
+def test_the_usual_shape_without_spaces_in_labels_takes_the_columnar_path(om):
+    """Arrow's CSV reader parses these chunks (the numpy path is for label values with spaces)."""
+    stamp = "1700000000.250" if om else "1700000000250"
+    text = "# TYPE gpu_temp gauge\n" + "".join(
+        f'gpu_temp{{gpu="{g}",host="a"}} {60 + g}.5 {stamp}\nup{{gpu="{g}"}} NaN {stamp}\n' for g in range(8)
+    )
+    if om:
+        text += "# EOF\n"
+    reader = ExpositionReader(format="openmetrics" if om else "prometheus")
+    batch = reader._columnar(text.encode(), 1, text.count("\n"))
+    assert batch is not None
+    fmt = "openmetrics" if om else "prometheus"
+    assert _by_series(batch) == _by_series(ExpositionReader(format=fmt)._slow(text.encode(), 1))
+    assert len(batch.series) == 16
+    assert reader.eof_seen == om
+
+
+@pytest.mark.parametrize(
+    ("text", "om", "message"),
+    [
+        # Arrow's parsers take these; the formats do not, and neither does the reader.
+        ("up 1 1000\nup nan(1) 2000\n", False, "line 2, column 4: invalid value"),
+        ("up 1 1000\nup 1 0x10\n", False, "line 2, column 6: invalid timestamp"),
+        ("up 1 1000\nup 1_0 2000\n", False, "line 2, column 4: invalid value"),
+        ("up 1 1.5\nup NaN(2) 2.5\n# EOF\n", True, "line 2, column 4: invalid value"),
+    ],
+)
+def test_numbers_arrow_would_take_but_the_formats_do_not_are_refused(text, om, message):
+    reader = ExpositionReader(format="openmetrics" if om else "prometheus")
+    with pytest.raises(OpenMetricsError, match=message):
+        reader.feed(text.encode())
