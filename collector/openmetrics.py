@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.csv as pa_csv
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.csv as pa_csv  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
