@@ -33,6 +33,7 @@ from kernel_insight.kql.storage import (
     SeriesData,
     is_stale,
     labels_match,
+    tsdb_hints,
 )
 
 if TYPE_CHECKING:
@@ -798,7 +799,16 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     np.cumsum(f_lengths, out=f_offsets[1:])
     h_offsets = np.zeros(len(union) + 1, dtype=np.int64)
     np.cumsum(h_lengths, out=h_offsets[1:])
-    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, objects[hi], h_offsets))
+    # Counter-reset hints as Prometheus' TSDB returns them (kql.storage.tsdb_hints, as MemoryStorage),
+    # within the window: the window's first histogram of a series keeps its stored hint.
+    hs = objects[hi]
+    fo, ho = f_offsets.tolist(), h_offsets.tolist()
+    for k in range(len(union)):
+        if ho[k + 1] - ho[k] > 1:
+            hs[ho[k] : ho[k + 1]] = tsdb_hints(
+                hs[ho[k] : ho[k + 1]].tolist(), hts[ho[k] : ho[k + 1]], fts[fo[k] : fo[k + 1]]
+            )
+    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, hs, h_offsets))
 
 
 def _deduplicated(

@@ -70,6 +70,10 @@ def _plain(series):
     return out
 
 
+def _first_hint_unknown(plain):
+    return [(*w[:4], [(w[4][0][0], None), *w[4][1:]] if w[4] else []) for w in plain]
+
+
 @pytest.fixture
 def stores(tmp_path):
     memory = MemoryStorage()
@@ -94,9 +98,11 @@ def stores(tmp_path):
 def test_clickhouse_select_equals_memory_storage(stores, matchers, lo, hi):
     store, memory = stores
     want = _plain(memory.select(matchers, lo, hi))
+    if lo > 0:  # a window's first histogram keeps its stored hint (MemoryStorage knows the one before)
+        want = _first_hint_unknown(want)
     for use_cache in (True, False):
         got = _plain(store.storage(use_cache=use_cache).select(matchers, lo, hi))
-        assert got == want
+        assert (_first_hint_unknown(got) if lo > 0 else got) == want
 
 
 def test_histograms_come_back_with_every_field(stores):
