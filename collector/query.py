@@ -48,6 +48,8 @@ _MAX_DATE = dt.date(2149, 6, 6)
 _EPOCH = dt.date(1970, 1, 1)
 _MS_PER_DAY = 86_400_000
 _LABELS_CACHE_MAX = 1_000_000
+#: Selectors whose matching series are remembered (store.selection_cache), then forgotten at once.
+_SELECTIONS_CACHE_MAX = 4096
 
 #: Memory per cached sample: fingerprint-free ts and value, plus slack for offsets and copies.
 _CACHED_BYTES_PER_SAMPLE = 24
@@ -62,6 +64,8 @@ _CODE = re.compile(r"Code:\s*(\d+)")
 
 #: A series' labels and the string that sorts like them (None when one cannot be built).
 _Known = tuple[Labels, str | None]
+#: A selector's answer over cached hours: (fingerprints present, matching labels, their fingerprints).
+_Selection = tuple[npt.NDArray[np.uint64], list[Labels], npt.NDArray[np.uint64]]
 
 
 def _label_expr(name: str, p: Params, prefix: str = "") -> str:
@@ -116,6 +120,7 @@ class ClickHouseStorage:
         self._histograms_table = qualified(store.database, "histograms")
         self._use_cache = use_cache
         self._labels_cache: dict[int, _Known] = store.labels_cache
+        self._selection_cache: dict[tuple[str, tuple[Matcher, ...]], _Selection] = store.selection_cache
 
     @property
     def sample_cache(self) -> SampleCache | None:
@@ -366,16 +371,26 @@ class ClickHouseStorage:
         some series' labels are unknown (samples without a series row): the SQL path decides.
         """
         blocks = self._hour_blocks(metric, hours)
-        fps = np.unique(np.concatenate([block.fps for block in blocks])).tolist()
-        known = self._known_labels(metric, fps, start_ms, end_ms)
+        present = blocks[0].fps if len(blocks) == 1 else np.unique(np.concatenate([b.fps for b in blocks]))
+        others = tuple(m for m in matchers if not (m.name == "__name__" and m.op == "="))
+        # Which series match depends only on which are present (labels never change): the last
+        # answer for the same selector holds while the same series are (~0.4 ms of label
+        # matching for 1,000 series in Python, per query).
+        key = (metric, others)
+        hit = self._selection_cache.get(key)
+        if hit is not None and np.array_equal(hit[0], present):
+            return gather_series(hit[1], hit[2], blocks, start_ms, end_ms)
+        known = self._known_labels(metric, present.tolist(), start_ms, end_ms)
         if known is None:
             return None
-        others = [m for m in matchers if not (m.name == "__name__" and m.op == "=")]
         matched = (
             {fp: entry for fp, entry in known.items() if labels_match(entry[0], others)} if others else known
         )
         labels, rows = _sorted_rows(list(matched), matched)
         want = np.fromiter(matched, dtype=np.uint64, count=len(matched))[rows]
+        if len(self._selection_cache) >= _SELECTIONS_CACHE_MAX:
+            self._selection_cache.clear()
+        self._selection_cache[key] = (present, labels, want)
         return gather_series(labels, want, blocks, start_ms, end_ms)
 
     def _known_labels(

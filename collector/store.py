@@ -240,6 +240,10 @@ class Store(ABC):
         #: fingerprint -> (labels, sort key) for kql reads, shared by every ``storage()`` (the
         #: API makes one per request); a fingerprint names one label set forever.
         self.labels_cache: dict[int, Any] = {}
+        #: (metric, other matchers) -> (the metric's fingerprints in the cached hours, matching
+        #: series' labels, their fingerprints in label order) for kql reads served by the sample
+        #: cache: a dashboard asks the same selector again and again over the same series.
+        self.selection_cache: dict[Any, Any] = {}
         #: Told of every INSERT: (table, rows, seconds, succeeded); the collector's /metrics
         #: (``CollectorMetrics.observe_insert``) counts rows by table and times inserts with it.
         self.insert_observer: Callable[[str, int, float, bool], None] | None = None

@@ -294,3 +294,34 @@ def test_the_cache_is_on_for_a_data_directory_and_off_for_a_server_by_default(tm
         assert s.sample_cache is None
     with ServerStore.connect(f"chdb://{tmp_path / 'c'}") as s:
         assert s.sample_cache is None
+
+
+def test_a_selector_asked_again_skips_label_matching_until_its_series_change(store, monkeypatch):
+    """store.selection_cache: the matching series of a selector are remembered while the same series are present."""
+    import kernel_insight.collector.query as query
+
+    store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
+    m = [Matcher("__name__", "=", "launches_total"), Matcher("kernel", "=", "gemm")]
+    window = (HOUR0 + 600_000, HOUR0 + HOURS * BLOCK_MS - 1)
+    store.storage().select_columns(m, *window)  # queues the fill
+    assert store.sample_cache.wait_idle()
+    matched = []
+    real = query.labels_match
+    monkeypatch.setattr(query, "labels_match", lambda *a: matched.append(a) or real(*a))
+    first = store.storage().select_columns(m, *window)
+    assert matched, "the first read through the cache matches labels"
+    matched.clear()
+    again = store.storage().select_columns(m, (window[0] + window[1]) // 2, window[1])
+    assert matched == []  # remembered
+    _same(again, store.storage(use_cache=False).select_columns(m, (window[0] + window[1]) // 2, window[1]))
+    late = SampleBuilder()  # a new matching series in a cached hour
+    late.add(
+        {"__name__": "launches_total", "instance": "n9", "gpu": "0", "kernel": "gemm"}, HOUR0 + BLOCK_MS, 1.0
+    )
+    store.insert_samples(late.build())
+    store.storage().select_columns(m, *window)  # the read after the write queues a refill
+    assert store.sample_cache.wait_idle()
+    after = store.storage().select_columns(m, *window)
+    assert matched, "other series present: matched again"
+    assert len(after) == len(first) + 1
+    _same(after, store.storage(use_cache=False).select_columns(m, *window))
