@@ -418,6 +418,57 @@ class FloatHistogram:
             custom_values=tuple(float(v) for v in custom_values),
         )
 
+    @classmethod
+    def from_observations(
+        cls, values: npt.ArrayLike, schema: int = 3, zero_threshold: float = 2.0**-128
+    ) -> FloatHistogram:
+        """A histogram of raw observations, bucketed as Prometheus' client libraries bucket them.
+
+        Bucket ``i`` holds ``bound(i-1) < |v| <= bound(i)`` (client_golang's frexp + bounds-table
+        search), ``|v| <= zero_threshold`` goes to the zero bucket, ±Inf to the bucket past the
+        last finite one, NaN only into ``count`` (and makes ``sum`` NaN). Vectorised with numpy, so
+        tests and benchmarks can build histograms of millions of observations.
+        """
+        if not is_exponential_schema(schema):
+            raise HistogramError(f"from_observations needs an exponential schema (-4..8), got {schema}")
+        v = np.asarray(values, dtype=np.float64).ravel()
+        finite_or_inf = v[~np.isnan(v)]
+        absv = np.abs(finite_or_inf)
+        in_zero = absv <= zero_threshold
+        inf_idx = ((1024 << schema) if schema >= 0 else (1024 >> -schema)) + 1
+
+        def side(sel: npt.NDArray[np.bool_]) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+            a = absv[sel]
+            if len(a) == 0:
+                return (), ()
+            frac, exp = np.frexp(a)
+            exp = exp.astype(np.int64)
+            if schema > 0:
+                table = np.asarray(EXPONENTIAL_BOUNDS[schema])
+                key = np.searchsorted(table, frac, side="left").astype(np.int64) + (exp - 1) * len(table)
+            else:
+                key = exp - (frac == 0.5)
+                key = (key + ((1 << -schema) - 1)) >> -schema
+            key[np.isinf(a)] = inf_idx
+            idx, counts = np.unique(key, return_counts=True)
+            return _spans_from_indices(idx.tolist()), tuple(counts.astype(np.float64).tolist())
+
+        ps, pb = side((finite_or_inf > 0) & ~in_zero)
+        ns, nb = side((finite_or_inf < 0) & ~in_zero)
+        with np.errstate(invalid="ignore"):
+            total = float(np.sum(v)) if len(v) else 0.0
+        return cls(
+            schema=schema,
+            zero_threshold=zero_threshold,
+            zero_count=float(np.count_nonzero(in_zero)),
+            count=float(len(v)),
+            sum=total,
+            positive_spans=ps,
+            positive_buckets=pb,
+            negative_spans=ns,
+            negative_buckets=nb,
+        )
+
     def uses_custom_buckets(self) -> bool:
         return self.schema == CUSTOM_BUCKETS_SCHEMA
 
@@ -894,6 +945,52 @@ class FloatHistogram:
         c.positive_spans, c.negative_spans = h.positive_spans, h.negative_spans
         return KahanResult(h, c, collision, False)
 
+    def validate(self) -> None:
+        """Raise :class:`HistogramError` with Prometheus' message if this histogram is inconsistent (Go ``Validate``).
+
+        Checks span/bucket agreement, negative counts, custom bounds and the fields a schema must
+        not use; ``count`` is not compared with the bucket total (float rounding, NaN observations).
+        """
+        if self.uses_custom_buckets():
+            try:
+                _check_custom_bounds(self.custom_values, self.positive_spans, len(self.positive_buckets))
+            except HistogramError as exc:
+                raise HistogramError(f"custom buckets: {exc}") from None
+            if self.zero_count != 0:
+                raise HistogramError("custom buckets: must have zero count of 0")
+            if self.zero_threshold != 0:
+                raise HistogramError("custom buckets: must have zero threshold of 0")
+            if self.negative_spans:
+                raise HistogramError("custom buckets: must not have negative spans")
+            if self.negative_buckets:
+                raise HistogramError("custom buckets: must not have negative buckets")
+        elif is_exponential_schema(self.schema):
+            for side, spans, buckets in (
+                ("positive", self.positive_spans, self.positive_buckets),
+                ("negative", self.negative_spans, self.negative_buckets),
+            ):
+                try:
+                    _check_layout(spans, len(buckets))
+                except HistogramError as exc:
+                    raise HistogramError(f"{side} side: {exc}") from None
+            _check_counts("negative side: ", self.negative_buckets)
+            if self.zero_count < 0:
+                raise HistogramError(
+                    f"zero bucket has observation count of {go_float(self.zero_count)}: {_NEGATIVE_BUCKET_COUNT}"
+                )
+            if self.custom_values:
+                raise HistogramError("histogram with exponential schema must not have custom bounds")
+        else:
+            raise HistogramError(
+                "histogram has an invalid schema, which must be between -4 and 8 for exponential buckets, "
+                f"or -53 for custom buckets, got schema {self.schema}"
+            )
+        if self.count < 0:
+            raise HistogramError(
+                f"observation count is  {go_float(self.count)}: histogram's observation count is negative"
+            )
+        _check_counts("positive side: ", self.positive_buckets)
+
     def has_overflow(self) -> bool:
         """Whether a count, the sum or a custom bound is infinite (Go ``HasOverflow``), e.g. after a big sum."""
         return (
@@ -948,6 +1045,63 @@ class FloatHistogram:
 
 
 _SPANS_BUCKETS_MISMATCH = "histogram spans specify different number of buckets than provided"
+_NEGATIVE_BUCKET_COUNT = "histogram has a bucket whose observation count is negative"
+_NEGATIVE_OFFSET = "histogram has a span whose offset is negative"
+
+
+def _check_layout(spans: Sequence[Span], n_buckets: int) -> None:
+    """Go ``checkHistogramSpans``."""
+    needed = 0
+    for n, (off, ln) in enumerate(spans):
+        if n > 0 and off < 0:
+            raise HistogramError(f"span number {n + 1} with offset {off}: {_NEGATIVE_OFFSET}")
+        needed += ln
+    if needed != n_buckets:
+        raise HistogramError(
+            f"spans need {needed} buckets, have {n_buckets} buckets: {_SPANS_BUCKETS_MISMATCH}"
+        )
+
+
+def _check_counts(prefix: str, buckets: Sequence[float]) -> None:
+    """Go ``checkHistogramBuckets`` for absolute counts: none may be negative."""
+    if min(buckets, default=0.0) < 0:
+        k = next(k for k, c in enumerate(buckets) if c < 0)
+        raise HistogramError(
+            f"{prefix}bucket number {k + 1} has observation count of {go_float(buckets[k])}: {_NEGATIVE_BUCKET_COUNT}"
+        )
+
+
+def _check_custom_bounds(bounds: Sequence[float], spans: Sequence[Span], n_buckets: int) -> None:
+    """Go ``checkHistogramCustomBounds``: strictly increasing finite bounds that cover the spans."""
+    prev = -_INF
+    for i, cur in enumerate(bounds):
+        if math.isnan(cur):
+            raise HistogramError("histogram custom bounds must not be NaN")
+        if i > 0 and cur <= prev:
+            raise HistogramError(
+                f"previous bound is {prev:f} and current is {cur:f}: "
+                "histogram custom bounds must be in strictly increasing order"
+            )
+        prev = cur
+    if prev == _INF:
+        raise HistogramError(
+            "last +Inf bound must not be explicitly defined: histogram custom bounds must be finite"
+        )
+    needed = total = 0
+    for n, (off, ln) in enumerate(spans):
+        if off < 0:
+            raise HistogramError(f"span number {n + 1} with offset {off}: {_NEGATIVE_OFFSET}")
+        needed += ln
+        total += ln + off
+    if needed != n_buckets:
+        raise HistogramError(
+            f"spans need {needed} buckets, have {n_buckets} buckets: {_SPANS_BUCKETS_MISMATCH}"
+        )
+    if len(bounds) + 1 < total:
+        raise HistogramError(
+            f"only {len(bounds)} custom bounds defined which is insufficient to cover total span length of "
+            f"{total}: histogram custom bounds are too few"
+        )
 
 
 def _check_spans(spans: Sequence[Span], n_buckets: int) -> None:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kernel_insight.kql.nativehist import (
@@ -690,3 +691,110 @@ def test_has_overflow() -> None:
     assert not _h1().has_overflow()
     assert _h1().copy(sum=math.inf).has_overflow()
     assert _h1().copy(positive_buckets=(1, 2, math.inf, 1, 1, 1, 1)).has_overflow()
+
+
+# --- validate (Go: Validate, TestFloatHistogramValidateNegativeHistogram) --------------------
+
+
+@pytest.mark.parametrize("case", _table("TestFloatHistogramAdd") + _table("TestFloatHistogramSub"))
+def test_go_add_inputs_are_valid(case: dict[str, Any]) -> None:
+    # Go's testHistogramAdd requires both inputs to pass Validate().
+    for key in ("in1", "in2"):
+        h = _fh(case[key])
+        assert h is not None
+        h.validate()
+
+
+@pytest.mark.parametrize("case", _table("TestFloatHistogramValidateNegativeHistogram"))
+def test_go_negative_populations_are_invalid(case: dict[str, Any]) -> None:
+    h = _fh(case["fh"])
+    assert h is not None
+    with pytest.raises(HistogramError, match="negative"):
+        h.validate()
+
+
+@pytest.mark.parametrize(
+    ("h", "message"),
+    [
+        (FH(schema=9), "invalid schema"),
+        (
+            FH(positive_spans=((0, 3),), positive_buckets=(1, 2)),
+            "positive side: spans need 3 buckets, have 2",
+        ),
+        (
+            FH(negative_spans=((0, 1), (-1, 1)), negative_buckets=(1, 2)),
+            "negative side: span number 2 with offset -1",
+        ),
+        (
+            FH(positive_spans=((0, 1),), positive_buckets=(-1.5,)),
+            "bucket number 1 has observation count of -1.5",
+        ),
+        (FH(schema=CUSTOM_BUCKETS_SCHEMA, custom_values=(2.0, 1.0)), "strictly increasing"),
+        (FH(schema=CUSTOM_BUCKETS_SCHEMA, custom_values=(1.0, math.inf)), "must not be explicitly defined"),
+        (
+            FH(
+                schema=CUSTOM_BUCKETS_SCHEMA,
+                custom_values=(1.0,),
+                positive_spans=((0, 3),),
+                positive_buckets=(1, 1, 1),
+            ),
+            "only 1 custom bounds defined",
+        ),
+        (FH(schema=CUSTOM_BUCKETS_SCHEMA, zero_count=1.0), "must have zero count of 0"),
+        (FH(schema=0, custom_values=(1.0,)), "exponential schema must not have custom bounds"),
+    ],
+)
+def test_validate_names_what_is_wrong(h: FloatHistogram, message: str) -> None:
+    with pytest.raises(HistogramError, match=re.escape(message)):
+        h.validate()
+
+
+# --- bucketing and the accuracy of histogram_quantile (issue 14) ----------------------------
+
+
+@pytest.mark.parametrize("schema", [-2, 0, 3, 8])
+def test_from_observations_puts_each_value_in_the_bucket_whose_bounds_hold_it(schema: int) -> None:
+    rng = np.random.default_rng(7)
+    values = np.concatenate(
+        (rng.lognormal(-8, 2, 2000), -rng.lognormal(0, 3, 500), [1.0, 2.0, 0.5, 1024.0, 0.0])
+    )
+    h = FH.from_observations(values, schema=schema)
+    h.validate()
+    assert h.count == len(values)
+    assert sum(h.positive_buckets) + sum(h.negative_buckets) + h.zero_count == len(values)
+    for v in [*values[:300].tolist(), 1.0, 2.0, 0.5, 1024.0]:
+        if v == 0:
+            continue
+        # The one bucket of v's sign whose (lower, upper] holds |v| must be populated.
+        bucket = next(
+            b for b in (h.buckets(v > 0)) if (b.lower < v <= b.upper if v > 0 else b.lower <= v < b.upper)
+        )
+        assert bucket.count >= 1
+
+
+def test_from_observations_sends_infinities_past_the_last_finite_bucket_and_nan_nowhere() -> None:
+    h = FH.from_observations([math.inf, -math.inf, math.nan, 1.0], schema=0)
+    assert h.count == 4
+    assert math.isnan(h.sum)
+    assert h.positive_spans == ((0, 1), (1024, 1))  # bucket 0 holds 1.0; 1025 is the +Inf bucket
+    assert get_bound(1025, 0) == math.inf
+    assert h.negative_buckets == (1.0,)
+
+
+@pytest.mark.parametrize("schema", [0, 3, 5])
+def test_quantiles_of_a_million_long_tailed_durations_are_within_the_schema_error_bound(schema: int) -> None:
+    # Kernel durations: lognormal around 50 us plus 0.5 % stragglers 20-200x slower.
+    rng = np.random.default_rng(14)
+    n = 1_000_000
+    durations = rng.lognormal(math.log(50e-6), 0.4, n)
+    stragglers = rng.random(n) < 0.005
+    durations[stragglers] *= rng.uniform(20, 200, int(stragglers.sum()))
+    h = FH.from_observations(durations, schema=schema)
+    bound = 2 ** (2.0**-schema) - 1  # widest relative bucket width of the schema
+    for q in (0.5, 0.99, 0.999):
+        exact = float(np.quantile(durations, q, method="inverted_cdf"))
+        est, notes = histogram_quantile(q, h)
+        assert notes == []
+        assert abs(est - exact) / exact <= bound, (q, est, exact)
+        # A rate keeps the shape: the same estimate from h / 300.
+        assert histogram_quantile(q, h.div(300.0))[0] == pytest.approx(est, rel=1e-12)
