@@ -991,6 +991,55 @@ class FloatHistogram:
             )
         _check_counts("positive side: ", self.positive_buckets)
 
+    def trim_buckets(self, rhs: float, upper: bool) -> FloatHistogram:
+        """The observations below (``upper``: PromQL ``h </ rhs``) or above (``h >/ rhs``) ``rhs`` (Go ``TrimBuckets``).
+
+        A bucket the cut falls in keeps its interpolated share (exponential in standard
+        buckets, linear in custom ones and the zero bucket); count and sum are recomputed from
+        bucket midpoints only when something was trimmed, then the result is compacted.
+        """
+        h = self.copy()
+        custom = h.uses_custom_buckets()
+        new_count = new_sum = 0.0
+        trimmed = False
+        seen = {True: False, False: False}
+        for positive in (True, False):
+            counts = list(h.positive_buckets if positive else h.negative_buckets)
+            for k, b in enumerate(h.buckets(positive)):
+                if b.count == 0:
+                    continue
+                seen[positive] = True
+                whole = b.upper <= rhs if upper else b.lower >= rhs
+                partial = b.lower < rhs if upper else b.upper > rhs
+                if whole:
+                    new_count += b.count
+                    new_sum += _trim_midpoint(b.lower, b.upper, positive, custom) * b.count
+                elif partial:
+                    keep, mid = _bucket_trim(b, rhs, upper, positive, custom)
+                    new_count += keep
+                    new_sum += mid * keep
+                    if counts[k] != keep:
+                        counts[k] = keep
+                        trimmed = True
+                else:
+                    counts[k] = 0.0
+                    trimmed = True
+            if positive:
+                h.positive_buckets = tuple(counts)
+            else:
+                h.negative_buckets = tuple(counts)
+        if h.zero_count > 0:
+            keep, mid = _zero_bucket_trim(h.zero_bucket(), rhs, seen[False], seen[True], upper)
+            if h.zero_count != keep:
+                h.zero_count = keep
+                trimmed = True
+            new_sum += mid * keep
+            new_count += keep
+        if not trimmed:
+            return h
+        h.count, h.sum = new_count, new_sum
+        return h.compact(0)
+
     def has_overflow(self) -> bool:
         """Whether a count, the sum or a custom bound is infinite (Go ``HasOverflow``), e.g. after a big sum."""
         return (
@@ -1047,6 +1096,84 @@ class FloatHistogram:
 _SPANS_BUCKETS_MISMATCH = "histogram spans specify different number of buckets than provided"
 _NEGATIVE_BUCKET_COUNT = "histogram has a bucket whose observation count is negative"
 _NEGATIVE_OFFSET = "histogram has a span whose offset is negative"
+
+
+def _trim_midpoint(lo: float, hi: float, positive: bool, linear: bool) -> float:
+    """Go ``computeMidpoint``: where a (surviving part of a) bucket's observations are assumed to be."""
+    if math.isinf(lo):
+        if math.isinf(hi):
+            return 0.0
+        return hi / 2 if hi > 0 else hi
+    if math.isinf(hi):
+        return lo
+    if linear:
+        return (lo + hi) / 2
+    geo = math.sqrt(abs(lo * hi))
+    return geo if positive else -geo
+
+
+def _infinity_bucket_trim(upper: bool, b: Bucket, rhs: float) -> tuple[float, float]:
+    """Go ``handleInfinityBuckets``: (kept count, midpoint) of a bucket reaching ±Inf."""
+
+    def finite_or_zero(x: float) -> float:
+        return 0.0 if math.isinf(x) else x
+
+    if b.lower == -_INF:
+        if upper:
+            if rhs >= b.upper:
+                return b.count, 0.0
+            if rhs > 0 and b.upper > 0 and not math.isinf(b.upper):
+                return b.count * rhs / b.upper, rhs / 2
+            if b.upper <= 0:
+                return b.count, rhs
+            return 0.0, finite_or_zero(b.upper)
+        if rhs <= b.lower:
+            return b.count, 0.0
+        if rhs >= 0 and b.upper > rhs and not math.isinf(b.upper):
+            return b.count * (1 - rhs / b.upper), (rhs + b.upper) / 2
+        return 0.0, finite_or_zero(b.upper)
+    if upper:
+        return 0.0, finite_or_zero(b.lower)
+    if rhs >= b.lower:
+        return b.count, rhs
+    return 0.0, finite_or_zero(b.lower)
+
+
+def _bucket_trim(b: Bucket, rhs: float, upper: bool, positive: bool, linear: bool) -> tuple[float, float]:
+    """Go ``computeBucketTrim``: (kept count, midpoint of the kept part) of a bucket the cut falls in."""
+    if b.lower == -_INF or b.upper == _INF:
+        return _infinity_bucket_trim(upper, b, rhs)
+    if rhs <= b.lower:
+        under = 0.0
+    elif rhs >= b.upper:
+        under = b.count
+    else:
+        under = b.count * _fraction_below(b.lower, b.upper, rhs, linear)
+    if upper:
+        return under, _trim_midpoint(b.lower, rhs, positive, linear)
+    return b.count - under, _trim_midpoint(rhs, b.upper, positive, linear)
+
+
+def _zero_bucket_trim(
+    zb: Bucket, rhs: float, has_negative: bool, has_positive: bool, upper: bool
+) -> tuple[float, float]:
+    """Go ``computeZeroBucketTrim``: linear within the zero bucket, 0 as the bound of a one-signed histogram."""
+    lo, hi = zb.lower, zb.upper
+    if has_negative and not has_positive:
+        hi = 0.0
+    if has_positive and not has_negative:
+        lo = 0.0
+    if upper:
+        if rhs <= lo:
+            return 0.0, 0.0
+        if rhs >= hi:
+            return zb.count, (lo + hi) / 2
+        return zb.count * ((rhs - lo) / (hi - lo)), (lo + rhs) / 2
+    if rhs <= lo:
+        return zb.count, (lo + hi) / 2
+    if rhs >= hi:
+        return 0.0, 0.0
+    return zb.count * ((hi - rhs) / (hi - lo)), (rhs + hi) / 2
 
 
 def _check_layout(spans: Sequence[Span], n_buckets: int) -> None:

@@ -491,6 +491,9 @@ _FUNC_CALL = re.compile(
     r"^(histogram_quantile|histogram_fraction|histogram_stddev|histogram_stdvar|histogram_avg|histogram_count"
     r"|histogram_sum)\((?:\s*([-+]?[\w.]+)\s*,)?(?:\s*([-+]?[\w.]+)\s*,)?\s*([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s*\)$"
 )
+_TRIM = re.compile(
+    r"^(?:(histogram_\w+)\()?\s*([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s*([<>]/)\s*([-+\w.]+)\s*(\)?)$"
+)
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -565,8 +568,15 @@ def _nh_cases() -> list[Any]:
                 block.append(lines[j].strip())
                 j += 1
             call = _FUNC_CALL.match(query)
-            if call:
+            trim_call = _TRIM.match(query)
+            trim: tuple[str, str] | None = None
+            if trim_call and bool(trim_call.group(1)) == bool(trim_call.group(6)):
+                name, metric, matchers, op, rhs, _ = trim_call.groups()
+                a1 = a2 = None
+                trim = (op, rhs)
+            elif call:
                 name, a1, a2, metric, matchers = call.groups()
+            if call or trim:
                 want = _labels(matchers or "")
                 inputs: dict[str, FloatHistogram | None] = {}
                 floats = False
@@ -582,18 +592,26 @@ def _nh_cases() -> list[Any]:
                 for b in block:
                     if b.startswith("expect"):
                         continue
-                    em = re.match(r"(\{[^}]*\})\s+(\S+)$", b)
+                    em = re.match(r"([a-zA-Z_:][\w:]*)?(\{[^}]*\})?\s+(.+)$", b)
                     if em:
-                        expected[repr(sorted(_labels(em.group(1)).items()))] = em.group(2)
+                        expected[repr(sorted(_labels(em.group(2) or "").items()))] = em.group(3).strip()
                 if not floats:  # classic (float) buckets are kql's histogram.py, not this module
-                    out.append(pytest.param(name, a1, a2, inputs, expected, id=f"line{i + 1 - 3}:{query}"))
+                    out.append(
+                        pytest.param(name, a1, a2, trim, inputs, expected, id=f"line{i + 1 - 3}:{query}")
+                    )
             i = j
             continue
         i += 1
     return out
 
 
-def _apply(name: str, a1: str | None, a2: str | None, h: FloatHistogram) -> float:
+def _apply(
+    name: str | None, a1: str | None, a2: str | None, trim: tuple[str, str] | None, h: FloatHistogram
+) -> float | FloatHistogram:
+    if trim is not None:
+        h = h.trim_buckets(_scalar(trim[1]), trim[0] == "</")
+    if name is None:
+        return h
     if name == "histogram_quantile":
         return histogram_quantile(_scalar(a1 or ""), h)[0]
     if name == "histogram_fraction":
@@ -609,6 +627,27 @@ def _apply(name: str, a1: str | None, a2: str | None, h: FloatHistogram) -> floa
     }[name](h)
 
 
+def _same_as_promqltest(expected_text: str, got: FloatHistogram) -> bool:
+    """promqltest's compareNativeHistogram: both compacted, counts almost equal, layouts exact."""
+    hint_set = "counter_reset_hint" in expected_text
+    exp, cur = parse_histogram(expected_text).compact(0), got.compact(0)
+    return (
+        exp.schema == cur.schema
+        and _almost_equal(exp.count, cur.count)
+        and _almost_equal(exp.sum, cur.sum)
+        and (not exp.uses_custom_buckets() or exp.custom_values == cur.custom_values)
+        and exp.zero_threshold == cur.zero_threshold
+        and _almost_equal(exp.zero_count, cur.zero_count)
+        and exp.negative_spans == cur.negative_spans
+        and len(exp.negative_buckets) == len(cur.negative_buckets)
+        and all(map(_almost_equal, exp.negative_buckets, cur.negative_buckets))
+        and exp.positive_spans == cur.positive_spans
+        and len(exp.positive_buckets) == len(cur.positive_buckets)
+        and all(map(_almost_equal, exp.positive_buckets, cur.positive_buckets))
+        and (not hint_set or exp.counter_reset_hint == cur.counter_reset_hint)
+    )
+
+
 _NH = _nh_cases()
 
 
@@ -616,18 +655,24 @@ def test_enough_math_only_cases_are_found() -> None:
     assert len(_NH) >= 100
 
 
-@pytest.mark.parametrize(("name", "a1", "a2", "inputs", "expected"), _NH)
+@pytest.mark.parametrize(("name", "a1", "a2", "trim", "inputs", "expected"), _NH)
 def test_prometheus_native_histograms_test_math(
-    name: str,
+    name: str | None,
     a1: str | None,
     a2: str | None,
+    trim: tuple[str, str] | None,
     inputs: dict[str, FloatHistogram | None],
     expected: dict[str, str],
 ) -> None:
-    got = {k: _apply(name, a1, a2, h) for k, h in inputs.items() if h is not None}
+    got = {k: _apply(name, a1, a2, trim, h) for k, h in inputs.items() if h is not None}
     assert set(got) == set(expected)
     for k, v in got.items():
-        assert _almost_equal(v, _scalar(expected[k])), f"{k}: got {v!r}, Prometheus {expected[k]}"
+        if isinstance(v, FloatHistogram):
+            assert _same_as_promqltest(expected[k], v), (
+                f"{k}: got {v.test_expression()}, Prometheus {expected[k]}"
+            )
+        else:
+            assert _almost_equal(v, _scalar(expected[k])), f"{k}: got {v!r}, Prometheus {expected[k]}"
 
 
 def _check_kahan(
