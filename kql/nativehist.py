@@ -1076,6 +1076,16 @@ class FloatHistogram:
         if self.zero_count < prev_zc:
             return True
         custom = self.uses_custom_buckets()
+        if (
+            self.schema == previous.schema
+            and self.positive_spans == previous.positive_spans
+            and self.negative_spans == previous.negative_spans
+            and (custom or _first_bounds_above(self, self.zero_threshold))
+        ):
+            # Same layout, nothing inside the zero bucket: compare the counts directly.
+            return any(map(operator.lt, self.positive_buckets, previous.positive_buckets)) or any(
+                map(operator.lt, self.negative_buckets, previous.negative_buckets)
+            )
         for positive in (True, False):
             ci: Sequence[int]
             cc: Sequence[float]
@@ -1248,6 +1258,16 @@ def _check_spans(spans: Sequence[Span], n_buckets: int) -> None:
         )
 
 
+def _first_bounds_above(h: FloatHistogram, threshold: float) -> bool:
+    """Whether the lowest bucket of each side ends above ``threshold`` (so no bucket is in the zero bucket)."""
+    for spans in (h.positive_spans, h.negative_spans):
+        if spans and spans[0][1] > 0 and get_bound_exponential(spans[0][0], h.schema) <= threshold:
+            return False
+        if spans and spans[0][1] == 0:
+            return False
+    return True
+
+
 def _bucket_reset(ci: Sequence[int], cc: Sequence[float], pi: Sequence[int], pc: Sequence[float]) -> bool:
     """Go ``detectReset``: a populated previous bucket is gone, or a bucket count went down."""
     if list(ci) == list(pi):
@@ -1377,6 +1397,25 @@ def _kahan_add_side(
     """One side of Go ``kahanAddBuckets``: b (and its compensation) Kahan-added into a."""
     if not b_buckets:
         return a_spans, a_buckets, a_comp
+    if (
+        b_comp is None
+        and a_spans == b_spans
+        and (threshold is None or get_bound_exponential(b_spans[0][0], threshold[0]) > threshold[1])
+    ):
+        # The common case (same layout): Neumaier's step inlined over the buckets.
+        out_s: list[float] = []
+        out_c: list[float] = []
+        for total, comp, inc in zip(a_buckets, a_comp, b_buckets, strict=True):
+            t = total + inc
+            if t in (_INF, -_INF):
+                comp = 0.0
+            elif abs(total) >= abs(inc):
+                comp += (total - t) + inc
+            else:
+                comp += (inc - t) + total
+            out_s.append(t)
+            out_c.append(comp)
+        return a_spans, tuple(out_s), tuple(out_c)
     bi: Sequence[int] = _indices(b_spans)
     bb: Sequence[float] = b_buckets
     bc: Sequence[float] = b_comp if b_comp is not None else (0.0,) * len(b_buckets)

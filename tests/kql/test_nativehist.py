@@ -843,3 +843,21 @@ def test_quantiles_of_a_million_long_tailed_durations_are_within_the_schema_erro
         assert abs(est - exact) / exact <= bound, (q, est, exact)
         # A rate keeps the shape: the same estimate from h / 300.
         assert histogram_quantile(q, h.div(300.0))[0] == pytest.approx(est, rel=1e-12)
+
+
+def test_same_layout_fast_paths_agree_with_the_general_merge() -> None:
+    # ((0, 2), (0, 2)) and ((0, 4),) describe the same buckets; only the first pair takes the fast paths.
+    rng = np.random.default_rng(3)
+    a = FH(
+        schema=2, count=50, sum=9, positive_spans=((0, 4),), positive_buckets=tuple(rng.uniform(0, 1e16, 4))
+    )
+    b = a.copy(positive_buckets=tuple(rng.uniform(0, 3, 4)), count=7.0)
+    split = b.copy(positive_spans=((0, 2), (0, 2)))
+    fast, slow = a.kahan_add(b), a.kahan_add(split)
+    assert fast.histogram.positive_buckets == slow.histogram.positive_buckets
+    assert fast.compensation.positive_buckets == slow.compensation.positive_buckets
+    assert a.add(b).histogram.positive_buckets == a.add(split).histogram.positive_buckets
+    assert a.sub(b).histogram.positive_buckets == a.sub(split).histogram.positive_buckets
+    bigger = a.add(b).histogram
+    assert bigger.detect_reset(a) is bigger.detect_reset(a.copy(positive_spans=((0, 2), (0, 2)))) is False
+    assert a.detect_reset(bigger) is a.detect_reset(bigger.copy(positive_spans=((0, 1), (0, 3)))) is True
