@@ -67,12 +67,30 @@ def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
 
 
 def _grouping_key(labels: Labels, node: AggregateExpr) -> Labels:
-    names = node.grouping
-    if node.without:
-        drop = frozenset(names) | {"__name__", "__type__", "__unit__"}
-        return tuple(p for p in labels if p[0] not in drop)
-    keep = frozenset(names)
-    return tuple(p for p in labels if p[0] in keep)
+    return _grouping_keys([labels], node)[0]
+
+
+#: (grouping labels, without) -> {label set: its group's labels}. Dashboards and rules group the
+#: same series the same way on every evaluation; a lookup is a third of building the key again.
+_GROUP_KEYS: dict[tuple[tuple[str, ...], bool], dict[Labels, Labels]] = {}
+#: Label sets remembered per grouping (then forgotten at once).
+_GROUP_KEYS_MAX = 100_000
+
+
+def _grouping_keys(labels: list[Labels], node: AggregateExpr) -> list[Labels]:
+    """The group labels of every row: ``by`` keeps the named labels, ``without`` drops them and the metric name."""
+    memo = _GROUP_KEYS.setdefault((node.grouping, node.without), {})
+    if len(memo) > _GROUP_KEYS_MAX:
+        memo.clear()
+    without = node.without
+    names = frozenset(node.grouping) | ({"__name__", "__type__", "__unit__"} if without else set())
+    out = []
+    for lb in labels:
+        key = memo.get(lb)
+        if key is None:
+            key = memo[lb] = tuple(p for p in lb if (p[0] in names) != without)
+        out.append(key)
+    return out
 
 
 def _ranks(gid: npt.NDArray[np.intp], n_groups: int) -> tuple[npt.NDArray[np.intp], int]:
@@ -109,10 +127,24 @@ def _kahan_totals_scalar(
     """:func:`_kahan_totals` value by value in row order, with :func:`kahan_add`'s arithmetic
     (the same bits; strictly sequential even for groups over ``_SEQUENTIAL_LIMIT``, as Prometheus)."""
     steps = values.shape[1]
+    count = np.zeros((n, steps), dtype=np.int64)
+    np.add.at(count, gid, present)
+    isinf = math.isinf
+    if steps == 1:  # an instant query: one flat loop over the present values
+        here = present[:, 0]
+        tot1, com1 = [0.0] * n, [0.0] * n
+        for g, x in zip(gid[here].tolist(), values[here, 0].tolist(), strict=True):
+            a = tot1[g]
+            t = a + x
+            bb = t - a
+            com1[g] += (a - (t - bb)) + (x - bb)
+            tot1[g] = t
+        total1 = np.array(tot1).reshape(n, 1)
+        # A total that reached ±Inf stays there (or turns NaN): kahan_add zeroes its compensation
+        # from then on, which is the same as zeroing it at the end.
+        return total1, np.where(np.isinf(total1), 0.0, np.array(com1).reshape(n, 1)), count
     total = [[0.0] * steps for _ in range(n)]
     comp = [[0.0] * steps for _ in range(n)]
-    count = np.zeros((n, steps), dtype=np.int64)
-    isinf = math.isinf
     for g, row, here in zip(gid.tolist(), values.tolist(), present.tolist(), strict=True):
         tot, com = total[g], comp[g]
         for j, (x, p) in enumerate(zip(row, here, strict=True)):
@@ -123,7 +155,6 @@ def _kahan_totals_scalar(
                 err = (a - (t - bb)) + (x - bb)
                 com[j] = 0.0 if isinf(t) else com[j] + err
                 tot[j] = t
-    np.add.at(count, gid, present)
     return (
         np.array(total, dtype=np.float64).reshape(n, steps),
         np.array(comp, dtype=np.float64).reshape(n, steps),
@@ -299,7 +330,7 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
 
     def impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
         steps = vec.values.shape[1]
-        keys = [_grouping_key(lb, node) for lb in vec.labels]
+        keys = _grouping_keys(vec.labels, node)
         gid, n = group_rows(keys)
         group_labels: list[Labels] = [()] * n
         for i, g in enumerate(gid):
@@ -422,7 +453,7 @@ def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> 
         raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
     steps = vec.values.shape[1]
     cells: dict[Labels, npt.NDArray[np.float64]] = {}
-    base = [_grouping_key(lb, node) for lb in vec.labels]
+    base = _grouping_keys(vec.labels, node)
     hists = vec.hists
     present = vec.any_present()
     for i, key in enumerate(base):
@@ -452,7 +483,7 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
     param = np.asarray(param, dtype=np.float64)
     op = node.op
     steps = vec.values.shape[1]
-    keys = [_grouping_key(lb, node) for lb in vec.labels]
+    keys = _grouping_keys(vec.labels, node)
     gid, _ = group_rows(keys)
     keep = np.zeros_like(vec.present)
     if op == "limit_ratio":
