@@ -75,14 +75,11 @@ Span = tuple[int, int]
 _I64 = npt.NDArray[np.int64]
 _F64 = npt.NDArray[np.float64]
 
-# Info annotations (promql/annotations): kql attaches a position and the metric name.
-NAN_RESULT_INFO = (
-    "histogram_quantile: the quantile lies above all buckets of a histogram with NaN observations"
-)
-NAN_SKEW_INFO = (
-    "histogram_quantile: NaN observations of the histogram may skew the result towards higher values"
-)
-FRACTION_NAN_INFO = "histogram_fraction: the histogram has NaN observations, not counted in any bucket"
+# Info annotations, worded as Prometheus' promql/annotations (kql appends `for metric name "x"`
+# and the position).
+NAN_RESULT_INFO = "input to histogram_quantile has NaN observations, result is NaN"
+NAN_SKEW_INFO = "input to histogram_quantile has NaN observations, result is skewed higher"
+FRACTION_NAN_INFO = "input to histogram_fraction has NaN observations, which are excluded from all fractions"
 
 
 class HistogramError(ValueError):
@@ -1545,7 +1542,12 @@ def histogram_quantile(q: float, h: FloatHistogram) -> tuple[float, list[str]]:
     counts = _ordered(h, reverse=not forward)
     rank = q * h.count if forward else (1 - q) * h.count
     if not counts:
-        return math.nan, annos  # no buckets at all: Go's zero Bucket gives 0 + 0*NaN
+        # No buckets at all: Go ends on its zero Bucket{} with count 0.
+        if rank > 0.0:
+            return (math.nan, [NAN_RESULT_INFO]) if nan_sum else (0.0, annos)
+        if nan_sum and h.count > 0.0:
+            annos.append(NAN_SKEW_INFO)
+        return math.nan, annos  # 0 + 0 * (0/0)
     cum = list(accumulate(counts))
     total = cum[-1]
     if min(counts) >= 0 and not math.isnan(total):

@@ -589,7 +589,14 @@ def _nh_cases() -> list[Any]:
                         inputs[repr(sorted(labels.items()))] = live[-1][1]
                     floats = floats or any(h is None for _, h in samples)
                 expected: dict[str, str] = {}
+                info: bool | str | None = None  # True: some info, a str: that info's text, False: none
                 for b in block:
+                    if b.startswith("expect info msg:"):
+                        info = b.split("PromQL info: ", 1)[1].split(" for metric name")[0]
+                    elif b.startswith("expect info"):
+                        info = True
+                    elif b.startswith("expect no_info"):
+                        info = False
                     if b.startswith("expect"):
                         continue
                     em = re.match(r"([a-zA-Z_:][\w:]*)?(\{[^}]*\})?\s+(.+)$", b)
@@ -597,7 +604,9 @@ def _nh_cases() -> list[Any]:
                         expected[repr(sorted(_labels(em.group(2) or "").items()))] = em.group(3).strip()
                 if not floats:  # classic (float) buckets are kql's histogram.py, not this module
                     out.append(
-                        pytest.param(name, a1, a2, trim, inputs, expected, id=f"line{i + 1 - 3}:{query}")
+                        pytest.param(
+                            name, a1, a2, trim, inputs, expected, info, id=f"line{i + 1 - 3}:{query}"
+                        )
                     )
             i = j
             continue
@@ -625,6 +634,12 @@ def _apply(
         "histogram_stdvar": histogram_stdvar,
         "histogram_avg": histogram_avg,
     }[name](h)
+
+
+def _notes(name: str, a1: str | None, a2: str | None, h: FloatHistogram) -> list[str]:
+    if name == "histogram_quantile":
+        return histogram_quantile(_scalar(a1 or ""), h)[1]
+    return histogram_fraction(_scalar(a1 or ""), _scalar(a2 or ""), h)[1]
 
 
 def _same_as_promqltest(expected_text: str, got: FloatHistogram) -> bool:
@@ -655,7 +670,7 @@ def test_enough_math_only_cases_are_found() -> None:
     assert len(_NH) >= 100
 
 
-@pytest.mark.parametrize(("name", "a1", "a2", "trim", "inputs", "expected"), _NH)
+@pytest.mark.parametrize(("name", "a1", "a2", "trim", "inputs", "expected", "info"), _NH)
 def test_prometheus_native_histograms_test_math(
     name: str | None,
     a1: str | None,
@@ -663,8 +678,17 @@ def test_prometheus_native_histograms_test_math(
     trim: tuple[str, str] | None,
     inputs: dict[str, FloatHistogram | None],
     expected: dict[str, str],
+    info: bool | str | None,
 ) -> None:
     got = {k: _apply(name, a1, a2, trim, h) for k, h in inputs.items() if h is not None}
+    if name in ("histogram_quantile", "histogram_fraction") and trim is None and info is not None:
+        notes = [n for h in inputs.values() if h is not None for n in _notes(name, a1, a2, h)]
+        if info is False:
+            assert notes == []
+        elif info is True:
+            assert notes
+        else:
+            assert info in notes
     assert set(got) == set(expected)
     for k, v in got.items():
         if isinstance(v, FloatHistogram):
