@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -40,7 +40,7 @@ from kernel_insight.collector.spans import (
     summarize,
 )
 from kernel_insight.collector.store import StorageError
-from kernel_insight.collector.trace import TraceTooLarge, chrome_trace
+from kernel_insight.collector.trace import TraceTooLarge, chrome_trace_parts
 
 __all__ = ["MAX_PAGE", "CaptureBody", "timeline_router"]
 
@@ -192,18 +192,21 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
             "json", description="json: Chrome trace event JSON; perfetto: a native Perfetto protobuf trace"
         ),
         _token: object = read,
-    ) -> Response:
+    ) -> StreamingResponse:
         window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
         if format == "perfetto":
-            body = await _read(perfetto_trace, store, window)
+            parts: list[bytes | memoryview] = [await _read(perfetto_trace, store, window)]
             media, suffix = "application/x-protobuf", "perfetto-trace"
         else:
-            body = await _read(chrome_trace, store, window)
+            parts = await _read(chrome_trace_parts, store, window)
             media, suffix = "application/json", "trace.json"
         name = f"{instance}-gpu{gpu}.{suffix}".replace('"', "")
-        return Response(
-            body, media_type=media, headers={"Content-Disposition": f'attachment; filename="{name}"'}
-        )
+        headers = {
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Length": str(sum(len(part) for part in parts)),
+        }
+        # Sent as the pieces were made, a slice at a time: never joined into one more copy.
+        return StreamingResponse(_slices(parts), media_type=media, headers=headers)
 
     @router.post(
         "/v1/timeline/captures",
@@ -265,6 +268,17 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         return JSONResponse(row)
 
     return router
+
+
+#: Bytes per write of an export: large enough to stream fast, small enough for flow control.
+_SLICE = 1 << 20
+
+
+async def _slices(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
+    for part in parts:
+        view = memoryview(part)
+        for i in range(0, len(view), _SLICE):
+            yield view[i : i + _SLICE]
 
 
 def _moment_link(window: SpanWindow, span: dict[str, Any]) -> str:

@@ -71,7 +71,7 @@ from kernel_insight.collector.store import (
     Store,
     open_store,
 )
-from kernel_insight.collector.trace import TraceTooLarge, chrome_trace
+from kernel_insight.collector.trace import TraceTooLarge, chrome_trace, chrome_trace_parts
 from kernel_insight.collector.wire import (
     CONTENT_TYPE,
     INGEST_PATH,
@@ -166,6 +166,7 @@ __all__ = [
     "WireError",
     "canonical_labels",
     "chrome_trace",
+    "chrome_trace_parts",
     "cluster_ddl",
     "create_app",
     "decode_batch",

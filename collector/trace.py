@@ -26,7 +26,7 @@ from kernel_insight.collector.sql import Params, qualified
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
 
-__all__ = ["MAX_EXPORT_SPANS", "TraceTooLarge", "chrome_trace", "stream_tids"]
+__all__ = ["MAX_EXPORT_SPANS", "TraceTooLarge", "chrome_trace", "chrome_trace_parts", "stream_tids"]
 
 #: The most spans one export writes (about 200 MB of JSON); a larger window is refused, not cut.
 MAX_EXPORT_SPANS = 2_000_000
@@ -50,6 +50,15 @@ def stream_tids(streams: list[int]) -> dict[int, int]:
 
 def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPORT_SPANS) -> bytes:
     """The trace of ``window`` (its filters apply to spans only); raises TraceTooLarge past ``max_spans``."""
+    return b"".join(chrome_trace_parts(store, window, max_spans=max_spans))
+
+
+def chrome_trace_parts(
+    store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPORT_SPANS
+) -> list[bytes | memoryview]:
+    """:func:`chrome_trace` as the pieces that make it, in order, never joined: the span events
+    are views of the buffers ClickHouse filled, so a 200 MB export is not copied three more
+    times before it is sent (the API streams the pieces)."""
     p = Params()
     spans, where = qualified(store.database, "kernel_spans"), window.where(p)
     head = store.query(
@@ -92,7 +101,7 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
         meta.append(
             {"ph": "M", "name": "thread_name", "pid": host_pid, "tid": tid, "args": {"name": f"thread {tid}"}}
         )
-    parts = [orjson.dumps(m) for m in meta]
+    parts: list[bytes | memoryview] = [orjson.dumps(m) for m in meta]
     if tids:
         keys = ", ".join(str(s) for s in tids)
         values = ", ".join(str(t) for t in tids.values())
@@ -106,13 +115,15 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
             f' \',"args":{{"start_ns":\', toString({start}), \',"dur_ns":\', toString(duration_ns),'
             ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
             " ',\"pid\":', toString(pid), '}}') AS e"
-            f" FROM {spans} WHERE {where} ORDER BY start, stream"
+            # No ORDER BY: the trace event format does not ask for time order (readers sort), and
+            # reading in key order costs a third of this query over a 1M-span capture.
+            f" FROM {spans} WHERE {where}"
         )
         column = store.query(span_sql, p).column("e").combine_chunks()
         if len(column):
             # One join in Arrow's C++: a million Python strings would take longer than the query.
             whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
-            parts.append(pc.binary_join(whole, ",")[0].as_buffer().to_pybytes())
+            parts.append(memoryview(pc.binary_join(whole, ",")[0].as_buffer()))
     if launches:
         parts.append(_launch_events(store, spans, where, p, origin, tids))
     for ev in read_events(store, window, MAX_EXPORT_EVENTS):
@@ -150,12 +161,18 @@ def chrome_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_EXPOR
             for ts_ms, v in points
         )
     other = orjson.dumps({"origin_ns": str(origin), "instance": window.instance, "gpu": window.gpu})
-    return b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[' + b",".join(parts) + b"]}"
+    out: list[bytes | memoryview] = [b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[']
+    for i, part in enumerate(parts):
+        if i:
+            out.append(b",")
+        out.append(part)
+    out.append(b"]}")
+    return out
 
 
 def _launch_events(
     store: Store, spans: str, where: str, p: Params, origin: int, tids: dict[int, int]
-) -> bytes:
+) -> memoryview:
     """Per span with a host side: its launch slice on the host thread and the flow to the kernel.
 
     The flow starts (``s``) where the launch slice starts and ends (``f``, ``bp: "e"``: bound to
@@ -185,5 +202,4 @@ def _launch_events(
     )
     column = store.query(sql, p).column("e").combine_chunks()
     whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
-    data: bytes = pc.binary_join(whole, ",")[0].as_buffer().to_pybytes()
-    return data
+    return memoryview(pc.binary_join(whole, ",")[0].as_buffer())

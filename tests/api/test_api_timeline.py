@@ -160,7 +160,9 @@ def test_summary_counts_shares_quantiles_and_slowest_spans(client):
     assert "instance=n1" in gemm["slowest"][0]["timeline"]
     assert copy["count"] == 50
     assert copy["p90_ns"] == 2000
-    assert len(copy["slowest"]) == 3
+    assert len(copy["slowest"]) == 3  # 50 spans of equal length: the earliest three
+    assert [s["start_ns"] for s in copy["slowest"]] == [T0 + i * 5_000_000 + 1_000_001 for i in range(3)]
+    assert {(s["stream"], s["pid"]) for s in copy["slowest"]} == {(2**63 + 5, 42)}
     assert body["busy_ratio"] == pytest.approx((gemm_total + 100_000) / S)
     top = client.get("/v1/timeline/summary", params={**WINDOW, "kernels": 1, "slowest": 0}).json()
     assert [k["kernel"] for k in top["kernels"]] == ["gemm_fp16"]
@@ -206,7 +208,7 @@ def test_export_refuses_a_window_over_the_span_limit(client, monkeypatch):
     import kernel_insight.collector.trace as trace
 
     monkeypatch.setattr(trace, "MAX_EXPORT_SPANS", 100)
-    monkeypatch.setattr(trace.chrome_trace, "__kwdefaults__", {"max_spans": 100})
+    monkeypatch.setattr(trace.chrome_trace_parts, "__kwdefaults__", {"max_spans": 100})
     r = client.get("/v1/timeline/export", params=WINDOW)
     assert r.status_code == 400
     assert "150 spans" in r.json()["error"]
