@@ -11,14 +11,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
+
 from kernel_insight.agent.ring import Ring
+from kernel_insight.api.app import listening_socket
 from kernel_insight.collector import wire
+from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import AgentCredentials, KeyStore
+from kernel_insight.collector.store import StorageError, StorageUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "agent" / "src"
@@ -68,9 +76,18 @@ class Received:
 
 Script = Callable[[int, bytes], tuple[int, dict[str, str]] | None]
 
+#: What ``frame_script`` may make of one frame: the store refuses it for good, is away, or had it.
+_SINK_VERDICTS = (422, 503, 409)
+
 
 class Receiver:
-    """A collector stand-in: decodes and deduplicates like the real one; `script` may override answers."""
+    """The collector's real ingest router (collector/ingest.py) over a recording sink, under uvicorn.
+
+    Statuses, frames, deduplication and sender checks are the collector's own; only storage is
+    a stand-in that keeps the decoded batches in ``got``. ``script(n, body)`` may answer the
+    n-th request itself (status, headers), before the router sees it; ``frame_script(n, frame)``
+    may have the store refuse one frame for good (422), be away (503) or have it already (409).
+    """
 
     def __init__(self, keys: KeyStore, tls: ssl.SSLContext | None = None) -> None:
         self.keys = keys
@@ -79,58 +96,116 @@ class Receiver:
         self.script: Script | None = None
         self.frame_script: Callable[[int, bytes], int | None] | None = None
         self.close_each = False
-        self.idle_timeout: float | None = None
+        self._idle_timeout: float | None = None
         self.lock = threading.Lock()
-        receiver = self
+        self._verdicts: dict[wire.BatchId, int] = {}
+        self.app = FastAPI()
+        self.app.include_router(ingest_router(keys, self._store))
+        self.app.middleware("http")(self._front)
+        sock = listening_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self._start(sock)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def _store(self, batch: wire.DecodedBatch) -> bool:
+        """The sink: keep the batch (False when it was kept before), or the verdict frame_script chose."""
+        with self.lock:
+            verdict = self._verdicts.pop(batch.batch_id, None)
+            if verdict == 422:
+                raise StorageError("refused by the test's frame_script")
+            if verdict == 503:
+                raise StorageUnavailable("away, says the test's frame_script", retry_after_s=1)
+            if verdict == 409 or batch.batch_id in self.got.batches:
+                return False
+            self.got.batches[batch.batch_id] = batch
+            self.got.order.append(batch.batch_id)
+        return True
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
+    async def _front(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Count the request, let ``script`` answer it, note frame verdicts, then record what the router said."""
+        body = await request.body()
+        with self.lock:
+            self.got.requests += 1
+            self.got.times.append(time.monotonic())
+            n = self.got.requests
+        answer = await self._scripted(n, body, request.headers.get("content-type", ""))
+        if answer is None:
+            response = await call_next(request)
+            content = b"".join([chunk async for chunk in response.body_iterator])  # type: ignore[attr-defined]
+            answer = Response(content, response.status_code, dict(response.headers))
+            self._record(request.url.path, answer, content)
+        if self.close_each:
+            answer.headers["Connection"] = "close"
+        return answer
 
-            def setup(self) -> None:
-                super().setup()
-                if receiver.idle_timeout is not None:
-                    self.connection.settimeout(receiver.idle_timeout)
+    async def _scripted(self, n: int, body: bytes, content_type: str) -> Response | None:
+        if self.script is not None:
+            override = await run_in_threadpool(self.script, n, body)
+            if override is not None:
+                return Response(b"{}", override[0], override[1])
+        if self.frame_script is not None:
+            many = content_type.split(";")[0].strip().lower() == wire.FRAMES_CONTENT_TYPE
+            with contextlib.suppress(wire.WireError):
+                for frame in wire.split_frames(body) if many else [body]:
+                    verdict = self.frame_script(n, bytes(frame))
+                    if verdict is not None:
+                        if verdict not in _SINK_VERDICTS:
+                            raise ValueError(f"frame_script may answer {_SINK_VERDICTS}, not {verdict}")
+                        with self.lock:
+                            self._verdicts[wire.parse_header(frame).batch_id] = verdict
+        return None
 
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                status, headers = receiver.handle(self.path, body, self.headers.get("Content-Type", ""))
-                payload = b"{}"
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                if receiver.close_each:
-                    self.send_header("Connection", "close")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+    def _record(self, path: str, response: Response, content: bytes) -> None:
+        if path != wire.INGEST_PATH:
+            return
+        header = response.headers.get(wire.BATCH_STATUS_HEADER)
+        statuses = [int(x) for x in header.split(",")] if header else [response.status_code]
+        results = orjson.loads(content).get("results") if header else [orjson.loads(content)]
+        with self.lock:
+            self.got.frames_per_request.append(len(statuses))
+            self.got.duplicates += statuses.count(409)
+            self.got.errors += [
+                r.get("detail", "") for r, st in zip(results, statuses, strict=True) if st == 400
+            ]
 
-        self.handler = Handler
-        self.server = self._make_server(0)
-        self.port = self.server.server_address[1]
-        self._serve()
+    @property
+    def idle_timeout(self) -> float | None:
+        """Seconds a kept-alive connection may sit idle before the server drops it (None: uvicorn's 5)."""
+        return self._idle_timeout
 
-    def _make_server(self, port: int) -> ThreadingHTTPServer:
-        server = ThreadingHTTPServer(("127.0.0.1", port), self.handler)
-        if self.tls is not None:
-            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
-        return server
+    @idle_timeout.setter
+    def idle_timeout(self, seconds: float | None) -> None:
+        self._idle_timeout = seconds
+        self.server.config.timeout_keep_alive = 5 if seconds is None else seconds  # type: ignore[assignment]
 
-    def _serve(self) -> None:
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    def _start(self, sock: socket.socket) -> None:
+        keep_alive = 5 if self._idle_timeout is None else self._idle_timeout
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
+        )
+        config.load()
+        config.ssl = self.tls
+        self.server = uvicorn.Server(config)
+        self.sock = sock
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive(), "uvicorn exited"
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
 
     def stop(self) -> None:
         """Stop listening: the agent now gets connection refused."""
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
 
     def restart(self) -> None:
-        """Listen again on the same port."""
-        self.server = self._make_server(self.port)
-        self._serve()
+        """Listen again on the same port (with the idle timeout set now)."""
+        self._start(listening_socket("127.0.0.1", self.port))
 
     @property
     def url(self) -> str:
@@ -141,50 +216,11 @@ class Receiver:
     def handle(
         self, path: str, body: bytes, content_type: str = wire.CONTENT_TYPE
     ) -> tuple[int, dict[str, str]]:
-        with self.lock:
-            self.got.requests += 1
-            self.got.times.append(time.monotonic())
-            n = self.got.requests
-        if path != wire.INGEST_PATH:
-            return 404, {}
-        if self.script is not None:
-            override = self.script(n, body)
-            if override is not None:
-                return override
-        if content_type == wire.FRAMES_CONTENT_TYPE:
-            try:
-                frames = wire.split_frames(body)
-            except wire.WireError as exc:
-                self.got.errors.append(str(exc))
-                return 400, {}
-            self.got.frames_per_request.append(len(frames))
-            statuses = [self.handle_frame(n, bytes(f))[0] for f in frames]
-            return 200, {wire.BATCH_STATUS_HEADER: ", ".join(map(str, statuses))}
-        self.got.frames_per_request.append(1)
-        return self.handle_frame(n, body)
-
-    def handle_frame(self, n: int, body: bytes) -> tuple[int, dict[str, str]]:
-        """One frame, as the real router settles it; `frame_script` may override its status."""
-        if self.frame_script is not None:
-            override = self.frame_script(n, body)
-            if override is not None:
-                return override, {}
-        try:
-            batch = wire.decode_batch(body, lambda h: self.keys.key_for(h.agent_id, h.key_id))
-        except wire.AuthenticationFailed:
-            return 401, {}
-        except wire.WireError as exc:
-            self.got.errors.append(str(exc))
-            return 400, {}
-        except Exception as exc:  # UnknownAgent / RevokedAgent
-            return 403, {"X-Reason": type(exc).__name__}
-        with self.lock:
-            if batch.batch_id in self.got.batches:
-                self.got.duplicates += 1
-                return 409, {}
-            self.got.batches[batch.batch_id] = batch
-            self.got.order.append(batch.batch_id)
-        return 200, {}
+        """Send one request to this receiver now (from a script too: it runs off the server's loop)."""
+        answer = httpx.post(
+            self.url + path, content=body, headers={"Content-Type": content_type}, verify=False, timeout=30
+        )
+        return answer.status_code, dict(answer.headers)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
