@@ -17,10 +17,19 @@ from typing import Any
 import numpy as np
 
 from bench.api.__main__ import populate
-from kernel_insight.collector.rows import Event, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import Event, HistogramBuilder, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.nativehist import FloatHistogram
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "KERNELS", "chromium", "populate_fleet", "populate_spans"]
+__all__ = [
+    "CHROMIUM",
+    "CHROMIUM_ARGS",
+    "KERNELS",
+    "chromium",
+    "populate_fleet",
+    "populate_kernel_histograms",
+    "populate_spans",
+]
 
 #: Debian's chromium package.
 CHROMIUM = "/usr/bin/chromium"
@@ -121,3 +130,30 @@ def populate_spans(
         store.insert_spans(batch)
         store.insert_samples(samples.build())
         store.insert_events([oom])
+
+
+def populate_kernel_histograms(
+    path: Path, instance: str, gpu: int, start_ms: int, seconds: int, kernels: tuple[str, ...] = KERNELS[:3]
+) -> None:
+    """``kernel_duration_seconds`` of one GPU as the agent ships it: a cumulative native histogram per
+    kernel every second for ``seconds``, 2,000 launches a second each, log-normal around 50-400 us
+    with 0.5% stragglers 20x slower (the tail a heatmap must show)."""
+    rng = np.random.default_rng(14)
+    out = HistogramBuilder()
+    for k, kernel in enumerate(kernels):
+        labels = {
+            "__name__": "kernel_duration_seconds",
+            "instance": instance,
+            "gpu": str(gpu),
+            "kernel": kernel,
+        }
+        seen: list[np.ndarray] = []
+        for s in range(seconds):
+            d = rng.lognormal(np.log(50e-6 * 2**k), 0.3, 2_000)
+            slow = rng.random(2_000) < 0.005
+            d[slow] *= 20
+            seen.append(d)
+            h = FloatHistogram.from_observations(np.concatenate(seen), schema=3)
+            out.add_histogram(labels, start_ms + s * 1000, h)
+    with EmbeddedStore(path) as store:
+        store.insert_histograms(out.build())

@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the browser and the fleet live with the benchmark that shares them
     sys.path.insert(0, str(REPO))
 
-from bench.ui import KERNELS, chromium, populate_fleet, populate_spans  # noqa: E402
+from bench.ui import (  # noqa: E402
+    KERNELS,
+    chromium,
+    populate_fleet,
+    populate_kernel_histograms,
+    populate_spans,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -61,6 +67,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningColle
     tmp = tmp_path_factory.mktemp("ui")
     populate_fleet(tmp / "data", INSTANCES, int(time.time() * 1000), hot=("node-0003",))
     populate_spans(tmp / "data", "node-0001", 0, SPAN_START_S * 1_000_000_000, SPANS)
+    populate_kernel_histograms(tmp / "data", "node-0001", 0, (SPAN_START_S - 1) * 1000, 13, KERNELS)
     rules = tmp / "rules.yml"
     rules.write_text(RULES)
     with running_collector(tmp, "--rules", str(rules)) as c:
@@ -194,7 +201,6 @@ def test_kernels_lists_each_kernel_of_the_window_and_draws_its_latency_heatmap(p
     assert rows.count() == len(KERNELS)
     assert {rows.nth(n).locator("td").first.inner_text() for n in range(rows.count())} == set(KERNELS)
     assert f"{SPANS} spans" in page.inner_text("#k-body")
-    assert "not available yet" in page.inner_text("#not-available")
 
     first = rows.first
     count = first.locator("td").nth(1).inner_text()
@@ -204,7 +210,28 @@ def test_kernels_lists_each_kernel_of_the_window_and_draws_its_latency_heatmap(p
     assert page.get_attribute("#heatmap", "data-truncated") == "false"
     assert int(page.get_attribute("#heatmap", "data-max-count")) > 0
     assert "kernel=" in page.url
+    # ... and from its native histogram: every launch of the window, one column per second.
+    page.wait_for_selector("#native-heatmap[data-columns]")
+    assert int(page.get_attribute("#native-heatmap", "data-columns")) >= 10
+    assert int(page.get_attribute("#native-heatmap", "data-observations")) > 0
     page.screenshot(path=tmp_path / "kernels.png", full_page=True)
+
+
+def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
+    _sign_in(page, collector)
+    query = 'sum by (kernel) (rate(kernel_duration_seconds{instance="node-0001"}[5s]))'
+    page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=5m")
+    page.wait_for_selector("#heatmaps canvas[data-columns]")
+    assert page.get_attribute("#heatmaps", "data-heatmaps") == str(len(KERNELS))
+    canvases = page.locator("#heatmaps canvas")
+    assert canvases.count() == len(KERNELS)
+    assert all(
+        int(canvases.nth(n).get_attribute("data-observations") or 0) > 0 for n in range(canvases.count())
+    )
+    assert page.get_attribute("#chart", "data-series") == "0"  # no float series to chart
+    canvases.first.hover()
+    assert ".." in page.inner_text("#hm-hover-0")  # the pointer names the cell's bucket range
+    page.screenshot(path=tmp_path / "explore-heatmap.png", full_page=True)
 
 
 def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports(page, collector, tmp_path):

@@ -290,6 +290,7 @@ async function pageExplore(params) {
     </div>
     <div id="q-error"></div>
     <div class="chart" id="chart" hidden></div>
+    <div id="heatmaps" hidden></div>
     <div id="q-table"></div>`;
   const ta = document.getElementById("q");
   const run = () => {
@@ -399,15 +400,18 @@ async function runQuery(query, rangeS) {
   } catch (err) {
     document.getElementById("q-table").innerHTML = "";
     document.getElementById("chart").hidden = true;
+    document.getElementById("heatmaps").hidden = true;
     showError(query, err);
     return;
   }
   renderTable(inst.data, inst.warnings);
   if (rng instanceof Error) {
     document.getElementById("chart").hidden = true;
+    document.getElementById("heatmaps").hidden = true;
     showError(query, rng);
   } else {
     renderChart(rng.data);
+    renderHeatmaps(rng.data);
   }
 }
 
@@ -419,7 +423,8 @@ function renderTable(data, warnings) {
     return;
   }
   const rows = data.result.map((s) => {
-    const v = s.value ? s.value[1] : s.values ? `${s.values.length} samples` : s.histogram ? "native histogram" : "";
+    const h = s.histogram && s.histogram[1];
+    const v = s.value ? s.value[1] : s.values ? `${s.values.length} samples` : h ? `histogram: count ${h.count}, sum ${h.sum}, ${(h.buckets || []).length} buckets` : "";
     return `<tr><td>${esc(seriesName(s.metric))}</td><td class="num">${esc(v)}</td></tr>`;
   });
   out.innerHTML = `${warn}<p class="muted">${rows.length} series (instant, now)</p>
@@ -431,26 +436,120 @@ const PALETTE = ["#4a7bd0", "#d23c3c", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085
 function renderChart(data) {
   const box = document.getElementById("chart");
   if (chart) { chart.destroy(); chart = null; }
-  if (data.resultType !== "matrix" || data.result.length === 0) { box.hidden = true; box.dataset.series = "0"; return; }
+  // Native-histogram series are drawn as heatmaps (renderHeatmaps); the chart has the float ones.
+  const floats = data.resultType === "matrix" ? data.result.filter((s) => s.values && s.values.length) : [];
+  if (floats.length === 0) { box.hidden = true; box.dataset.series = "0"; return; }
   // Every series of a range query sits on the same step grid: align them on the union of times.
-  const times = [...new Set(data.result.flatMap((s) => (s.values || []).map((v) => v[0])))].sort((a, b) => a - b);
+  const times = [...new Set(floats.flatMap((s) => s.values.map((v) => v[0])))].sort((a, b) => a - b);
   const index = new Map(times.map((t, n) => [t, n]));
-  const cols = data.result.map((s) => {
+  const cols = floats.map((s) => {
     const col = new Array(times.length).fill(null);
     for (const [t, v] of s.values || []) col[index.get(t)] = Number(v);
     return col;
   });
   box.hidden = false;
   box.innerHTML = "";
-  box.dataset.series = String(data.result.length);
+  box.dataset.series = String(floats.length);
   const opts = {
     width: Math.max(400, box.clientWidth - 14),
     height: 320,
-    series: [{}, ...data.result.map((s, n) => ({ label: seriesName(s.metric), stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: false }))],
+    series: [{}, ...floats.map((s, n) => ({ label: seriesName(s.metric), stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: false }))],
     axes: [{}, { size: 60, values: (u, vals) => vals.map(fmtSI) }],
     legend: { live: true },
   };
   chart = new uPlot(opts, [times, ...cols], box);
+}
+
+// Native histograms (Prometheus' "histograms" in a range result: [ts, {count, sum, buckets: [[rule,
+// lo, hi, count], ...]}]) as heatmaps, the way Grafana draws them: one column per step, rows on a
+// log scale of the bucket boundaries, darker = more observations per row. A bucket spreads its count
+// over the rows it covers in proportion to the log-width it shares with each; the zero bucket and
+// negative buckets go to the bottom row. At most 8 series are drawn.
+const HEAT_ROWS = 48;
+const MAX_HEATMAPS = 8;
+
+function renderHeatmaps(data) {
+  const box = document.getElementById("heatmaps");
+  const hs = data.resultType === "matrix" ? data.result.filter((s) => s.histograms && s.histograms.length) : [];
+  box.hidden = hs.length === 0;
+  box.dataset.heatmaps = String(hs.length);
+  if (!hs.length) { box.innerHTML = ""; return; }
+  const times = [...new Set(hs.flatMap((s) => s.histograms.map((p) => p[0])))].sort((a, b) => a - b);
+  const shown = hs.slice(0, MAX_HEATMAPS);
+  box.innerHTML = shown.map((s, n) => `<div class="chart heatmap"><div class="muted">${esc(seriesName(s.metric))} (native histogram)</div>
+      <canvas id="hm-${n}"></canvas><div class="muted hm-hover" id="hm-hover-${n}">&nbsp;</div></div>`).join("")
+    + (hs.length > shown.length ? `<p class="muted">${hs.length - shown.length} more histogram series not drawn</p>` : "");
+  shown.forEach((s, n) => drawHeatmap(document.getElementById(`hm-${n}`), document.getElementById(`hm-hover-${n}`), s.histograms, times, fmtSI));
+}
+
+function heatGrid(points, times) {
+  let lo = Infinity, hi = 0;
+  for (const [, h] of points) for (const [, a, b] of h.buckets || []) {
+    const l = Number(a), u = Number(b);
+    if (l > 0 && l < lo) lo = l;
+    if (u > 0 && u > hi && Number.isFinite(u)) hi = u;
+  }
+  if (!(hi > 0)) return null;
+  if (!(lo < hi)) lo = hi / 2;
+  const llo = Math.log(lo), span = Math.log(hi) - llo;
+  const col = new Map(times.map((t, n) => [t, n]));
+  const cells = new Float64Array(times.length * HEAT_ROWS);
+  for (const [t, h] of points) {
+    const c = col.get(t);
+    for (const [, a, b, cnt] of h.buckets || []) {
+      const l = Number(a), u = Number(b), v = Number(cnt);
+      if (!(v > 0)) continue;
+      if (u <= lo || l <= 0) { cells[c * HEAT_ROWS] += v; continue; } // zero and negative buckets
+      const r0 = ((Math.log(l) - llo) / span) * HEAT_ROWS, r1 = ((Math.log(Math.min(u, hi)) - llo) / span) * HEAT_ROWS;
+      const width = Math.max(r1 - r0, 1e-9);
+      for (let r = Math.max(0, Math.floor(r0)); r < Math.min(HEAT_ROWS, Math.ceil(r1)); r++) {
+        cells[c * HEAT_ROWS + r] += (v * (Math.min(r + 1, r1) - Math.max(r, r0))) / width;
+      }
+    }
+  }
+  let max = 0;
+  for (const v of cells) if (v > max) max = v;
+  return { lo, hi, llo, span, cells, max };
+}
+
+function drawHeatmap(canvas, hover, points, times, fmtY) {
+  const grid = heatGrid(points, times);
+  const LEFT = 64, BOTTOM = 18, width = Math.max(400, canvas.parentElement.clientWidth - 14), height = 240;
+  canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
+  canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
+  canvas.dataset.columns = String(times.length);
+  canvas.dataset.observations = grid ? String(Math.round(grid.cells.reduce((a, b) => a + b, 0))) : "0";
+  const ctx = canvas.getContext("2d");
+  ctx.scale(devicePixelRatio, devicePixelRatio);
+  ctx.font = "11px system-ui, sans-serif";
+  if (!grid || grid.max <= 0) { ctx.fillText("no observations in the range", LEFT, 20); return; }
+  const cw = (width - LEFT) / times.length, rh = (height - BOTTOM) / HEAT_ROWS;
+  for (let c = 0; c < times.length; c++) {
+    for (let r = 0; r < HEAT_ROWS; r++) {
+      const v = grid.cells[c * HEAT_ROWS + r];
+      if (v <= 0) continue;
+      // sqrt keeps a straggler row visible next to the bulk of the distribution
+      const k = Math.sqrt(v / grid.max);
+      ctx.fillStyle = `rgb(${Math.round(235 - 205 * k)}, ${Math.round(240 - 170 * k)}, ${Math.round(250 - 90 * k)})`;
+      ctx.fillRect(LEFT + c * cw, height - BOTTOM - (r + 1) * rh, Math.ceil(cw), Math.ceil(rh));
+    }
+  }
+  ctx.fillStyle = "#555";
+  for (let k = 0; k <= 4; k++) {
+    const b = Math.exp(grid.llo + (grid.span * k) / 4);
+    ctx.fillText(fmtY(b), 4, height - BOTTOM - (k * (height - BOTTOM)) / 4 + (k === 0 ? -2 : 10));
+  }
+  for (let k = 0; k <= 4; k++) {
+    const t = times[Math.min(times.length - 1, Math.round(((times.length - 1) * k) / 4))];
+    ctx.fillText(new Date(t * 1000).toLocaleTimeString(), LEFT + ((width - LEFT - 60) * k) / 4, height - 4);
+  }
+  canvas.onmousemove = (ev) => {
+    const rect = canvas.getBoundingClientRect();
+    const c = Math.floor((ev.clientX - rect.left - LEFT) / cw), r = HEAT_ROWS - 1 - Math.floor((ev.clientY - rect.top) / rh);
+    if (c < 0 || c >= times.length || r < 0 || r >= HEAT_ROWS) return;
+    const a = Math.exp(grid.llo + (grid.span * r) / HEAT_ROWS), b = Math.exp(grid.llo + (grid.span * (r + 1)) / HEAT_ROWS);
+    hover.textContent = `${new Date(times[c] * 1000).toLocaleTimeString()}  ${fmtY(a)} .. ${fmtY(b)}: ${fmtSI(grid.cells[c * HEAT_ROWS + r])}`;
+  };
 }
 
 // ---- alerts ----------------------------------------------------------------------------
@@ -538,8 +637,36 @@ async function pageKernels(params) {
     · <a href="#/timeline?${windowQuery(w)}">open the timeline</a> · a kernel's name opens its latency heatmap</p>
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
     <div id="k-heatmap"></div>
-    <div class="placeholder" id="not-available"><b>Heatmaps from native histograms: not available yet.</b> The heatmap here is drawn in the browser from the kernel's spans of the window (at most ${HEATMAP_MAX_SPANS.toLocaleString("en")}); drawn from native histograms it would cover any window with no span limit, which needs native histograms in the store and the query API (not done yet).</div>`;
-  if (kernel) await kernelHeatmap(w, kernel);
+    <div id="k-native"></div>`;
+  if (kernel) await Promise.all([kernelHeatmap(w, kernel), kernelNativeHeatmap(w, kernel)]);
+}
+
+// The same kernel's latency from its native histogram (kernel_duration_seconds, shipped by the agent
+// every second): any window, every launch counted, not only the spans the agent kept.
+async function kernelNativeHeatmap(w, kernel) {
+  const box = document.getElementById("k-native");
+  const str = (v) => `"${String(v).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
+  const step = Math.max(1, Math.ceil((w.to - w.from) / 120));
+  const range = Math.max(5, 2 * step);
+  const query = `sum(rate(kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}[${range}s]))`;
+  let res;
+  try {
+    res = await api("/api/v1/query_range", form({ query, start: w.from, end: w.to, step }));
+  } catch (err) {
+    box.innerHTML = `<p class="error">${esc(String(err.message || err))}</p>`;
+    return;
+  }
+  const series = res.data.result.filter((s) => s.histograms && s.histograms.length);
+  const explore = `#/explore?${new URLSearchParams({ q: query, range: "1h" })}`;
+  if (!series.length) {
+    box.innerHTML = `<p class="muted" id="native-none">No native histogram of this kernel in the window (agents older than wire version 2 ship spans only).</p>`;
+    return;
+  }
+  box.innerHTML = `<h1>From its native histogram</h1>
+    <p class="muted">every launch in the window, rate per second, ${step} s columns · <a href="${explore}">open the query in Explore</a></p>
+    <div class="chart heatmap"><canvas id="native-heatmap"></canvas><div class="muted hm-hover" id="native-hover">&nbsp;</div></div>`;
+  const times = series[0].histograms.map((p) => p[0]);
+  drawHeatmap(document.getElementById("native-heatmap"), document.getElementById("native-hover"), series[0].histograms, times, (v) => fmtNs(Math.round(v * 1e9)));
 }
 
 const HEATMAP_MAX_SPANS = 50000;
