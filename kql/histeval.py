@@ -1193,10 +1193,29 @@ def _histogram_quantile(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: l
     classic = _split_classic_native(ctx, vec, 1)
     floats = impl(ctx, [q, classic.floats_only()])
     pos = ctx.node.args[1].pos
-    native = _native_part(
-        classic, lambda i, j, h: _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
-    )
-    return _concat(floats, native)
+    return _concat(floats, _native_quantiles(ctx, q, classic, pos))
+
+
+def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector:
+    """histogram_quantile of every histogram cell: a dense block's numpy search where the cells
+    share a layout (:func:`dense_quantiles`), nativehist per histogram for the rest."""
+    values = np.zeros(vec.values.shape)
+    present = np.zeros(vec.values.shape, dtype=bool)
+    if vec.hists is not None:
+        rows, steps = np.nonzero(hist_mask(vec.hists))
+        hs = vec.hists[rows, steps].tolist()
+        decided = np.zeros(len(hs), dtype=bool)
+        block = DenseBlock.of(hs) if len(hs) >= DENSE_MIN_CELLS else None
+        if block is not None:
+            dense, decided = dense_quantiles(np.asarray(q, dtype=np.float64)[steps], block)
+            values[rows[decided], steps[decided]] = dense[decided]
+        for k in np.flatnonzero(~decided).tolist():
+            if k % 1024 == 1023:
+                ctx.check()
+            i, j = int(rows[k]), int(steps[k])
+            values[i, j] = _quantile_of(ctx, float(q[j]), hs[k], metric_name(vec.labels[i]), pos)
+        present[rows, steps] = True
+    return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
 
 
 def _histogram_fraction(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
@@ -1213,13 +1232,6 @@ def _histogram_fraction(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: l
     return _concat(floats, native)
 
 
-def _quantile_fn(ctx: Any, q: F64, vec: StepVector, pos: Any) -> Callable[[int, int, H], float]:
-    def fn(i: int, j: int, h: H) -> float:
-        return _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
-
-    return fn
-
-
 def _histogram_quantiles(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
     from kernel_insight.kql.functions.histogram import _q_label
 
@@ -1229,7 +1241,7 @@ def _histogram_quantiles(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: 
     pos = ctx.node.args[0].pos
     for q in qs:
         text = _q_label(float(q[0])) if len(q) else ""
-        native = _native_part(classic, _quantile_fn(ctx, q, vec, pos))
+        native = _native_quantiles(ctx, q, classic, pos)
         native.labels = [tuple(sorted({**dict(lb), label: text}.items())) for lb in native.labels]
         out = _concat(out, native)
     return out
@@ -1489,3 +1501,192 @@ class _EvalAnnotations:
 
     def info(self, message: str, pos: Any = None) -> None:
         self.ev.annotate("info", message, pos or self.pos)
+
+
+# ------------------------------------------------------------------------------ dense fast paths
+
+#: Below this many histogram cells the per-histogram path is as fast as building a dense block.
+DENSE_MIN_CELLS = 64
+
+
+class DenseBlock:
+    """Histograms of one standard exponential schema and zero threshold as dense matrices.
+
+    Row ``r`` holds one histogram: ``pos[r, k]`` is the count of positive bucket ``pos_lo + k``,
+    ``neg[r, k]`` of negative bucket ``neg_lo + k`` (absent buckets are 0; ``has_pos``/``has_neg``
+    remember whether the histogram had any bucket on that side, which the quantile's zero
+    bucket rule reads). Lets histogram_quantile work on thousands of histograms with numpy
+    instead of one Python call each.
+    """
+
+    __slots__ = (
+        "count",
+        "has_neg",
+        "has_pos",
+        "neg",
+        "neg_lo",
+        "pos",
+        "pos_lo",
+        "schema",
+        "sum",
+        "zero",
+        "zero_threshold",
+    )
+
+    def __init__(self, hs: list[H]) -> None:
+        first = hs[0]
+        self.schema = int(first.schema)
+        self.zero_threshold = float(first.zero_threshold)
+        n = len(hs)
+        (self.pos_lo, self.pos), (self.neg_lo, self.neg) = (_dense_side(hs, True), _dense_side(hs, False))
+        self.has_pos = np.fromiter((len(h.positive_buckets) > 0 for h in hs), dtype=bool, count=n)
+        self.has_neg = np.fromiter((len(h.negative_buckets) > 0 for h in hs), dtype=bool, count=n)
+        self.zero = np.fromiter((h.zero_count for h in hs), dtype=np.float64, count=n)
+        self.count = np.fromiter((h.count for h in hs), dtype=np.float64, count=n)
+        self.sum = np.fromiter((h.sum for h in hs), dtype=np.float64, count=n)
+
+    @staticmethod
+    def of(hs: list[H]) -> DenseBlock | None:
+        """A block of ``hs`` when they share a standard schema and zero threshold, else None."""
+        if not hs:
+            return None
+        schema, zt = hs[0].schema, hs[0].zero_threshold
+        if schema == CUSTOM_BUCKETS_SCHEMA or any(h.schema != schema or h.zero_threshold != zt for h in hs):
+            return None
+        return DenseBlock(hs)
+
+    def ordered(self) -> tuple[F64, F64, F64]:
+        """Every bucket in Go's AllBucketIterator order as columns: (counts, lower, upper) bounds
+        clipped at the zero threshold, the zero bucket between the sides."""
+        zt = self.zero_threshold
+        n_neg, n_pos = self.neg.shape[1], self.pos.shape[1]
+        neg_idx = np.arange(
+            self.neg_lo + n_neg - 1, self.neg_lo - 1, -1, dtype=np.int64
+        )  # most negative first
+        pos_idx = np.arange(self.pos_lo, self.pos_lo + n_pos, dtype=np.int64)
+        bounds = nh._bounds_exponential
+        neg_lower = -bounds(neg_idx, self.schema) if n_neg else np.zeros(0)
+        neg_upper = -bounds(neg_idx - 1, self.schema) if n_neg else np.zeros(0)
+        pos_lower = bounds(pos_idx - 1, self.schema) if n_pos else np.zeros(0)
+        pos_upper = bounds(pos_idx, self.schema) if n_pos else np.zeros(0)
+        neg_upper = np.where((-zt < neg_upper) & (neg_upper < 0), -zt, neg_upper)
+        pos_lower = np.where((pos_lower > 0) & (pos_lower < zt), zt, pos_lower)
+        counts = np.concatenate([self.neg[:, ::-1], self.zero[:, None], self.pos], axis=1)
+        lower = np.concatenate([neg_lower, [-zt], pos_lower])
+        upper = np.concatenate([neg_upper, [zt], pos_upper])
+        return counts, lower, upper
+
+
+def _span_indices(spans: tuple[tuple[int, int], ...]) -> list[int]:
+    out: list[int] = []
+    at = 0
+    for off, length in spans:
+        at += off
+        out.extend(range(at, at + length))
+        at += length
+    return out
+
+
+def _dense_side(hs: list[H], positive: bool) -> tuple[int, F64]:
+    """(lowest bucket index, counts as an n x width matrix) of one side of every histogram.
+
+    Histograms sharing a span layout (the usual case: one series keeps its layout for long)
+    are stacked as one matrix and placed with one assignment, not bucket by bucket.
+    """
+    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for r, h in enumerate(hs):
+        spans = h.positive_spans if positive else h.negative_spans
+        if spans:
+            groups.setdefault(tuple(spans), []).append(r)
+    if not groups:
+        return 0, np.zeros((len(hs), 0))
+    layouts = {spans: np.asarray(_span_indices(spans), dtype=np.int64) for spans in groups}
+    lo = min(int(ix.min()) for ix in layouts.values() if len(ix))
+    hi = max(int(ix.max()) for ix in layouts.values() if len(ix))
+    mat = np.zeros((len(hs), hi - lo + 1))
+    for spans, rows in groups.items():
+        ix = layouts[spans]
+        if not len(ix):
+            continue
+        flat = itertools.chain.from_iterable(
+            (hs[r].positive_buckets if positive else hs[r].negative_buckets)[: len(ix)] for r in rows
+        )
+        counts = np.fromiter(flat, dtype=np.float64, count=len(rows) * len(ix)).reshape(len(rows), len(ix))
+        mat[np.asarray(rows, dtype=np.intp)[:, None], (ix - lo)[None, :]] = counts
+    return lo, mat
+
+
+def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
+    """Go's HistogramQuantile for every row of ``block`` at once (``q`` per row), and which rows it
+    decided; the others (NaN sums, negative or non-finite counts, a rank above every bucket,
+    q outside [0, 1] or NaN) are left to :func:`nativehist.histogram_quantile`.
+
+    The bucket search is numpy's; the interpolation is the same Python float arithmetic as
+    nativehist's, so the results are the same bits.
+    """
+    counts, lower_b, upper_b = block.ordered()
+    n, width = counts.shape
+    total_count = block.count
+    done = (
+        ~np.isnan(block.sum)
+        & (total_count != 0)
+        & ~np.isnan(q)
+        & (q >= 0)
+        & (q <= 1)
+        & np.isfinite(counts).all(axis=1)
+        & (counts >= 0).all(axis=1)
+    )
+    out = np.full(n, np.nan)
+    if width == 0 or not done.any():
+        return out, np.zeros(n, dtype=bool)
+    forward = q < 0.5
+    rank = np.where(forward, q * total_count, (1 - q) * total_count)
+    if forward.all():
+        ordered = counts
+    elif not forward.any():
+        ordered = counts[:, ::-1]  # one quantile for all rows (the usual case): one view, no copy
+    else:
+        ordered = np.where(forward[:, None], counts, counts[:, ::-1])
+    cum = np.cumsum(ordered, axis=1)
+    hit = (cum >= rank[:, None]) & (ordered > 0)
+    found = hit.any(axis=1)
+    col = np.argmax(hit, axis=1)
+    done &= found
+    rows = np.flatnonzero(done)
+    col_in_order = col[rows]
+    fwd = forward[rows]
+    cols = np.where(fwd, col_in_order, width - 1 - col_in_order)
+    count = cum[rows, col_in_order]
+    bcount = counts[rows, cols]
+    lo = lower_b[cols]
+    hi = upper_b[cols]
+    # Elementwise IEEE arithmetic is the same in numpy as in Python; only log2 and pow go through
+    # Python's math below (numpy's differ from libm in the last bit for some inputs).
+    straddles = (lo < 0) & (hi > 0)
+    only_pos = straddles & ~block.has_neg[rows] & block.has_pos[rows]
+    only_neg = straddles & ~block.has_pos[rows] & block.has_neg[rows]
+    lo = np.where(only_pos, 0.0, lo)
+    hi = np.where(only_neg, 0.0, hi)
+    count = np.minimum(count, total_count[rows])
+    rk = rank[rows]
+    above = count < rk  # the rank lies above every bucket: nativehist decides (and annotates)
+    done[rows[above]] = False
+    rk = np.where(fwd, rk - (count - bcount), count - rk)
+    fraction = rk / bcount
+    linear = (lo <= 0) & (hi >= 0)
+    out[rows] = lo + (hi - lo) * fraction
+    expo = np.flatnonzero(~linear & ~above)
+    if len(expo):
+        e_lo, e_hi, e_frac = lo[expo], hi[expo], fraction[expo]
+        log_lower = np.fromiter(map(math.log2, np.abs(e_lo).tolist()), dtype=np.float64, count=len(expo))
+        log_upper = np.fromiter(map(math.log2, np.abs(e_hi).tolist()), dtype=np.float64, count=len(expo))
+        positive = e_lo > 0
+        exponent = np.where(
+            positive,
+            log_lower + (log_upper - log_lower) * e_frac,
+            log_upper + (log_lower - log_upper) * (1 - e_frac),
+        )
+        powered = np.fromiter(map(nh._exp2, exponent.tolist()), dtype=np.float64, count=len(expo))
+        out[rows[expo]] = np.where(positive, powered, -powered)
+    values = out
+    return values, done

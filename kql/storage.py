@@ -7,6 +7,7 @@ Two back ends implement :class:`Storage`: the ClickHouse store of the collector 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ __all__ = [
 STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN: float = float(np.array([STALE_NAN_BITS], dtype=np.uint64).view(np.float64)[0])
 
+_DOUBLE = struct.Struct("<d")
+_DOUBLE_BITS = struct.Struct("<Q")
+
 #: Matcher operators, as PromQL writes them.
 MATCH_OPS = ("=", "!=", "=~", "!~")
 
@@ -59,7 +63,12 @@ def is_stale(values: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
 
 def is_stale_value(value: float) -> bool:
     """Whether one float is the staleness marker."""
-    return bool(np.array([value], dtype=np.float64).view(np.uint64)[0] == STALE_NAN_BITS)
+    return value != value and _bits(value) == STALE_NAN_BITS  # only a NaN can be one
+
+
+def _bits(value: float) -> int:
+    bits: int = _DOUBLE_BITS.unpack(_DOUBLE.pack(value))[0]
+    return bits
 
 
 @dataclass(frozen=True, slots=True)

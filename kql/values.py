@@ -55,13 +55,6 @@ BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
 
 
-def _not_none(x: object) -> bool:
-    return x is not None
-
-
-_IS_SET = np.frompyfunc(_not_none, 1, 1)
-
-
 def keep_hists(hists: OBJ, keep: BOOL) -> OBJ:
     """A copy of ``hists`` with None wherever ``keep`` is False."""
     out = hists.copy()
@@ -73,7 +66,8 @@ def hist_mask(hists: OBJ) -> BOOL:
     """Which cells of an object array hold a histogram (not None)."""
     if hists.size == 0:
         return np.zeros(hists.shape, dtype=bool)
-    mask: BOOL = np.asarray(_IS_SET(hists), dtype=bool)
+    # Truth in C: None is false, a histogram (no __len__ or __bool__) is true.
+    mask: BOOL = hists.astype(bool)
     return mask
 
 

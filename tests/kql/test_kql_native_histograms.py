@@ -18,9 +18,11 @@ from kernel_insight.kql import (
     prometheus_json_bytes,
     to_prometheus_json,
 )
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histeval import DenseBlock, dense_quantiles
+from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
 from kernel_insight.kql.promqltest import histogram_values
 from kernel_insight.kql.storage import STALE_NAN, Matcher
+from kernel_insight.kql.values import hist_mask, histogram_json
 
 
 @dataclass(slots=True)
@@ -313,3 +315,91 @@ def test_rule_evaluation_cache_keeps_histograms() -> None:
     quantile = engine.instant_query('histogram_count(rate(lat{job="a"}[1m]))', 300_000)
     assert _one(quantile.value).value == pytest.approx(16 / 60)
     assert cycle.reads == 1
+
+
+def test_histogram_json_writes_zero_and_negative_buckets_as_prometheus() -> None:
+    """jsonutil.MarshalHistogram: [-zt, zt] is rule 3, negative buckets [l, u) rule 1, positive (l, u]
+    rule 0, empty buckets left out, floats below 1e-6 in Go's 'e' form."""
+    h = FloatHistogram(
+        schema=0,
+        zero_threshold=1e-9,
+        zero_count=1.0,
+        count=8.5,
+        sum=-0.25,
+        positive_spans=((-1, 2), (2, 1)),
+        positive_buckets=(1.0, 0.0, 3.5),
+        negative_spans=((1, 1),),
+        negative_buckets=(3.0,),
+    )
+    assert histogram_json(h) == {
+        "count": "8.5",
+        "sum": "-0.25",
+        "buckets": [
+            [1, "-2", "-1", "3"],
+            [3, "-1e-09", "1e-09", "1"],
+            [0, "0.25", "0.5", "1"],
+            [0, "4", "8", "3.5"],
+        ],
+    }
+    assert histogram_json(FloatHistogram()) == {"count": "0", "sum": "0"}
+
+
+def _random_histograms(rng: np.random.Generator, n: int, schema: int) -> list[FloatHistogram]:
+    out = []
+    for _ in range(n):
+        pos_n, neg_n = int(rng.integers(0, 12)), int(rng.integers(0, 4))
+        pos = tuple(float(x) for x in rng.integers(0, 50, pos_n) * rng.choice([1.0, 0.25], pos_n))
+        neg = tuple(float(x) for x in rng.integers(0, 20, neg_n))
+        zero = float(rng.choice([0.0, 0.0, 3.0]))
+        pos_off = int(rng.integers(-8, 8))
+        # Two positive spans now and then, with a gap between them.
+        spans = ((pos_off, pos_n),) if pos_n < 4 else ((pos_off, 2), (int(rng.integers(0, 3)), pos_n - 2))
+        out.append(
+            FloatHistogram(
+                schema=schema,
+                zero_threshold=1e-3,
+                zero_count=zero,
+                count=sum(pos) + sum(neg) + zero,
+                sum=float(rng.normal()),
+                positive_spans=spans if pos_n else (),
+                positive_buckets=pos,
+                negative_spans=((int(rng.integers(-3, 3)), neg_n),) if neg_n else (),
+                negative_buckets=neg,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("schema", [-2, 0, 3, 8])
+def test_dense_quantiles_equal_nativehist_bit_for_bit(schema: int) -> None:
+    """The numpy fast path of histogram_quantile gives nativehist's own answers, bit for bit."""
+    rng = np.random.default_rng(schema + 10)
+    hs = _random_histograms(rng, 400, schema)
+    block = DenseBlock.of(hs)
+    assert block is not None
+    for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0):
+        values, decided = dense_quantiles(np.full(len(hs), q), block)
+        assert decided.sum() > 300  # empty histograms (count 0) are left to nativehist
+        for h, value, ok in zip(hs, values.tolist(), decided.tolist(), strict=True):
+            if ok:
+                expected = histogram_quantile(q, h)[0]
+                assert value == expected or (math.isnan(value) and math.isnan(expected)), (q, str(h))
+
+
+def test_histogram_quantile_over_many_cells_takes_the_dense_path_and_agrees() -> None:
+    rng = np.random.default_rng(7)
+    s = MemoryStorage()
+    hs = _random_histograms(rng, 200, 3)
+    for k, h in enumerate(hs):
+        s.add_histograms({"__name__": "lat", "k": str(k)}, [0], [h])
+    result = Engine(s).instant_query("histogram_quantile(0.9, lat)", 0).value
+    assert isinstance(result, Vector)
+    got = {dict(x.labels)["k"]: x.value for x in result.samples}
+    for k, h in enumerate(hs):
+        expected = histogram_quantile(0.9, h)[0]
+        assert got[str(k)] == expected or (math.isnan(got[str(k)]) and math.isnan(expected))
+
+
+def test_hist_mask_counts_every_histogram_even_an_empty_one() -> None:
+    cells = np.array([[FloatHistogram(), None], [None, _h(1, (1,))]], dtype=object)
+    assert hist_mask(cells).tolist() == [[True, False], [False, True]]
