@@ -25,7 +25,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, compress
 
 import numpy as np
 import numpy.typing as npt
@@ -260,12 +260,15 @@ def _indices(spans: Sequence[Span]) -> list[int]:
 
 
 def _spans_from_indices(idx: Sequence[int]) -> tuple[Span, ...]:
-    """Canonical spans (maximal runs) for ascending absolute indexes."""
+    """Canonical spans (maximal runs) for strictly ascending absolute indexes."""
+    n = len(idx)
+    if n == 0:
+        return ()
+    if idx[-1] - idx[0] == n - 1:
+        return ((idx[0], n),)  # one run, the common case
     spans: list[Span] = []
     it = iter(idx)
-    start = next(it, None)
-    if start is None:
-        return ()
+    start = next(it)
     prev_end = 0
     length = 1
     for i in it:
@@ -603,8 +606,8 @@ class FloatHistogram:
             zero_count=self.zero_count * f,
             count=self.count * f,
             sum=self.sum * f,
-            positive_buckets=tuple(x * f for x in self.positive_buckets),
-            negative_buckets=tuple(x * f for x in self.negative_buckets),
+            positive_buckets=tuple(map(f.__mul__, self.positive_buckets)),  # f*x is x*f in IEEE
+            negative_buckets=tuple(map(f.__mul__, self.negative_buckets)),
             counter_reset_hint=GAUGE_TYPE if f < 0 else self.counter_reset_hint,
         )
 
@@ -626,8 +629,8 @@ class FloatHistogram:
             zero_count=zc,
             count=cnt,
             sum=sm,
-            positive_buckets=tuple(x / s for x in self.positive_buckets),
-            negative_buckets=tuple(x / s for x in self.negative_buckets),
+            positive_buckets=tuple(map(s.__rtruediv__, self.positive_buckets)),  # x / s
+            negative_buckets=tuple(map(s.__rtruediv__, self.negative_buckets)),
             counter_reset_hint=GAUGE_TYPE if s < 0 else self.counter_reset_hint,
         )
 
@@ -1300,25 +1303,33 @@ def _reset_mismatched_custom(h: FloatHistogram, previous: FloatHistogram) -> boo
 def _compact_side(
     spans: tuple[Span, ...], buckets: tuple[float, ...], max_empty: int
 ) -> tuple[tuple[Span, ...], tuple[float, ...]]:
+    if not spans:
+        return ((), ()) if not buckets else (spans, buckets)
+    offsets, lengths = zip(*spans, strict=True)
     if (
         0.0 not in buckets
-        and all(ln > 0 for _, ln in spans)
-        and all(off > max_empty for off, _ in spans[1:])
-        and sum(ln for _, ln in spans) == len(buckets)
+        and min(lengths) > 0
+        and (len(offsets) < 2 or min(offsets[1:]) > max_empty)
+        and sum(lengths) == len(buckets)
     ):
         return spans, buckets  # nothing to do, as Go's fast path
-    pairs = [(i, c) for i, c in zip(_indices(spans), buckets, strict=False) if c != 0]
-    if not pairs:
+    keep = list(map(bool, buckets))  # bool(c) is c != 0 (NaN stays, ±0 goes)
+    idx = list(compress(_indices(spans), keep))
+    counts = tuple(compress(buckets, keep))
+    if not idx:
         return (), ()
     if max_empty > 0:
-        filled: list[tuple[int, float]] = [pairs[0]]
-        for i, c in pairs[1:]:
-            gap = i - filled[-1][0] - 1
+        filled_i: list[int] = [idx[0]]
+        filled_c: list[float] = [counts[0]]
+        for i, c in zip(idx[1:], counts[1:], strict=True):
+            gap = i - filled_i[-1] - 1
             if 0 < gap <= max_empty:
-                filled.extend((j, 0.0) for j in range(filled[-1][0] + 1, i))
-            filled.append((i, c))
-        pairs = filled
-    return _spans_from_indices([i for i, _ in pairs]), tuple(c for _, c in pairs)
+                filled_i.extend(range(filled_i[-1] + 1, i))
+                filled_c.extend([0.0] * gap)
+            filled_i.append(i)
+            filled_c.append(c)
+        return _spans_from_indices(filled_i), tuple(filled_c)
+    return _spans_from_indices(idx), counts
 
 
 def _reduced_side(
