@@ -122,7 +122,8 @@ class SpanCursor:
 
 
 _SPAN_COLUMNS = (
-    f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid"
+    f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid,"
+    " launch_ns, launch_host_ns, tid"
 )
 
 
@@ -135,6 +136,9 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         "duration_ns": int(row["duration_ns"]),
         "correlation": int(row["correlation"]),
         "pid": int(row["pid"]),
+        "launch_ns": int(row["launch_ns"]),
+        "launch_host_ns": int(row["launch_host_ns"]),
+        "tid": int(row["tid"]),
     }
 
 
@@ -195,7 +199,8 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
         p = Params()
         where = window.where(p)
         found = store.query(
-            f"SELECT kernel, {_NS}(start) AS start_ns, stream, correlation, pid, duration_ns FROM {table}"
+            f"SELECT kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, stream, correlation, pid,"
+            f" duration_ns, launch_ns, launch_host_ns, tid FROM {table}"
             f" WHERE {where} AND kernel IN {p(names, 'Array(String)')}"
             f" AND duration_ns >= transform(toString(kernel), {p(names, 'Array(String)')},"
             f" {p(floors, 'Array(UInt64)')}, toUInt64(0))"
@@ -203,17 +208,7 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
             p,
         ).to_pylist()
         for t in found:
-            slow[t["kernel"]].append(
-                {
-                    "stream": int(t["stream"]),
-                    "kernel": t["kernel"],
-                    "start_ns": int(t["start_ns"]),
-                    "end_ns": int(t["start_ns"]) + int(t["duration_ns"]),
-                    "duration_ns": int(t["duration_ns"]),
-                    "correlation": int(t["correlation"]),
-                    "pid": int(t["pid"]),
-                }
-            )
+            slow[t["kernel"]].append(_span(t))
     total_ns = int(rows[0]["all_total"]) if rows else 0
     out = []
     for r in rows:

@@ -49,6 +49,11 @@ class Span:
     duration_ns: int
     correlation: int
     pid: int
+    #: The host side, for spans of the CUDA-event probe: when the host launched it (0: unknown),
+    #: how long the span's code took on the host, and the host thread.
+    launch_ns: int = 0
+    launch_host_ns: int = 0
+    tid: int = 0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Span:
@@ -60,6 +65,9 @@ class Span:
             int(d["duration_ns"]),
             int(d["correlation"]),
             int(d["pid"]),
+            int(d.get("launch_ns", 0)),
+            int(d.get("launch_host_ns", 0)),
+            int(d.get("tid", 0)),
         )
 
 

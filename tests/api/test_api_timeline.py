@@ -99,6 +99,9 @@ def test_spans_page_through_the_window_in_start_order_without_gaps(client):
         "duration_ns": 10_000,
         "correlation": 1,
         "pid": 42,
+        "launch_ns": 0,  # no host side recorded
+        "launch_host_ns": 0,
+        "tid": 0,
     }
     assert any(s["stream"] == 2**63 + 5 for s in seen)  # uint64 streams survive JSON
 
@@ -249,6 +252,18 @@ def test_export_draws_a_flow_from_each_host_launch_to_its_kernel(client, store):
     assert ends == {"step": (2, T0 + 10_000), "fwd": (2, T0 + 20_000), "bwd": (2, T0 + 40_000)}
     names = {e["args"].get("name") for e in doc["traceEvents"] if e["ph"] == "M"}
     assert {"n1 process 42 (host)", "thread 77", "thread 78"} <= names
+
+    spans = client.get("/v1/timeline/spans", params=window).json()["spans"]
+    assert [(x["kernel"], x["launch_ns"], x["launch_host_ns"], x["tid"]) for x in spans] == [
+        ("step", T0 - 4_000, 30_000, 77),
+        ("fwd", T0 + 1_000, 2_000, 77),
+        ("bwd", T0 + 30_000, 500, 78),
+        ("no_host_side", 0, 0, 0),
+    ]
+    slowest = client.get("/v1/timeline/summary", params=window).json()["kernels"]
+    assert {k["kernel"]: k["slowest"][0]["tid"] for k in slowest} == {
+        "step": 77, "fwd": 77, "bwd": 78, "no_host_side": 0
+    }  # fmt: skip
 
     proto = check_perfetto(client.get("/v1/timeline/export", params={**window, "format": "perfetto"}).content)
     assert sorted((src[0], src[1], src[2], dst[0], dst[2]) for src, dst in proto["flows"]) == [
