@@ -40,5 +40,10 @@ setup(
             depends=["agent/include/ki_ring.h"],
             extra_compile_args=CFLAGS,
         ),
+        Extension(
+            "kernel_insight.collector._decode",
+            sources=["collector/native/decodemodule.c"],
+            extra_compile_args=CFLAGS,
+        ),
     ],
 )

@@ -67,6 +67,8 @@ class Trial:
     bytes_per_sample_du_all: float = math.nan
     bytes_per_sample_store_all: float = math.nan
     store_du_bytes: int = 0
+    #: the samples directory's largest entries (parts, logs) when du was taken: name -> KiB
+    samples_dir_kib: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -186,6 +188,12 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             time.sleep(2.0)
             sizes.append(du_now())
         du, du_all = sizes[-1]
+        with contextlib.suppress(FileNotFoundError):
+            entries = {e.name: _du_bytes(Path(e.path)) if e.is_dir() else e.stat().st_blocks * 512
+                       for e in os.scandir(dirs["samples"])}  # fmt: skip
+            trial.samples_dir_kib = {
+                k: v // 1024 for k, v in sorted(entries.items(), key=lambda kv: -kv[1])[:10]
+            }
         for n in nodes:
             n.stop_agent()
         collector.stop()
