@@ -55,6 +55,7 @@ __all__ = [
     "histogram_stdvar",
     "kahan_inc",
     "parse_histogram",
+    "spans_match",
 ]
 
 #: Counter-reset hints, Prometheus' ``CounterResetHint`` values.
@@ -301,7 +302,7 @@ def _floats_bits_equal(a: Sequence[float], b: Sequence[float]) -> bool:
     return struct.pack(f"<{n}d", *a) == struct.pack(f"<{n}d", *b)
 
 
-def _spans_match(s1: Sequence[Span], s2: Sequence[Span]) -> bool:
+def spans_match(s1: Sequence[Span], s2: Sequence[Span]) -> bool:
     """Go ``spansMatch``: equal layouts, zero-length spans folded into the next span's offset."""
 
     def norm(spans: Sequence[Span]) -> list[Span]:
@@ -591,9 +592,9 @@ class FloatHistogram:
         if h.zero_threshold != h2.zero_threshold or not _floats_bits_equal((h.zero_count,), (h2.zero_count,)):
             return False
         return (
-            _spans_match(h.negative_spans, h2.negative_spans)
+            spans_match(h.negative_spans, h2.negative_spans)
             and _floats_bits_equal(h.negative_buckets, h2.negative_buckets)
-            and _spans_match(h.positive_spans, h2.positive_spans)
+            and spans_match(h.positive_spans, h2.positive_spans)
             and _floats_bits_equal(h.positive_buckets, h2.positive_buckets)
         )
 

@@ -23,7 +23,12 @@ from kernel_insight.kql import histeval
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.lexical import parse_duration, unquote
-from kernel_insight.kql.nativehist import FloatHistogram, HistogramNotationError, expand_histogram_series
+from kernel_insight.kql.nativehist import (
+    FloatHistogram,
+    HistogramNotationError,
+    expand_histogram_series,
+    spans_match,
+)
 from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
 from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector, almost_equal
 
@@ -449,25 +454,12 @@ def same_histogram(want: FloatHistogram, got: FloatHistogram, hint_set: bool) ->
     if a.zero_threshold != b.zero_threshold or not same_value(a.zero_count, b.zero_count):
         return False
     for spans, buckets in (("negative_spans", "negative_buckets"), ("positive_spans", "positive_buckets")):
-        if _spans(getattr(a, spans)) != _spans(getattr(b, spans)):
+        if not spans_match(getattr(a, spans), getattr(b, spans)):
             return False
         ba, bb = list(getattr(a, buckets)), list(getattr(b, buckets))
         if len(ba) != len(bb) or not all(same_value(x, y) for x, y in zip(ba, bb, strict=True)):
             return False
     return not hint_set or a.counter_reset_hint == b.counter_reset_hint
-
-
-def _spans(spans: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """Spans without empty ones, an empty span's offset carried into the next (Prometheus' spansMatch)."""
-    out: list[tuple[int, int]] = []
-    carry = 0
-    for offset, length in spans:
-        if length == 0:
-            carry += offset
-            continue
-        out.append((offset + carry, length))
-        carry = 0
-    return out
 
 
 def _same_point(want: Value, got_value: float, got_hist: FloatHistogram | None) -> bool:

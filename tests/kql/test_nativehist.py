@@ -33,6 +33,7 @@ from kernel_insight.kql.nativehist import (
     histogram_stdvar,
     parse_histogram,
 )
+from kernel_insight.kql.promqltest import same_histogram, same_value
 
 FH = FloatHistogram
 
@@ -510,18 +511,6 @@ def _scalar(tok: str) -> float:
     return float(tok.replace("Inf", "inf").replace("NaN", "nan"))
 
 
-def _almost_equal(a: float, b: float, eps: float = 1e-6) -> bool:
-    """Prometheus util/almost.Equal."""
-    if math.isnan(a) and math.isnan(b):
-        return True
-    if a == b:
-        return True
-    diff = abs(a - b)
-    if a == 0 or b == 0 or diff < 2.2250738585072014e-308:
-        return diff < eps * 2.2250738585072014e-308
-    return diff / (abs(a) + abs(b)) < eps
-
-
 def _nh_cases() -> list[Any]:
     """(line, query, t_ms, {labels: histogram or None}, {labels: expected}) for each math-only eval."""
     from kernel_insight.kql.promqltest import _split_values
@@ -642,27 +631,6 @@ def _notes(name: str, a1: str | None, a2: str | None, h: FloatHistogram) -> list
     return histogram_fraction(_scalar(a1 or ""), _scalar(a2 or ""), h)[1]
 
 
-def _same_as_promqltest(expected_text: str, got: FloatHistogram) -> bool:
-    """promqltest's compareNativeHistogram: both compacted, counts almost equal, layouts exact."""
-    hint_set = "counter_reset_hint" in expected_text
-    exp, cur = parse_histogram(expected_text).compact(0), got.compact(0)
-    return (
-        exp.schema == cur.schema
-        and _almost_equal(exp.count, cur.count)
-        and _almost_equal(exp.sum, cur.sum)
-        and (not exp.uses_custom_buckets() or exp.custom_values == cur.custom_values)
-        and exp.zero_threshold == cur.zero_threshold
-        and _almost_equal(exp.zero_count, cur.zero_count)
-        and exp.negative_spans == cur.negative_spans
-        and len(exp.negative_buckets) == len(cur.negative_buckets)
-        and all(map(_almost_equal, exp.negative_buckets, cur.negative_buckets))
-        and exp.positive_spans == cur.positive_spans
-        and len(exp.positive_buckets) == len(cur.positive_buckets)
-        and all(map(_almost_equal, exp.positive_buckets, cur.positive_buckets))
-        and (not hint_set or exp.counter_reset_hint == cur.counter_reset_hint)
-    )
-
-
 _NH = _nh_cases()
 
 
@@ -692,11 +660,11 @@ def test_prometheus_native_histograms_test_math(
     assert set(got) == set(expected)
     for k, v in got.items():
         if isinstance(v, FloatHistogram):
-            assert _same_as_promqltest(expected[k], v), (
+            assert same_histogram(parse_histogram(expected[k]), v, "counter_reset_hint" in expected[k]), (
                 f"{k}: got {v.test_expression()}, Prometheus {expected[k]}"
             )
         else:
-            assert _almost_equal(v, _scalar(expected[k])), f"{k}: got {v!r}, Prometheus {expected[k]}"
+            assert same_value(v, _scalar(expected[k])), f"{k}: got {v!r}, Prometheus {expected[k]}"
 
 
 def _check_kahan(
