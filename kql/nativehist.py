@@ -4,7 +4,8 @@ A port of prometheus/prometheus ``model/histogram/float_histogram.go`` and ``gen
 (the value type, add/sub with schema and zero-bucket reconciliation, compact, reset detection,
 resolution reduction), of ``promql/quantile.go`` (``histogram_quantile``, ``histogram_fraction``)
 and ``promql/functions.go`` (stddev/stdvar/avg), plus the promqltest ``{{...}}`` notation
-(``promql/parser``). Results are bit-exact with Prometheus where Prometheus is deterministic;
+(``promql/parser``). Counts, sums and layouts are bit-exact with Prometheus (interpolations use
+the C library's log2/exp2, which may differ from Go's in the last bit);
 spans are kept in the canonical form (maximal runs of present buckets) after add/sub, which
 Prometheus' ``Equals`` treats the same as its own layout except where Prometheus leaves two
 directly adjacent spans (offset 0) unmerged.
