@@ -73,6 +73,7 @@ class MemopKind(enum.IntEnum):
     FREE = 2
     ALLOC_ASYNC = 3
     FREE_ASYNC = 4
+    MEMCPY = 5  # a memory copy: bytes is its size (memcpy_bytes histogram)
 
 
 class SyncKind(enum.IntEnum):

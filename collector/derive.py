@@ -39,6 +39,8 @@ from kernel_insight.agent.records import (
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     Event,
+    HistogramBatch,
+    HistogramBuilder,
     InstanceInfo,
     Labels,
     SampleBatch,
@@ -46,20 +48,29 @@ from kernel_insight.collector.rows import (
     SpanBatch,
     canonical_labels,
 )
+from kernel_insight.collector.wire_hist import FLAG_FIRST, HistKind, WireHistograms
 
 __all__ = [
     "AGENT_COUNTERS",
     "DROP_REASONS",
     "DROP_STATS",
     "INGEST_LAG_METRIC",
+    "KERNEL_DURATION_METRIC",
     "MAX_FINGERPRINT_FIELDS",
     "MAX_FINGERPRINT_GPUS",
+    "MEMCPY_BYTES_METRIC",
     "NAMES_MAX_BYTES",
+    "NCCL_DURATION_METRIC",
     "Derived",
     "Deriver",
     "DropStats",
     "agent_metric_name",
 ]
+
+#: The native histograms a version 2 agent ships (docs/metrics.md, "Native histograms").
+KERNEL_DURATION_METRIC = "kernel_duration_seconds"
+NCCL_DURATION_METRIC = "nccl_op_duration_seconds"
+MEMCPY_BYTES_METRIC = "memcpy_bytes"
 
 _NS_PER_MS = 1_000_000
 _LABEL_CACHE_MAX = 200_000
@@ -188,6 +199,7 @@ class Derived:
     instances: list[InstanceInfo] = field(default_factory=list)
     unknown_records: int = 0  # records of a type or metric id this collector does not know
     dropped: dict[str, int] = field(default_factory=dict)  # records refused, by DROP_REASONS key
+    histograms: HistogramBatch = field(default_factory=HistogramBatch.empty)  # native histogram samples
 
 
 def _kind(enum_cls: type[MemopKind] | type[SyncKind] | type[CollectiveOp] | type[ErrorKind], v: int) -> str:
@@ -372,6 +384,9 @@ class Deriver:
         counters: Mapping[str, float] | None = None,
         now_ns: int | None = None,
         received_ns: int | None = None,
+        histograms: WireHistograms | None = None,
+        body_version: int = 1,
+        epoch: int = 0,
     ) -> Derived:
         """Rows for one batch: ``records`` in RECORD_DTYPE (ring order), names the wire batch carried,
         and the agent's counters by name (docs/wire.md, lower-case).
@@ -419,7 +434,11 @@ class Deriver:
         if of_span.any():
             self._span_launches(launches[of_span])
             launches = launches[~of_span]  # the host side of a span, not a driver launch call
-        spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped)
+        # Version 2 bodies carry a sample of the kernels as records; every kernel is counted in
+        # the HISTOGRAMS sections, so the per-kernel counters come from those instead.
+        sampled = body_version >= 2
+        spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped, count=not sampled)
+        hist = HistogramBatch.empty() if histograms is None else self._histograms(histograms, epoch, samples)
         if self._open_launches and len(spans):
             self._attach_launches(spans)
         self._launches(launches, samples)
@@ -442,7 +461,7 @@ class Deriver:
             instances.append(self._instance(now_ns))
         if dropped:
             self.stats.add(dropped)
-        return Derived(samples.build(), spans, events, instances, unknown, dropped)
+        return Derived(samples.build(), spans, events, instances, unknown, dropped, hist)
 
     def _learn_names(self, strings: Mapping[tuple[int, int], str], dropped: dict[str, int]) -> None:
         """Remember the batch's names, up to NAMES_MAX_BYTES per agent: past that a new name is
@@ -461,7 +480,9 @@ class Deriver:
 
     # ---- KERNEL: spans and per-kernel metrics ------------------------------------------
 
-    def _kernels(self, k: npt.NDArray[np.void], out: SampleBuilder, dropped: dict[str, int]) -> SpanBatch:
+    def _kernels(
+        self, k: npt.NDArray[np.void], out: SampleBuilder, dropped: dict[str, int], *, count: bool = True
+    ) -> SpanBatch:
         if len(k) == 0:
             return SpanBatch.empty()
         payload = _payload(k, _KERNEL_DTYPE)
@@ -489,6 +510,8 @@ class Deriver:
             correlation=payload["correlation"].astype(np.uint64),
             pid=payload["pid"].astype(np.uint32),
         )
+        if not count:
+            return spans
         # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
         dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
         name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1].reshape(-1)[inverse]
@@ -545,6 +568,76 @@ class Deriver:
             hit = held.pop(key, None)
             if hit is not None:
                 spans.launch_ns[i], spans.launch_host_ns[i], spans.tid[i] = hit
+
+    # ---- HISTOGRAMS (version 2 bodies): native histograms, and the kernel counters ------
+
+    def _histograms(self, h: WireHistograms, epoch: int, out: SampleBuilder) -> HistogramBatch:
+        """The section's histograms as samples of kernel_duration_seconds, nccl_op_duration_seconds
+        and memcpy_bytes; kernel_launches_total and kernel_execution_time_seconds(_total) from the
+        kernel histograms' growth since their last sample (docs/metrics.md).
+
+        The last count and sum of each kernel histogram are kept in the running totals under
+        keys no series has, so a batch that is not stored is undone with the counters.
+        """
+        b = HistogramBuilder()
+        ts_ms = h.ts_ns // _NS_PER_MS
+        ps = np.concatenate(([0], np.cumsum(h.n_pos_spans))).astype(np.int64)
+        ns = np.concatenate(([0], np.cumsum(h.n_neg_spans))).astype(np.int64)
+        pd = np.concatenate(([0], np.cumsum(h.pos_span_length))).astype(np.int64)
+        nd = np.concatenate(([0], np.cumsum(h.neg_span_length))).astype(np.int64)
+        grown: dict[tuple[int, str], list[float]] = {}
+        for i in range(len(h)):
+            kind, gpu, ident = int(h.kind[i]), int(h.gpu[i]), int(h.id[i])
+            if kind == HistKind.KERNEL:
+                producer, pid, stream = int(h.producer[i]), int(h.pid[i]), int(h.stream[i])
+                kernel = self._kernel_name(producer, ident)
+                extra = {"kernel": kernel, "pid": str(pid)}
+                if stream:
+                    extra["stream"] = str(stream - 1)
+                labels = self._labels(KERNEL_DURATION_METRIC, gpu, **extra)
+                count, total = float(h.count[i]), float(h.sum[i])
+                key_c: Labels = (("__hist_count__", f"{epoch}/{producer}/{ident}/{gpu}/{pid}/{stream}"),)
+                key_s: Labels = (("__hist_sum__", key_c[0][1]),)
+                last_c, last_s = self._totals.get(key_c), self._totals.get(key_s, 0.0)
+                if last_c is None or count < last_c:  # first sample of this agent run, or a reset
+                    last_c, last_s = 0.0, 0.0
+                acc = grown.setdefault((gpu, kernel), [0.0, 0.0])
+                acc[0] += count - last_c
+                acc[1] += total - last_s
+                self._totals[key_c], self._totals[key_s] = count, total
+            elif kind == HistKind.NCCL:
+                labels = self._labels(NCCL_DURATION_METRIC, gpu, op=_kind(CollectiveOp, ident))
+            else:
+                labels = self._labels(MEMCPY_BYTES_METRIC, gpu)
+            p0, p1, n0, n1 = int(ps[i]), int(ps[i + 1]), int(ns[i]), int(ns[i + 1])
+            b.add_deltas(
+                labels,
+                ts_ms,
+                schema=int(h.schema[i]),
+                count=float(h.count[i]),
+                sum=float(h.sum[i]),
+                zero_threshold=float(h.zero_threshold[i]),
+                zero_count=float(h.zero_count[i]),
+                positive_spans=list(
+                    zip(h.pos_span_offset[p0:p1].tolist(), h.pos_span_length[p0:p1].tolist(), strict=True)
+                ),
+                positive_deltas=h.pos_delta[int(pd[p0]) : int(pd[p1])].tolist(),
+                negative_spans=list(
+                    zip(h.neg_span_offset[n0:n1].tolist(), h.neg_span_length[n0:n1].tolist(), strict=True)
+                ),
+                negative_deltas=h.neg_delta[int(nd[n0]) : int(nd[n1])].tolist(),
+                counter_reset_hint=1 if int(h.flags[i]) & FLAG_FIRST else 0,
+            )
+        for (gpu, kernel), (n, busy) in grown.items():
+            self._count(out, self._labels("kernel_launches_total", gpu, kernel=kernel), n, ts_ms)
+            self._count(
+                out, self._labels("kernel_execution_time_seconds_total", gpu, kernel=kernel), busy, ts_ms
+            )
+            if n > 0:
+                out.add_canonical(
+                    self._labels("kernel_execution_time_seconds", gpu, kernel=kernel), ts_ms, busy / n
+                )
+        return b.build()
 
     # ---- LAUNCH, MEMOP, COLLECTIVE, SYNC: counters per record ---------------------------
 

@@ -87,6 +87,9 @@ class StoreSink:
                     counters={counter_name(k): float(v) for k, v in batch.counters.items()},
                     now_ns=batch.header.t_max_ns,
                     received_ns=time.time_ns(),
+                    histograms=batch.histograms,
+                    body_version=batch.body_version,
+                    epoch=batch.header.epoch,
                 )
                 after = deriver.checkpoint()
                 rows = self.store.prepare(
@@ -96,6 +99,7 @@ class StoreSink:
                     spans=derived.spans,
                     events=derived.events,
                     instances=derived.instances,
+                    histograms=derived.histograms,
                 )
                 ticket = self.batcher.submit(rows)
                 if ticket.rows is not rows:  # queued meanwhile by a retry: these rows are not needed

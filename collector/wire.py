@@ -26,6 +26,7 @@ import enum
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +36,9 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from kernel_insight.agent.records import RECORD_DTYPE, Record, RecordType, decode_records
 from kernel_insight.collector import _decode
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.wire_hist import WireHistograms
 
 __all__ = [
     "AEAD_CHACHA20_POLY1305",
@@ -73,6 +77,10 @@ __all__ = [
 MAGIC = b"KIWB"
 WIRE_VERSION = 1
 BODY_VERSION = 1
+#: Bodies of agents that aggregate kernels into histograms: KERNEL records are a sample and a
+#: HISTOGRAMS section (wire_hist.py) may follow. Version 1 bodies stay accepted.
+BODY_VERSION_HISTOGRAMS = 2
+BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS)
 AEAD_CHACHA20_POLY1305 = 1
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
@@ -89,6 +97,7 @@ BATCH_STATUS_HEADER = "KI-Batch-Status"
 SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
 SECTION_CAPTURES = 0x03
+SECTION_HISTOGRAMS = 0x04  # version 2 bodies only
 SECTION_RECORDS = 0x10
 #: Capture windows one CAPTURES section may report on.
 MAX_CAPTURES = 64
@@ -420,6 +429,8 @@ class DecodedBatch:
     strings: dict[tuple[int, int], str] = field(default_factory=dict)
     arrays: dict[int, npt.NDArray[np.void]] = field(default_factory=dict)
     captures: tuple[CaptureReport, ...] = ()
+    body_version: int = BODY_VERSION
+    histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2 body
 
     @property
     def batch_id(self) -> BatchId:
@@ -617,8 +628,9 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
     batch = DecodedBatch(header)
     r = _Reader(body, "body")
     version = r.u8()
-    if version != BODY_VERSION:
-        raise MalformedBatch(f"body version {version}, this collector understands {BODY_VERSION}")
+    if version not in BODY_VERSIONS:
+        raise MalformedBatch(f"body version {version}, this collector understands 1 and 2")
+    batch.body_version = version
     seen: set[int] = set()
     while not r.done():
         tag = r.u8()
@@ -637,6 +649,10 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
             batch.captures = _decode_captures(sec)
         elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
             batch.arrays[tag - SECTION_RECORDS] = _decode_records(sec, tag - SECTION_RECORDS, header, limits)
+        elif tag == SECTION_HISTOGRAMS and version == BODY_VERSION_HISTOGRAMS:
+            from kernel_insight.collector.wire_hist import decode_histograms
+
+            batch.histograms = decode_histograms(sec, header, limits)
         else:
             raise MalformedBatch(f"unknown section 0x{tag:02x}")
         if not sec.done():
@@ -760,11 +776,19 @@ def encode_body(
     strings: Mapping[tuple[int, int], bytes | str] | None = None,
     counters: Mapping[int, int] | None = None,
     captures: Sequence[CaptureReport] = (),
+    *,
+    body_version: int = BODY_VERSION,
+    histograms: bytes | None = None,
 ) -> bytes:
-    """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined)."""
+    """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined);
+    ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, version 2)."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
-    out = bytearray([BODY_VERSION])
+    if histograms is not None and body_version != BODY_VERSION_HISTOGRAMS:
+        raise ValueError("a HISTOGRAMS section needs body_version 2")
+    out = bytearray([body_version])
+    if histograms is not None:
+        out += _section(SECTION_HISTOGRAMS, histograms)
     if counters:
         c = bytearray(_varint(len(counters)))
         for cid in sorted(counters):
@@ -832,15 +856,19 @@ def encode_batch(
     now_ns: int = 0,
     compress: bool = True,
     captures: Sequence[CaptureReport] = (),
+    body_version: int = BODY_VERSION,
+    histograms: bytes | None = None,
+    histograms_ts_ns: int = 0,
 ) -> bytes:
-    """Encode and seal one batch; the time range is taken from the records (or now_ns if none)."""
+    """Encode and seal one batch; the time range is taken from the records (or now_ns if none)
+    and, with ``histograms`` (a HISTOGRAMS section stamped ``histograms_ts_ns``), covers it too."""
     arr = records if isinstance(records, np.ndarray) else records_to_array(records)
-    if len(arr):
-        t_min, t_max = int(arr["ts_ns"].min()), int(arr["ts_ns"].max())
-    else:
-        t_min = t_max = now_ns
+    times = [int(arr["ts_ns"].min()), int(arr["ts_ns"].max())] if len(arr) else []
+    if histograms is not None:
+        times.append(histograms_ts_ns)
+    t_min, t_max = (min(times), max(times)) if times else (now_ns, now_ns)
     return seal_body(
-        encode_body(arr, strings, counters, captures),
+        encode_body(arr, strings, counters, captures, body_version=body_version, histograms=histograms),
         agent_id=agent_id,
         key_id=key_id,
         key=key,

@@ -38,4 +38,8 @@ int ki_agent_tick(struct ki_agent *a);
 /* The agent's counters, as the next batch would carry them. */
 const struct ki_counters *ki_agent_counters(const struct ki_agent *a);
 
+/* Keep every kernel span of gpu (every GPU when gpu < 0) that starts before until_real_ns,
+ * bypassing the span sampling: the hook for capture windows (docs/wire.md, KI-Capture). */
+void ki_agent_capture(struct ki_agent *a, int gpu, uint64_t until_real_ns);
+
 #endif /* KI_AGENT_H */

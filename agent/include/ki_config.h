@@ -40,6 +40,14 @@ struct ki_config {
     int64_t names_max;                /* names the agent remembers */
     int64_t names_bytes;              /* bytes of name text it remembers */
     int64_t name_max;                 /* longest name shipped; longer ones are cut */
+    int64_t histograms;               /* aggregate kernels into native histograms (wire body v2) */
+    int64_t histogram_schema;         /* initial native-histogram schema, -4..8 */
+    int64_t histogram_interval_s;     /* histogram export period */
+    int64_t histogram_max_buckets;    /* populated buckets per histogram before the schema drops */
+    int64_t histogram_max_keys;       /* histograms (pid, gpu, stream, kernel) the agent holds */
+    int64_t span_sample_rate;         /* uniformly sampled kernel spans kept per second */
+    int64_t span_tail_rate;           /* most tail kernel spans kept per second */
+    int64_t span_tail_permille;       /* spans above this quantile (per mille) of their kernel are tail */
     char log_level[KI_CONFIG_STR];    /* debug, info, warn, error */
     char config_file[KI_CONFIG_PATH]; /* the config file read, if any */
 };

@@ -36,7 +36,15 @@ enum ki_counter {
     KI_CTR_SPOOL_WRITE_ERRORS = 25,
     KI_CTR_REQUESTS_SENT = 26,
     KI_CTR_REQUESTS_FAILED = 27,
-    KI_CTR_MAX = 27
+    /* From here on sent only when not zero (an agent without histograms sends the v1 set). */
+    KI_CTR_KERNELS_AGGREGATED = 28, /* records folded into histograms (kernels, NCCL ops, memcpys) */
+    KI_CTR_SPANS_TAIL = 29,         /* kernel spans kept because slower than their kernel's tail quantile */
+    KI_CTR_SPANS_SAMPLED = 30,      /* kernel spans kept by the uniform sample */
+    KI_CTR_SPANS_CAPTURED = 31,     /* kernel spans kept by a capture window or because FAILED */
+    KI_CTR_HISTOGRAMS_SHIPPED = 32, /* histogram samples sealed into HISTOGRAMS sections */
+    KI_CTR_HISTOGRAM_KEYS = 33,     /* gauge: histograms in the agent's table */
+    KI_CTR_HISTOGRAM_REFUSED = 34,  /* observations refused: table full, bucket limit at schema -4, pool spent */
+    KI_CTR_MAX = 34
 };
 
 struct ki_counters {

@@ -32,6 +32,14 @@ struct ki_encoder *ki_encoder_create(size_t max_records, const struct ki_names *
 /* Free; accepts NULL. */
 void ki_encoder_destroy(struct ki_encoder *e);
 
+/* Make room in the bound for an extra section of up to bytes (call before ki_encoder_bound). */
+void ki_encoder_reserve(struct ki_encoder *e, size_t bytes);
+
+/* Body version and extra section of the next ki_encode_body call only: version 2 says the
+ * batch's KERNEL records are a sample and the kernels are counted in HISTOGRAMS sections
+ * (docs/wire.md); tag 0 / len 0 adds no section. The bytes must stay valid until then. */
+void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t tag, const uint8_t *section, size_t len);
+
 /* Bytes a body of max_records records can take at most (size of the out buffer). */
 size_t ki_encoder_bound(const struct ki_encoder *e);
 

@@ -58,8 +58,14 @@ struct ki_histogram_key {
     uint32_t pid;
     uint32_t gpu;
     uint64_t stream; /* KI_HISTOGRAM_NO_STREAM when not per stream */
-    uint32_t name_id;
+    uint32_t name_id;  /* kernel name string id, or the op / kind id of the other name spaces */
+    uint32_t producer; /* producer whose string table name_id is in (0 when not a string id) */
+    uint32_t kind;     /* name space: KI_HIST_KERNEL, KI_HIST_NCCL, KI_HIST_MEMCPY (0 in unit tests) */
+    uint32_t reserved; /* zero */
 };
+
+/* Name spaces of a key (the wire's HISTOGRAMS kind column, docs/wire.md). */
+enum ki_hist_kind { KI_HIST_KERNEL = 1, KI_HIST_NCCL = 2, KI_HIST_MEMCPY = 3 };
 
 struct ki_histogram_span {
     int32_t offset;  /* gap to the end of the previous span (first span: the first index) */
@@ -111,6 +117,26 @@ void ki_histtab_destroy(struct ki_histtab *t);
  * table is full (counted), -ERANGE if no bucket could take it (counted), or
  * -ENOBUFS if it needed a new bucket and the pool is spent (counted). */
 int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v);
+
+/* Slot of key, adding it when new: 0..max_keys-1 (stable for the table's life), or -ENOSPC
+ * when the table is full (counted in keys_refused; the caller counts the lost observation
+ * through ki_histtab_refused). */
+int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key);
+
+/* Add one observation v to the histogram in slot (from ki_histtab_slot). Returns 0, -ERANGE or
+ * -ENOBUFS as ki_histtab_observe. */
+int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v);
+
+/* Count n observations lost because their key was refused (obs_refused). */
+void ki_histtab_refused(struct ki_histtab *t, uint64_t n);
+
+/* Observations in slot (0 for a slot not in use). */
+uint64_t ki_histtab_count(const struct ki_histtab *t, uint32_t slot);
+
+/* Upper bound of the positive bucket holding the observation of rank ceil(q * count) (q in
+ * (0, 1]): every observation above it is above the q-quantile. 0 when the rank falls in the
+ * zero bucket or a negative one, +Inf when the slot is empty. */
+double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, double q);
 
 /* Slot of key (0..keys-1, stable for the table's life), or -ENOENT. */
 int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *key);

@@ -83,7 +83,7 @@ enum ki_rec_type {
 };
 
 /* MEMOP kinds (record id field). */
-enum ki_memop_kind { KI_MEM_ALLOC = 1, KI_MEM_FREE = 2, KI_MEM_ALLOC_ASYNC = 3, KI_MEM_FREE_ASYNC = 4 };
+enum ki_memop_kind { KI_MEM_ALLOC = 1, KI_MEM_FREE = 2, KI_MEM_ALLOC_ASYNC = 3, KI_MEM_FREE_ASYNC = 4, KI_MEM_MEMCPY = 5 };
 /* SYNC kinds (record id field). */
 enum ki_sync_kind { KI_SYNC_STREAM = 1, KI_SYNC_CONTEXT = 2, KI_SYNC_EVENT = 3 };
 /* COLLECTIVE ops (record id field). */

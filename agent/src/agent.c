@@ -17,6 +17,7 @@
 #include "ki_compress.h"
 #include "ki_drain.h"
 #include "ki_encode.h"
+#include "ki_kstats.h"
 #include "ki_names.h"
 #include "ki_ring.h"
 #include "ki_seal.h"
@@ -30,6 +31,8 @@
 #define MULTI_RETRY_NS (300 * NS_PER_S)
 #define BACKLOG_SEAL_NS NS_PER_S /* while a backlog waits, a batch gathers up to this long (fewer, larger batches) */ /* after a refused request of several batches, send one per request this long */
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
+#define SECTION_HISTOGRAMS 0x04u
+#define HIST_SECTION_MAX (256u << 10) /* bytes of histograms per batch; more go in the next batches */
 
 /* One batch of the request in flight. */
 struct ki_flight {
@@ -44,6 +47,10 @@ struct ki_agent {
     struct ki_drain *drain;      /* ring consumer */
     struct ki_names *names;      /* name table */
     struct ki_encoder *enc;      /* body encoder */
+    struct ki_kstats *ks;        /* kernel histograms and kept spans (NULL: histograms off, wire body v1) */
+    uint8_t *hist;               /* the HISTOGRAMS section of the batch being sealed */
+    int captures_synced;         /* the sampler holds capture windows (cleared once none runs) */
+    size_t hist_cap;             /* its bytes */
     struct ki_compress *zc;      /* zstd */
     struct ki_spool *spool;      /* on-disk spool */
     struct ki_http *http;        /* collector connection */
@@ -183,6 +190,32 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
         snprintf(err, errlen, "out of memory for batch buffers (batch_records %lld)", (long long)cfg->batch_records);
         goto fail;
     }
+    if (cfg->histograms) {
+        struct ki_kstats_config kc = {
+            .hist = {.schema = (int32_t)cfg->histogram_schema,
+                     .zero_threshold = KI_HISTOGRAM_DEFAULT_ZERO_THRESHOLD,
+                     .max_buckets = (uint32_t)cfg->histogram_max_buckets,
+                     .max_keys = (uint32_t)cfg->histogram_max_keys},
+            .interval_ns = (uint64_t)cfg->histogram_interval_s * NS_PER_S,
+            .span_sample_rate = (uint32_t)cfg->span_sample_rate,
+            .span_tail_rate = (uint32_t)cfg->span_tail_rate,
+            .tail_quantile = (double)cfg->span_tail_permille / 1000.0,
+            .tail_min_count = 100,
+            .section_max = HIST_SECTION_MAX,
+        };
+        a->ks = ki_kstats_create(&kc);
+        if (!a->ks) {
+            snprintf(err, errlen, "cannot create the kernel histograms: %s", strerror(errno));
+            goto fail;
+        }
+        a->hist_cap = ki_kstats_section_bound(a->ks);
+        a->hist = malloc(a->hist_cap);
+        if (!a->hist) {
+            snprintf(err, errlen, "out of memory for the histogram section");
+            goto fail;
+        }
+        ki_encoder_reserve(a->enc, a->hist_cap);
+    }
     a->body_cap = ki_encoder_bound(a->enc) + KI_CAPTURE_SECTION_MAX;
     a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
     a->body = malloc(a->body_cap);
@@ -216,6 +249,8 @@ void ki_agent_destroy(struct ki_agent *a) {
     ki_http_destroy(a->http);
     ki_spool_destroy(a->spool);
     ki_encoder_destroy(a->enc);
+    ki_kstats_destroy(a->ks);
+    free(a->hist);
     ki_compress_destroy(a->zc);
     ki_names_destroy(a->names);
     free(a->staging);
@@ -228,6 +263,10 @@ void ki_agent_destroy(struct ki_agent *a) {
 }
 
 const struct ki_counters *ki_agent_counters(const struct ki_agent *a) { return &a->ctr; }
+
+void ki_agent_capture(struct ki_agent *a, int gpu, uint64_t until_real_ns) {
+    if (a->ks) ki_kstats_capture(a->ks, gpu, until_real_ns);
+}
 
 /* Fill the counters a batch carries, after its records were counted. */
 static void update_counters(struct ki_counters *c, const struct ki_batch_info *info, void *arg) {
@@ -253,6 +292,17 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
     uint64_t now = real_ns();
     c->v[KI_CTR_DRAIN_LAG_NS] = info->shipped && now > info->t_min ? now - info->t_min : 0;
     c->v[KI_CTR_RSS_KB] = read_rss_kb();
+    if (a->ks) {
+        struct ki_kstats_stats ks;
+        ki_kstats_stats(a->ks, &ks);
+        c->v[KI_CTR_KERNELS_AGGREGATED] = ks.aggregated;
+        c->v[KI_CTR_SPANS_TAIL] = ks.spans_tail;
+        c->v[KI_CTR_SPANS_SAMPLED] = ks.spans_sampled;
+        c->v[KI_CTR_SPANS_CAPTURED] = ks.spans_captured;
+        c->v[KI_CTR_HISTOGRAMS_SHIPPED] = ks.histograms_exported;
+        c->v[KI_CTR_HISTOGRAM_KEYS] = ks.table.keys;
+        c->v[KI_CTR_HISTOGRAM_REFUSED] = ks.table.obs_refused + ks.table.bucket_refused + ks.table.pool_refused;
+    }
 }
 
 /* Write the sealed batch to the spool; only then are its ring slots freed. While the spool
@@ -284,11 +334,25 @@ static int spool_pending(struct ki_agent *a) {
     return 0;
 }
 
+/* A kernel histogram of this batch: its name travels with it (the STRINGS section). */
+static void mark_name(void *arg, uint32_t producer, uint32_t id) {
+    struct ki_agent *a = arg;
+    ki_names_mark(a->names, producer, id, a->mark);
+}
+
 /* Encode, compress, seal and spool the n staged records (n may be 0: a heartbeat). */
 static int seal_batch(struct ki_agent *a, size_t n) {
     if (++a->mark == 0) a->mark = 1;
-    size_t blen, clen, flen;
+    size_t blen, clen, flen, hlen = 0;
+    uint64_t hist_ts = 0;
     struct ki_batch_info info;
+    if (a->ks) {
+        /* Body v2: this batch's KERNEL records are the kept spans; the kernels are counted in
+         * the histograms, shipped every histogram_interval_s (in parts when there are many). */
+        if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns()))
+            ki_kstats_encode(a->ks, a->hist, a->hist_cap, &hlen, &hist_ts, mark_name, a);
+        ki_encoder_set_extra(a->enc, 2, SECTION_HISTOGRAMS, a->hist, hlen);
+    }
     ki_captures_count(&a->caps, a->staging, n);
     int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,
                             a->body_cap - KI_CAPTURE_SECTION_MAX, &blen, &info);
@@ -308,7 +372,9 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     a->ctr.v[KI_CTR_BYTES_RAW] += blen;
     a->ctr.v[KI_CTR_BYTES_COMPRESSED] += clen;
     uint64_t t_min = info.t_min, t_max = info.t_max;
-    if (!info.shipped) t_min = t_max = real_ns();
+    if (!info.shipped) t_min = t_max = hlen ? hist_ts : real_ns();
+    if (hlen && hist_ts < t_min) t_min = hist_ts; /* the histograms' time lies in the batch's range too */
+    if (hlen && hist_ts > t_max) t_max = hist_ts;
     a->pending_mark = (struct ki_spool_mark){ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
     rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
     if (rc < 0) {
@@ -343,13 +409,29 @@ static int hold_back(struct ki_agent *a) {
     return ds.backlog < ds.capacity / 2;
 }
 
+/* Capture windows bypass span sampling: hand each GPU's "capture until" to the sampler
+ * (while windows run, and once more after the last ends to clear them). */
+static void sync_captures(struct ki_agent *a) {
+    int running = ki_captures_running(&a->caps);
+    if (!running && !a->captures_synced) return;
+    for (int g = 0; g < KI_KSTATS_MAX_GPUS; g++) ki_kstats_capture(a->ks, g, ki_captures_until(&a->caps, (uint32_t)g));
+    a->captures_synced = running;
+}
+
 /* Consume everything the ring holds, sealing a batch per batch_records records. */
 static int drain_ring(struct ki_agent *a) {
     if (a->pending && spool_pending(a) < 0) return 0; /* the spool still refuses: read nothing more */
+    if (a->ks) sync_captures(a);
     size_t n = a->staged;
+    int read_any = 0;
     for (;;) {
         size_t got = ki_drain_poll(a->drain, a->staging + n, a->staging_cap - n);
         a->ctr.v[KI_CTR_RECORDS_READ] += got;
+        int more = got > 0;
+        if (a->ks && got) {
+            got = ki_kstats_feed(a->ks, a->staging + n, got); /* only kept spans stay staged */
+            read_any = 1;
+        }
         if (got && n == 0) a->staged_since_ns = mono_ns();
         n += got;
         if (n == a->staging_cap) {
@@ -357,7 +439,7 @@ static int drain_ring(struct ki_agent *a) {
             if (seal_batch(a, a->staging_cap) < 0 && a->pending) return 0;
             continue;
         }
-        if (got == 0) break;
+        if (!more) break;
     }
     a->staged = n;
     if (n > 0) {
@@ -365,6 +447,9 @@ static int drain_ring(struct ki_agent *a) {
         a->staged = 0;
         return seal_batch(a, n);
     }
+    if (a->ks && ki_kstats_want(a->ks, mono_ns(), real_ns())) return seal_batch(a, 0);
+    /* Everything read went into histograms: nothing to spool, so the slots are free now. */
+    if (read_any && !a->pending) ki_drain_commit(a->drain);
     /* A heartbeat, or a capture window's final report (due even when its GPU is idle). */
     if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S || ki_captures_due(&a->caps, real_ns()))
         return seal_batch(a, 0);
@@ -668,7 +753,8 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
     /* SIGTERM: what is in the ring and in memory goes to the spool, then try to deliver it. */
     a->stopping = 1;
     drain_ring(a);
-    if (!a->pending) seal_batch(a, 0); /* a last batch carries the final counters */
+    if (!a->pending) seal_batch(a, 0); /* a last batch carries the final counters (and histograms) */
+    while (a->ks && !a->pending && ki_kstats_pending(a->ks)) seal_batch(a, 0); /* the rest of a big export */
     uint64_t deadline = mono_ns() + (uint64_t)a->cfg->shutdown_timeout_s * NS_PER_S;
     for (;;) {
         ki_spool_stats(a->spool, &ss);

@@ -52,6 +52,14 @@ static const struct ki_config_entry ENTRIES[] = {
     INT(names_max, "4096", 16, 1 << 22, "kernel and function names the agent remembers"),
     INT(names_bytes, "262144", 1024, 1LL << 30, "bytes of name text the agent remembers"),
     INT(name_max, "1024", 32, 65535, "longest name shipped; longer names are cut and counted"),
+    BOOL(histograms, "1", "aggregate kernels, NCCL ops and memcpys into native histograms; ship only sampled spans"),
+    INT(histogram_schema, "3", -4, 8, "initial native-histogram schema (bucket growth 2^(2^-schema); 3: 9% per bucket)"),
+    INT(histogram_interval_s, "1", 1, 3600, "how often the histograms are shipped"),
+    INT(histogram_max_buckets, "160", 8, 4096, "populated buckets per histogram; past it the schema is lowered"),
+    INT(histogram_max_keys, "16384", 16, 1 << 22, "histograms held (pid, gpu, stream, kernel); new ones past it are counted and lost"),
+    INT(span_sample_rate, "200", 0, 10000000, "uniformly sampled kernel spans shipped per second"),
+    INT(span_tail_rate, "500", 0, 10000000, "most kernel spans above their kernel's tail quantile shipped per second"),
+    INT(span_tail_permille, "990", 500, 1000, "spans slower than this quantile of their kernel (per mille; 990: p99) are tail"),
     STR(log_level, "info", KI_CONFIG_STR, "debug, info, warn or error"),
 };
 #define NENTRIES (sizeof ENTRIES / sizeof ENTRIES[0])

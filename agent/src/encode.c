@@ -11,6 +11,7 @@
 #include "ki_varint.h"
 
 #define BODY_VERSION 1u
+#define COUNTERS_V1 27 /* ids up to this one are always sent; later ones only when not zero */
 #define SECTION_COUNTERS 0x01u
 #define SECTION_STRINGS 0x02u
 #define SECTION_RECORDS 0x10u
@@ -56,6 +57,10 @@ struct ki_encoder {
     uint8_t *column;      /* one column being built */
     size_t column_cap;    /* its bytes */
     size_t bound;         /* worst-case body size */
+    uint8_t version;      /* body version of the next batch */
+    uint8_t extra_tag;    /* extra section of the next batch (0: none) */
+    const uint8_t *extra; /* its bytes */
+    size_t extra_len;
 };
 
 struct ki_encoder *ki_encoder_create(size_t max_records, const struct ki_names *names) {
@@ -87,6 +92,15 @@ void ki_encoder_destroy(struct ki_encoder *e) {
 }
 
 size_t ki_encoder_bound(const struct ki_encoder *e) { return e->bound; }
+
+void ki_encoder_reserve(struct ki_encoder *e, size_t bytes) { e->bound += 1 + KI_VARINT_MAX + bytes; }
+
+void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t tag, const uint8_t *section, size_t len) {
+    e->version = body_version;
+    e->extra_tag = tag;
+    e->extra = section;
+    e->extra_len = len;
+}
 
 static inline uint64_t load(const struct ki_record *r, const struct col *c) {
     uint64_t v = 0;
@@ -188,8 +202,13 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (!info->shipped) info->t_min = info->t_max = 0;
     size_t off = 0;
     if (cap < 1) return -ENOBUFS;
-    out[off++] = BODY_VERSION;
+    out[off++] = e->version ? e->version : BODY_VERSION;
     int rc;
+    if (e->extra_tag && e->extra_len &&
+        (rc = put_section(out, cap, &off, e->extra_tag, e->extra, e->extra_len)) < 0)
+        return rc;
+    e->version = e->extra_tag = 0;
+    e->extra_len = 0;
     for (int t = 1; t <= SHIPPED_TYPES; t++) {
         if (!count[t]) continue;
         const uint32_t *idx = e->order + start[t];
@@ -209,9 +228,10 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (k && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
     if (update) update(counters, info, update_arg);
     size_t c = 0, nc = 0;
-    for (int id = 1; id <= KI_CTR_MAX; id++) nc++;
+    for (int id = 1; id <= KI_CTR_MAX; id++) nc += id <= COUNTERS_V1 || counters->v[id];
     c += ki_varint_put(e->section + c, nc);
     for (int id = 1; id <= KI_CTR_MAX; id++) {
+        if (id > COUNTERS_V1 && !counters->v[id]) continue;
         c += ki_varint_put(e->section + c, (uint64_t)id);
         c += ki_varint_put(e->section + c, counters->v[id]);
     }

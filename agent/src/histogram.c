@@ -92,14 +92,16 @@ double ki_histogram_upper(int32_t index, int32_t schema) {
 static uint32_t key_hash(const struct ki_histogram_key *k) {
     uint64_t h = ((uint64_t)k->pid << 32 | k->gpu) * 0x9E3779B97F4A7C15ULL;
     h ^= (k->stream + 0x632BE59BD9B4E019ULL) * 0xC2B2AE3D27D4EB4FULL;
-    h ^= (uint64_t)k->name_id * 0x165667B19E3779F9ULL;
+    h ^= ((uint64_t)k->producer << 32 | k->name_id) * 0x165667B19E3779F9ULL;
+    h ^= (uint64_t)k->kind * 0x94D049BB133111EBULL;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ULL;
     return (uint32_t)(h ^ (h >> 32));
 }
 
 static int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_key *b) {
-    return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id;
+    return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id &&
+           a->producer == b->producer && a->kind == b->kind;
 }
 
 static size_t keys_bytes(uint32_t cap) { return ((size_t)cap * sizeof(int32_t) + 7) & ~(size_t)7; }
@@ -279,23 +281,56 @@ static void halve(int32_t *bk, uint64_t *bc, struct ki_hist *h) {
     h->hint = 0;
 }
 
-int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v) {
+int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
     uint32_t pos;
     int slot = lookup(t, key, &pos);
-    if (slot < 0) {
-        if (t->used == t->cfg.max_keys) {
-            t->keys_refused++;
-            t->obs_refused++;
-            return -ENOSPC;
-        }
-        slot = (int)t->used++;
-        t->hash[pos] = (uint32_t)slot + 1;
-        struct ki_hist *nh = rec(t, (uint32_t)slot);
-        nh->key = *key;
-        nh->schema = t->cfg.schema;
-        nh->zero_threshold = t->cfg.zero_threshold;
+    if (slot >= 0) return slot;
+    if (t->used == t->cfg.max_keys) {
+        t->keys_refused++;
+        return -ENOSPC;
     }
-    struct ki_hist *h = rec(t, (uint32_t)slot);
+    slot = (int)t->used++;
+    t->hash[pos] = (uint32_t)slot + 1;
+    struct ki_hist *nh = rec(t, (uint32_t)slot);
+    nh->key = *key;
+    nh->schema = t->cfg.schema;
+    nh->zero_threshold = t->cfg.zero_threshold;
+    return slot;
+}
+
+void ki_histtab_refused(struct ki_histtab *t, uint64_t n) { t->obs_refused += n; }
+
+uint64_t ki_histtab_count(const struct ki_histtab *t, uint32_t slot) {
+    return slot < t->used ? rec(t, slot)->count : 0;
+}
+
+double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, double q) {
+    if (slot >= t->used || !rec(t, slot)->count) return INFINITY;
+    const struct ki_hist *h = rec(t, slot);
+    const int32_t *bk = rec_keys(t, h);
+    const uint64_t *bc = rec_counts(t, h);
+    uint64_t rank = (uint64_t)ceil(q * (double)h->count), seen = h->zero_count;
+    uint32_t i = 0;
+    for (; i < h->n && bk[i] < NEG_LIMIT; i++) seen += bc[i]; /* negatives sort first */
+    if (seen >= rank) return 0;
+    for (; i < h->n; i++) {
+        seen += bc[i];
+        if (seen >= rank) return ki_histogram_upper(bk[i], h->schema);
+    }
+    return INFINITY; /* NaN observations counted but in no bucket */
+}
+
+int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v) {
+    int slot = ki_histtab_slot(t, key);
+    if (slot < 0) {
+        t->obs_refused++;
+        return slot;
+    }
+    return ki_histtab_observe_slot(t, (uint32_t)slot, v);
+}
+
+int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
+    struct ki_hist *h = rec(t, slot);
     if (!isnan(v)) {
         int32_t sk;
         if (v > h->zero_threshold)

@@ -171,7 +171,8 @@ def run(seconds: float, rate: int, agent_args: list[str]) -> dict[str, float]:
             time.sleep(0.2)
         agent = subprocess.Popen(
             [str(_agent_binary()), "--ring", ring_name, "--collector", f"http://127.0.0.1:{port}",
-             "--key-file", str(tmp / "agent.key"), "--spool-dir", str(tmp / "spool"), *agent_args],
+             "--key-file", str(tmp / "agent.key"), "--spool-dir", str(tmp / "spool"),
+             "--histograms=0", *agent_args],  # record shipping is measured: every record
         )  # fmt: skip
         procs.append(agent)
         time.sleep(0.5)
@@ -292,7 +293,7 @@ def run_catchup(agents: int, rate: int, outage_s: float, warm_s: float = 5.0) ->
                 subprocess.Popen(
                     [str(_agent_binary()), "--ring", names[i], "--collector", f"http://127.0.0.1:{port}",
                      "--key-file", str(tmp / f"agent{i}.key"), "--spool-dir", str(spools[i]),
-                     "--backoff-max-ms", "1000", "--shutdown-timeout-s", "60"],
+                     "--backoff-max-ms", "1000", "--shutdown-timeout-s", "60", "--histograms=0"],
                     stderr=subprocess.DEVNULL,
                 )
             )  # fmt: skip

@@ -278,6 +278,7 @@ class Setup:
             "--backoff-min-ms", "20",
             "--backoff-max-ms", "200",
             "--shutdown-timeout-s", "3",
+            "--histograms=0",  # these tests follow every record; tests/agent/test_agent_histograms.py samples
             *extra,
         ]  # fmt: skip
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KI_AGENT_")}

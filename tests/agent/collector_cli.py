@@ -27,11 +27,12 @@ def start_collector(tmp: Path, *extra: str) -> tuple[subprocess.Popen[str], str]
 
 
 def start_agent(tmp: Path, binary: Path, ring: str, url: str, *extra: str) -> subprocess.Popen[bytes]:
-    """``ki-agent`` draining ``ring`` into ``url`` (key file ``tmp/agent.key``, spool ``tmp/spool``)."""
+    """``ki-agent`` draining ``ring`` into ``url`` (key file ``tmp/agent.key``, spool ``tmp/spool``),
+    shipping every record (``--histograms 0``: the callers count records end to end)."""
     with (tmp / "agent.log").open("a") as log:
         return subprocess.Popen(
             [str(binary), "--ring", ring, "--collector", url, "--key-file", str(tmp / "agent.key"),
-             "--spool-dir", str(tmp / "spool"), *extra],
+             "--spool-dir", str(tmp / "spool"), "--histograms=0", *extra],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

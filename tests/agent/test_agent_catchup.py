@@ -89,7 +89,7 @@ def test_backlog_after_a_collector_outage_drains_five_times_faster_than_it_grew(
                 agents.append(
                     subprocess.Popen(
                         [str(agent_bin), "--ring", f"{ring_name}.{i}", "--collector", collector.url,
-                         "--key-file", str(tmp_path / f"agent{i}.key"), "--spool-dir", str(spools[i]),
+                         "--key-file", str(tmp_path / f"agent{i}.key"), "--spool-dir", str(spools[i]), "--histograms=0",
                          "--backoff-max-ms", "1000", "--shutdown-timeout-s", "30"],
                         stdout=log, stderr=subprocess.STDOUT,
                     )

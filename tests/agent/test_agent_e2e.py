@@ -41,7 +41,8 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
             p = subprocess.Popen(
                 [str(agent_bin), "--ring", ring_name, "--collector", f"http://127.0.0.1:{port}",
                  "--key-file", str(tmp_path / "agent.key"), "--spool-dir", str(tmp_path / "spool"),
-                 "--backoff-max-ms", "1000", "--shutdown-timeout-s", "30"],
+                 "--backoff-max-ms", "1000", "--shutdown-timeout-s", "30",
+                 "--histograms=0"],  # every kernel span must arrive exactly once
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         agents.append(p)

@@ -32,7 +32,7 @@ def test_the_agent_delivers_to_a_tls_collector_it_trusts_through_its_ca_file(tmp
                 agent = subprocess.Popen(
                     [str(agent_bin), "--ring", ring_name, "--collector", f"https://localhost:{port}",
                      "--tls-ca-file", str(ca.cert), "--key-file", str(tmp_path / "agent.key"),
-                     "--spool-dir", str(tmp_path / "spool"), "--drain-interval-ms", "20",
+                     "--spool-dir", str(tmp_path / "spool"), "--drain-interval-ms", "20", "--histograms=0",
                      "--shutdown-timeout-s", "10"],
                     stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip

@@ -157,7 +157,7 @@ def _body_frame(body: bytes, count: int = 0, t_max: int = 2**64 - 1) -> bytes:
 @pytest.mark.parametrize(
     ("body", "count", "message"),
     [
-        (b"\x02", 0, "body version"),
+        (b"\x03", 0, "body version"),  # 1 and 2 are known
         (b"\x01\x01\x01\x00\x01\x01\x00", 0, "twice"),
         (b"\x01\x55\x00", 0, "unknown section"),
         (b"\x01\x19\x00", 0, "unknown section"),

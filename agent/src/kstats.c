@@ -1,0 +1,313 @@
+/* kstats.c - records into native histograms, kept spans, HISTOGRAMS sections (ki_kstats.h, docs/wire.md). */
+#define _POSIX_C_SOURCE 200809L
+#include "ki_kstats.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ki_ring.h"
+#include "ki_varint.h"
+
+#define NS_PER_S 1000000000ULL
+
+/* HISTOGRAMS columns, in wire order (docs/wire.md). */
+enum {
+    C_KIND, C_PRODUCER, C_ID, C_GPU, C_PID, C_STREAM, C_FLAGS, C_SCHEMA, C_ZT, C_ZC, C_COUNT, C_SUM,
+    C_NPOS, C_NNEG, C_POS_OFF, C_POS_LEN, C_POS_DELTA, C_NEG_OFF, C_NEG_LEN, C_NEG_DELTA, NCOLS
+};
+#define FLAG_FIRST 0x01u /* the histogram's first export since the agent started: a counter reset */
+
+struct ki_kstats {
+    struct ki_kstats_config cfg;
+    struct ki_histtab *tab;
+    uint32_t max_keys;
+    uint64_t *exported;   /* per slot: count at its last export */
+    uint8_t *seen;        /* per slot: exported at least once */
+    double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet) */
+    /* last key -> slot: consecutive records of a stream are mostly one kernel */
+    struct ki_histogram_key last_key;
+    int last_slot;
+    /* sampling, per second of record time */
+    uint64_t window_s;      /* the record-time second being counted */
+    uint64_t window_kernels; /* kernels seen in it */
+    uint64_t window_tail;    /* tail spans kept in it */
+    uint64_t window_sampled; /* sampled spans kept in it (at most twice the rate: the first second,
+                              * whose kernel rate is not known yet, and bursts) */
+    uint64_t keep_below;     /* keep a sampled span when rng < this (p * 2^64) */
+    uint64_t rng;
+    uint64_t capture_until[KI_KSTATS_MAX_GPUS];
+    /* export */
+    uint64_t next_export_ns; /* monotonic */
+    uint64_t export_ts_ns;   /* realtime stamp of the export in progress */
+    uint32_t cursor;         /* next slot to look at; == used: done */
+    int exporting;
+    uint8_t *col[NCOLS];     /* column scratch, section_max bytes each (touched only as used) */
+    size_t col_len[NCOLS];
+    struct ki_histogram_export ex; /* export scratch */
+    size_t room;             /* elements of each export array */
+    size_t worst;            /* bytes one histogram can take in the columns */
+    struct ki_kstats_stats st;
+};
+
+struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
+    if (!cfg || cfg->interval_ns == 0 || !(cfg->tail_quantile > 0 && cfg->tail_quantile <= 1) ||
+        cfg->section_max < 4096) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct ki_kstats *ks = calloc(1, sizeof *ks);
+    if (!ks) return NULL;
+    ks->cfg = *cfg;
+    ks->tab = ki_histtab_create(&cfg->hist);
+    if (!ks->tab) {
+        int e = errno;
+        free(ks);
+        errno = e;
+        return NULL;
+    }
+    ks->max_keys = cfg->hist.max_keys;
+    ks->exported = calloc(ks->max_keys, sizeof *ks->exported);
+    ks->seen = calloc(ks->max_keys, 1);
+    ks->tail_s = malloc(ks->max_keys * sizeof *ks->tail_s);
+    ks->room = ki_histtab_export_room(ks->tab);
+    ks->ex.pos_spans = malloc(ks->room * sizeof *ks->ex.pos_spans);
+    ks->ex.neg_spans = malloc(ks->room * sizeof *ks->ex.neg_spans);
+    ks->ex.pos_deltas = malloc(ks->room * sizeof *ks->ex.pos_deltas);
+    ks->ex.neg_deltas = malloc(ks->room * sizeof *ks->ex.neg_deltas);
+    /* fixed columns at most 80 bytes; both signs together: a span (2 varints of 5) per bucket
+     * at most, and up to 3 deltas of 10 bytes per bucket (gaps of two are filled with zeros) */
+    ks->worst = 80 + (ks->room / 3) * (5 + 5 + 3 * KI_VARINT_MAX);
+    int ok = ks->exported && ks->seen && ks->tail_s && ks->ex.pos_spans && ks->ex.neg_spans && ks->ex.pos_deltas &&
+             ks->ex.neg_deltas && ks->worst < cfg->section_max;
+    for (int c = 0; ok && c < NCOLS; c++) ok = (ks->col[c] = malloc(cfg->section_max)) != NULL;
+    if (!ok) {
+        int e = ks->worst >= cfg->section_max && ks->ex.neg_deltas ? EINVAL : ENOMEM;
+        ki_kstats_destroy(ks);
+        errno = e;
+        return NULL;
+    }
+    for (uint32_t i = 0; i < ks->max_keys; i++) ks->tail_s[i] = INFINITY;
+    ks->last_slot = -1;
+    ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
+    ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
+    return ks;
+}
+
+void ki_kstats_destroy(struct ki_kstats *ks) {
+    if (!ks) return;
+    ki_histtab_destroy(ks->tab);
+    free(ks->exported);
+    free(ks->seen);
+    free(ks->tail_s);
+    free(ks->ex.pos_spans);
+    free(ks->ex.neg_spans);
+    free(ks->ex.pos_deltas);
+    free(ks->ex.neg_deltas);
+    for (int c = 0; c < NCOLS; c++) free(ks->col[c]);
+    free(ks);
+}
+
+static inline uint64_t next_random(struct ki_kstats *ks) {
+    uint64_t x = ks->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return ks->rng = x;
+}
+
+static inline int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_key *b) {
+    return a->name_id == b->name_id && a->stream == b->stream && a->pid == b->pid && a->gpu == b->gpu &&
+           a->producer == b->producer && a->kind == b->kind;
+}
+
+/* Slot of key through the one-entry cache; -1 when the table refused it (counted). */
+static inline int slot_of(struct ki_kstats *ks, const struct ki_histogram_key *key) {
+    if (ks->last_slot >= 0 && key_eq(key, &ks->last_key)) return ks->last_slot;
+    int s = ki_histtab_slot(ks->tab, key);
+    if (s < 0) {
+        ki_histtab_refused(ks->tab, 1);
+        return -1;
+    }
+    ks->last_key = *key;
+    ks->last_slot = s;
+    return s;
+}
+
+/* A new second of record time: the sample probability for it from the last one's kernel rate. */
+static void roll_window(struct ki_kstats *ks, uint64_t sec) {
+    uint64_t rate = ks->cfg.span_sample_rate;
+    if (!rate) ks->keep_below = 0;
+    else if (ks->window_kernels <= rate) ks->keep_below = UINT64_MAX;
+    else ks->keep_below = (uint64_t)((double)rate / (double)ks->window_kernels * 18446744073709551615.0);
+    ks->window_s = sec;
+    ks->window_kernels = 0;
+    ks->window_tail = 0;
+    ks->window_sampled = 0;
+}
+
+/* Observe one KERNEL record; 1 to keep its span. */
+static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
+    const struct ki_rec *k = &r->rec;
+    struct ki_histogram_key key = {k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer,
+                                   KI_HIST_KERNEL, 0};
+    double d = k->u.kernel.end_ns > k->ts_ns ? (double)(k->u.kernel.end_ns - k->ts_ns) * 1e-9 : 0.0;
+    int s = slot_of(ks, &key);
+    if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, d) == 0) ks->st.aggregated++;
+    uint64_t sec = k->ts_ns / NS_PER_S;
+    if (sec > ks->window_s) roll_window(ks, sec);
+    ks->window_kernels++;
+    if ((k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) || (k->flags & KI_FLAG_FAILED)) {
+        ks->st.spans_captured++;
+        return 1;
+    }
+    if (s >= 0 && d > ks->tail_s[s] && ks->window_tail < ks->cfg.span_tail_rate) {
+        ks->window_tail++;
+        ks->st.spans_tail++;
+        return 1;
+    }
+    if (ks->keep_below && ks->window_sampled < 2 * (uint64_t)ks->cfg.span_sample_rate &&
+        next_random(ks) <= ks->keep_below) {
+        ks->window_sampled++;
+        ks->st.spans_sampled++;
+        return 1;
+    }
+    return 0;
+}
+
+static inline void other(struct ki_kstats *ks, const struct ki_histogram_key *key, double v) {
+    int s = slot_of(ks, key);
+    if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, v) == 0) ks->st.aggregated++;
+}
+
+size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct ki_rec *k = &recs[i].rec;
+        int keep = 1;
+        if (k->type == KI_REC_KERNEL) {
+            keep = kernel(ks, &recs[i]);
+        } else if (k->type == KI_REC_COLLECTIVE && !(k->flags & KI_FLAG_FAILED)) {
+            struct ki_histogram_key key = {0, k->device, KI_HISTOGRAM_NO_STREAM, k->id, 0, KI_HIST_NCCL, 0};
+            other(ks, &key, (double)k->u.collective.duration_ns * 1e-9);
+        } else if (k->type == KI_REC_MEMOP && k->id == KI_MEM_MEMCPY && !(k->flags & KI_FLAG_FAILED)) {
+            struct ki_histogram_key key = {0, k->device, KI_HISTOGRAM_NO_STREAM, 0, 0, KI_HIST_MEMCPY, 0};
+            other(ks, &key, (double)k->u.memop.bytes);
+        }
+        if (keep) {
+            if (w != i) recs[w] = recs[i];
+            w++;
+        }
+    }
+    return w;
+}
+
+int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
+    if (ks->exporting) return 1;
+    if (mono_ns < ks->next_export_ns) return 0;
+    ks->next_export_ns = ks->next_export_ns && mono_ns - ks->next_export_ns < ks->cfg.interval_ns
+                             ? ks->next_export_ns + ks->cfg.interval_ns
+                             : mono_ns + ks->cfg.interval_ns;
+    ks->export_ts_ns = real_ns;
+    ks->cursor = 0;
+    ks->exporting = 1;
+    return 1;
+}
+
+int ki_kstats_pending(const struct ki_kstats *ks) { return ks->exporting; }
+
+size_t ki_kstats_section_bound(const struct ki_kstats *ks) {
+    return 2 * KI_VARINT_MAX + ks->cfg.section_max + NCOLS * KI_VARINT_MAX;
+}
+
+static inline void put_uv(struct ki_kstats *ks, int c, uint64_t v) {
+    ks->col_len[c] += ki_varint_put(ks->col[c] + ks->col_len[c], v);
+}
+static inline void put_sv(struct ki_kstats *ks, int c, int64_t v) { put_uv(ks, c, ki_zigzag((uint64_t)v)); }
+static inline void put_f64(struct ki_kstats *ks, int c, double v) {
+    memcpy(ks->col[c] + ks->col_len[c], &v, 8);
+    ks->col_len[c] += 8;
+}
+
+/* One histogram's values into the columns. */
+static void put_hist(struct ki_kstats *ks, const struct ki_histogram_key *key, uint8_t flags) {
+    const struct ki_histogram_export *e = &ks->ex;
+    ks->col[C_KIND][ks->col_len[C_KIND]++] = (uint8_t)key->kind;
+    put_uv(ks, C_PRODUCER, key->producer);
+    put_uv(ks, C_ID, key->name_id);
+    put_uv(ks, C_GPU, key->gpu);
+    put_uv(ks, C_PID, key->pid);
+    put_uv(ks, C_STREAM, key->stream == KI_HISTOGRAM_NO_STREAM ? 0 : key->stream + 1);
+    ks->col[C_FLAGS][ks->col_len[C_FLAGS]++] = flags;
+    put_sv(ks, C_SCHEMA, e->schema);
+    put_f64(ks, C_ZT, e->zero_threshold);
+    put_uv(ks, C_ZC, e->zero_count);
+    put_uv(ks, C_COUNT, e->count);
+    put_f64(ks, C_SUM, e->sum);
+    put_uv(ks, C_NPOS, e->n_pos_spans);
+    put_uv(ks, C_NNEG, e->n_neg_spans);
+    for (uint32_t i = 0; i < e->n_pos_spans; i++) {
+        put_sv(ks, C_POS_OFF, e->pos_spans[i].offset);
+        put_uv(ks, C_POS_LEN, e->pos_spans[i].length);
+    }
+    for (uint32_t i = 0; i < e->n_pos_deltas; i++) put_sv(ks, C_POS_DELTA, e->pos_deltas[i]);
+    for (uint32_t i = 0; i < e->n_neg_spans; i++) {
+        put_sv(ks, C_NEG_OFF, e->neg_spans[i].offset);
+        put_uv(ks, C_NEG_LEN, e->neg_spans[i].length);
+    }
+    for (uint32_t i = 0; i < e->n_neg_deltas; i++) put_sv(ks, C_NEG_DELTA, e->neg_deltas[i]);
+}
+
+int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len, uint64_t *ts_ns,
+                     void (*name)(void *arg, uint32_t producer, uint32_t id), void *arg) {
+    *len = 0;
+    *ts_ns = ks->export_ts_ns;
+    if (cap < ki_kstats_section_bound(ks)) return -ENOBUFS;
+    memset(ks->col_len, 0, sizeof ks->col_len);
+    size_t total = 0, k = 0;
+    struct ki_histtab_stats ts;
+    ki_histtab_stats(ks->tab, &ts);
+    uint32_t used = (uint32_t)ts.keys;
+    uint32_t s = ks->cursor;
+    for (; s < used; s++) {
+        uint64_t count = ki_histtab_count(ks->tab, s);
+        if (count == ks->exported[s] && ks->seen[s]) continue;
+        if (count == 0) continue; /* every observation refused so far */
+        if (total + ks->worst > ks->cfg.section_max) break; /* the rest goes in the next part */
+        ki_histtab_export(ks->tab, s, &ks->ex);
+        const struct ki_histogram_key *key = ki_histtab_key(ks->tab, s);
+        put_hist(ks, key, ks->seen[s] ? 0 : FLAG_FIRST);
+        if (name && key->kind == KI_HIST_KERNEL) name(arg, key->producer, key->name_id);
+        total = 0;
+        for (int c = 0; c < NCOLS; c++) total += ks->col_len[c];
+        ks->exported[s] = count;
+        ks->seen[s] = 1;
+        if (count >= ks->cfg.tail_min_count)
+            ks->tail_s[s] = ki_histtab_quantile_upper(ks->tab, s, ks->cfg.tail_quantile);
+        k++;
+    }
+    ks->cursor = s;
+    if (s >= used) ks->exporting = 0;
+    if (!k) return 0;
+    ks->st.histograms_exported += k;
+    size_t o = ki_varint_put(out, k);
+    o += ki_varint_put(out + o, ks->export_ts_ns);
+    for (int c = 0; c < NCOLS; c++) {
+        o += ki_varint_put(out + o, ks->col_len[c]);
+        memcpy(out + o, ks->col[c], ks->col_len[c]);
+        o += ks->col_len[c];
+    }
+    *len = o;
+    return 0;
+}
+
+void ki_kstats_capture(struct ki_kstats *ks, int gpu, uint64_t until_real_ns) {
+    for (int g = 0; g < KI_KSTATS_MAX_GPUS; g++)
+        if (gpu < 0 || g == gpu) ks->capture_until[g] = until_real_ns;
+}
+
+void ki_kstats_stats(const struct ki_kstats *ks, struct ki_kstats_stats *out) {
+    *out = ks->st;
+    ki_histtab_stats(ks->tab, &out->table);
+}

@@ -1,0 +1,239 @@
+/*
+ * Unit test: kernel statistics in the drain loop (kstats.c).
+ *   test_kstats                 sampling, tail, capture, FAILED, other types, multi-part export
+ *   test_kstats section IN OUT  feed IN (raw 64-byte records), export every histogram, write the
+ *                               HISTOGRAMS sections to OUT (each as u32 length + bytes); prints
+ *                               "ok <kept records>"
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ki_kstats.h"
+#include "ki_ring.h"
+#include "ki_test.h"
+
+#define NS 1000000000ULL
+#define T0 (1700000000ULL * NS)
+
+static struct ki_kstats_config config(uint32_t sample_rate, uint32_t tail_rate) {
+    struct ki_kstats_config c = {
+        .hist = {.schema = 3, .zero_threshold = KI_HISTOGRAM_DEFAULT_ZERO_THRESHOLD, .max_buckets = 160,
+                 .max_keys = 1024},
+        .interval_ns = NS,
+        .span_sample_rate = sample_rate,
+        .span_tail_rate = tail_rate,
+        .tail_quantile = 0.99,
+        .tail_min_count = 100,
+        .section_max = 64 << 10,
+    };
+    return c;
+}
+
+static struct ki_record kernel(uint64_t pos, uint32_t name, uint16_t gpu, uint64_t ts, uint64_t dur_ns) {
+    struct ki_record r;
+    memset(&r, 0, sizeof r);
+    r.pos = pos;
+    r.producer = 1;
+    r.rec.type = KI_REC_KERNEL;
+    r.rec.device = gpu;
+    r.rec.id = name;
+    r.rec.ts_ns = ts;
+    r.rec.u.kernel.end_ns = ts + dur_ns;
+    r.rec.u.kernel.stream = 7;
+    r.rec.u.kernel.pid = 42;
+    return r;
+}
+
+static void push(struct ki_record *recs, size_t *n, uint32_t name, uint16_t gpu, uint64_t ts, uint64_t dur_ns) {
+    recs[*n] = kernel(*n, name, gpu, ts, dur_ns);
+    ++*n;
+}
+
+static uint64_t rng = 88172645463325252ULL;
+static double uniform(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) * 0x1.0p-53;
+}
+/* Long-tailed: 10 us median, one in 200 a Pareto straggler up to 100x. */
+static uint64_t duration(void) {
+    double d = 10000.0 * exp(0.3 * (uniform() + uniform() + uniform() - 1.5));
+    if (uniform() < 0.005) d *= 1.0 + 1.0 / pow(1.0 - uniform(), 1.0 / 1.3);
+    return (uint64_t)d;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static size_t export_all(struct ki_kstats *ks, uint64_t mono, uint8_t *buf, size_t cap, FILE *out, int *parts) {
+    size_t total = 0, len;
+    uint64_t ts;
+    CHECK(ki_kstats_want(ks, mono, T0 + 5 * NS));
+    do {
+        CHECK_EQ(ki_kstats_encode(ks, buf, cap, &len, &ts, NULL, NULL), 0);
+        CHECK(ts == T0 + 5 * NS);
+        if (len && out) {
+            uint32_t l = (uint32_t)len;
+            CHECK(fwrite(&l, 4, 1, out) == 1 && fwrite(buf, 1, len, out) == len);
+        }
+        if (len) ++*parts;
+        total += len;
+    } while (ki_kstats_pending(ks));
+    return total;
+}
+
+static void units(void) {
+    static struct ki_record recs[40000];
+    static double first[10000];
+    size_t cap;
+    /* 1. No sampling, no tail yet: only the first second keeps (no rate known), then only the
+     * tail once the histogram has been exported; other types always. */
+    struct ki_kstats_config cfg = config(0, 1000000);
+    struct ki_kstats *ks = ki_kstats_create(&cfg);
+    CHECK(ks != NULL);
+    cap = ki_kstats_section_bound(ks);
+    uint8_t *buf = malloc(cap);
+    size_t n = 0;
+    for (int i = 0; i < 10000; i++) {
+        uint64_t d = duration();
+        first[i] = (double)d;
+        push(recs, &n, 1, 0, T0 + (uint64_t)i * 1000, d);
+    }
+    qsort(first, 10000, sizeof first[0], cmp_double);
+    double p99 = first[9899]; /* rank ceil(0.99 * 10000) */
+    CHECK_EQ(ki_kstats_feed(ks, recs, n), 0); /* sample rate 0 and no tail known: nothing kept */
+    int parts = 0;
+    CHECK(export_all(ks, 1, buf, cap, NULL, &parts) > 0);
+    CHECK_EQ(parts, 1);
+    /* The tail threshold is now the p99 bucket's upper bound: about 1% of new spans pass it. */
+    n = 0;
+    uint64_t slow = 0;
+    for (int i = 0; i < 10000; i++) {
+        uint64_t d = duration();
+        push(recs, &n, 1, 0, T0 + NS + (uint64_t)i * 1000, d);
+    }
+    size_t kept = ki_kstats_feed(ks, recs, n);
+    for (size_t i = 0; i < kept; i++) {
+        CHECK_EQ(recs[i].rec.type, KI_REC_KERNEL);
+        slow += (double)(recs[i].rec.u.kernel.end_ns - recs[i].rec.ts_ns) > p99;
+    }
+    CHECK(kept > 20 && kept < 200); /* ~1% of 10,000 */
+    CHECK_EQ(slow, kept);           /* every kept one is slower than the exact p99 seen so far */
+    struct ki_kstats_stats st;
+    ki_kstats_stats(ks, &st);
+    CHECK_EQ(st.aggregated, 20000);
+    CHECK_EQ(st.spans_tail, kept);
+    CHECK_EQ(st.table.keys, 1);
+    /* 2. Capture window on GPU 1 keeps all of GPU 1, nothing more of GPU 0; FAILED always kept. */
+    ki_kstats_capture(ks, 1, T0 + 3 * NS);
+    n = 0;
+    for (int i = 0; i < 100; i++) push(recs, &n, 2, 1, T0 + 2 * NS + (uint64_t)i, 5000);
+    for (int i = 0; i < 100; i++) push(recs, &n, 2, 0, T0 + 2 * NS + (uint64_t)i, 5000);
+    recs[n - 1].rec.flags = KI_FLAG_FAILED;
+    push(recs, &n, 2, 1, T0 + 3 * NS, 5000); /* just after the window */
+    kept = ki_kstats_feed(ks, recs, n);
+    CHECK_EQ(kept, 101);
+    CHECK_EQ(recs[100].rec.device, 0);
+    CHECK_EQ(recs[100].rec.flags, KI_FLAG_FAILED);
+    /* 3. NCCL ops, memcpys and other records: aggregated (not memcpy-free memops) and all kept. */
+    n = 0;
+    for (int i = 0; i < 10; i++) {
+        struct ki_record r;
+        memset(&r, 0, sizeof r);
+        r.rec.type = KI_REC_COLLECTIVE;
+        r.rec.id = 1;
+        r.rec.ts_ns = T0 + 3 * NS;
+        r.rec.u.collective.duration_ns = 1000000;
+        recs[n++] = r;
+        r.rec.type = KI_REC_MEMOP;
+        r.rec.id = KI_MEM_MEMCPY;
+        r.rec.u.memop.bytes = 4096;
+        recs[n++] = r;
+        r.rec.id = KI_MEM_ALLOC;
+        recs[n++] = r;
+        r.rec.type = KI_REC_ERROR;
+        recs[n++] = r;
+    }
+    CHECK_EQ(ki_kstats_feed(ks, recs, n), 40);
+    ki_kstats_stats(ks, &st);
+    CHECK_EQ(st.aggregated, 20000 + 201 + 20);
+    CHECK_EQ(st.table.keys, 1 + 2 + 2); /* kernel 1; kernel 2 on two GPUs; one NCCL op; memcpy */
+    /* Only histograms that changed are exported again. */
+    parts = 0;
+    export_all(ks, 2 * NS, buf, cap, NULL, &parts);
+    ki_kstats_stats(ks, &st);
+    CHECK_EQ(st.histograms_exported, 1 + 5);
+    CHECK(!ki_kstats_want(ks, 2 * NS, T0)); /* the next one is due one interval after the last was due */
+    ki_kstats_destroy(ks);
+
+    /* 4. Uniform sample: at 10,000 kernels per second and 100 per second, about 1%. */
+    cfg = config(100, 0);
+    ks = ki_kstats_create(&cfg);
+    uint64_t total_kept = 0;
+    for (int s = 0; s < 5; s++) {
+        n = 0;
+        for (int i = 0; i < 10000; i++) push(recs, &n, 3, 0, T0 + (uint64_t)s * NS + (uint64_t)i * 1000, 1000);
+        total_kept += ki_kstats_feed(ks, recs, n);
+    }
+    /* second 0: its first 200 (no rate known yet, capped at twice the rate); seconds 1..4 ~100 each */
+    CHECK(total_kept > 200 + 250 && total_kept < 200 + 600);
+    ki_kstats_destroy(ks);
+
+    /* 5. Many histograms: the export comes in parts no larger than section_max. */
+    cfg = config(0, 0);
+    cfg.hist.max_keys = 4096;
+    ks = ki_kstats_create(&cfg);
+    n = 0;
+    for (uint32_t k = 0; k < 4000; k++)
+        for (int i = 0; i < 8; i++) push(recs, &n, k, 0, T0, 1000u << i);
+    ki_kstats_feed(ks, recs, n);
+    parts = 0;
+    export_all(ks, 1, buf, cap, NULL, &parts);
+    ki_kstats_stats(ks, &st);
+    CHECK_EQ(st.histograms_exported, 4000);
+    CHECK(parts >= 2);
+    free(buf);
+    ki_kstats_destroy(ks);
+    /* 6. Bad settings. */
+    cfg = config(0, 0);
+    cfg.section_max = 100;
+    CHECK(ki_kstats_create(&cfg) == NULL);
+    cfg = config(0, 0);
+    cfg.tail_quantile = 0;
+    CHECK(ki_kstats_create(&cfg) == NULL);
+    ki_kstats_destroy(NULL);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "section")) {
+        FILE *in = fopen(argv[2], "rb");
+        CHECK(in != NULL);
+        static struct ki_record recs[1 << 16];
+        struct ki_kstats_config cfg = config(0, 0);
+        struct ki_kstats *ks = ki_kstats_create(&cfg);
+        CHECK(ks != NULL);
+        size_t got, kept = 0;
+        while ((got = fread(recs, sizeof recs[0], sizeof recs / sizeof recs[0], in)) > 0)
+            kept += ki_kstats_feed(ks, recs, got);
+        fclose(in);
+        size_t cap = ki_kstats_section_bound(ks);
+        uint8_t *buf = malloc(cap);
+        FILE *out = fopen(argv[3], "wb");
+        CHECK(out != NULL);
+        int parts = 0;
+        export_all(ks, 1, buf, cap, out, &parts);
+        fclose(out);
+        free(buf);
+        ki_kstats_destroy(ks);
+        printf("ok %zu\n", kept);
+        return 0;
+    }
+    units();
+    printf("ok\n");
+    return 0;
+}
