@@ -5,7 +5,9 @@
  * A span records a cudaEvent pair on a stream; nothing synchronises on the
  * hot path.  ki_probe_reap() (called every KI_PROBE_REAP_EVERY ends, or by
  * you) asks cudaEventQuery whether the oldest spans have finished, reads
- * cudaEventElapsedTime and writes one KERNEL record per span.  Without CUDA
+ * cudaEventElapsedTime and writes one KERNEL record per span, after the span's
+ * host side (a LAUNCH record flagged LAUNCH_SPAN: when begin was called, on which
+ * thread, how long until end; docs/ring.md).  Without CUDA
  * (a host compiler without -DKI_PROBE_CUDA, or -DKI_PROBE_CPU) the same API
  * times with CLOCK_MONOTONIC, so the logic can be tested anywhere.
  *
@@ -30,6 +32,8 @@
 #define KI_PROBE_H
 
 #include "ki_ring.h"
+
+#include <stdlib.h>
 
 #if !defined(KI_PROBE_CPU) && (defined(__CUDACC__) || defined(KI_PROBE_CUDA))
 #define KI_PROBE_USE_CUDA 1
@@ -59,6 +63,8 @@ typedef void *ki_probe_stream;
 
 struct ki_probe_span {
     ki_probe_event start, end;
+    uint64_t launch_ns; /* CLOCK_REALTIME when begin was called (the host side) */
+    uint64_t host_ns;   /* host time from begin to end */
     uint64_t stream;   /* stream handle, for the record */
     uint32_t name_id;  /* string id from ki_probe_name */
     uint32_t ended;    /* end recorded */
@@ -67,6 +73,7 @@ struct ki_probe_span {
 struct ki_probe {
     struct ki_ring ring;       /* producer handle of the GPU's ring */
     uint16_t device;           /* GPU index written into records */
+    uint32_t tid;              /* the thread that owns this probe (its launches' thread) */
     uint32_t next_name;        /* last string id handed out */
     uint64_t head, tail;       /* spans begun / spans reaped */
     uint64_t correlation;      /* span sequence number */
@@ -108,6 +115,16 @@ static inline void ki_probe__record(ki_probe_event *e, ki_probe_stream s) {
 #endif
 }
 
+/* This thread's id, from /proc/thread-self (POSIX calls only: gettid() needs _GNU_SOURCE); 0 if unknown. */
+static inline uint32_t ki_probe__tid(void) {
+    char link[64];
+    ssize_t n = readlink("/proc/thread-self", link, sizeof link - 1);
+    if (n <= 0) return 0;
+    link[n] = '\0';
+    const char *t = strrchr(link, '/');
+    return t ? (uint32_t)strtoul(t + 1, NULL, 10) : 0;
+}
+
 /* Anchor: record on the default stream, wait for it, note the wall clock. */
 static inline void ki_probe__anchor(struct ki_probe *p) {
     ki_probe__record(&p->anchor, 0);
@@ -125,6 +142,7 @@ static inline int ki_probe_init(struct ki_probe *p, uint16_t device, const char 
     int rc = ki_ring_attach(&p->ring, ring_name, KI_RING_PRODUCER | KI_RING_CREATE, err, errlen);
     if (rc < 0) return rc;
     p->device = device;
+    p->tid = ki_probe__tid();
     if (ki_probe__ev_create(&p->anchor) < 0) goto fail;
     for (uint32_t i = 0; i < KI_PROBE_MAX_INFLIGHT; i++)
         if (ki_probe__ev_create(&p->spans[i].start) < 0 || ki_probe__ev_create(&p->spans[i].end) < 0) goto fail;
@@ -157,7 +175,9 @@ static inline int ki_probe_reap(struct ki_probe *p, int block) {
         int64_t dur = ki_probe__ev_elapsed_ns(s->start, s->end);
         uint64_t start_ns = p->anchor_ns + (uint64_t)since;
         uint64_t end_ns = start_ns + (uint64_t)(dur > 0 ? dur : 0);
-        int rc = ki_ring_kernel(&p->ring, s->name_id, p->device, start_ns, end_ns, s->stream, ++p->correlation);
+        uint64_t corr = ++p->correlation;
+        ki_ring_launch_span(&p->ring, s->name_id, p->device, s->launch_ns, p->tid, corr, s->host_ns);
+        int rc = ki_ring_kernel(&p->ring, s->name_id, p->device, start_ns, end_ns, s->stream, corr);
         if (rc == 0) {
             p->written++;
             n++;
@@ -189,6 +209,7 @@ static inline int ki_probe_begin(struct ki_probe *p, uint32_t name_id, ki_probe_
     s->name_id = name_id;
     s->stream = (uint64_t)(uintptr_t)stream;
     s->ended = 0;
+    s->launch_ns = ki_ring_now_ns();
     ki_probe__record(&s->start, stream);
     return (int)(slot & (KI_PROBE_MAX_INFLIGHT - 1));
 }
@@ -198,6 +219,7 @@ static inline void ki_probe_end(struct ki_probe *p, int slot) {
     if (slot < 0) return;
     struct ki_probe_span *s = &p->spans[slot];
     ki_probe__record(&s->end, (ki_probe_stream)(uintptr_t)s->stream);
+    s->host_ns = ki_ring_now_ns() - s->launch_ns;
     s->ended = 1;
     if ((p->head & (KI_PROBE_REAP_EVERY - 1)) == 0) ki_probe_reap(p, 0);
 }

@@ -570,6 +570,25 @@ static inline int ki_ring_kernel(struct ki_ring *r, uint32_t name_id, uint16_t d
     return ki_ring_write(r, &rec);
 }
 
+/* The host side of a CUDA-event span (KI_FLAG_LAUNCH_SPAN, docs/ring.md): launched at ts_ns by thread tid,
+ * its code took host_ns; tied to the KERNEL record of the same pid and correlation. */
+static inline int ki_ring_launch_span(struct ki_ring *r, uint32_t name_id, uint16_t device, uint64_t ts_ns,
+                                      uint32_t tid, uint64_t correlation, uint64_t host_ns) {
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_LAUNCH;
+    rec.flags = KI_FLAG_LAUNCH_SPAN;
+    rec.device = device;
+    rec.id = name_id;
+    rec.ts_ns = ts_ns;
+    rec.u.launch.pid = r->pid;
+    rec.u.launch.tid = tid;
+    rec.u.launch.grid[0] = (uint32_t)correlation;
+    rec.u.launch.grid[1] = (uint32_t)(correlation >> 32);
+    rec.u.launch.grid[2] = host_ns > UINT32_MAX ? UINT32_MAX : (uint32_t)host_ns;
+    return ki_ring_write(r, &rec);
+}
+
 static inline int ki_ring_sample(struct ki_ring *r, uint32_t metric, uint16_t device, uint64_t ts_ns, double value,
                                  uint64_t aux) {
     struct ki_rec rec;

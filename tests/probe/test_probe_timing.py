@@ -23,9 +23,18 @@ MS = 1_000_000
 
 def kernels(prefix: str, gpu: int = 0) -> tuple[list[KernelRecord], dict[int, str]]:
     recs: list[Record] = drain(ring_name(f"{prefix}{gpu}"))
+    _last_drain[(prefix, gpu)] = recs
     table = names_of(recs)
     ks = [r for r in recs if isinstance(r, KernelRecord)]
     return ks, {r.name_id: table.get(r.producer, r.name_id) or "?" for r in ks}
+
+
+def drain_all(prefix: str, gpu: int) -> list[Record]:
+    """Every record the last ``kernels(prefix, gpu)`` drained (kernels and the rest)."""
+    return _last_drain[(prefix, gpu)]
+
+
+_last_drain: dict[tuple[str, int], list[Record]] = {}
 
 
 @pytest.fixture
@@ -273,6 +282,19 @@ def test_c_header_spans_on_the_cpu_clock(tmp_path, label_prefix):
     assert outer.duration_ns >= 10 * MS
     assert abs(outer.start_ns - time.time_ns()) < 60 * 1_000 * MS
     assert {k.device for k in ks} == {3}
+    # each span's host side: a LAUNCH_SPAN record of the same pid and correlation, on the main thread
+    launches = {
+        (r.pid, r.grid[0] | r.grid[1] << 32): r
+        for r in drain_all(label_prefix, 3)
+        if isinstance(r, LaunchRecord) and r.flags == RecordFlag.LAUNCH_SPAN
+    }
+    assert len(launches) == len(ks) == 206
+    for k in ks:
+        lr = launches[(k.pid, k.correlation)]
+        assert lr.tid == k.pid  # single-threaded: the main thread's id is the pid
+        assert lr.function_id == k.name_id
+        assert lr.ts_ns <= k.start_ns + 2 * MS
+    assert all(launches[(k.pid, k.correlation)].grid[2] >= 2 * MS for k in inner)
 
 
 def test_c_header_raii_guard_in_cpp(tmp_path, label_prefix):
