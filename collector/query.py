@@ -7,10 +7,12 @@ samples table is read only for those fingerprints and only inside the window.
 from __future__ import annotations
 
 import datetime as dt
+import gc
+import itertools
 import re
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -714,46 +716,136 @@ _HISTOGRAM_COLUMNS = (
 )
 
 
-def _histogram_objects(rows: pa.Table) -> npt.NDArray[np.object_]:
-    """One ``FloatHistogram`` per row, as an object array (HistColumns' layout)."""
+def _list_column(rows: pa.Table, name: str) -> tuple[list[int], npt.NDArray[Any]]:
+    """A list column as (row offsets, flat values): Arrow's to_pylist of lists costs ~25 us a row."""
+    arr = rows.column(name).combine_chunks()
+    offsets = arr.offsets.to_numpy()
+    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    return (offsets - offsets[0]).tolist(), flat
+
+
+def _rows_differ(offsets: list[int], flat: npt.NDArray[Any], op: str = "!=") -> npt.NDArray[np.bool_]:
+    """Per row ``i`` whose list is as long as row ``i - 1``'s: whether an element compares ``op``
+    to the same position of row ``i - 1`` (``"!="``: differs, ``"<"``: went down)."""
+    off = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(off)
+    n = len(lengths)
+    out = np.zeros(n, dtype=bool)
+    if not len(flat) or n < 2:
+        return out
+    if (lengths == lengths[0]).all():  # every row as long: one comparison of two views
+        m = flat.reshape(n, int(lengths[0]))
+        out[1:] = ((m[1:] != m[:-1]) if op == "!=" else (m[1:] < m[:-1])).any(axis=1)
+        return out
+    comparable = np.zeros(n, dtype=bool)
+    comparable[1:] = lengths[1:] == lengths[:-1]
+    keep = np.repeat(comparable, lengths)
+    e = np.flatnonzero(keep)
+    prev = e - np.repeat(lengths, lengths)[e]
+    bad = (flat[e] != flat[prev]) if op == "!=" else (flat[e] < flat[prev])
+    row = np.repeat(np.arange(n), lengths)
+    out[row[e[bad]]] = True
+    return out
+
+
+_LIST_COLUMNS = (
+    "positive_span_offsets",
+    "positive_span_lengths",
+    "pb",
+    "negative_span_offsets",
+    "negative_span_lengths",
+    "nb",
+    "custom_values",
+)
+
+
+def _histogram_objects(rows: pa.Table) -> tuple[npt.NDArray[np.object_], list[bool | None]]:
+    """One ``FloatHistogram`` per row, as an object array (HistColumns' layout), and per row
+    whether it is a counter reset after the row before (None: not decided here).
+
+    Rows come ordered by (fingerprint, t). The reset is decided for whole columns at once where
+    a row has its predecessor's layout (schema, zero threshold, spans, custom bounds, every
+    bucket clear of the zero bucket): there Prometheus' ``DetectReset`` comes down to "the count,
+    the zero count or a bucket went down" (a hint of 1 or 2 decides first, as there). Elsewhere
+    ``tsdb_hints`` calls ``FloatHistogram.detect_reset``.
+    """
     from kernel_insight.kql.nativehist import FloatHistogram
 
-    c = {
-        name: rows.column(name).to_pylist() for name in rows.column_names if name not in ("fingerprint", "t")
-    }
-    out = np.empty(rows.num_rows, dtype=object)
-    out[:] = [
-        FloatHistogram(
-            schema=schema,
-            zero_threshold=zt,
-            zero_count=zc,
-            count=count,
-            sum=total,
-            positive_spans=tuple(zip(po, pl, strict=True)),
-            positive_buckets=tuple(pb),
-            negative_spans=tuple(zip(no, nl, strict=True)),
-            negative_buckets=tuple(nb),
-            counter_reset_hint=hint,
-            custom_values=tuple(cv),
-        )
-        for schema, zt, zc, count, total, hint, po, pl, pb, no, nl, nb, cv in zip(
-            c["schema"],
-            c["zero_threshold"],
-            c["zero_count"],
-            c["count"],
-            c["sum"],
-            c["counter_reset_hint"],
-            c["positive_span_offsets"],
-            c["positive_span_lengths"],
-            c["pb"],
-            c["negative_span_offsets"],
-            c["negative_span_lengths"],
-            c["nb"],
-            c["custom_values"],
-            strict=True,
-        )
+    n = rows.num_rows
+    schema = rows.column("schema").to_numpy().astype(np.int64)
+    zt = rows.column("zero_threshold").to_numpy()
+    zc = rows.column("zero_count").to_numpy()
+    count = rows.column("count").to_numpy()
+    total = rows.column("sum").to_numpy()
+    hint = rows.column("counter_reset_hint").to_numpy().astype(np.int64)
+    lists = {name: _list_column(rows, name) for name in _LIST_COLUMNS}
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (schema[1:] == schema[:-1]) & (zt[1:] == zt[:-1])
+    for name in _LIST_COLUMNS:
+        off, flat = lists[name]
+        lengths = np.diff(np.asarray(off, dtype=np.int64))
+        same[1:] &= lengths[1:] == lengths[:-1]
+        if name not in ("pb", "nb"):
+            same &= ~_rows_differ(off, flat)
+    for side in ("positive_span_offsets", "negative_span_offsets"):
+        off, flat = lists[side]
+        has = np.diff(np.asarray(off, dtype=np.int64)) > 0
+        first = np.zeros(n, dtype=np.float64)
+        first[has] = flat[np.asarray(off[:-1], dtype=np.int64)[has]]
+        upper = np.exp2(first / np.exp2(schema.astype(np.float64)))  # the lowest bucket's upper bound
+        same &= ~has | (schema == -53) | (zt == 0) | (upper > zt)
+    went_down = np.zeros(n, dtype=bool)
+    went_down[1:] = (count[1:] < count[:-1]) | (zc[1:] < zc[:-1])
+    went_down |= _rows_differ(*lists["pb"], op="<") | _rows_differ(*lists["nb"], op="<")
+    resets: list[bool | None] = [
+        True if h == 1 else False if h == 2 else (d if s else None)
+        for h, s, d in zip(hint.tolist(), same.tolist(), went_down.tolist(), strict=True)
     ]
-    return out
+
+    def cut(name: str) -> list[tuple[Any, ...]]:
+        off, flat = lists[name]
+        if not len(flat):
+            return [()] * n  # the usual negative side and custom bounds: nothing to slice
+        values = flat.tolist()
+        return [tuple(values[a:b]) for a, b in itertools.pairwise(off)]
+
+    out = np.empty(n, dtype=object)
+    # Hundreds of thousands of new objects would set off the cyclic collector again and again,
+    # each pass walking everything made so far (9.4 s instead of 1.7 s for 240,000 here): none of
+    # them can form a cycle, so it waits until they are made.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        out[:] = [
+            FloatHistogram(
+                schema=s_,
+                zero_threshold=zt_,
+                zero_count=zc_,
+                count=c_,
+                sum=t_,
+                positive_spans=tuple(zip(po, pl, strict=True)) if po else (),
+                positive_buckets=pb,
+                negative_spans=tuple(zip(no, nl, strict=True)) if no else (),
+                negative_buckets=nb,
+                counter_reset_hint=h_,
+                custom_values=cv,
+            )
+            for s_, zt_, zc_, c_, t_, h_, po, pl, pb, no, nl, nb, cv in zip(
+                schema.tolist(),
+                zt.tolist(),
+                zc.tolist(),
+                count.tolist(),
+                total.tolist(),
+                hint.tolist(),
+                *(cut(name) for name in _LIST_COLUMNS[:3]),
+                *(cut(name) for name in _LIST_COLUMNS[3:]),
+                strict=True,
+            )
+        ]
+    finally:
+        if collecting:
+            gc.enable()
+    return out, resets
 
 
 def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumns:
@@ -772,7 +864,7 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     if not keep.all():
         hists = hists.filter(pa.array(keep))
         fps, ts = fps[keep], ts[keep]
-    objects = _histogram_objects(hists)
+    objects, resets = _histogram_objects(hists)
     starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
     ends = np.append(starts[1:], len(fps))
     by_labels: dict[Labels, tuple[int, int]] = {}
@@ -819,9 +911,15 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     hs = objects[hi]
     fo, ho = f_offsets.tolist(), h_offsets.tolist()
     for k in range(len(union)):
-        if ho[k + 1] - ho[k] > 1:
-            hs[ho[k] : ho[k + 1]] = tsdb_hints(
-                hs[ho[k] : ho[k + 1]].tolist(), hts[ho[k] : ho[k + 1]], fts[fo[k] : fo[k + 1]]
+        a, b = ho[k], ho[k + 1]
+        if b - a > 1:
+            first = h_starts[k]  # rows of one series are consecutive in the read
+            hs[a:b] = tsdb_hints(
+                hs[a:b].tolist(),
+                hts[a:b],
+                fts[fo[k] : fo[k + 1]],
+                resets[first : first + b - a],
+                in_place=True,
             )
     return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, hs, h_offsets))
 

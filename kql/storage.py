@@ -219,27 +219,38 @@ _HistArrays = tuple[npt.NDArray[np.int64], "tuple[FloatHistogram, ...]"]
 
 
 def tsdb_hints(
-    hs: Sequence[FloatHistogram], hts: npt.NDArray[np.int64], float_ts: npt.NDArray[np.int64]
+    hs: Sequence[FloatHistogram],
+    hts: npt.NDArray[np.int64],
+    float_ts: npt.NDArray[np.int64],
+    resets: Sequence[bool | None] | None = None,
+    *,
+    in_place: bool = False,
 ) -> tuple[FloatHistogram, ...]:
     """Counter-reset hints as Prometheus' TSDB returns them on read: a counter histogram that
     follows another in the same chunk says "not a counter reset", one that starts a chunk
     because the counter went down says "counter reset", a series' first sample (or the first
-    after a float sample) keeps its own; gauge histograms stay gauges."""
+    after a float sample) keeps its own; gauge histograms stay gauges.
+
+    ``resets[i]``, when given and not None, is ``hs[i].detect_reset(hs[i - 1])`` computed by the
+    caller (the ClickHouse back end does it for whole columns at once); ``in_place`` sets the
+    hints on the given objects instead of copies (for a caller that just made them)."""
     out: list[FloatHistogram] = []
     prev: FloatHistogram | None = None
     prev_t = -(2**63)
     floats = float_ts.tolist()
     k = 0
-    for h, t in zip(hs, hts.tolist(), strict=True):
+    for i, (h, t) in enumerate(zip(hs, hts.tolist(), strict=True)):
         while k < len(floats) and floats[k] < t:
             if floats[k] > prev_t:
                 prev = None  # a float sample between two histograms starts a new chunk
             k += 1
         hint = h.counter_reset_hint
         if hint != 3 and prev is not None and prev.counter_reset_hint != 3 and not is_stale_histogram(h):
-            wanted = 1 if (hint == 1 or h.detect_reset(prev)) else 2
+            known = None if resets is None else resets[i]
+            wanted = 1 if (hint == 1 or (h.detect_reset(prev) if known is None else known)) else 2
             if wanted != hint:
-                h = h.copy()
+                if not in_place:
+                    h = h.copy()
                 h.counter_reset_hint = wanted
         out.append(h)
         prev = None if is_stale_histogram(h) else h
