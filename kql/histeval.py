@@ -201,13 +201,17 @@ def window(r: RangeInput, i: int, j: int) -> tuple[list[int], list[H]]:
     return hr.ts[lo:hi].tolist(), list(hr.hs[lo:hi])
 
 
-def hist_windows(r: RangeInput) -> Iterator[tuple[int, int, list[int], list[H], int]]:
-    """(series, step, hist timestamps, histograms, float count) of every window holding a histogram."""
+def hist_windows(
+    r: RangeInput, skip: BOOL | None = None
+) -> Iterator[tuple[int, int, list[int], list[H], int]]:
+    """(series, step, hist timestamps, histograms, float count) of every window holding a
+    histogram, except those in ``skip``."""
     hr = r.hist
     if hr is None:
         return
     counts = hr.hi - hr.lo
-    rows, steps = np.nonzero(counts > 0)
+    wanted = counts > 0 if skip is None else (counts > 0) & ~skip
+    rows, steps = np.nonzero(wanted)
     fcounts = r.hi - r.lo
     for n, (i, j) in enumerate(zip(rows.tolist(), steps.tolist(), strict=True)):
         if n % 1024 == 1023:
@@ -586,12 +590,18 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     mixed = has_float & has_hist
     if mixed.any():
         ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
+    assert vec.hists is not None
+    dense = dense_sum(vec.hists, gid, n, mixed, op == "avg")
+    if dense is not None:
+        dense_totals, collision = dense
+        if collision:
+            ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
+        return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, dense_totals)
     totals: OBJ = np.full((n, steps), None, dtype=object)
     counts = np.zeros((n, steps), dtype=np.int64)
     bad = np.zeros((n, steps), dtype=bool)
     reset_seen = np.zeros((n, steps), dtype=bool)
     not_reset_seen = np.zeros((n, steps), dtype=bool)
-    assert vec.hists is not None
     for k, (i, j, h) in enumerate(cells(vec.hists)):
         if k % 1024 == 1023:
             ev.checkpoint()
@@ -624,6 +634,25 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         if op == "avg":
             total = hdiv(total, float(counts[g, j]))
         totals[g, j] = hcompact(total)
+    return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
+
+
+def _aggregated(
+    ev: Any,
+    node: Any,
+    vec: StepVector,
+    param: Any,
+    gid: Any,
+    n: int,
+    group_labels: list[Labels],
+    mixed: BOOL,
+    totals: OBJ,
+) -> StepVector:
+    """sum/avg's result: the groups' histograms, and the float aggregation of the float samples
+    (less the groups that held both kinds at a step)."""
+    from kernel_insight.kql.aggregation import aggregate as float_aggregate
+
+    steps = vec.values.shape[1]
     drop = np.zeros(n, dtype=bool)
     if any(k == "__name__" for k in node.grouping) and not node.without:
         np.logical_or.at(drop, gid, vec.drop_name)
@@ -741,9 +770,12 @@ def _combine(
     for (i, j), f in (values or {}).items():
         out_v[i, j] = f
         out_p[i, j] = True
-    for (i, j), h in hists.items():
-        out_h[i, j] = h
-        out_p[i, j] = False
+    if hists:
+        keys = np.array(list(hists.keys()), dtype=np.intp).reshape(-1, 2)
+        holder = np.empty(len(hists), dtype=object)
+        holder[:] = list(hists.values())
+        out_h[keys[:, 0], keys[:, 1]] = holder
+        out_p[keys[:, 0], keys[:, 1]] = False
     names = r.drop_name.copy() if keep_name else np.ones(n, dtype=bool)
     return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None).compact()
 
@@ -760,8 +792,12 @@ def _rate(
     floats = impl(ctx, [_strip(r)])
     hists: dict[tuple[int, int], H] = {}
     pos = _matrix_arg(ctx).pos
-    for i, j, ts, hs, nfloat in hist_windows(r):
-        if nfloat or len(hs) < 2 or r.anchored or r.smoothed:
+    fast = dense_rate(r, counter, per_second, has_hist_windows(r) & ~mixed)
+    decided = None
+    if fast is not None:
+        hists, decided = fast
+    for i, j, ts, hs, nfloat in hist_windows(r, decided):
+        if nfloat or len(hs) < 2:
             continue
         name = metric_name(r.labels[i])
         h = histogram_rate(ctx, hs, counter, name, pos)
@@ -1690,3 +1726,233 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
         out[rows[expo]] = np.where(positive, powered, -powered)
     values = out
     return values, done
+
+
+def _spans_of(mat: F64, lo: int) -> tuple[list[tuple[tuple[int, int], ...]], list[tuple[float, ...]]]:
+    """Per row of a dense side: the spans and buckets of its non-zero counts (Compact(0)'s layout)."""
+    n = mat.shape[0]
+    spans: list[tuple[tuple[int, int], ...]] = [()] * n
+    buckets: list[tuple[float, ...]] = [()] * n
+    rows, cols = np.nonzero(mat)
+    if not len(rows):
+        return spans, buckets
+    values = mat[rows, cols].tolist()
+    idx = cols + lo
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1] + 1)
+    starts = np.flatnonzero(new)
+    lengths = np.diff(np.append(starts, len(rows)))
+    span_rows = rows[starts].tolist()
+    span_first = idx[starts].tolist()
+    row_first = np.ones(len(starts), dtype=bool)
+    row_first[1:] = rows[starts][1:] != rows[starts][:-1]
+    prev_end = 0
+    current: list[tuple[int, int]] = []
+    row_of_current = -1
+    for r, first, length, head in zip(
+        span_rows, span_first, lengths.tolist(), row_first.tolist(), strict=True
+    ):
+        if head:
+            if row_of_current >= 0:
+                spans[row_of_current] = tuple(current)
+            current = [(first, length)]
+            row_of_current = r
+        else:
+            current.append((first - prev_end, length))
+        prev_end = first + length
+    if row_of_current >= 0:
+        spans[row_of_current] = tuple(current)
+    # Buckets: the row's values in column order, one slice per row.
+    bounds = np.searchsorted(rows, np.arange(n + 1))
+    for r in np.unique(rows).tolist():
+        buckets[r] = tuple(values[bounds[r] : bounds[r + 1]])
+    return spans, buckets
+
+
+def materialize(
+    schema: int,
+    zero_threshold: float,
+    zero: F64,
+    count: F64,
+    total: F64,
+    pos_lo: int,
+    pos: F64,
+    neg_lo: int,
+    neg: F64,
+    hint: int,
+) -> list[H]:
+    """FloatHistograms from dense rows, compacted (no empty buckets), all with one hint."""
+    pspans, pbuckets = _spans_of(pos, pos_lo)
+    nspans, nbuckets = _spans_of(neg, neg_lo)
+    make = nh.FloatHistogram
+    return [
+        make(schema, zero_threshold, z, c, s, ps, pb, ns, nb, hint)
+        for z, c, s, ps, pb, ns, nb in zip(
+            zero.tolist(), count.tolist(), total.tolist(), pspans, pbuckets, nspans, nbuckets, strict=True
+        )
+    ]
+
+
+def _zero_clean(block: DenseBlock) -> bool:
+    """No bucket of the block lies (partly) inside its zero bucket, so comparing counts bucket by
+    bucket is Prometheus' reset detection."""
+    zt = block.zero_threshold
+    bounds = nh._bounds_exponential
+    for lo, mat in ((block.pos_lo, block.pos), (block.neg_lo, block.neg)):
+        if mat.shape[1] and float(bounds(np.array([lo - 1], dtype=np.int64), block.schema)[0]) < zt:
+            return False
+    return True
+
+
+def dense_rate(
+    r: RangeInput, counter: bool, per_second: bool, candidates: BOOL
+) -> tuple[dict[tuple[int, int], H], BOOL] | None:
+    """rate/increase of every candidate window at once, for ranges whose histograms share a layout
+    and hold no gauge histograms; also says which windows it decided. A window with a counter
+    reset inside is left to :func:`histogram_rate` (Prometheus adds the reset back sample by
+    sample), so every decided result is the per-window path's, bit for bit.
+    """
+    hr = r.hist
+    if hr is None or not counter or len(hr.hs) < DENSE_MIN_CELLS:
+        return None
+    hs = hr.hs.tolist()
+    hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
+    if (hints == GAUGE).any():
+        return None
+    block = DenseBlock.of(hs)
+    if block is None or not _zero_clean(block):
+        return None
+    m = len(hs)
+    same = np.ones(m, dtype=bool)
+    same[0] = False
+    starts = hr.offsets[:-1]
+    same[starts[starts < m]] = False
+    reset = np.zeros(m, dtype=bool)
+    prev = np.arange(m) - 1
+    k = np.flatnonzero(same)
+    p = prev[k]
+    decreased = (block.count[k] < block.count[p]) | (block.zero[k] < block.zero[p])
+    if block.pos.shape[1]:
+        decreased |= (block.pos[k] < block.pos[p]).any(axis=1)
+    if block.neg.shape[1]:
+        decreased |= (block.neg[k] < block.neg[p]).any(axis=1)
+    reset[k] = (hints[k] == COUNTER_RESET) | ((hints[k] != NOT_COUNTER_RESET) & decreased)
+    resets_before = np.concatenate([[0], np.cumsum(reset)])
+    lo, hi = hr.lo, hr.hi
+    inner = resets_before[hi] - resets_before[np.minimum(lo + 1, hi)]
+    decided = candidates & (hi - lo >= 2) & (inner == 0)
+    wi, wj = np.nonzero(decided)
+    first = lo[wi, wj]
+    last = hi[wi, wj] - 1
+    d_count = block.count[last] - block.count[first]
+    d_sum = block.sum[last] - block.sum[first]
+    d_zero = block.zero[last] - block.zero[first]
+    d_pos = block.pos[last] - block.pos[first]
+    d_neg = block.neg[last] - block.neg[first]
+    # Prometheus' extrapolation (extrapolatedRate), the same operations as _extrapolation.
+    first_t, last_t = hr.ts[first], hr.ts[last]
+    end = r.end[wj]
+    to_start = (first_t - (end - r.range_ms)) / 1000.0
+    to_end = (end - last_t) / 1000.0
+    sampled = (last_t - first_t) / 1000.0
+    average = sampled / (last - first)
+    threshold = average * 1.1
+    to_start = np.where(to_start >= threshold, average / 2, to_start)
+    first_count = block.count[first]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_zero = sampled * (first_count / d_count)
+    use_zero = (d_count > 0) & (first_count >= 0) & (to_zero < to_start)
+    to_start = np.where(use_zero, to_zero, to_start)
+    to_end = np.where(to_end >= threshold, average / 2, to_end)
+    factor = np.where(sampled != 0, (sampled + to_start + to_end) / np.where(sampled != 0, sampled, 1.0), 1.0)
+    if per_second:
+        factor = factor / (r.range_ms / 1000.0)
+    # The difference is compacted before the multiplication in Prometheus; 0 * f is 0, so the
+    # buckets that stay non-zero are the same either way.
+    out = materialize(
+        block.schema,
+        block.zero_threshold,
+        d_zero * factor,
+        d_count * factor,
+        d_sum * factor,
+        block.pos_lo,
+        np.where(d_pos != 0, d_pos * factor[:, None], 0.0),
+        block.neg_lo,
+        np.where(d_neg != 0, d_neg * factor[:, None], 0.0),
+        GAUGE,
+    )
+    return dict(zip(zip(wi.tolist(), wj.tolist(), strict=True), out, strict=True)), decided
+
+
+def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OBJ, bool] | None:
+    """sum/avg of histogram cells per (group, step) in numpy, for cells sharing one layout family;
+    the additions run in Prometheus' order (input rows ascending at each step), so the sums are
+    nativehist's bit for bit. Also whether counter-reset hints collided in some group. None when
+    the cells are too few or mixed in schema, zero threshold or custom buckets."""
+    steps = hists.shape[1]
+    rows, cols = np.nonzero(hist_mask(hists))
+    keep = ~mixed[gid[rows], cols]
+    rows, cols = rows[keep], cols[keep]
+    if len(rows) < DENSE_MIN_CELLS:
+        return None
+    order = np.lexsort((rows, cols))  # step by step, input rows ascending
+    rows, cols = rows[order], cols[order]
+    hs = hists[rows, cols].tolist()
+    block = DenseBlock.of(hs)
+    if block is None:
+        return None
+    target = gid[rows] * steps + cols
+    cells_n = n * steps
+
+    def summed(values: F64) -> F64:
+        out = np.zeros((cells_n, *values.shape[1:]))
+        np.add.at(out, target, values)
+        return out
+
+    count = summed(block.count)
+    total = summed(block.sum)
+    zero = summed(block.zero)
+    pos = summed(block.pos)
+    neg = summed(block.neg)
+    members = np.bincount(target, minlength=cells_n).astype(np.float64)
+    hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
+    seen = {hint: np.bincount(target[hints == hint], minlength=cells_n) > 0 for hint in (0, 1, 2, 3)}
+    collision = bool((seen[COUNTER_RESET] & seen[NOT_COUNTER_RESET]).any())
+    # Go's adjustCounterReset folded over a group: a gauge makes a gauge, one shared hint stays.
+    kinds = sum(seen[h].astype(np.int64) for h in (0, 1, 2, 3))
+    first_hint = np.zeros(cells_n, dtype=np.int64)
+    first_hint[target[::-1]] = hints[::-1]
+    hint = np.where(seen[GAUGE], GAUGE, np.where(kinds == 1, first_hint, UNKNOWN))
+    filled = np.flatnonzero(members > 0)
+    if mean:
+        m = members[filled]
+        count_f, total_f, zero_f = count[filled] / m, total[filled] / m, zero[filled] / m
+        pos_f, neg_f = pos[filled] / m[:, None], neg[filled] / m[:, None]
+    else:
+        count_f, total_f, zero_f, pos_f, neg_f = (
+            count[filled],
+            total[filled],
+            zero[filled],
+            pos[filled],
+            neg[filled],
+        )
+    out: OBJ = np.full(cells_n, None, dtype=object)
+    by_hint = hint[filled]
+    for value in np.unique(by_hint).tolist():
+        sel = np.flatnonzero(by_hint == value)
+        made = materialize(
+            block.schema,
+            block.zero_threshold,
+            zero_f[sel],
+            count_f[sel],
+            total_f[sel],
+            block.pos_lo,
+            pos_f[sel],
+            block.neg_lo,
+            neg_f[sel],
+            int(value),
+        )
+        holder = np.empty(len(made), dtype=object)
+        holder[:] = made
+        out[filled[sel]] = holder
+    return out.reshape(n, steps), collision
