@@ -42,8 +42,10 @@ __all__ = [
     "Bucket",
     "FloatHistogram",
     "HistogramError",
+    "HistogramMean",
     "HistogramNotationError",
     "HistogramSeriesValue",
+    "HistogramSum",
     "KahanResult",
     "OpResult",
     "expand_histogram_series",
@@ -1494,6 +1496,81 @@ def _add_custom_mismatched(
     map_side(spans_b, buckets_b, bounds_b, negative, None)
     idx = [i for i in range(n) if target[i] != 0 or comp[i] != 0]
     return _spans_from_indices(idx), tuple(target[i] for i in idx), tuple(comp[i] for i in idx)
+
+
+# --- sum and avg of many histograms (promql/engine.go SUM/AVG, functions.go *_over_time) ----
+
+
+class HistogramSum:
+    """Prometheus' sum of histograms (``sum``, ``sum_over_time``): Kahan-compensated, in input order.
+
+    ``add`` raises :class:`HistogramError` on a mix of exponential and custom buckets and
+    returns whether custom bounds were reconciled (PromQL's info); ``result`` is the sum with
+    its compensation added, not yet compacted (PromQL compacts ``sum``'s result).
+
+    >>> acc = HistogramSum(parse_histogram("{{count:1 sum:1e100}}"))
+    >>> _ = acc.add(parse_histogram("{{count:1 sum:1}}")); _ = acc.add(parse_histogram("{{count:1 sum:-1e100}}"))
+    >>> acc.result().sum
+    1.0
+    """
+
+    __slots__ = ("_comp", "_value")
+
+    def __init__(self, first: FloatHistogram) -> None:
+        self._value = first
+        self._comp: FloatHistogram | None = None
+
+    def add(self, h: FloatHistogram) -> bool:
+        r = self._value.kahan_add(h, self._comp)
+        self._value, self._comp = r.histogram, r.compensation
+        return r.nhcb_bounds_reconciled
+
+    def result(self) -> FloatHistogram:
+        return self._value if self._comp is None else self._value.add(self._comp).histogram
+
+
+class HistogramMean:
+    """Prometheus' mean of histograms (``avg``, ``avg_over_time``): a Kahan sum divided at the end,
+    switching to an incremental mean once the sum would overflow, step for step as Go does."""
+
+    __slots__ = ("_comp", "_count", "_incremental", "_mean", "_sum")
+
+    def __init__(self, first: FloatHistogram) -> None:
+        self._sum = first
+        self._comp: FloatHistogram | None = None
+        self._count = 1.0
+        self._incremental = False
+        self._mean = first
+
+    def add(self, h: FloatHistogram) -> bool:
+        """Add one histogram; raises :class:`HistogramError` on mixed schemas, returns bounds-reconciled."""
+        self._count += 1.0
+        count = self._count
+        reconciled = False
+        if not self._incremental:
+            r = self._sum.kahan_add(h, self._comp)
+            reconciled = r.nhcb_bounds_reconciled
+            if not r.histogram.has_overflow():
+                self._sum, self._comp = r.histogram, r.compensation
+                return reconciled
+            self._incremental = True
+            self._mean = self._sum.div(count - 1)
+            if self._comp is not None:
+                self._comp = self._comp.div(count - 1)
+        q = (count - 1) / count
+        if self._comp is not None:
+            self._comp = self._comp.mul(q)
+        r = self._mean.mul(q).kahan_add(h.div(count), self._comp)
+        self._mean, self._comp = r.histogram, r.compensation
+        return reconciled or r.nhcb_bounds_reconciled
+
+    def result(self) -> FloatHistogram:
+        if self._incremental:
+            return self._mean if self._comp is None else self._mean.add(self._comp).histogram
+        total = self._sum.div(self._count)
+        if self._comp is None:
+            return total
+        return total.add(self._comp.div(self._count)).histogram
 
 
 # --- promql/quantile.go ----------------------------------------------------------------------

@@ -22,7 +22,9 @@ from kernel_insight.kql.nativehist import (
     NOT_COUNTER_RESET,
     FloatHistogram,
     HistogramError,
+    HistogramMean,
     HistogramNotationError,
+    HistogramSum,
     expand_histogram_series,
     get_bound,
     go_float,
@@ -495,6 +497,8 @@ _FUNC_CALL = re.compile(
 _TRIM = re.compile(
     r"^(?:(histogram_\w+)\()?\s*([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s*([<>]/)\s*([-+\w.]+)\s*(\)?)$"
 )
+_AGG = re.compile(r"^(sum|avg)\(([a-zA-Z_:][\w:]*)\)$")
+_OVER_TIME = re.compile(r"^(sum|avg)_over_time\(([a-zA-Z_:][\w:]*)\[(\w+):(\w+)\]\)$")
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -556,6 +560,11 @@ def _nh_cases() -> list[Any]:
             while j < len(lines) and lines[j].startswith((" ", "\t")) and lines[j].strip():
                 block.append(lines[j].strip())
                 j += 1
+            agg, over = _AGG.match(query), _OVER_TIME.match(query)
+            if agg or over:
+                out.extend(_aggregation_case(i, query, t_ms, series, block, agg, over))
+                i = j
+                continue
             call = _FUNC_CALL.match(query)
             trim_call = _TRIM.match(query)
             trim: tuple[str, str] | None = None
@@ -603,6 +612,37 @@ def _nh_cases() -> list[Any]:
     return out
 
 
+def _latest(samples: list[tuple[int, FloatHistogram | None]], t_ms: int) -> FloatHistogram | None:
+    live = [h for ts, h in samples if t_ms - 300_000 < ts <= t_ms]
+    return live[-1] if live else None
+
+
+def _aggregation_case(
+    line: int, query: str, t_ms: int, series: Any, block: list[str], agg: Any, over: Any
+) -> list[Any]:
+    """sum/avg over the series at ``t_ms`` (label order, as Prometheus reads them), or
+    sum/avg_over_time of a subquery's steps; only when every input is a histogram."""
+    op, metric = (agg or over).group(1), (agg or over).group(2)
+    hs: list[FloatHistogram | None] = []
+    for (mname, _), samples in sorted(series.items(), key=lambda kv: kv[0][1]):
+        if mname != metric:
+            continue
+        if agg:
+            hs.append(_latest(samples, t_ms))
+        else:
+            rng, step = _ms(over.group(3)), _ms(over.group(4))
+            first = (t_ms - rng) // step * step + step
+            hs.extend(_latest(samples, t) for t in range(first, t_ms + 1, step))
+    results = [b for b in block if not b.startswith("expect")]
+    if not hs or any(h is None for h in hs) or len(results) != 1 or not results[0].startswith("{} {{"):
+        return []
+    return [
+        pytest.param(
+            op, None, None, None, {"[]": hs}, {"[]": results[0][3:]}, None, id=f"line{line - 2}:{query}"
+        )
+    ]
+
+
 def _apply(
     name: str | None, a1: str | None, a2: str | None, trim: tuple[str, str] | None, h: FloatHistogram
 ) -> float | FloatHistogram:
@@ -648,6 +688,15 @@ def test_prometheus_native_histograms_test_math(
     expected: dict[str, str],
     info: bool | str | None,
 ) -> None:
+    if name in ("sum", "avg"):
+        (hs,) = inputs.values()
+        assert isinstance(hs, list)
+        acc = HistogramSum(hs[0]) if name == "sum" else HistogramMean(hs[0])
+        for h in hs[1:]:
+            acc.add(h)
+        got_h = acc.result().compact(0)
+        assert same_histogram(parse_histogram(expected["[]"]), got_h, False), got_h.test_expression()
+        return
     got = {k: _apply(name, a1, a2, trim, h) for k, h in inputs.items() if h is not None}
     if name in ("histogram_quantile", "histogram_fraction") and trim is None and info is not None:
         notes = [n for h in inputs.values() if h is not None for n in _notes(name, a1, a2, h)]
