@@ -34,7 +34,7 @@ import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from kernel_insight.agent.records import RECORD_DTYPE, Record, RecordType, decode_records
+from kernel_insight.agent.records import PAYLOAD_DTYPES, RECORD_DTYPE, Record, RecordType, decode_records
 from kernel_insight.collector import _decode
 
 if TYPE_CHECKING:
@@ -264,7 +264,9 @@ _PAYLOAD: dict[int, tuple[_Col, ...]] = {
         ("correlation", "delta", 8),
         ("pid", "uv", 4),
     ),
-    RecordType.LAUNCH: tuple((f, "uv", 4) for f in ("pid", "tid", "g0", "g1", "g2", "b0", "b1", "b2")),
+    RecordType.LAUNCH: tuple(
+        (f, "uv", 4) for f in ("pid", "tid", "grid0", "grid1", "grid2", "block0", "block1", "block2")
+    ),
     RecordType.MEMOP: (
         ("address", "delta", 8),
         ("bytes", "uv", 8),
@@ -284,36 +286,28 @@ _PAYLOAD: dict[int, tuple[_Col, ...]] = {
     RecordType.FINGERPRINT: (("value", "uv", 8),),
     RecordType.ERROR: (("code", "sv", 8), ("aux", "uv", 8), ("pid", "uv", 4), ("detail_id", "uv", 4)),
 }
-# Payload layouts of ki_ring.h as unsigned bit patterns; "_r*" fields are reserved (zero).
-_PAYLOAD_DTYPE: dict[int, np.dtype[np.void]] = {
-    RecordType.KERNEL: np.dtype(
-        [("end_ns", "<u8"), ("stream", "<u8"), ("correlation", "<u8"), ("pid", "<u4"), ("_r", "<u4")]
-    ),
-    RecordType.LAUNCH: np.dtype([(f, "<u4") for f in ("pid", "tid", "g0", "g1", "g2", "b0", "b1", "b2")]),
-    RecordType.MEMOP: np.dtype(
-        [
-            ("address", "<u8"),
-            ("bytes", "<u8"),
-            ("pid", "<u4"),
-            ("tid", "<u4"),
-            ("status", "<u4"),
-            ("_r", "<u4"),
-        ]
-    ),
-    RecordType.COLLECTIVE: np.dtype(
-        [("bytes", "<u8"), ("duration_ns", "<u8"), ("comm", "<u8"), ("rank", "<u4"), ("nranks", "<u4")]
-    ),
-    RecordType.SYNC: np.dtype(
-        [("duration_ns", "<u8"), ("handle", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("_r", "<u8")]
-    ),
-    RecordType.GPU_SAMPLE: np.dtype([("value", "<u8"), ("aux", "<u8"), ("_r", "V16")]),
-    RecordType.FINGERPRINT: np.dtype([("value", "<u8"), ("_r", "V24")]),
-    RecordType.ERROR: np.dtype(
-        [("code", "<u8"), ("aux", "<u8"), ("pid", "<u4"), ("detail_id", "<u4"), ("_r", "<u8")]
-    ),
-}
-for _dt in _PAYLOAD_DTYPE.values():
-    assert _dt.itemsize == 32
+
+
+def _bit_view(layout: np.dtype[np.void]) -> np.dtype[np.void]:
+    """``layout`` (a ``records.PAYLOAD_DTYPES`` entry) with every field as unsigned bits of its size
+    and arrays split into one field per element (``grid`` -> ``grid0``..``grid2``): what the codec
+    moves, whatever each field's type, at the offsets of the one record table."""
+    names: list[str] = []
+    formats: list[str] = []
+    offsets: list[int] = []
+    for name in layout.names or ():
+        field_type, offset = layout.fields[name][:2]  # type: ignore[index]
+        element, shape = field_type.subdtype or (field_type, ())
+        count = int(np.prod(shape)) if shape else 1
+        for k in range(count):
+            names.append(f"{name}{k}" if shape else name)
+            formats.append(f"<u{element.itemsize}")
+            offsets.append(offset + k * element.itemsize)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": layout.itemsize})
+
+
+# Payloads as unsigned bit patterns, laid out by agent/records.py's PAYLOAD_DTYPES (ki_ring.h).
+_PAYLOAD_DTYPE: dict[int, np.dtype[np.void]] = {t: _bit_view(PAYLOAD_DTYPES[RecordType(t)]) for t in _PAYLOAD}
 SHIPPED_TYPES = tuple(sorted(_PAYLOAD))
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.agent.records import RECORD_DTYPE
+from kernel_insight.agent.records import PAYLOAD_DTYPES, RECORD_DTYPE
 from kernel_insight.collector import wire
 
 SHIPPED = list(wire.SHIPPED_TYPES)
@@ -15,12 +15,12 @@ def zero_reserved(arr: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
     """Reserved payload bytes are not shipped; zero them so arrays compare bytewise."""
     out = arr.copy()
     out["check"] = 0
-    for t, dt in wire._PAYLOAD_DTYPE.items():
+    for t, dt in PAYLOAD_DTYPES.items():
         m = out["type"] == t
-        if not m.any() or "_r" not in (dt.names or ()):
+        if not m.any() or "reserved" not in (dt.names or ()):
             continue
         pl = out["payload"][m].copy().view(dt)
-        pl["_r"] = np.zeros((), dtype=dt["_r"])
+        pl["reserved"] = 0
         out["payload"][m] = pl.view("V32").reshape(-1)
     return out
 
