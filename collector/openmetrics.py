@@ -206,6 +206,14 @@ def _labels(ln: _Line, name: str | None) -> tuple[str | None, list[tuple[str, st
 def _float(ln: _Line, what: str) -> float:
     start = ln.pos
     text = ln.match(_FLOAT_RE)
+    if text is None and ln.text.startswith("{", start):
+        # The composite native-histogram value of the OpenMetrics 2.0 draft and of promqltest's
+        # {{...}}: no text format Prometheus reads carries one (docs/storage.md, "Import paths").
+        raise ln.fail(
+            f"invalid {what}: a native histogram ({{count:..., buckets:...}}) has no form in the Prometheus "
+            "text or OpenMetrics 1.0 formats; send it by remote_write (Prometheus scrapes it as protobuf)",
+            start,
+        )
     if text is None or (not ln.at_end() and ln.text[ln.pos] not in " \t"):
         raise ln.fail(f"invalid {what}", start)
     return float(text)

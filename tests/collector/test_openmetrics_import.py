@@ -207,3 +207,35 @@ def test_import_relabels_series_before_storing_them(tmp_path, capsys):
     rules.write_text("- action: hashmod\n  target_label: shard\n")
     assert main(["import", str(f), "--store", str(data), "--relabel-config", str(rules)]) == 2
     assert "hashmod requires non-zero modulus" in capsys.readouterr().err
+
+
+def test_classic_histograms_import_as_bucket_series_and_native_ones_are_refused_with_the_reason(
+    tmp_path, capsys
+):
+    f = tmp_path / "classic.prom"
+    f.write_text(
+        "# TYPE lat histogram\n"
+        f'lat_bucket{{le="0.1"}} 3 {NOW}\n'
+        f'lat_bucket{{le="+Inf"}} 5 {NOW}\n'
+        f"lat_count 5 {NOW}\n"
+        f"lat_sum 1.5 {NOW}\n"
+    )
+    data = tmp_path / "data"
+    assert main(["import", str(f), "--store", str(data)]) == 0
+    with EmbeddedStore(data) as store:
+        buckets = store.storage().select([Matcher("__name__", "=", "lat_bucket")], NOW, NOW)
+        assert [(dict(s.labels)["le"], s.values.tolist()) for s in buckets] == [
+            ("+Inf", [5.0]),
+            ("0.1", [3.0]),
+        ]
+        assert store.query("SELECT count() AS n FROM ki.histograms").column("n")[0].as_py() == 0
+    capsys.readouterr()
+    # A native histogram written as the OpenMetrics 2.0 draft (and promqltest) write one.
+    g = tmp_path / "native.prom"
+    g.write_text(
+        f"lat {{count:5,sum:1.5,schema:0,zero_count:0,positive_spans:[0:1],positive_buckets:[5]}} {NOW}\n"
+    )
+    assert main(["import", str(g), "--store", str(tmp_path / "d2")]) == 1
+    err = capsys.readouterr().err
+    assert "native.prom: line 1, column 5: invalid value: a native histogram" in err
+    assert "send it by remote_write" in err
