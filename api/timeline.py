@@ -85,6 +85,30 @@ def _window(
         raise ApiError(400, "bad_data", str(exc)) from None
 
 
+def _filtered_window(
+    instance: str = _INSTANCE,
+    gpu: int = _GPU,
+    start: str = _FROM,
+    end: str = _TO,
+    stream: int | None = _STREAM,
+    kernel: str | None = _KERNEL,
+    min_duration_ns: int = _MIN_DUR,
+) -> SpanWindow:
+    """The window and span filters of the spans, summary and export routes (one parameter block)."""
+    return _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+
+
+def _whole_window(
+    instance: str = _INSTANCE, gpu: int = _GPU, start: str = _FROM, end: str = _TO
+) -> SpanWindow:
+    """The window alone, every span in it (the correlation route)."""
+    return _window(instance, gpu, start, end, None, None, 0)
+
+
+_FILTERED = Depends(_filtered_window)
+_WHOLE = Depends(_whole_window)
+
+
 async def _read(fn: Callable[..., _T], *args: Any) -> _T:
     try:
         return await run_in_threadpool(fn, *args)
@@ -104,18 +128,11 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         "/v1/timeline/spans", responses=ERROR_RESPONSES, summary="Kernel spans of one GPU window, paged"
     )
     async def spans(
-        instance: str = _INSTANCE,
-        gpu: int = _GPU,
-        start: str = _FROM,
-        end: str = _TO,
-        stream: int | None = _STREAM,
-        kernel: str | None = _KERNEL,
-        min_duration_ns: int = _MIN_DUR,
+        window: SpanWindow = _FILTERED,
         limit: int = Query(1000, ge=1, le=MAX_PAGE, description="spans per page"),
         cursor: str | None = Query(None, max_length=200, description="next_cursor of the previous page"),
         _token: object = read,
     ) -> JSONResponse:
-        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
         try:
             after = None if cursor is None else SpanCursor.decode(cursor)
         except SpanQueryError as exc:
@@ -127,18 +144,11 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         "/v1/timeline/summary", responses=ERROR_RESPONSES, summary="Per-kernel count, time, share, quantiles"
     )
     async def summary(
-        instance: str = _INSTANCE,
-        gpu: int = _GPU,
-        start: str = _FROM,
-        end: str = _TO,
-        stream: int | None = _STREAM,
-        kernel: str | None = _KERNEL,
-        min_duration_ns: int = _MIN_DUR,
+        window: SpanWindow = _FILTERED,
         kernels: int = Query(50, ge=1, le=1000, description="kernels listed, most total time first"),
         slowest: int = Query(5, ge=0, le=100, description="slowest spans listed per kernel"),
         _token: object = read,
     ) -> JSONResponse:
-        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
         body = await _read(summarize, store, window, kernels, slowest)
         for k in body["kernels"]:
             for s in k["slowest"]:
@@ -150,14 +160,7 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         responses=ERROR_RESPONSES,
         summary="One window's spans, events and NVML samples (memory, SM utilisation) side by side",
     )
-    async def correlation(
-        instance: str = _INSTANCE,
-        gpu: int = _GPU,
-        start: str = _FROM,
-        end: str = _TO,
-        _token: object = read,
-    ) -> JSONResponse:
-        window = _window(instance, gpu, start, end, None, None, 0)
+    async def correlation(window: SpanWindow = _WHOLE, _token: object = read) -> JSONResponse:
         rows, nxt = await _read(read_spans, store, window, CORRELATION_SPANS, None)
         events = await _read(read_events, store, window, CORRELATION_SPANS)
         counters = await _read(read_counters, store, window)
@@ -181,26 +184,19 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
         summary="One GPU window as Chrome trace JSON (Perfetto, chrome://tracing) or a Perfetto protobuf trace",
     )
     async def export(
-        instance: str = _INSTANCE,
-        gpu: int = _GPU,
-        start: str = _FROM,
-        end: str = _TO,
-        stream: int | None = _STREAM,
-        kernel: str | None = _KERNEL,
-        min_duration_ns: int = _MIN_DUR,
+        window: SpanWindow = _FILTERED,
         format: Literal["json", "perfetto"] = Query(
             "json", description="json: Chrome trace event JSON; perfetto: a native Perfetto protobuf trace"
         ),
         _token: object = read,
     ) -> StreamingResponse:
-        window = _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
         if format == "perfetto":
             parts: list[bytes | memoryview] = [await _read(perfetto_trace, store, window)]
             media, suffix = "application/x-protobuf", "perfetto-trace"
         else:
             parts = await _read(chrome_trace_parts, store, window)
             media, suffix = "application/json", "trace.json"
-        name = f"{instance}-gpu{gpu}.{suffix}".replace('"', "")
+        name = f"{window.instance}-gpu{window.gpu}.{suffix}".replace('"', "")
         headers = {
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Length": str(sum(len(part) for part in parts)),

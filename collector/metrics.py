@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
 from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
+from kernel_insight.collector.periodic import Periodic
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.sql import Params
 
@@ -319,8 +320,7 @@ class StoreStats(Collector):
         self.last_error: BaseException | None = None
         self._tables: list[dict[str, Any]] = []
         self._refreshed_s = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._background = Periodic(self.tick, lambda: self.interval_s, "ki-store-stats")
 
     def refresh(self) -> None:
         """Read the figures now (blocking)."""
@@ -334,28 +334,22 @@ class StoreStats(Collector):
         self._tables = rows
         self._refreshed_s = time.time()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.refresh()
-                self.last_error = None
-            except Exception as exc:  # keep the last figures; the store may come back
-                self.last_error = exc
-                log.warning("store statistics for /metrics: %s", exc)
-            self._stop.wait(self.interval_s)
+    def tick(self) -> bool:
+        """One background iteration: read the figures, or log the failure and keep the last ones."""
+        try:
+            self.refresh()
+        except Exception as exc:  # keep the last figures; the store may come back
+            self.last_error = exc
+            log.warning("store statistics for /metrics: %s", exc)
+            return False
+        self.last_error = None
+        return True
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ki-store-stats", daemon=True)
-        self._thread.start()
+        self._background.start()
 
     def shutdown(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=30)
+        self._background.shutdown()
 
     def collect(self) -> Iterable[Metric]:
         parts = GaugeMetricFamily(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from kernel_insight.api.health.rule import HealthRule, HealthSource, InstanceFacts
 from kernel_insight.api.health.snapshot import Snapshot, build_snapshot
+from kernel_insight.collector.periodic import Periodic
 
 __all__ = ["DEFAULT_INTERVAL_S", "Snapshotter"]
 
@@ -42,8 +43,7 @@ class Snapshotter:
         self._snapshot: Snapshot | None = None
         self._facts: list[InstanceFacts] | None = None
         self._lock = threading.Lock()  # one rebuild at a time
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._background = Periodic(self.tick, lambda: self.interval_s, "ki-health-snapshot")
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -85,20 +85,8 @@ class Snapshotter:
             return False
         return True
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.tick()
-            self._stop.wait(self.interval_s)
-
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ki-health-snapshot", daemon=True)
-        self._thread.start()
+        self._background.start()
 
     def shutdown(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=30)
+        self._background.shutdown()

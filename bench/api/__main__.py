@@ -14,13 +14,13 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.collector_process import start_collector
 from kernel_insight.api.auth import TokenStore
 from kernel_insight.api.health import HealthRule, InstanceFacts, build_snapshot
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
@@ -79,30 +79,7 @@ def populate(path: Path, instances: int, now_ms: int) -> None:
 
 
 def start_server(data: Path, tokens: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel_insight.cli",
-            "collector",
-            "--store",
-            str(data),
-            "--port",
-            "0",
-            "--tokens",
-            str(tokens),
-            "--interval",
-            "5",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("ki: listening on "):
-        proc.kill()
-        raise SystemExit(f"server did not start: {line!r}")
-    return proc, line.removeprefix("ki: listening on ")
+    return start_collector("--store", str(data), "--tokens", str(tokens), "--interval", "5")
 
 
 def latency_httpx(url: str, headers: dict[str, str], requests: int) -> tuple[float, float, int]:

@@ -16,7 +16,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.collector_process import start_collector
 from kernel_insight.api.auth import TokenStore
 from kernel_insight.collector.rows import SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
@@ -67,30 +67,7 @@ def populate(data: Path, t0: int, hour_rate: int, capture_rate: int, capture_at:
 
 
 def start_server(data: Path, tokens: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel_insight.cli",
-            "collector",
-            "--store",
-            str(data),
-            "--port",
-            "0",
-            "--tokens",
-            str(tokens),
-            "--interval",
-            "60",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("ki: listening on "):
-        proc.kill()
-        raise SystemExit(f"server did not start: {line!r}")
-    return proc, line.removeprefix("ki: listening on ")
+    return start_collector("--store", str(data), "--tokens", str(tokens), "--interval", "60")
 
 
 def window_times(client: httpx.Client, starts: list[int]) -> list[float]:
