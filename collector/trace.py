@@ -119,13 +119,9 @@ def chrome_trace_parts(
             # reading in key order costs a third of this query over a 1M-span capture.
             f" FROM {spans} WHERE {where}"
         )
-        column = store.query(span_sql, p).column("e").combine_chunks()
-        if len(column):
-            # One join in Arrow's C++: a million Python strings would take longer than the query.
-            whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
-            parts.append(memoryview(pc.binary_join(whole, ",")[0].as_buffer()))
+        parts.extend(_joined(store.query(span_sql, p).column("e")))
     if launches:
-        parts.append(_launch_events(store, spans, where, p, origin, tids))
+        parts.extend(_joined(_launch_events(store, spans, where, p, origin, tids)))
     for ev in read_events(store, window, MAX_EXPORT_EVENTS):
         parts.append(
             orjson.dumps(
@@ -172,7 +168,7 @@ def chrome_trace_parts(
 
 def _launch_events(
     store: Store, spans: str, where: str, p: Params, origin: int, tids: dict[int, int]
-) -> memoryview:
+) -> pa.ChunkedArray:
     """Per span with a host side: its launch slice on the host thread and the flow to the kernel.
 
     The flow starts (``s``) where the launch slice starts and ends (``f``, ``bp: "e"``: bound to
@@ -200,6 +196,16 @@ def _launch_events(
         f" correlation, pid, tid, launch_ns, launch_host_ns FROM {spans} WHERE {where} AND launch_ns != 0"
         " ORDER BY start, stream))"
     )
-    column = store.query(sql, p).column("e").combine_chunks()
-    whole = pa.ListArray.from_arrays(pa.array([0, len(column)], pa.int32()), column)
-    return memoryview(pc.binary_join(whole, ",")[0].as_buffer())
+    column: pa.ChunkedArray = store.query(sql, p).column("e")
+    return column
+
+
+def _joined(column: pa.ChunkedArray) -> list[memoryview]:
+    """Each chunk of ``column`` joined with commas in Arrow's C++ (a million Python strings would
+    take longer than the query), as views: the chunks are never combined into one more copy."""
+    out = []
+    for chunk in column.chunks:
+        if len(chunk):
+            whole = pa.ListArray.from_arrays(pa.array([0, len(chunk)], pa.int32()), chunk)
+            out.append(memoryview(pc.binary_join(whole, ",")[0].as_buffer()))
+    return out
