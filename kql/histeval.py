@@ -1130,7 +1130,7 @@ HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], 
     "histogram_sum": _native_floats(lambda h: float(h.sum)),
     "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count))),
     "histogram_stdvar": _native_floats(_histogram_stdvar),
-    "histogram_stddev": _native_floats(lambda h: math.sqrt(_histogram_stdvar(h))),
+    "histogram_stddev": _native_floats(lambda h: float(nh.histogram_stddev(h))),  # NaN when negative, as Go
 }
 
 
@@ -1714,15 +1714,15 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     expo = np.flatnonzero(~linear & ~above)
     if len(expo):
         e_lo, e_hi, e_frac = lo[expo], hi[expo], fraction[expo]
-        log_lower = np.fromiter(map(math.log2, np.abs(e_lo).tolist()), dtype=np.float64, count=len(expo))
-        log_upper = np.fromiter(map(math.log2, np.abs(e_hi).tolist()), dtype=np.float64, count=len(expo))
+        log_lower = np.fromiter(map(nh.go_log2, np.abs(e_lo).tolist()), dtype=np.float64, count=len(expo))
+        log_upper = np.fromiter(map(nh.go_log2, np.abs(e_hi).tolist()), dtype=np.float64, count=len(expo))
         positive = e_lo > 0
         exponent = np.where(
             positive,
             log_lower + (log_upper - log_lower) * e_frac,
             log_upper + (log_lower - log_upper) * (1 - e_frac),
         )
-        powered = np.fromiter(map(nh._exp2, exponent.tolist()), dtype=np.float64, count=len(expo))
+        powered = np.fromiter(map(nh.go_exp2, exponent.tolist()), dtype=np.float64, count=len(expo))
         out[rows[expo]] = np.where(positive, powered, -powered)
     values = out
     return values, done

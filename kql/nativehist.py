@@ -4,8 +4,8 @@ A port of prometheus/prometheus ``model/histogram/float_histogram.go`` and ``gen
 (the value type, add/sub with schema and zero-bucket reconciliation, compact, reset detection,
 resolution reduction), of ``promql/quantile.go`` (``histogram_quantile``, ``histogram_fraction``)
 and ``promql/functions.go`` (stddev/stdvar/avg), plus the promqltest ``{{...}}`` notation
-(``promql/parser``). Counts, sums and layouts are bit-exact with Prometheus (interpolations use
-the C library's log2/exp2, which may differ from Go's in the last bit);
+(``promql/parser``). Results are bit-exact with Prometheus (interpolations run ports of Go's
+math.Log2/Exp2, which round differently from the C library's);
 spans are kept in the canonical form (maximal runs of present buckets) after add/sub, which
 Prometheus' ``Equals`` treats the same as its own layout except where Prometheus leaves two
 directly adjacent spans (offset 0) unmerged.
@@ -50,7 +50,9 @@ __all__ = [
     "OpResult",
     "expand_histogram_series",
     "get_bound",
+    "go_exp2",
     "go_float",
+    "go_log2",
     "histogram_avg",
     "histogram_fraction",
     "histogram_quantile",
@@ -171,6 +173,86 @@ def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
     else:
         c += (inc - t) + total
     return t, c
+
+
+# --- Go's math.Log2 and math.Exp2 (amd64), so interpolations match Prometheus to the bit ---------
+# The C library's log2/exp2 are rounded differently (exp2(0.5) is 1.4142135623730951 in C,
+# 1.414213562373095 in Go, which is what Prometheus prints for the median of its test histogram).
+
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_LOG2_E = float("1.44269504088896340735992468100189214")  # Go's constant 1/Ln2, rounded once
+_HALF_SQRT2 = float("7.07106781186547524401e-01")
+_L1, _L2, _L3, _L4 = (
+    6.666666666666735130e-01,
+    3.999999999940941908e-01,
+    2.857142874366239149e-01,
+    2.222219843214978396e-01,
+)
+_L5, _L6, _L7 = 1.818357216161805012e-01, 1.531383769920937332e-01, 1.479819860511658591e-01
+_P1, _P2, _P3 = 1.66666666666666657415e-01, -2.77777777770155933842e-03, 6.61375632143793436117e-05
+_P4, _P5 = -1.65339022054652515390e-06, 4.13813679705723846039e-08
+_FRAC_LOG2: dict[float, float] = {}
+
+
+def _go_log(x: float) -> float:
+    """Go's ``math.Log`` (FreeBSD's algorithm, as math/log.go and log_amd64.s compute it) for finite x > 0."""
+    f1, ki = math.frexp(x)
+    if f1 < _HALF_SQRT2:
+        f1 *= 2
+        ki -= 1
+    f = f1 - 1
+    k = float(ki)
+    s = f / (2 + f)
+    s2 = s * s
+    s4 = s2 * s2
+    t1 = s2 * (_L1 + s4 * (_L3 + s4 * (_L5 + s4 * _L7)))
+    t2 = s4 * (_L2 + s4 * (_L4 + s4 * _L6))
+    r = t1 + t2
+    hfsq = 0.5 * f * f
+    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
+
+
+def go_log2(x: float) -> float:
+    """Go's ``math.Log2``: exact for powers of two, ``Log(frac)*(1/Ln2) + exp`` otherwise."""
+    if x != x or x == _INF:
+        return x
+    if x < 0:
+        return math.nan
+    if x == 0:
+        return -_INF
+    frac, exp = math.frexp(x)
+    if frac == 0.5:
+        return float(exp - 1)
+    t = _FRAC_LOG2.get(frac)
+    if t is None:
+        t = _go_log(frac) * _LOG2_E
+        if len(_FRAC_LOG2) < 4096:  # bucket bounds repeat: their fracs are one table
+            _FRAC_LOG2[frac] = t
+    return t + float(exp)
+
+
+def go_exp2(x: float) -> float:
+    """Go's ``math.Exp2`` (the pure-Go ``exp2``/``expmulti`` that amd64 runs)."""
+    if x != x or x == _INF:
+        return x
+    if x == -_INF or x < -1.0740e03:
+        return 0.0
+    if x > 1.0239999999999999e03:
+        return _INF
+    k = int(x + 0.5) if x > 0 else int(x - 0.5) if x < 0 else 0
+    t = x - float(k)
+    hi = t * _LN2_HI
+    lo = -t * _LN2_LO
+    r = hi - lo
+    tt = r * r
+    c = r - tt * (_P1 + tt * (_P2 + tt * (_P3 + tt * (_P4 + tt * _P5))))
+    y = 1 - ((lo - (r * c) / (2 - c)) - hi)
+    return _ldexp(y, k)
+
+
+#: The name kql's histeval used before go_exp2 was public.
+_exp2 = go_exp2
 
 
 # --- Go's %g ---------------------------------------------------------------------------------
@@ -1687,27 +1769,20 @@ def histogram_quantile(q: float, h: FloatHistogram) -> tuple[float, list[str]]:
     fraction = rank / bcount if bcount != 0 else (math.nan if rank == 0 else math.copysign(_INF, rank))
     if custom or (lower <= 0 <= upper):
         return lower + (upper - lower) * fraction, annos
-    log_lower = math.log2(abs(lower))
-    log_upper = math.log2(abs(upper))
+    log_lower = go_log2(abs(lower))
+    log_upper = go_log2(abs(upper))
     if lower > 0:
-        return _exp2(log_lower + (log_upper - log_lower) * fraction), annos
-    return -_exp2(log_upper + (log_lower - log_upper) * (1 - fraction)), annos
-
-
-def _exp2(x: float) -> float:
-    try:
-        return math.pow(2.0, x)
-    except OverflowError:
-        return _INF
+        return go_exp2(log_lower + (log_upper - log_lower) * fraction), annos
+    return -go_exp2(log_upper + (log_lower - log_upper) * (1 - fraction)), annos
 
 
 def _fraction_below(lower: float, upper: float, v: float, linear: bool) -> float:
     """Go ``Bucket.FractionBelow``: the share of the bucket at or below ``v`` (log scale unless linear)."""
     if linear:
         return (v - lower) / (upper - lower)
-    log_lower = math.log2(abs(lower))
-    log_upper = math.log2(abs(upper))
-    log_v = math.log2(abs(v))
+    log_lower = go_log2(abs(lower))
+    log_upper = go_log2(abs(upper))
+    log_v = go_log2(abs(v))
     if v > 0:
         return (log_v - log_lower) / (log_upper - log_lower)
     return 1 - ((log_v - log_upper) / (log_lower - log_upper))

@@ -27,7 +27,9 @@ from kernel_insight.kql.nativehist import (
     HistogramSum,
     expand_histogram_series,
     get_bound,
+    go_exp2,
     go_float,
+    go_log2,
     histogram_avg,
     histogram_fraction,
     histogram_quantile,
@@ -902,3 +904,37 @@ def test_same_layout_fast_paths_agree_with_the_general_merge() -> None:
     bigger = a.add(b).histogram
     assert bigger.detect_reset(a) is bigger.detect_reset(a.copy(positive_spans=((0, 2), (0, 2)))) is False
     assert a.detect_reset(bigger) is a.detect_reset(bigger.copy(positive_spans=((0, 1), (0, 3)))) is True
+
+
+# --- Go's math where Prometheus prints it ---------------------------------------------------
+
+
+def test_go_exp2_and_log2_round_as_go_does() -> None:
+    # Prometheus' native_histograms.test prints the median of {{buckets:[1 2 1]}} as
+    # 1.414213562373095 = Go's Exp2(0.5); the C library's exp2 gives 1.4142135623730951.
+    assert go_exp2(0.5) == 1.414213562373095
+    assert (
+        histogram_quantile(0.5, parse_histogram("{{schema:0 sum:5 count:4 buckets:[1 2 1]}}"))[0]
+        == 1.414213562373095
+    )
+    assert [go_log2(x) for x in (1.0, 8.0, 0.5, 2.0**-1074)] == [0.0, 3.0, -1.0, -1074.0]
+    assert go_log2(0.0) == -math.inf
+    assert math.isnan(go_log2(-1.0))
+    assert go_exp2(1024.0) == math.inf
+    assert go_exp2(-2000.0) == 0.0
+    assert go_exp2(10.0) == 1024.0
+    for x in (0.3, 1.7, 3.3, 1e-3, 123.456):
+        assert go_exp2(go_log2(x)) == pytest.approx(x, rel=1e-15)
+
+
+def test_stddev_of_a_histogram_with_negative_variance_is_nan_not_an_error() -> None:
+    from kernel_insight.kql import Engine, MemoryStorage, Vector
+
+    h = parse_histogram("{{schema:0 count:1 sum:1 buckets:[-5 1] counter_reset_hint:gauge}}")
+    assert histogram_stdvar(h) < 0
+    assert math.isnan(histogram_stddev(h))
+    store = MemoryStorage()
+    store.add_histograms({"__name__": "g"}, [0], [h])
+    result = Engine(store).instant_query("histogram_stddev(g)", 0).value
+    assert isinstance(result, Vector)
+    assert math.isnan(result.samples[0].value)
