@@ -162,7 +162,8 @@ def _import_stream(args: argparse.Namespace) -> int:
                 finally:
                     sender.close()
             else:
-                with open_store(args.store, cluster=args.cluster) as store:
+                # cache_bytes=0: nothing reads through this process, so no hours to keep or invalidate.
+                with open_store(args.store, cluster=args.cluster, cache_bytes=0) as store:
                     n, series = _pump(f, reader, store.insert_samples, FLUSH_SAMPLES, size, args.file, rules)
         except OpenMetricsError as exc:
             raise _ImportError(f"{args.file}: {exc}", 1) from None

@@ -261,8 +261,11 @@ class SampleCache:
         if len(ts_ms) == 0:
             return
         hours = ts_ms // BLOCK_MS
-        pairs = np.unique(np.stack([codes.astype(np.int64), hours]), axis=1)
-        self.invalidate((metrics[int(c)], int(h) * BLOCK_MS) for c, h in pairs.T.tolist())
+        # One int64 key per (metric, hour): a 1-D unique sorts numbers, where unique(axis=1)
+        # sorted rows as structured values (18% of a ``ki import``'s CPU). Hours since 1970 fit
+        # 24 bits until 3883 (the schema ends in 2149).
+        keys = np.unique((codes.astype(np.int64) << 24) | (hours & 0xFFFFFF))
+        self.invalidate((metrics[k >> 24], (k & 0xFFFFFF) * BLOCK_MS) for k in keys.tolist())
 
     def clear(self) -> None:
         """Forget everything, and refuse fills already under way (after a write we cannot map to hours)."""

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -67,6 +68,8 @@ class Trial:
     bytes_per_sample_du_all: float = math.nan
     bytes_per_sample_store_all: float = math.nan
     store_du_bytes: int = 0
+    #: the largest du of the samples directory among the samples the median was taken from
+    du_max_bytes: int = 0
     #: the samples directory's largest entries (parts, logs) when du was taken: name -> KiB
     samples_dir_kib: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -177,17 +180,19 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
 
         # du while the collector and the agents run (as in production: the agents' heartbeats
         # keep the tables written): parts a merge replaced are deleted old_parts_lifetime (1 s)
-        # after it, the store asking for the cleanup every 2 s (docs/storage.md, "Merges"). Taken
-        # once du has not shrunk for 10 s (at most 60 s), so the figure is the store's steady state.
+        # after it, the store asking for the cleanup every 2 s (docs/storage.md, "Merges"), so
+        # at any moment du may hold a part being replaced or deleted. Sampled every 2 s for
+        # 20 s: the median is the figure, the largest sample goes in the JSON.
         def du_now() -> tuple[int, int]:
             return _du_bytes(dirs["samples"]), sum(_du_bytes(d) for d in dirs.values())
 
-        sizes = [du_now()]
-        settle_by = time.monotonic() + 60
-        while time.monotonic() < settle_by and (len(sizes) < 6 or sizes[-1][1] < sizes[-6][1]):
-            time.sleep(2.0)
+        sizes = []
+        for _ in range(11):
             sizes.append(du_now())
-        du, du_all = sizes[-1]
+            time.sleep(2.0)
+        du = int(statistics.median(x[0] for x in sizes))
+        du_all = int(statistics.median(x[1] for x in sizes))
+        trial.du_max_bytes = max(x[0] for x in sizes)
         with contextlib.suppress(FileNotFoundError):
             entries = {e.name: _du_bytes(Path(e.path)) if e.is_dir() else e.stat().st_blocks * 512
                        for e in os.scandir(dirs["samples"])}  # fmt: skip
