@@ -2,7 +2,7 @@
 
 The target is a small HTTP server in this process serving ``io.prometheus.client.MetricFamily``
 messages (varint-delimited, built by Google's protobuf library from client_model's
-metrics.proto, transcribed below field for field); Prometheus (Debian's 2.42) runs with
+metrics.proto, tests/native_histogram_exposition.py); Prometheus (Debian's 2.42) runs with
 ``--enable-feature=native-histograms`` and ``send_native_histograms: true``.
 """
 
@@ -10,81 +10,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
 from collector_process import running_collector
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.internal.encoder import _VarintBytes
+from native_histogram_exposition import MetricFamily, delimited, free_port, serve
 
 from kernel_insight.collector.store import EmbeddedStore
-
-F = descriptor_pb2.FieldDescriptorProto
-PROTO_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
-
-
-def _metric_family():
-    fd = descriptor_pb2.FileDescriptorProto(
-        name="ki_test_client_model.proto", package="io.prometheus.client", syntax="proto2"
-    )
-    opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
-
-    def message(name, fields):
-        m = fd.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            f = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                f.type_name = type_name
-        return m
-
-    message("LabelPair", [("name", 1, F.TYPE_STRING, opt, None), ("value", 2, F.TYPE_STRING, opt, None)])
-    message("BucketSpan", [("offset", 1, F.TYPE_SINT32, opt, None), ("length", 2, F.TYPE_UINT32, opt, None)])
-    span = ".io.prometheus.client.BucketSpan"
-    message(
-        "Histogram",
-        [
-            ("sample_count", 1, F.TYPE_UINT64, opt, None),
-            ("sample_sum", 2, F.TYPE_DOUBLE, opt, None),
-            ("schema", 5, F.TYPE_SINT32, opt, None),
-            ("zero_threshold", 6, F.TYPE_DOUBLE, opt, None),
-            ("zero_count", 7, F.TYPE_UINT64, opt, None),
-            ("negative_span", 9, F.TYPE_MESSAGE, rep, span),
-            ("negative_delta", 10, F.TYPE_SINT64, rep, None),
-            ("positive_span", 12, F.TYPE_MESSAGE, rep, span),
-            ("positive_delta", 13, F.TYPE_SINT64, rep, None),
-        ],
-    )
-    message(
-        "Metric",
-        [
-            ("label", 1, F.TYPE_MESSAGE, rep, ".io.prometheus.client.LabelPair"),
-            ("histogram", 7, F.TYPE_MESSAGE, opt, ".io.prometheus.client.Histogram"),
-        ],
-    )
-    mf = message(
-        "MetricFamily",
-        [
-            ("name", 1, F.TYPE_STRING, opt, None),
-            ("help", 2, F.TYPE_STRING, opt, None),
-            ("type", 3, F.TYPE_ENUM, opt, ".io.prometheus.client.MetricType"),
-            ("metric", 4, F.TYPE_MESSAGE, rep, ".io.prometheus.client.Metric"),
-        ],
-    )
-    del mf
-    kind = fd.enum_type.add(name="MetricType")
-    for i, n in enumerate(("COUNTER", "GAUGE", "SUMMARY", "UNTYPED", "HISTOGRAM")):
-        kind.value.add(name=n, number=i)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("io.prometheus.client.MetricFamily"))
-
-
-MetricFamily = _metric_family()
 
 
 class _Target:
@@ -116,32 +52,11 @@ class _Target:
         h.positive_span.add(offset=-1, length=2)
         h.positive_span.add(offset=2, length=1)
         h.positive_delta.extend([buckets[0], buckets[1] - buckets[0], buckets[2] - buckets[1]])
-        raw = mf.SerializeToString()
-        return bytes(_VarintBytes(len(raw))) + raw
+        return delimited(mf)
 
 
 def _serve(target: _Target) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = target.body()
-            self.send_response(200)
-            self.send_header("Content-Type", PROTO_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return serve(target.body)
 
 
 @pytest.mark.slow
@@ -157,7 +72,7 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             cred = tmp_path / "ingest.token"
             cred.write_text(collector.ingest_token + "\n")
             cred.chmod(0o600)
-            prom_port = _free_port()
+            prom_port = free_port()
             config = tmp_path / "prometheus.yml"
             config.write_text(
                 json.dumps(
