@@ -2,7 +2,7 @@
 
 Layout (docs/api.md, "Timeline export"): one process per GPU, one thread (track) per stream,
 ``ph: "X"`` complete events for spans (``ts``/``dur`` in microseconds with three decimals, so
-nanoseconds survive; exact nanoseconds again in ``args``), ``ph: "C"`` counters for memory and SM
+nanoseconds survive; the exact absolute start again in ``args``), ``ph: "C"`` counters for memory and SM
 utilisation, ``ph: "i"`` instant events for errors. A span whose host side the CUDA-event probe
 recorded (ring flag LAUNCH_SPAN) also has its launch: a ``cat: "launch"`` slice on the host
 process's thread and a flow (``ph: "s"`` there, ``ph: "f"`` bound to the kernel) from one to the
@@ -112,8 +112,9 @@ def chrome_trace_parts(
             f" ',\"tid\":', toString(transform(stream, [{keys}], [{values}], 0)),"
             f" ',\"ts\":', {_us(rel)}, ',\"dur\":', {_us(dur)},"
             " ',\"name\":', toJSONString(toString(kernel)),"
-            f' \',"args":{{"start_ns":\', toString({start}), \',"dur_ns":\', toString(duration_ns),'
-            ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
+            # args: the exact absolute start; dur is exact to the ns already, the stream is the track's name
+            f' \',"args":{{"start_ns":\', toString({start}),'
+            " ',\"correlation\":', toString(correlation),"
             " ',\"pid\":', toString(pid), '}}') AS e"
             # No ORDER BY: the trace event format does not ask for time order (readers sort), and
             # reading in key order costs a third of this query over a 1M-span capture.
@@ -184,7 +185,7 @@ def _launch_events(
         'SELECT concat(\'{"ph":"X","cat":"launch"\','
         f" {host}, ',\"ts\":', {_us(lrel)}, ',\"dur\":', {_us(dur)},"
         " ',\"name\":', toJSONString(toString(kernel)),"
-        f' \',"args":{{"start_ns":\', toString({launch}), \',"dur_ns":\', toString({dur}),'
+        f' \',"args":{{"start_ns":\', toString({launch}),'
         ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
         ' \',"pid":\', toString(pid), \'}},{"ph":"s","cat":"launch","id":\', toString(n),'
         f" {host}, ',\"ts\":', {_us(lrel)}, ',\"name\":', toJSONString(toString(kernel)),"

@@ -199,6 +199,12 @@ def test_export_is_a_valid_chrome_trace_with_a_track_per_stream(client):
     assert names == {"GPU", "stream 7", f"stream {2**63 + 5}"}
     kernels = {e["name"] for e in checked["doc"]["traceEvents"] if e["ph"] == "X"}
     assert kernels == {"gemm_fp16", 'copy<"q">'}
+    gemm = sorted(
+        (e["args"]["start_ns"], round(e["dur"] * 1000))
+        for e in checked["doc"]["traceEvents"]
+        if e["ph"] == "X" and e["name"] == "gemm_fp16"
+    )
+    assert gemm == [(T0 + i * 5_000_000 + 123, 10_000 * (i + 1)) for i in range(100)]  # exact ns
 
 
 def test_export_of_an_empty_window_is_still_a_valid_trace(client):
@@ -238,7 +244,7 @@ def test_export_draws_a_flow_from_each_host_launch_to_its_kernel(client, store):
     assert origin == T0 - 4_000  # the earliest launch, before the window's start
     assert checked["phases"]["s"] == checked["phases"]["f"] == 3
     launches = sorted(
-        (e["tid"], e["args"]["start_ns"], e["args"]["dur_ns"], e["name"])
+        (e["tid"], e["args"]["start_ns"], round(e["dur"] * 1000), e["name"])
         for e in doc["traceEvents"]
         if e["ph"] == "X" and e["cat"] == "launch"
     )
