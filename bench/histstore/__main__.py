@@ -6,7 +6,8 @@ with its own launch rate (1 to 2,000/s) and a log-normal duration with a long ta
 percent of launches 10-100x slower), ``--hours`` of samples. Every codec variant gets the
 same rows (one table per variant, merged into one part), so the figures compare codecs only.
 Run: ``python -m bench.histstore [--quick]``. Ends with one
-``BENCH histstore bytes_per_histogram=<n> buckets_per_histogram=<n> insert_histograms_per_s=<n>`` line.
+``BENCH histstore bytes_per_histogram=<n> buckets_per_histogram=<n> insert_histograms_per_s=<n>
+read_histograms_per_s=<n>`` line (the read: one hour of every series as kql's storage returns it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy.typing as npt
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder
 from kernel_insight.collector.schema import SCHEMA, Table, single_ddl
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.storage import Matcher
 
 SCHEMA_N = 3
 STEP_MS = 15_000
@@ -147,6 +149,21 @@ def main() -> None:
                 store.insert_histograms(batch.slice(i, min(n, i + step)))
             rate = n / (time.perf_counter() - start)
             store.optimize("histograms")
+            # kql's read: one hour of every series through ClickHouseStorage.select_columns
+            # (FloatHistogram objects, counter-reset hints), the median of three.
+            storage = store.storage(use_cache=False)
+            selector = [Matcher("__name__", "=", "kernel_duration_seconds")]
+            reads = []
+            for _ in range(3):
+                began = time.perf_counter()
+                got = storage.select_columns(selector, t0, t0 + 3_600_000 - 1)
+                reads.append(time.perf_counter() - began)
+            read_n = 0 if got.hist is None else len(got.hist.hs)
+            read_s = sorted(reads)[1]
+            read_rate = read_n / read_s
+            print(
+                f"read: {read_n} histogram samples (1 hour, {n_series} series): {read_s:.2f} s, {read_rate:,.0f}/s"
+            )
             data = store.query("SELECT * EXCEPT (metric) FROM ki.histograms")
             for k, (label, codecs) in enumerate(VARIANTS.items()):
                 name = f"histograms_v{k}"
@@ -182,7 +199,8 @@ def main() -> None:
     chosen = results[next(iter(VARIANTS))]
     print(f"insert: {rate:,.0f} histogram samples/s (insert_histograms, batches of 20,000)")
     print(
-        f"BENCH histstore bytes_per_histogram={chosen:.2f} buckets_per_histogram={buckets:.1f} insert_histograms_per_s={rate:.0f}"
+        f"BENCH histstore bytes_per_histogram={chosen:.2f} buckets_per_histogram={buckets:.1f} "
+        f"insert_histograms_per_s={rate:.0f} read_histograms_per_s={read_rate:.0f}"
     )
 
 
