@@ -13,9 +13,9 @@ import logging
 import random as _random
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import httpx
 
@@ -78,6 +78,94 @@ def _api_error(response: httpx.Response) -> ApiError:
 
 
 # ------------------------------------------------------------------------------ health
+
+
+# ------------------------------------------------------------------------------ shared I/O
+
+_T = TypeVar("_T")
+
+
+class _Closing:
+    """``close()`` and the with-block of a sync client over ``self._http`` (an ``httpx.Client``)."""
+
+    _http: httpx.Client
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _AsyncClosing:
+    """``aclose()`` and the async with-block of an async client over ``self._http``."""
+
+    _http: httpx.AsyncClient
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class _Retries(Protocol):
+    def transport_failure(self, exc: httpx.TransportError, attempt: int, url: httpx.URL) -> float: ...
+
+
+def _retried(
+    send: Callable[[], httpx.Response],
+    outcome: Callable[[httpx.Response, int], _T | float],
+    retries: _Retries,
+    url: httpx.URL,
+    sleep: Callable[[float], Any],
+) -> _T:
+    """Send until ``outcome`` gives a result (not a delay) or raises: the retry loop of the kql and
+    timeline clients. A connection error waits as ``retries`` says, or raises TransportError."""
+    attempt = 0
+    while True:
+        try:
+            response = send()
+        except httpx.TransportError as exc:
+            wait = retries.transport_failure(exc, attempt, url)
+        else:
+            result = outcome(response, attempt)
+            if not isinstance(result, int | float):  # a delay: retry after it
+                return result
+            wait = result
+        sleep(wait)
+        attempt += 1
+
+
+async def _aretried(
+    send: Callable[[], Awaitable[httpx.Response]],
+    outcome: Callable[[httpx.Response, int], _T | float],
+    retries: _Retries,
+    url: httpx.URL,
+    sleep: Callable[[float], Any],
+) -> _T:
+    """:func:`_retried` for the async clients (``sleep`` is awaited)."""
+    attempt = 0
+    while True:
+        try:
+            response = await send()
+        except httpx.TransportError as exc:
+            wait = retries.transport_failure(exc, attempt, url)
+        else:
+            result = outcome(response, attempt)
+            if not isinstance(result, int | float):  # a delay: retry after it
+                return result
+            wait = result
+        await sleep(wait)
+        attempt += 1
 
 
 class _HealthCore:
@@ -203,7 +291,7 @@ class _HealthCore:
         self.excluded = excluded
 
 
-class HealthClient:
+class HealthClient(_Closing):
     """The fleet's health snapshot, cached and revalidated with its ETag, and instance selection over it.
 
     >>> client = HealthClient("http://collector:8470", token="ki_...")    # doctest: +SKIP
@@ -289,17 +377,8 @@ class HealthClient:
         now = self._core.clock()
         return {k: self._core.reasons.get(k, "") for k, until in self._core.excluded.items() if until > now}
 
-    def close(self) -> None:
-        self._http.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncHealthClient:
+class AsyncHealthClient(_AsyncClosing):
     """:class:`HealthClient` for asyncio; the same cache, selection and exclusions."""
 
     def __init__(
@@ -354,17 +433,6 @@ class AsyncHealthClient:
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         self._core.exclude(instance_id, seconds, reason)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 # ------------------------------------------------------------------------------ kql
@@ -423,7 +491,7 @@ class _KqlCore:
         """Exponential backoff with full jitter, or the server's Retry-After when it gives one."""
         if retry_after is not None:
             try:
-                return min(float(retry_after), self.max_backoff_s)
+                return float(min(float(retry_after), self.max_backoff_s))
             except ValueError:
                 pass
         return _random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2**attempt))
@@ -446,7 +514,7 @@ class _KqlCore:
         raise TransportError(f"cannot reach {url} after {attempt + 1} attempts: {exc}") from exc
 
 
-class KqlClient:
+class KqlClient(_Closing):
     """kql (PromQL) queries over the Prometheus HTTP API, with retries on 5xx and connection errors.
 
     >>> kql = KqlClient("http://collector:8470", token="ki_...")               # doctest: +SKIP
@@ -475,19 +543,8 @@ class KqlClient:
         self._sleep = sleep
 
     def _call(self, path: str, params: Mapping[str, str]) -> QueryResult:
-        attempt = 0
-        while True:
-            try:
-                response = self._http.post(path, data=dict(params))
-            except httpx.TransportError as exc:
-                wait = self._core.transport_failure(exc, attempt, self._http.base_url)
-            else:
-                outcome = self._core.outcome(response, attempt)
-                if isinstance(outcome, QueryResult):
-                    return outcome
-                wait = outcome
-            self._sleep(wait)
-            attempt += 1
+        send = lambda: self._http.post(path, data=dict(params))  # noqa: E731
+        return _retried(send, self._core.outcome, self._core, self._http.base_url, self._sleep)
 
     def query(self, query: str, time: TimeLike | None = None, *, timeout: float | None = None) -> QueryResult:
         """Evaluate ``query`` at ``time`` (unix seconds or an aware datetime; default: the server's now)."""
@@ -499,17 +556,8 @@ class KqlClient:
         """Evaluate ``query`` at ``start, start+step, ... <= end``; ``step`` in seconds, a timedelta or ``"30s"``."""
         return self._call("/api/v1/query_range", self._core.range(query, start, end, step, timeout))
 
-    def close(self) -> None:
-        self._http.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncKqlClient:
+class AsyncKqlClient(_AsyncClosing):
     """:class:`KqlClient` for asyncio."""
 
     def __init__(
@@ -531,19 +579,8 @@ class AsyncKqlClient:
         self._sleep = sleep
 
     async def _call(self, path: str, params: Mapping[str, str]) -> QueryResult:
-        attempt = 0
-        while True:
-            try:
-                response = await self._http.post(path, data=dict(params))
-            except httpx.TransportError as exc:
-                wait = self._core.transport_failure(exc, attempt, self._http.base_url)
-            else:
-                outcome = self._core.outcome(response, attempt)
-                if isinstance(outcome, QueryResult):
-                    return outcome
-                wait = outcome
-            await self._sleep(wait)
-            attempt += 1
+        send = lambda: self._http.post(path, data=dict(params))  # noqa: E731
+        return await _aretried(send, self._core.outcome, self._core, self._http.base_url, self._sleep)
 
     async def query(
         self, query: str, time: TimeLike | None = None, *, timeout: float | None = None
@@ -554,14 +591,3 @@ class AsyncKqlClient:
         self, query: str, start: TimeLike, end: TimeLike, step: StepLike, *, timeout: float | None = None
     ) -> QueryResult:
         return await self._call("/api/v1/query_range", self._core.range(query, start, end, step, timeout))
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

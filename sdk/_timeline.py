@@ -11,13 +11,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from kernel_insight.sdk._client import TimeLike, _api_error, _headers, _KqlCore, _time_param
+from kernel_insight.sdk._client import (
+    TimeLike,
+    _api_error,
+    _aretried,
+    _AsyncClosing,
+    _Closing,
+    _headers,
+    _KqlCore,
+    _retried,
+    _time_param,
+)
 from kernel_insight.sdk._exceptions import ServerError
 
 __all__ = [
@@ -246,7 +255,7 @@ class _TimelineCore:
             raise ServerError(200, "bad_response", f"unexpected response body: {exc}") from None
 
 
-class TimelineClient:
+class TimelineClient(_Closing):
     """One GPU's kernel timeline: spans, per-kernel summary, correlation view, Perfetto export.
 
     >>> tl = TimelineClient("http://collector:8470", token="ki_...")             # doctest: +SKIP
@@ -277,22 +286,12 @@ class TimelineClient:
     def _get(
         self, path: str, params: Mapping[str, str], body: Mapping[str, Any] | None = None
     ) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                if body is None:
-                    response = self._http.get(path, params=dict(params))
-                else:
-                    response = self._http.post(path, json=dict(body))
-            except httpx.TransportError as exc:
-                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
-            else:
-                outcome = self._core.outcome(response, attempt)
-                if isinstance(outcome, httpx.Response):
-                    return outcome
-                wait = outcome
-            self._sleep(wait)
-            attempt += 1
+        def send() -> httpx.Response:
+            if body is None:
+                return self._http.get(path, params=dict(params))
+            return self._http.post(path, json=dict(body))
+
+        return _retried(send, self._core.outcome, self._core.retry, self._http.base_url, self._sleep)
 
     def iter_spans(
         self,
@@ -402,17 +401,8 @@ class TimelineClient:
                 raise TimeoutError(f"capture {capture_id} still {req.state} after {timeout_s:g} s")
             self._sleep(poll_s)
 
-    def close(self) -> None:
-        self._http.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncTimelineClient:
+class AsyncTimelineClient(_AsyncClosing):
     """:class:`TimelineClient` for asyncio."""
 
     def __init__(
@@ -436,22 +426,12 @@ class AsyncTimelineClient:
     async def _get(
         self, path: str, params: Mapping[str, str], body: Mapping[str, Any] | None = None
     ) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                if body is None:
-                    response = await self._http.get(path, params=dict(params))
-                else:
-                    response = await self._http.post(path, json=dict(body))
-            except httpx.TransportError as exc:
-                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
-            else:
-                outcome = self._core.outcome(response, attempt)
-                if isinstance(outcome, httpx.Response):
-                    return outcome
-                wait = outcome
-            await self._sleep(wait)
-            attempt += 1
+        async def send() -> httpx.Response:
+            if body is None:
+                return await self._http.get(path, params=dict(params))
+            return await self._http.post(path, json=dict(body))
+
+        return await _aretried(send, self._core.outcome, self._core.retry, self._http.base_url, self._sleep)
 
     async def spans(
         self,
@@ -541,14 +521,3 @@ class AsyncTimelineClient:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"capture {capture_id} still {req.state} after {timeout_s:g} s")
             await self._sleep(poll_s)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
