@@ -39,8 +39,8 @@ def consolidate(
             return vec
         return StepVector(labels, vec.values, vec.present, vec.drop_name, vec.sample_ts, vec.hists)
     counts = np.zeros((n, vec.present.shape[1]), dtype=np.int64)
-    hmask = vec.hist_present()
-    np.add.at(counts, gid, vec.present | hmask)
+    hmask = None if vec.hists is None else vec.hist_present()
+    np.add.at(counts, gid, vec.present if hmask is None else vec.present | hmask)
     if (counts > 1).any():
         raise KqlEvaluationError(message)
     first = np.full(n, -1, dtype=np.intp)
@@ -59,9 +59,10 @@ def consolidate(
         drop[g] |= vec.drop_name[i]
         if sample_ts is not None and vec.sample_ts is not None:
             sample_ts[g, p] = vec.sample_ts[i, p]
-            sample_ts[g, hmask[i]] = vec.sample_ts[i, hmask[i]]
-        if hists is not None and vec.hists is not None:
+        if hmask is not None and hists is not None and vec.hists is not None:
             hists[g, hmask[i]] = vec.hists[i, hmask[i]]
+            if sample_ts is not None and vec.sample_ts is not None:
+                sample_ts[g, hmask[i]] = vec.sample_ts[i, hmask[i]]
     return StepVector([labels[i] for i in first], values, present, drop, sample_ts, hists)
 
 
