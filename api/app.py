@@ -223,6 +223,9 @@ def serve(
     config = uvicorn.Config(
         app,
         log_level="warning",
+        # Access lines are below the warning level anyway; uvicorn would still build each one's
+        # arguments (client address, quoted path) per request before the level drops it.
+        access_log=False,
         **tls_options,
         http=guarded_protocol(limits),
         ws="none",

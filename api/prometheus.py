@@ -545,7 +545,7 @@ def prometheus_router(
 
     # The two query endpoints are served by bare ASGI routes ahead of the FastAPI ones (which stay
     # for the OpenAPI schema): no dependency solving or parameter validation per request, and the
-    # query runs in a plain thread pool (docs/api.md, "Query endpoints").
+    # query runs inline or in a query thread (docs/api.md, "Query endpoints: the request path").
     runner = _QueryRunner()
     for path, work in (("/api/v1/query", do_query), ("/api/v1/query_range", do_query_range)):
         router.routes.insert(
