@@ -136,6 +136,23 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             (listed,) = r.json()["data"]
             assert listed["job"] == "nh"
             assert listed["kernel"] == "gemm"
+            # kql over the stored histograms answers as Prometheus does over its own TSDB: every
+            # sample ki holds (a range selector's raw samples) equals Prometheus' at that time,
+            # in the HTTP API's JSON ("histograms": [[t, {count, sum, buckets}], ...]).
+            at = {"query": "ki_test_latency_seconds[1h]", "time": f"{time.time():.3f}"}
+            with httpx.Client(base_url=collector.url, headers=auth, timeout=10) as http:
+                ours = http.get("/api/v1/query", params=at)
+            theirs = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query", params=at, timeout=10)
+            assert ours.status_code == 200, ours.text
+            assert theirs.status_code == 200, theirs.text
+            (mine,) = ours.json()["data"]["result"]
+            (prom_series,) = theirs.json()["data"]["result"]
+            assert mine["metric"] == prom_series["metric"]
+            assert "values" not in mine
+            by_time = {t: h for t, h in prom_series["histograms"]}
+            assert len(mine["histograms"]) >= 3
+            for t, h in mine["histograms"]:
+                assert h == by_time[t], (t, h, by_time.get(t))
             prom.terminate()
             prom.communicate(timeout=30)
             prom = None
