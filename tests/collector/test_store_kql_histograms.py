@@ -165,3 +165,29 @@ def test_float_only_reads_never_touch_the_histograms_table(stores):
     assert cols.hist is None
     assert np.array_equal(cols.vs, [61.0])
     assert not any("histograms" in sql for sql in seen)
+
+
+@pytest.mark.parametrize("backend", ["embedded", "clickhouse-connect-chdb", "clickhouse-connect-http"])
+def test_every_back_end_writes_and_reads_histograms_alike(backend, tmp_path):
+    """Arrow list and dictionary columns through clickhouse-connect's insert (chDB and HTTP) as through chDB's."""
+    import contextlib
+
+    from chdb_http import running_shim
+
+    memory = MemoryStorage()
+    with contextlib.ExitStack() as stack:
+        if backend == "embedded":
+            store = stack.enter_context(EmbeddedStore(tmp_path))
+        elif backend == "clickhouse-connect-chdb":
+            store = stack.enter_context(ServerStore.connect(f"chdb://{tmp_path}"))
+        else:
+            _, url = stack.enter_context(running_shim(tmp_path))
+            store = stack.enter_context(ServerStore.connect(url))
+        _fill(store, memory)
+        for lo, hi in ((0, 10**13), (NOW + 30_000, NOW + 60_000)):
+            got = _plain(store.storage(use_cache=False).select([NAME], lo, hi))
+            want = _plain(memory.select([NAME], lo, hi))
+            if lo > 0:
+                got, want = _first_hint_unknown(got), _first_hint_unknown(want)
+            assert got == want
+        assert store.storage().label_values("gpu", [NAME], NOW + 100_000, NOW + 160_000) == ["0", "1"]
