@@ -262,6 +262,9 @@ class Store(ABC):
     def _query(self, sql: str, params: Params | None = None) -> pa.Table: ...
 
     @abstractmethod
+    def _query_blob(self, sql: str, params: Params | None = None) -> bytes: ...
+
+    @abstractmethod
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None: ...
 
     @abstractmethod
@@ -409,6 +412,13 @@ class Store(ABC):
         """Run a read and return its result as an Arrow table; ``params`` as for ``command``."""
         self._check_open()
         return self._query(sql, params)
+
+    def query_blob(self, sql: str, params: Params | None = None) -> bytes:
+        """Run a read of one String column and return its values back to back, nothing between
+        (ClickHouse's RawBLOB format): for output formatted in SQL, such as a trace export, with
+        no Arrow encoding and decoding of a result that is only ever sent on."""
+        self._check_open()
+        return self._query_blob(sql, params)
 
     def ping(self) -> None:
         """Raises StorageUnavailable unless the engine answers."""
@@ -1005,6 +1015,10 @@ class EmbeddedStore(Store):
         table_: pa.Table = pa.ipc.open_stream(pa.BufferReader(data)).read_all()
         return table_
 
+    def _query_blob(self, sql: str, params: Params | None = None) -> bytes:
+        data: bytes = self._run(sql, "RawBLOB", params).bytes()
+        return data
+
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
         cols = ", ".join(ident(c) for c in data.column_names)
         # An INSERT's SETTINGS take no parameters; the token is ours (batch id and table name).
@@ -1084,6 +1098,11 @@ class ServerStore(Store):
         with _engine_errors("ClickHouse"):
             result: pa.Table = self._client.query_arrow(sql, **_passed_through(params))
         return result
+
+    def _query_blob(self, sql: str, params: Params | None = None) -> bytes:
+        with _engine_errors("ClickHouse"):
+            data: bytes = self._client.raw_query(sql, fmt="RawBLOB", **_passed_through(params))
+        return data
 
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
         settings = {"insert_deduplication_token": token} if token else {}

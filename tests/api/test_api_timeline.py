@@ -7,7 +7,6 @@ import logging
 import time
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from api_helpers import TestClient
 from trace_check import check_perfetto, check_trace
@@ -354,9 +353,3 @@ def test_perfetto_export_refuses_more_spans_than_it_builds(client, monkeypatch):
     r = client.get("/v1/timeline/export", params={**WINDOW, "format": "perfetto"})
     assert r.status_code == 400
     assert "export JSON" in r.json()["error"]
-
-
-def test_export_pieces_of_several_result_blocks_join_into_one_valid_list():
-    trace = importlib.import_module("kernel_insight.collector.trace")
-    column = pa.chunked_array([['{"a":1}', '{"b":2}'], [], ['{"c":3}']])
-    assert b",".join(bytes(v) for v in trace._joined(column)) == b'{"a":1},{"b":2},{"c":3}'

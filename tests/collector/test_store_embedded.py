@@ -244,3 +244,12 @@ def test_reopening_with_the_same_retention_alters_nothing(tmp_path):
         ddl = s.query("SHOW CREATE TABLE ki.series").column(0)[0].as_py()
     assert mutations.as_py() == 0
     assert "toIntervalDay(3)" in ddl  # the series index follows samples_days
+
+
+def test_query_blob_returns_the_values_back_to_back(store):
+    from kernel_insight.collector.sql import Params
+
+    p = Params()
+    sql = f"SELECT concat(toString(number), {p('x', 'String')}) FROM numbers(3)"
+    assert store.query_blob(sql, p) == b"0x1x2x"
+    assert store.query_blob("SELECT 'a' WHERE 0") == b""

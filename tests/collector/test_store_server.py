@@ -85,3 +85,16 @@ def test_shim_speaks_http_compression_both_ways(shim):
     r = httpx.post(url, content=b"SELECT 1", headers={"Content-Encoding": "br"})
     assert r.status_code == 400
     assert "unsupported Content-Encoding" in r.text
+
+
+def test_query_blob_returns_the_values_back_to_back(shim):
+    from kernel_insight.collector.sql import Params
+
+    _, url = shim
+    store = ServerStore.connect(url, compress=False)
+    try:
+        p = Params()
+        sql = f"SELECT concat(toString(number), {p('x', 'String')}) FROM numbers(3)"
+        assert store.query_blob(sql, p) == b"0x1x2x"
+    finally:
+        store.close()
