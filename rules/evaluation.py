@@ -155,6 +155,9 @@ class RecordingRule(Rule):
         seen: set[Labels] = set()
         updates = [("__name__", self.spec.name), *self.labels]
         for s in vec.samples:
+            if s.histogram is not None:
+                # The rule writer stores floats only: a histogram would be written as a NaN float.
+                raise RuleEvalError("recording native histogram samples is not supported")
             labels = _canon(_set(s.labels, updates))
             if labels in seen:
                 raise RuleEvalError(

@@ -461,3 +461,17 @@ def test_dense_rate_and_sum_equal_the_per_histogram_path(query: str, monkeypatch
             assert (ha.positive_spans, ha.positive_buckets) == (hb.positive_spans, hb.positive_buckets)
             points += 1
     assert points >= 50  # every step of at least one series
+
+
+def test_a_recording_rule_refuses_histogram_samples_instead_of_writing_nan() -> None:
+    from kernel_insight.kql import parse
+    from kernel_insight.rules.config import RuleSpec
+    from kernel_insight.rules.evaluation import RecordingRule, RuleEvalError
+
+    expr = 'sum(rate(lat{job="a"}[1m]))'
+    rule = RecordingRule(RuleSpec(kind="record", name="job:lat:rate1m", expr=expr, query=parse(expr)))
+    with pytest.raises(RuleEvalError, match="recording native histogram samples is not supported"):
+        rule.eval(Engine(_counter_store()), 300_000, 0)
+    floats = "sum(rate(plain[1m]))"
+    ok = RecordingRule(RuleSpec(kind="record", name="plain:rate1m", expr=floats, query=parse(floats)))
+    assert len(ok.eval(Engine(_counter_store()), 300_000, 0)) == 1
