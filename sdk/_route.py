@@ -192,6 +192,7 @@ class RoutePolicy:
 
 
 _GIVE_UP = -1.0
+_SUCCEEDED = -2.0
 
 
 class _Attempts:
@@ -236,6 +237,38 @@ class _Attempts:
         causes = ", ".join(f"{a.instance_id}: {a.failure}" for a in self.log)
         return RouteFailed(f"{why} after {len(self.log)} attempt(s) ({causes})", self.log, last)
 
+    def settle(
+        self,
+        inst: Instance,
+        outcome: Any,
+        error: BaseException | None,
+        elapsed_s: float,
+        classifier: Classifier,
+        exclude: Callable[..., None],
+        observe: Callable[[Attempt], None] | None,
+    ) -> float:
+        """After one try: _SUCCEEDED (return the outcome), _GIVE_UP (return or raise the call's own
+        result), else the delay before the next try; raises RouteFailed when out of tries."""
+        failure = classifier(outcome, error)
+        if failure is None:
+            self.log.append(Attempt(inst.id, None, elapsed_s))
+            delay = _SUCCEEDED
+        else:
+            delay = self.decide(inst, failure, outcome if error is None else error, elapsed_s, exclude)
+        if observe is not None:
+            observe(self.log[-1])
+        if delay in (_SUCCEEDED, _GIVE_UP):
+            return delay
+        if self.exhausted():
+            raise self.failed("routing gave up", outcome) from error
+        return delay
+
+    def select(self, exc: NoEligibleInstance) -> Exception:
+        """What a failed selection ends with: itself on the first try, RouteFailed after."""
+        if not self.log:
+            return exc
+        return self.failed(f"no instance left to try: {exc}", None)
+
 
 def _finish(outcome: Any, exc: BaseException | None) -> Any:
     if exc is not None:
@@ -279,9 +312,7 @@ def route(
         try:
             inst = health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
         except NoEligibleInstance as exc:
-            if not state.log:
-                raise
-            raise state.failed(f"no instance left to try: {exc}", None) from exc
+            raise state.select(exc) from (exc if state.log else None)
         t0 = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
@@ -289,20 +320,11 @@ def route(
             outcome = call(inst)
         except Exception as exc:  # classified below; re-raised unchanged when not handled
             error = exc
-        failure = classifier(outcome, error)
-        elapsed = time.monotonic() - t0
-        if failure is None:
-            state.log.append(Attempt(inst.id, None, elapsed))
-            if observe is not None:
-                observe(state.log[-1])
+        delay = state.settle(inst, outcome, error, time.monotonic() - t0, classifier, health.exclude, observe)
+        if delay == _SUCCEEDED:
             return outcome  # type: ignore[no-any-return]
-        delay = state.decide(inst, failure, outcome if error is None else error, elapsed, health.exclude)
-        if observe is not None:
-            observe(state.log[-1])
         if delay == _GIVE_UP:
             return _finish(outcome, error)  # type: ignore[no-any-return]
-        if state.exhausted():
-            raise state.failed("routing gave up", outcome) from error
         _close(outcome)
         if delay > 0:
             sleep(delay)
@@ -327,9 +349,7 @@ async def aroute(
         try:
             inst = await health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
         except NoEligibleInstance as exc:
-            if not state.log:
-                raise
-            raise state.failed(f"no instance left to try: {exc}", None) from exc
+            raise state.select(exc) from (exc if state.log else None)
         t0 = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
@@ -337,20 +357,11 @@ async def aroute(
             outcome = await call(inst)
         except Exception as exc:
             error = exc
-        failure = classifier(outcome, error)
-        elapsed = time.monotonic() - t0
-        if failure is None:
-            state.log.append(Attempt(inst.id, None, elapsed))
-            if observe is not None:
-                observe(state.log[-1])
+        delay = state.settle(inst, outcome, error, time.monotonic() - t0, classifier, health.exclude, observe)
+        if delay == _SUCCEEDED:
             return outcome  # type: ignore[no-any-return]
-        delay = state.decide(inst, failure, outcome if error is None else error, elapsed, health.exclude)
-        if observe is not None:
-            observe(state.log[-1])
         if delay == _GIVE_UP:
             return _finish(outcome, error)  # type: ignore[no-any-return]
-        if state.exhausted():
-            raise state.failed("routing gave up", outcome) from error
         if isinstance(outcome, httpx.Response):
             await outcome.aclose()
         if delay > 0:

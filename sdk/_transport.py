@@ -10,6 +10,7 @@ it again; a failed response's body is read so the classifier can look at it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -28,6 +29,30 @@ def endpoint_label(instance: Instance) -> str:
             f"instance {instance.id} has no 'endpoint' label (enrol it with --label endpoint=URL)"
         )
     return endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class _RouteSettings:
+    """What both routing transports route by: the health client, the request's needs, the policy."""
+
+    health: Any
+    model: str | None
+    required_free_bytes: int | Callable[[httpx.Request], int]
+    endpoint: Callable[[Instance], str]
+    classifier: Classifier
+    policy: RoutePolicy | None
+    observe: Callable[[Attempt], None] | None
+
+    def options(self, request: httpx.Request) -> dict[str, Any]:
+        """The keyword arguments of :func:`route` / :func:`aroute` for ``request``."""
+        need = self.required_free_bytes
+        return {
+            "required_free_bytes": need(request) if callable(need) else need,
+            "model": self.model,
+            "classifier": self.classifier,
+            "policy": self.policy,
+            "observe": self.observe,
+        }
 
 
 def _retarget(request: httpx.Request, base: str) -> httpx.Request:
@@ -63,34 +88,21 @@ class RoutingTransport(httpx.BaseTransport):
         policy: RoutePolicy | None = None,
         observe: Callable[[Attempt], None] | None = None,
     ) -> None:
-        self.health = health
-        self.model = model
-        self.required = required_free_bytes
-        self.endpoint = endpoint
+        self.settings = _RouteSettings(
+            health, model, required_free_bytes, endpoint, classifier, policy, observe
+        )
         self.inner = inner if inner is not None else httpx.HTTPTransport()
-        self.classifier = classifier
-        self.policy = policy
-        self.observe = observe
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
 
         def send(inst: Instance) -> httpx.Response:
-            response = self.inner.handle_request(_retarget(request, self.endpoint(inst)))
+            response = self.inner.handle_request(_retarget(request, self.settings.endpoint(inst)))
             if not 200 <= response.status_code < 300:
                 response.read()
             return response
 
-        need = self.required(request) if callable(self.required) else self.required
-        return route(
-            self.health,
-            send,
-            required_free_bytes=need,
-            model=self.model,
-            classifier=self.classifier,
-            policy=self.policy,
-            observe=self.observe,
-        )
+        return route(self.settings.health, send, **self.settings.options(request))
 
     def close(self) -> None:
         self.inner.close()
@@ -111,34 +123,21 @@ class AsyncRoutingTransport(httpx.AsyncBaseTransport):
         policy: RoutePolicy | None = None,
         observe: Callable[[Attempt], None] | None = None,
     ) -> None:
-        self.health = health
-        self.model = model
-        self.required = required_free_bytes
-        self.endpoint = endpoint
+        self.settings = _RouteSettings(
+            health, model, required_free_bytes, endpoint, classifier, policy, observe
+        )
         self.inner = inner if inner is not None else httpx.AsyncHTTPTransport()
-        self.classifier = classifier
-        self.policy = policy
-        self.observe = observe
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
 
         async def send(inst: Instance) -> httpx.Response:
-            response = await self.inner.handle_async_request(_retarget(request, self.endpoint(inst)))
+            response = await self.inner.handle_async_request(_retarget(request, self.settings.endpoint(inst)))
             if not 200 <= response.status_code < 300:
                 await response.aread()
             return response
 
-        need = self.required(request) if callable(self.required) else self.required
-        return await aroute(
-            self.health,
-            send,
-            required_free_bytes=need,
-            model=self.model,
-            classifier=self.classifier,
-            policy=self.policy,
-            observe=self.observe,
-        )
+        return await aroute(self.settings.health, send, **self.settings.options(request))
 
     async def aclose(self) -> None:
         await self.inner.aclose()
