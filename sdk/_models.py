@@ -150,22 +150,39 @@ def _value(text: Any) -> float:
     return float(text) if not isinstance(text, str) else float(text.replace("Inf", "inf"))
 
 
+def _histogram(h: Mapping[str, Any]) -> dict[str, Any]:
+    """A native histogram of the query API (``{"count", "sum", "buckets"}``, numbers as strings)
+    with the numbers parsed: ``buckets`` are ``(boundary rule, lower, upper, count)``, the rule
+    0 for ``(lower, upper]``, 1 ``[lower, upper)``, 2 ``(lower, upper)``, 3 ``[lower, upper]``."""
+    return {
+        "count": _value(h["count"]),
+        "sum": _value(h["sum"]),
+        "buckets": [(int(b[0]), _value(b[1]), _value(b[2]), _value(b[3])) for b in h.get("buckets", ())],
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One instant-vector element (or a scalar, with no labels): ``timestamp`` in unix seconds."""
+    """One instant-vector element (or a scalar, with no labels): ``timestamp`` in unix seconds.
+
+    A native histogram sample has ``histogram`` (count, sum, buckets) and a NaN ``value``.
+    """
 
     labels: Mapping[str, str]
     timestamp: float
     value: float
+    histogram: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Series:
-    """One range-vector series: ``timestamps`` (unix seconds) and ``values`` as ``array('d')``."""
+    """One range-vector series: ``timestamps`` (unix seconds) and ``values`` as ``array('d')``;
+    native histogram points apart, as ``(timestamp, histogram)`` pairs in ``histograms``."""
 
     labels: Mapping[str, str]
     timestamps: array[float]
     values: array[float]
+    histograms: tuple[tuple[float, Mapping[str, Any]], ...] = ()
 
     def __len__(self) -> int:
         return len(self.values)
@@ -200,15 +217,21 @@ class QueryResult:
         infos = tuple(body.get("infos") or ())
         if kind == "vector":
             samples = tuple(
-                Sample(dict(r["metric"]), float(r["value"][0]), _value(r["value"][1])) for r in result
+                Sample(dict(r["metric"]), float(r["value"][0]), _value(r["value"][1]))
+                if "value" in r
+                else Sample(
+                    dict(r["metric"]), float(r["histogram"][0]), math.nan, _histogram(r["histogram"][1])
+                )
+                for r in result
             )
             return cls(kind, samples=samples, warnings=warnings, infos=infos)
         if kind == "matrix":
             series = tuple(
                 Series(
                     dict(r["metric"]),
-                    array("d", (float(t) for t, _ in r["values"])),
-                    array("d", (_value(v) for _, v in r["values"])),
+                    array("d", (float(t) for t, _ in r.get("values", ()))),
+                    array("d", (_value(v) for _, v in r.get("values", ()))),
+                    tuple((float(t), _histogram(h)) for t, h in r.get("histograms", ())),
                 )
                 for r in result
             )

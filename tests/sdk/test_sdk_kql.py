@@ -183,3 +183,43 @@ def test_async_client_retries_the_same_way():
     assert r.result_type == "matrix"
     assert len(sleeps) == 1
     assert form(script.requests[1])["step"] == "15s"
+
+
+def test_native_histogram_results_are_parsed():
+    """What ki collector sends for native histograms (kql's own encoder) comes back typed."""
+    from kernel_insight.kql import Engine, MemoryStorage, prometheus_json_bytes
+    from kernel_insight.kql.nativehist import FloatHistogram
+
+    store = MemoryStorage()
+    h = FloatHistogram(schema=0, count=3, sum=2.5, positive_spans=((0, 2),), positive_buckets=(1.0, 2.0))
+    store.add_histograms({"__name__": "lat", "job": "a"}, [0, 15_000], [h, h])
+    store.add({"__name__": "lat", "job": "b"}, [0, 15_000], [1.0, 2.0])
+    engine = Engine(store)
+
+    def body(value):
+        return b'{"status":"success","data":' + prometheus_json_bytes(value) + b"}"
+
+    instant = engine.instant_query("lat", 15_000).value
+    ranged = engine.range_query("lat", 0, 15_000, 15_000).value
+    script = Script(
+        httpx.Response(200, content=body(instant), headers={"content-type": "application/json"}),
+        httpx.Response(200, content=body(ranged), headers={"content-type": "application/json"}),
+    )
+    client, _ = kql(script)
+    r = client.query("lat")
+    by_job = {s.labels["job"]: s for s in r.samples}
+    assert by_job["a"].histogram == {
+        "count": 3.0,
+        "sum": 2.5,
+        "buckets": [(0, 0.5, 1.0, 1.0), (0, 1.0, 2.0, 2.0)],
+    }
+    assert np.isnan(by_job["a"].value)
+    assert by_job["b"].histogram is None
+    assert by_job["b"].value == 2.0
+    m = client.query_range("lat", 0, 15, 15)
+    series = {s.labels["job"]: s for s in m.series}
+    assert len(series["a"].values) == 0
+    assert [t for t, _ in series["a"].histograms] == [0.0, 15.0]
+    assert series["a"].histograms[1][1]["count"] == 3.0
+    assert list(series["b"].values) == [1.0, 2.0]
+    assert series["b"].histograms == ()
