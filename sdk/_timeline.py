@@ -247,6 +247,15 @@ class _TimelineCore:
             return self.retry.delay(attempt, response.headers.get("retry-after"))
         raise error
 
+    def retry_wait(self, response: httpx.Response, attempt: int) -> float:
+        """The delay before retrying a request that did not answer 200; raises as :meth:`outcome` does."""
+        outcome = self.outcome(response, attempt)
+        if isinstance(outcome, httpx.Response):
+            raise ServerError(
+                response.status_code, "bad_response", f"unexpected status {response.status_code}"
+            )
+        return outcome
+
     @staticmethod
     def json(response: httpx.Response, decode: Callable[[Any], Any]) -> Any:
         try:
@@ -360,10 +369,29 @@ class TimelineClient(_Closing):
         format: str = "json",
         **filters: Any,
     ) -> Path:
-        """Write the window's trace to ``path`` for ui.perfetto.dev (both formats) or chrome://tracing (JSON)."""
-        out = Path(path)
-        out.write_bytes(self.export(instance, gpu, start, end, format=format, **filters))
-        return out
+        """Write the window's trace to ``path`` for ui.perfetto.dev (both formats) or chrome://tracing (JSON).
+
+        Streamed to the file as it arrives (a 1M-span window is ~180 MB of JSON: never held in
+        memory), through ``<path>.part`` renamed once complete, so ``path`` is never half written.
+        """
+        params = self._core.window(instance, gpu, start, end, **filters) | {"format": format}
+        out, part = Path(path), Path(f"{path}.part")
+        attempt = 0
+        while True:
+            try:
+                with self._http.stream("GET", EXPORT_PATH, params=params) as response:
+                    if response.status_code == 200:
+                        with part.open("wb") as f:
+                            for chunk in response.iter_bytes():  # as they arrive: re-chunking costs a copy
+                                f.write(chunk)
+                        part.replace(out)
+                        return out
+                    response.read()
+                    wait = self._core.retry_wait(response, attempt)
+            except httpx.TransportError as exc:
+                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
+            self._sleep(wait)
+            attempt += 1
 
     def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
         """Ask ``instance``'s agent for every span of GPU ``gpu`` for ``seconds`` (admin token; audited).
@@ -491,9 +519,24 @@ class AsyncTimelineClient(_AsyncClosing):
         format: str = "json",
         **filters: Any,
     ) -> Path:
-        out = Path(path)
-        out.write_bytes(await self.export(instance, gpu, start, end, format=format, **filters))
-        return out
+        params = self._core.window(instance, gpu, start, end, **filters) | {"format": format}
+        out, part = Path(path), Path(f"{path}.part")
+        attempt = 0
+        while True:
+            try:
+                async with self._http.stream("GET", EXPORT_PATH, params=params) as response:
+                    if response.status_code == 200:
+                        with part.open("wb") as f:
+                            async for chunk in response.aiter_bytes():
+                                f.write(chunk)
+                        part.replace(out)
+                        return out
+                    await response.aread()
+                    wait = self._core.retry_wait(response, attempt)
+            except httpx.TransportError as exc:
+                wait = self._core.retry.transport_failure(exc, attempt, self._http.base_url)
+            await self._sleep(wait)
+            attempt += 1
 
     async def capture(self, instance: str, gpu: int, seconds: int) -> CaptureRequest:
         body = {"instance": instance, "gpu": gpu, "seconds": seconds}

@@ -27,6 +27,7 @@ from bench.collector_process import start_collector
 from kernel_insight.api.auth import TokenStore
 from kernel_insight.collector.rows import SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.sdk import TimelineClient
 
 S = 1_000_000_000
 KERNELS = [f"ampere_sgemm_{i}x{i}_tn" for i in range(32)] + [
@@ -84,18 +85,16 @@ def window_times(client: httpx.Client, starts: list[int]) -> list[float]:
     return out
 
 
-def export_seconds(client: httpx.Client, start: int, out: Path) -> tuple[float, int, int]:
-    """Median seconds of three exports of the 60 s window at ``start`` written to ``out``; spans, bytes."""
-    params = {"instance": INSTANCE, "gpu": "0", "from": repr(start / S), "to": repr(start / S + 60)}
+def export_seconds(client: TimelineClient, start: int, out: Path) -> tuple[float, int, int]:
+    """Median seconds of three exports of the 60 s window at ``start`` written to ``out`` by the SDK
+    (``to_perfetto``: what ``ki timeline export`` runs, streamed to the file); spans, bytes."""
     times = []
     for _ in range(3):
         t = time.perf_counter()
-        r = client.get("/v1/timeline/export", params=params)
-        if r.status_code != 200:
-            raise SystemExit(f"export answered {r.status_code}: {r.text[:200]}")
-        out.write_bytes(r.content)
+        client.to_perfetto(out, INSTANCE, 0, start / S, start / S + 60)
         times.append(time.perf_counter() - t)
-    return statistics.median(times), r.content.count(b'"ph":"X"'), len(r.content)
+    content = out.read_bytes()
+    return statistics.median(times), content.count(b'"ph":"X"'), len(content)
 
 
 def _p(values: list[float], q: int) -> float:
@@ -132,7 +131,10 @@ def main() -> None:
         token = TokenStore(tokens_path).create("bench", ["read"]).token
         proc, url = start_server(data, tokens_path)
         try:
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
+            with (
+                httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c,
+                TimelineClient(url, token, timeout=120) as tl,
+            ):
                 rng = random.Random(1)
                 hour = [t0 + rng.randrange(0, 3590) * S for _ in range(args.requests)]
                 hour = [h for h in hour if abs(h - capture_at) > 20 * S]
@@ -140,8 +142,8 @@ def main() -> None:
                 sampled = window_times(c, hour)
                 dense = window_times(c, [capture_at] * max(10, args.requests // 10))
                 out = Path(tmp) / "trace.json"
-                export_hour = export_seconds(c, t0 + 600 * S, out)
-                export_dense = export_seconds(c, capture_at - 25 * S, out)
+                export_hour = export_seconds(tl, t0 + 600 * S, out)
+                export_dense = export_seconds(tl, capture_at - 25 * S, out)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

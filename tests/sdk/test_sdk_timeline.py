@@ -105,6 +105,40 @@ def test_a_400_raises_with_the_server_message_and_a_503_is_retried():
     assert calls[:2] == ["/v1/timeline/summary", "/v1/timeline/summary"]
 
 
+def test_to_perfetto_streams_to_the_file_retries_a_503_and_never_leaves_half_a_file(tmp_path):
+    body = b'{"traceEvents":[' + b",".join(b'{"ph":"M"}' for _ in range(300_000)) + b"]}"  # > 1 chunk
+    answers = [503, 200, 400]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = answers.pop(0)
+        if status != 200:
+            return httpx.Response(
+                status, json={"status": "error", "errorType": "x", "error": "window too big"}
+            )
+        assert request.url.params["format"] == "perfetto"
+        return httpx.Response(200, content=body)
+
+    with TimelineClient("http://ki", transport=httpx.MockTransport(handler), sleep=lambda s: None) as tl:
+        path = tl.to_perfetto(tmp_path / "t.json", "n1", 0, 1, 2, format="perfetto")
+        assert path.read_bytes() == body
+        with pytest.raises(BadRequestError, match="window too big"):
+            tl.to_perfetto(tmp_path / "u.json", "n1", 0, 1, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no u.json, no .part left
+
+    async def fetch() -> bytes:
+        async def asleep(s: float) -> None:
+            return None
+
+        answers[:] = [503, 200]
+        async with AsyncTimelineClient(
+            "http://ki", transport=httpx.MockTransport(handler), sleep=asleep
+        ) as tl:
+            out = await tl.to_perfetto(tmp_path / "a.json", "n1", 0, 1, 2, format="perfetto")
+        return out.read_bytes()
+
+    assert asyncio.run(fetch()) == body
+
+
 # ---------------------------------------------------------------- a real collector
 
 
