@@ -139,10 +139,12 @@ def create_app(
     @app.post("/api/v1/write", status_code=204, dependencies=list(write_dependencies))
     async def remote_write(request: Request) -> Response:
         content_type = request.headers.get("content-type", "application/x-protobuf").lower()
-        if "proto=" in content_type and "prometheus.writerequest" not in content_type:
-            # Remote write 2.0 senders fall back to 1.0 on a 415 (the 2.0 spec says so).
+        version = 2 if "proto=io.prometheus.write.v2.request" in content_type.replace(" ", "") else 1
+        if version == 1 and "proto=" in content_type and "prometheus.writerequest" not in content_type:
             return _error(
-                415, f"only remote_write 1.0 (prometheus.WriteRequest) is accepted, got {content_type!r}"
+                415,
+                "remote_write accepts prometheus.WriteRequest (1.0) and io.prometheus.write.v2.Request (2.0), "
+                f"got {content_type!r}",
             )
         encoding = request.headers.get("content-encoding", "snappy").lower()
         if encoding != "snappy":
@@ -154,14 +156,17 @@ def create_app(
         batcher: Batcher | None = getattr(app.state, "remote_write_batcher", None)
         relabeler: Relabeler | None = getattr(app.state, "relabeler", None)
 
+        written = [0, 0]  # samples, histograms: remote write 2.0 answers them in headers
+
         def decode() -> tuple[SampleBatch, HistogramBatch] | PreparedRows:
             """Decode (and, for the batcher, convert) on one worker thread: one hand-off per request."""
             builder = HistogramBuilder()
-            batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache, builder)
+            batch = parse_remote_write(body, max_decompressed_bytes, limits, series_cache, builder, version)
             hists = builder.build()
             if relabeler is not None:  # --relabel-config (collector/relabel.py)
                 batch = relabeler.apply_batch(batch)
                 hists = relabeler.apply_histograms(hists)
+            written[:] = [len(batch), len(hists)]
             if batcher is None:
                 return batch, hists
             return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch, histograms=hists)
@@ -197,6 +202,15 @@ def create_app(
             return _error(422, f"storage refused the write: {exc}")
         except FlushFailed:  # logged with its traceback by the batcher
             return _error(500, "internal error while storing the write")
+        if version == 2:  # what was written, as the 2.0 spec asks of a receiver
+            return Response(
+                status_code=204,
+                headers={
+                    "X-Prometheus-Remote-Write-Samples-Written": str(written[0]),
+                    "X-Prometheus-Remote-Write-Histograms-Written": str(written[1]),
+                    "X-Prometheus-Remote-Write-Exemplars-Written": "0",
+                },
+            )
         return Response(status_code=204)
 
     for router in routers:

@@ -1,8 +1,9 @@
-"""Prometheus remote_write 1.0: snappy-compressed protobuf ``WriteRequest`` -> samples and native histograms.
+"""Prometheus remote_write: snappy-compressed protobuf -> samples and native histograms.
 
 The decoder is hand-written for the messages remote_write 1.0 uses (WriteRequest,
-TimeSeries, Label, Sample, Histogram, BucketSpan; prompb/types.proto); exemplars and
-metadata are skipped. Snappy is the raw block format (not framed), via ``cramjam``.
+TimeSeries, Label, Sample, Histogram, BucketSpan; prompb/types.proto) and 2.0's Request
+(symbols and label references; write/v2/types.proto); exemplars and metadata are skipped.
+Snappy is the raw block format (not framed), via ``cramjam``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "SeriesCache",
     "SeriesEncoder",
     "decode_write_request",
+    "decode_write_request_v2",
     "decompress",
     "encode_histogram",
     "encode_write_request",
@@ -244,34 +246,96 @@ def _decode_general(
                 labels.append(_label(buf, s2, e2))
             elif n2 == 2:
                 _expect(w2, 2, "TimeSeries", n2)
-                value_f = 0.0
-                t = 0
-                for n3, w3, s3, _e3 in _fields(buf, s2, e2, "Sample"):
-                    if n3 == 1:
-                        _expect(w3, 1, "Sample", n3)
-                        (value_f,) = _DOUBLE.unpack_from(buf, s3)
-                    elif n3 == 2:
-                        _expect(w3, 0, "Sample", n3)
-                        t = _timestamp(s3, "sample")
-                ts.append(t)
-                vs.append(value_f)
+                _sample(buf, s2, e2, ts, vs)
             elif n2 == 4:
                 _expect(w2, 2, "TimeSeries", n2)
                 hists.append((s2, e2))
             # 3: exemplars: not stored
-        if not ts and not hists:
+        _add_series(buf, labels, ts, vs, hists, limits, out, histograms)
+    return out.build()
+
+
+def _sample(buf: bytes, start: int, end: int, ts: list[int], vs: list[float]) -> None:
+    """One Sample message (v1 and v2 alike) appended to ``ts`` / ``vs``."""
+    value_f = 0.0
+    t = 0
+    for n3, w3, s3, _e3 in _fields(buf, start, end, "Sample"):
+        if n3 == 1:
+            _expect(w3, 1, "Sample", n3)
+            (value_f,) = _DOUBLE.unpack_from(buf, s3)
+        elif n3 == 2:
+            _expect(w3, 0, "Sample", n3)
+            t = _timestamp(s3, "sample")
+    ts.append(t)
+    vs.append(value_f)
+
+
+def _add_series(
+    buf: bytes,
+    labels: list[tuple[str, str]],
+    ts: list[int],
+    vs: list[float],
+    hists: list[tuple[int, int]],
+    limits: SeriesLimits,
+    out: SampleBuilder,
+    histograms: HistogramBuilder | None,
+) -> None:
+    """One decoded TimeSeries' samples into ``out`` and its Histogram messages into ``histograms``."""
+    if not ts and not hists:
+        return
+    canonical = _checked(labels, limits)
+    if ts:
+        out.add_series_canonical(canonical, np.asarray(ts, np.int64), np.asarray(vs, np.float64))
+    for s2, e2 in hists:
+        fields = _histogram(buf, s2, e2)
+        if histograms is None:
             continue
-        canonical = _checked(labels, limits)
-        if ts:
-            out.add_series_canonical(canonical, np.asarray(ts, np.int64), np.asarray(vs, np.float64))
-        for s2, e2 in hists:
-            fields = _histogram(buf, s2, e2)
-            if histograms is None:
-                continue
-            try:
-                histograms.add(canonical, **fields)
-            except ValueError as exc:
-                raise RemoteWriteError(f"series {_shown(canonical)}: histogram: {exc}") from None
+        try:
+            histograms.add(canonical, **fields)
+        except ValueError as exc:
+            raise RemoteWriteError(f"series {_shown(canonical)}: histogram: {exc}") from None
+
+
+def decode_write_request_v2(
+    buf: bytes, limits: SeriesLimits = DEFAULT_LIMITS, histograms: HistogramBuilder | None = None
+) -> SampleBatch:
+    """Samples of an uncompressed remote write 2.0 ``io.prometheus.write.v2.Request``.
+
+    Labels are pairs of references into the request's ``symbols``; samples and native
+    histograms (the same Histogram message as 1.0's) as in :func:`decode_write_request`.
+    Exemplars, metadata and created timestamps are skipped.
+    """
+    symbols: list[str] = []
+    series: list[tuple[int, int]] = []
+    for number, wire, start, end in _fields(buf, 0, len(buf), "Request"):
+        if number == 4:
+            _expect(wire, 2, "Request", number)
+            symbols.append(_string(buf, start, end, "symbol"))
+        elif number == 5:
+            _expect(wire, 2, "Request", number)
+            series.append((start, end))
+    out = SampleBuilder()
+    for start, end in series:
+        refs: list[int] = []
+        ts: list[int] = []
+        vs: list[float] = []
+        hists: list[tuple[int, int]] = []
+        for n2, w2, s2, e2 in _fields(buf, start, end, "TimeSeries"):
+            if n2 == 1:
+                refs.extend(_packed_varints(buf, n2, w2, s2, e2, "TimeSeries"))
+            elif n2 == 2:
+                _expect(w2, 2, "TimeSeries", n2)
+                _sample(buf, s2, e2, ts, vs)
+            elif n2 == 3:
+                _expect(w2, 2, "TimeSeries", n2)
+                hists.append((s2, e2))
+            # 4: exemplars, 5: metadata, 6: created_timestamp: not stored
+        if len(refs) % 2:
+            raise RemoteWriteError(f"TimeSeries: {len(refs)} label references, not name/value pairs")
+        if refs and max(refs) >= len(symbols):
+            raise RemoteWriteError(f"TimeSeries: label reference {max(refs)} past the {len(symbols)} symbols")
+        labels = [(symbols[refs[k]], symbols[refs[k + 1]]) for k in range(0, len(refs), 2)]
+        _add_series(buf, labels, ts, vs, hists, limits, out, histograms)
     return out.build()
 
 
@@ -290,11 +354,13 @@ def _shown(labels: Labels) -> str:
     return "{" + ", ".join(f"{k[:64]}={v[:64]!r}" for k, v in labels[:8]) + "}"
 
 
-def _packed_varints(buf: bytes, number: int, wire: int, start: int, end: int) -> list[int]:
+def _packed_varints(
+    buf: bytes, number: int, wire: int, start: int, end: int, what: str = "Histogram"
+) -> list[int]:
     """A repeated varint field's values: packed (one length-delimited run) or one per field."""
     if wire == 0:
         return [start]  # _fields yields the value itself for varints
-    _expect(wire, 2, "Histogram", number)
+    _expect(wire, 2, what, number)
     out = []
     pos = start
     while pos < end:
@@ -426,10 +492,15 @@ def parse_remote_write(
     limits: SeriesLimits = DEFAULT_LIMITS,
     cache: SeriesCache | None = None,
     histograms: HistogramBuilder | None = None,
+    version: int = 1,
 ) -> SampleBatch:
     """Samples of a snappy-compressed WriteRequest body, as ``POST /api/v1/write`` receives it
-    (native histograms into ``histograms``, see :func:`decode_write_request`)."""
-    return decode_write_request(decompress(body, max_decompressed), limits, cache, histograms)
+    (native histograms into ``histograms``, see :func:`decode_write_request`); ``version`` 2
+    reads a remote write 2.0 ``io.prometheus.write.v2.Request`` (:func:`decode_write_request_v2`)."""
+    raw = decompress(body, max_decompressed)
+    if version == 2:
+        return decode_write_request_v2(raw, limits, histograms)
+    return decode_write_request(raw, limits, cache, histograms)
 
 
 # ---- encoder: tests, benchmarks, and anyone feeding the collector from Python ---------

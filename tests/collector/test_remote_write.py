@@ -17,10 +17,11 @@ from kernel_insight.collector.app import create_app
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
     decode_write_request,
+    decode_write_request_v2,
     encode_write_request,
     parse_remote_write,
 )
-from kernel_insight.collector.rows import SeriesLimits
+from kernel_insight.collector.rows import HistogramBuilder, SeriesLimits
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, is_stale
 
@@ -96,6 +97,10 @@ def test_snappy_problems_are_clear_errors():
 def test_fuzz_decoder_raises_only_remote_write_error(raw):
     with contextlib.suppress(RemoteWriteError):
         decode_write_request(raw)
+    with contextlib.suppress(RemoteWriteError):  # native histograms collected, and remote write 2.0
+        decode_write_request(raw, histograms=HistogramBuilder())
+    with contextlib.suppress(RemoteWriteError):
+        decode_write_request_v2(raw, histograms=HistogramBuilder())
     with contextlib.suppress(RemoteWriteError):
         parse_remote_write(bytes(cramjam.snappy.compress_raw(raw)))
 
@@ -182,13 +187,14 @@ def test_app_answers_400_413_415_and_503_never_500(app_store):
     assert client.get("/healthz").status_code == 503
 
 
-def test_app_refuses_remote_write_2_so_senders_fall_back(app_store):
+def test_app_refuses_unknown_remote_write_messages_so_senders_fall_back(app_store):
+    # Remote write 2.0 is accepted (test_remote_write_histograms.py); any other proto= is a 415.
     client = Client(create_app(app_store))
-    v2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+    other = "application/x-protobuf;proto=io.prometheus.write.v3.Request"
     body = encode_write_request([({"__name__": "up"}, [(NOW, 1.0)])])
-    r = client.post("/api/v1/write", content=body, headers={"Content-Type": v2})
+    r = client.post("/api/v1/write", content=body, headers={"Content-Type": other})
     assert r.status_code == 415
-    assert "1.0" in r.json()["detail"]
+    assert "io.prometheus.write.v2.Request (2.0)" in r.json()["detail"]
     v1 = "application/x-protobuf;proto=prometheus.WriteRequest"
     assert client.post("/api/v1/write", content=body, headers={"Content-Type": v1}).status_code == 204
 

@@ -105,6 +105,52 @@ def _prompb():
 WriteRequest = _prompb()
 
 
+def _prompb_v2():
+    """io.prometheus.write.v2.Request from prompb/io/prometheus/write/v2/types.proto (field numbers as there)."""
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="ki_test_write_v2.proto", package="io.prometheus.write.v2", syntax="proto3"
+    )
+    base = WriteRequest.DESCRIPTOR.file  # Histogram and BucketSpan: the same messages, field for field
+    opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
+    for name in ("Sample", "BucketSpan", "Histogram"):
+        msg = fd.message_type.add()
+        msg.CopyFrom(next(m for m in _file_proto(base).message_type if m.name == name))
+        for f in msg.field:
+            if f.type_name.startswith(".prometheus."):
+                f.type_name = f.type_name.replace(".prometheus.", ".io.prometheus.write.v2.")
+    ts = fd.message_type.add(name="TimeSeries")
+    for fname, number, ftype, label, type_name in (
+        ("labels_refs", 1, F.TYPE_UINT32, rep, None),
+        ("samples", 2, F.TYPE_MESSAGE, rep, ".io.prometheus.write.v2.Sample"),
+        ("histograms", 3, F.TYPE_MESSAGE, rep, ".io.prometheus.write.v2.Histogram"),
+        ("created_timestamp", 6, F.TYPE_INT64, opt, None),
+    ):
+        f = ts.field.add(name=fname, number=number, type=ftype, label=label)
+        if type_name:
+            f.type_name = type_name
+    req = fd.message_type.add(name="Request")
+    req.field.add(name="symbols", number=4, type=F.TYPE_STRING, label=rep)
+    req.field.add(
+        name="timeseries",
+        number=5,
+        type=F.TYPE_MESSAGE,
+        label=rep,
+        type_name=".io.prometheus.write.v2.TimeSeries",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("io.prometheus.write.v2.Request"))
+
+
+def _file_proto(file_descriptor):
+    out = descriptor_pb2.FileDescriptorProto()
+    file_descriptor.CopyToProto(out)
+    return out
+
+
+RequestV2 = _prompb_v2()
+
+
 def _request() -> bytes:
     req = WriteRequest()
     ts = req.timeseries.add()
@@ -317,3 +363,92 @@ def test_relabelling_applies_to_histogram_series_as_to_float_ones():
     assert rows[0]["positive_buckets"] == (2.0, 1.0, 1.0, 2.0, 3.0)
     assert rows[1]["positive_buckets"] == (4.25, 3.0)
     assert r.dropped_samples == 1
+
+
+def _request_v2() -> bytes:
+    req = RequestV2()
+    req.symbols.extend(["", "__name__", "kernel_duration_seconds", "kernel", "gemm", "up", "job", "x"])
+    ts = req.timeseries.add(labels_refs=[1, 2, 3, 4], created_timestamp=NOW - 60_000)
+    h = ts.histograms.add(
+        count_int=12,
+        sum=0.0425,
+        schema=3,
+        zero_threshold=1e-128,
+        zero_count_int=2,
+        reset_hint=2,
+        timestamp=NOW,
+    )
+    h.positive_spans.add(offset=-3, length=2)
+    h.positive_spans.add(offset=1, length=3)
+    h.positive_deltas.extend([2, -1, 0, 1, 1])
+    h.negative_spans.add(offset=0, length=1)
+    h.negative_deltas.extend([1])
+    f = ts.histograms.add(
+        count_float=7.75, sum=-1.25, schema=-1, zero_count_float=0.5, timestamp=NOW + 15_000
+    )
+    f.positive_spans.add(offset=0, length=2)
+    f.positive_counts.extend([4.25, 3.0])
+    up = req.timeseries.add(labels_refs=[1, 5, 6, 7])
+    up.samples.add(value=1.0, timestamp=NOW)
+    return req.SerializeToString()
+
+
+def test_remote_write_2_requests_decode_like_1_0_ones():
+    from kernel_insight.collector.remote_write import decode_write_request_v2
+
+    builder = HistogramBuilder()
+    floats = decode_write_request_v2(_request_v2(), histograms=builder)
+    rows = _rows(builder.build())
+    v1 = HistogramBuilder()
+    decode_write_request(_request(), histograms=v1)
+    assert rows == _rows(v1.build())[:2]  # the same two histograms as the 1.0 request's first series
+    assert [dict(floats.series[i]) for i in floats.series_idx.tolist()] == [{"__name__": "up", "job": "x"}]
+    bad = RequestV2()
+    bad.symbols.extend(["", "__name__"])
+    bad.timeseries.add(labels_refs=[1, 7]).samples.add(value=1.0, timestamp=NOW)
+    with pytest.raises(RemoteWriteError, match="label reference 7 past the 2 symbols"):
+        decode_write_request_v2(bad.SerializeToString())
+    odd = RequestV2()
+    odd.symbols.extend(["", "__name__", "up"])
+    odd.timeseries.add(labels_refs=[1, 2, 1]).samples.add(value=1.0, timestamp=NOW)
+    with pytest.raises(RemoteWriteError, match="not name/value pairs"):
+        decode_write_request_v2(odd.SerializeToString())
+
+
+def test_collector_takes_remote_write_2_and_says_what_it_wrote(tmp_path):
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        app = create_app(store)
+        headers = {
+            "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+            "Content-Encoding": "snappy",
+            "X-Prometheus-Remote-Write-Version": "2.0.0",
+        }
+
+        async def post(body: bytes) -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as c:
+                return await c.post("/api/v1/write", content=body, headers=headers)
+
+        r = asyncio.run(post(bytes(cramjam.snappy.compress_raw(_request_v2()))))
+        assert r.status_code == 204, r.text
+        assert r.headers["X-Prometheus-Remote-Write-Samples-Written"] == "1"
+        assert r.headers["X-Prometheus-Remote-Write-Histograms-Written"] == "2"
+        assert r.headers["X-Prometheus-Remote-Write-Exemplars-Written"] == "0"
+        got = store.query(
+            "SELECT metric, positive_counts, positive_float_counts FROM ki.histograms ORDER BY ts"
+        ).to_pylist()
+        assert got == [
+            {
+                "metric": "kernel_duration_seconds",
+                "positive_counts": [2, 1, 1, 2, 3],
+                "positive_float_counts": [],
+            },
+            {
+                "metric": "kernel_duration_seconds",
+                "positive_counts": [],
+                "positive_float_counts": [4.25, 3.0],
+            },
+        ]
+        assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 1
+    finally:
+        store.close()
