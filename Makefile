@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histstore bench-timeline bench-routing clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-timeline bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -80,6 +80,11 @@ bench-ui: build
 
 bench-histogram-core: build
 	$(PY) -m bench.histogram
+
+# Kernel histograms end to end: agent ns per kernel at 1M/s, VmHWM with 10k kernel names, wire
+# bytes per GPU-second at 100k/s (C producer -> ki-agent -> ki collector), kql quantile vs classic.
+bench-histogram: build
+	$(PY) -m bench.histogram.pipeline
 
 # Native histograms on disk: bytes per histogram sample for each codec choice (docs/storage.md).
 bench-histstore: build

@@ -146,6 +146,13 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "spool_write_errors": ("ki_agent_spool_write_errors_total", "counter", 1.0),
     "requests_sent": ("ki_agent_requests_sent_total", "counter", 1.0),
     "requests_failed": ("ki_agent_requests_failed_total", "counter", 1.0),
+    "kernels_aggregated": ("ki_agent_kernels_aggregated_total", "counter", 1.0),
+    "spans_tail": ("ki_agent_spans_tail_total", "counter", 1.0),
+    "spans_sampled": ("ki_agent_spans_sampled_total", "counter", 1.0),
+    "spans_captured": ("ki_agent_spans_captured_total", "counter", 1.0),
+    "histograms_shipped": ("ki_agent_histograms_shipped_total", "counter", 1.0),
+    "histogram_keys": ("ki_agent_histogram_keys", "gauge", 1.0),
+    "histogram_refused": ("ki_agent_histogram_refused_total", "counter", 1.0),
 }
 
 F64 = npt.NDArray[np.float64]

@@ -155,6 +155,13 @@ class Counter(enum.IntEnum):
     SPOOL_WRITE_ERRORS = 25
     REQUESTS_SENT = 26
     REQUESTS_FAILED = 27
+    KERNELS_AGGREGATED = 28  # 28 and later: sent only when not zero (histogram agents)
+    SPANS_TAIL = 29
+    SPANS_SAMPLED = 30
+    SPANS_CAPTURED = 31
+    HISTOGRAMS_SHIPPED = 32
+    HISTOGRAM_KEYS = 33
+    HISTOGRAM_REFUSED = 34
 
 
 @dataclass(frozen=True, slots=True)

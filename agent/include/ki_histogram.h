@@ -92,6 +92,7 @@ struct ki_histtab_stats {
     uint64_t bucket_refused; /* observations refused at schema -4 with max_buckets populated */
     uint64_t pool_refused;  /* observations refused because the bucket pool was spent */
     uint64_t bytes;         /* memory in use: records, hash, pool chunks handed out */
+    uint64_t compactions;   /* times the pool was compacted (free chunks reclaimed) */
 };
 
 struct ki_histtab;

@@ -408,6 +408,10 @@ class Simulator:
             host = hosts[gi]
             for spec in KERNELS["optimizer"]:
                 host, _end = self._kernel(g, host, spec)
+            # The next batch's inputs go host -> device, the loss comes back (memcpy_bytes); sizes
+            # from the step count, not the generator, so the rest of the stream stays as it was.
+            self._memop(g, host, MemopKind.MEMCPY, 0, (8 << 20) << (self._coll_seq % 3))
+            self._memop(g, host, MemopKind.MEMCPY, 0, 4)
             done = max(g.compute_free, g.comm_free)
             waited = max(0, done - host)
             w = g.ring

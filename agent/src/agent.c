@@ -32,7 +32,7 @@
 #define BACKLOG_SEAL_NS NS_PER_S /* while a backlog waits, a batch gathers up to this long (fewer, larger batches) */ /* after a refused request of several batches, send one per request this long */
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
 #define SECTION_HISTOGRAMS 0x04u
-#define HIST_SECTION_MAX (256u << 10) /* bytes of histograms per batch; more go in the next batches */
+#define HIST_SECTION_MAX (64u << 10) /* bytes of histograms per batch (more go in the next ones): small bodies keep the buffers small */
 
 /* One batch of the request in flight. */
 struct ki_flight {

@@ -46,6 +46,9 @@ struct ki_histtab {
     uint32_t nclasses;
     uint32_t class_cap[MAX_CLASSES];
     uint64_t free_head[MAX_CLASSES]; /* offset + 1 of a free chunk (its first 8 bytes link the next), 0: none */
+    size_t free_bytes;   /* bytes of the chunks on free lists */
+    uint64_t *order;     /* compaction scratch: (chunk offset << 24 | slot) per histogram */
+    uint64_t compactions;
     uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes;
 };
 
@@ -133,7 +136,8 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     t->hash = calloc(hsize, sizeof *t->hash);
     t->recs = calloc(cfg->max_keys, sizeof *t->recs);
     t->pool = calloc(1, t->pool_bytes); /* zero pages: touched only as chunks are handed out */
-    if (!t->hash || !t->recs || !t->pool) {
+    t->order = calloc(cfg->max_keys, sizeof *t->order); /* touched only by a compaction */
+    if (!t->hash || !t->recs || !t->pool || !t->order) {
         ki_histtab_destroy(t);
         errno = ENOMEM;
         return NULL;
@@ -147,6 +151,7 @@ void ki_histtab_destroy(struct ki_histtab *t) {
     free(t->hash);
     free(t->recs);
     free(t->pool);
+    free(t->order);
     free(t);
 }
 
@@ -158,6 +163,34 @@ static uint64_t *rec_counts(const struct ki_histtab *t, const struct ki_hist *h)
     return (uint64_t *)(void *)(t->pool + h->chunk + keys_bytes(h->cap));
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Slide every histogram's chunk down over the free ones, in pool order, so the pool's touched
+ * part is what histograms hold: without it the chunks histograms outgrew stay on free lists
+ * nobody takes when every key grows at once (about half the pool). Moves memory, allocates
+ * nothing; run when the free lists hold a quarter of the pool. */
+static void compact(struct ki_histtab *t) {
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < t->used; s++)
+        if (t->recs[s].cap) t->order[n++] = t->recs[s].chunk << 24 | s;
+    qsort(t->order, n, sizeof *t->order, cmp_u64);
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct ki_hist *h = &t->recs[t->order[i] & 0xFFFFFF];
+        size_t bytes = chunk_bytes(h->cap);
+        if (h->chunk != off) memmove(t->pool + off, t->pool + h->chunk, bytes);
+        h->chunk = off;
+        off += bytes;
+    }
+    t->pool_used = off;
+    t->free_bytes = 0;
+    memset(t->free_head, 0, sizeof t->free_head);
+    t->compactions++;
+}
+
 /* Move h's buckets to a chunk of the next class. Returns 0, or -ENOBUFS when the pool is spent. */
 static int grow(struct ki_histtab *t, struct ki_hist *h) {
     uint32_t c = 0;
@@ -165,9 +198,13 @@ static int grow(struct ki_histtab *t, struct ki_hist *h) {
     if (c == t->nclasses) return -ENOBUFS;
     uint32_t cap = t->class_cap[c];
     size_t off;
+    if (!t->free_head[c] && t->free_bytes >= chunk_bytes(cap) && t->free_bytes * 4 >= t->pool_used &&
+        t->used <= 0xFFFFFF)
+        compact(t); /* the free chunks are of other sizes: reclaim them before the pool grows */
     if (t->free_head[c]) {
         off = t->free_head[c] - 1;
         memcpy(&t->free_head[c], t->pool + off, sizeof t->free_head[c]);
+        t->free_bytes -= chunk_bytes(cap);
     } else {
         if (t->pool_bytes - t->pool_used < chunk_bytes(cap)) return -ENOBUFS;
         off = t->pool_used;
@@ -181,6 +218,7 @@ static int grow(struct ki_histtab *t, struct ki_hist *h) {
         uint64_t link = t->free_head[old];
         memcpy(t->pool + h->chunk, &link, sizeof link);
         t->free_head[old] = h->chunk + 1;
+        t->free_bytes += chunk_bytes(h->cap);
     }
     h->chunk = off;
     h->cap = cap;
@@ -439,4 +477,5 @@ void ki_histtab_stats(const struct ki_histtab *t, struct ki_histtab_stats *out) 
     out->bucket_refused = t->bucket_refused;
     out->pool_refused = t->pool_refused;
     out->bytes = t->bytes + t->pool_used;
+    out->compactions = t->compactions;
 }

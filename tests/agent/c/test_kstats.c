@@ -199,6 +199,49 @@ static void units(void) {
     CHECK(parts >= 2);
     free(buf);
     ki_kstats_destroy(ks);
+    /* 7. Every key grows at once (8 -> 16 -> 32 -> 64 slots): the pool is compacted, and every
+     * histogram still holds exactly its observations. */
+    {
+        struct ki_histogram_config hc = {.schema = 3, .zero_threshold = KI_HISTOGRAM_DEFAULT_ZERO_THRESHOLD,
+                                         .max_buckets = 160, .max_keys = 2000};
+        struct ki_histtab *t = ki_histtab_create(&hc);
+        CHECK(t != NULL);
+        for (int b = 0; b < 40; b++)
+            for (uint32_t k = 0; k < 2000; k++) {
+                struct ki_histogram_key key = {k, 0, 1, k, 1, KI_HIST_KERNEL, 0};
+                CHECK_EQ(ki_histtab_observe(t, &key, 1e-6 * pow(1.1, b) * (1 + k % 7)), 0);
+            }
+        struct ki_histtab_stats hs;
+        ki_histtab_stats(t, &hs);
+        CHECK(hs.compactions > 0);
+        static struct ki_histogram_span sp[1024], sn[1024];
+        static int64_t dp[1024], dn[1024];
+        CHECK(ki_histtab_export_room(t) <= 1024);
+        for (uint32_t k = 0; k < 2000; k++) {
+            struct ki_histogram_key key = {k, 0, 1, k, 1, KI_HIST_KERNEL, 0};
+            int s = ki_histtab_find(t, &key);
+            CHECK(s >= 0);
+            struct ki_histogram_export e = {.pos_spans = sp, .neg_spans = sn, .pos_deltas = dp, .neg_deltas = dn};
+            CHECK_EQ(ki_histtab_export(t, (uint32_t)s, &e), 0);
+            CHECK_EQ(e.count, 40);
+            int32_t idx = 0, want[40];
+            for (int b = 0; b < 40; b++) want[b] = ki_histogram_index(1e-6 * pow(1.1, b) * (1 + k % 7), 3);
+            int got = 0, d = 0;
+            int64_t c = 0;
+            for (uint32_t i = 0; i < e.n_pos_spans; i++) {
+                idx = i ? idx + sp[i].offset : sp[i].offset;
+                for (uint32_t j = 0; j < sp[i].length; j++, idx++) {
+                    c += dp[d++];
+                    if (c == 0) continue; /* a filled gap */
+                    CHECK_EQ(c, 1);
+                    CHECK_EQ(idx, want[got]);
+                    got++;
+                }
+            }
+            CHECK_EQ(got, 40);
+        }
+        ki_histtab_destroy(t);
+    }
     /* 6. Bad settings. */
     cfg = config(0, 0);
     cfg.section_max = 100;

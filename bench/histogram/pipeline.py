@@ -1,0 +1,186 @@
+"""make bench-histogram: kernel histograms on the path users run (issue 14).
+
+Real processes on loopback: the C kernel producer (kernel_producer.c) writes long-tailed
+KERNEL records into a ring, the real ki-agent (histograms on, its defaults) aggregates them
+and ships histograms and kept spans to a real ``ki collector``. Three agent runs:
+
+- ``ns_per_kernel``: agent CPU time (utime + stime from /proc) while the producer writes
+  1M kernels/s over 100 kernel names for ``--seconds``, divided by the kernels written.
+- ``hwm_kb``: the agent's VmHWM after 10,000 distinct kernel names (2M kernels, as fast as the
+  ring takes them).
+- ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
+  per batch, from the agent's own counters as the collector stored them) per second at 100k
+  kernels/s over 100 names for ``--seconds``; ``hist_only`` the same without kept spans
+  (--span-sample-rate 0 --span-tail-rate 0).
+
+Then kql: ``histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))`` as
+a range query over 1 h at 15 s on 1,000 kernel histograms (in-process engine over
+MemoryStorage), against the same on classic ``_bucket`` series of the same data.
+Ends with one ``BENCH histogram ...`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["main"]
+
+
+def _agent_binary() -> Path:
+    return REPO / "agent" / "bin" / "ki-agent"
+
+
+def _cpu_ns(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
+
+
+def _start_collector(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp / "data"),
+         "--keys", str(tmp / "keys.json"), "--tokens", str(tmp / "tokens.json"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if "listening on " not in line:
+        raise RuntimeError(f"collector did not start: {line}")
+    return proc, line.split("listening on ")[1].strip()
+
+
+class _Run:
+    """One ring, one enrolled agent, one collector store under ``tmp``."""
+
+    def __init__(self, tmp: Path, producer: Path, name: str, *agent_args: str) -> None:
+        from kernel_insight.agent.ring import Ring
+        from kernel_insight.collector.keys import KeyStore
+
+        self.tmp, self.producer = tmp, producer
+        self.ring_name = f"/ki_bench_hist.{os.getpid()}.{name}"
+        KeyStore(tmp / "keys.json").add_agent(name).write_key_file(tmp / "agent.key")
+        with contextlib.suppress(OSError):
+            Ring.unlink(self.ring_name)
+        self.ring = Ring.create(self.ring_name, capacity=1 << 16)
+        self.collector, url = _start_collector(tmp)
+        self.agent = subprocess.Popen(
+            [str(_agent_binary()), "--ring", self.ring_name, "--collector", url, "--key-file", str(tmp / "agent.key"),
+             "--spool-dir", str(tmp / "spool"), "--shutdown-timeout-s", "60", "--log-level", "warn", *agent_args],
+        )  # fmt: skip
+
+    def produce(self, count: int, kernels: int, rate: int) -> float:
+        t = time.monotonic()
+        subprocess.run(
+            [str(self.producer), self.ring_name, str(count), str(kernels), str(rate), "1"],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        return time.monotonic() - t
+
+    def finish(self) -> dict[str, float]:
+        """Stop agent and collector; the agent's last counters as stored."""
+        from kernel_insight.agent.ring import Ring
+        from kernel_insight.collector.store import EmbeddedStore
+
+        self.agent.send_signal(signal.SIGTERM)
+        self.agent.wait(120)
+        self.collector.send_signal(signal.SIGTERM)
+        self.collector.communicate(timeout=120)
+        self.ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(self.ring_name)
+        store = EmbeddedStore(self.tmp / "data")
+        try:
+            rows = store.query(
+                "SELECT metric, argMax(value, ts) AS v FROM ki.samples WHERE metric LIKE 'ki_agent_%' GROUP BY metric"
+            ).to_pylist()
+        finally:
+            store.close()
+        return {r["metric"]: float(r["v"]) for r in rows}
+
+
+def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> float:
+    tmp = root / name
+    tmp.mkdir()
+    run = _Run(tmp, producer, name, *agent_args)
+    took = run.produce(100_000 * seconds, 100, 100_000)
+    c = run.finish()
+    frames = c.get("ki_agent_bytes_compressed_total", 0.0) + 80 * c.get("ki_agent_batches_sealed_total", 0.0)
+    return frames / took
+
+
+def agent_figures(seconds: int) -> dict[str, float]:
+    from bench.histogram.producer import build_producer
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        producer = build_producer(root)
+        # 1. CPU per kernel at 1M kernels/s.
+        (root / "cpu").mkdir()
+        run = _Run(root / "cpu", producer, "cpu")
+        time.sleep(0.5)
+        before = _cpu_ns(run.agent.pid)
+        took = run.produce(1_000_000 * seconds, 100, 1_000_000)
+        time.sleep(0.3)  # the last drain tick
+        used = _cpu_ns(run.agent.pid) - before
+        counters = run.finish()
+        out["ns_per_kernel"] = used / (1_000_000 * seconds)
+        out["achieved_kernels_per_s"] = 1_000_000 * seconds / took
+        out["aggregated"] = counters.get("ki_agent_kernels_aggregated_total", 0.0)
+        # 2. VmHWM with 10,000 kernel names.
+        (root / "hwm").mkdir()
+        run = _Run(root / "hwm", producer, "hwm", "--names-max", "16384", "--names-bytes", "1048576")
+        run.produce(2_000_000, 10_000, 0)
+        time.sleep(1.5)  # one histogram export of every key
+        out["hwm_kb"] = _hwm_kb(run.agent.pid)
+        counters = run.finish()
+        out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
+        # 3. Wire bytes per GPU-second at 100k kernels/s, with and without kept spans.
+        out["wire_bytes_per_gpu_s"] = _wire(root, producer, "wire", seconds)
+        out["hist_only_bytes_per_gpu_s"] = _wire(
+            root, producer, "histonly", seconds, "--span-sample-rate", "0", "--span-tail-rate", "0"
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=int, default=5, help="seconds of each paced producer run")
+    ap.add_argument("--skip-kql", action="store_true", help="only the agent figures")
+    a = ap.parse_args()
+    load = os.getloadavg()
+    figs = agent_figures(a.seconds)
+    q = {"quantile_ms": float("nan"), "classic_quantile_ms": float("nan")}
+    if not a.skip_kql:
+        from bench.histogram.quantile import quantile_figures
+
+        q = quantile_figures()
+    for k, v in {**figs, **q}.items():
+        print(f"{k}: {v:.1f}")
+    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"BENCH histogram ns_per_kernel={figs['ns_per_kernel']:.1f} hwm_kb={figs['hwm_kb']:.0f}"
+        f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
+        f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
+        f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f} load1={load[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""bench-histogram's kql part: histogram_quantile over native histograms against classic buckets.
+
+1,000 kernels, one hour at 15 s (241 samples each): cumulative native histograms (schema 3,
+each step adding 1,000 long-tailed durations drawn from the kernel's own distribution) and the
+same observations as classic ``_bucket`` series (le = powers of two from 1 us to 1 s and +Inf,
+which are native bucket bounds, so both hold the same counts). Timed: the range query
+``histogram_quantile(0.99, sum by (kernel) (rate(...[5m])))`` over the hour at 15 s, through
+the in-process kql engine over MemoryStorage (the ClickHouse read side of native histograms
+is histstore's), best of ``repeats``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.engine import Engine
+    from kernel_insight.kql.storage import MemoryStorage
+
+__all__ = ["quantile_figures"]
+
+KERNELS = 1000
+STEPS = 241  # 1 h at 15 s, both ends
+STEP_MS = 15_000
+PER_STEP = 1000
+LES = [2.0**k for k in range(-20, 1)]  # 0.95 us .. 1 s
+
+
+def _storages() -> tuple[MemoryStorage, MemoryStorage]:
+    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.storage import MemoryStorage
+
+    rng = np.random.default_rng(14)
+    native, classic = MemoryStorage(), MemoryStorage()
+    ts = np.arange(STEPS, dtype=np.int64) * STEP_MS
+    for k in range(KERNELS):
+        pool = rng.lognormal(np.log(20e-6 * (1 + k % 16)), 0.5, 20_000)
+        strag = rng.random(pool.size) < 0.005  # stragglers: a Pareto tail
+        pool[strag] *= 1 + rng.pareto(1.3, int(strag.sum()))
+        base = FloatHistogram.from_observations(pool, 3)
+        probs = np.asarray(base.positive_buckets) / base.count
+        # per step, the bucket counts of PER_STEP new observations; cumulative over the hour
+        counts = np.cumsum(rng.multinomial(PER_STEP, probs, size=STEPS), axis=0).astype(np.float64)
+        mean = base.sum / base.count
+        hs = [
+            FloatHistogram(
+                schema=3,
+                count=float(row.sum()),
+                sum=float(row.sum()) * mean,
+                positive_spans=base.positive_spans,
+                positive_buckets=tuple(row.tolist()),
+            )
+            for row in counts
+        ]
+        labels = {"kernel": f"kernel_{k}", "gpu": "0"}
+        native.add_histograms({"__name__": "kernel_duration_seconds", **labels}, ts, hs)
+        # classic: le = 2^j, a native bound at schema 3 (every 8th bucket index)
+        idx = _indexes(base.positive_spans)
+        upper = 2.0 ** (idx / 8.0)
+        for le in [*LES, float("inf")]:
+            sel = upper <= le * (1 + 1e-12)
+            classic.add(
+                {
+                    "__name__": "kernel_duration_seconds_bucket",
+                    "le": "+Inf" if le == float("inf") else repr(le),
+                    **labels,
+                },
+                ts,
+                counts[:, sel].sum(axis=1),
+            )
+    return native, classic
+
+
+def _indexes(spans: tuple[tuple[int, int], ...]) -> npt.NDArray[np.float64]:
+    out: list[int] = []
+    i = 0
+    for n, (off, length) in enumerate(spans):
+        i = off if n == 0 else i + off
+        out.extend(range(i, i + length))
+        i += length
+    return np.asarray(out, dtype=np.float64)
+
+
+def _time(engine: Engine, query: str, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        r = engine.range_query(query, 0, (STEPS - 1) * STEP_MS, STEP_MS)
+        best = min(best, time.perf_counter() - t)
+        n = len(getattr(r.value, "series", ()))
+        if n != KERNELS:
+            raise RuntimeError(f"{query}: {n} series, expected {KERNELS}")
+    return best * 1000
+
+
+def quantile_figures(repeats: int = 2) -> dict[str, float]:
+    from kernel_insight.kql.engine import Engine, EngineLimits
+
+    native, classic = _storages()
+    limits = EngineLimits(timeout_s=1800.0)  # measured, not bounded: the default 30 s is a server's limit
+    return {
+        "quantile_ms": _time(
+            Engine(native, limits),
+            "histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))",
+            repeats,
+        ),
+        "classic_quantile_ms": _time(
+            Engine(classic, limits),
+            "histogram_quantile(0.99, sum by (kernel, le) (rate(kernel_duration_seconds_bucket[5m])))",
+            repeats,
+        ),
+    }
+
+
+if __name__ == "__main__":
+    for k, v in quantile_figures(1).items():
+        print(f"{k}: {v:.1f}")
