@@ -162,10 +162,16 @@ class ClickHouseStorage:
             if full_lo <= day <= full_hi:
                 continue
             window = self._window(max(lo, day * _MS_PER_DAY), min(hi, (day + 1) * _MS_PER_DAY - 1))
-            # Histogram series have their samples in the histograms table (docs/storage.md).
+            # Histogram series have their samples in the histograms table (docs/storage.md); a store
+            # known to hold none reads as before.
+            hists = (
+                ""
+                if self._store.histogram_metrics() == frozenset()
+                else f" UNION ALL SELECT fingerprint FROM {self._histograms_table} WHERE {window}"
+            )
             parts.append(
                 f"(`date` = '{_date(day)}' AND fingerprint IN (SELECT fingerprint FROM {self._samples_table} "
-                f"WHERE {window} UNION ALL SELECT fingerprint FROM {self._histograms_table} WHERE {window}))"
+                f"WHERE {window}{hists}))"
             )
         return " OR ".join(parts)
 

@@ -191,3 +191,26 @@ def test_every_back_end_writes_and_reads_histograms_alike(backend, tmp_path):
                 got, want = _first_hint_unknown(got), _first_hint_unknown(want)
             assert got == want
         assert store.storage().label_values("gpu", [NAME], NOW + 100_000, NOW + 160_000) == ["0", "1"]
+
+
+def test_a_store_without_histograms_reads_labels_as_before(tmp_path):
+    with EmbeddedStore(tmp_path) as store:
+        s = SampleBuilder()
+        s.add({"__name__": "gpu_temp", "gpu": "0"}, NOW + 15_000, 61.0)
+        store.insert_batch("f:1", samples=s.build())
+        assert store.histogram_metrics() == frozenset()
+        seen: list[str] = []
+        query = store.query
+
+        def spy(sql, params=None):
+            seen.append(sql)
+            return query(sql, params)
+
+        store.query = spy  # type: ignore[method-assign]
+        storage = store.storage(use_cache=False)
+        assert storage.label_values("gpu", [], NOW + 1, NOW + 20_000) == ["0"]  # a partial day
+        assert storage.select([Matcher("__name__", "=", "gpu_temp")], NOW, NOW + 20_000)[
+            0
+        ].values.tolist() == [61.0]
+        assert seen
+        assert not any("histograms" in sql for sql in seen)
