@@ -246,6 +246,7 @@ class Deriver:
     ) -> None:
         self.instance = instance
         self.labels = dict(labels or {})
+        self._enrolled = dict(self.labels)  # enrolment labels: they win over the agent's own
         self.strings = StringTable()
         self.stats = DROP_STATS if stats is None else stats
         self._names: dict[tuple[int, int], str] = {}
@@ -347,6 +348,17 @@ class Deriver:
     def _with_label(self, metric: str, label: str, value: str) -> Callable[[tuple[int, ...]], Labels]:
         """Labels of a (gpu,) key row with one fixed extra label."""
         return lambda g: self._labels(metric, g[0], **{label: value})
+
+    def set_agent_labels(self, labels: Mapping[str, str]) -> None:
+        """The labels of the agent's configuration (its batches' LABELS section), under the
+        enrolment labels, which win: an operator's enrolment overrides what a node says of itself.
+        Series derived from now on carry them (a changed set starts new series, as in Prometheus)."""
+        merged = {**labels, **self._enrolled}
+        if "simulated" in self.labels:
+            merged["simulated"] = self.labels["simulated"]
+        if merged != self.labels:
+            self.labels = merged
+            self._forget_labels()
 
     def _forget_labels(self) -> None:
         self._label_cache.clear()

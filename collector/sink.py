@@ -8,6 +8,7 @@ written in groups with other requests' rows by a :class:`~kernel_insight.collect
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,6 +17,7 @@ from concurrent.futures import Future
 from kernel_insight.collector.batcher import Batcher, Ticket
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.ingest import counter_name
+from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
 from kernel_insight.collector.rows import Labels
 from kernel_insight.collector.store import StorageError, Store
 from kernel_insight.collector.wire import DecodedBatch
@@ -79,6 +81,8 @@ class StoreSink:
         if queued is not None:
             return queued.answer()
         with lock:
+            if batch.labels is not None:
+                _apply_agent_labels(deriver, batch.labels)
             before = deriver.checkpoint()
             try:
                 derived = deriver.derive(
@@ -134,3 +138,17 @@ class StoreSink:
     def close(self) -> None:
         """Write what is queued and stop the batcher; safe twice."""
         self.batcher.shutdown()
+
+
+log = logging.getLogger(__name__)
+
+
+def _apply_agent_labels(deriver: Deriver, labels: tuple[tuple[str, str], ...]) -> None:
+    """The agent's configured labels, under the enrolment rules; labels that break them are
+    ignored with a warning rather than refusing the batch: its data is still good."""
+    try:
+        checked = check_instance_labels(dict(labels))
+    except KeyStoreError as exc:
+        log.warning("instance %s: the agent's configured labels are ignored: %s", deriver.instance, exc)
+        return
+    deriver.set_agent_labels(checked)

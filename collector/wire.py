@@ -98,6 +98,10 @@ SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
 SECTION_CAPTURES = 0x03
 SECTION_HISTOGRAMS = 0x04  # version 2 bodies only
+SECTION_LABELS = 0x05  # any body version; only agents configured with labels send it
+#: Labels one LABELS section may carry, and the longest name and value (bytes) it may hold.
+MAX_AGENT_LABELS = 16
+MAX_AGENT_LABEL_BYTES = 1024
 SECTION_RECORDS = 0x10
 #: Capture windows one CAPTURES section may report on.
 MAX_CAPTURES = 64
@@ -432,6 +436,7 @@ class DecodedBatch:
     captures: tuple[CaptureReport, ...] = ()
     body_version: int = BODY_VERSION
     histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2 body
+    labels: tuple[tuple[str, str], ...] | None = None  # the agent's configured instance labels (LABELS)
 
     @property
     def batch_id(self) -> BatchId:
@@ -648,6 +653,8 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
             _decode_strings(sec, batch, limits)
         elif tag == SECTION_CAPTURES:
             batch.captures = _decode_captures(sec)
+        elif tag == SECTION_LABELS:
+            batch.labels = _decode_labels(sec)
         elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
             batch.arrays[tag - SECTION_RECORDS] = _decode_records(sec, tag - SECTION_RECORDS, header, limits)
         elif tag == SECTION_HISTOGRAMS and version == BODY_VERSION_HISTOGRAMS:
@@ -706,6 +713,36 @@ def _decode_captures(r: _Reader) -> tuple[CaptureReport, ...]:
             )
         out.append(CaptureReport(f"{cid:016x}", gpu, start, end, spans, bool(final)))
     return tuple(out)
+
+
+def _decode_labels(r: _Reader) -> tuple[tuple[str, str], ...]:
+    """The section's shape only: whether the labels are acceptable is the collector's call
+    (sink.StoreSink applies the enrolment rules and ignores labels that break them)."""
+    k = r.varint()
+    if not 1 <= k <= MAX_AGENT_LABELS:
+        raise MalformedBatch(f"{k} labels (1..{MAX_AGENT_LABELS})")
+    out = []
+    for _ in range(k):
+        pair = []
+        for what in ("name", "value"):
+            n = r.varint()
+            if not 1 <= n <= MAX_AGENT_LABEL_BYTES:
+                raise MalformedBatch(f"label {what} of {n} bytes (1..{MAX_AGENT_LABEL_BYTES})")
+            try:
+                pair.append(bytes(r.take(n)).decode("utf-8"))
+            except UnicodeDecodeError:
+                raise MalformedBatch(f"label {what} is not UTF-8") from None
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
+def _encode_labels(labels: Sequence[tuple[str, str]]) -> bytes:
+    out = bytearray(_varint(len(labels)))
+    for name, value in labels:
+        for text in (name, value):
+            raw = text.encode()
+            out += _varint(len(raw)) + raw
+    return bytes(out)
 
 
 def _encode_captures(reports: Sequence[CaptureReport]) -> bytes:
@@ -780,9 +817,11 @@ def encode_body(
     *,
     body_version: int = BODY_VERSION,
     histograms: bytes | None = None,
+    labels: Sequence[tuple[str, str]] = (),
 ) -> bytes:
     """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined);
-    ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, version 2)."""
+    ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, version 2);
+    ``labels`` the agent's configured instance labels (a LABELS section)."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
     if histograms is not None and body_version != BODY_VERSION_HISTOGRAMS:
@@ -803,6 +842,8 @@ def encode_body(
         out += _section(SECTION_STRINGS, bytes(s))
     if captures:
         out += _section(SECTION_CAPTURES, _encode_captures(captures))
+    if labels:
+        out += _section(SECTION_LABELS, _encode_labels(labels))
     types = records["type"]
     for t in np.unique(types).tolist():
         if t not in _PAYLOAD:
@@ -860,6 +901,7 @@ def encode_batch(
     body_version: int = BODY_VERSION,
     histograms: bytes | None = None,
     histograms_ts_ns: int = 0,
+    labels: Sequence[tuple[str, str]] = (),
 ) -> bytes:
     """Encode and seal one batch; the time range is taken from the records (or now_ns if none)
     and, with ``histograms`` (a HISTOGRAMS section stamped ``histograms_ts_ns``), covers it too."""
@@ -869,7 +911,9 @@ def encode_batch(
         times.append(histograms_ts_ns)
     t_min, t_max = (min(times), max(times)) if times else (now_ns, now_ns)
     return seal_body(
-        encode_body(arr, strings, counters, captures, body_version=body_version, histograms=histograms),
+        encode_body(
+            arr, strings, counters, captures, body_version=body_version, histograms=histograms, labels=labels
+        ),
         agent_id=agent_id,
         key_id=key_id,
         key=key,

@@ -33,6 +33,8 @@ from kernel_insight.sdk._memory import ModelCatalog, ModelMetadataError, ModelSp
 from kernel_insight.sdk._models import (
     Fingerprint,
     HealthSnapshot,
+    Histogram,
+    HistogramBucket,
     Instance,
     NcclLatency,
     QueryResult,
@@ -80,6 +82,8 @@ __all__ = [
     "Fingerprint",
     "HealthClient",
     "HealthSnapshot",
+    "Histogram",
+    "HistogramBucket",
     "Instance",
     "KernelInsightError",
     "KernelSummary",

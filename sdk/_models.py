@@ -15,6 +15,8 @@ from typing import Any
 __all__ = [
     "Fingerprint",
     "HealthSnapshot",
+    "Histogram",
+    "HistogramBucket",
     "Instance",
     "NcclLatency",
     "QueryResult",
@@ -150,39 +152,59 @@ def _value(text: Any) -> float:
     return float(text) if not isinstance(text, str) else float(text.replace("Inf", "inf"))
 
 
-def _histogram(h: Mapping[str, Any]) -> dict[str, Any]:
-    """A native histogram of the query API (``{"count", "sum", "buckets"}``, numbers as strings)
-    with the numbers parsed: ``buckets`` are ``(boundary rule, lower, upper, count)``, the rule
-    0 for ``(lower, upper]``, 1 ``[lower, upper)``, 2 ``(lower, upper)``, 3 ``[lower, upper]``."""
-    return {
-        "count": _value(h["count"]),
-        "sum": _value(h["sum"]),
-        "buckets": [(int(b[0]), _value(b[1]), _value(b[2]), _value(b[3])) for b in h.get("buckets", ())],
-    }
+@dataclass(frozen=True, slots=True)
+class HistogramBucket:
+    """One bucket of a native histogram as the Prometheus API gives it: ``count`` observations
+    between ``lower`` and ``upper``; ``boundary_rule`` says which ends are inclusive (0: upper
+    only, 1: lower only, 2: neither, 3: both; the zero bucket is 3)."""
+
+    boundary_rule: int
+    lower: float
+    upper: float
+    count: float
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A native-histogram sample value (Prometheus' ``histogram`` in query results)."""
+
+    count: float
+    sum: float
+    buckets: tuple[HistogramBucket, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Histogram:
+        return cls(
+            _value(raw["count"]),
+            _value(raw["sum"]),
+            tuple(
+                HistogramBucket(int(b[0]), _value(b[1]), _value(b[2]), _value(b[3]))
+                for b in raw.get("buckets") or ()
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One instant-vector element (or a scalar, with no labels): ``timestamp`` in unix seconds.
 
-    A native histogram sample has ``histogram`` (count, sum, buckets) and a NaN ``value``.
-    """
+    A native-histogram sample has its value in ``histogram`` and NaN in ``value``."""
 
     labels: Mapping[str, str]
     timestamp: float
     value: float
-    histogram: Mapping[str, Any] | None = None
+    histogram: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Series:
     """One range-vector series: ``timestamps`` (unix seconds) and ``values`` as ``array('d')``;
-    native histogram points apart, as ``(timestamp, histogram)`` pairs in ``histograms``."""
+    its native-histogram samples, if any, in ``histograms`` as (unix seconds, value) pairs."""
 
     labels: Mapping[str, str]
     timestamps: array[float]
     values: array[float]
-    histograms: tuple[tuple[float, Mapping[str, Any]], ...] = ()
+    histograms: tuple[tuple[float, Histogram], ...] = ()
 
     def __len__(self) -> int:
         return len(self.values)
@@ -220,7 +242,10 @@ class QueryResult:
                 Sample(dict(r["metric"]), float(r["value"][0]), _value(r["value"][1]))
                 if "value" in r
                 else Sample(
-                    dict(r["metric"]), float(r["histogram"][0]), math.nan, _histogram(r["histogram"][1])
+                    dict(r["metric"]),
+                    float(r["histogram"][0]),
+                    math.nan,
+                    Histogram.from_json(r["histogram"][1]),
                 )
                 for r in result
             )
@@ -229,9 +254,9 @@ class QueryResult:
             series = tuple(
                 Series(
                     dict(r["metric"]),
-                    array("d", (float(t) for t, _ in r.get("values", ()))),
-                    array("d", (_value(v) for _, v in r.get("values", ()))),
-                    tuple((float(t), _histogram(h)) for t, h in r.get("histograms", ())),
+                    array("d", (float(t) for t, _ in r.get("values") or ())),
+                    array("d", (_value(v) for _, v in r.get("values") or ())),
+                    tuple((float(t), Histogram.from_json(h)) for t, h in r.get("histograms") or ()),
                 )
                 for r in result
             )

@@ -49,6 +49,7 @@ struct ki_config {
     int64_t span_tail_rate;           /* most tail kernel spans kept per second */
     int64_t span_tail_permille;       /* spans above this quantile (per mille) of their kernel are tail */
     char log_level[KI_CONFIG_STR];    /* debug, info, warn, error */
+    char labels[KI_CONFIG_PATH];      /* instance labels "k=v,k2=v2" sent with every batch (ki_labels.h) */
     char config_file[KI_CONFIG_PATH]; /* the config file read, if any */
 };
 

@@ -14,6 +14,7 @@
 #include <sodium.h>
 
 #include "ki_capture.h"
+#include "ki_labels.h"
 #include "ki_compress.h"
 #include "ki_drain.h"
 #include "ki_encode.h"
@@ -96,6 +97,7 @@ struct ki_agent {
     uint64_t rng;                /* xorshift state for jitter */
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
     uint64_t lost_records;       /* records in them */
+    struct ki_labels labels;     /* the configuration's instance labels, sent in every batch (LABELS) */
     struct ki_captures caps;     /* capture windows the collector asked for: their kernel spans bypass span
                                     sampling (ki_captures_covers), batches report on them (CAPTURES) */
     char ring_name[300];         /* shm name */
@@ -168,6 +170,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
     a->cfg = cfg;
     a->log = log;
     a->rng = real_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    if (ki_labels_parse(&a->labels, cfg->labels, err, errlen) < 0) goto fail;
     if (ki_seal_load_key(&a->seal, cfg->key_file, err, errlen) < 0) goto fail;
     int rc = mkdirs(cfg->spool_dir);
     if (rc < 0) {
@@ -216,7 +219,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
         }
         ki_encoder_reserve(a->enc, a->hist_cap);
     }
-    a->body_cap = ki_encoder_bound(a->enc) + KI_CAPTURE_SECTION_MAX;
+    a->body_cap = ki_encoder_bound(a->enc) + KI_CAPTURE_SECTION_MAX + a->labels.len;
     a->frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->body_cap) + KI_TAG_BYTES;
     a->body = malloc(a->body_cap);
     a->frame = malloc(a->frame_cap);
@@ -355,8 +358,9 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     }
     ki_captures_count(&a->caps, a->staging, n);
     int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,
-                            a->body_cap - KI_CAPTURE_SECTION_MAX, &blen, &info);
+                            a->body_cap - KI_CAPTURE_SECTION_MAX - a->labels.len, &blen, &info);
     if (rc == 0) blen += ki_captures_section(&a->caps, real_ns(), a->body + blen, a->body_cap - blen);
+    if (rc == 0) blen += ki_labels_section(&a->labels, a->body + blen, a->body_cap - blen);
     if (rc == 0)
         rc = ki_compress_run(a->zc, a->body, blen, a->frame + KI_HEADER_BYTES,
                              a->frame_cap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);

@@ -61,6 +61,7 @@ static const struct ki_config_entry ENTRIES[] = {
     INT(span_tail_rate, "500", 0, 10000000, "most kernel spans above their kernel's tail quantile shipped per second"),
     INT(span_tail_permille, "990", 500, 1000, "spans slower than this quantile of their kernel (per mille; 990: p99) are tail"),
     STR(log_level, "info", KI_CONFIG_STR, "debug, info, warn or error"),
+    STR(labels, "", KI_CONFIG_PATH, "instance labels k=v,k2=v2 (model, host, rack, ...) sent with every batch; enrolment labels win"),
 };
 #define NENTRIES (sizeof ENTRIES / sizeof ENTRIES[0])
 

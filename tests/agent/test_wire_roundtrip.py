@@ -202,3 +202,25 @@ def test_decoded_records_match_ring_decoder():
     arr = random_records(np.random.default_rng(10), 40, [1, 2, 3, 4, 5, 7, 8])
     batch = wire.decode_batch(_frame(arr), KEY)
     assert batch.records() == decode_records(arr.tobytes())
+
+
+def _header_for(body: bytes) -> wire.BatchHeader:
+    """A header for decode_body, which reads only its record count and time range."""
+    return wire.BatchHeader(b"\0" * 16, 1, 1, 0, 0, 0, 0, len(body), 0)
+
+
+def test_labels_section_round_trips_and_malformed_ones_are_refused():
+    empty = np.zeros(0, wire.RECORD_DTYPE)
+    body = wire.encode_body(empty, labels=[("model", "llama-70b"), ("rack", "ré")])
+    assert wire.decode_body(body, _header_for(body)).labels == (("model", "llama-70b"), ("rack", "ré"))
+    assert wire.decode_body(wire.encode_body(empty), _header_for(body)).labels is None
+    for section, reason in (
+        (b"\x00", "0 labels"),
+        (bytes([17]) + b"\x01a\x01b" * 17, "17 labels"),
+        (b"\x01\x00\x01b", "label name of 0 bytes"),
+        (b"\x01\x01a\x02\xff\xfe", "label value is not UTF-8"),
+        (b"\x01\x01a\x05b", "past the end"),
+    ):
+        bad = bytes([wire.BODY_VERSION, wire.SECTION_LABELS, len(section)]) + section
+        with pytest.raises(wire.MalformedBatch, match=reason):
+            wire.decode_body(bad, _header_for(bad))

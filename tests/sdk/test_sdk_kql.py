@@ -189,6 +189,7 @@ def test_native_histogram_results_are_parsed():
     """What ki collector sends for native histograms (kql's own encoder) comes back typed."""
     from kernel_insight.kql import Engine, MemoryStorage, prometheus_json_bytes
     from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.sdk import Histogram, HistogramBucket
 
     store = MemoryStorage()
     h = FloatHistogram(schema=0, count=3, sum=2.5, positive_spans=((0, 2),), positive_buckets=(1.0, 2.0))
@@ -208,11 +209,9 @@ def test_native_histogram_results_are_parsed():
     client, _ = kql(script)
     r = client.query("lat")
     by_job = {s.labels["job"]: s for s in r.samples}
-    assert by_job["a"].histogram == {
-        "count": 3.0,
-        "sum": 2.5,
-        "buckets": [(0, 0.5, 1.0, 1.0), (0, 1.0, 2.0, 2.0)],
-    }
+    assert by_job["a"].histogram == Histogram(
+        3.0, 2.5, (HistogramBucket(0, 0.5, 1.0, 1.0), HistogramBucket(0, 1.0, 2.0, 2.0))
+    )
     assert np.isnan(by_job["a"].value)
     assert by_job["b"].histogram is None
     assert by_job["b"].value == 2.0
@@ -220,6 +219,37 @@ def test_native_histogram_results_are_parsed():
     series = {s.labels["job"]: s for s in m.series}
     assert len(series["a"].values) == 0
     assert [t for t, _ in series["a"].histograms] == [0.0, 15.0]
-    assert series["a"].histograms[1][1]["count"] == 3.0
+    assert series["a"].histograms[1][1].count == 3.0
     assert list(series["b"].values) == [1.0, 2.0]
     assert series["b"].histograms == ()
+
+
+def test_native_histogram_results_are_typed_as_prometheus_writes_them():
+    # Prometheus' own JSON for a native histogram (web/api/v1 json codec): boundary rule, bounds, count.
+    h = {"count": "5", "sum": "0.0123", "buckets": [[3, "-0.001", "0.001", "1"], [0, "0.0025", "0.005", "4"]]}
+    from kernel_insight.sdk import Histogram, HistogramBucket, QueryResult
+
+    vector = QueryResult.from_json(
+        {"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"__name__": "kernel_duration_seconds"}, "histogram": [1700000000.5, h]},
+            {"metric": {"__name__": "up"}, "value": [1700000000.5, "1"]},
+        ]}}
+    )  # fmt: skip
+    hist, up = vector.samples
+    assert hist.histogram == Histogram(
+        5.0, 0.0123, (HistogramBucket(3, -0.001, 0.001, 1.0), HistogramBucket(0, 0.0025, 0.005, 4.0))
+    )
+    assert np.isnan(hist.value)
+    assert hist.timestamp == 1700000000.5
+    assert up.histogram is None
+    assert up.value == 1.0
+
+    matrix = QueryResult.from_json(
+        {"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"k": "mixed"}, "values": [[10, "1"]], "histograms": [[20, h], [30, h]]},
+        ]}}
+    )  # fmt: skip
+    (series,) = matrix.series
+    assert list(series.values) == [1.0]
+    assert [t for t, _ in series.histograms] == [20.0, 30.0]
+    assert series.histograms[1][1].count == 5.0
