@@ -4,16 +4,28 @@ library), served varint-delimited over HTTP on 127.0.0.1 as Prometheus scrapes i
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal.encoder import _VarintBytes
 
-__all__ = ["PROTO_TYPE", "MetricFamily", "delimited", "free_port", "serve"]
+__all__ = [
+    "PROTO_TYPE",
+    "MetricFamily",
+    "delimited",
+    "free_port",
+    "remote_write_config",
+    "serve",
+    "start_prometheus",
+    "stop_prometheus",
+]
 
 F = descriptor_pb2.FieldDescriptorProto
 PROTO_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
@@ -108,3 +120,49 @@ def serve(body: Callable[[], bytes]) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def remote_write_config(target: ThreadingHTTPServer, collector_url: str, token_file: Path) -> dict[str, Any]:
+    """Prometheus scraping ``target`` every second and remote-writing native histograms to ki collector."""
+    return {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "nh", "static_configs": [{"targets": [f"127.0.0.1:{target.server_address[1]}"]}]}
+        ],
+        "remote_write": [
+            {
+                "url": f"{collector_url}/api/v1/write",
+                "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+                "send_native_histograms": True,
+                "queue_config": {"batch_send_deadline": "1s"},
+            }
+        ],
+    }
+
+
+def start_prometheus(tmp_path: Path, config: dict[str, Any], port: int) -> subprocess.Popen[str]:
+    """Debian's ``prometheus`` with native histograms on, its TSDB in ``tmp_path/prom``, on 127.0.0.1."""
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))
+    return subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={path}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={tmp_path / 'prom'}",
+            "--enable-feature=native-histograms",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_prometheus(prom: subprocess.Popen[str]) -> None:
+    prom.terminate()
+    try:
+        prom.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        prom.kill()
+        prom.communicate(timeout=10)

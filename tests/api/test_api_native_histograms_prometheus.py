@@ -23,7 +23,15 @@ from typing import Any
 import httpx
 import pytest
 from collector_process import running_collector
-from native_histogram_exposition import MetricFamily, delimited, free_port, serve
+from native_histogram_exposition import (
+    MetricFamily,
+    delimited,
+    free_port,
+    remote_write_config,
+    serve,
+    start_prometheus,
+    stop_prometheus,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,33 +73,6 @@ class _Target:
         return delimited(mf)
 
 
-def _prometheus(tmp_path: Path, config: dict[str, Any], port: int) -> subprocess.Popen[str]:
-    path = tmp_path / "prometheus.yml"
-    path.write_text(json.dumps(config))
-    return subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={path}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--storage.tsdb.path={tmp_path / 'prom'}",
-            "--enable-feature=native-histograms",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _stop(prom: subprocess.Popen[str]) -> None:
-    prom.terminate()
-    try:
-        prom.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        prom.kill()
-        prom.communicate(timeout=10)
-
-
 def _data(client: httpx.Client, path: str, params: dict[str, str]) -> Any:
     r = client.get(path, params=params)
     assert r.status_code == 200, r.text
@@ -110,24 +91,7 @@ def test_query_results_with_native_histograms_equal_prometheus(tmp_path: Path) -
             cred.write_text(collector.ingest_token + "\n")
             cred.chmod(0o600)
             prom_port = free_port()
-            scrape = {
-                "global": {"scrape_interval": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "nh",
-                        "static_configs": [{"targets": [f"127.0.0.1:{server.server_address[1]}"]}],
-                    }
-                ],
-                "remote_write": [
-                    {
-                        "url": f"{collector.url}/api/v1/write",
-                        "authorization": {"type": "Bearer", "credentials_file": str(cred)},
-                        "send_native_histograms": True,
-                        "queue_config": {"batch_send_deadline": "1s"},
-                    }
-                ],
-            }
-            prom = _prometheus(tmp_path, scrape, prom_port)
+            prom = start_prometheus(tmp_path, remote_write_config(server, collector.url, cred), prom_port)
             auth = {"Authorization": f"Bearer {collector.read_token}"}
             with httpx.Client(base_url=collector.url, headers=auth, timeout=10) as ki:
                 # Wait for five histogram samples in ki collector (count_over_time sees histograms).
@@ -142,9 +106,9 @@ def test_query_results_with_native_histograms_equal_prometheus(tmp_path: Path) -
                 assert seen >= 5, (
                     f"no histograms reached ki collector in 90 s: {collector.stderr.read_text()[-2000:]}"
                 )
-                _stop(prom)
+                stop_prometheus(prom)
                 # Prometheus again on its own TSDB, without scraping: its API over the same samples.
-                prom = _prometheus(tmp_path, {"global": {"scrape_interval": "1s"}}, prom_port)
+                prom = start_prometheus(tmp_path, {"global": {"scrape_interval": "1s"}}, prom_port)
                 with httpx.Client(base_url=f"http://127.0.0.1:{prom_port}", timeout=10) as real:
                     deadline = time.monotonic() + 60
                     while True:
@@ -181,6 +145,6 @@ def test_query_results_with_native_histograms_equal_prometheus(tmp_path: Path) -
                         assert want["result"][0].get("histograms") or want["result"][0]["values"], query
     finally:
         if prom is not None and prom.poll() is None:
-            _stop(prom)
+            stop_prometheus(prom)
         server.shutdown()
         server.server_close()

@@ -8,9 +8,7 @@ metrics.proto, tests/native_histogram_exposition.py); Prometheus (Debian's 2.42)
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -18,7 +16,15 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 from collector_process import running_collector
-from native_histogram_exposition import MetricFamily, delimited, free_port, serve
+from native_histogram_exposition import (
+    MetricFamily,
+    delimited,
+    free_port,
+    remote_write_config,
+    serve,
+    start_prometheus,
+    stop_prometheus,
+)
 
 from kernel_insight.collector.store import EmbeddedStore
 
@@ -73,41 +79,7 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             cred.write_text(collector.ingest_token + "\n")
             cred.chmod(0o600)
             prom_port = free_port()
-            config = tmp_path / "prometheus.yml"
-            config.write_text(
-                json.dumps(
-                    {
-                        "global": {"scrape_interval": "1s"},
-                        "scrape_configs": [
-                            {
-                                "job_name": "nh",
-                                "static_configs": [{"targets": [f"127.0.0.1:{server.server_address[1]}"]}],
-                            }
-                        ],
-                        "remote_write": [
-                            {
-                                "url": f"{collector.url}/api/v1/write",
-                                "authorization": {"type": "Bearer", "credentials_file": str(cred)},
-                                "send_native_histograms": True,
-                                "queue_config": {"batch_send_deadline": "1s"},
-                            }
-                        ],
-                    }
-                )
-            )
-            prom = subprocess.Popen(
-                [
-                    "prometheus",
-                    f"--config.file={config}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    f"--storage.tsdb.path={tmp_path / 'prom'}",
-                    "--enable-feature=native-histograms",
-                    "--log.level=warn",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            prom = start_prometheus(tmp_path, remote_write_config(server, collector.url, cred), prom_port)
             # The collector's own counter of rows stored by table says when three samples landed.
             deadline = time.monotonic() + 90
             stored = 0.0
@@ -153,8 +125,7 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             assert len(mine["histograms"]) >= 3
             for t, h in mine["histograms"]:
                 assert h == by_time[t], (t, h, by_time.get(t))
-            prom.terminate()
-            prom.communicate(timeout=30)
+            stop_prometheus(prom)
             prom = None
         with EmbeddedStore(tmp_path / "data") as store:
             rows = store.query(
@@ -165,8 +136,7 @@ def test_real_prometheus_remote_writes_native_histograms(tmp_path):
             ).to_pylist()
     finally:
         if prom is not None:
-            prom.terminate()
-            prom.communicate(timeout=30)
+            stop_prometheus(prom)
         server.shutdown()
         server.server_close()
     assert len(rows) >= 3, rows
