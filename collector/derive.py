@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,6 @@ from kernel_insight.collector.rows import (
     MAX_TS_MS,
     Event,
     HistogramBatch,
-    HistogramBuilder,
     InstanceInfo,
     Labels,
     SampleBatch,
@@ -156,8 +156,14 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
 }
 
 F64 = npt.NDArray[np.float64]
+I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+
+
+def _cut(lengths: npt.NDArray[np.integer[Any]]) -> I32:
+    """Offsets (len + 1 entries from 0) of consecutive runs of ``lengths``: an Arrow list column's."""
+    return np.concatenate(([0], np.cumsum(lengths.astype(np.int64)))).astype(np.int32)
 
 
 def agent_metric_name(counter: str) -> tuple[str, float]:
@@ -595,68 +601,91 @@ class Deriver:
         and memcpy_bytes; kernel_launches_total and kernel_execution_time_seconds(_total) from the
         kernel histograms' growth since their last sample (docs/metrics.md).
 
-        The last count and sum of each kernel histogram are kept in the running totals under
-        keys no series has, so a batch that is not stored is undone with the counters.
+        Columnar: labels once per distinct key (cached like the records' series), bucket deltas
+        to absolute counts with one cumulative sum, so a section of thousands of histograms costs
+        a few numpy calls plus one dict step per kernel histogram for its counters. The last
+        count and sum of each kernel histogram are kept in the running totals under keys no
+        series has, so a batch that is not stored is undone with the counters.
         """
-        b = HistogramBuilder()
+        n = len(h)
         ts_ms = h.ts_ns // _NS_PER_MS
-        ps = np.concatenate(([0], np.cumsum(h.n_pos_spans))).astype(np.int64)
-        ns = np.concatenate(([0], np.cumsum(h.n_neg_spans))).astype(np.int64)
-        pd = np.concatenate(([0], np.cumsum(h.pos_span_length))).astype(np.int64)
-        nd = np.concatenate(([0], np.cumsum(h.neg_span_length))).astype(np.int64)
-        grown: dict[tuple[int, str], list[float]] = {}
-        for i in range(len(h)):
-            kind, gpu, ident = int(h.kind[i]), int(h.gpu[i]), int(h.id[i])
+
+        def labels_of(row: tuple[int, ...]) -> Labels:
+            kind, producer, ident, gpu, pid, stream = row
             if kind == HistKind.KERNEL:
-                producer, pid, stream = int(h.producer[i]), int(h.pid[i]), int(h.stream[i])
-                kernel = self._kernel_name(producer, ident)
-                extra = {"kernel": kernel, "pid": str(pid)}
+                extra = {"kernel": self._kernel_name(producer, ident), "pid": str(pid)}
                 if stream:
                     extra["stream"] = str(stream - 1)
-                labels = self._labels(KERNEL_DURATION_METRIC, gpu, **extra)
-                count, total = float(h.count[i]), float(h.sum[i])
-                key_c: Labels = (("__hist_count__", f"{epoch}/{producer}/{ident}/{gpu}/{pid}/{stream}"),)
-                key_s: Labels = (("__hist_sum__", key_c[0][1]),)
-                last_c, last_s = self._totals.get(key_c), self._totals.get(key_s, 0.0)
-                if last_c is None or count < last_c:  # first sample of this agent run, or a reset
-                    last_c, last_s = 0.0, 0.0
-                acc = grown.setdefault((gpu, kernel), [0.0, 0.0])
-                acc[0] += count - last_c
-                acc[1] += total - last_s
-                self._totals[key_c], self._totals[key_s] = count, total
-            elif kind == HistKind.NCCL:
-                labels = self._labels(NCCL_DURATION_METRIC, gpu, op=_kind(CollectiveOp, ident))
-            else:
-                labels = self._labels(MEMCPY_BYTES_METRIC, gpu)
-            p0, p1, n0, n1 = int(ps[i]), int(ps[i + 1]), int(ns[i]), int(ns[i + 1])
-            b.add_deltas(
-                labels,
-                ts_ms,
-                schema=int(h.schema[i]),
-                count=float(h.count[i]),
-                sum=float(h.sum[i]),
-                zero_threshold=float(h.zero_threshold[i]),
-                zero_count=float(h.zero_count[i]),
-                positive_spans=list(
-                    zip(h.pos_span_offset[p0:p1].tolist(), h.pos_span_length[p0:p1].tolist(), strict=True)
-                ),
-                positive_deltas=h.pos_delta[int(pd[p0]) : int(pd[p1])].tolist(),
-                negative_spans=list(
-                    zip(h.neg_span_offset[n0:n1].tolist(), h.neg_span_length[n0:n1].tolist(), strict=True)
-                ),
-                negative_deltas=h.neg_delta[int(nd[n0]) : int(nd[n1])].tolist(),
-                counter_reset_hint=1 if int(h.flags[i]) & FLAG_FIRST else 0,
+                return self._labels(KERNEL_DURATION_METRIC, gpu, **extra)
+            if kind == HistKind.NCCL:
+                return self._labels(NCCL_DURATION_METRIC, gpu, op=_kind(CollectiveOp, ident))
+            return self._labels(MEMCPY_BYTES_METRIC, gpu)
+
+        cols = (h.kind.astype(np.uint64), h.producer, h.id, h.gpu, h.pid, h.stream)
+        series, idx = self._series_groups("hist", cols, labels_of)
+
+        def side(n_spans: U64, span_len: U64, deltas: I64) -> tuple[I32, F64, I32]:
+            span_offsets = _cut(n_spans)
+            row_of_span = np.repeat(np.arange(n), n_spans.astype(np.int64))
+            per_row = np.bincount(row_of_span, weights=span_len.astype(np.float64), minlength=n).astype(
+                np.int64
             )
-        for (gpu, kernel), (n, busy) in grown.items():
-            self._count(out, self._labels("kernel_launches_total", gpu, kernel=kernel), n, ts_ms)
+            bucket_offsets = _cut(per_row)
+            run = np.cumsum(deltas)  # absolute counts: a cumulative sum restarted at each row
+            before = np.concatenate(([0], run))[bucket_offsets[:-1]]
+            counts = (run - np.repeat(before, per_row)).astype(np.float64)
+            return span_offsets, counts, bucket_offsets
+
+        pso, pos, pbo = side(h.n_pos_spans, h.pos_span_length, h.pos_delta)
+        nso, neg, nbo = side(h.n_neg_spans, h.neg_span_length, h.neg_delta)
+        batch = HistogramBatch(
+            series,
+            idx.astype(np.int32),
+            np.full(n, ts_ms, dtype=np.int64),
+            h.schema.astype(np.int32),
+            h.zero_threshold,
+            h.zero_count.astype(np.float64),
+            h.count.astype(np.float64),
+            h.sum,
+            np.where(h.flags & FLAG_FIRST, 1, 0).astype(np.uint8),
+            h.pos_span_offset.astype(np.int32),
+            h.pos_span_length.astype(np.uint32),
+            pso,
+            pos,
+            pbo,
+            h.neg_span_offset.astype(np.int32),
+            h.neg_span_length.astype(np.uint32),
+            nso,
+            neg,
+            nbo,
+            np.zeros(0, dtype=np.float64),
+            np.zeros(n + 1, dtype=np.int32),
+        )
+        grown: dict[tuple[int, str], list[float]] = {}
+        for i in np.flatnonzero(h.kind == HistKind.KERNEL).tolist():
+            producer, ident, gpu = int(h.producer[i]), int(h.id[i]), int(h.gpu[i])
+            count, total = float(h.count[i]), float(h.sum[i])
+            key_c: Labels = (
+                ("__hist_count__", f"{epoch}/{producer}/{ident}/{gpu}/{h.pid[i]}/{h.stream[i]}"),
+            )
+            key_s: Labels = (("__hist_sum__", key_c[0][1]),)
+            last_c, last_s = self._totals.get(key_c), self._totals.get(key_s, 0.0)
+            if last_c is None or count < last_c:  # first sample of this agent run, or a reset
+                last_c, last_s = 0.0, 0.0
+            acc = grown.setdefault((gpu, self._kernel_name(producer, ident)), [0.0, 0.0])
+            acc[0] += count - last_c
+            acc[1] += total - last_s
+            self._totals[key_c], self._totals[key_s] = count, total
+        for (gpu, kernel), (grew, busy) in grown.items():
+            self._count(out, self._labels("kernel_launches_total", gpu, kernel=kernel), grew, ts_ms)
             self._count(
                 out, self._labels("kernel_execution_time_seconds_total", gpu, kernel=kernel), busy, ts_ms
             )
-            if n > 0:
+            if grew > 0:
                 out.add_canonical(
-                    self._labels("kernel_execution_time_seconds", gpu, kernel=kernel), ts_ms, busy / n
+                    self._labels("kernel_execution_time_seconds", gpu, kernel=kernel), ts_ms, busy / grew
                 )
-        return b.build()
+        return batch
 
     # ---- LAUNCH, MEMOP, COLLECTIVE, SYNC: counters per record ---------------------------
 

@@ -287,3 +287,72 @@ def test_the_agent_refuses_bad_histogram_settings(agent_bin: Path, tmp_path: Pat
     )  # fmt: skip
     assert r.returncode != 0
     assert "histogram_schema must be in [-4, 8]" in r.stderr
+
+
+def _derive(d: object, rows: list[HistRow], ts_ns: int, epoch: int) -> tuple[object, dict[str, float]]:
+    from kernel_insight.collector.derive import Deriver
+
+    assert isinstance(d, Deriver)
+    out = d.derive(
+        np.zeros(0, dtype=RECORD_DTYPE), strings={(1, 7): "gemm"}, now_ns=ts_ns,
+        histograms=_decode(encode_histograms(ts_ns, rows)), body_version=2, epoch=epoch,
+    )  # fmt: skip
+    s = out.samples
+    values = {dict(s.series[int(s.series_idx[i])])["__name__"]: float(s.values[i]) for i in range(len(s))}
+    return out, values
+
+
+def test_the_collector_turns_sections_into_histogram_rows_and_kernel_counters() -> None:
+    from kernel_insight.collector.derive import Deriver
+
+    kernel = HistRow(HistKind.KERNEL, producer=1, id=7, gpu=0, pid=42, stream=3, count=6, sum=0.25,
+                     pos_spans=((-20, 2), (2, 1)), pos_deltas=(1, 2, 0), zero_count=0, first=True)  # fmt: skip
+    rows = [
+        kernel,
+        HistRow(
+            HistKind.NCCL,
+            id=1,
+            gpu=1,
+            schema=0,
+            zero_threshold=1e-9,
+            zero_count=2,
+            count=5,
+            sum=-1.0,
+            neg_spans=((0, 1), (1, 2)),
+            neg_deltas=(1, 0, 1),
+        ),
+        HistRow(HistKind.MEMCPY, gpu=0, count=1, sum=0.0, zero_count=1),
+    ]
+    d = Deriver("host-1")
+    out, values = _derive(d, rows, T0, epoch=3)
+    h = out.histograms  # type: ignore[attr-defined]
+    assert len(h) == 3
+    got = [h.row(i) for i in range(3)]
+    assert dict(got[0]["labels"]) == {
+        "__name__": "kernel_duration_seconds", "instance": "host-1", "gpu": "0",
+        "kernel": "gemm", "pid": "42", "stream": "3",
+    }  # fmt: skip
+    assert got[0]["positive_spans"] == ((-20, 2), (2, 1))
+    assert got[0]["positive_buckets"] == (1.0, 3.0, 3.0)
+    assert got[0]["counter_reset_hint"] == 1
+    assert got[0]["ts_ms"] == T0 // 10**6
+    assert dict(got[1]["labels"])["op"] == "allreduce"
+    assert got[1]["negative_buckets"] == (1.0, 1.0, 2.0)
+    assert got[1]["positive_buckets"] == ()
+    assert (got[1]["zero_count"], got[1]["zero_threshold"], got[1]["counter_reset_hint"]) == (2.0, 1e-9, 0)
+    assert dict(got[2]["labels"])["__name__"] == "memcpy_bytes"
+    assert got[2]["zero_count"] == 1.0
+    assert values["kernel_launches_total"] == 6
+    assert values["kernel_execution_time_seconds_total"] == 0.25
+    # The next sample counts only the growth; an agent restart (new epoch) starts from zero.
+    grown = HistRow(**{**_fields(kernel), "count": 10, "sum": 0.5, "first": False})
+    _, values = _derive(d, [grown], T0 + 10**9, epoch=3)
+    assert values["kernel_launches_total"] == 10
+    assert values["kernel_execution_time_seconds"] == 0.25 / 4
+    restarted = HistRow(**{**_fields(kernel), "count": 2, "sum": 0.1})
+    _, values = _derive(d, [restarted], T0 + 2 * 10**9, epoch=4)
+    assert values["kernel_launches_total"] == 12
+
+
+def _fields(r: HistRow) -> dict[str, object]:
+    return {f: getattr(r, f) for f in HistRow.__dataclass_fields__}
