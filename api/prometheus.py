@@ -308,11 +308,13 @@ def prometheus_router(
     version: str = "0.1.0",
     clock: Callable[[], float] = time.time,
     max_form_bytes: int = MAX_FORM_BYTES,
+    inline_max_s: float = INLINE_MAX_S,
 ) -> APIRouter:
     """The query API over the storage ``storage_factory()`` returns (called once per request).
 
     ``limits`` bound every query (a request's ``timeout`` can only shorten it); form bodies larger
-    than ``max_form_bytes`` are refused before they are buffered.
+    than ``max_form_bytes`` are refused before they are buffered. A query request whose last
+    evaluation took less than ``inline_max_s`` is evaluated on the event loop (0: never).
     """
     base_limits = limits or EngineLimits()
     router = APIRouter(tags=["prometheus"])
@@ -546,7 +548,7 @@ def prometheus_router(
     # The two query endpoints are served by bare ASGI routes ahead of the FastAPI ones (which stay
     # for the OpenAPI schema): no dependency solving or parameter validation per request, and the
     # query runs inline or in a query thread (docs/api.md, "Query endpoints: the request path").
-    runner = _QueryRunner()
+    runner = _QueryRunner(inline_max_s=inline_max_s)
     for path, work in (("/api/v1/query", do_query), ("/api/v1/query_range", do_query_range)):
         router.routes.insert(
             0,
@@ -591,14 +593,14 @@ class _QueryRunner:
     async def run(self, path: str, work: Callable[[_Params], JSONResponse], params: _Params) -> JSONResponse:
         key = (path, params.get("query"), params.get("step"), *_span(params))
         last = self._last_s.get(key)
-        took = [0.0]
+        took: list[float] = []  # the work's own time, once it ended (not when the request was cancelled)
 
         def timed() -> JSONResponse:
             began = time.perf_counter()
             try:
                 return work(params)
             finally:
-                took[0] = time.perf_counter() - began
+                took.append(time.perf_counter() - began)
 
         try:
             if last is not None and last < self._inline_max_s:
@@ -606,9 +608,10 @@ class _QueryRunner:
             context = contextvars.copy_context()  # as to_thread does: the request's context vars go along
             return await asyncio.get_running_loop().run_in_executor(self._executor, context.run, timed)
         finally:
-            if len(self._last_s) >= _REMEMBERED_REQUESTS:
-                self._last_s.clear()
-            self._last_s[key] = took[0]
+            if took:
+                if len(self._last_s) >= _REMEMBERED_REQUESTS:
+                    self._last_s.clear()
+                self._last_s[key] = took[0]
 
 
 def _span(params: _Params) -> tuple[str | None, ...]:

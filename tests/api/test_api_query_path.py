@@ -35,10 +35,10 @@ class _Recording(MemoryStorage):
         return super().select(matchers, start_ms, end_ms)
 
 
-def _client(storage: MemoryStorage, tmp_path) -> TestClient:
+def _client(storage: MemoryStorage, tmp_path, **kwargs: float) -> TestClient:
     tokens = TokenStore(tmp_path / "tokens.json")
     app = FastAPI()
-    app.include_router(prometheus_router(lambda: storage, Authenticator(tokens)))
+    app.include_router(prometheus_router(lambda: storage, Authenticator(tokens), **kwargs))
     install_error_handlers(app)
     client = TestClient(app)
     client.headers["Authorization"] = f"Bearer {tokens.create('r', ['read']).token}"
@@ -47,7 +47,8 @@ def _client(storage: MemoryStorage, tmp_path) -> TestClient:
 
 def test_a_quick_query_asked_again_runs_on_the_event_loop(tmp_path):
     storage = _Recording()
-    client = _client(storage, tmp_path)
+    # A bound far above this query's evaluation even on a loaded machine (the default is 1 ms).
+    client = _client(storage, tmp_path, inline_max_s=0.05)
     for t in ("15", "16", "17", "18"):  # another evaluation time is the same request
         body = client.get("/api/v1/query", params={"query": "up", "time": t}).json()
         assert body["data"]["result"][0]["value"][1] == "1"
@@ -61,12 +62,17 @@ def test_a_quick_query_asked_again_runs_on_the_event_loop(tmp_path):
 
 
 def test_a_query_that_was_slow_stays_in_a_query_thread(tmp_path):
-    storage = _Recording(spin_s=0.003)  # three times the inline bound (api.prometheus.INLINE_MAX_S)
+    storage = _Recording(spin_s=0.003)  # three times the default inline bound (1 ms)
     client = _client(storage, tmp_path)
     for _ in range(3):
         assert client.get("/api/v1/query", params={"query": "up", "time": "15"}).status_code == 200
     assert len(storage.threads) == 3
     assert all(t.startswith("ki-query") for t in storage.threads), storage.threads
+    never = _Recording()  # inline_max_s=0: always in a thread
+    client = _client(never, tmp_path, inline_max_s=0.0)
+    for _ in range(3):
+        assert client.get("/api/v1/query", params={"query": "up", "time": "15"}).status_code == 200
+    assert all(t.startswith("ki-query") for t in never.threads), never.threads
 
 
 def test_the_query_route_checks_tokens_and_answers_errors_in_the_one_shape(tmp_path):
