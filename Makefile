@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-timeline bench-routing clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-timeline bench-calls bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -36,6 +36,9 @@ bench-api: build
 
 bench-timeline: build
 	$(PY) -m bench.timeline
+
+bench-calls: build
+	$(PY) -m bench.calls
 
 bench-agent: build
 	$(PY) -m bench.agent

@@ -34,6 +34,7 @@ from kernel_insight.collector.spans import (
     SpanCursor,
     SpanQueryError,
     SpanWindow,
+    read_calls,
     read_counters,
     read_events,
     read_spans,
@@ -48,8 +49,42 @@ __all__ = ["MAX_PAGE", "CaptureBody", "timeline_router"]
 MAX_PAGE = 10_000
 #: Spans a correlation view lists (a bigger window: page through /v1/timeline/spans).
 CORRELATION_SPANS = 5_000
+#: NCCL operations, memory operations and syncs a correlation view lists, each.
+CORRELATION_CALLS = 5_000
+#: The correlation view's call lists: its key -> the gpu_calls track.
+_CALL_LISTS = {"nccl": "nccl", "memory": "memory", "syncs": "sync"}
 
 _T = TypeVar("_T")
+
+
+def _object(**props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+_INT, _STR, _BOOL = {"type": "integer"}, {"type": "string"}, {"type": "boolean"}
+#: The correlation view's answer in /openapi.json (docs/api.md, "Kernel timelines").
+_CALL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "nccl": _object(
+        ts_ns=_INT, op=_STR, duration_ns=_INT, bytes=_INT, handle=_INT, rank=_INT, nranks=_INT, failed=_BOOL
+    ),
+    "memory": _object(
+        ts_ns=_INT, op=_STR, bytes=_INT, handle=_INT, pid=_INT, tid=_INT, status=_INT, failed=_BOOL
+    ),
+    "syncs": _object(ts_ns=_INT, op=_STR, duration_ns=_INT, handle=_INT, pid=_INT, tid=_INT),
+}
+_CORRELATION_SCHEMA = _object(
+    start_ns=_INT,
+    end_ns=_INT,
+    spans={"type": "array", "items": {"type": "object"}},
+    spans_truncated=_BOOL,
+    **{k: {"type": "array", "items": v} for k, v in _CALL_SCHEMAS.items()},
+    **{f"{k}_truncated": _BOOL for k in _CALL_SCHEMAS},
+    events={"type": "array", "items": {"type": "object"}},
+    counters={
+        "type": "object",
+        "additionalProperties": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+    },
+)
 
 audit = logging.getLogger("kernel_insight.audit")
 
@@ -157,23 +192,29 @@ def timeline_router(store: Any, auth: Authenticator) -> APIRouter:
 
     @router.get(
         "/v1/timeline/correlation",
-        responses=ERROR_RESPONSES,
-        summary="One window's spans, events and NVML samples (memory, SM utilisation) side by side",
+        responses={
+            200: {"content": {"application/json": {"schema": _CORRELATION_SCHEMA}}},
+            **ERROR_RESPONSES,
+        },
+        summary="One window's spans, NCCL operations, memory operations, syncs, events and NVML samples side by side",
     )
     async def correlation(window: SpanWindow = _WHOLE, _token: object = read) -> JSONResponse:
         rows, nxt = await _read(read_spans, store, window, CORRELATION_SPANS, None)
         events = await _read(read_events, store, window, CORRELATION_SPANS)
         counters = await _read(read_counters, store, window)
-        return JSONResponse(
-            {
-                "start_ns": window.start_ns,
-                "end_ns": window.end_ns,
-                "spans": rows,
-                "spans_truncated": nxt is not None,
-                "events": events,
-                "counters": {k: [[t, v] for t, v in pts] for k, pts in counters.items()},
-            }
-        )
+        body: dict[str, Any] = {
+            "start_ns": window.start_ns,
+            "end_ns": window.end_ns,
+            "spans": rows,
+            "spans_truncated": nxt is not None,
+        }
+        for key, track in _CALL_LISTS.items():
+            body[key], body[f"{key}_truncated"] = await _read(
+                read_calls, store, window, track, CORRELATION_CALLS
+            )
+        body["events"] = events
+        body["counters"] = {k: [[t, v] for t, v in pts] for k, pts in counters.items()}
+        return JSONResponse(body)
 
     @router.get(
         "/v1/timeline/export",

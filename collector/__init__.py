@@ -46,6 +46,7 @@ from kernel_insight.collector.remote_write import (
     parse_remote_write,
 )
 from kernel_insight.collector.rows import (
+    CallBatch,
     Event,
     HistogramBatch,
     HistogramBuilder,
@@ -105,6 +106,7 @@ __all__ = [
     "Batcher",
     "BatcherStats",
     "CacheStats",
+    "CallBatch",
     "CaptureDesk",
     "CaptureError",
     "CaptureReport",

@@ -39,6 +39,7 @@ from kernel_insight.agent.records import (
 )
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
+    CallBatch,
     Event,
     HistogramBatch,
     InstanceInfo,
@@ -61,6 +62,8 @@ __all__ = [
     "MEMCPY_BYTES_METRIC",
     "NAMES_MAX_BYTES",
     "NCCL_DURATION_METRIC",
+    "SYNC_KEEP_NS",
+    "SYNC_SAMPLE_EVERY",
     "Derived",
     "Deriver",
     "DropStats",
@@ -100,6 +103,12 @@ _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
 _SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
 _FINGERPRINT_DTYPE = PAYLOAD_DTYPES[RecordType.FINGERPRINT]
 _ERROR_DTYPE = PAYLOAD_DTYPES[RecordType.ERROR]
+
+#: Syncs stored per call (``gpu_calls``): every one that waited at least this long (50 us) ...
+SYNC_KEEP_NS = 50_000
+#: ... and 1 in this many of the shorter ones (a training loop syncs thousands of times a second,
+#: mostly for microseconds; the counters and cuda_sync_time_seconds_total still count every one).
+SYNC_SAMPLE_EVERY = 100
 
 #: Why a record was dropped instead of stored (``ki_collector_records_dropped_total{reason}``).
 DROP_REASONS: dict[str, str] = {
@@ -213,6 +222,7 @@ class Derived:
     unknown_records: int = 0  # records of a type or metric id this collector does not know
     dropped: dict[str, int] = field(default_factory=dict)  # records refused, by DROP_REASONS key
     histograms: HistogramBatch = field(default_factory=HistogramBatch.empty)  # native histogram samples
+    calls: CallBatch = field(default_factory=CallBatch.empty)  # NCCL, memory and sync calls, one row each
 
 
 def _kind(enum_cls: type[MemopKind] | type[SyncKind] | type[CollectiveOp] | type[ErrorKind], v: int) -> str:
@@ -248,9 +258,20 @@ class Deriver:
     """
 
     def __init__(
-        self, instance: str, labels: Mapping[str, str] | None = None, *, stats: DropStats | None = None
+        self,
+        instance: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        stats: DropStats | None = None,
+        sync_keep_ns: int = SYNC_KEEP_NS,
+        sync_sample_every: int = SYNC_SAMPLE_EVERY,
     ) -> None:
+        if sync_sample_every < 1:
+            raise ValueError("sync_sample_every must be at least 1")
         self.instance = instance
+        self.sync_keep_ns = sync_keep_ns
+        self.sync_sample_every = sync_sample_every
+        self._short_syncs = 0  # syncs under sync_keep_ns seen so far: every sync_sample_every-th is kept
         self.labels = dict(labels or {})
         self._enrolled = dict(self.labels)  # enrolment labels: they win over the agent's own
         self.strings = StringTable()
@@ -467,9 +488,13 @@ class Deriver:
         if self._open_launches and len(spans):
             self._attach_launches(spans)
         self._launches(launches, samples)
-        self._memops(records[types == RecordType.MEMOP], samples)
-        self._collectives(records[types == RecordType.COLLECTIVE], samples)
-        self._syncs(records[types == RecordType.SYNC], samples)
+        memops = records[types == RecordType.MEMOP]
+        collectives = records[types == RecordType.COLLECTIVE]
+        syncs = records[types == RecordType.SYNC]
+        self._memops(memops, samples)
+        self._collectives(collectives, samples)
+        self._syncs(syncs, samples)
+        calls = self._calls(memops, collectives, syncs)
         unknown = self._gpu_samples(records[types == RecordType.GPU_SAMPLE], samples, dropped)
         events = self._errors(records[types == RecordType.ERROR], samples)
         unknown += int(np.count_nonzero((types == 0) | (types > max(RecordType))))
@@ -486,7 +511,7 @@ class Deriver:
             instances.append(self._instance(now_ns))
         if dropped:
             self.stats.add(dropped)
-        return Derived(samples.build(), spans, events, instances, unknown, dropped, hist)
+        return Derived(samples.build(), spans, events, instances, unknown, dropped, hist, calls)
 
     def _learn_names(self, strings: Mapping[tuple[int, int], str], dropped: dict[str, int]) -> None:
         """Remember the batch's names, up to NAMES_MAX_BYTES per agent: past that a new name is
@@ -777,6 +802,108 @@ class Deriver:
                 self._by_kind(metric, "kind", SyncKind),
             )
             self._accumulate(out, series, idx, ts_ms, deltas)
+
+    # ---- the same records, one row per call (gpu_calls) ----------------------------------
+
+    def _calls(
+        self, memops: npt.NDArray[np.void], collectives: npt.NDArray[np.void], syncs: npt.NDArray[np.void]
+    ) -> CallBatch:
+        """NCCL collectives, memory operations and the syncs worth keeping, as ``gpu_calls`` rows.
+
+        Every collective and memory operation is kept (they are rare next to kernels); syncs are
+        kept when they waited at least ``sync_keep_ns``, and 1 in ``sync_sample_every`` of the
+        rest (counted across batches, so the sample is uniform whatever the batch sizes).
+        """
+        parts: list[CallBatch] = []
+        if len(collectives):
+            p = _payload(collectives, _COLLECTIVE_DTYPE)
+            parts.append(
+                self._call_rows(
+                    collectives,
+                    "nccl",
+                    CollectiveOp,
+                    p["duration_ns"],
+                    p["bytes"],
+                    p["comm"],
+                    rank=p["rank"],
+                    nranks=p["nranks"],
+                )
+            )
+        if len(memops):
+            p = _payload(memops, _MEMOP_DTYPE)
+            parts.append(
+                self._call_rows(
+                    memops,
+                    "memory",
+                    MemopKind,
+                    np.zeros(len(memops), np.uint64),
+                    p["bytes"],
+                    p["address"],
+                    pid=p["pid"],
+                    tid=p["tid"],
+                    status=p["status"],
+                )
+            )
+        if len(syncs):
+            p = _payload(syncs, _SYNC_DTYPE)
+            dur = p["duration_ns"]
+            short = np.flatnonzero(dur < np.uint64(self.sync_keep_ns))
+            rank = self._short_syncs + np.arange(len(short))
+            self._short_syncs += len(short)
+            keep = np.ones(len(syncs), dtype=bool)
+            keep[short[rank % self.sync_sample_every != 0]] = False
+            if keep.any():
+                syncs, p = syncs[keep], p[keep]
+                parts.append(
+                    self._call_rows(
+                        syncs,
+                        "sync",
+                        SyncKind,
+                        p["duration_ns"],
+                        np.zeros(len(syncs), np.uint64),
+                        p["handle"],
+                        pid=p["pid"],
+                        tid=p["tid"],
+                    )
+                )
+        return CallBatch.concat(parts)
+
+    def _call_rows(
+        self,
+        r: npt.NDArray[np.void],
+        track: str,
+        kinds: type[MemopKind] | type[SyncKind] | type[CollectiveOp],
+        duration: npt.NDArray[np.generic],
+        nbytes: npt.NDArray[np.generic],
+        handle: npt.NDArray[np.generic],
+        *,
+        pid: npt.NDArray[np.generic] | None = None,
+        tid: npt.NDArray[np.generic] | None = None,
+        rank: npt.NDArray[np.generic] | None = None,
+        nranks: npt.NDArray[np.generic] | None = None,
+        status: npt.NDArray[np.generic] | None = None,
+    ) -> CallBatch:
+        n = len(r)
+        ids = r["id"]
+        uniq, inv = np.unique(ids, return_inverse=True)
+        names = np.array([_kind(kinds, int(u)) for u in uniq.tolist()], dtype=object)[inv.reshape(-1)]
+        zeros = np.zeros(n, np.uint32)
+        return CallBatch(
+            instance=[self.instance] * n,
+            gpu=r["device"].astype(np.uint16),
+            track=[track] * n,
+            op=names.tolist(),
+            start_ns=r["ts_ns"].astype(np.int64),
+            duration_ns=np.asarray(duration, np.uint64),
+            bytes=np.asarray(nbytes, np.uint64),
+            handle=np.asarray(handle, np.uint64),
+            pid=zeros if pid is None else np.asarray(pid, np.uint32),
+            tid=zeros if tid is None else np.asarray(tid, np.uint32),
+            rank=zeros if rank is None else np.asarray(rank, np.uint32),
+            nranks=zeros if nranks is None else np.asarray(nranks, np.uint32),
+            status=np.zeros(n, np.int32) if status is None else np.asarray(status, np.int32),
+            failed=((r["flags"] & RecordFlag.FAILED) != 0).astype(np.uint8),
+        )
 
     # ---- GPU_SAMPLE: the metric-id table -----------------------------------------------
 

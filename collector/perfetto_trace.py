@@ -1,7 +1,8 @@
 """One GPU's window as a native Perfetto trace (protobuf ``Trace``), built with the ``perfetto`` package's messages.
 
 Same layout as the JSON export (collector/trace.py): a process track per GPU, a child track
-per stream, counter tracks for memory and SM utilisation, instants for errors, and for spans
+per stream, a child track per NCCL communicator (slices) and one for memory operations
+(instants), counter tracks for memory and SM utilisation, instants for errors, and for spans
 with a host side (ring flag LAUNCH_SPAN) a launch slice on the host thread's track with a flow
 (``flow_ids`` / ``terminating_flow_ids``) to the kernel; but timestamps are absolute nanoseconds (protobuf integers lose nothing). Building one message per event in
 Python costs microseconds each, so this format takes at most :data:`MAX_PROTO_SPANS` spans.
@@ -15,7 +16,13 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ign
 
 from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
 from kernel_insight.collector.sql import Params, qualified
-from kernel_insight.collector.trace import MAX_EXPORT_EVENTS, TraceTooLarge, stream_tids
+from kernel_insight.collector.trace import (
+    MAX_EXPORT_EVENTS,
+    CallTracks,
+    TraceTooLarge,
+    call_tracks,
+    stream_tids,
+)
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -61,6 +68,7 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
         tracks[stream] = uuid
         desc = _packet(trace).track_descriptor
         desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, f"stream {stream}"
+    _call_slices(trace, gpu_uuid, len(tracks), call_tracks(store, window))
     threads = _host_tracks(trace, window, rows)
     flow = 0
     for stream, kernel, start, dur, corr, pid, launch, host_ns, tid in zip(
@@ -111,6 +119,44 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
             p.track_event.double_counter_value = value
     data: bytes = trace.SerializeToString()
     return data
+
+
+def _call_slices(trace: pb.Trace, gpu_uuid: int, streams: int, calls: CallTracks) -> None:
+    """NCCL operations as slices on a child track of the GPU per communicator (as the JSON export
+    lays them), memory operations as instants on a ``memory`` child track."""
+    for n, (name, rows) in enumerate(calls.nccl):
+        uuid = (gpu_uuid << 32) + streams + 1 + n
+        desc = _packet(trace).track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
+        for c in rows:
+            begin = _packet(trace)
+            begin.timestamp = c["ts_ns"]
+            ev = begin.track_event
+            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, uuid, c["op"]
+            ev.categories.append("nccl")
+            for key in ("bytes", "handle", "rank", "nranks"):
+                a = ev.debug_annotations.add()
+                a.name, a.uint_value = "comm" if key == "handle" else key, c[key]
+            a = ev.debug_annotations.add()
+            a.name, a.bool_value = "failed", c["failed"]
+            end = _packet(trace)
+            end.timestamp = c["ts_ns"] + c["duration_ns"]
+            end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, uuid
+    if calls.memory:
+        uuid = (gpu_uuid << 32) + streams + 1 + len(calls.nccl)
+        desc = _packet(trace).track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, "memory"
+        for c in calls.memory:
+            p = _packet(trace)
+            p.timestamp = c["ts_ns"]
+            ev = p.track_event
+            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_INSTANT, uuid, f"{c['op']} {c['bytes']} B"
+            ev.categories.append("memory")
+            for key in ("bytes", "handle", "pid", "tid"):
+                a = ev.debug_annotations.add()
+                a.name, a.uint_value = "address" if key == "handle" else key, c[key]
+            a = ev.debug_annotations.add()
+            a.name, a.int_value = "status", c["status"]
 
 
 def _host_tracks(

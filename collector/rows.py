@@ -11,15 +11,17 @@ import hashlib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CALL_TRACKS",
     "MAX_TS_MS",
     "MIN_TS_MS",
+    "CallBatch",
     "Event",
     "HistogramBatch",
     "HistogramBuilder",
@@ -377,10 +379,28 @@ class HistogramBatch:
         cv_off, cv = cut(self.custom_value_offsets, self.custom_values)
         r = slice(lo, hi)
         return HistogramBatch(
-            self.series, self.series_idx[r], self.ts_ms[r], self.schema[r], self.zero_threshold[r],
-            self.zero_count[r], self.count[r], self.sum[r], self.counter_reset_hint[r],
-            ps_o, ps_l, ps_off, pb, pb_off, ns_o, ns_l, ns_off, nb, nb_off, cv, cv_off,
-        )  # fmt: skip
+            self.series,
+            self.series_idx[r],
+            self.ts_ms[r],
+            self.schema[r],
+            self.zero_threshold[r],
+            self.zero_count[r],
+            self.count[r],
+            self.sum[r],
+            self.counter_reset_hint[r],
+            ps_o,
+            ps_l,
+            ps_off,
+            pb,
+            pb_off,
+            ns_o,
+            ns_l,
+            ns_off,
+            nb,
+            nb_off,
+            cv,
+            cv_off,
+        )
 
     def take(
         self,
@@ -406,11 +426,28 @@ class HistogramBatch:
         cv_off, cv = cut(self.custom_value_offsets, self.custom_values)
         idx = self.series_idx[rows] if series_idx is None else series_idx
         return HistogramBatch(
-            self.series if series is None else series, idx, self.ts_ms[rows], self.schema[rows],
-            self.zero_threshold[rows], self.zero_count[rows], self.count[rows], self.sum[rows],
+            self.series if series is None else series,
+            idx,
+            self.ts_ms[rows],
+            self.schema[rows],
+            self.zero_threshold[rows],
+            self.zero_count[rows],
+            self.count[rows],
+            self.sum[rows],
             self.counter_reset_hint[rows],
-            ps_o, ps_l, ps_off, pb, pb_off, ns_o, ns_l, ns_off, nb, nb_off, cv, cv_off,
-        )  # fmt: skip
+            ps_o,
+            ps_l,
+            ps_off,
+            pb,
+            pb_off,
+            ns_o,
+            ns_l,
+            ns_off,
+            nb,
+            nb_off,
+            cv,
+            cv_off,
+        )
 
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as plain values (the fields of a ``FloatHistogram``, plus labels and ts_ms)."""
@@ -753,6 +790,82 @@ class SpanBatch:
             np.empty(0, np.uint64),
             np.empty(0, np.uint32),
         )
+
+
+#: The tracks of ``gpu_calls`` (:class:`CallBatch` ``track``): NCCL collectives, memory
+#: operations (allocations, frees, copies) and host waits on the GPU (syncs).
+CALL_TRACKS = ("nccl", "memory", "sync")
+
+
+@dataclass(slots=True)
+class CallBatch:
+    """Host/GPU calls other than kernels, one row each (ring COLLECTIVE, MEMOP, SYNC records).
+
+    ``track`` is one of :data:`CALL_TRACKS`; ``op`` the call's kind within it (``allreduce``,
+    ``alloc``, ``stream``...). ``handle`` is the communicator (nccl), the address (memory) or
+    the stream/event handle (sync); ``status`` a memory call's CUDA status; ``failed`` the
+    record's FAILED flag. Fields a track has no use for are zero.
+    """
+
+    instance: list[str]
+    gpu: npt.NDArray[np.uint16]
+    track: list[str]
+    op: list[str]
+    start_ns: npt.NDArray[np.int64]
+    duration_ns: npt.NDArray[np.uint64]
+    bytes: npt.NDArray[np.uint64]
+    handle: npt.NDArray[np.uint64]
+    pid: npt.NDArray[np.uint32]
+    tid: npt.NDArray[np.uint32]
+    rank: npt.NDArray[np.uint32]
+    nranks: npt.NDArray[np.uint32]
+    status: npt.NDArray[np.int32]
+    failed: npt.NDArray[np.uint8]
+
+    def __post_init__(self) -> None:
+        n = len(self.start_ns)
+        if any(len(getattr(self, f.name)) != n for f in fields(self)):
+            raise ValueError("every call column must have the same length")
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    @classmethod
+    def empty(cls) -> CallBatch:
+        u64, u32 = np.empty(0, np.uint64), np.empty(0, np.uint32)
+        return cls(
+            [],
+            np.empty(0, np.uint16),
+            [],
+            [],
+            np.empty(0, np.int64),
+            u64,
+            u64,
+            u64,
+            u32,
+            u32,
+            u32,
+            u32,
+            np.empty(0, np.int32),
+            np.empty(0, np.uint8),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[CallBatch]) -> CallBatch:
+        """One batch of the rows of ``parts``, in order."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        cols: dict[str, Any] = {}
+        for f in fields(cls):
+            first = getattr(parts[0], f.name)
+            if isinstance(first, list):
+                cols[f.name] = [v for p in parts for v in getattr(p, f.name)]
+            else:
+                cols[f.name] = np.concatenate([getattr(p, f.name) for p in parts])
+        return cls(**cols)
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,33 @@ SCHEMA: tuple[Table, ...] = (
         sharding_key="cityHash64(instance)",
     ),
     Table(
+        name="gpu_calls",
+        comment="Host/GPU calls other than kernels, one row each: NCCL collectives, memory operations, syncs.",
+        columns=(
+            Column("instance", "LowCardinality(String)"),
+            Column("gpu", "UInt16"),
+            Column("track", "LowCardinality(String)", None, "nccl, memory or sync"),
+            Column(
+                "op", "LowCardinality(String)", None, "allreduce, alloc, memcpy, stream, ... (docs/ring.md)"
+            ),
+            Column("start", _TS_NS, "DoubleDelta, ZSTD(1)", "when the host called it"),
+            Column("duration_ns", "UInt64", "T64, ZSTD(1)", "host-side duration; 0 for memory operations"),
+            Column("bytes", "UInt64", "T64, ZSTD(1)", "collective payload, allocation or copy size"),
+            Column("handle", "UInt64", "ZSTD(1)", "communicator (nccl), address (memory), handle (sync)"),
+            Column("pid", "UInt32", "ZSTD(1)"),
+            Column("tid", "UInt32", "ZSTD(1)"),
+            Column("rank", "UInt32", "ZSTD(1)", "nccl: this GPU's rank in the communicator"),
+            Column("nranks", "UInt32", "ZSTD(1)"),
+            Column("status", "Int32", "ZSTD(1)", "memory: the CUDA status (0: success)"),
+            Column("failed", "UInt8", "ZSTD(1)", "the record's FAILED flag"),
+        ),
+        order_by=("instance", "gpu", "start"),
+        partition_by="toDate(start)",
+        ttl_column="toDateTime(start)",
+        retention_key="spans_days",
+        sharding_key="cityHash64(instance)",
+    ),
+    Table(
         name="events",
         comment="Discrete errors and incidents: oom, xid, nccl_timeout, ecc, cuda, other.",
         columns=(

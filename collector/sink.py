@@ -104,6 +104,7 @@ class StoreSink:
                     events=derived.events,
                     instances=derived.instances,
                     histograms=derived.histograms,
+                    calls=derived.calls,
                 )
                 ticket = self.batcher.submit(rows)
                 if ticket.rows is not rows:  # queued meanwhile by a retry: these rows are not needed

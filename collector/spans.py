@@ -24,6 +24,7 @@ __all__ = [
     "SpanCursor",
     "SpanQueryError",
     "SpanWindow",
+    "read_calls",
     "read_counters",
     "read_events",
     "read_spans",
@@ -234,15 +235,21 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
     }
 
 
+def _gpu_window(window: SpanWindow, column: str, p: Params) -> str:
+    """The SQL condition of rows of the window's GPU whose time ``column`` is in the window."""
+    return (
+        f"instance = {p(window.instance, 'String')} AND gpu = {window.gpu}"
+        f" AND {column} >= fromUnixTimestamp64Nano(toInt64({window.start_ns}), 'UTC')"
+        f" AND {column} < fromUnixTimestamp64Nano(toInt64({window.end_ns}), 'UTC')"
+    )
+
+
 def read_events(store: Store, window: SpanWindow, limit: int) -> list[dict[str, Any]]:
     """The GPU's events (errors, OOM, XID...) in the window, oldest first."""
     p = Params()
     rows = store.query(
         f"SELECT {_NS}(ts) AS ts_ns, kind, code, aux, pid, message FROM {qualified(store.database, 'events')}"
-        f" WHERE instance = {p(window.instance, 'String')} AND gpu = {window.gpu}"
-        f" AND ts >= fromUnixTimestamp64Nano(toInt64({window.start_ns}), 'UTC')"
-        f" AND ts < fromUnixTimestamp64Nano(toInt64({window.end_ns}), 'UTC')"
-        f" ORDER BY ts_ns LIMIT {int(limit)}",
+        f" WHERE {_gpu_window(window, 'ts', p)} ORDER BY ts_ns LIMIT {int(limit)}",
         p,
     ).to_pylist()
     return [
@@ -280,3 +287,40 @@ def read_counters(store: Store, window: SpanWindow) -> dict[str, list[tuple[int,
         points.sort()
         out[short] = points
     return out
+
+
+#: What each ``gpu_calls`` track lists in a view: the columns of its rows besides ``ts_ns``/``op``.
+_CALL_FIELDS: dict[str, tuple[str, ...]] = {
+    "nccl": ("duration_ns", "bytes", "handle", "rank", "nranks", "failed"),
+    "memory": ("bytes", "handle", "pid", "tid", "status", "failed"),
+    "sync": ("duration_ns", "handle", "pid", "tid"),
+}
+
+
+def read_calls(store: Store, window: SpanWindow, track: str, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """One track of the GPU's ``gpu_calls`` (``nccl``, ``memory`` or ``sync``) in the window, oldest
+    first: at most ``limit`` calls, and whether the window holds more.
+
+    ``handle`` is the communicator (nccl), the address (memory) or the stream/event handle (sync);
+    syncs are the ones the collector kept (every long wait and a sample of the short ones,
+    docs/storage.md). The read stays on the table's ``(instance, gpu, start)`` key.
+    """
+    fields = _CALL_FIELDS.get(track)
+    if fields is None:
+        raise SpanQueryError(f"unknown call track {track!r}: one of {', '.join(_CALL_FIELDS)}")
+    p = Params()
+    rows = store.query(
+        f"SELECT {_NS}(start) AS ts_ns, op, {', '.join(fields)} FROM {qualified(store.database, 'gpu_calls')}"
+        f" WHERE {_gpu_window(window, 'start', p)} AND track = {p(track, 'String')}"
+        f" ORDER BY start LIMIT {int(limit) + 1}",
+        p,
+    ).to_pylist()
+    out = [
+        {"ts_ns": int(r["ts_ns"]), "op": r["op"], **{f: _call_value(f, r[f]) for f in fields}}
+        for r in rows[:limit]
+    ]
+    return out, len(rows) > limit
+
+
+def _call_value(name: str, value: Any) -> Any:
+    return bool(value) if name == "failed" else int(value)

@@ -33,6 +33,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
+    CallBatch,
     Event,
     HistogramBatch,
     InstanceInfo,
@@ -81,8 +82,17 @@ _TTL_DAYS_RE = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.DOTALL)
 
 #: The order a group's tables are written in (``Store.insert_prepared``); the ``batches`` rows
 #: come after all of them, since they vouch that everything before them landed.
-_GROUP_ORDER = ("series", "samples", "histograms", "kernel_spans", "events", "instances")
+_GROUP_ORDER = ("series", "samples", "histograms", "kernel_spans", "gpu_calls", "events", "instances")
 _MAX_NS = MAX_TS_MS * 1_000_000
+
+
+def _instance_column(inst: list[str]) -> pa.Array:
+    """The instance column: one agent's batch (one instance) as a dictionary of one string."""
+    if inst and inst.count(inst[0]) == len(inst):
+        return pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(len(inst), np.int32)), pa.array([inst[0]], pa.string())
+        )
+    return pa.array(inst, pa.string())
 
 
 def _check_ns_range(values: Any, what: str) -> None:
@@ -623,13 +633,7 @@ class Store(ABC):
     def _spans_table(spans: SpanBatch) -> pa.Table:
         start = np.asarray(spans.start_ns, dtype=np.int64)
         end = np.asarray(spans.end_ns, dtype=np.int64)
-        inst = spans.instance
-        if inst and inst.count(inst[0]) == len(inst):  # one agent's batch: one instance
-            instance = pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(len(inst), np.int32)), pa.array([inst[0]], pa.string())
-            )
-        else:
-            instance = pa.array(inst, pa.string())
+        instance = _instance_column(spans.instance)
         return pa.table(
             {
                 "instance": instance,
@@ -657,6 +661,39 @@ class Store(ABC):
             None if dedup_token is None else f"{dedup_token}:kernel_spans",
         )
         return len(spans)
+
+    @staticmethod
+    def _calls_table(calls: CallBatch) -> pa.Table:
+        instance = _instance_column(calls.instance)
+        return pa.table(
+            {
+                "instance": instance,
+                "gpu": pa.array(calls.gpu, pa.uint16()),
+                "track": pa.array(calls.track, pa.string()),
+                "op": pa.array(calls.op, pa.string()),
+                "start": pa.array(np.asarray(calls.start_ns, np.int64), pa.timestamp("ns", tz="UTC")),
+                "duration_ns": pa.array(calls.duration_ns, pa.uint64()),
+                "bytes": pa.array(calls.bytes, pa.uint64()),
+                "handle": pa.array(calls.handle, pa.uint64()),
+                "pid": pa.array(calls.pid, pa.uint32()),
+                "tid": pa.array(calls.tid, pa.uint32()),
+                "rank": pa.array(calls.rank, pa.uint32()),
+                "nranks": pa.array(calls.nranks, pa.uint32()),
+                "status": pa.array(calls.status, pa.int32()),
+                "failed": pa.array(calls.failed, pa.uint8()),
+            }
+        )
+
+    def insert_calls(self, calls: CallBatch, *, dedup_token: str | None = None) -> int:
+        """Write NCCL, memory and sync calls (``gpu_calls``); the collector writes them with a batch."""
+        self._check_open()
+        if len(calls) == 0:
+            return 0
+        _check_ns_range(calls.start_ns, "call start")
+        self._write(
+            "gpu_calls", self._calls_table(calls), None if dedup_token is None else f"{dedup_token}:gpu_calls"
+        )
+        return len(calls)
 
     @staticmethod
     def _events_table(events: Sequence[Event]) -> pa.Table:
@@ -748,6 +785,7 @@ class Store(ABC):
         events: Sequence[Event] = (),
         instances: Sequence[InstanceInfo] = (),
         histograms: HistogramBatch | None = None,
+        calls: CallBatch | None = None,
     ) -> PreparedRows:
         """One batch's rows as Arrow tables: every conversion (and so every refusal of a value the
         schema cannot hold, as ValueError / OverflowError) happens here, before anything is written."""
@@ -775,6 +813,10 @@ class Store(ABC):
             _check_ns_range(spans.end_ns, "span end")
             out.tables["kernel_spans"] = self._spans_table(spans)
             out.rows += len(spans)
+        if calls is not None and len(calls):
+            _check_ns_range(calls.start_ns, "call start")
+            out.tables["gpu_calls"] = self._calls_table(calls)
+            out.rows += len(calls)
         if events:
             _check_ns_range(np.fromiter((e.ts_ns for e in events), np.int64, len(events)), "event time")
             out.tables["events"] = self._events_table(events)
@@ -863,6 +905,7 @@ class Store(ABC):
         events: Sequence[Event] = (),
         instances: Sequence[InstanceInfo] = (),
         histograms: HistogramBatch | None = None,
+        calls: CallBatch | None = None,
     ) -> bool:
         """Store one batch exactly once: False (and nothing written) when ``batch_id`` was stored before.
 
@@ -884,6 +927,7 @@ class Store(ABC):
             events=events,
             instances=instances,
             histograms=histograms,
+            calls=calls,
         )
         self.insert_prepared([prepared], batch_id)
         return True

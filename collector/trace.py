@@ -14,22 +14,34 @@ ClickHouse: a 60 s window can hold a million spans, too many to build as Python 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
+from kernel_insight.collector.spans import SpanWindow, read_calls, read_counters, read_events
 from kernel_insight.collector.sql import Params, qualified
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
 
-__all__ = ["MAX_EXPORT_SPANS", "TraceTooLarge", "chrome_trace", "chrome_trace_parts", "stream_tids"]
+__all__ = [
+    "MAX_EXPORT_CALLS",
+    "MAX_EXPORT_SPANS",
+    "CallTracks",
+    "TraceTooLarge",
+    "call_tracks",
+    "chrome_trace",
+    "chrome_trace_parts",
+    "stream_tids",
+]
 
 #: The most spans one export writes (about 200 MB of JSON); a larger window is refused, not cut.
 MAX_EXPORT_SPANS = 2_000_000
 #: Events (errors) per export.
 MAX_EXPORT_EVENTS = 100_000
+#: NCCL operations, and memory operations, per export (each); a larger window is refused, not cut.
+MAX_EXPORT_CALLS = 200_000
 
 
 class TraceTooLarge(ValueError):
@@ -39,6 +51,48 @@ class TraceTooLarge(ValueError):
 def _us(ns: str) -> str:
     """SQL: nanoseconds (an Int64 expression) as microseconds with three decimals, as text."""
     return f"concat(toString(intDiv({ns}, 1000)), '.', leftPad(toString({ns} % 1000), 3, '0'))"
+
+
+@dataclass(frozen=True, slots=True)
+class CallTracks:
+    """The window's NCCL operations laid on tracks, and its memory operations (``gpu_calls``).
+
+    ``nccl`` is one ``(track name, calls)`` per communicator, in communicator order; calls of
+    one communicator that overlap (two threads, or an op issued before the last returned) go
+    to a second track of it, ``"NCCL comm 0x.. (2)"``, so slices on a track never overlap
+    (what Perfetto needs to stack them).
+    """
+
+    nccl: list[tuple[str, list[dict[str, Any]]]]
+    memory: list[dict[str, Any]]
+
+
+def call_tracks(store: Store, window: SpanWindow, *, max_calls: int = MAX_EXPORT_CALLS) -> CallTracks:
+    """The window's NCCL and memory calls for an export; TraceTooLarge past ``max_calls`` of either."""
+    nccl, more = read_calls(store, window, "nccl", max_calls)
+    memory, more_memory = read_calls(store, window, "memory", max_calls)
+    if more or more_memory:
+        what = "NCCL" if more else "memory"
+        raise TraceTooLarge(
+            f"the window holds more than {max_calls} {what} operations, the most an export takes: narrow the window"
+        )
+    lanes: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}  # comm -> [(end of the last, calls)]
+    for call in nccl:  # oldest first
+        end = call["ts_ns"] + call["duration_ns"]
+        mine = lanes.setdefault(call["handle"], [])
+        for n, (busy_until, calls) in enumerate(mine):
+            if busy_until <= call["ts_ns"]:
+                mine[n] = (end, calls)
+                calls.append(call)
+                break
+        else:
+            mine.append((end, [call]))
+    tracks = [
+        (f"NCCL comm {comm:#x}" + (f" ({n + 1})" if n else ""), calls)
+        for comm in sorted(lanes)
+        for n, (_, calls) in enumerate(lanes[comm])
+    ]
+    return CallTracks(tracks, memory)
 
 
 def stream_tids(streams: list[int]) -> dict[int, int]:
@@ -91,6 +145,15 @@ def chrome_trace_parts(
         meta.append(
             {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
         )
+    calls = call_tracks(store, window)
+    call_tids: list[int] = []  # per NCCL track, then the memory track: tids after the streams'
+    for n, name in enumerate([*(name for name, _ in calls.nccl), *(["memory"] if calls.memory else [])]):
+        tid = len(tids) + 1 + n
+        call_tids.append(tid)
+        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        meta.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        )
     threads = sorted((int(t["1"]), int(t["2"])) for t in head["threads"]) if launches else []
     for host_pid in sorted({hp for hp, _ in threads}):
         name = f"{window.instance} process {host_pid} (host)"
@@ -121,6 +184,7 @@ def chrome_trace_parts(
         parts.extend(_rows(store, span_sql, p))
     if launches:
         parts.extend(_rows(store, _launch_sql(spans, where, origin, tids), p))
+    parts.extend(_call_events(calls, call_tids, pid, origin))
     for ev in read_events(store, window, MAX_EXPORT_EVENTS):
         parts.append(
             orjson.dumps(
@@ -162,6 +226,61 @@ def chrome_trace_parts(
             out.append(b",")
         out.append(part)
     out.append(b"]}")
+    return out
+
+
+def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> list[bytes]:
+    """NCCL operations as ``cat: "nccl"`` slices on their communicator's track, memory operations
+    as ``cat: "memory"`` thread-scoped instants on the memory track (they have no duration)."""
+    out = []
+    for (_, rows), tid in zip(calls.nccl, tids, strict=False):
+        for c in rows:
+            out.append(
+                orjson.dumps(
+                    {
+                        "ph": "X",
+                        "cat": "nccl",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": (c["ts_ns"] - origin) / 1000,
+                        "dur": c["duration_ns"] / 1000,
+                        "name": c["op"],
+                        "args": {
+                            "start_ns": c["ts_ns"],
+                            "dur_ns": c["duration_ns"],
+                            "bytes": c["bytes"],
+                            "comm": str(c["handle"]),
+                            "rank": c["rank"],
+                            "nranks": c["nranks"],
+                            "failed": c["failed"],
+                        },
+                    }
+                )
+            )
+    if calls.memory:
+        tid = tids[-1]
+        for c in calls.memory:
+            out.append(
+                orjson.dumps(
+                    {
+                        "ph": "i",
+                        "s": "t",
+                        "cat": "memory",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": (c["ts_ns"] - origin) / 1000,
+                        "name": f"{c['op']} {c['bytes']} B",
+                        "args": {
+                            "ts_ns": c["ts_ns"],
+                            "bytes": c["bytes"],
+                            "address": str(c["handle"]),
+                            "pid": c["pid"],
+                            "tid": c["tid"],
+                            "status": c["status"],
+                        },
+                    }
+                )
+            )
     return out
 
 

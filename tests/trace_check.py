@@ -19,7 +19,8 @@ _VALIDATOR = jsonschema.Draft202012Validator(_SCHEMA)
 
 
 def check_trace(raw: bytes) -> dict[str, Any]:
-    """Validate ``raw`` strictly; return counts by phase, spans per (pid, tid), and the parsed document.
+    """Validate ``raw`` strictly; return counts by phase and by (phase, cat), slices per (pid, tid),
+    slices and thread instants per track name, the flows, and the parsed document.
 
     Complete events on one track must nest or be disjoint (what Perfetto needs to stack slices),
     every track used must be named, ts must agree to the nanosecond with args.start_ns (ts
@@ -42,6 +43,11 @@ def check_trace(raw: bytes) -> dict[str, Any]:
         assert round(e["ts"] * 1000) == start - origin, e
         assert abs(e["dur"] * 1000 - dur) < 1e-3, e  # no digits past the nanosecond
         tracks[(e["pid"], e["tid"])].append((start, start + dur))
+    # Thread-scoped instants (memory operations) sit on a named track, at their exact time.
+    for e in events:
+        if e["ph"] == "i" and e["s"] == "t":
+            assert (e["pid"], e["tid"]) in named, f"instant on unnamed track {(e['pid'], e['tid'])}"
+            assert round(e["ts"] * 1000) == e["args"]["ts_ns"] - origin, e
     # Flows: each id starts once (s) and ends once (f), and each end lies inside a slice of its
     # track (where Perfetto binds it): s inside its launch slice, f at its kernel's start.
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
@@ -63,7 +69,23 @@ def check_trace(raw: bytes) -> dict[str, Any]:
                 stack.pop()
             assert not stack or end <= stack[-1], f"span {start}..{end} on {track} overlaps its parent"
             stack.append(end)
-    return {"phases": phases, "tracks": {k: len(v) for k, v in tracks.items()}, "doc": doc, "flows": flows}
+    track_names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    by_name: Counter[str] = Counter()
+    for e in events:
+        if e["ph"] in ("X", "i") and (e["pid"], e["tid"]) in track_names and e.get("s", "t") == "t":
+            by_name[track_names[(e["pid"], e["tid"])]] += 1
+    return {
+        "phases": phases,
+        "cats": Counter((e["ph"], e.get("cat")) for e in events),
+        "tracks": {k: len(v) for k, v in tracks.items()},
+        "named": by_name,
+        "doc": doc,
+        "flows": flows,
+    }
 
 
 def check_perfetto(raw: bytes) -> dict[str, Any]:

@@ -97,6 +97,34 @@ CREATE TABLE IF NOT EXISTS ki.kernel_spans ON CLUSTER ki
 AS ki.kernel_spans_local
 ENGINE = Distributed('ki', 'ki', 'kernel_spans_local', cityHash64(instance));
 
+CREATE TABLE IF NOT EXISTS ki.gpu_calls_local ON CLUSTER ki
+(
+    instance LowCardinality(String),
+    gpu UInt16,
+    track LowCardinality(String) COMMENT 'nccl, memory or sync',
+    op LowCardinality(String) COMMENT 'allreduce, alloc, memcpy, stream, ... (docs/ring.md)',
+    start DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'when the host called it',
+    duration_ns UInt64 CODEC(T64, ZSTD(1)) COMMENT 'host-side duration; 0 for memory operations',
+    bytes UInt64 CODEC(T64, ZSTD(1)) COMMENT 'collective payload, allocation or copy size',
+    handle UInt64 CODEC(ZSTD(1)) COMMENT 'communicator (nccl), address (memory), handle (sync)',
+    pid UInt32 CODEC(ZSTD(1)),
+    tid UInt32 CODEC(ZSTD(1)),
+    rank UInt32 CODEC(ZSTD(1)) COMMENT 'nccl: this GPU\'s rank in the communicator',
+    nranks UInt32 CODEC(ZSTD(1)),
+    status Int32 CODEC(ZSTD(1)) COMMENT 'memory: the CUDA status (0: success)',
+    failed UInt8 CODEC(ZSTD(1)) COMMENT 'the record\'s FAILED flag'
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/gpu_calls_local', '{replica}')
+PARTITION BY toDate(start)
+ORDER BY (instance, gpu, start)
+TTL toDateTime(start) + INTERVAL 7 DAY
+SETTINGS replicated_deduplication_window = 10000, min_age_to_force_merge_seconds = 600, min_age_to_force_merge_on_partition_only = 1, old_parts_lifetime = 1, cleanup_delay_period = 1, min_compressed_bytes_to_fsync_after_merge = 1, ttl_only_drop_parts = 1
+COMMENT 'Host/GPU calls other than kernels, one row each: NCCL collectives, memory operations, syncs.';
+
+CREATE TABLE IF NOT EXISTS ki.gpu_calls ON CLUSTER ki
+AS ki.gpu_calls_local
+ENGINE = Distributed('ki', 'ki', 'gpu_calls_local', cityHash64(instance));
+
 CREATE TABLE IF NOT EXISTS ki.events_local ON CLUSTER ki
 (
     instance LowCardinality(String),

@@ -6,13 +6,14 @@ import importlib
 import logging
 import time
 
+import jsonschema
 import numpy as np
 import pytest
 from api_helpers import TestClient
 from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import create_api_app
-from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import CallBatch, Event, InstanceInfo, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 
 S = 1_000_000_000
@@ -183,6 +184,141 @@ def test_correlation_lines_up_spans_events_and_nvml_samples(client):
     assert len(body["counters"]["memory_used_bytes"]) == 10
     assert body["counters"]["memory_used_bytes"][1] == [T0 // 10**6 + 100, 1e9 + 100]
     assert {v for _, v in body["counters"]["sm_utilization"]} == {0.5}
+
+
+def _calls(rows: list[tuple[str, str, int, int, int, int]], gpu: int = 3) -> CallBatch:
+    """rows: (track, op, start_ns, duration_ns, bytes, handle) of n1's GPU ``gpu``."""
+    n = len(rows)
+    return CallBatch(
+        instance=["n1"] * n,
+        gpu=np.full(n, gpu, np.uint16),
+        track=[r[0] for r in rows],
+        op=[r[1] for r in rows],
+        start_ns=np.array([r[2] for r in rows], np.int64),
+        duration_ns=np.array([r[3] for r in rows], np.uint64),
+        bytes=np.array([r[4] for r in rows], np.uint64),
+        handle=np.array([r[5] for r in rows], np.uint64),
+        pid=np.full(n, 42, np.uint32),
+        tid=np.full(n, 43, np.uint32),
+        rank=np.full(n, 1, np.uint32),
+        nranks=np.full(n, 8, np.uint32),
+        status=np.zeros(n, np.int32),
+        failed=np.array([r[1] == "broadcast" for r in rows], np.uint8),
+    )
+
+
+@pytest.fixture(scope="module")
+def calls_window(store) -> dict[str, object]:
+    """GPU 3 of n1: two kernels, three NCCL operations on two communicators (one failed), four memory
+    operations and two syncs in [T0, T0 + 1 s), and one call after the window."""
+    store.insert_spans(_spans("n1", 3, [(7, "gemm", T0 + 1_000, 50_000), (7, "gemm", T0 + 400_000, 50_000)]))
+    rows = [
+        ("nccl", "allreduce", T0 + 100_000, 2_000_000, 1 << 30, 0xC0),
+        ("nccl", "allgather", T0 + 3_000_000, 1_000_000, 1 << 20, 0xC0),
+        ("nccl", "broadcast", T0 + 3_500_000, 200_000, 4096, 0xD0),
+        ("memory", "alloc", T0 + 50_000, 0, 1 << 30, 0x7000),
+        ("memory", "memcpy", T0 + 60_000, 0, 1 << 20, 0x8000),
+        ("memory", "free", T0 + 900_000_000, 0, 0, 0x7000),
+        ("memory", "alloc_async", T0 + 900_000_001, 0, 4096, 0x9000),
+        ("sync", "stream", T0 + 80_000, 300_000, 0, 0x55),
+        ("sync", "event", T0 + 5_000_000, 70_000, 0, 0x66),
+        ("nccl", "allreduce", T0 + 2 * S, 1, 1, 0xC0),  # outside the window
+    ]
+    store.insert_calls(_calls(rows))
+    return {"instance": "n1", "gpu": 3, "from": T0 / S, "to": (T0 + S) / S}
+
+
+def test_correlation_lists_nccl_memory_and_sync_calls_bounded_with_truncated_flags(
+    client, calls_window, monkeypatch
+):
+    body = client.get("/v1/timeline/correlation", params=calls_window).json()
+    assert [
+        (c["op"], c["ts_ns"], c["duration_ns"], c["bytes"], c["handle"], c["failed"]) for c in body["nccl"]
+    ] == [
+        ("allreduce", T0 + 100_000, 2_000_000, 1 << 30, 0xC0, False),
+        ("allgather", T0 + 3_000_000, 1_000_000, 1 << 20, 0xC0, False),
+        ("broadcast", T0 + 3_500_000, 200_000, 4096, 0xD0, True),
+    ]
+    assert {(c["rank"], c["nranks"]) for c in body["nccl"]} == {(1, 8)}
+    assert [(c["op"], c["bytes"], c["handle"], c["pid"], c["tid"]) for c in body["memory"]] == [
+        ("alloc", 1 << 30, 0x7000, 42, 43),
+        ("memcpy", 1 << 20, 0x8000, 42, 43),
+        ("free", 0, 0x7000, 42, 43),
+        ("alloc_async", 4096, 0x9000, 42, 43),
+    ]
+    assert [(c["op"], c["duration_ns"], c["handle"], c["tid"]) for c in body["syncs"]] == [
+        ("stream", 300_000, 0x55, 43),
+        ("event", 70_000, 0x66, 43),
+    ]
+    assert body["nccl_truncated"] is body["memory_truncated"] is body["syncs_truncated"] is False
+    assert len(body["spans"]) == 2
+    # the answer is what /openapi.json says it is
+    schema = client.get("/openapi.json").json()["paths"]["/v1/timeline/correlation"]["get"]["responses"][
+        "200"
+    ]
+    jsonschema.validate(body, schema["content"]["application/json"]["schema"])
+
+    monkeypatch.setattr(importlib.import_module("kernel_insight.api.timeline"), "CORRELATION_CALLS", 2)
+    body = client.get("/v1/timeline/correlation", params=calls_window).json()
+    assert [c["op"] for c in body["memory"]] == ["alloc", "memcpy"]  # the first ones, oldest first
+    assert (body["nccl_truncated"], body["memory_truncated"], body["syncs_truncated"]) == (True, True, False)
+    # a GPU without calls: empty lists
+    empty = client.get("/v1/timeline/correlation", params=WINDOW).json()
+    assert empty["nccl"] == empty["memory"] == empty["syncs"] == []
+
+
+def test_exports_draw_nccl_operations_per_communicator_and_memory_operations_on_their_tracks(
+    client, calls_window
+):
+    checked = check_trace(client.get("/v1/timeline/export", params=calls_window).content)
+    assert checked["cats"][("X", "nccl")] == 3
+    assert checked["cats"][("i", "memory")] == 4
+    assert checked["named"] == {"stream 7": 2, "NCCL comm 0xc0": 2, "NCCL comm 0xd0": 1, "memory": 4}
+    events = checked["doc"]["traceEvents"]
+    origin = int(checked["doc"]["otherData"]["origin_ns"])
+    failed = [e for e in events if e.get("cat") == "nccl" and e["args"]["failed"]]
+    assert [(e["name"], e["args"]["start_ns"], e["args"]["dur_ns"], e["args"]["comm"]) for e in failed] == [
+        ("broadcast", T0 + 3_500_000, 200_000, str(0xD0))
+    ]
+    alloc = next(e for e in events if e.get("cat") == "memory")
+    assert (alloc["name"], origin + round(alloc["ts"] * 1000)) == (f"alloc {1 << 30} B", T0 + 50_000)
+    assert alloc["args"]["address"] == str(0x7000)
+
+    proto = check_perfetto(
+        client.get("/v1/timeline/export", params={**calls_window, "format": "perfetto"}).content
+    )
+    assert proto["tracks"] == {"stream 7": 2, "NCCL comm 0xc0": 2, "NCCL comm 0xd0": 1}
+    assert proto["types"]["TYPE_INSTANT"] == 4  # the memory operations (no events on this GPU)
+    assert ("NCCL comm 0xc0", "allreduce", T0 + 100_000, T0 + 2_100_000) in proto["slices"]
+    assert "memory" in proto["names"]
+
+
+def test_overlapping_nccl_operations_of_one_communicator_go_to_a_second_track(client, store):
+    store.insert_calls(
+        _calls(
+            [
+                ("nccl", "allreduce", T0 + 1_000, 5_000, 8, 0xE0),
+                ("nccl", "send", T0 + 2_000, 1_000, 8, 0xE0),  # inside the first: a second track
+                ("nccl", "recv", T0 + 7_000, 1_000, 8, 0xE0),  # after it: back on the first
+            ],
+            gpu=4,
+        )
+    )
+    window = {"instance": "n1", "gpu": 4, "from": T0 / S, "to": (T0 + S) / S}
+    checked = check_trace(client.get("/v1/timeline/export", params=window).content)
+    assert checked["named"] == {"NCCL comm 0xe0": 2, "NCCL comm 0xe0 (2)": 1}
+    proto = check_perfetto(client.get("/v1/timeline/export", params={**window, "format": "perfetto"}).content)
+    assert proto["tracks"] == {"NCCL comm 0xe0": 2, "NCCL comm 0xe0 (2)": 1}
+
+
+def test_export_refuses_a_window_over_the_call_limit(client, calls_window):
+    import kernel_insight.collector.trace as trace
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trace.call_tracks, "__kwdefaults__", {"max_calls": 3})
+        r = client.get("/v1/timeline/export", params=calls_window)
+    assert r.status_code == 400
+    assert "more than 3 memory operations" in r.json()["error"]
 
 
 def test_export_is_a_valid_chrome_trace_with_a_track_per_stream(client):

@@ -141,6 +141,51 @@ def test_memops_collectives_syncs_and_launches(ring):
     assert _find(s, "cuda_launch_calls_total", kernel="gemm")[-1][1] == 1.0
 
 
+def test_collectives_memops_and_long_syncs_are_kept_one_row_per_call(ring):
+    ring.collective(CollectiveOp.ALLGATHER, 1, T0, 1 << 30, 2_000_000, 0xC0, 3, 8)
+    ring.collective(CollectiveOp.ALLREDUCE, 1, T0 + 5, 1 << 20, 4_000_000, 0xC0, 3, 8, 1)
+    ring.memop(MemopKind.ALLOC, 1, T0 + 10, 0x1000, 1 << 20, 42, 43)
+    ring.memop(MemopKind.MEMCPY, 1, T0 + 11, 0x2000, 4096, 42, 43)
+    ring.memop(MemopKind.ALLOC, 1, T0 + 12, 0, 1 << 40, 42, 43, 2)  # cudaErrorMemoryAllocation
+    ring.sync(SyncKind.EVENT, 1, T0 + 20, 500_000, 7, 42, 44)
+    calls = Deriver("host-1").derive(_drain(ring)).calls
+    rows = sorted(
+        zip(
+            calls.track, calls.op, calls.start_ns.tolist(), calls.duration_ns.tolist(), calls.bytes.tolist(),
+            calls.handle.tolist(), calls.pid.tolist(), calls.tid.tolist(), calls.rank.tolist(),
+            calls.nranks.tolist(), calls.status.tolist(), calls.failed.tolist(), strict=True,
+        ),
+        key=lambda r: r[2],
+    )  # fmt: skip
+    assert rows == [
+        ("nccl", "allgather", T0, 2_000_000, 1 << 30, 0xC0, 0, 0, 3, 8, 0, 0),
+        ("nccl", "allreduce", T0 + 5, 4_000_000, 1 << 20, 0xC0, 0, 0, 3, 8, 0, 1),
+        ("memory", "alloc", T0 + 10, 0, 1 << 20, 0x1000, 42, 43, 0, 0, 0, 0),
+        ("memory", "memcpy", T0 + 11, 0, 4096, 0x2000, 42, 43, 0, 0, 0, 0),
+        ("memory", "alloc", T0 + 12, 0, 1 << 40, 0, 42, 43, 0, 0, 2, 1),
+        ("sync", "event", T0 + 20, 500_000, 0, 7, 42, 44, 0, 0, 0, 0),
+    ]
+    assert set(calls.gpu.tolist()) == {1}
+    assert set(calls.instance) == {"host-1"}
+
+
+def test_short_syncs_are_sampled_uniformly_across_batches_and_long_ones_all_kept(ring):
+    d = Deriver("host-1", sync_keep_ns=10_000, sync_sample_every=10)
+    kept_short = kept_long = 0
+    for batch in range(3):  # 3 batches of 35 short and 5 long syncs: 105 short, 1 in 10 kept
+        for i in range(40):
+            ring.sync(SyncKind.STREAM, 0, T0 + batch * 100 + i, 50_000 if i % 8 == 0 else 2_000, 7, 42)
+        derived = d.derive(_drain(ring))
+        kept_long += int((derived.calls.duration_ns >= 10_000).sum())
+        kept_short += int((derived.calls.duration_ns < 10_000).sum())
+        # the counters still count every sync
+        assert _find(_samples(derived), "cuda_syncs_total", kind="stream")[-1][1] == 40.0 * (batch + 1)
+    assert kept_long == 15
+    assert kept_short == 11  # short syncs number 0, 10, ..., 100 across the batches
+    with pytest.raises(ValueError, match="sync_sample_every"):
+        Deriver("host-1", sync_sample_every=0)
+
+
 def test_fingerprints_describe_the_instance(ring):
     for gpu in (0, 1):
         ring.fingerprint(FingerprintField.NAME, gpu, T0, ring.intern("NVIDIA H100"), 1)

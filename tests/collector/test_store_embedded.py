@@ -46,6 +46,7 @@ def test_schema_creates_every_table_with_codecs(store):
         "series",
         "samples",
         "kernel_spans",
+        "gpu_calls",
         "events",
         "instances",
         "batches",

@@ -72,3 +72,41 @@ def test_a_failed_store_does_not_count_twice(tmp_path):
         assert sink(_batch(1)) in (True, False)
         assert _launches(store) == [[3.0, 6.0]]
         sink.close()
+
+
+def _calls_batch(seq: int) -> DecodedBatch:
+    """Two NCCL all-reduces and a 1 MiB allocation on GPU 1 (COLLECTIVE, MEMOP records)."""
+    coll = np.zeros(2, RECORD_DTYPE)
+    coll["type"], coll["producer"], coll["device"], coll["id"] = RecordType.COLLECTIVE, 1, 1, 1
+    coll["ts_ns"] = NOW + seq * 10_000_000 + np.arange(2) * 1000
+    cp = np.zeros(
+        2, np.dtype([("bytes", "<u8"), ("dur", "<u8"), ("comm", "<u8"), ("rank", "<u4"), ("n", "<u4")])
+    )
+    cp["bytes"], cp["dur"], cp["comm"], cp["rank"], cp["n"] = 1 << 30, 2_000_000, 0xC0, 3, 8
+    coll["payload"] = cp.view("V32")
+    mem = np.zeros(1, RECORD_DTYPE)
+    mem["type"], mem["producer"], mem["device"], mem["id"] = RecordType.MEMOP, 1, 1, 1
+    mem["ts_ns"] = NOW + seq * 10_000_000 + 5000
+    mp = np.zeros(
+        1, np.dtype([("addr", "<u8"), ("bytes", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("r", "V8")])
+    )
+    mp["addr"], mp["bytes"], mp["pid"], mp["tid"] = 0x1000, 1 << 20, 42, 43
+    mem["payload"] = mp.view("V32")
+    header = BatchHeader(AGENT, 1, 7, seq, NOW, NOW + seq * 10_000_000 + 10_000, 3, 0, 1)
+    return DecodedBatch(header, arrays={RecordType.COLLECTIVE: coll, RecordType.MEMOP: mem})
+
+
+def test_nccl_and_memory_calls_are_stored_once_per_call_through_the_batcher(tmp_path):
+    with EmbeddedStore(tmp_path / "d") as store:
+        sink = StoreSink(store, instance_of=lambda a: "host-1")
+        assert sink(_calls_batch(0)) is True
+        assert sink(_calls_batch(0)) is False  # a retry of a stored batch writes nothing again
+        rows = store.query(
+            "SELECT track, op, gpu, count() AS n, sum(bytes) AS b FROM ki.gpu_calls"
+            " WHERE instance = 'host-1' GROUP BY track, op, gpu ORDER BY track"
+        ).to_pylist()
+        assert rows == [
+            {"track": "memory", "op": "alloc", "gpu": 1, "n": 1, "b": 1 << 20},
+            {"track": "nccl", "op": "allreduce", "gpu": 1, "n": 2, "b": 2 << 30},
+        ]
+        sink.close()
