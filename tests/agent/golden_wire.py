@@ -2,7 +2,8 @@
 
 The frame was sealed by the C agent's encoder (tests/agent/c/test_encode_seal.c: agent id
 00..0f, key 100..131, key id 3, epoch 77, seq 5) from ``records.bin``; ``frame.json`` is what
-the decoder made of it. Regenerate only when the wire format changes on purpose, and say why
+the decoder made of it. ``frame_v2.kib`` / ``frame_v2.json``: the same records as a version 2
+body (kernels and NCCL operations aggregated into a HISTOGRAMS section, no kernel span kept). Regenerate only when the wire format changes on purpose, and say why
 in the commit: ``.venv/bin/python tests/agent/golden_wire.py``.
 """
 
@@ -92,8 +93,37 @@ def _payload_json(rtype: int, payload: np.void) -> dict[str, Any]:
 
 
 def batch_json(batch: wire.DecodedBatch) -> dict[str, Any]:
-    """A decoded batch as plain JSON: header, counters, names, every record field by name."""
+    """A decoded batch as plain JSON: header, counters, names, every record field by name (and,
+    for a version 2 body, its version and histograms)."""
     h = batch.header
+    out = _batch_json(batch, h)
+    if batch.body_version != 1:
+        out["body_version"] = batch.body_version
+        hist = batch.histograms
+        out["histograms"] = (
+            None
+            if hist is None
+            else {
+                "ts_ns": hist.ts_ns,
+                "rows": [
+                    {**{k: v for k, v in vars_of(r).items() if k != "kind"}, "kind": r.kind.name}
+                    for r in hist.rows()
+                ],
+            }
+        )
+    return out
+
+
+def vars_of(row: Any) -> dict[str, Any]:
+    """A HistRow's fields as JSON values (tuples as lists)."""
+    out = {}
+    for name in row.__dataclass_fields__:
+        v = getattr(row, name)
+        out[name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+    return out
+
+
+def _batch_json(batch: wire.DecodedBatch, h: wire.BatchHeader) -> dict[str, Any]:
     return {
         "header": {
             "agent_id": h.agent_id.hex(),
@@ -123,13 +153,14 @@ def batch_json(batch: wire.DecodedBatch) -> dict[str, Any]:
     }
 
 
-def seal_in_c(tmp: Path, records: Path) -> bytes:
-    """The frame the C encoder seals from ``records`` (built from the current sources)."""
+def seal_in_c(tmp: Path, records: Path, *mode: str) -> bytes:
+    """The frame the C encoder seals from ``records`` (built from the current sources); mode
+    ``"v2"``: a version 2 body, the kernels in a HISTOGRAMS section."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_agent_units import run_unit
 
     out = tmp / "frame.kib"
-    run_unit(tmp, "test_encode_seal", str(records), str(out))
+    run_unit(tmp, "test_encode_seal", str(records), str(out), *mode)
     return out.read_bytes()
 
 
@@ -138,12 +169,13 @@ def main() -> int:
 
     FIXTURES.mkdir(parents=True, exist_ok=True)
     (FIXTURES / "records.bin").write_bytes(golden_records().tobytes())
-    with tempfile.TemporaryDirectory() as tmp:
-        frame = seal_in_c(Path(tmp), FIXTURES / "records.bin")
-    (FIXTURES / "frame.kib").write_bytes(frame)
-    decoded = batch_json(wire.decode_batch(frame, KEY))
-    (FIXTURES / "frame.json").write_text(json.dumps(decoded, indent=1) + "\n")
-    print(f"wrote {FIXTURES}: {len(frame)} bytes, {decoded['header']['record_count']} records")
+    for name, mode in (("frame", ()), ("frame_v2", ("v2",))):
+        with tempfile.TemporaryDirectory() as tmp:
+            frame = seal_in_c(Path(tmp), FIXTURES / "records.bin", *mode)
+        (FIXTURES / f"{name}.kib").write_bytes(frame)
+        decoded = batch_json(wire.decode_batch(frame, KEY))
+        (FIXTURES / f"{name}.json").write_text(json.dumps(decoded, indent=1) + "\n")
+        print(f"wrote {FIXTURES}/{name}: {len(frame)} bytes, {decoded['header']['record_count']} records")
     return 0
 
 

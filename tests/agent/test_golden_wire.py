@@ -53,3 +53,24 @@ def test_the_c_encoder_still_seals_the_golden_frame(tmp_path):
     assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
     assert fresh[:20] == golden[:20]  # magic, version, AEAD, compression, flags, agent id
     assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
+
+
+def test_the_decoder_reads_the_v2_golden_frame_as_committed():
+    """Version 2: the same records with the kernels and NCCL operations in a HISTOGRAMS section."""
+    frame = (FIXTURES / "frame_v2.kib").read_bytes()
+    want = json.loads((FIXTURES / "frame_v2.json").read_text())
+    got = batch_json(wire.decode_batch(frame, KEY))
+    assert got == want
+    assert got["body_version"] == 2
+    kinds = sorted(r["kind"] for r in got["histograms"]["rows"])
+    assert kinds == ["KERNEL", "KERNEL", "NCCL", "NCCL"]  # two GPUs each
+    assert all(r["type"] != "KERNEL" for r in got["records"])  # no span kept: rates 0 in the encoder test
+    assert [2, 42, "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkernel_gemm"] in got["strings"]
+
+
+def test_the_c_encoder_still_seals_the_v2_golden_frame(tmp_path):
+    golden = (FIXTURES / "frame_v2.kib").read_bytes()
+    fresh = seal_in_c(tmp_path, FIXTURES / "records.bin", "v2")
+    g_head, f_head = wire.parse_header(golden), wire.parse_header(fresh)
+    assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
+    assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)

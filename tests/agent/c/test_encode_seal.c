@@ -1,10 +1,14 @@
-/* Unit test: encode + compress + seal a known batch; the Python decoder checks the output file. */
+/* Unit test: encode + compress + seal a known batch; the Python decoder checks the output file.
+ *   test_encode_seal IN OUT       body version 1: every record
+ *   test_encode_seal IN OUT v2    body version 2: kernels into a HISTOGRAMS section (no span
+ *                                 kept: sample and tail rates 0), the other records as they are */
 #define _POSIX_C_SOURCE 200809L
 #include <sodium.h>
 #include <string.h>
 
 #include "ki_compress.h"
 #include "ki_encode.h"
+#include "ki_kstats.h"
 #include "ki_names.h"
 #include "ki_ring.h"
 #include "ki_seal.h"
@@ -16,8 +20,11 @@ static void update(struct ki_counters *c, const struct ki_batch_info *info, void
     c->v[KI_CTR_GARBAGE_SKIPPED] += info->garbage;
 }
 
+static void mark(void *arg, uint32_t producer, uint32_t id) { ki_names_mark(arg, producer, id, 1); }
+
 int main(int argc, char **argv) {
-    CHECK(argc == 3); /* input: raw 64-byte records; output: the sealed frame */
+    CHECK(argc == 3 || (argc == 4 && !strcmp(argv[3], "v2"))); /* input: raw 64-byte records; output: the sealed frame */
+    int v2 = argc == 4;
     CHECK(sodium_init() >= 0);
     static struct ki_record recs[4096];
     FILE *in = fopen(argv[1], "rb");
@@ -28,6 +35,34 @@ int main(int argc, char **argv) {
     struct ki_encoder *e = ki_encoder_create(4096, names);
     struct ki_compress *z = ki_compress_create(3);
     CHECK(names && e && z);
+    struct ki_kstats *ks = NULL;
+    uint8_t *hist = NULL;
+    size_t hlen = 0;
+    uint64_t hts = 0;
+    if (v2) {
+        struct ki_kstats_config kc = {
+            .hist = {.schema = 3, .zero_threshold = KI_HISTOGRAM_DEFAULT_ZERO_THRESHOLD, .max_buckets = 160,
+                     .max_keys = 64},
+            .interval_ns = 1000000000ULL,
+            .tail_quantile = 0.99,
+            .tail_min_count = 100,
+            .section_max = 64 << 10,
+        };
+        ks = ki_kstats_create(&kc);
+        CHECK(ks != NULL);
+        uint64_t last = 0;
+        for (size_t i = 0; i < n; i++)
+            if (recs[i].rec.type != KI_REC_STRING && recs[i].rec.ts_ns > last) last = recs[i].rec.ts_ns;
+        n = ki_kstats_feed(ks, recs, n);
+        size_t bound = ki_kstats_section_bound(ks);
+        hist = malloc(bound);
+        CHECK(hist && ki_kstats_want(ks, 1, last)); /* stamped with the newest record's time */
+        CHECK_EQ(ki_kstats_encode(ks, hist, bound, &hlen, &hts, mark, names), 0);
+        CHECK(hlen > 0);
+        ki_encoder_reserve(e, bound);
+    }
+#define EXTRA() \
+    if (v2) ki_encoder_set_extra(e, 2, 0x04, hist, hlen)
     size_t cap = ki_encoder_bound(e);
     uint8_t *body = malloc(cap);
     size_t fcap = KI_HEADER_BYTES + ki_compress_bound(cap) + KI_TAG_BYTES;
@@ -37,8 +72,11 @@ int main(int argc, char **argv) {
     ctr.v[KI_CTR_RECORDS_READ] = n;
     struct ki_batch_info info;
     size_t blen, clen, flen;
+    EXTRA();
     CHECK_EQ(ki_encode_body(e, recs, n, names, 1, &ctr, update, NULL, body, cap, &blen, &info), 0);
+    EXTRA();
     CHECK_EQ(ki_encode_body(e, recs, n, names, 1, &ctr, update, NULL, body, 8, &blen, &info), -ENOBUFS);
+    EXTRA();
     CHECK_EQ(ki_encode_body(e, recs, n, names, 1, &ctr, NULL, NULL, body, cap, &blen, &info), 0);
     CHECK_EQ(ki_compress_run(z, body, blen, frame + KI_HEADER_BYTES, fcap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen), 0);
     struct ki_seal s;
@@ -48,8 +86,10 @@ int main(int argc, char **argv) {
     s.key_id = 3;
     s.epoch = 77;
     s.next_seq = 5;
-    CHECK_EQ(ki_seal_frame(&s, frame, clen, KI_COMPRESSION_ZSTD, info.shipped ? info.t_min : 1,
-                           info.shipped ? info.t_max : 1, info.shipped, &flen), 0);
+    uint64_t t_min = info.shipped ? info.t_min : 1, t_max = info.shipped ? info.t_max : 1;
+    if (hlen && hts < t_min) t_min = hts; /* the histograms' time lies in the batch's range too */
+    if (hlen && hts > t_max) t_max = hts;
+    CHECK_EQ(ki_seal_frame(&s, frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen), 0);
     CHECK_EQ(s.next_seq, 6);
     /* Re-sealing under a new key opens with the old one and takes the next sequence number. */
     uint8_t old_key[32];
@@ -72,6 +112,8 @@ int main(int argc, char **argv) {
     free(body);
     free(frame);
     ki_encoder_destroy(e);
+    ki_kstats_destroy(ks);
+    free(hist);
     ki_compress_destroy(z);
     ki_names_destroy(names);
     return 0;
