@@ -80,6 +80,30 @@ def hsub(a: H, b: H) -> tuple[H, bool, bool]:
     return res.histogram, bool(res.counter_reset_collision), bool(res.nhcb_bounds_reconciled)
 
 
+def hkahan_add(acc: H, h: H, comp: H | None) -> tuple[H, H, bool, bool]:
+    """``acc + h`` with Kahan-compensated counts (Prometheus' KahanAdd, as sum and avg add):
+    (sum, compensation, counter-reset collision, custom buckets reconciled)."""
+    _checked(acc, h)
+    try:
+        res = acc.kahan_add(h, comp)
+    except nh.HistogramError:
+        raise Incompatible from None
+    return (
+        res.histogram,
+        res.compensation,
+        bool(res.counter_reset_collision),
+        bool(res.nhcb_bounds_reconciled),
+    )
+
+
+def kahan_total(total: H, comp: H | None, divisor: float | None = None) -> H:
+    """A compensated sum's value: ``total + comp`` (each divided by ``divisor`` first, as avg does)."""
+    if divisor is not None:
+        total = total.div(divisor)
+        comp = None if comp is None else comp.div(divisor)
+    return total if comp is None else total.add(comp).histogram
+
+
 def hmul(h: H, f: float) -> H:
     """``h * f`` as a new histogram."""
     return h.mul(f)
@@ -598,6 +622,7 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
             ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
         return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, dense_totals)
     totals: OBJ = np.full((n, steps), None, dtype=object)
+    comps: OBJ = np.full((n, steps), None, dtype=object)
     counts = np.zeros((n, steps), dtype=np.int64)
     bad = np.zeros((n, steps), dtype=bool)
     reset_seen = np.zeros((n, steps), dtype=bool)
@@ -618,7 +643,7 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
             totals[g, j] = h.copy()
             continue
         try:
-            res, _, reconciled = hadd(acc, h)
+            res, comp, _, reconciled = hkahan_add(acc, h, comps[g, j])
         except Incompatible:
             ev.annotate("warning", mixed_exponential_custom(metric_name(vec.labels[i])), node.expr.pos)
             bad[g, j] = True
@@ -626,14 +651,12 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
             continue
         if reconciled:
             ev.annotate("info", reconciled_custom_buckets("aggregation"), node.expr.pos)
-        totals[g, j] = res
+        totals[g, j], comps[g, j] = res, comp
     if (reset_seen & not_reset_seen).any():
         ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
     for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
-        total = totals[g, j]
-        if op == "avg":
-            total = hdiv(total, float(counts[g, j]))
-        totals[g, j] = hcompact(total)
+        divisor = float(counts[g, j]) if op == "avg" else None
+        totals[g, j] = hcompact(kahan_total(totals[g, j], comps[g, j], divisor))
     return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
 
 
@@ -1038,10 +1061,10 @@ def _sum_avg_over_time(
             continue
         reset_seen = any(h.counter_reset_hint == COUNTER_RESET for h in hs)
         not_reset_seen = any(h.counter_reset_hint == NOT_COUNTER_RESET for h in hs)
-        total = hs[0].copy()
+        total, comp = hs[0].copy(), None
         try:
             for h in hs[1:]:
-                total, _, reconciled = hadd(total, h)
+                total, comp, _, reconciled = hkahan_add(total, h, comp)
                 if reconciled:
                     ctx.info(reconciled_custom_buckets("aggregation"), pos)
         except Incompatible:
@@ -1049,9 +1072,7 @@ def _sum_avg_over_time(
             continue
         if reset_seen and not_reset_seen:
             ctx.warn(counter_reset_collision("aggregation"), pos)
-        if mean:
-            total = hdiv(total, float(len(hs)))
-        hists[i, j] = hcompact(total) if not mean else total
+        hists[i, j] = kahan_total(total, comp, float(len(hs)) if mean else None)
     return _combine(r, floats, hists, drop=mixed)
 
 
@@ -1904,16 +1925,35 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
     target = gid[rows] * steps + cols
     cells_n = n * steps
 
-    def summed(values: F64) -> F64:
-        out = np.zeros((cells_n, *values.shape[1:]))
-        np.add.at(out, target, values)
-        return out
+    # Each (group, step) adds its members in input order: rank k of every cell at once, with
+    # Prometheus' Neumaier compensation (KahanAdd), the first member as the start value.
+    by_target = np.argsort(target, kind="stable")
+    starts = np.searchsorted(target[by_target], np.arange(cells_n))
+    rank = np.empty(len(target), dtype=np.int64)
+    rank[by_target] = np.arange(len(target)) - starts[target[by_target]]
+    levels = [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
 
-    count = summed(block.count)
-    total = summed(block.sum)
-    zero = summed(block.zero)
-    pos = summed(block.pos)
-    neg = summed(block.neg)
+    def summed(values: F64) -> tuple[F64, F64]:
+        total_ = np.zeros((cells_n, *values.shape[1:]))
+        comp_ = np.zeros_like(total_)
+        for k, sel in enumerate(levels):
+            tgt = target[sel]
+            inc = values[sel]
+            if k == 0:
+                total_[tgt] = inc
+                continue
+            acc = total_[tgt]
+            t = acc + inc
+            c = comp_[tgt] + np.where(np.abs(acc) >= np.abs(inc), (acc - t) + inc, (inc - t) + acc)
+            comp_[tgt] = np.where(np.isinf(t), 0.0, c)
+            total_[tgt] = t
+        return total_, comp_
+
+    count, count_c = summed(block.count)
+    total, total_c = summed(block.sum)
+    zero, zero_c = summed(block.zero)
+    pos, pos_c = summed(block.pos)
+    neg, neg_c = summed(block.neg)
     members = np.bincount(target, minlength=cells_n).astype(np.float64)
     hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
     seen = {hint: np.bincount(target[hints == hint], minlength=cells_n) > 0 for hint in (0, 1, 2, 3)}
@@ -1924,18 +1964,19 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
     first_hint[target[::-1]] = hints[::-1]
     hint = np.where(seen[GAUGE], GAUGE, np.where(kinds == 1, first_hint, UNKNOWN))
     filled = np.flatnonzero(members > 0)
-    if mean:
-        m = members[filled]
-        count_f, total_f, zero_f = count[filled] / m, total[filled] / m, zero[filled] / m
-        pos_f, neg_f = pos[filled] / m[:, None], neg[filled] / m[:, None]
-    else:
-        count_f, total_f, zero_f, pos_f, neg_f = (
-            count[filled],
-            total[filled],
-            zero[filled],
-            pos[filled],
-            neg[filled],
-        )
+    m = members[filled]
+
+    def finished(v: F64, c: F64) -> F64:
+        # kahan_total: the sum plus its compensation, each divided first for a mean.
+        if not mean:
+            out_: F64 = v[filled] + c[filled]
+            return out_
+        d = m if v.ndim == 1 else m[:, None]
+        mean_: F64 = v[filled] / d + c[filled] / d
+        return mean_
+
+    count_f, total_f, zero_f = finished(count, count_c), finished(total, total_c), finished(zero, zero_c)
+    pos_f, neg_f = finished(pos, pos_c), finished(neg, neg_c)
     out: OBJ = np.full(cells_n, None, dtype=object)
     by_hint = hint[filled]
     for value in np.unique(by_hint).tolist():

@@ -475,3 +475,25 @@ def test_a_recording_rule_refuses_histogram_samples_instead_of_writing_nan() -> 
     floats = "sum(rate(plain[1m]))"
     ok = RecordingRule(RuleSpec(kind="record", name="plain:rate1m", expr=floats, query=parse(floats)))
     assert len(ok.eval(Engine(_counter_store()), 300_000, 0)) == 1
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_histogram_sums_are_kahan_compensated_as_prometheus(
+    dense: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sum and sum_over_time add histograms with Prometheus' KahanAdd: 1e100 + 1 - 1e100 is 1, not 0."""
+    from kernel_insight.kql import histeval
+
+    if dense:
+        monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
+    s = MemoryStorage()
+    for k, v in enumerate((1e100, 1.0, -1e100)):
+        s.add_histograms({"__name__": "h", "k": str(k)}, [0], [_h(v, (v,), hint=3)])
+        s.add_histograms({"__name__": "g"}, [k * 1000], [_h(v, (v,), hint=3)])
+    total = _one(Engine(s).instant_query("sum(h)", 0).value)
+    assert total.histogram is not None
+    assert total.histogram.count == 1.0
+    assert list(total.histogram.positive_buckets) == [1.0]
+    over_time = _one(Engine(s).instant_query("sum_over_time(g[10s])", 2000).value)
+    assert over_time.histogram is not None
+    assert over_time.histogram.count == 1.0
