@@ -148,9 +148,12 @@ def read_spans(
 ) -> tuple[list[dict[str, Any]], SpanCursor | None]:
     """One page of spans in (start, stream, correlation) order and the cursor of the next (None: no more).
 
-    Ordered by the ``start`` column itself (not an expression of it), so ClickHouse reads the
-    window's granules in key order and stops after the page instead of sorting the window.
+    Ordered by the ``start`` column alone, so ClickHouse reads the window's granules in key
+    order and stops after the page: ordering by (start, stream, correlation) makes it read and
+    sort the whole window (100-300 ms over a 1M-span capture instead of 5). The spans sharing
+    the page's last start are then read by that start (the key) and the page sorted fully.
     """
+    table = qualified(store.database, "kernel_spans")
     p = Params()
     where = window.where(p)
     if cursor is not None:
@@ -160,15 +163,22 @@ def read_spans(
             f" ({after}, toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
         )
     rows = store.query(
-        f"SELECT {_SPAN_COLUMNS} FROM {qualified(store.database, 'kernel_spans')} WHERE {where}"
-        f" ORDER BY start, stream, correlation LIMIT {int(limit) + 1}",
-        p,
+        f"SELECT {_SPAN_COLUMNS} FROM {table} WHERE {where} ORDER BY start LIMIT {int(limit) + 1}", p
     ).to_pylist()
-    spans = [_span(r) for r in rows[:limit]]
-    if len(rows) <= limit or not spans:
-        return spans, None
-    last = spans[-1]
-    return spans, SpanCursor(last["start_ns"], last["stream"], last["correlation"])
+    if len(rows) > limit:  # more follow: take every span of the last start, however many
+        last = int(rows[-1]["start_ns"])
+        rows = [r for r in rows if int(r["start_ns"]) < last]
+        rows += store.query(
+            f"SELECT {_SPAN_COLUMNS} FROM {table} WHERE {where}"
+            f" AND start = fromUnixTimestamp64Nano(toInt64({last}), 'UTC')",
+            p,
+        ).to_pylist()
+    spans = sorted((_span(r) for r in rows), key=lambda x: (x["start_ns"], x["stream"], x["correlation"]))
+    page = spans[:limit]
+    if len(spans) <= limit or not page:
+        return page, None
+    last_span = page[-1]
+    return page, SpanCursor(last_span["start_ns"], last_span["stream"], last_span["correlation"])
 
 
 def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> dict[str, Any]:

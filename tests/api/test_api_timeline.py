@@ -489,3 +489,27 @@ def test_perfetto_export_refuses_more_spans_than_it_builds(client, monkeypatch):
     r = client.get("/v1/timeline/export", params={**WINDOW, "format": "perfetto"})
     assert r.status_code == 400
     assert "export JSON" in r.json()["error"]
+
+
+def test_pages_split_inside_a_run_of_equal_starts_lose_and_repeat_nothing(client, store):
+    # GPU 4: 25 spans starting at the same nanosecond (streams 1..5 x correlations), around others
+    rows = [(1 + i % 5, "same", T0 + 500, 100) for i in range(25)] + [
+        (9, "before", T0 + 100, 10),
+        (9, "after", T0 + 900, 10),
+    ]
+    store.insert_spans(_spans("n1", 4, rows))
+    window = {"instance": "n1", "gpu": 4, "from": T0 / S, "to": (T0 + S) / S}
+    seen, cursor = [], None
+    while True:
+        body = client.get(
+            "/v1/timeline/spans", params={**window, "limit": 7} | ({"cursor": cursor} if cursor else {})
+        )
+        assert body.status_code == 200, body.text
+        seen += body.json()["spans"]
+        cursor = body.json()["next_cursor"]
+        if cursor is None:
+            break
+    keys = [(s["start_ns"], s["stream"], s["correlation"]) for s in seen]
+    assert keys == sorted(keys)
+    assert len(set(keys)) == len(keys) == 27
+    assert (seen[0]["kernel"], seen[-1]["kernel"]) == ("before", "after")
