@@ -639,7 +639,9 @@ class Store(ABC):
                 "instance": instance,
                 "gpu": pa.array(spans.gpu, pa.uint16()),
                 "stream": pa.array(spans.stream, pa.uint64()),
-                "kernel": pa.array(spans.kernel, pa.string()),
+                # Dictionary-encoded (a batch holds few distinct names): the LowCardinality column
+                # is then filled from the dictionary, not by hashing every row's string in chDB.
+                "kernel": pa.array(spans.kernel, pa.string()).dictionary_encode(),
                 "start": pa.array(start, pa.timestamp("ns", tz="UTC")),
                 "end": pa.array(end, pa.timestamp("ns", tz="UTC")),
                 "duration_ns": pa.array(np.maximum(end - start, 0).astype(np.uint64), pa.uint64()),
