@@ -23,7 +23,7 @@ from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import RangeInput, StepVector, hist_mask, keep_hists
+from kernel_insight.kql.values import HistRange, RangeInput, StepVector, hist_mask, keep_hists
 
 __all__ = [
     "CUSTOM_BUCKETS_SCHEMA",
@@ -615,6 +615,9 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     if mixed.any():
         ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
     assert vec.hists is not None
+    single = _single_members(vec.hists, gid, n, mixed)
+    if single is not None:
+        return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
     dense = dense_sum(vec.hists, gid, n, mixed, op == "avg")
     if dense is not None:
         dense_totals, collision = dense
@@ -1262,10 +1265,15 @@ def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector
         rows, steps = np.nonzero(hist_mask(vec.hists))
         hs = vec.hists[rows, steps].tolist()
         decided = np.zeros(len(hs), dtype=bool)
-        block = DenseBlock.of(hs) if len(hs) >= DENSE_MIN_CELLS else None
-        if block is not None:
-            dense, decided = dense_quantiles(np.asarray(q, dtype=np.float64)[steps], block)
-            values[rows[decided], steps[decided]] = dense[decided]
+        qs = np.asarray(q, dtype=np.float64)[steps]
+        # Cells come series by series: chunks of neighbouring series keep blocks narrow.
+        for a in range(0, len(hs), DENSE_CHUNK):
+            b = min(a + DENSE_CHUNK, len(hs))
+            block = DenseBlock.of(hs[a:b]) if b - a >= DENSE_MIN_CELLS else None
+            if block is not None:
+                dense, done = dense_quantiles(qs[a:b], block)
+                decided[a:b] = done
+                values[rows[a:b][done], steps[a:b][done]] = dense[done]
         for k in np.flatnonzero(~decided).tolist():
             if k % 1024 == 1023:
                 ctx.check()
@@ -1825,16 +1833,55 @@ def _zero_clean(block: DenseBlock) -> bool:
     return True
 
 
+#: Samples (or cells) per dense block: series of different kernels cover different bucket ranges,
+#: so one block over all of them is as wide as their union; blocks of neighbouring series stay
+#: narrow and bounded in memory.
+DENSE_CHUNK = 20_000
+
+
 def dense_rate(
     r: RangeInput, counter: bool, per_second: bool, candidates: BOOL
 ) -> tuple[dict[tuple[int, int], H], BOOL] | None:
-    """rate/increase of every candidate window at once, for ranges whose histograms share a layout
-    and hold no gauge histograms; also says which windows it decided. A window with a counter
-    reset inside is left to :func:`histogram_rate` (Prometheus adds the reset back sample by
-    sample), so every decided result is the per-window path's, bit for bit.
+    """rate/increase of every candidate window at once, series chunk by series chunk (each a
+    :class:`DenseBlock` when its histograms share a schema and zero threshold and hold no gauge
+    histograms); also says which windows it decided. A window with a counter reset inside is
+    left to :func:`histogram_rate` (Prometheus adds the reset back sample by sample), so every
+    decided result is the per-window path's, bit for bit.
     """
     hr = r.hist
     if hr is None or not counter or len(hr.hs) < DENSE_MIN_CELLS:
+        return None
+    out: dict[tuple[int, int], H] = {}
+    decided = np.zeros(candidates.shape, dtype=bool)
+    n = len(hr.offsets) - 1
+    a = 0
+    while a < n:
+        base = int(hr.offsets[a])
+        b = int(np.searchsorted(hr.offsets, base + DENSE_CHUNK, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        end = int(hr.offsets[b])
+        sub = HistRange(
+            hr.ts[base:end],
+            hr.hs[base:end],
+            hr.offsets[a : b + 1] - base,
+            hr.lo[a:b] - base,
+            hr.hi[a:b] - base,
+        )
+        part = _dense_rate_chunk(r, sub, per_second, candidates[a:b])
+        if part is not None:
+            results, done = part
+            out.update({(i + a, j): h for (i, j), h in results.items()})
+            decided[a:b] = done
+        a = b
+        r.checkpoint()
+    return out, decided
+
+
+def _dense_rate_chunk(
+    r: RangeInput, hr: HistRange, per_second: bool, candidates: BOOL
+) -> tuple[dict[tuple[int, int], H], BOOL] | None:
+    """:func:`dense_rate` over the series of one chunk (``hr`` indexes the chunk's own samples)."""
+    if len(hr.hs) < DENSE_MIN_CELLS:
         return None
     hs = hr.hs.tolist()
     hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
@@ -1903,6 +1950,27 @@ def dense_rate(
         GAUGE,
     )
     return dict(zip(zip(wi.tolist(), wj.tolist(), strict=True), out, strict=True)), decided
+
+
+def _single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
+    """sum/avg where no (group, step) holds more than one histogram (``sum by (kernel)`` over one
+    series per kernel): each result is its one member, compacted (x + 0 and x / 1 are x), so
+    nothing is added; None when some group has several members."""
+    steps = hists.shape[1]
+    rows, cols = np.nonzero(hist_mask(hists))
+    keep = ~mixed[gid[rows], cols]
+    rows, cols = rows[keep], cols[keep]
+    target = gid[rows] * steps + cols
+    if len(np.unique(target)) != len(target):
+        return None
+    out: OBJ = np.full((n, steps), None, dtype=object)
+    members = hists[rows, cols].tolist()
+    holder = np.empty(len(members), dtype=object)
+    holder[:] = [
+        h if 0.0 not in h.positive_buckets and 0.0 not in h.negative_buckets else hcompact(h) for h in members
+    ]
+    out[gid[rows], cols] = holder
+    return out
 
 
 def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OBJ, bool] | None:

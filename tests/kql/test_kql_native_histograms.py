@@ -436,10 +436,15 @@ def _counter_series(rng: np.random.Generator, series: int, samples: int) -> Memo
 @pytest.mark.parametrize(
     "query", ["rate(c[1m])", "increase(c[2m])", "sum(rate(c[1m]))", "avg by (i) (rate(c[1m]))"]
 )
-def test_dense_rate_and_sum_equal_the_per_histogram_path(query: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The numpy paths for rate/increase and sum/avg give the per-histogram path's histograms, bit for bit."""
+@pytest.mark.parametrize("chunk", [20_000, 100])
+def test_dense_rate_and_sum_equal_the_per_histogram_path(
+    query: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The numpy paths for rate/increase and sum/avg give the per-histogram path's histograms, bit for bit
+    (in one block, and in blocks of a few series each)."""
     from kernel_insight.kql import histeval
 
+    monkeypatch.setattr(histeval, "DENSE_CHUNK", chunk)
     store = _counter_series(np.random.default_rng(3), 12, 60)
     fast = Engine(store).range_query(query, 120_000, 885_000, 15_000).value
     monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 10**9)
