@@ -1836,7 +1836,7 @@ def _zero_clean(block: DenseBlock) -> bool:
 #: Samples (or cells) per dense block: series of different kernels cover different bucket ranges,
 #: so one block over all of them is as wide as their union; blocks of neighbouring series stay
 #: narrow and bounded in memory.
-DENSE_CHUNK = 20_000
+DENSE_CHUNK = 4_096
 
 
 def dense_rate(
