@@ -59,7 +59,18 @@ static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf
 int32_t ki_histogram_index(double v, int32_t schema) {
     int inf = isinf(v);
     int exp;
-    double frac = frexp(inf ? DBL_MAX : fabs(v), &exp);
+    double frac;
+    uint64_t bits;
+    double a = fabs(v);
+    memcpy(&bits, &a, sizeof bits);
+    uint32_t biased = (uint32_t)(bits >> 52);
+    if (biased != 0 && biased != 0x7FF) { /* a normal number: frexp from its bits, no libm call */
+        exp = (int)biased - 1022;
+        bits = (bits & 0x000FFFFFFFFFFFFFULL) | (1022ULL << 52);
+        memcpy(&frac, &bits, sizeof frac);
+    } else {
+        frac = frexp(inf ? DBL_MAX : a, &exp);
+    }
     int32_t key;
     if (schema > 0) {
         const double *b = ki_histogram_bounds[schema];
