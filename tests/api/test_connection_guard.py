@@ -215,8 +215,12 @@ def test_a_kept_alive_client_outlasts_a_flood_of_connections_that_never_sent_a_w
             closed = 0
             for s in flood:  # the server evicts flood connections to stay under the cap
                 s.settimeout(0.2)
-                with contextlib.suppress(TimeoutError):
+                try:
                     closed += s.recv(100) == b""
+                except ConnectionResetError:  # evicted before its partial head was read: a reset, not a FIN
+                    closed += 1
+                except TimeoutError:
+                    pass
             assert closed >= 2 * patient.max_connections - 1
             assert ask().startswith(b"HTTP/1.1 200 ")
         finally:
