@@ -174,9 +174,28 @@ static uint64_t *rec_counts(const struct ki_histtab *t, const struct ki_hist *h)
     return (uint64_t *)(void *)(t->pool + h->chunk + keys_bytes(h->cap));
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+/* In-place heapsort: glibc's qsort may malloc a merge buffer, and the drain loop allocates nothing. */
+static void sift(uint64_t *a, size_t i, size_t n) {
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && a[c + 1] > a[c]) c++;
+        if (a[i] >= a[c]) return;
+        uint64_t t = a[i];
+        a[i] = a[c];
+        a[c] = t;
+        i = c;
+    }
+}
+
+static void sort_u64(uint64_t *a, size_t n) {
+    for (size_t i = n / 2; i-- > 0;) sift(a, i, n);
+    for (size_t end = n; end-- > 1;) {
+        uint64_t t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        sift(a, 0, end);
+    }
 }
 
 /* Slide every histogram's chunk down over the free ones, in pool order, so the pool's touched
@@ -187,7 +206,7 @@ static void compact(struct ki_histtab *t) {
     uint32_t n = 0;
     for (uint32_t s = 0; s < t->used; s++)
         if (t->recs[s].cap) t->order[n++] = t->recs[s].chunk << 24 | s;
-    qsort(t->order, n, sizeof *t->order, cmp_u64);
+    sort_u64(t->order, n);
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct ki_hist *h = &t->recs[t->order[i] & 0xFFFFFF];
