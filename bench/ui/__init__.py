@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.api.__main__ import populate
-from kernel_insight.collector.rows import Event, HistogramBuilder, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import CallBatch, Event, HistogramBuilder, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.nativehist import FloatHistogram
 
@@ -25,6 +25,10 @@ __all__ = [
     "CHROMIUM",
     "CHROMIUM_ARGS",
     "KERNELS",
+    "MEMORY_OPS",
+    "NCCL_OPS",
+    "SYNCS",
+    "calls_of",
     "chromium",
     "populate_fleet",
     "populate_kernel_histograms",
@@ -100,8 +104,10 @@ def populate_spans(
     window_ns: int = 10_000_000_000,
 ) -> None:
     """``count`` kernel spans of one GPU in ``[start_ns, start_ns + window_ns)``, back to back on
-    ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot;
-    plus the GPU's memory use and SM use every 100 ms of the window and one OOM event in its middle."""
+    ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot,
+    each launched by one of two host threads (tids 4243, 4244) 5-50 us before it starts;
+    plus the GPU's memory use and SM use every 100 ms of the window, one OOM event in its middle,
+    and its other calls (``populate_calls``)."""
     rng = random.Random(19)
     per = -(-count // streams)
     slot = window_ns // per
@@ -118,6 +124,10 @@ def populate_spans(
         correlation=np.arange(1, count + 1, dtype=np.uint64),
         pid=np.full(count, 4242, np.uint32),
     )
+    lead = np.array([rng.randrange(5_000, 50_000) for _ in rows], np.int64)
+    batch.launch_ns[:] = starts - lead
+    batch.launch_host_ns[:] = 3_000
+    batch.tid[:] = np.array([4243 + s % 2 for s, _ in rows], np.uint32)
     samples = SampleBuilder()
     base = {"instance": instance, "gpu": str(gpu)}
     for n, t_ms in enumerate(range(start_ns // 1_000_000, (start_ns + window_ns) // 1_000_000, 100)):
@@ -130,6 +140,53 @@ def populate_spans(
         store.insert_spans(batch)
         store.insert_samples(samples.build())
         store.insert_events([oom])
+        store.insert_calls(calls_of(instance, gpu, start_ns, window_ns))
+
+
+#: What ``calls_of`` puts in a window: NCCL operations, memory operations and syncs.
+NCCL_OPS, MEMORY_OPS, SYNCS = 200, 100, 50
+
+
+def calls_of(instance: str, gpu: int, start_ns: int, window_ns: int) -> CallBatch:
+    """A GPU's other calls over the window, evenly spread: ``NCCL_OPS`` all-reduces of 1 GiB (the
+    last one failed) on communicator 0xc0, ``MEMORY_OPS`` allocations / frees / copies of 64 MiB
+    and ``SYNCS`` stream syncs of 200 us, from host thread 4243."""
+    rows: list[tuple[str, str, int, int, int, int]] = []
+    for i in range(NCCL_OPS):
+        rows.append(
+            (
+                "nccl",
+                "allreduce",
+                start_ns + i * window_ns // NCCL_OPS,
+                window_ns // NCCL_OPS // 3,
+                1 << 30,
+                0xC0,
+            )
+        )
+    for i in range(MEMORY_OPS):
+        op = ("alloc", "free", "memcpy")[i % 3]
+        rows.append(
+            ("memory", op, start_ns + i * window_ns // MEMORY_OPS + 7, 0, 64 << 20, 0x7F00_0000_0000 + i)
+        )
+    for i in range(SYNCS):
+        rows.append(("sync", "stream", start_ns + i * window_ns // SYNCS + 11, 200_000, 0, 0x7F0000001000))
+    n = len(rows)
+    return CallBatch(
+        instance=[instance] * n,
+        gpu=np.full(n, gpu, np.uint16),
+        track=[r[0] for r in rows],
+        op=[r[1] for r in rows],
+        start_ns=np.array([r[2] for r in rows], np.int64),
+        duration_ns=np.array([r[3] for r in rows], np.uint64),
+        bytes=np.array([r[4] for r in rows], np.uint64),
+        handle=np.array([r[5] for r in rows], np.uint64),
+        pid=np.full(n, 4242, np.uint32),
+        tid=np.full(n, 4243, np.uint32),
+        rank=np.zeros(n, np.uint32),
+        nranks=np.full(n, 8, np.uint32),
+        status=np.zeros(n, np.int32),
+        failed=np.array([i == NCCL_OPS - 1 for i in range(n)], np.uint8),
+    )
 
 
 def populate_kernel_histograms(

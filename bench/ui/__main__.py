@@ -13,7 +13,10 @@ Target: the timeline draws 100,000 spans at >= 30 frames per second while pannin
 store holds ``--spans`` kernel spans of node-0001's GPU 0 over 10 s on 4 streams; the Timeline
 page loads them all (``/v1/timeline/spans``, pages of 10,000), then ``kiTimeline.panFps`` pans
 a few pixels every animation frame for 3 s over the whole window, so every frame draws every
-span (the worst case: zoomed in, fewer are in view), and counts frames. Ends with one
+span (the worst case: zoomed in, fewer are in view), and counts frames; every span has a host
+launch (2 threads) and the GPU has NCCL, memory and sync calls, so the host lanes and call lanes
+are drawn too. Then zoomed in to 15 ms, where the launch arrows are drawn (about 150 a frame),
+the same pan again (``timeline_arrows_fps``). Ends with one
 ``BENCH ui ...`` line.
 """
 
@@ -49,8 +52,11 @@ def first_paint_ms(browser: Any, url: str, token: str) -> tuple[float, int, floa
         context.close()
 
 
-def timeline_fps(browser: Any, url: str, token: str, start_s: int, spans: int) -> tuple[float, float]:
-    """Seconds to load the window's spans, and frames per second while panning over all of them."""
+def timeline_fps(
+    browser: Any, url: str, token: str, start_s: int, spans: int
+) -> tuple[float, float, float, int]:
+    """Seconds to load the window's spans, frames per second while panning over all of them, frames
+    per second panning zoomed in to 15 ms with launch arrows, and the arrows of that last frame."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     try:
         context.add_init_script(f"sessionStorage.setItem('ki.token', {token!r})")
@@ -62,7 +68,14 @@ def timeline_fps(browser: Any, url: str, token: str, start_s: int, spans: int) -
         shown = int(page.get_attribute("#t-count", "data-spans") or 0)
         if shown != spans:
             raise SystemExit(f"the timeline holds {shown} spans, not {spans}")
-        return loaded, float(page.evaluate("kiTimeline.panFps(3000, 3)"))
+        whole = float(page.evaluate("kiTimeline.panFps(3000, 3)"))
+        # zoomed in to ~15 ms (about 150 launches of the 100,000): an arrow per launch every frame
+        page.evaluate("kiTimeline.zoom(0.0015)")
+        arrows = float(page.evaluate("kiTimeline.panFps(3000, 3)"))
+        drawn = int(page.evaluate("kiTimeline.view().arrows"))
+        if drawn == 0:
+            raise SystemExit("no launch arrows drawn zoomed in: the spans carry no host side?")
+        return loaded, whole, arrows, drawn
     finally:
         context.close()
 
@@ -96,7 +109,7 @@ def main() -> None:
                         raise SystemExit(f"the grid shows {tiles} tiles, not {args.instances}")
                     rounds.append(ms)
                     gpu_rounds.append(gpu_ms)
-                loaded, fps = timeline_fps(browser, url, token, start_s, args.spans)
+                loaded, fps, fps_arrows, arrows = timeline_fps(browser, url, token, start_s, args.spans)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -107,7 +120,10 @@ def main() -> None:
     print(
         f"timeline: {args.spans} spans loaded in {loaded:.1f} s; panning, every span in view: {fps:.1f} frames/s"
     )
-    print(f"BENCH ui fleet_first_paint_ms={median:.0f} timeline_fps={fps:.0f}")
+    print(f"timeline zoomed in to 15 ms, {arrows} launch arrows a frame: {fps_arrows:.1f} frames/s")
+    print(
+        f"BENCH ui fleet_first_paint_ms={median:.0f} timeline_fps={fps:.0f} timeline_arrows_fps={fps_arrows:.0f}"
+    )
 
 
 if __name__ == "__main__":

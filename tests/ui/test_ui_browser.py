@@ -9,8 +9,10 @@ Screenshots of each page go to the test's tmp dir.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -27,6 +29,9 @@ if str(REPO) not in sys.path:  # the browser and the fleet live with the benchma
 
 from bench.ui import (  # noqa: E402
     KERNELS,
+    MEMORY_OPS,
+    NCCL_OPS,
+    SYNCS,
     chromium,
     populate_fleet,
     populate_kernel_histograms,
@@ -243,6 +248,16 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert page.get_attribute("#t-count", "data-tracks") == "memory_used_bytes:100,sm_utilization:100"
     assert page.get_attribute("#t-count", "data-events") == "1"
     assert "oom 2: CUDA out of memory (simulated)" in page.inner_text("#t-events")
+    # host threads above the streams, the GPU's NCCL / memory / sync calls under them
+    assert page.get_attribute("#t-count", "data-threads") == "2"
+    assert page.get_attribute("#t-count", "data-launches") == str(SPANS)
+    assert (
+        page.get_attribute("#t-count", "data-calls") == f"NCCL:{NCCL_OPS},memory:{MEMORY_OPS},syncs:{SYNCS}"
+    )
+    layout = page.evaluate("kiTimeline.layout()")
+    assert layout["hostTop"] < layout["streamsTop"] < layout["callsTop"] < layout["tracksTop"]
+    assert page.evaluate("kiTimeline.view()")["arrows"] == 0  # 20,000 launches in view: no arrows
+    assert "zoom in for launch arrows" in page.inner_text("#t-arrows")
     whole = page.evaluate("kiTimeline.view()")
     box = page.locator("#t-canvas").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -258,10 +273,29 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert abs((panned["t1"] - panned["t0"]) - (zoomed["t1"] - zoomed["t0"])) < 1e-3 * (
         zoomed["t1"] - zoomed["t0"]
     )
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 24 + 11)  # the middle of the first lane
+    page.mouse.move(
+        box["x"] + box["width"] / 2, box["y"] + layout["streamsTop"] + 11
+    )  # the first stream's middle
     page.wait_for_function("document.getElementById('t-hover').textContent !== ''")
     hover = page.inner_text("#t-hover")
     assert any(hover.startswith(k + " · stream 0x7f0000001000") for k in KERNELS), hover
+    # the NCCL lane names the operation under the pointer: all-reduce i starts at 1 + i/20 s (window
+    # origin SPAN_START_S - 1) and lasts 1/60 s; point 5 ms into the first one in view
+    view = page.evaluate("kiTimeline.view()")
+    at = (1 + math.ceil((view["t0"] / 1e9 - 1) * 20) / 20 + 0.005) * 1e9
+    x = layout["left"] + (at - view["t0"]) / (view["t1"] - view["t0"]) * (box["width"] - layout["left"])
+    page.mouse.move(
+        box["x"] + x, box["y"] + layout["callsTop"] + layout["calls"].index("NCCL") * layout["laneH"] + 11
+    )
+    from playwright.sync_api import expect
+
+    expect(page.locator("#t-hover")).to_contain_text("NCCL allreduce · 1.07GB")
+    # zoomed in to a few launches: an arrow from each launch to its kernel, bounded
+    page.evaluate("kiTimeline.zoom(0.01)")
+    view = page.evaluate("kiTimeline.view()")
+    assert 0 < view["launchesInView"] <= 300
+    assert view["arrows"] > 0
+    assert view["arrows"] <= view["launchesInView"]
     page.screenshot(path=tmp_path / "timeline.png")
     fps = page.evaluate("kiTimeline.panFps(500, 4)")
     assert fps > 0  # the figure itself is make bench-ui's
@@ -269,7 +303,9 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     with page.expect_download() as dl:
         page.click("#t-export")
     trace = json.loads(Path(dl.value.path()).read_text())
-    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == SPANS
+    cats = Counter((e["ph"], e.get("cat")) for e in trace["traceEvents"])
+    assert cats[("X", "kernel")] == cats[("X", "launch")] == cats[("s", "launch")] == SPANS
+    assert (cats[("X", "nccl")], cats[("i", "memory")]) == (NCCL_OPS, MEMORY_OPS)
 
 
 def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector):

@@ -724,6 +724,9 @@ async function kernelHeatmap(w, kernel) {
 }
 
 const LANE_H = 22;
+// Launch arrows are drawn only while at most this many launches are in view (each frame stays cheap).
+const MAX_ARROWS = 300;
+const CALL_COLOURS = { alloc: "#2e9b4f", alloc_async: "#2e9b4f", free: "#e67e22", free_async: "#e67e22", memcpy: "#4a7bd0" };
 const COLOURS = ["#4a7bd0", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22", "#c0392b", "#34495e"];
 
 async function pageTimeline(params) {
@@ -734,8 +737,8 @@ async function pageTimeline(params) {
   if (!w.instance) { body.innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
   body.innerHTML = `<p class="muted" id="t-status">Loading spans…</p>`;
   // Every page of the window (10,000 spans each), into columns: a 100,000-span window is ~10 requests.
-  const names = [], nameIx = new Map(), streams = new Map();
-  let start = [], dur = [], lane = [], kern = [];
+  const names = [], nameIx = new Map(), streams = new Map(), threads = new Map();
+  let start = [], dur = [], lane = [], kern = [], launch = [], thread = [], hostNs = [];
   const origin = Math.floor(w.from) * 1e9;
   let cursor = null;
   do {
@@ -747,6 +750,12 @@ async function pageTimeline(params) {
       if (!streams.has(String(s.stream))) streams.set(String(s.stream), streams.size);
       if (!nameIx.has(s.kernel)) { nameIx.set(s.kernel, names.length); names.push(s.kernel); }
       start.push(s.start_ns - origin); dur.push(s.duration_ns); lane.push(streams.get(String(s.stream))); kern.push(nameIx.get(s.kernel));
+      // the host side (CUDA-event probe): when and on which thread the kernel was launched
+      if (s.launch_ns) {
+        const key = `${s.pid}:${s.tid}`;
+        if (!threads.has(key)) threads.set(key, threads.size);
+        launch.push(s.launch_ns - origin); thread.push(threads.get(key)); hostNs.push(s.launch_host_ns);
+      } else { launch.push(NaN); thread.push(0); hostNs.push(0); }
     }
     cursor = page.next_cursor;
     const st = document.getElementById("t-status");
@@ -759,37 +768,147 @@ async function pageTimeline(params) {
     return { name, t: Float64Array.from(pts.map((p) => p[0] * 1e6 - origin)), v: Float64Array.from(vs), lo: Math.min(...vs), hi: Math.max(...vs) };
   });
   const events = (corr.events || []).map((e) => ({ t: e.ts_ns - origin, text: `${e.kind} ${e.code}${e.message ? ": " + e.message : ""}` }));
+  // The GPU's other calls (gpu_calls): a lane each for NCCL operations, memory operations and syncs.
+  const callLane = (name, rows, truncated) => ({
+    name, truncated, rows,
+    t: Float64Array.from(rows.map((c) => c.ts_ns - origin)),
+    d: Float64Array.from(rows.map((c) => c.duration_ns || 0)),
+    maxDur: rows.reduce((m, c) => Math.max(m, c.duration_ns || 0), 0),
+  });
+  const calls = [
+    callLane("NCCL", corr.nccl || [], corr.nccl_truncated),
+    callLane("memory", corr.memory || [], corr.memory_truncated),
+    callLane("syncs", corr.syncs || [], corr.syncs_truncated),
+  ].filter((c) => c.rows.length);
   const tl = {
     start: Float64Array.from(start), dur: Float64Array.from(dur), lane: Uint16Array.from(lane), kern: Uint32Array.from(kern),
     names, lanes: [...streams.keys()], maxDur: dur.reduce((m, d) => (d > m ? d : m), 0),
     t0: 0, t1: (w.to - Math.floor(w.from)) * 1e9, offset: (w.from - Math.floor(w.from)) * 1e9,
   };
   tl.t0 = tl.offset;
-  start = dur = lane = kern = null;
-  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}" data-tracks="${esc(tracks.map((k) => `${k.name}:${k.t.length}`).join(","))}" data-events="${events.length}">${tl.start.length} spans on ${tl.lanes.length} streams</span>
+  // Launches in launch-time order, for the host lanes and the arrows of the frame's view.
+  const L = Float64Array.from(launch), T = Uint16Array.from(thread), H = Float64Array.from(hostNs);
+  const order = [];
+  for (let i = 0; i < L.length; i++) if (!Number.isNaN(L[i])) order.push(i);
+  order.sort((a, b) => L[a] - L[b]);
+  tl.launchOrder = Uint32Array.from(order);
+  tl.launchT = Float64Array.from(order, (i) => L[i]);
+  tl.launchTh = T; tl.launchHost = H; tl.threads = [...threads.keys()];
+  // Per thread, its launches' times and host ns in time order: each frame paints a thread's lane
+  // one pixel column at a time, jumping past the launches a column already covers.
+  tl.threadT = tl.threads.map(() => []); tl.threadH = tl.threads.map(() => []);
+  for (const i of order) { tl.threadT[T[i]].push(L[i]); tl.threadH[T[i]].push(H[i]); }
+  tl.threadT = tl.threadT.map((a) => Float64Array.from(a)); tl.threadH = tl.threadH.map((a) => Float64Array.from(a));
+  tl.maxHost = H.reduce((m, h) => (h > m ? h : m), 0);
+  tl.maxLead = order.reduce((m, i) => Math.max(m, tl.start[i] - L[i], H[i]), 0);
+  tl.arrows = 0; tl.inView = 0;
+  start = dur = lane = kern = launch = thread = hostNs = null;
+  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}" data-tracks="${esc(tracks.map((k) => `${k.name}:${k.t.length}`).join(","))}" data-events="${events.length}" data-threads="${tl.threads.length}" data-launches="${tl.launchOrder.length}" data-calls="${esc(calls.map((c) => `${c.name}:${c.rows.length}`).join(","))}">${tl.start.length} spans on ${tl.lanes.length} streams${tl.threads.length ? `, launched from ${tl.threads.length} host threads` : ""}</span>
       <span class="muted">wheel: zoom · drag: pan · double-click: whole window</span>
       <button type="button" id="t-export">Open in Perfetto (download trace)</button>
-      <span id="t-range" class="muted"></span></div>
+      <span id="t-range" class="muted"></span> <span id="t-arrows" class="muted"></span></div>
     <canvas id="t-canvas"></canvas><div id="t-hover" class="muted"></div>
     <ul id="t-events">${events.map((e) => `<li class="error">+${fmtNs(Math.round(e.t - tl.offset))}: ${esc(e.text)}</li>`).join("")}</ul>
-    <p class="muted">Memory and SM use are the GPU's NVML samples; red lines are its events. Host launches, NCCL operations and memory allocations are not stored per call yet, so they have no tracks here (docs/api.md).</p>`;
+    <p class="muted">Host threads: each kernel's launch on the thread that made it (CUDA-event probe), with an arrow to the kernel once at most ${MAX_ARROWS} launches are in view.
+    NCCL: collectives as the host saw them (red: failed). Memory: allocations (green), frees (orange) and copies (blue), taller for more bytes. Syncs: host waits on the GPU (those of 50 µs or more, and 1 in 100 of the shorter ones).
+    Memory and SM use are the GPU's NVML samples; red lines are its events.${calls.filter((c) => c.truncated).map((c) => ` Only the first ${c.rows.length} ${c.name} calls of the window are drawn: narrow it to see the rest.`).join("")}</p>`;
   const canvas = document.getElementById("t-canvas");
   const ctx = canvas.getContext("2d");
+  const rangeNote = document.getElementById("t-arrows");
   const width = main.clientWidth - 4;
   const TRACK_H = 40;
-  const tracksTop = 24 + tl.lanes.length * LANE_H + 6;
+  // Top to bottom: time axis, host threads, streams, NCCL / memory / syncs, NVML counters.
+  const hostTop = 24;
+  const streamsTop = hostTop + (tl.threads.length ? tl.threads.length * LANE_H + 6 : 0);
+  const callsTop = streamsTop + tl.lanes.length * LANE_H + 6;
+  const tracksTop = callsTop + (calls.length ? calls.length * LANE_H + 6 : 0);
   const height = tracksTop + tracks.length * (TRACK_H + 6);
   canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
   canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
   ctx.scale(devicePixelRatio, devicePixelRatio);
   const LEFT = 150;
+  // Host threads: a mark per launch (at most one per pixel column of a lane) and, when few enough
+  // launches are in view, an arrow from each to its kernel's start on its stream.
+  // First index of sorted array a at or after t (from index lo).
+  const lowerBound = (a, t, lo = 0) => {
+    let hi = a.length;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (a[m] < t) lo = m + 1; else hi = m; }
+    return lo;
+  };
+  const drawLaunches = (t0, t1, scale) => {
+    const n = tl.launchT.length;
+    ctx.fillStyle = "#1c1f24";
+    tl.threads.forEach((k, j) => ctx.fillText(`host thread ${k.split(":")[1]}`, 4, hostTop + j * LANE_H + 14));
+    if (!n) return;
+    const lo = lowerBound(tl.launchT, t0 - tl.maxLead), end = lowerBound(tl.launchT, t1 + 1e-9, lo);
+    tl.inView = end - lo;
+    const marks = new Path2D();
+    tl.threadT.forEach((tt, th) => {
+      const hh = tl.threadH[th], y = hostTop + th * LANE_H + 4;
+      // Marks that touch are merged into one run (a busy thread is one bar, not thousands of
+      // slivers: rasterising each sliver cost more than the rest of the frame).
+      let runFrom = -1, runTo = -1;
+      let k = lowerBound(tt, t0 - tl.maxHost);
+      while (k < tt.length && tt[k] <= t1) {
+        const x0 = Math.floor(Math.max(LEFT, LEFT + (tt[k] - t0) * scale));
+        const x1 = Math.min(width, Math.max(x0 + 1, Math.ceil(LEFT + (tt[k] + hh[k] - t0) * scale)));
+        if (x0 <= runTo + 1) runTo = Math.max(runTo, x1);
+        else { if (runTo > runFrom) marks.rect(runFrom, y, runTo - runFrom, LANE_H - 8); runFrom = x0; runTo = x1; }
+        k = lowerBound(tt, t0 + (x1 - LEFT) / scale, k + 1); // the next launch past this pixel column
+      }
+      if (runTo > runFrom) marks.rect(runFrom, y, runTo - runFrom, LANE_H - 8);
+    });
+    ctx.fillStyle = "#7f8c8d"; ctx.fill(marks);
+    tl.arrows = 0;
+    if (tl.inView > MAX_ARROWS) return;
+    const arrows = new Path2D();
+    for (let k = lo; k < end; k++) {
+      const i = tl.launchOrder[k];
+      const xa = LEFT + (tl.launchT[k] - t0) * scale, ya = hostTop + tl.launchTh[i] * LANE_H + LANE_H - 4;
+      const xb = LEFT + (tl.start[i] - t0) * scale, yb = streamsTop + tl.lane[i] * LANE_H + 2;
+      if (Math.max(xa, xb) < LEFT || Math.min(xa, xb) > width) continue;
+      arrows.moveTo(xa, ya); arrows.lineTo(xb, yb);
+      arrows.moveTo(xb - 3, yb - 5); arrows.lineTo(xb, yb); arrows.lineTo(xb + 3, yb - 5);
+      tl.arrows++;
+    }
+    ctx.save(); ctx.beginPath(); ctx.rect(LEFT, 0, width - LEFT, height); ctx.clip();
+    ctx.strokeStyle = "rgba(28, 31, 36, 0.55)"; ctx.lineWidth = 1; ctx.stroke(arrows); ctx.restore();
+  };
+  // NCCL, memory and sync lanes: slices for calls with a duration, ticks (height: log of the bytes) for memory.
+  const drawCalls = (t0, t1, scale) => {
+    calls.forEach((c, j) => {
+      const top = callsTop + j * LANE_H;
+      ctx.fillStyle = "#1c1f24";
+      ctx.fillText(c.name, 4, top + 14);
+      let lo = 0, hi = c.t.length;
+      const from = t0 - c.maxDur;
+      while (lo < hi) { const m = (lo + hi) >> 1; if (c.t[m] < from) lo = m + 1; else hi = m; }
+      for (let i = lo; i < c.t.length && c.t[i] <= t1; i++) {
+        const row = c.rows[i];
+        const x0 = Math.max(LEFT, LEFT + (c.t[i] - t0) * scale), x1 = Math.min(width, LEFT + (c.t[i] + c.d[i] - t0) * scale);
+        if (x1 < LEFT || x0 > width) continue;
+        if (c.name === "memory") {
+          const h = Math.max(3, Math.min(LANE_H - 4, Math.log2(Math.max(row.bytes, 2)) / 40 * (LANE_H - 4)));
+          ctx.fillStyle = CALL_COLOURS[row.op] || "#555";
+          ctx.fillRect(x0, top + LANE_H - 2 - h, 2, h);
+          continue;
+        }
+        ctx.fillStyle = row.failed ? "#d23c3c" : c.name === "NCCL" ? "#8e44ad" : "#95a5a6";
+        ctx.fillRect(x0, top + 2, Math.max(1, x1 - x0), LANE_H - 4);
+        if (x1 - x0 > 60) {
+          ctx.save(); ctx.beginPath(); ctx.rect(x0, top, x1 - x0 - 2, LANE_H); ctx.clip();
+          ctx.fillStyle = "#fff"; ctx.fillText(row.op, x0 + 3, top + 15); ctx.restore();
+        }
+      }
+    });
+  };
   const draw = () => {
     const { t0, t1 } = tl;
     const scale = (width - LEFT) / (t1 - t0);
     ctx.clearRect(0, 0, width, height);
     ctx.font = "11px system-ui, sans-serif";
     ctx.fillStyle = "#1c1f24";
-    for (let l = 0; l < tl.lanes.length; l++) ctx.fillText(`stream 0x${Number(tl.lanes[l]).toString(16)}`, 4, 24 + l * LANE_H + 14);
+    for (let l = 0; l < tl.lanes.length; l++) ctx.fillText(`stream 0x${Number(tl.lanes[l]).toString(16)}`, 4, streamsTop + l * LANE_H + 14);
     // first span that can reach t0: binary search on start - maxDur
     let lo = 0, hi = tl.start.length;
     const from = t0 - tl.maxDur;
@@ -807,15 +926,17 @@ async function pageTimeline(params) {
       if (x1 <= lastPx[l]) continue; // this pixel column of the lane is painted already
       x0 = Math.max(x0, lastPx[l], LEFT); x1 = Math.min(Math.max(x1, x0 + 1), width);
       lastPx[l] = x1;
-      paths[tl.kern[i] % COLOURS.length].rect(x0, 24 + l * LANE_H + 2, x1 - x0, LANE_H - 4);
+      paths[tl.kern[i] % COLOURS.length].rect(x0, streamsTop + l * LANE_H + 2, x1 - x0, LANE_H - 4);
       if (x1 - x0 > 50 && labels.length < 500) labels.push([i, x0, x1, l]);
     }
     paths.forEach((p, n) => { ctx.fillStyle = COLOURS[n]; ctx.fill(p); });
     ctx.fillStyle = "#fff";
     for (const [i, x0, x1, l] of labels) {
-      ctx.save(); ctx.beginPath(); ctx.rect(x0, 24 + l * LANE_H, x1 - x0 - 2, LANE_H); ctx.clip();
-      ctx.fillText(tl.names[tl.kern[i]], x0 + 3, 24 + l * LANE_H + 15); ctx.restore();
+      ctx.save(); ctx.beginPath(); ctx.rect(x0, streamsTop + l * LANE_H, x1 - x0 - 2, LANE_H); ctx.clip();
+      ctx.fillText(tl.names[tl.kern[i]], x0 + 3, streamsTop + l * LANE_H + 15); ctx.restore();
     }
+    drawLaunches(t0, t1, scale);
+    drawCalls(t0, t1, scale);
     // counters: a step line per track, scaled to its own range over the window
     tracks.forEach((k, n) => {
       const top = tracksTop + n * (TRACK_H + 6);
@@ -848,6 +969,9 @@ async function pageTimeline(params) {
       ctx.fillText(`+${fmtNs(Math.round(t - tl.offset))}`, LEFT + (width - LEFT - 60) * k / 4, 12);
     }
     document.getElementById("t-range").textContent = `showing ${fmtNs(Math.round(t1 - t0))}`;
+    // Written only when it changes: a line of text that changes length every frame re-lays out the page.
+    const note = tl.launchT.length && tl.inView > MAX_ARROWS ? `more than ${MAX_ARROWS} launches in view: zoom in for launch arrows` : "";
+    if (rangeNote.textContent !== note) rangeNote.textContent = note;
   };
   const clamp = () => {
     const full = [tl.offset, (w.to - Math.floor(w.from)) * 1e9];
@@ -871,13 +995,15 @@ async function pageTimeline(params) {
       tl.t0 = drag.t0 - dt; tl.t1 = drag.t1 - dt; clamp(); redraw();
       return;
     }
+    const call = callAt(ev.offsetX, ev.offsetY);
+    if (call) { document.getElementById("t-hover").textContent = call; return; }
     const i = spanAt(ev.offsetX, ev.offsetY);
     document.getElementById("t-hover").textContent = i < 0 ? "" :
       `${tl.names[tl.kern[i]]} · stream 0x${Number(tl.lanes[tl.lane[i]]).toString(16)} · start +${fmtNs(Math.round(tl.start[i] - tl.offset))} · ${fmtNs(tl.dur[i])}`;
   });
   // The span under the pointer, or the nearest one of that lane within 3 pixels; -1 for none.
   const spanAt = (x, y) => {
-    const l = Math.floor((y - 24) / LANE_H);
+    const l = Math.floor((y - streamsTop) / LANE_H);
     if (l < 0 || l >= tl.lanes.length || x < LEFT) return -1;
     const perPx = (tl.t1 - tl.t0) / (width - LEFT);
     const t = tl.t0 + (x - LEFT) * perPx, slack = 3 * perPx;
@@ -890,6 +1016,23 @@ async function pageTimeline(params) {
       if (gap < bestGap) { best = i; bestGap = gap; if (gap === 0) break; }
     }
     return bestGap <= slack ? best : -1;
+  };
+  // The NCCL, memory or sync call under the pointer (or within 3 pixels), described; "" for none.
+  const callAt = (x, y) => {
+    const j = Math.floor((y - callsTop) / LANE_H);
+    if (j < 0 || j >= calls.length || x < LEFT) return "";
+    const c = calls[j], perPx = (tl.t1 - tl.t0) / (width - LEFT);
+    const t = tl.t0 + (x - LEFT) * perPx, slack = 3 * perPx;
+    let best = -1, bestGap = Infinity;
+    for (let i = 0; i < c.t.length; i++) {
+      const gap = t < c.t[i] ? c.t[i] - t : Math.max(0, t - c.t[i] - c.d[i]);
+      if (gap < bestGap) { best = i; bestGap = gap; }
+    }
+    if (best < 0 || bestGap > slack) return "";
+    const r = c.rows[best];
+    const size = r.bytes ? ` · ${fmtSI(r.bytes)}B` : "";
+    const took = r.duration_ns ? ` · ${fmtNs(r.duration_ns)}` : "";
+    return `${c.name} ${r.op}${size}${took} · start +${fmtNs(Math.round(c.t[best] - tl.offset))}${r.failed ? " · FAILED" : ""}${r.nranks ? ` · rank ${r.rank} of ${r.nranks}` : ""}`;
   };
   canvas.addEventListener("dblclick", () => { tl.t0 = tl.offset; tl.t1 = (w.to - Math.floor(w.from)) * 1e9; redraw(); });
   document.getElementById("t-export").addEventListener("click", async () => {
@@ -904,7 +1047,8 @@ async function pageTimeline(params) {
   });
   // For tests and make bench-ui: pan by `px` per frame for `ms` and report frames per second.
   window.kiTimeline = {
-    view: () => ({ t0: tl.t0, t1: tl.t1, spans: tl.start.length }),
+    view: () => ({ t0: tl.t0, t1: tl.t1, spans: tl.start.length, arrows: tl.arrows, launchesInView: tl.inView }),
+    layout: () => ({ hostTop, streamsTop, callsTop, tracksTop, laneH: LANE_H, left: LEFT, calls: calls.map((c) => c.name) }),
     spanAt: (x, y) => spanAt(x, y),
     zoom: (k) => { const m = (tl.t0 + tl.t1) / 2; tl.t0 = m - (m - tl.t0) * k; tl.t1 = m + (tl.t1 - m) * k; clamp(); draw(); },
     panFps: (ms, px) => new Promise((resolve) => {
