@@ -137,9 +137,59 @@ class TimelineEvent:
     message: str
 
 
+#: The correlation view's call lists (a collector before gpu_calls answers none of them).
+_CALL_LISTS = ("nccl", "memory", "syncs")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCall:
+    """One NCCL operation, memory operation or sync of the GPU (docs/api.md, the correlation view).
+
+    ``handle`` is the communicator (NCCL), the address (memory) or the stream/event handle (sync);
+    fields a kind of call does not have are 0.
+    """
+
+    ts_ns: int
+    op: str  # allreduce, ...; alloc, free, memcpy, ...; stream, context, event
+    duration_ns: int = 0
+    bytes: int = 0
+    handle: int = 0
+    pid: int = 0
+    tid: int = 0
+    rank: int = 0
+    nranks: int = 0
+    status: int = 0
+    failed: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> GpuCall:
+        def num(key: str) -> int:
+            return int(d.get(key, 0))
+
+        return cls(
+            int(d["ts_ns"]),
+            str(d["op"]),
+            duration_ns=num("duration_ns"),
+            bytes=num("bytes"),
+            handle=num("handle"),
+            pid=num("pid"),
+            tid=num("tid"),
+            rank=num("rank"),
+            nranks=num("nranks"),
+            status=num("status"),
+            failed=bool(d.get("failed", False)),
+        )
+
+
+def _calls(d: Mapping[str, Any], key: str) -> tuple[GpuCall, ...]:
+    return tuple(GpuCall.from_json(c) for c in d.get(key, ()))
+
+
 @dataclass(frozen=True, slots=True)
 class Correlation:
-    """One window side by side: spans, events, and NVML samples ``name -> ((ts_ms, value), ...)``."""
+    """One window side by side: spans, events, NVML samples ``name -> ((ts_ms, value), ...)``, and
+    the GPU's NCCL operations, memory operations and (kept) syncs, each the first 5,000 of the
+    window (``calls_truncated`` names the lists that hold more)."""
 
     start_ns: int
     end_ns: int
@@ -147,6 +197,10 @@ class Correlation:
     spans_truncated: bool
     events: tuple[TimelineEvent, ...]
     counters: Mapping[str, tuple[tuple[int, float], ...]]
+    nccl: tuple[GpuCall, ...] = ()
+    memory: tuple[GpuCall, ...] = ()
+    syncs: tuple[GpuCall, ...] = ()
+    calls_truncated: frozenset[str] = frozenset()
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Correlation:
@@ -167,6 +221,10 @@ class Correlation:
                 for e in d["events"]
             ),
             {str(k): tuple((int(t), float(v)) for t, v in pts) for k, pts in d["counters"].items()},
+            nccl=_calls(d, "nccl"),
+            memory=_calls(d, "memory"),
+            syncs=_calls(d, "syncs"),
+            calls_truncated=frozenset(k for k in _CALL_LISTS if d.get(f"{k}_truncated")),
         )
 
 

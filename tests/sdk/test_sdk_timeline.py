@@ -16,11 +16,12 @@ from loopback import running_server
 from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import TokenStore, create_api_app
-from kernel_insight.collector.rows import Event, InstanceInfo, SpanBatch
+from kernel_insight.collector.rows import CallBatch, Event, InstanceInfo, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import (
     AsyncTimelineClient,
     BadRequestError,
+    GpuCall,
     Span,
     TimelineClient,
     TimelineSummary,
@@ -162,6 +163,26 @@ def served(tmp_path_factory):
         )
     )
     store.insert_events([Event("n1", 0, t0 + 150_000_000, "oom", 2, message="cudaMalloc failed")])
+    calls = [("nccl", "allreduce", t0 + 10, 3_000_000, 1 << 30, 0xC0), ("nccl", "send", t0 + 20, 5, 8, 0xC0)]
+    calls += [("memory", "alloc", t0 + 30, 0, 1 << 20, 0x7000), ("sync", "event", t0 + 40, 90_000, 0, 0x55)]
+    store.insert_calls(
+        CallBatch(
+            instance=["n1"] * 4,
+            gpu=np.zeros(4, np.uint16),
+            track=[c[0] for c in calls],
+            op=[c[1] for c in calls],
+            start_ns=np.array([c[2] for c in calls], np.int64),
+            duration_ns=np.array([c[3] for c in calls], np.uint64),
+            bytes=np.array([c[4] for c in calls], np.uint64),
+            handle=np.array([c[5] for c in calls], np.uint64),
+            pid=np.full(4, 7, np.uint32),
+            tid=np.full(4, 8, np.uint32),
+            rank=np.full(4, 1, np.uint32),
+            nranks=np.full(4, 2, np.uint32),
+            status=np.zeros(4, np.int32),
+            failed=np.array([0, 1, 0, 0], np.uint8),
+        )
+    )
     tokens = TokenStore(tmp_path_factory.mktemp("sdk-timeline-tokens") / "tokens.json")
     token = tokens.create("sdk", ["read"]).token
     ADMIN["token"] = tokens.create("ops", ["admin"]).token
@@ -186,9 +207,19 @@ def test_against_a_real_collector_spans_summary_correlation_and_perfetto(served,
     assert [s.duration_ns for s in slow.slowest] == [900_000, 900_000]
     assert slow.slowest_links[0].startswith("/v1/timeline/spans?instance=n1")
     assert [e.kind for e in corr.events] == ["oom"]
+    # the correlation view's calls, typed; fields a kind of call does not list are 0
+    assert corr.nccl == (
+        GpuCall(t0 + 10, "allreduce", 3_000_000, 1 << 30, 0xC0, rank=1, nranks=2),
+        GpuCall(t0 + 20, "send", 5, 8, 0xC0, rank=1, nranks=2, failed=True),
+    )
+    assert corr.memory == (GpuCall(t0 + 30, "alloc", 0, 1 << 20, 0x7000, pid=7, tid=8),)
+    assert corr.syncs == (GpuCall(t0 + 40, "event", 90_000, 0, 0x55, pid=7, tid=8),)
+    assert corr.calls_truncated == frozenset()
     checked = check_trace(path.read_bytes())
-    assert checked["phases"]["X"] == 300
-    assert sorted(checked["tracks"].values()) == [100, 100, 100]
+    assert checked["cats"][("X", "kernel")] == 300
+    assert (checked["cats"][("X", "nccl")], checked["cats"][("i", "memory")]) == (2, 1)
+    # the send overlaps the all-reduce of its communicator: a second track
+    assert sorted(checked["tracks"].values()) == [1, 1, 100, 100, 100]
 
 
 def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
@@ -222,7 +253,7 @@ def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "ui.perfetto.dev" in done.stdout
     checked = check_trace(out.read_bytes())
-    assert checked["phases"]["X"] == 3
+    assert checked["cats"][("X", "kernel")] == 3
     assert json.loads(out.read_bytes())["otherData"]["instance"] == "n1"
     proto = tmp_path / "trace.perfetto-trace"
     done = subprocess.run(
@@ -231,7 +262,8 @@ def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert check_perfetto(proto.read_bytes())["types"]["TYPE_SLICE_BEGIN"] == 300
+    tracks = check_perfetto(proto.read_bytes())["tracks"]
+    assert sum(n for name, n in tracks.items() if name.startswith("stream")) == 300
     bad = subprocess.run(
         [
             sys.executable,
