@@ -199,6 +199,33 @@ def test_ranks_all_reduce_together():
     assert {r.device for r in per_gpu[1] if not isinstance(r, StringRecord)} == {1}
 
 
+def test_the_simulators_collectives_memory_operations_and_syncs_are_stored_one_row_per_call(tmp_path):
+    from kernel_insight.collector.derive import SYNC_KEEP_NS, Deriver
+    from kernel_insight.collector.spans import SpanWindow, read_calls
+    from kernel_insight.collector.store import EmbeddedStore
+
+    per_gpu = simulate_arrays(5, gpus=2, seed=2, layers=4, time_scale=5)
+    with EmbeddedStore(tmp_path / "d") as store:
+        for gpu, recs in enumerate(per_gpu):
+            derived = Deriver("sim-1").derive(recs)
+            assert store.insert_batch(f"sim:{gpu}", calls=derived.calls, spans=derived.spans)
+        for gpu, recs in enumerate(per_gpu):
+            records = decode_records(recs.tobytes())
+            window = SpanWindow("sim-1", gpu, T0, T0 + 10 * S)
+            nccl, cut = read_calls(store, window, "nccl", 10_000)
+            colls = [r for r in records if isinstance(r, CollectiveRecord)]
+            assert not cut
+            assert [(c["ts_ns"], c["duration_ns"], c["bytes"]) for c in nccl] == [
+                (r.ts_ns, r.duration_ns, r.nbytes) for r in sorted(colls, key=lambda r: r.ts_ns)
+            ]
+            assert {(c["op"], c["rank"], c["nranks"]) for c in nccl} == {("allreduce", gpu, 2)}
+            memory, _ = read_calls(store, window, "memory", 10_000)
+            assert len(memory) == sum(isinstance(r, MemopRecord) for r in records) > 0
+            syncs, _ = read_calls(store, window, "sync", 10_000)
+            long_syncs = [r for r in records if isinstance(r, SyncRecord) and r.duration_ns >= SYNC_KEEP_NS]
+            assert len(long_syncs) <= len(syncs) <= sum(isinstance(r, SyncRecord) for r in records)
+
+
 def test_random_errors_are_xid_or_nccl_timeout_and_say_simulated():
     recs = simulate(30, seed=5, layers=1, time_scale=20, error_rate=0.5)[0]
     errors = [r for r in recs if isinstance(r, ErrorRecord)]
