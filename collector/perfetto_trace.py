@@ -123,7 +123,8 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
 
 def _call_slices(trace: pb.Trace, gpu_uuid: int, streams: int, calls: CallTracks) -> None:
     """NCCL operations as slices on a child track of the GPU per communicator (as the JSON export
-    lays them), memory operations as instants on a ``memory`` child track."""
+    lays them), memory operations as instants on a ``memory`` child track, syncs as slices on a
+    ``syncs`` child track (a second one where waits overlap)."""
     for n, (name, rows) in enumerate(calls.nccl):
         uuid = (gpu_uuid << 32) + streams + 1 + n
         desc = _packet(trace).track_descriptor
@@ -157,6 +158,23 @@ def _call_slices(trace: pb.Trace, gpu_uuid: int, streams: int, calls: CallTracks
                 a.name, a.uint_value = "address" if key == "handle" else key, c[key]
             a = ev.debug_annotations.add()
             a.name, a.int_value = "status", c["status"]
+    first = (gpu_uuid << 32) + streams + 1 + len(calls.nccl) + (1 if calls.memory else 0)
+    for n, (name, rows) in enumerate(calls.syncs):
+        uuid = first + n
+        desc = _packet(trace).track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
+        for c in rows:
+            begin = _packet(trace)
+            begin.timestamp = c["ts_ns"]
+            ev = begin.track_event
+            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, uuid, c["op"]
+            ev.categories.append("sync")
+            for key in ("handle", "pid", "tid"):
+                a = ev.debug_annotations.add()
+                a.name, a.uint_value = key, c[key]
+            end = _packet(trace)
+            end.timestamp = c["ts_ns"] + c["duration_ns"]
+            end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, uuid
 
 
 def _host_tracks(

@@ -65,34 +65,47 @@ class CallTracks:
 
     nccl: list[tuple[str, list[dict[str, Any]]]]
     memory: list[dict[str, Any]]
+    syncs: list[tuple[str, list[dict[str, Any]]]]  # "syncs", and "syncs (2)"... where waits overlap
 
 
 def call_tracks(store: Store, window: SpanWindow, *, max_calls: int = MAX_EXPORT_CALLS) -> CallTracks:
-    """The window's NCCL and memory calls for an export; TraceTooLarge past ``max_calls`` of either."""
-    nccl, more = read_calls(store, window, "nccl", max_calls)
-    memory, more_memory = read_calls(store, window, "memory", max_calls)
-    if more or more_memory:
-        what = "NCCL" if more else "memory"
-        raise TraceTooLarge(
-            f"the window holds more than {max_calls} {what} operations, the most an export takes: narrow the window"
-        )
-    lanes: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}  # comm -> [(end of the last, calls)]
-    for call in nccl:  # oldest first
+    """The window's NCCL, memory and (kept) sync calls for an export; TraceTooLarge past
+    ``max_calls`` of any of them."""
+    read = {}
+    for track, what in (("nccl", "NCCL operations"), ("memory", "memory operations"), ("sync", "syncs")):
+        rows, more = read_calls(store, window, track, max_calls)
+        if more:
+            raise TraceTooLarge(
+                f"the window holds more than {max_calls} {what}, the most an export takes: narrow the window"
+            )
+        read[track] = rows
+    nccl = [
+        (f"NCCL comm {comm:#x}" + (f" ({n + 1})" if n else ""), calls)
+        for comm, lanes in sorted(_lanes(read["nccl"], lambda c: int(c["handle"])).items())
+        for n, calls in enumerate(lanes)
+    ]
+    syncs = [
+        ("syncs" + (f" ({n + 1})" if n else ""), calls)
+        for n, calls in enumerate(_lanes(read["sync"]).get(0, []))
+    ]
+    return CallTracks(nccl, read["memory"], syncs)
+
+
+def _lanes(calls: list[dict[str, Any]], key: Any = lambda c: 0) -> dict[int, list[list[dict[str, Any]]]]:
+    """Calls (oldest first) by ``key``, each group on as few tracks as keep its calls from overlapping:
+    a call goes on the first track whose last call has ended."""
+    out: dict[int, list[tuple[int, list[dict[str, Any]]]]] = {}
+    for call in calls:
         end = call["ts_ns"] + call["duration_ns"]
-        mine = lanes.setdefault(call["handle"], [])
-        for n, (busy_until, calls) in enumerate(mine):
+        mine = out.setdefault(key(call), [])
+        for n, (busy_until, rows) in enumerate(mine):
             if busy_until <= call["ts_ns"]:
-                mine[n] = (end, calls)
-                calls.append(call)
+                mine[n] = (end, rows)
+                rows.append(call)
                 break
         else:
             mine.append((end, [call]))
-    tracks = [
-        (f"NCCL comm {comm:#x}" + (f" ({n + 1})" if n else ""), calls)
-        for comm in sorted(lanes)
-        for n, (_, calls) in enumerate(lanes[comm])
-    ]
-    return CallTracks(tracks, memory)
+    return {k: [rows for _, rows in lanes] for k, lanes in out.items()}
 
 
 def stream_tids(streams: list[int]) -> dict[int, int]:
@@ -146,8 +159,11 @@ def chrome_trace_parts(
             {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
         )
     calls = call_tracks(store, window)
-    call_tids: list[int] = []  # per NCCL track, then the memory track: tids after the streams'
-    for n, name in enumerate([*(name for name, _ in calls.nccl), *(["memory"] if calls.memory else [])]):
+    call_tids: list[int] = []  # per NCCL track, the memory track, per syncs track: tids after the streams'
+    names = (
+        [name for name, _ in calls.nccl] + (["memory"] if calls.memory else []) + [n for n, _ in calls.syncs]
+    )
+    for n, name in enumerate(names):
         tid = len(tids) + 1 + n
         call_tids.append(tid)
         meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
@@ -231,7 +247,8 @@ def chrome_trace_parts(
 
 def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> list[bytes]:
     """NCCL operations as ``cat: "nccl"`` slices on their communicator's track, memory operations
-    as ``cat: "memory"`` thread-scoped instants on the memory track (they have no duration)."""
+    as ``cat: "memory"`` thread-scoped instants on the memory track (they have no duration), syncs
+    as ``cat: "sync"`` slices on the syncs track(s)."""
     out = []
     for (_, rows), tid in zip(calls.nccl, tids, strict=False):
         for c in rows:
@@ -258,7 +275,7 @@ def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> l
                 )
             )
     if calls.memory:
-        tid = tids[-1]
+        tid = tids[len(calls.nccl)]
         for c in calls.memory:
             out.append(
                 orjson.dumps(
@@ -277,6 +294,29 @@ def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> l
                             "pid": c["pid"],
                             "tid": c["tid"],
                             "status": c["status"],
+                        },
+                    }
+                )
+            )
+    first = len(calls.nccl) + (1 if calls.memory else 0)
+    for (_, rows), tid in zip(calls.syncs, tids[first:], strict=True):
+        for c in rows:
+            out.append(
+                orjson.dumps(
+                    {
+                        "ph": "X",
+                        "cat": "sync",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": (c["ts_ns"] - origin) / 1000,
+                        "dur": c["duration_ns"] / 1000,
+                        "name": c["op"],
+                        "args": {
+                            "start_ns": c["ts_ns"],
+                            "dur_ns": c["duration_ns"],
+                            "handle": str(c["handle"]),
+                            "pid": c["pid"],
+                            "tid": c["tid"],
                         },
                     }
                 )

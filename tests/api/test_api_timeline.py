@@ -273,7 +273,14 @@ def test_exports_draw_nccl_operations_per_communicator_and_memory_operations_on_
     checked = check_trace(client.get("/v1/timeline/export", params=calls_window).content)
     assert checked["cats"][("X", "nccl")] == 3
     assert checked["cats"][("i", "memory")] == 4
-    assert checked["named"] == {"stream 7": 2, "NCCL comm 0xc0": 2, "NCCL comm 0xd0": 1, "memory": 4}
+    assert checked["cats"][("X", "sync")] == 2
+    assert checked["named"] == {
+        "stream 7": 2,
+        "NCCL comm 0xc0": 2,
+        "NCCL comm 0xd0": 1,
+        "memory": 4,
+        "syncs": 2,
+    }
     events = checked["doc"]["traceEvents"]
     origin = int(checked["doc"]["otherData"]["origin_ns"])
     failed = [e for e in events if e.get("cat") == "nccl" and e["args"]["failed"]]
@@ -287,10 +294,11 @@ def test_exports_draw_nccl_operations_per_communicator_and_memory_operations_on_
     proto = check_perfetto(
         client.get("/v1/timeline/export", params={**calls_window, "format": "perfetto"}).content
     )
-    assert proto["tracks"] == {"stream 7": 2, "NCCL comm 0xc0": 2, "NCCL comm 0xd0": 1}
+    assert proto["tracks"] == {"stream 7": 2, "NCCL comm 0xc0": 2, "NCCL comm 0xd0": 1, "syncs": 2}
     assert proto["types"]["TYPE_INSTANT"] == 4  # the memory operations (no events on this GPU)
     assert ("NCCL comm 0xc0", "allreduce", T0 + 100_000, T0 + 2_100_000) in proto["slices"]
     assert "memory" in proto["names"]
+    assert ("syncs", "stream", T0 + 80_000, T0 + 380_000) in proto["slices"]
 
 
 def test_overlapping_nccl_operations_of_one_communicator_go_to_a_second_track(client, store):

@@ -305,7 +305,7 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     trace = json.loads(Path(dl.value.path()).read_text())
     cats = Counter((e["ph"], e.get("cat")) for e in trace["traceEvents"])
     assert cats[("X", "kernel")] == cats[("X", "launch")] == cats[("s", "launch")] == SPANS
-    assert (cats[("X", "nccl")], cats[("i", "memory")]) == (NCCL_OPS, MEMORY_OPS)
+    assert (cats[("X", "nccl")], cats[("i", "memory")], cats[("X", "sync")]) == (NCCL_OPS, MEMORY_OPS, SYNCS)
 
 
 def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector):
