@@ -10,7 +10,7 @@ Python costs microseconds each, so this format takes at most :data:`MAX_PROTO_SP
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ignore[import-untyped]
 
@@ -125,56 +125,54 @@ def _call_slices(trace: pb.Trace, gpu_uuid: int, streams: int, calls: CallTracks
     """NCCL operations as slices on a child track of the GPU per communicator (as the JSON export
     lays them), memory operations as instants on a ``memory`` child track, syncs as slices on a
     ``syncs`` child track (a second one where waits overlap)."""
-    for n, (name, rows) in enumerate(calls.nccl):
-        uuid = (gpu_uuid << 32) + streams + 1 + n
-        desc = _packet(trace).track_descriptor
-        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
-        for c in rows:
-            begin = _packet(trace)
-            begin.timestamp = c["ts_ns"]
-            ev = begin.track_event
-            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, uuid, c["op"]
-            ev.categories.append("nccl")
-            for key in ("bytes", "handle", "rank", "nranks"):
-                a = ev.debug_annotations.add()
-                a.name, a.uint_value = "comm" if key == "handle" else key, c[key]
+    uuid = (gpu_uuid << 32) + streams
+    for category, tracks, keys in (
+        (
+            "nccl",
+            calls.nccl,
+            (("bytes", "bytes"), ("comm", "handle"), ("rank", "rank"), ("nranks", "nranks")),
+        ),
+        ("sync", calls.syncs, (("handle", "handle"), ("pid", "pid"), ("tid", "tid"))),
+    ):
+        if category == "sync" and calls.memory:  # the memory track comes between, as in the JSON
+            uuid += 1
+            _memory_track(trace, gpu_uuid, uuid, calls.memory)
+        for name, rows in tracks:
+            uuid += 1
+            desc = _packet(trace).track_descriptor
+            desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
+            for c in rows:
+                begin = _packet(trace)
+                begin.timestamp = c["ts_ns"]
+                ev = begin.track_event
+                ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, uuid, c["op"]
+                ev.categories.append(category)
+                for label, key in keys:
+                    a = ev.debug_annotations.add()
+                    a.name, a.uint_value = label, c[key]
+                if "failed" in c:
+                    a = ev.debug_annotations.add()
+                    a.name, a.bool_value = "failed", c["failed"]
+                end = _packet(trace)
+                end.timestamp = c["ts_ns"] + c["duration_ns"]
+                end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, uuid
+
+
+def _memory_track(trace: pb.Trace, gpu_uuid: int, uuid: int, memory: list[dict[str, Any]]) -> None:
+    """The ``memory`` child track: one instant per memory operation."""
+    desc = _packet(trace).track_descriptor
+    desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, "memory"
+    for c in memory:
+        p = _packet(trace)
+        p.timestamp = c["ts_ns"]
+        ev = p.track_event
+        ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_INSTANT, uuid, f"{c['op']} {c['bytes']} B"
+        ev.categories.append("memory")
+        for label, key in (("bytes", "bytes"), ("address", "handle"), ("pid", "pid"), ("tid", "tid")):
             a = ev.debug_annotations.add()
-            a.name, a.bool_value = "failed", c["failed"]
-            end = _packet(trace)
-            end.timestamp = c["ts_ns"] + c["duration_ns"]
-            end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, uuid
-    if calls.memory:
-        uuid = (gpu_uuid << 32) + streams + 1 + len(calls.nccl)
-        desc = _packet(trace).track_descriptor
-        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, "memory"
-        for c in calls.memory:
-            p = _packet(trace)
-            p.timestamp = c["ts_ns"]
-            ev = p.track_event
-            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_INSTANT, uuid, f"{c['op']} {c['bytes']} B"
-            ev.categories.append("memory")
-            for key in ("bytes", "handle", "pid", "tid"):
-                a = ev.debug_annotations.add()
-                a.name, a.uint_value = "address" if key == "handle" else key, c[key]
-            a = ev.debug_annotations.add()
-            a.name, a.int_value = "status", c["status"]
-    first = (gpu_uuid << 32) + streams + 1 + len(calls.nccl) + (1 if calls.memory else 0)
-    for n, (name, rows) in enumerate(calls.syncs):
-        uuid = first + n
-        desc = _packet(trace).track_descriptor
-        desc.uuid, desc.parent_uuid, desc.name = uuid, gpu_uuid, name
-        for c in rows:
-            begin = _packet(trace)
-            begin.timestamp = c["ts_ns"]
-            ev = begin.track_event
-            ev.type, ev.track_uuid, ev.name = pb.TrackEvent.TYPE_SLICE_BEGIN, uuid, c["op"]
-            ev.categories.append("sync")
-            for key in ("handle", "pid", "tid"):
-                a = ev.debug_annotations.add()
-                a.name, a.uint_value = key, c[key]
-            end = _packet(trace)
-            end.timestamp = c["ts_ns"] + c["duration_ns"]
-            end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, uuid
+            a.name, a.uint_value = label, c[key]
+        a = ev.debug_annotations.add()
+        a.name, a.int_value = "status", c["status"]
 
 
 def _host_tracks(

@@ -832,22 +832,44 @@ class CallBatch:
 
     @classmethod
     def empty(cls) -> CallBatch:
-        u64, u32 = np.empty(0, np.uint64), np.empty(0, np.uint32)
+        return cls.of("", 0, [])
+
+    @classmethod
+    def of(
+        cls,
+        instance: str,
+        gpu: int,
+        calls: Sequence[tuple[str, str, int, int, int, int]],
+        *,
+        pid: int = 0,
+        tid: int = 0,
+        rank: int = 0,
+        nranks: int = 0,
+        failed: Sequence[bool] = (),
+    ) -> CallBatch:
+        """One GPU's calls from ``(track, op, start_ns, duration_ns, bytes, handle)`` rows, the same
+        host thread and rank for all (tests, benchmarks); ``failed`` per call, default none.
+
+        >>> len(CallBatch.of("n1", 0, [("nccl", "allreduce", 10, 5, 1024, 0xC0)], nranks=8))
+        1
+        """
+        n = len(calls)
+        col = list(zip(*calls, strict=True)) if calls else [()] * 6
         return cls(
-            [],
-            np.empty(0, np.uint16),
-            [],
-            [],
-            np.empty(0, np.int64),
-            u64,
-            u64,
-            u64,
-            u32,
-            u32,
-            u32,
-            u32,
-            np.empty(0, np.int32),
-            np.empty(0, np.uint8),
+            instance=[instance] * n,
+            gpu=np.full(n, gpu, np.uint16),
+            track=[str(t) for t in col[0]],
+            op=[str(o) for o in col[1]],
+            start_ns=np.array(col[2], np.int64),
+            duration_ns=np.array(col[3], np.uint64),
+            bytes=np.array(col[4], np.uint64),
+            handle=np.array(col[5], np.uint64),
+            pid=np.full(n, pid, np.uint32),
+            tid=np.full(n, tid, np.uint32),
+            rank=np.full(n, rank, np.uint32),
+            nranks=np.full(n, nranks, np.uint32),
+            status=np.zeros(n, np.int32),
+            failed=np.array(failed, np.uint8) if len(failed) else np.zeros(n, np.uint8),
         )
 
     @classmethod

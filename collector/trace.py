@@ -250,77 +250,27 @@ def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> l
     as ``cat: "memory"`` thread-scoped instants on the memory track (they have no duration), syncs
     as ``cat: "sync"`` slices on the syncs track(s)."""
     out = []
-    for (_, rows), tid in zip(calls.nccl, tids, strict=False):
-        for c in rows:
-            out.append(
-                orjson.dumps(
-                    {
-                        "ph": "X",
-                        "cat": "nccl",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": (c["ts_ns"] - origin) / 1000,
-                        "dur": c["duration_ns"] / 1000,
-                        "name": c["op"],
-                        "args": {
-                            "start_ns": c["ts_ns"],
-                            "dur_ns": c["duration_ns"],
-                            "bytes": c["bytes"],
-                            "comm": str(c["handle"]),
-                            "rank": c["rank"],
-                            "nranks": c["nranks"],
-                            "failed": c["failed"],
-                        },
-                    }
-                )
-            )
-    if calls.memory:
-        tid = tids[len(calls.nccl)]
+    memory_tid = [tids[len(calls.nccl)]] if calls.memory else []
+    sync_tids = tids[len(calls.nccl) + len(memory_tid) :]
+    for tracks, track_tids, cat in ((calls.nccl, tids, "nccl"), (calls.syncs, sync_tids, "sync")):
+        for (_, rows), tid in zip(tracks, track_tids, strict=False):
+            for c in rows:
+                args = {"start_ns": c["ts_ns"], "dur_ns": c["duration_ns"]}
+                if cat == "nccl":
+                    args.update(bytes=c["bytes"], comm=str(c["handle"]), rank=c["rank"], nranks=c["nranks"])
+                    args["failed"] = c["failed"]
+                else:
+                    args.update(handle=str(c["handle"]), pid=c["pid"], tid=c["tid"])
+                event = {"ph": "X", "cat": cat, "pid": pid, "tid": tid, "ts": (c["ts_ns"] - origin) / 1000}
+                event.update(dur=c["duration_ns"] / 1000, name=c["op"], args=args)
+                out.append(orjson.dumps(event))
+    for tid in memory_tid:
         for c in calls.memory:
-            out.append(
-                orjson.dumps(
-                    {
-                        "ph": "i",
-                        "s": "t",
-                        "cat": "memory",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": (c["ts_ns"] - origin) / 1000,
-                        "name": f"{c['op']} {c['bytes']} B",
-                        "args": {
-                            "ts_ns": c["ts_ns"],
-                            "bytes": c["bytes"],
-                            "address": str(c["handle"]),
-                            "pid": c["pid"],
-                            "tid": c["tid"],
-                            "status": c["status"],
-                        },
-                    }
-                )
-            )
-    first = len(calls.nccl) + (1 if calls.memory else 0)
-    for (_, rows), tid in zip(calls.syncs, tids[first:], strict=True):
-        for c in rows:
-            out.append(
-                orjson.dumps(
-                    {
-                        "ph": "X",
-                        "cat": "sync",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": (c["ts_ns"] - origin) / 1000,
-                        "dur": c["duration_ns"] / 1000,
-                        "name": c["op"],
-                        "args": {
-                            "start_ns": c["ts_ns"],
-                            "dur_ns": c["duration_ns"],
-                            "handle": str(c["handle"]),
-                            "pid": c["pid"],
-                            "tid": c["tid"],
-                        },
-                    }
-                )
-            )
+            args = {"ts_ns": c["ts_ns"], "bytes": c["bytes"], "address": str(c["handle"]), "pid": c["pid"]}
+            args.update(tid=c["tid"], status=c["status"])
+            event = {"ph": "i", "s": "t", "cat": "memory", "pid": pid, "tid": tid}
+            event.update(ts=(c["ts_ns"] - origin) / 1000, name=f"{c['op']} {c['bytes']} B", args=args)
+            out.append(orjson.dumps(event))
     return out
 
 

@@ -170,23 +170,8 @@ def calls_of(instance: str, gpu: int, start_ns: int, window_ns: int) -> CallBatc
         )
     for i in range(SYNCS):
         rows.append(("sync", "stream", start_ns + i * window_ns // SYNCS + 11, 200_000, 0, 0x7F0000001000))
-    n = len(rows)
-    return CallBatch(
-        instance=[instance] * n,
-        gpu=np.full(n, gpu, np.uint16),
-        track=[r[0] for r in rows],
-        op=[r[1] for r in rows],
-        start_ns=np.array([r[2] for r in rows], np.int64),
-        duration_ns=np.array([r[3] for r in rows], np.uint64),
-        bytes=np.array([r[4] for r in rows], np.uint64),
-        handle=np.array([r[5] for r in rows], np.uint64),
-        pid=np.full(n, 4242, np.uint32),
-        tid=np.full(n, 4243, np.uint32),
-        rank=np.zeros(n, np.uint32),
-        nranks=np.full(n, 8, np.uint32),
-        status=np.zeros(n, np.int32),
-        failed=np.array([i == NCCL_OPS - 1 for i in range(n)], np.uint8),
-    )
+    failed = [i == NCCL_OPS - 1 for i in range(len(rows))]
+    return CallBatch.of(instance, gpu, rows, pid=4242, tid=4243, nranks=8, failed=failed)
 
 
 def populate_kernel_histograms(

@@ -187,24 +187,9 @@ def test_correlation_lines_up_spans_events_and_nvml_samples(client):
 
 
 def _calls(rows: list[tuple[str, str, int, int, int, int]], gpu: int = 3) -> CallBatch:
-    """rows: (track, op, start_ns, duration_ns, bytes, handle) of n1's GPU ``gpu``."""
-    n = len(rows)
-    return CallBatch(
-        instance=["n1"] * n,
-        gpu=np.full(n, gpu, np.uint16),
-        track=[r[0] for r in rows],
-        op=[r[1] for r in rows],
-        start_ns=np.array([r[2] for r in rows], np.int64),
-        duration_ns=np.array([r[3] for r in rows], np.uint64),
-        bytes=np.array([r[4] for r in rows], np.uint64),
-        handle=np.array([r[5] for r in rows], np.uint64),
-        pid=np.full(n, 42, np.uint32),
-        tid=np.full(n, 43, np.uint32),
-        rank=np.full(n, 1, np.uint32),
-        nranks=np.full(n, 8, np.uint32),
-        status=np.zeros(n, np.int32),
-        failed=np.array([r[1] == "broadcast" for r in rows], np.uint8),
-    )
+    """rows: (track, op, start_ns, duration_ns, bytes, handle) of n1's GPU ``gpu``; broadcasts fail."""
+    failed = [r[1] == "broadcast" for r in rows]
+    return CallBatch.of("n1", gpu, rows, pid=42, tid=43, rank=1, nranks=8, failed=failed)
 
 
 @pytest.fixture(scope="module")

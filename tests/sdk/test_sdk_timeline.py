@@ -165,24 +165,7 @@ def served(tmp_path_factory):
     store.insert_events([Event("n1", 0, t0 + 150_000_000, "oom", 2, message="cudaMalloc failed")])
     calls = [("nccl", "allreduce", t0 + 10, 3_000_000, 1 << 30, 0xC0), ("nccl", "send", t0 + 20, 5, 8, 0xC0)]
     calls += [("memory", "alloc", t0 + 30, 0, 1 << 20, 0x7000), ("sync", "event", t0 + 40, 90_000, 0, 0x55)]
-    store.insert_calls(
-        CallBatch(
-            instance=["n1"] * 4,
-            gpu=np.zeros(4, np.uint16),
-            track=[c[0] for c in calls],
-            op=[c[1] for c in calls],
-            start_ns=np.array([c[2] for c in calls], np.int64),
-            duration_ns=np.array([c[3] for c in calls], np.uint64),
-            bytes=np.array([c[4] for c in calls], np.uint64),
-            handle=np.array([c[5] for c in calls], np.uint64),
-            pid=np.full(4, 7, np.uint32),
-            tid=np.full(4, 8, np.uint32),
-            rank=np.full(4, 1, np.uint32),
-            nranks=np.full(4, 2, np.uint32),
-            status=np.zeros(4, np.int32),
-            failed=np.array([0, 1, 0, 0], np.uint8),
-        )
-    )
+    store.insert_calls(CallBatch.of("n1", 0, calls, pid=7, tid=8, rank=1, nranks=2, failed=[0, 1, 0, 0]))
     tokens = TokenStore(tmp_path_factory.mktemp("sdk-timeline-tokens") / "tokens.json")
     token = tokens.create("sdk", ["read"]).token
     ADMIN["token"] = tokens.create("ops", ["admin"]).token
