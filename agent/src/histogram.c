@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ki_histogram_bounds.h"
+#include "ki_histogram_index.h"
 
 /* Positive and negative buckets share one sorted array of int32 sort keys: a
  * positive bucket i is i, a negative one i - NEG_OFF. Indexes stay within
@@ -73,15 +74,14 @@ int32_t ki_histogram_index(double v, int32_t schema) {
     }
     int32_t key;
     if (schema > 0) {
+        /* sort.SearchFloat64s (first bound >= frac) without the search: the schema+1 leading mantissa
+         * bits of frac leave at most one bound to compare with (ki_histogram_index.h). */
         const double *b = ki_histogram_bounds[schema];
-        int32_t lo = 0, hi = 1 << schema; /* sort.SearchFloat64s: first bound >= frac */
-        while (lo < hi) {
-            int32_t mid = (lo + hi) >> 1;
-            if (b[mid] < frac)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
+        uint64_t fb;
+        memcpy(&fb, &frac, sizeof fb);
+        uint32_t m = (uint32_t)((fb & 0x000FFFFFFFFFFFFFULL) >> (51 - schema));
+        int32_t lo = ki_histogram_first[KI_HISTOGRAM_FIRST_OFF(schema) + m];
+        if (lo < (1 << schema) && b[lo] < frac) lo++;
         key = lo + (exp - 1) * (1 << schema);
     } else {
         key = exp;

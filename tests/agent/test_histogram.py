@@ -13,6 +13,7 @@ import bisect
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,7 @@ def test_bucket_index_matches_client_golang_port_on_100k_values(tmp_path: Path) 
     j = rng.integers(0, len(bvals), k)
     values[k : 2 * k] = np.ldexp(bvals[j], rng.integers(-1000, 1000, k))  # bucket boundaries exactly
     values[2 * k : 2 * k + 1000] = np.nextafter(values[k : k + 1000], np.inf)  # just above a boundary
+    values[2 * k + 1000 : 2 * k + 2000] = np.nextafter(values[k + 1000 : k + 2000], 0.0)  # just below one
     values[-4:] = [np.inf, -np.inf, np.finfo(np.float64).max, 5e-324]
     values *= np.where(rng.random(n) < 0.3, -1.0, 1.0)
     vin = tmp_path / "v.f64"
@@ -92,6 +94,14 @@ def test_bucket_index_matches_client_golang_port_on_100k_values(tmp_path: Path) 
         want = np.array([go_index(float(v), schema, bounds) for v in values], dtype=np.int64)
         bad = np.nonzero(got[row] != want)[0]
         assert bad.size == 0, f"schema {schema}: {bad.size} differ, first v={values[bad[0]]!r}"
+
+
+def test_the_bucket_index_table_is_generated_from_the_bounds() -> None:
+    """ki_histogram_index.h (the lookup that replaced the bounds search) is what the generator
+    writes from the bounds today, and no interval of its leading mantissa bits holds two bounds."""
+    gen = SRC.parents[1] / "scripts" / "gen_histogram_index.py"
+    r = subprocess.run([sys.executable, str(gen), "--check"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"agent/include/ki_histogram_index.h is stale: run {gen.name} ({r.stderr})"
 
 
 def parse_export(text: str) -> tuple[int, int, int, list[tuple[int, int]]]:
