@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from kernel_insight.collector.batcher import Batcher, Ticket
-from kernel_insight.collector.derive import Deriver
+from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY, Deriver
 from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
 from kernel_insight.collector.rows import Labels
@@ -48,7 +48,12 @@ class StoreSink:
         instance_of: Callable[[bytes], str] | None = None,
         labels_of: Callable[[str], Mapping[str, str]] | None = None,
         batcher: Batcher | None = None,
+        sync_keep_ns: int = SYNC_KEEP_NS,
+        sync_sample_every: int = SYNC_SAMPLE_EVERY,
     ) -> None:
+        if sync_sample_every < 1 or sync_keep_ns < 0:
+            raise ValueError("syncs: keep at least 1 in N (N >= 1) of those shorter than a threshold >= 0")
+        self._sync_keep_ns, self._sync_sample_every = sync_keep_ns, sync_sample_every
         self.store = store
         self.batcher = batcher if batcher is not None else Batcher(store)
         self._instance_of = instance_of or (lambda agent_id: agent_id.hex())
@@ -66,7 +71,12 @@ class StoreSink:
             if entry is None:
                 instance = self._instance_of(agent_id)
                 entry = self._derivers[agent_id] = (
-                    Deriver(instance, self._labels_of(instance)),
+                    Deriver(
+                        instance,
+                        self._labels_of(instance),
+                        sync_keep_ns=self._sync_keep_ns,
+                        sync_sample_every=self._sync_sample_every,
+                    ),
                     threading.Lock(),
                 )
             return entry

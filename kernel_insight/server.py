@@ -73,6 +73,8 @@ def build_collector_app(
     series_limits: Any = None,
     query_limits: EngineLimits | None = None,
     relabeler: Any = None,
+    sync_keep_ns: int | None = None,
+    sync_sample_every: int | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -114,7 +116,15 @@ def build_collector_app(
 
     metrics = CollectorMetrics()
     metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
-    sink = StoreSink(store, labels_of=keys.labels_of)  # enrolment labels on the instance and its series
+    # enrolment labels on the instance and its series; which syncs are stored per call (docs/storage.md)
+    from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
+
+    sink = StoreSink(
+        store,
+        labels_of=keys.labels_of,
+        sync_keep_ns=SYNC_KEEP_NS if sync_keep_ns is None else sync_keep_ns,
+        sync_sample_every=SYNC_SAMPLE_EVERY if sync_sample_every is None else sync_sample_every,
+    )
     metrics.watch_batcher(sink.batcher)
     # capture windows reach agents in ingest answers (docs/wire.md); instances are agent ids, as in the sink
     ingest = ingest_router(keys, sink, metrics=metrics, captures=CaptureDesk(store))
@@ -234,6 +244,8 @@ def _serve(args: argparse.Namespace) -> int:
             series_limits=series_limits(args),
             query_limits=_query_limits(args),
             relabeler=rules_for_series,
+            sync_keep_ns=int(args.sync_keep_us * 1000),
+            sync_sample_every=args.sync_sample_every,
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -256,6 +268,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         DEFAULT_MAX_CONNECTIONS,
     )
     from kernel_insight.api.health import HealthRule
+    from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
 
@@ -296,6 +309,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
     s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    s.add_argument(
+        "--sync-keep-us",
+        type=float,
+        default=SYNC_KEEP_NS / 1000,
+        help="syncs stored one row each (gpu_calls): every one that waited at least this long "
+        f"(microseconds, default {SYNC_KEEP_NS / 1000:g}) ... (docs/storage.md)",
+    )
+    s.add_argument(
+        "--sync-sample-every",
+        type=int,
+        default=SYNC_SAMPLE_EVERY,
+        help=f"... and 1 in this many of the shorter ones (default {SYNC_SAMPLE_EVERY}; 1: every sync)",
+    )
     s.add_argument(
         "--stale-after",
         type=float,

@@ -110,3 +110,32 @@ def test_nccl_and_memory_calls_are_stored_once_per_call_through_the_batcher(tmp_
             {"track": "nccl", "op": "allreduce", "gpu": 1, "n": 2, "b": 2 << 30},
         ]
         sink.close()
+
+
+def _syncs_batch(seq: int, durations: list[int]) -> DecodedBatch:
+    arr = np.zeros(len(durations), RECORD_DTYPE)
+    arr["type"], arr["producer"], arr["id"] = RecordType.SYNC, 1, 1
+    arr["ts_ns"] = NOW + seq * 10_000_000 + np.arange(len(durations)) * 1000
+    payload = np.zeros(len(durations), np.dtype([("dur", "<u8"), ("handle", "<u8"), ("rest", "V16")]))
+    payload["dur"] = durations
+    arr["payload"] = payload.view("V32")
+    header = BatchHeader(AGENT, 1, 7, seq, NOW, NOW + seq * 10_000_000 + 10_000, len(durations), 0, 1)
+    return DecodedBatch(header, arrays={RecordType.SYNC: arr})
+
+
+@pytest.mark.parametrize(
+    ("options", "kept"),
+    [
+        ({}, 3),  # the defaults: the 2 waits of at least 50 us, and the first (1 in 100) of the 8 short ones
+        ({"sync_sample_every": 1}, 10),  # every sync
+        ({"sync_keep_ns": 0, "sync_sample_every": 1000}, 10),  # every wait is "long"
+    ],
+)
+def test_which_syncs_are_stored_per_call_is_the_sinks_choice(tmp_path, options, kept):
+    with EmbeddedStore(tmp_path / "d") as store:
+        sink = StoreSink(store, instance_of=lambda a: "host-1", **options)
+        assert sink(_syncs_batch(0, [2_000] * 8 + [60_000, 900_000])) is True
+        assert store.query("SELECT count() AS n FROM ki.gpu_calls").to_pylist() == [{"n": kept}]
+        sink.close()
+    with pytest.raises(ValueError, match="1 in N"):
+        StoreSink(store, sync_sample_every=0)
