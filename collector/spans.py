@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kernel_insight.collector.sql import Params, qualified
+from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
 from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
-from kernel_insight.kql.storage import Matcher
+from kernel_insight.kql.storage import Matcher, is_stale_value
 
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
@@ -24,6 +28,7 @@ __all__ = [
     "SpanCursor",
     "SpanQueryError",
     "SpanWindow",
+    "kernel_histograms",
     "read_calls",
     "read_counters",
     "read_events",
@@ -181,8 +186,75 @@ def read_spans(
     return page, SpanCursor(last_span["start_ns"], last_span["stream"], last_span["correlation"])
 
 
+#: The agent's per-kernel native histogram (docs/metrics.md): every launch, whatever spans it kept.
+KERNEL_HISTOGRAM_METRIC = "kernel_duration_seconds"
+#: How far before a window the histogram at its start is looked for (agents export every second).
+_HISTOGRAM_LOOKBACK_MS = 5 * 60_000
+
+
+def _launches(hs: list[FloatHistogram], base: FloatHistogram | None) -> FloatHistogram | None:
+    """What cumulative histograms ``hs`` (in time order) add to ``base``: a counter reset (an agent
+    restart) ends one run and starts the next from zero, as PromQL's ``increase`` treats it."""
+    total: FloatHistogram | None = None
+    start, prev = base, base
+    for h in hs:
+        if prev is not None and h.detect_reset(prev):
+            run = prev if start is None else prev.sub(start).histogram
+            total = run if total is None else total.add(run).histogram
+            start = None
+        prev = h
+    if prev is None or prev is base:
+        return total
+    run = prev if start is None else prev.sub(start).histogram
+    return run if total is None else total.add(run).histogram
+
+
+def kernel_histograms(store: Store, window: SpanWindow) -> dict[str, FloatHistogram]:
+    """Each kernel's launches in the window, from its native histograms (``kernel_duration_seconds``
+    of the window's GPU, summed over pid and stream): the histograms' growth between the last export
+    at or before the window's start and the last one before its end. Empty when the agent ships no
+    histograms (wire body v1) or a filter histograms cannot apply (stream, minimum duration)."""
+    if window.stream is not None or window.min_duration_ns:
+        return {}
+    matchers = [
+        Matcher("__name__", "=", KERNEL_HISTOGRAM_METRIC),
+        Matcher("instance", "=", window.instance),
+        Matcher("gpu", "=", str(window.gpu)),
+    ]
+    if window.kernel is not None:
+        matchers.append(Matcher("kernel", "=~", window.kernel))
+    start_ms, end_ms = window.start_ns // 1_000_000, -(-window.end_ns // 1_000_000)
+    out: dict[str, FloatHistogram] = {}
+    for series in store.storage().select(matchers, start_ms - _HISTOGRAM_LOOKBACK_MS, end_ms):
+        ts = np.asarray(series.hist_timestamps)
+        first = int(np.searchsorted(ts, start_ms, side="right"))  # exports after the window began
+        last = int(np.searchsorted(ts, end_ms, side="left"))  # ... and before it ended
+        live = [h for h in series.histograms[first:last] if not is_stale_value(h.sum)]
+        base = series.histograms[first - 1] if first > 0 else None
+        if base is not None and is_stale_value(base.sum):
+            base = None
+        grown = _launches(live, base)
+        if grown is None or grown.count <= 0:
+            continue
+        kernel = dict(series.labels).get("kernel", "")
+        have = out.get(kernel)
+        out[kernel] = grown if have is None else have.add(grown).histogram
+    return out
+
+
+def _highest_bound(h: FloatHistogram) -> float:
+    """The upper bound of the histogram's highest populated bucket (a bound on its largest value)."""
+    top = max(
+        (b.upper for b in h.buckets() if b.count > 0), default=h.zero_threshold if h.zero_count else 0.0
+    )
+    return top if math.isfinite(top) else 0.0
+
+
 def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> dict[str, Any]:
     """Per kernel: count, total and share of GPU time, p50/p90/p99/max, and its slowest spans.
+
+    From the kept spans, or, where the agent ships native histograms (``source: histograms``),
+    count, total and quantiles from those, which saw every launch (see :func:`kernel_histograms`).
 
     ``share`` is the kernel's part of all kernel time in the window (streams overlap, so
     the sum of durations can exceed the window; ``busy_ratio`` compares it to the window).
@@ -220,7 +292,7 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
         ).to_pylist()
         for t in found:
             slow[t["kernel"]].append(_span(t))
-    total_ns = int(rows[0]["all_total"]) if rows else 0
+    hists = kernel_histograms(store, window)
     out = []
     for r in rows:
         q = [float(x) for x in r["q"]]
@@ -229,14 +301,38 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
                 "kernel": r["kernel"],
                 "count": int(r["n"]),
                 "total_ns": int(r["total"]),
-                "share": int(r["total"]) / total_ns if total_ns else 0.0,
                 "p50_ns": q[0],
                 "p90_ns": q[1],
                 "p99_ns": q[2],
                 "max_ns": int(r["mx"]),
+                "source": "spans",
                 "slowest": slow[r["kernel"]],
             }
         )
+    # Where the agent ships native histograms it keeps only some spans (the tail and a sample):
+    # count, time and quantiles then come from the histograms, which saw every launch; the slowest
+    # spans (kept: they are the tail) and the max stay the spans'.
+    listed = {k["kernel"]: k for k in out}
+    for name, h in hists.items():
+        k = listed.get(name)
+        if k is None:
+            k = listed[name] = {"kernel": name, "max_ns": int(_highest_bound(h) * 1e9), "slowest": []}
+            out.append(k)
+        k.update(
+            count=round(h.count),
+            total_ns=round(h.sum * 1e9),
+            p50_ns=histogram_quantile(0.5, h)[0] * 1e9,
+            p90_ns=histogram_quantile(0.9, h)[0] * 1e9,
+            p99_ns=histogram_quantile(0.99, h)[0] * 1e9,
+            source="histograms",
+        )
+    out.sort(key=lambda k: (-k["total_ns"], k["kernel"]))
+    # An agent that ships histograms counts every kernel in them: the GPU's kernel time is theirs.
+    span_total = int(rows[0]["all_total"]) if rows else 0
+    total_ns = sum(round(h.sum * 1e9) for h in hists.values()) if hists else span_total
+    del out[int(kernels) :]
+    for k in out:
+        k["share"] = k["total_ns"] / total_ns if total_ns else 0.0
     return {
         "span_count": int(rows[0]["all_n"]) if rows else 0,
         "total_ns": total_ns,

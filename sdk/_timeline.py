@@ -94,6 +94,7 @@ class KernelSummary:
     max_ns: int
     slowest: tuple[Span, ...]
     slowest_links: tuple[str, ...]  # the spans URL around each slowest span, same order
+    source: str = "spans"  # "histograms": count, total and quantiles from every launch, not the kept spans
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,7 @@ class TimelineSummary:
                 int(k["max_ns"]),
                 tuple(Span.from_json(s) for s in k["slowest"]),
                 tuple(str(s.get("timeline", "")) for s in k["slowest"]),
+                str(k.get("source", "spans")),
             )
             for k in d["kernels"]
         )

@@ -635,6 +635,7 @@ async function pageKernels(params) {
   const kernel = params.get("kernel");
   document.getElementById("k-body").innerHTML = `<p>${s.span_count} spans, ${fmtNs(s.total_ns)} of kernel time, GPU busy ${fmtPct(s.busy_ratio)}
     · <a href="#/timeline?${windowQuery(w)}">open the timeline</a> · a kernel's name opens its latency heatmap</p>
+    ${s.kernels.some((k) => k.source === "histograms") ? `<p class="muted" id="k-source">Counts, time and quantiles from the kernels' native histograms (every launch); the ${s.span_count} spans are the ones the agent kept (the slow tail, a sample, capture windows).</p>` : ""}
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
     <div id="k-heatmap"></div>
     <div id="k-native"></div>`;
