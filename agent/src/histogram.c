@@ -283,7 +283,20 @@ static uint32_t bucket_pos(const int32_t *bk, const struct ki_hist *h, int32_t s
         *found = 1;
         return h->hint;
     }
-    uint32_t lo = 0, hi = h->n;
+    uint32_t n = h->n;
+    if (n == 0 || sk <= bk[0]) {
+        *found = n > 0 && bk[0] == sk;
+        return 0;
+    }
+    if (sk > bk[n - 1]) {
+        *found = 0;
+        return n;
+    }
+    /* Bucket keys are distinct integers: fewer than sk - bk[0] of them lie below sk, and at most
+     * bk[n-1] - sk + 1 at or above it. That pins the position to one slot where the buckets are
+     * contiguous (most of a histogram), and to a few around gaps: a short search, not log2(n) steps. */
+    uint32_t below = (uint32_t)(sk - bk[0]), above = (uint32_t)(bk[n - 1] - sk);
+    uint32_t lo = above < n - 1 ? n - 1 - above : 1, hi = below < n - 1 ? below : n - 1;
     while (lo < hi) {
         uint32_t mid = (lo + hi) >> 1;
         if (bk[mid] < sk)
