@@ -234,8 +234,10 @@ def test_kernels_lists_each_kernel_of_the_window_and_draws_its_latency_heatmap(p
 
 def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
     _sign_in(page, collector)
-    query = 'sum by (kernel) (rate(kernel_duration_seconds{instance="node-0001"}[5s]))'
-    page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=5m")
+    # The histograms are 13 s of data from when the module was imported (minutes ago in a full
+    # run): an hour's range at 15 s steps, each step's increase over a minute, reaches them.
+    query = 'sum by (kernel) (increase(kernel_duration_seconds{instance="node-0001"}[1m]))'
+    page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=1h")
     page.wait_for_selector("#heatmaps canvas[data-columns]")
     assert page.get_attribute("#heatmaps", "data-heatmaps") == str(len(KERNELS))
     canvases = page.locator("#heatmaps canvas")
