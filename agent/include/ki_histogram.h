@@ -50,8 +50,9 @@ struct ki_histogram_config {
     uint32_t max_buckets;      /* populated buckets per histogram (>= 1); also its storage */
     double max_zero_threshold; /* widen the zero bucket up to this before lowering the schema (0: never) */
     uint32_t max_keys;         /* histograms in the table */
-    uint64_t pool_buckets;     /* bucket slots shared by all histograms (0: enough for every key at
-                                * max_buckets, reserved but touched only as used) */
+    uint64_t pool_buckets;     /* bucket slots shared by all histograms, of the narrowest kind (3 bytes:
+                                * 16-bit key, 1-byte count; 0: enough for every key at max_buckets of the
+                                * widest kind, reserved but touched only as used) */
 };
 
 struct ki_histogram_key {
@@ -105,9 +106,11 @@ int32_t ki_histogram_index(double v, int32_t schema);
  * last finite bucket, +Inf above). */
 double ki_histogram_upper(int32_t index, int32_t schema);
 
-/* A table for cfg->max_keys histograms of up to cfg->max_buckets buckets each, their
- * buckets in one pool of chunks (8, 16, 32, ... slots; a histogram moves to a bigger
- * chunk as it grows, and the smaller one is reused by others).
+/* A table for cfg->max_keys (<= 2^24) histograms of up to cfg->max_buckets (< 65531) buckets
+ * each, their buckets in one pool of chunks (16, 24, ... bytes, four sizes per doubling past 64;
+ * a histogram moves to a bigger chunk as it grows, or grows in place when its chunk is the
+ * pool's last, and the smaller one is reused by others; a bucket takes 3 bytes until its count
+ * passes 255 or the histogram's indexes span more than 65535).
  * NULL with errno EINVAL (bad setting) or ENOMEM. */
 struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg);
 

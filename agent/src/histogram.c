@@ -16,24 +16,33 @@
 #define NEG_OFF (1 << 22)
 #define NEG_LIMIT (-(1 << 21))
 
-/* One histogram's record: key and state. Its buckets live in a chunk of the shared
- * pool: cap sorted bucket keys, then their counts. */
+/* One histogram's record: key and state (88 bytes). Its buckets live in a chunk of the shared
+ * pool: cap counts of cw bytes, then cap sorted bucket keys of kw bytes. Narrow keys (kw 2) are
+ * offsets from base; wide ones (kw 4) are the sort keys themselves, for the rare histogram whose
+ * buckets lie more than 65535 indexes apart (both signs, or 2^256 of range at schema 8). Counts
+ * start at one byte and widen (2, 4, 8) when one would overflow: most buckets of a kernel hold
+ * few observations between agent restarts, so a bucket costs 3 bytes instead of 12. */
 struct ki_hist {
     struct ki_histogram_key key;
-    int32_t schema;
-    uint32_t n;     /* populated buckets */
-    uint32_t hint;  /* last bucket position touched */
-    uint32_t cap;   /* bucket slots of its chunk (0: none yet) */
-    uint64_t chunk; /* byte offset of its chunk in the pool */
     double zero_threshold;
-    uint64_t zero_count, count;
     double sum;
+    uint64_t zero_count, count;
+    int32_t base;   /* kw 2: a bucket's sort key is base + its offset */
+    uint32_t chunk; /* offset of its chunk in the pool, in 8-byte units */
+    uint16_t n;     /* populated buckets */
+    uint16_t cap;   /* bucket slots of its chunk (0: none yet) */
+    uint16_t hint;  /* last bucket position touched */
+    int8_t schema;
+    uint8_t kw, cw; /* bytes of a bucket key (2, 4) and of a count (1, 2, 4, 8) */
+    uint8_t cls;    /* size class of its chunk */
 };
 
-/* Chunk size classes: 8, 16, 32, ... bucket slots, the last one exactly room. A chunk
- * that grows moves to the next class; the old one goes to its class's free list. */
-#define MAX_CLASSES 24
-#define FIRST_CAP 8
+/* Chunk size classes in bytes: 16, 24, ..., 64, then four steps per doubling (at most 25% unused),
+ * the last one exactly room slots of the widest kind. A chunk that grows takes the smallest class
+ * that holds one more bucket; the old one goes to its class's free list, unless it is the last
+ * chunk of the pool, which grows in place. */
+#define MAX_CLASSES 96
+#define MAX_ROOM 65535u
 
 struct ki_histtab {
     struct ki_histogram_config cfg;
@@ -45,7 +54,7 @@ struct ki_histtab {
     uint8_t *pool;       /* bucket chunks, bump-allocated, pages touched as used */
     size_t pool_bytes, pool_used;
     uint32_t nclasses;
-    uint32_t class_cap[MAX_CLASSES];
+    uint32_t class_bytes[MAX_CLASSES];
     uint64_t free_head[MAX_CLASSES]; /* offset + 1 of a free chunk (its first 8 bytes link the next), 0: none */
     size_t free_bytes;   /* bytes of the chunks on free lists */
     uint64_t *order;     /* compaction scratch: (chunk offset << 24 | slot) per histogram */
@@ -117,14 +126,17 @@ static int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_ke
     return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id &&
            a->producer == b->producer && a->kind == b->kind;
 }
-
-static size_t keys_bytes(uint32_t cap) { return ((size_t)cap * sizeof(int32_t) + 7) & ~(size_t)7; }
-static size_t chunk_bytes(uint32_t cap) { return keys_bytes(cap) + (size_t)cap * sizeof(uint64_t); }
+/* Buckets of a chunk of cls bytes for kw-byte keys and cw-byte counts: a multiple of 4, so the
+ * keys after the counts stay aligned. */
+static uint32_t cap_of(uint32_t bytes, uint32_t kw, uint32_t cw) {
+    uint32_t c = (bytes / (kw + cw)) & ~3u;
+    return c < MAX_ROOM ? c : MAX_ROOM;
+}
 
 struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     if (!cfg || cfg->schema < KI_HISTOGRAM_SCHEMA_MIN || cfg->schema > KI_HISTOGRAM_SCHEMA_MAX ||
         !(cfg->zero_threshold >= 0) || !(cfg->max_zero_threshold >= 0) || cfg->max_buckets == 0 ||
-        cfg->max_buckets > (1u << 20) || cfg->max_keys == 0 || cfg->max_keys > (1u << 28)) {
+        cfg->max_buckets >= MAX_ROOM - 4 || cfg->max_keys == 0 || cfg->max_keys > (1u << 24)) {
         errno = EINVAL;
         return NULL;
     }
@@ -135,20 +147,20 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     uint32_t hsize = 2;
     while (hsize < 2 * cfg->max_keys) hsize <<= 1;
     t->hash_mask = hsize - 1;
-    size_t worst = 0; /* one histogram's chunks of every class: what it can hold in the pool at most */
-    for (uint32_t c = FIRST_CAP;; c *= 2) {
-        uint32_t cap = c < t->room ? c : t->room;
-        t->class_cap[t->nclasses++] = cap;
-        worst += chunk_bytes(cap);
-        if (cap == t->room) break;
+    uint32_t last = ((t->room + 3) & ~3u) * 12; /* room slots of 4-byte keys and 8-byte counts */
+    for (uint32_t b = 16; b < last && t->nclasses < MAX_CLASSES - 1;) {
+        t->class_bytes[t->nclasses++] = b;
+        b += b < 64 ? 8 : (uint32_t)1 << (29 - __builtin_clz(b)); /* 64, 80, 96, 112, 128, 160, ... */
     }
-    t->pool_bytes = cfg->pool_buckets ? (size_t)cfg->pool_buckets * 12 + chunk_bytes(t->room)
-                                      : (size_t)cfg->max_keys * worst;
+    t->class_bytes[t->nclasses++] = last;
+    /* Every key at the largest class: after a compaction the pool holds only live chunks, so
+     * this is never spent before max_keys histograms are each full. */
+    t->pool_bytes = cfg->pool_buckets ? ((size_t)cfg->pool_buckets * 3 + 7) & ~(size_t)7 : (size_t)cfg->max_keys * last;
     t->hash = calloc(hsize, sizeof *t->hash);
     t->recs = calloc(cfg->max_keys, sizeof *t->recs);
-    t->pool = calloc(1, t->pool_bytes); /* zero pages: touched only as chunks are handed out */
+    t->pool = calloc(1, t->pool_bytes + 8); /* zero pages: touched only as chunks are handed out */
     t->order = calloc(cfg->max_keys, sizeof *t->order); /* touched only by a compaction */
-    if (!t->hash || !t->recs || !t->pool || !t->order) {
+    if (!t->hash || !t->recs || !t->pool || !t->order || t->pool_bytes / 8 > UINT32_MAX) {
         ki_histtab_destroy(t);
         errno = ENOMEM;
         return NULL;
@@ -167,12 +179,44 @@ void ki_histtab_destroy(struct ki_histtab *t) {
 }
 
 static struct ki_hist *rec(const struct ki_histtab *t, uint32_t slot) { return &t->recs[slot]; }
-static int32_t *rec_keys(const struct ki_histtab *t, const struct ki_hist *h) {
-    return (int32_t *)(void *)(t->pool + h->chunk);
+static inline uint8_t *chunk_at(const struct ki_histtab *t, const struct ki_hist *h) {
+    return t->pool + (size_t)h->chunk * 8;
 }
-static uint64_t *rec_counts(const struct ki_histtab *t, const struct ki_hist *h) {
-    return (uint64_t *)(void *)(t->pool + h->chunk + keys_bytes(h->cap));
+static inline uint8_t *keys_at(const struct ki_histtab *t, const struct ki_hist *h) {
+    return chunk_at(t, h) + (size_t)h->cap * h->cw;
 }
+static inline int32_t key_get(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p) {
+    const uint8_t *k = keys_at(t, h);
+    if (h->kw == 2) return h->base + ((const uint16_t *)(const void *)k)[p];
+    return ((const int32_t *)(const void *)k)[p];
+}
+static inline void key_set(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p, int32_t sk) {
+    uint8_t *k = keys_at(t, h);
+    if (h->kw == 2)
+        ((uint16_t *)(void *)k)[p] = (uint16_t)(sk - h->base);
+    else
+        ((int32_t *)(void *)k)[p] = sk;
+}
+static inline uint64_t count_get(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p) {
+    const void *c = chunk_at(t, h);
+    switch (h->cw) {
+    case 1: return ((const uint8_t *)c)[p];
+    case 2: return ((const uint16_t *)c)[p];
+    case 4: return ((const uint32_t *)c)[p];
+    default: return ((const uint64_t *)c)[p];
+    }
+}
+static inline void count_set(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p, uint64_t v) {
+    void *c = chunk_at(t, h);
+    switch (h->cw) {
+    case 1: ((uint8_t *)c)[p] = (uint8_t)v; break;
+    case 2: ((uint16_t *)c)[p] = (uint16_t)v; break;
+    case 4: ((uint32_t *)c)[p] = (uint32_t)v; break;
+    default: ((uint64_t *)c)[p] = v; break;
+    }
+}
+/* Bytes of a count that holds v. */
+static uint8_t width_for(uint64_t v) { return v <= UINT8_MAX ? 1 : v <= UINT16_MAX ? 2 : v <= UINT32_MAX ? 4 : 8; }
 
 /* In-place heapsort: glibc's qsort may malloc a merge buffer, and the drain loop allocates nothing. */
 static void sift(uint64_t *a, size_t i, size_t n) {
@@ -200,19 +244,19 @@ static void sort_u64(uint64_t *a, size_t n) {
 
 /* Slide every histogram's chunk down over the free ones, in pool order, so the pool's touched
  * part is what histograms hold: without it the chunks histograms outgrew stay on free lists
- * nobody takes when every key grows at once (about half the pool). Moves memory, allocates
- * nothing; run when the free lists hold a quarter of the pool. */
+ * nobody takes when every key grows at once. Moves memory, allocates nothing; run when the free
+ * lists hold a quarter of the pool, or when the pool is spent. */
 static void compact(struct ki_histtab *t) {
     uint32_t n = 0;
     for (uint32_t s = 0; s < t->used; s++)
-        if (t->recs[s].cap) t->order[n++] = t->recs[s].chunk << 24 | s;
+        if (t->recs[s].cap) t->order[n++] = (uint64_t)t->recs[s].chunk << 24 | s;
     sort_u64(t->order, n);
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct ki_hist *h = &t->recs[t->order[i] & 0xFFFFFF];
-        size_t bytes = chunk_bytes(h->cap);
-        if (h->chunk != off) memmove(t->pool + off, t->pool + h->chunk, bytes);
-        h->chunk = off;
+        size_t bytes = t->class_bytes[h->cls];
+        if ((size_t)h->chunk * 8 != off) memmove(t->pool + off, chunk_at(t, h), bytes);
+        h->chunk = (uint32_t)(off / 8);
         off += bytes;
     }
     t->pool_used = off;
@@ -221,37 +265,70 @@ static void compact(struct ki_histtab *t) {
     t->compactions++;
 }
 
-/* Move h's buckets to a chunk of the next class. Returns 0, or -ENOBUFS when the pool is spent. */
-static int grow(struct ki_histtab *t, struct ki_hist *h) {
-    uint32_t c = 0;
-    while (c < t->nclasses && t->class_cap[c] <= h->cap) c++;
-    if (c == t->nclasses) return -ENOBUFS;
-    uint32_t cap = t->class_cap[c];
-    size_t off;
-    if (!t->free_head[c] && t->free_bytes >= chunk_bytes(cap) && t->free_bytes * 4 >= t->pool_used &&
-        t->used <= 0xFFFFFF)
-        compact(t); /* the free chunks are of other sizes: reclaim them before the pool grows */
+/* h's chunk is the pool's last one and the pool has room: grow it to class c in place (same
+ * widths, so only the keys move up). 1 when done. */
+static int grow_in_place(struct ki_histtab *t, struct ki_hist *h, uint32_t c, uint32_t cap) {
+    size_t old = t->class_bytes[h->cls], end = (size_t)h->chunk * 8 + old;
+    if (!h->cap || end != t->pool_used || t->pool_bytes - t->pool_used < t->class_bytes[c] - old) return 0;
+    uint8_t *ch = chunk_at(t, h);
+    memmove(ch + (size_t)cap * h->cw, ch + (size_t)h->cap * h->cw, (size_t)h->n * h->kw);
+    t->pool_used += t->class_bytes[c] - old;
+    h->cls = (uint8_t)c;
+    h->cap = (uint16_t)cap;
+    return 1;
+}
+
+/* A free chunk of class c: from its free list, else from the pool's end. -ENOBUFS when spent. */
+static int take(struct ki_histtab *t, uint32_t c, size_t *off) {
+    size_t bytes = t->class_bytes[c];
     if (t->free_head[c]) {
-        off = t->free_head[c] - 1;
-        memcpy(&t->free_head[c], t->pool + off, sizeof t->free_head[c]);
-        t->free_bytes -= chunk_bytes(cap);
-    } else {
-        if (t->pool_bytes - t->pool_used < chunk_bytes(cap)) return -ENOBUFS;
-        off = t->pool_used;
-        t->pool_used += chunk_bytes(cap);
+        *off = t->free_head[c] - 1;
+        memcpy(&t->free_head[c], t->pool + *off, sizeof t->free_head[c]);
+        t->free_bytes -= bytes;
+        return 0;
+    }
+    if (t->pool_bytes - t->pool_used < bytes) return -ENOBUFS;
+    *off = t->pool_used;
+    t->pool_used += bytes;
+    return 0;
+}
+
+/* Give h a chunk for at least need buckets of kw-byte keys (narrow ones from base) and cw-byte
+ * counts, its buckets converted. Returns 0, or -ENOBUFS when the pool is spent (h unchanged). */
+static int rechunk(struct ki_histtab *t, struct ki_hist *h, uint32_t need, uint8_t kw, uint8_t cw, int32_t base) {
+    uint32_t c = 0;
+    while (c < t->nclasses && cap_of(t->class_bytes[c], kw, cw) < need) c++;
+    if (c == t->nclasses) return -ENOBUFS;
+    uint32_t cap = cap_of(t->class_bytes[c], kw, cw);
+    int same = h->cap && kw == h->kw && cw == h->cw && (kw == 4 || base == h->base);
+    if (same && grow_in_place(t, h, c, cap)) return 0;
+    size_t bytes = t->class_bytes[c], off;
+    if (!t->free_head[c] && t->free_bytes >= bytes && t->free_bytes * 4 >= t->pool_used)
+        compact(t); /* the free chunks are of other sizes: reclaim them before the pool grows */
+    if (take(t, c, &off) < 0) {
+        if (!t->free_bytes) return -ENOBUFS;
+        compact(t);
+        if (same && grow_in_place(t, h, c, cap)) return 0;
+        if (take(t, c, &off) < 0) return -ENOBUFS;
+    }
+    struct ki_hist nh = *h;
+    nh.chunk = (uint32_t)(off / 8);
+    nh.cls = (uint8_t)c;
+    nh.cap = (uint16_t)cap;
+    nh.kw = kw;
+    nh.cw = cw;
+    nh.base = base;
+    for (uint32_t i = 0; i < h->n; i++) { /* widths only grow: every value fits */
+        count_set(t, &nh, i, count_get(t, h, i));
+        key_set(t, &nh, i, key_get(t, h, i));
     }
     if (h->cap) {
-        memcpy(t->pool + off, rec_keys(t, h), h->n * sizeof(int32_t));
-        memcpy(t->pool + off + keys_bytes(cap), rec_counts(t, h), h->n * sizeof(uint64_t));
-        uint32_t old = 0;
-        while (t->class_cap[old] != h->cap) old++;
-        uint64_t link = t->free_head[old];
-        memcpy(t->pool + h->chunk, &link, sizeof link);
-        t->free_head[old] = h->chunk + 1;
-        t->free_bytes += chunk_bytes(h->cap);
+        uint64_t link = t->free_head[h->cls];
+        memcpy(chunk_at(t, h), &link, sizeof link);
+        t->free_head[h->cls] = (size_t)h->chunk * 8 + 1;
+        t->free_bytes += t->class_bytes[h->cls];
     }
-    h->chunk = off;
-    h->cap = cap;
+    *h = nh;
     return 0;
 }
 
@@ -277,52 +354,66 @@ const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32
     return slot < t->used ? &rec(t, slot)->key : NULL;
 }
 
-/* Position of sort key sk in the histogram's sorted buckets, or where it goes (*found = 0). */
-static uint32_t bucket_pos(const int32_t *bk, const struct ki_hist *h, int32_t sk, int *found) {
-    if (h->hint < h->n && bk[h->hint] == sk) {
-        *found = 1;
-        return h->hint;
+/* Position of key sk in the sorted keys bk[0..n), or where it goes (*found = 0); hint first.
+ * Bucket keys are distinct integers: fewer than sk - bk[0] of them lie below sk, and at most
+ * bk[n-1] - sk + 1 at or above it. That pins the position to one slot where the buckets are
+ * contiguous (most of a histogram), and to a few around gaps: a short search, not log2(n) steps. */
+#define BUCKET_POS(NAME, T)                                                                  \
+    static inline uint32_t NAME(const T *bk, uint32_t n, uint32_t hint, int32_t sk, int *found) { \
+        if (hint < n && bk[hint] == sk) {                                                    \
+            *found = 1;                                                                      \
+            return hint;                                                                     \
+        }                                                                                    \
+        if (n == 0 || sk <= (int32_t)bk[0]) {                                                \
+            *found = n > 0 && bk[0] == sk;                                                   \
+            return 0;                                                                        \
+        }                                                                                    \
+        if (sk > (int32_t)bk[n - 1]) {                                                       \
+            *found = 0;                                                                      \
+            return n;                                                                        \
+        }                                                                                    \
+        uint32_t below = (uint32_t)(sk - (int32_t)bk[0]), above = (uint32_t)((int32_t)bk[n - 1] - sk); \
+        uint32_t lo = above < n - 1 ? n - 1 - above : 1, hi = below < n - 1 ? below : n - 1; \
+        while (lo < hi) {                                                                    \
+            uint32_t mid = (lo + hi) >> 1;                                                   \
+            if ((int32_t)bk[mid] < sk)                                                       \
+                lo = mid + 1;                                                                \
+            else                                                                             \
+                hi = mid;                                                                    \
+        }                                                                                    \
+        *found = lo < n && bk[lo] == sk;                                                     \
+        return lo;                                                                           \
     }
-    uint32_t n = h->n;
-    if (n == 0 || sk <= bk[0]) {
-        *found = n > 0 && bk[0] == sk;
-        return 0;
-    }
-    if (sk > bk[n - 1]) {
+BUCKET_POS(pos16, uint16_t)
+BUCKET_POS(pos32, int32_t)
+
+static inline uint32_t bucket_pos(const struct ki_histtab *t, const struct ki_hist *h, int32_t sk, int *found) {
+    if (h->kw == 2) {
+        int64_t off = (int64_t)sk - h->base;
         *found = 0;
-        return n;
+        if (off < 0) return 0;
+        if (off > 65535) return h->n;
+        return pos16((const uint16_t *)(const void *)keys_at(t, h), h->n, h->hint, (int32_t)off, found);
     }
-    /* Bucket keys are distinct integers: fewer than sk - bk[0] of them lie below sk, and at most
-     * bk[n-1] - sk + 1 at or above it. That pins the position to one slot where the buckets are
-     * contiguous (most of a histogram), and to a few around gaps: a short search, not log2(n) steps. */
-    uint32_t below = (uint32_t)(sk - bk[0]), above = (uint32_t)(bk[n - 1] - sk);
-    uint32_t lo = above < n - 1 ? n - 1 - above : 1, hi = below < n - 1 ? below : n - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) >> 1;
-        if (bk[mid] < sk)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    *found = lo < h->n && bk[lo] == sk;
-    return lo;
+    return pos32((const int32_t *)(const void *)keys_at(t, h), h->n, h->hint, sk, found);
 }
 
-static void bucket_remove(int32_t *bk, uint64_t *bc, struct ki_hist *h, uint32_t p) {
-    memmove(bk + p, bk + p + 1, (h->n - p - 1) * sizeof *bk);
-    memmove(bc + p, bc + p + 1, (h->n - p - 1) * sizeof *bc);
+static void bucket_remove(const struct ki_histtab *t, struct ki_hist *h, uint32_t p) {
+    uint8_t *c = chunk_at(t, h), *k = keys_at(t, h);
+    memmove(c + (size_t)p * h->cw, c + (size_t)(p + 1) * h->cw, (size_t)(h->n - p - 1) * h->cw);
+    memmove(k + (size_t)p * h->kw, k + (size_t)(p + 1) * h->kw, (size_t)(h->n - p - 1) * h->kw);
     h->n--;
     h->hint = 0;
 }
 
 /* client_golang maybeWidenZeroBucket: merge the bucket(s) nearest zero into the zero bucket. */
-static int widen_zero(const struct ki_histtab *t, int32_t *bk, uint64_t *bc, struct ki_hist *h) {
+static int widen_zero(const struct ki_histtab *t, struct ki_hist *h) {
     if (h->zero_threshold >= t->cfg.max_zero_threshold || h->n == 0) return 0;
     int32_t smallest = INT32_MAX;
-    if (bk[0] < NEG_LIMIT) smallest = bk[0] + NEG_OFF; /* smallest negative index */
+    if (key_get(t, h, 0) < NEG_LIMIT) smallest = key_get(t, h, 0) + NEG_OFF; /* smallest negative index */
     for (uint32_t i = 0; i < h->n; i++)
-        if (bk[i] >= NEG_LIMIT) { /* smallest positive index */
-            if (bk[i] < smallest) smallest = bk[i];
+        if (key_get(t, h, i) >= NEG_LIMIT) { /* smallest positive index */
+            if (key_get(t, h, i) < smallest) smallest = key_get(t, h, i);
             break;
         }
     double zt = ki_histogram_upper(smallest, h->schema);
@@ -331,33 +422,38 @@ static int widen_zero(const struct ki_histtab *t, int32_t *bk, uint64_t *bc, str
     int32_t targets[2] = {smallest - NEG_OFF, smallest};
     for (int k = 0; k < 2; k++) {
         int found;
-        uint32_t p = bucket_pos(bk, h, targets[k], &found);
+        uint32_t p = bucket_pos(t, h, targets[k], &found);
         if (found) {
-            h->zero_count += bc[p];
-            bucket_remove(bk, bc, h, p);
+            h->zero_count += count_get(t, h, p);
+            bucket_remove(t, h, p);
         }
     }
     return 1;
 }
 
-/* client_golang doubleBucketWidth: schema - 1, buckets merged pairwise. */
-static void halve(int32_t *bk, uint64_t *bc, struct ki_hist *h) {
+/* client_golang doubleBucketWidth: schema - 1, buckets merged pairwise. The counts are wide enough
+ * for any sum (the caller made them hold count). Narrow keys get a new base: the range halves. */
+static void halve(const struct ki_histtab *t, struct ki_hist *h) {
+    struct ki_hist old = *h;
     uint32_t w = 0;
-    for (uint32_t r = 0; r < h->n; r++) {
-        int neg = bk[r] < NEG_LIMIT;
-        int32_t i = neg ? bk[r] + NEG_OFF : bk[r];
+    for (uint32_t r = 0; r < old.n; r++) {
+        int32_t k = key_get(t, &old, r);
+        int neg = k < NEG_LIMIT;
+        int32_t i = neg ? k + NEG_OFF : k;
         if (i > 0) i++;
         i /= 2; /* truncates toward zero, like Go */
         int32_t sk = neg ? i - NEG_OFF : i;
-        if (w > 0 && bk[w - 1] == sk) {
-            bc[w - 1] += bc[r];
+        if (r == 0) h->base = sk - 16384;
+        if (w > 0 && key_get(t, h, w - 1) == sk) {
+            count_set(t, h, w - 1, count_get(t, h, w - 1) + count_get(t, &old, r));
         } else {
-            bk[w] = sk;
-            bc[w] = bc[r];
+            uint64_t c = count_get(t, &old, r);
+            key_set(t, h, w, sk);
+            count_set(t, h, w, c);
             w++;
         }
     }
-    h->n = w;
+    h->n = (uint16_t)w;
     h->schema--;
     h->hint = 0;
 }
@@ -374,8 +470,10 @@ int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
     t->hash[pos] = (uint32_t)slot + 1;
     struct ki_hist *nh = rec(t, (uint32_t)slot);
     nh->key = *key;
-    nh->schema = t->cfg.schema;
+    nh->schema = (int8_t)t->cfg.schema;
     nh->zero_threshold = t->cfg.zero_threshold;
+    nh->kw = 2;
+    nh->cw = 1;
     return slot;
 }
 
@@ -388,15 +486,13 @@ uint64_t ki_histtab_count(const struct ki_histtab *t, uint32_t slot) {
 double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, double q) {
     if (slot >= t->used || !rec(t, slot)->count) return INFINITY;
     const struct ki_hist *h = rec(t, slot);
-    const int32_t *bk = rec_keys(t, h);
-    const uint64_t *bc = rec_counts(t, h);
     uint64_t rank = (uint64_t)ceil(q * (double)h->count), seen = h->zero_count;
     uint32_t i = 0;
-    for (; i < h->n && bk[i] < NEG_LIMIT; i++) seen += bc[i]; /* negatives sort first */
+    for (; i < h->n && key_get(t, h, i) < NEG_LIMIT; i++) seen += count_get(t, h, i); /* negatives sort first */
     if (seen >= rank) return 0;
     for (; i < h->n; i++) {
-        seen += bc[i];
-        if (seen >= rank) return ki_histogram_upper(bk[i], h->schema);
+        seen += count_get(t, h, i);
+        if (seen >= rank) return ki_histogram_upper(key_get(t, h, i), h->schema);
     }
     return INFINITY; /* NaN observations counted but in no bucket */
 }
@@ -408,6 +504,62 @@ int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key,
         return slot;
     }
     return ki_histtab_observe_slot(t, (uint32_t)slot, v);
+}
+
+/* Add one to the count at p, widening the counts when it would overflow. 0 or -ENOBUFS. */
+static inline int count_inc(struct ki_histtab *t, struct ki_hist *h, uint32_t p) {
+    void *c = chunk_at(t, h);
+    switch (h->cw) {
+    case 1:
+        if (((uint8_t *)c)[p] != UINT8_MAX) return ((uint8_t *)c)[p]++, 0;
+        break;
+    case 2:
+        if (((uint16_t *)c)[p] != UINT16_MAX) return ((uint16_t *)c)[p]++, 0;
+        break;
+    case 4:
+        if (((uint32_t *)c)[p] != UINT32_MAX) return ((uint32_t *)c)[p]++, 0;
+        break;
+    default: return ((uint64_t *)c)[p]++, 0;
+    }
+    uint64_t v = count_get(t, h, p) + 1;
+    if (rechunk(t, h, h->n, h->kw, (uint8_t)(h->cw * 2), h->base) < 0) return -ENOBUFS;
+    count_set(t, h, p, v);
+    return 0;
+}
+
+/* Insert a bucket of key sk holding 1 at position p, making room: a bigger chunk, keys rebased or
+ * widened when sk is out of the narrow range, counts wide enough for the merges that follow when
+ * the insert goes past max_buckets. 0 or -ENOBUFS (nothing changed). */
+static int bucket_insert(struct ki_histtab *t, struct ki_hist *h, uint32_t p, int32_t sk) {
+    uint8_t kw = h->kw, cw = h->cw;
+    int32_t base = h->base;
+    if (h->n == 0) {
+        base = sk - 32768;
+    } else if (kw == 2 && (sk < base || (int64_t)sk - base > 65535)) {
+        int32_t lo = key_get(t, h, 0), hi = key_get(t, h, h->n - 1);
+        if (sk < lo) lo = sk;
+        if (sk > hi) hi = sk;
+        if ((int64_t)hi - lo <= 65535)
+            base = lo - (int32_t)((65535 - (hi - lo)) / 2);
+        else
+            kw = 4;
+    }
+    if (h->n + 1u > t->cfg.max_buckets && width_for(h->count + 1) > cw) cw = width_for(h->count + 1);
+    if (h->n == h->cap || kw != h->kw || cw != h->cw) {
+        if (rechunk(t, h, h->n + 1u, kw, cw, base) < 0) return -ENOBUFS;
+    } else if (base != h->base) { /* same chunk, keys shifted into the new range */
+        uint16_t *k = (uint16_t *)(void *)keys_at(t, h);
+        for (uint32_t i = 0; i < h->n; i++) k[i] = (uint16_t)(k[i] + (h->base - base));
+        h->base = base;
+    }
+    uint8_t *c = chunk_at(t, h), *k = keys_at(t, h);
+    memmove(c + (size_t)(p + 1) * h->cw, c + (size_t)p * h->cw, (size_t)(h->n - p) * h->cw);
+    memmove(k + (size_t)(p + 1) * h->kw, k + (size_t)p * h->kw, (size_t)(h->n - p) * h->kw);
+    h->n++;
+    key_set(t, h, p, sk);
+    count_set(t, h, p, 1);
+    h->hint = (uint16_t)p;
+    return 0;
 }
 
 int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
@@ -423,38 +575,29 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
             goto counted;
         }
         int found;
-        int32_t *bk = rec_keys(t, h);
-        uint64_t *bc = rec_counts(t, h);
-        uint32_t p = bucket_pos(bk, h, sk, &found);
+        uint32_t p = bucket_pos(t, h, sk, &found);
         if (found) {
-            bc[p]++;
-            h->hint = p;
-            goto counted;
-        }
-        if (h->n == h->cap) {
-            if (grow(t, h) < 0) {
+            if (count_inc(t, h, p) < 0) {
                 t->pool_refused++;
                 return -ENOBUFS;
             }
-            bk = rec_keys(t, h);
-            bc = rec_counts(t, h);
+            h->hint = (uint16_t)p;
+            goto counted;
         }
-        memmove(bk + p + 1, bk + p, (h->n - p) * sizeof *bk);
-        memmove(bc + p + 1, bc + p, (h->n - p) * sizeof *bc);
-        bk[p] = sk;
-        bc[p] = 1;
-        h->n++;
-        h->hint = p;
+        if (bucket_insert(t, h, p, sk) < 0) {
+            t->pool_refused++;
+            return -ENOBUFS;
+        }
         while (h->n > t->cfg.max_buckets) {
-            if (widen_zero(t, bk, bc, h)) continue;
+            if (widen_zero(t, h)) continue;
             if (h->schema > KI_HISTOGRAM_SCHEMA_MIN) {
-                halve(bk, bc, h);
+                halve(t, h);
                 continue;
             }
             /* Nothing merged since the insert, so the new bucket still holds only v: take it out. */
             int32_t i = ki_histogram_index(v, h->schema);
-            p = bucket_pos(bk, h, v > 0 ? i : i - NEG_OFF, &found);
-            if (found && bc[p] == 1) bucket_remove(bk, bc, h, p);
+            p = bucket_pos(t, h, v > 0 ? i : i - NEG_OFF, &found);
+            if (found && count_get(t, h, p) == 1) bucket_remove(t, h, p);
             t->bucket_refused++;
             return -ERANGE;
         }
@@ -468,13 +611,14 @@ counted:
 size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }
 
 /* client_golang makeBuckets: spans with gaps of up to two buckets filled with zeros, counts as deltas. */
-static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, uint32_t to, int32_t off,
+static void make_buckets(const struct ki_histtab *t, const struct ki_hist *h, uint32_t from, uint32_t to, int32_t off,
                          struct ki_histogram_span *spans, uint32_t *nspans, int64_t *deltas, uint32_t *ndeltas) {
     uint32_t ns = 0, nd = 0;
     int64_t prev = 0;
     int32_t next = 0;
     for (uint32_t r = from; r < to; r++) {
-        int32_t i = bk[r] + off;
+        int32_t i = key_get(t, h, r) + off;
+        int64_t c = (int64_t)count_get(t, h, r);
         int32_t gap = i - next;
         if (r == from || gap > 2) {
             spans[ns].offset = gap;
@@ -488,8 +632,8 @@ static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, u
             }
         }
         spans[ns - 1].length++;
-        deltas[nd++] = (int64_t)bc[r] - prev;
-        prev = (int64_t)bc[r];
+        deltas[nd++] = c - prev;
+        prev = c;
         next = i + 1;
     }
     *nspans = ns;
@@ -499,17 +643,15 @@ static void make_buckets(const int32_t *bk, const uint64_t *bc, uint32_t from, u
 int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_export *out) {
     if (slot >= t->used) return -ENOENT;
     const struct ki_hist *h = rec(t, slot);
-    const int32_t *bk = rec_keys(t, h);
-    const uint64_t *bc = rec_counts(t, h);
     out->schema = h->schema;
     out->zero_threshold = h->zero_threshold;
     out->zero_count = h->zero_count;
     out->count = h->count;
     out->sum = h->sum;
     uint32_t nneg = 0;
-    while (nneg < h->n && bk[nneg] < NEG_LIMIT) nneg++;
-    make_buckets(bk, bc, 0, nneg, NEG_OFF, out->neg_spans, &out->n_neg_spans, out->neg_deltas, &out->n_neg_deltas);
-    make_buckets(bk, bc, nneg, h->n, 0, out->pos_spans, &out->n_pos_spans, out->pos_deltas, &out->n_pos_deltas);
+    while (nneg < h->n && key_get(t, h, nneg) < NEG_LIMIT) nneg++;
+    make_buckets(t, h, 0, nneg, NEG_OFF, out->neg_spans, &out->n_neg_spans, out->neg_deltas, &out->n_neg_deltas);
+    make_buckets(t, h, nneg, h->n, 0, out->pos_spans, &out->n_pos_spans, out->pos_deltas, &out->n_pos_deltas);
     return 0;
 }
 

@@ -196,13 +196,27 @@ static void unit(void) {
     ki_histtab_stats(t, &st);
     CHECK_EQ(st.bucket_refused, 1);
     ki_histtab_destroy(t);
-    /* A small shared pool: buckets run out, the refusal is counted, what was taken stays consistent;
-     * a chunk given up by a growing histogram is reused by the next one. */
-    struct ki_histogram_config pooled = {0, ZT, 64, 0, 4, 40};
+    /* A small shared pool (64 narrow bucket slots: 192 bytes). a's 16-byte chunk, then d's; a's
+     * fifth bucket moves it to a 24-byte chunk at the end and frees its first one, which b takes
+     * (no new pool bytes). a, now the pool's last chunk, grows in place up to the pool's end:
+     * 160 bytes from offset 32, 52 one-byte counts and 16-bit keys. Then buckets run out: the
+     * refusal is counted and what was taken stays consistent. */
+    struct ki_histogram_config pooled = {0, ZT, 64, 0, 4, 64};
     t = ki_histtab_create(&pooled);
     CHECK(t != NULL);
-    int taken = 0, refused = 0;
-    for (int i = 0; i < 64; i++) {
+    struct ki_histogram_key d = {12, 0, 3, 1};
+    CHECK_EQ(ki_histtab_observe(t, &a, 1.0), 0);
+    CHECK_EQ(ki_histtab_observe(t, &d, 1.0), 0);
+    ki_histtab_stats(t, &st);
+    uint64_t before = st.bytes;
+    int taken = 1, refused = 0;
+    for (int i = 1; i < 5; i++, taken++) CHECK_EQ(ki_histtab_observe(t, &a, ldexp(1.0, i)), 0);
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.bytes, before + 24);
+    CHECK_EQ(ki_histtab_observe(t, &b, 1.0), 0); /* takes the chunk a gave up */
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.bytes, before + 24);
+    for (int i = 5; i < 64; i++) {
         int rc = ki_histtab_observe(t, &a, ldexp(1.0, i)); /* one new bucket each at schema 0 */
         if (rc == 0) taken++;
         else {
@@ -210,7 +224,8 @@ static void unit(void) {
             refused++;
         }
     }
-    CHECK(taken >= 32 && refused > 0);
+    CHECK_EQ(taken, 52);
+    CHECK_EQ(refused, 12);
     e = export_one(t, 0);
     CHECK_EQ(e.count, taken);
     int64_t total = 0, run = 0;
@@ -218,11 +233,35 @@ static void unit(void) {
     CHECK_EQ(total, taken);
     ki_histtab_stats(t, &st);
     CHECK_EQ(st.pool_refused, refused);
-    uint64_t before = st.bytes;
-    CHECK_EQ(ki_histtab_observe(t, &b, 1.0), 0); /* takes the 8-slot chunk key a gave up: no new pool bytes */
-    ki_histtab_stats(t, &st);
-    CHECK_EQ(st.bytes, before);
+    CHECK_EQ(st.bytes, before - 32 + 192);
     CHECK_EQ(ki_histtab_observe(t, &a, 1.0), 0); /* existing buckets still count */
+    ki_histtab_destroy(t);
+    /* Storage widths: counts widen past 255 and 65535 (one byte, two, four), narrow 16-bit keys are
+     * rebased when a bucket lies outside their range and widened to 32 bits past 65535 indexes;
+     * the export is the same as from exact counts and indexes. */
+    struct ki_histogram_config wide = {8, ZT, 160, 0, 1};
+    t = ki_histtab_create(&wide);
+    CHECK(t != NULL);
+    double vals[5] = {1.0, 0x1p130, 0x1p-100, 0x1p200, 3.0};
+    uint64_t times[5] = {70000, 300, 1, 2, 256};
+    for (int v = 0; v < 5; v++)
+        for (uint64_t i = 0; i < times[v]; i++) CHECK_EQ(ki_histtab_observe(t, &a, vals[v]), 0);
+    e = export_one(t, 0);
+    CHECK_EQ(e.count, 70000 + 300 + 1 + 2 + 256);
+    CHECK_EQ(e.schema, 8);
+    int order[5] = {2, 0, 4, 1, 3}; /* ascending */
+    CHECK_EQ(e.n_pos_spans, 5);
+    CHECK_EQ(e.n_pos_deltas, 5);
+    int32_t next = 0;
+    int64_t prev = 0;
+    for (int j = 0; j < 5; j++) {
+        int32_t idx = ki_histogram_index(vals[order[j]], 8);
+        CHECK_EQ(e.pos_spans[j].offset, idx - next);
+        CHECK_EQ(e.pos_spans[j].length, 1);
+        CHECK_EQ(e.pos_deltas[j], (int64_t)times[order[j]] - prev);
+        next = idx + 1;
+        prev = (int64_t)times[order[j]];
+    }
     ki_histtab_destroy(t);
     /* Bad settings. */
     struct ki_histogram_config bad = {9, 0, 8, 0, 1};
