@@ -392,7 +392,7 @@ def prometheus_router(
             for matchers in sets:
                 for s in storage.select(matchers, start_ms, end_ms):
                     seen[s.labels] = None
-                    loaded += len(s.timestamps) + len(s.histograms)
+                    loaded += len(s.timestamps) + sum(h.sample_weight() for h in s.histograms)
                 if loaded > base_limits.max_samples:
                     raise TooManySamplesError()
 

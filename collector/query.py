@@ -25,6 +25,7 @@ from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
+from kernel_insight.kql.nativehist import HISTOGRAM_MIN_WEIGHT
 from kernel_insight.kql.pushdown import GridColumns, HistColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored
 from kernel_insight.kql.storage import (
@@ -238,7 +239,7 @@ class ClickHouseStorage:
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, {_HISTOGRAM_COLUMNS} "
             f"FROM {self._histograms_table} WHERE {where} ORDER BY fingerprint, t",
             p,
-            rows_per_sample=1,
+            rows_per_sample=HISTOGRAM_MIN_WEIGHT,  # a histogram counts as at least 11 samples
         )
 
     def _samples(self, where: str, p: Params) -> pa.Table:

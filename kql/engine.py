@@ -88,6 +88,7 @@ from kernel_insight.kql.values import (
     Vector,
     drop_name,
     hist_mask,
+    hist_weight,
 )
 from kernel_insight.kql.vectors import consolidate, finalize_names
 
@@ -181,11 +182,13 @@ def _parsed(text: str) -> Expr:
 
 
 def _held_size(value: Any) -> int:
-    """Samples a node's result holds, as Prometheus counts them: present points, one per scalar step."""
+    """Samples a node's result holds, as Prometheus counts them: present points, one per scalar
+    step, a histogram by its size (:func:`hist_weight`)."""
     if isinstance(value, StepVector):
-        return int(np.count_nonzero(value.any_present()))
+        floats = int(np.count_nonzero(value.present))
+        return floats if value.hists is None else floats + hist_weight(value.hists)
     if isinstance(value, RangeInput):
-        return len(value.ts) + (0 if value.hist is None else len(value.hist.ts))
+        return len(value.ts) + (0 if value.hist is None else hist_weight(value.hist.hs))
     if isinstance(value, np.ndarray):
         return len(value)
     return 0
@@ -376,6 +379,10 @@ class _Evaluator:
         before = self.held
         value = self.handlers[type(node)](node, times)
         size = _held_size(value)
+        if isinstance(node, VectorSelector | MatrixSelector):
+            # A selector's result is the samples it loaded (already counted), not a second copy:
+            # Prometheus' peak for ``x`` is x's samples once.
+            self.held = before
         # The result and the inputs it was built from are in memory together at this point.
         self.hold(size)
         self.held = before + size
@@ -514,7 +521,7 @@ class _Evaluator:
                 if is_stale_histogram(hists[i, j]):
                     hists[i, j] = None
         hp = hist_mask(hists)
-        self.count_samples(int(present.sum()) + int(hp.sum()))
+        self.count_samples(int(present.sum()) + hist_weight(hists))
         sample_ts = np.where(use_hist, h_ts, f_ts)
         return StepVector(
             cols.labels, values, present, np.zeros(n, dtype=bool), sample_ts, hists if hp.any() else None
@@ -629,9 +636,10 @@ class _Evaluator:
         ).without_stale()
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         # What is held is each loaded sample once, however many steps' windows share it (Prometheus
-        # holds one series' window at a time); the windows' (lo, hi) bounds are dense arrays.
-        self.count_samples(len(ts) + (0 if cols.hist is None else len(cols.hist.ts)))
+        # holds one series' window at a time); the windows' (lo, hi) bounds are dense arrays,
+        # refused first if they alone would not fit.
         self.dense(len(cols), len(refs))
+        self.count_samples(len(ts) + (0 if cols.hist is None else hist_weight(cols.hist.hs)))
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
         hist = None
         if cols.hist is not None:

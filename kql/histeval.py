@@ -23,7 +23,14 @@ from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import HistRange, RangeInput, StepVector, hist_mask, keep_hists
+from kernel_insight.kql.values import (
+    HistRange,
+    RangeInput,
+    StepVector,
+    hist_mask,
+    hist_weight,
+    keep_hists,
+)
 
 __all__ = [
     "CUSTOM_BUCKETS_SCHEMA",
@@ -1549,7 +1556,7 @@ def smoothed_selector(ev: Any, node: Any, floats: StepVector, cols: Any, refs: A
             elif x > sa:
                 hists[i, j] = with_hint(hs[x - 1], UNKNOWN)
     hp = hist_mask(hists)
-    ev.count_samples(int(hp.sum()))
+    ev.count_samples(hist_weight(hists))
     return StepVector(
         list(cols.labels), values, present, np.zeros(n, dtype=bool), None, hists if hp.any() else None
     ).compact()

@@ -37,6 +37,7 @@ __all__ = [
     "COUNTER_RESET",
     "CUSTOM_BUCKETS_SCHEMA",
     "GAUGE_TYPE",
+    "HISTOGRAM_MIN_WEIGHT",
     "NOT_COUNTER_RESET",
     "UNKNOWN_COUNTER_RESET",
     "Bucket",
@@ -68,6 +69,11 @@ UNKNOWN_COUNTER_RESET = 0
 COUNTER_RESET = 1
 NOT_COUNTER_RESET = 2
 GAUGE_TYPE = 3
+
+#: The fewest float samples one histogram counts as toward the sample limit (an empty one's
+#: :meth:`FloatHistogram.sample_weight`): a storage read of histogram rows can stop at
+#: ``max_samples // HISTOGRAM_MIN_WEIGHT`` rows.
+HISTOGRAM_MIN_WEIGHT = 11
 
 #: The schema of native histograms with custom buckets (NHCB).
 CUSTOM_BUCKETS_SCHEMA = -53
@@ -557,6 +563,23 @@ class FloatHistogram:
 
     def uses_custom_buckets(self) -> bool:
         return self.schema == CUSTOM_BUCKETS_SCHEMA
+
+    def size(self) -> int:
+        """Bytes Prometheus' ``FloatHistogram.Size()`` gives this histogram on a 64-bit machine:
+        a 168-byte struct plus 8 bytes per span, bucket and custom bound."""
+        return 168 + 8 * (
+            len(self.positive_spans)
+            + len(self.negative_spans)
+            + len(self.positive_buckets)
+            + len(self.negative_buckets)
+            + len(self.custom_values)
+        )
+
+    def sample_weight(self) -> int:
+        """Float samples this histogram counts as toward the query sample limit: Prometheus'
+        ``HPoint.size()``, ``(Size() + 8) / 16`` (a float sample is 16 bytes), so a query over
+        wide histograms reaches ``max_samples`` as soon as Prometheus' would."""
+        return (self.size() + 8) // 16
 
     def copy(self, **changes: object) -> FloatHistogram:
         """A copy with some fields replaced (tuples are immutable, so nothing deep to copy)."""

@@ -71,6 +71,13 @@ def hist_mask(hists: OBJ) -> BOOL:
     return mask
 
 
+def hist_weight(hists: OBJ) -> int:
+    """Samples the histograms of an object array count as toward ``max_samples`` (None cells
+    count nothing): each its :meth:`FloatHistogram.sample_weight`, as Prometheus counts them."""
+    flat = hists.ravel()
+    return sum(h.sample_weight() for h in flat[flat.astype(bool)]) if flat.size else 0
+
+
 #: Labels dropped together with the metric name (Prometheus type-and-unit metadata).
 NAME_LABELS = ("__name__", "__type__", "__unit__")
 

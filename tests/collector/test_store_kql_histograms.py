@@ -214,3 +214,25 @@ def test_a_store_without_histograms_reads_labels_as_before(tmp_path):
         ].values.tolist() == [61.0]
         assert seen
         assert not any("histograms" in sql for sql in seen)
+
+
+def test_histogram_reads_count_each_histogram_by_its_size(stores):
+    """A ClickHouse read of histogram rows is bounded as the engine counts them: 13 samples each
+    here (two spans, two buckets: Prometheus' HPoint size), not one."""
+    import traceback
+
+    from kernel_insight.kql import Engine, EngineLimits, TooManySamplesError
+
+    store, _ = stores
+    q = 'kernel_duration_seconds{gpu="0"}[10m]'
+    at = NOW + 10 * 15_000
+    assert _hist(1).sample_weight() == 13  # (168 + 4 x 8 + 8) / 16
+    weights = 10 * 13  # ten histograms of gpu 0 in the window
+    whole = Engine(store.storage(use_cache=False), EngineLimits(max_samples=weights)).instant_query(q, at)
+    assert whole.stats.peak_samples == weights
+    with pytest.raises(TooManySamplesError):
+        Engine(store.storage(use_cache=False), EngineLimits(max_samples=weights - 1)).instant_query(q, at)
+    # The read itself stops: 109 samples leave room for 9 rows of at least 11 each, not 109 rows.
+    with pytest.raises(TooManySamplesError) as info:
+        Engine(store.storage(use_cache=False), EngineLimits(max_samples=109)).instant_query(q, at)
+    assert traceback.extract_tb(info.tb)[-1].name == "_read"

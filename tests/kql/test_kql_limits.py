@@ -215,6 +215,91 @@ def test_reaching_the_limit_fails_with_prometheus_text() -> None:
     assert info.value.message == TOO_MANY
 
 
+# Prometheus' TestQueryStatistics / TestMaxQuerySamples data (promql/engine_test.go): every
+# histogram has one span of four buckets, so Prometheus counts it as (168 + 5*8 + 8) / 16 = 13.
+_STATS_DATA = """
+load 10s
+  metricWith1SampleEvery10Seconds 1+1x100
+  metricWith1HistogramEvery10Seconds {{schema:1 count:5 sum:20 buckets:[1 2 1 1]}}+{{schema:1 count:10 sum:5 buckets:[1 2 3 4]}}x100
+"""
+
+
+@pytest.fixture(scope="module")
+def stats_storage(tmp_path_factory: pytest.TempPathFactory) -> MemoryStorage:
+    from kernel_insight.kql.promqltest import Load, _load, parse_script
+
+    path = tmp_path_factory.mktemp("stats") / "stats.test"
+    path.write_text(_STATS_DATA)
+    s = MemoryStorage()
+    for command in parse_script(path):
+        assert isinstance(command, Load)
+        _load(s, command)
+    return s
+
+
+@pytest.mark.parametrize(
+    ("query", "start_s", "end_s", "step_s", "peak"),
+    [
+        # (query, start, end, step, Prometheus' PeakSamples for it in engine_test.go)
+        ("metricWith1SampleEvery10Seconds", 21, None, None, 1),
+        ("metricWith1SampleEvery10Seconds[60s]", 201, None, None, 6),
+        ("metricWith1HistogramEvery10Seconds", 21, None, None, 13),
+        ("metricWith1HistogramEvery10Seconds[60s]", 201, None, None, 78),
+        ("metricWith1HistogramEvery10Seconds[60s] @ 30", 201, None, None, 52),
+        ("histogram_count(max_over_time(metricWith1HistogramEvery10Seconds[20s:10s]))", 201, None, None, 52),
+        ("metricWith1HistogramEvery10Seconds", 204, 223, 5, 52),
+    ],
+)
+def test_histograms_count_by_their_size_as_in_prometheus(
+    stats_storage: MemoryStorage, query: str, start_s: int, end_s: int | None, step_s: int | None, peak: int
+) -> None:
+    def run(limit: int) -> int:
+        engine = Engine(stats_storage, EngineLimits(max_samples=limit))
+        if end_s is None or step_s is None:
+            return engine.instant_query(query, start_s * 1000).stats.peak_samples
+        return engine.range_query(query, start_s * 1000, end_s * 1000, step_s * 1000).stats.peak_samples
+
+    # Prometheus' own figures: the limit reached exactly is answered, one less is refused.
+    assert run(peak) == peak
+    with pytest.raises(TooManySamplesError, match=TOO_MANY):
+        run(peak - 1)
+
+
+def test_a_query_over_wide_histograms_reaches_the_limit_by_their_buckets() -> None:
+    # 20 kernels' latency histograms (schema 3, ~50 buckets each) over 10 minutes at 15 s:
+    # 820 histogram samples. Counted one each they would pass a 5,000 limit; by size (about
+    # 40 samples each) the 5m windows need more than that.
+    from kernel_insight.kql.nativehist import FloatHistogram
+
+    rng = np.random.default_rng(7)
+    s = MemoryStorage()
+    ts = np.arange(0, 10 * MIN + 1, 15_000, dtype=np.int64)
+    weights = 0
+    for k in range(20):
+        pool = rng.lognormal(np.log(20e-6 * (1 + k)), 0.6, 5_000)
+        hs = [FloatHistogram.from_observations(pool[: 100 * (i + 1)], 3) for i in range(len(ts))]
+        weights += sum(h.sample_weight() for h in hs)
+        s.add_histograms({"__name__": "kernel_duration_seconds", "kernel": f"k{k}"}, ts, hs)
+    n = 20 * len(ts)
+    assert weights > 20 * n  # wide: each counts as 20+ samples
+    q = "histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))"
+    with pytest.raises(TooManySamplesError, match=TOO_MANY):
+        Engine(s, EngineLimits(max_samples=5_000)).range_query(q, 5 * MIN, 10 * MIN, 15_000)
+    # The selector alone holds every loaded histogram by its size: exactly their weights.
+    whole = Engine(s, EngineLimits(max_samples=weights)).instant_query(
+        "kernel_duration_seconds[11m]", 10 * MIN
+    )
+    assert whole.stats.peak_samples == weights
+    with pytest.raises(TooManySamplesError, match=TOO_MANY):
+        Engine(s, EngineLimits(max_samples=weights - 1)).instant_query(
+            "kernel_duration_seconds[11m]", 10 * MIN
+        )
+    answered = Engine(s, EngineLimits(max_samples=10 * weights)).range_query(q, 5 * MIN, 10 * MIN, 15_000)
+    assert isinstance(answered.value, Matrix)
+    assert len(answered.value) == 20
+    assert answered.stats.peak_samples > weights // 2
+
+
 @pytest.mark.parametrize("window", ["6h", "1d", "10000d"])
 def test_subquery_steps_count_against_the_limit(window: str) -> None:
     # 1 ms steps: 21.6M, 86.4M, 864G steps. Refused before anything is allocated.
