@@ -45,6 +45,7 @@ struct ki_config {
     int64_t histogram_interval_s;     /* histogram export period */
     int64_t histogram_max_buckets;    /* populated buckets per histogram before the schema drops */
     int64_t histogram_max_keys;       /* histograms (pid, gpu, stream, kernel) the agent holds */
+    int64_t span_seal_ms;             /* histograms on: records wait in memory up to this long before a batch is sealed */
     int64_t span_sample_rate;         /* uniformly sampled kernel spans kept per second */
     int64_t span_tail_rate;           /* most tail kernel spans kept per second */
     int64_t span_tail_permille;       /* spans above this quantile (per mille) of their kernel are tail */

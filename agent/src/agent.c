@@ -418,6 +418,18 @@ static int hold_back(struct ki_agent *a) {
     return ds.backlog < ds.capacity / 2;
 }
 
+/* With histograms on, the staged records (kept spans, and the record types not folded into
+ * histograms) wait in memory up to span_seal_ms and go out together, with the histograms when
+ * an export is due: about one batch a second instead of one per drain tick, so the header,
+ * counters, labels and the names the spans refer to are paid once, and zstd sees the spans
+ * together (docs/wire.md, "Batches and sizes"). Their ring slots are freed meanwhile, so a
+ * crash loses at most span_seal_ms of kept spans, as it loses the last interval of
+ * histogram growth; SIGTERM seals them. */
+static int hold_kept(const struct ki_agent *a, size_t n) {
+    return a->ks && !a->stopping && n < a->staging_cap &&
+           mono_ns() - a->staged_since_ns < (uint64_t)a->cfg->span_seal_ms * NS_PER_MS;
+}
+
 /* Capture windows bypass span sampling: hand each GPU's "capture until" to the sampler
  * (while windows run, and once more after the last ends to clear them). */
 static void sync_captures(struct ki_agent *a) {
@@ -455,13 +467,13 @@ static int drain_ring(struct ki_agent *a) {
              * the slots read so far are freed (and their pages dropped) now, not when the ring is
              * empty: the producer need not wait on a full ring, and the agent maps a quarter of it
              * at most instead of all of it. */
-            if (n) {
+            if (n && !hold_kept(a, n)) {
                 a->staged = 0;
                 int rc = seal_batch(a, n);
                 n = 0;
                 if (rc < 0 && a->pending) return 0;
             } else {
-                ki_drain_commit(a->drain);
+                ki_drain_commit(a->drain); /* what is staged waits in memory (hold_kept) */
             }
             a->read_at_commit = ki_drain_read_pos(a->drain);
         }
@@ -469,15 +481,21 @@ static int drain_ring(struct ki_agent *a) {
     a->staged = n;
     if (n > 0) {
         if (hold_back(a)) return 0;
+        if (!hold_kept(a, n)) {
+            a->staged = 0;
+            return seal_batch(a, n);
+        }
+    }
+    /* A histogram export, a heartbeat, or a capture window's final report (due even when its
+     * GPU is idle): seal now, with whatever waits in staging. */
+    if ((a->ks && ki_kstats_want(a->ks, mono_ns(), real_ns())) ||
+        mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S || ki_captures_due(&a->caps, real_ns())) {
         a->staged = 0;
         return seal_batch(a, n);
     }
-    if (a->ks && ki_kstats_want(a->ks, mono_ns(), real_ns())) return seal_batch(a, 0);
-    /* Everything read went into histograms: nothing to spool, so the slots are free now. */
+    /* Everything read went into histograms or waits in staging: nothing to spool now, so the
+     * slots are free now. */
     if (read_any && !a->pending) ki_drain_commit(a->drain);
-    /* A heartbeat, or a capture window's final report (due even when its GPU is idle). */
-    if (mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S || ki_captures_due(&a->caps, real_ns()))
-        return seal_batch(a, 0);
     return 0;
 }
 

@@ -57,6 +57,7 @@ static const struct ki_config_entry ENTRIES[] = {
     INT(histogram_interval_s, "1", 1, 3600, "how often the histograms are shipped"),
     INT(histogram_max_buckets, "160", 8, 4096, "populated buckets per histogram; past it the schema is lowered"),
     INT(histogram_max_keys, "16384", 16, 1 << 22, "histograms held (pid, gpu, stream, kernel); new ones past it are counted and lost"),
+    INT(span_seal_ms, "1000", 1, 3600000, "with histograms on: kept spans and other records wait in memory up to this long and are sealed together (fewer, larger batches)"),
     INT(span_sample_rate, "200", 0, 10000000, "uniformly sampled kernel spans shipped per second"),
     INT(span_tail_rate, "500", 0, 10000000, "most kernel spans above their kernel's tail quantile shipped per second"),
     INT(span_tail_permille, "990", 500, 1000, "spans slower than this quantile of their kernel (per mille; 990: p99) are tail"),

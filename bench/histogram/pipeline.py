@@ -10,8 +10,11 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
   ring takes them).
 - ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
   per batch, from the agent's own counters as the collector stored them) per second at 100k
-  kernels/s over 100 names for ``--seconds``; ``hist_only`` the same without kept spans
-  (--span-sample-rate 0 --span-tail-rate 0).
+  kernels/s over 100 names for ``--wire-seconds`` (60: histograms are cumulative, their bytes
+  grow with the agent's uptime, so a short run flatters them); ``hist_only`` the same without
+  kept spans (--span-sample-rate 0 --span-tail-rate 0).
+
+``--phases wire --skip-kql`` runs only the wire figures.
 
 Then kql: ``histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))`` as
 a range query over 1 h at 15 s on 1,000 kernel histograms (in-process engine over
@@ -114,58 +117,93 @@ class _Run:
         return {r["metric"]: float(r["v"]) for r in rows}
 
 
-def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> float:
+def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> tuple[float, float]:
+    """Frame bytes and batches per second at 100k kernels/s over 100 names (the last export at
+    SIGTERM included, so a longer run measures closer to the steady state)."""
     tmp = root / name
     tmp.mkdir()
     run = _Run(tmp, producer, name, *agent_args)
     took = run.produce(100_000 * seconds, 100, 100_000)
     c = run.finish()
-    frames = c.get("ki_agent_bytes_compressed_total", 0.0) + 80 * c.get("ki_agent_batches_sealed_total", 0.0)
-    return frames / took
+    batches = c.get("ki_agent_batches_sealed_total", 0.0)
+    frames = c.get("ki_agent_bytes_compressed_total", 0.0) + 80 * batches
+    return frames / took, batches / took
 
 
-def agent_figures(seconds: int) -> dict[str, float]:
+PHASES = ("cpu", "hwm", "wire")
+
+
+def agent_figures(seconds: int, phases: tuple[str, ...] = PHASES, wire_seconds: int = 60) -> dict[str, float]:
+    """The agent's figures of ``phases`` (each absent one is NaN)."""
     from bench.histogram.producer import build_producer
 
-    out: dict[str, float] = {}
+    nan = float("nan")
+    out: dict[str, float] = dict.fromkeys(("ns_per_kernel", "hwm_kb", "wire_bytes_per_gpu_s"), nan)
+    out["hist_only_bytes_per_gpu_s"] = nan
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         producer = build_producer(root)
-        # 1. CPU per kernel at 1M kernels/s.
-        (root / "cpu").mkdir()
-        run = _Run(root / "cpu", producer, "cpu")
-        time.sleep(0.5)
-        before = _cpu_ns(run.agent.pid)
-        took = run.produce(1_000_000 * seconds, 100, 1_000_000)
-        time.sleep(0.3)  # the last drain tick
-        used = _cpu_ns(run.agent.pid) - before
-        counters = run.finish()
-        out["ns_per_kernel"] = used / (1_000_000 * seconds)
-        out["achieved_kernels_per_s"] = 1_000_000 * seconds / took
-        out["aggregated"] = counters.get("ki_agent_kernels_aggregated_total", 0.0)
-        # 2. VmHWM with 10,000 kernel names.
-        (root / "hwm").mkdir()
-        run = _Run(root / "hwm", producer, "hwm", "--names-max", "16384", "--names-bytes", "1048576")
-        run.produce(2_000_000, 10_000, 0)
-        time.sleep(1.5)  # one histogram export of every key
-        out["hwm_kb"] = _hwm_kb(run.agent.pid)
-        counters = run.finish()
-        out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
-        # 3. Wire bytes per GPU-second at 100k kernels/s, with and without kept spans.
-        out["wire_bytes_per_gpu_s"] = _wire(root, producer, "wire", seconds)
-        out["hist_only_bytes_per_gpu_s"] = _wire(
-            root, producer, "histonly", seconds, "--span-sample-rate", "0", "--span-tail-rate", "0"
-        )
+        if "cpu" in phases:
+            _cpu(root, producer, seconds, out)
+        if "hwm" in phases:
+            _hwm(root, producer, out)
+        if "wire" in phases:
+            # 3. Wire bytes per GPU-second at 100k kernels/s, with and without kept spans, over a
+            # run long enough to hold several histogram exports (histogram_interval_s).
+            out["wire_bytes_per_gpu_s"], out["wire_batches_per_s"] = _wire(
+                root, producer, "wire", wire_seconds
+            )
+            out["hist_only_bytes_per_gpu_s"], _ = _wire(
+                root, producer, "histonly", wire_seconds, "--span-sample-rate", "0", "--span-tail-rate", "0"
+            )
     return out
+
+
+def _cpu(root: Path, producer: Path, seconds: int, out: dict[str, float]) -> None:
+    """1. CPU per kernel at 1M kernels/s."""
+    (root / "cpu").mkdir()
+    run = _Run(root / "cpu", producer, "cpu")
+    time.sleep(0.5)
+    before = _cpu_ns(run.agent.pid)
+    took = run.produce(1_000_000 * seconds, 100, 1_000_000)
+    time.sleep(0.3)  # the last drain tick
+    used = _cpu_ns(run.agent.pid) - before
+    counters = run.finish()
+    out["ns_per_kernel"] = used / (1_000_000 * seconds)
+    out["achieved_kernels_per_s"] = 1_000_000 * seconds / took
+    out["aggregated"] = counters.get("ki_agent_kernels_aggregated_total", 0.0)
+
+
+def _hwm(root: Path, producer: Path, out: dict[str, float]) -> None:
+    """2. VmHWM with 10,000 kernel names."""
+    (root / "hwm").mkdir()
+    run = _Run(root / "hwm", producer, "hwm", "--names-max", "16384", "--names-bytes", "1048576")
+    run.produce(2_000_000, 10_000, 0)
+    time.sleep(1.5)  # one histogram export of every key
+    out["hwm_kb"] = _hwm_kb(run.agent.pid)
+    counters = run.finish()
+    out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=5, help="seconds of each paced producer run")
+    ap.add_argument(
+        "--wire-seconds", type=int, default=60,
+        help="seconds of each wire run (several histogram exports: histograms are cumulative, so "
+        "their bytes grow with the agent's uptime)",
+    )  # fmt: skip
     ap.add_argument("--skip-kql", action="store_true", help="only the agent figures")
+    ap.add_argument(
+        "--phases", default=",".join(PHASES),
+        help=f"comma-separated agent phases to run, of {','.join(PHASES)} (the others print nan)",
+    )  # fmt: skip
     a = ap.parse_args()
+    phases = tuple(p for p in a.phases.split(",") if p)
+    if not set(phases) <= set(PHASES):
+        ap.error(f"--phases: choose from {','.join(PHASES)}")
     load = os.getloadavg()
-    figs = agent_figures(a.seconds)
+    figs = agent_figures(a.seconds, phases, a.wire_seconds)
     q = {"quantile_ms": float("nan"), "classic_quantile_ms": float("nan")}
     if not a.skip_kql:
         from bench.histogram.quantile import quantile_figures
@@ -178,7 +216,8 @@ def main() -> None:
         f"BENCH histogram ns_per_kernel={figs['ns_per_kernel']:.1f} hwm_kb={figs['hwm_kb']:.0f}"
         f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
         f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
-        f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f} load1={load[0]:.2f}"
+        f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f}"
+        f" wire_batches_per_s={figs.get('wire_batches_per_s', float('nan')):.2f} load1={load[0]:.2f}"
     )
 
 
