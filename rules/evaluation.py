@@ -22,6 +22,7 @@ from typing import Any
 
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
+from kernel_insight.kql.nativehist import FloatHistogram, HistogramError
 from kernel_insight.kql.storage import STALE_NAN
 from kernel_insight.kql.values import Scalar, Vector
 from kernel_insight.rules.config import GroupSpec, RuleSpec
@@ -45,8 +46,9 @@ __all__ = [
 RESOLVED_RETENTION_MS = 15 * 60_000
 
 Labels = tuple[tuple[str, str], ...]
-#: ``(labels, timestamp_ms, value)`` to write back into the store.
-WrittenSample = tuple[Labels, int, float]
+#: ``(labels, timestamp_ms, value)`` to write back into the store; the value is a float or a
+#: native histogram (a recording rule over histograms records histograms, as Prometheus 3 does).
+WrittenSample = tuple[Labels, int, float | FloatHistogram]
 QueryFn = Callable[[str | Any, int], Vector]
 
 
@@ -136,6 +138,9 @@ class Rule:
     last_eval_ms: int = 0
     eval_seconds: float = 0.0
     previous_series: set[Labels] = field(default_factory=set)
+    #: Why the last evaluation discarded some of its samples (Prometheus' append errors: the
+    #: rest is written, the rule's health is ``err``); empty when it discarded none.
+    discarded: str = ""
 
     @property
     def name(self) -> str:
@@ -154,19 +159,31 @@ class RecordingRule(Rule):
         out: list[WrittenSample] = []
         seen: set[Labels] = set()
         updates = [("__name__", self.spec.name), *self.labels]
+        self.discarded = ""
+        invalid: list[tuple[Labels, str]] = []
         for s in vec.samples:
-            if s.histogram is not None:
-                # The rule writer stores floats only: a histogram would be written as a NaN float.
-                raise RuleEvalError("recording native histogram samples is not supported")
             labels = _canon(_set(s.labels, updates))
             if labels in seen:
                 raise RuleEvalError(
                     "vector contains metrics with the same labelset after applying rule labels"
                 )
             seen.add(labels)
-            out.append((labels, ts_ms, s.value))
-        if limit > 0 and len(out) > limit:
-            raise RuleEvalError(f"exceeded limit of {limit} with {len(out)} series")
+            if s.histogram is None:
+                out.append((labels, ts_ms, s.value))
+                continue
+            try:
+                s.histogram.validate()  # what Prometheus' TSDB refuses to append (negative buckets, ...)
+            except HistogramError as exc:
+                invalid.append((labels, str(exc)))
+                continue
+            out.append((labels, ts_ms, s.histogram))
+        if limit > 0 and len(out) + len(invalid) > limit:
+            raise RuleEvalError(f"exceeded limit of {limit} with {len(out) + len(invalid)} series")
+        if invalid:
+            # Prometheus' group.go: an append error discards that sample, the others are written
+            # and the rule's health is bad with the error.
+            labels, why = invalid[-1]
+            self.discarded = f"histogram sample of {dict(labels)} discarded: {why}"
         return out
 
 
@@ -389,7 +406,7 @@ class Group:
                 rule.health, rule.last_error = "err", str(exc)
                 rule.eval_seconds = time.perf_counter() - t0
                 continue
-            rule.health, rule.last_error = "ok", ""
+            rule.health, rule.last_error = ("err", rule.discarded) if rule.discarded else ("ok", "")
             if isinstance(rule, AlertingRule) and on_alerts is not None:
                 on_alerts(rule, ts_ms)
             returned = {lbl for lbl, _, _ in samples}

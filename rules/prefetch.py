@@ -18,8 +18,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
+from kernel_insight.kql.nativehist import FloatHistogram
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData, Storage, labels_match
 
 __all__ = ["CycleStorage", "read_windows", "served_from_memory"]
@@ -123,25 +125,42 @@ class _Held:
         rest = [set(x) for x in lists[1:]]
         return [i for i in lists[0] if all(i in r for r in rest)]
 
-    def absorb(self, labels: Labels, ts: int, value: float) -> None:
-        """Add a sample this process just wrote (the group's own output)."""
+    def absorb(self, labels: Labels, ts: int, value: float | FloatHistogram) -> None:
+        """Add a sample this process just wrote (the group's own output): a float or a native
+        histogram, which replaces a sample of either kind at the same time (as the store reads)."""
         if self._by_labels is None:
             self._by_labels = {s.labels: i for i, s in enumerate(self.series)}
         i = self._by_labels.get(labels)
         if i is None:
             self._by_labels[labels] = len(self.series)
-            self.series.append(SeriesData(labels, np.array([ts], np.int64), np.array([value], np.float64)))
+            self.series.append(SeriesData(labels, np.empty(0, np.int64), np.empty(0, np.float64)))
             self._index = None
-            return
+            i = len(self.series) - 1
         s = self.series[i]
-        t = np.append(s.timestamps, np.int64(ts))
-        v = np.append(s.values, value)
-        if len(s.timestamps) and ts <= int(s.timestamps[-1]):
-            order = np.argsort(t, kind="stable")
-            t, v = t[order], v[order]
-            keep = np.append(t[1:] != t[:-1], True)  # a later write at the same time replaces
+        t, v, ht, hs = s.timestamps, s.values, s.hist_timestamps, list(s.histograms)
+        if isinstance(value, float):
+            t, v = _placed(t, v, ts, value)
+            keep = ht != ts
+            ht, hs = ht[keep], [h for h, k in zip(hs, keep.tolist(), strict=True) if k]
+        else:
+            order = np.arange(len(hs) + 1)
+            ht, order = _placed(ht, order, ts, len(hs))
+            hs = [value if k == len(hs) else hs[k] for k in order.tolist()]
+            keep = t != ts
             t, v = t[keep], v[keep]
-        self.series[i] = SeriesData(labels, t, v)
+        self.series[i] = SeriesData(labels, t, v, ht, tuple(hs))
+
+
+def _placed(t: npt.NDArray[np.int64], v: npt.NDArray[Any], ts: int, value: Any) -> tuple[Any, Any]:
+    """Times and values with ``(ts, value)`` added in time order, replacing a value at ``ts``."""
+    t2 = np.append(t, np.int64(ts))
+    v2 = np.append(v, np.asarray([value], dtype=v.dtype))
+    if len(t) and ts <= int(t[-1]):
+        order = np.argsort(t2, kind="stable")
+        t2, v2 = t2[order], v2[order]
+        keep = np.append(t2[1:] != t2[:-1], True)  # a later write at the same time replaces
+        t2, v2 = t2[keep], v2[keep]
+    return t2, v2
 
 
 class CycleStorage:
@@ -154,7 +173,9 @@ class CycleStorage:
         self._held: dict[str, _Held] = {}
         self.reads = 0
 
-    def absorb(self, samples: Iterable[tuple[Labels, int, float]], *, load: bool = False) -> None:
+    def absorb(
+        self, samples: Iterable[tuple[Labels, int, float | FloatHistogram]], *, load: bool = False
+    ) -> None:
         """Samples the group wrote (or is about to write) to the store: added to what is held of
         their metrics, so the rules after see them without a read (only the group's evaluator
         writes its output). ``load``: read a metric of the windows first if not held yet (the

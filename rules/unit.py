@@ -185,7 +185,10 @@ def _load_series(store: MemoryStorage, input_series: list[Any], start_ms: int, i
 def _writer(store: MemoryStorage) -> Any:
     def write(samples: list[WrittenSample]) -> None:
         for labels, ts, value in samples:
-            store.add(labels, [ts], [value])
+            if isinstance(value, float):
+                store.add(labels, [ts], [value])
+            else:
+                store.add_histograms(labels, [ts], [value])
 
     return write
 
