@@ -471,15 +471,20 @@ def test_dense_rate_and_sum_equal_the_per_histogram_path(
     assert points >= 50  # every step of at least one series
 
 
-def test_a_recording_rule_refuses_histogram_samples_instead_of_writing_nan() -> None:
+def test_a_recording_rule_records_histogram_samples_as_histograms() -> None:
+    # Prometheus 3 records them; tests/rules/test_rules_histograms.py writes them to the store.
     from kernel_insight.kql import parse
     from kernel_insight.rules.config import RuleSpec
-    from kernel_insight.rules.evaluation import RecordingRule, RuleEvalError
+    from kernel_insight.rules.evaluation import RecordingRule
 
     expr = 'sum(rate(lat{job="a"}[1m]))'
     rule = RecordingRule(RuleSpec(kind="record", name="job:lat:rate1m", expr=expr, query=parse(expr)))
-    with pytest.raises(RuleEvalError, match="recording native histogram samples is not supported"):
-        rule.eval(Engine(_counter_store()), 300_000, 0)
+    ((labels, t, value),) = rule.eval(Engine(_counter_store()), 300_000, 0)
+    (want,) = Engine(_counter_store()).instant_query(expr, 300_000).value.samples  # type: ignore[union-attr]
+    assert (labels, t) == ((("__name__", "job:lat:rate1m"),), 300_000)
+    assert isinstance(value, FloatHistogram)
+    assert value.equals(want.histogram)
+    assert rule.discarded == ""
     floats = "sum(rate(plain[1m]))"
     ok = RecordingRule(RuleSpec(kind="record", name="plain:rate1m", expr=floats, query=parse(floats)))
     assert len(ok.eval(Engine(_counter_store()), 300_000, 0)) == 1
