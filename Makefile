@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 bootstrap:
 	@scripts/bootstrap.sh
 
-# Rebuild the compiled parts in place after C changes (pip install -e builds them once).
+# Rebuild the compiled parts in place after C changes (pip install -e builds them once); bootstrap
+# re-links the strict editable install when modules were added or removed (docs/architecture.md).
 build: bootstrap
 	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v "^running" || true
 

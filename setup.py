@@ -15,7 +15,8 @@ class build_ext_and_agent(build_ext):
     """Also build the native agent (agent/src/Makefile) into kernel_insight/agent/bin/ki-agent.
 
     A wheel gets it from build_lib; an editable install (or --inplace) also gets
-    it in the source tree, where kernel_insight/agent links to.
+    it in the source tree, agent/bin/, which kernel_insight.agent's launcher finds
+    by resolving its own (linked) file.
     """
 
     def run(self) -> None:

@@ -30,6 +30,15 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# The strict editable install is a tree of links to the files that existed when it ran
+# (build/__editable__.*, docs/architecture.md "Packaging"): a module added, removed or renamed since
+# needs a re-install to be importable as kernel_insight.*. Cheap to check (names only, no contents),
+# a few seconds to redo, so every make target (they all run this script) keeps the tree current.
+tree_stamp=build/.ki-editable-stamp
+tree_want=$( { cat pyproject.toml setup.py
+    find kernel_insight agent api collector kql rules sdk -type f -not -path '*/__pycache__/*' \
+        -not -path 'agent/bin/*' -not -name '*.so' -not -name '*.pyc' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
+
 # The virtual environment, rebuilt when pyproject.toml or setup.py change.
 PY=${PYTHON:-python3}
 stamp=.venv/.ki-stamp
@@ -38,8 +47,21 @@ if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; the
     echo "bootstrap: preparing .venv"
     [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check -U pip setuptools wheel
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=strict
     echo "$want" >"$stamp"
+    mkdir -p build && echo "$tree_want" >"$tree_stamp"
+fi
+
+if ! compgen -G 'build/__editable__.kernel_insight-*/kernel_insight' >/dev/null \
+    || [[ ! -f $tree_stamp || $(cat "$tree_stamp") != "$tree_want" ]]; then
+    echo "bootstrap: refreshing the editable install (modules added or removed)"
+    # Its output is setuptools' long notice about the link tree: shown only when it fails.
+    if ! out=$(.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+        -e . --config-settings editable_mode=strict 2>&1); then
+        echo "$out" >&2
+        exit 1
+    fi
+    echo "$tree_want" >"$tree_stamp"
 fi
 
 # eBPF prerequisites (header links, tracefs) and Debian's bcc visible from the venv.

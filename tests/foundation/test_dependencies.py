@@ -59,9 +59,7 @@ def _sources() -> list[Path]:
     for top in sorted({*RULES, "kernel_insight"}):
         folder = ROOT / top
         if folder.is_dir():
-            files.extend(
-                p for p in folder.rglob("*.py") if "kernel_insight" not in p.relative_to(ROOT).parts[1:]
-            )
+            files.extend(folder.rglob("*.py"))
     return files
 
 

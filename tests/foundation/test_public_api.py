@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import kernel_insight
-
 PACKAGES = [
     "kernel_insight",
     "kernel_insight.agent",
@@ -38,10 +36,15 @@ def test_ring_api_is_public() -> None:
 
 
 def test_components_install_under_one_namespace() -> None:
-    root = Path(kernel_insight.__file__).parent
+    repo = Path(__file__).resolve().parents[2]
     for component in ["agent", "collector", "kql", "api", "sdk", "rules"]:
         mod = importlib.import_module(f"kernel_insight.{component}")
-        assert Path(mod.__file__ or "").parent.resolve() == (root / component).resolve()
+        installed = Path(mod.__file__ or "")
+        # Installed at kernel_insight/<component>/ (a wheel, or the strict editable tree of links) ...
+        assert installed.parent.name == component
+        assert installed.parent.parent.name == "kernel_insight"
+        # ... from the top-level source folder (pyproject.toml's package-dir).
+        assert installed.resolve() == repo / component / "__init__.py"
     dist = importlib.metadata.distribution("kernel-insight")
     assert (dist.read_text("top_level.txt") or "").split() == [
         "kernel_insight"
