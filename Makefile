@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-timeline bench-calls bench-routing clean
+.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -93,6 +93,11 @@ bench-histogram: build
 # Native histograms on disk: bytes per histogram sample for each codec choice (docs/storage.md).
 bench-histstore: build
 	$(PY) -m bench.histstore
+
+# Float samples on disk: bytes per sample per column for each codec, sort key and granularity
+# tried, on bench-ingest's, bench-import's and bench-e2e's data (docs/storage.md, "Codecs").
+bench-samplestore: build
+	$(PY) -m bench.samplestore
 
 clean:
 	rm -rf build $(VENV) *.egg-info

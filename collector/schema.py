@@ -8,6 +8,7 @@ module's output, checked by a test.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "Retention",
     "Table",
     "cluster_ddl",
+    "codec_matches",
     "render_sql_file",
     "single_ddl",
     "table",
@@ -168,10 +170,16 @@ SCHEMA: tuple[Table, ...] = (
         columns=(
             # Leading the key: a metric's series share granules instead of ~6 random metrics per granule.
             Column("metric", "LowCardinality(String)", "ZSTD(1)", "the __name__ label"),
-            Column("fingerprint", "UInt64", "Delta, ZSTD(1)"),
-            # ZSTD(3) over ZSTD(1): 1.48 instead of 1.50 bytes/sample on bench/ingest data, same ingest rate.
-            Column("ts", _TS_MS, "DoubleDelta, ZSTD(3)"),
-            Column("value", "Float64", "Gorilla, ZSTD(3)"),
+            # Plain ZSTD: runs of one fingerprint compress to nothing either way, and Delta's wrapping
+            # differences between series cost more (0.030 against 0.036 bytes/sample, bench-e2e data).
+            Column("fingerprint", "UInt64", "ZSTD(1)"),
+            # Delta over DoubleDelta: agents' timestamps jitter by milliseconds (batch ends), and a
+            # jittered step costs DoubleDelta twice; 0.59 against 0.94 bytes/sample on bench-e2e data.
+            Column("ts", _TS_MS, "Delta, ZSTD(3)"),
+            # Delta of the float's bits over Gorilla's XOR: ZSTD finds the repeated high bytes of
+            # neighbour differences; 1.87 against 2.21 (bench-e2e) and 3.70 against 4.04 (bench-import)
+            # bytes/sample at the same insert CPU (make bench-samplestore, docs/storage.md).
+            Column("value", "Float64", "Delta, ZSTD(3)"),
         ),
         order_by=("metric", "fingerprint", "ts"),
         partition_by="toDate(ts)",
@@ -358,6 +366,26 @@ SCHEMA: tuple[Table, ...] = (
         sharding_key="cityHash64(batch_id)",
     ),
 )
+
+
+_CODEC_RE = re.compile(r"(\w+)(?:\(([^)]*)\))?")
+
+
+def _codec_parts(text: str) -> list[tuple[str, str]]:
+    text = text.strip()
+    if text.upper().startswith("CODEC(") and text.endswith(")"):
+        text = text[6:-1]
+    return [(m.group(1), (m.group(2) or "").replace(" ", "")) for m in _CODEC_RE.finditer(text)]
+
+
+def codec_matches(want: str, have: str) -> bool:
+    """Whether a column's codec as the engine shows it (``CODEC(Delta(8), ZSTD(3))``) is the
+    schema's (``Delta, ZSTD(3)``): the same codecs in order, arguments the schema leaves out
+    being the engine's defaults for the column's type."""
+    w, h = _codec_parts(want), _codec_parts(have)
+    return len(w) == len(h) and all(
+        wn == hn and (not wa or wa == ha) for (wn, wa), (hn, ha) in zip(w, h, strict=True)
+    )
 
 
 def table(name: str) -> Table:

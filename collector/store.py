@@ -43,7 +43,15 @@ from kernel_insight.collector.rows import (
     series_fingerprint,
 )
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
-from kernel_insight.collector.schema import MERGE_SETTINGS, SCHEMA, Retention, cluster_ddl, single_ddl, table
+from kernel_insight.collector.schema import (
+    MERGE_SETTINGS,
+    SCHEMA,
+    Retention,
+    cluster_ddl,
+    codec_matches,
+    single_ddl,
+    table,
+)
 from kernel_insight.collector.sql import Params, ident, literal, qualified
 from kernel_insight.kql.errors import StorageError
 
@@ -324,6 +332,7 @@ class Store(ABC):
             ).to_pylist()
         }
         self._add_missing_columns(suffix, on_cluster)
+        self._update_codecs(suffix, on_cluster)
         for t in SCHEMA:
             # Tables made before MERGE_SETTINGS existed, or with other values, get them (docs/storage.md, "Merges").
             ddl = current.get(t.name + suffix)
@@ -374,6 +383,29 @@ class Store(ABC):
                     self.command(
                         f"ALTER TABLE {self._table(target)}{on_cluster} ADD COLUMN IF NOT EXISTS {column.sql()}"
                     )
+
+    def _update_codecs(self, suffix: str, on_cluster: str) -> None:
+        """A column whose codec a newer version changed gets it: ``MODIFY COLUMN ... CODEC`` only
+        changes metadata, so existing parts stay as written (and readable) and are re-encoded when
+        merges rewrite them; new parts use the new codec at once (docs/storage.md, "Codecs")."""
+        have: dict[tuple[str, str], str] = {}
+        p = Params()
+        for row in self.query(
+            "SELECT table, name, compression_codec AS codec FROM system.columns "
+            f"WHERE database = {p(self.database, 'String')}",
+            p,
+        ).to_pylist():
+            have[(row["table"], row["name"])] = row["codec"]
+        for t in SCHEMA:
+            table_name = t.name + suffix
+            for column in t.columns:
+                current = have.get((table_name, column.name))
+                if column.codec is None or current is None or codec_matches(column.codec, current):
+                    continue
+                self.command(
+                    f"ALTER TABLE {self._table(table_name)}{on_cluster} "
+                    f"MODIFY COLUMN {ident(column.name)} CODEC({column.codec})"
+                )
 
     def _migrate_samples_without_metric(self, suffix: str) -> None:
         """Stores made before samples were ordered by metric: move the old table aside, so the

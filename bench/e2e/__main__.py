@@ -16,7 +16,11 @@ window (% of one core), p99 time to acknowledge an ingest request (from the coll
 ``/metrics`` histogram, when the collector serves one), the backlog at the end of the
 window, and bytes per stored sample: ``du`` of the samples table's directory beside
 ``system.parts`` (active parts) after the run, and the same for the sample tables together
-(samples, their series index and histograms). Ends with one ``BENCH e2e ...`` line for the best passing rate.
+(samples, their series index and histograms). ``du_over_parts_pct`` is the samples table's
+``du`` over its active parts' bytes; ``store_du_over_parts_pct`` the same for the whole store
+directory (every table, kernel spans included, and the engine's own files) over every table's
+active parts: the issue's "du of the store within 10% of what the store reports". Ends with one
+``BENCH e2e ...`` line for the best passing rate.
 """
 
 from __future__ import annotations
@@ -67,7 +71,13 @@ class Trial:
     #: samples + series + histograms tables (the index a sample needs to be read back), per sample
     bytes_per_sample_du_all: float = math.nan
     bytes_per_sample_store_all: float = math.nan
+    #: the whole store (every table, kernel spans included, and the engine's own files): du, the
+    #: median of the same 11 samples, against system.parts' active parts of every table after the run
     store_du_bytes: int = 0
+    store_parts_bytes: int = 0
+    #: du over what system.parts reports, in %: the samples table, and the whole store
+    du_over_parts_pct: float = math.nan
+    store_du_over_parts_pct: float = math.nan
     #: the largest du of the samples directory among the samples the median was taken from
     du_max_bytes: int = 0
     #: the samples directory's largest entries (parts, logs) when du was taken: name -> KiB
@@ -183,8 +193,12 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         # after it, the store asking for the cleanup every 2 s (docs/storage.md, "Merges"), so
         # at any moment du may hold a part being replaced or deleted. Sampled every 2 s for
         # 20 s: the median is the figure, the largest sample goes in the JSON.
-        def du_now() -> tuple[int, int]:
-            return _du_bytes(dirs["samples"]), sum(_du_bytes(d) for d in dirs.values())
+        def du_now() -> tuple[int, int, int]:
+            return (
+                _du_bytes(dirs["samples"]),
+                sum(_du_bytes(d) for d in dirs.values()),
+                _du_bytes(tmp / "data"),
+            )
 
         sizes = []
         for _ in range(11):
@@ -192,6 +206,7 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             time.sleep(2.0)
         du = int(statistics.median(x[0] for x in sizes))
         du_all = int(statistics.median(x[1] for x in sizes))
+        trial.store_du_bytes = int(statistics.median(x[2] for x in sizes))
         trial.du_max_bytes = max(x[0] for x in sizes)
         with contextlib.suppress(FileNotFoundError):
             entries = {e.name: _du_bytes(Path(e.path)) if e.is_dir() else e.stat().st_blocks * 512
@@ -212,12 +227,21 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
             reported = store.disk_bytes("samples")
             reported_all = sum(store.disk_bytes(t) for t in SAMPLE_TABLES)
+            trial.store_parts_bytes = int(
+                store.query(
+                    "SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE active AND database = 'ki'"
+                ).to_pylist()[0]["b"]
+                or 0
+            )
+            if reported:
+                trial.du_over_parts_pct = 100 * (du / reported - 1)
+            if trial.store_parts_bytes:
+                trial.store_du_over_parts_pct = 100 * (trial.store_du_bytes / trial.store_parts_bytes - 1)
             if trial.samples:
                 trial.bytes_per_sample_store = reported / trial.samples
                 trial.bytes_per_sample_du = du / trial.samples
                 trial.bytes_per_sample_store_all = reported_all / trial.samples
                 trial.bytes_per_sample_du_all = du_all / trial.samples
-        trial.store_du_bytes = _du_bytes(tmp / "data")
         trial.passed = bounded and trial.lost == 0 and not trial.notes
         if not bounded:
             trial.notes.append(
@@ -292,7 +316,8 @@ def main() -> None:
             f"backlog {t.backlog_30s_before}->{t.backlog_end} (max {t.backlog_max}) lost {t.lost} "
             f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms bytes/sample du {t.bytes_per_sample_du:.2f} "
             f"store {t.bytes_per_sample_store:.2f} (with series: {t.bytes_per_sample_du_all:.2f} / "
-            f"{t.bytes_per_sample_store_all:.2f}) {'; '.join(t.notes)}"
+            f"{t.bytes_per_sample_store_all:.2f}); du over parts: samples {t.du_over_parts_pct:+.1f}%, "
+            f"whole store {t.store_du_over_parts_pct:+.1f}% {'; '.join(t.notes)}"
         )
     if not passing:
         print("no rate passed; figures of the lowest rate tried", file=sys.stderr)
@@ -302,7 +327,8 @@ def main() -> None:
         f"backlog_batches={best.backlog_end} lost={best.lost} bytes_per_sample_du={best.bytes_per_sample_du:.2f} "
         f"bytes_per_sample_store={best.bytes_per_sample_store:.2f} "
         f"bytes_per_sample_du_all={best.bytes_per_sample_du_all:.2f} "
-        f"bytes_per_sample_store_all={best.bytes_per_sample_store_all:.2f}"
+        f"bytes_per_sample_store_all={best.bytes_per_sample_store_all:.2f} "
+        f"du_over_parts_pct={best.du_over_parts_pct:.1f} store_du_over_parts_pct={best.store_du_over_parts_pct:.1f}"
     )
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

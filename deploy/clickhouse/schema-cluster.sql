@@ -24,9 +24,9 @@ ENGINE = Distributed('ki', 'ki', 'series_local', fingerprint);
 CREATE TABLE IF NOT EXISTS ki.samples_local ON CLUSTER ki
 (
     metric LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the __name__ label',
-    fingerprint UInt64 CODEC(Delta, ZSTD(1)),
-    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
-    value Float64 CODEC(Gorilla, ZSTD(3))
+    fingerprint UInt64 CODEC(ZSTD(1)),
+    ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3)),
+    value Float64 CODEC(Delta, ZSTD(3))
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/samples_local', '{replica}')
 PARTITION BY toDate(ts)

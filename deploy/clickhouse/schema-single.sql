@@ -20,9 +20,9 @@ COMMENT 'One row per series per day it had samples: the label index kql matchers
 CREATE TABLE IF NOT EXISTS ki.samples
 (
     metric LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the __name__ label',
-    fingerprint UInt64 CODEC(Delta, ZSTD(1)),
-    ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
-    value Float64 CODEC(Gorilla, ZSTD(3))
+    fingerprint UInt64 CODEC(ZSTD(1)),
+    ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3)),
+    value Float64 CODEC(Delta, ZSTD(3))
 )
 ENGINE = MergeTree()
 PARTITION BY toDate(ts)

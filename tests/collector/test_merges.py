@@ -103,3 +103,31 @@ def test_replaced_parts_are_deleted_without_further_writes(tmp_path):
             time.sleep(0.2)
         assert _inactive_parts(store) == 0
         assert store.query("SELECT count() AS n FROM ki.samples").to_pylist() == [{"n": 20560}]
+
+
+def test_stores_made_with_older_codecs_get_the_current_ones_and_keep_their_rows(tmp_path):
+    # A store of the previous release: ts DoubleDelta, value Gorilla (docs/storage.md, "Codecs").
+    q = "SELECT name, compression_codec AS c FROM system.columns WHERE database = 'ki' AND table = 'samples'"
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        store.command("ALTER TABLE ki.samples MODIFY COLUMN ts CODEC(DoubleDelta, ZSTD(3))")
+        store.command("ALTER TABLE ki.samples MODIFY COLUMN value CODEC(Gorilla, ZSTD(3))")
+        b = SampleBuilder()
+        start = int(time.time() * 1000) - 60_000
+        for i in range(300):
+            b.add({"__name__": "m", "s": str(i % 3)}, start + i * 100, i * 0.1)
+        store.insert_samples(b.build())
+        codecs = {r["name"]: r["c"] for r in store.query(q).to_pylist()}
+        assert "Gorilla" in codecs["value"]
+        assert "DoubleDelta" in codecs["ts"]
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        codecs = {r["name"]: r["c"] for r in store.query(q).to_pylist()}
+        assert codecs["value"] == "CODEC(Delta(8), ZSTD(3))"
+        assert codecs["ts"] == "CODEC(Delta(8), ZSTD(3))"
+        # Metadata only: no mutation rewrote the part written under the old codecs.
+        assert store.query("SELECT count() AS n FROM system.mutations WHERE database = 'ki'").to_pylist() == [
+            {"n": 0}
+        ]
+        read = "SELECT value FROM ki.samples ORDER BY ts"
+        assert store.query(read).column("value").to_pylist() == [i * 0.1 for i in range(300)]
+        store.optimize("samples")  # the merge writes the rows again under the new codecs
+        assert store.query(read).column("value").to_pylist() == [i * 0.1 for i in range(300)]

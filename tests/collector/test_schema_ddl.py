@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl, write_deploy_files
+from kernel_insight.collector.schema import (
+    SCHEMA,
+    Retention,
+    cluster_ddl,
+    codec_matches,
+    single_ddl,
+    write_deploy_files,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,8 +36,8 @@ def test_cluster_layout_is_replicated_local_tables_behind_distributed():
 
 def test_samples_table_uses_codecs_day_partitions_and_ttl():
     samples = next(s for s in single_ddl(retention=Retention(samples_days=12)) if "ki.samples\n" in s)
-    assert "CODEC(DoubleDelta, ZSTD(3))" in samples
-    assert "CODEC(Gorilla, ZSTD(3))" in samples
+    assert "ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(3))" in samples
+    assert "value Float64 CODEC(Delta, ZSTD(3))" in samples
     assert "PARTITION BY toDate(ts)" in samples
     assert "TTL toDateTime(ts) + INTERVAL 12 DAY" in samples
     assert "ORDER BY (metric, fingerprint, ts)" in samples
@@ -49,3 +56,12 @@ def test_cluster_ddl_parses_in_the_real_engine(tmp_path):
         for statement in cluster_ddl(cluster="prod"):
             formatted = store.query(f"SELECT formatQuery({quote(statement)}) AS q").column("q")[0].as_py()
             assert "ON CLUSTER prod" in formatted
+
+
+def test_codec_matches_reads_the_engines_spelling():
+    assert codec_matches("Delta, ZSTD(3)", "CODEC(Delta(8), ZSTD(3))")
+    assert codec_matches("DoubleDelta, ZSTD(1)", "CODEC(DoubleDelta, ZSTD(1))")
+    assert not codec_matches("Delta, ZSTD(3)", "CODEC(DoubleDelta, ZSTD(3))")
+    assert not codec_matches("Delta, ZSTD(3)", "CODEC(Delta(8), ZSTD(1))")
+    assert not codec_matches("Delta, ZSTD(3)", "CODEC(Delta(8))")
+    assert not codec_matches("Gorilla, ZSTD(3)", "")

@@ -1,0 +1,216 @@
+"""make bench-samplestore: where a float sample's bytes go on disk, per column, codec by codec.
+
+Three realistic datasets, each in its own embedded store:
+
+- ``ingest``: bench/ingest's exporter-like gauges and counters (1,000 series at 15 s);
+- ``import``: bench/kql's fleet (2,050 series, 7 h at 15 s, values with 6 decimals), the data
+  of ``make bench-import`` and its VictoriaMetrics / promtool comparison;
+- ``e2e``: what ``make bench-e2e`` stores: the collector's own derivation of real agents'
+  KERNEL records (per batch and kernel: launches, busy seconds, mean execution time) plus the
+  NVML-like samples and the agents' heartbeats. A short trial of bench/e2e is run for it
+  (real collector and agents), or ``--e2e-store`` names a kept trial's ``data`` directory.
+
+For each variant (the schema's samples table with other codecs, another sort key or index
+granularity) the dataset's rows are copied into a scratch table, merged into one part per day
+(``OPTIMIZE FINAL``, wide parts so each column has its own files), and the compressed bytes of
+each column are read from ``system.parts_columns``; ``total`` is ``system.parts.bytes_on_disk``
+per sample (marks, index and checksums included). ``cpu`` is this process' CPU time for the copy
+and merge per sample (chDB runs in process): what a codec costs at insert and at each merge.
+Ends with ``BENCH samplestore ingest=<n> import=<n> e2e=<n>`` (bytes per sample, the schema's
+codecs, one merged part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.e2e.__main__ import run_trial
+from bench.e2e.fleet import build_ringtool
+from bench.ingest.__main__ import _batches, _scrapes, _series
+from bench.kql.data import dataset
+from kernel_insight.collector.rows import SampleBuilder
+from kernel_insight.collector.schema import Column, table
+from kernel_insight.collector.store import EmbeddedStore
+
+SCRATCH = "codecs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    codecs: dict[str, str] = dataclasses.field(default_factory=dict)  # column -> codec (others: the schema's)
+    order_by: str = "metric, fingerprint, ts"
+    granularity: int = 8192
+
+
+#: What was tried (docs/storage.md, "Codecs"); "schema" is the samples table as shipped.
+VARIANTS = (
+    Variant("schema"),
+    Variant(
+        "before (issue 11)",
+        {"fingerprint": "Delta, ZSTD(1)", "ts": "DoubleDelta, ZSTD(3)", "value": "Gorilla, ZSTD(3)"},
+    ),
+    Variant("ts DoubleDelta, ZSTD(1)", {"ts": "DoubleDelta, ZSTD(1)"}),
+    Variant("ts DoubleDelta (no ZSTD)", {"ts": "DoubleDelta"}),
+    Variant("ts T64, ZSTD(3)", {"ts": "T64, ZSTD(3)"}),
+    Variant("ts ZSTD(3)", {"ts": "ZSTD(3)"}),
+    Variant("ts Delta, ZSTD(1)", {"ts": "Delta, ZSTD(1)"}),
+    Variant("ts Delta, ZSTD(9)", {"ts": "Delta, ZSTD(9)"}),
+    Variant("value Gorilla, ZSTD(1)", {"value": "Gorilla, ZSTD(1)"}),
+    Variant("value Gorilla (no ZSTD)", {"value": "Gorilla"}),
+    Variant("value FPC, ZSTD(3)", {"value": "FPC, ZSTD(3)"}),
+    Variant("value ZSTD(3)", {"value": "ZSTD(3)"}),
+    Variant("value DoubleDelta, ZSTD(3)", {"value": "DoubleDelta, ZSTD(3)"}),
+    Variant("value Delta, ZSTD(1)", {"value": "Delta, ZSTD(1)"}),
+    Variant("value Delta, ZSTD(7)", {"value": "Delta, ZSTD(7)"}),
+    Variant("value Delta, LZ4HC(9)", {"value": "Delta, LZ4HC(9)"}),
+    Variant("fingerprint Delta, ZSTD(1)", {"fingerprint": "Delta, ZSTD(1)"}),
+    Variant("fingerprint T64, ZSTD(1)", {"fingerprint": "T64, ZSTD(1)"}),
+    Variant("order (fingerprint, ts)", order_by="fingerprint, ts"),
+    Variant("order (metric, ts, fingerprint)", order_by="metric, ts, fingerprint"),
+    Variant("index_granularity 1024", granularity=1024),
+)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(store: EmbeddedStore, v: Variant, samples: int) -> dict[str, float]:
+    """Bytes per sample of each column, in total, and CPU ns per sample, for one variant."""
+    t = table("samples")
+    cols = [dataclasses.replace(c, codec=v.codecs.get(c.name, c.codec)) for c in t.columns]
+    store.command(f"DROP TABLE IF EXISTS {SCRATCH}.v SYNC")
+    store.command(
+        f"CREATE TABLE {SCRATCH}.v ({', '.join(Column.sql(c) for c in cols)}) ENGINE = MergeTree "
+        f"PARTITION BY {t.partition_by} ORDER BY ({v.order_by}) "
+        f"SETTINGS min_bytes_for_wide_part = 0, index_granularity = {v.granularity}"
+    )
+    names = ", ".join(c.name for c in cols)
+    cpu = _cpu_s()
+    store.command(f"INSERT INTO {SCRATCH}.v ({names}) SELECT {names} FROM ki.samples")
+    store.command(f"OPTIMIZE TABLE {SCRATCH}.v FINAL")
+    cpu = _cpu_s() - cpu
+    where = f"active AND database = '{SCRATCH}' AND table = 'v'"
+    out = {
+        r["column"]: int(r["b"]) / samples
+        for r in store.query(
+            f"SELECT column, sum(column_data_compressed_bytes) AS b FROM system.parts_columns WHERE {where} GROUP BY column"
+        ).to_pylist()
+    }
+    out["total"] = (
+        int(
+            store.query(f"SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE {where}").to_pylist()[0]["b"]
+        )
+        / samples
+    )
+    out["cpu_ns"] = cpu / samples * 1e9
+    store.command(f"DROP TABLE {SCRATCH}.v SYNC")
+    return out
+
+
+def load_ingest(path: Path) -> None:
+    series = _series(1000)
+    t0 = (int(time.time()) // 86400) * 86_400_000 - 86_400_000
+    vals, ts = _scrapes(series, 1440, t0, 15_000, seed=2)
+    with EmbeddedStore(path, cache_bytes=0) as store:
+        for i, b in enumerate(_batches(series, vals, ts, 240)):
+            store.insert_samples(b, dedup_token=f"ingest:{i}")
+
+
+def load_import(path: Path) -> None:
+    data = dataset((int(time.time()) // 86400) * 86_400_000 - 2 * 86_400_000)  # within the default retention
+    with EmbeddedStore(path, cache_bytes=0) as store:
+        for i in range(0, len(data), 250):
+            b = SampleBuilder()
+            for labels, ts, vs in data[i : i + 250]:
+                b.add_series(labels, ts, vs)
+            store.insert_samples(b.build(), dedup_token=f"import:{i}")
+
+
+def load_e2e(path: Path, rate: int, seconds: float) -> None:
+    """A bench/e2e trial (real collector, agents and producers); its store is kept at ``path``."""
+    root = path.parent / "e2e-trial"
+    root.mkdir()
+    trial = run_trial(rate, 8, 5.0, seconds, root, build_ringtool(root))
+    print(f"e2e trial: {trial.rate} records/s, {trial.samples} samples, passed={trial.passed}", flush=True)
+    (root / "data").rename(path)
+
+
+def measure_dataset(name: str, path: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Load one dataset into a store at ``path`` and measure every variant on it (one process:
+    chDB opens one data directory per process)."""
+    if name == "ingest":
+        load_ingest(path)
+    elif name == "import":
+        load_import(path)
+    elif name == "e2e" and args.e2e_store:
+        shutil.copytree(args.e2e_store, path, symlinks=True)  # the database directories are links
+    elif name == "e2e":
+        load_e2e(path, args.e2e_rate, args.e2e_seconds)
+    else:
+        raise SystemExit(f"unknown dataset {name!r}")
+    out: dict[str, dict[str, float]] = {}
+    with EmbeddedStore(path, cache_bytes=0) as store:
+        samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
+        store.command(f"CREATE DATABASE IF NOT EXISTS {SCRATCH}")
+        print(f"\n{name}: {samples} samples", flush=True)
+        measure(store, VARIANTS[0], samples)  # warm-up: the first copy pays for first-use set-up
+        for v in VARIANTS[:2] if args.quick else VARIANTS:
+            r = measure(store, v, samples)
+            out[v.name] = r
+            cols = " ".join(f"{c} {r[c]:.3f}" for c in ("metric", "fingerprint", "ts", "value"))
+            print(f"  {v.name:40s} total {r['total']:.3f}  {cols}  cpu {r['cpu_ns']:.0f} ns", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.samplestore", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--e2e-store", type=Path, help="a kept bench-e2e trial's data directory (copied, not changed)"
+    )
+    p.add_argument("--e2e-rate", type=int, default=200_000, help="kernel records/s of the e2e trial")
+    p.add_argument("--e2e-seconds", type=float, default=40.0, help="measured seconds of the e2e trial")
+    p.add_argument("--datasets", default="ingest,import,e2e")
+    p.add_argument("--quick", action="store_true", help="the schema and the previous codecs only")
+    p.add_argument("--one", nargs=2, metavar=("DATASET", "DIR"), help=argparse.SUPPRESS)  # a child's work
+    args = p.parse_args()
+    if args.one:
+        name, path = args.one
+        print("RESULT " + json.dumps(measure_dataset(name, Path(path), args)), flush=True)
+        return
+    root = Path(tempfile.mkdtemp(prefix="ki-bench-samplestore-"))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        for name in args.datasets.split(","):
+            argv = [sys.executable, "-m", "bench.samplestore", "--one", name, str(root / name)]
+            argv += ["--e2e-rate", str(args.e2e_rate), "--e2e-seconds", str(args.e2e_seconds)]
+            argv += ["--e2e-store", str(args.e2e_store)] if args.e2e_store else []
+            argv += ["--quick"] if args.quick else []
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
+            for line in proc.stdout.splitlines():
+                if line.startswith("RESULT "):
+                    results[name] = json.loads(line[7:])
+                else:
+                    print(line, flush=True)
+            shutil.rmtree(root / name, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(results), flush=True)
+    print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} (1 min) at the end")
+    print("BENCH samplestore " + " ".join(f"{k}={v['schema']['total']:.3f}" for k, v in results.items()))
+
+
+if __name__ == "__main__":
+    main()
