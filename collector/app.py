@@ -169,7 +169,8 @@ def create_app(
             written[:] = [len(batch), len(hists)]
             if batcher is None:
                 return batch, hists
-            return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch, histograms=hists)
+            # A fresh id nobody sends again: nothing for the batches table to deduplicate.
+            return store.prepare(f"rw:{uuid.uuid4().hex}", samples=batch, histograms=hists, record=False)
 
         def insert(batch: SampleBatch, hists: HistogramBatch) -> None:
             store.insert_samples(batch)
@@ -186,7 +187,9 @@ def create_app(
                     batcher.start()  # idempotent; refused once the app is shutting down
                 except RuntimeError:
                     return _error(503, "the collector is shutting down", {"Retry-After": "5"})
-                await asyncio.wrap_future(batcher.submit(decoded).answer())
+                # eager: a remote_write sender (a Prometheus shard) waits for this answer before
+                # its next request, so the group is written as soon as the senders go quiet.
+                await asyncio.wrap_future(batcher.submit(decoded, eager=True).answer())
         except RemoteWriteTooLarge as exc:
             return _error(413, f"remote_write request too large: {exc}")
         except RemoteWriteError as exc:

@@ -5,9 +5,14 @@ per partition, and ~6 tables x tens of batches per second outrun the merges. Her
 request's batch is converted on the request's thread (``Store.prepare``), queued, and
 written by one flusher thread together with everything else queued, one insert per table,
 when ``max_rows`` rows are waiting or ``max_delay_s`` has passed since the last flush began,
-whichever comes first (so at most one flush per ``max_delay_s``, and a batch arriving after a
-quiet spell is written at once). The request is answered only when its group's ``batches`` rows landed
-(docs/storage.md, "Ingest: group commit").
+whichever comes first (so a batch arriving after a quiet spell is written at once). The request
+is answered only when its group's rows landed (docs/storage.md, "Ingest: group commit").
+
+Senders that wait for each answer before sending more (remote_write: each of Prometheus'
+shards holds one request in flight) submit ``eager``: once ``eager_rows`` of theirs are queued
+and nothing new has come for ``quiet_s``, everyone who will send before this flush has sent,
+and waiting out ``max_delay_s`` would only idle them (16 senders of 2,000 samples capped
+remote_write at 32,000 samples per 0.2 s: 160k/s with the collector half idle).
 
 Example::
 
@@ -67,6 +72,7 @@ class BatcherStats:
     refused_batches: int = 0  # batches the engine refused (answered with the error)
     partial_batches: int = 0  # refused after some of their tables had landed (logged)
     queue_full: int = 0  # submits refused because the queue held max_queue_rows
+    early_flushes: int = 0  # groups written before max_delay_s: eager senders had gone quiet
     insert_seconds_total: float = 0.0
     insert_seconds_last: float = 0.0
     insert_seconds_max: float = 0.0
@@ -91,8 +97,9 @@ class Ticket:
     ticket again instead of storing the batch a second time.
     """
 
-    def __init__(self, rows: PreparedRows) -> None:
+    def __init__(self, rows: PreparedRows, eager: bool = False) -> None:
         self.rows = rows
+        self.eager = eager
         self.enqueued = time.monotonic()
         self.outcome: bool | BaseException | None = None
         self._answers: list[Future[bool]] = []
@@ -194,16 +201,22 @@ class Batcher:
         max_delay_s: float = 0.2,
         max_rows: int = 500_000,
         max_queue_rows: int = 2_000_000,
+        eager_rows: int = 10_000,
+        quiet_s: float = 0.005,
         retry_min_s: float = 0.2,
         retry_max_s: float = 5.0,
         shutdown_timeout_s: float = 30.0,
     ) -> None:
-        if max_delay_s < 0 or max_rows < 1 or max_queue_rows < max_rows:
-            raise ValueError("need max_delay_s >= 0 and 1 <= max_rows <= max_queue_rows")
+        if max_delay_s < 0 or max_rows < 1 or max_queue_rows < max_rows or quiet_s < 0 or eager_rows < 1:
+            raise ValueError(
+                "need max_delay_s >= 0, quiet_s >= 0, eager_rows >= 1 and 1 <= max_rows <= max_queue_rows"
+            )
         self.store = store
         self.max_delay_s = max_delay_s
         self.max_rows = max_rows
         self.max_queue_rows = max_queue_rows
+        self.eager_rows = eager_rows
+        self.quiet_s = quiet_s
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -215,6 +228,8 @@ class Batcher:
         self._stopping = False
         self._stop_by = 0.0
         self._last_flush = 0.0
+        self._eager_queued = 0  # rows of queued eager tickets not yet taken by a flush
+        self._last_submit = 0.0
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -256,8 +271,10 @@ class Batcher:
                 self._cond.notify_all()
             return ticket
 
-    def submit(self, rows: PreparedRows) -> Ticket:
-        """Queue one prepared batch; a batch id already queued returns the queued ticket."""
+    def submit(self, rows: PreparedRows, *, eager: bool = False) -> Ticket:
+        """Queue one prepared batch; a batch id already queued returns the queued ticket.
+
+        ``eager``: its sender sends nothing more until answered (see the module docstring)."""
         with self._cond:
             if self._stopping:
                 raise StorageUnavailable("the collector is shutting down", retry_after_s=5)
@@ -268,12 +285,17 @@ class Batcher:
             if self.stats.queue_rows + rows.rows > self.max_queue_rows and self._queue:
                 self.stats.queue_full += 1
                 raise StorageUnavailable("the ingest queue is full; the store is behind", retry_after_s=1)
-            ticket = Ticket(rows)
+            ticket = Ticket(rows, eager)
             self._queue.append(ticket)
             self._pending[rows.batch_id] = ticket
             self.stats.queue_batches += 1
             self.stats.queue_rows += rows.rows
-            if len(self._queue) == 1 or self.stats.queue_rows >= self.max_rows:
+            self._last_submit = time.monotonic()
+            crossed = False
+            if eager:
+                crossed = self._eager_queued < self.eager_rows <= self._eager_queued + rows.rows
+                self._eager_queued += rows.rows
+            if len(self._queue) == 1 or self.stats.queue_rows >= self.max_rows or crossed:
                 self._cond.notify_all()
         return ticket
 
@@ -287,12 +309,20 @@ class Batcher:
             if not self._queue:
                 return None
             # At most one flush per max_delay_s: after a quiet spell a batch goes at once, under
-            # load what arrives while one group is written (or within max_delay_s) forms the next.
+            # load what arrives while one group is written (or within max_delay_s) forms the next;
+            # sooner only once eager senders' rows are queued and they have gone quiet.
             due = self._last_flush + self.max_delay_s
             while not self._stopping and self.stats.queue_rows < self.max_rows:
-                left = due - time.monotonic()
+                now = time.monotonic()
+                left = due - now
                 if left <= 0:
                     break
+                if self._eager_queued >= self.eager_rows:
+                    quiet_left = self._last_submit + self.quiet_s - now
+                    if quiet_left <= 0:
+                        self.stats.early_flushes += 1
+                        break
+                    left = min(left, quiet_left)
                 self._cond.wait(left)
             self._last_flush = time.monotonic()
             taken: list[Ticket] = []
@@ -301,6 +331,8 @@ class Batcher:
                 t = self._queue.popleft()
                 taken.append(t)
                 rows += t.rows.rows
+                if t.eager:
+                    self._eager_queued -= t.rows.rows
             return taken
 
     def _run(self) -> None:
@@ -320,6 +352,7 @@ class Batcher:
             with self._cond:
                 taken = list(self._queue)
                 self._queue.clear()
+                self._eager_queued = 0
             if not taken:
                 return
             self._flush(taken)
@@ -342,7 +375,8 @@ class Batcher:
             group = work.popleft()
             try:
                 if not group.checked:
-                    seen = self.store.batches_seen([t.rows.batch_id for t in group.tickets])
+                    recorded = [t.rows.batch_id for t in group.tickets if t.rows.record]
+                    seen = self.store.batches_seen(recorded) if recorded else set()
                     for t in group.tickets:
                         if t.rows.batch_id in seen:
                             self.stats.duplicates += 1

@@ -271,6 +271,11 @@ class _BatcherFigures(Collector):
             ("refused_batches", "Batches the engine refused (answered with the error)", s.refused_batches),
             ("partial_batches", "Refused batches some of whose tables had landed", s.partial_batches),
             ("queue_full", "Batches refused with 503 because the queue held its row limit", s.queue_full),
+            (
+                "early_flushes",
+                "Groups written before the flush delay: their waiting senders had gone quiet",
+                s.early_flushes,
+            ),
         ):
             counter = CounterMetricFamily(f"ki_collector_batcher_{name}", help_text)
             counter.add_metric([], float(value))

@@ -165,6 +165,10 @@ class PreparedRows:
     ts_ms: np.ndarray[Any, Any] | None = None
     series_keys: list[tuple[int, int]] = field(default_factory=list)
     histogram_metrics: list[str] = field(default_factory=list)
+    #: Whether the batch id is looked up in and written to the ``batches`` table. False for ids
+    #: no sender can send again (remote_write's fresh ``rw:<uuid>``): nothing to deduplicate, so
+    #: a group of them costs no ``batches_seen`` query and no ``batches`` insert.
+    record: bool = True
 
 
 class StorageUnavailable(StorageError):
@@ -820,13 +824,17 @@ class Store(ABC):
         instances: Sequence[InstanceInfo] = (),
         histograms: HistogramBatch | None = None,
         calls: CallBatch | None = None,
+        record: bool = True,
     ) -> PreparedRows:
         """One batch's rows as Arrow tables: every conversion (and so every refusal of a value the
-        schema cannot hold, as ValueError / OverflowError) happens here, before anything is written."""
+        schema cannot hold, as ValueError / OverflowError) happens here, before anything is written.
+
+        ``record=False``: a batch id nobody sends twice, kept out of the ``batches`` table
+        (``PreparedRows.record``)."""
         if not batch_id:
             raise ValueError("batch_id must not be empty")
         self._check_open()
-        out = PreparedRows(batch_id, agent_id)
+        out = PreparedRows(batch_id, agent_id, record=record)
         if samples is not None and len(samples):
             data, series, out.metric_names, out.metric_codes, out.series_keys = self._sample_rows(samples)
             out.ts_ms = samples.ts_ms
@@ -863,7 +871,8 @@ class Store(ABC):
     def insert_prepared(
         self, group: Sequence[PreparedRows], token: str, done: set[str] | None = None
     ) -> None:
-        """Write a group of prepared batches together: one insert per table, then their ``batches`` rows.
+        """Write a group of prepared batches together: one insert per table, then the ``batches``
+        rows of those with ``record`` set.
 
         Table ``t`` is inserted with the dedup token ``<token>:<t>`` and then added to ``done``;
         tables already in ``done`` are skipped. So a failed call retried with the same group,
@@ -899,18 +908,19 @@ class Store(ABC):
                     self._note_histogram_metrics([m for p in group for m in p.histogram_metrics])
                 self._write(name, _concat(parts), f"{token}:{name}")
             done.add(name)
-        if "batches" not in done:
+        recorded = [p for p in group if p.record]
+        if "batches" not in done and recorded:
             now_ms = time.time_ns() // 1_000_000
             record = pa.table(
                 {
-                    "batch_id": pa.array([p.batch_id for p in group], pa.string()),
-                    "agent_id": pa.array([p.agent_id for p in group], pa.string()),
-                    "received": pa.array([now_ms] * len(group), pa.timestamp("ms", tz="UTC")),
-                    "rows": pa.array([p.rows for p in group], pa.uint64()),
+                    "batch_id": pa.array([p.batch_id for p in recorded], pa.string()),
+                    "agent_id": pa.array([p.agent_id for p in recorded], pa.string()),
+                    "received": pa.array([now_ms] * len(recorded), pa.timestamp("ms", tz="UTC")),
+                    "rows": pa.array([p.rows for p in recorded], pa.uint64()),
                 }
             )
             self._write("batches", record, f"{token}:batches")
-            done.add("batches")
+        done.add("batches")
 
     def _new_series(
         self, parts: list[pa.Table], group: Sequence[PreparedRows]

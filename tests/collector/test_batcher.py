@@ -179,3 +179,63 @@ def test_a_group_mixes_batches_of_one_instance_and_of_several(store):
         "SELECT instance, count() AS n FROM ki.kernel_spans GROUP BY instance ORDER BY instance"
     )
     assert got.to_pylist() == [{"instance": "g", "n": 2}, {"instance": "h", "n": 8}]
+
+
+def _flushed_once(store, batcher: Batcher) -> None:
+    """One batch written and answered: the next group is then due only max_delay_s later."""
+    assert batcher.submit(_rows(store, 100)).answer().result(timeout=30) is True
+
+
+def test_eager_senders_gone_quiet_are_written_before_the_delay(store):
+    """remote_write senders wait for their answers: once eager_rows of theirs wait and no more come, write."""
+    batcher = Batcher(store, max_delay_s=60, eager_rows=20, quiet_s=0.05)
+    batcher.start()
+    _flushed_once(store, batcher)
+    prepared = [_rows(store, i) for i in range(3)]  # 10 rows each: 30 >= eager_rows
+    started = time.monotonic()
+    tickets = [batcher.submit(p, eager=True) for p in prepared]
+    assert [t.answer().result(timeout=30) for t in tickets] == [True, True, True]
+    assert time.monotonic() - started < 30  # not max_delay_s
+    assert batcher.stats.early_flushes == 1
+    assert batcher.stats.flushes == 2  # the three went together
+    batcher.shutdown()
+    assert _counts(store) == {"s": 20, "k": 20, "b": 4}
+
+
+def test_too_few_eager_rows_or_plain_batches_wait_for_the_delay(store):
+    batcher = Batcher(store, max_delay_s=60, eager_rows=25, quiet_s=0.01)
+    batcher.start()
+    _flushed_once(store, batcher)
+    eager = batcher.submit(_rows(store, 1), eager=True)  # 10 rows < eager_rows
+    plain = [batcher.submit(_rows(store, i)) for i in (2, 3, 4)]  # not eager: they do not count
+    for ticket in (eager, *plain):
+        with pytest.raises(TimeoutError):
+            ticket.answer().result(timeout=0.3)
+    assert batcher.stats.early_flushes == 0
+    batcher.shutdown()
+    assert [t.outcome for t in (eager, *plain)] == [True] * 4
+
+
+def test_unrecorded_batches_skip_the_batches_table(store, monkeypatch):
+    """remote_write's fresh ids (record=False): no batches_seen query and no batches rows; agents' still get both."""
+    asked: list[list[str]] = []
+    seen = store.batches_seen
+    monkeypatch.setattr(store, "batches_seen", lambda ids: asked.append(list(ids)) or seen(ids))
+    b = SampleBuilder()
+    b.add({"__name__": "rw", "k": "1"}, NOW_MS, 1.0)
+    unrecorded = [store.prepare(f"rw:{i}", samples=b.build(), record=False) for i in range(3)]
+    batcher = Batcher(store)
+    tickets = [batcher.submit(p, eager=True) for p in unrecorded]
+    batcher.shutdown()
+    assert [t.outcome for t in tickets] == [True] * 3
+    assert asked == []
+    assert _counts(store) == {"s": 3, "k": 0, "b": 0}
+    batcher = Batcher(store)
+    tickets = [
+        batcher.submit(store.prepare("rw:9", samples=b.build(), record=False)),
+        batcher.submit(_rows(store, 7)),
+    ]
+    batcher.shutdown()
+    assert [t.outcome for t in tickets] == [True, True]
+    assert asked == [["agent:7"]]
+    assert _counts(store) == {"s": 9, "k": 5, "b": 1}
