@@ -186,7 +186,7 @@ def _held_size(value: Any) -> int:
     step, a histogram by its size (:func:`hist_weight`)."""
     if isinstance(value, StepVector):
         floats = int(np.count_nonzero(value.present))
-        return floats if value.hists is None else floats + hist_weight(value.hists)
+        return floats + value.hist_weight() if value.has_hists else floats
     if isinstance(value, RangeInput):
         return len(value.ts) + (0 if value.hist is None else hist_weight(value.hist.hs))
     if isinstance(value, np.ndarray):
@@ -377,12 +377,15 @@ class _Evaluator:
         """Evaluate ``node`` at ``times``; its inputs are released once its result is counted."""
         self.checkpoint()
         before = self.held
+        loaded = self.samples
         value = self.handlers[type(node)](node, times)
-        size = _held_size(value)
         if isinstance(node, VectorSelector | MatrixSelector):
             # A selector's result is the samples it loaded (already counted), not a second copy:
             # Prometheus' peak for ``x`` is x's samples once.
+            size = self.samples - loaded
             self.held = before
+        else:
+            size = _held_size(value)
         # The result and the inputs it was built from are in memory together at this point.
         self.hold(size)
         self.held = before + size
@@ -415,16 +418,14 @@ class _Evaluator:
     def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
         lhs = self.eval(node.lhs, times)
         rhs = self.eval(node.rhs, times)
-        if (isinstance(lhs, StepVector) and lhs.hists is not None) or (
-            isinstance(rhs, StepVector) and rhs.hists is not None
-        ):
+        if (isinstance(lhs, StepVector) and lhs.has_hists) or (isinstance(rhs, StepVector) and rhs.has_hists):
             return histeval.binary(self, node, lhs, rhs)
         return binary_op(node, lhs, rhs)
 
     def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
         param = self.eval(node.param, times) if node.param is not None else None
         vec = self.eval(node.expr, times)
-        if vec.hists is not None:
+        if vec.has_hists:
             return histeval.aggregate(self, node, vec, param)
         return aggregate(self, node, vec, param)
 
@@ -444,8 +445,7 @@ class _Evaluator:
             self.sample_times_wanted -= wants_times
         ctx = CallContext(self, node, times)
         if any(
-            (isinstance(a, StepVector) and a.hists is not None)
-            or (isinstance(a, RangeInput) and a.hist is not None)
+            (isinstance(a, StepVector) and a.has_hists) or (isinstance(a, RangeInput) and a.hist is not None)
             for a in args
         ):
             return histeval.call(ctx, node.func, spec.impl, args)

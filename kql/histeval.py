@@ -43,6 +43,7 @@ __all__ = [
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
+I64 = npt.NDArray[np.int64]
 H = Any  # nativehist.FloatHistogram
 
 CUSTOM_BUCKETS_SCHEMA = -53
@@ -621,6 +622,10 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     mixed = has_float & has_hist
     if mixed.any():
         ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
+    if vec.dense is not None:
+        moved = _single_dense(vec, gid, n, mixed)
+        if moved is not None:
+            return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
     assert vec.hists is not None
     single = _single_members(vec.hists, gid, n, mixed)
     if single is not None:
@@ -679,10 +684,11 @@ def _aggregated(
     n: int,
     group_labels: list[Labels],
     mixed: BOOL,
-    totals: OBJ,
+    totals: OBJ | None,
+    dense: DenseHists | None = None,
 ) -> StepVector:
-    """sum/avg's result: the groups' histograms, and the float aggregation of the float samples
-    (less the groups that held both kinds at a step)."""
+    """sum/avg's result: the groups' histograms (``totals``, or still dense), and the float
+    aggregation of the float samples (less the groups that held both kinds at a step)."""
     from kernel_insight.kql.aggregation import aggregate as float_aggregate
 
     steps = vec.values.shape[1]
@@ -698,7 +704,7 @@ def _aggregated(
         if r is not None:
             values[g] = floats.values[r]
             present[g] = floats.present[r] & ~mixed[g]
-    return StepVector(group_labels, values, present, drop, None, totals).compact()
+    return StepVector(group_labels, values, present, drop, None, totals, dense).compact()
 
 
 # ------------------------------------------------------------------------------ functions
@@ -785,9 +791,10 @@ def _combine(
     values: dict[tuple[int, int], float] | None = None,
     drop: BOOL | None = None,
     keep_name: bool = False,
+    dense: DenseHists | None = None,
 ) -> StepVector:
     """A range function's result: the float implementation's, less the windows in ``drop``, with
-    the histogram (``hists``) and float (``values``) results of the windows computed here."""
+    the histogram (``hists``, ``dense``) and float (``values``) results of the windows computed here."""
     n, steps = r.lo.shape
     out_v = np.zeros((n, steps))
     out_p = np.zeros((n, steps), dtype=bool)
@@ -809,8 +816,13 @@ def _combine(
         holder[:] = list(hists.values())
         out_h[keys[:, 0], keys[:, 1]] = holder
         out_p[keys[:, 0], keys[:, 1]] = False
+    if dense is not None and not dense.parts:
+        dense = None
+    if dense is not None:
+        for _, rows, steps in dense.parts:
+            out_p[rows, steps] = False
     names = r.drop_name.copy() if keep_name else np.ones(n, dtype=bool)
-    return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None).compact()
+    return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None, dense).compact()
 
 
 def _rate(
@@ -826,9 +838,9 @@ def _rate(
     hists: dict[tuple[int, int], H] = {}
     pos = _matrix_arg(ctx).pos
     fast = dense_rate(r, counter, per_second, has_hist_windows(r) & ~mixed)
-    decided = None
+    decided = dense = None
     if fast is not None:
-        hists, decided = fast
+        dense, decided = fast
     for i, j, ts, hs, nfloat in hist_windows(r, decided):
         if nfloat or len(hs) < 2:
             continue
@@ -841,7 +853,7 @@ def _rate(
         if per_second:
             factor /= r.range_ms / 1000.0
         hists[i, j] = hmul(h, factor)
-    return _combine(r, floats, hists, drop=mixed)
+    return _combine(r, floats, hists, drop=mixed, dense=dense)
 
 
 def _extrapolation(
@@ -1176,6 +1188,8 @@ def mixed_classic_native(name: str) -> str:
 def _split_classic_native(ctx: Any, vec: StepVector, arg_index: int) -> StepVector:
     """The float (classic bucket) part of ``vec``, less the buckets that collide with a native histogram
     of the same labels at the same step (both are dropped then, with Prometheus' warning)."""
+    if not any(k == "le" for lb in vec.labels for k, _ in lb):
+        return vec  # no classic bucket: nothing collides (dense histogram cells stay dense)
     assert vec.hists is not None
     by_key: dict[Labels, list[int]] = {}
     for i, lb in enumerate(vec.labels):
@@ -1268,17 +1282,32 @@ def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector
     share a layout (:func:`dense_quantiles`), nativehist per histogram for the rest."""
     values = np.zeros(vec.values.shape)
     present = np.zeros(vec.values.shape, dtype=bool)
-    if vec.hists is not None:
-        rows, steps = np.nonzero(hist_mask(vec.hists))
-        hs = vec.hists[rows, steps].tolist()
+    if vec.dense is not None:
+        # Cells still dense (rate's results): searched where they are, objects made only for
+        # the rows dense_quantiles leaves to nativehist.
+        for block, rows, steps in vec.dense.parts:
+            qs = np.asarray(q, dtype=np.float64)[steps]
+            found, done = dense_quantiles(qs, block)
+            values[rows[done], steps[done]] = found[done]
+            present[rows, steps] = True
+            rest = np.flatnonzero(~done)
+            if len(rest):
+                hs = block.take(rest).materialize(vec.dense.hint)
+                for k, h in zip(rest.tolist(), hs, strict=True):
+                    i, j = int(rows[k]), int(steps[k])
+                    values[i, j] = _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
+            ctx.check()
+    if vec.hist_objs is not None:
+        rows, steps = np.nonzero(hist_mask(vec.hist_objs))
+        hs = vec.hist_objs[rows, steps].tolist()
         decided = np.zeros(len(hs), dtype=bool)
         qs = np.asarray(q, dtype=np.float64)[steps]
         # Cells come series by series: chunks of neighbouring series keep blocks narrow.
         for a in range(0, len(hs), DENSE_CHUNK):
             b = min(a + DENSE_CHUNK, len(hs))
-            block = DenseBlock.of(hs[a:b]) if b - a >= DENSE_MIN_CELLS else None
-            if block is not None:
-                dense, done = dense_quantiles(qs[a:b], block)
+            chunk = DenseBlock.of(hs[a:b]) if b - a >= DENSE_MIN_CELLS else None
+            if chunk is not None:
+                dense, done = dense_quantiles(qs[a:b], chunk)
                 decided[a:b] = done
                 values[rows[a:b][done], steps[a:b][done]] = dense[done]
         for k in np.flatnonzero(~decided).tolist():
@@ -1617,6 +1646,68 @@ class DenseBlock:
         self.count = np.fromiter((h.count for h in hs), dtype=np.float64, count=n)
         self.sum = np.fromiter((h.sum for h in hs), dtype=np.float64, count=n)
 
+    @classmethod
+    def of_arrays(
+        cls,
+        schema: int,
+        zero_threshold: float,
+        zero: F64,
+        count: F64,
+        total: F64,
+        pos_lo: int,
+        pos: F64,
+        neg_lo: int,
+        neg: F64,
+    ) -> DenseBlock:
+        """A block of computed rows (a bucket of 0 is an absent one, as :func:`materialize` drops it)."""
+        block = cls.__new__(cls)
+        block.schema, block.zero_threshold = schema, zero_threshold
+        block.zero, block.count, block.sum = zero, count, total
+        block.pos_lo, block.pos, block.neg_lo, block.neg = pos_lo, pos, neg_lo, neg
+        block.has_pos = (pos != 0).any(axis=1) if pos.shape[1] else np.zeros(len(count), dtype=bool)
+        block.has_neg = (neg != 0).any(axis=1) if neg.shape[1] else np.zeros(len(count), dtype=bool)
+        return block
+
+    def take(self, rows: npt.NDArray[np.intp]) -> DenseBlock:
+        """The block of the given rows."""
+        return DenseBlock.of_arrays(
+            self.schema,
+            self.zero_threshold,
+            self.zero[rows],
+            self.count[rows],
+            self.sum[rows],
+            self.pos_lo,
+            self.pos[rows],
+            self.neg_lo,
+            self.neg[rows],
+        )
+
+    def materialize(self, hint: int) -> list[H]:
+        """Every row as a (compacted) FloatHistogram with ``hint``."""
+        return materialize(
+            self.schema,
+            self.zero_threshold,
+            self.zero,
+            self.count,
+            self.sum,
+            self.pos_lo,
+            self.pos,
+            self.neg_lo,
+            self.neg,
+            hint,
+        )
+
+    def weights(self) -> I64:
+        """Each row's :meth:`FloatHistogram.sample_weight` as materialized (non-zero buckets, their runs)."""
+        spans_and_buckets = np.zeros(len(self.count), dtype=np.int64)
+        for mat in (self.pos, self.neg):
+            if mat.shape[1]:
+                nz = mat != 0
+                runs = nz[:, 0].astype(np.int64) + (nz[:, 1:] & ~nz[:, :-1]).sum(axis=1)
+                spans_and_buckets += nz.sum(axis=1) + runs
+        weights: I64 = (176 + 8 * spans_and_buckets) // 16
+        return weights
+
     @staticmethod
     def of(hs: list[H]) -> DenseBlock | None:
         """A block of ``hs`` when they share a standard schema and zero threshold, else None."""
@@ -1732,8 +1823,8 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     bcount = counts[rows, cols]
     lo = lower_b[cols]
     hi = upper_b[cols]
-    # Elementwise IEEE arithmetic is the same in numpy as in Python; only log2 and pow go through
-    # Python's math below (numpy's differ from libm in the last bit for some inputs).
+    # Elementwise IEEE arithmetic is the same in numpy as in Python; log2 and exp2 are ports of
+    # Go's (go_log2_array, go_exp2_array: numpy's own differ in the last bit for some inputs).
     straddles = (lo < 0) & (hi > 0)
     only_pos = straddles & ~block.has_neg[rows] & block.has_pos[rows]
     only_neg = straddles & ~block.has_pos[rows] & block.has_neg[rows]
@@ -1750,15 +1841,15 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     expo = np.flatnonzero(~linear & ~above)
     if len(expo):
         e_lo, e_hi, e_frac = lo[expo], hi[expo], fraction[expo]
-        log_lower = np.fromiter(map(nh.go_log2, np.abs(e_lo).tolist()), dtype=np.float64, count=len(expo))
-        log_upper = np.fromiter(map(nh.go_log2, np.abs(e_hi).tolist()), dtype=np.float64, count=len(expo))
+        log_lower = nh.go_log2_array(np.abs(e_lo))
+        log_upper = nh.go_log2_array(np.abs(e_hi))
         positive = e_lo > 0
         exponent = np.where(
             positive,
             log_lower + (log_upper - log_lower) * e_frac,
             log_upper + (log_lower - log_upper) * (1 - e_frac),
         )
-        powered = np.fromiter(map(nh.go_exp2, exponent.tolist()), dtype=np.float64, count=len(expo))
+        powered = nh.go_exp2_array(exponent)
         out[rows[expo]] = np.where(positive, powered, -powered)
     values = out
     return values, done
@@ -1829,6 +1920,62 @@ def materialize(
     ]
 
 
+class DenseHists:
+    """Histogram cells of a :class:`StepVector` held as dense blocks instead of objects.
+
+    ``parts`` are ``(block, rows, steps)``: block row ``k`` is the histogram of cell
+    ``(rows[k], steps[k])``, every one with counter-reset hint ``hint``. rate/increase make them
+    (:func:`dense_rate`), sum/avg of one member per group and histogram_quantile read them as
+    they are, and anything else gets FloatHistograms through ``StepVector.hists``: a quantile
+    over 240k histograms never builds 240k objects and their dense blocks again.
+    """
+
+    __slots__ = ("hint", "parts")
+
+    def __init__(self, parts: list[tuple[DenseBlock, I64, I64]], hint: int) -> None:
+        self.parts = parts
+        self.hint = hint
+
+    def mark(self, mask: BOOL) -> None:
+        """Set ``mask`` True at every cell held here."""
+        for _, rows, steps in self.parts:
+            mask[rows, steps] = True
+
+    def fill(self, out: OBJ) -> None:
+        """Put every cell's FloatHistogram into ``out``."""
+        for block, rows, steps in self.parts:
+            holder = np.empty(len(rows), dtype=object)
+            holder[:] = block.materialize(self.hint)
+            out[rows, steps] = holder
+
+    def weight(self) -> int:
+        return sum(int(block.weights().sum()) for block, _, _ in self.parts)
+
+    def take(self, idx: npt.NDArray[np.intp], n: int) -> DenseHists | None:
+        """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
+        a row is taken twice (then the caller takes objects)."""
+        new_of_old = np.full(n, -1, dtype=np.int64)
+        new_of_old[idx] = np.arange(len(idx))
+        if np.count_nonzero(new_of_old >= 0) != len(idx):
+            return None
+        return self.regrouped(new_of_old)
+
+    def regrouped(self, new_of_old: I64, drop: BOOL | None = None) -> DenseHists:
+        """The cells moved to rows ``new_of_old[row]``; cells whose new row is -1 (or where
+        ``drop[new row, step]``) are left out."""
+        parts = []
+        for block, rows, steps in self.parts:
+            new = new_of_old[rows]
+            keep = new >= 0
+            if drop is not None:
+                keep[keep] = ~drop[new[keep], steps[keep]]
+            if keep.all():
+                parts.append((block, new, steps))
+            elif keep.any():
+                parts.append((block.take(np.flatnonzero(keep)), new[keep], steps[keep]))
+        return DenseHists(parts, self.hint)
+
+
 def _zero_clean(block: DenseBlock) -> bool:
     """No bucket of the block lies (partly) inside its zero bucket, so comparing counts bucket by
     bucket is Prometheus' reset detection."""
@@ -1848,7 +1995,7 @@ DENSE_CHUNK = 4_096
 
 def dense_rate(
     r: RangeInput, counter: bool, per_second: bool, candidates: BOOL
-) -> tuple[dict[tuple[int, int], H], BOOL] | None:
+) -> tuple[DenseHists, BOOL] | None:
     """rate/increase of every candidate window at once, series chunk by series chunk (each a
     :class:`DenseBlock` when its histograms share a schema and zero threshold and hold no gauge
     histograms); also says which windows it decided. A window with a counter reset inside is
@@ -1858,7 +2005,7 @@ def dense_rate(
     hr = r.hist
     if hr is None or not counter or len(hr.hs) < DENSE_MIN_CELLS:
         return None
-    out: dict[tuple[int, int], H] = {}
+    parts: list[tuple[DenseBlock, I64, I64]] = []
     decided = np.zeros(candidates.shape, dtype=bool)
     n = len(hr.offsets) - 1
     a = 0
@@ -1876,17 +2023,18 @@ def dense_rate(
         )
         part = _dense_rate_chunk(r, sub, per_second, candidates[a:b])
         if part is not None:
-            results, done = part
-            out.update({(i + a, j): h for (i, j), h in results.items()})
+            block, wi, wj, done = part
+            if len(wi):
+                parts.append((block, wi + a, wj))
             decided[a:b] = done
         a = b
         r.checkpoint()
-    return out, decided
+    return DenseHists(parts, GAUGE), decided
 
 
 def _dense_rate_chunk(
     r: RangeInput, hr: HistRange, per_second: bool, candidates: BOOL
-) -> tuple[dict[tuple[int, int], H], BOOL] | None:
+) -> tuple[DenseBlock, I64, I64, BOOL] | None:
     """:func:`dense_rate` over the series of one chunk (``hr`` indexes the chunk's own samples)."""
     if len(hr.hs) < DENSE_MIN_CELLS:
         return None
@@ -1943,8 +2091,9 @@ def _dense_rate_chunk(
     if per_second:
         factor = factor / (r.range_ms / 1000.0)
     # The difference is compacted before the multiplication in Prometheus; 0 * f is 0, so the
-    # buckets that stay non-zero are the same either way.
-    out = materialize(
+    # buckets that stay non-zero are the same either way. Kept dense (DenseHists): objects
+    # only if a later stage asks for them.
+    out = DenseBlock.of_arrays(
         block.schema,
         block.zero_threshold,
         d_zero * factor,
@@ -1954,9 +2103,28 @@ def _dense_rate_chunk(
         np.where(d_pos != 0, d_pos * factor[:, None], 0.0),
         block.neg_lo,
         np.where(d_neg != 0, d_neg * factor[:, None], 0.0),
-        GAUGE,
     )
-    return dict(zip(zip(wi.tolist(), wj.tolist(), strict=True), out, strict=True)), decided
+    return out, wi.astype(np.int64), wj.astype(np.int64), decided
+
+
+def _single_dense(vec: StepVector, gid: Any, n: int, mixed: BOOL) -> tuple[OBJ | None, DenseHists] | None:
+    """:func:`_single_members` of a vector with dense cells: each moved to its group's row (the
+    dense ones without becoming objects); None when some group has several members."""
+    dense = vec.dense
+    assert dense is not None
+    steps = vec.values.shape[1]
+    parts = [(r, c) for _, r, c in dense.parts]
+    if vec.hist_objs is not None:
+        orows, ocols = np.nonzero(hist_mask(vec.hist_objs))
+        parts.append((orows.astype(np.int64), ocols.astype(np.int64)))
+    rows = np.concatenate([r for r, _ in parts])
+    cols = np.concatenate([c for _, c in parts])
+    keep = ~mixed[gid[rows], cols]
+    target = gid[rows[keep]] * steps + cols[keep]
+    if len(np.unique(target)) != len(target):
+        return None
+    objs = None if vec.hist_objs is None else _single_members(vec.hist_objs, gid, n, mixed)
+    return objs, dense.regrouped(np.asarray(gid, dtype=np.int64), drop=mixed)
 
 
 def _single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:

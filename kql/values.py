@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kernel_insight.kql.ast import Call, Node
+    from kernel_insight.kql.histeval import DenseHists
     from kernel_insight.kql.nativehist import FloatHistogram
     from kernel_insight.kql.storage import Matcher
 
@@ -125,7 +126,26 @@ class StepVector:
     present: BOOL
     drop_name: BOOL
     sample_ts: I64 | None = None
-    hists: OBJ | None = None
+    hist_objs: OBJ | None = None  # read it as ``hists``
+    #: Histogram cells still held as dense bucket blocks (histeval.DenseHists: rate's results),
+    #: made into objects only when ``hists`` is read; the cells are none of ``hist_objs``'.
+    dense: DenseHists | None = None
+
+    @property
+    def hists(self) -> OBJ | None:
+        """The histogram cells as ``FloatHistogram`` objects (None cells elsewhere), or None."""
+        if self.dense is not None:
+            out = self.hist_objs
+            if out is None:
+                out = np.full(self.present.shape, None, dtype=object)
+            self.dense.fill(out)
+            self.hist_objs, self.dense = out, None
+        return self.hist_objs
+
+    @property
+    def has_hists(self) -> bool:
+        """Whether the vector holds histogram cells, without making objects of dense ones."""
+        return self.hist_objs is not None or self.dense is not None
 
     @classmethod
     def empty(cls, steps: int) -> StepVector:
@@ -137,28 +157,42 @@ class StepVector:
     def take(self, rows: npt.NDArray[np.intp] | list[int]) -> StepVector:
         """A new vector of the given rows, in the given order."""
         idx = np.asarray(rows, dtype=np.intp)
+        dense = None
+        if self.dense is not None:
+            dense = self.dense.take(idx, len(self.labels))
+            if dense is None:  # a row taken twice: objects
+                self.hists  # noqa: B018 (fills hist_objs)
         return StepVector(
             [self.labels[i] for i in idx],
             self.values[idx],
             self.present[idx],
             self.drop_name[idx],
             None if self.sample_ts is None else self.sample_ts[idx],
-            None if self.hists is None else self.hists[idx],
+            None if self.hist_objs is None else self.hist_objs[idx],
+            dense,
         )
 
     def hist_present(self) -> BOOL:
         """Where a histogram sample is (all False without histograms)."""
-        if self.hists is None:
-            return np.zeros(self.present.shape, dtype=bool)
-        return hist_mask(self.hists)
+        mask = (
+            np.zeros(self.present.shape, dtype=bool) if self.hist_objs is None else hist_mask(self.hist_objs)
+        )
+        if self.dense is not None:
+            self.dense.mark(mask)
+        return mask
+
+    def hist_weight(self) -> int:
+        """What the histogram cells count as toward ``max_samples`` (:func:`hist_weight`)."""
+        total = 0 if self.hist_objs is None else hist_weight(self.hist_objs)
+        return total if self.dense is None else total + self.dense.weight()
 
     def any_present(self) -> BOOL:
         """Where a sample of either kind is."""
-        return self.present if self.hists is None else self.present | hist_mask(self.hists)
+        return self.present | self.hist_present() if self.has_hists else self.present
 
     def floats_only(self) -> StepVector:
         """The same vector without its histogram samples."""
-        if self.hists is None:
+        if not self.has_hists:
             return self
         return StepVector(self.labels, self.values, self.present, self.drop_name, self.sample_ts).compact()
 

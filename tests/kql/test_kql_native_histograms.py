@@ -471,6 +471,54 @@ def test_dense_rate_and_sum_equal_the_per_histogram_path(
     assert points >= 50  # every step of at least one series
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "histogram_quantile(0.9, rate(c[1m]))",
+        "histogram_quantile(0.99, sum by (i) (rate(c[1m])))",
+        "histogram_quantile(0.2, avg by (i) (increase(c[2m])))",
+        "histogram_quantile(0.5, sum(rate(c[1m])))",
+        "histogram_count(sum by (i) (rate(c[1m])))",
+        "histogram_quantile(0.9, sum by (i) (rate(c[1m])) * 2)",
+    ],
+)
+@pytest.mark.parametrize("chunk", [4_096, 100])
+def test_dense_cells_handed_to_sum_and_quantile_equal_the_object_path(
+    query: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rate's dense cells go through sum/avg by series and histogram_quantile without becoming
+    objects (DenseHists); the quantiles, the sample counts and the stats are the per-histogram
+    path's, bit for bit."""
+    from kernel_insight.kql import histeval
+
+    monkeypatch.setattr(histeval, "DENSE_CHUNK", chunk)
+    store = _counter_series(np.random.default_rng(5), 12, 60)
+    made = [0]
+    fill = histeval.DenseHists.fill
+
+    def counting_fill(self: histeval.DenseHists, out: np.ndarray) -> None:
+        made[0] += 1
+        fill(self, out)
+
+    monkeypatch.setattr(histeval.DenseHists, "fill", counting_fill)
+    fast = Engine(store).range_query(query, 120_000, 885_000, 15_000)
+    if query.startswith("histogram_quantile") and "sum(rate" not in query and "* 2" not in query:
+        assert made[0] == 0  # no FloatHistogram was made of rate's results (one series per group)
+    monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 10**9)
+    slow = Engine(store).range_query(query, 120_000, 885_000, 15_000)
+    assert isinstance(fast.value, Matrix)
+    assert isinstance(slow.value, Matrix)
+    assert [x.labels for x in fast.value.series] == [x.labels for x in slow.value.series]
+    points = 0
+    for a, b in zip(fast.value.series, slow.value.series, strict=True):
+        assert list(a.timestamps) == list(b.timestamps)
+        assert a.values.tobytes() == b.values.tobytes()
+        points += len(a.values)
+    assert points >= 50
+    assert (fast.stats.samples, fast.stats.peak_samples) == (slow.stats.samples, slow.stats.peak_samples)
+    assert [str(x) for x in fast.annotations] == [str(x) for x in slow.annotations]
+
+
 def test_a_recording_rule_records_histogram_samples_as_histograms() -> None:
     # Prometheus 3 records them; tests/rules/test_rules_histograms.py writes them to the store.
     from kernel_insight.kql import parse

@@ -927,6 +927,30 @@ def test_go_exp2_and_log2_round_as_go_does() -> None:
         assert go_exp2(go_log2(x)) == pytest.approx(x, rel=1e-15)
 
 
+def test_go_log2_and_exp2_of_arrays_are_the_scalar_ports_bit_for_bit() -> None:
+    from kernel_insight.kql.nativehist import go_exp2_array, go_log2_array
+
+    rng = np.random.default_rng(11)
+    xs = np.concatenate(
+        [
+            rng.lognormal(-10, 4, 20_000),  # bucket bounds and quantiles: 1e-9 .. 1e2
+            2.0 ** rng.integers(-1074, 1023, 200).astype(np.float64),  # exact powers of two
+            [0.0, -1.0, np.inf, -np.inf, np.nan, 5e-324, 1.7976931348623157e308, 0.5, 1.0],
+        ]
+    )
+    logs = go_log2_array(xs)
+    assert (
+        logs.view(np.uint64).tolist() == np.array([go_log2(x) for x in xs.tolist()]).view(np.uint64).tolist()
+    )
+    es = np.concatenate(
+        [rng.uniform(-40, 10, 20_000), [-1100.0, -1074.5, -1022.3, 1023.9, 1024.5, 0.0, np.nan]]
+    )
+    es = np.concatenate([es, logs[np.isfinite(logs)]])
+    got = go_exp2_array(es)
+    want = np.array([go_exp2(x) for x in es.tolist()])
+    assert got.view(np.uint64).tolist() == want.view(np.uint64).tolist()
+
+
 def test_stddev_of_a_histogram_with_negative_variance_is_nan_not_an_error() -> None:
     from kernel_insight.kql import Engine, MemoryStorage, Vector
 
