@@ -7,7 +7,14 @@ this package; ``api_routers`` gives the routers alone.
 from __future__ import annotations
 
 from kernel_insight.api.agents import agents_router
-from kernel_insight.api.app import TlsFiles, api_routers, create_api_app, default_metadata, serve
+from kernel_insight.api.app import (
+    TlsFiles,
+    api_routers,
+    create_api_app,
+    default_metadata,
+    query_fast_path,
+    serve,
+)
 from kernel_insight.api.auth import (
     Authenticator,
     ClickHouseTokenStore,
@@ -34,7 +41,7 @@ from kernel_insight.api.health import (
 )
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.logs import RepeatFilter
-from kernel_insight.api.prometheus import prometheus_router, query_routes
+from kernel_insight.api.prometheus import QueryFastPath, prometheus_router, query_routes
 from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
 from kernel_insight.api.ui import ui_router
@@ -48,6 +55,7 @@ __all__ = [
     "HealthRule",
     "HealthSource",
     "InstanceFacts",
+    "QueryFastPath",
     "RepeatFilter",
     "Scope",
     "Snapshot",
@@ -70,6 +78,7 @@ __all__ = [
     "instances_router",
     "open_token_store",
     "prometheus_router",
+    "query_fast_path",
     "query_routes",
     "serve",
     "timeline_router",

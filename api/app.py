@@ -32,7 +32,7 @@ from kernel_insight.api.health import (
 )
 from kernel_insight.api.instances import instances_router
 from kernel_insight.api.logs import install_repeat_filter
-from kernel_insight.api.prometheus import MetricMetadata, prometheus_router, query_routes
+from kernel_insight.api.prometheus import MetricMetadata, QueryFastPath, prometheus_router, query_routes
 from kernel_insight.api.timeline import timeline_router
 from kernel_insight.api.topology import topology_router
 
@@ -48,6 +48,7 @@ __all__ = [
     "create_api_app",
     "default_metadata",
     "listening_socket",
+    "query_fast_path",
     "serve",
 ]
 
@@ -194,6 +195,7 @@ def serve(
     connection cap lowered to fit it. ``tls`` serves HTTPS.
     """
     import uvicorn
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
     if local_dev:
         if host != LOCAL_DEV_HOST:
@@ -222,6 +224,8 @@ def serve(
             tls_options |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     config = uvicorn.Config(
         app,
+        # uvicorn's proxy-headers layer is put under the query fast path below, not around it.
+        proxy_headers=False,
         log_level="warning",
         # Access lines are below the warning level anyway; uvicorn would still build each one's
         # arguments (client address, quoted path) per request before the level drops it.
@@ -233,6 +237,8 @@ def serve(
         timeout_keep_alive=max(1, round(limits.keep_alive_s)),
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )
+    asgi: Any = app  # uvicorn types its ASGI apps more narrowly than Starlette does
+    config.app = query_fast_path(app, ProxyHeadersMiddleware(asgi, trusted_hosts=config.forwarded_allow_ips))
     install_repeat_filter()  # after uvicorn.Config, which installs uvicorn's handlers
     # A query computing in a worker thread holds the GIL for up to the switch interval each time
     # the event loop asks for it, and a request needs it several times: 1 ms instead of Python's
@@ -241,6 +247,20 @@ def serve(
     scheme = "https" if tls is not None else "http"
     print(f"ki: listening on {scheme}://{host}:{bound}", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def query_fast_path(app: FastAPI, inner: Any) -> QueryFastPath:
+    """``app`` served with its query endpoints ahead of its middleware stack (``QueryFastPath``);
+    ``inner`` is ``app`` with what the server wraps around it, for every other request. The request
+    metrics are ``app.state.metrics``' when it has them."""
+    metrics = getattr(app.state, "metrics", None)
+    return QueryFastPath(
+        inner,
+        app,
+        query_routes(app.router),
+        app.exception_handlers,
+        metrics.observe_request if metrics is not None else None,
+    )
 
 
 def _is_loopback(host: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -14,7 +15,14 @@ from api_helpers import TestClient
 from collector_process import running_collector
 from fastapi import FastAPI
 
-from kernel_insight.api import Authenticator, TokenStore, install_error_handlers, prometheus_router
+from kernel_insight.api import (
+    Authenticator,
+    QueryFastPath,
+    TokenStore,
+    install_error_handlers,
+    prometheus_router,
+    query_routes,
+)
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 
 
@@ -75,6 +83,21 @@ def test_a_query_that_was_slow_stays_in_a_query_thread(tmp_path):
     assert all(t.startswith("ki-query") for t in never.threads), never.threads
 
 
+def test_one_slow_run_of_a_quick_query_does_not_send_it_to_a_thread(tmp_path):
+    storage = _Recording()
+    client = _client(storage, tmp_path, inline_max_s=0.05)
+
+    def ask(spin_s: float) -> str:
+        storage.spin_s = spin_s
+        assert client.get("/api/v1/query", params={"query": "up", "time": "15"}).status_code == 200
+        return "thread" if storage.threads[-1].startswith("ki-query") else "loop"
+
+    assert [ask(0.0) for _ in range(4)][2:] == ["loop", "loop"]
+    # Preempted once (a loaded host) or slow from now on: the quicker of the last two runs decides.
+    assert [ask(0.1), ask(0.0), ask(0.1), ask(0.1), ask(0.1)] == ["loop", "loop", "loop", "loop", "thread"]
+    assert [ask(0.0), ask(0.0)] == ["thread", "loop"]
+
+
 def test_the_query_route_checks_tokens_and_answers_errors_in_the_one_shape(tmp_path):
     client = _client(_Recording(), tmp_path)
     r = client.get("/api/v1/query", params={"query": "up"}, headers={"Authorization": "Bearer nope"})
@@ -85,6 +108,68 @@ def test_the_query_route_checks_tokens_and_answers_errors_in_the_one_shape(tmp_p
     assert r.status_code == 400
     assert r.json()["error"] == 'invalid parameter "end": end timestamp must not be before start time'
     assert client.request("DELETE", "/api/v1/query").status_code == 405
+
+
+def test_the_fast_path_answers_get_queries_ahead_of_the_middleware_as_the_stack_would(tmp_path):
+    tokens = TokenStore(tmp_path / "tokens.json")
+    token = tokens.create("r", ["read"]).token
+    broken = {"on": False}
+
+    def storage() -> MemoryStorage:
+        if broken["on"]:
+            raise RuntimeError("no store")  # not a kql error: nothing renders it but the 500 layer
+        return _Recording()
+
+    app = FastAPI()
+    router = prometheus_router(storage, Authenticator(tokens))
+    app.include_router(router)
+    install_error_handlers(app)
+    through_stack: list[str] = []
+
+    @app.middleware("http")
+    async def note(request, call_next):  # type: ignore[no-untyped-def]
+        through_stack.append(f"{request.method} {request.url.path}")
+        return await call_next(request)
+
+    observed: list[tuple[str, str, int]] = []
+    fast = QueryFastPath(
+        app, app, query_routes(router), app.exception_handlers, lambda e, m, s, _t: observed.append((e, m, s))
+    )
+
+    def call(method: str, path: str, token: str = token, **kwargs: object) -> httpx.Response:
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=fast, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://ki") as c:
+                return await c.request(method, path, headers={"Authorization": f"Bearer {token}"}, **kwargs)
+
+        return asyncio.run(go())
+
+    r = call("GET", "/api/v1/query", params={"query": "up", "time": "15"})
+    assert r.json()["data"]["result"][0]["value"] == [15, "1"]
+    r = call("GET", "/api/v1/query_range", params={"query": "up", "start": "0", "end": "15", "step": "15"})
+    assert r.status_code == 200
+    r = call("GET", "/api/v1/query", token="nope", params={"query": "up"})  # ApiError: the app's handler
+    assert (r.status_code, r.json()["errorType"]) == (401, "unauthorized")
+    r = call("GET", "/api/v1/query", params={"query": "up", "time": "soon"})
+    assert (r.status_code, r.json()["errorType"]) == (400, "bad_data")
+    assert through_stack == [], "GET queries went through the middleware stack"
+    broken["on"] = True
+    r = call("GET", "/api/v1/query", params={"query": "up", "time": "15"})
+    assert (r.status_code, r.text) == (500, "Internal Server Error")
+    broken["on"] = False
+    assert observed == [
+        ("/api/v1/query", "GET", 200),
+        ("/api/v1/query_range", "GET", 200),
+        ("/api/v1/query", "GET", 401),
+        ("/api/v1/query", "GET", 400),
+        ("/api/v1/query", "GET", 500),
+    ]
+    # POST (a form body the stack caps) and every other path go through the app as before.
+    r = call("POST", "/api/v1/query", data={"query": "up", "time": "15"})
+    assert r.json()["data"]["result"][0]["value"] == [15, "1"]
+    assert call("GET", "/api/v1/labels").status_code == 200
+    assert through_stack == ["POST /api/v1/query", "GET /api/v1/labels"]
+    assert len(observed) == 5
 
 
 def _read_answer(s: socket.socket) -> tuple[bytes, int]:

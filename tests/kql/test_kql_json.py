@@ -20,7 +20,7 @@ from kernel_insight.kql import (
     prometheus_json_bytes,
     to_prometheus_json,
 )
-from kernel_insight.kql.values import format_sample_value
+from kernel_insight.kql.values import _few_value_bytes, _value_bytes, format_sample_value
 
 
 def _dumps(value: Vector | Matrix | Scalar | String) -> bytes:
@@ -83,6 +83,25 @@ def test_vector_bytes_equal_json_dumps(
 ) -> None:
     v = Vector(t, tuple(Sample(lab, t, x) for lab, x in items))
     assert prometheus_json_bytes(v) == _dumps(v)
+
+
+@settings(max_examples=50, deadline=None)
+@given(ms, st.lists(st.tuples(labels, floats), min_size=30, max_size=40))
+def test_larger_vector_bytes_equal_json_dumps(
+    t: int, items: list[tuple[tuple[tuple[str, str], ...], float]]
+) -> None:
+    # Past _FEW_VALUES the values are formatted by numpy and orjson together, below one by one.
+    v = Vector(t, tuple(Sample(lab, t, x) for lab, x in items))
+    assert prometheus_json_bytes(v) == _dumps(v)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(floats, max_size=40))
+def test_few_values_are_formatted_as_many_are(values: list[float]) -> None:
+    # The one-by-one path and the vectorised one write the same bytes, numpy scalars included.
+    expected = _value_bytes(np.array(values, dtype=np.float64)).tolist()
+    assert _few_value_bytes(values) == expected
+    assert _few_value_bytes(list(np.array(values, dtype=np.float64))) == expected
 
 
 @given(ms, floats, st.text(max_size=8))
