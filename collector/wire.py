@@ -80,7 +80,11 @@ BODY_VERSION = 1
 #: Bodies of agents that aggregate kernels into histograms: KERNEL records are a sample and a
 #: HISTOGRAMS section (wire_hist.py) may follow. Version 1 bodies stay accepted.
 BODY_VERSION_HISTOGRAMS = 2
-BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS)
+#: Version 2 with the KERNEL correlation column as the delta of (correlation - pos): what
+#: histogram agents send since issue 14's wire work (a probe numbers its kernels as the ring
+#: numbers its records, so the column shrinks to almost nothing). Versions 1 and 2 stay accepted.
+BODY_VERSION_PDELTA = 3
+BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS, BODY_VERSION_PDELTA)
 AEAD_CHACHA20_POLY1305 = 1
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
@@ -297,6 +301,10 @@ _PAYLOAD: dict[int, tuple[_Col, ...]] = {
     RecordType.FINGERPRINT: (("value", "uv", 8),),
     RecordType.ERROR: (("code", "sv", 8), ("aux", "uv", 8), ("pid", "uv", 4), ("detail_id", "uv", 4)),
 }
+#: KERNEL's payload columns in body version 3: correlation as the delta of (correlation - pos).
+_KERNEL_V3: tuple[_Col, ...] = tuple(
+    ("correlation", "pdelta", 8) if c[0] == "correlation" else c for c in _PAYLOAD[RecordType.KERNEL]
+)
 
 
 def _bit_view(layout: np.dtype[np.void]) -> np.dtype[np.void]:
@@ -574,7 +582,7 @@ def open_frame(
     return out
 
 
-def _decode_column(r: _Reader, n: int, col: _Col, ts: U64 | None, rtype: int) -> U64:
+def _decode_column(r: _Reader, n: int, col: _Col, ts: U64 | None, rtype: int, pos: U64 | None = None) -> U64:
     name, enc, width = col
     what = f"{RecordType(rtype).name} column {name}"
     data = r.take(r.varint())
@@ -590,6 +598,9 @@ def _decode_column(r: _Reader, n: int, col: _Col, ts: U64 | None, rtype: int) ->
     v = _decode_varints(buf, n, what)
     if enc == "delta":
         v = np.cumsum(_unzigzag(v), dtype=np.uint64)
+    elif enc == "pdelta":  # delta of (v - pos), body version 3's KERNEL correlation
+        assert pos is not None
+        v = pos + np.cumsum(_unzigzag(v), dtype=np.uint64)
     elif enc == "rel":
         assert ts is not None
         v = ts + _unzigzag(v)
@@ -605,19 +616,31 @@ def _decode_column(r: _Reader, n: int, col: _Col, ts: U64 | None, rtype: int) ->
     return v
 
 
-def _decode_records(r: _Reader, rtype: int, header: BatchHeader, limits: Limits) -> npt.NDArray[np.void]:
+def _columns(rtype: int, version: int) -> tuple[_Col, ...]:
+    """A record type's columns in wire order, in a body of ``version``."""
+    if rtype == RecordType.KERNEL and version >= BODY_VERSION_PDELTA:
+        return _COMMON + _KERNEL_V3
+    return _COMMON + _PAYLOAD[rtype]
+
+
+def _decode_records(
+    r: _Reader, rtype: int, header: BatchHeader, limits: Limits, version: int = BODY_VERSION
+) -> npt.NDArray[np.void]:
     n = r.varint()
     if n == 0 or n > limits.max_records:
         raise MalformedBatch(f"{RecordType(rtype).name}: bad record count {n}")
     out = np.zeros(n, dtype=RECORD_DTYPE)
     payload = np.zeros(n, dtype=_PAYLOAD_DTYPE[rtype])
     ts: U64 | None = None
-    for col in _COMMON + _PAYLOAD[rtype]:
-        v = _decode_column(r, n, col, ts, rtype)
+    pos: U64 | None = None
+    for col in _columns(rtype, version):
+        v = _decode_column(r, n, col, ts, rtype, pos)
         name, _enc, width = col
         if col in _COMMON:
             if name == "ts_ns":
                 ts = v
+            elif name == "pos":
+                pos = v
             out[name] = v.astype(_UNSIGNED[width])
         else:
             payload[name] = v.astype(_UNSIGNED[width])
@@ -635,7 +658,7 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
     r = _Reader(body, "body")
     version = r.u8()
     if version not in BODY_VERSIONS:
-        raise MalformedBatch(f"body version {version}, this collector understands 1 and 2")
+        raise MalformedBatch(f"body version {version}, this collector understands 1, 2 and 3")
     batch.body_version = version
     seen: set[int] = set()
     while not r.done():
@@ -656,8 +679,10 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
         elif tag == SECTION_LABELS:
             batch.labels = _decode_labels(sec)
         elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
-            batch.arrays[tag - SECTION_RECORDS] = _decode_records(sec, tag - SECTION_RECORDS, header, limits)
-        elif tag == SECTION_HISTOGRAMS and version == BODY_VERSION_HISTOGRAMS:
+            batch.arrays[tag - SECTION_RECORDS] = _decode_records(
+                sec, tag - SECTION_RECORDS, header, limits, version
+            )
+        elif tag == SECTION_HISTOGRAMS and version >= BODY_VERSION_HISTOGRAMS:
             from kernel_insight.collector.wire_hist import decode_histograms
 
             batch.histograms = decode_histograms(sec, header, limits)
@@ -774,7 +799,10 @@ def decode_batch(
 # ---- encoder -----------------------------------------------------------------------
 
 
-def _encode_column(v: U64, enc: str, width: int, ts: U64) -> bytes:
+def _encode_column(v: U64, enc: str, width: int, ts: U64, pos: U64 | None = None) -> bytes:
+    if enc == "pdelta":
+        assert pos is not None
+        v, enc = v - pos, "delta"
     if enc == "u8":
         return v.astype(np.uint8).tobytes()
     if enc == "f64":
@@ -793,14 +821,15 @@ def _encode_column(v: U64, enc: str, width: int, ts: U64) -> bytes:
     return _encode_varints(v)
 
 
-def _encode_records(arr: npt.NDArray[np.void], rtype: int) -> bytes:
+def _encode_records(arr: npt.NDArray[np.void], rtype: int, version: int = BODY_VERSION) -> bytes:
     out = bytearray(_varint(len(arr)))
     payload = arr["payload"].copy().view(_PAYLOAD_DTYPE[rtype])
     ts = arr["ts_ns"].astype(np.uint64)
-    for col in _COMMON + _PAYLOAD[rtype]:
+    pos = arr["pos"].astype(np.uint64)
+    for col in _columns(rtype, version):
         name, enc, width = col
         src = arr[name] if col in _COMMON else payload[name]
-        data = _encode_column(np.ascontiguousarray(src).astype(np.uint64), enc, width, ts)
+        data = _encode_column(np.ascontiguousarray(src).astype(np.uint64), enc, width, ts, pos)
         out += _varint(len(data)) + data
     return bytes(out)
 
@@ -824,8 +853,8 @@ def encode_body(
     ``labels`` the agent's configured instance labels (a LABELS section)."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
-    if histograms is not None and body_version != BODY_VERSION_HISTOGRAMS:
-        raise ValueError("a HISTOGRAMS section needs body_version 2")
+    if histograms is not None and body_version < BODY_VERSION_HISTOGRAMS:
+        raise ValueError("a HISTOGRAMS section needs body_version 2 or 3")
     out = bytearray([body_version])
     if histograms is not None:
         out += _section(SECTION_HISTOGRAMS, histograms)
@@ -848,7 +877,7 @@ def encode_body(
     for t in np.unique(types).tolist():
         if t not in _PAYLOAD:
             raise ValueError(f"record type {t} cannot be shipped (STRING chunks go in the string table)")
-        out += _section(SECTION_RECORDS + t, _encode_records(records[types == t], t))
+        out += _section(SECTION_RECORDS + t, _encode_records(records[types == t], t, body_version))
     return bytes(out)
 
 

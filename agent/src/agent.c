@@ -359,7 +359,7 @@ static int seal_batch(struct ki_agent *a, size_t n) {
          * the histograms, shipped every histogram_interval_s (in parts when there are many). */
         if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns()))
             ki_kstats_encode(a->ks, a->hist, a->hist_cap, &hlen, &hist_ts, mark_name, a);
-        ki_encoder_set_extra(a->enc, 2, SECTION_HISTOGRAMS, a->hist, hlen);
+        ki_encoder_set_extra(a->enc, 3, SECTION_HISTOGRAMS, a->hist, hlen);
     }
     ki_captures_count(&a->caps, a->staging, n);
     int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,

@@ -19,7 +19,7 @@
 #define MAX_COLS 14
 #define MAX_RECORD_BYTES 80 /* worst case of all columns of one record, see docs/wire.md */
 
-enum col_enc { ENC_DELTA, ENC_UV, ENC_SV, ENC_REL, ENC_U8, ENC_F64 };
+enum col_enc { ENC_DELTA, ENC_UV, ENC_SV, ENC_REL, ENC_U8, ENC_F64, ENC_PDELTA };
 
 /* One column: where the value sits in struct ki_record, its width and its encoding. */
 struct col {
@@ -48,6 +48,11 @@ static const struct col PAYLOAD[SHIPPED_TYPES + 1][8] = {
     [KI_REC_ERROR] = {{P(0), 8, ENC_SV}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}},
 };
 static const uint8_t NPAYLOAD[SHIPPED_TYPES + 1] = {0, 4, 8, 5, 5, 4, 2, 1, 4};
+/* Body version 3 (and later): KERNEL correlation as the delta of (correlation - pos). A probe
+ * numbers its kernels as the ring numbers its records, so the difference hardly moves and the
+ * column costs next to nothing where a plain delta costs as much as the pos column. */
+#define BODY_VERSION_PDELTA 3u
+static const struct col KERNEL_CORRELATION_V3 = {P(16), 8, ENC_PDELTA};
 
 struct ki_encoder {
     size_t max_records;   /* batch size */
@@ -131,6 +136,11 @@ static size_t encode_column(struct ki_encoder *e, const struct ki_record *recs, 
         case ENC_REL:
             p += ki_varint_put(p, ki_zigzag(v - r->rec.ts_ns));
             break;
+        case ENC_PDELTA:
+            v -= r->pos;
+            p += ki_varint_put(p, ki_zigzag(v - prev));
+            prev = v;
+            break;
         case ENC_SV:
             if (c->width == 4) v = (uint64_t)(int64_t)(int32_t)(uint32_t)v;
             p += ki_varint_put(p, ki_zigzag(v));
@@ -202,7 +212,8 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (!info->shipped) info->t_min = info->t_max = 0;
     size_t off = 0;
     if (cap < 1) return -ENOBUFS;
-    out[off++] = e->version ? e->version : BODY_VERSION;
+    const uint8_t version = e->version ? e->version : BODY_VERSION;
+    out[off++] = version;
     int rc;
     if (e->extra_tag && e->extra_len &&
         (rc = put_section(out, cap, &off, e->extra_tag, e->extra, e->extra_len)) < 0)
@@ -215,6 +226,7 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
         size_t s = ki_varint_put(e->section, count[t]);
         for (int c = 0; c < 6 + NPAYLOAD[t]; c++) {
             const struct col *col = c < 6 ? &COMMON[c] : &PAYLOAD[t][c - 6];
+            if (t == KI_REC_KERNEL && c == 6 + 2 && version >= BODY_VERSION_PDELTA) col = &KERNEL_CORRELATION_V3;
             size_t clen = encode_column(e, recs, idx, count[t], col);
             s += ki_varint_put(e->section + s, clen);
             memcpy(e->section + s, e->column, clen);

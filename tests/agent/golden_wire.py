@@ -3,7 +3,9 @@
 The frame was sealed by the C agent's encoder (tests/agent/c/test_encode_seal.c: agent id
 00..0f, key 100..131, key id 3, epoch 77, seq 5) from ``records.bin``; ``frame.json`` is what
 the decoder made of it. ``frame_v2.kib`` / ``frame_v2.json``: the same records as a version 2
-body (kernels and NCCL operations aggregated into a HISTOGRAMS section, no kernel span kept). Regenerate only when the wire format changes on purpose, and say why
+body (kernels and NCCL operations aggregated into a HISTOGRAMS section, no kernel span kept);
+``frame_v3.*``: version 3, the same with both kernel spans kept, their correlation column as the
+delta of (correlation - pos). Regenerate only when the wire format changes on purpose, and say why
 in the commit: ``.venv/bin/python tests/agent/golden_wire.py``.
 """
 
@@ -94,7 +96,7 @@ def _payload_json(rtype: int, payload: np.void) -> dict[str, Any]:
 
 def batch_json(batch: wire.DecodedBatch) -> dict[str, Any]:
     """A decoded batch as plain JSON: header, counters, names, every record field by name (and,
-    for a version 2 body, its version and histograms)."""
+    for a version 2 or 3 body, its version and histograms)."""
     h = batch.header
     out = _batch_json(batch, h)
     if batch.body_version != 1:
@@ -155,7 +157,8 @@ def _batch_json(batch: wire.DecodedBatch, h: wire.BatchHeader) -> dict[str, Any]
 
 def seal_in_c(tmp: Path, records: Path, *mode: str) -> bytes:
     """The frame the C encoder seals from ``records`` (built from the current sources); mode
-    ``"v2"``: a version 2 body, the kernels in a HISTOGRAMS section."""
+    ``"v2"``: a version 2 body, the kernels in a HISTOGRAMS section; ``"v3"``: version 3, the
+    kernel spans kept too."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_agent_units import run_unit
 
@@ -169,7 +172,10 @@ def main() -> int:
 
     FIXTURES.mkdir(parents=True, exist_ok=True)
     (FIXTURES / "records.bin").write_bytes(golden_records().tobytes())
-    for name, mode in (("frame", ()), ("frame_v2", ("v2",))):
+    only = set(sys.argv[1:])  # names to write (default all): a new golden leaves the old ones alone
+    for name, mode in (("frame", ()), ("frame_v2", ("v2",)), ("frame_v3", ("v3",))):
+        if only and name not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             frame = seal_in_c(Path(tmp), FIXTURES / "records.bin", *mode)
         (FIXTURES / f"{name}.kib").write_bytes(frame)

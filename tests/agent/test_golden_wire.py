@@ -74,3 +74,51 @@ def test_the_c_encoder_still_seals_the_v2_golden_frame(tmp_path):
     g_head, f_head = wire.parse_header(golden), wire.parse_header(fresh)
     assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
     assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
+
+
+def test_the_decoder_reads_the_v3_golden_frame_as_committed():
+    """Version 3: as version 2 with both kernel spans kept, their correlation sent as the delta of
+    (correlation - pos); decoded, they are the input records exactly."""
+    frame = (FIXTURES / "frame_v3.kib").read_bytes()
+    want = json.loads((FIXTURES / "frame_v3.json").read_text())
+    batch = wire.decode_batch(frame, KEY)
+    got = batch_json(batch)
+    assert got == want
+    assert got["body_version"] == 3
+    recs = golden_records()
+    kernels = recs[recs["type"] == int(RecordType.KERNEL)]
+    assert batch.arrays[int(RecordType.KERNEL)].tobytes() == kernels.tobytes()
+    assert sorted(r["kind"] for r in got["histograms"]["rows"]) == ["KERNEL", "KERNEL", "NCCL", "NCCL"]
+
+
+def test_the_c_encoder_still_seals_the_v3_golden_frame(tmp_path):
+    golden = (FIXTURES / "frame_v3.kib").read_bytes()
+    fresh = seal_in_c(tmp_path, FIXTURES / "records.bin", "v3")
+    g_head, f_head = wire.parse_header(golden), wire.parse_header(fresh)
+    assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
+    assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
+
+
+def test_the_v3_correlation_column_is_the_delta_of_correlation_minus_pos():
+    """The bytes, not only the round trip: a probe that numbers its kernels as the ring numbers
+    its records gives a column of one varint and zeros; versions 1 and 2 keep the plain delta."""
+    recs = golden_records()
+    k = recs[recs["type"] == int(RecordType.KERNEL)].copy()
+    k["pos"] = [1000, 1003]
+    payload = k["payload"].copy().view(wire._PAYLOAD_DTYPE[RecordType.KERNEL])
+    payload["correlation"] = [7000, 7003]
+    k["payload"] = payload.view("V32").reshape(len(k))
+
+    def correlation_column(version: int) -> bytes:
+        r = wire._Reader(wire._encode_records(k, int(RecordType.KERNEL), version), "s")
+        assert r.varint() == 2
+        cols = [bytes(r.take(r.varint())) for _ in wire._columns(int(RecordType.KERNEL), version)]
+        return cols[8]  # pos, producer, flags, device, id, ts_ns, end_ns, stream, correlation
+
+    assert correlation_column(3) == wire._varint(2 * 6000) + b"\x00"
+    assert correlation_column(2) == wire._varint(2 * 7000) + wire._varint(2 * 3)
+    header = wire.BatchHeader(bytes(16), 1, 1, 0, 0, 2**63, 2, 0, wire.COMPRESSION_NONE)
+    for version in (1, 2, 3):
+        r = wire._Reader(wire._encode_records(k, int(RecordType.KERNEL), version), "s")
+        back = wire._decode_records(r, int(RecordType.KERNEL), header, wire.DEFAULT_LIMITS, version)
+        assert back.tobytes() == k.tobytes()

@@ -8,31 +8,56 @@ from __future__ import annotations
 import os
 import random
 import time
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import zstandard
 from wire_corpus import kernel_stream, random_records
 
 from kernel_insight.collector import wire
+from kernel_insight.collector.wire_hist import HistKind, HistRow, encode_histograms
 
 KEY = bytes(range(32))
 AID = bytes(16)
 CASES = int(os.environ.get("KI_FUZZ_CASES", "20000"))
 
 
+def _histograms(ts_ns: int) -> bytes:
+    """A HISTOGRAMS section: two kernels (one with a stream) and an NCCL op."""
+    rows = [
+        HistRow(HistKind.KERNEL, producer=1, id=1, gpu=0, pid=4242, stream=7, schema=3, count=5, sum=1e-4,
+                pos_spans=((-120, 2), (1, 1)), pos_deltas=(2, 1, -2), first=True),
+        HistRow(HistKind.KERNEL, producer=1, id=2, gpu=1, pid=4242, schema=0, zero_count=1, count=3, sum=2.5,
+                zero_threshold=1e-9, pos_spans=((1, 1),), pos_deltas=(2,)),
+        HistRow(HistKind.NCCL, id=3, gpu=0, schema=-4, count=1, sum=3.0, pos_spans=((0, 1),), pos_deltas=(1,)),
+    ]  # fmt: skip
+    return encode_histograms(ts_ns, rows)
+
+
 def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
-    """(frame, header, plaintext body) for a few small valid batches of every shape."""
+    """(frame, header, plaintext body) for a few small valid batches of every shape and body
+    version (2 and 3: kept kernel spans with a HISTOGRAMS section; 3 sends their correlation as
+    the delta of correlation - pos)."""
     rng = np.random.default_rng(42)
     out = []
-    shapes = [
-        (random_records(rng, 6), {(1, 2): "gemm", (3, 4): "ψ-kernel"}, {1: 5, 22: 1 << 40}),
-        (random_records(rng, 1, [6]), {}, {}),
-        (kernel_stream(rng, 12), {(1, 1): "a" * 40}, {3: 1}),
-        (random_records(rng, 0), {}, {10: 1}),
-        (random_records(rng, 9, [2, 3, 4, 5, 7, 8]), {}, {}),
+    stream = kernel_stream(rng, 12)
+    hist_ts = int(stream["ts_ns"][-1])
+    v2 = {"body_version": 2, "histograms": _histograms(hist_ts), "histograms_ts_ns": hist_ts}
+    v3 = {**v2, "body_version": 3}
+    shapes: list[tuple[npt.NDArray[np.void], dict[tuple[int, int], str], dict[int, int], dict[str, Any]]] = [
+        (random_records(rng, 6), {(1, 2): "gemm", (3, 4): "ψ-kernel"}, {1: 5, 22: 1 << 40}, {}),
+        (random_records(rng, 1, [6]), {}, {}, {}),
+        (stream, {(1, 1): "a" * 40}, {3: 1}, {}),
+        (random_records(rng, 0), {}, {10: 1}, {}),
+        (random_records(rng, 9, [2, 3, 4, 5, 7, 8]), {}, {}, {}),
+        (stream, {(1, 1): "gemm", (1, 2): "attn"}, {28: 8, 30: 12}, v2),
+        (stream, {(1, 1): "gemm", (1, 2): "attn"}, {28: 8, 30: 12}, v3),
+        (random_records(rng, 7, [1, 1, 1, 6]), {}, {}, v3),
     ]
-    for seq, (arr, strings, counters) in enumerate(shapes):
+    for seq, (arr, strings, counters, version) in enumerate(shapes):
+        body_args = {k: v for k, v in version.items() if k != "histograms_ts_ns"}
         for compress in (True, False):
             frame = wire.encode_batch(
                 arr,
@@ -45,9 +70,14 @@ def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
                 counters=counters,
                 now_ns=5,
                 compress=compress,
+                **version,
             )
             header = wire.parse_header(frame)
-            out.append((frame, header, wire.encode_body(arr, strings, counters)))
+            body = wire.encode_body(arr, strings, counters, **body_args)
+            back = wire.decode_batch(frame, KEY)  # every seed is valid and decodes to its records
+            assert back.body_version == version.get("body_version", 1)
+            assert back.to_array().tobytes() == arr[np.argsort(arr["pos"], kind="stable")].tobytes()
+            out.append((frame, header, body))
     return out
 
 

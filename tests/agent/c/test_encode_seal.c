@@ -1,7 +1,9 @@
 /* Unit test: encode + compress + seal a known batch; the Python decoder checks the output file.
  *   test_encode_seal IN OUT       body version 1: every record
  *   test_encode_seal IN OUT v2    body version 2: kernels into a HISTOGRAMS section (no span
- *                                 kept: sample and tail rates 0), the other records as they are */
+ *                                 kept: sample and tail rates 0), the other records as they are
+ *   test_encode_seal IN OUT v3    body version 3: as v2, but every kernel span kept (sample rate
+ *                                 1000/s), its correlation column as the delta of (correlation - pos) */
 #define _POSIX_C_SOURCE 200809L
 #include <sodium.h>
 #include <string.h>
@@ -23,8 +25,8 @@ static void update(struct ki_counters *c, const struct ki_batch_info *info, void
 static void mark(void *arg, uint32_t producer, uint32_t id) { ki_names_mark(arg, producer, id, 1); }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 3 || (argc == 4 && !strcmp(argv[3], "v2"))); /* input: raw 64-byte records; output: the sealed frame */
-    int v2 = argc == 4;
+    CHECK(argc == 3 || (argc == 4 && (!strcmp(argv[3], "v2") || !strcmp(argv[3], "v3")))); /* input: raw 64-byte records; output: the sealed frame */
+    int v2 = argc == 4, version = v2 ? argv[3][1] - '0' : 1;
     CHECK(sodium_init() >= 0);
     static struct ki_record recs[4096];
     FILE *in = fopen(argv[1], "rb");
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
             .tail_quantile = 0.99,
             .tail_min_count = 100,
             .section_max = 64 << 10,
+            .span_sample_rate = version == 3 ? 1000 : 0,
         };
         ks = ki_kstats_create(&kc);
         CHECK(ks != NULL);
@@ -62,7 +65,7 @@ int main(int argc, char **argv) {
         ki_encoder_reserve(e, bound);
     }
 #define EXTRA() \
-    if (v2) ki_encoder_set_extra(e, 2, 0x04, hist, hlen)
+    if (v2) ki_encoder_set_extra(e, (uint8_t)version, 0x04, hist, hlen)
     size_t cap = ki_encoder_bound(e);
     uint8_t *body = malloc(cap);
     size_t fcap = KI_HEADER_BYTES + ki_compress_bound(cap) + KI_TAG_BYTES;
