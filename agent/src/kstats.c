@@ -11,6 +11,7 @@
 #include "ki_varint.h"
 
 #define NS_PER_S 1000000000ULL
+#define NS_PER_MS 1000000ULL
 
 /* HISTOGRAMS columns, in wire order (docs/wire.md). */
 enum {
@@ -41,6 +42,7 @@ struct ki_kstats {
     /* export */
     uint64_t next_export_ns; /* monotonic */
     uint64_t export_ts_ns;   /* realtime stamp of the export in progress */
+    uint64_t last_ts_ns;     /* stamp of the export before it (0: none yet) */
     uint32_t cursor;         /* next slot to look at; == used: done */
     int exporting;
     uint8_t *col[NCOLS];     /* column scratch, section_max bytes each (touched only as used) */
@@ -209,7 +211,12 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     ks->next_export_ns = ks->next_export_ns && mono_ns - ks->next_export_ns < ks->cfg.interval_ns
                              ? ks->next_export_ns + ks->cfg.interval_ns
                              : mono_ns + ks->cfg.interval_ns;
-    ks->export_ts_ns = real_ns;
+    /* Each export is a sample of every series it holds: stamp it at least 1 ms (the store's
+     * resolution) after the one before, so that two exports within a millisecond (at SIGTERM: a
+     * batch sealed while draining the rest of the ring, then the last one) never give one
+     * series two different values at one time. */
+    if (ks->last_ts_ns && real_ns < ks->last_ts_ns + NS_PER_MS) real_ns = ks->last_ts_ns + NS_PER_MS;
+    ks->export_ts_ns = ks->last_ts_ns = real_ns;
     ks->cursor = 0;
     ks->exporting = 1;
     return 1;
