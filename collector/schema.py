@@ -18,6 +18,7 @@ from kernel_insight.collector.sql import ident, literal, qualified
 __all__ = [
     "DEDUP_WINDOW",
     "MERGE_SETTINGS",
+    "PACKED_SETTINGS",
     "SCHEMA",
     "Column",
     "Retention",
@@ -51,6 +52,14 @@ MERGE_SETTINGS: dict[str, int] = {
     "cleanup_delay_period": 1,
     "min_compressed_bytes_to_fsync_after_merge": 1,
 }
+
+#: Embedded store only (chDB, whose engine version the package pins; a ClickHouse server before
+#: 26.7 knows no such setting, and older engines cannot read such parts): a part under 1 MiB
+#: uncompressed is written as one file, ``data.packed``, instead of ~13 (columns, marks, index,
+#: checksums, count, TTL, ...), each of which the file system rounds up to a 4 KiB block. The
+#: small parts every table keeps beside its merged ones (the latest flushes, the agents'
+#: heartbeats) cost ~52 KiB of ``du`` each for a few KB of rows; packed, 4 KiB plus the directory.
+PACKED_SETTINGS: dict[str, int] = {"min_bytes_for_full_part_storage": 1 << 20}
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,7 +405,14 @@ def table(name: str) -> Table:
 
 
 def _create(
-    t: Table, database: str, name: str, retention: Retention, *, replicated: bool, on_cluster: str
+    t: Table,
+    database: str,
+    name: str,
+    retention: Retention,
+    *,
+    replicated: bool,
+    on_cluster: str,
+    extra: Mapping[str, int | str] | None = None,
 ) -> str:
     cols = ",\n".join(f"    {c.sql()}" for c in t.columns)
     lines = [f"CREATE TABLE IF NOT EXISTS {qualified(database, name)}{on_cluster}\n(\n{cols}\n)"]
@@ -408,7 +424,7 @@ def _create(
     if ttl:
         lines.append(f"TTL {ttl}")
     dedup = "replicated_deduplication_window" if replicated else "non_replicated_deduplication_window"
-    settings: dict[str, int | str] = {dedup: DEDUP_WINDOW, **MERGE_SETTINGS}
+    settings: dict[str, int | str] = {dedup: DEDUP_WINDOW, **MERGE_SETTINGS, **(extra or {})}
     if t.partition_by and ttl:
         settings["ttl_only_drop_parts"] = 1  # drop whole day partitions instead of rewriting parts
     settings.update(t.settings)
@@ -417,11 +433,16 @@ def _create(
     return "\n".join(lines)
 
 
-def single_ddl(database: str = "ki", retention: Retention | None = None) -> list[str]:
+def single_ddl(
+    database: str = "ki", retention: Retention | None = None, settings: Mapping[str, int | str] | None = None
+) -> list[str]:
     """Statements creating the schema on one node (embedded chDB or a single server)."""
     retention = retention or Retention()
     out = [f"CREATE DATABASE IF NOT EXISTS {ident(database)}"]
-    out += [_create(t, database, t.name, retention, replicated=False, on_cluster="") for t in SCHEMA]
+    out += [
+        _create(t, database, t.name, retention, replicated=False, on_cluster="", extra=settings)
+        for t in SCHEMA
+    ]
     return out
 
 

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +45,7 @@ from kernel_insight.collector.rows import (
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
 from kernel_insight.collector.schema import (
     MERGE_SETTINGS,
+    PACKED_SETTINGS,
     SCHEMA,
     Retention,
     cluster_ddl,
@@ -242,6 +243,9 @@ class Store(ABC):
             print(store.query("SELECT count() FROM ki.samples"))
     """
 
+    #: Table settings of this back end beyond the schema's (added to existing tables at start).
+    _table_settings: Mapping[str, int] = {}
+
     def __init__(
         self, database: str = "ki", retention: Retention | None = None, cluster: str | None = None
     ) -> None:
@@ -319,7 +323,8 @@ class Store(ABC):
         them are created ON CLUSTER (deploy/clickhouse/README.md); reads and writes are unchanged.
         """
         if self.cluster is None:
-            statements, suffix, on_cluster = single_ddl(self.database, self.retention), "", ""
+            statements = single_ddl(self.database, self.retention, self._table_settings)
+            suffix, on_cluster = "", ""
         else:
             statements = cluster_ddl(self.database, self.cluster, self.retention)
             suffix, on_cluster = "_local", f" ON CLUSTER {ident(self.cluster)}"
@@ -342,7 +347,7 @@ class Store(ABC):
             ddl = current.get(t.name + suffix)
             missing = {
                 k: v
-                for k, v in MERGE_SETTINGS.items()
+                for k, v in {**MERGE_SETTINGS, **self._table_settings}.items()
                 if ddl is not None and not re.search(rf"\b{k} = {v}(?![\w.])", ddl)
             }
             if missing:
@@ -434,7 +439,7 @@ class Store(ABC):
             )
         old = self._table("samples_before_metric")
         self.command(f"RENAME TABLE {self._table('samples')} TO {old}")
-        for statement in single_ddl(self.database, self.retention):
+        for statement in single_ddl(self.database, self.retention, self._table_settings):
             self.command(statement)
         self.command(
             f"INSERT INTO {self._table('samples')} (metric, fingerprint, ts, value) "
@@ -1018,6 +1023,7 @@ class EmbeddedStore(Store):
 
     Inserts hand Arrow tables to the engine through the ``Python()`` table function, which
     reads the Arrow buffers in place; row-by-row INSERT statements are orders of magnitude slower.
+    Small parts are written packed, one file each (``PACKED_SETTINGS``, docs/storage.md, "Merges").
     """
 
     def __init__(
@@ -1055,6 +1061,16 @@ class EmbeddedStore(Store):
         try:
             # Results cross no wire here: LZ4 on Arrow output only cost time (1.2 M rows: 88 -> 54 ms).
             self._command("SET output_format_arrow_compression_method = 'none'")
+            # Packed small parts where the engine has them (chDB 4.4 does; an older one creates
+            # its tables as before rather than refusing an unknown setting).
+            p = Params()
+            names = ", ".join(p(k, "String") for k in PACKED_SETTINGS)
+            known = set(
+                self._query(f"SELECT name FROM system.merge_tree_settings WHERE name IN ({names})", p)
+                .column("name")
+                .to_pylist()
+            )
+            self._table_settings = {k: v for k, v in PACKED_SETTINGS.items() if k in known}
             self.create_schema()
         except BaseException:
             self.close()  # a half-opened session would hold the directory for this process

@@ -86,12 +86,13 @@ class Trial:
 
 
 def _du_bytes(path: Path) -> int:
-    """What ``du`` counts: allocated blocks, not file lengths."""
+    """What ``du`` counts: allocated blocks, not file lengths, of every file and directory
+    (a part's directory is a 4 KiB block of its own)."""
     total = 0
     for root, _, files in os.walk(path):
-        for f in files:
+        for f in (root, *(os.path.join(root, f) for f in files)):
             with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+                total += os.lstat(f).st_blocks * 512
     return total
 
 

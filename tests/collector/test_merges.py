@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from kernel_insight.collector.rows import SampleBuilder
@@ -131,3 +132,28 @@ def test_stores_made_with_older_codecs_get_the_current_ones_and_keep_their_rows(
         assert store.query(read).column("value").to_pylist() == [i * 0.1 for i in range(300)]
         store.optimize("samples")  # the merge writes the rows again under the new codecs
         assert store.query(read).column("value").to_pylist() == [i * 0.1 for i in range(300)]
+
+
+def test_small_parts_are_one_packed_file_and_older_stores_get_the_setting(tmp_path):
+    # Each file of a part takes at least a 4 KiB block: ~13 files made a 28-row part 52 KiB of du.
+    q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'samples'"
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        store.command("ALTER TABLE ki.samples RESET SETTING min_bytes_for_full_part_storage")
+        assert "min_bytes_for_full_part_storage" not in store.query(q).to_pylist()[0]["q"]
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        assert f"min_bytes_for_full_part_storage = {1 << 20}" in store.query(q).to_pylist()[0]["q"]
+        b = SampleBuilder()
+        for i in range(28):
+            b.add({"__name__": "ki_agent_up", "agent": str(i)}, int(time.time() * 1000), 1.0)
+        store.insert_samples(b.build())
+        (path,) = (
+            store.query(
+                "SELECT path FROM system.parts WHERE active AND database = 'ki' AND table = 'samples'"
+            )
+            .column("path")
+            .to_pylist()
+        )
+        assert sorted(os.listdir(path)) == ["data.packed"]
+        assert store.query("SELECT count() AS n, sum(value) AS v FROM ki.samples").to_pylist() == [
+            {"n": 28, "v": 28.0}
+        ]
