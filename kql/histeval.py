@@ -622,20 +622,25 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     mixed = has_float & has_hist
     if mixed.any():
         ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
+    summed = None
     if vec.dense is not None:
         moved = _single_dense(vec, gid, n, mixed)
         if moved is not None:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
-    assert vec.hists is not None
-    single = _single_members(vec.hists, gid, n, mixed)
-    if single is not None:
-        return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
-    dense = dense_sum(vec.hists, gid, n, mixed, op == "avg")
-    if dense is not None:
-        dense_totals, collision = dense
+        if vec.hist_objs is None:
+            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, op == "avg")
+    if summed is None:
+        assert vec.hists is not None
+        single = _single_members(vec.hists, gid, n, mixed)
+        if single is not None:
+            return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
+        summed = dense_sum(vec.hists, gid, n, mixed, op == "avg")
+    if summed is not None:
+        dense_totals, collision = summed
         if collision:
             ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
-        return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, dense_totals)
+        return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, dense_totals)
+    assert vec.hists is not None
     totals: OBJ = np.full((n, steps), None, dtype=object)
     comps: OBJ = np.full((n, steps), None, dtype=object)
     counts = np.zeros((n, steps), dtype=np.int64)
@@ -819,7 +824,7 @@ def _combine(
     if dense is not None and not dense.parts:
         dense = None
     if dense is not None:
-        for _, rows, steps in dense.parts:
+        for _, rows, steps, _ in dense.parts:
             out_p[rows, steps] = False
     names = r.drop_name.copy() if keep_name else np.ones(n, dtype=bool)
     return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None, dense).compact()
@@ -1285,14 +1290,14 @@ def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector
     if vec.dense is not None:
         # Cells still dense (rate's results): searched where they are, objects made only for
         # the rows dense_quantiles leaves to nativehist.
-        for block, rows, steps in vec.dense.parts:
+        for block, rows, steps, hint in vec.dense.parts:
             qs = np.asarray(q, dtype=np.float64)[steps]
             found, done = dense_quantiles(qs, block)
             values[rows[done], steps[done]] = found[done]
             present[rows, steps] = True
             rest = np.flatnonzero(~done)
             if len(rest):
-                hs = block.take(rest).materialize(vec.dense.hint)
+                hs = block.take(rest).materialize(hint)
                 for k, h in zip(rest.tolist(), hs, strict=True):
                     i, j = int(rows[k]), int(steps[k])
                     values[i, j] = _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
@@ -1923,33 +1928,33 @@ def materialize(
 class DenseHists:
     """Histogram cells of a :class:`StepVector` held as dense blocks instead of objects.
 
-    ``parts`` are ``(block, rows, steps)``: block row ``k`` is the histogram of cell
-    ``(rows[k], steps[k])``, every one with counter-reset hint ``hint``. rate/increase make them
-    (:func:`dense_rate`), sum/avg of one member per group and histogram_quantile read them as
-    they are, and anything else gets FloatHistograms through ``StepVector.hists``: a quantile
-    over 240k histograms never builds 240k objects and their dense blocks again.
+    ``parts`` are ``(block, rows, steps, hint)``: block row ``k`` is the histogram of cell
+    ``(rows[k], steps[k])``, with counter-reset hint ``hint``. rate/increase and sum/avg make
+    them (:func:`dense_rate`, :func:`dense_sum`), sum/avg of one member per group and
+    histogram_quantile read them as they are, and anything else gets FloatHistograms through
+    ``StepVector.hists``: a quantile over 240k histograms never builds 240k objects and their
+    dense blocks again.
     """
 
-    __slots__ = ("hint", "parts")
+    __slots__ = ("parts",)
 
-    def __init__(self, parts: list[tuple[DenseBlock, I64, I64]], hint: int) -> None:
+    def __init__(self, parts: list[tuple[DenseBlock, I64, I64, int]]) -> None:
         self.parts = parts
-        self.hint = hint
 
     def mark(self, mask: BOOL) -> None:
         """Set ``mask`` True at every cell held here."""
-        for _, rows, steps in self.parts:
+        for _, rows, steps, _ in self.parts:
             mask[rows, steps] = True
 
     def fill(self, out: OBJ) -> None:
         """Put every cell's FloatHistogram into ``out``."""
-        for block, rows, steps in self.parts:
+        for block, rows, steps, hint in self.parts:
             holder = np.empty(len(rows), dtype=object)
-            holder[:] = block.materialize(self.hint)
+            holder[:] = block.materialize(hint)
             out[rows, steps] = holder
 
     def weight(self) -> int:
-        return sum(int(block.weights().sum()) for block, _, _ in self.parts)
+        return sum(int(block.weights().sum()) for block, _, _, _ in self.parts)
 
     def take(self, idx: npt.NDArray[np.intp], n: int) -> DenseHists | None:
         """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
@@ -1964,16 +1969,16 @@ class DenseHists:
         """The cells moved to rows ``new_of_old[row]``; cells whose new row is -1 (or where
         ``drop[new row, step]``) are left out."""
         parts = []
-        for block, rows, steps in self.parts:
+        for block, rows, steps, hint in self.parts:
             new = new_of_old[rows]
             keep = new >= 0
             if drop is not None:
                 keep[keep] = ~drop[new[keep], steps[keep]]
             if keep.all():
-                parts.append((block, new, steps))
+                parts.append((block, new, steps, hint))
             elif keep.any():
-                parts.append((block.take(np.flatnonzero(keep)), new[keep], steps[keep]))
-        return DenseHists(parts, self.hint)
+                parts.append((block.take(np.flatnonzero(keep)), new[keep], steps[keep], hint))
+        return DenseHists(parts)
 
 
 def _zero_clean(block: DenseBlock) -> bool:
@@ -2005,7 +2010,7 @@ def dense_rate(
     hr = r.hist
     if hr is None or not counter or len(hr.hs) < DENSE_MIN_CELLS:
         return None
-    parts: list[tuple[DenseBlock, I64, I64]] = []
+    parts: list[tuple[DenseBlock, I64, I64, int]] = []
     decided = np.zeros(candidates.shape, dtype=bool)
     n = len(hr.offsets) - 1
     a = 0
@@ -2025,11 +2030,11 @@ def dense_rate(
         if part is not None:
             block, wi, wj, done = part
             if len(wi):
-                parts.append((block, wi + a, wj))
+                parts.append((block, wi + a, wj, GAUGE))
             decided[a:b] = done
         a = b
         r.checkpoint()
-    return DenseHists(parts, GAUGE), decided
+    return DenseHists(parts), decided
 
 
 def _dense_rate_chunk(
@@ -2113,7 +2118,7 @@ def _single_dense(vec: StepVector, gid: Any, n: int, mixed: BOOL) -> tuple[OBJ |
     dense = vec.dense
     assert dense is not None
     steps = vec.values.shape[1]
-    parts = [(r, c) for _, r, c in dense.parts]
+    parts = [(r, c) for _, r, c, _ in dense.parts]
     if vec.hist_objs is not None:
         orows, ocols = np.nonzero(hist_mask(vec.hist_objs))
         parts.append((orows.astype(np.int64), ocols.astype(np.int64)))
@@ -2148,11 +2153,12 @@ def _single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
     return out
 
 
-def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OBJ, bool] | None:
+def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[DenseHists, bool] | None:
     """sum/avg of histogram cells per (group, step) in numpy, for cells sharing one layout family;
     the additions run in Prometheus' order (input rows ascending at each step), so the sums are
     nativehist's bit for bit. Also whether counter-reset hints collided in some group. None when
-    the cells are too few or mixed in schema, zero threshold or custom buckets."""
+    the cells are too few or mixed in schema, zero threshold or custom buckets. The sums stay
+    dense (:class:`DenseHists`)."""
     steps = hists.shape[1]
     rows, cols = np.nonzero(hist_mask(hists))
     keep = ~mixed[gid[rows], cols]
@@ -2165,6 +2171,66 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
     block = DenseBlock.of(hs)
     if block is None:
         return None
+    hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
+    return _dense_sum_block(block, hints, rows, cols, gid, n, steps, mean)
+
+
+def dense_sum_cells(
+    dense: DenseHists, gid: Any, n: int, steps: int, mixed: BOOL, mean: bool
+) -> tuple[DenseHists, bool] | None:
+    """:func:`dense_sum` of cells already dense (rate's results): their blocks are laid side by
+    side on the union of their bucket ranges, no object made; None when they differ in schema or
+    zero threshold, or are too few."""
+    blocks = [p[0] for p in dense.parts]
+    if not blocks or any(
+        b.schema != blocks[0].schema or b.zero_threshold != blocks[0].zero_threshold for b in blocks
+    ):
+        return None
+    rows = np.concatenate([p[1] for p in dense.parts])
+    cols = np.concatenate([p[2] for p in dense.parts])
+    hints = np.concatenate([np.full(len(p[1]), p[3], dtype=np.int64) for p in dense.parts])
+    keep = ~mixed[gid[rows], cols]
+    if np.count_nonzero(keep) < DENSE_MIN_CELLS:
+        return None
+    order = np.lexsort((rows, cols))
+    order = order[keep[order]]
+
+    def side(pos: bool) -> tuple[int, F64]:
+        mats = [(b.pos_lo, b.pos) if pos else (b.neg_lo, b.neg) for b in blocks]
+        used = [(lo, m) for lo, m in mats if m.shape[1]]
+        if not used:
+            return 0, np.zeros((len(order), 0))
+        lo = min(lo for lo, _ in used)
+        hi = max(lo_ + m.shape[1] for lo_, m in used)
+        out = np.zeros((len(rows), hi - lo))
+        at = 0
+        for lo_, m in mats:
+            if m.shape[1]:
+                out[at : at + len(m), lo_ - lo : lo_ - lo + m.shape[1]] = m
+            at += len(m)
+        return lo, out[order]
+
+    pos_lo, pos = side(True)
+    neg_lo, neg = side(False)
+    block = DenseBlock.of_arrays(
+        blocks[0].schema,
+        blocks[0].zero_threshold,
+        np.concatenate([b.zero for b in blocks])[order],
+        np.concatenate([b.count for b in blocks])[order],
+        np.concatenate([b.sum for b in blocks])[order],
+        pos_lo,
+        pos,
+        neg_lo,
+        neg,
+    )
+    return _dense_sum_block(block, hints[order], rows[order], cols[order], gid, n, steps, mean)
+
+
+def _dense_sum_block(
+    block: DenseBlock, hints: I64, rows: Any, cols: Any, gid: Any, n: int, steps: int, mean: bool
+) -> tuple[DenseHists, bool]:
+    """dense_sum's arithmetic over ``block``, whose rows are the cells ``(rows, cols)`` ordered
+    step by step, input rows ascending (Prometheus' order of additions)."""
     target = gid[rows] * steps + cols
     cells_n = n * steps
 
@@ -2198,7 +2264,6 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
     pos, pos_c = summed(block.pos)
     neg, neg_c = summed(block.neg)
     members = np.bincount(target, minlength=cells_n).astype(np.float64)
-    hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
     seen = {hint: np.bincount(target[hints == hint], minlength=cells_n) > 0 for hint in (0, 1, 2, 3)}
     collision = bool((seen[COUNTER_RESET] & seen[NOT_COUNTER_RESET]).any())
     # Go's adjustCounterReset folded over a group: a gauge makes a gauge, one shared hint stays.
@@ -2220,11 +2285,11 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
 
     count_f, total_f, zero_f = finished(count, count_c), finished(total, total_c), finished(zero, zero_c)
     pos_f, neg_f = finished(pos, pos_c), finished(neg, neg_c)
-    out: OBJ = np.full(cells_n, None, dtype=object)
+    parts: list[tuple[DenseBlock, I64, I64, int]] = []
     by_hint = hint[filled]
     for value in np.unique(by_hint).tolist():
         sel = np.flatnonzero(by_hint == value)
-        made = materialize(
+        made = DenseBlock.of_arrays(
             block.schema,
             block.zero_threshold,
             zero_f[sel],
@@ -2234,9 +2299,7 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[OB
             pos_f[sel],
             block.neg_lo,
             neg_f[sel],
-            int(value),
         )
-        holder = np.empty(len(made), dtype=object)
-        holder[:] = made
-        out[filled[sel]] = holder
-    return out.reshape(n, steps), collision
+        cell = filled[sel].astype(np.int64)
+        parts.append((made, cell // steps, cell % steps, int(value)))
+    return DenseHists(parts), collision
