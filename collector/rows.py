@@ -128,11 +128,19 @@ class SampleBatch:
     series_idx: npt.NDArray[np.int32]
     ts_ms: npt.NDArray[np.int64]
     values: npt.NDArray[np.float64]
+    #: Per entry of ``series``: its ``series_fingerprint`` and its metric name as a code into a
+    #: list of names, when the maker already had them (remote_write's decoder keeps them per
+    #: series): the store then looks nothing up series by series. None: the store works them out.
+    series_meta: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32], list[str]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ts_ms)
         if len(self.series_idx) != n or len(self.values) != n:
             raise ValueError("series_idx, ts_ms and values must have the same length")
+        if self.series_meta is not None and not (
+            len(self.series_meta[0]) == len(self.series_meta[1]) == len(self.series)
+        ):
+            raise ValueError("series_meta must hold one fingerprint and one metric code per series")
         if n and (int(self.series_idx.min()) < 0 or int(self.series_idx.max()) >= len(self.series)):
             raise ValueError("series_idx points outside series")
         if n and (int(self.ts_ms.min()) < MIN_TS_MS or int(self.ts_ms.max()) > MAX_TS_MS):

@@ -257,6 +257,9 @@ class Store(ABC):
         self.retention = retention or Retention()
         self._closed = False
         self._series_seen: set[tuple[int, int]] = set()
+        #: The same pairs as sorted fingerprint arrays per day: a batch's series are checked
+        #: against them at once, the set only for those not found (new, or seen again after a clear).
+        self._seen_by_day: dict[int, np.ndarray[Any, np.dtype[np.uint64]]] = {}
         self._series_lock = threading.Lock()
         self._fp_cache: dict[Labels, tuple[int, str]] = {}
         #: Decoded past hours for kql reads (collector/sample_cache.py); exact only while every
@@ -491,12 +494,20 @@ class Store(ABC):
     ) -> tuple[pa.Table, pa.Table | None, list[str], np.ndarray[Any, Any], list[tuple[int, int]]]:
         """The samples table of ``batch``, the series rows for (series, day) pairs not written yet,
         the metric names and per-sample codes (for the sample cache) and the new series keys."""
-        meta = [self._fingerprint(s) for s in batch.series]
-        fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
-        series, keys = self._series_rows(batch, fps, meta)
+        if batch.series_meta is not None:
+            # Known to the maker (remote_write's SeriesCache): no lookup per series here.
+            fps, series_codes, all_names = batch.series_meta
+            used, codes = np.unique(series_codes, return_inverse=True)
+            names = np.array([all_names[c] for c in used.tolist()], dtype=object)
+            metric_of: Sequence[str] = names[codes.reshape(-1)].tolist()
+        else:
+            meta = [self._fingerprint(s) for s in batch.series]
+            fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
+            metric_of = [m[1] for m in meta]
+            names, codes = np.unique(metric_of, return_inverse=True)
+        series, keys = self._series_rows(batch, fps, metric_of)
         # The metric column as a dictionary of the batch's distinct names (chDB wants them unique).
-        names, codes = np.unique([m[1] for m in meta], return_inverse=True)
-        sample_codes = codes.astype(np.int32)[batch.series_idx]
+        sample_codes = codes.astype(np.int32).reshape(-1)[batch.series_idx]
         metric = pa.DictionaryArray.from_arrays(
             pa.array(sample_codes, pa.int32()), pa.array(names.tolist(), pa.string())
         )
@@ -521,7 +532,7 @@ class Store(ABC):
         """
         meta = [self._fingerprint(s) for s in batch.series]
         fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
-        series, keys = self._series_rows(batch, fps, meta)
+        series, keys = self._series_rows(batch, fps, [m[1] for m in meta])
         names, codes = np.unique([m[1] for m in meta], return_inverse=True)
         metric = pa.DictionaryArray.from_arrays(
             pa.array(codes.astype(np.int32)[batch.series_idx], pa.int32()),
@@ -626,7 +637,7 @@ class Store(ABC):
         self,
         batch: SampleBatch | HistogramBatch,
         fps: np.ndarray[Any, np.dtype[np.uint64]],
-        meta: list[tuple[int, str]],
+        metric_of: Sequence[str],
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
         rows: list[tuple[int, int]] = []
@@ -634,12 +645,16 @@ class Store(ABC):
         # Seen pairs are skipped even under a dedup token: a retry then sends fewer rows under
         # the same token, which the engine drops or stores exactly as it would the full set.
         if first == last:  # the common case: every sample of the batch on one UTC day
+            used = np.unique(batch.series_idx)  # a series row only for a day it has samples on
             with self._series_lock:
                 seen = self._series_seen
-                used = np.unique(batch.series_idx).tolist()  # a series row only for a day it has samples on
+                known = self._seen_by_day.get(first)
+                if known is not None and len(known):
+                    at = np.minimum(np.searchsorted(known, fps[used]), len(known) - 1)
+                    used = used[known[at] != fps[used]]
                 rows = [
                     (i, first)
-                    for i, fp in zip(used, fps[used].tolist(), strict=True)
+                    for i, fp in zip(used.tolist(), fps[used].tolist(), strict=True)
                     if (fp, first) not in seen
                 ]
         else:
@@ -654,7 +669,7 @@ class Store(ABC):
         data = pa.table(
             {
                 "date": pa.array(np.array([r[1] for r in rows], dtype=np.int32), pa.date32()),
-                "metric": pa.array([meta[i][1] for i in idx], pa.string()),
+                "metric": pa.array([metric_of[i] for i in idx], pa.string()),
                 "fingerprint": pa.array(fps[idx], pa.uint64()),
                 "labels": pa.array(
                     [[(k, v) for k, v in batch.series[i] if k != "__name__"] for i in idx],
@@ -668,7 +683,15 @@ class Store(ABC):
         with self._series_lock:
             if len(self._series_seen) > _SERIES_CACHE_MAX:
                 self._series_seen.clear()
+                self._seen_by_day.clear()
             self._series_seen.update(keys)
+            by_day: dict[int, list[int]] = {}
+            for fp, day in keys:
+                by_day.setdefault(day, []).append(fp)
+            for day, fps in by_day.items():
+                have = self._seen_by_day.get(day)
+                new = np.asarray(fps, dtype=np.uint64)
+                self._seen_by_day[day] = np.union1d(have, new) if have is not None else np.unique(new)
 
     @staticmethod
     def _spans_table(spans: SpanBatch) -> pa.Table:

@@ -9,10 +9,14 @@
  *   in one pass (collector/remote_write.py): where each TimeSeries' label bytes are, and
  *   every sample's value and timestamp as columns.
  *
+ * - SeriesIndex: remote_write series ids by the raw bytes of their label fields, so a
+ *   request's known series are found without a Python step per series (lookup).
+ *
  * Both check what they read and never read past the buffer; a malformed input raises
  * ValueError with a message, and write_request returns None for an encoding its scan does
  * not handle (the Python general decoder then takes the request). Neither holds a
  * reference to the buffer after it returns; both run without the GIL while they scan.
+ * SeriesIndex holds the GIL throughout (its table is shared by the request threads).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -254,6 +258,231 @@ static PyObject *py_write_request(PyObject *self, PyObject *arg)
     return result;
 }
 
+/* ---- SeriesIndex ------------------------------------------------------------------ */
+
+/*
+ * An open-addressing hash table from byte strings (a TimeSeries' label fields, as sent) to
+ * dense ids 0, 1, 2... in the order they were added. Keys live in one arena; a slot holds
+ * the key's hash and id (-1: empty). Nothing is ever removed: the Python owner drops the
+ * whole index when it grows past its bound.
+ */
+typedef struct {
+    PyObject_HEAD
+    uint64_t *slot_hash;
+    int32_t *slot_id;
+    Py_ssize_t nslots; /* a power of two, at least twice the ids */
+    Py_ssize_t *key_off;
+    Py_ssize_t *key_len;
+    Py_ssize_t nids, cap_ids;
+    char *arena;
+    Py_ssize_t arena_len, arena_cap;
+} SeriesIndex;
+
+static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    h ^= h >> 29;
+    return h;
+}
+
+/* The id of key, or -1; *slot is where it is or would go. */
+static int32_t index_find(const SeriesIndex *ix, const uint8_t *key, Py_ssize_t n, uint64_t h, Py_ssize_t *slot)
+{
+    Py_ssize_t mask = ix->nslots - 1;
+    Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)mask);
+    for (;;) {
+        int32_t id = ix->slot_id[i];
+        if (id < 0) {
+            *slot = i;
+            return -1;
+        }
+        if (ix->slot_hash[i] == h && ix->key_len[id] == n && memcmp(ix->arena + ix->key_off[id], key, (size_t)n) == 0) {
+            *slot = i;
+            return id;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+static int index_resize(SeriesIndex *ix, Py_ssize_t nslots)
+{
+    uint64_t *hashes = PyMem_RawCalloc((size_t)nslots, sizeof(uint64_t));
+    int32_t *ids = PyMem_RawMalloc((size_t)nslots * sizeof(int32_t));
+    if (hashes == NULL || ids == NULL) {
+        PyMem_RawFree(hashes);
+        PyMem_RawFree(ids);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nslots; i++)
+        ids[i] = -1;
+    for (Py_ssize_t i = 0; i < ix->nslots; i++) {
+        if (ix->slot_id[i] < 0)
+            continue;
+        Py_ssize_t j = (Py_ssize_t)(ix->slot_hash[i] & (uint64_t)(nslots - 1));
+        while (ids[j] >= 0)
+            j = (j + 1) & (nslots - 1);
+        ids[j] = ix->slot_id[i];
+        hashes[j] = ix->slot_hash[i];
+    }
+    PyMem_RawFree(ix->slot_hash);
+    PyMem_RawFree(ix->slot_id);
+    ix->slot_hash = hashes;
+    ix->slot_id = ids;
+    ix->nslots = nslots;
+    return 0;
+}
+
+static PyObject *index_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (!_PyArg_NoPositional("SeriesIndex", args) || !_PyArg_NoKeywords("SeriesIndex", kwds))
+        return NULL;
+    SeriesIndex *ix = (SeriesIndex *)type->tp_alloc(type, 0);
+    if (ix == NULL)
+        return NULL;
+    ix->nslots = 0;
+    if (index_resize(ix, 1024) < 0) {
+        Py_DECREF(ix);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)ix;
+}
+
+static void index_dealloc(SeriesIndex *ix)
+{
+    PyMem_RawFree(ix->slot_hash);
+    PyMem_RawFree(ix->slot_id);
+    PyMem_RawFree(ix->key_off);
+    PyMem_RawFree(ix->key_len);
+    PyMem_RawFree(ix->arena);
+    Py_TYPE(ix)->tp_free((PyObject *)ix);
+}
+
+static Py_ssize_t index_len(SeriesIndex *ix)
+{
+    return ix->nids;
+}
+
+static PyObject *index_get(SeriesIndex *ix, PyObject *arg)
+{
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t slot;
+    int32_t id = index_find(ix, key.buf, key.len, hash_bytes(key.buf, key.len), &slot);
+    PyBuffer_Release(&key);
+    return PyLong_FromLong(id);
+}
+
+static PyObject *index_add(SeriesIndex *ix, PyObject *arg)
+{
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t h = hash_bytes(key.buf, key.len);
+    Py_ssize_t slot;
+    int32_t id = index_find(ix, key.buf, key.len, h, &slot);
+    if (id >= 0) {
+        PyBuffer_Release(&key);
+        return PyLong_FromLong(id);
+    }
+    if (ix->nids >= INT32_MAX - 1) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_OverflowError, "SeriesIndex is full");
+        return NULL;
+    }
+    Py_ssize_t cap_off = ix->cap_ids, cap_len = ix->cap_ids;
+    if (grow((void **)&ix->key_off, &cap_off, ix->nids + 1, sizeof(Py_ssize_t)) < 0 ||
+        grow((void **)&ix->key_len, &cap_len, ix->nids + 1, sizeof(Py_ssize_t)) < 0 ||
+        grow((void **)&ix->arena, &ix->arena_cap, ix->arena_len + key.len, 1) < 0) {
+        PyBuffer_Release(&key);
+        return PyErr_NoMemory();
+    }
+    ix->cap_ids = cap_off < cap_len ? cap_off : cap_len;
+    if (2 * (ix->nids + 1) > ix->nslots) {
+        if (index_resize(ix, 2 * ix->nslots) < 0) {
+            PyBuffer_Release(&key);
+            return PyErr_NoMemory();
+        }
+        index_find(ix, key.buf, key.len, h, &slot);
+    }
+    id = (int32_t)ix->nids++;
+    ix->key_off[id] = ix->arena_len;
+    ix->key_len[id] = key.len;
+    memcpy(ix->arena + ix->arena_len, key.buf, (size_t)key.len);
+    ix->arena_len += key.len;
+    ix->slot_id[slot] = id;
+    ix->slot_hash[slot] = h;
+    PyBuffer_Release(&key);
+    return PyLong_FromLong(id);
+}
+
+/* lookup(buf, series): per (label start, label end, samples) int64 triple of write_request's
+ * series column, the id of buf[start:end] as int32, or -1 when it is not in the index. */
+static PyObject *index_lookup(SeriesIndex *ix, PyObject *args)
+{
+    Py_buffer buf, series;
+    if (!PyArg_ParseTuple(args, "y*y*:lookup", &buf, &series))
+        return NULL;
+    PyObject *out = NULL;
+    if (series.len % (Py_ssize_t)(3 * sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "series must hold int64 (start, end, samples) triples");
+        goto done;
+    }
+    Py_ssize_t n = series.len / (Py_ssize_t)(3 * sizeof(int64_t));
+    out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (out == NULL)
+        goto done;
+    int32_t *ids = (int32_t *)PyBytes_AS_STRING(out);
+    const uint8_t *b = buf.buf;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t t[2];
+        memcpy(t, (const char *)series.buf + k * 3 * (Py_ssize_t)sizeof(int64_t), sizeof(t));
+        if (t[0] < 0 || t[1] < t[0] || t[1] > buf.len) {
+            Py_CLEAR(out);
+            PyErr_SetString(PyExc_ValueError, "series triple outside the buffer");
+            goto done;
+        }
+        Py_ssize_t slot;
+        ids[k] = index_find(ix, b + t[0], (Py_ssize_t)(t[1] - t[0]), hash_bytes(b + t[0], (Py_ssize_t)(t[1] - t[0])), &slot);
+    }
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&series);
+    return out;
+}
+
+static PyMethodDef index_methods[] = {
+    {"get", (PyCFunction)index_get, METH_O, "get(key) -> int: the id of key, or -1."},
+    {"add", (PyCFunction)index_add, METH_O, "add(key) -> int: the id of key, the next one when it is new."},
+    {"lookup", (PyCFunction)index_lookup, METH_VARARGS,
+     "lookup(buf, series) -> bytes: int32 ids of each triple's buf[start:end] (-1: unknown)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods index_as_sequence = {.sq_length = (lenfunc)index_len};
+
+static PyTypeObject SeriesIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kernel_insight.collector._decode.SeriesIndex",
+    .tp_basicsize = sizeof(SeriesIndex),
+    .tp_dealloc = (destructor)index_dealloc,
+    .tp_as_sequence = &index_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "SeriesIndex(): dense ids of byte strings (remote_write label fields), added once each.",
+    .tp_methods = index_methods,
+    .tp_new = index_new,
+};
+
 static PyMethodDef methods[] = {
     {"varints", py_varints, METH_VARARGS,
      "varints(buf, n) -> bytes: exactly n canonical varints filling buf, as little-endian uint64s."},
@@ -272,5 +501,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__decode(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&SeriesIndexType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "SeriesIndex", (PyObject *)&SeriesIndexType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from kernel_insight.collector import _decode
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
+    SeriesCache,
     _decode_general,
     decode_write_request,
     encode_write_request,
 )
-from kernel_insight.collector.rows import SeriesLimits
+from kernel_insight.collector.rows import SeriesLimits, series_fingerprint
 
 ANY_NAMES = SeriesLimits(utf8_names=True)
 
@@ -148,7 +149,7 @@ def test_the_scan_agrees_with_the_general_decoder_on_mutated_requests(series, da
     with contextlib.suppress(ValueError):
         _decode.write_request(raw)  # never crashes, never anything but ValueError
     general = _outcome(lambda b: _decode_general(b, ANY_NAMES, None), raw)
-    fast = _outcome(lambda b: decode_write_request(b, ANY_NAMES, {}), raw)
+    fast = _outcome(lambda b: decode_write_request(b, ANY_NAMES, SeriesCache()), raw)
     if general is RemoteWriteError:
         assert fast is RemoteWriteError
     else:
@@ -159,7 +160,64 @@ def test_the_scan_agrees_with_the_general_decoder_on_mutated_requests(series, da
 def test_the_scan_of_requests_of_every_size(size):
     series = [({"__name__": "m", "i": str(i)}, [(1_700_000_000_000 + i, float(i))]) for i in range(size)]
     raw = encode_write_request(series, compress=False)
-    assert _rows(decode_write_request(raw, ANY_NAMES, {})) == _rows(_decode_general(raw, ANY_NAMES, None))
+    assert _rows(decode_write_request(raw, ANY_NAMES, SeriesCache())) == _rows(
+        _decode_general(raw, ANY_NAMES, None)
+    )
     scanned = _decode.write_request(raw)
     assert scanned is not None
     assert len(scanned[1]) == 8 * size
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=12), max_size=60))
+def test_the_series_index_numbers_keys_as_a_dict_does(keys):
+    index = _decode.SeriesIndex()
+    oracle: dict[bytes, int] = {}
+    for key in keys:
+        assert index.get(key) == oracle.get(key, -1)
+        assert index.add(key) == oracle.setdefault(key, len(oracle))
+    assert len(index) == len(oracle)
+    buf = b"".join(keys)
+    triples, at = [], 0
+    for key in keys:
+        triples.append((at, at + len(key), 1))
+        at += len(key)
+    triples.append((0, 0, 0))  # the empty key
+    got = np.frombuffer(index.lookup(buf, np.array(triples, np.int64).tobytes()), np.int32).tolist()
+    assert got == [oracle[k] for k in keys] + [oracle.get(b"", -1)]
+
+
+def test_the_series_index_refuses_triples_outside_the_buffer():
+    index = _decode.SeriesIndex()
+    for bad in ([(2, 9, 1)], [(-1, 2, 1)], [(3, 2, 1)]):
+        with pytest.raises(ValueError, match="outside the buffer"):
+            index.lookup(b"abcdef", np.array(bad, np.int64).tobytes())
+    with pytest.raises(ValueError, match="triples"):
+        index.lookup(b"abcdef", b"1234")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.tuples(_labels, _samples), max_size=5), min_size=1, max_size=5), st.data())
+def test_one_cache_shared_by_many_requests_decodes_each_as_the_general_decoder(requests, data):
+    """The cache remembers series across requests (and starts again past max_series): every
+    request still decodes exactly as the field-by-field decoder, with its series' metadata."""
+    cache = SeriesCache(max_series=data.draw(st.sampled_from([1, 3, 1000])))
+    for series in requests:
+        raw = bytearray(encode_write_request(series, compress=False))
+        for at, byte in data.draw(
+            st.lists(st.tuples(st.integers(0, max(len(raw) - 1, 0)), st.integers(0, 255)), max_size=1)
+        ):
+            if raw:
+                raw[at] = byte
+        raw_b = bytes(raw)
+        general = _outcome(lambda b: _decode_general(b, ANY_NAMES, None), raw_b)
+        fast = _outcome(lambda b: decode_write_request(b, ANY_NAMES, cache), raw_b)
+        if general is RemoteWriteError:
+            assert fast is RemoteWriteError
+            continue
+        assert fast == general
+        batch = decode_write_request(raw_b, ANY_NAMES, cache)
+        if batch.series_meta is not None:
+            fps, codes, names = batch.series_meta
+            assert fps.tolist() == [series_fingerprint(s) for s in batch.series]
+            assert [names[c] for c in codes.tolist()] == [dict(s)["__name__"] for s in batch.series]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import struct
 import time
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from kernel_insight.collector.app import create_app
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
+    SeriesCache,
     decode_write_request,
     decode_write_request_v2,
     encode_write_request,
@@ -252,7 +254,7 @@ def test_fast_scan_matches_the_general_decoder(series, exemplar_at):
     from kernel_insight.collector.remote_write import _decode_general
 
     raw = _proto3(series, exemplar_at)
-    cache: dict = {}
+    cache = SeriesCache()
     want = sorted(map(repr, _rows(_decode_general(raw, SeriesLimits()))))
     assert sorted(map(repr, _rows(decode_write_request(raw, SeriesLimits(), cache)))) == want
     assert sorted(map(repr, _rows(decode_write_request(raw, SeriesLimits(), cache)))) == want  # cached
@@ -293,3 +295,26 @@ def test_app_series_limits_are_settings_and_writes_go_through_the_batcher(app_st
         batcher.shutdown()
     (series,) = app_store.storage().select([Matcher("__name__", "=", "x{y}")], NOW, NOW)
     assert series.values.tolist() == [1.0]
+
+
+def test_the_store_writes_the_same_rows_with_the_decoders_series_metadata_as_without(app_store):
+    """SampleBatch.series_meta (the SeriesCache's fingerprints and names) only saves the store work."""
+    cache = SeriesCache()
+    series = [
+        ({"__name__": name, "gpu": str(g)}, [(NOW + k, float(g * k)) for k in range(3)])
+        for name in ("b_metric", "a_metric")
+        for g in range(4)
+    ]
+    decode_write_request(encode_write_request(series[:3], compress=False), cache=cache)  # some known before
+    batch = decode_write_request(encode_write_request(series, compress=False), cache=cache)
+    assert batch.series_meta is not None
+    with_meta = app_store.prepare("rw:a", samples=batch, record=False)
+    without = app_store.prepare("rw:b", samples=dataclasses.replace(batch, series_meta=None), record=False)
+    for table in ("samples", "series"):
+        assert with_meta.tables[table].to_pylist() == without.tables[table].to_pylist()
+    for p in (with_meta, without):  # per sample, the metric the sample cache is told about
+        assert [p.metric_names[c] for c in p.metric_codes.tolist()] == [
+            batch.series[i][0][1] for i in batch.series_idx.tolist()
+        ]
+    with pytest.raises(ValueError, match="series_meta"):
+        dataclasses.replace(batch, series_meta=(batch.series_meta[0][:1], batch.series_meta[1], []))
