@@ -10,8 +10,12 @@ The dataset is bench/kql's (2,050 series of GPU gauges and counters, 7 h at 15 s
 - VictoriaMetrics (``/api/v1/import/prometheus`` and the same remote_write requests) and
   ``promtool tsdb create-blocks-from openmetrics`` on the same data, when installed.
 
+Bytes per sample on disk after ``ki import`` (docs/storage.md): ``du`` of the store directory
+as the import left it, and again once its tables are merged (``OPTIMIZE FINAL`` and the
+replaced parts deleted: what the store settles to), beside ``system.parts``' figure and
+VictoriaMetrics' ``du`` after its text import (``force_flush``).
 Ends with ``BENCH remote_write samples_per_s=<n> ...`` and then
-``BENCH import samples_per_s=<n> peak_rss_mb=<n> ...``.
+``BENCH import samples_per_s=<n> peak_rss_mb=<n> ... bytes_per_sample_du=<n> ...``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.e2e.__main__ import _du_bytes
 from bench.kql.data import dataset, prometheus_text, write_openmetrics
 from kernel_insight.collector.remote_write import SeriesEncoder
 from kernel_insight.collector.rows import Labels, SampleBatch
@@ -142,8 +147,9 @@ async def _send_all(url: str, bodies: list[bytes], senders: int) -> float:
 
 def bench_ki_remote_write(
     root: Path, bodies: list[bytes], total: int, senders: int
-) -> tuple[float, float, int]:
-    """A real ``ki collector`` (local-dev: no tokens) on the embedded store; samples/s and samples stored."""
+) -> tuple[float, float, int, float]:
+    """A real ``ki collector`` (local-dev: no tokens) on the embedded store; samples/s, per CPU
+    second, samples stored, and ``du`` of its store per sample once the collector stopped."""
     data = root / "rw-data"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kernel_insight.cli", "collector", "--local-dev", "--store", str(data),
@@ -161,9 +167,10 @@ def bench_ki_remote_write(
     finally:
         proc.terminate()
         proc.wait(60)
+    du = _du_bytes(data)
     with EmbeddedStore(data) as store:
         stored = int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
-    return total / elapsed, total / cpu, stored
+    return total / elapsed, total / cpu, stored, du / max(stored, 1)
 
 
 def _wait_http(url: str, timeout_s: float = 60) -> None:
@@ -203,6 +210,13 @@ def bench_victoria(root: Path, text: Path, bodies: list[bytes], total: int, send
         finally:
             proc.terminate()
             proc.wait(60)
+        if kind == "import":  # after a clean stop: force_flush leaves recent rows in memory parts
+            vm = root / "vm-import"
+            out["victoriametrics_bytes_per_sample_du"] = _du_bytes(vm) / total
+            # Without the caches it saves at a stop (``cache/``): its rows and its index.
+            out["victoriametrics_bytes_per_sample_du_data"] = (
+                _du_bytes(vm / "data") + _du_bytes(vm / "indexdb")
+            ) / total
     return out
 
 
@@ -230,19 +244,36 @@ def main() -> None:
             f"{import_cpu:,.0f} per CPU second, peak RSS {rss} MB (anonymous {kinds.get('anon')} MB, "
             f"file-backed {kinds.get('file')} MB)"
         )
+        disk = {"du": _du_bytes(root / "import-data") / total}
         with EmbeddedStore(root / "import-data") as store:
             stored = int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
+            for t in ("samples", "series"):
+                store.optimize(t)
+            deadline = time.monotonic() + 60  # replaced parts go 1 s after the merge (the store's cleanup)
+            while (
+                time.monotonic() < deadline
+                and store.query("SELECT count() AS n FROM system.parts WHERE NOT active AND database = 'ki'")
+                .column("n")[0]
+                .as_py()
+            ):
+                time.sleep(0.5)
+            disk["store"] = sum(store.disk_bytes(t) for t in ("samples", "series")) / total
+        disk["du_merged"] = _du_bytes(root / "import-data") / total
+        print(
+            f"ki import on disk: {disk['du']:.2f} bytes/sample by du as imported, {disk['du_merged']:.2f} merged "
+            f"({disk['store']:.2f} in system.parts, samples and series)"
+        )
         if stored != total:
             raise RuntimeError(f"ki import stored {stored} of {total} samples")
         shutil.rmtree(root / "import-data")
 
         bodies = requests(data)
-        rw_sps, rw_cpu, rw_stored = bench_ki_remote_write(root, bodies, total, args.senders)
+        rw_sps, rw_cpu, rw_stored, rw_du = bench_ki_remote_write(root, bodies, total, args.senders)
         lost = total + REQUEST_SAMPLES - rw_stored  # the warm-up request is stored twice
         print(
             f"ki collector remote_write: {len(bodies)} requests of {REQUEST_SAMPLES} samples, "
             f"{args.senders} senders: {rw_sps:,.0f} samples/s, {rw_cpu:,.0f} per collector CPU second, "
-            f"{rw_stored} stored (lost {lost})"
+            f"{rw_stored} stored (lost {lost}), {rw_du:.2f} bytes/sample by du of its store after it stopped"
         )
         compare: dict[str, float] = {}
         if not args.no_compare and shutil.which("victoria-metrics"):
@@ -258,18 +289,20 @@ def main() -> None:
             compare["promtool_import"] = total / elapsed
             print(f"promtool create-blocks-from openmetrics: {elapsed:.1f} s, peak RSS {prss} MB")
         for name, value in compare.items():
-            print(f"compare: {name} {value:,.0f} samples/s")
+            print(f"compare: {name} {value:,.2f}" + ("" if "bytes" in name else " samples/s"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("remote_write"))
     print(
         f"BENCH remote_write samples_per_s={rw_sps:.0f} per_cpu_s={rw_cpu:.0f} senders={args.senders} "
-        f"lost={lost} {extra}".rstrip()
+        f"lost={lost} bytes_per_sample_du={rw_du:.2f} {extra}".rstrip()
     )
     extra = " ".join(f"{k}={v:.0f}" for k, v in compare.items() if k.endswith("import"))
+    extra += "".join(f" {k}={v:.2f}" for k, v in compare.items() if "bytes_per_sample" in k)
     print(
         f"BENCH import samples_per_s={import_sps:.0f} peak_rss_mb={rss} peak_anon_mb={kinds.get('anon')} "
-        f"per_cpu_s={import_cpu:.0f} {extra}".rstrip()
+        f"per_cpu_s={import_cpu:.0f} bytes_per_sample_du={disk['du']:.2f} "
+        f"bytes_per_sample_du_merged={disk['du_merged']:.2f} bytes_per_sample_store={disk['store']:.2f} {extra}".rstrip()
     )
 
 
