@@ -12,7 +12,9 @@
  *   - and removes from the batch every KERNEL record it does not keep. Kept are: spans
  *     slower than their histogram's running tail quantile (span_tail_quantile, default
  *     p99, from the histogram as of its last export, once it holds tail_min_count
- *     observations; at most span_tail_rate per second), a uniform sample of the rest
+ *     observations; at most span_tail_rate per second, each candidate kept with probability
+ *     span_tail_rate / the previous second's candidates, so a capped tail spreads over the
+ *     second), a uniform sample of the rest
  *     (span_sample_rate per second, as a probability set from the previous second's
  *     kernel rate, and never more than twice the rate in one second), every span of a GPU inside a capture window (ki_kstats_capture:
  *     the timeline's KI-Capture hook, it bypasses both limits), and every FAILED one.

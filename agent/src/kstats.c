@@ -37,6 +37,10 @@ struct ki_kstats {
     uint64_t window_sampled; /* sampled spans kept in it (at most twice the rate: the first second,
                               * whose kernel rate is not known yet, and bursts) */
     uint64_t keep_below;     /* keep a sampled span when rng < this (p * 2^64) */
+    uint64_t window_tail_seen; /* tail candidates in it (slower than their threshold) */
+    uint64_t tail_below;     /* keep a tail candidate when rng < this: span_tail_rate / the last
+                              * second's candidates, so a capped tail is spread over the second
+                              * instead of being its first span_tail_rate candidates */
     uint64_t rng;
     uint64_t capture_until[KI_KSTATS_MAX_GPUS];
     /* export */
@@ -94,6 +98,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     ks->last_slot = -1;
     ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
     ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
+    ks->tail_below = UINT64_MAX;
     return ks;
 }
 
@@ -143,9 +148,13 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
     if (!rate) ks->keep_below = 0;
     else if (ks->window_kernels <= rate) ks->keep_below = UINT64_MAX;
     else ks->keep_below = (uint64_t)((double)rate / (double)ks->window_kernels * 18446744073709551615.0);
+    uint64_t tail = ks->cfg.span_tail_rate;
+    if (ks->window_tail_seen <= tail) ks->tail_below = UINT64_MAX;
+    else ks->tail_below = (uint64_t)((double)tail / (double)ks->window_tail_seen * 18446744073709551615.0);
     ks->window_s = sec;
     ks->window_kernels = 0;
     ks->window_tail = 0;
+    ks->window_tail_seen = 0;
     ks->window_sampled = 0;
 }
 
@@ -164,10 +173,14 @@ static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
         ks->st.spans_captured++;
         return 1;
     }
-    if (s >= 0 && d > ks->tail_s[s] && ks->window_tail < ks->cfg.span_tail_rate) {
-        ks->window_tail++;
-        ks->st.spans_tail++;
-        return 1;
+    if (s >= 0 && d > ks->tail_s[s]) {
+        ks->window_tail_seen++;
+        if (ks->window_tail < ks->cfg.span_tail_rate &&
+            (ks->tail_below == UINT64_MAX || next_random(ks) <= ks->tail_below)) {
+            ks->window_tail++;
+            ks->st.spans_tail++;
+            return 1;
+        }
     }
     if (ks->keep_below && ks->window_sampled < 2 * (uint64_t)ks->cfg.span_sample_rate &&
         next_random(ks) <= ks->keep_below) {

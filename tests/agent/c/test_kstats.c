@@ -184,6 +184,33 @@ static void units(void) {
     }
     ki_kstats_destroy(ks);
 
+    /* 3b. A capped tail spreads over the second: at 100,000 kernels a second (~1,000 above p99)
+     * and at most 50 tail spans a second, the kept ones of a second are not its first 50
+     * candidates (the first ~5% of it) but a sample of all of them. */
+    cfg = config(0, 50);
+    ks = ki_kstats_create(&cfg);
+    n = 0;
+    for (int i = 0; i < 10000; i++) push(recs, &n, 4, 0, T0 + (uint64_t)i * 10, duration());
+    ki_kstats_feed(ks, recs, n);
+    parts = 0;
+    export_all(ks, 1, buf, cap, NULL, &parts); /* the tail threshold is known from here */
+    for (int sec = 1; sec <= 3; sec++) {
+        uint64_t kept_s = 0, last_ns = 0;
+        for (int chunk = 0; chunk < 25; chunk++) { /* 100,000 kernels in chunks of 4,000 */
+            n = 0;
+            for (int i = 0; i < 4000; i++)
+                push(recs, &n, 4, 0, T0 + (uint64_t)sec * NS + (uint64_t)(chunk * 4000 + i) * 10000, duration());
+            size_t k = ki_kstats_feed(ks, recs, n);
+            kept_s += k;
+            for (size_t i = 0; i < k; i++) last_ns = recs[i].rec.ts_ns;
+        }
+        CHECK(kept_s <= 50);
+        if (sec == 1) continue; /* the first second after the threshold: no candidate count yet */
+        CHECK(kept_s >= 20);
+        CHECK(last_ns > T0 + (uint64_t)sec * NS + NS / 2); /* kept ones reach into its second half */
+    }
+    ki_kstats_destroy(ks);
+
     /* 4. Uniform sample: at 10,000 kernels per second and 100 per second, about 1%. */
     cfg = config(100, 0);
     ks = ki_kstats_create(&cfg);
