@@ -5,14 +5,15 @@ each step adding 1,000 long-tailed durations drawn from the kernel's own distrib
 same observations as classic ``_bucket`` series (le = powers of two from 1 us to 1 s and +Inf,
 which are native bucket bounds, so both hold the same counts). Timed: the range query
 ``histogram_quantile(0.99, sum by (kernel) (rate(...[5m])))`` over the hour at 15 s, through
-the in-process kql engine over MemoryStorage (the ClickHouse read side of native histograms
-is histstore's), best of ``repeats``.
+the in-process kql engine over MemoryStorage, best of ``repeats`` (wall and CPU time).
+``python -m bench.histogram.quantile --store`` also times the native query over an
+EmbeddedStore holding the same histograms (the ClickHouse read side, as users run it).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -106,11 +107,7 @@ def quantile_figures(repeats: int = 2) -> dict[str, float]:
 
     native, classic = _storages()
     limits = EngineLimits(timeout_s=1800.0)  # measured, not bounded: the default 30 s is a server's limit
-    wall, cpu = _time(
-        Engine(native, limits),
-        "histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))",
-        repeats,
-    )
+    wall, cpu = _time(Engine(native, limits), _QUERY, repeats)
     classic_wall, classic_cpu = _time(
         Engine(classic, limits),
         "histogram_quantile(0.99, sum by (kernel, le) (rate(kernel_duration_seconds_bucket[5m])))",
@@ -124,10 +121,65 @@ def quantile_figures(repeats: int = 2) -> dict[str, float]:
     }
 
 
+def store_quantile_figures(repeats: int = 2) -> dict[str, float]:
+    """The native query through the ClickHouse read side (an EmbeddedStore in a temporary
+    directory holding the same 241,000 histograms, written with ``insert_histograms``): the path
+    users run, where reading the rows into histograms is part of the query."""
+    import tempfile
+
+    from kernel_insight.collector.rows import HistogramBuilder
+    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.kql.engine import Engine, EngineLimits
+
+    native, _ = _storages()
+    base = (int(time.time() * 1000) // 3_600_000 - 3) * 3_600_000  # settled hours
+    with tempfile.TemporaryDirectory(prefix="ki-quantile-") as tmp:
+        store = EmbeddedStore(tmp)
+        try:
+            for series in native.select([_name_matcher()], 0, STEPS * STEP_MS):
+                b = HistogramBuilder()
+                for t, h in zip(series.hist_timestamps.tolist(), series.histograms, strict=True):
+                    b.add_histogram(series.labels, base + t, h)
+                store.insert_histograms(b.build())
+            engine = Engine(store.storage(use_cache=False), EngineLimits(timeout_s=1800.0))
+            best, best_cpu = float("inf"), float("inf")
+            for _ in range(repeats):
+                c = time.process_time()
+                t0 = time.perf_counter()
+                r = engine.range_query(_QUERY, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
+                best = min(best, time.perf_counter() - t0)
+                best_cpu = min(best_cpu, time.process_time() - c)
+                if len(getattr(r.value, "series", ())) != KERNELS:
+                    raise RuntimeError("the store query lost series")
+        finally:
+            store.close()
+    return {"store_quantile_ms": best * 1000, "store_quantile_cpu_ms": best_cpu * 1000}
+
+
+_QUERY = "histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))"
+
+
+def _name_matcher() -> Any:
+    from kernel_insight.kql.storage import Matcher
+
+    return Matcher("__name__", "=", "kernel_duration_seconds")
+
+
 if __name__ == "__main__":
+    import argparse
     import os
 
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument(
+        "--store",
+        action="store_true",
+        help="also the native query over an EmbeddedStore (ClickHouse read side; ~2 more minutes)",
+    )
+    a = ap.parse_args()
     load = os.getloadavg()
-    for k, v in quantile_figures(2).items():
+    figures = quantile_figures(2)
+    if a.store:
+        figures.update(store_quantile_figures(2))
+    for k, v in figures.items():
         print(f"{k}: {v:.1f}")
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
