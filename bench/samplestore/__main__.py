@@ -16,6 +16,8 @@ granularity) the dataset's rows are copied into a scratch table, merged into one
 each column are read from ``system.parts_columns``; ``total`` is ``system.parts.bytes_on_disk``
 per sample (marks, index and checksums included). ``cpu`` is this process' CPU time for the copy
 and merge per sample (chDB runs in process): what a codec costs at insert and at each merge.
+Then, per dataset, where the bytes go under the schema's codecs: the metrics with the largest
+share of the column bytes (one part per metric), with their bytes of ``ts`` and ``value``.
 Ends with ``BENCH samplestore ingest=<n> import=<n> e2e=<n>`` (bytes per sample, the schema's
 codecs, one merged part).
 """
@@ -120,6 +122,46 @@ def measure(store: EmbeddedStore, v: Variant, samples: int) -> dict[str, float]:
     return out
 
 
+def by_metric(store: EmbeddedStore, samples: int, top: int) -> list[dict[str, float | str]]:
+    """Where the bytes go under the schema's codecs: one part per metric (a scratch table
+    partitioned by metric), its samples, its bytes of ``ts`` and ``value`` per sample, and its
+    share of the dataset's column bytes; the ``top`` largest shares."""
+    t = table("samples")
+    store.command(f"DROP TABLE IF EXISTS {SCRATCH}.m SYNC")
+    store.command(
+        f"CREATE TABLE {SCRATCH}.m ({', '.join(Column.sql(c) for c in t.columns)}) ENGINE = MergeTree "
+        "PARTITION BY metric ORDER BY (fingerprint, ts) SETTINGS min_bytes_for_wide_part = 0"
+    )
+    names = ", ".join(c.name for c in t.columns)
+    store.command(f"INSERT INTO {SCRATCH}.m ({names}) SELECT {names} FROM ki.samples")
+    store.command(f"OPTIMIZE TABLE {SCRATCH}.m FINAL")
+    rows = store.query(
+        "SELECT partition AS metric, column, sum(rows) AS n, sum(column_data_compressed_bytes) AS b "
+        f"FROM system.parts_columns WHERE active AND database = '{SCRATCH}' AND table = 'm' "
+        "GROUP BY partition, column"
+    ).to_pylist()
+    store.command(f"DROP TABLE {SCRATCH}.m SYNC")
+    per: dict[str, dict[str, float]] = {}
+    for r in rows:
+        m = per.setdefault(str(r["metric"]).strip("'"), {"n": 0.0, "all": 0.0})
+        m["n"] = float(r["n"])
+        m[str(r["column"])] = float(r["b"])
+        m["all"] += float(r["b"])
+    total = sum(m["all"] for m in per.values()) or 1.0
+    out: list[dict[str, float | str]] = [
+        {
+            "metric": name,
+            "samples": m["n"],
+            "share_of_samples": m["n"] / samples,
+            "ts": m.get("ts", 0.0) / m["n"],
+            "value": m.get("value", 0.0) / m["n"],
+            "share_of_bytes": m["all"] / total,
+        }
+        for name, m in per.items()
+    ]
+    return sorted(out, key=lambda r: -float(r["share_of_bytes"]))[:top]
+
+
 def load_ingest(path: Path) -> None:
     series = _series(1000)
     t0 = (int(time.time()) // 86400) * 86_400_000 - 86_400_000
@@ -172,6 +214,13 @@ def measure_dataset(name: str, path: Path, args: argparse.Namespace) -> dict[str
             out[v.name] = r
             cols = " ".join(f"{c} {r[c]:.3f}" for c in ("metric", "fingerprint", "ts", "value"))
             print(f"  {v.name:40s} total {r['total']:.3f}  {cols}  cpu {r['cpu_ns']:.0f} ns", flush=True)
+        print("  where the bytes go (the schema's codecs, one part per metric):", flush=True)
+        for m in by_metric(store, samples, 8):
+            print(
+                f"    {m['metric']:42s} {float(m['share_of_samples']):6.1%} of samples  ts {float(m['ts']):.2f}  "
+                f"value {float(m['value']):.2f} bytes/sample  {float(m['share_of_bytes']):6.1%} of the bytes",
+                flush=True,
+            )
     return out
 
 
