@@ -292,13 +292,36 @@ class SampleCache:
 def _first_at_least(ts: I64, lo: I64, hi: I64, t: int) -> I64:
     """For every range ``[lo[i], hi[i])`` of ascending ``ts``: the first index whose time is >= t (or hi[i]).
 
-    A binary search over all ranges at once: ~log2(samples per series) passes over the ranges,
-    where prefix counts over the whole block cost a pass over every sample of the hour (an
-    instant query wants a few of them).
+    First a guess per range by interpolating ``t`` between the range's first and last times,
+    kept where the samples either side of it prove it: scrapes are regular, so that settles
+    nearly every range in one pass of a dozen array operations (an instant query over 25 series
+    spent ~60 us in the binary search alone). The rest by a binary search over those ranges at
+    once: ~log2(samples per series) passes, where prefix counts over the whole block cost a pass
+    over every sample of the hour.
     """
     lo, hi = lo.copy(), hi.copy()
-    if len(ts) == 0:
+    if len(ts) == 0 or len(lo) == 0:
         return lo
+    last_index = len(ts) - 1
+    first_t = ts[np.minimum(lo, last_index)]
+    last_t = ts[np.clip(hi - 1, 0, last_index)]
+    span = np.maximum(last_t - first_t, 1)
+    frac = np.clip((t - first_t) / span, 0.0, 1.0)
+    guess = np.clip(lo + np.ceil(frac * (hi - 1 - lo)).astype(np.int64), lo, hi)  # empty: lo
+    guess = np.where(t > last_t, hi, guess)  # past the range's last sample
+    before_ok = (guess == lo) | (ts[np.clip(guess - 1, 0, last_index)] < t)
+    at_ok = (guess == hi) | (ts[np.minimum(guess, last_index)] >= t)
+    proven = before_ok & at_ok
+    if proven.all():
+        return guess
+    out = np.where(proven, guess, lo)
+    todo = np.flatnonzero(~proven)
+    out[todo] = _binary_first_at_least(ts, lo[todo], hi[todo], t)
+    return out
+
+
+def _binary_first_at_least(ts: I64, lo: I64, hi: I64, t: int) -> I64:
+    """:func:`_first_at_least` by a binary search over all ranges at once (``lo``, ``hi`` are changed)."""
     while True:
         open_ = lo < hi
         if not open_.any():

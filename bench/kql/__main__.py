@@ -10,8 +10,12 @@ Prometheus'. kql is also timed in-process (the engine alone over a copy of the s
 second column. The collector's sample cache is warmed first (two passes over the queries).
 Ratios are kql's HTTP time over Prometheus' HTTP time, medians of ``--reps`` runs; all
 servers share the machine, so ratios measured in one run are comparable even on a busy one.
+Beside them, each server process's CPU (all threads) from a request until its answer was read,
+median per query: it moves far less with the machine's load, but it counts the server's
+background threads too, so it is meaningful for answers well above a millisecond.
 Ends with one ``BENCH kql median_ratio_vs_prometheus=<n> geomean_ratio_vs_prometheus=<n>
-instant_geomean_ratio=<n> refused=<n> ...`` line (median and geomean over the range modes).
+instant_geomean_ratio=<n> refused=<n> ... cpu_geomean_ratio=<n> instant_cpu_geomean_ratio=<n>``
+line (median and geomean over the range modes).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.kql.data import HOURS, SCRAPE_MS, dataset, load_chdb, prometheus_text, write_promtool_blocks
-from bench.kql.servers import Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics
+from bench.kql.servers import Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics, process_cpu_s
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
@@ -143,14 +147,25 @@ class Row:
     series: int
     refused: str  # kql's error where Prometheus answered
     why: str  # '' when kql agrees with Prometheus
+    kql_cpu: float = math.nan  # CPU seconds of the collector process per answer (all its threads)
+    prom_cpu: float = math.nan  # the same for Prometheus
 
     @property
     def ratio(self) -> float:
         return self.kql / self.prom
 
+    @property
+    def cpu_ratio(self) -> float:
+        return self.kql_cpu / self.prom_cpu
+
 
 def geomean(xs: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
+
+
+def cpu_geomean(rows: list[Row]) -> float:
+    """Geometric mean of the collector's CPU per answer over Prometheus' (rows with both measured)."""
+    return geomean([r.cpu_ratio for r in rows if r.kql_cpu > 0 and r.prom_cpu > 0])
 
 
 def prepare(root: Path, vm_wanted: bool) -> tuple[int, bool]:
@@ -207,6 +222,7 @@ def run_mode(
     vm: HttpQuerier | None,
     engine: Engine,
     wait_idle: Callable[[], object],
+    pids: dict[str, int] | None = None,
 ) -> list[Row]:
     range_ms, step_ms = MODES[mode]
     end = t0 + HOURS * 3600_000 - 1000 + offset_ms  # off the sample grid: samples x.250 s, queries x.500 s
@@ -242,12 +258,19 @@ def run_mode(
                     why = f"in-process: {diff}"
         times: dict[str, list[float]] = {"kql": [], "inproc": [], "prom": [], "vm": []}
         servers = [("kql", kql), ("prom", prom)] + ([("vm", vm)] if vm is not None else [])
+        # CPU of the server process (all its threads) from the request until its answer was read:
+        # unlike wall time it hardly moves with the machine's load (other processes, preemption).
+        cpu: dict[str, list[float]] = {label: [] for label in pids or {}}
         for rep in range(reps):
             # Interleaved, so load changes hit all alike, and each server goes first in turn: a Go
             # server's garbage collection after its answer runs into the next server's time.
             turn = rep % len(servers)
             for label, server in servers[turn:] + servers[:turn]:
+                pid = (pids or {}).get(label)
+                before = process_cpu_s(pid) if pid is not None else 0.0
                 times[label].append(server.query(q, start, end, step_ms).seconds)
+                if pid is not None:
+                    cpu[label].append(process_cpu_s(pid) - before)
             if inproc_ok:
                 times["inproc"].append(timed(lambda q=q: in_process(q)))  # type: ignore[misc]
 
@@ -265,12 +288,15 @@ def run_mode(
             len(got.matrix) if got.matrix is not None else 0,
             refused,
             why,
+            statistics.median(cpu["kql"]) if cpu.get("kql") else math.nan,
+            statistics.median(cpu["prom"]) if cpu.get("prom") else math.nan,
         )
         rows.append(row)
         print(
             f"{mode:9s} {name:20s} kql {row.kql * 1000:7.1f} ms (in-process {row.inproc * 1000:7.1f})  "
             f"prom {row.prom * 1000:7.1f}  vm {row.vm * 1000:7.1f}  ratio {row.ratio:5.2f}  "
-            f"vm/prom {row.vm / row.prom:5.2f}  series {row.series:5d}  "
+            f"vm/prom {row.vm / row.prom:5.2f}  cpu kql {row.kql_cpu * 1000:7.2f} prom {row.prom_cpu * 1000:7.2f} "
+            f"ratio {row.cpu_ratio:5.2f}  series {row.series:5d}  "
             f"{'ok' if not why else 'REFUSED: ' + why if refused else 'DIFFER: ' + why}",
             flush=True,
         )
@@ -281,28 +307,30 @@ def report(rows: list[Row], vm_on: bool) -> int:
     print()
     print(
         "| mode | query | kql ms (HTTP) | kql ms (in-process) | Prometheus ms | VictoriaMetrics ms "
-        "| kql / Prometheus | VictoriaMetrics / Prometheus | series | agree |"
+        "| kql / Prometheus | VictoriaMetrics / Prometheus | CPU ms kql / Prometheus | series | agree |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r.mode} | `{r.query.replace('|', chr(92) + '|')}` | {r.kql * 1000:.1f} | {r.inproc * 1000:.1f} | "
-            f"{r.prom * 1000:.1f} | {r.vm * 1000:.1f} | {r.ratio:.2f} | {r.vm / r.prom:.2f} | {r.series} | "
+            f"{r.prom * 1000:.1f} | {r.vm * 1000:.1f} | {r.ratio:.2f} | {r.vm / r.prom:.2f} | "
+            f"{r.kql_cpu * 1000:.2f} / {r.prom_cpu * 1000:.2f} | {r.series} | "
             f"{'yes' if not r.why else ('REFUSED: ' if r.refused else 'no: ') + r.why} |"
         )
     answered = [r for r in rows if not r.refused and not math.isnan(r.prom)]
     print()
     print(
-        "| mode | kql / Prometheus geomean | median | max | in-process / Prometheus geomean | VictoriaMetrics / Prometheus geomean |"
+        "| mode | kql / Prometheus geomean | median | max | in-process / Prometheus geomean "
+        "| VictoriaMetrics / Prometheus geomean | CPU kql / Prometheus geomean |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for mode in MODES:
         rs = [r for r in answered if r.mode == mode]
         if rs:
             print(
                 f"| {mode} | {geomean([r.ratio for r in rs]):.2f} | {statistics.median(r.ratio for r in rs):.2f} | "
                 f"{max(r.ratio for r in rs):.2f} | {geomean([r.inproc / r.prom for r in rs if not math.isnan(r.inproc)]):.2f} | "
-                f"{geomean([r.vm / r.prom for r in rs]) if vm_on else math.nan:.2f} |"
+                f"{geomean([r.vm / r.prom for r in rs]) if vm_on else math.nan:.2f} | {cpu_geomean(rs):.2f} |"
             )
     ranged = [r for r in answered if r.mode != "instant"]
     instant = [r for r in answered if r.mode == "instant"]
@@ -321,7 +349,7 @@ def report(rows: list[Row], vm_on: bool) -> int:
         f"instant_geomean_ratio={geomean([r.ratio for r in instant]):.2f} refused={refused} "
         f"agree={agree}/{len(rows)} above_1={over} "
         f"inprocess_geomean_ratio={geomean([r.inproc / r.prom for r in ranged if not math.isnan(r.inproc)]):.2f}"
-        f"{vm_part}"
+        f"{vm_part} cpu_geomean_ratio={cpu_geomean(ranged):.2f} instant_cpu_geomean_ratio={cpu_geomean(instant):.2f}"
     )
     return 0 if agree == len(rows) else 1
 
@@ -373,7 +401,17 @@ def main(argv: list[str] | None = None) -> int:
             engine = Engine(store.storage())
             for mode in modes:
                 rows += run_mode(
-                    mode, queries, t0, args.offset_ms, args.reps, kql, pq, vq, engine, cache.wait_idle
+                    mode,
+                    queries,
+                    t0,
+                    args.offset_ms,
+                    args.reps,
+                    kql,
+                    pq,
+                    vq,
+                    engine,
+                    cache.wait_idle,
+                    {"kql": collector.proc.pid, "prom": prom.proc.pid},
                 )
     finally:
         for server in reversed(servers):

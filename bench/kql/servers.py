@@ -31,6 +31,7 @@ __all__ = [
     "VictoriaMetrics",
     "free_port",
     "matrix_of",
+    "process_cpu_s",
 ]
 
 
@@ -38,6 +39,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process and all its threads have run so far (``/proc/<pid>/task/*/schedstat``:
+    nanoseconds, where ``/proc/<pid>/stat`` counts 10 ms ticks); threads that ended are not counted."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended meanwhile
+    return total / 1e9
 
 
 def matrix_of(data: dict[str, Any]) -> Matrix:

@@ -325,3 +325,31 @@ def test_a_selector_asked_again_skips_label_matching_until_its_series_change(sto
     assert matched, "other series present: matched again"
     assert len(after) == len(first) + 1
     _same(after, store.storage(use_cache=False).select_columns(m, *window))
+
+
+def test_the_first_sample_at_or_after_a_time_is_found_in_every_range_regular_or_not():
+    # _first_at_least guesses by interpolation and keeps a guess only where its neighbours prove
+    # it: regular scrapes, jittered ones, duplicates, gaps, empty and partial ranges all agree
+    # with a plain search per range.
+    from kernel_insight.collector.sample_cache import _first_at_least
+
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        lens = rng.integers(0, 40, int(rng.integers(1, 8)))
+        parts = []
+        for n in lens.tolist():
+            kind = int(rng.integers(0, 3))
+            if kind == 0:  # regular, as scrapes are
+                x = 3_600_000 + 15_000 * np.arange(n) + 250
+            elif kind == 1:  # jittered and with gaps
+                x = 3_600_000 + np.cumsum(rng.integers(0, 40_000, n))
+            else:  # few distinct times
+                x = np.sort(rng.integers(0, 5, n)) * 1000
+            parts.append(np.asarray(x, dtype=np.int64))
+        ts = np.concatenate(parts)
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        lo = np.minimum(offsets[:-1] + rng.integers(0, 3, len(lens)), offsets[1:])  # trimmed ranges too
+        hi = offsets[1:]
+        for t in [*rng.integers(-1000, 4_800_000, 4).tolist(), int(ts[0]) if len(ts) else 0, 3_600_250]:
+            expected = [a + int(np.searchsorted(ts[a:b], t, "left")) for a, b in zip(lo, hi, strict=True)]
+            assert _first_at_least(ts, lo, hi, t).tolist() == expected
