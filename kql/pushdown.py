@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale, is_stale_histogram
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
 
 __all__ = [
     "GRID_MIN_STEP_MS",
@@ -50,7 +50,10 @@ class HistColumns:
     offsets: I64  # len(labels) + 1
 
     def without_stale(self) -> HistColumns:
-        stale = np.fromiter((is_stale_histogram(h) for h in self.hs), dtype=bool, count=len(self.hs))
+        # The sums as one array and their bits compared at once (is_stale_histogram per object
+        # was a tenth of a 240,000-histogram quantile query).
+        sums = np.fromiter((h.sum for h in self.hs), dtype=np.float64, count=len(self.hs))
+        stale = is_stale(sums)
         if not stale.any():
             return self
         kept_before = np.concatenate([[0], np.cumsum(~stale)])
