@@ -4,6 +4,8 @@ The dataset is bench/kql's (2,050 series of GPU gauges and counters, 7 h at 15 s
 3.4M samples), written as OpenMetrics text. Timed here, each as a real process:
 
 - ``ki import FILE`` into a fresh embedded store (samples/s, peak RSS of the process);
+- ``ki import FILE --collector URL`` into a running ``ki collector`` (remote_write; the
+  importer loads no chDB): samples/s and the importer's peak RSS;
 - ``ki collector`` receiving Prometheus remote_write (protobuf + snappy, as Prometheus encodes
   it: 2,000-sample requests, one scrape of every series each) from ``--senders`` concurrent
   keep-alive connections; acknowledged samples/s, then every sample counted in the store;
@@ -67,7 +69,7 @@ def _sample_rss(pid: int, stop: threading.Event) -> None:
             )
         except OSError:
             return
-        for kind, key in (("anon", "RssAnon"), ("file", "RssFile")):
+        for kind, key in (("anon", "RssAnon"), ("file", "RssFile"), ("hwm", "VmHWM")):
             if key in fields:
                 PEAK_KIND_MB[kind] = max(PEAK_KIND_MB.get(kind, 0), int(fields[key].split()[0]) // 1024)
 
@@ -78,6 +80,10 @@ def _run(argv: list[str]) -> tuple[float, float, int, str]:
     CPU seconds are reported beside wall time because this machine is shared: wall time
     says what a user waited, CPU time what the work cost whatever else was running. The
     peaks of anonymous and file-backed memory go to ``PEAK_KIND_MB`` (sampled every 20 ms).
+
+    Peak RSS is the child's own ``VmHWM`` (sampled), not ``ru_maxrss`` from ``wait4``: Linux
+    carries the parent's high-water mark into a child that it forked and that then exec'd, so
+    ``ru_maxrss`` of a small ``ki import --collector`` read as this bench's own ~575 MB.
     """
     t = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -92,7 +98,7 @@ def _run(argv: list[str]) -> tuple[float, float, int, str]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:4]} failed ({proc.returncode}): {out[-2000:]}")
-    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, out
+    return elapsed, usage.ru_utime + usage.ru_stime, PEAK_KIND_MB.get("hwm", 0), out
 
 
 def _cpu_s(pid: int) -> float:
@@ -145,32 +151,55 @@ async def _send_all(url: str, bodies: list[bytes], senders: int) -> float:
         return time.perf_counter() - t
 
 
+def _collector(root: Path, name: str) -> tuple[subprocess.Popen[str], str, Path]:
+    """A real ``ki collector`` (local-dev: no tokens) on a fresh embedded store; (process, base URL, store)."""
+    data = root / name
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernel_insight.cli", "collector", "--local-dev", "--store", str(data),
+         "--keys", str(root / f"{name}-keys.json"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    line = proc.stdout.readline() if proc.stdout else ""
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"ki collector did not start: {line!r}")
+    return proc, line.split("listening on ")[1].strip(), data
+
+
+def _stored(data: Path) -> int:
+    with EmbeddedStore(data) as store:
+        return int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
+
+
 def bench_ki_remote_write(
     root: Path, bodies: list[bytes], total: int, senders: int
 ) -> tuple[float, float, int, float]:
-    """A real ``ki collector`` (local-dev: no tokens) on the embedded store; samples/s, per CPU
-    second, samples stored, and ``du`` of its store per sample once the collector stopped."""
-    data = root / "rw-data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernel_insight.cli", "collector", "--local-dev", "--store", str(data),
-         "--keys", str(root / "keys.json"), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    """remote_write into a real ``ki collector``; samples/s, per collector CPU second, samples
+    stored, and ``du`` of its store per sample once the collector stopped."""
+    proc, base, data = _collector(root, "rw-data")
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        if "listening on" not in line:
-            raise RuntimeError(f"ki collector did not start: {line!r}")
-        url = line.split("listening on ")[1].strip() + "/api/v1/write"
         cpu = _cpu_s(proc.pid)
-        elapsed = asyncio.run(_send_all(url, bodies, senders))
+        elapsed = asyncio.run(_send_all(base + "/api/v1/write", bodies, senders))
         cpu = _cpu_s(proc.pid) - cpu
     finally:
         proc.terminate()
         proc.wait(60)
     du = _du_bytes(data)
-    with EmbeddedStore(data) as store:
-        stored = int(store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py())
+    stored = _stored(data)
     return total / elapsed, total / cpu, stored, du / max(stored, 1)
+
+
+def bench_import_via_collector(root: Path, om: Path, total: int) -> tuple[float, int, int]:
+    """``ki import FILE --collector URL``: samples/s, the importer's peak RSS (MB), samples stored."""
+    proc, base, data = _collector(root, "import-collector-data")
+    try:
+        elapsed, _, rss, _ = _run(
+            [sys.executable, "-m", "kernel_insight.cli", "import", str(om), "--collector", base]
+        )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return total / elapsed, rss, _stored(data)
 
 
 def _wait_http(url: str, timeout_s: float = 60) -> None:
@@ -275,6 +304,13 @@ def main() -> None:
             f"{args.senders} senders: {rw_sps:,.0f} samples/s, {rw_cpu:,.0f} per collector CPU second, "
             f"{rw_stored} stored (lost {lost}), {rw_du:.2f} bytes/sample by du of its store after it stopped"
         )
+        via_sps, via_rss, via_stored = bench_import_via_collector(root, om, total)
+        print(
+            f"ki import --collector: {via_sps:,.0f} samples/s, importer peak RSS {via_rss} MB, "
+            f"{via_stored} stored"
+        )
+        if via_stored != total:
+            raise RuntimeError(f"ki import --collector stored {via_stored} of {total} samples")
         compare: dict[str, float] = {}
         if not args.no_compare and shutil.which("victoria-metrics"):
             text = root / "data.prom"
@@ -302,7 +338,8 @@ def main() -> None:
     print(
         f"BENCH import samples_per_s={import_sps:.0f} peak_rss_mb={rss} peak_anon_mb={kinds.get('anon')} "
         f"per_cpu_s={import_cpu:.0f} bytes_per_sample_du={disk['du']:.2f} "
-        f"bytes_per_sample_du_merged={disk['du_merged']:.2f} bytes_per_sample_store={disk['store']:.2f} {extra}".rstrip()
+        f"bytes_per_sample_du_merged={disk['du_merged']:.2f} bytes_per_sample_store={disk['store']:.2f} "
+        f"via_collector_samples_per_s={via_sps:.0f} via_collector_peak_rss_mb={via_rss} {extra}".rstrip()
     )
 
 
