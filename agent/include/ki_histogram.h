@@ -109,8 +109,9 @@ double ki_histogram_upper(int32_t index, int32_t schema);
 /* A table for cfg->max_keys (<= 2^24) histograms of up to cfg->max_buckets (< 65531) buckets
  * each, their buckets in one pool of chunks (16, 24, ... bytes, four sizes per doubling past 64;
  * a histogram moves to a bigger chunk as it grows, or grows in place when its chunk is the
- * pool's last, and the smaller one is reused by others; a bucket takes 3 bytes until its count
- * passes 255 or the histogram's indexes span more than 65535).
+ * pool's last, and the smaller one is reused by others; dense (a count per index from a base)
+ * or sparse (sorted 16-bit keys and counts), whichever is smaller; counts of 1 byte widen as
+ * they grow).
  * NULL with errno EINVAL (bad setting) or ENOMEM. */
 struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg);
 

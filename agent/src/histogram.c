@@ -17,11 +17,14 @@
 #define NEG_LIMIT (-(1 << 21))
 
 /* One histogram's record: key and state (88 bytes). Its buckets live in a chunk of the shared
- * pool: cap counts of cw bytes, then cap sorted bucket keys of kw bytes. Narrow keys (kw 2) are
- * offsets from base; wide ones (kw 4) are the sort keys themselves, for the rare histogram whose
- * buckets lie more than 65535 indexes apart (both signs, or 2^256 of range at schema 8). Counts
- * start at one byte and widen (2, 4, 8) when one would overflow: most buckets of a kernel hold
- * few observations between agent restarts, so a bucket costs 3 bytes instead of 12. */
+ * pool, dense or sparse, whichever is smaller when the chunk is taken:
+ * - dense (kw 0): cap counts of cw bytes, slot i for sort key base + i (zero: not populated).
+ *   An observation is one subtraction and one increment: no search.
+ * - sparse: cap counts of cw bytes, then cap sorted bucket keys of kw bytes. Narrow keys (kw 2)
+ *   are offsets from base; wide ones (kw 4) the sort keys themselves, for the rare histogram
+ *   whose buckets lie more than 65535 indexes apart (both signs, or 2^256 of range at schema 8).
+ * Counts start at one byte and widen (2, 4, 8) when one would overflow: most buckets of a kernel
+ * hold few observations between agent restarts, so a bucket costs 1-3 bytes instead of 12. */
 struct ki_hist {
     struct ki_histogram_key key;
     double zero_threshold;
@@ -33,7 +36,7 @@ struct ki_hist {
     uint16_t cap;   /* bucket slots of its chunk (0: none yet) */
     uint16_t hint;  /* last bucket position touched */
     int8_t schema;
-    uint8_t kw, cw; /* bytes of a bucket key (2, 4) and of a count (1, 2, 4, 8) */
+    uint8_t kw, cw; /* bytes of a bucket key (0: dense, 2, 4) and of a count (1, 2, 4, 8) */
     uint8_t cls;    /* size class of its chunk */
 };
 
@@ -185,13 +188,17 @@ static inline uint8_t *chunk_at(const struct ki_histtab *t, const struct ki_hist
 static inline uint8_t *keys_at(const struct ki_histtab *t, const struct ki_hist *h) {
     return chunk_at(t, h) + (size_t)h->cap * h->cw;
 }
+/* Positions of a histogram's buckets: n sorted ones (sparse), or cap slots (dense, zeros skipped). */
+static inline uint32_t ends(const struct ki_hist *h) { return h->kw ? h->n : h->cap; }
 static inline int32_t key_get(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p) {
     const uint8_t *k = keys_at(t, h);
+    if (h->kw == 0) return h->base + (int32_t)p;
     if (h->kw == 2) return h->base + ((const uint16_t *)(const void *)k)[p];
     return ((const int32_t *)(const void *)k)[p];
 }
 static inline void key_set(const struct ki_histtab *t, const struct ki_hist *h, uint32_t p, int32_t sk) {
     uint8_t *k = keys_at(t, h);
+    if (h->kw == 0) return;
     if (h->kw == 2)
         ((uint16_t *)(void *)k)[p] = (uint16_t)(sk - h->base);
     else
@@ -271,7 +278,10 @@ static int grow_in_place(struct ki_histtab *t, struct ki_hist *h, uint32_t c, ui
     size_t old = t->class_bytes[h->cls], end = (size_t)h->chunk * 8 + old;
     if (!h->cap || end != t->pool_used || t->pool_bytes - t->pool_used < t->class_bytes[c] - old) return 0;
     uint8_t *ch = chunk_at(t, h);
-    memmove(ch + (size_t)cap * h->cw, ch + (size_t)h->cap * h->cw, (size_t)h->n * h->kw);
+    if (h->kw == 0) /* dense: the new slots are empty (the pool past its end may hold moved data) */
+        memset(ch + (size_t)h->cap * h->cw, 0, (size_t)(cap - h->cap) * h->cw);
+    else
+        memmove(ch + (size_t)cap * h->cw, ch + (size_t)h->cap * h->cw, (size_t)h->n * h->kw);
     t->pool_used += t->class_bytes[c] - old;
     h->cls = (uint8_t)c;
     h->cap = (uint16_t)cap;
@@ -293,8 +303,9 @@ static int take(struct ki_histtab *t, uint32_t c, size_t *off) {
     return 0;
 }
 
-/* Give h a chunk for at least need buckets of kw-byte keys (narrow ones from base) and cw-byte
- * counts, its buckets converted. Returns 0, or -ENOBUFS when the pool is spent (h unchanged). */
+/* Give h a chunk for at least need buckets of kw-byte keys (narrow ones from base; kw 0: need
+ * dense slots from base) and cw-byte counts, its buckets converted. Returns 0, or -ENOBUFS when
+ * the pool is spent (h unchanged). */
 static int rechunk(struct ki_histtab *t, struct ki_hist *h, uint32_t need, uint8_t kw, uint8_t cw, int32_t base) {
     uint32_t c = 0;
     while (c < t->nclasses && cap_of(t->class_bytes[c], kw, cw) < need) c++;
@@ -318,9 +329,15 @@ static int rechunk(struct ki_histtab *t, struct ki_hist *h, uint32_t need, uint8
     nh.kw = kw;
     nh.cw = cw;
     nh.base = base;
-    for (uint32_t i = 0; i < h->n; i++) { /* widths only grow: every value fits */
-        count_set(t, &nh, i, count_get(t, h, i));
-        key_set(t, &nh, i, key_get(t, h, i));
+    nh.hint = 0;
+    if (kw == 0) memset(chunk_at(t, &nh), 0, (size_t)cap * cw);
+    for (uint32_t i = 0, w = 0, e = ends(h); i < e; i++) { /* widths only grow: every value fits */
+        uint64_t v = count_get(t, h, i);
+        if (!v) continue; /* an empty dense slot */
+        int32_t sk = key_get(t, h, i);
+        uint32_t q = kw ? w++ : (uint32_t)(sk - base);
+        count_set(t, &nh, q, v);
+        key_set(t, &nh, q, sk);
     }
     if (h->cap) {
         uint64_t link = t->free_head[h->cls];
@@ -387,6 +404,7 @@ const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32
 BUCKET_POS(pos16, uint16_t)
 BUCKET_POS(pos32, int32_t)
 
+/* Sparse histograms only (dense ones are indexed directly). */
 static inline uint32_t bucket_pos(const struct ki_histtab *t, const struct ki_hist *h, int32_t sk, int *found) {
     if (h->kw == 2) {
         int64_t off = (int64_t)sk - h->base;
@@ -472,7 +490,7 @@ int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
     nh->key = *key;
     nh->schema = (int8_t)t->cfg.schema;
     nh->zero_threshold = t->cfg.zero_threshold;
-    nh->kw = 2;
+    nh->kw = 0; /* dense until sparse is smaller */
     nh->cw = 1;
     return slot;
 }
@@ -488,9 +506,10 @@ double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, doub
     const struct ki_hist *h = rec(t, slot);
     uint64_t rank = (uint64_t)ceil(q * (double)h->count), seen = h->zero_count;
     uint32_t i = 0;
-    for (; i < h->n && key_get(t, h, i) < NEG_LIMIT; i++) seen += count_get(t, h, i); /* negatives sort first */
+    uint32_t e = ends(h);
+    for (; i < e && key_get(t, h, i) < NEG_LIMIT; i++) seen += count_get(t, h, i); /* negatives sort first */
     if (seen >= rank) return 0;
-    for (; i < h->n; i++) {
+    for (; i < e; i++) {
         seen += count_get(t, h, i);
         if (seen >= rank) return ki_histogram_upper(key_get(t, h, i), h->schema);
     }
@@ -522,36 +541,82 @@ static inline int count_inc(struct ki_histtab *t, struct ki_hist *h, uint32_t p)
     default: return ((uint64_t *)c)[p]++, 0;
     }
     uint64_t v = count_get(t, h, p) + 1;
-    if (rechunk(t, h, h->n, h->kw, (uint8_t)(h->cw * 2), h->base) < 0) return -ENOBUFS;
+    if (rechunk(t, h, h->kw ? h->n : h->cap, h->kw, (uint8_t)(h->cw * 2), h->base) < 0) return -ENOBUFS;
     count_set(t, h, p, v);
     return 0;
 }
 
-/* Insert a bucket of key sk holding 1 at position p, making room: a bigger chunk, keys rebased or
- * widened when sk is out of the narrow range, counts wide enough for the merges that follow when
- * the insert goes past max_buckets. 0 or -ENOBUFS (nothing changed). */
-static int bucket_insert(struct ki_histtab *t, struct ki_hist *h, uint32_t p, int32_t sk) {
-    uint8_t kw = h->kw, cw = h->cw;
-    int32_t base = h->base;
-    if (h->n == 0) {
-        base = sk - 32768;
-    } else if (kw == 2 && (sk < base || (int64_t)sk - base > 65535)) {
-        int32_t lo = key_get(t, h, 0), hi = key_get(t, h, h->n - 1);
+/* Whether dense slots over range keys cost no more than n sparse buckets (plus a little: no search). */
+static int dense_pays(int64_t range, uint32_t n, uint32_t cw) {
+    return range <= (int64_t)MAX_ROOM && (uint64_t)range * cw <= (uint64_t)n * (2 + cw) + 8;
+}
+
+/* Lowest and highest populated sort keys (n > 0). */
+static void key_range(const struct ki_histtab *t, const struct ki_hist *h, int32_t *lo, int32_t *hi) {
+    uint32_t a = 0, b = ends(h) - 1;
+    if (h->kw == 0) {
+        while (!count_get(t, h, a)) a++;
+        while (!count_get(t, h, b)) b--;
+    }
+    *lo = key_get(t, h, a);
+    *hi = key_get(t, h, b);
+}
+
+/* Add a bucket of key sk holding 1, making room: a bigger chunk, dense or sparse, whichever is
+ * smaller; narrow keys rebased or widened when sk is out of their range; counts wide enough for
+ * the merges that follow when the insert goes past max_buckets (those work on sparse buckets).
+ * 0 or -ENOBUFS (nothing changed). */
+static int bucket_insert(struct ki_histtab *t, struct ki_hist *h, int32_t sk) {
+    uint32_t n1 = h->n + 1u;
+    int reduce = n1 > t->cfg.max_buckets;
+    uint8_t cw = h->cw;
+    if (reduce && width_for(h->count + 1) > cw) cw = width_for(h->count + 1);
+    int32_t lo = sk, hi = sk;
+    if (h->n) {
+        key_range(t, h, &lo, &hi);
         if (sk < lo) lo = sk;
         if (sk > hi) hi = sk;
-        if ((int64_t)hi - lo <= 65535)
-            base = lo - (int32_t)((65535 - (hi - lo)) / 2);
+    }
+    int64_t range = (int64_t)hi - lo + 1;
+    int fits = h->cap && sk >= h->base && (int64_t)sk - h->base < (h->kw ? 65536 : (int64_t)h->cap);
+    if (h->kw == 0 && !reduce && fits && cw == h->cw) { /* an empty slot of a dense chunk */
+        count_set(t, h, (uint32_t)(sk - h->base), 1);
+        h->n++;
+        return 0;
+    }
+    if (!reduce && (h->kw == 0 || h->n == h->cap) && dense_pays(range, n1, cw)) {
+        uint32_t c = 0;
+        while (c < t->nclasses && cap_of(t->class_bytes[c], 0, cw) < range) c++;
+        if (c == t->nclasses) return -ENOBUFS;
+        int64_t cap = cap_of(t->class_bytes[c], 0, cw);
+        int32_t base;
+        if (h->n == 0) base = sk - (int32_t)(cap / 2);                       /* room both ways */
+        else if (h->kw == 0 && h->base <= lo && hi - h->base < cap) base = h->base; /* grows in place */
+        else if (sk == lo) base = hi - (int32_t)cap + 1;                    /* room below, where it grows */
+        else base = lo;                                                      /* room above */
+        if (rechunk(t, h, (uint32_t)cap, 0, cw, base) < 0) return -ENOBUFS;
+        count_set(t, h, (uint32_t)(sk - h->base), 1);
+        h->n++;
+        return 0;
+    }
+    /* Sparse. */
+    uint8_t kw = h->kw ? h->kw : 2;
+    int32_t base = h->base;
+    if (h->kw == 0 || (kw == 2 && !fits)) {
+        if (range <= 65536)
+            base = lo - (int32_t)((65536 - range) / 2);
         else
             kw = 4;
     }
-    if (h->n + 1u > t->cfg.max_buckets && width_for(h->count + 1) > cw) cw = width_for(h->count + 1);
-    if (h->n == h->cap || kw != h->kw || cw != h->cw) {
-        if (rechunk(t, h, h->n + 1u, kw, cw, base) < 0) return -ENOBUFS;
+    if (h->kw == 0 || h->n == h->cap || kw != h->kw || cw != h->cw) {
+        if (rechunk(t, h, n1, kw, cw, base) < 0) return -ENOBUFS;
     } else if (base != h->base) { /* same chunk, keys shifted into the new range */
         uint16_t *k = (uint16_t *)(void *)keys_at(t, h);
         for (uint32_t i = 0; i < h->n; i++) k[i] = (uint16_t)(k[i] + (h->base - base));
         h->base = base;
     }
+    int found;
+    uint32_t p = bucket_pos(t, h, sk, &found);
     uint8_t *c = chunk_at(t, h), *k = keys_at(t, h);
     memmove(c + (size_t)(p + 1) * h->cw, c + (size_t)p * h->cw, (size_t)(h->n - p) * h->cw);
     memmove(k + (size_t)(p + 1) * h->kw, k + (size_t)p * h->kw, (size_t)(h->n - p) * h->kw);
@@ -575,7 +640,13 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
             goto counted;
         }
         int found;
-        uint32_t p = bucket_pos(t, h, sk, &found);
+        uint32_t p;
+        if (h->kw == 0) { /* dense: the slot, or none */
+            p = (uint32_t)(sk - h->base);
+            found = p < h->cap && count_get(t, h, p) != 0;
+        } else {
+            p = bucket_pos(t, h, sk, &found);
+        }
         if (found) {
             if (count_inc(t, h, p) < 0) {
                 t->pool_refused++;
@@ -584,7 +655,7 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
             h->hint = (uint16_t)p;
             goto counted;
         }
-        if (bucket_insert(t, h, p, sk) < 0) {
+        if (bucket_insert(t, h, sk) < 0) {
             t->pool_refused++;
             return -ENOBUFS;
         }
@@ -617,10 +688,11 @@ static void make_buckets(const struct ki_histtab *t, const struct ki_hist *h, ui
     int64_t prev = 0;
     int32_t next = 0;
     for (uint32_t r = from; r < to; r++) {
-        int32_t i = key_get(t, h, r) + off;
         int64_t c = (int64_t)count_get(t, h, r);
+        if (!c) continue; /* an empty dense slot */
+        int32_t i = key_get(t, h, r) + off;
         int32_t gap = i - next;
-        if (r == from || gap > 2) {
+        if (ns == 0 || gap > 2) {
             spans[ns].offset = gap;
             spans[ns].length = 0;
             ns++;
@@ -648,10 +720,10 @@ int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histo
     out->zero_count = h->zero_count;
     out->count = h->count;
     out->sum = h->sum;
-    uint32_t nneg = 0;
-    while (nneg < h->n && key_get(t, h, nneg) < NEG_LIMIT) nneg++;
+    uint32_t nneg = 0, e = ends(h);
+    while (nneg < e && key_get(t, h, nneg) < NEG_LIMIT) nneg++;
     make_buckets(t, h, 0, nneg, NEG_OFF, out->neg_spans, &out->n_neg_spans, out->neg_deltas, &out->n_neg_deltas);
-    make_buckets(t, h, nneg, h->n, 0, out->pos_spans, &out->n_pos_spans, out->pos_deltas, &out->n_pos_deltas);
+    make_buckets(t, h, nneg, e, 0, out->pos_spans, &out->n_pos_spans, out->pos_deltas, &out->n_pos_deltas);
     return 0;
 }
 

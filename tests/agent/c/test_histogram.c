@@ -196,11 +196,11 @@ static void unit(void) {
     ki_histtab_stats(t, &st);
     CHECK_EQ(st.bucket_refused, 1);
     ki_histtab_destroy(t);
-    /* A small shared pool (64 narrow bucket slots: 192 bytes). a's 16-byte chunk, then d's; a's
-     * fifth bucket moves it to a 24-byte chunk at the end and frees its first one, which b takes
-     * (no new pool bytes). a, now the pool's last chunk, grows in place up to the pool's end:
-     * 160 bytes from offset 32, 52 one-byte counts and 16-bit keys. Then buckets run out: the
-     * refusal is counted and what was taken stays consistent. */
+    /* A small shared pool (64 narrow bucket slots: 192 bytes). a's first chunk (16 bytes, dense),
+     * then d's; a's second bucket 16 indexes away makes it sparse in a new 16-byte chunk at the
+     * end and frees its first one, which b takes (no new pool bytes). a, now the pool's last
+     * chunk, grows in place up to the pool's end: 160 bytes from offset 32, 52 one-byte counts and
+     * 16-bit keys. Then buckets run out: the refusal is counted and what was taken stays consistent. */
     struct ki_histogram_config pooled = {0, ZT, 64, 0, 4, 64};
     t = ki_histtab_create(&pooled);
     CHECK(t != NULL);
@@ -210,14 +210,15 @@ static void unit(void) {
     ki_histtab_stats(t, &st);
     uint64_t before = st.bytes;
     int taken = 1, refused = 0;
-    for (int i = 1; i < 5; i++, taken++) CHECK_EQ(ki_histtab_observe(t, &a, ldexp(1.0, i)), 0);
+    CHECK_EQ(ki_histtab_observe(t, &a, 0x1p16), 0);
+    taken++;
     ki_histtab_stats(t, &st);
-    CHECK_EQ(st.bytes, before + 24);
+    CHECK_EQ(st.bytes, before + 16);
     CHECK_EQ(ki_histtab_observe(t, &b, 1.0), 0); /* takes the chunk a gave up */
     ki_histtab_stats(t, &st);
-    CHECK_EQ(st.bytes, before + 24);
-    for (int i = 5; i < 64; i++) {
-        int rc = ki_histtab_observe(t, &a, ldexp(1.0, i)); /* one new bucket each at schema 0 */
+    CHECK_EQ(st.bytes, before + 16);
+    for (int i = 2; i < 64; i++) {
+        int rc = ki_histtab_observe(t, &a, ldexp(1.0, 16 * i)); /* one new bucket each at schema 0 */
         if (rc == 0) taken++;
         else {
             CHECK_EQ(rc, -ENOBUFS);
@@ -233,12 +234,13 @@ static void unit(void) {
     CHECK_EQ(total, taken);
     ki_histtab_stats(t, &st);
     CHECK_EQ(st.pool_refused, refused);
-    CHECK_EQ(st.bytes, before - 32 + 192);
+    CHECK_EQ(st.bytes, before + 160);
     CHECK_EQ(ki_histtab_observe(t, &a, 1.0), 0); /* existing buckets still count */
     ki_histtab_destroy(t);
-    /* Storage widths: counts widen past 255 and 65535 (one byte, two, four), narrow 16-bit keys are
-     * rebased when a bucket lies outside their range and widened to 32 bits past 65535 indexes;
-     * the export is the same as from exact counts and indexes. */
+    /* Storage forms: a dense chunk whose counts widen past 255 and 65535 (one byte, two, four);
+     * sparse once a bucket lies far away, its narrow 16-bit keys rebased when a bucket lies
+     * outside their range and widened to 32 bits past 65535 indexes; the export is the same as
+     * from exact counts and indexes. */
     struct ki_histogram_config wide = {8, ZT, 160, 0, 1};
     t = ki_histtab_create(&wide);
     CHECK(t != NULL);
@@ -261,6 +263,43 @@ static void unit(void) {
         CHECK_EQ(e.pos_deltas[j], (int64_t)times[order[j]] - prev);
         next = idx + 1;
         prev = (int64_t)times[order[j]];
+    }
+    ki_histtab_destroy(t);
+    /* Dense and sparse forms against plain counting: clustered values with outliers near and far
+     * (so histograms go dense -> sparse -> dense as they fill in), several keys sharing the pool,
+     * no bucket limit reached; the exported buckets, decoded, are the exact counts per index. */
+    struct ki_histogram_config many = {3, ZT, 1300, 0, 8};
+    t = ki_histtab_create(&many);
+    CHECK(t != NULL);
+    static uint32_t ref[8][4096];
+    memset(ref, 0, sizeof ref);
+    uint64_t rng = 88172645463325252ULL;
+    for (int i = 0; i < 200000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        uint32_t k = (uint32_t)(rng % 8), r = (uint32_t)(rng >> 8) % 1000;
+        int32_t idx = r < 900 ? (int32_t)((rng >> 20) % (16 + 40 * k)) /* a cluster */
+                              : (int32_t)((rng >> 20) % (i < 1000 ? 1200 : 400)); /* outliers */
+        struct ki_histogram_key key = {1, k, 0, 1};
+        CHECK_EQ(ki_histtab_observe(t, &key, ki_histogram_upper(idx, 3)), 0);
+        ref[k][idx]++;
+    }
+    for (uint32_t k = 0; k < 8; k++) {
+        struct ki_histogram_key key = {1, k, 0, 1};
+        e = export_one(t, (uint32_t)ki_histtab_find(t, &key));
+        uint32_t got[4096] = {0};
+        int32_t at = 0;
+        int64_t cnt = 0;
+        uint32_t di = 0;
+        for (uint32_t sp = 0; sp < e.n_pos_spans; sp++) {
+            at += e.pos_spans[sp].offset;
+            for (uint32_t l = 0; l < e.pos_spans[sp].length; l++, at++) {
+                cnt += e.pos_deltas[di++];
+                CHECK(at >= 0 && at < 4096 && cnt >= 0);
+                got[at] = (uint32_t)cnt;
+            }
+        }
+        CHECK_EQ(di, e.n_pos_deltas);
+        CHECK(memcmp(got, ref[k], sizeof got) == 0);
     }
     ki_histtab_destroy(t);
     /* Bad settings. */
