@@ -83,6 +83,12 @@ class Regex:
         self._raw: Any = getattr(compiled, "_regexp", None) if _UNANCHORED is not None else None
         self._memo: dict[str, bool] = {}
 
+    @property
+    def literals(self) -> frozenset[str] | None:
+        """The strings the pattern stands for when it is a plain alternation of literals, else None
+        (a store reads exactly those metrics for ``__name__=~"a|b"``)."""
+        return self._literals
+
     def matches(self, text: str) -> bool:
         """Whether ``text`` matches the whole pattern (``^(?s:pattern)$``)."""
         if self._literals is not None:
