@@ -205,9 +205,11 @@ SCHEMA: tuple[Table, ...] = (
             Column("ts", _TS_MS, "DoubleDelta, ZSTD(3)"),
             Column("schema", "Int8", "ZSTD(1)", "-4 .. 8 exponential, -53 custom bounds (NHCB)"),
             Column("zero_threshold", "Float64", "ZSTD(1)"),
-            Column("zero_count", "Float64", "Gorilla, ZSTD(3)"),
-            Column("count", "Float64", "Gorilla, ZSTD(3)"),
-            Column("sum", "Float64", "Gorilla, ZSTD(3)", "a stale marker is the StaleNaN bit pattern here"),
+            # Delta of the float's bits, as samples' value: sum 3.4 and count 1.8 bytes per histogram
+            # sample against 7.2 and 2.6 with Gorilla + ZSTD(3) (bench/histstore: 53.6 against 58.2 in all).
+            Column("zero_count", "Float64", "Delta, ZSTD(3)"),
+            Column("count", "Float64", "Delta, ZSTD(3)"),
+            Column("sum", "Float64", "Delta, ZSTD(3)", "a stale marker is the StaleNaN bit pattern here"),
             Column("counter_reset_hint", "UInt8", "ZSTD(1)", "0 unknown, 1 reset, 2 not a reset, 3 gauge"),
             Column("positive_span_offsets", "Array(Int32)", "ZSTD(3)", "Prometheus Span.Offset per span"),
             Column("positive_span_lengths", "Array(UInt32)", "ZSTD(3)"),

@@ -101,7 +101,8 @@ ARRAYS = ("positive_span_offsets", "positive_span_lengths", "positive_counts")
 SCALARS = ("zero_count", "count", "sum")
 B = "positive_counts"  # where integer histograms' bucket counts go (all of this data)
 VARIANTS: dict[str, dict[str, str]] = {
-    "chosen (counts Array(Int64) Delta+ZSTD(1), scalars Gorilla+ZSTD(3))": {},
+    "chosen (counts Array(Int64) Delta+ZSTD(1), scalars Delta+ZSTD(3))": {},
+    "scalars Gorilla+ZSTD(3) (before)": dict.fromkeys(SCALARS, "Gorilla, ZSTD(3)"),
     "counts Array(Int64) ZSTD(3)": {B: "ZSTD(3)"},
     "counts Array(Int64) Delta+ZSTD(3)": {B: "Delta, ZSTD(3)"},
     "counts Array(Int64) T64+ZSTD(3)": {B: "T64, ZSTD(3)"},
