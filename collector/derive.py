@@ -101,6 +101,8 @@ _MEMOP_DTYPE = PAYLOAD_DTYPES[RecordType.MEMOP]
 _COLLECTIVE_DTYPE = PAYLOAD_DTYPES[RecordType.COLLECTIVE]
 _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
 _SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
+#: The GPU_SAMPLE metric ids this collector knows (made once, not per batch).
+_KNOWN_METRIC_IDS = np.array(sorted(METRIC_SPECS), dtype=np.uint32)
 _FINGERPRINT_DTYPE = PAYLOAD_DTYPES[RecordType.FINGERPRINT]
 _ERROR_DTYPE = PAYLOAD_DTYPES[RecordType.ERROR]
 
@@ -548,24 +550,30 @@ class Deriver:
         uniq, inverse = np.unique(key, return_inverse=True)
         inverse = inverse.reshape(-1)
         names_u = [self._kernel_name(int(u) >> 32, int(u) & 0xFFFFFFFF) for u in uniq.tolist()]
-        names = np.array(names_u, dtype=object)[inverse]
+        # Two keys can name one kernel (two producers' ids): codes index the distinct names.
+        distinct: dict[str, int] = {}
+        code_of_key = np.fromiter(
+            (distinct.setdefault(n, len(distinct)) for n in names_u), dtype=np.int32, count=len(names_u)
+        )
+        name_ids = code_of_key[inverse]
+        names = list(distinct)
         gpu = k["device"].astype(np.uint16)
         spans = SpanBatch(
             instance=[self.instance] * len(k),
             gpu=gpu,
             stream=payload["stream"].astype(np.uint64),
-            kernel=names.tolist(),
+            kernel=np.array(names, dtype=object)[name_ids].tolist(),
             start_ns=start,
             end_ns=end,
             correlation=payload["correlation"].astype(np.uint64),
             pid=payload["pid"].astype(np.uint32),
+            kernel_dict=(name_ids, names),
         )
         if not count:
             return spans
         # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
         dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
-        name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1].reshape(-1)[inverse]
-        group = gpu.astype(np.int64) * (len(names_u) + 1) + name_ids
+        group = gpu.astype(np.int64) * (len(names) + 1) + name_ids
         _, ginv = np.unique(group, return_inverse=True)
         ginv = ginv.reshape(-1)
         counts = np.bincount(ginv)
@@ -912,7 +920,7 @@ class Deriver:
         if len(r) == 0:
             return 0
         metric = r["id"]
-        known = np.isin(metric, np.fromiter(METRIC_SPECS, dtype=np.uint32))
+        known = np.isin(metric, _KNOWN_METRIC_IDS)
         unknown = int(len(r) - known.sum())
         p = _payload(r, _SAMPLE_DTYPE)
         value, aux = p["value"], p["aux"]

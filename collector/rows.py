@@ -768,11 +768,16 @@ class SpanBatch:
     launch_ns: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     launch_host_ns: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, np.uint32))
     tid: npt.NDArray[np.uint32] = field(default_factory=lambda: np.zeros(0, np.uint32))
+    #: ``kernel`` once more as (per-row code, distinct names), when the maker had it (derive
+    #: does): the store then writes the names as a dictionary without encoding every row again.
+    kernel_dict: tuple[npt.NDArray[np.int32], list[str]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
         cols = (self.instance, self.gpu, self.stream, self.kernel, self.end_ns, self.correlation, self.pid)
         if any(len(c) != n for c in cols):
+            raise ValueError("every span column must have the same length")
+        if self.kernel_dict is not None and len(self.kernel_dict[0]) != n:
             raise ValueError("every span column must have the same length")
         if n and not len(self.launch_ns):
             self.launch_ns = np.zeros(n, np.int64)

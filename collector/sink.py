@@ -8,21 +8,30 @@ written in groups with other requests' rows by a :class:`~kernel_insight.collect
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 from kernel_insight.collector.batcher import Batcher, Ticket
 from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY, Deriver
 from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
-from kernel_insight.collector.rows import Labels
+from kernel_insight.collector.rows import InstanceInfo, Labels
 from kernel_insight.collector.store import StorageError, Store
 from kernel_insight.collector.wire import DecodedBatch
 
-__all__ = ["StoreSink"]
+__all__ = ["INSTANCE_ROW_EVERY_S", "StoreSink"]
+
+#: An agent's ``instances`` row (what the instance is, and ``last_seen``) is written with its first
+#: batch in each window of this many seconds of its own (producer) time, and with any batch whose
+#: row says something new besides ``last_seen`` (docs/storage.md, "Ingest: group commit"). The
+#: windows are aligned to the clock, so a fleet's rows land in the same flush or two per window,
+#: and the other flushes skip the table: each insert costs ~5-10 ms of CPU in chDB whatever its
+#: size. ``last_seen`` is thus at most this much behind the newest batch (staleness is 60 s).
+INSTANCE_ROW_EVERY_S = 1.0
 
 
 class StoreSink:
@@ -59,6 +68,8 @@ class StoreSink:
         self._instance_of = instance_of or (lambda agent_id: agent_id.hex())
         self._labels_of = labels_of or (lambda instance: {})
         self._derivers: dict[bytes, tuple[Deriver, threading.Lock]] = {}
+        #: per agent: (window, row without last_seen) of its last instance row queued (under its lock)
+        self._instance_rows: dict[bytes, tuple[int, InstanceInfo]] = {}
         self._lock = threading.Lock()
         self._started = False
 
@@ -106,19 +117,22 @@ class StoreSink:
                     epoch=batch.header.epoch,
                 )
                 after = deriver.checkpoint()
+                agent_id = batch.header.agent_id
+                instances = self._instances_due(agent_id, derived.instances)
                 rows = self.store.prepare(
                     batch_id,
                     agent_id=deriver.instance,
                     samples=derived.samples,
                     spans=derived.spans,
                     events=derived.events,
-                    instances=derived.instances,
+                    instances=instances,
                     histograms=derived.histograms,
                     calls=derived.calls,
                 )
                 ticket = self.batcher.submit(rows)
                 if ticket.rows is not rows:  # queued meanwhile by a retry: these rows are not needed
                     deriver.rollback(before)
+                    self._instance_rows.pop(agent_id, None)
                     return ticket.answer()
             except (ValueError, OverflowError) as exc:
                 deriver.rollback(before)
@@ -127,17 +141,41 @@ class StoreSink:
                 deriver.rollback(before)
                 raise
         increments = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
-        if increments:
-            ticket.on_final(lambda t: self._undo_unless_stored(t, deriver, lock, increments))
+        if increments or instances:
+            ticket.on_final(
+                lambda t: self._undo_unless_stored(
+                    t, deriver, lock, increments, agent_id if instances else None
+                )
+            )
         return ticket.answer()
 
-    @staticmethod
+    def _instances_due(self, agent_id: bytes, instances: Sequence[InstanceInfo]) -> Sequence[InstanceInfo]:
+        """The batch's instance row when one is due (INSTANCE_ROW_EVERY_S, or the row changed),
+        else none (the agent's lock is held). A row that ends up not stored is forgotten, so
+        the agent's next batch writes one."""
+        if not instances:
+            return instances
+        (info,) = instances
+        window = int(info.last_seen_ms // (INSTANCE_ROW_EVERY_S * 1000))
+        facts = dataclasses.replace(info, last_seen_ms=0)
+        if self._instance_rows.get(agent_id) == (window, facts):
+            return ()
+        self._instance_rows[agent_id] = (window, facts)
+        return instances
+
     def _undo_unless_stored(
-        ticket: Ticket, deriver: Deriver, lock: threading.Lock, increments: dict[Labels, float]
+        self,
+        ticket: Ticket,
+        deriver: Deriver,
+        lock: threading.Lock,
+        increments: dict[Labels, float],
+        instance_of: bytes | None,
     ) -> None:
         if ticket.stored:
             return
         with lock:
+            if instance_of is not None:
+                self._instance_rows.pop(instance_of, None)
             totals = deriver.checkpoint()
             for labels, inc in increments.items():
                 totals[labels] = totals.get(labels, 0.0) - inc

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, wait_until
+from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, thread_cpu_seconds, wait_until
 from kernel_insight.agent.launcher import agent_binary
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.store import EmbeddedStore
@@ -60,6 +60,13 @@ class Trial:
     lost: int = 0
     ring_dropped: int = 0
     collector_cpu_pct: float = 0.0
+    #: the collector's CPU (user + system, all threads) from when it answered /healthz until every
+    #: record was delivered, per record written: the figure that survives a loaded machine
+    collector_cpu_us_per_record: float = math.nan
+    #: the same CPU seconds by thread name (chDB's threads apart from Python's), largest first
+    collector_cpu_s_by_thread: dict[str, float] = field(default_factory=dict)
+    #: the agents ran with --histograms=1 (kept spans + histograms, their default) instead of 0
+    histograms: bool = False
     p99_ack_ms: float = math.nan
     backlog_end: int = 0
     backlog_30s_before: int = 0
@@ -138,8 +145,29 @@ def _p99_ms(before: dict[float, float] | None, after: dict[float, float] | None)
     return math.nan
 
 
-def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, ringtool: Path) -> Trial:
-    trial = Trial(rate, agents)
+def _launches_counted(store: EmbeddedStore) -> int:
+    """Kernel records the agents' histograms counted: the last count of every
+    ``kernel_duration_seconds`` series (one agent run each, so no counter resets)."""
+    rows = store.query(
+        "SELECT sum(c) AS n FROM (SELECT fingerprint, max(count) AS c FROM ki.histograms "
+        "WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint)"
+    ).to_pylist()
+    return int(rows[0]["n"] or 0)
+
+
+def run_trial(
+    rate: int,
+    agents: int,
+    warmup: float,
+    seconds: float,
+    tmp: Path,
+    ringtool: Path,
+    *,
+    histograms: bool = False,
+) -> Trial:
+    """One rate. With ``histograms`` the agents ship kept spans and histograms (their default);
+    a record then counts as delivered once the stored histograms counted it."""
+    trial = Trial(rate, agents, histograms=histograms)
     keys = KeyStore(tmp / "keys.json")
     nodes = [Node(tmp, i, keys, agent_binary(), ringtool) for i in range(agents)]
     collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log")
@@ -154,8 +182,9 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
     dirs = {t: p if p.is_absolute() else tmp / "data" / p for t, p in paths.items()}
     try:
         collector.start()
+        cpu_ready, threads_ready = cpu_seconds(collector.pid), thread_cpu_seconds(collector.pid)
         for n in nodes:
-            n.start_agent(collector.url)
+            n.start_agent(collector.url, histograms=histograms)
         per_agent = rate // agents
         for n in nodes:
             n.start_producer(per_agent, warmup + seconds)
@@ -188,6 +217,11 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
         except TimeoutError as exc:
             trial.notes.append(str(exc))
         trial.drain_s = time.monotonic() - drain_start
+        if trial.written:
+            trial.collector_cpu_us_per_record = 1e6 * (cpu_seconds(collector.pid) - cpu_ready) / trial.written
+        threads_now = thread_cpu_seconds(collector.pid)
+        by_thread = {k: round(v - threads_ready.get(k, 0.0), 2) for k, v in threads_now.items()}
+        trial.collector_cpu_s_by_thread = dict(sorted(by_thread.items(), key=lambda kv: -kv[1])[:12])
 
         # du while the collector and the agents run (as in production: the agents' heartbeats
         # keep the tables written): parts a merge replaced are deleted old_parts_lifetime (1 s)
@@ -219,12 +253,16 @@ def run_trial(rate: int, agents: int, warmup: float, seconds: float, tmp: Path, 
             n.stop_agent()
         collector.stop()
         with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
-            rows = store.query(
-                "SELECT count() AS n, uniqExact(instance, correlation) AS u FROM ki.kernel_spans"
-            ).to_pylist()[0]
-            trial.stored = int(rows["u"])
-            duplicates = int(rows["n"]) - int(rows["u"])
-            trial.lost = trial.written - trial.stored + trial.ring_dropped + duplicates
+            if histograms:  # kept spans only: every record is counted by its histogram
+                trial.stored = _launches_counted(store)
+                duplicates = 0
+            else:
+                rows = store.query(
+                    "SELECT count() AS n, uniqExact(instance, correlation) AS u FROM ki.kernel_spans"
+                ).to_pylist()[0]
+                trial.stored = int(rows["u"])
+                duplicates = int(rows["n"]) - int(rows["u"])
+            trial.lost = abs(trial.written - trial.stored) + trial.ring_dropped + duplicates
             trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
             reported = store.disk_bytes("samples")
             reported_all = sum(store.disk_bytes(t) for t in SAMPLE_TABLES)
@@ -264,6 +302,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up (>= 30)")
     p.add_argument("--budget-s", type=float, default=450.0, help="start no trial that would end past this")
     p.add_argument("--keep", action="store_true", help="keep the trial directories")
+    p.add_argument(
+        "--histograms",
+        action="store_true",
+        help="agents with histograms on (their default: kept spans + native histograms); "
+        "without it every record is shipped as a span and followed one by one",
+    )
     args = p.parse_args()
     if args.seconds < 30:
         p.error("--seconds must be at least 30 (the backlog is judged over the last 30 s)")
@@ -279,7 +323,7 @@ def main() -> None:
         tmp = root / f"rate-{rate}"
         tmp.mkdir()
         started = time.monotonic()
-        t = run_trial(rate, args.agents, args.warmup, args.seconds, tmp, ringtool)
+        t = run_trial(rate, args.agents, args.warmup, args.seconds, tmp, ringtool, histograms=args.histograms)
         last_s = time.monotonic() - started
         trials.append(t)
         print(json.dumps(asdict(t), default=str), flush=True)
@@ -314,6 +358,7 @@ def main() -> None:
     for t in trials:
         print(
             f"  rate {t.rate:>8}/s: {'pass' if t.passed else 'FAIL'} cpu {t.collector_cpu_pct:5.1f}% "
+            f"({t.collector_cpu_us_per_record:.2f} us/record) "
             f"backlog {t.backlog_30s_before}->{t.backlog_end} (max {t.backlog_max}) lost {t.lost} "
             f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms bytes/sample du {t.bytes_per_sample_du:.2f} "
             f"store {t.bytes_per_sample_store:.2f} (with series: {t.bytes_per_sample_du_all:.2f} / "
@@ -323,8 +368,9 @@ def main() -> None:
     if not passing:
         print("no rate passed; figures of the lowest rate tried", file=sys.stderr)
     print(
-        f"BENCH e2e gpus={best.agents} records_per_s={best.rate if best.passed else 0} "
-        f"collector_cpu_pct={best.collector_cpu_pct:.0f} p99_ack_ms={best.p99_ack_ms:.0f} "
+        f"BENCH e2e gpus={best.agents} histograms={int(args.histograms)} records_per_s={best.rate if best.passed else 0} "
+        f"collector_cpu_pct={best.collector_cpu_pct:.0f} "
+        f"collector_cpu_us_per_record={best.collector_cpu_us_per_record:.2f} p99_ack_ms={best.p99_ack_ms:.0f} "
         f"backlog_batches={best.backlog_end} lost={best.lost} bytes_per_sample_du={best.bytes_per_sample_du:.2f} "
         f"bytes_per_sample_store={best.bytes_per_sample_store:.2f} "
         f"bytes_per_sample_du_all={best.bytes_per_sample_du_all:.2f} "

@@ -24,7 +24,16 @@ import httpx
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
 
-__all__ = ["REPO", "Collector", "Node", "build_ringtool", "cpu_seconds", "free_port", "wait_until"]
+__all__ = [
+    "REPO",
+    "Collector",
+    "Node",
+    "build_ringtool",
+    "cpu_seconds",
+    "free_port",
+    "thread_cpu_seconds",
+    "wait_until",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 RINGTOOL = REPO / "tests" / "ring" / "c" / "ringtool.c"
@@ -51,6 +60,22 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (its threads included) from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process's live threads, summed by thread name (``comm``):
+    the engine's own threads (merges, background pools) apart from Python's."""
+    out: dict[str, float] = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        name = text.split("(", 1)[1].rsplit(")", 1)[0]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+    return out
 
 
 def wait_until(pred: object, timeout: float, what: str, step: float = 0.05) -> None:
@@ -142,11 +167,13 @@ class Node:
         self.agent: subprocess.Popen[bytes] | None = None
         self.producer: subprocess.Popen[str] | None = None
 
-    def start_agent(self, collector_url: str, *extra: str) -> None:
+    def start_agent(self, collector_url: str, *extra: str, histograms: bool = False) -> None:
+        """Start ki-agent; ``histograms=False`` (the default here) ships every record, so record
+        delivery can be followed one by one; True is the agent's own default (kept spans only)."""
         args = [str(self.agent_bin), "--ring", self.ring_name, "--collector", collector_url,
                 "--key-file", str(self.key_file), "--spool-dir", str(self.spool),
                 "--backoff-min-ms", "50", "--backoff-max-ms", "500", "--shutdown-timeout-s", "30",
-                "--histograms=0", *extra]  # record delivery is measured: every record shipped  # fmt: skip
+                f"--histograms={int(histograms)}", *extra]  # fmt: skip
         with (self.dir / "agent.log").open("a") as log:
             self.agent = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 

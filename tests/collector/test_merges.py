@@ -7,7 +7,7 @@ import time
 
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.schema import MERGE_SETTINGS
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.store import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
 
 DAY_MS = 86_400_000
 
@@ -157,3 +157,17 @@ def test_small_parts_are_one_packed_file_and_older_stores_get_the_setting(tmp_pa
         assert store.query("SELECT count() AS n, sum(value) AS v FROM ki.samples").to_pylist() == [
             {"n": 28, "v": 28.0}
         ]
+
+
+def test_the_embedded_kernel_spans_table_merges_with_a_wider_base(tmp_path):
+    """EMBEDDED_TABLE_SETTINGS: new stores get them, and so do stores made before them."""
+    q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'kernel_spans'"
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        for name, value in EMBEDDED_TABLE_SETTINGS["kernel_spans"].items():
+            assert f"{name} = {value}" in store.query(q).to_pylist()[0]["q"]
+        store.command("ALTER TABLE ki.kernel_spans RESET SETTING merge_selector_base")
+        assert "merge_selector_base" not in store.query(q).to_pylist()[0]["q"]
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
+        ddl = store.query(q).to_pylist()[0]["q"]
+        for name, value in EMBEDDED_TABLE_SETTINGS["kernel_spans"].items():
+            assert f"{name} = {value}" in ddl

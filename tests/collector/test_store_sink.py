@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
 from kernel_insight.agent import RECORD_DTYPE, RecordType
-from kernel_insight.collector.sink import StoreSink
-from kernel_insight.collector.store import EmbeddedStore, StorageUnavailable
+from kernel_insight.collector.sink import INSTANCE_ROW_EVERY_S, StoreSink
+from kernel_insight.collector.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.wire import BatchHeader, Counter, DecodedBatch
 from kernel_insight.kql.storage import Matcher
 
@@ -139,3 +140,57 @@ def test_which_syncs_are_stored_per_call_is_the_sinks_choice(tmp_path, options, 
         sink.close()
     with pytest.raises(ValueError, match="1 in N"):
         StoreSink(store, sync_sample_every=0)
+
+
+def test_an_agents_instance_row_is_written_once_per_window_or_when_it_changes(tmp_path):
+    """INSTANCE_ROW_EVERY_S: the row goes with the first batch of each window of producer time,
+    with a batch whose row says something new, and again after a batch whose row was not stored."""
+    window_ns = int(INSTANCE_ROW_EVERY_S * 1e9)
+    base = (NOW // window_ns + 1) * window_ns  # the start of a window
+
+    def at(seq: int, t_ns: int, labels: tuple[tuple[str, str], ...] | None = None) -> DecodedBatch:
+        b = _batch(seq)
+        b.header = dataclasses.replace(b.header, t_max_ns=t_ns)
+        b.labels = labels
+        return b
+
+    with EmbeddedStore(tmp_path / "d") as store:
+        sink = StoreSink(store, instance_of=lambda a: "host-1")
+        written: list[tuple[int, str]] = []
+        real = store.insert_prepared
+
+        def observe(group, token, done=None):  # type: ignore[no-untyped-def]
+            for p in group:
+                if "instances" in p.tables:
+                    rows = p.tables["instances"].to_pylist()
+                    written.extend(
+                        (r["last_seen"].timestamp() * 1000, dict(r["labels"]).get("rack", "")) for r in rows
+                    )
+            return real(group, token, done)
+
+        store.insert_prepared = observe  # type: ignore[method-assign]
+        ms = base // 1_000_000
+        assert sink(at(0, base)) is True
+        assert sink(at(1, base + window_ns // 10)) is True  # same window, same facts: no row
+        assert sink(at(2, base + window_ns // 2, (("rack", "r7"),))) is True  # a new label: a row
+        assert sink(at(3, base + window_ns * 9 // 10, (("rack", "r7"),))) is True  # nothing new
+        assert sink(at(4, base + window_ns, (("rack", "r7"),))) is True  # the next window
+        assert [(round(t), rack) for t, rack in written] == [
+            (ms, ""),
+            (ms + window_ns // 2_000_000, "r7"),
+            (ms + window_ns // 1_000_000, "r7"),
+        ]
+
+        def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise StorageError("refused")
+
+        written.clear()
+        store.insert_prepared = refuse  # type: ignore[method-assign]
+        with pytest.raises(StorageError):
+            sink(at(5, base + 2 * window_ns, (("rack", "r7"),)))  # its row is not stored ...
+        store.insert_prepared = observe  # type: ignore[method-assign]
+        assert sink(at(6, base + 2 * window_ns + window_ns // 10, (("rack", "r7"),))) is True
+        assert [round(t) for t, _ in written] == [
+            ms + (2 * window_ns + window_ns // 10) // 1_000_000
+        ]  # ... so this one is
+        sink.close()
