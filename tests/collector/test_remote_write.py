@@ -318,3 +318,30 @@ def test_the_store_writes_the_same_rows_with_the_decoders_series_metadata_as_wit
         ]
     with pytest.raises(ValueError, match="series_meta"):
         dataclasses.replace(batch, series_meta=(batch.series_meta[0][:1], batch.series_meta[1], []))
+
+
+@pytest.mark.parametrize("with_meta", [True, False])
+def test_a_series_row_is_written_once_per_series_and_day(app_store, with_meta):
+    """The written (series, day) check (sorted fingerprints per day, then the set): no pair twice, none missed."""
+    cache = SeriesCache()
+    day = 86_400_000
+    t = (NOW // day) * day + 1000
+
+    def write(batch_id: str, series: list) -> None:
+        batch = decode_write_request(encode_write_request(series, compress=False), cache=cache)
+        if not with_meta:
+            batch = dataclasses.replace(batch, series_meta=None)
+        app_store.insert_prepared([app_store.prepare(batch_id, samples=batch, record=False)], batch_id)
+
+    a, b, c = ({"__name__": "m", "s": s} for s in "abc")
+    write("rw:1", [(a, [(t, 1.0)]), (b, [(t, 1.0)])])
+    write("rw:2", [(a, [(t + 1, 1.0)]), (b, [(t + 1, 1.0)]), (c, [(t + 1, 1.0)])])
+    write("rw:3", [(a, [(t + day, 1.0)]), (c, [(t + 2, 1.0)])])  # a on the next day; c again
+    write("rw:4", [(a, [(t + day + 1, 1.0)]), (b, [(t + 3, 1.0)])])
+    rows = app_store.query("SELECT labels['s'] AS s, date FROM ki.series ORDER BY date, s").to_pylist()
+    assert [(r["s"], r["date"].toordinal() - rows[0]["date"].toordinal()) for r in rows] == [
+        ("a", 0),
+        ("b", 0),
+        ("c", 0),
+        ("a", 1),
+    ]
