@@ -173,13 +173,18 @@ def _load_series(store: MemoryStorage, input_series: list[Any], start_ms: int, i
         if rest.strip():
             raise ValueError(f"parse error: unexpected {rest.strip()!r} after the series")
         values = expand_values(_split_values(str(item.get("values", ""))))
-        ts, vs = [], []
+        ts, vs, hts, hs = [], [], [], []
         for i, v in enumerate(values):
             if v.kind in ("float", "stale"):
                 ts.append(start_ms + i * interval_ms)
                 vs.append(v.value)
+            elif v.hist is not None:  # {{...}} native histograms, as promtool reads them
+                hts.append(start_ms + i * interval_ms)
+                hs.append(v.hist)
         if ts:
             store.add(labels, ts, vs)
+        if hts:
+            store.add_histograms(labels, hts, hs)
 
 
 def _writer(store: MemoryStorage) -> Any:
@@ -339,34 +344,57 @@ def _expr_case(engine: Engine, case: dict[str, Any], start_ms: int, fuzzy: bool)
     except KqlError as exc:
         return [f"{where}, err: {getattr(exc, 'brief', str(exc))}"]
     value = result.value
+    # (labels, value, histogram's {{...}} test expression or ""), as promtool's parsedSample:
+    # a histogram sample's value is 0 and its histogram is compared as that text.
     if isinstance(value, Scalar):
-        got: list[tuple[Labels, float]] = [((), value.value)]
+        got: list[tuple[Labels, float, str]] = [((), value.value, "")]
     elif isinstance(value, Vector):
-        got = [(s.labels, s.value) for s in value.samples]
+        got = [
+            (s.labels, s.value, "") if s.histogram is None else (s.labels, 0.0, s.histogram.test_expression())
+            for s in value.samples
+        ]
     else:
         return [f"{where}, err: rule result is not a vector or scalar"]
-    exp: list[tuple[Labels, float]] = []
+    exp: list[tuple[Labels, float, str]] = []
     for s in case.get("exp_samples") or []:
         _check_fields(s, {"labels", "value", "histogram"}, "main.sample")
         text = str(s.get("labels") or "")
+        hist = ""
         try:
             labels, rest = parse_series(text) if text.strip() else ((), "")
             if rest.strip():
                 raise ScriptError(f"unexpected {rest.strip()!r}")
+            if s.get("histogram"):
+                hist = _histogram_text(str(s["histogram"]))
         except ScriptError as exc:
             return [f"{where}, err: labels {go_quote(text)}: {exc}"]
-        exp.append((labels, float(s.get("value", 0) or 0)))
+        exp.append((labels, float(s.get("value", 0) or 0), hist))
     exp.sort(key=lambda x: x[0])
     got.sort(key=lambda x: x[0])
     if len(exp) != len(got) or any(
-        el != gl or not _same(ev, gv, fuzzy) for (el, ev), (gl, gv) in zip(exp, got, strict=True)
+        el != gl or eh != gh or not _same(ev, gv, fuzzy)
+        for (el, ev, eh), (gl, gv, gh) in zip(exp, got, strict=True)
     ):
 
-        def fmt(items: list[tuple[Labels, float]]) -> str:
-            return ", ".join(f"{_labels_str(lbl)} {_float_E(v)}" for lbl, v in items) if items else "nil"
+        def fmt(items: list[tuple[Labels, float, str]]) -> str:
+            if not items:
+                return "nil"
+            return ", ".join(f"{_labels_str(lbl)} {h or _float_E(v)}" for lbl, v, h in items)
 
         return [f"{where},\n        exp: {fmt(exp)}\n        got: {fmt(got)}"]
     return []
+
+
+def _histogram_text(text: str) -> str:
+    """An expected ``histogram:`` as promtool compares it: parsed, then written back as its test
+    expression (so layouts written differently but equal compare equal)."""
+    try:
+        (value,) = expand_values(_split_values(text))
+    except (ValueError, ScriptError) as exc:
+        raise ScriptError(f"expected 1 histogram value: {exc}") from None
+    if value.hist is None:
+        raise ScriptError(f"expected histogram, got {text}")
+    return str(value.hist.test_expression())
 
 
 def run_test_file(path: str) -> TestFileResult:

@@ -4,6 +4,8 @@ store's histograms table, read back by kql, the HTTP API and the rules after the
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -150,3 +152,74 @@ def test_a_recorded_histogram_series_goes_stale_when_its_source_does(store, tmp_
     assert len(before.value) == 2  # type: ignore[arg-type]
     after = engine.instant_query("kernel:kernel_duration_seconds:rate1m", gone + 1_000)
     assert len(after.value) == 0  # type: ignore[arg-type]
+
+
+UNIT_RULES = """
+groups:
+  - name: h
+    rules:
+      - record: job:lat:increase2m
+        expr: sum by (job) (increase(lat[2m]))
+      - record: job:lat:p90
+        expr: histogram_quantile(0.9, job:lat:increase2m)
+"""
+UNIT_TEST = """
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'lat{{job="a",i="0"}}'
+        values: '{{{{schema:0 count:4 sum:5 buckets:[1 2 1]}}}}+{{{{schema:0 count:4 sum:5 buckets:[1 2 1]}}}}x5'
+      - series: 'lat{{job="a",i="1"}}'
+        values: '{{{{schema:0 count:2 sum:3 buckets:[1 1]}}}}+{{{{schema:0 count:2 sum:3 buckets:[1 1]}}}}x5'
+    promql_expr_test:
+      - expr: job:lat:increase2m
+        eval_time: 3m
+        exp_samples:
+          - labels: 'job:lat:increase2m{{job="a"}}'
+            histogram: '{histogram}'
+      - expr: job:lat:p90
+        eval_time: 3m
+        exp_samples:
+          - labels: 'job:lat:p90{{job="a"}}'
+            value: {p90!r}
+"""
+
+
+def _unit(tmp_path, histogram: str) -> subprocess.CompletedProcess[str]:
+    from kernel_insight.kql.nativehist import histogram_quantile, parse_histogram
+
+    (tmp_path / "rules.yml").write_text(UNIT_RULES)
+    # One minute's increment per series, doubled by increase's extrapolation over [2m]:
+    # buckets (0.5,1] (1,2] (2,4] hold 4 6 2; the 0.9 quantile lies 0.4 into (2,4] (rank 10.8 of 12).
+    p90, _ = histogram_quantile(0.9, parse_histogram("{{schema:0 count:12 sum:16 buckets:[4 6 2]}}"))
+    assert 2.63 < p90 < 2.64
+    (tmp_path / "test.yml").write_text(UNIT_TEST.format(histogram=histogram, p90=p90))
+    return subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "rules", "test", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_rule_unit_tests_take_histogram_series_and_expect_histograms(tmp_path):
+    """``ki rules test`` reads ``{{...}}`` input series and compares ``histogram:`` expectations as
+    promtool 3 does (its TestExpression text); Debian's promtool 2.42 reads neither."""
+    ok = _unit(tmp_path, "{{schema:0 count:12 sum:16 buckets:[4 6 2] counter_reset_hint:gauge}}")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = _unit(tmp_path, "{{schema:0 count:12 sum:16 buckets:[4 6 3] counter_reset_hint:gauge}}")
+    assert bad.returncode == 1
+    # promtool's parsedSample text: the labels, then the histogram's TestExpression.
+    exp_line = next(line for line in bad.stderr.splitlines() if line.strip().startswith("exp:"))
+    got_line = next(line for line in bad.stderr.splitlines() if line.strip().startswith("got:"))
+    assert exp_line.strip() == (
+        'exp: {__name__="job:lat:increase2m", job="a"} '
+        "{{count:12 sum:16 counter_reset_hint:gauge buckets:[4 6 3]}}"
+    )
+    assert got_line.strip() == (
+        'got: {__name__="job:lat:increase2m", job="a"} '
+        "{{count:12 sum:16 counter_reset_hint:gauge buckets:[4 6 2]}}"
+    )
