@@ -157,17 +157,63 @@ def _exact_sum(values: F64) -> float:
         return float(np.sum(values))
 
 
+#: Windows at least this full (samples over windows x the longest one) are summed side by side
+#: as one padded matrix (_dense_kahan_totals) rather than through lock-step slices.
+DENSE_KAHAN_FILL = 0.9
+
+
 def _kahan_totals(w: _Windows) -> tuple[F64, F64]:
-    """Kahan-Neumaier sum and compensation of every window, in lock-step order."""
+    """Kahan-Neumaier sum and compensation of every window, in lock-step order.
+
+    The compensation is meaningless where the sum ended infinite or NaN (the callers take the
+    sum there, as Prometheus does).
+    """
     total = np.zeros(w.n)
     comp = np.zeros(w.n)
-    t_buf, b_buf = np.empty(w.n), np.empty(w.n)
-    for _k, active, idx in w.lockstep():
-        m = len(idx)
-        kahan_add(total[active], comp[active], w.r.vs[idx], t_buf[:m], b_buf[:m])
+    longest = min(int(w.sorted_cnt[0]) if w.n else 0, LOCKSTEP_LIMIT)
+    filled = int(np.minimum(w.sorted_cnt, longest).sum())
+    if longest and w.n * longest <= SORT_CHUNK_VALUES and filled >= DENSE_KAHAN_FILL * w.n * longest:
+        _dense_kahan_totals(w, longest, total, comp)
+    else:
+        t_buf, b_buf = np.empty(w.n), np.empty(w.n)
+        for _k, active, idx in w.lockstep():
+            m = len(idx)
+            kahan_add(total[active], comp[active], w.r.vs[idx], t_buf[:m], b_buf[:m])
     for j, values, _ in w.long():
         total[j], comp[j] = _exact_sum(values), 0.0
     return total, comp
+
+
+def _dense_kahan_totals(w: _Windows, longest: int, total: F64, comp: F64) -> None:
+    """:func:`_kahan_totals`' lock step over windows of (nearly) equal length, as regular scrapes give.
+
+    The first ``longest`` samples of every window are laid out as one (sample, window) matrix
+    padded with +0.0, which leaves a Kahan sum and its compensation as they were (a sum that
+    starts at +0.0 is never -0.0); each step is then seven ufuncs on whole rows, no slicing,
+    gathering or copying back (half the numpy calls of :func:`kahan_add` through slices: an
+    instant ``avg_over_time(x[1h])`` of 200 series loops 240 times). The compensation is not
+    reset where the sum turns infinite: from there the sum stays infinite or NaN, and the
+    callers take the sum alone.
+    """
+    cols = np.arange(longest)
+    valid = cols[:, None] < w.sorted_cnt[None, :]
+    values = np.where(valid, w.r.vs[np.where(valid, w.sorted_lo[None, :] + cols[:, None], 0)], 0.0)
+    s, t = total, np.empty(w.n)
+    bb = np.empty(w.n)
+    for k in range(longest):
+        if k % 32 == 31:
+            w.r.checkpoint()
+        x = values[k]  # a row of our own matrix: overwritten as scratch
+        np.add(s, x, out=t)
+        np.subtract(t, s, out=bb)  # bb = t - s
+        np.subtract(x, bb, out=x)  # x - bb
+        np.subtract(t, bb, out=bb)  # t - bb
+        np.subtract(s, bb, out=bb)  # s - (t - bb)
+        np.add(bb, x, out=bb)  # the rounding error of s + x (Knuth's TwoSum, as kahan_add)
+        np.add(comp, bb, out=comp)
+        s, t = t, s
+    if s is not total:
+        total[...] = s
 
 
 def _kahan_sum(r: RangeInput) -> F64:

@@ -150,3 +150,37 @@ def test_batched_searchsorted_equals_a_search_per_series(series, queries, side):
     assert got.shape == (len(parts), len(q))
     for i, p in enumerate(parts):
         assert got[i].tolist() == (offsets[i] + np.searchsorted(p, q, side=side)).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), min_size=1, max_size=6),
+    st.lists(finite_or_not, min_size=1, max_size=40),
+    st.sampled_from(["sum_over_time", "avg_over_time"]),
+    st.randoms(use_true_random=False),
+)
+def test_dense_and_lock_step_window_sums_are_the_same_bits(lengths, pool, func, rnd):
+    """sum_over_time and avg_over_time give the same bits through the padded matrix
+    (_dense_kahan_totals, windows of nearly equal length) and through lock-step slices."""
+    import kernel_insight.kql.functions.range as range_functions
+
+    store = MemoryStorage()
+    for s, n in enumerate(lengths):
+        if n:
+            ts = sorted(rnd.sample(range(0, 600), n))
+            store.add({"__name__": "x", "s": str(s)}, [t * 1000 for t in ts], [rnd.choice(pool) for _ in ts])
+    results = []
+    for fill in (0.0, 2.0):  # every window through the matrix; none
+        saved = range_functions.DENSE_KAHAN_FILL
+        range_functions.DENSE_KAHAN_FILL = fill
+        try:
+            results.append(Engine(store).range_query(f"{func}(x[5m])", 0, 600_000, 30_000).value)
+        finally:
+            range_functions.DENSE_KAHAN_FILL = saved
+    dense, lockstep = results
+    assert [s.labels for s in dense.series] == [s.labels for s in lockstep.series]
+    for a, b in zip(dense.series, lockstep.series, strict=True):
+        assert a.timestamps.tolist() == b.timestamps.tolist()
+        for x, y in zip(a.values.tolist(), b.values.tolist(), strict=True):
+            assert _same(x, y), (x, y)
+            assert math.isnan(x) or math.copysign(1.0, x) == math.copysign(1.0, y), (x, y)
