@@ -10,8 +10,9 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
   ring takes them).
 - ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
   per batch, from the agent's own counters as the collector stored them) per second at 100k
-  kernels/s over 100 names for ``--wire-seconds`` (60: histograms are cumulative, their bytes
-  grow with the agent's uptime, so a short run flatters them); ``hist_only`` the same without
+  kernels/s over 100 names for ``--wire-seconds`` (300: histograms are cumulative, their bytes
+  grow with the agent's uptime, and the first export gives the tail threshold, so a short run
+  flatters the figure: 60 s read ~10% lower); ``hist_only`` the same without
   kept spans (--span-sample-rate 0 --span-tail-rate 0).
 
 ``--phases wire --skip-kql`` runs only the wire figures.
@@ -133,7 +134,9 @@ def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str)
 PHASES = ("cpu", "hwm", "wire")
 
 
-def agent_figures(seconds: int, phases: tuple[str, ...] = PHASES, wire_seconds: int = 60) -> dict[str, float]:
+def agent_figures(
+    seconds: int, phases: tuple[str, ...] = PHASES, wire_seconds: int = 300
+) -> dict[str, float]:
     """The agent's figures of ``phases`` (each absent one is NaN)."""
     from bench.histogram.producer import build_producer
 
@@ -189,7 +192,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=5, help="seconds of each paced producer run")
     ap.add_argument(
-        "--wire-seconds", type=int, default=60,
+        "--wire-seconds", type=int, default=300,
         help="seconds of each wire run (several histogram exports: histograms are cumulative, so "
         "their bytes grow with the agent's uptime)",
     )  # fmt: skip
