@@ -436,7 +436,8 @@ class Deriver:
         body_version: int = 1,
         epoch: int = 0,
     ) -> Derived:
-        """Rows for one batch: ``records`` in RECORD_DTYPE (ring order), names the wire batch carried,
+        """Rows for one batch: ``records`` in RECORD_DTYPE (in ring order within each record type;
+        the order across types does not matter, each type is derived on its own), names the wire batch carried,
         and the agent's counters by name (docs/wire.md, lower-case).
         ``now_ns`` is the batch's t_max; with ``received_ns`` (when the collector got it) the
         batch's ingest lag is recorded.

@@ -107,7 +107,7 @@ class StoreSink:
             before = deriver.checkpoint()
             try:
                 derived = deriver.derive(
-                    batch.to_array(),
+                    batch.by_type(),
                     strings=batch.strings,
                     counters={counter_name(k): float(v) for k, v in batch.counters.items()},
                     now_ns=batch.header.t_max_ns,

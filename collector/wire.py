@@ -464,6 +464,16 @@ class DecodedBatch:
         arr = np.concatenate([self.arrays[t] for t in sorted(self.arrays)])
         return arr[np.argsort(arr["pos"], kind="stable")]
 
+    def by_type(self) -> npt.NDArray[np.void]:
+        """All records as RECORD_DTYPE, grouped by type and in ring order within each type: what
+        ``Deriver.derive`` needs (it derives each type on its own), without ``to_array``'s sort
+        by position (6% of the collector's Python time at 200k records/s)."""
+        if not self.arrays:
+            return np.zeros(0, dtype=RECORD_DTYPE)
+        if len(self.arrays) == 1:
+            return next(iter(self.arrays.values()))
+        return np.concatenate([self.arrays[t] for t in sorted(self.arrays)])
+
     def records(self) -> list[Record]:
         return decode_records(self.to_array().tobytes())
 

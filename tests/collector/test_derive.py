@@ -15,12 +15,14 @@ from kernel_insight.agent import (
     ErrorKind,
     FingerprintField,
     MemopKind,
+    RecordType,
     Ring,
     RingReader,
     SyncKind,
 )
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId
 from kernel_insight.collector.derive import Deriver, agent_metric_name
+from kernel_insight.collector.wire import BatchHeader, DecodedBatch
 
 T0 = 1_790_000_000_000_000_000  # ns
 
@@ -442,3 +444,33 @@ def test_probe_launches_become_the_host_side_of_their_spans_even_a_batch_later(r
     d = deriver.derive(_drain(ring), now_ns=T0)
     assert d.spans.launch_ns.tolist() == [T0 + 200, T0 + 300, 0]
     assert d.spans.tid.tolist() == [8, 9, 0]
+
+
+def test_the_order_across_record_types_does_not_change_what_is_derived(ring):
+    """The sink hands derive the records grouped by type (DecodedBatch.by_type, no sort by position):
+    the rows must be those of the same records in ring order."""
+    gemm = ring.intern("gemm_bf16")
+    for i in range(3):
+        ring.sample(MetricId.MEMORY_TOTAL, 0, T0 + i * 10, 80e9)
+        ring.kernel(gemm, 0, T0 + i * 10 + 1, T0 + i * 10 + 5, 7, i, 42)
+        ring.sample(MetricId.MEMORY_FREE, 0, T0 + i * 10 + 2, 20e9 + i)
+        ring.memop(MemopKind.ALLOC, 0, T0 + i * 10 + 3, 0x1000 + i, 1 << 20, 42)
+        ring.error(ErrorKind.XID, 0, T0 + i * 10 + 4, 79, 0, 1234, 77)
+        ring.collective(CollectiveOp.ALLREDUCE, 0, T0 + i * 10 + 6, 1 << 30, 2_000_000, 5, 0, 8)
+    records = _drain(ring)
+    arrays = {int(t): records[records["type"] == t] for t in np.unique(records["type"]).tolist()}
+    batch = DecodedBatch(BatchHeader(bytes(16), 1, 1, 0, T0, T0 + 100, len(records), 0, 1), arrays=arrays)
+    assert len(arrays) >= 5
+    assert RecordType.KERNEL in arrays
+    assert not np.array_equal(batch.by_type()["pos"], batch.to_array()["pos"])  # the orders differ
+    a, b = (
+        Deriver("h").derive(batch.to_array(), now_ns=T0 + 100),
+        Deriver("h").derive(batch.by_type(), now_ns=T0 + 100),
+    )
+    assert _samples(a) == _samples(b)
+    assert a.spans.kernel == b.spans.kernel == ["gemm_bf16"] * 3
+    assert a.spans.start_ns.tolist() == b.spans.start_ns.tolist()
+    assert a.events == b.events
+    assert len(a.events) == 3
+    assert a.calls.start_ns.tolist() == b.calls.start_ns.tolist()
+    assert len(a.calls) == 6
