@@ -63,7 +63,7 @@ struct ki_agent {
     size_t staging_cap;          /* batch_records */
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
-    uint64_t fold_commit;        /* records read between frees while folding a backlog: a quarter of the ring */
+    uint64_t fold_commit;        /* records read between frees while folding a backlog: a sixteenth of the ring */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
     uint8_t *body;               /* encoded body */
@@ -151,7 +151,7 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     if (!a->drain) return rc < 0 ? rc : -EIO;
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
-    a->fold_commit = ds.capacity / 4 > (uint64_t)a->staging_cap ? ds.capacity / 4 : (uint64_t)a->staging_cap;
+    a->fold_commit = ds.capacity / 16 > (uint64_t)a->staging_cap ? ds.capacity / 16 : (uint64_t)a->staging_cap;
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
     if (loaded > 0) ki_log_info(a->log, "%d names of this ring remembered from the previous run", loaded);
@@ -465,7 +465,7 @@ static int drain_ring(struct ki_agent *a) {
         if (a->ks && !a->pending && ki_drain_read_pos(a->drain) - a->read_at_commit >= a->fold_commit) {
             /* A backlog folds into histograms without filling a batch: seal the few kept spans so
              * the slots read so far are freed (and their pages dropped) now, not when the ring is
-             * empty: the producer need not wait on a full ring, and the agent maps a quarter of it
+             * empty: the producer need not wait on a full ring, and the agent maps a sixteenth of it
              * at most instead of all of it. */
             if (n && !hold_kept(a, n)) {
                 a->staged = 0;
