@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from agent_harness import setup
 
 from kernel_insight.collector import wire
@@ -39,6 +40,14 @@ def _run(tmp: Path, agent_bin: Path, ring_name: str, seal_ms: int) -> tuple[int,
         got = s.receiver.got
         with_spans = [b for b in got.batches.values() if len(b.arrays.get(1, ())) > 0]
         spans = sum(len(b.arrays[1]) for b in with_spans)
+        # Body version 3 (correlation as the delta of correlation - pos), decoded exactly: the
+        # producer writes its names first, then kernel i with correlation i, so correlation - pos
+        # is one constant and every kept kernel is a different one.
+        assert {b.body_version for b in got.batches.values()} == {3}
+        arr = np.concatenate([b.arrays[1] for b in with_spans])
+        corr = arr["payload"].copy().view(wire._PAYLOAD_DTYPE[1])["correlation"].astype(np.int64)
+        assert len(set((corr - arr["pos"].astype(np.int64)).tolist())) == 1
+        assert len(set(corr.tolist())) == len(corr)
         c = got.last_counters()
         kept = sum(
             c.get(int(k), 0)
