@@ -18,8 +18,9 @@ per sample (marks, index and checksums included). ``cpu`` is this process' CPU t
 and merge per sample (chDB runs in process): what a codec costs at insert and at each merge.
 Then, per dataset, where the bytes go under the schema's codecs: the metrics with the largest
 share of the column bytes (one part per metric), with their bytes of ``ts`` and ``value``.
-Ends with ``BENCH samplestore ingest=<n> import=<n> e2e=<n>`` (bytes per sample, the schema's
-codecs, one merged part).
+The e2e dataset's kernel spans (the store's largest table) get the same treatment, per span.
+Ends with ``BENCH samplestore ingest=<n> import=<n> e2e=<n> e2e_spans=<n>`` (bytes per sample,
+and per kernel span, the schema's codecs, one merged part).
 """
 
 from __future__ import annotations
@@ -89,9 +90,37 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def measure(store: EmbeddedStore, v: Variant, samples: int) -> dict[str, float]:
-    """Bytes per sample of each column, in total, and CPU ns per sample, for one variant."""
-    t = table("samples")
+#: The kernel spans of the e2e dataset, the same way (bytes per span): the store's largest table.
+SPAN_VARIANTS = (
+    Variant("schema", order_by="instance, gpu, start"),
+    Variant(
+        "before (issue 11)",
+        {
+            "start": "DoubleDelta, ZSTD(1)",
+            "end": "DoubleDelta, ZSTD(1)",
+            "duration_ns": "T64, ZSTD(1)",
+            "correlation": "Delta, ZSTD(1)",
+            "stream": "ZSTD(1)",
+        },
+        order_by="instance, gpu, start",
+    ),
+    Variant(
+        "start/end DoubleDelta, ZSTD(3)",
+        {"start": "DoubleDelta, ZSTD(3)", "end": "DoubleDelta, ZSTD(3)"},
+        order_by="instance, gpu, start",
+    ),
+    Variant(
+        "start/end Delta, ZSTD(3)",
+        {"start": "Delta, ZSTD(3)", "end": "Delta, ZSTD(3)"},
+        order_by="instance, gpu, start",
+    ),
+    Variant("duration_ns ZSTD(3)", {"duration_ns": "ZSTD(3)"}, order_by="instance, gpu, start"),
+)
+
+
+def measure(store: EmbeddedStore, v: Variant, samples: int, name: str = "samples") -> dict[str, float]:
+    """Bytes per row of each column, in total, and CPU ns per row, for one variant of a table."""
+    t = table(name)
     cols = [dataclasses.replace(c, codec=v.codecs.get(c.name, c.codec)) for c in t.columns]
     store.command(f"DROP TABLE IF EXISTS {SCRATCH}.v SYNC")
     store.command(
@@ -101,7 +130,7 @@ def measure(store: EmbeddedStore, v: Variant, samples: int) -> dict[str, float]:
     )
     names = ", ".join(c.name for c in cols)
     cpu = _cpu_s()
-    store.command(f"INSERT INTO {SCRATCH}.v ({names}) SELECT {names} FROM ki.samples")
+    store.command(f"INSERT INTO {SCRATCH}.v ({names}) SELECT {names} FROM ki.{name}")
     store.command(f"OPTIMIZE TABLE {SCRATCH}.v FINAL")
     cpu = _cpu_s() - cpu
     where = f"active AND database = '{SCRATCH}' AND table = 'v'"
@@ -214,6 +243,21 @@ def measure_dataset(name: str, path: Path, args: argparse.Namespace) -> dict[str
             out[v.name] = r
             cols = " ".join(f"{c} {r[c]:.3f}" for c in ("metric", "fingerprint", "ts", "value"))
             print(f"  {v.name:40s} total {r['total']:.3f}  {cols}  cpu {r['cpu_ns']:.0f} ns", flush=True)
+        spans = int(store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]["n"])
+        if spans:
+            print(f"  kernel spans: {spans}", flush=True)
+            for v in SPAN_VARIANTS[:2] if args.quick else SPAN_VARIANTS:
+                r = measure(store, v, spans, "kernel_spans")
+                out[f"spans {v.name}"] = r
+                top = " ".join(
+                    f"{c} {b:.2f}"
+                    for c, b in sorted(r.items(), key=lambda kv: -kv[1])
+                    if c not in ("total", "cpu_ns")
+                )
+                print(
+                    f"    {v.name:38s} total {r['total']:.3f} bytes/span  {top}  cpu {r['cpu_ns']:.0f} ns",
+                    flush=True,
+                )
         print("  where the bytes go (the schema's codecs, one part per metric):", flush=True)
         for m in by_metric(store, samples, 8):
             print(
@@ -258,7 +302,12 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(results), flush=True)
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} (1 min) at the end")
-    print("BENCH samplestore " + " ".join(f"{k}={v['schema']['total']:.3f}" for k, v in results.items()))
+    spans = "".join(
+        f" {k}_spans={v['spans schema']['total']:.3f}" for k, v in results.items() if "spans schema" in v
+    )
+    print(
+        "BENCH samplestore " + " ".join(f"{k}={v['schema']['total']:.3f}" for k, v in results.items()) + spans
+    )
 
 
 if __name__ == "__main__":
