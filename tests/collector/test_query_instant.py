@@ -189,3 +189,14 @@ def test_metrics_with_native_histograms_take_the_general_path(both):
         ch._last_instant([Matcher("__name__", "=", "gpu_temperature_celsius")], NOW, LOOKBACK, True)
         is not None
     )
+
+
+def test_selective_matchers_over_many_series_take_the_general_path_after_the_first_read(both, monkeypatch):
+    monkeypatch.setattr(query, "INSTANT_SELECTIVE_MIN_ROWS", 4)
+    monkeypatch.setattr(query, "INSTANT_SELECTIVE_SHARE", 4)  # under 1 in 4 of over 4 series
+    both.add(_fleet(4))  # 8 gpu_power_watts series, one of them n2's GPU 1
+    selector = 'gpu_power_watts{instance="n2", gpu="1"}'
+    assert len(both.check(selector, NOW, instant=True)) == 1  # learns that 1 in 8 matches
+    assert len(both.check(selector, NOW, instant=False)) == 1
+    assert len(both.check('gpu_power_watts{gpu="1"}', NOW, instant=True)) == 4  # half: stays
+    assert len(both.check('gpu_power_watts{gpu="1"}', NOW, instant=True)) == 4
