@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS ki.gpu_calls_local ON CLUSTER ki
     gpu UInt16,
     track LowCardinality(String) COMMENT 'nccl, memory or sync',
     op LowCardinality(String) COMMENT 'allreduce, alloc, memcpy, stream, ... (docs/ring.md)',
-    start DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)) COMMENT 'when the host called it',
+    start DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)) COMMENT 'when the host called it',
     duration_ns UInt64 CODEC(T64, ZSTD(1)) COMMENT 'host-side duration; 0 for memory operations',
     bytes UInt64 CODEC(T64, ZSTD(1)) COMMENT 'collective payload, allocation or copy size',
     handle UInt64 CODEC(ZSTD(1)) COMMENT 'communicator (nccl), address (memory), handle (sync)',
