@@ -34,6 +34,7 @@
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
 #define SECTION_HISTOGRAMS 0x04u
 #define HIST_SECTION_MAX (64u << 10) /* bytes of histograms per batch (more go in the next ones): small bodies keep the buffers small */
+#define FOLD_READ 1024u /* records read from the ring at a time while histograms take them: 64 KiB of staging and ring pages */
 
 /* One batch of the request in flight. */
 struct ki_flight {
@@ -64,6 +65,7 @@ struct ki_agent {
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
     uint64_t fold_commit;        /* records read between frees while folding a backlog: a sixteenth of the ring */
+    size_t fold_read;            /* records read into staging at a time when histograms take them (64 KiB) */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
     uint8_t *body;               /* encoded body */
@@ -152,6 +154,7 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
     a->fold_commit = ds.capacity / 16 > (uint64_t)a->staging_cap ? ds.capacity / 16 : (uint64_t)a->staging_cap;
+    a->fold_read = a->staging_cap < FOLD_READ ? a->staging_cap : FOLD_READ;
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
     if (loaded > 0) ki_log_info(a->log, "%d names of this ring remembered from the previous run", loaded);
@@ -447,7 +450,9 @@ static int drain_ring(struct ki_agent *a) {
     int read_any = 0;
     a->read_at_commit = ki_drain_read_pos(a->drain);
     for (;;) {
-        size_t got = ki_drain_poll(a->drain, a->staging + n, a->staging_cap - n);
+        size_t want = a->staging_cap - n;
+        if (a->ks && want > a->fold_read) want = a->fold_read; /* staging holds kept spans only: touch little of it */
+        size_t got = ki_drain_poll(a->drain, a->staging + n, want);
         a->ctr.v[KI_CTR_RECORDS_READ] += got;
         int more = got > 0;
         if (a->ks && got) {

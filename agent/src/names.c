@@ -26,11 +26,15 @@ struct ki_name {
     uint8_t cut;       /* text was cut to name_max */
 };
 
+/* Names in a dense array in arrival order, found through an open-addressing index of 4-byte
+ * entries: with 10,000 names in a table sized for 16,384 the index (128 KiB) is all touched, but
+ * the 24-byte records only as far as names arrive (a table of records was 768 KiB, all touched). */
 struct ki_names {
-    struct ki_name *slots; /* open addressing, power-of-two size */
-    size_t mask;           /* slots - 1 */
-    size_t used;           /* occupied slots */
-    size_t limit;          /* most occupied slots before a reset */
+    uint32_t *index;       /* open addressing, power-of-two size: record + 1, 0 = empty */
+    struct ki_name *slots; /* limit records, the first used in use */
+    size_t mask;           /* index slots - 1 */
+    size_t used;           /* records in use */
+    size_t limit;          /* most records before a reset */
     char *arena;           /* name text */
     size_t arena_cap;      /* arena bytes */
     size_t arena_used;     /* arena bytes used */
@@ -45,9 +49,10 @@ struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t na
     if (!n) return NULL;
     size_t size = 16;
     while (size < max_names + max_names / 3) size <<= 1;
-    n->slots = calloc(size, sizeof *n->slots);
+    n->index = calloc(size, sizeof *n->index);
+    n->slots = malloc(max_names * sizeof *n->slots);
     n->arena = malloc(arena_bytes);
-    if (!n->slots || !n->arena) {
+    if (!n->index || !n->slots || !n->arena) {
         ki_names_destroy(n);
         return NULL;
     }
@@ -60,13 +65,14 @@ struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t na
 
 void ki_names_destroy(struct ki_names *n) {
     if (!n) return;
+    free(n->index);
     free(n->slots);
     free(n->arena);
     free(n);
 }
 
 static void reset(struct ki_names *n) {
-    memset(n->slots, 0, (n->mask + 1) * sizeof *n->slots);
+    memset(n->index, 0, (n->mask + 1) * sizeof *n->index);
     n->used = 0;
     n->arena_used = 0;
     n->resets++;
@@ -77,24 +83,42 @@ static size_t hash(uint32_t producer, uint32_t id) {
     return (size_t)(h >> 32);
 }
 
-static struct ki_name *lookup(const struct ki_names *n, uint32_t producer, uint32_t id) {
+/* The name's record, or NULL with *pos its empty index slot. */
+static struct ki_name *lookup(const struct ki_names *n, uint32_t producer, uint32_t id, size_t *pos) {
     for (size_t i = hash(producer, id) & n->mask;; i = (i + 1) & n->mask) {
-        struct ki_name *s = &n->slots[i];
-        if (s->state == SLOT_EMPTY || (s->producer == producer && s->id == id)) return s;
+        uint32_t e = n->index[i];
+        if (e == 0) {
+            *pos = i;
+            return NULL;
+        }
+        struct ki_name *s = &n->slots[e - 1];
+        if (s->producer == producer && s->id == id) return s;
     }
+}
+
+static const struct ki_name *find(const struct ki_names *n, uint32_t producer, uint32_t id) {
+    size_t pos;
+    return lookup(n, producer, id, &pos);
+}
+
+/* A new record at index slot pos (used < limit). */
+static struct ki_name *insert(struct ki_names *n, size_t pos) {
+    n->index[pos] = (uint32_t)(n->used + 1);
+    return &n->slots[n->used++];
 }
 
 void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark) {
     uint32_t producer = rec->producer, id = rec->rec.id;
     uint16_t chunk = rec->rec.device;
-    struct ki_name *s = lookup(n, producer, id);
-    if (s->state == SLOT_EMPTY) {
+    size_t pos;
+    struct ki_name *s = lookup(n, producer, id, &pos);
+    if (!s) {
         if (chunk != 0) return; /* the start of this name was lost */
         if (n->used + 1 > n->limit) {
             reset(n);
-            s = lookup(n, producer, id);
+            lookup(n, producer, id, &pos);
         }
-        n->used++;
+        s = insert(n, pos);
         *s = (struct ki_name){.producer = producer, .id = id, .state = SLOT_BROKEN};
     }
     if (chunk == 0) {
@@ -123,8 +147,8 @@ void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark
     if (n->arena_used + (move ? s->len : 0) + take > n->arena_cap) {
         reset(n);
         if (chunk != 0) return;
-        s = lookup(n, producer, id);
-        n->used = 1;
+        lookup(n, producer, id, &pos);
+        s = insert(n, pos);
         *s = (struct ki_name){.producer = producer, .id = id, .state = SLOT_PARTIAL};
     } else if (move) {
         memmove(n->arena + n->arena_used, n->arena + s->off, s->len);
@@ -144,8 +168,9 @@ void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark
 }
 
 int ki_names_mark(struct ki_names *n, uint32_t producer, uint32_t id, uint32_t mark) {
-    struct ki_name *s = lookup(n, producer, id);
-    if (s->state != SLOT_COMPLETE) return 0;
+    size_t pos;
+    struct ki_name *s = lookup(n, producer, id, &pos);
+    if (!s || s->state != SLOT_COMPLETE) return 0;
     s->mark = mark;
     return 1;
 }
@@ -156,7 +181,7 @@ size_t ki_names_emit_bound(const struct ki_names *n) {
 
 int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count) {
     size_t k = 0, off = KI_VARINT_MAX; /* the count goes in front once known */
-    for (size_t i = 0; i <= n->mask; i++) {
+    for (size_t i = 0; i < n->used; i++) {
         const struct ki_name *s = &n->slots[i];
         if (s->state != SLOT_COMPLETE || s->mark != mark) continue;
         if (off + 3 * KI_VARINT_MAX + s->len > cap) return -ENOBUFS;
@@ -180,8 +205,8 @@ uint64_t ki_names_resets(const struct ki_names *n) { return n->resets; }
 uint64_t ki_names_truncated(const struct ki_names *n) { return n->truncated; }
 
 const char *ki_names_get(const struct ki_names *n, uint32_t producer, uint32_t id, size_t *len) {
-    const struct ki_name *s = lookup(n, producer, id);
-    if (s->state != SLOT_COMPLETE) return NULL;
+    const struct ki_name *s = find(n, producer, id);
+    if (!s || s->state != SLOT_COMPLETE) return NULL;
     *len = s->len;
     return n->arena + s->off;
 }
@@ -196,7 +221,7 @@ int ki_names_save(struct ki_names *n, const char *path, uint64_t ring_created_ns
     if (fd < 0) return -errno;
     int rc = ki_write_all(fd, NAMES_MAGIC, 8);
     if (rc == 0) rc = ki_write_all(fd, &ring_created_ns, 8);
-    for (size_t i = 0; rc == 0 && i <= n->mask; i++) {
+    for (size_t i = 0; rc == 0 && i < n->used; i++) {
         const struct ki_name *s = &n->slots[i];
         if (s->state != SLOT_COMPLETE) continue;
         uint32_t head[3] = {s->producer, s->id, s->len};
@@ -225,13 +250,15 @@ int ki_names_load(struct ki_names *n, const char *path, uint64_t ring_created_ns
     while (fread(head, sizeof head, 1, f) == 1) {
         uint32_t len = head[2];
         if (len > n->name_max || n->arena_used + len > n->arena_cap || n->used + 1 > n->limit) break;
-        struct ki_name *s = lookup(n, head[0], head[1]);
-        if (s->state != SLOT_EMPTY) continue;
+        size_t pos;
+        if (lookup(n, head[0], head[1], &pos)) { /* listed twice: the first stays */
+            if (fseek(f, (long)len, SEEK_CUR) != 0) break;
+            continue;
+        }
         if (fread(n->arena + n->arena_used, 1, len, f) != len) break;
-        *s = (struct ki_name){.producer = head[0], .id = head[1], .off = (uint32_t)n->arena_used, .len = len,
-                              .state = SLOT_COMPLETE};
+        *insert(n, pos) = (struct ki_name){.producer = head[0], .id = head[1], .off = (uint32_t)n->arena_used,
+                                           .len = len, .state = SLOT_COMPLETE};
         n->arena_used += len;
-        n->used++;
         loaded++;
     }
     fclose(f);
