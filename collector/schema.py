@@ -440,13 +440,23 @@ def _create(
 
 
 def single_ddl(
-    database: str = "ki", retention: Retention | None = None, settings: Mapping[str, int | str] | None = None
+    database: str = "ki",
+    retention: Retention | None = None,
+    settings: Mapping[str, Mapping[str, int | str]] | None = None,
 ) -> list[str]:
     """Statements creating the schema on one node (embedded chDB or a single server)."""
     retention = retention or Retention()
     out = [f"CREATE DATABASE IF NOT EXISTS {ident(database)}"]
     out += [
-        _create(t, database, t.name, retention, replicated=False, on_cluster="", extra=settings)
+        _create(
+            t,
+            database,
+            t.name,
+            retention,
+            replicated=False,
+            on_cluster="",
+            extra=(settings or {}).get(t.name),
+        )
         for t in SCHEMA
     ]
     return out

@@ -257,8 +257,9 @@ class Store(ABC):
             print(store.query("SELECT count() FROM ki.samples"))
     """
 
-    #: Table settings of this back end beyond the schema's (added to existing tables at start).
-    _table_settings: Mapping[str, int] = {}
+    #: Table settings of this back end beyond the schema's, by table (in the DDL of new tables,
+    #: added to existing ones at start with the merge settings).
+    _table_settings: Mapping[str, Mapping[str, int]] = {}
 
     def __init__(
         self, database: str = "ki", retention: Retention | None = None, cluster: str | None = None
@@ -360,11 +361,12 @@ class Store(ABC):
         self._add_missing_columns(suffix, on_cluster)
         self._update_codecs(suffix, on_cluster)
         for t in SCHEMA:
-            # Tables made before MERGE_SETTINGS existed, or with other values, get them (docs/storage.md, "Merges").
+            # Tables made before MERGE_SETTINGS (or this back end's own settings) existed, or with other
+            # values, get them (docs/storage.md, "Merges").
             ddl = current.get(t.name + suffix)
             missing = {
                 k: v
-                for k, v in {**MERGE_SETTINGS, **self._table_settings}.items()
+                for k, v in {**MERGE_SETTINGS, **self._table_settings.get(t.name, {})}.items()
                 if ddl is not None and not re.search(rf"\b{k} = {v}(?![\w.])", ddl)
             }
             if missing:
@@ -1107,9 +1109,11 @@ class EmbeddedStore(Store):
                 .column("name")
                 .to_pylist()
             )
-            self._table_settings = {k: v for k, v in PACKED_SETTINGS.items() if k in known}
+            packed = {k: v for k, v in PACKED_SETTINGS.items() if k in known}
+            self._table_settings = {
+                t.name: {**packed, **EMBEDDED_TABLE_SETTINGS.get(t.name, {})} for t in SCHEMA
+            }
             self.create_schema()
-            self._tune_tables()
         except BaseException:
             self.close()  # a half-opened session would hold the directory for this process
             raise
@@ -1121,19 +1125,6 @@ class EmbeddedStore(Store):
             target=self._cleanup_loop, name="ki-store-cleanup", daemon=True
         )
         self._cleanup_thread.start()
-
-    def _tune_tables(self) -> None:
-        """Give the tables ``EMBEDDED_TABLE_SETTINGS`` (stores made before them too)."""
-        for name, settings in EMBEDDED_TABLE_SETTINGS.items():
-            p = Params()
-            ddl = self.query(
-                "SELECT create_table_query AS q FROM system.tables "
-                f"WHERE database = {p(self.database, 'String')} AND name = {p(name, 'String')}",
-                p,
-            ).to_pylist()
-            if ddl and not all(re.search(rf"\b{k} = {v}(?![\w.])", ddl[0]["q"]) for k, v in settings.items()):
-                assignments = ", ".join(f"{k} = {v}" for k, v in settings.items())
-                self._command(f"ALTER TABLE {self._table(name)} MODIFY SETTING {assignments}")
 
     def _cleanup_loop(self) -> None:
         """Have the engine delete replaced parts every ``CLEANUP_INTERVAL_S``, busy or idle."""
