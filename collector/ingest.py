@@ -383,16 +383,22 @@ def ingest_router(
                 outcomes = [body]
                 response = _answer(body)
             else:
-                response, outcomes = await run_in_threadpool(settle_many if many else settle_one, body)
+                response, outcomes = await run_in_threadpool(settle_and_offer, body, many)
         for o in outcomes:  # per frame: what each batch became
             stats.count(o.status)
             metrics.ingest_batches.labels(outcome=_outcome(o)).inc()
             if o.header_records is not None:
                 metrics.ingest_records.labels(outcome=_outcome(o)).inc(o.header_records)
+        return response
+
+    def settle_and_offer(body: bytes, many: bool) -> tuple[JSONResponse, list[_Outcome]]:
+        """Settle the request's frames, then offer the sender its pending captures, on the same
+        worker thread (one hand-off per request, not two)."""
+        response, outcomes = (settle_many if many else settle_one)(body)
         sender = next((o.agent_id for o in outcomes if o.agent_id is not None), None)
         if captures is not None and sender is not None:  # only to a sender whose batch was settled
-            for value in await run_in_threadpool(captures.offers, sender):
+            for value in captures.offers(sender):
                 response.headers.append(CAPTURE_HEADER, value)
-        return response
+        return response, outcomes
 
     return router
