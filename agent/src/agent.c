@@ -64,7 +64,7 @@ struct ki_agent {
     size_t staging_cap;          /* batch_records */
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
-    uint64_t fold_commit;        /* records read between frees while folding a backlog: a sixteenth of the ring */
+    uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_READ */
     size_t fold_read;            /* records read into staging at a time when histograms take them (64 KiB) */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
@@ -153,7 +153,7 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     if (!a->drain) return rc < 0 ? rc : -EIO;
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
-    a->fold_commit = ds.capacity / 16 > (uint64_t)a->staging_cap ? ds.capacity / 16 : (uint64_t)a->staging_cap;
+    a->fold_commit = ds.capacity / 64 > FOLD_READ ? ds.capacity / 64 : FOLD_READ;
     a->fold_read = a->staging_cap < FOLD_READ ? a->staging_cap : FOLD_READ;
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
@@ -470,7 +470,7 @@ static int drain_ring(struct ki_agent *a) {
         if (a->ks && !a->pending && ki_drain_read_pos(a->drain) - a->read_at_commit >= a->fold_commit) {
             /* A backlog folds into histograms without filling a batch: seal the few kept spans so
              * the slots read so far are freed (and their pages dropped) now, not when the ring is
-             * empty: the producer need not wait on a full ring, and the agent maps a sixteenth of it
+             * empty: the producer need not wait on a full ring, and the agent maps a 64th of it
              * at most instead of all of it. */
             if (n && !hold_kept(a, n)) {
                 a->staged = 0;
