@@ -186,6 +186,25 @@ def agent_metric_name(counter: str) -> tuple[str, float]:
     return f"ki_agent_{safe}", 1.0
 
 
+def _next_stamp_ms(ts_ns: int, last_ms: int) -> int:
+    """The millisecond to stamp a batch's agent series at: its own time, or 1 ms after the
+    agent's previous batch when that is later.
+
+    One batch is one sample of each of these series, so two batches must never share a
+    millisecond (the store's resolution): batches share a header time (the parts of one
+    histogram export, sealed back to back at SIGTERM) or arrive within one (a backlog request of
+    several batches), and each would write every counter a second time at one timestamp with
+    another value, a duplicate sample Prometheus refuses and a value queries pick at random.
+    Batches arrive in the order the agent sealed them, so stamps in arrival order also keep a
+    counter from seeming to go back (a reset) when a batch's newest record is older than the
+    previous batch's.
+
+    >>> _next_stamp_ms(5_000_000, -1), _next_stamp_ms(5_900_000, 5), _next_stamp_ms(9_000_000, 5)
+    (5, 6, 9)
+    """
+    return max(ts_ns // _NS_PER_MS, last_ms + 1)
+
+
 class DropStats:
     """Records dropped by reason since start, summed over every deriver: the collector's metrics read it.
 
@@ -287,6 +306,10 @@ class Deriver:
         self._memory_total: dict[int, float] = {}
         # (gpu, pid, correlation) -> (launch ns, host ns, tid): launches whose kernel is not in yet
         self._open_launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        # The last millisecond the agent's own series were stamped at (its COUNTERS, the ingest
+        # lag): each batch's are stamped at least 1 ms later (_next_stamp_ms).
+        self._counters_ms = -1
+        self._lag_ms = -1
 
     # ---- undo ------------------------------------------------------------------------
 
@@ -502,13 +525,14 @@ class Deriver:
         events = self._errors(records[types == RecordType.ERROR], samples)
         unknown += int(np.count_nonzero((types == 0) | (types > max(RecordType))))
         if counters:
-            ts_ms = now_ns // _NS_PER_MS
+            ts_ms = self._counters_ms = _next_stamp_ms(now_ns, self._counters_ms)
             for name, value in counters.items():
                 metric, scale = agent_metric_name(name)
                 samples.add_canonical(self._labels(metric, None), ts_ms, float(value) * scale)
         if received_ns is not None:
             lag_s = (received_ns - now_ns) / 1e9
-            samples.add_canonical(self._labels(INGEST_LAG_METRIC, None), received_ns // _NS_PER_MS, lag_s)
+            self._lag_ms = _next_stamp_ms(received_ns, self._lag_ms)
+            samples.add_canonical(self._labels(INGEST_LAG_METRIC, None), self._lag_ms, lag_s)
         instances = []
         if fp_changed or len(records) or counters:
             instances.append(self._instance(now_ns))

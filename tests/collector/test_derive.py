@@ -212,6 +212,33 @@ def test_agent_counters_become_ki_agent_metrics():
     assert agent_metric_name("drain_lag_ns") == ("ki_agent_drain_lag_seconds", 1e-9)
 
 
+def test_agent_series_stamps_are_1_ms_apart_per_batch():
+    """Batches sharing a header time (the parts of one histogram export) or a receive time (one
+    backlog request) give the agent's series one sample each, never two at one millisecond; a
+    batch whose newest record is older than the previous batch's is still stamped after it, so
+    its (larger) counters never read as a reset."""
+    d = Deriver("host-1")
+    got = []
+    for k, (t, recv) in enumerate(
+        [(T0, T0 + 5), (T0 + 300_000, T0 + 7), (T0 - 10**9, T0 + 9), (T0 + 10**9, T0 + 2 * 10**9)]
+    ):
+        s = _samples(
+            d.derive(
+                np.zeros(0, RECORD_DTYPE), counters={"batches_sealed": k + 1}, now_ns=t, received_ns=recv
+            )
+        )
+        got.append(
+            (_find(s, "ki_agent_batches_sealed_total"), [ts for ts, _ in _find(s, "ki_ingest_lag_seconds")])
+        )
+    ms = T0 // 1_000_000
+    assert got == [
+        ([(ms, 1.0)], [ms]),
+        ([(ms + 1, 2.0)], [ms + 1]),
+        ([(ms + 2, 3.0)], [ms + 2]),
+        ([(ms + 1000, 4.0)], [ms + 2000]),  # a later batch time is kept as it is
+    ]
+
+
 def test_wrong_dtype_is_refused():
     with pytest.raises(TypeError, match="RECORD_DTYPE"):
         Deriver("h").derive(np.zeros(3, dtype=np.uint8))
@@ -384,8 +411,10 @@ def test_columnar_derive_matches_the_per_record_reference(seed) -> None:
     for k in range(3):  # running totals, names and memory totals carry across batches
         recs = _random_batch(rng, int(rng.integers(1, 300)), T0 + k * 10**9)
         counters = {"ring_dropped": float(k), "rss_kb": 10.0}
-        got = new.derive(recs, strings=names, counters=counters, now_ns=T0 + k)
-        want = old.derive(recs, strings=names, counters=counters, now_ns=T0 + k)
+        # Batch times a second apart, as the records': the reference does not model the 1 ms
+        # apart the agent's series of batches within one millisecond get (test_agent_series_stamps_are_1_ms_apart_per_batch).
+        got = new.derive(recs, strings=names, counters=counters, now_ns=T0 + k * 10**9)
+        want = old.derive(recs, strings=names, counters=counters, now_ns=T0 + k * 10**9)
         assert _normalized(got) == _normalized(want)
         assert got.dropped == {}
 

@@ -1,0 +1,75 @@
+"""The agent's own series (``ki_agent_*``, from each batch's COUNTERS) and ``ki_ingest_lag_seconds``
+hold at most one sample per millisecond (issue 11, "nothing lost, nothing stale"; docs/metrics.md).
+
+Batches can share a header time: the parts of one histogram export that did not fit one section
+all carry the export's time, and at SIGTERM they are sealed back to back; a backlog request holds
+several batches the collector receives in the same millisecond. Before the collector stamped
+these samples at least 1 ms after the agent's previous ones, each such batch wrote every counter
+a second time at one timestamp with another value: a duplicate Prometheus refuses, and a value
+that kql picked at random. Real ``ki-agent``, real ``ki collector``, the store queried after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from agent_harness import wait_for
+from collector_cli import start_agent, start_collector, stop_collector
+
+from kernel_insight.agent.ring import Ring
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.store import EmbeddedStore
+
+#: Distinct kernels, one histogram each: more than one 64 KiB HISTOGRAMS section holds, so the
+#: export at SIGTERM goes out as several batches sealed within a millisecond or two.
+KERNELS = 6000
+
+
+def test_agent_series_get_one_sample_per_millisecond(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
+    KeyStore(tmp_path / "keys.json").add_agent("heartbeat").write_key_file(tmp_path / "agent.key")
+    with contextlib.suppress(OSError):
+        Ring.unlink(ring_name)
+    ring = Ring.create(ring_name, capacity=1 << 15)
+    collector, url = start_collector(tmp_path)
+    agent = None
+    try:
+        agent = start_agent(
+            tmp_path, agent_bin, ring_name, url,
+            "--histograms=1", "--histogram-interval-s", "3600",  # one export: the one SIGTERM seals
+            "--names-max", str(2 * KERNELS), "--drain-interval-ms", "20", "--shutdown-timeout-s", "30",
+        )  # fmt: skip
+        names = [ring.intern(f"heartbeat_kernel_{i}") for i in range(KERNELS)]
+        base = time.time_ns()
+        for i, name in enumerate(names):
+            assert ring.kernel(name, 0, base + i * 1000, base + i * 1000 + 500, 1, i) == 0
+        wait_for(lambda: ring.stats()["fill"] == 0, 30, "the agent read the ring")
+        agent.terminate()  # seals the export in parts, then delivers the spool
+        assert agent.wait(60) == 0, (tmp_path / "agent.log").read_text()[-3000:]
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        stop_collector(collector)
+        ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name)
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        parts = store.query(
+            "SELECT count() AS n FROM ki.samples WHERE metric = 'ki_agent_batches_sealed_total'"
+        ).to_pylist()[0]["n"]
+        shipped = store.query(
+            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_histograms_shipped_total'"
+        ).to_pylist()[0]["v"]
+        dups = store.query(
+            "SELECT metric, fingerprint, ts, count() AS n, uniqExact(value) AS values FROM ki.samples"
+            " WHERE metric LIKE 'ki\\\\_agent\\\\_%' OR metric = 'ki_ingest_lag_seconds'"
+            " GROUP BY metric, fingerprint, ts HAVING n > 1 ORDER BY metric, ts"
+        ).to_pylist()
+    finally:
+        store.close()
+    assert shipped == KERNELS  # every histogram went out ...
+    assert parts >= 3, parts  # ... in more than one batch (the case this test is about)
+    assert dups == [], [(d["metric"], str(d["ts"]), d["n"], d["values"]) for d in dups[:8]]
