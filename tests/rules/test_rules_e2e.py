@@ -142,6 +142,10 @@ def test_the_article_rule_fires_and_resolves_through_alertmanager(tmp_path, labe
                 str(tmp_path / "spool"),
                 "--log-level",
                 "warn",
+                # The article's hour is scaled down to 10 s windows here, so the agent's histogram
+                # exports (kernel_execution_time_seconds' samples; 10 s by default, 360 an hour)
+                # are scaled down with it.
+                "--histogram-interval-s=1",
             ]
             sim_cmd = [
                 *ki,
