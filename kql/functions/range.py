@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -157,6 +157,9 @@ def _exact_sum(values: F64) -> float:
         return float(np.sum(values))
 
 
+#: Variances of windows that all reach the lock step's length go through whole arrays (_variance).
+DENSE_VARIANCE = True
+
 #: Windows at least this full (samples over windows x the longest one) are summed side by side
 #: as one padded matrix (_dense_kahan_totals) rather than through lock-step slices.
 DENSE_KAHAN_FILL = 0.9
@@ -286,7 +289,28 @@ def _variance(r: RangeInput) -> F64:
     c_aux = np.zeros(w.n)
     # Scratch space reused by every step (the active windows are always a prefix).
     f_buf, d_buf, x_buf, t_buf, b_buf = (np.empty(w.n) for _ in range(5))
-    for k, active, idx in w.lockstep():
+    longest = min(int(w.sorted_cnt[0]) if w.n else 0, LOCKSTEP_LIMIT)
+    if DENSE_VARIANCE and longest and int(w.sorted_cnt[-1]) >= longest and w.n * longest <= SORT_CHUNK_VALUES:
+        # Every window has a sample at each step of the lock step (regular scrapes): the same
+        # operations on whole arrays, the samples gathered once as a (step, window) matrix
+        # instead of a take and a dozen slices per step (~20% of a 200-series instant query).
+        steps = r.vs[w.sorted_lo[None, :] + np.arange(longest)[:, None]]
+        for k in range(longest):
+            if k % 32 == 31:
+                w.r.checkpoint()
+            f = steps[k]
+            np.add(mean, c_mean, out=d_buf)
+            np.subtract(f, d_buf, out=d_buf)
+            np.divide(d_buf, k + 1.0, out=x_buf)
+            kahan_add(mean, c_mean, x_buf, t_buf, b_buf)
+            np.add(mean, c_mean, out=x_buf)
+            np.subtract(f, x_buf, out=x_buf)
+            np.multiply(d_buf, x_buf, out=x_buf)
+            kahan_add(aux, c_aux, x_buf, t_buf, b_buf)
+        lock_step: Iterable[tuple[int, slice, I64]] = ()
+    else:
+        lock_step = w.lockstep()
+    for k, active, idx in lock_step:
         m = len(idx)
         f = np.take(r.vs, idx, out=f_buf[:m])
         delta, x = d_buf[:m], x_buf[:m]

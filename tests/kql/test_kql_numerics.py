@@ -156,12 +156,13 @@ def test_batched_searchsorted_equals_a_search_per_series(series, queries, side):
 @given(
     st.lists(st.integers(0, 30), min_size=1, max_size=6),
     st.lists(finite_or_not, min_size=1, max_size=40),
-    st.sampled_from(["sum_over_time", "avg_over_time"]),
+    st.sampled_from(["sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time"]),
     st.randoms(use_true_random=False),
 )
 def test_dense_and_lock_step_window_sums_are_the_same_bits(lengths, pool, func, rnd):
-    """sum_over_time and avg_over_time give the same bits through the padded matrix
-    (_dense_kahan_totals, windows of nearly equal length) and through lock-step slices."""
+    """sum_over_time, avg_over_time and the variances give the same bits through whole arrays
+    (_dense_kahan_totals for windows of nearly equal length, padded; the variance's dense path
+    where every window is full) and through lock-step slices."""
     import kernel_insight.kql.functions.range as range_functions
 
     store = MemoryStorage()
@@ -170,13 +171,22 @@ def test_dense_and_lock_step_window_sums_are_the_same_bits(lengths, pool, func, 
             ts = sorted(rnd.sample(range(0, 600), n))
             store.add({"__name__": "x", "s": str(s)}, [t * 1000 for t in ts], [rnd.choice(pool) for _ in ts])
     results = []
-    for fill in (0.0, 2.0):  # every window through the matrix; none
-        saved = range_functions.DENSE_KAHAN_FILL
-        range_functions.DENSE_KAHAN_FILL = fill
+    # Equal lengths too (every window full), where the variance's dense path applies.
+    if rnd.random() < 0.5:
+        store = MemoryStorage()
+        for s in range(len(lengths)):
+            store.add(
+                {"__name__": "x", "s": str(s)},
+                [t * 15_000 for t in range(41)],
+                [rnd.choice(pool) for _ in range(41)],
+            )
+    for fill, dense_variance in ((0.0, True), (2.0, False)):  # every window through whole arrays; none
+        saved = range_functions.DENSE_KAHAN_FILL, range_functions.DENSE_VARIANCE
+        range_functions.DENSE_KAHAN_FILL, range_functions.DENSE_VARIANCE = fill, dense_variance
         try:
-            results.append(Engine(store).range_query(f"{func}(x[5m])", 0, 600_000, 30_000).value)
+            results.append(Engine(store).range_query(f"{func}(x[5m])", 300_000, 600_000, 30_000).value)
         finally:
-            range_functions.DENSE_KAHAN_FILL = saved
+            range_functions.DENSE_KAHAN_FILL, range_functions.DENSE_VARIANCE = saved
     dense, lockstep = results
     assert [s.labels for s in dense.series] == [s.labels for s in lockstep.series]
     for a, b in zip(dense.series, lockstep.series, strict=True):
