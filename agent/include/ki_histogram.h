@@ -61,7 +61,7 @@ struct ki_histogram_key {
     uint64_t stream; /* KI_HISTOGRAM_NO_STREAM when not per stream */
     uint32_t name_id;  /* kernel name string id, or the op / kind id of the other name spaces */
     uint32_t producer; /* producer whose string table name_id is in (0 when not a string id) */
-    uint32_t kind;     /* name space: KI_HIST_KERNEL, KI_HIST_NCCL, KI_HIST_MEMCPY (0 in unit tests) */
+    uint32_t kind;     /* name space: KI_HIST_KERNEL, KI_HIST_NCCL, KI_HIST_MEMCPY (0 in unit tests; < 256) */
     uint32_t reserved; /* zero */
 };
 
@@ -146,8 +146,8 @@ double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, doub
 /* Slot of key (0..keys-1, stable for the table's life), or -ENOENT. */
 int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *key);
 
-/* The key of a slot, or NULL. */
-const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32_t slot);
+/* The key of a slot into *out: 0, or -ENOENT. (A copy: the table keeps keys packed.) */
+int ki_histtab_key(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_key *out);
 
 /* Elements each array of a ki_histogram_export needs. */
 size_t ki_histtab_export_room(const struct ki_histtab *t);

@@ -16,7 +16,7 @@
 #define NEG_OFF (1 << 22)
 #define NEG_LIMIT (-(1 << 21))
 
-/* One histogram's record: key and state (88 bytes). Its buckets live in a chunk of the shared
+/* One histogram's record: key and state (80 bytes). Its buckets live in a chunk of the shared
  * pool, dense or sparse, whichever is smaller when the chunk is taken:
  * - dense (kw 0): cap counts of cw bytes, slot i for sort key base + i (zero: not populated).
  *   An observation is one subtraction and one increment: no search.
@@ -26,7 +26,11 @@
  * Counts start at one byte and widen (2, 4, 8) when one would overflow: most buckets of a kernel
  * hold few observations between agent restarts, so a bucket costs 1-3 bytes instead of 12. */
 struct ki_hist {
-    struct ki_histogram_key key;
+    struct { /* the key but its kind (below): 24 bytes, not 32 */
+        uint32_t pid, gpu;
+        uint64_t stream;
+        uint32_t name_id, producer;
+    } key;
     double zero_threshold;
     double sum;
     uint64_t zero_count, count;
@@ -38,6 +42,7 @@ struct ki_hist {
     int8_t schema;
     uint8_t kw, cw; /* bytes of a bucket key (0: dense, 2, 4) and of a count (1, 2, 4, 8) */
     uint8_t cls;    /* size class of its chunk */
+    uint8_t kind;   /* the key's kind */
 };
 
 /* Chunk size classes in bytes: 16, 24, ..., 64, then four steps per doubling (at most 25% unused),
@@ -46,6 +51,8 @@ struct ki_hist {
  * chunk of the pool, which grows in place. */
 #define MAX_CLASSES 96
 #define MAX_ROOM 65535u
+
+_Static_assert(sizeof(struct ki_hist) == 80, "a histogram's record is 80 bytes");
 
 struct ki_histtab {
     struct ki_histogram_config cfg;
@@ -60,7 +67,7 @@ struct ki_histtab {
     uint32_t class_bytes[MAX_CLASSES];
     uint64_t free_head[MAX_CLASSES]; /* offset + 1 of a free chunk (its first 8 bytes link the next), 0: none */
     size_t free_bytes;   /* bytes of the chunks on free lists */
-    uint64_t *order;     /* compaction scratch: (chunk offset << 24 | slot) per histogram */
+    uint32_t *order;     /* compaction scratch: slots by chunk offset */
     uint64_t compactions;
     uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes;
 };
@@ -125,9 +132,9 @@ static uint32_t key_hash(const struct ki_histogram_key *k) {
     return (uint32_t)(h ^ (h >> 32));
 }
 
-static int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_key *b) {
-    return a->pid == b->pid && a->gpu == b->gpu && a->stream == b->stream && a->name_id == b->name_id &&
-           a->producer == b->producer && a->kind == b->kind;
+static int key_eq(const struct ki_hist *h, const struct ki_histogram_key *b) {
+    return h->key.pid == b->pid && h->key.gpu == b->gpu && h->key.stream == b->stream && h->key.name_id == b->name_id &&
+           h->key.producer == b->producer && h->kind == b->kind;
 }
 /* Buckets of a chunk of cls bytes for kw-byte keys and cw-byte counts: a multiple of 4, so the
  * keys after the counts stay aligned. */
@@ -225,27 +232,28 @@ static inline void count_set(const struct ki_histtab *t, const struct ki_hist *h
 /* Bytes of a count that holds v. */
 static uint8_t width_for(uint64_t v) { return v <= UINT8_MAX ? 1 : v <= UINT16_MAX ? 2 : v <= UINT32_MAX ? 4 : 8; }
 
-/* In-place heapsort: glibc's qsort may malloc a merge buffer, and the drain loop allocates nothing. */
-static void sift(uint64_t *a, size_t i, size_t n) {
+/* In-place heapsort of slots by chunk offset: glibc's qsort may malloc a merge buffer, and the
+ * drain loop allocates nothing. */
+static void sift(const struct ki_hist *r, uint32_t *a, size_t i, size_t n) {
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= n) return;
-        if (c + 1 < n && a[c + 1] > a[c]) c++;
-        if (a[i] >= a[c]) return;
-        uint64_t t = a[i];
+        if (c + 1 < n && r[a[c + 1]].chunk > r[a[c]].chunk) c++;
+        if (r[a[i]].chunk >= r[a[c]].chunk) return;
+        uint32_t t = a[i];
         a[i] = a[c];
         a[c] = t;
         i = c;
     }
 }
 
-static void sort_u64(uint64_t *a, size_t n) {
-    for (size_t i = n / 2; i-- > 0;) sift(a, i, n);
+static void sort_by_chunk(const struct ki_hist *r, uint32_t *a, size_t n) {
+    for (size_t i = n / 2; i-- > 0;) sift(r, a, i, n);
     for (size_t end = n; end-- > 1;) {
-        uint64_t t = a[0];
+        uint32_t t = a[0];
         a[0] = a[end];
         a[end] = t;
-        sift(a, 0, end);
+        sift(r, a, 0, end);
     }
 }
 
@@ -256,11 +264,11 @@ static void sort_u64(uint64_t *a, size_t n) {
 static void compact(struct ki_histtab *t) {
     uint32_t n = 0;
     for (uint32_t s = 0; s < t->used; s++)
-        if (t->recs[s].cap) t->order[n++] = (uint64_t)t->recs[s].chunk << 24 | s;
-    sort_u64(t->order, n);
+        if (t->recs[s].cap) t->order[n++] = s;
+    sort_by_chunk(t->recs, t->order, n);
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
-        struct ki_hist *h = &t->recs[t->order[i] & 0xFFFFFF];
+        struct ki_hist *h = &t->recs[t->order[i]];
         size_t bytes = t->class_bytes[h->cls];
         if ((size_t)h->chunk * 8 != off) memmove(t->pool + off, chunk_at(t, h), bytes);
         h->chunk = (uint32_t)(off / 8);
@@ -357,7 +365,7 @@ static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key
             *pos = i;
             return -ENOENT;
         }
-        if (key_eq(&rec(t, s - 1)->key, key)) return (int)(s - 1);
+        if (key_eq(rec(t, s - 1), key)) return (int)(s - 1);
         i = (i + 1) & t->hash_mask;
     }
 }
@@ -367,8 +375,11 @@ int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *k
     return lookup(t, key, &pos);
 }
 
-const struct ki_histogram_key *ki_histtab_key(const struct ki_histtab *t, uint32_t slot) {
-    return slot < t->used ? &rec(t, slot)->key : NULL;
+int ki_histtab_key(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_key *out) {
+    if (slot >= t->used) return -ENOENT;
+    const struct ki_hist *h = rec(t, slot);
+    *out = (struct ki_histogram_key){h->key.pid, h->key.gpu, h->key.stream, h->key.name_id, h->key.producer, h->kind, 0};
+    return 0;
 }
 
 /* Position of key sk in the sorted keys bk[0..n), or where it goes (*found = 0); hint first.
@@ -487,7 +498,12 @@ int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
     slot = (int)t->used++;
     t->hash[pos] = (uint32_t)slot + 1;
     struct ki_hist *nh = rec(t, (uint32_t)slot);
-    nh->key = *key;
+    nh->key.pid = key->pid;
+    nh->key.gpu = key->gpu;
+    nh->key.stream = key->stream;
+    nh->key.name_id = key->name_id;
+    nh->key.producer = key->producer;
+    nh->kind = (uint8_t)key->kind;
     nh->schema = (int8_t)t->cfg.schema;
     nh->zero_threshold = t->cfg.zero_threshold;
     nh->kw = 0; /* dense until sparse is smaller */

@@ -27,6 +27,8 @@ struct ki_kstats {
     uint64_t *exported;   /* per slot: count at its last export */
     uint8_t *seen;        /* per slot: exported at least once */
     double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet) */
+    uint32_t tail_set;    /* slots whose tail_s is set (slots are handed out in order: pages of
+                           * tail_s are touched only as keys arrive) */
     /* last key -> slot: consecutive records of a stream are mostly one kernel */
     struct ki_histogram_key last_key;
     int last_slot;
@@ -94,7 +96,6 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
         errno = e;
         return NULL;
     }
-    for (uint32_t i = 0; i < ks->max_keys; i++) ks->tail_s[i] = INFINITY;
     ks->last_slot = -1;
     ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
     ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
@@ -137,6 +138,7 @@ static inline int slot_of(struct ki_kstats *ks, const struct ki_histogram_key *k
         ki_histtab_refused(ks->tab, 1);
         return -1;
     }
+    while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
     ks->last_key = *key;
     ks->last_slot = s;
     return s;
@@ -296,9 +298,10 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
         if (count == 0) continue; /* every observation refused so far */
         if (total + ks->worst > ks->cfg.section_max) break; /* the rest goes in the next part */
         ki_histtab_export(ks->tab, s, &ks->ex);
-        const struct ki_histogram_key *key = ki_histtab_key(ks->tab, s);
-        put_hist(ks, key, ks->seen[s] ? 0 : FLAG_FIRST);
-        if (name && key->kind == KI_HIST_KERNEL) name(arg, key->producer, key->name_id);
+        struct ki_histogram_key key;
+        ki_histtab_key(ks->tab, s, &key);
+        put_hist(ks, &key, ks->seen[s] ? 0 : FLAG_FIRST);
+        if (name && key.kind == KI_HIST_KERNEL) name(arg, key.producer, key.name_id);
         total = 0;
         for (int c = 0; c < NCOLS; c++) total += ks->col_len[c];
         ks->exported[s] = count;

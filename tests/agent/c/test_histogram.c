@@ -173,8 +173,10 @@ static void unit(void) {
     CHECK_EQ(ki_histtab_observe(t, &c, 0.5), -ENOSPC);
     CHECK_EQ(ki_histtab_find(t, &b), 1);
     CHECK_EQ(ki_histtab_find(t, &c), -ENOENT);
-    CHECK(ki_histtab_key(t, 1)->stream == 3);
-    CHECK(ki_histtab_key(t, 2) == NULL);
+    struct ki_histogram_key got_key;
+    CHECK_EQ(ki_histtab_key(t, 1, &got_key), 0);
+    CHECK(got_key.stream == 3 && got_key.pid == 10 && got_key.name_id == 1);
+    CHECK_EQ(ki_histtab_key(t, 2, &got_key), -ENOENT);
     CHECK_EQ(ki_histtab_export(t, 2, &e), -ENOENT);
     struct ki_histtab_stats st;
     ki_histtab_stats(t, &st);
