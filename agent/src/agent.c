@@ -38,7 +38,8 @@
  * ~0.3 MB less peak memory than at 64 KiB, for ~25 batches instead of ~7 every histogram_interval_s.
  * Doubled at start until one histogram of histogram_max_buckets fits. */
 #define HIST_SECTION_MAX (16u << 10)
-#define FOLD_READ 1024u /* records read from the ring at a time while histograms take them: 64 KiB of staging and ring pages */
+#define FOLD_READ 256u /* records read from the ring at a time while histograms take them: 16 KiB of staging, in L1 when they are folded */
+#define FOLD_COMMIT_MIN 1024u /* records read between frees while folding a backlog, at least */
 
 /* One batch of the request in flight. */
 struct ki_flight {
@@ -68,7 +69,7 @@ struct ki_agent {
     size_t staging_cap;          /* batch_records */
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
-    uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_READ */
+    uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_COMMIT_MIN */
     size_t fold_read;            /* records read into staging at a time when histograms take them (64 KiB) */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
@@ -157,7 +158,7 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     if (!a->drain) return rc < 0 ? rc : -EIO;
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
-    a->fold_commit = ds.capacity / 64 > FOLD_READ ? ds.capacity / 64 : FOLD_READ;
+    a->fold_commit = ds.capacity / 64 > FOLD_COMMIT_MIN ? ds.capacity / 64 : FOLD_COMMIT_MIN;
     a->fold_read = a->staging_cap < FOLD_READ ? a->staging_cap : FOLD_READ;
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
