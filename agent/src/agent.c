@@ -98,6 +98,7 @@ struct ki_agent {
                                     answer that does not settle each batch) */
     uint32_t mark;               /* batch mark for the name table */
     uint64_t last_seal_ns;       /* monotonic time of the last sealed batch */
+    uint64_t last_t_max_ns;      /* header t_max of the last sealed batch (0: none yet) */
     uint64_t next_send_ns;       /* monotonic time before which nothing is sent (backoff) */
     uint64_t backoff_ns;         /* current backoff, 0 when healthy */
     int failing;                 /* last attempt failed (log transitions only) */
@@ -393,6 +394,13 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     if (!info.shipped) t_min = t_max = hlen ? hist_ts : real_ns();
     if (hlen && hist_ts < t_min) t_min = hist_ts; /* the histograms' time lies in the batch's range too */
     if (hlen && hist_ts > t_max) t_max = hist_ts;
+    /* The collector stamps this batch's counters at t_max (docs/metrics.md): one batch is one
+     * sample of each, so t_max is at least 1 ms (the store's resolution) after the previous
+     * batch's. Batches sharing a time (the parts of one export, sealed back to back at SIGTERM;
+     * a heartbeat right after a batch of fresh records) would otherwise give every counter two
+     * values at one timestamp; the collector keeps them apart too, but only within one process,
+     * and this holds across its restarts. Every record still lies in [t_min, t_max]. */
+    if (a->last_t_max_ns && t_max < a->last_t_max_ns + NS_PER_MS) t_max = a->last_t_max_ns + NS_PER_MS;
     a->pending_mark = (struct ki_spool_mark){ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
     rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
     if (rc < 0) {
@@ -403,6 +411,7 @@ static int seal_batch(struct ki_agent *a, size_t n) {
                      strerror(-rc));
         return rc;
     }
+    a->last_t_max_ns = t_max;
     a->pending = 1;
     a->pending_len = flen;
     a->pending_records = info.shipped;

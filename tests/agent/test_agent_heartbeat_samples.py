@@ -1,21 +1,23 @@
 """The agent's own series (``ki_agent_*``, from each batch's COUNTERS) and ``ki_ingest_lag_seconds``
 hold at most one sample per millisecond (issue 11, "nothing lost, nothing stale"; docs/metrics.md).
 
-Batches can share a header time: the parts of one histogram export that did not fit one section
-all carry the export's time, and at SIGTERM they are sealed back to back; a backlog request holds
-several batches the collector receives in the same millisecond. Before the collector stamped
-these samples at least 1 ms after the agent's previous ones, each such batch wrote every counter
-a second time at one timestamp with another value: a duplicate Prometheus refuses, and a value
-that kql picked at random. Real ``ki-agent``, real ``ki collector``, the store queried after.
+The parts of one histogram export that did not fit one section all carry the export's time, and
+at SIGTERM they are sealed back to back: each batch wrote every counter a second time at one
+timestamp with another value (a duplicate Prometheus refuses, and a value kql picked at random).
+Now the agent seals each batch at least 1 ms after the one before (docs/wire.md) and the
+collector stamps them 1 ms apart as well (tests/collector/test_derive.py, for older agents and
+batches of one request received within a millisecond). Real ``ki-agent``, real ``ki collector``,
+the store queried after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
-from agent_harness import wait_for
+from agent_harness import setup, wait_for
 from collector_cli import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring
@@ -25,6 +27,34 @@ from kernel_insight.collector.store import EmbeddedStore
 #: Distinct kernels, one histogram each: more than one 64 KiB HISTOGRAMS section holds, so the
 #: export at SIGTERM goes out as several batches sealed within a millisecond or two.
 KERNELS = 6000
+
+
+def _produce(ring: Ring) -> None:
+    """KERNELS kernels, each under its own name (one histogram each)."""
+    names = [ring.intern(f"heartbeat_kernel_{i}") for i in range(KERNELS)]
+    base = time.time_ns()
+    for i, name in enumerate(names):
+        assert ring.kernel(name, 0, base + i * 1000, base + i * 1000 + 500, 1, i) == 0
+
+
+def test_agent_seals_each_batch_at_least_1_ms_after_the_one_before(
+    tmp_path: Path, agent_bin: Path, ring_name: str
+) -> None:
+    """The agent's side (docs/wire.md, t_max_ns): its header times, which stamp its counters,
+    hold one sample per millisecond across collector restarts too."""
+    with setup(tmp_path, agent_bin, ring_name, capacity=1 << 15) as s:
+        agent = s.start(
+            "--histograms=1", "--histogram-interval-s", "3600", "--names-max", str(2 * KERNELS)
+        )  # fmt: skip
+        _produce(s.ring)
+        wait_for(lambda: s.ring.stats()["fill"] == 0, 30, "the agent read the ring")
+        assert agent.stop(timeout=30) == 0, agent.log()[-3000:]
+        got = s.receiver.got
+        headers = sorted((b.header for b in got.batches.values()), key=lambda h: (h.epoch, h.seq))
+    with_histograms = sum(1 for b in got.batches.values() if b.histograms is not None)
+    assert with_histograms >= 3, with_histograms  # the export went out in parts
+    t_max = [h.t_max_ns for h in headers]
+    assert all(b - a >= 1_000_000 for a, b in itertools.pairwise(t_max)), t_max
 
 
 def test_agent_series_get_one_sample_per_millisecond(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
@@ -40,10 +70,7 @@ def test_agent_series_get_one_sample_per_millisecond(tmp_path: Path, agent_bin: 
             "--histograms=1", "--histogram-interval-s", "3600",  # one export: the one SIGTERM seals
             "--names-max", str(2 * KERNELS), "--drain-interval-ms", "20", "--shutdown-timeout-s", "30",
         )  # fmt: skip
-        names = [ring.intern(f"heartbeat_kernel_{i}") for i in range(KERNELS)]
-        base = time.time_ns()
-        for i, name in enumerate(names):
-            assert ring.kernel(name, 0, base + i * 1000, base + i * 1000 + 500, 1, i) == 0
+        _produce(ring)
         wait_for(lambda: ring.stats()["fill"] == 0, 30, "the agent read the ring")
         agent.terminate()  # seals the export in parts, then delivers the spool
         assert agent.wait(60) == 0, (tmp_path / "agent.log").read_text()[-3000:]
