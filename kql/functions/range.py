@@ -459,7 +459,30 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     first_y = np.zeros(w.n)
     const_y = np.ones(w.n, dtype=bool)
     inc, t_buf, b_buf = np.empty((4, w.n)), np.empty((4, w.n)), np.empty((4, w.n))
-    for k, active, idx in w.lockstep():
+    longest = min(int(w.sorted_cnt[0]) if w.n else 0, LOCKSTEP_LIMIT)
+    lock_step: Iterable[tuple[int, slice, I64]] = w.lockstep()
+    if (
+        DENSE_VARIANCE
+        and longest
+        and int(w.sorted_cnt[-1]) >= longest
+        and 4 * w.n * longest <= SORT_CHUNK_VALUES
+    ):
+        # Every window has a sample at each step (regular scrapes): x, y, xy and x2 of all steps
+        # at once, then only the Kahan steps, on whole arrays (the same arithmetic, the same bits).
+        where = w.sorted_lo[None, :] + np.arange(longest)[:, None]
+        steps = np.empty((longest, 4, w.n))
+        steps[:, 1] = r.vs[where]
+        steps[:, 0] = (r.ts[where] - t0[None, :]) / 1000.0
+        np.multiply(steps[:, 0], steps[:, 1], out=steps[:, 2])
+        np.multiply(steps[:, 0], steps[:, 0], out=steps[:, 3])
+        first_y[:] = steps[0, 1]
+        const_y &= (steps[:, 1] == first_y[None, :]).all(axis=0)
+        for k in range(longest):
+            if k % 32 == 31:
+                w.r.checkpoint()
+            kahan_add(total, comp, steps[k], t_buf, b_buf)
+        lock_step = ()
+    for k, active, idx in lock_step:
         m = len(idx)
         y = r.vs[idx]
         x = (r.ts[idx] - t0[active]) / 1000.0

@@ -156,13 +156,13 @@ def test_batched_searchsorted_equals_a_search_per_series(series, queries, side):
 @given(
     st.lists(st.integers(0, 30), min_size=1, max_size=6),
     st.lists(finite_or_not, min_size=1, max_size=40),
-    st.sampled_from(["sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time"]),
+    st.sampled_from(["sum_over_time", "avg_over_time", "stddev_over_time", "stdvar_over_time", "deriv"]),
     st.randoms(use_true_random=False),
 )
 def test_dense_and_lock_step_window_sums_are_the_same_bits(lengths, pool, func, rnd):
-    """sum_over_time, avg_over_time and the variances give the same bits through whole arrays
-    (_dense_kahan_totals for windows of nearly equal length, padded; the variance's dense path
-    where every window is full) and through lock-step slices."""
+    """sum_over_time, avg_over_time, the variances and deriv give the same bits through whole
+    arrays (_dense_kahan_totals for windows of nearly equal length, padded; the variance's and
+    the regression's dense paths where every window is full) and through lock-step slices."""
     import kernel_insight.kql.functions.range as range_functions
 
     store = MemoryStorage()
