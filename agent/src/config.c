@@ -40,7 +40,7 @@ static const struct ki_config_entry ENTRIES[] = {
     INT(dead_letter_max_mb, "16", 1, 1 << 20, "bound of the dead-letter file of refused batches (kept twice: current and .1)"),
     INT(request_max_kb, "256", 1, 16384, "a backlog is sent as requests of several batches up to this size"),
     INT(drain_interval_ms, "100", 1, 60000, "how often the ring is drained and a batch sealed"),
-    INT(batch_records, "4096", 64, 1 << 20, "most records in one batch"),
+    INT(batch_records, "4096", 64, 1 << 20, "most records in one batch (a quarter of it with histograms on)"),
     INT(heartbeat_s, "10", 1, 86400, "seal a batch (counters only) after this long without one"),
     INT(zstd_level, "1", 1, 19, "zstd compression level (1: least memory and CPU; higher saves little here)"),
     INT(connect_timeout_ms, "1000", 1, 600000, "TCP connect timeout"),
