@@ -33,11 +33,12 @@
 #define BACKLOG_SEAL_NS NS_PER_S /* while a backlog waits, a batch gathers up to this long (fewer, larger batches) */ /* after a refused request of several batches, send one per request this long */
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
 #define SECTION_HISTOGRAMS 0x04u
-/* Bytes of histograms per batch (more go in the next ones): small bodies keep the buffers (columns,
- * section, body, frame, zstd's context) small. 16 KiB: an export of 10,000 kernel histograms costs
- * ~0.3 MB less peak memory than at 64 KiB, for ~25 batches instead of ~7 every histogram_interval_s.
- * Doubled at start until one histogram of histogram_max_buckets fits. */
-#define HIST_SECTION_MAX (16u << 10)
+/* Bytes of histograms per batch (more go in the next ones): small bodies keep the buffers small.
+ * A table of more than 1,024 keys exports in quarter sections (ki_kstats_encode: 16 KiB, ~0.3 MB
+ * less peak memory at 10,000 keys); smaller ones in one section (16 KiB cost 100 kernels' exports
+ * ~20% more wire bytes in two parts). Doubled at start until one histogram of
+ * histogram_max_buckets fits. */
+#define HIST_SECTION_MAX (64u << 10)
 #define FOLD_READ 256u /* records read from the ring at a time while histograms take them: 16 KiB of staging, in L1 when they are folded */
 #define FOLD_COMMIT_MIN 1024u /* records read between frees while folding a backlog, at least */
 
