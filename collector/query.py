@@ -594,7 +594,10 @@ class ClickHouseStorage:
         fps = result.column("fingerprint").to_numpy().astype(np.uint64, copy=False)
         order = np.argsort(fps)
         present = fps[order]
-        if hit is None or not np.array_equal(hit.present, present):
+        # Judge again when the series changed, or when some were left unjudged (their samples
+        # were stored before their series-table row): else they stay unselected until the
+        # present series change, which in a steady fleet may be never.
+        if hit is None or len(hit.matched) < len(present) or not np.array_equal(hit.present, present):
             hit = self._instant_selection(metrics, others, present, first, time_ms, hit)
             hit.general = len(present) > INSTANT_SELECTIVE_MIN_ROWS and len(
                 hit.pick

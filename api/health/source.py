@@ -22,6 +22,14 @@ def _ms(ms: int) -> str:
     return f"fromUnixTimestamp64Milli(toInt64({int(ms)}), 'UTC')"
 
 
+#: The newest samples are read as of this much after the rebuild's clock. A batch received while
+#: a rebuild runs is stamped (its heartbeat: the receive time, at least 1 ms after the agent's
+#: previous one) after the clock the rebuild read at its start, yet stored before its read:
+#: without the slack its NVML gauges (stamped earlier, by the agent) would show and its heartbeat
+#: would not. It also covers agents whose clocks run a little ahead of the collector's.
+CLOCK_SLACK_MS = 1_000
+
+
 class StoreSource:
     """Facts from the collector's store: the instances table, the latest GPU gauges, NCCL latencies, events.
 
@@ -97,7 +105,7 @@ class StoreSource:
         start = now_ms - ERROR_WINDOW_MS
         window = f"s.ts >= {_ms(start)} AND s.ts <= {_ms(now_ms)}"
         samples = self._table("samples")
-        self._latest(facts, now_ms)
+        self._latest(facts, now_ms + CLOCK_SLACK_MS)
         self._series_labels(facts, start, now_ms)
         p = Params()
         latencies = self.store.query(

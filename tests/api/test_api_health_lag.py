@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import time
 
 import numpy as np
 import pytest
 from api_helpers import facts
 
-from kernel_insight.agent.records import RECORD_DTYPE
+from kernel_insight.agent.metric_ids import MetricId
+from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.api import HealthRule, StoreSource, build_snapshot
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.store import EmbeddedStore
@@ -109,6 +111,36 @@ def test_store_source_reads_the_heartbeat_the_sink_stores(tmp_path):
         assert f.ingest_lag_s == pytest.approx(90.0)
         stale, lagging, _ = HealthRule().freshness(f, now_ns // 1_000_000)
         assert (stale, lagging) == (False, True)
+    finally:
+        store.close()
+
+
+def test_a_batch_stored_during_a_rebuild_shows_its_heartbeat_with_its_gauges(tmp_path):
+    """The rebuild reads its clock, then the batch arrives (heartbeat stamped at its receive time,
+    after that clock) and is stored before the rebuild's read: both its gauge and its heartbeat
+    are seen, never the gauge alone (an instance healthy with no ingest lag)."""
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        received_ns = time.time_ns()
+        sampled_ns = received_ns - 400_000_000  # the agent's NVML reading, before the batch left
+        records = np.zeros(1, dtype=RECORD_DTYPE)
+        records["type"] = RecordType.GPU_SAMPLE
+        records["id"] = int(MetricId.MEMORY_FREE)
+        records["ts_ns"] = sampled_ns
+        records["payload"] = np.frombuffer(struct.pack("<dQ16x", 1e9, 0), dtype="V32")
+        derived = Deriver("agent-1").derive(records, now_ns=sampled_ns, received_ns=received_ns)
+        store.insert_batch(
+            "agent-1:1:0",
+            agent_id="agent-1",
+            samples=derived.samples,
+            spans=derived.spans,
+            events=derived.events,
+            instances=derived.instances,
+        )
+        (f,) = StoreSource(store).collect(received_ns // 1_000_000 - 50)  # the clock read 50 ms before
+        assert f.gpu_memory_free_bytes == 1e9
+        assert f.last_heard_ms == received_ns // 1_000_000
+        assert f.ingest_lag_s == pytest.approx(0.4)
     finally:
         store.close()
 

@@ -200,3 +200,27 @@ def test_selective_matchers_over_many_series_take_the_general_path_after_the_fir
     assert len(both.check(selector, NOW, instant=False)) == 1
     assert len(both.check('gpu_power_watts{gpu="1"}', NOW, instant=True)) == 4  # half: stays
     assert len(both.check('gpu_power_watts{gpu="1"}', NOW, instant=True)) == 4
+
+
+def test_a_series_stored_before_its_series_row_is_judged_at_the_next_read(both, monkeypatch):
+    """Samples can be readable before their series-table row: such a series is left unjudged and
+    must be judged at the next read even though the present series did not change (else it stays
+    unselected until some series comes or goes, in a steady fleet perhaps never)."""
+    both.add(_fleet(1))
+    ch = both.store.storage()
+    real = ch._labels_of
+    rows_readable = False
+
+    def labels_of(metrics, fps, start_ms, end_ms):
+        got = real(metrics, fps, start_ms, end_ms)
+        return got if rows_readable else {}
+
+    monkeypatch.setattr(ch, "_labels_of", labels_of)
+    selector = [Matcher("__name__", "=", "gpu_power_watts")]
+    first = ch._last_instant(selector, NOW, LOOKBACK, True)
+    assert first is not None
+    assert first.labels == []
+    rows_readable = True
+    second = ch._last_instant(selector, NOW, LOOKBACK, True)
+    assert second is not None
+    assert sorted(dict(labels)["gpu"] for labels in second.labels) == ["0", "1"]
