@@ -27,6 +27,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -209,8 +210,16 @@ def _go_log(x: float) -> float:
     if f1 < _HALF_SQRT2:
         f1 *= 2
         ki -= 1
-    f = f1 - 1
-    k = float(ki)
+    return _go_log_reduced(f1 - 1, float(ki))
+
+
+_Num = TypeVar("_Num", float, _F64)
+
+
+def _go_log_reduced(f: _Num, k: _Num) -> _Num:
+    """The end of Go's ``math.Log`` once ``x = (1 + f) * 2**k``: one definition for
+    :func:`_go_log` (floats) and :func:`go_log2_array` (numpy's elementwise IEEE arithmetic in
+    the same order gives the same bits)."""
     s = f / (2 + f)
     s2 = s * s
     s4 = s2 * s2
@@ -253,15 +262,7 @@ def go_log2_array(x: _F64) -> _F64:
     low = f1 < _HALF_SQRT2
     f1 = np.where(low, f1 * 2, f1)
     k = np.where(low, ki - 1, ki).astype(np.float64)
-    f = f1 - 1
-    sv = f / (2 + f)
-    s2 = sv * sv
-    s4 = s2 * s2
-    t1 = s2 * (_L1 + s4 * (_L3 + s4 * (_L5 + s4 * _L7)))
-    t2 = s4 * (_L2 + s4 * (_L4 + s4 * _L6))
-    r = t1 + t2
-    hfsq = 0.5 * f * f
-    log = k * _LN2_HI - ((hfsq - (sv * (hfsq + r) + k * _LN2_LO)) - f)
+    log = _go_log_reduced(f1 - 1, k)
     out[ok] = np.where(frac == 0.5, expf - 1, log * _LOG2_E + expf)
     for i in np.flatnonzero(~ok).tolist():
         out[i] = go_log2(float(x[i]))

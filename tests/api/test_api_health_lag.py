@@ -14,7 +14,7 @@ from api_helpers import facts
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.api import HealthRule, StoreSource, build_snapshot
-from kernel_insight.collector.derive import Deriver
+from kernel_insight.collector.derive import Derived, Deriver
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk._models import HealthSnapshot
 from kernel_insight.sdk._select import SelectionIndex
@@ -86,6 +86,17 @@ def test_the_lag_does_not_depend_on_the_rebuild_time():
     assert again.etag == first.etag
 
 
+def _store(store: EmbeddedStore, derived: Derived) -> None:
+    store.insert_batch(
+        "agent-1:1:0",
+        agent_id="agent-1",
+        samples=derived.samples,
+        spans=derived.spans,
+        events=derived.events,
+        instances=derived.instances,
+    )
+
+
 def test_store_source_reads_the_heartbeat_the_sink_stores(tmp_path):
     """A batch whose newest record is 90 s old, received now: heard now, 90 s of lag."""
     store = EmbeddedStore(tmp_path / "data")
@@ -96,14 +107,7 @@ def test_store_source_reads_the_heartbeat_the_sink_stores(tmp_path):
         derived = d.derive(
             np.zeros(0, dtype=RECORD_DTYPE), counters={"spool_batches": 40}, now_ns=t_max, received_ns=now_ns
         )
-        store.insert_batch(
-            "agent-1:1:0",
-            agent_id="agent-1",
-            samples=derived.samples,
-            spans=derived.spans,
-            events=derived.events,
-            instances=derived.instances,
-        )
+        _store(store, derived)
         (f,) = StoreSource(store).collect(now_ns // 1_000_000)
         assert f.id == "agent-1"
         assert f.last_seen_ms == t_max // 1_000_000
@@ -129,14 +133,7 @@ def test_a_batch_stored_during_a_rebuild_shows_its_heartbeat_with_its_gauges(tmp
         records["ts_ns"] = sampled_ns
         records["payload"] = np.frombuffer(struct.pack("<dQ16x", 1e9, 0), dtype="V32")
         derived = Deriver("agent-1").derive(records, now_ns=sampled_ns, received_ns=received_ns)
-        store.insert_batch(
-            "agent-1:1:0",
-            agent_id="agent-1",
-            samples=derived.samples,
-            spans=derived.spans,
-            events=derived.events,
-            instances=derived.instances,
-        )
+        _store(store, derived)
         (f,) = StoreSource(store).collect(received_ns // 1_000_000 - 50)  # the clock read 50 ms before
         assert f.gpu_memory_free_bytes == 1e9
         assert f.last_heard_ms == received_ns // 1_000_000
