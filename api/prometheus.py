@@ -61,8 +61,8 @@ __all__ = [
 
 #: Threads that evaluate queries (anyio's default thread limit, which served them before).
 QUERY_THREADS = 40
-#: A query request whose last run took less than this runs inline on the event loop (_QueryRunner).
-INLINE_MAX_S = 0.001
+#: A query request whose last runs took less than this runs inline on the event loop (_QueryRunner).
+INLINE_MAX_S = 0.005
 #: How many query requests' last run times are kept (then forgotten all at once).
 _REMEMBERED_REQUESTS = 4096
 #: Prometheus refuses range queries with more points per series than this.
@@ -577,11 +577,15 @@ class _QueryRunner:
     """Runs a query's work in a query thread, or inline on the event loop when it is known to be quick.
 
     Handing work to a thread and back costs the event loop two wake-ups (~0.15 ms on a 2-core
-    host, as much as a small query's evaluation). A request (same endpoint, query, step and time
-    span) the quicker of whose last two runs took less than ``inline_max_s`` runs inline: in a
-    thread it would hold the GIL about as long before the loop got it back (the switch interval
-    ``serve`` sets is 1 ms). Two runs, not one: on a loaded host one run in six or seven of a
-    0.1 ms query was preempted past 1 ms (15% of 2,000 runs at load 14), sending the next to a thread.
+    host, as much as a small query's evaluation; on a loaded host each wake-up can also wait for
+    a core). A request (same endpoint, query, step and time span) the quicker of whose last two
+    runs took less than ``inline_max_s`` (5 ms) runs inline. Inline, it holds the loop (other
+    requests on this collector wait) for at most that long; in a thread a query holds the GIL
+    for most of its run anyway, the loop getting it back every switch interval (1 ms, set by
+    ``serve``). At 1 ms, the queries of 1-5 ms that dashboards ask most paid the hop: inline,
+    bench-kql's instant queries of 1-8 ms took 5-12% less collector CPU and ~8% less wall time
+    (A/B, load 9). Two runs, not one: on a loaded host one run in six or seven of a 0.1 ms query
+    was preempted past 1 ms (15% of 2,000 runs at load 14), sending the next to a thread.
     A request seen for the first time, or slow twice, runs in a thread; one that turns slow (a
     cache miss reading ClickHouse) holds the loop twice and runs in a thread from then on.
     ``loop.run_in_executor`` rather than anyio's ``to_thread``: its capacity limiter, cancel scope

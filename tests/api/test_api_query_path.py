@@ -23,6 +23,7 @@ from kernel_insight.api import (
     prometheus_router,
     query_routes,
 )
+from kernel_insight.api.prometheus import INLINE_MAX_S
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 
 
@@ -55,7 +56,7 @@ def _client(storage: MemoryStorage, tmp_path, **kwargs: float) -> TestClient:
 
 def test_a_quick_query_asked_again_runs_on_the_event_loop(tmp_path):
     storage = _Recording()
-    # A bound far above this query's evaluation even on a loaded machine (the default is 1 ms).
+    # A bound far above this query's evaluation even on a loaded machine (the default is 5 ms).
     client = _client(storage, tmp_path, inline_max_s=0.05)
     for t in ("15", "16", "17", "18"):  # another evaluation time is the same request
         body = client.get("/api/v1/query", params={"query": "up", "time": t}).json()
@@ -70,7 +71,7 @@ def test_a_quick_query_asked_again_runs_on_the_event_loop(tmp_path):
 
 
 def test_a_query_that_was_slow_stays_in_a_query_thread(tmp_path):
-    storage = _Recording(spin_s=0.003)  # three times the default inline bound (1 ms)
+    storage = _Recording(spin_s=3 * INLINE_MAX_S)  # three times the default inline bound
     client = _client(storage, tmp_path)
     for _ in range(3):
         assert client.get("/api/v1/query", params={"query": "up", "time": "15"}).status_code == 200
