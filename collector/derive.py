@@ -37,6 +37,7 @@ from kernel_insight.agent.records import (
     SyncKind,
     decode_record,
 )
+from kernel_insight.collector.hist_base import HistogramBases
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     CallBatch,
@@ -49,6 +50,7 @@ from kernel_insight.collector.rows import (
     SpanBatch,
     canonical_labels,
 )
+from kernel_insight.collector.wire import BODY_VERSION_INCREMENTS
 from kernel_insight.collector.wire_hist import FLAG_FIRST, HistKind, WireHistograms
 
 __all__ = [
@@ -122,6 +124,8 @@ DROP_REASONS: dict[str, str] = {
     "batch_time_out_of_range": "the batch header's time is after 2149-06-06 (counters stamped with now)",
     "fingerprint_over_limit": "a FINGERPRINT past 1,024 GPUs or 64 fields per GPU for one agent",
     "names_over_limit": "not a record: a name past the agent's 64 Mi characters of names (kept as unknown_<id>)",
+    "histogram_without_base": "not a record: a histogram increment whose base this collector does not hold "
+    "(the agent is asked for a snapshot)",
 }
 
 #: Per agent batch, at the collector's receive time: receive time minus the batch's t_max. Its newest
@@ -310,6 +314,10 @@ class Deriver:
         # lag): each batch's are stamped at least 1 ms later (_next_stamp_ms).
         self._counters_ms = -1
         self._lag_ms = -1
+        # Version 4 bodies: the cumulative histograms the agent's increments build on (hist_base.py),
+        # and whether an increment lacked its base since the agent was last told (snapshot_wanted).
+        self.hist_bases = HistogramBases()
+        self.snapshot_wanted = False
 
     # ---- undo ------------------------------------------------------------------------
 
@@ -510,6 +518,11 @@ class Deriver:
         # the HISTOGRAMS sections, so the per-kernel counters come from those instead.
         sampled = body_version >= 2
         spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped, count=not sampled)
+        if histograms is not None and body_version >= BODY_VERSION_INCREMENTS:
+            histograms, unresolved = self.hist_bases.resolve(histograms, epoch)
+            if unresolved:
+                dropped["histogram_without_base"] = unresolved
+                self.snapshot_wanted = True
         hist = HistogramBatch.empty() if histograms is None else self._histograms(histograms, epoch, samples)
         if self._open_launches and len(spans):
             self._attach_launches(spans)

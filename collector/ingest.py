@@ -36,6 +36,7 @@ from kernel_insight.collector.wire import (
     FRAMES_CONTENT_TYPE,
     HEADER_SIZE,
     INGEST_PATH,
+    SNAPSHOT_HEADER,
     AuthenticationFailed,
     BatchHeader,
     BatchId,
@@ -223,6 +224,7 @@ def ingest_router(
     seen = seen if seen is not None else SeenBatches()
     stats = stats if stats is not None else IngestStats()
     metrics = metrics if metrics is not None else CollectorMetrics(process=False)
+    snapshot_wanted: Callable[[bytes], bool] | None = getattr(sink, "histogram_snapshot_wanted", None)
     in_flight: set[BatchId] = set()
     in_flight_lock = threading.Lock()
     router = APIRouter()
@@ -399,6 +401,8 @@ def ingest_router(
         if captures is not None and sender is not None:  # only to a sender whose batch was settled
             for value in captures.offers(sender):
                 response.headers.append(CAPTURE_HEADER, value)
+        if sender is not None and snapshot_wanted is not None and snapshot_wanted(sender):
+            response.headers[SNAPSHOT_HEADER] = "1"  # an increment lacked its base: snapshots next
         return response, outcomes
 
     return router

@@ -181,6 +181,17 @@ class StoreSink:
                 totals[labels] = totals.get(labels, 0.0) - inc
             deriver.rollback(totals)
 
+    def histogram_snapshot_wanted(self, agent_id: bytes) -> bool:
+        """Whether an increment of this agent lacked its base since the last call (then the
+        ingest answer asks the agent for snapshots: KI-Histogram-Snapshot, docs/wire.md)."""
+        with self._lock:
+            entry = self._derivers.get(agent_id)
+        if entry is None or not entry[0].snapshot_wanted:
+            return False
+        with entry[1]:
+            wanted, entry[0].snapshot_wanted = entry[0].snapshot_wanted, False
+        return wanted
+
     def __call__(self, batch: DecodedBatch) -> bool:
         return self.submit(batch).result()
 

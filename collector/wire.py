@@ -50,6 +50,7 @@ __all__ = [
     "HEADER_SIZE",
     "INGEST_PATH",
     "MAGIC",
+    "SNAPSHOT_HEADER",
     "TAG_SIZE",
     "WIRE_VERSION",
     "AuthenticationFailed",
@@ -84,7 +85,11 @@ BODY_VERSION_HISTOGRAMS = 2
 #: histogram agents send since issue 14's wire work (a probe numbers its kernels as the ring
 #: numbers its records, so the column shrinks to almost nothing). Versions 1 and 2 stay accepted.
 BODY_VERSION_PDELTA = 3
-BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS, BODY_VERSION_PDELTA)
+#: Version 3 whose HISTOGRAMS section may hold increments (buckets and counts added since the
+#: series' previous export, against a base the collector keeps): its extra column ``count_inc``
+#: says which base (docs/wire.md, issue 14). Versions 1-3 stay accepted.
+BODY_VERSION_INCREMENTS = 4
+BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS, BODY_VERSION_PDELTA, BODY_VERSION_INCREMENTS)
 AEAD_CHACHA20_POLY1305 = 1
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
@@ -97,6 +102,9 @@ CONTENT_TYPE = "application/x-ki-batch"
 FRAMES_CONTENT_TYPE = "application/x-ki-batches"
 #: The response header carrying one status per frame of a FRAMES_CONTENT_TYPE request, in body order.
 BATCH_STATUS_HEADER = "KI-Batch-Status"
+#: The response header asking an agent for cumulative histograms (snapshots) next: one of its
+#: increments named a base this collector does not hold (docs/wire.md, "Increments").
+SNAPSHOT_HEADER = "KI-Histogram-Snapshot"
 
 SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
@@ -443,7 +451,7 @@ class DecodedBatch:
     arrays: dict[int, npt.NDArray[np.void]] = field(default_factory=dict)
     captures: tuple[CaptureReport, ...] = ()
     body_version: int = BODY_VERSION
-    histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2 body
+    histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2-4 body
     labels: tuple[tuple[str, str], ...] | None = None  # the agent's configured instance labels (LABELS)
 
     @property
@@ -668,7 +676,7 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
     r = _Reader(body, "body")
     version = r.u8()
     if version not in BODY_VERSIONS:
-        raise MalformedBatch(f"body version {version}, this collector understands 1, 2 and 3")
+        raise MalformedBatch(f"body version {version}, this collector understands 1, 2, 3 and 4")
     batch.body_version = version
     seen: set[int] = set()
     while not r.done():
@@ -695,7 +703,7 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
         elif tag == SECTION_HISTOGRAMS and version >= BODY_VERSION_HISTOGRAMS:
             from kernel_insight.collector.wire_hist import decode_histograms
 
-            batch.histograms = decode_histograms(sec, header, limits)
+            batch.histograms = decode_histograms(sec, header, limits, version)
         else:
             raise MalformedBatch(f"unknown section 0x{tag:02x}")
         if not sec.done():
@@ -864,7 +872,7 @@ def encode_body(
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
     if histograms is not None and body_version < BODY_VERSION_HISTOGRAMS:
-        raise ValueError("a HISTOGRAMS section needs body_version 2 or 3")
+        raise ValueError("a HISTOGRAMS section needs body_version 2, 3 or 4")
     out = bytearray([body_version])
     if histograms is not None:
         out += _section(SECTION_HISTOGRAMS, histograms)

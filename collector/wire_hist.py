@@ -1,4 +1,9 @@
-"""The HISTOGRAMS section of a version 2 agent batch (docs/wire.md): columnar native histograms.
+"""The HISTOGRAMS section of a version 2-4 agent batch (docs/wire.md): columnar native histograms.
+
+Version 4 adds increments: a row flagged FLAG_INCREMENT holds only the zero count and buckets
+added since the series' previous export (its base, the cumulative histogram whose count is
+``count - count_inc``); ``count`` and ``sum`` stay cumulative. ``hist_base.HistogramBases``
+turns them back into cumulative histograms.
 
 Kept apart from ``wire.py``'s record columns so either can change without the other; the
 decoder faces untrusted bytes and raises only ``wire.MalformedBatch``.
@@ -22,12 +27,26 @@ import numpy.typing as npt
 
 from kernel_insight.collector import wire as _w
 
-__all__ = ["HIST_SECTION", "HistKind", "HistRow", "WireHistograms", "decode_histograms", "encode_histograms"]
+__all__ = [
+    "FLAG_FIRST",
+    "FLAG_INCREMENT",
+    "HIST_SECTION",
+    "HistKind",
+    "HistRow",
+    "WireHistograms",
+    "decode_histograms",
+    "encode_histograms",
+]
 
 #: Section tag of HISTOGRAMS in a version 2 body.
 HIST_SECTION = 0x04
 #: Flag of a histogram's first export since its agent started: a counter reset.
 FLAG_FIRST = 0x01
+#: Flag of an increment (body version 4): zero count and buckets are what was added since the
+#: series' export whose count was ``count - count_inc``; count and sum are cumulative.
+FLAG_INCREMENT = 0x02
+#: The body version whose section has the ``count_inc`` column (wire.BODY_VERSION_INCREMENTS).
+_V_INCREMENTS = 4
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -60,6 +79,8 @@ _FIXED: tuple[tuple[str, str], ...] = (
     ("n_pos_spans", "uv"),
     ("n_neg_spans", "uv"),
 )
+#: Body version 4: one more fixed column, after the fourteen above.
+_FIXED_V4 = (*_FIXED, ("count_inc", "uv"))
 _FLAT: tuple[tuple[str, str], ...] = (
     ("pos_span_offset", "sv"),
     ("pos_span_length", "uv"),
@@ -72,7 +93,9 @@ _FLAT: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class HistRow:
-    """One histogram as the agent exports it: cumulative since the agent started, buckets as deltas."""
+    """One histogram as the agent exports it: cumulative since the agent started, buckets as deltas;
+    or, with ``increment`` (body version 4), zero count and buckets added since the export whose
+    count was ``count - count_inc`` (count and sum cumulative)."""
 
     kind: HistKind
     producer: int = 0
@@ -90,6 +113,8 @@ class HistRow:
     neg_spans: tuple[tuple[int, int], ...] = ()
     neg_deltas: tuple[int, ...] = ()
     first: bool = False  # first export since the agent started (a counter reset)
+    increment: bool = False  # zero count and buckets are an increment over a base (version 4)
+    count_inc: int = 0  # count minus the base's count (increments; 0 otherwise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +143,7 @@ class WireHistograms:
     neg_span_offset: I64
     neg_span_length: U64
     neg_delta: I64
+    count_inc: U64  # version 4: count minus the base's count in increment rows; zeros otherwise
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -162,6 +188,8 @@ class WireHistograms:
                     neg_spans=nspans,
                     neg_deltas=tuple(self.neg_delta[nd : nd + nl].tolist()),
                     first=bool(int(self.flags[i]) & FLAG_FIRST),
+                    increment=bool(int(self.flags[i]) & FLAG_INCREMENT),
+                    count_inc=int(self.count_inc[i]),
                 )
             )
             ps, ns, pd, nd = ps + np_, ns + nn, pd + pl, nd + nl
@@ -184,8 +212,10 @@ def _column(r: _w._Reader, n: int, enc: str, what: str) -> npt.NDArray[Any]:
     return _w._unzigzag(v).view(np.int64) if enc == "sv" else v
 
 
-def decode_histograms(r: _w._Reader, header: _w.BatchHeader, limits: _w.Limits) -> WireHistograms:
-    """The section's content; every inconsistency is a MalformedBatch."""
+def decode_histograms(
+    r: _w._Reader, header: _w.BatchHeader, limits: _w.Limits, version: int = 3
+) -> WireHistograms:
+    """The section's content in a body of ``version``; every inconsistency is a MalformedBatch."""
     k = r.varint()
     if k == 0 or k > limits.max_records:
         raise _w.MalformedBatch(f"HISTOGRAMS: bad histogram count {k}")
@@ -193,8 +223,10 @@ def decode_histograms(r: _w._Reader, header: _w.BatchHeader, limits: _w.Limits) 
     if not header.t_min_ns <= ts_ns <= header.t_max_ns:
         raise _w.MalformedBatch("HISTOGRAMS: time outside the header's range")
     cols: dict[str, npt.NDArray[Any]] = {}
-    for name, enc in _FIXED:
+    for name, enc in _FIXED_V4 if version >= _V_INCREMENTS else _FIXED:
         cols[name] = _column(r, k, enc, f"HISTOGRAMS column {name}")
+    if "count_inc" not in cols:
+        cols["count_inc"] = np.zeros(k, dtype=np.uint64)
     for side in ("pos", "neg"):
         nspans = int(cols[f"n_{side}_spans"].sum())
         for name, enc in (c for c in _FLAT if c[0].startswith(side) and "span" in c[0]):
@@ -207,8 +239,15 @@ def decode_histograms(r: _w._Reader, header: _w.BatchHeader, limits: _w.Limits) 
         raise _w.MalformedBatch("HISTOGRAMS: unknown histogram kind")
     if np.any((schema < -4) | (schema > 8)):
         raise _w.MalformedBatch("HISTOGRAMS: schema outside -4 .. 8")
-    if np.any(cols["flags"] & ~np.uint8(FLAG_FIRST)):
+    flags = cols["flags"]
+    known = FLAG_FIRST | (FLAG_INCREMENT if version >= _V_INCREMENTS else 0)
+    if np.any(flags & ~np.uint8(known)):
         raise _w.MalformedBatch("HISTOGRAMS: unknown flags")
+    inc = (flags & FLAG_INCREMENT) != 0
+    if np.any(inc & ((flags & FLAG_FIRST) != 0)):
+        raise _w.MalformedBatch("HISTOGRAMS: a first export cannot be an increment")
+    if np.any(~inc & (cols["count_inc"] != 0)) or np.any(cols["count_inc"] > cols["count"]):
+        raise _w.MalformedBatch("HISTOGRAMS: count_inc is not 0 in a cumulative row, or above count")
     for name, bits in (("producer", 32), ("id", 32), ("gpu", 16), ("pid", 32)):
         if np.any(cols[name] >> np.uint64(bits)):
             raise _w.MalformedBatch(f"HISTOGRAMS column {name}: value does not fit {bits} bits")
@@ -231,10 +270,13 @@ def _check_spans(offsets: I64, per_row: U64, side: str) -> None:
         raise _w.MalformedBatch(f"HISTOGRAMS: a {side} span offset is out of range")
 
 
-def encode_histograms(ts_ns: int, rows: Sequence[HistRow]) -> bytes:
-    """The section's content for ``rows`` (the C agent's encoding; for tests and tools)."""
+def encode_histograms(ts_ns: int, rows: Sequence[HistRow], version: int = 3) -> bytes:
+    """The section's content for ``rows`` in a body of ``version`` (the C agent's encoding; for
+    tests and tools). Increment rows need version 4."""
     if not rows:
         raise ValueError("a HISTOGRAMS section holds at least one histogram")
+    if version < _V_INCREMENTS and any(r.increment for r in rows):
+        raise ValueError("increments need body version 4")
 
     def uv(values: Sequence[int]) -> bytes:
         return _w._encode_varints(np.asarray(values, dtype=np.uint64))
@@ -252,7 +294,7 @@ def encode_histograms(ts_ns: int, rows: Sequence[HistRow]) -> bytes:
         "gpu": uv([r.gpu for r in rows]),
         "pid": uv([r.pid for r in rows]),
         "stream": uv([0 if r.stream is None else r.stream + 1 for r in rows]),
-        "flags": bytes(FLAG_FIRST if r.first else 0 for r in rows),
+        "flags": bytes((FLAG_FIRST if r.first else 0) | (FLAG_INCREMENT if r.increment else 0) for r in rows),
         "schema": sv([r.schema for r in rows]),
         "zero_threshold": f64([r.zero_threshold for r in rows]),
         "zero_count": uv([r.zero_count for r in rows]),
@@ -260,6 +302,7 @@ def encode_histograms(ts_ns: int, rows: Sequence[HistRow]) -> bytes:
         "sum": f64([r.sum for r in rows]),
         "n_pos_spans": uv([len(r.pos_spans) for r in rows]),
         "n_neg_spans": uv([len(r.neg_spans) for r in rows]),
+        "count_inc": uv([r.count_inc for r in rows]),
         "pos_span_offset": sv([o for r in rows for o, _ in r.pos_spans]),
         "pos_span_length": uv([n for r in rows for _, n in r.pos_spans]),
         "pos_delta": sv([d for r in rows for d in r.pos_deltas]),
@@ -268,6 +311,6 @@ def encode_histograms(ts_ns: int, rows: Sequence[HistRow]) -> bytes:
         "neg_delta": sv([d for r in rows for d in r.neg_deltas]),
     }
     out = bytearray(_w._varint(len(rows)) + _w._varint(ts_ns))
-    for name, _ in _FIXED + _FLAT:
+    for name, _ in (_FIXED_V4 if version >= _V_INCREMENTS else _FIXED) + _FLAT:
         out += _w._varint(len(data[name])) + data[name]
     return bytes(out)

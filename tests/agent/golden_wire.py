@@ -102,13 +102,18 @@ def batch_json(batch: wire.DecodedBatch) -> dict[str, Any]:
     if batch.body_version != 1:
         out["body_version"] = batch.body_version
         hist = batch.histograms
+        # the increment fields exist from body version 4 on: the older frames' JSON stays as committed
+        skip = () if batch.body_version >= wire.BODY_VERSION_INCREMENTS else ("increment", "count_inc")
         out["histograms"] = (
             None
             if hist is None
             else {
                 "ts_ns": hist.ts_ns,
                 "rows": [
-                    {**{k: v for k, v in vars_of(r).items() if k != "kind"}, "kind": r.kind.name}
+                    {
+                        **{k: v for k, v in vars_of(r).items() if k != "kind" and k not in skip},
+                        "kind": r.kind.name,
+                    }
                     for r in hist.rows()
                 ],
             }

@@ -24,8 +24,9 @@ AID = bytes(16)
 CASES = int(os.environ.get("KI_FUZZ_CASES", "20000"))
 
 
-def _histograms(ts_ns: int) -> bytes:
-    """A HISTOGRAMS section: two kernels (one with a stream) and an NCCL op."""
+def _histograms(ts_ns: int, version: int = 3) -> bytes:
+    """A HISTOGRAMS section: two kernels (one with a stream) and an NCCL op; in version 4 a third
+    kernel as an increment over its previous export."""
     rows = [
         HistRow(HistKind.KERNEL, producer=1, id=1, gpu=0, pid=4242, stream=7, schema=3, count=5, sum=1e-4,
                 pos_spans=((-120, 2), (1, 1)), pos_deltas=(2, 1, -2), first=True),
@@ -33,19 +34,24 @@ def _histograms(ts_ns: int) -> bytes:
                 zero_threshold=1e-9, pos_spans=((1, 1),), pos_deltas=(2,)),
         HistRow(HistKind.NCCL, id=3, gpu=0, schema=-4, count=1, sum=3.0, pos_spans=((0, 1),), pos_deltas=(1,)),
     ]  # fmt: skip
-    return encode_histograms(ts_ns, rows)
+    if version >= 4:
+        rows.append(HistRow(HistKind.KERNEL, producer=1, id=3, gpu=0, pid=4242, schema=3, zero_count=1, count=90,
+                            sum=0.5, pos_spans=((-100, 3), (4, 1)), pos_deltas=(3, -3, 1, 5), increment=True,
+                            count_inc=10))  # fmt: skip
+    return encode_histograms(ts_ns, rows, version)
 
 
 def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
     """(frame, header, plaintext body) for a few small valid batches of every shape and body
     version (2 and 3: kept kernel spans with a HISTOGRAMS section; 3 sends their correlation as
-    the delta of correlation - pos)."""
+    the delta of correlation - pos; 4 adds a histogram increment)."""
     rng = np.random.default_rng(42)
     out = []
     stream = kernel_stream(rng, 12)
     hist_ts = int(stream["ts_ns"][-1])
     v2 = {"body_version": 2, "histograms": _histograms(hist_ts), "histograms_ts_ns": hist_ts}
     v3 = {**v2, "body_version": 3}
+    v4 = {**v2, "body_version": 4, "histograms": _histograms(hist_ts, 4)}
     shapes: list[tuple[npt.NDArray[np.void], dict[tuple[int, int], str], dict[int, int], dict[str, Any]]] = [
         (random_records(rng, 6), {(1, 2): "gemm", (3, 4): "ψ-kernel"}, {1: 5, 22: 1 << 40}, {}),
         (random_records(rng, 1, [6]), {}, {}, {}),
@@ -55,6 +61,7 @@ def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
         (stream, {(1, 1): "gemm", (1, 2): "attn"}, {28: 8, 30: 12}, v2),
         (stream, {(1, 1): "gemm", (1, 2): "attn"}, {28: 8, 30: 12}, v3),
         (random_records(rng, 7, [1, 1, 1, 6]), {}, {}, v3),
+        (stream, {(1, 1): "gemm", (1, 3): "attn"}, {28: 8, 30: 12}, v4),
     ]
     for seq, (arr, strings, counters, version) in enumerate(shapes):
         body_args = {k: v for k, v in version.items() if k != "histograms_ts_ns"}
