@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -177,8 +177,8 @@ class _Params:
                     pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
                 except (UnicodeDecodeError, ValueError) as exc:
                     raise ParamError(f"error parsing form values: {exc}") from None
-        pairs += list(request.query_params.multi_items())
-        return cls(pairs, dict(request.path_params))
+        pairs += _query_pairs(request.scope["query_string"])
+        return cls(pairs, request.scope.get("path_params") or {})
 
     def get(self, name: str) -> str | None:
         for k, v in self.pairs:
@@ -188,6 +188,36 @@ class _Params:
 
     def get_all(self, name: str) -> list[str]:
         return [v for k, v in self.pairs if k == name]
+
+
+#: %-encoded query-string parts -> decoded, for :func:`_query_pairs` (cleared when full).
+_DECODED: dict[str, str] = {}
+_DECODED_MAX = 4096
+
+
+def _query_pairs(raw: bytes) -> list[tuple[str, str]]:
+    """A URL query's parameters as Starlette's ``QueryParams`` reads them (latin-1, then
+    ``parse_qsl`` keeping blank values; the same pairs, hypothesis-checked), each distinct
+    %-encoded part decoded once: a dashboard sends the same query text again and again, and
+    ``QueryParams`` cost ~15-20 us of a 0.2 ms request."""
+    pairs = []
+    for part in raw.decode("latin-1").split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            pairs.append((_decoded(name), _decoded(value)))
+    return pairs
+
+
+def _decoded(part: str) -> str:
+    part = part.replace("+", " ")
+    if "%" not in part:
+        return part  # nothing to decode (times, steps, most names)
+    out = _DECODED.get(part)
+    if out is None:
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        out = _DECODED[part] = unquote(part)
+    return out
 
 
 async def _read_capped(request: Request, max_bytes: int) -> bytes:

@@ -9,11 +9,14 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
+from urllib.parse import parse_qsl
 
 import httpx
 from api_helpers import TestClient
 from collector_process import running_collector
 from fastapi import FastAPI
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel_insight.api import (
     Authenticator,
@@ -23,7 +26,7 @@ from kernel_insight.api import (
     prometheus_router,
     query_routes,
 )
-from kernel_insight.api.prometheus import INLINE_MAX_S
+from kernel_insight.api.prometheus import INLINE_MAX_S, _query_pairs
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 
 
@@ -227,3 +230,13 @@ def test_a_live_collector_writes_head_and_body_once_counts_the_route_and_sends_1
     }
     assert counted.get("200", 0) >= 5, metrics
     assert counted.get("401") == 1.0, metrics
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=80) | st.text(alphabet="ab=&+%2F0cé ", max_size=40).map(lambda t: t.encode()))
+def test_query_strings_are_read_as_starlette_reads_them(raw):
+    # The query endpoints read the URL query themselves (decoded parts remembered): the same
+    # pairs as Starlette's QueryParams (latin-1, then parse_qsl keeping blank values), twice over.
+    expected = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
+    assert _query_pairs(raw) == expected
+    assert _query_pairs(raw) == expected
