@@ -271,6 +271,12 @@ def _group_rows(cols: Sequence[npt.NDArray[np.generic]]) -> tuple[list[tuple[int
     return [tuple(r) for r in rows.tolist()], inv.reshape(-1).astype(np.int64)
 
 
+def _mean_s(total_ns: float, n: float) -> float:
+    """A mean of nanosecond durations in seconds, to the nanosecond (the measurement's own
+    precision): ``round(mean_ns) / 1e9`` is a decimal the store keeps as an integer mantissa."""
+    return round(total_ns / n) / 1e9
+
+
 class Deriver:
     """Turns one instance's ring records into rows; feed it every batch of that instance in order.
 
@@ -367,6 +373,14 @@ class Deriver:
     def _count(self, out: SampleBuilder, labels: Labels, delta: float, ts_ms: int) -> None:
         total = self._totals[labels] = self._totals[labels] + delta
         out.add_canonical(labels, ts_ms, total)
+
+    def _count_ns(self, out: SampleBuilder, labels: Labels, delta_ns: float, ts_ms: int) -> None:
+        """A counter of seconds kept in whole nanoseconds: the running total is an integer (exact
+        in a float below 2**53 ns, 104 days), and each sample is that total / 1e9, a decimal of 9
+        places the store keeps as an integer mantissa (collector/valuecodec.py) instead of a
+        full-precision float sum of float seconds (~7 bytes a sample whatever the codec)."""
+        total = self._totals[labels] = self._totals[labels] + delta_ns
+        out.add_canonical(labels, ts_ms, total / 1e9)
 
     def _series_groups(
         self, tag: str, cols: Sequence[npt.NDArray[np.generic]], make: Callable[[tuple[int, ...]], Labels]
@@ -609,8 +623,9 @@ class Deriver:
         )
         if not count:
             return spans
-        # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
-        dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
+        # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch,
+        # in whole nanoseconds (sums of integers, exact in a float below 2**53): see _count_ns.
+        dur = np.maximum(end - start, 0).astype(np.float64)
         group = gpu.astype(np.int64) * (len(names) + 1) + name_ids
         _, ginv = np.unique(group, return_inverse=True)
         ginv = ginv.reshape(-1)
@@ -627,11 +642,11 @@ class Deriver:
             gpu_i = int(gpu[i])
             kernel = names_u[inverse[i]]
             self._count(out, self._labels("kernel_launches_total", gpu_i, kernel=kernel), float(n), ts_ms)
-            self._count(
+            self._count_ns(
                 out, self._labels("kernel_execution_time_seconds_total", gpu_i, kernel=kernel), total, ts_ms
             )
             out.add_canonical(
-                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel), ts_ms, total / n
+                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel), ts_ms, _mean_s(total, n)
             )
         return spans
 
@@ -735,7 +750,8 @@ class Deriver:
         grown: dict[tuple[int, str], list[float]] = {}
         for i in np.flatnonzero(h.kind == HistKind.KERNEL).tolist():
             producer, ident, gpu = int(h.producer[i]), int(h.id[i]), int(h.gpu[i])
-            count, total = float(h.count[i]), float(h.sum[i])
+            # The sum in whole nanoseconds (the agent's float seconds, rounded): see _count_ns.
+            count, total = float(h.count[i]), float(round(float(h.sum[i]) * 1e9))
             key_c: Labels = (
                 ("__hist_count__", f"{epoch}/{producer}/{ident}/{gpu}/{h.pid[i]}/{h.stream[i]}"),
             )
@@ -749,12 +765,14 @@ class Deriver:
             self._totals[key_c], self._totals[key_s] = count, total
         for (gpu, kernel), (grew, busy) in grown.items():
             self._count(out, self._labels("kernel_launches_total", gpu, kernel=kernel), grew, ts_ms)
-            self._count(
+            self._count_ns(
                 out, self._labels("kernel_execution_time_seconds_total", gpu, kernel=kernel), busy, ts_ms
             )
             if grew > 0:
                 out.add_canonical(
-                    self._labels("kernel_execution_time_seconds", gpu, kernel=kernel), ts_ms, busy / grew
+                    self._labels("kernel_execution_time_seconds", gpu, kernel=kernel),
+                    ts_ms,
+                    _mean_s(busy, grew),
                 )
         return batch
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel_insight.collector.sql import ident, literal, qualified
+from kernel_insight.collector.valuecodec import VALUE_ALIAS
 
 __all__ = [
     "DEDUP_WINDOW",
@@ -68,9 +69,14 @@ class Column:
     type: str
     codec: str | None = None
     comment: str = ""
+    #: ``DEFAULT <expr>`` (what parts written before the column read) or ``ALIAS <expr>`` (computed
+    #: on read, never stored); None: the type's zero.
+    default: str | None = None
 
     def sql(self) -> str:
         parts = [ident(self.name), self.type]
+        if self.default:
+            parts.append(self.default)
         if self.codec:
             parts.append(f"CODEC({self.codec})")
         if self.comment:
@@ -185,10 +191,22 @@ SCHEMA: tuple[Table, ...] = (
             # Delta over DoubleDelta: agents' timestamps jitter by milliseconds (batch ends), and a
             # jittered step costs DoubleDelta twice; 0.59 against 0.94 bytes/sample on bench-e2e data.
             Column("ts", _TS_MS, "Delta, ZSTD(3)"),
+            # The value as a decimal where one gives it back bit for bit (collector/valuecodec.py):
+            # mantissa / 10**scale; else the float in float_value (scale -1, the default, which
+            # the parts written before these columns existed read). docs/storage.md, "Codecs".
             # Delta of the float's bits over Gorilla's XOR: ZSTD finds the repeated high bytes of
             # neighbour differences; 1.87 against 2.21 (bench-e2e) and 3.70 against 4.04 (bench-import)
             # bytes/sample at the same insert CPU (make bench-samplestore, docs/storage.md).
-            Column("value", "Float64", "Delta, ZSTD(3)"),
+            Column(
+                "float_value", "Float64", "Delta, ZSTD(3)", "the value where no decimal gives it back, else 0"
+            ),
+            Column("mantissa", "Int64", "Delta, ZSTD(3)", "the value is mantissa / 10^scale when scale >= 0"),
+            Column(
+                "scale", "Int8", "ZSTD(1)", "0, 3, 6, 9, 12 or 15; -1: the value is float_value", "DEFAULT -1"
+            ),
+            Column(
+                "value", "Float64", None, "the sample's value, bit for bit as written", f"ALIAS {VALUE_ALIAS}"
+            ),
         ),
         order_by=("metric", "fingerprint", "ts"),
         partition_by="toDate(ts)",

@@ -54,6 +54,7 @@ from kernel_insight.collector.schema import (
     table,
 )
 from kernel_insight.collector.sql import Params, ident, literal, qualified
+from kernel_insight.collector.valuecodec import encode_values
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
@@ -147,6 +148,17 @@ def _bucket_lists(
         values = flat[keep].astype(np.int64) if name == "counts" else flat[keep]
         out[f"{side}_{name}"] = pa.ListArray.from_arrays(pa.array(own, pa.int32()), pa.array(values, kind))
     return out
+
+
+def _value_columns(batch: SampleBatch) -> dict[str, pa.Array]:
+    """The samples table's value columns: decimals where they give the float back bit for bit
+    (collector/valuecodec.py), one scale per series of the batch."""
+    float_value, mantissa, scale = encode_values(batch.values, batch.series_idx)
+    return {
+        "float_value": pa.array(float_value, pa.float64()),
+        "mantissa": pa.array(mantissa, pa.int64()),
+        "scale": pa.array(scale, pa.int8()),
+    }
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:
@@ -358,6 +370,7 @@ class Store(ABC):
                 p,
             ).to_pylist()
         }
+        self._migrate_samples_value(suffix, on_cluster)
         self._add_missing_columns(suffix, on_cluster)
         self._update_codecs(suffix, on_cluster)
         for t in SCHEMA:
@@ -435,6 +448,28 @@ class Store(ABC):
                     f"MODIFY COLUMN {ident(column.name)} CODEC({column.codec})"
                 )
 
+    def _migrate_samples_value(self, suffix: str, on_cluster: str) -> None:
+        """Stores made before values were kept as decimals (``mantissa``, ``scale``): their stored
+        ``value`` column becomes ``float_value`` (``RENAME COLUMN``: metadata and file names, no
+        data rewritten), and ``_add_missing_columns`` then adds the decimal columns and ``value``
+        as their ALIAS. Parts written before read ``scale`` as its default, -1, so their values
+        come from ``float_value`` as they were; a merge writes them out with ``scale`` -1."""
+        table = f"samples{suffix}"
+        p = Params()
+        kinds = {
+            str(row["name"]): str(row["default_kind"])
+            for row in self.query(
+                "SELECT name, default_kind FROM system.columns "
+                f"WHERE database = {p(self.database, 'String')} AND table = {p(table, 'String')}",
+                p,
+            ).to_pylist()
+        }
+        if kinds.get("value") != "" or "float_value" in kinds:
+            return  # no table yet, or already migrated (value is the ALIAS)
+        targets = [table] if self.cluster is None else [table, "samples"]  # local and Distributed
+        for target in targets:
+            self.command(f"ALTER TABLE {self._table(target)}{on_cluster} RENAME COLUMN value TO float_value")
+
     def _migrate_samples_without_metric(self, suffix: str) -> None:
         """Stores made before samples were ordered by metric: move the old table aside, so the
         new one is created, and copy its rows over with the metric from the series index."""
@@ -461,7 +496,7 @@ class Store(ABC):
         for statement in single_ddl(self.database, self.retention, self._table_settings):
             self.command(statement)
         self.command(
-            f"INSERT INTO {self._table('samples')} (metric, fingerprint, ts, value) "
+            f"INSERT INTO {self._table('samples')} (metric, fingerprint, ts, float_value) "
             f"SELECT m.metric, o.fingerprint, o.ts, o.value FROM {old} AS o "
             f"INNER JOIN (SELECT DISTINCT fingerprint, metric FROM {self._table('series')}) AS m "
             "ON o.fingerprint = m.fingerprint"
@@ -532,7 +567,7 @@ class Store(ABC):
                 "metric": metric,
                 "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
                 "ts": pa.array(batch.ts_ms, pa.timestamp("ms", tz="UTC")),
-                "value": pa.array(batch.values, pa.float64()),
+                **_value_columns(batch),
             }
         )
         return data, series, names.tolist(), sample_codes, keys

@@ -78,6 +78,11 @@ class Trial:
     #: samples + series + histograms tables (the index a sample needs to be read back), per sample
     bytes_per_sample_du_all: float = math.nan
     bytes_per_sample_store_all: float = math.nan
+    #: native histogram samples (rows of the histograms table), each counted once as Prometheus
+    #: counts them; the ``_counted`` pair is the sample tables' bytes over float + histogram samples
+    histogram_samples: int = 0
+    bytes_per_sample_du_counted: float = math.nan
+    bytes_per_sample_store_counted: float = math.nan
     #: the whole store (every table, kernel spans included, and the engine's own files): du, the
     #: median of the same 11 samples, against system.parts' active parts of every table after the run
     store_du_bytes: int = 0
@@ -264,6 +269,9 @@ def run_trial(
                 duplicates = int(rows["n"]) - int(rows["u"])
             trial.lost = abs(trial.written - trial.stored) + trial.ring_dropped + duplicates
             trial.samples = int(store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"])
+            trial.histogram_samples = int(
+                store.query("SELECT count() AS n FROM ki.histograms").to_pylist()[0]["n"]
+            )
             reported = store.disk_bytes("samples")
             reported_all = sum(store.disk_bytes(t) for t in SAMPLE_TABLES)
             trial.store_parts_bytes = int(
@@ -281,6 +289,9 @@ def run_trial(
                 trial.bytes_per_sample_du = du / trial.samples
                 trial.bytes_per_sample_store_all = reported_all / trial.samples
                 trial.bytes_per_sample_du_all = du_all / trial.samples
+                counted = trial.samples + trial.histogram_samples
+                trial.bytes_per_sample_store_counted = reported_all / counted
+                trial.bytes_per_sample_du_counted = du_all / counted
         trial.passed = bounded and trial.lost == 0 and not trial.notes
         if not bounded:
             trial.notes.append(
@@ -375,7 +386,10 @@ def main() -> None:
         f"bytes_per_sample_store={best.bytes_per_sample_store:.2f} "
         f"bytes_per_sample_du_all={best.bytes_per_sample_du_all:.2f} "
         f"bytes_per_sample_store_all={best.bytes_per_sample_store_all:.2f} "
-        f"du_over_parts_pct={best.du_over_parts_pct:.1f} store_du_over_parts_pct={best.store_du_over_parts_pct:.1f}"
+        f"du_over_parts_pct={best.du_over_parts_pct:.1f} store_du_over_parts_pct={best.store_du_over_parts_pct:.1f} "
+        f"samples={best.samples} histogram_samples={best.histogram_samples} "
+        f"bytes_per_sample_du_counted={best.bytes_per_sample_du_counted:.2f} "
+        f"bytes_per_sample_store_counted={best.bytes_per_sample_store_counted:.2f}"
     )
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

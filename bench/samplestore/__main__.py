@@ -54,29 +54,47 @@ class Variant:
     codecs: dict[str, str] = dataclasses.field(default_factory=dict)  # column -> codec (others: the schema's)
     order_by: str = "metric, fingerprint, ts"
     granularity: int = 8192
+    select: dict[str, str] = dataclasses.field(default_factory=dict)  # column -> what the copy writes
+
+
+#: The value columns as before decimals: every value a float (``value`` Float64 then).
+FLOATS_ONLY = {"float_value": "value", "mantissa": "0", "scale": "-1"}
+#: The columns that hold a sample's value (``value`` is their ALIAS).
+VALUE_COLUMNS = ("float_value", "mantissa", "scale")
 
 
 #: What was tried (docs/storage.md, "Codecs"); "schema" is the samples table as shipped.
 VARIANTS = (
     Variant("schema"),
+    Variant("floats only (before decimals)", select=FLOATS_ONLY),
     Variant(
         "before (issue 11)",
-        {"fingerprint": "Delta, ZSTD(1)", "ts": "DoubleDelta, ZSTD(3)", "value": "Gorilla, ZSTD(3)"},
+        {"fingerprint": "Delta, ZSTD(1)", "ts": "DoubleDelta, ZSTD(3)", "float_value": "Gorilla, ZSTD(3)"},
+        select=FLOATS_ONLY,
     ),
+    Variant("mantissa ZSTD(3)", {"mantissa": "ZSTD(3)"}),
+    Variant("mantissa T64, ZSTD(3)", {"mantissa": "T64, ZSTD(3)"}),
+    Variant("mantissa DoubleDelta, ZSTD(3)", {"mantissa": "DoubleDelta, ZSTD(3)"}),
+    Variant("mantissa Delta, ZSTD(1)", {"mantissa": "Delta, ZSTD(1)"}),
+    Variant("mantissa Delta, ZSTD(7)", {"mantissa": "Delta, ZSTD(7)"}),
     Variant("ts DoubleDelta, ZSTD(1)", {"ts": "DoubleDelta, ZSTD(1)"}),
     Variant("ts DoubleDelta (no ZSTD)", {"ts": "DoubleDelta"}),
     Variant("ts T64, ZSTD(3)", {"ts": "T64, ZSTD(3)"}),
     Variant("ts ZSTD(3)", {"ts": "ZSTD(3)"}),
     Variant("ts Delta, ZSTD(1)", {"ts": "Delta, ZSTD(1)"}),
     Variant("ts Delta, ZSTD(9)", {"ts": "Delta, ZSTD(9)"}),
-    Variant("value Gorilla, ZSTD(1)", {"value": "Gorilla, ZSTD(1)"}),
-    Variant("value Gorilla (no ZSTD)", {"value": "Gorilla"}),
-    Variant("value FPC, ZSTD(3)", {"value": "FPC, ZSTD(3)"}),
-    Variant("value ZSTD(3)", {"value": "ZSTD(3)"}),
-    Variant("value DoubleDelta, ZSTD(3)", {"value": "DoubleDelta, ZSTD(3)"}),
-    Variant("value Delta, ZSTD(1)", {"value": "Delta, ZSTD(1)"}),
-    Variant("value Delta, ZSTD(7)", {"value": "Delta, ZSTD(7)"}),
-    Variant("value Delta, LZ4HC(9)", {"value": "Delta, LZ4HC(9)"}),
+    Variant("value Gorilla, ZSTD(1) (floats only)", {"float_value": "Gorilla, ZSTD(1)"}, select=FLOATS_ONLY),
+    Variant("value Gorilla (no ZSTD) (floats only)", {"float_value": "Gorilla"}, select=FLOATS_ONLY),
+    Variant("value FPC, ZSTD(3) (floats only)", {"float_value": "FPC, ZSTD(3)"}, select=FLOATS_ONLY),
+    Variant("value ZSTD(3) (floats only)", {"float_value": "ZSTD(3)"}, select=FLOATS_ONLY),
+    Variant(
+        "value DoubleDelta, ZSTD(3) (floats only)",
+        {"float_value": "DoubleDelta, ZSTD(3)"},
+        select=FLOATS_ONLY,
+    ),
+    Variant("value Delta, ZSTD(1) (floats only)", {"float_value": "Delta, ZSTD(1)"}, select=FLOATS_ONLY),
+    Variant("value Delta, ZSTD(7) (floats only)", {"float_value": "Delta, ZSTD(7)"}, select=FLOATS_ONLY),
+    Variant("value Delta, LZ4HC(9) (floats only)", {"float_value": "Delta, LZ4HC(9)"}, select=FLOATS_ONLY),
     Variant("fingerprint Delta, ZSTD(1)", {"fingerprint": "Delta, ZSTD(1)"}),
     Variant("fingerprint T64, ZSTD(1)", {"fingerprint": "T64, ZSTD(1)"}),
     Variant("order (fingerprint, ts)", order_by="fingerprint, ts"),
@@ -128,9 +146,11 @@ def measure(store: EmbeddedStore, v: Variant, samples: int, name: str = "samples
         f"PARTITION BY {t.partition_by} ORDER BY ({v.order_by}) "
         f"SETTINGS min_bytes_for_wide_part = 0, index_granularity = {v.granularity}"
     )
-    names = ", ".join(c.name for c in cols)
+    stored = [c.name for c in cols if not (c.default or "").startswith("ALIAS")]
+    names = ", ".join(stored)
+    exprs = ", ".join(f"{v.select.get(c, c)} AS {c}" for c in stored)
     cpu = _cpu_s()
-    store.command(f"INSERT INTO {SCRATCH}.v ({names}) SELECT {names} FROM ki.{name}")
+    store.command(f"INSERT INTO {SCRATCH}.v ({names}) SELECT {exprs} FROM ki.{name}")
     store.command(f"OPTIMIZE TABLE {SCRATCH}.v FINAL")
     cpu = _cpu_s() - cpu
     where = f"active AND database = '{SCRATCH}' AND table = 'v'"
@@ -161,7 +181,7 @@ def by_metric(store: EmbeddedStore, samples: int, top: int) -> list[dict[str, fl
         f"CREATE TABLE {SCRATCH}.m ({', '.join(Column.sql(c) for c in t.columns)}) ENGINE = MergeTree "
         "PARTITION BY metric ORDER BY (fingerprint, ts) SETTINGS min_bytes_for_wide_part = 0"
     )
-    names = ", ".join(c.name for c in t.columns)
+    names = ", ".join(c.name for c in t.columns if not (c.default or "").startswith("ALIAS"))
     store.command(f"INSERT INTO {SCRATCH}.m ({names}) SELECT {names} FROM ki.samples")
     store.command(f"OPTIMIZE TABLE {SCRATCH}.m FINAL")
     rows = store.query(
@@ -183,7 +203,7 @@ def by_metric(store: EmbeddedStore, samples: int, top: int) -> list[dict[str, fl
             "samples": m["n"],
             "share_of_samples": m["n"] / samples,
             "ts": m.get("ts", 0.0) / m["n"],
-            "value": m.get("value", 0.0) / m["n"],
+            "value": sum(m.get(c, 0.0) for c in VALUE_COLUMNS) / m["n"],
             "share_of_bytes": m["all"] / total,
         }
         for name, m in per.items()
@@ -241,7 +261,10 @@ def measure_dataset(name: str, path: Path, args: argparse.Namespace) -> dict[str
         for v in VARIANTS[:2] if args.quick else VARIANTS:
             r = measure(store, v, samples)
             out[v.name] = r
-            cols = " ".join(f"{c} {r[c]:.3f}" for c in ("metric", "fingerprint", "ts", "value"))
+            r["value"] = sum(r.get(c, 0.0) for c in VALUE_COLUMNS)
+            cols = " ".join(
+                f"{c} {r.get(c, 0.0):.3f}" for c in ("metric", "fingerprint", "ts", "value", *VALUE_COLUMNS)
+            )
             print(f"  {v.name:40s} total {r['total']:.3f}  {cols}  cpu {r['cpu_ns']:.0f} ns", flush=True)
         spans = int(store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]["n"])
         if spans:

@@ -1,6 +1,8 @@
 """The per-record Deriver as it was before the columnar rewrite: the reference the property test compares against.
 
-Kept verbatim (apart from this docstring) so a change of semantics in collector/derive.py shows up as a test failure.
+Kept verbatim (apart from this docstring) so a change of semantics in collector/derive.py shows up as a test failure;
+changed only where the semantics changed on purpose: kernel busy time and mean execution time are
+counted in whole nanoseconds (docs/metrics.md), 2026-12-01.
 """
 
 from __future__ import annotations
@@ -255,8 +257,8 @@ class Deriver:
             correlation=payload["corr"].astype(np.uint64),
             pid=payload["pid"].astype(np.uint32),
         )
-        # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch.
-        dur = np.maximum(end - start, 0).astype(np.float64) / 1e9
+        # Per (gpu, kernel name): launches, busy time, and the mean execution time in this batch (ns).
+        dur = np.maximum(end - start, 0).astype(np.float64)
         name_ids = np.unique(np.asarray(names_u, dtype=object), return_inverse=True)[1][inverse]
         group = gpu.astype(np.int64) * (len(names_u) + 1) + name_ids
         _, ginv = np.unique(group, return_inverse=True)
@@ -273,11 +275,13 @@ class Deriver:
             gpu_i = int(gpu[i])
             kernel = names_u[inverse[i]]
             self._count(out, self._labels("kernel_launches_total", gpu_i, kernel=kernel), float(n), ts_ms)
-            self._count(
-                out, self._labels("kernel_execution_time_seconds_total", gpu_i, kernel=kernel), total, ts_ms
-            )
+            busy_labels = self._labels("kernel_execution_time_seconds_total", gpu_i, kernel=kernel)
+            busy = self._totals[busy_labels] = self._totals[busy_labels] + total  # whole ns
+            out.add_canonical(busy_labels, ts_ms, busy / 1e9)
             out.add_canonical(
-                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel), ts_ms, total / n
+                self._labels("kernel_execution_time_seconds", gpu_i, kernel=kernel),
+                ts_ms,
+                round(total / n) / 1e9,
             )
         return spans
 

@@ -80,6 +80,22 @@ def test_kernels_become_spans_and_per_kernel_metrics(ring):
     ] == pytest.approx(1e-6)
 
 
+def test_kernel_time_is_counted_in_whole_nanoseconds(ring):
+    # A mean of 1000.33 ns is 1000 ns, and busy time a whole number of ns: each sample is m / 1e9,
+    # a decimal the store keeps as an integer mantissa (docs/metrics.md; collector/valuecodec.py).
+    k = ring.intern("k")
+    for i, dur in enumerate((1000, 1000, 1001)):
+        ring.kernel(k, 0, T0 + i * 10_000, T0 + i * 10_000 + dur, 7, i, 42)
+    d = Deriver("host-1")
+    s = _samples(d.derive(_drain(ring), now_ns=T0))
+    assert _find(s, "kernel_execution_time_seconds", kernel="k")[0][1] == 1000 / 1e9
+    assert _find(s, "kernel_execution_time_seconds_total", kernel="k")[0][1] == 3001 / 1e9
+    ring.kernel(k, 0, T0 + 100_000, T0 + 100_333, 7, 9, 42)
+    s = _samples(d.derive(_drain(ring), now_ns=T0))
+    assert _find(s, "kernel_execution_time_seconds_total", kernel="k")[0][1] == 3334 / 1e9
+    assert _find(s, "kernel_execution_time_seconds", kernel="k")[0][1] == 333 / 1e9
+
+
 def test_counters_accumulate_across_batches(ring):
     d = Deriver("host-1")
     k = ring.intern("k")

@@ -83,13 +83,13 @@ def test_replaced_parts_are_deleted_without_further_writes(tmp_path):
     # time. chDB alone left the replaced parts on disk 40 s and more after the last write.
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         store.command(
-            "INSERT INTO ki.samples (metric, fingerprint, ts, value) SELECT 'm', number % 500, "
+            "INSERT INTO ki.samples (metric, fingerprint, ts, float_value) SELECT 'm', number % 500, "
             "now64(3) - 3600 + number / 100, number FROM numbers(20000)"
         )
         seen = 0  # replaced parts seen at any moment (the cleanup may delete them between looks)
         for _ in range(20):  # paced as a trickle of heartbeats: a table that is not busy
             store.command(
-                "INSERT INTO ki.samples (metric, fingerprint, ts, value) SELECT 'm', number, now64(3), 1 FROM numbers(28)"
+                "INSERT INTO ki.samples (metric, fingerprint, ts, float_value) SELECT 'm', number, now64(3), 1 FROM numbers(28)"
             )
             seen = max(seen, _inactive_parts(store))
             time.sleep(0.4)
@@ -107,22 +107,23 @@ def test_replaced_parts_are_deleted_without_further_writes(tmp_path):
 
 
 def test_stores_made_with_older_codecs_get_the_current_ones_and_keep_their_rows(tmp_path):
-    # A store of the previous release: ts DoubleDelta, value Gorilla (docs/storage.md, "Codecs").
+    # A store of an earlier release: ts DoubleDelta, value Gorilla (docs/storage.md, "Codecs"; the
+    # stored float column is float_value since values are kept as decimals where they can be).
     q = "SELECT name, compression_codec AS c FROM system.columns WHERE database = 'ki' AND table = 'samples'"
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         store.command("ALTER TABLE ki.samples MODIFY COLUMN ts CODEC(DoubleDelta, ZSTD(3))")
-        store.command("ALTER TABLE ki.samples MODIFY COLUMN value CODEC(Gorilla, ZSTD(3))")
+        store.command("ALTER TABLE ki.samples MODIFY COLUMN float_value CODEC(Gorilla, ZSTD(3))")
         b = SampleBuilder()
         start = int(time.time() * 1000) - 60_000
         for i in range(300):
             b.add({"__name__": "m", "s": str(i % 3)}, start + i * 100, i * 0.1)
         store.insert_samples(b.build())
         codecs = {r["name"]: r["c"] for r in store.query(q).to_pylist()}
-        assert "Gorilla" in codecs["value"]
+        assert "Gorilla" in codecs["float_value"]
         assert "DoubleDelta" in codecs["ts"]
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         codecs = {r["name"]: r["c"] for r in store.query(q).to_pylist()}
-        assert codecs["value"] == "CODEC(Delta(8), ZSTD(3))"
+        assert codecs["float_value"] == "CODEC(Delta(8), ZSTD(3))"
         assert codecs["ts"] == "CODEC(Delta(8), ZSTD(3))"
         # Metadata only: no mutation rewrote the part written under the old codecs.
         assert store.query("SELECT count() AS n FROM system.mutations WHERE database = 'ki'").to_pylist() == [

@@ -1,0 +1,127 @@
+"""Float sample values as a decimal mantissa and scale where that gives them back bit for bit.
+
+A gauge read as ``72.123456`` or a duration of whole nanoseconds as seconds spreads over a
+binary float's whole mantissa, which no float codec shrinks (docs/storage.md, "Codecs"); the
+integer ``72123456`` with scale 6 costs a few bits a sample under Delta + ZSTD. The samples
+table keeps ``mantissa`` (Int64), ``scale`` (Int8) and ``float_value`` (Float64, the values no
+decimal gives back) and reads them as one ``value`` (an ALIAS column, ``VALUE_ALIAS``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values"]
+
+#: Largest scale tried: 10**15 is exact as a float (as is every power of ten up to 10**22).
+MAX_SCALE = 15
+
+#: ``exp`` of a value kept as a float in ``value_f`` (NaN and stale markers, infinities, -0.0,
+#: subnormals, magnitudes past 2**53, and decimals of more than MAX_SCALE places).
+FLOAT_FORM = -1
+
+_POW10 = 10.0 ** np.arange(MAX_SCALE + 1)
+_POW10_INT = 10 ** np.arange(MAX_SCALE + 1, dtype=np.int64)
+#: A mantissa is at most 2**53 in magnitude: every such integer is exact as a float, so the
+#: division that decodes it is one correctly rounded IEEE operation on exact operands.
+_LIMIT = float(2**53)
+
+#: The ``value`` column's expression: the same IEEE division as ``decode_values``, so every
+#: read (kql, the push-downs, the health snapshot) sees the float that was written. ClickHouse
+#: converts the Int64 to Float64 (exact below 2**53) and divides by an exact power of ten.
+VALUE_ALIAS = (
+    f"if(scale < 0, float_value, mantissa / [{', '.join(f'1e{k}' for k in range(MAX_SCALE + 1))}][scale + 1])"
+)
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I8 = npt.NDArray[np.int8]
+
+
+#: The scales tried: a value exact at scale k is exact at every larger scale its mantissa fits
+#: in (the same rational, exact operands), so testing these six finds the smallest of them that
+#: holds, in at most six passes, and neighbouring values of a series mostly land on one scale.
+_SCALES = (0, 3, 6, 9, 12, 15)
+
+
+def _scales(v: F64) -> tuple[I64, I64]:
+    """Per value: the smallest scale of ``_SCALES`` with ``m / 10**k`` bit-equal to it, and m
+    (FLOAT_FORM and 0 where none is)."""
+    n = len(v)
+    scale = np.full(n, FLOAT_FORM, dtype=np.int64)
+    mant = np.zeros(n, dtype=np.int64)
+    bits = v.view(np.int64)
+    with np.errstate(invalid="ignore"):
+        cand = np.flatnonzero(np.abs(v) <= _LIMIT)  # NaN and infinities are never candidates
+    x = v[cand]
+    for k in _SCALES:
+        if len(cand) == 0:
+            break
+        scaled = x * _POW10[k]
+        fits = np.abs(scaled) <= _LIMIT  # a larger scale only grows it: drop the rest for good
+        if not fits.all():
+            cand, x, scaled = cand[fits], x[fits], scaled[fits]
+        m = np.rint(scaled).astype(np.int64)
+        ok = (m.astype(np.float64) / _POW10[k]).view(np.int64) == bits[cand]
+        hit = cand[ok]
+        scale[hit] = k
+        mant[hit] = m[ok]
+        miss = ~ok
+        cand, x = cand[miss], x[miss]
+    return scale, mant
+
+
+def encode_values(values: F64, series_idx: npt.NDArray[Any] | None = None) -> tuple[F64, I64, I8]:
+    """``(value_f, mant, exp)`` for ``values``; ``decode_values`` of them is ``values`` bit for bit.
+
+    A value that is a decimal of at most MAX_SCALE places (``m / 10**k`` rounds to it exactly,
+    |m| <= 2**53) is stored as ``mant = m``, ``exp = k``, ``value_f = 0``; any other as
+    ``exp = FLOAT_FORM``, ``mant = 0`` and the float itself in ``value_f``. Scales are 0, 3, 6,
+    9, 12 or 15 (the smallest that holds), raised within one series of the batch
+    (``series_idx``) to the series' largest: a series' mantissas then keep one scale from sample to sample, so Delta
+    sees small steps instead of a factor of ten whenever a value happens to end in a zero.
+    Raising the scale keeps the value (the same rational, still exact operands); every decimal
+    is checked again at the end all the same, and one that would not decode exactly stays a float.
+    """
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    scale, mant = _scales(v)
+    if series_idx is not None and len(v):
+        groups = np.asarray(series_idx, dtype=np.int64)
+        top = np.full(int(groups.max()) + 1, FLOAT_FORM, dtype=np.int64)
+        for k in _SCALES:  # ascending, so each series ends with its largest scale
+            at = scale == k
+            if at.any():
+                top[groups[at]] = k
+        want = np.where(scale >= 0, top[groups], FLOAT_FORM)
+        up = np.flatnonzero(want > scale)
+        if len(up):
+            step = want[up] - scale[up]
+            fits = np.abs(mant[up]).astype(np.float64) * _POW10[step] <= _LIMIT
+            up, step = up[fits], step[fits]
+            raised = mant[up] * _POW10_INT[step]
+            exact = np.abs(raised) <= 2**53
+            up, raised = up[exact], raised[exact]
+            mant[up] = raised
+            scale[up] = want[up]
+    # The guard: whatever the reasoning above, a decimal that does not decode to its value's
+    # bits is stored as the float.
+    d = np.flatnonzero(scale >= 0)
+    back = (mant[d].astype(np.float64) / _POW10[scale[d]]).view(np.int64)
+    wrong = d[back != v.view(np.int64)[d]]
+    if len(wrong):
+        scale[wrong] = FLOAT_FORM
+        mant[wrong] = 0
+    value_f = np.where(scale < 0, v, 0.0)
+    return value_f, mant, scale.astype(np.int8)
+
+
+def decode_values(value_f: F64, mant: I64, exp: npt.NDArray[np.integer[Any]]) -> F64:
+    """The floats ``encode_values`` was given: ``VALUE_ALIAS`` in numpy (for tests and offline reads)."""
+    e = np.asarray(exp, dtype=np.int64)
+    dec = e >= 0
+    out = np.array(value_f, dtype=np.float64, copy=True)
+    out[dec] = np.asarray(mant, dtype=np.int64)[dec].astype(np.float64) / _POW10[e[dec]]
+    return out
