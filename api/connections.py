@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -141,6 +142,56 @@ else:
     _Base = object
 
 
+class _Deadline:
+    """A deadline a connection sets again for every request without a loop timer each time.
+
+    A keep-alive connection waits for a head after every response: a ``call_later`` per request
+    and its ``cancel`` when the head came (a timer handle made and freed each time) cost ~15 us
+    of a 0.2 ms query's request. Here the timer is made once and left running when the deadline
+    is stopped; when it fires it looks at the deadline now in force: none (stopped), later (set
+    again since: it waits on until then) or passed (``fire``). Deadlines only move later (one
+    duration each), so the timer is never late.
+    """
+
+    __slots__ = ("_at", "_fire", "_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
+        self._loop = loop
+        self._fire = fire
+        self._at: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._at is not None
+
+    def start(self, seconds: float) -> None:
+        self._at = self._loop.time() + seconds
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._at, self._check)
+
+    def stop(self) -> None:
+        self._at = None
+
+    def close(self) -> None:
+        """Stop, and drop the timer (the connection is gone: nothing keeps it alive)."""
+        self._at = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        at = self._at
+        if at is None:
+            return
+        if self._loop.time() < at:
+            self._handle = self._loop.call_at(at, self._check)
+            return
+        self._at = None
+        self._fire()
+
+
 class _Guard(_Base):
     """Head/body deadlines, a head size cap and the connection cap over one of uvicorn's HTTP/1.1
     protocols (see the module docstring); the concrete classes say where a request stands."""
@@ -153,8 +204,8 @@ class _Guard(_Base):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self._head_deadline = _Deadline(self.loop, self._head_expired)
+        self._body_deadline = _Deadline(self.loop, self._body_expired)
         self._head_bytes = 0  # bytes received since the connection started waiting for a head
         self._served = False  # answered a request already: evicted only after those that never were
 
@@ -220,19 +271,18 @@ class _Guard(_Base):
             if not self._listed():
                 (self.idle if self._served else self.waiting)[self] = None
                 self._head_bytes = 0
-                self._cancel_body()
-                self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_expired)
+                self._body_deadline.stop()
+                self._head_deadline.start(self.limits.header_timeout_s)
             return
         self._unlist()
-        self._cancel_head()
+        self._head_deadline.stop()
         if phase == "body":
-            if self._body_timer is None:
-                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_expired)
+            if not self._body_deadline.running:
+                self._body_deadline.start(self.limits.body_timeout_s)
         else:
-            self._cancel_body()
+            self._body_deadline.stop()
 
     def _head_expired(self) -> None:
-        self._head_timer = None
         # An idle keep-alive connection is just closed; a half-sent head is told why.
         if self._head_bytes:
             self._close(_TIMEOUT_408, "request head not received in time\n")
@@ -240,7 +290,6 @@ class _Guard(_Base):
             self._close(None, "")
 
     def _body_expired(self) -> None:
-        self._body_timer = None
         if self.cycle is not None and not self.cycle.response_started:
             self._close(_TIMEOUT_408, "request body not received in time\n")
         else:
@@ -255,19 +304,9 @@ class _Guard(_Base):
             self.transport.write(_raw(template, why))
         self.transport.close()
 
-    def _cancel_head(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _cancel_body(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-
     def _stop_timers(self) -> None:
-        self._cancel_head()
-        self._cancel_body()
+        self._head_deadline.close()
+        self._body_deadline.close()
 
 
 class _GuardedH11(_Guard, H11Protocol):

@@ -192,6 +192,22 @@ def test_a_keep_alive_connection_gets_a_new_head_deadline_after_each_response(pa
 
 
 @pytest.mark.parametrize("parser", PARSERS)
+def test_a_head_deadline_set_again_after_each_response_is_not_cut_short_by_an_earlier_one(parser):
+    # The head deadline's timer is made once and re-checked when it fires (not made per request):
+    # pauses of 0.6 of the header timeout between requests, 2.4 timeouts in all, are all served.
+    with serving(parser) as addr, socket.create_connection(addr, timeout=10) as s:
+        for _ in range(4):
+            time.sleep(0.6 * LIMITS.header_timeout_s)  # the client idles (the thing tested), no wait
+            s.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while b'{"ok":true}' not in got:
+                chunk = s.recv(4096)
+                assert chunk, f"closed after {got!r}"
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("parser", PARSERS)
 def test_a_kept_alive_client_outlasts_a_flood_of_connections_that_never_sent_a_whole_head(parser):
     """Past the cap, connections that never completed a request go first: a client that was
     served and keeps its connection open between requests is not the one evicted."""
