@@ -603,6 +603,22 @@ def _ts_bytes(ms: int) -> bytes:
     return str(_ts(ms)).encode()
 
 
+#: Times (ms) below this are written by :func:`_value_bytes` in :func:`_stamps_bytes`: in seconds
+#: they are integers or have at most three decimals well above a float64's resolution there.
+_FAST_STAMP_MS = 10**15
+
+
+def _stamps_bytes(ms: I64) -> list[bytes]:
+    """``_ts_bytes`` of every time of ``ms`` (ascending), the grid's in one pass: a range query's
+    240-360 steps took ~70-100 us one by one. In seconds the times are integers (``ms // 1000``,
+    as ``_ts``) or fractions whose shortest digits orjson writes as ``repr`` does (the same
+    bytes, hypothesis-checked)."""
+    if len(ms) and int(ms[0]) >= 0 and int(ms[-1]) < _FAST_STAMP_MS:
+        out: list[bytes] = _value_bytes(ms / 1000).tolist()
+        return out
+    return [_ts_bytes(t) for t in ms.tolist()]
+
+
 def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     """:func:`to_prometheus_json` already encoded as compact UTF-8 JSON, without a Python object per sample.
 
@@ -638,7 +654,7 @@ def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     steps, where = np.unique(all_ts, return_inverse=True)
     # Every point is (head, value): a series' first head opens its list, the others also close
     # the point before, so one join of a slice writes a whole series.
-    stamps = [_ts_bytes(t) for t in steps.tolist()]
+    stamps = _stamps_bytes(steps)
     opening = np.array([b'[%b,"' % t for t in stamps], dtype=object)
     following = np.array([b'"],[%b,"' % t for t in stamps], dtype=object)
     first = np.zeros(len(all_ts), dtype=bool)

@@ -20,7 +20,13 @@ from kernel_insight.kql import (
     prometheus_json_bytes,
     to_prometheus_json,
 )
-from kernel_insight.kql.values import _few_value_bytes, _value_bytes, format_sample_value
+from kernel_insight.kql.values import (
+    _few_value_bytes,
+    _stamps_bytes,
+    _ts_bytes,
+    _value_bytes,
+    format_sample_value,
+)
 
 
 def _dumps(value: Vector | Matrix | Scalar | String) -> bytes:
@@ -132,3 +138,17 @@ def test_values_are_written_as_go_formats_them() -> None:
     ]
     assert got == [format_sample_value(x) for x in values]
     assert [t for t, _ in doc["result"][0]["values"]][:3] == [0, 1.5, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.integers(0, 10**15 - 1) | ms | st.integers(0, 10**6).map(lambda k: 1_796_000_000_000 + 250 * k),
+        max_size=50,
+    )
+    | st.lists(st.integers(-(10**16), 10**16), max_size=5)
+)
+def test_grid_times_are_written_as_one_by_one(times: list[int]) -> None:
+    # A range answer's steps in one pass (_stamps_bytes): the same text as each alone.
+    steps = np.unique(np.array(times, dtype=np.int64))
+    assert _stamps_bytes(steps) == [_ts_bytes(t) for t in steps.tolist()]
