@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.schema import MERGE_SETTINGS
 from kernel_insight.collector.store import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
@@ -160,15 +162,18 @@ def test_small_parts_are_one_packed_file_and_older_stores_get_the_setting(tmp_pa
         ]
 
 
-def test_the_embedded_kernel_spans_table_merges_with_a_wider_base(tmp_path):
-    """EMBEDDED_TABLE_SETTINGS: new stores get them, and so do stores made before them."""
-    q = "SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = 'kernel_spans'"
+@pytest.mark.parametrize("table", sorted(EMBEDDED_TABLE_SETTINGS))
+def test_the_embedded_busy_tables_merge_with_a_wider_base(tmp_path, table):
+    """EMBEDDED_TABLE_SETTINGS (kernel_spans, samples): new stores get them, and so do stores made before them."""
+    q = f"SELECT create_table_query AS q FROM system.tables WHERE database = 'ki' AND name = '{table}'"
+    assert EMBEDDED_TABLE_SETTINGS[table]
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
-        for name, value in EMBEDDED_TABLE_SETTINGS["kernel_spans"].items():
+        for name, value in EMBEDDED_TABLE_SETTINGS[table].items():
             assert f"{name} = {value}" in store.query(q).to_pylist()[0]["q"]
-        store.command("ALTER TABLE ki.kernel_spans RESET SETTING merge_selector_base")
-        assert "merge_selector_base" not in store.query(q).to_pylist()[0]["q"]
+        for name in EMBEDDED_TABLE_SETTINGS[table]:
+            store.command(f"ALTER TABLE ki.{table} RESET SETTING {name}")
+            assert name not in store.query(q).to_pylist()[0]["q"]
     with EmbeddedStore(tmp_path / "d", cache_bytes=0) as store:
         ddl = store.query(q).to_pylist()[0]["q"]
-        for name, value in EMBEDDED_TABLE_SETTINGS["kernel_spans"].items():
+        for name, value in EMBEDDED_TABLE_SETTINGS[table].items():
             assert f"{name} = {value}" in ddl
