@@ -128,6 +128,13 @@ int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key,
  * through ki_histtab_refused). */
 int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key);
 
+/* ki_histtab_slot with the key as three words and its kind: pid | gpu << 32, stream,
+ * name_id | producer << 32. The drain loop's form: the key stays in registers (a key stored
+ * field by field and read back as words waits for the stores to retire: no store forwarding
+ * from several stores to one load). */
+int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
+                          uint32_t kind);
+
 /* Add one observation v to the histogram in slot (from ki_histtab_slot). Returns 0, -ERANGE or
  * -ENOBUFS as ki_histtab_observe. */
 int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v);

@@ -670,20 +670,27 @@ static inline void ki_ring_consumer_close(struct ki_ring_consumer *c) {
     ki_ring_close(&c->ring);
 }
 
-/* Copy up to max published records, from the read position on, into out
- * without freeing their slots (ki_ring_commit frees them).  Returns the number
- * copied.  An unpublished slot whose writer died (after stall_min_ns) or that
- * stays unpublished for stall_timeout_ns is abandoned; a record failing its
- * checksum is skipped; both are counted.  now_ns is CLOCK_MONOTONIC
- * (ki_ring_mono_ns).  Producers see the ring full until the commit. */
-static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
+/* Read up to max published records, from the read position on, without freeing
+ * their slots (ki_ring_commit frees them), and copy into out those that keep
+ * (NULL: all) returns non-zero for; *read (may be NULL) is the number read.
+ * Returns the number copied.  Each record is copied out of its slot once, into
+ * out's next element, and both the checksum and keep see that copy: a late
+ * writer scribbling on the slot meanwhile cannot change what was verified.  A
+ * record keep declines (the agent's histograms fold it) is overwritten by the
+ * next one, so out holds only what is kept.  An unpublished slot whose writer
+ * died (after stall_min_ns) or that stays unpublished for stall_timeout_ns is
+ * abandoned; a record failing its checksum is skipped; both are counted.
+ * now_ns is CLOCK_MONOTONIC (ki_ring_mono_ns).  Producers see the ring full
+ * until the commit. */
+static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns,
+                                       int (*keep)(void *arg, const struct ki_record *r), void *arg, size_t *read) {
     struct ki_ring *r = &c->ring;
     struct ki_ring_header *h = r->hdr;
     const uint64_t cap = r->mask + 1;
     uint64_t pos = c->read_pos;
     const uint64_t end = KI_LOAD_RLX(&h->tail) + cap; /* one lap: the slots beyond are read, not freed */
-    size_t n = 0;
-    while (n < max && pos != end) {
+    size_t n = 0, got = 0;
+    while (got < max && pos != end) {
         struct ki_slot *s = &r->slots[pos & r->mask];
         uint64_t seq = KI_LOAD_ACQ(&s->seq);
         if (seq == pos + 1) {
@@ -698,7 +705,8 @@ static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *
                 c->torn++;
                 continue;
             }
-            n++;
+            got++;
+            if (!keep || keep(arg, o)) n++;
         } else if (seq - pos >= cap && seq - pos <= 2 * cap) {
             pos++; /* freed by a consumer that died before advancing tail (and maybe reused) */
         } else if (seq == pos && KI_LOAD_ACQ(&h->head) > pos) {
@@ -735,8 +743,14 @@ static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *
         }
     }
     c->read_pos = pos;
-    c->pending += n;
+    c->pending += got;
+    if (read) *read = got;
     return n;
+}
+
+/* ki_ring_peek_keep keeping every record: up to max records copied into out. */
+static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
+    return ki_ring_peek_keep(c, out, max, now_ns, NULL, NULL, NULL);
 }
 
 /* Free every slot read by ki_ring_peek so far and advance tail. */

@@ -39,7 +39,7 @@
  * ~20% more wire bytes in two parts). Doubled at start until one histogram of
  * histogram_max_buckets fits. */
 #define HIST_SECTION_MAX (64u << 10)
-#define FOLD_READ 256u /* records read from the ring at a time while histograms take them: 16 KiB of staging, in L1 when they are folded */
+#define FOLD_READ 256u /* records read from the ring at a time while histograms take them and slots cannot be freed */
 #define FOLD_COMMIT_MIN 1024u /* records read between frees while folding a backlog, at least */
 
 /* One batch of the request in flight. */
@@ -72,7 +72,6 @@ struct ki_agent {
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
     uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_COMMIT_MIN */
-    size_t fold_read;            /* records read into staging at a time when histograms take them (64 KiB) */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
     uint8_t *body;               /* encoded body */
@@ -162,7 +161,6 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
     a->fold_commit = ds.capacity / 64 > FOLD_COMMIT_MIN ? ds.capacity / 64 : FOLD_COMMIT_MIN;
-    a->fold_read = a->staging_cap < FOLD_READ ? a->staging_cap : FOLD_READ;
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
     if (loaded > 0) ki_log_info(a->log, "%d names of this ring remembered from the previous run", loaded);
@@ -471,15 +469,20 @@ static int drain_ring(struct ki_agent *a) {
     int read_any = 0;
     a->read_at_commit = ki_drain_read_pos(a->drain);
     for (;;) {
-        size_t want = a->staging_cap - n;
-        if (a->ks && want > a->fold_read) want = a->fold_read; /* staging holds kept spans only: touch little of it */
-        size_t got = ki_drain_poll(a->drain, a->staging + n, want);
-        a->ctr.v[KI_CTR_RECORDS_READ] += got;
-        int more = got > 0;
-        if (a->ks && got) {
-            got = ki_kstats_feed(a->ks, a->staging + n, got); /* only kept spans stay staged */
-            read_any = 1;
+        size_t want = a->staging_cap - n, got, read;
+        if (a->ks) {
+            /* Records go from their slots straight into the histograms; only kept spans (and the
+             * types not folded) are copied into staging. Read up to the next free of slots. */
+            uint64_t since = ki_drain_read_pos(a->drain) - a->read_at_commit;
+            size_t left = since < a->fold_commit ? (size_t)(a->fold_commit - since) : FOLD_READ;
+            if (want > left) want = left;
+            got = ki_drain_poll_keep(a->drain, a->staging + n, want, ki_kstats_fold, a->ks, &read);
+            read_any |= read > 0;
+        } else {
+            got = read = ki_drain_poll(a->drain, a->staging + n, want);
         }
+        a->ctr.v[KI_CTR_RECORDS_READ] += read;
+        int more = read > 0;
         if (got && n == 0) a->staged_since_ns = mono_ns();
         n += got;
         if (n >= a->batch_max) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,7 +77,8 @@ static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf
     return k >= 0 ? k >> sh : -(int32_t)(((uint32_t)-k + ((1u << sh) - 1)) >> sh);
 }
 
-int32_t ki_histogram_index(double v, int32_t schema) {
+/* The general case: zero, subnormal and infinite values, and schemas 0 and below. */
+static int32_t index_slow(double v, int32_t schema) {
     int inf = isinf(v);
     int exp;
     double frac;
@@ -110,6 +112,28 @@ int32_t ki_histogram_index(double v, int32_t schema) {
     return inf ? key + 1 : key;
 }
 
+/* ki_histogram_index inlined into the observation path: a normal value at a positive schema (every
+ * kernel duration at the default schema 3) takes no branch on its value: frexp from the bits, one
+ * table entry, one bound compared without a jump (whether the value lies above it is as random as
+ * the durations, so a branch mispredicts often). */
+static inline int32_t hist_index(double v, int32_t schema) {
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits &= 0x7FFFFFFFFFFFFFFFULL; /* |v| */
+    uint32_t biased = (uint32_t)(bits >> 52);
+    if (__builtin_expect(schema <= 0 || biased - 1u >= 0x7FEu, 0)) return index_slow(v, schema);
+    uint64_t fb = (bits & 0x000FFFFFFFFFFFFFULL) | (1022ULL << 52); /* frac in [0.5, 1) */
+    double frac;
+    memcpy(&frac, &fb, sizeof frac);
+    const int32_t n = 1 << schema;
+    uint32_t m = (uint32_t)((bits & 0x000FFFFFFFFFFFFFULL) >> (51 - schema));
+    int32_t lo = ki_histogram_first[KI_HISTOGRAM_FIRST_OFF(schema) + m];
+    lo += (lo < n) & (ki_histogram_bounds[schema][lo & (n - 1)] < frac); /* sort.SearchFloat64s, as index_slow */
+    return lo + ((int32_t)biased - 1023) * n;
+}
+
+int32_t ki_histogram_index(double v, int32_t schema) { return hist_index(v, schema); }
+
 double ki_histogram_upper(int32_t index, int32_t schema) {
     if (schema < 0) {
         int32_t exp = index * (1 << -schema);
@@ -122,20 +146,29 @@ double ki_histogram_upper(int32_t index, int32_t schema) {
     return ldexp(frac, exp);
 }
 
-static uint32_t key_hash(const struct ki_histogram_key *k) {
-    uint64_t h = ((uint64_t)k->pid << 32 | k->gpu) * 0x9E3779B97F4A7C15ULL;
-    h ^= (k->stream + 0x632BE59BD9B4E019ULL) * 0xC2B2AE3D27D4EB4FULL;
-    h ^= ((uint64_t)k->producer << 32 | k->name_id) * 0x165667B19E3779F9ULL;
-    h ^= (uint64_t)k->kind * 0x94D049BB133111EBULL;
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ULL;
-    return (uint32_t)(h ^ (h >> 32));
+/* Keys as three words (pid | gpu << 32, stream, name_id | producer << 32: the layout of a
+ * record's key on a little-endian machine) and a kind: hashed and compared without a branch
+ * per field. */
+static inline uint64_t word_at(const void *p, size_t i) {
+    uint64_t w;
+    memcpy(&w, (const char *)p + 8 * i, sizeof w);
+    return w;
 }
 
-static int key_eq(const struct ki_hist *h, const struct ki_histogram_key *b) {
-    return h->key.pid == b->pid && h->key.gpu == b->gpu && h->key.stream == b->stream && h->key.name_id == b->name_id &&
-           h->key.producer == b->producer && h->kind == b->kind;
+/* Multiply-shift over the words; the high half of the product indexes the table. */
+static inline uint32_t key_hash(uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind) {
+    uint64_t h = (w0 * 0x9E3779B97F4A7C15ULL + (w1 ^ ((uint64_t)kind << 56))) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h + w2) * 0x165667B19E3779F9ULL;
+    return (uint32_t)(h >> 32);
 }
+
+static inline int key_eq(const struct ki_hist *h, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind) {
+    _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words assume little-endian");
+    _Static_assert(offsetof(struct ki_hist, key) == 0 && sizeof h->key == 24, "ki_hist key layout");
+    return ((word_at(&h->key, 0) ^ w0) | (word_at(&h->key, 1) ^ w1) | (word_at(&h->key, 2) ^ w2) |
+            (uint64_t)(h->kind ^ kind)) == 0;
+}
+
 /* Buckets of a chunk of cls bytes for kw-byte keys and cw-byte counts: a multiple of 4, so the
  * keys after the counts stay aligned. */
 static uint32_t cap_of(uint32_t bytes, uint32_t kw, uint32_t cw) {
@@ -357,22 +390,25 @@ static int rechunk(struct ki_histtab *t, struct ki_hist *h, uint32_t need, uint8
     return 0;
 }
 
-static int lookup(const struct ki_histtab *t, const struct ki_histogram_key *key, uint32_t *pos) {
-    uint32_t i = key_hash(key) & t->hash_mask;
+static inline int lookup(const struct ki_histtab *t, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind,
+                         uint32_t *pos) {
+    uint32_t i = key_hash(w0, w1, w2, kind) & t->hash_mask;
     for (;;) {
         uint32_t s = t->hash[i];
         if (s == 0) {
             *pos = i;
             return -ENOENT;
         }
-        if (key_eq(rec(t, s - 1), key)) return (int)(s - 1);
+        if (key_eq(rec(t, s - 1), w0, w1, w2, kind)) return (int)(s - 1);
         i = (i + 1) & t->hash_mask;
     }
 }
 
+#define KEY_WORDS(k) (k)->pid | (uint64_t)(k)->gpu << 32, (k)->stream, (k)->name_id | (uint64_t)(k)->producer << 32, (k)->kind
+
 int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *key) {
     uint32_t pos;
-    return lookup(t, key, &pos);
+    return lookup(t, KEY_WORDS(key), &pos);
 }
 
 int ki_histtab_key(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_key *out) {
@@ -487,9 +523,10 @@ static void halve(const struct ki_histtab *t, struct ki_hist *h) {
     h->hint = 0;
 }
 
-int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
-    uint32_t pos;
-    int slot = lookup(t, key, &pos);
+int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
+                          uint32_t kind) {
+    uint32_t pos = 0;
+    int slot = lookup(t, pid_gpu, stream, name_producer, kind, &pos);
     if (slot >= 0) return slot;
     if (t->used == t->cfg.max_keys) {
         t->keys_refused++;
@@ -498,17 +535,18 @@ int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
     slot = (int)t->used++;
     t->hash[pos] = (uint32_t)slot + 1;
     struct ki_hist *nh = rec(t, (uint32_t)slot);
-    nh->key.pid = key->pid;
-    nh->key.gpu = key->gpu;
-    nh->key.stream = key->stream;
-    nh->key.name_id = key->name_id;
-    nh->key.producer = key->producer;
-    nh->kind = (uint8_t)key->kind;
+    uint64_t w[3] = {pid_gpu, stream, name_producer};
+    memcpy(&nh->key, w, sizeof nh->key);
+    nh->kind = (uint8_t)kind;
     nh->schema = (int8_t)t->cfg.schema;
     nh->zero_threshold = t->cfg.zero_threshold;
     nh->kw = 0; /* dense until sparse is smaller */
     nh->cw = 1;
     return slot;
+}
+
+int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key) {
+    return ki_histtab_slot_words(t, KEY_WORDS(key));
 }
 
 void ki_histtab_refused(struct ki_histtab *t, uint64_t n) { t->obs_refused += n; }
@@ -648,9 +686,9 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
     if (!isnan(v)) {
         int32_t sk;
         if (v > h->zero_threshold)
-            sk = ki_histogram_index(v, h->schema);
+            sk = hist_index(v, h->schema);
         else if (v < -h->zero_threshold)
-            sk = ki_histogram_index(v, h->schema) - NEG_OFF;
+            sk = hist_index(v, h->schema) - NEG_OFF;
         else {
             h->zero_count++;
             goto counted;

@@ -30,10 +30,11 @@ struct ki_kstats {
     uint32_t tail_set;    /* slots whose tail_s is set (slots are handed out in order: pages of
                            * tail_s are touched only as keys arrive) */
     /* last key -> slot: consecutive records of a stream are mostly one kernel */
-    struct ki_histogram_key last_key;
+    uint64_t last_key[4]; /* its words (ki_histtab_slot_words) and kind */
     int last_slot;
     /* sampling, per second of record time */
-    uint64_t window_s;      /* the record-time second being counted */
+    uint64_t window_end_ns; /* record time the next second starts at (a comparison per record, not a
+                             * division) */
     uint64_t window_kernels; /* kernels seen in it */
     uint64_t window_tail;    /* tail spans kept in it */
     uint64_t window_sampled; /* sampled spans kept in it (at most twice the rate: the first second,
@@ -97,6 +98,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
         return NULL;
     }
     ks->last_slot = -1;
+    ks->window_end_ns = NS_PER_S;
     ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
     ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
     ks->tail_below = UINT64_MAX;
@@ -125,21 +127,25 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
     return ks->rng = x;
 }
 
-static inline int key_eq(const struct ki_histogram_key *a, const struct ki_histogram_key *b) {
-    return a->name_id == b->name_id && a->stream == b->stream && a->pid == b->pid && a->gpu == b->gpu &&
-           a->producer == b->producer && a->kind == b->kind;
-}
-
-/* Slot of key through the one-entry cache; -1 when the table refused it (counted). */
-static inline int slot_of(struct ki_kstats *ks, const struct ki_histogram_key *key) {
-    if (ks->last_slot >= 0 && key_eq(key, &ks->last_key)) return ks->last_slot;
-    int s = ki_histtab_slot(ks->tab, key);
+/* Slot of the key (pid, gpu, stream, name_id, producer, kind) through the one-entry cache: the
+ * key stays in registers, as ki_histtab_slot_words' words, compared with the last one without a
+ * branch per field. -1 when the table refused it (counted). */
+static inline int slot_of(struct ki_kstats *ks, uint32_t pid, uint32_t gpu, uint64_t stream, uint32_t name_id,
+                          uint32_t producer, uint32_t kind) {
+    uint64_t w0 = pid | (uint64_t)gpu << 32, w2 = name_id | (uint64_t)producer << 32;
+    if (((w0 ^ ks->last_key[0]) | (stream ^ ks->last_key[1]) | (w2 ^ ks->last_key[2]) | (kind ^ ks->last_key[3])) == 0 &&
+        ks->last_slot >= 0)
+        return ks->last_slot;
+    int s = ki_histtab_slot_words(ks->tab, w0, stream, w2, kind);
     if (s < 0) {
         ki_histtab_refused(ks->tab, 1);
         return -1;
     }
     while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
-    ks->last_key = *key;
+    ks->last_key[0] = w0;
+    ks->last_key[1] = stream;
+    ks->last_key[2] = w2;
+    ks->last_key[3] = kind;
     ks->last_slot = s;
     return s;
 }
@@ -153,7 +159,7 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
     uint64_t tail = ks->cfg.span_tail_rate;
     if (ks->window_tail_seen <= tail) ks->tail_below = UINT64_MAX;
     else ks->tail_below = (uint64_t)((double)tail / (double)ks->window_tail_seen * 18446744073709551615.0);
-    ks->window_s = sec;
+    ks->window_end_ns = (sec + 1) * NS_PER_S;
     ks->window_kernels = 0;
     ks->window_tail = 0;
     ks->window_tail_seen = 0;
@@ -163,13 +169,10 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
 /* Observe one KERNEL record; 1 to keep its span. */
 static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
     const struct ki_rec *k = &r->rec;
-    struct ki_histogram_key key = {k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer,
-                                   KI_HIST_KERNEL, 0};
     double d = k->u.kernel.end_ns > k->ts_ns ? (double)(k->u.kernel.end_ns - k->ts_ns) * 1e-9 : 0.0;
-    int s = slot_of(ks, &key);
+    int s = slot_of(ks, k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer, KI_HIST_KERNEL);
     if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, d) == 0) ks->st.aggregated++;
-    uint64_t sec = k->ts_ns / NS_PER_S;
-    if (sec > ks->window_s) roll_window(ks, sec);
+    if (k->ts_ns >= ks->window_end_ns) roll_window(ks, k->ts_ns / NS_PER_S);
     ks->window_kernels++;
     if ((k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) || (k->flags & KI_FLAG_FAILED)) {
         ks->st.spans_captured++;
@@ -193,26 +196,27 @@ static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
     return 0;
 }
 
-static inline void other(struct ki_kstats *ks, const struct ki_histogram_key *key, double v) {
-    int s = slot_of(ks, key);
+static inline void other(struct ki_kstats *ks, uint32_t gpu, uint32_t id, uint32_t kind, double v) {
+    int s = slot_of(ks, 0, gpu, KI_HISTOGRAM_NO_STREAM, id, 0, kind);
     if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, v) == 0) ks->st.aggregated++;
+}
+
+int ki_kstats_fold(void *arg, const struct ki_record *r) {
+    struct ki_kstats *ks = arg;
+    const struct ki_rec *k = &r->rec;
+    if (k->type == KI_REC_KERNEL) return kernel(ks, r);
+    if (k->type == KI_REC_COLLECTIVE && !(k->flags & KI_FLAG_FAILED)) {
+        other(ks, k->device, k->id, KI_HIST_NCCL, (double)k->u.collective.duration_ns * 1e-9);
+    } else if (k->type == KI_REC_MEMOP && k->id == KI_MEM_MEMCPY && !(k->flags & KI_FLAG_FAILED)) {
+        other(ks, k->device, 0, KI_HIST_MEMCPY, (double)k->u.memop.bytes);
+    }
+    return 1;
 }
 
 size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
-        const struct ki_rec *k = &recs[i].rec;
-        int keep = 1;
-        if (k->type == KI_REC_KERNEL) {
-            keep = kernel(ks, &recs[i]);
-        } else if (k->type == KI_REC_COLLECTIVE && !(k->flags & KI_FLAG_FAILED)) {
-            struct ki_histogram_key key = {0, k->device, KI_HISTOGRAM_NO_STREAM, k->id, 0, KI_HIST_NCCL, 0};
-            other(ks, &key, (double)k->u.collective.duration_ns * 1e-9);
-        } else if (k->type == KI_REC_MEMOP && k->id == KI_MEM_MEMCPY && !(k->flags & KI_FLAG_FAILED)) {
-            struct ki_histogram_key key = {0, k->device, KI_HISTOGRAM_NO_STREAM, 0, 0, KI_HIST_MEMCPY, 0};
-            other(ks, &key, (double)k->u.memop.bytes);
-        }
-        if (keep) {
+        if (ki_kstats_fold(ks, &recs[i])) {
             if (w != i) recs[w] = recs[i];
             w++;
         }
