@@ -7,13 +7,11 @@ samples table is read only for those fingerprints and only inside the window.
 from __future__ import annotations
 
 import datetime as dt
-import gc
-import itertools
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +27,7 @@ from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.nativehist import HISTOGRAM_MIN_WEIGHT
 from kernel_insight.kql.pushdown import GridColumns, HistColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored, compile_anchored
+from kernel_insight.kql.sparsehists import Ragged, SparseHists, tsdb_pending
 from kernel_insight.kql.storage import (
     READ_BUDGET,
     STALE_NAN_BITS,
@@ -37,7 +36,6 @@ from kernel_insight.kql.storage import (
     SeriesData,
     is_stale,
     labels_match,
-    tsdb_hints,
 )
 
 if TYPE_CHECKING:
@@ -891,136 +889,36 @@ _HISTOGRAM_COLUMNS = (
 )
 
 
-def _list_column(rows: pa.Table, name: str) -> tuple[list[int], npt.NDArray[Any]]:
-    """A list column as (row offsets, flat values): Arrow's to_pylist of lists costs ~25 us a row."""
+def _ragged(rows: pa.Table, name: str, pair: str | None = None) -> Ragged:
+    """A list column (with ``pair``: two list columns of the same lengths, as (offset, length)
+    pairs) as flat values and row offsets: Arrow's to_pylist of lists costs ~25 us a row."""
     arr = rows.column(name).combine_chunks()
-    offsets = arr.offsets.to_numpy()
+    offsets = arr.offsets.to_numpy().astype(np.int64)
     flat = arr.flatten().to_numpy(zero_copy_only=False)
-    return (offsets - offsets[0]).tolist(), flat
+    if pair is not None:
+        other = rows.column(pair).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        flat = np.stack([flat.astype(np.int64), other.astype(np.int64)], axis=1)
+    else:
+        flat = flat.astype(np.float64, copy=False)
+    return Ragged(offsets - offsets[0], flat)
 
 
-def _rows_differ(offsets: list[int], flat: npt.NDArray[Any], op: str = "!=") -> npt.NDArray[np.bool_]:
-    """Per row ``i`` whose list is as long as row ``i - 1``'s: whether an element compares ``op``
-    to the same position of row ``i - 1`` (``"!="``: differs, ``"<"``: went down)."""
-    off = np.asarray(offsets, dtype=np.int64)
-    lengths = np.diff(off)
-    n = len(lengths)
-    out = np.zeros(n, dtype=bool)
-    if not len(flat) or n < 2:
-        return out
-    if (lengths == lengths[0]).all():  # every row as long: one comparison of two views
-        m = flat.reshape(n, int(lengths[0]))
-        out[1:] = ((m[1:] != m[:-1]) if op == "!=" else (m[1:] < m[:-1])).any(axis=1)
-        return out
-    comparable = np.zeros(n, dtype=bool)
-    comparable[1:] = lengths[1:] == lengths[:-1]
-    keep = np.repeat(comparable, lengths)
-    e = np.flatnonzero(keep)
-    prev = e - np.repeat(lengths, lengths)[e]
-    bad = (flat[e] != flat[prev]) if op == "!=" else (flat[e] < flat[prev])
-    row = np.repeat(np.arange(n), lengths)
-    out[row[e[bad]]] = True
-    return out
-
-
-_LIST_COLUMNS = (
-    "positive_span_offsets",
-    "positive_span_lengths",
-    "pb",
-    "negative_span_offsets",
-    "negative_span_lengths",
-    "nb",
-    "custom_values",
-)
-
-
-def _histogram_objects(rows: pa.Table) -> tuple[npt.NDArray[np.object_], list[bool | None]]:
-    """One ``FloatHistogram`` per row, as an object array (HistColumns' layout), and per row
-    whether it is a counter reset after the row before (None: not decided here).
-
-    Rows come ordered by (fingerprint, t). The reset is decided for whole columns at once where
-    a row has its predecessor's layout (schema, zero threshold, spans, custom bounds, every
-    bucket clear of the zero bucket): there Prometheus' ``DetectReset`` comes down to "the count,
-    the zero count or a bucket went down" (a hint of 1 or 2 decides first, as there). Elsewhere
-    ``tsdb_hints`` calls ``FloatHistogram.detect_reset``.
-    """
-    from kernel_insight.kql.nativehist import FloatHistogram
-
-    n = rows.num_rows
-    schema = rows.column("schema").to_numpy().astype(np.int64)
-    zt = rows.column("zero_threshold").to_numpy()
-    zc = rows.column("zero_count").to_numpy()
-    count = rows.column("count").to_numpy()
-    total = rows.column("sum").to_numpy()
-    hint = rows.column("counter_reset_hint").to_numpy().astype(np.int64)
-    lists = {name: _list_column(rows, name) for name in _LIST_COLUMNS}
-    same = np.zeros(n, dtype=bool)
-    same[1:] = (schema[1:] == schema[:-1]) & (zt[1:] == zt[:-1])
-    for name in _LIST_COLUMNS:
-        off, flat = lists[name]
-        lengths = np.diff(np.asarray(off, dtype=np.int64))
-        same[1:] &= lengths[1:] == lengths[:-1]
-        if name not in ("pb", "nb"):
-            same &= ~_rows_differ(off, flat)
-    for side in ("positive_span_offsets", "negative_span_offsets"):
-        off, flat = lists[side]
-        has = np.diff(np.asarray(off, dtype=np.int64)) > 0
-        first = np.zeros(n, dtype=np.float64)
-        first[has] = flat[np.asarray(off[:-1], dtype=np.int64)[has]]
-        upper = np.exp2(first / np.exp2(schema.astype(np.float64)))  # the lowest bucket's upper bound
-        same &= ~has | (schema == -53) | (zt == 0) | (upper > zt)
-    went_down = np.zeros(n, dtype=bool)
-    went_down[1:] = (count[1:] < count[:-1]) | (zc[1:] < zc[:-1])
-    went_down |= _rows_differ(*lists["pb"], op="<") | _rows_differ(*lists["nb"], op="<")
-    resets: list[bool | None] = [
-        True if h == 1 else False if h == 2 else (d if s else None)
-        for h, s, d in zip(hint.tolist(), same.tolist(), went_down.tolist(), strict=True)
-    ]
-
-    def cut(name: str) -> list[tuple[Any, ...]]:
-        off, flat = lists[name]
-        if not len(flat):
-            return [()] * n  # the usual negative side and custom bounds: nothing to slice
-        values = flat.tolist()
-        return [tuple(values[a:b]) for a, b in itertools.pairwise(off)]
-
-    out = np.empty(n, dtype=object)
-    # Hundreds of thousands of new objects would set off the cyclic collector again and again,
-    # each pass walking everything made so far (9.4 s instead of 1.7 s for 240,000 here): none of
-    # them can form a cycle, so it waits until they are made.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        out[:] = [
-            FloatHistogram(
-                schema=s_,
-                zero_threshold=zt_,
-                zero_count=zc_,
-                count=c_,
-                sum=t_,
-                positive_spans=tuple(zip(po, pl, strict=True)) if po else (),
-                positive_buckets=pb,
-                negative_spans=tuple(zip(no, nl, strict=True)) if no else (),
-                negative_buckets=nb,
-                counter_reset_hint=h_,
-                custom_values=cv,
-            )
-            for s_, zt_, zc_, c_, t_, h_, po, pl, pb, no, nl, nb, cv in zip(
-                schema.tolist(),
-                zt.tolist(),
-                zc.tolist(),
-                count.tolist(),
-                total.tolist(),
-                hint.tolist(),
-                *(cut(name) for name in _LIST_COLUMNS[:3]),
-                *(cut(name) for name in _LIST_COLUMNS[3:]),
-                strict=True,
-            )
-        ]
-    finally:
-        if collecting:
-            gc.enable()
-    return out, resets
+def _histogram_columns(rows: pa.Table) -> SparseHists:
+    """The histogram rows as columns, in their order, hints as stored (none pending yet)."""
+    return SparseHists(
+        rows.column("schema").to_numpy().astype(np.int64),
+        rows.column("zero_threshold").to_numpy().astype(np.float64, copy=False),
+        rows.column("zero_count").to_numpy().astype(np.float64, copy=False),
+        rows.column("count").to_numpy().astype(np.float64, copy=False),
+        rows.column("sum").to_numpy().astype(np.float64, copy=False),
+        rows.column("counter_reset_hint").to_numpy().astype(np.int64),
+        np.zeros(rows.num_rows, dtype=bool),
+        _ragged(rows, "positive_span_offsets", "positive_span_lengths"),
+        _ragged(rows, "pb"),
+        _ragged(rows, "negative_span_offsets", "negative_span_lengths"),
+        _ragged(rows, "nb"),
+        _ragged(rows, "custom_values"),
+    )
 
 
 def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumns:
@@ -1039,7 +937,7 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     if not keep.all():
         hists = hists.filter(pa.array(keep))
         fps, ts = fps[keep], ts[keep]
-    objects, resets = _histogram_objects(hists)
+    data = _histogram_columns(hists)
     starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
     ends = np.append(starts[1:], len(fps))
     by_labels: dict[Labels, tuple[int, int]] = {}
@@ -1081,22 +979,13 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     np.cumsum(f_lengths, out=f_offsets[1:])
     h_offsets = np.zeros(len(union) + 1, dtype=np.int64)
     np.cumsum(h_lengths, out=h_offsets[1:])
-    # Counter-reset hints as Prometheus' TSDB returns them (kql.storage.tsdb_hints, as MemoryStorage),
-    # within the window: the window's first histogram of a series keeps its stored hint.
-    hs = objects[hi]
-    fo, ho = f_offsets.tolist(), h_offsets.tolist()
-    for k in range(len(union)):
-        a, b = ho[k], ho[k + 1]
-        if b - a > 1:
-            first = h_starts[k]  # rows of one series are consecutive in the read
-            hs[a:b] = tsdb_hints(
-                hs[a:b].tolist(),
-                hts[a:b],
-                fts[fo[k] : fo[k + 1]],
-                resets[first : first + b - a],
-                in_place=True,
-            )
-    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, hs, h_offsets))
+    # Counter-reset hints as Prometheus' TSDB returns them (as MemoryStorage's tsdb_hints), within
+    # the window: the window's first histogram of a series keeps its stored hint. Columns: the
+    # engine's dense paths read them as they are, objects are made only where asked for.
+    if not np.array_equal(hi, np.arange(len(data))):
+        data = data.take_ranges(np.asarray(h_starts, dtype=np.int64), h_lengths)
+    data = tsdb_pending(data, hts, h_offsets, fts, f_offsets)
+    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, data, h_offsets))
 
 
 def _deduplicated(

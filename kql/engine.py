@@ -202,7 +202,7 @@ def _held_size(value: Any) -> int:
         floats = int(np.count_nonzero(value.present))
         return floats + value.hist_weight() if value.has_hists else floats
     if isinstance(value, RangeInput):
-        return len(value.ts) + (0 if value.hist is None else hist_weight(value.hist.hs))
+        return len(value.ts) + (0 if value.hist is None else value.hist.weight())
     if isinstance(value, np.ndarray):
         return len(value)
     return 0
@@ -656,12 +656,12 @@ class _Evaluator:
         # holds one series' window at a time); the windows' (lo, hi) bounds are dense arrays,
         # refused first if they alone would not fit.
         self.dense(len(cols), len(refs))
-        self.count_samples(len(ts) + (0 if cols.hist is None else hist_weight(cols.hist.hs)))
+        self.count_samples(len(ts) + (0 if cols.hist is None else cols.hist.weight()))
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
         hist = None
         if cols.hist is not None:
             hlo, hhi = window_bounds(cols.hist.ts, cols.hist.offsets, refs, range_ms)
-            hist = HistRange(cols.hist.ts, cols.hist.hs, cols.hist.offsets, hlo, hhi)
+            hist = HistRange(cols.hist.ts, cols.hist.source(), cols.hist.offsets, hlo, hhi)
         return RangeInput(
             labels=cols.labels,
             drop_name=np.zeros(len(cols), dtype=bool),

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
+from kernel_insight.kql.sparsehists import SparseHists
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
     HistRange,
@@ -843,12 +844,14 @@ def _rate(
     hists: dict[tuple[int, int], H] = {}
     pos = _matrix_arg(ctx).pos
     fast = dense_rate(r, counter, per_second, has_hist_windows(r) & ~mixed)
-    decided = dense = None
+    dense = None
+    # Windows with a float or under two histograms have no histogram rate: skipped before their
+    # histograms are read (columns read by a store become objects only if some window needs them).
+    skip = (r.counts > 0) | (has_hist_windows(r) if r.hist is None else r.hist.counts < 2)
     if fast is not None:
         dense, decided = fast
-    for i, j, ts, hs, nfloat in hist_windows(r, decided):
-        if nfloat or len(hs) < 2:
-            continue
+        skip |= decided
+    for i, j, ts, hs, _ in hist_windows(r, skip):
         name = metric_name(r.labels[i])
         h = histogram_rate(ctx, hs, counter, name, pos)
         if h is None:
@@ -1713,6 +1716,30 @@ class DenseBlock:
         weights: I64 = (176 + 8 * spans_and_buckets) // 16
         return weights
 
+    @classmethod
+    def of_sparse(cls, data: SparseHists) -> DenseBlock | None:
+        """A block of a store's histogram columns (the same as :meth:`of` of their objects),
+        when they share a standard schema and zero threshold, else None."""
+        if not len(data):
+            return None
+        schema, zt = int(data.schema[0]), float(data.zero_threshold[0])
+        if (
+            schema == CUSTOM_BUCKETS_SCHEMA
+            or (data.schema != schema).any()
+            or (data.zero_threshold != zt).any()
+        ):
+            return None
+        pos, neg = data.dense_side(True), data.dense_side(False)
+        if pos is None or neg is None:
+            return DenseBlock.of(data.objects().tolist())
+        block = cls.__new__(cls)
+        block.schema, block.zero_threshold = schema, zt
+        (block.pos_lo, block.pos), (block.neg_lo, block.neg) = pos, neg
+        block.has_pos = data.pos_buckets.lengths > 0
+        block.has_neg = data.neg_buckets.lengths > 0
+        block.zero, block.count, block.sum = data.zero_count, data.count, data.sum
+        return block
+
     @staticmethod
     def of(hs: list[H]) -> DenseBlock | None:
         """A block of ``hs`` when they share a standard schema and zero threshold, else None."""
@@ -2008,7 +2035,7 @@ def dense_rate(
     decided result is the per-window path's, bit for bit.
     """
     hr = r.hist
-    if hr is None or not counter or len(hr.hs) < DENSE_MIN_CELLS:
+    if hr is None or not counter or len(hr.ts) < DENSE_MIN_CELLS:
         return None
     parts: list[tuple[DenseBlock, I64, I64, int]] = []
     decided = np.zeros(candidates.shape, dtype=bool)
@@ -2021,7 +2048,7 @@ def dense_rate(
         end = int(hr.offsets[b])
         sub = HistRange(
             hr.ts[base:end],
-            hr.hs[base:end],
+            hr.hs[base:end] if hr.data is None else hr.data.rows(base, end),
             hr.offsets[a : b + 1] - base,
             hr.lo[a:b] - base,
             hr.hi[a:b] - base,
@@ -2041,16 +2068,29 @@ def _dense_rate_chunk(
     r: RangeInput, hr: HistRange, per_second: bool, candidates: BOOL
 ) -> tuple[DenseBlock, I64, I64, BOOL] | None:
     """:func:`dense_rate` over the series of one chunk (``hr`` indexes the chunk's own samples)."""
-    if len(hr.hs) < DENSE_MIN_CELLS:
+    m = len(hr.ts)
+    if m < DENSE_MIN_CELLS:
         return None
-    hs = hr.hs.tolist()
-    hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
-    if (hints == GAUGE).any():
-        return None
-    block = DenseBlock.of(hs)
+    data = hr.data
+    # A bucket count below zero or NaN (not a counter's) leaves the block to the per-window
+    # path: its arithmetic and reset rules (an absent bucket against a negative one) are Go's.
+    if data is None:
+        hs = hr.hs.tolist()
+        hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=m)
+        block = None if (hints == GAUGE).any() else DenseBlock.of(hs)
+        if block is not None and not ((block.pos >= 0).all() and (block.neg >= 0).all()):
+            return None
+    else:
+        # Straight from the store's columns. A pending row's hint is "reset if detect_reset
+        # says so": left unknown here, the bucket comparison below decides it, which is
+        # detect_reset's answer in a zero-clean block of one schema and threshold with no
+        # count below zero or NaN (an absent bucket compares as 0, as Go's does).
+        hints = data.hint
+        if (hints == GAUGE).any() or not data.nonnegative():
+            return None
+        block = DenseBlock.of_sparse(data)
     if block is None or not _zero_clean(block):
         return None
-    m = len(hs)
     same = np.ones(m, dtype=bool)
     same[0] = False
     starts = hr.offsets[:-1]

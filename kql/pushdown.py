@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql.sparsehists import HistSamples, SparseHists
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
 
 __all__ = [
@@ -37,27 +38,36 @@ F64 = npt.NDArray[np.float64]
 OBJ = npt.NDArray[np.object_]
 
 
-@dataclass(frozen=True, slots=True)
-class HistColumns:
+class HistColumns(HistSamples):
     """The native-histogram samples of selected series, laid out as :class:`SeriesColumns` lays out floats.
 
-    Series ``i`` owns ``ts[offsets[i]:offsets[i+1]]`` and the ``FloatHistogram`` objects at the
-    same positions of ``hs`` (an object array, so windows and steps gather them with numpy indexing).
+    Series ``i`` owns ``ts[offsets[i]:offsets[i+1]]`` and the histograms at the same positions:
+    ``FloatHistogram`` objects (``hs``, an object array, so windows and steps gather them with
+    numpy indexing), or columns (``data``, :class:`SparseHists`, as a columnar store reads
+    them), from which ``hs`` makes objects only when something asks for them.
     """
 
-    ts: I64  # ms, ascending within each series
-    hs: OBJ  # FloatHistogram per sample; stale markers have the StaleNaN bit pattern as sum
-    offsets: I64  # len(labels) + 1
+    __slots__ = ("offsets", "ts")
+
+    def __init__(self, ts: I64, hs: OBJ | SparseHists, offsets: I64) -> None:
+        super().__init__(hs)
+        self.ts = ts  # ms, ascending within each series
+        self.offsets = offsets  # len(labels) + 1
 
     def without_stale(self) -> HistColumns:
-        # The sums as one array and their bits compared at once (is_stale_histogram per object
-        # was a tenth of a 240,000-histogram quantile query).
-        sums = np.fromiter((h.sum for h in self.hs), dtype=np.float64, count=len(self.hs))
+        if self.data is not None:
+            sums = self.data.sum
+        else:
+            # The sums as one array and their bits compared at once (is_stale_histogram per
+            # object was a tenth of a 240,000-histogram quantile query).
+            sums = np.fromiter((h.sum for h in self.hs), dtype=np.float64, count=len(self.hs))
         stale = is_stale(sums)
         if not stale.any():
             return self
         kept_before = np.concatenate([[0], np.cumsum(~stale)])
-        return HistColumns(self.ts[~stale], self.hs[~stale], kept_before[self.offsets])
+        keep = np.flatnonzero(~stale)
+        rest = self.hs[keep] if self.data is None else self.data.take(keep)
+        return HistColumns(self.ts[keep], rest, kept_before[self.offsets])
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from kernel_insight.kql.ast import PosRange
+from kernel_insight.kql.sparsehists import HistSamples, SparseHists
 from kernel_insight.kql.storage import Labels
 
 if TYPE_CHECKING:
@@ -202,19 +203,20 @@ class StepVector:
         return self if len(keep) == len(self.labels) else self.take(keep)
 
 
-@dataclass(slots=True)
-class HistRange:
+class HistRange(HistSamples):
     """The native-histogram samples of a range vector, indexed as :class:`RangeInput` indexes floats.
 
     Series ``i`` owns ``ts[offsets[i]:offsets[i + 1]]`` (and the same positions of ``hs``); its
-    window at step ``j`` is ``lo[i, j]:hi[i, j]``.
+    window at step ``j`` is ``lo[i, j]:hi[i, j]``. Built over columns (``data``, a store's
+    :class:`SparseHists`), ``hs`` makes its objects the first time it is read: rate's dense
+    path reads the columns and never does.
     """
 
-    ts: I64
-    hs: OBJ
-    offsets: I64
-    lo: I64
-    hi: I64
+    __slots__ = ("hi", "lo", "offsets", "ts")
+
+    def __init__(self, ts: I64, hs: OBJ | SparseHists, offsets: I64, lo: I64, hi: I64) -> None:
+        super().__init__(hs)
+        self.ts, self.offsets, self.lo, self.hi = ts, offsets, lo, hi
 
     @property
     def counts(self) -> I64:

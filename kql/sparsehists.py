@@ -1,0 +1,509 @@
+"""Native-histogram samples as columns (schema, counts, spans and buckets as flat arrays), as a
+columnar store reads them: the engine's dense paths take their bucket matrices straight from
+here, and ``FloatHistogram`` objects are made only for the paths that ask for them.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.storage import STALE_NAN_BITS
+
+__all__ = ["HistSamples", "Ragged", "SparseHists", "tsdb_pending"]
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+BOOL = npt.NDArray[np.bool_]
+OBJ = npt.NDArray[np.object_]
+
+CUSTOM_BUCKETS_SCHEMA = -53
+UNKNOWN, COUNTER_RESET, NOT_COUNTER_RESET, GAUGE = 0, 1, 2, 3
+
+
+class Ragged:
+    """One list per row as (row offsets, flat values): row ``i`` is ``flat[off[i]:off[i + 1]]``.
+
+    ``flat`` may be 2-D (spans: one (offset, length) pair per element); ``off[0]`` is 0.
+    """
+
+    __slots__ = ("flat", "off")
+
+    def __init__(self, off: I64, flat: npt.NDArray[Any]) -> None:
+        self.off = off
+        self.flat = flat
+
+    @classmethod
+    def empty(cls, rows: int, width: int = 0) -> Ragged:
+        shape: tuple[int, ...] = (0, width) if width else (0,)
+        dtype = np.int64 if width else np.float64
+        return cls(np.zeros(rows + 1, dtype=np.int64), np.empty(shape, dtype=dtype))
+
+    @property
+    def lengths(self) -> I64:
+        lengths: I64 = np.diff(self.off)
+        return lengths
+
+    def rows(self, a: int, b: int) -> Ragged:
+        """Rows ``a:b`` (views of the flat values)."""
+        lo, hi = int(self.off[a]), int(self.off[b])
+        return Ragged(self.off[a : b + 1] - lo, self.flat[lo:hi])
+
+    def take(self, idx: I64) -> Ragged:
+        """Rows ``idx``, in that order."""
+        from kernel_insight.kql.pushdown import gather_ranges
+
+        lengths = self.lengths[idx]
+        off = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        if not len(self.flat):
+            return Ragged(off, self.flat)
+        return Ragged(off, self.flat[gather_ranges(self.off[:-1][idx], lengths)])
+
+    def take_ranges(self, starts: I64, lengths: I64) -> Ragged:
+        """Rows ``starts[k] : starts[k] + lengths[k]`` for each ``k``, concatenated: one copy
+        per range of the flat values (a series' rows are one range), no index per element."""
+        if len(starts) * 64 > len(self.flat):  # many short ranges: an index is cheaper
+            from kernel_insight.kql.pushdown import gather_ranges
+
+            return self.take(gather_ranges(starts, lengths))
+        first, last = self.off[starts], self.off[starts + lengths]
+        row_lengths = self.lengths
+        off = np.zeros(int(lengths.sum()) + 1, dtype=np.int64)
+        np.cumsum(
+            np.concatenate(
+                [row_lengths[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+            )
+            if len(starts)
+            else np.zeros(0, dtype=np.int64),
+            out=off[1:],
+        )
+        flat = np.concatenate(
+            [self.flat[a:b] for a, b in zip(first.tolist(), last.tolist(), strict=True)] or [self.flat[:0]]
+        )
+        return Ragged(off, flat)
+
+    def tuples(self) -> list[tuple[Any, ...]]:
+        """Every row as a tuple of Python values (spans: tuples of (offset, length) pairs)."""
+        n = len(self.off) - 1
+        if not len(self.flat):
+            return [()] * n
+        values = [tuple(p) for p in self.flat.tolist()] if self.flat.ndim == 2 else self.flat.tolist()
+        return [tuple(values[a:b]) for a, b in itertools.pairwise(self.off.tolist())]
+
+
+class SparseHists:
+    """``n`` native-histogram samples as columns, in the order a store read them.
+
+    ``hint`` is each sample's counter-reset hint as Prometheus' TSDB returns it, except for the
+    ``pending`` rows: those follow a counter histogram of the same chunk (the row right before
+    them) with an unknown hint of their own, so their hint is "counter reset" (1) if
+    ``detect_reset`` against that row says so, else "not a counter reset" (2). Deciding that
+    needs the buckets of both rows; it is left to whoever reads the hints (:meth:`hints`, or a
+    dense block that compares the rows' buckets anyway), so a read that only sums and ranks
+    buckets never does it twice. Every operation keeps a pending row right after the row it
+    follows.
+
+    >>> h = FloatHistogram(schema=0, count=2, sum=3, positive_spans=((0, 2),), positive_buckets=(1, 1))
+    >>> data = SparseHists.of_objects([h, h])
+    >>> str(data.objects()[1])
+    '{count:2, sum:3, (0.5,1]:1, (1,2]:1}'
+    """
+
+    __slots__ = (
+        "_hints",
+        "_objects",
+        "count",
+        "custom",
+        "hint",
+        "neg_buckets",
+        "neg_spans",
+        "pending",
+        "pos_buckets",
+        "pos_spans",
+        "schema",
+        "sum",
+        "zero_count",
+        "zero_threshold",
+    )
+
+    def __init__(
+        self,
+        schema: I64,
+        zero_threshold: F64,
+        zero_count: F64,
+        count: F64,
+        total: F64,
+        hint: I64,
+        pending: BOOL,
+        pos_spans: Ragged,
+        pos_buckets: Ragged,
+        neg_spans: Ragged,
+        neg_buckets: Ragged,
+        custom: Ragged,
+    ) -> None:
+        self.schema, self.zero_threshold, self.zero_count = schema, zero_threshold, zero_count
+        self.count, self.sum, self.hint, self.pending = count, total, hint, pending
+        self.pos_spans, self.pos_buckets = pos_spans, pos_buckets
+        self.neg_spans, self.neg_buckets = neg_spans, neg_buckets
+        self.custom = custom
+        self._hints: I64 | None = None
+        self._objects: OBJ | None = None
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def of_objects(cls, hs: Sequence[FloatHistogram]) -> SparseHists:
+        """Columns of existing objects (hints as they are, none pending): tests and small inputs."""
+        n = len(hs)
+
+        def ragged(rows: list[tuple[Any, ...]], pairs: bool) -> Ragged:
+            off = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum([len(r) for r in rows], out=off[1:])
+            flat = [x for r in rows for x in r]
+            if pairs:
+                return Ragged(off, np.asarray(flat, dtype=np.int64).reshape(-1, 2))
+            return Ragged(off, np.asarray(flat, dtype=np.float64))
+
+        data = cls(
+            np.asarray([h.schema for h in hs], dtype=np.int64),
+            np.asarray([h.zero_threshold for h in hs], dtype=np.float64),
+            np.asarray([h.zero_count for h in hs], dtype=np.float64),
+            np.asarray([h.count for h in hs], dtype=np.float64),
+            np.asarray([h.sum for h in hs], dtype=np.float64),
+            np.asarray([h.counter_reset_hint for h in hs], dtype=np.int64),
+            np.zeros(n, dtype=bool),
+            ragged([tuple(h.positive_spans) for h in hs], True),
+            ragged([tuple(h.positive_buckets) for h in hs], False),
+            ragged([tuple(h.negative_spans) for h in hs], True),
+            ragged([tuple(h.negative_buckets) for h in hs], False),
+            ragged([tuple(h.custom_values) for h in hs], False),
+        )
+        holder = np.empty(n, dtype=object)
+        holder[:] = list(hs)
+        data._objects = holder
+        return data
+
+    def _mapped(self, arr: Callable[[Any], Any], rag: Callable[[Ragged], Ragged]) -> SparseHists:
+        """The same rows through ``arr`` (each column) and ``rag`` (each list column), what was
+        already decided (hints, objects) going with them."""
+        out = SparseHists(
+            arr(self.schema),
+            arr(self.zero_threshold),
+            arr(self.zero_count),
+            arr(self.count),
+            arr(self.sum),
+            arr(self.hint),
+            arr(self.pending),
+            rag(self.pos_spans),
+            rag(self.pos_buckets),
+            rag(self.neg_spans),
+            rag(self.neg_buckets),
+            rag(self.custom),
+        )
+        if self._hints is not None:
+            out._hints = arr(self._hints)
+        if self._objects is not None:
+            out._objects = arr(self._objects)
+        return out
+
+    def rows(self, a: int, b: int) -> SparseHists:
+        """Rows ``a:b`` (views); row ``a`` must not be pending (chunks start at a series' first sample)."""
+        return self._mapped(lambda x: x[a:b], lambda x: x.rows(a, b))
+
+    def take(self, idx: I64) -> SparseHists:
+        """Rows ``idx`` in that order; every pending row taken must come right after its predecessor."""
+        return self._mapped(lambda x: x[idx], lambda x: x.take(idx))
+
+    def take_ranges(self, starts: I64, lengths: I64) -> SparseHists:
+        """Rows ``starts[k] : starts[k] + lengths[k]`` for each ``k``, concatenated (whole
+        series moved to the order of their labels): list columns copied range by range."""
+        from kernel_insight.kql.pushdown import gather_ranges
+
+        idx = gather_ranges(starts, lengths)
+        return self._mapped(lambda x: x[idx], lambda x: x.take_ranges(starts, lengths))
+
+    def with_pending(self, pending: BOOL) -> SparseHists:
+        """The same rows with ``pending`` as the rows whose hint is still to be decided."""
+        out = self._mapped(lambda x: x, lambda x: x)
+        out.pending, out._hints, out._objects = pending, None, None
+        return out
+
+    # ------------------------------------------------------------------ reading
+
+    def stale(self) -> BOOL:
+        """Which rows are staleness markers (the sum's StaleNaN bit pattern, as ``is_stale_histogram``)."""
+        stale: BOOL = self.sum.view(np.uint64) == np.uint64(STALE_NAN_BITS)
+        return stale
+
+    def weights(self) -> I64:
+        """Each row's :meth:`FloatHistogram.sample_weight`, from the list lengths alone."""
+        parts = (
+            self.pos_spans.lengths
+            + self.neg_spans.lengths
+            + self.pos_buckets.lengths
+            + self.neg_buckets.lengths
+            + self.custom.lengths
+        )
+        weights: I64 = (176 + 8 * parts) >> 4
+        return weights
+
+    def nonnegative(self) -> bool:
+        """Every bucket count is >= 0 (no NaN): then a bucket absent from one row and present in
+        another compares as a 0 count, as Prometheus' ``detectReset`` treats it."""
+        return bool((self.pos_buckets.flat >= 0).all() and (self.neg_buckets.flat >= 0).all())
+
+    def hints(self) -> I64:
+        """Every row's counter-reset hint, the pending rows decided (:meth:`FloatHistogram.detect_reset`)."""
+        if self._hints is None:
+            hints = self.hint.copy()
+            rows = np.flatnonzero(self.pending)
+            if len(rows):
+                resets = self._resets(rows)
+                hints[rows] = np.where(resets, COUNTER_RESET, NOT_COUNTER_RESET)
+            self._hints = hints
+        return self._hints
+
+    def _resets(self, rows: I64) -> BOOL:
+        """``detect_reset(row, row - 1)`` for each of ``rows`` (hint unknown, rows > 0).
+
+        Decided for whole columns where a row has its predecessor's layout (schema, zero
+        threshold, spans, custom bounds, every bucket clear of the zero bucket): there
+        Prometheus' ``DetectReset`` comes down to "the count, the zero count or a bucket went
+        down". The other rows compare objects.
+        """
+        p = rows - 1
+        sc, zt = self.schema, self.zero_threshold
+        same = (sc[rows] == sc[p]) & (zt[rows] == zt[p])
+        went_down = (self.count[rows] < self.count[p]) | (self.zero_count[rows] < self.zero_count[p])
+        for spans, buckets in ((self.pos_spans, self.pos_buckets), (self.neg_spans, self.neg_buckets)):
+            same &= _rows_equal(spans, rows)
+            same &= buckets.lengths[rows] == buckets.lengths[p]
+            lengths = spans.lengths
+            has = lengths[rows] > 0
+            first = np.zeros(len(rows), dtype=np.float64)
+            first[has] = spans.flat[spans.off[rows[has]], 0]
+            upper = np.exp2(first / np.exp2(sc[rows].astype(np.float64)))  # the lowest bucket's upper bound
+            same &= ~has | (sc[rows] == CUSTOM_BUCKETS_SCHEMA) | (zt[rows] == 0) | (upper > zt[rows])
+            went_down |= _rows_less(buckets, rows)
+        same &= _rows_equal(self.custom, rows)
+        out = went_down.copy()
+        for k in np.flatnonzero(~same).tolist():
+            r = int(rows[k])
+            cur = self._object(r, UNKNOWN)
+            out[k] = cur.detect_reset(self._object(r - 1, int(self.hint[r - 1])))
+        return out
+
+    def _object(self, r: int, hint: int) -> FloatHistogram:
+        def pairs(x: Ragged) -> tuple[tuple[int, int], ...]:
+            return tuple((int(o), int(n)) for o, n in x.flat[x.off[r] : x.off[r + 1]].tolist())
+
+        def values(x: Ragged) -> tuple[float, ...]:
+            return tuple(x.flat[x.off[r] : x.off[r + 1]].tolist())
+
+        return FloatHistogram(
+            schema=int(self.schema[r]),
+            zero_threshold=float(self.zero_threshold[r]),
+            zero_count=float(self.zero_count[r]),
+            count=float(self.count[r]),
+            sum=float(self.sum[r]),
+            positive_spans=pairs(self.pos_spans),
+            positive_buckets=values(self.pos_buckets),
+            negative_spans=pairs(self.neg_spans),
+            negative_buckets=values(self.neg_buckets),
+            counter_reset_hint=hint,
+            custom_values=values(self.custom),
+        )
+
+    def objects(self) -> OBJ:
+        """One ``FloatHistogram`` per row (hints decided), made once."""
+        if self._objects is None:
+            n = len(self)
+            out = np.empty(n, dtype=object)
+            # Hundreds of thousands of new objects would set off the cyclic collector again and
+            # again, each pass walking everything made so far: none of them can form a cycle.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                out[:] = [
+                    FloatHistogram(s_, zt_, zc_, c_, t_, ps, pb, ns, nb, h_, cv)
+                    for s_, zt_, zc_, c_, t_, ps, pb, ns, nb, h_, cv in zip(
+                        self.schema.tolist(),
+                        self.zero_threshold.tolist(),
+                        self.zero_count.tolist(),
+                        self.count.tolist(),
+                        self.sum.tolist(),
+                        self.pos_spans.tuples(),
+                        self.pos_buckets.tuples(),
+                        self.neg_spans.tuples(),
+                        self.neg_buckets.tuples(),
+                        self.hints().tolist(),
+                        self.custom.tuples(),
+                        strict=True,
+                    )
+                ]
+            finally:
+                if collecting:
+                    gc.enable()
+            self._objects = out
+        return self._objects
+
+    def dense_side(self, positive: bool) -> tuple[int, F64] | None:
+        """(lowest bucket index, counts as an n x width matrix) of one side, bucket ``lo + k`` in
+        column ``k`` (absent buckets 0), as ``histeval.DenseBlock`` lays out objects; None when
+        some row's spans do not cover exactly its buckets (the object path decides those)."""
+        spans, buckets = (
+            (self.pos_spans, self.pos_buckets) if positive else (self.neg_spans, self.neg_buckets)
+        )
+        n = len(self)
+        if not len(buckets.flat):
+            return (0, np.zeros((n, 0))) if not len(spans.flat) or not spans.flat[:, 1].any() else None
+        offsets, lengths = spans.flat[:, 0], spans.flat[:, 1]
+        if (lengths < 0).any():
+            return None
+        covered = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=covered[1:])
+        if not np.array_equal(covered[spans.off[1:]] - covered[spans.off[:-1]], buckets.lengths):
+            return None
+        # A span starts ``offset`` after the end of the one before it in its row (the first: at
+        # ``offset``): a running sum restarted at each row's first span.
+        nspans = spans.lengths
+        first = np.zeros(len(lengths), dtype=bool)
+        first[spans.off[:-1][nspans > 0]] = True
+        step = offsets.copy()
+        step[1:] += np.where(first[1:], 0, lengths[:-1])
+        run = np.cumsum(step)
+        starts = run - np.repeat(run[first] - step[first], nspans[nspans > 0])
+        span_of = np.repeat(np.arange(len(lengths)), lengths)
+        index = starts[span_of] + (np.arange(len(span_of)) - covered[:-1][span_of])
+        lo, hi = int(index.min()), int(index.max())
+        mat = np.zeros((n, hi - lo + 1))
+        mat[np.repeat(np.arange(n), buckets.lengths), index - lo] = buckets.flat
+        return lo, mat
+
+
+def _rows_equal(x: Ragged, rows: I64) -> BOOL:
+    """Per row ``r`` of ``rows``: whether list ``r`` equals list ``r - 1`` (length and elements)."""
+    lengths = x.lengths
+    out: BOOL = lengths[rows] == lengths[rows - 1]
+    return out & ~_compare(x, rows, out, "!=")
+
+
+def _rows_less(x: Ragged, rows: I64) -> BOOL:
+    """Per row ``r`` of ``rows`` as long as row ``r - 1``: whether an element went down."""
+    lengths = x.lengths
+    return _compare(x, rows, lengths[rows] == lengths[rows - 1], "<")
+
+
+def _compare(x: Ragged, rows: I64, comparable: BOOL, op: str) -> BOOL:
+    """Whether some element of row ``rows[k]`` compares ``op`` to the same position of the row
+    before it, for each ``k`` where ``comparable[k]`` (the two rows equally long)."""
+    out = np.zeros(len(rows), dtype=bool)
+    sel = np.flatnonzero(comparable & (x.lengths[rows] > 0))
+    if not len(sel) or not len(x.flat):
+        return out
+    from kernel_insight.kql.pushdown import gather_ranges
+
+    r = rows[sel]
+    lengths = x.lengths[r]
+    cur = gather_ranges(x.off[r], lengths)
+    prev = gather_ranges(x.off[r - 1], lengths)
+    a, b = x.flat[cur], x.flat[prev]
+    bad = (a != b) if op == "!=" else (a < b)
+    if bad.ndim == 2:
+        bad = bad.any(axis=1)
+    ends = np.cumsum(lengths)
+    hits = np.add.reduceat(bad.astype(np.int64), ends - lengths) > 0
+    out[sel] = hits
+    return out
+
+
+def tsdb_pending(data: SparseHists, ts: I64, offsets: I64, float_ts: I64, float_offsets: I64) -> SparseHists:
+    """``data`` with the counter-reset hints Prometheus' TSDB returns on read, as
+    :func:`kernel_insight.kql.storage.tsdb_hints` gives objects, for whole columns.
+
+    Series ``i`` owns rows ``offsets[i]:offsets[i + 1]`` (at ``ts``, ascending) and the float
+    samples ``float_ts[float_offsets[i]:float_offsets[i + 1]]``. A row follows a counter
+    histogram of its chunk when it is not its series' first, the row before is no staleness
+    marker, no float sample lies between the two and neither is a gauge histogram; such a row
+    with an unknown hint becomes pending (decided against the row before it when read), a
+    stated hint stays as it is (``detect_reset`` answers it), and so does every other row's.
+    """
+    n = len(data)
+    if n < 2:
+        return data
+    stale = data.stale()
+    hint = data.hint
+    follows = np.ones(n, dtype=bool)
+    follows[offsets[:-1][offsets[:-1] < n]] = False  # a series' first row
+    follows[0] = False
+    follows[1:] &= ~stale[:-1] & (hint[:-1] != GAUGE)
+    follows &= ~stale & (hint == UNKNOWN)
+    if len(float_ts) and follows.any():
+        follows &= ~_float_between(ts, offsets, float_ts, float_offsets)
+    return data.with_pending(follows)
+
+
+def _float_between(ts: I64, offsets: I64, float_ts: I64, float_offsets: I64) -> BOOL:
+    """Per row ``r`` (not a series' first): whether its series has a float sample strictly
+    between ``ts[r - 1]`` and ``ts[r]``."""
+    n, series = len(ts), len(offsets) - 1
+    row_series = np.repeat(np.arange(series, dtype=np.int64), np.diff(offsets))
+    float_series = np.repeat(np.arange(series, dtype=np.int64), np.diff(float_offsets))
+    out = np.zeros(n, dtype=bool)
+    lo = int(min(ts.min(), float_ts.min()))
+    width = int(max(ts.max(), float_ts.max())) - lo + 2
+    if series * width < 2**62:  # (series, t) as one ordered key
+        fkey = float_series * width + (float_ts - lo)
+        key = row_series * width + (ts - lo)
+        below = np.searchsorted(fkey, key[1:], side="left")  # floats before (series, t)
+        upto_prev = np.searchsorted(fkey, row_series[1:] * width + (ts[:-1] - lo), side="right")
+        out[1:] = below > upto_prev
+        return out
+    for i in range(series):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        f = float_ts[int(float_offsets[i]) : int(float_offsets[i + 1])]
+        if b - a > 1 and len(f):
+            out[a + 1 : b] = np.searchsorted(f, ts[a + 1 : b], "left") > np.searchsorted(
+                f, ts[a : b - 1], "right"
+            )
+    return out
+
+
+class HistSamples:
+    """Histogram samples held as ``FloatHistogram`` objects or as columns (:class:`SparseHists`):
+    ``hs`` gives objects either way, made from the columns the first time it is read."""
+
+    __slots__ = ("_hs", "data")
+
+    def __init__(self, hs: OBJ | SparseHists) -> None:
+        self.data = hs if isinstance(hs, SparseHists) else None
+        self._hs = None if isinstance(hs, SparseHists) else hs
+
+    @property
+    def hs(self) -> OBJ:
+        """FloatHistogram per sample; stale markers have the StaleNaN bit pattern as sum."""
+        if self._hs is None:
+            assert self.data is not None
+            self._hs = self.data.objects()
+        return self._hs
+
+    def source(self) -> OBJ | SparseHists:
+        """The columns where there are some, else the objects (what another holder of the same
+        samples is made of)."""
+        return self.hs if self.data is None else self.data
+
+    def weight(self) -> int:
+        """What the samples count as toward ``max_samples`` (their ``sample_weight``s)."""
+        if self.data is not None:
+            return int(self.data.weights().sum())
+        return sum(h.sample_weight() for h in self.hs)
