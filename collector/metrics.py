@@ -41,7 +41,13 @@ from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
-from kernel_insight.collector.derive import AGENT_COUNTERS, DROP_REASONS, DROP_STATS, DropStats
+from kernel_insight.collector.derive import (
+    AGENT_COUNTERS,
+    DROP_REASONS,
+    DROP_STATS,
+    DropStats,
+    scale_agent_counter,
+)
 from kernel_insight.collector.periodic import Periodic
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.sql import Params
@@ -118,7 +124,7 @@ class AgentStates(Collector):
             name, kind, scale = _agent_metric(counter, AGENT_COUNTERS)
             if name not in self._headers:
                 self._headers[name] = _header(name, _counter_help(counter), kind)
-            lines[name] = f"{name}{label}{_num(value * scale)}\n".encode()
+            lines[name] = f"{name}{label}{_num(scale_agent_counter(value, scale))}\n".encode()
         return lines
 
     def _expire(self) -> list[str]:
@@ -173,7 +179,7 @@ class AgentStates(Collector):
                         if kind == "counter"
                         else GaugeMetricFamily(name, help_text, labels=["agent"])
                     )
-                family.add_metric([agent], value * scale)
+                family.add_metric([agent], scale_agent_counter(value, scale))
         yield from families.values()
 
 

@@ -227,7 +227,11 @@ class Deriver:
             ts_ms = now_ns // _NS_PER_MS
             for name, value in counters.items():
                 metric, scale = agent_metric_name(name)
-                samples.add(self._labels(metric, None), ts_ms, float(value) * scale)
+                samples.add(
+                    self._labels(metric, None),
+                    ts_ms,
+                    float(value) * scale if scale >= 1 else float(value) / round(1 / scale),
+                )
         instances = []
         if fp_changed or len(records) or counters:
             instances.append(self._instance(now_ns))

@@ -228,6 +228,12 @@ def test_agent_counters_become_ki_agent_metrics():
     assert agent_metric_name("drain_lag_ns") == ("ki_agent_drain_lag_seconds", 1e-9)
 
 
+def test_nanosecond_counters_become_exact_decimal_seconds():
+    # 1000 * 1e-9 is 1.0000000000000002e-06, a full-precision float; 1000 / 1e9 is 1e-06 (m / 10**9).
+    d = Deriver("host-1").derive(np.zeros(0, RECORD_DTYPE), counters={"drain_lag_ns": 1000}, now_ns=T0)
+    assert _find(_samples(d), "ki_agent_drain_lag_seconds") == [(T0 // 1_000_000, 1e-06)]
+
+
 def test_agent_series_stamps_are_1_ms_apart_per_batch():
     """Batches sharing a header time (the parts of one histogram export) or a receive time (one
     backlog request) give the agent's series one sample each, never two at one millisecond; a
