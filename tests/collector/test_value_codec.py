@@ -81,6 +81,19 @@ def test_a_series_keeps_one_scale_within_a_batch() -> None:
     assert f.tolist() == [0.0, 0.0, 0.0]
 
 
+def test_full_precision_floats_stay_floats() -> None:
+    # Near 2**53 / 10**k most floats are some m / 10**k; taken as decimals, a float series would
+    # switch columns at random. Fractions need < 10**14 as mantissa: well under 1% pass by accident.
+    rng = np.random.default_rng(7)
+    for lo, hi in ((0.1, 1.0), (1.0, 4.0), (4.0, 9.0), (4000.0, 9000.0)):
+        _, _, e = encode_values(rng.uniform(lo, hi, 20_000))
+        assert (e >= 0).mean() < 0.01, (lo, hi)
+    # Integers keep the whole 2**53 (byte counters), and short decimals still pass.
+    _, m, e = encode_values(np.array([2.0**53, 1e15 + 1, 123.456, 0.000150123]))
+    assert e.tolist() == [0, 0, 3, 9]
+    assert m.tolist() == [2**53, 10**15 + 1, 123_456, 150_123]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
