@@ -1,4 +1,4 @@
-"""Native parts of the package build: the ring extension and the ki-agent binary."""
+"""Native parts of the package build: the C extensions (ring, decoding, kql windows) and the ki-agent binary."""
 
 import subprocess
 from pathlib import Path
@@ -45,6 +45,12 @@ setup(
             "kernel_insight.collector._decode",
             sources=["collector/native/decodemodule.c"],
             extra_compile_args=CFLAGS,
+        ),
+        Extension(
+            "kernel_insight.kql._windows",
+            sources=["kql/native/windowsmodule.c"],
+            # No fused multiply-adds: the loops must round as numpy's separate operations do.
+            extra_compile_args=[*CFLAGS, "-ffp-contract=off"],
         ),
     ],
 )

@@ -1,0 +1,22 @@
+from typing import Any
+
+import numpy.typing as npt
+
+# Contiguous arrays: float64 values, int64 windows and times, float64 outputs, uint8 const_y.
+_A = npt.NDArray[Any]
+
+def kahan(vs: _A, lo: _A, cnt: _A, limit: int, total: _A, comp: _A, /) -> None: ...
+def variance(vs: _A, lo: _A, cnt: _A, limit: int, out: _A, /) -> None: ...
+def regression(
+    vs: _A,
+    ts: _A,
+    lo: _A,
+    cnt: _A,
+    t0: _A,
+    limit: int,
+    total: _A,
+    comp: _A,
+    first_y: _A,
+    const_y: _A,
+    /,
+) -> None: ...
