@@ -6,6 +6,7 @@ this package; :func:`api_routers` gives the routers alone to compose differently
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import ssl
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, FastAPI
 
 from kernel_insight.api.agents import agents_router
 from kernel_insight.api.auth import Authenticator, Scope, TokenStoreBase
@@ -123,7 +124,7 @@ def create_api_app(
     app = create_app(
         store,
         routers=[*routers, *(extra_routers or [])],
-        write_dependencies=[Depends(auth.require(Scope.INGEST))],
+        write_auth=functools.partial(auth.check, scope=Scope.INGEST),
         metrics=metrics,
     )
     # The query endpoints first of all routes: the most frequent requests, matched at once.
@@ -250,16 +251,19 @@ def serve(
 
 
 def query_fast_path(app: FastAPI, inner: Any) -> QueryFastPath:
-    """``app`` served with its query endpoints ahead of its middleware stack (``QueryFastPath``);
-    ``inner`` is ``app`` with what the server wraps around it, for every other request. The request
-    metrics are ``app.state.metrics``' when it has them."""
+    """``app`` served with its query endpoints and remote_write ahead of its middleware stack
+    (``QueryFastPath``); ``inner`` is ``app`` with what the server wraps around it, for every other
+    request. The request metrics are ``app.state.metrics``' when it has them; remote_write is
+    ``app.state.remote_write_endpoint`` (``collector.create_app``) when there is one."""
     metrics = getattr(app.state, "metrics", None)
+    write = getattr(app.state, "remote_write_endpoint", None)
     return QueryFastPath(
         inner,
         app,
         query_routes(app.router),
         app.exception_handlers,
         metrics.observe_request if metrics is not None else None,
+        posts={write.path: write} if write is not None else None,
     )
 
 

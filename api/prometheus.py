@@ -17,9 +17,9 @@ import functools
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 import orjson
@@ -694,6 +694,14 @@ class _QueryEndpoint:
 _Handler = Callable[[Request, Exception], Any]
 
 
+class _FastEndpoint(Protocol):
+    """What ``QueryFastPath`` answers with: a bare ASGI app with the route template it is counted under."""
+
+    path: str
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None: ...
+
+
 class QueryFastPath:
     """An ASGI app answering ``GET`` of the two query endpoints ahead of ``app``'s middleware stack.
 
@@ -705,6 +713,8 @@ class QueryFastPath:
     (``observe(endpoint, method, status, seconds)``), the app's exception handlers (an
     :class:`~kernel_insight.api.errors.ApiError` from the token check is rendered as anywhere
     else) and a plain 500 for anything unhandled, which is raised on for the server to log.
+    ``posts`` are bare ``POST`` endpoints by path answered the same way (remote_write:
+    ``collector.RemoteWriteEndpoint``, whose own body limit replaces the stack's).
     Everything else, ``POST`` queries (form bodies, whose size the stack caps) included, goes to
     ``inner``: ``app`` with what the server wraps around it (docs/api.md, "Query endpoints: the
     request path").
@@ -717,25 +727,29 @@ class QueryFastPath:
         routes: Sequence[BaseRoute],
         handlers: dict[Any, _Handler],
         observe: Callable[[str, str, int, float], None] | None = None,
+        posts: Mapping[str, _FastEndpoint] | None = None,
     ) -> None:
         self._inner = inner
         self._app = app  # scope["app"], as Starlette sets it for the handlers
-        self._endpoints: dict[str, _QueryEndpoint] = {}
+        self._endpoints: dict[str, _FastEndpoint] = {}
         for route in routes:
             if isinstance(route, Route) and isinstance(route.endpoint, _QueryEndpoint):
                 self._endpoints[route.path] = route.endpoint
+        self._posts: dict[str, _FastEndpoint] = dict(posts or {})
         self._handlers = handlers
         self._observe = observe
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET":
-            endpoint = self._endpoints.get(scope["path"])
+        if scope["type"] == "http":
+            method = scope["method"]
+            endpoints = self._endpoints if method == "GET" else self._posts if method == "POST" else None
+            endpoint = endpoints.get(scope["path"]) if endpoints else None
             if endpoint is not None:
                 await self._answer(endpoint, scope, receive, send)
                 return
         await self._inner(scope, receive, send)
 
-    async def _answer(self, endpoint: _QueryEndpoint, scope: AsgiScope, receive: Receive, send: Send) -> None:
+    async def _answer(self, endpoint: _FastEndpoint, scope: AsgiScope, receive: Receive, send: Send) -> None:
         began = time.perf_counter()
         status = 0  # none sent yet
 
@@ -765,7 +779,7 @@ class QueryFastPath:
                 await response(scope, receive, sent)
         finally:
             if self._observe is not None:
-                self._observe(endpoint.path, "GET", status or 500, time.perf_counter() - began)
+                self._observe(endpoint.path, scope["method"], status or 500, time.perf_counter() - began)
 
     def _handler(self, exc: Exception) -> _Handler | None:
         """The app's handler for ``exc``'s class or its nearest base (as Starlette looks them up),
