@@ -52,5 +52,11 @@ setup(
             # No fused multiply-adds: the loops must round as numpy's separate operations do.
             extra_compile_args=[*CFLAGS, "-ffp-contract=off"],
         ),
+        Extension(
+            "kernel_insight.collector._valuecodec",
+            sources=["collector/native/valuecodecmodule.c"],
+            # No fused multiply-adds: the loop must round as the numpy reference does.
+            extra_compile_args=[*CFLAGS, "-ffp-contract=off"],
+        ),
     ],
 )

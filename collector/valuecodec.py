@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values"]
+from kernel_insight.collector import _valuecodec
+
+__all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values", "encode_values_numpy"]
 
 #: Largest scale tried: 10**15 is exact as a float (as is every power of ten up to 10**22).
 MAX_SCALE = 15
@@ -83,16 +85,34 @@ def _scales(v: F64) -> tuple[I64, I64]:
 
 
 def encode_values(values: F64, series_idx: npt.NDArray[Any] | None = None) -> tuple[F64, I64, I8]:
-    """``(value_f, mant, exp)`` for ``values``; ``decode_values`` of them is ``values`` bit for bit.
+    """``(float_value, mantissa, scale)`` for ``values``, by the C loop (``_valuecodec.encode``,
+    ~5 ns a sample): the same arrays as ``encode_values_numpy``, which documents the rules."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    n = len(v)
+    float_value = np.empty(n, dtype=np.float64)
+    mantissa = np.empty(n, dtype=np.int64)
+    scale = np.empty(n, dtype=np.int8)
+    if series_idx is None or n == 0:
+        groups, top = None, np.empty(0, dtype=np.int8)
+    else:
+        groups = np.ascontiguousarray(series_idx, dtype=np.int32)
+        top = np.full(int(groups.max()) + 1, FLOAT_FORM, dtype=np.int8)
+    _valuecodec.encode(v, groups, top, float_value, mantissa, scale)
+    return float_value, mantissa, scale
 
-    A value that is a decimal of at most MAX_SCALE places (``m / 10**k`` rounds to it exactly;
-    |m| <= 2**53 for an integer, < 10**14 for a fraction) is stored as ``mant = m``, ``exp = k``, ``value_f = 0``; any other as
-    ``exp = FLOAT_FORM``, ``mant = 0`` and the float itself in ``value_f``. Scales are 0, 3, 6,
-    9, 12 or 15 (the smallest that holds), raised within one series of the batch
-    (``series_idx``) to the series' largest: a series' mantissas then keep one scale from sample to sample, so Delta
-    sees small steps instead of a factor of ten whenever a value happens to end in a zero.
-    Raising the scale keeps the value (the same rational, still exact operands); every decimal
-    is checked again at the end all the same, and one that would not decode exactly stays a float.
+
+def encode_values_numpy(values: F64, series_idx: npt.NDArray[Any] | None = None) -> tuple[F64, I64, I8]:
+    """The reference encoder (numpy): ``decode_values`` of its result is ``values`` bit for bit.
+
+    A value that is ``m / 10**k`` exactly (|m| <= 2**53 for an integer, < 10**14 for a
+    fraction) is stored as ``mantissa = m``, ``scale = k``, ``float_value = 0``; any other as
+    ``scale = FLOAT_FORM``, ``mantissa = 0`` and the float itself in ``float_value``. Scales are
+    0, 3, 6, 9, 12 or 15 (the smallest that holds), raised within one series of the batch
+    (``series_idx``) to the series' largest: a series' mantissas then keep one scale from sample
+    to sample, so Delta sees small steps instead of a factor of ten whenever a value happens to
+    end in a zero. Raising keeps the value (the same rational, still exact operands); every
+    decimal is checked again at the end all the same, and one that would not decode exactly
+    stays a float.
     """
     v = np.ascontiguousarray(values, dtype=np.float64)
     scale, mant = _scales(v)

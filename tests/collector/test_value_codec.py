@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernel_insight.collector import _valuecodec
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.collector.valuecodec import FLOAT_FORM, decode_values, encode_values
+from kernel_insight.collector.valuecodec import FLOAT_FORM, decode_values, encode_values, encode_values_numpy
 from kernel_insight.kql.storage import Matcher
 
 
@@ -65,12 +66,25 @@ def test_awkward_values_encode_and_decode_bit_for_bit() -> None:
     v = np.array(AWKWARD)
     f, m, e = encode_values(v, np.zeros(len(v), np.int32))
     assert _bits(decode_values(f, m, e)) == _bits(v)
+    nf, nm, ne = encode_values_numpy(v, np.zeros(len(v), np.int32))
+    assert (_bits(f), m.tolist(), e.tolist()) == (_bits(nf), nm.tolist(), ne.tolist())
     # The floats no decimal gives back are kept as floats; plain decimals are not.
     as_float = {i for i, s in enumerate(e.tolist()) if s == FLOAT_FORM}
     for i in (1, 2, 3, 4, 5, 6, 7, 8, 9, 21):  # -0.0, NaNs, infinities, subnormals, 1/3
         assert i in as_float, AWKWARD[i]
     assert e[AWKWARD.index(72.123456)] == 6
     assert m[AWKWARD.index(72.123456)] == 72_123_456
+
+
+def test_the_c_loop_refuses_bad_buffers() -> None:
+    v = np.array([1.5, 2.0])
+    out = (np.empty(2), np.empty(2, np.int64), np.empty(2, np.int8))
+    with pytest.raises(ValueError, match="series_idx points outside top"):
+        _valuecodec.encode(v, np.array([0, 3], np.int32), np.full(2, -1, np.int8), *out)
+    with pytest.raises(ValueError, match="mantissa_out"):
+        _valuecodec.encode(v, None, np.empty(0, np.int8), out[0], np.empty(1, np.int64), out[2])
+    with pytest.raises(ValueError, match="series_idx must hold"):
+        _valuecodec.encode(v, np.array([0], np.int32), np.full(2, -1, np.int8), *out)
 
 
 def test_a_series_keeps_one_scale_within_a_batch() -> None:
@@ -94,7 +108,7 @@ def test_full_precision_floats_stay_floats() -> None:
     assert m.tolist() == [2**53, 10**15 + 1, 123_456, 150_123]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     st.lists(
         st.one_of(
@@ -113,6 +127,12 @@ def test_any_floats_come_back_bit_for_bit(values: list[float], series: int) -> N
     idx = np.arange(len(v)) % series
     f, m, e = encode_values(v, idx)
     assert _bits(decode_values(f, m, e)) == _bits(v)
+    # The C loop is the numpy reference, array for array (and so is without series).
+    nf, nm, ne = encode_values_numpy(v, idx)
+    assert (_bits(f), m.tolist(), e.tolist()) == (_bits(nf), nm.tolist(), ne.tolist())
+    cf, cm, ce = encode_values(v)
+    rf, rm, re_ = encode_values_numpy(v)
+    assert (_bits(cf), cm.tolist(), ce.tolist()) == (_bits(rf), rm.tolist(), re_.tolist())
     assert (f[e >= 0] == 0).all()
     assert (m[e < 0] == 0).all()
 

@@ -77,17 +77,24 @@ def test_every_folder_with_modules_is_a_listed_package() -> None:
     )
 
 
-def test_the_walk_sees_every_component_and_the_extensions() -> None:
+#: The compiled extensions setup.py builds.
+EXTENSIONS = [
+    "kernel_insight.agent._ring",
+    "kernel_insight.collector._decode",
+    "kernel_insight.collector._valuecodec",
+    "kernel_insight.kql._windows",
+]
+
+
+def test_the_walk_sees_every_component_and_every_extension() -> None:
     assert {n.split(".")[1] for n in MODULES if n.count(".")} >= {
         "agent", "api", "collector", "kql", "rules", "sdk", "cli", "server",
     }  # fmt: skip
     assert MODULES["kernel_insight.agent.probe.nvml"] == ROOT / "agent" / "probe" / "nvml.py"
     extensions = {n for n, p in MODULES.items() if p.suffix == ".so"}
-    assert extensions == {
-        "kernel_insight.agent._ring",
-        "kernel_insight.collector._decode",
-        "kernel_insight.kql._windows",
-    }, "the compiled extensions are missing from the source folders: " + STALE
+    assert extensions == set(EXTENSIONS), (
+        "the compiled extensions are missing from the source folders: " + STALE
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -100,9 +107,7 @@ def test_module_is_importable_under_the_namespace(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "name", ["kernel_insight.agent._ring", "kernel_insight.collector._decode", "kernel_insight.kql._windows"]
-)
+@pytest.mark.parametrize("name", EXTENSIONS)
 def test_built_extension_loads(name: str) -> None:
     module = importlib.import_module(name)
     assert Path(module.__file__ or "").resolve() == MODULES[name]
