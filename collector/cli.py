@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shutil
@@ -15,6 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from kernel_insight.collector.footprint import drop_library_pages, modules_unimportable
 from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
 from kernel_insight.collector.relabel import Relabeler, RelabelError, load_relabel_configs
 from kernel_insight.collector.remote_write import SeriesEncoder
@@ -26,7 +30,7 @@ from kernel_insight.collector.schema import (
     single_ddl,
     write_deploy_files,
 )
-from kernel_insight.collector.store import StorageError, open_store
+from kernel_insight.collector.store import EmbeddedStore, StorageError, Store, open_store
 
 __all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "relabeler", "series_limits"]
 
@@ -147,7 +151,10 @@ def _import_stream(args: argparse.Namespace) -> int:
     except RelabelError as exc:
         f.close()
         raise _ImportError(str(exc), 2) from None
-    with f:
+    # pyarrow would import pandas (~55 MB) on its first array only to ask whether the data is a
+    # pandas object; nothing here is one. Its default allocator (mimalloc) kept ~40 MB of the
+    # parser's freed blocks; the system allocator ~10 (docs/benchmarks.md, "Memory of `ki import`").
+    with f, modules_unimportable("pandas"), _arrow_pool(pa.system_memory_pool()):
         fmt = args.format if args.format != "auto" else detect_format(_tail(f))
         default_ts = None if args.require_timestamps else int(time.time() * 1000)
         reader = ExpositionReader(format=fmt, default_timestamp_ms=default_ts, limits=limits)
@@ -164,7 +171,9 @@ def _import_stream(args: argparse.Namespace) -> int:
             else:
                 # cache_bytes=0: nothing reads through this process, so no hours to keep or invalidate.
                 with open_store(args.store, cluster=args.cluster, cache_bytes=0) as store:
-                    n, series = _pump(f, reader, store.insert_samples, FLUSH_SAMPLES, size, args.file, rules)
+                    n, series = _pump(
+                        f, reader, _bounded_writer(store), FLUSH_SAMPLES, size, args.file, rules
+                    )
         except OpenMetricsError as exc:
             raise _ImportError(f"{args.file}: {exc}", 1) from None
         except (StorageError, ValueError, OSError) as exc:
@@ -172,6 +181,39 @@ def _import_stream(args: argparse.Namespace) -> int:
     note = f", {reader.defaulted} without a timestamp stored at import time" if reader.defaulted else ""
     print(f"imported {n} samples of {series} series ({fmt}){note}")
     return 0
+
+
+@contextlib.contextmanager
+def _arrow_pool(pool: pa.MemoryPool) -> Iterator[None]:
+    """Arrow's default memory pool is ``pool`` within the block."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
+    """``store.insert_samples``, keeping an embedded store's resident memory to what an insert needs.
+
+    chDB's library is dropped from the resident set once open (its static initialisers touched
+    ~165 MB of it, an insert uses ~85: footprint.drop_library_pages), and its allocator is
+    purged after each insert: jemalloc keeps freed pages for seconds, and an import frees
+    ~40 MB per insert (peak RSS 168 -> 119 MB of anonymous memory for the bench's 3.4M samples,
+    ~15 ms per 250k-sample insert). A ClickHouse server's allocator is its own business.
+    """
+    if not isinstance(store, EmbeddedStore):
+        return store.insert_samples
+    drop_library_pages("/_chdb")
+
+    def write(batch: SampleBatch) -> int:
+        n = store.insert_samples(batch)
+        store.command("SYSTEM JEMALLOC PURGE")
+        drop_library_pages("/_chdb")  # what only the first insert or a merge ran (~16 ms of CPU)
+        return n
+
+    return write
 
 
 def _pump(

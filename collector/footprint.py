@@ -1,0 +1,92 @@
+"""Resident memory of a one-shot process (``ki import``) where no library has a setting for it.
+
+Measured with ``/proc/self/smaps`` (docs/benchmarks.md, "Memory of `ki import`"): chDB's static
+initialisers leave ~165 MB of its 555 MB library resident of which an import uses ~85, and
+pyarrow imports pandas (~55 MB) the first time it builds an array, to ask whether the argument
+is a pandas Series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.abc
+import importlib.machinery
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+__all__ = ["drop_library_pages", "modules_unimportable"]
+
+_MADV_DONTNEED = 4
+_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ")
+
+
+def drop_library_pages(name_part: str, smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Unmap the resident pages of a loaded library's read-only mappings that hold no modified page.
+
+    Such a page is the file's own content, kept in the page cache: ``MADV_DONTNEED`` only takes
+    it out of this process' page tables, and the next use maps it back from the cache. Code
+    that ran once (a library's static initialisers, a schema's first creation) stops counting
+    in the resident set; code in use comes back at once. A mapping with copy-on-write pages
+    (``Anonymous`` above 0: relocations) or write permission is left alone, since dropping it
+    would lose them. Returns the bytes that were resident in the mappings dropped; 0 where
+    ``smaps`` cannot be read (not Linux).
+    """
+    try:
+        text = smaps.read_text()
+    except OSError:
+        return 0
+    spans: list[tuple[int, int]] = []
+    dropped = 0
+    current: tuple[int, int] | None = None
+    rss = 0
+    for line in text.splitlines():
+        m = _MAPPING.match(line)
+        if m is not None:
+            start, end, perms = int(m.group(1), 16), int(m.group(2), 16), m.group(3)
+            current = (start, end) if perms in ("r-xp", "r--p") and name_part in line else None
+        elif current is not None and line.startswith("Rss:"):
+            rss = int(line.split()[1]) * 1024
+        elif current is not None and line.startswith("Anonymous:"):
+            if int(line.split()[1]) == 0 and rss:
+                spans.append(current)
+                dropped += rss
+            current = None
+    if spans:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        for start, end in spans:
+            if madvise(start, end - start, _MADV_DONTNEED) != 0:
+                return 0
+    return dropped
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".", 1)[0] in self.names:
+            raise ModuleNotFoundError(f"{fullname} is not imported here (kept out of memory)", name=fullname)
+        return None
+
+
+@contextlib.contextmanager
+def modules_unimportable(*names: str) -> Iterator[None]:
+    """Within the block, importing one of these top-level packages fails as if it were not installed.
+
+    For optional imports a library makes on its own: pyarrow imports pandas (~55 MB resident)
+    the first time ``pa.array`` runs, only to test whether its argument is a pandas object,
+    and carries on without it when the import fails. Packages already imported are unaffected.
+    """
+    finder = _Refuse([n for n in names if n not in sys.modules])
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
