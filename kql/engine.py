@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql import histeval
+from kernel_insight.kql import _windows, histeval
 from kernel_insight.kql.aggregation import aggregate
 from kernel_insight.kql.ast import (
     AggregateExpr,
@@ -156,26 +156,27 @@ class EngineLimits:
 def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
     """For every series (rows) and query time (columns): ``searchsorted`` within that series' slice.
 
-    Returned indices are global positions in ``ts``. Counted, not searched: every sample is
-    placed among the (few, sorted) query times, and a running count per series gives how many
-    samples lie before each query. That reads the samples once, in order, where a search per
-    (series, query) jumped around all of them (1,000 series x 480 queries: ~8x faster).
+    Returned indices are global positions in ``ts``. One walk through each series' samples and
+    the sorted query times together, in C (``_windows.searchsorted``): numpy's way, placing
+    every sample among the query times and counting per series, took five passes over all the
+    samples (~0.2 ms of an instant ``avg_over_time(x[1h])`` over 200 series).
     """
     n = len(offsets) - 1
     out = np.empty((n, len(queries)), dtype=np.int64)
     if n == 0 or len(queries) == 0:
         return out
-    if len(ts) == 0:
-        out[:] = 0
-        return out
     order = np.argsort(queries, kind="stable")
-    width = len(queries) + 1
-    # "right": a sample counts for the queries at or after it; "left": for those after it.
-    slot = np.searchsorted(queries[order], ts, side="left" if side == "right" else "right")
-    series_id = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    counts = np.bincount(series_id * width + slot, minlength=n * width).reshape(n, width)
-    before = np.cumsum(counts, axis=1)[:, :-1]
-    out[:, order] = before + offsets[:-1, None]
+    ascending = bool((order[1:] > order[:-1]).all())
+    found = out if ascending else np.empty_like(out)
+    _windows.searchsorted(
+        np.ascontiguousarray(ts, dtype=np.int64),
+        np.ascontiguousarray(offsets, dtype=np.int64),
+        np.ascontiguousarray(queries[order], dtype=np.int64),
+        side == "right",
+        found,
+    )
+    if not ascending:
+        out[:, order] = found
     return out
 
 

@@ -9,7 +9,10 @@
  * are the same bits (tests/kql/test_kql_native_windows.py checks them against the numpy paths).
  * Build with -ffp-contract=off: a fused multiply-add would round differently.
  *
- * Every function takes the windows as (lo, cnt) int64 arrays of equal length n into a float64
+ * Also searchsorted: where query times fall in every series' samples (window bounds), one walk
+ * per series instead of numpy's passes over every sample.
+ *
+ * The window functions take the windows as (lo, cnt) int64 arrays of equal length n into a float64
  * array of values, reads at most `limit` samples of each window (longer windows are finished
  * by the caller), writes its float64 (or bool) outputs into caller-made arrays, checks every
  * index against the buffers first, and runs without the GIL.
@@ -227,6 +230,64 @@ fail:
     return NULL;
 }
 
+/* searchsorted(ts, offsets, queries, right, out): for every series i (ts[offsets[i]:offsets[i+1]],
+ * ascending) and every query k (queries ascending), the global index numpy's searchsorted gives in
+ * that slice (side "right" when right, else "left"), into out[i * len(queries) + k]. One walk
+ * through each series' samples and the queries together (engine.py batched_searchsorted). */
+static PyObject *py_searchsorted(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[5];
+    int right;
+    buf_t b[5] = {0};
+    if (!PyArg_ParseTuple(args, "OOOpO:searchsorted", &o[0], &o[1], &o[2], &right, &o[4]))
+        return NULL;
+    if (get(o[0], &b[0], 0, 8, "ts") < 0 || get(o[1], &b[1], 0, 8, "offsets") < 0 ||
+        get(o[2], &b[2], 0, 8, "queries") < 0 || get(o[4], &b[4], 1, 8, "out") < 0)
+        goto fail;
+    const int64_t *ts = b[0].b.buf, *offsets = b[1].b.buf, *queries = b[2].b.buf;
+    int64_t *out = b[4].b.buf;
+    Py_ssize_t values = b[0].b.len / 8, n = b[1].b.len / 8 - 1, q = b[2].b.len / 8;
+    if (n < 0 || b[4].b.len / 8 != n * q) {
+        PyErr_SetString(PyExc_ValueError, "offsets must hold n + 1 positions and out n x len(queries)");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        if (offsets[i] < 0 || offsets[i] > (int64_t)values || (i > 0 && offsets[i] < offsets[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "offset %zd (%lld) outside 0..%zd or decreasing", i,
+                         (long long)offsets[i], values);
+            goto fail;
+        }
+    }
+    for (Py_ssize_t k = 1; k < q; k++) {
+        if (queries[k] < queries[k - 1]) {
+            PyErr_SetString(PyExc_ValueError, "queries must be ascending");
+            goto fail;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = offsets[i], hi = offsets[i + 1];
+        int64_t *row = out + i * q;
+        for (Py_ssize_t k = 0; k < q; k++) {
+            int64_t t = queries[k];
+            if (right)
+                while (p < hi && ts[p] <= t)
+                    p++;
+            else
+                while (p < hi && ts[p] < t)
+                    p++;
+            row[k] = p;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 5);
+    Py_RETURN_NONE;
+fail:
+    release(b, 5);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"kahan", py_kahan, METH_VARARGS,
      "kahan(vs, lo, cnt, limit, total, comp): Kahan sum and compensation of each window's first "
@@ -237,6 +298,9 @@ static PyMethodDef methods[] = {
     {"regression", py_regression, METH_VARARGS,
      "regression(vs, ts, lo, cnt, t0, limit, total, comp, first_y, const_y): Kahan sums of x, y, xy, x2 "
      "(x in seconds from t0) of each window, its first y and whether all its y equal it."},
+    {"searchsorted", py_searchsorted, METH_VARARGS,
+     "searchsorted(ts, offsets, queries, right, out): numpy's searchsorted of the ascending queries "
+     "within every series' ascending slice of ts, as global indices, into out (n x len(queries))."},
     {NULL, NULL, 0, NULL},
 };
 
