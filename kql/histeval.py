@@ -211,12 +211,21 @@ def empty_hists(rows: int, steps: int) -> OBJ:
     return np.full((rows, steps), None, dtype=object)
 
 
-def float_of_hists(vec: StepVector, fn: Callable[[H], float]) -> StepVector:
-    """A float per histogram cell (floats dropped), the metric name dropped: histogram_count and friends."""
+def float_of_hists(
+    vec: StepVector, fn: Callable[[H], float], dense_fn: Callable[[DenseBlock], F64] | None = None
+) -> StepVector:
+    """A float per histogram cell (floats dropped), the metric name dropped: histogram_count and
+    friends. ``dense_fn`` gives the same floats for a whole dense block (rate's results), so
+    those cells never become objects."""
     values = np.zeros(vec.values.shape)
     present = np.zeros(vec.present.shape, dtype=bool)
-    if vec.hists is not None:
-        for i, j, h in cells(vec.hists):
+    objs = vec.hists if dense_fn is None or vec.dense is None else vec.hist_objs
+    if dense_fn is not None and vec.dense is not None:
+        for block, rows, steps, _ in vec.dense.parts:
+            values[rows, steps] = dense_fn(block)
+            present[rows, steps] = True
+    if objs is not None:
+        for i, j, h in cells(objs):
             values[i, j] = fn(h)
             present[i, j] = True
     return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
@@ -1148,12 +1157,19 @@ def _absent_over_time(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: lis
 
 
 def _native_floats(
-    fn: Callable[[H], float],
+    fn: Callable[[H], float], dense_fn: Callable[[DenseBlock], F64] | None = None
 ) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
     def handler(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
-        return float_of_hists(args[0], fn)
+        return float_of_hists(args[0], fn, dense_fn)
 
     return handler
+
+
+def _dense_avg(block: DenseBlock) -> F64:
+    """histogram_avg of every row: IEEE division as :func:`fdiv` does it (x/0 is +-Inf, 0/0 NaN)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        avg: F64 = block.sum / block.count
+    return avg
 
 
 def _histogram_stdvar(h: H) -> float:
@@ -1177,9 +1193,9 @@ HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], 
     "ts_of_last_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=True, ts=True),
     "ts_of_first_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=False, ts=True),
     "absent_over_time": _absent_over_time,
-    "histogram_count": _native_floats(lambda h: float(h.count)),
-    "histogram_sum": _native_floats(lambda h: float(h.sum)),
-    "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count))),
+    "histogram_count": _native_floats(lambda h: float(h.count), lambda b: b.count),
+    "histogram_sum": _native_floats(lambda h: float(h.sum), lambda b: b.sum),
+    "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count)), _dense_avg),
     "histogram_stdvar": _native_floats(_histogram_stdvar),
     "histogram_stddev": _native_floats(lambda h: float(nh.histogram_stddev(h))),  # NaN when negative, as Go
 }
@@ -1629,6 +1645,7 @@ class DenseBlock:
     """
 
     __slots__ = (
+        "_weights",
         "count",
         "has_neg",
         "has_pos",
@@ -1641,8 +1658,11 @@ class DenseBlock:
         "zero",
         "zero_threshold",
     )
+    count: F64
+    sum: F64
 
     def __init__(self, hs: list[H]) -> None:
+        self._weights: I64 | None = None
         first = hs[0]
         self.schema = int(first.schema)
         self.zero_threshold = float(first.zero_threshold)
@@ -1669,6 +1689,7 @@ class DenseBlock:
     ) -> DenseBlock:
         """A block of computed rows (a bucket of 0 is an absent one, as :func:`materialize` drops it)."""
         block = cls.__new__(cls)
+        block._weights = None
         block.schema, block.zero_threshold = schema, zero_threshold
         block.zero, block.count, block.sum = zero, count, total
         block.pos_lo, block.pos, block.neg_lo, block.neg = pos_lo, pos, neg_lo, neg
@@ -1706,15 +1727,17 @@ class DenseBlock:
         )
 
     def weights(self) -> I64:
-        """Each row's :meth:`FloatHistogram.sample_weight` as materialized (non-zero buckets, their runs)."""
-        spans_and_buckets = np.zeros(len(self.count), dtype=np.int64)
-        for mat in (self.pos, self.neg):
-            if mat.shape[1]:
-                nz = mat != 0
-                runs = nz[:, 0].astype(np.int64) + (nz[:, 1:] & ~nz[:, :-1]).sum(axis=1)
-                spans_and_buckets += nz.sum(axis=1) + runs
-        weights: I64 = (176 + 8 * spans_and_buckets) // 16
-        return weights
+        """Each row's :meth:`FloatHistogram.sample_weight` as materialized (non-zero buckets, their
+        runs); counted once per block (a query counts its nodes' results as they pass)."""
+        if self._weights is None:
+            spans_and_buckets = np.zeros(len(self.count), dtype=np.int64)
+            for mat in (self.pos, self.neg):
+                if mat.shape[1]:
+                    nz = mat != 0
+                    spans_and_buckets += np.count_nonzero(nz, axis=1) + nz[:, 0]
+                    spans_and_buckets += np.count_nonzero(nz[:, 1:] > nz[:, :-1], axis=1)  # runs' starts
+            self._weights = (176 + 8 * spans_and_buckets) // 16
+        return self._weights
 
     @classmethod
     def of_sparse(cls, data: SparseHists) -> DenseBlock | None:
@@ -1733,6 +1756,7 @@ class DenseBlock:
         if pos is None or neg is None:
             return DenseBlock.of(data.objects().tolist())
         block = cls.__new__(cls)
+        block._weights = None
         block.schema, block.zero_threshold = schema, zt
         (block.pos_lo, block.pos), (block.neg_lo, block.neg) = pos, neg
         block.has_pos = data.pos_buckets.lengths > 0

@@ -128,6 +128,8 @@ QUERIES = [
     "histogram_quantile(0.9, sum by (g) (rate({m}[1m])))",
     "histogram_quantile(0.5, rate({m}[45s]))",
     "histogram_count(increase({m}[1m]))",
+    "histogram_avg(rate({m}[1m]))",
+    "histogram_sum(sum by (g) (rate({m}[1m])))",
     "histogram_fraction(0, 1, rate({m}[1m]))",
     "resets({m}[2m])",
     "delta({m}[1m])",
