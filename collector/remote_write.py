@@ -248,19 +248,25 @@ def _decode_fast(buf: bytes, limits: SeriesLimits, cache: SeriesCache) -> Sample
     raw_series, raw_values, raw_ts = scanned
     known, ids = cache.resolve(buf, raw_series, limits)
     counts = np.frombuffer(raw_series, dtype=np.int64)[2::3]
-    per_sample = np.repeat(ids, counts)  # series without samples repeat zero times
-    used, sid = np.unique(per_sample, return_inverse=True)
+    if (ids < 0).any():  # series without samples (id -1) have no entry
+        counts = counts[ids >= 0]
+        ids = ids[ids >= 0]
+    # One entry of ``series`` per TimeSeries with samples, in the request's order: no sort to
+    # merge the rare series sent twice in one request (each entry's samples are stored alike,
+    # and the store writes a series row once per day). np.unique over a request's ~2,000
+    # samples cost ~0.1 ms, more than the rest of the decode.
+    sid = np.repeat(np.arange(len(ids), dtype=np.int32), counts)
     ts_ms = np.frombuffer(raw_ts, dtype=np.int64).copy()
     if len(ts_ms) and (ts_ms.min() < MIN_TS_MS or ts_ms.max() > MAX_TS_MS):
         bad = int(ts_ms.min()) if ts_ms.min() < MIN_TS_MS else int(ts_ms.max())
         raise RemoteWriteError(f"sample timestamp {bad} ms is outside 1970-01-01 .. 2149-06-06")
     labels = known.labels
     return SampleBatch(
-        [labels[i] for i in used.tolist()],
-        sid.astype(np.int32).reshape(-1),
+        [labels[i] for i in ids.tolist()],
+        sid,
         ts_ms,
         np.frombuffer(raw_values, dtype=np.float64).copy(),
-        (known.fingerprints[used], known.codes[used], known.names),
+        (known.fingerprints[ids], known.codes[ids], known.names),
     )
 
 

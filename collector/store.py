@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.rows import (
@@ -164,6 +165,21 @@ def _value_columns(batch: SampleBatch) -> dict[str, pa.Array]:
         "mantissa": pa.array(mantissa, pa.int64()),
         "scale": pa.array(scale, pa.int8()),
     }
+
+
+_TS_MS_UTC = pa.timestamp("ms", tz="UTC")
+
+
+def _dense_codes(codes: npt.NDArray[Any], domain: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]:
+    """``np.unique(codes, return_inverse=True)`` for codes in ``range(domain)``, by counting:
+    O(len + domain) where the sort cost ~0.1 ms for a remote_write request's 2,000 series."""
+    if domain > 8 * len(codes) + 1024:  # a few codes out of many: sorting them is cheaper
+        used, inverse = np.unique(codes, return_inverse=True)
+        return used, inverse.astype(np.int32).reshape(-1)
+    used = np.flatnonzero(np.bincount(codes, minlength=domain))
+    dense = np.zeros(max(domain, 1), dtype=np.int32)
+    dense[used] = np.arange(len(used), dtype=np.int32)
+    return used, dense[codes]
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:
@@ -553,17 +569,18 @@ class Store(ABC):
         if batch.series_meta is not None:
             # Known to the maker (remote_write's SeriesCache): no lookup per series here.
             fps, series_codes, all_names = batch.series_meta
-            used, codes = np.unique(series_codes, return_inverse=True)
+            used, codes = _dense_codes(series_codes, len(all_names))
             names = np.array([all_names[c] for c in used.tolist()], dtype=object)
-            metric_of: Sequence[str] = names[codes.reshape(-1)].tolist()
+            metric_of: Sequence[str] | npt.NDArray[np.object_] = names[codes]  # read for new series only
         else:
             meta = [self._fingerprint(s) for s in batch.series]
             fps = np.fromiter((m[0] for m in meta), dtype=np.uint64, count=len(meta))
             metric_of = [m[1] for m in meta]
-            names, codes = np.unique(metric_of, return_inverse=True)
+            names, inverse = np.unique(metric_of, return_inverse=True)
+            codes = inverse.astype(np.int32).reshape(-1)
         series, keys = self._series_rows(batch, fps, metric_of)
         # The metric column as a dictionary of the batch's distinct names (chDB wants them unique).
-        sample_codes = codes.astype(np.int32).reshape(-1)[batch.series_idx]
+        sample_codes = codes[batch.series_idx]
         metric = pa.DictionaryArray.from_arrays(
             pa.array(sample_codes, pa.int32()), pa.array(names.tolist(), pa.string())
         )
@@ -571,7 +588,8 @@ class Store(ABC):
             {
                 "metric": metric,
                 "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
-                "ts": pa.array(batch.ts_ms, pa.timestamp("ms", tz="UTC")),
+                # Int64 viewed as the timestamp: a tz-aware type from numpy went through pandas_compat (~3 us).
+                "ts": pa.array(batch.ts_ms, pa.int64()).view(_TS_MS_UTC),
                 **_value_columns(batch),
             }
         )
@@ -693,7 +711,7 @@ class Store(ABC):
         self,
         batch: SampleBatch | HistogramBatch,
         fps: np.ndarray[Any, np.dtype[np.uint64]],
-        metric_of: Sequence[str],
+        metric_of: Sequence[str] | npt.NDArray[np.object_],
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
         rows: list[tuple[int, int]] = []
@@ -701,7 +719,8 @@ class Store(ABC):
         # Seen pairs are skipped even under a dedup token: a retry then sends fewer rows under
         # the same token, which the engine drops or stores exactly as it would the full set.
         if first == last:  # the common case: every sample of the batch on one UTC day
-            used = np.unique(batch.series_idx)  # a series row only for a day it has samples on
+            # A series row only for a day it has samples on (bincount: O(n), np.unique sorted).
+            used = np.flatnonzero(np.bincount(batch.series_idx, minlength=len(batch.series)))
             with self._series_lock:
                 seen = self._series_seen
                 known = self._seen_by_day.get(first)

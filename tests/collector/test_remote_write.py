@@ -345,3 +345,40 @@ def test_a_series_row_is_written_once_per_series_and_day(app_store, with_meta):
         ("c", 0),
         ("a", 1),
     ]
+
+
+def test_a_series_sent_twice_in_one_request_is_stored_once_per_sample_with_one_series_row(app_store):
+    """The fast decoder keeps one entry per TimeSeries (no sort to merge repeats): rows as the general
+    decoder's, one series row, and every sample read back."""
+    from kernel_insight.collector.remote_write import _decode_general
+
+    t = NOW - 60_000
+    twice = {"__name__": "twice", "s": "x"}
+    raw = encode_write_request(
+        [(twice, [(t, 1.0)]), ({"__name__": "twice", "s": "y"}, [(t, 5.0)]), (twice, [(t + 1000, 2.0)])],
+        compress=False,
+    )
+    batch = decode_write_request(raw, cache=SeriesCache())
+    assert sorted(map(repr, _rows(batch))) == sorted(map(repr, _rows(_decode_general(raw, SeriesLimits()))))
+    app_store.insert_prepared([app_store.prepare("rw:twice", samples=batch, record=False)], "rw:twice")
+    rows = app_store.query("SELECT labels['s'] AS s FROM ki.series FINAL WHERE metric = 'twice' ORDER BY s")
+    assert rows.column("s").to_pylist() == ["x", "y"]
+    (series,) = app_store.storage().select([Matcher("s", "=", "x")], t, t + 1000)
+    assert series.values.tolist() == [1.0, 2.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5000), max_size=300), st.integers(0, 3))
+def test_dense_codes_are_numpys_unique_with_its_inverse(codes, spare):
+    """Store._sample_rows' counting unique (both its branches: few codes of a large domain sort)."""
+    import numpy as np
+
+    from kernel_insight.collector.store import _dense_codes
+
+    arr = np.asarray(codes, dtype=np.int32)
+    for domain in (max(codes, default=-1) + 1 + spare, 10_000 + spare):
+        used, dense = _dense_codes(arr, domain)
+        want_used, want_inverse = np.unique(arr, return_inverse=True)
+        assert used.tolist() == want_used.tolist()
+        assert dense.tolist() == want_inverse.reshape(-1).tolist()
+        assert dense.dtype == np.int32
