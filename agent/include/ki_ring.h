@@ -276,17 +276,30 @@ static inline uint64_t ki_ring_mono_ns(void) {
 
 /* Checksum of a slot's contents bound to its position, so a torn record and a
  * record left over from an earlier lap both fail verification. */
+static inline uint64_t ki_ring__mix(uint64_t h, uint64_t w) {
+    h ^= h >> 29;
+    return (h ^ w) * 0xFF51AFD7ED558CCDULL;
+}
+
+/* ki_ring_checksum over the record's six little-endian words, unrolled (the words stay in
+ * registers: the consumer checks the very values it hands out). */
+static inline uint32_t ki_ring__checksum_words(uint64_t pos, uint32_t producer, const uint64_t w[6]) {
+    uint64_t h = (pos ^ 0x9E3779B97F4A7C15ULL) * 0xFF51AFD7ED558CCDULL;
+    h = (h ^ producer) * 0xC4CEB9FE1A85EC53ULL;
+    h = ki_ring__mix(h, w[0]);
+    h = ki_ring__mix(h, w[1]);
+    h = ki_ring__mix(h, w[2]);
+    h = ki_ring__mix(h, w[3]);
+    h = ki_ring__mix(h, w[4]);
+    h = ki_ring__mix(h, w[5]);
+    h ^= h >> 32;
+    return (uint32_t)h;
+}
+
 static inline uint32_t ki_ring_checksum(uint64_t pos, uint32_t producer, const struct ki_rec *rec) {
     uint64_t w[6];
     memcpy(w, rec, sizeof w);
-    uint64_t h = (pos ^ 0x9E3779B97F4A7C15ULL) * 0xFF51AFD7ED558CCDULL;
-    h = (h ^ producer) * 0xC4CEB9FE1A85EC53ULL;
-    for (int i = 0; i < 6; i++) {
-        h ^= h >> 29;
-        h = (h ^ w[i]) * 0xFF51AFD7ED558CCDULL;
-    }
-    h ^= h >> 32;
-    return (uint32_t)h;
+    return ki_ring__checksum_words(pos, producer, w);
 }
 
 static inline size_t ki_ring_object_size(uint64_t capacity) {
@@ -694,13 +707,16 @@ static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_rec
         struct ki_slot *s = &r->slots[pos & r->mask];
         uint64_t seq = KI_LOAD_ACQ(&s->seq);
         if (seq == pos + 1) {
+            /* One read of the slot: the words, producer and check handed out are the ones verified. */
+            uint64_t w[6];
+            memcpy(w, &s->rec, sizeof w);
+            const uint32_t producer = s->producer, check = s->check;
             struct ki_record *o = &out[n];
             o->pos = pos;
-            o->producer = s->producer;
-            o->check = s->check;
-            memcpy(&o->rec, &s->rec, sizeof o->rec);
-            pos++;
-            if (ki_ring_checksum(o->pos, o->producer, &o->rec) != o->check) {
+            o->producer = producer;
+            o->check = check;
+            memcpy(&o->rec, w, sizeof o->rec);
+            if (ki_ring__checksum_words(pos++, producer, w) != check) {
                 KI_ADD_RLX(&h->torn, 1);
                 c->torn++;
                 continue;

@@ -523,7 +523,7 @@ static void halve(const struct ki_histtab *t, struct ki_hist *h) {
     h->hint = 0;
 }
 
-int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
+inline int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
                           uint32_t kind) {
     uint32_t pos = 0;
     int slot = lookup(t, pid_gpu, stream, name_producer, kind, &pos);
@@ -681,8 +681,43 @@ static int bucket_insert(struct ki_histtab *t, struct ki_hist *h, int32_t sk) {
     return 0;
 }
 
-int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
-    struct ki_hist *h = rec(t, slot);
+/* The common case in one pass: a value above the zero threshold into a populated bucket of a
+ * dense histogram whose count does not reach its width's limit. 1 when counted, 0 for the
+ * general path (which computes the index again: a new bucket or a wider count is rare). */
+static inline int observe_dense(const struct ki_histtab *t, struct ki_hist *h, double v) {
+    if (h->kw != 0 || !(v > h->zero_threshold)) return 0;
+    uint32_t p = (uint32_t)(hist_index(v, h->schema) - h->base);
+    if (p >= h->cap) return 0;
+    void *c = chunk_at(t, h);
+    switch (h->cw) {
+    case 1: {
+        uint8_t *x = (uint8_t *)c + p;
+        if ((uint8_t)(*x + 1u) < 2u) return 0; /* empty, or full */
+        ++*x;
+        break;
+    }
+    case 2: {
+        uint16_t *x = (uint16_t *)c + p;
+        if ((uint16_t)(*x + 1u) < 2u) return 0;
+        ++*x;
+        break;
+    }
+    case 4: {
+        uint32_t *x = (uint32_t *)c + p;
+        if (*x + 1u < 2u) return 0;
+        ++*x;
+        break;
+    }
+    default: return 0;
+    }
+    h->count++;
+    h->sum += v;
+    return 1;
+}
+
+/* Every other observation: zero bucket, sparse buckets, a new bucket, a wider count, NaN. Out
+ * of line, so that the common case keeps its registers. */
+__attribute__((noinline)) static int observe_general(struct ki_histtab *t, struct ki_hist *h, double v) {
     if (!isnan(v)) {
         int32_t sk;
         if (v > h->zero_threshold)
@@ -731,6 +766,23 @@ counted:
     h->count++;
     h->sum += v;
     return 0;
+}
+
+int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
+    struct ki_hist *h = rec(t, slot);
+    return observe_dense(t, h, v) ? 0 : observe_general(t, h, v);
+}
+
+int ki_histtab_observe_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
+                             uint32_t kind, double v, int *slot) {
+    int s = ki_histtab_slot_words(t, pid_gpu, stream, name_producer, kind);
+    *slot = s;
+    if (s < 0) {
+        t->obs_refused++;
+        return s;
+    }
+    struct ki_hist *h = rec(t, (uint32_t)s);
+    return observe_dense(t, h, v) ? 0 : observe_general(t, h, v);
 }
 
 size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }

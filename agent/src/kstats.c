@@ -127,26 +127,29 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
     return ks->rng = x;
 }
 
-/* Slot of the key (pid, gpu, stream, name_id, producer, kind) through the one-entry cache: the
- * key stays in registers, as ki_histtab_slot_words' words, compared with the last one without a
- * branch per field. -1 when the table refused it (counted). */
-static inline int slot_of(struct ki_kstats *ks, uint32_t pid, uint32_t gpu, uint64_t stream, uint32_t name_id,
-                          uint32_t producer, uint32_t kind) {
+/* Observe v in the histogram of the key (pid, gpu, stream, name_id, producer, kind): through the
+ * one-entry cache (the key stays in registers, as ki_histtab_slot_words' words, compared with
+ * the last one without a branch per field), else the table's lookup and observation in one
+ * call. Returns the slot, -1 when the table refused the key (counted there). */
+static inline int observe(struct ki_kstats *ks, uint32_t pid, uint32_t gpu, uint64_t stream, uint32_t name_id,
+                          uint32_t producer, uint32_t kind, double v) {
     uint64_t w0 = pid | (uint64_t)gpu << 32, w2 = name_id | (uint64_t)producer << 32;
+    int s, rc;
     if (((w0 ^ ks->last_key[0]) | (stream ^ ks->last_key[1]) | (w2 ^ ks->last_key[2]) | (kind ^ ks->last_key[3])) == 0 &&
-        ks->last_slot >= 0)
-        return ks->last_slot;
-    int s = ki_histtab_slot_words(ks->tab, w0, stream, w2, kind);
-    if (s < 0) {
-        ki_histtab_refused(ks->tab, 1);
-        return -1;
+        ks->last_slot >= 0) {
+        s = ks->last_slot;
+        rc = ki_histtab_observe_slot(ks->tab, (uint32_t)s, v);
+    } else {
+        rc = ki_histtab_observe_words(ks->tab, w0, stream, w2, kind, v, &s);
+        if (s < 0) return -1;
+        while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
+        ks->last_key[0] = w0;
+        ks->last_key[1] = stream;
+        ks->last_key[2] = w2;
+        ks->last_key[3] = kind;
+        ks->last_slot = s;
     }
-    while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
-    ks->last_key[0] = w0;
-    ks->last_key[1] = stream;
-    ks->last_key[2] = w2;
-    ks->last_key[3] = kind;
-    ks->last_slot = s;
+    if (rc == 0) ks->st.aggregated++;
     return s;
 }
 
@@ -170,8 +173,7 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
 static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
     const struct ki_rec *k = &r->rec;
     double d = k->u.kernel.end_ns > k->ts_ns ? (double)(k->u.kernel.end_ns - k->ts_ns) * 1e-9 : 0.0;
-    int s = slot_of(ks, k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer, KI_HIST_KERNEL);
-    if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, d) == 0) ks->st.aggregated++;
+    int s = observe(ks, k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer, KI_HIST_KERNEL, d);
     if (k->ts_ns >= ks->window_end_ns) roll_window(ks, k->ts_ns / NS_PER_S);
     ks->window_kernels++;
     if ((k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) || (k->flags & KI_FLAG_FAILED)) {
@@ -197,8 +199,7 @@ static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
 }
 
 static inline void other(struct ki_kstats *ks, uint32_t gpu, uint32_t id, uint32_t kind, double v) {
-    int s = slot_of(ks, 0, gpu, KI_HISTOGRAM_NO_STREAM, id, 0, kind);
-    if (s >= 0 && ki_histtab_observe_slot(ks->tab, (uint32_t)s, v) == 0) ks->st.aggregated++;
+    observe(ks, 0, gpu, KI_HISTOGRAM_NO_STREAM, id, 0, kind, v);
 }
 
 int ki_kstats_fold(void *arg, const struct ki_record *r) {

@@ -1,6 +1,8 @@
 /*
  * Unit test: kernel statistics in the drain loop (kstats.c).
- *   test_kstats                 sampling, tail, capture, FAILED, other types, multi-part export
+ *   test_kstats                 sampling, tail, capture, FAILED, other types, multi-part export,
+ *                               and records folded straight from a real ring (ki_drain_poll_keep)
+ *                               giving what ki_kstats_feed gives, torn records skipped
  *   test_kstats section IN OUT  feed IN (raw 64-byte records), export every histogram, write the
  *                               HISTOGRAMS sections to OUT (each as u32 length + bytes); prints
  *                               "ok <kept records>"
@@ -10,8 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ki_kstats.h"
 #include "ki_ring.h"
+#include "ki_drain.h"
+#include "ki_kstats.h"
 #include "ki_test.h"
 
 #define NS 1000000000ULL
@@ -85,6 +88,92 @@ static size_t export_all(struct ki_kstats *ks, uint64_t mono, uint8_t *buf, size
         total += len;
     } while (ki_kstats_pending(ks));
     return total;
+}
+
+/* The agent's read path: records folded from their ring slots by ki_drain_poll_keep with
+ * ki_kstats_fold keep exactly what ki_kstats_feed keeps of the same records, in order, give the
+ * same histograms, and a torn record is counted and neither folded nor kept. */
+static void ring_fold_matches_feed(void) {
+    static struct ki_record sent[600], got[600];
+    char name[64], err[256];
+    snprintf(name, sizeof name, "/ki_test_kstats_fold.%d", (int)getpid());
+    ki_ring_unlink(name);
+    int rc = 0;
+    struct ki_drain *d = ki_drain_create(name, 1, 1024, &rc, err, sizeof err);
+    CHECK(d != NULL);
+    struct ki_ring r;
+    CHECK_EQ(ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err), 0);
+    size_t n = 0;
+    for (int i = 0; i < 600; i++) {
+        struct ki_rec rec;
+        memset(&rec, 0, sizeof rec);
+        rec.ts_ns = T0 + (uint64_t)i * 1000;
+        rec.device = (uint16_t)(i % 3);
+        if (i % 50 == 7) { /* not folded: kept */
+            rec.type = KI_REC_LAUNCH;
+            rec.id = 3;
+        } else if (i % 50 == 9) { /* folded into nccl_op_duration_seconds */
+            rec.type = KI_REC_COLLECTIVE;
+            rec.id = 1;
+            rec.u.collective.duration_ns = 1000 + (uint64_t)i;
+        } else {
+            rec.type = KI_REC_KERNEL;
+            rec.id = 1 + (uint32_t)(i % 5);
+            rec.flags = i % 100 == 11 ? KI_FLAG_FAILED : 0; /* kept */
+            rec.u.kernel.end_ns = rec.ts_ns + duration();
+            rec.u.kernel.stream = (uint64_t)(i % 2);
+            rec.u.kernel.pid = 42;
+        }
+        uint64_t pos = KI_LOAD_RLX(&r.hdr->head);
+        CHECK_EQ(ki_ring_write(&r, &rec), 0);
+        if (i == 123) {
+            r.slots[pos & r.mask].check ^= 1u; /* torn after publication */
+            continue;
+        }
+        sent[n].pos = pos;
+        sent[n].producer = r.producer_id;
+        sent[n].check = r.slots[pos & r.mask].check;
+        sent[n].rec = rec;
+        n++;
+    }
+    struct ki_kstats_config cfg = config(0, 0); /* no sampled or tail spans: the kept set is fixed */
+    struct ki_kstats *folded = ki_kstats_create(&cfg), *fed = ki_kstats_create(&cfg);
+    CHECK(folded != NULL && fed != NULL);
+    size_t kept = 0, read_total = 0, read;
+    do { /* groups of 37: reads that end anywhere within the records */
+        kept += ki_drain_poll_keep(d, got + kept, 37, ki_kstats_fold, folded, &read);
+        read_total += read;
+    } while (read);
+    CHECK_EQ(read_total, n);
+    struct ki_drain_stats ds;
+    ki_drain_stats(d, &ds);
+    CHECK_EQ(ds.torn, 1);
+    size_t want = ki_kstats_feed(fed, sent, n);
+    CHECK_EQ(kept, want);
+    CHECK_EQ(want, 12 + 12 + 6); /* launches and collectives (only kernels leave), FAILED kernels */
+    CHECK(memcmp(got, sent, kept * sizeof got[0]) == 0);
+    size_t cap = ki_kstats_section_bound(fed);
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    size_t la, lb;
+    uint64_t ta, tb;
+    CHECK(ki_kstats_want(folded, 1, T0) && ki_kstats_want(fed, 1, T0));
+    CHECK_EQ(ki_kstats_encode(folded, a, cap, &la, &ta, NULL, NULL), 0);
+    CHECK_EQ(ki_kstats_encode(fed, b, cap, &lb, &tb, NULL, NULL), 0);
+    CHECK(la > 0 && la == lb && memcmp(a, b, la) == 0);
+    struct ki_kstats_stats st;
+    ki_kstats_stats(folded, &st);
+    CHECK_EQ(st.aggregated, n - 12); /* all but the launches: kernels (FAILED ones observed too), collectives */
+    ki_drain_commit(d);
+    ki_drain_stats(d, &ds);
+    CHECK_EQ(ds.backlog, 0);
+    CHECK_EQ(KI_LOAD_RLX(&r.hdr->consumed), n);
+    free(a);
+    free(b);
+    ki_kstats_destroy(folded);
+    ki_kstats_destroy(fed);
+    ki_ring_close(&r);
+    ki_drain_destroy(d);
+    ki_ring_unlink(name);
 }
 
 static void units(void) {
@@ -317,6 +406,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     units();
+    ring_fold_matches_feed();
     printf("ok\n");
     return 0;
 }
