@@ -169,6 +169,7 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "histograms_shipped": ("ki_agent_histograms_shipped_total", "counter", 1.0),
     "histogram_keys": ("ki_agent_histogram_keys", "gauge", 1.0),
     "histogram_refused": ("ki_agent_histogram_refused_total", "counter", 1.0),
+    "histogram_increments": ("ki_agent_histogram_increments_total", "counter", 1.0),
 }
 
 F64 = npt.NDArray[np.float64]

@@ -178,6 +178,7 @@ class Counter(enum.IntEnum):
     HISTOGRAMS_SHIPPED = 32
     HISTOGRAM_KEYS = 33
     HISTOGRAM_REFUSED = 34
+    HISTOGRAM_INCREMENTS = 35
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ struct ki_config {
     int64_t histograms;               /* aggregate kernels into native histograms (wire body v2) */
     int64_t histogram_schema;         /* initial native-histogram schema, -4..8 */
     int64_t histogram_interval_s;     /* histogram export period */
+    int64_t histogram_snapshot_s;     /* increments with a snapshot this often (0: cumulative only) */
     int64_t histogram_max_buckets;    /* populated buckets per histogram before the schema drops */
     int64_t histogram_max_keys;       /* histograms (pid, gpu, stream, kernel) the agent holds */
     int64_t span_seal_ms;             /* histograms on: records wait in memory up to this long before a batch is sealed */

@@ -21,7 +21,9 @@
  *     Every other record type is kept (errors included).
  * Every interval ki_kstats_encode writes the histograms that changed since their last
  * export as a HISTOGRAMS section (docs/wire.md), cut into parts of at most section_max
- * bytes when there are many (ki_kstats_pending says a part is left).
+ * bytes when there are many (ki_kstats_pending says a part is left). With snapshot_ns set, a
+ * histogram that holds a base (ki_histinc.h) is written as an increment over its previous
+ * export, and as a snapshot at least every snapshot_ns and after ki_kstats_snapshot.
  *
  * Everything is allocated by ki_kstats_create; feed and encode allocate nothing.
  * Not thread-safe: the drain loop owns it.
@@ -47,6 +49,9 @@ struct ki_kstats_config {
     double tail_quantile;            /* spans above this quantile of their kernel are kept */
     uint32_t tail_min_count;         /* observations a histogram needs before its tail counts */
     size_t section_max;              /* bytes of one HISTOGRAMS section (>= 4096) */
+    uint64_t snapshot_ns;            /* increments (wire body version 4) with a snapshot of every histogram
+                                      * at least this often; 0: cumulative histograms only (version 3) */
+    size_t base_bytes;               /* arena of the increments' bases (ki_histinc.h); 0: a default */
 };
 
 struct ki_kstats_stats {
@@ -55,6 +60,7 @@ struct ki_kstats_stats {
     uint64_t spans_sampled; /* kernel spans kept by the uniform sample */
     uint64_t spans_captured; /* kernel spans kept by a capture window (or FAILED) */
     uint64_t histograms_exported; /* histogram samples written into sections */
+    uint64_t increments_exported; /* of them, increments (body version 4) */
     struct ki_histtab_stats table; /* the histogram table's counters */
 };
 
@@ -83,6 +89,16 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns);
  * name. Returns 0 or -ENOBUFS (cap below ki_kstats_section_bound). */
 int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len, uint64_t *ts_ns,
                      void (*name)(void *arg, uint32_t producer, uint32_t id), void *arg);
+
+/* Whether HISTOGRAMS sections hold increments: the batch body is version 4 (else 3). */
+int ki_kstats_increments(const struct ki_kstats *ks);
+
+/* Every histogram's next export is a snapshot (cumulative): after a failed request or a reconnect
+ * (all 0: the histograms that change); with all, the next export also re-sends every histogram that
+ * did not change, as a snapshot: after a collector's KI-Histogram-Snapshot or a batch refused for
+ * good, an increment that was left out may have been an idle histogram's last export
+ * (docs/wire.md, "Increments"). */
+void ki_kstats_snapshot(struct ki_kstats *ks, int all);
 
 /* Whether part of the current export is still to be encoded. */
 int ki_kstats_pending(const struct ki_kstats *ks);

@@ -28,6 +28,7 @@ struct ki_http_result {
     int ncaptures;   /* entries in captures: the KI-Capture values (one per header line or comma-separated) */
     int bad_captures; /* KI-Capture values that did not parse, or beyond KI_CAPTURE_OFFERS: ignored */
     struct ki_capture_offer captures[KI_CAPTURE_OFFERS]; /* capture windows the collector asks for */
+    int snapshot;    /* KI-Histogram-Snapshot: 1: the collector lacked a base, send histogram snapshots */
 };
 
 /* Parse a response head (status line and headers, up to but excluding the blank line):
@@ -64,6 +65,9 @@ int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http
 
 /* Drop the connection (after a timeout, so a late answer is never taken for the next request's). */
 void ki_http_reset(struct ki_http *h);
+
+/* Connections opened so far (each one may reach another collector of a tier). */
+uint64_t ki_http_connects(const struct ki_http *h);
 
 /* "host:port" for logs. */
 const char *ki_http_target(const struct ki_http *h);

@@ -107,6 +107,8 @@ struct ki_agent {
     uint64_t auth_until_ns;      /* end of the authentication pause */
     uint64_t rng;                /* xorshift state for jitter */
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
+    uint64_t connects_seen;      /* ki_http_connects at the last histogram export */
+    int snapshot_asked;          /* a collector asked for histogram snapshots (KI-Histogram-Snapshot) */
     uint64_t lost_records;       /* records in them */
     struct ki_labels labels;     /* the configuration's instance labels, sent in every batch (LABELS) */
     struct ki_captures caps;     /* capture windows the collector asked for: their kernel spans bypass span
@@ -223,6 +225,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
             .tail_quantile = (double)cfg->span_tail_permille / 1000.0,
             .tail_min_count = 100,
             .section_max = HIST_SECTION_MAX,
+            .snapshot_ns = (uint64_t)cfg->histogram_snapshot_s * NS_PER_S,
         };
         while (!(a->ks = ki_kstats_create(&kc)) && errno == EINVAL && kc.section_max < (1u << 22))
             kc.section_max *= 2; /* a histogram of many buckets needs a bigger section */
@@ -324,6 +327,7 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
         c->v[KI_CTR_HISTOGRAMS_SHIPPED] = ks.histograms_exported;
         c->v[KI_CTR_HISTOGRAM_KEYS] = ks.table.keys;
         c->v[KI_CTR_HISTOGRAM_REFUSED] = ks.table.obs_refused + ks.table.bucket_refused + ks.table.pool_refused;
+        c->v[KI_CTR_HISTOGRAM_INCREMENTS] = ks.increments_exported;
     }
 }
 
@@ -371,9 +375,18 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     if (a->ks) {
         /* Body v2: this batch's KERNEL records are the kept spans; the kernels are counted in
          * the histograms, shipped every histogram_interval_s (in parts when there are many). */
-        if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns()))
+        if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns())) {
+            /* Increments build on the collector's copy of the previous export: while batches are not
+             * getting through, or over a new connection (maybe another collector of the tier), every
+             * histogram goes whole (docs/wire.md, "Increments"). */
+            uint64_t connects = ki_http_connects(a->http);
+            a->snapshot_asked = 0; /* this export answers an earlier request for snapshots */
+            if (a->failing || a->auth_blocked || connects != a->connects_seen) ki_kstats_snapshot(a->ks, 0);
+            a->connects_seen = connects;
             ki_kstats_encode(a->ks, a->hist, a->hist_cap, &hlen, &hist_ts, mark_name, a);
-        ki_encoder_set_extra(a->enc, 3, SECTION_HISTOGRAMS, a->hist, hlen);
+        }
+        /* Body v3, or v4 when the HISTOGRAMS section may hold increments. */
+        ki_encoder_set_extra(a->enc, ki_kstats_increments(a->ks) ? 4 : 3, SECTION_HISTOGRAMS, a->hist, hlen);
     }
     ki_captures_count(&a->caps, a->staging, n);
     int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,
@@ -584,8 +597,10 @@ static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_fligh
         a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
         return FRAME_RETRY;
     }
-    /* Any other 4xx: this batch can never be stored. Keep it for a person, go on with the next. */
+    /* Any other 4xx: this batch can never be stored. Keep it for a person, go on with the next
+     * (its histograms' increments are lost with it: the next export is cumulative). */
     a->ctr.v[KI_CTR_BATCHES_FAILED]++;
+    if (a->ks) ki_kstats_snapshot(a->ks, 1);
     int rc = ki_spool_dead_letter(a->spool, id, frame, f->len, s, real_ns());
     if (rc == 0) {
         a->ctr.v[KI_CTR_BATCHES_DEAD_LETTERED]++;
@@ -635,6 +650,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         }
     }
     if (rc < 0) {
+        if (a->ks) ki_kstats_snapshot(a->ks, 0); /* its batches may reach another collector, or one that restarted */
         a->ctr.v[KI_CTR_BATCHES_RETRIED] += (uint64_t)n;
         a->ctr.v[KI_CTR_REQUESTS_FAILED]++;
         if (!a->failing)
@@ -649,6 +665,11 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         return 0;
     }
     if (res->ncaptures || res->bad_captures) start_captures(a, res);
+    if (res->snapshot && a->ks) {
+        ki_log_info(a->log, "collector asked for histogram snapshots (it lacked a base): the next export is cumulative");
+        ki_kstats_snapshot(a->ks, 1);
+        a->snapshot_asked = 1;
+    }
     int retry = 0, auth = 0, done = 0, retry_status = 0;
     int per_frame = multi && res->nframes == n; /* else one answer for the whole request (503 from a proxy, ...) */
     for (int i = 0; i < n; i++) {
@@ -660,6 +681,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         done += v == FRAME_DONE;
     }
     if (retry) {
+        if (a->ks) ki_kstats_snapshot(a->ks, 0);
         if (!a->failing) {
             if (res->retry_after >= 0)
                 ki_log_warn(a->log, "collector answered %d (retry after %ds): retrying with backoff", retry_status,
@@ -837,6 +859,13 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
             sleep_until(a->next_send_ns < deadline ? a->next_send_ns : deadline);
         now = mono_ns();
         send_spool(a, deadline > now ? deadline - now : 0);
+        if (a->snapshot_asked && a->ks && !a->pending && !a->in_flight) {
+            /* An increment of the last batches lacked its base: one more export, every histogram
+             * whole, so the stored values end exact (the collector asks once per miss). */
+            a->snapshot_asked = 0;
+            seal_batch(a, 0);
+            while (!a->pending && ki_kstats_pending(a->ks)) seal_batch(a, 0);
+        }
     }
     ki_spool_stats(a->spool, &ss);
     ki_log_info(a->log, "stopped: %llu records read, %llu batches sent, %llu left in the spool for the next start",

@@ -55,6 +55,7 @@ static const struct ki_config_entry ENTRIES[] = {
     BOOL(histograms, "1", "aggregate kernels, NCCL ops and memcpys into native histograms; ship only sampled spans"),
     INT(histogram_schema, "3", -4, 8, "initial native-histogram schema (bucket growth 2^(2^-schema); 3: 9% per bucket)"),
     INT(histogram_interval_s, "10", 1, 3600, "how often the histograms are shipped (cumulative: a sample every 10 s serves rate() over a minute and more)"),
+    INT(histogram_snapshot_s, "60", 0, 86400, "ship increments (buckets added since the last export), a full snapshot of every histogram at least this often; 0: cumulative only (wire body v3)"),
     INT(histogram_max_buckets, "160", 8, 4096, "populated buckets per histogram; past it the schema is lowered"),
     INT(histogram_max_keys, "16384", 16, 1 << 22, "histograms held (pid, gpu, stream, kernel); new ones past it are counted and lost"),
     INT(span_seal_ms, "1000", 1, 3600000, "with histograms on: kept spans and other records wait in memory up to this long and are sealed together (fewer, larger batches)"),

@@ -7,18 +7,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ki_histinc.h"
 #include "ki_ring.h"
 #include "ki_varint.h"
 
 #define NS_PER_S 1000000000ULL
 #define NS_PER_MS 1000000ULL
 
-/* HISTOGRAMS columns, in wire order (docs/wire.md). */
+/* HISTOGRAMS columns, in wire order (docs/wire.md); C_COUNT_INC only in body version 4. */
 enum {
     C_KIND, C_PRODUCER, C_ID, C_GPU, C_PID, C_STREAM, C_FLAGS, C_SCHEMA, C_ZT, C_ZC, C_COUNT, C_SUM,
-    C_NPOS, C_NNEG, C_POS_OFF, C_POS_LEN, C_POS_DELTA, C_NEG_OFF, C_NEG_LEN, C_NEG_DELTA, NCOLS
+    C_NPOS, C_NNEG, C_COUNT_INC, C_POS_OFF, C_POS_LEN, C_POS_DELTA, C_NEG_OFF, C_NEG_LEN, C_NEG_DELTA, NCOLS
 };
-#define FLAG_FIRST 0x01u /* the histogram's first export since the agent started: a counter reset */
+#define FLAG_FIRST 0x01u     /* the histogram's first export since the agent started: a counter reset */
+#define FLAG_INCREMENT 0x02u /* zero count and buckets added since the previous export (body version 4) */
+#define BASE_BYTES_DEFAULT (4u << 20) /* the bases' arena: pages touched only as used (ki_histinc.h) */
 
 struct ki_kstats {
     struct ki_kstats_config cfg;
@@ -55,6 +58,11 @@ struct ki_kstats {
     uint8_t *col[NCOLS];     /* column scratch, section_max bytes each (touched only as used) */
     size_t col_len[NCOLS];
     struct ki_histogram_export ex; /* export scratch */
+    struct ki_histogram_export inc; /* increment scratch (increments on) */
+    struct ki_histinc *bases;      /* what was last shipped of each histogram (NULL: increments off) */
+    uint64_t next_snapshot_ns;     /* monotonic: every histogram's next export after it is a snapshot */
+    int resend_next;               /* the next export re-sends unchanged histograms too (ki_kstats_snapshot all) */
+    int resend;                    /* the export in progress does */
     size_t room;             /* elements of each export array */
     size_t worst;            /* bytes one histogram can take in the columns */
     struct ki_kstats_stats st;
@@ -85,11 +93,20 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     ks->ex.neg_spans = malloc(ks->room * sizeof *ks->ex.neg_spans);
     ks->ex.pos_deltas = malloc(ks->room * sizeof *ks->ex.pos_deltas);
     ks->ex.neg_deltas = malloc(ks->room * sizeof *ks->ex.neg_deltas);
+    if (cfg->snapshot_ns) {
+        ks->inc.pos_spans = malloc(ks->room * sizeof *ks->inc.pos_spans);
+        ks->inc.neg_spans = malloc(ks->room * sizeof *ks->inc.neg_spans);
+        ks->inc.pos_deltas = malloc(ks->room * sizeof *ks->inc.pos_deltas);
+        ks->inc.neg_deltas = malloc(ks->room * sizeof *ks->inc.neg_deltas);
+        ks->bases = ki_histinc_create(ks->max_keys, ks->room, cfg->base_bytes ? cfg->base_bytes : BASE_BYTES_DEFAULT);
+    }
     /* fixed columns at most 80 bytes; both signs together: a span (2 varints of 5) per bucket
      * at most, and up to 3 deltas of 10 bytes per bucket (gaps of two are filled with zeros) */
-    ks->worst = 80 + (ks->room / 3) * (5 + 5 + 3 * KI_VARINT_MAX);
+    ks->worst = 80 + KI_VARINT_MAX + (ks->room / 3) * (5 + 5 + 3 * KI_VARINT_MAX);
     int ok = ks->exported && ks->seen && ks->tail_s && ks->ex.pos_spans && ks->ex.neg_spans && ks->ex.pos_deltas &&
-             ks->ex.neg_deltas && ks->worst < cfg->section_max;
+             ks->ex.neg_deltas && ks->worst < cfg->section_max &&
+             (!cfg->snapshot_ns || (ks->bases && ks->inc.pos_spans && ks->inc.neg_spans && ks->inc.pos_deltas &&
+                                    ks->inc.neg_deltas));
     for (int c = 0; ok && c < NCOLS; c++) ok = (ks->col[c] = malloc(cfg->section_max)) != NULL;
     if (!ok) {
         int e = ks->worst >= cfg->section_max && ks->ex.neg_deltas ? EINVAL : ENOMEM;
@@ -115,6 +132,11 @@ void ki_kstats_destroy(struct ki_kstats *ks) {
     free(ks->ex.neg_spans);
     free(ks->ex.pos_deltas);
     free(ks->ex.neg_deltas);
+    free(ks->inc.pos_spans);
+    free(ks->inc.neg_spans);
+    free(ks->inc.pos_deltas);
+    free(ks->inc.neg_deltas);
+    ki_histinc_destroy(ks->bases);
     for (int c = 0; c < NCOLS; c++) free(ks->col[c]);
     free(ks);
 }
@@ -239,10 +261,24 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     ks->export_ts_ns = ks->last_ts_ns = real_ns;
     ks->cursor = 0;
     ks->exporting = 1;
+    ks->resend = ks->resend_next;
+    ks->resend_next = 0;
+    if (ks->bases && mono_ns >= ks->next_snapshot_ns) { /* a snapshot of every histogram, now and then */
+        ki_histinc_forget_all(ks->bases);
+        ks->next_snapshot_ns = mono_ns == UINT64_MAX ? mono_ns : mono_ns + ks->cfg.snapshot_ns;
+    }
     return 1;
 }
 
 int ki_kstats_pending(const struct ki_kstats *ks) { return ks->exporting; }
+
+int ki_kstats_increments(const struct ki_kstats *ks) { return ks->bases != NULL; }
+
+void ki_kstats_snapshot(struct ki_kstats *ks, int all) {
+    if (!ks->bases) return;
+    ki_histinc_forget_all(ks->bases);
+    if (all) ks->resend_next = 1;
+}
 
 size_t ki_kstats_section_bound(const struct ki_kstats *ks) {
     return 2 * KI_VARINT_MAX + ks->cfg.section_max + NCOLS * KI_VARINT_MAX;
@@ -257,9 +293,9 @@ static inline void put_f64(struct ki_kstats *ks, int c, double v) {
     ks->col_len[c] += 8;
 }
 
-/* One histogram's values into the columns. */
-static void put_hist(struct ki_kstats *ks, const struct ki_histogram_key *key, uint8_t flags) {
-    const struct ki_histogram_export *e = &ks->ex;
+/* One histogram's values into the columns: e is ks->ex (cumulative) or ks->inc (an increment). */
+static void put_hist(struct ki_kstats *ks, const struct ki_histogram_key *key, uint8_t flags,
+                     const struct ki_histogram_export *e, uint64_t count_inc) {
     ks->col[C_KIND][ks->col_len[C_KIND]++] = (uint8_t)key->kind;
     put_uv(ks, C_PRODUCER, key->producer);
     put_uv(ks, C_ID, key->name_id);
@@ -274,6 +310,7 @@ static void put_hist(struct ki_kstats *ks, const struct ki_histogram_key *key, u
     put_f64(ks, C_SUM, e->sum);
     put_uv(ks, C_NPOS, e->n_pos_spans);
     put_uv(ks, C_NNEG, e->n_neg_spans);
+    if (ks->bases) put_uv(ks, C_COUNT_INC, count_inc);
     for (uint32_t i = 0; i < e->n_pos_spans; i++) {
         put_sv(ks, C_POS_OFF, e->pos_spans[i].offset);
         put_uv(ks, C_POS_LEN, e->pos_spans[i].length);
@@ -303,13 +340,19 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
     size_t part_max = used > ks->cfg.section_max / 64 ? ks->cfg.section_max / 4 : ks->cfg.section_max;
     for (; s < used; s++) {
         uint64_t count = ki_histtab_count(ks->tab, s);
-        if (count == ks->exported[s] && ks->seen[s]) continue;
+        if (count == ks->exported[s] && ks->seen[s] && !ks->resend) continue;
         if (count == 0) continue; /* every observation refused so far */
         if (total && total + ks->worst > part_max) break; /* the rest goes in the next part */
         ki_histtab_export(ks->tab, s, &ks->ex);
         struct ki_histogram_key key;
         ki_histtab_key(ks->tab, s, &key);
-        put_hist(ks, &key, ks->seen[s] ? 0 : FLAG_FIRST);
+        uint64_t count_inc = 0;
+        if (ks->bases && ki_histinc_next(ks->bases, s, &ks->ex, &ks->inc, &count_inc) && ks->seen[s]) {
+            put_hist(ks, &key, FLAG_INCREMENT, &ks->inc, count_inc);
+            ks->st.increments_exported++;
+        } else {
+            put_hist(ks, &key, ks->seen[s] ? 0 : FLAG_FIRST, &ks->ex, 0);
+        }
         if (name && key.kind == KI_HIST_KERNEL) name(arg, key.producer, key.name_id);
         total = 0;
         for (int c = 0; c < NCOLS; c++) total += ks->col_len[c];
@@ -326,6 +369,7 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
     size_t o = ki_varint_put(out, k);
     o += ki_varint_put(out + o, ks->export_ts_ns);
     for (int c = 0; c < NCOLS; c++) {
+        if (c == C_COUNT_INC && !ks->bases) continue; /* body version 3 */
         o += ki_varint_put(out + o, ks->col_len[c]);
         memcpy(out + o, ks->col[c], ks->col_len[c]);
         o += ks->col_len[c];

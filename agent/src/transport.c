@@ -38,6 +38,7 @@ struct ki_http {
     int reused;              /* the request went out on a kept-alive connection */
     struct ki_tls *tls;      /* TLS library and context for https, else NULL */
     struct ki_tls_conn *conn; /* TLS session on fd */
+    uint64_t connects;       /* connections opened */
     char error[256];         /* words for the last failure */
     char head[1024];         /* request head being built */
     char resp[RESPONSE_MAX]; /* response bytes */
@@ -109,6 +110,8 @@ void ki_http_destroy(struct ki_http *h) {
 
 const char *ki_http_target(const struct ki_http *h) { return h->target; }
 
+uint64_t ki_http_connects(const struct ki_http *h) { return h->connects; }
+
 static int wait_fd(int fd, short events, int timeout_ms) {
     struct pollfd p = {fd, events, 0};
     int r;
@@ -161,6 +164,7 @@ static int connect_now(struct ki_http *h) {
                 break; /* a TLS failure is not a reason to try the next address */
             }
             h->fd = fd;
+            h->connects++;
             rc = 0;
             break;
         }
@@ -305,6 +309,7 @@ int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res,
     res->nframes = -1;
     res->ncaptures = 0;
     res->bad_captures = 0;
+    res->snapshot = 0;
     *content_length = -1;
     *keep = 0;
     /* "HTTP/1.x SSS" */
@@ -331,6 +336,8 @@ int ki_http_parse_head(const char *head, size_t len, struct ki_http_result *res,
     v = header_value(hdr, end, "KI-Batch-Status", &vl);
     if (v && parse_frame_status(v, vl, res) < 0) res->nframes = -2;
     parse_captures(hdr, end, res);
+    v = header_value(hdr, end, "KI-Histogram-Snapshot", &vl);
+    res->snapshot = v && vl == 1 && v[0] == '1';
     v = header_value(hdr, end, "Connection", &vl);
     *keep = !(v && vl >= 5 && !strncasecmp(v, "close", 5)) && head[7] != '0';
     const char *te = header_value(hdr, end, "Transfer-Encoding", &vl);

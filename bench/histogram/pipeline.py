@@ -96,8 +96,10 @@ class _Run:
         )  # fmt: skip
         return time.monotonic() - t
 
-    def finish(self) -> dict[str, float]:
-        """Stop agent and collector; the agent's last counters as stored."""
+    def finish(self, windows: bool = False) -> dict[str, float]:
+        """Stop agent and collector; the agent's last counters as stored (with ``windows``, also
+        the frame bytes per second of the run's first and last minute: ``first_min_bytes_per_s``,
+        ``last_min_bytes_per_s``)."""
         from kernel_insight.agent.ring import Ring
         from kernel_insight.collector.store import EmbeddedStore
 
@@ -113,29 +115,77 @@ class _Run:
             rows = store.query(
                 "SELECT metric, argMax(value, ts) AS v FROM ki.samples WHERE metric LIKE 'ki_agent_%' GROUP BY metric"
             ).to_pylist()
+            series = (
+                store.query(
+                    "SELECT metric, toUnixTimestamp64Milli(ts) AS t, value AS v FROM ki.samples"
+                    " WHERE metric IN ('ki_agent_bytes_compressed_total', 'ki_agent_batches_sealed_total')"
+                    " ORDER BY ts"
+                ).to_pylist()
+                if windows
+                else []
+            )
         finally:
             store.close()
-        return {r["metric"]: float(r["v"]) for r in rows}
+        out = {r["metric"]: float(r["v"]) for r in rows}
+        if series:
+            out.update(_minute_rates(series))
+        return out
 
 
-def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> tuple[float, float]:
+def _minute_rates(series: list[dict[str, float]]) -> dict[str, float]:
+    """Frame bytes per second (compressed bodies + 80 bytes a batch) over the first and the last
+    60 s of the agent's counter samples: whether the bytes grow with the agent's uptime."""
+    by: dict[str, list[tuple[float, float]]] = {}
+    for r in series:
+        by.setdefault(str(r["metric"]), []).append((float(r["t"]) / 1000, float(r["v"])))
+    b, n = by.get("ki_agent_bytes_compressed_total", []), by.get("ki_agent_batches_sealed_total", [])
+    if len(b) < 4 or len(b) != len(n):
+        return {}
+    frames = [(t, v + 80 * nb) for (t, v), (_, nb) in zip(b, n, strict=True)]
+    t0, t1 = frames[0][0], frames[-2][0]  # the last sample is SIGTERM's final export: left out
+
+    def rate(lo: float, hi: float) -> float:
+        inside = [(t, v) for t, v in frames if lo <= t <= hi]
+        return (
+            (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+            if len(inside) > 1
+            else float("nan")
+        )
+
+    return {"first_min_bytes_per_s": rate(t0, t0 + 60), "last_min_bytes_per_s": rate(t1 - 60, t1)}
+
+
+def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> dict[str, float]:
     """Frame bytes and batches per second at 100k kernels/s over 100 names (the last export at
-    SIGTERM included, so a longer run measures closer to the steady state)."""
+    SIGTERM included, so a longer run measures closer to the steady state), and the frame bytes
+    per second of its first and last minute."""
     tmp = root / name
     tmp.mkdir()
     run = _Run(tmp, producer, name, *agent_args)
     took = run.produce(100_000 * seconds, 100, 100_000)
-    c = run.finish()
+    c = run.finish(windows=True)
     batches = c.get("ki_agent_batches_sealed_total", 0.0)
     frames = c.get("ki_agent_bytes_compressed_total", 0.0) + 80 * batches
-    return frames / took, batches / took
+    nan = float("nan")
+    return {
+        "bytes_per_s": frames / took,
+        "batches_per_s": batches / took,
+        "first_min_bytes_per_s": c.get("first_min_bytes_per_s", nan),
+        "last_min_bytes_per_s": c.get("last_min_bytes_per_s", nan),
+        "increments": c.get("ki_agent_histogram_increments_total", 0.0),
+        "histograms": c.get("ki_agent_histograms_shipped_total", 0.0),
+    }
 
 
 PHASES = ("cpu", "hwm", "wire")
 
 
 def agent_figures(
-    seconds: int, phases: tuple[str, ...] = PHASES, wire_seconds: int = 300
+    seconds: int,
+    phases: tuple[str, ...] = PHASES,
+    wire_seconds: int = 300,
+    wire_args: tuple[str, ...] = (),
+    hist_only: bool = True,
 ) -> dict[str, float]:
     """The agent's figures of ``phases`` (each absent one is NaN)."""
     from bench.histogram.producer import build_producer
@@ -153,12 +203,21 @@ def agent_figures(
         if "wire" in phases:
             # 3. Wire bytes per GPU-second at 100k kernels/s, with and without kept spans, over a
             # run long enough to hold several histogram exports (histogram_interval_s).
-            out["wire_bytes_per_gpu_s"], out["wire_batches_per_s"] = _wire(
-                root, producer, "wire", wire_seconds
+            w = _wire(root, producer, "wire", wire_seconds, *wire_args)
+            out["wire_bytes_per_gpu_s"], out["wire_batches_per_s"] = w["bytes_per_s"], w["batches_per_s"]
+            out["wire_first_min"], out["wire_last_min"] = (
+                w["first_min_bytes_per_s"],
+                w["last_min_bytes_per_s"],
             )
-            out["hist_only_bytes_per_gpu_s"], _ = _wire(
-                root, producer, "histonly", wire_seconds, "--span-sample-rate", "0", "--span-tail-rate", "0"
-            )
+            out["wire_increments"], out["wire_histograms"] = w["increments"], w["histograms"]
+            if hist_only:
+                h = _wire(root, producer, "histonly", wire_seconds, *wire_args, "--span-sample-rate", "0",
+                          "--span-tail-rate", "0")  # fmt: skip
+                out["hist_only_bytes_per_gpu_s"] = h["bytes_per_s"]
+                out["hist_only_first_min"], out["hist_only_last_min"] = (
+                    h["first_min_bytes_per_s"],
+                    h["last_min_bytes_per_s"],
+                )
     return out
 
 
@@ -201,6 +260,19 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--skip-kql", action="store_true", help="only the agent figures")
     ap.add_argument(
+        "--histogram-interval-s", type=int, default=None,
+        help="the wire runs' agent histogram_interval_s (default: the agent's own default)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--histogram-snapshot-s", type=int, default=None,
+        help="the wire runs' agent histogram_snapshot_s (0: cumulative histograms only, as before increments)",
+    )  # fmt: skip
+    ap.add_argument("--no-hist-only", action="store_true", help="skip the wire run without kept spans")
+    ap.add_argument(
+        "--agent-arg", action="append", default=[],
+        help="one more ki-agent argument for the wire runs (repeat: --agent-arg=--span-sample-rate --agent-arg=0)",
+    )  # fmt: skip
+    ap.add_argument(
         "--phases", default=",".join(PHASES),
         help=f"comma-separated agent phases to run, of {','.join(PHASES)} (the others print nan)",
     )  # fmt: skip
@@ -209,7 +281,13 @@ def main() -> None:
     if not set(phases) <= set(PHASES):
         ap.error(f"--phases: choose from {','.join(PHASES)}")
     load = os.getloadavg()
-    figs = agent_figures(a.seconds, phases, a.wire_seconds)
+    wire_args: tuple[str, ...] = ()
+    if a.histogram_interval_s is not None:
+        wire_args += ("--histogram-interval-s", str(a.histogram_interval_s))
+    if a.histogram_snapshot_s is not None:
+        wire_args += ("--histogram-snapshot-s", str(a.histogram_snapshot_s))
+    wire_args += tuple(a.agent_arg)
+    figs = agent_figures(a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only)
     q = {"quantile_ms": float("nan"), "classic_quantile_ms": float("nan")}
     if not a.skip_kql:
         from bench.histogram.quantile import quantile_figures
@@ -223,7 +301,9 @@ def main() -> None:
         f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
         f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
         f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f}"
-        f" wire_batches_per_s={figs.get('wire_batches_per_s', float('nan')):.2f} load1={load[0]:.2f}"
+        f" wire_batches_per_s={figs.get('wire_batches_per_s', float('nan')):.2f}"
+        f" wire_first_min={figs.get('wire_first_min', float('nan')):.0f}"
+        f" wire_last_min={figs.get('wire_last_min', float('nan')):.0f} load1={load[0]:.2f}"
     )
 
 

@@ -5,7 +5,8 @@ The frame was sealed by the C agent's encoder (tests/agent/c/test_encode_seal.c:
 the decoder made of it. ``frame_v2.kib`` / ``frame_v2.json``: the same records as a version 2
 body (kernels and NCCL operations aggregated into a HISTOGRAMS section, no kernel span kept);
 ``frame_v3.*``: version 3, the same with both kernel spans kept, their correlation column as the
-delta of (correlation - pos). Regenerate only when the wire format changes on purpose, and say why
+delta of (correlation - pos); ``frame_v4.*``: version 4, as v2 after an earlier export of twelve
+more kernels of the first one, whose histogram goes as an increment. Regenerate only when the wire format changes on purpose, and say why
 in the commit: ``.venv/bin/python tests/agent/golden_wire.py``.
 """
 
@@ -163,7 +164,8 @@ def _batch_json(batch: wire.DecodedBatch, h: wire.BatchHeader) -> dict[str, Any]
 def seal_in_c(tmp: Path, records: Path, *mode: str) -> bytes:
     """The frame the C encoder seals from ``records`` (built from the current sources); mode
     ``"v2"``: a version 2 body, the kernels in a HISTOGRAMS section; ``"v3"``: version 3, the
-    kernel spans kept too."""
+    kernel spans kept too; ``"v4"``: version 4, GPU 0's kernel histogram as an increment over an
+    earlier export of twelve more kernels."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_agent_units import run_unit
 
@@ -178,7 +180,7 @@ def main() -> int:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     (FIXTURES / "records.bin").write_bytes(golden_records().tobytes())
     only = set(sys.argv[1:])  # names to write (default all): a new golden leaves the old ones alone
-    for name, mode in (("frame", ()), ("frame_v2", ("v2",)), ("frame_v3", ("v3",))):
+    for name, mode in (("frame", ()), ("frame_v2", ("v2",)), ("frame_v3", ("v3",)), ("frame_v4", ("v4",))):
         if only and name not in only:
             continue
         with tempfile.TemporaryDirectory() as tmp:

@@ -40,10 +40,10 @@ def _run(tmp: Path, agent_bin: Path, ring_name: str, seal_ms: int) -> tuple[int,
         got = s.receiver.got
         with_spans = [b for b in got.batches.values() if len(b.arrays.get(1, ())) > 0]
         spans = sum(len(b.arrays[1]) for b in with_spans)
-        # Body version 3 (correlation as the delta of correlation - pos), decoded exactly: the
-        # producer writes its names first, then kernel i with correlation i, so correlation - pos
-        # is one constant and every kept kernel is a different one.
-        assert {b.body_version for b in got.batches.values()} == {3}
+        # Body version 4 (3's correlation as the delta of correlation - pos, histogram increments),
+        # decoded exactly: the producer writes its names first, then kernel i with correlation i,
+        # so correlation - pos is one constant and every kept kernel is a different one.
+        assert {b.body_version for b in got.batches.values()} == {4}
         arr = np.concatenate([b.arrays[1] for b in with_spans])
         corr = arr["payload"].copy().view(wire._PAYLOAD_DTYPE[1])["correlation"].astype(np.int64)
         assert len(set((corr - arr["pos"].astype(np.int64)).tolist())) == 1

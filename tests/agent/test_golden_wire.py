@@ -99,6 +99,38 @@ def test_the_c_encoder_still_seals_the_v3_golden_frame(tmp_path):
     assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
 
 
+def test_the_decoder_reads_the_v4_golden_frame_as_committed():
+    """Version 4: GPU 0's kernel histogram as an increment (one kernel over an earlier export of
+    thirteen: count 13, count_inc 1, one bucket); the others first exports, cumulative. A collector
+    that never saw the base leaves the increment out and keeps the rest."""
+    from kernel_insight.collector.hist_base import HistogramBases
+
+    frame = (FIXTURES / "frame_v4.kib").read_bytes()
+    want = json.loads((FIXTURES / "frame_v4.json").read_text())
+    batch = wire.decode_batch(frame, KEY)
+    got = batch_json(batch)
+    assert got == want
+    assert got["body_version"] == 4
+    rows = {(r["kind"], r["gpu"]): r for r in got["histograms"]["rows"]}
+    inc = rows[("KERNEL", 0)]
+    assert (inc["increment"], inc["first"], inc["count"], inc["count_inc"]) == (True, False, 13, 1)
+    assert sum(inc["pos_deltas"]) == 1
+    assert all(not r["increment"] and r["first"] for k, r in rows.items() if k != ("KERNEL", 0))
+    assert batch.histograms is not None
+    kept, missing = HistogramBases().resolve(batch.histograms, epoch=77)
+    assert missing == 1
+    assert kept is not None
+    assert len(kept) == 3
+
+
+def test_the_c_encoder_still_seals_the_v4_golden_frame(tmp_path):
+    golden = (FIXTURES / "frame_v4.kib").read_bytes()
+    fresh = seal_in_c(tmp_path, FIXTURES / "records.bin", "v4")
+    g_head, f_head = wire.parse_header(golden), wire.parse_header(fresh)
+    assert dataclasses.replace(f_head, payload_len=0) == dataclasses.replace(g_head, payload_len=0)
+    assert wire.open_frame(fresh, f_head, KEY) == wire.open_frame(golden, g_head, KEY)
+
+
 def test_the_v3_correlation_column_is_the_delta_of_correlation_minus_pos():
     """The bytes, not only the round trip: a probe that numbers its kernels as the ring numbers
     its records gives a column of one varint and zeros; versions 1 and 2 keep the plain delta."""

@@ -3,7 +3,9 @@
  *   test_encode_seal IN OUT v2    body version 2: kernels into a HISTOGRAMS section (no span
  *                                 kept: sample and tail rates 0), the other records as they are
  *   test_encode_seal IN OUT v3    body version 3: as v2, but every kernel span kept (sample rate
- *                                 1000/s), its correlation column as the delta of (correlation - pos) */
+ *                                 1000/s), its correlation column as the delta of (correlation - pos)
+ *   test_encode_seal IN OUT v4    body version 4: as v2, after an earlier export of twelve more
+ *                                 kernels of IN's first kernel: that histogram goes as an increment */
 #define _POSIX_C_SOURCE 200809L
 #include <sodium.h>
 #include <string.h>
@@ -25,7 +27,7 @@ static void update(struct ki_counters *c, const struct ki_batch_info *info, void
 static void mark(void *arg, uint32_t producer, uint32_t id) { ki_names_mark(arg, producer, id, 1); }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 3 || (argc == 4 && (!strcmp(argv[3], "v2") || !strcmp(argv[3], "v3")))); /* input: raw 64-byte records; output: the sealed frame */
+    CHECK(argc == 3 || (argc == 4 && (!strcmp(argv[3], "v2") || !strcmp(argv[3], "v3") || !strcmp(argv[3], "v4")))); /* input: raw 64-byte records; output: the sealed frame */
     int v2 = argc == 4, version = v2 ? argv[3][1] - '0' : 1;
     CHECK(sodium_init() >= 0);
     static struct ki_record recs[4096];
@@ -50,16 +52,35 @@ int main(int argc, char **argv) {
             .tail_min_count = 100,
             .section_max = 64 << 10,
             .span_sample_rate = version == 3 ? 1000 : 0,
+            .snapshot_ns = version == 4 ? 3600000000000ULL : 0,
         };
         ks = ki_kstats_create(&kc);
         CHECK(ks != NULL);
+        CHECK_EQ(ki_kstats_increments(ks), version == 4);
         uint64_t last = 0;
         for (size_t i = 0; i < n; i++)
             if (recs[i].rec.type != KI_REC_STRING && recs[i].rec.ts_ns > last) last = recs[i].rec.ts_ns;
-        n = ki_kstats_feed(ks, recs, n);
         size_t bound = ki_kstats_section_bound(ks);
         hist = malloc(bound);
-        CHECK(hist && ki_kstats_want(ks, 1, last)); /* stamped with the newest record's time */
+        CHECK(hist != NULL);
+        uint64_t mono = 1;
+        if (version == 4) { /* an earlier export: the first kernel's histogram with 13 buckets, a base */
+            static struct ki_record more[12];
+            size_t k0 = 0;
+            while (k0 < n && recs[k0].rec.type != KI_REC_KERNEL) k0++;
+            CHECK(k0 < n);
+            for (int j = 0; j < 12; j++) {
+                more[j] = recs[k0];
+                more[j].rec.u.kernel.end_ns = more[j].rec.ts_ns + (2000ULL << j);
+            }
+            CHECK_EQ(ki_kstats_feed(ks, more, 12), 0);
+            CHECK(ki_kstats_want(ks, mono, last - 1000000));
+            CHECK_EQ(ki_kstats_encode(ks, hist, bound, &hlen, &hts, NULL, NULL), 0);
+            CHECK(hlen > 0 && !ki_kstats_pending(ks));
+            mono += 1000000000ULL;
+        }
+        n = ki_kstats_feed(ks, recs, n);
+        CHECK(ki_kstats_want(ks, mono, last)); /* stamped with the newest record's time */
         CHECK_EQ(ki_kstats_encode(ks, hist, bound, &hlen, &hts, mark, names), 0);
         CHECK(hlen > 0);
         ki_encoder_reserve(e, bound);

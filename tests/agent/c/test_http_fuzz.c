@@ -84,6 +84,13 @@ static void parse_cases(void) {
     CHECK_EQ(cl, 12);
     CHECK_EQ(keep, 1);
     CHECK_EQ(r.retry_after, 3);
+    CHECK_EQ(r.snapshot, 0);
+    const char *snap = "HTTP/1.1 200 OK\r\nki-histogram-snapshot: 1\r\nContent-Length: 0";
+    CHECK_EQ(ki_http_parse_head(snap, strlen(snap), &r, &cl, &keep), 0);
+    CHECK_EQ(r.snapshot, 1); /* the collector lacked a histogram's base: snapshots next */
+    const char *other = "HTTP/1.1 200 OK\r\nKI-Histogram-Snapshot: yes\r\nContent-Length: 0";
+    CHECK_EQ(ki_http_parse_head(other, strlen(other), &r, &cl, &keep), 0);
+    CHECK_EQ(r.snapshot, 0); /* only "1" asks */
     const char *huge = "HTTP/1.1 503 x\r\nRetry-After: 184467440737095516160\r\nContent-Length: 0";
     CHECK_EQ(ki_http_parse_head(huge, strlen(huge), &r, &cl, &keep), 0);
     CHECK_EQ(r.retry_after, KI_HTTP_RETRY_AFTER_MAX);

@@ -6,10 +6,15 @@
  *   test_kstats section IN OUT  feed IN (raw 64-byte records), export every histogram, write the
  *                               HISTOGRAMS sections to OUT (each as u32 length + bytes); prints
  *                               "ok <kept records>"
+ *   test_kstats increments IN OUT K SNAP  the same with increments on (body version 4): IN fed in K
+ *                               chunks, an export after each (before the SNAP-th, ki_kstats_snapshot;
+ *                               -1: never); OUT holds (u32 export, u32 length, bytes) per section;
+ *                               prints "ok <increments exported>"
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ki_ring.h"
@@ -403,6 +408,42 @@ int main(int argc, char **argv) {
         free(buf);
         ki_kstats_destroy(ks);
         printf("ok %zu\n", kept);
+        return 0;
+    }
+    if (argc == 6 && !strcmp(argv[1], "increments")) {
+        FILE *in = fopen(argv[2], "rb");
+        CHECK(in != NULL);
+        static struct ki_record recs[1 << 20];
+        size_t n = fread(recs, sizeof recs[0], sizeof recs / sizeof recs[0], in);
+        fclose(in);
+        int k = atoi(argv[4]), snap = atoi(argv[5]);
+        struct ki_kstats_config cfg = config(0, 0);
+        cfg.snapshot_ns = 3600 * NS; /* no periodic snapshot within the test */
+        struct ki_kstats *ks = ki_kstats_create(&cfg);
+        CHECK(ks != NULL);
+        CHECK(ki_kstats_increments(ks));
+        size_t cap = ki_kstats_section_bound(ks), len;
+        uint8_t *buf = malloc(cap);
+        FILE *out = fopen(argv[3], "wb");
+        CHECK(out != NULL);
+        for (int j = 0; j < k; j++) {
+            size_t lo = n * (size_t)j / (size_t)k, hi = n * (size_t)(j + 1) / (size_t)k;
+            ki_kstats_feed(ks, recs + lo, hi - lo);
+            if (j == snap) ki_kstats_snapshot(ks, 1);
+            uint64_t ts;
+            CHECK(ki_kstats_want(ks, (uint64_t)(j + 1) * NS, T0 + (uint64_t)(j + 5) * NS));
+            do {
+                CHECK_EQ(ki_kstats_encode(ks, buf, cap, &len, &ts, NULL, NULL), 0);
+                uint32_t e = (uint32_t)j, l = (uint32_t)len;
+                if (len) CHECK(fwrite(&e, 4, 1, out) == 1 && fwrite(&l, 4, 1, out) == 1 && fwrite(buf, 1, len, out) == len);
+            } while (ki_kstats_pending(ks));
+        }
+        fclose(out);
+        free(buf);
+        struct ki_kstats_stats st;
+        ki_kstats_stats(ks, &st);
+        ki_kstats_destroy(ks);
+        printf("ok %llu\n", (unsigned long long)st.increments_exported);
         return 0;
     }
     units();

@@ -1,0 +1,258 @@
+"""Histogram increments from the agent (agent/src/histinc.c, kstats.c; wire body version 4): the C
+export's increments, rebuilt by the collector's code, are the exact cumulative histograms; and
+end to end through the real ki-agent and ki collector at a 1 s interval."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import struct
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from collector_cli import free_port, start_collector, stop_collector
+from test_agent_units import run_unit
+from test_histogram import bounds_table, go_index
+
+from kernel_insight.agent.records import RECORD_DTYPE, RecordType
+from kernel_insight.agent.ring import Ring
+from kernel_insight.collector import wire
+from kernel_insight.collector.hist_base import HistogramBases
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.wire_hist import HistRow, decode_histograms
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # the C producer lives with the benchmark that shares it
+    sys.path.insert(0, str(REPO))
+
+from bench.histogram.producer import build_producer  # noqa: E402
+
+T0 = 1_700_000_000 * 10**9
+
+
+def _absolute(spans: tuple[tuple[int, int], ...], deltas: tuple[int, ...]) -> dict[int, int]:
+    out, i, run, k = {}, 0, 0, 0
+    for off, length in spans:
+        i += off
+        for _ in range(length):
+            run += deltas[k]
+            k += 1
+            if run:
+                out[i] = run
+            i += 1
+    return out
+
+
+def _sections(raw: bytes) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    while raw:
+        export, length = struct.unpack_from("<II", raw)
+        out.setdefault(export, []).append(raw[8 : 8 + length])
+        raw = raw[8 + length :]
+    return out
+
+
+def test_c_increments_rebuild_into_the_exact_cumulative_histograms(tmp_path: Path) -> None:
+    """Ten exports of a growing long tail, a forced snapshot before the seventh: every export,
+    rebuilt by the collector's HistogramBases, equals the exact bucket counts of the records so far."""
+    rng = np.random.default_rng(14)
+    n, k, snap = 60_000, 10, 6
+    recs = np.zeros(n, dtype=RECORD_DTYPE)
+    recs["pos"] = np.arange(n)
+    recs["producer"] = 3
+    recs["type"] = RecordType.KERNEL
+    recs["ts_ns"] = T0
+    name = rng.integers(1, 5, n).astype(np.uint32)  # kernels 1-3 busy, 4 rare below
+    name[rng.random(n) < 0.9995] %= 4
+    name[name == 0] = 1
+    recs["id"] = name
+    dur = (
+        rng.lognormal(np.log(20_000), 0.6, n) * np.where(rng.random(n) < 0.01, rng.pareto(1.3, n) + 1, 1)
+    ).astype(np.uint64) + 1
+    payload = np.zeros(
+        n, dtype=[("end", "<u8"), ("stream", "<u8"), ("c", "<u8"), ("pid", "<u4"), ("r", "<u4")]
+    )
+    payload["end"] = T0 + dur
+    payload["pid"] = 42
+    recs["payload"] = payload.view("V32")
+    (tmp_path / "records.bin").write_bytes(recs.tobytes())
+    stdout = run_unit(tmp_path, "test_kstats", "increments", str(tmp_path / "records.bin"),
+                      str(tmp_path / "sections.bin"), str(k), str(snap))  # fmt: skip
+    increments = int(stdout.split()[1])
+    assert increments > 0
+    exports = _sections((tmp_path / "sections.bin").read_bytes())
+    assert sorted(exports) == list(range(k))
+    header = wire.BatchHeader(bytes(16), 1, 1, 0, 0, 2**63, 0, 0, wire.COMPRESSION_NONE)
+    bases = HistogramBases()
+    bounds = bounds_table()
+    truth: dict[int, Counter[int]] = {}
+    seen_inc = 0
+    for j in range(k):
+        lo, hi = n * j // k, n * (j + 1) // k
+        for i in range(lo, hi):
+            truth.setdefault(int(name[i]), Counter())[go_index(int(dur[i]) * 1e-9, 3, bounds)] += 1
+        rows: list[HistRow] = []
+        for section in exports[j]:
+            r = wire._Reader(section, "HISTOGRAMS")
+            h = decode_histograms(r, header, wire.DEFAULT_LIMITS, 4)
+            assert r.done()
+            wire_rows = h.rows()
+            flags = [(row.first, row.increment) for row in wire_rows]
+            if j == 0:
+                assert all(f == (True, False) for f in flags)
+            elif j == snap:
+                assert all(f == (False, False) for f in flags)  # ki_kstats_snapshot: cumulative again
+            seen_inc += sum(inc for _, inc in flags)
+            rebuilt, missing = bases.resolve(h, epoch=1)
+            assert missing == 0
+            assert rebuilt is not None
+            rows += rebuilt.rows()
+        got = {row.id: row for row in rows}
+        assert set(got) <= set(truth)
+        for ident, row in got.items():
+            assert row.count == sum(truth[ident].values())
+            assert _absolute(row.pos_spans, row.pos_deltas) == dict(truth[ident]), (j, ident)
+    assert seen_inc == increments
+    # the busy kernels' later exports were increments, and only changed buckets travelled
+    assert seen_inc >= 3 * (k - 2)
+
+
+def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulative_histograms(
+    tmp_path: Path, agent_bin: Path, ring_name: str
+) -> None:
+    """C producer (50k kernels/s for 4 s) -> ki-agent (1 s interval) -> ki collector -> ClickHouse."""
+    total = 200_000
+    producer = build_producer(tmp_path)
+    KeyStore(tmp_path / "keys.json").add_agent("inc").write_key_file(tmp_path / "agent.key")
+    with contextlib.suppress(OSError):
+        Ring.unlink(ring_name)
+    ring = Ring.create(ring_name, capacity=1 << 16)
+    collector, url = start_collector(tmp_path)
+    agent = None
+    try:
+        with (tmp_path / "agent.log").open("w") as log:
+            agent = subprocess.Popen(
+                [str(agent_bin), "--ring", ring_name, "--collector", url, "--key-file", str(tmp_path / "agent.key"),
+                 "--spool-dir", str(tmp_path / "spool"), "--shutdown-timeout-s", "60",
+                 "--histogram-interval-s", "1"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        durations = tmp_path / "durations.bin"
+        r = subprocess.run([str(producer), ring_name, str(total), "3", "50000", "7", str(durations)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        stop_collector(collector)
+        ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name)
+    from kernel_insight.collector.store import EmbeddedStore
+
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        last = store.query(
+            "SELECT fingerprint, argMax(count, ts) AS count, argMax(positive_span_offsets, ts) AS po,"
+            " argMax(positive_span_lengths, ts) AS pl, argMax(positive_counts, ts) AS pc, count() AS samples"
+            " FROM ki.histograms WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint"
+        ).to_pylist()
+        increments = store.query(
+            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_histogram_increments_total'"
+        ).to_pylist()[0]["v"]
+    finally:
+        store.close()
+    assert len(last) == 3
+    assert increments > 0  # the agent did send increments ...
+    assert sum(h["count"] for h in last) == total  # ... and every kernel is counted exactly once
+    assert min(h["samples"] for h in last) >= 3  # one point per second of the run, about
+    exact = np.fromfile(durations, dtype="<u8")
+    bounds = bounds_table()
+    want = Counter(go_index(int(d) * 1e-9, 3, bounds) for d in exact)
+    got: Counter[int] = Counter()
+    for h in last:
+        spans = tuple(zip(h["po"], h["pl"], strict=True))
+        i = 0
+        k = 0
+        for off, length in spans:
+            i += off
+            for _ in range(length):
+                if h["pc"][k]:
+                    got[i] += int(h["pc"][k])
+                k += 1
+                i += 1
+    assert got == want  # the stored cumulative buckets are the exact ones
+
+
+def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
+    """The collector dies mid-run and a new one (no bases in memory) takes over on the same port:
+    the agent sends snapshots after the failed requests (and the new collector asks for them when an
+    increment from the spool lacks its base), so the stored cumulative histograms end exact."""
+    producer = build_producer(tmp_path)
+    KeyStore(tmp_path / "keys.json").add_agent("restart").write_key_file(tmp_path / "agent.key")
+    with contextlib.suppress(OSError):
+        Ring.unlink(ring_name)
+    ring = Ring.create(ring_name, capacity=1 << 16)
+    port = str(free_port())
+    collector, url = start_collector(tmp_path, "--port", port)
+    agent = None
+    durations = [tmp_path / f"durations{i}.bin" for i in range(3)]
+
+    def produce(i: int) -> None:
+        r = subprocess.run([str(producer), ring_name, "60000", "3", "30000", str(11 + i), str(durations[i])],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    try:
+        with (tmp_path / "agent.log").open("w") as log:
+            agent = subprocess.Popen(
+                [str(agent_bin), "--ring", ring_name, "--collector", url, "--key-file", str(tmp_path / "agent.key"),
+                 "--spool-dir", str(tmp_path / "spool"), "--shutdown-timeout-s", "60",
+                 "--histogram-interval-s", "1", "--backoff-max-ms", "500"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        produce(0)
+        stop_collector(collector)
+        produce(1)  # the agent spools meanwhile
+        collector, url2 = start_collector(tmp_path, "--port", port)
+        assert url2 == url
+        produce(2)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        stop_collector(collector)
+        ring.close()
+        with contextlib.suppress(OSError):
+            Ring.unlink(ring_name)
+    from kernel_insight.collector.store import EmbeddedStore
+
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        last = store.query(
+            "SELECT fingerprint, argMax(count, ts) AS count, argMax(positive_span_offsets, ts) AS po,"
+            " argMax(positive_span_lengths, ts) AS pl, argMax(positive_counts, ts) AS pc"
+            " FROM ki.histograms WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint"
+        ).to_pylist()
+    finally:
+        store.close()
+    assert sum(h["count"] for h in last) == 180_000
+    bounds = bounds_table()
+    want = Counter(go_index(int(d) * 1e-9, 3, bounds) for p in durations for d in np.fromfile(p, dtype="<u8"))
+    got: Counter[int] = Counter()
+    for h in last:
+        i = k = 0
+        for off, length in zip(h["po"], h["pl"], strict=True):
+            i += off
+            for _ in range(length):
+                if h["pc"][k]:
+                    got[i] += int(h["pc"][k])
+                k += 1
+                i += 1
+    assert got == want
