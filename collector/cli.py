@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import queue
 import shutil
@@ -16,9 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-import pyarrow as pa  # type: ignore[import-untyped]
-
-from kernel_insight.collector.footprint import drop_library_pages, modules_unimportable
+from kernel_insight.collector.footprint import (
+    drop_library_pages,
+    dropping_library_pages,
+    modules_unimportable,
+)
 from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
 from kernel_insight.collector.relabel import Relabeler, RelabelError, load_relabel_configs
 from kernel_insight.collector.remote_write import SeriesEncoder
@@ -44,11 +45,17 @@ Handler = Callable[[argparse.Namespace], int]
 #: than 8 MiB, 1.5M against 1.0M samples/s, and kept ~40 MB less resident).
 CHUNK_BYTES = 2 << 20
 #: Samples per insert into an embedded store: ClickHouse wants few, large inserts, but an insert's
-#: working memory grows with it (500k: 619 MB peak RSS for the bench file; 200k: 551 MB, as fast).
-FLUSH_SAMPLES = 250_000
+#: working memory grows with it, ~130 bytes a sample (peak RSS for the bench file, 3.4M samples:
+#: 387 MB at 500k, 320 at 250k, 290-295 at 100k; docs/benchmarks.md, "Memory of `ki import`").
+FLUSH_SAMPLES = 100_000
+#: Samples inserted between two drops of chDB's pages (_bounded_writer): what only a merge or the
+#: first insert ran leaves the resident set. Each walks /proc/self/smaps (~15 ms of CPU).
+DROP_SAMPLES = 1_000_000
 #: Samples per remote_write request with ``--collector``, and requests in flight at once.
 REQUEST_SAMPLES = 20_000
 SENDERS = 4
+#: The mapped file name of chDB's engine (footprint.drop_library_pages).
+_CHDB_LIBRARY = "/_chdb."
 #: A single line longer than this is refused rather than buffered.
 MAX_LINE_BYTES = 64 << 20
 
@@ -152,9 +159,8 @@ def _import_stream(args: argparse.Namespace) -> int:
         f.close()
         raise _ImportError(str(exc), 2) from None
     # pyarrow would import pandas (~55 MB) on its first array only to ask whether the data is a
-    # pandas object; nothing here is one. Its default allocator (mimalloc) kept ~40 MB of the
-    # parser's freed blocks; the system allocator ~10 (docs/benchmarks.md, "Memory of `ki import`").
-    with f, modules_unimportable("pandas"), _arrow_pool(pa.system_memory_pool()):
+    # pandas object; nothing here is one (docs/benchmarks.md, "Memory of `ki import`").
+    with f, modules_unimportable("pandas"):
         fmt = args.format if args.format != "auto" else detect_format(_tail(f))
         default_ts = None if args.require_timestamps else int(time.time() * 1000)
         reader = ExpositionReader(format=fmt, default_timestamp_ms=default_ts, limits=limits)
@@ -170,7 +176,11 @@ def _import_stream(args: argparse.Namespace) -> int:
                     sender.close()
             else:
                 # cache_bytes=0: nothing reads through this process, so no hours to keep or invalidate.
-                with open_store(args.store, cluster=args.cluster, cache_bytes=0) as store:
+                # chDB's static initialisers touch ~165 MB of its library (as much again as an
+                # import's whole working set): dropped as they go, it is never all resident.
+                with dropping_library_pages(_CHDB_LIBRARY):
+                    opened = open_store(args.store, cluster=args.cluster, cache_bytes=0)
+                with opened as store:
                     n, series = _pump(
                         f, reader, _bounded_writer(store), FLUSH_SAMPLES, size, args.file, rules
                     )
@@ -183,34 +193,28 @@ def _import_stream(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _arrow_pool(pool: pa.MemoryPool) -> Iterator[None]:
-    """Arrow's default memory pool is ``pool`` within the block."""
-    previous = pa.default_memory_pool()
-    pa.set_memory_pool(pool)
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(previous)
-
-
 def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
     """``store.insert_samples``, keeping an embedded store's resident memory to what an insert needs.
 
-    chDB's library is dropped from the resident set once open (its static initialisers touched
-    ~165 MB of it, an insert uses ~85: footprint.drop_library_pages), and its allocator is
-    purged after each insert: jemalloc keeps freed pages for seconds, and an import frees
-    ~40 MB per insert (peak RSS 168 -> 119 MB of anonymous memory for the bench's 3.4M samples,
-    ~15 ms per 250k-sample insert). A ClickHouse server's allocator is its own business.
+    chDB's allocator (jemalloc) is purged after each insert: it keeps freed pages for seconds,
+    and an insert frees most of its ~130 bytes a sample (anonymous memory at the peak for the
+    bench's 3.4M samples: 168 -> 119 MB in 250k-sample inserts; ~15 ms of CPU a purge). chDB's
+    library pages are dropped every ``DROP_SAMPLES`` (footprint.drop_library_pages). A ClickHouse
+    server's memory is its own business.
     """
     if not isinstance(store, EmbeddedStore):
         return store.insert_samples
-    drop_library_pages("/_chdb")
+    stored = 0
+    next_drop = 0  # after the first insert (what creating the tables ran), then every DROP_SAMPLES
 
     def write(batch: SampleBatch) -> int:
+        nonlocal stored, next_drop
         n = store.insert_samples(batch)
         store.command("SYSTEM JEMALLOC PURGE")
-        drop_library_pages("/_chdb")  # what only the first insert or a merge ran (~16 ms of CPU)
+        stored += n
+        if stored >= next_drop:
+            next_drop = stored + DROP_SAMPLES
+            drop_library_pages(_CHDB_LIBRARY)
         return n
 
     return write

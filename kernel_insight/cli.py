@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "LEAN_COMMANDS", "build_parser", "main"]
 
 #: Modules that contribute subcommands, in --help order.
 COMMAND_MODULES = [
@@ -28,19 +29,33 @@ COMMAND_MODULES = [
     "kernel_insight.rules.cli",
 ]
 
+#: Commands run with only their own module imported, and the environment they want before any
+#: library reads it (users' own settings win). Every module's imports together (FastAPI, the
+#: apps, the SDK) hold ~57 MB that ``ki import`` never uses, and Arrow's default allocator
+#: (mimalloc, chosen when pyarrow loads) kept ~25 MB of its parser's freed blocks: its peak RSS
+#: is a target (issue 11: under 300 MB; docs/benchmarks.md, "Memory of `ki import`").
+LEAN_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
+    "import": ("kernel_insight.collector.cli", {"ARROW_DEFAULT_MEMORY_POOL": "system"}),
+}
+
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="Kernel Insight: facts about every GPU.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).add_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lean = LEAN_COMMANDS.get(argv[0]) if argv else None
+    if lean is not None:
+        for key, value in lean[1].items():
+            os.environ.setdefault(key, value)
+    args = build_parser([lean[0]] if lean else COMMAND_MODULES).parse_args(argv)
     handler: Handler = args.handler
     try:
         return handler(args)
