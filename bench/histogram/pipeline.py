@@ -17,10 +17,12 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
 
 ``--phases wire --skip-kql`` runs only the wire figures.
 
-Then kql: ``histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))`` as
-a range query over 1 h at 15 s on 1,000 kernel histograms (in-process engine over
-MemoryStorage), against the same on classic ``_bucket`` series of the same data.
-Ends with one ``BENCH histogram ...`` line.
+Then kql (bench/histogram/quantile.py): ``histogram_quantile(0.99, sum by (kernel)
+(rate(kernel_duration_seconds[5m])))`` as a range query over 1 h at 15 s on 1,000 kernel
+histograms against the same on classic ``_bucket`` series of the same data, both read from an
+EmbeddedStore by a real ``ki collector`` answering ``/api/v1/query_range`` to a keep-alive
+client (``quantile_ms``/``classic_quantile_ms``: client wall; ``*_cpu_ms``: the collector's
+CPU), and in-process over MemoryStorage (``memory_*``). Ends with one ``BENCH histogram ...`` line.
 """
 
 from __future__ import annotations
@@ -250,6 +252,17 @@ def _hwm(root: Path, producer: Path, out: dict[str, float]) -> None:
     out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
 
 
+#: The kql figures the BENCH line carries (bench.histogram.quantile; NaN with --skip-kql).
+_KQL_KEYS = (
+    "quantile_ms",
+    "classic_quantile_ms",
+    "quantile_cpu_ms",
+    "classic_quantile_cpu_ms",
+    "memory_quantile_cpu_ms",
+    "memory_classic_quantile_cpu_ms",
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=5, help="seconds of each paced producer run")
@@ -288,7 +301,7 @@ def main() -> None:
         wire_args += ("--histogram-snapshot-s", str(a.histogram_snapshot_s))
     wire_args += tuple(a.agent_arg)
     figs = agent_figures(a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only)
-    q = {"quantile_ms": float("nan"), "classic_quantile_ms": float("nan")}
+    q = dict.fromkeys(_KQL_KEYS, float("nan"))
     if not a.skip_kql:
         from bench.histogram.quantile import quantile_figures
 
@@ -300,6 +313,9 @@ def main() -> None:
         f"BENCH histogram ns_per_kernel={figs['ns_per_kernel']:.1f} hwm_kb={figs['hwm_kb']:.0f}"
         f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
         f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
+        f" quantile_cpu_ms={q['quantile_cpu_ms']:.1f} classic_quantile_cpu_ms={q['classic_quantile_cpu_ms']:.1f}"
+        f" memory_quantile_cpu_ms={q['memory_quantile_cpu_ms']:.1f}"
+        f" memory_classic_quantile_cpu_ms={q['memory_classic_quantile_cpu_ms']:.1f}"
         f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f}"
         f" wire_batches_per_s={figs.get('wire_batches_per_s', float('nan')):.2f}"
         f" wire_first_min={figs.get('wire_first_min', float('nan')):.0f}"

@@ -4,15 +4,23 @@
 each step adding 1,000 long-tailed durations drawn from the kernel's own distribution) and the
 same observations as classic ``_bucket`` series (le = powers of two from 1 us to 1 s and +Inf,
 which are native bucket bounds, so both hold the same counts). Timed: the range query
-``histogram_quantile(0.99, sum by (kernel) (rate(...[5m])))`` over the hour at 15 s, through
-the in-process kql engine over MemoryStorage, best of ``repeats`` (wall and CPU time).
-``python -m bench.histogram.quantile --store`` also times the native query over an
-EmbeddedStore holding the same histograms (the ClickHouse read side, as users run it).
+``histogram_quantile(0.99, sum by (kernel) (rate(...[5m])))`` over the hour at 15 s.
+
+Headline (``quantile_ms``, ``classic_quantile_ms``): the path users run. Both data sets are
+written to one EmbeddedStore (``insert_histograms``, ``insert_samples``) and a real ``ki
+collector`` over it answers ``/api/v1/query_range`` to one keep-alive client, as Grafana asks:
+the client's wall time to the whole answer, and the collector's CPU time (all its threads,
+``/proc/<pid>/task/*/schedstat``) for it (``*_cpu_ms``: the figure that survives a loaded
+machine). Beside it, the same queries in-process over the EmbeddedStore (``store_*``, no HTTP)
+and over MemoryStorage (``memory_*``, no store). Best of ``repeats`` each.
 """
 
 from __future__ import annotations
 
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,14 +94,13 @@ def _indexes(spans: tuple[tuple[int, int], ...]) -> npt.NDArray[np.float64]:
     return np.asarray(out, dtype=np.float64)
 
 
-def _time(engine: Engine, query: str, repeats: int) -> tuple[float, float]:
-    """Best wall-clock and best CPU time (this process, ms) of ``repeats`` runs: the CPU time
-    is the figure that survives a loaded machine."""
+def _time(engine: Engine, query: str, repeats: int, base: int = 0) -> tuple[float, float]:
+    """Best wall-clock and best CPU time (this process, ms) of ``repeats`` in-process runs."""
     best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
         c = time.process_time()
         t = time.perf_counter()
-        r = engine.range_query(query, 0, (STEPS - 1) * STEP_MS, STEP_MS)
+        r = engine.range_query(query, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
         best = min(best, time.perf_counter() - t)
         best_cpu = min(best_cpu, time.process_time() - c)
         n = len(getattr(r.value, "series", ()))
@@ -102,67 +109,112 @@ def _time(engine: Engine, query: str, repeats: int) -> tuple[float, float]:
     return best * 1000, best_cpu * 1000
 
 
-def quantile_figures(repeats: int = 2) -> dict[str, float]:
+def _fill_store(path: Path, native: MemoryStorage, classic: MemoryStorage, base: int) -> None:
+    """Both data sets into one EmbeddedStore at ``path``, shifted to ``base`` (settled hours)."""
+    from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
+    from kernel_insight.collector.store import EmbeddedStore
+
+    store = EmbeddedStore(path)
+    try:
+        for series in native.select([_name_matcher()], 0, STEPS * STEP_MS):
+            b = HistogramBuilder()
+            for t, h in zip(series.hist_timestamps.tolist(), series.histograms, strict=True):
+                b.add_histogram(series.labels, base + t, h)
+            store.insert_histograms(b.build())
+        buckets = classic.select([_name_matcher("kernel_duration_seconds_bucket")], 0, STEPS * STEP_MS)
+        for k in range(0, len(buckets), 1_000):
+            s = SampleBuilder()
+            for series in buckets[k : k + 1_000]:
+                s.add_series(series.labels, series.timestamps + base, series.values)
+            store.insert_samples(s.build())
+    finally:
+        store.close()
+
+
+def _http(path: Path, root: Path, repeats: int, base: int) -> dict[str, float]:
+    """Both queries through a ``ki collector`` over the store at ``path``: best client wall time
+    and best collector CPU time per query (ms)."""
+    from bench.kql.servers import Collector, process_cpu_s
+
+    out: dict[str, float] = {}
+    server = Collector(path, root, root / "collector.log", "--query-timeout", "1800")
+    try:
+        client = server.querier()
+        try:
+            for key, query in (("quantile", _QUERY), ("classic_quantile", _CLASSIC)):
+                best, best_cpu = float("inf"), float("inf")
+                for _ in range(repeats):
+                    cpu = process_cpu_s(server.proc.pid)
+                    answer = client.query(query, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
+                    used = process_cpu_s(server.proc.pid) - cpu
+                    if answer.matrix is None or len(answer.matrix.series) != KERNELS:
+                        raise RuntimeError(f"{query} over HTTP: {answer.error or 'wrong number of series'}")
+                    best, best_cpu = min(best, answer.seconds), min(best_cpu, used)
+                out[f"{key}_ms"], out[f"{key}_cpu_ms"] = best * 1000, best_cpu * 1000
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    return out
+
+
+class _Figures(dict[str, float]):
+    """The figures so far, each also written to stderr as it is measured (a long run that fails
+    late still shows what it measured)."""
+
+    def __setitem__(self, key: str, value: float) -> None:
+        print(f"  {key}: {value:.1f}", file=sys.stderr, flush=True)
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: float) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+
+def quantile_figures(repeats: int = 2, http: bool = True) -> dict[str, float]:
+    """Every figure of the module docstring; without ``http`` the headline keys are the
+    in-process store's."""
+    from kernel_insight.collector.store import EmbeddedStore
     from kernel_insight.kql.engine import Engine, EngineLimits
 
     native, classic = _storages()
     limits = EngineLimits(timeout_s=1800.0)  # measured, not bounded: the default 30 s is a server's limit
-    wall, cpu = _time(Engine(native, limits), _QUERY, repeats)
-    classic_wall, classic_cpu = _time(
-        Engine(classic, limits),
-        "histogram_quantile(0.99, sum by (kernel, le) (rate(kernel_duration_seconds_bucket[5m])))",
-        repeats,
-    )
-    return {
-        "quantile_ms": wall,
-        "classic_quantile_ms": classic_wall,
-        "quantile_cpu_ms": cpu,
-        "classic_quantile_cpu_ms": classic_cpu,
-    }
-
-
-def store_quantile_figures(repeats: int = 2) -> dict[str, float]:
-    """The native query through the ClickHouse read side (an EmbeddedStore in a temporary
-    directory holding the same 241,000 histograms, written with ``insert_histograms``): the path
-    users run, where reading the rows into histograms is part of the query."""
-    import tempfile
-
-    from kernel_insight.collector.rows import HistogramBuilder
-    from kernel_insight.collector.store import EmbeddedStore
-    from kernel_insight.kql.engine import Engine, EngineLimits
-
-    native, _ = _storages()
+    figures = _Figures()
+    for key, storage, query in (("quantile", native, _QUERY), ("classic_quantile", classic, _CLASSIC)):
+        figures[f"memory_{key}_ms"], figures[f"memory_{key}_cpu_ms"] = _time(
+            Engine(storage, limits), query, repeats
+        )
     base = (int(time.time() * 1000) // 3_600_000 - 3) * 3_600_000  # settled hours
     with tempfile.TemporaryDirectory(prefix="ki-quantile-") as tmp:
-        store = EmbeddedStore(tmp)
+        path = Path(tmp) / "data"
+        _fill_store(path, native, classic, base)
+        del native, classic
+        store = EmbeddedStore(path)
         try:
-            for series in native.select([_name_matcher()], 0, STEPS * STEP_MS):
-                b = HistogramBuilder()
-                for t, h in zip(series.hist_timestamps.tolist(), series.histograms, strict=True):
-                    b.add_histogram(series.labels, base + t, h)
-                store.insert_histograms(b.build())
-            engine = Engine(store.storage(use_cache=False), EngineLimits(timeout_s=1800.0))
-            best, best_cpu = float("inf"), float("inf")
-            for _ in range(repeats):
-                c = time.process_time()
-                t0 = time.perf_counter()
-                r = engine.range_query(_QUERY, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
-                best = min(best, time.perf_counter() - t0)
-                best_cpu = min(best_cpu, time.process_time() - c)
-                if len(getattr(r.value, "series", ())) != KERNELS:
-                    raise RuntimeError("the store query lost series")
+            engine = Engine(store.storage(use_cache=False), limits)
+            for key, query in (("quantile", _QUERY), ("classic_quantile", _CLASSIC)):
+                figures[f"store_{key}_ms"], figures[f"store_{key}_cpu_ms"] = _time(
+                    engine, query, repeats, base
+                )
         finally:
             store.close()
-    return {"store_quantile_ms": best * 1000, "store_quantile_cpu_ms": best_cpu * 1000}
+        if http:
+            figures.update(_http(path, Path(tmp), repeats, base))
+        else:
+            for key in ("quantile", "classic_quantile"):
+                figures[f"{key}_ms"] = figures[f"store_{key}_ms"]
+                figures[f"{key}_cpu_ms"] = figures[f"store_{key}_cpu_ms"]
+    return dict(figures)
 
 
 _QUERY = "histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds[5m])))"
+_CLASSIC = "histogram_quantile(0.99, sum by (kernel, le) (rate(kernel_duration_seconds_bucket[5m])))"
 
 
-def _name_matcher() -> Any:
+def _name_matcher(name: str = "kernel_duration_seconds") -> Any:
     from kernel_insight.kql.storage import Matcher
 
-    return Matcher("__name__", "=", "kernel_duration_seconds")
+    return Matcher("__name__", "=", name)
 
 
 if __name__ == "__main__":
@@ -170,16 +222,15 @@ if __name__ == "__main__":
     import os
 
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each query (the best is kept)")
     ap.add_argument(
-        "--store",
-        action="store_true",
-        help="also the native query over an EmbeddedStore (ClickHouse read side; ~2 more minutes)",
+        "--no-http", action="store_true", help="skip the ki collector (headline: the in-process store)"
+    )
+    ap.add_argument(
+        "--store", action="store_true", help="accepted for old command lines: the store is always measured"
     )
     a = ap.parse_args()
     load = os.getloadavg()
-    figures = quantile_figures(2)
-    if a.store:
-        figures.update(store_quantile_figures(2))
-    for k, v in figures.items():
+    for k, v in quantile_figures(a.repeats, not a.no_http).items():
         print(f"{k}: {v:.1f}")
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -211,7 +211,8 @@ class Collector(Server):
 
     name = "ki collector"
 
-    def __init__(self, store: Path, root: Path, log: Path) -> None:
+    def __init__(self, store: Path, root: Path, log: Path, *extra: str) -> None:
+        """``extra``: more ``ki collector`` arguments (e.g. ``--query-timeout``)."""
         ki = str(Path(sys.executable).with_name("ki"))
         tokens, keys = root / "tokens.json", root / "keys.json"
         out = subprocess.run(
@@ -238,6 +239,7 @@ class Collector(Server):
                 str(tokens),
                 "--keys",
                 str(keys),
+                *extra,
             ],
             log,
             env,
