@@ -87,6 +87,7 @@ from kernel_insight.kql.values import (
     String,
     Vector,
     drop_name,
+    float_samples,
     hist_mask,
     hist_weight,
 )
@@ -838,11 +839,7 @@ class Engine:
                     # Indices and values as Python lists: a numpy scalar read per series cost more
                     # than the Sample it goes into (a 200-series answer ~50 us).
                     rows = np.flatnonzero(vec.present[:, 0])
-                    labels = vec.labels
-                    samples = tuple(
-                        Sample(labels[i], t0, v)
-                        for i, v in zip(rows.tolist(), vec.values[rows, 0].tolist(), strict=True)
-                    )
+                    samples = float_samples(vec.labels, t0, rows.tolist(), vec.values[rows, 0].tolist())
                 else:
                     samples = tuple(
                         Sample(vec.labels[i], t0, float(vec.values[i, 0]))

@@ -391,6 +391,29 @@ class Sample:
     histogram: FloatHistogram | None = None
 
 
+#: Sample's slots, set directly: a frozen dataclass's ``__init__`` sets each field through
+#: ``object.__setattr__`` (~0.4 us a Sample, ~0.25 us this way; an instant answer makes one per series).
+_SAMPLE_SLOTS = tuple(vars(Sample)[name].__set__ for name in ("labels", "timestamp_ms", "value", "histogram"))
+
+
+def float_samples(
+    labels: Sequence[Labels], timestamp_ms: int, rows: list[int], values: list[float]
+) -> tuple[Sample, ...]:
+    """``Sample(labels[i], timestamp_ms, v)`` for every row ``i`` and value ``v``: equal objects,
+    built without the dataclass ``__init__`` (engine's instant results)."""
+    set_labels, set_time, set_value, set_histogram = _SAMPLE_SLOTS
+    new = object.__new__
+    out = []
+    for i, v in zip(rows, values, strict=True):
+        sample = new(Sample)
+        set_labels(sample, labels[i])
+        set_time(sample, timestamp_ms)
+        set_value(sample, v)
+        set_histogram(sample, None)
+        out.append(sample)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class Vector:
     """An instant vector; ``samples`` keep the order the query gave them (sort, topk)."""

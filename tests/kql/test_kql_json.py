@@ -25,6 +25,7 @@ from kernel_insight.kql.values import (
     _stamps_bytes,
     _ts_bytes,
     _value_bytes,
+    float_samples,
     format_sample_value,
 )
 
@@ -152,3 +153,23 @@ def test_grid_times_are_written_as_one_by_one(times: list[int]) -> None:
     # A range answer's steps in one pass (_stamps_bytes): the same text as each alone.
     steps = np.unique(np.array(times, dtype=np.int64))
     assert _stamps_bytes(steps) == [_ts_bytes(t) for t in steps.tolist()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ms, st.lists(st.tuples(labels, floats), max_size=8))
+def test_float_samples_are_the_samples_the_dataclass_makes(
+    t: int, items: list[tuple[tuple[tuple[str, str], ...], float]]
+) -> None:
+    # The engine's instant results set Sample's slots directly: equal, same hash and repr.
+    rows = list(range(len(items)))[::-1]
+    got = float_samples([lab for lab, _ in items], t, rows, [items[i][1] for i in rows])
+    want = tuple(Sample(items[i][0], t, items[i][1]) for i in rows)
+    assert [repr(s) for s in got] == [repr(s) for s in want]
+    assert [(s.labels, s.timestamp_ms, s.histogram) for s in got] == [
+        (s.labels, s.timestamp_ms, s.histogram) for s in want
+    ]
+    assert all(_same_float(a.value, b.value) for a, b in zip(got, want, strict=True))
+
+
+def _same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or struct.pack("<d", a) == struct.pack("<d", b)
