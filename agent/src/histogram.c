@@ -60,7 +60,9 @@ struct ki_histtab {
     uint32_t room;       /* bucket slots per histogram: max_buckets + 1 */
     uint32_t used;       /* histograms in use */
     uint32_t hash_mask;
-    uint32_t *hash;      /* slot + 1, 0 = empty */
+    void *hash;          /* slot + 1, 0 = empty: 2-byte entries below 65,535 keys (half the lines
+                          * to touch; 64 KiB less at the default 16,384), else 4-byte */
+    uint8_t hash_wide;   /* 4-byte entries */
     struct ki_hist *recs;
     uint8_t *pool;       /* bucket chunks, bump-allocated, pages touched as used */
     size_t pool_bytes, pool_used;
@@ -199,7 +201,9 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     /* Every key at the largest class: after a compaction the pool holds only live chunks, so
      * this is never spent before max_keys histograms are each full. */
     t->pool_bytes = cfg->pool_buckets ? ((size_t)cfg->pool_buckets * 3 + 7) & ~(size_t)7 : (size_t)cfg->max_keys * last;
-    t->hash = calloc(hsize, sizeof *t->hash);
+    t->hash_wide = cfg->max_keys >= UINT16_MAX;
+    size_t hw = t->hash_wide ? sizeof(uint32_t) : sizeof(uint16_t);
+    t->hash = calloc(hsize, hw);
     t->recs = calloc(cfg->max_keys, sizeof *t->recs);
     t->pool = calloc(1, t->pool_bytes + 8); /* zero pages: touched only as chunks are handed out */
     t->order = calloc(cfg->max_keys, sizeof *t->order); /* touched only by a compaction */
@@ -208,7 +212,7 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
         errno = ENOMEM;
         return NULL;
     }
-    t->bytes = sizeof *t + (uint64_t)hsize * sizeof *t->hash + (uint64_t)cfg->max_keys * sizeof *t->recs;
+    t->bytes = sizeof *t + (uint64_t)hsize * hw + (uint64_t)cfg->max_keys * sizeof *t->recs;
     return t;
 }
 
@@ -394,7 +398,7 @@ static inline int lookup(const struct ki_histtab *t, uint64_t w0, uint64_t w1, u
                          uint32_t *pos) {
     uint32_t i = key_hash(w0, w1, w2, kind) & t->hash_mask;
     for (;;) {
-        uint32_t s = t->hash[i];
+        uint32_t s = t->hash_wide ? ((const uint32_t *)t->hash)[i] : ((const uint16_t *)t->hash)[i];
         if (s == 0) {
             *pos = i;
             return -ENOENT;
@@ -533,7 +537,10 @@ inline int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_
         return -ENOSPC;
     }
     slot = (int)t->used++;
-    t->hash[pos] = (uint32_t)slot + 1;
+    if (t->hash_wide)
+        ((uint32_t *)t->hash)[pos] = (uint32_t)slot + 1;
+    else
+        ((uint16_t *)t->hash)[pos] = (uint16_t)(slot + 1);
     struct ki_hist *nh = rec(t, (uint32_t)slot);
     uint64_t w[3] = {pid_gpu, stream, name_producer};
     memcpy(&nh->key, w, sizeof nh->key);
