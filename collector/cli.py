@@ -54,8 +54,9 @@ DROP_SAMPLES = 1_000_000
 #: Samples per remote_write request with ``--collector``, and requests in flight at once.
 REQUEST_SAMPLES = 20_000
 SENDERS = 4
-#: The mapped file name of chDB's engine (footprint.drop_library_pages).
+#: The mapped file name of chDB's engine, and a part of every mapped file's (footprint.drop_library_pages).
 _CHDB_LIBRARY = "/_chdb."
+_EVERY_FILE = "/"
 #: A single line longer than this is refused rather than buffered.
 MAX_LINE_BYTES = 64 << 20
 
@@ -177,7 +178,10 @@ def _import_stream(args: argparse.Namespace) -> int:
             else:
                 # cache_bytes=0: nothing reads through this process, so no hours to keep or invalidate.
                 # chDB's static initialisers touch ~165 MB of its library (as much again as an
-                # import's whole working set): dropped as they go, it is never all resident.
+                # import's whole working set): dropped as they go, it is never all resident; and
+                # what the imports ran once (Python's, numpy's, Arrow's start-up code) is dropped
+                # before. Peak RSS while the store opens: 279-285 MB -> 215-249.
+                drop_library_pages(_EVERY_FILE)
                 with dropping_library_pages(_CHDB_LIBRARY):
                     opened = open_store(args.store, cluster=args.cluster, cache_bytes=0)
                 with opened as store:

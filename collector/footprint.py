@@ -27,6 +27,8 @@ _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ")
 def drop_library_pages(name_part: str, smaps: Path = Path("/proc/self/smaps")) -> int:
     """Unmap the resident pages of a loaded library's read-only mappings that hold no modified page.
 
+    ``name_part`` is looked for in the mapping's path (``"/"``: every mapped file).
+
     Such a page is the file's own content, kept in the page cache: ``MADV_DONTNEED`` only takes
     it out of this process' page tables, and the next use maps it back from the cache. Code
     that ran once (a library's static initialisers, a schema's first creation) stops counting
@@ -47,7 +49,10 @@ def drop_library_pages(name_part: str, smaps: Path = Path("/proc/self/smaps")) -
         m = _MAPPING.match(line)
         if m is not None:
             start, end, perms = int(m.group(1), 16), int(m.group(2), 16), m.group(3)
-            current = (start, end) if perms in ("r-xp", "r--p") and name_part in line else None
+            rest = line[m.end() :].split(maxsplit=3)  # offset, device, inode, path (if any)
+            path = rest[3] if len(rest) > 3 else ""
+            readonly = perms in ("r-xp", "r--p")
+            current = (start, end) if readonly and path.startswith("/") and name_part in path else None
         elif current is not None and line.startswith("Rss:"):
             rss = int(line.split()[1]) * 1024
         elif current is not None and line.startswith("Anonymous:"):
