@@ -186,7 +186,13 @@ def _import_stream(args: argparse.Namespace) -> int:
                     opened = open_store(args.store, cluster=args.cluster, cache_bytes=0)
                 with opened as store:
                     n, series = _pump(
-                        f, reader, _bounded_writer(store), FLUSH_SAMPLES, size, args.file, rules
+                        f,
+                        reader,
+                        _bounded_writer(store),
+                        args.insert_samples or FLUSH_SAMPLES,
+                        size,
+                        args.file,
+                        rules,
                     )
         except OpenMetricsError as exc:
             raise _ImportError(f"{args.file}: {exc}", 1) from None
@@ -419,6 +425,16 @@ def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._Argum
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {n}")
+    return n
+
+
 def relabeler(args: argparse.Namespace) -> Relabeler | None:
     """The ``--relabel-config`` rules; raises :class:`RelabelError` (a ValueError) for a bad file."""
     path = getattr(args, "relabel_config", None)
@@ -456,6 +472,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--cluster", default=None, help="ClickHouse cluster name (cluster layout, docs/storage.md)"
+    )
+    p.add_argument(
+        "--insert-samples",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"samples per insert into the store (default {FLUSH_SAMPLES:,}: peak RSS under 300 MB; an insert "
+        "holds ~130 bytes a sample, and 250,000 costs ~20%% less CPU at ~320 MB)",
     )
     p.add_argument(
         "--collector",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kernel_insight.cli import main
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
@@ -239,3 +241,28 @@ def test_classic_histograms_import_as_bucket_series_and_native_ones_are_refused_
     err = capsys.readouterr().err
     assert "native.prom: line 1, column 5: invalid value: a native histogram" in err
     assert "send it by remote_write" in err
+
+
+def test_insert_samples_sets_the_insert_size_and_refuses_zero(tmp_path, capsys, monkeypatch):
+    from kernel_insight.collector import cli
+    from kernel_insight.collector.store import Store
+
+    sizes: list[int] = []
+    real = Store.insert_samples
+
+    def counted(self, batch, **kw):
+        sizes.append(len(batch))
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(Store, "insert_samples", counted)
+    monkeypatch.setattr(cli, "CHUNK_BYTES", 64)  # a few lines per chunk
+    f = tmp_path / "five.prom"
+    f.write_text("".join(f'up{{i="{i}"}} 1 {NOW + i}\n' for i in range(5)))
+    assert main(["import", str(f), "--store", str(tmp_path / "d"), "--insert-samples", "2"]) == 0
+    assert "imported 5 samples of 5 series" in capsys.readouterr().out
+    assert sum(sizes) == 5
+    assert max(sizes) < 5  # more than one insert
+    with pytest.raises(SystemExit) as exc:
+        main(["import", str(f), "--insert-samples", "0"])
+    assert exc.value.code == 2
+    assert "must be above 0" in capsys.readouterr().err
