@@ -45,9 +45,10 @@ Handler = Callable[[argparse.Namespace], int]
 #: than 8 MiB, 1.5M against 1.0M samples/s, and kept ~40 MB less resident).
 CHUNK_BYTES = 2 << 20
 #: Samples per insert into an embedded store: ClickHouse wants few, large inserts, but an insert's
-#: working memory grows with it, ~130 bytes a sample (peak RSS for the bench file, 3.4M samples:
-#: 387 MB at 500k, 320 at 250k, 290-295 at 100k; docs/benchmarks.md, "Memory of `ki import`").
-FLUSH_SAMPLES = 100_000
+#: working memory grows with it, ~130 bytes a sample. For the bench file (3.4M samples) at load
+#: ~10: 100k, 255-268 MB peak RSS and 4.2-4.5 CPU s; 200k, 271-277 MB and 3.5-3.6 CPU s; 250k,
+#: 280-290 MB and 3.4-3.7 CPU s (docs/benchmarks.md, "Memory of `ki import`").
+FLUSH_SAMPLES = 200_000
 #: Samples inserted between two drops of chDB's pages (_bounded_writer): what only a merge or the
 #: first insert ran leaves the resident set. Each walks /proc/self/smaps (~15 ms of CPU).
 DROP_SAMPLES = 1_000_000
@@ -479,7 +480,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         metavar="N",
         help=f"samples per insert into the store (default {FLUSH_SAMPLES:,}: peak RSS under 300 MB; an insert "
-        "holds ~130 bytes a sample, and 250,000 costs ~20%% less CPU at ~320 MB)",
+        "holds ~130 bytes a sample; 100,000 takes ~15 MB less and ~20%% more CPU)",
     )
     p.add_argument(
         "--collector",
