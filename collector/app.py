@@ -31,6 +31,7 @@ from kernel_insight.collector.remote_write import (
     RemoteWriteError,
     RemoteWriteTooLarge,
     SeriesCache,
+    announced_size,
     parse_remote_write,
 )
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder, SampleBatch
@@ -38,7 +39,7 @@ from kernel_insight.collector.store import PreparedRows, StorageError, StorageUn
 
 __all__ = [
     "DEFAULT_MAX_BODY",
-    "INLINE_MAX_BODY",
+    "INLINE_MAX_DECODED",
     "BodyTooLarge",
     "RemoteWriteEndpoint",
     "create_app",
@@ -48,11 +49,12 @@ __all__ = [
 #: Largest request body accepted before decompression (Prometheus sends a few MB at most).
 DEFAULT_MAX_BODY = 16 << 20
 
-#: remote_write bodies up to this size (compressed) are decoded on the event loop, larger ones in a
-#: worker thread. Prometheus' 2,000-sample requests are ~40-70 KB and decode in ~0.1-0.3 ms: the
-#: hand-off to a thread and back cost about as much (two wake-ups), and the decode holds the GIL
-#: either way. 256 KiB is ~8k samples: at most a few ms of the loop.
-INLINE_MAX_BODY = 256 << 10
+#: remote_write bodies that decompress to at most this many bytes (as their snappy header says) are
+#: decoded on the event loop, larger ones in a worker thread. bench-import's 2,000-sample requests
+#: (Prometheus' batch) are ~31 KB, ~237 KB decompressed, and decode in ~0.1-0.3 ms: the hand-off
+#: to a thread and back cost about as much (two wake-ups), and the decode holds the GIL either
+#: way. 1 MiB is ~8,500 such samples: a few ms of the loop at most, whatever the compression.
+INLINE_MAX_DECODED = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -244,11 +246,13 @@ def create_app(
             store.insert_histograms(hists)
 
         try:
-            # Small bodies on the loop (INLINE_MAX_BODY); a direct insert (no batcher) always waits
-            # for the engine, so it and large bodies go to a worker thread.
+            # Small bodies on the loop (INLINE_MAX_DECODED; one without a valid header is refused at
+            # once); a direct insert (no batcher) waits for the engine, so it and large bodies go to
+            # a worker thread.
+            size = announced_size(body)
             decoded = (
                 decode()
-                if batcher is not None and len(body) <= INLINE_MAX_BODY
+                if batcher is not None and (size is None or size <= INLINE_MAX_DECODED)
                 else await run_in_threadpool(decode)
             )
             if isinstance(decoded, tuple):

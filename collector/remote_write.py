@@ -37,6 +37,7 @@ __all__ = [
     "RemoteWriteTooLarge",
     "SeriesCache",
     "SeriesEncoder",
+    "announced_size",
     "decode_write_request",
     "decode_write_request_v2",
     "decompress",
@@ -545,14 +546,21 @@ def _histogram(buf: bytes, start: int, end: int) -> dict[str, Any]:
     }
 
 
+def announced_size(body: bytes) -> int | None:
+    """The size a snappy block's header says it decompresses to; None when it has no valid header."""
+    try:
+        return _varint(body, 0, min(len(body), 10))[0]
+    except RemoteWriteError:
+        return None
+
+
 def decompress(body: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
     """Snappy block decompression, refusing bodies that announce more than ``max_decompressed`` bytes."""
     import cramjam
 
-    try:
-        size, _ = _varint(body, 0, min(len(body), 10))
-    except RemoteWriteError:
-        raise RemoteWriteError("not snappy: the body has no valid length header") from None
+    size = announced_size(body)
+    if size is None:
+        raise RemoteWriteError("not snappy: the body has no valid length header")
     if size > max_decompressed:
         raise RemoteWriteTooLarge(
             f"body decompresses to {size} bytes, over the {max_decompressed}-byte limit"

@@ -17,7 +17,7 @@ from kernel_insight.collector import app as app_module
 from kernel_insight.collector import create_app
 from kernel_insight.collector.app import RemoteWriteEndpoint
 from kernel_insight.collector.batcher import Batcher
-from kernel_insight.collector.remote_write import encode_write_request, parse_remote_write
+from kernel_insight.collector.remote_write import announced_size, encode_write_request, parse_remote_write
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
@@ -50,7 +50,7 @@ def test_remote_write_is_answered_ahead_of_the_stack_with_the_routes_answers(sto
         return parse_remote_write(*args, **kwargs)
 
     monkeypatch.setattr(app_module, "parse_remote_write", parse)
-    monkeypatch.setattr(app_module, "INLINE_MAX_BODY", 4096)
+    monkeypatch.setattr(app_module, "INLINE_MAX_DECODED", 64 << 10)
     tokens = TokenStore(tmp_path / "tokens.json")
     app = create_api_app(store, tokens=tokens, interval_s=3600)
     batcher = app.state.remote_write_batcher = Batcher(store)  # as ki collector has it: group commit
@@ -80,9 +80,9 @@ def test_remote_write_is_answered_ahead_of_the_stack_with_the_routes_answers(sto
 
     assert post(_body("fast")).status_code == 204
     assert _count(store, "fast") == 1
-    # Over INLINE_MAX_BODY: decoded in a worker thread, stored the same.
+    # Over INLINE_MAX_DECODED (by its snappy header): decoded in a worker thread, stored the same.
     big = _body("big", 2_000)
-    assert len(big) > app_module.INLINE_MAX_BODY
+    assert announced_size(big) > app_module.INLINE_MAX_DECODED > len(big)
     assert post(big).status_code == 204
     assert _count(store, "big") == 2_000
     loop_thread = threading.current_thread().name  # asyncio.run's loop runs here
