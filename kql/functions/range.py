@@ -350,12 +350,25 @@ def _variance(r: RangeInput) -> F64:
     if result is None:
         result = (aux + c_aux) / np.maximum(w.sorted_cnt, 1)
     for j, values, _ in w.long():
-        if np.isfinite(values).all():
-            center = math.fsum(values) / len(values)
-            result[j] = math.fsum((values - center) ** 2) / len(values)
-        else:
-            result[j] = math.nan
+        result[j] = _long_variance(values)
     return w.restore(result)
+
+
+def _long_variance(values: F64) -> float:
+    """The population variance of a window past the lock step, from correctly rounded sums.
+
+    Squares past the float range make the variance +Inf, as Prometheus' compensated sum of them
+    gives, instead of fsum's OverflowError (which was a 500 for a query over ~1e154 values).
+    """
+    if not np.isfinite(values).all():
+        return math.nan
+    try:
+        center = math.fsum(values) / len(values)
+    except OverflowError:  # the sum leaves the range, the mean does not: Prometheus' running mean
+        center = _sequential_mean(values)
+    with np.errstate(over="ignore"):
+        squares = (values - center) ** 2
+    return _exact_sum(squares) / len(values)
 
 
 def _window_values(r: RangeInput) -> tuple[F64, F64, I64, I64]:
