@@ -35,7 +35,8 @@ def drop_library_pages(name_part: str, smaps: Path = Path("/proc/self/smaps")) -
     in the resident set; code in use comes back at once. A mapping with copy-on-write pages
     (``Anonymous`` above 0: relocations) or write permission is left alone, since dropping it
     would lose them. Returns the bytes that were resident in the mappings dropped; 0 where
-    ``smaps`` cannot be read (not Linux).
+    ``smaps`` cannot be read (not Linux). Not for a library with text relocations while it
+    loads (the loader writes its code between this look and the drop); chDB has none.
     """
     try:
         text = smaps.read_text()
