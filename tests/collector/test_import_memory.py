@@ -61,3 +61,20 @@ def test_import_peak_rss_is_bounded_and_does_not_grow_with_the_file(tmp_path: Pa
     large = _peak_rss_mb(tmp_path, "large", series=500, points=1_600)  # 800k samples, ~65 MB
     assert large < 300, f"ki import of 800k samples peaked at {large:.0f} MB"
     assert large - small < 40, f"peak RSS grew with the file: {small:.0f} -> {large:.0f} MB"
+
+
+def test_ki_import_loads_neither_the_apps_nor_pandas() -> None:
+    """The lean command path: ``ki import`` builds its parser from its own module only."""
+    code = (
+        "import sys\n"
+        "from kernel_insight.cli import main\n"
+        "try:\n"
+        "    main(['import', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in ('fastapi', 'pandas', 'uvicorn', 'kernel_insight.collector.app') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--insert-samples" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
