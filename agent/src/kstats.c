@@ -74,8 +74,13 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
         errno = EINVAL;
         return NULL;
     }
-    struct ki_kstats *ks = calloc(1, sizeof *ks);
+    /* Cache-line aligned: the per-record fields (last key, sampling window) then sit in lines of
+     * their own wherever the heap puts the struct. At malloc's 16-byte alignment the statically
+     * linked agent's heap layout cost ~60% more CPU per kernel (28-30 -> 46-52 ns in
+     * bench.histogram --phases cpu; loads of last_key stalled), aligned both builds read 28-32. */
+    struct ki_kstats *ks = aligned_alloc(64, (sizeof *ks + 63) & ~(size_t)63);
     if (!ks) return NULL;
+    memset(ks, 0, sizeof *ks);
     ks->cfg = *cfg;
     ks->tab = ki_histtab_create(&cfg->hist);
     if (!ks->tab) {

@@ -59,6 +59,22 @@ def _hwm_kb(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
+def _smaps(pid: int) -> dict[str, tuple[int, int]]:
+    """Resident kB and anonymous kB of each mapping of ``pid`` (summed by path; ``[anon]`` for
+    unnamed mappings): where the agent's resident memory is, at the moment of the call."""
+    out: dict[str, tuple[int, int]] = {}
+    cur = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            cur = head[5] if len(head) > 5 else "[anon]"
+            out.setdefault(cur, (0, 0))
+        elif head[0] in ("Rss:", "Anonymous:"):
+            rss, anon = out[cur]
+            out[cur] = (rss + int(head[1]), anon) if head[0] == "Rss:" else (rss, anon + int(head[1]))
+    return out
+
+
 def _start_collector(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp / "data"),
@@ -188,8 +204,10 @@ def agent_figures(
     wire_seconds: int = 300,
     wire_args: tuple[str, ...] = (),
     hist_only: bool = True,
+    show_smaps: bool = False,
 ) -> dict[str, float]:
-    """The agent's figures of ``phases`` (each absent one is NaN)."""
+    """The agent's figures of ``phases`` (each absent one is NaN); ``show_smaps`` prints the hwm
+    run's resident memory by mapping to stderr."""
     from bench.histogram.producer import build_producer
 
     nan = float("nan")
@@ -201,7 +219,7 @@ def agent_figures(
         if "cpu" in phases:
             _cpu(root, producer, seconds, out)
         if "hwm" in phases:
-            _hwm(root, producer, out)
+            _hwm(root, producer, out, show_smaps)
         if "wire" in phases:
             # 3. Wire bytes per GPU-second at 100k kernels/s, with and without kept spans, over a
             # run long enough to hold several histogram exports (histogram_interval_s).
@@ -238,7 +256,7 @@ def _cpu(root: Path, producer: Path, seconds: int, out: dict[str, float]) -> Non
     out["aggregated"] = counters.get("ki_agent_kernels_aggregated_total", 0.0)
 
 
-def _hwm(root: Path, producer: Path, out: dict[str, float]) -> None:
+def _hwm(root: Path, producer: Path, out: dict[str, float], show_smaps: bool = False) -> None:
     """2. VmHWM with 10,000 kernel names."""
     (root / "hwm").mkdir()
     # Histograms shipped every second in this run (default histogram_interval_s: 10), so that the
@@ -248,6 +266,12 @@ def _hwm(root: Path, producer: Path, out: dict[str, float]) -> None:
     run.produce(2_000_000, 10_000, 0)
     time.sleep(1.5)  # one histogram export of every key
     out["hwm_kb"] = _hwm_kb(run.agent.pid)
+    maps = _smaps(run.agent.pid)
+    out["rss_anon_kb"] = sum(a for _, a in maps.values())
+    out["rss_file_kb"] = sum(r - a for r, a in maps.values())
+    if show_smaps:
+        for path, (rss, anon) in sorted(maps.items(), key=lambda kv: -kv[1][0]):
+            print(f"smaps {rss:6d} kB rss {anon:6d} kB anon  {path}", file=sys.stderr)
     counters = run.finish()
     out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
 
@@ -280,6 +304,10 @@ def main() -> None:
         "--histogram-snapshot-s", type=int, default=None,
         help="the wire runs' agent histogram_snapshot_s (0: cumulative histograms only, as before increments)",
     )  # fmt: skip
+    ap.add_argument(
+        "--smaps", action="store_true",
+        help="print the hwm agent's resident and anonymous kB by mapping (/proc/<pid>/smaps) to stderr",
+    )  # fmt: skip
     ap.add_argument("--no-hist-only", action="store_true", help="skip the wire run without kept spans")
     ap.add_argument(
         "--agent-arg", action="append", default=[],
@@ -300,7 +328,7 @@ def main() -> None:
     if a.histogram_snapshot_s is not None:
         wire_args += ("--histogram-snapshot-s", str(a.histogram_snapshot_s))
     wire_args += tuple(a.agent_arg)
-    figs = agent_figures(a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only)
+    figs = agent_figures(a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only, a.smaps)
     q = dict.fromkeys(_KQL_KEYS, float("nan"))
     if not a.skip_kql:
         from bench.histogram.quantile import quantile_figures
