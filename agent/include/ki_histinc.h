@@ -9,9 +9,11 @@
  * (a new base is appended, the old one becomes garbage) and compacted in place when the garbage
  * outweighs the live bases. No allocation after create.
  *
- * A base is kept only for a histogram of at least KI_HISTINC_MIN_BUCKETS populated buckets: a
- * smaller one is sent cumulative every time (an increment would save a few bytes and its base
- * would cost memory: 10,000 kernel names of a few buckets each stay within the agent's 5 MB).
+ * A base is kept only for a histogram of at least KI_HISTINC_MIN_BUCKETS populated buckets and
+ * KI_HISTINC_MIN_COUNT observations: a smaller or quieter one is sent cumulative every time (its
+ * counts are small, so an increment would save a few bytes, and its base would cost memory:
+ * bench-histogram's 10,000 kernel names of ~200 kernels each would add ~0.3 MB to the agent's
+ * peak, over its 5 MB target).
  * When the arena cannot take a base even after compaction, that slot goes without (its next
  * export is a snapshot again) and the refusal is counted.
  *
@@ -26,6 +28,7 @@
 #include "ki_histogram.h"
 
 #define KI_HISTINC_MIN_BUCKETS 8
+#define KI_HISTINC_MIN_COUNT 4096
 
 struct ki_histinc;
 

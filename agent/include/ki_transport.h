@@ -66,9 +66,6 @@ int ki_http_post(struct ki_http *h, const void *body, size_t len, struct ki_http
 /* Drop the connection (after a timeout, so a late answer is never taken for the next request's). */
 void ki_http_reset(struct ki_http *h);
 
-/* Connections opened so far (each one may reach another collector of a tier). */
-uint64_t ki_http_connects(const struct ki_http *h);
-
 /* "host:port" for logs. */
 const char *ki_http_target(const struct ki_http *h);
 

@@ -107,7 +107,6 @@ struct ki_agent {
     uint64_t auth_until_ns;      /* end of the authentication pause */
     uint64_t rng;                /* xorshift state for jitter */
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
-    uint64_t connects_seen;      /* ki_http_connects at the last histogram export */
     int snapshot_asked;          /* a collector asked for histogram snapshots (KI-Histogram-Snapshot) */
     uint64_t lost_records;       /* records in them */
     struct ki_labels labels;     /* the configuration's instance labels, sent in every batch (LABELS) */
@@ -377,12 +376,12 @@ static int seal_batch(struct ki_agent *a, size_t n) {
          * the histograms, shipped every histogram_interval_s (in parts when there are many). */
         if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns())) {
             /* Increments build on the collector's copy of the previous export: while batches are not
-             * getting through, or over a new connection (maybe another collector of the tier), every
-             * histogram goes whole (docs/wire.md, "Increments"). */
-            uint64_t connects = ki_http_connects(a->http);
+             * getting through, every histogram goes whole (docs/wire.md, "Increments"). Not after a
+             * mere reconnect: a collector closes an idle kept-alive connection (uvicorn: after 5 s),
+             * so at a 10 s interval with no spans every export would go over a new one; a collector
+             * that lacks a base says so (KI-Histogram-Snapshot). */
             a->snapshot_asked = 0; /* this export answers an earlier request for snapshots */
-            if (a->failing || a->auth_blocked || connects != a->connects_seen) ki_kstats_snapshot(a->ks, 0);
-            a->connects_seen = connects;
+            if (a->failing || a->auth_blocked) ki_kstats_snapshot(a->ks, 0);
             ki_kstats_encode(a->ks, a->hist, a->hist_cap, &hlen, &hist_ts, mark_name, a);
         }
         /* Body v3, or v4 when the HISTOGRAMS section may hold increments. */

@@ -214,7 +214,7 @@ static void store(struct ki_histinc *b, uint32_t slot, const struct ki_histogram
     drop(b, slot);
     uint32_t nneg = populated(cur->neg_spans, cur->n_neg_spans, cur->neg_deltas);
     uint32_t npos = populated(cur->pos_spans, cur->n_pos_spans, cur->pos_deltas);
-    if (nneg + npos < KI_HISTINC_MIN_BUCKETS) return;
+    if (nneg + npos < KI_HISTINC_MIN_BUCKETS || cur->count < KI_HISTINC_MIN_COUNT) return;
     uint8_t *q = b->scratch + REC_HEAD;
     memcpy(q, &cur->schema, 4);
     memcpy(q + 4, &cur->zero_threshold, 8);

@@ -38,7 +38,6 @@ struct ki_http {
     int reused;              /* the request went out on a kept-alive connection */
     struct ki_tls *tls;      /* TLS library and context for https, else NULL */
     struct ki_tls_conn *conn; /* TLS session on fd */
-    uint64_t connects;       /* connections opened */
     char error[256];         /* words for the last failure */
     char head[1024];         /* request head being built */
     char resp[RESPONSE_MAX]; /* response bytes */
@@ -110,7 +109,6 @@ void ki_http_destroy(struct ki_http *h) {
 
 const char *ki_http_target(const struct ki_http *h) { return h->target; }
 
-uint64_t ki_http_connects(const struct ki_http *h) { return h->connects; }
 
 static int wait_fd(int fd, short events, int timeout_ms) {
     struct pollfd p = {fd, events, 0};
@@ -164,7 +162,6 @@ static int connect_now(struct ki_http *h) {
                 break; /* a TLS failure is not a reason to try the next address */
             }
             h->fd = fd;
-            h->connects++;
             rc = 0;
             break;
         }

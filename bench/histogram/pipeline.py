@@ -10,10 +10,11 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
   ring takes them) and an export of every histogram (``--histogram-interval-s 1`` in this run).
 - ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
   per batch, from the agent's own counters as the collector stored them) per second at 100k
-  kernels/s over 100 names for ``--wire-seconds`` (300: histograms are cumulative, their bytes
-  grow with the agent's uptime, and the first export gives the tail threshold, so a short run
-  flatters the figure: 60 s read ~10% lower); ``hist_only`` the same without
-  kept spans (--span-sample-rate 0 --span-tail-rate 0).
+  kernels/s over 100 names for ``--wire-seconds`` (300: the first export gives the tail threshold,
+  so a short run flatters the figure; cumulative histograms, --histogram-snapshot-s 0, also grow
+  with the agent's uptime), with the frame bytes per second minute by minute and of the first and
+  last minute (``wire_first_min``, ``wire_last_min``: increments keep them flat); ``hist_only``
+  the same without kept spans (--span-sample-rate 0 --span-tail-rate 0).
 
 ``--phases wire --skip-kql`` runs only the wire figures.
 
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,6 +173,8 @@ def _minute_rates(series: list[dict[str, float]]) -> dict[str, float]:
             else float("nan")
         )
 
+    minutes = [rate(t, t + 60) for t in np.arange(t0, t1 - 59, 60.0).tolist()]
+    print("frame bytes per second, minute by minute:", " ".join(f"{m:.0f}" for m in minutes), flush=True)
     return {"first_min_bytes_per_s": rate(t0, t0 + 60), "last_min_bytes_per_s": rate(t1 - 60, t1)}
 
 

@@ -5,7 +5,7 @@ The frame was sealed by the C agent's encoder (tests/agent/c/test_encode_seal.c:
 the decoder made of it. ``frame_v2.kib`` / ``frame_v2.json``: the same records as a version 2
 body (kernels and NCCL operations aggregated into a HISTOGRAMS section, no kernel span kept);
 ``frame_v3.*``: version 3, the same with both kernel spans kept, their correlation column as the
-delta of (correlation - pos); ``frame_v4.*``: version 4, as v2 after an earlier export of twelve
+delta of (correlation - pos); ``frame_v4.*``: version 4, as v2 after an earlier export of 4,096
 more kernels of the first one, whose histogram goes as an increment. Regenerate only when the wire format changes on purpose, and say why
 in the commit: ``.venv/bin/python tests/agent/golden_wire.py``.
 """
@@ -165,7 +165,7 @@ def seal_in_c(tmp: Path, records: Path, *mode: str) -> bytes:
     """The frame the C encoder seals from ``records`` (built from the current sources); mode
     ``"v2"``: a version 2 body, the kernels in a HISTOGRAMS section; ``"v3"``: version 3, the
     kernel spans kept too; ``"v4"``: version 4, GPU 0's kernel histogram as an increment over an
-    earlier export of twelve more kernels."""
+    earlier export of 4,096 more kernels."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_agent_units import run_unit
 

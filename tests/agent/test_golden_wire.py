@@ -101,7 +101,7 @@ def test_the_c_encoder_still_seals_the_v3_golden_frame(tmp_path):
 
 def test_the_decoder_reads_the_v4_golden_frame_as_committed():
     """Version 4: GPU 0's kernel histogram as an increment (one kernel over an earlier export of
-    thirteen: count 13, count_inc 1, one bucket); the others first exports, cumulative. A collector
+    4,097: count 4,097, count_inc 1, one bucket); the others first exports, cumulative. A collector
     that never saw the base leaves the increment out and keeps the rest."""
     from kernel_insight.collector.hist_base import HistogramBases
 
@@ -113,7 +113,7 @@ def test_the_decoder_reads_the_v4_golden_frame_as_committed():
     assert got["body_version"] == 4
     rows = {(r["kind"], r["gpu"]): r for r in got["histograms"]["rows"]}
     inc = rows[("KERNEL", 0)]
-    assert (inc["increment"], inc["first"], inc["count"], inc["count_inc"]) == (True, False, 13, 1)
+    assert (inc["increment"], inc["first"], inc["count"], inc["count_inc"]) == (True, False, 4097, 1)
     assert sum(inc["pos_deltas"]) == 1
     assert all(not r["increment"] and r["first"] for k, r in rows.items() if k != ("KERNEL", 0))
     assert batch.histograms is not None

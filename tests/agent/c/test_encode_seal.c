@@ -4,7 +4,7 @@
  *                                 kept: sample and tail rates 0), the other records as they are
  *   test_encode_seal IN OUT v3    body version 3: as v2, but every kernel span kept (sample rate
  *                                 1000/s), its correlation column as the delta of (correlation - pos)
- *   test_encode_seal IN OUT v4    body version 4: as v2, after an earlier export of twelve more
+ *   test_encode_seal IN OUT v4    body version 4: as v2, after an earlier export of 4,096 more
  *                                 kernels of IN's first kernel: that histogram goes as an increment */
 #define _POSIX_C_SOURCE 200809L
 #include <sodium.h>
@@ -64,16 +64,16 @@ int main(int argc, char **argv) {
         hist = malloc(bound);
         CHECK(hist != NULL);
         uint64_t mono = 1;
-        if (version == 4) { /* an earlier export: the first kernel's histogram with 13 buckets, a base */
-            static struct ki_record more[12];
+        if (version == 4) { /* an earlier export: the first kernel's histogram, 4,096 kernels in 12 buckets: a base */
+            static struct ki_record more[4096];
             size_t k0 = 0;
             while (k0 < n && recs[k0].rec.type != KI_REC_KERNEL) k0++;
             CHECK(k0 < n);
-            for (int j = 0; j < 12; j++) {
+            for (int j = 0; j < 4096; j++) {
                 more[j] = recs[k0];
-                more[j].rec.u.kernel.end_ns = more[j].rec.ts_ns + (2000ULL << j);
+                more[j].rec.u.kernel.end_ns = more[j].rec.ts_ns + (2000ULL << (j % 12));
             }
-            CHECK_EQ(ki_kstats_feed(ks, more, 12), 0);
+            CHECK_EQ(ki_kstats_feed(ks, more, 4096), 0);
             CHECK(ki_kstats_want(ks, mono, last - 1000000));
             CHECK_EQ(ki_kstats_encode(ks, hist, bound, &hlen, &hts, NULL, NULL), 0);
             CHECK(hlen > 0 && !ki_kstats_pending(ks));
