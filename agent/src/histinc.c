@@ -9,8 +9,10 @@
 
 /* A base in the arena: u32 slot, u32 generation, u32 payload bytes, then the payload: i32 schema,
  * f64 zero threshold, varints zero count, count, negative and positive bucket counts, then per
- * bucket (negatives first) zigzag(index - previous index of its side) and its count. Read and
- * written with memcpy: records are not aligned. */
+ * bucket (negatives first) varint(count << 1 | 1) when its index is the previous one's + 1 (most
+ * buckets of a distribution's body: one byte less each), else varint(count << 1) and
+ * zigzag(index - previous index of its side). Read and written with memcpy: records are not
+ * aligned. */
 #define REC_HEAD 12u
 #define PAY_FIXED 12u
 #define COMPACT_MIN (64u << 10) /* garbage below this is never worth a compaction */
@@ -155,15 +157,28 @@ static void emit(struct emit *e, int64_t i, int64_t c) {
     e->next = i + 1;
 }
 
+/* The next bucket of a base: *bi (the previous index, 0 before the first) moves to its index. */
+static int get_bucket(const uint8_t **p, const uint8_t *end, int64_t *bi, uint64_t *bc) {
+    uint64_t v, z;
+    if (ki_varint_get(p, end, &v) < 0) return -1;
+    *bc = v >> 1;
+    if (v & 1) {
+        *bi += 1;
+        return 0;
+    }
+    if (ki_varint_get(p, end, &z) < 0) return -1;
+    *bi += (int64_t)ki_unzigzag(z);
+    return 0;
+}
+
 /* The buckets of one side that grew since the base (nb entries at *p): into out. 0, or -1 when the
  * base does not fit under cur (a bucket gone or smaller: never for one series of one run). */
 static int diff_side(struct walk *w, const uint8_t **p, const uint8_t *end, uint64_t nb, struct emit *out) {
     int64_t bi = 0, i, c;
-    uint64_t z = 0, bc = 0;
+    uint64_t bc = 0;
     int have = 0;
     if (nb) {
-        if (ki_varint_get(p, end, &z) < 0 || ki_varint_get(p, end, &bc) < 0) return -1;
-        bi = (int64_t)ki_unzigzag(z);
+        if (get_bucket(p, end, &bi, &bc) < 0) return -1;
         have = 1;
         nb--;
     }
@@ -175,8 +190,7 @@ static int diff_side(struct walk *w, const uint8_t **p, const uint8_t *end, uint
             add = c - (int64_t)bc;
             have = 0;
             if (nb) {
-                if (ki_varint_get(p, end, &z) < 0 || ki_varint_get(p, end, &bc) < 0) return -1;
-                bi += (int64_t)ki_unzigzag(z);
+                if (get_bucket(p, end, &bi, &bc) < 0) return -1;
                 have = 1;
                 nb--;
             }
@@ -186,15 +200,17 @@ static int diff_side(struct walk *w, const uint8_t **p, const uint8_t *end, uint
     return have ? -1 : 0;
 }
 
-/* Encode one side's populated buckets after the record's fixed part; returns bytes written. */
+/* Encode one side's populated buckets after the record's fixed part; returns bytes written. Counts
+ * below 2^62 (store checks the total): count << 1 fits a varint. */
 static size_t put_side(uint8_t *q, const struct ki_histogram_span *sp, uint32_t ns, const int64_t *d, uint32_t *n) {
     struct walk w = {sp, d, ns, 0, 0, 0, 0, 0};
     int64_t i, c, prev = 0;
     size_t o = 0;
     *n = 0;
     while (walk_next(&w, &i, &c)) {
-        o += ki_varint_put(q + o, ki_zigzag((uint64_t)(i - prev)));
-        o += ki_varint_put(q + o, (uint64_t)c);
+        int next = i == prev + 1;
+        o += ki_varint_put(q + o, (uint64_t)c << 1 | (uint64_t)next);
+        if (!next) o += ki_varint_put(q + o, ki_zigzag((uint64_t)(i - prev)));
         prev = i;
         (*n)++;
     }
@@ -214,7 +230,7 @@ static void store(struct ki_histinc *b, uint32_t slot, const struct ki_histogram
     drop(b, slot);
     uint32_t nneg = populated(cur->neg_spans, cur->n_neg_spans, cur->neg_deltas);
     uint32_t npos = populated(cur->pos_spans, cur->n_pos_spans, cur->pos_deltas);
-    if (nneg + npos < KI_HISTINC_MIN_BUCKETS || cur->count < KI_HISTINC_MIN_COUNT) return;
+    if (nneg + npos < KI_HISTINC_MIN_BUCKETS || cur->count < KI_HISTINC_MIN_COUNT || cur->count >= (1ULL << 62)) return;
     uint8_t *q = b->scratch + REC_HEAD;
     memcpy(q, &cur->schema, 4);
     memcpy(q + 4, &cur->zero_threshold, 8);
