@@ -5,7 +5,7 @@ count and buckets added since its previous export of that series; ``count`` and 
 cumulative, and ``count_inc`` (count minus the previous export's count) names the base. Within one
 agent run (epoch) a series is exported only when its count grew, so the base's count identifies
 the base exactly. This module keeps, per (epoch, series), the last few cumulative histograms the
-agent shipped (snapshots and rebuilt increments alike) and rebuilds each increment into the
+agent shipped of at least ``BASE_MIN_COUNT`` observations (snapshots and rebuilt increments alike) and rebuilds each increment into the
 cumulative histogram the agent holds, bucket for bucket, so storage and kql see exactly what a
 snapshot would have said.
 
@@ -32,7 +32,12 @@ import numpy.typing as npt
 
 from kernel_insight.collector.wire_hist import FLAG_FIRST, HistKind, HistRow, WireHistograms
 
-__all__ = ["HistogramBases"]
+__all__ = ["BASE_MIN_COUNT", "HistogramBases"]
+
+#: The wire's rule (docs/wire.md, "Increments"): an agent sends an increment only over an export
+#: of at least this many observations, so no lighter export is kept as a base. An agent holds
+#: thousands of rarely launched kernels; their bases would be memory spent for nothing.
+BASE_MIN_COUNT = 4096
 
 _Key = tuple[int, int, int, int, int, int]  # kind, producer, id, gpu, pid, stream (the wire's key)
 
@@ -109,11 +114,13 @@ class HistogramBases:
     deriver's lock covers it.
     """
 
-    def __init__(self, keep: int = 4, epochs: int = 2) -> None:
+    def __init__(self, keep: int = 4, epochs: int = 2, min_count: int | None = None) -> None:
         if keep < 1 or epochs < 1:
             raise ValueError("keep at least one base of at least one agent run")
         self.keep = keep
         self.epochs = epochs
+        #: Exports of fewer observations are no base (BASE_MIN_COUNT unless given).
+        self.min_count = BASE_MIN_COUNT if min_count is None else min_count
         self._runs: dict[int, dict[_Key, dict[int, _Cum]]] = {}
 
     def __len__(self) -> int:
@@ -131,7 +138,8 @@ class HistogramBases:
     def resolve(self, h: WireHistograms, epoch: int) -> tuple[WireHistograms | None, int]:
         """The section with every increment rebuilt into its cumulative histogram, and how many
         increments were left out for want of their base (None when nothing is left). Every
-        histogram shipped becomes a base for the next increments of its series.
+        histogram shipped of at least ``min_count`` observations becomes a base for the next
+        increments of its series.
 
         Raises ValueError for an increment that would make a bucket negative (no agent sends one).
         """
@@ -167,11 +175,14 @@ class HistogramBases:
                 )
             else:
                 cum = _Cum(row.schema, row.zero_threshold, row.zero_count, row.count, row.sum, pos, neg)
-            if history is None or row.first:
-                history = series[key] = {}
-            history[cum.count] = cum
-            while len(history) > self.keep:
-                del history[next(iter(history))]
+            if cum.count >= self.min_count:
+                if history is None or row.first:
+                    history = series[key] = {}
+                history[cum.count] = cum
+                while len(history) > self.keep:
+                    del history[next(iter(history))]
+            elif row.first and history is not None:
+                del series[key]  # a new start of the series: the bases of the old one are none of its
             ps, pd = _spans(cum.pos)
             ns, nd = _spans(cum.neg)
             out.append(

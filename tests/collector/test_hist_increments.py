@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from kernel_insight.agent.records import RECORD_DTYPE
-from kernel_insight.collector import wire
+from kernel_insight.collector import hist_base, wire
 from kernel_insight.collector.derive import Deriver
+from kernel_insight.collector.hist_base import BASE_MIN_COUNT
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.wire_hist import (
     HistKind,
@@ -32,6 +33,13 @@ T0 = 1_700_000_000 * 10**9
 S = 10**9
 
 Buckets = dict[int, int]
+
+
+@pytest.fixture(autouse=True)
+def _every_export_a_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rebuilding tests use small counts: every export is a base in process here (the real
+    collector's test, a separate process, keeps the real rule and counts above it)."""
+    monkeypatch.setattr(hist_base, "BASE_MIN_COUNT", 1)
 
 
 def make_buckets(b: Buckets) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
@@ -229,7 +237,8 @@ def test_the_real_collector_stores_rebuilt_increments_once_and_asks_for_a_snapsh
     """`ki collector` on loopback: v4 frames over HTTP, the stored cumulative histograms read back from chDB."""
     enrolled = KeyStore(tmp_path / "keys.json").add_agent("inc")
     aid, key = enrolled.agent_id, enrolled.key
-    a, b, c = {0: 2, 4: 1}, {0: 5, 4: 1, 6: 2}, {0: 6, 4: 3, 6: 2}
+    n = BASE_MIN_COUNT  # bases hold at least this many observations (docs/wire.md)
+    a, b, c = {0: n, 4: 1}, {0: n + 3, 4: 1, 6: 2}, {0: n + 4, 4: 3, 6: 2}
 
     now = time.time_ns() // S * S  # inside the store's retention
 
@@ -241,16 +250,18 @@ def test_the_real_collector_stores_rebuilt_increments_once_and_asks_for_a_snapsh
 
     proc, url = start_collector(tmp_path)
     try:
-        status, headers = _post(url, frame(0, [row(a, 0, 3, 0.3, first=True)]))
+        status, headers = _post(url, frame(0, [row(a, 0, n + 1, 0.3, first=True)]))
         assert status == 200
         assert "ki-histogram-snapshot" not in headers
-        inc = frame(1, [row(b, 0, 8, 0.8, base=(a, 0, 3))])
+        inc = frame(1, [row(b, 0, n + 6, 0.8, base=(a, 0, n + 1))])
         assert _post(url, inc)[0] == 200
         assert _post(url, inc)[0] == 409  # a retry is not stored (nor added) again
-        status, headers = _post(url, frame(2, [row(c, 0, 11, 1.1, base=({0: 1}, 0, 1))]))  # a base never sent
+        status, headers = _post(
+            url, frame(2, [row(c, 0, n + 9, 1.1, base=({0: 1}, 0, 1))])
+        )  # a base never sent
         assert status == 200  # the batch is good; its increment alone is left out
         assert headers.get("ki-histogram-snapshot") == "1"
-        status, headers = _post(url, frame(3, [row(c, 0, 11, 1.1, base=(b, 0, 8))]))
+        status, headers = _post(url, frame(3, [row(c, 0, n + 9, 1.1, base=(b, 0, n + 6))]))
         assert status == 200
         assert "ki-histogram-snapshot" not in headers  # asked once, not on every answer
     finally:
@@ -265,10 +276,32 @@ def test_the_real_collector_stores_rebuilt_increments_once_and_asks_for_a_snapsh
         ).to_pylist()
     finally:
         store.close()
-    assert [h["count"] for h in got] == [3, 8, 11]  # seq 2's point is the one lost
+    assert [h["count"] for h in got] == [n + 1, n + 6, n + 9]  # seq 2's point is the one lost
     spans, deltas = make_buckets(c)
     want = np.cumsum(deltas).tolist()
     assert (list(zip(got[-1]["po"], got[-1]["pl"], strict=True)), [int(x) for x in got[-1]["pc"]]) == (
         [tuple(s) for s in spans],
         want,
     )
+
+
+def test_only_exports_of_at_least_base_min_count_observations_are_kept_as_bases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wire's rule: an agent increments only over exports of >= 4,096 observations, so a
+    collector keeps no base for a lighter one (an agent's rarely launched kernels cost nothing)."""
+    monkeypatch.setattr(hist_base, "BASE_MIN_COUNT", BASE_MIN_COUNT)
+    n = BASE_MIN_COUNT
+    d = Deriver("host-1")
+    rows, _ = derive(d, [row({0: 10}, 0, 10, 0.1, first=True)], T0)
+    assert [r["count"] for r in rows] == [10]  # stored as ever
+    assert len(d.hist_bases) == 0
+    rows, values = derive(d, [row({0: 11}, 0, 11, 0.1, base=({0: 10}, 0, 10))], T0 + S)
+    assert rows == []  # no agent sends this one
+    assert values["histogram_without_base"] == 1
+    derive(d, [row({0: n, 2: 1}, 0, n + 1, 0.5)], T0 + 2 * S)
+    assert len(d.hist_bases) == 1
+    rows, _ = derive(d, [row({0: n + 2, 2: 1}, 0, n + 3, 0.6, base=({0: n, 2: 1}, 0, n + 1))], T0 + 3 * S)
+    assert [r["count"] for r in rows] == [n + 3]
+    rows, _ = derive(d, [row({0: 5}, 0, 5, 0.1, first=True)], T0 + 4 * S)  # the series starts again
+    assert len(d.hist_bases) == 0
