@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.collector.wire_hist import FLAG_FIRST, HistKind, HistRow, WireHistograms
+from kernel_insight.collector.wire_hist import FLAG_FIRST, FLAG_INCREMENT, HistKind, HistRow, WireHistograms
 
 __all__ = ["BASE_MIN_COUNT", "HistogramBases"]
 
@@ -141,71 +141,214 @@ class HistogramBases:
         histogram shipped of at least ``min_count`` observations becomes a base for the next
         increments of its series.
 
-        Raises ValueError for an increment that would make a bucket negative (no agent sends one).
+        A cumulative row whose buckets are already laid out as :func:`_spans` lays them out
+        (what an agent's export writes) goes on as it came: re-encoding it would give the same
+        spans and deltas. Only increments, other layouts and the rows that touch the bases
+        (bases kept, a series' first export) are looked at one by one; a section of light
+        kernels' snapshots is handed on unchanged.
+
+        Raises ValueError for a histogram with a negative bucket (no agent sends one).
         """
+        n = len(h)
+        pos = _section_side(h.n_pos_spans, h.pos_span_offset, h.pos_span_length, h.pos_delta, n)
+        neg = _section_side(h.n_neg_spans, h.neg_span_offset, h.neg_span_length, h.neg_delta, n)
+        if np.any(pos.counts < 0) or np.any(neg.counts < 0):
+            raise ValueError("a histogram with a negative bucket count")
+        increment = (h.flags & FLAG_INCREMENT) != 0
+        passes = ~increment & pos.canonical & neg.canonical
+        slow = ~passes | ((h.flags & FLAG_FIRST) != 0) | (h.count >= np.uint64(max(self.min_count, 0)))
         series = self._series(epoch)
-        out: list[HistRow] = []
+        rebuilt: dict[int, HistRow] = {}
+        dropped: list[int] = []
         unresolved = 0
-        for row in h.rows():
-            key = (
-                int(row.kind),
-                row.producer,
-                row.id,
-                row.gpu,
-                row.pid,
-                0 if row.stream is None else row.stream + 1,
+        if not n:
+            return None, 0
+        which = np.flatnonzero(slow).tolist()
+        for i, row in zip(which, h.rows(which), strict=True):
+            cum = self._step(series, row, pos.side(i), neg.side(i))
+            if cum is None:
+                unresolved += 1
+                dropped.append(i)
+            elif not passes[i]:
+                rebuilt[i] = _cumulative_row(row, cum)
+        if not rebuilt and not dropped:
+            return h, 0
+        keep = np.ones(n, dtype=bool)
+        keep[dropped] = False
+        if rebuilt:
+            keep[list(rebuilt)] = False
+        order = np.concatenate(
+            [np.flatnonzero(keep), np.fromiter(rebuilt, dtype=np.int64, count=len(rebuilt))]
+        )
+        if not len(order):
+            return None, unresolved
+        parts = _take(h, np.flatnonzero(keep))
+        if rebuilt:
+            parts = _concat(parts, _columns(h.ts_ns, list(rebuilt.values())))
+        return _take(parts, np.argsort(order, kind="stable")), unresolved
+
+    def _step(self, series: dict[_Key, dict[int, _Cum]], row: HistRow, pos: _Side, neg: _Side) -> _Cum | None:
+        """One row against its series' bases: its cumulative histogram (None: an increment whose
+        base is not held), kept as a base when heavy enough."""
+        key = (
+            int(row.kind),
+            row.producer,
+            row.id,
+            row.gpu,
+            row.pid,
+            0 if row.stream is None else row.stream + 1,
+        )
+        history = series.get(key)
+        if row.increment:
+            base = history.get(row.count - row.count_inc) if history else None
+            if base is None or base.schema != row.schema or base.zero_threshold != row.zero_threshold:
+                return None
+            cum = _Cum(
+                row.schema,
+                row.zero_threshold,
+                base.zero_count + row.zero_count,
+                row.count,
+                row.sum,
+                _add(base.pos, pos),
+                _add(base.neg, neg),
             )
-            pos, neg = _absolute(row.pos_spans, row.pos_deltas), _absolute(row.neg_spans, row.neg_deltas)
-            if np.any(pos[1] < 0) or np.any(neg[1] < 0):
-                raise ValueError("a histogram with a negative bucket count")
-            history = series.get(key)
-            if row.increment:
-                base = history.get(row.count - row.count_inc) if history else None
-                if base is None or base.schema != row.schema or base.zero_threshold != row.zero_threshold:
-                    unresolved += 1
-                    continue
-                cum = _Cum(
-                    row.schema,
-                    row.zero_threshold,
-                    base.zero_count + row.zero_count,
-                    row.count,
-                    row.sum,
-                    _add(base.pos, pos),
-                    _add(base.neg, neg),
-                )
-            else:
-                cum = _Cum(row.schema, row.zero_threshold, row.zero_count, row.count, row.sum, pos, neg)
-            if cum.count >= self.min_count:
-                if history is None or row.first:
-                    history = series[key] = {}
-                history[cum.count] = cum
-                while len(history) > self.keep:
-                    del history[next(iter(history))]
-            elif row.first and history is not None:
-                del series[key]  # a new start of the series: the bases of the old one are none of its
-            ps, pd = _spans(cum.pos)
-            ns, nd = _spans(cum.neg)
-            out.append(
-                HistRow(
-                    HistKind(row.kind),
-                    producer=row.producer,
-                    id=row.id,
-                    gpu=row.gpu,
-                    pid=row.pid,
-                    stream=row.stream,
-                    schema=cum.schema,
-                    zero_threshold=cum.zero_threshold,
-                    zero_count=cum.zero_count,
-                    count=cum.count,
-                    sum=cum.sum,
-                    pos_spans=ps,
-                    pos_deltas=pd,
-                    neg_spans=ns,
-                    neg_deltas=nd,
-                    first=row.first,
-                )
-            )
-        return (_columns(h.ts_ns, out) if out else None), unresolved
+        else:
+            cum = _Cum(row.schema, row.zero_threshold, row.zero_count, row.count, row.sum, pos, neg)
+        if cum.count >= self.min_count:
+            if history is None or row.first:
+                history = series[key] = {}
+            history[cum.count] = cum
+            while len(history) > self.keep:
+                del history[next(iter(history))]
+        elif row.first and history is not None:
+            del series[key]  # a new start of the series: the bases of the old one are none of its
+        return cum
+
+
+def _cumulative_row(row: HistRow, cum: _Cum) -> HistRow:
+    """``row`` as the cumulative histogram ``cum``, its buckets laid out by :func:`_spans`."""
+    ps, pd = _spans(cum.pos)
+    ns, nd = _spans(cum.neg)
+    return HistRow(
+        HistKind(row.kind),
+        producer=row.producer,
+        id=row.id,
+        gpu=row.gpu,
+        pid=row.pid,
+        stream=row.stream,
+        schema=cum.schema,
+        zero_threshold=cum.zero_threshold,
+        zero_count=cum.zero_count,
+        count=cum.count,
+        sum=cum.sum,
+        pos_spans=ps,
+        pos_deltas=pd,
+        neg_spans=ns,
+        neg_deltas=nd,
+        first=row.first,
+    )
+
+
+class _SectionSide:
+    """One side (positive or negative) of every row of a section: where each row's spans and
+    buckets lie in the flat columns, every bucket's index and absolute count, and which rows
+    are laid out as :func:`_spans` would lay out their non-zero buckets (``canonical``)."""
+
+    __slots__ = ("bucket_off", "canonical", "counts", "index", "span_off")
+
+    def __init__(
+        self, span_off: I64, bucket_off: I64, index: I64, counts: I64, canonical: npt.NDArray[np.bool_]
+    ) -> None:
+        self.span_off, self.bucket_off = span_off, bucket_off
+        self.index, self.counts, self.canonical = index, counts, canonical
+
+    def side(self, i: int) -> _Side:
+        """Row ``i``'s non-zero buckets, as :func:`_absolute` gives them."""
+        a, b = int(self.bucket_off[i]), int(self.bucket_off[i + 1])
+        counts = self.counts[a:b]
+        keep = counts != 0
+        return self.index[a:b][keep].astype(np.int32), counts[keep]
+
+
+def _section_side(
+    n_spans: npt.NDArray[np.uint64], offsets: I64, lengths: npt.NDArray[np.uint64], deltas: I64, n: int
+) -> _SectionSide:
+    """:class:`_SectionSide` of one side's columns, for all ``n`` rows at once."""
+    span_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_spans.astype(np.int64), out=span_off[1:])
+    length = lengths.astype(np.int64)
+    span_end = np.zeros(len(length) + 1, dtype=np.int64)
+    np.cumsum(length, out=span_end[1:])
+    bucket_off = span_end[span_off]
+    nb = int(bucket_off[-1])
+    row_of_bucket = np.repeat(np.arange(n, dtype=np.int64), np.diff(bucket_off))
+    # Prometheus deltas run across a row's spans: the absolute counts are a running sum
+    # restarted at each row (int64 wrap-around as the per-row sum's).
+    run = np.cumsum(deltas)
+    before = np.concatenate([[0], run])[bucket_off[:-1]]
+    counts = run - before[row_of_bucket] if nb else np.zeros(0, dtype=np.int64)
+    # Bucket indexes: a span starts ``offset`` after the previous span's end (the first at ``offset``).
+    row_of_span = np.repeat(np.arange(n, dtype=np.int64), np.diff(span_off))
+    first_span = np.zeros(len(length), dtype=bool)
+    first_span[span_off[:-1][np.diff(span_off) > 0]] = True
+    step = offsets + np.where(first_span, 0, np.concatenate([[0], length[:-1]]))
+    srun = np.cumsum(step)
+    span_start = srun - np.concatenate([[0], srun])[span_off[:-1]][row_of_span] if len(length) else srun
+    span_of_bucket = np.repeat(np.arange(len(length), dtype=np.int64), length)
+    index = span_start[span_of_bucket] + (np.arange(nb, dtype=np.int64) - span_end[:-1][span_of_bucket])
+    # _spans' layout: every span non-empty, a gap of more than two buckets before every span but
+    # a row's first, each span's first and last bucket non-zero, no three zero buckets in a row.
+    bad_span = (length == 0) | (~first_span & (offsets <= 2))
+    if nb:
+        zero = counts == 0
+        bad_span |= zero[np.minimum(span_end[:-1], nb - 1)] | zero[np.maximum(span_end[1:] - 1, 0)]
+        triple = np.zeros(nb, dtype=bool)
+        triple[2:] = zero[2:] & zero[1:-1] & zero[:-2]
+        bad_bucket = np.bincount(row_of_bucket[triple], minlength=n) > 0
+    else:
+        bad_bucket = np.zeros(n, dtype=bool)
+    canonical = ~bad_bucket & ~(np.bincount(row_of_span[bad_span], minlength=n) > 0)
+    return _SectionSide(span_off, bucket_off, index, counts, canonical)
+
+
+_FIXED_COLUMNS = (
+    "kind", "producer", "id", "gpu", "pid", "stream", "flags", "schema", "zero_threshold",
+    "zero_count", "count", "sum", "n_pos_spans", "n_neg_spans", "count_inc",
+)  # fmt: skip
+
+
+def _ranges(off: I64, idx: I64) -> I64:
+    """Positions ``off[i]:off[i + 1]`` for each ``i`` of ``idx``, concatenated."""
+    starts, lengths = off[idx], off[idx + 1] - off[idx]
+    ends = np.cumsum(lengths)
+    out: I64 = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
+    return out
+
+
+def _take(h: WireHistograms, idx: I64) -> WireHistograms:
+    """Rows ``idx`` of a section, in that order."""
+    n = len(h)
+    cols = {name: getattr(h, name)[idx] for name in _FIXED_COLUMNS}
+    for side in ("pos", "neg"):
+        span_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(getattr(h, f"n_{side}_spans").astype(np.int64), out=span_off[1:])
+        lengths = getattr(h, f"{side}_span_length")
+        span_end = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths.astype(np.int64), out=span_end[1:])
+        spans = _ranges(span_off, idx)
+        cols[f"{side}_span_offset"] = getattr(h, f"{side}_span_offset")[spans]
+        cols[f"{side}_span_length"] = lengths[spans]
+        cols[f"{side}_delta"] = getattr(h, f"{side}_delta")[_ranges(span_end[span_off], idx)]
+    return WireHistograms(h.ts_ns, **cols)
+
+
+def _concat(a: WireHistograms, b: WireHistograms) -> WireHistograms:
+    """The rows of ``a`` then those of ``b``."""
+    names = (
+        *_FIXED_COLUMNS,
+        *(f"{s}_{c}" for s in ("pos", "neg") for c in ("span_offset", "span_length", "delta")),
+    )
+    return WireHistograms(a.ts_ns, **{k: np.concatenate([getattr(a, k), getattr(b, k)]) for k in names})
 
 
 def _columns(ts_ns: int, rows: Sequence[HistRow]) -> WireHistograms:

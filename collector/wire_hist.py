@@ -148,27 +148,35 @@ class WireHistograms:
     def __len__(self) -> int:
         return len(self.kind)
 
-    def rows(self) -> list[HistRow]:
-        """Each histogram as a HistRow (tests and tools; the collector works on the columns)."""
+    def rows(self, which: Sequence[int] | None = None) -> list[HistRow]:
+        """Each histogram (or those of the rows ``which``, ascending) as a HistRow: tests, tools,
+        and the few rows the collector looks at one by one (it works on the columns)."""
+        n = len(self)
+        span_off = {s: np.zeros(n + 1, dtype=np.int64) for s in ("pos", "neg")}
+        bucket_off = {}
+        for side, per_row in (("pos", self.n_pos_spans), ("neg", self.n_neg_spans)):
+            np.cumsum(per_row.astype(np.int64), out=span_off[side][1:])
+            ends = np.zeros(len(getattr(self, f"{side}_span_length")) + 1, dtype=np.int64)
+            np.cumsum(getattr(self, f"{side}_span_length").astype(np.int64), out=ends[1:])
+            bucket_off[side] = ends[span_off[side]].tolist()
+        pso, nso = span_off["pos"].tolist(), span_off["neg"].tolist()
+        pbo, nbo = bucket_off["pos"], bucket_off["neg"]
         out = []
-        ps = pd = ns = nd = 0
-        for i in range(len(self)):
-            np_, nn = int(self.n_pos_spans[i]), int(self.n_neg_spans[i])
+        for i in range(n) if which is None else which:
             pspans = tuple(
                 zip(
-                    self.pos_span_offset[ps : ps + np_].tolist(),
-                    self.pos_span_length[ps : ps + np_].tolist(),
+                    self.pos_span_offset[pso[i] : pso[i + 1]].tolist(),
+                    self.pos_span_length[pso[i] : pso[i + 1]].tolist(),
                     strict=True,
                 )
             )
             nspans = tuple(
                 zip(
-                    self.neg_span_offset[ns : ns + nn].tolist(),
-                    self.neg_span_length[ns : ns + nn].tolist(),
+                    self.neg_span_offset[nso[i] : nso[i + 1]].tolist(),
+                    self.neg_span_length[nso[i] : nso[i + 1]].tolist(),
                     strict=True,
                 )
             )
-            pl, nl = sum(n for _, n in pspans), sum(n for _, n in nspans)
             stream = int(self.stream[i])
             out.append(
                 HistRow(
@@ -184,15 +192,14 @@ class WireHistograms:
                     count=int(self.count[i]),
                     sum=float(self.sum[i]),
                     pos_spans=pspans,
-                    pos_deltas=tuple(self.pos_delta[pd : pd + pl].tolist()),
+                    pos_deltas=tuple(self.pos_delta[pbo[i] : pbo[i + 1]].tolist()),
                     neg_spans=nspans,
-                    neg_deltas=tuple(self.neg_delta[nd : nd + nl].tolist()),
+                    neg_deltas=tuple(self.neg_delta[nbo[i] : nbo[i + 1]].tolist()),
                     first=bool(int(self.flags[i]) & FLAG_FIRST),
                     increment=bool(int(self.flags[i]) & FLAG_INCREMENT),
                     count_inc=int(self.count_inc[i]),
                 )
             )
-            ps, ns, pd, nd = ps + np_, ns + nn, pd + pl, nd + nl
         return out
 
 
