@@ -61,19 +61,6 @@ class _Cum:
     neg: _Side
 
 
-def _absolute(spans: Sequence[tuple[int, int]], deltas: Sequence[int]) -> _Side:
-    """Spans and Prometheus deltas -> the non-zero buckets (sorted indexes, counts)."""
-    idx: list[int] = []
-    i = 0
-    for offset, length in spans:
-        i += offset
-        idx.extend(range(i, i + length))
-        i += length
-    counts = np.cumsum(np.asarray(deltas, dtype=np.int64))
-    keep = counts != 0
-    return np.asarray(idx, dtype=np.int32)[keep], counts[keep]
-
-
 def _spans(side: _Side) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
     """client_golang's makeBuckets: spans with gaps of up to two buckets filled with zeros, counts
     as deltas (what the agent's export writes, so a rebuilt histogram equals its snapshot)."""
@@ -263,7 +250,7 @@ class _SectionSide:
         self.index, self.counts, self.canonical = index, counts, canonical
 
     def side(self, i: int) -> _Side:
-        """Row ``i``'s non-zero buckets, as :func:`_absolute` gives them."""
+        """Row ``i``'s non-zero buckets (sorted indexes, counts)."""
         a, b = int(self.bucket_off[i]), int(self.bucket_off[i + 1])
         counts = self.counts[a:b]
         keep = counts != 0

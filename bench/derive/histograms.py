@@ -6,7 +6,8 @@ rarely launched (snapshots under ``BASE_MIN_COUNT`` observations, in client_gola
 a few hundred hot ones shipped as increments over their previous export. The two modules run
 interleaved, batch for batch, so a loaded machine skews both alike (CPU time of this process).
 
-    python -m bench.derive.histograms --reference tests/collector/hist_base_reference.py
+    git show 3c808df:collector/hist_base.py > /tmp/hist_base_main.py   # before the pass-through
+    python -m bench.derive.histograms --reference /tmp/hist_base_main.py
 
 Ends with ``BENCH derive_histograms resolve_us_per_hist=<n> [reference_resolve_us_per_hist=<n>]
 derive_us_per_hist=<n> [reference_derive_us_per_hist=<n>]``.

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.collector import wire
-from kernel_insight.collector.hist_base import HistogramBases
+from kernel_insight.collector.hist_base import HistogramBases, _spans
 from kernel_insight.collector.wire_hist import (
     HistKind,
     HistRow,
@@ -35,7 +35,7 @@ Layout = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
 
 def make_buckets(b: Buckets) -> Layout:
     """client_golang's makeBuckets (what the agent writes): gaps of up to two buckets filled."""
-    return reference._spans(
+    return _spans(
         (
             np.asarray(sorted(i for i, c in b.items() if c), dtype=np.int32),
             np.asarray([b[i] for i in sorted(i for i, c in b.items() if c)], dtype=np.int64),
@@ -152,7 +152,7 @@ def _bases(runs: dict[int, Any]) -> Any:
 def test_resolve_answers_as_the_row_by_row_resolve(seed: int, min_count: int, keep: int) -> None:
     new, old = (
         HistogramBases(keep=keep, min_count=min_count),
-        reference.HistogramBases(keep=keep, min_count=min_count),
+        reference.RowByRow(keep=keep, min_count=min_count),
     )
     for k, section in enumerate(_sections(seed)):
         epoch = 5 if k < 4 else 6
@@ -177,7 +177,7 @@ def test_a_section_of_snapshots_as_the_agent_writes_them_goes_on_as_it_came() ->
     assert got is section
     assert unresolved == 0
     assert len(bases) == 0
-    assert _columns(got) == _columns(reference.HistogramBases().resolve(section, 1)[0])
+    assert _columns(got) == _columns(reference.RowByRow().resolve(section, 1)[0])
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_a_layout_the_agent_would_not_write_is_written_as_it_would(
     section = _decode([HistRow(HistKind.KERNEL, count=5, pos_spans=layout, pos_deltas=deltas)], 10**18)
     got, _ = HistogramBases().resolve(section, 1)
     assert got is not section
-    assert _columns(got) == _columns(reference.HistogramBases().resolve(section, 1)[0])
+    assert _columns(got) == _columns(reference.RowByRow().resolve(section, 1)[0])
 
 
 def test_gaps_filled_with_up_to_two_zero_buckets_are_the_agents_layout() -> None:
