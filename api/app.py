@@ -232,14 +232,17 @@ def serve(
         # arguments (client address, quoted path) per request before the level drops it.
         access_log=False,
         **tls_options,
-        http=guarded_protocol(limits),
         ws="none",
         backlog=limits.backlog,
         timeout_keep_alive=max(1, round(limits.keep_alive_s)),
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )
     asgi: Any = app  # uvicorn types its ASGI apps more narrowly than Starlette does
-    config.app = query_fast_path(app, ProxyHeadersMiddleware(asgi, trusted_hosts=config.forwarded_allow_ips))
+    fast = query_fast_path(app, ProxyHeadersMiddleware(asgi, trusted_hosts=config.forwarded_allow_ips))
+    config.app = fast
+    # Quick GET queries are answered by the HTTP protocol itself, without uvicorn's ASGI request
+    # cycle (docs/api.md, "Query endpoints: the request path"); read when the server loads.
+    config.http = guarded_protocol(limits, quick=fast.at_once)
     install_repeat_filter()  # after uvicorn.Config, which installs uvicorn's handlers
     # A query computing in a worker thread holds the GIL for up to the switch interval each time
     # the event loop asks for it, and a request needs it several times: 1 ms instead of Python's

@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import datetime as dt
 import functools
+import logging
 import math
 import re
 import time
@@ -31,7 +32,8 @@ from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from kernel_insight.api.auth import Authenticator, Scope
-from kernel_insight.api.errors import error_response
+from kernel_insight.api.connections import QuickAnswer, ResponseWriter
+from kernel_insight.api.errors import ApiError, error_response
 from kernel_insight.kql.ast import VectorSelector
 from kernel_insight.kql.engine import Engine, EngineLimits
 from kernel_insight.kql.errors import (
@@ -77,6 +79,8 @@ _STORE_MIN_MS = 0
 _STORE_MAX_MS = 4_102_444_800_000  # 2100-01-01
 
 MetricMetadata = dict[str, list[dict[str, str]]]
+
+log = logging.getLogger("kernel_insight.api.prometheus")
 
 
 class ParamError(ValueError):
@@ -263,6 +267,13 @@ def _result_response(result: QueryResult) -> JSONResponse:
     return _EncodedJSON(body + b"}")
 
 
+def _refusal(exc: ParamError | KqlError) -> JSONResponse:
+    """The answer to a request parameter the client must fix or to a query that failed."""
+    if isinstance(exc, ParamError):
+        return error_response(exc.status, "bad_data", str(exc))
+    return _kql_error(exc)
+
+
 def _kql_error(exc: KqlError) -> JSONResponse:
     if isinstance(exc, KqlParseError):
         return error_response(400, "bad_data", exc.brief)
@@ -366,10 +377,8 @@ def prometheus_router(
         try:
             params = await _Params.read(request, max_form_bytes)
             return await hop(work, params)
-        except ParamError as exc:
-            return error_response(exc.status, "bad_data", str(exc))
-        except KqlError as exc:
-            return _kql_error(exc)
+        except (ParamError, KqlError) as exc:
+            return _refusal(exc)
 
     def do_query(params: _Params) -> JSONResponse:
         query = params.get("query")
@@ -585,7 +594,7 @@ def prometheus_router(
             0,
             Route(
                 path,
-                _QueryEndpoint(path, work, auth, handle, functools.partial(runner.run, path)),
+                _QueryEndpoint(path, work, auth, handle, runner),
                 methods=["GET", "POST"],
                 include_in_schema=False,
             ),
@@ -628,12 +637,34 @@ class _QueryRunner:
         # request -> (last run, the run before): touched on the event loop only
         self._last_s: dict[tuple[str | None, ...], tuple[float, float]] = {}
 
-    async def run(self, path: str, work: Callable[[_Params], JSONResponse], params: _Params) -> JSONResponse:
-        key = (path, params.get("query"), params.get("step"), *_span(params))
+    @staticmethod
+    def key(path: str, params: _Params) -> tuple[str | None, ...]:
+        """What makes two requests the same request: endpoint, query, step and time span."""
+        return (path, params.get("query"), params.get("step"), *_span(params))
+
+    def quick(self, key: tuple[str | None, ...]) -> bool:
+        """Whether the quicker of the request's last two runs took less than the inline bound
+        (on a loaded host a quick query's run is now and then preempted past it, and a thread
+        hop then costs it two more waits for a core)."""
         runs = self._last_s.get(key)
-        # The quicker of the last two runs: on a loaded host a quick query's run is now and then
-        # preempted past the bound, and a thread hop then costs it two more waits for a core.
-        last = None if runs is None else min(runs)
+        return runs is not None and min(runs) < self._inline_max_s
+
+    def inline(
+        self, key: tuple[str | None, ...], work: Callable[[_Params], JSONResponse], params: _Params
+    ) -> JSONResponse:
+        """Run ``work`` here and now (on the event loop), its time remembered."""
+        runs = self._last_s.get(key)
+        began = time.perf_counter()
+        try:
+            return work(params)
+        finally:
+            self._remember(key, runs, time.perf_counter() - began)
+
+    async def run(self, path: str, work: Callable[[_Params], JSONResponse], params: _Params) -> JSONResponse:
+        key = self.key(path, params)
+        if self.quick(key):
+            return self.inline(key, work, params)
+        runs = self._last_s.get(key)
         took: list[float] = []  # the work's own time, once it ended (not when the request was cancelled)
 
         def timed() -> JSONResponse:
@@ -643,16 +674,17 @@ class _QueryRunner:
             finally:
                 took.append(time.perf_counter() - began)
 
+        context = contextvars.copy_context()  # as to_thread does: the request's context vars go along
         try:
-            if last is not None and last < self._inline_max_s:
-                return timed()
-            context = contextvars.copy_context()  # as to_thread does: the request's context vars go along
             return await asyncio.get_running_loop().run_in_executor(self._executor, context.run, timed)
         finally:
             if took:
-                if len(self._last_s) >= _REMEMBERED_REQUESTS:
-                    self._last_s.clear()
-                self._last_s[key] = (took[0], took[0] if runs is None else runs[0])
+                self._remember(key, runs, took[0])
+
+    def _remember(self, key: tuple[str | None, ...], runs: tuple[float, float] | None, took: float) -> None:
+        if len(self._last_s) >= _REMEMBERED_REQUESTS:
+            self._last_s.clear()
+        self._last_s[key] = (took, took if runs is None else runs[0])
 
 
 def _span(params: _Params) -> tuple[str | None, ...]:
@@ -673,13 +705,14 @@ class _QueryEndpoint:
         work: Callable[[_Params], JSONResponse],
         auth: Authenticator,
         handle: Callable[[Request, Callable[[_Params], JSONResponse], _Hop], Awaitable[JSONResponse]],
-        hop: _Hop,
+        runner: _QueryRunner,
     ) -> None:
         self.path = path  # the route template the request metrics count under
         self._work = work
         self._auth = auth
         self._handle = handle
-        self._hop = hop
+        self._runner = runner
+        self._hop: _Hop = functools.partial(runner.run, path)
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         scope["route"] = self
@@ -688,6 +721,30 @@ class _QueryEndpoint:
         self._auth.check(authorization, Scope.READ)  # an ApiError is rendered by the app's handler
         response = await self._handle(Request(scope, receive), self._work, self._hop)
         await response(scope, receive, send)
+
+    def at_once(self, query_string: bytes, authorization: str | None) -> Callable[[], JSONResponse] | None:
+        """The answer to a ``GET`` with this URL query, to compute here and now on the event loop,
+        when its token is good and the request is known to be quick (:meth:`_QueryRunner.quick`);
+        None for any other (a refused token, a new or slow query): that one takes the ASGI path.
+        The answer is what :meth:`__call__` sends (the same work, the same refusals); an
+        exception other than a refusal is raised."""
+        try:
+            self._auth.check(authorization, Scope.READ)
+        except ApiError:
+            return None  # rendered by the app's handler on the ASGI path
+        params = _Params(_query_pairs(query_string))
+        key = self._runner.key(self.path, params)
+        if not self._runner.quick(key):
+            return None
+        runner, work = self._runner, self._work
+
+        def answer() -> JSONResponse:
+            try:
+                return runner.inline(key, work, params)
+            except (ParamError, KqlError) as exc:
+                return _refusal(exc)
+
+        return answer
 
 
 #: An exception handler as Starlette keeps them: (request, exception) -> response, sync or async.
@@ -780,6 +837,41 @@ class QueryFastPath:
         finally:
             if self._observe is not None:
                 self._observe(endpoint.path, scope["method"], status or 500, time.perf_counter() - began)
+
+    def at_once(
+        self, method: str, path: str, query_string: bytes, headers: Sequence[tuple[bytes, bytes]]
+    ) -> QuickAnswer | None:
+        """A ``GET`` query the HTTP protocol can answer itself, without an ASGI request cycle
+        (``api.connections.guarded_protocol``'s ``quick``): one with a good token that is known
+        to be quick (:meth:`_QueryEndpoint.at_once`). None for any other request: that one is
+        answered by :meth:`__call__`. The answer writes what :meth:`__call__` would (the same
+        bytes, the request metrics), or nothing and False when the work raised anything but a
+        refusal: then the request goes through :meth:`__call__` after all, which answers such
+        an exception as it always does (a handler, or a logged 500)."""
+        if method != "GET":
+            return None
+        endpoint = self._endpoints.get(path)
+        if not isinstance(endpoint, _QueryEndpoint):
+            return None
+        began = time.perf_counter()
+        authorization = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
+        compute = endpoint.at_once(query_string, authorization)
+        if compute is None:
+            return None
+        observe = self._observe
+
+        def answer(write: ResponseWriter) -> bool:
+            try:
+                response = compute()
+            except Exception:
+                log.debug("a quick query raised; answering it through the ASGI path", exc_info=True)
+                return False
+            write(response.status_code, response.raw_headers, bytes(response.body))
+            if observe is not None:
+                observe(endpoint.path, method, response.status_code, time.perf_counter() - began)
+            return True
+
+        return answer
 
     def _handler(self, exc: Exception) -> _Handler | None:
         """The app's handler for ``exc``'s class or its nearest base (as Starlette looks them up),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import parse_qsl
 
 import httpx
+import uvicorn
 from api_helpers import TestClient
 from collector_process import running_collector
 from fastapi import FastAPI
@@ -26,6 +29,8 @@ from kernel_insight.api import (
     prometheus_router,
     query_routes,
 )
+from kernel_insight.api.app import listening_socket
+from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
 from kernel_insight.api.prometheus import INLINE_MAX_S, _query_pairs
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 
@@ -240,3 +245,157 @@ def test_query_strings_are_read_as_starlette_reads_them(raw):
     expected = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
     assert _query_pairs(raw) == expected
     assert _query_pairs(raw) == expected
+
+
+@contextlib.contextmanager
+def _serving(app: FastAPI, fast: QueryFastPath, *, quick: bool) -> Iterator[tuple[str, int]]:
+    """``fast`` served by uvicorn over httptools as ``serve`` does, with quick GET queries answered
+    by the protocol itself (``quick``) or every request through uvicorn's ASGI cycle."""
+    limits = ConnectionLimits(max_connections=16, keep_alive_s=5)
+    sock = listening_socket("127.0.0.1", 0, backlog=limits.backlog)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", access_log=False)
+    config.app = fast
+    config.http = guarded_protocol(limits, parser="httptools", quick=fast.at_once if quick else None)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive(), "uvicorn exited"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+def _read_answers(s: socket.socket, n: int) -> bytes:
+    """``n`` whole HTTP answers, each with a Content-Length, read exactly."""
+    got, end = b"", 0
+    for _ in range(n):
+        while True:
+            head, sep, _body = got[end:].partition(b"\r\n\r\n")
+            if sep:
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                whole = len(head) + 4 + length
+                if len(got) - end >= whole:
+                    end += whole
+                    break
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    assert len(got) == end, "more than the answers asked for"
+    return got
+
+
+def _read_until_closed(s: socket.socket) -> bytes:
+    out = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle_writes(tmp_path):
+    tokens = TokenStore(tmp_path / "tokens.json")
+    token = tokens.create("r", ["read"]).token
+    broken = {"on": False}
+
+    def storage() -> MemoryStorage:
+        if broken["on"]:
+            raise RuntimeError("no store")  # not a kql error: nothing renders it but the 500 layer
+        return _Recording()
+
+    def made(quick: bool) -> tuple[FastAPI, QueryFastPath, list[tuple[str, str, int]], list[bool]]:
+        app = FastAPI()
+        # A bound far above these queries' evaluation even on a loaded machine (the default is 5 ms).
+        router = prometheus_router(storage, Authenticator(tokens), inline_max_s=0.05, clock=lambda: 1000.0)
+        app.include_router(router)
+        install_error_handlers(app)
+        observed: list[tuple[str, str, int]] = []
+        fast = QueryFastPath(
+            app,
+            app,
+            query_routes(router),
+            app.exception_handlers,
+            lambda e, m, s, _t: observed.append((e, m, s)),
+        )
+        answered_at_once: list[bool] = []
+        at_once = fast.at_once
+
+        def spy(*args: Any) -> Any:  # which requests the protocol answered itself
+            answer = at_once(*args)
+            answered_at_once.append(answer is not None)
+            return answer
+
+        fast.at_once = spy  # type: ignore[method-assign]
+        return app, fast, observed, answered_at_once
+
+    auth = f"Authorization: Bearer {token}\r\n".encode()
+    instant = "/api/v1/query?" + urllib.parse.urlencode({"query": "up", "time": "15"})
+    ranged = "/api/v1/query_range?" + urllib.parse.urlencode(
+        {"query": "up", "start": "0", "end": "15", "step": "15"}
+    )
+    requests = [
+        f"GET {instant} HTTP/1.1\r\nHost: t\r\n".encode() + auth + b"\r\n",
+        f"GET {ranged} HTTP/1.1\r\nHost: t\r\n".encode() + auth + b"\r\n",
+        # refused: a bad time, a query that does not parse (400 each), a bad token (401)
+        b"GET /api/v1/query?query=up&time=soon HTTP/1.1\r\nHost: t\r\n" + auth + b"\r\n",
+        b"GET /api/v1/query?query=up%7B HTTP/1.1\r\nHost: t\r\n" + auth + b"\r\n",
+        f"GET {instant} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer nope\r\n\r\n".encode(),
+        # two pipelined in one segment, answered in order
+        (f"GET {instant} HTTP/1.1\r\nHost: t\r\n".encode() + auth + b"\r\n") * 2,
+        # HTTP/1.0: the answer says connection: close and the connection ends
+        f"GET {instant} HTTP/1.0\r\nHost: t\r\n".encode() + auth + b"\r\n",
+    ]
+    answers: dict[bool, list[bytes]] = {}
+    for quick in (False, True):
+        app, fast, observed, answered_at_once = made(quick)
+        with _serving(app, fast, quick=quick) as addr:
+            with socket.create_connection(addr, timeout=10) as s:
+                for request in requests[:4]:  # seen, then known to be quick
+                    for _ in range(3):
+                        s.sendall(request)
+                        _read_answers(s, 1)
+            got = []
+            with socket.create_connection(addr, timeout=10) as s:  # one keep-alive connection
+                for request in requests[:-1]:
+                    s.sendall(request)
+                    got.append(_read_answers(s, request.count(b"GET ")))
+                s.sendall(requests[-1])
+                got.append(_read_until_closed(s))
+            broken["on"] = True  # an exception that is no refusal: the ASGI path's 500, then closed
+            with socket.create_connection(addr, timeout=10) as s:
+                s.sendall(requests[0])
+                got.append(_read_until_closed(s))
+            broken["on"] = False
+        # uvicorn's date header is the one thing that may differ
+        answers[quick] = [re.sub(rb"\r\ndate: [^\r]*\r\n", b"\r\ndate: -\r\n", a) for a in got]
+        if quick:
+            assert answered_at_once[-9:] == [True, True, True, True, False, True, True, True, True]
+            assert answered_at_once[0] is False, "a request never seen was answered at once"
+        else:
+            assert answered_at_once == []
+        assert observed[-9:] == [
+            ("/api/v1/query", "GET", 200),
+            ("/api/v1/query_range", "GET", 200),
+            ("/api/v1/query", "GET", 400),
+            ("/api/v1/query", "GET", 400),
+            ("/api/v1/query", "GET", 401),
+            ("/api/v1/query", "GET", 200),
+            ("/api/v1/query", "GET", 200),
+            ("/api/v1/query", "GET", 200),
+            ("/api/v1/query", "GET", 500),
+        ]
+    assert answers[True] == answers[False]
+    assert answers[True][0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answers[True][0].endswith(
+        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{"__name__":"up","job":"a"},"value":[15,"1"]}]}}'
+    )
+    assert answers[True][5].count(b"HTTP/1.1 200 OK\r\n") == 2
+    assert b"\r\nconnection: close\r\n" in answers[True][6]
+    assert answers[True][7].startswith(b"HTTP/1.1 500 ")
+    assert answers[True][7].endswith(b"Internal Server Error")
