@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from chdb_http import running_shim
@@ -18,11 +19,12 @@ __all__ = ["chdb_http_server", "running_server"]
 
 
 @contextlib.contextmanager
-def running_server(app: FastAPI) -> Iterator[str]:
-    """``app`` under a real uvicorn on 127.0.0.1 and an ephemeral port, in a thread; yields its base URL."""
+def running_server(app: FastAPI | Any, **options: Any) -> Iterator[str]:
+    """``app`` (an ASGI app) under a real uvicorn on 127.0.0.1 and an ephemeral port, in a thread;
+    yields its base URL. ``options``: more ``uvicorn.Config`` arguments (``http=...``)."""
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **{"lifespan": "on", **options}))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

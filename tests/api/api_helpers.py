@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -131,3 +133,13 @@ def build_app(
         app.include_router(router)
     install_error_handlers(app)
     return app, snapshotter
+
+
+def read_until_closed(s: socket.socket, deadline_s: float) -> bytes:
+    """Everything the server sends until it closes the connection (or the deadline passes)."""
+    s.settimeout(deadline_s)
+    out = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            out += chunk
+    return out

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
 import httpx
-import uvicorn
-from api_helpers import TestClient
+from api_helpers import TestClient, read_until_closed
 from collector_process import running_collector
 from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loopback import running_server
 
 from kernel_insight.api import (
     Authenticator,
@@ -29,7 +28,6 @@ from kernel_insight.api import (
     prometheus_router,
     query_routes,
 )
-from kernel_insight.api.app import listening_socket
 from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
 from kernel_insight.api.prometheus import INLINE_MAX_S, _query_pairs
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
@@ -119,15 +117,23 @@ def test_the_query_route_checks_tokens_and_answers_errors_in_the_one_shape(tmp_p
     assert client.request("DELETE", "/api/v1/query").status_code == 405
 
 
+class _Breakable:
+    """A storage factory of fresh :class:`_Recording` storages, raising while ``broken``: an
+    exception no kql layer renders (only the 500 one does)."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def __call__(self) -> MemoryStorage:
+        if self.broken:
+            raise RuntimeError("no store")
+        return _Recording()
+
+
 def test_the_fast_path_answers_get_queries_ahead_of_the_middleware_as_the_stack_would(tmp_path):
     tokens = TokenStore(tmp_path / "tokens.json")
     token = tokens.create("r", ["read"]).token
-    broken = {"on": False}
-
-    def storage() -> MemoryStorage:
-        if broken["on"]:
-            raise RuntimeError("no store")  # not a kql error: nothing renders it but the 500 layer
-        return _Recording()
+    storage = _Breakable()
 
     app = FastAPI()
     router = prometheus_router(storage, Authenticator(tokens))
@@ -162,10 +168,10 @@ def test_the_fast_path_answers_get_queries_ahead_of_the_middleware_as_the_stack_
     r = call("GET", "/api/v1/query", params={"query": "up", "time": "soon"})
     assert (r.status_code, r.json()["errorType"]) == (400, "bad_data")
     assert through_stack == [], "GET queries went through the middleware stack"
-    broken["on"] = True
+    storage.broken = True
     r = call("GET", "/api/v1/query", params={"query": "up", "time": "15"})
     assert (r.status_code, r.text) == (500, "Internal Server Error")
-    broken["on"] = False
+    storage.broken = False
     assert observed == [
         ("/api/v1/query", "GET", 200),
         ("/api/v1/query_range", "GET", 200),
@@ -247,31 +253,6 @@ def test_query_strings_are_read_as_starlette_reads_them(raw):
     assert _query_pairs(raw) == expected
 
 
-@contextlib.contextmanager
-def _serving(app: FastAPI, fast: QueryFastPath, *, quick: bool) -> Iterator[tuple[str, int]]:
-    """``fast`` served by uvicorn over httptools as ``serve`` does, with quick GET queries answered
-    by the protocol itself (``quick``) or every request through uvicorn's ASGI cycle."""
-    limits = ConnectionLimits(max_connections=16, keep_alive_s=5)
-    sock = listening_socket("127.0.0.1", 0, backlog=limits.backlog)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", access_log=False)
-    config.app = fast
-    config.http = guarded_protocol(limits, parser="httptools", quick=fast.at_once if quick else None)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive(), "uvicorn exited"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[:2]
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        sock.close()
-
-
 def _read_answers(s: socket.socket, n: int) -> bytes:
     """``n`` whole HTTP answers, each with a Content-Length, read exactly."""
     got, end = b"", 0
@@ -291,25 +272,12 @@ def _read_answers(s: socket.socket, n: int) -> bytes:
     return got
 
 
-def _read_until_closed(s: socket.socket) -> bytes:
-    out = b""
-    with contextlib.suppress(OSError):
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
-
-
 def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle_writes(tmp_path):
     tokens = TokenStore(tmp_path / "tokens.json")
     token = tokens.create("r", ["read"]).token
-    broken = {"on": False}
+    storage = _Breakable()
 
-    def storage() -> MemoryStorage:
-        if broken["on"]:
-            raise RuntimeError("no store")  # not a kql error: nothing renders it but the 500 layer
-        return _Recording()
-
-    def made(quick: bool) -> tuple[FastAPI, QueryFastPath, list[tuple[str, str, int]], list[bool]]:
+    def made(quick: bool) -> tuple[QueryFastPath, list[tuple[str, str, int]], list[bool]]:
         app = FastAPI()
         # A bound far above these queries' evaluation even on a loaded machine (the default is 5 ms).
         router = prometheus_router(storage, Authenticator(tokens), inline_max_s=0.05, clock=lambda: 1000.0)
@@ -332,7 +300,7 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
             return answer
 
         fast.at_once = spy  # type: ignore[method-assign]
-        return app, fast, observed, answered_at_once
+        return fast, observed, answered_at_once
 
     auth = f"Authorization: Bearer {token}\r\n".encode()
     instant = "/api/v1/query?" + urllib.parse.urlencode({"query": "up", "time": "15"})
@@ -353,8 +321,13 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
     ]
     answers: dict[bool, list[bytes]] = {}
     for quick in (False, True):
-        app, fast, observed, answered_at_once = made(quick)
-        with _serving(app, fast, quick=quick) as addr:
+        fast, observed, answered_at_once = made(quick)
+        # served as ``serve`` serves it: httptools, the guard, quick GET queries answered by the
+        # protocol itself (or, without ``quick``, every request through uvicorn's ASGI cycle)
+        limits = ConnectionLimits(max_connections=16)
+        http = guarded_protocol(limits, parser="httptools", quick=fast.at_once if quick else None)
+        with running_server(fast, http=http, lifespan="off", ws="none", access_log=False) as url:
+            addr = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
             with socket.create_connection(addr, timeout=10) as s:
                 for request in requests[:4]:  # seen, then known to be quick
                     for _ in range(3):
@@ -366,12 +339,12 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
                     s.sendall(request)
                     got.append(_read_answers(s, request.count(b"GET ")))
                 s.sendall(requests[-1])
-                got.append(_read_until_closed(s))
-            broken["on"] = True  # an exception that is no refusal: the ASGI path's 500, then closed
+                got.append(read_until_closed(s, 10))
+            storage.broken = True  # an exception that is no refusal: the ASGI path's 500, then closed
             with socket.create_connection(addr, timeout=10) as s:
                 s.sendall(requests[0])
-                got.append(_read_until_closed(s))
-            broken["on"] = False
+                got.append(read_until_closed(s, 10))
+            storage.broken = False
         # uvicorn's date header is the one thing that may differ
         answers[quick] = [re.sub(rb"\r\ndate: [^\r]*\r\n", b"\r\ndate: -\r\n", a) for a in got]
         if quick:

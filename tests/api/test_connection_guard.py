@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import uvicorn
+from api_helpers import read_until_closed
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
@@ -76,11 +77,7 @@ def _exchange(addr: tuple[str, int], data: bytes, wait_s: float = 10) -> bytes:
     """Send ``data`` and read until the server closes the connection."""
     with socket.create_connection(addr, timeout=wait_s) as s:
         s.sendall(data)
-        out = b""
-        with contextlib.suppress(OSError):
-            while chunk := s.recv(65536):
-                out += chunk
-        return out
+        return read_until_closed(s, wait_s)
 
 
 def _request(addr: tuple[str, int], path: str = "/ok") -> bytes:

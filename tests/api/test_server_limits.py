@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from api_helpers import read_until_closed
 from collector_process import RunningCollector, rss_bytes, running_collector
 from load_clients import HALF_SENT, Flood
 
@@ -71,22 +72,12 @@ def _read_response(s: socket.socket, timeout_s: float = 10) -> bytes:
     return out[: len(head) + 4] + body
 
 
-def _read_all(s: socket.socket, deadline_s: float) -> bytes:
-    """Everything the server sends until it closes the connection (or the deadline passes)."""
-    s.settimeout(deadline_s)
-    out = b""
-    with contextlib.suppress(OSError):
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
-
-
 def test_a_half_sent_request_is_answered_408_and_closed_after_the_header_timeout(collector):
     s = _connect(collector)
     try:
         start = time.monotonic()
         s.sendall(HALF_SENT)
-        answer = _read_all(s, HEADER_TIMEOUT_S + 10)
+        answer = read_until_closed(s, HEADER_TIMEOUT_S + 10)
         took = time.monotonic() - start
     finally:
         s.close()
@@ -189,7 +180,7 @@ def test_stalled_uploads_are_cut_off_by_the_body_timeout_and_memory_stays_bounde
             stranger = bytes([i]) * 16
             socks.append(_stalled_upload(collector, wire.INGEST_PATH, {}, _header(stranger, 1, 1 << 20)))
         start = time.monotonic()
-        answers = [_read_all(s, BODY_TIMEOUT_S + 15) for s in socks]
+        answers = [read_until_closed(s, BODY_TIMEOUT_S + 15) for s in socks]
         took = time.monotonic() - start
         peak = rss_bytes(collector.proc.pid)
     finally:
@@ -245,7 +236,7 @@ def test_the_connection_cap_refuses_with_503_only_when_every_connection_is_busy(
             probe = _connect(collector)
             try:
                 probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: c\r\n\r\n")
-                answer = _read_all(probe, 5)
+                answer = read_until_closed(probe, 5)
             finally:
                 probe.close()
             if answer.startswith(b"HTTP/1.1 503"):
