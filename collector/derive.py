@@ -37,7 +37,7 @@ from kernel_insight.agent.records import (
     SyncKind,
     decode_record,
 )
-from kernel_insight.collector.hist_base import HistogramBases
+from kernel_insight.collector.hist_base import BaseBudget, HistogramBases
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     CallBatch,
@@ -306,6 +306,7 @@ class Deriver:
         stats: DropStats | None = None,
         sync_keep_ns: int = SYNC_KEEP_NS,
         sync_sample_every: int = SYNC_SAMPLE_EVERY,
+        base_budget: BaseBudget | None = None,
     ) -> None:
         if sync_sample_every < 1:
             raise ValueError("sync_sample_every must be at least 1")
@@ -331,8 +332,9 @@ class Deriver:
         self._counters_ms = -1
         self._lag_ms = -1
         # Version 4 bodies: the cumulative histograms the agent's increments build on (hist_base.py),
-        # and whether an increment lacked its base since the agent was last told (snapshot_wanted).
-        self.hist_bases = HistogramBases()
+        # under the collector's bound on all agents' bases (base_budget), and whether an increment
+        # lacked its base since the agent was last told (snapshot_wanted).
+        self.hist_bases = HistogramBases(budget=base_budget)
         self.snapshot_wanted = False
 
     # ---- undo ------------------------------------------------------------------------

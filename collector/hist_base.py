@@ -16,14 +16,22 @@ retried batch yields the same histogram again and never adds an increment twice;
 ``KEEP`` bases per series are kept so a retry still finds its base after later batches were
 derived (the ingest pipeline derives the frames of a request before any is stored).
 
+The bases of all of a collector's agents share one :class:`BaseBudget`, a bound in bytes
+(``ki collector --histogram-base-mb``): past it the least recently used series lose their bases,
+and their next increment is left out exactly like one whose base was never held.
+
 Example::
 
-    bases = HistogramBases()
+    budget = BaseBudget(64 << 20)                 # one per collector
+    bases = HistogramBases(budget=budget)         # one per agent
     cumulative, unresolved = bases.resolve(section, epoch)   # section: a decoded WireHistograms
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,12 +40,24 @@ import numpy.typing as npt
 
 from kernel_insight.collector.wire_hist import FLAG_FIRST, FLAG_INCREMENT, HistKind, HistRow, WireHistograms
 
-__all__ = ["BASE_MIN_COUNT", "HistogramBases"]
+__all__ = ["BASE_MAX_BYTES", "BASE_MIN_COUNT", "BaseBudget", "HistogramBases"]
 
 #: The wire's rule (docs/wire.md, "Increments"): an agent sends an increment only over an export
 #: of at least this many observations, so no lighter export is kept as a base. An agent holds
 #: thousands of rarely launched kernels; their bases would be memory spent for nothing.
 BASE_MIN_COUNT = 4096
+#: The bases of all agents of one collector together (``BaseBudget``; ``ki collector
+#: --histogram-base-mb``): at ~0.5 MB per GPU of 100 busy kernels, ~500 GPUs' worth, more than one
+#: collector core ingests (docs/scaling.md); without a bound a collector's memory grew with its fleet.
+BASE_MAX_BYTES = 256 << 20
+#: What the bases are estimated to cost (``BaseBudget.bytes``), as tracemalloc measured them: per
+#: populated bucket 12 (an int32 index, an int64 count; 11-12 measured); per base 450 (its
+#: dataclass, two numpy arrays, its entry in the series' dict: 445); per series 650 (its dict,
+#: key and entries in the run's and the budget's dicts: 664). ~22 bytes a bucket in all at 60
+#: buckets and four bases. tests/collector/test_hist_base_budget.py holds the estimate to the truth.
+BUCKET_BYTES = 12
+CUM_BYTES = 450
+SERIES_BYTES = 650
 
 _Key = tuple[int, int, int, int, int, int]  # kind, producer, id, gpu, pid, stream (the wire's key)
 
@@ -59,6 +79,13 @@ class _Cum:
     sum: float
     pos: _Side
     neg: _Side
+
+
+#: The side of a histogram without buckets (kernel durations have no negative ones), shared: two
+#: empty numpy arrays per base cost ~220 bytes, a fifth of a base's fixed cost.
+_EMPTY: _Side = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
+_EMPTY[0].flags.writeable = False
+_EMPTY[1].flags.writeable = False
 
 
 def _spans(side: _Side) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
@@ -93,32 +120,125 @@ def _add(base: _Side, inc: _Side) -> _Side:
     return idx, counts
 
 
+class _Series:
+    """One series' bases (count -> cumulative histogram, oldest first) and their estimated bytes."""
+
+    __slots__ = ("history", "nbytes")
+
+    def __init__(self) -> None:
+        self.history: dict[int, _Cum] = {}
+        self.nbytes = SERIES_BYTES
+
+
+class _Run:
+    """The series of one agent run (epoch); ``token`` tells its series apart in the budget."""
+
+    __slots__ = ("series", "token")
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.series: dict[_Key, _Series] = {}
+
+
+def _cum_bytes(cum: _Cum) -> int:
+    return CUM_BYTES + BUCKET_BYTES * (len(cum.pos[0]) + len(cum.neg[0]))
+
+
+class BaseBudget:
+    """The bound on the bases of every agent of a collector: estimated bytes held, at most
+    ``max_bytes``; past it, the series used least recently (looked up or stored by an export) lose
+    all their bases first, whichever agent they belong to. A lost base costs one point of its
+    series (the increment over it is left out and the agent asked for a snapshot), never a wrong
+    one; a bound below the fleet's working set costs a point per series per export, which
+    ``evictions`` and ``histogram_without_base`` show.
+
+    Its lock guards every ``HistogramBases`` under it (an eviction edits another agent's series).
+
+    >>> budget = BaseBudget(1 << 20)
+    >>> budget.bytes, budget.series, budget.evictions
+    (0, 0, 0)
+    """
+
+    def __init__(self, max_bytes: int = BASE_MAX_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError("the bases' bound cannot be negative")
+        self.max_bytes = max_bytes
+        self.lock = threading.Lock()
+        #: (run token, key) -> (its run, the series), least recently used first
+        self._lru: OrderedDict[tuple[int, _Key], tuple[_Run, _Series]] = OrderedDict()
+        self._tokens = itertools.count()
+        self.bytes = 0  #: estimated bytes of every series held (BUCKET_BYTES, CUM_BYTES, SERIES_BYTES)
+        self.evictions = 0  #: series whose bases were dropped to keep the bound
+
+    @property
+    def series(self) -> int:
+        """Series held, over every agent and run."""
+        return len(self._lru)
+
+    def _run(self) -> _Run:
+        return _Run(next(self._tokens))
+
+    def _add_series(self, run: _Run, key: _Key) -> _Series:
+        s = run.series[key] = _Series()
+        self._lru[(run.token, key)] = (run, s)
+        self.bytes += s.nbytes
+        return s
+
+    def _drop_series(self, run: _Run, key: _Key) -> None:
+        s = run.series.pop(key)
+        del self._lru[(run.token, key)]
+        self.bytes -= s.nbytes
+
+    def _used(self, run: _Run, key: _Key) -> None:
+        self._lru.move_to_end((run.token, key))
+
+    def _resize(self, s: _Series, delta: int) -> None:
+        s.nbytes += delta
+        self.bytes += delta
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._lru:
+            (_, key), (run, s) = self._lru.popitem(last=False)
+            del run.series[key]
+            self.bytes -= s.nbytes
+            self.evictions += 1
+
+
 class HistogramBases:
     """Per agent (one per ``Deriver``): the cumulative histograms its increments build on.
 
     ``keep`` bases per series; series of the ``epochs`` most recent agent runs (older runs'
-    batches are spool replays, which the agent sends as snapshots). Not thread-safe: the
-    deriver's lock covers it.
+    batches are spool replays, which the agent sends as snapshots); all under ``budget``'s bound
+    (a collector's agents share one; a budget of its own, of ``BASE_MAX_BYTES``, if none is given).
+    Thread-safe through the budget's lock.
     """
 
-    def __init__(self, keep: int = 4, epochs: int = 2, min_count: int | None = None) -> None:
+    def __init__(
+        self, keep: int = 4, epochs: int = 2, min_count: int | None = None, budget: BaseBudget | None = None
+    ) -> None:
         if keep < 1 or epochs < 1:
             raise ValueError("keep at least one base of at least one agent run")
         self.keep = keep
         self.epochs = epochs
         #: Exports of fewer observations are no base (BASE_MIN_COUNT unless given).
         self.min_count = BASE_MIN_COUNT if min_count is None else min_count
-        self._runs: dict[int, dict[_Key, dict[int, _Cum]]] = {}
+        self.budget = BaseBudget() if budget is None else budget
+        self._runs: dict[int, _Run] = {}
 
     def __len__(self) -> int:
         """Series held, over every run."""
-        return sum(len(s) for s in self._runs.values())
+        with self.budget.lock:
+            return sum(len(r.series) for r in self._runs.values())
 
-    def _series(self, epoch: int) -> dict[_Key, dict[int, _Cum]]:
+    def _series(self, epoch: int) -> _Run:
+        """The series of agent run ``epoch`` (the budget's lock held); runs older than the last
+        ``epochs`` go, and their bytes with them."""
         run = self._runs.get(epoch)
         if run is None:
-            run = self._runs[epoch] = {}
+            run = self._runs[epoch] = self.budget._run()
             for old in sorted(self._runs)[: -self.epochs]:
+                for key in list(self._runs[old].series):
+                    self.budget._drop_series(self._runs[old], key)
                 del self._runs[old]
         return run
 
@@ -144,20 +264,21 @@ class HistogramBases:
         increment = (h.flags & FLAG_INCREMENT) != 0
         passes = ~increment & pos.canonical & neg.canonical
         slow = ~passes | ((h.flags & FLAG_FIRST) != 0) | (h.count >= np.uint64(max(self.min_count, 0)))
-        series = self._series(epoch)
         rebuilt: dict[int, HistRow] = {}
         dropped: list[int] = []
         unresolved = 0
         if not n:
             return None, 0
         which = np.flatnonzero(slow).tolist()
-        for i, row in zip(which, h.rows(which), strict=True):
-            cum = self._step(series, row, pos.side(i), neg.side(i))
-            if cum is None:
-                unresolved += 1
-                dropped.append(i)
-            elif not passes[i]:
-                rebuilt[i] = _cumulative_row(row, cum)
+        with self.budget.lock:
+            series = self._series(epoch)
+            for i, row in zip(which, h.rows(which), strict=True):
+                cum = self._step(series, row, pos.side(i), neg.side(i))
+                if cum is None:
+                    unresolved += 1
+                    dropped.append(i)
+                elif not passes[i]:
+                    rebuilt[i] = _cumulative_row(row, cum)
         if not rebuilt and not dropped:
             return h, 0
         keep = np.ones(n, dtype=bool)
@@ -174,9 +295,10 @@ class HistogramBases:
             parts = _concat(parts, _columns(h.ts_ns, list(rebuilt.values())))
         return _take(parts, np.argsort(order, kind="stable")), unresolved
 
-    def _step(self, series: dict[_Key, dict[int, _Cum]], row: HistRow, pos: _Side, neg: _Side) -> _Cum | None:
+    def _step(self, run: _Run, row: HistRow, pos: _Side, neg: _Side) -> _Cum | None:
         """One row against its series' bases: its cumulative histogram (None: an increment whose
-        base is not held), kept as a base when heavy enough."""
+        base is not held), kept as a base when heavy enough (the budget's lock held)."""
+        budget = self.budget
         key = (
             int(row.kind),
             row.producer,
@@ -185,9 +307,11 @@ class HistogramBases:
             row.pid,
             0 if row.stream is None else row.stream + 1,
         )
-        history = series.get(key)
+        series = run.series.get(key)
+        if series is not None:
+            budget._used(run, key)
         if row.increment:
-            base = history.get(row.count - row.count_inc) if history else None
+            base = series.history.get(row.count - row.count_inc) if series else None
             if base is None or base.schema != row.schema or base.zero_threshold != row.zero_threshold:
                 return None
             cum = _Cum(
@@ -202,13 +326,21 @@ class HistogramBases:
         else:
             cum = _Cum(row.schema, row.zero_threshold, row.zero_count, row.count, row.sum, pos, neg)
         if cum.count >= self.min_count:
-            if history is None or row.first:
-                history = series[key] = {}
-            history[cum.count] = cum
-            while len(history) > self.keep:
-                del history[next(iter(history))]
-        elif row.first and history is not None:
-            del series[key]  # a new start of the series: the bases of the old one are none of its
+            if series is not None and row.first:
+                budget._drop_series(
+                    run, key
+                )  # a new start of the series: the old one's bases are none of its
+                series = None
+            if series is None:
+                series = budget._add_series(run, key)
+            old = series.history.get(cum.count)  # a retry's rebuild replaces its own, in its place
+            budget._resize(series, _cum_bytes(cum) - (0 if old is None else _cum_bytes(old)))
+            series.history[cum.count] = cum
+            while len(series.history) > self.keep:
+                budget._resize(series, -_cum_bytes(series.history.pop(next(iter(series.history)))))
+            budget._evict()
+        elif row.first and series is not None:
+            budget._drop_series(run, key)  # a new start of the series: the old one's bases are none of its
         return cum
 
 
@@ -252,6 +384,8 @@ class _SectionSide:
     def side(self, i: int) -> _Side:
         """Row ``i``'s non-zero buckets (sorted indexes, counts)."""
         a, b = int(self.bucket_off[i]), int(self.bucket_off[i + 1])
+        if a == b:
+            return _EMPTY
         counts = self.counts[a:b]
         keep = counts != 0
         return self.index[a:b][keep].astype(np.int32), counts[keep]

@@ -48,6 +48,7 @@ from kernel_insight.collector.derive import (
     DropStats,
     scale_agent_counter,
 )
+from kernel_insight.collector.hist_base import BaseBudget
 from kernel_insight.collector.periodic import Periodic
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.sql import Params
@@ -246,6 +247,31 @@ class RelabelFigures(Collector):
             "ki_collector_relabel_dropped_samples",
             "Remote-written samples whose series a relabel rule dropped (keep/drop, or the metric name removed)",
             value=self.relabeler.dropped_samples,
+        )
+
+
+class _HistogramBaseFigures(Collector):
+    """The histogram bases held for increments (collector/hist_base.py ``BaseBudget``), read at scrape time."""
+
+    def __init__(self, budget: BaseBudget) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterable[Metric]:
+        b = self.budget
+        for name, help_text, value in (
+            (
+                "bytes",
+                "Estimated bytes of the histogram bases held for agents' increments, all agents",
+                b.bytes,
+            ),
+            ("limit_bytes", "The bound on those bytes (--histogram-base-mb)", b.max_bytes),
+            ("series", "Histogram series whose bases are held", b.series),
+        ):
+            yield GaugeMetricFamily(f"ki_collector_histogram_base_{name}", help_text, value=float(value))
+        yield CounterMetricFamily(
+            "ki_collector_histogram_base_evictions",
+            "Series whose bases were dropped (least recently used first) to keep the bound",
+            value=float(b.evictions),
         )
 
 
@@ -460,6 +486,10 @@ class CollectorMetrics:
         self.store_stats = StoreStats(store, interval_s)
         self.registry.register(self.store_stats)
         return self.store_stats
+
+    def watch_histogram_bases(self, budget: BaseBudget) -> None:
+        """Export the bytes and series of histogram bases held, their bound, and evictions."""
+        self.registry.register(_HistogramBaseFigures(budget))
 
     def watch_batcher(self, batcher: Batcher) -> None:
         """Export the group-commit batcher's figures (queue depth, flush sizes and times)."""

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 
 from kernel_insight.collector.batcher import Batcher, Ticket
 from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY, Deriver
+from kernel_insight.collector.hist_base import BaseBudget
 from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
 from kernel_insight.collector.rows import InstanceInfo, Labels
@@ -59,9 +60,12 @@ class StoreSink:
         batcher: Batcher | None = None,
         sync_keep_ns: int = SYNC_KEEP_NS,
         sync_sample_every: int = SYNC_SAMPLE_EVERY,
+        base_budget: BaseBudget | None = None,
     ) -> None:
         if sync_sample_every < 1 or sync_keep_ns < 0:
             raise ValueError("syncs: keep at least 1 in N (N >= 1) of those shorter than a threshold >= 0")
+        #: The bound on every agent's histogram bases together (hist_base.py; BASE_MAX_BYTES if None).
+        self.base_budget = BaseBudget() if base_budget is None else base_budget
         self._sync_keep_ns, self._sync_sample_every = sync_keep_ns, sync_sample_every
         self.store = store
         self.batcher = batcher if batcher is not None else Batcher(store)
@@ -87,6 +91,7 @@ class StoreSink:
                         self._labels_of(instance),
                         sync_keep_ns=self._sync_keep_ns,
                         sync_sample_every=self._sync_sample_every,
+                        base_budget=self.base_budget,
                     ),
                     threading.Lock(),
                 )

@@ -75,6 +75,7 @@ def build_collector_app(
     relabeler: Any = None,
     sync_keep_ns: int | None = None,
     sync_sample_every: int | None = None,
+    histogram_base_bytes: int | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -84,6 +85,8 @@ def build_collector_app(
     ``/api/v1/alerts`` answer (empty without it). ``health_rule`` judges the snapshot (the
     default ``HealthRule()`` when None). ``/metrics`` reads the store's parts per table every ``stats_interval_s`` (None: the default).
     ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``, docs/kql.md).
+    ``histogram_base_bytes`` bounds the histogram bases of all agents together (docs/wire.md,
+    "Increments"; None: ``BASE_MAX_BYTES``).
     The web UI (docs/ui.md) is served at ``/``."""
     from kernel_insight.api import ClickHouseTokenStore, TokenStore, TokenStoreBase, create_api_app
     from kernel_insight.collector.captures import CaptureDesk
@@ -118,14 +121,17 @@ def build_collector_app(
     metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
     # enrolment labels on the instance and its series; which syncs are stored per call (docs/storage.md)
     from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
+    from kernel_insight.collector.hist_base import BASE_MAX_BYTES, BaseBudget
 
     sink = StoreSink(
         store,
         labels_of=keys.labels_of,
         sync_keep_ns=SYNC_KEEP_NS if sync_keep_ns is None else sync_keep_ns,
         sync_sample_every=SYNC_SAMPLE_EVERY if sync_sample_every is None else sync_sample_every,
+        base_budget=BaseBudget(BASE_MAX_BYTES if histogram_base_bytes is None else histogram_base_bytes),
     )
     metrics.watch_batcher(sink.batcher)
+    metrics.watch_histogram_bases(sink.base_budget)
     # capture windows reach agents in ingest answers (docs/wire.md); instances are agent ids, as in the sink
     ingest = ingest_router(keys, sink, metrics=metrics, captures=CaptureDesk(store))
     rule_api = rules_router(lambda: rules, Authenticator(tokens, local_dev=local_dev), manage_lifecycle=True)
@@ -188,6 +194,12 @@ def _limits(args: argparse.Namespace) -> Any:
     )
 
 
+def _histogram_base_bytes(args: argparse.Namespace) -> int:
+    if not args.histogram_base_mb >= 0:  # NaN too
+        raise ValueError("--histogram-base-mb cannot be negative")
+    return int(args.histogram_base_mb * (1 << 20))
+
+
 def _health_rule(args: argparse.Namespace) -> HealthRule:
     from kernel_insight.api.health import HealthRule
 
@@ -246,6 +258,7 @@ def _serve(args: argparse.Namespace) -> int:
             relabeler=rules_for_series,
             sync_keep_ns=int(args.sync_keep_us * 1000),
             sync_sample_every=args.sync_sample_every,
+            histogram_base_bytes=_histogram_base_bytes(args),
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -269,6 +282,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     from kernel_insight.api.health import HealthRule
     from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
+    from kernel_insight.collector.hist_base import BASE_MAX_BYTES
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
 
@@ -321,6 +335,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         type=int,
         default=SYNC_SAMPLE_EVERY,
         help=f"... and 1 in this many of the shorter ones (default {SYNC_SAMPLE_EVERY}; 1: every sync)",
+    )
+    s.add_argument(
+        "--histogram-base-mb",
+        type=float,
+        default=BASE_MAX_BYTES / (1 << 20),
+        help="memory for the histogram bases of all agents together, MiB: past it the least recently "
+        f"used series lose theirs and send a snapshot (default {BASE_MAX_BYTES >> 20}; docs/wire.md, 'Increments')",
     )
     s.add_argument(
         "--stale-after",

@@ -9,8 +9,10 @@ import signal
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from collector_cli import free_port, start_collector, stop_collector
@@ -121,17 +123,17 @@ def test_c_increments_rebuild_into_the_exact_cumulative_histograms(tmp_path: Pat
     assert seen_inc >= 3 * (k - 5)
 
 
-def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulative_histograms(
-    tmp_path: Path, agent_bin: Path, ring_name: str
-) -> None:
-    """C producer (50k kernels/s for 4 s) -> ki-agent (1 s interval) -> ki collector -> ClickHouse."""
-    total = 200_000
+def _through_a_real_collector(
+    tmp_path: Path, agent_bin: Path, ring_name: str, total: int, *collector_args: str
+) -> tuple[list[dict[str, Any]], float, str]:
+    """C producer (50k kernels/s) -> ki-agent (1 s interval) -> ki collector -> ClickHouse: each
+    series' last stored histogram, the agent's increments counter, and the collector's /metrics."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("inc").write_key_file(tmp_path / "agent.key")
     with contextlib.suppress(OSError):
         Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
-    collector, url = start_collector(tmp_path)
+    collector, url = start_collector(tmp_path, *collector_args)
     agent = None
     try:
         with (tmp_path / "agent.log").open("w") as log:
@@ -147,6 +149,8 @@ def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulativ
         assert r.returncode == 0, r.stdout + r.stderr
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
+            metrics = answer.read().decode()
     finally:
         if agent is not None and agent.poll() is None:
             agent.kill()
@@ -168,11 +172,12 @@ def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulativ
         ).to_pylist()[0]["v"]
     finally:
         store.close()
-    assert len(last) == 3
-    assert increments > 0  # the agent did send increments ...
-    assert sum(h["count"] for h in last) == total  # ... and every kernel is counted exactly once
-    assert min(h["samples"] for h in last) >= 3  # one point per second of the run, about
-    exact = np.fromfile(durations, dtype="<u8")
+    return last, increments, metrics
+
+
+def _exact(tmp_path: Path, last: list[dict[str, Any]]) -> None:
+    """The stored cumulative buckets are the exact ones of every duration the producer wrote."""
+    exact = np.fromfile(tmp_path / "durations.bin", dtype="<u8")
     bounds = bounds_table()
     want = Counter(go_index(int(d) * 1e-9, 3, bounds) for d in exact)
     got: Counter[int] = Counter()
@@ -187,7 +192,49 @@ def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulativ
                     got[i] += int(h["pc"][k])
                 k += 1
                 i += 1
-    assert got == want  # the stored cumulative buckets are the exact ones
+    assert got == want
+
+
+def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulative_histograms(
+    tmp_path: Path, agent_bin: Path, ring_name: str
+) -> None:
+    """200k kernels at 50k/s: increments rebuilt, every kernel counted once, one point a second."""
+    total = 200_000
+    last, increments, metrics = _through_a_real_collector(tmp_path, agent_bin, ring_name, total)
+    assert len(last) == 3
+    assert increments > 0  # the agent did send increments ...
+    assert sum(h["count"] for h in last) == total  # ... and every kernel is counted exactly once
+    assert min(h["samples"] for h in last) >= 3  # one point per second of the run, about
+    assert _metric(metrics, "ki_collector_histogram_base_evictions_total") == 0
+    assert _metric(metrics, 'ki_collector_records_dropped_total{reason="histogram_without_base"}') == 0
+    _exact(tmp_path, last)
+
+
+def test_bases_evicted_by_the_collector_bound_cost_points_not_counts(
+    tmp_path: Path, agent_bin: Path, ring_name: str
+) -> None:
+    """A collector whose bound holds one series' bases (--histogram-base-mb 0.002: 2 KiB) of the
+    agent's three: the increments over evicted bases are left out and the agent is asked for
+    snapshots, so points go missing, but the stored histograms stay exact and end at every kernel."""
+    total = 200_000
+    last, increments, metrics = _through_a_real_collector(
+        tmp_path, agent_bin, ring_name, total, "--histogram-base-mb", "0.002"
+    )
+    assert len(last) == 3
+    assert increments > 0
+    assert _metric(metrics, "ki_collector_histogram_base_evictions_total") > 0
+    assert _metric(metrics, 'ki_collector_records_dropped_total{reason="histogram_without_base"}') > 0
+    assert _metric(metrics, "ki_collector_histogram_base_bytes") <= 2 * 1024 * 1.0  # 0.002 MiB, rounded down
+    assert sum(h["count"] for h in last) == total  # the snapshots asked for bring every count back
+    _exact(tmp_path, last)
+
+
+def _metric(text: str, name: str) -> float:
+    """One sample's value in an exposition (``name`` with its labels as written)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not exported")
 
 
 def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
