@@ -137,11 +137,11 @@ def _bases(runs: dict[int, Any]) -> Any:
                     c.neg[0].tolist(),
                     c.neg[1].tolist(),
                 )
-                for k, c in history.items()
+                for k, c in series.history.items()
             ]
-            for key, history in series.items()
+            for key, series in run.series.items()
         }
-        for epoch, series in runs.items()
+        for epoch, run in runs.items()
     }
 
 
