@@ -254,6 +254,10 @@ class _Guard(_Base):
     def on_response_complete(self) -> None:
         self._served = True
         super().on_response_complete()
+        # A new wait for a head starts now (its deadline and byte count), also for a request
+        # answered within the data_received that brought it (the protocol's quick answers),
+        # which never left the waiting lists.
+        self._unlist()
         self._track()
 
     def _listed(self) -> bool:

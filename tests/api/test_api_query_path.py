@@ -324,7 +324,9 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
         fast, observed, answered_at_once = made(quick)
         # served as ``serve`` serves it: httptools, the guard, quick GET queries answered by the
         # protocol itself (or, without ``quick``, every request through uvicorn's ASGI cycle)
-        limits = ConnectionLimits(max_connections=16)
+        # a short head deadline and the smallest head cap: neither may count a kept-alive
+        # connection's quick answers as one long wait for a head
+        limits = ConnectionLimits(max_connections=16, header_timeout_s=0.5, max_head_bytes=1024)
         http = guarded_protocol(limits, parser="httptools", quick=fast.at_once if quick else None)
         with running_server(fast, http=http, lifespan="off", ws="none", access_log=False) as url:
             addr = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
@@ -333,6 +335,10 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
                     for _ in range(3):
                         s.sendall(request)
                         _read_answers(s, 1)
+                until = time.monotonic() + 1.5  # three head deadlines, ~100 heads' bytes
+                while time.monotonic() < until:
+                    s.sendall(requests[0])
+                    _read_answers(s, 1)
             got = []
             with socket.create_connection(addr, timeout=10) as s:  # one keep-alive connection
                 for request in requests[:-1]:
