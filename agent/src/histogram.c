@@ -61,7 +61,7 @@ struct ki_histtab {
     uint32_t used;       /* histograms in use */
     uint32_t hash_mask;
     void *hash;          /* slot + 1, 0 = empty: 2-byte entries below 65,535 keys (half the lines
-                          * to touch; 64 KiB less at the default 16,384), else 4-byte */
+                          * to touch; 32 KiB less at the default 12,288), else 4-byte */
     uint8_t hash_wide;   /* 4-byte entries */
     struct ki_hist *recs;
     uint8_t *pool;       /* bucket chunks, bump-allocated, pages touched as used */

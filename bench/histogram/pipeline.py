@@ -7,7 +7,10 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
 - ``ns_per_kernel``: agent CPU time (utime + stime from /proc) while the producer writes
   1M kernels/s over 100 kernel names for ``--seconds``, divided by the kernels written.
 - ``hwm_kb``: the agent's VmHWM after 10,000 distinct kernel names (2M kernels, as fast as the
-  ring takes them) and an export of every histogram (``--histogram-interval-s 1`` in this run).
+  ring takes them) and an export of every histogram (``--histogram-interval-s 1`` in this run);
+  ``hwm_4p_kb``: the same agent's VmHWM once three more producer processes wrote the same 2M
+  kernels over the same names (a key per pid: the table fills its default 12,288 keys, the rest
+  refused and counted, ``hwm_4p_refused``), the keys and names a host of several processes holds.
 - ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
   per batch, from the agent's own counters as the collector stored them) per second at 100k
   kernels/s over 100 names for ``--wire-seconds`` (300: the first export gives the tail threshold,
@@ -216,7 +219,9 @@ def agent_figures(
     from bench.histogram.producer import build_producer
 
     nan = float("nan")
-    out: dict[str, float] = dict.fromkeys(("ns_per_kernel", "hwm_kb", "wire_bytes_per_gpu_s"), nan)
+    out: dict[str, float] = dict.fromkeys(
+        ("ns_per_kernel", "hwm_kb", "hwm_4p_kb", "wire_bytes_per_gpu_s"), nan
+    )
     out["hist_only_bytes_per_gpu_s"] = nan
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
@@ -261,8 +266,12 @@ def _cpu(root: Path, producer: Path, seconds: int, out: dict[str, float]) -> Non
     out["aggregated"] = counters.get("ki_agent_kernels_aggregated_total", 0.0)
 
 
+#: Producer processes of the hwm phase's second figure (each a pid of its own: keys, not names).
+HWM_PRODUCERS = 4
+
+
 def _hwm(root: Path, producer: Path, out: dict[str, float], show_smaps: bool = False) -> None:
-    """2. VmHWM with 10,000 kernel names."""
+    """2. VmHWM with 10,000 kernel names from one producer process, then from four."""
     (root / "hwm").mkdir()
     # Histograms shipped every second in this run (default histogram_interval_s: 10), so that the
     # peak includes an export of every key, as a longer run's does.
@@ -277,8 +286,14 @@ def _hwm(root: Path, producer: Path, out: dict[str, float], show_smaps: bool = F
     if show_smaps:
         for path, (rss, anon) in sorted(maps.items(), key=lambda kv: -kv[1][0]):
             print(f"smaps {rss:6d} kB rss {anon:6d} kB anon  {path}", file=sys.stderr)
+    for _ in range(HWM_PRODUCERS - 1):
+        run.produce(2_000_000, 10_000, 0)
+        time.sleep(1.5)
+    out["hwm_4p_kb"] = _hwm_kb(run.agent.pid)
+    out["rss_anon_4p_kb"] = sum(a for _, a in _smaps(run.agent.pid).values())
     counters = run.finish()
-    out["hwm_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
+    out["hwm_4p_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
+    out["hwm_4p_refused"] = counters.get("ki_agent_histogram_refused_total", 0.0)
 
 
 #: The kql figures the BENCH line carries (bench.histogram.quantile; NaN with --skip-kql).
@@ -344,6 +359,7 @@ def main() -> None:
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(
         f"BENCH histogram ns_per_kernel={figs['ns_per_kernel']:.1f} hwm_kb={figs['hwm_kb']:.0f}"
+        f" hwm_4p_kb={figs['hwm_4p_kb']:.0f}"
         f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
         f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
         f" quantile_cpu_ms={q['quantile_cpu_ms']:.1f} classic_quantile_cpu_ms={q['classic_quantile_cpu_ms']:.1f}"
