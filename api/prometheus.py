@@ -249,11 +249,17 @@ def _success(data: Any, warnings: Sequence[str] = (), infos: Sequence[str] = ())
 
 
 class _EncodedJSON(JSONResponse):
-    """A JSON response whose body is already encoded."""
+    """A JSON response (status 200) whose body is already encoded: the headers JSONResponse
+    would make (``content-length``, ``content-type``) without its generic header building."""
 
-    def render(self, content: Any) -> bytes:
-        assert isinstance(content, bytes)
-        return content
+    def __init__(self, body: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()),
+            (b"content-type", b"application/json"),
+        ]
 
 
 def _result_response(result: QueryResult) -> JSONResponse:

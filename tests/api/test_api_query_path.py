@@ -16,6 +16,7 @@ import httpx
 from api_helpers import TestClient, read_until_closed
 from collector_process import running_collector
 from fastapi import FastAPI
+from fastapi.responses import Response
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopback import running_server
@@ -29,7 +30,7 @@ from kernel_insight.api import (
     query_routes,
 )
 from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
-from kernel_insight.api.prometheus import INLINE_MAX_S, _query_pairs
+from kernel_insight.api.prometheus import INLINE_MAX_S, _EncodedJSON, _query_pairs
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
 
 
@@ -378,3 +379,14 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
     assert b"\r\nconnection: close\r\n" in answers[True][6]
     assert answers[True][7].startswith(b"HTTP/1.1 500 ")
     assert answers[True][7].endswith(b"Internal Server Error")
+
+
+def test_an_encoded_answer_has_the_status_and_headers_starlette_gives_a_json_body():
+    body = b'{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}'
+    reference = Response(body, media_type="application/json")  # Starlette's own header building
+    encoded = _EncodedJSON(body)
+    assert (encoded.status_code, encoded.raw_headers, encoded.body) == (
+        reference.status_code,
+        reference.raw_headers,
+        reference.body,
+    )
