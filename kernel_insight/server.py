@@ -195,8 +195,8 @@ def _limits(args: argparse.Namespace) -> Any:
 
 
 def _histogram_base_bytes(args: argparse.Namespace) -> int:
-    if not args.histogram_base_mb >= 0:  # NaN too
-        raise ValueError("--histogram-base-mb cannot be negative")
+    if not 0 <= args.histogram_base_mb < 1 << 40:  # NaN and infinity too
+        raise ValueError("--histogram-base-mb must be a number of MiB from 0 to 2^40")
     return int(args.histogram_base_mb * (1 << 20))
 
 

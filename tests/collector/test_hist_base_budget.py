@@ -161,8 +161,8 @@ def test_the_gauges_show_the_bases_held() -> None:
     }
 
 
-@pytest.mark.parametrize("value", [-1.0, float("nan")])
-def test_a_negative_bound_is_refused(value: float) -> None:
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_a_bound_that_is_no_size_is_refused(value: float) -> None:
     with pytest.raises(ValueError, match="--histogram-base-mb"):
         _histogram_base_bytes(argparse.Namespace(histogram_base_mb=value))
     with pytest.raises(ValueError, match="negative"):
