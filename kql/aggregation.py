@@ -484,7 +484,7 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
     op = node.op
     steps = vec.values.shape[1]
     keys = _grouping_keys(vec.labels, node)
-    gid, _ = group_rows(keys)
+    gid, groups = group_rows(keys)
     keep = np.zeros_like(vec.present)
     if op == "limit_ratio":
         if np.isnan(param).any():
@@ -506,34 +506,33 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
         keep &= vec.any_present()
         return _kept(vec, keep).compact()
     k = _k_values(param, node)
-    order_rows: list[int] | None = None
-    for j in range(steps):
-        if j % 64 == 63:
-            ev.checkpoint()
-        kj = int(k[j])
-        if kj < 1:
-            continue
-        # limitk keeps histogram samples too; topk/bottomk only see floats (the engine drops the rest).
-        rows = np.flatnonzero((vec.any_present() if op == "limitk" else vec.present)[:, j])
-        vals = vec.values[rows, j]
+    # All steps at once: one sort of every column by (group, absent last, NaN last, value), the
+    # rank of a cell within its group its position less the group's first. Rows of a group are
+    # the same at every step, so each group starts at the same position of every sorted column.
+    # (A sort per step cost ~0.3 ms a step: 72 of a range topk's 95 ms at 240 steps.)
+    n = len(vec)
+    # limitk keeps histogram samples too; topk/bottomk only see floats (the engine drops the rest).
+    present = vec.any_present() if op == "limitk" else vec.present
+    group_of = np.broadcast_to(gid[:, None], (n, steps))
+    if op == "limitk":
+        # The first k series of each group (the sort is stable: row order among equals).
+        order = np.lexsort((~present, group_of), axis=0)
+    else:
+        # topk: largest first; bottomk: smallest first; NaN always last.
+        vals = vec.values
         nan = np.isnan(vals)
-        if op == "limitk":
-            order = rows[np.lexsort((rows, gid[rows]))]  # the first k series of each group
-        else:
-            # topk: largest first; bottomk: smallest first; NaN always last.
-            key = np.where(nan, 0.0, -vals if op == "topk" else vals)
-            order = rows[np.lexsort((key, nan, gid[rows]))]
-        ranked_gid = gid[order]
-        starts = np.searchsorted(ranked_gid, ranked_gid, side="left")
-        within = np.arange(len(order)) - starts
-        chosen = order[within < kj]
-        keep[chosen, j] = True
-        if steps == 1:
-            order_rows = [int(r) for r in order if keep[r, 0]]
+        key = np.where(nan, 0.0, -vals if op == "topk" else vals)
+        order = np.lexsort((key, nan, ~present, group_of), axis=0)
+    sizes = np.bincount(gid, minlength=groups)
+    first = np.cumsum(sizes) - sizes
+    within = np.arange(n)[:, None] - first[gid[order]]
+    chosen = (within < k[None, :]) & np.take_along_axis(present, order, axis=0)
+    keep = np.zeros_like(vec.present)
+    keep[order[chosen], np.broadcast_to(np.arange(steps), (n, steps))[chosen]] = True
     out = _kept(vec, keep)
-    if order_rows is not None:
+    if steps == 1:
         # An instant topk/bottomk lists each group's series best first.
-        return out.take(order_rows)
+        return out.take(order[:, 0][chosen[:, 0]])
     return out.compact()
 
 
