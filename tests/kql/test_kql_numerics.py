@@ -108,6 +108,34 @@ def test_kahan_step_equals_prometheus_kahan_sum_inc_bit_for_bit(inc, total, comp
     assert _same(float(c[0]), want_c)
 
 
+def _group_sums_reference(
+    values: np.ndarray, present: np.ndarray, gid: np.ndarray, n: int
+) -> tuple[list[list[float]], list[list[float]], list[list[int]]]:
+    """Prometheus' sum of each group and step: kahanSumInc over the group's rows in row order."""
+    steps = values.shape[1]
+    total = [[0.0] * steps for _ in range(n)]
+    comp = [[0.0] * steps for _ in range(n)]
+    count = [[0] * steps for _ in range(n)]
+    for i, g in enumerate(gid.tolist()):
+        for j in range(steps):
+            if present[i, j]:
+                total[g][j], comp[g][j] = _neumaier(float(values[i, j]), total[g][j], comp[g][j])
+                count[g][j] += 1
+    return total, comp, count
+
+
+def _check_group_sums(values: np.ndarray, present: np.ndarray, gid: np.ndarray, n: int) -> None:
+    from kernel_insight.kql.aggregation import _group_counts, _kahan_totals
+
+    with np.errstate(all="ignore"):
+        got = _kahan_totals(values, present, gid, n)
+    want = _group_sums_reference(values, present, gid, n)
+    assert _group_counts(present, gid, n).tolist() == want[2]
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == (n, values.shape[1])
+        assert all(_same(float(x), float(y)) for x, y in zip(a.ravel(), np.array(b).ravel(), strict=True))
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 40),
@@ -116,20 +144,38 @@ def test_kahan_step_equals_prometheus_kahan_sum_inc_bit_for_bit(inc, total, comp
     st.lists(finite_or_not, min_size=1, max_size=240),
     st.randoms(use_true_random=False),
 )
-def test_scalar_and_numpy_group_sums_are_the_same_bits(rows, steps, groups, pool, rnd):
-    """The value-by-value Kahan (few steps) and the numpy one (many) give identical sums and counts."""
-    from kernel_insight.kql.aggregation import _kahan_totals_scalar, _kahan_totals_vectorised, _ranks
-
+def test_group_sums_are_prometheus_kahan_sums_in_row_order(rows, steps, groups, pool, rnd):
+    """sum/avg's group totals (in C) are kahanSumInc over each group's rows in order, bit for bit;
+    the group counts (count, and where any aggregation has a value) count the present rows."""
     values = np.array([[rnd.choice(pool) for _ in range(steps)] for _ in range(rows)], dtype=np.float64)
     present = np.array([[rnd.random() < 0.8 for _ in range(steps)] for _ in range(rows)])
     gid = np.array([rnd.randrange(groups) for _ in range(rows)], dtype=np.intp)
-    n = int(gid.max()) + 1
-    with np.errstate(all="ignore"):
-        want = _kahan_totals_vectorised(values, present, gid, n, *_ranks(gid, n))  # groups well under 256
-        got = _kahan_totals_scalar(values, present, gid, n)
-    for a, b in zip(got, want, strict=True):
-        assert a.shape == b.shape
-        assert all(_same(float(x), float(y)) for x, y in zip(a.ravel(), b.ravel(), strict=True))
+    _check_group_sums(values, present, gid, int(gid.max()) + 1)
+
+
+def test_group_sums_of_large_groups_are_strictly_sequential():
+    """A group of 1,000 rows is summed row after row too (numpy summed blocks of 256 before)."""
+    rng = np.random.default_rng(7)
+    values = rng.choice([1e16, 1.0, -1e16, 3.5, 1e-3, -2.25], size=(1000, 3)) * rng.random((1000, 3))
+    present = rng.random((1000, 3)) < 0.9
+    _check_group_sums(values, present, np.zeros(1000, dtype=np.intp), 1)
+    _check_group_sums(values, present, (np.arange(1000) % 3).astype(np.intp), 3)
+
+
+def test_group_sums_refuse_a_group_outside_the_output():
+    from kernel_insight.kql import _windows
+
+    total, comp, count = np.zeros((1, 2)), np.zeros((1, 2)), np.zeros((1, 2), dtype=np.int64)
+    with pytest.raises(ValueError, match="group 1 outside"):
+        _windows.group_kahan(
+            np.ones((2, 2)), np.ones((2, 2), dtype=bool), np.array([0, 1]), total, comp, count
+        )
+    with pytest.raises(ValueError, match="n x steps"):
+        _windows.group_kahan(
+            np.ones((2, 2)), np.ones((2, 3), dtype=bool), np.array([0, 0]), total, comp, count
+        )
+    with pytest.raises(ValueError, match="group -1 outside"):
+        _windows.group_count(np.ones((2, 2), dtype=bool), np.array([0, -1]), count)
 
 
 @settings(max_examples=300, deadline=None)
