@@ -291,24 +291,12 @@ fail:
     return NULL;
 }
 
-/* Every row's group inside 0..groups-1 (when there are steps to write): 0, or -1 with ValueError set. */
-static int check_groups(const int64_t *gid, Py_ssize_t n, int64_t groups, Py_ssize_t steps)
-{
-    for (Py_ssize_t i = 0; i < n && steps > 0; i++) {
-        if (gid[i] < 0 || gid[i] >= groups) {
-            PyErr_Format(PyExc_ValueError, "row %zd: group %lld outside 0..%lld", i, (long long)gid[i],
-                         (long long)groups - 1);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* group_kahan(values, present, gid, total, comp, count): the Kahan sum, compensation and count of
  * the present values of every group and step (aggregation.py _kahan_totals). values and present
  * are n x steps, gid holds each row's group (0 <= gid < groups), total, comp and count are
  * groups x steps and start at zero. Rows are added strictly in row order, value by value, as
- * Prometheus' sum and avg add the series of a group. */
+ * Prometheus' sum and avg add the series of a group. With values, total and comp None it only
+ * counts (aggregation.py _group_counts). */
 static PyObject *py_group_kahan(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -316,14 +304,19 @@ static PyObject *py_group_kahan(PyObject *self, PyObject *args)
     buf_t b[6] = {0};
     if (!PyArg_ParseTuple(args, "OOOOOO:group_kahan", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
         return NULL;
-    if (get(o[0], &b[0], 0, 8, "values") < 0 || get(o[1], &b[1], 0, 1, "present") < 0 ||
-        get(o[2], &b[2], 0, 8, "gid") < 0 || get(o[3], &b[3], 1, 8, "total") < 0 || get(o[4], &b[4], 1, 8, "comp") < 0 ||
-        get(o[5], &b[5], 1, 8, "count") < 0)
+    int sums = o[0] != Py_None;
+    if (sums != (o[3] != Py_None) || sums != (o[4] != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "values, total and comp: all three or none");
+        return NULL;
+    }
+    if ((sums && (get(o[0], &b[0], 0, 8, "values") < 0 || get(o[3], &b[3], 1, 8, "total") < 0 ||
+                  get(o[4], &b[4], 1, 8, "comp") < 0)) ||
+        get(o[1], &b[1], 0, 1, "present") < 0 || get(o[2], &b[2], 0, 8, "gid") < 0 || get(o[5], &b[5], 1, 8, "count") < 0)
         goto fail;
-    Py_ssize_t n = b[2].b.len / 8, cells = b[0].b.len / 8, out = b[3].b.len / 8;
+    Py_ssize_t n = b[2].b.len / 8, cells = b[1].b.len, out = b[5].b.len / 8;
     Py_ssize_t steps = n > 0 ? cells / n : 0;
-    if (b[1].b.len != cells || (n > 0 && cells % n != 0) || (n == 0 && cells != 0) || b[4].b.len / 8 != out ||
-        b[5].b.len / 8 != out || (steps > 0 && out % steps != 0)) {
+    if ((sums && (b[0].b.len / 8 != cells || b[3].b.len / 8 != out || b[4].b.len / 8 != out)) ||
+        (n > 0 && cells % n != 0) || (n == 0 && cells != 0) || (steps > 0 && out % steps != 0)) {
         PyErr_SetString(PyExc_ValueError, "values and present must be n x steps, total, comp and count groups x steps");
         goto fail;
     }
@@ -332,13 +325,24 @@ static PyObject *py_group_kahan(PyObject *self, PyObject *args)
     const int64_t *gid = b[2].b.buf;
     double *total = b[3].b.buf, *comp = b[4].b.buf;
     int64_t *count = b[5].b.buf;
-    if (check_groups(gid, n, steps > 0 ? (int64_t)(out / steps) : 0, steps) < 0)
-        goto fail;
+    int64_t groups = steps > 0 ? (int64_t)(out / steps) : 0;
+    for (Py_ssize_t i = 0; i < n && steps > 0; i++) {
+        if (gid[i] < 0 || gid[i] >= groups) {
+            PyErr_Format(PyExc_ValueError, "row %zd: group %lld outside 0..%lld", i, (long long)gid[i],
+                         (long long)groups - 1);
+            goto fail;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        const double *v = values + i * steps;
         const uint8_t *p = present + i * steps;
         Py_ssize_t g = (Py_ssize_t)gid[i] * steps;
+        if (!sums) {
+            for (Py_ssize_t j = 0; j < steps; j++)
+                count[g + j] += p[j] != 0;
+            continue;
+        }
+        const double *v = values + i * steps;
         for (Py_ssize_t j = 0; j < steps; j++) {
             if (p[j]) {
                 kahan_step(&total[g + j], &comp[g + j], v[j]);
@@ -354,43 +358,6 @@ fail:
     return NULL;
 }
 
-/* group_count(present, gid, count): how many rows of every group are present at every step
- * (present n x steps, gid per row, count groups x steps starting at zero). */
-static PyObject *py_group_count(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *o[3];
-    buf_t b[3] = {0};
-    if (!PyArg_ParseTuple(args, "OOO:group_count", &o[0], &o[1], &o[2]))
-        return NULL;
-    if (get(o[0], &b[0], 0, 1, "present") < 0 || get(o[1], &b[1], 0, 8, "gid") < 0 || get(o[2], &b[2], 1, 8, "count") < 0)
-        goto fail;
-    Py_ssize_t n = b[1].b.len / 8, cells = b[0].b.len, out = b[2].b.len / 8;
-    Py_ssize_t steps = n > 0 ? cells / n : 0;
-    if ((n > 0 && cells % n != 0) || (n == 0 && cells != 0) || (steps > 0 && out % steps != 0)) {
-        PyErr_SetString(PyExc_ValueError, "present must be n x steps, count groups x steps");
-        goto fail;
-    }
-    const uint8_t *present = b[0].b.buf;
-    const int64_t *gid = b[1].b.buf;
-    int64_t *count = b[2].b.buf;
-    if (check_groups(gid, n, steps > 0 ? (int64_t)(out / steps) : 0, steps) < 0)
-        goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const uint8_t *p = present + i * steps;
-        int64_t *c = count + (Py_ssize_t)gid[i] * steps;
-        for (Py_ssize_t j = 0; j < steps; j++)
-            c[j] += p[j] != 0;
-    }
-    Py_END_ALLOW_THREADS
-    release(b, 3);
-    Py_RETURN_NONE;
-fail:
-    release(b, 3);
-    return NULL;
-}
-
 static PyMethodDef methods[] = {
     {"kahan", py_kahan, METH_VARARGS,
      "kahan(vs, lo, cnt, limit, total, comp): Kahan sum and compensation of each window's first "
@@ -403,10 +370,8 @@ static PyMethodDef methods[] = {
      "(x in seconds from t0) of each window, its first y and whether all its y equal it."},
     {"group_kahan", py_group_kahan, METH_VARARGS,
      "group_kahan(values, present, gid, total, comp, count): Kahan sum, compensation and count of the present "
-     "values (n x steps) of every group (gid per row) and step, rows in order, into total, comp and count."},
-    {"group_count", py_group_count, METH_VARARGS,
-     "group_count(present, gid, count): how many rows (n x steps) of every group (gid per row) are present at "
-     "every step, added into count."},
+     "values (n x steps) of every group (gid per row) and step, rows in order, into total, comp and count; "
+     "with values, total and comp None the counts alone."},
     {"searchsorted", py_searchsorted, METH_VARARGS,
      "searchsorted(ts, offsets, queries, right, out): numpy's searchsorted of the ascending queries "
      "within every series' ascending slice of ts, as global indices, into out (n x len(queries))."},

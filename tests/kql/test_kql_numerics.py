@@ -175,7 +175,11 @@ def test_group_sums_refuse_a_group_outside_the_output():
             np.ones((2, 2)), np.ones((2, 3), dtype=bool), np.array([0, 0]), total, comp, count
         )
     with pytest.raises(ValueError, match="group -1 outside"):
-        _windows.group_count(np.ones((2, 2), dtype=bool), np.array([0, -1]), count)
+        _windows.group_kahan(None, np.ones((2, 2), dtype=bool), np.array([0, -1]), None, None, count)
+    with pytest.raises(ValueError, match="all three or none"):
+        _windows.group_kahan(
+            np.ones((2, 2)), np.ones((2, 2), dtype=bool), np.array([0, 0]), None, comp, count
+        )
 
 
 @settings(max_examples=300, deadline=None)
