@@ -639,8 +639,11 @@ def _stamps_bytes(ms: I64) -> list[bytes]:
     as ``_ts``) or fractions whose shortest digits orjson writes as ``repr`` does (the same
     bytes, hypothesis-checked)."""
     if len(ms) and int(ms[0]) >= 0 and int(ms[-1]) < _FAST_STAMP_MS:
-        out: list[bytes] = _value_bytes(ms / 1000).tolist()
-        return out
+        # One text for all: orjson writes a whole second as "t.0" (a fraction's shortest digits
+        # never end in 0), cut to "t" by one replace, then split (~4x fewer numpy and bytes
+        # operations than _value_bytes' masks and assignments).
+        text = orjson.dumps(ms / 1000, option=_NUMPY)[1:-1] + b","
+        return text.replace(b".0,", b",").split(b",")[:-1]
     return [_ts_bytes(t) for t in ms.tolist()]
 
 
@@ -678,15 +681,17 @@ def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     all_ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
     steps, where = np.unique(all_ts, return_inverse=True)
     # Every point is (head, value): a series' first head opens its list, the others also close
-    # the point before, so one join of a slice writes a whole series.
+    # the point before, so one join of a slice writes a whole series. The heads '"],[t,"' of all
+    # steps come from one join and one split (the times' text holds no NUL byte).
     stamps = _stamps_bytes(steps)
-    opening = np.array([b'[%b,"' % t for t in stamps], dtype=object)
-    following = np.array([b'"],[%b,"' % t for t in stamps], dtype=object)
-    first = np.zeros(len(all_ts), dtype=bool)
-    starts = np.cumsum([0, *lengths[:-1]])
-    first[starts[np.asarray(lengths) > 0]] = True
+    following = np.empty(len(stamps), dtype=object)
+    if stamps:
+        following[:] = (b'"],[' + b',"\x00"],['.join(stamps) + b',"').split(b"\x00")
     pieces = np.empty((len(all_ts), 2), dtype=object)
-    pieces[:, 0] = np.where(first, opening[where], following[where])
+    pieces[:, 0] = following[where]
+    starts = np.cumsum([0, *lengths[:-1]])
+    for k in starts[np.asarray(lengths) > 0].tolist():
+        pieces[k, 0] = pieces[k, 0][3:]  # a series' first point opens its list: '[t,"'
     pieces[:, 1] = _value_bytes(np.concatenate([s.values for s in series]).astype(np.float64, copy=False))
     flat = pieces.ravel().tolist()
     items = []
