@@ -54,12 +54,13 @@ void ki_drain_destroy(struct ki_drain *d);
 /* Copy up to max published records into out, keeping their slots until ki_drain_commit; returns the count. */
 size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max);
 
-/* ki_drain_poll through a filter: up to max records read, each handed to keep(arg, record)
- * (ki_kstats_fold) as it leaves its slot, and only those it keeps copied into out, so records
- * folded into histograms are not copied into a batch. *read is the number read (skipped ones,
- * spooled by an earlier run, not counted and not handed to keep); returns the number kept. */
+/* ki_drain_poll through a filter: up to max records read, handed to keep(arg, recs, n)
+ * (ki_kstats_fold) a block at a time as they leave their slots (ki_ring_peek_keep), and only
+ * those it keeps (moved to the front of recs) stay in out, so records folded into histograms
+ * are not copied into a batch. *read is the number read (skipped ones, spooled by an earlier
+ * run, not counted and not handed to keep); returns the number kept. */
 size_t ki_drain_poll_keep(struct ki_drain *d, struct ki_record *out, size_t max,
-                          int (*keep)(void *arg, const struct ki_record *r), void *arg, size_t *read);
+                          size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg, size_t *read);
 
 /* The ring header's counters. */
 void ki_drain_stats(const struct ki_drain *d, struct ki_drain_stats *out);

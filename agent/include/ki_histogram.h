@@ -135,15 +135,14 @@ int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key);
 int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
                           uint32_t kind);
 
-/* ki_histtab_slot_words then ki_histtab_observe_slot, in one call: *slot is the key's slot, or
- * -ENOSPC when the table refused the key (the observation counted in obs_refused and -ENOSPC
- * returned, as ki_histtab_observe). */
-int ki_histtab_observe_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
-                             uint32_t kind, double v, int *slot);
-
 /* Add one observation v to the histogram in slot (from ki_histtab_slot). Returns 0, -ERANGE or
  * -ENOBUFS as ki_histtab_observe. */
 int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v);
+
+/* ki_histtab_observe_slot for v[i] into slots[i], i < n, in order; a negative slot is passed
+ * over. Returns the number counted (0 returned). The drain loop's form: one loop whose turns
+ * the CPU overlaps (kstats.c, ki_kstats_feed). */
+size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n);
 
 /* Count n observations lost because their key was refused (obs_refused). */
 void ki_histtab_refused(struct ki_histtab *t, uint64_t n);

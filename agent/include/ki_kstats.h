@@ -2,7 +2,7 @@
  * ki_kstats.h - kernel statistics in the drain loop: records fold into native histograms
  * (ki_histogram.h), and only the raw kernel spans the timelines need are kept.
  *
- * The agent hands each record it reads to ki_kstats_fold (ki_kstats_feed: a batch of them), which
+ * The agent hands the records it reads to ki_kstats_fold (ki_kstats_feed), a block at a time, which
  *   - adds every KERNEL record's duration (end_ns - ts_ns, seconds) to the histogram of
  *     (pid, gpu, stream, producer, kernel name id): kernel_duration_seconds;
  *   - every COLLECTIVE record's duration_ns (seconds) to the histogram of (gpu, op):
@@ -74,10 +74,9 @@ void ki_kstats_destroy(struct ki_kstats *ks);
  * kept). Returns the records left. */
 size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n);
 
-/* Fold one record (arg: the ki_kstats); 1 when the record is kept (a kept span, or a type not
- * folded away), 0 when the histograms took it. The keep filter of ki_drain_poll_keep, so that
- * the agent reads records from the ring straight into the histograms. */
-int ki_kstats_fold(void *arg, const struct ki_record *r);
+/* ki_kstats_feed with arg the ki_kstats: the keep filter of ki_drain_poll_keep, so that the
+ * agent reads records from the ring straight into the histograms, a block at a time. */
+size_t ki_kstats_fold(void *arg, struct ki_record *recs, size_t n);
 
 /* Whether a HISTOGRAMS section should go into the next batch: an export is due at mono_ns
  * (it starts one, stamped real_ns) or a part of the last one is left. */

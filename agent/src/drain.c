@@ -81,17 +81,15 @@ size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max) {
 }
 
 size_t ki_drain_poll_keep(struct ki_drain *d, struct ki_record *out, size_t max,
-                          int (*keep)(void *arg, const struct ki_record *r), void *arg, size_t *read) {
+                          size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg, size_t *read) {
     *read = 0;
     if (!d) return 0;
     if (d->c.read_pos >= d->skip_before)
         return ki_ring_peek_keep(&d->c, out, max, ki_ring_mono_ns(), keep, arg, read);
     /* Right after a restart: what an earlier run spooled is dropped before keep sees it. */
-    size_t got = ki_drain_poll(d, out, max), kept = 0;
+    size_t got = ki_drain_poll(d, out, max);
     *read = got;
-    for (size_t i = 0; i < got; i++)
-        if (keep(arg, &out[i])) out[kept++] = out[i];
-    return kept;
+    return got ? keep(arg, out, got) : 0;
 }
 
 void ki_drain_commit(struct ki_drain *d) {

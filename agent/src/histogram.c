@@ -780,16 +780,14 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
     return observe_dense(t, h, v) ? 0 : observe_general(t, h, v);
 }
 
-int ki_histtab_observe_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_t stream, uint64_t name_producer,
-                             uint32_t kind, double v, int *slot) {
-    int s = ki_histtab_slot_words(t, pid_gpu, stream, name_producer, kind);
-    *slot = s;
-    if (s < 0) {
-        t->obs_refused++;
-        return s;
+size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n) {
+    size_t counted = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        struct ki_hist *h = rec(t, (uint32_t)slots[i]);
+        counted += observe_dense(t, h, v[i]) || observe_general(t, h, v[i]) == 0;
     }
-    struct ki_hist *h = rec(t, (uint32_t)s);
-    return observe_dense(t, h, v) ? 0 : observe_general(t, h, v);
+    return counted;
 }
 
 size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }

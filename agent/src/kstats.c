@@ -154,29 +154,25 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
     return ks->rng = x;
 }
 
-/* Observe v in the histogram of the key (pid, gpu, stream, name_id, producer, kind): through the
- * one-entry cache (the key stays in registers, as ki_histtab_slot_words' words, compared with
- * the last one without a branch per field), else the table's lookup and observation in one
- * call. Returns the slot, -1 when the table refused the key (counted there). */
-static inline int observe(struct ki_kstats *ks, uint32_t pid, uint32_t gpu, uint64_t stream, uint32_t name_id,
-                          uint32_t producer, uint32_t kind, double v) {
-    uint64_t w0 = pid | (uint64_t)gpu << 32, w2 = name_id | (uint64_t)producer << 32;
-    int s, rc;
-    if (((w0 ^ ks->last_key[0]) | (stream ^ ks->last_key[1]) | (w2 ^ ks->last_key[2]) | (kind ^ ks->last_key[3])) == 0 &&
-        ks->last_slot >= 0) {
-        s = ks->last_slot;
-        rc = ki_histtab_observe_slot(ks->tab, (uint32_t)s, v);
-    } else {
-        rc = ki_histtab_observe_words(ks->tab, w0, stream, w2, kind, v, &s);
-        if (s < 0) return -1;
-        while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
-        ks->last_key[0] = w0;
-        ks->last_key[1] = stream;
-        ks->last_key[2] = w2;
-        ks->last_key[3] = kind;
-        ks->last_slot = s;
+/* The slot of the key (pid | gpu << 32, stream, name_id | producer << 32, kind): through the
+ * one-entry cache (the key stays in registers and is compared with the last one without a
+ * branch per field), else the table's lookup. -1 when the table refused the key (the key and
+ * the observation counted there). */
+static inline int32_t slot_of(struct ki_kstats *ks, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind) {
+    if (((w0 ^ ks->last_key[0]) | (w1 ^ ks->last_key[1]) | (w2 ^ ks->last_key[2]) | (kind ^ ks->last_key[3])) == 0 &&
+        ks->last_slot >= 0)
+        return ks->last_slot;
+    int s = ki_histtab_slot_words(ks->tab, w0, w1, w2, kind);
+    if (s < 0) {
+        ki_histtab_refused(ks->tab, 1);
+        return -1;
     }
-    if (rc == 0) ks->st.aggregated++;
+    while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
+    ks->last_key[0] = w0;
+    ks->last_key[1] = w1;
+    ks->last_key[2] = w2;
+    ks->last_key[3] = kind;
+    ks->last_slot = s;
     return s;
 }
 
@@ -196,11 +192,8 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
     ks->window_sampled = 0;
 }
 
-/* Observe one KERNEL record; 1 to keep its span. */
-static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
-    const struct ki_rec *k = &r->rec;
-    double d = k->u.kernel.end_ns > k->ts_ns ? (double)(k->u.kernel.end_ns - k->ts_ns) * 1e-9 : 0.0;
-    int s = observe(ks, k->u.kernel.pid, k->device, k->u.kernel.stream, k->id, r->producer, KI_HIST_KERNEL, d);
+/* Whether to keep the span of a KERNEL record observed as d seconds in slot s (-1: refused). */
+static inline int kernel_keep(struct ki_kstats *ks, const struct ki_rec *k, int32_t s, double d) {
     if (k->ts_ns >= ks->window_end_ns) roll_window(ks, k->ts_ns / NS_PER_S);
     ks->window_kernels++;
     if ((k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) || (k->flags & KI_FLAG_FAILED)) {
@@ -225,32 +218,55 @@ static inline int kernel(struct ki_kstats *ks, const struct ki_record *r) {
     return 0;
 }
 
-static inline void other(struct ki_kstats *ks, uint32_t gpu, uint32_t id, uint32_t kind, double v) {
-    observe(ks, 0, gpu, KI_HISTOGRAM_NO_STREAM, id, 0, kind, v);
-}
+#define NOT_FOLDED (-2) /* a record no histogram takes (slot_of's -1: a key refused) */
+#define FOLD_BLOCK 16    /* records folded a pass at a time (KI_RING_PEEK_BLOCK: the ring's blocks) */
 
-int ki_kstats_fold(void *arg, const struct ki_record *r) {
-    struct ki_kstats *ks = arg;
+/* A record's histogram slot (NOT_FOLDED, or -1: refused) and the value it adds (*v). */
+static inline int32_t key_of(struct ki_kstats *ks, const struct ki_record *r, double *v) {
     const struct ki_rec *k = &r->rec;
-    if (k->type == KI_REC_KERNEL) return kernel(ks, r);
-    if (k->type == KI_REC_COLLECTIVE && !(k->flags & KI_FLAG_FAILED)) {
-        other(ks, k->device, k->id, KI_HIST_NCCL, (double)k->u.collective.duration_ns * 1e-9);
-    } else if (k->type == KI_REC_MEMOP && k->id == KI_MEM_MEMCPY && !(k->flags & KI_FLAG_FAILED)) {
-        other(ks, k->device, 0, KI_HIST_MEMCPY, (double)k->u.memop.bytes);
+    if (k->type == KI_REC_KERNEL) {
+        *v = k->u.kernel.end_ns > k->ts_ns ? (double)(k->u.kernel.end_ns - k->ts_ns) * 1e-9 : 0.0;
+        return slot_of(ks, k->u.kernel.pid | (uint64_t)k->device << 32, k->u.kernel.stream,
+                       k->id | (uint64_t)r->producer << 32, KI_HIST_KERNEL);
     }
-    return 1;
+    if (k->flags & KI_FLAG_FAILED) return NOT_FOLDED;
+    if (k->type == KI_REC_COLLECTIVE) {
+        *v = (double)k->u.collective.duration_ns * 1e-9;
+        return slot_of(ks, (uint64_t)k->device << 32, KI_HISTOGRAM_NO_STREAM, k->id, KI_HIST_NCCL);
+    }
+    if (k->type == KI_REC_MEMOP && k->id == KI_MEM_MEMCPY) {
+        *v = (double)k->u.memop.bytes;
+        return slot_of(ks, (uint64_t)k->device << 32, KI_HISTOGRAM_NO_STREAM, 0, KI_HIST_MEMCPY);
+    }
+    return NOT_FOLDED;
 }
 
+/* In blocks of FOLD_BLOCK records, three passes: every record's key to its slot, then the
+ * observations, then which spans are kept. Each pass is a short loop whose turns do not depend
+ * on each other, so the CPU overlaps the chains of dependent loads of several records (hash ->
+ * hash entry -> key; histogram -> bucket index -> count) instead of waiting on one record's at a
+ * time; the order of observations into one histogram, and of the sampling decisions, stays the
+ * records' order. */
 size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
     size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ki_kstats_fold(ks, &recs[i])) {
-            if (w != i) recs[w] = recs[i];
-            w++;
+    for (size_t b = 0; b < n; b += FOLD_BLOCK) {
+        size_t m = n - b < FOLD_BLOCK ? n - b : FOLD_BLOCK;
+        struct ki_record *blk = recs + b;
+        int32_t slot[FOLD_BLOCK];
+        double v[FOLD_BLOCK];
+        for (size_t j = 0; j < m; j++) slot[j] = key_of(ks, &blk[j], &v[j]);
+        ks->st.aggregated += ki_histtab_observe_slots(ks->tab, slot, v, m);
+        for (size_t j = 0; j < m; j++) {
+            if (blk[j].rec.type != KI_REC_KERNEL || kernel_keep(ks, &blk[j].rec, slot[j], v[j])) {
+                if (w != b + j) recs[w] = blk[j];
+                w++;
+            }
         }
     }
     return w;
 }
+
+size_t ki_kstats_fold(void *arg, struct ki_record *recs, size_t n) { return ki_kstats_feed(arg, recs, n); }
 
 int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     if (ks->exporting) return 1;

@@ -95,9 +95,24 @@ static size_t export_all(struct ki_kstats *ks, uint64_t mono, uint8_t *buf, size
     return total;
 }
 
+/* ki_kstats_fold, checking what ki_ring_peek_keep hands it: verified records of one block at
+ * most, in ring order after the block before. */
+static size_t blocks_seen;
+static uint64_t next_pos;
+static size_t fold_checked(void *arg, struct ki_record *recs, size_t n) {
+    CHECK(n >= 1 && n <= KI_RING_PEEK_BLOCK);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(recs[i].pos >= next_pos);
+        CHECK_EQ(recs[i].check, ki_ring_checksum(recs[i].pos, recs[i].producer, &recs[i].rec));
+        next_pos = recs[i].pos + 1;
+    }
+    blocks_seen++;
+    return ki_kstats_fold(arg, recs, n);
+}
+
 /* The agent's read path: records folded from their ring slots by ki_drain_poll_keep with
  * ki_kstats_fold keep exactly what ki_kstats_feed keeps of the same records, in order, give the
- * same histograms, and a torn record is counted and neither folded nor kept. */
+ * same histograms, and torn records (anywhere in a block) are counted and neither folded nor kept. */
 static void ring_fold_matches_feed(void) {
     static struct ki_record sent[600], got[600];
     char name[64], err[256];
@@ -131,8 +146,11 @@ static void ring_fold_matches_feed(void) {
         }
         uint64_t pos = KI_LOAD_RLX(&r.hdr->head);
         CHECK_EQ(ki_ring_write(&r, &rec), 0);
-        if (i == 123) {
-            r.slots[pos & r.mask].check ^= 1u; /* torn after publication */
+        if (i == 123 || i == 160 || i == 175) {
+            /* torn after publication: alone in a block, and a block's first and last record
+             * (the first 16 records fill blocks 0..9 from position 0; 160 and 175 open and
+             * close the eleventh) */
+            r.slots[pos & r.mask].check ^= 1u;
             continue;
         }
         sent[n].pos = pos;
@@ -146,13 +164,14 @@ static void ring_fold_matches_feed(void) {
     CHECK(folded != NULL && fed != NULL);
     size_t kept = 0, read_total = 0, read;
     do { /* groups of 37: reads that end anywhere within the records */
-        kept += ki_drain_poll_keep(d, got + kept, 37, ki_kstats_fold, folded, &read);
+        kept += ki_drain_poll_keep(d, got + kept, 37, fold_checked, folded, &read);
         read_total += read;
     } while (read);
     CHECK_EQ(read_total, n);
     struct ki_drain_stats ds;
     ki_drain_stats(d, &ds);
-    CHECK_EQ(ds.torn, 1);
+    CHECK_EQ(ds.torn, 3);
+    CHECK(blocks_seen > 600 / KI_RING_PEEK_BLOCK);
     size_t want = ki_kstats_feed(fed, sent, n);
     CHECK_EQ(kept, want);
     CHECK_EQ(want, 12 + 12 + 6); /* launches and collectives (only kernels leave), FAILED kernels */
@@ -179,6 +198,63 @@ static void ring_fold_matches_feed(void) {
     ki_ring_close(&r);
     ki_drain_destroy(d);
     ki_ring_unlink(name);
+}
+
+/* ki_kstats_feed works in blocks of passes (slots, observations, decisions): fed all at once it
+ * keeps, counts and exports exactly what it does fed one record at a time, with spans kept as
+ * tail, keys refused by a full table in the middle of blocks, other record types
+ * and FAILED kernels among them, and a run of one key (the one-entry cache). */
+static void blocks_match_single_records(void) {
+    static struct ki_record a[5000], b[5000];
+    size_t n = 0;
+    for (int i = 0; i < 5000; i++) {
+        /* more names than max_keys now and then; else 20 names, each with a tail, in runs at times */
+        uint32_t name = i % 700 < 200 ? 1 + (uint32_t)(uniform() * 1200) : i % 700 < 260 ? 7 : 1 + (uint32_t)(uniform() * 20);
+        push(a, &n, name, (uint16_t)(i % 2), T0 + (uint64_t)i * 700000, duration() * (1 + name % 5)); /* kernels differ */
+        if (i % 97 == 5) a[n - 1].rec.flags = KI_FLAG_FAILED;
+        if (i % 89 == 3) {
+            a[n - 1].rec.type = KI_REC_COLLECTIVE;
+            a[n - 1].rec.u.collective.duration_ns = 5000 + (uint64_t)i;
+        }
+        if (i % 83 == 2) a[n - 1].rec.type = KI_REC_LAUNCH;
+    }
+    memcpy(b, a, sizeof a);
+    /* No uniform sample and no cap on the tail: every decision is deterministic (each table seeds
+     * its random numbers from its own address, so two tables would sample differently). */
+    struct ki_kstats_config cfg = config(0, 1000000);
+    struct ki_kstats *one = ki_kstats_create(&cfg), *all = ki_kstats_create(&cfg);
+    CHECK(one != NULL && all != NULL);
+    size_t cap = ki_kstats_section_bound(one), kept_one = 0, kept_all = 0, la, lb;
+    uint8_t *x = malloc(cap), *y = malloc(cap);
+    uint64_t ta, tb;
+    for (int half = 0; half < 2; half++) { /* the second half with tail thresholds from an export */
+        size_t lo = half * n / 2, hi = (half + 1) * n / 2;
+        for (size_t i = lo; i < hi; i++) {
+            size_t k = ki_kstats_feed(one, &a[i], 1);
+            if (k) a[kept_one++] = a[i];
+        }
+        size_t k = ki_kstats_feed(all, &b[lo], hi - lo);
+        memmove(&b[kept_all], &b[lo], k * sizeof b[0]);
+        kept_all += k;
+        CHECK_EQ(kept_all, kept_one);
+        CHECK(memcmp(a, b, kept_one * sizeof a[0]) == 0);
+        CHECK(ki_kstats_want(one, (uint64_t)(half + 1) * 10 * NS, T0) && ki_kstats_want(all, (uint64_t)(half + 1) * 10 * NS, T0));
+        do {
+            CHECK_EQ(ki_kstats_encode(one, x, cap, &la, &ta, NULL, NULL), 0);
+            CHECK_EQ(ki_kstats_encode(all, y, cap, &lb, &tb, NULL, NULL), 0);
+            CHECK(la == lb && memcmp(x, y, la) == 0);
+        } while (ki_kstats_pending(one));
+        CHECK(!ki_kstats_pending(all));
+    }
+    struct ki_kstats_stats so, sa;
+    ki_kstats_stats(one, &so);
+    ki_kstats_stats(all, &sa);
+    CHECK(so.table.keys_refused > 0 && so.spans_tail > 0 && so.spans_captured > 0 && so.aggregated > 4000);
+    CHECK(memcmp(&so, &sa, sizeof so) == 0);
+    free(x);
+    free(y);
+    ki_kstats_destroy(one);
+    ki_kstats_destroy(all);
 }
 
 static void units(void) {
@@ -447,6 +523,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     units();
+    blocks_match_single_records();
     ring_fold_matches_feed();
     printf("ok\n");
     return 0;
