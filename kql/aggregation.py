@@ -468,8 +468,8 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
     first = np.cumsum(sizes) - sizes
     within = np.arange(n)[:, None] - first[gid[order]]
     chosen = (within < k[None, :]) & np.take_along_axis(present, order, axis=0)
-    keep = np.zeros_like(vec.present)
-    keep[order[chosen], np.broadcast_to(np.arange(steps), (n, steps))[chosen]] = True
+    keep = np.empty_like(vec.present)
+    np.put_along_axis(keep, order, chosen, axis=0)  # each column's order is a permutation
     out = _kept(vec, keep)
     if steps == 1:
         # An instant topk/bottomk lists each group's series best first.
