@@ -390,8 +390,9 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         A request that ``quick`` answers (a :data:`QuickRouter`; none by default) is answered
         here when its message is complete, with no ASGI request cycle (a task, a cycle object,
         its event and the ASGI messages: ~28 us of a small query's ~0.2 ms); every other
-        request goes through uvicorn's cycle unchanged. Only a plain ``GET``: no body, no
-        ``Expect``, no upgrade, not pipelined behind an answer still being written.
+        request goes through uvicorn's cycle unchanged. Only a plain ``GET`` on a kept-alive
+        connection: no body, no ``Expect``, no upgrade, not pipelined behind an answer still
+        being written.
         """
 
         @staticmethod
@@ -426,6 +427,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
                 return None
             if (
                 self.pipeline
+                or self.transport.is_closing()
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.flow.write_paused
                 or self.expect_100_continue
@@ -446,6 +448,10 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             self._quick_keep_alive = (
                 self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
             )
+            if not self._quick_keep_alive:
+                # The answer ends the connection: uvicorn's cycle closes it and starts no request
+                # pipelined behind it (answered here, one could start before the close lands).
+                return None
             try:
                 return self.quick("GET", path, url.query or b"", self.headers)
             except Exception:  # the app's to answer (and log), as any request

@@ -317,8 +317,14 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
         f"GET {instant} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer nope\r\n\r\n".encode(),
         # two pipelined in one segment, answered in order
         (f"GET {instant} HTTP/1.1\r\nHost: t\r\n".encode() + auth + b"\r\n") * 2,
-        # HTTP/1.0: the answer says connection: close and the connection ends
-        f"GET {instant} HTTP/1.0\r\nHost: t\r\n".encode() + auth + b"\r\n",
+        # HTTP/1.0: the answer says connection: close and the connection ends, a request
+        # pipelined behind it unanswered
+        f"GET {instant} HTTP/1.0\r\nHost: t\r\n".encode()
+        + auth
+        + b"\r\n"
+        + f"GET {instant} HTTP/1.1\r\nHost: t\r\n".encode()
+        + auth
+        + b"\r\n",
     ]
     answers: dict[bool, list[bytes]] = {}
     for quick in (False, True):
@@ -355,7 +361,9 @@ def test_quick_get_queries_answered_by_the_protocol_are_the_bytes_the_asgi_cycle
         # uvicorn's date header is the one thing that may differ
         answers[quick] = [re.sub(rb"\r\ndate: [^\r]*\r\n", b"\r\ndate: -\r\n", a) for a in got]
         if quick:
-            assert answered_at_once[-9:] == [True, True, True, True, False, True, True, True, True]
+            # the 401 through uvicorn's cycle; the HTTP/1.0 request (its answer ends the
+            # connection) is not even offered
+            assert answered_at_once[-8:] == [True, True, True, True, False, True, True, True]
             assert answered_at_once[0] is False, "a request never seen was answered at once"
         else:
             assert answered_at_once == []
