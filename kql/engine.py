@@ -63,6 +63,7 @@ from kernel_insight.kql.pushdown import (
     columns_of,
     grid_step,
 )
+from kernel_insight.kql.sparsehists import SparseCells
 from kernel_insight.kql.storage import (
     Matcher,
     ReadBudget,
@@ -530,8 +531,20 @@ class _Evaluator:
             hidx, h_ts = np.zeros((n, steps), dtype=np.int64), np.zeros((n, steps), dtype=np.int64)
         use_hist = hhas & (~has | (h_ts > f_ts))
         present = has & ~use_hist & (f_ts > window_start) & ~is_stale(values)
-        hists: npt.NDArray[np.object_] = np.full((n, steps), None, dtype=object)
         shown = use_hist & (h_ts > window_start)
+        sample_ts = np.where(use_hist, h_ts, f_ts)
+        if hist.data is not None:  # a columnar read: the cells stay columns (SparseCells)
+            cells = SparseCells.at(hist.data, hidx, shown)
+            self.count_samples(int(present.sum()) + cells.weight())
+            return StepVector(
+                cols.labels,
+                values,
+                present,
+                np.zeros(n, dtype=bool),
+                sample_ts,
+                sparse=cells if len(cells) else None,
+            ).compact()
+        hists: npt.NDArray[np.object_] = np.full((n, steps), None, dtype=object)
         if shown.any():
             hists[shown] = hist.hs[hidx[shown]]
             for i, j in zip(*np.nonzero(shown), strict=True):
@@ -539,7 +552,6 @@ class _Evaluator:
                     hists[i, j] = None
         hp = hist_mask(hists)
         self.count_samples(int(present.sum()) + hist_weight(hists))
-        sample_ts = np.where(use_hist, h_ts, f_ts)
         return StepVector(
             cols.labels, values, present, np.zeros(n, dtype=bool), sample_ts, hists if hp.any() else None
         ).compact()

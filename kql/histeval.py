@@ -22,7 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.sparsehists import SparseHists
+from kernel_insight.kql.sparsehists import SparseHists, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
     HistRange,
@@ -1236,16 +1236,6 @@ def _split_classic_native(ctx: Any, vec: StepVector, arg_index: int) -> StepVect
     return StepVector(vec.labels, vec.values, present, vec.drop_name, vec.sample_ts, hists)
 
 
-def _native_part(vec: StepVector, fn: Callable[[int, int, H], float]) -> StepVector:
-    values = np.zeros(vec.values.shape)
-    present = np.zeros(vec.values.shape, dtype=bool)
-    if vec.hists is not None:
-        for i, j, h in cells(vec.hists):
-            values[i, j] = fn(i, j, h)
-            present[i, j] = True
-    return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
-
-
 def _concat(a: StepVector, b: StepVector) -> StepVector:
     from kernel_insight.kql.vectors import consolidate
 
@@ -1304,43 +1294,99 @@ def _histogram_quantile(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: l
 def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector:
     """histogram_quantile of every histogram cell: a dense block's numpy search where the cells
     share a layout (:func:`dense_quantiles`), nativehist per histogram for the rest."""
+    qs = np.asarray(q, dtype=np.float64)
+    return _native_cells(
+        ctx,
+        vec,
+        lambda steps, block: dense_quantiles(qs[steps], block),
+        lambda i, j, h: _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos),
+    )
+
+
+def _native_cells(
+    ctx: Any,
+    vec: StepVector,
+    dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
+    one: Callable[[int, int, H], float],
+) -> StepVector:
+    """A float of every histogram cell: ``dense_fn`` over whole blocks (its steps' arguments,
+    the block; the rows it leaves undecided go to ``one``, per histogram). Cells still dense
+    (rate's results) are searched where they are, a selector's columns (``vec.sparse``) and
+    objects in chunks of neighbouring series (narrow blocks); objects are made only for the
+    rows ``dense_fn`` leaves."""
     values = np.zeros(vec.values.shape)
     present = np.zeros(vec.values.shape, dtype=bool)
     if vec.dense is not None:
-        # Cells still dense (rate's results): searched where they are, objects made only for
-        # the rows dense_quantiles leaves to nativehist.
         for block, rows, steps, hint in vec.dense.parts:
-            qs = np.asarray(q, dtype=np.float64)[steps]
-            found, done = dense_quantiles(qs, block)
+            found, done = dense_fn(steps, block)
             values[rows[done], steps[done]] = found[done]
             present[rows, steps] = True
             rest = np.flatnonzero(~done)
             if len(rest):
-                hs = block.take(rest).materialize(hint)
-                for k, h in zip(rest.tolist(), hs, strict=True):
+                for k, h in zip(rest.tolist(), block.take(rest).materialize(hint), strict=True):
                     i, j = int(rows[k]), int(steps[k])
-                    values[i, j] = _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos)
+                    values[i, j] = one(i, j, h)
             ctx.check()
+    if vec.sparse is not None:
+        cells = vec.sparse
+        order = np.lexsort((cells.steps, cells.rows))  # row by row, as the objects' cells come
+        data = cells.data.take(order)
+        _chunked_cells(
+            ctx,
+            cells.rows[order],
+            cells.steps[order],
+            values,
+            present,
+            dense_fn,
+            one,
+            lambda a, b: DenseBlock.of_sparse(data.rows(a, b)),
+            lambda rest: list(data.take(rest).objects()),
+        )
     if vec.hist_objs is not None:
         rows, steps = np.nonzero(hist_mask(vec.hist_objs))
         hs = vec.hist_objs[rows, steps].tolist()
-        decided = np.zeros(len(hs), dtype=bool)
-        qs = np.asarray(q, dtype=np.float64)[steps]
-        # Cells come series by series: chunks of neighbouring series keep blocks narrow.
-        for a in range(0, len(hs), DENSE_CHUNK):
-            b = min(a + DENSE_CHUNK, len(hs))
-            chunk = DenseBlock.of(hs[a:b]) if b - a >= DENSE_MIN_CELLS else None
-            if chunk is not None:
-                dense, done = dense_quantiles(qs[a:b], chunk)
-                decided[a:b] = done
-                values[rows[a:b][done], steps[a:b][done]] = dense[done]
-        for k in np.flatnonzero(~decided).tolist():
-            if k % 1024 == 1023:
-                ctx.check()
-            i, j = int(rows[k]), int(steps[k])
-            values[i, j] = _quantile_of(ctx, float(q[j]), hs[k], metric_name(vec.labels[i]), pos)
-        present[rows, steps] = True
+        _chunked_cells(
+            ctx,
+            rows,
+            steps,
+            values,
+            present,
+            dense_fn,
+            one,
+            lambda a, b: DenseBlock.of(hs[a:b]),
+            lambda rest: [hs[k] for k in rest.tolist()],
+        )
     return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
+
+
+def _chunked_cells(
+    ctx: Any,
+    rows: I64,
+    steps: I64,
+    values: F64,
+    present: BOOL,
+    dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
+    one: Callable[[int, int, H], float],
+    block_of: Callable[[int, int], DenseBlock | None],
+    objects_of: Callable[[I64], list[H]],
+) -> None:
+    """:func:`_native_cells` of cells ``(rows[k], steps[k])``: blocks of cells ``a:b``
+    (``block_of``, None where they share no layout), the rest one object at a time."""
+    decided = np.zeros(len(rows), dtype=bool)
+    for a in range(0, len(rows), DENSE_CHUNK):
+        b = min(a + DENSE_CHUNK, len(rows))
+        chunk = block_of(a, b) if b - a >= DENSE_MIN_CELLS else None
+        if chunk is not None:
+            found, done = dense_fn(steps[a:b], chunk)
+            decided[a:b] = done
+            values[rows[a:b][done], steps[a:b][done]] = found[done]
+    rest = np.flatnonzero(~decided)
+    for n, (k, h) in enumerate(zip(rest.tolist(), objects_of(rest), strict=True)):
+        if n % 1024 == 1023:
+            ctx.check()
+        i, j = int(rows[k]), int(steps[k])
+        values[i, j] = one(i, j, h)
+    present[rows, steps] = True
 
 
 def _histogram_fraction(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
@@ -1348,8 +1394,11 @@ def _histogram_fraction(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: l
     classic = _split_classic_native(ctx, vec, 2)
     floats = impl(ctx, [lower, upper, classic.floats_only()])
     pos = ctx.node.args[2].pos
-    native = _native_part(
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    native = _native_cells(
+        ctx,
         classic,
+        lambda steps, block: dense_fractions(lo[steps], hi[steps], block),
         lambda i, j, h: _fraction_of(
             ctx, float(lower[j]), float(upper[j]), h, metric_name(vec.labels[i]), pos
         ),
@@ -1911,6 +1960,78 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     return values, done
 
 
+def dense_fractions(lower: F64, upper: F64, block: DenseBlock) -> tuple[F64, BOOL]:
+    """Go's HistogramFraction for every row of ``block`` at once (``lower``, ``upper`` per row),
+    and which rows it decided; the others (NaN sums, negative or non-finite counts, a block
+    with an infinite or overlapping bucket bound, a bound above every bucket when the buckets
+    hold fewer observations than the count) are left to :func:`nativehist.histogram_fraction`.
+
+    Go walks the stored buckets in order and takes, for each bound, the first bucket that ends
+    above it (or starts at or above it). A block knows non-empty buckets only, not which empty
+    ones a histogram stored; with ordered, disjoint, finite bounds the first non-empty such
+    bucket gives the same rank (an empty bucket before it adds nothing), and one that lies
+    around the bound is interpolated by nativehist's own function, so the results are the
+    same bits.
+    """
+    counts, lower_b, upper_b = block.ordered()
+    n = len(block.count)
+    total = block.count
+    out = np.full(n, np.nan)
+    nan_result = (total == 0) | np.isnan(lower) | np.isnan(upper)
+    empty = ~nan_result & (lower >= upper)
+    out[empty] = 0.0
+    done = nan_result | empty
+    ordered_bounds = bool(
+        np.isfinite(lower_b).all()
+        and np.isfinite(upper_b).all()
+        and (lower_b <= upper_b).all()
+        and (lower_b[1:] >= upper_b[:-1]).all()
+    )
+    todo = ~done & ~np.isnan(block.sum) & np.isfinite(counts).all(axis=1) & (counts >= 0).all(axis=1)
+    rows = np.flatnonzero(todo)
+    if not ordered_bounds or not len(rows):
+        return out, done
+    c = counts[rows]
+    count = total[rows]
+    # Go's zero bucket rule: a bucket around 0 ends (starts) at 0 in a histogram without
+    # negative (positive) buckets; its share is linear.
+    straddle = (lower_b <= 0) & (upper_b >= 0)
+    only_pos = (~block.has_neg[rows] & block.has_pos[rows])[:, None] & straddle[None, :]
+    only_neg = (~block.has_pos[rows] & block.has_neg[rows])[:, None] & straddle[None, :]
+    lo = np.where(only_pos, 0.0, lower_b[None, :])
+    hi = np.where(only_neg, 0.0, upper_b[None, :])
+    cum = np.cumsum(c, axis=1)
+    before = np.zeros_like(cum)
+    before[:, 1:] = cum[:, :-1]
+    decided = np.ones(len(rows), dtype=bool)
+    at = np.arange(len(rows))
+    ranks = []
+    for v in (lower[rows], upper[rows]):
+        col_v = v[:, None]
+        hit = (c > 0) & ((lo >= col_v) | ((lo < col_v) & (col_v < hi)))
+        found = hit.any(axis=1)
+        col = np.argmax(hit, axis=1)
+        # Above every non-empty bucket: Go's rank is the count, or the buckets' total where an
+        # empty bucket lies above (the same when the total is not below the count).
+        decided &= found | (cum[:, -1] >= count)
+        rank = np.where(found, before[at, col], count)
+        for k in np.flatnonzero(found & (lo[at, col] < v)).tolist():
+            j = int(col[k])
+            rank[k] = nh._interpolate(
+                float(before[k, j]),
+                float(lo[k, j]),
+                float(hi[k, j]),
+                float(c[k, j]),
+                float(v[k]),
+                bool(straddle[j]),
+            )
+        ranks.append(np.where(rank > count, count, rank))
+    fractions = (ranks[1] - ranks[0]) / count
+    out[rows[decided]] = fractions[decided]
+    done[rows[decided]] = True
+    return out, done
+
+
 def _spans_of(mat: F64, lo: int) -> tuple[list[tuple[tuple[int, int], ...]], list[tuple[float, ...]]]:
     """Per row of a dense side: the spans and buckets of its non-zero counts (Compact(0)'s layout)."""
     n = mat.shape[0]
@@ -2010,11 +2131,8 @@ class DenseHists:
     def take(self, idx: npt.NDArray[np.intp], n: int) -> DenseHists | None:
         """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
         a row is taken twice (then the caller takes objects)."""
-        new_of_old = np.full(n, -1, dtype=np.int64)
-        new_of_old[idx] = np.arange(len(idx))
-        if np.count_nonzero(new_of_old >= 0) != len(idx):
-            return None
-        return self.regrouped(new_of_old)
+        new_of_old = renumbering(idx, n)
+        return None if new_of_old is None else self.regrouped(new_of_old)
 
     def regrouped(self, new_of_old: I64, drop: BOOL | None = None) -> DenseHists:
         """The cells moved to rows ``new_of_old[row]``; cells whose new row is -1 (or where

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from kernel_insight.kql.nativehist import FloatHistogram
 from kernel_insight.kql.storage import STALE_NAN_BITS
 
-__all__ = ["HistSamples", "Ragged", "SparseHists", "tsdb_pending"]
+__all__ = ["HistSamples", "Ragged", "SparseCells", "SparseHists", "renumbering", "tsdb_pending"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -231,6 +231,24 @@ class SparseHists:
 
         idx = gather_ranges(starts, lengths)
         return self._mapped(lambda x: x[idx], lambda x: x.take_ranges(starts, lengths))
+
+    def select(self, idx: I64) -> SparseHists:
+        """Rows ``idx`` (in that order, any row any number of times) with their hints decided
+        first (only the chosen pending rows are compared with the rows before them): what an
+        instant selector keeps of a read, none pending, so it stands without its neighbours."""
+        hint = self.hint[idx]
+        pending = self.pending[idx]
+        if pending.any():
+            hint = hint.copy()
+            if self._hints is not None:
+                hint[pending] = self._hints[idx[pending]]
+            else:
+                rows, back = np.unique(idx[pending], return_inverse=True)
+                decided = np.where(self._resets(rows), COUNTER_RESET, NOT_COUNTER_RESET)
+                hint[pending] = decided[back]
+        out = self._mapped(lambda x: x[idx], lambda x: x.take(idx))
+        out.hint, out.pending, out._hints = hint, np.zeros(len(idx), dtype=bool), hint
+        return out
 
     def with_pending(self, pending: BOOL) -> SparseHists:
         """The same rows with ``pending`` as the rows whose hint is still to be decided."""
@@ -477,6 +495,65 @@ def _float_between(ts: I64, offsets: I64, float_ts: I64, float_offsets: I64) -> 
                 f, ts[a : b - 1], "right"
             )
     return out
+
+
+def renumbering(idx: npt.NDArray[np.intp], n: int) -> I64 | None:
+    """Each of ``n`` rows' position in ``idx`` (-1: not taken), as ``StepVector.take`` renumbers
+    rows; None when a row is taken twice (cells held apart cannot be in two rows)."""
+    new_of_old = np.full(n, -1, dtype=np.int64)
+    new_of_old[idx] = np.arange(len(idx))
+    return None if np.count_nonzero(new_of_old >= 0) != len(idx) else new_of_old
+
+
+class SparseCells:
+    """Histogram cells of a ``StepVector`` held as columns: row ``k`` of ``data`` (hints decided,
+    none pending) is the histogram of cell ``(rows[k], steps[k])``. An instant selector over a
+    columnar read leaves its cells so; histogram_quantile and histogram_fraction read them as
+    they are, anything else gets ``FloatHistogram`` objects through ``StepVector.hists``.
+    The cells are none of the vector's other cells (``hist_objs``, ``dense``).
+    """
+
+    __slots__ = ("data", "rows", "steps")
+
+    def __init__(self, data: SparseHists, rows: I64, steps: I64) -> None:
+        self.data, self.rows, self.steps = data, rows, steps
+
+    @classmethod
+    def at(cls, data: SparseHists, idx: I64, shown: BOOL) -> SparseCells:
+        """The cells where ``shown``, cell ``(i, j)`` holding row ``idx[i, j]`` of ``data``;
+        staleness markers are no cell."""
+        rows, steps = np.nonzero(shown)
+        sel = idx[rows, steps]
+        live = ~data.stale()[sel]
+        if not live.all():
+            rows, steps, sel = rows[live], steps[live], sel[live]
+        return cls(data.select(sel), rows.astype(np.int64), steps.astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def mark(self, mask: BOOL) -> None:
+        """Set ``mask`` True at every cell held here."""
+        mask[self.rows, self.steps] = True
+
+    def fill(self, out: OBJ) -> None:
+        """Put every cell's FloatHistogram into ``out``."""
+        out[self.rows, self.steps] = self.data.objects()
+
+    def weight(self) -> int:
+        return int(self.data.weights().sum())
+
+    def take(self, idx: npt.NDArray[np.intp], n: int) -> SparseCells | None:
+        """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
+        a row is taken twice (then the caller takes objects)."""
+        new_of_old = renumbering(idx, n)
+        if new_of_old is None:
+            return None
+        new = new_of_old[self.rows]
+        keep = np.flatnonzero(new >= 0)
+        if len(keep) == len(new):
+            return SparseCells(self.data, new, self.steps)
+        return SparseCells(self.data.take(keep), new[keep], self.steps[keep])
 
 
 class HistSamples:

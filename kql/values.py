@@ -19,7 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from kernel_insight.kql.ast import PosRange
-from kernel_insight.kql.sparsehists import HistSamples, SparseHists
+from kernel_insight.kql.sparsehists import HistSamples, SparseCells, SparseHists
 from kernel_insight.kql.storage import Labels
 
 if TYPE_CHECKING:
@@ -131,22 +131,27 @@ class StepVector:
     #: Histogram cells still held as dense bucket blocks (histeval.DenseHists: rate's results),
     #: made into objects only when ``hists`` is read; the cells are none of ``hist_objs``'.
     dense: DenseHists | None = None
+    #: Histogram cells still held as a store's columns (sparsehists.SparseCells: an instant
+    #: selector's), made into objects only when ``hists`` is read; none of the others' cells.
+    sparse: SparseCells | None = None
 
     @property
     def hists(self) -> OBJ | None:
         """The histogram cells as ``FloatHistogram`` objects (None cells elsewhere), or None."""
-        if self.dense is not None:
-            out = self.hist_objs
-            if out is None:
-                out = np.full(self.present.shape, None, dtype=object)
-            self.dense.fill(out)
-            self.hist_objs, self.dense = out, None
+        for held in (self.dense, self.sparse):
+            if held is not None:
+                out = self.hist_objs
+                if out is None:
+                    out = np.full(self.present.shape, None, dtype=object)
+                held.fill(out)
+                self.hist_objs = out
+        self.dense = self.sparse = None
         return self.hist_objs
 
     @property
     def has_hists(self) -> bool:
-        """Whether the vector holds histogram cells, without making objects of dense ones."""
-        return self.hist_objs is not None or self.dense is not None
+        """Whether the vector holds histogram cells, without making objects of dense or sparse ones."""
+        return self.hist_objs is not None or self.dense is not None or self.sparse is not None
 
     @classmethod
     def empty(cls, steps: int) -> StepVector:
@@ -158,11 +163,11 @@ class StepVector:
     def take(self, rows: npt.NDArray[np.intp] | list[int]) -> StepVector:
         """A new vector of the given rows, in the given order."""
         idx = np.asarray(rows, dtype=np.intp)
-        dense = None
-        if self.dense is not None:
-            dense = self.dense.take(idx, len(self.labels))
-            if dense is None:  # a row taken twice: objects
-                self.hists  # noqa: B018 (fills hist_objs)
+        dense = None if self.dense is None else self.dense.take(idx, len(self.labels))
+        sparse = None if self.sparse is None else self.sparse.take(idx, len(self.labels))
+        if (dense is None and self.dense is not None) or (sparse is None and self.sparse is not None):
+            dense = sparse = None  # a row taken twice: objects
+            self.hists  # noqa: B018 (fills hist_objs)
         return StepVector(
             [self.labels[i] for i in idx],
             self.values[idx],
@@ -171,6 +176,7 @@ class StepVector:
             None if self.sample_ts is None else self.sample_ts[idx],
             None if self.hist_objs is None else self.hist_objs[idx],
             dense,
+            sparse,
         )
 
     def hist_present(self) -> BOOL:
@@ -178,14 +184,15 @@ class StepVector:
         mask = (
             np.zeros(self.present.shape, dtype=bool) if self.hist_objs is None else hist_mask(self.hist_objs)
         )
-        if self.dense is not None:
-            self.dense.mark(mask)
+        for held in (self.dense, self.sparse):
+            if held is not None:
+                held.mark(mask)
         return mask
 
     def hist_weight(self) -> int:
         """What the histogram cells count as toward ``max_samples`` (:func:`hist_weight`)."""
         total = 0 if self.hist_objs is None else hist_weight(self.hist_objs)
-        return total if self.dense is None else total + self.dense.weight()
+        return total + sum(held.weight() for held in (self.dense, self.sparse) if held is not None)
 
     def any_present(self) -> BOOL:
         """Where a sample of either kind is."""

@@ -131,6 +131,16 @@ QUERIES = [
     "histogram_avg(rate({m}[1m]))",
     "histogram_sum(sum by (g) (rate({m}[1m])))",
     "histogram_fraction(0, 1, rate({m}[1m]))",
+    "histogram_fraction(-Inf, 0.5, rate({m}[2m]))",
+    "histogram_quantile(0.9, {m})",
+    "histogram_quantile(0.2, {m} offset 20s)",
+    "histogram_fraction(0, 1, {m})",
+    "histogram_fraction(-Inf, 0.25, {m})",
+    "histogram_fraction(-2, +Inf, {m})",
+    "histogram_fraction(0.5, 0.5, {m})",
+    "histogram_count({m})",
+    "sum by (g) ({m})",
+    "{m} * 2",
     "resets({m}[2m])",
     "delta({m}[1m])",
 ]
@@ -315,3 +325,35 @@ def test_promqltest_cases_pass_alike_through_columns(
         ], name
         native += got.count("native-histogram", True)
     assert native >= 772  # the native-histogram cases that pass over objects (772 of 782 today)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), odd=st.booleans())
+def test_dense_fractions_are_nativehists_bit_for_bit(seed: int, odd: bool) -> None:
+    """dense_fractions over a block gives histogram_fraction's float for every row it decides
+    (bounds inside buckets, on bucket edges, in the zero bucket, +-Inf, lower >= upper, NaN), and
+    decides most rows of ordinary histograms."""
+    from kernel_insight.kql import nativehist as nh
+    from kernel_insight.kql.histeval import DenseBlock, dense_fractions
+
+    rng = np.random.default_rng(seed)
+    hs = [v for _, v in _series(rng, 80, odd_counts=odd) if isinstance(v, FloatHistogram)]
+    skewed = rng.random() < 0.3
+    if skewed:  # buckets holding fewer observations than the count, or more
+        hs = [dataclasses.replace(h, count=h.count * float(rng.choice([0.5, 2.0]))) for h in hs]
+    zt = float(rng.choice([0.0, 1e-3, 0.3]))  # 0.3: buckets inside the zero bucket (left to nativehist)
+    block_hs = [dataclasses.replace(h, schema=1, zero_threshold=zt) for h in hs]
+    block = DenseBlock.of(block_hs)
+    if block is None:
+        return
+    edges = [-math.inf, math.inf, math.nan, 0.0, -0.0, 1.0, -1.0, 2**-0.5, 2.0, zt, -zt, 0.5, 7.0, -3.0]
+    pick = lambda: float(rng.choice(edges)) if rng.random() < 0.5 else float(rng.normal(0, 4))  # noqa: E731
+    lower = np.asarray([pick() for _ in block_hs])
+    upper = np.asarray([pick() for _ in block_hs])
+    got, done = dense_fractions(lower, upper, block)
+    for k, h in enumerate(block_hs):
+        if done[k]:
+            want, _ = nh.histogram_fraction(float(lower[k]), float(upper[k]), h)
+            assert np.float64(want).tobytes() == np.float64(got[k]).tobytes(), (k, lower[k], upper[k], str(h))
+    if not odd and not skewed and zt < 0.3:
+        assert done.mean() > 0.9
