@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -211,19 +211,30 @@ def empty_hists(rows: int, steps: int) -> OBJ:
     return np.full((rows, steps), None, dtype=object)
 
 
+class Totals(Protocol):
+    """Count and sum per row: a :class:`DenseBlock`'s, or a :class:`SparseHists`'."""
+
+    count: F64
+    sum: F64
+
+
 def float_of_hists(
-    vec: StepVector, fn: Callable[[H], float], dense_fn: Callable[[DenseBlock], F64] | None = None
+    vec: StepVector, fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None
 ) -> StepVector:
     """A float per histogram cell (floats dropped), the metric name dropped: histogram_count and
-    friends. ``dense_fn`` gives the same floats for a whole dense block (rate's results), so
-    those cells never become objects."""
+    friends. ``dense_fn`` gives the same floats from the counts and sums of a whole dense block
+    (rate's results) or of a selector's columns, so those cells never become objects."""
     values = np.zeros(vec.values.shape)
     present = np.zeros(vec.present.shape, dtype=bool)
-    objs = vec.hists if dense_fn is None or vec.dense is None else vec.hist_objs
+    objs = vec.hists if dense_fn is None or (vec.dense is None and vec.sparse is None) else vec.hist_objs
     if dense_fn is not None and vec.dense is not None:
         for block, rows, steps, _ in vec.dense.parts:
             values[rows, steps] = dense_fn(block)
             present[rows, steps] = True
+    if dense_fn is not None and vec.sparse is not None:
+        held = vec.sparse
+        values[held.rows, held.steps] = dense_fn(held.data)
+        present[held.rows, held.steps] = True
     if objs is not None:
         for i, j, h in cells(objs):
             values[i, j] = fn(h)
@@ -1157,7 +1168,7 @@ def _absent_over_time(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: lis
 
 
 def _native_floats(
-    fn: Callable[[H], float], dense_fn: Callable[[DenseBlock], F64] | None = None
+    fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None
 ) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
     def handler(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
         return float_of_hists(args[0], fn, dense_fn)
@@ -1165,7 +1176,7 @@ def _native_floats(
     return handler
 
 
-def _dense_avg(block: DenseBlock) -> F64:
+def _dense_avg(block: Totals) -> F64:
     """histogram_avg of every row: IEEE division as :func:`fdiv` does it (x/0 is +-Inf, 0/0 NaN)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         avg: F64 = block.sum / block.count

@@ -7,12 +7,14 @@ percent of launches 10-100x slower), ``--hours`` of samples. Every codec variant
 same rows (one table per variant, merged into one part), so the figures compare codecs only.
 Run: ``python -m bench.histstore [--quick]``. Ends with one
 ``BENCH histstore bytes_per_histogram=<n> buckets_per_histogram=<n> insert_histograms_per_s=<n>
-read_histograms_per_s=<n>`` line (the read: one hour of every series as kql's storage returns it).
+read_histograms_per_s=<n> read_histograms_per_cpu_s=<n>`` line (the read: one hour of every series as
+kql's storage returns it, columns, and the dense blocks kql's histogram paths build of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import shutil
 import tempfile
@@ -25,6 +27,7 @@ import numpy.typing as npt
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder
 from kernel_insight.collector.schema import SCHEMA, Table, single_ddl
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.histeval import DENSE_CHUNK, DenseBlock
 from kernel_insight.kql.storage import Matcher
 
 SCHEMA_N = 3
@@ -150,20 +153,38 @@ def main() -> None:
                 store.insert_histograms(batch.slice(i, min(n, i + step)))
             rate = n / (time.perf_counter() - start)
             store.optimize("histograms")
-            # kql's read: one hour of every series through ClickHouseStorage.select_columns
-            # (FloatHistogram objects, counter-reset hints), the median of three.
+            # kql's read: one hour of every series through ClickHouseStorage.select_columns as kql
+            # takes it (columns, kql/sparsehists.py: no object per sample; counter-reset hints
+            # pending) and the dense bucket blocks rate and histogram_quantile build from them
+            # (DenseBlock.of_sparse, DENSE_CHUNK samples a block); the median of three, wall and
+            # CPU of this process (chDB's threads included).
             storage = store.storage(use_cache=False)
             selector = [Matcher("__name__", "=", "kernel_duration_seconds")]
-            reads = []
+            reads, cpus = [], []
+            read_n = 0
             for _ in range(3):
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.process_time()
                 got = storage.select_columns(selector, t0, t0 + 3_600_000 - 1)
+                data = None if got.hist is None else got.hist.data
+                assert data is not None, "the store hands kql histogram columns"
+                # Blocks of whole series (a block starts at a series' first sample, as rate's).
+                assert got.hist is not None
+                offsets = got.hist.offsets
+                cuts = np.unique(
+                    np.append(
+                        offsets[np.searchsorted(offsets, np.arange(0, len(data), DENSE_CHUNK))], len(data)
+                    )
+                )
+                for a, b in itertools.pairwise(cuts.tolist()):
+                    DenseBlock.of_sparse(data.rows(a, b))
                 reads.append(time.perf_counter() - began)
-            read_n = 0 if got.hist is None else len(got.hist.hs)
-            read_s = sorted(reads)[1]
+                cpus.append(time.process_time() - cpu)
+                read_n = len(data)
+            read_s, read_cpu = sorted(reads)[1], sorted(cpus)[1]
             read_rate = read_n / read_s
             print(
-                f"read: {read_n} histogram samples (1 hour, {n_series} series): {read_s:.2f} s, {read_rate:,.0f}/s"
+                f"read: {read_n} histogram samples (1 hour, {n_series} series) as columns and dense blocks: "
+                f"{read_s:.2f} s wall ({read_rate:,.0f}/s), {read_cpu:.2f} s CPU ({read_n / read_cpu:,.0f}/s)"
             )
             data = store.query("SELECT * EXCEPT (metric) FROM ki.histograms")
             for k, (label, codecs) in enumerate(VARIANTS.items()):
@@ -201,7 +222,8 @@ def main() -> None:
     print(f"insert: {rate:,.0f} histogram samples/s (insert_histograms, batches of 20,000)")
     print(
         f"BENCH histstore bytes_per_histogram={chosen:.2f} buckets_per_histogram={buckets:.1f} "
-        f"insert_histograms_per_s={rate:.0f} read_histograms_per_s={read_rate:.0f}"
+        f"insert_histograms_per_s={rate:.0f} read_histograms_per_s={read_rate:.0f} "
+        f"read_histograms_per_cpu_s={read_n / read_cpu:.0f}"
     )
 
 
