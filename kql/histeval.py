@@ -255,10 +255,11 @@ def window(r: RangeInput, i: int, j: int) -> tuple[list[int], list[H]]:
 
 
 def hist_windows(
-    r: RangeInput, skip: BOOL | None = None
+    r: RangeInput, skip: BOOL | None = None, last: int | None = None
 ) -> Iterator[tuple[int, int, list[int], list[H], int]]:
     """(series, step, hist timestamps, histograms, float count) of every window holding a
-    histogram, except those in ``skip``."""
+    histogram, except those in ``skip``; with ``last``, only each window's last ``last``
+    histograms (columns become objects for those samples alone: irate's two)."""
     hr = r.hist
     if hr is None:
         return
@@ -266,11 +267,19 @@ def hist_windows(
     wanted = counts > 0 if skip is None else (counts > 0) & ~skip
     rows, steps = np.nonzero(wanted)
     fcounts = r.hi - r.lo
+    if last is None:
+        objs = hr.hs
+    else:
+        his, los = hr.hi[rows, steps], hr.lo[rows, steps]
+        ends = [his - k for k in range(1, last + 1)]
+        objs = hr.objects_at(np.unique(np.concatenate([e[e >= los] for e in ends])))
     for n, (i, j) in enumerate(zip(rows.tolist(), steps.tolist(), strict=True)):
         if n % 1024 == 1023:
             r.checkpoint()
         lo, hi = int(hr.lo[i, j]), int(hr.hi[i, j])
-        yield i, j, hr.ts[lo:hi].tolist(), list(hr.hs[lo:hi]), int(fcounts[i, j])
+        if last is not None:
+            lo = max(lo, hi - last)
+        yield i, j, hr.ts[lo:hi].tolist(), list(objs[lo:hi]), int(fcounts[i, j])
 
 
 def has_hist_windows(r: RangeInput) -> BOOL:
@@ -979,7 +988,7 @@ def _instant(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], i
     hists: dict[tuple[int, int], H] = {}
     values: dict[tuple[int, int], float] = {}
     pos = _matrix_arg(ctx).pos
-    for i, j, hts, hs, _ in hist_windows(r):
+    for i, j, hts, hs, _ in hist_windows(r, last=2):
         lo, hi = int(r.lo[i, j]), int(r.hi[i, j])
         samples: list[tuple[int, float, H | None]] = [
             (int(t), float(v), None) for t, v in zip(r.ts[lo:hi][-2:], r.vs[lo:hi][-2:], strict=True)

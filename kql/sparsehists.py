@@ -574,6 +574,16 @@ class HistSamples:
             self._hs = self.data.objects()
         return self._hs
 
+    def objects_at(self, rows: I64) -> OBJ:
+        """An object array as long as the samples holding the ``FloatHistogram`` of each of
+        ``rows`` (None elsewhere, where columns were not made objects): all of ``hs`` when it
+        is made already or there are no columns."""
+        if self._hs is not None or self.data is None:
+            return self.hs
+        out = np.full(len(self.data), None, dtype=object)
+        out[rows] = self.data.select(rows).objects()
+        return out
+
     def source(self) -> OBJ | SparseHists:
         """The columns where there are some, else the objects (what another holder of the same
         samples is made of)."""

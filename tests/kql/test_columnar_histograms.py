@@ -139,6 +139,8 @@ QUERIES = [
     "histogram_fraction(-2, +Inf, {m})",
     "histogram_fraction(0.5, 0.5, {m})",
     "histogram_count({m})",
+    "irate({m}[1m])",
+    "idelta({m}[45s])",
     "histogram_avg({m} offset 15s)",
     "histogram_sum({m}) / histogram_count({m})",
     "histogram_stddev({m})",
