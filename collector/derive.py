@@ -170,6 +170,7 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "histogram_keys": ("ki_agent_histogram_keys", "gauge", 1.0),
     "histogram_refused": ("ki_agent_histogram_refused_total", "counter", 1.0),
     "histogram_increments": ("ki_agent_histogram_increments_total", "counter", 1.0),
+    "histogram_evicted": ("ki_agent_histogram_evicted_total", "counter", 1.0),
 }
 
 F64 = npt.NDArray[np.float64]

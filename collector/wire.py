@@ -179,6 +179,7 @@ class Counter(enum.IntEnum):
     HISTOGRAM_KEYS = 33
     HISTOGRAM_REFUSED = 34
     HISTOGRAM_INCREMENTS = 35
+    HISTOGRAM_EVICTED = 36
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ struct ki_config {
     int64_t histogram_snapshot_s;     /* increments with a snapshot this often (0: cumulative only) */
     int64_t histogram_max_buckets;    /* populated buckets per histogram before the schema drops */
     int64_t histogram_max_keys;       /* histograms (pid, gpu, stream, kernel) the agent holds */
+    int64_t histogram_idle_s;         /* evict a histogram that shipped no change this long (0: never) */
     int64_t span_seal_ms;             /* histograms on: records wait in memory up to this long before a batch is sealed */
     int64_t span_sample_rate;         /* uniformly sampled kernel spans kept per second */
     int64_t span_tail_rate;           /* most tail kernel spans kept per second */

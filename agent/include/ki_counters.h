@@ -45,7 +45,8 @@ enum ki_counter {
     KI_CTR_HISTOGRAM_KEYS = 33,     /* gauge: histograms in the agent's table */
     KI_CTR_HISTOGRAM_REFUSED = 34,  /* observations refused: table full, bucket limit at schema -4, pool spent */
     KI_CTR_HISTOGRAM_INCREMENTS = 35, /* of histograms_shipped, increments (wire body version 4) */
-    KI_CTR_MAX = 35
+    KI_CTR_HISTOGRAM_EVICTED = 36,  /* histogram keys evicted after histogram_idle_s without a change */
+    KI_CTR_MAX = 36
 };
 
 struct ki_counters {

@@ -48,6 +48,9 @@ struct ki_histinc *ki_histinc_create(uint32_t max_keys, size_t room, size_t aren
 /* Free; accepts NULL. */
 void ki_histinc_destroy(struct ki_histinc *b);
 
+/* Forget slot's base (its key was evicted: the slot's next histogram is another key's). */
+void ki_histinc_forget(struct ki_histinc *b, uint32_t slot);
+
 /* Forget every base: each histogram's next export is a snapshot (after a failed request, a
  * reconnect, a collector's KI-Histogram-Snapshot, or every histogram_snapshot_s). */
 void ki_histinc_forget_all(struct ki_histinc *b);

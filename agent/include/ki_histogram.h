@@ -24,9 +24,12 @@
  * while the process lives (a schema decrement or a wider zero bucket is not a reset
  * in Prometheus' sense). The table lives in process memory only: an agent restart
  * starts every histogram from zero, which Prometheus' rate()/increase() treat as a
- * counter reset (count decreased). Keys are never evicted: when the table is full a
- * new key is refused and counted (keys_refused); its observations are lost, counted
- * in obs_refused.
+ * counter reset (count decreased). When the table is full a new key is refused and
+ * counted (keys_refused); its observations are lost, counted in obs_refused. The table
+ * does not decide what to forget: its owner evicts a key (ki_histtab_evict: kstats.c
+ * evicts keys idle for histogram_idle_s whose last change was exported), which frees the
+ * slot and the buckets for new keys; a key that comes back after that starts from zero,
+ * a new series (its first export flagged as a counter reset).
  *
  * Everything is allocated by ki_histtab_create; ki_histtab_observe allocates nothing.
  * Not thread-safe: one drain loop owns a table.
@@ -94,6 +97,8 @@ struct ki_histtab_stats {
     uint64_t pool_refused;  /* observations refused because the bucket pool was spent */
     uint64_t bytes;         /* memory in use: records, hash, pool chunks handed out */
     uint64_t compactions;   /* times the pool was compacted (free chunks reclaimed) */
+    uint64_t slots;         /* slot numbers handed out (0..slots-1): keys and free (evicted) slots */
+    uint64_t evicted;       /* keys evicted (ki_histtab_evict) */
 };
 
 struct ki_histtab;
@@ -123,7 +128,8 @@ void ki_histtab_destroy(struct ki_histtab *t);
  * -ENOBUFS if it needed a new bucket and the pool is spent (counted). */
 int ki_histtab_observe(struct ki_histtab *t, const struct ki_histogram_key *key, double v);
 
-/* Slot of key, adding it when new: 0..max_keys-1 (stable for the table's life), or -ENOSPC
+/* Slot of key, adding it when new: 0..max_keys-1 (an evicted key's slot first; stable until the
+ * key is evicted), or -ENOSPC
  * when the table is full (counted in keys_refused; the caller counts the lost observation
  * through ki_histtab_refused). */
 int ki_histtab_slot(struct ki_histtab *t, const struct ki_histogram_key *key);
@@ -155,11 +161,17 @@ uint64_t ki_histtab_count(const struct ki_histtab *t, uint32_t slot);
  * zero bucket or a negative one, +Inf when the slot is empty. */
 double ki_histtab_quantile_upper(const struct ki_histtab *t, uint32_t slot, double q);
 
-/* Slot of key (0..keys-1, stable for the table's life), or -ENOENT. */
+/* Slot of key (0..slots-1), or -ENOENT. */
 int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *key);
 
 /* The key of a slot into *out: 0, or -ENOENT. (A copy: the table keeps keys packed.) */
 int ki_histtab_key(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_key *out);
+
+/* Remove the key of slot: its hash entry (the entries after it in its probe run shifted back, so
+ * every other key is found as before), its buckets (their chunk onto the pool's free lists) and
+ * the slot itself, which the next new key takes. Returns 0, or -ENOENT when slot holds no key.
+ * Not for the drain loop's hot path: its owner calls it between folds (kstats.c, at export). */
+int ki_histtab_evict(struct ki_histtab *t, uint32_t slot);
 
 /* Elements each array of a ki_histogram_export needs. */
 size_t ki_histtab_export_room(const struct ki_histtab *t);

@@ -25,6 +25,13 @@
  * histogram that holds a base (ki_histinc.h) is written as an increment over its previous
  * export, and as a snapshot at least every snapshot_ns and after ki_kstats_snapshot.
  *
+ * With idle_ns set, the start of an export at least idle_ns after the previous sweep evicts the
+ * keys whose histograms shipped no change since that sweep and hold nothing unshipped
+ * (ki_histtab_evict): a key is evicted between idle_ns and twice that (plus an interval) after its
+ * last change, never before that change was exported. A key seen again later is a new series: its
+ * first export is flagged a counter reset (0x01), as after an agent restart. No clock of its own:
+ * the exports' monotonic times (ki_kstats_want).
+ *
  * Everything is allocated by ki_kstats_create; feed and encode allocate nothing.
  * Not thread-safe: the drain loop owns it.
  */
@@ -52,6 +59,7 @@ struct ki_kstats_config {
     uint64_t snapshot_ns;            /* increments (wire body version 4) with a snapshot of every histogram
                                       * at least this often; 0: cumulative histograms only (version 3) */
     size_t base_bytes;               /* arena of the increments' bases (ki_histinc.h); 0: a default */
+    uint64_t idle_ns;                /* evict a key that shipped no change for this long (0: never; below) */
 };
 
 struct ki_kstats_stats {

@@ -225,6 +225,7 @@ struct ki_agent *ki_agent_create(const struct ki_config *cfg, const struct ki_lo
             .tail_min_count = 100,
             .section_max = HIST_SECTION_MAX,
             .snapshot_ns = (uint64_t)cfg->histogram_snapshot_s * NS_PER_S,
+            .idle_ns = (uint64_t)cfg->histogram_idle_s * NS_PER_S,
         };
         while (!(a->ks = ki_kstats_create(&kc)) && errno == EINVAL && kc.section_max < (1u << 22))
             kc.section_max *= 2; /* a histogram of many buckets needs a bigger section */
@@ -327,6 +328,7 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
         c->v[KI_CTR_HISTOGRAM_KEYS] = ks.table.keys;
         c->v[KI_CTR_HISTOGRAM_REFUSED] = ks.table.obs_refused + ks.table.bucket_refused + ks.table.pool_refused;
         c->v[KI_CTR_HISTOGRAM_INCREMENTS] = ks.increments_exported;
+        c->v[KI_CTR_HISTOGRAM_EVICTED] = ks.table.evicted;
     }
 }
 

@@ -58,6 +58,7 @@ static const struct ki_config_entry ENTRIES[] = {
     INT(histogram_snapshot_s, "300", 0, 86400, "ship increments (buckets added since the last export), a full snapshot of every histogram at least this often; 0: cumulative only (wire body v3)"),
     INT(histogram_max_buckets, "160", 8, 4096, "populated buckets per histogram; past it the schema is lowered"),
     INT(histogram_max_keys, "12288", 16, 1 << 22, "histograms held (pid, gpu, stream, kernel); new ones past it are counted and lost"),
+    INT(histogram_idle_s, "300", 0, 86400 * 30, "forget a histogram that shipped no change for this long (its process exited: room for new keys); 0: never"),
     INT(span_seal_ms, "1000", 1, 3600000, "with histograms on: kept spans and other records wait in memory up to this long and are sealed together (fewer, larger batches)"),
     INT(span_sample_rate, "50", 0, 10000000, "uniformly sampled kernel spans shipped per second"),
     INT(span_tail_rate, "200", 0, 10000000, "most kernel spans above their kernel's tail quantile shipped per second"),

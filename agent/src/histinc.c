@@ -81,6 +81,10 @@ static void drop(struct ki_histinc *b, uint32_t slot) {
     b->off[slot] = 0;
 }
 
+void ki_histinc_forget(struct ki_histinc *b, uint32_t slot) {
+    if (slot < b->max_keys) drop(b, slot);
+}
+
 void ki_histinc_forget_all(struct ki_histinc *b) {
     b->gen++;
     b->live = 0;

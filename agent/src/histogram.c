@@ -44,6 +44,7 @@ struct ki_hist {
     uint8_t kw, cw; /* bytes of a bucket key (0: dense, 2, 4) and of a count (1, 2, 4, 8) */
     uint8_t cls;    /* size class of its chunk */
     uint8_t kind;   /* the key's kind */
+    uint8_t freed;  /* evicted: no key, on the free slots' list (chunk links the next) */
 };
 
 /* Chunk size classes in bytes: 16, 24, ..., 64, then four steps per doubling (at most 25% unused),
@@ -58,7 +59,9 @@ _Static_assert(sizeof(struct ki_hist) == 80, "a histogram's record is 80 bytes")
 struct ki_histtab {
     struct ki_histogram_config cfg;
     uint32_t room;       /* bucket slots per histogram: max_buckets + 1 */
-    uint32_t used;       /* histograms in use */
+    uint32_t used;       /* slots handed out: histograms in use and free (evicted) slots */
+    uint32_t free_slot;  /* slot + 1 of the last slot evicted (its record's chunk: the next one + 1), 0: none */
+    uint32_t nfree;      /* free slots */
     uint32_t hash_mask;
     void *hash;          /* slot + 1, 0 = empty: 2-byte entries below 65,535 keys (half the lines
                           * to touch; 32 KiB less at the default 12,288), else 4-byte */
@@ -72,7 +75,7 @@ struct ki_histtab {
     size_t free_bytes;   /* bytes of the chunks on free lists */
     uint32_t *order;     /* compaction scratch: slots by chunk offset */
     uint64_t compactions;
-    uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes;
+    uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes, evicted;
 };
 
 static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */
@@ -348,6 +351,15 @@ static int take(struct ki_histtab *t, uint32_t c, size_t *off) {
     return 0;
 }
 
+/* h's chunk (if any) onto its class's free list: h moved to another chunk, or was evicted. */
+static void give_back(struct ki_histtab *t, const struct ki_hist *h) {
+    if (!h->cap) return;
+    uint64_t link = t->free_head[h->cls];
+    memcpy(chunk_at(t, h), &link, sizeof link);
+    t->free_head[h->cls] = (size_t)h->chunk * 8 + 1;
+    t->free_bytes += t->class_bytes[h->cls];
+}
+
 /* Give h a chunk for at least need buckets of kw-byte keys (narrow ones from base; kw 0: need
  * dense slots from base) and cw-byte counts, its buckets converted. Returns 0, or -ENOBUFS when
  * the pool is spent (h unchanged). */
@@ -384,21 +396,26 @@ static int rechunk(struct ki_histtab *t, struct ki_hist *h, uint32_t need, uint8
         count_set(t, &nh, q, v);
         key_set(t, &nh, q, sk);
     }
-    if (h->cap) {
-        uint64_t link = t->free_head[h->cls];
-        memcpy(chunk_at(t, h), &link, sizeof link);
-        t->free_head[h->cls] = (size_t)h->chunk * 8 + 1;
-        t->free_bytes += t->class_bytes[h->cls];
-    }
+    give_back(t, h);
     *h = nh;
     return 0;
+}
+
+static inline uint32_t hash_get(const struct ki_histtab *t, uint32_t i) {
+    return t->hash_wide ? ((const uint32_t *)t->hash)[i] : ((const uint16_t *)t->hash)[i];
+}
+static inline void hash_put(struct ki_histtab *t, uint32_t i, uint32_t v) {
+    if (t->hash_wide)
+        ((uint32_t *)t->hash)[i] = v;
+    else
+        ((uint16_t *)t->hash)[i] = (uint16_t)v;
 }
 
 static inline int lookup(const struct ki_histtab *t, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind,
                          uint32_t *pos) {
     uint32_t i = key_hash(w0, w1, w2, kind) & t->hash_mask;
     for (;;) {
-        uint32_t s = t->hash_wide ? ((const uint32_t *)t->hash)[i] : ((const uint16_t *)t->hash)[i];
+        uint32_t s = hash_get(t, i);
         if (s == 0) {
             *pos = i;
             return -ENOENT;
@@ -415,8 +432,42 @@ int ki_histtab_find(const struct ki_histtab *t, const struct ki_histogram_key *k
     return lookup(t, KEY_WORDS(key), &pos);
 }
 
+/* Where the hash entry of the key in slot s would go with nothing in the way. */
+static inline uint32_t home_of(const struct ki_histtab *t, uint32_t s) {
+    const struct ki_hist *h = rec(t, s);
+    return key_hash(word_at(&h->key, 0), word_at(&h->key, 1), word_at(&h->key, 2), h->kind) & t->hash_mask;
+}
+
+int ki_histtab_evict(struct ki_histtab *t, uint32_t slot) {
+    if (slot >= t->used || rec(t, slot)->freed) return -ENOENT;
+    /* Backward-shift deletion (linear probing without tombstones): every entry after the hole in
+     * its probe run moves into it unless its home lies cyclically in (hole, entry], so that each
+     * key stays reachable from its home through occupied entries only. */
+    uint32_t i = home_of(t, slot);
+    while (hash_get(t, i) != slot + 1) i = (i + 1) & t->hash_mask;
+    for (uint32_t j = (i + 1) & t->hash_mask;; j = (j + 1) & t->hash_mask) {
+        uint32_t e = hash_get(t, j);
+        if (!e) break;
+        uint32_t home = home_of(t, e - 1);
+        if (((j - home) & t->hash_mask) >= ((j - i) & t->hash_mask)) { /* home at or before the hole */
+            hash_put(t, i, e);
+            i = j;
+        }
+    }
+    hash_put(t, i, 0);
+    struct ki_hist *h = rec(t, slot);
+    give_back(t, h);
+    *h = (struct ki_hist){0};
+    h->freed = 1;
+    h->chunk = t->free_slot;
+    t->free_slot = slot + 1;
+    t->nfree++;
+    t->evicted++;
+    return 0;
+}
+
 int ki_histtab_key(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_key *out) {
-    if (slot >= t->used) return -ENOENT;
+    if (slot >= t->used || rec(t, slot)->freed) return -ENOENT;
     const struct ki_hist *h = rec(t, slot);
     *out = (struct ki_histogram_key){h->key.pid, h->key.gpu, h->key.stream, h->key.name_id, h->key.producer, h->kind, 0};
     return 0;
@@ -532,16 +583,19 @@ inline int ki_histtab_slot_words(struct ki_histtab *t, uint64_t pid_gpu, uint64_
     uint32_t pos = 0;
     int slot = lookup(t, pid_gpu, stream, name_producer, kind, &pos);
     if (slot >= 0) return slot;
-    if (t->used == t->cfg.max_keys) {
+    if (t->free_slot) { /* an evicted key's slot */
+        slot = (int)t->free_slot - 1;
+        t->free_slot = rec(t, (uint32_t)slot)->chunk;
+        t->nfree--;
+    } else if (t->used == t->cfg.max_keys) {
         t->keys_refused++;
         return -ENOSPC;
+    } else {
+        slot = (int)t->used++;
     }
-    slot = (int)t->used++;
-    if (t->hash_wide)
-        ((uint32_t *)t->hash)[pos] = (uint32_t)slot + 1;
-    else
-        ((uint16_t *)t->hash)[pos] = (uint16_t)(slot + 1);
+    hash_put(t, pos, (uint32_t)slot + 1);
     struct ki_hist *nh = rec(t, (uint32_t)slot);
+    *nh = (struct ki_hist){0}; /* a reused slot holds its evicted key's leftovers */
     uint64_t w[3] = {pid_gpu, stream, name_producer};
     memcpy(&nh->key, w, sizeof nh->key);
     nh->kind = (uint8_t)kind;
@@ -824,7 +878,7 @@ static void make_buckets(const struct ki_histtab *t, const struct ki_hist *h, ui
 }
 
 int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histogram_export *out) {
-    if (slot >= t->used) return -ENOENT;
+    if (slot >= t->used || rec(t, slot)->freed) return -ENOENT;
     const struct ki_hist *h = rec(t, slot);
     out->schema = h->schema;
     out->zero_threshold = h->zero_threshold;
@@ -839,7 +893,9 @@ int ki_histtab_export(const struct ki_histtab *t, uint32_t slot, struct ki_histo
 }
 
 void ki_histtab_stats(const struct ki_histtab *t, struct ki_histtab_stats *out) {
-    out->keys = t->used;
+    out->keys = t->used - t->nfree;
+    out->slots = t->used;
+    out->evicted = t->evicted;
     out->keys_refused = t->keys_refused;
     out->obs_refused = t->obs_refused;
     out->bucket_refused = t->bucket_refused;

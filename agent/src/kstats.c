@@ -21,6 +21,8 @@ enum {
 };
 #define FLAG_FIRST 0x01u     /* the histogram's first export since the agent started: a counter reset */
 #define FLAG_INCREMENT 0x02u /* zero count and buckets added since the previous export (body version 4) */
+#define SEEN_EXPORTED 0x01u
+#define SEEN_CHANGED 0x02u
 #define BASE_BYTES_DEFAULT (4u << 20) /* the bases' arena: pages touched only as used (ki_histinc.h) */
 
 struct ki_kstats {
@@ -28,7 +30,8 @@ struct ki_kstats {
     struct ki_histtab *tab;
     uint32_t max_keys;
     uint64_t *exported;   /* per slot: count at its last export */
-    uint8_t *seen;        /* per slot: exported at least once */
+    uint8_t *seen;        /* per slot: SEEN_EXPORTED once exported, SEEN_CHANGED when an export since the
+                           * last sweep for idle keys shipped a change (no memory of its own: a byte) */
     double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet) */
     uint32_t tail_set;    /* slots whose tail_s is set (slots are handed out in order: pages of
                            * tail_s are touched only as keys arrive) */
@@ -61,6 +64,7 @@ struct ki_kstats {
     struct ki_histogram_export inc; /* increment scratch (increments on) */
     struct ki_histinc *bases;      /* what was last shipped of each histogram (NULL: increments off) */
     uint64_t next_snapshot_ns;     /* monotonic: every histogram's next export after it is a snapshot */
+    uint64_t next_sweep_ns;        /* monotonic: the next export after it evicts the idle keys (idle_ns) */
     int resend_next;               /* the next export re-sends unchanged histograms too (ki_kstats_snapshot all) */
     int resend;                    /* the export in progress does */
     size_t room;             /* elements of each export array */
@@ -268,6 +272,33 @@ size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
 
 size_t ki_kstats_fold(void *arg, struct ki_record *recs, size_t n) { return ki_kstats_feed(arg, recs, n); }
 
+/* Evict every key whose histogram shipped no change since the last sweep (an idle_ns ago or more)
+ * and holds nothing unshipped: its last change went out in an export at least idle_ns ago, so
+ * nothing is lost, and its slot, buckets and base go to new keys (a process that exited leaves
+ * its keys behind: a workload restarted every hour would fill the table). Every other key starts
+ * the next period unchanged. Runs at the start of an export, between folds: once per idle_ns,
+ * one pass over the slots' flag bytes, nothing on the per-record path. */
+static void sweep_idle(struct ki_kstats *ks) {
+    struct ki_histtab_stats ts;
+    ki_histtab_stats(ks->tab, &ts);
+    int evicted = 0;
+    for (uint32_t s = 0; s < (uint32_t)ts.slots; s++) {
+        /* (a key never exported whose every observation was refused holds nothing either) */
+        uint8_t seen = ks->seen[s];
+        if ((seen == SEEN_EXPORTED || seen == 0) && ki_histtab_count(ks->tab, s) == ks->exported[s] &&
+            ki_histtab_evict(ks->tab, s) == 0) {
+            ks->exported[s] = 0;
+            ks->seen[s] = 0; /* the slot's next key: a first export (counter reset) */
+            ks->tail_s[s] = INFINITY;
+            if (ks->bases) ki_histinc_forget(ks->bases, s);
+            evicted = 1;
+        } else {
+            ks->seen[s] &= (uint8_t)~SEEN_CHANGED;
+        }
+    }
+    if (evicted) ks->last_slot = -1; /* the one-entry cache may name an evicted key's slot */
+}
+
 int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     if (ks->exporting) return 1;
     if (mono_ns < ks->next_export_ns) return 0;
@@ -284,6 +315,12 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     ks->exporting = 1;
     ks->resend = ks->resend_next;
     ks->resend_next = 0;
+    /* Not in an export that re-sends every histogram: an idle key's last change may be what it
+     * re-sends (docs/wire.md, "Increments"); the sweep waits for the next export. */
+    if (ks->cfg.idle_ns && mono_ns >= ks->next_sweep_ns && !ks->resend) {
+        sweep_idle(ks);
+        ks->next_sweep_ns = mono_ns > UINT64_MAX - ks->cfg.idle_ns ? UINT64_MAX : mono_ns + ks->cfg.idle_ns;
+    }
     if (ks->bases && mono_ns >= ks->next_snapshot_ns) { /* a snapshot of every histogram, now and then */
         ki_histinc_forget_all(ks->bases);
         ks->next_snapshot_ns = mono_ns == UINT64_MAX ? mono_ns : mono_ns + ks->cfg.snapshot_ns;
@@ -353,7 +390,7 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
     size_t total = 0, k = 0;
     struct ki_histtab_stats ts;
     ki_histtab_stats(ks->tab, &ts);
-    uint32_t used = (uint32_t)ts.keys;
+    uint32_t used = (uint32_t)ts.slots;
     uint32_t s = ks->cursor;
     /* A table of many keys exports in quarter sections: the buffers each part passes through
      * (columns, section, body, frame, zstd's context) are touched a quarter as far (~0.3 MB less
@@ -377,8 +414,8 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
         if (name && key.kind == KI_HIST_KERNEL) name(arg, key.producer, key.name_id);
         total = 0;
         for (int c = 0; c < NCOLS; c++) total += ks->col_len[c];
+        ks->seen[s] |= count != ks->exported[s] ? SEEN_EXPORTED | SEEN_CHANGED : SEEN_EXPORTED;
         ks->exported[s] = count;
-        ks->seen[s] = 1;
         if (count >= ks->cfg.tail_min_count)
             ks->tail_s[s] = ki_histtab_quantile_upper(ks->tab, s, ks->cfg.tail_quantile);
         k++;

@@ -57,30 +57,37 @@ def _sections(raw: bytes) -> dict[int, list[bytes]]:
     return out
 
 
-def test_c_increments_rebuild_into_the_exact_cumulative_histograms(tmp_path: Path) -> None:
-    """Ten exports of a growing long tail, a forced snapshot before the seventh: every export,
-    rebuilt by the collector's HistogramBases, equals the exact bucket counts of the records so far."""
-    rng = np.random.default_rng(14)
-    n, k, snap = 60_000, 10, 6
+def _write_kernels(path: Path, name: np.ndarray, dur: np.ndarray) -> None:
+    """KERNEL records of producer 3, pid 42, at T0: kernel name[i] lasting dur[i] ns, as the C
+    test's raw 64-byte records."""
+    n = len(name)
     recs = np.zeros(n, dtype=RECORD_DTYPE)
     recs["pos"] = np.arange(n)
     recs["producer"] = 3
     recs["type"] = RecordType.KERNEL
     recs["ts_ns"] = T0
-    name = rng.integers(1, 5, n).astype(np.uint32)  # kernels 1-3 busy, 4 rare below
-    name[rng.random(n) < 0.9995] %= 4
-    name[name == 0] = 1
     recs["id"] = name
-    dur = (
-        rng.lognormal(np.log(20_000), 0.6, n) * np.where(rng.random(n) < 0.01, rng.pareto(1.3, n) + 1, 1)
-    ).astype(np.uint64) + 1
     payload = np.zeros(
         n, dtype=[("end", "<u8"), ("stream", "<u8"), ("c", "<u8"), ("pid", "<u4"), ("r", "<u4")]
     )
     payload["end"] = T0 + dur
     payload["pid"] = 42
     recs["payload"] = payload.view("V32")
-    (tmp_path / "records.bin").write_bytes(recs.tobytes())
+    path.write_bytes(recs.tobytes())
+
+
+def test_c_increments_rebuild_into_the_exact_cumulative_histograms(tmp_path: Path) -> None:
+    """Ten exports of a growing long tail, a forced snapshot before the seventh: every export,
+    rebuilt by the collector's HistogramBases, equals the exact bucket counts of the records so far."""
+    rng = np.random.default_rng(14)
+    n, k, snap = 60_000, 10, 6
+    name = rng.integers(1, 5, n).astype(np.uint32)  # kernels 1-3 busy, 4 rare below
+    name[rng.random(n) < 0.9995] %= 4
+    name[name == 0] = 1
+    dur = (
+        rng.lognormal(np.log(20_000), 0.6, n) * np.where(rng.random(n) < 0.01, rng.pareto(1.3, n) + 1, 1)
+    ).astype(np.uint64) + 1
+    _write_kernels(tmp_path / "records.bin", name, dur)
     stdout = run_unit(tmp_path, "test_kstats", "increments", str(tmp_path / "records.bin"),
                       str(tmp_path / "sections.bin"), str(k), str(snap))  # fmt: skip
     increments = int(stdout.split()[1])
@@ -121,6 +128,60 @@ def test_c_increments_rebuild_into_the_exact_cumulative_histograms(tmp_path: Pat
     # the busy kernels' exports were increments once they held 4,096 kernels (ki_histinc.h:
     # ~2,000 each per export here), but for the snapshots
     assert seen_inc >= 3 * (k - 5)
+
+
+def test_c_idle_keys_evicted_after_export_and_back_as_a_reset(tmp_path: Path) -> None:
+    """histogram_idle_s 2 with exports 1 s apart (sweeps before exports 0, 2, 4, ...), increments
+    on: kernel 1 busy in chunk 0 only is evicted at export 4 (unchanged through a whole sweep
+    period, its change shipped at export 0); kernel 5, new in chunk 5, takes its slot; kernel 1
+    back in chunk 6 is a new series: first flag, cumulative, only its new observations; kernel 3
+    fed right before the sweep at export 4 is shipped by it, not evicted (at 8 instead, with 5).
+    Every export, rebuilt by the collector's HistogramBases, is each series' exact histogram."""
+    rng = np.random.default_rng(15)
+    k, per = 10, 6_000
+    plan = {0: {1: 5_000, 2: 1_000}, 4: {3: 300}, 5: {5: 2_000}, 6: {1: 700}}
+    names: list[int] = []
+    for j in range(k):
+        extra = plan.get(j, {})
+        row = [name for name, cnt in extra.items() for _ in range(cnt)]
+        row += [2] * (per - len(row))  # kernel 2: busy in every chunk
+        names += row
+    name = np.array(names, dtype=np.uint32)
+    dur = rng.lognormal(np.log(20_000), 0.8, len(names)).astype(np.uint64) + 1
+    _write_kernels(tmp_path / "records.bin", name, dur)
+    stdout = run_unit(tmp_path, "test_kstats", "increments", str(tmp_path / "records.bin"),
+                      str(tmp_path / "sections.bin"), str(k), "-1", "2")  # fmt: skip
+    _, increments, evicted = stdout.split()
+    assert int(increments) > 0
+    assert int(evicted) == 3  # kernel 1 at export 4, kernels 3 and 5 at export 8
+    exports = _sections((tmp_path / "sections.bin").read_bytes())
+    header = wire.BatchHeader(bytes(16), 1, 1, 0, 0, 2**63, 0, 0, wire.COMPRESSION_NONE)
+    bases = HistogramBases()
+    bounds = bounds_table()
+    truth: dict[int, Counter[int]] = {}
+    shipped: dict[int, list[tuple[int, bool]]] = {}
+    for j in range(k):
+        if j == 6:
+            truth.pop(1)  # evicted at export 4: back as a new series
+        for i in range(per * j, per * (j + 1)):
+            truth.setdefault(int(name[i]), Counter())[go_index(int(dur[i]) * 1e-9, 3, bounds)] += 1
+        for section in exports.get(j, []):
+            r = wire._Reader(section, "HISTOGRAMS")
+            h = decode_histograms(r, header, wire.DEFAULT_LIMITS, 4)
+            assert r.done()
+            for row in h.rows():
+                shipped.setdefault(row.id, []).append((j, row.first))
+            rebuilt, missing = bases.resolve(h, epoch=1)
+            assert missing == 0
+            assert rebuilt is not None
+            for row in rebuilt.rows():
+                assert row.count == sum(truth[row.id].values()), (j, row.id)
+                assert _absolute(row.pos_spans, row.pos_deltas) == dict(truth[row.id]), (j, row.id)
+    assert shipped[1] == [(0, True), (6, True)]  # a counter reset when it comes back
+    assert shipped[3] == [(4, True)]
+    assert shipped[5] == [(5, True)]
+    assert [j for j, _ in shipped[2]] == list(range(k))
+    assert sum(first for _, first in shipped[2]) == 1
 
 
 def _through_a_real_collector(

@@ -327,9 +327,130 @@ static double *read_values(const char *path, size_t *n) {
     return v;
 }
 
+/* Evictions (ki_histtab_evict) against a reference: nkeys keys of a universe twice the table's size
+ * observed, evicted and observed again at random; after every round each key of the universe is
+ * found iff the reference holds it, with exactly the reference's count and buckets (a reused slot
+ * and a reused chunk carry nothing over). max_keys 3000 has 2-byte hash entries, 70000 4-byte ones. */
+static uint64_t evict_rng = 0x2545F4914F6CDD1DULL;
+static uint32_t evict_rand(uint32_t n) {
+    evict_rng ^= evict_rng << 13;
+    evict_rng ^= evict_rng >> 7;
+    evict_rng ^= evict_rng << 17;
+    return (uint32_t)(evict_rng % n);
+}
+static struct ki_histogram_key evict_key(uint32_t k) {
+    /* neighbouring keys (pid in runs, a few GPUs and streams): long probe runs in the hash */
+    return (struct ki_histogram_key){1000 + k / 16, k % 4, k % 3 == 0 ? KI_HISTOGRAM_NO_STREAM : k % 5, k, 7,
+                                     KI_HIST_KERNEL, 0};
+}
+static double evict_value(uint32_t k, uint64_t j) { return 1e-6 * (double)(1 + (k + j * 7) % 40); }
+
+static void evictions(uint32_t max_keys, int rounds) {
+    struct ki_histogram_config cfg = {3, ZT, 40, 0, max_keys};
+    struct ki_histtab *t = ki_histtab_create(&cfg);
+    CHECK(t != NULL);
+    uint32_t universe = 2 * max_keys;
+    uint64_t *ref = calloc(universe, sizeof *ref); /* observations of the key's current life, 0: absent */
+    CHECK(ref != NULL);
+    uint32_t present = 0;
+    uint64_t evicted = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (uint32_t i = 0; i < max_keys; i++) { /* observe: new keys while there is room */
+            uint32_t k = evict_rand(universe);
+            struct ki_histogram_key key = evict_key(k);
+            int rc = ki_histtab_observe(t, &key, evict_value(k, ref[k]));
+            if (ref[k] || present < max_keys) {
+                CHECK_EQ(rc, 0);
+                if (!ref[k]) present++;
+                ref[k]++;
+            } else {
+                CHECK_EQ(rc, -ENOSPC);
+            }
+        }
+        for (uint32_t i = 0; i < max_keys / 3; i++) { /* evict */
+            uint32_t k = evict_rand(universe);
+            struct ki_histogram_key key = evict_key(k);
+            int s = ki_histtab_find(t, &key);
+            CHECK_EQ(s >= 0, ref[k] != 0);
+            if (s < 0) continue;
+            CHECK_EQ(ki_histtab_evict(t, (uint32_t)s), 0);
+            CHECK_EQ(ki_histtab_evict(t, (uint32_t)s), -ENOENT);
+            CHECK_EQ(ki_histtab_find(t, &key), -ENOENT);
+            struct ki_histogram_key back;
+            CHECK_EQ(ki_histtab_key(t, (uint32_t)s, &back), -ENOENT);
+            ref[k] = 0;
+            present--;
+            evicted++;
+        }
+        struct ki_histtab_stats st;
+        ki_histtab_stats(t, &st);
+        CHECK_EQ(st.keys, present);
+        CHECK_EQ(st.evicted, evicted);
+        CHECK(st.slots <= max_keys);
+        for (uint32_t k = 0; k < universe; k++) {
+            struct ki_histogram_key key = evict_key(k), back;
+            int s = ki_histtab_find(t, &key);
+            CHECK_EQ(s >= 0, ref[k] != 0);
+            if (s < 0) continue;
+            CHECK_EQ(ki_histtab_key(t, (uint32_t)s, &back), 0);
+            CHECK(memcmp(&back, &key, sizeof key) == 0);
+            CHECK_EQ(ki_histtab_count(t, (uint32_t)s), ref[k]);
+            struct ki_histogram_export e = export_one(t, (uint32_t)s);
+            /* bucket counts by index from the lowest value's bucket (40 values span < 64 buckets) */
+            const int32_t lo = ki_histogram_index(1e-6, 3);
+            uint64_t want[64] = {0}, got[64] = {0};
+            for (uint64_t j = 0; j < ref[k]; j++) want[ki_histogram_index(evict_value(k, j), 3) - lo]++;
+            int64_t run = 0;
+            int32_t idx = 0;
+            for (uint32_t a = 0, d = 0; a < e.n_pos_spans; a++) {
+                idx += e.pos_spans[a].offset;
+                for (uint32_t b = 0; b < e.pos_spans[a].length; b++, idx++) {
+                    run += e.pos_deltas[d++];
+                    if (!run) continue;
+                    CHECK(idx >= lo && idx < lo + 64);
+                    got[idx - lo] += (uint64_t)run;
+                }
+            }
+            CHECK(memcmp(want, got, sizeof want) == 0);
+        }
+    }
+    /* Capacity comes back: evict every key of a full table, then max_keys new keys all fit. */
+    for (uint32_t k = 0; k < universe && present < max_keys; k++) {
+        struct ki_histogram_key key = evict_key(k);
+        if (ki_histtab_find(t, &key) < 0 && ki_histtab_observe(t, &key, 1e-6) == 0) {
+            ref[k] = 1;
+            present++;
+        }
+    }
+    CHECK_EQ(present, max_keys);
+    struct ki_histogram_key extra = evict_key(universe + 1);
+    CHECK_EQ(ki_histtab_observe(t, &extra, 1e-6), -ENOSPC);
+    for (uint32_t s = 0; s < max_keys; s++) CHECK_EQ(ki_histtab_evict(t, s), 0);
+    struct ki_histtab_stats st;
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.keys, 0);
+    for (uint32_t k = 0; k < max_keys; k++) {
+        struct ki_histogram_key key = evict_key(universe + 2 + k);
+        CHECK_EQ(ki_histtab_observe(t, &key, 1e-6 * (1 + k % 40)), 0);
+    }
+    ki_histtab_stats(t, &st);
+    CHECK_EQ(st.keys, max_keys);
+    CHECK_EQ(st.slots, max_keys);
+    for (uint32_t k = 0; k < max_keys; k++) {
+        struct ki_histogram_key key = evict_key(universe + 2 + k);
+        int s = ki_histtab_find(t, &key);
+        CHECK(s >= 0);
+        CHECK_EQ(ki_histtab_count(t, (uint32_t)s), 1);
+    }
+    free(ref);
+    ki_histtab_destroy(t);
+}
+
 int main(int argc, char **argv) {
     if (argc == 1) {
         unit();
+        evictions(3000, 6);
+        evictions(70000, 2);
         puts("ok");
         return 0;
     }

@@ -9,7 +9,8 @@
  *   test_kstats increments IN OUT K SNAP  the same with increments on (body version 4): IN fed in K
  *                               chunks, an export after each (before the SNAP-th, ki_kstats_snapshot;
  *                               -1: never); OUT holds (u32 export, u32 length, bytes) per section;
- *                               prints "ok <increments exported>"
+ *                               prints "ok <increments exported> <keys evicted>"
+ *   test_kstats increments IN OUT K SNAP IDLE  the same with histogram_idle_s IDLE (exports 1 s apart)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -452,6 +453,48 @@ static void units(void) {
         }
         ki_histtab_destroy(t);
     }
+    /* 8. Idle keys (idle_ns 10 s, exports 1 s apart): evicted at the first sweep after a whole
+     * sweep period without a shipped change, never while a change is unshipped; the slot, its
+     * cache entry and its tail threshold go to the next new key. */
+    {
+        struct ki_kstats_config ic = config(0, 0);
+        ic.idle_ns = 10 * NS;
+        ic.hist.max_keys = 16;
+        struct ki_kstats *ik = ki_kstats_create(&ic);
+        CHECK(ik != NULL);
+        size_t icap = ki_kstats_section_bound(ik), ilen;
+        uint8_t *ib = malloc(icap);
+        CHECK(ib != NULL);
+        struct ki_record r[16];
+        uint64_t ts;
+        size_t in;
+        for (uint64_t sec = 1; sec <= 40; sec++) {
+            in = 0;
+            push(r, &in, 2, 0, T0 + sec * NS, 1000); /* kernel 2: busy throughout */
+            if (sec == 1) push(r, &in, 1, 0, T0 + sec * NS, 1000); /* kernel 1: once, then idle */
+            /* kernel 3: shipped at 5, unchanged through 11..21 but changed right before the sweep at 21:
+             * that change is not shipped yet, so it stays */
+            if (sec == 5 || sec == 21) push(r, &in, 3, 0, T0 + sec * NS, 1000);
+            ki_kstats_feed(ik, r, in);
+            CHECK(ki_kstats_want(ik, sec * NS, T0 + sec * NS)); /* sweeps at 1, 11, 21, 31 */
+            do CHECK_EQ(ki_kstats_encode(ik, ib, icap, &ilen, &ts, NULL, NULL), 0);
+            while (ki_kstats_pending(ik));
+            ki_kstats_stats(ik, &st);
+            /* kernel 1 shipped at 1, unchanged through the period 11..21: evicted at 21 */
+            CHECK_EQ(st.table.evicted, sec < 21 ? 0 : 1);
+            CHECK_EQ(st.table.keys, sec < 5 ? 2 : sec < 21 ? 3 : 2);
+        }
+        /* kernel 1 comes back: a new key (the cached slot of kernel 2 is still right) */
+        in = 0;
+        push(r, &in, 1, 0, T0 + 41 * NS, 1000);
+        push(r, &in, 2, 0, T0 + 41 * NS, 1000);
+        ki_kstats_feed(ik, r, in);
+        ki_kstats_stats(ik, &st);
+        CHECK_EQ(st.table.keys, 3);
+        CHECK_EQ(st.table.slots, 3);
+        free(ib);
+        ki_kstats_destroy(ik);
+    }
     /* 6. Bad settings. */
     cfg = config(0, 0);
     cfg.section_max = 100;
@@ -486,7 +529,7 @@ int main(int argc, char **argv) {
         printf("ok %zu\n", kept);
         return 0;
     }
-    if (argc == 6 && !strcmp(argv[1], "increments")) {
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "increments")) {
         FILE *in = fopen(argv[2], "rb");
         CHECK(in != NULL);
         static struct ki_record recs[1 << 20];
@@ -495,6 +538,7 @@ int main(int argc, char **argv) {
         int k = atoi(argv[4]), snap = atoi(argv[5]);
         struct ki_kstats_config cfg = config(0, 0);
         cfg.snapshot_ns = 3600 * NS; /* no periodic snapshot within the test */
+        if (argc == 7) cfg.idle_ns = (uint64_t)atoi(argv[6]) * NS;
         struct ki_kstats *ks = ki_kstats_create(&cfg);
         CHECK(ks != NULL);
         CHECK(ki_kstats_increments(ks));
@@ -519,7 +563,7 @@ int main(int argc, char **argv) {
         struct ki_kstats_stats st;
         ki_kstats_stats(ks, &st);
         ki_kstats_destroy(ks);
-        printf("ok %llu\n", (unsigned long long)st.increments_exported);
+        printf("ok %llu %llu\n", (unsigned long long)st.increments_exported, (unsigned long long)st.table.evicted);
         return 0;
     }
     units();
