@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -185,10 +186,20 @@ def test_c_idle_keys_evicted_after_export_and_back_as_a_reset(tmp_path: Path) ->
 
 
 def _through_a_real_collector(
-    tmp_path: Path, agent_bin: Path, ring_name: str, total: int, *collector_args: str
-) -> tuple[list[dict[str, Any]], float, str]:
-    """C producer (50k kernels/s) -> ki-agent (1 s interval) -> ki collector -> ClickHouse: each
-    series' last stored histogram, the agent's increments counter, and the collector's /metrics."""
+    tmp_path: Path,
+    agent_bin: Path,
+    ring_name: str,
+    total: int,
+    *collector_args: str,
+    agent_args: tuple[str, ...] = (),
+    kernels: int = 3,
+    runs: int = 1,
+    pause_s: float = 0.0,
+) -> tuple[list[dict[str, Any]], dict[str, float], str]:
+    """C producer (50k kernels/s; runs processes one after the other, pause_s after each) ->
+    ki-agent (1 s interval) -> ki collector -> ClickHouse: each series' last stored histogram, the
+    agent's histogram counters (the last value stored of ki_agent_histogram_<name>_total), and the
+    collector's /metrics."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("inc").write_key_file(tmp_path / "agent.key")
     with contextlib.suppress(OSError):
@@ -201,13 +212,18 @@ def _through_a_real_collector(
             agent = subprocess.Popen(
                 [str(agent_bin), "--ring", ring_name, "--collector", url, "--key-file", str(tmp_path / "agent.key"),
                  "--spool-dir", str(tmp_path / "spool"), "--shutdown-timeout-s", "60",
-                 "--histogram-interval-s", "1"],
+                 "--histogram-interval-s", "1", *agent_args],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        durations = tmp_path / "durations.bin"
-        r = subprocess.run([str(producer), ring_name, str(total), "3", "50000", "7", str(durations)],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert r.returncode == 0, r.stdout + r.stderr
+        durations = b""
+        for run in range(runs):
+            part = tmp_path / f"durations.{run}.bin"
+            r = subprocess.run([str(producer), ring_name, str(total), str(kernels), "50000", str(7 + run), str(part)],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert r.returncode == 0, r.stdout + r.stderr
+            durations += part.read_bytes()
+            time.sleep(pause_s)
+        (tmp_path / "durations.bin").write_bytes(durations)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
         with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
@@ -228,12 +244,16 @@ def _through_a_real_collector(
             " argMax(positive_span_lengths, ts) AS pl, argMax(positive_counts, ts) AS pc, count() AS samples"
             " FROM ki.histograms WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint"
         ).to_pylist()
-        increments = store.query(
-            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_histogram_increments_total'"
-        ).to_pylist()[0]["v"]
+        counters = {
+            row["m"].removeprefix("ki_agent_histogram_").removesuffix("_total"): row["v"]
+            for row in store.query(
+                "SELECT metric AS m, max(value) AS v FROM ki.samples"
+                " WHERE metric LIKE 'ki_agent_histogram_%_total' GROUP BY metric"
+            ).to_pylist()
+        }
     finally:
         store.close()
-    return last, increments, metrics
+    return last, counters, metrics
 
 
 def _exact(tmp_path: Path, last: list[dict[str, Any]]) -> None:
@@ -261,9 +281,9 @@ def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulativ
 ) -> None:
     """200k kernels at 50k/s: increments rebuilt, every kernel counted once, one point a second."""
     total = 200_000
-    last, increments, metrics = _through_a_real_collector(tmp_path, agent_bin, ring_name, total)
+    last, counters, metrics = _through_a_real_collector(tmp_path, agent_bin, ring_name, total)
     assert len(last) == 3
-    assert increments > 0  # the agent did send increments ...
+    assert counters["increments"] > 0  # the agent did send increments ...
     assert sum(h["count"] for h in last) == total  # ... and every kernel is counted exactly once
     assert min(h["samples"] for h in last) >= 3  # one point per second of the run, about
     assert _metric(metrics, "ki_collector_histogram_base_evictions_total") == 0
@@ -278,15 +298,32 @@ def test_bases_evicted_by_the_collector_bound_cost_points_not_counts(
     agent's three: the increments over evicted bases are left out and the agent is asked for
     snapshots, so points go missing, but the stored histograms stay exact and end at every kernel."""
     total = 200_000
-    last, increments, metrics = _through_a_real_collector(
+    last, counters, metrics = _through_a_real_collector(
         tmp_path, agent_bin, ring_name, total, "--histogram-base-mb", "0.002"
     )
     assert len(last) == 3
-    assert increments > 0
+    assert counters["increments"] > 0
     assert _metric(metrics, "ki_collector_histogram_base_evictions_total") > 0
     assert _metric(metrics, 'ki_collector_records_dropped_total{reason="histogram_without_base"}') > 0
     assert _metric(metrics, "ki_collector_histogram_base_bytes") <= 2 * 1024 * 1.0  # 0.002 MiB, rounded down
     assert sum(h["count"] for h in last) == total  # the snapshots asked for bring every count back
+    _exact(tmp_path, last)
+
+
+def test_idle_keys_make_room_for_the_next_process(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
+    """A table of 16 keys (--histogram-max-keys 16) filled by one producer process's 16 kernels;
+    after it exits its keys go idle and are evicted (--histogram-idle-s 1), so the next process's
+    16 kernels are all taken: none refused, 32 series stored, every kernel counted exactly. Without
+    the eviction the second process's kernels would all be refused."""
+    total = 20_000
+    last, counters, _ = _through_a_real_collector(
+        tmp_path, agent_bin, ring_name, total, kernels=16, runs=2, pause_s=5.0,
+        agent_args=("--histogram-max-keys", "16", "--histogram-idle-s", "1"),
+    )  # fmt: skip
+    assert counters["evicted"] >= 16
+    assert counters.get("refused", 0.0) == 0
+    assert len(last) == 32
+    assert sum(h["count"] for h in last) == 2 * total
     _exact(tmp_path, last)
 
 
