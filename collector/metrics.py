@@ -267,9 +267,9 @@ class _HistogramBaseFigures(Collector):
             ("limit_bytes", "The bound on those bytes (--histogram-base-mb)", b.max_bytes),
             ("series", "Histogram series whose bases are held", b.series),
         ):
-            yield GaugeMetricFamily(f"ki_collector_histogram_base_{name}", help_text, value=float(value))
+            yield GaugeMetricFamily(f"ki_collector_increment_base_{name}", help_text, value=float(value))
         yield CounterMetricFamily(
-            "ki_collector_histogram_base_evictions",
+            "ki_collector_increment_base_evictions",
             "Series whose bases were dropped (least recently used first) to keep the bound",
             value=float(b.evictions),
         )

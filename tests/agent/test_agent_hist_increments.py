@@ -286,7 +286,7 @@ def test_the_agent_ships_increments_that_the_collector_stores_as_exact_cumulativ
     assert counters["increments"] > 0  # the agent did send increments ...
     assert sum(h["count"] for h in last) == total  # ... and every kernel is counted exactly once
     assert min(h["samples"] for h in last) >= 3  # one point per second of the run, about
-    assert _metric(metrics, "ki_collector_histogram_base_evictions_total") == 0
+    assert _metric(metrics, "ki_collector_increment_base_evictions_total") == 0
     assert _metric(metrics, 'ki_collector_records_dropped_total{reason="histogram_without_base"}') == 0
     _exact(tmp_path, last)
 
@@ -303,9 +303,9 @@ def test_bases_evicted_by_the_collector_bound_cost_points_not_counts(
     )
     assert len(last) == 3
     assert counters["increments"] > 0
-    assert _metric(metrics, "ki_collector_histogram_base_evictions_total") > 0
+    assert _metric(metrics, "ki_collector_increment_base_evictions_total") > 0
     assert _metric(metrics, 'ki_collector_records_dropped_total{reason="histogram_without_base"}') > 0
-    assert _metric(metrics, "ki_collector_histogram_base_bytes") <= 2 * 1024 * 1.0  # 0.002 MiB, rounded down
+    assert _metric(metrics, "ki_collector_increment_base_bytes") <= 2 * 1024 * 1.0  # 0.002 MiB, rounded down
     assert sum(h["count"] for h in last) == total  # the snapshots asked for bring every count back
     _exact(tmp_path, last)
 

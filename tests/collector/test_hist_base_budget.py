@@ -151,13 +151,13 @@ def test_the_gauges_show_the_bases_held() -> None:
         s.name: s.value
         for family in text_string_to_metric_families(metrics.exposition()[0].decode())
         for s in family.samples
-        if s.name.startswith("ki_collector_histogram_base")
+        if s.name.startswith("ki_collector_increment_base")
     }
     assert got == {
-        "ki_collector_histogram_base_bytes": budget.bytes,
-        "ki_collector_histogram_base_limit_bytes": 1 << 20,
-        "ki_collector_histogram_base_series": 3,
-        "ki_collector_histogram_base_evictions_total": 0,
+        "ki_collector_increment_base_bytes": budget.bytes,
+        "ki_collector_increment_base_limit_bytes": 1 << 20,
+        "ki_collector_increment_base_series": 3,
+        "ki_collector_increment_base_evictions_total": 0,
     }
 
 
