@@ -60,8 +60,6 @@ struct ki_histtab {
     struct ki_histogram_config cfg;
     uint32_t room;       /* bucket slots per histogram: max_buckets + 1 */
     uint32_t used;       /* slots handed out: histograms in use and free (evicted) slots */
-    uint32_t free_slot;  /* slot + 1 of the last slot evicted (its record's chunk: the next one + 1), 0: none */
-    uint32_t nfree;      /* free slots */
     uint32_t hash_mask;
     void *hash;          /* slot + 1, 0 = empty: 2-byte entries below 65,535 keys (half the lines
                           * to touch; 32 KiB less at the default 12,288), else 4-byte */
@@ -76,6 +74,9 @@ struct ki_histtab {
     uint32_t *order;     /* compaction scratch: slots by chunk offset */
     uint64_t compactions;
     uint64_t keys_refused, obs_refused, bucket_refused, pool_refused, bytes, evicted;
+    /* last: the fields the lookups read keep their offsets and cache lines */
+    uint32_t free_slot;  /* slot + 1 of the last slot evicted (its record's chunk: the next one + 1), 0: none */
+    uint32_t nfree;      /* free slots */
 };
 
 static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */

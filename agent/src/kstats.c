@@ -28,7 +28,6 @@ enum {
 struct ki_kstats {
     struct ki_kstats_config cfg;
     struct ki_histtab *tab;
-    uint32_t max_keys;
     uint64_t *exported;   /* per slot: count at its last export */
     uint8_t *seen;        /* per slot: SEEN_EXPORTED once exported, SEEN_CHANGED when an export since the
                            * last sweep for idle keys shipped a change (no memory of its own: a byte) */
@@ -65,6 +64,9 @@ struct ki_kstats {
     struct ki_histinc *bases;      /* what was last shipped of each histogram (NULL: increments off) */
     uint64_t next_snapshot_ns;     /* monotonic: every histogram's next export after it is a snapshot */
     uint64_t next_sweep_ns;        /* monotonic: the next export after it evicts the idle keys (idle_ns) */
+    uint32_t max_keys;             /* here, not with tab: the per-record fields above keep the offsets
+                                    * they had before cfg grew by idle_ns (last_key and last_slot in
+                                    * one cache line) */
     int resend_next;               /* the next export re-sends unchanged histograms too (ki_kstats_snapshot all) */
     int resend;                    /* the export in progress does */
     size_t room;             /* elements of each export array */
