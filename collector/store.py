@@ -219,6 +219,10 @@ class PreparedRows:
     record: bool = True
 
 
+#: How long an engine's answer to ``Store.ping`` stands (seconds).
+PING_FRESH_S = 1.0
+
+
 class StorageUnavailable(StorageError):
     """The store cannot serve now (closed, unreachable, out of memory or disk, overloaded): retryable."""
 
@@ -304,6 +308,7 @@ class Store(ABC):
         self.cluster = cluster
         self.retention = retention or Retention()
         self._closed = False
+        self._pinged_at = float("-inf")  # monotonic time of the last ping the engine answered
         self._series_seen: set[tuple[int, int]] = set()
         #: The same pairs as sorted fingerprint arrays per day: a batch's series are checked
         #: against them at once, the set only for those not found (new, or seen again after a clear).
@@ -550,8 +555,19 @@ class Store(ABC):
         return self._query_blob(sql, params)
 
     def ping(self) -> None:
-        """Raises StorageUnavailable unless the engine answers."""
+        """Raises StorageUnavailable unless the engine answers.
+
+        An answer within the last ``PING_FRESH_S`` stands: /healthz is polled by load balancers,
+        kubelets and clients on kept-alive connections, and each ``SELECT 1`` queues behind the
+        engine's own work (1-10 ms of chDB on a busy 2-core host), which a health check should not
+        wait for or add to. A closed store still fails at once; an engine that stops answering is
+        seen within ``PING_FRESH_S``.
+        """
+        self._check_open()
+        if time.monotonic() - self._pinged_at < PING_FRESH_S:
+            return
         self.query("SELECT 1")
+        self._pinged_at = time.monotonic()
 
     def storage(self, *, use_cache: bool = True) -> ClickHouseStorage:
         """The kql storage protocol over this store (``use_cache=False``: never through ``sample_cache``);

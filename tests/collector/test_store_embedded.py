@@ -256,3 +256,26 @@ def test_query_blob_returns_the_values_back_to_back(store):
     sql = f"SELECT concat(toString(number), {p('x', 'String')}) FROM numbers(3)"
     assert store.query_blob(sql, p) == b"0x1x2x"
     assert store.query_blob("SELECT 'a' WHERE 0") == b""
+
+
+def test_ping_asks_the_engine_at_most_once_a_second_and_a_closed_store_fails_at_once(tmp_path, monkeypatch):
+    # /healthz is polled on kept-alive connections: each SELECT 1 queued behind the engine's work.
+    from kernel_insight.collector import store as store_module
+
+    s = EmbeddedStore(tmp_path / "d")
+    asked: list[str] = []
+    query = s.query
+    monkeypatch.setattr(s, "query", lambda sql, params=None: asked.append(sql) or query(sql, params))
+    now = [1000.0]
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: now[0])
+    s.ping()
+    s.ping()
+    now[0] += store_module.PING_FRESH_S * 0.9
+    s.ping()
+    assert asked == ["SELECT 1"]
+    now[0] += store_module.PING_FRESH_S * 0.2
+    s.ping()
+    assert asked == ["SELECT 1", "SELECT 1"]
+    s.close()
+    with pytest.raises(StorageUnavailable, match="closed"):
+        s.ping()  # within the second, but closed
