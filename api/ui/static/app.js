@@ -53,7 +53,9 @@ class ApiError extends Error {
 // Every call carries the bearer token; a 401 sends the user back to the sign-in page.
 async function api(path, opts = {}) {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  if (!token) { showLogin(); throw new ApiError(401, "unauthorized", "not signed in"); }
+  // Not signed in: show the sign-in page unless it is up already, so that a call still in flight
+  // when a 401 signed the tab out does not wipe the page's message ("refused") by drawing it again.
+  if (!token) { if (!document.getElementById("login")) showLogin(); throw new ApiError(401, "unauthorized", "not signed in"); }
   const headers = { Authorization: `Bearer ${token}`, ...(opts.headers || {}) };
   const res = await fetch(path, { ...opts, headers });
   let body = null;
@@ -1073,7 +1075,7 @@ async function pageTimeline(params) {
 
 async function route() {
   clearInterval(refreshTimer);
-  if (!sessionStorage.getItem(TOKEN_KEY)) { showLogin(); return; }
+  if (!sessionStorage.getItem(TOKEN_KEY)) { if (!document.getElementById("login")) showLogin(); return; }
   top_.hidden = false;
   const { parts, params } = parseHash();
   const page = parts[0] || "fleet";
