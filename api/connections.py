@@ -405,7 +405,6 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._stage = "head"
             self._quick: QuickAnswer | None = None  # the request being read is answered here
-            self._quick_keep_alive = True
             super().__init__(*args, **kwargs)
 
         def _phase(self) -> str:
@@ -445,10 +444,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
                 path = url.path.decode("ascii")
             except UnicodeDecodeError:
                 return None
-            self._quick_keep_alive = (
-                self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-            )
-            if not self._quick_keep_alive:
+            if self.parser.get_http_version() == "1.0" or not self.parser.should_keep_alive():
                 # The answer ends the connection: uvicorn's cycle closes it and starts no request
                 # pipelined behind it (answered here, one could start before the close lands).
                 return None
@@ -473,7 +469,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         def _write_whole(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> None:
             """A whole response in one write, in the bytes uvicorn's cycle writes (its default
             headers first: date, server; ``connection: close`` when the connection ends)."""
-            keep_alive, said_close = self._quick_keep_alive, False
+            keep_alive, said_close = True, False  # only kept-alive connections are answered here
             content = [STATUS_LINE[status]]
             for name, value in self.server_state.default_headers:
                 content += (name, b": ", value, b"\r\n")
