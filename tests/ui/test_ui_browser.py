@@ -349,6 +349,34 @@ def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, co
     assert page.evaluate("sessionStorage.getItem('ki.token')") is None
 
 
+def test_an_answer_arriving_after_a_401_does_not_draw_over_the_sign_in_page(page, collector):
+    # The race the revocation test above hits by chance, forced: the alerts page's call is held in
+    # the browser while the fleet page's call is refused; the alerts answer (a 200, sent while the
+    # token still worked) then arrives with the tab signed out and must leave the sign-in page alone.
+    _sign_in(page, collector)
+    held: list = []
+    page.route("**/api/v1/alerts", lambda route: held.append(route))
+    page.click('header nav a[data-page="alerts"]')
+    deadline = time.monotonic() + 15
+    while not held:
+        assert time.monotonic() < deadline, "the alerts page never called /api/v1/alerts"
+        page.wait_for_timeout(20)
+    refused = json.dumps({"status": "error", "errorType": "unauthorized", "error": "token refused"})
+    page.route(
+        "**/v1/health/snapshot",
+        lambda route: route.fulfill(status=401, content_type="application/json", body=refused),
+    )
+    page.click('header nav a[data-page="fleet"]')
+    page.wait_for_selector("#login")
+    with page.expect_response("**/api/v1/alerts") as answer:
+        held[0].continue_()
+    assert answer.value.status == 200
+    page.wait_for_timeout(500)  # the page's handling of the late answer (JSON parse, render) runs now
+    assert page.is_visible("#login")
+    assert not page.is_visible("#alerts")
+    assert "refused" in page.inner_text("#login-error")
+
+
 def test_sign_out_forgets_the_token(page, collector):
     _sign_in(page, collector)
     page.click("#signout")

@@ -60,6 +60,9 @@ async function api(path, opts = {}) {
   const res = await fetch(path, { ...opts, headers });
   let body = null;
   try { body = await res.json(); } catch (_) { body = null; }
+  // The tab was signed out (another call got a 401) while this one was in flight: its answer, even
+  // a good one sent while the token still worked, must not draw its page over the sign-in page.
+  if (sessionStorage.getItem(TOKEN_KEY) !== token) throw new ApiError(401, "unauthorized", "signed out while the call was in flight");
   if (!res.ok) {
     if (res.status === 401) { sessionStorage.removeItem(TOKEN_KEY); showLogin("The token was refused (expired or revoked): sign in again."); }
     throw new ApiError(res.status, body?.errorType || "http", body?.error || `HTTP ${res.status}`);
@@ -73,7 +76,11 @@ function form(params) {
 
 // ---- sign-in ---------------------------------------------------------------------------
 
-function showLogin(message) {
+// Why the tab was signed out: the sign-in page keeps saying it when something draws it again.
+let signedOutBecause = "";
+
+function showLogin(message = signedOutBecause) {
+  signedOutBecause = message || "";
   clearInterval(refreshTimer);
   top_.hidden = true;
   main.innerHTML = `<form class="login" id="login">
@@ -92,6 +99,7 @@ function showLogin(message) {
     if (res.status === 403) { out.textContent = "This token lacks the read scope."; return; }
     if (!res.ok) { out.textContent = `The collector answered HTTP ${res.status}.`; return; }
     sessionStorage.setItem(TOKEN_KEY, token);
+    signedOutBecause = "";
     if (!location.hash || location.hash === "#/login") location.hash = "#/fleet";
     route();
   });
@@ -158,8 +166,9 @@ async function pageFleet(params) {
     if (parseHash().parts[0] === "fleet" || !location.hash) renderFleet(snap, parseHash().params);
     if (window.kiFleetGpuPaintMs === undefined) requestAnimationFrame(() => { window.kiFleetGpuPaintMs = performance.now(); });
   };
+  const routed = routeCount;
   await load();
-  refreshTimer = setInterval(() => load().catch(() => {}), 15000);
+  refreshEvery(routed, 15000, load);
 }
 
 function renderFleet(snap, params) {
@@ -562,8 +571,9 @@ async function pageAlerts() {
     const [rules, alerts] = await Promise.all([api("/api/v1/rules"), api("/api/v1/alerts")]);
     renderAlerts(rules.data.groups || [], alerts.data.alerts || []);
   };
+  const routed = routeCount;
   await load();
-  refreshTimer = setInterval(() => load().catch(() => {}), 10000);
+  refreshEvery(routed, 10000, load);
 }
 
 function renderAlerts(groups, alerts) {
@@ -1073,7 +1083,16 @@ async function pageTimeline(params) {
 
 // ---- router ----------------------------------------------------------------------------
 
+// Counts route() calls: a page whose first load ends after the user moved on starts no refresh,
+// which would otherwise keep calling the collector behind the page now shown.
+let routeCount = 0;
+
+function refreshEvery(routed, ms, load) {
+  if (routed === routeCount) refreshTimer = setInterval(() => load().catch(() => {}), ms);
+}
+
 async function route() {
+  routeCount++;
   clearInterval(refreshTimer);
   if (!sessionStorage.getItem(TOKEN_KEY)) { if (!document.getElementById("login")) showLogin(); return; }
   top_.hidden = false;
