@@ -8,22 +8,39 @@ import time
 import httpx
 from collector_process import running_collector
 
+#: Requests per round; the bound holds for the median of one round.
+ROUND = 10
+#: Seconds of rounds before the test gives up (a round behind delayed ACKs costs >= 400 ms).
+BUDGET_S = 20.0
 
-def test_fifty_sequential_requests_on_one_connection_take_under_5_ms_each_at_the_median(tmp_path):
+
+def test_requests_on_one_connection_take_under_5_ms_each_at_the_median_of_a_round(tmp_path):
     # Without TCP_NODELAY on accepted connections, every response after the first on a
-    # connection waited ~40 ms for the client's delayed ACK: the median would be ~40 ms.
-    with running_collector(tmp_path) as c, httpx.Client(base_url=c.url, timeout=10) as client:
+    # connection waited ~40 ms for the client's delayed ACK: every round's median would be
+    # ~40 ms. On a loaded host, other processes take the CPU between the client and the
+    # collector for 5-50 ms at a time (the single 50-request median reached 21 ms at load 11);
+    # that delays some rounds, never all of them, while a delayed ACK delays every one: the
+    # best round's median is what separates the two. The health snapshot is rebuilt at its
+    # production interval (5 s), not the tests' 0.5 s, which would take the GIL mid-round.
+    with (
+        running_collector(tmp_path, interval_s=5.0) as c,
+        httpx.Client(base_url=c.url, timeout=10) as client,
+    ):
         # Warm-up: the first request opens the connection; a second of requests lets the
-        # collector's start-up work (schema, first health snapshot, first merges) pass, which on a
-        # 2-core host costs the requests it overlaps a few ms each: not what this test is about.
+        # collector's start-up work (schema, first health snapshot, first merges) pass.
         warm_until = time.monotonic() + 1.0
         while time.monotonic() < warm_until:
             assert client.get("/healthz").status_code == 200
-        took = []
-        for _ in range(50):
-            t0 = time.perf_counter()
-            assert client.get("/healthz").status_code == 200
-            took.append(time.perf_counter() - t0)
+        medians: list[float] = []
+        give_up = time.monotonic() + BUDGET_S
+        while not medians or (min(medians) >= 0.005 and time.monotonic() < give_up):
+            took = []
+            for _ in range(ROUND):
+                t0 = time.perf_counter()
+                assert client.get("/healthz").status_code == 200
+                took.append(time.perf_counter() - t0)
+            medians.append(statistics.median(took))
         connections = client._transport._pool.connections  # one connection served them all
         assert len(connections) == 1
-    assert statistics.median(took) < 0.005, f"median {statistics.median(took) * 1e3:.1f} ms"
+    shown = " ".join(f"{m * 1e3:.1f}" for m in medians)
+    assert min(medians) < 0.005, f"no round of {ROUND} had a median under 5 ms; medians (ms): {shown}"
