@@ -203,9 +203,11 @@ def test_wrong_key_stops_sending_without_spinning_and_sighup_recovers(env):
     AgentCredentials(right.agent_id, right.key_id, bytes(32)).write_key_file(env.key_file)
     agent = env.start()
     expected = write(env, random_records(np.random.default_rng(4), 20))
-    time.sleep(1.5)
+    # The first refusal is awaited (on a loaded host the agent's first send can take over a
+    # second), then a second in which a spinning agent would have retried ten times (100 ms backoff).
+    wait_for(lambda: "authentication failed" in agent.log(), what="the refusal in the agent's log")
+    time.sleep(1.0)
     assert env.receiver.got.requests == 1
-    assert "authentication failed" in agent.log()
     right.write_key_file(env.key_file)
     agent.proc.send_signal(signal.SIGHUP)
     wait_records(env, expected["pos"].tolist())
@@ -220,9 +222,9 @@ def test_revoked_agent_stops_sending_with_a_clear_error(env):
     env.keys.revoke(env.creds.agent_id)
     agent = env.start()
     write(env, random_records(np.random.default_rng(5), 5))
-    time.sleep(1.0)
+    wait_for(lambda: "unknown or revoked" in agent.log(), what="the refusal in the agent's log")
+    time.sleep(1.0)  # a spinning agent would retry within its 100 ms backoff
     assert env.receiver.got.requests == 1
-    assert "unknown or revoked" in agent.log()
     assert agent.stop() == 0
     assert list(env.spool.glob("*.kib"))  # kept, not thrown away
 
