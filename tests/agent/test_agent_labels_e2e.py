@@ -56,7 +56,7 @@ def test_configured_labels_reach_the_snapshot_and_series_and_enrolment_wins(tmp_
         with (
             _agent(agent_bin, c, tmp_path, ring_name, plain, "model=qwen-7b, rack=r9,host=h9"),
             _agent(agent_bin, c, tmp_path, ring_name + "b", enrolled, "model=not-this-one,rack=r1"),
-            HealthClient(c.url, c.read_token, ttl=0) as health,
+            HealthClient(c.url, c.read_token, ttl=0, timeout=30) as health,
         ):
 
             def labelled() -> bool:

@@ -108,7 +108,7 @@ def test_labels_from_enrolment_and_remote_write_reach_topology_and_selection(tmp
         assert r.status_code == 204, r.text
 
         agent_instance = creds.agent_id.hex()
-        with HealthClient(c.url, c.read_token, ttl=0) as health:
+        with HealthClient(c.url, c.read_token, ttl=0, timeout=30) as health:
             deadline = time.monotonic() + 60
             while True:
                 snap = health.snapshot()
@@ -197,7 +197,7 @@ def test_relabelled_remote_write_reaches_the_snapshot(tmp_path):
                 ({**base, "__name__": "go_goroutines"}, [(now_ms - 1000, 7.0), (now_ms, 8.0)]),
             ],
         )
-        with HealthClient(c.url, c.read_token, ttl=0) as health:
+        with HealthClient(c.url, c.read_token, ttl=0, timeout=30) as health:
             deadline = time.monotonic() + 60
             while (rw := health.snapshot().get("rw-9")) is None or not rw.gpu_memory_free_bytes:
                 assert time.monotonic() < deadline
