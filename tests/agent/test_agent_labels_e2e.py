@@ -73,7 +73,9 @@ def test_configured_labels_reach_the_snapshot_and_series_and_enrolment_wins(tmp_
             assert a.models == ("qwen-7b",)
             assert b.labels == {"model": "llama-70b", "rack": "r1"}  # the enrolment's model wins
 
-        topo = httpx.get(c.url + "/v1/topology", headers={"Authorization": f"Bearer {c.read_token}"}).json()
+        topo = httpx.get(
+            c.url + "/v1/topology", headers={"Authorization": f"Bearer {c.read_token}"}, timeout=30
+        ).json()
         groups = {(g["rack"], g["host"]): g["instances"] for g in topo["groups"]}
         assert groups[("r9", "h9")] == [a_id]
         with KqlClient(c.url, c.read_token) as kql:

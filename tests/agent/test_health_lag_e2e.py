@@ -81,7 +81,7 @@ def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_s
     producer = Producer(ring)
     agent = start_agent(tmp_path, agent_bin, ring_name, url, "--drain-interval-ms", "250")
     try:
-        with HealthClient(url, token, ttl=0) as client:
+        with HealthClient(url, token, ttl=0, timeout=30) as client:
             # 1. On time: fresh, healthy, selectable.
             fresh = wait_instance(
                 client,
@@ -180,13 +180,13 @@ def test_after_a_collector_outage_the_catching_up_instance_stays_selectable(tmp_
     producer = Producer(ring)
     agent = start_agent(tmp_path, agent_bin, ring_name, url, "--backoff-max-ms", "500")
     try:
-        with HealthClient(url, token, ttl=0, max_stale=3600) as client:
+        with HealthClient(url, token, ttl=0, max_stale=3600, timeout=30) as client:
             wait_instance(client, agent_id, lambda i: i.healthy and not i.lagging, "fresh")
         stop_collector(collector)
         time.sleep(outage_s)  # the outage itself: the agent spools meanwhile
         back_ms = time.time() * 1000
         collector, url = start_collector(tmp_path, *flags)
-        with HealthClient(url, token, ttl=0, max_stale=3600) as client:
+        with HealthClient(url, token, ttl=0, max_stale=3600, timeout=30) as client:
             # Until the agent's first resend lands it is honestly not heard: it may be stale.
             first = wait_instance(
                 client, agent_id, lambda i: (i.last_heard_ms or 0) >= back_ms, "heard again", timeout=60
