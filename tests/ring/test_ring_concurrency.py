@@ -175,7 +175,10 @@ def test_a_stalled_live_writer_loses_its_slot_only_after_the_timeout_and_is_told
         Ring.create(ring_name, capacity=8) as ring,
         RingReader.open(ring_name, stall_timeout_s=0.1) as reader,
     ):
-        slow = subprocess.Popen([ringtool, "slow", ring_name, "400"], stdout=subprocess.PIPE, text=True)
+        # Everything up to the abandonment must happen within the writer's stall: 2 s, so that a
+        # test process kept off the CPU for a few hundred ms on a loaded host does not see the
+        # late publication first (it had 400 ms, of which the 0.1 s timeout took a quarter).
+        slow = subprocess.Popen([ringtool, "slow", ring_name, "2000"], stdout=subprocess.PIPE, text=True)
         while ring.stats()["head"] == 0:
             time.sleep(0.001)
         assert ring.kernel(1, 0, 1, 2) == 0
