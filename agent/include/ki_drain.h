@@ -5,7 +5,8 @@
  * ki_drain_poll copies published records out but keeps their slots
  * (ki_ring_peek); ki_drain_commit, called after the batch is spooled, frees
  * them and moves the ring's tail (ki_ring_commit). An agent killed in between
- * finds the records again at its next start; those an earlier run had already
+ * finds the records again at its next start (not those read by ki_drain_poll_keep, the
+ * histogram path, which frees slots as it reads them); those an earlier run had already
  * spooled are skipped by position (skip_before, from the spool's newest mark). Pages of the ring the agent has read are handed back to the
  * kernel (MADV_DONTNEED on the consumer's mapping; the shared memory stays),
  * so the ring's size does not count in the agent's resident memory.
@@ -55,10 +56,14 @@ void ki_drain_destroy(struct ki_drain *d);
 size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max);
 
 /* ki_drain_poll through a filter: up to max records read, handed to keep(arg, recs, n)
- * (ki_kstats_fold) a block at a time as they leave their slots (ki_ring_peek_keep), and only
- * those it keeps (moved to the front of recs) stay in out, so records folded into histograms
- * are not copied into a batch. *read is the number read (skipped ones, spooled by an earlier
- * run, not counted and not handed to keep); returns the number kept. */
+ * (ki_kstats_fold) a block at a time as they leave their slots, and only those it keeps (moved
+ * to the front of recs) stay in out, so records folded into histograms are not copied into a
+ * batch. Unlike ki_drain_poll, each slot is freed as it is read (ki_ring_consume_keep): a
+ * folded record needs nothing more from the ring, and the histogram path already lets kept ones
+ * wait in memory with their slots freed (agent.c, hold_kept); ki_drain_commit then moves tail
+ * without a second pass over the slots. An agent killed before that commit does not read these
+ * records again. *read is the number read (skipped ones, spooled by an earlier run, not counted
+ * and not handed to keep); returns the number kept. */
 size_t ki_drain_poll_keep(struct ki_drain *d, struct ki_record *out, size_t max,
                           size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg, size_t *read);
 

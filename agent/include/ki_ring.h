@@ -232,6 +232,9 @@ struct ki_ring_consumer {
     uint64_t torn;              /* records this consumer rejected */
     uint64_t read_pos;          /* next position to read; [tail, read_pos) is read but not yet freed */
     uint64_t pending;           /* records handed out since the last commit */
+    uint64_t held_from;         /* first position read without freeing its slot since the last commit
+                                 * (ki_ring_peek_keep); UINT64_MAX: every slot read so far is free
+                                 * (ki_ring_consume_keep), the commit only moves tail */
 };
 
 struct ki_ring_options {
@@ -672,6 +675,7 @@ static inline int ki_ring_consumer_open(struct ki_ring_consumer *c, const char *
     c->stall_timeout_ns = KI_RING_STALL_TIMEOUT_NS;
     c->stall_min_ns = KI_RING_STALL_MIN_NS;
     c->stall_pos = UINT64_MAX;
+    c->held_from = UINT64_MAX;
     c->read_pos = KI_LOAD_ACQ(&c->ring.hdr->tail);
     return 0;
 }
@@ -718,8 +722,8 @@ static inline size_t ki_ring__take(struct ki_ring_consumer *c, struct ki_record 
     return keep && v ? keep(arg, recs, v) : v;
 }
 
-/* Read up to max published records, from the read position on, without freeing
- * their slots (ki_ring_commit frees them), and copy into out those that keep
+/* ki_ring_peek_keep: read up to max published records, from the read position on, without freeing
+ * their slots (ki_ring_commit frees them; ki_ring_consume_keep, free_read 1, frees them as read), and copy into out those that keep
  * (NULL: all) keeps; *read (may be NULL) is the number read. Returns the number
  * copied.  Each record is copied out of its slot once, into out, and both the
  * checksum and keep see that copy: a late writer scribbling on the slot
@@ -732,9 +736,10 @@ static inline size_t ki_ring__take(struct ki_ring_consumer *c, struct ki_record 
  * abandoned; a record failing its checksum is skipped; both are counted.
  * now_ns is CLOCK_MONOTONIC (ki_ring_mono_ns).  Producers see the ring full
  * until the commit. */
-static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns,
-                                       size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg,
-                                       size_t *read) {
+__attribute__((always_inline)) /* into its two callers, where free_read is a constant */
+static inline size_t ki_ring__read(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns,
+                                   size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg,
+                                   size_t *read, int free_read) {
     KI_STATIC_ASSERT(KI_RING_PEEK_BLOCK <= 32, "a block's torn records are a 32-bit mask");
     KI_STATIC_ASSERT(sizeof(struct ki_slot) == sizeof(struct ki_record) && offsetof(struct ki_slot, rec) ==
                      offsetof(struct ki_record, rec), "a record is its slot's image");
@@ -743,6 +748,7 @@ static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_rec
     const uint64_t cap = r->mask + 1;
     uint64_t pos = c->read_pos;
     const uint64_t end = KI_LOAD_RLX(&h->tail) + cap; /* one lap: the slots beyond are read, not freed */
+    if (!free_read && pos < c->held_from) c->held_from = pos; /* the commit frees from here */
     size_t n = 0, got = 0, m = 0, v; /* out[n, n + m): copied, not yet verified */
     while (got + m < max && pos != end) {
         struct ki_slot *s = &r->slots[pos & r->mask];
@@ -750,8 +756,14 @@ static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_rec
         if (seq == pos + 1) {
             /* One read of the slot (producer, check and record), its sequence word replaced. */
             struct ki_record *o = &out[n + m++];
-            __builtin_prefetch(&r->slots[(pos + KI_RING_PREFETCH) & r->mask]);
+            const struct ki_slot *ahead = &r->slots[(pos + KI_RING_PREFETCH) & r->mask];
+            if (free_read) __builtin_prefetch(ahead, 1); /* for writing: the free stores to it too */
+            else __builtin_prefetch(ahead, 0);
             memcpy(o, s, sizeof *o);
+            if (free_read) { /* the copy is all that is used from here: the slot is free for the next lap */
+                __atomic_store_n(&s->producer, 0, __ATOMIC_RELAXED);
+                KI_STORE_REL(&s->seq, pos + cap); /* release: the copy's loads come first */
+            }
             o->pos = pos++;
             if (m == KI_RING_PEEK_BLOCK) {
                 n += ki_ring__take(c, &out[n], m, keep, arg, &v);
@@ -810,6 +822,25 @@ static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_rec
     return n;
 }
 
+static inline size_t ki_ring_peek_keep(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns,
+                                       size_t (*keep)(void *arg, struct ki_record *recs, size_t n), void *arg,
+                                       size_t *read) {
+    return ki_ring__read(c, out, max, now_ns, keep, arg, read, 0);
+}
+
+/* ki_ring_peek_keep that frees each slot as soon as its record is copied out (before the
+ * checksum and keep see the copy), for a consumer that needs nothing from the ring once a record
+ * is read: the agent's histogram path, where folded records never go to a batch (docs/ring.md,
+ * "Consumer"). Producers may reuse the slots at once; ki_ring_commit still moves tail and counts
+ * the records consumed, without another pass over the slots. A consumer that dies before its
+ * commit leaves freed slots behind tail, which the next one skips (protocol step 4): what it
+ * read is not read again. */
+static inline size_t ki_ring_consume_keep(struct ki_ring_consumer *c, struct ki_record *out, size_t max,
+                                          uint64_t now_ns, size_t (*keep)(void *arg, struct ki_record *recs, size_t n),
+                                          void *arg, size_t *read) {
+    return ki_ring__read(c, out, max, now_ns, keep, arg, read, 1);
+}
+
 /* ki_ring_peek_keep keeping every record: up to max records copied into out. */
 static inline size_t ki_ring_peek(struct ki_ring_consumer *c, struct ki_record *out, size_t max, uint64_t now_ns) {
     return ki_ring_peek_keep(c, out, max, now_ns, NULL, NULL, NULL);
@@ -822,7 +853,8 @@ static inline void ki_ring_commit(struct ki_ring_consumer *c) {
     const uint64_t cap = r->mask + 1;
     uint64_t tail = KI_LOAD_RLX(&h->tail);
     if (tail == c->read_pos) return;
-    for (uint64_t p = tail; p != c->read_pos; p++) {
+    /* Slots read by ki_ring_consume_keep are free already: only those peeked are freed here. */
+    for (uint64_t p = c->held_from > tail ? c->held_from : tail; p < c->read_pos; p++) {
         struct ki_slot *s = &r->slots[p & r->mask];
         if (KI_LOAD_ACQ(&s->seq) == p + 1) {
             /* Clear the writer id so a later stall of this slot never blames a stale writer. */
@@ -833,6 +865,7 @@ static inline void ki_ring_commit(struct ki_ring_consumer *c) {
     KI_STORE_REL(&h->tail, c->read_pos);
     KI_ADD_RLX(&h->consumed, c->pending);
     c->pending = 0;
+    c->held_from = UINT64_MAX;
 }
 
 /* Read and free in one call: ki_ring_peek then ki_ring_commit. */

@@ -85,7 +85,7 @@ size_t ki_drain_poll_keep(struct ki_drain *d, struct ki_record *out, size_t max,
     *read = 0;
     if (!d) return 0;
     if (d->c.read_pos >= d->skip_before)
-        return ki_ring_peek_keep(&d->c, out, max, ki_ring_mono_ns(), keep, arg, read);
+        return ki_ring_consume_keep(&d->c, out, max, ki_ring_mono_ns(), keep, arg, read);
     /* Right after a restart: what an earlier run spooled is dropped before keep sees it. */
     size_t got = ki_drain_poll(d, out, max);
     *read = got;

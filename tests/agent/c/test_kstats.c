@@ -2,7 +2,8 @@
  * Unit test: kernel statistics in the drain loop (kstats.c).
  *   test_kstats                 sampling, tail, capture, FAILED, other types, multi-part export,
  *                               and records folded straight from a real ring (ki_drain_poll_keep)
- *                               giving what ki_kstats_feed gives, torn records skipped
+ *                               giving what ki_kstats_feed gives, torn records skipped, their
+ *                               slots freed as read
  *   test_kstats section IN OUT  feed IN (raw 64-byte records), export every histogram, write the
  *                               HISTOGRAMS sections to OUT (each as u32 length + bytes); prints
  *                               "ok <kept records>"
@@ -196,6 +197,64 @@ static void ring_fold_matches_feed(void) {
     free(b);
     ki_kstats_destroy(folded);
     ki_kstats_destroy(fed);
+    ki_ring_close(&r);
+    ki_drain_destroy(d);
+    ki_ring_unlink(name);
+}
+
+/* The fold path frees each slot as it reads it (ki_ring_consume_keep, docs/ring.md): with a full
+ * ring, records folded but not yet committed leave room for as many new ones (the peek path of
+ * ki_drain_poll holds them until the commit); a consumer that dies before its commit leaves them
+ * freed behind tail, and the next one skips them (protocol step 4): read once, never twice. */
+static void fold_frees_slots_as_read(void) {
+    char name[64], err[256];
+    snprintf(name, sizeof name, "/ki_test_kstats_free.%d", (int)getpid());
+    ki_ring_unlink(name);
+    int rc = 0;
+    struct ki_drain *d = ki_drain_create(name, 1, 64, &rc, err, sizeof err);
+    CHECK(d != NULL);
+    struct ki_ring r;
+    CHECK_EQ(ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err), 0);
+    uint64_t written = 0;
+    while (ki_ring_kernel(&r, 1, 0, T0 + written, T0 + written + 1000, 7, written) == 0) written++;
+    CHECK_EQ(written, 64); /* full */
+    struct ki_record out[64];
+    size_t read;
+    CHECK_EQ(ki_drain_poll(d, out, 8), 8); /* peeked: held until the commit */
+    CHECK_EQ(ki_ring_kernel(&r, 1, 0, T0, T0 + 1000, 7, 99), KI_RING_DROPPED);
+    struct ki_kstats_config cfg = config(0, 0);
+    struct ki_kstats *ks = ki_kstats_create(&cfg);
+    CHECK(ks != NULL);
+    CHECK_EQ(ki_drain_poll_keep(d, out, 40, ki_kstats_fold, ks, &read), 0); /* every kernel folded */
+    CHECK_EQ(read, 40);
+    CHECK_EQ(ki_ring_kernel(&r, 1, 0, T0, T0 + 1000, 7, 99), KI_RING_DROPPED); /* in order: the 8 come first */
+    ki_drain_commit(d); /* frees the 8 peeked, moves tail past all 48 */
+    struct ki_drain_stats ds;
+    ki_drain_stats(d, &ds);
+    CHECK_EQ(ds.backlog, 16);
+    CHECK_EQ(KI_LOAD_RLX(&r.hdr->consumed), 48);
+    CHECK_EQ(ki_drain_poll_keep(d, out, 10, ki_kstats_fold, ks, &read), 0);
+    CHECK_EQ(read, 10);
+    for (uint64_t i = written; i < written + 48 + 10; i++) /* the 10 folded since the commit too */
+        CHECK_EQ(ki_ring_kernel(&r, 1, 0, T0 + i, T0 + i + 1000, 7, i), 0);
+    written += 58;
+    CHECK_EQ(ki_ring_kernel(&r, 1, 0, T0, T0 + 1000, 7, 99), KI_RING_DROPPED);
+    ki_drain_destroy(d); /* dies: the 10 read, freed, not committed */
+    d = ki_drain_create(name, 0, 0, &rc, err, sizeof err);
+    CHECK(d != NULL);
+    uint64_t seen = 0, expect = 58; /* the ten are skipped: correlations 58.. in order */
+    size_t got;
+    while ((got = ki_drain_poll(d, out, 64)) > 0) {
+        for (size_t i = 0; i < got; i++) CHECK_EQ(out[i].rec.u.kernel.correlation, expect++);
+        seen += got;
+        ki_drain_commit(d);
+    }
+    CHECK_EQ(seen, written - 58);
+    CHECK_EQ(expect, written);
+    struct ki_kstats_stats st;
+    ki_kstats_stats(ks, &st);
+    CHECK_EQ(st.aggregated, 50);
+    ki_kstats_destroy(ks);
     ki_ring_close(&r);
     ki_drain_destroy(d);
     ki_ring_unlink(name);
@@ -569,6 +628,7 @@ int main(int argc, char **argv) {
     units();
     blocks_match_single_records();
     ring_fold_matches_feed();
+    fold_frees_slots_as_read();
     printf("ok\n");
     return 0;
 }
