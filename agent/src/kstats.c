@@ -24,6 +24,14 @@ enum {
 #define SEEN_EXPORTED 0x01u
 #define SEEN_CHANGED 0x02u
 #define BASE_BYTES_DEFAULT (4u << 20) /* the bases' arena: pages touched only as used (ki_histinc.h) */
+#define KEY_CACHE_BITS 8              /* 256 entries of 32 bytes: 8 KiB */
+
+/* A direct-mapped cache of key -> slot in front of the table's lookup (slot_of). */
+struct key_cache {
+    uint64_t w[3]; /* the key's words (ki_histtab_slot_words) */
+    uint32_t kind;
+    int32_t slot; /* -1: empty */
+};
 
 struct ki_kstats {
     struct ki_kstats_config cfg;
@@ -34,9 +42,9 @@ struct ki_kstats {
     double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet) */
     uint32_t tail_set;    /* slots whose tail_s is set (slots are handed out in order: pages of
                            * tail_s are touched only as keys arrive) */
-    /* last key -> slot: consecutive records of a stream are mostly one kernel */
-    uint64_t last_key[4]; /* its words (ki_histtab_slot_words) and kind */
-    int last_slot;
+    /* key -> slot for the keys seen last: a record's slot without a call into the table (its
+     * hash, hash entry and key) for the few hundred keys a busy GPU runs at a time */
+    struct key_cache *cache;
     /* sampling, per second of record time */
     uint64_t window_end_ns; /* record time the next second starts at (a comparison per record, not a
                              * division) */
@@ -65,8 +73,7 @@ struct ki_kstats {
     uint64_t next_snapshot_ns;     /* monotonic: every histogram's next export after it is a snapshot */
     uint64_t next_sweep_ns;        /* monotonic: the next export after it evicts the idle keys (idle_ns) */
     uint32_t max_keys;             /* here, not with tab: the per-record fields above keep the offsets
-                                    * they had before cfg grew by idle_ns (last_key and last_slot in
-                                    * one cache line) */
+                                    * they had before cfg grew by idle_ns) */
     int resend_next;               /* the next export re-sends unchanged histograms too (ki_kstats_snapshot all) */
     int resend;                    /* the export in progress does */
     size_t room;             /* elements of each export array */
@@ -74,13 +81,19 @@ struct ki_kstats {
     struct ki_kstats_stats st;
 };
 
+/* Empty the key cache (at the start, and after keys were evicted: an entry may name a slot that
+ * now holds another key). */
+static void forget_keys(struct ki_kstats *ks) {
+    for (uint32_t i = 0; i < 1u << KEY_CACHE_BITS; i++) ks->cache[i] = (struct key_cache){{0, 0, 0}, 0, -1};
+}
+
 struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     if (!cfg || cfg->interval_ns == 0 || !(cfg->tail_quantile > 0 && cfg->tail_quantile <= 1) ||
         cfg->section_max < 4096) {
         errno = EINVAL;
         return NULL;
     }
-    /* Cache-line aligned: the per-record fields (last key, sampling window) then sit in lines of
+    /* Cache-line aligned: the per-record fields (key cache, sampling window) then sit in lines of
      * their own wherever the heap puts the struct. At malloc's 16-byte alignment the statically
      * linked agent's heap layout cost ~60% more CPU per kernel (28-30 -> 46-52 ns in
      * bench.histogram --phases cpu; loads of last_key stalled), aligned both builds read 28-32. */
@@ -96,6 +109,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
         return NULL;
     }
     ks->max_keys = cfg->hist.max_keys;
+    ks->cache = aligned_alloc(64, sizeof *ks->cache << KEY_CACHE_BITS);
     ks->exported = calloc(ks->max_keys, sizeof *ks->exported);
     ks->seen = calloc(ks->max_keys, 1);
     ks->tail_s = malloc(ks->max_keys * sizeof *ks->tail_s);
@@ -114,7 +128,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     /* fixed columns at most 80 bytes; both signs together: a span (2 varints of 5) per bucket
      * at most, and up to 3 deltas of 10 bytes per bucket (gaps of two are filled with zeros) */
     ks->worst = 80 + KI_VARINT_MAX + (ks->room / 3) * (5 + 5 + 3 * KI_VARINT_MAX);
-    int ok = ks->exported && ks->seen && ks->tail_s && ks->ex.pos_spans && ks->ex.neg_spans && ks->ex.pos_deltas &&
+    int ok = ks->cache && ks->exported && ks->seen && ks->tail_s && ks->ex.pos_spans && ks->ex.neg_spans && ks->ex.pos_deltas &&
              ks->ex.neg_deltas && ks->worst < cfg->section_max &&
              (!cfg->snapshot_ns || (ks->bases && ks->inc.pos_spans && ks->inc.neg_spans && ks->inc.pos_deltas &&
                                     ks->inc.neg_deltas));
@@ -125,7 +139,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
         errno = e;
         return NULL;
     }
-    ks->last_slot = -1;
+    forget_keys(ks);
     ks->window_end_ns = NS_PER_S;
     ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
     ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
@@ -136,6 +150,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
 void ki_kstats_destroy(struct ki_kstats *ks) {
     if (!ks) return;
     ki_histtab_destroy(ks->tab);
+    free(ks->cache);
     free(ks->exported);
     free(ks->seen);
     free(ks->tail_s);
@@ -161,24 +176,20 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
 }
 
 /* The slot of the key (pid | gpu << 32, stream, name_id | producer << 32, kind): through the
- * one-entry cache (the key stays in registers and is compared with the last one without a
- * branch per field), else the table's lookup. -1 when the table refused the key (the key and
- * the observation counted there). */
+ * key cache (one multiplication to its entry, the key compared with the entry's without a
+ * branch per field), else the table's lookup, whose answer replaces the entry. -1 when the
+ * table refused the key (the key and the observation counted there). */
 static inline int32_t slot_of(struct ki_kstats *ks, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind) {
-    if (((w0 ^ ks->last_key[0]) | (w1 ^ ks->last_key[1]) | (w2 ^ ks->last_key[2]) | (kind ^ ks->last_key[3])) == 0 &&
-        ks->last_slot >= 0)
-        return ks->last_slot;
+    uint64_t mix = (w2 + (w0 << 20) + (w1 << 40) + ((uint64_t)kind << 58)) * 0x9E3779B97F4A7C15ULL;
+    struct key_cache *e = &ks->cache[mix >> (64 - KEY_CACHE_BITS)];
+    if (((w0 ^ e->w[0]) | (w1 ^ e->w[1]) | (w2 ^ e->w[2]) | (kind ^ e->kind)) == 0 && e->slot >= 0) return e->slot;
     int s = ki_histtab_slot_words(ks->tab, w0, w1, w2, kind);
     if (s < 0) {
         ki_histtab_refused(ks->tab, 1);
         return -1;
     }
     while (ks->tail_set <= (uint32_t)s) ks->tail_s[ks->tail_set++] = INFINITY; /* a new key */
-    ks->last_key[0] = w0;
-    ks->last_key[1] = w1;
-    ks->last_key[2] = w2;
-    ks->last_key[3] = kind;
-    ks->last_slot = s;
+    *e = (struct key_cache){{w0, w1, w2}, kind, s};
     return s;
 }
 
@@ -298,7 +309,7 @@ static void sweep_idle(struct ki_kstats *ks) {
             ks->seen[s] &= (uint8_t)~SEEN_CHANGED;
         }
     }
-    if (evicted) ks->last_slot = -1; /* the one-entry cache may name an evicted key's slot */
+    if (evicted) forget_keys(ks);
 }
 
 int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
