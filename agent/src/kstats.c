@@ -96,7 +96,7 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     /* Cache-line aligned: the per-record fields (key cache, sampling window) then sit in lines of
      * their own wherever the heap puts the struct. At malloc's 16-byte alignment the statically
      * linked agent's heap layout cost ~60% more CPU per kernel (28-30 -> 46-52 ns in
-     * bench.histogram --phases cpu; loads of last_key stalled), aligned both builds read 28-32. */
+     * bench.histogram --phases cpu; loads of the one-entry key cache stalled), aligned both builds read 28-32. */
     struct ki_kstats *ks = aligned_alloc(64, (sizeof *ks + 63) & ~(size_t)63);
     if (!ks) return NULL;
     memset(ks, 0, sizeof *ks);

@@ -263,7 +263,7 @@ static void fold_frees_slots_as_read(void) {
 /* ki_kstats_feed works in blocks of passes (slots, observations, decisions): fed all at once it
  * keeps, counts and exports exactly what it does fed one record at a time, with spans kept as
  * tail, keys refused by a full table in the middle of blocks, other record types
- * and FAILED kernels among them, and a run of one key (the one-entry cache). */
+ * and FAILED kernels among them, and a run of one key (the key cache). */
 static void blocks_match_single_records(void) {
     static struct ki_record a[5000], b[5000];
     size_t n = 0;
