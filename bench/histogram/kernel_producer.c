@@ -2,14 +2,18 @@
  * kernel_producer - writes long-tailed KERNEL records into a ring, as a CUDA probe would
  * (make bench-histogram, tests/agent/test_agent_histograms.py).
  *
- *   kernel_producer RING COUNT KERNELS RATE SEED [DURATIONS_FILE]
+ *   kernel_producer RING COUNT KERNELS RATE SEED [DURATIONS_FILE|-] [NAMES_FILE]
  *
- * COUNT kernels over KERNELS names (kernel_0 ..), RATE per second (0: as fast as the ring
+ * COUNT kernels over KERNELS names, RATE per second (0: as fast as the ring
  * takes them). Durations: lognormal body around 20 us (sigma 0.5) times a per-kernel scale,
  * one in 200 a Pareto(1.3) straggler up to 1000x: the tail users hunt. Ring full: the record
  * waits (nothing is dropped, so the exact durations are known). With DURATIONS_FILE every
- * duration is written there (u64 ns, little-endian) for the exact quantiles. Prints
- * "written <n>" at the end.
+ * duration is written there (u64 ns, little-endian) for the exact quantiles ("-": not written).
+ * Names: kernel_0 .. by default (9 bytes: what the wire's STRINGS cost is hidden by); with
+ * NAMES_FILE, its lines in turn (bench/histogram/kernel_names.txt: PyTorch, cuBLAS, cutlass,
+ * flash-attention, Triton and NCCL kernels as Nsight Systems shows them, 181 bytes on average),
+ * kernel k taking line k mod lines, with " #<k / lines>" appended past the first round so that
+ * every name stays distinct. Prints "written <n>" at the end.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
@@ -33,17 +37,42 @@ static double normal(void) { return sqrt(-2.0 * log(uniform())) * cos(6.28318530
 
 int main(int argc, char **argv) {
     if (argc < 6) {
-        fprintf(stderr, "usage: kernel_producer RING COUNT KERNELS RATE SEED [DURATIONS_FILE]\n");
+        fprintf(stderr, "usage: kernel_producer RING COUNT KERNELS RATE SEED [DURATIONS_FILE|-] [NAMES_FILE]\n");
         return 2;
     }
     const char *name = argv[1];
     uint64_t count = strtoull(argv[2], NULL, 10), rate = strtoull(argv[4], NULL, 10);
     uint32_t kernels = (uint32_t)strtoul(argv[3], NULL, 10);
     state = strtoull(argv[5], NULL, 10) * 0x9E3779B97F4A7C15ULL + 1;
-    FILE *out = argc > 6 ? fopen(argv[6], "wb") : NULL;
-    if (argc > 6 && !out) {
+    const int want_out = argc > 6 && strcmp(argv[6], "-") != 0;
+    FILE *out = want_out ? fopen(argv[6], "wb") : NULL;
+    if (want_out && !out) {
         perror(argv[6]);
         return 1;
+    }
+    static char lines[1 << 16]; /* the names file, its lines NUL-terminated in place */
+    const char *line_at[1024];
+    uint32_t nlines = 0;
+    if (argc > 7) {
+        FILE *nf = fopen(argv[7], "rb");
+        if (!nf) {
+            perror(argv[7]);
+            return 1;
+        }
+        size_t got = fread(lines, 1, sizeof lines - 1, nf);
+        fclose(nf);
+        lines[got] = '\0';
+        for (char *p = lines; *p && nlines < 1024;) {
+            char *nl = strchr(p, '\n');
+            if (nl) *nl = '\0';
+            if (*p) line_at[nlines++] = p;
+            if (!nl) break;
+            p = nl + 1;
+        }
+        if (nlines == 0) {
+            fprintf(stderr, "%s: no names\n", argv[7]);
+            return 1;
+        }
     }
     if (kernels == 0) kernels = 1;
     struct ki_ring r;
@@ -52,9 +81,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    char kname[64];
+    char kname[1100];
     for (uint32_t k = 0; k < kernels; k++) {
-        int len = snprintf(kname, sizeof kname, "kernel_%u", k);
+        int len = !nlines        ? snprintf(kname, sizeof kname, "kernel_%u", k)
+                  : k < nlines ? snprintf(kname, sizeof kname, "%.1000s", line_at[k])
+                               : snprintf(kname, sizeof kname, "%.1000s #%u", line_at[k % nlines], k / nlines);
         while (ki_ring_string(&r, k + 1, kname, (size_t)len) != 0) {
             struct timespec ms = {0, 1000000};
             nanosleep(&ms, NULL);

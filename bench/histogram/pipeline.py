@@ -13,7 +13,10 @@ and ships histograms and kept spans to a real ``ki collector``. Three agent runs
   refused and counted, ``hwm_4p_refused``), the keys and names a host of several processes holds.
 - ``wire_bytes_per_gpu_s``: frame bytes (compressed bodies plus 80 bytes of header and tag
   per batch, from the agent's own counters as the collector stored them) per second at 100k
-  kernels/s over 100 names for ``--wire-seconds`` (300: the first export gives the tail threshold,
+  kernels/s over 100 names as long as real ones (``kernel_names.txt``: PyTorch, cuBLAS, cutlass,
+  flash-attention, Triton and NCCL kernels as Nsight Systems shows them, 181 bytes on average;
+  ``wire_short_names``: the same with the producer's 9-byte ``kernel_17`` names, which hid what
+  names cost) for ``--wire-seconds`` (300: the first export gives the tail threshold,
   so a short run flatters the figure; cumulative histograms, --histogram-snapshot-s 0, also grow
   with the agent's uptime), with the frame bytes per second minute by minute and of the first and
   last minute (``wire_first_min``, ``wire_last_min``: increments keep them flat); ``hist_only``
@@ -49,7 +52,8 @@ __all__ = ["main"]
 
 
 def _agent_binary() -> Path:
-    return REPO / "agent" / "bin" / "ki-agent"
+    """The worktree's ki-agent, or ``$KI_BENCH_AGENT`` (an A/B run against a copy of another build)."""
+    return Path(os.environ.get("KI_BENCH_AGENT") or REPO / "agent" / "bin" / "ki-agent")
 
 
 def _cpu_ns(pid: int) -> int:
@@ -112,10 +116,12 @@ class _Run:
              "--spool-dir", str(tmp / "spool"), "--shutdown-timeout-s", "60", "--log-level", "warn", *agent_args],
         )  # fmt: skip
 
-    def produce(self, count: int, kernels: int, rate: int) -> float:
+    def produce(self, count: int, kernels: int, rate: int, names: Path | None = None) -> float:
+        """Run the producer (``names``: its kernel names file, else ``kernel_<k>``); its wall seconds."""
         t = time.monotonic()
         subprocess.run(
-            [str(self.producer), self.ring_name, str(count), str(kernels), str(rate), "1"],
+            [str(self.producer), self.ring_name, str(count), str(kernels), str(rate), "1",
+             *(("-", str(names)) if names else ())],
             check=True, capture_output=True, timeout=600,
         )  # fmt: skip
         return time.monotonic() - t
@@ -181,14 +187,20 @@ def _minute_rates(series: list[dict[str, float]]) -> dict[str, float]:
     return {"first_min_bytes_per_s": rate(t0, t0 + 60), "last_min_bytes_per_s": rate(t1 - 60, t1)}
 
 
-def _wire(root: Path, producer: Path, name: str, seconds: int, *agent_args: str) -> dict[str, float]:
+#: Realistic kernel names, one a line (the wire runs' names unless asked for short ones).
+KERNEL_NAMES = Path(__file__).resolve().parent / "kernel_names.txt"
+
+
+def _wire(
+    root: Path, producer: Path, name: str, seconds: int, *agent_args: str, names: Path | None = KERNEL_NAMES
+) -> dict[str, float]:
     """Frame bytes and batches per second at 100k kernels/s over 100 names (the last export at
     SIGTERM included, so a longer run measures closer to the steady state), and the frame bytes
     per second of its first and last minute."""
     tmp = root / name
     tmp.mkdir()
     run = _Run(tmp, producer, name, *agent_args)
-    took = run.produce(100_000 * seconds, 100, 100_000)
+    took = run.produce(100_000 * seconds, 100, 100_000, names)
     c = run.finish(windows=True)
     batches = c.get("ki_agent_batches_sealed_total", 0.0)
     frames = c.get("ki_agent_bytes_compressed_total", 0.0) + 80 * batches
@@ -213,16 +225,18 @@ def agent_figures(
     wire_args: tuple[str, ...] = (),
     hist_only: bool = True,
     show_smaps: bool = False,
+    short_names: bool = True,
 ) -> dict[str, float]:
     """The agent's figures of ``phases`` (each absent one is NaN); ``show_smaps`` prints the hwm
-    run's resident memory by mapping to stderr."""
+    run's resident memory by mapping to stderr; ``short_names`` adds the wire run with the
+    producer's short names (``wire_short_names``)."""
     from bench.histogram.producer import build_producer
 
     nan = float("nan")
     out: dict[str, float] = dict.fromkeys(
         ("ns_per_kernel", "hwm_kb", "hwm_4p_kb", "wire_bytes_per_gpu_s"), nan
     )
-    out["hist_only_bytes_per_gpu_s"] = nan
+    out["hist_only_bytes_per_gpu_s"] = out["wire_short_names"] = nan
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         producer = build_producer(root)
@@ -240,6 +254,10 @@ def agent_figures(
                 w["last_min_bytes_per_s"],
             )
             out["wire_increments"], out["wire_histograms"] = w["increments"], w["histograms"]
+            if short_names:
+                out["wire_short_names"] = _wire(
+                    root, producer, "short", wire_seconds, *wire_args, names=None
+                )["bytes_per_s"]
             if hist_only:
                 h = _wire(root, producer, "histonly", wire_seconds, *wire_args, "--span-sample-rate", "0",
                           "--span-tail-rate", "0")  # fmt: skip
@@ -330,6 +348,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--no-hist-only", action="store_true", help="skip the wire run without kept spans")
     ap.add_argument(
+        "--no-short-names",
+        action="store_true",
+        help="skip the wire run with the producer's short kernel names",
+    )
+    ap.add_argument(
         "--agent-arg", action="append", default=[],
         help="one more ki-agent argument for the wire runs (repeat: --agent-arg=--span-sample-rate --agent-arg=0)",
     )  # fmt: skip
@@ -348,7 +371,9 @@ def main() -> None:
     if a.histogram_snapshot_s is not None:
         wire_args += ("--histogram-snapshot-s", str(a.histogram_snapshot_s))
     wire_args += tuple(a.agent_arg)
-    figs = agent_figures(a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only, a.smaps)
+    figs = agent_figures(
+        a.seconds, phases, a.wire_seconds, wire_args, not a.no_hist_only, a.smaps, not a.no_short_names
+    )
     q = dict.fromkeys(_KQL_KEYS, float("nan"))
     if not a.skip_kql:
         from bench.histogram.quantile import quantile_figures
@@ -360,7 +385,8 @@ def main() -> None:
     print(
         f"BENCH histogram ns_per_kernel={figs['ns_per_kernel']:.1f} hwm_kb={figs['hwm_kb']:.0f}"
         f" hwm_4p_kb={figs['hwm_4p_kb']:.0f}"
-        f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f} quantile_ms={q['quantile_ms']:.1f}"
+        f" wire_bytes_per_gpu_s={figs['wire_bytes_per_gpu_s']:.0f}"
+        f" wire_short_names={figs['wire_short_names']:.0f} quantile_ms={q['quantile_ms']:.1f}"
         f" classic_quantile_ms={q['classic_quantile_ms']:.1f}"
         f" quantile_cpu_ms={q['quantile_cpu_ms']:.1f} classic_quantile_cpu_ms={q['classic_quantile_cpu_ms']:.1f}"
         f" memory_quantile_cpu_ms={q['memory_quantile_cpu_ms']:.1f}"
