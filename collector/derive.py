@@ -50,7 +50,7 @@ from kernel_insight.collector.rows import (
     SpanBatch,
     canonical_labels,
 )
-from kernel_insight.collector.wire import BODY_VERSION_INCREMENTS
+from kernel_insight.collector.wire import BODY_VERSION_INCREMENTS, name_hash
 from kernel_insight.collector.wire_hist import FLAG_FIRST, HistKind, WireHistograms
 
 __all__ = [
@@ -321,6 +321,8 @@ class Deriver:
         self.stats = DROP_STATS if stats is None else stats
         self._names: dict[tuple[int, int], str] = {}
         self._names_chars = 0  # characters held in _names
+        # wire.name_hash of the names in _names, as their bytes were sent (body version 5)
+        self._name_hashes: dict[tuple[int, int], int] = {}
         self._totals: dict[Labels, float] = defaultdict(float)
         self._label_cache: dict[tuple[str, int | None, str, tuple[tuple[str, str], ...]], Labels] = {}
         self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
@@ -493,6 +495,7 @@ class Deriver:
         histograms: WireHistograms | None = None,
         body_version: int = 1,
         epoch: int = 0,
+        string_hashes: Mapping[tuple[int, int], int] | None = None,
     ) -> Derived:
         """Rows for one batch: ``records`` in RECORD_DTYPE (in ring order within each record type;
         the order across types does not matter, each type is derived on its own), names the wire batch carried,
@@ -513,6 +516,9 @@ class Deriver:
         if strings and any(self._names.get(k) != v for k, v in strings.items()):
             self._learn_names(strings, dropped)
             self._key_cache.clear()  # a kernel label may read differently now
+        if string_hashes:
+            names = self._names
+            self._name_hashes.update((k, h) for k, h in string_hashes.items() if k in names)
         types = records["type"]
         stamped = (types != RecordType.STRING) & (types != RecordType.FINGERPRINT)
         late = stamped & (records["ts_ns"] > np.uint64(_MAX_TS_NS))
@@ -596,6 +602,53 @@ class Deriver:
                 continue
             names[key] = name
             self._names_chars += grow
+            self._name_hashes.pop(key, None)  # a new text: its hash is the batch's, or made from it
+
+    def names_match(
+        self,
+        records: npt.NDArray[np.void],
+        strings: Mapping[tuple[int, int], str],
+        string_hashes: Mapping[tuple[int, int], int],
+        histograms: WireHistograms | None,
+        digest: int,
+    ) -> bool:
+        """Whether a version 5 batch's names resolve as its agent meant (docs/wire.md, "Names
+        once"): the XOR of wire.name_hash over every name the batch uses (its records' and kernel
+        histograms' keys and its STRINGS entries), each text taken from the batch or else from what
+        this agent sent before, equals the batch's NAMES_USED digest. A name neither side knows
+        counts on neither side; any other difference (a name this collector never got, or holds
+        another text of) and the batch is answered 424."""
+        keys: set[tuple[int, int]] = set(strings)
+        types = records["type"]
+        named = records[(types == RecordType.KERNEL) | (types == RecordType.LAUNCH)]
+        keys.update(zip(named["producer"].tolist(), named["id"].tolist(), strict=True))
+        errors = records[types == RecordType.ERROR]
+        if len(errors):
+            detail = errors["payload"].view(np.uint8).reshape(-1, 32)[:, 20:24].copy().view("<u4").reshape(-1)
+            keys.update(zip(errors["producer"].tolist(), detail.tolist(), strict=True))
+        fps = records[(types == RecordType.FINGERPRINT) & ((records["flags"] & RecordFlag.FP_STRING) != 0)]
+        if len(fps):
+            value = fps["payload"].view(np.uint8).reshape(-1, 32)[:, 0:4].copy().view("<u4").reshape(-1)
+            keys.update(zip(fps["producer"].tolist(), value.tolist(), strict=True))
+        if histograms is not None:
+            kernel = histograms.kind == HistKind.KERNEL
+            keys.update(
+                zip(histograms.producer[kernel].tolist(), histograms.id[kernel].tolist(), strict=True)
+            )
+        acc = 0
+        for key in keys:
+            h = string_hashes.get(key)
+            if h is None and key not in strings:
+                h = self._name_hashes.get(key)
+                if h is None:
+                    name = self._names.get(key)
+                    if name is None:
+                        continue
+                    h = self._name_hashes[key] = name_hash(key[0], key[1], name.encode())
+            elif h is None:
+                h = name_hash(key[0], key[1], strings[key].encode())
+            acc ^= h
+        return acc == digest
 
     # ---- KERNEL: spans and per-kernel metrics ------------------------------------------
 

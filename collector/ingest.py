@@ -37,6 +37,7 @@ from kernel_insight.collector.wire import (
     HEADER_SIZE,
     INGEST_PATH,
     SNAPSHOT_HEADER,
+    STATUS_NAMES_UNKNOWN,
     AuthenticationFailed,
     BatchHeader,
     BatchId,
@@ -44,6 +45,7 @@ from kernel_insight.collector.wire import (
     DecodedBatch,
     Limits,
     MalformedBatch,
+    NamesUnknown,
     OversizedBatch,
     decode_body,
     open_frame,
@@ -182,6 +184,7 @@ _OUTCOMES = {
     409: "duplicate",
     413: "rejected",
     422: "failed",
+    424: "names_unknown",
     503: "unavailable",
 }
 
@@ -296,6 +299,10 @@ def ingest_router(
         bid = batch.batch_id
         try:
             stored = future.result()
+        except NamesUnknown as exc:
+            # Not stored and not remembered: the agent sends its names, then this very batch again.
+            log.info("ingest: batch %s of agent %s: %s", bid, batch.header.agent_id.hex(), exc)
+            return _Outcome(STATUS_NAMES_UNKNOWN, "names_unknown", str(exc))
         except StorageUnavailable as exc:
             log.warning("ingest: storage unavailable: %s", exc)
             return _Outcome(

@@ -22,7 +22,7 @@ from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
 from kernel_insight.collector.rows import InstanceInfo, Labels
 from kernel_insight.collector.store import StorageError, Store
-from kernel_insight.collector.wire import DecodedBatch
+from kernel_insight.collector.wire import DecodedBatch, NamesUnknown
 
 __all__ = ["INSTANCE_ROW_EVERY_S", "StoreSink"]
 
@@ -106,13 +106,24 @@ class StoreSink:
         queued = self.batcher.pending(batch_id)
         if queued is not None:
             return queued.answer()
+        records = batch.by_type()
         with lock:
             if batch.labels is not None:
                 _apply_agent_labels(deriver, batch.labels)
+            if batch.names_digest is not None and not deriver.names_match(
+                records,
+                batch.strings,
+                batch.string_hashes,
+                batch.histograms,
+                batch.names_digest,
+            ):
+                raise NamesUnknown(
+                    f"batch {batch_id} uses names this collector does not hold as sent: send them"
+                )
             before = deriver.checkpoint()
             try:
                 derived = deriver.derive(
-                    batch.by_type(),
+                    records,
                     strings=batch.strings,
                     counters={counter_name(k): float(v) for k, v in batch.counters.items()},
                     now_ns=batch.header.t_max_ns,
@@ -120,6 +131,7 @@ class StoreSink:
                     histograms=batch.histograms,
                     body_version=batch.body_version,
                     epoch=batch.header.epoch,
+                    string_hashes=batch.string_hashes,
                 )
                 after = deriver.checkpoint()
                 agent_id = batch.header.agent_id

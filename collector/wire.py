@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import enum
+import hashlib
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ __all__ = [
     "INGEST_PATH",
     "MAGIC",
     "SNAPSHOT_HEADER",
+    "STATUS_NAMES_UNKNOWN",
     "TAG_SIZE",
     "WIRE_VERSION",
     "AuthenticationFailed",
@@ -61,12 +63,14 @@ __all__ = [
     "DecodedBatch",
     "Limits",
     "MalformedBatch",
+    "NamesUnknown",
     "OversizedBatch",
     "WireError",
     "decode_batch",
     "decode_body",
     "encode_batch",
     "encode_body",
+    "name_hash",
     "nonce_for",
     "open_frame",
     "parse_header",
@@ -89,7 +93,17 @@ BODY_VERSION_PDELTA = 3
 #: series' previous export, against a base the collector keeps): its extra column ``count_inc``
 #: says which base (docs/wire.md, issue 14). Versions 1-3 stay accepted.
 BODY_VERSION_INCREMENTS = 4
-BODY_VERSIONS = (BODY_VERSION, BODY_VERSION_HISTOGRAMS, BODY_VERSION_PDELTA, BODY_VERSION_INCREMENTS)
+#: Version 4 whose STRINGS section may leave out names the agent sent before (its collector keeps
+#: them per agent); a NAMES_USED section then carries the digest of every name the batch uses, and
+#: a collector that cannot match it answers 424 (docs/wire.md, "Names once"). Versions 1-4 stay accepted.
+BODY_VERSION_NAMES_ONCE = 5
+BODY_VERSIONS = (
+    BODY_VERSION,
+    BODY_VERSION_HISTOGRAMS,
+    BODY_VERSION_PDELTA,
+    BODY_VERSION_INCREMENTS,
+    BODY_VERSION_NAMES_ONCE,
+)
 AEAD_CHACHA20_POLY1305 = 1
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
@@ -111,6 +125,10 @@ SECTION_STRINGS = 0x02
 SECTION_CAPTURES = 0x03
 SECTION_HISTOGRAMS = 0x04  # version 2 bodies only
 SECTION_LABELS = 0x05  # any body version; only agents configured with labels send it
+SECTION_NAMES_USED = 0x06  # version 5 bodies only: the digest of the names a batch uses
+#: The status of a version 5 batch whose names left out the collector cannot all match (the
+#: agent sends every name, then the batch again: docs/wire.md, "Names once").
+STATUS_NAMES_UNKNOWN = 424
 #: Labels one LABELS section may carry, and the longest name and value (bytes) it may hold.
 MAX_AGENT_LABELS = 16
 MAX_AGENT_LABEL_BYTES = 1024
@@ -135,6 +153,11 @@ class MalformedBatch(WireError):
 
 class OversizedBatch(MalformedBatch):
     """The frame or its decompressed body is larger than the decoder's limits allow."""
+
+
+class NamesUnknown(WireError):
+    """A version 5 batch left out names this collector cannot match (status 424: the agent sends
+    every name, then the batch again). Raised by the sink, which holds the names."""
 
 
 class AuthenticationFailed(WireError):
@@ -455,6 +478,10 @@ class DecodedBatch:
     body_version: int = BODY_VERSION
     histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2-4 body
     labels: tuple[tuple[str, str], ...] | None = None  # the agent's configured instance labels (LABELS)
+    #: Version 5: name_hash of each STRINGS entry, from its bytes as sent (decoding may replace some)
+    string_hashes: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Version 5 with texts left out: the XOR of name_hash over every name the batch uses (NAMES_USED)
+    names_digest: int | None = None
 
     @property
     def batch_id(self) -> BatchId:
@@ -678,7 +705,7 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
     r = _Reader(body, "body")
     version = r.u8()
     if version not in BODY_VERSIONS:
-        raise MalformedBatch(f"body version {version}, this collector understands 1, 2, 3 and 4")
+        raise MalformedBatch(f"body version {version}, this collector understands 1 to 5")
     batch.body_version = version
     seen: set[int] = set()
     while not r.done():
@@ -698,6 +725,8 @@ def decode_body(body: bytes, header: BatchHeader, limits: Limits = DEFAULT_LIMIT
             batch.captures = _decode_captures(sec)
         elif tag == SECTION_LABELS:
             batch.labels = _decode_labels(sec)
+        elif tag == SECTION_NAMES_USED and version >= BODY_VERSION_NAMES_ONCE:
+            batch.names_digest = int.from_bytes(sec.take(8), "little")
         elif SECTION_RECORDS + min(SHIPPED_TYPES) <= tag <= SECTION_RECORDS + max(SHIPPED_TYPES):
             batch.arrays[tag - SECTION_RECORDS] = _decode_records(
                 sec, tag - SECTION_RECORDS, header, limits, version
@@ -741,7 +770,18 @@ def _decode_strings(r: _Reader, batch: DecodedBatch, limits: Limits) -> None:
         n = r.varint()
         if n > limits.max_name:
             raise MalformedBatch(f"name of {n} bytes exceeds the limit of {limits.max_name}")
-        batch.strings[(producer, sid)] = bytes(r.take(n)).decode("utf-8", errors="replace")
+        raw = bytes(r.take(n))
+        batch.strings[(producer, sid)] = raw.decode("utf-8", errors="replace")
+        if batch.body_version >= BODY_VERSION_NAMES_ONCE:
+            batch.string_hashes[(producer, sid)] = name_hash(producer, sid, raw)
+
+
+def name_hash(producer: int, string_id: int, text: bytes) -> int:
+    """The wire's hash of one name (docs/wire.md, NAMES_USED): the first 8 bytes, little-endian,
+    of the 16-byte BLAKE2b of producer and string id (u32 LE each) and the text's bytes."""
+    h = hashlib.blake2b(struct.pack("<II", producer, string_id), digest_size=16)
+    h.update(text)
+    return int.from_bytes(h.digest()[:8], "little")
 
 
 def _decode_captures(r: _Reader) -> tuple[CaptureReport, ...]:
@@ -867,10 +907,12 @@ def encode_body(
     body_version: int = BODY_VERSION,
     histograms: bytes | None = None,
     labels: Sequence[tuple[str, str]] = (),
+    names_digest: int | None = None,
 ) -> bytes:
     """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined);
     ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, version 2);
-    ``labels`` the agent's configured instance labels (a LABELS section)."""
+    ``labels`` the agent's configured instance labels (a LABELS section); ``names_digest`` a
+    NAMES_USED section (version 5: texts of names the batch uses were left out of ``strings``)."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
     if histograms is not None and body_version < BODY_VERSION_HISTOGRAMS:
@@ -891,6 +933,10 @@ def encode_body(
         out += _section(SECTION_STRINGS, bytes(s))
     if captures:
         out += _section(SECTION_CAPTURES, _encode_captures(captures))
+    if names_digest is not None:
+        if body_version < BODY_VERSION_NAMES_ONCE:
+            raise ValueError("a NAMES_USED section needs body_version 5")
+        out += _section(SECTION_NAMES_USED, names_digest.to_bytes(8, "little"))
     if labels:
         out += _section(SECTION_LABELS, _encode_labels(labels))
     types = records["type"]
@@ -951,6 +997,7 @@ def encode_batch(
     histograms: bytes | None = None,
     histograms_ts_ns: int = 0,
     labels: Sequence[tuple[str, str]] = (),
+    names_digest: int | None = None,
 ) -> bytes:
     """Encode and seal one batch; the time range is taken from the records (or now_ns if none)
     and, with ``histograms`` (a HISTOGRAMS section stamped ``histograms_ts_ns``), covers it too."""
@@ -961,7 +1008,14 @@ def encode_batch(
     t_min, t_max = (min(times), max(times)) if times else (now_ns, now_ns)
     return seal_body(
         encode_body(
-            arr, strings, counters, captures, body_version=body_version, histograms=histograms, labels=labels
+            arr,
+            strings,
+            counters,
+            captures,
+            body_version=body_version,
+            histograms=histograms,
+            labels=labels,
+            names_digest=names_digest,
         ),
         agent_id=agent_id,
         key_id=key_id,

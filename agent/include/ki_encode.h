@@ -24,6 +24,7 @@ struct ki_batch_info {
     uint32_t strings; /* STRING chunks taken into the name table */
     uint32_t garbage; /* records of unknown type, skipped */
     uint32_t names;   /* names in the STRINGS section */
+    uint32_t omitted; /* names the batch uses whose text it left out (body version 5) */
 };
 
 /* An encoder for batches of up to max_records records. NULL on ENOMEM. */
@@ -39,6 +40,17 @@ void ki_encoder_reserve(struct ki_encoder *e, size_t bytes);
  * batch's KERNEL records are a sample and the kernels are counted in HISTOGRAMS sections
  * (docs/wire.md); tag 0 / len 0 adds no section. The bytes must stay valid until then. */
 void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t tag, const uint8_t *section, size_t len);
+
+/* Names once (docs/wire.md, body version 5): when on, the next ki_encode_body call whose body
+ * version is 4 sends version 5 instead, leaves out the texts of names sent since the last
+ * ki_names_forget and says what it left out in a NAMES_USED section. Off: every batch resolves
+ * alone, as before. Applies to the next call only. */
+void ki_encoder_set_names_once(struct ki_encoder *e, int on);
+
+/* A body version 5 batch of names only: the STRINGS section of every complete name, nothing else
+ * (what an agent sends in front of a batch its collector could not resolve). 0 or -ENOBUFS. */
+int ki_encode_names_body(struct ki_encoder *e, const struct ki_names *names, uint8_t *out, size_t cap, size_t *len,
+                         size_t *count);
 
 /* Bytes a body of max_records records can take at most (size of the out buffer). */
 size_t ki_encoder_bound(const struct ki_encoder *e);

@@ -33,6 +33,30 @@ int ki_names_mark(struct ki_names *n, uint32_t producer, uint32_t id, uint32_t m
  * or -ENOBUFS. *count receives the number of names. */
 int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count);
 
+/* What ki_names_emit_once left out and the digest that lets the collector check its copies. */
+struct ki_names_once {
+    size_t omitted;  /* marked names whose text was left out (sent since the last ki_names_forget) */
+    uint64_t digest; /* XOR of ki_names_hash over every marked name, texts left out or not */
+};
+
+/* As ki_names_emit, for a body version 5 batch (docs/wire.md, "Names once"): a marked name whose
+ * text went into a batch since the last ki_names_forget is left out (only its hash counts in
+ * once->digest), the others go in and count as sent from now on. */
+int ki_names_emit_once(struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count,
+                       struct ki_names_once *once);
+
+/* The STRINGS section payload of every complete name (the names batch an agent sends in front
+ * of a batch the collector could not resolve); it marks none as sent. */
+int ki_names_emit_all(const struct ki_names *n, uint8_t *out, size_t cap, size_t *len, size_t *count);
+
+/* Forget which texts were sent: the next batches carry each name's text again (after a failed
+ * request, a refused batch, or a collector that said it lacks names). */
+void ki_names_forget(struct ki_names *n);
+
+/* The wire's name hash (docs/wire.md, NAMES_USED): the first 8 bytes, little-endian, of the
+ * 16-byte BLAKE2b of producer (u32 LE), id (u32 LE) and the text. */
+uint64_t ki_names_hash(uint32_t producer, uint32_t id, const char *text, size_t len);
+
 /* Upper bound of ki_names_emit's output. */
 size_t ki_names_emit_bound(const struct ki_names *n);
 

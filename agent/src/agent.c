@@ -47,6 +47,7 @@ struct ki_flight {
     struct ki_spool_id id; /* its spool id */
     size_t off;            /* where it starts in send_buf */
     size_t len;            /* its frame length */
+    int names;             /* the names batch in front of the request: not in the spool */
 };
 
 struct ki_agent {
@@ -108,6 +109,10 @@ struct ki_agent {
     uint64_t rng;                /* xorshift state for jitter */
     uint64_t lost_batches;       /* batches that could not be spooled (disk errors) */
     int snapshot_asked;          /* a collector asked for histogram snapshots (KI-Histogram-Snapshot) */
+    int names_ok;                /* batches got through since the last failure: texts already sent may be left out */
+    int names_wanted;            /* the collector lacked names (424): a names batch goes in front of the next request */
+    int names_delivered;         /* a names batch was stored since names_struck's last 424 */
+    struct ki_spool_id names_struck; /* the batch whose 424 asked for the names batch */
     uint64_t lost_records;       /* records in them */
     struct ki_labels labels;     /* the configuration's instance labels, sent in every batch (LABELS) */
     struct ki_captures caps;     /* capture windows the collector asked for: their kernel spans bypass span
@@ -389,6 +394,9 @@ static int seal_batch(struct ki_agent *a, size_t n) {
         /* Body v3, or v4 when the HISTOGRAMS section may hold increments. */
         ki_encoder_set_extra(a->enc, ki_kstats_increments(a->ks) ? 4 : 3, SECTION_HISTOGRAMS, a->hist, hlen);
     }
+    /* Names once (docs/wire.md): only while batches get through, so a batch sealed while the
+     * collector is away (it waits in the spool, and may reach another collector) resolves alone. */
+    ki_encoder_set_names_once(a->enc, a->names_ok && !a->failing && !a->auth_blocked);
     ki_captures_count(&a->caps, a->staging, n);
     int rc = ki_encode_body(a->enc, a->staging, n, a->names, a->mark, &a->ctr, update_counters, a, a->body,
                             a->body_cap - KI_CAPTURE_SECTION_MAX - a->labels.len, &blen, &info);
@@ -434,8 +442,9 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     a->pending_len = flen;
     a->pending_records = info.shipped;
     a->last_seal_ns = mono_ns();
-    ki_log_debug(a->log, "sealed batch %u/%llu: %u records, %zu names, %zu -> %zu bytes", a->seal.epoch,
-                 (unsigned long long)a->seal.next_seq - 1, info.shipped, (size_t)info.names, blen, flen);
+    ki_log_debug(a->log, "sealed batch %u/%llu: %u records, %zu names (%zu left out), %zu -> %zu bytes",
+                 a->seal.epoch, (unsigned long long)a->seal.next_seq - 1, info.shipped, (size_t)info.names,
+                 (size_t)info.omitted, blen, flen);
     return spool_pending(a);
 }
 
@@ -558,12 +567,45 @@ static void schedule_retry(struct ki_agent *a, int retry_after_s) {
     a->next_send_ns = mono_ns() + delay;
 }
 
-enum frame_verdict { FRAME_DONE, FRAME_RETRY, FRAME_AUTH };
+enum frame_verdict { FRAME_DONE, FRAME_RETRY, FRAME_AUTH, FRAME_NAMES };
+
+/* The collector may lack texts this agent left out (a request failed, a batch was refused): the
+ * next batches carry every name's text again until batches get through (names_ok). */
+static void names_lost(struct ki_agent *a) {
+    if (a->names_ok) ki_names_forget(a->names);
+    a->names_ok = 0;
+}
+
+/* Status 424: the collector does not hold every name this batch left out (docs/wire.md, "Names
+ * once"). The batch stays in the spool and goes again behind a names batch; if it is refused so
+ * once more after a names batch was stored, this agent no longer knows its names (a batch of an
+ * earlier run over another ring): it is set aside as any refused batch. */
+static int names_refused(struct ki_agent *a, const struct ki_flight *f) {
+    const int again = a->names_delivered && a->names_struck.epoch == f->id.epoch && a->names_struck.seq == f->id.seq;
+    names_lost(a);
+    if (again) return 0;
+    if (!a->names_wanted) { /* the first of a round is the one a second refusal sets aside: every round ends */
+        ki_log_info(a->log, "collector lacks names batch %u/%llu left out: sending every name, then the batch again",
+                    f->id.epoch, (unsigned long long)f->id.seq);
+        a->names_wanted = 1;
+        a->names_delivered = 0;
+        a->names_struck = f->id;
+    }
+    return 1;
+}
 
 /* Settle one batch of the request from its status. */
 static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_flight *f, int s) {
     struct ki_spool_id id = f->id;
     uint8_t *frame = a->send_buf + f->off;
+    if (f->names) { /* the names batch: nothing in the spool; when it did not get through, the next request carries one */
+        if ((s >= 200 && s < 300) || s == 409) {
+            a->names_wanted = 0;
+            a->names_delivered = 1;
+        }
+        return FRAME_DONE;
+    }
+    if (s == KI_STATUS_NAMES_UNKNOWN && names_refused(a, f)) return FRAME_NAMES;
     if ((s >= 200 && s < 300) || s == 409) {
         a->ctr.v[KI_CTR_BATCHES_SENT]++;
         ki_spool_remove(a->spool, id);
@@ -599,9 +641,11 @@ static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_fligh
         return FRAME_RETRY;
     }
     /* Any other 4xx: this batch can never be stored. Keep it for a person, go on with the next
-     * (its histograms' increments are lost with it: the next export is cumulative). */
+     * (its histograms' increments are lost with it: the next export is cumulative; the texts it
+     * carried are lost too: the next batches carry them again). */
     a->ctr.v[KI_CTR_BATCHES_FAILED]++;
     if (a->ks) ki_kstats_snapshot(a->ks, 1);
+    names_lost(a);
     int rc = ki_spool_dead_letter(a->spool, id, frame, f->len, s, real_ns());
     if (rc == 0) {
         a->ctr.v[KI_CTR_BATCHES_DEAD_LETTERED]++;
@@ -652,6 +696,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
     }
     if (rc < 0) {
         if (a->ks) ki_kstats_snapshot(a->ks, 0); /* its batches may reach another collector, or one that restarted */
+        names_lost(a);
         a->ctr.v[KI_CTR_BATCHES_RETRIED] += (uint64_t)n;
         a->ctr.v[KI_CTR_REQUESTS_FAILED]++;
         if (!a->failing)
@@ -671,7 +716,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         ki_kstats_snapshot(a->ks, 1);
         a->snapshot_asked = 1;
     }
-    int retry = 0, auth = 0, done = 0, retry_status = 0;
+    int retry = 0, auth = 0, done = 0, retry_status = 0, names = 0;
     int per_frame = multi && res->nframes == n; /* else one answer for the whole request (503 from a proxy, ...) */
     for (int i = 0; i < n; i++) {
         int s = per_frame ? res->frame_status[i] : res->status;
@@ -679,8 +724,10 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         if (v == FRAME_RETRY) retry_status = s;
         retry += v == FRAME_RETRY;
         auth += v == FRAME_AUTH;
-        done += v == FRAME_DONE;
+        done += v == FRAME_DONE && !a->flight[i].names;
+        names += v == FRAME_NAMES;
     }
+    if (retry || auth) names_lost(a);
     if (retry) {
         if (a->ks) ki_kstats_snapshot(a->ks, 0);
         if (!a->failing) {
@@ -699,7 +746,28 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
     a->failing = 0;
     a->auth_blocked = 0;
     a->backoff_ns = 0;
-    return done > 0;
+    if (!names && done) a->names_ok = 1;
+    return done > 0 || names > 0;
+}
+
+/* Seal the names batch (every name this agent knows, body version 5) into send_buf at off as
+ * flight f: it is not spooled (lost, it is simply made again). Returns 0 or a negative errno. */
+static int build_names_frame(struct ki_agent *a, struct ki_flight *f, size_t off) {
+    size_t blen, clen, flen, k;
+    int rc = ki_encode_names_body(a->enc, a->names, a->body, a->body_cap, &blen, &k);
+    if (rc == 0 && off + KI_HEADER_BYTES + KI_TAG_BYTES > a->send_cap) rc = -ENOBUFS;
+    if (rc == 0)
+        rc = ki_compress_run(a->zc, a->body, blen, a->send_buf + off + KI_HEADER_BYTES,
+                             a->send_cap - off - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);
+    uint64_t t = real_ns();
+    if (a->last_t_max_ns && t < a->last_t_max_ns + NS_PER_MS) t = a->last_t_max_ns + NS_PER_MS;
+    if (rc == 0) rc = ki_seal_frame(&a->seal, a->send_buf + off, clen, KI_COMPRESSION_ZSTD, t, t, 0, &flen);
+    if (rc < 0) return rc;
+    a->last_t_max_ns = t;
+    *f = (struct ki_flight){.off = off, .len = flen, .names = 1};
+    ki_log_debug(a->log, "names batch %u/%llu: %zu names, %zu -> %zu bytes", a->seal.epoch,
+                 (unsigned long long)a->seal.next_seq - 1, k, blen, flen);
+    return 0;
 }
 
 /* Fill send_buf with the oldest spooled batches, up to request_max bytes and KI_HTTP_MAX_FRAMES
@@ -709,12 +777,26 @@ static int build_request(struct ki_agent *a) {
     int max = mono_ns() < a->single_until_ns ? 1 : KI_HTTP_MAX_FRAMES;
     size_t off = 0;
     a->nflight = 0;
-    while (a->nflight < max) {
+    int names = 0; /* a names batch leads the request */
+    if (a->names_wanted) {
+        int rc = build_names_frame(a, &a->flight[0], 0);
+        if (rc < 0) {
+            ki_log_error(a->log, "cannot seal a names batch: %s (the batch goes without)", strerror(-rc));
+            a->names_wanted = 0;
+        } else {
+            names = 1;
+            off = a->flight[0].len;
+            a->nflight = 1;
+        }
+    }
+    while (a->nflight < max || (names && a->nflight == 1)) { /* one batch behind a names batch even when single */
         struct ki_flight *f = &a->flight[a->nflight];
         size_t cap = a->nflight ? (a->request_budget > off ? a->request_budget - off : 0) : a->send_cap;
-        int rc = a->nflight ? ki_spool_peek_after(a->spool, a->flight[a->nflight - 1].id, a->send_buf + off, cap,
-                                                  &f->len, &f->id)
-                            : ki_spool_peek(a->spool, a->send_buf, cap, &f->len, &f->id);
+        if (a->nflight == names) cap = a->send_cap - off; /* the first batch is sent whatever its size */
+        f->names = 0;
+        int rc = a->nflight > names ? ki_spool_peek_after(a->spool, a->flight[a->nflight - 1].id, a->send_buf + off,
+                                                          cap, &f->len, &f->id)
+                                    : ki_spool_peek(a->spool, a->send_buf + off, cap, &f->len, &f->id);
         if (rc == -ENOENT || (a->nflight && rc == -EMSGSIZE)) break; /* no more, or the next does not fit */
         if (rc == -EMSGSIZE || rc == -EBADMSG) {
             ki_log_error(a->log, "spooled batch %u/%llu is %s: dropped", f->id.epoch, (unsigned long long)f->id.seq,
@@ -724,7 +806,7 @@ static int build_request(struct ki_agent *a) {
             continue;
         }
         if (rc < 0) {
-            if (a->nflight) break;
+            if (a->nflight > names) break;
             return rc;
         }
         f->off = off;

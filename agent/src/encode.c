@@ -14,6 +14,8 @@
 #define COUNTERS_V1 27 /* ids up to this one are always sent; later ones only when not zero */
 #define SECTION_COUNTERS 0x01u
 #define SECTION_STRINGS 0x02u
+#define SECTION_NAMES_USED 0x06u
+#define BODY_VERSION_NAMES_ONCE 5u /* version 4 whose texts may be left out (docs/wire.md, "Names once") */
 #define SECTION_RECORDS 0x10u
 #define SHIPPED_TYPES 8 /* KERNEL .. ERROR */
 #define MAX_COLS 14
@@ -64,6 +66,7 @@ struct ki_encoder {
     size_t bound;         /* worst-case body size */
     uint8_t version;      /* body version of the next batch */
     uint8_t extra_tag;    /* extra section of the next batch (0: none) */
+    uint8_t names_once;   /* the next batch may leave out names already sent (version 4 -> 5) */
     const uint8_t *extra; /* its bytes */
     size_t extra_len;
 };
@@ -76,7 +79,7 @@ struct ki_encoder *ki_encoder_create(size_t max_records, const struct ki_names *
     e->max_records = max_records;
     e->section_cap = records > strings ? records : strings;
     e->column_cap = max_records * 8 + KI_VARINT_MAX * max_records;
-    e->bound = 1 + SHIPPED_TYPES * (1 + KI_VARINT_MAX + records) + (1 + KI_VARINT_MAX + strings) +
+    e->bound = 1 + SHIPPED_TYPES * (1 + KI_VARINT_MAX + records) + (1 + KI_VARINT_MAX + strings) + (2 + 8) +
                (1 + KI_VARINT_MAX + KI_VARINT_MAX + (KI_CTR_MAX + 1) * 2 * KI_VARINT_MAX);
     e->order = malloc(max_records * sizeof *e->order);
     e->section = malloc(e->section_cap);
@@ -105,6 +108,22 @@ void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t ta
     e->extra_tag = tag;
     e->extra = section;
     e->extra_len = len;
+}
+
+static int put_section(uint8_t *out, size_t cap, size_t *off, uint8_t tag, const uint8_t *data, size_t len);
+
+void ki_encoder_set_names_once(struct ki_encoder *e, int on) { e->names_once = on != 0; }
+
+int ki_encode_names_body(struct ki_encoder *e, const struct ki_names *names, uint8_t *out, size_t cap, size_t *len,
+                         size_t *count) {
+    size_t slen, off = 0;
+    int rc = ki_names_emit_all(names, e->section, e->section_cap, &slen, count);
+    if (rc < 0) return rc;
+    if (cap < 1) return -ENOBUFS;
+    out[off++] = BODY_VERSION_NAMES_ONCE;
+    if (*count && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
+    *len = off;
+    return 0;
 }
 
 static inline uint64_t load(const struct ki_record *r, const struct col *c) {
@@ -212,7 +231,9 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (!info->shipped) info->t_min = info->t_max = 0;
     size_t off = 0;
     if (cap < 1) return -ENOBUFS;
-    const uint8_t version = e->version ? e->version : BODY_VERSION;
+    const int once = e->names_once && e->version == BODY_VERSION_NAMES_ONCE - 1;
+    const uint8_t version = once ? BODY_VERSION_NAMES_ONCE : e->version ? e->version : BODY_VERSION;
+    e->names_once = 0;
     out[off++] = version;
     int rc;
     if (e->extra_tag && e->extra_len &&
@@ -235,9 +256,18 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
         if ((rc = put_section(out, cap, &off, (uint8_t)(SECTION_RECORDS + t), e->section, s)) < 0) return rc;
     }
     size_t slen, k;
-    if ((rc = ki_names_emit(names, mark, e->section, e->section_cap, &slen, &k)) < 0) return rc;
+    struct ki_names_once left = {0};
+    rc = once ? ki_names_emit_once(names, mark, e->section, e->section_cap, &slen, &k, &left)
+              : ki_names_emit(names, mark, e->section, e->section_cap, &slen, &k);
+    if (rc < 0) return rc;
     info->names = (uint32_t)k;
+    info->omitted = (uint32_t)left.omitted;
     if (k && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
+    if (left.omitted) { /* the collector checks its copies of the texts left out against this */
+        uint8_t digest[8];
+        memcpy(digest, &left.digest, 8);
+        if ((rc = put_section(out, cap, &off, SECTION_NAMES_USED, digest, 8)) < 0) return rc;
+    }
     if (update) update(counters, info, update_arg);
     size_t c = 0, nc = 0;
     for (int id = 1; id <= KI_CTR_MAX; id++) nc += id <= COUNTERS_V1 || counters->v[id];

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "ki_ring.h"
 #include "ki_varint.h"
 
@@ -22,9 +24,12 @@ struct ki_name {
     uint32_t len;      /* text bytes kept */
     uint32_t mark;     /* batch mark of the last use */
     uint16_t next;     /* next expected chunk index */
-    uint8_t state;     /* SLOT_* */
-    uint8_t cut;       /* text was cut to name_max */
+    uint8_t state : 2; /* SLOT_* */
+    uint8_t cut : 1;   /* text was cut to name_max */
+    uint8_t sent;      /* text went into a batch in this generation (ki_names.sent_gen); 0: not since */
 };
+/* Names once took the spare byte: the records (10,000 names: 240 KiB) did not grow. */
+_Static_assert(sizeof(struct ki_name) == 24, "struct ki_name grew");
 
 /* Names in a dense array in arrival order, found through an open-addressing index of 4-byte
  * entries: with 10,000 names in a table sized for 16,384 the index (128 KiB) is all touched, but
@@ -42,6 +47,7 @@ struct ki_names {
     uint64_t resets;       /* times cleared */
     uint64_t truncated;    /* names cut */
     int dirty;             /* a name completed since the last save */
+    uint8_t sent_gen;      /* generation of ki_name.sent, 1..255: ki_names_forget moves it on */
 };
 
 struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t name_max) {
@@ -60,6 +66,7 @@ struct ki_names *ki_names_create(size_t max_names, size_t arena_bytes, size_t na
     n->limit = max_names;
     n->arena_cap = arena_bytes;
     n->name_max = name_max < arena_bytes ? name_max : arena_bytes;
+    n->sent_gen = 1;
     return n;
 }
 
@@ -161,6 +168,7 @@ void ki_names_add(struct ki_names *n, const struct ki_record *rec, uint32_t mark
     s->next = (uint16_t)(chunk + 1);
     if (rec->rec.flags & KI_FLAG_STRING_LAST) {
         s->state = SLOT_COMPLETE;
+        s->sent = 0; /* a new text (a registration again) goes out even if the old one went */
         s->mark = mark;
         n->dirty = 1;
         if (s->cut) n->truncated++;
@@ -179,12 +187,45 @@ size_t ki_names_emit_bound(const struct ki_names *n) {
     return KI_VARINT_MAX + n->limit * (3 * KI_VARINT_MAX) + n->arena_cap;
 }
 
-int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count) {
+uint64_t ki_names_hash(uint32_t producer, uint32_t id, const char *text, size_t len) {
+    crypto_generichash_state st;
+    uint8_t key[8], h[16];
+    memcpy(key, &producer, 4); /* little-endian hosts only, as the encoder */
+    memcpy(key + 4, &id, 4);
+    crypto_generichash_init(&st, NULL, 0, sizeof h);
+    crypto_generichash_update(&st, key, sizeof key);
+    crypto_generichash_update(&st, (const uint8_t *)text, len);
+    crypto_generichash_final(&st, h, sizeof h);
+    uint64_t v;
+    memcpy(&v, h, 8);
+    return v;
+}
+
+void ki_names_forget(struct ki_names *n) {
+    if (++n->sent_gen == 0) { /* wrapped: clear every mark so that none matches by accident */
+        for (size_t i = 0; i < n->used; i++) n->slots[i].sent = 0;
+        n->sent_gen = 1;
+    }
+}
+
+/* The STRINGS payload of the complete names marked with mark (all: every complete name); with
+ * once, names sent in this generation are left out and hashed into once->digest. */
+static int emit(struct ki_names *n, uint32_t mark, int all, uint8_t *out, size_t cap, size_t *len, size_t *count,
+                struct ki_names_once *once) {
     size_t k = 0, off = KI_VARINT_MAX; /* the count goes in front once known */
+    if (once) *once = (struct ki_names_once){0};
     for (size_t i = 0; i < n->used; i++) {
-        const struct ki_name *s = &n->slots[i];
-        if (s->state != SLOT_COMPLETE || s->mark != mark) continue;
+        struct ki_name *s = &n->slots[i];
+        if (s->state != SLOT_COMPLETE || (!all && s->mark != mark)) continue;
+        if (once) {
+            once->digest ^= ki_names_hash(s->producer, s->id, n->arena + s->off, s->len);
+            if (s->sent == n->sent_gen) {
+                once->omitted++;
+                continue;
+            }
+        }
         if (off + 3 * KI_VARINT_MAX + s->len > cap) return -ENOBUFS;
+        if (once) s->sent = n->sent_gen;
         off += ki_varint_put(out + off, s->producer);
         off += ki_varint_put(out + off, s->id);
         off += ki_varint_put(out + off, s->len);
@@ -199,6 +240,19 @@ int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t 
     *len = off - KI_VARINT_MAX + h;
     *count = k;
     return 0;
+}
+
+int ki_names_emit(const struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count) {
+    return emit((struct ki_names *)n, mark, 0, out, cap, len, count, NULL); /* without once: read only */
+}
+
+int ki_names_emit_once(struct ki_names *n, uint32_t mark, uint8_t *out, size_t cap, size_t *len, size_t *count,
+                       struct ki_names_once *once) {
+    return emit(n, mark, 0, out, cap, len, count, once);
+}
+
+int ki_names_emit_all(const struct ki_names *n, uint8_t *out, size_t cap, size_t *len, size_t *count) {
+    return emit((struct ki_names *)n, 0, 1, out, cap, len, count, NULL);
 }
 
 uint64_t ki_names_resets(const struct ki_names *n) { return n->resets; }

@@ -31,7 +31,9 @@ def run_unit(tmp_path: Path, name: str, *args: str) -> str:
 
 
 def test_c_names(tmp_path):
-    run_unit(tmp_path, "test_names", str(tmp_path / "names"))
+    out = run_unit(tmp_path, "test_names", str(tmp_path / "names"))
+    # Names once (docs/wire.md): the agent's name hash is the collector's, bit for bit.
+    assert f"hash(1,5,gemm)={wire.name_hash(1, 5, b'gemm'):016x}" in out
 
 
 def test_c_spool(tmp_path):

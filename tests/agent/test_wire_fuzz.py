@@ -16,7 +16,9 @@ import pytest
 import zstandard
 from wire_corpus import kernel_stream, random_records
 
+from kernel_insight.agent.records import RECORD_DTYPE
 from kernel_insight.collector import wire
+from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.wire_hist import HistKind, HistRow, encode_histograms
 
 KEY = bytes(range(32))
@@ -52,6 +54,9 @@ def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
     v2 = {"body_version": 2, "histograms": _histograms(hist_ts), "histograms_ts_ns": hist_ts}
     v3 = {**v2, "body_version": 3}
     v4 = {**v2, "body_version": 4, "histograms": _histograms(hist_ts, 4)}
+    # Version 5: names once; one text left out, the NAMES_USED digest over both names used.
+    both = wire.name_hash(1, 1, b"gemm") ^ wire.name_hash(1, 3, b"attn")
+    v5 = {**v4, "body_version": 5, "names_digest": both}
     shapes: list[tuple[npt.NDArray[np.void], dict[tuple[int, int], str], dict[int, int], dict[str, Any]]] = [
         (random_records(rng, 6), {(1, 2): "gemm", (3, 4): "ψ-kernel"}, {1: 5, 22: 1 << 40}, {}),
         (random_records(rng, 1, [6]), {}, {}, {}),
@@ -62,6 +67,8 @@ def _seeds() -> list[tuple[bytes, wire.BatchHeader, bytes]]:
         (stream, {(1, 1): "gemm", (1, 2): "attn"}, {28: 8, 30: 12}, v3),
         (random_records(rng, 7, [1, 1, 1, 6]), {}, {}, v3),
         (stream, {(1, 1): "gemm", (1, 3): "attn"}, {28: 8, 30: 12}, v4),
+        (stream, {(1, 3): "attn"}, {28: 8, 30: 12}, v5),
+        (random_records(rng, 0), {(1, 1): "gemm", (1, 3): "attn"}, {}, {"body_version": 5}),
     ]
     for seq, (arr, strings, counters, version) in enumerate(shapes):
         body_args = {k: v for k, v in version.items() if k != "histograms_ts_ns"}
@@ -127,6 +134,8 @@ def _fuzz(cases: int, seed: int) -> None:
     bodies = [s[2] for s in seeds]
     rnd = random.Random(seed)
     outcomes = {"ok": 0, "malformed": 0, "auth": 0}
+    names = Deriver("fuzz")
+    names.derive(np.zeros(0, dtype=RECORD_DTYPE), strings={(1, 1): "gemm"})
     started = time.monotonic()
     for case in range(cases):
         kind = case % 10
@@ -172,6 +181,14 @@ def _fuzz(cases: int, seed: int) -> None:
                 batch = wire.decode_body(mutated, wide)
                 assert batch.record_count == header.record_count
                 batch.records()
+                if batch.names_digest is not None:  # the collector's check of a version 5 batch's names
+                    names.names_match(
+                        batch.by_type(),
+                        batch.strings,
+                        batch.string_hashes,
+                        batch.histograms,
+                        batch.names_digest,
+                    )
             outcomes["ok"] += 1
         except wire.AuthenticationFailed:
             outcomes["auth"] += 1

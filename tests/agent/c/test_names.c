@@ -85,6 +85,53 @@ int main(int argc, char **argv) {
     ki_names_destroy(m);
     ki_names_destroy(n);
     ki_names_destroy(NULL);
-    puts("ok");
+
+    /* Names once: a text goes into one batch, later batches leave it out and say so in the digest. */
+    n = ki_names_create(16, 4096, 256);
+    CHECK(n != NULL);
+    struct ki_record g = chunk(1, 5, 0, "gemm", 1), h = chunk(2, 7, 0, "flash_fwd", 1);
+    ki_names_add(n, &g, 1);
+    ki_names_add(n, &h, 1);
+    const uint64_t hg = ki_names_hash(1, 5, "gemm", 4), hh = ki_names_hash(2, 7, "flash_fwd", 9);
+    CHECK(hg != hh && hg == ki_names_hash(1, 5, "gemm", 4) && hg != ki_names_hash(1, 6, "gemm", 4));
+    struct ki_names_once once;
+    CHECK_EQ(ki_names_emit_once(n, 1, out, sizeof out, &len, &count, &once), 0);
+    CHECK_EQ(count, 2);
+    CHECK_EQ(once.omitted, 0);
+    CHECK(once.digest == (hg ^ hh));
+    CHECK(ki_names_mark(n, 1, 5, 2) && ki_names_mark(n, 2, 7, 2));
+    CHECK_EQ(ki_names_emit_once(n, 2, out, sizeof out, &len, &count, &once), 0);
+    CHECK_EQ(count, 0); /* both sent before: left out, and counted in the digest */
+    CHECK_EQ(once.omitted, 2);
+    CHECK(once.digest == (hg ^ hh));
+    CHECK_EQ(len, 1);
+    /* ki_names_emit (names once off) always carries every text and marks nothing as sent. */
+    CHECK_EQ(ki_names_emit(n, 2, out, sizeof out, &len, &count), 0);
+    CHECK_EQ(count, 2);
+    /* A registration again (new text) goes out even though the old text went. */
+    struct ki_record g2 = chunk(1, 5, 0, "gemm_v2", 1);
+    ki_names_add(n, &g2, 3);
+    CHECK(ki_names_mark(n, 2, 7, 3));
+    CHECK_EQ(ki_names_emit_once(n, 3, out, sizeof out, &len, &count, &once), 0);
+    CHECK_EQ(count, 1);
+    CHECK_EQ(once.omitted, 1);
+    CHECK(once.digest == (ki_names_hash(1, 5, "gemm_v2", 7) ^ hh));
+    /* Forgotten (a failed request): every text goes again, once. */
+    ki_names_forget(n);
+    CHECK(ki_names_mark(n, 1, 5, 4) && ki_names_mark(n, 2, 7, 4));
+    CHECK_EQ(ki_names_emit_once(n, 4, out, sizeof out, &len, &count, &once), 0);
+    CHECK_EQ(count, 2);
+    CHECK_EQ(once.omitted, 0);
+    /* 300 forgets wrap the 8-bit generation: no old mark may match by accident. */
+    for (int i = 0; i < 300; i++) ki_names_forget(n);
+    CHECK(ki_names_mark(n, 1, 5, 5));
+    CHECK_EQ(ki_names_emit_once(n, 5, out, sizeof out, &len, &count, &once), 0);
+    CHECK_EQ(count, 1);
+    /* The names batch: every complete name, whatever its marks. */
+    CHECK_EQ(ki_names_emit_all(n, out, sizeof out, &len, &count), 0);
+    CHECK_EQ(count, 2);
+    ki_names_destroy(n);
+    /* The hash the Python decoder must compute too (tests/agent/test_agent_units.py). */
+    printf("ok hash(1,5,gemm)=%016llx\n", (unsigned long long)hg);
     return 0;
 }
