@@ -157,7 +157,7 @@ def _body_frame(body: bytes, count: int = 0, t_max: int = 2**64 - 1) -> bytes:
 @pytest.mark.parametrize(
     ("body", "count", "message"),
     [
-        (b"\x05", 0, "body version"),  # 1 to 4 are known
+        (b"\x06", 0, "body version"),  # 1 to 5 are known
         (b"\x00", 0, "body version"),
         (b"\x01\x01\x01\x00\x01\x01\x00", 0, "twice"),
         (b"\x01\x55\x00", 0, "unknown section"),
