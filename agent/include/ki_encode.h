@@ -47,6 +47,11 @@ void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t ta
  * alone, as before. Applies to the next call only. */
 void ki_encoder_set_names_once(struct ki_encoder *e, int on);
 
+/* The next batch uses a name the table does not hold (a kernel histogram's, counted by the caller;
+ * the records' are counted by ki_encode_body): then it leaves no text out, since the collector may
+ * hold that name and count it in the digest where the agent cannot. */
+void ki_encoder_unnamed(struct ki_encoder *e);
+
 /* A body version 5 batch of names only: the STRINGS section of every complete name, nothing else
  * (what an agent sends in front of a batch its collector could not resolve). 0 or -ENOBUFS. */
 int ki_encode_names_body(struct ki_encoder *e, const struct ki_names *names, uint8_t *out, size_t cap, size_t *len,

@@ -369,7 +369,7 @@ static int spool_pending(struct ki_agent *a) {
 /* A kernel histogram of this batch: its name travels with it (the STRINGS section). */
 static void mark_name(void *arg, uint32_t producer, uint32_t id) {
     struct ki_agent *a = arg;
-    ki_names_mark(a->names, producer, id, a->mark);
+    if (!ki_names_mark(a->names, producer, id, a->mark)) ki_encoder_unnamed(a->enc);
 }
 
 /* Encode, compress, seal and spool the n staged records (n may be 0: a heartbeat). */

@@ -67,6 +67,7 @@ struct ki_encoder {
     uint8_t version;      /* body version of the next batch */
     uint8_t extra_tag;    /* extra section of the next batch (0: none) */
     uint8_t names_once;   /* the next batch may leave out names already sent (version 4 -> 5) */
+    uint32_t unnamed;     /* names the next batch uses that the table does not hold (complete) */
     const uint8_t *extra; /* its bytes */
     size_t extra_len;
 };
@@ -113,6 +114,13 @@ void ki_encoder_set_extra(struct ki_encoder *e, uint8_t body_version, uint8_t ta
 static int put_section(uint8_t *out, size_t cap, size_t *off, uint8_t tag, const uint8_t *data, size_t len);
 
 void ki_encoder_set_names_once(struct ki_encoder *e, int on) { e->names_once = on != 0; }
+
+void ki_encoder_unnamed(struct ki_encoder *e) { e->unnamed++; }
+
+/* Mark a name the batch uses; one the table does not hold is counted (see ki_encoder_unnamed). */
+static void use_name(struct ki_encoder *e, struct ki_names *names, uint32_t producer, uint32_t id, uint32_t mark) {
+    if (!ki_names_mark(names, producer, id, mark)) e->unnamed++;
+}
 
 int ki_encode_names_body(struct ki_encoder *e, const struct ki_names *names, uint8_t *out, size_t cap, size_t *len,
                          size_t *count) {
@@ -214,14 +222,13 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
         switch (r->type) {
         case KI_REC_KERNEL:
         case KI_REC_LAUNCH:
-            ki_names_mark(names, recs[i].producer, r->id, mark);
+            use_name(e, names, recs[i].producer, r->id, mark);
             break;
         case KI_REC_ERROR:
-            ki_names_mark(names, recs[i].producer, r->u.error.detail_id, mark);
+            use_name(e, names, recs[i].producer, r->u.error.detail_id, mark);
             break;
         case KI_REC_FINGERPRINT:
-            if (r->flags & KI_FLAG_FP_STRING)
-                ki_names_mark(names, recs[i].producer, (uint32_t)r->u.fingerprint.value, mark);
+            if (r->flags & KI_FLAG_FP_STRING) use_name(e, names, recs[i].producer, (uint32_t)r->u.fingerprint.value, mark);
             break;
         default:
             break;
@@ -231,9 +238,14 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (!info->shipped) info->t_min = info->t_max = 0;
     size_t off = 0;
     if (cap < 1) return -ENOBUFS;
-    const int once = e->names_once && e->version == BODY_VERSION_NAMES_ONCE - 1;
-    const uint8_t version = once ? BODY_VERSION_NAMES_ONCE : e->version ? e->version : BODY_VERSION;
+    /* A name the batch uses but the table lost (it filled up and was cleared, or its chunks went
+     * missing) may still be known to the collector, which would then count it in the digest where
+     * this agent cannot: such a batch carries every text it uses instead (version 5, no NAMES_USED). */
+    const int v5 = e->names_once && e->version == BODY_VERSION_NAMES_ONCE - 1;
+    const int once = v5 && !e->unnamed;
+    const uint8_t version = v5 ? BODY_VERSION_NAMES_ONCE : e->version ? e->version : BODY_VERSION;
     e->names_once = 0;
+    e->unnamed = 0;
     out[off++] = version;
     int rc;
     if (e->extra_tag && e->extra_len &&
