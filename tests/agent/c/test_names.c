@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 
+#include "ki_encode.h"
 #include "ki_names.h"
 #include "ki_ring.h"
 #include "ki_test.h"
@@ -130,6 +131,38 @@ int main(int argc, char **argv) {
     /* The names batch: every complete name, whatever its marks. */
     CHECK_EQ(ki_names_emit_all(n, out, sizeof out, &len, &count), 0);
     CHECK_EQ(count, 2);
+    ki_names_destroy(n);
+    /* The encoder: version 4 becomes 5; a text goes once; a batch using a name the table does not
+     * hold leaves nothing out (the collector may hold that name and count it in the digest). */
+    n = ki_names_create(16, 4096, 256);
+    ki_names_add(n, &g, 1);
+    struct ki_encoder *e = ki_encoder_create(4, n);
+    CHECK(n && e);
+    static uint8_t body[1 << 16];
+    struct ki_batch_info bi;
+    struct ki_counters ctr;
+    memset(&ctr, 0, sizeof ctr);
+    struct ki_record k[2];
+    memset(k, 0, sizeof k);
+    k[0].producer = k[1].producer = 1;
+    k[0].rec.type = k[1].rec.type = KI_REC_KERNEL;
+    k[0].rec.id = 5;
+    k[1].rec.id = 6; /* never registered */
+    k[0].rec.ts_ns = k[1].rec.ts_ns = 10;
+    for (uint32_t batch = 2; batch <= 4; batch++) {
+        ki_encoder_set_extra(e, 4, 0, NULL, 0);
+        ki_encoder_set_names_once(e, 1);
+        size_t nrec = batch == 4 ? 2 : 1;
+        CHECK_EQ(ki_encode_body(e, k, nrec, n, batch, &ctr, NULL, NULL, body, sizeof body, &len, &bi), 0);
+        CHECK_EQ(body[0], 5);
+        CHECK_EQ(bi.names + bi.omitted, 1);
+        CHECK_EQ(bi.omitted, batch == 3); /* sent with batch 2, left out of 3; 4 uses an unknown name */
+    }
+    ki_encoder_set_extra(e, 3, 0, NULL, 0); /* version 3 (no increments): names once does not apply */
+    ki_encoder_set_names_once(e, 1);
+    CHECK_EQ(ki_encode_body(e, k, 1, n, 5, &ctr, NULL, NULL, body, sizeof body, &len, &bi), 0);
+    CHECK(body[0] == 3 && bi.omitted == 0 && bi.names == 1);
+    ki_encoder_destroy(e);
     ki_names_destroy(n);
     /* The hash the Python decoder must compute too (tests/agent/test_agent_units.py). */
     printf("ok hash(1,5,gemm)=%016llx\n", (unsigned long long)hg);
