@@ -38,6 +38,7 @@ from kernel_insight.collector.store import Store
 __all__ = [
     "DEFAULT_TOKEN_STORE",
     "Authenticator",
+    "CheckMemo",
     "ClickHouseTokenStore",
     "CreatedToken",
     "Scope",
@@ -121,18 +122,31 @@ class TokenStoreBase(SecretStore[str]):
 
     def authenticate(self, token: str) -> TokenInfo:
         """The token's record, or UnknownToken (also for revoked or malformed tokens)."""
+        return self.verify(token)[0]
+
+    def verify(self, token: str) -> tuple[TokenInfo, object]:
+        """:meth:`authenticate`, and the :meth:`stamp` of the records it was checked against."""
         if not token.startswith(_PREFIX) or "." not in token:
             raise UnknownToken("malformed token (expected ki_<id>.<secret>)")
         token_id, _, secret = token[len(_PREFIX) :].partition(".")
         with self._lock:
-            record = self._current().get(token_id)
+            records = self._current()
+            record = records.get(token_id)
             if record is None:
-                record = self._current(miss=True).get(token_id)  # created a moment ago elsewhere?
+                records = self._current(miss=True)  # created a moment ago elsewhere?
+                record = records.get(token_id)
         if record is None or not hmac.compare_digest(record["hash"], _hash(secret)):
             raise UnknownToken("unknown token")
         if record.get("revoked"):
             raise UnknownToken(f"token {token_id} was revoked")
-        return self._info(record)
+        return self._info(record), records
+
+    def stamp(self) -> object:
+        """The records in force now, re-read when due exactly as for a check: the same object
+        until a token is created or revoked or the records are read again (each read, and each
+        edit under the lock, makes a new one), so a verdict reached against it still holds."""
+        with self._lock:
+            return self._current()
 
     def list(self) -> list[TokenInfo]:
         with self._lock:
@@ -223,6 +237,26 @@ _bearer = HTTPBearer(auto_error=False, description="A token from `ki tokens crea
 _BEARER = Depends(_bearer)
 
 
+class CheckMemo:
+    """The last ``Authorization`` value that passed :meth:`Authenticator.check` on one connection,
+    and what it passed against; a new one per connection, dropped with it.
+
+    A connection (Grafana's, the SDK's) sends the same header on every request: its verdict
+    holds while the token records are the same (``TokenStoreBase.stamp``), so the SHA-256 of the
+    secret and the token's parsing (~7 us of a 0.2 ms query) are done once, not per request. A
+    revocation re-reads the records (the file is looked at every second, as for a full check)
+    and so ends the memo's verdict within the same second.
+    """
+
+    __slots__ = ("authorization", "info", "scope", "stamp")
+
+    def __init__(self) -> None:
+        self.authorization = b""  # the raw header value that passed
+        self.scope: Scope | None = None
+        self.stamp: object = None
+        self.info: TokenInfo | None = None
+
+
 class Authenticator:
     """Turns ``Authorization: Bearer`` into a :class:`TokenInfo`, or a 401/403 with a message.
 
@@ -236,7 +270,13 @@ class Authenticator:
         self.tokens = tokens
         self.local_dev = local_dev
 
-    def check(self, authorization: str | None, scope: Scope) -> TokenInfo | None:
+    def check(
+        self, authorization: str | None, scope: Scope, memo: CheckMemo | None = None
+    ) -> TokenInfo | None:
+        """The token's record when ``authorization`` carries one allowed ``scope``; else ApiError.
+
+        ``memo``: the connection's :class:`CheckMemo`, consulted first and set after a pass.
+        """
         if self.local_dev:
             return None
         assert self.tokens is not None
@@ -245,19 +285,29 @@ class Authenticator:
             raise ApiError(
                 401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", challenge
             )
-        kind, _, token = authorization.partition(" ")
-        if kind.lower() != "bearer" or not token.strip():
-            raise ApiError(
-                401, "unauthorized", "the Authorization header must be 'Bearer <token>'", challenge
-            )
+        raw = b"" if memo is None else authorization.encode("latin-1")
         try:
-            info = self.tokens.authenticate(token.strip())
+            if (
+                memo is not None
+                and memo.scope is scope
+                and hmac.compare_digest(raw, memo.authorization)
+                and self.tokens.stamp() is memo.stamp
+            ):
+                return memo.info
+            kind, _, token = authorization.partition(" ")
+            if kind.lower() != "bearer" or not token.strip():
+                raise ApiError(
+                    401, "unauthorized", "the Authorization header must be 'Bearer <token>'", challenge
+                )
+            info, stamp = self.tokens.verify(token.strip())
         except UnknownToken as exc:
             raise ApiError(401, "unauthorized", str(exc), challenge) from None
         except TokenError as exc:  # the server's own file is broken: not the client's fault, but no 500
             raise ApiError(503, "unavailable", f"token store unreadable: {exc}") from None
         if not info.allows(scope):
             raise ApiError(403, "forbidden", f"token {info.id} lacks the {scope.value!r} scope")
+        if memo is not None:
+            memo.authorization, memo.scope, memo.stamp, memo.info = raw, scope, stamp, info
         return info
 
     def require(self, scope: Scope) -> Callable[..., Awaitable[TokenInfo | None]]:

@@ -81,9 +81,11 @@ ResponseWriter = Callable[[int, Sequence[tuple[bytes, bytes]], bytes], None]
 #: A request the HTTP protocol answers itself: called once the request is complete; True once it
 #: wrote the answer, False when the request must go through the ASGI app after all (nothing written).
 QuickAnswer = Callable[[ResponseWriter], bool]
-#: Looks at a request head (method, path, query string, headers as uvicorn keeps them): the
-#: request's :data:`QuickAnswer`, or None for the ASGI app (``QueryFastPath.at_once``).
-QuickRouter = Callable[[str, str, bytes, Sequence[tuple[bytes, bytes]]], QuickAnswer | None]
+#: Looks at a request head (method, path, query string, headers as uvicorn keeps them) and the
+#: connection's own state (a dict the router may keep things in between this connection's
+#: requests, dropped with it): the request's :data:`QuickAnswer`, or None for the ASGI app
+#: (``QueryFastPath.at_once``).
+QuickRouter = Callable[[str, str, bytes, Sequence[tuple[bytes, bytes]], dict[str, Any]], QuickAnswer | None]
 
 
 def _raw(template: bytes, text: str) -> bytes:
@@ -159,29 +161,36 @@ class _Deadline:
     """A deadline a connection sets again for every request without a loop timer each time.
 
     A keep-alive connection waits for a head after every response: a ``call_later`` per request
-    and its ``cancel`` when the head came (a timer handle made and freed each time) cost ~15 us
+    and its ``cancel`` when the head came (a timer handle made and freed each time) cost ~10-15 us
     of a 0.2 ms query's request. Here the timer is made once and left running when the deadline
     is stopped; when it fires it looks at the deadline now in force: none (stopped), later (set
-    again since: it waits on until then) or passed (``fire``). Deadlines only move later (one
-    duration each), so the timer is never late.
+    again since: it waits on until then) or passed (``fire``). A deadline set earlier than the
+    timer (a keep-alive wait is shorter than a head's) arms it again then.
     """
 
-    __slots__ = ("_at", "_fire", "_handle", "_loop")
+    __slots__ = ("_armed", "_at", "_fire", "_handle", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fire: Callable[[], None]) -> None:
         self._loop = loop
         self._fire = fire
         self._at: float | None = None
         self._handle: asyncio.TimerHandle | None = None
+        self._armed = 0.0  # when the timer fires
 
     @property
     def running(self) -> bool:
         return self._at is not None
 
     def start(self, seconds: float) -> None:
-        self._at = self._loop.time() + seconds
-        if self._handle is None:
-            self._handle = self._loop.call_at(self._at, self._check)
+        self.until(self._loop.time() + seconds)
+
+    def until(self, at: float) -> None:
+        """The deadline at loop time ``at``."""
+        self._at = at
+        if self._handle is None or at < self._armed:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle, self._armed = self._loop.call_at(at, self._check), at
 
     def stop(self) -> None:
         self._at = None
@@ -199,7 +208,7 @@ class _Deadline:
         if at is None:
             return
         if self._loop.time() < at:
-            self._handle = self._loop.call_at(at, self._check)
+            self._handle, self._armed = self._loop.call_at(at, self._check), at
             return
         self._at = None
         self._fire()
@@ -220,6 +229,7 @@ class _Guard(_Base):
         self._head_deadline = _Deadline(self.loop, self._head_expired)
         self._body_deadline = _Deadline(self.loop, self._body_expired)
         self._head_bytes = 0  # bytes received since the connection started waiting for a head
+        self._head_since = 0.0  # loop time it started waiting for a head
         self._served = False  # answered a request already: evicted only after those that never were
 
     def _phase(self) -> str:
@@ -245,6 +255,9 @@ class _Guard(_Base):
 
     def data_received(self, data: bytes) -> None:
         if self._listed():
+            if not self._head_bytes and self._served:
+                # The keep-alive wait is over: the head now has until its own deadline.
+                self._head_deadline.until(self._head_since + self.limits.header_timeout_s)
             self._head_bytes += len(data)
         super().data_received(data)
         self._track()
@@ -253,12 +266,16 @@ class _Guard(_Base):
 
     def on_response_complete(self) -> None:
         self._served = True
-        super().on_response_complete()
+        self._response_done()
         # A new wait for a head starts now (its deadline and byte count), also for a request
         # answered within the data_received that brought it (the protocol's quick answers),
         # which never left the waiting lists.
         self._unlist()
         self._track()
+
+    def _response_done(self) -> None:
+        """The protocol's own end of a response (uvicorn's ``on_response_complete``)."""
+        super().on_response_complete()
 
     def _listed(self) -> bool:
         return self in self.waiting or self in self.idle
@@ -289,7 +306,14 @@ class _Guard(_Base):
                 (self.idle if self._served else self.waiting)[self] = None
                 self._head_bytes = 0
                 self._body_deadline.stop()
-                self._head_deadline.start(self.limits.header_timeout_s)
+                self._head_since = self.loop.time()
+                # After a response the first byte of the next request is due within the
+                # keep-alive time (uvicorn's own timer, a call_later per response, is not
+                # armed over httptools: ~10 us a request), the whole head within its deadline.
+                wait = self.limits.header_timeout_s
+                if self._served:
+                    wait = min(wait, self.limits.keep_alive_s)
+                self._head_deadline.until(self._head_since + wait)
             return
         self._unlist()
         self._head_deadline.stop()
@@ -397,7 +421,11 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
 
         @staticmethod
         def quick(
-            method: str, path: str, query: bytes, headers: Sequence[tuple[bytes, bytes]]
+            method: str,
+            path: str,
+            query: bytes,
+            headers: Sequence[tuple[bytes, bytes]],
+            state: dict[str, Any],
         ) -> QuickAnswer | None:
             """The :data:`QuickRouter` (``guarded_protocol``'s ``quick``); by default none is answered here."""
             return None
@@ -405,6 +433,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._stage = "head"
             self._quick: QuickAnswer | None = None  # the request being read is answered here
+            self._quick_state: dict[str, Any] = {}  # the QuickRouter's, for this connection
             super().__init__(*args, **kwargs)
 
         def _phase(self) -> str:
@@ -449,7 +478,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
                 # pipelined behind it (answered here, one could start before the close lands).
                 return None
             try:
-                return self.quick("GET", path, url.query or b"", self.headers)
+                return self.quick("GET", path, url.query or b"", self.headers, self._quick_state)
             except Exception:  # the app's to answer (and log), as any request
                 log.warning("could not look at a request for a quick answer", exc_info=True)
                 return None
@@ -489,6 +518,18 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             if self._stage == "busy" and not self.pipeline:  # a pipelined request is answered next
                 self._stage = "head"
             super().on_response_complete()
+
+        def _response_done(self) -> None:
+            """uvicorn's end of a response without its keep-alive timer: the guard's head
+            deadline closes a connection idle for ``keep_alive_s`` (one timer per connection,
+            not a ``call_later`` and ``cancel`` per request). A pipelined request is started
+            by uvicorn's own (which arms no timer then)."""
+            if self.pipeline:
+                super()._response_done()
+                return
+            self.server_state.total_requests += 1
+            if not self.transport.is_closing():
+                self.flow.resume_reading()
 
     return _GuardedHttpTools
 

@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from kernel_insight.api.auth import Authenticator, Scope
+from kernel_insight.api.auth import Authenticator, CheckMemo, Scope
 from kernel_insight.api.connections import QuickAnswer, ResponseWriter
 from kernel_insight.api.errors import ApiError, error_response
 from kernel_insight.kql.ast import VectorSelector
@@ -728,14 +728,16 @@ class _QueryEndpoint:
         response = await self._handle(Request(scope, receive), self._work, self._hop)
         await response(scope, receive, send)
 
-    def at_once(self, query_string: bytes, authorization: str | None) -> Callable[[], JSONResponse] | None:
+    def at_once(
+        self, query_string: bytes, authorization: str | None, memo: CheckMemo | None = None
+    ) -> Callable[[], JSONResponse] | None:
         """The answer to a ``GET`` with this URL query, to compute here and now on the event loop,
         when its token is good and the request is known to be quick (:meth:`_QueryRunner.quick`);
         None for any other (a refused token, a new or slow query): that one takes the ASGI path.
         The answer is what :meth:`__call__` sends (the same work, the same refusals); an
-        exception other than a refusal is raised."""
+        exception other than a refusal is raised. ``memo``: the connection's token check memo."""
         try:
-            self._auth.check(authorization, Scope.READ)
+            self._auth.check(authorization, Scope.READ, memo)
         except ApiError:
             return None  # rendered by the app's handler on the ASGI path
         params = _Params(_query_pairs(query_string))
@@ -845,7 +847,12 @@ class QueryFastPath:
                 self._observe(endpoint.path, scope["method"], status or 500, time.perf_counter() - began)
 
     def at_once(
-        self, method: str, path: str, query_string: bytes, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        method: str,
+        path: str,
+        query_string: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        state: dict[str, Any] | None = None,
     ) -> QuickAnswer | None:
         """A ``GET`` query the HTTP protocol can answer itself, without an ASGI request cycle
         (``api.connections.guarded_protocol``'s ``quick``): one with a good token that is known
@@ -853,7 +860,8 @@ class QueryFastPath:
         answered by :meth:`__call__`. The answer writes what :meth:`__call__` would (the same
         bytes, the request metrics), or nothing and False when the work raised anything but a
         refusal: then the request goes through :meth:`__call__` after all, which answers such
-        an exception as it always does (a handler, or a logged 500)."""
+        an exception as it always does (a handler, or a logged 500). ``state``: the connection's
+        (its token check is remembered there, :class:`~kernel_insight.api.auth.CheckMemo`)."""
         if method != "GET":
             return None
         endpoint = self._endpoints.get(path)
@@ -861,7 +869,12 @@ class QueryFastPath:
             return None
         began = time.perf_counter()
         authorization = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), None)
-        compute = endpoint.at_once(query_string, authorization)
+        memo = None
+        if state is not None:
+            memo = state.get("auth")
+            if memo is None:
+                memo = state["auth"] = CheckMemo()
+        compute = endpoint.at_once(query_string, authorization, memo)
         if compute is None:
             return None
         observe = self._observe

@@ -398,3 +398,57 @@ def test_an_encoded_answer_has_the_status_and_headers_starlette_gives_a_json_bod
         reference.raw_headers,
         reference.body,
     )
+
+
+def test_a_kept_alive_connection_checks_its_token_once_and_a_revocation_still_ends_it_within_a_second(
+    tmp_path, monkeypatch
+):
+    """The protocol's quick answers remember the connection's last good Authorization (no SHA-256
+    per request), and a revocation by another process (``ki tokens revoke``) still refuses the very
+    connection within the second the token file is looked at (RELOAD_CHECK_S, 0.5 s)."""
+    tokens = TokenStore(tmp_path / "tokens.json")
+    token = tokens.create("r", ["read"]).token
+    verified: list[str] = []
+    real_verify = TokenStore.verify
+
+    def counting(self: TokenStore, text: str) -> Any:
+        verified.append(text)
+        return real_verify(self, text)
+
+    monkeypatch.setattr(TokenStore, "verify", counting)
+    storage = _Breakable()
+    app = FastAPI()
+    router = prometheus_router(storage, Authenticator(tokens), inline_max_s=0.05, clock=lambda: 1000.0)
+    app.include_router(router)
+    install_error_handlers(app)
+    fast = QueryFastPath(app, app, query_routes(router), app.exception_handlers)
+    http = guarded_protocol(ConnectionLimits(max_connections=16), parser="httptools", quick=fast.at_once)
+    request = (
+        "GET /api/v1/query?" + urllib.parse.urlencode({"query": "up", "time": "15"}) + " HTTP/1.1\r\n"
+        f"Host: t\r\nAuthorization: Bearer {token}\r\n\r\n"
+    ).encode()
+    with running_server(fast, http=http, lifespan="off", ws="none", access_log=False) as url:
+        addr = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        with socket.create_connection(addr, timeout=10) as s:
+            for _ in range(3):  # seen, then known to be quick: answered by the protocol from now on
+                s.sendall(request)
+                assert _read_answers(s, 1).startswith(b"HTTP/1.1 200 ")
+            before = len(verified)
+            for _ in range(20):
+                s.sendall(request)
+                assert _read_answers(s, 1).startswith(b"HTTP/1.1 200 ")
+            assert len(verified) - before <= 1, "the token was verified again on every request"
+            TokenStore(tmp_path / "tokens.json").revoke(token)  # as another process would
+            revoked = time.monotonic()
+            while True:
+                s.sendall(request)
+                answer = _read_answers(s, 1)
+                if answer.startswith(b"HTTP/1.1 401 "):
+                    break
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                assert time.monotonic() - revoked < 1.0, "a revoked token still answered after a second"
+                time.sleep(0.01)
+            assert b"was revoked" in answer
+        with socket.create_connection(addr, timeout=10) as s:  # and on any other connection
+            s.sendall(request)
+            assert _read_answers(s, 1).startswith(b"HTTP/1.1 401 ")

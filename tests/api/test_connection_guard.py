@@ -189,6 +189,38 @@ def test_a_keep_alive_connection_gets_a_new_head_deadline_after_each_response(pa
 
 
 @pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_connection_idle_for_the_keep_alive_time_is_closed_but_a_started_head_has_its_deadline(
+    parser,
+):
+    """After a response the next request's first byte is due within ``keep_alive_s`` (the guard's
+    one timer; uvicorn's own per-response one is not armed over httptools), and once it began,
+    the whole head within ``header_timeout_s`` of the response."""
+    limits = ConnectionLimits(max_connections=8, header_timeout_s=2.5, keep_alive_s=0.5, backlog=4)
+
+    def served(s: socket.socket) -> float:
+        s.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+        got = b""
+        while b'{"ok":true}' not in got:
+            got += s.recv(4096)
+        return time.monotonic()
+
+    with serving(parser, limits) as addr:
+        with socket.create_connection(addr, timeout=10) as s:
+            answered = served(s)
+            served(s)  # a second request within the keep-alive time
+            answered = time.monotonic()
+            assert read_until_closed(s, 10) == b""  # idle: closed without a word
+            assert 0.4 < time.monotonic() - answered < 2.0
+        with socket.create_connection(addr, timeout=10) as s:
+            answered = served(s)
+            time.sleep(0.3)
+            s.sendall(b"GET /ok HTTP/1.1\r\n")  # begun within the keep-alive time, never finished
+            rest = read_until_closed(s, 10)
+            assert rest.startswith(b"HTTP/1.1 408 "), rest
+            assert time.monotonic() - answered > 2.0
+
+
+@pytest.mark.parametrize("parser", PARSERS)
 def test_a_head_deadline_set_again_after_each_response_is_not_cut_short_by_an_earlier_one(parser):
     # The head deadline's timer is made once and re-checked when it fires (not made per request):
     # pauses of 0.6 of the header timeout between requests, 2.4 timeouts in all, are all served.

@@ -311,6 +311,38 @@ def test_fine_steps_read_raw_samples_instead_of_a_grid(stores, monkeypatch):
     assert len(got) == 12
 
 
+@pytest.mark.parametrize("stores", ["embedded-cached"], indirect=True)
+@pytest.mark.parametrize(
+    ("query", "step_ms"),
+    [('absent(gpu_temp{instance="n9"})', 60_000), ("gpu_temp", 60_000), ("deriv(gpu_temp[5m])", 0)],
+)
+def test_a_grid_read_declined_for_the_cache_hands_its_plan_to_the_read(stores, monkeypatch, query, step_ms):
+    """Hours the cache holds: the grid read declines the window, and the read of that same window
+    that follows takes over the cache plan it made, asked once per query instead of twice."""
+    ch, mem = stores
+    start, end = BASE + 600_500, BASE + 3_000_500
+    if step_ms == 0:
+        start = end
+    Engine(ch).range_query(query, start, end, step_ms or 60_000)  # queues the fill of its hours
+    assert ch.sample_cache.wait_idle()
+    plans = []
+    real = ch._cache_plan
+
+    def counted(*args):
+        plan = real(*args)
+        plans.append(plan)
+        return plan
+
+    monkeypatch.setattr(ch, "_cache_plan", counted)
+    got = Engine(ch).range_query(query, start, end, step_ms or 60_000).value
+    assert len(plans) == 1
+    assert plans[0] is not None
+    _same_matrix(got, Engine(mem).range_query(query, start, end, step_ms or 60_000).value)
+    # Handed over once: the next query plans afresh.
+    Engine(ch).range_query(query, start, end, step_ms or 60_000)
+    assert len(plans) == 2
+
+
 @pytest.mark.parametrize("func", sorted(f for f, spec in FUNCTIONS.items() if spec.pushdown is not None))
 @pytest.mark.parametrize("metric", ["gpu_temp", "launches_total"])
 def test_range_functions_pushed_to_clickhouse_equal_the_reference(stores, pushed, func, metric):
