@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql import _windows
 from kernel_insight.kql.pushdown import SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.storage import Labels
 
@@ -289,57 +290,15 @@ class SampleCache:
             )
 
 
-def _first_at_least(ts: I64, lo: I64, hi: I64, t: int) -> I64:
-    """For every range ``[lo[i], hi[i])`` of ascending ``ts``: the first index whose time is >= t (or hi[i]).
-
-    First a guess per range by interpolating ``t`` between the range's first and last times,
-    kept where the samples either side of it prove it: scrapes are regular, so that settles
-    nearly every range in one pass of a dozen array operations (an instant query over 25 series
-    spent ~60 us in the binary search alone). The rest by a binary search over those ranges at
-    once: ~log2(samples per series) passes, where prefix counts over the whole block cost a pass
-    over every sample of the hour. ``np.minimum``/``np.maximum`` rather than ``np.clip`` (the same
-    values): clip's Python wrapper cost ~5 us a call, four calls a range search.
-    """
-    if len(ts) == 0 or len(lo) == 0:
-        return lo.copy()
-    last_index = len(ts) - 1
-    first_t = ts[np.minimum(lo, last_index)]
-    last_t = ts[np.minimum(np.maximum(hi - 1, 0), last_index)]
-    span = np.maximum(last_t - first_t, 1)
-    frac = np.minimum(np.maximum((t - first_t) / span, 0.0), 1.0)
-    guess = np.minimum(np.maximum(lo + np.ceil(frac * (hi - 1 - lo)).astype(np.int64), lo), hi)  # empty: lo
-    guess = np.where(t > last_t, hi, guess)  # past the range's last sample
-    before_ok = (guess == lo) | (ts[np.minimum(np.maximum(guess - 1, 0), last_index)] < t)
-    at_ok = (guess == hi) | (ts[np.minimum(guess, last_index)] >= t)
-    proven = before_ok & at_ok
-    if proven.all():
-        return guess
-    out = np.where(proven, guess, lo)
-    todo = np.flatnonzero(~proven)
-    out[todo] = _binary_first_at_least(ts, lo[todo], hi[todo], t)
-    return out
-
-
-def _binary_first_at_least(ts: I64, lo: I64, hi: I64, t: int) -> I64:
-    """:func:`_first_at_least` by a binary search over all ranges at once (``lo``, ``hi`` are changed)."""
-    while True:
-        open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = (lo + hi) // 2
-        below = open_ & (ts[np.minimum(mid, len(ts) - 1)] < t)
-        lo = np.where(below, mid + 1, lo)
-        hi = np.where(open_ & ~below, mid, hi)
-
-
 def gather_series(
     labels: list[Labels], want: npt.NDArray[np.uint64], blocks: list[SampleBlock], start_ms: int, end_ms: int
 ) -> SeriesColumns:
     """The series ``want`` (in that order, labelled ``labels``) cut out of time-ordered blocks, inside the window.
 
-    Each wanted series' range in each block is found by a search over the block's fingerprints
-    and trimmed to the window with prefix counts (a series' samples ascend, so those outside
-    the window are a prefix and a suffix of its range). When most of the blocks is wanted they
+    Each wanted series' samples inside the window in each block are found by two binary
+    searches in C (``_windows.series_ranges``: a series' samples ascend, so those outside the
+    window are a prefix and a suffix of its range; numpy took a dozen passes, ~30% of an instant
+    ``deriv``). When most of the blocks is wanted they
     are laid side by side and gathered once; otherwise each block's wanted ranges are gathered
     first, so a selective query does not copy whole hours. Series with no sample in the window
     are left out.
@@ -347,21 +306,17 @@ def gather_series(
     n, k = len(want), len(blocks)
     if n == 0 or k == 0:
         return columns_of([])
-    starts = np.zeros((n, k), dtype=np.int64)
-    lengths = np.zeros((n, k), dtype=np.int64)
+    # block-major, so each block's row is contiguous for the C call; used as (n, k) views
+    starts_kn = np.zeros((k, n), dtype=np.int64)
+    lengths_kn = np.zeros((k, n), dtype=np.int64)
+    want = np.ascontiguousarray(want, dtype=np.uint64)
     for j, block in enumerate(blocks):
         if len(block.fps) == 0 or len(block.ts) == 0:
             continue
-        pos = np.minimum(np.searchsorted(block.fps, want), len(block.fps) - 1)
-        hit = block.fps[pos] == want
-        a = block.offsets[pos]
-        b = np.where(hit, block.offsets[pos + 1], a)
-        if int(block.ts[a[hit]].min(initial=start_ms)) < start_ms:
-            a = _first_at_least(block.ts, a, b, start_ms)
-        if int(block.ts[np.maximum(b[hit] - 1, 0)].max(initial=end_ms)) > end_ms:
-            b = _first_at_least(block.ts, a, b, end_ms + 1)
-        starts[:, j] = a
-        lengths[:, j] = np.maximum(b - a, 0)
+        _windows.series_ranges(
+            block.fps, block.offsets, block.ts, want, start_ms, end_ms, starts_kn[j], lengths_kn[j]
+        )
+    starts, lengths = starts_kn.T, lengths_kn.T
     if k == 1:  # one block (an instant query's window): its wanted ranges straight out of it
         idx = gather_ranges(starts[:, 0], lengths[:, 0])
         flat_ts, flat_vs = blocks[0].ts, blocks[0].vs
@@ -370,8 +325,8 @@ def gather_series(
     sizes = np.array([len(block.ts) for block in blocks], dtype=np.int64)
     if 2 * total >= int(sizes.sum()):
         idx = gather_ranges((starts + (np.cumsum(sizes) - sizes)[None, :]).ravel(), lengths.ravel())
-        flat_ts = blocks[0].ts if k == 1 else np.concatenate([block.ts for block in blocks])
-        flat_vs = blocks[0].vs if k == 1 else np.concatenate([block.vs for block in blocks])
+        flat_ts = np.concatenate([block.ts for block in blocks])
+        flat_vs = np.concatenate([block.vs for block in blocks])
     else:
         pieces = [gather_ranges(starts[:, j], lengths[:, j]) for j in range(k)]
         flat_ts = np.concatenate([block.ts[p] for block, p in zip(blocks, pieces, strict=True)])

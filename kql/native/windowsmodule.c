@@ -15,6 +15,10 @@
  * Also searchsorted: where query times fall in every series' samples (window bounds), one walk
  * per series instead of numpy's passes over every sample.
  *
+ * Also series_ranges: where wanted series' samples within a time window lie in one cached hour
+ * (collector/sample_cache.py gather_series), two binary searches per series instead of a dozen
+ * numpy passes over all of them.
+ *
  * The window functions take the windows as (lo, cnt) int64 arrays of equal length n into a float64
  * array of values, reads at most `limit` samples of each window (longer windows are finished
  * by the caller), writes its float64 (or bool) outputs into caller-made arrays, checks every
@@ -358,6 +362,81 @@ fail:
     return NULL;
 }
 
+/* series_ranges(fps, offsets, ts, want, start, end, starts, lengths): for every wanted fingerprint
+ * want[i], its samples with start <= t <= end in a block where series fps[j] (ascending, unique)
+ * owns ts[offsets[j]:offsets[j+1]] (ascending): the first one's index into starts[i] and their
+ * count into lengths[i] (0 and 0 for a series not in the block). */
+static PyObject *py_series_ranges(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[8];
+    long long start, end;
+    buf_t b[8] = {0};
+    if (!PyArg_ParseTuple(args, "OOOOLLOO:series_ranges", &o[0], &o[1], &o[2], &o[3], &start, &end, &o[6],
+                          &o[7]))
+        return NULL;
+    if (get(o[0], &b[0], 0, 8, "fps") < 0 || get(o[1], &b[1], 0, 8, "offsets") < 0 ||
+        get(o[2], &b[2], 0, 8, "ts") < 0 || get(o[3], &b[3], 0, 8, "want") < 0 ||
+        get(o[6], &b[6], 1, 8, "starts") < 0 || get(o[7], &b[7], 1, 8, "lengths") < 0)
+        goto fail;
+    const uint64_t *fps = b[0].b.buf, *want = b[3].b.buf;
+    const int64_t *offsets = b[1].b.buf, *ts = b[2].b.buf;
+    int64_t *starts = b[6].b.buf, *lengths = b[7].b.buf;
+    Py_ssize_t nf = b[0].b.len / 8, values = b[2].b.len / 8, n = b[3].b.len / 8;
+    if (b[1].b.len / 8 != nf + 1 || b[6].b.len / 8 != n || b[7].b.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "offsets must hold len(fps) + 1 positions, starts and lengths len(want)");
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j <= nf; j++) {
+        if (offsets[j] < 0 || offsets[j] > (int64_t)values || (j > 0 && offsets[j] < offsets[j - 1])) {
+            PyErr_Format(PyExc_ValueError, "offset %zd (%lld) outside 0..%zd or decreasing", j,
+                         (long long)offsets[j], values);
+            goto fail;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t fp = want[i];
+        Py_ssize_t lo = 0, hi = nf;
+        while (lo < hi) { /* first fps >= fp */
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (fps[mid] < fp)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        starts[i] = 0;
+        lengths[i] = 0;
+        if (lo == nf || fps[lo] != fp)
+            continue;
+        int64_t a = offsets[lo], z = offsets[lo + 1], l = a, h = z;
+        while (l < h) { /* first t >= start */
+            int64_t mid = l + (h - l) / 2;
+            if (ts[mid] < start)
+                l = mid + 1;
+            else
+                h = mid;
+        }
+        int64_t first = l;
+        h = z;
+        while (l < h) { /* first t > end */
+            int64_t mid = l + (h - l) / 2;
+            if (ts[mid] <= end)
+                l = mid + 1;
+            else
+                h = mid;
+        }
+        starts[i] = first;
+        lengths[i] = l - first;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 8);
+    Py_RETURN_NONE;
+fail:
+    release(b, 8);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"kahan", py_kahan, METH_VARARGS,
      "kahan(vs, lo, cnt, limit, total, comp): Kahan sum and compensation of each window's first "
@@ -375,6 +454,10 @@ static PyMethodDef methods[] = {
     {"searchsorted", py_searchsorted, METH_VARARGS,
      "searchsorted(ts, offsets, queries, right, out): numpy's searchsorted of the ascending queries "
      "within every series' ascending slice of ts, as global indices, into out (n x len(queries))."},
+    {"series_ranges", py_series_ranges, METH_VARARGS,
+     "series_ranges(fps, offsets, ts, want, start, end, starts, lengths): where each wanted series' samples "
+     "with start <= t <= end lie in a block (series fps[j] owns ts[offsets[j]:offsets[j+1]]): first index "
+     "and count, into starts and lengths (0, 0 when absent)."},
     {NULL, NULL, 0, NULL},
 };
 

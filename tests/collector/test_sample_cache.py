@@ -327,11 +327,11 @@ def test_a_selector_asked_again_skips_label_matching_until_its_series_change(sto
     _same(after, store.storage(use_cache=False).select_columns(m, *window))
 
 
-def test_the_first_sample_at_or_after_a_time_is_found_in_every_range_regular_or_not():
-    # _first_at_least guesses by interpolation and keeps a guess only where its neighbours prove
-    # it: regular scrapes, jittered ones, duplicates, gaps, empty and partial ranges all agree
-    # with a plain search per range.
-    from kernel_insight.collector.sample_cache import _first_at_least
+def test_each_wanted_series_samples_inside_a_window_are_found_in_a_block_regular_or_not():
+    # _windows.series_ranges (gather_series' search, in C): regular scrapes, jittered ones,
+    # duplicate times, gaps, empty series, wanted series missing from the block and windows
+    # before, across and after the samples all agree with a plain search per series.
+    from kernel_insight.kql import _windows
 
     rng = np.random.default_rng(7)
     for _ in range(2000):
@@ -348,8 +348,24 @@ def test_the_first_sample_at_or_after_a_time_is_found_in_every_range_regular_or_
             parts.append(np.asarray(x, dtype=np.int64))
         ts = np.concatenate(parts)
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        lo = np.minimum(offsets[:-1] + rng.integers(0, 3, len(lens)), offsets[1:])  # trimmed ranges too
-        hi = offsets[1:]
-        for t in [*rng.integers(-1000, 4_800_000, 4).tolist(), int(ts[0]) if len(ts) else 0, 3_600_250]:
-            expected = [a + int(np.searchsorted(ts[a:b], t, "left")) for a, b in zip(lo, hi, strict=True)]
-            assert _first_at_least(ts, lo, hi, t).tolist() == expected
+        fps = np.sort(rng.choice(1000, len(lens), replace=False)).astype(np.uint64)
+        want = np.concatenate([fps, rng.integers(0, 1000, 3).astype(np.uint64)])
+        rng.shuffle(want)
+        for _ in range(4):
+            start = int(rng.integers(-1000, 4_800_000))
+            end = start + int(rng.integers(0, 1_000_000))
+            starts, lengths = np.empty(len(want), np.int64), np.empty(len(want), np.int64)
+            _windows.series_ranges(fps, offsets, ts, want, start, end, starts, lengths)
+            for fp, got_start, got_length in zip(
+                want.tolist(), starts.tolist(), lengths.tolist(), strict=True
+            ):
+                at = np.flatnonzero(fps == fp)
+                if len(at) == 0:
+                    assert (got_start, got_length) == (0, 0)
+                    continue
+                a, b = int(offsets[at[0]]), int(offsets[at[0] + 1])
+                first = a + int(np.searchsorted(ts[a:b], start, "left"))
+                last = a + int(np.searchsorted(ts[a:b], end, "right"))
+                assert got_length == last - first
+                if got_length:
+                    assert got_start == first
