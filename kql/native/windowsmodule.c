@@ -88,6 +88,20 @@ static int check_windows(const int64_t *lo, const int64_t *cnt, Py_ssize_t n, Py
     return 0;
 }
 
+/* n + 1 series offsets into `values` values checked: within them and non-decreasing. 0, or -1 with
+ * ValueError set. */
+static int check_offsets(const int64_t *offsets, Py_ssize_t n, Py_ssize_t values)
+{
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        if (offsets[i] < 0 || offsets[i] > (int64_t)values || (i > 0 && offsets[i] < offsets[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "offset %zd (%lld) outside 0..%zd or decreasing", i,
+                         (long long)offsets[i], values);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* kahan(vs, lo, cnt, limit, total, comp): Kahan sum and compensation of each window. */
 static PyObject *py_kahan(PyObject *self, PyObject *args)
 {
@@ -259,13 +273,8 @@ static PyObject *py_searchsorted(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "offsets must hold n + 1 positions and out n x len(queries)");
         goto fail;
     }
-    for (Py_ssize_t i = 0; i <= n; i++) {
-        if (offsets[i] < 0 || offsets[i] > (int64_t)values || (i > 0 && offsets[i] < offsets[i - 1])) {
-            PyErr_Format(PyExc_ValueError, "offset %zd (%lld) outside 0..%zd or decreasing", i,
-                         (long long)offsets[i], values);
-            goto fail;
-        }
-    }
+    if (check_offsets(offsets, n, values) < 0)
+        goto fail;
     for (Py_ssize_t k = 1; k < q; k++) {
         if (queries[k] < queries[k - 1]) {
             PyErr_SetString(PyExc_ValueError, "queries must be ascending");
@@ -362,6 +371,19 @@ fail:
     return NULL;
 }
 
+/* The first index in [l, h) of ascending ts whose time is >= t, else h. */
+static inline int64_t first_at_least(const int64_t *ts, int64_t l, int64_t h, int64_t t)
+{
+    while (l < h) {
+        int64_t mid = l + (h - l) / 2;
+        if (ts[mid] < t)
+            l = mid + 1;
+        else
+            h = mid;
+    }
+    return l;
+}
+
 /* series_ranges(fps, offsets, ts, want, start, end, starts, lengths): for every wanted fingerprint
  * want[i], its samples with start <= t <= end in a block where series fps[j] (ascending, unique)
  * owns ts[offsets[j]:offsets[j+1]] (ascending): the first one's index into starts[i] and their
@@ -387,13 +409,8 @@ static PyObject *py_series_ranges(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "offsets must hold len(fps) + 1 positions, starts and lengths len(want)");
         goto fail;
     }
-    for (Py_ssize_t j = 0; j <= nf; j++) {
-        if (offsets[j] < 0 || offsets[j] > (int64_t)values || (j > 0 && offsets[j] < offsets[j - 1])) {
-            PyErr_Format(PyExc_ValueError, "offset %zd (%lld) outside 0..%zd or decreasing", j,
-                         (long long)offsets[j], values);
-            goto fail;
-        }
-    }
+    if (check_offsets(offsets, nf, values) < 0)
+        goto fail;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t fp = want[i];
@@ -409,25 +426,10 @@ static PyObject *py_series_ranges(PyObject *self, PyObject *args)
         lengths[i] = 0;
         if (lo == nf || fps[lo] != fp)
             continue;
-        int64_t a = offsets[lo], z = offsets[lo + 1], l = a, h = z;
-        while (l < h) { /* first t >= start */
-            int64_t mid = l + (h - l) / 2;
-            if (ts[mid] < start)
-                l = mid + 1;
-            else
-                h = mid;
-        }
-        int64_t first = l;
-        h = z;
-        while (l < h) { /* first t > end */
-            int64_t mid = l + (h - l) / 2;
-            if (ts[mid] <= end)
-                l = mid + 1;
-            else
-                h = mid;
-        }
+        int64_t first = first_at_least(ts, offsets[lo], offsets[lo + 1], start);
         starts[i] = first;
-        lengths[i] = l - first;
+        int64_t past = end == INT64_MAX ? offsets[lo + 1] : first_at_least(ts, first, offsets[lo + 1], (int64_t)end + 1);
+        lengths[i] = past - first;
     }
     Py_END_ALLOW_THREADS
     release(b, 8);
