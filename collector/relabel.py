@@ -267,10 +267,17 @@ class Relabeler:
         new_series, remap = self._remap(batch.series)
         idx = remap[batch.series_idx]
         keep = idx >= 0
+        st = batch.st_ms
         if keep.all():
-            return SampleBatch(new_series, idx, batch.ts_ms, batch.values)
+            return SampleBatch(new_series, idx, batch.ts_ms, batch.values, st_ms=st)
         self.dropped_samples += int(len(keep) - np.count_nonzero(keep))
-        return SampleBatch(new_series, idx[keep], batch.ts_ms[keep], batch.values[keep])
+        return SampleBatch(
+            new_series,
+            idx[keep],
+            batch.ts_ms[keep],
+            batch.values[keep],
+            st_ms=None if st is None else st[keep],
+        )
 
     def _remap(self, series: list[Labels]) -> tuple[list[Labels], npt.NDArray[np.int32]]:
         """The relabelled series (each once) and, per input series, its new index (-1: dropped)."""

@@ -2,7 +2,8 @@
 
 The decoder is hand-written for the messages remote_write 1.0 uses (WriteRequest,
 TimeSeries, Label, Sample, Histogram, BucketSpan; prompb/types.proto) and 2.0's Request
-(symbols and label references; write/v2/types.proto); exemplars and metadata are skipped.
+(symbols and label references, start timestamps; write/v2/types.proto); exemplars and
+metadata are skipped.
 Snappy is the raw block format (not framed), via ``cramjam``.
 """
 
@@ -333,10 +334,13 @@ def _decode_general(
     return out.build()
 
 
-def _sample(buf: bytes, start: int, end: int, ts: list[int], vs: list[float]) -> None:
-    """One Sample message (v1 and v2 alike) appended to ``ts`` / ``vs``."""
+def _sample(
+    buf: bytes, start: int, end: int, ts: list[int], vs: list[float], sts: list[int] | None = None
+) -> None:
+    """One Sample message (v1 and v2 alike) appended to ``ts`` / ``vs``; with ``sts``, 2.0's
+    ``start_timestamp`` (field 3, 0 = unset) to it."""
     value_f = 0.0
-    t = 0
+    t = st = 0
     for n3, w3, s3, _e3 in _fields(buf, start, end, "Sample"):
         if n3 == 1:
             _expect(w3, 1, "Sample", n3)
@@ -344,8 +348,13 @@ def _sample(buf: bytes, start: int, end: int, ts: list[int], vs: list[float]) ->
         elif n3 == 2:
             _expect(w3, 0, "Sample", n3)
             t = _timestamp(s3, "sample")
+        elif n3 == 3 and sts is not None:
+            _expect(w3, 0, "Sample", n3)
+            st = _start_timestamp(s3, "sample")
     ts.append(t)
     vs.append(value_f)
+    if sts is not None:
+        sts.append(st)
 
 
 def _add_series(
@@ -357,15 +366,18 @@ def _add_series(
     limits: SeriesLimits,
     out: SampleBuilder,
     histograms: HistogramBuilder | None,
+    sts: list[int] | None = None,
 ) -> None:
-    """One decoded TimeSeries' samples into ``out`` and its Histogram messages into ``histograms``."""
+    """One decoded TimeSeries' samples into ``out`` and its Histogram messages into ``histograms``
+    (``sts``: the samples' start timestamps, remote_write 2.0 only)."""
     if not ts and not hists:
         return
     canonical = _checked(labels, limits)
     if ts:
-        out.add_series_canonical(canonical, np.asarray(ts, np.int64), np.asarray(vs, np.float64))
+        st = None if not sts or not any(sts) else np.asarray(sts, np.int64)
+        out.add_series_canonical(canonical, np.asarray(ts, np.int64), np.asarray(vs, np.float64), st)
     for s2, e2 in hists:
-        fields = _histogram(buf, s2, e2)
+        fields = _histogram(buf, s2, e2, v2=sts is not None)
         if histograms is None:
             continue
         try:
@@ -380,8 +392,10 @@ def decode_write_request_v2(
     """Samples of an uncompressed remote write 2.0 ``io.prometheus.write.v2.Request``.
 
     Labels are pairs of references into the request's ``symbols``; samples and native
-    histograms (the same Histogram message as 1.0's) as in :func:`decode_write_request`.
-    Exemplars, metadata and created timestamps are skipped.
+    histograms (the same Histogram message as 1.0's) as in :func:`decode_write_request`, plus
+    their start timestamps (``Sample.start_timestamp``, field 3; ``Histogram.start_timestamp``,
+    field 17; 0 = unset), which ``rate``, ``increase``, ``irate`` and ``resets`` read (docs/kql.md).
+    Exemplars, metadata and the older per-series ``created_timestamp`` (field 6) are skipped.
     """
     symbols: list[str] = []
     series: list[tuple[int, int]] = []
@@ -397,13 +411,14 @@ def decode_write_request_v2(
         refs: list[int] = []
         ts: list[int] = []
         vs: list[float] = []
+        sts: list[int] = []
         hists: list[tuple[int, int]] = []
         for n2, w2, s2, e2 in _fields(buf, start, end, "TimeSeries"):
             if n2 == 1:
                 refs.extend(_packed_varints(buf, n2, w2, s2, e2, "TimeSeries"))
             elif n2 == 2:
                 _expect(w2, 2, "TimeSeries", n2)
-                _sample(buf, s2, e2, ts, vs)
+                _sample(buf, s2, e2, ts, vs, sts)
             elif n2 == 3:
                 _expect(w2, 2, "TimeSeries", n2)
                 hists.append((s2, e2))
@@ -413,7 +428,7 @@ def decode_write_request_v2(
         if refs and max(refs) >= len(symbols):
             raise RemoteWriteError(f"TimeSeries: label reference {max(refs)} past the {len(symbols)} symbols")
         labels = [(symbols[refs[k]], symbols[refs[k + 1]]) for k in range(0, len(refs), 2)]
-        _add_series(buf, labels, ts, vs, hists, limits, out, histograms)
+        _add_series(buf, labels, ts, vs, hists, limits, out, histograms, sts)
     return out.build()
 
 
@@ -421,6 +436,15 @@ def _timestamp(raw: int, what: str) -> int:
     t = raw - (1 << 64) if raw >= 1 << 63 else raw
     if not MIN_TS_MS <= t <= MAX_TS_MS:
         raise RemoteWriteError(f"{what} timestamp {t} ms is outside 1970-01-01 .. 2149-06-06")
+    return t
+
+
+def _start_timestamp(raw: int, what: str) -> int:
+    """A start timestamp (int64 ms, 0 = unset): any value the sample timestamps may take, as the
+    ``st`` column stores it; the queries ignore one at or after its sample's time, as Prometheus."""
+    t = raw - (1 << 64) if raw >= 1 << 63 else raw
+    if t and not MIN_TS_MS <= t <= MAX_TS_MS:
+        raise RemoteWriteError(f"{what} start timestamp {t} ms is outside 1970-01-01 .. 2149-06-06")
     return t
 
 
@@ -470,14 +494,15 @@ def _span(buf: bytes, start: int, end: int) -> tuple[int, int]:
     return offset, length
 
 
-def _histogram(buf: bytes, start: int, end: int) -> dict[str, Any]:
-    """One prompb.Histogram as ``HistogramBuilder.add`` keyword arguments (integer deltas summed)."""
+def _histogram(buf: bytes, start: int, end: int, *, v2: bool = False) -> dict[str, Any]:
+    """One prompb.Histogram as ``HistogramBuilder.add`` keyword arguments (integer deltas summed);
+    ``v2``: remote_write 2.0's, whose field 17 is the start timestamp."""
     count_i: int | None = None
     count_f: float | None = None
     zero_i: int | None = None
     zero_f: float | None = None
     total = threshold = 0.0
-    schema = hint = t = 0
+    schema = hint = t = st = 0
     spans: dict[int, list[tuple[int, int]]] = {8: [], 11: []}
     deltas: dict[int, list[int]] = {9: [], 12: []}
     counts: dict[int, list[float]] = {10: [], 13: []}
@@ -516,6 +541,9 @@ def _histogram(buf: bytes, start: int, end: int) -> dict[str, Any]:
             counts[n].extend(_packed_doubles(buf, n, w, v, e))
         elif n == 16:
             custom.extend(_packed_doubles(buf, n, w, v, e))
+        elif n == 17 and v2:
+            _expect(w, 0, what, n)
+            st = _start_timestamp(v, "histogram")
     is_float = count_f is not None or zero_f is not None or bool(counts[10] or counts[13])
     if is_float and (count_i is not None or zero_i is not None or deltas[9] or deltas[12]):
         raise RemoteWriteError("Histogram mixes integer and float fields")
@@ -543,6 +571,7 @@ def _histogram(buf: bytes, start: int, end: int) -> dict[str, Any]:
         "negative_buckets": negative,
         "counter_reset_hint": hint,
         "custom_values": custom,
+        "start_timestamp_ms": st,
     }
 
 

@@ -132,11 +132,17 @@ class SampleBatch:
     #: list of names, when the maker already had them (remote_write's decoder keeps them per
     #: series): the store then looks nothing up series by series. None: the store works them out.
     series_meta: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32], list[str]] | None = None
+    #: Per sample: its start timestamp (ms; 0 = unset), remote_write 2.0's ``Sample.start_timestamp``.
+    #: None when no sample has one (every source but remote_write 2.0): the store then writes no
+    #: ``st`` column and the rows read its default, 0.
+    st_ms: npt.NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ts_ms)
         if len(self.series_idx) != n or len(self.values) != n:
             raise ValueError("series_idx, ts_ms and values must have the same length")
+        if self.st_ms is not None and len(self.st_ms) != n:
+            raise ValueError("st_ms must hold one start timestamp per sample")
         if self.series_meta is not None and not (
             len(self.series_meta[0]) == len(self.series_meta[1]) == len(self.series)
         ):
@@ -178,6 +184,19 @@ def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
         np.concatenate(idx),
         np.concatenate([b.ts_ms for b in batches]),
         np.concatenate([b.values for b in batches]),
+        st_ms=concat_start_timestamps([(b.st_ms, len(b)) for b in batches]),
+    )
+
+
+def concat_start_timestamps(
+    parts: Sequence[tuple[npt.NDArray[np.int64] | None, int]],
+) -> npt.NDArray[np.int64] | None:
+    """Start timestamps of joined rows: ``(st_ms or None, rows)`` per part, zeros where a part has
+    none; None when no part has any (the usual case costs nothing)."""
+    if all(st is None for st, _ in parts):
+        return None
+    return np.concatenate([np.zeros(n, np.int64) if st is None else st for st, n in parts]).astype(
+        np.int64, copy=False
     )
 
 
@@ -199,6 +218,7 @@ class SampleBuilder:
         self._one_idx: list[int] = []
         self._one_ts: list[int] = []
         self._one_vs: list[float] = []
+        self._st: list[npt.NDArray[np.int64] | None] = []  # per entry of _ts; None: no start timestamps
 
     def _series_index(self, labels: Mapping[str, str] | Iterable[tuple[str, str]] | Labels) -> int:
         key = labels if isinstance(labels, tuple) and labels in self._index else canonical_labels(labels)
@@ -237,18 +257,27 @@ class SampleBuilder:
         self._idx.append(np.full(len(ts), i, dtype=np.int32))
         self._ts.append(ts)
         self._vs.append(vs)
+        self._st.append(None)
 
     def add_series_canonical(
-        self, labels: Labels, ts_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+        self,
+        labels: Labels,
+        ts_ms: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float64],
+        st_ms: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        """Like :meth:`add_series` for labels already made by :func:`canonical_labels` (not checked again)."""
+        """Like :meth:`add_series` for labels already made by :func:`canonical_labels` (not checked
+        again); ``st_ms``: the samples' start timestamps (0 = unset), None when none has one."""
         i = self._index.get(labels)
         if i is None:
             i = self._index[labels] = len(self._series)
             self._series.append(labels)
+        if st_ms is not None and len(st_ms) != len(ts_ms):
+            raise ValueError("start timestamps and timestamps differ in length")
         self._idx.append(np.full(len(ts_ms), i, dtype=np.int32))
         self._ts.append(np.asarray(ts_ms, dtype=np.int64))
         self._vs.append(np.asarray(values, dtype=np.float64))
+        self._st.append(None if st_ms is None or not st_ms.any() else np.asarray(st_ms, dtype=np.int64))
 
     def add_columns(
         self,
@@ -268,6 +297,7 @@ class SampleBuilder:
         self._idx.append(remap[idx])
         self._ts.append(np.asarray(ts_ms, dtype=np.int64))
         self._vs.append(np.asarray(values, dtype=np.float64))
+        self._st.append(None)
 
     def __len__(self) -> int:
         return len(self._one_ts) + sum(len(t) for t in self._ts)
@@ -276,7 +306,12 @@ class SampleBuilder:
         idx = [*self._idx, np.asarray(self._one_idx, dtype=np.int32)]
         ts = [*self._ts, np.asarray(self._one_ts, dtype=np.int64)]
         vs = [*self._vs, np.asarray(self._one_vs, dtype=np.float64)]
-        return SampleBatch(list(self._series), np.concatenate(idx), np.concatenate(ts), np.concatenate(vs))
+        st = concat_start_timestamps(
+            [*zip(self._st, map(len, self._ts), strict=True), (None, len(self._one_ts))]
+        )
+        return SampleBatch(
+            list(self._series), np.concatenate(idx), np.concatenate(ts), np.concatenate(vs), st_ms=st
+        )
 
 
 I32 = npt.NDArray[np.int32]
@@ -325,9 +360,14 @@ class HistogramBatch:
     neg_bucket_offsets: I32
     custom_values: F64
     custom_value_offsets: I32
+    #: Per row: its start timestamp (ms; 0 = unset), remote_write 2.0's ``Histogram.start_timestamp``;
+    #: None when no row has one (as :attr:`SampleBatch.st_ms`).
+    st_ms: npt.NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ts_ms)
+        if self.st_ms is not None and len(self.st_ms) != n:
+            raise ValueError("st_ms must hold one start timestamp per row")
         scalars = (
             self.series_idx,
             self.schema,
@@ -408,6 +448,7 @@ class HistogramBatch:
             nb_off,
             cv,
             cv_off,
+            None if self.st_ms is None else self.st_ms[r],
         )
 
     def take(
@@ -455,6 +496,7 @@ class HistogramBatch:
             nb_off,
             cv,
             cv_off,
+            None if self.st_ms is None else self.st_ms[rows],
         )
 
     def row(self, i: int) -> dict[str, Any]:
@@ -551,6 +593,7 @@ def concat_histograms(batches: Sequence[HistogramBatch]) -> HistogramBatch:
         _cat_offsets(batches, "neg_bucket_offsets"),
         cat("custom_values", np.float64),
         _cat_offsets(batches, "custom_value_offsets"),
+        concat_start_timestamps([(b.st_ms, len(b)) for b in batches]),
     )
 
 
@@ -590,6 +633,7 @@ class HistogramBuilder:
         self._bucket_n: tuple[list[int], list[int]] = ([], [])
         self._custom: list[float] = []
         self._custom_n: list[int] = []
+        self._st: list[int] = []
 
     def __len__(self) -> int:
         return len(self._ts)
@@ -618,8 +662,11 @@ class HistogramBuilder:
         negative_buckets: Sequence[float] = (),
         counter_reset_hint: int = 0,
         custom_values: Sequence[float] = (),
+        start_timestamp_ms: int = 0,
     ) -> None:
-        """One histogram sample with absolute bucket counts; ValueError if spans and buckets disagree."""
+        """One histogram sample with absolute bucket counts; ValueError if spans and buckets disagree.
+
+        ``start_timestamp_ms``: when the histogram started counting (0 = unset; remote_write 2.0)."""
         if counter_reset_hint not in COUNTER_RESET_HINTS:
             raise ValueError(f"counter_reset_hint {counter_reset_hint} is not one of 0, 1, 2, 3")
         if not -128 <= schema <= 127:
@@ -665,6 +712,7 @@ class HistogramBuilder:
             self._bucket_n[side].append(len(buckets))
         self._custom.extend(float(v) for v in custom_values)
         self._custom_n.append(len(custom_values))
+        self._st.append(int(start_timestamp_ms))
 
     def add_deltas(
         self,
@@ -747,6 +795,7 @@ class HistogramBuilder:
             _offsets(np.asarray(self._bucket_n[1], dtype=np.int64)),
             np.asarray(self._custom, dtype=np.float64),
             _offsets(np.asarray(self._custom_n, dtype=np.int64)),
+            np.asarray(self._st, dtype=np.int64) if any(self._st) else None,
         )
 
 

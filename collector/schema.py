@@ -210,6 +210,10 @@ SCHEMA: tuple[Table, ...] = (
             Column(
                 "value", "Float64", None, "the sample's value, bit for bit as written", f"ALIAS {VALUE_ALIAS}"
             ),
+            # Start timestamps (remote_write 2.0, created timestamps): 0 for the sources without
+            # them, so Delta + ZSTD store a column of zeros (or of one value per series) in next to
+            # nothing; parts written before the column read the default, 0.
+            Column("st", "Int64", "Delta, ZSTD(1)", "start timestamp of the sample in ms, 0 = unset"),
         ),
         order_by=("metric", "fingerprint", "ts"),
         partition_by="toDate(ts)",
@@ -248,6 +252,7 @@ SCHEMA: tuple[Table, ...] = (
             ),
             Column("negative_float_counts", "Array(Float64)", "ZSTD(3)", "float histograms: absolute counts"),
             Column("custom_values", "Array(Float64)", "ZSTD(3)", "bucket bounds of schema -53"),
+            Column("st", "Int64", "Delta, ZSTD(1)", "start timestamp of the histogram in ms, 0 = unset"),
         ),
         order_by=("metric", "fingerprint", "ts"),
         partition_by="toDate(ts)",

@@ -187,6 +187,11 @@ def _concat(parts: list[pa.Table]) -> pa.Table:
     # and the engine squashes them into one part per partition.
     if len(parts) == 1:
         return parts[0]
+    if any("st" in p.column_names for p in parts):  # start timestamps in some batches only: 0 elsewhere
+        parts = [
+            p if "st" in p.column_names else p.append_column("st", pa.array(np.zeros(p.num_rows, np.int64)))
+            for p in parts
+        ]
     if any(p.schema != parts[0].schema for p in parts[1:]):  # a column dictionary-encoded in some only
         plain = pa.schema(
             [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in parts[0].schema]
@@ -616,6 +621,8 @@ class Store(ABC):
                 **_value_columns(batch),
             }
         )
+        if batch.st_ms is not None:  # else not sent: the rows read the column's default, 0 (unset)
+            data = data.append_column("st", pa.array(batch.st_ms, pa.int64()))
         return data, series, names.tolist(), sample_codes, keys
 
     def _histogram_rows(
@@ -665,6 +672,8 @@ class Store(ABC):
                 "custom_values": lists(batch.custom_value_offsets, batch.custom_values, pa.float64()),
             }
         )
+        if batch.st_ms is not None:  # as samples: only batches that carry start timestamps write them
+            data = data.append_column("st", pa.array(batch.st_ms, pa.int64()))
         return data, series, names.tolist(), keys
 
     def insert_histograms(self, batch: HistogramBatch, *, dedup_token: str | None = None) -> int:

@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS ki.samples_local ON CLUSTER ki
     float_value Float64 CODEC(Delta, ZSTD(3)) COMMENT 'the value where no decimal gives it back, else 0',
     mantissa Int64 CODEC(Delta, ZSTD(5)) COMMENT 'the value is mantissa / 10^scale when scale >= 0',
     scale Int8 DEFAULT -1 CODEC(ZSTD(1)) COMMENT '0, 3, 6, 9, 12 or 15; -1: the value is float_value',
-    value Float64 ALIAS if(scale < 0, float_value, mantissa / [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15][scale + 1]) COMMENT 'the sample\'s value, bit for bit as written'
+    value Float64 ALIAS if(scale < 0, float_value, mantissa / [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15][scale + 1]) COMMENT 'the sample\'s value, bit for bit as written',
+    st Int64 CODEC(Delta, ZSTD(1)) COMMENT 'start timestamp of the sample in ms, 0 = unset'
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/samples_local', '{replica}')
 PARTITION BY toDate(ts)
@@ -61,7 +62,8 @@ CREATE TABLE IF NOT EXISTS ki.histograms_local ON CLUSTER ki
     negative_span_lengths Array(UInt32) CODEC(ZSTD(3)),
     negative_counts Array(Int64) CODEC(Delta, ZSTD(1)) COMMENT 'integer histograms: absolute counts',
     negative_float_counts Array(Float64) CODEC(ZSTD(3)) COMMENT 'float histograms: absolute counts',
-    custom_values Array(Float64) CODEC(ZSTD(3)) COMMENT 'bucket bounds of schema -53'
+    custom_values Array(Float64) CODEC(ZSTD(3)) COMMENT 'bucket bounds of schema -53',
+    st Int64 CODEC(Delta, ZSTD(1)) COMMENT 'start timestamp of the histogram in ms, 0 = unset'
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/histograms_local', '{replica}')
 PARTITION BY toDate(ts)

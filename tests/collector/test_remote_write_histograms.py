@@ -118,6 +118,11 @@ def _prompb_v2():
         for f in msg.field:
             if f.type_name.startswith(".prometheus."):
                 f.type_name = f.type_name.replace(".prometheus.", ".io.prometheus.write.v2.")
+        # 2.0's own fields: the start timestamps (Sample 3, Histogram 17), which 1.0 lacks.
+        if name in ("Sample", "Histogram"):
+            msg.field.add(
+                name="start_timestamp", number=3 if name == "Sample" else 17, type=F.TYPE_INT64, label=opt
+            )
     ts = fd.message_type.add(name="TimeSeries")
     for fname, number, ftype, label, type_name in (
         ("labels_refs", 1, F.TYPE_UINT32, rep, None),
@@ -452,3 +457,73 @@ def test_collector_takes_remote_write_2_and_says_what_it_wrote(tmp_path):
         assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 1
     finally:
         store.close()
+
+
+def _request_v2_with_start_timestamps() -> bytes:
+    """A counter whose second sample starts after the first (a reset the value does not show),
+    one without start timestamps, and a histogram with one."""
+    req = RequestV2()
+    req.symbols.extend(["", "__name__", "requests_total", "job", "a", "b", "lat"])
+    a = req.timeseries.add(labels_refs=[1, 2, 3, 4])
+    a.samples.add(value=10.0, timestamp=NOW, start_timestamp=NOW - 60_000)
+    a.samples.add(value=12.0, timestamp=NOW + 15_000, start_timestamp=NOW + 5_000)
+    b = req.timeseries.add(labels_refs=[1, 2, 3, 5])
+    b.samples.add(value=1.0, timestamp=NOW)
+    h = req.timeseries.add(labels_refs=[1, 6]).histograms.add(
+        count_int=1, sum=0.5, schema=0, timestamp=NOW, start_timestamp=NOW - 1
+    )
+    h.positive_spans.add(offset=0, length=1)
+    h.positive_deltas.extend([1])
+    return req.SerializeToString()
+
+
+def test_remote_write_2_start_timestamps_are_decoded_and_stored(tmp_path):
+    from kernel_insight.collector.remote_write import decode_write_request_v2
+
+    builder = HistogramBuilder()
+    floats = decode_write_request_v2(_request_v2_with_start_timestamps(), histograms=builder)
+    assert floats.st_ms is not None
+    got = sorted(
+        (dict(floats.series[i])["job"], t, st)
+        for i, t, st in zip(
+            floats.series_idx.tolist(), floats.ts_ms.tolist(), floats.st_ms.tolist(), strict=True
+        )
+    )
+    assert got == [("a", NOW, NOW - 60_000), ("a", NOW + 15_000, NOW + 5_000), ("b", NOW, 0)]
+    hists = builder.build()
+    assert hists.st_ms is not None
+    assert hists.st_ms.tolist() == [NOW - 1]
+    # Without any start timestamp a batch carries none (1.0, and 2.0 senders that send none).
+    plain = HistogramBuilder()
+    assert decode_write_request_v2(_request_v2(), histograms=plain).st_ms is None
+    plain_hists = plain.build()
+    assert plain_hists.st_ms is None
+    bad = RequestV2()
+    bad.symbols.extend(["", "__name__", "x"])
+    bad.timeseries.add(labels_refs=[1, 2]).samples.add(value=1.0, timestamp=NOW, start_timestamp=-(2**62))
+    with pytest.raises(RemoteWriteError, match=r"start timestamp .* is outside"):
+        decode_write_request_v2(bad.SerializeToString())
+
+    with EmbeddedStore(tmp_path / "data") as store:
+        store.insert_samples(floats)
+        store.insert_histograms(hists)
+        store.insert_histograms(plain_hists)  # a batch without: its rows read 0
+        rows = store.query(
+            "SELECT toUnixTimestamp64Milli(ts) AS t, st FROM ki.samples ORDER BY t, st"
+        ).to_pylist()
+        assert [(r["t"], r["st"]) for r in rows] == [
+            (NOW, 0),
+            (NOW, NOW - 60_000),
+            (NOW + 15_000, NOW + 5_000),
+        ]
+        hist_st = store.query("SELECT st FROM ki.histograms ORDER BY ts, st").column("st").to_pylist()
+        assert hist_st == [0, NOW - 1, 0]
+        # Batches with and without start timestamps written together (the batcher's groups).
+        group = [
+            store.prepare(f"b{i}", samples=batch)
+            for i, batch in enumerate((floats, decode_write_request_v2(_request_v2())))
+        ]
+        store.insert_prepared(group, "g")
+        assert store.query("SELECT count() AS n, countIf(st != 0) AS k FROM ki.samples").to_pylist() == [
+            {"n": 7, "k": 4}
+        ]
