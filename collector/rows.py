@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql.storage import join_start_timestamps
+
 __all__ = [
     "CALL_TRACKS",
     "MAX_TS_MS",
@@ -184,19 +186,7 @@ def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
         np.concatenate(idx),
         np.concatenate([b.ts_ms for b in batches]),
         np.concatenate([b.values for b in batches]),
-        st_ms=concat_start_timestamps([(b.st_ms, len(b)) for b in batches]),
-    )
-
-
-def concat_start_timestamps(
-    parts: Sequence[tuple[npt.NDArray[np.int64] | None, int]],
-) -> npt.NDArray[np.int64] | None:
-    """Start timestamps of joined rows: ``(st_ms or None, rows)`` per part, zeros where a part has
-    none; None when no part has any (the usual case costs nothing)."""
-    if all(st is None for st, _ in parts):
-        return None
-    return np.concatenate([np.zeros(n, np.int64) if st is None else st for st, n in parts]).astype(
-        np.int64, copy=False
+        st_ms=join_start_timestamps([(b.st_ms, len(b)) for b in batches]),
     )
 
 
@@ -306,7 +296,7 @@ class SampleBuilder:
         idx = [*self._idx, np.asarray(self._one_idx, dtype=np.int32)]
         ts = [*self._ts, np.asarray(self._one_ts, dtype=np.int64)]
         vs = [*self._vs, np.asarray(self._one_vs, dtype=np.float64)]
-        st = concat_start_timestamps(
+        st = join_start_timestamps(
             [*zip(self._st, map(len, self._ts), strict=True), (None, len(self._one_ts))]
         )
         return SampleBatch(
@@ -593,7 +583,7 @@ def concat_histograms(batches: Sequence[HistogramBatch]) -> HistogramBatch:
         _cat_offsets(batches, "neg_bucket_offsets"),
         cat("custom_values", np.float64),
         _cat_offsets(batches, "custom_value_offsets"),
-        concat_start_timestamps([(b.st_ms, len(b)) for b in batches]),
+        join_start_timestamps([(b.st_ms, len(b)) for b in batches]),
     )
 
 

@@ -675,7 +675,7 @@ class _Evaluator:
         hist = None
         if cols.hist is not None:
             hlo, hhi = window_bounds(cols.hist.ts, cols.hist.offsets, refs, range_ms)
-            hist = HistRange(cols.hist.ts, cols.hist.source(), cols.hist.offsets, hlo, hhi)
+            hist = HistRange(cols.hist.ts, cols.hist.source(), cols.hist.offsets, hlo, hhi, cols.hist.st)
         return RangeInput(
             labels=cols.labels,
             drop_name=np.zeros(len(cols), dtype=bool),
@@ -690,6 +690,7 @@ class _Evaluator:
             smoothed=node.smoothed,
             checkpoint=self.checkpoint,
             hist=hist,
+            st=cols.st,
         )
 
     def eval_subquery(self, node: SubqueryExpr, times: I64) -> RangeInput:

@@ -31,6 +31,9 @@ from kernel_insight.kql.values import (
     hist_mask,
     hist_weight,
     keep_hists,
+    start_time_overlap_warning,
+    start_time_overlaps,
+    start_timestamp_resets,
 )
 
 __all__ = [
@@ -872,40 +875,86 @@ def _rate(
     floats = impl(ctx, [_strip(r)])
     hists: dict[tuple[int, int], H] = {}
     pos = _matrix_arg(ctx).pos
-    fast = dense_rate(r, counter, per_second, has_hist_windows(r) & ~mixed)
+    hr = r.hist
+    st = None if hr is None or not counter else hr.st
+    # Windows holding start timestamps take the per-window path, which reads them.
+    with_st = np.zeros(r.lo.shape, dtype=bool) if hr is None or st is None else _any_in_windows(hr, st != 0)
+    fast = dense_rate(r, counter, per_second, has_hist_windows(r) & ~mixed & ~with_st)
     dense = None
-    # Windows with a float or under two histograms have no histogram rate: skipped before their
-    # histograms are read (columns read by a store become objects only if some window needs them).
-    skip = (r.counts > 0) | (has_hist_windows(r) if r.hist is None else r.hist.counts < 2)
+    # Windows with a float or under two histograms have no histogram rate (but for one whose
+    # first start timestamp lies in the range): skipped before their histograms are read
+    # (columns read by a store become objects only if some window needs them).
+    skip = (r.counts > 0) | (has_hist_windows(r) if hr is None else (hr.counts < 2) & ~with_st)
     if fast is not None:
         dense, decided = fast
         skip |= decided
     for i, j, ts, hs, _ in hist_windows(r, skip):
         name = metric_name(r.labels[i])
-        h = histogram_rate(ctx, hs, counter, name, pos)
-        if h is None:
-            continue
         end = int(r.end[j])
-        factor = _extrapolation(ts, hs, h, end - r.range_ms, end, counter)
+        sts = None if st is None or hr is None else st[int(hr.lo[i, j]) : int(hr.hi[i, j])].tolist()
+        zero_from = _start_in_range(sts, ts, end - r.range_ms)
+        if len(hs) == 1:
+            if zero_from is None:
+                continue
+            h: H | None = hs[0].copy()
+        else:
+            h = histogram_rate(ctx, hs, counter, name, pos, ts, sts)
+            if h is None:
+                continue
+            if zero_from is not None:
+                try:
+                    h, _, reconciled = hadd(h, hs[0])
+                except Incompatible:
+                    ctx.warn(mixed_exponential_custom(name), pos)
+                    continue
+                if reconciled:
+                    ctx.info(reconciled_custom_buckets("addition"), pos)
+        factor = _extrapolation(ts, hs, h, end - r.range_ms, end, counter, zero_from)
         if per_second:
             factor /= r.range_ms / 1000.0
         hists[i, j] = hmul(h, factor)
     return _combine(r, floats, hists, drop=mixed, dense=dense)
 
 
+def _any_in_windows(hr: HistRange, flags: BOOL) -> BOOL:
+    """Per window of ``hr``: whether any of its samples has its flag set."""
+    before = np.concatenate([[0], np.cumsum(flags)])
+    out: BOOL = before[hr.hi] > before[hr.lo]
+    return out
+
+
+def _start_in_range(sts: list[int] | None, ts: list[int], range_start: int) -> int | None:
+    """The first sample's start timestamp where it lies inside the range and before the sample
+    (rate then counts from a zero there, Prometheus' extrapolatedRate), else None."""
+    if not sts or not ts:
+        return None
+    st0 = sts[0]
+    return st0 if st0 != 0 and range_start < st0 < ts[0] else None
+
+
 def _extrapolation(
-    ts: list[int], hs: list[H], result: H, range_start: int, range_end: int, counter: bool
+    ts: list[int],
+    hs: list[H],
+    result: H,
+    range_start: int,
+    range_end: int,
+    counter: bool,
+    zero_from: int | None = None,
 ) -> float:
-    """Prometheus' extrapolatedRate factor for a histogram window."""
+    """Prometheus' extrapolatedRate factor for a histogram window; ``zero_from``: the first
+    sample's start timestamp inside the range, from which the window counts instead."""
     first_t, last_t = ts[0], ts[-1]
     to_start = (first_t - range_start) / 1000.0
     to_end = (range_end - last_t) / 1000.0
     sampled = (last_t - first_t) / 1000.0
-    average = sampled / (len(ts) - 1)
+    average = sampled / (len(ts) - 1) if len(ts) > 1 else 0.0
     threshold = average * 1.1
-    if to_start >= threshold:
+    if zero_from is not None:
+        to_start = 0.0
+        sampled = (last_t - zero_from) / 1000.0
+    elif to_start >= threshold:
         to_start = average / 2
-    if counter and result.count > 0 and hs[0].count >= 0:
+    if zero_from is None and counter and result.count > 0 and hs[0].count >= 0:
         to_zero = sampled * (hs[0].count / result.count)
         if to_zero < to_start:
             to_start = to_zero
@@ -914,14 +963,29 @@ def _extrapolation(
     return (sampled + to_start + to_end) / sampled if sampled != 0 else 1.0
 
 
-def histogram_rate(ctx: Any, points: list[H], counter: bool, name: str, pos: Any) -> H | None:
-    """Prometheus' histogramRate: last minus first, counter resets added back, as a gauge histogram."""
+def histogram_rate(
+    ctx: Any,
+    points: list[H],
+    counter: bool,
+    name: str,
+    pos: Any,
+    ts: list[int] | None = None,
+    sts: list[int] | None = None,
+) -> H | None:
+    """Prometheus' histogramRate: last minus first, counter resets added back, as a gauge histogram.
+
+    ``sts`` (with ``ts``): the samples' start timestamps, a reset where one says so."""
     prev = points[0]
     last = points[-1]
     custom = uses_custom(prev)
+    st_reset = _start_resets(ts, sts) if counter else None
     if counter and (prev.counter_reset_hint == GAUGE or last.counter_reset_hint == GAUGE):
         ctx.warn(not_counter(name), pos)
-    if counter and len(points) > 1 and detect_reset(points[1], prev):
+    if (
+        counter
+        and len(points) > 1
+        and ((st_reset is not None and st_reset[1]) or detect_reset(points[1], prev))
+    ):
         prev = _empty_like(points[1])
         custom = uses_custom(points[1])
     if uses_custom(last) != custom:
@@ -946,8 +1010,10 @@ def histogram_rate(ctx: Any, points: list[H], counter: bool, name: str, pos: Any
     if reconciled:
         ctx.info(reconciled_custom_buckets("subtraction"), pos)
     if counter:
-        for cur in points[1:]:
-            if detect_reset(cur, prev):
+        if ts is not None and sts is not None:
+            _warn_overlaps(ctx, ts, sts, name, pos)
+        for k, cur in enumerate(points[1:], 1):
+            if (st_reset is not None and st_reset[k]) or detect_reset(cur, prev):
                 try:
                     h, _, reconciled = hadd(h, prev)
                 except Incompatible:
@@ -961,6 +1027,22 @@ def histogram_rate(ctx: Any, points: list[H], counter: bool, name: str, pos: Any
     h = h.copy()
     h.counter_reset_hint = GAUGE
     return hcompact(h)
+
+
+def _start_resets(ts: list[int] | None, sts: list[int] | None) -> list[bool] | None:
+    """Per sample of a window: whether its start timestamp says the counter restarted after the
+    previous one (``start_timestamp_resets``; the first sample's entry is False)."""
+    if ts is None or sts is None or len(ts) < 2:
+        return None
+    t, st = np.asarray(ts, np.int64), np.asarray(sts, np.int64)
+    return [False, *start_timestamp_resets(st[:-1], t[:-1], st[1:], t[1:]).tolist()]
+
+
+def _warn_overlaps(ctx: Any, ts: list[int], sts: list[int], name: str, pos: Any) -> None:
+    """Prometheus' start-time overlap warning for a window of histograms (as for floats)."""
+    t, st = np.asarray(ts, np.int64), np.asarray(sts, np.int64)
+    if len(t) > 1 and start_time_overlaps(st[:-1], t[:-1], st[1:]).any():
+        ctx.warn(start_time_overlap_warning(name), pos)
 
 
 def _empty_like(h: H) -> H:
@@ -988,23 +1070,35 @@ def _instant(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], i
     hists: dict[tuple[int, int], H] = {}
     values: dict[tuple[int, int], float] = {}
     pos = _matrix_arg(ctx).pos
+    hr = r.hist
     for i, j, hts, hs, _ in hist_windows(r, last=2):
         lo, hi = int(r.lo[i, j]), int(r.hi[i, j])
-        samples: list[tuple[int, float, H | None]] = [
-            (int(t), float(v), None) for t, v in zip(r.ts[lo:hi][-2:], r.vs[lo:hi][-2:], strict=True)
+        hhi = 0 if hr is None else int(hr.hi[i, j])
+        fst = [0] * (hi - lo) if r.st is None or not is_rate else r.st[lo:hi].tolist()
+        hst = (
+            [0] * len(hs)
+            if hr is None or hr.st is None or not is_rate
+            else hr.st[hhi - len(hs) : hhi].tolist()
+        )
+        samples: list[tuple[int, float, H | None, int]] = [
+            (int(t), float(v), None, st)
+            for t, v, st in zip(r.ts[lo:hi][-2:], r.vs[lo:hi][-2:], fst[-2:], strict=True)
         ]
-        samples += [(t, 0.0, h) for t, h in zip(hts[-2:], hs[-2:], strict=True)]
+        samples += [(t, 0.0, h, st) for t, h, st in zip(hts[-2:], hs[-2:], hst[-2:], strict=True)]
         samples.sort(key=lambda x: x[0])
         if len(samples) < 2:
             continue
-        (t0, f0, h0), (t1, f1, h1) = samples[-2], samples[-1]
+        (t0, f0, h0, st0), (t1, f1, h1, st1) = samples[-2], samples[-1]
         interval = t1 - t0
         if interval == 0:
             continue
         name = metric_name(r.labels[i])
+        st_reset = bool(st1) and bool(
+            start_timestamp_resets(np.array([st0]), np.array([t0]), np.array([st1]), np.array([t1]))[0]
+        )
         if h0 is None and h1 is None:
             result = f1 - f0
-            if is_rate and f1 < f0:
+            if is_rate and (f1 < f0 or st_reset):
                 result = f1
             values[i, j] = result / (interval / 1000.0) if is_rate else result
             continue
@@ -1016,7 +1110,7 @@ def _instant(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], i
         if not is_rate and (h1.counter_reset_hint != GAUGE or h0.counter_reset_hint != GAUGE):
             ctx.warn(not_gauge(name), pos)
         res = h1.copy()
-        if not is_rate or not detect_reset(h1, h0):
+        if not is_rate or not (st_reset or detect_reset(h1, h0)):
             try:
                 res, _, reconciled = hsub(h1, h0)
             except Incompatible:
@@ -1043,6 +1137,21 @@ def _merged(r: RangeInput, i: int, j: int) -> list[tuple[int, float, H | None]]:
     out += [(t, 0.0, h) for t, h in zip(hts, hs, strict=True)]
     out.sort(key=lambda x: x[0])
     return out
+
+
+def _merged_starts(r: RangeInput, i: int, j: int) -> list[int]:
+    """The start timestamps of :func:`_merged`'s samples, in its order (0 where unset)."""
+    lo, hi = int(r.lo[i, j]), int(r.hi[i, j])
+    pairs = list(
+        zip(r.ts[lo:hi].tolist(), [0] * (hi - lo) if r.st is None else r.st[lo:hi].tolist(), strict=True)
+    )
+    hr = r.hist
+    if hr is not None:
+        hlo, hhi = int(hr.lo[i, j]), int(hr.hi[i, j])
+        hst = [0] * (hhi - hlo) if hr.st is None else hr.st[hlo:hhi].tolist()
+        pairs += list(zip(hr.ts[hlo:hhi].tolist(), hst, strict=True))
+    pairs.sort(key=lambda x: x[0])
+    return [st for _, st in pairs]
 
 
 def _anchored_windows(ctx: Any, r: RangeInput) -> list[tuple[int, int, list[tuple[int, float, H | None]]]]:
@@ -1088,17 +1197,27 @@ def _changes_or_resets(
             touched[i, j] = True
     else:
         windows = ((i, j, _merged(r, i, j)) for i, j, _, _, _ in hist_windows(r))
+    with_st = (
+        resets and not r.anchored and (r.st is not None or (r.hist is not None and r.hist.st is not None))
+    )
     for i, j, samples in windows:
         if not samples:
             continue
+        st_reset = [False] * len(samples)
+        if with_st:
+            st_reset = _start_resets([t for t, _, _ in samples], _merged_starts(r, i, j)) or st_reset
         count = 0
-        for (_, pf, ph), (_, cf, ch) in itertools.pairwise(samples):
+        for k, ((_, pf, ph), (_, cf, ch)) in enumerate(itertools.pairwise(samples), 1):
             if ph is None and ch is None:
-                hit = cf < pf if resets else (cf != pf and not (math.isnan(cf) and math.isnan(pf)))
+                hit = (
+                    (cf < pf or st_reset[k])
+                    if resets
+                    else (cf != pf and not (math.isnan(cf) and math.isnan(pf)))
+                )
             elif ph is None or ch is None:
                 hit = True
             else:
-                hit = detect_reset(ch, ph) if resets else not hequals(ch, ph)
+                hit = (st_reset[k] or detect_reset(ch, ph)) if resets else not hequals(ch, ph)
             count += hit
         values[i, j] = float(count)
     return _combine(r, floats, {}, values, drop=touched)

@@ -271,6 +271,47 @@ class Load:
     interval: int
     series: list[tuple[Labels, list[Value]]]
     with_nhcb: bool = False
+    #: Per entry of ``series`` that an ``@st`` line preceded: each position's start timestamp as an
+    #: offset in ms from the sample's time (None: unset), as Prometheus' loader reads them.
+    starts: dict[int, list[int | None]] = field(default_factory=dict)
+
+
+_ST_DURATION = re.compile(r"([+-]?)([0-9]+)(ms|[smhdwy]?)")
+
+
+def _st_duration(text: str, item: str) -> tuple[int, str]:
+    """A signed duration at the start of ``text`` (``-30s``, ``+1m``, ``0``) in ms, and the rest."""
+    m = _ST_DURATION.match(text)
+    if not m or (not m.group(3) and m.group(2).strip("0")):  # a bare number other than 0 has no unit
+        raise ScriptError(f"bad @st item {item!r}")
+    ms = parse_duration(m.group(2) + m.group(3)) if m.group(3) else int(m.group(2)) * 1000
+    return (-ms if m.group(1) == "-" else ms), text[m.end() :]
+
+
+def parse_start_offsets(text: str) -> list[int | None]:
+    """An ``@st`` line's sequence (Prometheus' parseSTSequence): ``_``, ``_xN``, ``<dur>``,
+    ``<dur>xN`` (N+1 equal offsets) and ``<dur>+<dur>xN`` / ``<dur>-<dur>xN`` (N+1 offsets
+    stepping by the second duration); each offset is ms from its sample's time, None for ``_``."""
+    out: list[int | None] = []
+    for item in text.split():
+        if item == "_":
+            out.append(None)
+            continue
+        m = re.fullmatch(r"_x([0-9]+)", item)
+        if m:
+            out.extend([None] * int(m.group(1)))
+            continue
+        base, rest = _st_duration(item, item)
+        if not rest:
+            out.append(base)
+            continue
+        delta = 0
+        if rest[0] in "+-":
+            delta, rest = _st_duration(rest, item)
+        if not re.fullmatch(r"x[0-9]+", rest):
+            raise ScriptError(f"bad @st item {item!r}: expected x<count> after the step")
+        out.extend(base + k * delta for k in range(int(rest[1:]) + 1))
+    return out
 
 
 @dataclass
@@ -317,15 +358,33 @@ def parse_script(path: Path) -> list[Load | Clear | Case]:
             if word == "load_with_nhcb":
                 histogram_data = True
             interval = parse_time(head.split()[1])
-            series = []
+            load = Load(interval, [], word == "load_with_nhcb")
+            pending: tuple[Labels, list[int | None]] | None = None
             for line in block[1:]:
                 labels, rest = parse_series(line)
                 if rest.startswith("@st"):
-                    continue  # start timestamps are not stored by kql
+                    if pending is not None:
+                        raise ScriptError(f"{name}:{start}: @st line has no following sample line")
+                    pending = (labels, parse_start_offsets(rest[3:]))
+                    continue
                 if "{{" in rest:
                     histogram_data = True
-                series.append((labels, expand_values(_split_values(rest))))
-            commands.append(Load(interval, series, word == "load_with_nhcb"))
+                values = expand_values(_split_values(rest))
+                if pending is not None:
+                    if pending[0] != labels:
+                        raise ScriptError(
+                            f"{name}:{start}: @st metric does not match the following sample line"
+                        )
+                    if len(pending[1]) != len(values):
+                        raise ScriptError(
+                            f"{name}:{start}: @st line has {len(pending[1])} values but sample line has {len(values)}"
+                        )
+                    load.starts[len(load.series)] = pending[1]
+                    pending = None
+                load.series.append((labels, values))
+            if pending is not None:
+                raise ScriptError(f"{name}:{start}: @st line has no following sample line")
+            commands.append(load)
             continue
         if word.startswith("eval"):
             commands.append(_parse_eval(name, start, block, histogram_data))
@@ -615,14 +674,29 @@ def _range_recheck(engine: Engine, case: Case) -> str | None:
 
 
 def _load(storage: MemoryStorage, command: Load) -> None:
-    for labels, values in command.series:
-        ts = [k * command.interval for k, v in enumerate(values) if v.kind in ("float", "stale")]
-        vs = [v.value for v in values if v.kind in ("float", "stale")]
-        if ts:
-            storage.add(labels, ts, vs)
-        hs = [(k * command.interval, v.hist) for k, v in enumerate(values) if v.hist is not None]
-        if hs:
-            storage.add_histograms(labels, [t for t, _ in hs], [h for _, h in hs])
+    for n, (labels, values) in enumerate(command.series):
+        offsets = command.starts.get(n)
+        # A start timestamp is the sample's time plus its offset, 0 (unset) where none is given.
+        st = [
+            0 if offsets is None or offsets[k] is None else k * command.interval + (offsets[k] or 0)
+            for k in range(len(values))
+        ]
+        floats = [k for k, v in enumerate(values) if v.kind in ("float", "stale")]
+        if floats:
+            storage.add(
+                labels,
+                [k * command.interval for k in floats],
+                [values[k].value for k in floats],
+                None if offsets is None else [st[k] for k in floats],
+            )
+        at = [k for k, v in enumerate(values) if v.hist is not None]
+        if at:
+            storage.add_histograms(
+                labels,
+                [k * command.interval for k in at],
+                [h for h in (values[k].hist for k in at) if h is not None],
+                None if offsets is None else [st[k] for k in at],
+            )
     if command.with_nhcb:
         for labels, stamps, hists in custom_bucket_histograms(command):
             storage.add_histograms(labels, stamps, hists)

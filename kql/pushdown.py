@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.sparsehists import HistSamples, SparseHists
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale
+from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale, join_start_timestamps
 
 __all__ = [
     "GRID_MIN_STEP_MS",
@@ -47,12 +47,13 @@ class HistColumns(HistSamples):
     them), from which ``hs`` makes objects only when something asks for them.
     """
 
-    __slots__ = ("offsets", "ts")
+    __slots__ = ("offsets", "st", "ts")
 
-    def __init__(self, ts: I64, hs: OBJ | SparseHists, offsets: I64) -> None:
+    def __init__(self, ts: I64, hs: OBJ | SparseHists, offsets: I64, st: I64 | None = None) -> None:
         super().__init__(hs)
         self.ts = ts  # ms, ascending within each series
         self.offsets = offsets  # len(labels) + 1
+        self.st = st  # start timestamps (ms, 0 = unset) beside ts; None when none is set
 
     def without_stale(self) -> HistColumns:
         if self.data is not None:
@@ -67,7 +68,9 @@ class HistColumns(HistSamples):
         kept_before = np.concatenate([[0], np.cumsum(~stale)])
         keep = np.flatnonzero(~stale)
         rest = self.hs[keep] if self.data is None else self.data.take(keep)
-        return HistColumns(self.ts[keep], rest, kept_before[self.offsets])
+        return HistColumns(
+            self.ts[keep], rest, kept_before[self.offsets], None if self.st is None else self.st[keep]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,8 @@ class SeriesColumns:
     vs: F64  # stale markers keep their bit pattern
     offsets: I64  # len(labels) + 1, offsets[0] == 0
     hist: HistColumns | None = None
+    #: Start timestamps (ms, 0 = unset) beside ``ts``; None when no selected series has one.
+    st: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -91,9 +96,15 @@ class SeriesColumns:
     def series(self) -> list[SeriesData]:
         """The same data as ``Storage.select`` returns it (views, no copies)."""
         o = self.offsets.tolist()
+        st = self.st
         if self.hist is None:
             return [
-                SeriesData(labels, self.ts[o[i] : o[i + 1]], self.vs[o[i] : o[i + 1]])
+                SeriesData(
+                    labels,
+                    self.ts[o[i] : o[i + 1]],
+                    self.vs[o[i] : o[i + 1]],
+                    start_timestamps=None if st is None else st[o[i] : o[i + 1]],
+                )
                 for i, labels in enumerate(self.labels)
             ]
         h = self.hist
@@ -105,6 +116,8 @@ class SeriesColumns:
                 self.vs[o[i] : o[i + 1]],
                 h.ts[ho[i] : ho[i + 1]],
                 tuple(h.hs[ho[i] : ho[i + 1]].tolist()),
+                None if st is None else st[o[i] : o[i + 1]],
+                None if h.st is None else h.st[ho[i] : ho[i + 1]],
             )
             for i, labels in enumerate(self.labels)
         ]
@@ -117,10 +130,13 @@ class SeriesColumns:
             return (
                 self
                 if hist is self.hist
-                else SeriesColumns(self.labels, self.ts, self.vs, self.offsets, hist)
+                else SeriesColumns(self.labels, self.ts, self.vs, self.offsets, hist, self.st)
             )
         kept_before = np.concatenate([[0], np.cumsum(~stale)])
-        return SeriesColumns(self.labels, self.ts[~stale], self.vs[~stale], kept_before[self.offsets], hist)
+        st = None if self.st is None else self.st[~stale]
+        return SeriesColumns(
+            self.labels, self.ts[~stale], self.vs[~stale], kept_before[self.offsets], hist, st
+        )
 
 
 @runtime_checkable
@@ -140,6 +156,7 @@ def columns_of(series: Sequence[SeriesData]) -> SeriesColumns:
     np.cumsum([len(s.timestamps) for s in series], out=offsets[1:])
     ts = np.concatenate([s.timestamps for s in series]).astype(np.int64, copy=False)
     vs = np.concatenate([s.values for s in series]).astype(np.float64, copy=False)
+    st = join_start_timestamps([(s.start_timestamps, len(s.timestamps)) for s in series])
     hist = None
     if any(s.histograms for s in series):
         hoffsets = np.zeros(len(series) + 1, dtype=np.int64)
@@ -147,8 +164,13 @@ def columns_of(series: Sequence[SeriesData]) -> SeriesColumns:
         hts = np.concatenate([s.hist_timestamps for s in series]).astype(np.int64, copy=False)
         hs = np.empty(int(hoffsets[-1]), dtype=object)
         hs[:] = [h for s in series for h in s.histograms]
-        hist = HistColumns(hts, hs, hoffsets)
-    return SeriesColumns([s.labels for s in series], ts, vs, offsets, hist)
+        hist = HistColumns(
+            hts,
+            hs,
+            hoffsets,
+            join_start_timestamps([(s.hist_start_timestamps, len(s.histograms)) for s in series]),
+        )
+    return SeriesColumns([s.labels for s in series], ts, vs, offsets, hist, st)
 
 
 def gather_ranges(starts: I64, lengths: I64) -> I64:

@@ -36,6 +36,7 @@ __all__ = [
     "is_stale",
     "is_stale_histogram",
     "is_stale_value",
+    "join_start_timestamps",
     "labels_match",
     "normalize_labels",
     "read_within",
@@ -134,13 +135,25 @@ class SeriesData:
     values: npt.NDArray[np.float64]  # stale markers are the StaleNaN bit pattern 0x7ff0000000000002
     hist_timestamps: npt.NDArray[np.int64] = field(default_factory=_no_times)  # ms, ascending
     histograms: tuple[FloatHistogram, ...] = ()  # one per hist_timestamps entry
+    #: Start timestamps (ms, 0 = unset) of the float samples and of the histograms, position for
+    #: position; None when the series has none (the usual case: nothing is carried or looked at).
+    start_timestamps: npt.NDArray[np.int64] | None = None
+    hist_start_timestamps: npt.NDArray[np.int64] | None = None
 
     def window(self, start_ms: int, end_ms: int) -> SeriesData | None:
         """The samples of both kinds with ``start_ms <= t <= end_ms`` (None when there are none)."""
         a = int(np.searchsorted(self.timestamps, start_ms, side="left"))
         b = int(np.searchsorted(self.timestamps, end_ms, side="right"))
+        st, hst = self.start_timestamps, self.hist_start_timestamps
         if not self.histograms:
-            return SeriesData(self.labels, self.timestamps[a:b], self.values[a:b]) if b > a else None
+            if b <= a:
+                return None
+            return SeriesData(
+                self.labels,
+                self.timestamps[a:b],
+                self.values[a:b],
+                start_timestamps=None if st is None else st[a:b],
+            )
         ha = int(np.searchsorted(self.hist_timestamps, start_ms, side="left"))
         hb = int(np.searchsorted(self.hist_timestamps, end_ms, side="right"))
         if b <= a and hb <= ha:
@@ -151,6 +164,8 @@ class SeriesData:
             self.values[a:b],
             self.hist_timestamps[ha:hb],
             self.histograms[ha:hb],
+            None if st is None else st[a:b],
+            None if hst is None else hst[ha:hb],
         )
 
 
@@ -214,8 +229,8 @@ class Storage(Protocol):
         ...
 
 
-_FloatArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
-_HistArrays = tuple[npt.NDArray[np.int64], "tuple[FloatHistogram, ...]"]
+_FloatArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64] | None]
+_HistArrays = tuple[npt.NDArray[np.int64], "tuple[FloatHistogram, ...]", npt.NDArray[np.int64] | None]
 
 
 def tsdb_hints(
@@ -259,40 +274,70 @@ def tsdb_hints(
 
 
 class _MemSeries:
-    __slots__ = ("_sorted", "hs", "hts", "labels", "ts", "vs")
+    __slots__ = ("_sorted", "hs", "hsts", "hts", "labels", "sts", "ts", "vs")
 
     def __init__(self, labels: Labels) -> None:
         self.labels = labels
         self.ts: list[int] = []
         self.vs: list[float] = []
+        self.sts: list[int] = []  # start timestamps of the floats, 0 = unset
         self.hts: list[int] = []
         self.hs: list[FloatHistogram] = []
+        self.hsts: list[int] = []
         self._sorted: tuple[_FloatArrays, _HistArrays] | None = None
 
     def arrays(self) -> tuple[_FloatArrays, _HistArrays]:
-        """Floats and histograms, each sorted by time; at a timestamp both kinds hold, the histogram wins."""
+        """Floats and histograms, each sorted by time; at a timestamp both kinds hold, the histogram
+        wins. Each kind's start timestamps come with it, None when none is set."""
         if self._sorted is None:
             ts = np.asarray(self.ts, dtype=np.int64)
             vs = np.asarray(self.vs, dtype=np.float64)
+            sts = np.asarray(self.sts, dtype=np.int64)
             order = np.argsort(ts, kind="stable")
-            ts, vs = ts[order], vs[order]
+            ts, vs, sts = ts[order], vs[order], sts[order]
             # A later write at the same timestamp replaces the earlier one.
             if len(ts) > 1:
                 keep = np.append(ts[1:] != ts[:-1], True)
-                ts, vs = ts[keep], vs[keep]
+                ts, vs, sts = ts[keep], vs[keep], sts[keep]
             hts = np.asarray(self.hts, dtype=np.int64)
+            hsts = np.asarray(self.hsts, dtype=np.int64)
             horder = np.argsort(hts, kind="stable")
-            hts = hts[horder]
+            hts, hsts = hts[horder], hsts[horder]
             hs = [self.hs[i] for i in horder.tolist()]
             if len(hts) > 1:
                 hkeep = np.append(hts[1:] != hts[:-1], True)
                 hs = [h for h, k in zip(hs, hkeep.tolist(), strict=True) if k]
-                hts = hts[hkeep]
+                hts, hsts = hts[hkeep], hsts[hkeep]
             if len(hts) and len(ts):
                 clash = np.isin(ts, hts)
-                ts, vs = ts[~clash], vs[~clash]
-            self._sorted = ((ts, vs), (hts, tsdb_hints(hs, hts, ts)))
+                ts, vs, sts = ts[~clash], vs[~clash], sts[~clash]
+            self._sorted = (
+                (ts, vs, sts if sts.any() else None),
+                (hts, tsdb_hints(hs, hts, ts), hsts if hsts.any() else None),
+            )
         return self._sorted
+
+
+def join_start_timestamps(
+    parts: Sequence[tuple[npt.NDArray[np.int64] | None, int]],
+) -> npt.NDArray[np.int64] | None:
+    """Start timestamps of joined runs of samples: ``(starts or None, samples)`` per run, zeros
+    (unset) where a run has none; None when no run has any, so the usual case carries nothing."""
+    if all(st is None for st, _ in parts):
+        return None
+    return np.concatenate([np.zeros(n, np.int64) if st is None else st for st, n in parts]).astype(
+        np.int64, copy=False
+    )
+
+
+def _extend_starts(into: list[int], starts: Iterable[int] | None, want: int) -> None:
+    """Start timestamps appended beside samples just appended (zeros, unset, when not given)."""
+    if starts is None:
+        into.extend([0] * (want - len(into)))
+        return
+    into.extend(int(s) for s in starts)
+    if len(into) != want:
+        raise ValueError("start timestamps and timestamps differ in length")
 
 
 def normalize_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
@@ -319,11 +364,14 @@ class MemoryStorage:
         labels: Mapping[str, str] | Iterable[tuple[str, str]],
         timestamps: Iterable[int],
         values: Iterable[float],
+        start_timestamps: Iterable[int] | None = None,
     ) -> None:
-        """Append samples to a series (created on first use); order of appends does not matter."""
+        """Append samples to a series (created on first use); order of appends does not matter.
+        ``start_timestamps``: each sample's (ms, 0 = unset), as remote_write 2.0 sends them."""
         series = self._series_for(labels)
         series.ts.extend(int(t) for t in timestamps)
         series.vs.extend(float(v) for v in values)
+        _extend_starts(series.sts, start_timestamps, len(series.ts))
         if len(series.ts) != len(series.vs):
             raise ValueError("timestamps and values differ in length")
         series._sorted = None
@@ -333,11 +381,13 @@ class MemoryStorage:
         labels: Mapping[str, str] | Iterable[tuple[str, str]],
         timestamps: Iterable[int],
         histograms: Iterable[FloatHistogram],
+        start_timestamps: Iterable[int] | None = None,
     ) -> None:
         """Append native-histogram samples to a series (created on first use), as :meth:`add` does floats."""
         series = self._series_for(labels)
         series.hts.extend(int(t) for t in timestamps)
         series.hs.extend(histograms)
+        _extend_starts(series.hsts, start_timestamps, len(series.hts))
         if len(series.hts) != len(series.hs):
             raise ValueError("timestamps and histograms differ in length")
         series._sorted = None
@@ -366,17 +416,34 @@ class MemoryStorage:
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
         out = []
         for series in self._matching(matchers):
-            (ts, vs), (hts, hs) = series.arrays()
+            (ts, vs, sts), (hts, hs, hsts) = series.arrays()
             lo = int(np.searchsorted(ts, start_ms, side="left"))
             hi = int(np.searchsorted(ts, end_ms, side="right"))
             if not len(hts):
                 if hi > lo:
-                    out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi]))
+                    out.append(
+                        SeriesData(
+                            series.labels,
+                            ts[lo:hi],
+                            vs[lo:hi],
+                            start_timestamps=None if sts is None else sts[lo:hi],
+                        )
+                    )
                 continue
             hlo = int(np.searchsorted(hts, start_ms, side="left"))
             hhi = int(np.searchsorted(hts, end_ms, side="right"))
             if hi > lo or hhi > hlo:
-                out.append(SeriesData(series.labels, ts[lo:hi], vs[lo:hi], hts[hlo:hhi], hs[hlo:hhi]))
+                out.append(
+                    SeriesData(
+                        series.labels,
+                        ts[lo:hi],
+                        vs[lo:hi],
+                        hts[hlo:hhi],
+                        hs[hlo:hhi],
+                        None if sts is None else sts[lo:hi],
+                        None if hsts is None else hsts[hlo:hhi],
+                    )
+                )
         out.sort(key=lambda d: d.labels)
         return out
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from kernel_insight.kql.ast import PosRange
+from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.sparsehists import HistSamples, SparseCells, SparseHists
 from kernel_insight.kql.storage import Labels
 
@@ -219,11 +220,14 @@ class HistRange(HistSamples):
     path reads the columns and never does.
     """
 
-    __slots__ = ("hi", "lo", "offsets", "ts")
+    __slots__ = ("hi", "lo", "offsets", "st", "ts")
 
-    def __init__(self, ts: I64, hs: OBJ | SparseHists, offsets: I64, lo: I64, hi: I64) -> None:
+    def __init__(
+        self, ts: I64, hs: OBJ | SparseHists, offsets: I64, lo: I64, hi: I64, st: I64 | None = None
+    ) -> None:
         super().__init__(hs)
         self.ts, self.offsets, self.lo, self.hi = ts, offsets, lo, hi
+        self.st = st  # start timestamps beside ts (RangeInput.st)
 
     @property
     def counts(self) -> I64:
@@ -256,6 +260,10 @@ class RangeInput:
     smoothed: bool = False
     checkpoint: Callable[[], None] = _no_checkpoint  # raises when the query timed out or was cancelled
     hist: HistRange | None = None
+    #: Start timestamps (ms, 0 = unset) beside ``ts``: only a matrix selector's, and only when a
+    #: selected series has some (Prometheus passes them to rate, irate, increase and resets; a
+    #: subquery has none). None otherwise, and the functions take their usual path.
+    st: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -268,6 +276,32 @@ class RangeInput:
     def counts(self) -> I64:
         counts: I64 = self.hi - self.lo
         return counts
+
+
+def start_timestamp_resets(prev_st: I64, prev_t: I64, cur_st: I64, cur_t: I64) -> BOOL:
+    """Elementwise Prometheus' isStartTimestampReset: whether the current sample's start timestamp
+    says its counter started again after the previous sample (rate, increase, irate, resets).
+
+    Unset (0), at or after its own time (OTel's "unknown start") or before the previous sample:
+    no reset. After the previous sample: a reset. At it: a reset for a delta series (the previous
+    start timestamp known and before its own sample), not for a cumulative series whose start
+    was unknown (the previous one unset, equal to its time, or invalid after it)."""
+    valid = (cur_st != 0) & (cur_st < cur_t)
+    at_prev = (cur_st == prev_t) & (prev_st <= prev_t) & (prev_st != 0) & (prev_st != prev_t)
+    out: BOOL = valid & ((cur_st > prev_t) | at_prev)
+    return out
+
+
+def start_time_overlaps(prev_st: I64, prev_t: I64, cur_st: I64) -> BOOL:
+    """Elementwise Prometheus' checkStartTimeOverlap: a start timestamp before the previous
+    sample's time that is not the previous one's (neither a delta's nor a cumulative's)."""
+    out: BOOL = (cur_st != 0) & (cur_st < prev_t) & (cur_st != prev_st)
+    return out
+
+
+def start_time_overlap_warning(name: str) -> str:
+    """Prometheus' NewStartTimeOverlapWarning."""
+    return f"sample has start time that overlaps with previous sample timestamp for metric {go_quote(name)}"
 
 
 @dataclass(frozen=True, slots=True)

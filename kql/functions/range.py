@@ -27,7 +27,14 @@ from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
 from kernel_insight.kql.functions.registry import GridPushdown, function
-from kernel_insight.kql.values import CallContext, RangeInput, StepVector
+from kernel_insight.kql.values import (
+    CallContext,
+    RangeInput,
+    StepVector,
+    start_time_overlap_warning,
+    start_time_overlaps,
+    start_timestamp_resets,
+)
 
 __all__: list[str] = []
 
@@ -397,15 +404,46 @@ def _same_series_prev(r: RangeInput) -> npt.NDArray[np.bool_]:
     return same
 
 
-def _reset_corrections(r: RangeInput) -> F64:
-    """Sum, per window, of the values before each counter reset inside the window."""
-    same = _same_series_prev(r)
-    prev = np.concatenate([[0.0], r.vs[:-1]]) if len(r.vs) else r.vs
-    corr = np.where(same & (r.vs < prev), prev, 0.0)
-    pre = _prefix(corr)
+def _previous(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Each flat sample's predecessor's value (garbage, 0, for a series' first sample)."""
+    return np.concatenate([np.zeros(1, values.dtype), values[:-1]]) if len(values) else values
+
+
+def _resets_at(r: RangeInput, same: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per flat sample: whether the counter reset between its series' previous sample and it, by
+    the value going down or, where the samples carry them, by the start timestamp."""
+    prev = _previous(r.vs)
+    hit: npt.NDArray[np.bool_] = same & (r.vs < prev)
+    if r.st is not None:
+        hit |= same & start_timestamp_resets(_previous(r.st), _previous(r.ts), r.st, r.ts)
+    return hit
+
+
+def _in_window_count(r: RangeInput, hits: npt.NDArray[np.bool_] | F64) -> F64:
+    """Per window: the sum of ``hits`` over its samples but the first (pairs inside the window)."""
+    pre = _prefix(np.asarray(hits, dtype=np.float64))
     inner_lo = np.minimum(r.lo + 1, r.hi)
     result: F64 = pre[r.hi] - pre[inner_lo]
     return result
+
+
+def _reset_corrections(r: RangeInput) -> F64:
+    """Sum, per window, of the values before each counter reset inside the window."""
+    return _in_window_count(r, np.where(_resets_at(r, _same_series_prev(r)), _previous(r.vs), 0.0))
+
+
+def _warn_start_time_overlaps(ctx: CallContext, r: RangeInput) -> None:
+    """Prometheus' warning, once per series, for a start timestamp inside the previous sample's
+    span in a window (neither a delta's nor a cumulative's): rate and increase only."""
+    if r.st is None:
+        return
+    same = _same_series_prev(r)
+    overlaps = same & start_time_overlaps(_previous(r.st), _previous(r.ts), r.st)
+    if not overlaps.any():
+        return
+    hit = _in_window_count(r, overlaps) > 0
+    for i in np.flatnonzero(hit.any(axis=1)).tolist():
+        ctx.warn(start_time_overlap_warning(dict(r.labels[i]).get("__name__", "")), ctx.node.args[0].pos)
 
 
 def _extrapolated(ctx: CallContext, r: RangeInput, counter: bool, per_second: bool) -> StepVector:
@@ -416,6 +454,7 @@ def _extrapolated(ctx: CallContext, r: RangeInput, counter: bool, per_second: bo
     result = last_v - first_v
     if counter:
         result = result + _reset_corrections(r)
+        _warn_start_time_overlaps(ctx, r)
     range_start = (r.end - r.range_ms)[None, :]
     range_end = r.end[None, :]
     to_start = (first_t - range_start) / 1000.0
@@ -428,11 +467,32 @@ def _extrapolated(ctx: CallContext, r: RangeInput, counter: bool, per_second: bo
         zero_point = np.where(result != 0, sampled * (first_v / np.where(result != 0, result, 1)), np.inf)
         use_zero = (result > 0) & (first_v >= 0) & (zero_point < to_start)
         to_start = np.where(use_zero, zero_point, to_start)
+        from_start = _starts_in_range(r, first_t, range_start) if r.st is not None else None
+        if from_start is not None:
+            # Prometheus: a first sample whose start timestamp lies inside the range counts from a
+            # zero at that time instead of extrapolating left (one sample is then enough).
+            st0, use = from_start
+            present = present | use
+            result = np.where(use, result + first_v, result)
+            to_start = np.where(use, 0.0, to_start)
+            sampled = np.where(use, (last_t - st0) / 1000.0, sampled)
     to_end = np.where(to_end >= threshold, average / 2, to_end)
-    factor = (sampled + to_start + to_end) / sampled
+    factor = (sampled + to_start + to_end) / np.where(sampled != 0, sampled, 1.0)
+    factor = np.where(sampled != 0, factor, 1.0)
     if per_second:
         factor = factor / (r.range_ms / 1000.0)
     return range_result(r, result * factor, present)
+
+
+def _starts_in_range(
+    r: RangeInput, first_t: I64, range_start: I64
+) -> tuple[I64, npt.NDArray[np.bool_]] | None:
+    """Per window: its first sample's start timestamp, and whether it lies inside the range and
+    before the sample (then rate counts from zero there); None when no window's does."""
+    assert r.st is not None
+    st0 = r.st[np.minimum(r.lo, len(r.st) - 1)] if len(r.st) else np.zeros(r.lo.shape, np.int64)
+    use: npt.NDArray[np.bool_] = (r.counts > 0) & (st0 != 0) & (st0 > range_start) & (st0 < first_t)
+    return (st0, use) if use.any() else None
 
 
 @function("rate", (M,), V, pushdown=GridPushdown("timeSeriesRateToGrid"))
@@ -462,7 +522,10 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
     lv, pv = r.vs[last], r.vs[prev]
     result = lv - pv
     if is_rate:
-        result = np.where(lv < pv, lv, result)
+        reset = lv < pv
+        if r.st is not None:
+            reset |= start_timestamp_resets(r.st[prev], r.ts[prev], r.st[last], r.ts[last])
+        result = np.where(reset, lv, result)
         interval = (r.ts[last] - r.ts[prev]).astype(np.float64)
         present = present & (interval != 0)
         result = result / np.where(interval != 0, interval, 1.0) * 1000.0
@@ -587,11 +650,9 @@ def _predict_linear(ctx: CallContext, args: list[Any]) -> StepVector:
 
 def _count_changes(r: RangeInput, resets: bool) -> StepVector:
     same = _same_series_prev(r)
-    prev = np.concatenate([[0.0], r.vs[:-1]]) if len(r.vs) else r.vs
-    hit = same & (r.vs < prev) if resets else same & (r.vs != prev) & ~(np.isnan(r.vs) & np.isnan(prev))
-    pre = _prefix(hit.astype(np.float64))
-    inner_lo = np.minimum(r.lo + 1, r.hi)
-    counts = pre[r.hi] - pre[inner_lo]
+    prev = _previous(r.vs)
+    hit = _resets_at(r, same) if resets else same & (r.vs != prev) & ~(np.isnan(r.vs) & np.isnan(prev))
+    counts = _in_window_count(r, hit)
     if r.anchored:
         counts = counts + _anchored_first_change(r, resets)
     return range_result(r, counts, _present(r, 1))

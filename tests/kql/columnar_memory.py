@@ -37,6 +37,5 @@ class ColumnarMemory(MemoryStorage):
         sparse = tsdb_pending(
             SparseHists.of_objects(raw), cols.hist.ts, cols.hist.offsets, cols.ts, cols.offsets
         )
-        return SeriesColumns(
-            cols.labels, cols.ts, cols.vs, cols.offsets, HistColumns(cols.hist.ts, sparse, cols.hist.offsets)
-        )
+        hist = HistColumns(cols.hist.ts, sparse, cols.hist.offsets, cols.hist.st)
+        return SeriesColumns(cols.labels, cols.ts, cols.vs, cols.offsets, hist, cols.st)

@@ -11,13 +11,19 @@ from kernel_insight.kql.promqltest import (
     SKIP_FILE,
     STANDARD_FILES,
     FileReport,
+    Load,
+    ScriptError,
+    _load,
     default_dir,
     expand_values,
     load_skips,
     main,
+    parse_script,
     parse_series,
+    parse_start_offsets,
     run_file,
 )
+from kernel_insight.kql.storage import Matcher, MemoryStorage
 
 SCRIPTS = default_dir()
 
@@ -79,3 +85,32 @@ def test_series_lines_expand_like_upstream() -> None:
 
 def test_skip_file_lives_next_to_the_runner() -> None:
     assert SKIP_FILE.resolve() == Path(__file__).resolve().parents[2] / "kql" / "promqltest_skips.txt"
+
+
+def test_start_timestamp_lines_expand_like_upstream(tmp_path: Path) -> None:
+    """``@st`` lines (Prometheus' parseSTSequence): offsets from each sample's time, ``_`` unset."""
+    assert parse_start_offsets("_ _x2 -30s-1mx2 +1m 0 -1msx1 1ms+1sx1") == [
+        None, None, None, -30_000, -90_000, -150_000, 60_000, 0, -1, -1, 1, 1_001,
+    ]  # fmt: skip
+    with pytest.raises(ScriptError, match="bad @st item"):
+        parse_start_offsets("1m*2")
+    script = tmp_path / "st.test"
+    script.write_text("load 1m\n    c@st _ -30s -1m\n    c    _ 5 7\n    d 1 2 3\n")
+    (load,) = parse_script(script)
+    assert isinstance(load, Load)
+    assert load.starts == {0: [None, -30_000, -60_000]}
+    storage = MemoryStorage()
+    _load(storage, load)
+    c, d = storage.select([Matcher("__name__", "=~", "c|d")], 0, 600_000)
+    assert c.start_timestamps is not None
+    assert c.start_timestamps.tolist() == [60_000 - 30_000, 120_000 - 60_000]
+    assert d.start_timestamps is None  # a series without: nothing carried
+    for body, message in (
+        ("    c@st _ 1m\n    d _ 1\n", "does not match"),
+        ("    c@st _ 1m 1m\n    c _ 1\n", "has 3 values but sample line has 2"),
+        ("    c@st _ 1m\n", "no following sample line"),
+        ("    c@st _ 1m\n    c@st _ 1m\n    c _ 1\n", "no following sample line"),
+    ):
+        script.write_text("load 1m\n" + body)
+        with pytest.raises(ScriptError, match=message):
+            parse_script(script)
