@@ -31,6 +31,8 @@ from kernel_insight.kql.sparsehists import Ragged, SparseHists, tsdb_pending
 from kernel_insight.kql.storage import (
     READ_BUDGET,
     STALE_NAN_BITS,
+    START_TIMESTAMP_FUNCTIONS,
+    START_TIMESTAMPS_WANTED,
     Labels,
     Matcher,
     SeriesData,
@@ -220,7 +222,12 @@ class ClickHouseStorage:
         """``select`` as one block of arrays: no Python work per sample, little per series."""
         if end_ms < start_ms:
             return columns_of([])
+        # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
+        # metrics known to have some (all, where the store cannot know; the cache holds none).
+        starts = self._store.start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
         plan = self._declined_plan(matchers, start_ms, end_ms)
+        if plan is not None and (starts is None or plan[0] in starts):
+            plan = None
         if plan is not None and plan[1].stop > end_ms:
             cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
             if cols is not None:
@@ -234,7 +241,8 @@ class ClickHouseStorage:
         if plan is not None:  # never a metric with histograms (_cache_plan)
             return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
         where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
-        cols = _columns(self._samples(where, p), labels_by_fp)
+        with_st = bool(starts is None or (starts and _metrics(series) & starts))
+        cols = _columns(self._samples(where, p, with_st), labels_by_fp)
         with_hists = self._histogram_metrics_of(series, start_ms, end_ms)
         if not with_hists:
             return cols  # floats only: the path every float query keeps, no histogram read
@@ -243,12 +251,11 @@ class ClickHouseStorage:
             f"{_fingerprints_in(series, sub, hp)} AND metric IN {hp(sorted(with_hists), 'Array(String)')} "
             f"AND {self._window(start_ms, end_ms)}"
         )
-        return _merge_histograms(cols, self._histograms(where, hp), labels_by_fp)
+        return _merge_histograms(cols, self._histograms(where, hp, with_st), labels_by_fp)
 
     def _histogram_metrics_of(self, series: pa.Table, start_ms: int, end_ms: int) -> frozenset[str]:
         """Which metrics of the series just found have native histogram samples (maybe in the window)."""
-        metrics = frozenset(str(m) for m in pc.unique(series.column("s_metric")).to_pylist())
-        return self._histogram_metrics_among(metrics, start_ms, end_ms)
+        return self._histogram_metrics_among(_metrics(series), start_ms, end_ms)
 
     def _histogram_metrics_among(self, metrics: frozenset[str], start_ms: int, end_ms: int) -> frozenset[str]:
         """Which of ``metrics`` have native histogram samples (maybe in the window).
@@ -267,19 +274,23 @@ class ClickHouseStorage:
         )
         return frozenset(str(m) for m in found.column("metric").to_pylist())
 
-    def _histograms(self, where: str, p: Params) -> pa.Table:
-        """Native histogram samples matching ``where``, ordered by (fingerprint, t); one bucket list per side."""
+    def _histograms(self, where: str, p: Params, with_st: bool = False) -> pa.Table:
+        """Native histogram samples matching ``where``, ordered by (fingerprint, t); one bucket list
+        per side; ``with_st``: their start timestamps too."""
+        st = ", st" if with_st else ""
         return self._read(
-            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, {_HISTOGRAM_COLUMNS} "
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, {_HISTOGRAM_COLUMNS}{st} "
             f"FROM {self._histograms_table} WHERE {where} ORDER BY fingerprint, t",
             p,
             rows_per_sample=HISTOGRAM_MIN_WEIGHT,  # a histogram counts as at least 11 samples
         )
 
-    def _samples(self, where: str, p: Params) -> pa.Table:
-        """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t)."""
+    def _samples(self, where: str, p: Params, with_st: bool = False) -> pa.Table:
+        """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t);
+        ``with_st``: their start timestamps too (column ``st``)."""
+        st = ", st" if with_st else ""
         return self._read(
-            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value FROM {self._samples_table} "
+            f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value{st} FROM {self._samples_table} "
             f"WHERE {where} ORDER BY fingerprint, t",
             p,
             rows_per_sample=1,
@@ -506,7 +517,7 @@ class ClickHouseStorage:
                 for hour in hours:
                     cache.mark_oversized(metric, hour)
                 return {}
-        fps, ts, vs = _deduplicated(self._samples(where, p))
+        fps, ts, vs, _ = _deduplicated(self._samples(where, p))
         # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
         # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
         hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
@@ -726,6 +737,10 @@ class ClickHouseStorage:
             return _empty_grid(steps), 0
         if self._histogram_metrics_of(series, first, end_ms):
             return None  # the grid aggregates read floats only: the engine computes histograms
+        if func in START_TIMESTAMP_FUNCTIONS:
+            starts = self._store.start_timestamp_metrics()
+            if starts is None or (starts and _metrics(series) & starts):
+                return None  # nor start timestamps: the engine reads them (docs/kql.md)
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
@@ -889,11 +904,29 @@ def _empty_grid(steps: int) -> GridColumns:
     )
 
 
+def _metrics(series: pa.Table) -> frozenset[str]:
+    """The metric names of a series read (``_series_sql``'s ``s_metric``)."""
+    return frozenset(str(m) for m in pc.unique(series.column("s_metric")).to_pylist())
+
+
+def _starts_of(rows: pa.Table, keep: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.int64] | None:
+    """A read's start timestamps (its ``st`` column, the rows in ``keep``), None when it has none
+    or all are unset: then nothing downstream looks at them."""
+    if "st" not in rows.column_names:
+        return None
+    st = rows.column("st").to_numpy().astype(np.int64, copy=False)
+    if keep is not None:
+        st = st[keep]
+    return st if st.any() else None
+
+
 def _columns(samples: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumns:
-    """Samples ordered by (fingerprint, t) as :class:`SeriesColumns` sorted by labels."""
+    """Samples ordered by (fingerprint, t) as :class:`SeriesColumns` sorted by labels, with their
+    start timestamps when the read has some."""
     if samples.num_rows == 0:
         return columns_of([])
-    fps, ts, vs = _deduplicated(samples)
+    fps, ts, vs, keep = _deduplicated(samples)
+    st = _starts_of(samples, keep)
     starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
     lengths = np.diff(np.append(starts, len(fps)))
     heads = fps[starts].tolist()
@@ -904,7 +937,8 @@ def _columns(samples: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumn
     if not np.array_equal(order, np.arange(len(heads))):
         idx = gather_ranges(starts, lengths)
         ts, vs = ts[idx], vs[idx]
-    return SeriesColumns(labels, ts, vs, offsets)
+        st = None if st is None else st[idx]
+    return SeriesColumns(labels, ts, vs, offsets, st=st)
 
 
 #: The histograms table's columns as one histogram: each side's counts from whichever of its two
@@ -968,6 +1002,7 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
         hists = hists.filter(pa.array(keep))
         fps, ts = fps[keep], ts[keep]
     data = _histogram_columns(hists)
+    h_st = _starts_of(hists)
     starts = np.flatnonzero(np.concatenate(([True], fps[1:] != fps[:-1])))
     ends = np.append(starts[1:], len(fps))
     by_labels: dict[Labels, tuple[int, int]] = {}
@@ -994,9 +1029,11 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     fi = gather_ranges(np.asarray(f_starts, dtype=np.int64), np.asarray(f_lens, dtype=np.int64))
     hi = gather_ranges(np.asarray(h_starts, dtype=np.int64), np.asarray(h_lens, dtype=np.int64))
     fts, fvs = cols.ts[fi], cols.vs[fi]
+    f_st = None if cols.st is None else cols.st[fi]
     f_lengths = np.asarray(f_lens, dtype=np.int64)
     h_lengths = np.asarray(h_lens, dtype=np.int64)
     hts = ts[hi]
+    h_st = None if h_st is None else h_st[hi]
     # The histogram wins at a timestamp both kinds hold: same series, same time.
     f_series = np.repeat(np.arange(len(union)), f_lengths)
     h_series = np.repeat(np.arange(len(union)), h_lengths)
@@ -1004,6 +1041,7 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
         clash = np.isin(f_series.astype(np.int64) << 42 | fts, h_series.astype(np.int64) << 42 | hts)
         if clash.any():
             fts, fvs = fts[~clash], fvs[~clash]
+            f_st = None if f_st is None else f_st[~clash]
             f_lengths = np.bincount(f_series[~clash], minlength=len(union)).astype(np.int64)
     f_offsets = np.zeros(len(union) + 1, dtype=np.int64)
     np.cumsum(f_lengths, out=f_offsets[1:])
@@ -1015,24 +1053,27 @@ def _merge_histograms(cols: SeriesColumns, hists: pa.Table, labels_by_fp: dict[i
     if not np.array_equal(hi, np.arange(len(data))):
         data = data.take_ranges(np.asarray(h_starts, dtype=np.int64), h_lengths)
     data = tsdb_pending(data, hts, h_offsets, fts, f_offsets)
-    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, data, h_offsets))
+    return SeriesColumns(union, fts, fvs, f_offsets, HistColumns(hts, data, h_offsets, h_st), f_st)
 
 
 def _deduplicated(
     samples: pa.Table,
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Samples ordered by (fingerprint, t) as arrays, two writes at one timestamp counted once (as Prometheus)."""
+) -> tuple[
+    npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_] | None
+]:
+    """Samples ordered by (fingerprint, t) as arrays, two writes at one timestamp counted once (as
+    Prometheus); the rows kept, None when all were."""
     if samples.num_rows == 0:
-        return np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.float64)
+        return np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.float64), None
     fps = samples.column("fingerprint").to_numpy().astype(np.uint64, copy=False)
     ts = samples.column("t").to_numpy().astype(np.int64, copy=False)
     vs = samples.column("value").to_numpy().astype(np.float64, copy=False)
     keep = np.ones(len(ts), dtype=bool)
     keep[:-1] = (fps[1:] != fps[:-1]) | (ts[1:] != ts[:-1])
-    if not keep.all():
-        fps, ts, vs = fps[keep], ts[keep], vs[keep]
-    return fps, ts, vs
+    if keep.all():
+        return fps, ts, vs, None
+    return fps[keep], ts[keep], vs[keep], keep
 
 
 def _sorted_block(samples: pa.Table) -> SampleBlock:
-    return SampleBlock.from_sorted(*_deduplicated(samples))
+    return SampleBlock.from_sorted(*_deduplicated(samples)[:3])

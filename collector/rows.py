@@ -743,7 +743,11 @@ class HistogramBuilder:
         )
 
     def add_histogram(
-        self, labels: Mapping[str, str] | Iterable[tuple[str, str]], ts_ms: int, h: Any
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        ts_ms: int,
+        h: Any,
+        start_timestamp_ms: int = 0,
     ) -> None:
         """A ``FloatHistogram`` (kernel_insight.kql.nativehist) or anything with its fields."""
         self.add(
@@ -760,6 +764,7 @@ class HistogramBuilder:
             negative_buckets=h.negative_buckets,
             counter_reset_hint=getattr(h, "counter_reset_hint", 0),
             custom_values=getattr(h, "custom_values", ()),
+            start_timestamp_ms=start_timestamp_ms,
         )
 
     def build(self) -> HistogramBatch:

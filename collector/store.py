@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -218,10 +218,52 @@ class PreparedRows:
     ts_ms: np.ndarray[Any, Any] | None = None
     series_keys: list[tuple[int, int]] = field(default_factory=list)
     histogram_metrics: list[str] = field(default_factory=list)
+    #: The batch's metrics when it carries start timestamps (``Store.start_timestamp_metrics``).
+    start_timestamp_metrics: list[str] = field(default_factory=list)
     #: Whether the batch id is looked up in and written to the ``batches`` table. False for ids
     #: no sender can send again (remote_write's fresh ``rw:<uuid>``): nothing to deduplicate, so
     #: a group of them costs no ``batches_seen`` query and no ``batches`` insert.
     record: bool = True
+
+
+def _start_metrics(batch: SampleBatch | HistogramBatch) -> list[str]:
+    """The metrics of a batch's samples that carry a start timestamp (none for most batches)."""
+    if batch.st_ms is None:
+        return []
+    rows = np.unique(batch.series_idx[batch.st_ms != 0]).tolist()
+    return sorted({dict(batch.series[i]).get("__name__", "") for i in rows})
+
+
+class _MetricsWith:
+    """The metric names that have some kind of row (histograms, start timestamps), for a store whose
+    writes all pass through one object (the embedded store): the rows' metrics read once (again
+    after any raw statement: ``forget``), plus every metric this process writes such rows of, noted
+    before the write. Reads of other metrics then skip what only those have (docs/storage.md)."""
+
+    __slots__ = ("_known", "_lock", "_noted", "_sql")
+
+    def __init__(self, sql: str) -> None:
+        self._sql = sql  # SELECT DISTINCT metric ... of the rows in question
+        self._known: frozenset[str] | None = None
+        self._noted: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+
+    def note(self, names: Iterable[str]) -> None:
+        names = set(names)
+        if not self._noted.issuperset(names):
+            with self._lock:
+                self._noted = self._noted | names
+
+    def forget(self) -> None:
+        self._known = None
+
+    def get(self, query: Callable[[str], pa.Table]) -> frozenset[str]:
+        known = self._known
+        if known is None:
+            rows = query(self._sql)
+            known = self._known = frozenset(str(m) for m in rows.column("metric").to_pylist())
+        noted = self._noted
+        return known | noted if noted else known
 
 
 #: How long an engine's answer to ``Store.ping`` stands (seconds).
@@ -337,11 +379,15 @@ class Store(ABC):
         #: Told of every INSERT: (table, rows, seconds, succeeded); the collector's /metrics
         #: (``CollectorMetrics.observe_insert``) counts rows by table and times inserts with it.
         self.insert_observer: Callable[[str, int, float, bool], None] | None = None
-        #: Metric names the histograms table holds, when this process can know them all (an
-        #: embedded store: one process owns it); None means unknown, so reads look every time.
-        self._histogram_known: frozenset[str] | None = None
-        self._histogram_noted: frozenset[str] = frozenset()
-        self._track_histogram_metrics = False
+        #: Metric names the histograms table holds, and those with start timestamps (samples or
+        #: histograms), when this process can know them all (an embedded store: one process owns
+        #: it, ``_track_metrics``); else unknown, so reads look every time.
+        self._histogram_metrics = _MetricsWith(f"SELECT DISTINCT metric FROM {self._table('histograms')}")
+        self._start_timestamp_metrics = _MetricsWith(
+            f"SELECT DISTINCT metric FROM {self._table('samples')} WHERE st != 0 UNION DISTINCT "
+            f"SELECT DISTINCT metric FROM {self._table('histograms')} WHERE st != 0"
+        )
+        self._track_metrics = False
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -543,7 +589,9 @@ class Store(ABC):
         try:
             self._command(sql, params)
         finally:
-            self._histogram_known = None  # any statement may have written histograms: read again
+            # Any statement may have written histograms or start timestamps: read again.
+            self._histogram_metrics.forget()
+            self._start_timestamp_metrics.forget()
             if self.sample_cache is not None:
                 self.sample_cache.clear()  # any statement may have changed samples
 
@@ -685,15 +733,11 @@ class Store(ABC):
         if series is not None:
             self._write("series", series, None if dedup_token is None else f"{dedup_token}:series")
             self._mark_series(keys)
-        self._note_histogram_metrics(names)  # before the write: a reader must not miss rows that landed
+        # Before the write: a reader must not miss rows that landed.
+        self._histogram_metrics.note(names)
+        self._start_timestamp_metrics.note(_start_metrics(batch))
         self._write("histograms", data, None if dedup_token is None else f"{dedup_token}:histograms")
         return len(batch)
-
-    def _note_histogram_metrics(self, names: Sequence[str]) -> None:
-        """Remember metrics this process writes histograms of (reads of other metrics skip the table)."""
-        if not self._histogram_noted.issuperset(names):
-            with self._series_lock:
-                self._histogram_noted = self._histogram_noted | set(names)
 
     def histogram_metrics(self) -> frozenset[str] | None:
         """The metric names that have native histogram samples, or None when this store cannot know
@@ -704,14 +748,13 @@ class Store(ABC):
         process writes, noted before its write. Selectors of float-only metrics then never read
         the histograms table (docs/storage.md).
         """
-        if not self._track_histogram_metrics:
-            return None
-        known = self._histogram_known
-        if known is None:
-            rows = self.query(f"SELECT DISTINCT metric FROM {self._table('histograms')}")
-            known = self._histogram_known = frozenset(str(m) for m in rows.column("metric").to_pylist())
-        noted = self._histogram_noted
-        return known | noted if noted else known
+        return self._histogram_metrics.get(self.query) if self._track_metrics else None
+
+    def start_timestamp_metrics(self) -> frozenset[str] | None:
+        """The metric names some of whose samples or histograms have a start timestamp, or None
+        when this store cannot know them without asking; exact as :meth:`histogram_metrics` is.
+        kql reads the ``st`` columns of these metrics only (docs/storage.md, "Start timestamps")."""
+        return self._start_timestamp_metrics.get(self.query) if self._track_metrics else None
 
     def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
         """Insert samples and any series rows not yet written today; returns the sample count."""
@@ -722,6 +765,7 @@ class Store(ABC):
         if series is not None:
             self._write("series", series, None if dedup_token is None else f"{dedup_token}:series")
             self._mark_series(keys)
+        self._start_timestamp_metrics.note(_start_metrics(batch))  # before the write, as histogram metrics
         try:
             self._write("samples", data, None if dedup_token is None else f"{dedup_token}:samples")
         finally:
@@ -929,7 +973,9 @@ class Store(ABC):
             self._write(name, data, dedup_token)
         finally:
             if name == "histograms":
-                self._histogram_known = None
+                self._histogram_metrics.forget()
+            if name in ("samples", "histograms"):
+                self._start_timestamp_metrics.forget()
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()
 
@@ -972,6 +1018,7 @@ class Store(ABC):
         out = PreparedRows(batch_id, agent_id, record=record)
         if samples is not None and len(samples):
             data, series, out.metric_names, out.metric_codes, out.series_keys = self._sample_rows(samples)
+            out.start_timestamp_metrics = _start_metrics(samples)
             out.ts_ms = samples.ts_ms
             out.tables["samples"] = data
             if series is not None:
@@ -979,6 +1026,7 @@ class Store(ABC):
             out.rows += len(samples)
         if histograms is not None and len(histograms):
             data, series, out.histogram_metrics, keys = self._histogram_rows(histograms)
+            out.start_timestamp_metrics = [*out.start_timestamp_metrics, *_start_metrics(histograms)]
             out.tables["histograms"] = data
             if series is not None:
                 have = out.tables.get("series")
@@ -1018,6 +1066,8 @@ class Store(ABC):
             raise ValueError("token must not be empty")
         self._check_open()
         done = set() if done is None else done
+        # Before any write: a reader must not miss start timestamps that landed.
+        self._start_timestamp_metrics.note([m for p in group for m in p.start_timestamp_metrics])
         for name in _GROUP_ORDER:
             if name in done:
                 continue
@@ -1040,7 +1090,7 @@ class Store(ABC):
                                 self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
             else:
                 if name == "histograms":  # before the write: a reader must not miss rows that landed
-                    self._note_histogram_metrics([m for p in group for m in p.histogram_metrics])
+                    self._histogram_metrics.note([m for p in group for m in p.histogram_metrics])
                 self._write(name, _concat(parts), f"{token}:{name}")
             done.add(name)
         recorded = [p for p in group if p.record]
@@ -1211,7 +1261,7 @@ class EmbeddedStore(Store):
         # One process owns the directory, so every write passes through here: the cache is exact,
         # and so is the set of metrics with histograms.
         self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
-        self._track_histogram_metrics = True
+        self._track_metrics = True
         self._cleanup_thread = threading.Thread(
             target=self._cleanup_loop, name="ki-store-cleanup", daemon=True
         )

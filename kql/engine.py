@@ -51,6 +51,7 @@ from kernel_insight.kql.errors import (
     TooManySeriesError,
 )
 from kernel_insight.kql.functions import FUNCTIONS
+from kernel_insight.kql.functions._common import unwrap
 from kernel_insight.kql.lexical import MAX_DURATION_MS
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
@@ -65,6 +66,8 @@ from kernel_insight.kql.pushdown import (
 )
 from kernel_insight.kql.sparsehists import SparseCells
 from kernel_insight.kql.storage import (
+    START_TIMESTAMP_FUNCTIONS,
+    START_TIMESTAMPS_WANTED,
     Matcher,
     ReadBudget,
     SeriesData,
@@ -455,12 +458,17 @@ class _Evaluator:
         # Only timestamp() reads the sample times of its selector; a grid read skips them otherwise.
         wants_times = node.func == "timestamp"
         self.sample_times_wanted += wants_times
+        # Start timestamps are read for rate, increase, irate and resets of a selector only.
+        starts = START_TIMESTAMPS_WANTED.set(
+            node.func in START_TIMESTAMP_FUNCTIONS and isinstance(unwrap(node.args[0]), MatrixSelector)
+        )
         try:
             args = [
                 arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)
             ]
         finally:
             self.sample_times_wanted -= wants_times
+            START_TIMESTAMPS_WANTED.reset(starts)
         ctx = CallContext(self, node, times)
         if any(
             (isinstance(a, StepVector) and a.has_hists) or (isinstance(a, RangeInput) and a.hist is not None)

@@ -27,6 +27,8 @@ __all__ = [
     "READ_BUDGET",
     "STALE_NAN",
     "STALE_NAN_BITS",
+    "START_TIMESTAMPS_WANTED",
+    "START_TIMESTAMP_FUNCTIONS",
     "Labels",
     "Matcher",
     "MemoryStorage",
@@ -185,6 +187,15 @@ class ReadBudget:
 
 #: Set by the engine around each storage read, in the reading thread; ``None`` outside a query.
 READ_BUDGET: ContextVar[ReadBudget | None] = ContextVar("kql_read_budget", default=None)
+
+#: The functions that read start timestamps, directly over a matrix selector (Prometheus'
+#: ``UseStartTimestamps``: nothing else sees them, and a subquery cuts them).
+START_TIMESTAMP_FUNCTIONS = frozenset({"rate", "increase", "irate", "resets"})
+
+#: True while the engine reads a matrix selector for one of START_TIMESTAMP_FUNCTIONS: a back end
+#: returns start timestamps (``SeriesData.start_timestamps``) then only, and only for series that
+#: have some, so every other read (and the usual rate over series without) carries none.
+START_TIMESTAMPS_WANTED: ContextVar[bool] = ContextVar("kql_start_timestamps_wanted", default=False)
 
 _T = TypeVar("_T")
 
@@ -415,8 +426,11 @@ class MemoryStorage:
 
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
         out = []
+        wanted = START_TIMESTAMPS_WANTED.get()
         for series in self._matching(matchers):
             (ts, vs, sts), (hts, hs, hsts) = series.arrays()
+            if not wanted:
+                sts = hsts = None
             lo = int(np.searchsorted(ts, start_ms, side="left"))
             hi = int(np.searchsorted(ts, end_ms, side="right"))
             if not len(hts):

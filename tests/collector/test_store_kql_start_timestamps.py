@@ -1,0 +1,148 @@
+"""Start timestamps through the ClickHouse back end: Prometheus' start_timestamps.test run over the
+store gives what it gives over MemoryStorage, and series without start timestamps read no st."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder, canonical_labels
+from kernel_insight.collector.schema import Retention
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.promqltest import default_dir, run_file
+from kernel_insight.kql.pushdown import GridColumns, SeriesColumns
+from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+
+SCRIPT = default_dir() / "start_timestamps.test"
+
+
+class StoreBacked(MemoryStorage):
+    """The promqltest runner's storage, written to an embedded store (every sample kept: the
+    scripts' data is from 1970) and read back through its kql back end, pushdowns included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dir = Path(tempfile.mkdtemp(prefix="ki-st-"))
+        self._store: EmbeddedStore | None = None
+        self._n = 0
+
+    def _open(self) -> EmbeddedStore:
+        if self._store is None:
+            self._n += 1
+            self._store = EmbeddedStore(
+                self._dir / str(self._n), retention=Retention(samples_days=0), cache_bytes=1 << 24
+            )
+        return self._store
+
+    def add(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        timestamps: Iterable[int],
+        values: Iterable[float],
+        start_timestamps: Iterable[int] | None = None,
+    ) -> None:
+        ts, vs = list(timestamps), list(values)
+        st = None if start_timestamps is None else list(start_timestamps)
+        super().add(labels, ts, vs, st)
+        b = SampleBuilder()
+        b.add_series_canonical(
+            canonical_labels(dict(labels)),
+            np.asarray(ts, np.int64),
+            np.asarray(vs, np.float64),
+            None if st is None else np.asarray(st, np.int64),
+        )
+        self._open().insert_samples(b.build())
+
+    def add_histograms(
+        self,
+        labels: Mapping[str, str] | Iterable[tuple[str, str]],
+        timestamps: Iterable[int],
+        histograms: Iterable[Any],
+        start_timestamps: Iterable[int] | None = None,
+    ) -> None:
+        ts, hs = list(timestamps), list(histograms)
+        st = [0] * len(ts) if start_timestamps is None else list(start_timestamps)
+        super().add_histograms(labels, ts, hs, None if start_timestamps is None else st)
+        b = HistogramBuilder()
+        for t, h, s in zip(ts, hs, st, strict=True):
+            b.add_histogram(dict(labels), t, h, s)
+        self._open().insert_histograms(b.build())
+
+    def clear(self) -> None:
+        super().clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        return self._open().storage().select(matchers, start_ms, end_ms)
+
+    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+        return self._open().storage().select_columns(matchers, start_ms, end_ms)
+
+    def select_range_on_grid(
+        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
+    ) -> tuple[GridColumns, int] | None:
+        return (
+            self._open().storage().select_range_on_grid(func, matchers, start_ms, end_ms, step_ms, range_ms)
+        )
+
+
+def test_start_timestamps_script_passes_over_the_store_as_over_memory() -> None:
+    want = run_file(SCRIPT)
+    got = run_file(SCRIPT, storage_type=StoreBacked)
+    assert [(r.case.id, r.passed, r.reason) for r in got.results] == [
+        (r.case.id, r.passed, r.reason) for r in want.results
+    ]
+    assert got.count("float", True) == 16  # every float case, start timestamps at work in 14
+
+
+def test_series_without_start_timestamps_read_no_st_column(tmp_path: Path) -> None:
+    """The usual rate: no st in any statement, and the ClickHouse grid pushdown still answers;
+    a metric with start timestamps is read with them and the pushdown stands aside."""
+    with EmbeddedStore(tmp_path / "d", retention=Retention(samples_days=0), cache_bytes=0) as store:
+        b = SampleBuilder()
+        for i in range(2):
+            b.add_series(
+                {"__name__": "plain_total", "i": str(i)},
+                list(range(0, 600_000, 15_000)),
+                [float(k) for k in range(40)],
+            )
+        b.add_series_canonical(
+            canonical_labels({"__name__": "st_total"}),
+            np.arange(0, 600_000, 15_000, dtype=np.int64),
+            np.arange(40, dtype=np.float64),
+            np.arange(0, 600_000, 15_000, dtype=np.int64) - 1_000,
+        )
+        store.insert_samples(b.build())
+        seen: list[str] = []
+        real = store.query
+        store.query = lambda sql, params=None: (seen.append(sql), real(sql, params))[1]  # type: ignore[method-assign]
+        engine = Engine(store.storage())
+        plain = engine.range_query("rate(plain_total[2m])", 300_000, 600_000, 60_000)
+        assert len(plain.value.series) == 2
+        assert not any("value, st" in sql for sql in seen), seen
+        assert any("ToGrid" in sql for sql in seen)  # pushed down as before
+        seen.clear()
+        # Every sample of st_total starts 1 s before itself, after the previous one: each is a reset.
+        got = engine.range_query("increase(st_total[2m])", 300_000, 600_000, 60_000)
+        assert any("value, st FROM" in sql for sql in seen)
+        assert not any("ToGrid" in sql for sql in seen)
+        memory = MemoryStorage()
+        memory.add(
+            {"__name__": "st_total"},
+            range(0, 600_000, 15_000),
+            [float(k) for k in range(40)],
+            [t - 1_000 for t in range(0, 600_000, 15_000)],
+        )
+        want = Engine(memory).range_query("increase(st_total[2m])", 300_000, 600_000, 60_000)
+        assert [s.values.tolist() for s in got.value.series] == [s.values.tolist() for s in want.value.series]
+        assert [s.values.tolist() for s in got.value.series] != [
+            s.values.tolist()
+            for s in engine.range_query("increase(st_total[2m:15s])", 300_000, 600_000, 60_000).value.series
+        ]
