@@ -22,7 +22,14 @@ import numpy.typing as npt
 
 from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
 from kernel_insight.kql.nativehist import FloatHistogram
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, Storage, labels_match
+from kernel_insight.kql.storage import (
+    START_TIMESTAMPS_WANTED,
+    Labels,
+    Matcher,
+    SeriesData,
+    Storage,
+    labels_match,
+)
 
 __all__ = ["CycleStorage", "read_windows", "served_from_memory"]
 
@@ -209,6 +216,15 @@ class CycleStorage:
             ]
         lo = self.ts_ms - max(self.windows[n] for n in names)
         self.reads += 1
+        # What is held answers every later select, rate's too: read with start timestamps (a
+        # back end returns them for series that have some only; other functions ignore them).
+        wanted = START_TIMESTAMPS_WANTED.set(True)
+        try:
+            return self._read(name, names, lo)
+        finally:
+            START_TIMESTAMPS_WANTED.reset(wanted)
+
+    def _read(self, name: str, names: list[str], lo: int) -> _Held:
         if len(names) == 1:
             self._held[name] = _Held(lo, self.inner.select([Matcher("__name__", "=", name)], lo, self.ts_ms))
         else:

@@ -23,7 +23,7 @@ from kernel_insight.kql.promqltest import (
     parse_start_offsets,
     run_file,
 )
-from kernel_insight.kql.storage import Matcher, MemoryStorage
+from kernel_insight.kql.storage import START_TIMESTAMPS_WANTED, Matcher, MemoryStorage
 
 SCRIPTS = default_dir()
 
@@ -101,7 +101,13 @@ def test_start_timestamp_lines_expand_like_upstream(tmp_path: Path) -> None:
     assert load.starts == {0: [None, -30_000, -60_000]}
     storage = MemoryStorage()
     _load(storage, load)
-    c, d = storage.select([Matcher("__name__", "=~", "c|d")], 0, 600_000)
+    both = [Matcher("__name__", "=~", "c|d")]
+    assert [x.start_timestamps for x in storage.select(both, 0, 600_000)] == [None, None]  # not asked for
+    wanted = START_TIMESTAMPS_WANTED.set(True)  # as the engine sets it for rate and friends
+    try:
+        c, d = storage.select(both, 0, 600_000)
+    finally:
+        START_TIMESTAMPS_WANTED.reset(wanted)
     assert c.start_timestamps is not None
     assert c.start_timestamps.tolist() == [60_000 - 30_000, 120_000 - 60_000]
     assert d.start_timestamps is None  # a series without: nothing carried

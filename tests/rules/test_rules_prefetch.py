@@ -82,3 +82,21 @@ def test_only_reads_held_in_memory_are_served_from_it():
     assert not served_from_memory(parse("x offset -1m"))
     assert not served_from_memory(parse("x[step() * 2]"))
     assert not served_from_memory(parse("info(x)"))
+
+
+def test_rate_of_a_metric_read_first_by_another_rule_keeps_its_start_timestamps():
+    """What is held answers rate even when another function read the metric first (its read then
+    asked for no start timestamps): the held series carry them, as the store's rate reads them."""
+    s = MemoryStorage()
+    ts = np.arange(T - 1_800_000, T + 1, 15_000)
+    # Starts 1 s before each sample from halfway on: a reset at every sample the values do not show.
+    st = np.where(ts >= T - 600_000, ts - 1_000, 0)
+    s.add({"__name__": "c_total"}, ts, np.arange(len(ts), dtype=float), st)
+    exprs = [parse("sum_over_time(c_total[10m])"), parse("rate(c_total[5m])")]
+    cycle = CycleStorage(s, T, read_windows(exprs))
+    engine = Engine(cycle)
+    engine.instant_query(exprs[0], T)
+    got = engine.instant_query(exprs[1], T).value
+    want = Engine(s).instant_query(exprs[1], T).value
+    assert got == want
+    assert got != Engine(s).instant_query(parse("rate(c_total[5m:15s])"), T).value
