@@ -223,10 +223,12 @@ class ClickHouseStorage:
         if end_ms < start_ms:
             return columns_of([])
         # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
-        # metrics known to have some (all, where the store cannot know; the cache holds none).
-        starts = self._store.start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
+        # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
+        # metrics known to have some (the cache holds none).
+        starts = self._start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
         plan = self._declined_plan(matchers, start_ms, end_ms)
-        if plan is not None and (starts is None or plan[0] in starts):
+        if plan is not None and plan[0] in starts:
+            plan = None
             plan = None
         if plan is not None and plan[1].stop > end_ms:
             cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
@@ -241,7 +243,7 @@ class ClickHouseStorage:
         if plan is not None:  # never a metric with histograms (_cache_plan)
             return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
         where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
-        with_st = bool(starts is None or (starts and _metrics(series) & starts))
+        with_st = bool(starts and _metrics(series) & starts)
         cols = _columns(self._samples(where, p, with_st), labels_by_fp)
         with_hists = self._histogram_metrics_of(series, start_ms, end_ms)
         if not with_hists:
@@ -252,6 +254,12 @@ class ClickHouseStorage:
             f"AND {self._window(start_ms, end_ms)}"
         )
         return _merge_histograms(cols, self._histograms(where, hp, with_st), labels_by_fp)
+
+    def _start_timestamp_metrics(self) -> frozenset[str]:
+        """The metrics whose ``st`` kql reads: those the store knows to have start timestamps. A
+        store that cannot know them (a server other collectors write to) reads none: asking the
+        server on every rate would cost its pushdown (docs/storage.md, "Start timestamps")."""
+        return self._store.start_timestamp_metrics() or frozenset()
 
     def _histogram_metrics_of(self, series: pa.Table, start_ms: int, end_ms: int) -> frozenset[str]:
         """Which metrics of the series just found have native histogram samples (maybe in the window)."""
@@ -738,8 +746,8 @@ class ClickHouseStorage:
         if self._histogram_metrics_of(series, first, end_ms):
             return None  # the grid aggregates read floats only: the engine computes histograms
         if func in START_TIMESTAMP_FUNCTIONS:
-            starts = self._store.start_timestamp_metrics()
-            if starts is None or (starts and _metrics(series) & starts):
+            starts = self._start_timestamp_metrics()
+            if starts and _metrics(series) & starts:
                 return None  # nor start timestamps: the engine reads them (docs/kql.md)
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
