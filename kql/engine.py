@@ -455,8 +455,9 @@ class _Evaluator:
         if pushed is not None:
             return pushed
         spec = FUNCTIONS[node.func]
-        # Only timestamp() reads the sample times of its selector; a grid read skips them otherwise.
-        wants_times = node.func == "timestamp"
+        # Only timestamp() and start_timestamp() read the sample times of their selector; a grid
+        # read skips them otherwise.
+        wants_times = node.func in ("timestamp", "start_timestamp")
         self.sample_times_wanted += wants_times
         # Start timestamps are read for rate, increase, irate and resets of a selector only.
         starts = START_TIMESTAMPS_WANTED.set(
@@ -476,6 +477,42 @@ class _Evaluator:
         ):
             return histeval.call(ctx, node.func, spec.impl, args)
         return spec.impl(ctx, args)
+
+    def start_timestamps(self, node: VectorSelector, times: I64, vec: StepVector) -> F64:
+        """The start timestamp (ms, 0 = unset) of the sample behind each cell of ``vec``, the
+        selector ``node``'s value at ``times`` with its sample times (``start_timestamp()``)."""
+        out = np.zeros(vec.values.shape)
+        if vec.sample_ts is None or not len(vec):
+            return out
+        refs = self.reference_times(times, node.at, node.offset)
+        wanted = START_TIMESTAMPS_WANTED.set(True)
+        try:
+            cols = self.select_columns(
+                node.all_matchers(), int(refs.min()) - self.limits.lookback_ms + 1, int(refs.max())
+            )
+        finally:
+            START_TIMESTAMPS_WANTED.reset(wanted)
+        row_of = {labels: i for i, labels in enumerate(cols.labels)}
+        for ts, st, offsets in (
+            (cols.ts, cols.st, cols.offsets),
+            (None, None, None) if cols.hist is None else (cols.hist.ts, cols.hist.st, cols.hist.offsets),
+        ):
+            if st is None or ts is None or offsets is None:
+                continue
+            for i, labels in enumerate(vec.labels):
+                j = row_of.get(labels)
+                if j is None:
+                    continue
+                a, b = int(offsets[j]), int(offsets[j + 1])
+                at = np.searchsorted(ts[a:b], vec.sample_ts[i], side="left")
+                hit = (
+                    (at < b - a) & (ts[a:b][np.minimum(at, max(b - a - 1, 0))] == vec.sample_ts[i])
+                    if b > a
+                    else None
+                )
+                if hit is not None:
+                    out[i] = np.where(hit, st[a:b][np.minimum(at, b - a - 1)], out[i])
+        return out
 
     def eval_vector_selector(self, node: VectorSelector, times: I64) -> StepVector:
         refs = self.reference_times(times, node.at, node.offset)

@@ -767,7 +767,7 @@ IGNORED_IN_MIXED_RANGE = frozenset(
 #: Functions whose implementation carries histogram cells through unchanged (labels or order only).
 PASS_THROUGH = frozenset({"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"})
 #: Functions that only look at where samples are, of either kind.
-PRESENCE = frozenset({"absent", "timestamp"})
+PRESENCE = frozenset({"absent", "timestamp", "start_timestamp"})
 
 
 def _strip(arg: Any) -> Any:

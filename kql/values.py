@@ -367,6 +367,12 @@ class CallContext:
         lookback: int = self._eval.limits.lookback_ms
         return lookback
 
+    def start_timestamps(self, node: Any, vec: StepVector) -> F64:
+        """Per cell of ``vec`` (selector ``node``'s value with its sample times): the start
+        timestamp of the sample behind it, ms, 0 where unset (``start_timestamp()``)."""
+        result: F64 = self._eval.start_timestamps(node, self.times, vec)
+        return result
+
     def warn(self, message: str, pos: PosRange | None = None) -> None:
         self._eval.annotate("warning", message, pos or self.node.pos)
 

@@ -52,6 +52,18 @@ def _timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
     return map_values(vec, lambda v: np.array(stamps, dtype=np.float64))
 
 
+@function("start_timestamp", (V,), V, experimental=True)
+def _start_timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
+    """Start timestamp (seconds, 0 when unset) of each sample of a plain selector; nothing for
+    any other expression, which has none (Prometheus 3.14, experimental)."""
+    vec: StepVector = args[0]
+    node = unwrap(ctx.node.args[0])
+    if vec.sample_ts is None or not isinstance(node, VectorSelector) or node.smoothed:
+        return StepVector.empty(ctx.steps)
+    starts = ctx.start_timestamps(node, vec)
+    return map_values(vec, lambda v: starts / 1000.0)
+
+
 def _calendar(name: str, part: Callable[[Any], Any], doc: str) -> None:
     def impl(ctx: CallContext, args: list[Any]) -> StepVector:
         if args:
