@@ -91,6 +91,7 @@ PROMQL_FUNCTIONS = frozenset(
         "sort_desc",
         "sqrt",
         "start",
+        "start_timestamp",
         "step",
         "stddev_over_time",
         "stdvar_over_time",
