@@ -66,10 +66,12 @@ def test_names_go_once_survive_a_collector_restart_and_a_spool(
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         # 1,000 kernels/s over 20 real names for the whole test (the producer registers them once).
-        prod = subprocess.Popen(
-            [str(producer), ring_name, str(1000 * 20 * INTERVAL_S), str(KERNELS), "1000", "3", "-", str(KERNEL_NAMES)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        # Its output goes to a file: pipes nobody reads would be left open (a ResourceWarning).
+        with (tmp_path / "producer.log").open("w") as prod_out:
+            prod = subprocess.Popen(
+                [str(producer), ring_name, str(1000 * 20 * INTERVAL_S), str(KERNELS), "1000", "3", "-", str(KERNEL_NAMES)],
+                stdout=prod_out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         # No collector yet: the first export is spooled, and carries every name it uses.
         at = _wait_for(log, r"unreachable", 0, 3 * INTERVAL_S)
         collector, _url = start_collector(tmp_path, "--port", str(port))
