@@ -163,7 +163,10 @@ def test_float_and_histogram_samples_of_one_series_share_its_fingerprint(store):
     from kernel_insight.collector.rows import SampleBuilder
 
     s = SampleBuilder()
-    s.add({"__name__": "mixed", "gpu": "1"}, NOW_MS - 15_000, 4.0)
+    # 30 s into NOW_MS's minute, the same UTC day as the histogram at NOW_MS: a series has one
+    # row per day it has samples on, so NOW_MS - 15 s failed the count below when the module was
+    # imported in the first minute after midnight UTC (the CI run of stop 25).
+    s.add({"__name__": "mixed", "gpu": "1"}, NOW_MS + 30_000, 4.0)
     h = HistogramBuilder()
     h.add(
         {"__name__": "mixed", "gpu": "1"},
