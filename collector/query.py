@@ -223,12 +223,11 @@ class ClickHouseStorage:
         if end_ms < start_ms:
             return columns_of([])
         # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
-        # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
-        # metrics known to have some (the cache holds none).
-        starts = self._start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
+        # metrics known to have some, or of every metric when the store cannot know them (a
+        # server store: the st column comes along with the read; the cache holds none).
+        starts = self._store.start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
         plan = self._declined_plan(matchers, start_ms, end_ms)
-        if plan is not None and plan[0] in starts:
-            plan = None
+        if plan is not None and (starts is None or plan[0] in starts):
             plan = None
         if plan is not None and plan[1].stop > end_ms:
             cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
@@ -243,9 +242,12 @@ class ClickHouseStorage:
         if plan is not None:  # never a metric with histograms (_cache_plan)
             return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
         where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
-        with_st = bool(starts and _metrics(series) & starts)
-        cols = _columns(self._samples(where, p, with_st), labels_by_fp)
+        with_st = starts is None or bool(starts and _metrics(series) & starts)
+        samples = self._samples(where, p, with_st)
+        cols = _columns(samples, labels_by_fp)
         with_hists = self._histogram_metrics_of(series, start_ms, end_ms)
+        if starts is None:
+            self._note_starts(_started(samples), series)
         if not with_hists:
             return cols  # floats only: the path every float query keeps, no histogram read
         hp = Params()
@@ -253,13 +255,21 @@ class ClickHouseStorage:
             f"{_fingerprints_in(series, sub, hp)} AND metric IN {hp(sorted(with_hists), 'Array(String)')} "
             f"AND {self._window(start_ms, end_ms)}"
         )
-        return _merge_histograms(cols, self._histograms(where, hp, with_st), labels_by_fp)
+        hists = self._histograms(where, hp, with_st)
+        if starts is None:
+            self._note_starts(_started(hists), series)
+        return _merge_histograms(cols, hists, labels_by_fp)
 
-    def _start_timestamp_metrics(self) -> frozenset[str]:
-        """The metrics whose ``st`` kql reads: those the store knows to have start timestamps. A
-        store that cannot know them (a server other collectors write to) reads none: asking the
-        server on every rate would cost its pushdown (docs/storage.md, "Start timestamps")."""
-        return self._store.start_timestamp_metrics() or frozenset()
+    def _note_starts(self, fingerprints: pa.Array, series: pa.Table) -> None:
+        """Tell the store the metrics of the series read (``series``) whose ``fingerprints`` have
+        start timestamps, so that their next rate skips the grid pushdown at once
+        (``Store.saw_start_timestamps``; for a server store, which cannot know them otherwise)."""
+        if len(fingerprints) == 0:
+            return
+        mask = pc.is_in(series.column("fingerprint"), value_set=pc.unique(fingerprints))
+        self._store.saw_start_timestamps(
+            str(m) for m in pc.unique(pc.filter(series.column("s_metric"), mask)).to_pylist()
+        )
 
     def _histogram_metrics_of(self, series: pa.Table, start_ms: int, end_ms: int) -> frozenset[str]:
         """Which metrics of the series just found have native histogram samples (maybe in the window)."""
@@ -745,14 +755,21 @@ class ClickHouseStorage:
             return _empty_grid(steps), 0
         if self._histogram_metrics_of(series, first, end_ms):
             return None  # the grid aggregates read floats only: the engine computes histograms
+        # Nor start timestamps: the engine reads them (docs/kql.md). A store that cannot know
+        # which metrics have them (a server store) has the grid ask: a series with any in the
+        # window sends the query to the engine's read, and its metric skips the grid next time.
+        ask_st = False
         if func in START_TIMESTAMP_FUNCTIONS:
-            starts = self._start_timestamp_metrics()
+            starts = self._store.start_timestamp_metrics()
+            if starts is None:
+                starts, ask_st = self._store.start_timestamp_metrics_seen(), True
             if starts and _metrics(series) & starts:
-                return None  # nor start timestamps: the engine reads them (docs/kql.md)
+                return None
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
-            f"SELECT fingerprint, {pushdown.aggregate}({grid})(ts, value) AS v "
+            f"SELECT fingerprint, {pushdown.aggregate}({grid})(ts, value) AS v"
+            f"{', max(st != 0) AS st_set' if ask_st else ''} "
             f"FROM {self._samples_table} WHERE {_fingerprints_in(series, sub, p)} "
             f"AND {self._window(first, end_ms)} AND reinterpretAsUInt64(value) != {STALE_NAN_BITS} "
             "GROUP BY fingerprint",
@@ -762,6 +779,11 @@ class ClickHouseStorage:
         )
         if result.num_rows == 0:
             return _empty_grid(steps), 0
+        if ask_st:
+            started = pc.filter(result.column("fingerprint"), pc.not_equal(result.column("st_set"), 0))
+            if len(started):
+                self._note_starts(started, series)
+                return None
         labels, rows = _grid_order(result, labels_by_fp)
         v = _grid_column(result, "v", steps, rows)
         if v is None:
@@ -926,6 +948,14 @@ def _starts_of(rows: pa.Table, keep: npt.NDArray[np.bool_] | None = None) -> npt
     if keep is not None:
         st = st[keep]
     return st if st.any() else None
+
+
+def _started(rows: pa.Table) -> pa.Array:
+    """The fingerprints of a read's rows (samples or histograms) that have a start timestamp
+    (none when it read no ``st``)."""
+    if "st" not in rows.column_names:
+        return pa.array([], pa.uint64())
+    return pc.filter(rows.column("fingerprint"), pc.not_equal(rows.column("st"), 0))
 
 
 def _columns(samples: pa.Table, labels_by_fp: dict[int, _Known]) -> SeriesColumns:

@@ -257,6 +257,11 @@ class _MetricsWith:
     def forget(self) -> None:
         self._known = None
 
+    def noted(self) -> frozenset[str]:
+        """The names noted so far, without reading the table: a subset of the truth on a store
+        other processes write to too."""
+        return self._noted
+
     def get(self, query: Callable[[str], pa.Table]) -> frozenset[str]:
         known = self._known
         if known is None:
@@ -755,6 +760,17 @@ class Store(ABC):
         when this store cannot know them without asking; exact as :meth:`histogram_metrics` is.
         kql reads the ``st`` columns of these metrics only (docs/storage.md, "Start timestamps")."""
         return self._start_timestamp_metrics.get(self.query) if self._track_metrics else None
+
+    def start_timestamp_metrics_seen(self) -> frozenset[str]:
+        """The metrics this process has seen start timestamps of: written through this object, or
+        found by kql's reads (:meth:`saw_start_timestamps`). On a server store, where
+        :meth:`start_timestamp_metrics` is None, kql skips the grid pushdown of these at once
+        instead of asking and then reading again (docs/storage.md, "Start timestamps")."""
+        return self._start_timestamp_metrics.noted()
+
+    def saw_start_timestamps(self, names: Iterable[str]) -> None:
+        """Note metrics a read found start timestamps of (another collector wrote them)."""
+        self._start_timestamp_metrics.note(names)
 
     def insert_samples(self, batch: SampleBatch, *, dedup_token: str | None = None) -> int:
         """Insert samples and any series rows not yet written today; returns the sample count."""
