@@ -11,8 +11,19 @@ half-sent requests starves everyone (and, past the descriptor limit, the store i
 - the request body must arrive within ``body_timeout_s`` of its head, else 408 and close;
 - at most ``max_connections`` are open: a new connection past the cap closes the oldest one
   that is still waiting for its first request head (the slow ones are the cheap ones to drop),
-  else the one idle longest after a response, and is answered 503 itself only when every open
-  connection is busy with a request.
+  else the one idle longest after a response if it has been idle for ``IDLE_EVICTABLE_S``, and
+  is answered 503 itself otherwise (every open connection busy with a request or in use by a
+  client between two of its requests).
+
+Connections already being closed (evicted, timed out, refused) are not counted: uvicorn keeps
+one in its set until its ``connection_lost``, a later turn of the loop, and newcomers counting
+it would close more connections than they bring (the waiting ones first, then kept-alive
+clients). A kept-alive connection is in use while its
+client sends requests one after another: closing it between two of them loses the request
+that is already on its way (the client sees a reset), where a 503 to a newcomer, which has sent
+nothing, loses nothing; uvicorn (``limit_concurrency``), Envoy and HAProxy likewise refuse or
+queue newcomers at their limit and never close a connection in use, and nginx reclaims only
+idle keep-alive connections.
 
 Example::
 
@@ -37,6 +48,7 @@ __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_KEEP_ALIVE_S",
     "DEFAULT_MAX_CONNECTIONS",
+    "IDLE_EVICTABLE_S",
     "ConnectionLimits",
     "QuickAnswer",
     "QuickRouter",
@@ -57,6 +69,9 @@ DEFAULT_KEEP_ALIVE_S = 5.0
 DEFAULT_BACKLOG = 2048
 #: Largest request head (request line and headers) accepted, in bytes.
 DEFAULT_MAX_HEAD_BYTES = 64 << 10
+#: Seconds a kept-alive connection must have been idle before a newcomer past the cap may take
+#: its place: a client asking again within this is using it (a poller, a dashboard, an agent).
+IDLE_EVICTABLE_S = 1.0
 #: Descriptors kept for everything but client connections (the store, logs, key files, threads).
 RESERVED_FDS = 512
 
@@ -223,6 +238,9 @@ class _Guard(_Base):
     waiting: ClassVar[dict[_Guard, None]]
     #: Connections waiting for a later request head (kept alive after a response), oldest first.
     idle: ClassVar[dict[_Guard, None]]
+    #: Connections this guard closed whose ``connection_lost`` has not come yet (still in uvicorn's
+    #: ``connections``, no longer open for the cap).
+    closing: ClassVar[set[_Guard]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -238,19 +256,19 @@ class _Guard(_Base):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections and not self._evict_one():
+        if len(self.connections) - len(self.closing) > self.limits.max_connections and not self._evict_one():
             log.warning(
-                "connection limit (%d) reached and every connection is busy: refusing new connections",
+                "connection limit (%d) reached and every connection is busy or in use: refusing new connections",
                 self.limits.max_connections,
             )
-            transport.write(_raw(_FULL_503, "too many connections; retry later\n"))
-            transport.close()
+            self._close(_FULL_503, "too many connections; retry later\n")
             return
         self._track()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
         self._unlist()
+        self.closing.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -286,12 +304,19 @@ class _Guard(_Base):
 
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for its first request head, else the one
-        idle longest after a response (a client that proved itself); False when none waits."""
-        for listed in (self.waiting, self.idle):
-            for victim in listed:
-                if victim is not self:
-                    victim._close(None, "")
-                    return True
+        idle longest after a response (a client that proved itself) if it is no longer in use
+        (idle ``IDLE_EVICTABLE_S``); False when none may go."""
+        for victim in self.waiting:
+            if victim is not self:
+                victim._close(None, "")
+                return True
+        since = self.loop.time() - IDLE_EVICTABLE_S
+        for victim in self.idle:  # idle longest first: the first one idle too briefly ends the search
+            if victim._head_since > since:
+                break
+            if victim is not self:
+                victim._close(None, "")
+                return True
         return False
 
     def _track(self) -> None:
@@ -343,6 +368,7 @@ class _Guard(_Base):
             return
         if template is not None:
             self.transport.write(_raw(template, why))
+        self.closing.add(self)
         self.transport.close()
 
     def _stop_timers(self) -> None:
@@ -552,7 +578,7 @@ def guarded_protocol(
         base = fast or _GuardedH11
     elif parser != "h11":
         raise ValueError(f"unknown HTTP parser {parser!r} (auto, httptools or h11)")
-    namespace: dict[str, Any] = {"limits": limits, "waiting": {}, "idle": {}}
+    namespace: dict[str, Any] = {"limits": limits, "waiting": {}, "idle": {}, "closing": set()}
     if quick is not None:
         namespace["quick"] = staticmethod(quick)
     return type("GuardedHttpProtocol", (base,), namespace)

@@ -8,17 +8,18 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import uvicorn
 from api_helpers import read_until_closed
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from load_clients import Flood
 from starlette.requests import ClientDisconnect
 
 from kernel_insight.api.app import listening_socket
-from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
+from kernel_insight.api.connections import IDLE_EVICTABLE_S, ConnectionLimits, guarded_protocol
 
 LIMITS = ConnectionLimits(
     max_connections=8,
@@ -37,6 +38,11 @@ def _app() -> FastAPI:
     @app.get("/ok")
     async def ok() -> JSONResponse:
         return JSONResponse({"ok": True})
+
+    @app.get("/block")
+    async def block(seconds: float) -> JSONResponse:
+        time.sleep(seconds)  # holds the event loop, as a loaded machine or a GIL-bound thread can
+        return JSONResponse({"blocked": seconds})
 
     @app.post("/echo")
     async def echo(request: Request) -> JSONResponse:
@@ -282,3 +288,125 @@ def test_pipelined_requests_are_all_answered(parser):
             + b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
         )
     assert answer.count(b"HTTP/1.1 200 ") == 3, answer
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_client_polling_on_a_kept_alive_connection_is_never_cut_by_a_churning_flood(parser):
+    """At the cap, with a flood that reopens every connection the server closes (session 8's
+    combined-load run), a client asking again and again on one kept-alive connection keeps it:
+    each newcomer evicts one flood connection, never the client between two of its requests."""
+    limits = ConnectionLimits(max_connections=16, header_timeout_s=0.5, keep_alive_s=5, backlog=8)
+    with serving(parser, limits) as server, socket.create_connection(server, timeout=10) as client:
+
+        def ask() -> bytes:
+            client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while b'{"ok":true}' not in got:
+                chunk = client.recv(4096)
+                assert chunk, f"the kept-alive connection was closed after {got!r}"
+                got += chunk
+            return got
+
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        with Flood(server, 4 * limits.max_connections) as flood:
+            deadline = time.monotonic() + 30
+            while flood.opened < 4 * limits.max_connections:
+                assert time.monotonic() < deadline, "the flood did not get going"
+                time.sleep(0.01)
+            asked, end = (
+                0,
+                time.monotonic() + 3 * limits.header_timeout_s,
+            )  # flood connections expire and reopen
+            while time.monotonic() < end or asked < 50:
+                assert ask().startswith(b"HTTP/1.1 200 ")
+                asked += 1
+                time.sleep(0.005)
+            churned = flood.opened
+        assert churned > 4 * limits.max_connections  # the server closed flood connections all along
+
+
+def _kept_alive(addr: tuple[str, int]) -> tuple[socket.socket, Callable[[], bytes]]:
+    """A connection and a function that asks ``/ok`` on it (kept alive) and returns the answer."""
+    client = socket.create_connection(addr, timeout=10)
+
+    def ask() -> bytes:
+        client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+        got = b""
+        while b'{"ok":true}' not in got:
+            chunk = client.recv(4096)
+            assert chunk, f"the kept-alive connection was closed after {got!r}"
+            got += chunk
+        return got
+
+    return client, ask
+
+
+def _busy(addr: tuple[str, int], n: int) -> list[socket.socket]:
+    """``n`` connections whose request heads the server has read and whose bodies are still coming."""
+    busy = [socket.create_connection(addr, timeout=10) for _ in range(n)]
+    for s in busy:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n")
+    for s in busy:
+        assert s.recv(100).startswith(b"HTTP/1.1 100 ")
+    return busy
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_client_answered_moments_ago_keeps_its_connection_and_the_newcomer_gets_503(parser):
+    patient = ConnectionLimits(
+        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
+    )
+    with serving(parser, patient) as server:
+        client, ask = _kept_alive(server)
+        busy = _busy(server, patient.max_connections - 1)
+        try:
+            assert ask().startswith(b"HTTP/1.1 200 ")
+            answer = _request(server)  # the client is between two requests: in use
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert ask().startswith(b"HTTP/1.1 200 ")
+        finally:
+            for s in [client, *busy]:
+                s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_connection_idle_for_a_while_makes_room_for_a_newcomer(parser):
+    patient = ConnectionLimits(
+        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
+    )
+    with serving(parser, patient) as server:
+        client, ask = _kept_alive(server)
+        busy = _busy(server, patient.max_connections - 1)
+        try:
+            assert ask().startswith(b"HTTP/1.1 200 ")
+            time.sleep(IDLE_EVICTABLE_S + 0.2)  # the client stops asking (the thing tested)
+            assert _request(server).startswith(b"HTTP/1.1 200 ")
+            assert read_until_closed(client, 10) == b""  # closed without a word, as nginx reclaims idle ones
+        finally:
+            for s in [client, *busy]:
+                s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_connections_being_closed_do_not_count_against_the_cap(parser):
+    """Half-sent heads time out together while the loop is held, and a newcomer is accepted in
+    the same turn of the loop, before their closes are done: the cap counts the connections
+    still open, so the newcomer is served (not refused, nor made to close someone else)."""
+    limits = ConnectionLimits(max_connections=8, header_timeout_s=0.5, keep_alive_s=30, backlog=4)
+    with serving(parser, limits) as server:
+        half = [socket.create_connection(server, timeout=10) for _ in range(limits.max_connections - 1)]
+        try:
+            for s in half:
+                s.sendall(b"GET /ok HTTP/1.1\r\n")
+            hold = b"GET /block?seconds=1.5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+            blocker = threading.Thread(target=_exchange, args=(server, hold))
+            blocker.start()
+            time.sleep(0.3)  # the loop is held now, past the half-sent heads' deadline
+            try:
+                answer = _request(server)  # accepted once the loop runs again
+            finally:
+                blocker.join(30)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+        finally:
+            for s in half:
+                s.close()
