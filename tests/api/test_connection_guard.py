@@ -230,16 +230,10 @@ def test_a_kept_alive_connection_idle_for_the_keep_alive_time_is_closed_but_a_st
 def test_a_head_deadline_set_again_after_each_response_is_not_cut_short_by_an_earlier_one(parser):
     # The head deadline's timer is made once and re-checked when it fires (not made per request):
     # pauses of 0.6 of the header timeout between requests, 2.4 timeouts in all, are all served.
-    with serving(parser) as addr, socket.create_connection(addr, timeout=10) as s:
+    with serving(parser) as addr, _kept_alive(addr) as (_, ask):
         for _ in range(4):
             time.sleep(0.6 * LIMITS.header_timeout_s)  # the client idles (the thing tested), no wait
-            s.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
-            got = b""
-            while b'{"ok":true}' not in got:
-                chunk = s.recv(4096)
-                assert chunk, f"closed after {got!r}"
-                got += chunk
-            assert got.startswith(b"HTTP/1.1 200 ")
+            assert ask().startswith(b"HTTP/1.1 200 ")
 
 
 @pytest.mark.parametrize("parser", PARSERS)
@@ -247,17 +241,7 @@ def test_a_kept_alive_client_outlasts_a_flood_of_connections_that_never_sent_a_w
     """Past the cap, connections that never completed a request go first: a client that was
     served and keeps its connection open between requests is not the one evicted."""
     patient = ConnectionLimits(max_connections=8, header_timeout_s=30, keep_alive_s=30, backlog=4)
-    with serving(parser, patient) as server, socket.create_connection(server, timeout=10) as client:
-
-        def ask() -> bytes:
-            client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
-            got = b""
-            while b'{"ok":true}' not in got:
-                chunk = client.recv(4096)
-                assert chunk, f"the kept-alive connection was closed after {got!r}"
-                got += chunk
-            return got
-
+    with serving(parser, patient) as server, _kept_alive(server) as (_, ask):
         assert ask().startswith(b"HTTP/1.1 200 ")
         flood = [socket.create_connection(server, timeout=10) for _ in range(3 * patient.max_connections)]
         try:
@@ -296,17 +280,7 @@ def test_a_client_polling_on_a_kept_alive_connection_is_never_cut_by_a_churning_
     combined-load run), a client asking again and again on one kept-alive connection keeps it:
     each newcomer evicts one flood connection, never the client between two of its requests."""
     limits = ConnectionLimits(max_connections=16, header_timeout_s=0.5, keep_alive_s=5, backlog=8)
-    with serving(parser, limits) as server, socket.create_connection(server, timeout=10) as client:
-
-        def ask() -> bytes:
-            client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
-            got = b""
-            while b'{"ok":true}' not in got:
-                chunk = client.recv(4096)
-                assert chunk, f"the kept-alive connection was closed after {got!r}"
-                got += chunk
-            return got
-
+    with serving(parser, limits) as server, _kept_alive(server) as (_, ask):
         assert ask().startswith(b"HTTP/1.1 200 ")
         with Flood(server, 4 * limits.max_connections) as flood:
             deadline = time.monotonic() + 30
@@ -325,66 +299,62 @@ def test_a_client_polling_on_a_kept_alive_connection_is_never_cut_by_a_churning_
         assert churned > 4 * limits.max_connections  # the server closed flood connections all along
 
 
-def _kept_alive(addr: tuple[str, int]) -> tuple[socket.socket, Callable[[], bytes]]:
+@contextlib.contextmanager
+def _kept_alive(addr: tuple[str, int]) -> Iterator[tuple[socket.socket, Callable[[], bytes]]]:
     """A connection and a function that asks ``/ok`` on it (kept alive) and returns the answer."""
-    client = socket.create_connection(addr, timeout=10)
+    with socket.create_connection(addr, timeout=10) as client:
 
-    def ask() -> bytes:
-        client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
-        got = b""
-        while b'{"ok":true}' not in got:
-            chunk = client.recv(4096)
-            assert chunk, f"the kept-alive connection was closed after {got!r}"
-            got += chunk
-        return got
+        def ask() -> bytes:
+            client.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+            got = b""
+            while b'{"ok":true}' not in got:
+                chunk = client.recv(4096)
+                assert chunk, f"the kept-alive connection was closed after {got!r}"
+                got += chunk
+            return got
 
-    return client, ask
+        yield client, ask
 
 
-def _busy(addr: tuple[str, int], n: int) -> list[socket.socket]:
-    """``n`` connections whose request heads the server has read and whose bodies are still coming."""
-    busy = [socket.create_connection(addr, timeout=10) for _ in range(n)]
-    for s in busy:
-        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n")
-    for s in busy:
-        assert s.recv(100).startswith(b"HTTP/1.1 100 ")
-    return busy
+@contextlib.contextmanager
+def _one_client_and_the_rest_busy(
+    parser: str,
+) -> Iterator[tuple[tuple[str, int], socket.socket, Callable[[], bytes]]]:
+    """A server at its cap: one kept-alive client, answered once, and every other connection busy
+    (its request head read, its body still coming)."""
+    patient = ConnectionLimits(
+        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
+    )
+    with serving(parser, patient) as server, _kept_alive(server) as (client, ask):
+        busy = [socket.create_connection(server, timeout=10) for _ in range(patient.max_connections - 1)]
+        try:
+            for s in busy:
+                s.sendall(
+                    b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+                )
+            for s in busy:
+                assert s.recv(100).startswith(b"HTTP/1.1 100 ")
+            assert ask().startswith(b"HTTP/1.1 200 ")
+            yield server, client, ask
+        finally:
+            for s in busy:
+                s.close()
 
 
 @pytest.mark.parametrize("parser", PARSERS)
 def test_a_kept_alive_client_answered_moments_ago_keeps_its_connection_and_the_newcomer_gets_503(parser):
-    patient = ConnectionLimits(
-        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
-    )
-    with serving(parser, patient) as server:
-        client, ask = _kept_alive(server)
-        busy = _busy(server, patient.max_connections - 1)
-        try:
-            assert ask().startswith(b"HTTP/1.1 200 ")
-            answer = _request(server)  # the client is between two requests: in use
-            assert answer.startswith(b"HTTP/1.1 503 "), answer
-            assert ask().startswith(b"HTTP/1.1 200 ")
-        finally:
-            for s in [client, *busy]:
-                s.close()
+    with _one_client_and_the_rest_busy(parser) as (server, _, ask):
+        answer = _request(server)  # the client is between two requests: in use
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert ask().startswith(b"HTTP/1.1 200 ")
 
 
 @pytest.mark.parametrize("parser", PARSERS)
 def test_a_kept_alive_connection_idle_for_a_while_makes_room_for_a_newcomer(parser):
-    patient = ConnectionLimits(
-        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
-    )
-    with serving(parser, patient) as server:
-        client, ask = _kept_alive(server)
-        busy = _busy(server, patient.max_connections - 1)
-        try:
-            assert ask().startswith(b"HTTP/1.1 200 ")
-            time.sleep(IDLE_EVICTABLE_S + 0.2)  # the client stops asking (the thing tested)
-            assert _request(server).startswith(b"HTTP/1.1 200 ")
-            assert read_until_closed(client, 10) == b""  # closed without a word, as nginx reclaims idle ones
-        finally:
-            for s in [client, *busy]:
-                s.close()
+    with _one_client_and_the_rest_busy(parser) as (server, client, _):
+        time.sleep(IDLE_EVICTABLE_S + 0.2)  # the client stops asking (the thing tested)
+        assert _request(server).startswith(b"HTTP/1.1 200 ")
+        assert read_until_closed(client, 10) == b""  # closed without a word, as nginx reclaims idle ones
 
 
 @pytest.mark.parametrize("parser", PARSERS)
