@@ -111,8 +111,7 @@ struct ki_agent {
     int snapshot_asked;          /* a collector asked for histogram snapshots (KI-Histogram-Snapshot) */
     int names_ok;                /* batches got through since the last failure: texts already sent may be left out */
     int names_wanted;            /* the collector lacked names (424): a names batch goes in front of the next request */
-    int names_delivered;         /* a names batch was stored since names_struck's last 424 */
-    struct ki_spool_id names_struck; /* the batch whose 424 asked for the names batch */
+    int names_settled;           /* the names batch of the request being settled was stored (or refused for good) */
     uint64_t lost_records;       /* records in them */
     struct ki_labels labels;     /* the configuration's instance labels, sent in every batch (LABELS) */
     struct ki_captures caps;     /* capture windows the collector asked for: their kernel spans bypass span
@@ -577,20 +576,20 @@ static void names_lost(struct ki_agent *a) {
 }
 
 /* Status 424: the collector does not hold every name this batch left out (docs/wire.md, "Names
- * once"). The batch stays in the spool and goes again behind a names batch; if it is refused so
- * once more after a names batch was stored, this agent no longer knows its names (a batch of an
- * earlier run over another ring): it is set aside as any refused batch. */
+ * once"). The batch stays in the spool and goes again behind a names batch. Only a 424 answered in
+ * the same request as a stored names batch is final: that collector has just learned every name
+ * this agent knows and still cannot match the batch, so the agent no longer knows the names it
+ * left out (a batch of an earlier run over another ring): it is set aside as any refused batch. A
+ * 424 in a later request (the names batch went to another collector of the tier, or to one that
+ * restarted since, while the batch behind it was retried) starts another round: the batch is
+ * never lost for that. */
 static int names_refused(struct ki_agent *a, const struct ki_flight *f) {
-    const int again = a->names_delivered && a->names_struck.epoch == f->id.epoch && a->names_struck.seq == f->id.seq;
     names_lost(a);
-    if (again) return 0;
-    if (!a->names_wanted) { /* the first of a round is the one a second refusal sets aside: every round ends */
+    if (a->names_settled) return 0;
+    if (!a->names_wanted)
         ki_log_info(a->log, "collector lacks names batch %u/%llu left out: sending every name, then the batch again",
                     f->id.epoch, (unsigned long long)f->id.seq);
-        a->names_wanted = 1;
-        a->names_delivered = 0;
-        a->names_struck = f->id;
-    }
+    a->names_wanted = 1;
     return 1;
 }
 
@@ -599,10 +598,14 @@ static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_fligh
     struct ki_spool_id id = f->id;
     uint8_t *frame = a->send_buf + f->off;
     if (f->names) { /* the names batch: nothing in the spool; when it did not get through, the next request carries one */
-        if ((s >= 200 && s < 300) || s == 409) {
-            a->names_wanted = 0;
-            a->names_delivered = 1;
-        }
+        /* Stored, or refused for good (a collector that can never take it: the batches behind it
+         * would otherwise go round forever and hold up the spool). */
+        a->names_settled = (s >= 200 && s < 300) || s == 409 ||
+                           (s >= 400 && s < 500 && s != 401 && s != 403 && s != 408 && s != 424 && s != 429);
+        if (a->names_settled) a->names_wanted = 0;
+        if (a->names_settled && s >= 400 && s != 409)
+            ki_log_error(a->log, "collector refused the names batch with %d: a batch that left names out and is "
+                         "refused with 424 behind it is set aside", s);
         return FRAME_DONE;
     }
     if (s == KI_STATUS_NAMES_UNKNOWN && names_refused(a, f)) return FRAME_NAMES;
@@ -717,6 +720,7 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
         a->snapshot_asked = 1;
     }
     int retry = 0, auth = 0, done = 0, retry_status = 0, names = 0;
+    a->names_settled = 0; /* a names batch leads its request: settled first, it vouches for this request only */
     int per_frame = multi && res->nframes == n; /* else one answer for the whole request (503 from a proxy, ...) */
     for (int i = 0; i < n; i++) {
         int s = per_frame ? res->frame_status[i] : res->status;

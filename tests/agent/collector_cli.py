@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -41,3 +43,38 @@ def stop_collector(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.terminate()
     proc.communicate(timeout=60)
+
+
+def wait_for_log(log: Path, pattern: str, after: int, timeout_s: float) -> int:
+    """Wait until the agent's log matches ``pattern`` past offset ``after``; the offset past the match."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        m = re.compile(pattern).search(text, after)
+        if m:
+            return m.end()
+        time.sleep(0.2)
+    raise AssertionError(f"agent log never said /{pattern}/:\n{log.read_text()[-3000:]}")
+
+
+def stored_kernel_histograms(data: Path) -> tuple[list[str], int, float]:
+    """What a collector's embedded store under ``data`` holds of an agent's kernel histograms: the
+    kernel names, the sum over series of each one's last count, and the agent's last
+    kernels_aggregated counter (equal to that sum when every folded kernel was stored once)."""
+    from kernel_insight.collector.store import EmbeddedStore
+
+    store = EmbeddedStore(data)
+    try:
+        kernels = store.query(
+            "SELECT DISTINCT labels['kernel'] AS k FROM ki.series WHERE metric = 'kernel_duration_seconds'"
+        ).to_pylist()
+        counts = store.query(
+            "SELECT fingerprint, max(count) AS c FROM ki.histograms WHERE metric = 'kernel_duration_seconds'"
+            " GROUP BY fingerprint"
+        ).to_pylist()
+        aggregated = store.query(
+            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_kernels_aggregated_total'"
+        ).to_pylist()[0]["v"]
+    finally:
+        store.close()
+    return sorted(r["k"] for r in kernels), sum(r["c"] for r in counts), aggregated
