@@ -107,6 +107,12 @@ int ki_kstats_increments(const struct ki_kstats *ks);
  * (docs/wire.md, "Increments"). */
 void ki_kstats_snapshot(struct ki_kstats *ks, int all);
 
+/* While hold is set, exports skip the sweep for idle keys (it runs at the first export after):
+ * the agent holds it while its spool is not empty, since a batch still to be settled may carry an
+ * idle key's last change, and only a key still in the table can be re-sent if that batch is
+ * refused for good (docs/agent.md, "Idle keys are evicted"). */
+void ki_kstats_hold_sweep(struct ki_kstats *ks, int hold);
+
 /* Whether part of the current export is still to be encoded. */
 int ki_kstats_pending(const struct ki_kstats *ks);
 

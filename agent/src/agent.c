@@ -371,6 +371,17 @@ static void mark_name(void *arg, uint32_t producer, uint32_t id) {
     if (!ki_names_mark(a->names, producer, id, a->mark)) ki_encoder_unnamed(a->enc);
 }
 
+/* Whether a histogram export is due (ki_kstats_want). Idle keys are not evicted while a batch
+ * waits to be settled (in the spool, or sealed and not yet spooled): it may carry an idle key's
+ * last change, and if it is refused for good only a key still in the table is re-sent
+ * (docs/agent.md, "Idle keys are evicted"). */
+static int export_due(struct ki_agent *a, uint64_t mono) {
+    struct ki_spool_stats ss;
+    ki_spool_stats(a->spool, &ss);
+    ki_kstats_hold_sweep(a->ks, ss.batches > 0 || a->pending);
+    return ki_kstats_want(a->ks, mono, real_ns());
+}
+
 /* Encode, compress, seal and spool the n staged records (n may be 0: a heartbeat). */
 static int seal_batch(struct ki_agent *a, size_t n) {
     if (++a->mark == 0) a->mark = 1;
@@ -380,7 +391,7 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     if (a->ks) {
         /* Body v2: this batch's KERNEL records are the kept spans; the kernels are counted in
          * the histograms, shipped every histogram_interval_s (in parts when there are many). */
-        if (ki_kstats_want(a->ks, a->stopping ? UINT64_MAX : mono_ns(), real_ns())) {
+        if (export_due(a, a->stopping ? UINT64_MAX : mono_ns())) {
             /* Increments build on the collector's copy of the previous export: while batches are not
              * getting through, every histogram goes whole (docs/wire.md, "Increments"). Not after a
              * mere reconnect: a collector closes an idle kept-alive connection (uvicorn: after 5 s),
@@ -540,7 +551,7 @@ static int drain_ring(struct ki_agent *a) {
     }
     /* A histogram export, a heartbeat, or a capture window's final report (due even when its
      * GPU is idle): seal now, with whatever waits in staging. */
-    if ((a->ks && ki_kstats_want(a->ks, mono_ns(), real_ns())) ||
+    if ((a->ks && export_due(a, mono_ns())) ||
         mono_ns() - a->last_seal_ns >= (uint64_t)a->cfg->heartbeat_s * NS_PER_S || ki_captures_due(&a->caps, real_ns())) {
         a->staged = 0;
         return seal_batch(a, n);

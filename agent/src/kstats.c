@@ -75,6 +75,7 @@ struct ki_kstats {
     uint32_t max_keys;             /* here, not with tab: the per-record fields above keep the offsets
                                     * they had before cfg grew by idle_ns) */
     int resend_next;               /* the next export re-sends unchanged histograms too (ki_kstats_snapshot all) */
+    int hold_sweep;                /* batches wait to be settled: no sweep for idle keys (ki_kstats_hold_sweep) */
     int resend;                    /* the export in progress does */
     size_t room;             /* elements of each export array */
     size_t worst;            /* bytes one histogram can take in the columns */
@@ -330,7 +331,7 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
     ks->resend_next = 0;
     /* Not in an export that re-sends every histogram: an idle key's last change may be what it
      * re-sends (docs/wire.md, "Increments"); the sweep waits for the next export. */
-    if (ks->cfg.idle_ns && mono_ns >= ks->next_sweep_ns && !ks->resend) {
+    if (ks->cfg.idle_ns && mono_ns >= ks->next_sweep_ns && !ks->resend && !ks->hold_sweep) {
         sweep_idle(ks);
         ks->next_sweep_ns = mono_ns > UINT64_MAX - ks->cfg.idle_ns ? UINT64_MAX : mono_ns + ks->cfg.idle_ns;
     }
@@ -342,6 +343,8 @@ int ki_kstats_want(struct ki_kstats *ks, uint64_t mono_ns, uint64_t real_ns) {
 }
 
 int ki_kstats_pending(const struct ki_kstats *ks) { return ks->exporting; }
+
+void ki_kstats_hold_sweep(struct ki_kstats *ks, int hold) { ks->hold_sweep = hold; }
 
 int ki_kstats_increments(const struct ki_kstats *ks) { return ks->bases != NULL; }
 

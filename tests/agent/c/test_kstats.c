@@ -554,6 +554,34 @@ static void units(void) {
         free(ib);
         ki_kstats_destroy(ik);
     }
+    /* 9. A held sweep (the agent's spool not empty): an idle key due for eviction at 21 (as kernel 1
+     * above) stays while the sweep is held (21..25), and goes at the first export after it is
+     * released (26). */
+    {
+        struct ki_kstats_config ic = config(0, 0);
+        ic.idle_ns = 10 * NS;
+        struct ki_kstats *ik = ki_kstats_create(&ic);
+        CHECK(ik != NULL);
+        size_t icap = ki_kstats_section_bound(ik), ilen;
+        uint8_t *ib = malloc(icap);
+        CHECK(ib != NULL);
+        struct ki_record r[4];
+        uint64_t ts;
+        size_t in = 0;
+        push(r, &in, 1, 0, T0 + NS, 1000); /* kernel 1: once, then idle */
+        ki_kstats_feed(ik, r, in);
+        for (uint64_t sec = 1; sec <= 30; sec++) {
+            ki_kstats_hold_sweep(ik, sec >= 21 && sec <= 25);
+            CHECK(ki_kstats_want(ik, sec * NS, T0 + sec * NS)); /* sweeps at 1, 11, (21..25 held) 26 */
+            do CHECK_EQ(ki_kstats_encode(ik, ib, icap, &ilen, &ts, NULL, NULL), 0);
+            while (ki_kstats_pending(ik));
+            ki_kstats_stats(ik, &st);
+            CHECK_EQ(st.table.evicted, sec < 26 ? 0 : 1);
+            CHECK_EQ(st.table.keys, sec < 26 ? 1 : 0);
+        }
+        free(ib);
+        ki_kstats_destroy(ik);
+    }
     /* 6. Bad settings. */
     cfg = config(0, 0);
     cfg.section_max = 100;
