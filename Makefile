@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
+.PHONY: bootstrap run test test-midnight lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -28,6 +28,11 @@ unit: build
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit
+
+# The tests (TESTS, default: those that read the wall clock) each started LEAD (default 6)
+# seconds before the next UTC midnight, only the wall clock moved: day-boundary bugs.
+test-midnight: build
+	scripts/test_at_midnight.sh $(or $(LEAD),6) $(TESTS)
 
 bench-ring: build
 	$(PY) -m bench.ring
