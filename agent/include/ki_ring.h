@@ -749,14 +749,27 @@ static inline size_t ki_ring__read(struct ki_ring_consumer *c, struct ki_record 
     uint64_t pos = c->read_pos;
     const uint64_t end = KI_LOAD_RLX(&h->tail) + cap; /* one lap: the slots beyond are read, not freed */
     if (!free_read && pos < c->held_from) c->held_from = pos; /* the commit frees from here */
+    /* Locals, not r's fields: the stores into the slots and into out could alias those, and the
+     * compiler would load them again for every slot. */
+    struct ki_slot *const slots = r->slots;
+    const uint64_t mask = r->mask;
     size_t n = 0, got = 0, m = 0, v; /* out[n, n + m): copied, not yet verified */
     while (got + m < max && pos != end) {
-        struct ki_slot *s = &r->slots[pos & r->mask];
-        uint64_t seq = KI_LOAD_ACQ(&s->seq);
-        if (seq == pos + 1) {
+        /* Published slots in a row, up to stop: one lap, and max records in all (the blocks taken
+         * meanwhile keep at most as many as they were given, so the room only grows). */
+        const uint64_t room = max - got - m;
+        const uint64_t stop = end - pos < room ? end : pos + room;
+        struct ki_slot *s;
+        uint64_t seq;
+        for (;;) {
+            s = &slots[pos & mask];
+            seq = KI_LOAD_ACQ(&s->seq);
+            if (seq != pos + 1) goto unpublished;
             /* One read of the slot (producer, check and record), its sequence word replaced. */
             struct ki_record *o = &out[n + m++];
-            const struct ki_slot *ahead = &r->slots[(pos + KI_RING_PREFETCH) & r->mask];
+            /* KI_RING_PREFETCH slots ahead, past the array at the end of a lap (a prefetch never
+             * faults; the lap's first slots then come unprefetched) */
+            const void *ahead = (const void *)((uintptr_t)s + KI_RING_PREFETCH * sizeof *s);
             if (free_read) __builtin_prefetch(ahead, 1); /* for writing: the free stores to it too */
             else __builtin_prefetch(ahead, 0);
             memcpy(o, s, sizeof *o);
@@ -770,8 +783,10 @@ static inline size_t ki_ring__read(struct ki_ring_consumer *c, struct ki_record 
                 got += v;
                 m = 0;
             }
-            continue;
+            if (pos == stop) break;
         }
+        continue;
+    unpublished:
         if (m) { /* the block so far, before waiting or skipping */
             n += ki_ring__take(c, &out[n], m, keep, arg, &v);
             got += v;

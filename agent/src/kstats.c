@@ -29,9 +29,10 @@ enum {
 /* A direct-mapped cache of key -> slot in front of the table's lookup (slot_of). */
 struct key_cache {
     uint64_t w[3]; /* the key's words (ki_histtab_slot_words) */
-    uint32_t kind;
-    int32_t slot; /* -1: empty */
+    uint32_t kind; /* EMPTY_KIND: an empty entry (no key has it: no slot compare per lookup) */
+    int32_t slot;
 };
+#define EMPTY_KIND UINT32_MAX
 
 struct ki_kstats {
     struct ki_kstats_config cfg;
@@ -85,7 +86,7 @@ struct ki_kstats {
 /* Empty the key cache (at the start, and after keys were evicted: an entry may name a slot that
  * now holds another key). */
 static void forget_keys(struct ki_kstats *ks) {
-    for (uint32_t i = 0; i < 1u << KEY_CACHE_BITS; i++) ks->cache[i] = (struct key_cache){{0, 0, 0}, 0, -1};
+    for (uint32_t i = 0; i < 1u << KEY_CACHE_BITS; i++) ks->cache[i] = (struct key_cache){{0, 0, 0}, EMPTY_KIND, -1};
 }
 
 struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
@@ -183,7 +184,7 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
 static inline int32_t slot_of(struct ki_kstats *ks, uint64_t w0, uint64_t w1, uint64_t w2, uint32_t kind) {
     uint64_t mix = (w2 + (w0 << 20) + (w1 << 40) + ((uint64_t)kind << 58)) * 0x9E3779B97F4A7C15ULL;
     struct key_cache *e = &ks->cache[mix >> (64 - KEY_CACHE_BITS)];
-    if (((w0 ^ e->w[0]) | (w1 ^ e->w[1]) | (w2 ^ e->w[2]) | (kind ^ e->kind)) == 0 && e->slot >= 0) return e->slot;
+    if (((w0 ^ e->w[0]) | (w1 ^ e->w[1]) | (w2 ^ e->w[2]) | (kind ^ e->kind)) == 0) return e->slot;
     int s = ki_histtab_slot_words(ks->tab, w0, w1, w2, kind);
     if (s < 0) {
         ki_histtab_refused(ks->tab, 1);

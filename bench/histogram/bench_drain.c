@@ -14,6 +14,7 @@
  * times (the drain's instructions alone are exact under callgrind; the slots come from this
  * core's cache). With THREADED (1) a producer thread writes as fast as the ring takes records
  * while the consumer drains every 10 ms, as in the agent, whose slots come from another core.
+ * Records are stamped 1 us apart (1M kernels/s of record time).
  * Prints the consumer thread's CPU ns per record (CLOCK_THREAD_CPUTIME_ID: user and kernel
  * time, page faults and MADV_DONTNEED included), min and median over the laps (drains).
  *
@@ -71,6 +72,14 @@ static double thread_ns(void) {
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* Start of record time, a whole second. Records are stamped 1 us apart from it (1M kernels/s)
+ * rather than with the clock: the span sampler's per-second windows then hold the same records in
+ * every run, so callgrind's counts depend neither on how fast the (slowed) producer ran nor on
+ * where in a second it started. (The first window keeps its first 100 spans and then draws no
+ * random number: a run of LAPS <= 14 stays in it, so callgrind's count leaves out the ~10
+ * instructions per record of the draws the agent makes at 1M kernels/s.) */
+static uint64_t t0_ns;
+
 struct prod {
     const char *name;
     uint64_t count;
@@ -79,9 +88,10 @@ struct prod {
 
 /* Write count records (or until the ring is full when count is 0), returns the number written. */
 static uint64_t produce(struct ki_ring *r, uint64_t *i, uint64_t count, int wait) {
-    uint64_t n = 0, now = ki_ring_now_ns();
+    uint64_t n = 0;
     while (!count || n < count) {
         uint32_t p = (uint32_t)(*i & (POOL - 1));
+        uint64_t now = t0_ns + *i * 1000; /* record time: 1M kernels/s, whatever the real pace */
         int rc = ki_ring_kernel(r, kid[p], 0, now, now + dur[p], 7, *i);
         if (rc != 0) {
             if (!wait) break;
@@ -91,7 +101,6 @@ static uint64_t produce(struct ki_ring *r, uint64_t *i, uint64_t count, int wait
         }
         (*i)++;
         n++;
-        if ((*i & 255) == 0) now = ki_ring_now_ns();
     }
     return n;
 }
@@ -142,6 +151,7 @@ int main(int argc, char **argv) {
     int laps = atoi(argv[2]), threaded = argc > 3 && atoi(argv[3]);
     if (argc > 4 && atoi(argv[4]) > 0) kernels = (uint32_t)atoi(argv[4]);
     make_pool();
+    t0_ns = ki_ring_now_ns() / 1000000000ULL * 1000000000ULL;
     char err[256];
     int rc = 0;
     ki_ring_unlink(name);
