@@ -7,8 +7,8 @@ The load runs in processes of its own so that the measuring process competes onl
 collector for the GIL-free CPU, as a client on another machine would.
 
 What is measured is the collector's doing, not the machine's: each request's time less the time
-the measuring thread and the collector's event-loop thread spent ready to run but waiting for a
-CPU that other processes held (their ``run_delay``, /proc/.../schedstat). On a quiet machine
+the measuring thread or the collector's event-loop thread (the longer of the two) spent ready to
+run but waiting for a CPU that other processes held (their ``run_delay``, /proc/.../schedstat). On a quiet machine
 that is ~0 and the figure is the wall-clock latency; on a shared 2-core machine at load 12
 (session 8) the raw p99 was 435 ms, most of it spent in the run queue behind other programs.
 Waiting for the GIL (a query thread computing) is not run delay and stays in the figure.
@@ -120,11 +120,11 @@ def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path,
                         f"only {len(latencies)} snapshot requests"
                     )
                     assert all(p.poll() is None for p in procs.values()), "a load process ended early"
-                    queued = _run_delay_ns(mine) + _run_delay_ns(loop)
+                    queued = _run_delay_ns(mine), _run_delay_ns(loop)
                     t0 = time.perf_counter()
                     r = client.get("/v1/health/snapshot")
                     latencies.append(time.perf_counter() - t0)
-                    waits.append((_run_delay_ns(mine) + _run_delay_ns(loop) - queued) / 1e9)
+                    waits.append(max(_run_delay_ns(mine) - queued[0], _run_delay_ns(loop) - queued[1]) / 1e9)
                     assert r.status_code == 200, r.text
             finally:
                 results = {}
@@ -133,8 +133,9 @@ def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path,
                     results[name] = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
                     assert p.returncode == 0, (name, out)
 
-    # The collector's own time: the wall-clock time less the run-queue waits inside it (clamped:
-    # the two threads can wait at once). The reads of schedstat bracket the request, outside t0.
+    # The collector's own time: the wall-clock time less the longer of the two threads' run-queue
+    # waits inside it (the two can wait at once: their sum would take time off twice, and their
+    # shorter one may be part of the longer). The reads of schedstat bracket the request.
     own = np.maximum(np.array(latencies) - np.array(waits), 0.0)
     print(f"snapshot under load: {len(latencies)} requests, p50 {np.percentile(own, 50) * 1e3:.1f} ms, "
           f"p99 {np.percentile(own, 99) * 1e3:.1f} ms, max {own.max() * 1e3:.0f} ms (wall clock: p99 "
