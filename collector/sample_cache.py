@@ -20,6 +20,7 @@ ones after it find the hours in memory.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -62,12 +63,16 @@ class SampleBlock:
     """One metric's samples in one hour: series ``fps[i]`` owns ``offsets[i]:offsets[i+1]``.
 
     ``fps`` ascend and are unique; each series' timestamps ascend without duplicates.
+    ``serial`` tells this block from every other made in this process (ids are reused once an
+    object is freed): a query that saw the same blocks saw the same series (``ClickHouseStorage``
+    keeps which of them a selector matched by it, without comparing fingerprints again).
     """
 
     fps: U64
     offsets: I64
     ts: I64
     vs: F64
+    serial: int = field(default_factory=itertools.count().__next__, compare=False)
 
     @property
     def nbytes(self) -> int:

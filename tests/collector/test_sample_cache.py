@@ -311,8 +311,10 @@ def test_a_selector_asked_again_skips_label_matching_until_its_series_change(sto
     first = store.storage().select_columns(m, *window)
     assert matched, "the first read through the cache matches labels"
     matched.clear()
+    _same(store.storage().select_columns(m, *window), first)  # the very same blocks (their serials)
+    assert matched == []
     again = store.storage().select_columns(m, (window[0] + window[1]) // 2, window[1])
-    assert matched == []  # remembered
+    assert matched == []  # remembered: other blocks, the same series
     _same(again, store.storage(use_cache=False).select_columns(m, (window[0] + window[1]) // 2, window[1]))
     late = SampleBuilder()  # a new matching series in a cached hour
     late.add(

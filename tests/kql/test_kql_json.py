@@ -7,7 +7,7 @@ import math
 import struct
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.kql import (
@@ -149,6 +149,9 @@ def test_values_are_written_as_go_formats_them() -> None:
     )
     | st.lists(st.integers(-(10**16), 10**16), max_size=5)
 )
+@example([1_796_000_000_000, 1_796_000_060_000, 1_796_000_120_000])  # all on whole seconds
+@example([1_796_000_000_500, 1_796_000_060_500, 1_796_000_120_500])  # none on one
+@example([1_796_000_000_500, 1_796_000_001_000])  # some
 def test_grid_times_are_written_as_one_by_one(times: list[int]) -> None:
     # A range answer's steps in one pass (_stamps_bytes): the same text as each alone.
     steps = np.unique(np.array(times, dtype=np.int64))
@@ -173,3 +176,28 @@ def test_float_samples_are_the_samples_the_dataclass_makes(
 
 def _same_float(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or struct.pack("<d", a) == struct.pack("<d", b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    labels,
+    floats,
+    st.lists(ms | st.integers(0, 10**6).map(lambda k: 1_796_000_000_000 + 250 * k), min_size=1, max_size=40)
+    | st.lists(st.integers(-(10**16), 10**16), min_size=1, max_size=5),
+    st.data(),
+)
+def test_constant_series_are_written_as_any_series(
+    lab: tuple[tuple[str, str], ...], x: float, times: list[int], data: st.DataObject
+) -> None:
+    # absent() over a range, vector(1), a flat gauge: the value formatted once, the same bytes.
+    # One value of a few series changed (another bit pattern of the same number included: -0,
+    # a NaN payload) takes the general path.
+    ts = np.unique(np.array(times, dtype=np.int64))
+    vs = np.full(len(ts), x)
+    if data.draw(st.booleans()):
+        vs[data.draw(st.integers(0, len(ts) - 1))] = data.draw(floats | st.sampled_from([-x, x * 1.0]))
+    for m in (
+        Matrix((Series(lab, ts, vs),)),
+        Matrix((Series(lab, ts, vs), Series((*lab, ("~", "b")), ts, vs))),
+    ):
+        assert prometheus_json_bytes(m) == _dumps(m)
