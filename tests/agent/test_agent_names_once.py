@@ -12,8 +12,6 @@ its names again."""
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import signal
 import socket
 import subprocess
@@ -21,15 +19,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from collector_cli import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
+from tier_proxy import UNAVAILABLE, Answer, TierProxy
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.wire import BATCH_STATUS_HEADER, FRAMES_CONTENT_TYPE, split_frames
+from kernel_insight.collector.wire import BATCH_STATUS_HEADER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.histogram.pipeline import KERNEL_NAMES
@@ -37,7 +34,6 @@ from bench.histogram.producer import build_producer
 
 KERNELS = 20
 INTERVAL_S = 12  # histogram exports: the collector restarts between two of them
-FORWARDED = ("Content-Type", BATCH_STATUS_HEADER, "Retry-After", "KI-Capture", "KI-Histogram-Snapshot")
 
 
 def _free_port() -> int:
@@ -138,101 +134,39 @@ def test_names_go_once_survive_a_collector_restart_and_a_spool(
     _assert_all_stored(tmp_path, log)
 
 
-class _Tier:
-    """A proxy in front of one collector at a time. ``pass``: requests go through. Once an answer
-    held a 424, the next request of several frames is split: its first frame (the names batch) goes
-    to the collector alone, the others are answered 503 by the proxy, and from then on (``hold``)
-    every request is answered 503 until the test points the proxy at the next collector."""
+class _Tier(TierProxy):
+    """``pass``: requests go through. Once an answer held a 424 (``armed``), the next request of
+    several frames is split: its first frame (the names batch) goes to the collector alone, the
+    others are answered 503, and from then on (``hold``) every request is answered 503 until the
+    test points the proxy at the next collector (``done``: requests go through again)."""
 
     def __init__(self) -> None:
-        self.upstream = ""
-        self.state = "pass"  # pass -> armed (a 424 seen) -> hold (names batch split off) -> done
+        super().__init__()
+        self.state = "pass"
         self.split = threading.Event()
-        self.lock = threading.Lock()
-        self.statuses: list[str] = []  # every answer's statuses, in order
-        tier = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def answer(self, ctype: str, body: bytes) -> Answer:
+        with self.lock:
+            state = self.state
+        if state == "hold":
+            return UNAVAILABLE
+        frames = self.frames(ctype, body)
+        if state == "armed" and len(frames) >= 2:
+            statuses = [self.forward_frame(frames[0])] + [503] * (len(frames) - 1)
+            with self.lock:
+                self.state = "hold"
+            self.split.set()
+            return self.settled(statuses, retry_after=True)
+        status, headers, data = self.forward(ctype, body)
+        with self.lock:
+            if self.state == "pass" and "424" in headers.get(BATCH_STATUS_HEADER, str(status)):
+                self.state = "armed"
+        return status, headers, data
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                ctype = self.headers.get("Content-Type", "")
-                with tier.lock:
-                    state, upstream = tier.state, tier.upstream
-                if state == "hold" or not upstream:
-                    self._reply(503, {"Retry-After": "1"}, b'{"status":"unavailable"}')
-                    return
-                frames = split_frames(body) if ctype == FRAMES_CONTENT_TYPE else [memoryview(body)]
-                if state == "armed" and len(frames) >= 2:
-                    status, _headers, _data = tier.forward(
-                        upstream, "application/octet-stream", bytes(frames[0])
-                    )
-                    statuses = [str(status)] + ["503"] * (len(frames) - 1)
-                    with tier.lock:
-                        tier.state = "hold"
-                        tier.statuses.append(", ".join(statuses))
-                    tier.split.set()
-                    results = [{"status": int(s)} for s in statuses]
-                    self._reply(
-                        200,
-                        {BATCH_STATUS_HEADER: ", ".join(statuses), "Retry-After": "1"},
-                        json.dumps({"status": "settled", "results": results}).encode(),
-                    )
-                    return
-                status, headers, data = tier.forward(upstream, ctype, body)
-                seen = headers.get(BATCH_STATUS_HEADER, str(status))
-                with tier.lock:
-                    tier.statuses.append(seen)
-                    if tier.state == "pass" and "424" in seen:
-                        tier.state = "armed"
-                self._reply(status, headers, data)
-
-            def _reply(self, status: int, headers: dict[str, str], data: bytes) -> None:
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def forward(self, upstream: str, ctype: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-        """One request to the collector; a collector that is not up reads as 503 (as a tier's would)."""
-        u = urlsplit(upstream)
-        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
-        try:
-            conn.request("POST", "/v1/ingest", body=body, headers={"Content-Type": ctype})
-            resp = conn.getresponse()
-            data = resp.read()
-            headers = {k: resp.getheader(k, "") for k in FORWARDED if resp.getheader(k) is not None}
-            return resp.status, headers, data
-        except OSError:
-            return 503, {"Retry-After": "1"}, b'{"status":"unavailable"}'
-        finally:
-            conn.close()
-
-    def point_at(self, upstream: str, state: str | None = None) -> None:
+    def move_to(self, upstream: str) -> None:
         with self.lock:
             self.upstream = upstream
-            if state is not None:
-                self.state = state
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=30)
+            self.state = "done"
 
 
 def test_a_batch_whose_names_went_to_another_collector_is_not_lost(
@@ -262,7 +196,7 @@ def test_a_batch_whose_names_went_to_another_collector_is_not_lost(
             # another round (before session 9 the agent dead-lettered the batch here).
             stop_collector(collector)
             collector, url = start_collector(tmp_path)
-            tier.point_at(url, "done")
+            tier.move_to(url)
             _names_round(log, at)
     finally:
         if collector is not None:
