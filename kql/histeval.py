@@ -22,7 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.sparsehists import SparseHists, renumbering
+from kernel_insight.kql.sparsehists import SparseCells, SparseHists, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
     HistRange,
@@ -662,6 +662,15 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
         if vec.hist_objs is None:
             summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, op == "avg")
+    elif vec.sparse is not None and vec.hist_objs is None:
+        # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns unless
+        # a member has a bucket of 0, which the sum compacts away (then objects, below); several
+        # (sum(x)) summed from the columns.
+        columns = _single_sparse(vec.sparse, gid, mixed, steps)
+        if columns is None:
+            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, op == "avg")
+        elif not columns.data.has_empty_buckets():
+            return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, None, columns)
     if summed is None:
         assert vec.hists is not None
         single = _single_members(vec.hists, gid, n, mixed)
@@ -724,9 +733,10 @@ def _aggregated(
     mixed: BOOL,
     totals: OBJ | None,
     dense: DenseHists | None = None,
+    sparse: SparseCells | None = None,
 ) -> StepVector:
-    """sum/avg's result: the groups' histograms (``totals``, or still dense), and the float
-    aggregation of the float samples (less the groups that held both kinds at a step)."""
+    """sum/avg's result: the groups' histograms (``totals``, or still dense or columns), and the
+    float aggregation of the float samples (less the groups that held both kinds at a step)."""
     from kernel_insight.kql.aggregation import aggregate as float_aggregate
 
     steps = vec.values.shape[1]
@@ -742,7 +752,7 @@ def _aggregated(
         if r is not None:
             values[g] = floats.values[r]
             present[g] = floats.present[r] & ~mixed[g]
-    return StepVector(group_labels, values, present, drop, None, totals, dense).compact()
+    return StepVector(group_labels, values, present, drop, None, totals, dense, sparse).compact()
 
 
 # ------------------------------------------------------------------------------ functions
@@ -1255,31 +1265,51 @@ def _sum_avg_over_time(
 
 
 def _count_like(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], count: bool) -> StepVector:
+    """count_over_time/present_over_time of windows holding histograms: samples of either kind
+    counted from the windows' bounds, no histogram looked at."""
     r: RangeInput = args[0]
     floats = impl(ctx, [_strip(r)])
-    values: dict[tuple[int, int], float] = {}
-    for i, j, _, hs, nfloat in hist_windows(r):
-        values[i, j] = float(len(hs) + nfloat) if count else 1.0
-    return _combine(r, floats, {}, values)
+    rows, steps = np.nonzero(has_hist_windows(r))
+    assert r.hist is not None or not len(rows)
+    found = (
+        ((r.hist.hi - r.hist.lo) + (r.hi - r.lo))[rows, steps].astype(np.float64).tolist()
+        if count and r.hist is not None
+        else [1.0] * len(rows)
+    )
+    return _combine(
+        r, floats, {}, dict(zip(zip(rows.tolist(), steps.tolist(), strict=True), found, strict=True))
+    )
 
 
 def _first_last(
     ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], last: bool, ts: bool
 ) -> StepVector:
+    """first/last_over_time (and their ts_of_) of windows holding histograms: the window's first
+    or last sample of either kind found from the windows' bounds (a float wins a tie for first,
+    a histogram for last, as a stable time sort of floats then histograms orders them), and an
+    object made only for each histogram picked."""
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
     floats = impl(ctx, [_strip(r)])
     hists: dict[tuple[int, int], H] = {}
     values: dict[tuple[int, int], float] = {}
-    for i, j, _, _, _ in hist_windows(r):
-        samples = _merged(r, i, j)
-        t, f, h = samples[-1] if last else samples[0]
+    hr = r.hist
+    rows, steps = np.nonzero(touched)
+    if hr is not None and len(rows):
+        hpos = (hr.hi - 1 if last else hr.lo)[rows, steps]
+        fpos = (r.hi - 1 if last else r.lo)[rows, steps]
+        has_float = (r.hi > r.lo)[rows, steps]
+        ft = r.ts[np.where(has_float, fpos, 0)] if len(r.ts) else np.zeros(len(rows), dtype=np.int64)
+        ht = hr.ts[hpos]
+        use_float = has_float & ((ft > ht) if last else (ft <= ht))
+        cells = list(zip(rows.tolist(), steps.tolist(), strict=True))
         if ts:
-            values[i, j] = t / 1000.0
-        elif h is None:
-            values[i, j] = f
+            values = dict(zip(cells, (np.where(use_float, ft, ht) / 1000.0).tolist(), strict=True))
         else:
-            hists[i, j] = h
+            fsel, hsel = np.flatnonzero(use_float), np.flatnonzero(~use_float)
+            values = {cells[k]: v for k, v in zip(fsel.tolist(), r.vs[fpos[fsel]].tolist(), strict=True)}
+            objs = hr.objects_at(np.unique(hpos[hsel]))
+            hists = {cells[k]: objs[p] for k, p in zip(hsel.tolist(), hpos[hsel].tolist(), strict=True)}
     return _combine(r, floats, hists, values, drop=touched, keep_name=not ts)
 
 
@@ -2472,6 +2502,39 @@ def _single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
     ]
     out[gid[rows], cols] = holder
     return out
+
+
+def _single_sparse(cells: SparseCells, gid: Any, mixed: BOOL, steps: int) -> SparseCells | None:
+    """:func:`_single_members` of a selector's columns: each cell moved to its group's row, still
+    columns (not compacted); None when some group has several members at a step."""
+    data = cells.data
+    keep = ~mixed[gid[cells.rows], cells.steps]
+    rows = np.asarray(gid, dtype=np.int64)[cells.rows]
+    target = rows[keep] * steps + cells.steps[keep]
+    if len(target) and np.bincount(target).max() > 1:
+        return None
+    if keep.all():
+        return SparseCells(data, rows, cells.steps)
+    idx = np.flatnonzero(keep)
+    return SparseCells(data.take(idx), rows[idx], cells.steps[idx])
+
+
+def sparse_sum(
+    cells: SparseCells, gid: Any, n: int, steps: int, mixed: BOOL, mean: bool
+) -> tuple[DenseHists, bool] | None:
+    """:func:`dense_sum` of a selector's columns (``sum(x)`` over many series): one block made
+    straight from the columns, no object per sample; None as for :func:`dense_sum` (then
+    objects decide)."""
+    rows, cols = cells.rows, cells.steps
+    keep = np.flatnonzero(~mixed[gid[rows], cols])
+    if len(keep) < DENSE_MIN_CELLS:
+        return None
+    order = keep[np.lexsort((rows[keep], cols[keep]))]  # step by step, input rows ascending
+    data = cells.data.take(order)
+    block = DenseBlock.of_sparse(data)
+    if block is None:
+        return None
+    return _dense_sum_block(block, data.hints(), rows[order], cols[order], gid, n, steps, mean)
 
 
 def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[DenseHists, bool] | None:

@@ -258,6 +258,10 @@ class SparseHists:
 
     # ------------------------------------------------------------------ reading
 
+    def has_empty_buckets(self) -> bool:
+        """Whether some row has a bucket of 0 (one ``Compact(0)`` would drop)."""
+        return bool((self.pos_buckets.flat == 0).any() or (self.neg_buckets.flat == 0).any())
+
     def stale(self) -> BOOL:
         """Which rows are staleness markers (the sum's StaleNaN bit pattern, as ``is_stale_histogram``)."""
         stale: BOOL = self.sum.view(np.uint64) == np.uint64(STALE_NAN_BITS)

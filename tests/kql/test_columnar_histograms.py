@@ -145,6 +145,11 @@ QUERIES = [
     "histogram_sum({m}) / histogram_count({m})",
     "histogram_stddev({m})",
     "sum by (g) ({m})",
+    "sum({m})",
+    "avg by (g) ({m})",
+    "sum by (i) ({m})",
+    "avg without (g) ({m})",
+    "histogram_quantile(0.9, sum by (g) ({m}))",
     "{m} * 2",
     "resets({m}[2m])",
     "delta({m}[1m])",
@@ -242,6 +247,133 @@ def test_dense_block_of_columns_is_the_block_of_objects() -> None:
         assert getattr(a, field) == getattr(b, field)
     for field in ("pos", "neg", "zero", "count", "sum", "has_pos", "has_neg"):
         assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
+
+
+SELECTOR_SUMS = [
+    "sum by (i) ({m})",
+    "avg by (i) ({m})",
+    "sum by (g) ({m})",
+    "avg by (g) ({m})",
+    "sum({m})",
+    "avg({m})",
+    "histogram_quantile(0.9, sum by (g) ({m}))",
+    "histogram_count(sum({m}))",
+]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), odd=st.booleans(), one_schema=st.booleans())
+def test_selector_sums_over_columns_give_the_object_paths_results(
+    seed: int, odd: bool, one_schema: bool, dense_everywhere: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sum/avg of a selector moves (one member a group) or sums (several) the store's columns
+    without an object per sample: bit for bit the per-histogram path, on histograms of one
+    layout family (the columns' path runs) or of mixed schemas and zero thresholds (it declines)."""
+    from kernel_insight.kql import histeval
+
+    rng = np.random.default_rng(seed)
+    memory, columnar = MemoryStorage(), ColumnarMemory()
+    series = int(rng.integers(1, 6))
+    for i in range(series):
+        labels = {"__name__": "h", "i": str(i), "g": str(i % 2)}
+        for t, v in _series(rng, int(rng.integers(2, 40)), odd_counts=odd):
+            for store in (memory, columnar):
+                if isinstance(v, FloatHistogram):
+                    h = dataclasses.replace(v, schema=3, zero_threshold=1e-3) if one_schema else v
+                    store.add_histograms(labels, [t], [h.compact(0) if one_schema else h])
+                elif v == "stale":
+                    store.add_histograms(labels, [t], [FloatHistogram(sum=STALE_NAN)])
+                else:
+                    store.add(labels, [t], [v])
+    ran: list[str] = []
+    for name in ("_single_sparse", "sparse_sum"):
+        real = getattr(histeval, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            out = _real(*args)
+            if out is not None:
+                ran.append(_name)
+            return out
+
+        monkeypatch.setattr(histeval, name, spy)
+    for q in SELECTOR_SUMS:
+        query = q.format(m="h")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(histeval, "DENSE_MIN_CELLS", 10**9)  # the reference: one histogram at a time
+            want = _plain(Engine(memory).range_query(query, 0, 600_000, 15_000))
+        assert _plain(Engine(columnar).range_query(query, 0, 600_000, 15_000)) == want, query
+    if one_schema:
+        assert "_single_sparse" in ran  # sum by (i): one member a group
+        assert "sparse_sum" in ran or series == 1  # sum(h) over several series
+
+
+OVER_TIME = [
+    "count_over_time({m}[1m])",
+    "present_over_time({m}[45s])",
+    "last_over_time({m}[1m])",
+    "first_over_time({m}[2m])",
+    "ts_of_last_over_time({m}[1m])",
+    "ts_of_first_over_time({m}[45s])",
+    "last_over_time({m}[1m] offset 20s)",
+    "histogram_count(last_over_time({m}[2m]))",
+]
+
+
+def _per_window(ctx: Any, impl: Any, args: list[Any], kind: str) -> Any:
+    """The per-window reference these functions had (every sample of every window merged in
+    time order, each histogram an object), kept here to test the bounds-based paths against."""
+    from kernel_insight.kql import histeval
+
+    r = args[0]
+    touched = histeval.has_hist_windows(r)
+    floats = impl(ctx, [histeval._strip(r)])
+    hists: dict[tuple[int, int], Any] = {}
+    values: dict[tuple[int, int], float] = {}
+    for i, j, _, hs, nfloat in histeval.hist_windows(r):
+        if kind in ("count", "present"):
+            values[i, j] = float(len(hs) + nfloat) if kind == "count" else 1.0
+            continue
+        samples = histeval._merged(r, i, j)
+        t, f, h = samples[-1] if "last" in kind else samples[0]
+        if kind.startswith("ts_of"):
+            values[i, j] = t / 1000.0
+        elif h is None:
+            values[i, j] = f
+        else:
+            hists[i, j] = h
+    if kind in ("count", "present"):
+        return histeval._combine(r, floats, {}, values)
+    return histeval._combine(r, floats, hists, values, drop=touched, keep_name=not kind.startswith("ts_of"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), odd=st.booleans())
+def test_over_time_from_window_bounds_give_the_per_window_results(seed: int, odd: bool) -> None:
+    """count/present/first/last_over_time (and ts_of_) of histogram windows, found from the windows'
+    bounds with an object only for a histogram picked, equal the per-window path bit for bit,
+    over objects and over columns (random series: floats between histograms, stale markers, resets)."""
+    from kernel_insight.kql import histeval
+
+    memory, columnar = MemoryStorage(), ColumnarMemory()
+    _fill([memory, columnar], seed, "h", odd_counts=odd)
+    kinds = {
+        "count_over_time": "count",
+        "present_over_time": "present",
+        "last_over_time": "last",
+        "first_over_time": "first",
+        "ts_of_last_over_time": "ts_of_last",
+        "ts_of_first_over_time": "ts_of_first",
+    }
+    for q in OVER_TIME:
+        query = q.format(m="h")
+        with pytest.MonkeyPatch.context() as mp:
+            for name, kind in kinds.items():
+                mp.setitem(
+                    histeval.HANDLERS, name, lambda ctx, impl, args, _k=kind: _per_window(ctx, impl, args, _k)
+                )
+            want = _plain(Engine(memory).range_query(query, 0, 600_000, 15_000))
+        for storage in (memory, columnar):
+            assert _plain(Engine(storage).range_query(query, 0, 600_000, 15_000)) == want, query
 
 
 @pytest.fixture(scope="module")
