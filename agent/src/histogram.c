@@ -839,8 +839,9 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
  * bucket of a histogram still at the table's schema (every kernel duration once its histogram has
  * seen its range). The schema's index tables, its shift and the pool are looked up once per call
  * instead of per value (hist_index's arithmetic on h->schema, a third of observe_dense's
- * instructions); the bucket index is hist_index's, bit for bit. Anything else goes through
- * observe_dense and observe_general. */
+ * instructions); the bucket index is hist_index's, bit for bit. A value this path cannot count
+ * (a new bucket, a full count) goes to observe_general, as from observe_dense; any other
+ * histogram or value through observe_dense first. */
 size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n) {
     size_t counted = 0;
     const int32_t schema = t->cfg.schema;
@@ -886,6 +887,8 @@ size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, cons
                     continue;
                 }
             }
+            counted += observe_general(t, h, x) == 0; /* where observe_dense would fail too */
+            continue;
         }
         counted += observe_dense(t, h, x) || observe_general(t, h, x) == 0;
     }
