@@ -22,6 +22,7 @@ from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
 from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.store import StorageError as StoreError
+from kernel_insight.kql import _windows
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.nativehist import HISTOGRAM_MIN_WEIGHT
@@ -468,6 +469,17 @@ class ClickHouseStorage:
         matchers run on their labels here. None when
         some series' labels are unknown (samples without a series row): the SQL path decides.
         """
+        selection = self._cached_selection(matchers, start_ms, end_ms, metric, hours)
+        if selection is None:
+            return None
+        blocks, labels, want = selection
+        return gather_series(labels, want, blocks, start_ms, end_ms)
+
+    def _cached_selection(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, metric: str, hours: range
+    ) -> tuple[list[SampleBlock], list[Labels], npt.NDArray[np.uint64]] | None:
+        """The cached blocks of the hours, and the series of them the selector matches (labels in
+        order, their fingerprints); None when some series' labels are unknown."""
         blocks = self._hour_blocks(metric, hours)
         others = tuple(m for m in matchers if not (m.name == "__name__" and m.op == "="))
         # Which series match depends only on which are present (labels never change): the last
@@ -479,11 +491,11 @@ class ClickHouseStorage:
         serials = tuple(b.serial for b in blocks)
         hit = self._selection_cache.get(key)
         if hit is not None and hit[0] == serials:
-            return gather_series(hit[2], hit[3], blocks, start_ms, end_ms)
+            return blocks, hit[2], hit[3]
         present = blocks[0].fps if len(blocks) == 1 else np.unique(np.concatenate([b.fps for b in blocks]))
         if hit is not None and np.array_equal(hit[1], present):
             self._selection_cache[key] = (serials, hit[1], hit[2], hit[3])
-            return gather_series(hit[2], hit[3], blocks, start_ms, end_ms)
+            return blocks, hit[2], hit[3]
         known = self._known_labels(metric, present.tolist(), start_ms, end_ms)
         if known is None:
             return None
@@ -495,7 +507,58 @@ class ClickHouseStorage:
         if len(self._selection_cache) >= _SELECTIONS_CACHE_MAX:
             self._selection_cache.clear()
         self._selection_cache[key] = (serials, present, labels, want)
-        return gather_series(labels, want, blocks, start_ms, end_ms)
+        return blocks, labels, want
+
+    def _cached_last(
+        self, matchers: Sequence[Matcher], time_ms: int, lookback_ms: int, sample_times: bool
+    ) -> GridColumns | None:
+        """:meth:`select_last_on_grid` at one time from the cached hours (the plan :meth:`_decline_grid`
+        just made): each matching series' last sample in ``(t - lookback, t]`` found in the blocks
+        by the window search of ``gather_series``, without gathering the window's samples into
+        columns for the engine to search again (an instant selector's lookup). Series without
+        a sample in the window are left out, as ``select_columns`` leaves them out. None when
+        some series' labels are unknown: ``select_columns`` decides.
+        """
+        first = time_ms - lookback_ms + 1
+        plan = self._declined_plan(matchers, first, time_ms)
+        if plan is None or plan[1].stop <= time_ms or START_TIMESTAMPS_WANTED.get():
+            # Not every hour of the window settled (the rest is ClickHouse's), or start timestamps
+            # wanted (the cache holds none): as select_columns, the SQL path answers.
+            return None
+        selection = self._cached_selection(matchers, first, time_ms, *plan)
+        if selection is None:
+            return None
+        blocks, labels, want = selection
+        if len(want) == 0:
+            return _empty_grid(1)
+        want = np.ascontiguousarray(want, dtype=np.uint64)
+        n = len(want)
+        at = np.zeros(n, dtype=np.int64)  # the last sample's position in its block
+        block_of = np.full(n, -1, dtype=np.int64)  # which block holds it
+        starts, lengths = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for j in range(len(blocks) - 1, -1, -1):  # the latest hour first
+            block = blocks[j]
+            if len(block.fps) == 0:
+                continue
+            _windows.series_ranges(block.fps, block.offsets, block.ts, want, first, time_ms, starts, lengths)
+            found = (block_of < 0) & (lengths > 0)
+            at[found] = starts[found] + lengths[found] - 1
+            block_of[found] = j
+        rows = np.flatnonzero(block_of >= 0)
+        values = np.empty(len(rows))
+        ts = np.empty(len(rows), dtype=np.int64)
+        for j, block in enumerate(blocks):
+            mine = block_of[rows] == j
+            if mine.any():
+                values[mine] = block.vs[at[rows[mine]]]
+                ts[mine] = block.ts[at[rows[mine]]]
+        column = values.reshape(-1, 1)
+        return GridColumns(
+            [labels[i] for i in rows.tolist()],
+            column,
+            ts.reshape(-1, 1) if sample_times else None,
+            ~is_stale(column),
+        )
 
     def _known_labels(
         self, metric: str, fps: list[int], start_ms: int, end_ms: int
@@ -578,7 +641,11 @@ class ClickHouseStorage:
         if step_ms <= 0 or lookback_ms <= 0 or end_ms < start_ms or first < 0 or end_ms > MAX_TS_MS:
             return None
         if self._decline_grid(matchers, first, end_ms):
-            return None  # decoded samples in memory beat any grid ClickHouse computes
+            # Decoded samples in memory beat any grid ClickHouse computes: one time is answered
+            # from them here, a grid by the engine over select_columns.
+            return (
+                self._cached_last(matchers, end_ms, lookback_ms, sample_times) if start_ms == end_ms else None
+            )
         steps = (end_ms - start_ms) // step_ms + 1
         if steps == 1:
             instant = self._last_instant(matchers, end_ms, lookback_ms, sample_times)

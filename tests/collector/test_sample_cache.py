@@ -124,6 +124,48 @@ def test_a_late_write_to_a_cached_hour_and_a_new_series_are_seen(store):
     assert store.sample_cache.stats().hits == hits + HOURS  # that answer came from the cache
 
 
+def test_an_instant_selector_over_cached_hours_reads_the_last_samples_from_them(store, monkeypatch):
+    """select_last_on_grid at one time over cached hours (ClickHouseStorage._cached_last) answers
+    what the store answers without the cache: the same series, values (stale markers not
+    present), sample times; windows inside an hour, across an hour's start, before a series
+    began and after the data ended. A window reaching into hours not settled is not answered
+    there (None: the engine reads select_columns, the cache plus ClickHouse)."""
+    store.sample_cache = _clock_at(HOUR0 + HOURS * BLOCK_MS + 3 * 60_000)
+    rng = random.Random(5)
+    lookback = 300_000
+    times = [HOUR0 + k * BLOCK_MS + d for k in range(HOURS + 1) for d in (-1, 0, 1, 60_000, lookback - 1)]
+    times += [HOUR0 + rng.randrange(0, HOURS * BLOCK_MS) for _ in range(12)]
+    import kernel_insight.collector.query as query
+
+    from_cache = []
+    real = query.ClickHouseStorage._cached_last
+    monkeypatch.setattr(
+        query.ClickHouseStorage, "_cached_last", lambda *a: from_cache.append(real(*a)) or from_cache[-1]
+    )
+    answered = 0
+    for t in times:
+        for m in MATCHERS:
+            for sample_times in (True, False):
+                cached = store.storage()
+                cached.select_columns(m, t - lookback + 1, t)  # queues the fill of its hours
+                assert store.sample_cache.wait_idle()
+                got = cached.select_last_on_grid(m, t, t, 1, lookback, sample_times)
+                if got is None:
+                    continue  # left to the engine over select_columns (a window reaching past the cache)
+                want = store.storage(use_cache=False).select_last_on_grid(m, t, t, 1, lookback, sample_times)
+                assert want is not None
+                assert got.labels == want.labels, (t, m)
+                np.testing.assert_array_equal(got.present, want.present)
+                np.testing.assert_array_equal(got.values[got.present], want.values[want.present])
+                if sample_times:
+                    assert got.sample_ts is not None
+                    assert want.sample_ts is not None
+                    np.testing.assert_array_equal(got.sample_ts, want.sample_ts)
+                answered += len(got)
+    assert answered > 0
+    assert sum(1 for grid in from_cache if grid is not None and len(grid)) > 100  # the cached path answered
+
+
 def test_writes_that_cannot_be_mapped_to_hours_clear_the_cache(store):
     store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
     m = [Matcher("__name__", "=", "gpu_temp")]
