@@ -5,8 +5,10 @@
  * Why not libfaketime: its 0.9.10 (Debian 12) breaks Python's waits either way: with the
  * monotonic clock faked, threading.Event.wait hangs; with it left alone, time.sleep fails with
  * EINVAL. Sleeps and timed waits here run on the real monotonic clock, as they should.
- * Programs that read the clock without libc (Go binaries such as prometheus, chDB's engine)
- * keep the real time.
+ * Programs that read the clock without a dynamic libc keep the real time: Go binaries such as
+ * prometheus, chDB's engine, and ki-agent (static-pie). Tests that query what those wrote at
+ * "now" fail under any shift (test_api_write_auth's and test_remote_write_histograms_prometheus'
+ * Prometheus, test_rules_e2e's agent, also at a plain one-hour shift): not a day boundary.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
