@@ -51,13 +51,14 @@ from kernel_insight.kql.errors import (
     TooManySeriesError,
 )
 from kernel_insight.kql.functions import FUNCTIONS
-from kernel_insight.kql.functions._common import unwrap
+from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
 from kernel_insight.kql.lexical import MAX_DURATION_MS
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
     GRID_MIN_STEP_MS,
     ColumnarStorage,
+    GridColumns,
     GridStorage,
     RangeGridStorage,
     SeriesColumns,
@@ -246,6 +247,7 @@ class _Evaluator:
         self.sample_times_wanted = 0  # > 0 while evaluating the argument of timestamp()
         self.annotations: list[Annotation] = []
         self._seen: set[tuple[str, str, int, int]] = set()
+        self._grid_declined: tuple[tuple[Matcher, ...], int, int, bool] | None = None
         self.handlers: dict[type, Callable[[Any, I64], Any]] = {
             NumberLiteral: self.eval_number,
             StringLiteral: self.eval_string,
@@ -605,32 +607,67 @@ class _Evaluator:
         self, matchers: Sequence[Matcher], refs: I64, sample_times: bool
     ) -> StepVector | None:
         """:meth:`lookup` computed by a :class:`GridStorage` when the reference times form a grid."""
+        grid = self._grid_last(matchers, refs, sample_times)
+        if grid is None:
+            return None
+        self.count_samples(int(grid.present.sum()))
+        n = len(grid)
+        return StepVector(
+            grid.labels, grid.values, grid.present, np.zeros(n, dtype=bool), grid.sample_ts
+        ).compact()
+
+    def _grid_last(self, matchers: Sequence[Matcher], refs: I64, sample_times: bool) -> GridColumns | None:
+        """The :class:`GridStorage`'s answer for the selector at the reference times (series limit
+        checked, samples not yet counted); None when it declines, or declined these very times
+        before (:meth:`instant_selector`: the general path that follows does not ask again)."""
         storage: GridStorage | None = _as_protocol(self.storage, GridStorage)
         if storage is None:
             return None
         step = grid_step(refs)
         if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
             return None
+        first, last = int(refs[0]), int(refs[-1])
+        if self._grid_declined is not None:
+            declined, self._grid_declined = self._grid_declined, None
+            if declined == (tuple(matchers), first, last, sample_times):
+                return None
         grid = self.read(
-            storage.select_last_on_grid,
-            matchers,
-            int(refs[0]),
-            int(refs[-1]),
-            step,
-            self.limits.lookback_ms,
-            sample_times,
+            storage.select_last_on_grid, matchers, first, last, step, self.limits.lookback_ms, sample_times
         )
         if grid is None:
+            self._grid_declined = (tuple(matchers), first, last, sample_times)
             return None
         if len(grid) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(grid)} series, more than the limit of {self.limits.max_series}"
             )
-        self.count_samples(int(grid.present.sum()))
-        n = len(grid)
-        return StepVector(
-            grid.labels, grid.values, grid.present, np.zeros(n, dtype=bool), grid.sample_ts
-        ).compact()
+        return grid
+
+    def instant_selector(self, node: VectorSelector, absent: bool, time_ms: int) -> Vector | None:
+        """The instant query ``node`` (or ``absent(node)``) at ``time_ms`` straight from the grid
+        read's columns: the answer :meth:`Engine._result` gives for the general evaluation (same
+        samples, same order, same counts and peak), without the step vector, the call machinery
+        and the name finalisation (~40 small steps of 2-10 us: an instant ``absent`` or ``up``
+        spent more in them than in its read). None when the storage declines (the general path
+        then does not ask it again) or two answered series share labels (the general path says
+        what that means)."""
+        refs = np.array([time_ms], dtype=np.int64)
+        matchers = node.all_matchers()
+        grid = self._grid_last(matchers, refs, False)
+        if grid is None:
+            return None
+        rows = np.flatnonzero(grid.present[:, 0]).tolist()
+        labels = grid.labels
+        shown = labels if len(rows) == len(labels) else [labels[i] for i in rows]
+        if len(set(shown)) != len(shown):
+            return None
+        self.count_samples(len(rows))
+        if absent:
+            if rows:
+                return Vector(time_ms, ())
+            self.hold(1)  # absent's one sample, held with what its argument loaded (none)
+            return Vector(time_ms, (Sample(labels_from_equal_matchers(matchers), time_ms, 1.0),))
+        return Vector(time_ms, float_samples(labels, time_ms, rows, grid.values[rows, 0].tolist()))
 
     def _range_on_grid(self, node: Call, times: I64) -> StepVector | None:
         """``func(selector[range])`` computed by a :class:`RangeGridStorage` when the steps form a grid."""
@@ -868,9 +905,12 @@ class Engine:
         times = (
             np.arange(start, end + 1, step, dtype=np.int64) if is_range else np.array([start], dtype=np.int64)
         )
+        lean = None if is_range else _lean_selector(expr)
         with np.errstate(all="ignore"):
-            raw = ev.eval(expr, times)
-            value = self._result(ev, raw, times, is_range)
+            lean_value = None if lean is None else ev.instant_selector(lean[0], lean[1], start)
+            value = (
+                self._result(ev, ev.eval(expr, times), times, is_range) if lean_value is None else lean_value
+            )
         series = len(value) if isinstance(value, Vector | Matrix) else 1
         if series > ev.limits.max_series:
             raise TooManySeriesError(
@@ -929,6 +969,22 @@ class Engine:
         if not is_range:
             return Scalar(t0, float(scalar[0]))
         return Matrix((Series((), times.copy(), scalar.copy()),))
+
+
+def _lean_selector(expr: Expr) -> tuple[VectorSelector, bool] | None:
+    """(selector, under ``absent``) when the query is a bare instant-vector selector or ``absent``
+    of one, without @, offset or smoothing: the shapes :meth:`_Evaluator.instant_selector`
+    answers from the grid read's columns. Not in parentheses: the general evaluation counts a
+    parenthesised result as held twice (its peak, in the stats), and ``absent`` of a
+    parenthesised selector reports no labels."""
+    node: Node = expr
+    absent = isinstance(node, Call) and node.func == "absent" and len(node.args) == 1
+    if absent:
+        assert isinstance(node, Call)
+        node = node.args[0]
+    if isinstance(node, VectorSelector) and node.at is None and node.offset is None and not node.smoothed:
+        return node, absent
+    return None
 
 
 def _range_to_matrix(r: RangeInput) -> Matrix:
