@@ -533,9 +533,20 @@ class ClickHouseStorage:
             return _empty_grid(1)
         want = np.ascontiguousarray(want, dtype=np.uint64)
         n = len(want)
+        starts, lengths = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        if len(blocks) == 1:  # a lookback inside one hour (most instants): no per-block bookkeeping
+            block = blocks[0]
+            if len(block.fps):
+                _windows.series_ranges(
+                    block.fps, block.offsets, block.ts, want, first, time_ms, starts, lengths
+                )
+            else:
+                lengths[:] = 0
+            rows = np.flatnonzero(lengths > 0)
+            at = starts[rows] + lengths[rows] - 1
+            return _last_grid(labels, rows, block.vs[at], block.ts[at], sample_times)
         at = np.zeros(n, dtype=np.int64)  # the last sample's position in its block
         block_of = np.full(n, -1, dtype=np.int64)  # which block holds it
-        starts, lengths = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         for j in range(len(blocks) - 1, -1, -1):  # the latest hour first
             block = blocks[j]
             if len(block.fps) == 0:
@@ -552,13 +563,7 @@ class ClickHouseStorage:
             if mine.any():
                 values[mine] = block.vs[at[rows[mine]]]
                 ts[mine] = block.ts[at[rows[mine]]]
-        column = values.reshape(-1, 1)
-        return GridColumns(
-            [labels[i] for i in rows.tolist()],
-            column,
-            ts.reshape(-1, 1) if sample_times else None,
-            ~is_stale(column),
-        )
+        return _last_grid(labels, rows, values, ts, sample_times)
 
     def _known_labels(
         self, metric: str, fps: list[int], start_ms: int, end_ms: int
@@ -999,6 +1004,24 @@ def _grid_column(
 def _seconds(ms: int) -> str:
     """Milliseconds as the Decimal64(3) seconds the *ToGrid functions take for step and window."""
     return f"toDecimal64('{ms // 1000}.{ms % 1000:03d}', 3)"
+
+
+def _last_grid(
+    labels: list[Labels],
+    rows: npt.NDArray[np.intp],
+    values: npt.NDArray[np.float64],
+    ts: npt.NDArray[np.int64],
+    sample_times: bool,
+) -> GridColumns:
+    """:meth:`ClickHouseStorage._cached_last`'s answer: the series ``rows`` of ``labels`` with their
+    last samples (``values``, ``ts``), a stale marker not present."""
+    column = values.reshape(-1, 1)
+    return GridColumns(
+        [labels[i] for i in rows.tolist()],
+        column,
+        ts.reshape(-1, 1) if sample_times else None,
+        ~is_stale(column),
+    )
 
 
 def _empty_grid(steps: int) -> GridColumns:
