@@ -696,6 +696,8 @@ class _QueryRunner:
 def _span(params: _Params) -> tuple[str | None, ...]:
     """A range query's span (end - start) in the key, so that a dashboard's moving window stays one request."""
     start, end = params.get("start"), params.get("end")
+    if start is None or end is None:  # an instant query: no float("") raised and caught per request
+        return (start, end)
     try:
         return (str(round(float(end or "") - float(start or ""), 3)),)
     except ValueError:
