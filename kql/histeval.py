@@ -22,7 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.sparsehists import SparseCells, SparseHists, renumbering
+from kernel_insight.kql.sparsehists import SparseCells, SparseHists, bucket_indices, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
     HistRange,
@@ -663,14 +663,17 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         if vec.hist_objs is None:
             summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, op == "avg")
     elif vec.sparse is not None and vec.hist_objs is None:
-        # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns unless
-        # a member has a bucket of 0, which the sum compacts away (then objects, below); several
-        # (sum(x)) summed from the columns.
+        # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns, each
+        # member holding a bucket of 0 compacted as the sum's Compact(0) does; several (sum(x))
+        # summed from the columns.
         columns = _single_sparse(vec.sparse, gid, mixed, steps)
         if columns is None:
             summed = sparse_sum(vec.sparse, gid, n, steps, mixed, op == "avg")
-        elif not columns.data.has_empty_buckets():
-            return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, None, columns)
+        else:
+            compact = columns.data.compacted()
+            if compact is not None:
+                members = SparseCells(compact, columns.rows, columns.steps)
+                return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, None, members)
     if summed is None:
         assert vec.hists is not None
         single = _single_members(vec.hists, gid, n, mixed)
@@ -1345,6 +1348,139 @@ def _histogram_stdvar(h: H) -> float:
     return float(nh.histogram_stdvar(h))
 
 
+def _histogram_stddev(h: H) -> float:
+    return float(nh.histogram_stddev(h))  # NaN when the variance is negative, as Go
+
+
+def dense_stdvar(block: Totals) -> F64:
+    """histogram_stdvar of every row of a dense block or of a selector's columns, as
+    ``nativehist._variance`` makes it of each object (Go's ``histogramVariance``): the same IEEE
+    operations per bucket, the Kahan sum run bucket by bucket for all rows at once. Custom-bucket
+    rows and rows whose spans do not cover their buckets are left to the objects."""
+    if isinstance(block, DenseBlock):
+        n = len(block.count)
+        rows = np.arange(n, dtype=np.int64)
+        sides = []
+        for lo, mat in ((block.neg_lo, block.neg), (block.pos_lo, block.pos)):
+            r, k = np.nonzero(mat)
+            sides.append((r.astype(np.int64), (lo + k).astype(np.int64), mat[r, k]))
+        schema = np.full(n, block.schema, dtype=np.int64)
+        zt = np.full(n, block.zero_threshold)
+        return _variances(schema, zt, block.zero, block.count, block.sum, sides[0], sides[1])
+    assert isinstance(block, SparseHists)
+    data = block
+    out = np.empty(len(data))
+    exact = data.schema != CUSTOM_BUCKETS_SCHEMA
+    got = []
+    for spans, buckets in ((data.neg_spans, data.neg_buckets), (data.pos_spans, data.pos_buckets)):
+        index = bucket_indices(spans, buckets)
+        if index is None:
+            exact[:] = False
+            break
+        r = np.repeat(np.arange(len(data), dtype=np.int64), buckets.lengths)
+        keep = exact[r]
+        got.append((r[keep], index[keep], buckets.flat[keep]))
+    rows = np.flatnonzero(exact)
+    if len(got) == 2 and len(rows):
+        out[exact] = _variances(
+            data.schema, data.zero_threshold, data.zero_count, data.count, data.sum, got[0], got[1]
+        )[exact]
+    others = np.flatnonzero(~exact)
+    if len(others):
+        out[others] = [_histogram_stdvar(h) for h in data.select(others).objects().tolist()]
+    return out
+
+
+def dense_stddev(block: Totals) -> F64:
+    """histogram_stddev of every row (:func:`dense_stdvar`'s square root, NaN where negative)."""
+    v = dense_stdvar(block)
+    out: F64 = np.where(v >= 0, np.sqrt(np.where(v >= 0, v, 0.0)), np.nan)
+    return out
+
+
+def _variances(
+    schema: I64,
+    zt: F64,
+    zero: F64,
+    count: F64,
+    total: F64,
+    neg: tuple[I64, I64, F64],
+    pos: tuple[I64, I64, F64],
+) -> F64:
+    """``nativehist._variance`` of every row from its buckets as (row, index, count) elements of
+    each side (exponential schemas): per row the negative buckets most negative first, the zero
+    bucket (when its count is > 0), the positive ones, Kahan-summed in that order."""
+    n = len(count)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mean = _safe_divide(total, count)
+        parts_row, parts_key, parts_term = [], [], []
+        for part, (rows, idx, counts) in ((0, neg), (2, pos)):
+            up = np.empty(len(idx))
+            below = np.empty(len(idx))
+            sc = schema[rows]
+            for s_ in np.unique(sc).tolist():
+                at = sc == s_
+                up[at] = nh._bounds_exponential(idx[at], s_)
+                below[at] = nh._bounds_exponential(idx[at] - 1, s_)
+            lo, hi = (below, up) if part == 2 else (-up, -below)
+            z = zt[rows]
+            lo = np.where((z > 0) & (lo > 0) & (lo < z), z, lo)
+            hi = np.where((z > 0) & (hi < 0) & (hi > -z), -z, hi)
+            val = np.sqrt(hi * lo)
+            val = np.where(hi < 0, -val, val)
+            val = np.where((lo <= 0) & (hi >= 0), 0.0, val)
+            delta = val - mean[rows]
+            terms = counts * delta * delta
+            keep = counts != 0
+            order = np.flatnonzero(keep)
+            parts_row.append(rows[keep])
+            parts_key.append(-order if part == 0 else order)  # the negative side most negative first
+            parts_term.append(terms[keep])
+            if part == 0:
+                zrows = np.flatnonzero(zero > 0)
+                zterm = zero[zrows] * (0.0 - mean[zrows]) * (0.0 - mean[zrows])
+                parts_row.append(zrows.astype(np.int64))
+                parts_key.append(np.zeros(len(zrows), dtype=np.int64))
+                parts_term.append(zterm)
+        part_of = np.concatenate([np.full(len(r), k, dtype=np.int64) for k, r in enumerate(parts_row)])
+        rows = np.concatenate(parts_row)
+        keys = np.concatenate(parts_key)
+        terms = np.concatenate(parts_term)
+        order = np.lexsort((keys, part_of, rows))
+        rows, terms = rows[order], terms[order]
+        lengths = np.bincount(rows, minlength=n)
+        starts = np.zeros(n, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        rank = np.arange(len(rows)) - starts[rows]
+        width = int(lengths.max()) if n else 0
+        mat = np.zeros((n, width))
+        take = np.zeros((n, width), dtype=bool)
+        mat[rows, rank] = terms
+        take[rows, rank] = True
+        variance = np.zeros(n)
+        comp = np.zeros(n)
+        for k in range(width):
+            inc, m = mat[:, k], take[:, k]
+            t = variance + inc
+            c = np.where(
+                np.isinf(t),
+                0.0,
+                comp + np.where(np.abs(variance) >= np.abs(inc), (variance - t) + inc, (inc - t) + variance),
+            )
+            variance = np.where(m, t, variance)
+            comp = np.where(m, c, comp)
+        out = _safe_divide(variance + comp, count)
+    return out
+
+
+def _safe_divide(a: F64, b: F64) -> F64:
+    """``nativehist._safe_div`` of every element: IEEE division, but 0/0 and NaN/0 the plain
+    (positive) NaN Python's ``math.nan`` is, where the processor's 0/0 has the sign bit set."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out: F64 = np.where((b == 0) & ((a == 0) | np.isnan(a)), math.nan, a / b)
+    return out
+
+
 HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]] = {
     "rate": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=True),
     "increase": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=False),
@@ -1365,8 +1501,8 @@ HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], 
     "histogram_count": _native_floats(lambda h: float(h.count), lambda b: b.count),
     "histogram_sum": _native_floats(lambda h: float(h.sum), lambda b: b.sum),
     "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count)), _dense_avg),
-    "histogram_stdvar": _native_floats(_histogram_stdvar),
-    "histogram_stddev": _native_floats(lambda h: float(nh.histogram_stddev(h))),  # NaN when negative, as Go
+    "histogram_stdvar": _native_floats(_histogram_stdvar, dense_stdvar),
+    "histogram_stddev": _native_floats(_histogram_stddev, dense_stddev),
 }
 
 
@@ -2506,7 +2642,7 @@ def _single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
 
 def _single_sparse(cells: SparseCells, gid: Any, mixed: BOOL, steps: int) -> SparseCells | None:
     """:func:`_single_members` of a selector's columns: each cell moved to its group's row, still
-    columns (not compacted); None when some group has several members at a step."""
+    columns (not yet compacted: :meth:`SparseHists.compacted`); None when some group has several members at a step."""
     data = cells.data
     keep = ~mixed[gid[cells.rows], cells.steps]
     rows = np.asarray(gid, dtype=np.int64)[cells.rows]

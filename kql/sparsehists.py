@@ -16,7 +16,15 @@ import numpy.typing as npt
 from kernel_insight.kql.nativehist import FloatHistogram
 from kernel_insight.kql.storage import STALE_NAN_BITS
 
-__all__ = ["HistSamples", "Ragged", "SparseCells", "SparseHists", "renumbering", "tsdb_pending"]
+__all__ = [
+    "HistSamples",
+    "Ragged",
+    "SparseCells",
+    "SparseHists",
+    "bucket_indices",
+    "renumbering",
+    "tsdb_pending",
+]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -258,10 +266,6 @@ class SparseHists:
 
     # ------------------------------------------------------------------ reading
 
-    def has_empty_buckets(self) -> bool:
-        """Whether some row has a bucket of 0 (one ``Compact(0)`` would drop)."""
-        return bool((self.pos_buckets.flat == 0).any() or (self.neg_buckets.flat == 0).any())
-
     def stale(self) -> BOOL:
         """Which rows are staleness markers (the sum's StaleNaN bit pattern, as ``is_stale_histogram``)."""
         stale: BOOL = self.sum.view(np.uint64) == np.uint64(STALE_NAN_BITS)
@@ -389,28 +393,125 @@ class SparseHists:
         n = len(self)
         if not len(buckets.flat):
             return (0, np.zeros((n, 0))) if not len(spans.flat) or not spans.flat[:, 1].any() else None
-        offsets, lengths = spans.flat[:, 0], spans.flat[:, 1]
-        if (lengths < 0).any():
+        index = bucket_indices(spans, buckets)
+        if index is None:
             return None
-        covered = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=covered[1:])
-        if not np.array_equal(covered[spans.off[1:]] - covered[spans.off[:-1]], buckets.lengths):
-            return None
-        # A span starts ``offset`` after the end of the one before it in its row (the first: at
-        # ``offset``): a running sum restarted at each row's first span.
-        nspans = spans.lengths
-        first = np.zeros(len(lengths), dtype=bool)
-        first[spans.off[:-1][nspans > 0]] = True
-        step = offsets.copy()
-        step[1:] += np.where(first[1:], 0, lengths[:-1])
-        run = np.cumsum(step)
-        starts = run - np.repeat(run[first] - step[first], nspans[nspans > 0])
-        span_of = np.repeat(np.arange(len(lengths)), lengths)
-        index = starts[span_of] + (np.arange(len(span_of)) - covered[:-1][span_of])
         lo, hi = int(index.min()), int(index.max())
         mat = np.zeros((n, hi - lo + 1))
         mat[np.repeat(np.arange(n), buckets.lengths), index - lo] = buckets.flat
         return lo, mat
+
+    def compacted(self) -> SparseHists | None:
+        """These rows as ``FloatHistogram.compact(0)`` (Prometheus' ``Compact(0)``) leaves each
+        row holding a bucket of 0 (±0: both sides' zero buckets dropped, their spans rebuilt as
+        maximal runs), every other row as it is: what sum/avg make of a group's single member,
+        as :func:`histeval._single_members` does for objects. Itself when no row has a bucket
+        of 0; None when such a row's spans do not cover its buckets or go backwards (the
+        object path decides those)."""
+        zero = np.zeros(len(self), dtype=bool)
+        for buckets in (self.pos_buckets, self.neg_buckets):
+            zero[np.repeat(np.arange(len(self)), buckets.lengths)[buckets.flat == 0]] = True
+        if not zero.any():
+            return self
+        sides = []
+        for spans, buckets in ((self.pos_spans, self.pos_buckets), (self.neg_spans, self.neg_buckets)):
+            side = _compact_rows(spans, buckets, zero)
+            if side is None:
+                return None
+            sides.append(side)
+        (ps, pb), (ns, nb) = sides
+        out = SparseHists(
+            self.schema,
+            self.zero_threshold,
+            self.zero_count,
+            self.count,
+            self.sum,
+            self.hint,
+            self.pending,
+            ps,
+            pb,
+            ns,
+            nb,
+            self.custom,
+        )
+        out._hints = self._hints
+        return out
+
+
+def bucket_indices(spans: Ragged, buckets: Ragged) -> I64 | None:
+    """The absolute bucket index of every element of ``buckets.flat`` as its row's spans place
+    it; None when some row's spans do not cover exactly its buckets (or a length is negative)."""
+    if not len(buckets.flat) and not len(spans.flat):
+        return np.zeros(0, dtype=np.int64)
+    pairs = spans.flat.reshape(-1, 2)
+    offsets, lengths = pairs[:, 0], pairs[:, 1]
+    if (lengths < 0).any():
+        return None
+    covered = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=covered[1:])
+    if not np.array_equal(covered[spans.off[1:]] - covered[spans.off[:-1]], buckets.lengths):
+        return None
+    # A span starts ``offset`` after the end of the one before it in its row (the first: at
+    # ``offset``): a running sum restarted at each row's first span.
+    nspans = spans.lengths
+    first = np.zeros(len(lengths), dtype=bool)
+    first[spans.off[:-1][nspans > 0]] = True
+    step = offsets.copy()
+    step[1:] += np.where(first[1:], 0, lengths[:-1])
+    run = np.cumsum(step)
+    starts = run - np.repeat(run[first] - step[first], nspans[nspans > 0])
+    span_of = np.repeat(np.arange(len(lengths)), lengths)
+    index: I64 = starts[span_of] + (np.arange(len(span_of)) - covered[:-1][span_of])
+    return index
+
+
+def _compact_rows(spans: Ragged, buckets: Ragged, rows: BOOL) -> tuple[Ragged, Ragged] | None:
+    """One side of :meth:`SparseHists.compacted`: the rows where ``rows`` without their
+    buckets of 0 and with spans rebuilt as maximal runs of what is left (``_spans_from_indices``
+    of the kept indices, what Go's ``Compact(0)`` makes); the other rows as they are. None when
+    a compacted row's indices are not strictly ascending or its spans do not cover its buckets."""
+    n = len(rows)
+    if not len(buckets.flat) and not len(spans.flat):
+        return spans, buckets
+    sel = np.flatnonzero(rows)
+    sub_spans, sub_buckets = spans.take(sel), buckets.take(sel)
+    index = bucket_indices(sub_spans, sub_buckets)
+    if index is None:
+        return None
+    row_of = np.repeat(np.arange(len(sel)), sub_buckets.lengths)
+    same_row = row_of[1:] == row_of[:-1]
+    if (np.diff(index)[same_row] <= 0).any():
+        return None
+    keep = sub_buckets.flat != 0  # NaN stays, ±0 goes (Go's ``!= 0``)
+    index, row_of, values = index[keep], row_of[keep], sub_buckets.flat[keep]
+    # Runs: a kept bucket starts one unless it follows the one before it in its row directly.
+    start = np.ones(len(index), dtype=bool)
+    start[1:] = (row_of[1:] != row_of[:-1]) | (index[1:] != index[:-1] + 1)
+    run_at = np.flatnonzero(start)
+    run_len = np.diff(np.append(run_at, len(index)))
+    run_row = row_of[run_at]
+    run_start = index[run_at]
+    prev_end = np.zeros(len(run_at), dtype=np.int64)  # the end of the run before, 0 for a row's first
+    if len(run_at) > 1:
+        follows = run_row[1:] == run_row[:-1]
+        prev_end[1:] = np.where(follows, run_start[:-1] + run_len[:-1], 0)
+    new_spans = np.stack([run_start - prev_end, run_len], axis=1).astype(np.int64)
+    # Put the compacted rows' lists back among the others' (each row from one source).
+    old_span_row = np.repeat(np.arange(n), spans.lengths)
+    old_bucket_row = np.repeat(np.arange(n), buckets.lengths)
+    span_keep = ~rows[old_span_row]
+    bucket_keep = ~rows[old_bucket_row]
+    span_rows = np.concatenate([old_span_row[span_keep], sel[run_row]])
+    bucket_rows = np.concatenate([old_bucket_row[bucket_keep], sel[row_of]])
+    span_order = np.argsort(span_rows, kind="stable")
+    bucket_order = np.argsort(bucket_rows, kind="stable")
+    span_flat = np.concatenate([spans.flat.reshape(-1, 2)[span_keep], new_spans])[span_order]
+    bucket_flat = np.concatenate([buckets.flat[bucket_keep], values])[bucket_order]
+    span_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(span_rows, minlength=n), out=span_off[1:])
+    bucket_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(bucket_rows, minlength=n), out=bucket_off[1:])
+    return Ragged(span_off, span_flat), Ragged(bucket_off, bucket_flat)
 
 
 def _rows_equal(x: Ragged, rows: I64) -> BOOL:

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.kql import Engine, Matrix
+from kernel_insight.kql.histeval import DenseBlock
 from kernel_insight.kql.nativehist import FloatHistogram
 from kernel_insight.kql.promqltest import default_dir, run_file
 from kernel_insight.kql.sparsehists import SparseHists, tsdb_pending
@@ -144,6 +145,9 @@ QUERIES = [
     "histogram_avg({m} offset 15s)",
     "histogram_sum({m}) / histogram_count({m})",
     "histogram_stddev({m})",
+    "histogram_stdvar({m} offset 30s)",
+    "histogram_stddev(rate({m}[1m]))",
+    "histogram_stdvar(sum by (g) (rate({m}[2m])))",
     "sum by (g) ({m})",
     "sum({m})",
     "avg by (g) ({m})",
@@ -262,25 +266,36 @@ SELECTOR_SUMS = [
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), odd=st.booleans(), one_schema=st.booleans())
+@given(
+    seed=st.integers(0, 2**32 - 1), odd=st.booleans(), one_schema=st.booleans(), stored_compact=st.booleans()
+)
 def test_selector_sums_over_columns_give_the_object_paths_results(
-    seed: int, odd: bool, one_schema: bool, dense_everywhere: None, monkeypatch: pytest.MonkeyPatch
+    seed: int,
+    odd: bool,
+    one_schema: bool,
+    stored_compact: bool,
+    dense_everywhere: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """sum/avg of a selector moves (one member a group) or sums (several) the store's columns
-    without an object per sample: bit for bit the per-histogram path, on histograms of one
-    layout family (the columns' path runs) or of mixed schemas and zero thresholds (it declines)."""
+    """sum/avg of a selector moves (one member a group, compacted where it holds a bucket of 0)
+    or sums (several) the store's columns without an object per sample: bit for bit the
+    per-histogram path, on histograms of one layout family (the columns' path runs) or of mixed
+    schemas and zero thresholds (it declines)."""
     from kernel_insight.kql import histeval
 
     rng = np.random.default_rng(seed)
     memory, columnar = MemoryStorage(), ColumnarMemory()
     series = int(rng.integers(1, 6))
+    zeros = False  # whether some stored histogram holds a bucket of 0
     for i in range(series):
         labels = {"__name__": "h", "i": str(i), "g": str(i % 2)}
         for t, v in _series(rng, int(rng.integers(2, 40)), odd_counts=odd):
             for store in (memory, columnar):
                 if isinstance(v, FloatHistogram):
                     h = dataclasses.replace(v, schema=3, zero_threshold=1e-3) if one_schema else v
-                    store.add_histograms(labels, [t], [h.compact(0) if one_schema else h])
+                    stored = h.compact(0) if stored_compact else h
+                    store.add_histograms(labels, [t], [stored])
+                    zeros |= 0.0 in stored.positive_buckets or 0.0 in stored.negative_buckets
                 elif v == "stale":
                     store.add_histograms(labels, [t], [FloatHistogram(sum=STALE_NAN)])
                 else:
@@ -296,6 +311,14 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
             return out
 
         monkeypatch.setattr(histeval, name, spy)
+    real_compacted = SparseHists.compacted
+
+    def compacted(self: SparseHists) -> SparseHists | None:
+        out = real_compacted(self)
+        ran.append("compacted" if out is not None and out is not self else "as it is")
+        return out
+
+    monkeypatch.setattr(SparseHists, "compacted", compacted)
     for q in SELECTOR_SUMS:
         query = q.format(m="h")
         with pytest.MonkeyPatch.context() as mp:
@@ -305,6 +328,7 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
     if one_schema:
         assert "_single_sparse" in ran  # sum by (i): one member a group
         assert "sparse_sum" in ran or series == 1  # sum(h) over several series
+        assert ("compacted" if zeros else "as it is") in ran
 
 
 OVER_TIME = [
@@ -494,3 +518,129 @@ def test_dense_fractions_are_nativehists_bit_for_bit(seed: int, odd: bool) -> No
             assert np.float64(want).tobytes() == np.float64(got[k]).tobytes(), (k, lower[k], upper[k], str(h))
     if not odd and not skewed and zt < 0.3:
         assert done.mean() > 0.9
+
+
+def _bits(h: FloatHistogram) -> tuple[Any, ...]:
+    """Everything of ``h``, floats as their bit patterns (-0.0 and NaN told apart)."""
+
+    def b(xs: Any) -> bytes:
+        return np.asarray(xs, dtype=np.float64).tobytes()
+
+    return (
+        h.schema,
+        h.counter_reset_hint,
+        b([h.zero_threshold, h.zero_count, h.count, h.sum]),
+        h.positive_spans,
+        b(h.positive_buckets),
+        h.negative_spans,
+        b(h.negative_buckets),
+        b(h.custom_values),
+    )
+
+
+@st.composite
+def _loose_side(draw: Any) -> tuple[tuple[tuple[int, int], ...], tuple[float, ...]]:
+    """Spans as a store may hold them (zero-length spans, spans that touch: offset 0 after the
+    first) and buckets with zeros of both signs, NaN and negative counts."""
+    spans = draw(
+        st.lists(st.tuples(st.integers(-4, 4), st.integers(0, 4)), max_size=4).map(
+            lambda ss: [(o if k == 0 else abs(o), n) for k, (o, n) in enumerate(ss)]
+        )
+    )
+    value = st.sampled_from([0.0, -0.0, 1.0, 2.5, -1.0, math.nan, 0.0, 3.0])
+    buckets = draw(st.lists(value, min_size=sum(n for _, n in spans), max_size=sum(n for _, n in spans)))
+    return tuple(spans), tuple(buckets)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(_loose_side(), _loose_side(), st.booleans(), st.integers(0, 3)), min_size=1, max_size=8
+    )
+)
+def test_compacted_columns_are_compact_0_bit_for_bit(rows: list[Any]) -> None:
+    """SparseHists.compacted gives, row for row, what sum/avg's single-member path makes of the
+    objects (``compact(0)`` of a histogram holding a bucket of 0, any other as it is), on spans
+    and buckets in any valid layout, exponential and custom (NHCB) schemas."""
+    hs = []
+    for (ps, pb), (ns, nb), custom, hint in rows:
+        if custom:
+            top = sum(o + n for o, n in ps)
+            hs.append(
+                FloatHistogram(
+                    schema=-53,
+                    count=5.0,
+                    sum=1.5,
+                    positive_spans=ps,
+                    positive_buckets=pb,
+                    counter_reset_hint=hint,
+                    custom_values=tuple(float(k) for k in range(max(top, 0) + 1)),
+                )
+            )
+        else:
+            hs.append(
+                FloatHistogram(
+                    schema=2,
+                    zero_threshold=1e-3,
+                    zero_count=1.0,
+                    count=7.0,
+                    sum=-0.0,
+                    positive_spans=ps,
+                    positive_buckets=pb,
+                    negative_spans=ns,
+                    negative_buckets=nb,
+                    counter_reset_hint=hint,
+                )
+            )
+    out = SparseHists.of_objects(hs).compacted()
+    assert out is not None
+    want = [
+        h if 0.0 not in h.positive_buckets and 0.0 not in h.negative_buckets else h.compact(0) for h in hs
+    ]
+    assert [_bits(h) for h in out.objects()] == [_bits(h) for h in want]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), odd=st.booleans(), integers=st.booleans())
+def test_dense_stdvar_is_the_objects_bit_for_bit(seed: int, odd: bool, integers: bool) -> None:
+    """histogram_stdvar/stddev of a selector's columns and of a dense block give each object's
+    float bit for bit: mixed schemas and zero thresholds, explicit zero, negative and NaN
+    buckets, counter resets, integer or fractional counts, custom buckets (left to the objects)."""
+    from kernel_insight.kql import histeval
+
+    rng = np.random.default_rng(seed)
+    hs = [v for _, v in _series(rng, 60, odd_counts=odd) if isinstance(v, FloatHistogram)]
+    if not integers:
+        hs = [
+            dataclasses.replace(
+                h,
+                count=h.count * 0.7,
+                sum=h.sum * 1.3,
+                positive_buckets=tuple(b * 0.7 for b in h.positive_buckets),
+                negative_buckets=tuple(b * 0.7 for b in h.negative_buckets),
+            )
+            for h in hs
+        ]
+    nhcb = FloatHistogram(
+        schema=-53,
+        count=6.0,
+        sum=4.5,
+        positive_spans=((0, 2), (1, 1)),
+        positive_buckets=(1.0, 0.0, 5.0),
+        custom_values=(0.5, 1.0, 2.5),
+    )
+    if rng.random() < 0.5:
+        hs.insert(int(rng.integers(0, len(hs) + 1)), nhcb)
+    if not hs:
+        return
+    stdvar = [np.float64(histeval._histogram_stdvar(h)).tobytes() for h in hs]
+    stddev = [np.float64(histeval._histogram_stddev(h)).tobytes() for h in hs]
+    data = SparseHists.of_objects(hs)
+    data._objects = None  # the fallback rows made from the columns, as a store's read
+    assert [x.tobytes() for x in histeval.dense_stdvar(data)] == stdvar
+    assert [x.tobytes() for x in histeval.dense_stddev(data)] == stddev
+    one = [dataclasses.replace(h, schema=1, zero_threshold=1e-3) for h in hs if h.schema != -53]
+    block = DenseBlock.of([h.compact(0) for h in one])
+    if block is not None:
+        want = [np.float64(histeval._histogram_stdvar(h)).tobytes() for h in block.materialize(0)]
+        assert [x.tobytes() for x in histeval.dense_stdvar(block)] == want
