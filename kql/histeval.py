@@ -22,7 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.sparsehists import SparseCells, SparseHists, bucket_indices, renumbering
+from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
     HistRange,
@@ -437,6 +437,9 @@ class _Builder:
 def vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
     """``vec op scalar`` (or ``scalar op vec``) where ``vec`` holds histograms: Prometheus' VectorscalarBinop."""
     op = node.op
+    columns = None if node.return_bool else sparse_times_scalar(vec, op, scalar, swapped)
+    if columns is not None:
+        return columns
     comparison = op in _CMP_FLOAT
     changes_schema = not comparison
     out = _Builder(vec.values.shape[1])
@@ -464,6 +467,70 @@ def vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: boo
                 drop = bool(vec.drop_name[i]) or changes_schema or node.return_bool
                 out.put(vec.labels[i], j, value, hist, drop)
     return out.vector()
+
+
+def sparse_times_scalar(vec: StepVector, op: str, scalar: F64, swapped: bool) -> StepVector | None:
+    """``x * s``, ``s * x`` and ``x / s`` of a vector holding only a selector's columns, still
+    columns: every count and the sum scaled as ``FloatHistogram.mul``/``div`` do it (the same
+    operand order, a negative scalar making a gauge, ``_safe_div``'s NaN), then ``Compact(0)`` of
+    every row, as ``elem_binop`` does; no annotations arise. None (the per-cell path) for float
+    samples, other cells, another operator, or a division by 0 (which drops every bucket)."""
+    cells = vec.sparse
+    if (
+        cells is None
+        or vec.hist_objs is not None
+        or vec.dense is not None
+        or vec.present.any()
+        or op not in ("*", "/")
+        or (op == "/" and swapped)
+    ):
+        return None
+    data = cells.data
+    f = np.asarray(scalar, dtype=np.float64)[cells.steps]
+    if op == "/" and (f == 0).any():
+        return None
+
+    def scaled(x: F64, per_row: F64) -> F64:
+        if op == "*":
+            out: F64 = x * per_row
+            return out
+        return _safe_divide(x, per_row)
+
+    def bucket_scaled(buckets: Ragged) -> Ragged:
+        per = np.repeat(f, buckets.lengths)
+        flat = per * buckets.flat if op == "*" else buckets.flat / per  # f*x as mul, x/s as div
+        return Ragged(buckets.off, flat)
+
+    hint = np.where(f < 0, GAUGE, data.hints())
+    out = SparseHists(
+        data.schema,
+        data.zero_threshold,
+        scaled(data.zero_count, f),
+        scaled(data.count, f),
+        scaled(data.sum, f),
+        hint,
+        np.zeros(len(data), dtype=bool),
+        data.pos_spans,
+        bucket_scaled(data.pos_buckets),
+        data.neg_spans,
+        bucket_scaled(data.neg_buckets),
+        data.custom,
+    )
+    out._hints = hint
+    compact = out.compacted(every_row=True)
+    if compact is None:
+        return None
+    shape = vec.values.shape
+    return StepVector(
+        vec.labels,
+        np.zeros(shape),
+        np.zeros(shape, dtype=bool),
+        np.ones(len(vec), dtype=bool),
+        None,
+        None,
+        None,
+        SparseCells(compact, cells.rows, cells.steps),
+    ).compact()
 
 
 def set_op(op: str, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:

@@ -401,14 +401,15 @@ class SparseHists:
         mat[np.repeat(np.arange(n), buckets.lengths), index - lo] = buckets.flat
         return lo, mat
 
-    def compacted(self) -> SparseHists | None:
+    def compacted(self, every_row: bool = False) -> SparseHists | None:
         """These rows as ``FloatHistogram.compact(0)`` (Prometheus' ``Compact(0)``) leaves each
         row holding a bucket of 0 (±0: both sides' zero buckets dropped, their spans rebuilt as
         maximal runs), every other row as it is: what sum/avg make of a group's single member,
-        as :func:`histeval._single_members` does for objects. Itself when no row has a bucket
-        of 0; None when such a row's spans do not cover its buckets or go backwards (the
-        object path decides those)."""
-        zero = np.zeros(len(self), dtype=bool)
+        as :func:`histeval._single_members` does for objects; with ``every_row`` every row
+        compacted (``hcompact`` of each result of ``x * s``, ``x / s``). Itself when no row
+        has a bucket of 0 (and not ``every_row``); None when a row to compact has spans that
+        do not cover its buckets or go backwards (the object path decides those)."""
+        zero = np.full(len(self), every_row, dtype=bool)
         for buckets in (self.pos_buckets, self.neg_buckets):
             zero[np.repeat(np.arange(len(self)), buckets.lengths)[buckets.flat == 0]] = True
         if not zero.any():
