@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from collector_process import RunningCollector, running_collector
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from kernel_insight.api import TokenStore
 
@@ -343,7 +344,12 @@ def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, co
         assert time.monotonic() < deadline, "the page still works with a revoked token"
         name, shown = pages[n % 2]
         n += 1
-        page.click(f'header nav a[data-page="{name}"]')
+        try:
+            page.click(f'header nav a[data-page="{name}"]', timeout=2_000)
+        except PlaywrightTimeoutError:
+            # The refusal of the previous page's call can bring the sign-in page (which hides the
+            # header) between the check above and this click: the loop's check then sees it.
+            continue
         page.wait_for_selector(f"#login, {shown}")  # each page load is one more request with the token
     assert "refused" in page.inner_text("#login-error")
     assert page.evaluate("sessionStorage.getItem('ki.token')") is None
