@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test test-midnight lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
+.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -32,7 +32,12 @@ test: lint typecheck unit
 # The tests (TESTS, default: those that read the wall clock) each started LEAD (default 6)
 # seconds before the next UTC midnight, only the wall clock moved: day-boundary bugs.
 test-midnight: build
-	scripts/test_at_midnight.sh $(or $(LEAD),6) $(TESTS)
+	scripts/test_at_time.sh $(or $(LEAD),6) $(TESTS)
+
+# The same at each UTC time of day in AT (e.g. AT=03:30,00-08:00:05,01-08:00:00-4; see
+# scripts/test_at_time.sh): fixtures placing data hours before "now" cross a day elsewhere.
+test-at: build
+	PYTEST_ARGS='$(PYTEST_ARGS)' scripts/test_at_time.sh $(AT) $(TESTS)
 
 bench-ring: build
 	$(PY) -m bench.ring

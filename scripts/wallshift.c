@@ -1,6 +1,6 @@
 /* An LD_PRELOAD library that moves the wall clock (CLOCK_REALTIME and its coarse variant,
  * gettimeofday, time) by WALLSHIFT_S seconds and leaves every other clock alone, for running
- * tests at a chosen time of day (scripts/test_at_midnight.sh).
+ * tests at a chosen time of day (scripts/test_at_time.sh).
  *
  * Why not libfaketime: its 0.9.10 (Debian 12) breaks Python's waits either way: with the
  * monotonic clock faked, threading.Event.wait hangs; with it left alone, time.sleep fails with
@@ -18,23 +18,41 @@
 
 typedef int (*clock_gettime_fn)(clockid_t, struct timespec *);
 
+static long shift;
+static int shift_set;
+
 static long shift_s(void) {
-    static long shift;
-    static int read_once;
-    if (!read_once) {
+    if (!shift_set) {
         const char *text = getenv("WALLSHIFT_S");
         shift = text != NULL ? strtol(text, NULL, 10) : 0;
-        read_once = 1;
+        shift_set = 1;
     }
     return shift;
 }
 
-int clock_gettime(clockid_t id, struct timespec *ts) {
+static clock_gettime_fn real_clock_gettime(void) {
     static clock_gettime_fn real;
     if (real == NULL) {
         *(void **)&real = dlsym(RTLD_NEXT, "clock_gettime");
     }
-    int rc = real(id, ts);
+    return real;
+}
+
+/* Moves the wall clock so that it reads target_s now (scripts/wallshift_plugin.py calls it when
+ * pytest starts collecting: a loaded machine takes 10-20 s to get there, and the test modules'
+ * "now"s are what must fall at the chosen time). */
+void wallshift_to(long long target_s);
+
+void wallshift_to(long long target_s) {
+    struct timespec now;
+    if (real_clock_gettime()(CLOCK_REALTIME, &now) == 0) {
+        shift = (long)(target_s - now.tv_sec);
+        shift_set = 1;
+    }
+}
+
+int clock_gettime(clockid_t id, struct timespec *ts) {
+    int rc = real_clock_gettime()(id, ts);
     if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
         ts->tv_sec += shift_s();
     }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs test files with the wall clock moved to a chosen UTC time of day, to find tests and code
+# that behave differently when a day, hour or minute boundary falls inside their data or windows.
+# Only the wall clock moves (scripts/wallshift.c, to the nearest occurrence of that time, so at
+# most 12 h, or to a given date); one pytest per file and time, and the clock is set to the time
+# when pytest starts collecting (scripts/wallshift_plugin.py), so the test module's import-time
+# "now"s are taken at it (pytest's own start takes 1-20 s, by load).
+#
+#   scripts/test_at_time.sh TIMES [test files...]   (default: every test file that reads the clock)
+#
+# TIMES is a comma-separated list of
+#   HH:MM[:SS]       that UTC time of day;
+#   H1-H2:MM[:SS]    that minute and second of each hour from H1 to H2 (e.g. 00-08:00:05);
+#   either with -N or +N appended: N seconds before or after it (e.g. 01-08:00:00-4);
+#   LEAD             an integer: LEAD seconds before UTC midnight (negative: after it), as
+#                    `make test-midnight` runs it (LEAD=6: 23:59:54).
+#   YYYY-MM-DDTHH:MM:SS   that UTC date and time (month and year boundaries: events and batches
+#                    are partitioned by month), with -N/+N as above.
+# PYTEST_ARGS (shell words, e.g. PYTEST_ARGS='-k "cache and not slow"') go to every pytest.
+# Prints one line per file and time and exits 1 if any failed; the output of each run is kept in
+# build/timeofday/. Make targets: `make test-at AT=TIMES [TESTS=...]`, `make test-midnight [LEAD=6]`.
+#
+# Audit of session 10 (2026-12-02): see the list below this header.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+spec=${1:?usage: scripts/test_at_time.sh TIMES [test files...]}
+shift
+
+# Each time in the spec, in the order given: seconds of the UTC day (0..86399), or @ and seconds
+# since the epoch for a date and time.
+seconds_of_day() {
+    local item h1 h2 mm ss off epoch
+    IFS=, read -ra items <<< "$1"
+    for item in "${items[@]}"; do
+        if [[ $item =~ ^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})([-+][0-9]+)?$ ]]; then
+            epoch=$(date -u -d "${BASH_REMATCH[1]}Z" +%s) || return 1
+            echo "@$(( epoch + ${BASH_REMATCH[2]:-0} ))"
+        elif [[ $item =~ ^-?[0-9]+$ ]]; then
+            echo $(( ((-item) % 86400 + 86400) % 86400 ))
+        elif [[ $item =~ ^([0-9]{1,2})(-([0-9]{1,2}))?:([0-9]{2})(:([0-9]{2}))?([-+][0-9]+)?$ ]]; then
+            h1=$((10#${BASH_REMATCH[1]}))
+            h2=$((10#${BASH_REMATCH[3]:-${BASH_REMATCH[1]}}))
+            mm=$((10#${BASH_REMATCH[4]}))
+            ss=$((10#${BASH_REMATCH[6]:-0}))
+            off=${BASH_REMATCH[7]:-+0}
+            if (( h1 > 23 || h2 > 23 || h2 < h1 || mm > 59 || ss > 59 )); then
+                echo "bad time: $item" >&2
+                return 1
+            fi
+            for (( h = h1; h <= h2; h++ )); do
+                echo $(( ((h * 3600 + mm * 60 + ss + off) % 86400 + 86400) % 86400 ))
+            done
+        else
+            echo "bad time: $item (HH:MM[:SS], H1-H2:MM[:SS], either with -N/+N, or LEAD)" >&2
+            return 1
+        fi
+    done
+}
+
+mapfile -t times < <(seconds_of_day "$spec")
+[ ${#times[@]} -gt 0 ] && seconds_of_day "$spec" > /dev/null || exit 2
+mkdir -p build/timeofday
+lib=build/timeofday/wallshift.so
+gcc -std=c11 -Wall -Wextra -Werror -O2 -shared -fPIC -o "$lib" scripts/wallshift.c -ldl || exit 2
+files=("$@")
+if [ ${#files[@]} -eq 0 ]; then
+    mapfile -t files < <(grep -rlE "time\.time\(\)|time_ns\(\)|datetime\.now|now\(\)" tests --include='test_*.py' | sort)
+fi
+eval "extra=(${PYTEST_ARGS:-})"
+failed=0
+for f in "${files[@]}"; do
+    for tod in "${times[@]}"; do
+        now=$(date +%s)
+        if [[ $tod == @* ]]; then
+            shift_s=$(( ${tod#@} - now ))
+            at=$(date -u -d "${tod}" +%Y-%m-%dT%H:%M:%S)
+        else
+            at=$(printf '%02d:%02d:%02d' $((tod / 3600)) $((tod / 60 % 60)) $((tod % 60)))
+            # To the nearest occurrence of the time of day: a shift in (-12 h, +12 h].
+            shift_s=$(( ((tod - now % 86400) % 86400 + 86400) % 86400 ))
+            (( shift_s > 43200 )) && shift_s=$(( shift_s - 86400 ))
+        fi
+        out="build/timeofday/$(echo "$f" | tr / _)@${at//[-:]/}.txt"
+        LD_PRELOAD="$PWD/$lib" WALLSHIFT_S=$shift_s WALLSHIFT_AT=$(( now + shift_s )) \
+            PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" \
+            .venv/bin/python -m pytest -q -p no:cacheprovider -p wallshift_plugin "${extra[@]}" "$f" > "$out" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || failed=1
+        echo "rc=$rc at=$at $f: $(tail -1 "$out")"
+    done
+done
+exit $failed
