@@ -53,12 +53,16 @@ struct ki_kstats {
     uint64_t window_tail;    /* tail spans kept in it */
     uint64_t window_sampled; /* sampled spans kept in it (at most twice the rate: the first second,
                               * whose kernel rate is not known yet, and bursts) */
-    uint64_t keep_below;     /* keep a sampled span when rng < this (p * 2^64) */
+    uint64_t sample_gap;     /* kernels to go up to the next uniformly sampled one, counted down (1:
+                              * this one; UINT64_MAX: none, sampling off): one decrement a kernel
+                              * instead of a random number a kernel (draw_gap) */
     uint64_t window_tail_seen; /* tail candidates in it (slower than their threshold) */
     uint64_t tail_below;     /* keep a tail candidate when rng < this: span_tail_rate / the last
                               * second's candidates, so a capped tail is spread over the second
                               * instead of being its first span_tail_rate candidates */
     uint64_t rng;
+    double sample_log;       /* ln(1 - p), p the sample probability of this second: span_sample_rate /
+                              * the last second's kernels (0: p = 0, -Inf: p = 1) */
     uint64_t capture_until[KI_KSTATS_MAX_GPUS];
     /* export */
     uint64_t next_export_ns; /* monotonic */
@@ -144,7 +148,9 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     forget_keys(ks);
     ks->window_end_ns = NS_PER_S;
     ks->rng = 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)ks;
-    ks->keep_below = cfg->span_sample_rate ? UINT64_MAX : 0; /* until a second has been counted: keep */
+    /* until a second has been counted: keep every span (up to twice the rate) */
+    ks->sample_log = cfg->span_sample_rate ? -INFINITY : 0.0;
+    ks->sample_gap = cfg->span_sample_rate ? 1 : UINT64_MAX;
     ks->tail_below = UINT64_MAX;
     return ks;
 }
@@ -177,6 +183,34 @@ static inline uint64_t next_random(struct ki_kstats *ks) {
     return ks->rng = x;
 }
 
+/* Natural logarithm of x > 0 without libm (the agent links none: agent/src/Makefile): x = m 2^e with
+ * m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(t), t = (m - 1) / (m + 1), |t| < 0.172; eight terms of
+ * atanh's series leave ~1e-14 relative. Only draw_gap calls it, once per sampled span. */
+static double ln_pos(double x) {
+    int e;
+    double m = frexp(x, &e); /* [0.5, 1) */
+    if (m < 0.70710678118654752440) {
+        m *= 2;
+        e--;
+    }
+    double t = (m - 1) / (m + 1), t2 = t * t, s = 0;
+    for (int k = 15; k >= 1; k -= 2) s = s * t2 + 1.0 / k; /* 1 + t^2/3 + t^4/5 + ... + t^14/15 */
+    return 2 * t * s + e * 0.69314718055994530942;
+}
+
+/* Kernels up to and including the next one the uniform sample keeps, at probability p per kernel
+ * (ks->sample_log = ln(1 - p)): geometric, 1 + floor(ln(U) / ln(1 - p)) for U uniform in (0, 1).
+ * Counting it down keeps each kernel with probability p independently, as a draw per kernel
+ * would, for one random number per sampled span instead of one per kernel (at 1M kernels a
+ * second and the default 50 spans: 50 draws instead of 1M). */
+static uint64_t draw_gap(struct ki_kstats *ks) {
+    if (ks->sample_log == 0.0) return UINT64_MAX;      /* p = 0 (sampling off) */
+    if (ks->sample_log == -INFINITY) return 1;         /* p = 1 */
+    double u = ((double)(next_random(ks) >> 11) + 0.5) * 0x1.0p-53; /* (0, 1) */
+    double g = ln_pos(u) / ks->sample_log;             /* >= 0 */
+    return g < 9.0e18 ? (uint64_t)g + 1 : UINT64_MAX;
+}
+
 /* The slot of the key (pid | gpu << 32, stream, name_id | producer << 32, kind): through the
  * key cache (one multiplication to its entry, the key compared with the entry's without a
  * branch per field), else the table's lookup, whose answer replaces the entry. -1 when the
@@ -198,9 +232,11 @@ static inline int32_t slot_of(struct ki_kstats *ks, uint64_t w0, uint64_t w1, ui
 /* A new second of record time: the sample probability for it from the last one's kernel rate. */
 static void roll_window(struct ki_kstats *ks, uint64_t sec) {
     uint64_t rate = ks->cfg.span_sample_rate;
-    if (!rate) ks->keep_below = 0;
-    else if (ks->window_kernels <= rate) ks->keep_below = UINT64_MAX;
-    else ks->keep_below = (uint64_t)((double)rate / (double)ks->window_kernels * 18446744073709551615.0);
+    if (!rate) ks->sample_log = 0.0;
+    else if (ks->window_kernels <= rate) ks->sample_log = -INFINITY;
+    else ks->sample_log = ln_pos(1.0 - (double)rate / (double)ks->window_kernels);
+    ks->sample_gap = draw_gap(ks); /* the count so far is forgotten: a geometric gap has no memory */
+    /* (window_sampled is 0 below: a gap that reaches 0 always finds the second under its cap) */
     uint64_t tail = ks->cfg.span_tail_rate;
     if (ks->window_tail_seen <= tail) ks->tail_below = UINT64_MAX;
     else ks->tail_below = (uint64_t)((double)tail / (double)ks->window_tail_seen * 18446744073709551615.0);
@@ -228,10 +264,11 @@ static inline int kernel_keep(struct ki_kstats *ks, const struct ki_rec *k, int3
             return 1;
         }
     }
-    if (ks->keep_below && ks->window_sampled < 2 * (uint64_t)ks->cfg.span_sample_rate &&
-        next_random(ks) <= ks->keep_below) {
+    if (--ks->sample_gap == 0) {
         ks->window_sampled++;
         ks->st.spans_sampled++;
+        /* At twice the rate none more this second: no count reaches 0 until roll_window draws again. */
+        ks->sample_gap = ks->window_sampled < 2 * (uint64_t)ks->cfg.span_sample_rate ? draw_gap(ks) : UINT64_MAX;
         return 1;
     }
     return 0;

@@ -75,9 +75,10 @@ static double thread_ns(void) {
 /* Start of record time, a whole second. Records are stamped 1 us apart from it (1M kernels/s)
  * rather than with the clock: the span sampler's per-second windows then hold the same records in
  * every run, so callgrind's counts depend neither on how fast the (slowed) producer ran nor on
- * where in a second it started. (The first window keeps its first 100 spans and then draws no
- * random number: a run of LAPS <= 14 stays in it, so callgrind's count leaves out the ~10
- * instructions per record of the draws the agent makes at 1M kernels/s.) */
+ * where in a second it started. (The first second, whose rate is not known yet, keeps its first
+ * 100 spans; a run of LAPS <= 14 stays in it. Later seconds sample at 50 / 1M kernels: since
+ * session 10 by a geometric gap counted down, one random number per kept span, so a long run
+ * (LAPS 45: 3 s) counts about the same instructions per record as a short one.) */
 static uint64_t t0_ns;
 
 struct prod {
