@@ -1,8 +1,9 @@
-"""The engine's lean instant path (``_Evaluator.instant_selector``): a bare selector and
-``absent`` of one answered from the grid read's columns equal the general evaluation's answer
-(the same JSON bytes, samples and peak) over a real store: random float series with stale
-markers and gaps, series with start timestamps, native histograms (left to the general path),
-cached and uncached hours, windows at hour edges, before series begin and past the data."""
+"""The engine's lean paths (``_Evaluator.instant_selector``, ``_Evaluator.range_selector``): a
+bare selector and ``absent`` of one, answered without the general evaluation's machinery, equal
+its answer (the same JSON bytes, samples and peak) over a real store: random float series with
+stale markers and gaps, series with start timestamps, native histograms (the instant path
+leaves them to the general one), cached and uncached hours, windows at hour edges, before
+series begin and past the data."""
 
 from __future__ import annotations
 
@@ -118,31 +119,31 @@ def _answer(engine: Engine, q: str, t: int) -> tuple[bytes, int, int]:
     return prometheus_json_bytes(r.value), r.stats.samples, r.stats.peak_samples
 
 
+def _recorded(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[Any]:
+    """What every call of ``owner.name`` returns from now on, in order (the method still answers)."""
+    real = getattr(owner, name)
+    got: list[Any] = []
+    monkeypatch.setattr(owner, name, lambda *a: got.append(real(*a)) or got[-1])
+    return got
+
+
+def _fill_the_cache(store: EmbeddedStore) -> None:
+    """Queue the fill of the settled hours (0 and 1) of every metric the cache may hold, and wait for it."""
+    for metric in ("gpu_temp", "launches_total", "started_total", "kernel_duration_seconds"):
+        store.storage().select_columns([Matcher("__name__", "=", metric)], HOUR0, HOUR0 + HOURS * BLOCK_MS)
+    assert store.sample_cache.wait_idle()
+
+
 def test_the_lean_instant_path_answers_as_the_general_one(store, monkeypatch):
     rng = random.Random(3)
     times = [HOUR0 + k * BLOCK_MS + d for k in range(HOURS + 1) for d in (-1, 0, LOOKBACK - 1)]
     times += [HOUR0 + rng.randrange(0, HOURS * BLOCK_MS + 10 * 60_000) for _ in range(4)]
     lean: dict[str, int] = {"cached": 0, "uncached": 0}
     general = 0
-    real_lean = _Evaluator.instant_selector
-    answered: list[Any] = []
-    monkeypatch.setattr(
-        _Evaluator, "instant_selector", lambda *a: answered.append(real_lean(*a)) or answered[-1]
-    )
-    grid_reads: list[int] = []
-    real_grid = ClickHouseStorage.select_last_on_grid
-    monkeypatch.setattr(
-        ClickHouseStorage, "select_last_on_grid", lambda *a: grid_reads.append(1) or real_grid(*a)
-    )
-    from_blocks: list[Any] = []
-    real_last = ClickHouseStorage._cached_last
-    monkeypatch.setattr(
-        ClickHouseStorage, "_cached_last", lambda *a: from_blocks.append(real_last(*a)) or from_blocks[-1]
-    )
-    for metric in ("gpu_temp", "launches_total", "started_total", "kernel_duration_seconds"):
-        # Queues the fill of the settled hours (0 and 1) of every metric the cache may hold.
-        store.storage().select_columns([Matcher("__name__", "=", metric)], HOUR0, HOUR0 + HOURS * BLOCK_MS)
-    assert store.sample_cache.wait_idle()
+    answered = _recorded(monkeypatch, _Evaluator, "instant_selector")
+    grid_reads = _recorded(monkeypatch, ClickHouseStorage, "select_last_on_grid")
+    from_blocks = _recorded(monkeypatch, ClickHouseStorage, "_cached_last")
+    _fill_the_cache(store)
     chosen = engine_module._lean_selector
     for use_cache in (True, False):
         engine = Engine(store.storage(use_cache=use_cache))
@@ -183,3 +184,70 @@ def test_the_lean_path_keeps_the_series_limit(store):
     engine = Engine(store.storage(), EngineLimits(max_series=2))
     with pytest.raises(TooManySeriesError):
         engine.instant_query("gpu_temp", HOUR0 + BLOCK_MS)
+
+
+def _range_answer(engine: Engine, q: str, start: int, end: int, step: int) -> tuple[bytes, int, int, int]:
+    r = engine.range_query(q, start, end, step)
+    return prometheus_json_bytes(r.value), r.stats.samples, r.stats.peak_samples, r.stats.series
+
+
+def test_the_lean_range_path_answers_as_the_general_one(store, monkeypatch):
+    """``_Evaluator.range_selector``: a bare selector and ``absent`` of one over a range (steps
+    on and off the samples, windows over cached hours, the hour still written, before the
+    series and past the data; histograms and a float-to-histogram series among them) give the
+    general evaluation's bytes, samples, peak and series count."""
+    rng = random.Random(5)
+    windows = [
+        (HOUR0 + 30 * 60_000, HOUR0 + 90 * 60_000, 15_000),  # cached hours 0-1
+        (HOUR0 - 20 * 60_000, HOUR0 + 40 * 60_000, 15_000),  # before every series
+        (HOUR0, HOUR0 + HOURS * BLOCK_MS, 60_000),  # all three hours (the last one uncached)
+        (HOUR0 + 2 * BLOCK_MS + 5_000, HOUR0 + 2 * BLOCK_MS + 50 * 60_000, 30_000),  # uncached hour
+        (HOUR0 + HOURS * BLOCK_MS - 10 * 60_000, HOUR0 + HOURS * BLOCK_MS + 20 * 60_000, 15_000),  # past
+        (HOUR0 + BLOCK_MS - 7_000, HOUR0 + BLOCK_MS + 7_000, 1_000),  # fine steps, an hour edge
+    ]
+    for _ in range(3):
+        start = HOUR0 + rng.randrange(0, HOURS * BLOCK_MS)
+        windows.append((start, start + rng.randrange(0, 2 * BLOCK_MS), rng.choice([15_000, 37_000, 60_000])))
+    answered = _recorded(monkeypatch, _Evaluator, "range_selector")
+    grid_reads = _recorded(monkeypatch, ClickHouseStorage, "select_last_on_grid")
+    _fill_the_cache(store)
+    chosen = engine_module._lean_selector
+    lean = empty_absent = 0
+    for use_cache in (True, False):
+        engine = Engine(store.storage(use_cache=use_cache))
+        for q in QUERIES:
+            for start, end, step in windows:
+                monkeypatch.setattr(engine_module, "_lean_selector", lambda expr: None)
+                want = _range_answer(engine, q, start, end, step)
+                monkeypatch.setattr(engine_module, "_lean_selector", chosen)
+                answered.clear()
+                grid_reads.clear()
+                got = _range_answer(engine, q, start, end, step)
+                assert got == want, (q, start, end, step, use_cache)
+                assert len(grid_reads) <= 1, (q, start, end, step)
+                if q.startswith(("(", "absent((")) or "offset" in q or "rate(" in q:
+                    assert not answered
+                else:
+                    assert len(answered) == 1
+                    lean += 1
+                    empty_absent += q.startswith("absent(") and got[1] == 0 and b'"values":[[' in got[0]
+    assert lean == 2 * len(SELECTORS) * 2 * len(windows)
+    assert empty_absent > 30  # absent of a selector that matched nothing: one series of 1
+
+
+def test_the_lean_range_path_keeps_the_limits(store):
+    from kernel_insight.kql.engine import EngineLimits
+    from kernel_insight.kql.errors import TooManySamplesError, TooManySeriesError
+
+    start, end = HOUR0 + 10 * 60_000, HOUR0 + 70 * 60_000
+    with pytest.raises(TooManySeriesError):
+        Engine(store.storage(), EngineLimits(max_series=2)).range_query("gpu_temp", start, end, 15_000)
+    # absent's 241 ones count toward the limit as the general evaluation counts them.
+    with pytest.raises(TooManySamplesError):
+        Engine(store.storage(), EngineLimits(max_samples=200)).range_query(
+            'absent(gpu_temp{instance="nowhere"})', start, end, 15_000
+        )
+    answer = Engine(store.storage(), EngineLimits(max_samples=241)).range_query(
+        'absent(gpu_temp{instance="nowhere"})', start, end, 15_000
+    )
+    assert answer.stats.peak_samples == 241

@@ -7,6 +7,8 @@ import math
 import struct
 
 import numpy as np
+import orjson
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +19,7 @@ from kernel_insight.kql import (
     Series,
     String,
     Vector,
+    _windows,
     prometheus_json_bytes,
     to_prometheus_json,
 )
@@ -201,3 +204,25 @@ def test_constant_series_are_written_as_any_series(
         Matrix((Series(lab, ts, vs), Series((*lab, ("~", "b")), ts, vs))),
     ):
         assert prometheus_json_bytes(m) == _dumps(m)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**15 - 1) | ms, max_size=40),
+    st.sampled_from([b",", b'","1"],[', b""]),
+)
+@example([0, 1, 5, 50, 500, 120, 1_000, 10**15 - 1], b",")
+def test_stamps_text_in_c_is_repr_of_the_seconds(times: list[int], after: bytes) -> None:
+    # _windows.stamps_text writes ms / 1000 as Python's repr and orjson do, a whole second as an integer.
+    got = _windows.stamps_text(np.array(times, dtype=np.int64), after)
+    assert got == b"".join(
+        (repr(t // 1000) if t % 1000 == 0 else repr(t / 1000)).encode() + after for t in times
+    )
+    assert got == b"".join(orjson.dumps(t // 1000 if t % 1000 == 0 else t / 1000) + after for t in times)
+
+
+def test_stamps_text_refuses_times_it_cannot_write() -> None:
+    for bad in ([-1], [10**15], [0, 2**62]):
+        with pytest.raises(ValueError, match="outside"):
+            _windows.stamps_text(np.array(bad, dtype=np.int64), b",")
+    assert _windows.stamps_text(np.array([], dtype=np.int64), b",") == b""
