@@ -77,6 +77,10 @@ struct ki_histtab {
     /* last: the fields the lookups read keep their offsets and cache lines */
     uint32_t free_slot;  /* slot + 1 of the last slot evicted (its record's chunk: the next one + 1), 0: none */
     uint32_t nfree;      /* free slots */
+    /* ki_histogram_bounds[cfg.schema] (schema > 0) and one more entry, 2.0, above every frac in
+     * [0.5, 1): ki_histtab_observe_slots compares bounds[lo] for every lo in 0..2^schema that the
+     * first-bucket table gives, without hist_index's lo < 2^schema test and mask */
+    double bounds_ext[(1u << KI_HISTOGRAM_SCHEMA_MAX) + 1];
 };
 
 static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */
@@ -192,6 +196,11 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     struct ki_histtab *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->cfg = *cfg;
+    if (cfg->schema > 0) {
+        uint32_t per = 1u << cfg->schema;
+        memcpy(t->bounds_ext, ki_histogram_bounds[cfg->schema], per * sizeof *t->bounds_ext);
+        t->bounds_ext[per] = 2.0;
+    }
     t->room = cfg->max_buckets + 1;
     uint32_t hsize = 2;
     while (hsize < 2 * cfg->max_keys) hsize <<= 1;
@@ -850,7 +859,7 @@ size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, cons
     const int32_t per = schema > 0 ? 1 << schema : 1;
     const unsigned shift = schema > 0 ? (unsigned)(51 - schema) : 0;
     const uint16_t *first = schema > 0 ? ki_histogram_first + KI_HISTOGRAM_FIRST_OFF(schema) : NULL;
-    const double *bounds = schema > 0 ? ki_histogram_bounds[schema] : NULL;
+    const double *bounds = t->bounds_ext;
     struct ki_hist *const recs = t->recs;
     uint8_t *const pool = t->pool;
     for (size_t i = 0; i < n; i++) {
@@ -865,7 +874,7 @@ size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, cons
             double frac;
             memcpy(&frac, &fb, sizeof frac);
             int32_t lo = first[(uint32_t)((bits & 0x000FFFFFFFFFFFFFULL) >> shift)];
-            lo += (lo < per) & (bounds[lo & (per - 1)] < frac);
+            lo += bounds[lo] < frac; /* hist_index's (lo < per) & (bounds[lo & (per - 1)] < frac) */
             uint32_t p = (uint32_t)(lo + ((int32_t)biased - 1023) * per - h->base);
             if (p < h->cap) {
                 void *c = pool + (size_t)h->chunk * 8;

@@ -63,6 +63,8 @@ struct ki_kstats {
     uint64_t rng;
     double sample_log;       /* ln(1 - p), p the sample probability of this second: span_sample_rate /
                               * the last second's kernels (0: p = 0, -Inf: p = 1) */
+    uint64_t capture_max;    /* the latest capture_until: while no window runs (0), one comparison a
+                              * kernel instead of the GPU's bound and its load */
     uint64_t capture_until[KI_KSTATS_MAX_GPUS];
     /* export */
     uint64_t next_export_ns; /* monotonic */
@@ -251,7 +253,8 @@ static void roll_window(struct ki_kstats *ks, uint64_t sec) {
 static inline int kernel_keep(struct ki_kstats *ks, const struct ki_rec *k, int32_t s, double d) {
     if (k->ts_ns >= ks->window_end_ns) roll_window(ks, k->ts_ns / NS_PER_S);
     ks->window_kernels++;
-    if ((k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) || (k->flags & KI_FLAG_FAILED)) {
+    if ((k->ts_ns < ks->capture_max && k->device < KI_KSTATS_MAX_GPUS && k->ts_ns < ks->capture_until[k->device]) ||
+        (k->flags & KI_FLAG_FAILED)) {
         ks->st.spans_captured++;
         return 1;
     }
@@ -491,8 +494,11 @@ int ki_kstats_encode(struct ki_kstats *ks, uint8_t *out, size_t cap, size_t *len
 }
 
 void ki_kstats_capture(struct ki_kstats *ks, int gpu, uint64_t until_real_ns) {
-    for (int g = 0; g < KI_KSTATS_MAX_GPUS; g++)
+    ks->capture_max = 0;
+    for (int g = 0; g < KI_KSTATS_MAX_GPUS; g++) {
         if (gpu < 0 || g == gpu) ks->capture_until[g] = until_real_ns;
+        if (ks->capture_until[g] > ks->capture_max) ks->capture_max = ks->capture_until[g];
+    }
 }
 
 void ki_kstats_stats(const struct ki_kstats *ks, struct ki_kstats_stats *out) {
