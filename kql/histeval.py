@@ -1520,22 +1520,17 @@ def _variances(
         np.cumsum(lengths[:-1], out=starts[1:])
         rank = np.arange(len(rows)) - starts[rows]
         width = int(lengths.max()) if n else 0
-        mat = np.zeros((n, width))
-        take = np.zeros((n, width), dtype=bool)
-        mat[rows, rank] = terms
-        take[rows, rank] = True
+        from kernel_insight.kql.aggregation import kahan_add
+
+        # A row's terms in columns 0..len-1, then +0.0: adding it leaves the sum and its
+        # compensation as they are (the sum is never -0.0: it starts at +0.0).
+        mat = np.zeros((width, n))
+        mat[rank, rows] = terms
         variance = np.zeros(n)
         comp = np.zeros(n)
-        for k in range(width):
-            inc, m = mat[:, k], take[:, k]
-            t = variance + inc
-            c = np.where(
-                np.isinf(t),
-                0.0,
-                comp + np.where(np.abs(variance) >= np.abs(inc), (variance - t) + inc, (inc - t) + variance),
-            )
-            variance = np.where(m, t, variance)
-            comp = np.where(m, c, comp)
+        t, bb = np.empty(n), np.empty(n)
+        for inc in mat:
+            kahan_add(variance, comp, inc, t, bb)
         out = _safe_divide(variance + comp, count)
     return out
 
