@@ -40,8 +40,8 @@ def _install(ring_name: str, data: bytes) -> None:
             r"bad magic 0x1122334455667788.*not a Kernel Insight ring",
         ),
         (
-            lambda d: struct.pack_into("<I", d, 8, 2),
-            r"incompatible layout version 2, this build understands version 1",
+            lambda d: struct.pack_into("<I", d, 8, 1),
+            r"incompatible layout version 1, this build understands version 2",
         ),
         (
             lambda d: struct.pack_into("<I", d, 12, 128),
@@ -78,7 +78,7 @@ def test_bad_ring_is_refused_by_the_c_consumer_too(ringtool: Path, ring_name: st
     _install(ring_name, bytes(data))
     out = subprocess.run([ringtool, "dump", ring_name, "1", "10"], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "incompatible layout version 7, this build understands version 1" in out.stderr
+    assert "incompatible layout version 7, this build understands version 2" in out.stderr
 
 
 @pytest.mark.parametrize("capacity", [0, 3, 1000, 1 << 31])
