@@ -50,7 +50,10 @@
 # now64(3) - 3600 is chDB's clock, which no shift moves: from 00:00 to 01:00 real time those
 # 20000 rows fall in the previous day; copies with toStartOfDay(now64(3)) - 1800 and - 100 there
 # passed). Not shiftable at all (the static ki-agent, Prometheus, chDB's SQL now()):
-# test_health_lag_e2e, test_rules_e2e, test_api_write_auth, test_remote_write_histograms_prometheus.
+# test_health_lag_e2e, test_rules_e2e, test_api_write_auth, test_remote_write_histograms_prometheus,
+# and (session 11) test_rules_lease: the rule lease is taken in chDB's time, the evaluation slots
+# in the shifted one, so a take-over reads 8 s late at any shift (12:00:05 too) and passes
+# unshifted. The default selection leaves these out (UNSHIFTABLE; naming one runs it anyway).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 spec=${1:?usage: scripts/test_at_time.sh TIMES [test files...]}
@@ -92,9 +95,17 @@ mapfile -t times < <(seconds_of_day "$spec")
 mkdir -p build/timeofday
 lib=build/timeofday/wallshift.so
 gcc -std=c11 -Wall -Wextra -Werror -O2 -shared -fPIC -o "$lib" scripts/wallshift.c -ldl || exit 2
+UNSHIFTABLE="test_health_lag_e2e.py test_rules_e2e.py test_api_write_auth.py test_remote_write_histograms_prometheus.py test_rules_lease.py"
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-    mapfile -t files < <(grep -rlE "time\.time\(\)|time_ns\(\)|datetime\.now|now\(\)" tests --include='test_*.py' | sort)
+    mapfile -t found < <(grep -rlE "time\.time\(\)|time_ns\(\)|datetime\.now|now\(\)" tests --include='test_*.py' | sort)
+    for f in "${found[@]}"; do
+        if [[ " $UNSHIFTABLE " == *" $(basename "$f") "* ]]; then
+            echo "skipped $f: not shiftable (a clock this tool does not move; see the comment above)"
+        else
+            files+=("$f")
+        fi
+    done
 fi
 eval "extra=(${PYTEST_ARGS:-})"
 failed=0
