@@ -146,7 +146,11 @@ def listening_socket(host: str, port: int, *, backlog: int = 2048) -> socket.soc
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     # Listen before anyone says "listening": a client that connects before uvicorn starts
     # waits in the backlog instead of being refused (seen with two collectors starting at once).
     sock.listen(backlog)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from kernel_insight.server import port_number
 
 __all__ = ["add_commands"]
 
@@ -81,6 +84,29 @@ def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> str:
     raise RuntimeError("the collector did not start; see the collector log")
 
 
+def _wait_consumer(agent: subprocess.Popen[str], ring: str, timeout: float) -> bool:
+    """Whether the agent became the ring's consumer: a ring that exists is not enough, since
+    another run's agent may drain it (ours then refuses to start, and the ring is not ours)."""
+    from kernel_insight.agent.ring import Ring, RingError
+
+    deadline = time.monotonic() + timeout
+    while agent.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(RingError), Ring.attach(ring, producer=False) as r:
+            if r.stats()["consumer_pid"] == agent.pid:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _agent_failure(agent: subprocess.Popen[str], log: Path, ring: str) -> str:
+    """One line on why the agent is not draining the ring, with the agent's own last words."""
+    if agent.poll() is None:
+        return f"the agent did not attach to ring {ring}; see {log}"
+    lines = log.read_text(errors="replace").strip().splitlines()
+    said = f": {lines[-1]}" if lines else ""
+    return f"the agent exited ({agent.returncode}){said} (another ki run? give it --ring-prefix); see {log}"
+
+
 def _report(url: str, token: str, elapsed: float) -> str:
     from kernel_insight.sdk import HealthClient, KernelInsightError, KqlClient
 
@@ -107,10 +133,13 @@ def _report(url: str, token: str, elapsed: float) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     data = Path(args.data).resolve()
-    data.mkdir(parents=True, exist_ok=True)
     logs = data / "logs"
-    logs.mkdir(exist_ok=True)
-    key_file, token = _enrol(data)
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        key_file, token = _enrol(data)
+    except OSError as exc:
+        print(f"ki run: cannot use the data directory {data}: {exc}", file=sys.stderr)
+        return 1
     port = args.port or _free_port()
     ring = f"/kernel_insight.{args.ring_prefix}0"
     print(f"ki run: data in {data}; logs in {logs}")
@@ -132,15 +161,9 @@ def _run(args: argparse.Namespace) -> int:
         agent_cmd = [*_KI, "agent", "--ring", ring, "--ring-create", "--collector", url]
         agent_cmd += ["--key-file", str(key_file), "--spool-dir", str(data / "spool"), "--log-level", "warn"]
         with _process(agent_cmd, logs / "agent.log") as agent:
-            deadline = time.monotonic() + 10
-            while not Path("/dev/shm", ring[1:]).exists() and time.monotonic() < deadline:
-                if agent.poll() is not None:
-                    print(
-                        f"ki run: the agent exited ({agent.returncode}); see {logs / 'agent.log'}",
-                        file=sys.stderr,
-                    )
-                    return 1
-                time.sleep(0.05)
+            if not _wait_consumer(agent, ring, 60):
+                print(f"ki run: {_agent_failure(agent, logs / 'agent.log', ring)}", file=sys.stderr)
+                return 1
             print(f"ki run: agent (pid {agent.pid}) draining ring {ring} every 100 ms")
             sim_cmd = [*_KI, "probe", "simulate", "--gpus", "1", "--label-prefix", args.ring_prefix]
             if args.seconds:
@@ -159,7 +182,9 @@ def _run(args: argparse.Namespace) -> int:
                     print(
                         f'  curl -H "Authorization: Bearer $(cat {data / "read.token"})" {url}/api/v1/alerts'
                     )
-                    print(f"  (every rule with its state and last evaluation: {url}/api/v1/rules)")
+                    print(
+                        f"  (every rule with its state and last evaluation: the same with {url}/api/v1/rules)"
+                    )
                 t0 = time.monotonic()
                 try:
                     while sim.poll() is None:
@@ -177,12 +202,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(least: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds from ``least`` on (NaN and infinity refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not least <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds >= {least:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="the main job: collector + agent + simulated GPU, on this machine")
     p.add_argument("--data", default="./ki-data", help="data directory (default ./ki-data)")
-    p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
-    p.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between reports (default 5)")
+    p.add_argument("--port", type=port_number, default=0, help="collector port (default: a free one)")
+    p.add_argument(
+        "--seconds", type=_seconds(0), default=0, help="stop after this long (default 0: until Ctrl-C)"
+    )
+    p.add_argument("--every", type=_seconds(0.1), default=5.0, help="seconds between reports (default 5)")
     p.add_argument(
         "--ring-prefix", default="run-", help="ring of the simulated GPU: /kernel_insight.<prefix>0"
     )

@@ -19,7 +19,14 @@ if TYPE_CHECKING:
     from kernel_insight.kql.engine import EngineLimits
     from kernel_insight.rules.manager import RuleManager
 
-__all__ = ["AUTH_STORES", "DEFAULT_PORT", "add_commands", "auth_store_kind", "build_collector_app"]
+__all__ = [
+    "AUTH_STORES",
+    "DEFAULT_PORT",
+    "add_commands",
+    "auth_store_kind",
+    "build_collector_app",
+    "port_number",
+]
 
 #: Port the collector listens on when none is given.
 DEFAULT_PORT = 8470
@@ -160,6 +167,17 @@ def build_collector_app(
     return app
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535 (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
+
+
 def _tls(args: argparse.Namespace) -> Any:
     """``TlsFiles`` from --tls-cert/--tls-key/--tls-client-ca, None without them; ValueError when half given."""
     from kernel_insight.api.app import TlsFiles
@@ -228,8 +246,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         cache = None if args.query_cache_mb is None else int(args.query_cache_mb * 1024 * 1024)
         store = open_store(args.store, cluster=args.cluster, cache_bytes=cache)
-    except (StorageError, ValueError) as exc:
-        print(f"ki collector: {exc}", file=sys.stderr)
+    except (StorageError, ValueError, OSError) as exc:
+        print(f"ki collector: cannot open the store {args.store}: {exc}", file=sys.stderr)
         return 2
     if auth_store_kind(store, args.auth_store) == "table" and (args.keys or args.tokens):
         store.close()
@@ -264,7 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
         finally:
             app.state.sink.close()  # requests still queued are written before the store closes
-    except (ValueError, KeyStoreError, TokenError, StorageError) as exc:
+    except (ValueError, KeyStoreError, TokenError, StorageError, OSError) as exc:
         print(f"ki collector: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -299,7 +317,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)"
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any free port)",
     )
     s.add_argument("--keys", help=f"agent key store (default $KI_KEY_STORE or {DEFAULT_KEYS})")
     s.add_argument("--tokens", help=f"bearer token file (default $KI_TOKEN_STORE or {DEFAULT_TOKEN_STORE})")

@@ -1,14 +1,17 @@
-"""The `ki` command line: ring subcommands and the main job, run as a user would."""
+"""The `ki` command line run as a user would: ring subcommands, the main job, the collector's start errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
 
 import pytest
+
+from kernel_insight.agent.ring import Ring, RingReader, ring_name
 
 KI = [sys.executable, "-m", "kernel_insight.cli"]
 
@@ -66,3 +69,79 @@ def test_main_job_runs_collector_agent_and_simulator_and_data_arrives(tmp_path) 
     assert "1 healthy" in reports[-1]
     assert (tmp_path / "read.token").stat().st_mode & 0o777 == 0o600
     assert not os.path.exists(f"/dev/shm/kernel_insight.{prefix}0")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--every", "0"], "argument --every: expected a number of seconds >= 0.1, got '0'"),
+        (["--seconds", "-1"], "argument --seconds: expected a number of seconds >= 0, got '-1'"),
+        (["--port", "70000"], "argument --port: expected a port from 0 to 65535, got '70000'"),
+    ],
+)
+def test_main_job_refuses_bad_numbers_with_one_line(tmp_path, args: list[str], message: str) -> None:
+    out = ki("run", "--data", str(tmp_path), *args)
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1] == f"ki run: error: {message}"
+    assert not (tmp_path / "logs").exists()  # refused before anything started
+
+
+def test_main_job_names_an_unusable_data_directory(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    out = ki("run", "--data", str(tmp_path / "file" / "data"), "--seconds", "1")
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"ki run: cannot use the data directory {tmp_path / 'file' / 'data'}: ")
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_main_job_stops_when_its_agent_cannot_drain_the_ring_and_leaves_that_ring_alone(tmp_path) -> None:
+    """A second ``ki run`` on the same ring: its agent refuses (the ring has a consumer), so the run
+    must say so and stop, not report an agent it does not have and then unlink the other's ring."""
+    prefix = f"runbusy{os.getpid()}-"
+    ring = ring_name(f"{prefix}0")
+    with Ring.create(ring, capacity=1024, producer=False), RingReader.open(ring):
+        try:
+            out = subprocess.run(
+                [*KI, "run", "--data", str(tmp_path), "--seconds", "5", "--ring-prefix", prefix],
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            assert out.returncode == 1, out.stdout
+            assert "draining ring" not in out.stdout
+            assert f"already has a consumer (pid {os.getpid()})" in out.stderr
+            assert "--ring-prefix" in out.stderr
+            assert os.path.exists(f"/dev/shm{ring}")  # the ring of whoever drains it stays
+        finally:
+            Ring.unlink(ring)
+
+
+def test_collector_refuses_a_port_out_of_range_with_one_line() -> None:
+    out = ki("collector", "--port", "99999")
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1] == (
+        "ki collector: error: argument --port: expected a port from 0 to 65535, got '99999'"
+    )
+
+
+def test_collector_names_a_busy_port_and_an_unusable_store_in_one_line(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    bad_store = ki("collector", "--port", "0", "--store", str(tmp_path / "file" / "store"))
+    assert bad_store.returncode == 2
+    assert bad_store.stderr.startswith(f"ki collector: cannot open the store {tmp_path / 'file' / 'store'}: ")
+    assert "Traceback" not in bad_store.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = subprocess.run(
+            [*KI, "collector", "--port", str(port), "--store", str(tmp_path / "store")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert busy.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in busy.stderr
+    assert "Traceback" not in busy.stderr
