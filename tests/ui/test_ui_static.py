@@ -40,6 +40,12 @@ def test_the_page_and_its_files_are_served_without_a_token(app):
     assert "MIT" in _get(app, "/ui/vendor/uPlot.LICENSE").text
 
 
+def test_the_page_names_its_icon_so_the_browser_never_asks_for_favicon_ico(app):
+    """Without a declared icon every browser asks /favicon.ico, a 404 and a console error on every load."""
+    assert '<link rel="icon" href="data:,">' in _get(app, "/").text
+    assert _get(app, "/favicon.ico").status_code == 404  # nothing is served for it: none is asked
+
+
 def test_the_data_still_needs_a_token(app):
     assert _get(app, "/v1/health/snapshot").status_code == 401
 
