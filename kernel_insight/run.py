@@ -131,7 +131,14 @@ def _report(url: str, token: str, elapsed: float) -> str:
     return "  ".join(parts)
 
 
+def _stop_as_on_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM (kill, timeout, a service manager) stops the job as Ctrl-C does: without it Python
+    dies at once and the collector, agent and simulator it started run on, orphaned."""
+    raise KeyboardInterrupt
+
+
 def _run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
     data = Path(args.data).resolve()
     logs = data / "logs"
     try:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -69,6 +72,44 @@ def test_main_job_runs_collector_agent_and_simulator_and_data_arrives(tmp_path) 
     assert "1 healthy" in reports[-1]
     assert (tmp_path / "read.token").stat().st_mode & 0o777 == 0o600
     assert not os.path.exists(f"/dev/shm/kernel_insight.{prefix}0")
+
+
+@pytest.mark.slow
+def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
+    """kill, timeout and service managers send SIGTERM: the job must end as on Ctrl-C, its
+    collector, agent and simulator with it, not leave them running orphaned."""
+    prefix = f"runterm{os.getpid()}-"
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [*KI, "run", "--data", str(tmp_path / "data"), "--every", "1", "--ring-prefix", prefix],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while "kernels stored" not in log.read_text() and job.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            job.send_signal(signal.SIGTERM)
+            assert job.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    text = log.read_text()
+    assert "ki run: stopping" in text
+    agent_pid = int(re.search(r"agent \(pid (\d+)\)", text).group(1))  # type: ignore[union-attr]
+    url = re.search(r"collector on (http://\S+)", text).group(1)  # type: ignore[union-attr]
+    with pytest.raises(ProcessLookupError):
+        os.kill(agent_pid, 0)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
+    assert not os.path.exists(f"/dev/shm/kernel_insight.{prefix}0")
+    children = subprocess.run(["pgrep", "-f", f"label-prefix {prefix}"], capture_output=True, text=True)
+    assert children.stdout == "", "the simulator outlived the job"
 
 
 @pytest.mark.parametrize(
