@@ -7,6 +7,7 @@ routers themselves stay independent of each other.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -218,6 +219,20 @@ def _histogram_base_bytes(args: argparse.Namespace) -> int:
     return int(args.histogram_base_mb * (1 << 20))
 
 
+def _check_periods(args: argparse.Namespace) -> None:
+    """Refuse periods of 0 or less (a thread that waits 0 s between runs spins: ``--interval 0``
+    rebuilt the snapshot without pause, a core's worth of CPU) and negative sizes and delays."""
+    for flag, value in (("--interval", args.interval), ("--stats-interval", args.stats_interval)):
+        if not 0 < value < math.inf:
+            raise ValueError(f"{flag} must be a positive number of seconds, got {value:g}")
+    if not 0 <= args.rules_resend_delay < math.inf:
+        raise ValueError(
+            f"--rules-resend-delay must be a number of seconds >= 0, got {args.rules_resend_delay:g}"
+        )
+    if args.query_cache_mb is not None and not 0 <= args.query_cache_mb < math.inf:
+        raise ValueError(f"--query-cache-mb must be a number of MiB >= 0, got {args.query_cache_mb:g}")
+
+
 def _health_rule(args: argparse.Namespace) -> HealthRule:
     from kernel_insight.api.health import HealthRule
 
@@ -237,6 +252,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
+        _check_periods(args)
         tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)
         if tls is not None:
             tls.context()  # refuse bad certificate files before opening the store

@@ -186,3 +186,25 @@ def test_collector_names_a_busy_port_and_an_unusable_store_in_one_line(tmp_path)
     assert busy.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in busy.stderr
     assert "Traceback" not in busy.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "0"], "--interval must be a positive number of seconds, got 0"),
+        (["--interval", "nan"], "--interval must be a positive number of seconds, got nan"),
+        (["--stats-interval", "-5"], "--stats-interval must be a positive number of seconds, got -5"),
+        (["--rules-resend-delay", "-1"], "--rules-resend-delay must be a number of seconds >= 0, got -1"),
+        (["--query-cache-mb", "-1"], "--query-cache-mb must be a number of MiB >= 0, got -1"),
+    ],
+)
+def test_collector_refuses_periods_that_would_spin_and_negative_sizes(tmp_path, args, message) -> None:
+    """--interval 0 was taken and the snapshot thread rebuilt without pause (18 s of CPU in 25 s)."""
+    out = subprocess.run(
+        [*KI, "collector", "--port", "0", "--store", str(tmp_path / "store"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stderr) == (2, f"ki collector: {message}\n")
