@@ -77,10 +77,12 @@ struct ki_histtab {
     /* last: the fields the lookups read keep their offsets and cache lines */
     uint32_t free_slot;  /* slot + 1 of the last slot evicted (its record's chunk: the next one + 1), 0: none */
     uint32_t nfree;      /* free slots */
-    /* ki_histogram_bounds[cfg.schema] (schema > 0) and one more entry, 2.0, above every frac in
-     * [0.5, 1): ki_histtab_observe_slots compares bounds[lo] for every lo in 0..2^schema that the
-     * first-bucket table gives, without hist_index's lo < 2^schema test and mask */
-    double bounds_ext[(1u << KI_HISTOGRAM_SCHEMA_MAX) + 1];
+    /* The mantissas of ki_histogram_bounds[cfg.schema] (schema > 0; every bound is in [0.5, 1), one
+     * exponent, so a bound is below a frac in [0.5, 1) exactly when its mantissa is below the
+     * frac's: an integer comparison, no frac built) and one more entry, 2^52, above every
+     * mantissa: ki_histtab_observe_slots compares mant_ext[lo] for every lo in 0..2^schema that
+     * the first-bucket table gives, without hist_index's lo < 2^schema test and mask */
+    uint64_t mant_ext[(1u << KI_HISTOGRAM_SCHEMA_MAX) + 1];
 };
 
 static int32_t floor_shift(int32_t k, int sh) { /* k >> sh, rounding toward -inf like Go's >> */
@@ -198,8 +200,12 @@ struct ki_histtab *ki_histtab_create(const struct ki_histogram_config *cfg) {
     t->cfg = *cfg;
     if (cfg->schema > 0) {
         uint32_t per = 1u << cfg->schema;
-        memcpy(t->bounds_ext, ki_histogram_bounds[cfg->schema], per * sizeof *t->bounds_ext);
-        t->bounds_ext[per] = 2.0;
+        for (uint32_t i = 0; i < per; i++) {
+            uint64_t b;
+            memcpy(&b, &ki_histogram_bounds[cfg->schema][i], sizeof b);
+            t->mant_ext[i] = b & 0x000FFFFFFFFFFFFFULL;
+        }
+        t->mant_ext[per] = 1ULL << 52;
     }
     t->room = cfg->max_buckets + 1;
     uint32_t hsize = 2;
@@ -848,60 +854,67 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
  * bucket of a histogram still at the table's schema (every kernel duration once its histogram has
  * seen its range). The schema's index tables, its shift and the pool are looked up once per call
  * instead of per value (hist_index's arithmetic on h->schema, a third of observe_dense's
- * instructions); the bucket index is hist_index's, bit for bit. A value this path cannot count
- * (a new bucket, a full count) goes to observe_general, as from observe_dense; any other
- * histogram or value through observe_dense first. */
+ * instructions); the bucket index is hist_index's, bit for bit, with the bound compared by its
+ * mantissa (mant_ext). Any other observation (a new bucket, a full count, another histogram or
+ * value) leaves the loop for observe_dense and observe_general, out of it so that the loop keeps
+ * its constants in registers. Its tests branch: each is as predictable as the values are alike,
+ * and a compare-and-branch is one fused instruction where a bitwise & of flags took several. */
 size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n) {
-    size_t counted = 0;
+    size_t counted = 0, i = 0;
+    int dense_failed; /* the observation that left the loop failed observe_dense's test: observe_general */
     const int32_t schema = t->cfg.schema;
     /* fast: a positive schema (hist_index's fast path); -128, which no histogram holds, otherwise */
     const int8_t fast = schema > 0 ? (int8_t)schema : INT8_MIN;
-    const int32_t per = schema > 0 ? 1 << schema : 1;
+    const unsigned sh = schema > 0 ? (unsigned)schema : 0;
     const unsigned shift = schema > 0 ? (unsigned)(51 - schema) : 0;
     const uint16_t *first = schema > 0 ? ki_histogram_first + KI_HISTOGRAM_FIRST_OFF(schema) : NULL;
-    const double *bounds = t->bounds_ext;
-    struct ki_hist *const recs = t->recs;
-    uint8_t *const pool = t->pool;
-    for (size_t i = 0; i < n; i++) {
-        if (slots[i] < 0) continue;
-        struct ki_hist *h = &recs[slots[i]];
-        const double x = v[i];
-        uint64_t bits;
-        memcpy(&bits, &x, sizeof bits);
-        const uint32_t biased = (uint32_t)(bits >> 52); /* sign included: a negative x is not fast */
-        if ((h->schema == fast) & (h->kw == 0) & (biased - 1u < 0x7FEu) & (x > h->zero_threshold)) {
-            uint64_t fb = (bits & 0x000FFFFFFFFFFFFFULL) | (1022ULL << 52); /* frac in [0.5, 1) */
-            double frac;
-            memcpy(&frac, &fb, sizeof frac);
-            int32_t lo = first[(uint32_t)((bits & 0x000FFFFFFFFFFFFFULL) >> shift)];
-            lo += bounds[lo] < frac; /* hist_index's (lo < per) & (bounds[lo & (per - 1)] < frac) */
-            uint32_t p = (uint32_t)(lo + ((int32_t)biased - 1023) * per - h->base);
-            if (p < h->cap) {
-                void *c = pool + (size_t)h->chunk * 8;
-                int done = 0;
-                if (h->cw == 1) {
-                    uint8_t *b = (uint8_t *)c + p;
-                    if ((uint8_t)(*b + 1u) >= 2u) ++*b, done = 1; /* neither empty nor full */
-                } else if (h->cw == 2) {
-                    uint16_t *b = (uint16_t *)c + p;
-                    if ((uint16_t)(*b + 1u) >= 2u) ++*b, done = 1;
-                } else if (h->cw == 4) {
-                    uint32_t *b = (uint32_t *)c + p;
-                    if (*b + 1u >= 2u) ++*b, done = 1;
-                }
-                if (done) {
-                    h->count++;
-                    h->sum += x;
-                    counted++;
-                    continue;
-                }
+    for (;;) {
+        /* The common observations, up to the next other one: a loop without a call, so that its
+         * constants stay in registers. */
+        const uint64_t *mant_ext = t->mant_ext;
+        struct ki_hist *const recs = t->recs;
+        uint8_t *const pool = t->pool;
+        for (dense_failed = 0; i < n; i++) {
+            const int32_t s = slots[i];
+            if (s < 0) continue;
+            struct ki_hist *h = &recs[s];
+            const double x = v[i];
+            uint64_t bits;
+            memcpy(&bits, &x, sizeof bits);
+            const uint32_t biased = (uint32_t)(bits >> 52); /* sign included: a negative x is not fast */
+            if (!(h->schema == fast && h->kw == 0 && biased - 1u < 0x7FEu && x > h->zero_threshold)) break;
+            const uint64_t mant = bits & 0x000FFFFFFFFFFFFFULL;
+            uint32_t lo = first[mant >> shift];
+            lo += mant_ext[lo] < mant; /* hist_index's (lo < per) & (bounds[lo & (per - 1)] < frac) */
+            /* lo + (biased - 1023) * 2^schema - base, in unsigned arithmetic (the same bits) */
+            const uint32_t p = lo + ((biased - 1023u) << sh) - (uint32_t)h->base;
+            dense_failed = 1; /* (each break below: where observe_dense fails too) */
+            if (p >= h->cap) break;
+            uint8_t *c = pool + (size_t)h->chunk * 8;
+            if (h->cw == 2) {
+                uint16_t *b = (uint16_t *)(void *)c + p;
+                if ((uint16_t)(*b + 1u) < 2u) break; /* empty, or full */
+                ++*b;
+            } else if (h->cw == 4) {
+                uint32_t *b = (uint32_t *)(void *)c + p;
+                if (*b + 1u < 2u) break;
+                ++*b;
+            } else if (h->cw == 1) {
+                if ((uint8_t)(c[p] + 1u) < 2u) break;
+                ++c[p];
+            } else {
+                break;
             }
-            counted += observe_general(t, h, x) == 0; /* where observe_dense would fail too */
-            continue;
+            dense_failed = 0;
+            h->count++;
+            h->sum += x;
+            counted++;
         }
-        counted += observe_dense(t, h, x) || observe_general(t, h, x) == 0;
+        if (i == n) return counted;
+        struct ki_hist *h = &t->recs[slots[i]];
+        counted += dense_failed ? observe_general(t, h, v[i]) == 0 : observe_dense(t, h, v[i]) || observe_general(t, h, v[i]) == 0;
+        i++;
     }
-    return counted;
 }
 
 size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }

@@ -40,7 +40,9 @@ struct ki_kstats {
     uint64_t *exported;   /* per slot: count at its last export */
     uint8_t *seen;        /* per slot: SEEN_EXPORTED once exported, SEEN_CHANGED when an export since the
                            * last sweep for idle keys shipped a change (no memory of its own: a byte) */
-    double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet) */
+    double *tail_s;       /* per slot: spans above this many seconds are tail (+Inf: none yet); and
+                           * tail_s[-1], +Inf: a refused key's kernel (slot -1) is never tail, with
+                           * no test of the slot on the span decisions' common path */
     uint32_t tail_set;    /* slots whose tail_s is set (slots are handed out in order: pages of
                            * tail_s are touched only as keys arrive) */
     /* key -> slot for the keys seen last: a record's slot without a call into the table (its
@@ -120,7 +122,8 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     ks->cache = aligned_alloc(64, sizeof *ks->cache << KEY_CACHE_BITS);
     ks->exported = calloc(ks->max_keys, sizeof *ks->exported);
     ks->seen = calloc(ks->max_keys, 1);
-    ks->tail_s = malloc(ks->max_keys * sizeof *ks->tail_s);
+    ks->tail_s = malloc(((size_t)ks->max_keys + 1) * sizeof *ks->tail_s);
+    if (ks->tail_s) *ks->tail_s++ = INFINITY; /* tail_s[-1] */
     ks->room = ki_histtab_export_room(ks->tab);
     ks->ex.pos_spans = malloc(ks->room * sizeof *ks->ex.pos_spans);
     ks->ex.neg_spans = malloc(ks->room * sizeof *ks->ex.neg_spans);
@@ -163,7 +166,7 @@ void ki_kstats_destroy(struct ki_kstats *ks) {
     free(ks->cache);
     free(ks->exported);
     free(ks->seen);
-    free(ks->tail_s);
+    free(ks->tail_s ? ks->tail_s - 1 : NULL);
     free(ks->ex.pos_spans);
     free(ks->ex.neg_spans);
     free(ks->ex.pos_deltas);
@@ -258,7 +261,7 @@ static inline int kernel_keep(struct ki_kstats *ks, const struct ki_rec *k, int3
         ks->st.spans_captured++;
         return 1;
     }
-    if (s >= 0 && d > ks->tail_s[s]) {
+    if (d > ks->tail_s[s]) { /* (tail_s[-1]: +Inf) */
         ks->window_tail_seen++;
         if (ks->window_tail < ks->cfg.span_tail_rate &&
             (ks->tail_below == UINT64_MAX || next_random(ks) <= ks->tail_below)) {
@@ -305,9 +308,18 @@ static inline int32_t key_of(struct ki_kstats *ks, const struct ki_record *r, do
  * on each other, so the CPU overlaps the chains of dependent loads of several records (hash ->
  * hash entry -> key; histogram -> bucket index -> count) instead of waiting on one record's at a
  * time; the order of observations into one histogram, and of the sampling decisions, stays the
- * records' order. */
+ * records' order.
+ *
+ * The span decision of the common kernel (inside the current second and after the last capture
+ * window, not FAILED, not above its tail, not the sampled one) is tests that branch, each as
+ * predictable as the kernels are alike, instead of kernel_keep's in full; such a kernel is
+ * dropped and only counted, its counters in locals for the block rather than read-modify-writes
+ * on ks chained through memory from record to record. Any other kernel goes through kernel_keep
+ * with them written back: the same decisions as kernel_keep's for every record, bit for bit. */
 size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
     size_t w = 0;
+    const double *const tail = ks->tail_s; /* tail[-1] (a refused key): +Inf */
+    const uint64_t from = ks->capture_max;
     for (size_t b = 0; b < n; b += FOLD_BLOCK) {
         size_t m = n - b < FOLD_BLOCK ? n - b : FOLD_BLOCK;
         struct ki_record *blk = recs + b;
@@ -315,12 +327,32 @@ size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
         double v[FOLD_BLOCK];
         for (size_t j = 0; j < m; j++) slot[j] = key_of(ks, &blk[j], &v[j]);
         ks->st.aggregated += ki_histtab_observe_slots(ks->tab, slot, v, m);
+        uint64_t gap = ks->sample_gap, kernels = ks->window_kernels;
+        /* capture_max <= ts < window_end_ns is ts - capture_max < span, one comparison */
+        uint64_t span = ks->window_end_ns > from ? ks->window_end_ns - from : 0;
         for (size_t j = 0; j < m; j++) {
-            if (blk[j].rec.type != KI_REC_KERNEL || kernel_keep(ks, &blk[j].rec, slot[j], v[j])) {
+            const struct ki_rec *k = &blk[j].rec;
+            int keep = 1;
+            if (k->type == KI_REC_KERNEL) {
+                if (k->ts_ns - from < span && !(k->flags & KI_FLAG_FAILED) && !(v[j] > tail[slot[j]]) && gap > 1) {
+                    gap--;
+                    kernels++;
+                    continue;
+                }
+                ks->sample_gap = gap;
+                ks->window_kernels = kernels;
+                keep = kernel_keep(ks, k, slot[j], v[j]);
+                gap = ks->sample_gap;
+                kernels = ks->window_kernels;
+                span = ks->window_end_ns > from ? ks->window_end_ns - from : 0;
+            }
+            if (keep) {
                 if (w != b + j) recs[w] = blk[j];
                 w++;
             }
         }
+        ks->sample_gap = gap;
+        ks->window_kernels = kernels;
     }
     return w;
 }

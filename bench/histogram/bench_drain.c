@@ -13,7 +13,10 @@
  * pages back). Without THREADED one thread fills the ring's whole lap, then drains it, LAPS
  * times (the drain's instructions alone are exact under callgrind; the slots come from this
  * core's cache). With THREADED (1) a producer thread writes as fast as the ring takes records
- * while the consumer drains every 10 ms, as in the agent, whose slots come from another core.
+ * while the consumer drains every 10 ms, as in the agent, whose slots come from another core;
+ * THREADED 2 pins the consumer to CPU 0 and the producer to CPU 1 (the scheduler otherwise
+ * puts them on one core in some runs and on two in others: on dev-2c 35 against 50 ns a record,
+ * two figures that A/B runs must not mix).
  * Records are stamped 1 us apart (1M kernels/s of record time).
  * Prints the consumer thread's CPU ns per record (CLOCK_THREAD_CPUTIME_ID: user and kernel
  * time, page faults and MADV_DONTNEED included), min and median over the laps (drains).
@@ -83,6 +86,7 @@ static uint64_t t0_ns;
 
 struct prod {
     const char *name;
+    int threaded;
     uint64_t count;
     volatile int done;
 };
@@ -106,8 +110,21 @@ static uint64_t produce(struct ki_ring *r, uint64_t *i, uint64_t count, int wait
     return n;
 }
 
+/* THREADED 2: the calling thread onto cpu. */
+static void pin(int threaded, int cpu) {
+    if (threaded != 2) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) {
+        fprintf(stderr, "cannot pin to cpu %d\n", cpu);
+        exit(1);
+    }
+}
+
 static void *producer_main(void *arg) {
     struct prod *p = arg;
+    pin(p->threaded, 1);
     struct ki_ring r;
     char err[256];
     if (ki_ring_attach(&r, p->name, KI_RING_PRODUCER, err, sizeof err) < 0) {
@@ -149,7 +166,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *name = argv[1];
-    int laps = atoi(argv[2]), threaded = argc > 3 && atoi(argv[3]);
+    int laps = atoi(argv[2]), threaded = argc > 3 ? atoi(argv[3]) : 0;
     if (argc > 4 && atoi(argv[4]) > 0) kernels = (uint32_t)atoi(argv[4]);
     make_pool();
     t0_ns = ki_ring_now_ns() / 1000000000ULL * 1000000000ULL;
@@ -197,7 +214,8 @@ int main(int argc, char **argv) {
         }
         ki_ring_close(&r);
     } else {
-        struct prod p = {name, (uint64_t)laps * CAP, 0};
+        struct prod p = {name, threaded, (uint64_t)laps * CAP, 0};
+        pin(threaded, 0);
         pthread_t th;
         pthread_create(&th, NULL, producer_main, &p);
         while (!p.done) {

@@ -1,6 +1,8 @@
 /*
  * Unit test: native-histogram accumulators (histogram.c).
- *   test_histogram                     the published examples (below) and edge cases
+ *   test_histogram                     the published examples (below), edge cases, and the drain
+ *                                      loop's block observation (ki_histtab_observe_slots) giving
+ *                                      what one observation at a time gives, at every schema
  *   test_histogram index IN OUT        IN: float64 values; OUT: int32 index per (schema -4..8, value)
  *   test_histogram export SCHEMA IN    observe IN under one key, print the exported histogram
  * Expected numbers are copied from prometheus/client_golang prometheus/histogram_test.go
@@ -446,9 +448,114 @@ static void evictions(uint32_t max_keys, int rounds) {
     ki_histtab_destroy(t);
 }
 
+/* ki_histtab_observe_slots (the drain loop's form: its own index arithmetic, the bound compared by
+ * its mantissa) against ki_histtab_observe_slot one value at a time (hist_index, observe_dense and
+ * observe_general), at every schema: values on and next to every bucket bound, around the zero
+ * threshold, zero, subnormal, negative, infinite and NaN, and long-tailed durations; blocks of 1 to
+ * 40 slots with refused (negative) slots among them; few buckets (schema reductions and wider zero
+ * buckets inside a block) and one bucket hit 70,000 times (counts widened to 2 and 4 bytes). Every
+ * histogram's export (sum bit for bit) and the table's counters must be the same. */
+static void blocks_match_one_at_a_time(void) {
+    static double vals[100000];
+    static int32_t slots[100000];
+    static struct ki_histogram_span ps2[ROOM], ns2[ROOM];
+    static int64_t pd2[ROOM], nd2[ROOM];
+    uint64_t rng = 0x9E3779B97F4A7C15ULL;
+    for (int32_t schema = KI_HISTOGRAM_SCHEMA_MIN; schema <= KI_HISTOGRAM_SCHEMA_MAX; schema++) {
+        for (int small = 0; small < 2; small++) {
+            struct ki_histogram_config cfg = {schema, ZT, small ? 12 : 160, small ? 1e-3 : 0, 8, 0};
+            struct ki_histtab *a = ki_histtab_create(&cfg), *b = ki_histtab_create(&cfg);
+            CHECK(a != NULL && b != NULL);
+            int nkeys = 0;
+            for (uint32_t k = 0; k < 8; k++) {
+                struct ki_histogram_key key = {100 + k, 0, KI_HISTOGRAM_NO_STREAM, k, 0, 0, 0};
+                CHECK_EQ(ki_histtab_slot(a, &key), nkeys);
+                CHECK_EQ(ki_histtab_slot(b, &key), nkeys);
+                nkeys++;
+            }
+            /* keys 0-3: values far apart (sparse buckets); keys 4-7: kernel-like durations, dense
+             * buckets (the common path), key 5 the one bucket hit 70,000 times */
+            size_t n = 0;
+            const double *bounds = ki_histogram_bounds[schema > 0 ? schema : 0];
+            uint32_t per = schema > 0 ? 1u << schema : 1u;
+            for (int twice = 0; twice < 2; twice++) /* the second time into buckets that exist */
+                for (int e = -30; e <= 30; e++) {
+                    int near = e >= -17 && e <= -14;
+                    if (!near && e % 7) continue;
+                    for (uint32_t j = 0; j < per; j++) {
+                        double x = ldexp(bounds[j], e);
+                        const double xs[3] = {x, nextafter(x, 0), nextafter(x, INFINITY)};
+                        for (int q = 0; q < 3; q++) {
+                            rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+                            uint32_t r = (uint32_t)((rng * 0x2545F4914F6CDD1DULL) >> 40);
+                            vals[n] = xs[q];
+                            slots[n++] = r % 23 == 0 ? -1 : (int32_t)(r % 4) + (near ? 4 : 0);
+                        }
+                    }
+                }
+            const double odd[] = {0.0, -0.0, ZT, nextafter(ZT, 1), nextafter(ZT, 0), -ZT, 1e-320, -1e-320, DBL_MIN,
+                                  DBL_MAX, -DBL_MAX, INFINITY, -INFINITY, NAN, -2.5e-6, 1e-3, 2e-3};
+            for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+                vals[n] = odd[i];
+                slots[n++] = (int32_t)(i % 4);
+            }
+            for (int round = 0; round < 2; round++) {
+                /* long-tailed durations, a few stragglers; the second round also into buckets new
+                 * to the widened counts */
+                while (n < (round ? 100000u : 30000u)) {
+                    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+                    uint64_t r = rng * 0x2545F4914F6CDD1DULL;
+                    double u = ((double)(r >> 11) + 0.5) * 0x1.0p-53;
+                    vals[n] = 2e-5 * exp(2.0 * (u - 0.5)) * (u > 0.995 ? 30.0 : 1.0);
+                    slots[n++] = (r & 0xFF) % 23 == 0 ? -1 : (int32_t)(4 + (r & 3));
+                }
+                while (!round && n < 97000) { /* one bucket: counts of 1, 2 and 4 bytes */
+                    vals[n] = 3.3e-5;
+                    slots[n++] = 5;
+                }
+            }
+            size_t counted_a = 0, counted_b = 0;
+            for (size_t i = 0; i < n; i++)
+                if (slots[i] >= 0) counted_a += ki_histtab_observe_slot(a, (uint32_t)slots[i], vals[i]) == 0;
+            for (size_t i = 0, m = 1; i < n; i += m, m = m % 40 + 1) {
+                size_t k = n - i < m ? n - i : m;
+                counted_b += ki_histtab_observe_slots(b, slots + i, vals + i, k);
+            }
+            CHECK_EQ(counted_b, counted_a);
+            for (int k = 0; k < nkeys; k++) {
+                struct ki_histogram_export x = export_one(a, (uint32_t)k);
+                struct ki_histogram_export y = {.pos_spans = ps2, .neg_spans = ns2, .pos_deltas = pd2, .neg_deltas = nd2};
+                CHECK_EQ(ki_histtab_export(b, (uint32_t)k, &y), 0);
+                CHECK_EQ(x.schema, y.schema);
+                CHECK(memcmp(&x.zero_threshold, &y.zero_threshold, sizeof x.zero_threshold) == 0);
+                CHECK(memcmp(&x.sum, &y.sum, sizeof x.sum) == 0);
+                CHECK_EQ(x.count, y.count);
+                CHECK_EQ(x.zero_count, y.zero_count);
+                CHECK(x.n_pos_spans == y.n_pos_spans && x.n_neg_spans == y.n_neg_spans);
+                CHECK(x.n_pos_deltas == y.n_pos_deltas && x.n_neg_deltas == y.n_neg_deltas);
+                CHECK(memcmp(ps, ps2, x.n_pos_spans * sizeof ps[0]) == 0 && memcmp(ns, ns2, x.n_neg_spans * sizeof ns[0]) == 0);
+                CHECK(memcmp(pd, pd2, x.n_pos_deltas * sizeof pd[0]) == 0 && memcmp(nd, nd2, x.n_neg_deltas * sizeof nd[0]) == 0);
+            }
+            struct ki_histtab_stats sa, sb;
+            ki_histtab_stats(a, &sa);
+            ki_histtab_stats(b, &sb);
+            CHECK(sa.bucket_refused == sb.bucket_refused && sa.pool_refused == sb.pool_refused && sa.bytes == sb.bytes);
+            if (schema == 3 && !small) { /* the widened counts were reached */
+                struct ki_histogram_export x = export_one(a, 5);
+                int64_t top = 0, c = 0;
+                for (uint32_t i = 0; i < x.n_pos_deltas; i++) c += x.pos_deltas[i], top = c > top ? c : top;
+                CHECK(top > 65535);
+            }
+            ki_histtab_destroy(a);
+            ki_histtab_destroy(b);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 1) {
         unit();
+        blocks_match_one_at_a_time();
         evictions(3000, 6);
         evictions(70000, 2);
         puts("ok");
