@@ -61,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:
+        # A file, directory or address the user named that cannot be used: one line, like the
+        # errors each command words itself, never a traceback (ki schema --write to a bad path).
+        print(f"ki {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -208,3 +208,11 @@ def test_collector_refuses_periods_that_would_spin_and_negative_sizes(tmp_path, 
         timeout=60,
     )
     assert (out.returncode, out.stderr) == (2, f"ki collector: {message}\n")
+
+
+def test_a_path_that_cannot_be_used_is_one_line_for_every_command(tmp_path) -> None:
+    """The dispatcher words OSErrors no command caught itself: ki schema --write into a file."""
+    (tmp_path / "file").write_text("")
+    out = ki("schema", "--write", str(tmp_path / "file" / "deploy"))
+    assert out.returncode == 1
+    assert out.stderr == f"ki schema: [Errno 20] Not a directory: '{tmp_path / 'file' / 'deploy'}'\n"
