@@ -859,10 +859,10 @@ int ki_histtab_observe_slot(struct ki_histtab *t, uint32_t slot, double v) {
  * value) leaves the loop for observe_dense and observe_general, out of it so that the loop keeps
  * its constants in registers. Its tests branch: each is as predictable as the values are alike,
  * and a compare-and-branch is one fused instruction where a bitwise & of flags took several. */
-size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n) {
+__attribute__((always_inline)) static inline size_t observe_slots(struct ki_histtab *t, const int32_t *slots,
+                                                                   const double *v, size_t n, const int32_t schema) {
     size_t counted = 0, i = 0;
     int dense_failed; /* the observation that left the loop failed observe_dense's test: observe_general */
-    const int32_t schema = t->cfg.schema;
     /* fast: a positive schema (hist_index's fast path); -128, which no histogram holds, otherwise */
     const int8_t fast = schema > 0 ? (int8_t)schema : INT8_MIN;
     const unsigned sh = schema > 0 ? (unsigned)schema : 0;
@@ -915,6 +915,12 @@ size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, cons
         counted += dense_failed ? observe_general(t, h, v[i]) == 0 : observe_dense(t, h, v[i]) || observe_general(t, h, v[i]) == 0;
         i++;
     }
+}
+
+size_t ki_histtab_observe_slots(struct ki_histtab *t, const int32_t *slots, const double *v, size_t n) {
+    /* The default schema's loop with its shifts as constants (cl is then free, nothing spilled) */
+    if (t->cfg.schema == 3) return observe_slots(t, slots, v, n, 3);
+    return observe_slots(t, slots, v, n, t->cfg.schema);
 }
 
 size_t ki_histtab_export_room(const struct ki_histtab *t) { return 3 * (size_t)t->room; }
