@@ -57,9 +57,21 @@ def _enrol(data: Path) -> tuple[Path, str]:
 
 @contextlib.contextmanager
 def _process(cmd: list[str], log: Path, **kw: object) -> Iterator[subprocess.Popen[str]]:
-    """A child that is asked to stop (SIGTERM, then SIGKILL) however the job ends."""
+    """A child that is asked to stop (SIGTERM, then SIGKILL) however the job ends.
+
+    In a process group of its own: Ctrl-C (the terminal signals its whole foreground group) and
+    timeout(1) (its child's group) reach only ki run, which stops the agent first and reports
+    once more before the collector goes; in ki run's group the collector died with it and the
+    last report read 'collector not answering'."""
     with log.open("a") as out:
-        proc = subprocess.Popen(cmd, stdout=kw.pop("stdout", out), stderr=out, text=True)  # type: ignore[call-overload]
+        proc = subprocess.Popen(  # type: ignore[call-overload]
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=kw.pop("stdout", out),
+            stderr=out,
+            text=True,
+            process_group=0,
+        )
         try:
             yield proc
         finally:
@@ -132,13 +144,15 @@ def _report(url: str, token: str, elapsed: float) -> str:
 
 
 def _stop_as_on_ctrl_c(signum: int, frame: object) -> None:
-    """SIGTERM (kill, timeout, a service manager) stops the job as Ctrl-C does: without it Python
-    dies at once and the collector, agent and simulator it started run on, orphaned."""
+    """SIGTERM (kill, timeout, a service manager) and SIGHUP (the terminal closed) stop the job as
+    Ctrl-C does: without it Python dies at once and the collector, agent and simulator it
+    started (in process groups of their own) run on, orphaned."""
     raise KeyboardInterrupt
 
 
 def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
+    signal.signal(signal.SIGHUP, _stop_as_on_ctrl_c)
     data = Path(args.data).resolve()
     logs = data / "logs"
     try:

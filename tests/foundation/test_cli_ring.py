@@ -77,7 +77,9 @@ def test_main_job_runs_collector_agent_and_simulator_and_data_arrives(tmp_path) 
 @pytest.mark.slow
 def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
     """kill, timeout and service managers send SIGTERM: the job must end as on Ctrl-C, its
-    collector, agent and simulator with it, not leave them running orphaned."""
+    collector, agent and simulator with it, not leave them running orphaned. Sent to the job's
+    whole process group, as timeout(1) and a terminal's Ctrl-C do: only ki run must get it, so
+    that its last report still reaches the collector."""
     prefix = f"runterm{os.getpid()}-"
     log = tmp_path / "out.txt"
     with log.open("w") as out:
@@ -86,13 +88,14 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
         try:
             deadline = time.monotonic() + 180
             while "kernels stored" not in log.read_text() and job.poll() is None:
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
-            job.send_signal(signal.SIGTERM)
+            os.killpg(job.pid, signal.SIGTERM)
             assert job.wait(timeout=120) == 0, log.read_text()
         finally:
             if job.poll() is None:
@@ -100,6 +103,9 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
                 job.wait()
     text = log.read_text()
     assert "ki run: stopping" in text
+    last = text.split("ki run: stopping")[1]
+    assert "not answering" not in last, last
+    assert "kernels stored" in last, last
     agent_pid = int(re.search(r"agent \(pid (\d+)\)", text).group(1))  # type: ignore[union-attr]
     url = re.search(r"collector on (http://\S+)", text).group(1)  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
