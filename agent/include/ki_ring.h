@@ -347,7 +347,7 @@ static inline uint32_t ki_ring__crc4(uint32_t c, uint32_t w) { return ki_ring__c
 /* CRC-32C of the 60 bytes pos (u64), producer (u32), record (48), little-endian: binds the record
  * to its position and writer, so a record torn by a late writer, or left over from an earlier
  * lap, fails verification. */
-KI_RING__CRC_FN static inline uint32_t ki_ring__checksum(uint64_t pos, uint32_t producer, const struct ki_rec *rec) {
+KI_RING__CRC_FN static inline uint32_t ki_ring_checksum(uint64_t pos, uint32_t producer, const struct ki_rec *rec) {
     uint32_t c = ki_ring__crc8(0xFFFFFFFFu, pos);
     c = ki_ring__crc4(c, producer);
     c = ki_ring__crc8(c, ki_ring__word(rec, 0));
@@ -359,16 +359,12 @@ KI_RING__CRC_FN static inline uint32_t ki_ring__checksum(uint64_t pos, uint32_t 
     return ~c;
 }
 
-static inline uint32_t ki_ring_checksum(uint64_t pos, uint32_t producer, const struct ki_rec *rec) {
-    return ki_ring__checksum(pos, producer, rec);
-}
-
 /* Bit j set for each of the m (<= 32) records whose checksum fails: the consumer's check of a
  * block, in one call (the checksums side by side: independent chains the CPU overlaps). */
 KI_RING__CRC_FN static inline uint32_t ki_ring__verify(const struct ki_record *recs, size_t m) {
     uint32_t bad = 0;
     for (size_t j = 0; j < m; j++)
-        bad |= (uint32_t)(ki_ring__checksum(recs[j].pos, recs[j].producer, &recs[j].rec) != recs[j].check) << j;
+        bad |= (uint32_t)(ki_ring_checksum(recs[j].pos, recs[j].producer, &recs[j].rec) != recs[j].check) << j;
     return bad;
 }
 

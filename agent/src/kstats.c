@@ -316,6 +316,12 @@ static inline int32_t key_of(struct ki_kstats *ks, const struct ki_record *r, do
  * dropped and only counted, its counters in locals for the block rather than read-modify-writes
  * on ks chained through memory from record to record. Any other kernel goes through kernel_keep
  * with them written back: the same decisions as kernel_keep's for every record, bit for bit. */
+/* Record times of a common kernel, from the last capture window's end (from) to the end of the
+ * current second: from <= ts < window_end_ns is ts - from < this, one comparison. */
+static inline uint64_t common_span(const struct ki_kstats *ks, uint64_t from) {
+    return ks->window_end_ns > from ? ks->window_end_ns - from : 0;
+}
+
 size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
     size_t w = 0;
     const double *const tail = ks->tail_s; /* tail[-1] (a refused key): +Inf */
@@ -333,8 +339,7 @@ size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
         }
         ks->st.aggregated += ki_histtab_observe_slots(ks->tab, slot, v, m);
         uint64_t gap = ks->sample_gap, kernels = ks->window_kernels;
-        /* capture_max <= ts < window_end_ns is ts - capture_max < span, one comparison */
-        uint64_t span = ks->window_end_ns > from ? ks->window_end_ns - from : 0;
+        uint64_t span = common_span(ks, from);
         for (size_t j = 0; j < m; j++) {
             const struct ki_rec *k = &blk[j].rec;
             int keep = 1;
@@ -349,7 +354,7 @@ size_t ki_kstats_feed(struct ki_kstats *ks, struct ki_record *recs, size_t n) {
                 keep = kernel_keep(ks, k, slot[j], v[j]);
                 gap = ks->sample_gap;
                 kernels = ks->window_kernels;
-                span = ks->window_end_ns > from ? ks->window_end_ns - from : 0;
+                span = common_span(ks, from);
             }
             if (keep) {
                 if (w != b + j) recs[w] = blk[j];

@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.kql.servers import process_cpu_s
+
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["main"]
@@ -54,19 +56,6 @@ __all__ = ["main"]
 def _agent_binary() -> Path:
     """The worktree's ki-agent, or ``$KI_BENCH_AGENT`` (an A/B run against a copy of another build)."""
     return Path(os.environ.get("KI_BENCH_AGENT") or REPO / "agent" / "bin" / "ki-agent")
-
-
-def _cpu_ns(pid: int) -> int:
-    """The process' CPU time in ns: the time on the CPU of its threads from /proc/PID/task/*/schedstat
-    (user and system, to the nanosecond), else utime + stime from /proc/PID/stat, in clock ticks
-    (10 ms: 2 ns a kernel at 5M kernels, the granularity the figure had before session 11)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        tasks = list(Path(f"/proc/{pid}/task").glob("*/schedstat"))
-        if tasks:
-            return sum(int(t.read_text().split()[0]) for t in tasks)
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def _hwm_kb(pid: int) -> int:
@@ -281,10 +270,10 @@ def _cpu(root: Path, producer: Path, seconds: int, out: dict[str, float]) -> Non
     (root / "cpu").mkdir()
     run = _Run(root / "cpu", producer, "cpu")
     time.sleep(0.5)
-    before = _cpu_ns(run.agent.pid)
+    before = process_cpu_s(run.agent.pid)
     took = run.produce(1_000_000 * seconds, 100, 1_000_000)
     time.sleep(0.3)  # the last drain tick
-    used = _cpu_ns(run.agent.pid) - before
+    used = (process_cpu_s(run.agent.pid) - before) * 1e9
     counters = run.finish()
     out["ns_per_kernel"] = used / (1_000_000 * seconds)
     out["achieved_kernels_per_s"] = 1_000_000 * seconds / took
