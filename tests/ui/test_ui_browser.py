@@ -81,15 +81,27 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningColle
 
 
 @pytest.fixture
-def page(browser, tmp_path):
+def refused_requests() -> None:
+    """Taken by a test that has the API refuse the page on purpose (a wrong or revoked token, a query
+    that does not parse): the browser logs each such 4xx answer as a console error, which the
+    ``page`` fixture then lets pass."""
+
+
+@pytest.fixture
+def page(browser, tmp_path, request):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     p = context.new_page()
     p.set_default_timeout(20_000)
     errors: list[str] = []
     p.on("pageerror", lambda e: errors.append(str(e)))
+    # console.error and the browser's own errors (a failed request, a 404 or 500 answer) land here
+    console: list[str] = []
+    p.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     yield p
     context.close()
     assert errors == [], f"JavaScript errors in the page: {errors}"
+    if "refused_requests" not in request.fixturenames:
+        assert console == [], f"errors in the browser console: {console}"
 
 
 def _sign_in(page, c: RunningCollector) -> None:
@@ -99,7 +111,9 @@ def _sign_in(page, c: RunningCollector) -> None:
     page.wait_for_selector("#fleet-grid .tile")
 
 
-def test_nothing_but_the_sign_in_page_without_a_token_and_a_wrong_token_is_refused(page, collector, tmp_path):
+def test_nothing_but_the_sign_in_page_without_a_token_and_a_wrong_token_is_refused(
+    page, collector, tmp_path, refused_requests
+):
     page.goto(collector.url + "/#/explore?q=up")
     page.wait_for_selector("#login")
     assert page.is_hidden("#top")
@@ -144,7 +158,9 @@ def test_fleet_shows_every_instance_coloured_by_health_with_reasons_and_filters(
     page.screenshot(path=tmp_path / "instance.png", full_page=True)
 
 
-def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(page, collector, tmp_path):
+def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(
+    page, collector, tmp_path, refused_requests
+):
     _sign_in(page, collector)
     query = 'gpu_memory_free_bytes{instance=~"node-000[0-2]"}'
     page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=5m")
@@ -321,7 +337,7 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert (cats[("X", "nccl")], cats[("i", "memory")], cats[("X", "sync")]) == (NCCL_OPS, MEMORY_OPS, SYNCS)
 
 
-def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector):
+def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector, refused_requests):
     tokens = TokenStore(collector.stderr.parent / "tokens.json")  # the collector's token file
     created = tokens.create("ui-revoke", ["read"])
     # The server re-reads the token file within a second: sign in only once it knows the token.
@@ -355,7 +371,9 @@ def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, co
     assert page.evaluate("sessionStorage.getItem('ki.token')") is None
 
 
-def test_an_answer_arriving_after_a_401_does_not_draw_over_the_sign_in_page(page, collector):
+def test_an_answer_arriving_after_a_401_does_not_draw_over_the_sign_in_page(
+    page, collector, refused_requests
+):
     # The race the revocation test above hits by chance, forced: the alerts page's call is held in
     # the browser while the fleet page's call is refused; the alerts answer (a 200, sent while the
     # token still worked) then arrives with the tab signed out and must leave the sign-in page alone.
