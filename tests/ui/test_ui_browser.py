@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from collector_process import RunningCollector, running_collector
+from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from kernel_insight.api import TokenStore
@@ -45,6 +46,8 @@ INSTANCES = 40
 SPANS = 20_000
 #: The spans' window: 10 s of node-0001's GPU 0 starting two minutes before the test (whole seconds).
 SPAN_START_S = int(time.time()) - 120
+#: The instance and GPU whose native histograms start later than its spans, with a gap.
+LATE = ("node-0002", 1)
 RULES = """
 groups:
   - name: gpu
@@ -74,6 +77,12 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningColle
     populate_fleet(tmp / "data", INSTANCES, int(time.time() * 1000), hot=("node-0003",))
     populate_spans(tmp / "data", "node-0001", 0, SPAN_START_S * 1_000_000_000, SPANS)
     populate_kernel_histograms(tmp / "data", "node-0001", 0, (SPAN_START_S - 1) * 1000, 13, KERNELS)
+    # node-0002's GPU 1: spans over [S, S + 10 s), and its first kernel's native histograms starting
+    # later (S + 3 s, 2 s of them) with a gap before the rest (S + 14 s, 3 s): the two heatmaps'
+    # data cover different stretches of the window, their axes must not.
+    populate_spans(tmp / "data", LATE[0], LATE[1], SPAN_START_S * 1_000_000_000, 6_000)
+    populate_kernel_histograms(tmp / "data", LATE[0], LATE[1], (SPAN_START_S + 3) * 1000, 2, KERNELS[:1])
+    populate_kernel_histograms(tmp / "data", LATE[0], LATE[1], (SPAN_START_S + 14) * 1000, 3, KERNELS[:1])
     rules = tmp / "rules.yml"
     rules.write_text(RULES)
     with running_collector(tmp, "--rules", str(rules)) as c:
@@ -247,6 +256,51 @@ def test_kernels_lists_each_kernel_of_the_window_and_draws_its_latency_heatmap(p
     assert int(page.get_attribute("#native-heatmap", "data-columns")) >= 10
     assert int(page.get_attribute("#native-heatmap", "data-observations")) > 0
     page.screenshot(path=tmp_path / "kernels.png", full_page=True)
+
+
+def _axis(page: Page, selector: str) -> dict[str, str | None]:
+    """The time axis a heatmap canvas says it is drawn on, and where it sits on the page."""
+    attrs = {k: page.get_attribute(selector, f"data-{k}") for k in ("t0", "t1", "step", "columns", "ticks")}
+    box = page.locator(selector).bounding_box()
+    assert box is not None
+    return {**attrs, "x": str(box["x"]), "width": str(box["width"])}
+
+
+def _runs(filled: str) -> list[tuple[int, int]]:
+    """``data-filled`` ("3-7,12-12": the columns with data) as (first, last) pairs."""
+    return [(int(a), int(b)) for a, b in (r.split("-") for r in filled.split(",") if r)]
+
+
+def test_kernels_two_heatmaps_share_one_time_axis_when_the_histograms_start_later_with_a_gap(
+    page, collector, tmp_path
+):
+    # LATE's spans cover [S, S + 10 s); its native histograms give rates over [S + 4, S + 8) and
+    # [S + 15, S + 21): a window of [S - 1, S + 21) must put both on the same 120 columns.
+    _sign_in(page, collector)
+    start, end = SPAN_START_S - 1, SPAN_START_S + 21
+    page.goto(
+        f"{collector.url}/#/kernels?instance={LATE[0]}&gpu={LATE[1]}&from={start}&to={end}"
+        f"&kernel={quote(KERNELS[0])}"
+    )
+    page.wait_for_selector("#heatmap[data-spans]")
+    page.wait_for_selector("#native-heatmap[data-columns]")
+    spans, native = _axis(page, "#heatmap"), _axis(page, "#native-heatmap")
+    assert spans == native
+    step = float(spans["step"] or 0)
+    assert spans["columns"] == "120"
+    assert float(spans["t0"] or 0) == start
+    assert end <= float(spans["t1"] or 0) < end + step
+    assert len((spans["ticks"] or "").split()) == 5
+    # ... and each chart's data sits in the columns of its own time: the spans from S, the histogram's
+    # rates from S + 4 (a column later at most: the first rate needs its second sample), in two runs.
+    span_runs = _runs(page.get_attribute("#heatmap", "data-filled") or "")
+    native_runs = _runs(page.get_attribute("#native-heatmap", "data-filled") or "")
+    assert span_runs[0][0] == int(1 / step)  # S is 1 s into the window
+    assert span_runs[-1][1] == int(11 / step - 1e-9)
+    assert len(native_runs) == 2, native_runs
+    assert int(5 / step) <= native_runs[0][0] <= int(5 / step) + 1
+    assert native_runs[0][1] < int(16 / step) <= native_runs[1][0]
+    page.screenshot(path=tmp_path / "kernels-late.png", full_page=True)
 
 
 def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):

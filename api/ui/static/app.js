@@ -523,9 +523,11 @@ function heatGrid(points, times) {
   return { lo, hi, llo, span, cells, max };
 }
 
-function drawHeatmap(canvas, hover, points, times, fmtY) {
+// `axis` (a kernel page's timeAxis): draw on that shared time axis, `times` being its columns' ends.
+function drawHeatmap(canvas, hover, points, times, fmtY, axis = null) {
   const grid = heatGrid(points, times);
-  const LEFT = 64, BOTTOM = 18, width = Math.max(400, canvas.parentElement.clientWidth - 14), height = 240;
+  const LEFT = axis ? HEAT_LEFT : 64, BOTTOM = 18, height = 240;
+  const width = axis ? HEAT_WIDTH : Math.max(400, canvas.parentElement.clientWidth - 14);
   canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
   canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
   canvas.dataset.columns = String(times.length);
@@ -533,6 +535,12 @@ function drawHeatmap(canvas, hover, points, times, fmtY) {
   const ctx = canvas.getContext("2d");
   ctx.scale(devicePixelRatio, devicePixelRatio);
   ctx.font = "11px system-ui, sans-serif";
+  if (axis) {
+    const filled = [];
+    if (grid) for (let c = 0; c < times.length; c++) if (grid.cells.subarray(c * HEAT_ROWS, (c + 1) * HEAT_ROWS).some((v) => v > 0)) filled.push(c);
+    markAxis(canvas, axis, filled);
+    drawTimeAxis(ctx, axis, LEFT, width, height);
+  }
   if (!grid || grid.max <= 0) { ctx.fillText("no observations in the range", LEFT, 20); return; }
   const cw = (width - LEFT) / times.length, rh = (height - BOTTOM) / HEAT_ROWS;
   for (let c = 0; c < times.length; c++) {
@@ -550,16 +558,19 @@ function drawHeatmap(canvas, hover, points, times, fmtY) {
     const b = Math.exp(grid.llo + (grid.span * k) / 4);
     ctx.fillText(fmtY(b), 4, height - BOTTOM - (k * (height - BOTTOM)) / 4 + (k === 0 ? -2 : 10));
   }
-  for (let k = 0; k <= 4; k++) {
-    const t = times[Math.min(times.length - 1, Math.round(((times.length - 1) * k) / 4))];
-    ctx.fillText(new Date(t * 1000).toLocaleTimeString(), LEFT + ((width - LEFT - 60) * k) / 4, height - 4);
+  if (!axis) {
+    for (let k = 0; k <= 4; k++) {
+      const t = times[Math.min(times.length - 1, Math.round(((times.length - 1) * k) / 4))];
+      ctx.fillText(new Date(t * 1000).toLocaleTimeString(), LEFT + ((width - LEFT - 60) * k) / 4, height - 4);
+    }
   }
   canvas.onmousemove = (ev) => {
     const rect = canvas.getBoundingClientRect();
     const c = Math.floor((ev.clientX - rect.left - LEFT) / cw), r = HEAT_ROWS - 1 - Math.floor((ev.clientY - rect.top) / rh);
     if (c < 0 || c >= times.length || r < 0 || r >= HEAT_ROWS) return;
     const a = Math.exp(grid.llo + (grid.span * r) / HEAT_ROWS), b = Math.exp(grid.llo + (grid.span * (r + 1)) / HEAT_ROWS);
-    hover.textContent = `${new Date(times[c] * 1000).toLocaleTimeString()}  ${fmtY(a)} .. ${fmtY(b)}: ${fmtSI(grid.cells[c * HEAT_ROWS + r])}`;
+    const when = axis ? `${utcClock(axis.t0 + c * axis.step, axis)} to ${utcClock(axis.t0 + (c + 1) * axis.step, axis)} UTC` : new Date(times[c] * 1000).toLocaleTimeString();
+    hover.textContent = `${when}  ${fmtY(a)} .. ${fmtY(b)}: ${fmtSI(grid.cells[c * HEAT_ROWS + r])}`;
   };
 }
 
@@ -632,6 +643,56 @@ function fmtNs(ns) {
   return `${ns} ns`;
 }
 
+// The kernels page's two heatmaps (a kernel's spans, its native histogram) share one time axis, so
+// that a column of one is the same stretch of time as the column under it in the other, whatever
+// each has data for: HEAT_COLS columns of `step` seconds from the window's start, the step in whole
+// milliseconds (what the range query's step is), at the same left edge and width.
+const HEAT_COLS = 120, HEAT_LEFT = 70, HEAT_WIDTH = 960;
+
+function timeAxis(w) {
+  const stepMs = Math.max(1, Math.ceil(((w.to - w.from) * 1000) / HEAT_COLS));
+  const cols = Math.max(1, Math.ceil(((w.to - w.from) * 1000) / stepMs));
+  const axis = { t0: w.from, step: stepMs / 1000, cols, t1: w.from + (cols * stepMs) / 1000 };
+  // Five ticks, at the start, the quarters and the end; in milliseconds only where a column is
+  // under a second and a tick falls between seconds (wider columns: the nearest second is within
+  // half a column, and "12:08:25.352" is noise over a 15-minute window).
+  const at = [0, 1, 2, 3, 4].map((k) => axis.t0 + ((axis.t1 - axis.t0) * k) / 4);
+  axis.ms = axis.step < 1 && at.some((t) => Math.round(t * 1000) % 1000 !== 0);
+  axis.ticks = at.map((t) => ({ t, label: utcClock(t, axis) }));
+  return axis;
+}
+
+function utcClock(t, axis) {
+  return axis.ms ? new Date(Math.round(t * 1000)).toISOString().slice(11, 23) : new Date(Math.round(t) * 1000).toISOString().slice(11, 19);
+}
+
+// Ticks and their times under a heatmap on `axis`: the same for every heatmap drawn on it.
+function drawTimeAxis(ctx, axis, left, width, height) {
+  ctx.save();
+  ctx.fillStyle = "#555"; ctx.strokeStyle = "#999";
+  axis.ticks.forEach(({ label }, k) => {
+    const x = left + ((width - left) * k) / 4;
+    ctx.beginPath(); ctx.moveTo(x + 0.5, height - 17); ctx.lineTo(x + 0.5, height - 13); ctx.stroke();
+    ctx.textAlign = k === 0 ? "left" : k === 4 ? "right" : "center";
+    ctx.fillText(label, x, height - 3);
+  });
+  ctx.restore();
+}
+
+// The axis a heatmap canvas is drawn on, and its columns with data, for tests and for whoever reads
+// the page's DOM: equal attributes on two canvases mean equal x axes.
+function markAxis(canvas, axis, filled) {
+  const runs = [];
+  for (const c of filled) {
+    if (runs.length && runs[runs.length - 1][1] === c - 1) runs[runs.length - 1][1] = c;
+    else runs.push([c, c]);
+  }
+  Object.assign(canvas.dataset, {
+    t0: String(axis.t0), t1: String(axis.t1), step: String(axis.step), columns: String(axis.cols),
+    ticks: axis.ticks.map((k) => k.label).join(" "), filled: runs.map(([a, b]) => `${a}-${b}`).join(","),
+  });
+}
+
 async function pageKernels(params) {
   const w = windowOf(params);
   main.innerHTML = `<h1>Kernels</h1>${windowForm(w, "kernels")}<div id="k-body"></div>`;
@@ -651,20 +712,23 @@ async function pageKernels(params) {
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
     <div id="k-heatmap"></div>
     <div id="k-native"></div>`;
-  if (kernel) await Promise.all([kernelHeatmap(w, kernel), kernelNativeHeatmap(w, kernel)]);
+  const axis = timeAxis(w);
+  if (kernel) await Promise.all([kernelHeatmap(w, kernel, axis), kernelNativeHeatmap(w, kernel, axis)]);
 }
 
 // The same kernel's latency from its native histogram (kernel_duration_seconds, shipped by the agent
 // every second): any window, every launch counted, not only the spans the agent kept.
-async function kernelNativeHeatmap(w, kernel) {
+async function kernelNativeHeatmap(w, kernel, axis) {
   const box = document.getElementById("k-native");
   const str = (v) => `"${String(v).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
-  const step = Math.max(1, Math.ceil((w.to - w.from) / 120));
-  const range = Math.max(5, 2 * step);
-  const query = `sum(rate(kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}[${range}s]))`;
+  // One point per column, at the column's end, over the column (at least 5 s: the agent ships a
+  // histogram a second and a rate needs two), so the columns hold the same time as the span
+  // heatmap's; a point the query has no data for leaves its column empty.
+  const stepMs = Math.round(axis.step * 1000), rangeMs = Math.max(5000, stepMs);
+  const query = `sum(rate(kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}[${rangeMs}ms]))`;
   let res;
   try {
-    res = await api("/api/v1/query_range", form({ query, start: w.from, end: w.to, step }));
+    res = await api("/api/v1/query_range", form({ query, start: axis.t0 + axis.step, end: axis.t1, step: axis.step }));
   } catch (err) {
     box.innerHTML = `<p class="error">${esc(String(err.message || err))}</p>`;
     return;
@@ -676,16 +740,23 @@ async function kernelNativeHeatmap(w, kernel) {
     return;
   }
   box.innerHTML = `<h1>From its native histogram</h1>
-    <p class="muted">every launch in the window, rate per second, ${step} s columns · <a href="${explore}">open the query in Explore</a></p>
+    <p class="muted">every launch in the window, rate per second over ${fmtNs(rangeMs * 1e6)}, ${fmtNs(stepMs * 1e6)} columns (the time axis of the span heatmap above) · <a href="${explore}" id="native-explore">open the query in Explore</a></p>
     <div class="chart heatmap"><canvas id="native-heatmap"></canvas><div class="muted hm-hover" id="native-hover">&nbsp;</div></div>`;
-  const times = series[0].histograms.map((p) => p[0]);
-  drawHeatmap(document.getElementById("native-heatmap"), document.getElementById("native-hover"), series[0].histograms, times, (v) => fmtNs(Math.round(v * 1e9)));
+  // Each point goes to the column it ends, by its time, not by its place in the answer: a series that
+  // starts late or has gaps keeps its columns where the span heatmap has them.
+  const times = Array.from({ length: axis.cols }, (_, c) => axis.t0 + (c + 1) * axis.step);
+  const points = [];
+  for (const [t, h] of series[0].histograms) {
+    const c = Math.round((t - axis.t0) / axis.step) - 1;
+    if (c >= 0 && c < axis.cols) points.push([times[c], h]);
+  }
+  drawHeatmap(document.getElementById("native-heatmap"), document.getElementById("native-hover"), points, times, (v) => fmtNs(Math.round(v * 1e9)), axis);
 }
 
 const HEATMAP_MAX_SPANS = 50000;
 
 // Latency over time for one kernel: time columns x log-duration rows, darker = more spans.
-async function kernelHeatmap(w, kernel) {
+async function kernelHeatmap(w, kernel, axis) {
   const box = document.getElementById("k-heatmap");
   box.innerHTML = `<p class="muted">Loading the spans of ${esc(kernel)}…</p>`;
   const re = kernel.replace(/[\\^$.|?*+()[\]{}]/g, "\\$&"); // the API anchors the RE2 regex
@@ -699,21 +770,21 @@ async function kernelHeatmap(w, kernel) {
     for (const sp of page.spans) { start.push(sp.start_ns); dur.push(sp.duration_ns); }
     cursor = page.next_cursor;
   } while (cursor && start.length < HEATMAP_MAX_SPANS);
-  const COLS = 120, ROWS = 40, W = 960, H = 320, LEFT = 70, BOTTOM = 20;
-  const t0 = w.from * 1e9, t1 = w.to * 1e9;
+  const COLS = axis.cols, ROWS = 40, W = HEAT_WIDTH, H = 320, LEFT = HEAT_LEFT, BOTTOM = 20;
+  const t0 = axis.t0 * 1e9, stepNs = axis.step * 1e9;
   const dMin = dur.reduce((m, d) => (d < m ? d : m), Infinity), dMax = dur.reduce((m, d) => (d > m ? d : m), 0);
   const lo = Math.log(Math.max(1, Math.min(dMin, dMax))), hi = Math.log(Math.max(2, dMax)) + 1e-9;
   const bins = new Uint32Array(COLS * ROWS);
   let maxCount = 0;
   for (let i = 0; i < start.length; i++) {
-    const c = Math.min(COLS - 1, Math.floor((start[i] - t0) / (t1 - t0) * COLS));
+    const c = Math.max(0, Math.min(COLS - 1, Math.floor((start[i] - t0) / stepNs)));
     const r = Math.min(ROWS - 1, Math.floor((Math.log(Math.max(1, dur[i])) - lo) / (hi - lo) * ROWS));
     const n = ++bins[r * COLS + c];
     if (n > maxCount) maxCount = n;
   }
   box.innerHTML = `<h1>Latency heatmap: <code>${esc(kernel)}</code></h1>
-    <p class="muted" id="heatmap-info">${start.length} spans${cursor ? ` (the first ${start.length}: the window holds more; narrow it)` : ""}; duration on a log scale, ${fmtNs(Math.round(Math.exp(lo)))} to ${fmtNs(Math.round(Math.exp(hi)))}; darker: more spans</p>
-    <canvas id="heatmap" data-spans="${start.length}" data-truncated="${cursor ? "true" : "false"}" data-max-count="${maxCount}"></canvas>`;
+    <p class="muted" id="heatmap-info">${start.length} spans${cursor ? ` (the first ${start.length}: the window holds more; narrow it)` : ""}; duration on a log scale, ${fmtNs(Math.round(Math.exp(lo)))} to ${fmtNs(Math.round(Math.exp(hi)))}; ${axis.cols} columns of ${fmtNs(Math.round(axis.step * 1e9))}; darker: more spans</p>
+    <div class="chart heatmap"><canvas id="heatmap" data-spans="${start.length}" data-truncated="${cursor ? "true" : "false"}" data-max-count="${maxCount}"></canvas></div>`;
   const canvas = document.getElementById("heatmap");
   canvas.width = W * devicePixelRatio; canvas.height = H * devicePixelRatio;
   canvas.style.width = `${W}px`; canvas.style.height = `${H}px`;
@@ -732,8 +803,11 @@ async function kernelHeatmap(w, kernel) {
   for (let k = 0; k <= 4; k++) {
     const d = Math.exp(lo + (hi - lo) * k / 4);
     ctx.fillText(fmtNs(Math.round(d)), 2, H - BOTTOM - (H - BOTTOM) * k / 4 + (k === 0 ? -2 : k === 4 ? 10 : 4));
-    ctx.fillText(`+${fmtNs(Math.round((t1 - t0) * k / 4))}`, LEFT + (W - LEFT - 50) * k / 4, H - 4);
   }
+  drawTimeAxis(ctx, axis, LEFT, W, H);
+  const filled = [];
+  for (let c = 0; c < COLS; c++) for (let r = 0; r < ROWS; r++) if (bins[r * COLS + c]) { filled.push(c); break; }
+  markAxis(canvas, axis, filled);
 }
 
 const LANE_H = 22;
