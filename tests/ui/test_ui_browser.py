@@ -303,6 +303,39 @@ def test_kernels_two_heatmaps_share_one_time_axis_when_the_histograms_start_late
     page.screenshot(path=tmp_path / "kernels-late.png", full_page=True)
 
 
+def test_kernels_explore_link_carries_the_chosen_window(page, collector, tmp_path):
+    _sign_in(page, collector)
+    page.goto(f"{collector.url}/#/kernels?instance=node-0001&gpu=0")  # the last 15 minutes
+    page.wait_for_selector("#kernels")
+    # The user chooses the spans' window instead (UTC, as the form shows it), then a kernel.
+    start, end = SPAN_START_S - 1, SPAN_START_S + 11
+    page.fill("#w-from", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start)))
+    page.fill("#w-to", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(end)))
+    page.click("#w-form button")
+    page.wait_for_function(f"location.hash.includes('from={start}')")
+    page.locator("#kernels tr.kernel a").first.click()
+    page.wait_for_selector("#native-heatmap[data-columns]")
+    page.click("text=open the query in Explore")
+    page.wait_for_selector("#heatmaps canvas[data-columns]")
+    assert f"from={start}" in page.url
+    assert f"to={end}" in page.url
+    assert "range=" not in page.url
+    assert page.input_value("#range") == "window"
+    shown = page.locator("#q-range")
+    assert (shown.get_attribute("data-start"), shown.get_attribute("data-end")) == (str(start), str(end))
+    assert int(page.get_attribute("#heatmaps canvas", "data-observations") or 0) > 0  # the window has data
+    assert time.strftime("%H:%M:%S", time.gmtime(end)) in page.inner_text("#q-table")  # instant at its end
+    page.screenshot(path=tmp_path / "explore-window.png", full_page=True)
+    # Run keeps the window; picking a relative range leaves it.
+    page.click("#run")
+    page.wait_for_selector("#heatmaps canvas[data-columns]")
+    assert f"from={start}" in page.url
+    page.select_option("#range", "15m")
+    page.wait_for_function("location.hash.includes('range=15m')")
+    assert "from=" not in page.url
+    assert float(shown.get_attribute("data-end") or 0) > end
+
+
 def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
     _sign_in(page, collector)
     # The histograms are 13 s of data from when the module was imported (minutes ago in a full

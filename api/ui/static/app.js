@@ -288,26 +288,43 @@ function seriesName(metric) {
   return rest ? `${name}{${rest}}` : name || "{}";
 }
 
+// A fixed window from the URL (`from` and `to`, unix seconds, as the kernels and timeline pages
+// pass theirs), null without one; an error message for one that is not a window.
+function fixedWindow(params) {
+  if (!params.has("from") && !params.has("to")) return null;
+  const from = Number(params.get("from")), to = Number(params.get("to"));
+  if (!params.get("from") || !params.get("to") || !Number.isFinite(from) || !Number.isFinite(to)) return { error: "from and to must both be unix seconds" };
+  if (!(to > from)) return { error: "to must be after from" };
+  return { from, to };
+}
+
 async function pageExplore(params) {
   const q = params.get("q") || "";
-  const range = RANGES[params.get("range")] ? params.get("range") : "1h";
+  const fixed = fixedWindow(params);
+  const win = fixed && !fixed.error ? fixed : null;
+  const range = win ? "window" : RANGES[params.get("range")] ? params.get("range") : "1h";
+  // A fixed window is one more choice of the range list, selected; picking a relative range leaves it.
+  const winOption = win ? `<option value="window" selected>${esc(fmtTime(win.from * 1000))} to ${esc(fmtTime(win.to * 1000))}</option>` : "";
   main.innerHTML = `<h1>Explore</h1>
     <div class="editor"><pre id="q-hl" aria-hidden="true"></pre><textarea id="q" spellcheck="false" placeholder="kql, e.g. sum by (instance) (gpu_memory_free_bytes)">${esc(q)}</textarea></div>
     <div class="suggest" id="suggest"></div>
     <div class="toolbar">
       <button id="run" type="button">Run</button>
-      <label>Range <select id="range">${Object.keys(RANGES).map((r) => `<option${r === range ? " selected" : ""}>${r}</option>`).join("")}</select></label>
+      <label>Range <select id="range">${winOption}${Object.keys(RANGES).map((r) => `<option${r === range ? " selected" : ""}>${r}</option>`).join("")}</select></label>
       <span class="muted">Ctrl+Enter runs; Tab takes the first completion. The URL carries the query and range.</span>
     </div>
+    ${fixed && fixed.error ? `<p class="error" id="q-window-error">Window ignored (${esc(fixed.error)}): showing the last ${range}.</p>` : ""}
     <div id="q-error"></div>
     <div class="chart" id="chart" hidden></div>
     <div id="heatmaps" hidden></div>
+    <p class="muted" id="q-range"></p>
     <div id="q-table"></div>`;
   const ta = document.getElementById("q");
   const run = () => {
-    const p = new URLSearchParams({ q: ta.value, range: document.getElementById("range").value });
+    const chosen = document.getElementById("range").value;
+    const p = new URLSearchParams(chosen === "window" ? { q: ta.value, from: win.from, to: win.to } : { q: ta.value, range: chosen });
     setHashParams("explore", p);
-    runQuery(ta.value, RANGES[p.get("range")]);
+    runQuery(ta.value, chosen === "window" ? win : null, RANGES[chosen]);
   };
   document.getElementById("run").addEventListener("click", run);
   document.getElementById("range").addEventListener("change", run);
@@ -324,7 +341,7 @@ async function pageExplore(params) {
   ta.addEventListener("scroll", paint);
   paint();
   loadNames().catch(() => {});
-  if (q) runQuery(q, RANGES[range]);
+  if (q) runQuery(q, win, RANGES[range]);
 }
 
 // Syntax highlighting under the (transparent) textarea: strings, numbers and durations, comments,
@@ -396,12 +413,17 @@ function showError(query, err) {
   box.innerHTML = `<p class="error" id="q-message">${esc(err.type)}: ${esc(err.message)}</p>${caret}`;
 }
 
-async function runQuery(query, rangeS) {
+// Over `win` ({from, to}, unix seconds) when the page has a fixed window, else the last `rangeS`
+// seconds; the instant query at the range's end.
+async function runQuery(query, win, rangeS) {
   document.getElementById("q-error").innerHTML = "";
   document.getElementById("q-table").innerHTML = `<p class="muted">Running…</p>`;
-  const end = Date.now() / 1000;
-  const start = end - rangeS;
-  const step = Math.max(1, Math.ceil(rangeS / 240));
+  const end = win ? win.to : Date.now() / 1000;
+  const start = win ? win.from : end - rangeS;
+  const step = Math.max(1, Math.ceil((end - start) / 240));
+  const shown = document.getElementById("q-range");
+  Object.assign(shown.dataset, { start: String(start), end: String(end), step: String(step) });
+  shown.textContent = `range ${fmtTime(start * 1000)} to ${fmtTime(end * 1000)} (UTC), ${step} s steps; the table at its end`;
   let inst, rng;
   try {
     [inst, rng] = await Promise.all([
@@ -415,7 +437,7 @@ async function runQuery(query, rangeS) {
     showError(query, err);
     return;
   }
-  renderTable(inst.data, inst.warnings);
+  renderTable(inst.data, inst.warnings, win ? fmtTime(end * 1000) : "now");
   if (rng instanceof Error) {
     document.getElementById("chart").hidden = true;
     document.getElementById("heatmaps").hidden = true;
@@ -426,7 +448,7 @@ async function runQuery(query, rangeS) {
   }
 }
 
-function renderTable(data, warnings) {
+function renderTable(data, warnings, at) {
   const out = document.getElementById("q-table");
   const warn = (warnings || []).map((w) => `<p class="muted">warning: ${esc(w)}</p>`).join("");
   if (data.resultType === "scalar" || data.resultType === "string") {
@@ -438,7 +460,7 @@ function renderTable(data, warnings) {
     const v = s.value ? s.value[1] : s.values ? `${s.values.length} samples` : h ? `histogram: count ${h.count}, sum ${h.sum}, ${(h.buckets || []).length} buckets` : "";
     return `<tr><td>${esc(seriesName(s.metric))}</td><td class="num">${esc(v)}</td></tr>`;
   });
-  out.innerHTML = `${warn}<p class="muted">${rows.length} series (instant, now)</p>
+  out.innerHTML = `${warn}<p class="muted">${rows.length} series (instant, ${esc(at)})</p>
     <table id="result-table"><tr><th>series</th><th>value</th></tr>${rows.join("") || `<tr><td colspan="2" class="muted">no data</td></tr>`}</table>`;
 }
 
@@ -734,7 +756,7 @@ async function kernelNativeHeatmap(w, kernel, axis) {
     return;
   }
   const series = res.data.result.filter((s) => s.histograms && s.histograms.length);
-  const explore = `#/explore?${new URLSearchParams({ q: query, range: "1h" })}`;
+  const explore = `#/explore?${new URLSearchParams({ q: query, from: w.from, to: w.to })}`;
   if (!series.length) {
     box.innerHTML = `<p class="muted" id="native-none">No native histogram of this kernel in the window (agents older than wire version 2 ship spans only).</p>`;
     return;
