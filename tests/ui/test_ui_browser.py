@@ -424,6 +424,59 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert (cats[("X", "nccl")], cats[("i", "memory")], cats[("X", "sync")]) == (NCCL_OPS, MEMORY_OPS, SYNCS)
 
 
+def test_timeline_without_spans_says_what_is_empty_and_what_to_try(page, collector, tmp_path):
+    _sign_in(page, collector)
+    # An instance the collector does not know: no chart, no spinner, the name called out.
+    page.goto(
+        f"{collector.url}/#/timeline?instance=node-9999&gpu=0&from={SPAN_START_S}&to={SPAN_START_S + 10}"
+    )
+    page.wait_for_selector("#t-empty, #t-count")
+    assert page.locator("#t-empty").count() == 1
+    note = page.inner_text("#t-empty")
+    assert "No kernel spans of node-9999 GPU 0" in note
+    assert "knows no instance node-9999" in note
+    assert "wider window" in note
+    assert "slow tail and a sample" in note
+    assert page.get_attribute("#t-empty", "data-known") == "false"
+    assert page.locator("#t-canvas").count() == 0
+    assert page.locator("#t-status").count() == 0  # "Loading spans..." is gone
+    page.screenshot(path=tmp_path / "timeline-unknown.png", full_page=True)
+
+    # A known GPU, a window before its spans: the same note without the unknown name; its "last
+    # hour" link reaches the spans (written two minutes before the module's start).
+    page.goto(
+        f"{collector.url}/#/timeline?instance=node-0001&gpu=0&from={SPAN_START_S - 3600}&to={SPAN_START_S - 3000}"
+    )
+    page.wait_for_selector("#t-empty")
+    assert page.get_attribute("#t-empty", "data-known") == "true"
+    assert "knows no instance" not in page.inner_text("#t-empty")
+    assert page.locator("#t-canvas").count() == 0
+    page.click("#t-empty-hour")
+    page.wait_for_selector("#t-count", timeout=60_000)
+    assert page.get_attribute("#t-count", "data-spans") == str(SPANS)
+
+    # A GPU with NVML samples (the fleet's, from 30 s before the collector started) but no spans:
+    # the note, and the samples still drawn under it. The window ends now: in a full run the module
+    # can start many minutes after SPAN_START_S was taken.
+    now = int(time.time())
+    page.goto(f"{collector.url}/#/timeline?instance=node-0001&gpu=3&from={now - 900}&to={now}")
+    page.wait_for_selector("#t-empty")
+    page.wait_for_selector("#t-canvas")
+    assert page.get_attribute("#t-count", "data-spans") == "0"
+    assert "sm_utilization:3" in (page.get_attribute("#t-count", "data-tracks") or "")
+    page.screenshot(path=tmp_path / "timeline-no-spans.png", full_page=True)
+
+    # A window that is not one is refused in the page, before the API is asked.
+    page.goto(
+        f"{collector.url}/#/timeline?instance=node-0001&gpu=0&from={SPAN_START_S}&to={SPAN_START_S - 5}"
+    )
+    page.wait_for_selector("#w-error")
+    assert "end must be after its start" in page.inner_text("#w-error")
+    page.goto(f"{collector.url}/#/kernels?instance=node-0001&gpu=x&from={SPAN_START_S}&to={SPAN_START_S + 5}")
+    page.wait_for_selector("#w-error")
+    assert 'GPU must be a number from 0 to 65535, not "x"' in page.inner_text("#w-error")
+
+
 def test_a_token_revoked_while_signed_in_sends_the_page_back_to_sign_in(page, collector, refused_requests):
     tokens = TokenStore(collector.stderr.parent / "tokens.json")  # the collector's token file
     created = tokens.create("ui-revoke", ["read"])

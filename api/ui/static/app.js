@@ -653,6 +653,14 @@ function bindWindowForm(page) {
   });
 }
 
+// What is wrong with a window, before the API is asked (it would answer 400, the same words): "" if nothing.
+function windowProblem(w) {
+  if (!/^\d+$/.test(w.gpu) || Number(w.gpu) > 65535) return `GPU must be a number from 0 to 65535, not "${w.gpu}".`;
+  if (!(w.to > w.from)) return "The window's end must be after its start.";
+  if (w.to - w.from > 86400) return `The window is ${Math.round(w.to - w.from)} s long; at most 24 hours (86400 s).`;
+  return "";
+}
+
 function windowQuery(w) {
   return new URLSearchParams({ instance: w.instance, gpu: w.gpu, from: w.from, to: w.to });
 }
@@ -720,6 +728,8 @@ async function pageKernels(params) {
   main.innerHTML = `<h1>Kernels</h1>${windowForm(w, "kernels")}<div id="k-body"></div>`;
   bindWindowForm("kernels");
   if (!w.instance) { document.getElementById("k-body").innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  const problem = windowProblem(w);
+  if (problem) { document.getElementById("k-body").innerHTML = `<p class="error" id="w-error">${esc(problem)}</p>`; return; }
   const q = windowQuery(w);
   q.set("kernels", "100");
   const s = await api(`/v1/timeline/summary?${q}`);
@@ -838,12 +848,35 @@ const MAX_ARROWS = 300;
 const CALL_COLOURS = { alloc: "#2e9b4f", alloc_async: "#2e9b4f", free: "#e67e22", free_async: "#e67e22", memcpy: "#4a7bd0" };
 const COLOURS = ["#4a7bd0", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22", "#c0392b", "#34495e"];
 
+// What a timeline without spans says: which window of which GPU is empty, and what to try. Whether
+// the collector knows the instance at all comes from its instance list (a 404 from
+// /v1/instances/ID would be one more error in the browser's console for a plain "no such name").
+async function emptyTimelineNote(w) {
+  let known = null;
+  try {
+    known = (await api("/v1/instances")).instances.some((i) => i.id === w.instance);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) throw err;
+  }
+  const now = Math.floor(Date.now() / 1000);
+  const around = (s) => `#/timeline?${windowQuery({ ...w, from: now - s, to: now })}`;
+  const tips = [];
+  if (known === false) tips.push(`The collector knows no instance <code>${esc(w.instance)}</code> (none reports health under that name): check the name on the <a href="#/fleet">Fleet</a> page, or start its agent.`);
+  tips.push(`Try a wider window: <a href="${around(3600)}" id="t-empty-hour">the last hour</a> or <a href="${around(86400)}">the last 24 hours</a> (a window is at most 24 hours).`);
+  tips.push(`The agent ships the slow tail and a sample of the spans only (and every span of a capture window, <code>ki timeline capture</code>), so a GPU can run kernels the timeline never shows: the <a href="#/kernels?${windowQuery(w)}">Kernels</a> page counts every launch of this window from the kernels' native histograms.`);
+  return `<div class="placeholder" id="t-empty" data-known="${known === null ? "" : String(known)}">
+    <p><b>No kernel spans</b> of <code>${esc(w.instance)}</code> GPU ${esc(w.gpu)} from ${esc(fmtTime(w.from * 1000))} to ${esc(fmtTime(w.to * 1000))}.</p>
+    <ul>${tips.map((t) => `<li>${t}</li>`).join("")}</ul></div>`;
+}
+
 async function pageTimeline(params) {
   const w = windowOf(params);
   main.innerHTML = `<h1>Timeline</h1>${windowForm(w, "timeline")}<div id="t-body"></div>`;
   bindWindowForm("timeline");
   const body = document.getElementById("t-body");
   if (!w.instance) { body.innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  const problem = windowProblem(w);
+  if (problem) { body.innerHTML = `<p class="error" id="w-error">${esc(problem)}</p>`; return; }
   body.innerHTML = `<p class="muted" id="t-status">Loading spans…</p>`;
   // Every page of the window (10,000 spans each), into columns: a 100,000-span window is ~10 requests.
   const names = [], nameIx = new Map(), streams = new Map(), threads = new Map();
@@ -912,7 +945,11 @@ async function pageTimeline(params) {
   tl.maxLead = order.reduce((m, i) => Math.max(m, tl.start[i] - L[i], H[i]), 0);
   tl.arrows = 0; tl.inView = 0;
   start = dur = lane = kern = launch = thread = hostNs = null;
-  body.innerHTML = `<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}" data-tracks="${esc(tracks.map((k) => `${k.name}:${k.t.length}`).join(","))}" data-events="${events.length}" data-threads="${tl.threads.length}" data-launches="${tl.launchOrder.length}" data-calls="${esc(calls.map((c) => `${c.name}:${c.rows.length}`).join(","))}">${tl.start.length} spans on ${tl.lanes.length} streams${tl.threads.length ? `, launched from ${tl.threads.length} host threads` : ""}</span>
+  // No spans: say so, and what to try, rather than draw empty lanes. The GPU's other data of the
+  // window (NVML samples, calls, events), if any, is still drawn under the note.
+  const empty = tl.start.length === 0 ? await emptyTimelineNote(w) : "";
+  if (empty && !tracks.some((k) => k.t.length) && !calls.length && !events.length) { body.innerHTML = empty; return; }
+  body.innerHTML = `${empty}<div class="toolbar"><span id="t-count" data-spans="${tl.start.length}" data-lanes="${tl.lanes.length}" data-tracks="${esc(tracks.map((k) => `${k.name}:${k.t.length}`).join(","))}" data-events="${events.length}" data-threads="${tl.threads.length}" data-launches="${tl.launchOrder.length}" data-calls="${esc(calls.map((c) => `${c.name}:${c.rows.length}`).join(","))}">${tl.start.length} spans on ${tl.lanes.length} streams${tl.threads.length ? `, launched from ${tl.threads.length} host threads` : ""}</span>
       <span class="muted">wheel: zoom · drag: pan · double-click: whole window</span>
       <button type="button" id="t-export">Open in Perfetto (download trace)</button>
       <span id="t-range" class="muted"></span> <span id="t-arrows" class="muted"></span></div>
