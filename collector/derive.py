@@ -171,6 +171,7 @@ AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
     "histogram_refused": ("ki_agent_histogram_refused_total", "counter", 1.0),
     "histogram_increments": ("ki_agent_histogram_increments_total", "counter", 1.0),
     "histogram_evicted": ("ki_agent_histogram_evicted_total", "counter", 1.0),
+    "busy_drains": ("ki_agent_busy_drains_total", "counter", 1.0),
 }
 
 F64 = npt.NDArray[np.float64]

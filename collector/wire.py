@@ -203,6 +203,7 @@ class Counter(enum.IntEnum):
     HISTOGRAM_REFUSED = 34
     HISTOGRAM_INCREMENTS = 35
     HISTOGRAM_EVICTED = 36
+    BUSY_DRAINS = 37
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,6 +355,34 @@ def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condi
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class PacedProducer(threading.Thread):
+    """Writes KERNEL records into a ring at ``rate``/s in 10 ms steps, as a probe does: never
+    waits, a full ring drops (counted in ``dropped``); correlation numbers from ``base`` on are unique."""
+
+    def __init__(self, ring: Ring, rate: int, base: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.ring = ring
+        self.rate = rate
+        self.base = base
+        self.written = 0
+        self.dropped = 0
+        self.stop_flag = threading.Event()
+        self.names = [ring.intern(f"kernel_{i}") for i in range(4)]
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop_flag.is_set():
+            due = int((time.monotonic() - start) * self.rate)
+            now = time.time_ns()
+            while self.written < due:
+                n = self.written
+                rc = self.ring.kernel(self.names[n % 4], 0, now, now + 5000, 1, self.base + n)
+                if rc != 0:
+                    self.dropped += 1
+                self.written += 1
+            time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def setup(
     tmp: Path, binary: Path, name: str, capacity: int = 1 << 14, tls: ssl.SSLContext | None = None

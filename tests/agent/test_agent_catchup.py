@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from agent_harness import Collector, free_port, wait_for
+from agent_harness import Collector, PacedProducer, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the process helpers live with the benchmark that shares them
@@ -30,32 +29,6 @@ from kernel_insight.collector.keys import KeyStore  # noqa: E402
 OUTAGE_S = 30.0
 RATE = 500  # KERNEL records/s per agent: a steady load well below what one collector stores
 AGENTS = 2
-
-
-class Producer(threading.Thread):
-    """Writes KERNEL records into one ring at RATE/s in 10 ms steps; correlation numbers are unique."""
-
-    def __init__(self, ring: Ring, base: int) -> None:
-        super().__init__(daemon=True)
-        self.ring = ring
-        self.base = base
-        self.written = 0
-        self.dropped = 0
-        self.stop_flag = threading.Event()
-        self.names = [ring.intern(f"kernel_{i}") for i in range(4)]
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.stop_flag.is_set():
-            due = int((time.monotonic() - start) * RATE)
-            now = time.time_ns()
-            while self.written < due:
-                n = self.written
-                rc = self.ring.kernel(self.names[n % 4], 0, now, now + 5000, 1, self.base + n)
-                if rc != 0:
-                    self.dropped += 1
-                self.written += 1
-            time.sleep(0.01)
 
 
 def spooled(spool: Path) -> int:
@@ -80,7 +53,7 @@ def test_backlog_after_a_collector_outage_drains_five_times_faster_than_it_grew(
     collector = Collector(tmp_path / "data", tmp_path / "keys.json", port, tmp_path / "collector.log")
     rings: list[Ring] = []
     agents: list[subprocess.Popen[bytes]] = []
-    producers: list[Producer] = []
+    producers: list[PacedProducer] = []
     spools = [tmp_path / f"spool{i}" for i in range(AGENTS)]
     try:
         for i in range(AGENTS):
@@ -100,7 +73,7 @@ def test_backlog_after_a_collector_outage_drains_five_times_faster_than_it_grew(
                         stdout=log, stderr=subprocess.STDOUT,
                     )
                 )  # fmt: skip
-            producers.append(Producer(rings[i], base=i << 40))
+            producers.append(PacedProducer(rings[i], RATE, base=i << 40))
         for p in producers:
             p.start()
         time.sleep(3.0)  # steady state before the outage

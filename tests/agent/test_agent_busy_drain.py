@@ -1,0 +1,54 @@
+"""A ring that fills faster than the ticks drain it is drained before them (docs/agent.md, "The loop").
+
+At 1M kernels/s the default ring (65,536 slots) holds 65 ms of records, less than one 100 ms
+tick: without drains paced by the producers' rate, a probe that fast drops a third of what it
+writes. Scaled down here so the margins are wide on a loaded machine: a 8,192-slot ring at
+10k records/s (0.8 s of records) under a 4 s tick.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from agent_harness import PacedProducer, setup, wait_for
+
+from kernel_insight.collector import wire
+
+RATE = 10_000  # records/s
+CAPACITY = 8192  # slots: 0.8 s of records
+INTERVAL_MS = 4000  # a tick drains 5x the ring's worth
+
+
+def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: Path, tmp_path: Path) -> None:
+    with setup(tmp_path, agent_bin, f"/ki_test_busy.{os.getpid()}", capacity=CAPACITY) as s:
+        agent = s.start("--drain-interval-ms", str(INTERVAL_MS), "--histograms=1")
+        wait_for(lambda: "started:" in agent.log(), 20, "agent start")
+        t0 = time.monotonic()  # the agent's first tick (an empty ring) is now
+        producer = PacedProducer(s.ring, RATE)
+        producer.start()
+        try:
+            # The first tick that sees records (t0 + 4 s) gives the agent the producers' rate;
+            # it drains before the ticks from then on. Until then the ring overflows, as it
+            # must: the agent has not seen the rate yet.
+            time.sleep(max(0.0, t0 + 6.5 - time.monotonic()))
+            settled = s.ring.stats()["dropped"]
+            written_settled = producer.written
+            time.sleep(max(0.0, t0 + 10.5 - time.monotonic()))  # a tick at t0 + 8 s lies in between
+            end = s.ring.stats()["dropped"]
+            written_end = producer.written
+        finally:
+            producer.stop_flag.set()
+            producer.join()
+        assert settled > 0, "the ring never overflowed before the rate was known: the scenario did not happen"
+        assert written_end - written_settled > 3 * CAPACITY
+        assert producer.dropped == end  # the ring's count is the producer's
+        assert end == settled, (
+            f"{end - settled} of {written_end - written_settled} records dropped after the agent knew the rate"
+        )
+        wait_for(lambda: s.ring.stats()["fill"] == 0, 20, "the agent to drain the ring")
+        assert agent.stop() == 0
+    counters = s.receiver.got.last_counters()
+    assert counters.get(wire.Counter.BUSY_DRAINS, 0) >= 8, counters  # ~5 a second from t0 + 5 s
+    assert counters[wire.Counter.KERNELS_AGGREGATED] == written_end - end
