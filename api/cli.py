@@ -31,17 +31,19 @@ def token_store_path(explicit: str | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[TokenStoreBase]:
-    """The token file, or the token table of a ClickHouse URL (several collectors share it)."""
+def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[TokenStoreBase]:
+    """The token file, or the token table of a ClickHouse URL (several collectors share it). Only
+    ``create`` may start a new file; list and revoke refuse a path with no store."""
     from kernel_insight.collector.private_json import opened_secret_store
 
     target = args.store or os.environ.get("KI_TOKEN_STORE") or str(DEFAULT_TOKEN_STORE)
-    with opened_secret_store(target, TokenStore, open_token_store, TokenError) as tokens:
+    existing = None if create else "token store"
+    with opened_secret_store(target, TokenStore, open_token_store, TokenError, existing=existing) as tokens:
         yield tokens
 
 
 def _create(args: argparse.Namespace) -> int:
-    with _opened(args) as tokens:
+    with _opened(args, create=True) as tokens:
         created = tokens.create(args.name, args.scope)
     if args.json:
         print(json.dumps({"token": created.token, **asdict(created.info)}))

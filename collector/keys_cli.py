@@ -32,10 +32,12 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 @contextlib.contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[KeyStoreBase]:
-    """The file store, or the table store of a ClickHouse URL (closed again afterwards)."""
+def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[KeyStoreBase]:
+    """The file store, or the table store of a ClickHouse URL (closed again afterwards). Only
+    ``create`` (enrolling) may start a new file; the other commands refuse a path with no store."""
     target = args.store or os.environ.get("KI_KEY_STORE", str(DEFAULT_STORE))
-    with opened_secret_store(target, KeyStore, ClickHouseKeyStore, KeyStoreError) as store:
+    existing = None if create else "key store"
+    with opened_secret_store(target, KeyStore, ClickHouseKeyStore, KeyStoreError, existing=existing) as store:
         yield store
 
 
@@ -46,7 +48,7 @@ def _key_file(args: argparse.Namespace, creds: AgentCredentials) -> Path:
 
 
 def _add(args: argparse.Namespace) -> int:
-    with _opened(args) as store:
+    with _opened(args, create=True) as store:
         creds = store.add_agent(args.name, parse_label_args(args.label))
     path = _key_file(args, creds)
     print(

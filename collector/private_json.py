@@ -102,13 +102,20 @@ class PrivateJsonFile(Generic[K]):
         if stamp is None:
             self.records, self._stamp = {}, None
             return
-        mode = stat.S_IMODE(self.path.stat().st_mode)
+        st = self.path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a directory's mode would read as "readable by others"
+            raise self._error(f"{self._what} {self.path} is not a file")
+        mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
             raise self._error(
                 f"{self._what} {self.path} is readable by others (mode {mode:04o}): chmod 600 it"
             )
         try:
-            doc = json.loads(self.path.read_text())
+            text = self.path.read_text()
+        except OSError as exc:
+            raise self._error(f"{self._what} {self.path} cannot be read: {exc.strerror}") from None
+        try:
+            doc = json.loads(text)
             if doc.get("version") != self._version:
                 raise self._error(
                     f"{self._what} {self.path}: unsupported format version {doc.get('version')!r}"
@@ -316,15 +323,26 @@ S = TypeVar("S", bound=SecretStore[Any])
 
 @contextlib.contextmanager
 def opened_secret_store(
-    target: str, in_file: Callable[[Path], S], in_table: Callable[[Store], S], error: type[Exception]
+    target: str,
+    in_file: Callable[[Path], S],
+    in_table: Callable[[Store], S],
+    error: type[Exception],
+    *,
+    existing: str | None = None,
 ) -> Iterator[S]:
     """The file store at a path, or the table store of a ClickHouse URL (closed again afterwards).
 
     What ``ki keys --store`` and ``ki tokens --store`` open; a store that cannot be opened is
-    ``error`` with the reason.
+    ``error`` with the reason. ``existing`` (what the store is, e.g. ``key store``): the file must
+    be there already. A file store reads an absent file as an empty store, which is right for the
+    collector and for commands that add to it, but a command that only reads or edits what is
+    there would otherwise take a mistyped path for an empty store and say nothing.
     """
     if not is_store_url(target):
-        yield in_file(Path(target))
+        path = Path(target)
+        if existing is not None and not path.exists():
+            raise error(f"{existing} {path} does not exist")
+        yield in_file(path)
         return
     try:
         store = open_store(target)

@@ -144,3 +144,62 @@ def test_store_urls_are_told_from_paths():
     assert k.is_store_url("chdb://./d")
     assert not k.is_store_url("ki-data/keys.json")
     assert not k.is_store_url("./http://odd")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["list"], ["list", "--json"], ["rotate", "00" * 16], ["retire", "00" * 16, "1"], ["revoke", "00" * 16]],
+)
+def test_keys_commands_name_a_store_path_that_does_not_exist(tmp_path, capsys, args):
+    """``ki keys list --store /missing`` printed nothing and exited 0: an absent file read as an
+    empty store. Only add-agent may start a store; the rest name the path and exit 1."""
+    from kernel_insight.cli import main
+
+    store = tmp_path / "missing" / "keys.json"
+    assert main(["keys", *args, "--store", str(store)]) == 1
+    out = capsys.readouterr()
+    assert (out.out, out.err) == ("", f"ki keys: key store {store} does not exist\n")
+    assert not (tmp_path / "missing").exists()  # nothing made on the way (rotate used to mkdir it)
+
+
+def test_keys_list_names_a_store_that_is_a_directory_or_not_a_key_store(tmp_path, capsys):
+    from kernel_insight.cli import main
+
+    assert main(["keys", "list", "--store", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"ki keys: key store {tmp_path} is not a file\n"
+    other = tmp_path / "tokens.json"
+    other.write_text('{"version": 1, "tokens": []}')
+    other.chmod(0o600)
+    assert main(["keys", "list", "--store", str(other)]) == 1
+    assert capsys.readouterr().err == f"ki keys: key store {other} is corrupt (KeyError)\n"
+
+
+def test_keys_list_of_an_existing_empty_store_is_empty(tmp_path, capsys):
+    from kernel_insight.cli import main
+
+    path = tmp_path / "keys.json"
+    c = k.KeyStore(path).add_agent("a")
+    with k.KeyStore(path)._editing() as agents:
+        agents.pop(c.agent_id)
+    assert main(["keys", "list", "--store", str(path)]) == 0
+    assert main(["keys", "list", "--json", "--store", str(path)]) == 0
+    assert capsys.readouterr() == ("[]\n", "")  # the plain listing printed nothing
+
+
+def test_keys_list_names_a_store_it_cannot_read(store, tmp_path, capsys, monkeypatch):
+    """(As root every file reads, so the refusal is made here.) One line naming the store, not an errno repr."""
+    from pathlib import Path
+
+    from kernel_insight.cli import main
+
+    store.add_agent("a")
+
+    def refuse(self: Path, *args: object, **kw: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    assert main(["keys", "list", "--store", str(tmp_path / "keys.json")]) == 1
+    assert (
+        capsys.readouterr().err
+        == f"ki keys: key store {tmp_path / 'keys.json'} cannot be read: Permission denied\n"
+    )

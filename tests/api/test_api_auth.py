@@ -71,6 +71,16 @@ def test_ki_tokens_cli_creates_lists_and_revokes(tmp_path, capsys):
     assert "no token" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args", [["list"], ["list", "--json"], ["revoke", "nope"]])
+def test_ki_tokens_names_a_store_path_that_does_not_exist(tmp_path, capsys, args):
+    """An absent file read as an empty store: ``list`` printed nothing and exited 0."""
+    path = tmp_path / "missing" / "t.json"
+    assert main(["tokens", *args, "--store", str(path)]) == 1
+    out = capsys.readouterr()
+    assert (out.out, out.err) == ("", f"ki tokens: token store {path} does not exist\n")
+    assert not (tmp_path / "missing").exists()
+
+
 def _client(tokens: TokenStore | None, now_ms: int, local_dev: bool = False) -> TestClient:
     app, _ = build_app(FakeSource([facts("a", now_ms=now_ms)]), Authenticator(tokens, local_dev=local_dev))
     return TestClient(app)
