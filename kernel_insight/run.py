@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-from kernel_insight.server import port_number
+from kernel_insight.server import at_least, port_number
 
 __all__ = ["add_commands"]
 
@@ -223,29 +222,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(least: float) -> Callable[[str], float]:
-    """An argparse type: a number of seconds from ``least`` on (NaN and infinity refused)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not least <= value < math.inf:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds >= {least:g}, got {text!r}")
-        return value
-
-    return parse
-
-
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="the main job: collector + agent + simulated GPU, on this machine")
     p.add_argument("--data", default="./ki-data", help="data directory (default ./ki-data)")
     p.add_argument("--port", type=port_number, default=0, help="collector port (default: a free one)")
     p.add_argument(
-        "--seconds", type=_seconds(0), default=0, help="stop after this long (default 0: until Ctrl-C)"
+        "--seconds", type=at_least(0), default=0, help="stop after this long (default 0: until Ctrl-C)"
     )
-    p.add_argument("--every", type=_seconds(0.1), default=5.0, help="seconds between reports (default 5)")
+    p.add_argument("--every", type=at_least(0.1), default=5.0, help="seconds between reports (default 5)")
     p.add_argument(
         "--ring-prefix", default="run-", help="ring of the simulated GPU: /kernel_insight.<prefix>0"
     )

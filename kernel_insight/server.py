@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "AUTH_STORES",
     "DEFAULT_PORT",
     "add_commands",
+    "at_least",
     "auth_store_kind",
     "build_collector_app",
     "port_number",
@@ -179,6 +181,25 @@ def port_number(text: str) -> int:
     return port
 
 
+def at_least(least: float, unit: str = "seconds", *, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number of ``unit`` from ``least`` on (``above``: greater than it), for
+    ``ki collector``'s and ``ki run``'s periods, delays and sizes. NaN and infinity are refused: a
+    thread that waits 0 s (or NaN s) between runs spins (``--interval 0`` rebuilt the snapshot
+    without pause, a core's worth of CPU)."""
+    bound = f"> {least:g}" if above else f">= {least:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not ((least < value if above else least <= value) and value < math.inf):  # NaN: both False
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _tls(args: argparse.Namespace) -> Any:
     """``TlsFiles`` from --tls-cert/--tls-key/--tls-client-ca, None without them; ValueError when half given."""
     from kernel_insight.api.app import TlsFiles
@@ -219,20 +240,6 @@ def _histogram_base_bytes(args: argparse.Namespace) -> int:
     return int(args.histogram_base_mb * (1 << 20))
 
 
-def _check_periods(args: argparse.Namespace) -> None:
-    """Refuse periods of 0 or less (a thread that waits 0 s between runs spins: ``--interval 0``
-    rebuilt the snapshot without pause, a core's worth of CPU) and negative sizes and delays."""
-    for flag, value in (("--interval", args.interval), ("--stats-interval", args.stats_interval)):
-        if not 0 < value < math.inf:
-            raise ValueError(f"{flag} must be a positive number of seconds, got {value:g}")
-    if not 0 <= args.rules_resend_delay < math.inf:
-        raise ValueError(
-            f"--rules-resend-delay must be a number of seconds >= 0, got {args.rules_resend_delay:g}"
-        )
-    if args.query_cache_mb is not None and not 0 <= args.query_cache_mb < math.inf:
-        raise ValueError(f"--query-cache-mb must be a number of MiB >= 0, got {args.query_cache_mb:g}")
-
-
 def _health_rule(args: argparse.Namespace) -> HealthRule:
     from kernel_insight.api.health import HealthRule
 
@@ -252,7 +259,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
-        _check_periods(args)
         tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)
         if tls is not None:
             tls.context()  # refuse bad certificate files before opening the store
@@ -354,12 +360,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument(
         "--query-cache-mb",
-        type=float,
+        type=at_least(0, "MiB"),
         default=None,
         help="memory for decoded past hours that kql re-reads (default 256 for a data directory, "
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
     )
-    s.add_argument("--interval", type=float, default=5.0, help="seconds between health snapshot rebuilds")
+    s.add_argument(
+        "--interval",
+        type=at_least(0, above=True),
+        default=5.0,
+        help="seconds between health snapshot rebuilds",
+    )
     s.add_argument(
         "--sync-keep-us",
         type=float,
@@ -396,7 +407,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument(
         "--stats-interval",
-        type=float,
+        type=at_least(0, above=True),
         default=DEFAULT_STORE_STATS_INTERVAL_S,
         help=f"seconds between reads of the store's parts per table for /metrics "
         f"(default {DEFAULT_STORE_STATS_INTERVAL_S:g})",
@@ -421,7 +432,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     from kernel_insight.rules.manager import add_rule_arguments
 
-    add_rule_arguments(s)
+    add_rule_arguments(s, seconds=at_least(0))
     t = s.add_argument_group("TLS (docs/security.md)")
     t.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (chain)")
     t.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")

@@ -381,8 +381,10 @@ class RuleManager:
         }
 
 
-def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
-    """``ki collector``'s rule flags (the collector's own module stays free of rule details)."""
+def add_rule_arguments(parser: argparse.ArgumentParser, seconds: Callable[[str], float]) -> None:
+    """``ki collector``'s rule flags (the collector's own module stays free of rule details).
+    ``seconds`` parses a number of seconds >= 0: the collector's argparse type for its own
+    periods (kernel_insight.server.at_least), which this component may not import."""
     parser.add_argument(
         "--rules",
         action="append",
@@ -404,7 +406,7 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rules-resend-delay",
-        type=float,
+        type=seconds,
         default=DEFAULT_RESEND_DELAY_MS / 1000,
         metavar="SECONDS",
         help="send a still-firing alert again after this long (default 60)",
