@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -118,14 +119,26 @@ def _agent_failure(agent: subprocess.Popen[str], log: Path, ring: str) -> str:
     return f"the agent exited ({agent.returncode}){said} (another ki run? give it --ring-prefix); see {log}"
 
 
-def _report(url: str, token: str, elapsed: float) -> str:
+#: Past this, an instant query's lookback (5 m) no longer reaches an earlier run's samples.
+_LOOKBACK_S = 300
+
+
+def _report(url: str, token: str, elapsed: float, collector_s: float) -> str:
+    """One line of what has arrived, ``elapsed`` seconds into the run, ``collector_s`` after this
+    run's collector started."""
     from kernel_insight.sdk import HealthClient, KernelInsightError, KqlClient
 
     parts = [f"{elapsed:5.0f}s"]
+    # The kernel counters are derived by the collector from zero when it starts (docs/metrics.md),
+    # so their sum is this run's count, not what the store holds: with --data reused it began at
+    # 0 again beside the earlier runs' kernels, under the words "kernels stored". Samples from
+    # before this collector started (an earlier run's last values, still inside the lookback)
+    # are kept out by the window.
+    window_s = min(_LOOKBACK_S, math.ceil(collector_s))
     try:
         with KqlClient(url, token, retries=0) as kql:
-            spans = kql.query("sum(kernel_launches_total)").samples
-            parts.append(f"{int(spans[0].value) if spans else 0:>9,} kernels stored")
+            spans = kql.query(f"sum(last_over_time(kernel_launches_total[{window_s}s]))").samples
+            parts.append(f"{int(spans[0].value) if spans else 0:>9,} kernels this run")
             top = kql.query("topk(1, sum by (kernel) (kernel_execution_time_seconds_total))").samples
             if top:
                 name = top[0].labels.get("kernel", "?")
@@ -175,6 +188,7 @@ def _run(args: argparse.Namespace) -> int:
     rules = _shipped_rules()
     if rules is not None:
         collector_cmd += ["--rules", str(rules / "*.yml")]
+    collector_t0 = time.monotonic()
     with _process(collector_cmd, logs / "collector.log", stdout=subprocess.PIPE) as collector:
         url = _wait_listening(collector, 120)
         print(f"ki run: collector on {url} (embedded ClickHouse in {data})")
@@ -209,14 +223,16 @@ def _run(args: argparse.Namespace) -> int:
                 try:
                     while sim.poll() is None:
                         time.sleep(args.every)
-                        print(_report(url, token, time.monotonic() - t0), flush=True)
+                        now = time.monotonic()
+                        print(_report(url, token, now - t0, now - collector_t0), flush=True)
                 except KeyboardInterrupt:
                     print("\nki run: stopping")
             # The agent flushes what is in the ring on SIGTERM; give the collector a moment to store it.
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=30)
         time.sleep(args.every)
-        print(_report(url, token, time.monotonic() - t0), flush=True)
+        now = time.monotonic()
+        print(_report(url, token, now - t0, now - collector_t0), flush=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(Path("/dev/shm", ring[1:]))
     return 0

@@ -65,13 +65,54 @@ def test_main_job_runs_collector_agent_and_simulator_and_data_arrives(tmp_path) 
         timeout=240,
     )
     assert out.returncode == 0, out.stderr
-    reports = [line for line in out.stdout.splitlines() if "kernels stored" in line]
+    reports = [line for line in out.stdout.splitlines() if "kernels this run" in line]
     assert reports, out.stdout
     final = reports[-1].replace(",", "").split()
-    assert int(final[1]) > 0  # kernel spans went ring -> agent -> collector -> ClickHouse -> kql
+    assert int(final[1]) > 0  # kernels went ring -> agent -> collector -> ClickHouse -> kql
     assert "1 healthy" in reports[-1]
     assert (tmp_path / "read.token").stat().st_mode & 0o777 == 0o600
     assert not os.path.exists(f"/dev/shm/kernel_insight.{prefix}0")
+
+
+def test_main_job_reports_this_runs_kernels_and_says_so(monkeypatch) -> None:
+    """The kernel counters are the collector's running totals since it started: with --data
+    reused the figure began at 0 again beside the earlier runs' kernels, as "kernels stored".
+    It is this run's count, labelled so, read only from samples since this run's collector
+    started (an earlier run's last values may still lie within an instant query's lookback)."""
+    from types import SimpleNamespace
+
+    import kernel_insight.sdk
+    from kernel_insight import run
+
+    asked: list[str] = []
+
+    class Kql:
+        def __init__(self, *args: object, **kw: object) -> None:
+            pass
+
+        def __enter__(self) -> Kql:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def query(self, query: str) -> SimpleNamespace:
+            asked.append(query)
+            found = "kernel_launches_total" in query
+            return SimpleNamespace(samples=[SimpleNamespace(value=1234.0, labels={})] if found else [])
+
+    class Health(Kql):
+        def snapshot(self) -> SimpleNamespace:
+            return SimpleNamespace(instances=[])
+
+    monkeypatch.setattr(kernel_insight.sdk, "KqlClient", Kql)
+    monkeypatch.setattr(kernel_insight.sdk, "HealthClient", Health)
+    line = run._report("http://127.0.0.1:1", "token", 12.0, 20.2)
+    assert "1,234 kernels this run" in line
+    assert asked[0] == "sum(last_over_time(kernel_launches_total[21s]))"
+    asked.clear()
+    run._report("http://127.0.0.1:1", "token", 3600.0, 3610.0)
+    assert asked[0] == "sum(last_over_time(kernel_launches_total[300s]))"  # the lookback, no further
 
 
 @pytest.mark.slow
@@ -92,7 +133,7 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
         )
         try:
             deadline = time.monotonic() + 180
-            while "kernels stored" not in log.read_text() and job.poll() is None:
+            while "kernels this run" not in log.read_text() and job.poll() is None:
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.2)
             os.killpg(job.pid, signal.SIGTERM)
@@ -105,7 +146,7 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
     assert "ki run: stopping" in text
     last = text.split("ki run: stopping")[1]
     assert "not answering" not in last, last
-    assert "kernels stored" in last, last
+    assert "kernels this run" in last, last
     agent_pid = int(re.search(r"agent \(pid (\d+)\)", text).group(1))  # type: ignore[union-attr]
     url = re.search(r"collector on (http://\S+)", text).group(1)  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
