@@ -24,7 +24,10 @@ def _simulate(args: argparse.Namespace) -> int:
     from kernel_insight.agent.probe.simulate import SimConfig, Simulator
     from kernel_insight.agent.ring import Ring, ring_name
 
+    # SimConfig's own default unless given (imported here, not when the parser is built).
+    oom = {} if args.oom_every is None else {"oom_every_s": args.oom_every}
     config = SimConfig(
+        **oom,
         gpus=args.gpus,
         seed=args.seed,
         layers=args.layers,
@@ -161,6 +164,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument("--layers", type=int, default=12, help="transformer layers per step (default 12)")
     s.add_argument("--error-rate", type=float, default=1 / 600, help="random errors per GPU per second")
+    s.add_argument(
+        "--oom-every",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="out-of-memory episodes, one per GPU this often on average (default: one an hour; inf: "
+        "none), each a burst of failed allocations (docs/probes.md)",
+    )
     s.add_argument("--launch-sample", type=int, default=16, help="one LAUNCH record per N launches (0: none)")
     s.add_argument(
         "--slow-kernel",

@@ -4,8 +4,8 @@ The model is data-parallel training: each simulated GPU runs the same
 transformer step (forward and backward kernels per layer, gradient all-reduce
 buckets overlapping the backward pass, an optimizer, a stream synchronise),
 with long-tailed kernel durations, activation memory that grows and is
-released every step, a cache that creeps up until an allocation fails (OOM),
-checkpoint pauses, and NVML samples (utilisation, power, temperature, clocks,
+released every step, a cache that creeps up and is given back before it runs
+out, rare out-of-memory episodes (a burst of failed allocations), checkpoint pauses, and NVML samples (utilisation, power, temperature, clocks,
 throttling, NVLink) that follow the load.  Every record carries
 ``RecordFlag.SIMULATED`` so it can never pass for real data.
 """
@@ -147,7 +147,13 @@ class SimConfig:
     static_memory: int = 28 * _GIB  # weights, gradients, optimizer state
     activation_bytes: int = 1536 * _MIB  # per layer, allocated in forward, freed in backward
     growth_every_steps: int = 25  # the allocator cache grows by growth_bytes this often...
-    growth_bytes: int = 2 * _GIB  # ...until an allocation fails (OOM) and the cache is released
+    growth_bytes: int = 2 * _GIB  # ...until the next growth would not fit, when it is given back
+    #: Out-of-memory episodes (a batch whose activations do not fit): on average one per GPU this
+    #: often (exponential gaps; math.inf: none), each oom_episode_s long, every step's
+    #: allocation failing in it. Real jobs fail allocations rarely and in bursts, not steadily.
+    oom_every_s: float = 3600.0
+    oom_episode_s: float = 20.0
+    first_oom_s: float | None = None  # when the first episode begins (None: drawn like the others)
     idle_every_steps: int = 120  # a checkpoint pause this often...
     idle_s: float = 4.0  # ...this long, with no kernels
     nvlink_links: int = 18
@@ -167,6 +173,11 @@ class SimConfig:
             (self.fingerprint_every_s > 0, "fingerprint_every_s must be positive"),
             (self.static_memory < self.memory_total, "static_memory must be below memory_total"),
             (self.growth_every_steps >= 1 and self.idle_every_steps >= 1, "step periods must be at least 1"),
+            (
+                self.oom_every_s > 0 and self.oom_episode_s > 0,
+                "oom_every_s and oom_episode_s must be positive",
+            ),
+            (self.first_oom_s is None or self.first_oom_s >= 0, "first_oom_s must be 0 or more"),
             (self.buckets >= 1 and self.nvlink_links >= 0, "buckets must be >= 1, nvlink_links >= 0"),
             (self.slow_factor > 0, "slow_factor must be positive"),
             (0 < len(self.gpu_product) <= 100, "gpu_product must be 1-100 characters"),
@@ -196,6 +207,9 @@ class _Gpu:
     slowdown: float = 1.0
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    oom_rng: random.Random = field(default_factory=random.Random)  # episodes' own draws (see _in_oom)
+    oom_from: float = math.inf  # the current or next OOM episode: [oom_from, oom_until) ns
+    oom_until: float = math.inf
     next_sample: int = 0
     next_fingerprint: int = 0
     correlation: int = 0
@@ -255,9 +269,15 @@ class Simulator:
                 nvlink_total=[0] * config.nvlink_links,
                 next_sample=self.start_ns + _S,
                 next_fingerprint=self.start_ns,
+                # A generator of their own, so that episodes leave every other record as it was.
+                oom_rng=random.Random(f"oom-{config.seed}-{i}"),
             )
             for i, ring in enumerate(rings)
         ]
+        for g in self.gpus:
+            first = self._oom_gap(g) if config.first_oom_s is None else config.first_oom_s * _S
+            g.oom_from = self.start_ns + first
+            g.oom_until = g.oom_from + config.oom_episode_s * _S
 
     # ---- public -------------------------------------------------------------
 
@@ -378,7 +398,9 @@ class Simulator:
             host = start + int(g.rng.uniform(0.5, 2.5) * 1_000 * _US)  # data loading
             g.compute_free = max(g.compute_free, host)
             g.comm_free = max(g.comm_free, host)
-            if step % cfg.growth_every_steps == 0:
+            if self._in_oom(g, host):
+                host = self._oom(g, host)
+            elif step % cfg.growth_every_steps == 0:
                 host = self._grow_cache(g, host)
             layer_acts: list[tuple[int, int]] = []
             for _ in range(cfg.layers):
@@ -473,21 +495,45 @@ class Simulator:
         if peak <= cfg.memory_total:
             g.cache.append((self._alloc(g, host, cfg.growth_bytes, MemopKind.ALLOC), cfg.growth_bytes))
             return host + 30 * _US
-        # The allocation fails: an OOM, then the job empties its cache and carries on.
-        self._memop(g, host, MemopKind.ALLOC, 0, cfg.growth_bytes, CUDA_ERROR_OUT_OF_MEMORY)
-        free = cfg.memory_total - cfg.static_memory - g.outstanding
-        detail = (
-            f"CUDA out of memory. Tried to allocate {cfg.growth_bytes / _GIB:.2f} GiB. GPU {g.index} has a "
-            f"total capacity of {cfg.memory_total / _GIB:.2f} GiB of which {max(0, free) / _GIB:.2f} GiB is "
-            "free (simulated)"
-        )
-        self._error(g, host, ErrorKind.OOM, CUDA_ERROR_OUT_OF_MEMORY, cfg.growth_bytes, detail)
-        host += 200 * _US
+        # The allocator gives its cache back before the device runs out (PyTorch's
+        # garbage_collection_threshold): creeping usage alone never fails an allocation.
+        return self._release_cache(g, host)
+
+    def _release_cache(self, g: _Gpu, host: int) -> int:
         for addr, nbytes in g.cache:
             self._free(g, host, addr, nbytes, MemopKind.FREE)
             host += 20 * _US
         g.cache.clear()
         return host
+
+    def _oom_gap(self, g: _Gpu) -> float:
+        """Nanoseconds from one OOM episode's end to the next one's start."""
+        every = self.config.oom_every_s
+        return math.inf if every == math.inf else g.oom_rng.expovariate(1.0 / every) * _S
+
+    def _in_oom(self, g: _Gpu, host: int) -> bool:
+        """Whether host time ``host`` falls in an OOM episode of this GPU (moving on to the next
+        episode once one is over)."""
+        while host >= g.oom_until:
+            g.oom_from = g.oom_until + self._oom_gap(g)
+            g.oom_until = g.oom_from + self.config.oom_episode_s * _S
+        return g.oom_from <= host
+
+    def _oom(self, g: _Gpu, host: int) -> int:
+        """One step of an OOM episode: the step's batch needs more than is free, the allocation
+        fails (a failed MEMOP, status 2, and an ``oom`` ERROR), and the job gives its cache back
+        and carries on; while the episode lasts, every step fails so."""
+        cfg = self.config
+        free = max(0, cfg.memory_total - cfg.static_memory - g.outstanding)
+        nbytes = (free + int(g.oom_rng.uniform(0.5, 4.0) * _GIB)) & ~0x1FFFFF
+        self._memop(g, host, MemopKind.ALLOC, 0, nbytes, CUDA_ERROR_OUT_OF_MEMORY)
+        detail = (
+            f"CUDA out of memory. Tried to allocate {nbytes / _GIB:.2f} GiB. GPU {g.index} has a "
+            f"total capacity of {cfg.memory_total / _GIB:.2f} GiB of which {free / _GIB:.2f} GiB is "
+            "free (simulated)"
+        )
+        self._error(g, host, ErrorKind.OOM, CUDA_ERROR_OUT_OF_MEMORY, nbytes, detail)
+        return self._release_cache(g, host + 200 * _US)
 
     # ---- NVML-like state ----------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from simulated_store import store_simulated
 
 from kernel_insight.agent import Ring, RingError, RingReader, ring_name
 from kernel_insight.agent.probe.simulate import SimConfig, Simulator
@@ -97,22 +98,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, in
         sim = Simulator(config, rings, start_ns=start)
         deriver = Deriver("sim-node-0")
         store = EmbeddedStore(tmp_path_factory.mktemp("kql-docs") / "store")
-        for t in range(BATCH_S, MINUTES * 60 + 1, BATCH_S):
-            now = start + t * S
-            sim.advance_to(now)
-            parts = []
-            for reader in readers:
-                while (got := reader.read_array()).size:
-                    parts.append(got)
-            derived = deriver.derive(np.concatenate(parts), now_ns=now)
-            store.insert_batch(
-                f"docs-{t}",
-                agent_id=deriver.instance,
-                samples=derived.samples,
-                spans=derived.spans,
-                events=derived.events,
-                instances=derived.instances,
-            )
+        store_simulated(sim, readers, deriver, store, MINUTES * 60, BATCH_S)
         assert [r.stats()["dropped"] for r in rings] == [0, 0]
         for x in [*rings, *readers]:
             x.close()

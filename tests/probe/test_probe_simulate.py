@@ -6,14 +6,18 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import statistics
+import time
 import uuid
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 from probeutil import drain, names_of
+from simulated_store import store_simulated
 
 from kernel_insight.agent import Ring, RingError, RingReader, ring_name
 from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId
@@ -41,6 +45,7 @@ from kernel_insight.cli import main
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def simulate_arrays(seconds: float, **kw: object) -> list[npt.NDArray[np.void]]:
@@ -151,18 +156,100 @@ def test_activation_memory_grows_and_is_released(one_gpu):
     assert outstanding < peak
 
 
-def test_cache_growth_ends_in_an_oom_then_release():
+def test_cache_growth_is_given_back_before_an_allocation_fails():
+    """Creeping cache alone never fails: it used to end in an OOM every ~3 minutes, so
+    GpuMemoryAllocationFailures (any failure in 10 m) fired all the time in ki run."""
     recs = simulate(20, seed=1, layers=2, time_scale=10, growth_every_steps=1, growth_bytes=8 << 30)[0]
+    assert not [r for r in recs if isinstance(r, MemopRecord) and r.flags & RecordFlag.FAILED]
+    assert not [r for r in recs if isinstance(r, ErrorRecord) and r.kind == ErrorKind.OOM]
+    grown = [r for r in recs if isinstance(r, MemopRecord) and r.kind == MemopKind.ALLOC]
+    given_back = [r for r in recs if isinstance(r, MemopRecord) and r.kind == MemopKind.FREE]
+    assert len(grown) > 5
+    assert given_back
+    assert all(r.nbytes == 8 << 30 for r in grown + given_back)
+
+
+def test_an_oom_episode_is_a_burst_of_failed_allocations_then_none():
+    recs = simulate(
+        40, seed=1, layers=2, time_scale=10, first_oom_s=10, oom_episode_s=8, oom_every_s=math.inf
+    )[0]
     failed = [r for r in recs if isinstance(r, MemopRecord) and r.flags & RecordFlag.FAILED]
-    assert failed
-    assert all(r.status == 2 and r.nbytes == 8 << 30 for r in failed)
+    assert len(failed) >= 3  # every step of the episode (a step is ~2 s at time_scale 10)
+    assert all(T0 + 10 * S <= r.ts_ns < T0 + 18 * S for r in failed)
+    assert all(r.kind == MemopKind.ALLOC and r.status == 2 for r in failed)
     ooms = [r for r in recs if isinstance(r, ErrorRecord) and r.kind == ErrorKind.OOM]
-    assert len(ooms) == len(failed)
+    assert [(o.ts_ns, o.aux) for o in ooms] == [(r.ts_ns, r.nbytes) for r in failed]
     table = names_of(recs)
-    assert "CUDA out of memory" in (table.get(ooms[0].producer, ooms[0].detail_id) or "")
+    text = table.get(ooms[0].producer, ooms[0].detail_id) or ""
+    tried, free = (float(x) for x in re.findall(r"([0-9.]+) GiB(?: is free|\.)", text))
+    assert text.startswith("CUDA out of memory")
+    assert tried > free
     frees = [r for r in recs if isinstance(r, MemopRecord) and r.kind == MemopKind.FREE]
-    assert frees
-    assert min(f.ts_ns for f in frees) > failed[0].ts_ns
+    assert any(f.ts_ns > failed[0].ts_ns for f in frees)  # the job gave its cache back
+
+
+def test_oom_episodes_are_rare_and_short_by_default():
+    """About one 20 s episode per GPU-hour (exponential gaps), on the simulator's own schedule
+    read second by second over two simulated days (no records needed)."""
+    name = ring_name(f"simoom-{os.getpid()}-{uuid.uuid4().hex[:8]}-0")
+    try:
+        with Ring.create(name, capacity=1024) as ring:
+            sim = Simulator(SimConfig(), [ring], start_ns=T0)
+            in_oom = [sim._in_oom(sim.gpus[0], T0 + t * S) for t in range(48 * 3600)]
+    finally:
+        with contextlib.suppress(RingError):
+            Ring.unlink(name)
+    starts = [t for t in range(1, len(in_oom)) if in_oom[t] and not in_oom[t - 1]]
+    assert 25 <= len(starts) <= 80, len(starts)  # ~48 expected
+    assert all(sum(in_oom[t : t + 25]) == 20 for t in starts if t + 25 < len(in_oom))
+    assert sum(in_oom) / len(in_oom) < 0.02
+
+
+def test_allocation_failures_alert_fires_in_an_episode_and_resolves_after_it(tmp_path):
+    """The shipped GpuMemoryAllocationFailures (deploy/rules/memory.yml) over the simulator's
+    records as the collector stores them: quiet before the episode, firing in it, resolved
+    10 minutes after it (it fired all the time when every cache cycle ended in an OOM)."""
+    import yaml
+
+    from kernel_insight.collector.derive import Deriver
+    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.kql import Engine
+
+    rules = yaml.safe_load((ROOT / "deploy" / "rules" / "memory.yml").read_text())
+    (expr,) = [
+        r["expr"]
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "GpuMemoryAllocationFailures"
+    ]
+    name = ring_name(f"simalert-{os.getpid()}-{uuid.uuid4().hex[:8]}-0")
+    config = SimConfig(seed=2, layers=2, time_scale=25.0, first_oom_s=120, oom_every_s=math.inf)
+    start = (math.floor(time.time()) - 20 * 60) * S
+    firing: dict[int, bool] = {}
+    try:
+        with (
+            Ring.create(name, capacity=1 << 18) as ring,
+            RingReader.open(name) as reader,
+            EmbeddedStore(tmp_path / "d") as store,
+        ):
+            sim, deriver, engine = (
+                Simulator(config, [ring], start_ns=start),
+                Deriver("sim-node"),
+                Engine(store.storage()),
+            )
+
+            def judge(t: int, now: int) -> None:
+                firing[t] = len(engine.instant_query(expr, now // 1_000_000).value.samples) > 0
+
+            store_simulated(sim, [reader], deriver, store, 15 * 60, 30, judge)
+    finally:
+        with contextlib.suppress(RingError):
+            Ring.unlink(name)
+    assert not any(firing[t] for t in range(30, 120, 30))
+    assert firing[150]  # the episode: 120-140 s
+    assert firing[12 * 60]
+    assert not firing[13 * 60]
+    assert not firing[15 * 60]
 
 
 def test_nvml_samples_follow_the_load(one_gpu):
@@ -307,7 +394,12 @@ def test_collector_derives_every_simulated_record():
     from kernel_insight.collector.derive import Deriver
 
     (records,) = simulate_arrays(
-        20, seed=4, layers=2, time_scale=10, error_rate=0.3, growth_every_steps=1, growth_bytes=8 << 30
+        20,
+        seed=4,
+        layers=2,
+        time_scale=10,
+        error_rate=0.3,
+        first_oom_s=5,  # an OOM episode at 5 s
     )
     derived = Deriver("sim-host").derive(records, now_ns=T0 + 20 * S)
     assert derived.unknown_records == 0
