@@ -138,6 +138,12 @@ class SimConfig:
     layers: int = 12
     time_scale: float = 2.0  # multiplies every kernel duration
     launch_sample: int = 16  # one LAUNCH record per this many launches (0: none)
+    #: The loop reads its loss (a stream sync) once per this many steps, as training loops that
+    #: log every N steps do; in between the host runs ahead of the GPU...
+    sync_every_steps: int = 10
+    #: ...until this many launches are pending, when a launch blocks until one is done (CUDA's
+    #: pending-launch queue). A sync then waits for the queued work only, not for every step.
+    launch_queue: int = 1024
     error_rate: float = 1 / 600  # random xid / nccl_timeout errors per GPU per second
     fingerprint_every_s: float = 60.0
     memory_total: int = 80 * _GIB
@@ -169,6 +175,10 @@ class SimConfig:
             (self.layers >= 1, "layers must be at least 1"),
             (self.time_scale > 0, "time_scale must be positive"),
             (self.launch_sample >= 0, "launch_sample must be 0 or more"),
+            (
+                self.sync_every_steps >= 1 and self.launch_queue >= 1,
+                "sync_every_steps and launch_queue must be at least 1",
+            ),
             (0 <= self.error_rate <= 1, "error_rate must be in 0..1 (errors per GPU per second)"),
             (self.fingerprint_every_s > 0, "fingerprint_every_s must be positive"),
             (self.static_memory < self.memory_total, "static_memory must be below memory_total"),
@@ -195,6 +205,7 @@ class _Gpu:
     pid: int
     heap: list[tuple[int, int, Callable[[], int]]] = field(default_factory=list)
     busy: list[tuple[int, int]] = field(default_factory=list)  # device intervals, for utilisation
+    pending: list[int] = field(default_factory=list)  # heap: device ends of launched kernels (the queue)
     compute_free: int = 0
     comm_free: int = 0
     next_addr: int = 0x7F00_0000_0000
@@ -344,6 +355,12 @@ class Simulator:
         cfg = self.config
         launch_cost = int(g.rng.uniform(4, 9) * _US)
         stream = 0x2 if comm else 0x1
+        # (The all-reduce's kernel is placed at device time, not launched at a host time: it
+        # takes a place in the queue but neither drains it nor waits on it.)
+        while not comm and g.pending and g.pending[0] <= host:
+            heapq.heappop(g.pending)
+        if not comm and len(g.pending) >= cfg.launch_queue:
+            host = heapq.heappop(g.pending)  # the queue is full: the launch waits for a kernel to end
         free = g.comm_free if comm else g.compute_free
         start = max(host + 5 * _US, free)
         end = start + self._duration(g, spec)
@@ -352,6 +369,7 @@ class Simulator:
         else:
             g.compute_free = end
         g.busy.append((start, end))
+        heapq.heappush(g.pending, end)
         g.correlation += 1
         corr = g.correlation
         g.launches += 1
@@ -434,6 +452,9 @@ class Simulator:
             # from the step count, not the generator, so the rest of the stream stays as it was.
             self._memop(g, host, MemopKind.MEMCPY, 0, (8 << 20) << (self._coll_seq % 3))
             self._memop(g, host, MemopKind.MEMCPY, 0, 4)
+            if self._step % cfg.sync_every_steps:
+                hosts[gi] = host  # no sync this step: the host goes on to the next batch
+                continue
             done = max(g.compute_free, g.comm_free)
             waited = max(0, done - host)
             w = g.ring

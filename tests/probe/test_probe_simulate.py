@@ -36,8 +36,10 @@ from kernel_insight.agent.records import (
     MemopRecord,
     Record,
     RecordFlag,
+    RecordType,
     SampleRecord,
     StringRecord,
+    SyncKind,
     SyncRecord,
     decode_records,
 )
@@ -250,6 +252,20 @@ def test_allocation_failures_alert_fires_in_an_episode_and_resolves_after_it(tmp
     assert firing[12 * 60]
     assert not firing[13 * 60]
     assert not firing[15 * 60]
+
+
+def test_sync_time_is_a_fraction_of_each_second():
+    """cuda_sync_time_seconds_total grows by the syncs' waits: one simulated process, one thread,
+    must wait well under 1 s a second. The loop synced every step and waited for the whole step
+    (~0.93 s/s); it now reads its loss every 10 steps, the host running ahead until CUDA's
+    launch queue (1,024) is full in between, so a sync waits for the queued work only."""
+    (records,) = simulate_arrays(180)  # the defaults, as ki run simulates
+    syncs = decode_records(records[records["type"] == RecordType.SYNC].tobytes())
+    assert all(isinstance(r, SyncRecord) and r.kind == SyncKind.STREAM for r in syncs)
+    steps = 180 * 2.2  # ~2.2 steps a second
+    assert 0.5 * steps / 10 < len(syncs) < 1.5 * steps / 10  # one per 10 steps
+    per_s = sum(r.duration_ns for r in syncs) / (180 * S)
+    assert 0.1 < per_s < 0.5, per_s  # waits, but well under 1 s/s (was ~0.93)
 
 
 def test_nvml_samples_follow_the_load(one_gpu):
