@@ -253,18 +253,29 @@ def _highest_bound(h: FloatHistogram) -> float:
 def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> dict[str, Any]:
     """Per kernel: count, total and share of GPU time, p50/p90/p99/max, and its slowest spans.
 
-    From the kept spans, or, where the agent ships native histograms (``source: histograms``),
-    count, total and quantiles from those, which saw every launch (see :func:`kernel_histograms`).
+    Each kernel's figures come from one source: its native histograms where they grew in the
+    window (``source: histograms``, every launch; see :func:`kernel_histograms`), else its kept
+    spans (``source: spans``). An agent can ship histograms for some kernels only (a full
+    histogram table refuses new keys, a window shorter than the export interval), so the sources
+    can differ from kernel to kernel: ``total_ns`` is then the sum of every kernel's total from
+    its own source, listed or not, and ``share`` (a kernel's part of the GPU's kernel time) is in
+    [0, 1] and adds up to 1 over all the window's kernels. Streams overlap, so the sum of
+    durations can exceed the window; ``busy_ratio`` compares it to the window.
 
-    ``share`` is the kernel's part of all kernel time in the window (streams overlap, so
-    the sum of durations can exceed the window; ``busy_ratio`` compares it to the window).
     Two reads: the aggregates, the window's totals (window functions over the groups) and each
-    listed kernel's ``slowest`` longest durations (``groupArraySorted`` of one number, cheap);
-    then the rows of the listed kernels at or above their threshold, ``LIMIT ... BY kernel``.
+    kernel's ``slowest`` longest durations (``groupArraySorted`` of one number, cheap); then the
+    rows of the listed kernels at or above their threshold, ``LIMIT ... BY kernel``.
     Sorting whole rows per group in the first pass cost 4-6x as much over a 1M-span capture.
     """
     keep = max(1, int(slowest))
     table = qualified(store.database, "kernel_spans")
+    hists = kernel_histograms(store, window)
+    # Without histograms the first `kernels` by span time are the answer. With them a kernel is
+    # ranked by its histograms' total, which its kept spans can be far below, and the GPU's kernel
+    # time must leave those spans out: every kernel's row is read then. ClickHouse aggregates every
+    # group before a LIMIT anyway, so this costs their transfer only, where handing it the
+    # histograms' kernels (thousands of names, as a URL parameter to a server) could fail.
+    limit = "" if hists else f" LIMIT {int(kernels)}"
     p = Params()
     rows = store.query(
         "SELECT kernel, count() AS n, sum(duration_ns) AS total,"
@@ -272,13 +283,49 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
         f" groupArraySorted({keep})(-toInt64(duration_ns)) AS top,"
         " sum(sum(duration_ns)) OVER () AS all_total, sum(count()) OVER () AS all_n"
         f" FROM {table} WHERE {window.where(p)}"
-        f" GROUP BY kernel ORDER BY total DESC, kernel LIMIT {int(kernels)}",
+        f" GROUP BY kernel ORDER BY total DESC, kernel{limit}",
         p,
     ).to_pylist()
-    slow: dict[str, list[dict[str, Any]]] = {r["kernel"]: [] for r in rows}
-    if rows and slowest > 0:
-        names = [r["kernel"] for r in rows]
-        floors = [-int(r["top"][-1]) for r in rows]  # each kernel's slowest-th longest duration
+    listed: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        q = [float(x) for x in r["q"]]
+        listed[r["kernel"]] = {
+            "kernel": r["kernel"],
+            "count": int(r["n"]),
+            "total_ns": int(r["total"]),
+            "p50_ns": q[0],
+            "p90_ns": q[1],
+            "p99_ns": q[2],
+            "max_ns": int(r["mx"]),
+            "source": "spans",
+            "slowest": [],
+        }
+    # Where the agent ships native histograms it keeps only some spans (the tail and a sample):
+    # count, time and quantiles then come from the histograms, which saw every launch; the slowest
+    # spans (kept: they are the tail) and the max stay the spans'.
+    hist_totals = {name: round(h.sum * 1e9) for name, h in hists.items()}
+    for name, h in hists.items():
+        k = listed.setdefault(name, {"kernel": name, "max_ns": int(_highest_bound(h) * 1e9), "slowest": []})
+        k.update(
+            count=round(h.count),
+            total_ns=hist_totals[name],
+            p50_ns=histogram_quantile(0.5, h)[0] * 1e9,
+            p90_ns=histogram_quantile(0.9, h)[0] * 1e9,
+            p99_ns=histogram_quantile(0.99, h)[0] * 1e9,
+            source="histograms",
+        )
+    out = sorted(listed.values(), key=lambda k: (-k["total_ns"], k["kernel"]))[: int(kernels)]
+    # The GPU's kernel time is what the rows count, each kernel once from its own source: every
+    # kept span but those of the histograms' kernels (all their rows are read), plus those
+    # kernels' histograms.
+    spans_total = int(rows[0]["all_total"]) if rows else 0
+    in_hists = sum(int(r["total"]) for r in rows if r["kernel"] in hists)
+    total_ns = spans_total - in_hists + sum(hist_totals.values())
+    for k in out:
+        k["share"] = k["total_ns"] / total_ns if total_ns else 0.0
+    floors = {r["kernel"]: -int(r["top"][-1]) for r in rows}  # each kernel's slowest-th longest duration
+    names = [k["kernel"] for k in out if k["kernel"] in floors]
+    if names and slowest > 0:
         p = Params()
         where = window.where(p)
         found = store.query(
@@ -286,53 +333,12 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
             f" duration_ns, launch_ns, launch_host_ns, tid FROM {table}"
             f" WHERE {where} AND kernel IN {p(names, 'Array(String)')}"
             f" AND duration_ns >= transform(toString(kernel), {p(names, 'Array(String)')},"
-            f" {p(floors, 'Array(UInt64)')}, toUInt64(0))"
+            f" {p([floors[n] for n in names], 'Array(UInt64)')}, toUInt64(0))"
             f" ORDER BY kernel, duration_ns DESC, start, stream, correlation LIMIT {int(slowest)} BY kernel",
             p,
         ).to_pylist()
         for t in found:
-            slow[t["kernel"]].append(_span(t))
-    hists = kernel_histograms(store, window)
-    out = []
-    for r in rows:
-        q = [float(x) for x in r["q"]]
-        out.append(
-            {
-                "kernel": r["kernel"],
-                "count": int(r["n"]),
-                "total_ns": int(r["total"]),
-                "p50_ns": q[0],
-                "p90_ns": q[1],
-                "p99_ns": q[2],
-                "max_ns": int(r["mx"]),
-                "source": "spans",
-                "slowest": slow[r["kernel"]],
-            }
-        )
-    # Where the agent ships native histograms it keeps only some spans (the tail and a sample):
-    # count, time and quantiles then come from the histograms, which saw every launch; the slowest
-    # spans (kept: they are the tail) and the max stay the spans'.
-    listed = {k["kernel"]: k for k in out}
-    for name, h in hists.items():
-        k = listed.get(name)
-        if k is None:
-            k = listed[name] = {"kernel": name, "max_ns": int(_highest_bound(h) * 1e9), "slowest": []}
-            out.append(k)
-        k.update(
-            count=round(h.count),
-            total_ns=round(h.sum * 1e9),
-            p50_ns=histogram_quantile(0.5, h)[0] * 1e9,
-            p90_ns=histogram_quantile(0.9, h)[0] * 1e9,
-            p99_ns=histogram_quantile(0.99, h)[0] * 1e9,
-            source="histograms",
-        )
-    out.sort(key=lambda k: (-k["total_ns"], k["kernel"]))
-    # An agent that ships histograms counts every kernel in them: the GPU's kernel time is theirs.
-    span_total = int(rows[0]["all_total"]) if rows else 0
-    total_ns = sum(round(h.sum * 1e9) for h in hists.values()) if hists else span_total
-    del out[int(kernels) :]
-    for k in out:
-        k["share"] = k["total_ns"] / total_ns if total_ns else 0.0
+            listed[t["kernel"]]["slowest"].append(_span(t))
     return {
         "span_count": int(rows[0]["all_n"]) if rows else 0,
         "total_ns": total_ns,

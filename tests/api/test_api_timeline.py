@@ -13,8 +13,16 @@ from api_helpers import TestClient
 from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import create_api_app
-from kernel_insight.collector.rows import CallBatch, Event, InstanceInfo, SampleBuilder, SpanBatch
+from kernel_insight.collector.rows import (
+    CallBatch,
+    Event,
+    HistogramBuilder,
+    InstanceInfo,
+    SampleBuilder,
+    SpanBatch,
+)
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.nativehist import FloatHistogram
 
 S = 1_000_000_000
 #: An hour ago, on a whole second: older spans would fall to the 7-day TTL.
@@ -172,6 +180,37 @@ def test_summary_counts_shares_quantiles_and_slowest_spans(client):
     assert [k["kernel"] for k in top["kernels"]] == ["gemm_fp16"]
     assert top["span_count"] == 150  # the window's figures, not only the kernels listed
     assert top["kernels"][0]["slowest"] == []
+
+
+def test_summary_shares_are_parts_of_one_total_when_only_some_kernels_have_histograms(client, store):
+    # GPU 6: gemm's every launch in native histograms (100 launches of 100 us every 100 ms, as
+    # cumulative exports), copy only in its kept spans, as from an agent whose histogram table
+    # refused copy's key. Each kernel is counted from its own source, the total from both.
+    hb = HistogramBuilder()
+    labels = {"__name__": "kernel_duration_seconds", "instance": "n1", "gpu": "6", "kernel": "gemm"}
+    for i in range(12):  # exports at T0 - 100 ms, T0, ..., T0 + 1 s
+        hb.add_histogram(
+            labels,
+            T0 // 10**6 + (i - 1) * 100,
+            FloatHistogram.from_observations(np.full(100 * (i + 1), 1e-4)),
+        )
+    store.insert_histograms(hb.build())
+    kept = [(7, "gemm", T0 + 1_000, 2_000_000)] + [
+        (8, "copy", T0 + i * 10_000_000, 500_000) for i in range(40)
+    ]
+    store.insert_spans(_spans("n1", 6, kept))
+    r = client.get("/v1/timeline/summary", params={**WINDOW, "gpu": 6})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # gemm: its exports' growth from T0 to T0 + 900 ms (the last before the window's end); copy: its spans.
+    figures = [(k["kernel"], k["source"], k["count"], k["total_ns"]) for k in body["kernels"]]
+    assert figures == [("gemm", "histograms", 900, 90_000_000), ("copy", "spans", 40, 20_000_000)]
+    gemm, copy = body["kernels"]
+    assert gemm["max_ns"] == 2_000_000  # its kept span
+    assert body["total_ns"] == 110_000_000
+    assert (gemm["share"], copy["share"]) == (pytest.approx(9 / 11), pytest.approx(2 / 11))
+    assert body["busy_ratio"] == pytest.approx(0.11)
+    assert body["span_count"] == 41
 
 
 def test_correlation_lines_up_spans_events_and_nvml_samples(client):

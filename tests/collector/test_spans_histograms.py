@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from kernel_insight.collector.rows import HistogramBuilder, SpanBatch
 from kernel_insight.collector.spans import SpanWindow, _launches, kernel_histograms, summarize
@@ -21,32 +22,42 @@ def _durations(seconds: int, kernel: int) -> list[np.ndarray]:
     return [rng.lognormal(np.log(100e-6 * (kernel + 1)), 0.4, PER_S) for _ in range(seconds)]
 
 
+def _histograms(kernels: tuple[str, ...]) -> HistogramBuilder:
+    """``kernel_duration_seconds`` of n1's GPU 0 as the agent ships it: each kernel's cumulative
+    histogram of :func:`_durations` exported every second from T0-1 s to T0+10 s."""
+    hb = HistogramBuilder()
+    for k, kernel in enumerate(kernels):
+        per_second = _durations(12, k)
+        labels = {"__name__": "kernel_duration_seconds", "instance": "n1", "gpu": "0", "kernel": kernel}
+        for s in range(12):
+            h = FloatHistogram.from_observations(np.concatenate(per_second[: s + 1]), schema=3)
+            hb.add_histogram(labels, T0_MS + (s - 1) * 1000, h)
+    return hb
+
+
+def _kept(rows: list[tuple[str, int, int]]) -> SpanBatch:
+    """The spans the agent kept of n1's GPU 0, stream 7: rows of (kernel, start_ns, duration_ns)."""
+    n = len(rows)
+    starts = np.array([r[1] for r in rows], np.int64)
+    return SpanBatch(
+        instance=["n1"] * n,
+        gpu=np.zeros(n, np.uint16),
+        stream=np.full(n, 7, np.uint64),
+        kernel=[r[0] for r in rows],
+        start_ns=starts,
+        end_ns=starts + np.array([r[2] for r in rows], np.int64),
+        correlation=np.arange(1, n + 1, dtype=np.uint64),
+        pid=np.full(n, 1, np.uint32),
+    )
+
+
 def test_summary_counts_every_launch_from_the_histograms(tmp_path):
     # Exports every second from T0-1 s to T0+10 s, cumulative; the window [T0, T0+10 s) grows from
     # the export at T0 to the last one before its end (T0+9 s): 9 seconds of launches.
-    hb = HistogramBuilder()
-    seen: dict[str, list[np.ndarray]] = {}
-    for k, kernel in enumerate(("gemm", "softmax")):
-        per_second = _durations(12, k)
-        for s in range(12):
-            seen.setdefault(kernel, []).append(per_second[s])
-            h = FloatHistogram.from_observations(np.concatenate(seen[kernel]), schema=3)
-            labels = {"__name__": "kernel_duration_seconds", "instance": "n1", "gpu": "0", "kernel": kernel}
-            hb.add_histogram(labels, T0_MS + (s - 1) * 1000, h)
     # The agent kept three gemm spans of the window (a sample), and none of softmax.
-    starts = np.array([T0_MS * 10**6 + i * 10**9 for i in (1, 4, 7)], np.int64)
-    spans = SpanBatch(
-        instance=["n1"] * 3,
-        gpu=np.zeros(3, np.uint16),
-        stream=np.full(3, 7, np.uint64),
-        kernel=["gemm"] * 3,
-        start_ns=starts,
-        end_ns=starts + 5_000_000,
-        correlation=np.arange(1, 4, dtype=np.uint64),
-        pid=np.full(3, 1, np.uint32),
-    )
+    spans = _kept([("gemm", T0_MS * 10**6 + i * 10**9, 5_000_000) for i in (1, 4, 7)])
     with EmbeddedStore(tmp_path / "data") as store:
-        store.insert_histograms(hb.build())
+        store.insert_histograms(_histograms(("gemm", "softmax")).build())
         store.insert_spans(spans)
         window = SpanWindow("n1", 0, T0_MS * 10**6, (T0_MS + 10_000) * 10**6)
         got = summarize(store, window, kernels=10, slowest=2)
@@ -74,6 +85,47 @@ def test_summary_counts_every_launch_from_the_histograms(tmp_path):
     assert set(hists) == {"gemm", "softmax"}
     assert set(filtered) == {"softmax"}
     assert by_stream == {}  # histograms carry no per-span filter: the spans answer alone
+
+
+def test_shares_add_up_when_only_some_kernels_have_histograms(tmp_path):
+    # Only gemm's launches are in histograms (an agent whose full histogram table refused the other
+    # kernels' keys, say): gemm is counted from them, softmax and copy from their kept spans, and
+    # the GPU's kernel time is the sum of the three, so every share is a part of it.
+    kept = [("gemm", (T0_MS + 1000 * i) * 10**6, 300_000) for i in (2, 5)]  # its slow tail, 0.6 ms
+    kept += [("softmax", (T0_MS + 900 * i) * 10**6, 20_000_000) for i in range(10)]  # 200 ms
+    kept += [("copy", (T0_MS + 1700 * i) * 10**6, 1_000_000) for i in range(5)]  # 5 ms
+    kept.append(("copy", (T0_MS + 10_000) * 10**6, 7_000_000))  # starts at the window's end: not in it
+    with EmbeddedStore(tmp_path / "data") as store:
+        store.insert_histograms(_histograms(("gemm",)).build())
+        store.insert_spans(_kept(kept))
+        window = SpanWindow("n1", 0, T0_MS * 10**6, (T0_MS + 10_000) * 10**6)
+        got = summarize(store, window, kernels=10, slowest=2)
+        top = summarize(store, window, kernels=1, slowest=2)
+    kernels = {k["kernel"]: k for k in got["kernels"]}
+    gemm = np.concatenate(_durations(12, 0)[2:11])  # its launches of seconds T0 .. T0+9
+    assert kernels["gemm"]["source"] == "histograms"
+    assert kernels["gemm"]["count"] == gemm.size
+    assert abs(kernels["gemm"]["total_ns"] - gemm.sum() * 1e9) < 1e3
+    assert (kernels["softmax"]["source"], kernels["softmax"]["count"]) == ("spans", 10)
+    assert kernels["softmax"]["total_ns"] == 200_000_000
+    assert (kernels["copy"]["source"], kernels["copy"]["count"]) == ("spans", 5)
+    assert kernels["copy"]["total_ns"] == 5_000_000
+    assert [k["kernel"] for k in got["kernels"]] == ["gemm", "softmax", "copy"]  # by each one's own total
+    assert got["total_ns"] == sum(k["total_ns"] for k in got["kernels"])
+    assert all(0 <= k["share"] <= 1 for k in got["kernels"])
+    assert sum(k["share"] for k in got["kernels"]) == pytest.approx(1)
+    for k in got["kernels"]:
+        assert k["share"] == pytest.approx(k["total_ns"] / got["total_ns"])
+    assert got["busy_ratio"] == pytest.approx(got["total_ns"] / 10e9)
+    assert got["span_count"] == 17
+    # The first kernel by its own source is listed even when its kept spans are the fewest, with
+    # its slowest kept spans and their max; the total is still the whole window's.
+    (first,) = top["kernels"]
+    assert first == kernels["gemm"]
+    assert [s["duration_ns"] for s in first["slowest"]] == [300_000, 300_000]
+    assert first["max_ns"] == 300_000
+    assert top["total_ns"] == got["total_ns"]
+    assert first["share"] < 1
 
 
 def test_a_counter_reset_inside_the_window_starts_a_new_run():
