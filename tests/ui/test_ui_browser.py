@@ -336,6 +336,32 @@ def test_kernels_explore_link_carries_the_chosen_window(page, collector, tmp_pat
     assert float(shown.get_attribute("data-end") or 0) > end
 
 
+def test_kernels_counted_from_kept_spans_are_marked_and_every_share_is_a_part_of_the_whole(page, collector):
+    # LATE's GPU: its first kernel has native histograms, the others only kept spans. Each row counts
+    # from its own source and the shares are parts of one total (the summary once took the
+    # histograms' total for all and showed the span-counted kernels at ~700%).
+    _sign_in(page, collector)
+    start, end = SPAN_START_S - 1, SPAN_START_S + 21
+    page.goto(f"{collector.url}/#/kernels?instance={LATE[0]}&gpu={LATE[1]}&from={start}&to={end}")
+    page.wait_for_selector("#kernels tr.kernel")
+    rows = page.locator("#kernels tr.kernel")
+    sources = {
+        rows.nth(n).get_attribute("data-kernel"): rows.nth(n).get_attribute("data-source")
+        for n in range(rows.count())
+    }
+    assert sources == {KERNELS[0]: "histograms", **{k: "spans" for k in KERNELS[1:]}}
+    marked = {
+        rows.nth(n).get_attribute("data-kernel")
+        for n in range(rows.count())
+        if rows.nth(n).locator(".source").count()
+    }
+    assert marked == set(KERNELS[1:])
+    assert f"but for the {len(KERNELS) - 1} marked kept spans" in page.inner_text("#k-source")
+    shares = [int(rows.nth(n).locator("td").nth(3).inner_text().rstrip("%")) for n in range(rows.count())]
+    assert all(0 <= x <= 100 for x in shares), shares
+    assert sum(shares) <= 100 + len(shares) // 2  # each rounded to a whole percent
+
+
 def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
     _sign_in(page, collector)
     # The histograms are 13 s of data from when the module was imported (minutes ago in a full

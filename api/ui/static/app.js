@@ -734,13 +734,19 @@ async function pageKernels(params) {
   q.set("kernels", "100");
   const s = await api(`/v1/timeline/summary?${q}`);
   const link = (k) => `#/kernels?${windowQuery(w)}&kernel=${encodeURIComponent(k)}`;
-  const rows = s.kernels.map((k) => `<tr class="kernel" data-kernel="${esc(k.kernel)}"><td><a href="${link(k.kernel)}"><code>${esc(k.kernel)}</code></a></td><td class="num">${k.count}</td>` +
+  // Each kernel is counted from one source: its native histograms where they grew in the window,
+  // else its kept spans (a key the agent's full histogram table refused, say). When both occur,
+  // the rows from spans are marked: they count only the spans the agent kept.
+  const anyHist = s.kernels.some((k) => k.source === "histograms");
+  const fromSpans = anyHist ? s.kernels.filter((k) => k.source === "spans").length : 0;
+  const mark = (k) => (anyHist && k.source === "spans" ? ` <span class="muted source">kept spans</span>` : "");
+  const rows = s.kernels.map((k) => `<tr class="kernel" data-kernel="${esc(k.kernel)}" data-source="${esc(k.source)}"><td><a href="${link(k.kernel)}"><code>${esc(k.kernel)}</code></a>${mark(k)}</td><td class="num">${k.count}</td>` +
     `<td class="num">${fmtNs(k.total_ns)}</td><td class="num">${fmtPct(k.share)}</td><td class="num">${fmtNs(k.p50_ns)}</td>` +
     `<td class="num">${fmtNs(k.p90_ns)}</td><td class="num">${fmtNs(k.p99_ns)}</td><td class="num">${fmtNs(k.max_ns)}</td></tr>`).join("");
   const kernel = params.get("kernel");
   document.getElementById("k-body").innerHTML = `<p>${s.span_count} spans, ${fmtNs(s.total_ns)} of kernel time, GPU busy ${fmtPct(s.busy_ratio)}
     · <a href="#/timeline?${windowQuery(w)}">open the timeline</a> · a kernel's name opens its latency heatmap</p>
-    ${s.kernels.some((k) => k.source === "histograms") ? `<p class="muted" id="k-source">Counts, time and quantiles from the kernels' native histograms (every launch); the ${s.span_count} spans are the ones the agent kept (the slow tail, a sample, capture windows).</p>` : ""}
+    ${anyHist ? `<p class="muted" id="k-source">Counts, time and quantiles from the kernels' native histograms (every launch)${fromSpans ? `, but for the ${fromSpans} marked <em>kept spans</em>: no histogram of theirs grew in this window, so they count only the spans the agent kept` : ""}; the ${s.span_count} spans are the ones the agent kept (the slow tail, a sample, capture windows).</p>` : ""}
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
     <div id="k-heatmap"></div>
     <div id="k-native"></div>`;
