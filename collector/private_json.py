@@ -116,6 +116,13 @@ class PrivateJsonFile(Generic[K]):
             raise self._error(f"{self._what} {self.path} cannot be read: {exc.strerror}") from None
         try:
             doc = json.loads(text)
+            if not isinstance(doc, dict) or not isinstance(doc.get(self._field), list):
+                # Another kind of JSON file (a token store given as a key store, or the reverse)
+                # read as "corrupt (KeyError)", which sent users looking for damage.
+                raise self._error(
+                    f"{self._what} {self.path} is not a {self._what}: expected a JSON object "
+                    f'{{"version": {self._version}, "{self._field}": [...]}}'
+                )
             if doc.get("version") != self._version:
                 raise self._error(
                     f"{self._what} {self.path}: unsupported format version {doc.get('version')!r}"

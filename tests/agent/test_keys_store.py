@@ -171,6 +171,19 @@ def test_keys_list_names_a_store_that_is_a_directory_or_not_a_key_store(tmp_path
     other.write_text('{"version": 1, "tokens": []}')
     other.chmod(0o600)
     assert main(["keys", "list", "--store", str(other)]) == 1
+    # another kind of store is named as such, not as a damaged key store ("is corrupt (KeyError)")
+    assert capsys.readouterr().err == (
+        f"ki keys: key store {other} is not a key store: expected a JSON object "
+        '{"version": 1, "agents": [...]}\n'
+    )
+    for text in ("[]", '"keys"', '{"version": 1}'):  # JSON, but no store of any kind
+        other.write_text(text)
+        assert main(["keys", "list", "--store", str(other)]) == 1
+        assert capsys.readouterr().err.endswith(
+            'is not a key store: expected a JSON object {"version": 1, "agents": [...]}\n'
+        )
+    other.write_text('{"version": 1, "agents": [{"name": "no id"}]}')  # a key store, damaged
+    assert main(["keys", "list", "--store", str(other)]) == 1
     assert capsys.readouterr().err == f"ki keys: key store {other} is corrupt (KeyError)\n"
 
 

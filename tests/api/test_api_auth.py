@@ -81,6 +81,21 @@ def test_ki_tokens_names_a_store_path_that_does_not_exist(tmp_path, capsys, args
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize("args", [["list"], ["revoke", "nope"]])
+def test_ki_tokens_names_a_key_store_given_as_its_store(tmp_path, capsys, args):
+    """A key store read as a token store said "is corrupt (KeyError)": it is another kind of store."""
+    path = tmp_path / "keys.json"
+    path.write_text('{"version": 1, "agents": []}')
+    path.chmod(0o600)
+    assert main(["tokens", *args, "--store", str(path)]) == 1
+    out = capsys.readouterr()
+    assert (out.out, out.err) == (
+        "",
+        f"ki tokens: token store {path} is not a token store: expected a JSON object "
+        '{"version": 1, "tokens": [...]}\n',
+    )
+
+
 def _client(tokens: TokenStore | None, now_ms: int, local_dev: bool = False) -> TestClient:
     app, _ = build_app(FakeSource([facts("a", now_ms=now_ms)]), Authenticator(tokens, local_dev=local_dev))
     return TestClient(app)
