@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
+from kernel_insight.collector.flags import count_at_least
 from kernel_insight.collector.footprint import (
     drop_library_pages,
     dropping_library_pages,
@@ -397,19 +398,19 @@ def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._Argum
     defaults = SeriesLimits()
     parser.add_argument(
         "--max-labels",
-        type=int,
+        type=count_at_least(0, "labels"),  # 0: no limit; a negative one refused every series
         default=defaults.max_labels,
         help=f"most labels per series, __name__ included (default {defaults.max_labels}, 0 = no limit)",
     )
     parser.add_argument(
         "--max-name-bytes",
-        type=int,
+        type=count_at_least(0, "bytes"),  # 0: no limit; a negative one refused every series
         default=defaults.max_name_bytes,
         help=f"longest metric or label name (default {defaults.max_name_bytes}, 0 = no limit)",
     )
     parser.add_argument(
         "--max-value-bytes",
-        type=int,
+        type=count_at_least(0, "bytes"),  # 0: no limit; a negative one refused every series
         default=defaults.max_value_bytes,
         help=f"longest label value (default {defaults.max_value_bytes}, 0 = no limit)",
     )
@@ -424,16 +425,6 @@ def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._Argum
         help="YAML list of Prometheus relabel rules applied to every series before it is stored "
         "(docs/storage.md, Relabelling)",
     )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {n}")
-    return n
 
 
 def relabeler(args: argparse.Namespace) -> Relabeler | None:
@@ -476,7 +467,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--insert-samples",
-        type=_positive_int,
+        type=count_at_least(1, "samples"),
         default=None,
         metavar="N",
         help=f"samples per insert into the store (default {FLUSH_SAMPLES:,}: peak RSS under 300 MB; an insert "

@@ -7,14 +7,15 @@ routers themselves stay independent of each other.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
+
+# ki collector's number types; re-exported for ki run (kernel_insight/run.py), which words its own alike
+from kernel_insight.collector.flags import at_least, count_at_least, port_number
 
 if TYPE_CHECKING:
     from kernel_insight.api.health import HealthRule
@@ -170,36 +171,6 @@ def build_collector_app(
     return app
 
 
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 0 to 65535 (0: any free port)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return port
-
-
-def at_least(least: float, unit: str = "seconds", *, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a number of ``unit`` from ``least`` on (``above``: greater than it), for
-    ``ki collector``'s and ``ki run``'s periods, delays and sizes. NaN and infinity are refused: a
-    thread that waits 0 s (or NaN s) between runs spins (``--interval 0`` rebuilt the snapshot
-    without pause, a core's worth of CPU)."""
-    bound = f"> {least:g}" if above else f">= {least:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not ((least < value if above else least <= value) and value < math.inf):  # NaN: both False
-            raise argparse.ArgumentTypeError(f"expected a number of {unit} {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _tls(args: argparse.Namespace) -> Any:
     """``TlsFiles`` from --tls-cert/--tls-key/--tls-client-ca, None without them; ValueError when half given."""
     from kernel_insight.api.app import TlsFiles
@@ -215,11 +186,10 @@ def _tls(args: argparse.Namespace) -> Any:
 
 
 def _query_limits(args: argparse.Namespace) -> EngineLimits:
-    """``EngineLimits`` from --query-timeout and --query-max-samples (Prometheus' flags of those names)."""
+    """``EngineLimits`` from --query-timeout and --query-max-samples (Prometheus' flags of those names;
+    their argparse types keep both positive)."""
     from kernel_insight.kql.engine import EngineLimits
 
-    if args.query_timeout <= 0 or args.query_max_samples <= 0:
-        raise ValueError("--query-timeout and --query-max-samples must be positive")
     return EngineLimits(max_samples=args.query_max_samples, timeout_s=args.query_timeout)
 
 
@@ -234,17 +204,16 @@ def _limits(args: argparse.Namespace) -> Any:
     )
 
 
-def _histogram_base_bytes(args: argparse.Namespace) -> int:
-    if not 0 <= args.histogram_base_mb < 1 << 40:  # NaN and infinity too
-        raise ValueError("--histogram-base-mb must be a number of MiB from 0 to 2^40")
-    return int(args.histogram_base_mb * (1 << 20))
-
-
 def _health_rule(args: argparse.Namespace) -> HealthRule:
+    """The rule of --stale-after and --max-data-age; each is a number > 0 by its argparse type, but
+    one against the other only here (before the store is opened): data may not turn stale sooner
+    while its agent is heard than while it is not."""
     from kernel_insight.api.health import HealthRule
 
-    if not 0 < args.stale_after <= args.max_data_age:
-        raise ValueError("need 0 < --stale-after <= --max-data-age")
+    if args.stale_after > args.max_data_age:
+        raise ValueError(
+            f"--stale-after ({args.stale_after:g} s) must not be above --max-data-age ({args.max_data_age:g} s)"
+        )
     return HealthRule(stale_after_s=args.stale_after, max_data_age_s=args.max_data_age)
 
 
@@ -260,6 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
         tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)
+        health_rule = _health_rule(args)
         if tls is not None:
             tls.context()  # refuse bad certificate files before opening the store
     except ValueError as exc:
@@ -292,13 +262,13 @@ def _serve(args: argparse.Namespace) -> int:
             auth_store=args.auth_store,
             rules=rules,
             stats_interval_s=args.stats_interval,
-            health_rule=_health_rule(args),
+            health_rule=health_rule,
             series_limits=series_limits(args),
             query_limits=_query_limits(args),
             relabeler=rules_for_series,
             sync_keep_ns=int(args.sync_keep_us * 1000),
             sync_sample_every=args.sync_sample_every,
-            histogram_base_bytes=_histogram_base_bytes(args),
+            histogram_base_bytes=int(args.histogram_base_mb * (1 << 20)),
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -373,34 +343,35 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     s.add_argument(
         "--sync-keep-us",
-        type=float,
+        # 1e15 us (32 years) in ns still fits the uint64 the syncs' durations are compared as
+        type=at_least(0, "microseconds", most=1e15),
         default=SYNC_KEEP_NS / 1000,
         help="syncs stored one row each (gpu_calls): every one that waited at least this long "
         f"(microseconds, default {SYNC_KEEP_NS / 1000:g}) ... (docs/storage.md)",
     )
     s.add_argument(
         "--sync-sample-every",
-        type=int,
+        type=count_at_least(1),
         default=SYNC_SAMPLE_EVERY,
         help=f"... and 1 in this many of the shorter ones (default {SYNC_SAMPLE_EVERY}; 1: every sync)",
     )
     s.add_argument(
         "--histogram-base-mb",
-        type=float,
+        type=at_least(0, "MiB", most=1 << 40),  # 0: no bases kept, every increment asks for a snapshot
         default=BASE_MAX_BYTES / (1 << 20),
         help="memory for the histogram bases of all agents together, MiB: past it the least recently "
         f"used series lose theirs and send a snapshot (default {BASE_MAX_BYTES >> 20}; docs/wire.md, 'Increments')",
     )
     s.add_argument(
         "--stale-after",
-        type=float,
+        type=at_least(0, above=True),
         default=rule.stale_after_s,
         help="health: an instance whose data is older than this, and whose agent was not heard for "
         f"this long, is stale (seconds, default {rule.stale_after_s:g}; docs/api.md)",
     )
     s.add_argument(
         "--max-data-age",
-        type=float,
+        type=at_least(0, above=True),
         default=rule.max_data_age_s,
         help="health: data of an agent that is heard (catching up on a backlog) may be this old "
         f"before the instance is stale (seconds, default {rule.max_data_age_s:g})",
@@ -418,14 +389,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     q = s.add_argument_group("query limits (docs/kql.md, 'Limits and cancellation')")
     q.add_argument(
         "--query-timeout",
-        type=float,
+        type=at_least(0, above=True),
         default=query.timeout_s,
         metavar="SECONDS",
         help=f"longest a query may run; a request's timeout can only shorten it (default {query.timeout_s:g})",
     )
     q.add_argument(
         "--query-max-samples",
-        type=int,
+        type=count_at_least(1, "samples"),
         default=query.max_samples,
         metavar="N",
         help=f"samples a query may hold in memory at once (default {query.max_samples:,})",
@@ -444,28 +415,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     c = s.add_argument_group("connection limits (docs/security.md)")
     c.add_argument(
         "--max-connections",
-        type=int,
+        type=count_at_least(1, "connections"),
         default=DEFAULT_MAX_CONNECTIONS,
         help=f"open connections at most (default {DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file "
         "limit); past it the connection idle longest is closed",
     )
     c.add_argument(
         "--header-timeout",
-        type=float,
+        type=at_least(0, above=True),
         default=DEFAULT_HEADER_TIMEOUT_S,
         metavar="SECONDS",
         help=f"seconds a client has to send a request head (default {DEFAULT_HEADER_TIMEOUT_S:g})",
     )
     c.add_argument(
         "--body-timeout",
-        type=float,
+        type=at_least(0, above=True),
         default=DEFAULT_BODY_TIMEOUT_S,
         metavar="SECONDS",
         help=f"seconds a client has to send a request body after its head (default {DEFAULT_BODY_TIMEOUT_S:g})",
     )
     c.add_argument(
         "--keep-alive",
-        type=float,
+        type=at_least(0, above=True),
         default=DEFAULT_KEEP_ALIVE_S,
         metavar="SECONDS",
         help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})",

@@ -4,7 +4,6 @@ many agents, and an evicted base handled like one never held (left out, snapshot
 
 from __future__ import annotations
 
-import argparse
 import tracemalloc
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_hist_increments import T0, Buckets, S, decode, derive, row
 
+from kernel_insight.cli import build_parser
 from kernel_insight.collector import hist_base
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.hist_base import (
@@ -23,7 +23,6 @@ from kernel_insight.collector.hist_base import (
 )
 from kernel_insight.collector.metrics import CollectorMetrics
 from kernel_insight.collector.wire_hist import HistKind, HistRow
-from kernel_insight.server import _histogram_base_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -161,10 +160,11 @@ def test_the_gauges_show_the_bases_held() -> None:
     }
 
 
-@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
-def test_a_bound_that_is_no_size_is_refused(value: float) -> None:
-    with pytest.raises(ValueError, match="--histogram-base-mb"):
-        _histogram_base_bytes(argparse.Namespace(histogram_base_mb=value))
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_bound_that_is_no_size_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["collector", "--histogram-base-mb", value])
+    assert "argument --histogram-base-mb: expected a number of MiB" in capsys.readouterr().err
     with pytest.raises(ValueError, match="negative"):
         BaseBudget(-1)
 

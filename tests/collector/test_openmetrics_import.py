@@ -265,4 +265,7 @@ def test_insert_samples_sets_the_insert_size_and_refuses_zero(tmp_path, capsys, 
     with pytest.raises(SystemExit) as exc:
         main(["import", str(f), "--insert-samples", "0"])
     assert exc.value.code == 2
-    assert "must be above 0" in capsys.readouterr().err
+    assert (
+        "argument --insert-samples: expected a whole number of samples >= 1, got '0'"
+        in capsys.readouterr().err
+    )

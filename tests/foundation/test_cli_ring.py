@@ -165,7 +165,10 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
         (["--every", "0"], "argument --every: expected a number of seconds >= 0.1, got '0'"),
         (["--seconds", "-1"], "argument --seconds: expected a number of seconds >= 0, got '-1'"),
         (["--every", "nan"], "argument --every: expected a number of seconds >= 0.1, got 'nan'"),
-        (["--seconds", "inf"], "argument --seconds: expected a number of seconds >= 0, got 'inf'"),
+        (
+            ["--seconds", "inf"],
+            "argument --seconds: expected a number of seconds up to 1000000000, got 'inf'",
+        ),
         (["--port", "70000"], "argument --port: expected a port from 0 to 65535, got '70000'"),
     ],
 )
@@ -242,7 +245,7 @@ def test_collector_names_a_busy_port_and_an_unusable_store_in_one_line(tmp_path)
     [
         (["--interval", "0"], "--interval: expected a number of seconds > 0, got '0'"),
         (["--interval", "nan"], "--interval: expected a number of seconds > 0, got 'nan'"),
-        (["--interval", "inf"], "--interval: expected a number of seconds > 0, got 'inf'"),
+        (["--interval", "inf"], "--interval: expected a number of seconds up to 1000000000, got 'inf'"),
         (["--stats-interval", "-5"], "--stats-interval: expected a number of seconds > 0, got '-5'"),
         (["--rules-resend-delay", "-1"], "--rules-resend-delay: expected a number of seconds >= 0, got '-1'"),
         (
@@ -266,6 +269,97 @@ def test_collector_refuses_periods_that_would_spin_and_negative_sizes(tmp_path, 
     assert out.returncode == 2
     assert out.stderr.splitlines()[-1] == f"ki collector: error: argument {message}"
     assert not (tmp_path / "store").exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--keep-alive", "0"], "--keep-alive: expected a number of seconds > 0, got '0'"),
+        (["--header-timeout", "nan"], "--header-timeout: expected a number of seconds > 0, got 'nan'"),
+        (["--body-timeout", "-1"], "--body-timeout: expected a number of seconds > 0, got '-1'"),
+        (
+            ["--max-connections", "0"],
+            "--max-connections: expected a whole number of connections >= 1, got '0'",
+        ),
+        (["--stale-after", "0"], "--stale-after: expected a number of seconds > 0, got '0'"),
+        (["--max-data-age", "nan"], "--max-data-age: expected a number of seconds > 0, got 'nan'"),
+        (["--query-timeout", "0"], "--query-timeout: expected a number of seconds > 0, got '0'"),
+        (
+            ["--query-max-samples", "0"],
+            "--query-max-samples: expected a whole number of samples >= 1, got '0'",
+        ),
+        (["--sync-keep-us", "-1"], "--sync-keep-us: expected a number of microseconds >= 0, got '-1'"),
+        (["--sync-sample-every", "0"], "--sync-sample-every: expected a whole number >= 1, got '0'"),
+        (["--histogram-base-mb", "-1"], "--histogram-base-mb: expected a number of MiB >= 0, got '-1'"),
+        (["--max-labels", "-1"], "--max-labels: expected a whole number of labels >= 0, got '-1'"),
+        (["--max-name-bytes", "x"], "--max-name-bytes: expected a whole number of bytes >= 0, got 'x'"),
+        (["--max-value-bytes", "-2"], "--max-value-bytes: expected a whole number of bytes >= 0, got '-2'"),
+        # past these the values broke things: a dead snapshot thread, a 500 for every query,
+        # tracebacks converting infinity to bytes and nanoseconds
+        (["--interval", "1e308"], "--interval: expected a number of seconds up to 1000000000, got '1e308'"),
+        (
+            ["--query-timeout", "1e308"],
+            "--query-timeout: expected a number of seconds up to 1000000000, got '1e308'",
+        ),
+        (
+            ["--query-cache-mb", "1e308"],
+            "--query-cache-mb: expected a number of MiB up to 1000000000, got '1e308'",
+        ),
+        (
+            ["--histogram-base-mb", "1e308"],
+            "--histogram-base-mb: expected a number of MiB up to 1099511627776, got '1e308'",
+        ),
+        (
+            ["--sync-keep-us", "1e308"],
+            "--sync-keep-us: expected a number of microseconds up to 1e+15, got '1e308'",
+        ),
+    ],
+)
+def test_every_number_flag_of_the_collector_is_refused_alike_before_the_store_opens(
+    tmp_path, capsys, args, message
+) -> None:
+    """Each of these was checked after parsing in words of its own (``keep_alive_s must be
+    positive, not 0.0``; ``--query-timeout and --query-max-samples must be positive``), several only
+    after the store was opened; ``--max-labels -1`` was taken and refused every remote-written
+    series, ``--sync-keep-us 1e308`` was a traceback. Now each has an argparse type, so the
+    refusal comes from parsing, before the handler opens anything."""
+    from kernel_insight.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["collector", "--port", "0", "--store", str(tmp_path / "store"), *args])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"ki collector: error: argument {message}"
+
+
+def test_collector_refuses_stale_after_above_max_data_age_before_the_store_opens(tmp_path, capsys) -> None:
+    """The one check of two flags together: it came after the store was opened."""
+    from kernel_insight.cli import main
+
+    store = tmp_path / "store"
+    assert main(["collector", "--port", "0", "--store", str(store), "--stale-after", "400"]) == 2
+    assert capsys.readouterr().err == (
+        "ki collector: --stale-after (400 s) must not be above --max-data-age (300 s)\n"
+    )
+    assert not store.exists()
+
+
+def test_the_collector_number_flags_keep_their_values_and_their_zeros() -> None:
+    """The types refuse only what was refused (or broke) before: 0 still turns a limit off or keeps
+    every sync, and the defaults are unchanged."""
+    from kernel_insight.cli import build_parser
+
+    zeros = ["--max-labels", "0", "--max-name-bytes", "0", "--max-value-bytes", "0", "--sync-keep-us", "0"]
+    args = build_parser().parse_args(
+        ["collector", *zeros, "--histogram-base-mb", "0", "--sync-sample-every", "1", "--keep-alive", "0.5"]
+    )
+    assert (args.max_labels, args.max_name_bytes, args.max_value_bytes) == (0, 0, 0)
+    assert (args.sync_keep_us, args.histogram_base_mb, args.sync_sample_every) == (0, 0, 1)
+    assert args.keep_alive == 0.5
+    assert isinstance(args.max_labels, int)
+    assert isinstance(args.sync_sample_every, int)
+    defaults = build_parser().parse_args(["collector"])
+    assert (defaults.stale_after, defaults.max_data_age, defaults.query_max_samples) == (60, 300, 50_000_000)
+    assert (defaults.max_labels, defaults.sync_keep_us, defaults.histogram_base_mb) == (30, 50, 256)
 
 
 def test_a_path_that_cannot_be_used_is_one_line_for_every_command(tmp_path) -> None:

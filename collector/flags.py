@@ -1,0 +1,72 @@
+"""argparse types for the numbers ``ki`` commands take: ports, periods, sizes and counts.
+
+They live in the collector component, the lowest one every command module may import
+(``ki import``'s flags are here, ``ki collector``'s and ``ki run``'s in the package root), so a
+bad number reads the same in every command: ``argument --X: expected ..., got '...'``, exit 2,
+before anything is opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+__all__ = ["MOST", "at_least", "count_at_least", "port_number"]
+
+#: The largest value ``at_least`` takes unless told otherwise. Past it the values meant nothing
+#: more and broke things: ``--interval 1e308`` killed the snapshot thread (a wait past the
+#: platform's time_t), ``--query-timeout 1e308`` made every query a 500, ``--query-cache-mb 1e308``
+#: was a traceback (infinity bytes). A billion seconds is 31 years.
+MOST = 1e9
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535 (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
+
+
+def at_least(
+    least: float, unit: str = "seconds", *, above: bool = False, most: float = MOST
+) -> Callable[[str], float]:
+    """An argparse type: a number of ``unit`` from ``least`` on (``above``: greater than it) up to
+    ``most``, for periods, delays and sizes. NaN and infinity are refused: a thread that waits 0 s
+    (or NaN s) between runs spins (``--interval 0`` rebuilt the snapshot without pause, a core's
+    worth of CPU)."""
+    bound = f"> {least:g}" if above else f">= {least:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if value > most:  # infinity too
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} up to {most:.15g}, got {text!r}")
+        if not (least < value if above else least <= value):  # NaN: False
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def count_at_least(least: int, what: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number (of ``what``) from ``least`` on, for connection, sample and
+    label counts; worded as ``at_least`` words its numbers."""
+    of = f" of {what}" if what else ""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number{of} >= {least}, got {text!r}")
+        return value
+
+    return parse
