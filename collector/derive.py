@@ -548,7 +548,7 @@ class Deriver:
         if of_span.any():
             self._span_launches(launches[of_span])
             launches = launches[~of_span]  # the host side of a span, not a driver launch call
-        # Version 2 bodies carry a sample of the kernels as records; every kernel is counted in
+        # Bodies of version 2 and later carry a sample of the kernels as records; every kernel is counted in
         # the HISTOGRAMS sections, so the per-kernel counters come from those instead.
         sampled = body_version >= 2
         spans = self._kernels(records[types == RecordType.KERNEL], samples, dropped, count=not sampled)
@@ -749,7 +749,7 @@ class Deriver:
             if hit is not None:
                 spans.launch_ns[i], spans.launch_host_ns[i], spans.tid[i] = hit
 
-    # ---- HISTOGRAMS (version 2 bodies): native histograms, and the kernel counters ------
+    # ---- HISTOGRAMS (body versions 2 to 5): native histograms, and the kernel counters
 
     def _histograms(self, h: WireHistograms, epoch: int, out: SampleBuilder) -> HistogramBatch:
         """The section's histograms as samples of kernel_duration_seconds, nccl_op_duration_seconds

@@ -123,7 +123,7 @@ SNAPSHOT_HEADER = "KI-Histogram-Snapshot"
 SECTION_COUNTERS = 0x01
 SECTION_STRINGS = 0x02
 SECTION_CAPTURES = 0x03
-SECTION_HISTOGRAMS = 0x04  # version 2 bodies only
+SECTION_HISTOGRAMS = 0x04  # body versions 2 to 5 only
 SECTION_LABELS = 0x05  # any body version; only agents configured with labels send it
 SECTION_NAMES_USED = 0x06  # version 5 bodies only: the digest of the names a batch uses
 #: The status of a version 5 batch whose names left out the collector cannot all match (the
@@ -477,7 +477,7 @@ class DecodedBatch:
     arrays: dict[int, npt.NDArray[np.void]] = field(default_factory=dict)
     captures: tuple[CaptureReport, ...] = ()
     body_version: int = BODY_VERSION
-    histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2-4 body
+    histograms: WireHistograms | None = None  # the HISTOGRAMS section of a version 2-5 body
     labels: tuple[tuple[str, str], ...] | None = None  # the agent's configured instance labels (LABELS)
     #: Version 5: name_hash of each STRINGS entry, from its bytes as sent (decoding may replace some)
     string_hashes: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -911,13 +911,16 @@ def encode_body(
     names_digest: int | None = None,
 ) -> bytes:
     """A plaintext body from RECORD_DTYPE records (STRING chunks go in `strings`, already joined);
-    ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, version 2);
+    ``histograms`` is a HISTOGRAMS section's content (wire_hist.encode_histograms, versions 2 to 5);
     ``labels`` the agent's configured instance labels (a LABELS section); ``names_digest`` a
     NAMES_USED section (version 5: texts of names the batch uses were left out of ``strings``)."""
     if records.dtype != RECORD_DTYPE:
         raise TypeError("encode_body() needs an array of RECORD_DTYPE")
     if histograms is not None and body_version < BODY_VERSION_HISTOGRAMS:
-        raise ValueError("a HISTOGRAMS section needs body_version 2, 3 or 4")
+        # from the constants, so it cannot go stale again (it said "2, 3 or 4" when 5 came)
+        raise ValueError(
+            f"a HISTOGRAMS section needs body_version {BODY_VERSION_HISTOGRAMS} to {BODY_VERSIONS[-1]}"
+        )
     out = bytearray([body_version])
     if histograms is not None:
         out += _section(SECTION_HISTOGRAMS, histograms)

@@ -1,4 +1,4 @@
-"""The HISTOGRAMS section of a version 2-4 agent batch (docs/wire.md): columnar native histograms.
+"""The HISTOGRAMS section of a version 2-5 agent batch (docs/wire.md): columnar native histograms.
 
 Version 4 adds increments: a row flagged FLAG_INCREMENT holds only the zero count and buckets
 added since the series' previous export (its base, the cumulative histogram whose count is
@@ -38,7 +38,7 @@ __all__ = [
     "encode_histograms",
 ]
 
-#: Section tag of HISTOGRAMS in a version 2 body.
+#: Section tag of HISTOGRAMS in a body of version 2 to 5.
 HIST_SECTION = 0x04
 #: Flag of a histogram's first export since its agent started: a counter reset.
 FLAG_FIRST = 0x01
