@@ -46,7 +46,7 @@ enum ki_counter {
     KI_CTR_HISTOGRAM_REFUSED = 34,  /* observations refused: table full, bucket limit at schema -4, pool spent */
     KI_CTR_HISTOGRAM_INCREMENTS = 35, /* of histograms_shipped, increments (wire body version 4) */
     KI_CTR_HISTOGRAM_EVICTED = 36,  /* histogram keys evicted after histogram_idle_s without a change */
-    KI_CTR_BUSY_DRAINS = 37,        /* drains before their tick: producers would fill a quarter of the ring first */
+    KI_CTR_BUSY_DRAINS = 37,        /* drains before their tick: producers would fill half the ring first */
     KI_CTR_MAX = 37
 };
 

@@ -73,8 +73,9 @@ struct ki_agent {
     size_t staged;               /* records in staging, read from the ring (slots kept) but not yet sealed */
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
     uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_COMMIT_MIN */
-    uint64_t busy_records;       /* records that make a drain due before the tick: a quarter of the ring */
+    uint64_t busy_records;       /* records that make a drain due before the tick: half the ring */
     uint64_t pace_read;          /* records_read at the last drain (drain_and_pace) */
+    uint64_t pace_dropped;       /* the ring's dropped count then */
     uint64_t pace_ns;            /* monotonic time of the last drain */
     uint64_t staged_since_ns;    /* monotonic time the first of them was read */
     int stopping;                /* SIGTERM: seal everything now */
@@ -169,8 +170,9 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     struct ki_drain_stats ds;
     ki_drain_stats(a->drain, &ds);
     a->fold_commit = ds.capacity / 64 > FOLD_COMMIT_MIN ? ds.capacity / 64 : FOLD_COMMIT_MIN;
-    a->busy_records = ds.capacity / 4;
+    a->busy_records = ds.capacity / 2;
     a->pace_read = a->ctr.v[KI_CTR_RECORDS_READ];
+    a->pace_dropped = ds.dropped;
     a->pace_ns = mono_ns();
     uint64_t created = ki_drain_ring_created_ns(a->drain);
     int loaded = ki_names_load(a->names, a->names_path, created);
@@ -897,16 +899,22 @@ static void sleep_until(uint64_t mono_deadline) {
 }
 
 /* Drain, and when to drain next before the tick: once producers, at the rate they wrote since the
- * last drain, will have filled a quarter of the ring (UINT64_MAX: no records, the tick is soon
- * enough). */
+ * last drain, will have filled half the ring (UINT64_MAX: no records, the tick is soon enough).
+ * What they wrote counts what a full ring dropped: read alone, a ring that overflowed would give
+ * its capacity over the time since the last drain, a rate too low, and the next drain would come
+ * too late again. */
 static uint64_t drain_and_pace(struct ki_agent *a) {
     drain_ring(a);
+    if (!a->drain) return UINT64_MAX;
+    struct ki_drain_stats ds;
+    ki_drain_stats(a->drain, &ds);
     uint64_t now = mono_ns(), read = a->ctr.v[KI_CTR_RECORDS_READ];
-    uint64_t got = read - a->pace_read, dt = now - a->pace_ns;
+    uint64_t wrote = read - a->pace_read + (ds.dropped - a->pace_dropped), dt = now - a->pace_ns;
     a->pace_read = read;
+    a->pace_dropped = ds.dropped;
     a->pace_ns = now;
-    if (!got || !a->drain) return UINT64_MAX;
-    double wait = (double)a->busy_records * (double)dt / (double)got;
+    if (!wrote) return UINT64_MAX;
+    double wait = (double)a->busy_records * (double)dt / (double)wrote;
     const double hour = 3600.0 * (double)NS_PER_S; /* later than any tick, and the cast stays defined */
     return now + (wait < (double)NS_PER_MS ? NS_PER_MS : wait > hour ? (uint64_t)hour : (uint64_t)wait);
 }
@@ -914,7 +922,9 @@ static uint64_t drain_and_pace(struct ki_agent *a) {
 /* Drain, then send (or wait for answers) until the next tick is due, with drains before it when
  * producers write fast: a 64 Ki-slot ring holds 65 ms of records at 1M kernels/s, less than a
  * 100 ms tick, and a producer drops what a full ring cannot take. Paced by the rate seen, not
- * polled: a wake-up costs ~18 us of CPU on a VM, what ~1,000 records cost to fold. */
+ * polled: a wake-up costs ~18 us of CPU on a VM, what ~1,000 records cost to fold. Half a ring,
+ * not less: records read soon after they were written cost the agent more (measured: a quarter
+ * 2-4 ns a kernel more than a half at 1M/s, docs/benchmarks.md). */
 static void tick_until(struct ki_agent *a, uint64_t next_tick_ns, volatile sig_atomic_t *stop,
                        volatile sig_atomic_t *reload) {
     uint64_t early = drain_and_pace(a);
