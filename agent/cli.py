@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from kernel_insight.agent.records import StringRecord, StringTable
-from kernel_insight.agent.ring import Ring, RingError, RingReader, ring_name
+from kernel_insight.agent.ring import DEFAULT_CAPACITY, Ring, RingError, RingReader, ring_name
 
 __all__ = ["add_commands"]
 
@@ -63,7 +63,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         return p
 
     c = action("create", _create, "create a ring")
-    c.add_argument("--capacity", type=int, default=65536, help="slots, a power of two (default 65536)")
+    c.add_argument(
+        "--capacity",
+        type=int,
+        default=DEFAULT_CAPACITY,
+        help=f"slots, a power of two (default {DEFAULT_CAPACITY})",
+    )
     c.add_argument("--mode", default="600", choices=["600", "660"], help="permissions (default 600)")
     c.add_argument("--group", default=None, help="group for mode 660")
     action("stat", _stat, "print the ring's counters as JSON")

@@ -9,7 +9,8 @@
  * histogram path, which frees slots as it reads them); those an earlier run had already
  * spooled are skipped by position (skip_before, from the spool's newest mark). Pages of the ring the agent has read are handed back to the
  * kernel (MADV_DONTNEED on the consumer's mapping; the shared memory stays),
- * so the ring's size does not count in the agent's resident memory.
+ * so the ring's size does not count in the agent's resident memory, unless the
+ * agent keeps them (ki_drain_keep_pages: the ring fits its memory bound whole).
  */
 #ifndef KI_DRAIN_H
 #define KI_DRAIN_H
@@ -45,6 +46,11 @@ uint64_t ki_drain_read_pos(const struct ki_drain *d);
 
 /* Free the slots of everything read so far (call once it is spooled). */
 void ki_drain_commit(struct ki_drain *d);
+
+/* keep 1: pages read stay mapped (no MADV_DONTNEED, no fault when the next lap reads them: the
+ * ring then counts whole in the agent's resident memory); keep 0 (the start): pages read are
+ * handed back, and a switch from 1 hands back the whole ring's at once. */
+void ki_drain_keep_pages(struct ki_drain *d, int keep);
 
 /* Records skipped because an earlier run had spooled them. */
 uint64_t ki_drain_skipped(const struct ki_drain *d);

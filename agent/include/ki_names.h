@@ -62,6 +62,8 @@ size_t ki_names_emit_bound(const struct ki_names *n);
 
 /* Times the table was cleared because it was full, and names cut to name_max. */
 uint64_t ki_names_resets(const struct ki_names *n);
+/* Bytes of records and text in use: what grows with the names (the agent watches it, keep_ring). */
+size_t ki_names_bytes(const struct ki_names *n);
 uint64_t ki_names_truncated(const struct ki_names *n);
 
 /* Write every complete name to path (temporary file, then rename), tagged with the

@@ -61,7 +61,7 @@ extern "C" {
 #define KI_RING_RECORD_SIZE 64u             /* bytes per slot */
 #define KI_RING_HEADER_SIZE 4096u           /* bytes before the producer table */
 #define KI_RING_MAX_PRODUCERS 1024u         /* producer table entries (power of two) */
-#define KI_RING_DEFAULT_CAPACITY 65536u     /* slots (power of two) */
+#define KI_RING_DEFAULT_CAPACITY 32768u     /* slots (power of two) */
 #define KI_RING_MIN_CAPACITY 2u
 #define KI_RING_MAX_CAPACITY (1ULL << 30)
 #define KI_RING_STALL_MIN_NS 2000000ULL        /* a dead writer's slot is skipped after 2 ms */

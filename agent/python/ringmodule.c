@@ -549,7 +549,7 @@ static PyObject *Ring_get_closed(RingObject *self, void *c) {
 
 static PyMethodDef Ring_methods[] = {
     {"create", (PyCFunction)(void (*)(void))Ring_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "create(name, capacity=65536, mode=0o600, group=None, label=None, producer=True, *, flags=0) -> Ring"},
+     "create(name, capacity=32768, mode=0o600, group=None, label=None, producer=True, *, flags=0) -> Ring"},
     {"attach", (PyCFunction)(void (*)(void))Ring_attach, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "attach(name, create=False, producer=True, *, flags=0) -> Ring"},
     {"unlink", (PyCFunction)Ring_unlink, METH_O | METH_CLASS, "unlink(name): remove the shared-memory object"},

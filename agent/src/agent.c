@@ -20,6 +20,7 @@
 #include "ki_encode.h"
 #include "ki_kstats.h"
 #include "ki_names.h"
+#include "ki_resident.h"
 #include "ki_ring.h"
 #include "ki_seal.h"
 #include "ki_spool.h"
@@ -41,6 +42,7 @@
 #define HIST_SECTION_MAX (64u << 10)
 #define FOLD_READ 256u /* records read from the ring at a time while histograms take them and slots cannot be freed */
 #define FOLD_COMMIT_MIN 1024u /* records read between frees while folding a backlog, at least */
+#define KEEP_GROWTH (16u << 10) /* table and names growth that makes a kept ring's agent look at its resident memory at once */
 
 /* One batch of the request in flight. */
 struct ki_flight {
@@ -74,6 +76,9 @@ struct ki_agent {
     uint64_t read_at_commit;     /* ring read position when this drain started or last freed slots */
     uint64_t fold_commit;        /* records read between frees while folding a backlog: a 64th of the ring, >= FOLD_COMMIT_MIN */
     uint64_t busy_records;       /* records that make a drain due before the tick: half the ring */
+    int ring_kept;               /* the ring's pages stay mapped (ring_keep_kb; keep_ring) */
+    uint64_t keep_check_ns;      /* while kept: monotonic time of the next look at the resident memory */
+    uint64_t keep_bytes;         /* histogram table bytes at the last look */
     uint64_t pace_read;          /* records_read at the last drain (drain_and_pace) */
     uint64_t pace_dropped;       /* the ring's dropped count then */
     uint64_t pace_ns;            /* monotonic time of the last drain */
@@ -135,17 +140,56 @@ static uint64_t next_random(struct ki_agent *a) {
     return a->rng = x;
 }
 
-static uint64_t read_rss_kb(void) {
-    char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    unsigned long long size, resident;
-    if (sscanf(buf, "%llu %llu", &size, &resident) != 2) return 0;
-    return resident * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+/* Whether the ring's pages stay mapped: handing pages back (MADV_DONTNEED, then a page fault when
+ * the next lap reads them) costs ~40% of the agent's CPU a record at 1M records/s
+ * (docs/benchmarks.md), so a ring that fits under ring_keep_kb with everything else stays mapped
+ * whole. Decided at attach from the resident memory then; from there on commit_slots stops
+ * keeping for good once the resident memory passes the bound (keys, names and exports grew),
+ * and the peak ends at most one step of growth above it: ring_keep_kb is 512 kB under the 5 MB
+ * the agent is held to, for that step. (Not getrusage's ru_maxrss: Linux carries the peak of
+ * the process that exec'd the agent into it.) */
+static void keep_ring(struct ki_agent *a, uint64_t slots) {
+    uint64_t limit = (uint64_t)a->cfg->ring_keep_kb, ring_kb = slots * KI_RING_RECORD_SIZE / 1024;
+    uint64_t now = ki_resident_kb();
+    a->ring_kept = limit && now + ring_kb <= limit;
+    a->keep_check_ns = 0;
+    ki_drain_keep_pages(a->drain, a->ring_kept);
+    if (a->ring_kept)
+        ki_log_info(a->log, "the ring's %llu KiB stay mapped (resident %llu kB with it, ring_keep_kb %llu)",
+                    (unsigned long long)ring_kb, (unsigned long long)(now + ring_kb), (unsigned long long)limit);
+    else if (limit)
+        ki_log_info(a->log, "the ring's pages are handed back as read (%llu KiB of ring and %llu kB resident exceed ring_keep_kb %llu)",
+                    (unsigned long long)ring_kb, (unsigned long long)now, (unsigned long long)limit);
+}
+
+/* Bytes of the histogram table and the names: what grows with new keys, names and wider
+ * histograms, watched by loads rather than by reading /proc. */
+static uint64_t growth_bytes(const struct ki_agent *a) {
+    uint64_t b = ki_names_bytes(a->names);
+    if (a->ks) {
+        struct ki_kstats_stats st;
+        ki_kstats_stats(a->ks, &st);
+        b += st.table.bytes;
+    }
+    return b;
+}
+
+/* Free the slots read so far; while the ring is kept, look at the resident memory (a read of
+ * /proc/self/statm, a few us) once a tick, and at once when table and names grew by KEEP_GROWTH bytes
+ * since the last look, and stop keeping once it passed ring_keep_kb. */
+static void commit_slots(struct ki_agent *a) {
+    ki_drain_commit(a->drain);
+    if (!a->ring_kept) return;
+    uint64_t now = mono_ns(), bytes = growth_bytes(a);
+    if (now < a->keep_check_ns && bytes < a->keep_bytes + KEEP_GROWTH) return;
+    a->keep_check_ns = now + (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS;
+    a->keep_bytes = bytes;
+    uint64_t rss = ki_resident_kb();
+    if (rss <= (uint64_t)a->cfg->ring_keep_kb) return;
+    a->ring_kept = 0;
+    ki_drain_keep_pages(a->drain, 0);
+    ki_log_info(a->log, "resident memory reached %llu kB (ring_keep_kb %lld): the ring's pages are handed back as read from now on",
+                (unsigned long long)rss, (long long)a->cfg->ring_keep_kb);
 }
 
 static int mkdirs(const char *path) {
@@ -171,6 +215,7 @@ static int attach_ring(struct ki_agent *a, char *err, size_t errlen) {
     ki_drain_stats(a->drain, &ds);
     a->fold_commit = ds.capacity / 64 > FOLD_COMMIT_MIN ? ds.capacity / 64 : FOLD_COMMIT_MIN;
     a->busy_records = ds.capacity / 2;
+    keep_ring(a, ds.capacity);
     a->pace_read = a->ctr.v[KI_CTR_RECORDS_READ];
     a->pace_dropped = ds.dropped;
     a->pace_ns = mono_ns();
@@ -328,7 +373,7 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
     c->v[KI_CTR_NAMES_TRUNCATED] = ki_names_truncated(a->names);
     uint64_t now = real_ns();
     c->v[KI_CTR_DRAIN_LAG_NS] = info->shipped && now > info->t_min ? now - info->t_min : 0;
-    c->v[KI_CTR_RSS_KB] = read_rss_kb();
+    c->v[KI_CTR_RSS_KB] = ki_resident_kb();
     if (a->ks) {
         struct ki_kstats_stats ks;
         ki_kstats_stats(a->ks, &ks);
@@ -363,7 +408,7 @@ static int spool_pending(struct ki_agent *a) {
     if (a->spool_errno) ki_log_info(a->log, "the spool %s takes batches again", a->cfg->spool_dir);
     a->spool_errno = 0;
     a->pending = 0;
-    ki_drain_commit(a->drain);
+    commit_slots(a);
     /* Names are registered once per producer: keep them for the next run (only when a name completed). */
     int saved = ki_names_save(a->names, a->names_path, ki_drain_ring_created_ns(a->drain));
     if (saved < 0 && -saved != a->names_errno)
@@ -425,7 +470,7 @@ static int seal_batch(struct ki_agent *a, size_t n) {
                              a->frame_cap - KI_HEADER_BYTES - KI_TAG_BYTES, &clen);
     if (rc < 0) {
         /* Cannot happen with buffers sized by the encoder's bound; if it does, the loss is counted. */
-        ki_drain_commit(a->drain);
+        commit_slots(a);
         a->lost_batches++;
         a->lost_records += n;
         ki_log_error(a->log, "cannot encode a batch of %zu records: %s (records dropped, counted as spool drops)", n,
@@ -448,7 +493,7 @@ static int seal_batch(struct ki_agent *a, size_t n) {
     a->pending_mark = (struct ki_spool_mark){ki_drain_ring_created_ns(a->drain), ki_drain_read_pos(a->drain)};
     rc = ki_seal_frame(&a->seal, a->frame, clen, KI_COMPRESSION_ZSTD, t_min, t_max, info.shipped, &flen);
     if (rc < 0) {
-        ki_drain_commit(a->drain);
+        commit_slots(a);
         a->lost_batches++;
         a->lost_records += info.shipped;
         ki_log_error(a->log, "cannot seal a batch of %u records: %s (counted as spool drops)", info.shipped,
@@ -544,7 +589,7 @@ static int drain_ring(struct ki_agent *a) {
                 n = 0;
                 if (rc < 0 && a->pending) return 0;
             } else {
-                ki_drain_commit(a->drain); /* what is staged waits in memory (hold_kept) */
+                commit_slots(a); /* what is staged waits in memory (hold_kept) */
             }
             a->read_at_commit = ki_drain_read_pos(a->drain);
         }
@@ -566,7 +611,7 @@ static int drain_ring(struct ki_agent *a) {
     }
     /* Everything read went into histograms or waits in staging: nothing to spool now, so the
      * slots are free now. */
-    if (read_any && !a->pending) ki_drain_commit(a->drain);
+    if (read_any && !a->pending) commit_slots(a);
     return 0;
 }
 
@@ -920,7 +965,7 @@ static uint64_t drain_and_pace(struct ki_agent *a) {
 }
 
 /* Drain, then send (or wait for answers) until the next tick is due, with drains before it when
- * producers write fast: a 64 Ki-slot ring holds 65 ms of records at 1M kernels/s, less than a
+ * producers write fast: the default 32 Ki-slot ring holds 33 ms of records at 1M kernels/s, less than a
  * 100 ms tick, and a producer drops what a full ring cannot take. Paced by the rate seen, not
  * polled: a wake-up costs ~18 us of CPU on a VM, what ~1,000 records cost to fold. Half a ring,
  * not less: records read soon after they were written cost the agent more (measured: a quarter
@@ -969,7 +1014,17 @@ int ki_agent_run(struct ki_agent *a, volatile sig_atomic_t *stop, volatile sig_a
                 (unsigned long long)ss.batches);
     const uint64_t interval = (uint64_t)a->cfg->drain_interval_ms * NS_PER_MS;
     uint64_t next = mono_ns(), next_attach = 0;
+    uint64_t shed_text_ns = next + NS_PER_S; /* 0: done */
     while (!*stop) {
+        if (shed_text_ns && mono_ns() >= shed_text_ns) {
+            /* The code only the start ran (settings, keys, the spool's scan, the first connection):
+             * ~0.4 MB of the text resident after start (docs/agent.md, "Memory"). */
+            shed_text_ns = 0;
+            long shed = ki_resident_shed_text();
+            if (shed < 0) ki_log_debug(a->log, "cannot hand back the start's text: %s", strerror((int)-shed));
+            else ki_log_debug(a->log, "text handed back after start: %ld KiB (%llu kB resident now)", shed / 1024,
+                              (unsigned long long)ki_resident_kb());
+        }
         if (*reload) {
             *reload = 0;
             reload_key(a);

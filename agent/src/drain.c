@@ -13,6 +13,7 @@ struct ki_drain {
     uint64_t skip_before;      /* positions below this were spooled by an earlier run */
     uint64_t skipped;          /* records skipped for that reason */
     uint64_t released;         /* ring position up to which pages were handed back */
+    int keep;                  /* pages read stay mapped (ki_drain_keep_pages) */
 };
 
 struct ki_drain *ki_drain_create(const char *name, int create, uint64_t capacity, int *rc, char *err, size_t errlen) {
@@ -54,6 +55,10 @@ static void release_pages(struct ki_drain *d) {
     const uint64_t per_page = PAGE / KI_RING_RECORD_SIZE;
     uint64_t tail = KI_LOAD_RLX(&d->c.ring.hdr->tail) / per_page * per_page;
     uint64_t cap = d->c.ring.mask + 1;
+    if (d->keep) {
+        d->released = tail; /* (nothing to hand back when keeping ends but what it maps then) */
+        return;
+    }
     if (cap < per_page || tail - d->released < 4 * per_page) return; /* batch the syscalls */
     if (tail - d->released >= cap) d->released = tail - cap;
     while (d->released < tail) {
@@ -90,6 +95,16 @@ size_t ki_drain_poll_keep(struct ki_drain *d, struct ki_record *out, size_t max,
     size_t got = ki_drain_poll(d, out, max);
     *read = got;
     return got ? keep(arg, out, got) : 0;
+}
+
+void ki_drain_keep_pages(struct ki_drain *d, int keep) {
+    if (!d || d->keep == !!keep) return;
+    d->keep = !!keep;
+    if (keep) return;
+    /* Every page of the slots may be mapped by now (read in earlier laps, or mapped around a
+     * fault): hand them all back; those still to be read come back as they are read. */
+    uint64_t cap = d->c.ring.mask + 1;
+    madvise((char *)d->c.ring.slots, (size_t)(cap * KI_RING_RECORD_SIZE), MADV_DONTNEED);
 }
 
 void ki_drain_commit(struct ki_drain *d) {

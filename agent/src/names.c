@@ -255,6 +255,7 @@ int ki_names_emit_all(const struct ki_names *n, uint8_t *out, size_t cap, size_t
     return emit((struct ki_names *)n, 0, 1, out, cap, len, count, NULL);
 }
 
+size_t ki_names_bytes(const struct ki_names *n) { return n ? n->used * sizeof *n->slots + n->arena_used : 0; }
 uint64_t ki_names_resets(const struct ki_names *n) { return n->resets; }
 uint64_t ki_names_truncated(const struct ki_names *n) { return n->truncated; }
 

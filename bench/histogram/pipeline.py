@@ -105,7 +105,7 @@ class _Run:
         KeyStore(tmp / "keys.json").add_agent(name).write_key_file(tmp / "agent.key")
         with contextlib.suppress(OSError):
             Ring.unlink(self.ring_name)
-        self.ring = Ring.create(self.ring_name, capacity=1 << 16)
+        self.ring = Ring.create(self.ring_name)  # the default capacity, as a probe creates it
         self.collector, url = _start_collector(tmp)
         self.agent = subprocess.Popen(
             [str(_agent_binary()), "--ring", self.ring_name, "--collector", url, "--key-file", str(tmp / "agent.key"),

@@ -1,7 +1,7 @@
 """A ring that fills faster than the ticks drain it is drained before them (docs/agent.md, "The loop").
 
-At 1M kernels/s the default ring (65,536 slots) holds 65 ms of records, less than one 100 ms
-tick: without drains paced by the producers' rate, a probe that fast drops a third of what it
+At 1M kernels/s the default ring (32,768 slots) holds 33 ms of records, less than one 100 ms
+tick: without drains paced by the producers' rate, a probe that fast drops two thirds of what it
 writes. Scaled down here so the margins are wide on a loaded machine: a 8,192-slot ring at
 10k records/s (0.8 s of records) under a 4 s tick.
 """

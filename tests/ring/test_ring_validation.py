@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ringutil import HERE, INCLUDE, compile_c
 
-from kernel_insight.agent import Ring, RingError, RingReader
+from kernel_insight.agent import DEFAULT_CAPACITY, Ring, RingError, RingReader
 
 SHM = Path("/dev/shm")
 
@@ -85,7 +85,7 @@ def test_bad_ring_is_refused_by_the_c_consumer_too(ringtool: Path, ring_name: st
 def test_capacity_must_be_a_power_of_two(ring_name: str, capacity: int) -> None:
     if capacity == 0:
         with Ring.create(ring_name, capacity=0) as ring:  # 0 means the default
-            assert ring.capacity == 65536
+            assert ring.capacity == DEFAULT_CAPACITY == 32768
         return
     with pytest.raises(RingError, match="capacity must be a power of two"):
         Ring.create(ring_name, capacity=capacity)
