@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kernel_insight.collector.flags import at_least
+
 __all__ = ["add_commands"]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -125,14 +127,9 @@ def _gpu_list(text: str) -> list[int] | None:
     return gpus
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
+#: Seconds and GiB above 0, finite (NaN and infinity refused: collector/flags.py).
+_seconds = at_least(0, "seconds", above=True)
+_gib = at_least(0, "GiB", above=True)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -141,7 +138,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--seconds", type=_positive, default=None, help="stop after this long (default: run until Ctrl-C)"
+            "--seconds", type=_seconds, default=None, help="stop after this long (default: run until Ctrl-C)"
         )
         p.add_argument(
             "--label-prefix",
@@ -160,13 +157,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="the GPU product name reported (the gpu_product label); the served model is an enrolment label",
     )
     s.add_argument(
-        "--memory-gib", type=_positive, default=80.0, help="memory of each simulated GPU, GiB (default 80)"
+        "--memory-gib", type=_gib, default=80.0, help="memory of each simulated GPU, GiB (default 80)"
     )
     s.add_argument("--layers", type=int, default=12, help="transformer layers per step (default 12)")
     s.add_argument("--error-rate", type=float, default=1 / 600, help="random errors per GPU per second")
     s.add_argument(
         "--oom-every",
-        type=_positive,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="out-of-memory episodes, one per GPU this often on average (default: one an hour; inf: "
@@ -191,8 +188,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     n = psub.add_parser("nvml", help="sample NVML once a second per GPU: memory, power, clocks, errors...")
     n.add_argument("--gpus", default="all", help="'all' (default) or indices such as 0,1")
-    n.add_argument("--interval", type=_positive, default=1.0, help="seconds between samples (default 1)")
-    n.add_argument("--fingerprint-every", type=_positive, default=60.0, help="seconds between FINGERPRINTs")
+    n.add_argument("--interval", type=_seconds, default=1.0, help="seconds between samples (default 1)")
+    n.add_argument("--fingerprint-every", type=_seconds, default=60.0, help="seconds between FINGERPRINTs")
     n.add_argument(
         "--library", default=None, help="path of libnvidia-ml.so.1 (default: as the loader finds it)"
     )
@@ -222,7 +219,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="count launches without timing them (one uprobe per launch instead of two)",
     )
-    e.add_argument("--interval", type=_positive, default=1.0, help="seconds between map drains (default 1)")
+    e.add_argument("--interval", type=_seconds, default=1.0, help="seconds between map drains (default 1)")
     common(e)
     e.set_defaults(handler=_errors_to_exit(_ebpf))
 

@@ -405,6 +405,24 @@ def test_cli_simulate_bad_argument_exits_1_with_message(label_prefix, capsys):
     assert "gpus must be" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--seconds", "nan", "expected a number of seconds > 0, got 'nan'"),
+        ("--seconds", "0", "expected a number of seconds > 0"),
+        ("--seconds", "inf", "expected a number of seconds up to"),
+        ("--memory-gib", "-1", "expected a number of GiB > 0"),
+        ("--oom-every", "nan", "expected a number of seconds > 0"),
+    ],
+)
+def test_cli_simulate_refuses_numbers_that_mean_nothing(flag, value, words, capsys):
+    # NaN passed the probe's own check (v <= 0 is False for NaN) and reached the simulator.
+    with pytest.raises(SystemExit) as exc:
+        main(["probe", "simulate", flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {words}" in capsys.readouterr().err
+
+
 def test_collector_derives_every_simulated_record():
     """The contract with the collector: every record type and metric id the simulator writes is known there."""
     from kernel_insight.collector.derive import Deriver

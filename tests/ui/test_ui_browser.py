@@ -401,6 +401,12 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     assert page.evaluate("kiTimeline.view()")["arrows"] == 0  # 20,000 launches in view: no arrows
     assert "zoom in for launch arrows" in page.inner_text("#t-arrows")
     whole = page.evaluate("kiTimeline.view()")
+    right, room = page.evaluate(
+        """() => { const c = document.getElementById("t-canvas"), p = c.parentElement, s = getComputedStyle(p);
+        return [c.getBoundingClientRect().right,
+                p.getBoundingClientRect().right - parseFloat(s.paddingRight) - parseFloat(s.borderRightWidth)]; }"""
+    )
+    assert right <= room + 0.5, (right, room)  # the canvas within its box: the page does not scroll sideways
     box = page.locator("#t-canvas").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     for _ in range(10):

@@ -967,7 +967,10 @@ async function pageTimeline(params) {
   const canvas = document.getElementById("t-canvas");
   const ctx = canvas.getContext("2d");
   const rangeNote = document.getElementById("t-arrows");
-  const width = main.clientWidth - 4;
+  // The canvas's box is body's content box (clientWidth counts the padding too: a canvas that
+  // wide overflowed by it and the page scrolled sideways).
+  const bodyBox = getComputedStyle(body);
+  const width = Math.max(200, Math.floor(body.clientWidth - parseFloat(bodyBox.paddingLeft) - parseFloat(bodyBox.paddingRight)));
   const TRACK_H = 40;
   // Top to bottom: time axis, host threads, streams, NCCL / memory / syncs, NVML counters.
   const hostTop = 24;
