@@ -7,11 +7,10 @@ or NVML can still run the others (and ``ki --help``).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
-from kernel_insight.collector.flags import at_least
 
 __all__ = ["add_commands"]
 
@@ -127,9 +126,27 @@ def _gpu_list(text: str) -> list[int] | None:
     return gpus
 
 
-#: Seconds and GiB above 0, finite (NaN and infinity refused: collector/flags.py).
-_seconds = at_least(0, "seconds", above=True)
-_gib = at_least(0, "GiB", above=True)
+def _above_zero(unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``unit`` > 0, worded as collector/flags.py's ``at_least``
+    words its numbers (the agent component may not import the collector's). NaN passed a plain
+    ``v <= 0`` test and reached the simulator; infinity made a wait past the platform's time_t."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if value > 1e9:  # infinity too
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} up to 1000000000, got {text!r}")
+        if not value > 0:  # NaN: False
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _above_zero("seconds")
+_gib = _above_zero("GiB")
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
