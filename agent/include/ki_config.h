@@ -19,7 +19,7 @@ struct ki_config {
     char ring[KI_CONFIG_STR];         /* GPU index/uuid, or a shm name starting with / */
     int64_t ring_create;              /* create the ring when it does not exist */
     int64_t ring_capacity;            /* slots of a ring this agent creates */
-    int64_t ring_keep_kb;             /* the ring's pages stay mapped while the agent's peak resident memory stays under this */
+    int64_t ring_keep_kb;             /* the ring's pages stay mapped while the agent's resident memory, ring included, stays under this (kB) */
     char collector[KI_CONFIG_STR];    /* http[s]://host:port of the collector */
     char tls_ca_file[KI_CONFIG_PATH]; /* CA certificates for https; "" = the system's */
     char key_file[KI_CONFIG_PATH];    /* the agent's key file (ki keys add) */

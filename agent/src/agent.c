@@ -3,7 +3,6 @@
 #include "ki_agent.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +77,7 @@ struct ki_agent {
     uint64_t busy_records;       /* records that make a drain due before the tick: half the ring */
     int ring_kept;               /* the ring's pages stay mapped (ring_keep_kb; keep_ring) */
     uint64_t keep_check_ns;      /* while kept: monotonic time of the next look at the resident memory */
-    uint64_t keep_bytes;         /* histogram table bytes at the last look */
+    uint64_t keep_bytes;         /* histogram table and name bytes at the last look (growth_bytes) */
     uint64_t pace_read;          /* records_read at the last drain (drain_and_pace) */
     uint64_t pace_dropped;       /* the ring's dropped count then */
     uint64_t pace_ns;            /* monotonic time of the last drain */
@@ -141,7 +140,7 @@ static uint64_t next_random(struct ki_agent *a) {
 }
 
 /* Whether the ring's pages stay mapped: handing pages back (MADV_DONTNEED, then a page fault when
- * the next lap reads them) costs ~40% of the agent's CPU a record at 1M records/s
+ * the next lap reads them) costs about a third of the agent's CPU a record at 1M records/s
  * (docs/benchmarks.md), so a ring that fits under ring_keep_kb with everything else stays mapped
  * whole. Decided at attach from the resident memory then; from there on commit_slots stops
  * keeping for good once the resident memory passes the bound (keys, names and exports grew),

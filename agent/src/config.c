@@ -31,7 +31,7 @@ static const struct ki_config_entry ENTRIES[] = {
     STR(ring, "0", KI_CONFIG_STR, "GPU index or UUID, or the ring's shm name starting with /"),
     BOOL(ring_create, "0", "create the ring when it does not exist yet"),
     INT(ring_capacity, "32768", 2, 1LL << 30, "slots of a ring the agent creates (power of two)"),
-    INT(ring_keep_kb, "4608", 0, 1LL << 30, "keep the ring's pages mapped while the agent's peak resident memory, the whole ring included, stays under this many kB (no page faults, ~40% less CPU a record); past it they are handed back as read; 0: always handed back"),
+    INT(ring_keep_kb, "4608", 0, 1LL << 30, "keep the ring's pages mapped while the agent's resident memory, the whole ring included, stays under this many kB (no page faults: about a third less CPU a record); past it they are handed back as read; 0: always handed back"),
     STR(collector, "http://127.0.0.1:8470", KI_CONFIG_STR, "collector URL (http://host:port or https://host:port)"),
     STR(tls_ca_file, "", KI_CONFIG_PATH, "PEM file of CAs trusted for https (empty: the system's trust store)"),
     STR(key_file, "/etc/kernel-insight/agent.key", KI_CONFIG_PATH, "the agent's key file, mode 0600 (ki keys add)"),
