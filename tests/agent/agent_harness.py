@@ -357,7 +357,8 @@ def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condi
 
 class PacedProducer(threading.Thread):
     """Writes KERNEL records into a ring at ``rate``/s in 10 ms steps, as a probe does: never
-    waits, a full ring drops (counted in ``dropped``); correlation numbers from ``base`` on are unique."""
+    waits, a full ring drops (counted in ``dropped``); correlation numbers from ``base`` on are unique.
+    ``set_rate`` changes the rate from then on (what was due before stays written)."""
 
     def __init__(self, ring: Ring, rate: int, base: int = 0) -> None:
         super().__init__(daemon=True)
@@ -368,11 +369,17 @@ class PacedProducer(threading.Thread):
         self.dropped = 0
         self.stop_flag = threading.Event()
         self.names = [ring.intern(f"kernel_{i}") for i in range(4)]
+        self._pace = (time.monotonic(), 0, rate)  # since when, how many written then, at what rate
+
+    def set_rate(self, rate: int) -> None:
+        self._pace = (time.monotonic(), self.written, rate)
+        self.rate = rate
 
     def run(self) -> None:
-        start = time.monotonic()
+        self._pace = (time.monotonic(), 0, self.rate)
         while not self.stop_flag.is_set():
-            due = int((time.monotonic() - start) * self.rate)
+            since, before, rate = self._pace
+            due = before + int((time.monotonic() - since) * rate)
             now = time.time_ns()
             while self.written < due:
                 n = self.written

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent_harness import PacedProducer, setup, wait_for
 
+from kernel_insight.agent import Ring
 from kernel_insight.collector import wire
 
 RATE = 10_000  # records/s
@@ -53,3 +54,55 @@ def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: 
     counters = s.receiver.got.last_counters()
     assert counters.get(wire.Counter.BUSY_DRAINS, 0) >= 8, counters  # ~2.4 a second from t0 + 4 s
     assert counters[wire.Counter.KERNELS_AGGREGATED] == written_end - end
+
+
+def test_a_rate_that_grows_by_half_between_two_drains_loses_nothing(agent_bin: Path, tmp_path: Path) -> None:
+    """The margin busy drains at half a ring keep (docs/agent.md, "The loop"): paced at the rate of the
+    last interval, the ring is three quarters full at the next drain when the rate grew by half just
+    after the last one, and drops nothing; paced for three quarters of the ring it would overflow."""
+    base, grown = RATE // 2, RATE * 3 // 4  # 0.8 s between busy drains at the base rate
+    with setup(tmp_path, agent_bin, f"/ki_test_burst.{os.getpid()}", capacity=CAPACITY) as s:
+        agent = s.start("--drain-interval-ms", str(INTERVAL_MS), "--histograms=1")
+        wait_for(lambda: "started:" in agent.log(), 20, "agent start")
+        t0 = time.monotonic()
+        producer = PacedProducer(s.ring, base)
+        producer.start()
+        try:
+            time.sleep(max(0.0, t0 + 5.5 - time.monotonic()))  # the first tick gave the agent the rate
+            settled = s.ring.stats()["dropped"]
+            written_settled = producer.written
+            # Three jumps, each 2 s after the last fall back (the pace settled at the base rate), each
+            # right after a drain: the worst case, a whole interval at the new rate.
+            for _ in range(3):
+                _after_a_drain(s.ring)
+                producer.set_rate(grown)
+                time.sleep(2.0)
+                producer.set_rate(base)
+                time.sleep(2.0)
+            end = s.ring.stats()["dropped"]
+            written_end = producer.written
+        finally:
+            producer.stop_flag.set()
+            producer.join()
+        assert written_end - written_settled > 5 * CAPACITY
+        assert producer.dropped == end
+        assert end == settled, (
+            f"{end - settled} of {written_end - written_settled} records dropped when the rate grew by half"
+        )
+        wait_for(lambda: s.ring.stats()["fill"] == 0, 20, "the agent to drain the ring")
+        assert agent.stop() == 0
+    counters = s.receiver.got.last_counters()
+    assert counters[wire.Counter.KERNELS_AGGREGATED] == written_end - end
+
+
+def _after_a_drain(ring: Ring) -> None:
+    """Returns as soon as the ring's fill falls: the agent has just drained it."""
+    last = ring.stats()["fill"]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+        fill = ring.stats()["fill"]
+        if fill < last:
+            return
+        last = fill
+    raise AssertionError("no drain in 5 s")
