@@ -269,9 +269,11 @@ def hist_windows(
     counts = hr.hi - hr.lo
     wanted = counts > 0 if skip is None else (counts > 0) & ~skip
     rows, steps = np.nonzero(wanted)
+    if not len(rows):  # every window decided already (rate's dense path): no column becomes an object
+        return
     fcounts = r.hi - r.lo
     if last is None:
-        objs = hr.hs
+        objs = hr.objects_at(_in_windows(hr.lo[rows, steps], hr.hi[rows, steps], len(hr.ts)))
     else:
         his, los = hr.hi[rows, steps], hr.lo[rows, steps]
         ends = [his - k for k in range(1, last + 1)]
@@ -283,6 +285,13 @@ def hist_windows(
         if last is not None:
             lo = max(lo, hi - last)
         yield i, j, hr.ts[lo:hi].tolist(), list(objs[lo:hi]), int(fcounts[i, j])
+
+
+def _in_windows(los: I64, his: I64, n: int) -> I64:
+    """The sample indices inside any of the windows ``[los[k], his[k])`` of ``n`` samples: windows
+    overlap (a 5m range at a 15 s step holds each sample in 20), so each is listed once."""
+    edges = np.bincount(los, minlength=n + 1) - np.bincount(his, minlength=n + 1)
+    return np.flatnonzero(np.cumsum(edges[:n]) > 0)
 
 
 def has_hist_windows(r: RangeInput) -> BOOL:
