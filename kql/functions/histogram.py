@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kernel_insight.kql.aggregation import bad_quantile_message
 from kernel_insight.kql.errors import KqlEvaluationError
@@ -23,6 +24,8 @@ from kernel_insight.kql.vectors import consolidate
 __all__ = ["bucket_fraction", "bucket_quantile"]
 
 _SMALL_DELTA = 1e-12
+_MIN_NORMAL = 2.2250738585072014e-308
+_MAX_FLOAT = 1.7976931348623157e308
 
 
 def _coalesce(buckets: list[list[float]]) -> list[list[float]]:
@@ -173,28 +176,88 @@ def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int)
         values = np.full((len(keys), steps), np.nan)
         present = np.zeros((len(keys), steps), dtype=bool)
         for g, key in enumerate(keys):
-            ctx.check()  # a Python loop over every step of every group: the deadline holds inside it
+            ctx.check()  # a loop over every group: the deadline holds inside it
             rows = groups[key]
             bounds = [_le(vec.labels[r]) for r in rows]
-            for j in range(steps):
+            held = vec.present[rows]
+            present[g] = held.any(axis=0)
+            # Steps where every bucket of the group is present, over distinct bounds: all at once
+            # (the common case: a histogram's buckets are scraped together); the others one by one.
+            distinct = len(set(bounds)) == len(bounds) and not any(math.isnan(b) for b in bounds)
+            whole = held.all(axis=0) if distinct else np.zeros(steps, dtype=bool)
+            forced = False
+            if whole.any():
+                cols = np.flatnonzero(whole)
+                order = np.argsort(bounds, kind="stable")
+                counts = vec.values[np.asarray(rows)[order]][:, cols].astype(np.float64, copy=True)
+                values[g, cols], forced = _vector_quantile(q[cols], np.asarray(bounds)[order], counts)
+            for j in np.flatnonzero(present[g] & ~whole).tolist():
                 buckets = [
                     [bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]
                 ]
-                if not buckets:
-                    continue
-                value, forced = bucket_quantile(float(q[j]), buckets)
-                if forced:
-                    ctx.info(
-                        "input to histogram_quantile needed to be fixed for monotonicity (see "
-                        "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
-                        f"for metric name {go_quote(dict(key).get('__name__', ''))}",
-                        ctx.node.args[arg_index].pos,
-                    )
-                values[g, j] = value
-                present[g, j] = True
+                values[g, j], forced_here = bucket_quantile(float(q[j]), buckets)
+                forced |= forced_here
+            if forced:
+                ctx.info(
+                    "input to histogram_quantile needed to be fixed for monotonicity (see "
+                    "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
+                    f"for metric name {go_quote(dict(key).get('__name__', ''))}",
+                    ctx.node.args[arg_index].pos,
+                )
         labels = [tuple(p for p in key if p[0] != "__name__") for key in keys]
         outs.append(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)))
     return outs
+
+
+def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, bool]:
+    """:func:`bucket_quantile` at many steps at once: ``bounds`` ascending and distinct (no NaN),
+    ``counts`` (bucket x step) the cumulative counts, fixed for monotonicity in place. Bit for bit
+    the scalar's answers (the same float operations in the same order), but for a division by a
+    zero count, which is Go's NaN or infinity here where Python raises."""
+    nb = len(bounds)
+    out = np.full(q.shape, np.nan)
+    forced_any = False
+    if nb >= 2 and math.isinf(bounds[-1]) and bounds[-1] > 0:
+        prev = counts[0].copy()
+        forced = np.zeros(q.shape, dtype=bool)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            for k in range(1, nb):
+                cur = counts[k]
+                same = cur == prev
+                close = ~same & _almost_equal(prev, cur, _SMALL_DELTA)
+                lower = ~same & ~close & (cur < prev)
+                keep = close | lower
+                counts[k] = np.where(keep, prev, cur)
+                forced |= lower
+                prev = np.where(same | keep, prev, cur)
+            # a q outside [0, 1] (or NaN) is answered before anything is fixed
+            forced_any = bool((forced & (q >= 0) & (q <= 1)).any())
+            observations = counts[-1]
+            rank = q * observations
+            reached = counts[:-1] >= rank
+            b = np.where(reached.any(axis=0), reached.argmax(axis=0), nb - 1)
+            cols = np.arange(len(q))
+            end, count = bounds[b], counts[b, cols]
+            below = np.where(b > 0, counts[np.maximum(b - 1, 0), cols], 0.0)
+            start = np.where(b > 0, bounds[np.maximum(b - 1, 0)], 0.0)
+            inside = start + (end - start) * ((rank - below) / (count - below))
+            value = np.where(
+                b == nb - 1, bounds[-2], np.where((b == 0) & (bounds[0] <= 0), bounds[0], inside)
+            )
+        out = np.where(observations == 0, np.nan, value)
+    out = np.where(q > 1, math.inf, out)
+    out = np.where(q < 0, -math.inf, out)
+    return np.where(np.isnan(q), np.nan, out), forced_any
+
+
+def _almost_equal(a: F64, b: F64, epsilon: float) -> npt.NDArray[np.bool_]:
+    """:func:`almost_equal` element by element."""
+    abs_sum = np.abs(a) + np.abs(b)
+    diff = np.abs(a - b)
+    tiny = (a == 0) | (b == 0) | (abs_sum < _MIN_NORMAL)
+    relative = diff / np.minimum(abs_sum, _MAX_FLOAT) < epsilon
+    out: npt.NDArray[np.bool_] = (a == b) | np.where(tiny, diff < epsilon * _MIN_NORMAL, relative)
+    return out
 
 
 def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
