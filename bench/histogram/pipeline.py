@@ -30,7 +30,9 @@ Then kql (bench/histogram/quantile.py): ``histogram_quantile(0.99, sum by (kerne
 histograms against the same on classic ``_bucket`` series of the same data, both read from an
 EmbeddedStore by a real ``ki collector`` answering ``/api/v1/query_range`` to a keep-alive
 client (``quantile_ms``/``classic_quantile_ms``: client wall; ``*_cpu_ms``: the collector's
-CPU), and in-process over MemoryStorage (``memory_*``). Ends with one ``BENCH histogram ...`` line.
+CPU), and in-process over MemoryStorage (``memory_*``); the classic query also on Prometheus and
+VictoriaMetrics over the same buckets (``prometheus_classic_quantile_ms``,
+``vm_classic_quantile_ms``). Ends with one ``BENCH histogram ...`` line.
 """
 
 from __future__ import annotations
@@ -326,6 +328,8 @@ _KQL_KEYS = (
     "classic_quantile_cpu_ms",
     "memory_quantile_cpu_ms",
     "memory_classic_quantile_cpu_ms",
+    "prometheus_classic_quantile_ms",
+    "vm_classic_quantile_ms",
 )
 
 
@@ -412,6 +416,8 @@ def main() -> None:
         f" quantile_cpu_ms={q['quantile_cpu_ms']:.1f} classic_quantile_cpu_ms={q['classic_quantile_cpu_ms']:.1f}"
         f" memory_quantile_cpu_ms={q['memory_quantile_cpu_ms']:.1f}"
         f" memory_classic_quantile_cpu_ms={q['memory_classic_quantile_cpu_ms']:.1f}"
+        f" prometheus_classic_quantile_ms={q['prometheus_classic_quantile_ms']:.1f}"
+        f" vm_classic_quantile_ms={q['vm_classic_quantile_ms']:.1f}"
         f" hist_only_bytes_per_gpu_s={figs['hist_only_bytes_per_gpu_s']:.0f}"
         f" wire_batches_per_s={figs.get('wire_batches_per_s', float('nan')):.2f}"
         f" wire_first_min={figs.get('wire_first_min', float('nan')):.0f}"

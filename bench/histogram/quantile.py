@@ -12,7 +12,10 @@ collector`` over it answers ``/api/v1/query_range`` to one keep-alive client, as
 the client's wall time to the whole answer, and the collector's CPU time (all its threads,
 ``/proc/<pid>/task/*/schedstat``) for it (``*_cpu_ms``: the figure that survives a loaded
 machine). Beside it, the same queries in-process over the EmbeddedStore (``store_*``, no HTTP)
-and over MemoryStorage (``memory_*``, no store). Best of ``repeats`` each.
+and over MemoryStorage (``memory_*``, no store). Peers: the classic query on Prometheus
+(``prometheus_classic_*``, promtool-made blocks) and VictoriaMetrics (``vm_classic_*``) over the
+same buckets, through their HTTP APIs to one keep-alive client, with their CPU time (neither holds
+native histograms: Debian's Prometheus is 2.42). Best of ``repeats`` each.
 """
 
 from __future__ import annotations
@@ -131,6 +134,50 @@ def _fill_store(path: Path, native: MemoryStorage, classic: MemoryStorage, base:
         store.close()
 
 
+def _peers(classic: MemoryStorage, root: Path, repeats: int, base: int) -> dict[str, float]:
+    """The classic query on Prometheus (promtool-made blocks) and VictoriaMetrics (imported), the
+    same buckets at the same times, each asked as the collector is: best client wall time and best
+    server CPU time (ms). Prometheus 2.42 (Debian's) and VictoriaMetrics hold no native histograms."""
+    from bench.kql.data import prometheus_text, write_promtool_blocks
+    from bench.kql.servers import Prometheus, Server, VictoriaMetrics, process_cpu_s
+
+    buckets = classic.select([_name_matcher("kernel_duration_seconds_bucket")], 0, STEPS * STEP_MS)
+    data = [(tuple(sorted(x.labels)), x.timestamps + base, x.values) for x in buckets]
+    write_promtool_blocks(root, data, root / "prom")
+    vm = VictoriaMetrics(root / "vm", root / "vm.log")
+    try:
+        vm.load(prometheus_text(data))
+    except BaseException:
+        vm.stop()
+        raise
+    del data
+    out: dict[str, float] = {}
+    servers: list[tuple[str, Server]] = [("vm", vm)]
+    try:
+        servers.append(("prometheus", Prometheus(root / "prom", root / "prometheus.log")))
+        for key, server in servers:
+            client = server.querier()
+            try:
+                best, best_cpu = float("inf"), float("inf")
+                for _ in range(repeats):
+                    cpu = process_cpu_s(server.proc.pid)
+                    answer = client.query(_CLASSIC, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
+                    used = process_cpu_s(server.proc.pid) - cpu
+                    if answer.matrix is None or len(answer.matrix.series) != KERNELS:
+                        raise RuntimeError(f"{key}: {answer.error or 'wrong number of series'}")
+                    best, best_cpu = min(best, answer.seconds), min(best_cpu, used)
+                out[f"{key}_classic_quantile_ms"], out[f"{key}_classic_quantile_cpu_ms"] = (
+                    best * 1000,
+                    best_cpu * 1000,
+                )
+            finally:
+                client.close()
+    finally:
+        for _, server in servers:
+            server.stop()
+    return out
+
+
 def _http(path: Path, root: Path, repeats: int, base: int) -> dict[str, float]:
     """Both queries through a ``ki collector`` over the store at ``path``: best client wall time
     and best collector CPU time per query (ms)."""
@@ -171,9 +218,9 @@ class _Figures(dict[str, float]):
             self[k] = v
 
 
-def quantile_figures(repeats: int = 2, http: bool = True) -> dict[str, float]:
+def quantile_figures(repeats: int = 2, http: bool = True, peers: bool = True) -> dict[str, float]:
     """Every figure of the module docstring; without ``http`` the headline keys are the
-    in-process store's."""
+    in-process store's; without ``peers`` no Prometheus or VictoriaMetrics figures."""
     from kernel_insight.collector.store import EmbeddedStore
     from kernel_insight.kql.engine import Engine, EngineLimits
 
@@ -188,6 +235,8 @@ def quantile_figures(repeats: int = 2, http: bool = True) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ki-quantile-") as tmp:
         path = Path(tmp) / "data"
         _fill_store(path, native, classic, base)
+        if peers:
+            figures.update(_peers(classic, Path(tmp), repeats, base))
         del native, classic
         store = EmbeddedStore(path)
         try:
@@ -229,8 +278,9 @@ if __name__ == "__main__":
     ap.add_argument(
         "--store", action="store_true", help="accepted for old command lines: the store is always measured"
     )
+    ap.add_argument("--no-peers", action="store_true", help="skip Prometheus and VictoriaMetrics")
     a = ap.parse_args()
     load = os.getloadavg()
-    for k, v in quantile_figures(a.repeats, not a.no_http).items():
+    for k, v in quantile_figures(a.repeats, not a.no_http, not a.no_peers).items():
         print(f"{k}: {v:.1f}")
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
