@@ -167,6 +167,12 @@ def _le(labels: Labels) -> float:
     return float(dict(labels)["le"])
 
 
+_Index = npt.NDArray[np.intp]
+
+#: Groups answered together (the buckets of a batch of groups x their steps in one array).
+_BATCH_GROUPS = 256
+
+
 def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int) -> list[StepVector]:
     groups = _groups(ctx, vec, arg_index)
     steps = ctx.steps
@@ -175,51 +181,65 @@ def _quantiles(ctx: CallContext, vec: StepVector, qs: list[F64], arg_index: int)
     for q in qs:
         values = np.full((len(keys), steps), np.nan)
         present = np.zeros((len(keys), steps), dtype=bool)
+        forced = np.zeros(len(keys), dtype=bool)
+        # Groups by their bounds: the steps where a group holds every one of its buckets (distinct
+        # bounds; the common case, a histogram's buckets are scraped together) are answered with
+        # those of the other groups of the same bounds at once; the other steps one by one.
+        together: dict[tuple[float, ...], list[tuple[int, _Index, _Index]]] = {}
         for g, key in enumerate(keys):
             ctx.check()  # a loop over every group: the deadline holds inside it
             rows = groups[key]
             bounds = [_le(vec.labels[r]) for r in rows]
             held = vec.present[rows]
             present[g] = held.any(axis=0)
-            # Steps where every bucket of the group is present, over distinct bounds: all at once
-            # (the common case: a histogram's buckets are scraped together); the others one by one.
             distinct = len(set(bounds)) == len(bounds) and not any(math.isnan(b) for b in bounds)
             whole = held.all(axis=0) if distinct else np.zeros(steps, dtype=bool)
-            forced = False
             if whole.any():
-                cols = np.flatnonzero(whole)
                 order = np.argsort(bounds, kind="stable")
-                counts = vec.values[np.asarray(rows)[order]][:, cols].astype(np.float64, copy=True)
-                values[g, cols], forced = _vector_quantile(q[cols], np.asarray(bounds)[order], counts)
+                ordered = tuple(np.asarray(bounds)[order].tolist())
+                together.setdefault(ordered, []).append((g, np.asarray(rows)[order], np.flatnonzero(whole)))
             for j in np.flatnonzero(present[g] & ~whole).tolist():
                 buckets = [
                     [bounds[k], float(vec.values[r, j])] for k, r in enumerate(rows) if vec.present[r, j]
                 ]
                 values[g, j], forced_here = bucket_quantile(float(q[j]), buckets)
-                forced |= forced_here
-            if forced:
-                ctx.info(
-                    "input to histogram_quantile needed to be fixed for monotonicity (see "
-                    "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
-                    f"for metric name {go_quote(dict(key).get('__name__', ''))}",
-                    ctx.node.args[arg_index].pos,
+                forced[g] |= forced_here
+        for ordered, members in together.items():
+            for k in range(0, len(members), _BATCH_GROUPS):
+                ctx.check()
+                batch = members[k : k + _BATCH_GROUPS]
+                counts = np.concatenate([vec.values[rows][:, cols] for _, rows, cols in batch], axis=1)
+                answers, fixed = _vector_quantile(
+                    np.concatenate([q[cols] for _, _, cols in batch]), np.asarray(ordered), counts
                 )
+                at = 0
+                for g, _, cols in batch:
+                    values[g, cols] = answers[at : at + len(cols)]
+                    forced[g] |= bool(fixed[at : at + len(cols)].any())
+                    at += len(cols)
+        for g in np.flatnonzero(forced).tolist():
+            ctx.info(
+                "input to histogram_quantile needed to be fixed for monotonicity (see "
+                "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
+                f"for metric name {go_quote(dict(keys[g]).get('__name__', ''))}",
+                ctx.node.args[arg_index].pos,
+            )
         labels = [tuple(p for p in key if p[0] != "__name__") for key in keys]
         outs.append(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)))
     return outs
 
 
-def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, bool]:
+def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, npt.NDArray[np.bool_]]:
     """:func:`bucket_quantile` at many steps at once: ``bounds`` ascending and distinct (no NaN),
-    ``counts`` (bucket x step) the cumulative counts, fixed for monotonicity in place. Bit for bit
-    the scalar's answers (the same float operations in the same order), but for a division by a
-    zero count, which is Go's NaN or infinity here where Python raises."""
+    ``counts`` (bucket x step) the cumulative counts, fixed for monotonicity in place; and per
+    step whether the fix was forced. Bit for bit the scalar's answers (the same float operations
+    in the same order), but for a division by a zero count, which is Go's NaN or infinity here
+    where Python raises."""
     nb = len(bounds)
     out = np.full(q.shape, np.nan)
-    forced_any = False
+    forced = np.zeros(q.shape, dtype=bool)
     if nb >= 2 and math.isinf(bounds[-1]) and bounds[-1] > 0:
         prev = counts[0].copy()
-        forced = np.zeros(q.shape, dtype=bool)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             for k in range(1, nb):
                 cur = counts[k]
@@ -231,7 +251,7 @@ def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, bool]:
                 forced |= lower
                 prev = np.where(same | keep, prev, cur)
             # a q outside [0, 1] (or NaN) is answered before anything is fixed
-            forced_any = bool((forced & (q >= 0) & (q <= 1)).any())
+            forced &= (q >= 0) & (q <= 1)
             observations = counts[-1]
             rank = q * observations
             reached = counts[:-1] >= rank
@@ -247,7 +267,7 @@ def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, bool]:
         out = np.where(observations == 0, np.nan, value)
     out = np.where(q > 1, math.inf, out)
     out = np.where(q < 0, -math.inf, out)
-    return np.where(np.isnan(q), np.nan, out), forced_any
+    return np.where(np.isnan(q), np.nan, out), forced
 
 
 def _almost_equal(a: F64, b: F64, epsilon: float) -> npt.NDArray[np.bool_]:
