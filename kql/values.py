@@ -47,6 +47,7 @@ __all__ = [
     "String",
     "Vector",
     "almost_equal",
+    "almost_equal_array",
     "format_sample_value",
     "labels_to_str",
     "prometheus_json_bytes",
@@ -389,6 +390,7 @@ class CallContext:
 
 
 _MIN_NORMAL = 2.2250738585072014e-308
+_MAX_FLOAT = 1.7976931348623157e308
 
 
 def almost_equal(a: float, b: float, epsilon: float) -> bool:
@@ -399,7 +401,20 @@ def almost_equal(a: float, b: float, epsilon: float) -> bool:
     diff = abs(a - b)
     if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
         return diff < epsilon * _MIN_NORMAL
-    return diff / min(abs_sum, 1.7976931348623157e308) < epsilon
+    return diff / min(abs_sum, _MAX_FLOAT) < epsilon
+
+
+def almost_equal_array(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], epsilon: float
+) -> npt.NDArray[np.bool_]:
+    """:func:`almost_equal` element by element (call it under ``np.errstate(invalid="ignore")``:
+    infinities of one sign subtract to NaN, which compares unequal as in Go)."""
+    abs_sum = np.abs(a) + np.abs(b)
+    diff = np.abs(a - b)
+    tiny = (a == 0) | (b == 0) | (abs_sum < _MIN_NORMAL)
+    relative = diff / np.minimum(abs_sum, _MAX_FLOAT) < epsilon
+    out: npt.NDArray[np.bool_] = (a == b) | np.where(tiny, diff < epsilon * _MIN_NORMAL, relative)
+    return out
 
 
 def format_sample_value(value: float) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from bench.kql.servers import HttpQuerier, Server
     from kernel_insight.kql.engine import Engine
     from kernel_insight.kql.storage import MemoryStorage
 
@@ -134,12 +135,30 @@ def _fill_store(path: Path, native: MemoryStorage, classic: MemoryStorage, base:
         store.close()
 
 
+def _best_over_http(
+    server: Server, client: HttpQuerier, query: str, repeats: int, base: int, who: str
+) -> tuple[float, float]:
+    """Best client wall time and best server CPU time (ms) of ``repeats`` range queries over the
+    hour; RuntimeError naming ``who`` when an answer is not the 1,000 kernels' series."""
+    from bench.kql.servers import process_cpu_s
+
+    best, best_cpu = float("inf"), float("inf")
+    for _ in range(repeats):
+        cpu = process_cpu_s(server.proc.pid)
+        answer = client.query(query, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
+        used = process_cpu_s(server.proc.pid) - cpu
+        if answer.matrix is None or len(answer.matrix.series) != KERNELS:
+            raise RuntimeError(f"{who}: {answer.error or 'wrong number of series'}")
+        best, best_cpu = min(best, answer.seconds), min(best_cpu, used)
+    return best * 1000, best_cpu * 1000
+
+
 def _peers(classic: MemoryStorage, root: Path, repeats: int, base: int) -> dict[str, float]:
     """The classic query on Prometheus (promtool-made blocks) and VictoriaMetrics (imported), the
     same buckets at the same times, each asked as the collector is: best client wall time and best
     server CPU time (ms). Prometheus 2.42 (Debian's) and VictoriaMetrics hold no native histograms."""
     from bench.kql.data import prometheus_text, write_promtool_blocks
-    from bench.kql.servers import Prometheus, Server, VictoriaMetrics, process_cpu_s
+    from bench.kql.servers import Prometheus, VictoriaMetrics
 
     buckets = classic.select([_name_matcher("kernel_duration_seconds_bucket")], 0, STEPS * STEP_MS)
     data = [(tuple(sorted(x.labels)), x.timestamps + base, x.values) for x in buckets]
@@ -158,17 +177,8 @@ def _peers(classic: MemoryStorage, root: Path, repeats: int, base: int) -> dict[
         for key, server in servers:
             client = server.querier()
             try:
-                best, best_cpu = float("inf"), float("inf")
-                for _ in range(repeats):
-                    cpu = process_cpu_s(server.proc.pid)
-                    answer = client.query(_CLASSIC, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
-                    used = process_cpu_s(server.proc.pid) - cpu
-                    if answer.matrix is None or len(answer.matrix.series) != KERNELS:
-                        raise RuntimeError(f"{key}: {answer.error or 'wrong number of series'}")
-                    best, best_cpu = min(best, answer.seconds), min(best_cpu, used)
-                out[f"{key}_classic_quantile_ms"], out[f"{key}_classic_quantile_cpu_ms"] = (
-                    best * 1000,
-                    best_cpu * 1000,
+                out[f"{key}_classic_quantile_ms"], out[f"{key}_classic_quantile_cpu_ms"] = _best_over_http(
+                    server, client, _CLASSIC, repeats, base, key
                 )
             finally:
                 client.close()
@@ -181,7 +191,7 @@ def _peers(classic: MemoryStorage, root: Path, repeats: int, base: int) -> dict[
 def _http(path: Path, root: Path, repeats: int, base: int) -> dict[str, float]:
     """Both queries through a ``ki collector`` over the store at ``path``: best client wall time
     and best collector CPU time per query (ms)."""
-    from bench.kql.servers import Collector, process_cpu_s
+    from bench.kql.servers import Collector
 
     out: dict[str, float] = {}
     server = Collector(path, root, root / "collector.log", "--query-timeout", "1800")
@@ -189,15 +199,9 @@ def _http(path: Path, root: Path, repeats: int, base: int) -> dict[str, float]:
         client = server.querier()
         try:
             for key, query in (("quantile", _QUERY), ("classic_quantile", _CLASSIC)):
-                best, best_cpu = float("inf"), float("inf")
-                for _ in range(repeats):
-                    cpu = process_cpu_s(server.proc.pid)
-                    answer = client.query(query, base, base + (STEPS - 1) * STEP_MS, STEP_MS)
-                    used = process_cpu_s(server.proc.pid) - cpu
-                    if answer.matrix is None or len(answer.matrix.series) != KERNELS:
-                        raise RuntimeError(f"{query} over HTTP: {answer.error or 'wrong number of series'}")
-                    best, best_cpu = min(best, answer.seconds), min(best_cpu, used)
-                out[f"{key}_ms"], out[f"{key}_cpu_ms"] = best * 1000, best_cpu * 1000
+                out[f"{key}_ms"], out[f"{key}_cpu_ms"] = _best_over_http(
+                    server, client, query, repeats, base, f"{query} over HTTP"
+                )
         finally:
             client.close()
     finally:

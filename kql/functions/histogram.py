@@ -18,14 +18,12 @@ from kernel_insight.kql.functions._common import F64, STR, S, V
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, almost_equal
+from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array
 from kernel_insight.kql.vectors import consolidate
 
 __all__ = ["bucket_fraction", "bucket_quantile"]
 
 _SMALL_DELTA = 1e-12
-_MIN_NORMAL = 2.2250738585072014e-308
-_MAX_FLOAT = 1.7976931348623157e308
 
 
 def _coalesce(buckets: list[list[float]]) -> list[list[float]]:
@@ -244,7 +242,7 @@ def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, npt.NDArray
             for k in range(1, nb):
                 cur = counts[k]
                 same = cur == prev
-                close = ~same & _almost_equal(prev, cur, _SMALL_DELTA)
+                close = ~same & almost_equal_array(prev, cur, _SMALL_DELTA)
                 lower = ~same & ~close & (cur < prev)
                 keep = close | lower
                 counts[k] = np.where(keep, prev, cur)
@@ -268,16 +266,6 @@ def _vector_quantile(q: F64, bounds: F64, counts: F64) -> tuple[F64, npt.NDArray
     out = np.where(q > 1, math.inf, out)
     out = np.where(q < 0, -math.inf, out)
     return np.where(np.isnan(q), np.nan, out), forced
-
-
-def _almost_equal(a: F64, b: F64, epsilon: float) -> npt.NDArray[np.bool_]:
-    """:func:`almost_equal` element by element."""
-    abs_sum = np.abs(a) + np.abs(b)
-    diff = np.abs(a - b)
-    tiny = (a == 0) | (b == 0) | (abs_sum < _MIN_NORMAL)
-    relative = diff / np.minimum(abs_sum, _MAX_FLOAT) < epsilon
-    out: npt.NDArray[np.bool_] = (a == b) | np.where(tiny, diff < epsilon * _MIN_NORMAL, relative)
-    return out
 
 
 def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
