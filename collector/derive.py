@@ -625,11 +625,12 @@ class Deriver:
         keys.update(zip(named["producer"].tolist(), named["id"].tolist(), strict=True))
         errors = records[types == RecordType.ERROR]
         if len(errors):
-            detail = errors["payload"].view(np.uint8).reshape(-1, 32)[:, 20:24].copy().view("<u4").reshape(-1)
+            detail = _payload(errors, _ERROR_DTYPE)["detail_id"]
             keys.update(zip(errors["producer"].tolist(), detail.tolist(), strict=True))
         fps = records[(types == RecordType.FINGERPRINT) & ((records["flags"] & RecordFlag.FP_STRING) != 0)]
         if len(fps):
-            value = fps["payload"].view(np.uint8).reshape(-1, 32)[:, 0:4].copy().view("<u4").reshape(-1)
+            # The string id is the value's low 32 bits, as agent/src/encode.c's use_name takes it.
+            value = _payload(fps, _FINGERPRINT_DTYPE)["value"] & np.uint64(0xFFFFFFFF)
             keys.update(zip(fps["producer"].tolist(), value.tolist(), strict=True))
         if histograms is not None:
             kernel = histograms.kind == HistKind.KERNEL

@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_insight.agent.records import RECORD_DTYPE, RecordType
+from kernel_insight.agent.records import (
+    ERROR_PAYLOAD,
+    FINGERPRINT_PAYLOAD,
+    RECORD_DTYPE,
+    RecordFlag,
+    RecordType,
+)
 from kernel_insight.collector import wire
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.keys import KeyStore
@@ -85,6 +91,40 @@ def test_the_digest_matches_names_sent_before_and_nothing_else() -> None:
     assert not d.names_match(kernels(ts, [7, 98]), {}, {}, None, digest({(1, 7): GEMM, (1, 98): "x"}))
     # Another agent's deriver holds nothing: no match.
     assert not Deriver("host-2").names_match(recs, {}, {}, hist, digest(NAMES))
+
+
+def _typed(rtype: RecordType, payloads: list[bytes], flags: int = 0) -> np.ndarray:
+    """Records of producer 1 of one type with the given 32-byte payloads, packed by records' own
+    struct formats (the layout of docs/ring.md)."""
+    recs = np.zeros(len(payloads), dtype=RECORD_DTYPE)
+    recs["type"] = rtype
+    recs["producer"] = 1
+    recs["flags"] = flags
+    recs["pos"] = np.arange(len(payloads))
+    recs["payload"] = np.frombuffer(b"".join(payloads), dtype="V32")
+    return recs
+
+
+def test_a_batch_of_several_errors_and_string_fingerprints_is_matched_not_refused() -> None:
+    """Issue 33: two or more ERROR records, or two or more FP_STRING fingerprints (the agent's
+    once-a-minute fingerprint), made names_match view a strided payload column and raise, so the
+    collector answered 422 and the agent dead-lettered the batch. Their name ids count as the C
+    encoder counts them: ERROR's detail_id, and the fingerprint value's low 32 bits."""
+    d = Deriver("host-1")
+    ts = 1_700_000_000 * S
+    d.derive(kernels(ts, [7, 8]), strings=NAMES, now_ns=ts, body_version=5)
+    errors = _typed(RecordType.ERROR, [ERROR_PAYLOAD.pack(2, 0, 42, 7), ERROR_PAYLOAD.pack(700, 0, 42, 8)])
+    fps = _typed(
+        RecordType.FINGERPRINT,
+        [FINGERPRINT_PAYLOAD.pack(7), FINGERPRINT_PAYLOAD.pack(8 | (5 << 32))],
+        flags=RecordFlag.FP_STRING,
+    )
+    for recs in (errors, fps, np.concatenate([errors, fps, kernels(ts, [7])])):
+        assert d.names_match(recs, {}, {}, None, digest(NAMES))
+        assert not d.names_match(recs, {}, {}, None, digest({(1, 7): GEMM}))
+    # A fingerprint without FP_STRING holds a number, not a name: it names nothing.
+    plain = _typed(RecordType.FINGERPRINT, [FINGERPRINT_PAYLOAD.pack(7), FINGERPRINT_PAYLOAD.pack(8)])
+    assert d.names_match(plain, {}, {}, None, 0)
 
 
 def test_a_names_used_section_is_version_5_only_and_eight_bytes() -> None:
