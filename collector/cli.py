@@ -48,7 +48,7 @@ CHUNK_BYTES = 2 << 20
 #: Samples per insert into an embedded store: ClickHouse wants few, large inserts, but an insert's
 #: working memory grows with it, ~130 bytes a sample. For the bench file (3.4M samples) at load
 #: ~10: 100k, 255-268 MB peak RSS and 4.2-4.5 CPU s; 200k, 271-277 MB and 3.5-3.6 CPU s; 250k,
-#: 280-290 MB and 3.4-3.7 CPU s (docs/benchmarks.md, "Memory of `ki import`").
+#: 280-290 MB and 3.4-3.7 CPU s (bench/results/import.md, "Memory of `ki import`").
 FLUSH_SAMPLES = 200_000
 #: Samples inserted between two drops of chDB's pages (_bounded_writer): what only a merge or the
 #: first insert ran leaves the resident set. Each walks /proc/self/smaps (~15 ms of CPU).
@@ -162,7 +162,7 @@ def _import_stream(args: argparse.Namespace) -> int:
         f.close()
         raise _ImportError(str(exc), 2) from None
     # pyarrow would import pandas (~55 MB) on its first array only to ask whether the data is a
-    # pandas object; nothing here is one (docs/benchmarks.md, "Memory of `ki import`").
+    # pandas object; nothing here is one (bench/results/import.md, "Memory of `ki import`").
     with f, modules_unimportable("pandas"):
         fmt = args.format if args.format != "auto" else detect_format(_tail(f))
         default_ts = None if args.require_timestamps else int(time.time() * 1000)

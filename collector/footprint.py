@@ -1,6 +1,6 @@
 """Resident memory of a one-shot process (``ki import``) where no library has a setting for it.
 
-Measured with ``/proc/self/smaps`` (docs/benchmarks.md, "Memory of `ki import`"): chDB's static
+Measured with ``/proc/self/smaps`` (bench/results/import.md, "Memory of `ki import`"): chDB's static
 initialisers leave ~165 MB of its 555 MB library resident of which an import uses ~85, and
 pyarrow imports pandas (~55 MB) the first time it builds an array, to ask whether the argument
 is a pandas Series.

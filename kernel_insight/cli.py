@@ -33,7 +33,7 @@ COMMAND_MODULES = [
 #: library reads it (users' own settings win). Every module's imports together (FastAPI, the
 #: apps, the SDK) hold ~57 MB that ``ki import`` never uses, and Arrow's default allocator
 #: (mimalloc, chosen when pyarrow loads) kept ~25 MB of its parser's freed blocks: its peak RSS
-#: is a target (issue 11: under 300 MB; docs/benchmarks.md, "Memory of `ki import`").
+#: is a target (issue 11: under 300 MB; bench/results/import.md, "Memory of `ki import`").
 LEAN_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "import": ("kernel_insight.collector.cli", {"ARROW_DEFAULT_MEMORY_POOL": "system"}),
 }

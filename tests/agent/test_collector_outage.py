@@ -106,7 +106,7 @@ def test_collector_outage_every_record_once_fast_catch_up_and_healthy(tmp_path, 
 
     # Catching up: the backlog of a 30 s outage takes the collector a fifth of that to store, in
     # its CPU time: on a loaded host the drain's wall time is the host's (23.8 s at load 15, run
-    # under nice, on this VM; 1.1 s at load 9 in docs/benchmarks.md), while storing one batch per
+    # under nice, on this VM; 1.1 s at load 9 in bench/results/catchup.md), while storing one batch per
     # request, or a flush per batch, costs CPU (that catch-up requests carry several batches:
     # tests/agent/test_agent_runtime.py).
     took = f"{grown} batches grew in {grew_s:.1f} s; drained in {drain_s:.1f} s, {drain_cpu_s:.1f} s CPU"
