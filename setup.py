@@ -1,4 +1,5 @@
-"""Native parts of the package build: the C extensions (ring, decoding, kql windows) and the ki-agent binary."""
+"""Native parts of the package build: the C extensions (ring, decoding, kql windows), the ki-agent binary
+and, where the CUDA headers are installed, the CUPTI probe libki_cupti.so."""
 
 import subprocess
 from pathlib import Path
@@ -12,7 +13,9 @@ HERE = Path(__file__).resolve().parent
 
 
 class build_ext_and_agent(build_ext):
-    """Also build the native agent (agent/src/Makefile) into kernel_insight/agent/bin/ki-agent.
+    """Also build the native agent (agent/src/Makefile) into kernel_insight/agent/bin/ki-agent, and
+    the CUPTI probe (agent/cupti/Makefile) into .../bin/libki_cupti.so when cupti.h is found
+    (CUDA_HOME, default /usr/local/cuda; without it the probe is left out and the build says so).
 
     A wheel gets it from build_lib; an editable install (or --inplace) also gets
     it in the source tree, agent/bin/, which kernel_insight.agent's launcher finds
@@ -29,6 +32,11 @@ class build_ext_and_agent(build_ext):
             subprocess.run(
                 ["make", "-s", "-C", str(HERE / "agent" / "src"), f"OUT={out.resolve()}"], check=True
             )
+            cupti = ["make", "-s", "-C", str(HERE / "agent" / "cupti"), f"OUT={out.resolve()}"]
+            if subprocess.run([*cupti, "check-headers"], capture_output=True, check=False).returncode == 0:
+                subprocess.run(cupti, check=True)
+            else:
+                print("CUPTI headers (cupti.h) not found: libki_cupti.so, the CUPTI probe, is not built")
 
 
 setup(

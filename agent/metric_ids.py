@@ -45,6 +45,10 @@ class MetricId(enum.IntEnum):
     LAUNCH_HOST_TIME = 26
     LAUNCH_HOST_LATENCY_BUCKET = 27
     CUDA_ALLOCATED_BYTES = 28
+    CUPTI_RECORDS = 29
+    CUPTI_DROPPED = 30
+    CUPTI_RING_REFUSED = 31
+    CUPTI_POOL_EXHAUSTED = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,40 @@ METRIC_SPECS: dict[int, MetricSpec] = {
             "gauge",
             "bytes",
             "Device memory a process allocated through the driver and has not freed (eBPF).",
+            "pid",
+        ),
+        # The CUPTI probe's own counts, cumulative per process (aux); process-wide ones (dropped,
+        # pool exhausted) on the lowest GPU the process writes to (docs/probes.md).
+        MetricSpec(
+            MetricId.CUPTI_RECORDS,
+            "ki_cupti_records_total",
+            "counter",
+            "records",
+            "Ring records the CUPTI probe wrote for one process.",
+            "pid",
+        ),
+        MetricSpec(
+            MetricId.CUPTI_DROPPED,
+            "ki_cupti_dropped_records_total",
+            "counter",
+            "records",
+            "Activity records CUPTI dropped in one process (cuptiActivityGetNumDroppedRecords).",
+            "pid",
+        ),
+        MetricSpec(
+            MetricId.CUPTI_RING_REFUSED,
+            "ki_cupti_ring_refused_records_total",
+            "counter",
+            "records",
+            "Records the CUPTI probe could not write: the ring was full or did not exist.",
+            "pid",
+        ),
+        MetricSpec(
+            MetricId.CUPTI_POOL_EXHAUSTED,
+            "ki_cupti_buffer_pool_exhausted_total",
+            "counter",
+            "requests",
+            "CUPTI buffer requests the probe's pool could not answer (CUPTI then drops records).",
             "pid",
         ),
     )

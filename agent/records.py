@@ -74,6 +74,7 @@ class MemopKind(enum.IntEnum):
     ALLOC_ASYNC = 3
     FREE_ASYNC = 4
     MEMCPY = 5  # a memory copy: bytes is its size (memcpy_bytes histogram)
+    MEMSET = 6  # a memset on the device (CUPTI probe): bytes is its size
 
 
 class SyncKind(enum.IntEnum):

@@ -83,7 +83,9 @@ enum ki_rec_type {
 };
 
 /* MEMOP kinds (record id field). */
-enum ki_memop_kind { KI_MEM_ALLOC = 1, KI_MEM_FREE = 2, KI_MEM_ALLOC_ASYNC = 3, KI_MEM_FREE_ASYNC = 4, KI_MEM_MEMCPY = 5 };
+enum ki_memop_kind {
+    KI_MEM_ALLOC = 1, KI_MEM_FREE = 2, KI_MEM_ALLOC_ASYNC = 3, KI_MEM_FREE_ASYNC = 4, KI_MEM_MEMCPY = 5, KI_MEM_MEMSET = 6
+};
 /* SYNC kinds (record id field). */
 enum ki_sync_kind { KI_SYNC_STREAM = 1, KI_SYNC_CONTEXT = 2, KI_SYNC_EVENT = 3 };
 /* COLLECTIVE ops (record id field). */
@@ -105,7 +107,8 @@ enum ki_fp_field {
 #define KI_FLAG_SIMULATED 0x02u   /* produced by the simulator, never real hardware */
 #define KI_FLAG_LAUNCH_SPAN 0x04u /* LAUNCH: the host side of the KERNEL record with the same pid and correlation,
                                      written by the CUDA-event probe: grid x, y = correlation (low, high 32 bits),
-                                     grid z = host ns the span's code took (capped), block = 0 (docs/ring.md) */
+                                     grid z = host ns the span's code took (capped), block x = string id of the
+                                     enclosing NVTX range or 0 (CUPTI probe), block y, z = 0 (docs/ring.md) */
 #define KI_FLAG_STRING_LAST 0x80u /* STRING: last chunk of the name */
 #define KI_FLAG_STRING_SIZED 0x20u /* STRING, last chunk: text[31] is this chunk's byte count (0..31), for names ending in NUL */
 #define KI_FLAG_FP_STRING 0x40u   /* FINGERPRINT: value is a string id */

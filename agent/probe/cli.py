@@ -1,4 +1,4 @@
-"""``ki probe ebpf|nvml|simulate``: run a probe that writes into GPU rings.
+"""``ki probe ebpf|nvml|simulate|cupti``: run a probe that writes into GPU rings.
 
 Each probe is imported only when its command runs, so a machine without bcc
 or NVML can still run the others (and ``ki --help``).
@@ -112,6 +112,29 @@ def _ebpf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cupti(args: argparse.Namespace) -> int:
+    import os
+
+    from kernel_insight.agent.probe.cupti import CuptiUnavailable, cupti_environment
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("no command to run: ki probe cupti [--label-prefix P] -- CMD ARGS")
+    try:
+        env = cupti_environment(os.environ, label_prefix=args.label_prefix)
+    except CuptiUnavailable as e:
+        raise ProbeUnavailable(str(e)) from e
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        raise ValueError(f"cannot run {command[0]}: {e.strerror}") from e
+    return 1  # not reached: execvpe replaces this process or raises
+
+
 def _gpu_list(text: str) -> list[int] | None:
     if text == "all":
         return None
@@ -150,7 +173,9 @@ _gib = _above_zero("GiB")
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    probe = sub.add_parser("probe", help="run a probe (eBPF tracer, NVML sampler, simulator) into GPU rings")
+    probe = sub.add_parser(
+        "probe", help="run a probe (eBPF tracer, NVML sampler, CUPTI, simulator) into GPU rings"
+    )
     psub = probe.add_subparsers(dest="probe_command", required=True, metavar="PROBE")
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -239,6 +264,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--interval", type=_seconds, default=1.0, help="seconds between map drains (default 1)")
     common(e)
     e.set_defaults(handler=_errors_to_exit(_ebpf))
+
+    c = psub.add_parser(
+        "cupti",
+        help="run a command with the CUPTI activity probe: every kernel's device time (docs/probes.md)",
+        description="Runs CMD with CUDA_INJECTION64_PATH naming the CUPTI probe, which writes each kernel, "
+        "copy, memset and sync into its GPU's ring (/kernel_insight.<prefix><i>; the agent creates it).",
+    )
+    c.add_argument(
+        "--label-prefix",
+        default="",
+        help="ring of GPU i is /kernel_insight.<prefix><i> (default: no prefix)",
+    )
+    c.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+    c.set_defaults(handler=_errors_to_exit(_cupti))
 
 
 def _errors_to_exit(fn: Handler) -> Handler:

@@ -1,0 +1,337 @@
+/* activity.c - CUPTI's activity buffers: a fixed pool handed to CUPTI, and the buffer-completed
+ * path that turns each record into ring records (docs/ring.md) in its device's ring. */
+#define _GNU_SOURCE
+#include "ki_cupti.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+/* ---- pool --------------------------------------------------------------- */
+
+static void *map_zeroed(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int ki_cupti_activity_init(struct ki_cupti *g, size_t buffers, size_t buffer_bytes) {
+    buffer_bytes = (buffer_bytes + 4095) & ~(size_t)4095; /* CUPTI wants 8-byte aligned buffers */
+    g->pool = map_zeroed(buffers * buffer_bytes);
+    g->free_list = calloc(buffers, sizeof *g->free_list);
+    g->names = map_zeroed(KI_CUPTI_NAMES * sizeof *g->names);
+    g->launches = map_zeroed(KI_CUPTI_CORR_SLOTS * sizeof *g->launches);
+    g->ranges = map_zeroed(KI_CUPTI_RANGE_SLOTS * sizeof *g->ranges);
+    if (!g->pool || !g->free_list || !g->names || !g->launches || !g->ranges) return -ENOMEM;
+    g->buffers = buffers;
+    g->buffer_bytes = buffer_bytes;
+    for (size_t i = 0; i < buffers; i++) g->free_list[i] = (uint32_t)(buffers - 1 - i);
+    g->free_count = buffers;
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_mutex_init(&g->pool_lock, NULL);
+    g->next_name_id = 0;
+    ki_cupti_clock_refresh(g);
+    return 0;
+}
+
+void CUPTIAPI ki_cupti_buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    struct ki_cupti *g = &ki_cupti_g;
+    *buffer = NULL;
+    *size = 0;
+    *max_records = 0;
+    pthread_mutex_lock(&g->pool_lock);
+    if (g->free_count > 0) {
+        uint32_t i = g->free_list[--g->free_count];
+        *buffer = g->pool + (size_t)i * g->buffer_bytes;
+        *size = g->buffer_bytes;
+    }
+    pthread_mutex_unlock(&g->pool_lock);
+    if (!*buffer) {
+        __atomic_fetch_add(&g->pool_exhausted, 1, __ATOMIC_RELAXED);
+        ki_cupti_log(KI_LOG_POOL, "all %zu activity buffers are in use: CUPTI drops records until one is back "
+                     "(counted; KI_CUPTI_BUFFERS sets the pool)", g->buffers);
+    }
+}
+
+static void pool_put(struct ki_cupti *g, uint8_t *buffer) {
+    if (buffer < g->pool || buffer >= g->pool + g->buffers * g->buffer_bytes) return; /* not ours */
+    size_t i = (size_t)(buffer - g->pool) / g->buffer_bytes;
+    pthread_mutex_lock(&g->pool_lock);
+    if (g->free_count < g->buffers) g->free_list[g->free_count++] = (uint32_t)i;
+    pthread_mutex_unlock(&g->pool_lock);
+}
+
+void CUPTIAPI ki_cupti_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+    (void)size;
+    struct ki_cupti *g = &ki_cupti_g;
+    pthread_mutex_lock(&g->lock);
+    if (g->active) {
+        if (buffer && valid) ki_cupti_activity_process(g, buffer, valid);
+        size_t dropped = 0;
+        if (g->api.ActivityGetNumDroppedRecords &&
+            g->api.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS)
+            g->cupti_dropped_total += dropped;
+        ki_cupti_activity_report(g);
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (buffer) pool_put(g, buffer);
+}
+
+/* ---- clock -------------------------------------------------------------- */
+
+void ki_cupti_clock_refresh(struct ki_cupti *g) {
+    if (!g->api.GetTimestamp) return;
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) { /* the narrowest of five brackets */
+        uint64_t r0 = ki_ring_now_ns(), c = 0;
+        if (g->api.GetTimestamp(&c) != CUPTI_SUCCESS) return;
+        uint64_t r1 = ki_ring_now_ns();
+        if (r1 - r0 < best) {
+            best = r1 - r0;
+            g->clock_offset_ns = (int64_t)(r0 + (r1 - r0) / 2) - (int64_t)c;
+        }
+    }
+    g->clock_at_ns = ki_ring_mono_ns();
+}
+
+static inline uint64_t to_ring_ns(const struct ki_cupti *g, uint64_t cupti_ns) {
+    return (uint64_t)((int64_t)cupti_ns + g->clock_offset_ns);
+}
+
+/* ---- rings and names ---------------------------------------------------- */
+
+static struct ki_cupti_device *device_ring(struct ki_cupti *g, uint32_t dev) {
+    if (dev >= KI_CUPTI_MAX_DEVICES) {
+        g->unknown_device++;
+        return NULL;
+    }
+    struct ki_cupti_device *d = &g->devices[dev];
+    if (__builtin_expect(d->attached, 1)) return d;
+    uint64_t now = ki_ring_mono_ns();
+    if (now >= d->retry_ns) {
+        char name[KI_RING_NAME_MAX + 1], err[256];
+        snprintf(name, sizeof name, "/kernel_insight.%s%u", g->prefix, dev);
+        if (ki_ring_attach(&d->ring, name, KI_RING_PRODUCER, err, sizeof err) == 0) {
+            d->attached = 1;
+            return d;
+        }
+        ki_cupti_log(KI_LOG_RING, "%s: records of GPU %u are counted and dropped until the ring exists", err, dev);
+        d->retry_ns = now + 1000000000ULL;
+    }
+    d->counts[KI_CUPTI_RING_REFUSED]++;
+    return NULL;
+}
+
+/* The entry of CUPTI's name pointer (interned on first sight), or NULL when the table is full. */
+static struct ki_cupti_name *name_of(struct ki_cupti *g, const char *raw) {
+    uintptr_t key = (uintptr_t)raw;
+    uint32_t h = (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 40);
+    for (uint32_t probe = 0; probe < 64; probe++) {
+        struct ki_cupti_name *e = &g->names[(h + probe) & (KI_CUPTI_NAMES - 1)];
+        if (e->raw == raw && e->text) return e;
+        if (e->text) continue;
+        char buf[1024];
+        size_t len = ki_cupti_name_short(raw, buf, sizeof buf, g->name_max);
+        e->text = malloc(len + 1);
+        if (!e->text) return NULL;
+        memcpy(e->text, buf, len + 1);
+        e->len = (uint32_t)len;
+        e->raw = raw;
+        e->id = ++g->next_name_id;
+        return e;
+    }
+    ki_cupti_log(KI_LOG_NAME, "kernel name table full (%u names): further new names are not written", KI_CUPTI_NAMES);
+    return NULL;
+}
+
+/* Make sure device dev's ring has the name; 0 when it has. */
+static inline int name_in_ring(struct ki_cupti_device *d, uint32_t dev, struct ki_cupti_name *e) {
+    uint64_t bit = 1ULL << dev;
+    if (__builtin_expect(e->registered & bit, 1)) return 0;
+    int rc = ki_ring_string(&d->ring, e->id, e->text, e->len);
+    if (rc == 0) e->registered |= bit;
+    return rc;
+}
+
+/* The string id of an NVTX range slot + 1 in device dev's ring, 0 when unknown. */
+static uint32_t range_id(struct ki_cupti *g, struct ki_cupti_device *d, uint32_t dev, uint32_t slot1) {
+    if (slot1 == 0 || slot1 > KI_CUPTI_RANGE_SLOTS) return 0;
+    struct ki_cupti_name *e = &g->range_names[slot1 - 1];
+    if (!e->text) {
+        const struct ki_cupti_range *r = &g->ranges[slot1 - 1];
+        if (!__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE)) return 0;
+        e->text = malloc(r->len + 1);
+        if (!e->text) return 0;
+        memcpy(e->text, r->text, r->len);
+        e->text[r->len] = '\0';
+        e->len = r->len;
+        e->id = ++g->next_name_id;
+    }
+    return name_in_ring(d, dev, e) == 0 ? e->id : 0;
+}
+
+static inline void put(struct ki_cupti_device *d, const struct ki_rec *rec) {
+    if (ki_ring_write(&d->ring, rec) == 0) d->counts[KI_CUPTI_RECORDS_WRITTEN]++;
+    else d->counts[KI_CUPTI_RING_REFUSED]++;
+}
+
+static inline void note_context(struct ki_cupti *g, uint32_t ctx, uint32_t dev) {
+    if (ctx < KI_CUPTI_CONTEXTS) g->context_device[ctx] = dev + 1;
+}
+
+/* ---- records ------------------------------------------------------------ */
+
+static void on_kernel(struct ki_cupti *g, const CUpti_ActivityKernel10 *k) {
+    note_context(g, k->contextId, k->deviceId);
+    struct ki_cupti_device *d = device_ring(g, k->deviceId);
+    if (!d) return;
+    uint16_t dev = (uint16_t)k->deviceId;
+    struct ki_cupti_name *e = name_of(g, k->name);
+    if (!e || name_in_ring(d, dev, e) < 0) {
+        d->counts[KI_CUPTI_RING_REFUSED]++;
+        return;
+    }
+    uint64_t corr = KI_CUPTI_CORRELATION_TAG | k->correlationId;
+    struct ki_cupti_launch l;
+    struct ki_rec rec;
+    if (ki_cupti_launch_find(g, k->correlationId, &l)) {
+        memset(&rec, 0, sizeof rec);
+        rec.type = KI_REC_LAUNCH;
+        rec.flags = KI_FLAG_LAUNCH_SPAN;
+        rec.device = dev;
+        rec.id = e->id;
+        rec.ts_ns = l.launch_ns;
+        rec.u.launch.pid = d->ring.pid;
+        rec.u.launch.tid = l.tid;
+        rec.u.launch.grid[0] = (uint32_t)corr;
+        rec.u.launch.grid[1] = (uint32_t)(corr >> 32);
+        rec.u.launch.grid[2] = l.host_ns;
+        rec.u.launch.block[0] = range_id(g, d, dev, l.range);
+        put(d, &rec);
+    }
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_KERNEL;
+    rec.device = dev;
+    rec.id = e->id;
+    rec.ts_ns = to_ring_ns(g, k->start);
+    rec.u.kernel.end_ns = k->end >= k->start ? to_ring_ns(g, k->end) : rec.ts_ns;
+    rec.u.kernel.stream = k->streamId;
+    rec.u.kernel.correlation = corr;
+    rec.u.kernel.pid = d->ring.pid;
+    put(d, &rec);
+}
+
+static void on_memop(struct ki_cupti *g, uint32_t kind, uint32_t dev, uint32_t ctx, uint64_t start, uint64_t bytes,
+                     uint32_t corr) {
+    note_context(g, ctx, dev);
+    struct ki_cupti_device *d = device_ring(g, dev);
+    if (!d) return;
+    struct ki_cupti_launch l;
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_MEMOP;
+    rec.device = (uint16_t)dev;
+    rec.id = kind;
+    rec.ts_ns = to_ring_ns(g, start);
+    rec.u.memop.bytes = bytes;
+    rec.u.memop.pid = d->ring.pid;
+    rec.u.memop.tid = ki_cupti_launch_find(g, corr, &l) ? l.tid : 0;
+    put(d, &rec);
+}
+
+static void on_sync(struct ki_cupti *g, const CUpti_ActivitySynchronization2 *s) {
+    uint32_t kind, dev1 = s->contextId < KI_CUPTI_CONTEXTS ? g->context_device[s->contextId] : 0;
+    uint64_t handle = s->streamId;
+    switch (s->type) {
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE: kind = KI_SYNC_STREAM; break;
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE: kind = KI_SYNC_CONTEXT; handle = s->contextId; break;
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE: kind = KI_SYNC_EVENT; handle = s->cudaEventId; break;
+    default: return; /* a stream waiting on an event: no host thread waits */
+    }
+    if (dev1 == 0) {
+        g->unknown_device++;
+        return;
+    }
+    struct ki_cupti_device *d = device_ring(g, dev1 - 1);
+    if (!d) return;
+    struct ki_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.type = KI_REC_SYNC;
+    rec.device = (uint16_t)(dev1 - 1);
+    rec.id = kind;
+    rec.ts_ns = to_ring_ns(g, s->start);
+    rec.u.sync.duration_ns = s->end > s->start ? s->end - s->start : 0;
+    rec.u.sync.handle = handle;
+    rec.u.sync.pid = d->ring.pid;
+    put(d, &rec);
+}
+
+size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t valid) {
+    if (ki_ring_mono_ns() - g->clock_at_ns > 100000000ULL) ki_cupti_clock_refresh(g);
+    CUpti_Activity *a = NULL;
+    size_t n = 0;
+    while (g->api.ActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS && a) {
+        n++;
+        switch (a->kind) {
+        case CUPTI_ACTIVITY_KIND_KERNEL:
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+            on_kernel(g, (const CUpti_ActivityKernel10 *)a);
+            break;
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)a;
+            on_memop(g, KI_MEM_MEMCPY, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)a;
+            on_memop(g, KI_MEM_MEMSET, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
+            on_sync(g, (const CUpti_ActivitySynchronization2 *)a);
+            break;
+        case CUPTI_ACTIVITY_KIND_CONTEXT: {
+            const CUpti_ActivityContext3 *c = (const CUpti_ActivityContext3 *)a;
+            note_context(g, c->contextId, c->deviceId);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return n;
+}
+
+/* ---- the probe's own counts ---------------------------------------------- */
+
+static const uint32_t count_metric[KI_CUPTI_COUNT_MAX] = {
+    [KI_CUPTI_RECORDS_WRITTEN] = KI_METRIC_CUPTI_RECORDS,
+    [KI_CUPTI_CUPTI_DROPPED] = KI_METRIC_CUPTI_DROPPED,
+    [KI_CUPTI_RING_REFUSED] = KI_METRIC_CUPTI_RING_REFUSED,
+    [KI_CUPTI_POOL_EXHAUSTED] = KI_METRIC_CUPTI_POOL_EXHAUSTED,
+};
+
+void ki_cupti_activity_report(struct ki_cupti *g) {
+    int first = 1;
+    uint64_t now = ki_ring_now_ns();
+    for (uint32_t dev = 0; dev < KI_CUPTI_MAX_DEVICES; dev++) {
+        struct ki_cupti_device *d = &g->devices[dev];
+        if (!d->attached) continue;
+        if (first) { /* the process's own counts go with its first GPU */
+            d->counts[KI_CUPTI_CUPTI_DROPPED] = g->cupti_dropped_total;
+            d->counts[KI_CUPTI_POOL_EXHAUSTED] = __atomic_load_n(&g->pool_exhausted, __ATOMIC_RELAXED);
+            first = 0;
+        }
+        for (int c = 0; c < KI_CUPTI_COUNT_MAX; c++) {
+            if (d->counts[c] == d->reported[c]) continue;
+            if (ki_ring_sample(&d->ring, count_metric[c], (uint16_t)dev, now, (double)d->counts[c], d->ring.pid) == 0)
+                d->reported[c] = d->counts[c];
+        }
+    }
+}
+
+void ki_cupti_activity_close(struct ki_cupti *g) {
+    for (uint32_t dev = 0; dev < KI_CUPTI_MAX_DEVICES; dev++) {
+        if (!g->devices[dev].attached) continue;
+        ki_ring_close(&g->devices[dev].ring);
+        g->devices[dev].attached = 0;
+    }
+}
