@@ -128,6 +128,14 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *nam
 
 static uint64_t *busy_of(CUstream s) { return &stream_busy[current->device][stream_id(s) % STREAMS]; }
 
+/* Work of ns on the stream after what is queued there: its start; *end gets its end. */
+static uint64_t occupy(CUstream s, uint64_t ns, uint64_t *end) {
+    uint64_t *busy = busy_of(s), now = now_cupti();
+    uint64_t start = *busy > now ? *busy : now;
+    *busy = *end = start + ns;
+    return start;
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params,
                                void **extra) {
@@ -140,9 +148,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, u
         corr = api_fn(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel",
                       CUPTI_API_ENTER, 0, &data);
     if (wants(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)) {
-        uint64_t *busy = busy_of(stream), now = now_cupti();
-        uint64_t start = *busy > now ? *busy : now, end = start + 1000ULL * gx;
-        *busy = end;
+        uint64_t end, start = occupy(stream, 1000ULL * gx, &end);
         CUpti_ActivityKernel10 k;
         memset(&k, 0, sizeof k);
         k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
@@ -180,16 +186,12 @@ EXPORT CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes
                                     "cuMemcpyHtoDAsync_v2", CUPTI_API_ENTER, 0, &data)
                            : 0;
     if (wants(CUPTI_ACTIVITY_KIND_MEMCPY)) {
-        uint64_t *busy = busy_of(stream), now = now_cupti();
-        uint64_t start = *busy > now ? *busy : now;
-        *busy = start + bytes / 20 + 1; /* 20 GB/s */
         CUpti_ActivityMemcpy6 m;
         memset(&m, 0, sizeof m);
         m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
         m.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
         m.bytes = bytes;
-        m.start = start;
-        m.end = *busy;
+        m.start = occupy(stream, bytes / 20 + 1, &m.end); /* 20 GB/s */
         m.deviceId = (uint32_t)current->device;
         m.contextId = current->id;
         m.streamId = stream_id(stream);
@@ -209,16 +211,12 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, 
                                     "cuMemsetD8Async", CUPTI_API_ENTER, 0, NULL)
                            : 0;
     if (wants(CUPTI_ACTIVITY_KIND_MEMSET)) {
-        uint64_t *busy = busy_of(stream), now = now_cupti();
-        uint64_t start = *busy > now ? *busy : now;
-        *busy = start + n / 100 + 1;
         CUpti_ActivityMemset4 m;
         memset(&m, 0, sizeof m);
         m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
         m.value = value;
         m.bytes = n;
-        m.start = start;
-        m.end = *busy;
+        m.start = occupy(stream, n / 100 + 1, &m.end);
         m.deviceId = (uint32_t)current->device;
         m.contextId = current->id;
         m.streamId = stream_id(stream);
