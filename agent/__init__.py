@@ -12,42 +12,93 @@ Example::
 
 from __future__ import annotations
 
-from kernel_insight.agent.launcher import BINARY_ENV, agent_binary
-from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
-from kernel_insight.agent.records import (
-    PAYLOAD_DTYPES,
-    RECORD_DTYPE,
-    CollectiveOp,
-    CollectiveRecord,
-    ErrorKind,
-    ErrorRecord,
-    FingerprintField,
-    FingerprintRecord,
-    KernelRecord,
-    LaunchRecord,
-    MemopKind,
-    MemopRecord,
-    Record,
-    RecordFlag,
-    RecordType,
-    SampleRecord,
-    StringRecord,
-    StringTable,
-    SyncKind,
-    SyncRecord,
-    decode_record,
-    decode_records,
-)
-from kernel_insight.agent.ring import (
-    DEFAULT_CAPACITY,
-    RECORD_SIZE,
-    RING_VERSION,
-    Ring,
-    RingError,
-    RingReader,
-    WriteStatus,
-    ring_name,
-)
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernel_insight.agent.launcher import BINARY_ENV, agent_binary
+    from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
+    from kernel_insight.agent.records import (
+        PAYLOAD_DTYPES,
+        RECORD_DTYPE,
+        CollectiveOp,
+        CollectiveRecord,
+        ErrorKind,
+        ErrorRecord,
+        FingerprintField,
+        FingerprintRecord,
+        KernelRecord,
+        LaunchRecord,
+        MemopKind,
+        MemopRecord,
+        Record,
+        RecordFlag,
+        RecordType,
+        SampleRecord,
+        StringRecord,
+        StringTable,
+        SyncKind,
+        SyncRecord,
+        decode_record,
+        decode_records,
+    )
+    from kernel_insight.agent.ring import (
+        DEFAULT_CAPACITY,
+        RECORD_SIZE,
+        RING_VERSION,
+        Ring,
+        RingError,
+        RingReader,
+        WriteStatus,
+        ring_name,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kernel_insight.agent.launcher": (
+        "BINARY_ENV",
+        "agent_binary",
+    ),
+    "kernel_insight.agent.metric_ids": (
+        "METRIC_SPECS",
+        "MetricId",
+        "MetricSpec",
+    ),
+    "kernel_insight.agent.records": (
+        "PAYLOAD_DTYPES",
+        "RECORD_DTYPE",
+        "CollectiveOp",
+        "CollectiveRecord",
+        "ErrorKind",
+        "ErrorRecord",
+        "FingerprintField",
+        "FingerprintRecord",
+        "KernelRecord",
+        "LaunchRecord",
+        "MemopKind",
+        "MemopRecord",
+        "Record",
+        "RecordFlag",
+        "RecordType",
+        "SampleRecord",
+        "StringRecord",
+        "StringTable",
+        "SyncKind",
+        "SyncRecord",
+        "decode_record",
+        "decode_records",
+    ),
+    "kernel_insight.agent.ring": (
+        "DEFAULT_CAPACITY",
+        "RECORD_SIZE",
+        "RING_VERSION",
+        "Ring",
+        "RingError",
+        "RingReader",
+        "WriteStatus",
+        "ring_name",
+    ),
+}
 
 __all__ = [
     "BINARY_ENV",
@@ -86,3 +137,5 @@ __all__ = [
     "decode_records",
     "ring_name",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,4 +1,6 @@
-"""``ki ring ...``: create, inspect, read and remove rings from the shell."""
+"""``ki ring ...``: create, inspect, read and remove rings from the shell.
+
+The ring module (numpy) is imported when a command runs, not when ``ki --help`` builds the parser."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from kernel_insight.agent.records import StringRecord, StringTable
-from kernel_insight.agent.ring import DEFAULT_CAPACITY, Ring, RingError, RingReader, ring_name
+from kernel_insight.agent._ring import DEFAULT_CAPACITY
 
 __all__ = ["add_commands"]
 
@@ -17,10 +18,14 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _name(args: argparse.Namespace) -> str:
+    from kernel_insight.agent.ring import ring_name
+
     return str(args.name) if args.name.startswith("/") else ring_name(args.name)
 
 
 def _create(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.ring import Ring
+
     mode = int(args.mode, 8)
     with Ring.create(_name(args), capacity=args.capacity, mode=mode, group=args.group, producer=False) as r:
         print(f"created {r.name}: {r.capacity} slots, mode {mode:04o}")
@@ -28,12 +33,17 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _stat(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.ring import Ring
+
     with Ring.attach(_name(args), producer=False) as r:
         print(json.dumps({"name": r.name, "label": r.label, **r.stats()}, indent=2))
     return 0
 
 
 def _read(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.records import StringRecord, StringTable
+    from kernel_insight.agent.ring import RingReader
+
     strings = StringTable()
     deadline = time.monotonic() + args.seconds
     with RingReader.open(_name(args)) as reader:
@@ -48,6 +58,8 @@ def _read(args: argparse.Namespace) -> int:
 
 
 def _unlink(args: argparse.Namespace) -> int:
+    from kernel_insight.agent.ring import Ring
+
     Ring.unlink(_name(args))
     return 0
 
@@ -81,6 +93,8 @@ def _errors_to_exit(fn: Handler) -> Handler:
     """Ring problems are the user's to fix: one clear line, exit 1, no traceback."""
 
     def run(args: argparse.Namespace) -> int:
+        from kernel_insight.agent.ring import RingError
+
         try:
             return fn(args)
         except (RingError, ValueError) as exc:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from kernel_insight.api.auth import (
+from kernel_insight.api.tokens import (
     DEFAULT_TOKEN_STORE,
     Scope,
     TokenError,

@@ -7,12 +7,14 @@ endpoints use it too so an SDK needs one decoder.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 __all__ = ["API_PATH_PREFIXES", "ApiError", "error_body", "error_response", "install_error_handlers"]
 
@@ -66,5 +68,21 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(400, "bad_data", _describe(exc.errors()))
         return await request_validation_exception_handler(request, exc)
 
+    async def _routing(request: Request, exc: Exception) -> Response:
+        """The answers the router makes itself (no such path: 404, a method the path does not
+        take: 405) in the one shape; a route's own HTTPException (ingest's) keeps its detail."""
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code in _ROUTING_ERRORS and exc.detail == HTTPStatus(exc.status_code).phrase:
+            message = f"{request.method} {request.url.path}: {exc.detail.lower()} (the API: docs/api.md)"
+            return error_response(
+                exc.status_code, _ROUTING_ERRORS[exc.status_code], message, dict(exc.headers or {})
+            )
+        return await http_exception_handler(request, exc)
+
     app.add_exception_handler(ApiError, _handle)
     app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _routing)
+
+
+#: The router's own refusals and their ``errorType``.
+_ROUTING_ERRORS = {404: "not_found", 405: "method_not_allowed"}

@@ -6,8 +6,9 @@ Storage side (docs/storage.md): :class:`EmbeddedStore` (chDB) and :class:`Server
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
@@ -182,8 +183,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "encode_batch",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
 __all__ = [
     "CONTENT_TYPE",
     "DROP_REASONS",
@@ -282,14 +281,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later uses are plain lookups
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -13,18 +13,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from kernel_insight.collector.flags import count_at_least
+from kernel_insight.collector.flags import count_at_least, defer_arguments
 from kernel_insight.collector.footprint import (
     drop_library_pages,
     dropping_library_pages,
     modules_unimportable,
 )
-from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
-from kernel_insight.collector.relabel import Relabeler, RelabelError, load_relabel_configs
-from kernel_insight.collector.remote_write import SeriesEncoder
-from kernel_insight.collector.rows import Labels, SampleBatch, SeriesLimits, concat_samples
+from kernel_insight.collector.private_json import read_secret_file
 from kernel_insight.collector.schema import (
     Retention,
     cluster_ddl,
@@ -32,7 +29,13 @@ from kernel_insight.collector.schema import (
     single_ddl,
     write_deploy_files,
 )
-from kernel_insight.collector.store import EmbeddedStore, StorageError, Store, open_store
+
+if TYPE_CHECKING:
+    # Imported where a command runs (numpy, pyarrow, chDB): ki schema and ki --help need none.
+    from kernel_insight.collector.openmetrics import ExpositionReader
+    from kernel_insight.collector.relabel import Relabeler
+    from kernel_insight.collector.rows import Labels, SampleBatch, SeriesLimits
+    from kernel_insight.collector.store import Store
 
 __all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "relabeler", "series_limits"]
 
@@ -144,6 +147,14 @@ def _import(args: argparse.Namespace) -> int:
 
 def _import_stream(args: argparse.Namespace) -> int:
     """Read, parse and store a chunk at a time: memory stays flat whatever the file's size."""
+    from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
+    from kernel_insight.collector.relabel import RelabelError
+    from kernel_insight.collector.store import StorageError, open_store
+
+    try:
+        token = _token(args) if args.collector else None
+    except OSError as exc:  # before the file is read: a shared token file is refused at once
+        raise _ImportError(str(exc), 1) from None
     if args.file == "-":
         # Standard input cannot be seeked for the format check: spool it to disk, not memory.
         spool = tempfile.TemporaryFile()  # noqa: SIM115 -- closed with f below
@@ -170,7 +181,7 @@ def _import_stream(args: argparse.Namespace) -> int:
         size = os.fstat(f.fileno()).st_size
         try:
             if args.collector:
-                sender = _Sender(args.collector, _token(args))
+                sender = _Sender(args.collector, token)
                 try:
                     n, series = _pump(
                         f, reader, sender.send, REQUEST_SAMPLES * SENDERS, size, args.file, rules
@@ -214,6 +225,8 @@ def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
     library pages are dropped every ``DROP_SAMPLES`` (footprint.drop_library_pages). A ClickHouse
     server's memory is its own business.
     """
+    from kernel_insight.collector.store import EmbeddedStore
+
     if not isinstance(store, EmbeddedStore):
         return store.insert_samples
     stored = 0
@@ -242,6 +255,8 @@ def _pump(
     rules: Relabeler | None = None,
 ) -> tuple[int, int]:
     """Chunks -> reader -> writer thread, with a progress bar on a terminal; (samples, series) stored."""
+    from kernel_insight.collector.rows import concat_samples
+
     writer = _Writer(write)
     pending: list[SampleBatch] = []
     waiting = 0
@@ -313,10 +328,7 @@ def _token(args: argparse.Namespace) -> str | None:
     """The ingest token: from --token-file, else $KI_TOKEN, else the deprecated --token (which
     every user of the machine can read in ``ps``, so it says so)."""
     if args.token_file:
-        try:
-            return Path(args.token_file).read_text().strip() or None
-        except OSError as exc:
-            raise OSError(f"cannot read the token file {args.token_file}: {exc.strerror}") from None
+        return read_secret_file(Path(args.token_file)) or None
     if os.environ.get("KI_TOKEN"):
         return os.environ["KI_TOKEN"].strip()
     if args.token:
@@ -339,6 +351,8 @@ class _Sender:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/") + "/api/v1/write"
+        from kernel_insight.collector.remote_write import SeriesEncoder
+
         self.encoder = SeriesEncoder()
         self.client = httpx.Client(timeout=120, headers=headers, limits=httpx.Limits(max_connections=SENDERS))
         self.pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="ki-import-send")
@@ -354,6 +368,8 @@ class _Sender:
 
     def send(self, batch: SampleBatch) -> int:
         """Split ``batch`` into requests of ``REQUEST_SAMPLES`` samples, sent ``SENDERS`` at a time."""
+        from kernel_insight.collector.rows import SampleBatch
+
         bodies = [
             self.encoder.encode(
                 SampleBatch(
@@ -395,6 +411,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The flags of ``SeriesLimits``, shared by ``ki import`` and ``ki collector`` (remote_write)."""
+    from kernel_insight.collector.rows import SeriesLimits
+
     defaults = SeriesLimits()
     parser.add_argument(
         "--max-labels",
@@ -429,12 +447,16 @@ def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._Argum
 
 def relabeler(args: argparse.Namespace) -> Relabeler | None:
     """The ``--relabel-config`` rules; raises :class:`RelabelError` (a ValueError) for a bad file."""
+    from kernel_insight.collector.relabel import Relabeler, load_relabel_configs
+
     path = getattr(args, "relabel_config", None)
     return Relabeler(load_relabel_configs(path)) if path else None
 
 
 def series_limits(args: argparse.Namespace) -> SeriesLimits:
     """``SeriesLimits`` from the flags ``add_series_limit_arguments`` added."""
+    from kernel_insight.collector.rows import SeriesLimits
+
     return SeriesLimits(
         max_labels=args.max_labels,
         max_name_bytes=args.max_name_bytes,
@@ -445,6 +467,29 @@ def series_limits(args: argparse.Namespace) -> SeriesLimits:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="load OpenMetrics / Prometheus text (with timestamps) into the store")
+    defer_arguments(p, _import_arguments)
+
+    retention = Retention()
+    s = sub.add_parser(
+        "schema", help="print the ClickHouse DDL (single server or cluster), or regenerate deploy/"
+    )
+    s.add_argument("--cluster", default=None, help="emit the cluster layout for this cluster name")
+    s.add_argument("--database", default="ki", help="database name (default ki)")
+    s.add_argument("--write", metavar="DIR", help="write schema-single.sql and schema-cluster.sql into DIR")
+    for kind in ("samples", "spans", "events", "series"):
+        default = getattr(retention, f"{kind}_days")
+        shown = "as samples" if default is None else default
+        s.add_argument(
+            f"--retention-{kind}",
+            type=int,
+            default=default,
+            metavar="DAYS",
+            help=f"days to keep {kind}, 0 = forever (default {shown})",
+        )
+    s.set_defaults(handler=_schema)
+
+
+def _import_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="the exposition file, or - for standard input")
     p.add_argument(
         "--store",
@@ -490,22 +535,3 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     add_series_limit_arguments(p)
     p.set_defaults(handler=_import)
-
-    retention = Retention()
-    s = sub.add_parser(
-        "schema", help="print the ClickHouse DDL (single server or cluster), or regenerate deploy/"
-    )
-    s.add_argument("--cluster", default=None, help="emit the cluster layout for this cluster name")
-    s.add_argument("--database", default="ki", help="database name (default ki)")
-    s.add_argument("--write", metavar="DIR", help="write schema-single.sql and schema-cluster.sql into DIR")
-    for kind in ("samples", "spans", "events", "series"):
-        default = getattr(retention, f"{kind}_days")
-        shown = "as samples" if default is None else default
-        s.add_argument(
-            f"--retention-{kind}",
-            type=int,
-            default=default,
-            metavar="DAYS",
-            help=f"days to keep {kind}, 0 = forever (default {shown})",
-        )
-    s.set_defaults(handler=_schema)

@@ -386,6 +386,18 @@ class Deriver:
             self._label_cache[key] = labels
         return labels
 
+    def _agent_labels(self, metric: str) -> Labels:
+        """Labels of the agent's own series (its counters, its ingest lag): facts about the agent
+        process, which is never simulated, so without ``simulated``. With it, an agent whose first
+        batch came before the simulator's first record had every ``ki_agent_*`` series twice."""
+        key = (metric, -1, "", ())
+        labels = self._label_cache.get(key)
+        if labels is None:
+            out = {k: v for k, v in self.labels.items() if k != "simulated"}
+            out.update({"__name__": metric, "instance": self.instance})
+            labels = self._label_cache[key] = canonical_labels(out)
+        return labels
+
     def _count(self, out: SampleBuilder, labels: Labels, delta: float, ts_ms: int) -> None:
         total = self._totals[labels] = self._totals[labels] + delta
         out.add_canonical(labels, ts_ms, total)
@@ -576,12 +588,12 @@ class Deriver:
             for name, value in counters.items():
                 metric, scale = agent_metric_name(name)
                 samples.add_canonical(
-                    self._labels(metric, None), ts_ms, scale_agent_counter(float(value), scale)
+                    self._agent_labels(metric), ts_ms, scale_agent_counter(float(value), scale)
                 )
         if received_ns is not None:
             lag_s = (received_ns - now_ns) / 1e9
             self._lag_ms = _next_stamp_ms(received_ns, self._lag_ms)
-            samples.add_canonical(self._labels(INGEST_LAG_METRIC, None), self._lag_ms, lag_s)
+            samples.add_canonical(self._agent_labels(INGEST_LAG_METRIC), self._lag_ms, lag_s)
         instances = []
         if fp_changed or len(records) or counters:
             instances.append(self._instance(now_ns))

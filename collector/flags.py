@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["MOST", "at_least", "count_at_least", "port_number"]
+__all__ = ["MOST", "DeferredParser", "at_least", "count_at_least", "defer_arguments", "port_number"]
 
 #: The largest value ``at_least`` takes unless told otherwise. Past it the values meant nothing
 #: more and broke things: ``--interval 1e308`` killed the snapshot thread (a wait past the
@@ -70,3 +70,35 @@ def count_at_least(least: int, what: str = "") -> Callable[[str], int]:
         return value
 
     return parse
+
+
+class DeferredParser(argparse.ArgumentParser):
+    """A subcommand's parser that adds its arguments when it is used (it parses, or prints its
+    help), not when ``ki`` builds the whole parser: ``ki --help`` and the other commands then import
+    nothing the arguments' defaults come from (``ki collector``'s: FastAPI, numpy, the engine).
+    ``ki``'s subparsers are of this class (kernel_insight/cli.py), and so are theirs."""
+
+    def defer(self, add: Callable[[argparse.ArgumentParser], None]) -> None:
+        self.__dict__.setdefault("_deferred", []).append(add)
+
+    def _add_deferred(self) -> None:
+        for add in self.__dict__.pop("_deferred", []):
+            add(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._add_deferred()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._add_deferred()
+        return super().format_help()
+
+
+def defer_arguments(parser: argparse.ArgumentParser, add: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``add(parser)`` when the parser is used (a :class:`DeferredParser`), else at once."""
+    if isinstance(parser, DeferredParser):
+        parser.defer(add)
+    else:
+        add(parser)

@@ -24,7 +24,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_insight.collector.private_json import (
     CLUSTER_REFRESH_S,
@@ -36,7 +36,10 @@ from kernel_insight.collector.private_json import (
     versioned_table_ddl,
     write_private,
 )
-from kernel_insight.collector.store import Store, is_store_url
+from kernel_insight.collector.sql import is_store_url
+
+if TYPE_CHECKING:
+    from kernel_insight.collector.store import Store
 
 __all__ = [
     "CLUSTER_REFRESH_S",

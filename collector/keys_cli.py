@@ -23,8 +23,8 @@ from kernel_insight.collector.keys import (
     parse_label_args,
     read_key_file,
 )
-from kernel_insight.collector.private_json import opened_secret_store, write_private
-from kernel_insight.collector.store import StorageError
+from kernel_insight.collector.private_json import opened_secret_store, read_secret_file, write_private
+from kernel_insight.kql.errors import StorageError
 
 __all__ = ["add_commands"]
 
@@ -107,7 +107,7 @@ def _enrol(args: argparse.Namespace) -> int:
         read_key_file(path)  # a damaged file is an error, not a reason to enrol again
         print(f"{path} exists; not enrolling again")
         return 0
-    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KI_TOKEN", "")
+    token = read_secret_file(Path(args.token_file)) if args.token_file else os.environ.get("KI_TOKEN", "")
     if not token:
         raise KeyStoreError(
             "enrolment needs a token with the ingest-admin scope: --token-file FILE or $KI_TOKEN"

@@ -21,12 +21,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import pyarrow as pa  # type: ignore[import-untyped]
+from kernel_insight.collector.sql import ident, is_store_url, literal, qualified
+from kernel_insight.kql.errors import StorageError
 
-from kernel_insight.collector.sql import ident, literal, qualified
-from kernel_insight.collector.store import StorageError, Store, is_store_url, open_store
+if TYPE_CHECKING:
+    # Only the ClickHouse-table stores need the store (numpy, pyarrow, chDB): imported when one
+    # is opened, so that ``ki keys list`` and ``ki tokens list`` on a file start fast.
+    from kernel_insight.collector.store import Store
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -37,6 +40,8 @@ __all__ = [
     "VersionedJsonTable",
     "next_version",
     "opened_secret_store",
+    "private_file_problem",
+    "read_secret_file",
     "versioned_table_ddl",
     "write_private",
 ]
@@ -49,6 +54,30 @@ CLUSTER_REFRESH_S = 1.0
 MISS_REFRESH_S = 0.2
 
 K = TypeVar("K")
+
+
+def private_file_problem(path: Path, what: str) -> str | None:
+    """Why ``path`` may not hold a secret (not a plain file, or readable by group or others:
+    the docs ask for mode 0600), or None when it may. Raises OSError when it cannot be seen."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # a directory's mode would read as "readable by others"
+        return f"{what} {path} is not a file"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        return f"{what} {path} is readable by others (mode {mode:04o}): chmod 600 it"
+    return None
+
+
+def read_secret_file(path: Path, what: str = "the token file") -> str:
+    """The stripped text of a file holding a secret (a token given as ``--token-file``), refused
+    as an OSError naming the reason when it is not private or cannot be read."""
+    try:
+        problem = private_file_problem(path, what)
+        if problem is None:
+            return path.read_text().strip()
+    except OSError as exc:
+        raise OSError(f"cannot read {what} {path}: {exc.strerror}") from None
+    raise OSError(problem)
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -102,14 +131,9 @@ class PrivateJsonFile(Generic[K]):
         if stamp is None:
             self.records, self._stamp = {}, None
             return
-        st = self.path.stat()
-        if not stat.S_ISREG(st.st_mode):  # a directory's mode would read as "readable by others"
-            raise self._error(f"{self._what} {self.path} is not a file")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o077:
-            raise self._error(
-                f"{self._what} {self.path} is readable by others (mode {mode:04o}): chmod 600 it"
-            )
+        problem = private_file_problem(self.path, self._what)
+        if problem is not None:
+            raise self._error(problem)
         try:
             text = self.path.read_text()
         except OSError as exc:
@@ -280,6 +304,8 @@ class VersionedJsonTable(Generic[K]):
             ]
             if not changed:
                 return
+            import pyarrow as pa  # type: ignore[import-untyped]
+
             versions = [next_version(self._versions.get(i, 0)) for i, _ in changed]
             data = pa.table(
                 {
@@ -351,6 +377,8 @@ def opened_secret_store(
             raise error(f"{existing} {path} does not exist")
         yield in_file(path)
         return
+    from kernel_insight.collector.store import open_store
+
     try:
         store = open_store(target)
     except (StorageError, ValueError) as exc:

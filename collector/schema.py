@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_insight.collector.sql import ident, literal, qualified
-from kernel_insight.collector.valuecodec import VALUE_ALIAS
+from kernel_insight.collector.sql import VALUE_ALIAS, ident, literal, qualified
 
 __all__ = [
     "DEDUP_WINDOW",

@@ -22,9 +22,30 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Params", "ident", "literal", "param_text", "qualified"]
+__all__ = [
+    "MAX_SCALE",
+    "VALUE_ALIAS",
+    "Params",
+    "ident",
+    "is_store_url",
+    "literal",
+    "param_text",
+    "qualified",
+]
+
+#: Largest scale of a sample's decimal form (collector/valuecodec.py): 10**15 is exact as a float
+#: (as is every power of ten up to 10**22).
+MAX_SCALE = 15
+
+#: The ``value`` column's expression: the same IEEE division as valuecodec's ``decode_values``, so
+#: every read (kql, the push-downs, the health snapshot) sees the float that was written. ClickHouse
+#: converts the Int64 to Float64 (exact below 2**53) and divides by an exact power of ten.
+VALUE_ALIAS = (
+    f"if(scale < 0, float_value, mantissa / [{', '.join(f'1e{k}' for k in range(MAX_SCALE + 1))}][scale + 1])"
+)
 
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Words that read as syntax where an identifier is expected; such names are always quoted.
@@ -113,3 +134,8 @@ def _nested(value: Any) -> str:
     if isinstance(value, tuple):
         return "(" + ",".join(_nested(v) for v in value) + ")"
     return _scalar(value)
+
+
+def is_store_url(text: str | Path) -> bool:
+    """Whether ``text`` names a ClickHouse (rather than a file): the URLs ``open_store`` connects to."""
+    return re.match(r"^(https?|clickhouse|chdb)://", str(text)) is not None

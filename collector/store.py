@@ -54,7 +54,7 @@ from kernel_insight.collector.schema import (
     single_ddl,
     table,
 )
-from kernel_insight.collector.sql import Params, ident, literal, qualified
+from kernel_insight.collector.sql import Params, ident, is_store_url, literal, qualified
 from kernel_insight.collector.valuecodec import encode_values
 from kernel_insight.kql.errors import StorageError
 
@@ -1432,11 +1432,6 @@ class _Text:
 def _passed_through(params: Params | None) -> dict[str, dict[str, _Text]]:
     """clickhouse-connect's ``parameters`` argument, formatted as for chDB so both engines read the same text."""
     return {"parameters": {k: _Text(v) for k, v in params.texts().items()}} if params else {}
-
-
-def is_store_url(text: str | Path) -> bool:
-    """Whether ``text`` names a ClickHouse (rather than a file): the URLs ``open_store`` connects to."""
-    return re.match(r"^(https?|clickhouse|chdb)://", str(text)) is not None
 
 
 def open_store(

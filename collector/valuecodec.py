@@ -16,10 +16,10 @@ import numpy.typing as npt
 
 from kernel_insight.collector import _valuecodec
 
-__all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values", "encode_values_numpy"]
+# The SQL side of the codec (the ``value`` column's expression) is SQL text: collector/sql.py.
+from kernel_insight.collector.sql import MAX_SCALE, VALUE_ALIAS
 
-#: Largest scale tried: 10**15 is exact as a float (as is every power of ten up to 10**22).
-MAX_SCALE = 15
+__all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values", "encode_values_numpy"]
 
 #: ``exp`` of a value kept as a float in ``value_f`` (NaN and stale markers, infinities, -0.0,
 #: subnormals, magnitudes past 2**53, and decimals of more than MAX_SCALE places).
@@ -38,12 +38,6 @@ _LIMIT = float(2**53)
 #: the whole 2**53: large byte counters are integers, not accidents.
 _FRACTION_LIMIT = 1e14
 
-#: The ``value`` column's expression: the same IEEE division as ``decode_values``, so every
-#: read (kql, the push-downs, the health snapshot) sees the float that was written. ClickHouse
-#: converts the Int64 to Float64 (exact below 2**53) and divides by an exact power of ten.
-VALUE_ALIAS = (
-    f"if(scale < 0, float_value, mantissa / [{', '.join(f'1e{k}' for k in range(MAX_SCALE + 1))}][scale + 1])"
-)
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from kernel_insight.collector.flags import DeferredParser
+
 __all__ = ["COMMAND_MODULES", "LEAN_COMMANDS", "build_parser", "main"]
 
 #: Modules that contribute subcommands, in --help order.
@@ -43,7 +45,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="Kernel Insight: facts about every GPU.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=DeferredParser)
     for name in modules:
         importlib.import_module(name).add_commands(sub)
     return parser

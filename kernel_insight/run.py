@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernel_insight.server import at_least, port_number
+from kernel_insight.collector.flags import at_least, port_number
 
 __all__ = ["add_commands"]
 

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI
-
 # ki collector's number types; re-exported for ki run (kernel_insight/run.py), which words its own alike
-from kernel_insight.collector.flags import at_least, count_at_least, port_number
+from kernel_insight.collector.flags import at_least, count_at_least, defer_arguments, port_number
 
 if TYPE_CHECKING:
+    from fastapi import APIRouter, FastAPI
+
     from kernel_insight.api.health import HealthRule
     from kernel_insight.kql.engine import EngineLimits
     from kernel_insight.rules.manager import RuleManager
@@ -58,6 +58,7 @@ def _closing(sink: Any) -> APIRouter:
     import contextlib
     from collections.abc import AsyncIterator
 
+    from fastapi import APIRouter
     from starlette.concurrency import run_in_threadpool
 
     @contextlib.asynccontextmanager
@@ -283,7 +284,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from kernel_insight.api.auth import DEFAULT_TOKEN_STORE
+    s = sub.add_parser(
+        "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
+    )
+    defer_arguments(s, _collector_arguments)
+
+
+def _collector_arguments(s: argparse.ArgumentParser) -> None:
     from kernel_insight.api.connections import (
         DEFAULT_BODY_TIMEOUT_S,
         DEFAULT_HEADER_TIMEOUT_S,
@@ -291,16 +298,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         DEFAULT_MAX_CONNECTIONS,
     )
     from kernel_insight.api.health import HealthRule
+    from kernel_insight.api.tokens import DEFAULT_TOKEN_STORE
     from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
     from kernel_insight.collector.hist_base import BASE_MAX_BYTES
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
 
     rule = HealthRule()
-
-    s = sub.add_parser(
-        "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
-    )
     s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
     s.add_argument(
         "--cluster",

@@ -13,8 +13,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kernel_insight.sdk import KernelInsightError, TimelineClient
-
 __all__ = ["add_commands", "parse_when"]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -52,11 +50,15 @@ def parse_when(text: str) -> float:
 
 def _token(args: argparse.Namespace) -> str | None:
     if args.token_file:
-        return Path(args.token_file).read_text().strip()
+        from kernel_insight.collector.private_json import read_secret_file
+
+        return read_secret_file(Path(args.token_file))
     return os.environ.get("KI_TOKEN") or None
 
 
 def _export(args: argparse.Namespace) -> int:
+    from kernel_insight.sdk import TimelineClient
+
     with TimelineClient(args.collector, _token(args), retries=1) as client:
         filters: dict[str, object] = {}
         if args.stream is not None:
@@ -75,6 +77,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
+    from kernel_insight.sdk import TimelineClient
+
     with TimelineClient(args.collector, _token(args), retries=1) as client:
         req = client.capture(args.instance, args.gpu, args.seconds)
         print(
@@ -104,6 +108,8 @@ def _run(fn: Handler) -> Handler:
     """Errors a user can act on (refused request, unreachable collector, unwritable file) as one line."""
 
     def run(args: argparse.Namespace) -> int:
+        from kernel_insight.sdk import KernelInsightError
+
         try:
             return fn(args)
         except (KernelInsightError, OSError) as exc:

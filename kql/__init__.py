@@ -10,38 +10,102 @@
 
 from __future__ import annotations
 
-from kernel_insight.kql.aggregators import AGGREGATORS, AggregatorSpec
-from kernel_insight.kql.checker import check, value_type
-from kernel_insight.kql.engine import CancelToken, Engine, EngineLimits
-from kernel_insight.kql.errors import (
-    KqlError,
-    KqlEvaluationError,
-    KqlExecutionError,
-    KqlParseError,
-    KqlTypeError,
-    QueryCancelledError,
-    QueryTimeoutError,
-    StorageError,
-    TooManySamplesError,
-    TooManySeriesError,
-)
-from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
-from kernel_insight.kql.nativehist import FloatHistogram, HistogramError, parse_histogram
-from kernel_insight.kql.parser import parse
-from kernel_insight.kql.printer import format_expr
-from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
-from kernel_insight.kql.values import (
-    Annotation,
-    Matrix,
-    QueryResult,
-    Sample,
-    Scalar,
-    Series,
-    String,
-    Vector,
-    prometheus_json_bytes,
-    to_prometheus_json,
-)
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.aggregators import AGGREGATORS, AggregatorSpec
+    from kernel_insight.kql.checker import check, value_type
+    from kernel_insight.kql.engine import CancelToken, Engine, EngineLimits
+    from kernel_insight.kql.errors import (
+        KqlError,
+        KqlEvaluationError,
+        KqlExecutionError,
+        KqlParseError,
+        KqlTypeError,
+        QueryCancelledError,
+        QueryTimeoutError,
+        StorageError,
+        TooManySamplesError,
+        TooManySeriesError,
+    )
+    from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
+    from kernel_insight.kql.nativehist import FloatHistogram, HistogramError, parse_histogram
+    from kernel_insight.kql.parser import parse
+    from kernel_insight.kql.printer import format_expr
+    from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
+    from kernel_insight.kql.values import (
+        Annotation,
+        Matrix,
+        QueryResult,
+        Sample,
+        Scalar,
+        Series,
+        String,
+        Vector,
+        prometheus_json_bytes,
+        to_prometheus_json,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kernel_insight.kql.aggregators": (
+        "AGGREGATORS",
+        "AggregatorSpec",
+    ),
+    "kernel_insight.kql.checker": (
+        "check",
+        "value_type",
+    ),
+    "kernel_insight.kql.engine": (
+        "CancelToken",
+        "Engine",
+        "EngineLimits",
+    ),
+    "kernel_insight.kql.errors": (
+        "KqlError",
+        "KqlEvaluationError",
+        "KqlExecutionError",
+        "KqlParseError",
+        "KqlTypeError",
+        "QueryCancelledError",
+        "QueryTimeoutError",
+        "StorageError",
+        "TooManySamplesError",
+        "TooManySeriesError",
+    ),
+    "kernel_insight.kql.functions": (
+        "FUNCTIONS",
+        "FunctionSpec",
+        "GridPushdown",
+    ),
+    "kernel_insight.kql.nativehist": (
+        "FloatHistogram",
+        "HistogramError",
+        "parse_histogram",
+    ),
+    "kernel_insight.kql.parser": ("parse",),
+    "kernel_insight.kql.printer": ("format_expr",),
+    "kernel_insight.kql.storage": (
+        "STALE_NAN",
+        "Matcher",
+        "MemoryStorage",
+        "SeriesData",
+        "Storage",
+    ),
+    "kernel_insight.kql.values": (
+        "Annotation",
+        "Matrix",
+        "QueryResult",
+        "Sample",
+        "Scalar",
+        "Series",
+        "String",
+        "Vector",
+        "prometheus_json_bytes",
+        "to_prometheus_json",
+    ),
+}
 
 __all__ = [
     "AGGREGATORS",
@@ -85,3 +149,5 @@ __all__ = [
     "to_prometheus_json",
     "value_type",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

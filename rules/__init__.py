@@ -8,27 +8,63 @@
 
 from __future__ import annotations
 
-from kernel_insight.rules.config import (
-    DEFAULT_INTERVAL_MS,
-    GroupSpec,
-    RuleFileError,
-    RuleProblem,
-    RuleSpec,
-    expand_globs,
-    load_files,
-    parse_rules,
-)
-from kernel_insight.rules.evaluation import (
-    Alert,
-    AlertingRule,
-    AlertState,
-    Group,
-    RecordingRule,
-    RuleEvalError,
-    eval_timestamp,
-)
-from kernel_insight.rules.template import TemplateError, render
-from kernel_insight.rules.unit import TestFileResult, run_test_file, run_test_files
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernel_insight.rules.config import (
+        DEFAULT_INTERVAL_MS,
+        GroupSpec,
+        RuleFileError,
+        RuleProblem,
+        RuleSpec,
+        expand_globs,
+        load_files,
+        parse_rules,
+    )
+    from kernel_insight.rules.evaluation import (
+        Alert,
+        AlertingRule,
+        AlertState,
+        Group,
+        RecordingRule,
+        RuleEvalError,
+        eval_timestamp,
+    )
+    from kernel_insight.rules.template import TemplateError, render
+    from kernel_insight.rules.unit import TestFileResult, run_test_file, run_test_files
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kernel_insight.rules.config": (
+        "DEFAULT_INTERVAL_MS",
+        "GroupSpec",
+        "RuleFileError",
+        "RuleProblem",
+        "RuleSpec",
+        "expand_globs",
+        "load_files",
+        "parse_rules",
+    ),
+    "kernel_insight.rules.evaluation": (
+        "Alert",
+        "AlertingRule",
+        "AlertState",
+        "Group",
+        "RecordingRule",
+        "RuleEvalError",
+        "eval_timestamp",
+    ),
+    "kernel_insight.rules.template": (
+        "TemplateError",
+        "render",
+    ),
+    "kernel_insight.rules.unit": (
+        "TestFileResult",
+        "run_test_file",
+        "run_test_files",
+    ),
+}
 
 __all__ = [
     "DEFAULT_INTERVAL_MS",
@@ -52,3 +88,5 @@ __all__ = [
     "run_test_file",
     "run_test_files",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

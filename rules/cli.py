@@ -6,14 +6,13 @@ import argparse
 import sys
 from collections import Counter
 
-from kernel_insight.rules.config import RuleFileError, load_files
-from kernel_insight.rules.unit import run_test_files
-
 __all__ = ["add_commands", "check_files"]
 
 
 def check_files(paths: list[str]) -> int:
     """Validate rule files as ``promtool check rules`` does: 0 when all load, 1 otherwise."""
+    from kernel_insight.rules.config import RuleFileError, load_files
+
     failed = False
     for path in paths:
         print(f"Checking {path}")
@@ -44,6 +43,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
+    from kernel_insight.rules.unit import run_test_files
+
     return run_test_files(args.files)
 
 

@@ -10,21 +10,62 @@ Example::
 
 from __future__ import annotations
 
-from kernel_insight.agent.probe.ebpf import EbpfUnavailable, LaunchStats, Tracer, TracerConfig, find_library
-from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
-from kernel_insight.agent.probe.simulate import SimConfig, Simulator
-from kernel_insight.agent.probe.timing import (
-    Backend,
-    CpuBackend,
-    CupyBackend,
-    Probe,
-    TorchBackend,
-    TorchHooks,
-    configure,
-    default_probe,
-    instrument_torch,
-    span,
-)
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernel_insight.agent.probe.ebpf import (
+        EbpfUnavailable,
+        LaunchStats,
+        Tracer,
+        TracerConfig,
+        find_library,
+    )
+    from kernel_insight.agent.probe.nvml import NvmlSampler, NvmlUnavailable
+    from kernel_insight.agent.probe.simulate import SimConfig, Simulator
+    from kernel_insight.agent.probe.timing import (
+        Backend,
+        CpuBackend,
+        CupyBackend,
+        Probe,
+        TorchBackend,
+        TorchHooks,
+        configure,
+        default_probe,
+        instrument_torch,
+        span,
+    )
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kernel_insight.agent.probe.ebpf": (
+        "EbpfUnavailable",
+        "LaunchStats",
+        "Tracer",
+        "TracerConfig",
+        "find_library",
+    ),
+    "kernel_insight.agent.probe.nvml": (
+        "NvmlSampler",
+        "NvmlUnavailable",
+    ),
+    "kernel_insight.agent.probe.simulate": (
+        "SimConfig",
+        "Simulator",
+    ),
+    "kernel_insight.agent.probe.timing": (
+        "Backend",
+        "CpuBackend",
+        "CupyBackend",
+        "Probe",
+        "TorchBackend",
+        "TorchHooks",
+        "configure",
+        "default_probe",
+        "instrument_torch",
+        "span",
+    ),
+}
 
 __all__ = [
     "Backend",
@@ -47,3 +88,5 @@ __all__ = [
     "instrument_torch",
     "span",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -254,12 +254,17 @@ void ki_config_help(FILE *out) {
             "  --print-config         print the effective settings and exit\n"
             "  --help, --version\n\n");
     for (size_t i = 0; i < NENTRIES; i++) {
-        char env[64];
+        /* The flag as users type it (--ring-create; --ring_create is taken too), the environment
+         * variable, and the config file's key (ring_create). */
+        char env[64], flag[64];
         size_t j = 0;
-        for (const char *k = ENTRIES[i].key; *k && j < sizeof env - 1; k++) env[j++] = (char)toupper((unsigned char)*k);
-        env[j] = '\0';
-        fprintf(out, "  --%-20s %s\n  %-22s default %s; env KI_AGENT_%s\n", ENTRIES[i].key, ENTRIES[i].help, "",
-                ENTRIES[i].def, env);
+        for (const char *k = ENTRIES[i].key; *k && j < sizeof env - 1; k++, j++) {
+            env[j] = (char)toupper((unsigned char)*k);
+            flag[j] = *k == '_' ? '-' : *k;
+        }
+        env[j] = flag[j] = '\0';
+        fprintf(out, "  --%-20s %s\n  %-22s default %s; env KI_AGENT_%s; file %s\n", flag, ENTRIES[i].help, "",
+                ENTRIES[i].def, env, ENTRIES[i].key);
     }
 }
 

@@ -10,25 +10,60 @@ handler (``router.py``) only filters and joins bytes. That is what keeps p99 und
 
 from __future__ import annotations
 
-from kernel_insight.api.health.metrics import SnapshotFigures
-from kernel_insight.api.health.router import (
-    CACHE_CONTROL,
-    ERROR_RESPONSES,
-    cached_json,
-    current_snapshot,
-    etag_matches,
-    health_router,
-)
-from kernel_insight.api.health.rule import ERROR_WINDOW_MS, HealthRule, HealthSource, InstanceFacts
-from kernel_insight.api.health.snapshot import (
-    Snapshot,
-    build_snapshot,
-    encode_json,
-    instance_record,
-    served_models,
-)
-from kernel_insight.api.health.snapshotter import DEFAULT_INTERVAL_S, Snapshotter
-from kernel_insight.api.health.source import StoreSource
+from typing import TYPE_CHECKING
+
+from kernel_insight._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kernel_insight.api.health.metrics import SnapshotFigures
+    from kernel_insight.api.health.router import (
+        CACHE_CONTROL,
+        ERROR_RESPONSES,
+        cached_json,
+        current_snapshot,
+        etag_matches,
+        health_router,
+    )
+    from kernel_insight.api.health.rule import ERROR_WINDOW_MS, HealthRule, HealthSource, InstanceFacts
+    from kernel_insight.api.health.snapshot import (
+        Snapshot,
+        build_snapshot,
+        encode_json,
+        instance_record,
+        served_models,
+    )
+    from kernel_insight.api.health.snapshotter import DEFAULT_INTERVAL_S, Snapshotter
+    from kernel_insight.api.health.source import StoreSource
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kernel_insight.api.health.metrics": ("SnapshotFigures",),
+    "kernel_insight.api.health.router": (
+        "CACHE_CONTROL",
+        "ERROR_RESPONSES",
+        "cached_json",
+        "current_snapshot",
+        "etag_matches",
+        "health_router",
+    ),
+    "kernel_insight.api.health.rule": (
+        "ERROR_WINDOW_MS",
+        "HealthRule",
+        "HealthSource",
+        "InstanceFacts",
+    ),
+    "kernel_insight.api.health.snapshot": (
+        "Snapshot",
+        "build_snapshot",
+        "encode_json",
+        "instance_record",
+        "served_models",
+    ),
+    "kernel_insight.api.health.snapshotter": (
+        "DEFAULT_INTERVAL_S",
+        "Snapshotter",
+    ),
+    "kernel_insight.api.health.source": ("StoreSource",),
+}
 
 __all__ = [
     "CACHE_CONTROL",
@@ -51,3 +86,5 @@ __all__ = [
     "instance_record",
     "served_models",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -44,6 +44,7 @@ def test_ki_timeline_capture_gets_every_span_of_the_window_stored(tmp_path, agen
         with running_collector(tmp_path) as c:
             c.agent.write_key_file(tmp_path / "agent.key")
             (tmp_path / "admin.token").write_text(c.admin_token)
+            (tmp_path / "admin.token").chmod(0o600)
             for gpu in (0, 1):  # the instance's two GPUs
                 assert ring.fingerprint(FingerprintField.MEMORY_TOTAL, gpu, time.time_ns(), 80 << 30) == 0
             log = tmp_path / "agent.log"

@@ -414,6 +414,11 @@ def test_help_lists_every_setting(agent_bin):
     assert r.returncode == 0
     for key in ("ring", "collector", "key_file", "spool_max_mb", "drain_interval_ms", "KI_AGENT_COLLECTOR"):
         assert key in r.stdout
+    # Flags are shown as ki run and the docs spell them (issue 33: --help said --ring_create while
+    # ki run passed --ring-create); the config file's key stays beside them.
+    assert "  --ring-create " in r.stdout
+    assert "--ring_create" not in r.stdout
+    assert "env KI_AGENT_RING_CREATE; file ring_create" in r.stdout
 
 
 def test_precedence_file_then_environment_then_flags(agent_bin, tmp_path):

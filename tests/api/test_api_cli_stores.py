@@ -46,6 +46,19 @@ def test_ki_import_sends_its_token_to_a_collector(tmp_path) -> None:
             assert "401" in refused.stderr + refused.stdout
             token_file = tmp_path / "ingest.token"
             token_file.write_text(ingest + "\n")
+            for mode in (0o644, 0o640):  # issue 33: taken although the docs ask for 0600
+                token_file.chmod(mode)
+                shared = subprocess.run(
+                    [*KI, "import", str(data), "--collector", url, "--token-file", str(token_file)],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                assert shared.returncode == 1, shared.stdout
+                assert shared.stderr == (
+                    f"ki import: the token file {token_file} is readable by others (mode {mode:04o}): "
+                    "chmod 600 it\n"
+                )
             token_file.chmod(0o600)
             env = {k: v for k, v in os.environ.items() if k != "KI_TOKEN"}
             ways = {

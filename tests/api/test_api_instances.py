@@ -86,3 +86,22 @@ def test_topology_groups_by_switch_rack_and_host(client):
     assert (n2.fingerprint.driver_version, n2.fingerprint.cuda_version) == ("550.54", "12040")
     assert n2.fingerprint.nvlink_bandwidth == 900
     assert members["n1"][1].healthy
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nope", "/v1/instancez", "/v2/anything"])
+def test_an_unknown_path_answers_the_one_error_shape(client, path):
+    """Issue 33: an unknown path answered FastAPI's ``{"detail": "Not Found"}``, not the shape
+    every other API answer has (Prometheus clients decode only that one)."""
+    r = client.get(path)
+    assert r.status_code == 404
+    body = r.json()
+    assert body["status"] == "error"
+    assert body["errorType"] == "not_found"
+    assert path in body["error"]
+
+
+def test_a_method_the_path_does_not_take_answers_the_one_error_shape(client):
+    r = client.request("DELETE", "/v1/instances")
+    assert r.status_code == 405
+    assert r.json()["errorType"] == "method_not_allowed"
+    assert "allow" in {k.lower() for k in r.headers}

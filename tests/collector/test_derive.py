@@ -329,6 +329,40 @@ def test_simulated_records_label_every_series_and_the_instance() -> None:
     assert out.instances[0].labels["simulated"] == "true"
 
 
+def test_the_agents_own_series_are_one_per_agent_before_and_after_simulated_records() -> None:
+    """Issue 33: ``ki run``'s agent sends a batch before the simulator's first record; its
+    ``ki_agent_*`` series then came twice, without and with ``simulated="true"``. The agent's
+    counters and ingest lag are the agent process's own (never simulated): one series each."""
+    from kernel_insight.agent import RECORD_DTYPE as DT
+
+    d = Deriver("sim-1")
+    first = d.derive(np.zeros(0, DT), counters={"records_read": 0.0}, now_ns=T0, received_ns=T0)
+    rec = np.zeros(1, dtype=DT)
+    rec["type"] = 6  # GPU_SAMPLE
+    rec["flags"] = 0x02  # SIMULATED
+    rec["id"] = 4  # temperature
+    rec["ts_ns"] = T0 + 10**9
+    rec["payload"] = np.frombuffer(struct.pack("<dQ16x", 61.0, 0), dtype="V32")
+    later = d.derive(rec, counters={"records_read": 1.0}, now_ns=T0 + 10**9, received_ns=T0 + 10**9)
+
+    def agent_series(out):
+        return {
+            labels
+            for labels in out.samples.series
+            if dict(labels)["__name__"].startswith(("ki_agent_", "ki_ingest"))
+        }
+
+    assert agent_series(first) == agent_series(later)
+    assert len(agent_series(later)) == 2  # ki_agent_records_read_total and the ingest lag
+    assert all("simulated" not in dict(labels) for labels in agent_series(later))
+    # the GPU's own data is still marked
+    temp = [
+        labels for labels in later.samples.series if dict(labels)["__name__"] == "gpu_temperature_celsius"
+    ]
+    assert temp
+    assert all(dict(labels)["simulated"] == "true" for labels in temp)
+
+
 def test_launch_aggregates_become_named_counters_and_a_histogram() -> None:
     from kernel_insight.agent import RECORD_DTYPE as DT
 

@@ -26,6 +26,7 @@ def test_enrol_writes_a_private_key_file_the_collector_accepts_and_is_idempotent
     with running_collector(tmp_path) as c:
         admin = TokenStore(tmp_path / "tokens.json").create("node-init", ["ingest-admin"]).token
         (tmp_path / "admin.token").write_text(admin + "\n")
+        (tmp_path / "admin.token").chmod(0o600)
         key_file = tmp_path / "gpu0.key"
         before = {a.agent_id for a in c.keys.agents()}
 

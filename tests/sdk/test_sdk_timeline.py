@@ -209,6 +209,7 @@ def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
     url, token, t0 = served
     token_file = tmp_path / "token"
     token_file.write_text(token)
+    token_file.chmod(0o600)
     out = tmp_path / "trace.json"
     args = ["--instance", "n1", "--gpu", "0", "--from", str(t0 / S), "--to", str(t0 / S + 1)]
     done = subprocess.run(
@@ -279,6 +280,8 @@ def test_ki_timeline_capture_needs_admin_and_stores_a_pending_request(served, tm
     admin.write_text(ADMIN["token"])
     reader = tmp_path / "reader"
     reader.write_text(token)
+    admin.chmod(0o600)
+    reader.chmod(0o600)
     base = [sys.executable, "-m", "kernel_insight.cli", "timeline", "capture", "--collector", url]
     args = ["--instance", "n1", "--gpu", "0", "--seconds", "10"]
     refused = subprocess.run(
