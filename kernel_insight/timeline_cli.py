@@ -56,9 +56,27 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get("KI_TOKEN") or None
 
 
+def _known_instance(args: argparse.Namespace) -> str | None:
+    """Why ``--instance`` names no instance the collector knows, or None when it names one: a
+    mistyped id exported an empty trace and said "open it in Perfetto" (the UI says "no such
+    instance" for the same input)."""
+    from kernel_insight.sdk import HealthClient
+
+    with HealthClient(args.collector, _token(args), ttl=0) as health:
+        ids = sorted(i.id for i in health.snapshot().instances)
+    if args.instance in ids:
+        return None
+    shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    return f"no such instance {args.instance!r} (the collector knows {shown or 'none'})"
+
+
 def _export(args: argparse.Namespace) -> int:
     from kernel_insight.sdk import TimelineClient
 
+    problem = _known_instance(args)
+    if problem is not None:
+        print(f"ki timeline: {problem}", file=sys.stderr)
+        return 1
     with TimelineClient(args.collector, _token(args), retries=1) as client:
         filters: dict[str, object] = {}
         if args.stream is not None:

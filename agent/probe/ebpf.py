@@ -341,17 +341,25 @@ class Tracer:
                 continue
             attached.append(sym)
         tracer_ring = None
+        name = ring_name(f"{config.label_prefix}{config.gpu}")
+        # A ring this start creates goes again when it fails: a failed probe left a 2 MB ring
+        # in /dev/shm that nothing drains. One that was there (an agent's) stays.
+        created = not os.path.exists(f"/dev/shm{name}")
         try:
-            tracer_ring = Ring.attach(ring_name(f"{config.label_prefix}{config.gpu}"), create=True)
+            tracer_ring = Ring.attach(name, create=True)
             tracer = cls(config, bpf, tracer_ring, attached, skipped, launch_probes)
             tracer._cycle_launches()  # the first interval traces launches whenever any does
         except BaseException:
             bpf.cleanup()
             if tracer_ring is not None:
                 tracer_ring.close()
+                if created:
+                    Ring.unlink(name)
             raise
         if not tracer.attached:
             tracer.close()
+            if created:
+                Ring.unlink(name)
             off = " (launch uprobes are off: launch_every=0)" if not config.launch_every else ""
             raise EbpfUnavailable(
                 f"no probe could be attached{off}: {'; '.join(skipped) or 'nothing else to trace'}"

@@ -424,6 +424,27 @@ def test_missing_library_override_is_refused_clearly(tmp_path):
         Tracer.start(TracerConfig(libcuda="/nonexistent/libcuda.so.1"))
 
 
+@pytest.mark.ebpf
+def test_a_probe_that_cannot_attach_leaves_no_ring_behind(label_prefix):
+    """Issue 33: ``ki probe ebpf`` that failed (exit 2) left a 2 MB ring in /dev/shm. A library
+    without the CUDA symbols (libc) compiles the program, creates the ring, then attaches nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("BPF not permitted: not root, the permission check comes first")
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    if not os.path.exists(libc):
+        pytest.skip(f"no {libc} to point --libcuda at")
+    out = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "probe", "ebpf", "--label-prefix", label_prefix,
+         "--libcuda", libc, "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "no probe could be attached" in out.stderr
+    assert not os.path.exists(f"/dev/shm{ring_name(label_prefix + '0')}")
+
+
 def _cgroup2_root() -> Path | None:
     for line in Path("/proc/self/mounts").read_text().splitlines():
         parts = line.split()

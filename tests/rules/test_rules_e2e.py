@@ -38,8 +38,8 @@ groups:
     rules:
       - alert: SlowModelKernels
         expr: |
-          count_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 5
-            and avg_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 200ms
+          avg_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 200ms
+            and count_over_time(kernel_execution_time_seconds{model="llama-70b", gpu_product=~"NVIDIA H100.*", kernel=~"flash_fwd.*"}[10s]) > 5
         for: 2s
         labels:
           severity: page
@@ -202,7 +202,7 @@ def test_the_article_rule_fires_and_resolves_through_alertmanager(tmp_path, labe
                     assert alert["labels"]["severity"] == "page"
                     assert alert["labels"]["kernel"].startswith("flash_fwd")
                     assert alert["annotations"]["summary"].endswith("on average")
-                    assert alert["generatorURL"].startswith(f"{url}/api/v1/query?query=count_over_time")
+                    assert alert["generatorURL"].startswith(f"{url}/api/v1/query?query=avg_over_time")
                     (api_alert,) = [a for a in _alerts(url) if a["labels"]["alertname"] == "SlowModelKernels"]
                     assert api_alert["state"] == "firing"
                     slow_flag.unlink()

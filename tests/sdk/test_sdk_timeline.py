@@ -205,6 +205,23 @@ def test_against_a_real_collector_spans_summary_correlation_and_perfetto(served,
     assert sorted(checked["tracks"].values()) == [1, 1, 1, 100, 100, 100]  # + the sync
 
 
+def test_ki_timeline_export_refuses_an_unknown_instance(served, tmp_path):
+    """Issue 33: a mistyped --instance exited 0 with an empty 266-byte trace."""
+    url, token, t0 = served
+    out = tmp_path / "trace.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "timeline", "export", "--collector", url,
+         "--instance", "typo", "--gpu", "0", "--from", str(t0 / S), "--to", str(t0 / S + 1), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KI_TOKEN": token},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == "ki timeline: no such instance 'typo' (the collector knows n1)\n"
+    assert not out.exists()
+
+
 def test_ki_timeline_export_writes_a_trace_file(served, tmp_path):
     url, token, t0 = served
     token_file = tmp_path / "token"
