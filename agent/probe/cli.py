@@ -40,6 +40,8 @@ def _simulate(args: argparse.Namespace) -> int:
         memory_total=int(args.memory_gib * (1 << 30)),
         static_memory=min(28 << 30, int(args.memory_gib * (1 << 30) * 0.35)),
     )
+    if args.compress != 1:
+        config = config.compressed(args.compress)
     rings = [Ring.attach(ring_name(f"{args.label_prefix}{i}"), create=True) for i in range(args.gpus)]
     try:
         sim = Simulator(config, rings)
@@ -210,6 +212,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="SECONDS",
         help="out-of-memory episodes, one per GPU this often on average (default: one an hour; inf: "
         "none), each a burst of failed allocations (docs/probes.md)",
+    )
+    s.add_argument(
+        "--compress",
+        type=_seconds,
+        default=1.0,
+        metavar="FACTOR",
+        help="the rare events FACTOR times as often (FINGERPRINTs, errors, OOM episodes, checkpoint "
+        "pauses), to see them all in minutes; kernels and samples keep their pace (default 1; docs/probes.md)",
     )
     s.add_argument("--launch-sample", type=int, default=16, help="one LAUNCH record per N launches (0: none)")
     s.add_argument(

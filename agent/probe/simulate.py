@@ -12,6 +12,7 @@ throttling, NVLink) that follow the load.  Every record carries
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -38,6 +39,20 @@ _GIB = 1 << 30
 _US = 1_000
 _S = 1_000_000_000
 CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+#: The longest a straggler runs, as a multiple of its ordinary duration. Real stragglers (a clock
+#: drop, a neighbour's memory traffic, a preempted SM) take a few times as long, not hundreds of
+#: times: an unbounded Pareto tail gave the GEMM a 1.2-1.6 s maximum beside a 2.2 ms median.
+STRAGGLER_MAX = 6.0
+
+
+def straggler_factor(rng: random.Random, alpha: float, high: float = STRAGGLER_MAX) -> float:
+    """How many times longer a straggler runs: 1 + a Pareto(``alpha``) draw bounded to
+    [1, ``high`` - 1] (the bounded Pareto law's inverse CDF), so between 2 and ``high`` times,
+    heavy-tailed up to the bound with no pile of draws at it as a clipped law would have."""
+    u = rng.random()
+    return 1.0 + float((1.0 - u * (1.0 - (high - 1.0) ** -alpha)) ** (-1.0 / alpha))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +211,25 @@ class SimConfig:
             if not ok:
                 raise ValueError(f"simulator: {message}")
 
+    def compressed(self, factor: float) -> SimConfig:
+        """The same job with its rare events ``factor`` times as often, to see every one of them in
+        minutes (``ki probe simulate --compress``, ``ki run --compress``; tests, demos): FINGERPRINTs,
+        random errors, OOM episodes (and their length; the first one begins 360 s / ``factor`` in
+        unless ``first_oom_s`` says otherwise) and checkpoint pauses (and their length). Kernels,
+        steps, memory and NVML samples keep their real pace (docs/probes.md)."""
+        if not 1 <= factor <= 3600:
+            raise ValueError(f"simulator: compress must be in 1..3600, got {factor}")
+        return dataclasses.replace(
+            self,
+            fingerprint_every_s=self.fingerprint_every_s / factor,
+            error_rate=min(1.0, self.error_rate * factor),
+            oom_every_s=self.oom_every_s / factor,
+            oom_episode_s=self.oom_episode_s / factor,
+            first_oom_s=360 / factor if self.first_oom_s is None else self.first_oom_s,
+            idle_every_steps=max(1, round(self.idle_every_steps / factor)),
+            idle_s=self.idle_s / factor,
+        )
+
 
 @dataclass(slots=True)
 class _Gpu:
@@ -346,8 +380,8 @@ class Simulator:
         d = spec.median_us * self.config.time_scale * math.exp(g.rng.gauss(0.0, spec.sigma))
         if self.slow and self.config.slow_kernel and self.config.slow_kernel in spec.name:
             d *= self.config.slow_factor
-        if g.rng.random() < 0.005:  # stragglers: a Pareto tail on top of the lognormal body
-            d *= 1.0 + g.rng.paretovariate(1.3)
+        if g.rng.random() < 0.005:  # stragglers: a bounded Pareto tail on top of the lognormal body
+            d *= straggler_factor(g.rng, 1.3)
         return max(1_000, int(d * _US * g.slowdown))
 
     def _kernel(self, g: _Gpu, host: int, spec: KernelSpec, comm: bool = False) -> tuple[int, int]:
@@ -480,7 +514,7 @@ class Simulator:
             start = max(ready, g.comm_free, hosts[gi])
             dur = int(base * math.exp(g.rng.gauss(0, 0.1)))
             if g.rng.random() < 0.01:
-                dur = int(dur * (1 + g.rng.paretovariate(1.5)))
+                dur = int(dur * straggler_factor(g.rng, 1.5))
             spec = KernelSpec(_ALLREDUCE_KERNEL, dur / _US / cfg.time_scale, 0.0)
             g.comm_free = max(g.comm_free, start)
             _host, end = self._kernel(g, start - 5 * _US, spec, comm=True)

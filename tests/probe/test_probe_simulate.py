@@ -129,7 +129,8 @@ def test_kernel_durations_are_long_tailed_per_name(one_gpu):
     median = statistics.median(flash)
     # lognormal body around the spec median (1400 us x time_scale 10), then a heavy tail
     assert 0.85 * 14e6 < median < 1.15 * 14e6
-    assert flash[-1] > 1.5 * median
+    # the stragglers (0.5% of launches, 2-6 times as long) show in the kernels' maxima
+    assert max(max(v) / statistics.median(v) for v in by_name.values()) > 2
     medians = sorted(statistics.median(v) for v in by_name.values())
     assert medians[-1] > 20 * medians[0]  # kernels differ by orders of magnitude
 
@@ -481,3 +482,49 @@ def test_a_slow_kernel_regression_can_be_switched_on_and_off():
     assert (
         0.8 < median(slow, "void at::native::(anonymous") / median(fast, "void at::native::(anonymous") < 1.25
     )
+
+
+def test_kernel_tails_are_long_but_bounded_as_real_stragglers_are():
+    """Issue 33: an unbounded Pareto tail made the simulated GEMM's maximum 500-700 times its
+    median (2.2 ms p50, 1.2-1.6 s max over half an hour). Stragglers run a few times longer, not
+    hundreds: over ten minutes of the default job every kernel's maximum stays within
+    STRAGGLER_MAX (and the lognormal body and the thermal clock drop) of its median, and the
+    tail is still there."""
+    from kernel_insight.agent.records import PAYLOAD_DTYPES, RecordType
+
+    (records,) = simulate_arrays(600, seed=7, layers=2, idle_every_steps=400)
+    kernels = records[records["type"] == RecordType.KERNEL]
+    payload = np.ascontiguousarray(kernels["payload"]).view(PAYLOAD_DTYPES[RecordType.KERNEL])
+    duration = (payload["end_ns"].astype(np.int64) - kernels["ts_ns"].astype(np.int64)).ravel()
+    names = kernels["id"]
+    checked = 0
+    for name in np.unique(names):
+        d = np.sort(duration[names == name])
+        if d.size < 2000:
+            continue
+        median = float(np.median(d))
+        assert d[-1] < 10 * median, (int(name), d[-1] / median)  # STRAGGLER_MAX 6 x the body's spread
+        assert np.quantile(d, 0.9995) > 1.5 * median  # the stragglers are there
+        checked += 1
+    assert checked >= 5
+
+
+def test_compress_runs_the_rare_events_often_and_the_kernels_at_their_pace():
+    """--compress FACTOR: every periodic event of the simulator within a few minutes (the main
+    job's end-to-end test), kernels unchanged."""
+    base = SimConfig(seed=5, layers=2)
+    fast = base.compressed(30)
+    assert (fast.fingerprint_every_s, fast.oom_every_s, fast.first_oom_s) == (2.0, 120.0, 12.0)
+    assert fast.error_rate == pytest.approx(30 / 600)
+    assert fast.idle_every_steps == 4
+    assert (fast.layers, fast.time_scale) == (base.layers, base.time_scale)
+    (records,) = simulate_arrays(40, seed=5, layers=2, fingerprint_every_s=2.0, oom_every_s=120.0,
+                                 oom_episode_s=20 / 30, first_oom_s=12.0, error_rate=30 / 600)  # fmt: skip
+    types = Counter(records["type"].tolist())
+    assert types[RecordType.FINGERPRINT] >= 19 * 10  # 20 fingerprints of 10 fields
+    errors = records[records["type"] == RecordType.ERROR]
+    kinds = Counter(errors["id"].tolist())  # the error kind
+    assert kinds[ErrorKind.OOM] >= 1
+    assert sum(kinds.values()) - kinds[ErrorKind.OOM] >= 1
+    with pytest.raises(ValueError, match=r"compress must be in 1\.\.3600"):
+        base.compressed(0.5)
