@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
+.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -72,6 +72,11 @@ bench-ebpf: build
 
 bench-probe: build
 	$(PY) -m bench.probe
+
+# The CUPTI probe with the stand-in CUPTI: ns and instructions (callgrind) per activity record in its
+# buffer-completed path, and its resident memory beside a workload (docs/probes.md).
+bench-cupti: build
+	$(PY) -m bench.cupti
 
 bench-kql: build
 	$(PY) -m bench.kql

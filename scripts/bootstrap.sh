@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh);
 # victoria-metrics is the second server make bench-kql compares kql with;
 # chromium is the browser the web UI's tests and make bench-ui drive (docs/ui.md).
-APT_PACKAGES=(build-essential pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager chromium
+# valgrind (callgrind) counts the instructions make bench-cupti reports per record.
+APT_PACKAGES=(build-essential valgrind pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager chromium
     python3-bpfcc "linux-headers-$(dpkg --print-architecture)")
 
 missing=()

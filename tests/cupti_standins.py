@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-C = ROOT / "tests" / "probe" / "c"
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-isystem", str(CUDA_HOME / "include")]
 
 
 @dataclass(frozen=True)
@@ -42,44 +40,18 @@ class CuptiBuild:
         return env
 
 
-def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"build failed: {' '.join(cmd)}\n{done.stdout}{done.stderr}")
-
-
 def build_cupti(out: Path) -> CuptiBuild:
-    """Build everything into out; a machine without a C compiler or the CUDA headers skips, saying so."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    """Build everything into out (agent/cupti/Makefile: the probe and its stand-ins); a machine without
+    a C compiler or the CUDA headers skips, saying so."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler (cc) on PATH to build the CUPTI probe and its stand-ins")
     if not (CUDA_HOME / "include" / "cupti.h").is_file():
         pytest.skip(f"no CUDA headers at {CUDA_HOME}/include (cupti.h): the CUPTI probe is not built here")
     out.mkdir(parents=True, exist_ok=True)
-    _run(["make", "-s", "-C", str(ROOT / "agent" / "cupti"), f"OUT={out}"])
-    lib = [cc, *CFLAGS, "-shared", "-fPIC", "-fvisibility=hidden"]
-    _run(
-        [
-            *lib,
-            "-Wl,-soname,libcupti.so.13",
-            str(C / "fake_cupti.c"),
-            "-o",
-            str(out / "libcupti.so.13"),
-            "-lpthread",
-        ]
-    )
-    _run(
-        [
-            *lib,
-            "-Wl,-soname,libcuda.so.1",
-            str(C / "fake_cuda_inject.c"),
-            "-o",
-            str(out / "libcuda.so.1"),
-            "-ldl",
-        ]
-    )
-    _run(
-        [cc, *CFLAGS, str(C / "cupti_workload.c"), "-o", str(out / "cupti_workload"), f"-L{out}",
-         "-l:libcuda.so.1", "-ldl", "-lpthread", f"-Wl,-rpath,{out}"]
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT / "agent" / "cupti"), f"OUT={out}", f"CUDA_HOME={CUDA_HOME}", "all", "standins"],
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"build failed:\n{done.stdout}{done.stderr}")
     return CuptiBuild(out / "libki_cupti.so", out, out / "cupti_workload")

@@ -98,13 +98,20 @@ static inline uint64_t to_ring_ns(const struct ki_cupti *g, uint64_t cupti_ns) {
 
 /* ---- rings and names ---------------------------------------------------- */
 
-static struct ki_cupti_device *device_ring(struct ki_cupti *g, uint32_t dev) {
+static struct ki_cupti_device *device_attach(struct ki_cupti *g, uint32_t dev);
+
+/* The device's ring when attached (the path of nearly every record), else an attempt to attach. */
+static inline struct ki_cupti_device *device_ring(struct ki_cupti *g, uint32_t dev) {
+    if (__builtin_expect(dev < KI_CUPTI_MAX_DEVICES && g->devices[dev].attached, 1)) return &g->devices[dev];
+    return device_attach(g, dev);
+}
+
+__attribute__((noinline)) static struct ki_cupti_device *device_attach(struct ki_cupti *g, uint32_t dev) {
     if (dev >= KI_CUPTI_MAX_DEVICES) {
         g->unknown_device++;
         return NULL;
     }
     struct ki_cupti_device *d = &g->devices[dev];
-    if (__builtin_expect(d->attached, 1)) return d;
     uint64_t now = ki_ring_mono_ns();
     if (now >= d->retry_ns) {
         char name[KI_RING_NAME_MAX + 1], err[256];
@@ -120,10 +127,21 @@ static struct ki_cupti_device *device_ring(struct ki_cupti *g, uint32_t dev) {
     return NULL;
 }
 
+static inline uint32_t name_slot(const char *raw) {
+    return (uint32_t)(((uint64_t)(uintptr_t)raw * 0x9E3779B97F4A7C15ULL) >> 40) & (KI_CUPTI_NAMES - 1);
+}
+
+static struct ki_cupti_name *name_intern(struct ki_cupti *g, const char *raw);
+
 /* The entry of CUPTI's name pointer (interned on first sight), or NULL when the table is full. */
-static struct ki_cupti_name *name_of(struct ki_cupti *g, const char *raw) {
-    uintptr_t key = (uintptr_t)raw;
-    uint32_t h = (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 40);
+static inline struct ki_cupti_name *name_of(struct ki_cupti *g, const char *raw) {
+    struct ki_cupti_name *e = &g->names[name_slot(raw)];
+    if (__builtin_expect(e->raw == raw && e->text != NULL, 1)) return e;
+    return name_intern(g, raw);
+}
+
+__attribute__((noinline)) static struct ki_cupti_name *name_intern(struct ki_cupti *g, const char *raw) {
+    uint32_t h = name_slot(raw);
     for (uint32_t probe = 0; probe < 64; probe++) {
         struct ki_cupti_name *e = &g->names[(h + probe) & (KI_CUPTI_NAMES - 1)];
         if (e->raw == raw && e->text) return e;
@@ -325,13 +343,5 @@ void ki_cupti_activity_report(struct ki_cupti *g) {
             if (ki_ring_sample(&d->ring, count_metric[c], (uint16_t)dev, now, (double)d->counts[c], d->ring.pid) == 0)
                 d->reported[c] = d->counts[c];
         }
-    }
-}
-
-void ki_cupti_activity_close(struct ki_cupti *g) {
-    for (uint32_t dev = 0; dev < KI_CUPTI_MAX_DEVICES; dev++) {
-        if (!g->devices[dev].attached) continue;
-        ki_ring_close(&g->devices[dev].ring);
-        g->devices[dev].attached = 0;
     }
 }

@@ -114,17 +114,26 @@ static void *flusher(void *arg) {
     return NULL;
 }
 
-/* At exit: hand in what CUPTI holds, write the counts, close the rings. A buffer CUPTI completes
- * after this (its own thread racing the exit) only goes back to the pool. */
+/* At exit: hand in what CUPTI holds and wait (100 ms at most) for every buffer to come back, so
+ * one another thread took from CUPTI just before (a racing flush) is written too; then the
+ * counts. The rings stay mapped and the probe active: a completion later still (CUPTI's own exit
+ * flush) is written as well, and an exit that cuts one short leaves a reserved slot the agent
+ * skips once the process is gone (docs/ring.md). */
 static void at_exit(void) {
     struct ki_cupti *g = &ki_cupti_g;
     if (g->forked_child || !__atomic_load_n(&g->active, __ATOMIC_ACQUIRE)) return;
     flusher_stop = 1;
     g->api.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    for (int i = 0; i < 100; i++) {
+        pthread_mutex_lock(&g->pool_lock);
+        int back = g->free_count == g->buffers;
+        pthread_mutex_unlock(&g->pool_lock);
+        if (back) break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_lock(&g->lock);
     ki_cupti_activity_report(g);
-    __atomic_store_n(&g->active, 0, __ATOMIC_RELEASE);
-    ki_cupti_activity_close(g);
     pthread_mutex_unlock(&g->lock);
 }
 

@@ -105,7 +105,7 @@ struct ki_cupti {
     void *lib;                        /* dlopen handle of CUPTI */
     CUpti_SubscriberHandle subscriber;
     pthread_mutex_t lock;             /* the buffer-completed path and everything it owns below */
-    int active;                       /* records are written (cleared at exit and in a forked child) */
+    int active;                       /* records are written (cleared in a forked child, or when stepping aside) */
     int forked_child;                 /* this process is a fork of the one that loaded the probe */
     char prefix[64];                  /* ring label prefix (KI_PROBE_LABEL_PREFIX) */
     uint32_t name_max;                /* longest kernel name written */
@@ -152,8 +152,6 @@ size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t val
 void ki_cupti_activity_report(struct ki_cupti *g);
 /* Refresh the CUPTI-to-CLOCK_REALTIME offset (g->lock held). */
 void ki_cupti_clock_refresh(struct ki_cupti *g);
-/* Close every ring (g->lock held). */
-void ki_cupti_activity_close(struct ki_cupti *g);
 
 /* ---- callbacks.c ------------------------------------------------------ */
 void CUPTIAPI ki_cupti_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data);

@@ -3,11 +3,11 @@
  * libcuda.so.1 (fake_cuda_inject.c). It knows nothing of the probe: the driver loads it.
  *
  *   cupti_workload [--gpus N] [--steps N] [--threads N] [--kernel NAME]... [--nvtx] [--fork]
- *                  [--flush-race] [--fuzz SEED:COUNT] [--no-init]
+ *                  [--flush-race] [--fuzz SEED:COUNT] [--no-init] [--rss]
  *
  * Each step, on each GPU and thread: every kernel once (grid x = 1 + its index, so 1, 2, ... us),
  * a 4096-byte copy, a 256-byte memset and a stream sync; with --nvtx inside the ranges "step" >
- * "layer.<index>". Prints one JSON line of what it did.
+ * "layer.<index>". Prints one JSON line of what it did (--rss: with its VmRSS, VmHWM and RssAnon/File/Shmem, kB).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -24,7 +24,7 @@ void kifake_nvtx_push(const char *message);
 void kifake_nvtx_pop(void);
 void kifake_fuzz(unsigned seed, unsigned count);
 
-static int gpus = 1, steps = 10, threads = 1, nvtx, use_fork, flush_race, no_init;
+static int gpus = 1, steps = 10, threads = 1, nvtx, use_fork, flush_race, no_init, rss;
 static unsigned fuzz_seed, fuzz_count;
 static const char *kernel_names[32];
 static int nkernels;
@@ -88,6 +88,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fork")) use_fork = 1;
         else if (!strcmp(argv[i], "--flush-race")) flush_race = 1;
         else if (!strcmp(argv[i], "--no-init")) no_init = 1;
+        else if (!strcmp(argv[i], "--rss")) rss = 1;
         else if (!strcmp(argv[i], "--fuzz") && i + 1 < argc) sscanf(argv[++i], "%u:%u", &fuzz_seed, &fuzz_count);
         else {
             fprintf(stderr, "unknown argument %s\n", argv[i]);
@@ -124,9 +125,22 @@ int main(int argc, char **argv) {
         waitpid(pid, &child_status, 0);
     }
     for (int i = 0; i < workers && i < 256; i++) pthread_join(tids[i], NULL);
-    long per = (long)steps * workers;
-    printf("{\"pid\": %d, \"kernels\": %ld, \"memcpy\": %ld, \"memset\": %ld, \"syncs\": %ld, \"child_status\": %d}\n",
-           (int)getpid(), per * nkernels, per, per, per, child_status);
+    long per = (long)steps * workers, vmrss = 0, vmhwm = 0, anon = 0, file = 0, shmem = 0;
+    if (rss) {
+        char line[256];
+        FILE *f = fopen("/proc/self/status", "r");
+        while (f && fgets(line, sizeof line, f)) {
+            sscanf(line, "VmRSS: %ld", &vmrss);
+            sscanf(line, "VmHWM: %ld", &vmhwm);
+            sscanf(line, "RssAnon: %ld", &anon);
+            sscanf(line, "RssFile: %ld", &file);
+            sscanf(line, "RssShmem: %ld", &shmem);
+        }
+        if (f) fclose(f);
+    }
+    printf("{\"pid\": %d, \"kernels\": %ld, \"memcpy\": %ld, \"memset\": %ld, \"syncs\": %ld, \"child_status\": %d, "
+           "\"vmrss_kb\": %ld, \"vmhwm_kb\": %ld, \"rss_anon_kb\": %ld, \"rss_file_kb\": %ld, \"rss_shmem_kb\": %ld}\n",
+           (int)getpid(), per * nkernels, per, per, per, child_status, vmrss, vmhwm, anon, file, shmem);
     fflush(stdout);
     return 0; /* exit: the probe flushes what CUPTI still holds */
 }

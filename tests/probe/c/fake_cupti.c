@@ -234,15 +234,24 @@ EXPORT CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext context,
 EXPORT int kifake_cupti_kind_enabled(CUpti_ActivityKind kind) { return (unsigned)kind < 64 && enabled_kind[kind]; }
 
 /* Append one activity record (kind enabled or not: the caller checks), completing full buffers. */
+/* Put one record into a buffer in this library's framing (what cuptiActivityGetNextRecord reads):
+ * the new used size, or 0 when it does not fit. The benchmark fills its buffers with it. */
+EXPORT size_t kifake_cupti_frame(uint8_t *buffer, size_t size, size_t used, const void *rec, size_t n) {
+    size_t need = HDR + ((n + 7u) & ~7u);
+    if (used + need > size) return 0;
+    uint32_t s = (uint32_t)n;
+    memcpy(buffer + used, &s, 4);
+    memcpy(buffer + used + HDR, rec, n);
+    return used + need;
+}
+
 EXPORT void kifake_cupti_record(const void *rec, size_t size) {
     size_t need = HDR + ((size + 7u) & ~7u);
     for (int step = 0; step < 8; step++) {
         pthread_mutex_lock(&lock);
-        if (buf && buf_used + need <= buf_size) {
-            uint32_t s = (uint32_t)size;
-            memcpy(buf + buf_used, &s, 4);
-            memcpy(buf + buf_used + HDR, rec, size);
-            buf_used += need;
+        size_t after = buf ? kifake_cupti_frame(buf, buf_size, buf_used, rec, size) : 0;
+        if (after) {
+            buf_used = after;
             pthread_mutex_unlock(&lock);
             return;
         }
