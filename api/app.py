@@ -75,14 +75,16 @@ def api_routers(
     interval_s: float = DEFAULT_INTERVAL_S,
     source: HealthSource | None = None,
     query_limits: EngineLimits | None = None,
+    name_of: Callable[[str], str | None] | None = None,
 ) -> tuple[list[APIRouter], Snapshotter]:
     """The routers (health snapshot, instances, topology, timeline, Prometheus API) and the snapshotter they share.
 
-    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``).
+    ``query_limits`` bound every query of the Prometheus API (None: ``EngineLimits()``);
+    ``name_of`` gives an instance's enrolment name (the key store's), shown in the snapshot.
 
     The health router's lifespan starts and stops the snapshotter with the app.
     """
-    snapshotter = Snapshotter(source or StoreSource(store), rule, interval_s=interval_s)
+    snapshotter = Snapshotter(source or StoreSource(store, name_of), rule, interval_s=interval_s)
     storage_factory: Callable[[], Any] = store.storage
     routers = [
         health_router(snapshotter, auth),
@@ -117,7 +119,12 @@ def create_api_app(
 
     auth = Authenticator(tokens, local_dev=local_dev)
     routers, snapshotter = api_routers(
-        store, auth, rule=rule, interval_s=interval_s, query_limits=query_limits
+        store,
+        auth,
+        rule=rule,
+        interval_s=interval_s,
+        query_limits=query_limits,
+        name_of=None if keys is None else keys.name_of,
     )
     if keys is not None:
         routers.append(agents_router(keys, auth))

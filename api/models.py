@@ -54,6 +54,10 @@ class NcclLatency(BaseModel):
 
 class InstanceHealth(BaseModel):
     id: str
+    name: str | None = Field(
+        None,
+        description="the enrolment name of the instance's agent (`ki keys list`); null for data no enrolled agent sent",
+    )
     models: list[str] = Field(
         description="models served, from the instance's `models` label (comma-separated)"
     )

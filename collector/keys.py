@@ -266,13 +266,24 @@ class KeyStoreBase(SecretStore[bytes]):
 
         The collector's sink applies them to the instance and every series it derives.
         """
+        agent = self._record_of(instance)
+        return dict(agent.get("labels") or {}) if agent is not None else {}
+
+    def name_of(self, instance: str) -> str | None:
+        """The enrolment name of the instance an agent feeds (its id in hex); None when unknown.
+
+        The health snapshot shows it beside the id (docs/api.md), for people to read.
+        """
+        agent = self._record_of(instance)
+        return str(agent["name"]) if agent is not None else None
+
+    def _record_of(self, instance: str) -> dict[str, Any] | None:
         try:
             agent_id = parse_agent_id(instance)
         except KeyStoreError:
-            return {}
+            return None
         with self._lock:
-            agent = self._current().get(agent_id) or self._current(miss=True).get(agent_id)
-        return dict(agent.get("labels") or {}) if agent is not None else {}
+            return self._current().get(agent_id) or self._current(miss=True).get(agent_id)
 
     # ---- writing ---------------------------------------------------------------------
 

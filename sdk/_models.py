@@ -83,6 +83,7 @@ class Instance:
     lagging: bool = False
     last_heard_ms: int | None = None
     ingest_lag_s: float | None = None
+    name: str | None = None  # the enrolment name of its agent (None: data no enrolled agent sent)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Instance:
@@ -119,6 +120,7 @@ class Instance:
             lagging=bool(d.get("lagging")),
             last_heard_ms=_opt_int(d.get("last_heard_ms")),
             ingest_lag_s=_opt_float(d.get("ingest_lag_s")),
+            name=None if d.get("name") is None else str(d["name"]),
         )
 
 

@@ -94,6 +94,7 @@ class InstanceFacts:
 
     id: str
     last_seen_ms: int  # producer clock: the newest data's own timestamp
+    name: str | None = None  # the enrolment name of the instance's agent, for people to read
     labels: Mapping[str, str] = field(default_factory=dict)
     attributes: Mapping[str, str] = field(default_factory=dict)
     hardware_fingerprint: str = ""

@@ -84,6 +84,7 @@ def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict
     errors = int(sum(facts.errors_by_kind.values()))
     return {
         "id": facts.id,
+        "name": facts.name,
         "models": served_models(facts.labels),
         "labels": dict(sorted(facts.labels.items())),
         "fingerprint": {

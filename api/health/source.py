@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,8 +60,10 @@ class StoreSource:
     #: One sample per stored agent batch, at its receive time (collector/derive.py): the heartbeat.
     HEARTBEAT_METRIC = INGEST_LAG_METRIC
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, name_of: Callable[[str], str | None] | None = None) -> None:
         self.store = store
+        #: An instance's enrolment name (the key store's ``name_of``); None without a key store.
+        self.name_of: Callable[[str], str | None] = name_of or (lambda instance: None)
         self._metrics = [*self.GAUGES, self.HEARTBEAT_METRIC]
         #: id(label set) -> (that label set, metric code, instance code); see _keys.
         self._known: dict[int, tuple[Labels, int, int]] = {}
@@ -128,6 +130,8 @@ class StoreSource:
                 counts = dict(facts[e["instance"]].errors_by_kind)
                 counts[e["kind"]] = int(e["n"])
                 facts[e["instance"]].errors_by_kind = counts
+        for f in facts.values():
+            f.name = self.name_of(f.id)
         return list(facts.values())
 
     def _latest(self, facts: dict[str, InstanceFacts], now_ms: int) -> None:

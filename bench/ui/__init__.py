@@ -24,6 +24,7 @@ from kernel_insight.kql.nativehist import FloatHistogram
 __all__ = [
     "CHROMIUM",
     "CHROMIUM_ARGS",
+    "HISTOGRAM_INTERVAL_S",
     "KERNELS",
     "MEMORY_OPS",
     "NCCL_OPS",
@@ -174,12 +175,24 @@ def calls_of(instance: str, gpu: int, start_ns: int, window_ns: int) -> CallBatc
     return CallBatch.of(instance, gpu, rows, pid=4242, tid=4243, nranks=8, failed=failed)
 
 
+#: How often the agent ships its histograms by default (``histogram_interval_s``, agent/src/config.c).
+HISTOGRAM_INTERVAL_S = 7
+
+
 def populate_kernel_histograms(
-    path: Path, instance: str, gpu: int, start_ms: int, seconds: int, kernels: tuple[str, ...] = KERNELS[:3]
+    path: Path,
+    instance: str,
+    gpu: int,
+    start_ms: int,
+    seconds: int,
+    kernels: tuple[str, ...] = KERNELS[:3],
+    *,
+    interval_s: int = HISTOGRAM_INTERVAL_S,
 ) -> None:
     """``kernel_duration_seconds`` of one GPU as the agent ships it: a cumulative native histogram per
-    kernel every second for ``seconds``, 2,000 launches a second each, log-normal around 50-400 us
-    with 0.5% stragglers 20x slower (the tail a heatmap must show)."""
+    kernel every ``interval_s`` (the agent's default) from ``start_ms`` for ``seconds``, 2,000
+    launches a second each, log-normal around 50-400 us with 0.5% stragglers 20x slower (the tail
+    a heatmap must show)."""
     rng = np.random.default_rng(14)
     out = HistogramBuilder()
     for k, kernel in enumerate(kernels):
@@ -189,13 +202,14 @@ def populate_kernel_histograms(
             "gpu": str(gpu),
             "kernel": kernel,
         }
-        seen: list[np.ndarray] = []
-        for s in range(seconds):
-            d = rng.lognormal(np.log(50e-6 * 2**k), 0.3, 2_000)
-            slow = rng.random(2_000) < 0.005
+        total: FloatHistogram | None = None
+        for s in range(0, seconds, interval_s):
+            n = 2_000 * interval_s
+            d = rng.lognormal(np.log(50e-6 * 2**k), 0.3, n)
+            slow = rng.random(n) < 0.005
             d[slow] *= 20
-            seen.append(d)
-            h = FloatHistogram.from_observations(np.concatenate(seen), schema=3)
-            out.add_histogram(labels, start_ms + s * 1000, h)
+            new = FloatHistogram.from_observations(d, schema=3)
+            total = new if total is None else total.add(new).histogram
+            out.add_histogram(labels, start_ms + s * 1000, total)
     with EmbeddedStore(path) as store:
         store.insert_histograms(out.build())

@@ -10,6 +10,7 @@ from api_helpers import TestClient
 
 from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail
+from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN
@@ -136,3 +137,20 @@ def test_api_app_over_the_store_serves_snapshot_and_recent_errors(store, tmp_pat
     assert client.get("/healthz").status_code == 200  # the collector's liveness probe needs no token
     client.headers.pop("Authorization")
     assert client.get("/v1/topology").json()["errorType"] == "unauthorized"
+
+
+def test_the_snapshot_names_an_enrolled_agents_instance_and_leaves_others_unnamed(store, tmp_path):
+    # The instance an enrolled agent feeds is its 32-hex id; the snapshot carries the name it was
+    # enrolled under (ki keys list's) beside it, for people; ids no agent has get null.
+    keys = KeyStore(tmp_path / "keys.json")
+    agent = keys.add_agent("gpu-box-7", {"rack": "r2"}).agent_id.hex()
+    store.upsert_instances([InstanceInfo(id=agent, last_seen_ms=NOW_MS - 1_000, gpu_count=1)])
+    tokens = TokenStore(tmp_path / "tokens.json")
+    client = TestClient(create_api_app(store, tokens=tokens, keys=keys))
+    client.headers["Authorization"] = "Bearer " + tokens.create("r", ["read"]).token
+    snap = HealthSnapshot.model_validate_json(client.get("/v1/health/snapshot").content)
+    names = {i.id: i.name for i in snap.instances}
+    assert names[agent] == "gpu-box-7"
+    assert names["n1"] is None
+    assert client.get(f"/v1/instances/{agent}").json()["instance"]["name"] == "gpu-box-7"
+    assert keys.name_of("not-an-agent-id") is None

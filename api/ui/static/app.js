@@ -35,6 +35,106 @@ function fmtPct(r) { return r === null || r === undefined ? "–" : `${Math.roun
 function fmtBytes(b) { return b === null || b === undefined ? "–" : `${(b / 2 ** 30).toFixed(1)} GiB`; }
 function fmtTime(ms) { return ms ? new Date(ms).toISOString().replace(".000", "") : "–"; }
 
+// ---- units -------------------------------------------------------------------------------
+
+// A metric's unit from its name (Prometheus' naming rules: the base unit as the last word, before
+// _total, _sum or _bucket); a count (`_count`) has none.
+const UNIT_SUFFIXES = [["_seconds", "s"], ["_bytes", "B"], ["_ratio", "ratio"], ["_celsius", "°C"], ["_watts", "W"], ["_hertz", "Hz"], ["_joules", "J"]];
+
+function metricUnit(name) {
+  if (/_count$/.test(name)) return "";
+  const base = name.replace(/_(total|sum|bucket)$/, "");
+  for (const [suffix, unit] of UNIT_SUFFIXES) if (base.endsWith(suffix)) return unit;
+  return "";
+}
+
+// What a query's values are measured in, from the metrics it reads and what it does to them: ""
+// where that is not clear (metrics of different units, a count, arithmetic between values). A
+// per-second rate adds "/s".
+const COUNTING = new Set(["count", "count_over_time", "histogram_count", "absent", "absent_over_time", "changes", "resets", "count_values", "group", "present_over_time", "timestamp", "time"]);
+const PER_SECOND = new Set(["rate", "irate", "deriv"]);
+
+function queryUnit(query) {
+  const toks = lex(query);
+  const metrics = toks.filter((t) => t.cls === "tok-metric").map((t) => t.tok);
+  const fns = toks.filter((t) => t.cls === "tok-fn").map((t) => t.tok);
+  const units = new Set(metrics.map(metricUnit));
+  if (units.size !== 1 || fns.some((f) => COUNTING.has(f))) return "";
+  if (toks.some((t) => !t.cls && /^[*/%^]$/.test(t.tok)) || toks.some((t) => t.cls === "tok-kw" && t.tok === "atan2")) return "";
+  const unit = [...units][0];
+  if (!unit || !fns.some((f) => PER_SECOND.has(f))) return unit;
+  return unit === "s" ? "" : `${unit}/s`; // seconds per second: a plain number (busy GPUs, say)
+}
+
+// The unit a native histogram's buckets are in: the metric's own, whatever the query did to the counts.
+function bucketUnit(query) {
+  const units = new Set(lex(query).filter((t) => t.cls === "tok-metric").map((t) => metricUnit(t.tok)));
+  return units.size === 1 ? [...units][0] : "";
+}
+
+function fmtSeconds(v) {
+  const a = Math.abs(v), sign = v < 0 ? "-" : "";
+  if (a === 0) return "0 s";
+  for (const [d, s] of [[1, "s"], [1e-3, "ms"], [1e-6, "µs"], [1e-9, "ns"]]) if (a >= d || s === "ns") return `${sign}${+(a / d).toPrecision(3)} ${s}`;
+  return "";
+}
+
+function fmtIEC(v, suffix = "B") {
+  const a = Math.abs(v);
+  for (const [d, s] of [[2 ** 50, "Pi"], [2 ** 40, "Ti"], [2 ** 30, "Gi"], [2 ** 20, "Mi"], [2 ** 10, "Ki"]]) if (a >= d) return `${+(v / d).toPrecision(3)} ${s}${suffix}`;
+  return `${+v.toPrecision(3)} ${suffix}`;
+}
+
+// Tick steps for bytes: 1, 2, 4, ... 512 times each power of 1024.
+const BINARY_INCRS = Array.from({ length: 60 }, (_, k) => 2 ** k);
+
+// A formatter of values in `unit` (queryUnit's), for axes, legends and hovers.
+function unitFormatter(unit) {
+  if (unit === "s") return (v) => (v === null || v === undefined ? "" : fmtSeconds(v));
+  if (unit === "B" || unit === "B/s") return (v) => (v === null || v === undefined ? "" : fmtIEC(v, unit));
+  if (unit === "ratio") return (v) => (v === null || v === undefined ? "" : `${+(v * 100).toPrecision(3)}%`);
+  if (unit) return (v) => (v === null || v === undefined ? "" : `${fmtSI(v)} ${unit}`);
+  return fmtSI;
+}
+
+// ---- instances by the names people gave them ---------------------------------------------
+
+// An enrolled agent's instance id: 32 hex digits, which nobody reads. The pages show its
+// enrolment name (the snapshot's `name`, `ki keys list`), else its `host` label, with the id on
+// hover; other ids (remote_write's `instance` label: already a name) as they are.
+const AGENT_ID = /^[0-9a-f]{32}$/;
+let directory = null; // {at, byId: Map(id -> /v1/instances record), list}
+const DIRECTORY_TTL_MS = 15000;
+
+async function loadDirectory(force = false) {
+  if (directory && !force && performance.now() - directory.at < DIRECTORY_TTL_MS) return directory;
+  const res = await api("/v1/instances");
+  directory = { at: performance.now(), byId: new Map(res.instances.map((i) => [i.id, i])), list: res.instances };
+  return directory;
+}
+
+// What to call an instance: its record (or its id alone, looked up in the directory).
+function instanceName(rec) {
+  if (typeof rec === "string") rec = directory?.byId.get(rec) || { id: rec };
+  if (rec.name) return rec.name;
+  if (AGENT_ID.test(rec.id) && rec.labels?.host) return rec.labels.host;
+  return rec.id;
+}
+
+// The name, with the id on hover (and beside the name where the two differ, as data-id).
+function instanceHtml(rec, tag = "span") {
+  const id = typeof rec === "string" ? rec : rec.id;
+  const name = instanceName(rec);
+  return `<${tag} class="inst" data-id="${esc(id)}" title="${esc(name === id ? id : `${name}: instance ${id}`)}">${esc(name)}</${tag}>`;
+}
+
+// Free text (an alert's summary, say) with the agent ids the collector knows shown by name.
+function namedText(text) {
+  return String(text).split(/([0-9a-f]{32})/).map((part, n) => (n % 2 && directory?.byId.has(part) ? instanceHtml(part) : esc(part))).join("");
+}
+
+function plural(n, one, many = `${one}s`) { return `${n} ${Number(n) === 1 ? one : many}`; }
+
 function parseHash() {
   const h = location.hash.replace(/^#\/?/, "");
   const [path, qs] = h.split("?", 2);
@@ -144,6 +244,8 @@ async function pageFleet(params) {
   main.innerHTML = `<h1>Fleet</h1><p class="muted">Loading the health snapshot…</p>`;
   const load = async () => {
     const snap = await api("/v1/health/snapshot");
+    // the snapshot's records are /v1/instances': the other pages name instances from them
+    directory = { at: performance.now(), byId: new Map(snap.instances.map((i) => [i.id, i])), list: snap.instances };
     renderFleet(snap, parseHash().params);
     // Per-GPU cells come from two instant queries after the grid is drawn, so the grid never waits for them.
     const [ratio, temp] = await Promise.all([
@@ -190,7 +292,7 @@ function renderFleet(snap, params) {
     const lag = i.ingest_lag_s === null || i.ingest_lag_s === undefined ? "–" : `${fmtNum(i.ingest_lag_s, 2)} s`;
     const p99 = i.nccl_latency_seconds ? `${fmtNum(i.nccl_latency_seconds.p99 * 1000, 2)} ms` : "–";
     return `<a class="tile ${st}" href="#/instance/${encodeURIComponent(i.id)}" data-id="${esc(i.id)}" data-state="${st}" title="${esc(reasons || st)}">` +
-      `<b>${esc(i.id)}</b>${esc(st)} · ${esc(i.fingerprint?.gpu_count ?? "?")} GPUs` + gpuCells(snap, i) +
+      instanceHtml(i, "b") + `${esc(st)} · ${i.fingerprint?.gpu_count === undefined ? "? GPUs" : plural(i.fingerprint.gpu_count, "GPU")}` + gpuCells(snap, i) +
       `<div class="bar"><i style="width:${ratio === null ? 0 : Math.round(ratio * 100)}%"></i></div>` +
       `free ${fmtPct(ratio)} · lag ${lag}<br>NCCL p99 ${p99} · err ${fmtNum(i.error_rate_per_s, 3)}/s` +
       (reasons ? `<div class="why">${esc(reasons)}</div>` : "") + `</a>`;
@@ -229,7 +331,7 @@ function renderFleet(snap, params) {
 // ---- one instance ----------------------------------------------------------------------
 
 async function pageInstance(id) {
-  main.innerHTML = `<h1>Instance ${esc(id)}</h1><p class="muted">Loading…</p>`;
+  main.innerHTML = `<h1>Instance ${instanceHtml(id)}</h1><p class="muted">Loading…</p>`;
   const sel = `{instance="${id.replace(/["\\]/g, "\\$&")}"}`;
   const [rec, mem, total, temp, util] = await Promise.all([
     api(`/v1/instances/${encodeURIComponent(id)}`),
@@ -248,8 +350,9 @@ async function pageInstance(id) {
     `<td class="num">${fmtNum(v.temp, 1)}</td><td class="num">${fmtPct(v.util)}</td></tr>`).join("");
   const field = (k, v) => `<tr><th>${esc(k)}</th><td>${v}</td></tr>`;
   const explore = (q) => `#/explore?${new URLSearchParams({ q, range: "1h" })}`;
-  main.innerHTML = `<h1>Instance ${esc(i.id)} <span class="state-${stateOf(i) === "healthy" ? "inactive" : "firing"}">${esc(stateOf(i))}</span></h1>
+  main.innerHTML = `<h1>Instance ${instanceHtml(i)} <span class="state-${stateOf(i) === "healthy" ? "inactive" : "firing"}">${esc(stateOf(i))}</span></h1>
     <table id="instance-facts">
+      ${field("id", `<code>${esc(i.id)}</code>`)}
       ${field("reasons", esc((i.reasons || []).join("; ") || "none"))}
       ${field("models", esc((i.models || []).join(", ")))}
       ${field("labels", esc(Object.entries(i.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ")))}
@@ -340,7 +443,8 @@ async function pageExplore(params) {
   ta.addEventListener("input", () => { paint(); suggest(ta); });
   ta.addEventListener("scroll", paint);
   paint();
-  loadNames().catch(() => {});
+  // Typed before the names arrived: complete it now that they are here.
+  loadNames().then(() => { if (document.activeElement === ta) suggest(ta); }).catch(() => {});
   if (q) runQuery(q, win, RANGES[range]);
 }
 
@@ -354,7 +458,13 @@ const GROUPING = new Set(["by", "without", "on", "ignoring", "group_left", "grou
 const TOKEN = /(#[^\n]*)|("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?)|(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*|0x[0-9a-fA-F]+|\d*\.?\d+(?:[eE][+-]?\d+)?|Inf|NaN)|([A-Za-z_:][A-Za-z0-9_:]*)|([\s\S])/g;
 
 function highlight(text) {
-  let out = "", depth = 0, m, grouping = false, inList = false;
+  return lex(text).map(({ tok, cls }) => (cls ? `<span class="${cls}">${esc(tok)}</span>` : esc(tok))).join("");
+}
+
+// The query's tokens, each with its highlighting class ("" for operators, brackets and space).
+function lex(text) {
+  const out = [];
+  let depth = 0, m, grouping = false, inList = false;
   TOKEN.lastIndex = 0;
   while ((m = TOKEN.exec(text))) {
     const [tok, comment, str, num, ident] = m;
@@ -372,7 +482,7 @@ function highlight(text) {
     else if (tok === ")" && inList) inList = false;
     else if (tok === "{") depth++;
     else if (tok === "}") depth = Math.max(0, depth - 1);
-    out += cls ? `<span class="${cls}">${esc(tok)}</span>` : esc(tok);
+    out.push({ tok, cls });
   }
   return out;
 }
@@ -443,8 +553,8 @@ async function runQuery(query, win, rangeS) {
     document.getElementById("heatmaps").hidden = true;
     showError(query, rng);
   } else {
-    renderChart(rng.data);
-    renderHeatmaps(rng.data);
+    renderChart(rng.data, query);
+    renderHeatmaps(rng.data, query);
   }
 }
 
@@ -466,7 +576,16 @@ function renderTable(data, warnings, at) {
 
 const PALETTE = ["#4a7bd0", "#d23c3c", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22", "#34495e", "#c0392b", "#7f8c8d"];
 
-function renderChart(data) {
+// The legend names each series by the labels that tell it from the others (all of them on hover):
+// 13 kernels' `kernel_duration_seconds{instance="...", gpu="0", kernel="..."}` are their kernels.
+function shortNames(metrics) {
+  const keys = new Set(metrics.flatMap((m) => Object.keys(m)));
+  const varying = [...keys].filter((k) => new Set(metrics.map((m) => m[k])).size > 1);
+  if (!varying.length || metrics.length < 2) return metrics.map(seriesName);
+  return metrics.map((m) => varying.filter((k) => m[k] !== undefined).map((k) => (k === "__name__" ? m[k] : `${k}="${m[k]}"`)).join(", ") || seriesName(m));
+}
+
+function renderChart(data, query) {
   const box = document.getElementById("chart");
   if (chart) { chart.destroy(); chart = null; }
   // Native-histogram series are drawn as heatmaps (renderHeatmaps); the chart has the float ones.
@@ -483,14 +602,20 @@ function renderChart(data) {
   box.hidden = false;
   box.innerHTML = "";
   box.dataset.series = String(floats.length);
+  const unit = queryUnit(query || "");
+  const fmt = unitFormatter(unit);
+  box.dataset.unit = unit;
+  const labels = shortNames(floats.map((s) => s.metric));
   const opts = {
     width: Math.max(400, box.clientWidth - 14),
     height: 320,
-    series: [{}, ...floats.map((s, n) => ({ label: seriesName(s.metric), stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: false }))],
-    axes: [{}, { size: 60, values: (u, vals) => vals.map(fmtSI) }],
+    series: [{}, ...floats.map((s, n) => ({ label: labels[n], stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: false, value: (u, v) => (v === null ? "–" : fmt(v)) }))],
+    // bytes: ticks at binary steps (16 GiB, not 18.6 GiB)
+    axes: [{}, { size: 76, values: (u, vals) => vals.map(fmt), ...(unit.startsWith("B") ? { incrs: BINARY_INCRS } : {}) }],
     legend: { live: true },
   };
   chart = new uPlot(opts, [times, ...cols], box);
+  box.querySelectorAll(".u-legend tr.u-series").forEach((row, n) => { if (n > 0) row.title = seriesName(floats[n - 1].metric); });
 }
 
 // Native histograms (Prometheus' "histograms" in a range result: [ts, {count, sum, buckets: [[rule,
@@ -501,7 +626,7 @@ function renderChart(data) {
 const HEAT_ROWS = 48;
 const MAX_HEATMAPS = 8;
 
-function renderHeatmaps(data) {
+function renderHeatmaps(data, query) {
   const box = document.getElementById("heatmaps");
   const hs = data.resultType === "matrix" ? data.result.filter((s) => s.histograms && s.histograms.length) : [];
   box.hidden = hs.length === 0;
@@ -512,7 +637,9 @@ function renderHeatmaps(data) {
   box.innerHTML = shown.map((s, n) => `<div class="chart heatmap"><div class="muted">${esc(seriesName(s.metric))} (native histogram)</div>
       <canvas id="hm-${n}"></canvas><div class="muted hm-hover" id="hm-hover-${n}">&nbsp;</div></div>`).join("")
     + (hs.length > shown.length ? `<p class="muted">${hs.length - shown.length} more histogram series not drawn</p>` : "");
-  shown.forEach((s, n) => drawHeatmap(document.getElementById(`hm-${n}`), document.getElementById(`hm-hover-${n}`), s.histograms, times, fmtSI));
+  const fmt = unitFormatter(bucketUnit(query || ""));
+  box.dataset.unit = bucketUnit(query || "");
+  shown.forEach((s, n) => drawHeatmap(document.getElementById(`hm-${n}`), document.getElementById(`hm-hover-${n}`), s.histograms, times, fmt));
 }
 
 function heatGrid(points, times) {
@@ -549,7 +676,7 @@ function heatGrid(points, times) {
 function drawHeatmap(canvas, hover, points, times, fmtY, axis = null) {
   const grid = heatGrid(points, times);
   const LEFT = axis ? HEAT_LEFT : 64, BOTTOM = 18, height = 240;
-  const width = axis ? HEAT_WIDTH : Math.max(400, canvas.parentElement.clientWidth - 14);
+  const width = axis ? axis.width : Math.max(400, canvas.parentElement.clientWidth - 14);
   canvas.width = width * devicePixelRatio; canvas.height = height * devicePixelRatio;
   canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
   canvas.dataset.columns = String(times.length);
@@ -583,7 +710,9 @@ function drawHeatmap(canvas, hover, points, times, fmtY, axis = null) {
   if (!axis) {
     for (let k = 0; k <= 4; k++) {
       const t = times[Math.min(times.length - 1, Math.round(((times.length - 1) * k) / 4))];
-      ctx.fillText(new Date(t * 1000).toLocaleTimeString(), LEFT + ((width - LEFT - 60) * k) / 4, height - 4);
+      ctx.textAlign = k === 0 ? "left" : k === 4 ? "right" : "center";
+      ctx.fillText(new Date(t * 1000).toLocaleTimeString(), LEFT + ((width - LEFT) * k) / 4, height - 4);
+      ctx.textAlign = "left";
     }
   }
   canvas.onmousemove = (ev) => {
@@ -601,7 +730,7 @@ function drawHeatmap(canvas, hover, points, times, fmtY, axis = null) {
 async function pageAlerts() {
   main.innerHTML = `<h1>Alerts</h1><p class="muted">Loading…</p>`;
   const load = async () => {
-    const [rules, alerts] = await Promise.all([api("/api/v1/rules"), api("/api/v1/alerts")]);
+    const [rules, alerts] = await Promise.all([api("/api/v1/rules"), api("/api/v1/alerts"), loadDirectory()]);
     renderAlerts(rules.data.groups || [], alerts.data.alerts || []);
   };
   const routed = routeCount;
@@ -610,10 +739,11 @@ async function pageAlerts() {
 }
 
 function renderAlerts(groups, alerts) {
-  const labels = (l) => esc(Object.entries(l || {}).map(([k, v]) => `${k}=${v}`).join(", "));
+  // the instance label by its name, the id on hover
+  const labels = (l) => Object.entries(l || {}).map(([k, v]) => `${esc(k)}=${k === "instance" ? instanceHtml(v) : esc(v)}`).join(", ");
   const firing = alerts.map((a) => `<tr class="alert" data-state="${esc(a.state)}"><td class="state-${esc(a.state)}">${esc(a.state)}</td>` +
     `<td>${esc(a.labels?.alertname)}</td><td>${labels(a.labels)}</td><td>${esc(a.activeAt)}</td><td class="num">${esc(a.value)}</td>` +
-    `<td>${esc(a.annotations?.summary || a.annotations?.description || "")}</td></tr>`).join("");
+    `<td>${namedText(a.annotations?.summary || a.annotations?.description || "")}</td></tr>`).join("");
   const rules = groups.map((g) => `<h1>Group ${esc(g.name)} <span class="muted">(${esc(g.file)}, every ${esc(g.interval)} s, last ${esc(g.lastEvaluation)}, took ${fmtNum(g.evaluationTime * 1000, 2)} ms)</span></h1>
     <table class="rules"><tr><th>rule</th><th>type</th><th>state</th><th>health</th><th>last evaluation</th><th>query</th></tr>${g.rules.map((r) =>
       `<tr><td>${esc(r.name)}</td><td>${esc(r.type)}</td><td class="state-${esc(r.state || "inactive")}">${esc(r.state || "–")}</td>` +
@@ -634,23 +764,46 @@ function windowOf(params) {
   return { instance: params.get("instance") || "", gpu: params.get("gpu") || "0", from, to };
 }
 
-function windowForm(w, page) {
+// The window form: an instance picker (the collector's instances by name, the id on hover and in
+// the URL), the instance's GPUs, and the window in UTC. A URL's instance the collector does not
+// know stays listed, marked, so the page can say what is empty.
+function windowForm(w, dir) {
   const iso = (t) => new Date(t * 1000).toISOString().slice(0, 19);
+  const known = [...dir.list].sort((a, b) => instanceName(a).localeCompare(instanceName(b)));
+  const opts = known.map((i) => `<option value="${esc(i.id)}" title="${esc(i.id)}"${i.id === w.instance ? " selected" : ""}>${esc(instanceName(i))}${instanceName(i) === i.id ? "" : ` (${esc(i.id.slice(0, 8))}…)`}</option>`);
+  if (w.instance && !dir.byId.has(w.instance)) opts.unshift(`<option value="${esc(w.instance)}" selected>${esc(w.instance)} (not known to the collector)</option>`);
+  if (!w.instance) opts.unshift(`<option value="" selected disabled>pick an instance (${known.length})</option>`);
+  const count = dir.byId.get(w.instance)?.fingerprint?.gpu_count || 0;
+  const gpus = Array.from({ length: Math.max(count, 1) }, (_, g) => String(g));
+  if (!gpus.includes(w.gpu)) gpus.push(w.gpu);
   return `<form class="toolbar" id="w-form">
-    <label>Instance <input id="w-instance" value="${esc(w.instance)}" placeholder="node-0001" required></label>
-    <label>GPU <input id="w-gpu" value="${esc(w.gpu)}" size="3"></label>
+    <label>Instance <select id="w-instance" required>${opts.join("")}</select></label>
+    <label>GPU <select id="w-gpu">${gpus.map((g) => `<option${g === w.gpu ? " selected" : ""}>${esc(g)}</option>`).join("")}</select></label>
     <label>From (UTC) <input id="w-from" value="${iso(w.from)}" size="20"></label>
     <label>To <input id="w-to" value="${iso(w.to)}" size="20"></label>
     <button type="submit">Show</button></form>`;
 }
 
+// Picking an instance or a GPU shows it at once; the times wait for "Show".
 function bindWindowForm(page) {
-  document.getElementById("w-form").addEventListener("submit", (ev) => {
-    ev.preventDefault();
+  const f = document.getElementById("w-form");
+  const go = () => {
     const t = (id) => Date.parse(document.getElementById(id).value + "Z") / 1000;
-    const p = new URLSearchParams({ instance: document.getElementById("w-instance").value, gpu: document.getElementById("w-gpu").value, from: t("w-from"), to: t("w-to") });
+    const inst = document.getElementById("w-instance").value;
+    if (!inst) return;
+    const gpu = document.getElementById("w-gpu").value;
+    const p = new URLSearchParams({ instance: inst, gpu: gpu, from: t("w-from"), to: t("w-to") });
     location.hash = `#/${page}?${p}`;
-  });
+  };
+  f.addEventListener("submit", (ev) => { ev.preventDefault(); go(); });
+  document.getElementById("w-instance").addEventListener("change", () => { document.getElementById("w-gpu").value = "0"; go(); });
+  document.getElementById("w-gpu").addEventListener("change", go);
+}
+
+// The window of a page opened without an instance: the only instance when there is one.
+function defaultInstance(w, dir) {
+  if (!w.instance && dir.list.length === 1) w.instance = dir.list[0].id;
+  return w;
 }
 
 // What is wrong with a window, before the API is asked (it would answer 400, the same words): "" if nothing.
@@ -676,13 +829,14 @@ function fmtNs(ns) {
 // The kernels page's two heatmaps (a kernel's spans, its native histogram) share one time axis, so
 // that a column of one is the same stretch of time as the column under it in the other, whatever
 // each has data for: HEAT_COLS columns of `step` seconds from the window's start, the step in whole
-// milliseconds (what the range query's step is), at the same left edge and width.
-const HEAT_COLS = 120, HEAT_LEFT = 70, HEAT_WIDTH = 960;
+// milliseconds (what the range query's step is), at the same left edge and width: the width of
+// the page's box (`width`, CSS pixels).
+const HEAT_COLS = 120, HEAT_LEFT = 70, HEAT_MIN_WIDTH = 480;
 
-function timeAxis(w) {
+function timeAxis(w, width) {
   const stepMs = Math.max(1, Math.ceil(((w.to - w.from) * 1000) / HEAT_COLS));
   const cols = Math.max(1, Math.ceil(((w.to - w.from) * 1000) / stepMs));
-  const axis = { t0: w.from, step: stepMs / 1000, cols, t1: w.from + (cols * stepMs) / 1000 };
+  const axis = { t0: w.from, step: stepMs / 1000, cols, t1: w.from + (cols * stepMs) / 1000, width: Math.max(HEAT_MIN_WIDTH, Math.floor(width)) };
   // Five ticks, at the start, the quarters and the end; in milliseconds only where a column is
   // under a second and a tick falls between seconds (wider columns: the nearest second is within
   // half a column, and "12:08:25.352" is noise over a 15-minute window).
@@ -724,10 +878,11 @@ function markAxis(canvas, axis, filled) {
 }
 
 async function pageKernels(params) {
-  const w = windowOf(params);
-  main.innerHTML = `<h1>Kernels</h1>${windowForm(w, "kernels")}<div id="k-body"></div>`;
+  const dir = await loadDirectory();
+  const w = defaultInstance(windowOf(params), dir);
+  main.innerHTML = `<h1>Kernels</h1>${windowForm(w, dir)}<div id="k-body"></div>`;
   bindWindowForm("kernels");
-  if (!w.instance) { document.getElementById("k-body").innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  if (!w.instance) { document.getElementById("k-body").innerHTML = `<p class="muted" id="w-pick">Pick an instance and a GPU.</p>`; return; }
   const problem = windowProblem(w);
   if (problem) { document.getElementById("k-body").innerHTML = `<p class="error" id="w-error">${esc(problem)}</p>`; return; }
   const q = windowQuery(w);
@@ -750,35 +905,83 @@ async function pageKernels(params) {
     <table id="kernels"><tr><th>kernel</th><th>count</th><th>total</th><th>share</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>${rows || `<tr><td colspan="8" class="muted">no kernel spans in this window</td></tr>`}</table>
     <div id="k-heatmap"></div>
     <div id="k-native"></div>`;
-  const axis = timeAxis(w);
+  // A heatmap's box (.chart: 6 px padding and a 1 px border each side) as wide as the page's body.
+  const bodyBox = getComputedStyle(document.getElementById("k-body"));
+  const axis = timeAxis(w, document.getElementById("k-body").clientWidth - parseFloat(bodyBox.paddingLeft) - parseFloat(bodyBox.paddingRight) - 14);
   if (kernel) await Promise.all([kernelHeatmap(w, kernel, axis), kernelNativeHeatmap(w, kernel, axis)]);
 }
 
+// How far apart a series' samples are, from the data (the way Grafana's $__rate_interval uses the
+// scrape interval): the newest sample's time from `timestamp(sel)` over the axis, then the raw
+// samples of the two minutes up to it (exact for exports under a minute apart; the axis' own
+// columns for slower ones). The median gap; null when no series has two samples.
+async function sampleInterval(sel, axis) {
+  const coarse = await api("/api/v1/query_range", form({ query: `timestamp(${sel})`, start: axis.t0 + axis.step, end: axis.t1, step: axis.step }));
+  let last = -Infinity;
+  const gaps = [], fine = [];
+  for (const s of coarse.data.result) {
+    let prev = null;
+    for (const [, v] of s.values || []) {
+      const t = Number(v);
+      if (t > last) last = t;
+      if (prev !== null && t > prev) gaps.push(t - prev);
+      prev = t;
+    }
+  }
+  if (last === -Infinity) return { interval: null, samples: 0 };
+  const raw = await api("/api/v1/query", form({ query: `${sel}[2m]`, time: last }));
+  let samples = 0;
+  for (const s of raw.data.result) {
+    const ts = (s.histograms || s.values || []).map((p) => Number(p[0]));
+    samples = Math.max(samples, ts.length);
+    for (let i = 1; i < ts.length; i++) if (ts[i] > ts[i - 1]) fine.push(ts[i] - ts[i - 1]);
+  }
+  const pick = (fine.length ? fine : gaps).sort((a, b) => a - b);
+  return { interval: pick.length ? pick[pick.length >> 1] : null, samples: Math.max(samples, gaps.length + 1) };
+}
+
+// A rate's range over a chart of `stepS` columns whose samples come every `intervalS`: a column
+// and one interval (so no increase falls between two columns' ranges), and at least four
+// intervals (so a range always holds two samples, a late or skipped one included): Grafana's
+// $__rate_interval. In whole milliseconds.
+function rateRangeMs(stepS, intervalS) {
+  return Math.ceil(Math.max(stepS + intervalS, 4 * intervalS) * 1000);
+}
+
 // The same kernel's latency from its native histogram (kernel_duration_seconds, shipped by the agent
-// every second): any window, every launch counted, not only the spans the agent kept.
+// every histogram_interval_s, 7 s by default, while the kernel runs): any window, every launch
+// counted, not only the spans the agent kept.
 async function kernelNativeHeatmap(w, kernel, axis) {
   const box = document.getElementById("k-native");
   const str = (v) => `"${String(v).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
-  // One point per column, at the column's end, over the column (at least 5 s: the agent ships a
-  // histogram a second and a rate needs two), so the columns hold the same time as the span
-  // heatmap's; a point the query has no data for leaves its column empty.
-  const stepMs = Math.round(axis.step * 1000), rangeMs = Math.max(5000, stepMs);
-  const query = `sum(rate(kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}[${rangeMs}ms]))`;
-  let res;
+  const sel = `kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}`;
+  // One point per column, at the column's end, so the columns hold the same time as the span
+  // heatmap's; a point the query has no data for leaves its column empty. The rate's range comes
+  // from the exports' own interval (rateRangeMs): a range shorter than two exports has no rate.
+  let res, interval, stepMs, rangeMs, query;
   try {
-    res = await api("/api/v1/query_range", form({ query, start: axis.t0 + axis.step, end: axis.t1, step: axis.step }));
+    ({ interval } = await sampleInterval(sel, axis));
+    if (interval !== null) {
+      stepMs = Math.round(axis.step * 1000);
+      rangeMs = rateRangeMs(axis.step, interval);
+      query = `sum(rate(${sel}[${rangeMs}ms]))`;
+      res = await api("/api/v1/query_range", form({ query, start: axis.t0 + axis.step, end: axis.t1, step: axis.step }));
+    }
   } catch (err) {
     box.innerHTML = `<p class="error">${esc(String(err.message || err))}</p>`;
     return;
   }
-  const series = res.data.result.filter((s) => s.histograms && s.histograms.length);
-  const explore = `#/explore?${new URLSearchParams({ q: query, from: w.from, to: w.to })}`;
+  const series = res ? res.data.result.filter((s) => s.histograms && s.histograms.length) : [];
   if (!series.length) {
-    box.innerHTML = `<p class="muted" id="native-none">No native histogram of this kernel in the window (agents older than wire version 2 ship spans only).</p>`;
+    const what = interval === null && res === undefined
+      ? "its agent exported its native histogram (<code>kernel_duration_seconds</code>) fewer than twice near this window, and a rate needs two exports"
+      : "no two exports of its native histogram (<code>kernel_duration_seconds</code>) fall within a rate's range in this window";
+    box.innerHTML = `<p class="muted" id="native-none">No heatmap from the native histogram of this kernel: ${what}. The agent exports a kernel's histogram every <code>histogram_interval_s</code> (7 s by default) while the kernel runs; a kernel left out of its histogram table (<code>histogram_max_keys</code>) has spans only. Try a wider window.</p>`;
     return;
   }
+  const explore = `#/explore?${new URLSearchParams({ q: query, from: w.from, to: w.to })}`;
   box.innerHTML = `<h1>From its native histogram</h1>
-    <p class="muted">every launch in the window, rate per second over ${fmtNs(rangeMs * 1e6)}, ${fmtNs(stepMs * 1e6)} columns (the time axis of the span heatmap above) · <a href="${explore}" id="native-explore">open the query in Explore</a></p>
+    <p class="muted" id="native-info" data-interval="${interval}" data-range-ms="${rangeMs}">every launch in the window, rate per second over ${fmtNs(rangeMs * 1e6)} (the exports come every ${fmtNs(Math.round(interval * 1e9))}: a range of at least four, or of a column and one), ${fmtNs(stepMs * 1e6)} columns (the time axis of the span heatmap above) · <a href="${explore}" id="native-explore">open the query in Explore</a></p>
     <div class="chart heatmap"><canvas id="native-heatmap"></canvas><div class="muted hm-hover" id="native-hover">&nbsp;</div></div>`;
   // Each point goes to the column it ends, by its time, not by its place in the answer: a series that
   // starts late or has gaps keeps its columns where the span heatmap has them.
@@ -808,7 +1011,7 @@ async function kernelHeatmap(w, kernel, axis) {
     for (const sp of page.spans) { start.push(sp.start_ns); dur.push(sp.duration_ns); }
     cursor = page.next_cursor;
   } while (cursor && start.length < HEATMAP_MAX_SPANS);
-  const COLS = axis.cols, ROWS = 40, W = HEAT_WIDTH, H = 320, LEFT = HEAT_LEFT, BOTTOM = 20;
+  const COLS = axis.cols, ROWS = 40, W = axis.width, H = 320, LEFT = HEAT_LEFT, BOTTOM = 20;
   const t0 = axis.t0 * 1e9, stepNs = axis.step * 1e9;
   const dMin = dur.reduce((m, d) => (d < m ? d : m), Infinity), dMax = dur.reduce((m, d) => (d > m ? d : m), 0);
   const lo = Math.log(Math.max(1, Math.min(dMin, dMax))), hi = Math.log(Math.max(2, dMax)) + 1e-9;
@@ -860,7 +1063,7 @@ const COLOURS = ["#4a7bd0", "#2e9b4f", "#d9a400", "#8e44ad", "#16a085", "#e67e22
 async function emptyTimelineNote(w) {
   let known = null;
   try {
-    known = (await api("/v1/instances")).instances.some((i) => i.id === w.instance);
+    known = (await loadDirectory(true)).byId.has(w.instance);
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) throw err;
   }
@@ -871,16 +1074,17 @@ async function emptyTimelineNote(w) {
   tips.push(`Try a wider window: <a href="${around(3600)}" id="t-empty-hour">the last hour</a> or <a href="${around(86400)}">the last 24 hours</a> (a window is at most 24 hours).`);
   tips.push(`The agent ships the slow tail and a sample of the spans only (and every span of a capture window, <code>ki timeline capture</code>), so a GPU can run kernels the timeline never shows: the <a href="#/kernels?${windowQuery(w)}">Kernels</a> page counts every launch of this window from the kernels' native histograms.`);
   return `<div class="placeholder" id="t-empty" data-known="${known === null ? "" : String(known)}">
-    <p><b>No kernel spans</b> of <code>${esc(w.instance)}</code> GPU ${esc(w.gpu)} from ${esc(fmtTime(w.from * 1000))} to ${esc(fmtTime(w.to * 1000))}.</p>
+    <p><b>No kernel spans</b> of ${instanceHtml(w.instance, "code")} GPU ${esc(w.gpu)} from ${esc(fmtTime(w.from * 1000))} to ${esc(fmtTime(w.to * 1000))}.</p>
     <ul>${tips.map((t) => `<li>${t}</li>`).join("")}</ul></div>`;
 }
 
 async function pageTimeline(params) {
-  const w = windowOf(params);
-  main.innerHTML = `<h1>Timeline</h1>${windowForm(w, "timeline")}<div id="t-body"></div>`;
+  const dir = await loadDirectory();
+  const w = defaultInstance(windowOf(params), dir);
+  main.innerHTML = `<h1>Timeline</h1>${windowForm(w, dir)}<div id="t-body"></div>`;
   bindWindowForm("timeline");
   const body = document.getElementById("t-body");
-  if (!w.instance) { body.innerHTML = `<p class="muted">Name an instance and a GPU.</p>`; return; }
+  if (!w.instance) { body.innerHTML = `<p class="muted" id="w-pick">Pick an instance and a GPU.</p>`; return; }
   const problem = windowProblem(w);
   if (problem) { body.innerHTML = `<p class="error" id="w-error">${esc(problem)}</p>`; return; }
   body.innerHTML = `<p class="muted" id="t-status">Loading spans…</p>`;
@@ -913,7 +1117,9 @@ async function pageTimeline(params) {
   const corr = await api(`/v1/timeline/correlation?${windowQuery(w)}`);
   const tracks = Object.entries(corr.counters || {}).map(([name, pts]) => {
     const vs = pts.map((p) => p[1]);
-    return { name, t: Float64Array.from(pts.map((p) => p[0] * 1e6 - origin)), v: Float64Array.from(vs), lo: Math.min(...vs), hi: Math.max(...vs) };
+    // its unit from its name (memory_used_bytes; sm_utilization is gpu_sm_utilization_ratio's)
+    const unit = metricUnit(name) || (name.endsWith("utilization") ? "ratio" : "");
+    return { name, fmt: unitFormatter(unit), t: Float64Array.from(pts.map((p) => p[0] * 1e6 - origin)), v: Float64Array.from(vs), lo: Math.min(...vs), hi: Math.max(...vs) };
   });
   const events = (corr.events || []).map((e) => ({ t: e.ts_ns - origin, text: `${e.kind} ${e.code}${e.message ? ": " + e.message : ""}` }));
   // The GPU's other calls (gpu_calls): a lane each for NCCL operations, memory operations and syncs.
@@ -1096,7 +1302,14 @@ async function pageTimeline(params) {
     tracks.forEach((k, n) => {
       const top = tracksTop + n * (TRACK_H + 6);
       ctx.fillStyle = "#1c1f24";
-      ctx.fillText(k.name.replace(/_/g, " "), 4, top + 14);
+      // the name (its unit is on the scale) between its scale's two ends
+      ctx.fillText(k.name.replace(/_bytes$/, "").replace(/_/g, " "), 4, top + TRACK_H / 2 + 4);
+      // its scale: the window's highest and lowest sample, in its unit, at the left edge
+      ctx.fillStyle = "#555";
+      ctx.textAlign = "right";
+      ctx.fillText(k.fmt(k.hi), LEFT - 4, top + 10);
+      ctx.fillText(k.fmt(k.lo), LEFT - 4, top + TRACK_H - 2);
+      ctx.textAlign = "left";
       ctx.strokeStyle = "#d8dbe0"; ctx.strokeRect(LEFT, top, width - LEFT, TRACK_H);
       ctx.beginPath(); ctx.strokeStyle = n ? "#2e9b4f" : "#4a7bd0";
       const y = (v) => top + TRACK_H - 2 - (k.hi > k.lo ? (v - k.lo) / (k.hi - k.lo) : 0.5) * (TRACK_H - 4);
@@ -1234,7 +1447,7 @@ function refreshEvery(routed, ms, load) {
 }
 
 async function route() {
-  routeCount++;
+  const routed = ++routeCount;
   clearInterval(refreshTimer);
   if (!sessionStorage.getItem(TOKEN_KEY)) { if (!document.getElementById("login")) showLogin(); return; }
   top_.hidden = false;
@@ -1251,6 +1464,8 @@ async function route() {
     else main.innerHTML = `<h1>Not found</h1><p>No page <code>${esc(page)}</code>. <a href="#/fleet">Fleet</a></p>`;
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) return;
+    // A page the user has left (its elements gone from under its late answers) says nothing.
+    if (routed !== routeCount) return;
     main.innerHTML = `<h1>Error</h1><p class="error" id="page-error">${esc(err.message)}</p>`;
   }
 }
