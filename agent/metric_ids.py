@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from kernel_insight.agent.dcgm import DCGM_FIELDS
+
 __all__ = ["METRIC_SPECS", "THROTTLE_REASONS", "MetricId", "MetricSpec", "spec"]
 
 
@@ -53,7 +55,7 @@ class MetricId(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
-    id: MetricId
+    id: int  # a MetricId, or a DCGM series' id (agent/dcgm.py)
     name: str
     type: str  # "gauge" or "counter"
     unit: str
@@ -63,6 +65,8 @@ class MetricSpec:
     #: producer registered), "string_log2_bucket" (low 32 bits a string id, high 32 bits a log2
     #: bucket index b, the bucket's upper bound 2**(b+1) ns).
     aux_kind: str = "value"
+    #: A dcgm-exporter series (agent/dcgm.py): it also carries dcgm-exporter's labels (UUID, modelName...).
+    dcgm: bool = False
 
 
 METRIC_SPECS: dict[int, MetricSpec] = {
@@ -237,6 +241,10 @@ METRIC_SPECS: dict[int, MetricSpec] = {
         ),
     )
 }
+# dcgm-exporter's series (agent/dcgm.py).
+METRIC_SPECS.update(
+    (f.id, MetricSpec(f.id, f.name, f.type, f.unit, f.help, f.aux_label, dcgm=True)) for f in DCGM_FIELDS
+)
 
 #: NVML clock event reason bits, as ``gpu_throttled{reason}`` names them.
 THROTTLE_REASONS: dict[int, str] = {

@@ -115,6 +115,10 @@ class FingerprintField(enum.IntEnum):
     PCI_BUS_ID = 8
     SM_COUNT = 9
     COMPUTE_CAPABILITY = 10
+    HOSTNAME = 11  # the node's name (string): dcgm-exporter's Hostname label
+    POD = 12  # Kubernetes attribution of the GPU (strings, "" when no pod holds it): docs/metrics.md
+    NAMESPACE = 13
+    CONTAINER = 14
 
 
 #: One consumed record: the slot image with the sequence word replaced by the position.

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.agent.dcgm import dcgm_labels
 from kernel_insight.agent.metric_ids import METRIC_SPECS, THROTTLE_REASONS, MetricId
 from kernel_insight.agent.records import (
     PAYLOAD_DTYPES,
@@ -104,6 +105,18 @@ _MEMOP_DTYPE = PAYLOAD_DTYPES[RecordType.MEMOP]
 _COLLECTIVE_DTYPE = PAYLOAD_DTYPES[RecordType.COLLECTIVE]
 _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
 _SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
+#: FINGERPRINT fields that change without the hardware changing: left out of ``hardware_fingerprint``.
+_NOT_HARDWARE = tuple(
+    f".{f.name.lower()}"
+    for f in (
+        FingerprintField.DRIVER_VERSION,
+        FingerprintField.CUDA_VERSION,
+        FingerprintField.HOSTNAME,
+        FingerprintField.POD,
+        FingerprintField.NAMESPACE,
+        FingerprintField.CONTAINER,
+    )
+)
 #: The GPU_SAMPLE metric ids this collector knows (made once, not per batch).
 _KNOWN_METRIC_IDS = np.array(sorted(METRIC_SPECS), dtype=np.uint32)
 _FINGERPRINT_DTYPE = PAYLOAD_DTYPES[RecordType.FINGERPRINT]
@@ -1122,6 +1135,8 @@ class Deriver:
             extra[s.aux_label] = self._kernel_name(producer, aux & 0xFFFFFFFF)
             if s.aux_kind == "string_log2_bucket":
                 extra["le"] = repr(2.0 ** ((aux >> 32) + 1) / 1e9)
+        if s.dcgm:
+            extra.update(dcgm_labels(gpu, self._fingerprint.get(gpu, {})))
         return self._labels(s.name, gpu, **extra)
 
     def _free_ratio(
@@ -1232,9 +1247,7 @@ class Deriver:
         attributes = {
             f"gpu{g}.{k}": v for g, fields in sorted(self._fingerprint.items()) for k, v in fields.items()
         }
-        stable = sorted(
-            (k, v) for k, v in attributes.items() if not k.endswith((".driver_version", ".cuda_version"))
-        )
+        stable = sorted((k, v) for k, v in attributes.items() if not k.endswith(_NOT_HARDWARE))
         hw = hashlib.sha256(repr(stable).encode()).hexdigest()[:32] if stable else ""
         models = [f.get("name", "") for f in self._fingerprint.values() if f.get("name")]
         memory = sum(_memory_of(f) for f in self._fingerprint.values())

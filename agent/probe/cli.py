@@ -37,6 +37,7 @@ def _simulate(args: argparse.Namespace) -> int:
         slow_kernel=args.slow_kernel,
         slow_factor=args.slow_factor,
         gpu_product=args.gpu_product,
+        dcgm_names=args.dcgm_names,
         memory_total=int(args.memory_gib * (1 << 30)),
         static_memory=min(28 << 30, int(args.memory_gib * (1 << 30) * 0.35)),
     )
@@ -73,6 +74,7 @@ def _nvml(args: argparse.Namespace) -> int:
             label_prefix=args.label_prefix,
             interval_s=args.interval,
             fingerprint_every_s=args.fingerprint_every,
+            dcgm_names=args.dcgm_names,
         )
     except NvmlUnavailable as e:
         raise ProbeUnavailable(str(e)) from e
@@ -170,6 +172,14 @@ def _above_zero(unit: str) -> Callable[[str], float]:
     return parse
 
 
+def _bool(text: str) -> bool:
+    """An argparse type for ``--flag=true|false``."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 _seconds = _above_zero("seconds")
 _gib = _above_zero("GiB")
 
@@ -188,6 +198,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             "--label-prefix",
             default="",
             help="ring of GPU i is /kernel_insight.<prefix><i> (default: no prefix)",
+        )
+
+    def dcgm(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--dcgm-names",
+            type=_bool,
+            default=True,
+            metavar="true|false",
+            help="also write dcgm-exporter's series (DCGM_FI_*, its labels) beside ours (default true; "
+            "docs/metrics.md)",
         )
 
     s = psub.add_parser(
@@ -236,6 +256,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="slow only while this file exists (touch / rm it to switch; default: always)",
     )
     common(s)
+    dcgm(s)
     s.set_defaults(handler=_errors_to_exit(_simulate))
 
     n = psub.add_parser("nvml", help="sample NVML once a second per GPU: memory, power, clocks, errors...")
@@ -246,6 +267,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--library", default=None, help="path of libnvidia-ml.so.1 (default: as the loader finds it)"
     )
     common(n)
+    dcgm(n)
     n.set_defaults(handler=_errors_to_exit(_nvml))
 
     e = psub.add_parser("ebpf", help="trace CUDA and NCCL calls with uprobes (root, bcc)")

@@ -2,7 +2,8 @@
 
 Reads NVML through ``pynvml`` (PyPI ``nvidia-ml-py``, NVIDIA's binding) and
 writes GPU_SAMPLE records with the metric ids of docs/metrics.md, values
-already in the metric's unit.  A metric the device does not support is asked
+already in the metric's unit, and (unless ``dcgm_names`` is off) the same readings again as
+dcgm-exporter's series in DCGM's units (agent/dcgm.py).  A metric the device does not support is asked
 once and then skipped, so an old or virtual GPU costs no repeated failing calls.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, Self
 
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed
 
+from kernel_insight.agent.dcgm import dcgm_id, dcgm_samples, host_name
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import ErrorKind, FingerprintField
 from kernel_insight.agent.ring import Ring, ring_name
@@ -58,6 +60,7 @@ class _Device:
     links: list[int] = field(default_factory=list)  # active NVLink indices
     gpm: list[Any] = field(default_factory=list)  # two GPM samples (previous, current) when supported
     gpm_primed: bool = False
+    last_xid: int = 0  # the last Xid event's code (DCGM_FI_DEV_XID_ERRORS); 0 before any
     skip: set[str] = field(default_factory=set)  # metrics found unsupported
     lost: bool = False
 
@@ -116,8 +119,11 @@ class NvmlSampler:
         interval_s: float,
         fingerprint_every_s: float,
         clock: Callable[[], int] = time.time_ns,
+        dcgm_names: bool = True,
     ) -> None:
         self._devices = devices
+        self.dcgm_names = dcgm_names
+        self._gpm_wanted = list(_GPM_DCGM) if dcgm_names else [pynvml.NVML_GPM_METRIC_SM_UTIL]
         self.interval_s = interval_s
         self.fingerprint_every_s = fingerprint_every_s
         self._clock = clock
@@ -138,8 +144,12 @@ class NvmlSampler:
         fingerprint_every_s: float = 60.0,
         events: bool = True,
         clock: Callable[[], int] = time.time_ns,
+        dcgm_names: bool = True,
     ) -> Self:
-        """Initialise NVML and attach (creating if needed) the ring of each GPU; ``None`` means all GPUs."""
+        """Initialise NVML and attach (creating if needed) the ring of each GPU; ``None`` means all GPUs.
+
+        ``dcgm_names`` (on by default) also writes dcgm-exporter's series (docs/metrics.md).
+        """
         if interval_s <= 0 or fingerprint_every_s <= 0:
             raise ValueError("nvml: interval and fingerprint period must be positive")
         _init(library)
@@ -162,7 +172,7 @@ class NvmlSampler:
         except BaseException:
             pynvml.nvmlShutdown()
             raise
-        sampler = cls(devices, interval_s, fingerprint_every_s, clock)
+        sampler = cls(devices, interval_s, fingerprint_every_s, clock, dcgm_names)
         if events:
             sampler._start_events()
         return sampler
@@ -263,20 +273,56 @@ class NvmlSampler:
                 out.append((metric, v, 0))
         pages = self._read(d, "retired_pages", functools.partial(_retired_pages, h))
         if pages is not None:
-            out.append((MetricId.RETIRED_PAGES, pages, 0))
+            out.append((MetricId.RETIRED_PAGES, pages[0], 0))
         procs = self._read(d, "processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h))
         for p in procs or []:
             if p.usedGpuMemory is not None:
                 out.append((MetricId.PROCESS_MEMORY, p.usedGpuMemory, p.pid))
         out += self._fields(d)
-        if d.gpm:
-            sm = self._read(d, "gpm", functools.partial(_gpm_sm_util, d))
-            if sm is not None:
-                out.append((MetricId.SM_UTIL, sm, 0))
+        gpm = self._read(d, "gpm", functools.partial(_gpm_metrics, d, self._gpm_wanted)) if d.gpm else None
+        if gpm and pynvml.NVML_GPM_METRIC_SM_UTIL in gpm:
+            out.append((MetricId.SM_UTIL, gpm[pynvml.NVML_GPM_METRIC_SM_UTIL] / 100.0, 0))
+        if self.dcgm_names:
+            out += self._dcgm(d, out, pages[1] if pages is not None else None, gpm or {})
         ring = d.ring
         for mid, value, aux in out:
             ring.sample(mid, d.index, ts, float(value), aux)
         return len(out)
+
+    def _dcgm(
+        self,
+        d: _Device,
+        ours: list[tuple[int, float, int]],
+        rows: tuple[int, int, int] | None,
+        gpm: dict[int, float],
+    ) -> list[tuple[int, float, int]]:
+        """dcgm-exporter's series: our readings of this instant in DCGM's units, and the fields only DCGM names."""
+        h = d.handle
+        out = dcgm_samples(ours)
+        for name, fid, fn in (
+            ("enc_util", 206, pynvml.nvmlDeviceGetEncoderUtilization),
+            ("dec_util", 207, pynvml.nvmlDeviceGetDecoderUtilization),
+        ):
+            v = self._read(d, name, functools.partial(fn, h))
+            if v is not None:
+                out.append((dcgm_id(fid), float(v[0]), 0))
+        mem = self._read(
+            d, "memory_v2", functools.partial(pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+        )
+        if mem is not None:
+            out.append((dcgm_id(253), float(int(mem.reserved) >> 20), 0))
+        if rows is not None:
+            corr, unc, failed = rows
+            out += [
+                (dcgm_id(393), float(unc), 0),
+                (dcgm_id(394), float(corr), 0),
+                (dcgm_id(395), float(failed), 0),
+            ]
+        out.append((dcgm_id(230), float(d.last_xid), d.last_xid))
+        for metric, (fid, scale) in _GPM_DCGM.items():
+            if metric in gpm:
+                out.append((dcgm_id(fid), gpm[metric] * scale, 0))
+        return out
 
     def _fields(self, d: _Device) -> list[tuple[int, float, int]]:
         """Field values in one call: memory temperature, PCIe replays, NVLink counters per active link."""
@@ -313,6 +359,7 @@ class NvmlSampler:
             (FingerprintField.UUID, "uuid", lambda: pynvml.nvmlDeviceGetUUID(h)),
             (FingerprintField.DRIVER_VERSION, "driver", pynvml.nvmlSystemGetDriverVersion),
             (FingerprintField.PCI_BUS_ID, "pci", lambda: pynvml.nvmlDeviceGetPciInfo(h).busId),
+            (FingerprintField.HOSTNAME, "hostname", host_name),
         ]
         for fid, name, fn in strings:
             v = self._read(d, name, fn)
@@ -379,6 +426,7 @@ class NvmlSampler:
         ts = self._clock()
         if etype == pynvml.nvmlEventTypeXidCriticalError:
             kind, what = ErrorKind.XID, f"Xid {edata}"
+            d.last_xid = edata
         elif etype in (pynvml.nvmlEventTypeDoubleBitEccError, pynvml.nvmlEventTypeSingleBitEccError):
             bit = "double" if etype == pynvml.nvmlEventTypeDoubleBitEccError else "single"
             kind, what = ErrorKind.ECC, f"{bit} bit ECC error"
@@ -449,8 +497,29 @@ def _gpm_samples(h: Any) -> list[Any]:
         return []
 
 
-def _gpm_sm_util(d: _Device) -> float | None:
-    """SM utilisation (0..1) between the previous sample and now; None on the first call."""
+#: GPM metrics read for DCGM's profiling fields: NVML's GPM metric id -> (DCGM field id, factor from
+#: NVML's unit: percent to DCGM's ratio, MiB/s to bytes/s). SM_UTIL also feeds gpu_sm_utilization_ratio.
+_GPM_DCGM: dict[int, tuple[int, float]] = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: (1001, 0.01),
+    pynvml.NVML_GPM_METRIC_SM_UTIL: (1002, 0.01),
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: (1003, 0.01),
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: (1004, 0.01),
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: (1005, 0.01),
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: (1006, 0.01),
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: (1007, 0.01),
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: (1008, 0.01),
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: (1009, float(1 << 20)),
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: (1010, float(1 << 20)),
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: (1011, float(1 << 20)),
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: (1012, float(1 << 20)),
+}
+
+
+def _gpm_metrics(d: _Device, wanted: Sequence[int]) -> dict[int, float] | None:
+    """GPM metrics (NVML's units) between the previous sample and now, in one call; None on the first call.
+
+    A metric the GPU does not provide is left out; all of them failing is "GPM unsupported".
+    """
     prev, cur = d.gpm
     pynvml.nvmlGpmSampleGet(d.handle, cur)
     d.gpm.reverse()  # this sample is the next call's previous one
@@ -459,21 +528,30 @@ def _gpm_sm_util(d: _Device) -> float | None:
         return None
     get = pynvml.c_nvmlGpmMetricsGet_t()
     get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    get.numMetrics = 1
+    get.numMetrics = len(wanted)
     get.sample1, get.sample2 = prev, cur
-    get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    for i, metric in enumerate(wanted):
+        get.metrics[i].metricId = metric
     pynvml.nvmlGpmMetricsGet(get)
-    m = get.metrics[0]
-    if m.nvmlReturn != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(m.nvmlReturn)
-    return float(m.value) / 100.0
+    out: dict[int, float] = {}
+    status = pynvml.NVML_SUCCESS
+    for i, metric in enumerate(wanted):
+        m = get.metrics[i]
+        if m.nvmlReturn == pynvml.NVML_SUCCESS:
+            out[metric] = float(m.value)
+        else:
+            status = m.nvmlReturn
+    if not out:
+        raise pynvml.NVMLError(status)
+    return out
 
 
-def _retired_pages(h: Any) -> int:
-    """Rows remapped (Ampere and later); before that, pages retired for single- and double-bit errors."""
+def _retired_pages(h: Any) -> tuple[int, tuple[int, int, int] | None]:
+    """Rows remapped (Ampere and later) with the (correctable, uncorrectable, failed) rows; before
+    that, pages retired for single- and double-bit errors, and None."""
     try:
-        corr, unc, _pending, _failed = pynvml.nvmlDeviceGetRemappedRows(h)
-        return int(corr) + int(unc)
+        corr, unc, _pending, failed = pynvml.nvmlDeviceGetRemappedRows(h)
+        return int(corr) + int(unc), (int(corr), int(unc), int(failed))
     except pynvml.NVMLError as e:
         if e.value not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
             raise
@@ -481,7 +559,7 @@ def _retired_pages(h: Any) -> int:
         pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
         pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
     )
-    return sum(len(pynvml.nvmlDeviceGetRetiredPages(h, c)) for c in causes)
+    return sum(len(pynvml.nvmlDeviceGetRetiredPages(h, c)) for c in causes), None
 
 
 def _compute_capability(h: Any) -> int:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kernel_insight.agent.dcgm import dcgm_id, dcgm_samples, host_name
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import (
     CollectiveOp,
@@ -183,6 +184,7 @@ class SimConfig:
     buckets: int = 4
     slow_kernel: str = ""  # while Simulator.slow is set, kernels whose name contains this...
     slow_factor: float = 100.0  # ...run this many times longer (a regression to alert on)
+    dcgm_names: bool = True  # also write dcgm-exporter's series, as the NVML sampler does (agent/dcgm.py)
 
     def __post_init__(self) -> None:
         checks = [
@@ -252,6 +254,7 @@ class _Gpu:
     slowdown: float = 1.0
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    last_xid: int = 0  # the last simulated Xid (DCGM_FI_DEV_XID_ERRORS)
     oom_rng: random.Random = field(default_factory=random.Random)  # episodes' own draws (see _in_oom)
     oom_from: float = math.inf  # the current or next OOM episode: [oom_from, oom_until) ns
     oom_until: float = math.inf
@@ -659,10 +662,41 @@ class Simulator:
             g.nvlink_total[link] += per_link
             values.append((MetricId.NVLINK_TX, g.nvlink_total[link], link))
             values.append((MetricId.NVLINK_RX, g.nvlink_total[link], link))
+        if cfg.dcgm_names:
+            values += self._dcgm(g, values, util, per_link * cfg.nvlink_links)
         for metric, value, aux in values:
             g.put(w.sample(metric, dev, ts, float(value), aux))
         if g.rng.random() < cfg.error_rate:
             self._random_error(g, ts)
+
+    def _dcgm(
+        self, g: _Gpu, ours: list[tuple[int, float, int]], util: float, nvlink: int
+    ) -> list[tuple[int, float, int]]:
+        """dcgm-exporter's series as the NVML sampler writes them: ours in DCGM's units, the rest modelled
+        (``nvlink``: bytes sent this second, each way)."""
+        out = dcgm_samples(ours)
+        out += [
+            (dcgm_id(206), 0.0, 0),  # no video encoding or decoding in a training job
+            (dcgm_id(207), 0.0, 0),
+            (dcgm_id(253), 462.0, 0),  # MiB the driver reserves on an 80 GB H100
+            (dcgm_id(393), float(g.ecc_uncorrected), 0),
+            (dcgm_id(394), 0.0, 0),
+            (dcgm_id(395), 0.0, 0),
+            (dcgm_id(230), float(g.last_xid), g.last_xid),
+            (dcgm_id(1001), round(util, 3), 0),
+            (dcgm_id(1002), round(util * 0.82, 3), 0),
+            (dcgm_id(1003), round(util * 0.35, 3), 0),
+            (dcgm_id(1004), round(util * 0.61, 3), 0),
+            (dcgm_id(1005), round(util * 0.45, 3), 0),
+            (dcgm_id(1006), 0.0, 0),
+            (dcgm_id(1007), round(util * 0.12, 3), 0),
+            (dcgm_id(1008), round(util * 0.05, 3), 0),
+            (dcgm_id(1009), round(12e6 + 30e6 * util), 0),
+            (dcgm_id(1010), round(20e6 + 180e6 * util), 0),
+            (dcgm_id(1011), float(nvlink), 0),
+            (dcgm_id(1012), float(nvlink), 0),
+        ]
+        return out
 
     def _random_error(self, g: _Gpu, ts: int) -> None:
         w = g.ring
@@ -670,6 +704,7 @@ class Simulator:
             code = g.rng.choice(sorted(XIDS))
             if code in (48, 94):
                 g.ecc_uncorrected += 1
+            g.last_xid = code
             detail = f"NVRM: Xid (PCI:0000:{0x18 + g.index:02x}:00): {code}, {XIDS[code]} (simulated)"
             g.put(w.error(ErrorKind.XID, g.index, ts, code, 0, g.pid, w.intern(detail)))
         else:
@@ -691,6 +726,7 @@ class Simulator:
             FingerprintField.UUID: f"GPU-5140a7ed-0000-4000-8000-{cfg.seed & 0xFFFF:04x}{dev:08x}",
             FingerprintField.DRIVER_VERSION: "550.54.15",
             FingerprintField.PCI_BUS_ID: f"00000000:{0x18 + dev:02X}:00.0",
+            FingerprintField.HOSTNAME: host_name(),
         }
         for fid, text in strings.items():
             g.put(w.fingerprint(fid, dev, ts, w.intern(text), 1))

@@ -1,4 +1,4 @@
-"""Fixtures for the probe tests: unique ring labels."""
+"""Fixtures for the probe tests: unique ring labels, the NVML stand-in library."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from probeutil import HERE, compile_c
 
 from kernel_insight.agent import Ring, RingError, ring_name
 
@@ -20,3 +22,18 @@ def label_prefix() -> Iterator[str]:
     for i in range(16):
         with contextlib.suppress(RingError):
             Ring.unlink(ring_name(f"{prefix}{i}"))
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    return compile_c(
+        [
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            str(HERE / "c" / "fake_nvml.c"),
+        ],
+        out,
+    )

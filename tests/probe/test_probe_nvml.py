@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from probeutil import HERE, ROOT, compile_c, drain, names_of
+from nvmlutil import SCRIPT, samples
+from probeutil import ROOT, drain, names_of
 
 from kernel_insight.agent import ring_name
 from kernel_insight.agent.metric_ids import MetricId
@@ -26,64 +27,6 @@ from kernel_insight.agent.records import (
 
 pytestmark = pytest.mark.nvml
 
-SCRIPT = """\
-count 2
-driver 550.54.15
-cuda 12040
-0.name NVIDIA H100 80GB HBM3
-0.uuid GPU-0b1c2d3e-0000-4000-8000-000000000000
-0.bus_id 00000000:18:00.0
-0.compute_capability 90
-0.memory_total 85899345920
-0.memory_used 21474836480
-0.temperature 61
-0.power_mw 412345
-0.power_limit_mw 700000
-0.energy_mj 123456789
-0.util_gpu 87
-0.util_memory 42
-0.clock_sm_mhz 1980
-0.clock_mem_mhz 2619
-0.pcie_tx_kbs 1000
-0.pcie_rx_kbs 2000
-0.ecc_corrected 3
-0.ecc_uncorrected 0
-0.throttle 36
-0.fan_pct NS
-0.nvlink_links 2
-0.field82.0 70
-0.field94.0 5
-0.field138.0 100
-0.field139.0 200
-0.field138.1 300
-0.field139.1 400
-0.field90.0 25000
-0.remapped_corr 2
-0.gpm_supported 1
-0.gpm2 73.5
-0.remapped_unc 1
-0.process 4242 1073741824
-0.process 4343 2147483648
-1.name NVIDIA H100 80GB HBM3
-1.memory_total 85899345920
-1.memory_used 1
-"""
-
-
-@pytest.fixture(scope="session")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
-    return compile_c(
-        [
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            str(HERE / "c" / "fake_nvml.c"),
-        ],
-        out,
-    )
-
 
 @pytest.fixture
 def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -91,12 +34,6 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.write_text(SCRIPT)
     monkeypatch.setenv("KI_FAKE_NVML_SCRIPT", str(path))
     return path
-
-
-def samples(prefix: str, gpu: int = 0) -> dict[tuple[int, int], float]:
-    return {
-        (r.metric, r.aux): r.value for r in drain(ring_name(f"{prefix}{gpu}")) if isinstance(r, SampleRecord)
-    }
 
 
 def test_pynvml_is_nvidias_binding():
@@ -146,7 +83,8 @@ def test_sm_utilisation_comes_from_gpm_between_two_samples(fake_nvml, script, la
         assert (MetricId.SM_UTIL, 0) not in samples(label_prefix, 1)  # GPU 1 has no GPM
 
 
-def test_fingerprint_at_start_and_every_period(fake_nvml, script, label_prefix):
+def test_fingerprint_at_start_and_every_period(fake_nvml, script, label_prefix, monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "node-a7")  # a DaemonSet's downward API; else the host name
     now = [10**18]
     with NvmlSampler.open(
         [0],
@@ -173,6 +111,7 @@ def test_fingerprint_at_start_and_every_period(fake_nvml, script, label_prefix):
         FingerprintField.UUID: "GPU-0b1c2d3e-0000-4000-8000-000000000000",
         FingerprintField.DRIVER_VERSION: "550.54.15",
         FingerprintField.PCI_BUS_ID: "00000000:18:00.0",
+        FingerprintField.HOSTNAME: "node-a7",
         FingerprintField.CUDA_VERSION: 12040,
         FingerprintField.MEMORY_TOTAL: 80 * 2**30,
         FingerprintField.COMPUTE_CAPABILITY: 90,

@@ -290,6 +290,21 @@ def test_nvml_samples_follow_the_load(one_gpu):
     assert max(power[t] for t in idle) < min(power[t] for t in busy)
 
 
+def test_dcgm_series_are_written_beside_ours_unless_switched_off(one_gpu):
+    from kernel_insight.agent.dcgm import DCGM_FIELDS, DCGM_ID_BASE, dcgm_id
+
+    at: dict[int, dict[int, float]] = defaultdict(dict)
+    for r in one_gpu:
+        if isinstance(r, SampleRecord) and (r.aux == 0 or r.metric == dcgm_id(230)):  # Xid: err_code
+            at[r.ts_ns][r.metric] = r.value
+    for values in at.values():
+        assert {f.id for f in DCGM_FIELDS} <= values.keys()
+        assert values[dcgm_id(252)] == values[MetricId.MEMORY_USED] // 2**20  # FB_USED, MiB
+        assert values[dcgm_id(203)] == round(values[MetricId.GPU_UTIL] * 100)  # GPU_UTIL, percent
+    (off,) = simulate(3, seed=3, layers=2, dcgm_names=False)
+    assert not [r for r in off if isinstance(r, SampleRecord) and r.metric >= DCGM_ID_BASE]
+
+
 def test_ranks_all_reduce_together():
     per_gpu = simulate(5, gpus=2, seed=2, layers=4, time_scale=5)
     colls = [[r for r in recs if isinstance(r, CollectiveRecord)] for recs in per_gpu]

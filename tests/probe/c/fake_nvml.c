@@ -12,6 +12,10 @@
  *     0.name NVIDIA H100           strings: name uuid bus_id; global: driver
  *     event 0 8 79                 an event for device 0: type 8 (XID), data 79 (delivered once)
  *     init DRIVER_NOT_LOADED       nvmlInit fails that way
+ *     0.util_enc 12                encoder (util_dec: decoder) utilisation, percent
+ *     0.memory_reserved 536870912  nvmlDeviceGetMemoryInfo_v2's reserved bytes
+ *     0.remap_failure 1            nvmlDeviceGetRemappedRows' failure flag (absent: 0)
+ *     0.gpm_supported 1            GPM; 0.gpm<id> VALUE is GPM metric <id> between two samples
  *
  * A key absent from the script is NVML_ERROR_NOT_SUPPORTED.
  */
@@ -236,10 +240,40 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsig
 
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
                                               unsigned int *pending, unsigned int *failure) {
-    unsigned long long c = 0, u = 0;
+    unsigned long long c = 0, u = 0, f = 0;
     nvmlReturn_t rc = num(d, "remapped_corr", &c);
     if (!rc) rc = num(d, "remapped_unc", &u);
-    if (!rc) { *corr = (unsigned int)c; *unc = (unsigned int)u; *pending = *failure = 0; }
+    if (!rc && num(d, "remap_failure", &f) != NVML_SUCCESS) f = 0;
+    if (!rc) { *corr = (unsigned int)c; *unc = (unsigned int)u; *pending = 0; *failure = (unsigned int)f; }
+    return rc;
+}
+
+/* nvmlMemory_v2_t as nvml.h has it: a version word, then total, reserved, free, used. */
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    if (m->version != NVML_MEMORY_V2) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    unsigned long long reserved = 0;
+    nvmlReturn_t rc = num(d, "memory_total", &m->total);
+    if (!rc) rc = num(d, "memory_used", &m->used);
+    if (!rc) rc = num(d, "memory_reserved", &reserved);
+    if (!rc) { m->reserved = reserved; m->free = m->total - m->used - reserved; }
+    return rc;
+}
+
+/* Encoder and decoder utilisation: percent, and the sampling period in microseconds. */
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t d, unsigned int *util, unsigned int *period_us) {
+    unsigned long long v = 0;
+    nvmlReturn_t rc = num(d, "util_enc", &v);
+    if (!rc) { *util = (unsigned int)v; *period_us = 167000; }
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t d, unsigned int *util, unsigned int *period_us) {
+    unsigned long long v = 0;
+    nvmlReturn_t rc = num(d, "util_dec", &v);
+    if (!rc) { *util = (unsigned int)v; *period_us = 167000; }
     return rc;
 }
 
