@@ -52,8 +52,8 @@ from kernel_insight.kql.errors import (
 )
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
-from kernel_insight.kql.lexical import MAX_DURATION_MS
-from kernel_insight.kql.parser import parse
+from kernel_insight.kql.lexical import MAX_DURATION_MS, go_quote
+from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
     GRID_MIN_STEP_MS,
@@ -459,6 +459,11 @@ class _Evaluator:
     def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
         lhs = self.eval(node.lhs, times)
         rhs = self.eval(node.rhs, times)
+        if node.op in TRIM_OPS:
+            if not isinstance(lhs, StepVector) and not isinstance(rhs, StepVector):
+                # Prometheus' scalarBinop has no case for them (its evaluator panics with this text).
+                raise KqlEvaluationError(f"operator {go_quote(node.op)} not allowed for Scalar operations")
+            return histeval.binary(self, node, lhs, rhs)
         if (isinstance(lhs, StepVector) and lhs.has_hists) or (isinstance(rhs, StepVector) and rhs.has_hists):
             return histeval.binary(self, node, lhs, rhs)
         return binary_op(node, lhs, rhs)

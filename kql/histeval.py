@@ -22,6 +22,7 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.lexical import go_quote
+from kernel_insight.kql.parser import TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
@@ -346,6 +347,8 @@ def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> Ele
     if lh is None and rh is None:
         if op in _CMP_FLOAT:
             return ElemResult(lf, None, _CMP_FLOAT[op](lf, rf))
+        if op in TRIM_OPS:
+            return ElemResult(0.0, None, False, info=incompatible_types("float", op, "float"))
         return ElemResult(_arith(op, lf, rf), None, True)
     if lh is None:
         if op == "*":
@@ -356,6 +359,8 @@ def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> Ele
             return ElemResult(0.0, hcompact(hmul(lh, rf)), True)
         if op == "/":
             return ElemResult(0.0, hcompact(hdiv(lh, rf)), True)
+        if op in TRIM_OPS:
+            return ElemResult(0.0, lh.trim_buckets(rf, upper=op == "</"), True)
         return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "float"))
     if op == "+":
         res, collision, reconciled = hadd(lh, rh)
@@ -450,7 +455,7 @@ def vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: boo
     if columns is not None:
         return columns
     comparison = op in _CMP_FLOAT
-    changes_schema = not comparison
+    changes_schema = not comparison and op not in TRIM_OPS
     out = _Builder(vec.values.shape[1])
     hists = vec.hists
     for j in range(vec.values.shape[1]):
@@ -592,7 +597,7 @@ def vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, matching
 
     op = node.op
     comparison = op in _CMP_FLOAT
-    keeps_name = comparison and not node.return_bool
+    keeps_name = (comparison or op in TRIM_OPS) and not node.return_bool
     swapped = matching.card == "one-to-many"
     many, one = (rhs, lhs) if swapped else (lhs, rhs)
     one_to_one = matching.card == "one-to-one"

@@ -71,6 +71,9 @@ MAX_AT_MS = 2**62
 DURATION_FUNCTIONS = {"step": 0, "range": 0, "min_of": 2, "max_of": 2}
 
 COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+#: Native-histogram trim operators (Prometheus 3): ``h </ x`` keeps the observations below ``x``,
+#: ``h >/ x`` those above; like a comparison they keep the metric name, but they take no ``bool``.
+TRIM_OPS = frozenset({"</", ">/"})
 SET_OPS = frozenset({"and", "or", "unless"})
 
 _TOKEN_NAMES = {
@@ -90,6 +93,7 @@ _TOKEN_NAMES = {
     "NUMBER": "number",
     "DURATION": "duration",
     "CMP": "comparison operator",
+    "TRIM": "trim operator",
     "MATCH_OP": "label matching operator",
     "AGG_OP": "aggregation",
 }
@@ -97,7 +101,7 @@ _TOKEN_NAMES = {
 
 # Tokens whose text varies: messages name the kind and quote the text (`unexpected number "3"`).
 _KINDS = frozenset(
-    {"IDENTIFIER", "LABEL_NAME", "STRING", "NUMBER", "DURATION", "BYTES", "CMP", "MATCH_OP", "AGG_OP"}
+    {"IDENTIFIER", "LABEL_NAME", "STRING", "NUMBER", "DURATION", "BYTES", "CMP", "TRIM", "MATCH_OP", "AGG_OP"}
 )
 
 
