@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -53,6 +54,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
 from kernel_insight.kql.lexical import MAX_DURATION_MS, go_quote
+from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
 from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
@@ -60,12 +62,13 @@ from kernel_insight.kql.pushdown import (
     ColumnarStorage,
     GridColumns,
     GridStorage,
+    HistColumns,
     RangeGridStorage,
     SeriesColumns,
     columns_of,
     grid_step,
 )
-from kernel_insight.kql.sparsehists import SparseCells
+from kernel_insight.kql.sparsehists import SparseCells, stats_read_hints
 from kernel_insight.kql.storage import (
     START_TIMESTAMP_FUNCTIONS,
     START_TIMESTAMPS_WANTED,
@@ -253,6 +256,11 @@ class _Evaluator:
         self.held = 0  # held in memory now: live intermediate results (Prometheus' currentSamples)
         self.peak = 0
         self.sample_times_wanted = 0  # > 0 while evaluating the argument of timestamp()
+        # Enclosing calls that read only histogram counts and sums, and enclosing expressions that
+        # need whole histograms (subqueries, histogram_quantile, trim): while the first is > 0 and
+        # the second 0, selectors read hints as Prometheus' HistogramStatsIterator gives them.
+        self.stats_readers = 0
+        self.bucket_readers = 0
         self.annotations: list[Annotation] = []
         self._seen: set[tuple[str, str, int, int]] = set()
         self._grid_declined: tuple[tuple[Matcher, ...], int, int, bool] | None = None
@@ -334,13 +342,20 @@ class _Evaluator:
         """Like :meth:`select`, as one block; a :class:`ColumnarStorage` answers so without per-series work."""
         columnar: ColumnarStorage | None = _as_protocol(self.storage, ColumnarStorage)
         if columnar is None:
-            return columns_of(self.select(matchers, start, end))
+            return self._stats_hinted(columns_of(self.select(matchers, start, end)))
         cols = self.read(columnar.select_columns, matchers, start, end)
         if len(cols) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(cols)} series, more than the limit of {self.limits.max_series}"
             )
-        return cols
+        return self._stats_hinted(cols)
+
+    def _stats_hinted(self, cols: SeriesColumns) -> SeriesColumns:
+        hist = cols.hist
+        if hist is None or self.stats_readers == 0 or self.bucket_readers > 0:
+            return cols
+        stats = HistColumns(hist.ts, stats_read_hints(hist, hist.offsets), hist.offsets, hist.st)
+        return dataclasses.replace(cols, hist=stats)
 
     # ------------------------------------------------------------------ durations and times
 
@@ -457,8 +472,13 @@ class _Evaluator:
         return -value
 
     def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
-        lhs = self.eval(node.lhs, times)
-        rhs = self.eval(node.rhs, times)
+        trim = node.op in TRIM_OPS
+        self.bucket_readers += trim
+        try:
+            lhs = self.eval(node.lhs, times)
+            rhs = self.eval(node.rhs, times)
+        finally:
+            self.bucket_readers -= trim
         if node.op in TRIM_OPS:
             if not isinstance(lhs, StepVector) and not isinstance(rhs, StepVector):
                 # Prometheus' scalarBinop has no case for them (its evaluator panics with this text).
@@ -484,6 +504,9 @@ class _Evaluator:
         # read skips them otherwise.
         wants_times = node.func in ("timestamp", "start_timestamp")
         self.sample_times_wanted += wants_times
+        stats, buckets = spec.histogram_reads == "stats", spec.histogram_reads == "buckets"
+        self.stats_readers += stats
+        self.bucket_readers += buckets
         # Start timestamps are read for rate, increase, irate and resets of a selector only.
         starts = START_TIMESTAMPS_WANTED.set(
             node.func in START_TIMESTAMP_FUNCTIONS and isinstance(unwrap(node.args[0]), MatrixSelector)
@@ -494,6 +517,8 @@ class _Evaluator:
             ]
         finally:
             self.sample_times_wanted -= wants_times
+            self.stats_readers -= stats
+            self.bucket_readers -= buckets
             START_TIMESTAMPS_WANTED.reset(starts)
         ctx = CallContext(self, node, times)
         if any(
@@ -838,7 +863,11 @@ class _Evaluator:
         if len(inner_times) == 0:
             inner = StepVector.empty(0)
         else:
-            inner = consolidate(self.eval(node.expr, inner_times))
+            self.bucket_readers += 1
+            try:
+                inner = consolidate(self.eval(node.expr, inner_times))
+            finally:
+                self.bucket_readers -= 1
         n = len(inner)
         self.dense(n, len(refs))
         # Row-major order of the present cells is series by series, in time order.
@@ -856,7 +885,7 @@ class _Evaluator:
             np.cumsum(np.count_nonzero(hmask, axis=1), out=hoffsets[1:])
             hts = inner_times[hcols]
             hlo, hhi = window_bounds(hts, hoffsets, refs, range_ms)
-            hist = HistRange(hts, inner.hists[hrows, hcols], hoffsets, hlo, hhi)
+            hist = HistRange(hts, _unknown_resets(inner.hists[hrows, hcols]), hoffsets, hlo, hhi)
         return RangeInput(
             labels=inner.labels,
             drop_name=inner.drop_name.copy(),
@@ -870,6 +899,18 @@ class _Evaluator:
             checkpoint=self.checkpoint,
             hist=hist,
         )
+
+
+def _unknown_resets(hs: npt.NDArray[np.object_]) -> npt.NDArray[np.object_]:
+    """A subquery's histograms with their ``CounterReset``/``NotCounterReset`` hints made unknown,
+    as Prometheus' evalSubquery does: the subquery may skip the sample that reset the counter or
+    return it several times, so its consumers (``rate``, ``increase``, ``resets``) detect resets
+    between the samples they are given instead of trusting hints written for other neighbours."""
+    out = hs.copy()
+    for k, h in enumerate(out.tolist()):
+        if h.counter_reset_hint in (COUNTER_RESET, NOT_COUNTER_RESET):
+            out[k] = h.copy(counter_reset_hint=UNKNOWN_COUNTER_RESET)
+    return out
 
 
 # --------------------------------------------------------------------------------- engine

@@ -769,6 +769,7 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     assert vec.hists is not None
     totals: OBJ = np.full((n, steps), None, dtype=object)
     comps: OBJ = np.full((n, steps), None, dtype=object)
+    means: OBJ = np.full((n, steps), None, dtype=object)  # avg: Go's mean, incremental past overflow
     counts = np.zeros((n, steps), dtype=np.int64)
     bad = np.zeros((n, steps), dtype=bool)
     reset_seen = np.zeros((n, steps), dtype=bool)
@@ -787,22 +788,28 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         acc = totals[g, j]
         if acc is None:
             totals[g, j] = h.copy()
+            if op == "avg":
+                means[g, j] = nh.HistogramMean(totals[g, j])
             continue
         try:
-            res, comp, _, reconciled = hkahan_add(acc, h, comps[g, j])
-        except Incompatible:
+            if op == "avg":
+                _checked(acc, h)
+                reconciled = means[g, j].add(h)
+            else:
+                res, comp, _, reconciled = hkahan_add(acc, h, comps[g, j])
+                totals[g, j], comps[g, j] = res, comp
+        except (Incompatible, nh.HistogramError):
             ev.annotate("warning", mixed_exponential_custom(metric_name(vec.labels[i])), node.expr.pos)
             bad[g, j] = True
             totals[g, j] = None
             continue
         if reconciled:
             ev.annotate("info", reconciled_custom_buckets("aggregation"), node.expr.pos)
-        totals[g, j], comps[g, j] = res, comp
     if (reset_seen & not_reset_seen).any():
         ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
     for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
-        divisor = float(counts[g, j]) if op == "avg" else None
-        totals[g, j] = hcompact(kahan_total(totals[g, j], comps[g, j], divisor))
+        mean = means[g, j]
+        totals[g, j] = hcompact(mean.result() if mean is not None else kahan_total(totals[g, j], comps[g, j]))
     return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
 
 
@@ -1333,18 +1340,18 @@ def _sum_avg_over_time(
             continue
         reset_seen = any(h.counter_reset_hint == COUNTER_RESET for h in hs)
         not_reset_seen = any(h.counter_reset_hint == NOT_COUNTER_RESET for h in hs)
-        total, comp = hs[0].copy(), None
+        acc = nh.HistogramMean(hs[0].copy()) if mean else nh.HistogramSum(hs[0].copy())
         try:
             for h in hs[1:]:
-                total, comp, _, reconciled = hkahan_add(total, h, comp)
-                if reconciled:
+                _checked(hs[0], h)
+                if acc.add(h):
                     ctx.info(reconciled_custom_buckets("aggregation"), pos)
-        except Incompatible:
+        except (Incompatible, nh.HistogramError):
             ctx.warn(mixed_exponential_custom(metric_name(r.labels[i])), pos)
             continue
         if reset_seen and not_reset_seen:
             ctx.warn(counter_reset_collision("aggregation"), pos)
-        hists[i, j] = kahan_total(total, comp, float(len(hs)) if mean else None)
+        hists[i, j] = acc.result()
     return _combine(r, floats, hists, drop=mixed)
 
 
@@ -2824,7 +2831,7 @@ def dense_sum_cells(
 
 def _dense_sum_block(
     block: DenseBlock, hints: I64, rows: Any, cols: Any, gid: Any, n: int, steps: int, mean: bool
-) -> tuple[DenseHists, bool]:
+) -> tuple[DenseHists, bool] | None:
     """dense_sum's arithmetic over ``block``, whose rows are the cells ``(rows, cols)`` ordered
     step by step, input rows ascending (Prometheus' order of additions)."""
     target = gid[rows] * steps + cols
@@ -2859,6 +2866,10 @@ def _dense_sum_block(
     zero, zero_c = summed(block.zero)
     pos, pos_c = summed(block.pos)
     neg, neg_c = summed(block.neg)
+    if mean and not all(np.isfinite(x).all() for x in (count, total, zero, pos, neg)):
+        # A running sum that overflowed: Go's avg goes on as an incremental mean from there
+        # (nativehist's HistogramMean, on the per-histogram path).
+        return None
     members = np.bincount(target, minlength=cells_n).astype(np.float64)
     seen = {hint: np.bincount(target[hints == hint], minlength=cells_n) > 0 for hint in (0, 1, 2, 3)}
     collision = bool((seen[COUNTER_RESET] & seen[NOT_COUNTER_RESET]).any())

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, FloatHistogram
+from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
+from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.storage import STALE_NAN_BITS
 
 __all__ = [
@@ -32,7 +34,6 @@ BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
 
 CUSTOM_BUCKETS_SCHEMA = -53
-UNKNOWN, COUNTER_RESET, NOT_COUNTER_RESET, GAUGE = 0, 1, 2, 3
 
 
 class Ragged:
@@ -111,8 +112,9 @@ class SparseHists:
 
     ``hint`` is each sample's counter-reset hint as Prometheus' TSDB returns it, except for the
     ``pending`` rows: those follow a counter histogram of the same chunk (the row right before
-    them) with an unknown hint of their own, so their hint is "counter reset" (1) if
-    ``detect_reset`` against that row says so, else "not a counter reset" (2). Deciding that
+    them) with an unknown hint of their own, so their hint is "unknown" (0: the reset started a
+    chunk, and TSDB reads a chunk's first sample as unknown) if ``detect_reset`` against that row
+    says so, else "not a counter reset" (2). Deciding that
     needs the buckets of both rows; it is left to whoever reads the hints (:meth:`hints`, or a
     dense block that compares the rows' buckets anyway), so a read that only sums and ranks
     buckets never does it twice. Every operation keeps a pending row right after the row it
@@ -252,10 +254,16 @@ class SparseHists:
                 hint[pending] = self._hints[idx[pending]]
             else:
                 rows, back = np.unique(idx[pending], return_inverse=True)
-                decided = np.where(self._resets(rows), COUNTER_RESET, NOT_COUNTER_RESET)
+                decided = np.where(self._resets(rows), UNKNOWN, NOT_COUNTER_RESET)
                 hint[pending] = decided[back]
         out = self._mapped(lambda x: x[idx], lambda x: x.take(idx))
         out.hint, out.pending, out._hints = hint, np.zeros(len(idx), dtype=bool), hint
+        return out
+
+    def with_hints(self, hint: I64) -> SparseHists:
+        """The same rows with ``hint`` as their stated hints (none pending)."""
+        out = self._mapped(lambda x: x, lambda x: x)
+        out.hint, out.pending, out._hints, out._objects = hint, np.zeros(len(hint), dtype=bool), None, None
         return out
 
     def with_pending(self, pending: BOOL) -> SparseHists:
@@ -295,7 +303,7 @@ class SparseHists:
             rows = np.flatnonzero(self.pending)
             if len(rows):
                 resets = self._resets(rows)
-                hints[rows] = np.where(resets, COUNTER_RESET, NOT_COUNTER_RESET)
+                hints[rows] = np.where(resets, UNKNOWN, NOT_COUNTER_RESET)
             self._hints = hints
         return self._hints
 
@@ -563,18 +571,24 @@ def tsdb_pending(data: SparseHists, ts: I64, offsets: I64, float_ts: I64, float_
     stated hint stays as it is (``detect_reset`` answers it), and so does every other row's.
     """
     n = len(data)
-    if n < 2:
+    if n == 0:
         return data
     stale = data.stale()
     hint = data.hint
-    follows = np.ones(n, dtype=bool)
-    follows[offsets[:-1][offsets[:-1] < n]] = False  # a series' first row
-    follows[0] = False
+    first = np.zeros(n, dtype=bool)
+    first[offsets[:-1][offsets[:-1] < n]] = True  # a series' first row keeps the hint it was read with
+    first[0] = True
+    follows = ~first
     follows[1:] &= ~stale[:-1] & (hint[:-1] != GAUGE)
-    follows &= ~stale & (hint == UNKNOWN)
+    follows &= ~stale
     if len(float_ts) and follows.any():
         follows &= ~_float_between(ts, offsets, float_ts, float_offsets)
-    return data.with_pending(follows)
+    # A stated "counter reset" starts a chunk, and so does every later row that follows none:
+    # TSDB reads a chunk's first sample as unknown (Go's counterResetHint), never as a reset.
+    unknown = (hint == COUNTER_RESET) | ((hint == NOT_COUNTER_RESET) & ~follows & ~first)
+    if unknown.any():
+        data = data.with_hints(np.where(unknown, UNKNOWN, hint))
+    return data.with_pending(follows & (data.hint == UNKNOWN) & ~unknown)
 
 
 def _float_between(ts: I64, offsets: I64, float_ts: I64, float_offsets: I64) -> BOOL:
@@ -700,3 +714,49 @@ class HistSamples:
         if self.data is not None:
             return int(self.data.weights().sum())
         return sum(h.sample_weight() for h in self.hs)
+
+
+def stats_read_hints(hist: HistSamples, offsets: I64) -> OBJ | SparseHists:
+    """The samples with the counter-reset hints Prometheus' ``HistogramStatsIterator`` gives a
+    selector read only for counts and sums (under ``histogram_count``/``_sum``/``_avg``): a sample
+    read as "unknown" (a chunk's first) that follows an earlier non-stale histogram of its series
+    in the same read is "counter reset" if ``detect_reset`` against that one says so, else "not a
+    counter reset"; the others keep the hint the read gave them. Series ``i`` owns rows
+    ``offsets[i]:offsets[i + 1]``."""
+    data = hist.data
+    if data is not None:
+        hints = data.hints()
+        stale = data.stale()
+    else:
+        hs = hist.hs.tolist()
+        hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
+        stale = STALE_NAN_BITS == np.fromiter((h.sum for h in hs), dtype=np.float64, count=len(hs)).view(
+            np.uint64
+        )
+    n = len(hints)
+    idx = np.arange(n, dtype=np.int64)
+    last_valid = np.maximum.accumulate(np.where(stale, -1, idx)) if n else idx
+    prev = np.concatenate([[-1], last_valid[:-1]]).astype(np.int64) if n else idx
+    first_of_series = np.repeat(offsets[:-1], np.diff(offsets))
+    rows = np.flatnonzero((hints == UNKNOWN) & ~stale & (prev >= first_of_series))
+    if not len(rows):
+        return hist.source()
+    if data is not None:
+        objs = data.select(np.concatenate([rows, prev[rows]])).objects().tolist()
+        cur, before = objs[: len(rows)], objs[len(rows) :]
+    else:
+        cur = [hs[r] for r in rows.tolist()]
+        before = [hs[p] for p in prev[rows].tolist()]
+    decided = np.fromiter(
+        (COUNTER_RESET if c.detect_reset(b) else NOT_COUNTER_RESET for c, b in zip(cur, before, strict=True)),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    if data is not None:
+        new_hints = hints.copy()
+        new_hints[rows] = decided
+        return data.with_hints(new_hints)
+    out = hist.hs.copy()
+    for r, c, hint in zip(rows.tolist(), cur, decided.tolist(), strict=True):
+        out[r] = c.copy(counter_reset_hint=hint)
+    return out

@@ -253,9 +253,10 @@ def tsdb_hints(
     in_place: bool = False,
 ) -> tuple[FloatHistogram, ...]:
     """Counter-reset hints as Prometheus' TSDB returns them on read: a counter histogram that
-    follows another in the same chunk says "not a counter reset", one that starts a chunk
-    because the counter went down says "counter reset", a series' first sample (or the first
-    after a float sample) keeps its own; gauge histograms stay gauges.
+    follows another in the same chunk says "not a counter reset"; one that starts a chunk (a
+    series' first sample, the first after a float sample, or one whose counter went down or that
+    was written as a reset) says "unknown", as Go's ``counterResetHint`` reads a chunk's first
+    sample; gauge histograms stay gauges.
 
     ``resets[i]``, when given and not None, is ``hs[i].detect_reset(hs[i - 1])`` computed by the
     caller (the ClickHouse back end does it for whole columns at once); ``in_place`` sets the
@@ -270,14 +271,16 @@ def tsdb_hints(
             if floats[k] > prev_t:
                 prev = None  # a float sample between two histograms starts a new chunk
             k += 1
-        hint = h.counter_reset_hint
+        hint = wanted = h.counter_reset_hint
         if hint != 3 and prev is not None and prev.counter_reset_hint != 3 and not is_stale_histogram(h):
             known = None if resets is None else resets[i]
-            wanted = 1 if (hint == 1 or (h.detect_reset(prev) if known is None else known)) else 2
-            if wanted != hint:
-                if not in_place:
-                    h = h.copy()
-                h.counter_reset_hint = wanted
+            wanted = 0 if (hint == 1 or (h.detect_reset(prev) if known is None else known)) else 2
+        elif hint in (1, 2):
+            wanted = 0
+        if wanted != hint:
+            if not in_place:
+                h = h.copy()
+            h.counter_reset_hint = wanted
         out.append(h)
         prev = None if is_stale_histogram(h) else h
         prev_t = t

@@ -274,7 +274,7 @@ def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
         ctx.warn(message, ctx.node.args[arg_index].pos)
 
 
-@function("histogram_quantile", (S, V), V)
+@function("histogram_quantile", (S, V), V, histogram_reads="buckets")
 def _histogram_quantile(ctx: CallContext, args: list[Any]) -> StepVector:
     """The φ-quantile of a classic histogram (series with an ``le`` label), per label set without ``le``."""
     q, vec = args
@@ -291,7 +291,7 @@ def _q_label(q: float) -> str:
     return repr(float(q))
 
 
-@function("histogram_quantiles", (V, STR, S), V, variadic=-1, experimental=True)
+@function("histogram_quantiles", (V, STR, S), V, variadic=-1, experimental=True, histogram_reads="buckets")
 def _histogram_quantiles(ctx: CallContext, args: list[Any]) -> StepVector:
     """Several quantiles at once, each output series labelled ``<label>="<φ>"``."""
     vec, label, *qs = args
@@ -312,7 +312,7 @@ def _histogram_quantiles(ctx: CallContext, args: list[Any]) -> StepVector:
     return consolidate(merged.compact())
 
 
-@function("histogram_fraction", (S, S, V), V)
+@function("histogram_fraction", (S, S, V), V, histogram_reads="buckets")
 def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
     """Estimated fraction of a classic histogram's observations between ``lower`` and ``upper``."""
     lower, upper, vec = args
@@ -333,19 +333,19 @@ def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
     return consolidate(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)).compact())
 
 
-def _native_only(name: str, doc: str) -> None:
+def _native_only(name: str, doc: str, reads: str) -> None:
     def impl(ctx: CallContext, args: list[Any]) -> StepVector:
         return StepVector.empty(ctx.steps)
 
     impl.__doc__ = doc
-    function(name, (V,), V)(impl)
+    function(name, (V,), V, histogram_reads=reads)(impl)
 
 
-for _name, _doc in (
-    ("histogram_count", "Observation count of native histograms (float samples are ignored)."),
-    ("histogram_sum", "Sum of observations of native histograms (float samples are ignored)."),
-    ("histogram_avg", "Mean observation of native histograms (float samples are ignored)."),
-    ("histogram_stddev", "Estimated standard deviation of native histograms (float samples are ignored)."),
-    ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored)."),
+for _name, _doc, _reads in (
+    ("histogram_count", "Observation count of native histograms (float samples are ignored).", "stats"),
+    ("histogram_sum", "Sum of observations of native histograms (float samples are ignored).", "stats"),
+    ("histogram_avg", "Mean observation of native histograms (float samples are ignored).", "stats"),
+    ("histogram_stddev", "Estimated standard deviation of native histograms (float samples are ignored).", ""),
+    ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored).", ""),
 ):
-    _native_only(_name, _doc)
+    _native_only(_name, _doc, _reads)

@@ -58,6 +58,10 @@ class FunctionSpec:
     unevaluated: tuple[int, ...] = ()  # arguments the implementation gets as AST nodes
     extension: bool = False  # a kql addition, not a PromQL function
     pushdown: GridPushdown | None = None  # a store may compute it on a step grid
+    #: What it reads of the native histograms below it: "stats" (count and sum only; the selectors
+    #: under it read counter-reset hints as Prometheus' HistogramStatsIterator gives them unless
+    #: something between needs "buckets"), "buckets" (the whole histogram), or "" (no matter).
+    histogram_reads: str = ""
     doc: str = ""
 
     @property
@@ -92,6 +96,7 @@ def function(
     unevaluated: tuple[int, ...] = (),
     extension: bool = False,
     pushdown: GridPushdown | None = None,
+    histogram_reads: str = "",
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -109,6 +114,7 @@ def function(
             unevaluated=unevaluated,
             extension=extension,
             pushdown=pushdown,
+            histogram_reads=histogram_reads,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl
