@@ -275,8 +275,8 @@ def tsdb_hints(
         if hint != 3 and prev is not None and prev.counter_reset_hint != 3 and not is_stale_histogram(h):
             known = None if resets is None else resets[i]
             wanted = 0 if (hint == 1 or (h.detect_reset(prev) if known is None else known)) else 2
-        elif hint in (1, 2):
-            wanted = 0
+        elif hint == 1 or (hint == 2 and i > 0):
+            wanted = 0  # (a series' first sample keeps a stated "not a reset", as a store's window read does)
         if wanted != hint:
             if not in_place:
                 h = h.copy()
