@@ -16,7 +16,7 @@ import numpy.typing as npt
 from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, FloatHistogram
 from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
-from kernel_insight.kql.storage import STALE_NAN_BITS
+from kernel_insight.kql.storage import STALE_NAN_BITS, is_stale
 
 __all__ = [
     "HistSamples",
@@ -730,9 +730,7 @@ def stats_read_hints(hist: HistSamples, offsets: I64) -> OBJ | SparseHists:
     else:
         hs = hist.hs.tolist()
         hints = np.fromiter((h.counter_reset_hint for h in hs), dtype=np.int64, count=len(hs))
-        stale = STALE_NAN_BITS == np.fromiter((h.sum for h in hs), dtype=np.float64, count=len(hs)).view(
-            np.uint64
-        )
+        stale = is_stale(np.fromiter((h.sum for h in hs), dtype=np.float64, count=len(hs)))
     n = len(hints)
     idx = np.arange(n, dtype=np.int64)
     last_valid = np.maximum.accumulate(np.where(stale, -1, idx)) if n else idx

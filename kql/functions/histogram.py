@@ -345,7 +345,11 @@ for _name, _doc, _reads in (
     ("histogram_count", "Observation count of native histograms (float samples are ignored).", "stats"),
     ("histogram_sum", "Sum of observations of native histograms (float samples are ignored).", "stats"),
     ("histogram_avg", "Mean observation of native histograms (float samples are ignored).", "stats"),
-    ("histogram_stddev", "Estimated standard deviation of native histograms (float samples are ignored).", ""),
+    (
+        "histogram_stddev",
+        "Estimated standard deviation of native histograms (float samples are ignored).",
+        "",
+    ),
     ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored).", ""),
 ):
     _native_only(_name, _doc, _reads)

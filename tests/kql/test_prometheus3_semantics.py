@@ -30,6 +30,6 @@ def test_every_case_passes(
     if storage_type is ColumnarMemory:
         monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
     report = run_file(path, storage_type=storage_type)
-    failing = [f"{r.case.id}: {r.case.expr}: {r.reason}" for r in report.results if not r.passed]
+    failing = [f"{r.case.id}: {r.case.query}: {r.reason}" for r in report.results if not r.passed]
     assert len(report.results) == evals
     assert not failing, "\n".join(failing)
