@@ -77,18 +77,25 @@ void CUPTIAPI ki_cupti_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t 
 
 /* ---- clock -------------------------------------------------------------- */
 
+/* A bracket wider than this (the thread was preempted between its reads) does not move the offset. */
+#define KI_CUPTI_CLOCK_BRACKET_NS 20000ULL
+
 void ki_cupti_clock_refresh(struct ki_cupti *g) {
     if (!g->api.GetTimestamp) return;
     uint64_t best = UINT64_MAX;
+    int64_t offset = 0;
     for (int i = 0; i < 5; i++) { /* the narrowest of five brackets */
         uint64_t r0 = ki_ring_now_ns(), c = 0;
         if (g->api.GetTimestamp(&c) != CUPTI_SUCCESS) return;
         uint64_t r1 = ki_ring_now_ns();
         if (r1 - r0 < best) {
             best = r1 - r0;
-            g->clock_offset_ns = (int64_t)(r0 + (r1 - r0) / 2) - (int64_t)c;
+            offset = (int64_t)(r0 + (r1 - r0) / 2) - (int64_t)c;
         }
     }
+    /* A noisy reading would move every later timestamp by up to its width, and records written
+     * after it could then read earlier than records written before: keep the last good offset. */
+    if (best <= KI_CUPTI_CLOCK_BRACKET_NS || g->clock_at_ns == 0) g->clock_offset_ns = offset;
     g->clock_at_ns = ki_ring_mono_ns();
 }
 
@@ -283,7 +290,7 @@ static void on_sync(struct ki_cupti *g, const CUpti_ActivitySynchronization2 *s)
 }
 
 size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t valid) {
-    if (ki_ring_mono_ns() - g->clock_at_ns > 100000000ULL) ki_cupti_clock_refresh(g);
+    if (ki_ring_mono_ns() - g->clock_at_ns > 1000000000ULL) ki_cupti_clock_refresh(g); /* drift: ppm */
     CUpti_Activity *a = NULL;
     size_t n = 0;
     while (g->api.ActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS && a) {
