@@ -528,8 +528,8 @@ def test_kernels_counted_from_kept_spans_are_marked_and_every_share_is_a_part_of
 
 def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
     _sign_in(page, collector)
-    # The histograms are 13 s of data from when the module was imported (minutes ago in a full
-    # run): an hour's range at 15 s steps, each step's increase over a minute, reaches them.
+    # The histograms are 11.5 minutes of 7 s exports around when the module was imported (minutes
+    # ago in a full run): an hour's range at 15 s steps, each step's increase over a minute, reaches them.
     query = 'sum by (kernel) (increase(kernel_duration_seconds{instance="node-0001"}[1m]))'
     page.goto(f"{collector.url}/#/explore?q={quote(query)}&range=1h")
     page.wait_for_selector("#heatmaps canvas[data-columns]")
@@ -541,8 +541,22 @@ def test_explore_draws_native_histograms_as_heatmaps(page, collector, tmp_path):
     )
     assert page.get_attribute("#chart", "data-series") == "0"  # no float series to chart
     canvases.first.hover()
-    assert ".." in page.inner_text("#hm-hover-0")  # the pointer names the cell's bucket range
+    hover = page.inner_text("#hm-hover-0")
+    assert ".." in hover  # the pointer names the cell's bucket range, in the buckets' unit
+    assert re.search(r"\d (µs|ms) \.\. [\d.]+ (µs|ms)", hover), hover
+    assert page.get_attribute("#heatmaps", "data-unit") == "s"
     page.screenshot(path=tmp_path / "explore-heatmap.png", full_page=True)
+    # A quantile of the rated histograms is in seconds too (the rate is of the counts); the legend
+    # names each kernel by its name alone (the one label that differs).
+    query = (
+        'histogram_quantile(0.99, sum by (kernel) (rate(kernel_duration_seconds{instance="node-0001"}[1m])))'
+    )
+    page.fill("#q", query)
+    page.click("#run")
+    page.wait_for_function(f"document.querySelector('#chart').dataset.series === '{len(KERNELS)}'")
+    assert page.get_attribute("#chart", "data-unit") == "s"
+    labels = page.locator(".u-legend tr.u-series .u-label").all_inner_texts()[1:]
+    assert sorted(labels) == sorted(KERNELS)
 
 
 def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports(page, collector, tmp_path):

@@ -53,6 +53,9 @@ function metricUnit(name) {
 // per-second rate adds "/s".
 const COUNTING = new Set(["count", "count_over_time", "histogram_count", "absent", "absent_over_time", "changes", "resets", "count_values", "group", "present_over_time", "timestamp", "time"]);
 const PER_SECOND = new Set(["rate", "irate", "deriv"]);
+// Functions whose values are bucket boundaries (a quantile, a mean): the metric's own unit, however
+// its counts were rated or summed.
+const IN_BUCKET_UNIT = new Set(["histogram_quantile", "histogram_avg", "histogram_stddev", "histogram_stdvar"]);
 
 function queryUnit(query) {
   const toks = lex(query);
@@ -62,6 +65,8 @@ function queryUnit(query) {
   if (units.size !== 1 || fns.some((f) => COUNTING.has(f))) return "";
   if (toks.some((t) => !t.cls && /^[*/%^]$/.test(t.tok)) || toks.some((t) => t.cls === "tok-kw" && t.tok === "atan2")) return "";
   const unit = [...units][0];
+  if (fns.some((f) => IN_BUCKET_UNIT.has(f))) return unit;
+  if (fns.includes("histogram_fraction")) return "ratio";
   if (!unit || !fns.some((f) => PER_SECOND.has(f))) return unit;
   return unit === "s" ? "" : `${unit}/s`; // seconds per second: a plain number (busy GPUs, say)
 }
@@ -582,6 +587,7 @@ function shortNames(metrics) {
   const keys = new Set(metrics.flatMap((m) => Object.keys(m)));
   const varying = [...keys].filter((k) => new Set(metrics.map((m) => m[k])).size > 1);
   if (!varying.length || metrics.length < 2) return metrics.map(seriesName);
+  if (varying.length === 1 && varying[0] !== "__name__") return metrics.map((m) => m[varying[0]] ?? seriesName(m));
   return metrics.map((m) => varying.filter((k) => m[k] !== undefined).map((k) => (k === "__name__" ? m[k] : `${k}="${m[k]}"`)).join(", ") || seriesName(m));
 }
 
