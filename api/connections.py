@@ -7,13 +7,18 @@ half-sent requests starves everyone (and, past the descriptor limit, the store i
 :func:`guarded_protocol` returns uvicorn's h11 protocol with three rules added:
 
 - the request head must arrive within ``header_timeout_s`` of the connection opening (or of
-  the previous response on a keep-alive connection), else 408 and close;
+  its first byte on a kept-alive connection, which waits ``keep_alive_s`` for it after a
+  response and is then closed without a word), else 408 and close;
 - the request body must arrive within ``body_timeout_s`` of its head, else 408 and close;
 - at most ``max_connections`` are open: a new connection past the cap closes the oldest one
   that is still waiting for its first request head (the slow ones are the cheap ones to drop),
   else the one idle longest after a response if it has been idle for ``IDLE_EVICTABLE_S``, and
   is answered 503 itself otherwise (every open connection busy with a request or in use by a
   client between two of its requests).
+
+A connection whose next request has reached this host but not yet been read (the loop was
+held past the deadline or the eviction, or read its accept first) is in use: it is neither
+evicted nor timed out, since closing a socket with unread bytes resets it and loses the request.
 
 Connections already being closed (evicted, timed out, refused) are not counted: uvicorn keeps
 one in its set until its ``connection_lost``, a later turn of the loop, and newcomers counting
@@ -34,8 +39,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
+import sys
+import termios
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -63,8 +71,11 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 #: Seconds a client has to send a whole request body once its head arrived (16 MiB at 300 kB/s).
 DEFAULT_BODY_TIMEOUT_S = 60.0
-#: Seconds an idle keep-alive connection stays open between requests.
-DEFAULT_KEEP_ALIVE_S = 5.0
+#: Seconds an idle keep-alive connection stays open between requests: longer than the
+#: intervals clients send at (scrapes, remote_write, rule evaluation, agents: 10 s to 1 min), as
+#: Prometheus' own server keeps them (its ``--web.read-timeout``, 5 min); past the cap the one
+#: idle longest is closed first, so a long wait costs no more than a descriptor.
+DEFAULT_KEEP_ALIVE_S = 300.0
 #: Connections the kernel queues before the server accepts them.
 DEFAULT_BACKLOG = 2048
 #: Largest request head (request line and headers) accepted, in bytes.
@@ -74,6 +85,8 @@ DEFAULT_MAX_HEAD_BYTES = 64 << 10
 IDLE_EVICTABLE_S = 1.0
 #: Descriptors kept for everything but client connections (the store, logs, key files, threads).
 RESERVED_FDS = 512
+#: Seconds a deadline that found its connection's next bytes unread waits for the loop to read them.
+_UNREAD_GRACE_S = 0.05
 
 log = logging.getLogger("kernel_insight.api.connections")
 
@@ -274,8 +287,8 @@ class _Guard(_Base):
     def data_received(self, data: bytes) -> None:
         if self._listed():
             if not self._head_bytes and self._served:
-                # The keep-alive wait is over: the head now has until its own deadline.
-                self._head_deadline.until(self._head_since + self.limits.header_timeout_s)
+                # The keep-alive wait is over: the head now has its own deadline from its first byte.
+                self._head_deadline.start(self.limits.header_timeout_s)
             self._head_bytes += len(data)
         super().data_received(data)
         self._track()
@@ -305,19 +318,37 @@ class _Guard(_Base):
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for its first request head, else the one
         idle longest after a response (a client that proved itself) if it is no longer in use
-        (idle ``IDLE_EVICTABLE_S``); False when none may go."""
+        (idle ``IDLE_EVICTABLE_S`` and no request waiting unread); False when none may go."""
         for victim in self.waiting:
-            if victim is not self:
+            if victim is not self and not victim._unread():
                 victim._close(None, "")
                 return True
         since = self.loop.time() - IDLE_EVICTABLE_S
         for victim in self.idle:  # idle longest first: the first one idle too briefly ends the search
             if victim._head_since > since:
                 break
-            if victim is not self:
+            if victim is not self and not victim._unread():
                 victim._close(None, "")
                 return True
         return False
+
+    def _unread(self) -> int:
+        """Bytes that reached this connection's socket and are not read yet (0 when unknown).
+
+        The loop reads them in the same turn, but uvloop runs due timers before it polls the
+        sockets, and an accept may come before a read: a request sent in time can still be
+        unread when a deadline fires or a newcomer looks for a victim.
+        """
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return 0
+        try:
+            fd = sock.fileno()
+            if fd < 0:
+                return 0
+            return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), sys.byteorder, signed=True)
+        except (OSError, ValueError):
+            return 0
 
     def _track(self) -> None:
         """Start or stop the deadlines and the eviction entry after the parser's state moved."""
@@ -335,9 +366,7 @@ class _Guard(_Base):
                 # After a response the first byte of the next request is due within the
                 # keep-alive time (uvicorn's own timer, a call_later per response, is not
                 # armed over httptools: ~10 us a request), the whole head within its deadline.
-                wait = self.limits.header_timeout_s
-                if self._served:
-                    wait = min(wait, self.limits.keep_alive_s)
+                wait = self.limits.keep_alive_s if self._served else self.limits.header_timeout_s
                 self._head_deadline.until(self._head_since + wait)
             return
         self._unlist()
@@ -349,6 +378,9 @@ class _Guard(_Base):
             self._body_deadline.stop()
 
     def _head_expired(self) -> None:
+        if self._unread():  # sent in time, not read yet: read first, then look again
+            self._head_deadline.start(_UNREAD_GRACE_S)
+            return
         # An idle keep-alive connection is just closed; a half-sent head is told why.
         if self._head_bytes:
             self._close(_TIMEOUT_408, "request head not received in time\n")
@@ -388,6 +420,10 @@ class _GuardedH11(_Guard, H11Protocol):
     def handle_events(self) -> None:
         super().handle_events()
         self._track()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive timer closes whatever is unread; the guard's head deadline, armed
+        for ``keep_alive_s`` after each response, closes an idle connection instead."""
 
 
 class _HeadWithBody:

@@ -19,7 +19,14 @@ from load_clients import Flood
 from starlette.requests import ClientDisconnect
 
 from kernel_insight.api.app import listening_socket
-from kernel_insight.api.connections import IDLE_EVICTABLE_S, ConnectionLimits, guarded_protocol
+from kernel_insight.api.connections import (
+    IDLE_EVICTABLE_S,
+    ConnectionLimits,
+    QuickAnswer,
+    QuickRouter,
+    ResponseWriter,
+    guarded_protocol,
+)
 
 LIMITS = ConnectionLimits(
     max_connections=8,
@@ -58,11 +65,14 @@ def _app() -> FastAPI:
 
 
 @contextlib.contextmanager
-def serving(parser: str, limits: ConnectionLimits = LIMITS) -> Iterator[tuple[str, int]]:
+def serving(
+    parser: str, limits: ConnectionLimits = LIMITS, quick: QuickRouter | None = None
+) -> Iterator[tuple[str, int]]:
     sock = listening_socket("127.0.0.1", 0, backlog=limits.backlog)
+    http = guarded_protocol(limits, parser=parser, quick=quick)
     config = uvicorn.Config(
-        _app(), http=guarded_protocol(limits, parser=parser), log_level="warning", lifespan="off", ws="none"
-    )
+        _app(), http=http, log_level="warning", lifespan="off", ws="none", access_log=quick is None
+    )  # requests are answered quickly only without access lines, as ``ki collector`` runs
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -379,4 +389,95 @@ def test_connections_being_closed_do_not_count_against_the_cap(parser):
             assert answer.startswith(b"HTTP/1.1 200 "), answer
         finally:
             for s in half:
+                s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_kept_alive_client_asking_again_after_the_header_timeout_but_within_the_keep_alive_is_served(
+    parser,
+):
+    """The wait for the next request after a response is ``keep_alive_s``, however short the
+    header timeout: it was the shorter of the two, which cut a client asking every 10 s at the
+    default 10 s header timeout (and at 0.5 s here) as though it had gone idle."""
+    limits = ConnectionLimits(max_connections=8, header_timeout_s=0.5, keep_alive_s=30, backlog=4)
+    with serving(parser, limits) as addr, _kept_alive(addr) as (_, ask):
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        time.sleep(3 * limits.header_timeout_s)  # the client's interval (the thing tested)
+        assert ask().startswith(b"HTTP/1.1 200 ")
+
+
+def _blocking_quick_answers(
+    method: str, path: str, query: bytes, headers: object, state: object
+) -> QuickAnswer | None:
+    """A quick router (answered inside the read, as the collector's query fast path answers)
+    that holds the loop ``seconds`` for ``/quickblock``."""
+    if path != "/quickblock":
+        return None
+    seconds = float(query.decode().partition("=")[2])
+
+    def answer(write: ResponseWriter) -> bool:
+        time.sleep(seconds)  # a slow query answered within the read of its request
+        write(200, [(b"content-type", b"application/json")], b'{"ok":true}')
+        return True
+
+    return answer
+
+
+def test_a_request_sent_within_the_keep_alive_time_is_answered_even_when_read_after_the_deadline_fired():
+    """A quick answer runs inside the loop's poll; uvloop (libuv) then runs the due timers before
+    it polls again, so a keep-alive deadline that passed during the answer fired while the
+    client's next request, sent in time, sat unread, and the close reset it. Bytes that came
+    are read first."""
+    limits = ConnectionLimits(max_connections=8, header_timeout_s=10, keep_alive_s=1.0, backlog=4)
+    with (
+        serving("httptools", limits, quick=_blocking_quick_answers) as addr,
+        _kept_alive(addr) as (_, ask),
+        socket.create_connection(addr, timeout=30) as other,
+    ):
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        other.sendall(b"GET /quickblock?seconds=3 HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(limits.keep_alive_s / 2)  # the loop is held now, the client's deadline not passed
+        assert ask().startswith(b"HTTP/1.1 200 ")  # sent within the keep-alive time
+        assert read_until_closed(other, 30).startswith(b"HTTP/1.1 200 ")  # then idle, closed
+
+
+def test_past_the_cap_a_kept_alive_connection_with_a_request_unread_is_not_evicted():
+    """A newcomer accepted in one poll of the loop has its ``connection_made`` in the next turn,
+    before that turn's poll: a request the idle client sent in between (here during a quick
+    answer) is still unread then. The client is in use, so the connection idle longest with
+    nothing sent makes room instead (the one that held the loop), not the client reset with
+    its request unread."""
+    patient = ConnectionLimits(
+        max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
+    )
+    with (
+        serving("httptools", patient, quick=_blocking_quick_answers) as server,
+        socket.create_connection(server, timeout=30) as other,
+        _kept_alive(server) as (_, ask),
+    ):
+        busy = [socket.create_connection(server, timeout=10) for _ in range(patient.max_connections - 3)]
+        try:
+            for s in busy:
+                s.sendall(
+                    b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+                )
+            for s in busy:
+                assert s.recv(100).startswith(b"HTTP/1.1 100 ")
+            assert ask().startswith(b"HTTP/1.1 200 ")
+            time.sleep(IDLE_EVICTABLE_S + 0.3)  # the client idles: evictable if nothing came
+            with socket.create_connection(server, timeout=30) as blocker:  # the cap's last place
+                blocker.sendall(b"GET /block?seconds=1 HTTP/1.1\r\nHost: t\r\n\r\n")  # kept alive after
+                time.sleep(0.3)  # the loop is held now: what comes next is polled at once
+                with socket.create_connection(server, timeout=30) as newcomer:
+                    newcomer.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    other.sendall(b"GET /quickblock?seconds=3 HTTP/1.1\r\nHost: t\r\n\r\n")
+                    time.sleep(1.5)  # into the quick answer, after the poll that accepted the newcomer
+                    assert ask().startswith(b"HTTP/1.1 200 ")
+                    answer = read_until_closed(newcomer, 30)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer
+                held = read_until_closed(blocker, 30)  # answered, then evicted (no reset: nothing unread)
+                assert held.startswith(b"HTTP/1.1 200 "), held
+                assert held.endswith(b'{"blocked":1.0}'), held
+        finally:
+            for s in busy:
                 s.close()
