@@ -335,20 +335,31 @@ def _one_client_and_the_rest_busy(
     patient = ConnectionLimits(
         max_connections=8, header_timeout_s=30, body_timeout_s=30, keep_alive_s=30, backlog=4
     )
-    with serving(parser, patient) as server, _kept_alive(server) as (client, ask):
-        busy = [socket.create_connection(server, timeout=10) for _ in range(patient.max_connections - 1)]
-        try:
-            for s in busy:
-                s.sendall(
-                    b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
-                )
-            for s in busy:
-                assert s.recv(100).startswith(b"HTTP/1.1 100 ")
-            assert ask().startswith(b"HTTP/1.1 200 ")
-            yield server, client, ask
-        finally:
-            for s in busy:
-                s.close()
+    with (
+        serving(parser, patient) as server,
+        _kept_alive(server) as (client, ask),
+        _busy(server, patient.max_connections - 1),
+    ):
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        yield server, client, ask
+
+
+@contextlib.contextmanager
+def _busy(server: tuple[str, int], n: int) -> Iterator[list[socket.socket]]:
+    """``n`` connections busy with a request: its head read (the server said 100 Continue), its
+    body still coming."""
+    busy = [socket.create_connection(server, timeout=10) for _ in range(n)]
+    try:
+        for s in busy:
+            s.sendall(
+                b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+            )
+        for s in busy:
+            assert s.recv(100).startswith(b"HTTP/1.1 100 ")
+        yield busy
+    finally:
+        for s in busy:
+            s.close()
 
 
 @pytest.mark.parametrize("parser", PARSERS)
@@ -454,30 +465,20 @@ def test_past_the_cap_a_kept_alive_connection_with_a_request_unread_is_not_evict
         serving("httptools", patient, quick=_blocking_quick_answers) as server,
         socket.create_connection(server, timeout=30) as other,
         _kept_alive(server) as (_, ask),
+        _busy(server, patient.max_connections - 3),
     ):
-        busy = [socket.create_connection(server, timeout=10) for _ in range(patient.max_connections - 3)]
-        try:
-            for s in busy:
-                s.sendall(
-                    b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
-                )
-            for s in busy:
-                assert s.recv(100).startswith(b"HTTP/1.1 100 ")
-            assert ask().startswith(b"HTTP/1.1 200 ")
-            time.sleep(IDLE_EVICTABLE_S + 0.3)  # the client idles: evictable if nothing came
-            with socket.create_connection(server, timeout=30) as blocker:  # the cap's last place
-                blocker.sendall(b"GET /block?seconds=1 HTTP/1.1\r\nHost: t\r\n\r\n")  # kept alive after
-                time.sleep(0.3)  # the loop is held now: what comes next is polled at once
-                with socket.create_connection(server, timeout=30) as newcomer:
-                    newcomer.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                    other.sendall(b"GET /quickblock?seconds=3 HTTP/1.1\r\nHost: t\r\n\r\n")
-                    time.sleep(1.5)  # into the quick answer, after the poll that accepted the newcomer
-                    assert ask().startswith(b"HTTP/1.1 200 ")
-                    answer = read_until_closed(newcomer, 30)
-                assert answer.startswith(b"HTTP/1.1 200 "), answer
-                held = read_until_closed(blocker, 30)  # answered, then evicted (no reset: nothing unread)
-                assert held.startswith(b"HTTP/1.1 200 "), held
-                assert held.endswith(b'{"blocked":1.0}'), held
-        finally:
-            for s in busy:
-                s.close()
+        assert ask().startswith(b"HTTP/1.1 200 ")
+        time.sleep(IDLE_EVICTABLE_S + 0.3)  # the client idles: evictable if nothing came
+        with socket.create_connection(server, timeout=30) as blocker:  # the cap's last place
+            blocker.sendall(b"GET /block?seconds=1 HTTP/1.1\r\nHost: t\r\n\r\n")  # kept alive after
+            time.sleep(0.3)  # the loop is held now: what comes next is polled at once
+            with socket.create_connection(server, timeout=30) as newcomer:
+                newcomer.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                other.sendall(b"GET /quickblock?seconds=3 HTTP/1.1\r\nHost: t\r\n\r\n")
+                time.sleep(1.5)  # into the quick answer, after the poll that accepted the newcomer
+                assert ask().startswith(b"HTTP/1.1 200 ")
+                answer = read_until_closed(newcomer, 30)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            held = read_until_closed(blocker, 30)  # answered, then evicted (no reset: nothing unread)
+            assert held.startswith(b"HTTP/1.1 200 "), held
+            assert held.endswith(b'{"blocked":1.0}'), held
