@@ -124,9 +124,11 @@ def test_labels_from_enrolment_and_remote_write_reach_topology_and_selection(tmp
             assert agent.models == ("llama-70b",)
             assert agent.labels["rack"] == "r1"
             assert agent.fingerprint.gpu_model == "NVIDIA H100 80GB HBM3"
+            assert agent.name == "node-1/gpu0"  # the name it was enrolled under, beside its 32-hex id
             rw = snap.get("rw-1")
             assert rw is not None
             assert rw.models == ("mistral-7b",)
+            assert rw.name is None  # no enrolled agent sent it
             assert rw.labels == {"model": "mistral-7b", "rack": "r2"}
 
             assert {health.select_instance(40 * GiB, model="llama-70b").id for _ in range(20)} == {
