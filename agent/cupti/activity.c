@@ -204,6 +204,31 @@ static inline void note_context(struct ki_cupti *g, uint32_t ctx, uint32_t dev) 
 
 /* ---- records ------------------------------------------------------------ */
 
+/* CUPTI hands over the newest layout of its own version. The fields read here sit at the same
+ * offsets in CUDA 12's layouts (Kernel8/9, Memcpy5, Synchronization, Context2) as in CUDA 13's, so
+ * a CUDA 12 CUPTI (API version KI_CUPTI_MIN_API and up) is read through the CUDA 13 structs. */
+#define KI_SAME(a, b, f) KI_STATIC_ASSERT(offsetof(a, f) == offsetof(b, f), #a "." #f " moved")
+#define KI_SAME_KERNEL(T)                                                                                    \
+    KI_SAME(T, CUpti_ActivityKernel10, start); KI_SAME(T, CUpti_ActivityKernel10, end);                      \
+    KI_SAME(T, CUpti_ActivityKernel10, deviceId); KI_SAME(T, CUpti_ActivityKernel10, contextId);             \
+    KI_SAME(T, CUpti_ActivityKernel10, streamId); KI_SAME(T, CUpti_ActivityKernel10, correlationId);         \
+    KI_SAME(T, CUpti_ActivityKernel10, name)
+KI_SAME_KERNEL(CUpti_ActivityKernel8);
+KI_SAME_KERNEL(CUpti_ActivityKernel9);
+KI_SAME(CUpti_ActivityMemcpy5, CUpti_ActivityMemcpy6, bytes);
+KI_SAME(CUpti_ActivityMemcpy5, CUpti_ActivityMemcpy6, start);
+KI_SAME(CUpti_ActivityMemcpy5, CUpti_ActivityMemcpy6, deviceId);
+KI_SAME(CUpti_ActivityMemcpy5, CUpti_ActivityMemcpy6, contextId);
+KI_SAME(CUpti_ActivityMemcpy5, CUpti_ActivityMemcpy6, correlationId);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, type);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, start);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, end);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, contextId);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, streamId);
+KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, cudaEventId);
+KI_SAME(CUpti_ActivityContext2, CUpti_ActivityContext3, contextId);
+KI_SAME(CUpti_ActivityContext2, CUpti_ActivityContext3, deviceId);
+
 static void on_kernel(struct ki_cupti *g, const CUpti_ActivityKernel10 *k) {
     note_context(g, k->contextId, k->deviceId);
     struct ki_cupti_device *d = device_ring(g, k->deviceId);

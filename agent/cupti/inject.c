@@ -39,13 +39,21 @@ static size_t env_size(const char *name, size_t def, size_t lo, size_t hi) {
     return (size_t)x;
 }
 
-/* CUPTI by name, as the loader finds it (a wheel's nvidia/cuda_cupti/lib on LD_LIBRARY_PATH, the
- * toolkit's), KI_CUPTI_LIBRARY first. */
+/* CUPTI: KI_CUPTI_LIBRARY when set; else one the process has already loaded; else by name, as the
+ * loader finds it (a wheel's nvidia/cuda_cupti/lib on LD_LIBRARY_PATH, the toolkit's). */
 static void *load_cupti(void) {
     const char *named = getenv("KI_CUPTI_LIBRARY");
-    const char *candidates[] = {named, "libcupti.so.13", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
+    const char *candidates[] = {named, "libcupti.so.13", "libcupti.so.12", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
                                 "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13"};
-    for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++) {
+    size_t n = sizeof candidates / sizeof *candidates;
+    /* One the process has loaded already (PyTorch links its wheel's): two CUPTIs in one process
+     * would fight over the driver's callbacks. */
+    for (size_t i = named && *named ? 0 : 1; i < n; i++) {
+        void *h = candidates[i] ? dlopen(candidates[i], RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) : NULL;
+        if (h) return h;
+        if (i == 0) break; /* a named one is the only choice */
+    }
+    for (size_t i = 0; i < n; i++) {
         if (!candidates[i] || !*candidates[i]) continue;
         void *h = dlopen(candidates[i], RTLD_NOW | RTLD_GLOBAL);
         if (h) return h;
@@ -164,9 +172,9 @@ static int start(struct ki_cupti *g) {
     }
     if (resolve(g) < 0) return -1;
     uint32_t version = 0;
-    if (g->api.GetVersion(&version) != CUPTI_SUCCESS || version < CUPTI_API_VERSION / 10000 * 10000) {
-        ki_cupti_log(-1, "CUPTI API version %u; this probe reads the record layouts of version %u: stepping aside",
-                     version, CUPTI_API_VERSION);
+    if (g->api.GetVersion(&version) != CUPTI_SUCCESS || version < KI_CUPTI_MIN_API) {
+        ki_cupti_log(-1, "CUPTI API version %u is older than CUDA 12's (%u), whose record layouts this probe reads: "
+                     "stepping aside", version, KI_CUPTI_MIN_API);
         return -1;
     }
     if (ki_cupti_activity_init(g, buffers, buffer_kb * 1024) < 0) {

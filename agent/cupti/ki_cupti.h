@@ -21,6 +21,9 @@
 
 #include <cupti.h>
 
+/* The oldest CUPTI API version read: CUDA 12.0's (whose records put the fields read where CUDA
+ * 13's do; activity.c checks that at compile time). */
+#define KI_CUPTI_MIN_API 18u
 #define KI_CUPTI_MAX_DEVICES 64u        /* rings this probe writes; records of higher device ids are refused */
 #define KI_CUPTI_CORR_SLOTS 16384u      /* launches remembered between their callback and their kernel record */
 #define KI_CUPTI_RANGE_SLOTS 1024u      /* distinct NVTX range texts remembered */

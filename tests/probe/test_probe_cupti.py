@@ -197,6 +197,16 @@ def test_without_kernel_activity_the_probe_steps_aside(cupti, label_prefix):
     assert drain(ring_name(f"{label_prefix}0")) == []
 
 
+def test_a_cuda_12_cupti_is_read_and_an_older_one_is_not(cupti, label_prefix):
+    rings(label_prefix, 1)
+    did, err = run(cupti, label_prefix, "--steps", "3", KIFAKE_CUPTI_VERSION="18")  # CUDA 12.0
+    assert err == ""
+    assert len(of(drain(ring_name(f"{label_prefix}0")), KernelRecord)) == did["kernels"]
+    did, err = run(cupti, label_prefix, "--steps", "3", KIFAKE_CUPTI_VERSION="17")
+    assert "CUPTI API version 17 is older than CUDA 12's (18)" in err
+    assert drain(ring_name(f"{label_prefix}0")) == []
+
+
 def test_another_subscriber_leaves_kernels_without_their_launches(cupti, label_prefix):
     rings(label_prefix, 1)
     did, err = run(cupti, label_prefix, "--steps", "5", KIFAKE_CUPTI_NO_SUBSCRIBE="1")

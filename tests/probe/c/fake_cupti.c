@@ -12,7 +12,7 @@
  * functions, which the real library does not have. Settings: KIFAKE_CUPTI_REFUSE (activity kinds,
  * comma-separated numbers, answered CUPTI_ERROR_NOT_COMPATIBLE), KIFAKE_CUPTI_NO_SUBSCRIBE=1
  * (cuptiSubscribe answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, as with another tool),
- * KIFAKE_CUPTI_HOLD=N (keep up to N full buffers until the next flush, as CUPTI's queue does when
+ * KIFAKE_CUPTI_VERSION (the API version cuptiGetVersion reports), KIFAKE_CUPTI_HOLD=N (keep up to N full buffers until the next flush, as CUPTI's queue does when
  * its thread is behind: with a small pool, buffer requests then find it empty).
  */
 #define _GNU_SOURCE
@@ -48,7 +48,8 @@ static uint8_t *held[64];             /* full buffers kept until the next flush 
 static size_t held_size[64], held_used[64], nheld;
 
 EXPORT CUptiResult CUPTIAPI cuptiGetVersion(uint32_t *version) {
-    *version = CUPTI_API_VERSION;
+    const char *v = getenv("KIFAKE_CUPTI_VERSION");
+    *version = v ? (uint32_t)atoi(v) : CUPTI_API_VERSION;
     return CUPTI_SUCCESS;
 }
 
