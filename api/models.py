@@ -52,6 +52,13 @@ class NcclLatency(BaseModel):
     count: int
 
 
+class GpuPod(BaseModel):
+    gpu: int
+    pod: str
+    namespace: str
+    container: str
+
+
 class InstanceHealth(BaseModel):
     id: str
     name: str | None = Field(
@@ -87,6 +94,11 @@ class InstanceHealth(BaseModel):
         description="data older than stale_after_s, but the agent is heard and catching up: still selectable",
     )
     reasons: list[str] = Field(description="why the instance is not healthy; empty when healthy")
+    pods: list[GpuPod] = Field(
+        default_factory=list,
+        description="the Kubernetes pod holding each of its GPUs, as the kubelet's PodResources API says "
+        "(`ki probe nvml --kubelet-socket`); empty off Kubernetes",
+    )
 
 
 class HealthRuleModel(BaseModel):

@@ -105,6 +105,8 @@ _MEMOP_DTYPE = PAYLOAD_DTYPES[RecordType.MEMOP]
 _COLLECTIVE_DTYPE = PAYLOAD_DTYPES[RecordType.COLLECTIVE]
 _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
 _SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
+#: The Kubernetes labels of a GPU's series, from its FINGERPRINT (agent/probe/kubelet.py).
+_POD_LABELS = ("pod", "namespace", "container")
 #: FINGERPRINT fields that change without the hardware changing: left out of ``hardware_fingerprint``.
 _NOT_HARDWARE = tuple(
     f".{f.name.lower()}"
@@ -338,7 +340,7 @@ class Deriver:
         # wire.name_hash of the names in _names, as their bytes were sent (body version 5)
         self._name_hashes: dict[tuple[int, int], int] = {}
         self._totals: dict[Labels, float] = defaultdict(float)
-        self._label_cache: dict[tuple[str, int | None, str, tuple[tuple[str, str], ...]], Labels] = {}
+        self._label_cache: dict[tuple[str, int | None, Labels, Labels], Labels] = {}
         self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
         self._memory_total: dict[int, float] = {}
@@ -375,23 +377,29 @@ class Deriver:
     def _kernel_name(self, producer: int, string_id: int) -> str:
         return self._name(producer, string_id) or f"unknown_{string_id}"
 
-    def _gpu_product(self, gpu: int) -> str:
-        return self._fingerprint.get(gpu, {}).get("name", "")
+    def _gpu_labels(self, gpu: int) -> tuple[tuple[str, str], ...]:
+        """The labels a GPU's FINGERPRINT gives every series of the GPU: ``gpu_product``, and the
+        Kubernetes ``pod``, ``namespace``, ``container`` while a pod holds the GPU."""
+        fields = self._fingerprint.get(gpu, {})
+        out = [("gpu_product", fields.get("name", ""))]
+        if fields.get("pod"):
+            out += [(k, fields.get(k, "")) for k in _POD_LABELS]
+        return tuple(out)
 
     def _labels(self, metric: str, gpu: int | None, **extra: str) -> Labels:
-        """The series' canonical labels, built once per (metric, gpu, GPU product, extra labels).
+        """The series' canonical labels, built once per (metric, gpu, the GPU's labels, extra labels).
 
         ``model`` is the served model, an instance label (enrolment); the GPU's product name
         is ``gpu_product``, so the two never overwrite each other.
         """
-        product = self._gpu_product(gpu) if gpu is not None else ""
-        key = (metric, gpu, product, tuple(extra.items()))
+        gpu_labels = self._gpu_labels(gpu) if gpu is not None else ()
+        key = (metric, gpu, gpu_labels, tuple(extra.items()))
         labels = self._label_cache.get(key)
         if labels is None:
             out = {**self.labels, "__name__": metric, "instance": self.instance}
             if gpu is not None:
                 out["gpu"] = str(gpu)
-                out["gpu_product"] = product
+                out.update(gpu_labels)
             out.update(extra)
             labels = canonical_labels(out)
             if len(self._label_cache) > _LABEL_CACHE_MAX:
@@ -403,7 +411,7 @@ class Deriver:
         """Labels of the agent's own series (its counters, its ingest lag): facts about the agent
         process, which is never simulated, so without ``simulated``. With it, an agent whose first
         batch came before the simulator's first record had every ``ki_agent_*`` series twice."""
-        key = (metric, -1, "", ())
+        key = (metric, -1, (), ())
         labels = self._label_cache.get(key)
         if labels is None:
             out = {k: v for k, v in self.labels.items() if k != "simulated"}

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kernel_insight.sdk._memory import ModelCatalog, ModelMetadataError, ModelSpec, request_memory
     from kernel_insight.sdk._models import (
         Fingerprint,
+        GpuPod,
         HealthSnapshot,
         Histogram,
         HistogramBucket,
@@ -99,6 +100,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "kernel_insight.sdk._models": (
         "Fingerprint",
+        "GpuPod",
         "HealthSnapshot",
         "Histogram",
         "HistogramBucket",
@@ -157,6 +159,7 @@ __all__ = [
     "Failure",
     "Fingerprint",
     "GpuCall",
+    "GpuPod",
     "HealthClient",
     "HealthSnapshot",
     "Histogram",

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "Fingerprint",
+    "GpuPod",
     "HealthSnapshot",
     "Histogram",
     "HistogramBucket",
@@ -55,6 +56,16 @@ class Fingerprint:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuPod:
+    """The Kubernetes pod, namespace and container holding one GPU of an instance (the kubelet says)."""
+
+    gpu: int
+    pod: str
+    namespace: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
 class Instance:
     """One instance of the health snapshot (docs/api.md lists the fields and the healthy/stale rule).
 
@@ -84,6 +95,14 @@ class Instance:
     last_heard_ms: int | None = None
     ingest_lag_s: float | None = None
     name: str | None = None  # the enrolment name of its agent (None: data no enrolled agent sent)
+    pods: tuple[GpuPod, ...] = ()  # the pod holding each of its GPUs (Kubernetes); empty elsewhere
+
+    def held_by(self, pod: str | None = None, namespace: str | None = None) -> bool:
+        """Whether a GPU of the instance is held by ``pod`` of ``namespace`` (either may be None: any)."""
+        return any(
+            (pod is None or p.pod == pod) and (namespace is None or p.namespace == namespace)
+            for p in self.pods
+        )
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Instance:
@@ -121,6 +140,10 @@ class Instance:
             last_heard_ms=_opt_int(d.get("last_heard_ms")),
             ingest_lag_s=_opt_float(d.get("ingest_lag_s")),
             name=None if d.get("name") is None else str(d["name"]),
+            pods=tuple(
+                GpuPod(int(p["gpu"]), str(p["pod"]), str(p.get("namespace", "")), str(p.get("container", "")))
+                for p in d.get("pods") or ()
+            ),
         )
 
 
@@ -144,6 +167,10 @@ class HealthSnapshot:
 
     def get(self, instance_id: str) -> Instance | None:
         return next((i for i in self.instances if i.id == instance_id), None)
+
+    def held_by(self, pod: str | None = None, namespace: str | None = None) -> tuple[Instance, ...]:
+        """The instances with a GPU held by ``pod`` of ``namespace`` (Kubernetes; either may be None: any)."""
+        return tuple(i for i in self.instances if i.held_by(pod, namespace))
 
 
 # ------------------------------------------------------------------------------ query results

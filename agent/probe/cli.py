@@ -75,6 +75,8 @@ def _nvml(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             fingerprint_every_s=args.fingerprint_every,
             dcgm_names=args.dcgm_names,
+            kubelet_socket=args.kubelet_socket,
+            pods_every_s=args.pods_every,
         )
     except NvmlUnavailable as e:
         raise ProbeUnavailable(str(e)) from e
@@ -265,6 +267,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     n.add_argument("--fingerprint-every", type=_seconds, default=60.0, help="seconds between FINGERPRINTs")
     n.add_argument(
         "--library", default=None, help="path of libnvidia-ml.so.1 (default: as the loader finds it)"
+    )
+    n.add_argument(
+        "--kubelet-socket",
+        default=None,
+        metavar="PATH",
+        help="ask the kubelet's PodResources API at this unix socket which pod holds each GPU "
+        "(on Kubernetes: /var/lib/kubelet/pod-resources/kubelet.sock; default: not asked)",
+    )
+    n.add_argument(
+        "--pods-every", type=_seconds, default=10.0, help="seconds between PodResources calls (default 10)"
     )
     common(n)
     dcgm(n)

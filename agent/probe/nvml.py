@@ -23,6 +23,13 @@ import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed
 
 from kernel_insight.agent.dcgm import dcgm_id, dcgm_samples, host_name
 from kernel_insight.agent.metric_ids import MetricId
+from kernel_insight.agent.probe.kubelet import (
+    UNASSIGNED,
+    Attribution,
+    KubeletUnavailable,
+    PodResources,
+    attribution_of,
+)
 from kernel_insight.agent.records import ErrorKind, FingerprintField
 from kernel_insight.agent.ring import Ring, ring_name
 
@@ -61,6 +68,8 @@ class _Device:
     gpm: list[Any] = field(default_factory=list)  # two GPM samples (previous, current) when supported
     gpm_primed: bool = False
     last_xid: int = 0  # the last Xid event's code (DCGM_FI_DEV_XID_ERRORS); 0 before any
+    uuid: str = ""  # how the kubelet names the GPU (or by index)
+    owner: Attribution = UNASSIGNED  # the pod holding the GPU, as last written
     skip: set[str] = field(default_factory=set)  # metrics found unsupported
     lost: bool = False
 
@@ -120,9 +129,15 @@ class NvmlSampler:
         fingerprint_every_s: float,
         clock: Callable[[], int] = time.time_ns,
         dcgm_names: bool = True,
+        kubelet: PodResources | None = None,
+        pods_every_s: float = 10.0,
     ) -> None:
         self._devices = devices
         self.dcgm_names = dcgm_names
+        self._kubelet = kubelet
+        self.pods_every_s = pods_every_s
+        self._next_pods = 0
+        self.kubelet_error = ""  # why the last PodResources call failed ("" when it answered)
         self._gpm_wanted = list(_GPM_DCGM) if dcgm_names else [pynvml.NVML_GPM_METRIC_SM_UTIL]
         self.interval_s = interval_s
         self.fingerprint_every_s = fingerprint_every_s
@@ -145,13 +160,17 @@ class NvmlSampler:
         events: bool = True,
         clock: Callable[[], int] = time.time_ns,
         dcgm_names: bool = True,
+        kubelet_socket: str | None = None,
+        pods_every_s: float = 10.0,
     ) -> Self:
         """Initialise NVML and attach (creating if needed) the ring of each GPU; ``None`` means all GPUs.
 
         ``dcgm_names`` (on by default) also writes dcgm-exporter's series (docs/metrics.md).
+        ``kubelet_socket``: ask the kubelet's PodResources API there, every ``pods_every_s``,
+        which pod holds each GPU, and write it as FINGERPRINT POD/NAMESPACE/CONTAINER on change.
         """
-        if interval_s <= 0 or fingerprint_every_s <= 0:
-            raise ValueError("nvml: interval and fingerprint period must be positive")
+        if interval_s <= 0 or fingerprint_every_s <= 0 or pods_every_s <= 0:
+            raise ValueError("nvml: interval, fingerprint and pod periods must be positive")
         _init(library)
         try:
             count = pynvml.nvmlDeviceGetCount()
@@ -166,13 +185,16 @@ class NvmlSampler:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 ring = Ring.attach(ring_name(f"{label_prefix}{i}"), create=True)
                 devices.append(_Device(i, handle, ring, _active_links(handle), _gpm_samples(handle)))
+                with contextlib.suppress(pynvml.NVMLError):
+                    devices[-1].uuid = _str(pynvml.nvmlDeviceGetUUID(handle))
         except pynvml.NVMLError as e:
             pynvml.nvmlShutdown()
             raise NvmlUnavailable(f"NVML: {_text(e)}") from None
         except BaseException:
             pynvml.nvmlShutdown()
             raise
-        sampler = cls(devices, interval_s, fingerprint_every_s, clock, dcgm_names)
+        kubelet = PodResources(kubelet_socket) if kubelet_socket else None
+        sampler = cls(devices, interval_s, fingerprint_every_s, clock, dcgm_names, kubelet, pods_every_s)
         if events:
             sampler._start_events()
         return sampler
@@ -203,6 +225,9 @@ class NvmlSampler:
             for d in self._devices:
                 written += self._fingerprint(d, ts)
             self._next_fingerprint = ts + int(self.fingerprint_every_s * _S)
+        if self._kubelet is not None and ts >= self._next_pods:
+            written += self._pods(ts)
+            self._next_pods = ts + int(self.pods_every_s * _S)
         for d in self._devices:
             if not d.lost:
                 written += self._sample(d, ts)
@@ -350,6 +375,36 @@ class NvmlSampler:
             out.append((metric, _field_value(v) * scale, scope if metric in _PER_LINK else 0))
         return out
 
+    def _pods(self, ts: int) -> int:
+        """Ask the kubelet which pod holds each GPU; write the ones that changed. A kubelet that does
+        not answer changes nothing (its reason is in ``kubelet_error``)."""
+        assert self._kubelet is not None
+        try:
+            assigned = self._kubelet.gpus()
+        except KubeletUnavailable as e:
+            self.kubelet_error = str(e)
+            return 0
+        self.kubelet_error = ""
+        n = 0
+        for d in self._devices:
+            owner = attribution_of(assigned, d.uuid, d.index)
+            if owner != d.owner:
+                d.owner = owner
+                n += self._owner(d, ts)
+        return n
+
+    def _owner(self, d: _Device, ts: int) -> int:
+        """The GPU's pod, namespace and container as FINGERPRINT strings ("" each when no pod holds it)."""
+        ring = d.ring
+        o = d.owner
+        for fid, text in (
+            (FingerprintField.POD, o.pod),
+            (FingerprintField.NAMESPACE, o.namespace),
+            (FingerprintField.CONTAINER, o.container),
+        ):
+            ring.fingerprint(fid, d.index, ts, ring.intern(text), 1)
+        return 3
+
     def _fingerprint(self, d: _Device, ts: int) -> int:
         h = d.handle
         ring = d.ring
@@ -378,6 +433,8 @@ class NvmlSampler:
             if v is not None:
                 ring.fingerprint(fid, d.index, ts, int(v))
                 n += 1
+        if self._kubelet is not None:
+            n += self._owner(d, ts)  # a collector that restarted learns the pod again
         return n
 
     # ---- events ---------------------------------------------------------------
@@ -445,6 +502,8 @@ class NvmlSampler:
         self._stop.set()
         if self._events is not None:
             self._events.join(timeout=2.0)
+        if self._kubelet is not None:
+            self._kubelet.close()
         for d in self._devices:
             d.ring.close()
             for sample in d.gpm:

@@ -112,15 +112,22 @@ def health_router(
             None, ge=0, description="only instances with at least this much free GPU memory"
         ),
         healthy: bool | None = Query(None, description="only healthy (true) or unhealthy (false) instances"),
+        pod: str | None = Query(None, description="only instances with a GPU this Kubernetes pod holds"),
+        namespace: str | None = Query(
+            None, description="only instances with a GPU a pod of this Kubernetes namespace holds"
+        ),
         _token: object = Depends(auth.require(Scope.READ)),
     ) -> Response:
         snap = await current_snapshot(snapshotter)
-        if model is None and min_free_bytes is None and healthy is None:
+        if model is None and min_free_bytes is None and healthy is None and pod is None and namespace is None:
             return cached_json(request, lambda: snap.body, snap.etag, snap)
-        key = f"{model!r}|{min_free_bytes!r}|{healthy!r}"
+        key = f"{model!r}|{min_free_bytes!r}|{healthy!r}|{pod!r}|{namespace!r}"
         etag = _filtered_etag(snap.etag, key)
         return cached_json(
-            request, lambda: snap.render(snap.select(model, min_free_bytes, healthy)), etag, snap
+            request,
+            lambda: snap.render(snap.select(model, min_free_bytes, healthy, pod, namespace)),
+            etag,
+            snap,
         )
 
     return router

@@ -112,7 +112,25 @@ def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict
         "stale": stale,
         "lagging": lagging,
         "reasons": reasons,
+        "pods": gpu_pods(facts.attributes),
     }
+
+
+def gpu_pods(attributes: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each GPU held by a pod, from the instance's FINGERPRINT attributes (``gpu<N>.pod``...), by GPU."""
+    out = []
+    for key, pod in attributes.items():
+        gpu, _, name = key.partition(".")
+        if name == "pod" and pod and gpu.startswith("gpu") and gpu[3:].isdigit():
+            out.append(
+                {
+                    "gpu": int(gpu[3:]),
+                    "pod": pod,
+                    "namespace": attributes.get(f"{gpu}.namespace", ""),
+                    "container": attributes.get(f"{gpu}.container", ""),
+                }
+            )
+    return sorted(out, key=lambda p: p["gpu"])
 
 
 def encode_json(obj: Any) -> bytes:
@@ -137,9 +155,28 @@ class Snapshot:
     free_bytes: np.ndarray[Any, np.dtype[np.float64]]  # -1 where unknown
     by_model: Mapping[str, np.ndarray[Any, np.dtype[np.intp]]]
 
-    def select(self, model: str | None, min_free_bytes: int | None, healthy: bool | None) -> list[int]:
+    def select(
+        self,
+        model: str | None,
+        min_free_bytes: int | None,
+        healthy: bool | None,
+        pod: str | None = None,
+        namespace: str | None = None,
+    ) -> list[int]:
         """Positions of the records passing every given filter, in id order."""
         keep = np.ones(len(self.records), dtype=np.bool_)
+        if pod is not None or namespace is not None:
+            keep &= np.array(
+                [
+                    any(
+                        (pod is None or p["pod"] == pod)
+                        and (namespace is None or p["namespace"] == namespace)
+                        for p in r["pods"]
+                    )
+                    for r in self.records
+                ],
+                dtype=np.bool_,
+            )
         if model is not None:
             keep[:] = False
             keep[self.by_model.get(model, np.empty(0, dtype=np.intp))] = True

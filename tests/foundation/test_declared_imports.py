@@ -22,6 +22,8 @@ DISTRIBUTION = {
     "pynvml": "nvidia-ml-py",
     "clickhouse_connect": "clickhouse-connect",
     "prometheus_client": "prometheus-client",
+    "grpc": "grpcio",
+    "google": "protobuf",  # google.protobuf, in the generated podresources stubs
 }
 #: Imported only at the hardware boundary, when present (docs/probes.md): never required.
 OPTIONAL = {"bcc", "torch", "cupy"}

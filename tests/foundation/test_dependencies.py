@@ -22,7 +22,7 @@ SHARED_LEAVES = frozenset({"kernel_insight._lazy"})
 #: builds the server) may import anything; it is listed under "root".
 RULES: dict[str, tuple[frozenset[str], frozenset[str] | None]] = {
     # Producers and the agent know nothing of servers: only the ring, records and metric ids.
-    "agent": (frozenset({"agent"}), frozenset({"numpy", "pynvml", "bcc", "torch", "cupy"})),
+    "agent": (frozenset({"agent"}), frozenset({"numpy", "pynvml", "bcc", "torch", "cupy", "grpc", "google"})),
     # The query language knows no HTTP and no storage engine: storage is a protocol it defines.
     "kql": (frozenset({"kql"}), frozenset({"numpy", "lark", "re2", "orjson"})),
     # The collector stores what agents send and implements kql's storage protocol.

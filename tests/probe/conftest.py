@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nvmlutil import SCRIPT
 from probeutil import HERE, compile_c
 
 from kernel_insight.agent import Ring, RingError, ring_name
@@ -37,3 +38,12 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         out,
     )
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The NVML stand-in's script file (nvmlutil.SCRIPT), named in KI_FAKE_NVML_SCRIPT."""
+    path = tmp_path / "nvml.script"
+    path.write_text(SCRIPT)
+    monkeypatch.setenv("KI_FAKE_NVML_SCRIPT", str(path))
+    return path

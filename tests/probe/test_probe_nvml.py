@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from nvmlutil import SCRIPT, samples
@@ -26,14 +25,6 @@ from kernel_insight.agent.records import (
 )
 
 pytestmark = pytest.mark.nvml
-
-
-@pytest.fixture
-def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "nvml.script"
-    path.write_text(SCRIPT)
-    monkeypatch.setenv("KI_FAKE_NVML_SCRIPT", str(path))
-    return path
 
 
 def test_pynvml_is_nvidias_binding():
