@@ -58,7 +58,8 @@ def _env(out: Path, **extra: str) -> dict[str, str]:
 
 def _json(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
 def _instructions(out: Path, ring: str) -> float | None:

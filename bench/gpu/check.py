@@ -100,7 +100,8 @@ def workload(mode: str, out: str) -> None:
 def run_workload(mode: str, build: Path, env: dict[str, str]) -> dict[str, Any]:
     out = build / f"w-{mode}-{time.monotonic_ns()}.json"
     subprocess.run([sys.executable, __file__, "workload", mode, str(out)], env=env, check=True, timeout=240)
-    return json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
 
 
 def ring_tool(build: Path, *args: str) -> str:
@@ -129,7 +130,7 @@ def drain_kernels(build: Path, gpu: int, t0: int, t1: int, pid: int) -> tuple[in
 
 def nvml_vs_smi(env: dict[str, str]) -> dict[str, Any]:
     try:
-        import pynvml  # noqa: F401  # type: ignore[import-untyped]
+        import pynvml  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return {"skipped": "no pynvml (nvidia-ml-py) for this python"}
     from kernel_insight.agent.probe.nvml import NvmlSampler
