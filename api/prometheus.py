@@ -10,6 +10,7 @@ never the client's input) or ``unavailable`` (503 + Retry-After, when the store 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import datetime as dt
@@ -18,7 +19,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote
@@ -273,6 +274,16 @@ def _result_response(result: QueryResult) -> JSONResponse:
     return _EncodedJSON(body + b"}")
 
 
+@contextlib.contextmanager
+def _query_param() -> Iterator[None]:
+    """A query that does not parse is Prometheus 3's ``invalid parameter "query": 1:16: parse
+    error: ...`` (``invalidParamError``) on query, query_range and format_query."""
+    try:
+        yield
+    except KqlParseError as exc:
+        raise ParamError(f'invalid parameter "query": {exc.brief}') from None
+
+
 def _refusal(exc: ParamError | KqlError) -> JSONResponse:
     """The answer to a request parameter the client must fix or to a query that failed."""
     if isinstance(exc, ParamError):
@@ -393,7 +404,8 @@ def prometheus_router(
         t = params.get("time")
         time_ms = parse_time(t, "time") if t else round(clock() * 1000)
         limits_ = engine_limits(params)
-        result = Engine(storage_factory(), limits_).instant_query(query, time_ms)
+        with _query_param():
+            result = Engine(storage_factory(), limits_).instant_query(query, time_ms)
         return _result_response(result)
 
     def do_query_range(params: _Params) -> JSONResponse:
@@ -416,7 +428,8 @@ def prometheus_router(
         if query is None:
             raise ParamError('invalid parameter "query": no query given')
         limits_ = engine_limits(params)
-        result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
+        with _query_param():
+            result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
         return _result_response(result)
 
     def listing(read: Callable[[], None]) -> None:
@@ -476,7 +489,8 @@ def prometheus_router(
         query = params.get("query")
         if query is None:
             raise ParamError('invalid parameter "query": no query given')
-        return _success(str(parse(query)))
+        with _query_param():
+            return _success(str(parse(query)))
 
     def do_exemplars(params: _Params) -> JSONResponse:
         query = params.get("query")

@@ -48,6 +48,7 @@ __all__ = [
     "Vector",
     "almost_equal",
     "almost_equal_array",
+    "format_json_float",
     "format_sample_value",
     "labels_to_str",
     "prometheus_json_bytes",
@@ -418,7 +419,8 @@ def almost_equal_array(
 
 
 def format_sample_value(value: float) -> str:
-    """A sample value as the Prometheus HTTP API writes it: ``"1"``, ``"0.5"``, ``"+Inf"``, ``"NaN"``."""
+    """A float as Go's ``strconv.FormatFloat(v, 'f', -1, 64)`` writes it: ``"1"``, ``"0.5"``,
+    ``"+Inf"``, ``"NaN"`` (a ``count_values`` label; the HTTP API's values are :func:`format_json_float`)."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -547,9 +549,10 @@ def _ts(ms: int) -> float | int:
     return ms // 1000 if ms % 1000 == 0 else ms / 1000
 
 
-def format_histogram_float(value: float) -> str:
-    """A histogram's count, sum or bucket bound as Prometheus' ``jsonutil.MarshalFloat`` writes it:
-    Go's ``'e'`` format below 1e-6 and from 1e21 on, ``'f'`` otherwise."""
+def format_json_float(value: float) -> str:
+    """A sample value, or a histogram's count, sum or bucket bound, as Prometheus' HTTP API writes
+    it (``jsonutil.MarshalFloat``): Go's ``'e'`` format below 1e-6 and from 1e21 on
+    (``"5.939e-10"``, ``"1e+21"``), ``'f'`` otherwise (:func:`format_sample_value`)."""
     mag = abs(value)
     if mag != 0 and math.isfinite(value) and (mag < 1e-6 or mag >= 1e21):
         return repr(float(value))  # Python's shortest repr is Go's 'e' form in these ranges ("1e-07")
@@ -560,7 +563,7 @@ def histogram_json(h: FloatHistogram) -> dict[str, Any]:
     """A native histogram as the Prometheus HTTP API writes it (``jsonutil.MarshalHistogram``):
     count, sum, and the non-empty buckets as ``[boundary rule, lower, upper, count]``, the rule
     0 for ``(lower, upper]``, 1 for ``[lower, upper)``, 2 for ``(lower, upper)``, 3 for ``[lower, upper]``."""
-    out: dict[str, Any] = {"count": format_histogram_float(h.count), "sum": format_histogram_float(h.sum)}
+    out: dict[str, Any] = {"count": format_json_float(h.count), "sum": format_json_float(h.sum)}
     buckets = []
     for lower, upper, lower_inclusive, upper_inclusive, count in _all_buckets(h):
         if count == 0:
@@ -569,9 +572,9 @@ def histogram_json(h: FloatHistogram) -> dict[str, Any]:
         buckets.append(
             [
                 rule,
-                format_histogram_float(lower),
-                format_histogram_float(upper),
-                format_histogram_float(count),
+                format_json_float(lower),
+                format_json_float(upper),
+                format_json_float(count),
             ]
         )
     if buckets:
@@ -587,7 +590,7 @@ def _all_buckets(h: FloatHistogram) -> list[tuple[float, float, bool, bool, floa
 def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, Any]:
     """``{"resultType": ..., "result": ...}`` exactly as the Prometheus HTTP API encodes it."""
     if isinstance(value, Scalar):
-        return {"resultType": "scalar", "result": [_ts(value.timestamp_ms), format_sample_value(value.value)]}
+        return {"resultType": "scalar", "result": [_ts(value.timestamp_ms), format_json_float(value.value)]}
     if isinstance(value, String):
         return {"resultType": "string", "result": [_ts(value.timestamp_ms), value.value]}
     if isinstance(value, Vector):
@@ -598,14 +601,14 @@ def to_prometheus_json(value: Vector | Matrix | Scalar | String) -> dict[str, An
 def _sample_json(s: Sample) -> dict[str, Any]:
     if s.histogram is not None:
         return {"metric": dict(s.labels), "histogram": [_ts(s.timestamp_ms), histogram_json(s.histogram)]}
-    return {"metric": dict(s.labels), "value": [_ts(s.timestamp_ms), format_sample_value(s.value)]}
+    return {"metric": dict(s.labels), "value": [_ts(s.timestamp_ms), format_json_float(s.value)]}
 
 
 def _series_json(s: Series) -> dict[str, Any]:
     out: dict[str, Any] = {"metric": dict(s.labels)}
     if len(s.timestamps) or not s.histograms:
         out["values"] = [
-            [_ts(int(t)), format_sample_value(float(v))] for t, v in zip(s.timestamps, s.values, strict=True)
+            [_ts(int(t)), format_json_float(float(v))] for t, v in zip(s.timestamps, s.values, strict=True)
         ]
     if s.histograms:
         out["histograms"] = [
@@ -616,7 +619,7 @@ def _series_json(s: Series) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ fast JSON encoding
 
-#: Outside this range (and for NaN and the infinities) :func:`format_sample_value` writes the
+#: Outside this range (and for NaN and the infinities) :func:`format_json_float` writes the
 #: value; inside it, orjson's shortest round-trip digits are Go's ``FormatFloat(v, 'f', -1, 64)``.
 _FAST_MAX = 1e16
 _FAST_MIN = 1e-4
@@ -624,12 +627,12 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 def _value_bytes(values: F64) -> npt.NDArray[np.object_]:
-    """The text of :func:`format_sample_value` for every value, as bytes in an object array.
+    """The text of :func:`format_json_float` for every value, as bytes in an object array.
 
     orjson writes the shortest digits that round-trip, as Go does (checked against ``repr``
     on millions of values); integral values are written as integers (Go's ``"1"``, not
     ``"1.0"``), and only the rare values outside the positional range go through
-    :func:`format_sample_value`.
+    :func:`format_json_float`.
     """
     n = len(values)
     out = np.empty(n, dtype=object)
@@ -648,7 +651,7 @@ def _value_bytes(values: F64) -> npt.NDArray[np.object_]:
     odd = ~fast
     if odd.any():
         for i in np.flatnonzero(odd).tolist():
-            out[i] = format_sample_value(float(values[i])).encode()
+            out[i] = format_json_float(float(values[i])).encode()
     return out
 
 
@@ -667,7 +670,7 @@ def _few_value_bytes(values: list[float]) -> list[bytes]:
         if mag < _FAST_MAX and (mag >= _FAST_MIN or (v == 0 and math.copysign(1.0, v) > 0)):
             out.append(b"%d" % v if v.is_integer() else orjson.dumps(v))
         else:
-            out.append(format_sample_value(v).encode())
+            out.append(format_json_float(v).encode())
     return out
 
 

@@ -802,7 +802,9 @@ def _stdvar_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
 def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """The φ-quantile (0 ≤ φ ≤ 1) of the samples in the range."""
     q, r = args
-    message = bad_quantile_message(q)
+    present = _present(r)
+    # Prometheus warns per series it answers: only at steps where some window holds floats.
+    message = bad_quantile_message(np.asarray(q, dtype=np.float64)[present.any(axis=0)])
     if message is not None:
         ctx.warn(message, ctx.node.args[0].pos)
     w = _Windows(r)
@@ -811,7 +813,7 @@ def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     for windows, ordered, counts in w.sorted_chunks():
         phi = np.asarray(q, dtype=np.float64)[windows % steps]
         out[windows] = quantiles_of_sorted_rows(phi, ordered, counts)
-    return range_result(r, w.reshape(out), _present(r))
+    return range_result(r, w.reshape(out), present)
 
 
 @function("mad_over_time", (M,), V, experimental=True)

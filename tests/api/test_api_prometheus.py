@@ -95,7 +95,17 @@ def test_range_query_with_duration_and_float_steps(client):
 @pytest.mark.parametrize(
     ("path", "params", "fragment"),
     [
-        ("/api/v1/query", {"query": "sum(rate(x[5m])"}, "1:16: parse error: unexpected end of input"),
+        (
+            "/api/v1/query",
+            {"query": "sum(rate(x[5m])"},
+            'invalid parameter "query": 1:16: parse error: unexpected end of input',
+        ),
+        (
+            "/api/v1/query_range",
+            {"query": "sum(", "start": "0", "end": "10", "step": "1"},
+            'invalid parameter "query": 1:5: parse error: unexpected end of input',
+        ),
+        ("/api/v1/format_query", {"query": "x{"}, 'invalid parameter "query": 1:3: parse error'),
         ("/api/v1/query", {}, 'invalid parameter "query"'),
         (
             "/api/v1/query",

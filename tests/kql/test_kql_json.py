@@ -29,6 +29,7 @@ from kernel_insight.kql.values import (
     _ts_bytes,
     _value_bytes,
     float_samples,
+    format_json_float,
     format_sample_value,
 )
 
@@ -122,7 +123,7 @@ def test_scalar_and_string_bytes_equal_json_dumps(t: int, x: float, text: str) -
 
 
 def test_values_are_written_as_go_formats_them() -> None:
-    values = [1.0, 0.5, -0.0, 1e-5, 1e20, math.inf, -math.inf, math.nan, 123.456, 2.0**53]
+    values = [1.0, 0.5, -0.0, 1e-5, 1e20, math.inf, -math.inf, math.nan, 123.456, 2.0**53, 5.939e-10, -1e-7, 1e21]
     m = Matrix(
         (Series((("__name__", "x"),), np.arange(len(values), dtype=np.int64) * 1500, np.array(values)),)
     )
@@ -139,8 +140,13 @@ def test_values_are_written_as_go_formats_them() -> None:
         "NaN",
         "123.456",
         "9007199254740992",
+        "5.939e-10",  # jsonutil.MarshalFloat: Go's 'e' format below 1e-6 and from 1e21 on
+        "-1e-07",
+        "1e+21",
     ]
-    assert got == [format_sample_value(x) for x in values]
+    assert got == [format_json_float(x) for x in values]
+    # A label value (count_values) is Go's 'f' format throughout.
+    assert format_sample_value(5.939e-10) == "0.0000000005939"
     assert [t for t, _ in doc["result"][0]["values"]][:3] == [0, 1.5, 3]
 
 

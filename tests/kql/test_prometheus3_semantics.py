@@ -16,7 +16,7 @@ from kernel_insight.kql.storage import MemoryStorage
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCRIPTS = {
-    "prometheus3_semantics": (FIXTURES / "kql" / "prometheus3_semantics.test", 21),
+    "prometheus3_semantics": (FIXTURES / "kql" / "prometheus3_semantics.test", 24),
     "native_histograms": (FIXTURES / "nativehist" / "native_histograms.test", 522),
 }
 
