@@ -263,7 +263,7 @@ def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(
     page.fill("#q", "sum(rate(x[5m])")
     page.click("#run")
     page.wait_for_selector("#q-caret")
-    assert page.inner_text("#q-message").startswith("bad_data: 1:16: parse error")
+    assert page.inner_text("#q-message").startswith('bad_data: invalid parameter "query": 1:16: parse error')
     caret_line = page.inner_text("#q-caret").split("\n")[1]
     assert caret_line.index("^") == 15  # column 16, under the end of the query
     page.screenshot(path=tmp_path / "explore-error.png")

@@ -511,10 +511,11 @@ function suggest(ta) {
   }
 }
 
-// Parse and type errors come back as "line:col: parse error: message" (docs/api.md): mark the spot.
+// Parse and type errors come back as 'invalid parameter "query": line:col: parse error: message'
+// (Prometheus 3's text, docs/kql.md): mark the spot.
 function showError(query, err) {
   const box = document.getElementById("q-error");
-  const m = /^(\d+):(\d+): /.exec(err.message);
+  const m = /^(?:invalid parameter "query": )?(\d+):(\d+): /.exec(err.message);
   let caret = "";
   if (m) {
     const line = Number(m[1]), col = Number(m[2]);
