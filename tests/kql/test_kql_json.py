@@ -123,7 +123,21 @@ def test_scalar_and_string_bytes_equal_json_dumps(t: int, x: float, text: str) -
 
 
 def test_values_are_written_as_go_formats_them() -> None:
-    values = [1.0, 0.5, -0.0, 1e-5, 1e20, math.inf, -math.inf, math.nan, 123.456, 2.0**53, 5.939e-10, -1e-7, 1e21]
+    values = [
+        1.0,
+        0.5,
+        -0.0,
+        1e-5,
+        1e20,
+        math.inf,
+        -math.inf,
+        math.nan,
+        123.456,
+        2.0**53,
+        5.939e-10,
+        -1e-7,
+        1e21,
+    ]
     m = Matrix(
         (Series((("__name__", "x"),), np.arange(len(values), dtype=np.int64) * 1500, np.array(values)),)
     )
