@@ -147,3 +147,26 @@ def test_the_rules_config_map_holds_every_shipped_rule_file(objects):
     shipped = {p.name for p in (DEPLOY / "rules").glob("*.yml")}
     assert shipped, "deploy/rules has no rule files"
     assert set(_find(objects, "ConfigMap", "ki-rules")["data"]) == shipped
+
+
+def test_the_cupti_workload_example_loads_the_library_the_daemonset_installs(objects):
+    """examples/cupti-workload.yaml (not in the kustomization) is a valid pod whose
+    CUDA_INJECTION64_PATH is the file agent.yaml's init container writes, in the directory it mounts."""
+    (pod,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "examples" / "cupti-workload.yaml").read_text())
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    agent = _pod_specs(objects)["ki-agent"]
+    (lib,) = [v for v in agent["volumes"] if v["name"] == "cupti-lib"]
+    (init,) = agent["initContainers"]
+    assert {"name": "cupti-lib", "mountPath": lib["hostPath"]["path"]} in init["volumeMounts"]
+    installed = f"{lib['hostPath']['path']}/libki_cupti.so"
+    assert f"mv /opt/kernel-insight/lib/.libki_cupti.so.new {installed}" in init["args"][0]
+    (server,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert env["CUDA_INJECTION64_PATH"] == installed
+    mounts = {m["name"]: m for m in server["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (lib_mount,) = [m for m in mounts.values() if m["mountPath"] == lib["hostPath"]["path"]]
+    assert lib_mount["readOnly"] is True
+    assert volumes[lib_mount["name"]]["hostPath"]["path"] == lib["hostPath"]["path"]
+    assert volumes[mounts["ki-shm"]["name"]]["hostPath"]["path"] == "/dev/shm"
+    assert 10001 in pod["spec"]["securityContext"]["supplementalGroups"]
