@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing clean
+.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -86,6 +86,9 @@ bench-derive: build
 
 bench-import: build
 	$(PY) -m bench.importing
+
+bench-backup: build
+	$(PY) -m bench.backup
 
 bench-metrics: build
 	$(PY) -m bench.metrics

@@ -1322,6 +1322,13 @@ class EmbeddedStore(Store):
         data: bytes = self._run(sql, "RawBLOB", params).bytes()
         return data
 
+    @contextlib.contextmanager
+    def writes_held(self) -> Iterator[None]:
+        """No insert runs while this is held: a backup freezes every table at one moment
+        (collector/backup.py)."""
+        with self._insert_lock:
+            yield
+
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
         cols = ", ".join(ident(c) for c in data.column_names)
         # An INSERT's SETTINGS take no parameters; the token is ours (batch id and table name).

@@ -154,7 +154,13 @@ def build_collector_app(
         interval_s=interval_s,
         rule=health_rule,
         # _closing: queued batches are written at shutdown; ui_router: the web UI at / (docs/ui.md)
-        extra_routers=[ingest, rule_api, ui_router(), _closing(sink)],
+        extra_routers=[
+            ingest,
+            rule_api,
+            ui_router(),
+            _closing(sink),
+            _backups(store, keys, tokens, local_dev),
+        ],
         keys=keys,
         metrics=metrics,
         query_limits=query_limits,
@@ -170,6 +176,20 @@ def build_collector_app(
     if relabeler is not None:
         metrics.register(RelabelFigures(relabeler))
     return app
+
+
+def _backups(store: Any, keys: Any, tokens: Any, local_dev: bool) -> Any:
+    """``GET /api/v1/admin/backup`` (api/backup.py): the store with the key and token files."""
+    from kernel_insight.api.auth import Authenticator
+    from kernel_insight.api.backup import backup_router
+    from kernel_insight.collector.backup import KEYS_FILE, TOKENS_FILE
+
+    files = {
+        name: Path(owner.path)
+        for name, owner in ((KEYS_FILE, keys), (TOKENS_FILE, tokens))
+        if isinstance(getattr(owner, "path", None), Path)
+    }
+    return backup_router(store, files, Authenticator(tokens, local_dev=local_dev))
 
 
 def _tls(args: argparse.Namespace) -> Any:

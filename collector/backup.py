@@ -1,0 +1,312 @@
+"""Backups of the embedded store: every table's parts frozen at one moment (``ALTER TABLE ...
+FREEZE``: hard links, no copy), with the agent key store and the token store, and restores of
+such a backup into an empty data directory by attaching the parts (docs/backup.md).
+
+A backup is a directory: ``manifest.json`` (tables, their ``CREATE`` statements, parts and
+rows), ``tables/<table>/<part>/...`` and the key and token files as they were. ``ki collector``
+serves one as a tar stream (``GET /api/v1/admin/backup``, scope ``admin``) that ``ki backup``
+unpacks; with no collector running ``ki backup --store DIR`` reads the directory itself.
+
+Example::
+
+    with frozen(store, {"keys.json": keys_path}) as snap:
+        write_backup(snap, Path("/backups/2026-12-07"))
+    restore(Path("/backups/2026-12-07"), Path("/var/lib/ki/data"))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_insight.collector.sql import Params, ident
+
+__all__ = [
+    "BACKUP_FORMAT",
+    "KEYS_FILE",
+    "MANIFEST",
+    "TOKENS_FILE",
+    "BackupError",
+    "Manifest",
+    "Snapshot",
+    "TableBackup",
+    "frozen",
+    "read_manifest",
+    "restore",
+    "tar_chunks",
+    "write_backup",
+]
+
+#: The layout version of a backup directory; ``restore`` refuses others.
+BACKUP_FORMAT = 1
+#: The file that says what a backup holds.
+MANIFEST = "manifest.json"
+#: The agent key store's and the token store's names in a backup.
+KEYS_FILE, TOKENS_FILE = "keys.json", "tokens.json"
+#: Freeze names this module gives (``shadow/<name>`` in the data directory), so stale ones can go.
+_FREEZE_PREFIX = "ki_backup_"  # a plain name: the engine escapes others in its path
+#: Bytes read from a file at a time when streaming a backup.
+_CHUNK = 1 << 20
+#: Names a backup's files may have (a table, a part, a file of a part): nothing that climbs out.
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class BackupError(Exception):
+    """A backup that cannot be made or restored: the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableBackup:
+    """One table of a backup: how to create it, and its parts with their rows."""
+
+    name: str
+    create: str
+    parts: dict[str, int]  # part name -> rows
+
+    @property
+    def rows(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a backup holds (``manifest.json``)."""
+
+    database: str
+    tables: list[TableBackup]
+    files: list[str] = field(default_factory=list)  # key and token files beside the tables
+    created: float = 0.0
+    version: str = ""
+    format: int = BACKUP_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Manifest:
+        raw = json.loads(text)
+        if raw.get("format") != BACKUP_FORMAT:
+            raise BackupError(
+                f"backup format {raw.get('format')!r} is not {BACKUP_FORMAT}: made by another version"
+            )
+        tables = [
+            TableBackup(t["name"], t["create"], {str(k): int(v) for k, v in t["parts"].items()})
+            for t in raw["tables"]
+        ]
+        files = [str(f) for f in raw.get("files", [])]
+        names = [str(raw["database"]), *(t.name for t in tables), *(p for t in tables for p in t.parts)]
+        for name in [*names, *files]:
+            if not _SAFE.match(name) or name in (".", ".."):
+                raise BackupError(f"backup manifest names {name!r}: not a plain file name")
+        for t in tables:  # statements that create the table named (the engine runs one statement a query)
+            if not t.create.startswith(f"CREATE TABLE {raw['database']}.{t.name} "):
+                raise BackupError(f"backup manifest: the statement for table {t.name} does not create it")
+        return Manifest(raw["database"], tables, files, float(raw["created"]), str(raw["version"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frozen store: the manifest, and for each file of the backup where it lies now."""
+
+    manifest: Manifest
+    files: dict[str, Path]  # path inside the backup -> path on disk
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files.values())
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kernel-insight")
+    except Exception:  # not installed as a distribution (a source tree)
+        return "unknown"
+
+
+@contextlib.contextmanager
+def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snapshot]:
+    """Freeze every table of ``store`` (an ``EmbeddedStore``) at one moment, with writes held
+    between inserts; yields the :class:`Snapshot`; the frozen links are removed on exit.
+
+    ``extra``: files stored beside the tables under the given names (the key and token stores),
+    read once the tables are frozen (each is replaced whole when it changes, never edited).
+    """
+    shadow = Path(store.path) / "shadow"
+    for stale in shadow.glob(_FREEZE_PREFIX + "*"):  # a backup cut off before it cleaned up
+        shutil.rmtree(stale, ignore_errors=True)
+    name = f"{_FREEZE_PREFIX}{uuid.uuid4().hex}"
+    p = Params()
+    rows = store.query(
+        "SELECT name, create_table_query AS q, data_paths AS paths FROM system.tables "
+        f"WHERE database = {p(store.database, 'String')} AND engine LIKE '%MergeTree' ORDER BY name",
+        p,
+    ).to_pylist()
+    tables: list[TableBackup] = []
+    files: dict[str, Path] = {}
+    counts: dict[str, dict[str, int]] = {}
+    try:
+        with store.writes_held():
+            for row in rows:
+                table = str(row["name"])
+                store.command(f"ALTER TABLE {ident(store.database)}.{ident(table)} FREEZE WITH NAME '{name}'")
+                # Each part's rows, now: a part merged away stays listed for old_parts_lifetime only.
+                q = Params()
+                counts[table] = {
+                    r["name"]: int(r["rows"])
+                    for r in store.query(
+                        "SELECT name, rows FROM system.parts "
+                        f"WHERE database = {q(store.database, 'String')} AND table = {q(table, 'String')}",
+                        q,
+                    ).to_pylist()
+                }
+        for row in rows:
+            table = str(row["name"])
+            where = shadow / name / Path(row["paths"][0]).relative_to(Path(store.path).resolve())
+            parts = sorted(d.name for d in where.iterdir() if d.is_dir()) if where.is_dir() else []
+            missing = [part for part in parts if part not in counts[table]]
+            if missing:
+                raise BackupError(f"table {table}: frozen parts {missing[:3]} are unknown to the engine")
+            tables.append(TableBackup(table, str(row["q"]), {part: counts[table][part] for part in parts}))
+            for part in parts:
+                for f in sorted((where / part).rglob("*")):
+                    if f.is_file():
+                        files[f"tables/{table}/{part}/{f.relative_to(where / part).as_posix()}"] = f
+        extras = dict(extra or {})
+        for arcname, path in extras.items():
+            if path.exists():
+                files[arcname] = path
+        manifest = Manifest(
+            store.database,
+            tables,
+            sorted(k for k, v in extras.items() if v.exists()),
+            time.time(),
+            _version(),
+        )
+        yield Snapshot(manifest, files)
+    finally:
+        shutil.rmtree(shadow / name, ignore_errors=True)
+
+
+def write_backup(snap: Snapshot, dest: Path) -> Manifest:
+    """Copy ``snap`` into ``dest`` (created; must be empty); the manifest is written last."""
+    _empty_dir(dest, "backup destination")
+    for arcname, path in snap.files.items():
+        target = dest / arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        if arcname in snap.manifest.files:
+            target.chmod(0o600)  # keys and tokens: the owner's only
+    _write_private(dest / MANIFEST, snap.manifest.to_json())
+    return snap.manifest
+
+
+def tar_chunks(snap: Snapshot) -> Iterator[bytes]:
+    """``snap`` as an uncompressed tar stream (manifest last), a file read ``_CHUNK`` at a time."""
+    for arcname, path in snap.files.items():
+        size = path.stat().st_size
+        yield _tar_head(arcname, size, 0o600 if arcname in snap.manifest.files else 0o644)
+        sent = 0
+        with path.open("rb") as f:
+            while sent < size and (chunk := f.read(min(_CHUNK, size - sent))):
+                sent += len(chunk)
+                yield chunk
+        if sent != size:  # parts never change once written: a short read is a broken store
+            raise BackupError(f"{path} changed size while it was read ({sent} of {size} bytes)")
+        yield _tar_pad(size)
+    body = snap.manifest.to_json().encode()
+    yield _tar_head(MANIFEST, len(body), 0o600) + body + _tar_pad(len(body))
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def _tar_head(name: str, size: int, mode: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, mode, int(time.time())
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def _tar_pad(size: int) -> bytes:
+    return b"\0" * (-size % tarfile.BLOCKSIZE)
+
+
+def read_manifest(src: Path) -> Manifest:
+    try:
+        return Manifest.from_json((src / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise BackupError(f"{src} holds no {MANIFEST}: not a finished backup") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BackupError(f"{src / MANIFEST} is not a backup manifest: {exc}") from exc
+
+
+def restore(src: Path, data_dir: Path, *, files_to: Mapping[str, Path] | None = None) -> Manifest:
+    """Restore the backup at ``src`` into ``data_dir`` (created; must be empty): the tables are
+    created as they were and their parts attached, then each table's rows are counted against
+    the manifest. ``files_to`` says where each of the backup's files (keys, tokens) goes; those
+    not named are left in the backup. The store opens as usual afterwards (missing tables and
+    columns of a newer version are added then)."""
+    from chdb import session as chdb_session
+
+    manifest = read_manifest(src)
+    for target in (files_to or {}).values():
+        if target.exists():
+            raise BackupError(f"{target} exists: restore writes keys and tokens only where there are none")
+    _empty_dir(data_dir, "data directory")
+    data_dir.chmod(0o700)
+    session_cls: Any = chdb_session.Session  # chDB ships no types
+    session = session_cls(str(data_dir))
+    try:
+        session.query(f"CREATE DATABASE IF NOT EXISTS {ident(manifest.database)}")
+        for t in manifest.tables:
+            session.query(t.create)
+            paths = json.loads(
+                str(
+                    session.query(
+                        f"SELECT data_paths FROM system.tables WHERE database = '{manifest.database}' AND name = '{t.name}'",
+                        "JSONCompactEachRow",
+                    )
+                ).strip()
+            )[0]
+            detached = Path(paths[0]) / "detached"
+            for part in t.parts:
+                shutil.copytree(src / "tables" / t.name / part, detached / part)
+                session.query(f"ALTER TABLE {ident(manifest.database)}.{ident(t.name)} ATTACH PART '{part}'")
+            got = int(
+                str(
+                    session.query(f"SELECT count() FROM {ident(manifest.database)}.{ident(t.name)}", "CSV")
+                ).strip()
+            )
+            if got != t.rows:
+                raise BackupError(f"table {t.name}: {got} rows restored, the backup holds {t.rows}")
+    finally:
+        session.close()
+    for name, target in (files_to or {}).items():
+        if name in manifest.files:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_private(target, (src / name).read_text())
+    return manifest
+
+
+def _empty_dir(path: Path, what: str) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise BackupError(f"the {what} {path} is not an empty directory")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
