@@ -20,6 +20,7 @@ VARIABLES = {
     "$model": ".*",
     "$gpu_product": ".*",
     "$instance": ".*",
+    "$gpu": ".*",
     "$__rate_interval": "1m",
     "$__interval": "15s",
 }
@@ -35,8 +36,8 @@ def _queries(dashboard: dict) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
 
 
-def test_there_are_the_three_dashboards():
-    assert [p.stem for p in DASHBOARDS] == ["fleet-health", "ingest", "kernel-latency"]
+def test_there_are_the_four_dashboards():
+    assert [p.stem for p in DASHBOARDS] == ["dcgm-exporter", "fleet-health", "ingest", "kernel-latency"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
