@@ -6,7 +6,10 @@ VictoriaMetrics (imported; only when installed, response cache off) each answer 
 one keep-alive connection, interleaved, in three modes: range 1 h at 15 s, range 6 h at 60 s and
 instant. Query times sit off the sample grid (samples at x.250 s, queries at x.500 s; 2.x
 includes a sample exactly at a window's start, 3.x does not). kql's answers must agree with
-Prometheus'. kql is also timed in-process (the engine alone over a copy of the store) as a
+Prometheus'. When ``scripts/fetch_peers.sh`` has unpacked Prometheus 3.5 (``build/peers``), every
+answer is also compared with 3.5's over a copy of the same blocks (not timed: ``agree 3.5``,
+``agree_prometheus3=`` on the BENCH line; ``--no-prometheus3`` leaves it out); the ratios stay
+against 2.42. kql is also timed in-process (the engine alone over a copy of the store) as a
 second column. The collector's sample cache is warmed first (two passes over the queries).
 Ratios are kql's HTTP time over Prometheus' HTTP time, medians of ``--reps`` runs (``--quick-reps``
 for a query both answer in under 20 ms, whose few-run median moved too much to judge 1.0); all
@@ -37,7 +40,15 @@ from pathlib import Path
 import numpy as np
 
 from bench.kql.data import HOURS, SCRAPE_MS, dataset, load_chdb, prometheus_text, write_promtool_blocks
-from bench.kql.servers import Collector, HttpQuerier, Prometheus, Server, VictoriaMetrics, process_cpu_s
+from bench.kql.servers import (
+    Collector,
+    HttpQuerier,
+    Prometheus,
+    Server,
+    VictoriaMetrics,
+    peer_binary,
+    process_cpu_s,
+)
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
@@ -154,6 +165,7 @@ class Row:
     why: str  # '' when kql agrees with Prometheus
     kql_cpu: float = math.nan  # CPU seconds of the collector process per answer (all its threads)
     prom_cpu: float = math.nan  # the same for Prometheus
+    why3: str | None = None  # '' when kql agrees with Prometheus 3.5, None when 3.5 was not run
 
     @property
     def ratio(self) -> float:
@@ -229,6 +241,7 @@ def run_mode(
     wait_idle: Callable[[], object],
     pids: dict[str, int] | None = None,
     quick_reps: int = 0,
+    prom3: HttpQuerier | None = None,
 ) -> list[Row]:
     range_ms, step_ms = MODES[mode]
     end = t0 + HOURS * 3600_000 - 1000 + offset_ms  # off the sample grid: samples x.250 s, queries x.500 s
@@ -262,6 +275,15 @@ def run_mode(
             else:
                 if not why and (diff := compare(mine, expected.matrix)):
                     why = f"in-process: {diff}"
+        why3 = None
+        if prom3 is not None:  # the differential against Prometheus 3.5 (not timed)
+            newer = prom3.query(q, start, end, step_ms)
+            if newer.matrix is None:
+                why3 = f"prometheus 3.5 refused: {newer.error}"
+            elif got.matrix is None:
+                why3 = got.error
+            else:
+                why3 = compare(got.matrix, newer.matrix)
         times: dict[str, list[float]] = {"kql": [], "inproc": [], "prom": [], "vm": []}
         servers = [("kql", kql), ("prom", prom)] + ([("vm", vm)] if vm is not None else [])
         # CPU of the server process (all its threads) from the request until its answer was read:
@@ -305,6 +327,7 @@ def run_mode(
             why,
             statistics.median(cpu["kql"]) if cpu.get("kql") else math.nan,
             statistics.median(cpu["prom"]) if cpu.get("prom") else math.nan,
+            why3,
         )
         rows.append(row)
         print(
@@ -312,7 +335,8 @@ def run_mode(
             f"prom {row.prom * 1000:7.1f}  vm {row.vm * 1000:7.1f}  ratio {row.ratio:5.2f}  "
             f"vm/prom {row.vm / row.prom:5.2f}  cpu kql {row.kql_cpu * 1000:7.2f} prom {row.prom_cpu * 1000:7.2f} "
             f"ratio {row.cpu_ratio:5.2f}  series {row.series:5d}  "
-            f"{'ok' if not why else 'REFUSED: ' + why if refused else 'DIFFER: ' + why}",
+            f"{'ok' if not why else 'REFUSED: ' + why if refused else 'DIFFER: ' + why}"
+            f"{'' if why3 is None else '  3.5 ok' if not why3 else '  3.5 DIFFER: ' + why3}",
             flush=True,
         )
     return rows
@@ -322,15 +346,17 @@ def report(rows: list[Row], vm_on: bool) -> int:
     print()
     print(
         "| mode | query | kql ms (HTTP) | kql ms (in-process) | Prometheus ms | VictoriaMetrics ms "
-        "| kql / Prometheus | VictoriaMetrics / Prometheus | CPU ms kql / Prometheus | series | agree |"
+        "| kql / Prometheus | VictoriaMetrics / Prometheus | CPU ms kql / Prometheus | series | agree "
+        "| agree 3.5 |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
         print(
             f"| {r.mode} | `{r.query.replace('|', chr(92) + '|')}` | {r.kql * 1000:.1f} | {r.inproc * 1000:.1f} | "
             f"{r.prom * 1000:.1f} | {r.vm * 1000:.1f} | {r.ratio:.2f} | {r.vm / r.prom:.2f} | "
             f"{r.kql_cpu * 1000:.2f} / {r.prom_cpu * 1000:.2f} | {r.series} | "
-            f"{'yes' if not r.why else ('REFUSED: ' if r.refused else 'no: ') + r.why} |"
+            f"{'yes' if not r.why else ('REFUSED: ' if r.refused else 'no: ') + r.why} | "
+            f"{'-' if r.why3 is None else 'yes' if not r.why3 else 'no: ' + r.why3} |"
         )
     answered = [r for r in rows if not r.refused and not math.isnan(r.prom)]
     print()
@@ -351,6 +377,8 @@ def report(rows: list[Row], vm_on: bool) -> int:
     instant = [r for r in answered if r.mode == "instant"]
     refused = sum(1 for r in rows if r.refused)
     agree = sum(1 for r in rows if not r.why)
+    newer = [r for r in rows if r.why3 is not None]
+    agree3 = sum(1 for r in newer if not r.why3)
     over = sum(1 for r in answered if r.ratio > 1.0)
     vm_part = (
         f" vm_geomean_ratio={geomean([r.vm / r.prom for r in ranged]):.2f}"
@@ -362,11 +390,11 @@ def report(rows: list[Row], vm_on: bool) -> int:
         f"BENCH kql median_ratio_vs_prometheus={statistics.median(r.ratio for r in ranged) if ranged else math.nan:.2f} "
         f"geomean_ratio_vs_prometheus={geomean([r.ratio for r in ranged]):.2f} "
         f"instant_geomean_ratio={geomean([r.ratio for r in instant]):.2f} refused={refused} "
-        f"agree={agree}/{len(rows)} above_1={over} "
+        f"agree={agree}/{len(rows)} agree_prometheus3={agree3}/{len(newer)} above_1={over} "
         f"inprocess_geomean_ratio={geomean([r.inproc / r.prom for r in ranged if not math.isnan(r.inproc)]):.2f}"
         f"{vm_part} cpu_geomean_ratio={cpu_geomean(ranged):.2f} instant_cpu_geomean_ratio={cpu_geomean(instant):.2f}"
     )
-    return 0 if agree == len(rows) else 1
+    return 0 if agree == len(rows) and agree3 == len(newer) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", type=Path, default=None, help="work directory to keep and reuse")
     ap.add_argument("--no-vm", action="store_true", help="leave VictoriaMetrics out even when installed")
+    ap.add_argument(
+        "--no-prometheus3",
+        action="store_true",
+        help="leave out the differential against Prometheus 3.5 (scripts/fetch_peers.sh unpacks it)",
+    )
     args = ap.parse_args(argv)
     for tool in ("prometheus", "promtool"):
         if shutil.which(tool) is None:
@@ -396,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     vm_wanted = not args.no_vm and shutil.which("victoria-metrics") is not None
     if not vm_wanted and not args.no_vm:
         print("victoria-metrics not installed (apt-get install -y victoria-metrics): its column is left out")
+    prom3_bin = None if args.no_prometheus3 else peer_binary("prometheus")
+    if prom3_bin is None and not args.no_prometheus3:
+        print("Prometheus 3.5 not unpacked (scripts/fetch_peers.sh): its differential is left out")
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-kql-"))
     root.mkdir(parents=True, exist_ok=True)
     only = {q for q in args.only.split(",") if q}
@@ -409,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
         t0, vm_on = prepare(root, vm_wanted)
         prom = Prometheus(root / "prom", root / "prometheus.log")
         servers.append(prom)
+        prom3 = None
+        if prom3_bin is not None:
+            # Its own copy of the blocks: a newer TSDB may rewrite what it opens.
+            shutil.rmtree(root / "prom3", ignore_errors=True)
+            shutil.copytree(root / "prom", root / "prom3", ignore=shutil.ignore_patterns("wal", "lock"))
+            prom3 = Prometheus(root / "prom3", root / "prometheus3.log", prom3_bin)
+            servers.append(prom3)
         vm = VictoriaMetrics(root / "vm", root / "vm.log") if vm_on else None
         if vm is not None:
             servers.append(vm)
@@ -434,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                     cache.wait_idle,
                     {"kql": collector.proc.pid, "prom": prom.proc.pid},
                     args.quick_reps,
+                    prom3.querier() if prom3 is not None else None,
                 )
     finally:
         for server in reversed(servers):

@@ -1,8 +1,9 @@
 """The servers bench-kql compares, each a real process on loopback queried over one keep-alive connection.
 
-``ki collector`` (kql), Prometheus 2.x (Debian ``prometheus``) and VictoriaMetrics (Debian
-``victoria-metrics``, when installed). Every one is asked through the Prometheus HTTP API by
-the same :class:`HttpQuerier`, so the figures compare like with like.
+``ki collector`` (kql), Prometheus 2.x (Debian ``prometheus``), Prometheus 3.5 (Debian unstable's,
+unpacked by ``scripts/fetch_peers.sh`` into ``build/peers``: :func:`peer_binary`) and
+VictoriaMetrics (Debian ``victoria-metrics``, when installed). Every one is asked through the
+Prometheus HTTP API by the same :class:`HttpQuerier`, so the figures compare like with like.
 """
 
 from __future__ import annotations
@@ -31,8 +32,19 @@ __all__ = [
     "VictoriaMetrics",
     "free_port",
     "matrix_of",
+    "peer_binary",
     "process_cpu_s",
 ]
+
+#: Where ``scripts/fetch_peers.sh`` unpacks Debian unstable's servers (``<name>/usr/bin/<name>``).
+PEERS_DIR = Path(__file__).resolve().parents[2] / "build" / "peers"
+
+
+def peer_binary(name: str) -> Path | None:
+    """The newer peer server ``name`` (``prometheus``: 3.5) that ``scripts/fetch_peers.sh``
+    unpacked, or None when it has not been run."""
+    path = PEERS_DIR / name / "usr" / "bin" / name
+    return path if os.access(path, os.X_OK) else None
 
 
 def free_port() -> int:
@@ -153,18 +165,19 @@ class Server:
 
 
 class Prometheus(Server):
-    """Prometheus 2.x over promtool-made blocks, limits raised so that it answers every query."""
+    """Prometheus over promtool-made blocks, limits raised so that it answers every query: Debian's
+    2.x, or another build (``binary``: 3.5 from :func:`peer_binary`)."""
 
     name = "prometheus"
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
+    def __init__(self, data_dir: Path, log: Path, binary: str | Path = "prometheus") -> None:
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         cfg = data_dir.parent / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         self._start(
             [
-                "prometheus",
+                str(binary),
                 f"--storage.tsdb.path={data_dir}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 f"--config.file={cfg}",
