@@ -140,16 +140,23 @@ def remote_write_config(target: ThreadingHTTPServer, collector_url: str, token_f
     }
 
 
-def start_prometheus(tmp_path: Path, config: dict[str, Any], port: int) -> subprocess.Popen[str]:
-    """Debian's ``prometheus`` with native histograms on, its TSDB in ``tmp_path/prom``, on 127.0.0.1."""
+def start_prometheus(
+    tmp_path: Path,
+    config: dict[str, Any],
+    port: int,
+    binary: str | Path = "prometheus",
+    tsdb: str = "prom",
+) -> subprocess.Popen[str]:
+    """Debian's ``prometheus`` (or ``binary``) with native histograms on, its TSDB in
+    ``tmp_path/<tsdb>``, on 127.0.0.1."""
     path = tmp_path / "prometheus.yml"
     path.write_text(json.dumps(config))
     return subprocess.Popen(
         [
-            "prometheus",
+            str(binary),
             f"--config.file={path}",
             f"--web.listen-address=127.0.0.1:{port}",
-            f"--storage.tsdb.path={tmp_path / 'prom'}",
+            f"--storage.tsdb.path={tmp_path / tsdb}",
             "--enable-feature=native-histograms",
             "--log.level=warn",
         ],
