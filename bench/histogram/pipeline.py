@@ -99,12 +99,14 @@ def _start_collector(tmp: Path) -> tuple[subprocess.Popen[str], str]:
 class _Run:
     """One ring, one enrolled agent, one collector store under ``tmp``."""
 
-    def __init__(self, tmp: Path, producer: Path, name: str, *agent_args: str) -> None:
+    def __init__(
+        self, tmp: Path, producer: Path, name: str, *agent_args: str, ring_name: str | None = None
+    ) -> None:
         from kernel_insight.agent.ring import Ring
         from kernel_insight.collector.keys import KeyStore
 
         self.tmp, self.producer = tmp, producer
-        self.ring_name = f"/ki_bench_hist.{os.getpid()}.{name}"
+        self.ring_name = ring_name or f"/ki_bench_hist.{os.getpid()}.{name}"
         KeyStore(tmp / "keys.json").add_agent(name).write_key_file(tmp / "agent.key")
         with contextlib.suppress(OSError):
             Ring.unlink(self.ring_name)

@@ -3,13 +3,19 @@
 Uses the CUDA back end when PyTorch sees a GPU, else the CPU clock back end
 (the figures then measure the probe's own Python cost, not CUDA event
 records).  Targets (issue 7): < 2 us of host time per span, < 0.3% of the
-step time of a transformer layer.  Ends with one ``BENCH probe ...`` line.
+step time of a transformer layer.  Then the NVML sampler with the DCGM set on
+(bench/probe/nvml.py; issue 38): its CPU at 1 Hz over 8 GPUs < 0.5% of a core, the agent's
+VmHWM <= 5 MB and <= 4 KB on the wire per GPU-second beside 100k kernels/s.
+``--phases spans,nvml`` picks; ``--nvml-seconds`` (300) sets the NVML run's length.
+Ends with one ``BENCH probe ...`` line.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
+import math
 import statistics
 import sys
 import time
@@ -93,6 +99,29 @@ def _calibration_ns() -> float:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--phases", default="spans,nvml", help="spans, nvml or both (default)")
+    ap.add_argument("--nvml-seconds", type=int, default=300, help="length of the NVML run (default 300)")
+    ap.add_argument("--no-dcgm", action="store_true", help="the NVML run without the DCGM set (a baseline)")
+    args = ap.parse_args()
+    phases = set(args.phases.split(","))
+    nvml = {"nvml_cpu_pct": math.nan, "nvml_records_per_gpu_s": math.nan, "agent_hwm_kb": math.nan}
+    nvml["wire_bytes_per_gpu_s"] = math.nan
+    if "nvml" in phases:
+        from bench.probe.nvml import nvml_figures
+
+        nvml = nvml_figures(args.nvml_seconds, dcgm_names=not args.no_dcgm)
+        print(
+            f"NVML sampler, 8 GPUs at 1 Hz, DCGM set {'off' if args.no_dcgm else 'on'}: "
+            f"{nvml['nvml_cpu_pct']:.3f}% of a core (target < 0.5), "
+            f"{nvml['nvml_records_per_gpu_s']:.1f} records per GPU-second; agent VmHWM "
+            f"{nvml['agent_hwm_kb']:.0f} kB (target <= 5120), {nvml['wire_bytes_per_gpu_s']:.0f} wire bytes per "
+            "GPU-second at 100k kernels/s (target <= 4096)"
+        )
+    nvml_line = " ".join(f"{k}={v:.3f}" for k, v in nvml.items())
+    if "spans" not in phases:
+        print(f"BENCH probe {nvml_line}")
+        return 0
     backend = choose_backend()
     probe = Probe(backend, label_prefix=PREFIX)
     try:
@@ -115,7 +144,8 @@ def main() -> int:
         )
         print(
             f"BENCH probe backend={backend.name} ns_per_span={ns:.0f} layer_step_ms={step_ms:.3f} "
-            f"layer_overhead_pct={pct:.3f} layer_overhead_est_pct={est:.4f} empty_with_ns={calib:.0f}"
+            f"layer_overhead_pct={pct:.3f} layer_overhead_est_pct={est:.4f} empty_with_ns={calib:.0f} "
+            f"{nvml_line}"
         )
     finally:
         probe.close()
