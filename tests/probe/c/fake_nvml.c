@@ -42,26 +42,7 @@
 #define MAX_DEV 8
 #define EXPORT __attribute__((visibility("default")))
 
-typedef unsigned int nvmlReturn_t;
-struct fake_dev { int index; };
-typedef struct fake_dev *nvmlDevice_t;
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-typedef union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; } nvmlValue_t;
-typedef struct {
-    unsigned int fieldId, scopeId;
-    long long timestamp, latencyUsec;
-    unsigned int valueType;
-    nvmlReturn_t nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;
-typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } nvmlEventData_t;
+#include "fake_nvml_types.h"
 typedef struct fake_set { unsigned long long mask[MAX_DEV]; } *nvmlEventSet_t;
 
 static struct fake_dev devs[MAX_DEV] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
@@ -249,7 +230,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr
 }
 
 /* nvmlMemory_v2_t as nvml.h has it: a version word, then total, reserved, free, used. */
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
@@ -352,16 +332,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *majo
 
 /* ---- GPM (Hopper and later): SM utilisation between two samples ---------- */
 
-struct fake_gpm_sample { int dev; unsigned long long seq; };
-typedef struct fake_gpm_sample *nvmlGpmSample_t;
-typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
-typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo; } nvmlGpmMetric_t;
-typedef struct {
-    unsigned int version, numMetrics;
-    nvmlGpmSample_t sample1, sample2;
-    nvmlGpmMetric_t metrics[477];
-} nvmlGpmMetricsGet_t;
-typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 static unsigned long long gpm_seq;
 
 EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *s) {
