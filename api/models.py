@@ -18,6 +18,7 @@ __all__ = [
     "InstanceList",
     "NcclLatency",
     "RecentError",
+    "ServingLoad",
     "Topology",
     "TopologyGroup",
 ]
@@ -59,6 +60,23 @@ class GpuPod(BaseModel):
     container: str
 
 
+class ServingLoad(BaseModel):
+    engines: list[str] = Field(
+        description="the engines whose metrics were read (vllm, sglang, tgi, trtllm-serve)"
+    )
+    requests_waiting: int | None = Field(description="queued requests, summed over the instance's engines")
+    requests_running: int | None = Field(description="requests in the running batches, summed")
+    kv_cache_usage_ratio: float | None = Field(
+        description="KV cache held by running requests, 0-1, the fullest engine"
+    )
+    prefix_cache_hit_ratio: float | None = Field(
+        description="prompt tokens found in the prefix cache / looked up, 0-1 (since the engine started)"
+    )
+    sample_ms: int = Field(
+        description="the newest of these samples' own timestamps: their age is now - sample_ms"
+    )
+
+
 class InstanceHealth(BaseModel):
     id: str
     name: str | None = Field(
@@ -79,6 +97,10 @@ class InstanceHealth(BaseModel):
     temperature_celsius: float | None = Field(description="hottest GPU")
     power_watts: float | None = Field(description="summed over the GPUs")
     sm_utilization_ratio: float | None = Field(description="mean over the GPUs")
+    serving: ServingLoad | None = Field(
+        None,
+        description="the serving engine's own load metrics (docs/api.md, 'Serving load'); null without them",
+    )
     last_seen_ms: int = Field(description="the newest data's own (producer) timestamp")
     last_heard_ms: int | None = Field(
         None, description="when the collector stored the newest batch of the instance's agent (its heartbeat)"

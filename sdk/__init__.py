@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         QueryResult,
         Sample,
         Series,
+        ServingLoad,
     )
     from kernel_insight.sdk._route import (
         Attempt,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
         classify,
         route,
     )
-    from kernel_insight.sdk._select import SelectionIndex, weight
+    from kernel_insight.sdk._select import LoadPolicy, SelectionIndex, load_cost, prefix_key, weight
     from kernel_insight.sdk._timeline import (
         AsyncTimelineClient,
         CaptureRequest,
@@ -109,6 +110,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "QueryResult",
         "Sample",
         "Series",
+        "ServingLoad",
     ),
     "kernel_insight.sdk._route": (
         "Attempt",
@@ -121,7 +123,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "route",
     ),
     "kernel_insight.sdk._select": (
+        "LoadPolicy",
         "SelectionIndex",
+        "load_cost",
+        "prefix_key",
         "weight",
     ),
     "kernel_insight.sdk._timeline": (
@@ -168,6 +173,7 @@ __all__ = [
     "KernelInsightError",
     "KernelSummary",
     "KqlClient",
+    "LoadPolicy",
     "ModelCatalog",
     "ModelMetadataError",
     "ModelSpec",
@@ -183,6 +189,7 @@ __all__ = [
     "SelectionIndex",
     "Series",
     "ServerError",
+    "ServingLoad",
     "SnapshotUnavailable",
     "Span",
     "TimelineClient",
@@ -192,6 +199,8 @@ __all__ = [
     "aroute",
     "classify",
     "endpoint_label",
+    "load_cost",
+    "prefix_key",
     "request_memory",
     "route",
     "weight",

@@ -28,7 +28,7 @@ from kernel_insight.sdk._exceptions import (
     error_for,
 )
 from kernel_insight.sdk._models import HealthSnapshot, Instance, QueryResult
-from kernel_insight.sdk._select import SelectionIndex
+from kernel_insight.sdk._select import LoadPolicy, SelectionIndex
 
 __all__ = [
     "DEFAULT_MAX_STALE_S",
@@ -48,6 +48,8 @@ DEFAULT_MAX_STALE_S = 300.0
 #: The first wait before asking an unreachable server again; doubles up to the TTL.
 _FIRST_RETRY_S = 1.0
 SNAPSHOT_PATH = "/v1/health/snapshot"
+#: How long each of the watch thread's long-polls asks the server to hold (``?wait=``).
+WATCH_WAIT_S = 10.0
 
 TimeLike = float | int | dt.datetime
 StepLike = float | int | dt.timedelta | str
@@ -172,14 +174,26 @@ class _HealthCore:
     """The cache, the selection index and the exclusions that both health clients share."""
 
     def __init__(
-        self, ttl: float, max_stale: float, clock: Callable[[], float], random: Callable[[], float]
+        self,
+        ttl: float,
+        max_stale: float,
+        clock: Callable[[], float],
+        random: Callable[[], float],
+        load_policy: LoadPolicy | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if ttl < 0 or max_stale < 0:
             raise ValueError("ttl and max_stale must not be negative")
         self.ttl = ttl
         self.max_stale = max_stale
         self.clock = clock
+        self.wall_clock = wall_clock
         self.random = random
+        self.load_policy = load_policy or LoadPolicy()
+        #: This client's requests in flight: instance id -> {ticket: wall_clock() when sent}.
+        self.flying: dict[str, dict[int, float]] = {}
+        self._ticket = 0
+        self.watching = False
         self.snapshot: HealthSnapshot | None = None
         self.index: SelectionIndex | None = None
         self.fetched_at = -float("inf")  # clock() of the last answer (200 or 304)
@@ -189,6 +203,8 @@ class _HealthCore:
         self.reasons: dict[str, str] = {}
 
     def due(self, now: float) -> bool:
+        if self.watching and self.snapshot is not None and now - self.fetched_at < WATCH_WAIT_S + 5.0:
+            return False  # the watch thread's long-poll keeps it current
         return self.snapshot is None or (now - self.fetched_at >= self.ttl and now >= self.next_attempt)
 
     def request_headers(self) -> dict[str, str]:
@@ -206,6 +222,26 @@ class _HealthCore:
         self.snapshot, self.index = snap, SelectionIndex(snap.instances)
         self._contact(now)
         return snap
+
+    def begin(self, instance_id: str) -> int:
+        """Count a request sent to ``instance_id`` (its serving figures do not show it yet)."""
+        self._ticket += 1
+        self.flying.setdefault(instance_id, {})[self._ticket] = self.wall_clock()
+        return self._ticket
+
+    def end(self, instance_id: str, ticket: int) -> None:
+        mine = self.flying.get(instance_id)
+        if mine is not None:
+            mine.pop(ticket, None)
+
+    def own(self, instance: Instance) -> int:
+        """This client's requests in flight on ``instance`` sent after its serving figures were
+        sampled (all of them in flight when it has none): what the figures cannot show yet."""
+        mine = self.flying.get(instance.id)
+        if not mine:
+            return 0
+        since = -float("inf") if instance.serving is None else instance.serving.sample_ms / 1000.0
+        return sum(1 for t in list(mine.values()) if t >= since)
 
     def _contact(self, now: float) -> None:
         self.fetched_at = now
@@ -234,6 +270,7 @@ class _HealthCore:
         model: str | None,
         avoid: Collection[str] = (),
         prefer: Mapping[str, str] | None = None,
+        prefix_key: str | None = None,
     ) -> Instance:
         if required_free_bytes < 0:
             raise ValueError("required_free_bytes must not be negative")
@@ -248,7 +285,20 @@ class _HealthCore:
             )
             if near is not None:
                 return near
-        chosen = index.pick(required_free_bytes, model, self.random, excluded, self.clock())
+        if index.loaded(model):
+            chosen = index.pick_loaded(
+                required_free_bytes,
+                model,
+                self.random,
+                excluded,
+                self.clock(),
+                self.own,
+                self.load_policy,
+                prefix_key,
+                self.wall_clock(),
+            )
+        else:
+            chosen = index.pick(required_free_bytes, model, self.random, excluded, self.clock())
         if chosen is not None:
             return chosen
         raise NoEligibleInstance(self.why_none(snapshot, required_free_bytes, model, excluded))
@@ -303,6 +353,11 @@ class HealthClient(_Closing):
     ``max_stale`` seconds old; then :class:`SnapshotUnavailable` is raised. Failed
     refreshes back off (1 s, doubling up to ``ttl``) so selection stays fast meanwhile.
     Thread-safe: one thread refreshes while the others use the cached snapshot.
+
+    ``watch=True`` keeps the snapshot current instead: a background thread long-polls the
+    server (``?wait=``, docs/api.md "Caching") on its kept-alive connection, so a change is seen
+    one server rebuild after its data arrives, with no request per ``ttl``; selection never waits
+    for the network. Routing by the serving engines' queues wants that (docs/routing.md).
     """
 
     def __init__(
@@ -316,10 +371,55 @@ class HealthClient(_Closing):
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
         random: Callable[[], float] | None = None,
+        load_policy: LoadPolicy | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        watch: bool = False,
     ) -> None:
-        self._core = _HealthCore(ttl, max_stale, clock, random or _random.random)
+        self._core = _HealthCore(ttl, max_stale, clock, random or _random.random, load_policy, wall_clock)
         self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        if watch:
+            self._core.watching = True
+            self._watcher = threading.Thread(target=self._watch, name="ki-health-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Long-poll the snapshot (``?wait=``, If-None-Match) in a loop: each change arrives one
+        rebuild after its data; on failure back off as :meth:`snapshot` does, then poll again."""
+        core = self._core
+        timeout = httpx.Timeout(self._http.timeout.connect, read=WATCH_WAIT_S + 10.0)
+        while not self._stop.is_set():
+            try:
+                response = self._http.get(
+                    SNAPSHOT_PATH,
+                    params={"wait": WATCH_WAIT_S},
+                    headers=core.request_headers(),
+                    timeout=timeout,
+                )
+                with self._lock:
+                    core.accept(response, core.clock())
+                continue
+            except (httpx.TransportError, ServerError) as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("health snapshot long-poll failed (%s); retrying in %.0f s", exc, core.retry_s)
+                wait = core.retry_s
+                core.retry_s = min(core.retry_s * 2, max(core.ttl, _FIRST_RETRY_S))
+            except (ApiError, RuntimeError) as exc:  # 401/403, or the client was closed
+                if not self._stop.is_set():
+                    log.warning("health snapshot long-poll stopped: %s", exc)
+                core.watching = False
+                return
+            self._stop.wait(wait)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._core.watching = False
+        self._http.close()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1.0)
 
     def snapshot(self) -> HealthSnapshot:
         """The current snapshot, fetched or revalidated when the TTL has passed."""
@@ -354,6 +454,7 @@ class HealthClient(_Closing):
         *,
         avoid: Collection[str] = (),
         prefer: Mapping[str, str] | None = None,
+        prefix_key: str | None = None,
     ) -> Instance:
         """A healthy instance serving ``model`` with ``required_free_bytes`` free, drawn by weight.
 
@@ -364,9 +465,22 @@ class HealthClient(_Closing):
         (those a request already failed on). ``prefer``: labels such as ``{"rack": "r4"}`` (the
         caller's own place); an eligible instance carrying them is drawn if there is one, any
         eligible instance otherwise. Raises :class:`NoEligibleInstance`.
+
+        When the eligible instances report their serving engine's load (``Instance.serving``),
+        two such draws are made and the less loaded one wins (:func:`kernel_insight.sdk.load_cost`,
+        this client's own requests in flight included); ``prefix_key``
+        (:func:`kernel_insight.sdk.prefix_key` of the prompt) sends requests sharing a prefix to
+        the same instance while it is not much more loaded (docs/routing.md).
         """
         snap = self.snapshot()
-        return self._core.select(snap, required_free_bytes, model, avoid, prefer)
+        return self._core.select(snap, required_free_bytes, model, avoid, prefer, prefix_key)
+
+    def begin(self, instance_id: str) -> int:
+        """Count a request sent to ``instance_id`` until :meth:`end` (``route`` does both)."""
+        return self._core.begin(instance_id)
+
+    def end(self, instance_id: str, ticket: int) -> None:
+        self._core.end(instance_id, ticket)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         """Leave ``instance_id`` out of selection for ``seconds`` (after a kernel_oom, an nccl_timeout, ...)."""
@@ -392,8 +506,10 @@ class AsyncHealthClient(_AsyncClosing):
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
         random: Callable[[], float] | None = None,
+        load_policy: LoadPolicy | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._core = _HealthCore(ttl, max_stale, clock, random or _random.random)
+        self._core = _HealthCore(ttl, max_stale, clock, random or _random.random, load_policy, wall_clock)
         self._http = httpx.AsyncClient(
             base_url=url, headers=_headers(token), timeout=timeout, transport=transport
         )
@@ -427,9 +543,16 @@ class AsyncHealthClient(_AsyncClosing):
         *,
         avoid: Collection[str] = (),
         prefer: Mapping[str, str] | None = None,
+        prefix_key: str | None = None,
     ) -> Instance:
         snap = await self.snapshot()
-        return self._core.select(snap, required_free_bytes, model, avoid, prefer)
+        return self._core.select(snap, required_free_bytes, model, avoid, prefer, prefix_key)
+
+    def begin(self, instance_id: str) -> int:
+        return self._core.begin(instance_id)
+
+    def end(self, instance_id: str, ticket: int) -> None:
+        self._core.end(instance_id, ticket)
 
     def exclude(self, instance_id: str, seconds: float = 300, reason: str = "") -> None:
         self._core.exclude(instance_id, seconds, reason)

@@ -7,6 +7,7 @@ shares the buffer) without making numpy a dependency of the SDK.
 from __future__ import annotations
 
 import math
+import time
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ __all__ = [
     "QueryResult",
     "Sample",
     "Series",
+    "ServingLoad",
 ]
 
 
@@ -42,6 +44,39 @@ class NcclLatency:
     p90: float
     p99: float
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLoad:
+    """The serving engine's own load (vLLM, SGLang, TGI, TensorRT-LLM metrics; docs/api.md "Serving load").
+
+    ``sample_ms`` is the newest sample's own timestamp (unix ms): :meth:`age_s` is how old the
+    figures are now. None fields: the engine does not export that figure.
+    """
+
+    engines: tuple[str, ...]
+    requests_waiting: int | None
+    requests_running: int | None
+    kv_cache_usage_ratio: float | None
+    prefix_cache_hit_ratio: float | None
+    sample_ms: int
+
+    def age_s(self, now_s: float | None = None) -> float:
+        """Seconds since the figures were sampled (``now_s``: unix seconds, default the wall clock)."""
+        return max(0.0, (time.time() if now_s is None else now_s) - self.sample_ms / 1000.0)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ServingLoad | None:
+        if not d:
+            return None
+        return cls(
+            engines=tuple(d.get("engines") or ()),
+            requests_waiting=_opt_int(d.get("requests_waiting")),
+            requests_running=_opt_int(d.get("requests_running")),
+            kv_cache_usage_ratio=_opt_float(d.get("kv_cache_usage_ratio")),
+            prefix_cache_hit_ratio=_opt_float(d.get("prefix_cache_hit_ratio")),
+            sample_ms=int(d.get("sample_ms", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +131,7 @@ class Instance:
     ingest_lag_s: float | None = None
     name: str | None = None  # the enrolment name of its agent (None: data no enrolled agent sent)
     pods: tuple[GpuPod, ...] = ()  # the pod holding each of its GPUs (Kubernetes); empty elsewhere
+    serving: ServingLoad | None = None
 
     def held_by(self, pod: str | None = None, namespace: str | None = None) -> bool:
         """Whether a GPU of the instance is held by ``pod`` of ``namespace`` (either may be None: any)."""
@@ -144,6 +180,7 @@ class Instance:
                 GpuPod(int(p["gpu"]), str(p["pod"]), str(p.get("namespace", "")), str(p.get("container", "")))
                 for p in d.get("pods") or ()
             ),
+            serving=ServingLoad.from_json(d.get("serving")),
         )
 
 

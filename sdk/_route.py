@@ -288,6 +288,7 @@ def route(
     required_free_bytes: int = 0,
     model: str | None = None,
     prefer: Mapping[str, str] | None = None,
+    prefix_key: str | None = None,
     classifier: Classifier = classify,
     policy: RoutePolicy | None = None,
     observe: Callable[[Attempt], None] | None = None,
@@ -302,24 +303,33 @@ def route(
     failed for causes routing handles, or when a retry finds no eligible instance;
     :class:`NoEligibleInstance` when not even the first could be selected. ``observe`` sees
     every :class:`Attempt` (for metrics). ``prefer`` (e.g. ``{"rack": "r4"}``) is passed to
-    ``select_instance``: the caller's rack first while it has room.
+    ``select_instance``: the caller's rack first while it has room; so is ``prefix_key`` (requests
+    sharing a prompt prefix go to the same instance while it is not loaded). Each attempt is
+    counted as in flight on its instance (``health.begin``/``end``) while it runs, so this
+    client's own requests weigh in the next picks before the snapshot shows them.
 
     >>> r = route(health, lambda i: http.post(i.labels["endpoint"] + "/v1/generate", json=req),
     ...           required_free_bytes=12 << 30, model="llama-70b")              # doctest: +SKIP
     """
     state = _Attempts(policy or RoutePolicy(), required_free_bytes)
+    extra = {} if prefix_key is None else {"prefix_key": prefix_key}
+    begin, end = getattr(health, "begin", None), getattr(health, "end", None)
     while True:
         try:
-            inst = health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
+            inst = health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer, **extra)
         except NoEligibleInstance as exc:
             raise state.select(exc) from (exc if state.log else None)
         t0 = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
+        ticket = begin(inst.id) if begin is not None else None
         try:
             outcome = call(inst)
         except Exception as exc:  # classified below; re-raised unchanged when not handled
             error = exc
+        finally:
+            if ticket is not None and end is not None:
+                end(inst.id, ticket)
         delay = state.settle(inst, outcome, error, time.monotonic() - t0, classifier, health.exclude, observe)
         if delay == _SUCCEEDED:
             return outcome  # type: ignore[no-any-return]
@@ -337,6 +347,7 @@ async def aroute(
     required_free_bytes: int = 0,
     model: str | None = None,
     prefer: Mapping[str, str] | None = None,
+    prefix_key: str | None = None,
     classifier: Classifier = classify,
     policy: RoutePolicy | None = None,
     observe: Callable[[Attempt], None] | None = None,
@@ -345,18 +356,26 @@ async def aroute(
     """:func:`route` for asyncio: ``health`` is an :class:`~kernel_insight.sdk.AsyncHealthClient`,
     ``call`` a coroutine function; the same decisions."""
     state = _Attempts(policy or RoutePolicy(), required_free_bytes)
+    extra = {} if prefix_key is None else {"prefix_key": prefix_key}
+    begin, end = getattr(health, "begin", None), getattr(health, "end", None)
     while True:
         try:
-            inst = await health.select_instance(state.required, model, avoid=state.avoid, prefer=prefer)
+            inst = await health.select_instance(
+                state.required, model, avoid=state.avoid, prefer=prefer, **extra
+            )
         except NoEligibleInstance as exc:
             raise state.select(exc) from (exc if state.log else None)
         t0 = time.monotonic()
         outcome: Any = None
         error: BaseException | None = None
+        ticket = begin(inst.id) if begin is not None else None
         try:
             outcome = await call(inst)
         except Exception as exc:
             error = exc
+        finally:
+            if ticket is not None and end is not None:
+                end(inst.id, ticket)
         delay = state.settle(inst, outcome, error, time.monotonic() - t0, classifier, health.exclude, observe)
         if delay == _SUCCEEDED:
             return outcome  # type: ignore[no-any-return]

@@ -9,16 +9,89 @@ that prefix in proportion to the weights.
 from __future__ import annotations
 
 import bisect
+import functools
+import hashlib
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kernel_insight.sdk._models import Instance
 
-__all__ = ["DEFAULT_P99_REF_S", "SelectionIndex", "weight"]
+__all__ = ["DEFAULT_P99_REF_S", "LoadPolicy", "SelectionIndex", "load_cost", "prefix_key", "weight"]
 
 #: The NCCL p99 a fleet without NCCL data is judged against.
 DEFAULT_P99_REF_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPolicy:
+    """How the serving engines' load (``Instance.serving``) steers a pick; the defaults are the ones
+    docs/routing.md measures.
+
+    * ``running_weight``: a running request counts this much of a queued one (it slows every step
+      of the batch a little; a queued request waits for a whole slot).
+    * ``kv_knee``, ``kv_weight``: KV cache use above the knee adds up to ``kv_weight`` queued
+      requests' worth (a full cache makes new requests wait or preempts running ones).
+    * ``max_age_s``: serving figures older than this are not routed by (the draw falls back to
+      memory, NCCL and errors alone for that instance: a cost of 0 plus the client's own requests).
+    * ``affinity_slack``: a request with a prefix key goes to its preferred instance (rendezvous
+      hashing over the eligible ones) unless that one costs more than this many queued requests
+      above the power-of-two pick: prefix-cache hits, but not onto a loaded instance.
+    * ``affinity_choices``: how many of the key's top-ranked instances are tried before falling back.
+    """
+
+    running_weight: float = 0.25
+    kv_knee: float = 0.5
+    kv_weight: float = 16.0
+    max_age_s: float = 10.0
+    affinity_slack: float = 2.0
+    affinity_choices: int = 2
+
+
+def load_cost(
+    instance: Instance,
+    own: int,
+    p99_ref_s: float,
+    policy: LoadPolicy,
+    now_s: float | None = None,
+) -> float:
+    """The expected wait on ``instance`` in queued requests, penalised like :func:`weight`:
+    ``(1 + waiting + own + running_weight x running + kv term) x (1 + p99 / p99_ref) / 2 x (1 + errors_5m)``.
+
+    ``own``: this client's requests in flight there sent after the figures were sampled (not
+    in them yet). Without serving figures (or older than ``policy.max_age_s``) only ``own`` counts.
+    """
+    s = instance.serving
+    load = 1.0 + own
+    if s is not None and s.age_s(now_s) <= policy.max_age_s:
+        load += float(s.requests_waiting or 0) + policy.running_weight * float(s.requests_running or 0)
+        kv = s.kv_cache_usage_ratio
+        if kv is not None and kv > policy.kv_knee:
+            load += policy.kv_weight * (kv - policy.kv_knee) / (1.0 - policy.kv_knee)
+    nccl = instance.nccl_latency_seconds
+    p99 = nccl.p99 if nccl is not None else p99_ref_s
+    return load * (1.0 + p99 / p99_ref_s) / 2.0 * (1.0 + instance.errors_5m)
+
+
+def prefix_key(prompt: str | bytes, chars: int = 256) -> str:
+    """A prefix key for affinity: a hash of the prompt's first ``chars`` characters (~64 tokens,
+    four 16-token KV blocks), so requests sharing a system prompt or conversation share a key."""
+    data = prompt.encode() if isinstance(prompt, str) else prompt
+    return hashlib.blake2b(data[:chars], digest_size=8).hexdigest()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _log_u(key: str, instance_id: str) -> float:
+    """``ln(u)``, ``u`` in (0, 1) drawn from a hash of the key and the instance: fixed per pair."""
+    h = hashlib.blake2b(f"{key}|{instance_id}".encode(), digest_size=8).digest()
+    return math.log((int.from_bytes(h, "big") + 0.5) / 2.0**64)
+
+
+def _rank(key: str, instance: Instance, w: float) -> float:
+    """Weighted rendezvous hashing: the instance with the largest ``-w / ln(u)`` wins the key, each
+    in proportion to its weight, and removing one moves only its keys."""
+    return -w / _log_u(key, instance.id)
 
 
 def weight(instance: Instance, p99_ref_s: float) -> float:
@@ -79,6 +152,7 @@ class SelectionIndex:
         self._all = _group(eligible, self.p99_ref_s)
         self._by_model = {m: _group(v, self.p99_ref_s) for m, v in by_model.items()}
         self.size = len(eligible)
+        self._affinity: dict[tuple[str, int, str | None], tuple[Instance, ...]] = {}
 
     def serves(self, model: str) -> bool:
         """Whether any eligible instance serves ``model``."""
@@ -133,6 +207,76 @@ class SelectionIndex:
             if r < 0:
                 return inst
         return near[-1]
+
+    def pick_loaded(
+        self,
+        required_free_bytes: int,
+        model: str | None,
+        random: Callable[[], float],
+        excluded: Mapping[str, float],
+        now: float,
+        own: Callable[[Instance], int],
+        policy: LoadPolicy,
+        key: str | None = None,
+        now_s: float | None = None,
+    ) -> Instance | None:
+        """Power of two choices: two weighted draws (:meth:`pick`), the one with the lower
+        :func:`load_cost` wins; with a prefix ``key``, the key's top-ranked instance first unless it
+        costs more than ``policy.affinity_slack`` above that winner. None when nothing is eligible."""
+        first = self.pick(required_free_bytes, model, random, excluded, now)
+        if first is None:
+            return None
+        second = self.pick(required_free_bytes, model, random, excluded, now)
+
+        def cost(i: Instance) -> float:
+            return load_cost(i, own(i), self.p99_ref_s, policy, now_s)
+
+        best, best_cost = first, cost(first)
+        if second is not None and second is not first:
+            c = cost(second)
+            if c < best_cost:
+                best, best_cost = second, c
+        if key is None:
+            return best
+        ranked = self._ranked(key, required_free_bytes, model, excluded, now, policy.affinity_choices)
+        for inst in ranked:
+            if cost(inst) <= best_cost + policy.affinity_slack:
+                return inst
+        return best
+
+    def _ranked(
+        self,
+        key: str,
+        required_free_bytes: int,
+        model: str | None,
+        excluded: Mapping[str, float],
+        now: float,
+        n: int,
+    ) -> list[Instance]:
+        """The key's ``n`` top-ranked candidates (weighted rendezvous over the eligible instances with
+        the room), cached per key for this snapshot."""
+        memo = (key, required_free_bytes, model)
+        order = self._affinity.get(memo)
+        if order is None:
+            room = self.candidates(required_free_bytes, model)
+            order = tuple(
+                sorted(room, key=lambda i: _rank(key, i, weight(i, self.p99_ref_s) or 1.0), reverse=True)
+            )
+            if len(self._affinity) >= 4096:
+                self._affinity.clear()
+            self._affinity[memo] = order
+        out = []
+        for inst in order:
+            if excluded.get(inst.id, 0.0) <= now:
+                out.append(inst)
+                if len(out) >= n:
+                    break
+        return out
+
+    def loaded(self, model: str | None) -> bool:
+        """Whether any eligible instance (serving ``model``) reports serving figures."""
+        group = self._all if model is None else self._by_model.get(model)
+        return group is not None and any(i.serving is not None for i in group.instances)
 
     def pick(
         self,

@@ -27,6 +27,25 @@ class RunningCollector:
     keys: KeyStore
     admin_token: str = ""
 
+    def remote_write(self, series: list[tuple[dict[str, str], list[tuple[int, float]]]]) -> None:
+        """POST ``series`` ((labels with __name__, [(ms, value)])) to /api/v1/write with the ingest token."""
+        import httpx
+
+        from kernel_insight.collector.remote_write import encode_write_request
+
+        r = httpx.post(
+            self.url + "/api/v1/write",
+            content=encode_write_request(series),
+            headers={
+                "Authorization": f"Bearer {self.ingest_token}",
+                "Content-Type": "application/x-protobuf",
+                "Content-Encoding": "snappy",
+                "X-Prometheus-Remote-Write-Version": "0.1.0",
+            },
+            timeout=30,
+        )
+        assert r.status_code == 204, r.text
+
     @property
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.url.split("://", 1)[1].partition(":")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from kernel_insight.api.auth import Authenticator, Scope
 from kernel_insight.api.errors import ApiError
 from kernel_insight.api.health.snapshot import Snapshot
-from kernel_insight.api.health.snapshotter import Snapshotter
+from kernel_insight.api.health.snapshotter import MAX_WAIT_S, Snapshotter
 from kernel_insight.api.models import ErrorBody, HealthSnapshot
 
 __all__ = [
@@ -116,17 +117,40 @@ def health_router(
         namespace: str | None = Query(
             None, description="only instances with a GPU a pod of this Kubernetes namespace holds"
         ),
+        wait: float | None = Query(
+            None,
+            ge=0,
+            le=MAX_WAIT_S,
+            description="long-poll: when If-None-Match matches, hold the answer up to this many seconds"
+            " until a rebuild changes it (then 200), else 304",
+        ),
         _token: object = Depends(auth.require(Scope.READ)),
     ) -> Response:
         snap = await current_snapshot(snapshotter)
-        if model is None and min_free_bytes is None and healthy is None and pod is None and namespace is None:
-            return cached_json(request, lambda: snap.body, snap.etag, snap)
+        filtered = not (
+            model is None and min_free_bytes is None and healthy is None and pod is None and namespace is None
+        )
         key = f"{model!r}|{min_free_bytes!r}|{healthy!r}|{pod!r}|{namespace!r}"
-        etag = _filtered_etag(snap.etag, key)
+
+        def etag_of(s: Snapshot) -> str:
+            return _filtered_etag(s.etag, key) if filtered else s.etag
+
+        if wait:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            held = request.headers.get("if-none-match")
+            # A rebuild may change the fleet but not this filter's answer: wait on.
+            while etag_matches(held, etag_of(snap)) and (left := deadline - loop.time()) > 0:
+                newer = await snapshotter.changed(snap.etag, left)
+                if newer is None:
+                    break
+                snap = newer
+        if not filtered:
+            return cached_json(request, lambda: snap.body, snap.etag, snap)
         return cached_json(
             request,
             lambda: snap.render(snap.select(model, min_free_bytes, healthy, pod, namespace)),
-            etag,
+            etag_of(snap),
             snap,
         )
 

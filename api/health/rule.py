@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kernel_insight.api.health.serving import ServingFacts
+
 __all__ = ["ERROR_WINDOW_MS", "HealthRule", "HealthSource", "InstanceFacts"]
 
 #: The window of the error count and the NCCL latency quantiles.
@@ -111,6 +113,7 @@ class InstanceFacts:
     errors_by_kind: Mapping[str, int] = field(default_factory=dict)
     last_heard_ms: int | None = None  # collector clock: when its agent's newest batch was stored
     ingest_lag_s: float | None = None  # that batch's receive time minus its t_max
+    serving: ServingFacts | None = None  # the serving engine's load (serving.py), None without its metrics
 
 
 class HealthSource(Protocol):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from kernel_insight.api.health.rule import ERROR_WINDOW_MS, HealthRule, InstanceFacts
+from kernel_insight.api.health.serving import serving_record
 
 __all__ = ["Snapshot", "build_snapshot", "encode_json", "instance_record", "served_models"]
 
@@ -105,6 +106,7 @@ def instance_record(facts: InstanceFacts, rule: HealthRule, now_ms: int) -> dict
         "temperature_celsius": _num(facts.temperature_celsius),
         "power_watts": _num(facts.power_watts),
         "sm_utilization_ratio": _num(facts.sm_utilization_ratio),
+        "serving": serving_record(facts.serving),
         "last_seen_ms": int(facts.last_seen_ms),
         "last_heard_ms": None if facts.last_heard_ms is None else int(facts.last_heard_ms),
         "ingest_lag_s": None if lag is None or not math.isfinite(lag) else round(max(0.0, lag), 3),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.api.health.rule import ERROR_WINDOW_MS, InstanceFacts
+from kernel_insight.api.health.serving import SERVING_METRICS, combine
 from kernel_insight.collector.derive import INGEST_LAG_METRIC
 from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.kql.engine import Engine, EngineLimits
@@ -28,6 +29,18 @@ def _ms(ms: int) -> str:
 #: without the slack its NVML gauges (stamped earlier, by the agent) would show and its heartbeat
 #: would not. It also covers agents whose clocks run a little ahead of the collector's.
 CLOCK_SLACK_MS = 1_000
+
+
+class _Rows(NamedTuple):
+    """The newest samples read, one row each: metric code, instance code, value, sample time."""
+
+    metric: npt.NDArray[np.intp]
+    instance: npt.NDArray[np.intp]
+    values: npt.NDArray[np.float64]
+    times: npt.NDArray[np.int64]
+
+    def where(self, mask: npt.NDArray[np.bool_]) -> _Rows:
+        return _Rows(self.metric[mask], self.instance[mask], self.values[mask], self.times[mask])
 
 
 class StoreSource:
@@ -64,7 +77,8 @@ class StoreSource:
         self.store = store
         #: An instance's enrolment name (the key store's ``name_of``); None without a key store.
         self.name_of: Callable[[str], str | None] = name_of or (lambda instance: None)
-        self._metrics = [*self.GAUGES, self.HEARTBEAT_METRIC]
+        #: GAUGES, the heartbeat, then the serving engines' metrics (serving.py), in this order: codes.
+        self._metrics = [*self.GAUGES, self.HEARTBEAT_METRIC, *SERVING_METRICS]
         #: id(label set) -> (that label set, metric code, instance code); see _keys.
         self._known: dict[int, tuple[Labels, int, int]] = {}
         self._instances: list[str] = []
@@ -156,8 +170,8 @@ class StoreSource:
         metric, instance = seen[1][rows], seen[2][rows]
         values, times = found.values[rows, 0], found.sample_ts[rows, 0]
         names = self._instances
-        count = len(names)
         beat = metric == len(self.GAUGES)
+        serving = metric > len(self.GAUGES)
         if beat.any():  # each instance's newest heartbeat: the last of its rows in time order
             order = np.argsort(times[beat], kind="stable")
             inst, at, lag = instance[beat][order], times[beat][order], values[beat][order]
@@ -166,9 +180,19 @@ class StoreSource:
                 if names[i] in facts:
                     facts[names[i]].last_heard_ms = int(t)
                     facts[names[i]].ingest_lag_s = float(v)
-        gauge = ~beat & ~np.isnan(values)  # a NaN reading says nothing
-        if not gauge.any():
-            return
+        gauge = ~beat & ~serving & ~np.isnan(values)  # a NaN reading says nothing
+        read = _Rows(metric, instance, values, times)
+        if gauge.any():
+            self._gauges(facts, gauge, read)
+        if serving.any():  # after the gauges, which may add instances seen only in samples
+            self._serving(facts, read.where(serving))
+
+    def _gauges(self, facts: dict[str, InstanceFacts], gauge: npt.NDArray[np.bool_], read: _Rows) -> None:
+        """The GPU gauges combined by instance (GAUGES' sum, max or mean); instances seen only in
+        samples join ``facts``."""
+        metric, instance, values, times = read
+        names = self._instances
+        count = len(names)
         newest = np.full(count, np.iinfo(np.int64).min)
         np.maximum.at(newest, instance[gauge], times[gauge])
         combined: list[tuple[str, npt.NDArray[np.bool_], npt.NDArray[np.float64]]] = []
@@ -193,6 +217,18 @@ class StoreSource:
             for field, has, out in combined:
                 if has[i]:
                     setattr(f, field, float(out[i]))
+
+    def _serving(self, facts: dict[str, InstanceFacts], read: _Rows) -> None:
+        """The serving engines' load by instance (serving.combine), for instances the snapshot has:
+        serving metrics alone do not make an instance (its capacity would be unknown)."""
+        rows: dict[int, list[tuple[str, float, int]]] = {}
+        names = self._metrics
+        for m, i, v, t in zip(*(a.tolist() for a in read), strict=True):
+            rows.setdefault(i, []).append((names[m], v, t))
+        for i, mine in rows.items():
+            f = facts.get(self._instances[i])
+            if f is not None:
+                f.serving = combine(mine)
 
     def _keys(self, labels: list[Labels]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
         """Per series: the metric (its position in GAUGES, then the heartbeat) and the instance

@@ -152,21 +152,6 @@ def test_labels_from_enrolment_and_remote_write_reach_topology_and_selection(tmp
         assert sample.labels["rack"] == "r1"
 
 
-def _remote_write(url: str, token: str, series: list[tuple[dict[str, str], list[tuple[int, float]]]]) -> None:
-    r = httpx.post(
-        url + "/api/v1/write",
-        content=encode_write_request(series),
-        headers={
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/x-protobuf",
-            "Content-Encoding": "snappy",
-            "X-Prometheus-Remote-Write-Version": "0.1.0",
-        },
-        timeout=30,
-    )
-    assert r.status_code == 204, r.text
-
-
 def test_relabelled_remote_write_reaches_the_snapshot(tmp_path):
     # A Prometheus that knows nothing of `model` writes its vLLM job; the collector's rules derive
     # the served model from the job name and drop the Go runtime series nobody routes on.
@@ -190,9 +175,7 @@ def test_relabelled_remote_write_reaches_the_snapshot(tmp_path):
     with running_collector(tmp_path, "--relabel-config", str(rules)) as c:
         now_ms = time.time_ns() // 1_000_000
         base = {"instance": "rw-9", "gpu": "0", "job": "vllm-qwen-32b"}
-        _remote_write(
-            c.url,
-            c.ingest_token,
+        c.remote_write(
             [
                 ({**base, "__name__": "gpu_memory_free_bytes"}, [(now_ms, 30.0 * GiB)]),
                 ({**base, "__name__": "gpu_memory_total_bytes"}, [(now_ms, 40.0 * GiB)]),
