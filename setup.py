@@ -1,5 +1,5 @@
 """Native parts of the package build: the C extensions (ring, decoding, kql windows), the ki-agent binary
-and, where the CUDA headers are installed, the CUPTI probe libki_cupti.so."""
+and, where the CUDA headers are installed, the CUPTI probe libki_cupti.so.1."""
 
 import subprocess
 from pathlib import Path
@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 
 class build_ext_and_agent(build_ext):
     """Also build the native agent (agent/src/Makefile) into kernel_insight/agent/bin/ki-agent, and
-    the CUPTI probe (agent/cupti/Makefile) into .../bin/libki_cupti.so when cupti.h is found
+    the CUPTI probe (agent/cupti/Makefile) into .../bin/libki_cupti.so.1 when cupti.h is found
     (CUDA_HOME, default /usr/local/cuda; without it the probe is left out and the build says so).
 
     A wheel gets it from build_lib; an editable install (or --inplace) also gets
@@ -36,7 +36,7 @@ class build_ext_and_agent(build_ext):
             if subprocess.run([*cupti, "check-headers"], capture_output=True, check=False).returncode == 0:
                 subprocess.run(cupti, check=True)
             else:
-                print("CUPTI headers (cupti.h) not found: libki_cupti.so, the CUPTI probe, is not built")
+                print("CUPTI headers (cupti.h) not found: libki_cupti.so.1, the CUPTI probe, is not built")
 
 
 setup(

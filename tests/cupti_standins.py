@@ -54,4 +54,4 @@ def build_cupti(out: Path) -> CuptiBuild:
     )  # fmt: skip
     if done.returncode != 0:
         raise AssertionError(f"build failed:\n{done.stdout}{done.stderr}")
-    return CuptiBuild(out / "libki_cupti.so", out, out / "cupti_workload")
+    return CuptiBuild(out / "libki_cupti.so.1", out, out / "cupti_workload")

@@ -1,7 +1,7 @@
 /*
  * ki_cupti.h - the CUPTI activity probe, internal interfaces (docs/probes.md, "CUPTI activity probe").
  *
- * libki_cupti.so is loaded by the CUDA driver through CUDA_INJECTION64_PATH: at cuInit the driver
+ * libki_cupti.so.1 is loaded by the CUDA driver through CUDA_INJECTION64_PATH: at cuInit the driver
  * calls InitializeInjection (inject.c), which loads CUPTI by name, subscribes to the launch and NVTX
  * callbacks (callbacks.c) and enables the activity kinds. CUPTI hands its buffers back through
  * ki_cupti_buffer_completed (activity.c), which turns each record into the ring records of

@@ -1,6 +1,6 @@
 """The CUPTI activity probe: every kernel's device time, with no change to the workload.
 
-``libki_cupti.so`` (agent/cupti/, built by the package build) is a CUPTI injection library: the
+``libki_cupti.so.1`` (agent/cupti/, built by the package build) is a CUPTI injection library: the
 CUDA driver loads it at ``cuInit`` when ``CUDA_INJECTION64_PATH`` names it, and it writes KERNEL
 (with their LAUNCH_SPAN), MEMOP and SYNC records into each GPU's ring (docs/probes.md). This
 module finds the library and builds the environment a workload needs; ``ki probe cupti -- CMD``
@@ -42,9 +42,9 @@ class CuptiUnavailable(Exception):
 
 
 def injection_library() -> Path:
-    """The packaged libki_cupti.so, or $KI_CUPTI_INJECTION."""
+    """The packaged libki_cupti.so.1, or $KI_CUPTI_INJECTION."""
     override = os.environ.get(INJECTION_ENV)
-    path = Path(override) if override else Path(__file__).resolve().parents[1] / "bin" / "libki_cupti.so"
+    path = Path(override) if override else Path(__file__).resolve().parents[1] / "bin" / "libki_cupti.so.1"
     if not path.is_file():
         raise CuptiUnavailable(
             f"CUPTI injection library not found at {path}: the package build makes it when the CUDA "

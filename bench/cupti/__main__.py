@@ -84,7 +84,7 @@ def _rss(out: Path) -> tuple[dict[str, float], dict[str, float]]:
         args += ["--kernel", k]
     base = _env(out, LD_LIBRARY_PATH=str(out))
     without = _json(args, base)
-    return without, _json(args, {**base, "CUDA_INJECTION64_PATH": str(out / "libki_cupti.so")})
+    return without, _json(args, {**base, "CUDA_INJECTION64_PATH": str(out / "libki_cupti.so.1")})
 
 
 def main() -> int:

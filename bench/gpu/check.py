@@ -187,7 +187,7 @@ def gpu_tests(env: dict[str, str]) -> dict[str, Any]:
 
 def main() -> int:
     build = Path(sys.argv[1])
-    probe = build / "libki_cupti.so"
+    probe = build / "libki_cupti.so.1"
     base = dict(os.environ)
     base["KI_PROBE_LABEL_PREFIX"] = PREFIX
     import torch

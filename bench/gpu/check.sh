@@ -41,7 +41,7 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 export CUDA_HOME
 echo "CUDA_HOME=$CUDA_HOME"
-make -s -C agent/cupti OUT="$B" CUDA_HOME="$CUDA_HOME" all || fail "building libki_cupti.so (cupti.h under $CUDA_HOME?)"
+make -s -C agent/cupti OUT="$B" CUDA_HOME="$CUDA_HOME" all || fail "building libki_cupti.so.1 (cupti.h under $CUDA_HOME?)"
 cc -std=c11 -O2 -Wall -Wextra -Werror -Iagent/include bench/gpu/ring_tool.c -o "$B/ring_tool" || fail "building ring_tool"
 
 # PyTorch's own CUPTI first on the loader's path, so the probe and torch share one library.

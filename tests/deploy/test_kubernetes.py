@@ -158,8 +158,8 @@ def test_the_cupti_workload_example_loads_the_library_the_daemonset_installs(obj
     (lib,) = [v for v in agent["volumes"] if v["name"] == "cupti-lib"]
     (init,) = agent["initContainers"]
     assert {"name": "cupti-lib", "mountPath": lib["hostPath"]["path"]} in init["volumeMounts"]
-    installed = f"{lib['hostPath']['path']}/libki_cupti.so"
-    assert f"mv /opt/kernel-insight/lib/.libki_cupti.so.new {installed}" in init["args"][0]
+    installed = f"{lib['hostPath']['path']}/libki_cupti.so.1"
+    assert f"mv /opt/kernel-insight/lib/.libki_cupti.so.1.new {installed}" in init["args"][0]
     (server,) = pod["spec"]["containers"]
     env = {e["name"]: e["value"] for e in server["env"]}
     assert env["CUDA_INJECTION64_PATH"] == installed

@@ -311,7 +311,7 @@ def test_ki_probe_cupti_says_what_is_missing(tmp_path):
 
 
 def test_the_environment_names_the_probe_and_keeps_a_users_nvtx_injection(tmp_path):
-    lib = tmp_path / "libki_cupti.so"
+    lib = tmp_path / "libki_cupti.so.1"
     env = cupti_environment({"NVTX_INJECTION64_PATH": "/x/libcupti.so"}, label_prefix="p", library=lib)
     assert env["CUDA_INJECTION64_PATH"] == str(lib)
     assert env["KI_PROBE_LABEL_PREFIX"] == "p"
@@ -321,7 +321,7 @@ def test_the_environment_names_the_probe_and_keeps_a_users_nvtx_injection(tmp_pa
 
 def test_the_package_build_makes_the_probe():
     """make build (setup.py) puts it beside ki-agent, where ki probe cupti looks."""
-    lib = ROOT / "agent" / "bin" / "libki_cupti.so"
+    lib = ROOT / "agent" / "bin" / "libki_cupti.so.1"
     assert lib.is_file(), "run make build"
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in out.stdout.splitlines()}
