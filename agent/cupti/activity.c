@@ -368,6 +368,8 @@ void ki_cupti_activity_report(struct ki_cupti *g) {
         if (first) { /* the process's own counts go with its first GPU */
             d->counts[KI_CUPTI_CUPTI_DROPPED] = g->cupti_dropped_total;
             d->counts[KI_CUPTI_POOL_EXHAUSTED] = __atomic_load_n(&g->pool_exhausted, __ATOMIC_RELAXED);
+            d->counts[KI_CUPTI_RING_REFUSED] += g->unknown_device; /* no ring to go to: a device past 63, */
+            g->unknown_device = 0;                                  /* or a sync of an unknown context */
             first = 0;
         }
         for (int c = 0; c < KI_CUPTI_COUNT_MAX; c++) {
