@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup clean
+.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup soak clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -89,6 +89,10 @@ bench-import: build
 
 bench-backup: build
 	$(PY) -m bench.backup
+
+# An hour of mixed load with a fault every 5 minutes (bench/soak); SOAK_ARGS='--minutes 10 --seed 2'.
+soak: build
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 bench-metrics: build
 	$(PY) -m bench.metrics
