@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup soak clean
+.PHONY: bench-fleet
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -77,6 +78,11 @@ bench-probe: build
 # buffer-completed path, and its resident memory beside a workload (docs/probes.md).
 bench-cupti: build
 	$(PY) -m bench.cupti
+
+# Node_exporter fleets by remote_write and alert rules as instant queries into kql, Prometheus 2.x/3.x and
+# VictoriaMetrics, one at a time (docs/benchmarks.md "fleet"); FLEET_ARGS="--targets 100,250 --seconds 120".
+bench-fleet: build
+	$(PY) -m bench.fleet $(FLEET_ARGS)
 
 bench-kql: build
 	$(PY) -m bench.kql
