@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.errors import TooManySamplesError
+from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError, TooManySeriesError
 from kernel_insight.kql.pushdown import SeriesColumns, columns_of
 from kernel_insight.kql.storage import Labels, Matcher, ReadBudget
 
@@ -105,8 +105,9 @@ class _Block:
         vs = np.concatenate([b.values for b in blocks])
         return _Block.seal(sid, ts, vs)
 
-    def gather(self, sids: I32, ranks: I64) -> tuple[I64, I64, F64]:
-        """(rank, ts, value) of every sample of ``sids`` (ascending) here, grouped by rank."""
+    def gather(self, sids: I32, ranks: I64, lo: int, hi: int, most: int) -> tuple[I64, I64, F64]:
+        """(rank, ts, value) of every sample of ``sids`` (ascending) here with ``lo <= ts <= hi``,
+        grouped by rank; TooManySamplesError past ``most`` samples, before gathering them when it can."""
         if not len(self.sids):
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
         at = np.searchsorted(self.sids, sids)
@@ -115,8 +116,17 @@ class _Block:
         where = at_c[hit]
         a = self.offsets[where]
         lengths = self.offsets[where + 1] - a
+        inside = lo <= self.tmin and self.tmax <= hi
+        if inside and int(lengths.sum()) > most:
+            raise TooManySamplesError()
         idx = _ranges(a, lengths)
-        return np.repeat(ranks[hit], lengths), self.base + self.dt[idx].astype(np.int64), self.values[idx]
+        r, t, v = np.repeat(ranks[hit], lengths), self.base + self.dt[idx].astype(np.int64), self.values[idx]
+        if not inside:
+            keep = (t >= lo) & (t <= hi)
+            r, t, v = r[keep], t[keep], v[keep]
+            if len(t) > most:
+                raise TooManySamplesError()
+        return r, t, v
 
 
 def _ranges(starts: I64, lengths: I64) -> I64:
@@ -260,9 +270,6 @@ class Head:
         self._selections: dict[tuple[Matcher, ...], tuple[int, I32, I64]] = {}
         self._labels: list[Labels] = []
         self._fps: list[int] = []  # per series: its fingerprint
-        self._metric_codes: list[int] = []  # per series: its metric name's index in _metric_names
-        self._metric_names: list[str] = []
-        self._metric_code_of: dict[str, int] = {}
         self._postings = _Postings()
         self._blocks: list[_Block] = []  # sealed, in arrival order
         self._open: list[tuple[I32, I64, F64]] = []
@@ -336,12 +343,6 @@ class Head:
             self._index.add(fp, sid)
             self._labels.append(labels)
             self._fps.append(fp)
-            name = next((v for k, v in labels if k == "__name__"), "")
-            code = self._metric_code_of.get(name)
-            if code is None:
-                code = self._metric_code_of[name] = len(self._metric_names)
-                self._metric_names.append(name)
-            self._metric_codes.append(code)
             self._postings.add(sid, labels)
             self._bytes += SERIES_OVERHEAD_BYTES
         return sid
@@ -457,9 +458,8 @@ class Head:
             self._open_cat = (renumber[osid].astype(np.int32), ots, ovs)
             self._open = [self._open_cat]
         kept = np.flatnonzero(live).tolist()
-        labels, codes = self._labels, self._metric_codes
+        labels = self._labels
         self._labels = [labels[i] for i in kept]
-        self._metric_codes = [codes[i] for i in kept]
         self._postings = _Postings()
         self._fps = [self._fps[i] for i in kept]
         self._index = _FpIndex(np.array(self._fps, dtype=np.uint64))
@@ -564,8 +564,12 @@ class Head:
         """The matching series' samples with ``start_ms <= t <= end_ms``, as the store answers
         them (sorted by labels, time ascending, one sample per timestamp: the last written).
 
-        None when a matching series' metric is in ``exclude_metrics`` (native histograms and start
-        timestamps are ClickHouse's to answer: the head holds float values only)."""
+        None when the selector may match a metric of ``exclude_metrics`` (native histograms and start
+        timestamps are ClickHouse's to answer: the head holds float values only, and knows nothing
+        of series that have none)."""
+        names = [m for m in matchers if m.name == "__name__"]
+        if any(all(m.matches(x) for m in names) for x in exclude_metrics):
+            return None
         for _ in range(8):
             sids, label_rank, numbering = self._selection(matchers)
             if numbering >= 0:
@@ -574,15 +578,6 @@ class Head:
             return None  # renumbered under every try: let ClickHouse answer
         if not len(sids) or end_ms < start_ms:
             return columns_of([])
-        if exclude_metrics:
-            with self._lock:
-                codes = (
-                    {self._metric_codes[i] for i in np.unique(sids).tolist()}
-                    if len(sids) < 4096
-                    else set(np.unique(np.asarray(self._metric_codes, dtype=np.int32)[sids]).tolist())
-                )
-                if any(self._metric_names[c] in exclude_metrics for c in codes):
-                    return None
         with self._lock:
             blocks = [b for b in self._blocks if b.tmax >= start_ms and b.tmin <= end_ms]
             if numbering != self._numbering:
@@ -595,8 +590,10 @@ class Head:
         parts_r: list[I64] = []
         parts_t: list[I64] = []
         parts_v: list[F64] = []
+        most = budget.max_samples if budget is not None else 2**62
         for b in blocks:
-            r, t, v = b.gather(sids, ranks)
+            r, t, v = b.gather(sids, ranks, lo, end_ms, most)
+            most -= len(t)
             parts_r.append(r)
             parts_t.append(t)
             parts_v.append(v)
@@ -604,25 +601,19 @@ class Head:
             pos = np.full(n_series, -1, dtype=np.int64)
             pos[sids] = ranks
             r = pos[osid]
-            m = r >= 0
+            m = (r >= 0) & (ots >= lo) & (ots <= end_ms)
+            if int(m.sum()) > most:
+                raise TooManySamplesError()
             parts_r.append(r[m])
             parts_t.append(ots[m])
             parts_v.append(ovs[m])
+        if budget is not None and time.monotonic() >= budget.deadline:
+            raise QueryTimeoutError.after(budget.timeout_s)
         if not parts_r:
             return columns_of([])
         r = np.concatenate(parts_r)
         t = np.concatenate(parts_t)
         v = np.concatenate(parts_v)
-        keep = (t >= lo) & (t <= end_ms)
-        if not keep.all():
-            r, t, v = r[keep], t[keep], v[keep]
-        if budget is not None:
-            if time.monotonic() >= budget.deadline:
-                from kernel_insight.kql.errors import QueryTimeoutError
-
-                raise QueryTimeoutError.after(budget.timeout_s)
-            if len(t) > budget.max_samples:
-                raise TooManySamplesError()
         if not len(t):
             return columns_of([])
         order = np.argsort(r, kind="stable")  # runs of one series in arrival order
@@ -637,8 +628,6 @@ class Head:
         present = r[starts]
         lengths = np.diff(np.append(starts, len(r)))
         if max_series is not None and len(present) > max_series:
-            from kernel_insight.kql.errors import TooManySeriesError
-
             raise TooManySeriesError(
                 f"query selected {len(present)} series, more than the limit of {max_series}"
             )
@@ -661,9 +650,6 @@ class Head:
             self._numbering += 1
             self._labels.clear()
             self._fps.clear()
-            self._metric_codes.clear()
-            self._metric_names.clear()
-            self._metric_code_of.clear()
             self._postings = _Postings()
             self._blocks.clear()
             self._open, self._open_n, self._open_cat = [], 0, None

@@ -825,7 +825,13 @@ class Store(ABC):
             return
         now = int(time.time() * 1000)
         first = now - head.window_ms
-        coverage = first if self._samples_before(first) else None
+        try:
+            first = self._head_start(first, now, head.max_bytes)
+            coverage = first if self._samples_before(first) else None
+        except Exception:  # the head stays unloaded: every read goes to ClickHouse, still exact
+            head.reset(None)
+            log.exception("head: cannot size the load from ClickHouse; kql reads go to ClickHouse")
+            return
         head.reset(coverage)
         generation = head.generation
         thread = threading.Thread(
@@ -833,6 +839,21 @@ class Store(ABC):
         )
         self._head_loader = thread
         thread.start()
+
+    def _head_start(self, first: int, now: int, max_bytes: int) -> int:
+        """Where the head's load starts: ``first``, or the start of the latest second from which
+        the samples still fit nine tenths of ``max_bytes`` (counted per second of the window)."""
+        rows = self._query(
+            f"SELECT intDiv(toUnixTimestamp64Milli(ts), 1000) AS sec, count() AS n FROM {self._table('samples')} "
+            f"WHERE ts >= fromUnixTimestamp64Milli(toInt64({int(first)}), 'UTC') GROUP BY sec ORDER BY sec DESC"
+        )
+        fit = int(max_bytes * 0.9 / 12)  # a sealed sample's bytes (collector/head.py)
+        counts = rows.column("n").to_numpy()
+        total = np.cumsum(counts)
+        if not len(total) or int(total[-1]) <= fit:
+            return first
+        over = int(np.argmax(total > fit))  # the first second (newest first) that does not fit
+        return (int(rows.column("sec")[over].as_py()) + 1) * 1000
 
     def _samples_before(self, ms: int) -> bool:
         """Whether the samples table holds any sample older than ``ms`` (parts of earlier days
@@ -857,8 +878,7 @@ class Store(ABC):
         try:
             rows = self._query(
                 f"SELECT s.fingerprint AS fingerprint, toUnixTimestamp64Milli(s.ts) AS t, s.value AS value "
-                f"FROM {self._table('samples')} AS s WHERE s.ts >= fromUnixTimestamp64Milli(toInt64({int(first)}), 'UTC') "
-                "ORDER BY s.fingerprint, t"
+                f"FROM {self._table('samples')} AS s WHERE s.ts >= fromUnixTimestamp64Milli(toInt64({int(first)}), 'UTC')"
             )
             fps = rows.column("fingerprint").to_numpy().astype(np.uint64, copy=False)
             ts = rows.column("t").to_numpy().astype(np.int64, copy=False)
@@ -1347,7 +1367,7 @@ class EmbeddedStore(Store):
         retention: Retention | None = None,
         *,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
-        head_bytes: int = DEFAULT_HEAD_BYTES,
+        head_bytes: int = 0,
         head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
     ) -> None:
         super().__init__(database, retention)
@@ -1570,7 +1590,7 @@ def open_store(
     cluster: str | None = None,
     *,
     cache_bytes: int | None = None,
-    head_bytes: int = DEFAULT_HEAD_BYTES,
+    head_bytes: int = 0,
     head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
 ) -> Store:
     """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path.
@@ -1578,7 +1598,8 @@ def open_store(
     ``cache_bytes`` sizes the decoded-hours cache for kql (0 turns it off); by default it is on
     for the embedded store and off for a server, which other collectors may write to behind
     this one's back (collector/sample_cache.py). ``head_bytes`` and ``head_window_ms`` bound the
-    embedded store's head (collector/head.py; 0 bytes: off); a server store has none.
+    embedded store's head (collector/head.py; 0 bytes, the default: off, for tools that only write,
+    such as ``ki import``; ``ki collector`` turns it on); a server store has none.
     """
     text = str(target)
     if is_store_url(text):

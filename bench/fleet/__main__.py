@@ -66,9 +66,11 @@ class Result:
 class _Sender(threading.Thread):
     """Pushes every target once per interval, spread evenly, over ``shards`` keep-alive connections."""
 
-    def __init__(self, url: str, targets: TargetSet, interval: float, shards: int) -> None:
+    def __init__(self, url: str, targets: TargetSet, interval: float, shards: int, churn: float) -> None:
         super().__init__(name="fleet-sender", daemon=True)
         self.url, self.targets, self.interval, self.shards = url, targets, interval, shards
+        #: Targets replaced by new hosts per interval (``--churn`` percent of targets per 10 minutes).
+        self.replace_per_round = churn / 100 * targets.count * interval / 600
         self.stop = threading.Event()
         self.measuring = False
         self.lock = threading.Lock()
@@ -76,6 +78,7 @@ class _Sender(threading.Thread):
         self.errors: list[str] = []
         self.samples = 0
         self.max_lateness = 0.0
+        self.replaced = 0
 
     def run(self) -> None:
         asyncio.run(self._main())
@@ -111,9 +114,15 @@ class _Sender(threading.Thread):
             workers = [asyncio.create_task(shard()) for _ in range(self.shards)]
             start = time.monotonic()
             rnd = 0
+            owed = 0.0
             while not self.stop.is_set():
                 round_start = start + rnd * self.interval
                 self.targets.advance(self.interval)
+                owed += self.replace_per_round
+                while owed >= 1.0:  # the next targets in turn get new hosts: their series are all new
+                    self.targets.replace(self.replaced % n)
+                    self.replaced += 1
+                    owed -= 1.0
                 ts_ms = int(time.time() * 1000)
                 for t in range(n):
                     due = round_start + t * self.interval / n
@@ -200,7 +209,7 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
     res = Result(system.name, n, n * page_series, args.seconds)
     try:
         targets = TargetSet(PAGE, 0, n)
-        sender = _Sender(proc.base + system.write_path, targets, args.interval, args.shards)
+        sender = _Sender(proc.base + system.write_path, targets, args.interval, args.shards, args.churn)
         sender.start()
         time.sleep(args.warmup)
         cpu0, t0 = process_cpu_s(proc.pid), time.monotonic()
@@ -211,7 +220,8 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         querier = threading.Thread(
             target=lambda: box.setdefault("q", _query_rounds(proc.base, stop, args.interval)), daemon=True
         )
-        querier.start()
+        if args.queries:
+            querier.start()
         while time.monotonic() - t0 < args.seconds:
             rss_peak = max(rss_peak, _rss_kb(proc.pid))
             time.sleep(1.0)
@@ -222,7 +232,7 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         querier.join(timeout=120)
         sender.stop.set()
         sender.join(timeout=120)
-        lat, rounds, qerr = box.get("q", ([], [], ["the querier did not finish"]))
+        lat, rounds, qerr = box.get("q", ([], [], ["the querier did not finish"] if args.queries else []))
         with sender.lock:
             res.sent_samples_per_s = sender.samples / elapsed
             res.write_errors = len(sender.errors)
@@ -239,7 +249,7 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         res.holds = (
             res.write_errors == 0
             and res.max_lateness_s < args.interval
-            and bool(rounds)
+            and (bool(rounds) or not args.queries)
             and res.round_p99_s < args.interval
             and res.query_errors == 0
         )
@@ -262,6 +272,18 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=300.0, help="seconds measured per system and N")
     ap.add_argument("--interval", type=float, default=10.0, help="scrape and rule interval, seconds")
     ap.add_argument("--shards", type=int, default=4, help="remote_write connections")
+    ap.add_argument(
+        "--churn",
+        type=float,
+        default=0.0,
+        help="percent of targets replaced by new hosts every 10 minutes (prometheus-benchmark: 10)",
+    )
+    ap.add_argument(
+        "--no-queries",
+        dest="queries",
+        action="store_false",
+        help="ingest alone: no alert rounds (the ingest CPU per sample)",
+    )
     ap.add_argument("--stop-after-fail", action="store_true", default=True,
                     help="skip larger N for a system once it fails to hold one")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")

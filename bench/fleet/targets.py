@@ -132,18 +132,30 @@ class TargetSet:
         self._values = np.tile(page.values, (count, 1)) * rng.uniform(0.5, 1.5, (count, n))
         self._rates = np.where(page.counter, rng.uniform(0.0, 5.0, (count, n)), 0.0)
         self._rng = rng
-        self._templates: list[bytearray] = []
+        self.job = job
+        self.generations = [0] * count
+        self._templates = [self._template(t) for t in range(count)]
+        self._layouts = [self._offsets(t) for t in range(count)]
+
+    def _template(self, t: int) -> bytearray:
         sample_len = 1 + 8 + 1 + _TS_VARINT_BYTES
         sample = b"\x12" + _varint(sample_len) + b"\x09" + b"\0" * 8 + b"\x10" + b"\0" * _TS_VARINT_BYTES
-        for t in range(count):
-            extra = [("instance", f"host-{first + t:05d}:9100"), ("job", job)]
-            chunks = []
-            for lab in page.labels:
-                full = sorted([*lab, *extra], key=lambda kv: kv[0])
-                body = b"".join(_field(1, _field(1, k.encode()) + _field(2, v.encode())) for k, v in full)
-                chunks.append(_field(1, body + sample))
-            self._templates.append(bytearray(b"".join(chunks)))
-        self._layouts = [self._offsets(t) for t in range(count)]
+        generation = self.generations[t]
+        name = f"host-{self.first + t:05d}" + (f"-g{generation}" if generation else "")
+        extra = [("instance", f"{name}:9100"), ("job", self.job)]
+        chunks = []
+        for lab in self.page.labels:
+            full = sorted([*lab, *extra], key=lambda kv: kv[0])
+            body = b"".join(_field(1, _field(1, k.encode()) + _field(2, v.encode())) for k, v in full)
+            chunks.append(_field(1, body + sample))
+        return bytearray(b"".join(chunks))
+
+    def replace(self, t: int) -> None:
+        """Target ``t`` replaced by a new host (a new instance label: all its series are new), as
+        prometheus-benchmark's scrapeConfigUpdatePercent churns targets."""
+        self.generations[t] += 1
+        self._templates[t] = self._template(t)
+        self._layouts[t] = self._offsets(t)
 
     def _offsets(self, t: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Where target ``t``'s values and timestamps go (one scan of its template)."""

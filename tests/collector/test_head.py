@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel_insight.collector.head import DEFAULT_HEAD_BYTES as HEAD
 from kernel_insight.collector.head import Head, concat_columns
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
@@ -88,7 +89,7 @@ def test_head_answers_as_memory_storage_through_writes_restarts_and_evictions(tm
     path = tmp_path_factory.mktemp("head")
     mem = MemoryStorage()
     # A 3-minute head over 20 minutes of data: the head evicts, and windows straddle its coverage.
-    store = EmbeddedStore(path, head_window_ms=180_000)
+    store = EmbeddedStore(path, head_bytes=HEAD, head_window_ms=180_000)
     try:
         for step in range(rng.randint(6, 14)):
             store.head.open_block_samples = rng.choice([5, 20, 1000])  # type: ignore[union-attr]
@@ -98,7 +99,7 @@ def test_head_answers_as_memory_storage_through_writes_restarts_and_evictions(tm
             _write(store, mem, rng, step, t_lo, t_hi)
             if rng.random() < 0.25:  # a restart: the head is rebuilt from ClickHouse
                 store.close()
-                store = EmbeddedStore(path, head_window_ms=180_000)
+                store = EmbeddedStore(path, head_bytes=HEAD, head_window_ms=180_000)
             if rng.random() < 0.5:
                 _wait_ready(store)
             for _ in range(3):
@@ -125,13 +126,13 @@ def test_a_restart_mid_stream_answers_what_was_acknowledged_before(tmp_path):
     """Queries right after the collector's store reopens (head loading, then loaded) answer every
     sample acknowledged before the restart."""
     now = int(time.time() * 1000)
-    store = EmbeddedStore(tmp_path)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
     b = SampleBuilder()
     for i in range(50):
         b.add_series({"__name__": "up", "instance": f"h{i}"}, [now - 60_000, now - 30_000], [1.0, float(i)])
     store.insert_batch("before", samples=b.build())
     store.close()
-    store = EmbeddedStore(tmp_path)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
     try:
         m = [Matcher("__name__", "=", "up")]
         first = store.storage().select(m, now - 120_000, now)  # whether or not the head has loaded
@@ -216,7 +217,7 @@ def test_concat_columns_joins_each_series_in_time_order():
 @pytest.mark.parametrize("statement", ["ALTER TABLE {t} DELETE WHERE value > 5", "TRUNCATE TABLE {t}"])
 def test_a_raw_statement_on_the_samples_table_rebuilds_the_head(tmp_path, statement):
     now = int(time.time() * 1000)
-    store = EmbeddedStore(tmp_path)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
     try:
         _wait_ready(store)
         b = SampleBuilder()
@@ -231,5 +232,92 @@ def test_a_raw_statement_on_the_samples_table_rebuilds_the_head(tmp_path, statem
         got = store.storage().select([Matcher("__name__", "=", "x")], now - 10_000, now)
         want = 6 if "DELETE" in statement else 0
         assert len(got) == want
+    finally:
+        store.close()
+
+
+def test_a_query_over_too_many_samples_in_the_head_fails_with_prometheus_text(tmp_path):
+    """The sample limit holds on the head's reads: refused with Prometheus' error, before the
+    samples are gathered where a block lies inside the window, never an out-of-memory kill."""
+    from kernel_insight.kql.engine import Engine, EngineLimits
+    from kernel_insight.kql.errors import TooManySamplesError
+
+    now = int(time.time() * 1000)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
+    try:
+        _wait_ready(store)
+        store.head.open_block_samples = 1_000  # type: ignore[union-attr]
+        b = SampleBuilder()
+        for i in range(200):
+            b.add_series(
+                {"__name__": "big", "i": str(i)}, [now - 60_000 + k * 1_000 for k in range(50)], [1.0] * 50
+            )
+        store.insert_batch("big", samples=b.build())
+        assert store.head.stats().blocks > 0  # type: ignore[union-attr]
+        engine = Engine(store.storage(), EngineLimits(max_samples=5_000))
+        with pytest.raises(TooManySamplesError, match="query processing would load too many samples"):
+            engine.instant_query("count_over_time(big[2m])", now)
+        small = Engine(store.storage(), EngineLimits(max_samples=50_000))
+        (sample,) = small.instant_query("count(count_over_time(big[2m]))", now).value.samples  # type: ignore[union-attr]
+        assert sample.value == 200
+    finally:
+        store.close()
+
+
+def test_a_restart_loads_only_what_fits_the_budget_and_still_answers_exactly(tmp_path):
+    """More recent samples in ClickHouse than the head's budget holds: the load starts later (the
+    coverage says where), and reads before it go to ClickHouse; answers are the same."""
+    now = int(time.time() * 1000)
+    mem = MemoryStorage()
+    store = EmbeddedStore(tmp_path)
+    b = SampleBuilder()
+    for i in range(20):
+        labels = {"__name__": "up", "i": str(i)}
+        ts = [now - 600_000 + k * 6_000 for k in range(100)]
+        b.add_series(labels, ts, [float(k) for k in range(100)])
+        mem.add(labels, ts, [float(k) for k in range(100)])
+    store.insert_batch("before", samples=b.build())
+    store.close()
+    store = EmbeddedStore(tmp_path, head_bytes=12_000 + 20 * 400)  # ~900 of the 2,000 samples
+    try:
+        _wait_ready(store)
+        stats = store.head.stats()  # type: ignore[union-attr]
+        assert stats.coverage_start_ms is not None
+        assert now - 600_000 < stats.coverage_start_ms < now
+        assert 0 < stats.samples < 2_000
+        m = [Matcher("__name__", "=", "up")]
+        for start in (now - 700_000, stats.coverage_start_ms - 1, stats.coverage_start_ms + 10_000):
+            _same(store.storage().select(m, start, now), mem.select(m, start, now))
+    finally:
+        store.close()
+
+
+def test_a_histogram_only_series_is_found_though_the_head_holds_floats_only(tmp_path):
+    """Selectors that may match a native-histogram metric go to ClickHouse: the head knows nothing
+    of series without float samples (a histogram-only series was listed as absent)."""
+    from kernel_insight.collector.rows import HistogramBuilder
+
+    now = int(time.time() * 1000)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
+    try:
+        _wait_ready(store)
+        floats = SampleBuilder()
+        floats.add_series({"__name__": "up", "job": "nh"}, [now - 1_000], [1.0])
+        hb = HistogramBuilder()
+        hb.add(
+            {"__name__": "latency_seconds", "job": "nh"},
+            now - 1_000,
+            schema=0,
+            count=3.0,
+            sum=1.5,
+            positive_spans=((0, 1),),
+            positive_buckets=(3.0,),
+        )
+        store.insert_batch("mixed", samples=floats.build(), histograms=hb.build())
+        for matchers in ([Matcher("job", "=", "nh")], [Matcher("__name__", "=~", "lat.*")]):
+            got = store.storage().select(matchers, now - 60_000, now)
+            assert "latency_seconds" in {dict(d.labels)["__name__"] for d in got}, matchers
+        (up,) = store.storage().select([Matcher("__name__", "=", "up")], now - 60_000, now)
+        assert up.values.tolist() == [1.0]
     finally:
         store.close()
