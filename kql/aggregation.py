@@ -297,10 +297,10 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
     return impl
 
 
-@aggregator("sum")
-@aggregator("avg")
-@aggregator("stddev")
-@aggregator("stdvar")
+@aggregator("sum", histograms="sum")
+@aggregator("avg", histograms="mean")
+@aggregator("stddev", histograms="ignored")
+@aggregator("stdvar", histograms="ignored")
 @_grouped
 def _moments(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
@@ -311,7 +311,7 @@ def _moments(
     return _variance(vec, gid, n, node.op == "stddev")
 
 
-@aggregator("count")
+@aggregator("count", histograms="presence")
 @_grouped
 def _count(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
@@ -320,7 +320,7 @@ def _count(
     return _group_counts(vec.present, gid, n).astype(np.float64)
 
 
-@aggregator("group")
+@aggregator("group", histograms="presence")
 @_grouped
 def _group(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
@@ -329,8 +329,8 @@ def _group(
     return np.ones((n, vec.values.shape[1]))
 
 
-@aggregator("min")
-@aggregator("max")
+@aggregator("min", histograms="ignored")
+@aggregator("max", histograms="ignored")
 @_grouped
 def _min_or_max(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
@@ -342,7 +342,7 @@ def _min_or_max(
     return acc
 
 
-@aggregator("quantile", ValueType.SCALAR)
+@aggregator("quantile", ValueType.SCALAR, histograms="ignored")
 @_grouped
 def _quantile(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
@@ -421,8 +421,8 @@ def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> 
     return StepVector(labels, values, values > 0, np.zeros(len(labels), dtype=bool))
 
 
-@aggregator("topk", ValueType.SCALAR)
-@aggregator("bottomk", ValueType.SCALAR)
+@aggregator("topk", ValueType.SCALAR, histograms="ignored_whole")
+@aggregator("bottomk", ValueType.SCALAR, histograms="ignored_whole")
 @aggregator("limitk", ValueType.SCALAR)
 @aggregator("limit_ratio", ValueType.SCALAR)
 def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
