@@ -193,7 +193,7 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.current_device()
-    ring_tool(build, "create", f"/kernel_insight.{PREFIX}{gpu}", str(1 << 22))
+    ring_tool(build, "create", f"/kernel_insight.{PREFIX}{gpu}", str(1 << 20))  # 64 MiB: every run's records
     cupti_env = {**base, "CUDA_INJECTION64_PATH": str(probe)}
     span_env = {**base, "KI_PROBE_BACKEND": "torch"}
     summary: dict[str, Any] = {"gpu": torch.cuda.get_device_name(gpu), "torch": torch.__version__}
