@@ -133,7 +133,10 @@ def nvml_vs_smi(env: dict[str, str]) -> dict[str, Any]:
         import pynvml  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return {"skipped": "no pynvml (nvidia-ml-py) for this python"}
-    from kernel_insight.agent.probe.nvml import NvmlSampler
+    try:
+        from kernel_insight.agent.probe.nvml import NvmlSampler
+    except ImportError as e:  # the sampler's own dependencies (grpcio for the kubelet's pods, ...)
+        return {"skipped": f"the NVML sampler needs {e.name}, not installed for this python"}
 
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.used,memory.total,temperature.gpu,power.draw,clocks.sm",
