@@ -28,6 +28,8 @@ def lazy_exports(
         return value
 
     def dir_() -> list[str]:
-        return sorted({*package, *package.get("__all__", ())})
+        """The exports and the package's own private names: not what ``__init__`` imported to
+        build the namespace (``TYPE_CHECKING``, ``lazy_exports``)."""
+        return sorted({*package.get("__all__", ()), *(n for n in package if n.startswith("_"))})
 
     return getattr_, dir_

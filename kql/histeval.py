@@ -20,9 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql import nativehist as nh
-from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.binary import ARITHMETIC
-from kernel_insight.kql.functions.registry import FunctionSpec
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.parser import TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
@@ -715,18 +713,15 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     from kernel_insight.kql.vectors import group_rows
 
     op = node.op
-    kind = AGGREGATORS[op].histograms
-    if kind == "presence":
+    if op in ("count", "group"):
         return float_aggregate(ev, node, _proxy(vec), param)
-    if kind in ("ignored", "ignored_whole"):
+    if op in ("min", "max", "stddev", "stdvar", "quantile", "topk", "bottomk"):
         if vec.hist_present().any():
-            ev.annotate(
-                "info", ignored_in_aggregation(op), node.pos if kind == "ignored_whole" else node.expr.pos
-            )
+            pos = node.pos if op in ("topk", "bottomk") else node.expr.pos
+            ev.annotate("info", ignored_in_aggregation(op), pos)
         return float_aggregate(ev, node, vec.floats_only(), param)
-    if kind not in ("sum", "mean"):
+    if op not in ("sum", "avg"):
         return float_aggregate(ev, node, vec, param)  # limitk, limit_ratio, count_values read histograms
-    mean = kind == "mean"
     steps = vec.values.shape[1]
     keys = [_grouping_key(lb, node) for lb in vec.labels]
     gid, n = group_rows(keys)
@@ -747,14 +742,14 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         if moved is not None:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
         if vec.hist_objs is None:
-            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, mean)
+            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, op == "avg")
     elif vec.sparse is not None and vec.hist_objs is None:
         # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns, each
         # member holding a bucket of 0 compacted as the sum's Compact(0) does; several (sum(x))
         # summed from the columns.
         columns = _single_sparse(vec.sparse, gid, mixed, steps)
         if columns is None:
-            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, mean)
+            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, op == "avg")
         else:
             compact = columns.data.compacted()
             if compact is not None:
@@ -765,7 +760,7 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         single = _single_members(vec.hists, gid, n, mixed)
         if single is not None:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
-        summed = dense_sum(vec.hists, gid, n, mixed, mean)
+        summed = dense_sum(vec.hists, gid, n, mixed, op == "avg")
     if summed is not None:
         dense_totals, collision = summed
         if collision:
@@ -793,11 +788,11 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         acc = totals[g, j]
         if acc is None:
             totals[g, j] = h.copy()
-            if mean:
+            if op == "avg":
                 means[g, j] = nh.HistogramMean(totals[g, j])
             continue
         try:
-            if mean:
+            if op == "avg":
                 _checked(acc, h)
                 reconciled = means[g, j].add(h)
             else:
@@ -813,8 +808,8 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     if (reset_seen & not_reset_seen).any():
         ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
     for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
-        avg = means[g, j]
-        totals[g, j] = hcompact(avg.result() if avg is not None else kahan_total(totals[g, j], comps[g, j]))
+        mean = means[g, j]
+        totals[g, j] = hcompact(mean.result() if mean is not None else kahan_total(totals[g, j], comps[g, j]))
     return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
 
 
@@ -853,6 +848,28 @@ def _aggregated(
 
 # ------------------------------------------------------------------------------ functions
 
+#: Functions that read only floats and say so when a range held both kinds (Prometheus'
+#: HistogramIgnoredInMixedRangeInfo); histograms alone give no result and no annotation.
+IGNORED_IN_MIXED_RANGE = frozenset(
+    {
+        "min_over_time",
+        "max_over_time",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "quantile_over_time",
+        "mad_over_time",
+        "deriv",
+        "predict_linear",
+        "double_exponential_smoothing",
+        "ts_of_min_over_time",
+        "ts_of_max_over_time",
+    }
+)
+#: Functions whose implementation carries histogram cells through unchanged (labels or order only).
+PASS_THROUGH = frozenset({"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"})
+#: Functions that only look at where samples are, of either kind.
+PRESENCE = frozenset({"absent", "timestamp", "start_timestamp"})
+
 
 def _strip(arg: Any) -> Any:
     if isinstance(arg, StepVector):
@@ -864,18 +881,17 @@ def _strip(arg: Any) -> Any:
     return arg
 
 
-def call(ctx: Any, spec: FunctionSpec, args: list[Any]) -> Any:
+def call(ctx: Any, name: str, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
     """A function call with histogram samples among its arguments."""
-    impl = spec.impl
-    handler = HANDLERS.get(spec.name)
+    handler = HANDLERS.get(name)
     if handler is not None:
         return handler(ctx, impl, args)
-    if spec.histogram_samples == "pass_through":
+    if name in PASS_THROUGH:
         return impl(ctx, args)
-    if spec.histogram_samples == "presence":
+    if name in PRESENCE:
         return impl(ctx, [_proxy(a) if isinstance(a, StepVector) else a for a in args])
     out = impl(ctx, [_strip(a) for a in args])
-    if spec.histogram_samples == "mixed_range_info":
+    if name in IGNORED_IN_MIXED_RANGE:
         for a in args:
             if isinstance(a, RangeInput):
                 _info_mixed(ctx, a)

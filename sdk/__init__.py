@@ -9,143 +9,63 @@ Depends on httpx only. Sync clients first; ``Async*`` twins share their logic::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from kernel_insight._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from kernel_insight.sdk._client import (
-        DEFAULT_MAX_STALE_S,
-        DEFAULT_TTL_S,
-        AsyncHealthClient,
-        AsyncKqlClient,
-        HealthClient,
-        KqlClient,
-    )
-    from kernel_insight.sdk._exceptions import (
-        ApiError,
-        AuthenticationError,
-        BadRequestError,
-        KernelInsightError,
-        NoEligibleInstance,
-        NotFoundError,
-        PermissionDeniedError,
-        ServerError,
-        SnapshotUnavailable,
-        TransportError,
-    )
-    from kernel_insight.sdk._memory import ModelCatalog, ModelMetadataError, ModelSpec, request_memory
-    from kernel_insight.sdk._models import (
-        Fingerprint,
-        GpuPod,
-        HealthSnapshot,
-        Histogram,
-        HistogramBucket,
-        Instance,
-        NcclLatency,
-        QueryResult,
-        Sample,
-        Series,
-        ServingLoad,
-    )
-    from kernel_insight.sdk._route import (
-        Attempt,
-        Classifier,
-        Failure,
-        RouteFailed,
-        RoutePolicy,
-        aroute,
-        classify,
-        route,
-    )
-    from kernel_insight.sdk._select import LoadPolicy, SelectionIndex, load_cost, prefix_key, weight
-    from kernel_insight.sdk._timeline import (
-        AsyncTimelineClient,
-        CaptureRequest,
-        Correlation,
-        GpuCall,
-        KernelSummary,
-        Span,
-        TimelineClient,
-        TimelineEvent,
-        TimelineSummary,
-    )
-    from kernel_insight.sdk._transport import AsyncRoutingTransport, RoutingTransport, endpoint_label
-
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kernel_insight.sdk._client": (
-        "DEFAULT_MAX_STALE_S",
-        "DEFAULT_TTL_S",
-        "AsyncHealthClient",
-        "AsyncKqlClient",
-        "HealthClient",
-        "KqlClient",
-    ),
-    "kernel_insight.sdk._exceptions": (
-        "ApiError",
-        "AuthenticationError",
-        "BadRequestError",
-        "KernelInsightError",
-        "NoEligibleInstance",
-        "NotFoundError",
-        "PermissionDeniedError",
-        "ServerError",
-        "SnapshotUnavailable",
-        "TransportError",
-    ),
-    "kernel_insight.sdk._memory": (
-        "ModelCatalog",
-        "ModelMetadataError",
-        "ModelSpec",
-        "request_memory",
-    ),
-    "kernel_insight.sdk._models": (
-        "Fingerprint",
-        "GpuPod",
-        "HealthSnapshot",
-        "Histogram",
-        "HistogramBucket",
-        "Instance",
-        "NcclLatency",
-        "QueryResult",
-        "Sample",
-        "Series",
-        "ServingLoad",
-    ),
-    "kernel_insight.sdk._route": (
-        "Attempt",
-        "Classifier",
-        "Failure",
-        "RouteFailed",
-        "RoutePolicy",
-        "aroute",
-        "classify",
-        "route",
-    ),
-    "kernel_insight.sdk._select": (
-        "LoadPolicy",
-        "SelectionIndex",
-        "load_cost",
-        "prefix_key",
-        "weight",
-    ),
-    "kernel_insight.sdk._timeline": (
-        "AsyncTimelineClient",
-        "CaptureRequest",
-        "Correlation",
-        "GpuCall",
-        "KernelSummary",
-        "Span",
-        "TimelineClient",
-        "TimelineEvent",
-        "TimelineSummary",
-    ),
-    "kernel_insight.sdk._transport": (
-        "AsyncRoutingTransport",
-        "RoutingTransport",
-        "endpoint_label",
-    ),
-}
+from kernel_insight.sdk._client import (
+    DEFAULT_MAX_STALE_S,
+    DEFAULT_TTL_S,
+    AsyncHealthClient,
+    AsyncKqlClient,
+    HealthClient,
+    KqlClient,
+)
+from kernel_insight.sdk._exceptions import (
+    ApiError,
+    AuthenticationError,
+    BadRequestError,
+    KernelInsightError,
+    NoEligibleInstance,
+    NotFoundError,
+    PermissionDeniedError,
+    ServerError,
+    SnapshotUnavailable,
+    TransportError,
+)
+from kernel_insight.sdk._memory import ModelCatalog, ModelMetadataError, ModelSpec, request_memory
+from kernel_insight.sdk._models import (
+    Fingerprint,
+    GpuPod,
+    HealthSnapshot,
+    Histogram,
+    HistogramBucket,
+    Instance,
+    NcclLatency,
+    QueryResult,
+    Sample,
+    Series,
+    ServingLoad,
+)
+from kernel_insight.sdk._route import (
+    Attempt,
+    Classifier,
+    Failure,
+    RouteFailed,
+    RoutePolicy,
+    aroute,
+    classify,
+    route,
+)
+from kernel_insight.sdk._select import LoadPolicy, SelectionIndex, load_cost, prefix_key, weight
+from kernel_insight.sdk._timeline import (
+    AsyncTimelineClient,
+    CaptureRequest,
+    Correlation,
+    GpuCall,
+    KernelSummary,
+    Span,
+    TimelineClient,
+    TimelineEvent,
+    TimelineSummary,
+)
+from kernel_insight.sdk._transport import AsyncRoutingTransport, RoutingTransport, endpoint_label
 
 __all__ = [
     "DEFAULT_MAX_STALE_S",
@@ -205,5 +125,3 @@ __all__ = [
     "route",
     "weight",
 ]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -315,7 +315,7 @@ class _HealthCore:
         assert index is not None
         now = self.clock()
         what = f"model {model!r}" if model is not None else "any model"
-        head = f"no instance for {what} with {required_free_bytes} bytes free: "
+        head = f"no instance for {what} with {_size(required_free_bytes)} free: "
         if model is not None and not index.serves(model):
             served = ", ".join(repr(m) for m in index.models()[:10]) or "none (no instance has a model label)"
             return (
@@ -329,7 +329,8 @@ class _HealthCore:
         serving = "" if model is None else f"{index.count(model)} of them serve it, "
         return head + (
             f"{len(snapshot.instances)} in the snapshot, {index.size} healthy, {serving}"
-            f"{len(room)} with the room (most free: {most} bytes), {n_out} of those excluded"
+            f"{len(room)} with the room (most free: {_size(most)}), "
+            f"{n_out} of those excluded"
         )
 
     def exclude(self, instance_id: str, seconds: float, reason: str) -> None:
@@ -714,3 +715,11 @@ class AsyncKqlClient(_AsyncClosing):
         self, query: str, start: TimeLike, end: TimeLike, step: StepLike, *, timeout: float | None = None
     ) -> QueryResult:
         return await self._call("/api/v1/query_range", self._core.range(query, start, end, step, timeout))
+
+
+def _size(nbytes: int) -> str:
+    """A memory size as people read it (``45.99 GiB``), not a 11-digit byte count."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"

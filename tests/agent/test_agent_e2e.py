@@ -8,7 +8,9 @@ exactly once.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,3 +101,102 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
     finally:
         store.close()
     assert row == {"n": TOTAL, "u": TOTAL}
+
+
+@pytest.mark.slow
+def test_a_batch_of_several_errors_and_string_fingerprints_is_stored_not_refused(
+    tmp_path, agent_bin, ring_name
+):
+    """Issue 33, item 1: a batch with two or more ERROR records, or two or more FINGERPRINT
+    string records (the simulator's once-a-minute fingerprint), that named them by hash only
+    (names sent once: the histogram export batches, body version 5) was refused with a 422 ("the
+    last axis must be contiguous"), and the agent moved it to its dead-letter file, every minute
+    of ``make run``. Through the real agent and ``ki collector``: every such batch is stored."""
+    import httpx
+
+    from kernel_insight.agent.records import ErrorKind, FingerprintField
+    from kernel_insight.collector.store import EmbeddedStore
+
+    keys = KeyStore(tmp_path / "keys.json")
+    keys.add_agent("several").write_key_file(tmp_path / "agent.key")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # ki collector itself: its /metrics counts each batch's outcome and the agent's counters.
+    with (tmp_path / "collector.log").open("w") as log:
+        collector = subprocess.Popen(
+            [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(tmp_path / "data"),
+             "--keys", str(tmp_path / "keys.json"), "--port", str(port), "--local-dev"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def answering() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def outcomes(what: str = "batches") -> dict[str, float]:
+        found = re.findall(
+            rf'^ki_collector_ingest_{what}_total\{{outcome="(\w+)"\}} (\S+)', text_of(url), re.M
+        )
+        return {k: float(v) for k, v in found}
+
+    wait_for(answering, 120, "the collector")
+    ring = Ring.create(ring_name, capacity=1 << 14)
+    rounds = 0
+    try:
+        gemm = ring.intern("gemm")
+
+        def write_round(t: int) -> None:
+            ring.kernel(gemm, 0, t, t + 50_000)  # kernels: histogram exports, with increments
+            for field, text in (
+                (FingerprintField.NAME, "NVIDIA H100"),
+                (FingerprintField.UUID, "GPU-1"),
+                (FingerprintField.DRIVER_VERSION, "550.54.15"),
+            ):
+                ring.fingerprint(field, 0, t, ring.intern(text), 1)
+            for i, kind in enumerate((ErrorKind.XID, ErrorKind.OOM, ErrorKind.XID)):
+                ring.error(kind, 0, t + i, 13 + i, 0, 7, ring.intern(f"error {i}"))
+
+        with (tmp_path / "agent.log").open("w") as log:
+            agent = subprocess.Popen(
+                [str(agent_bin), "--ring", ring_name, "--collector", url, "--key-file",
+                 str(tmp_path / "agent.key"), "--spool-dir", str(tmp_path / "spool"),
+                 "--histogram-interval-s", "1"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            # A round a drain (100 ms) for 12 s: the export batches (every second) carry rounds
+            # whose names were sent before.
+            end = time.monotonic() + 12
+            while time.monotonic() < end and len(outcomes()) <= 1:
+                write_round(time.time_ns())
+                rounds += 1
+                time.sleep(0.1)
+            assert agent.poll() is None
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0
+        refused = {k: v for k, v in outcomes().items() if k != "stored" and v}
+        assert refused == {}, (refused, (tmp_path / "collector.log").read_text()[-2000:])
+        wait_for(lambda: outcomes("records").get("stored", 0) >= rounds * 6, 60, "every round stored")
+        dead = re.findall(r"^ki_agent_batches_dead_lettered_total\{[^}]*\} (\S+)", text_of(url), re.M)
+        assert [float(x) for x in dead] == [0.0]
+        assert not list((tmp_path / "spool").glob("dead-letter*"))
+    finally:
+        collector.terminate()
+        collector.wait(60)
+        ring.close()
+        Ring.unlink(ring_name)
+    store = EmbeddedStore(tmp_path / "data")
+    try:
+        kinds = store.query("SELECT kind FROM ki.events ORDER BY ts").column("kind").to_pylist()
+        assert kinds == ["xid", "oom", "xid"] * rounds
+    finally:
+        store.close()
+
+
+def text_of(url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{url}/metrics", timeout=10).text

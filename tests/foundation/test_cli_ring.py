@@ -107,9 +107,13 @@ def test_main_job_reports_this_runs_kernels_and_says_so(monkeypatch) -> None:
 
     monkeypatch.setattr(kernel_insight.sdk, "KqlClient", Kql)
     monkeypatch.setattr(kernel_insight.sdk, "HealthClient", Health)
-    line = run._report("http://127.0.0.1:1", "token", 12.0, 20.2)
+    line = run._report("http://127.0.0.1:1", "token", 12.0, 20.2).line
     assert "1,234 kernels this run" in line
     assert asked[0] == "sum(last_over_time(kernel_launches_total[21s]))"
+    # Issue 33: "0 kernels this run" stood beside the previous run's busiest kernel: the busiest
+    # kernel and the free memory are read from this run's samples too.
+    assert asked[1] == "topk(1, sum by (kernel) (last_over_time(kernel_execution_time_seconds_total[21s])))"
+    assert asked[2] == "sum(last_over_time(gpu_memory_free_bytes[21s]))"
     asked.clear()
     run._report("http://127.0.0.1:1", "token", 3600.0, 3610.0)
     assert asked[0] == "sum(last_over_time(kernel_launches_total[300s]))"  # the lookback, no further
@@ -147,6 +151,7 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
     last = text.split("ki run: stopping")[1]
     assert "not answering" not in last, last
     assert "kernels this run" in last, last
+    assert last.strip().splitlines()[-1].startswith("ki run: summary: "), last
     agent_pid = int(re.search(r"agent \(pid (\d+)\)", text).group(1))  # type: ignore[union-attr]
     url = re.search(r"collector on (http://\S+)", text).group(1)  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
@@ -177,6 +182,57 @@ def test_main_job_refuses_bad_numbers_with_one_line(tmp_path, args: list[str], m
     assert out.returncode == 2
     assert out.stderr.splitlines()[-1] == f"ki run: error: {message}"
     assert not (tmp_path / "logs").exists()  # refused before anything started
+
+
+@pytest.mark.slow
+def test_main_job_says_why_its_collector_did_not_start_in_one_line(tmp_path) -> None:
+    """Issue 33: ``ki run --port <busy>`` (or a second ``ki run`` on the same --data) ended in a
+    traceback, "the collector did not start; see the collector log", the reason only in the log."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [*KI, "run", "--data", str(tmp_path), "--port", str(port), "--seconds", "5",
+             "--ring-prefix", f"runport{os.getpid()}-"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )  # fmt: skip
+    assert out.returncode == 1, out.stdout
+    assert "Traceback" not in out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("ki run: the collector did not start: ki collector: ")
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+    assert line.endswith(f"; see {tmp_path / 'logs' / 'collector.log'}")
+
+
+def test_main_job_reads_its_losses_from_the_collectors_own_counters() -> None:
+    """ki run's reports and summary count refused batches, their failed records, dead-lettered
+    batches and dropped records from /metrics (docs/metrics.md); retried and resent ones are no loss."""
+    from kernel_insight.run import Losses, read_losses
+
+    text = "\n".join(
+        [
+            "# HELP ki_collector_ingest_batches_total Agent batches by outcome",
+            'ki_collector_ingest_batches_total{outcome="stored"} 120.0',
+            'ki_collector_ingest_batches_total{outcome="failed"} 2.0',
+            'ki_collector_ingest_batches_total{outcome="busy"} 5.0',
+            'ki_collector_ingest_batches_total{outcome="names_unknown"} 1.0',
+            'ki_collector_ingest_records_total{outcome="stored"} 90000.0',
+            'ki_collector_ingest_records_total{outcome="failed"} 611.0',
+            'ki_collector_records_dropped_total{reason="timestamp_out_of_range"} 3.0',
+            'ki_collector_records_dropped_total{reason="name_unknown"} 0.0',
+            'ki_agent_batches_dead_lettered_total{agent="a1"} 2.0',
+            'ki_agent_ring_dropped_total{agent="a1"} 7.0',
+            'ki_agent_ring_lost_total{agent="a1"} 0.0',
+            'ki_agent_batches_sent_total{agent="a1"} 122.0',
+        ]
+    )
+    lost = read_losses(text)
+    assert lost == Losses(refused_batches=2, failed_records=611, dead_lettered=2, dropped_records=10)
+    assert str(lost) == "2 batches refused (611 records failed), 2 dead-lettered, 10 records dropped"
+    assert not read_losses('ki_collector_ingest_batches_total{outcome="stored"} 5.0')
 
 
 def test_main_job_names_an_unusable_data_directory(tmp_path) -> None:

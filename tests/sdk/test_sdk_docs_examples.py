@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import time
-from pathlib import Path
 
 import pytest
+from docs_examples import sdk_examples
 from fastapi import FastAPI
 from loopback import running_server
 
@@ -19,19 +18,9 @@ from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 
 GiB = 1 << 30
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _examples() -> list[tuple[str, str]]:
-    out = []
-    for name in ("api.md", "routing.md"):
-        path = DOCS / name
-        if not path.exists():
-            continue
-        blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.DOTALL | re.MULTILINE)
-        # The health, selection, routing and kql examples (the timeline's need stored spans: not here).
-        out += [(f"{name}#{i}", b) for i, b in enumerate(blocks) if re.search(r"HealthClient|route\(", b)]
-    return out
+_examples = sdk_examples
 
 
 @pytest.fixture(scope="module")

@@ -120,8 +120,8 @@ def test_select_keeps_only_eligible_instances(clock):
     assert {client.select_instance(1 * GiB).id for _ in range(200)} == {"small", "big", "other-model"}
     with pytest.raises(
         NoEligibleInstance,
-        match=r"model 'llama-70b' with 107374182400 bytes free: 5 in the snapshot, 3 healthy, "
-        r"2 of them serve it, 0 with the room \(most free: 64424509440 bytes\)",
+        match=r"model 'llama-70b' with 100\.00 GiB free: 5 in the snapshot, 3 healthy, "
+        r"2 of them serve it, 0 with the room \(most free: 60\.00 GiB\)",
     ):
         client.select_instance(100 * GiB, model="llama-70b")
     # A model nobody serves says so, whatever room there is (it used to read "0 with the room").
