@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli clean
+.PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli soak clean
+.PHONY: bench-fleet
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -81,6 +82,11 @@ bench-probe: build
 bench-cupti: build
 	$(PY) -m bench.cupti
 
+# Node_exporter fleets by remote_write and alert rules as instant queries into kql, Prometheus 2.x/3.x and
+# VictoriaMetrics, one at a time (docs/benchmarks.md "fleet"); FLEET_ARGS="--targets 100,250 --seconds 120".
+bench-fleet: build
+	$(PY) -m bench.fleet $(FLEET_ARGS)
+
 bench-kql: build
 	$(PY) -m bench.kql
 
@@ -92,6 +98,10 @@ bench-import: build
 
 bench-backup: build
 	$(PY) -m bench.backup
+
+# An hour of mixed load with a fault every 5 minutes (bench/soak); SOAK_ARGS='--minutes 10 --seed 2'.
+soak: build
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 bench-metrics: build
 	$(PY) -m bench.metrics

@@ -166,7 +166,7 @@ def create_app(
     #: remote_write: validated labels by their raw bytes (parsed once per series, not per request).
     #: ``app.state.series_limits`` (rows.SeriesLimits) and ``app.state.remote_write_batcher`` (a
     #: started Batcher) are read per request, so the composition root can set them after this.
-    series_cache = SeriesCache()
+    series_cache = app.state.series_cache = SeriesCache()  # its max_series: --remote-write-series
     app.state.store = store
     app.state.metrics = metrics
     app.add_middleware(RequestMetrics, metrics=metrics)

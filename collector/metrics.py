@@ -48,6 +48,7 @@ from kernel_insight.collector.derive import (
     DropStats,
     scale_agent_counter,
 )
+from kernel_insight.collector.head import Head
 from kernel_insight.collector.hist_base import BaseBudget
 from kernel_insight.collector.periodic import Periodic
 from kernel_insight.collector.relabel import Relabeler
@@ -275,6 +276,43 @@ class _HistogramBaseFigures(Collector):
         )
 
 
+class _HeadFigures(Collector):
+    """The head's ``HeadStats`` (collector/head.py), read at scrape time."""
+
+    def __init__(self, head: Head) -> None:
+        self.head = head
+
+    def collect(self) -> Iterable[Metric]:
+        h = self.head.stats()
+        for name, help_text, value in (
+            ("series", "Series the head holds (postings and recent samples)", h.series),
+            ("samples", "Float samples the head holds", h.samples),
+            ("bytes", "Estimated bytes of the head's samples and series", h.bytes),
+            ("limit_bytes", "The bound on those bytes (--head-mb)", self.head.max_bytes),
+            ("blocks", "Sealed sample blocks in the head", h.blocks),
+            ("ready", "1 once the head is loaded from ClickHouse and answers reads", int(h.ready)),
+            (
+                "coverage_start_seconds",
+                "Samples at or after this time are all in the head (0: every sample ever written)",
+                (h.coverage_start_ms or 0) / 1000,
+            ),
+        ):
+            yield GaugeMetricFamily(f"ki_head_{name}", help_text, value=float(value))
+        evicted = CounterMetricFamily(
+            "ki_head_evicted_blocks",
+            "Sample blocks dropped from the head: past --head-minutes (window) or past --head-mb (budget)",
+            labels=["reason"],
+        )
+        evicted.add_metric(["window"], float(h.evicted_blocks - h.evicted_for_budget))
+        evicted.add_metric(["budget"], float(h.evicted_for_budget))
+        yield evicted
+        yield CounterMetricFamily(
+            "ki_head_late_samples",
+            "Samples written with a time before the head's coverage (kept in ClickHouse only)",
+            value=float(h.late_samples),
+        )
+
+
 class _BatcherFigures(Collector):
     """The group-commit batcher's ``BatcherStats`` (collector/batcher.py), read at scrape time."""
 
@@ -490,6 +528,10 @@ class CollectorMetrics:
     def watch_histogram_bases(self, budget: BaseBudget) -> None:
         """Export the bytes and series of histogram bases held, their bound, and evictions."""
         self.registry.register(_HistogramBaseFigures(budget))
+
+    def watch_head(self, head: Head) -> None:
+        """Export the head's series, samples, bytes and bound, coverage and evictions."""
+        self.registry.register(_HeadFigures(head))
 
     def watch_batcher(self, batcher: Batcher) -> None:
         """Export the group-commit batcher's figures (queue depth, flush sizes and times)."""

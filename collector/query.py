@@ -18,6 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from kernel_insight.collector.head import Head, concat_columns
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
 from kernel_insight.collector.sql import Params, qualified
@@ -227,6 +228,34 @@ class ClickHouseStorage:
         # metrics known to have some, or of every metric when the store cannot know them (a
         # server store: the st column comes along with the read; the cache holds none).
         starts = self._store.start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
+        head = self._store.head
+        if head is not None and starts is not None and head.ready and end_ms >= head.coverage_start_ms:
+            answered = self._from_head(head, matchers, start_ms, end_ms, starts)
+            if answered is not None:
+                return answered
+        return self._select_columns_sql(matchers, start_ms, end_ms, starts)
+
+    def _from_head(
+        self, head: Head, matchers: Sequence[Matcher], start_ms: int, end_ms: int, starts: frozenset[str]
+    ) -> SeriesColumns | None:
+        """The window from the head (collector/head.py), the part before its coverage from
+        ClickHouse; None when the head cannot answer (histograms or start timestamps wanted)."""
+        histograms = self._store.histogram_metrics()
+        if histograms is None:
+            return None
+        coverage = head.coverage_start_ms
+        budget = READ_BUDGET.get()
+        recent = head.select_columns(
+            matchers, max(start_ms, coverage), end_ms, budget, exclude_metrics=histograms | starts
+        )
+        if recent is None or start_ms >= coverage:
+            return recent
+        older = self._select_columns_sql(matchers, start_ms, coverage - 1, starts)
+        return concat_columns(older, recent)
+
+    def _select_columns_sql(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, starts: frozenset[str] | None
+    ) -> SeriesColumns:
         plan = self._declined_plan(matchers, start_ms, end_ms)
         if plan is not None and (starts is None or plan[0] in starts):
             plan = None
@@ -401,7 +430,11 @@ class ClickHouseStorage:
 
     def _decline_grid(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> bool:
         """Whether a grid read of the window should leave it to the cache (``_cache_plan`` found
-        every settled hour cached); the plan is kept for the ``select_columns`` that follows."""
+        every settled hour cached; the plan is kept for the ``select_columns`` that follows) or
+        to the head (it covers the window: samples in memory beat any grid ClickHouse computes)."""
+        head = self._store.head
+        if head is not None and head.covers(start_ms):
+            return True
         plan = self._cache_plan(matchers, start_ms, end_ms)
         if plan is None:
             return False

@@ -128,7 +128,9 @@ class _Unusual(Exception):
     """The fast scan met an encoding it does not handle; the general decoder takes the request."""
 
 
-_CACHE_MAX = 500_000
+#: Series whose parsed labels a collector keeps for remote_write (``ki collector --remote-write-series``):
+#: sized for a fleet's active series; past it the cache starts again empty (and says so in its count).
+DEFAULT_SERIES_CACHE = 2_000_000
 
 
 class _Known:
@@ -152,13 +154,15 @@ class SeriesCache:
     after that a request's series are found by one C lookup for all of them
     (``_decode.SeriesIndex``), with no Python step per series, and come with their fingerprint
     and metric name (``SampleBatch.series_meta``), so the store looks nothing up per series
-    either. Past ``max_series`` series it starts again empty. Safe to share between threads.
+    either. When a request's new series would take it past ``max_series`` series it starts again
+    empty (``resets`` counts it): a request of known series never does. Safe to share between threads.
     """
 
-    def __init__(self, max_series: int = _CACHE_MAX) -> None:
+    def __init__(self, max_series: int = DEFAULT_SERIES_CACHE) -> None:
         self.max_series = max_series
         self._known = _Known()
         self._lock = threading.Lock()
+        self.resets = 0
 
     def __len__(self) -> int:
         return len(self._known.labels)
@@ -169,14 +173,17 @@ class SeriesCache:
         """The generation and, per TimeSeries of ``raw_series`` (``_decode.write_request``'s
         triples), its id there; series without samples get -1 (their labels are only parsed)."""
         triples = np.frombuffer(raw_series, dtype=np.int64).reshape(-1, 3)
+        counts = triples[:, 2]
         known = self._known
-        if len(known.labels) + len(triples) > self.max_series:
+        ids = np.frombuffer(known.index.lookup(buf, raw_series), dtype=np.int32).copy()
+        new = int(np.count_nonzero((ids < 0) & (counts > 0)))
+        if new and len(known.labels) + new > self.max_series:
             with self._lock:
                 if self._known is known:
                     self._known = _Known()
+                    self.resets += 1
                 known = self._known
-        ids = np.frombuffer(known.index.lookup(buf, raw_series), dtype=np.int32).copy()
-        counts = triples[:, 2]
+            ids = np.frombuffer(known.index.lookup(buf, raw_series), dtype=np.int32).copy()
         for j in np.flatnonzero(counts == 0).tolist():  # no samples: its labels must parse, nothing kept
             _raw_labels(buf, int(triples[j, 0]), int(triples[j, 1]))
             ids[j] = -1

@@ -16,6 +16,7 @@ is merely away.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import re
 import threading
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
@@ -224,6 +226,8 @@ class PreparedRows:
     #: no sender can send again (remote_write's fresh ``rw:<uuid>``): nothing to deduplicate, so
     #: a group of them costs no ``batches_seen`` query and no ``batches`` insert.
     record: bool = True
+    #: The batch's float samples for the head (``Store.head``), once they are written.
+    samples: SampleBatch | None = None
 
 
 def _start_metrics(batch: SampleBatch | HistogramBatch) -> list[str]:
@@ -371,6 +375,10 @@ class Store(ABC):
         #: write to the samples table passes through this object, so off unless a subclass or
         #: the operator knows that.
         self.sample_cache: SampleCache | None = None
+        #: Recent float samples and the series' postings in memory (collector/head.py); exact only
+        #: while every write passes through this object, like the sample cache: the embedded store's.
+        self.head: Head | None = None
+        self._head_loader: threading.Thread | None = None
         #: fingerprint -> (labels, sort key) for kql reads, shared by every ``storage()`` (the
         #: API asks for one per request); a fingerprint names one label set forever.
         self.labels_cache: dict[int, Any] = {}
@@ -599,6 +607,8 @@ class Store(ABC):
             self._start_timestamp_metrics.forget()
             if self.sample_cache is not None:
                 self.sample_cache.clear()  # any statement may have changed samples
+            if self.head is not None and self._table("samples") in sql:
+                self.start_head_load()  # a statement on the samples table may have changed them
 
     def query(self, sql: str, params: Params | None = None) -> pa.Table:
         """Run a read and return its result as an Arrow table; ``params`` as for ``command``."""
@@ -787,7 +797,126 @@ class Store(ABC):
         finally:
             if self.sample_cache is not None:  # after the write (or its failure), never before
                 self.sample_cache.invalidate_samples(names, codes, batch.ts_ms)
+        self._to_head(batch, data)  # after the write committed: what the head holds is acknowledged
         return len(batch)
+
+    def _to_head(self, batch: SampleBatch, data: pa.Table) -> None:
+        """Samples just written (``data``: their samples table rows) into the head, if there is one."""
+        if self.head is None:
+            return
+        per_series = np.zeros(len(batch.series), np.uint64)  # series without samples are never read
+        per_series[batch.series_idx] = data.column("fingerprint").to_numpy()
+        self.head.append(batch.series, per_series, batch.series_idx, batch.ts_ms, batch.values)
+
+    # ---- the head (collector/head.py) -------------------------------------------------
+
+    def enable_head(
+        self, max_bytes: int = DEFAULT_HEAD_BYTES, window_ms: int = DEFAULT_HEAD_WINDOW_MS
+    ) -> None:
+        """Keep recent samples and postings in memory for kql (only for a store every write passes
+        through); filled from the samples table in the background, queries use it once loaded."""
+        self.head = Head(window_ms=window_ms, max_bytes=max_bytes, ready=False)
+        self.start_head_load()
+
+    def start_head_load(self) -> None:
+        """(Re)build the head from ClickHouse on a thread: reads go to ClickHouse until it is done."""
+        head = self.head
+        if head is None:
+            return
+        now = int(time.time() * 1000)
+        first = now - head.window_ms
+        try:
+            first = self._head_start(first, now, head.max_bytes)
+            coverage = first if self._samples_before(first) else None
+        except Exception:  # the head stays unloaded: every read goes to ClickHouse, still exact
+            head.reset(None)
+            log.exception("head: cannot size the load from ClickHouse; kql reads go to ClickHouse")
+            return
+        head.reset(coverage)
+        generation = head.generation
+        thread = threading.Thread(
+            target=self._load_head, args=(head, generation, first), name="ki-head-load", daemon=True
+        )
+        self._head_loader = thread
+        thread.start()
+
+    def _head_start(self, first: int, now: int, max_bytes: int) -> int:
+        """Where the head's load starts: ``first``, or the start of the latest second from which
+        the samples still fit nine tenths of ``max_bytes`` (counted per second of the window)."""
+        rows = self._query(
+            f"SELECT intDiv(toUnixTimestamp64Milli(ts), 1000) AS sec, count() AS n FROM {self._table('samples')} "
+            f"WHERE ts >= fromUnixTimestamp64Milli(toInt64({int(first)}), 'UTC') GROUP BY sec ORDER BY sec DESC"
+        )
+        fit = int(max_bytes * 0.9 / 12)  # a sealed sample's bytes (collector/head.py)
+        counts = rows.column("n").to_numpy()
+        total = np.cumsum(counts)
+        if not len(total) or int(total[-1]) <= fit:
+            return first
+        over = int(np.argmax(total > fit))  # the first second (newest first) that does not fit
+        return (int(rows.column("sec")[over].as_py()) + 1) * 1000
+
+    def _samples_before(self, ms: int) -> bool:
+        """Whether the samples table holds any sample older than ``ms`` (parts of earlier days
+        answer it without a scan; only the day of ``ms`` is read)."""
+        p = Params()
+        day = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).date().isoformat()
+        parts = self._query(
+            "SELECT count() AS n FROM system.parts WHERE active AND database = "
+            f"{p(self.database, 'String')} AND table = 'samples' AND min_date < {p(day, 'Date')}",
+            p,
+        )
+        if int(parts.column("n")[0].as_py()):
+            return True
+        found = self._query(
+            f"SELECT count() AS n FROM {self._table('samples')} WHERE toDate(ts) = {p(day, 'Date')} "
+            f"AND ts < fromUnixTimestamp64Milli(toInt64({int(ms)}), 'UTC')",
+            p,
+        )
+        return bool(int(found.column("n")[0].as_py()))
+
+    def _load_head(self, head: Head, generation: int, first: int) -> None:
+        try:
+            rows = self._query(
+                f"SELECT s.fingerprint AS fingerprint, toUnixTimestamp64Milli(s.ts) AS t, s.value AS value "
+                f"FROM {self._table('samples')} AS s WHERE s.ts >= fromUnixTimestamp64Milli(toInt64({int(first)}), 'UTC')"
+            )
+            fps = rows.column("fingerprint").to_numpy().astype(np.uint64, copy=False)
+            ts = rows.column("t").to_numpy().astype(np.int64, copy=False)
+            vs = rows.column("value").to_numpy().astype(np.float64, copy=False)
+            uniq, sid = np.unique(fps, return_inverse=True)
+            found = self._labels_of_fingerprints(uniq)
+            keep = np.array([lab is not None for lab in found], dtype=bool)
+            if not keep.all():  # a sample row without a series row cannot happen; be safe anyway
+                ok = keep[sid]
+                sid, ts, vs = (np.cumsum(keep) - 1)[sid[ok]], ts[ok], vs[ok]
+                uniq = uniq[keep]
+            labels = [lab for lab in found if lab is not None]
+            head.load(generation, labels, uniq, sid.astype(np.int32), ts, vs)
+            log.info("head: %d series, %d samples loaded from ClickHouse", len(uniq), len(ts))
+        except StorageUnavailable:
+            pass  # closing
+        except Exception:
+            log.exception("head: loading from ClickHouse failed; kql reads go to ClickHouse")
+
+    def _labels_of_fingerprints(self, fps: npt.NDArray[np.uint64]) -> list[Labels | None]:
+        """Each fingerprint's label set (``__name__`` included), from the series table."""
+        if not len(fps):
+            return []
+        p = Params()
+        rows = self._query(
+            f"SELECT fingerprint, any(metric) AS metric, any(labels) AS labels FROM {self._table('series')} "
+            f"WHERE fingerprint IN {p(fps.tolist(), 'Array(UInt64)')} GROUP BY fingerprint",
+            p,
+        )
+        found: dict[int, Labels] = {}
+        for fp, metric, pairs in zip(
+            rows.column("fingerprint").to_pylist(),
+            rows.column("metric").to_pylist(),
+            rows.column("labels").to_pylist(),
+            strict=True,
+        ):
+            found[int(fp)] = tuple(sorted([("__name__", metric), *((k, v) for k, v in pairs if v != "")]))
+        return [found.get(int(fp)) for fp in fps.tolist()]
 
     def _fingerprint(self, labels: Labels) -> tuple[int, str]:
         """The series' fingerprint and metric name, remembered: a steady stream of the same series
@@ -994,6 +1123,8 @@ class Store(ABC):
                 self._start_timestamp_metrics.forget()
             if name == "samples" and self.sample_cache is not None:
                 self.sample_cache.clear()
+            if name == "samples" and self.head is not None:
+                self.start_head_load()
 
     def batches_seen(self, batch_ids: Sequence[str]) -> set[str]:
         """Which of ``batch_ids`` the batches table already records (one query for any number)."""
@@ -1037,6 +1168,7 @@ class Store(ABC):
             out.start_timestamp_metrics = _start_metrics(samples)
             out.ts_ms = samples.ts_ms
             out.tables["samples"] = data
+            out.samples = samples
             if series is not None:
                 out.tables["series"] = series
             out.rows += len(samples)
@@ -1104,6 +1236,9 @@ class Store(ABC):
                         for p in group:
                             if p.ts_ms is not None and p.metric_codes is not None:
                                 self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
+                for p in group:  # after the write committed: what the head holds is acknowledged
+                    if p.samples is not None and "samples" in p.tables:
+                        self._to_head(p.samples, p.tables["samples"])
             else:
                 if name == "histograms":  # before the write: a reader must not miss rows that landed
                     self._histogram_metrics.note([m for p in group for m in p.histogram_metrics])
@@ -1203,6 +1338,9 @@ class Store(ABC):
         if self.sample_cache is not None:
             self.sample_cache.close()  # a background fill may be reading through this store
         self._closed = True
+        loader = self._head_loader
+        if loader is not None and loader is not threading.current_thread():
+            loader.join(timeout=60)
         self._close()
 
     def __enter__(self) -> Self:
@@ -1229,6 +1367,8 @@ class EmbeddedStore(Store):
         retention: Retention | None = None,
         *,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        head_bytes: int = 0,
+        head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
     ) -> None:
         super().__init__(database, retention)
         from chdb import session as chdb_session
@@ -1278,6 +1418,8 @@ class EmbeddedStore(Store):
         # and so is the set of metrics with histograms.
         self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
         self._track_metrics = True
+        if head_bytes > 0:
+            self.enable_head(head_bytes, head_window_ms)
         self._cleanup_thread = threading.Thread(
             target=self._cleanup_loop, name="ki-store-cleanup", daemon=True
         )
@@ -1448,12 +1590,16 @@ def open_store(
     cluster: str | None = None,
     *,
     cache_bytes: int | None = None,
+    head_bytes: int = 0,
+    head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
 ) -> Store:
     """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path.
 
     ``cache_bytes`` sizes the decoded-hours cache for kql (0 turns it off); by default it is on
     for the embedded store and off for a server, which other collectors may write to behind
-    this one's back (collector/sample_cache.py).
+    this one's back (collector/sample_cache.py). ``head_bytes`` and ``head_window_ms`` bound the
+    embedded store's head (collector/head.py; 0 bytes, the default: off, for tools that only write,
+    such as ``ki import``; ``ki collector`` turns it on); a server store has none.
     """
     text = str(target)
     if is_store_url(text):
@@ -1464,5 +1610,10 @@ def open_store(
     if cluster is not None:
         raise ValueError("a cluster needs a ClickHouse URL, not an embedded data directory")
     return EmbeddedStore(
-        text, database, retention, cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        text,
+        database,
+        retention,
+        cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
+        head_bytes=head_bytes,
+        head_window_ms=head_window_ms,
     )

@@ -88,6 +88,7 @@ def build_collector_app(
     sync_keep_ns: int | None = None,
     sync_sample_every: int | None = None,
     histogram_base_bytes: int | None = None,
+    remote_write_series: int | None = None,
 ) -> FastAPI:
     """The collector app over ``store``: agent ingest, remote_write (scope ``ingest``), agent
     enrolment (``ingest-admin``) and the query and health API (``read``); no token checks in
@@ -131,6 +132,8 @@ def build_collector_app(
 
     metrics = CollectorMetrics()
     metrics.watch_store(store, stats_interval_s or DEFAULT_STORE_STATS_INTERVAL_S)
+    if store.head is not None:
+        metrics.watch_head(store.head)
     # enrolment labels on the instance and its series; which syncs are stored per call (docs/storage.md)
     from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
     from kernel_insight.collector.hist_base import BASE_MAX_BYTES, BaseBudget
@@ -171,6 +174,8 @@ def build_collector_app(
     # flush), checked against ``series_limits`` (rows.SeriesLimits; None: the defaults).
     app.state.remote_write_batcher = sink.batcher
     app.state.series_limits = series_limits
+    if remote_write_series is not None:  # remote_write's parsed series kept (collector/remote_write.py)
+        app.state.series_cache.max_series = remote_write_series
     # remote-written series relabelled before they are stored (collector/relabel.py; None: as sent)
     app.state.relabeler = relabeler
     if relabeler is not None:
@@ -243,6 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.auth import TokenError
     from kernel_insight.api.cli import token_store_path
     from kernel_insight.collector.cli import relabeler, series_limits
+    from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.keys import KeyStoreError
     from kernel_insight.collector.store import StorageError, open_store
@@ -258,7 +264,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         cache = None if args.query_cache_mb is None else int(args.query_cache_mb * 1024 * 1024)
-        store = open_store(args.store, cluster=args.cluster, cache_bytes=cache)
+        store = open_store(
+            args.store,
+            cluster=args.cluster,
+            cache_bytes=cache,
+            head_bytes=DEFAULT_HEAD_BYTES if args.head_mb is None else int(args.head_mb * 1024 * 1024),
+            head_window_ms=DEFAULT_HEAD_WINDOW_MS
+            if args.head_minutes is None
+            else int(args.head_minutes * 60_000),
+        )
     except (StorageError, ValueError, OSError) as exc:
         print(f"ki collector: cannot open the store {args.store}: {exc}", file=sys.stderr)
         return 2
@@ -290,6 +304,7 @@ def _serve(args: argparse.Namespace) -> int:
             sync_keep_ns=int(args.sync_keep_us * 1000),
             sync_sample_every=args.sync_sample_every,
             histogram_base_bytes=int(args.histogram_base_mb * (1 << 20)),
+            remote_write_series=args.remote_write_series,
         )
         try:
             serve(app, args.host, args.port, local_dev=args.local_dev, tls=tls, limits=limits)
@@ -358,6 +373,26 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
         default=None,
         help="memory for decoded past hours that kql re-reads (default 256 for a data directory, "
         "0 (off) for a ClickHouse URL, where other collectors may write; docs/storage.md)",
+    )
+    s.add_argument(
+        "--remote-write-series",
+        type=count_at_least(1),
+        default=None,
+        help="remote_write series whose parsed labels are kept (default 2,000,000: size it above the "
+        "active series sent by remote_write; past it the cache starts again empty)",
+    )
+    s.add_argument(
+        "--head-mb",
+        type=at_least(0, "MiB"),
+        default=None,
+        help="memory for the head (default 1024): recent samples and the series index that alert rules, dashboards "
+        'and the health snapshot read (0: off; a data directory only; docs/storage.md, "The head")',
+    )
+    s.add_argument(
+        "--head-minutes",
+        type=at_least(0, "minutes", above=True),
+        default=None,
+        help="how far back by sample time the head keeps samples (default 30), memory allowing (older reads go to ClickHouse)",
     )
     s.add_argument(
         "--interval",

@@ -14,7 +14,7 @@ from typing import Any
 
 from kernel_insight.kql.ast import AggregateExpr, ValueType
 
-__all__ = ["AGGREGATORS", "AggImpl", "AggregatorSpec", "aggregator"]
+__all__ = ["AGGREGATORS", "HISTOGRAM_AGGREGATION", "AggImpl", "AggregatorSpec", "aggregator"]
 
 #: An implementation receives the evaluator, the node, the evaluated vector and the evaluated
 #: parameter (None without one) and returns a StepVector.
@@ -29,13 +29,23 @@ class AggregatorSpec:
     param: ValueType | None
     impl: AggImpl = field(compare=False, repr=False)
     doc: str = ""
+    #: What it does with native-histogram samples (one of HISTOGRAM_AGGREGATION): "sum" and
+    #: "mean" add them (Prometheus' KahanAdd; "mean" divides, incrementally past an overflow),
+    #: "presence" counts a histogram as a sample, "ignored" leaves them out with the info
+    #: ``ignored histogram in <op> aggregation`` at the argument ("ignored_whole": at the whole
+    #: aggregation, as topk/bottomk place it), "" hands them to the implementation as they are.
+    histograms: str = ""
 
 
 #: Every aggregation kql knows, by (lower-case) name; filled when kql.aggregation is imported.
 AGGREGATORS: dict[str, AggregatorSpec] = {}
+#: The values of ``AggregatorSpec.histograms``.
+HISTOGRAM_AGGREGATION = ("", "sum", "mean", "presence", "ignored", "ignored_whole")
 
 
-def aggregator(name: str, param: ValueType | None = None) -> Callable[[AggImpl], AggImpl]:
+def aggregator(
+    name: str, param: ValueType | None = None, *, histograms: str = ""
+) -> Callable[[AggImpl], AggImpl]:
     """Register the decorated implementation as the aggregation ``name``; the docstring becomes its doc."""
 
     def register(impl: AggImpl) -> AggImpl:
@@ -43,7 +53,10 @@ def aggregator(name: str, param: ValueType | None = None) -> Callable[[AggImpl],
             raise ValueError(f"aggregator {name!r} registered twice")
         if not name.isidentifier() or name != name.lower():
             raise ValueError(f"aggregator name {name!r} must be a lower-case identifier")
-        AGGREGATORS[name] = AggregatorSpec(name, param, impl, (impl.__doc__ or "").strip().split("\n")[0])
+        if histograms not in HISTOGRAM_AGGREGATION:
+            raise ValueError(f"aggregator {name!r}: unknown histogram behaviour {histograms!r}")
+        doc = (impl.__doc__ or "").strip().split("\n")[0]
+        AGGREGATORS[name] = AggregatorSpec(name, param, impl, doc, histograms)
         return impl
 
     return register

@@ -83,12 +83,32 @@ def _ones(n: int) -> npt.NDArray[np.bool_]:
     return np.ones(n, dtype=bool)
 
 
+#: (on, labels) -> {id(label set): (label set, its signature)}: as aggregation's _GROUP_KEYS, a
+#: rule's join computes the same signatures of the same series at every evaluation.
+_SIGNATURES: dict[tuple[bool, tuple[str, ...]], dict[int, tuple[Labels, Labels]]] = {}
+_SIGNATURES_MAX = 1_000_000
+
+
 def signature_fn(matching: VectorMatching) -> Callable[[Labels], Labels]:
     """Labels two series must agree on to match: the ``on`` labels, or all but ``ignoring`` and the name."""
     names = frozenset(matching.labels)
-    if matching.on:
-        return lambda labels: tuple(p for p in labels if p[0] in names)
-    return lambda labels: tuple(p for p in labels if p[0] not in names and p[0] != "__name__")
+    on = matching.on
+    memo = _SIGNATURES.setdefault((on, tuple(matching.labels)), {})
+    if len(memo) > _SIGNATURES_MAX:
+        memo.clear()
+
+    def sig(labels: Labels) -> Labels:
+        hit = memo.get(id(labels))
+        if hit is not None and hit[0] is labels:
+            return hit[1]
+        if on:
+            out = tuple(p for p in labels if p[0] in names)
+        else:
+            out = tuple(p for p in labels if p[0] not in names and p[0] != "__name__")
+        memo[id(labels)] = (labels, out)
+        return out
+
+    return sig
 
 
 def _presence_by_sig(vec: StepVector, sigs: list[Labels]) -> dict[Labels, BOOL]:

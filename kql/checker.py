@@ -24,16 +24,15 @@ from kernel_insight.kql.ast import (
 )
 from kernel_insight.kql.errors import KqlParseError, KqlTypeError
 from kernel_insight.kql.functions import FUNCTIONS
+from kernel_insight.kql.functions.registry import names_with
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS
 
-__all__ = ["ANCHORED_FUNCTIONS", "SMOOTHED_FUNCTIONS", "check", "value_type"]
+__all__ = ["check", "value_type"]
 
 S, V, M, STR = ValueType.SCALAR, ValueType.VECTOR, ValueType.MATRIX, ValueType.STRING
 
 #: Functions that accept range selectors with the `anchored` / `smoothed` modifiers.
-ANCHORED_FUNCTIONS = ("changes", "delta", "increase", "rate", "resets")
-SMOOTHED_FUNCTIONS = ("delta", "increase", "rate")
 
 
 def value_type(node: Node) -> ValueType:
@@ -188,16 +187,12 @@ class _Checker:
         return spec.return_type
 
     def range_modifiers(self, func: str, arg: MatrixSelector) -> None:
-        if arg.smoothed and func not in SMOOTHED_FUNCTIONS:
-            raise self.fail(
-                f"smoothed modifier can only be used with: {', '.join(SMOOTHED_FUNCTIONS)} - not with {func}",
-                arg,
-            )
-        if arg.anchored and func not in ANCHORED_FUNCTIONS:
-            raise self.fail(
-                f"anchored modifier can only be used with: {', '.join(ANCHORED_FUNCTIONS)} - not with {func}",
-                arg,
-            )
+        for modifier, given in (("smoothed", arg.smoothed), ("anchored", arg.anchored)):
+            if given and not getattr(FUNCTIONS[func], modifier):
+                raise self.fail(
+                    f"{modifier} modifier can only be used with: {', '.join(names_with(modifier))} - not with {func}",
+                    arg,
+                )
 
 
 def check(expr: Expr, query: str = "") -> ValueType:

@@ -70,7 +70,6 @@ from kernel_insight.kql.pushdown import (
 )
 from kernel_insight.kql.sparsehists import SparseCells, stats_read_hints
 from kernel_insight.kql.storage import (
-    START_TIMESTAMP_FUNCTIONS,
     START_TIMESTAMPS_WANTED,
     Matcher,
     ReadBudget,
@@ -502,14 +501,14 @@ class _Evaluator:
         spec = FUNCTIONS[node.func]
         # Only timestamp() and start_timestamp() read the sample times of their selector; a grid
         # read skips them otherwise.
-        wants_times = node.func in ("timestamp", "start_timestamp")
+        wants_times = spec.sample_times
         self.sample_times_wanted += wants_times
         stats, buckets = spec.histogram_reads == "stats", spec.histogram_reads == "buckets"
         self.stats_readers += stats
         self.bucket_readers += buckets
         # Start timestamps are read for rate, increase, irate and resets of a selector only.
         starts = START_TIMESTAMPS_WANTED.set(
-            node.func in START_TIMESTAMP_FUNCTIONS and isinstance(unwrap(node.args[0]), MatrixSelector)
+            spec.start_timestamps and isinstance(unwrap(node.args[0]), MatrixSelector)
         )
         try:
             args = [
@@ -525,7 +524,7 @@ class _Evaluator:
             (isinstance(a, StepVector) and a.has_hists) or (isinstance(a, RangeInput) and a.hist is not None)
             for a in args
         ):
-            return histeval.call(ctx, node.func, spec.impl, args)
+            return histeval.call(ctx, spec, args)
         return spec.impl(ctx, args)
 
     def start_timestamps(self, node: VectorSelector, times: I64, vec: StepVector) -> F64:

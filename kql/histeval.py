@@ -20,7 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql import nativehist as nh
+from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.binary import ARITHMETIC
+from kernel_insight.kql.functions.registry import FunctionSpec
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.parser import TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
@@ -713,15 +715,18 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     from kernel_insight.kql.vectors import group_rows
 
     op = node.op
-    if op in ("count", "group"):
+    kind = AGGREGATORS[op].histograms
+    if kind == "presence":
         return float_aggregate(ev, node, _proxy(vec), param)
-    if op in ("min", "max", "stddev", "stdvar", "quantile", "topk", "bottomk"):
+    if kind in ("ignored", "ignored_whole"):
         if vec.hist_present().any():
-            pos = node.pos if op in ("topk", "bottomk") else node.expr.pos
-            ev.annotate("info", ignored_in_aggregation(op), pos)
+            ev.annotate(
+                "info", ignored_in_aggregation(op), node.pos if kind == "ignored_whole" else node.expr.pos
+            )
         return float_aggregate(ev, node, vec.floats_only(), param)
-    if op not in ("sum", "avg"):
+    if kind not in ("sum", "mean"):
         return float_aggregate(ev, node, vec, param)  # limitk, limit_ratio, count_values read histograms
+    mean = kind == "mean"
     steps = vec.values.shape[1]
     keys = [_grouping_key(lb, node) for lb in vec.labels]
     gid, n = group_rows(keys)
@@ -742,14 +747,14 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         if moved is not None:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
         if vec.hist_objs is None:
-            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, op == "avg")
+            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, mean)
     elif vec.sparse is not None and vec.hist_objs is None:
         # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns, each
         # member holding a bucket of 0 compacted as the sum's Compact(0) does; several (sum(x))
         # summed from the columns.
         columns = _single_sparse(vec.sparse, gid, mixed, steps)
         if columns is None:
-            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, op == "avg")
+            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, mean)
         else:
             compact = columns.data.compacted()
             if compact is not None:
@@ -760,7 +765,7 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         single = _single_members(vec.hists, gid, n, mixed)
         if single is not None:
             return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
-        summed = dense_sum(vec.hists, gid, n, mixed, op == "avg")
+        summed = dense_sum(vec.hists, gid, n, mixed, mean)
     if summed is not None:
         dense_totals, collision = summed
         if collision:
@@ -788,11 +793,11 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
         acc = totals[g, j]
         if acc is None:
             totals[g, j] = h.copy()
-            if op == "avg":
+            if mean:
                 means[g, j] = nh.HistogramMean(totals[g, j])
             continue
         try:
-            if op == "avg":
+            if mean:
                 _checked(acc, h)
                 reconciled = means[g, j].add(h)
             else:
@@ -808,8 +813,8 @@ def aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
     if (reset_seen & not_reset_seen).any():
         ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
     for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
-        mean = means[g, j]
-        totals[g, j] = hcompact(mean.result() if mean is not None else kahan_total(totals[g, j], comps[g, j]))
+        avg = means[g, j]
+        totals[g, j] = hcompact(avg.result() if avg is not None else kahan_total(totals[g, j], comps[g, j]))
     return _aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
 
 
@@ -848,28 +853,6 @@ def _aggregated(
 
 # ------------------------------------------------------------------------------ functions
 
-#: Functions that read only floats and say so when a range held both kinds (Prometheus'
-#: HistogramIgnoredInMixedRangeInfo); histograms alone give no result and no annotation.
-IGNORED_IN_MIXED_RANGE = frozenset(
-    {
-        "min_over_time",
-        "max_over_time",
-        "stddev_over_time",
-        "stdvar_over_time",
-        "quantile_over_time",
-        "mad_over_time",
-        "deriv",
-        "predict_linear",
-        "double_exponential_smoothing",
-        "ts_of_min_over_time",
-        "ts_of_max_over_time",
-    }
-)
-#: Functions whose implementation carries histogram cells through unchanged (labels or order only).
-PASS_THROUGH = frozenset({"label_replace", "label_join", "sort_by_label", "sort_by_label_desc"})
-#: Functions that only look at where samples are, of either kind.
-PRESENCE = frozenset({"absent", "timestamp", "start_timestamp"})
-
 
 def _strip(arg: Any) -> Any:
     if isinstance(arg, StepVector):
@@ -881,17 +864,18 @@ def _strip(arg: Any) -> Any:
     return arg
 
 
-def call(ctx: Any, name: str, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+def call(ctx: Any, spec: FunctionSpec, args: list[Any]) -> Any:
     """A function call with histogram samples among its arguments."""
-    handler = HANDLERS.get(name)
+    impl = spec.impl
+    handler = HANDLERS.get(spec.name)
     if handler is not None:
         return handler(ctx, impl, args)
-    if name in PASS_THROUGH:
+    if spec.histogram_samples == "pass_through":
         return impl(ctx, args)
-    if name in PRESENCE:
+    if spec.histogram_samples == "presence":
         return impl(ctx, [_proxy(a) if isinstance(a, StepVector) else a for a in args])
     out = impl(ctx, [_strip(a) for a in args])
-    if name in IGNORED_IN_MIXED_RANGE:
+    if spec.histogram_samples == "mixed_range_info":
         for a in args:
             if isinstance(a, RangeInput):
                 _info_mixed(ctx, a)

@@ -100,7 +100,7 @@ void ki_cupti_clock_refresh(struct ki_cupti *g) {
 }
 
 static inline uint64_t to_ring_ns(const struct ki_cupti *g, uint64_t cupti_ns) {
-    return (uint64_t)((int64_t)cupti_ns + g->clock_offset_ns);
+    return cupti_ns + (uint64_t)g->clock_offset_ns; /* modulo 2^64: a corrupt timestamp wraps, never traps */
 }
 
 /* ---- rings and names ---------------------------------------------------- */

@@ -133,7 +133,10 @@ def nvml_vs_smi(env: dict[str, str]) -> dict[str, Any]:
         import pynvml  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return {"skipped": "no pynvml (nvidia-ml-py) for this python"}
-    from kernel_insight.agent.probe.nvml import NvmlSampler
+    try:
+        from kernel_insight.agent.probe.nvml import NvmlSampler
+    except ImportError as e:  # the sampler's own dependencies (grpcio for the kubelet's pods, ...)
+        return {"skipped": f"the NVML sampler needs {e.name}, not installed for this python"}
 
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.used,memory.total,temperature.gpu,power.draw,clocks.sm",
@@ -193,7 +196,7 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.current_device()
-    ring_tool(build, "create", f"/kernel_insight.{PREFIX}{gpu}", str(1 << 22))
+    ring_tool(build, "create", f"/kernel_insight.{PREFIX}{gpu}", str(1 << 20))  # 64 MiB: every run's records
     cupti_env = {**base, "CUDA_INJECTION64_PATH": str(probe)}
     span_env = {**base, "KI_PROBE_BACKEND": "torch"}
     summary: dict[str, Any] = {"gpu": torch.cuda.get_device_name(gpu), "torch": torch.__version__}

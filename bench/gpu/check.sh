@@ -62,8 +62,10 @@ for f in kernel_insight/*; do ln -sfn "$ROOT/$f" "$B/py/kernel_insight/"; done
 ln -sfn "$ROOT/agent" "$B/py/kernel_insight/agent"
 export PYTHONPATH="$B/py${PYTHONPATH:+:$PYTHONPATH}"
 
+started=$(date +%s)
 timeout 450 "$PY" bench/gpu/check.py "$B" > "$B/gpu-check.json" || fail "bench/gpu/check.py (exit $?)"
 cat "$B/gpu-check.json"
+echo "check.py took $(( $(date +%s) - started )) s"
 [ -n "${OUT:-}" ] && cp "$B/gpu-check.json" "$OUT/gpu-check.json"
 
 "$PY" - "$B/gpu-check.json" <<'EOF'

@@ -57,7 +57,7 @@ def _relabel(vec: StepVector, dst: str, new_labels: list[Labels]) -> StepVector:
     return consolidate(out)
 
 
-@function("label_replace", (V, STR, STR, STR, STR), V)
+@function("label_replace", (V, STR, STR, STR, STR), V, histogram_samples="pass_through")
 def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
     """Set ``dst`` to the expanded ``replacement`` where ``regex`` fully matches label ``src``."""
     vec, dst, replacement, src, regex = args
@@ -78,7 +78,7 @@ def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
     return _relabel(vec, dst, new_labels)
 
 
-@function("label_join", (V, STR, STR, STR), V, variadic=-1)
+@function("label_join", (V, STR, STR, STR), V, variadic=-1, histogram_samples="pass_through")
 def _label_join(ctx: CallContext, args: list[Any]) -> StepVector:
     """Set ``dst`` to the values of the ``src`` labels joined by ``separator``."""
     vec, dst, sep, *srcs = args
@@ -170,19 +170,19 @@ def _sort_by_label(ctx: CallContext, args: list[Any], descending: bool) -> StepV
     return vec.take(order)
 
 
-@function("sort_by_label", (V, STR), V, variadic=-1)
+@function("sort_by_label", (V, STR), V, variadic=-1, histogram_samples="pass_through")
 def _sort_by_label_asc(ctx: CallContext, args: list[Any]) -> StepVector:
     """Order by the given labels' values (natural order), then by the full label set."""
     return _sort_by_label(ctx, args, descending=False)
 
 
-@function("sort_by_label_desc", (V, STR), V, variadic=-1)
+@function("sort_by_label_desc", (V, STR), V, variadic=-1, histogram_samples="pass_through")
 def _sort_by_label_desc(ctx: CallContext, args: list[Any]) -> StepVector:
     """Like sort_by_label, descending."""
     return _sort_by_label(ctx, args, descending=True)
 
 
-@function("absent", (V,), V)
+@function("absent", (V,), V, histogram_samples="presence")
 def _absent(ctx: CallContext, args: list[Any]) -> StepVector:
     """1 with the selector's equality labels at steps where the vector is empty."""
     vec: StepVector = args[0]

@@ -495,19 +495,35 @@ def _starts_in_range(
     return (st0, use) if use.any() else None
 
 
-@function("rate", (M,), V, pushdown=GridPushdown("timeSeriesRateToGrid"))
+@function(
+    "rate",
+    (M,),
+    V,
+    pushdown=GridPushdown("timeSeriesRateToGrid"),
+    anchored=True,
+    smoothed=True,
+    start_timestamps=True,
+)
 def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second increase of a counter over the range, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=True, per_second=True)
 
 
-@function("increase", (M,), V, pushdown=GridPushdown("timeSeriesIncreaseToGrid"))
+@function(
+    "increase",
+    (M,),
+    V,
+    pushdown=GridPushdown("timeSeriesIncreaseToGrid"),
+    anchored=True,
+    smoothed=True,
+    start_timestamps=True,
+)
 def _increase(ctx: CallContext, args: list[Any]) -> StepVector:
     """Increase of a counter over the range, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=True, per_second=False)
 
 
-@function("delta", (M,), V, pushdown=GridPushdown("timeSeriesDeltaToGrid"))
+@function("delta", (M,), V, pushdown=GridPushdown("timeSeriesDeltaToGrid"), anchored=True, smoothed=True)
 def _delta(ctx: CallContext, args: list[Any]) -> StepVector:
     """Difference between first and last value of a gauge, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=False, per_second=False)
@@ -532,7 +548,7 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
     return range_result(r, result, present)
 
 
-@function("irate", (M,), V, pushdown=GridPushdown("timeSeriesInstantRateToGrid"))
+@function("irate", (M,), V, pushdown=GridPushdown("timeSeriesInstantRateToGrid"), start_timestamps=True)
 def _irate(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second rate from the last two samples of the range (counter resets handled)."""
     return _instant(args[0], is_rate=True)
@@ -632,7 +648,13 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     return w.restore(slope), w.restore(intercept)
 
 
-@function("deriv", (M,), V, pushdown=GridPushdown("timeSeriesDerivToGrid", beats_cache=True))
+@function(
+    "deriv",
+    (M,),
+    V,
+    pushdown=GridPushdown("timeSeriesDerivToGrid", beats_cache=True),
+    histogram_samples="mixed_range_info",
+)
 def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second derivative of a gauge by simple linear regression."""
     r: RangeInput = args[0]
@@ -640,7 +662,7 @@ def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
     return range_result(r, slope, _present(r, 2))
 
 
-@function("predict_linear", (M, S), V, time_dependent=True)
+@function("predict_linear", (M, S), V, time_dependent=True, histogram_samples="mixed_range_info")
 def _predict_linear(ctx: CallContext, args: list[Any]) -> StepVector:
     """Value of a gauge ``t`` seconds from now, by simple linear regression."""
     r, horizon = args
@@ -671,13 +693,15 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
     return result
 
 
-@function("changes", (M,), V, pushdown=GridPushdown("timeSeriesChangesToGrid"))
+@function("changes", (M,), V, pushdown=GridPushdown("timeSeriesChangesToGrid"), anchored=True)
 def _changes(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of times the value changed within the range."""
     return _count_changes(args[0], resets=False)
 
 
-@function("resets", (M,), V, pushdown=GridPushdown("timeSeriesResetsToGrid"))
+@function(
+    "resets", (M,), V, pushdown=GridPushdown("timeSeriesResetsToGrid"), anchored=True, start_timestamps=True
+)
 def _resets(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of counter resets (decreases) within the range."""
     return _count_changes(args[0], resets=True)
@@ -704,14 +728,26 @@ def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     return range_result(r, r.counts.astype(np.float64), _present(r))
 
 
-@function("min_over_time", (M,), V, pushdown=GridPushdown("timeSeriesMinToGrid"))
+@function(
+    "min_over_time",
+    (M,),
+    V,
+    pushdown=GridPushdown("timeSeriesMinToGrid"),
+    histogram_samples="mixed_range_info",
+)
 def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Smallest sample in the range (NaN only if all are NaN)."""
     r = args[0]
     return range_result(r, _reduce(r, np.fmin), _present(r))
 
 
-@function("max_over_time", (M,), V, pushdown=GridPushdown("timeSeriesMaxToGrid"))
+@function(
+    "max_over_time",
+    (M,),
+    V,
+    pushdown=GridPushdown("timeSeriesMaxToGrid"),
+    histogram_samples="mixed_range_info",
+)
 def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Largest sample in the range (NaN only if all are NaN)."""
     r = args[0]
@@ -772,33 +808,33 @@ def _ts_of_extreme(r: RangeInput, largest: bool) -> StepVector:
     return range_result(r, w.restore(best_t), _present(r))
 
 
-@function("ts_of_max_over_time", (M,), V, experimental=True)
+@function("ts_of_max_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
 def _ts_of_max(ctx: CallContext, args: list[Any]) -> StepVector:
     """Timestamp (seconds) of the largest sample in the range (the last one on ties)."""
     return _ts_of_extreme(args[0], largest=True)
 
 
-@function("ts_of_min_over_time", (M,), V, experimental=True)
+@function("ts_of_min_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
 def _ts_of_min(ctx: CallContext, args: list[Any]) -> StepVector:
     """Timestamp (seconds) of the smallest sample in the range (the last one on ties)."""
     return _ts_of_extreme(args[0], largest=False)
 
 
-@function("stddev_over_time", (M,), V)
+@function("stddev_over_time", (M,), V, histogram_samples="mixed_range_info")
 def _stddev_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Population standard deviation of the samples in the range."""
     r = args[0]
     return range_result(r, np.sqrt(_variance(r)), _present(r))
 
 
-@function("stdvar_over_time", (M,), V)
+@function("stdvar_over_time", (M,), V, histogram_samples="mixed_range_info")
 def _stdvar_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Population variance of the samples in the range."""
     r = args[0]
     return range_result(r, _variance(r), _present(r))
 
 
-@function("quantile_over_time", (S, M), V)
+@function("quantile_over_time", (S, M), V, histogram_samples="mixed_range_info")
 def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """The φ-quantile (0 ≤ φ ≤ 1) of the samples in the range."""
     q, r = args
@@ -816,7 +852,7 @@ def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     return range_result(r, w.reshape(out), present)
 
 
-@function("mad_over_time", (M,), V, experimental=True)
+@function("mad_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
 def _mad_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Median absolute deviation of the samples in the range (NaN if any sample is NaN)."""
     r = args[0]
@@ -848,7 +884,9 @@ def _absent_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     return out.compact()
 
 
-@function("double_exponential_smoothing", (M, S, S), V, experimental=True)
+@function(
+    "double_exponential_smoothing", (M, S, S), V, experimental=True, histogram_samples="mixed_range_info"
+)
 def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVector:
     """Holt's double exponential smoothing with smoothing factor ``sf`` and trend factor ``tf``."""
     r, sf_arr, tf_arr = args

@@ -15,7 +15,16 @@ from kernel_insight.kql.ast import ValueType
 if TYPE_CHECKING:
     from kernel_insight.kql.values import CallContext
 
-__all__ = ["FUNCTIONS", "FunctionSpec", "GridPushdown", "Impl", "function"]
+__all__ = [
+    "FUNCTIONS",
+    "HISTOGRAM_READS",
+    "HISTOGRAM_SAMPLES",
+    "FunctionSpec",
+    "GridPushdown",
+    "Impl",
+    "function",
+    "names_with",
+]
 
 #: An implementation receives the call context and the evaluated arguments.
 Impl = Callable[["CallContext", list[Any]], Any]
@@ -62,6 +71,15 @@ class FunctionSpec:
     #: under it read counter-reset hints as Prometheus' HistogramStatsIterator gives them unless
     #: something between needs "buckets"), "buckets" (the whole histogram), or "" (no matter).
     histogram_reads: str = ""
+    #: What it does with histogram samples it has no histogram behaviour of its own for (one of
+    #: HISTOGRAM_SAMPLES): "" ignores them (floats only), "mixed_range_info" ignores them with
+    #: Prometheus' info when a range held both kinds, "pass_through" carries them unchanged
+    #: (labels or order only), "presence" counts a histogram as a sample present.
+    histogram_samples: str = ""
+    anchored: bool = False  # takes an ``anchored`` range (the checker reads it)
+    smoothed: bool = False  # takes a ``smoothed`` range
+    start_timestamps: bool = False  # reads its matrix selector's start timestamps (rate, increase, ...)
+    sample_times: bool = False  # reads the sample times of its selector (timestamp())
     doc: str = ""
 
     @property
@@ -83,6 +101,14 @@ class FunctionSpec:
 
 #: Every function kql knows, by name.
 FUNCTIONS: dict[str, FunctionSpec] = {}
+#: The values of ``FunctionSpec.histogram_samples`` and ``histogram_reads``.
+HISTOGRAM_SAMPLES = ("", "mixed_range_info", "pass_through", "presence")
+HISTOGRAM_READS = ("", "stats", "buckets")
+
+
+def names_with(flag: str) -> tuple[str, ...]:
+    """The functions whose spec has ``flag`` set, sorted (the checker's messages list them)."""
+    return tuple(sorted(name for name, spec in FUNCTIONS.items() if getattr(spec, flag)))
 
 
 def function(
@@ -97,12 +123,19 @@ def function(
     extension: bool = False,
     pushdown: GridPushdown | None = None,
     histogram_reads: str = "",
+    histogram_samples: str = "",
+    anchored: bool = False,
+    smoothed: bool = False,
+    start_timestamps: bool = False,
+    sample_times: bool = False,
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
     def register(impl: Impl) -> Impl:
         if name in FUNCTIONS:
             raise ValueError(f"function {name!r} registered twice")
+        if histogram_samples not in HISTOGRAM_SAMPLES or histogram_reads not in HISTOGRAM_READS:
+            raise ValueError(f"function {name!r}: unknown histogram behaviour")
         FUNCTIONS[name] = FunctionSpec(
             name=name,
             arg_types=args,
@@ -115,6 +148,11 @@ def function(
             extension=extension,
             pushdown=pushdown,
             histogram_reads=histogram_reads,
+            histogram_samples=histogram_samples,
+            anchored=anchored,
+            smoothed=smoothed,
+            start_timestamps=start_timestamps,
+            sample_times=sample_times,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

@@ -41,7 +41,7 @@ def _scalar(ctx: CallContext, args: list[Any]) -> F64:
     return result
 
 
-@function("timestamp", (V,), V, time_dependent=True)
+@function("timestamp", (V,), V, time_dependent=True, histogram_samples="presence", sample_times=True)
 def _timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
     """Timestamp (seconds) of each sample: the sample's own time for a plain selector."""
     vec: StepVector = args[0]
@@ -52,7 +52,7 @@ def _timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
     return map_values(vec, lambda v: np.array(stamps, dtype=np.float64))
 
 
-@function("start_timestamp", (V,), V, experimental=True)
+@function("start_timestamp", (V,), V, experimental=True, histogram_samples="presence", sample_times=True)
 def _start_timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
     """Start timestamp (seconds, 0 when unset) of each sample of a plain selector; nothing for
     any other expression, which has none (Prometheus 3.14, experimental)."""

@@ -382,3 +382,19 @@ def test_dense_codes_are_numpys_unique_with_its_inverse(codes, spare):
         assert used.tolist() == want_used.tolist()
         assert dense.tolist() == want_inverse.reshape(-1).tolist()
         assert dense.dtype == np.int32
+
+
+def test_the_series_cache_starts_again_only_when_new_series_would_pass_its_size():
+    """A request of known series never empties the cache, however many series it holds (it
+    counted the request's size once: at ~490k of 500k active series every request re-parsed)."""
+    cache = SeriesCache(max_series=10)
+    known = [({"__name__": "m", "i": str(i)}, [(NOW, float(i))]) for i in range(8)]
+    raw = encode_write_request(known, compress=False)
+    for _ in range(3):
+        decode_write_request(raw, SeriesLimits(), cache)
+    assert len(cache) == 8
+    assert cache.resets == 0
+    fresh = [({"__name__": "m", "i": f"new{i}"}, [(NOW, 1.0)]) for i in range(3)]
+    decode_write_request(encode_write_request(known[:2] + fresh, compress=False), SeriesLimits(), cache)
+    assert cache.resets == 1
+    assert len(cache) == 5

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from chdb_http import running_shim
 
+from kernel_insight.collector.head import DEFAULT_HEAD_BYTES
 from kernel_insight.collector.query import matcher_sql
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sql import Params
@@ -35,12 +36,18 @@ def _data():
     return out
 
 
-@pytest.fixture(scope="module", params=["embedded", "clickhouse-connect-chdb", "clickhouse-connect-http"])
+@pytest.fixture(
+    scope="module", params=["embedded", "embedded-head", "clickhouse-connect-chdb", "clickhouse-connect-http"]
+)
 def stores(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     shim = contextlib.ExitStack()
     if request.param == "embedded":
         store = EmbeddedStore(path)
+    elif (
+        request.param == "embedded-head"
+    ):  # recent reads from the head (collector/head.py), as ki collector's
+        store = EmbeddedStore(path, head_bytes=DEFAULT_HEAD_BYTES)
     elif request.param == "clickhouse-connect-chdb":
         # clickhouse-connect's own chDB backend: the ServerStore code path, in process.
         store = ServerStore.connect(f"chdb://{path}")
@@ -54,6 +61,10 @@ def stores(request, tmp_path_factory):
         mem.add(labels, ts, vs)
         b.add_series(labels, ts, vs)
     store.insert_batch("seed", samples=b.build())
+    deadline = time.monotonic() + 60
+    while store.head is not None and not store.head.ready:
+        assert time.monotonic() < deadline, "the head did not load"
+        time.sleep(0.02)
     yield store.storage(), mem
     store.close()
     shim.close()

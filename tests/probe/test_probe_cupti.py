@@ -278,6 +278,43 @@ def test_a_fuzzed_activity_stream_never_breaks_the_workload(cupti, label_prefix,
             assert samples(recs)[MetricId.CUPTI_RING_REFUSED] > 0
 
 
+SAN_CFLAGS = "-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+
+
+def test_a_fuzzed_stream_under_asan_and_ubsan(tmp_path, label_prefix):
+    """The probe and the stand-ins built with AddressSanitizer and UBSan (the workload loads them
+    through LD_PRELOAD'ed runtimes): fuzzed records, forks, two GPUs and a flush racing the exit
+    end without one report (a fuzzed timestamp overflowed int64 in the clock mapping before)."""
+    runtimes = []
+    for name in ("libasan.so", "libubsan.so"):
+        path = subprocess.run(
+            ["gcc", "-print-file-name=" + name], capture_output=True, text=True
+        ).stdout.strip()
+        if not path.startswith("/"):
+            pytest.skip(f"gcc has no {name} here: no sanitizer build")
+        runtimes.append(path)
+    out = tmp_path / "san"
+    out.mkdir()
+    subprocess.run(
+        ["make", "-s", "-C", str(ROOT / "agent" / "cupti"), f"OUT={out}", f"CFLAGS={SAN_CFLAGS}", "all", "standins"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    b = CuptiBuild(out / "libki_cupti.so.1", out, out / "cupti_workload")
+    rings(label_prefix, 4)
+    for seed in (1, 2, 3):
+        env = b.env(
+            label_prefix, LD_PRELOAD=" ".join(runtimes), ASAN_OPTIONS="detect_leaks=0", KI_CUPTI_NAME_MAX="40"
+        )
+        done = subprocess.run(
+            [str(b.workload), "--fuzz", f"{seed}:4000", "--steps", "20", "--nvtx", "--threads", "2", "--gpus", "2",
+             "--fork", "--flush-race"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "runtime error" not in done.stderr
+        assert "ERROR: AddressSanitizer" not in done.stderr
+
+
 def test_the_c_metric_ids_are_the_python_ones():
     header = (ROOT / "agent" / "cupti" / "ki_cupti.h").read_text()
     ids = dict(re.findall(r"#define KI_METRIC_(CUPTI_\w+) (\d+)", header))

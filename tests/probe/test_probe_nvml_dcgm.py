@@ -3,12 +3,15 @@ and against our own series of the same instant (docs/metrics.md, "dcgm-exporter'
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from nvmlutil import SCRIPT, samples
-from probeutil import drain
+from probeutil import ROOT, drain
 
 from kernel_insight.agent import ring_name
 from kernel_insight.agent.dcgm import DCGM_FIELDS, DCGM_ID_BASE, dcgm_id
@@ -183,3 +186,26 @@ def test_every_dcgm_field_is_documented_as_the_table_says():
     for f in DCGM_FIELDS:
         row = f"| {f.id} | {f.field_id} | `{f.name}` | {f.type} | {f.unit} |"
         assert row in text, row
+
+
+@pytest.mark.parametrize(("flag", "dcgm"), [("--dcgm-names=false", False), ("--dcgm-names=true", True)])
+def test_cli_switches_the_dcgm_series(fake_nvml, script, label_prefix, flag, dcgm):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "probe", "nvml", "--library", str(fake_nvml),
+         "--seconds", "1.2", "--label-prefix", label_prefix, flag],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "KI_FAKE_NVML_SCRIPT": str(script)}, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    recs = [r for r in drain(ring_name(f"{label_prefix}0")) if isinstance(r, SampleRecord)]
+    assert any(r.metric == MetricId.TEMPERATURE for r in recs)
+    assert any(r.metric >= DCGM_ID_BASE for r in recs) == dcgm
+
+
+def test_cli_refuses_a_dcgm_names_value_that_is_not_a_boolean(label_prefix):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "probe", "nvml", "--dcgm-names=maybe"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "expected true or false, got 'maybe'" in proc.stderr

@@ -1,0 +1,375 @@
+"""make soak: hours of mixed load with one fault at a time, then every record accounted for.
+
+A real ``ki collector`` on an embedded store; ``--agents`` GPUs, each a ring fed by the C
+producer (``ringtool paced``: KERNEL records at ``--rate`` plus 16 NVML-like metrics at 10 Hz)
+and a ``ki-agent`` shipping every record; a remote_write sender (one request of 100 samples
+every 10 s over one kept-alive connection); Prometheus API queries every second; the SDK
+polling the health snapshot every second. Every ``--fault-every`` seconds one fault from
+``FAULTS``, in an order drawn from ``--seed``, each logged with its time:
+
+- ``collector_kill``: SIGKILL of the collector, restarted at once;
+- ``agent_stop``: SIGSTOP of one agent for a fifth of the fault interval (60 s at the default), then SIGCONT;
+- ``collector_reconfig``: the collector stopped and started with another ``--interval``;
+- ``clock_step``: the collector restarted with its wall clock 30 s ahead or behind
+  (scripts/wallshift.c, LD_PRELOAD) for a fifth of the interval, then restarted without;
+- ``merge_storm``: 2,000 remote_write requests of one sample each from 8 threads (2,000 parts);
+- ``store_disk_full``, ``spool_disk_full``, ``network_cut``: not built yet; logged as skipped.
+
+At the end the producers stop, the agents drain and stop, and the store is read: every kernel
+record a producer wrote is stored exactly once (``lost``: written, not stored; ``duplicated``:
+stored more than once), every remote_write sample acknowledged is stored once; the resident
+memory of the agents (and of the collector's last run, when it outlived the warm-up) after the
+warm-up (a third of the run, at most 10 minutes) against the end; the longest an instance was
+reported stale after a fault had ended. Ends with ``BENCH soak minutes=<n> faults=<n>
+records=<n> lost=<n> duplicated=<n> rss_growth_pct=<n> stale_s_max=<n>``; the fault log and
+the figures go to ``--log`` (default bench/results/soak-<seed>.log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.remote_write import encode_write_request
+from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.sdk import HealthClient
+
+FAULTS = (
+    "collector_kill",
+    "agent_stop",
+    "collector_reconfig",
+    "clock_step",
+    "merge_storm",
+    "store_disk_full",
+    "spool_disk_full",
+    "network_cut",
+)
+NOT_BUILT = {"store_disk_full", "spool_disk_full", "network_cut"}
+RW_METRIC, STORM_METRIC = "soak_remote_write", "soak_merge_storm"
+WRITE_HEADERS = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+
+
+class Log:
+    def __init__(self, path: Path) -> None:
+        self.path, self.t0 = path, time.monotonic()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+
+    def __call__(self, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S', time.gmtime())} +{time.monotonic() - self.t0:7.1f}s {text}"
+        print(line, file=sys.stderr, flush=True)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+
+class Loop(threading.Thread):
+    """Calls ``step`` every ``every_s`` until stopped; counts the calls that raised."""
+
+    def __init__(self, every_s: float, step: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.every_s, self.step = every_s, step
+        self.stop = threading.Event()
+        self.errors = self.calls = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.calls += 1
+            try:
+                self.step()
+            except Exception:
+                self.errors += 1
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _wallshift(out: Path) -> Path:
+    lib = out / "wallshift.so"
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(REPO / "scripts" / "wallshift.c"), "-ldl"],
+        check=True,
+    )
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=60.0, help="how long the load runs (default 60)")
+    ap.add_argument(
+        "--fault-every", type=float, default=300.0, metavar="S", help="seconds between faults (default 300)"
+    )
+    ap.add_argument("--seed", type=int, default=1, help="draws the faults' order (default 1)")
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--rate", type=int, default=1000, help="KERNEL records/s per agent (default 1000)")
+    ap.add_argument("--log", type=Path, help="fault log and figures (default bench/results/soak-<seed>.log)")
+    ap.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
+    args = ap.parse_args()
+    run_s = args.minutes * 60
+    log = Log(args.log or REPO / "bench" / "results" / f"soak-{args.seed}.log")
+    rng = random.Random(args.seed)
+    order = list(FAULTS)
+    rng.shuffle(order)
+    log(
+        f"soak: {args.minutes:g} min, {args.agents} agents at {args.rate}/s, a fault every {args.fault_every:g} s, seed {args.seed}: {order}"
+    )
+    with tempfile.TemporaryDirectory(prefix="ki-soak-", dir=args.dir) as tmp_name:
+        tmp = Path(tmp_name)
+        ringtool = build_ringtool(tmp)
+        shift_lib = _wallshift(tmp)
+        agent_bin = tmp / "agent-build" / "ki-agent"
+        (tmp / "agent-build").mkdir()
+        subprocess.run(
+            ["make", "-s", "-C", str(REPO / "agent" / "src"), f"OUT={tmp / 'agent-build'}"], check=True
+        )
+        keys = KeyStore(tmp / "keys.json")
+        nodes = [Node(tmp, i, keys, agent_bin, ringtool) for i in range(args.agents)]
+        collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0)
+        stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
+        faults_done, windows = 0, []  # windows: (start, end) of each fault, monotonic
+        rss: dict[str, list[tuple[float, int]]] = {}
+        collector_since = [time.monotonic()]
+        rw_acked: set[float] = set()
+        stale_after_fault = [0.0]
+        client = httpx.Client(base_url=collector.url, timeout=30)
+        try:
+            collector.start()
+            for n in nodes:
+                n.start_producer(args.rate, run_s)
+                n.start_agent(collector.url, "--histograms=0")
+            t_start = time.monotonic()
+            log(f"collector pid {collector.pid}; agents {[n.agent.pid for n in nodes if n.agent]}")
+
+            rw_seq = [0]
+
+            def remote_write() -> None:
+                base = rw_seq[0]
+                now = int(time.time() * 1000)
+                samples = [(now + i, float(base + i)) for i in range(100)]
+                body = encode_write_request([({"__name__": RW_METRIC, "job": "soak"}, samples)])
+                rw_seq[0] += 100
+                if client.post("/api/v1/write", content=body, headers=WRITE_HEADERS).status_code != 204:
+                    raise OSError("remote_write refused")
+                rw_acked.update(v for _, v in samples)
+
+            def query() -> None:
+                r = httpx.get(
+                    f"{collector.url}/api/v1/query",
+                    params={"query": "sum by (instance) (rate(gpu_kernel_launches_total[1m]))"},
+                    timeout=30,
+                )
+                r.raise_for_status()
+
+            health = HealthClient(collector.url, ttl=0, timeout=10)
+            ids = {n.agent_id: i for i, n in enumerate(nodes)}
+
+            def poll() -> None:
+                now = time.monotonic()
+                active = any(s <= now <= e for s, e in windows) or any(
+                    now < until for until in stopped.values()
+                )
+                snap = health.snapshot()
+                if active or not windows:
+                    return
+                since = now - max(e for _, e in windows if e <= now)
+                for inst in snap.instances:
+                    if inst.id in ids and inst.stale:
+                        stale_after_fault[0] = max(stale_after_fault[0], since)
+
+            def memory() -> None:
+                now = time.monotonic()
+                if collector.proc is not None and collector.proc.poll() is None:
+                    rss.setdefault(f"collector@{collector_since[0]:.0f}", []).append(
+                        (now, _rss_kb(collector.pid))
+                    )
+                for i, n in enumerate(nodes):
+                    if n.agent is not None:
+                        rss.setdefault(f"agent{i}", []).append((now, _rss_kb(n.agent.pid)))
+
+            loops = [Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory)]
+            for loop in loops:
+                loop.start()
+
+            def restart(*, interval: float, env: dict[str, str] | None = None) -> None:
+                collector.stop()
+                collector.interval_s = interval
+                saved = {k: os.environ.get(k) for k in (env or {})}
+                os.environ.update(
+                    env or {}
+                )  # the collector's process inherits it; nothing else starts meanwhile
+                try:
+                    collector.start()
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                collector_since[0] = time.monotonic()
+
+            hold_s = args.fault_every / 5
+            next_fault, k = t_start + args.fault_every, 0
+            while time.monotonic() < t_start + run_s:
+                now = time.monotonic()
+                for i, until in list(stopped.items()):
+                    if now >= until:
+                        agent = nodes[i].agent
+                        assert agent is not None
+                        agent.send_signal(signal.SIGCONT)
+                        del stopped[i]
+                        log(f"agent{i} continued")
+                if now < next_fault:
+                    time.sleep(min(1.0, next_fault - now))
+                    continue
+                name = order[k % len(order)]
+                k += 1
+                next_fault += args.fault_every
+                begin = time.monotonic()
+                if name in NOT_BUILT:
+                    log(f"fault {name}: skipped (not built yet)")
+                    continue
+                log(f"fault {name}: begins")
+                if name == "collector_kill":
+                    assert collector.proc is not None
+                    collector.proc.send_signal(signal.SIGKILL)
+                    collector.proc.wait()
+                    restart(interval=collector.interval_s)
+                elif name == "agent_stop":
+                    i = rng.randrange(len(nodes))
+                    agent = nodes[i].agent
+                    assert agent is not None
+                    agent.send_signal(signal.SIGSTOP)
+                    stopped[i] = time.monotonic() + hold_s
+                    log(f"agent{i} stopped for {hold_s:g} s")
+                    windows.append((begin, begin + hold_s))
+                elif name == "collector_reconfig":
+                    restart(interval=5.0 if collector.interval_s == 2.0 else 2.0)
+                    log(f"collector now --interval {collector.interval_s:g}")
+                elif name == "clock_step":
+                    step = rng.choice((30, -30))
+                    restart(
+                        interval=collector.interval_s,
+                        env={"LD_PRELOAD": str(shift_lib), "WALLSHIFT_S": str(step)},
+                    )
+                    log(f"collector clock {step:+d} s for {hold_s:g} s")
+                    time.sleep(hold_s)
+                    restart(interval=collector.interval_s)
+                elif name == "merge_storm":
+
+                    def one(j: int) -> None:
+                        body = encode_write_request(
+                            [
+                                (
+                                    {"__name__": STORM_METRIC, "n": str(j % 50)},
+                                    [(int(time.time() * 1000), float(j))],
+                                )
+                            ]
+                        )
+                        with contextlib.suppress(httpx.HTTPError):
+                            httpx.post(
+                                f"{collector.url}/api/v1/write",
+                                content=body,
+                                headers=WRITE_HEADERS,
+                                timeout=30,
+                            )
+
+                    with ThreadPoolExecutor(8) as pool:
+                        list(pool.map(one, range(2000)))
+                if name != "agent_stop":
+                    windows.append((begin, time.monotonic()))
+                faults_done += 1
+                log(f"fault {name}: over after {time.monotonic() - begin:.1f} s")
+            for i in list(stopped):
+                agent = nodes[i].agent
+                assert agent is not None
+                agent.send_signal(signal.SIGCONT)
+            for loop in loops:
+                loop.stop.set()
+                loop.join(30)
+            health.close()
+            log(
+                f"load over: queries {loops[1].calls} ({loops[1].errors} failed), remote_write {loops[0].calls} ({loops[0].errors} failed), snapshot polls {loops[2].calls} ({loops[2].errors} failed)"
+            )
+            produced = [n.produced(timeout=run_s + 120) for n in nodes]
+
+            def drained() -> bool:
+                return all(n.backlog() == 0 and n.ring_fill() == 0 for n in nodes)
+
+            wait_until(drained, 600, "the agents to deliver everything")
+            for n in nodes:
+                n.stop_agent()
+        finally:
+            client.close()
+            for n in nodes:
+                n.close()
+            collector.stop()
+        with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
+            spans = {
+                r["instance"]: (int(r["n"]), int(r["u"]))
+                for r in store.query(
+                    "SELECT instance, count() AS n, uniqExact(correlation) AS u FROM ki.kernel_spans GROUP BY instance"
+                ).to_pylist()
+            }
+            rw = store.query(
+                f"SELECT count() AS n, uniqExact(value) AS u FROM ki.samples WHERE metric = '{RW_METRIC}'"
+            ).to_pylist()[0]
+            rw_values = set(
+                store.query(f"SELECT DISTINCT value FROM ki.samples WHERE metric = '{RW_METRIC}'")
+                .column("value")
+                .to_pylist()
+            )
+        records = lost = duplicated = dropped = 0
+        for n, (written, ring_full, _) in zip(nodes, produced, strict=True):
+            got, unique = spans.get(n.agent_id, (0, 0))
+            records += written
+            dropped += ring_full
+            lost += max(written - unique, 0)
+            duplicated += got - unique
+        lost_rw = len(rw_acked - rw_values)
+        lost += lost_rw
+        duplicated += int(rw["n"]) - int(rw["u"])
+        warm = t_start + min(600.0, run_s / 3)
+        growth = 0.0
+        for proc, points in rss.items():
+            after = [kb for t, kb in points if t >= warm and kb > 0]  # 0: the process had ended
+            if (
+                len(after) >= 2
+                and after[0] > 0
+                and (not proc.startswith("collector@") or points[0][0] <= warm)
+            ):
+                growth = max(growth, 100.0 * (max(after) - after[0]) / after[0])
+                log(f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})")
+        log(
+            f"records {records} written by the producers ({dropped} dropped by a full ring), {lost} lost, {duplicated} duplicated; remote_write {len(rw_acked)} acknowledged, {lost_rw} lost"
+        )
+        line = (
+            f"BENCH soak minutes={args.minutes:g} faults={faults_done} records={records} lost={lost} "
+            f"duplicated={duplicated} rss_growth_pct={growth:.1f} stale_s_max={stale_after_fault[0]:.1f}"
+        )
+        log(line)
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""No table keyed by function or aggregation names outside the registries (issue 36): a walk over
+kql's modules finds every literal tuple, list, set or dict whose strings include two or more
+registered names; each must be one of the entries below, which say why they stay (field names
+that happen to be function names, or tables still to move into a registry)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from kernel_insight.kql import AGGREGATORS, FUNCTIONS
+
+KQL = Path(__file__).resolve().parents[2] / "kql"
+
+#: (module, the registered names in the literal) -> why it is not a registry's job.
+KNOWN: dict[tuple[str, frozenset[str]], str] = {
+    ("engine.py", frozenset({"time", "start", "end"})): "query fields (time, start, end), not the functions",
+    ("parser.py", frozenset({"start", "end"})): "the @ modifier's start()/end(), not the functions",
+    ("parser.py", frozenset({"step", "range", "min_of", "max_of"})): (
+        "DURATION_FUNCTIONS: the duration-expression functions, a namespace of their own"
+    ),
+    ("nativehist.py", frozenset({"sum", "count"})): "histogram fields in the test notation",
+    (
+        "nativehist.py",
+        frozenset(
+            {
+                "histogram_avg",
+                "histogram_fraction",
+                "histogram_quantile",
+                "histogram_stddev",
+                "histogram_stdvar",
+            }
+        ),
+    ): "__all__: the Python functions named after Go's",
+    ("sparsehists.py", frozenset({"count", "sum"})): "column names",
+    ("values.py", frozenset({"count", "sum"})): "the HTTP API's histogram fields",
+    ("histeval.py", frozenset({"count", "sum"})): "histogram fields",
+    ("promqltest.py", frozenset({"info"})): "annotation levels",
+    ("aggregation.py", frozenset({"sum", "avg"})): (
+        "to move: _moments, shared by sum/avg/stddev/stdvar, picks its arithmetic by name"
+    ),
+    ("storage.py", frozenset({"rate", "increase", "irate", "resets"})): (
+        "to move: START_TIMESTAMP_FUNCTIONS, read by collector/query.py (the engine reads "
+        "FunctionSpec.start_timestamps); it goes with the storage protocol's hints"
+    ),
+    (
+        "histeval.py",
+        frozenset(
+            {
+                "rate",
+                "increase",
+                "delta",
+                "irate",
+                "idelta",
+                "changes",
+                "resets",
+                "sum_over_time",
+                "avg_over_time",
+                "count_over_time",
+                "present_over_time",
+                "last_over_time",
+                "first_over_time",
+                "ts_of_last_over_time",
+                "ts_of_first_over_time",
+                "absent_over_time",
+                "histogram_count",
+                "histogram_sum",
+                "histogram_avg",
+                "histogram_stddev",
+                "histogram_stdvar",
+            }
+        ),
+    ): "to move: HANDLERS, the histogram behaviour of these functions, into their registry entries",
+}
+
+
+def _tables() -> dict[tuple[str, frozenset[str]], int]:
+    names = set(FUNCTIONS) | set(AGGREGATORS)
+    found: dict[tuple[str, frozenset[str]], int] = {}
+    for path in sorted(KQL.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Tuple | ast.List | ast.Set):
+                elements = node.elts
+            elif isinstance(node, ast.Dict):
+                elements = [k for k in node.keys if k is not None]
+            else:
+                continue
+            hits = [
+                e.value
+                for e in elements
+                if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in names
+            ]
+            if len(hits) >= 2:
+                found.setdefault((str(path.relative_to(KQL)), frozenset(hits)), node.lineno)
+    return found
+
+
+def test_no_name_keyed_table_outside_the_registries() -> None:
+    found = _tables()
+    new = {f"{key[0]}:{line} {sorted(key[1])}" for key, line in found.items() if key not in KNOWN}
+    assert not new, (
+        f"name-keyed tables outside the registries (put the property in the registry entry): {new}"
+    )
+
+
+def test_every_known_table_is_still_there() -> None:
+    stale = [f"{key[0]} {sorted(key[1])}" for key in KNOWN if key not in _tables()]
+    assert not stale, f"gone from the code, remove from KNOWN: {stale}"
