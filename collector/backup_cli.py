@@ -42,7 +42,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="file holding a bearer token with the admin scope for --collector (default: $KI_TOKEN)",
     )
     b.add_argument(
-        "--store", metavar="DIR", help="the data directory, with no collector running (default ki-data/db)"
+        "--store",
+        metavar="DIR",
+        help="the data directory, with no collector running (default ./ki-data, as ki collector)",
     )
     b.add_argument(
         "--keys", metavar="FILE", help="with --store: the agent key store (default ki-data/keys.json)"
@@ -87,7 +89,7 @@ def _backup(args: argparse.Namespace) -> int:
 
             files = {KEYS_FILE: Path(args.keys or DEFAULT_KEYS), TOKENS_FILE: token_store_path(args.tokens)}
             try:
-                store = EmbeddedStore(args.store or "ki-data/db", cache_bytes=0)
+                store = EmbeddedStore(args.store or "./ki-data", cache_bytes=0)
             except StorageError as exc:
                 raise BackupError(f"{exc} (a running collector backs up with --collector URL)") from exc
             try:
