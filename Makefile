@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli soak clean
-.PHONY: bench-fleet
+.PHONY: bench-fleet bench-fleet-gpus
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -67,6 +67,11 @@ bench-ingest: build
 # Real ki collector + 8 ki-agents fed by C producers; a rate search bounded to 10 minutes.
 bench-e2e: build
 	$(PY) -m bench.e2e
+
+# GPU fleet (issue 34): recorded real agent batches replayed for N agents into one collector with
+# the shipped rules and 10,000 instances in the health snapshot; a sweep bounded by --gpus/--seconds.
+bench-fleet-gpus: build
+	$(PY) -m bench.fleet.gpus
 
 bench-routing: build
 	$(PY) -m bench.routing

@@ -39,6 +39,8 @@ from kernel_insight.collector.private_json import (
 from kernel_insight.collector.sql import is_store_url
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kernel_insight.collector.store import Store
 
 __all__ = [
@@ -296,20 +298,31 @@ class KeyStoreBase(SecretStore[bytes]):
 
     def add_agent(self, name: str, labels: dict[str, str] | None = None) -> AgentCredentials:
         """Enrol a new agent with a fresh id and key; ``labels`` are its instance's (model, rack, ...)."""
-        check_agent_name(name)
+        return self.add_agents([name], labels)[0]
+
+    def add_agents(
+        self, names: Sequence[str], labels: dict[str, str] | None = None
+    ) -> list[AgentCredentials]:
+        """Enrol one new agent per name (each its own id and key, all with ``labels``) in one edit
+        of the store: a fleet's enrolment costs one write, not one per agent."""
+        for name in names:
+            check_agent_name(name)
         checked = check_instance_labels(labels or {})
-        agent_id = secrets.token_bytes(16)
-        key = secrets.token_bytes(KEY_SIZE)
+        out = []
         with self._editing() as agents:
-            agents[agent_id] = {
-                "agent_id": agent_id.hex(),
-                "name": name,
-                "created": time.time(),
-                "revoked": False,
-                "labels": checked,
-                "keys": [{"id": 1, "key": key.hex(), "created": time.time(), "active": True}],
-            }
-        return AgentCredentials(agent_id, 1, key)
+            for name in names:
+                agent_id = secrets.token_bytes(16)
+                key = secrets.token_bytes(KEY_SIZE)
+                agents[agent_id] = {
+                    "agent_id": agent_id.hex(),
+                    "name": name,
+                    "created": time.time(),
+                    "revoked": False,
+                    "labels": dict(checked),
+                    "keys": [{"id": 1, "key": key.hex(), "created": time.time(), "active": True}],
+                }
+                out.append(AgentCredentials(agent_id, 1, key))
+        return out
 
     def rotate(self, agent_id: bytes) -> AgentCredentials:
         """Add a new key; with two already active, the older one is retired."""

@@ -127,7 +127,7 @@ async def latency_raw(url: str, headers: dict[str, str], requests: int) -> tuple
     """p50 and p99 ms of full snapshot GETs over one keep-alive connection, lean client (the server's latency)."""
     hostport = url.removeprefix("http://")
     host, port = hostport.split(":")
-    conn = _Conn(*await asyncio.open_connection(host, int(port)))
+    conn = KeepAliveConn(*await asyncio.open_connection(host, int(port)))
     times = []
     for i in range(requests + 20):
         t0 = time.perf_counter()
@@ -141,7 +141,7 @@ async def latency_raw(url: str, headers: dict[str, str], requests: int) -> tuple
     return q[49], q[98]
 
 
-class _Conn:
+class KeepAliveConn:
     """A minimal HTTP/1.1 keep-alive client: the load generator must not be the bottleneck.
 
     httpx's async pool serialises on its own bookkeeping with hundreds of connections
@@ -153,8 +153,21 @@ class _Conn:
         self.reader, self.writer = reader, writer
 
     async def get(self, host: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        lines = [f"GET {path} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
-        self.writer.write("\r\n".join(lines).encode())
+        return await self.request("GET", host, path, headers)
+
+    async def request(
+        self, method: str, host: str, path: str, headers: dict[str, str], body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request and its whole answer: (status, headers in lower case, body)."""
+        sized = {**headers, "Content-Length": str(len(body))} if body or method != "GET" else headers
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {host}",
+            *(f"{k}: {v}" for k, v in sized.items()),
+            "",
+            "",
+        ]
+        self.writer.write("\r\n".join(lines).encode() + body)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
         status = int(status_line.split()[1])
@@ -173,12 +186,12 @@ async def load(url: str, headers: dict[str, str], clients: int, duration: float)
     hostport = url.removeprefix("http://")
     host, port = hostport.split(":")
     ok = errors = 0
-    conns = [_Conn(*await asyncio.open_connection(host, int(port))) for _ in range(clients)]
+    conns = [KeepAliveConn(*await asyncio.open_connection(host, int(port))) for _ in range(clients)]
     _, first, _ = await conns[0].get(hostport, "/v1/health/snapshot", headers)
     etag = first["etag"]
     deadline = time.monotonic() + duration
 
-    async def one(i: int, conn: _Conn) -> None:
+    async def one(i: int, conn: KeepAliveConn) -> None:
         nonlocal ok, errors
         h = headers if i % 10 == 0 else {**headers, "If-None-Match": etag}
         while time.monotonic() < deadline:
@@ -187,7 +200,7 @@ async def load(url: str, headers: dict[str, str], clients: int, duration: float)
             except (OSError, asyncio.IncompleteReadError, ValueError):
                 errors += 1
                 conn.writer.close()
-                conn = _Conn(*await asyncio.open_connection(host, int(port)))
+                conn = KeepAliveConn(*await asyncio.open_connection(host, int(port)))
                 continue
             if status in (200, 304):
                 ok += 1

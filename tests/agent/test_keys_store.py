@@ -139,6 +139,19 @@ def test_bad_agent_names_are_refused_before_anything_is_written(store, tmp_path,
     assert not (tmp_path / "keys.json").exists()
 
 
+def test_a_fleet_is_enrolled_in_one_edit_each_agent_with_its_own_key(store, tmp_path):
+    fleet = store.add_agents([f"gpu-{i}" for i in range(50)], {"rack": "r1"})
+    assert len({c.agent_id for c in fleet}) == len({c.key for c in fleet}) == 50
+    reread = k.KeyStore(tmp_path / "keys.json")
+    for i, c in enumerate(fleet):
+        assert reread.key_for(c.agent_id, 1) == c.key
+        assert reread.agent(c.agent_id).name == f"gpu-{i}"
+    assert reread.labels_of(fleet[7].agent_id.hex()) == {"rack": "r1"}
+    with pytest.raises(k.KeyStoreError, match="1-200 characters"):
+        store.add_agents(["fine", ""])
+    assert len(reread.agents()) == 50  # a bad name anywhere: none of the batch is written
+
+
 def test_store_urls_are_told_from_paths():
     assert k.is_store_url("http://ch:8123")
     assert k.is_store_url("chdb://./d")
