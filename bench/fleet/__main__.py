@@ -11,6 +11,11 @@ CPU (% of a core, and per sample), peak RSS, disk bytes per sample, query p50/p9
 p99, errors; a system *holds* N when every write was accepted, the sender stayed within one
 interval of its schedule, and the alert rounds finished inside the interval (p99).
 
+Then the GPU fleet of the project's own agents (bench/fleet/gpus.py, ``--gpus`` sizes and the
+``--gpu-*`` options; ``--gpus ''`` skips it, ``make bench-fleet-gpus`` runs it alone): recorded real
+agent batches replayed for N agents into one collector with deploy/rules loaded and the health
+snapshot of 10,000 instances polled; it adds ``gpus_held`` and ``snapshot_p99_ms`` to the line.
+
 Ends with ``BENCH fleet targets_held=... prometheus_targets_held=... vm_targets_held=...
 query_p99_ratio_vs_prometheus=... round_p99_ratio_vs_prometheus=... rss_ratio_vs_prometheus=...
 cpu_ratio_vs_prometheus=... ratio_peer=... ratio_targets=...``: ratios at the largest N that kql and
@@ -35,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.fleet import gpus
 from bench.fleet.alerts import ALERT_EXPRESSIONS, CONCURRENCY
 from bench.fleet.systems import SYSTEMS, System
 from bench.fleet.targets import TargetSet, node_exporter_page
@@ -287,6 +293,7 @@ def main() -> None:
     ap.add_argument("--stop-after-fail", action="store_true", default=True,
                     help="skip larger N for a system once it fails to hold one")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="also write every result here")
+    gpus.add_arguments(ap)
     args = ap.parse_args()
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in names if s not in SYSTEMS]
@@ -315,9 +322,12 @@ def main() -> None:
                 )
                 if not r.holds and args.stop_after_fail:
                     failed.add(name)
+    gpu_results = gpus.sweep(args)
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    print(_bench_line(results))
+        args.json.write_text(
+            json.dumps([asdict(r) for r in results] + [asdict(r) for r in gpu_results], indent=1)
+        )
+    print(f"{_bench_line(results)} {gpus.bench_keys(gpu_results)}")
 
 
 def _held(results: list[Result], prefix: str) -> int:

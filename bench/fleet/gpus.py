@@ -67,7 +67,16 @@ from kernel_insight.agent.ring import Ring
 from kernel_insight.collector import wire
 from kernel_insight.collector.keys import AgentCredentials, KeyStore
 
-__all__ = ["Recording", "main", "record", "shift_pieces", "shifted_body"]
+__all__ = [
+    "Recording",
+    "add_arguments",
+    "bench_keys",
+    "main",
+    "record",
+    "shift_pieces",
+    "shifted_body",
+    "sweep",
+]
 
 AGENT = REPO / "agent" / "bin" / "ki-agent"
 KERNEL_NAMES = REPO / "bench" / "histogram" / "kernel_names.txt"
@@ -482,7 +491,7 @@ def _q(values: list[float], q: int) -> float:
 def run_fleet(
     gpus: int, rec: Recording, populated: Path, root: Path, args: argparse.Namespace
 ) -> FleetResult:
-    """One collector, ``gpus`` replayed agents, rules and snapshot measured for ``args.seconds``."""
+    """One collector, ``gpus`` replayed agents, rules and snapshot measured for ``args.gpu_seconds``."""
     store = root / f"store-{gpus}"
     subprocess.run(["cp", "-a", str(populated), str(store)], check=True)
     keys = KeyStore(root / f"keys-{gpus}.json").add_agents([f"gpu-{i:05d}" for i in range(gpus)])
@@ -490,13 +499,13 @@ def run_fleet(
     proc, url = start_collector(
         "--store", str(store), "--keys", str(root / f"keys-{gpus}.json"), "--auth-store", "file",
         "--local-dev", "--rules", RULES, "--interval", "5",
-        "--histogram-base-mb", str(args.histogram_base_mb),
+        "--histogram-base-mb", str(args.gpu_histogram_base_mb),
     )  # fmt: skip
-    result = FleetResult(gpus, args.instances, args.seconds)
+    result = FleetResult(gpus, args.gpu_instances, args.gpu_seconds)
     try:
         start = time.time() + 2.0
         measure_from = start + rec.seconds
-        end = measure_from + args.seconds
+        end = measure_from + args.gpu_seconds
         plan_path, out_path = root / f"plan-{gpus}.pkl", root / f"sent-{gpus}.json"
         plan_path.write_bytes(pickle.dumps(SendPlan(url, rec, keys, start, measure_from, end)))
         sender = subprocess.Popen(
@@ -510,7 +519,7 @@ def run_fleet(
         )
         _say("measuring")
         cpu0, t0 = process_cpu_s(proc.pid), time.time()
-        times, size, instances = asyncio.run(_snapshot_latencies(url, end, args.snapshot_every))
+        times, size, instances = asyncio.run(_snapshot_latencies(url, end, args.gpu_snapshot_every))
         _say(f"{len(times)} snapshots taken")
         if sender.wait(timeout=300) != 0:
             raise SystemExit(f"the sender failed ({sender.returncode})")
@@ -518,6 +527,7 @@ def run_fleet(
         watcher.stop.set()
         watcher.join()
         sent = SendResult(**json.loads(out_path.read_text()))
+        sent.statuses = {int(k): v for k, v in sent.statuses.items()}  # JSON keys are text
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -573,34 +583,38 @@ def bench_keys(results: list[FleetResult]) -> str:
     return f"gpus_held={best.gpus if best else 0} snapshot_p99_ms={snap:.2f}"
 
 
-def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "send":
-        _send(Path(sys.argv[2]), Path(sys.argv[3]))
-        return
-    # a SIGTERM (make interrupted, timeout) unwinds like ^C, so the collector and sender are stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    ap = argparse.ArgumentParser(prog="python -m bench.fleet.gpus", description=__doc__)
-    ap.add_argument("--gpus", default="500,1000,2000", help="fleet sizes (agents, one GPU each), in turn")
-    ap.add_argument("--instances", type=int, default=10_000, help="instances in the health snapshot")
-    ap.add_argument("--seconds", type=float, default=120.0, help="measured seconds per fleet size")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The GPU fleet's options (``--gpus``, ``--gpu-*``): this module's and ``make bench-fleet``'s."""
     ap.add_argument(
-        "--record-seconds", type=float, default=60.0, help="recorded agent run (also the warm-up)"
-    )
-    ap.add_argument("--kernel-rate", type=int, default=100_000, help="kernels/s of the recorded GPU")
-    ap.add_argument("--snapshot-every", type=float, default=0.5, help="seconds between snapshot GETs")
-    ap.add_argument(
-        "--histogram-base-mb", type=int, default=1024, help="the collector's increment-base bound"
+        "--gpus", default="500,1000,2000", help="GPU fleet sizes (agents, one GPU each); '' skips it"
     )
     ap.add_argument(
-        "--stop-at-first-miss", action="store_true", help="stop the sweep at the first N not held"
+        "--gpu-instances", type=int, default=10_000, help="instances populated for the health snapshot"
     )
-    ap.add_argument("--json", type=Path, help="write the results here")
-    args = ap.parse_args()
-    sizes = [int(n) for n in args.gpus.split(",")]
+    ap.add_argument("--gpu-seconds", type=float, default=120.0, help="measured seconds per fleet size")
+    ap.add_argument(
+        "--gpu-record-seconds", type=float, default=60.0, help="recorded agent run (also the warm-up)"
+    )
+    ap.add_argument("--gpu-kernel-rate", type=int, default=100_000, help="kernels/s of the recorded GPU")
+    ap.add_argument("--gpu-snapshot-every", type=float, default=1.0, help="seconds between snapshot GETs")
+    ap.add_argument(
+        "--gpu-histogram-base-mb", type=int, default=1024, help="the collector's increment-base bound"
+    )
+    ap.add_argument(
+        "--gpu-stop-at-first-miss", action="store_true", help="stop the sweep at the first N not held"
+    )
+
+
+def sweep(args: argparse.Namespace) -> list[FleetResult]:
+    """Record once, populate once, then each of ``args.gpus`` in turn; prints a line per size."""
+    sizes = [int(n) for n in args.gpus.split(",") if n.strip()]
+    if not sizes:
+        return []
+    results = []
     with tempfile.TemporaryDirectory(prefix="ki-bench-gpus-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        rec = record(root, args.record_seconds, args.kernel_rate)
+        rec = record(root, args.gpu_record_seconds, args.gpu_kernel_rate)
         print(
             f"recorded {len(rec.batches)} batches over {rec.seconds:.0f} s of one GPU at {rec.kernel_rate} "
             f"kernels/s: {rec.bytes_per_s:.0f} B/s on the wire ({time.perf_counter() - t0:.0f} s)",
@@ -608,18 +622,31 @@ def main() -> None:
         )
         populated = root / "populated"
         t0 = time.perf_counter()
-        populate(populated, args.instances, int(time.time() * 1000))
+        populate(populated, args.gpu_instances, int(time.time() * 1000))
         print(
-            f"populated {args.instances} instances x {GPUS} GPUs in {time.perf_counter() - t0:.0f} s",
+            f"populated {args.gpu_instances} instances x {GPUS} GPUs in {time.perf_counter() - t0:.0f} s",
             flush=True,
         )
-        results = []
         for n in sizes:
             r = run_fleet(n, rec, populated, root, args)
             results.append(r)
             print(_line(r), f"(load {os.getloadavg()[0]:.1f})", flush=True)
-            if args.stop_at_first_miss and not r.holds:
+            if args.gpu_stop_at_first_miss and not r.holds:
                 break
+    return results
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "send":
+        _send(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    # a SIGTERM (make interrupted, timeout) unwinds like ^C, so the collector and sender are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet.gpus", description=__doc__)
+    add_arguments(ap)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+    results = sweep(args)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     print(f"cpus {os.cpu_count()}, load {os.getloadavg()}; collector, sender and poller share them")
