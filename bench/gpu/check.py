@@ -164,7 +164,22 @@ def nvml_vs_smi(env: dict[str, str]) -> dict[str, Any]:
         "power_w": (got.get(MetricId.POWER), power_w, 0.25),
         "sm_clock_hz": (got.get(MetricId.SM_CLOCK), sm_mhz * 1e6, 0.25),
     }
-    out: dict[str, Any] = {}
+    # dcgm-exporter's series (issue 38) of the same samples, in DCGM's units; the GPM profiling
+    # fields (DCGM_FI_PROF_*) on Hopper and later, from the second sample on.
+    from kernel_insight.agent.dcgm import dcgm_id
+    from kernel_insight.agent.metric_ids import METRIC_SPECS
+
+    ours["dcgm_fb_used_mib"] = (got.get(dcgm_id(252)), used_mib, 0.05)
+    ours["dcgm_gpu_temp_c"] = (got.get(dcgm_id(150)), temp_c, 0.1)
+    ours["dcgm_power_w"] = (got.get(dcgm_id(155)), power_w, 0.25)
+    ours["dcgm_sm_clock_mhz"] = (got.get(dcgm_id(100)), sm_mhz, 0.25)
+    out: dict[str, Any] = {
+        "dcgm_prof": {
+            METRIC_SPECS[m].name: v
+            for m, v in got.items()
+            if m in METRIC_SPECS and "_PROF_" in METRIC_SPECS[m].name
+        }
+    }
     ok = True
     for k, (mine, theirs, tol) in ours.items():
         agree = mine is not None and abs(mine - theirs) <= tol * max(abs(theirs), 1.0)
