@@ -24,6 +24,9 @@ from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.functions.registry import FunctionSpec
 from kernel_insight.kql.lexical import go_quote
+from kernel_insight.kql.nativehist import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
+from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
+from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.parser import TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
 from kernel_insight.kql.storage import Labels
@@ -51,12 +54,7 @@ F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
 I64 = npt.NDArray[np.int64]
-H = Any  # nativehist.FloatHistogram
-
-CUSTOM_BUCKETS_SCHEMA = -53
-
-#: Counter-reset hints (Prometheus' histogram.CounterResetHint).
-UNKNOWN, COUNTER_RESET, NOT_COUNTER_RESET, GAUGE = 0, 1, 2, 3
+H = nh.FloatHistogram
 
 
 # ------------------------------------------------------------------------------ nativehist calls
@@ -353,6 +351,7 @@ def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> Ele
             return ElemResult(0.0, None, False, info=incompatible_types("float", op, "float"))
         return ElemResult(_arith(op, lf, rf), None, True)
     if lh is None:
+        assert rh is not None
         if op == "*":
             return ElemResult(0.0, hcompact(hmul(rh, lf)), True)
         return ElemResult(0.0, None, False, info=incompatible_types("float", op, "histogram"))
@@ -981,11 +980,12 @@ def _rate(
         if len(hs) == 1:
             if zero_from is None:
                 continue
-            h: H | None = hs[0].copy()
+            h = hs[0].copy()
         else:
-            h = histogram_rate(ctx, hs, counter, name, pos, ts, sts)
-            if h is None:
+            made = histogram_rate(ctx, hs, counter, name, pos, ts, sts)
+            if made is None:
                 continue
+            h = made
             if zero_from is not None:
                 try:
                     h, _, reconciled = hadd(h, hs[0])

@@ -13,7 +13,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, FloatHistogram
+from kernel_insight.kql.nativehist import (
+    COUNTER_RESET,
+    CUSTOM_BUCKETS_SCHEMA,
+    NOT_COUNTER_RESET,
+    FloatHistogram,
+)
 from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.storage import STALE_NAN_BITS, is_stale
@@ -32,8 +37,6 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
-
-CUSTOM_BUCKETS_SCHEMA = -53
 
 
 class Ragged:
