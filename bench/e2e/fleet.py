@@ -88,19 +88,31 @@ def wait_until(pred: object, timeout: float, what: str, step: float = 0.05) -> N
 
 
 class Collector:
-    """``ki collector`` on an embedded store, local-dev (no read tokens), agent keys from a file."""
+    """``ki collector`` on an embedded store, local-dev (no read tokens), agent keys from a file.
+
+    ``tokens``: a token file instead of local-dev, which binds 127.0.0.1 only: then ``host`` may
+    be another address of this machine (the soak's veth to a network namespace)."""
 
     def __init__(
-        self, data: Path, keys: Path, log: Path, port: int | None = None, interval_s: float = 5.0
+        self,
+        data: Path,
+        keys: Path,
+        log: Path,
+        port: int | None = None,
+        interval_s: float = 5.0,
+        *,
+        host: str = "127.0.0.1",
+        tokens: Path | None = None,
     ) -> None:
         self.data, self.keys, self.log = data, keys, log
         self.interval_s = interval_s
         self.port = port or free_port()
+        self.host, self.tokens = host, tokens
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -108,8 +120,9 @@ class Collector:
         return self.proc.pid
 
     def start(self, timeout: float = 60) -> None:
+        auth = ["--tokens", str(self.tokens), "--host", self.host] if self.tokens else ["--local-dev"]
         args = [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(self.data),
-                "--keys", str(self.keys), "--auth-store", "file", "--local-dev", "--port", str(self.port),
+                "--keys", str(self.keys), "--auth-store", "file", *auth, "--port", str(self.port),
                 "--interval", str(self.interval_s)]  # fmt: skip
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -167,10 +180,14 @@ class Node:
         self.agent: subprocess.Popen[bytes] | None = None
         self.producer: subprocess.Popen[str] | None = None
 
-    def start_agent(self, collector_url: str, *extra: str, histograms: bool = False) -> None:
+    def start_agent(
+        self, collector_url: str, *extra: str, histograms: bool = False, netns: str | None = None
+    ) -> None:
         """Start ki-agent; ``histograms=False`` (the default here) ships every record, so record
-        delivery can be followed one by one; True is the agent's own default (kept spans only)."""
-        args = [str(self.agent_bin), "--ring", self.ring_name, "--collector", collector_url,
+        delivery can be followed one by one; True is the agent's own default (kept spans only).
+        ``netns``: run it in that network namespace (``ip netns exec``, which execs the agent)."""
+        wrap = ["ip", "netns", "exec", netns] if netns else []
+        args = [*wrap, str(self.agent_bin), "--ring", self.ring_name, "--collector", collector_url,
                 "--key-file", str(self.key_file), "--spool-dir", str(self.spool),
                 "--backoff-min-ms", "50", "--backoff-max-ms", "500", "--shutdown-timeout-s", "30",
                 f"--histograms={int(histograms)}", *extra]  # fmt: skip

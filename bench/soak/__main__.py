@@ -13,7 +13,10 @@ polling the health snapshot every second. Every ``--fault-every`` seconds one fa
 - ``clock_step``: the collector restarted with its wall clock 30 s ahead or behind
   (scripts/wallshift.c, LD_PRELOAD) for a fifth of the interval, then restarted without;
 - ``merge_storm``: 2,000 remote_write requests of one sample each from 8 threads (2,000 parts);
-- ``store_disk_full``, ``spool_disk_full``, ``network_cut``: not built yet; logged as skipped.
+- ``network_cut``: the agents run in a network namespace this run creates, joined to the
+  collector by a veth pair; its namespace end is set down for 0.3 of the fault interval (90 s at
+  the default), then up (without ``ip netns``, the agents use loopback and the fault is skipped);
+- ``store_disk_full``, ``spool_disk_full``: not built yet; logged as skipped.
 
 At the end the producers stop, the agents drain and stop, and the store is read: every kernel
 record a producer wrote is stored exactly once (``lost``: written, not stored; ``duplicated``:
@@ -44,6 +47,7 @@ from pathlib import Path
 import httpx
 
 from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
+from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.remote_write import encode_write_request
 from kernel_insight.collector.store import EmbeddedStore
@@ -59,7 +63,9 @@ FAULTS = (
     "spool_disk_full",
     "network_cut",
 )
-NOT_BUILT = {"store_disk_full", "spool_disk_full", "network_cut"}
+NOT_BUILT = {"store_disk_full", "spool_disk_full"}
+#: The veth pair's addresses: the collector's end (this namespace) and the agents' end.
+HOST_IP, AGENTS_IP = "10.201.77.1", "10.201.77.2"
 RW_METRIC, STORM_METRIC = "soak_remote_write", "soak_merge_storm"
 WRITE_HEADERS = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
 
@@ -114,6 +120,53 @@ def _wallshift(out: Path) -> Path:
     return lib
 
 
+class Netns:
+    """A network namespace for the agents, joined to this one by a veth pair; ``cut`` sets its end down."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.name, self.host_if, self.ns_if = f"kisoak{tag}", f"kish{tag}", f"kisn{tag}"
+        steps = [
+            ["ip", "netns", "add", self.name],
+            [
+                "ip",
+                "link",
+                "add",
+                self.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.ns_if,
+                "netns",
+                self.name,
+            ],
+            ["ip", "addr", "add", f"{HOST_IP}/30", "dev", self.host_if],
+            ["ip", "link", "set", self.host_if, "up"],
+            ["ip", "netns", "exec", self.name, "ip", "addr", "add", f"{AGENTS_IP}/30", "dev", self.ns_if],
+            ["ip", "netns", "exec", self.name, "ip", "link", "set", self.ns_if, "up"],
+            ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
+        ]
+        try:
+            for step in steps:
+                subprocess.run(step, check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError):
+            self.close()
+            raise
+
+    def link(self, up: bool) -> None:
+        subprocess.run(
+            ["ip", "netns", "exec", self.name, "ip", "link", "set", self.ns_if, "up" if up else "down"],
+            check=True,
+        )
+
+    def close(self) -> None:
+        subprocess.run(
+            ["ip", "netns", "del", self.name], capture_output=True, check=False
+        )  # the veth goes with it
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="how long the load runs (default 60)")
@@ -145,19 +198,32 @@ def main() -> None:
         )
         keys = KeyStore(tmp / "keys.json")
         nodes = [Node(tmp, i, keys, agent_bin, ringtool) for i in range(args.agents)]
-        collector = Collector(tmp / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0)
+        netns: Netns | None = None
+        try:
+            netns = Netns()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            log(
+                f"no network namespace ({getattr(exc, 'stderr', '') or exc}): agents on loopback, network_cut skipped"
+            )
+            NOT_BUILT.add("network_cut")
+        token = TokenStore(tmp / "tokens.json").create("soak", ["read", "ingest"]).token
+        auth = {"Authorization": f"Bearer {token}"}
+        collector = Collector(
+            tmp / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0,
+            host=HOST_IP if netns else "127.0.0.1", tokens=tmp / "tokens.json",
+        )  # fmt: skip
         stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
         faults_done, windows = 0, []  # windows: (start, end) of each fault, monotonic
         rss: dict[str, list[tuple[float, int]]] = {}
         collector_since = [time.monotonic()]
         rw_acked: set[float] = set()
         stale_after_fault = [0.0]
-        client = httpx.Client(base_url=collector.url, timeout=30)
+        client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
         try:
             collector.start()
             for n in nodes:
                 n.start_producer(args.rate, run_s)
-                n.start_agent(collector.url, "--histograms=0")
+                n.start_agent(collector.url, "--histograms=0", netns=netns.name if netns else None)
             t_start = time.monotonic()
             log(f"collector pid {collector.pid}; agents {[n.agent.pid for n in nodes if n.agent]}")
 
@@ -176,12 +242,13 @@ def main() -> None:
             def query() -> None:
                 r = httpx.get(
                     f"{collector.url}/api/v1/query",
+                    headers=auth,
                     params={"query": "sum by (instance) (rate(gpu_kernel_launches_total[1m]))"},
                     timeout=30,
                 )
                 r.raise_for_status()
 
-            health = HealthClient(collector.url, ttl=0, timeout=10)
+            health = HealthClient(collector.url, token, ttl=0, timeout=10)
             ids = {n.agent_id: i for i, n in enumerate(nodes)}
 
             def poll() -> None:
@@ -275,6 +342,13 @@ def main() -> None:
                     log(f"collector clock {step:+d} s for {hold_s:g} s")
                     time.sleep(hold_s)
                     restart(interval=collector.interval_s)
+                elif name == "network_cut":
+                    assert netns is not None
+                    cut_s = args.fault_every * 0.3
+                    netns.link(False)
+                    log(f"agents' network down for {cut_s:g} s")
+                    time.sleep(cut_s)
+                    netns.link(True)
                 elif name == "merge_storm":
 
                     def one(j: int) -> None:
@@ -290,7 +364,7 @@ def main() -> None:
                             httpx.post(
                                 f"{collector.url}/api/v1/write",
                                 content=body,
-                                headers=WRITE_HEADERS,
+                                headers={**WRITE_HEADERS, **auth},
                                 timeout=30,
                             )
 
@@ -324,6 +398,8 @@ def main() -> None:
             for n in nodes:
                 n.close()
             collector.stop()
+            if netns is not None:
+                netns.close()
         with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
             spans = {
                 r["instance"]: (int(r["n"]), int(r["u"]))
