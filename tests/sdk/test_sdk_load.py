@@ -100,6 +100,11 @@ def test_clients_sharing_a_snapshot_do_not_herd(clock):
     picks = Counter(client_for(facts, clock, seed=s).select_instance(GiB).id for s in range(500))
     assert picks["empty"] < 150  # the best instance gets more, not everything
     assert len(picks) == 11
+    herd = Counter(
+        client_for(facts, clock, seed=s, load_policy=LoadPolicy(choices=16)).select_instance(GiB).id
+        for s in range(500)
+    )
+    assert herd["empty"] > 300  # the least loaded of 16 draws: most clients land on the same one
 
 
 def test_without_serving_figures_the_draw_is_the_weighted_one(clock):
