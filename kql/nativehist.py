@@ -57,6 +57,8 @@ __all__ = [
     "go_float",
     "go_log2",
     "go_log2_array",
+    "go_log10_array",
+    "go_log_array",
     "histogram_avg",
     "histogram_fraction",
     "histogram_quantile",
@@ -265,7 +267,40 @@ def go_log2_array(x: _F64) -> _F64:
     log = _go_log_reduced(f1 - 1, k)
     out[ok] = np.where(frac == 0.5, expf - 1, log * _LOG2_E + expf)
     for i in np.flatnonzero(~ok).tolist():
-        out[i] = go_log2(float(x[i]))
+        out.flat[i] = go_log2(float(x.flat[i]))
+    return out
+
+
+def go_log_array(x: _F64) -> _F64:
+    """Go's ``math.Log`` of every element (PromQL's ``ln``), the same bits as Prometheus on amd64:
+    ``x = (1 + f) * 2**k`` with ``1 + f`` in [sqrt(2)/2, sqrt(2)), then :func:`_go_log_reduced`;
+    Go's special cases (NaN and +Inf as they are, 0 -> -Inf, below 0 -> NaN)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    ok = np.isfinite(x) & (x > 0)
+    # log_amd64.s splits the bits as they are (a subnormal is read as 2**-1022 times its
+    # mantissa with an implicit leading 1, so ln(5e-324) is -709.09 there, as Prometheus answers);
+    # for normal numbers this is frexp.
+    bits = x[ok].view(np.uint64)
+    exp = ((bits >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64) - 0x3FE
+    frac = ((bits & np.uint64(0x000FFFFFFFFFFFFF)) | np.uint64(0x3FE0000000000000)).view(np.float64)
+    low = frac < _HALF_SQRT2
+    f1 = np.where(low, frac * 2, frac)
+    k = np.where(low, exp - 1, exp).astype(np.float64)
+    out[ok] = _go_log_reduced(f1 - 1, k)
+    bad = x[~ok]
+    with np.errstate(invalid="ignore"):
+        out[~ok] = np.where(bad == 0, -_INF, np.where(bad < 0, math.nan, bad))
+    return out
+
+
+#: Go's constant ``1/Ln10`` rounded once (math.Log10 is ``Log(x) * (1/Ln10)``).
+_INV_LN10 = 0.4342944819032518
+
+
+def go_log10_array(x: _F64) -> _F64:
+    """Go's ``math.Log10`` of every element (PromQL's ``log10``): ``Log(x) * (1/Ln10)``."""
+    out: _F64 = go_log_array(x) * _INV_LN10
     return out
 
 
@@ -286,7 +321,7 @@ def go_exp2_array(x: _F64) -> _F64:
     y = 1 - ((lo - (r * c) / (2 - c)) - hi)
     out[ok] = np.ldexp(y, k.astype(np.int64))
     for i in np.flatnonzero(~ok).tolist():
-        out[i] = go_exp2(float(x[i]))
+        out.flat[i] = go_exp2(float(x.flat[i]))
     return out
 
 

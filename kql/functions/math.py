@@ -9,6 +9,7 @@ import numpy as np
 
 from kernel_insight.kql.functions._common import F64, S, V, map_values
 from kernel_insight.kql.functions.registry import function
+from kernel_insight.kql.nativehist import go_log2_array, go_log10_array, go_log_array
 from kernel_insight.kql.values import CallContext, StepVector
 
 __all__: list[str] = []
@@ -28,9 +29,10 @@ for _name, _fn, _doc in (
     ("floor", np.floor, "Round every sample down to an integer."),
     ("exp", np.exp, "e raised to every sample."),
     ("sqrt", np.sqrt, "Square root of every sample."),
-    ("ln", np.log, "Natural logarithm of every sample."),
-    ("log2", np.log2, "Binary logarithm of every sample."),
-    ("log10", np.log10, "Decimal logarithm of every sample."),
+    # Go's math.Log, Log2 and Log10 (ports): the C library's differ in the last bit now and then.
+    ("ln", go_log_array, "Natural logarithm of every sample."),
+    ("log2", go_log2_array, "Binary logarithm of every sample."),
+    ("log10", go_log10_array, "Decimal logarithm of every sample."),
     ("sgn", np.sign, "Sign of every sample: -1, 0 or 1."),
     ("deg", np.degrees, "Radians to degrees."),
     ("rad", np.radians, "Degrees to radians."),
