@@ -301,23 +301,24 @@ def _summary(report: _Report, seconds: float) -> str:
     return f"ki run: summary: {seconds:.0f} s, {kernels} kernels stored, {healthy}; {lost}"
 
 
-def _settle(url: str, timeout: float) -> None:
-    """Wait until the collector has stored what the stopped agent sent last: its batch counters
-    stay still for half a second (at most ``timeout``)."""
+def _settle(url: str, timeout: float, least: float = 2.0) -> None:
+    """Wait until the collector has stored what the stopped agent sent last and a query sees it:
+    at least ``least`` seconds, then until its row counters stay still for a second (at most
+    ``timeout``)."""
     import httpx
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
     last = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < start + timeout:
         try:
             text = httpx.get(f"{url}/metrics", timeout=5).text
         except httpx.HTTPError:
             return
-        now = [x for x in text.splitlines() if x.startswith("ki_collector_ingest_batches_total")]
-        if now == last:
+        now = [x for x in text.splitlines() if x.startswith(("ki_collector_ingest_", "ki_collector_rows"))]
+        if now == last and time.monotonic() >= start + least:
             return
         last = now
-        time.sleep(0.5)
+        time.sleep(1.0)
 
 
 def _stop_as_on_ctrl_c(signum: int, frame: object) -> None:
@@ -443,7 +444,7 @@ def _run(args: argparse.Namespace) -> int:
             # the last report.
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=30)
-        _settle(url, 5)
+        _settle(url, 10)
         now = time.monotonic()
         last = _report(url, token, now - t0, now - collector_t0)
         print(last.line, flush=True)

@@ -2,7 +2,7 @@
 took 1.5-1.8 s to start, importing FastAPI, chDB, numpy and the engine for ``--help``).
 
 Asserted on the modules loaded, not on a time: a timing assertion fails under load, an import
-list does not. The figures are in docs/benchmarks.md ("Start-up of `ki` commands")."""
+list does not. The figures are in docs/benchmarks.md (row "cli") and bench/results/cli.md."""
 
 from __future__ import annotations
 
