@@ -42,6 +42,7 @@ class _RouteSettings:
     classifier: Classifier
     policy: RoutePolicy | None
     observe: Callable[[Attempt], None] | None
+    prefix_key: Callable[[httpx.Request], str | None] | None = None
 
     def options(self, request: httpx.Request) -> dict[str, Any]:
         """The keyword arguments of :func:`route` / :func:`aroute` for ``request``."""
@@ -49,6 +50,7 @@ class _RouteSettings:
         return {
             "required_free_bytes": need(request) if callable(need) else need,
             "model": self.model,
+            "prefix_key": None if self.prefix_key is None else self.prefix_key(request),
             "classifier": self.classifier,
             "policy": self.policy,
             "observe": self.observe,
@@ -73,7 +75,9 @@ class RoutingTransport(httpx.BaseTransport):
     ...                                                  required_free_bytes=12 << 30))  # doctest: +SKIP
     >>> client.post("http://llm/v1/completions", json={...})                  # doctest: +SKIP
 
-    ``required_free_bytes`` may be a function of the request (e.g. from its ``max_tokens``).
+    ``required_free_bytes`` may be a function of the request (e.g. from its ``max_tokens``);
+    ``prefix_key`` one giving the request's prefix key (:func:`~kernel_insight.sdk.prefix_key`
+    of its prompt) for prefix-cache affinity, or None.
     """
 
     def __init__(
@@ -87,9 +91,10 @@ class RoutingTransport(httpx.BaseTransport):
         classifier: Classifier = classify,
         policy: RoutePolicy | None = None,
         observe: Callable[[Attempt], None] | None = None,
+        prefix_key: Callable[[httpx.Request], str | None] | None = None,
     ) -> None:
         self.settings = _RouteSettings(
-            health, model, required_free_bytes, endpoint, classifier, policy, observe
+            health, model, required_free_bytes, endpoint, classifier, policy, observe, prefix_key
         )
         self.inner = inner if inner is not None else httpx.HTTPTransport()
 
@@ -122,9 +127,10 @@ class AsyncRoutingTransport(httpx.AsyncBaseTransport):
         classifier: Classifier = classify,
         policy: RoutePolicy | None = None,
         observe: Callable[[Attempt], None] | None = None,
+        prefix_key: Callable[[httpx.Request], str | None] | None = None,
     ) -> None:
         self.settings = _RouteSettings(
-            health, model, required_free_bytes, endpoint, classifier, policy, observe
+            health, model, required_free_bytes, endpoint, classifier, policy, observe, prefix_key
         )
         self.inner = inner if inner is not None else httpx.AsyncHTTPTransport()
 

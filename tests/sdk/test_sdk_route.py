@@ -14,12 +14,14 @@ from kernel_insight.sdk import (
     AsyncRoutingTransport,
     Failure,
     HealthClient,
+    Instance,
     NoEligibleInstance,
     RouteFailed,
     RoutePolicy,
     RoutingTransport,
     aroute,
     classify,
+    prefix_key,
     route,
 )
 
@@ -343,3 +345,24 @@ def test_selection_prefers_the_callers_rack_while_it_has_room(clock):
 
     got = {route(health, call, prefer={"rack": "ra"}) for _ in range(30)}
     assert got == {"a1"}
+
+
+def test_the_transport_passes_each_requests_prefix_key_to_selection(clock):
+    keys = []
+
+    class Health:
+        def select_instance(self, required, model, *, avoid, prefer, prefix_key=None):
+            keys.append(prefix_key)
+            return Instance.from_json({"id": "a", "labels": {"endpoint": "http://a.test"}, "healthy": True})
+
+        def exclude(self, *a, **k):
+            pass
+
+    transport = RoutingTransport(
+        Health(),
+        inner=httpx.MockTransport(lambda r: httpx.Response(200)),
+        prefix_key=lambda request: prefix_key(request.content.decode()),
+    )
+    with httpx.Client(transport=transport) as client:
+        client.post("http://llm/v1/completions", content=b"system prompt A, question 1")
+    assert keys == [prefix_key("system prompt A, question 1")]
