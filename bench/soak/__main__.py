@@ -16,7 +16,10 @@ polling the health snapshot every second. Every ``--fault-every`` seconds one fa
 - ``network_cut``: the agents run in a network namespace this run creates, joined to the
   collector by a veth pair; its namespace end is set down for 0.3 of the fault interval (90 s at
   the default), then up (without ``ip netns``, the agents use loopback and the fault is skipped);
-- ``store_disk_full``, ``spool_disk_full``: not built yet; logged as skipped.
+- ``store_disk_full``, ``spool_disk_full``: the store's data directory and the agents' folders
+  (spools, logs) each live on a small loop-mounted ext4 of the run's own; a ballast file takes
+  all of its free space for a fifth of the fault interval, then is deleted (without loop mounts
+  they live in the work directory and the faults are skipped).
 
 At the end the producers stop, the agents drain and stop, and the store is read: every kernel
 record a producer wrote is stored exactly once (``lost``: written, not stored; ``duplicated``:
@@ -34,6 +37,7 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,7 +67,7 @@ FAULTS = (
     "spool_disk_full",
     "network_cut",
 )
-NOT_BUILT = {"store_disk_full", "spool_disk_full"}
+NOT_BUILT: set[str] = set()
 #: The veth pair's addresses: the collector's end (this namespace) and the agents' end.
 HOST_IP, AGENTS_IP = "10.201.77.1", "10.201.77.2"
 RW_METRIC, STORM_METRIC = "soak_remote_write", "soak_merge_storm"
@@ -118,6 +122,36 @@ def _wallshift(out: Path) -> Path:
         check=True,
     )
     return lib
+
+
+class SmallDisk:
+    """An ext4 of ``size`` bytes in a sparse file, loop-mounted at ``path``; ``fill`` takes its free space."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.image = path, path.with_suffix(".img")
+        self.ballast = path / "ballast"
+        path.mkdir(parents=True)
+        with self.image.open("wb") as f:
+            f.truncate(size)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True, capture_output=True)
+        subprocess.run(
+            ["mount", "-o", "loop", str(self.image), str(path)], check=True, capture_output=True, text=True
+        )
+
+    def fill(self) -> int:
+        st = os.statvfs(self.path)
+        free = st.f_bavail * st.f_frsize
+        with self.ballast.open("wb") as f, contextlib.suppress(OSError):  # the last blocks: as many as fit
+            os.posix_fallocate(f.fileno(), 0, free)
+        return free
+
+    def free(self) -> None:
+        self.ballast.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if subprocess.run(["umount", str(self.path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+        self.image.unlink(missing_ok=True)
 
 
 class Netns:
@@ -187,264 +221,289 @@ def main() -> None:
     log(
         f"soak: {args.minutes:g} min, {args.agents} agents at {args.rate}/s, a fault every {args.fault_every:g} s, seed {args.seed}: {order}"
     )
-    with tempfile.TemporaryDirectory(prefix="ki-soak-", dir=args.dir) as tmp_name:
-        tmp = Path(tmp_name)
-        ringtool = build_ringtool(tmp)
-        shift_lib = _wallshift(tmp)
-        agent_bin = tmp / "agent-build" / "ki-agent"
-        (tmp / "agent-build").mkdir()
-        subprocess.run(
-            ["make", "-s", "-C", str(REPO / "agent" / "src"), f"OUT={tmp / 'agent-build'}"], check=True
-        )
-        keys = KeyStore(tmp / "keys.json")
-        nodes = [Node(tmp, i, keys, agent_bin, ringtool) for i in range(args.agents)]
-        netns: Netns | None = None
-        try:
-            netns = Netns()
-        except (OSError, subprocess.CalledProcessError) as exc:
-            log(
-                f"no network namespace ({getattr(exc, 'stderr', '') or exc}): agents on loopback, network_cut skipped"
+    disks: dict[str, SmallDisk] = {}  # unmounted last: the temporary directory's removal skips them
+    try:
+        with tempfile.TemporaryDirectory(
+            prefix="ki-soak-", dir=args.dir, ignore_cleanup_errors=True
+        ) as tmp_name:
+            tmp = Path(tmp_name)
+            ringtool = build_ringtool(tmp)
+            shift_lib = _wallshift(tmp)
+            agent_bin = tmp / "agent-build" / "ki-agent"
+            (tmp / "agent-build").mkdir()
+            subprocess.run(
+                ["make", "-s", "-C", str(REPO / "agent" / "src"), f"OUT={tmp / 'agent-build'}"], check=True
             )
-            NOT_BUILT.add("network_cut")
-        token = TokenStore(tmp / "tokens.json").create("soak", ["read", "ingest"]).token
-        auth = {"Authorization": f"Bearer {token}"}
-        collector = Collector(
-            tmp / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0,
-            host=HOST_IP if netns else "127.0.0.1", tokens=tmp / "tokens.json",
-        )  # fmt: skip
-        stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
-        faults_done, windows = 0, []  # windows: (start, end) of each fault, monotonic
-        rss: dict[str, list[tuple[float, int]]] = {}
-        collector_since = [time.monotonic()]
-        rw_acked: set[float] = set()
-        stale_after_fault = [0.0]
-        client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
-        try:
-            collector.start()
-            for n in nodes:
-                n.start_producer(args.rate, run_s)
-                n.start_agent(collector.url, "--histograms=0", netns=netns.name if netns else None)
-            t_start = time.monotonic()
-            log(f"collector pid {collector.pid}; agents {[n.agent.pid for n in nodes if n.agent]}")
-
-            rw_seq = [0]
-
-            def remote_write() -> None:
-                base = rw_seq[0]
-                now = int(time.time() * 1000)
-                samples = [(now + i, float(base + i)) for i in range(100)]
-                body = encode_write_request([({"__name__": RW_METRIC, "job": "soak"}, samples)])
-                rw_seq[0] += 100
-                if client.post("/api/v1/write", content=body, headers=WRITE_HEADERS).status_code != 204:
-                    raise OSError("remote_write refused")
-                rw_acked.update(v for _, v in samples)
-
-            def query() -> None:
-                r = httpx.get(
-                    f"{collector.url}/api/v1/query",
-                    headers=auth,
-                    params={"query": "sum by (instance) (rate(gpu_kernel_launches_total[1m]))"},
-                    timeout=30,
-                )
-                r.raise_for_status()
-
-            health = HealthClient(collector.url, token, ttl=0, timeout=10)
-            ids = {n.agent_id: i for i, n in enumerate(nodes)}
-
-            def poll() -> None:
-                now = time.monotonic()
-                active = any(s <= now <= e for s, e in windows) or any(
-                    now < until for until in stopped.values()
-                )
-                snap = health.snapshot()
-                if active or not windows:
-                    return
-                since = now - max(e for _, e in windows if e <= now)
-                for inst in snap.instances:
-                    if inst.id in ids and inst.stale:
-                        stale_after_fault[0] = max(stale_after_fault[0], since)
-
-            def memory() -> None:
-                now = time.monotonic()
-                if collector.proc is not None and collector.proc.poll() is None:
-                    rss.setdefault(f"collector@{collector_since[0]:.0f}", []).append(
-                        (now, _rss_kb(collector.pid))
-                    )
-                for i, n in enumerate(nodes):
-                    if n.agent is not None:
-                        rss.setdefault(f"agent{i}", []).append((now, _rss_kb(n.agent.pid)))
-
-            loops = [Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory)]
-            for loop in loops:
-                loop.start()
-
-            def restart(*, interval: float, env: dict[str, str] | None = None) -> None:
-                collector.stop()
-                collector.interval_s = interval
-                saved = {k: os.environ.get(k) for k in (env or {})}
-                os.environ.update(
-                    env or {}
-                )  # the collector's process inherits it; nothing else starts meanwhile
+            for fault, sub, size in (
+                ("store_disk_full", "store-disk", 16 << 30),
+                ("spool_disk_full", "agents-disk", 4 << 30),
+            ):
                 try:
-                    collector.start()
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
-                collector_since[0] = time.monotonic()
+                    disks[fault] = SmallDisk(tmp / sub, size)
+                except (OSError, subprocess.CalledProcessError) as exc:
+                    log(f"no loop mount for {fault} ({getattr(exc, 'stderr', '') or exc}): skipped")
+                    NOT_BUILT.add(fault)
+            store_dir = disks["store_disk_full"].path if "store_disk_full" in disks else tmp
+            agents_dir = disks["spool_disk_full"].path if "spool_disk_full" in disks else tmp
+            keys = KeyStore(tmp / "keys.json")
+            nodes = [Node(agents_dir, i, keys, agent_bin, ringtool) for i in range(args.agents)]
+            netns: Netns | None = None
+            try:
+                netns = Netns()
+            except (OSError, subprocess.CalledProcessError) as exc:
+                log(
+                    f"no network namespace ({getattr(exc, 'stderr', '') or exc}): agents on loopback, network_cut skipped"
+                )
+                NOT_BUILT.add("network_cut")
+            token = TokenStore(tmp / "tokens.json").create("soak", ["read", "ingest"]).token
+            auth = {"Authorization": f"Bearer {token}"}
+            collector = Collector(
+                store_dir / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0,
+                host=HOST_IP if netns else "127.0.0.1", tokens=tmp / "tokens.json",
+            )  # fmt: skip
+            stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
+            faults_done, windows = 0, []  # windows: (start, end) of each fault, monotonic
+            rss: dict[str, list[tuple[float, int]]] = {}
+            collector_since = [time.monotonic()]
+            rw_acked: set[float] = set()
+            stale_after_fault = [0.0]
+            client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
+            try:
+                collector.start()
+                for n in nodes:
+                    n.start_producer(args.rate, run_s)
+                    n.start_agent(collector.url, "--histograms=0", netns=netns.name if netns else None)
+                t_start = time.monotonic()
+                log(f"collector pid {collector.pid}; agents {[n.agent.pid for n in nodes if n.agent]}")
 
-            hold_s = args.fault_every / 5
-            next_fault, k = t_start + args.fault_every, 0
-            while time.monotonic() < t_start + run_s:
-                now = time.monotonic()
-                for i, until in list(stopped.items()):
-                    if now >= until:
+                rw_seq = [0]
+
+                def remote_write() -> None:
+                    base = rw_seq[0]
+                    now = int(time.time() * 1000)
+                    samples = [(now + i, float(base + i)) for i in range(100)]
+                    body = encode_write_request([({"__name__": RW_METRIC, "job": "soak"}, samples)])
+                    rw_seq[0] += 100
+                    if client.post("/api/v1/write", content=body, headers=WRITE_HEADERS).status_code != 204:
+                        raise OSError("remote_write refused")
+                    rw_acked.update(v for _, v in samples)
+
+                def query() -> None:
+                    r = httpx.get(
+                        f"{collector.url}/api/v1/query",
+                        headers=auth,
+                        params={"query": "sum by (instance) (rate(gpu_kernel_launches_total[1m]))"},
+                        timeout=30,
+                    )
+                    r.raise_for_status()
+
+                health = HealthClient(collector.url, token, ttl=0, timeout=10)
+                ids = {n.agent_id: i for i, n in enumerate(nodes)}
+
+                def poll() -> None:
+                    now = time.monotonic()
+                    active = any(s <= now <= e for s, e in windows) or any(
+                        now < until for until in stopped.values()
+                    )
+                    snap = health.snapshot()
+                    if active or not windows:
+                        return
+                    since = now - max(e for _, e in windows if e <= now)
+                    for inst in snap.instances:
+                        if inst.id in ids and inst.stale:
+                            stale_after_fault[0] = max(stale_after_fault[0], since)
+
+                def memory() -> None:
+                    now = time.monotonic()
+                    if collector.proc is not None and collector.proc.poll() is None:
+                        rss.setdefault(f"collector@{collector_since[0]:.0f}", []).append(
+                            (now, _rss_kb(collector.pid))
+                        )
+                    for i, n in enumerate(nodes):
+                        if n.agent is not None:
+                            rss.setdefault(f"agent{i}", []).append((now, _rss_kb(n.agent.pid)))
+
+                loops = [Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory)]
+                for loop in loops:
+                    loop.start()
+
+                def restart(*, interval: float, env: dict[str, str] | None = None) -> None:
+                    collector.stop()
+                    collector.interval_s = interval
+                    saved = {k: os.environ.get(k) for k in (env or {})}
+                    os.environ.update(
+                        env or {}
+                    )  # the collector's process inherits it; nothing else starts meanwhile
+                    try:
+                        collector.start()
+                    finally:
+                        for k, v in saved.items():
+                            if v is None:
+                                os.environ.pop(k, None)
+                            else:
+                                os.environ[k] = v
+                    collector_since[0] = time.monotonic()
+
+                hold_s = args.fault_every / 5
+                next_fault, k = t_start + args.fault_every, 0
+                while time.monotonic() < t_start + run_s:
+                    now = time.monotonic()
+                    for i, until in list(stopped.items()):
+                        if now >= until:
+                            agent = nodes[i].agent
+                            assert agent is not None
+                            agent.send_signal(signal.SIGCONT)
+                            del stopped[i]
+                            log(f"agent{i} continued")
+                    if now < next_fault:
+                        time.sleep(min(1.0, next_fault - now))
+                        continue
+                    name = order[k % len(order)]
+                    k += 1
+                    next_fault += args.fault_every
+                    begin = time.monotonic()
+                    if name in NOT_BUILT:
+                        log(f"fault {name}: skipped (not built yet)")
+                        continue
+                    log(f"fault {name}: begins")
+                    if name == "collector_kill":
+                        assert collector.proc is not None
+                        collector.proc.send_signal(signal.SIGKILL)
+                        collector.proc.wait()
+                        restart(interval=collector.interval_s)
+                    elif name == "agent_stop":
+                        i = rng.randrange(len(nodes))
                         agent = nodes[i].agent
                         assert agent is not None
-                        agent.send_signal(signal.SIGCONT)
-                        del stopped[i]
-                        log(f"agent{i} continued")
-                if now < next_fault:
-                    time.sleep(min(1.0, next_fault - now))
-                    continue
-                name = order[k % len(order)]
-                k += 1
-                next_fault += args.fault_every
-                begin = time.monotonic()
-                if name in NOT_BUILT:
-                    log(f"fault {name}: skipped (not built yet)")
-                    continue
-                log(f"fault {name}: begins")
-                if name == "collector_kill":
-                    assert collector.proc is not None
-                    collector.proc.send_signal(signal.SIGKILL)
-                    collector.proc.wait()
-                    restart(interval=collector.interval_s)
-                elif name == "agent_stop":
-                    i = rng.randrange(len(nodes))
+                        agent.send_signal(signal.SIGSTOP)
+                        stopped[i] = time.monotonic() + hold_s
+                        log(f"agent{i} stopped for {hold_s:g} s")
+                        windows.append((begin, begin + hold_s))
+                    elif name == "collector_reconfig":
+                        restart(interval=5.0 if collector.interval_s == 2.0 else 2.0)
+                        log(f"collector now --interval {collector.interval_s:g}")
+                    elif name == "clock_step":
+                        step = rng.choice((30, -30))
+                        restart(
+                            interval=collector.interval_s,
+                            env={"LD_PRELOAD": str(shift_lib), "WALLSHIFT_S": str(step)},
+                        )
+                        log(f"collector clock {step:+d} s for {hold_s:g} s")
+                        time.sleep(hold_s)
+                        restart(interval=collector.interval_s)
+                    elif name == "network_cut":
+                        assert netns is not None
+                        cut_s = args.fault_every * 0.3
+                        netns.link(False)
+                        log(f"agents' network down for {cut_s:g} s")
+                        time.sleep(cut_s)
+                        netns.link(True)
+                    elif name in disks:
+                        took = disks[name].fill()
+                        log(f"{disks[name].path.name} full ({took >> 20} MiB of ballast) for {hold_s:g} s")
+                        time.sleep(hold_s)
+                        disks[name].free()
+                    elif name == "merge_storm":
+
+                        def one(j: int) -> None:
+                            body = encode_write_request(
+                                [
+                                    (
+                                        {"__name__": STORM_METRIC, "n": str(j % 50)},
+                                        [(int(time.time() * 1000), float(j))],
+                                    )
+                                ]
+                            )
+                            with contextlib.suppress(httpx.HTTPError):
+                                httpx.post(
+                                    f"{collector.url}/api/v1/write",
+                                    content=body,
+                                    headers={**WRITE_HEADERS, **auth},
+                                    timeout=30,
+                                )
+
+                        with ThreadPoolExecutor(8) as pool:
+                            list(pool.map(one, range(2000)))
+                    if name != "agent_stop":
+                        windows.append((begin, time.monotonic()))
+                    faults_done += 1
+                    log(f"fault {name}: over after {time.monotonic() - begin:.1f} s")
+                for i in list(stopped):
                     agent = nodes[i].agent
                     assert agent is not None
-                    agent.send_signal(signal.SIGSTOP)
-                    stopped[i] = time.monotonic() + hold_s
-                    log(f"agent{i} stopped for {hold_s:g} s")
-                    windows.append((begin, begin + hold_s))
-                elif name == "collector_reconfig":
-                    restart(interval=5.0 if collector.interval_s == 2.0 else 2.0)
-                    log(f"collector now --interval {collector.interval_s:g}")
-                elif name == "clock_step":
-                    step = rng.choice((30, -30))
-                    restart(
-                        interval=collector.interval_s,
-                        env={"LD_PRELOAD": str(shift_lib), "WALLSHIFT_S": str(step)},
-                    )
-                    log(f"collector clock {step:+d} s for {hold_s:g} s")
-                    time.sleep(hold_s)
-                    restart(interval=collector.interval_s)
-                elif name == "network_cut":
-                    assert netns is not None
-                    cut_s = args.fault_every * 0.3
-                    netns.link(False)
-                    log(f"agents' network down for {cut_s:g} s")
-                    time.sleep(cut_s)
-                    netns.link(True)
-                elif name == "merge_storm":
+                    agent.send_signal(signal.SIGCONT)
+                for loop in loops:
+                    loop.stop.set()
+                    loop.join(30)
+                health.close()
+                log(
+                    f"load over: queries {loops[1].calls} ({loops[1].errors} failed), remote_write {loops[0].calls} ({loops[0].errors} failed), snapshot polls {loops[2].calls} ({loops[2].errors} failed)"
+                )
+                produced = [n.produced(timeout=run_s + 120) for n in nodes]
 
-                    def one(j: int) -> None:
-                        body = encode_write_request(
-                            [
-                                (
-                                    {"__name__": STORM_METRIC, "n": str(j % 50)},
-                                    [(int(time.time() * 1000), float(j))],
-                                )
-                            ]
-                        )
-                        with contextlib.suppress(httpx.HTTPError):
-                            httpx.post(
-                                f"{collector.url}/api/v1/write",
-                                content=body,
-                                headers={**WRITE_HEADERS, **auth},
-                                timeout=30,
-                            )
+                def drained() -> bool:
+                    return all(n.backlog() == 0 and n.ring_fill() == 0 for n in nodes)
 
-                    with ThreadPoolExecutor(8) as pool:
-                        list(pool.map(one, range(2000)))
-                if name != "agent_stop":
-                    windows.append((begin, time.monotonic()))
-                faults_done += 1
-                log(f"fault {name}: over after {time.monotonic() - begin:.1f} s")
-            for i in list(stopped):
-                agent = nodes[i].agent
-                assert agent is not None
-                agent.send_signal(signal.SIGCONT)
-            for loop in loops:
-                loop.stop.set()
-                loop.join(30)
-            health.close()
+                wait_until(drained, 600, "the agents to deliver everything")
+                for n in nodes:
+                    n.stop_agent()
+            finally:
+                client.close()
+                for n in nodes:
+                    n.close()
+                collector.stop()
+                if netns is not None:
+                    netns.close()
+
+            with EmbeddedStore(store_dir / "data", cache_bytes=0) as store:
+                spans = {
+                    r["instance"]: (int(r["n"]), int(r["u"]))
+                    for r in store.query(
+                        "SELECT instance, count() AS n, uniqExact(correlation) AS u FROM ki.kernel_spans GROUP BY instance"
+                    ).to_pylist()
+                }
+                rw = store.query(
+                    f"SELECT count() AS n, uniqExact(value) AS u FROM ki.samples WHERE metric = '{RW_METRIC}'"
+                ).to_pylist()[0]
+                rw_values = set(
+                    store.query(f"SELECT DISTINCT value FROM ki.samples WHERE metric = '{RW_METRIC}'")
+                    .column("value")
+                    .to_pylist()
+                )
+            records = lost = duplicated = dropped = 0
+            for n, (written, ring_full, _) in zip(nodes, produced, strict=True):
+                got, unique = spans.get(n.agent_id, (0, 0))
+                records += written
+                dropped += ring_full
+                lost += max(written - unique, 0)
+                duplicated += got - unique
+            lost_rw = len(rw_acked - rw_values)
+            lost += lost_rw
+            duplicated += int(rw["n"]) - int(rw["u"])
+            warm = t_start + min(600.0, run_s / 3)
+            growth = 0.0
+            for proc, points in rss.items():
+                after = [kb for t, kb in points if t >= warm and kb > 0]  # 0: the process had ended
+                if (
+                    len(after) >= 2
+                    and after[0] > 0
+                    and (not proc.startswith("collector@") or points[0][0] <= warm)
+                ):
+                    growth = max(growth, 100.0 * (max(after) - after[0]) / after[0])
+                    log(f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})")
             log(
-                f"load over: queries {loops[1].calls} ({loops[1].errors} failed), remote_write {loops[0].calls} ({loops[0].errors} failed), snapshot polls {loops[2].calls} ({loops[2].errors} failed)"
+                f"records {records} written by the producers ({dropped} dropped by a full ring), {lost} lost, {duplicated} duplicated; remote_write {len(rw_acked)} acknowledged, {lost_rw} lost"
             )
-            produced = [n.produced(timeout=run_s + 120) for n in nodes]
-
-            def drained() -> bool:
-                return all(n.backlog() == 0 and n.ring_fill() == 0 for n in nodes)
-
-            wait_until(drained, 600, "the agents to deliver everything")
-            for n in nodes:
-                n.stop_agent()
-        finally:
-            client.close()
-            for n in nodes:
-                n.close()
-            collector.stop()
-            if netns is not None:
-                netns.close()
-        with EmbeddedStore(tmp / "data", cache_bytes=0) as store:
-            spans = {
-                r["instance"]: (int(r["n"]), int(r["u"]))
-                for r in store.query(
-                    "SELECT instance, count() AS n, uniqExact(correlation) AS u FROM ki.kernel_spans GROUP BY instance"
-                ).to_pylist()
-            }
-            rw = store.query(
-                f"SELECT count() AS n, uniqExact(value) AS u FROM ki.samples WHERE metric = '{RW_METRIC}'"
-            ).to_pylist()[0]
-            rw_values = set(
-                store.query(f"SELECT DISTINCT value FROM ki.samples WHERE metric = '{RW_METRIC}'")
-                .column("value")
-                .to_pylist()
+            line = (
+                f"BENCH soak minutes={args.minutes:g} faults={faults_done} records={records} lost={lost} "
+                f"duplicated={duplicated} rss_growth_pct={growth:.1f} stale_s_max={stale_after_fault[0]:.1f}"
             )
-        records = lost = duplicated = dropped = 0
-        for n, (written, ring_full, _) in zip(nodes, produced, strict=True):
-            got, unique = spans.get(n.agent_id, (0, 0))
-            records += written
-            dropped += ring_full
-            lost += max(written - unique, 0)
-            duplicated += got - unique
-        lost_rw = len(rw_acked - rw_values)
-        lost += lost_rw
-        duplicated += int(rw["n"]) - int(rw["u"])
-        warm = t_start + min(600.0, run_s / 3)
-        growth = 0.0
-        for proc, points in rss.items():
-            after = [kb for t, kb in points if t >= warm and kb > 0]  # 0: the process had ended
-            if (
-                len(after) >= 2
-                and after[0] > 0
-                and (not proc.startswith("collector@") or points[0][0] <= warm)
-            ):
-                growth = max(growth, 100.0 * (max(after) - after[0]) / after[0])
-                log(f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})")
-        log(
-            f"records {records} written by the producers ({dropped} dropped by a full ring), {lost} lost, {duplicated} duplicated; remote_write {len(rw_acked)} acknowledged, {lost_rw} lost"
-        )
-        line = (
-            f"BENCH soak minutes={args.minutes:g} faults={faults_done} records={records} lost={lost} "
-            f"duplicated={duplicated} rss_growth_pct={growth:.1f} stale_s_max={stale_after_fault[0]:.1f}"
-        )
-        log(line)
-        print(line)
+            log(line)
+            print(line)
+    finally:
+        for disk in disks.values():
+            disk.close()
+            shutil.rmtree(disk.path.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
