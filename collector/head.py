@@ -195,9 +195,6 @@ class _FpIndex:
                 out[j] = self.pending.get(int(fps[j]), -1)
         return out
 
-    def get(self, fp: int) -> int:
-        return int(self.lookup(np.array([fp], np.uint64))[0])
-
     def add(self, fp: int, sid: int) -> None:
         self.pending[fp] = sid
         if len(self.pending) > max(4096, len(self.fps) // 8):
@@ -336,7 +333,8 @@ class Head:
         return local
 
     def _sid(self, fp: int, labels: Labels) -> int:
-        sid = self._index.get(fp)
+        """The id of a series the batch lookup missed: added now, unless the same batch added it."""
+        sid = self._index.pending.get(fp, -1)
         if sid < 0:
             sid = len(self._labels)
             self._series_version += 1

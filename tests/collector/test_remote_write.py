@@ -398,3 +398,39 @@ def test_the_series_cache_starts_again_only_when_new_series_would_pass_its_size(
     decode_write_request(encode_write_request(known[:2] + fresh, compress=False), SeriesLimits(), cache)
     assert cache.resets == 1
     assert len(cache) == 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=200), st.text(max_size=200)),
+        max_size=6,
+    ),
+    st.binary(max_size=40),
+)
+def test_the_labels_fast_read_answers_as_the_field_walk(labels, garbage):
+    """The indexed read of a new series' labels (lengths under 128, name then value) gives what the
+    field walk gives on every encoding, long, empty, non-ASCII or broken, or fails as it does."""
+    from kernel_insight.collector.remote_write import RemoteWriteError, _raw_labels, _raw_labels_walk
+
+    def field(number: int, payload: bytes) -> bytes:
+        n = len(payload)
+        size = bytearray()
+        while True:
+            size.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                break
+        return bytes([number << 3 | 2]) + bytes(size) + payload
+
+    body = b"".join(field(1, field(1, k.encode()) + (field(2, v.encode()) if v else b"")) for k, v in labels)
+    for buf in (body, body + garbage, garbage + body, body[: len(body) // 2]):
+        try:
+            want: object = _raw_labels_walk(buf, 0, len(buf))
+        except RemoteWriteError as exc:
+            want = type(exc)
+        try:
+            got: object = _raw_labels(buf, 0, len(buf))
+        except RemoteWriteError as exc:
+            got = type(exc)
+        assert got == want
