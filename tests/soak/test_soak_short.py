@@ -2,8 +2,9 @@
 
 The hour-long run with eight agents is ``make soak`` (bench/soak); this keeps the harness and
 the faults it injects working, and each of those faults (a collector SIGKILLed or restarted with
-another config, the agents' network namespace cut off, an agent stopped) survived with every
-record. Without ``ip netns`` (not root) the agents use loopback and the cut is logged as skipped.
+another config, the store's disk full, the agents' network namespace cut off, an agent stopped)
+survived with every record. Without ``ip netns`` or loop mounts (not root) those faults are
+logged as skipped.
 """
 
 from __future__ import annotations
