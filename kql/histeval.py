@@ -22,7 +22,8 @@ import numpy.typing as npt
 from kernel_insight.kql import nativehist as nh
 from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.binary import ARITHMETIC
-from kernel_insight.kql.functions.registry import FunctionSpec
+from kernel_insight.kql.functions import FUNCTIONS  # noqa: F401  (registered before their histogram behaviour)
+from kernel_insight.kql.functions.registry import FunctionSpec, histogram_behaviour
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.nativehist import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
 from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
@@ -866,9 +867,8 @@ def _strip(arg: Any) -> Any:
 def call(ctx: Any, spec: FunctionSpec, args: list[Any]) -> Any:
     """A function call with histogram samples among its arguments."""
     impl = spec.impl
-    handler = HANDLERS.get(spec.name)
-    if handler is not None:
-        return handler(ctx, impl, args)
+    if spec.histogram_impl is not None:
+        return spec.histogram_impl(ctx, impl, args)
     if spec.histogram_samples == "pass_through":
         return impl(ctx, args)
     if spec.histogram_samples == "presence":
@@ -1548,29 +1548,99 @@ def _safe_divide(a: F64, b: F64) -> F64:
     return out
 
 
-HANDLERS: dict[str, Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]] = {
-    "rate": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=True),
-    "increase": lambda ctx, impl, args: _rate(ctx, impl, args, counter=True, per_second=False),
-    "delta": lambda ctx, impl, args: _rate(ctx, impl, args, counter=False, per_second=False),
-    "irate": lambda ctx, impl, args: _instant(ctx, impl, args, is_rate=True),
-    "idelta": lambda ctx, impl, args: _instant(ctx, impl, args, is_rate=False),
-    "changes": lambda ctx, impl, args: _changes_or_resets(ctx, impl, args, resets=False),
-    "resets": lambda ctx, impl, args: _changes_or_resets(ctx, impl, args, resets=True),
-    "sum_over_time": lambda ctx, impl, args: _sum_avg_over_time(ctx, impl, args, mean=False),
-    "avg_over_time": lambda ctx, impl, args: _sum_avg_over_time(ctx, impl, args, mean=True),
-    "count_over_time": lambda ctx, impl, args: _count_like(ctx, impl, args, count=True),
-    "present_over_time": lambda ctx, impl, args: _count_like(ctx, impl, args, count=False),
-    "last_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=True, ts=False),
-    "first_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=False, ts=False),
-    "ts_of_last_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=True, ts=True),
-    "ts_of_first_over_time": lambda ctx, impl, args: _first_last(ctx, impl, args, last=False, ts=True),
-    "absent_over_time": _absent_over_time,
-    "histogram_count": _native_floats(lambda h: float(h.count), lambda b: b.count),
-    "histogram_sum": _native_floats(lambda h: float(h.sum), lambda b: b.sum),
-    "histogram_avg": _native_floats(lambda h: fdiv(float(h.sum), float(h.count)), _dense_avg),
-    "histogram_stdvar": _native_floats(_histogram_stdvar, dense_stdvar),
-    "histogram_stddev": _native_floats(_histogram_stddev, dense_stddev),
-}
+@histogram_behaviour("rate")
+def _rate_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _rate(ctx, impl, args, counter=True, per_second=True)
+
+
+@histogram_behaviour("increase")
+def _increase_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _rate(ctx, impl, args, counter=True, per_second=False)
+
+
+@histogram_behaviour("delta")
+def _delta_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _rate(ctx, impl, args, counter=False, per_second=False)
+
+
+@histogram_behaviour("irate")
+def _irate_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _instant(ctx, impl, args, is_rate=True)
+
+
+@histogram_behaviour("idelta")
+def _idelta_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _instant(ctx, impl, args, is_rate=False)
+
+
+@histogram_behaviour("changes")
+def _changes_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _changes_or_resets(ctx, impl, args, resets=False)
+
+
+@histogram_behaviour("resets")
+def _resets_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _changes_or_resets(ctx, impl, args, resets=True)
+
+
+@histogram_behaviour("sum_over_time")
+def _sum_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _sum_avg_over_time(ctx, impl, args, mean=False)
+
+
+@histogram_behaviour("avg_over_time")
+def _avg_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _sum_avg_over_time(ctx, impl, args, mean=True)
+
+
+@histogram_behaviour("count_over_time")
+def _count_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _count_like(ctx, impl, args, count=True)
+
+
+@histogram_behaviour("present_over_time")
+def _present_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _count_like(ctx, impl, args, count=False)
+
+
+@histogram_behaviour("last_over_time")
+def _last_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _first_last(ctx, impl, args, last=True, ts=False)
+
+
+@histogram_behaviour("first_over_time")
+def _first_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _first_last(ctx, impl, args, last=False, ts=False)
+
+
+@histogram_behaviour("ts_of_last_over_time")
+def _ts_of_last_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
+    return _first_last(ctx, impl, args, last=True, ts=True)
+
+
+@histogram_behaviour("ts_of_first_over_time")
+def _ts_of_first_over_time_histograms(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+) -> Any:
+    return _first_last(ctx, impl, args, last=False, ts=True)
+
+
+histogram_behaviour("absent_over_time")(_absent_over_time)
+
+
+histogram_behaviour("histogram_count")(_native_floats(lambda h: float(h.count), lambda b: b.count))
+
+
+histogram_behaviour("histogram_sum")(_native_floats(lambda h: float(h.sum), lambda b: b.sum))
+
+
+histogram_behaviour("histogram_avg")(_native_floats(lambda h: fdiv(float(h.sum), float(h.count)), _dense_avg))
+
+
+histogram_behaviour("histogram_stdvar")(_native_floats(_histogram_stdvar, dense_stdvar))
+
+
+histogram_behaviour("histogram_stddev")(_native_floats(_histogram_stddev, dense_stddev))
 
 
 # ------------------------------------------------------------------------------ histogram_quantile & co
@@ -1793,9 +1863,9 @@ def _histogram_quantiles(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: 
     return out
 
 
-HANDLERS["histogram_quantile"] = _histogram_quantile
-HANDLERS["histogram_fraction"] = _histogram_fraction
-HANDLERS["histogram_quantiles"] = _histogram_quantiles
+histogram_behaviour("histogram_quantile")(_histogram_quantile)
+histogram_behaviour("histogram_fraction")(_histogram_fraction)
+histogram_behaviour("histogram_quantiles")(_histogram_quantiles)
 
 
 # ------------------------------------------------------------------------------ anchored / smoothed

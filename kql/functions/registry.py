@@ -6,6 +6,7 @@ at run time; nothing else keeps a list of functions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,13 +22,18 @@ __all__ = [
     "HISTOGRAM_SAMPLES",
     "FunctionSpec",
     "GridPushdown",
+    "HistImpl",
     "Impl",
     "function",
+    "histogram_behaviour",
     "names_with",
 ]
 
 #: An implementation receives the call context and the evaluated arguments.
 Impl = Callable[["CallContext", list[Any]], Any]
+#: A function's behaviour when native-histogram samples are among its arguments: it receives the
+#: call context, the float implementation (for the float samples) and the evaluated arguments.
+HistImpl = Callable[["CallContext", Impl, list[Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,10 @@ class FunctionSpec:
     smoothed: bool = False  # takes a ``smoothed`` range
     start_timestamps: bool = False  # reads its matrix selector's start timestamps (rate, increase, ...)
     sample_times: bool = False  # reads the sample times of its selector (timestamp())
+    #: Its histogram behaviour (Prometheus branches to it inside the same function, as
+    #: extrapolatedRate calls histogramRate), registered by :func:`histogram_behaviour`; None
+    #: when ``histogram_samples`` says all there is to say.
+    histogram_impl: HistImpl | None = field(default=None, compare=False, repr=False)
     doc: str = ""
 
     @property
@@ -104,6 +114,20 @@ FUNCTIONS: dict[str, FunctionSpec] = {}
 #: The values of ``FunctionSpec.histogram_samples`` and ``histogram_reads``.
 HISTOGRAM_SAMPLES = ("", "mixed_range_info", "pass_through", "presence")
 HISTOGRAM_READS = ("", "stats", "buckets")
+
+
+def histogram_behaviour(name: str) -> Callable[[HistImpl], HistImpl]:
+    """Register the decorated code as what the function ``name`` does with histogram samples
+    (its ``FunctionSpec.histogram_impl``); the function must be registered already."""
+
+    def register(fn: HistImpl) -> HistImpl:
+        spec = FUNCTIONS[name]
+        if spec.histogram_impl is not None:
+            raise ValueError(f"function {name!r}: histogram behaviour registered twice")
+        FUNCTIONS[name] = dataclasses.replace(spec, histogram_impl=fn)
+        return fn
+
+    return register
 
 
 def names_with(flag: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from columnar_memory import ColumnarMemory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_insight.kql import Engine, Matrix
+from kernel_insight.kql import FUNCTIONS, Engine, Matrix
 from kernel_insight.kql.histeval import DenseBlock
 from kernel_insight.kql.nativehist import FloatHistogram
 from kernel_insight.kql.promqltest import default_dir, run_file
@@ -378,7 +378,6 @@ def test_over_time_from_window_bounds_give_the_per_window_results(seed: int, odd
     """count/present/first/last_over_time (and ts_of_) of histogram windows, found from the windows'
     bounds with an object only for a histogram picked, equal the per-window path bit for bit,
     over objects and over columns (random series: floats between histograms, stale markers, resets)."""
-    from kernel_insight.kql import histeval
 
     memory, columnar = MemoryStorage(), ColumnarMemory()
     _fill([memory, columnar], seed, "h", odd_counts=odd)
@@ -394,9 +393,11 @@ def test_over_time_from_window_bounds_give_the_per_window_results(seed: int, odd
         query = q.format(m="h")
         with pytest.MonkeyPatch.context() as mp:
             for name, kind in kinds.items():
-                mp.setitem(
-                    histeval.HANDLERS, name, lambda ctx, impl, args, _k=kind: _per_window(ctx, impl, args, _k)
+                per_window = dataclasses.replace(
+                    FUNCTIONS[name],
+                    histogram_impl=lambda ctx, impl, args, _k=kind: _per_window(ctx, impl, args, _k),
                 )
+                mp.setitem(FUNCTIONS, name, per_window)
             want = _plain(Engine(memory).range_query(query, 0, 600_000, 15_000))
         for storage in (memory, columnar):
             assert _plain(Engine(storage).range_query(query, 0, 600_000, 15_000)) == want, query

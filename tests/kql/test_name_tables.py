@@ -43,34 +43,6 @@ KNOWN: dict[tuple[str, frozenset[str]], str] = {
         "to move: START_TIMESTAMP_FUNCTIONS, read by collector/query.py (the engine reads "
         "FunctionSpec.start_timestamps); it goes with the storage protocol's hints"
     ),
-    (
-        "histeval.py",
-        frozenset(
-            {
-                "rate",
-                "increase",
-                "delta",
-                "irate",
-                "idelta",
-                "changes",
-                "resets",
-                "sum_over_time",
-                "avg_over_time",
-                "count_over_time",
-                "present_over_time",
-                "last_over_time",
-                "first_over_time",
-                "ts_of_last_over_time",
-                "ts_of_first_over_time",
-                "absent_over_time",
-                "histogram_count",
-                "histogram_sum",
-                "histogram_avg",
-                "histogram_stddev",
-                "histogram_stdvar",
-            }
-        ),
-    ): "to move: HANDLERS, the histogram behaviour of these functions, into their registry entries",
 }
 
 
