@@ -11,6 +11,7 @@ top of this module call it, so its conventions are met in one place.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -1548,81 +1549,23 @@ def _safe_divide(a: F64, b: F64) -> F64:
     return out
 
 
-@histogram_behaviour("rate")
-def _rate_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _rate(ctx, impl, args, counter=True, per_second=True)
+histogram_behaviour("rate")(functools.partial(_rate, counter=True, per_second=True))
+histogram_behaviour("increase")(functools.partial(_rate, counter=True, per_second=False))
+histogram_behaviour("delta")(functools.partial(_rate, counter=False, per_second=False))
+histogram_behaviour("irate")(functools.partial(_instant, is_rate=True))
+histogram_behaviour("idelta")(functools.partial(_instant, is_rate=False))
+histogram_behaviour("changes")(functools.partial(_changes_or_resets, resets=False))
+histogram_behaviour("resets")(functools.partial(_changes_or_resets, resets=True))
+histogram_behaviour("sum_over_time")(functools.partial(_sum_avg_over_time, mean=False))
+histogram_behaviour("avg_over_time")(functools.partial(_sum_avg_over_time, mean=True))
+histogram_behaviour("count_over_time")(functools.partial(_count_like, count=True))
+histogram_behaviour("present_over_time")(functools.partial(_count_like, count=False))
+histogram_behaviour("last_over_time")(functools.partial(_first_last, last=True, ts=False))
+histogram_behaviour("first_over_time")(functools.partial(_first_last, last=False, ts=False))
+histogram_behaviour("ts_of_last_over_time")(functools.partial(_first_last, last=True, ts=True))
 
 
-@histogram_behaviour("increase")
-def _increase_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _rate(ctx, impl, args, counter=True, per_second=False)
-
-
-@histogram_behaviour("delta")
-def _delta_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _rate(ctx, impl, args, counter=False, per_second=False)
-
-
-@histogram_behaviour("irate")
-def _irate_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _instant(ctx, impl, args, is_rate=True)
-
-
-@histogram_behaviour("idelta")
-def _idelta_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _instant(ctx, impl, args, is_rate=False)
-
-
-@histogram_behaviour("changes")
-def _changes_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _changes_or_resets(ctx, impl, args, resets=False)
-
-
-@histogram_behaviour("resets")
-def _resets_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _changes_or_resets(ctx, impl, args, resets=True)
-
-
-@histogram_behaviour("sum_over_time")
-def _sum_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _sum_avg_over_time(ctx, impl, args, mean=False)
-
-
-@histogram_behaviour("avg_over_time")
-def _avg_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _sum_avg_over_time(ctx, impl, args, mean=True)
-
-
-@histogram_behaviour("count_over_time")
-def _count_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _count_like(ctx, impl, args, count=True)
-
-
-@histogram_behaviour("present_over_time")
-def _present_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _count_like(ctx, impl, args, count=False)
-
-
-@histogram_behaviour("last_over_time")
-def _last_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _first_last(ctx, impl, args, last=True, ts=False)
-
-
-@histogram_behaviour("first_over_time")
-def _first_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _first_last(ctx, impl, args, last=False, ts=False)
-
-
-@histogram_behaviour("ts_of_last_over_time")
-def _ts_of_last_over_time_histograms(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> Any:
-    return _first_last(ctx, impl, args, last=True, ts=True)
-
-
-@histogram_behaviour("ts_of_first_over_time")
-def _ts_of_first_over_time_histograms(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
-) -> Any:
-    return _first_last(ctx, impl, args, last=False, ts=True)
+histogram_behaviour("ts_of_first_over_time")(functools.partial(_first_last, last=False, ts=True))
 
 
 histogram_behaviour("absent_over_time")(_absent_over_time)
