@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.agent.counters import SPECS
 from kernel_insight.agent.dcgm import dcgm_labels
 from kernel_insight.agent.metric_ids import METRIC_SPECS, THROTTLE_REASONS, MetricId
 from kernel_insight.agent.records import (
@@ -150,43 +151,7 @@ INGEST_LAG_METRIC = "ki_ingest_lag_seconds"
 
 #: Agent self-metrics (docs/wire.md, COUNTERS): name -> (metric name, type, scale to the metric's unit).
 AGENT_COUNTERS: dict[str, tuple[str, str, float]] = {
-    "records_read": ("ki_agent_records_read_total", "counter", 1.0),
-    "records_shipped": ("ki_agent_records_shipped_total", "counter", 1.0),
-    "garbage_skipped": ("ki_agent_garbage_skipped_total", "counter", 1.0),
-    "ring_dropped": ("ki_agent_ring_dropped_total", "counter", 1.0),
-    "ring_torn": ("ki_agent_ring_torn_total", "counter", 1.0),
-    "ring_abandoned": ("ki_agent_ring_abandoned_total", "counter", 1.0),
-    "ring_lost": ("ki_agent_ring_lost_total", "counter", 1.0),
-    "spool_dropped_batches": ("ki_agent_spool_dropped_batches_total", "counter", 1.0),
-    "spool_dropped_records": ("ki_agent_spool_dropped_records_total", "counter", 1.0),
-    "batches_sealed": ("ki_agent_batches_sealed_total", "counter", 1.0),
-    "batches_sent": ("ki_agent_batches_sent_total", "counter", 1.0),
-    "batches_retried": ("ki_agent_batches_retried_total", "counter", 1.0),
-    "batches_failed": ("ki_agent_batches_failed_total", "counter", 1.0),
-    "bytes_raw": ("ki_agent_bytes_raw_total", "counter", 1.0),
-    "bytes_compressed": ("ki_agent_bytes_compressed_total", "counter", 1.0),
-    "drain_lag_ns": ("ki_agent_drain_lag_seconds", "gauge", 1e-9),
-    "ring_backlog": ("ki_agent_ring_backlog_records", "gauge", 1.0),
-    "names_reset": ("ki_agent_names_reset_total", "counter", 1.0),
-    "auth_failures": ("ki_agent_auth_failures_total", "counter", 1.0),
-    "spool_bytes": ("ki_agent_spool_bytes", "gauge", 1.0),
-    "spool_batches": ("ki_agent_spool_batches", "gauge", 1.0),
-    "rss_kb": ("ki_agent_resident_memory_bytes", "gauge", 1024.0),
-    "names_truncated": ("ki_agent_names_truncated_total", "counter", 1.0),
-    "batches_dead_lettered": ("ki_agent_batches_dead_lettered_total", "counter", 1.0),
-    "spool_write_errors": ("ki_agent_spool_write_errors_total", "counter", 1.0),
-    "requests_sent": ("ki_agent_requests_sent_total", "counter", 1.0),
-    "requests_failed": ("ki_agent_requests_failed_total", "counter", 1.0),
-    "kernels_aggregated": ("ki_agent_kernels_aggregated_total", "counter", 1.0),
-    "spans_tail": ("ki_agent_spans_tail_total", "counter", 1.0),
-    "spans_sampled": ("ki_agent_spans_sampled_total", "counter", 1.0),
-    "spans_captured": ("ki_agent_spans_captured_total", "counter", 1.0),
-    "histograms_shipped": ("ki_agent_histograms_shipped_total", "counter", 1.0),
-    "histogram_keys": ("ki_agent_histogram_keys", "gauge", 1.0),
-    "histogram_refused": ("ki_agent_histogram_refused_total", "counter", 1.0),
-    "histogram_increments": ("ki_agent_histogram_increments_total", "counter", 1.0),
-    "histogram_evicted": ("ki_agent_histogram_evicted_total", "counter", 1.0),
-    "busy_drains": ("ki_agent_busy_drains_total", "counter", 1.0),
+    c.name.lower(): (spec.metric, spec.kind, spec.scale) for c, spec in SPECS.items()
 }
 
 F64 = npt.NDArray[np.float64]

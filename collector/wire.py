@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from kernel_insight.agent.counters import Counter
 from kernel_insight.agent.records import PAYLOAD_DTYPES, RECORD_DTYPE, Record, RecordType, decode_records
 from kernel_insight.collector import _decode
 
@@ -162,48 +162,6 @@ class NamesUnknown(WireError):
 
 class AuthenticationFailed(WireError):
     """The AEAD tag did not verify: wrong key, or the batch was changed on the way."""
-
-
-class Counter(enum.IntEnum):
-    """Agent self-metrics carried in every batch's COUNTERS section (docs/wire.md)."""
-
-    RECORDS_READ = 1
-    RECORDS_SHIPPED = 2
-    GARBAGE_SKIPPED = 3
-    RING_DROPPED = 4
-    RING_TORN = 5
-    RING_ABANDONED = 6
-    RING_LOST = 7
-    SPOOL_DROPPED_BATCHES = 8
-    SPOOL_DROPPED_RECORDS = 9
-    BATCHES_SEALED = 10
-    BATCHES_SENT = 11
-    BATCHES_RETRIED = 12
-    BATCHES_FAILED = 13
-    BYTES_RAW = 14
-    BYTES_COMPRESSED = 15
-    DRAIN_LAG_NS = 16
-    RING_BACKLOG = 17
-    NAMES_RESET = 18
-    AUTH_FAILURES = 19
-    SPOOL_BYTES = 20
-    SPOOL_BATCHES = 21
-    RSS_KB = 22
-    NAMES_TRUNCATED = 23
-    BATCHES_DEAD_LETTERED = 24
-    SPOOL_WRITE_ERRORS = 25
-    REQUESTS_SENT = 26
-    REQUESTS_FAILED = 27
-    KERNELS_AGGREGATED = 28  # 28 and later: sent only when not zero (histogram agents)
-    SPANS_TAIL = 29
-    SPANS_SAMPLED = 30
-    SPANS_CAPTURED = 31
-    HISTOGRAMS_SHIPPED = 32
-    HISTOGRAM_KEYS = 33
-    HISTOGRAM_REFUSED = 34
-    HISTOGRAM_INCREMENTS = 35
-    HISTOGRAM_EVICTED = 36
-    BUSY_DRAINS = 37
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 /*
  * ki_counters.h - the agent's self-metrics, shipped in every batch (docs/wire.md, COUNTERS).
  *
+ * Generated from agent/counters.py (python -m kernel_insight.agent.counters --write): edit that.
  * The ids are wire ids: never renumber one, only add.
  */
 #ifndef KI_COUNTERS_H
@@ -38,17 +39,20 @@ enum ki_counter {
     KI_CTR_REQUESTS_FAILED = 27,
     /* From here on sent only when not zero (an agent without histograms sends the v1 set). */
     KI_CTR_KERNELS_AGGREGATED = 28, /* records folded into histograms (kernels, NCCL ops, memcpys) */
-    KI_CTR_SPANS_TAIL = 29,         /* kernel spans kept because slower than their kernel's tail quantile */
-    KI_CTR_SPANS_SAMPLED = 30,      /* kernel spans kept by the uniform sample */
-    KI_CTR_SPANS_CAPTURED = 31,     /* kernel spans kept by a capture window or because FAILED */
+    KI_CTR_SPANS_TAIL = 29, /* kernel spans kept because slower than their kernel's tail quantile */
+    KI_CTR_SPANS_SAMPLED = 30, /* kernel spans kept by the uniform sample */
+    KI_CTR_SPANS_CAPTURED = 31, /* kernel spans kept by a capture window or because FAILED */
     KI_CTR_HISTOGRAMS_SHIPPED = 32, /* histogram samples sealed into HISTOGRAMS sections */
-    KI_CTR_HISTOGRAM_KEYS = 33,     /* gauge: histograms in the agent's table */
-    KI_CTR_HISTOGRAM_REFUSED = 34,  /* observations refused: table full, bucket limit at schema -4, pool spent */
+    KI_CTR_HISTOGRAM_KEYS = 33, /* gauge: histograms in the agent's table */
+    KI_CTR_HISTOGRAM_REFUSED = 34, /* observations refused: table full, bucket limit at schema -4, pool spent */
     KI_CTR_HISTOGRAM_INCREMENTS = 35, /* of histograms_shipped, increments (wire body version 4) */
-    KI_CTR_HISTOGRAM_EVICTED = 36,  /* histogram keys evicted after histogram_idle_s without a change */
-    KI_CTR_BUSY_DRAINS = 37,        /* drains before their tick: producers would fill half the ring first */
+    KI_CTR_HISTOGRAM_EVICTED = 36, /* histogram keys evicted after histogram_idle_s without a change */
+    KI_CTR_BUSY_DRAINS = 37, /* drains before their tick: producers would fill half the ring first */
     KI_CTR_MAX = 37
 };
+
+/* Ids up to this one are in every batch; later ones only when not zero. */
+#define KI_CTR_ALWAYS_SENT_LAST 27
 
 struct ki_counters {
     uint64_t v[KI_CTR_MAX + 1]; /* indexed by enum ki_counter; v[0] unused */

@@ -11,7 +11,6 @@
 #include "ki_varint.h"
 
 #define BODY_VERSION 1u
-#define COUNTERS_V1 27 /* ids up to this one are always sent; later ones only when not zero */
 #define SECTION_COUNTERS 0x01u
 #define SECTION_STRINGS 0x02u
 #define SECTION_NAMES_USED 0x06u
@@ -282,10 +281,10 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     }
     if (update) update(counters, info, update_arg);
     size_t c = 0, nc = 0;
-    for (int id = 1; id <= KI_CTR_MAX; id++) nc += id <= COUNTERS_V1 || counters->v[id];
+    for (int id = 1; id <= KI_CTR_MAX; id++) nc += id <= KI_CTR_ALWAYS_SENT_LAST || counters->v[id];
     c += ki_varint_put(e->section + c, nc);
     for (int id = 1; id <= KI_CTR_MAX; id++) {
-        if (id > COUNTERS_V1 && !counters->v[id]) continue;
+        if (id > KI_CTR_ALWAYS_SENT_LAST && !counters->v[id]) continue;
         c += ki_varint_put(e->section + c, (uint64_t)id);
         c += ki_varint_put(e->section + c, counters->v[id]);
     }
