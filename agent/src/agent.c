@@ -23,6 +23,7 @@
 #include "ki_ring.h"
 #include "ki_seal.h"
 #include "ki_spool.h"
+#include "ki_status.h"
 #include "ki_transport.h"
 
 #define NS_PER_MS 1000000ULL
@@ -660,24 +661,27 @@ static int names_refused(struct ki_agent *a, const struct ki_flight *f) {
 static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_flight *f, int s) {
     struct ki_spool_id id = f->id;
     uint8_t *frame = a->send_buf + f->off;
+    enum ki_status_class c = ki_status_classify(s);
     if (f->names) { /* the names batch: nothing in the spool; when it did not get through, the next request carries one */
         /* Stored, or refused for good (a collector that can never take it: the batches behind it
          * would otherwise go round forever and hold up the spool). */
-        a->names_settled = (s >= 200 && s < 300) || s == 409 ||
-                           (s >= 400 && s < 500 && s != 401 && s != 403 && s != 408 && s != 424 && s != 429);
+        a->names_settled = c == KI_STATUS_STORED || c == KI_STATUS_PERMANENT;
         if (a->names_settled) a->names_wanted = 0;
-        if (a->names_settled && s >= 400 && s != 409)
+        if (c == KI_STATUS_PERMANENT)
             ki_log_error(a->log, "collector refused the names batch with %d: a batch that left names out and is "
                          "refused with 424 behind it is set aside", s);
         return FRAME_DONE;
     }
-    if (s == KI_STATUS_NAMES_UNKNOWN && names_refused(a, f)) return FRAME_NAMES;
-    if ((s >= 200 && s < 300) || s == 409) {
+    if (c == KI_STATUS_NAMES) {
+        if (names_refused(a, f)) return FRAME_NAMES;
+        c = KI_STATUS_PERMANENT; /* the collector has every name and still cannot match it */
+    }
+    if (c == KI_STATUS_STORED) {
         a->ctr.v[KI_CTR_BATCHES_SENT]++;
         ki_spool_remove(a->spool, id);
         return FRAME_DONE;
     }
-    if (s == 401 || s == 403) {
+    if (c == KI_STATUS_AUTH) {
         a->ctr.v[KI_CTR_AUTH_FAILURES]++;
         size_t flen;
         if (a->have_prev_key && ki_seal_reseal(&a->seal, a->prev_key, frame, f->len, &flen) == 0) {
@@ -702,11 +706,11 @@ static enum frame_verdict settle_frame(struct ki_agent *a, const struct ki_fligh
         a->auth_until_ns = mono_ns() + (uint64_t)a->cfg->auth_retry_s * NS_PER_S;
         return FRAME_AUTH;
     }
-    if (s == 429 || s >= 500 || s == 408) {
+    if (c == KI_STATUS_RETRY) {
         a->ctr.v[KI_CTR_BATCHES_RETRIED]++;
         return FRAME_RETRY;
     }
-    /* Any other 4xx: this batch can never be stored. Keep it for a person, go on with the next
+    /* Refused for good (any other 4xx): this batch can never be stored. Keep it for a person, go on with the next
      * (its histograms' increments are lost with it: the next export is cumulative; the texts it
      * carried are lost too: the next batches carry them again). */
     a->ctr.v[KI_CTR_BATCHES_FAILED]++;
@@ -747,7 +751,8 @@ static int settle(struct ki_agent *a, int rc, const struct ki_http_result *res) 
     a->nflight = 0;
     if (rc == 0 && multi && res->nframes != n) {
         int s = res->status;
-        if (res->nframes == -1 && s >= 400 && s < 500 && s != 401 && s != 403 && s != 408 && s != 429) {
+        enum ki_status_class c = ki_status_classify(s);
+        if (res->nframes == -1 && s >= 400 && c != KI_STATUS_AUTH && c != KI_STATUS_RETRY) {
             /* A collector that does not take several batches per request (docs/wire.md): one per request. */
             ki_log_warn(a->log, "collector answered %d to a request of %d batches: sending one batch per request", s,
                         n);

@@ -36,6 +36,11 @@ def test_c_names(tmp_path):
     assert f"hash(1,5,gemm)={wire.name_hash(1, 5, b'gemm'):016x}" in out
 
 
+def test_c_status(tmp_path):
+    """One classifier of the collector's statuses: stored, auth, names, retryable, permanent."""
+    run_unit(tmp_path, "test_status")
+
+
 def test_c_spool(tmp_path):
     run_unit(tmp_path, "test_spool", str(tmp_path / "spool"))
 
