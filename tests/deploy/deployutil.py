@@ -80,13 +80,16 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 def collector_flags() -> set[str]:
     """Every option ``ki collector`` accepts."""
     sub = _subparser(build_parser(), "collector")
+    sub.format_help()  # a DeferredParser adds its arguments when used (collector/flags.py)
     return {opt for a in sub._actions for opt in a.option_strings}
 
 
 def agent_settings() -> set[str]:
     """Every ``--setting`` the native agent accepts (from its own --help)."""
     text = subprocess.run([str(AGENT_BIN), "--help"], capture_output=True, text=True, timeout=30).stdout
-    return set(re.findall(r"^\s+(--[a-z_]+)", text, re.MULTILINE)) | {"--config", "--help", "--version"}
+    # The help spells settings with dashes; the agent takes the config file's underscores as well.
+    flags = set(re.findall(r"^\s+(--[a-z][a-z_-]*)", text, re.MULTILINE))
+    return flags | {"--" + f[2:].replace("-", "_") for f in flags} | {"--config", "--help", "--version"}
 
 
 def unknown_flags(args: list[str], known: set[str]) -> list[str]:
