@@ -26,12 +26,14 @@ from pathlib import Path
 from kernel_insight.collector.flags import at_least, port_number
 from kernel_insight.server import DEFAULT_PORT
 
-__all__ = ["Losses", "add_commands", "read_losses"]
+__all__ = ["Losses", "add_commands", "free_port", "read_losses"]
 
 _KI = [sys.executable, "-m", "kernel_insight.cli"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the system's pick for port 0). Another process may take it
+    before the caller binds it: a server that can should listen on port 0 and say its port instead."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -46,7 +48,7 @@ def _port(requested: int) -> int:
         try:
             s.bind(("127.0.0.1", DEFAULT_PORT))
         except OSError:
-            return _free_port()
+            return free_port()
     return DEFAULT_PORT
 
 

@@ -5,7 +5,6 @@ library), served varint-delimited over HTTP on 127.0.0.1 as Prometheus scrapes i
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -15,6 +14,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.internal.encoder import _VarintBytes
+
+from kernel_insight.run import free_port
 
 __all__ = [
     "PROTO_TYPE",
@@ -94,12 +95,6 @@ def delimited(mf: Any) -> bytes:
     """One MetricFamily as the protobuf exposition sends it: its length as a varint, then it."""
     raw = mf.SerializeToString()
     return bytes(_VarintBytes(len(raw))) + raw
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(body: Callable[[], bytes]) -> ThreadingHTTPServer:

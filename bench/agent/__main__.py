@@ -23,7 +23,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+
+from kernel_insight.run import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -114,12 +115,6 @@ def _collector(data: str, keys: str, port: int, stats_path: str) -> None:
         store.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _proc_status(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -151,7 +146,7 @@ def run(seconds: float, rate: int, agent_args: list[str]) -> dict[str, float]:
     ring = Ring.create(ring_name, capacity=1 << 16)
     keys = KeyStore(tmp / "keys.json")
     keys.add_agent("bench").write_key_file(tmp / "agent.key")
-    port = _free_port()
+    port = free_port()
     stats_path = tmp / "collector.json"
     me = [sys.executable, "-m", "bench.agent"]
     procs: list[subprocess.Popen[bytes]] = []
@@ -259,7 +254,7 @@ def run_catchup(agents: int, rate: int, outage_s: float, warm_s: float = 5.0) ->
             Ring.unlink(name)
         rings.append(Ring.create(name, capacity=1 << 16))
     keys = KeyStore(tmp / "keys.json")
-    port = _free_port()
+    port = free_port()
     me = [sys.executable, "-m", "bench.agent"]
     collector_args = [
         *me,

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import httpx
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 
 __all__ = [
     "REPO",
@@ -48,12 +48,6 @@ def build_ringtool(out_dir: Path) -> Path:
     out = out_dir / "ringtool"
     subprocess.run([cc, *CFLAGS, str(RINGTOOL), "-o", str(out), "-lrt"], check=True)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

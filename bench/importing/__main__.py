@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,14 +42,9 @@ from bench.kql.data import dataset, prometheus_text, write_openmetrics
 from kernel_insight.collector.remote_write import SeriesEncoder
 from kernel_insight.collector.rows import Labels, SampleBatch
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.run import free_port
 
 REQUEST_SAMPLES = 2_000  # Prometheus' max_samples_per_send
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: Peak resident memory of the last ``_run`` child by kind, MB: ``anon`` (its own: heap, arenas,
@@ -218,7 +212,7 @@ def bench_victoria(root: Path, text: Path, bodies: list[bytes], total: int, send
     """VictoriaMetrics on the same data: text import of the whole file, then remote_write (fresh store each)."""
     out: dict[str, float] = {}
     for kind in ("import", "remote_write"):
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             ["victoria-metrics", f"-storageDataPath={root / ('vm-' + kind)}",
              f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y"],

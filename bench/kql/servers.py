@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import numpy as np
 
 from kernel_insight.kql.values import Matrix, Series
+from kernel_insight.run import free_port
 
 __all__ = [
     "Answer",
@@ -45,12 +45,6 @@ def peer_binary(name: str) -> Path | None:
     unpacked, or None when it has not been run."""
     path = PEERS_DIR / name / "usr" / "bin" / name
     return path if os.access(path, os.X_OK) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def process_cpu_s(pid: int) -> float:

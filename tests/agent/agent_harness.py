@@ -301,12 +301,6 @@ class Setup:
             Ring.unlink(self.ring_name)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Collector:
     """The real collector (collector_proc.py: create_app + ingest router + embedded store) as a process."""
 

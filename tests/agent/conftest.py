@@ -1,9 +1,7 @@
-"""Fixtures for the agent tests: the agent built from the current sources, unique ring names."""
+"""Fixtures for the agent tests: the agent built from the current sources (unique ring names: support/rings.py)."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,3 @@ def agent_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def agent_asan_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("agent-asan"), "asan") / "ki-agent-asan"
-
-
-@pytest.fixture
-def ring_name() -> str:
-    return f"/ki_agent_test.{os.getpid()}.{uuid.uuid4().hex[:8]}"

@@ -5,7 +5,6 @@ producer wrote for that GPU in the window, every one of them stored."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ import time
 
 import httpx
 from agent_harness import wait_for
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.agent import FingerprintField
 from kernel_insight.agent.ring import Ring
@@ -23,8 +22,6 @@ RATE = 500  # kernels per second and GPU
 
 
 def test_ki_timeline_capture_gets_every_span_of_the_window_stored(tmp_path, agent_asan_bin, ring_name):
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 14)
     written: list[tuple[int, int]] = []  # (gpu, start_ns) of every kernel span written
     stop = threading.Event()
@@ -93,5 +90,3 @@ def test_ki_timeline_capture_gets_every_span_of_the_window_stored(tmp_path, agen
                 assert stored == expected
     finally:
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)

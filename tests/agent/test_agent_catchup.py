@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from agent_harness import Collector, PacedProducer, free_port, wait_for
+from agent_harness import Collector, PacedProducer, wait_for
+
+from bench.e2e.fleet import cpu_seconds
+from kernel_insight.agent.ring import Ring
+from kernel_insight.collector import wire
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the process helpers live with the benchmark that shares them
-    sys.path.insert(0, str(REPO))
-
-from bench.e2e.fleet import cpu_seconds  # noqa: E402
-from kernel_insight.agent.ring import Ring  # noqa: E402
-from kernel_insight.collector import wire  # noqa: E402
-from kernel_insight.collector.keys import KeyStore  # noqa: E402
 
 OUTAGE_S = 30.0
 RATE = 500  # KERNEL records/s per agent: a steady load well below what one collector stores

@@ -12,8 +12,8 @@ import uuid
 
 import httpx
 from agent_harness import wait_for
-from collector_process import running_collector
 from cupti_standins import build_cupti
+from support.collector import running_collector
 
 from kernel_insight.agent.ring import Ring, ring_name
 from kernel_insight.collector.keys import read_key_file

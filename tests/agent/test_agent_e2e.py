@@ -7,7 +7,6 @@ exactly once.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
 import sys
@@ -15,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_harness import Collector, free_port, wait_for
+from agent_harness import Collector, wait_for
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 
 HERE = Path(__file__).resolve().parent
 TOTAL = 1_000_000
@@ -33,8 +33,6 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
     port = free_port()
     collector = Collector(tmp_path / "data", tmp_path / "keys.json", port, tmp_path / "collector.log")
     collector.start()
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     agents: list[subprocess.Popen[bytes]] = []
 
@@ -89,8 +87,6 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
                 a.kill()
         collector.stop()
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     from kernel_insight.collector.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")

@@ -12,13 +12,12 @@ the store queried after.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from pathlib import Path
 
 from agent_harness import setup, wait_for
-from collector_cli import start_agent, start_collector, stop_collector
+from support.collector import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
@@ -59,8 +58,6 @@ def test_agent_seals_each_batch_at_least_1_ms_after_the_one_before(
 
 def test_agent_series_get_one_sample_per_millisecond(tmp_path: Path, agent_bin: Path, ring_name: str) -> None:
     KeyStore(tmp_path / "keys.json").add_agent("heartbeat").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 15)
     collector, url = start_collector(tmp_path)
     agent = None
@@ -80,8 +77,6 @@ def test_agent_series_get_one_sample_per_millisecond(tmp_path: Path, agent_bin: 
             agent.wait()
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     store = EmbeddedStore(tmp_path / "data")
     try:
         parts = store.query(

@@ -4,11 +4,9 @@ end to end through the real ki-agent and ki collector at a 1 s interval."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import struct
 import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -16,22 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from collector_cli import free_port, start_collector, stop_collector
+from support.collector import start_collector, stop_collector
 from test_agent_units import run_unit
 from test_histogram import bounds_table, go_index
 
+from bench.histogram.producer import build_producer
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector import wire
 from kernel_insight.collector.hist_base import HistogramBases
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.wire_hist import HistRow, decode_histograms
+from kernel_insight.run import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the C producer lives with the benchmark that shares it
-    sys.path.insert(0, str(REPO))
-
-from bench.histogram.producer import build_producer  # noqa: E402
 
 T0 = 1_700_000_000 * 10**9
 
@@ -202,8 +198,6 @@ def _through_a_real_collector(
     collector's /metrics."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("inc").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     collector, url = start_collector(tmp_path, *collector_args)
     agent = None
@@ -233,8 +227,6 @@ def _through_a_real_collector(
             agent.kill()
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     from kernel_insight.collector.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
@@ -341,8 +333,6 @@ def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ri
     increment from the spool lacks its base), so the stored cumulative histograms end exact."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("restart").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     port = str(free_port())
     collector, url = start_collector(tmp_path, "--port", port)
@@ -375,8 +365,6 @@ def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ri
             agent.kill()
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     from kernel_insight.collector.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")

@@ -9,22 +9,21 @@ give p50/p99/p99.9 within the schema's error bound of the exact quantiles.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
 import struct
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from collector_cli import start_collector, stop_collector
+from support.collector import start_collector, stop_collector
 from test_agent_units import run_unit
 from test_histogram import bounds_table, go_index
 
+from bench.histogram.producer import build_producer
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector import wire
@@ -40,10 +39,6 @@ from kernel_insight.collector.wire_hist import (
 from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the C producer lives with the benchmark that shares it
-    sys.path.insert(0, str(REPO))
-
-from bench.histogram.producer import build_producer  # noqa: E402
 
 T0 = 1_700_000_000 * 10**9
 AID = bytes(range(16))
@@ -219,8 +214,6 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
     total = 1_000_000
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("hist").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     collector, url = start_collector(tmp_path)
     agent = None
@@ -245,8 +238,6 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
             agent.kill()
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     from kernel_insight.collector.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")

@@ -8,25 +8,21 @@ are evicted as idle after all."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-from collector_cli import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
+from support.collector import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
 from tier_proxy import UNAVAILABLE, Answer, TierProxy
 
+from bench.histogram.pipeline import KERNEL_NAMES
+from bench.histogram.producer import build_producer
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.wire import parse_header
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.histogram.pipeline import KERNEL_NAMES
-from bench.histogram.producer import build_producer
 
 KERNELS = 20
 IDLE_S = 2
@@ -63,8 +59,6 @@ def test_no_idle_key_is_evicted_while_its_last_change_waits_in_the_spool(
 ):
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("idle").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     proxy = _Outage()
     log = tmp_path / "agent.log"
@@ -110,8 +104,6 @@ def test_no_idle_key_is_evicted_while_its_last_change_waits_in_the_spool(
             stop_collector(collector)
         proxy.close()
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     assert (tmp_path / "spool" / "dead-letter").exists()  # the outage's batches were refused for good
     kernels, stored, aggregated = stored_kernel_histograms(tmp_path / "data")
     assert aggregated == 20000

@@ -11,39 +11,34 @@ from pathlib import Path
 
 import httpx
 from agent_harness import wait_for
-from collector_process import RunningCollector, running_collector
+from support.collector import RunningCollector, running_collector
+from support.rings import fresh_ring
 
-from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore, read_key_file
 from kernel_insight.sdk import HealthClient, KqlClient
 
 
 @contextlib.contextmanager
 def _agent(agent_bin: Path, c: RunningCollector, tmp: Path, ring_name: str, key: Path, labels: str):
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
-    ring = Ring.create(ring_name, capacity=1 << 12)
-    log = tmp / f"agent-{key.stem}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(agent_bin), "--ring", ring_name, "--collector", c.url, "--key-file", str(key),
-             "--spool-dir", str(tmp / f"spool-{key.stem}"), "--drain-interval-ms", "20", "--labels", labels,
-             "--shutdown-timeout-s", "10"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        name = ring.intern("labelled_kernel")
-        base = time.time_ns()
-        for i in range(200):
-            assert ring.kernel(name, 0, base + i * 1000, base + i * 1000 + 500, 1, i) == 0
-        yield proc, log
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(30)
-        ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
+    with fresh_ring(ring_name, capacity=1 << 12) as ring:
+        log = tmp / f"agent-{key.stem}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [str(agent_bin), "--ring", ring_name, "--collector", c.url, "--key-file", str(key),
+                 "--spool-dir", str(tmp / f"spool-{key.stem}"), "--drain-interval-ms", "20", "--labels", labels,
+                 "--shutdown-timeout-s", "10"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            name = ring.intern("labelled_kernel")
+            base = time.time_ns()
+            for i in range(200):
+                assert ring.kernel(name, 0, base + i * 1000, base + i * 1000 + 500, 1, i) == 0
+            yield proc, log
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
 
 
 def test_configured_labels_reach_the_snapshot_and_series_and_enrolment_wins(tmp_path, agent_bin, ring_name):

@@ -13,33 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from collector_cli import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
+from support.collector import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
 from tier_proxy import UNAVAILABLE, Answer, TierProxy
 
+from bench.histogram.pipeline import KERNEL_NAMES
+from bench.histogram.producer import build_producer
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.wire import BATCH_STATUS_HEADER
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.histogram.pipeline import KERNEL_NAMES
-from bench.histogram.producer import build_producer
+from kernel_insight.run import free_port
 
 KERNELS = 20
 INTERVAL_S = 12  # histogram exports: the collector restarts between two of them
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -52,8 +43,6 @@ def _names_agent(
     open (a ResourceWarning)."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("names").write_key_file(tmp_path / "agent.key")
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     log = tmp_path / "agent.log"
     agent = prod = None
@@ -83,8 +72,6 @@ def _names_agent(
                 p.kill()
                 p.wait(timeout=30)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
 
 
 def _names_round(log: Path, at: int) -> None:
@@ -109,7 +96,7 @@ def _assert_all_stored(tmp_path: Path, log: Path) -> None:
 def test_names_go_once_survive_a_collector_restart_and_a_spool(
     tmp_path: Path, agent_bin: Path, ring_name: str
 ):
-    port = _free_port()
+    port = free_port()
     collector = None
     try:
         with _names_agent(tmp_path, agent_bin, ring_name, f"http://127.0.0.1:{port}") as (_agent, log):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import time
 
 from agent_harness import wait_for
-from collector_process import running_collector
 from pki import LocalCA
+from support.collector import running_collector
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector.store import EmbeddedStore
@@ -20,8 +19,6 @@ def test_the_agent_delivers_to_a_tls_collector_it_trusts_through_its_ca_file(tmp
     ca = LocalCA(tmp_path / "pki")
     server = ca.issue("server", server=True)
     tls = ("--tls-cert", str(server.cert), "--tls-key", str(server.key))
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 12)
     try:
         with running_collector(tmp_path, *tls) as c:
@@ -53,8 +50,6 @@ def test_the_agent_delivers_to_a_tls_collector_it_trusts_through_its_ca_file(tmp
             assert "certificate" not in text.lower(), text
     finally:
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
     store = EmbeddedStore(tmp_path / "data")
     try:
         row = store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]

@@ -6,19 +6,15 @@ one batch a second (``span_seal_ms``), none of them lost, and SIGTERM seals what
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from agent_harness import setup
 
+from bench.histogram.producer import build_producer
 from kernel_insight.collector import wire
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the C producer lives with the benchmark that shares it
-    sys.path.insert(0, str(REPO))
-
-from bench.histogram.producer import build_producer  # noqa: E402
 
 RATE, SECONDS = 20_000, 2
 

@@ -8,20 +8,17 @@ data is recent is never reported unhealthy.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the process helpers live with the benchmark that shares them
-    sys.path.insert(0, str(REPO))
+from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, wait_until
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.store import EmbeddedStore
 
-from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, wait_until  # noqa: E402
-from kernel_insight.collector.keys import KeyStore  # noqa: E402
-from kernel_insight.collector.store import EmbeddedStore  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RATE = 2_000  # kernel records/s per agent, plus 16 GPU metrics at 10 Hz
 OUTAGE_S = 30.0

@@ -15,11 +15,12 @@ import time
 
 import httpx
 import pytest
-from collector_cli import free_port, start_agent, start_collector, stop_collector
+from support.collector import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 
 RECORDS = 3_000
 
@@ -53,8 +54,6 @@ def test_prometheus_scrapes_ingest_and_agent_metrics_from_ki_collector(tmp_path,
     creds.write_key_file(tmp_path / "agent.key")
     agent_hex = creds.agent_id.hex()
     TokenStore(tmp_path / "tokens.json").create("reader", ["read"])
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 14)
     collector, url = start_collector(tmp_path, "--stats-interval", "0.5")
     agent: subprocess.Popen[bytes] | None = None
@@ -142,5 +141,3 @@ def test_prometheus_scrapes_ingest_and_agent_metrics_from_ki_collector(tmp_path,
             agent.wait(30)
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from collector_cli import start_agent, start_collector, stop_collector
+from support.collector import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring, ring_name
 from kernel_insight.api import TokenStore

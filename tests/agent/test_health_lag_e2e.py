@@ -9,19 +9,19 @@ on how fast the agent catches up. The collector runs with ``--stale-after 8`` so
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
 
 import httpx
 import pytest
-from collector_cli import free_port, start_agent, start_collector, stop_collector
+from support.collector import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.ring import Ring
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 from kernel_insight.sdk import HealthClient, KqlClient, NoEligibleInstance
 
 GiB = 1 << 30
@@ -72,8 +72,6 @@ def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_s
     creds.write_key_file(tmp_path / "agent.key")
     agent_id = creds.agent_id.hex()
     token = TokenStore(tmp_path / "tokens.json").create("sdk", ["read"]).token
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 14)
     collector, url = start_collector(
         tmp_path, "--stale-after", str(STALE_AFTER_S), "--max-data-age", "120", "--interval", "0.2"
@@ -146,8 +144,6 @@ def test_late_data_from_a_heard_agent_stays_selectable_and_a_silent_agent_goes_s
             agent.wait(10)
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)
 
 
 @pytest.mark.slow
@@ -165,8 +161,6 @@ def test_after_a_collector_outage_the_catching_up_instance_stays_selectable(tmp_
     creds.write_key_file(tmp_path / "agent.key")
     agent_id = creds.agent_id.hex()
     token = TokenStore(tmp_path / "tokens.json").create("sdk", ["read"]).token
-    with contextlib.suppress(OSError):
-        Ring.unlink(ring_name)
     ring = Ring.create(ring_name, capacity=1 << 16)
     port = free_port()
     flags = (
@@ -221,5 +215,3 @@ def test_after_a_collector_outage_the_catching_up_instance_stays_selectable(tmp_
             agent.wait(10)
         stop_collector(collector)
         ring.close()
-        with contextlib.suppress(OSError):
-            Ring.unlink(ring_name)

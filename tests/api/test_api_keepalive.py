@@ -7,7 +7,7 @@ import statistics
 import time
 
 import httpx
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.api.connections import DEFAULT_KEEP_ALIVE_S
 from kernel_insight.collector.remote_write import encode_write_request

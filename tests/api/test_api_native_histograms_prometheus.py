@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import pytest
-from collector_process import running_collector
 from native_histogram_exposition import (
     MetricFamily,
     delimited,
@@ -35,6 +34,7 @@ from native_histogram_exposition import (
     start_prometheus,
     stop_prometheus,
 )
+from support.collector import running_collector
 
 from bench.kql.servers import peer_binary
 

@@ -14,12 +14,12 @@ from urllib.parse import parse_qsl
 
 import httpx
 from api_helpers import TestClient, read_until_closed
-from collector_process import running_collector
 from fastapi import FastAPI
 from fastapi.responses import Response
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopback import running_server
+from support.collector import running_collector
 
 from kernel_insight.api import (
     Authenticator,

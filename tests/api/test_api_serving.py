@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_helpers import FakeSource, TestClient, build_app, facts
-from collector_process import RunningCollector, running_collector
+from support.collector import RunningCollector, running_collector
 
 from kernel_insight.api import Authenticator
 from kernel_insight.api.health.serving import SERVING_METRICS, combine, markdown_table, serving_record

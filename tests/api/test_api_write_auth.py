@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from kernel_insight.api import TokenStore, create_api_app
 from kernel_insight.collector.remote_write import encode_write_request
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
+from kernel_insight.run import free_port
 
 NOW = int(time.time() * 1000)
 BODY_HEADERS = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
@@ -92,12 +92,6 @@ def test_openapi_declares_the_bearer_scheme_on_remote_write(store, tokens: Token
     assert op["security"] == [{"HTTPBearer": []}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="the prometheus binary (Debian package) is not installed"
@@ -140,7 +134,7 @@ def test_real_prometheus_remote_writes_to_ki_collector_with_a_credentials_file(t
             f"{url}/api/v1/write", content=_body("no-token"), headers=BODY_HEADERS, timeout=10
         )
         assert refused.status_code == 401, refused.text
-        prom_port = _free_port()
+        prom_port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             json.dumps(  # YAML is a superset of JSON

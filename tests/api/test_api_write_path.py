@@ -9,8 +9,8 @@ import time
 import cramjam
 import httpx
 import pytest
-from collector_process import running_collector
 from fastapi import Depends
+from support.collector import running_collector
 
 from kernel_insight.api import TokenStore, create_api_app, query_fast_path
 from kernel_insight.collector import app as app_module

@@ -8,8 +8,8 @@ import sys
 
 import httpx
 import pytest
-from collector_process import running_collector
 from pki import LocalCA
+from support.collector import running_collector
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from collector_process import running_collector
+from support.collector import running_collector
 
 MEASURE_S = 15.0
 MEASURE_MAX_S = 90.0  # a loaded machine answers fewer requests in MEASURE_S: measure on until MIN_SAMPLES

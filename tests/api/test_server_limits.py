@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 import pytest
 from api_helpers import read_until_closed
-from collector_process import RunningCollector, rss_bytes, running_collector
 from load_clients import HALF_SENT, Flood
+from support.collector import RunningCollector, rss_bytes, running_collector
 
 from kernel_insight.collector import wire
 from kernel_insight.collector.remote_write import encode_write_request

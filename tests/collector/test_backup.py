@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.collector.backup import (
     KEYS_FILE,

@@ -10,7 +10,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.agent import RECORD_DTYPE, FingerprintField, RecordFlag, RecordType
 from kernel_insight.collector import wire

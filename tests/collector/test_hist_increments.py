@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import http.client
 import random
-import sys
 import time
 import urllib.parse
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.collector import start_collector, stop_collector
 
 from kernel_insight.agent.records import RECORD_DTYPE
 from kernel_insight.collector import hist_base, wire
@@ -25,9 +25,6 @@ from kernel_insight.collector.wire_hist import (
     decode_histograms,
     encode_histograms,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from collector_cli import start_collector, stop_collector
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore, read_key_file

@@ -5,13 +5,13 @@ answers 424 so that the agent sends its names and the batch again (docs/wire.md,
 from __future__ import annotations
 
 import http.client
-import sys
 import time
 import urllib.parse
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.collector import start_collector, stop_collector
 
 from kernel_insight.agent.records import (
     ERROR_PAYLOAD,
@@ -30,9 +30,6 @@ from kernel_insight.collector.wire_hist import (
     decode_histograms,
     encode_histograms,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
-from collector_cli import start_collector, stop_collector
 
 S = 10**9
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"

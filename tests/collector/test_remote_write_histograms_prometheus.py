@@ -15,7 +15,6 @@ from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
-from collector_process import running_collector
 from native_histogram_exposition import (
     MetricFamily,
     delimited,
@@ -25,6 +24,7 @@ from native_histogram_exposition import (
     start_prometheus,
     stop_prometheus,
 )
+from support.collector import running_collector
 
 from kernel_insight.collector.store import EmbeddedStore
 

@@ -1,28 +1,12 @@
-"""Fixtures for the probe tests: unique ring labels, the NVML stand-in library."""
+"""Fixtures for the probe tests: the NVML stand-in library (unique ring labels: support/rings.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from nvmlutil import SCRIPT
 from probeutil import HERE, compile_c
-
-from kernel_insight.agent import Ring, RingError, ring_name
-
-
-@pytest.fixture
-def label_prefix() -> Iterator[str]:
-    """A prefix for ring labels that no other test or process uses; rings under it are removed after."""
-    prefix = f"ptest-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
-    yield prefix
-    for i in range(16):
-        with contextlib.suppress(RingError):
-            Ring.unlink(ring_name(f"{prefix}{i}"))
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from rules_helpers import receiver
 
 from kernel_insight.collector.keys import KeyStore
+from kernel_insight.run import free_port
 
 AM = shutil.which("prometheus-alertmanager")
 #: The shipped rules run alongside: on real collector data every one must evaluate without error.
@@ -46,12 +46,6 @@ groups:
         annotations:
           summary: '{{ $labels.instance }}: flash attention at {{ $value | humanizeDuration }} on average'
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(check, bound_s: float, what: str):
@@ -88,7 +82,7 @@ def test_the_article_rule_fires_and_resolves_through_alertmanager(tmp_path, labe
     key_file = tmp_path / "agent.key"
     KeyStore(tmp_path / "keys.json").add_agent("e2e/gpu0", {"model": "llama-70b"}).write_key_file(key_file)
     slow_flag = tmp_path / "slow"
-    am_port, ki_port = _free_port(), _free_port()
+    am_port, ki_port = free_port(), free_port()
     with receiver() as hook:
         (tmp_path / "am.yml").write_text(
             "route: {receiver: hook, group_by: [alertname], group_wait: 1s, group_interval: 1s, repeat_interval: 1h}\n"

@@ -12,7 +12,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from collector_process import running_collector
+from support.collector import running_collector
 
 from kernel_insight.agent import RECORD_DTYPE, FingerprintField, RecordFlag, RecordType
 from kernel_insight.agent.metric_ids import MetricId

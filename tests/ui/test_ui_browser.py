@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,20 +19,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from collector_process import RunningCollector, running_collector
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from support.collector import RunningCollector, running_collector
 
-from kernel_insight.api import TokenStore
-from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the browser and the fleet live with the benchmark that shares them
-    sys.path.insert(0, str(REPO))
-
-from bench.ui import (  # noqa: E402
+from bench.ui import (
     HISTOGRAM_INTERVAL_S,
     KERNELS,
     MEMORY_OPS,
@@ -44,6 +34,12 @@ from bench.ui import (  # noqa: E402
     populate_kernel_histograms,
     populate_spans,
 )
+from kernel_insight.api import TokenStore
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
+from kernel_insight.collector.store import EmbeddedStore
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
