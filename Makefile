@@ -25,10 +25,17 @@ lint: bootstrap
 typecheck: bootstrap
 	$(VENV)/bin/mypy
 
-unit: build
-	$(PY) -m pytest $(PYTEST_ARGS)
+# Test workers (pytest-xdist): most of a test's time is spent waiting on the processes it starts,
+# so more workers than cores; tests/conftest.py says what runs together. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
 
-test: lint typecheck unit
+unit: build
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# Prints its own wall time at the end (docs/benchmarks.md keeps the figure).
+test:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory lint typecheck unit || rc=$$?; \
+	s=$$(( $$(date +%s) - start )); echo "make test: $$((s / 60)) min $$((s % 60)) s (exit $$rc)"; exit $$rc
 
 # The tests (TESTS, default: those that read the wall clock) each started LEAD (default 6)
 # seconds before the next UTC midnight, only the wall clock moved: day-boundary bugs.
