@@ -10,7 +10,6 @@ import io
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,14 @@ from docs_examples import DOCS, sdk_examples
 from fastapi import FastAPI
 from loopback import running_server
 
+from kernel_insight.run import free_port
+
 pytestmark = pytest.mark.slow
 
 KI = [sys.executable, "-m", "kernel_insight.cli"]
 ROOT = DOCS.parent
 #: The summary's words when nothing was lost (kernel_insight/run.py, Losses).
 NOTHING_LOST = "0 batches refused (0 records failed), 0 dead-lettered, 0 records dropped"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -105,7 +100,7 @@ def test_the_main_job_runs_every_documented_command_and_every_simulated_event_an
     async def complete(body: dict) -> dict:  # the stand-in inference server the routing examples call
         return {"text": "hello", "max_tokens": body.get("max_tokens")}
 
-    data, port = tmp_path / "data", _free_port()
+    data, port = tmp_path / "data", free_port()
     prefix = f"e2e{os.getpid()}-"
     with running_server(llm) as endpoint:
         # 1. A quiet GPU (no simulated Xid, which makes it unhealthy for 5 minutes) serving the
