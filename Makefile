@@ -25,9 +25,11 @@ lint: bootstrap
 typecheck: bootstrap
 	$(VENV)/bin/mypy
 
-# Test workers (pytest-xdist): most of a test's time is spent waiting on the processes it starts,
-# so more workers than cores; tests/conftest.py says what runs together. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 4
+# Test workers (pytest-xdist; tests/conftest.py says what runs together): most of a test's time is
+# spent waiting on the processes it starts, so `make test TEST_WORKERS=4` (more workers than cores)
+# runs the suite in parallel. The default stays one process until a parallel run on a quiet machine
+# has shown every test holds (bench/results/test-suite.md).
+TEST_WORKERS ?= 0
 
 unit: build
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)

@@ -22,7 +22,14 @@ HERE = Path(__file__).resolve().parent
 __all__ = ["label_prefix", "ring_name"]
 
 #: Test files whose tests are independent of each other and slow enough to be worth spreading.
-SPREAD: frozenset[str] = frozenset()
+SPREAD: frozenset[str] = frozenset(
+    {
+        # a few long property tests each (up to 9 minutes one at load 15): the suite's longest files
+        "kql/test_columnar_histograms.py",
+        "collector/test_store_kql_lean_instant.py",
+        "agent/test_histogram.py",
+    }
+)
 
 
 @pytest.hookimpl(tryfirst=True)
