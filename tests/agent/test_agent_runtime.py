@@ -17,7 +17,7 @@ import pytest
 from agent_harness import self_signed, setup, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wire_corpus import SHIPPED, random_records
+from support.wire_corpus import SHIPPED, random_records
 
 from kernel_insight.agent.ring import Ring
 from kernel_insight.collector import wire

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from agent_harness import build
-from wire_corpus import random_records, zero_reserved
+from support.wire_corpus import random_records, zero_reserved
 
 from kernel_insight.agent.records import RECORD_DTYPE
 from kernel_insight.collector import wire

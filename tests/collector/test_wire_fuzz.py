@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import zstandard
-from wire_corpus import kernel_stream, random_records
+from support.wire_corpus import kernel_stream, random_records
 
 from kernel_insight.agent.records import RECORD_DTYPE
 from kernel_insight.collector import wire

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
-from wire_corpus import random_records
+from support.wire_corpus import random_records
 
 from kernel_insight.collector import wire
 from kernel_insight.collector.ingest import IngestStats, ingest_router

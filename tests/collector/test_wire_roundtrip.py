@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wire_corpus import SHIPPED, kernel_stream, random_records
+from support.wire_corpus import SHIPPED, kernel_stream, random_records
 
 from kernel_insight.agent.records import (
     KernelRecord,
