@@ -30,6 +30,8 @@ from kernel_insight.collector.rows import (
     series_fingerprint,
     validate_series,
 )
+from kernel_insight.collector.varint import decode as decode_varint
+from kernel_insight.collector.varint import encode as encode_varint
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -65,21 +67,7 @@ class RemoteWriteTooLarge(RemoteWriteError):
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise RemoteWriteError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            if result >= 1 << 64:
-                raise RemoteWriteError("varint overflows 64 bits")
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise RemoteWriteError("varint longer than 10 bytes")
+    return decode_varint(buf, pos, end, RemoteWriteError)
 
 
 def _fields(buf: bytes, pos: int, end: int, what: str) -> Iterable[tuple[int, int, int, int]]:
@@ -659,22 +647,12 @@ def parse_remote_write(
 # ---- encoder: tests, benchmarks, and anyone feeding the collector from Python ---------
 
 
-def _enc_varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
 def _enc_len(number: int, payload: bytes) -> bytes:
-    return _enc_varint(number << 3 | 2) + _enc_varint(len(payload)) + payload
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def _enc_zigzag(v: int) -> bytes:
-    return _enc_varint((v << 1) ^ (v >> 63))
+    return encode_varint((v << 1) ^ (v >> 63))
 
 
 def encode_histogram(
@@ -703,11 +681,11 @@ def encode_histogram(
 
     def double(number: int, x: float) -> None:
         if x != 0.0 or np.signbit(x):
-            out.extend(_enc_varint(number << 3 | 1) + _DOUBLE.pack(x))
+            out.extend(encode_varint(number << 3 | 1) + _DOUBLE.pack(x))
 
     def varint(number: int, x: int) -> None:
         if x:
-            out.extend(_enc_varint(number << 3) + _enc_varint(x))
+            out.extend(encode_varint(number << 3) + encode_varint(x))
 
     if integer:
         varint(1, int(count))
@@ -725,8 +703,8 @@ def encode_histogram(
         (11, 12, positive_spans, positive_buckets),
     ):
         for off, length in spans:
-            span = (_enc_varint(1 << 3) + _enc_zigzag(off) if off else b"") + (
-                _enc_varint(2 << 3) + _enc_varint(length) if length else b""
+            span = (encode_varint(1 << 3) + _enc_zigzag(off) if off else b"") + (
+                encode_varint(2 << 3) + encode_varint(length) if length else b""
             )
             out.extend(_enc_len(spans_no, span))
         values = list(buckets)
@@ -762,7 +740,7 @@ def encode_write_request(
             _enc_len(1, _enc_len(1, k.encode()) + _enc_len(2, v.encode())) for k, v in sorted(labels.items())
         ]
         for t, v in samples:
-            sample = b"\x09" + _DOUBLE.pack(v) + b"\x10" + _enc_varint(t)
+            sample = b"\x09" + _DOUBLE.pack(v) + b"\x10" + encode_varint(t)
             ts_parts.append(_enc_len(2, sample))
         parts.append(_enc_len(1, b"".join(ts_parts)))
     for labels, messages in histograms:

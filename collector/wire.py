@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from kernel_insight.agent.counters import Counter
 from kernel_insight.agent.records import PAYLOAD_DTYPES, RECORD_DTYPE, Record, RecordType, decode_records
-from kernel_insight.collector import _decode
+from kernel_insight.collector import _decode, varint
 
 if TYPE_CHECKING:
     from kernel_insight.collector.wire_hist import WireHistograms
@@ -366,18 +366,6 @@ def _decode_varints(buf: U8, n: int, what: str) -> U64:
     except ValueError as exc:
         raise MalformedBatch(f"{what}: {exc}") from None
     return np.frombuffer(raw, dtype=np.uint64)
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 class _Reader:
@@ -781,23 +769,23 @@ def _decode_labels(r: _Reader) -> tuple[tuple[str, str], ...]:
 
 
 def _encode_labels(labels: Sequence[tuple[str, str]]) -> bytes:
-    out = bytearray(_varint(len(labels)))
+    out = bytearray(varint.encode(len(labels)))
     for name, value in labels:
         for text in (name, value):
             raw = text.encode()
-            out += _varint(len(raw)) + raw
+            out += varint.encode(len(raw)) + raw
     return bytes(out)
 
 
 def _encode_captures(reports: Sequence[CaptureReport]) -> bytes:
-    out = bytearray(_varint(len(reports)))
+    out = bytearray(varint.encode(len(reports)))
     for c in reports:
         out += int(c.id, 16).to_bytes(8, "little")
         out += (
-            _varint(c.gpu)
-            + _varint(c.start_ns)
-            + _varint(c.end_ns)
-            + _varint(c.spans)
+            varint.encode(c.gpu)
+            + varint.encode(c.start_ns)
+            + varint.encode(c.end_ns)
+            + varint.encode(c.spans)
             + bytes([int(c.final)])
         )
     return bytes(out)
@@ -841,7 +829,7 @@ def _encode_column(v: U64, enc: str, width: int, ts: U64, pos: U64 | None = None
 
 
 def _encode_records(arr: npt.NDArray[np.void], rtype: int, version: int = BODY_VERSION) -> bytes:
-    out = bytearray(_varint(len(arr)))
+    out = bytearray(varint.encode(len(arr)))
     payload = arr["payload"].copy().view(_PAYLOAD_DTYPE[rtype])
     ts = arr["ts_ns"].astype(np.uint64)
     pos = arr["pos"].astype(np.uint64)
@@ -849,12 +837,12 @@ def _encode_records(arr: npt.NDArray[np.void], rtype: int, version: int = BODY_V
         name, enc, width = col
         src = arr[name] if col in _COMMON else payload[name]
         data = _encode_column(np.ascontiguousarray(src).astype(np.uint64), enc, width, ts, pos)
-        out += _varint(len(data)) + data
+        out += varint.encode(len(data)) + data
     return bytes(out)
 
 
 def _section(tag: int, data: bytes) -> bytes:
-    return bytes([tag]) + _varint(len(data)) + data
+    return bytes([tag]) + varint.encode(len(data)) + data
 
 
 def encode_body(
@@ -883,15 +871,15 @@ def encode_body(
     if histograms is not None:
         out += _section(SECTION_HISTOGRAMS, histograms)
     if counters:
-        c = bytearray(_varint(len(counters)))
+        c = bytearray(varint.encode(len(counters)))
         for cid in sorted(counters):
-            c += _varint(int(cid)) + _varint(int(counters[cid]))
+            c += varint.encode(int(cid)) + varint.encode(int(counters[cid]))
         out += _section(SECTION_COUNTERS, bytes(c))
     if strings:
-        s = bytearray(_varint(len(strings)))
+        s = bytearray(varint.encode(len(strings)))
         for (producer, sid), name in strings.items():
             raw = name.encode() if isinstance(name, str) else bytes(name)
-            s += _varint(producer) + _varint(sid) + _varint(len(raw)) + raw
+            s += varint.encode(producer) + varint.encode(sid) + varint.encode(len(raw)) + raw
         out += _section(SECTION_STRINGS, bytes(s))
     if captures:
         out += _section(SECTION_CAPTURES, _encode_captures(captures))

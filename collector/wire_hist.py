@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.collector import wire as _w
+from kernel_insight.collector.varint import encode as encode_varint
 
 __all__ = [
     "FLAG_FIRST",
@@ -317,7 +318,7 @@ def encode_histograms(ts_ns: int, rows: Sequence[HistRow], version: int = 3) -> 
         "neg_span_length": uv([n for r in rows for _, n in r.neg_spans]),
         "neg_delta": sv([d for r in rows for d in r.neg_deltas]),
     }
-    out = bytearray(_w._varint(len(rows)) + _w._varint(ts_ns))
+    out = bytearray(encode_varint(len(rows)) + encode_varint(ts_ns))
     for name, _ in (_FIXED_V4 if version >= _V_INCREMENTS else _FIXED) + _FLAT:
-        out += _w._varint(len(data[name])) + data[name]
+        out += encode_varint(len(data[name])) + data[name]
     return bytes(out)

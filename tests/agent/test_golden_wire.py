@@ -11,6 +11,7 @@ from golden_wire import FIXTURES, KEY, batch_json, golden_records, seal_in_c
 
 from kernel_insight.agent.records import RecordType
 from kernel_insight.collector import wire
+from kernel_insight.collector.varint import encode as encode_varint
 
 
 def test_committed_input_is_every_shipped_type_and_a_name():
@@ -147,8 +148,8 @@ def test_the_v3_correlation_column_is_the_delta_of_correlation_minus_pos():
         cols = [bytes(r.take(r.varint())) for _ in wire._columns(int(RecordType.KERNEL), version)]
         return cols[8]  # pos, producer, flags, device, id, ts_ns, end_ns, stream, correlation
 
-    assert correlation_column(3) == wire._varint(2 * 6000) + b"\x00"
-    assert correlation_column(2) == wire._varint(2 * 7000) + wire._varint(2 * 3)
+    assert correlation_column(3) == encode_varint(2 * 6000) + b"\x00"
+    assert correlation_column(2) == encode_varint(2 * 7000) + encode_varint(2 * 3)
     header = wire.BatchHeader(bytes(16), 1, 1, 0, 0, 2**63, 2, 0, wire.COMPRESSION_NONE)
     for version in (1, 2, 3):
         r = wire._Reader(wire._encode_records(k, int(RecordType.KERNEL), version), "s")

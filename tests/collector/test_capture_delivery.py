@@ -24,6 +24,7 @@ from kernel_insight.collector.captures import (
 from kernel_insight.collector.keys import AgentCredentials
 from kernel_insight.collector.rows import InstanceInfo
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.varint import encode as encode_varint
 from kernel_insight.collector.wire import CaptureReport
 
 
@@ -162,7 +163,7 @@ def test_capture_header_values_are_parsed_strictly(value):
 
 
 def _body_with_captures(payload: bytes) -> bytes:
-    return bytes([wire.BODY_VERSION, wire.SECTION_CAPTURES]) + wire._varint(len(payload)) + payload
+    return bytes([wire.BODY_VERSION, wire.SECTION_CAPTURES]) + encode_varint(len(payload)) + payload
 
 
 def test_captures_section_round_trips_and_bad_ones_are_malformed():
@@ -179,11 +180,11 @@ def test_captures_section_round_trips_and_bad_ones_are_malformed():
     assert wire.decode_body(body, header).captures == reports
     entry = bytes(8) + bytes([0, 10, 20, 0])
     for bad in (
-        wire._varint(0),  # no entries
-        wire._varint(1) + entry + b"\x02",  # final is 0 or 1
-        wire._varint(1) + bytes(8) + bytes([0, 20, 10, 0, 0]),  # the window ends before it starts
-        wire._varint(1) + bytes(8) + wire._varint(70000) + bytes([10, 20, 0, 0]),  # no GPU 70000
-        wire._varint(1) + entry + b"\x00\x00",  # a byte left over
+        encode_varint(0),  # no entries
+        encode_varint(1) + entry + b"\x02",  # final is 0 or 1
+        encode_varint(1) + bytes(8) + bytes([0, 20, 10, 0, 0]),  # the window ends before it starts
+        encode_varint(1) + bytes(8) + encode_varint(70000) + bytes([10, 20, 0, 0]),  # no GPU 70000
+        encode_varint(1) + entry + b"\x00\x00",  # a byte left over
     ):
         with pytest.raises(wire.MalformedBatch):
             wire.decode_body(_body_with_captures(bad), header)

@@ -216,7 +216,8 @@ def test_app_413_without_content_length(app_store):
 
 def _proto3(series, exemplar_at=None):
     """A WriteRequest as Go's proto3 encoder writes it: zero values and timestamps left out."""
-    from kernel_insight.collector.remote_write import _enc_len, _enc_varint
+    from kernel_insight.collector.remote_write import _enc_len
+    from kernel_insight.collector.varint import encode as _enc_varint
 
     parts = []
     for n, (labels, samples) in enumerate(series):
