@@ -584,7 +584,10 @@ class _Evaluator:
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         n, steps = len(cols), len(refs)
         if n == 0 or len(ts) == 0:
-            return StepVector.empty(steps)
+            empty = StepVector.empty(steps)
+            if sample_times:  # as asked, even with no row (a grid store answers so too)
+                empty.sample_ts = np.empty((0, steps), dtype=np.int64)
+            return empty
         self.dense(n, steps)
         last = batched_searchsorted(ts, offsets, refs, "right") - 1
         has = last >= offsets[:-1, None]

@@ -321,3 +321,19 @@ def test_a_histogram_only_series_is_found_though_the_head_holds_floats_only(tmp_
         assert up.values.tolist() == [1.0]
     finally:
         store.close()
+
+
+def test_latest_over_no_series_still_gives_sample_times(tmp_path):
+    """``Engine.latest`` asked for sample times gives them with no row too, as a grid store did:
+    the health snapshot of a fresh store read through the head was a 503 (it needs the array)."""
+    from kernel_insight.kql.engine import Engine
+
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
+    try:
+        _wait_ready(store)
+        found = Engine(store.storage()).latest([Matcher("__name__", "=", "nothing")], int(time.time() * 1000))
+        assert len(found) == 0
+        assert found.sample_ts is not None
+        assert found.sample_ts.shape == (0, 1)
+    finally:
+        store.close()
