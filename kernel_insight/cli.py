@@ -23,7 +23,7 @@ COMMAND_MODULES = [
     "kernel_insight.agent.cli",
     "kernel_insight.collector.keys_cli",
     "kernel_insight.collector.cli",
-    "kernel_insight.collector.backup_cli",
+    "kernel_insight.backup_cli",
     "kernel_insight.agent.launcher",
     "kernel_insight.agent.probe.cli",
     "kernel_insight.api.cli",
