@@ -262,7 +262,8 @@ def main() -> None:
                 host=HOST_IP if netns else "127.0.0.1", tokens=tmp / "tokens.json",
             )  # fmt: skip
             stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
-            faults_done, windows = 0, []  # windows: (start, end) of each fault, monotonic
+            faults_done = 0
+            windows: list[tuple[float, float]] = []  # (start, end) of each fault, monotonic
             rss: dict[str, list[tuple[float, int]]] = {}
             collector_since = [time.monotonic()]
             rw_acked: set[float] = set()
