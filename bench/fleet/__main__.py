@@ -277,7 +277,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds of ingest before measuring")
     ap.add_argument("--seconds", type=float, default=300.0, help="seconds measured per system and N")
     ap.add_argument("--interval", type=float, default=10.0, help="scrape and rule interval, seconds")
-    ap.add_argument("--shards", type=int, default=4, help="remote_write connections")
+    ap.add_argument(
+        "--shards",
+        type=int,
+        default=16,
+        help="remote_write connections, each with one request in flight (Prometheus scales its shards up to 50 when behind)",
+    )
     ap.add_argument(
         "--churn",
         type=float,
