@@ -26,7 +26,7 @@ from test_histogram import bounds_table, go_index
 from bench.histogram.producer import build_producer
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.agent.ring import Ring
-from kernel_insight.collector import wire
+from kernel_insight.collector import varint, wire
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.wire_hist import (
     HIST_SECTION,
@@ -196,7 +196,7 @@ def test_malformed_sections_are_refused(section: bytes, message: str) -> None:
 def test_histograms_outside_the_header_time_or_in_a_v1_body_are_refused() -> None:
     with pytest.raises(wire.MalformedBatch, match="time outside"):
         _decode(_mutate(), _header(T0 + 1, T0 + 2))
-    body = bytes([1]) + bytes([HIST_SECTION]) + wire._varint(len(_mutate())) + _mutate()
+    body = bytes([1]) + bytes([HIST_SECTION]) + varint.encode(len(_mutate())) + _mutate()
     with pytest.raises(wire.MalformedBatch, match="unknown section"):
         wire.decode_body(body, _header())
 
