@@ -149,11 +149,12 @@ def concat_columns(older: SeriesColumns, newer: SeriesColumns) -> SeriesColumns:
         raise ValueError("concat_columns joins float samples only")
     labels = sorted(set(older.labels) | set(newer.labels))
     pos = {lab: i for i, lab in enumerate(labels)}
-    lengths = np.zeros(len(labels), np.int64)
     a_at = np.array([pos[lab] for lab in older.labels], np.int64)
     b_at = np.array([pos[lab] for lab in newer.labels], np.int64)
     a_len, b_len = np.diff(older.offsets), np.diff(newer.offsets)
-    lengths[a_at] += a_len
+    before = np.zeros(len(labels), np.int64)  # each series' samples from the older read
+    before[a_at] = a_len
+    lengths = before.copy()
     lengths[b_at] += b_len
     offsets = np.zeros(len(labels) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -161,16 +162,9 @@ def concat_columns(older: SeriesColumns, newer: SeriesColumns) -> SeriesColumns:
     vs = np.empty(int(offsets[-1]), np.float64)
     a_dst = _ranges(offsets[a_at], a_len)
     ts[a_dst], vs[a_dst] = older.ts, older.vs
-    b_dst = _ranges(offsets[b_at] + _len_at(lengths, a_at, a_len, b_at), b_len)
+    b_dst = _ranges(offsets[b_at] + before[b_at], b_len)
     ts[b_dst], vs[b_dst] = newer.ts, newer.vs
     return SeriesColumns(labels, ts, vs, offsets)
-
-
-def _len_at(lengths: I64, a_at: I64, a_len: I64, b_at: I64) -> I64:
-    """For each series of the newer read, how many samples the older read put before it."""
-    older = np.zeros(len(lengths), np.int64)
-    older[a_at] = a_len
-    return older[b_at]
 
 
 class _FpIndex:
