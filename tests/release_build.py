@@ -15,10 +15,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PREVIOUS_RELEASE", "Release", "build_release"]
+__all__ = ["PREVIOUS_RELEASE", "PREVIOUS_RELEASE_COMMIT", "Release", "build_release", "release_ref"]
 
 #: The release the upgrade tests run against HEAD (CHANGELOG.md; deploy/README.md, "Upgrades").
 PREVIOUS_RELEASE = "v0.1.0"
+#: The commit that tag names: a checkout made without tags (CI's) still holds the commit.
+PREVIOUS_RELEASE_COMMIT = "255d91c1a84d32cb8e5f387941d4232c2b06bbef"
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,11 +43,31 @@ class Release:
         return [sys.executable, "-m", "kernel_insight.cli"]
 
 
+def _has(ref: str) -> bool:
+    probe = ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def release_ref(tag: str = PREVIOUS_RELEASE, commit: str = PREVIOUS_RELEASE_COMMIT) -> str | None:
+    """The ref to archive for ``tag``: the tag where the checkout has it, else its commit, else None.
+
+    A clone without tags (as CI makes) still has the commit; a shallow one may have neither, and
+    then the caller says so rather than failing on ``git archive``.
+    """
+    for ref in (tag, commit):
+        if _has(ref):
+            return ref
+    return None
+
+
 def build_release(tag: str, out: Path) -> Release:
     """Check out ``tag`` into ``out/src`` and build it (a minute or two: four extensions and the agent)."""
     src, path = out / "src", out / "path"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", tag], capture_output=True, check=True)
+    ref = release_ref(tag) if tag == PREVIOUS_RELEASE else tag
+    if ref is None:
+        raise LookupError(f"this checkout has neither tag {tag} nor its commit {PREVIOUS_RELEASE_COMMIT}")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
