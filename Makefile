@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli soak clean
-.PHONY: bench-fleet bench-fleet-gpus
+.PHONY: bench-fleet bench-fleet-gpus bench-fleet-inproc
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -100,6 +100,11 @@ bench-cupti: build
 # VictoriaMetrics, one at a time (docs/benchmarks.md "fleet"); FLEET_ARGS="--targets 100,250 --seconds 120".
 bench-fleet: build
 	$(PY) -m bench.fleet $(FLEET_ARGS)
+
+# bench-fleet's alert round in one process: N targets' series in a collector head, the 35 alert
+# expressions timed as instant queries (CPU per expression); FLEET_INPROC_ARGS="--targets 500".
+bench-fleet-inproc: build
+	$(PY) -m bench.fleet.inproc $(FLEET_INPROC_ARGS)
 
 bench-kql: build
 	$(PY) -m bench.kql

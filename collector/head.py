@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +81,8 @@ class _Block:
     values: F64
     tmin: int
     tmax: int
+    #: series id -> index into ``sids`` (-1: absent), made by the first read (:meth:`runs`).
+    run_of: list[I32] = field(default_factory=list, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -105,28 +107,53 @@ class _Block:
         vs = np.concatenate([b.values for b in blocks])
         return _Block.seal(sid, ts, vs)
 
-    def gather(self, sids: I32, ranks: I64, lo: int, hi: int, most: int) -> tuple[I64, I64, F64]:
-        """(rank, ts, value) of every sample of ``sids`` (ascending) here with ``lo <= ts <= hi``,
-        grouped by rank; TooManySamplesError past ``most`` samples, before gathering them when it can."""
+    def runs(self, sids: I32) -> I32:
+        """The index into ``sids`` of each series of ``sids`` (-1 where the block has none): one
+        gather from a map made on the first read (a block is sealed once and read by every
+        query after; 4 bytes per series id up to the largest here), not a binary search each."""
+        if not self.run_of:
+            top = int(self.sids[-1]) + 1 if len(self.sids) else 0
+            run_of = np.full(top, -1, dtype=np.int32)
+            run_of[self.sids] = np.arange(len(self.sids), dtype=np.int32)
+            self.run_of.append(run_of)
+        run_of = self.run_of[0]
+        inside = sids < len(run_of)
+        if inside.all():
+            return run_of[sids]
+        out = np.full(len(sids), -1, dtype=np.int32)
+        out[inside] = run_of[sids[inside]]
+        return out
+
+    def gather(self, sids: I32, ranks: I64, lo: int, hi: int, most: int) -> tuple[I64, I64, I64, F64]:
+        """(ranks, lengths, ts, values): the runs of the series of ``sids`` here with samples at
+        ``lo <= ts <= hi`` (each series' rank and its count of samples, in ``sids``' order) and
+        those samples run after run; TooManySamplesError past ``most`` samples, before
+        gathering them when it can."""
         if not len(self.sids):
-            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
-        at = np.searchsorted(self.sids, sids)
-        at_c = np.minimum(at, len(self.sids) - 1)
-        hit = self.sids[at_c] == sids
-        where = at_c[hit]
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+        at = self.runs(sids)
+        hit = at >= 0
+        where = at[hit]
         a = self.offsets[where]
         lengths = self.offsets[where + 1] - a
         inside = lo <= self.tmin and self.tmax <= hi
         if inside and int(lengths.sum()) > most:
             raise TooManySamplesError()
         idx = _ranges(a, lengths)
-        r, t, v = np.repeat(ranks[hit], lengths), self.base + self.dt[idx].astype(np.int64), self.values[idx]
+        r, t, v = ranks[hit], self.base + self.dt[idx].astype(np.int64), self.values[idx]
         if not inside:
             keep = (t >= lo) & (t <= hi)
-            r, t, v = r[keep], t[keep], v[keep]
+            t, v = t[keep], v[keep]
             if len(t) > most:
                 raise TooManySamplesError()
-        return r, t, v
+            before = np.zeros(len(keep) + 1, dtype=np.int64)  # samples kept before each place
+            np.cumsum(keep, out=before[1:])
+            bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=bounds[1:])
+            lengths = np.diff(before[bounds])
+            some = lengths > 0
+            r, lengths = r[some], lengths[some]
+        return r, lengths, t, v
 
 
 def _ranges(starts: I64, lengths: I64) -> I64:
@@ -258,7 +285,7 @@ class Head:
         self._series_version = 0
         #: Bumped whenever series ids are renumbered (series dropped, a reset): ids matched before are void.
         self._numbering = 0
-        self._selections: dict[tuple[Matcher, ...], tuple[int, I32, I64]] = {}
+        self._selections: dict[tuple[Matcher, ...], tuple[int, I32, I64, list[Labels]]] = {}
         self._labels: list[Labels] = []
         self._fps: list[int] = []  # per series: its fingerprint
         self._postings = _Postings()
@@ -487,31 +514,32 @@ class Head:
 
     # ---- reads -------------------------------------------------------------------------
 
-    def _selection(self, matchers: Sequence[Matcher]) -> tuple[I32, I64, int]:
-        """The matching series (ascending ids), each one's rank in label order, and the numbering
-        the ids belong to; kept per selector while no series is added or dropped (rules and
-        dashboards ask the same ones again and again)."""
+    def _selection(self, matchers: Sequence[Matcher]) -> tuple[I32, I64, list[Labels], int]:
+        """The matching series (ascending ids), each one's rank in label order, their labels in
+        that order, and the numbering the ids belong to; kept per selector while no series is
+        added or dropped (rules and dashboards ask the same ones again and again)."""
         key = tuple(matchers)
         with self._lock:
             version, numbering = self._series_version, self._numbering
             hit = self._selections.get(key)
         if hit is not None and hit[0] == version:
-            return hit[1], hit[2], numbering
+            return hit[1], hit[2], hit[3], numbering
         sids = self.matching(matchers)
         with self._lock:
             if numbering != self._numbering:  # renumbered meanwhile: the caller asks again
-                return sids, np.arange(len(sids), dtype=np.int64), -1
+                return sids, np.arange(len(sids), dtype=np.int64), [], -1
             if version != self._series_version:  # series added meanwhile: answer, keep nothing
                 version = -1
             labels = [self._labels[i] for i in sids.tolist()]
         order = sorted(range(len(labels)), key=labels.__getitem__)
         rank = np.empty(len(labels), dtype=np.int64)
         rank[np.asarray(order, dtype=np.int64)] = np.arange(len(labels), dtype=np.int64)
+        in_order = [labels[i] for i in order]
         if version >= 0:
             if len(self._selections) >= 4096:
                 self._selections.clear()
-            self._selections[key] = (version, sids, rank)
-        return sids, rank, numbering
+            self._selections[key] = (version, sids, rank, in_order)
+        return sids, rank, in_order, numbering
 
     def matching(self, matchers: Sequence[Matcher]) -> I32:
         """Ids of the series that satisfy every matcher, ascending."""
@@ -563,7 +591,7 @@ class Head:
         if any(all(m.matches(x) for m in names) for x in exclude_metrics):
             return None
         for _ in range(8):
-            sids, label_rank, numbering = self._selection(matchers)
+            sids, label_rank, in_order, numbering = self._selection(matchers)
             if numbering >= 0:
                 break
         else:
@@ -576,60 +604,68 @@ class Head:
                 return None  # series renumbered since they were matched: let ClickHouse answer
             osid, ots, ovs = self._open_arrays()
             n_series = len(self._labels)
-            labels = self._labels
         lo = max(start_ms, self._coverage)
-        ranks = np.arange(len(sids), dtype=np.int64)
-        parts_r: list[I64] = []
-        parts_t: list[I64] = []
-        parts_v: list[F64] = []
+        # Each part (a block's runs, or the open block's samples grouped by series) is placed
+        # where its series' samples go in the answer (series in label order, each one's parts in
+        # arrival order) by one scatter, without sorting the samples.
+        runs: list[tuple[I64, I64, I64, F64]] = []
         most = budget.max_samples if budget is not None else 2**62
         for b in blocks:
-            r, t, v = b.gather(sids, ranks, lo, end_ms, most)
-            most -= len(t)
-            parts_r.append(r)
-            parts_t.append(t)
-            parts_v.append(v)
+            part = b.gather(sids, label_rank, lo, end_ms, most)
+            most -= len(part[2])
+            runs.append(part)
         if len(osid):
             pos = np.full(n_series, -1, dtype=np.int64)
-            pos[sids] = ranks
+            pos[sids] = label_rank
             r = pos[osid]
             m = (r >= 0) & (ots >= lo) & (ots <= end_ms)
             if int(m.sum()) > most:
                 raise TooManySamplesError()
-            parts_r.append(r[m])
-            parts_t.append(ots[m])
-            parts_v.append(ovs[m])
+            r, t, v = r[m], ots[m], ovs[m]
+            order = np.argsort(r, kind="stable")  # one series' samples in arrival order
+            r, t, v = r[order], t[order], v[order]
+            run_ranks, lengths = np.unique(r, return_counts=True)
+            runs.append((run_ranks, lengths.astype(np.int64), t, v))
         if budget is not None and time.monotonic() >= budget.deadline:
             raise QueryTimeoutError.after(budget.timeout_s)
-        if not parts_r:
+        counts = np.zeros(len(sids), dtype=np.int64)
+        for run_ranks, lengths, _, _ in runs:
+            counts[run_ranks] += lengths  # a series has one run per part
+        total = int(counts.sum())
+        if total == 0:
             return columns_of([])
-        r = np.concatenate(parts_r)
-        t = np.concatenate(parts_t)
-        v = np.concatenate(parts_v)
-        if not len(t):
-            return columns_of([])
-        order = np.argsort(r, kind="stable")  # runs of one series in arrival order
-        r, t, v = r[order], t[order], v[order]
-        same = r[1:] == r[:-1]
-        if not np.all(~same | (t[1:] > t[:-1])):  # a late or repeated sample: time order, last write wins
+        ends = np.cumsum(counts)
+        cursor = ends - counts
+        if len(runs) == 1 and np.array_equal(runs[0][0], np.arange(len(sids))):
+            t, v = runs[0][2], runs[0][3]  # one part, already in label order
+        else:
+            t = np.empty(total, dtype=np.int64)
+            v = np.empty(total, dtype=np.float64)
+            for run_ranks, lengths, pt, pv in runs:
+                dst = _ranges(cursor[run_ranks], lengths)
+                t[dst] = pt
+                v[dst] = pv
+                cursor[run_ranks] += lengths
+        present = np.flatnonzero(counts)
+        offsets = np.zeros(len(present) + 1, dtype=np.int64)
+        offsets[1:] = ends[present]
+        rising = t[1:] > t[:-1]
+        rising[offsets[1:-1] - 1] = True  # where one series ends and the next begins
+        if not rising.all():  # a late or repeated sample: time order, last write wins
+            r = np.repeat(np.arange(len(present), dtype=np.int64), np.diff(offsets))
             order = np.lexsort((np.arange(len(t)), t, r))
             r, t, v = r[order], t[order], v[order]
             last = np.append((r[1:] != r[:-1]) | (t[1:] != t[:-1]), True)
             r, t, v = r[last], t[last], v[last]
-        starts = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
-        present = r[starts]
-        lengths = np.diff(np.append(starts, len(r)))
+            offsets[1:] = np.cumsum(np.bincount(r, minlength=len(present)))
         if max_series is not None and len(present) > max_series:
             raise TooManySeriesError(
                 f"query selected {len(present)} series, more than the limit of {max_series}"
             )
-        order_arr = np.argsort(label_rank[present], kind="stable")
-        out_labels = [labels[i] for i in sids[present[order_arr]].tolist()]
-        offsets = np.zeros(len(out_labels) + 1, dtype=np.int64)
-        np.cumsum(lengths[order_arr], out=offsets[1:])
-        if not np.array_equal(order_arr, np.arange(len(order_arr))):
-            idx = _ranges(starts[order_arr], lengths[order_arr])
-            t, v = t[idx], v[idx]
+        # The selection's own label-set objects: kql remembers groupings and joins by them.
+        out_labels = (
+            list(in_order) if len(present) == len(in_order) else [in_order[i] for i in present.tolist()]
+        )
         return SeriesColumns(out_labels, t, v, offsets)
 
     def reset(self, coverage_start_ms: int | None) -> None:

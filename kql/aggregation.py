@@ -19,7 +19,7 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, format_sample_value, keep_hists
-from kernel_insight.kql.vectors import group_rows
+from kernel_insight.kql.vectors import LabelsMemo, group_rows
 
 __all__ = [
     "aggregate",
@@ -97,6 +97,25 @@ def _grouping_keys(labels: list[Labels], node: AggregateExpr) -> list[Labels]:
             memo[id(lb)] = (lb, key)
         out.append(key)
     return out
+
+
+#: (grouping, without) and the rows' labels -> (group id of each row, groups, the groups' labels).
+_GROUPS: LabelsMemo[tuple[npt.NDArray[np.intp], int, list[Labels]]] = LabelsMemo()
+
+
+def _groups(labels: list[Labels], node: AggregateExpr) -> tuple[npt.NDArray[np.intp], int, list[Labels]]:
+    """Each row's group id (numbered in order of first appearance), the number of groups and each
+    group's labels (not to be changed: they are remembered, :class:`LabelsMemo`)."""
+    spec = (node.grouping, node.without)
+    hit = _GROUPS.get(spec, labels)
+    if hit is not None:
+        return hit
+    keys = _grouping_keys(labels, node)
+    gid, n = group_rows(keys)
+    group_labels: list[Labels] = [()] * n
+    for i, g in enumerate(gid.tolist()):
+        group_labels[g] = keys[i]
+    return _GROUPS.put(spec, (labels,), (gid, n, group_labels))
 
 
 def _ranks(gid: npt.NDArray[np.intp], n_groups: int) -> tuple[npt.NDArray[np.intp], int]:
@@ -281,11 +300,8 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
     """An aggregation that reduces the rows of each ``by``/``without`` group to one row."""
 
     def impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
-        keys = _grouping_keys(vec.labels, node)
-        gid, n = group_rows(keys)
-        group_labels: list[Labels] = [()] * n
-        for i, g in enumerate(gid.tolist()):
-            group_labels[g] = keys[i]
+        gid, n, groups = _groups(vec.labels, node)
+        group_labels = list(groups)
         present = _group_counts(vec.present, gid, n) > 0
         drop = np.zeros(n, dtype=bool)
         if any(k == "__name__" for k in node.grouping) and not node.without:
@@ -430,8 +446,7 @@ def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) ->
     param = np.asarray(param, dtype=np.float64)
     op = node.op
     steps = vec.values.shape[1]
-    keys = _grouping_keys(vec.labels, node)
-    gid, groups = group_rows(keys)
+    gid, groups, _ = _groups(vec.labels, node)
     keep = np.zeros_like(vec.present)
     if op == "limit_ratio":
         if np.isnan(param).any():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.parser import COMPARISON_OPS
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, labels_to_str
-from kernel_insight.kql.vectors import consolidate
+from kernel_insight.kql.vectors import LabelsMemo, consolidate
 
 __all__ = ["ARITHMETIC", "COMPARE", "binary_op"]
 
@@ -178,6 +179,80 @@ def _result_labels(
     return many
 
 
+@dataclass(frozen=True, slots=True)
+class _JoinPlan:
+    """What a join works out from the two sides' label sets alone (see :class:`LabelsMemo`)."""
+
+    many_sigs: list[Labels]
+    one_sigs: list[Labels]
+    one_groups: dict[Labels, list[int]]  # signature -> the one side's rows
+    one_multi: dict[Labels, list[int]]  # the one side's signatures with several rows
+    many_multi: dict[Labels, list[int]]  # the many side's matched signatures with several rows
+    pm: npt.NDArray[np.intp]  # the pairs (many row, one row) when no signature has several one rows
+    po: npt.NDArray[np.intp]
+    pair_labels: list[Labels] | None  # their result labels (None: one_multi is not empty)
+
+
+#: (matching, swapped) and both sides' labels -> their :class:`_JoinPlan`.
+_JOIN_PLANS: LabelsMemo[_JoinPlan] = LabelsMemo()
+
+
+def _join_plan(many_labels: list[Labels], one_labels: list[Labels], matching: VectorMatching) -> _JoinPlan:
+    sig = signature_fn(matching)
+    many_sigs = [sig(lb) for lb in many_labels]
+    one_sigs = [sig(lb) for lb in one_labels]
+    one_groups: dict[Labels, list[int]] = {}
+    for j, s in enumerate(one_sigs):
+        one_groups.setdefault(s, []).append(j)
+    one_multi = {s: rows for s, rows in one_groups.items() if len(rows) > 1}
+    many_multi: dict[Labels, list[int]] = {}
+    if matching.card == "one-to-one":
+        many_groups: dict[Labels, list[int]] = {}
+        for i, s in enumerate(many_sigs):
+            if s in one_groups:
+                many_groups.setdefault(s, []).append(i)
+        many_multi = {s: rows for s, rows in many_groups.items() if len(rows) > 1}
+    empty = np.empty(0, dtype=np.intp)
+    if one_multi:
+        return _JoinPlan(many_sigs, one_sigs, one_groups, one_multi, many_multi, empty, empty, None)
+    partner = {s: rows[0] for s, rows in one_groups.items()}
+    match = np.fromiter((partner.get(s, -1) for s in many_sigs), dtype=np.intp, count=len(many_sigs))
+    pm = np.flatnonzero(match >= 0)
+    po = match[pm]
+    labels = _pair_labels(
+        pm, po, many_labels, one_labels, many_sigs, one_sigs, matching, matching.card == "one-to-one"
+    )
+    return _JoinPlan(many_sigs, one_sigs, one_groups, one_multi, many_multi, pm, po, labels)
+
+
+def _pair_labels(
+    pm: npt.NDArray[np.intp],
+    po: npt.NDArray[np.intp],
+    many_labels: list[Labels],
+    one_labels: list[Labels],
+    many_sigs: list[Labels],
+    one_sigs: list[Labels],
+    matching: VectorMatching,
+    one_to_one: bool,
+) -> list[Labels]:
+    """The result labels of every pair (-1: a side synthesised by a fill modifier)."""
+    include = frozenset(matching.include)
+    labels: list[Labels] = []
+    cache: dict[tuple[Labels, Labels], Labels] = {}
+    for i, j in zip(pm.tolist(), po.tolist(), strict=True):
+        many_side = many_labels[i] if i >= 0 else one_sigs[j]
+        one_side = one_labels[j] if j >= 0 else many_sigs[i]
+        if not one_to_one and not include:
+            labels.append(many_side)  # many-to-one without group_left labels keeps the many side's
+            continue
+        key = (many_side, one_side)
+        result = cache.get(key)
+        if result is None:
+            result = cache[key] = _result_labels(many_side, one_side, matching, one_to_one, include)
+        labels.append(result)
+    return labels
+
+
 def _vector_vector(
     node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching: VectorMatching
 ) -> StepVector:
@@ -189,17 +264,14 @@ def _vector_vector(
     # After the swap, fill_left fills the many side and fill_right the one side (as upstream).
     fill_many, fill_one = matching.fill_left, matching.fill_right
     one_to_one = matching.card == "one-to-one"
-    include = frozenset(matching.include)
-    sig = signature_fn(matching)
     steps = many.present.shape[1] if len(many) else one.present.shape[1]
-
-    many_sigs = [sig(lb) for lb in many.labels]
-    one_sigs = [sig(lb) for lb in one.labels]
-    one_groups: dict[Labels, list[int]] = {}
-    for j, s in enumerate(one_sigs):
-        one_groups.setdefault(s, []).append(j)
-    for s, rows in one_groups.items():
-        if len(rows) > 1 and (pair := _first_two_overlapping(rows, one.present)) is not None:
+    spec = (matching.card, matching.on, matching.labels, matching.include, swapped)
+    plan = _JOIN_PLANS.get(spec, many.labels, one.labels) or _JOIN_PLANS.put(
+        spec, (many.labels, one.labels), _join_plan(many.labels, one.labels, matching)
+    )
+    many_sigs, one_sigs, one_groups = plan.many_sigs, plan.one_sigs, plan.one_groups
+    for s, rows in plan.one_multi.items():
+        if (pair := _first_two_overlapping(rows, one.present)) is not None:
             a, b = sorted((one.labels[pair[0]], one.labels[pair[1]]))
             side = "left" if swapped else "right"
             raise KqlEvaluationError(
@@ -210,35 +282,28 @@ def _vector_vector(
     # Where each signature's "one" side is present: needed to check one-to-one matches and to fill.
     one_any: dict[Labels, BOOL] = (
         {s: np.asarray(one.present[rows].any(axis=0)) for s, rows in one_groups.items()}
-        if one_to_one or fill_one is not None
-        else {}
+        if fill_one is not None
+        else {s: np.asarray(one.present[one_groups[s]].any(axis=0)) for s in plan.many_multi}
     )
-
     if one_to_one:
-        many_groups: dict[Labels, list[int]] = {}
-        for i, s in enumerate(many_sigs):
-            if s in one_groups:
-                many_groups.setdefault(s, []).append(i)
-        for s, rows in many_groups.items():
-            if len(rows) > 1:
-                matched = many.present[rows] & one_any[s][None, :]
-                if (matched.sum(axis=0) > 1).any():
-                    raise KqlEvaluationError(
-                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
-                    )
+        for s, rows in plan.many_multi.items():
+            matched = many.present[rows] & one_any[s][None, :]
+            if (matched.sum(axis=0) > 1).any():
+                raise KqlEvaluationError(
+                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                )
 
     # Pairs (many row, one row); -1 stands for a side synthesised by a fill modifier.
-    if fill_one is None and fill_many is None and all(len(rows) == 1 for rows in one_groups.values()):
+    labels: list[Labels] | None = None
+    if fill_one is None and fill_many is None and not plan.one_multi:
         # The usual join: one series per signature on the "one" side, so every many row has at
-        # most one partner, found by one dict lookup, and the pairs' masks are one gather.
-        partner = {s: rows[0] for s, rows in one_groups.items()}
-        match = np.fromiter((partner.get(s, -1) for s in many_sigs), dtype=np.intp, count=len(many_sigs))
-        pm = np.flatnonzero(match >= 0)
-        po = match[pm]
+        # most one partner (the plan's pairs), and the pairs' masks are one gather.
+        pm, po = plan.pm, plan.po
         if len(pm) == 0:
             return StepVector.empty(steps)
         mask = many.present[pm] & one.present[po]
         many_vals, one_vals = many.values[pm], one.values[po]
+        labels = plan.pair_labels
     else:
         pm, po, mask, many_vals, one_vals = _pairs_general(
             many, one, many_sigs, one_sigs, one_groups, one_any, fill_many, fill_one, steps
@@ -256,20 +321,10 @@ def _vector_vector(
     else:
         values = ARITHMETIC[op](lv, rv)
 
-    labels: list[Labels] = []
-    cache: dict[tuple[Labels, Labels], Labels] = {}
-    rows_many, rows_one = pm.tolist(), po.tolist()
-    for i, j in zip(rows_many, rows_one, strict=True):
-        many_labels = many.labels[i] if i >= 0 else one_sigs[j]
-        one_labels = one.labels[j] if j >= 0 else many_sigs[i]
-        if not one_to_one and not include:
-            labels.append(many_labels)  # many-to-one without group_left labels keeps the many side's
-            continue
-        key = (many_labels, one_labels)
-        result = cache.get(key)
-        if result is None:
-            result = cache[key] = _result_labels(many_labels, one_labels, matching, one_to_one, include)
-        labels.append(result)
+    if labels is None:
+        labels = _pair_labels(pm, po, many.labels, one.labels, many_sigs, one_sigs, matching, one_to_one)
+    else:
+        labels = list(labels)
     if keeps_name:
         drop = np.where(pm >= 0, many.drop_name[np.maximum(pm, 0)] if len(many) else False, False)
     else:

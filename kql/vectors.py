@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -11,9 +12,42 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, drop_name
 
-__all__ = ["DUPLICATE_LABELSET", "consolidate", "finalize_names", "group_rows"]
+__all__ = ["DUPLICATE_LABELSET", "LabelsMemo", "consolidate", "finalize_names", "group_rows"]
 
 DUPLICATE_LABELSET = "vector cannot contain metrics with the same labelset"
+_T = TypeVar("_T")
+
+
+class LabelsMemo(Generic[_T]):
+    """What is worked out from series' label sets alone (an aggregation's groups, a join's pairs),
+    remembered per (spec, label lists): rules and dashboards ask the same expression over the same
+    series at every evaluation, and the head hands out the same label-set objects each time
+    (collector/head.py), so the per-series Python work of grouping and matching is done once.
+
+    An entry is found by the lists' lengths and the identities of their ends, and used only when
+    the lists are equal to the ones it was made from (a C loop over identical objects: ~10 ns a
+    series), so an answer never depends on what is remembered. Forgotten all at once when full.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        self._size = size
+        self._entries: dict[Hashable, tuple[tuple[list[Labels], ...], _T]] = {}
+
+    @staticmethod
+    def _key(spec: Hashable, lists: tuple[list[Labels], ...]) -> Hashable:
+        return (spec, *((len(x), id(x[0]), id(x[-1])) if x else (0, 0, 0) for x in lists))
+
+    def get(self, spec: Hashable, *lists: list[Labels]) -> _T | None:
+        hit = self._entries.get(self._key(spec, lists))
+        if hit is None or any(a != b for a, b in zip(hit[0], lists, strict=True)):
+            return None
+        return hit[1]
+
+    def put(self, spec: Hashable, lists: tuple[list[Labels], ...], value: _T) -> _T:
+        if len(self._entries) >= self._size:
+            self._entries.clear()
+        self._entries[self._key(spec, lists)] = (tuple(list(x) for x in lists), value)
+        return value
 
 
 def group_rows(keys: Sequence[Hashable]) -> tuple[npt.NDArray[np.intp], int]:
