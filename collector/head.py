@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError, TooManySeriesError
-from kernel_insight.kql.pushdown import SeriesColumns, columns_of
-from kernel_insight.kql.storage import Labels, Matcher, ReadBudget
+from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of
+from kernel_insight.kql.storage import Labels, Matcher, ReadBudget, is_stale
 
 __all__ = ["DEFAULT_HEAD_BYTES", "DEFAULT_HEAD_WINDOW_MS", "Head", "HeadStats", "concat_columns"]
 
@@ -81,6 +81,8 @@ class _Block:
     values: F64
     tmin: int
     tmax: int
+    #: Whether every run is in time order (a series' last sample is then its newest).
+    ordered: bool
     #: series id -> index into ``sids`` (-1: absent), made by the first read (:meth:`runs`).
     run_of: list[I32] = field(default_factory=list, compare=False)
 
@@ -97,7 +99,12 @@ class _Block:
         tmin, tmax = int(ts.min()), int(ts.max())
         if tmax - tmin >= 2**31:  # not expected: blocks span seconds; keep int64 exactness anyway
             raise ValueError("block spans more than 24 days")
-        return _Block(sid[starts], offsets, tmin, (ts - tmin).astype(np.int32), vs.copy(), tmin, tmax)
+        rising = ts[1:] >= ts[:-1]
+        rising[starts[1:] - 1] = True  # where one run ends and the next begins
+        ordered = bool(rising.all())
+        return _Block(
+            sid[starts], offsets, tmin, (ts - tmin).astype(np.int32), vs.copy(), tmin, tmax, ordered
+        )
 
     @staticmethod
     def merge(blocks: Sequence[_Block]) -> _Block:
@@ -163,6 +170,23 @@ def _ranges(starts: I64, lengths: I64) -> I64:
         return np.empty(0, np.int64)
     shift = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
     return shift + np.arange(total, dtype=np.int64)
+
+
+def _last_grid(labels: list[Labels], ts: I64, vs: F64, sample_times: bool) -> GridColumns:
+    """One step's :class:`GridColumns` of series' last samples (a stale marker is not present)."""
+    column = vs.reshape(-1, 1)
+    return GridColumns(labels, column, ts.reshape(-1, 1) if sample_times else None, ~is_stale(column))
+
+
+def _newest(r: I64, t: I64, v: F64) -> tuple[I64, I64, F64]:
+    """Per distinct ``r``, its sample with the greatest time (of several at that time the last in
+    the arrays): (r's, times, values), ``r`` ascending."""
+    if not len(r):
+        return r, t, v
+    order = np.lexsort((np.arange(len(t)), t, r))
+    r, t, v = r[order], t[order], v[order]
+    last = np.append(r[1:] != r[:-1], True)
+    return r[last], t[last], v[last]
 
 
 def concat_columns(older: SeriesColumns, newer: SeriesColumns) -> SeriesColumns:
@@ -469,7 +493,16 @@ class Head:
             return
         renumber = np.cumsum(live, dtype=np.int64) - 1
         self._blocks = [
-            _Block(renumber[b.sids].astype(np.int32), b.offsets, b.base, b.dt, b.values, b.tmin, b.tmax)
+            _Block(
+                renumber[b.sids].astype(np.int32),
+                b.offsets,
+                b.base,
+                b.dt,
+                b.values,
+                b.tmin,
+                b.tmax,
+                b.ordered,
+            )
             for b in self._blocks
         ]
         if self._open_n:
@@ -667,6 +700,74 @@ class Head:
             list(in_order) if len(present) == len(in_order) else [in_order[i] for i in present.tolist()]
         )
         return SeriesColumns(out_labels, t, v, offsets)
+
+    def select_last(
+        self,
+        matchers: Sequence[Matcher],
+        time_ms: int,
+        first_ms: int,
+        budget: ReadBudget | None = None,
+        exclude_metrics: frozenset[str] = frozenset(),
+        sample_times: bool = True,
+    ) -> GridColumns | None:
+        """Each matching series' newest sample with ``first_ms <= t <= time_ms`` (of several at
+        that time, the last written) as the engine's lookup takes it (a stale marker is not
+        present), series sorted by labels, those without one left out: an instant selector's
+        read, without gathering every sample of the lookback window (a sealed block whose runs
+        are in time order gives each series' last sample). None as for :meth:`select_columns`."""
+        names = [m for m in matchers if m.name == "__name__"]
+        if any(all(m.matches(x) for m in names) for x in exclude_metrics):
+            return None
+        for _ in range(8):
+            sids, label_rank, in_order, numbering = self._selection(matchers)
+            if numbering >= 0:
+                break
+        else:
+            return None
+        if not len(sids) or time_ms < first_ms:
+            return _last_grid([], np.empty(0, np.int64), np.empty(0), sample_times)
+        with self._lock:
+            blocks = [b for b in self._blocks if b.tmax >= first_ms and b.tmin <= time_ms]
+            if numbering != self._numbering:
+                return None
+            osid, ots, ovs = self._open_arrays()
+            n_series = len(self._labels)
+        lo = max(first_ms, self._coverage)
+        n = len(sids)
+        best_t = np.full(n, _MIN_TS, dtype=np.int64)
+        best_v = np.zeros(n)
+        where = np.arange(n, dtype=np.int64)  # a series' place in sids
+        most = budget.max_samples if budget is not None else 2**62
+        for b in blocks:  # in arrival order: of two samples at one time the later part's wins
+            if b.ordered and b.tmax <= time_ms:
+                at = b.runs(sids)
+                pos = np.flatnonzero(at >= 0)
+                last = b.offsets[at[pos] + 1] - 1
+                t = b.base + b.dt[last].astype(np.int64)
+                keep = t >= lo
+                pos, t, v = pos[keep], t[keep], b.values[last[keep]]
+            else:
+                r, lengths, t, v = b.gather(sids, where, lo, time_ms, most)
+                pos, t, v = _newest(np.repeat(r, lengths), t, v)
+            newer = t >= best_t[pos]
+            best_t[pos[newer]] = t[newer]
+            best_v[pos[newer]] = v[newer]
+        if len(osid):
+            at_of = np.full(n_series, -1, dtype=np.int64)
+            at_of[sids] = where
+            r = at_of[osid]
+            m = (r >= 0) & (ots >= lo) & (ots <= time_ms)
+            pos, t, v = _newest(r[m], ots[m], ovs[m])
+            newer = t >= best_t[pos]
+            best_t[pos[newer]] = t[newer]
+            best_v[pos[newer]] = v[newer]
+        if budget is not None and time.monotonic() >= budget.deadline:
+            raise QueryTimeoutError.after(budget.timeout_s)
+        found = np.flatnonzero(best_t >= lo)
+        found = found[np.argsort(label_rank[found], kind="stable")]
+        ranks = label_rank[found]
+        labels = list(in_order) if len(found) == n else [in_order[i] for i in ranks.tolist()]
+        return _last_grid(labels, best_t[found], best_v[found], sample_times)
 
     def reset(self, coverage_start_ms: int | None) -> None:
         """Forget everything (a raw statement may have changed samples): not ready until :meth:`load`."""

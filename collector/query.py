@@ -542,6 +542,26 @@ class ClickHouseStorage:
         self._selection_cache[key] = (serials, present, labels, want)
         return blocks, labels, want
 
+    def _head_last(
+        self, matchers: Sequence[Matcher], first_ms: int, time_ms: int, sample_times: bool
+    ) -> GridColumns | None:
+        """:meth:`select_last_on_grid` at one time from the head (``Head.select_last``): each
+        series' newest sample in the lookback window, not the window's samples; None where
+        :meth:`_from_head` would not answer (the head does not cover the window, a histogram
+        or start-timestamp metric may be selected)."""
+        head = self._store.head
+        histograms = self._store.histogram_metrics()
+        if head is None or histograms is None or START_TIMESTAMPS_WANTED.get() or not head.covers(first_ms):
+            return None
+        return head.select_last(
+            matchers,
+            time_ms,
+            first_ms,
+            READ_BUDGET.get(),
+            exclude_metrics=histograms,
+            sample_times=sample_times,
+        )
+
     def _cached_last(
         self, matchers: Sequence[Matcher], time_ms: int, lookback_ms: int, sample_times: bool
     ) -> GridColumns | None:
@@ -681,8 +701,10 @@ class ClickHouseStorage:
         if self._decline_grid(matchers, first, end_ms):
             # Decoded samples in memory beat any grid ClickHouse computes: one time is answered
             # from them here, a grid by the engine over select_columns.
-            return (
-                self._cached_last(matchers, end_ms, lookback_ms, sample_times) if start_ms == end_ms else None
+            if start_ms != end_ms:
+                return None
+            return self._head_last(matchers, first, end_ms, sample_times) or self._cached_last(
+                matchers, end_ms, lookback_ms, sample_times
             )
         steps = (end_ms - start_ms) // step_ms + 1
         if steps == 1:

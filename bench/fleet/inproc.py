@@ -21,7 +21,7 @@ from bench.fleet.alerts import ALERT_EXPRESSIONS
 from bench.fleet.targets import TargetSet, node_exporter_page
 from kernel_insight.collector.head import Head
 from kernel_insight.kql.engine import Engine
-from kernel_insight.kql.pushdown import SeriesColumns
+from kernel_insight.kql.pushdown import GridColumns, SeriesColumns
 from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 
 __all__ = ["HeadStorage", "fill_head", "main"]
@@ -37,6 +37,19 @@ class HeadStorage:
         cols = self.head.select_columns(matchers, start_ms, end_ms)
         assert cols is not None
         return cols
+
+    def select_last_on_grid(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        lookback_ms: int,
+        sample_times: bool = True,
+    ) -> GridColumns | None:
+        if start_ms != end_ms:
+            return None
+        return self.head.select_last(matchers, end_ms, end_ms - lookback_ms + 1, sample_times=sample_times)
 
     def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
         return self.select_columns(matchers, start_ms, end_ms).series()

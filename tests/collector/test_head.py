@@ -15,6 +15,7 @@ from kernel_insight.collector.head import DEFAULT_HEAD_BYTES as HEAD
 from kernel_insight.collector.head import Head, concat_columns
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.pushdown import columns_of
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, labels_match
 
@@ -55,6 +56,14 @@ def _same(got, want) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.timestamps.tolist() == w.timestamps.tolist(), g.labels
         assert g.values.view(np.uint64).tolist() == w.values.view(np.uint64).tolist(), g.labels
+
+
+def _same_latest(got, want) -> None:
+    assert got.labels == want.labels
+    assert got.present.tolist() == want.present.tolist(), got.labels
+    p = want.present
+    assert got.values[p].view(np.uint64).tolist() == want.values[p].view(np.uint64).tolist(), got.labels
+    assert got.sample_ts[p].tolist() == want.sample_ts[p].tolist(), got.labels
 
 
 def _wait_ready(store: EmbeddedStore) -> None:
@@ -107,6 +116,9 @@ def test_head_answers_as_memory_storage_through_writes_restarts_and_evictions(tm
                 end = BASE + rng.randint(0, 1_300_000)
                 start = end - rng.choice([0, 5_000, 60_000, 300_000, 1_500_000])
                 _same(store.storage().select(matchers, start, end), mem.select(matchers, start, end))
+                # An instant selector: the head's newest samples (Head.select_last) when it covers
+                # the lookback window, the engine's lookup over the samples otherwise.
+                _same_latest(Engine(store.storage()).latest(matchers, end), Engine(mem).latest(matchers, end))
         _wait_ready(store)
         head = store.head  # the same data through ClickHouse alone, then through the head
         try:
