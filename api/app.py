@@ -40,7 +40,7 @@ from kernel_insight.api.topology import topology_router
 if TYPE_CHECKING:
     from kernel_insight.collector.keys import KeyStoreBase
     from kernel_insight.collector.metrics import CollectorMetrics
-    from kernel_insight.kql.engine import EngineLimits
+    from kernel_insight.kql.limits import EngineLimits
 
 __all__ = [
     "LOCAL_DEV_HOST",

@@ -51,6 +51,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from kernel_insight.api.defaults import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
+
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -65,17 +72,6 @@ __all__ = [
     "raise_nofile_limit",
 ]
 
-#: Most connections open at once (lowered to fit the process's descriptor limit).
-DEFAULT_MAX_CONNECTIONS = 4096
-#: Seconds a client has to send a whole request head.
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-#: Seconds a client has to send a whole request body once its head arrived (16 MiB at 300 kB/s).
-DEFAULT_BODY_TIMEOUT_S = 60.0
-#: Seconds an idle keep-alive connection stays open between requests: longer than the
-#: intervals clients send at (scrapes, remote_write, rule evaluation, agents: 10 s to 1 min), as
-#: Prometheus' own server keeps them (its ``--web.read-timeout``, 5 min); past the cap the one
-#: idle longest is closed first, so a long wait costs no more than a descriptor.
-DEFAULT_KEEP_ALIVE_S = 300.0
 #: Connections the kernel queues before the server accepts them.
 DEFAULT_BACKLOG = 2048
 #: Largest request head (request line and headers) accepted, in bytes.

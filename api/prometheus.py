@@ -36,7 +36,7 @@ from kernel_insight.api.auth import Authenticator, CheckMemo, Scope
 from kernel_insight.api.connections import QuickAnswer, ResponseWriter
 from kernel_insight.api.errors import ApiError, error_response
 from kernel_insight.kql.ast import VectorSelector
-from kernel_insight.kql.engine import Engine, EngineLimits
+from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import (
     KqlError,
     KqlParseError,
@@ -46,6 +46,7 @@ from kernel_insight.kql.errors import (
     TooManySamplesError,
 )
 from kernel_insight.kql.lexical import parse_duration
+from kernel_insight.kql.limits import EngineLimits
 from kernel_insight.kql.parser import parse
 from kernel_insight.kql.storage import Matcher, Storage, read_within
 from kernel_insight.kql.values import QueryResult, prometheus_json_bytes

@@ -411,7 +411,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def add_series_limit_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The flags of ``SeriesLimits``, shared by ``ki import`` and ``ki collector`` (remote_write)."""
-    from kernel_insight.collector.rows import SeriesLimits
+    from kernel_insight.collector.defaults import SeriesLimits
 
     defaults = SeriesLimits()
     parser.add_argument(

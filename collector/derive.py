@@ -39,6 +39,7 @@ from kernel_insight.agent.records import (
     SyncKind,
     decode_record,
 )
+from kernel_insight.collector.defaults import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
 from kernel_insight.collector.hist_base import BaseBudget, HistogramBases
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
@@ -125,11 +126,6 @@ _KNOWN_METRIC_IDS = np.array(sorted(METRIC_SPECS), dtype=np.uint32)
 _FINGERPRINT_DTYPE = PAYLOAD_DTYPES[RecordType.FINGERPRINT]
 _ERROR_DTYPE = PAYLOAD_DTYPES[RecordType.ERROR]
 
-#: Syncs stored per call (``gpu_calls``): every one that waited at least this long (50 us) ...
-SYNC_KEEP_NS = 50_000
-#: ... and 1 in this many of the shorter ones (a training loop syncs thousands of times a second,
-#: mostly for microseconds; the counters and cuda_sync_time_seconds_total still count every one).
-SYNC_SAMPLE_EVERY = 100
 
 #: Why a record was dropped instead of stored (``ki_collector_records_dropped_total{reason}``).
 DROP_REASONS: dict[str, str] = {

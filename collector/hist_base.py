@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.collector.defaults import BASE_MAX_BYTES
 from kernel_insight.collector.wire_hist import FLAG_FIRST, FLAG_INCREMENT, HistKind, HistRow, WireHistograms
 
 __all__ = ["BASE_MAX_BYTES", "BASE_MIN_COUNT", "BaseBudget", "HistogramBases"]
@@ -46,10 +47,6 @@ __all__ = ["BASE_MAX_BYTES", "BASE_MIN_COUNT", "BaseBudget", "HistogramBases"]
 #: of at least this many observations, so no lighter export is kept as a base. An agent holds
 #: thousands of rarely launched kernels; their bases would be memory spent for nothing.
 BASE_MIN_COUNT = 4096
-#: The bases of all agents of one collector together (``BaseBudget``; ``ki collector
-#: --histogram-base-mb``): at ~0.5 MB per GPU of 100 busy kernels, ~500 GPUs' worth, more than one
-#: collector core ingests (docs/scaling.md); without a bound a collector's memory grew with its fleet.
-BASE_MAX_BYTES = 256 << 20
 #: What the bases are estimated to cost (``BaseBudget.bytes``), as tracemalloc measured them: per
 #: populated bucket 12 (an int32 index, an int64 count; 11-12 measured); per base 450 (its
 #: dataclass, two numpy arrays, its entry in the series' dict: 445); per series 650 (its dict,

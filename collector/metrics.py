@@ -41,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
+from kernel_insight.collector.defaults import DEFAULT_STORE_STATS_INTERVAL_S
 from kernel_insight.collector.derive import (
     AGENT_COUNTERS,
     DROP_REASONS,
@@ -68,8 +69,6 @@ log = logging.getLogger(__name__)
 
 #: An agent that sent nothing for this long leaves /metrics (a fleet's churn must not grow it forever).
 DEFAULT_AGENT_TTL_S = 15 * 60.0
-#: How often the parts, rows and bytes per table are read from ``system.parts``.
-DEFAULT_STORE_STATS_INTERVAL_S = 30.0
 
 #: Seconds: from a 304 of the health snapshot (~1 ms) to a slow kql range query.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.collector.defaults import SeriesLimits
 from kernel_insight.kql.storage import join_start_timestamps
 
 __all__ = [
@@ -66,22 +67,6 @@ def canonical_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> L
 
 _METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesLimits:
-    """What a series may look like when it arrives from outside (remote_write, ``ki import``).
-
-    Names follow Prometheus' classic rules (``[a-zA-Z_:][a-zA-Z0-9_:]*`` for metric names,
-    ``[a-zA-Z_][a-zA-Z0-9_]*`` for label names) unless ``utf8_names`` allows any non-empty
-    UTF-8, as Prometheus 3's ``metric_name_validation_scheme: utf8`` does. The size limits
-    default to Grafana Mimir's (30 labels, 1,024-byte names, 2,048-byte values); 0 turns one off.
-    """
-
-    max_labels: int = 30
-    max_name_bytes: int = 1024
-    max_value_bytes: int = 2048
-    utf8_names: bool = False
 
 
 def validate_series(labels: Labels, limits: SeriesLimits) -> None:

@@ -37,8 +37,11 @@ COMMAND_MODULES = [
 #: apps, the SDK) hold ~57 MB that ``ki import`` never uses, and Arrow's default allocator
 #: (mimalloc, chosen when pyarrow loads) kept ~25 MB of its parser's freed blocks: its peak RSS
 #: is a target (issue 11: under 300 MB; bench/results/import.md, "Memory of `ki import`").
+#: ``ki rules check`` is a command users run in a loop and in CI (promtool's twin): building every
+#: command's parser was a third of its start.
 LEAN_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "import": ("kernel_insight.collector.cli", {"ARROW_DEFAULT_MEMORY_POOL": "system"}),
+    "rules": ("kernel_insight.rules.cli", {}),
 }
 
 Handler = Callable[[argparse.Namespace], int]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
 
     from kernel_insight.api.health import HealthRule
-    from kernel_insight.kql.engine import EngineLimits
+    from kernel_insight.kql.limits import EngineLimits
     from kernel_insight.rules.manager import RuleManager
 
 __all__ = [
@@ -214,7 +214,7 @@ def _tls(args: argparse.Namespace) -> Any:
 def _query_limits(args: argparse.Namespace) -> EngineLimits:
     """``EngineLimits`` from --query-timeout and --query-max-samples (Prometheus' flags of those names;
     their argparse types keep both positive)."""
-    from kernel_insight.kql.engine import EngineLimits
+    from kernel_insight.kql.limits import EngineLimits
 
     return EngineLimits(max_samples=args.query_max_samples, timeout_s=args.query_timeout)
 
@@ -326,7 +326,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _collector_arguments(s: argparse.ArgumentParser) -> None:
-    from kernel_insight.api.connections import (
+    from kernel_insight.api.defaults import (
         DEFAULT_BODY_TIMEOUT_S,
         DEFAULT_HEADER_TIMEOUT_S,
         DEFAULT_KEEP_ALIVE_S,
@@ -334,10 +334,13 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
     )
     from kernel_insight.api.health import HealthRule
     from kernel_insight.api.tokens import DEFAULT_TOKEN_STORE
-    from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY
-    from kernel_insight.collector.hist_base import BASE_MAX_BYTES
+    from kernel_insight.collector.defaults import (
+        BASE_MAX_BYTES,
+        DEFAULT_STORE_STATS_INTERVAL_S,
+        SYNC_KEEP_NS,
+        SYNC_SAMPLE_EVERY,
+    )
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
-    from kernel_insight.collector.metrics import DEFAULT_STORE_STATS_INTERVAL_S
 
     rule = HealthRule()
     s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
@@ -442,7 +445,7 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
         help=f"seconds between reads of the store's parts per table for /metrics "
         f"(default {DEFAULT_STORE_STATS_INTERVAL_S:g})",
     )
-    from kernel_insight.kql.engine import EngineLimits
+    from kernel_insight.kql.limits import EngineLimits
 
     query = EngineLimits()
     q = s.add_argument_group("query limits (docs/kql.md, 'Limits and cancellation')")
@@ -460,7 +463,7 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"samples a query may hold in memory at once (default {query.max_samples:,})",
     )
-    from kernel_insight.rules.manager import add_rule_arguments
+    from kernel_insight.rules.cli import add_rule_arguments
 
     add_rule_arguments(s, seconds=at_least(0))
     t = s.add_argument_group("TLS (docs/security.md)")

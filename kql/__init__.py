@@ -17,7 +17,7 @@ from kernel_insight._lazy import lazy_exports
 if TYPE_CHECKING:
     from kernel_insight.kql.aggregators import AGGREGATORS, AggregatorSpec
     from kernel_insight.kql.checker import check, value_type
-    from kernel_insight.kql.engine import CancelToken, Engine, EngineLimits
+    from kernel_insight.kql.engine import CancelToken, Engine
     from kernel_insight.kql.errors import (
         KqlError,
         KqlEvaluationError,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         TooManySeriesError,
     )
     from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
+    from kernel_insight.kql.limits import EngineLimits
     from kernel_insight.kql.nativehist import FloatHistogram, HistogramError, parse_histogram
     from kernel_insight.kql.parser import parse
     from kernel_insight.kql.printer import format_expr
@@ -60,7 +61,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kernel_insight.kql.engine": (
         "CancelToken",
         "Engine",
-        "EngineLimits",
     ),
     "kernel_insight.kql.errors": (
         "KqlError",
@@ -79,6 +79,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "FunctionSpec",
         "GridPushdown",
     ),
+    "kernel_insight.kql.limits": ("EngineLimits",),
     "kernel_insight.kql.nativehist": (
         "FloatHistogram",
         "HistogramError",

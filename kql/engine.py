@@ -14,7 +14,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,6 +53,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
 from kernel_insight.kql.lexical import MAX_DURATION_MS, go_quote
+from kernel_insight.kql.limits import DEFAULT_LOOKBACK_MS, EngineLimits
 from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
 from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
@@ -72,7 +72,6 @@ from kernel_insight.kql.sparsehists import SparseCells, stats_read_hints
 from kernel_insight.kql.storage import (
     START_TIMESTAMPS_WANTED,
     Matcher,
-    ReadBudget,
     SeriesData,
     Storage,
     is_stale,
@@ -102,7 +101,6 @@ from kernel_insight.kql.vectors import consolidate, finalize_names
 
 __all__ = ["DEFAULT_LOOKBACK_MS", "CancelToken", "Engine", "EngineLimits"]
 
-DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
 #: Parsed queries kept by text. Dashboards and rules send the same texts over and over, and
 #: parsing a join takes ~2 ms, as long as evaluating it at one step; the tree is immutable.
 PARSE_CACHE_SIZE = 1024
@@ -139,23 +137,6 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLimits:
-    """Execution limits; every query gets them unless it passes its own."""
-
-    # Samples held in memory at one time (Prometheus' query.max-samples): the inputs a node is
-    # working on plus the results it has built; kql also counts its dense series x steps arrays.
-    max_samples: int = 50_000_000
-    timeout_s: float = 30.0
-    max_series: int = 1_000_000  # series one selector may return, and series in a result
-    lookback_ms: int = DEFAULT_LOOKBACK_MS
-    subquery_step_ms: int = 60_000  # resolution of subqueries written without a step
-
-    def read_budget(self, deadline: float, held: int = 0) -> ReadBudget:
-        """What one storage read may spend: until ``deadline``, and the samples ``held`` leaves free."""
-        return ReadBudget(deadline, self.timeout_s, max(0, self.max_samples - held))
 
 
 # --------------------------------------------------------------------------------- helpers

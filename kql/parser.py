@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
+import os
 from importlib import resources
 from typing import Any, TypeVar
 
+import lark
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from lark.lexer import PatternRE, TerminalDef
 
 import kernel_insight.kql.aggregation  # noqa: F401  (importing registers the aggregators)
 from kernel_insight.kql.aggregators import AGGREGATORS
@@ -464,29 +466,60 @@ def _replace(node: _N, **changes: Any) -> _N:
     return dataclasses.replace(node, **changes)
 
 
+#: The grammar's placeholder for the registered aggregation names (AGG_OP in grammar/kql.lark).
+_AGGREGATORS_PLACEHOLDER = "__aggregators__"
+
+
+def _grammar() -> str:
+    """grammar/kql.lark with the registered aggregation names (longest first) in AGG_OP's pattern.
+
+    Substituted in the text, not by editing the terminal afterwards, so the text the parser's
+    cache is keyed on names every aggregator the parser accepts.
+    """
+    text = resources.files("kernel_insight.kql").joinpath("grammar/kql.lark").read_text()
+    if text.count(_AGGREGATORS_PLACEHOLDER) != 1:
+        raise ValueError(
+            f"grammar/kql.lark: AGG_OP must hold the {_AGGREGATORS_PLACEHOLDER} placeholder once"
+        )
+    names = "|".join(sorted(AGGREGATORS, key=lambda n: (-len(n), n)))
+    return text.replace(_AGGREGATORS_PLACEHOLDER, names)
+
+
+def _cache_file(grammar: str) -> str | bool:
+    """Where the analysed grammar is kept between processes, or False for no cache.
+
+    Building the LALR tables takes ~0.2 s, most of a short command's start (``ki rules check``,
+    ``ki query``); loading them takes a few ms. Lark's own default is a predictable name in the
+    shared temporary directory, and the file is a pickle, so it lives in the user's cache
+    directory instead (``$XDG_CACHE_HOME`` or ``~/.cache``, ``kernel-insight/``), used only when
+    that folder is the user's own and writable by nobody else. The name carries a digest of the
+    grammar and lark's version; lark also checks a digest inside the file and rebuilds it when
+    it does not match (a partly written file included).
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "kernel-insight")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.stat(folder)
+    except OSError:
+        return False
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return False
+    digest = hashlib.sha256(f"{lark.__version__}\0{grammar}".encode()).hexdigest()[:16]
+    return os.path.join(folder, f"kql-grammar-{digest}.lark-cache")
+
+
 @functools.cache
 def _parser() -> Lark:
-    grammar = resources.files("kernel_insight.kql").joinpath("grammar/kql.lark").read_text()
+    grammar = _grammar()
     return Lark(
         grammar,
         parser="lalr",
         lexer="contextual",
         propagate_positions=True,
         maybe_placeholders=True,
-        edit_terminals=_aggregator_names,
+        cache=_cache_file(grammar),
     )
-
-
-def _aggregator_names(terminal: TerminalDef) -> None:
-    """Put the registered aggregation names into the grammar's AGG_OP pattern (longest first)."""
-    if terminal.name == "AGG_OP":
-        names = "|".join(sorted(AGGREGATORS, key=lambda n: (-len(n), n)))
-        pattern = terminal.pattern
-        if not isinstance(pattern, PatternRE) or "__aggregators__" not in pattern.value:
-            raise ValueError(
-                f"grammar/kql.lark: AGG_OP must hold the __aggregators__ placeholder, got {pattern}"
-            )
-        terminal.pattern = PatternRE(pattern.value.replace("__aggregators__", names), pattern.flags)
 
 
 def _syntax_error(query: str, exc: UnexpectedInput) -> KqlParseError:

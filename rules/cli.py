@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Callable
 
-__all__ = ["add_commands", "check_files"]
+from kernel_insight.rules.defaults import DEFAULT_RESEND_DELAY_MS
+
+__all__ = ["add_commands", "add_rule_arguments", "check_files"]
 
 
 def check_files(paths: list[str]) -> int:
@@ -57,3 +60,35 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     t = rs.add_parser("test", help="run rule unit tests in promtool's test rules format")
     t.add_argument("files", nargs="+", metavar="FILE")
     t.set_defaults(handler=_test)
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser, seconds: Callable[[str], float]) -> None:
+    """``ki collector``'s rule flags (the collector's own module stays free of rule details).
+    ``seconds`` parses a number of seconds >= 0: the collector's argparse type for its own
+    periods (kernel_insight.server.at_least), which this component may not import."""
+    parser.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="rule files to evaluate (repeatable; globs quoted); reloaded on SIGHUP and POST /-/reload",
+    )
+    parser.add_argument(
+        "--alertmanager",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="Alertmanager to send alerts to, e.g. http://127.0.0.1:9093 (repeatable)",
+    )
+    parser.add_argument(
+        "--external-url",
+        default=None,
+        help="URL users reach this collector at, for alerts' generatorURL (default http://HOST:PORT)",
+    )
+    parser.add_argument(
+        "--rules-resend-delay",
+        type=seconds,
+        default=DEFAULT_RESEND_DELAY_MS / 1000,
+        metavar="SECONDS",
+        help="send a still-firing alert again after this long (default 60)",
+    )

@@ -35,6 +35,7 @@ from kernel_insight.rules.config import (
     expand_globs,
     load_files,
 )
+from kernel_insight.rules.defaults import DEFAULT_RESEND_DELAY_MS
 from kernel_insight.rules.evaluation import (
     AlertingRule,
     Group,
@@ -48,16 +49,12 @@ from kernel_insight.rules.notifier import Notifier, alert_payload
 from kernel_insight.rules.prefetch import CycleStorage, read_windows, served_from_memory
 
 __all__ = [
-    "DEFAULT_RESEND_DELAY_MS",
     "OUTAGE_TOLERANCE_MS",
     "ReloadStatus",
     "RuleManager",
-    "add_rule_arguments",
     "rule_manager_for",
 ]
 
-#: A firing alert is sent again this often (Prometheus' ``--rules.alert.resend-delay``).
-DEFAULT_RESEND_DELAY_MS = 60_000
 #: How far back ALERTS_FOR_STATE is read when restoring (Prometheus' ``--rules.alert.for-outage-tolerance``).
 OUTAGE_TOLERANCE_MS = 3_600_000
 
@@ -379,38 +376,6 @@ class RuleManager:
             "sent": dict(self.notifier.stats.sent),
             "dropped": self.notifier.stats.dropped,
         }
-
-
-def add_rule_arguments(parser: argparse.ArgumentParser, seconds: Callable[[str], float]) -> None:
-    """``ki collector``'s rule flags (the collector's own module stays free of rule details).
-    ``seconds`` parses a number of seconds >= 0: the collector's argparse type for its own
-    periods (kernel_insight.server.at_least), which this component may not import."""
-    parser.add_argument(
-        "--rules",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="rule files to evaluate (repeatable; globs quoted); reloaded on SIGHUP and POST /-/reload",
-    )
-    parser.add_argument(
-        "--alertmanager",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="Alertmanager to send alerts to, e.g. http://127.0.0.1:9093 (repeatable)",
-    )
-    parser.add_argument(
-        "--external-url",
-        default=None,
-        help="URL users reach this collector at, for alerts' generatorURL (default http://HOST:PORT)",
-    )
-    parser.add_argument(
-        "--rules-resend-delay",
-        type=seconds,
-        default=DEFAULT_RESEND_DELAY_MS / 1000,
-        metavar="SECONDS",
-        help="send a still-firing alert again after this long (default 60)",
-    )
 
 
 def _default_external_url(args: argparse.Namespace) -> str:

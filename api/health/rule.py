@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernel_insight.api.health.serving import ServingFacts
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ERROR_WINDOW_MS", "HealthRule", "HealthSource", "InstanceFacts"]
 

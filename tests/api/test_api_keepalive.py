@@ -9,7 +9,7 @@ import time
 import httpx
 from support.collector import running_collector
 
-from kernel_insight.api.connections import DEFAULT_KEEP_ALIVE_S
+from kernel_insight.api.defaults import DEFAULT_KEEP_ALIVE_S
 from kernel_insight.collector.remote_write import encode_write_request
 
 #: Requests per round; the bound holds for the median of one round.
