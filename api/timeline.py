@@ -108,14 +108,28 @@ _TO = Query(
 _STREAM = Query(None, ge=0, le=2**64 - 1, description="only this CUDA stream")
 _KERNEL = Query(None, max_length=1024, description="RE2 regex on the kernel name, anchored as in PromQL")
 _MIN_DUR = Query(0, ge=0, le=2**63 - 1, description="only spans at least this long (nanoseconds)")
+_POD = Query(
+    None, max_length=253, description='Kubernetes: only spans run while this pod held the GPU ("": no pod)'
+)
+_NAMESPACE = Query(None, max_length=253, description="Kubernetes: only spans of pods of this namespace")
+_CONTAINER = Query(None, max_length=253, description="Kubernetes: only spans of this container of the pod")
 
 
 def _window(
-    instance: str, gpu: int, start: str, end: str, stream: int | None, kernel: str | None, min_dur: int
+    instance: str,
+    gpu: int,
+    start: str,
+    end: str,
+    stream: int | None = None,
+    kernel: str | None = None,
+    min_dur: int = 0,
+    holder: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> SpanWindow:
     try:
         start_ms, end_ms = parse_time(start, "from"), parse_time(end, "to")
-        return SpanWindow(instance, gpu, start_ms * 1_000_000, end_ms * 1_000_000, stream, kernel, min_dur)
+        return SpanWindow(
+            instance, gpu, start_ms * 1_000_000, end_ms * 1_000_000, stream, kernel, min_dur, *holder
+        )
     except (ParamError, SpanQueryError) as exc:
         raise ApiError(400, "bad_data", str(exc)) from None
 
@@ -128,16 +142,19 @@ def _filtered_window(
     stream: int | None = _STREAM,
     kernel: str | None = _KERNEL,
     min_duration_ns: int = _MIN_DUR,
+    pod: str | None = _POD,
+    namespace: str | None = _NAMESPACE,
+    container: str | None = _CONTAINER,
 ) -> SpanWindow:
     """The window and span filters of the spans, summary and export routes (one parameter block)."""
-    return _window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+    return _window(instance, gpu, start, end, stream, kernel, min_duration_ns, (pod, namespace, container))
 
 
 def _whole_window(
     instance: str = _INSTANCE, gpu: int = _GPU, start: str = _FROM, end: str = _TO
 ) -> SpanWindow:
     """The window alone, every span in it (the correlation route)."""
-    return _window(instance, gpu, start, end, None, None, 0)
+    return _window(instance, gpu, start, end)
 
 
 _FILTERED = Depends(_filtered_window)

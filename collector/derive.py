@@ -10,6 +10,7 @@ records").
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import threading
@@ -64,6 +65,7 @@ __all__ = [
     "KERNEL_DURATION_METRIC",
     "MAX_FINGERPRINT_FIELDS",
     "MAX_FINGERPRINT_GPUS",
+    "MAX_OWNER_CHANGES",
     "MEMCPY_BYTES_METRIC",
     "NAMES_MAX_BYTES",
     "NCCL_DURATION_METRIC",
@@ -109,6 +111,11 @@ _SYNC_DTYPE = PAYLOAD_DTYPES[RecordType.SYNC]
 _SAMPLE_DTYPE = PAYLOAD_DTYPES[RecordType.GPU_SAMPLE]
 #: The Kubernetes labels of a GPU's series, from its FINGERPRINT (agent/probe/kubelet.py).
 _POD_LABELS = ("pod", "namespace", "container")
+_POD_FIELDS = frozenset((FingerprintField.POD, FingerprintField.NAMESPACE, FingerprintField.CONTAINER))
+#: Changes of holder remembered per GPU, so that a span arriving late still gets the pod that held
+#: the GPU when it ran (the probe asks the kubelet every 10 s: 256 changes cover 40 minutes of churn).
+MAX_OWNER_CHANGES = 256
+_NO_OWNER = ("", "", "")
 #: FINGERPRINT fields that change without the hardware changing: left out of ``hardware_fingerprint``.
 _NOT_HARDWARE = tuple(
     f".{f.name.lower()}"
@@ -304,6 +311,9 @@ class Deriver:
         self._label_cache: dict[tuple[str, int | None, Labels, Labels], Labels] = {}
         self._key_cache: dict[tuple[str, tuple[int, ...]], Labels] = {}
         self._fingerprint: dict[int, dict[str, str]] = defaultdict(dict)
+        # gpu -> (times, holders): from each time (FINGERPRINT ts_ns, ascending) on, the GPU's
+        # (pod, namespace, container); a span gets the holder of its start (_span_owners).
+        self._owners: dict[int, tuple[list[int], list[tuple[str, str, str]]]] = {}
         self._memory_total: dict[int, float] = {}
         # (gpu, pid, correlation) -> (launch ns, host ns, tid): launches whose kernel is not in yet
         self._open_launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}
@@ -684,6 +694,7 @@ class Deriver:
             correlation=payload["correlation"].astype(np.uint64),
             pid=payload["pid"].astype(np.uint32),
             kernel_dict=(name_ids, names),
+            owners=self._span_owners(gpu, start),
         )
         if not count:
             return spans
@@ -1180,12 +1191,13 @@ class Deriver:
     def _fingerprints(self, r: npt.NDArray[np.void], dropped: dict[str, int]) -> bool:
         changed = False
         values = _payload(r, _FINGERPRINT_DTYPE)["value"].tolist()
-        for producer, flags, gpu, fid, value in zip(
+        for producer, flags, gpu, fid, value, ts in zip(
             r["producer"].tolist(),
             r["flags"].tolist(),
             r["device"].tolist(),
             r["id"].tolist(),
             values,
+            r["ts_ns"].tolist(),
             strict=True,
         ):
             is_string = bool(flags & RecordFlag.FP_STRING)
@@ -1210,7 +1222,43 @@ class Deriver:
             changed = True
             if fid == FingerprintField.MEMORY_TOTAL and not is_string and value > 0:
                 self._memory_total[gpu] = float(value)
+            if fid in _POD_FIELDS:
+                self._owner_changed(gpu, ts, fields)
         return changed
+
+    def _owner_changed(self, gpu: int, ts: int, fields: Mapping[str, str]) -> None:
+        """The GPU's holder from ``ts`` on is what ``fields`` say now (the probe writes a change as
+        three FINGERPRINT records of one time: the last of them leaves the whole holder)."""
+        holder = (fields.get("pod", ""), fields.get("namespace", ""), fields.get("container", ""))
+        times, holders = self._owners.setdefault(gpu, ([], []))
+        i = bisect.bisect_right(times, ts)
+        if i and times[i - 1] == ts:
+            holders[i - 1] = holder
+            return
+        times.insert(i, ts)
+        holders.insert(i, holder)
+        if len(times) > MAX_OWNER_CHANGES:  # the oldest change goes: spans before it read no holder
+            del times[0], holders[0]
+
+    def _span_owners(
+        self, gpu: npt.NDArray[np.uint16], start: I64
+    ) -> tuple[npt.NDArray[np.int32], list[tuple[str, str, str]]] | None:
+        """Each span's holder at its start (per GPU, one binary search over the GPU's changes);
+        None while no GPU of the instance ever had one."""
+        if not self._owners:
+            return None
+        codes = np.zeros(len(gpu), np.int32)
+        index = {_NO_OWNER: 0}
+        for g in np.unique(gpu).tolist():
+            timeline = self._owners.get(g)
+            if timeline is None:
+                continue
+            times, holders = timeline
+            rows = np.flatnonzero(gpu == g)
+            at = np.searchsorted(np.asarray(times, np.int64), start[rows], side="right") - 1
+            code_of = np.array([index.setdefault(h, len(index)) for h in holders], np.int32)
+            codes[rows] = np.where(at >= 0, code_of[np.maximum(at, 0)], 0)
+        return codes, list(index)
 
     def _instance(self, now_ns: int) -> InstanceInfo:
         attributes = {

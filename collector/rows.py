@@ -800,6 +800,9 @@ class SpanBatch:
     #: ``kernel`` once more as (per-row code, distinct names), when the maker had it (derive
     #: does): the store then writes the names as a dictionary without encoding every row again.
     kernel_dict: tuple[npt.NDArray[np.int32], list[str]] | None = None
+    #: The Kubernetes (pod, namespace, container) holding each span's GPU when it started, as
+    #: (per-row index into the list, distinct holders); None: none held any ("" each).
+    owners: tuple[npt.NDArray[np.int32], list[tuple[str, str, str]]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
@@ -808,6 +811,12 @@ class SpanBatch:
             raise ValueError("every span column must have the same length")
         if self.kernel_dict is not None and len(self.kernel_dict[0]) != n:
             raise ValueError("every span column must have the same length")
+        if self.owners is not None:
+            codes, owners = self.owners
+            if len(codes) != n:
+                raise ValueError("every span column must have the same length")
+            if n and not 0 <= int(codes.min()) <= int(codes.max()) < len(owners):
+                raise ValueError("an owner code is outside the owners list")
         if n and not len(self.launch_ns):
             self.launch_ns = np.zeros(n, np.int64)
         if n and not len(self.launch_host_ns):
@@ -819,6 +828,12 @@ class SpanBatch:
 
     def __len__(self) -> int:
         return len(self.start_ns)
+
+    def owner_columns(self) -> tuple[npt.NDArray[np.int32], list[tuple[str, str, str]]]:
+        """Each span's (pod, namespace, container) as (codes, distinct holders), "" each where none."""
+        if self.owners is not None:
+            return self.owners
+        return np.zeros(len(self), np.int32), [("", "", "")]
 
     @classmethod
     def empty(cls) -> SpanBatch:

@@ -283,6 +283,13 @@ SCHEMA: tuple[Table, ...] = (
             ),
             Column("launch_host_ns", "UInt32", "T64, ZSTD(1)", "host ns the span's code took to enqueue it"),
             Column("tid", "UInt32", "ZSTD(1)", "host thread of the launch; 0: unknown"),
+            # The GPU's holder when the span started, as the kubelet's PodResources API said
+            # (ki probe nvml --kubelet-socket); "" off Kubernetes or while no pod held the GPU.
+            Column("pod", "LowCardinality(String)", "ZSTD(1)", "Kubernetes pod holding the GPU; '': none"),
+            Column("namespace", "LowCardinality(String)", "ZSTD(1)", "the pod's namespace"),
+            Column(
+                "container", "LowCardinality(String)", "ZSTD(1)", "the pod's container the GPU is assigned to"
+            ),
         ),
         order_by=("instance", "gpu", "start"),
         partition_by="toDate(start)",

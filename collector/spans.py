@@ -64,6 +64,10 @@ class SpanWindow:
     stream: int | None = None
     kernel: str | None = None  # RE2, anchored as a PromQL matcher
     min_duration_ns: int = 0
+    #: Kubernetes: only spans that ran while this pod / namespace / container held the GPU (exact).
+    pod: str | None = None
+    namespace: str | None = None
+    container: str | None = None
 
     def __post_init__(self) -> None:
         if not self.instance:
@@ -100,7 +104,14 @@ class SpanWindow:
             parts.append(f"match(kernel, {p(anchored(self.kernel), 'String')})")
         if self.min_duration_ns:
             parts.append(f"duration_ns >= {self.min_duration_ns}")
+        for name, value in self.holder().items():
+            parts.append(f"{name} = {p(value, 'String')}")
         return " AND ".join(parts)
+
+    def holder(self) -> dict[str, str]:
+        """The pod, namespace and container filters that are set (label name -> value)."""
+        wanted = (("pod", self.pod), ("namespace", self.namespace), ("container", self.container))
+        return {name: value for name, value in wanted if value is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +140,7 @@ class SpanCursor:
 
 _SPAN_COLUMNS = (
     f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid,"
-    " launch_ns, launch_host_ns, tid"
+    " launch_ns, launch_host_ns, tid, pod, namespace, container"
 )
 
 
@@ -145,6 +156,9 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         "launch_ns": int(row["launch_ns"]),
         "launch_host_ns": int(row["launch_host_ns"]),
         "tid": int(row["tid"]),
+        "pod": row["pod"],
+        "namespace": row["namespace"],
+        "container": row["container"],
     }
 
 
@@ -223,6 +237,7 @@ def kernel_histograms(store: Store, window: SpanWindow) -> dict[str, FloatHistog
     ]
     if window.kernel is not None:
         matchers.append(Matcher("kernel", "=~", window.kernel))
+    matchers += [Matcher(name, "=", value) for name, value in window.holder().items()]
     start_ms, end_ms = window.start_ns // 1_000_000, -(-window.end_ns // 1_000_000)
     out: dict[str, FloatHistogram] = {}
     for series in store.storage().select(matchers, start_ms - _HISTOGRAM_LOOKBACK_MS, end_ms):
@@ -329,8 +344,7 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
         p = Params()
         where = window.where(p)
         found = store.query(
-            f"SELECT kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, stream, correlation, pid,"
-            f" duration_ns, launch_ns, launch_host_ns, tid FROM {table}"
+            f"SELECT {_SPAN_COLUMNS} FROM {table}"
             f" WHERE {where} AND kernel IN {p(names, 'Array(String)')}"
             f" AND duration_ns >= transform(toString(kernel), {p(names, 'Array(String)')},"
             f" {p([floors[n] for n in names], 'Array(UInt64)')}, toUInt64(0))"

@@ -127,6 +127,16 @@ def _kernel_column(spans: SpanBatch) -> pa.Array:
     return pa.array(spans.kernel, pa.string()).dictionary_encode()
 
 
+def _owner_columns(spans: SpanBatch) -> dict[str, pa.Array]:
+    """The spans' pod, namespace and container columns, each a dictionary over the distinct holders."""
+    codes, owners = spans.owner_columns()
+    index = pa.array(codes, pa.int32())
+    return {
+        name: pa.DictionaryArray.from_arrays(index, pa.array([o[i] for o in owners], pa.string()))
+        for i, name in enumerate(("pod", "namespace", "container"))
+    }
+
+
 def _check_ns_range(values: Any, what: str) -> None:
     arr = np.asarray(values, dtype=np.int64)
     if arr.size and (int(arr.min()) < MIN_TS_MS or int(arr.max()) > _MAX_NS):
@@ -1010,6 +1020,7 @@ class Store(ABC):
                 "launch_ns": pa.array(spans.launch_ns, pa.int64()),
                 "launch_host_ns": pa.array(spans.launch_host_ns, pa.uint32()),
                 "tid": pa.array(spans.tid, pa.uint32()),
+                **_owner_columns(spans),
             }
         )
 

@@ -192,7 +192,11 @@ def chrome_trace_parts(
             # args: the exact absolute start; dur is exact to the ns already, the stream is the track's name
             f' \',"args":{{"start_ns":\', toString({start}),'
             " ',\"correlation\":', toString(correlation),"
-            " ',\"pid\":', toString(pid), '}},') AS e"
+            " ',\"pid\":', toString(pid),"
+            # the Kubernetes pod that held the GPU, where one did
+            " if(pod = '', '', concat(',\"pod\":', toJSONString(toString(pod)),"
+            " ',\"namespace\":', toJSONString(toString(namespace)),"
+            " ',\"container\":', toJSONString(toString(container)))), '}},') AS e"
             # No ORDER BY: the trace event format does not ask for time order (readers sort), and
             # reading in key order costs a third of this query over a 1M-span capture.
             f" FROM {spans} WHERE {where}"

@@ -85,6 +85,9 @@ def _export(args: argparse.Namespace) -> int:
             filters["kernel"] = args.kernel
         if args.min_duration_ns:
             filters["min_duration_ns"] = args.min_duration_ns
+        for name in ("pod", "namespace", "container"):
+            if getattr(args, name) is not None:
+                filters[name] = getattr(args, name)
         path = client.to_perfetto(
             args.output, args.instance, args.gpu, args.start, args.end, format=args.format, **filters
         )
@@ -158,6 +161,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--stream", type=int, help="only this stream")
     e.add_argument("--kernel", help="only kernels matching this RE2 regex (anchored)")
     e.add_argument("--min-duration-ns", type=int, default=0, help="only spans at least this long")
+    for name in ("pod", "namespace", "container"):
+        e.add_argument(f"--{name}", help=f"Kubernetes: only spans run while this {name} held the GPU")
     e.add_argument(
         "--format",
         choices=["json", "perfetto"],

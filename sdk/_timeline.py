@@ -63,6 +63,10 @@ class Span:
     launch_ns: int = 0
     launch_host_ns: int = 0
     tid: int = 0
+    #: Kubernetes: the pod, namespace and container that held the GPU when the span ran ("": none).
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Span:
@@ -77,6 +81,9 @@ class Span:
             int(d.get("launch_ns", 0)),
             int(d.get("launch_host_ns", 0)),
             int(d.get("tid", 0)),
+            str(d.get("pod", "")),
+            str(d.get("namespace", "")),
+            str(d.get("container", "")),
         )
 
 
@@ -283,6 +290,9 @@ class _TimelineCore:
         stream: int | None = None,
         kernel: str | None = None,
         min_duration_ns: int = 0,
+        pod: str | None = None,
+        namespace: str | None = None,
+        container: str | None = None,
     ) -> dict[str, str]:
         params = {
             "instance": instance,
@@ -296,6 +306,9 @@ class _TimelineCore:
             params["kernel"] = kernel
         if min_duration_ns:
             params["min_duration_ns"] = str(int(min_duration_ns))
+        for name, value in (("pod", pod), ("namespace", namespace), ("container", container)):
+            if value is not None:
+                params[name] = value
         return params
 
     def outcome(self, response: httpx.Response, attempt: int) -> httpx.Response | float:
@@ -372,10 +385,16 @@ class TimelineClient(_Closing):
         stream: int | None = None,
         kernel: str | None = None,
         min_duration_ns: int = 0,
+        pod: str | None = None,
+        namespace: str | None = None,
+        container: str | None = None,
         page_size: int = 1000,
     ) -> Iterator[Span]:
-        """Every span starting in ``[start, end)``, page by page (``kernel``: RE2, anchored)."""
-        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        """Every span starting in ``[start, end)``, page by page (``kernel``: RE2, anchored; ``pod``,
+        ``namespace``, ``container``: only spans run while that Kubernetes pod held the GPU)."""
+        params = self._core.window(
+            instance, gpu, start, end, stream, kernel, min_duration_ns, pod, namespace, container
+        )
         params["limit"] = str(page_size)
         while True:
             body = self._core.json(self._get(SPANS_PATH, params), dict)
@@ -400,8 +419,13 @@ class TimelineClient(_Closing):
         stream: int | None = None,
         kernel: str | None = None,
         min_duration_ns: int = 0,
+        pod: str | None = None,
+        namespace: str | None = None,
+        container: str | None = None,
     ) -> TimelineSummary:
-        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        params = self._core.window(
+            instance, gpu, start, end, stream, kernel, min_duration_ns, pod, namespace, container
+        )
         params |= {"kernels": str(kernels), "slowest": str(slowest)}
         result: TimelineSummary = self._core.json(self._get(SUMMARY_PATH, params), TimelineSummary.from_json)
         return result
@@ -531,9 +555,14 @@ class AsyncTimelineClient(_AsyncClosing):
         stream: int | None = None,
         kernel: str | None = None,
         min_duration_ns: int = 0,
+        pod: str | None = None,
+        namespace: str | None = None,
+        container: str | None = None,
         page_size: int = 1000,
     ) -> list[Span]:
-        params = self._core.window(instance, gpu, start, end, stream, kernel, min_duration_ns)
+        params = self._core.window(
+            instance, gpu, start, end, stream, kernel, min_duration_ns, pod, namespace, container
+        )
         params["limit"] = str(page_size)
         out: list[Span] = []
         while True:
@@ -544,9 +573,18 @@ class AsyncTimelineClient(_AsyncClosing):
             params["cursor"] = str(body["next_cursor"])
 
     async def summary(
-        self, instance: str, gpu: int, start: TimeLike, end: TimeLike, *, kernels: int = 50, slowest: int = 5
+        self,
+        instance: str,
+        gpu: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        kernels: int = 50,
+        slowest: int = 5,
+        **filters: Any,
     ) -> TimelineSummary:
-        params = self._core.window(instance, gpu, start, end) | {
+        """:meth:`TimelineClient.summary`; ``filters`` as its (stream, kernel, pod, ...)."""
+        params = self._core.window(instance, gpu, start, end, **filters) | {
             "kernels": str(kernels),
             "slowest": str(slowest),
         }

@@ -77,7 +77,10 @@ CREATE TABLE IF NOT EXISTS ki.kernel_spans
     pid UInt32 CODEC(ZSTD(1)),
     launch_ns Int64 CODEC(Delta, ZSTD(1)) COMMENT 'host time the span was launched (CUDA-event probe, ring flag LAUNCH_SPAN); 0: unknown',
     launch_host_ns UInt32 CODEC(T64, ZSTD(1)) COMMENT 'host ns the span\'s code took to enqueue it',
-    tid UInt32 CODEC(ZSTD(1)) COMMENT 'host thread of the launch; 0: unknown'
+    tid UInt32 CODEC(ZSTD(1)) COMMENT 'host thread of the launch; 0: unknown',
+    pod LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'Kubernetes pod holding the GPU; \'\': none',
+    namespace LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s namespace',
+    container LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s container the GPU is assigned to'
 )
 ENGINE = MergeTree()
 PARTITION BY toDate(start)

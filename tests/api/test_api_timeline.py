@@ -111,6 +111,9 @@ def test_spans_page_through_the_window_in_start_order_without_gaps(client):
         "launch_ns": 0,  # no host side recorded
         "launch_host_ns": 0,
         "tid": 0,
+        "pod": "",  # no Kubernetes pod held the GPU
+        "namespace": "",
+        "container": "",
     }
     assert any(s["stream"] == 2**63 + 5 for s in seen)  # uint64 streams survive JSON
 
@@ -138,6 +141,7 @@ def test_spans_filter_by_stream_kernel_regex_and_min_duration(client):
         ({"limit": 10**6}, "limit"),
         ({"cursor": "!!!"}, "invalid cursor"),
         ({"min_duration_ns": -5}, "min_duration_ns"),
+        ({"pod": "p" * 254}, "pod"),
         ({"stream": 2**64}, "stream"),
     ],
 )

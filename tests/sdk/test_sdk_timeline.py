@@ -162,6 +162,21 @@ def served(tmp_path_factory):
             pid=np.full(n, 7, np.uint32),
         )
     )
+    # GPU 1: four spans, the first two while pod trainer-0 held the GPU, then one of no pod, then server-0's
+    owners = [("", "", ""), ("trainer-0", "ml", "main"), ("server-0", "serving", "engine")]
+    store.insert_spans(
+        SpanBatch(
+            instance=["n1"] * 4,
+            gpu=np.ones(4, np.uint16),
+            stream=np.zeros(4, np.uint64),
+            kernel=["gemm", "gemm", "idle", "decode"],
+            start_ns=t0 + np.arange(4, dtype=np.int64) * 1000,
+            end_ns=t0 + np.arange(4, dtype=np.int64) * 1000 + 500,
+            correlation=np.arange(4, dtype=np.uint64),
+            pid=np.full(4, 7, np.uint32),
+            owners=(np.array([1, 1, 0, 2], np.int32), owners),
+        )
+    )
     store.insert_events([Event("n1", 0, t0 + 150_000_000, "oom", 2, message="cudaMalloc failed")])
     calls = [("nccl", "allreduce", t0 + 10, 3_000_000, 1 << 30, 0xC0), ("nccl", "send", t0 + 20, 5, 8, 0xC0)]
     calls += [("memory", "alloc", t0 + 30, 0, 1 << 20, 0x7000), ("sync", "event", t0 + 40, 90_000, 0, 0x55)]
@@ -203,6 +218,27 @@ def test_against_a_real_collector_spans_summary_correlation_and_perfetto(served,
     assert (checked["cats"][("X", "nccl")], checked["cats"][("i", "memory")]) == (2, 1)
     # the send overlaps the all-reduce of its communicator: a second track
     assert sorted(checked["tracks"].values()) == [1, 1, 1, 100, 100, 100]  # + the sync
+
+
+def test_spans_and_summary_filter_on_the_pod_that_held_the_gpu(served):
+    url, token, t0 = served
+    window = ("n1", 1, t0 / S, t0 / S + 1)
+    with TimelineClient(url, token) as tl:
+        mine = tl.spans(*window, pod="trainer-0")
+        assert [(s.kernel, s.pod, s.namespace, s.container) for s in mine] == [
+            ("gemm", "trainer-0", "ml", "main")
+        ] * 2
+        assert [s.kernel for s in tl.spans(*window, namespace="serving")] == ["decode"]
+        assert [s.kernel for s in tl.spans(*window, pod="")] == ["idle"]  # no pod held the GPU
+        assert [(k.kernel, k.count) for k in tl.summary(*window, container="main").kernels] == [("gemm", 2)]
+
+    async def fetch() -> tuple[list[Span], TimelineSummary]:
+        async with AsyncTimelineClient(url, token) as tl:
+            return await tl.spans(*window, pod="server-0"), await tl.summary(*window, namespace="ml")
+
+    spans, summary = asyncio.run(fetch())
+    assert [(s.kernel, s.container) for s in spans] == [("decode", "engine")]
+    assert [k.kernel for k in summary.kernels] == ["gemm"]
 
 
 def test_ki_timeline_export_refuses_an_unknown_instance(served, tmp_path):
