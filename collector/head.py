@@ -769,6 +769,86 @@ class Head:
         labels = list(in_order) if len(found) == n else [in_order[i] for i in ranks.tolist()]
         return _last_grid(labels, best_t[found], best_v[found], sample_times)
 
+    def _in_window(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, exclude_metrics: frozenset[str]
+    ) -> tuple[npt.NDArray[np.bool_], int] | None:
+        """Which series (a mask over ids) match and have a sample with ``start_ms <= t <= end_ms``,
+        and the numbering the ids belong to; None as for :meth:`select_columns`."""
+        names = [m for m in matchers if m.name == "__name__"]
+        if any(all(m.matches(x) for m in names) for x in exclude_metrics):
+            return None
+        numbering = self._numbering  # no label order wanted: the selection is not sorted (or kept)
+        sids = self.matching(matchers)
+        with self._lock:
+            blocks = [b for b in self._blocks if b.tmax >= start_ms and b.tmin <= end_ms]
+            if numbering != self._numbering:
+                return None
+            osid, ots, _ = self._open_arrays()
+            n_series = len(self._labels)
+        lo = max(start_ms, self._coverage)
+        seen = np.zeros(n_series, dtype=bool)
+        if not len(sids) or end_ms < start_ms:
+            return seen, numbering
+        where = np.arange(len(sids), dtype=np.int64)
+        for b in blocks:
+            if lo <= b.tmin and b.tmax <= end_ms:  # every run here is inside the window
+                seen[sids[b.runs(sids) >= 0]] = True
+            else:
+                r, _, _, _ = b.gather(sids, where, lo, end_ms, 2**62)
+                seen[sids[r]] = True
+        if len(osid):
+            wanted = np.zeros(n_series, dtype=bool)
+            wanted[sids] = True
+            m = (ots >= lo) & (ots <= end_ms)
+            seen[osid[m][wanted[osid[m]]]] = True
+        return seen, numbering
+
+    def label_names(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        exclude_metrics: frozenset[str] = frozenset(),
+    ) -> list[str] | None:
+        """Sorted label names of the matching series with a sample in the window (``__name__``
+        included), from the postings; None as for :meth:`select_columns`."""
+        found = self._in_window(matchers, start_ms, end_ms, exclude_metrics)
+        if found is None:
+            return None
+        seen, numbering = found
+        with self._lock:
+            if numbering != self._numbering:
+                return None
+            postings = self._postings
+            out = [
+                name
+                for name, values in postings.by_name.items()
+                if any(seen[postings.ids(name, v)].any() for v in values)
+            ]
+        return sorted(out)
+
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        exclude_metrics: frozenset[str] = frozenset(),
+    ) -> list[str] | None:
+        """Sorted distinct non-empty values of label ``name`` among the matching series with a
+        sample in the window, from the postings; None as for :meth:`select_columns`."""
+        found = self._in_window(matchers, start_ms, end_ms, exclude_metrics)
+        if found is None:
+            return None
+        seen, numbering = found
+        with self._lock:
+            if numbering != self._numbering:
+                return None
+            postings = self._postings
+            values = postings.by_name.get(name, {})
+            out = [v for v in values if v and seen[postings.ids(name, v)].any()]
+        return sorted(out)
+
     def reset(self, coverage_start_ms: int | None) -> None:
         """Forget everything (a raw statement may have changed samples): not ready until :meth:`load`."""
         with self._lock:

@@ -542,6 +542,12 @@ class ClickHouseStorage:
         self._selection_cache[key] = (serials, present, labels, want)
         return blocks, labels, want
 
+    def head_covers(self, start_ms: int) -> bool:
+        """Whether reads from ``start_ms`` on are the head's to answer (the floats of metrics
+        without native histograms; rules/prefetch.py shares such reads across a rule group)."""
+        head = self._store.head
+        return head is not None and self._store.histogram_metrics() is not None and head.covers(start_ms)
+
     def _head_last(
         self, matchers: Sequence[Matcher], first_ms: int, time_ms: int, sample_times: bool
     ) -> GridColumns | None:
@@ -949,6 +955,12 @@ class ClickHouseStorage:
     def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
         if end_ms < start_ms:
             return []
+        head = self._store.head
+        histograms = self._store.histogram_metrics()
+        if head is not None and histograms is not None and head.covers(start_ms):
+            names = head.label_names(matchers, start_ms, end_ms, histograms)  # from its postings
+            if names is not None:
+                return names
         p = Params()
         sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(
@@ -960,6 +972,12 @@ class ClickHouseStorage:
     def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
         if end_ms < start_ms:
             return []
+        head = self._store.head
+        histograms = self._store.histogram_metrics()
+        if head is not None and histograms is not None and head.covers(start_ms):
+            values = head.label_values(name, matchers, start_ms, end_ms, histograms)  # from its postings
+            if values is not None:
+                return values
         p = Params()
         sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(

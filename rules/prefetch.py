@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
 from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of
 from kernel_insight.kql.storage import (
     START_TIMESTAMPS_WANTED,
     Labels,
@@ -171,7 +172,14 @@ def _placed(t: npt.NDArray[np.int64], v: npt.NDArray[Any], ts: int, value: Any) 
 
 
 class CycleStorage:
-    """The store as one evaluation at ``ts_ms`` sees it, each metric of ``windows`` read once."""
+    """The store as one evaluation at ``ts_ms`` sees it, each metric of ``windows`` read once.
+
+    When the store answers the window from its head (collector/head.py: postings and recent
+    samples in memory, ``head_covers``), a metric's series are not copied into per-series Python
+    objects: each distinct read (selector, window; the instant selectors' newest samples) goes
+    to the head once per evaluation, and the rules that ask it again get the same columns. A
+    metric the group itself has written this evaluation is read as above, from what is held.
+    """
 
     def __init__(self, inner: Storage, ts_ms: int, windows: dict[str, int]) -> None:
         self.inner = inner
@@ -179,6 +187,59 @@ class CycleStorage:
         self.windows = windows
         self._held: dict[str, _Held] = {}
         self.reads = 0
+        #: Reads answered by the store's head, by (selector, window, ...): this evaluation's.
+        self._shared: dict[tuple[Any, ...], Any] = {}
+        self._written: set[str] = set()  # metrics the group wrote this evaluation
+        self.shared_reads = 0  # reads that went to the store's head (each distinct one once)
+
+    def _direct(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> bool:
+        """Whether a read goes straight to the store's head (shared by the group's rules): the
+        head covers its window, and it cannot select a metric the group wrote this evaluation
+        (those are held: the writer may not have sent them to the store yet)."""
+        covers = getattr(self.inner, "head_covers", None)  # collector/query.py's storage
+        if covers is None or end_ms > self.ts_ms or not self._not_written(matchers):
+            return False
+        return bool(covers(start_ms))
+
+    def _not_written(self, matchers: Sequence[Matcher]) -> bool:
+        if not self._written:
+            return True
+        names = [m.value for m in matchers if m.name == "__name__" and m.op == "="]
+        return bool(names) and names[0] not in self._written
+
+    def _shared_read(self, key: tuple[Any, ...], read: Any, *args: Any) -> Any:
+        if key not in self._shared:
+            self.shared_reads += 1
+            self._shared[key] = read(*args)
+        return self._shared[key]
+
+    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+        if self._direct(matchers, start_ms, end_ms):
+            key = ("cols", tuple(matchers), start_ms, end_ms, START_TIMESTAMPS_WANTED.get())
+            inner: Any = self.inner  # a store with a head: a ColumnarStorage
+            cols: SeriesColumns = self._shared_read(key, inner.select_columns, matchers, start_ms, end_ms)
+            return cols
+        return columns_of(self.select(matchers, start_ms, end_ms))
+
+    def select_last_on_grid(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        lookback_ms: int,
+        sample_times: bool = True,
+    ) -> GridColumns | None:
+        """The store's instant-selector read when it comes from the head (shared as above);
+        otherwise None: the engine reads the window through :meth:`select_columns`."""
+        if start_ms != end_ms or not self._direct(matchers, start_ms - lookback_ms + 1, end_ms):
+            return None
+        key = ("last", tuple(matchers), end_ms, lookback_ms, sample_times, START_TIMESTAMPS_WANTED.get())
+        inner: Any = self.inner  # a store with a head: a GridStorage
+        grid: GridColumns | None = self._shared_read(
+            key, inner.select_last_on_grid, matchers, start_ms, end_ms, step_ms, lookback_ms, sample_times
+        )
+        return grid
 
     def absorb(
         self, samples: Iterable[tuple[Labels, int, float | FloatHistogram]], *, load: bool = False
@@ -189,6 +250,9 @@ class CycleStorage:
         samples are not in the store yet, so a later read would miss them)."""
         for labels, ts, value in samples:
             name = next((v for k, v in labels if k == "__name__"), "")
+            if name not in self._written:
+                self._written.add(name)
+                self._shared.clear()  # a shared read may hold the metric's samples before this write
             if load and name in self.windows and name not in self._held:
                 self._series(name)
             held = self._held.get(name)

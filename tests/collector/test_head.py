@@ -27,6 +27,7 @@ LABEL_VALUES = {
     "mode": ["idle", "user", ""],
 }
 METRICS = ["cpu_seconds_total", "mem_free_bytes", "up"]
+LABELS_ASKED = ["__name__", "job", "instance", "mode", "nosuch"]
 
 
 def _labels(rng: random.Random) -> dict[str, str]:
@@ -128,6 +129,18 @@ def test_head_answers_as_memory_storage_through_writes_restarts_and_evictions(tm
                     without = store.storage().select(matchers, start, end)
                     store.head = head
                     _same(store.storage().select(matchers, start, end), without)
+            # Label names and values from the head's postings (windows it covers) as ClickHouse lists them.
+            first = max(head.coverage_start_ms, BASE)  # type: ignore[union-attr]
+            for matchers in [*MATCHERS, []]:
+                for start, end in [(first, BASE + 1_300_000), (first + 20_000, first + 80_000)]:
+                    assert head.covers(start)  # type: ignore[union-attr]
+                    store.head = None
+                    names = store.storage().label_names(matchers, start, end)
+                    values = {n: store.storage().label_values(n, matchers, start, end) for n in LABELS_ASKED}
+                    store.head = head
+                    assert store.storage().label_names(matchers, start, end) == names, (matchers, start, end)
+                    for n in LABELS_ASKED:
+                        assert store.storage().label_values(n, matchers, start, end) == values[n], (n, matchers)
         finally:
             store.head = head
     finally:

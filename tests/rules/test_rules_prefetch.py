@@ -100,3 +100,50 @@ def test_rate_of_a_metric_read_first_by_another_rule_keeps_its_start_timestamps(
     want = Engine(s).instant_query(exprs[1], T).value
     assert got == want
     assert got != Engine(s).instant_query(parse("rate(c_total[5m:15s])"), T).value
+
+
+def test_with_a_head_each_distinct_read_goes_to_it_once_and_the_groups_writes_are_seen(tmp_path):
+    """Over a store whose head covers the window (collector/head.py), the group's rules share
+    each distinct read (selector and window, or an instant selector's newest samples) instead of
+    copying metrics into per-series objects; answers are the store's, and a metric the group
+    wrote this evaluation is read with what it wrote."""
+    import time
+
+    from kernel_insight.collector.rows import SampleBuilder
+    from kernel_insight.collector.store import EmbeddedStore
+
+    now = (int(time.time()) // 60) * 60_000
+    store = EmbeddedStore(tmp_path, head_bytes=1 << 26, head_window_ms=3_600_000)
+    try:
+        deadline = time.monotonic() + 60
+        while not store.head.ready:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the head did not load"
+            time.sleep(0.02)
+        b = SampleBuilder()
+        ts = list(range(now - 600_000, now + 1, 15_000))
+        for inst in range(3):
+            b.add_series({"__name__": "temp", "instance": f"h{inst}"}, ts, [float(inst + t % 7) for t in ts])
+            b.add_series(
+                {"__name__": "c_total", "instance": f"h{inst}"}, ts, [float(k) for k in range(len(ts))]
+            )
+        store.insert_batch("b", samples=b.build())
+        queries = [
+            "temp > 1",
+            "temp > 1",
+            "rate(c_total[5m]) / on (instance) temp",
+            "rate(c_total[5m])",
+            "rec",
+        ]
+        exprs = [parse(q) for q in queries]
+        cycle = CycleStorage(store.storage(), now, read_windows(exprs))
+        engine, plain = Engine(cycle), Engine(store.storage())
+        for e in exprs[:4]:
+            assert engine.instant_query(e, now).value == plain.instant_query(e, now).value
+        # temp's newest samples and c_total's 5 minutes: two reads for four rules; nothing copied.
+        assert (cycle.shared_reads, cycle.reads) == (2, 0)
+        written = [((("__name__", "rec"), ("x", "1")), now, 4.0)]
+        cycle.absorb(written, load=True)  # the writer's way: not in the store yet
+        (s,) = engine.instant_query("rec", now).value.samples
+        assert (s.labels, s.value) == ((("__name__", "rec"), ("x", "1")), 4.0)
+    finally:
+        store.close()
