@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -812,20 +812,15 @@ class Head:
     ) -> list[str] | None:
         """Sorted label names of the matching series with a sample in the window (``__name__``
         included), from the postings; None as for :meth:`select_columns`."""
-        found = self._in_window(matchers, start_ms, end_ms, exclude_metrics)
-        if found is None:
-            return None
-        seen, numbering = found
-        with self._lock:
-            if numbering != self._numbering:
-                return None
-            postings = self._postings
-            out = [
-                name
-                for name, values in postings.by_name.items()
-                if any(seen[postings.ids(name, v)].any() for v in values)
+
+        def names(postings: _Postings, seen: npt.NDArray[np.bool_]) -> list[str]:
+            return [
+                n
+                for n, values in postings.by_name.items()
+                if any(seen[postings.ids(n, v)].any() for v in values)
             ]
-        return sorted(out)
+
+        return self._from_postings(matchers, start_ms, end_ms, exclude_metrics, names)
 
     def label_values(
         self,
@@ -837,6 +832,22 @@ class Head:
     ) -> list[str] | None:
         """Sorted distinct non-empty values of label ``name`` among the matching series with a
         sample in the window, from the postings; None as for :meth:`select_columns`."""
+
+        def values(postings: _Postings, seen: npt.NDArray[np.bool_]) -> list[str]:
+            return [v for v in postings.by_name.get(name, {}) if v and seen[postings.ids(name, v)].any()]
+
+        return self._from_postings(matchers, start_ms, end_ms, exclude_metrics, values)
+
+    def _from_postings(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        exclude_metrics: frozenset[str],
+        pick: Callable[[_Postings, npt.NDArray[np.bool_]], list[str]],
+    ) -> list[str] | None:
+        """``pick`` over the postings (under the lock) and the series that match with a sample in
+        the window, sorted; None as for :meth:`select_columns`."""
         found = self._in_window(matchers, start_ms, end_ms, exclude_metrics)
         if found is None:
             return None
@@ -844,10 +855,7 @@ class Head:
         with self._lock:
             if numbering != self._numbering:
                 return None
-            postings = self._postings
-            values = postings.by_name.get(name, {})
-            out = [v for v in values if v and seen[postings.ids(name, v)].any()]
-        return sorted(out)
+            return sorted(pick(self._postings, seen))
 
     def reset(self, coverage_start_ms: int | None) -> None:
         """Forget everything (a raw statement may have changed samples): not ready until :meth:`load`."""

@@ -140,7 +140,10 @@ def test_head_answers_as_memory_storage_through_writes_restarts_and_evictions(tm
                     store.head = head
                     assert store.storage().label_names(matchers, start, end) == names, (matchers, start, end)
                     for n in LABELS_ASKED:
-                        assert store.storage().label_values(n, matchers, start, end) == values[n], (n, matchers)
+                        assert store.storage().label_values(n, matchers, start, end) == values[n], (
+                            n,
+                            matchers,
+                        )
         finally:
             store.head = head
     finally:
