@@ -28,6 +28,7 @@ __all__ = [
     "KERNELS",
     "MEMORY_OPS",
     "NCCL_OPS",
+    "POD",
     "SYNCS",
     "calls_of",
     "chromium",
@@ -83,6 +84,9 @@ def populate_fleet(path: Path, instances: int, now_ms: int, *, hot: tuple[str, .
         store.insert_samples(b.build())
 
 
+#: The Kubernetes (pod, namespace, container) that ran ``populate_spans``' spans of even streams.
+POD = ("train-0", "ml", "main")
+
 #: The kernels ``populate_spans`` draws from.
 KERNELS = (
     "gemm_fp16_128x128",
@@ -106,7 +110,8 @@ def populate_spans(
 ) -> None:
     """``count`` kernel spans of one GPU in ``[start_ns, start_ns + window_ns)``, back to back on
     ``streams`` streams (handles like CUDA's pointers), each a ``KERNELS`` name, 25-90% of its slot,
-    each launched by one of two host threads (tids 4243, 4244) 5-50 us before it starts;
+    each launched by one of two host threads (tids 4243, 4244) 5-50 us before it starts, those of
+    the even streams in Kubernetes pod ``POD``;
     plus the GPU's memory use and SM use every 100 ms of the window, one OOM event in its middle,
     and its other calls (``populate_calls``)."""
     rng = random.Random(19)
@@ -129,6 +134,8 @@ def populate_spans(
     batch.launch_ns[:] = starts - lead
     batch.launch_host_ns[:] = 3_000
     batch.tid[:] = np.array([4243 + s % 2 for s, _ in rows], np.uint32)
+    # Kubernetes: the even streams' spans ran in pod ml/train-0 (container main), the odd ones in none
+    batch.owners = (np.array([1 - s % 2 for s, _ in rows], np.int32), [("", "", ""), POD])
     samples = SampleBuilder()
     base = {"instance": instance, "gpu": str(gpu)}
     for n, t_ms in enumerate(range(start_ns // 1_000_000, (start_ns + window_ns) // 1_000_000, 100)):

@@ -28,6 +28,7 @@ from bench.ui import (
     KERNELS,
     MEMORY_OPS,
     NCCL_OPS,
+    POD,
     SYNCS,
     chromium,
     populate_fleet,
@@ -601,6 +602,7 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     page.wait_for_function("document.getElementById('t-hover').textContent !== ''")
     hover = page.inner_text("#t-hover")
     assert any(hover.startswith(k + " · stream 0x7f0000001000") for k in KERNELS), hover
+    assert hover.endswith(" · pod ml/train-0 (main)"), hover  # the first stream's spans ran in POD
     # the NCCL lane names the operation under the pointer: all-reduce i starts at 1 + i/20 s (window
     # origin SPAN_START_S - 1) and lasts 1/60 s; point 5 ms into the first one in view
     view = page.evaluate("kiTimeline.view()")
@@ -628,6 +630,21 @@ def test_timeline_draws_every_span_on_one_lane_per_stream_zooms_pans_and_exports
     cats = Counter((e["ph"], e.get("cat")) for e in trace["traceEvents"])
     assert cats[("X", "kernel")] == cats[("X", "launch")] == cats[("s", "launch")] == SPANS
     assert (cats[("X", "nccl")], cats[("i", "memory")], cats[("X", "sync")]) == (NCCL_OPS, MEMORY_OPS, SYNCS)
+
+
+def test_timeline_and_kernels_show_only_the_spans_of_the_pod_asked_for(page, collector):
+    _sign_in(page, collector)
+    page.goto(f"{collector.url}/#/timeline?{_window()}&pod={POD[0]}")
+    page.wait_for_selector("#t-count", timeout=60_000)
+    assert page.get_attribute("#t-count", "data-spans") == str(SPANS // 2)  # the even streams'
+    assert page.get_attribute("#t-count", "data-lanes") == "2"
+    assert page.input_value("#w-pod") == POD[0]
+    page.goto(f"{collector.url}/#/timeline?{_window()}&pod=nobody")
+    page.wait_for_selector("#t-empty-any-pod", timeout=60_000)
+    assert page.get_attribute("#t-count", "data-spans") == "0"  # the GPU's samples and calls are still drawn
+    page.click("#t-empty-any-pod")  # the same window without the filter
+    page.wait_for_function(f"document.getElementById('t-count')?.dataset.spans === '{SPANS}'", timeout=60_000)
+    assert "pod=" not in page.url
 
 
 def test_timeline_without_spans_says_what_is_empty_and_what_to_try(page, collector, tmp_path):

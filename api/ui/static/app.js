@@ -768,7 +768,8 @@ function windowOf(params) {
   const now = Date.now() / 1000;
   const to = Number(params.get("to")) || now;
   const from = Number(params.get("from")) || to - 900;
-  return { instance: params.get("instance") || "", gpu: params.get("gpu") || "0", from, to };
+  // pod: Kubernetes, only the spans run while that pod held the GPU (null: every span)
+  return { instance: params.get("instance") || "", gpu: params.get("gpu") || "0", from, to, pod: params.get("pod") };
 }
 
 // The window form: an instance picker (the collector's instances by name, the id on hover and in
@@ -788,6 +789,7 @@ function windowForm(w, dir) {
     <label>GPU <select id="w-gpu">${gpus.map((g) => `<option${g === w.gpu ? " selected" : ""}>${esc(g)}</option>`).join("")}</select></label>
     <label>From (UTC) <input id="w-from" value="${iso(w.from)}" size="20"></label>
     <label>To <input id="w-to" value="${iso(w.to)}" size="20"></label>
+    <label>Pod <input id="w-pod" value="${esc(w.pod || "")}" size="16" placeholder="any"></label>
     <button type="submit">Show</button></form>`;
 }
 
@@ -800,6 +802,8 @@ function bindWindowForm(page) {
     if (!inst) return;
     const gpu = document.getElementById("w-gpu").value;
     const p = new URLSearchParams({ instance: inst, gpu: gpu, from: t("w-from"), to: t("w-to") });
+    const pod = document.getElementById("w-pod").value.trim();
+    if (pod) p.set("pod", pod);
     location.hash = `#/${page}?${p}`;
   };
   f.addEventListener("submit", (ev) => { ev.preventDefault(); go(); });
@@ -822,7 +826,9 @@ function windowProblem(w) {
 }
 
 function windowQuery(w) {
-  return new URLSearchParams({ instance: w.instance, gpu: w.gpu, from: w.from, to: w.to });
+  const q = new URLSearchParams({ instance: w.instance, gpu: w.gpu, from: w.from, to: w.to });
+  if (w.pod != null) q.set("pod", w.pod);
+  return q;
 }
 
 function fmtNs(ns) {
@@ -961,7 +967,7 @@ function rateRangeMs(stepS, intervalS) {
 async function kernelNativeHeatmap(w, kernel, axis) {
   const box = document.getElementById("k-native");
   const str = (v) => `"${String(v).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
-  const sel = `kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}}`;
+  const sel = `kernel_duration_seconds{instance=${str(w.instance)}, gpu=${str(w.gpu)}, kernel=${str(kernel)}${w.pod != null ? `, pod=${str(w.pod)}` : ""}}`;
   // One point per column, at the column's end, so the columns hold the same time as the span
   // heatmap's; a point the query has no data for leaves its column empty. The rate's range comes
   // from the exports' own interval (rateRangeMs): a range shorter than two exports has no rate.
@@ -1078,6 +1084,7 @@ async function emptyTimelineNote(w) {
   const around = (s) => `#/timeline?${windowQuery({ ...w, from: now - s, to: now })}`;
   const tips = [];
   if (known === false) tips.push(`The collector knows no instance <code>${esc(w.instance)}</code> (none reports health under that name): check the name on the <a href="#/fleet">Fleet</a> page, or start its agent.`);
+  if (w.pod != null) tips.push(`Only the spans run while pod <code>${esc(w.pod)}</code> held the GPU are shown: <a href="#/timeline?${windowQuery({ ...w, pod: null })}" id="t-empty-any-pod">every span of the window</a>.`);
   tips.push(`Try a wider window: <a href="${around(3600)}" id="t-empty-hour">the last hour</a> or <a href="${around(86400)}">the last 24 hours</a> (a window is at most 24 hours).`);
   tips.push(`The agent ships the slow tail and a sample of the spans only (and every span of a capture window, <code>ki timeline capture</code>), so a GPU can run kernels the timeline never shows: the <a href="#/kernels?${windowQuery(w)}">Kernels</a> page counts every launch of this window from the kernels' native histograms.`);
   return `<div class="placeholder" id="t-empty" data-known="${known === null ? "" : String(known)}">
@@ -1096,8 +1103,8 @@ async function pageTimeline(params) {
   if (problem) { body.innerHTML = `<p class="error" id="w-error">${esc(problem)}</p>`; return; }
   body.innerHTML = `<p class="muted" id="t-status">Loading spans…</p>`;
   // Every page of the window (10,000 spans each), into columns: a 100,000-span window is ~10 requests.
-  const names = [], nameIx = new Map(), streams = new Map(), threads = new Map();
-  let start = [], dur = [], lane = [], kern = [], launch = [], thread = [], hostNs = [];
+  const names = [], nameIx = new Map(), streams = new Map(), threads = new Map(), owners = [""], ownerIx = new Map([["", 0]]);
+  let start = [], dur = [], lane = [], kern = [], launch = [], thread = [], hostNs = [], own = [];
   const origin = Math.floor(w.from) * 1e9;
   let cursor = null;
   do {
@@ -1109,6 +1116,10 @@ async function pageTimeline(params) {
       if (!streams.has(String(s.stream))) streams.set(String(s.stream), streams.size);
       if (!nameIx.has(s.kernel)) { nameIx.set(s.kernel, names.length); names.push(s.kernel); }
       start.push(s.start_ns - origin); dur.push(s.duration_ns); lane.push(streams.get(String(s.stream))); kern.push(nameIx.get(s.kernel));
+      // the Kubernetes pod that held the GPU when the span ran ("" when none did)
+      const owner = s.pod ? `pod ${s.namespace}/${s.pod} (${s.container})` : "";
+      if (!ownerIx.has(owner)) { ownerIx.set(owner, owners.length); owners.push(owner); }
+      own.push(ownerIx.get(owner));
       // the host side (CUDA-event probe): when and on which thread the kernel was launched
       if (s.launch_ns) {
         const key = `${s.pid}:${s.tid}`;
@@ -1143,7 +1154,7 @@ async function pageTimeline(params) {
   ].filter((c) => c.rows.length);
   const tl = {
     start: Float64Array.from(start), dur: Float64Array.from(dur), lane: Uint16Array.from(lane), kern: Uint32Array.from(kern),
-    names, lanes: [...streams.keys()], maxDur: dur.reduce((m, d) => (d > m ? d : m), 0),
+    names, lanes: [...streams.keys()], maxDur: dur.reduce((m, d) => (d > m ? d : m), 0), own: Uint32Array.from(own), owners,
     t0: 0, t1: (w.to - Math.floor(w.from)) * 1e9, offset: (w.from - Math.floor(w.from)) * 1e9,
   };
   tl.t0 = tl.offset;
@@ -1163,7 +1174,7 @@ async function pageTimeline(params) {
   tl.maxHost = H.reduce((m, h) => (h > m ? h : m), 0);
   tl.maxLead = order.reduce((m, i) => Math.max(m, tl.start[i] - L[i], H[i]), 0);
   tl.arrows = 0; tl.inView = 0;
-  start = dur = lane = kern = launch = thread = hostNs = null;
+  start = dur = lane = kern = launch = thread = hostNs = own = null;
   // No spans: say so, and what to try, rather than draw empty lanes. The GPU's other data of the
   // window (NVML samples, calls, events), if any, is still drawn under the note.
   const empty = tl.start.length === 0 ? await emptyTimelineNote(w) : "";
@@ -1374,7 +1385,7 @@ async function pageTimeline(params) {
     if (call) { document.getElementById("t-hover").textContent = call; return; }
     const i = spanAt(ev.offsetX, ev.offsetY);
     document.getElementById("t-hover").textContent = i < 0 ? "" :
-      `${tl.names[tl.kern[i]]} · stream 0x${Number(tl.lanes[tl.lane[i]]).toString(16)} · start +${fmtNs(Math.round(tl.start[i] - tl.offset))} · ${fmtNs(tl.dur[i])}`;
+      `${tl.names[tl.kern[i]]} · stream 0x${Number(tl.lanes[tl.lane[i]]).toString(16)} · start +${fmtNs(Math.round(tl.start[i] - tl.offset))} · ${fmtNs(tl.dur[i])}${tl.own[i] ? ` · ${tl.owners[tl.own[i]]}` : ""}`;
   });
   // The span under the pointer, or the nearest one of that lane within 3 pixels; -1 for none.
   const spanAt = (x, y) => {
