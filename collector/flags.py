@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable, Sequence
 
 __all__ = ["MOST", "DeferredParser", "at_least", "count_at_least", "defer_arguments", "port_number"]
@@ -85,11 +86,31 @@ class DeferredParser(argparse.ArgumentParser):
         for add in self.__dict__.pop("_deferred", []):
             add(self)
 
+    def read_flags_from(self, option: str) -> None:
+        """Let ``option FILE`` (one of this parser's flags) set the others from a YAML file
+        (collector/flag_file.py): its values are placed before argparse parses the command line,
+        so the defaults step aside for them and flags given on the command line win."""
+        self.__dict__["_flag_file_option"] = option
+
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._add_deferred()
-        return super().parse_known_args(args, namespace)
+        option = self.__dict__.get("_flag_file_option")
+        argv = list(sys.argv[1:] if args is None else args)
+        if option:
+            from kernel_insight.collector.flag_file import FlagFileError, config_path, read_flag_file
+
+            path = config_path(argv, option)
+            if path is not None:
+                try:
+                    values = read_flag_file(self, path, option)
+                except FlagFileError as exc:
+                    self.error(str(exc))
+                namespace = argparse.Namespace() if namespace is None else namespace
+                for dest, value in values.items():
+                    setattr(namespace, dest, value)
+        return super().parse_known_args(argv, namespace)
 
     def format_help(self) -> str:
         self._add_deferred()

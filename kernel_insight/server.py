@@ -9,11 +9,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # ki collector's number types; re-exported for ki run (kernel_insight/run.py), which words its own alike
-from kernel_insight.collector.flags import at_least, count_at_least, defer_arguments, port_number
+from kernel_insight.collector.flags import (
+    DeferredParser,
+    at_least,
+    count_at_least,
+    defer_arguments,
+    port_number,
+)
 
 if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
@@ -253,6 +260,11 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.collector.keys import KeyStoreError
     from kernel_insight.collector.store import StorageError, open_store
 
+    if args.print_config:
+        from kernel_insight.collector.flag_file import settings_yaml
+
+        print(settings_yaml(_collector_parser(), args, skip=_NOT_SETTINGS), end="")
+        return 0
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
         tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)
@@ -287,7 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         from kernel_insight.rules.manager import rule_manager_for
 
-        rules = rule_manager_for(store, args)
+        rules = rule_manager_for(store, args, before_reload=_config_reloader(args))
         app = build_collector_app(
             store,
             keys_path=keys,
@@ -318,6 +330,75 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Flags that are not settings of the collector: a file does not set them, --print-config omits them.
+_NOT_SETTINGS = ("--config", "--print-config")
+#: Settings a SIGHUP applies to the running collector (with the rule files, which it re-reads);
+#: a change to any other key is reported as waiting for the next start.
+_LIVE_SETTINGS = ("rules", "alertmanager", "rules_resend_delay")
+
+
+def _collector_parser() -> argparse.ArgumentParser:
+    """A parser with ``ki collector``'s flags, to read its configuration file again."""
+    parser = argparse.ArgumentParser(prog="ki collector", add_help=False)
+    _collector_arguments(parser)
+    return parser
+
+
+def _config_reloader(args: argparse.Namespace) -> Callable[[Any], None] | None:
+    """What a SIGHUP does with ``--config FILE`` before the rule files are re-read: read the file
+    again (a bad file changes nothing and says why), apply the live settings (_LIVE_SETTINGS) to
+    the rule manager unless the command line set them, and name the changed keys that need a
+    restart. None without ``--config``."""
+    from kernel_insight.collector.flag_file import FlagFileError, flag_actions, read_flag_file
+
+    if not args.config:
+        return None
+    parser = _collector_parser()
+    key_of = {action.dest: key for key, action in flag_actions(parser, _NOT_SETTINGS).items()}
+    state = {"file": read_flag_file(parser, args.config, "--config")}
+
+    def reload(manager: Any) -> None:
+        try:
+            new = read_flag_file(parser, args.config, "--config")
+        except FlagFileError as exc:
+            print(f"ki collector: SIGHUP: {exc}; keeping the settings in use", file=sys.stderr, flush=True)
+            return
+        old = state["file"]
+        changed = sorted(d for d in old.keys() | new.keys() if old.get(d) != new.get(d))
+        defaults = parser.parse_args([])
+        for dest in changed:
+            value = new.get(dest, getattr(defaults, dest))
+            from_file = old.get(dest, getattr(defaults, dest))
+            current = getattr(args, dest)
+            if dest in _LIVE_SETTINGS and manager is not None:
+                if isinstance(current, list):  # the file's items first, then the command line's
+                    value = [*value, *current[len(from_file) :]]
+                elif current != from_file:
+                    print(f"ki collector: SIGHUP: {key_of[dest]} is set on the command line", file=sys.stderr)
+                    continue
+                _apply_live(manager, dest, value)
+                setattr(args, dest, value)
+                print(f"ki collector: SIGHUP: {key_of[dest]} is now {value!r}", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"ki collector: SIGHUP: {key_of[dest]} changed in {args.config}; it takes effect at the next start",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        state["file"] = new
+
+    return reload
+
+
+def _apply_live(manager: Any, dest: str, value: Any) -> None:
+    if dest == "rules":
+        manager.patterns = list(value)
+    elif dest == "alertmanager":
+        manager.notifier.set_urls(value)
+    elif dest == "rules_resend_delay":
+        manager.resend_delay_ms = int(value * 1000)
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
         "collector", help="serve agent ingest, remote_write and the query and health API (one process)"
@@ -343,6 +424,19 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
 
     rule = HealthRule()
+    s.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file of these flags, each key a flag without '--' (head-mb: 512); flags given here win; "
+        "re-read on SIGHUP (docs/configuration.md)",
+    )
+    s.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every setting as the YAML --config reads (defaults, the file, these flags) and exit",
+    )
+    if isinstance(s, DeferredParser):
+        s.read_flags_from("--config")
     s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
     s.add_argument(
         "--cluster",

@@ -389,13 +389,23 @@ def _default_external_url(args: argparse.Namespace) -> str:
     return f"{scheme}://{host}:{args.port}"
 
 
-def rule_manager_for(store: Store, args: argparse.Namespace) -> RuleManager | None:
+def rule_manager_for(
+    store: Store,
+    args: argparse.Namespace,
+    before_reload: Callable[[RuleManager | None], None] | None = None,
+) -> RuleManager | None:
     """The manager ``ki collector --rules`` asks for, loaded (raises ValueError on a bad rule file),
     with a lease when the store is a ClickHouse server other collectors may share, and SIGHUP
-    wired to a reload. None without ``--rules``."""
+    wired to a reload. None without ``--rules``.
+
+    ``before_reload`` (``ki collector --config``: the settings file read again) runs first on
+    every SIGHUP, with the manager or None; with it SIGHUP is handled even without rules, where
+    its default action would end the collector."""
     from kernel_insight.collector.store import ServerStore
 
     if not args.rules:
+        if before_reload is not None:
+            _on_sighup(lambda: before_reload(None))
         return None
     manager = RuleManager(
         store,
@@ -416,20 +426,29 @@ def rule_manager_for(store: Store, args: argparse.Namespace) -> RuleManager | No
         flush=True,
     )
 
-    def on_hup(_signum: int, _frame: object) -> None:
-        def work() -> None:
-            status = manager.reload()
-            if status.error:
-                print(
-                    f"ki: rules: reload failed, keeping the old rules:\n{status.error}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(f"ki: rules: reloaded {len(manager.groups)} groups", file=sys.stderr, flush=True)
+    def work() -> None:
+        if before_reload is not None:
+            before_reload(manager)
+        status = manager.reload()
+        if status.error:
+            print(
+                f"ki: rules: reload failed, keeping the old rules:\n{status.error}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print(f"ki: rules: reloaded {len(manager.groups)} groups", file=sys.stderr, flush=True)
 
-        threading.Thread(target=work, name="ki-rules-reload", daemon=True).start()
+    _on_sighup(work)
+    return manager
+
+
+def _on_sighup(work: Callable[[], None]) -> None:
+    """Run ``work`` on a thread at each SIGHUP (a reload reads files and may wait on a lock: not
+    in a signal handler). Only the main thread may set a handler; elsewhere (tests) nothing is set."""
+
+    def on_hup(_signum: int, _frame: object) -> None:
+        threading.Thread(target=work, name="ki-reload", daemon=True).start()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, on_hup)
-    return manager

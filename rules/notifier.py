@@ -98,7 +98,7 @@ class Notifier:
         timeout_s: float = 10.0,
         client: httpx.Client | None = None,
     ) -> None:
-        self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in urls]
+        self.urls = self._endpoints(urls)
         self.capacity = capacity
         self.timeout_s = timeout_s
         self.stats = NotifierStats()
@@ -107,6 +107,18 @@ class Notifier:
         self._client = client
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._started = False
+
+    @staticmethod
+    def _endpoints(urls: Sequence[str]) -> list[str]:
+        return [u.rstrip("/") + "/api/v2/alerts" for u in urls]
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Send to these Alertmanagers from now on (a SIGHUP with ``ki collector --config``); the
+        alerts queued go to the new ones. Starts the sender when the first is added to a started notifier."""
+        self.urls = self._endpoints(urls)
+        if self._started and self.urls:
+            self.start()
 
     def send(self, payloads: Sequence[dict[str, Any]]) -> None:
         """Queue alerts for delivery (never blocks); the oldest are dropped past the capacity."""
@@ -124,6 +136,7 @@ class Notifier:
             self._cond.notify()
 
     def start(self) -> None:
+        self._started = True
         if self._thread is not None or not self.urls:
             return
         if self._client is None:
@@ -143,6 +156,7 @@ class Notifier:
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 1)
             self._thread = None
+        self._started = False
         if self._client is not None:
             self._client.close()
             self._client = None
