@@ -11,274 +11,106 @@ from typing import TYPE_CHECKING
 from kernel_insight._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kernel_insight.agent.metric_ids import METRIC_SPECS, MetricId, MetricSpec
-    from kernel_insight.collector.app import create_app
-    from kernel_insight.collector.batcher import Batcher, BatcherStats, FlushFailed, Ticket
-    from kernel_insight.collector.captures import CaptureDesk, CaptureError
-    from kernel_insight.collector.derive import DROP_REASONS, DROP_STATS, Derived, Deriver, DropStats
-    from kernel_insight.collector.ingest import IngestStats, KeyLookup, SeenBatches, ingest_router
-    from kernel_insight.collector.keys import (
-        AgentCredentials,
-        AgentInfo,
-        ClickHouseKeyStore,
-        KeyStore,
-        KeyStoreBase,
-        KeyStoreError,
-        RevokedAgent,
-        UnknownAgent,
-        read_key_file,
-    )
-    from kernel_insight.collector.metrics import AgentStates, CollectorMetrics, RequestMetrics, StoreStats
-    from kernel_insight.collector.openmetrics import (
-        Exposition,
-        ExpositionReader,
-        OpenMetricsError,
-        parse_exposition,
-    )
-    from kernel_insight.collector.perfetto_trace import perfetto_trace
-    from kernel_insight.collector.query import ClickHouseStorage
-    from kernel_insight.collector.relabel import (
-        RelabelConfig,
-        Relabeler,
-        RelabelError,
-        load_relabel_configs,
-        parse_relabel_configs,
-    )
-    from kernel_insight.collector.remote_write import (
-        RemoteWriteError,
-        SeriesEncoder,
-        encode_write_request,
-        parse_remote_write,
-    )
-    from kernel_insight.collector.rows import (
-        CallBatch,
-        Event,
-        HistogramBatch,
-        HistogramBuilder,
-        InstanceInfo,
-        SampleBatch,
-        SampleBuilder,
-        SeriesLimits,
-        SpanBatch,
-        canonical_labels,
-        series_fingerprint,
-        validate_series,
-    )
-    from kernel_insight.collector.sample_cache import CacheStats, SampleBlock, SampleCache
-    from kernel_insight.collector.schema import SCHEMA, Retention, cluster_ddl, single_ddl
-    from kernel_insight.collector.sink import StoreSink
-    from kernel_insight.collector.spans import SpanCursor, SpanQueryError, SpanWindow
-    from kernel_insight.collector.store import (
-        EmbeddedStore,
-        PreparedRows,
-        ServerStore,
-        StorageError,
-        StorageUnavailable,
-        Store,
-        open_store,
-    )
-    from kernel_insight.collector.trace import TraceTooLarge, chrome_trace, chrome_trace_parts
-    from kernel_insight.collector.wire import (
-        CONTENT_TYPE,
-        INGEST_PATH,
-        AuthenticationFailed,
-        BatchHeader,
-        BatchId,
-        CaptureReport,
-        Counter,
-        DecodedBatch,
-        Limits,
-        MalformedBatch,
-        OversizedBatch,
-        WireError,
-        decode_batch,
-        encode_batch,
-    )
+    # The package's exports: each name is imported from its module on first use
+    # (kernel_insight/_lazy.py reads this block); ``X as X`` marks it re-exported.
+    from kernel_insight.agent.metric_ids import METRIC_SPECS as METRIC_SPECS
+    from kernel_insight.agent.metric_ids import MetricId as MetricId
+    from kernel_insight.agent.metric_ids import MetricSpec as MetricSpec
+    from kernel_insight.collector.app import create_app as create_app
+    from kernel_insight.collector.batcher import Batcher as Batcher
+    from kernel_insight.collector.batcher import BatcherStats as BatcherStats
+    from kernel_insight.collector.batcher import FlushFailed as FlushFailed
+    from kernel_insight.collector.batcher import Ticket as Ticket
+    from kernel_insight.collector.captures import CaptureDesk as CaptureDesk
+    from kernel_insight.collector.captures import CaptureError as CaptureError
+    from kernel_insight.collector.derive import DROP_REASONS as DROP_REASONS
+    from kernel_insight.collector.derive import DROP_STATS as DROP_STATS
+    from kernel_insight.collector.derive import Derived as Derived
+    from kernel_insight.collector.derive import Deriver as Deriver
+    from kernel_insight.collector.derive import DropStats as DropStats
+    from kernel_insight.collector.ingest import IngestStats as IngestStats
+    from kernel_insight.collector.ingest import KeyLookup as KeyLookup
+    from kernel_insight.collector.ingest import SeenBatches as SeenBatches
+    from kernel_insight.collector.ingest import ingest_router as ingest_router
+    from kernel_insight.collector.keys import AgentCredentials as AgentCredentials
+    from kernel_insight.collector.keys import AgentInfo as AgentInfo
+    from kernel_insight.collector.keys import ClickHouseKeyStore as ClickHouseKeyStore
+    from kernel_insight.collector.keys import KeyStore as KeyStore
+    from kernel_insight.collector.keys import KeyStoreBase as KeyStoreBase
+    from kernel_insight.collector.keys import KeyStoreError as KeyStoreError
+    from kernel_insight.collector.keys import RevokedAgent as RevokedAgent
+    from kernel_insight.collector.keys import UnknownAgent as UnknownAgent
+    from kernel_insight.collector.keys import read_key_file as read_key_file
+    from kernel_insight.collector.metrics import AgentStates as AgentStates
+    from kernel_insight.collector.metrics import CollectorMetrics as CollectorMetrics
+    from kernel_insight.collector.metrics import RequestMetrics as RequestMetrics
+    from kernel_insight.collector.metrics import StoreStats as StoreStats
+    from kernel_insight.collector.openmetrics import Exposition as Exposition
+    from kernel_insight.collector.openmetrics import ExpositionReader as ExpositionReader
+    from kernel_insight.collector.openmetrics import OpenMetricsError as OpenMetricsError
+    from kernel_insight.collector.openmetrics import parse_exposition as parse_exposition
+    from kernel_insight.collector.perfetto_trace import perfetto_trace as perfetto_trace
+    from kernel_insight.collector.query import ClickHouseStorage as ClickHouseStorage
+    from kernel_insight.collector.relabel import RelabelConfig as RelabelConfig
+    from kernel_insight.collector.relabel import Relabeler as Relabeler
+    from kernel_insight.collector.relabel import RelabelError as RelabelError
+    from kernel_insight.collector.relabel import load_relabel_configs as load_relabel_configs
+    from kernel_insight.collector.relabel import parse_relabel_configs as parse_relabel_configs
+    from kernel_insight.collector.remote_write import RemoteWriteError as RemoteWriteError
+    from kernel_insight.collector.remote_write import SeriesEncoder as SeriesEncoder
+    from kernel_insight.collector.remote_write import encode_write_request as encode_write_request
+    from kernel_insight.collector.remote_write import parse_remote_write as parse_remote_write
+    from kernel_insight.collector.rows import CallBatch as CallBatch
+    from kernel_insight.collector.rows import Event as Event
+    from kernel_insight.collector.rows import HistogramBatch as HistogramBatch
+    from kernel_insight.collector.rows import HistogramBuilder as HistogramBuilder
+    from kernel_insight.collector.rows import InstanceInfo as InstanceInfo
+    from kernel_insight.collector.rows import SampleBatch as SampleBatch
+    from kernel_insight.collector.rows import SampleBuilder as SampleBuilder
+    from kernel_insight.collector.rows import SeriesLimits as SeriesLimits
+    from kernel_insight.collector.rows import SpanBatch as SpanBatch
+    from kernel_insight.collector.rows import canonical_labels as canonical_labels
+    from kernel_insight.collector.rows import series_fingerprint as series_fingerprint
+    from kernel_insight.collector.rows import validate_series as validate_series
+    from kernel_insight.collector.sample_cache import CacheStats as CacheStats
+    from kernel_insight.collector.sample_cache import SampleBlock as SampleBlock
+    from kernel_insight.collector.sample_cache import SampleCache as SampleCache
+    from kernel_insight.collector.schema import SCHEMA as SCHEMA
+    from kernel_insight.collector.schema import Retention as Retention
+    from kernel_insight.collector.schema import cluster_ddl as cluster_ddl
+    from kernel_insight.collector.schema import single_ddl as single_ddl
+    from kernel_insight.collector.sink import StoreSink as StoreSink
+    from kernel_insight.collector.spans import SpanCursor as SpanCursor
+    from kernel_insight.collector.spans import SpanQueryError as SpanQueryError
+    from kernel_insight.collector.spans import SpanWindow as SpanWindow
+    from kernel_insight.collector.store import EmbeddedStore as EmbeddedStore
+    from kernel_insight.collector.store import PreparedRows as PreparedRows
+    from kernel_insight.collector.store import ServerStore as ServerStore
+    from kernel_insight.collector.store import StorageError as StorageError
+    from kernel_insight.collector.store import StorageUnavailable as StorageUnavailable
+    from kernel_insight.collector.store import Store as Store
+    from kernel_insight.collector.store import open_store as open_store
+    from kernel_insight.collector.trace import TraceTooLarge as TraceTooLarge
+    from kernel_insight.collector.trace import chrome_trace as chrome_trace
+    from kernel_insight.collector.trace import chrome_trace_parts as chrome_trace_parts
+    from kernel_insight.collector.wire import CONTENT_TYPE as CONTENT_TYPE
+    from kernel_insight.collector.wire import INGEST_PATH as INGEST_PATH
+    from kernel_insight.collector.wire import AuthenticationFailed as AuthenticationFailed
+    from kernel_insight.collector.wire import BatchHeader as BatchHeader
+    from kernel_insight.collector.wire import BatchId as BatchId
+    from kernel_insight.collector.wire import CaptureReport as CaptureReport
+    from kernel_insight.collector.wire import Counter as Counter
+    from kernel_insight.collector.wire import DecodedBatch as DecodedBatch
+    from kernel_insight.collector.wire import Limits as Limits
+    from kernel_insight.collector.wire import MalformedBatch as MalformedBatch
+    from kernel_insight.collector.wire import OversizedBatch as OversizedBatch
+    from kernel_insight.collector.wire import WireError as WireError
+    from kernel_insight.collector.wire import decode_batch as decode_batch
+    from kernel_insight.collector.wire import encode_batch as encode_batch
 
 #: Where each exported name lives. A submodule is imported when one of its names is first used:
 #: ``import kernel_insight.collector.openmetrics`` (``ki import``) then loads neither FastAPI nor
 #: the app (~57 MB resident and ~1 s of CPU the import never used: docs/benchmarks.md).
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kernel_insight.agent.metric_ids": ("METRIC_SPECS", "MetricId", "MetricSpec"),
-    "kernel_insight.collector.app": ("create_app",),
-    "kernel_insight.collector.batcher": ("Batcher", "BatcherStats", "FlushFailed", "Ticket"),
-    "kernel_insight.collector.captures": ("CaptureDesk", "CaptureError"),
-    "kernel_insight.collector.derive": ("DROP_REASONS", "DROP_STATS", "Derived", "Deriver", "DropStats"),
-    "kernel_insight.collector.ingest": ("IngestStats", "KeyLookup", "SeenBatches", "ingest_router"),
-    "kernel_insight.collector.keys": (
-        "AgentCredentials",
-        "AgentInfo",
-        "ClickHouseKeyStore",
-        "KeyStore",
-        "KeyStoreBase",
-        "KeyStoreError",
-        "RevokedAgent",
-        "UnknownAgent",
-        "read_key_file",
-    ),
-    "kernel_insight.collector.metrics": ("AgentStates", "CollectorMetrics", "RequestMetrics", "StoreStats"),
-    "kernel_insight.collector.openmetrics": (
-        "Exposition",
-        "ExpositionReader",
-        "OpenMetricsError",
-        "parse_exposition",
-    ),
-    "kernel_insight.collector.perfetto_trace": ("perfetto_trace",),
-    "kernel_insight.collector.query": ("ClickHouseStorage",),
-    "kernel_insight.collector.relabel": (
-        "RelabelConfig",
-        "Relabeler",
-        "RelabelError",
-        "load_relabel_configs",
-        "parse_relabel_configs",
-    ),
-    "kernel_insight.collector.remote_write": (
-        "RemoteWriteError",
-        "SeriesEncoder",
-        "encode_write_request",
-        "parse_remote_write",
-    ),
-    "kernel_insight.collector.rows": (
-        "CallBatch",
-        "Event",
-        "HistogramBatch",
-        "HistogramBuilder",
-        "InstanceInfo",
-        "SampleBatch",
-        "SampleBuilder",
-        "SeriesLimits",
-        "SpanBatch",
-        "canonical_labels",
-        "series_fingerprint",
-        "validate_series",
-    ),
-    "kernel_insight.collector.sample_cache": ("CacheStats", "SampleBlock", "SampleCache"),
-    "kernel_insight.collector.schema": ("SCHEMA", "Retention", "cluster_ddl", "single_ddl"),
-    "kernel_insight.collector.sink": ("StoreSink",),
-    "kernel_insight.collector.spans": ("SpanCursor", "SpanQueryError", "SpanWindow"),
-    "kernel_insight.collector.store": (
-        "EmbeddedStore",
-        "PreparedRows",
-        "ServerStore",
-        "StorageError",
-        "StorageUnavailable",
-        "Store",
-        "open_store",
-    ),
-    "kernel_insight.collector.trace": ("TraceTooLarge", "chrome_trace", "chrome_trace_parts"),
-    "kernel_insight.collector.wire": (
-        "CONTENT_TYPE",
-        "INGEST_PATH",
-        "AuthenticationFailed",
-        "BatchHeader",
-        "BatchId",
-        "CaptureReport",
-        "Counter",
-        "DecodedBatch",
-        "Limits",
-        "MalformedBatch",
-        "OversizedBatch",
-        "WireError",
-        "decode_batch",
-        "encode_batch",
-    ),
-}
-__all__ = [
-    "CONTENT_TYPE",
-    "DROP_REASONS",
-    "DROP_STATS",
-    "INGEST_PATH",
-    "METRIC_SPECS",
-    "SCHEMA",
-    "AgentCredentials",
-    "AgentInfo",
-    "AgentStates",
-    "AuthenticationFailed",
-    "BatchHeader",
-    "BatchId",
-    "Batcher",
-    "BatcherStats",
-    "CacheStats",
-    "CallBatch",
-    "CaptureDesk",
-    "CaptureError",
-    "CaptureReport",
-    "ClickHouseKeyStore",
-    "ClickHouseStorage",
-    "CollectorMetrics",
-    "Counter",
-    "DecodedBatch",
-    "Derived",
-    "Deriver",
-    "DropStats",
-    "EmbeddedStore",
-    "Event",
-    "Exposition",
-    "ExpositionReader",
-    "FlushFailed",
-    "HistogramBatch",
-    "HistogramBuilder",
-    "IngestStats",
-    "InstanceInfo",
-    "KeyLookup",
-    "KeyStore",
-    "KeyStoreBase",
-    "KeyStoreError",
-    "Limits",
-    "MalformedBatch",
-    "MetricId",
-    "MetricSpec",
-    "OpenMetricsError",
-    "OversizedBatch",
-    "PreparedRows",
-    "RelabelConfig",
-    "RelabelError",
-    "Relabeler",
-    "RemoteWriteError",
-    "RequestMetrics",
-    "Retention",
-    "RevokedAgent",
-    "SampleBatch",
-    "SampleBlock",
-    "SampleBuilder",
-    "SampleCache",
-    "SeenBatches",
-    "SeriesEncoder",
-    "SeriesLimits",
-    "ServerStore",
-    "SpanBatch",
-    "SpanCursor",
-    "SpanQueryError",
-    "SpanWindow",
-    "StorageError",
-    "StorageUnavailable",
-    "Store",
-    "StoreSink",
-    "StoreStats",
-    "Ticket",
-    "TraceTooLarge",
-    "UnknownAgent",
-    "WireError",
-    "canonical_labels",
-    "chrome_trace",
-    "chrome_trace_parts",
-    "cluster_ddl",
-    "create_app",
-    "decode_batch",
-    "encode_batch",
-    "encode_write_request",
-    "ingest_router",
-    "load_relabel_configs",
-    "open_store",
-    "parse_exposition",
-    "parse_relabel_configs",
-    "parse_remote_write",
-    "perfetto_trace",
-    "read_key_file",
-    "series_fingerprint",
-    "single_ddl",
-    "validate_series",
-]
 
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals())

@@ -15,140 +15,48 @@ from typing import TYPE_CHECKING
 from kernel_insight._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kernel_insight.kql.aggregators import AGGREGATORS, AggregatorSpec
-    from kernel_insight.kql.checker import check, value_type
-    from kernel_insight.kql.engine import CancelToken, Engine
-    from kernel_insight.kql.errors import (
-        KqlError,
-        KqlEvaluationError,
-        KqlExecutionError,
-        KqlParseError,
-        KqlTypeError,
-        QueryCancelledError,
-        QueryTimeoutError,
-        StorageError,
-        TooManySamplesError,
-        TooManySeriesError,
-    )
-    from kernel_insight.kql.functions import FUNCTIONS, FunctionSpec, GridPushdown
-    from kernel_insight.kql.limits import EngineLimits
-    from kernel_insight.kql.nativehist import FloatHistogram, HistogramError, parse_histogram
-    from kernel_insight.kql.parser import parse
-    from kernel_insight.kql.printer import format_expr
-    from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, Storage
-    from kernel_insight.kql.values import (
-        Annotation,
-        Matrix,
-        QueryResult,
-        Sample,
-        Scalar,
-        Series,
-        String,
-        Vector,
-        prometheus_json_bytes,
-        to_prometheus_json,
-    )
+    # The package's exports: each name is imported from its module on first use
+    # (kernel_insight/_lazy.py reads this block); ``X as X`` marks it re-exported.
+    from kernel_insight.kql.aggregators import AGGREGATORS as AGGREGATORS
+    from kernel_insight.kql.aggregators import AggregatorSpec as AggregatorSpec
+    from kernel_insight.kql.checker import check as check
+    from kernel_insight.kql.checker import value_type as value_type
+    from kernel_insight.kql.engine import CancelToken as CancelToken
+    from kernel_insight.kql.engine import Engine as Engine
+    from kernel_insight.kql.errors import KqlError as KqlError
+    from kernel_insight.kql.errors import KqlEvaluationError as KqlEvaluationError
+    from kernel_insight.kql.errors import KqlExecutionError as KqlExecutionError
+    from kernel_insight.kql.errors import KqlParseError as KqlParseError
+    from kernel_insight.kql.errors import KqlTypeError as KqlTypeError
+    from kernel_insight.kql.errors import QueryCancelledError as QueryCancelledError
+    from kernel_insight.kql.errors import QueryTimeoutError as QueryTimeoutError
+    from kernel_insight.kql.errors import StorageError as StorageError
+    from kernel_insight.kql.errors import TooManySamplesError as TooManySamplesError
+    from kernel_insight.kql.errors import TooManySeriesError as TooManySeriesError
+    from kernel_insight.kql.functions import FUNCTIONS as FUNCTIONS
+    from kernel_insight.kql.functions import FunctionSpec as FunctionSpec
+    from kernel_insight.kql.functions import GridPushdown as GridPushdown
+    from kernel_insight.kql.limits import EngineLimits as EngineLimits
+    from kernel_insight.kql.nativehist import FloatHistogram as FloatHistogram
+    from kernel_insight.kql.nativehist import HistogramError as HistogramError
+    from kernel_insight.kql.nativehist import parse_histogram as parse_histogram
+    from kernel_insight.kql.parser import parse as parse
+    from kernel_insight.kql.printer import format_expr as format_expr
+    from kernel_insight.kql.storage import STALE_NAN as STALE_NAN
+    from kernel_insight.kql.storage import Matcher as Matcher
+    from kernel_insight.kql.storage import MemoryStorage as MemoryStorage
+    from kernel_insight.kql.storage import SeriesData as SeriesData
+    from kernel_insight.kql.storage import Storage as Storage
+    from kernel_insight.kql.values import Annotation as Annotation
+    from kernel_insight.kql.values import Matrix as Matrix
+    from kernel_insight.kql.values import QueryResult as QueryResult
+    from kernel_insight.kql.values import Sample as Sample
+    from kernel_insight.kql.values import Scalar as Scalar
+    from kernel_insight.kql.values import Series as Series
+    from kernel_insight.kql.values import String as String
+    from kernel_insight.kql.values import Vector as Vector
+    from kernel_insight.kql.values import prometheus_json_bytes as prometheus_json_bytes
+    from kernel_insight.kql.values import to_prometheus_json as to_prometheus_json
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kernel_insight.kql.aggregators": (
-        "AGGREGATORS",
-        "AggregatorSpec",
-    ),
-    "kernel_insight.kql.checker": (
-        "check",
-        "value_type",
-    ),
-    "kernel_insight.kql.engine": (
-        "CancelToken",
-        "Engine",
-    ),
-    "kernel_insight.kql.errors": (
-        "KqlError",
-        "KqlEvaluationError",
-        "KqlExecutionError",
-        "KqlParseError",
-        "KqlTypeError",
-        "QueryCancelledError",
-        "QueryTimeoutError",
-        "StorageError",
-        "TooManySamplesError",
-        "TooManySeriesError",
-    ),
-    "kernel_insight.kql.functions": (
-        "FUNCTIONS",
-        "FunctionSpec",
-        "GridPushdown",
-    ),
-    "kernel_insight.kql.limits": ("EngineLimits",),
-    "kernel_insight.kql.nativehist": (
-        "FloatHistogram",
-        "HistogramError",
-        "parse_histogram",
-    ),
-    "kernel_insight.kql.parser": ("parse",),
-    "kernel_insight.kql.printer": ("format_expr",),
-    "kernel_insight.kql.storage": (
-        "STALE_NAN",
-        "Matcher",
-        "MemoryStorage",
-        "SeriesData",
-        "Storage",
-    ),
-    "kernel_insight.kql.values": (
-        "Annotation",
-        "Matrix",
-        "QueryResult",
-        "Sample",
-        "Scalar",
-        "Series",
-        "String",
-        "Vector",
-        "prometheus_json_bytes",
-        "to_prometheus_json",
-    ),
-}
 
-__all__ = [
-    "AGGREGATORS",
-    "FUNCTIONS",
-    "STALE_NAN",
-    "AggregatorSpec",
-    "Annotation",
-    "CancelToken",
-    "Engine",
-    "EngineLimits",
-    "FloatHistogram",
-    "FunctionSpec",
-    "GridPushdown",
-    "HistogramError",
-    "KqlError",
-    "KqlEvaluationError",
-    "KqlExecutionError",
-    "KqlParseError",
-    "KqlTypeError",
-    "Matcher",
-    "Matrix",
-    "MemoryStorage",
-    "QueryCancelledError",
-    "QueryResult",
-    "QueryTimeoutError",
-    "Sample",
-    "Scalar",
-    "Series",
-    "SeriesData",
-    "Storage",
-    "StorageError",
-    "String",
-    "TooManySamplesError",
-    "TooManySeriesError",
-    "Vector",
-    "check",
-    "format_expr",
-    "parse",
-    "parse_histogram",
-    "prometheus_json_bytes",
-    "to_prometheus_json",
-    "value_type",
-]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals())

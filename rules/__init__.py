@@ -13,80 +13,28 @@ from typing import TYPE_CHECKING
 from kernel_insight._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kernel_insight.rules.config import (
-        DEFAULT_INTERVAL_MS,
-        GroupSpec,
-        RuleFileError,
-        RuleProblem,
-        RuleSpec,
-        expand_globs,
-        load_files,
-        parse_rules,
-    )
-    from kernel_insight.rules.evaluation import (
-        Alert,
-        AlertingRule,
-        AlertState,
-        Group,
-        RecordingRule,
-        RuleEvalError,
-        eval_timestamp,
-    )
-    from kernel_insight.rules.template import TemplateError, render
-    from kernel_insight.rules.unit import TestFileResult, run_test_file, run_test_files
+    # The package's exports: each name is imported from its module on first use
+    # (kernel_insight/_lazy.py reads this block); ``X as X`` marks it re-exported.
+    from kernel_insight.rules.config import DEFAULT_INTERVAL_MS as DEFAULT_INTERVAL_MS
+    from kernel_insight.rules.config import GroupSpec as GroupSpec
+    from kernel_insight.rules.config import RuleFileError as RuleFileError
+    from kernel_insight.rules.config import RuleProblem as RuleProblem
+    from kernel_insight.rules.config import RuleSpec as RuleSpec
+    from kernel_insight.rules.config import expand_globs as expand_globs
+    from kernel_insight.rules.config import load_files as load_files
+    from kernel_insight.rules.config import parse_rules as parse_rules
+    from kernel_insight.rules.evaluation import Alert as Alert
+    from kernel_insight.rules.evaluation import AlertingRule as AlertingRule
+    from kernel_insight.rules.evaluation import AlertState as AlertState
+    from kernel_insight.rules.evaluation import Group as Group
+    from kernel_insight.rules.evaluation import RecordingRule as RecordingRule
+    from kernel_insight.rules.evaluation import RuleEvalError as RuleEvalError
+    from kernel_insight.rules.evaluation import eval_timestamp as eval_timestamp
+    from kernel_insight.rules.template import TemplateError as TemplateError
+    from kernel_insight.rules.template import render as render
+    from kernel_insight.rules.unit import TestFileResult as TestFileResult
+    from kernel_insight.rules.unit import run_test_file as run_test_file
+    from kernel_insight.rules.unit import run_test_files as run_test_files
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kernel_insight.rules.config": (
-        "DEFAULT_INTERVAL_MS",
-        "GroupSpec",
-        "RuleFileError",
-        "RuleProblem",
-        "RuleSpec",
-        "expand_globs",
-        "load_files",
-        "parse_rules",
-    ),
-    "kernel_insight.rules.evaluation": (
-        "Alert",
-        "AlertingRule",
-        "AlertState",
-        "Group",
-        "RecordingRule",
-        "RuleEvalError",
-        "eval_timestamp",
-    ),
-    "kernel_insight.rules.template": (
-        "TemplateError",
-        "render",
-    ),
-    "kernel_insight.rules.unit": (
-        "TestFileResult",
-        "run_test_file",
-        "run_test_files",
-    ),
-}
 
-__all__ = [
-    "DEFAULT_INTERVAL_MS",
-    "Alert",
-    "AlertState",
-    "AlertingRule",
-    "Group",
-    "GroupSpec",
-    "RecordingRule",
-    "RuleEvalError",
-    "RuleFileError",
-    "RuleProblem",
-    "RuleSpec",
-    "TemplateError",
-    "TestFileResult",
-    "eval_timestamp",
-    "expand_globs",
-    "load_files",
-    "parse_rules",
-    "render",
-    "run_test_file",
-    "run_test_files",
-]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals())

@@ -15,76 +15,27 @@ from typing import TYPE_CHECKING
 from kernel_insight._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from kernel_insight.api.health.metrics import SnapshotFigures
-    from kernel_insight.api.health.router import (
-        CACHE_CONTROL,
-        ERROR_RESPONSES,
-        cached_json,
-        current_snapshot,
-        etag_matches,
-        health_router,
-    )
-    from kernel_insight.api.health.rule import ERROR_WINDOW_MS, HealthRule, HealthSource, InstanceFacts
-    from kernel_insight.api.health.snapshot import (
-        Snapshot,
-        build_snapshot,
-        encode_json,
-        instance_record,
-        served_models,
-    )
-    from kernel_insight.api.health.snapshotter import DEFAULT_INTERVAL_S, Snapshotter
-    from kernel_insight.api.health.source import StoreSource
+    # The package's exports: each name is imported from its module on first use
+    # (kernel_insight/_lazy.py reads this block); ``X as X`` marks it re-exported.
+    from kernel_insight.api.health.metrics import SnapshotFigures as SnapshotFigures
+    from kernel_insight.api.health.router import CACHE_CONTROL as CACHE_CONTROL
+    from kernel_insight.api.health.router import ERROR_RESPONSES as ERROR_RESPONSES
+    from kernel_insight.api.health.router import cached_json as cached_json
+    from kernel_insight.api.health.router import current_snapshot as current_snapshot
+    from kernel_insight.api.health.router import etag_matches as etag_matches
+    from kernel_insight.api.health.router import health_router as health_router
+    from kernel_insight.api.health.rule import ERROR_WINDOW_MS as ERROR_WINDOW_MS
+    from kernel_insight.api.health.rule import HealthRule as HealthRule
+    from kernel_insight.api.health.rule import HealthSource as HealthSource
+    from kernel_insight.api.health.rule import InstanceFacts as InstanceFacts
+    from kernel_insight.api.health.snapshot import Snapshot as Snapshot
+    from kernel_insight.api.health.snapshot import build_snapshot as build_snapshot
+    from kernel_insight.api.health.snapshot import encode_json as encode_json
+    from kernel_insight.api.health.snapshot import instance_record as instance_record
+    from kernel_insight.api.health.snapshot import served_models as served_models
+    from kernel_insight.api.health.snapshotter import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
+    from kernel_insight.api.health.snapshotter import Snapshotter as Snapshotter
+    from kernel_insight.api.health.source import StoreSource as StoreSource
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kernel_insight.api.health.metrics": ("SnapshotFigures",),
-    "kernel_insight.api.health.router": (
-        "CACHE_CONTROL",
-        "ERROR_RESPONSES",
-        "cached_json",
-        "current_snapshot",
-        "etag_matches",
-        "health_router",
-    ),
-    "kernel_insight.api.health.rule": (
-        "ERROR_WINDOW_MS",
-        "HealthRule",
-        "HealthSource",
-        "InstanceFacts",
-    ),
-    "kernel_insight.api.health.snapshot": (
-        "Snapshot",
-        "build_snapshot",
-        "encode_json",
-        "instance_record",
-        "served_models",
-    ),
-    "kernel_insight.api.health.snapshotter": (
-        "DEFAULT_INTERVAL_S",
-        "Snapshotter",
-    ),
-    "kernel_insight.api.health.source": ("StoreSource",),
-}
 
-__all__ = [
-    "CACHE_CONTROL",
-    "DEFAULT_INTERVAL_S",
-    "ERROR_RESPONSES",
-    "ERROR_WINDOW_MS",
-    "HealthRule",
-    "HealthSource",
-    "InstanceFacts",
-    "Snapshot",
-    "SnapshotFigures",
-    "Snapshotter",
-    "StoreSource",
-    "build_snapshot",
-    "cached_json",
-    "current_snapshot",
-    "encode_json",
-    "etag_matches",
-    "health_router",
-    "instance_record",
-    "served_models",
-]
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals())

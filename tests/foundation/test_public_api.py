@@ -49,3 +49,43 @@ def test_components_install_under_one_namespace() -> None:
     assert (dist.read_text("top_level.txt") or "").split() == [
         "kernel_insight"
     ]  # nothing generic at top level
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: Every package whose ``__init__`` builds its namespace with ``lazy_exports`` (found, not listed).
+LAZY_PACKAGES = sorted(
+    "kernel_insight." + ".".join(init.relative_to(REPO).parent.parts)
+    for init in REPO.glob("*/**/__init__.py")
+    if init.parts[len(REPO.parts)] in {"agent", "api", "collector", "kql", "rules", "sdk"}
+    and "lazy_exports(globals())" in init.read_text()
+)
+
+
+def test_the_lazy_packages_are_found() -> None:
+    assert {"kernel_insight.kql", "kernel_insight.collector", "kernel_insight.api.health"} <= set(
+        LAZY_PACKAGES
+    )
+
+
+@pytest.mark.parametrize("name", LAZY_PACKAGES)
+def test_a_lazy_package_exports_its_type_checking_imports_and_nothing_else(name: str) -> None:
+    """The ``if TYPE_CHECKING:`` block is the one list (kernel_insight/_lazy.py): ``__all__`` is it,
+    and each name resolves, on first use, to the very object of the module the block names."""
+    from kernel_insight._lazy import exports_of
+
+    mod = importlib.import_module(name)
+    exports = exports_of(Path(mod.__file__ or "").read_text())
+    assert sorted(exports) == mod.__all__
+    for export, (module, attr) in exports.items():
+        assert getattr(mod, export) is getattr(importlib.import_module(module), attr)
+    with pytest.raises(AttributeError, match="has no attribute 'not_exported'"):
+        _ = mod.not_exported
+
+
+def test_a_lazy_block_with_anything_but_absolute_imports_is_refused() -> None:
+    from kernel_insight._lazy import exports_of
+
+    with pytest.raises(ValueError, match="only absolute from-imports"):
+        exports_of("if TYPE_CHECKING:\n    from .engine import Engine as Engine\n")
+    with pytest.raises(ValueError, match="only absolute from-imports"):
+        exports_of("if TYPE_CHECKING:\n    import numpy\n")
