@@ -120,16 +120,36 @@ def _presence_by_sig(vec: StepVector, sigs: list[Labels]) -> dict[Labels, BOOL]:
     return out
 
 
-def _set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
+#: (on, labels) and both sides' labels -> each side's rows' signature ids (shared numbering).
+_SET_PLANS: LabelsMemo[tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], int]] = LabelsMemo()
+
+
+def _signature_ids(
+    lhs: list[Labels], rhs: list[Labels], matching: VectorMatching
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], int]:
+    """Each row's signature as an id, numbered over both sides, and the number of signatures."""
+    spec = (matching.on, matching.labels)
+    hit = _SET_PLANS.get(spec, lhs, rhs)
+    if hit is not None:
+        return hit
     sig = signature_fn(matching)
-    steps = lhs.present.shape[1]
-    none = np.zeros(steps, dtype=bool)
+    ids: dict[Labels, int] = {}
+    left = np.fromiter((ids.setdefault(sig(lb), len(ids)) for lb in lhs), dtype=np.intp, count=len(lhs))
+    right = np.fromiter((ids.setdefault(sig(lb), len(ids)) for lb in rhs), dtype=np.intp, count=len(rhs))
+    return _SET_PLANS.put(spec, (lhs, rhs), (left, right, len(ids)))
+
+
+def _any_by(gid: npt.NDArray[np.intp], present: BOOL, n: int) -> BOOL:
+    """Per signature id and step: whether any row of that signature is present."""
+    out = np.zeros((n, present.shape[1]), dtype=bool)
+    np.logical_or.at(out, gid, present)
+    return out
+
+
+def _set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
+    left, right_ids, n = _signature_ids(lhs.labels, rhs.labels, matching)
     if op == "or":
-        l_any = _presence_by_sig(lhs, [sig(lb) for lb in lhs.labels])
-        r_present = np.array(
-            [p & ~l_any.get(sig(lb), none) for lb, p in zip(rhs.labels, rhs.present, strict=True)], dtype=bool
-        )
-        r_present = r_present.reshape(rhs.present.shape)
+        r_present = rhs.present & ~_any_by(left, lhs.present, n)[right_ids]
         right = StepVector(rhs.labels, rhs.values, r_present, rhs.drop_name, rhs.sample_ts).compact()
         sample_ts = None
         if lhs.sample_ts is not None and right.sample_ts is not None:
@@ -141,12 +161,8 @@ def _set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching)
             np.concatenate([lhs.drop_name, right.drop_name]),
             sample_ts,
         )
-    r_any = _presence_by_sig(rhs, [sig(lb) for lb in rhs.labels])
-    if op == "and":
-        present = [p & r_any.get(sig(lb), none) for lb, p in zip(lhs.labels, lhs.present, strict=True)]
-    else:
-        present = [p & ~r_any.get(sig(lb), none) for lb, p in zip(lhs.labels, lhs.present, strict=True)]
-    mask = np.array(present, dtype=bool).reshape(lhs.present.shape)
+    r_any = _any_by(right_ids, rhs.present, n)[left]
+    mask = lhs.present & (r_any if op == "and" else ~r_any)
     return StepVector(lhs.labels, lhs.values, mask, lhs.drop_name, lhs.sample_ts).compact()
 
 
