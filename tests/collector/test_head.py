@@ -365,3 +365,39 @@ def test_latest_over_no_series_still_gives_sample_times(tmp_path):
         assert found.sample_ts.shape == (0, 1)
     finally:
         store.close()
+
+
+def test_the_head_loads_a_fleet_of_series_with_statements_that_do_not_grow_with_it(tmp_path, monkeypatch):
+    """A restart over 20,000 series: the load reads their labels by day, not by naming every
+    fingerprint in the statement (a 500,000-series head made that a ~10 MB parameter the engine
+    parsed for minutes, holding the session that ingest and every query wait for)."""
+    now = int(time.time() * 1000)
+    store = EmbeddedStore(tmp_path)
+    b = SampleBuilder()
+    for i in range(20_000):
+        b.add_series(
+            {"__name__": "gpu_power_watts", "instance": f"node-{i // 8}", "gpu": str(i % 8)},
+            [now - 5_000],
+            [float(i)],
+        )
+    store.insert_batch("fleet", samples=b.build())
+    store.close()
+    sizes: list[int] = []
+    run = EmbeddedStore._run
+
+    def recorded(self, sql, fmt, params=None):  # type: ignore[no-untyped-def]
+        sizes.append(len(sql) + sum(len(v) for v in (params.texts() if params else {}).values()))
+        return run(self, sql, fmt, params)
+
+    monkeypatch.setattr(EmbeddedStore, "_run", recorded)
+    store = EmbeddedStore(tmp_path, head_bytes=HEAD)
+    try:
+        _wait_ready(store)
+        assert store.head is not None
+        assert store.head.stats().series == 20_000
+        assert max(sizes) < 10_000, max(sizes)
+        m = [Matcher("__name__", "=", "gpu_power_watts"), Matcher("instance", "=", "node-7")]
+        got = store.storage().select(m, now - 60_000, now)
+        assert sorted(d.values.tolist()[-1] for d in got) == [float(56 + g) for g in range(8)]
+    finally:
+        store.close()
