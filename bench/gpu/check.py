@@ -7,7 +7,9 @@ CUPTI probe, the ring extension and ring_tool first and puts a shadow ``kernel_i
   the CUDA-event spans (instrument_torch); the step-time overhead of each is the ratio of medians;
 - the probe's kernels in the measured steps against torch.profiler's on the same steps (another
   process: CUPTI serves one subscriber), count and summed device time;
-- the NVML sampler's readings against nvidia-smi's; the two ``gpu``-marked tests.
+- the NVML sampler's readings, ours and dcgm-exporter's (issue 38), against nvidia-smi's; the
+  GPM profiling fields (``DCGM_FI_PROF_*``) under a GEMM load, beside nvidia-smi dmon's GPM
+  readings; the two ``gpu``-marked tests.
 
 Prints a JSON summary; the shell script turns it into the BENCH line and the exit status.
 """
@@ -128,64 +130,199 @@ def drain_kernels(build: Path, gpu: int, t0: int, t1: int, pid: int) -> tuple[in
     return n, ns, launched
 
 
+#: Our series and dcgm-exporter's that nvidia-smi also reports: name -> (the sampler's GPU_SAMPLE
+#: metric, the ``nvidia-smi --query-gpu`` field (nounits: MiB, MHz, W, C, percent), the factor from
+#: nvidia-smi's unit to the series', the tolerance: relative ("rel") or absolute ("abs", in the
+#: series' unit)). Volatile readings (use, power) are compared on the idle GPU after the workloads.
+def _smi_table() -> dict[str, tuple[int, str, float, str, float]]:
+    from kernel_insight.agent.dcgm import dcgm_id
+    from kernel_insight.agent.metric_ids import MetricId
+
+    mib = float(2**20)
+    return {
+        "memory_total_bytes": (MetricId.MEMORY_TOTAL, "memory.total", mib, "rel", 0.01),
+        "memory_used_bytes": (MetricId.MEMORY_USED, "memory.used", mib, "rel", 0.05),
+        "temperature_c": (MetricId.TEMPERATURE, "temperature.gpu", 1.0, "abs", 3.0),
+        "power_w": (MetricId.POWER, "power.draw", 1.0, "rel", 0.25),
+        "sm_clock_hz": (MetricId.SM_CLOCK, "clocks.sm", 1e6, "rel", 0.25),
+        "DCGM_FI_DEV_SM_CLOCK": (dcgm_id(100), "clocks.sm", 1.0, "rel", 0.25),
+        "DCGM_FI_DEV_MEM_CLOCK": (dcgm_id(101), "clocks.mem", 1.0, "rel", 0.05),
+        "DCGM_FI_DEV_MEMORY_TEMP": (dcgm_id(140), "temperature.memory", 1.0, "abs", 3.0),
+        "DCGM_FI_DEV_GPU_TEMP": (dcgm_id(150), "temperature.gpu", 1.0, "abs", 3.0),
+        "DCGM_FI_DEV_POWER_USAGE": (dcgm_id(155), "power.draw", 1.0, "rel", 0.25),
+        "DCGM_FI_DEV_GPU_UTIL": (dcgm_id(203), "utilization.gpu", 1.0, "abs", 30.0),
+        "DCGM_FI_DEV_MEM_COPY_UTIL": (dcgm_id(204), "utilization.memory", 1.0, "abs", 30.0),
+        "DCGM_FI_DEV_ENC_UTIL": (dcgm_id(206), "utilization.encoder", 1.0, "abs", 5.0),
+        "DCGM_FI_DEV_DEC_UTIL": (dcgm_id(207), "utilization.decoder", 1.0, "abs", 5.0),
+        "DCGM_FI_DEV_FB_FREE": (dcgm_id(251), "memory.free", 1.0, "rel", 0.05),
+        "DCGM_FI_DEV_FB_USED": (dcgm_id(252), "memory.used", 1.0, "rel", 0.05),
+        "DCGM_FI_DEV_FB_RESERVED": (dcgm_id(253), "memory.reserved", 1.0, "rel", 0.05),
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (
+            dcgm_id(393),
+            "remapped_rows.uncorrectable",
+            1.0,
+            "abs",
+            0.0,
+        ),
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": (dcgm_id(394), "remapped_rows.correctable", 1.0, "abs", 0.0),
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": (dcgm_id(395), "remapped_rows.failure", 1.0, "abs", 0.0),
+    }
+
+
+def smi_value(field: str) -> float | str:
+    """One ``nvidia-smi --query-gpu`` field of GPU 0 as a number, or why there is none (one call per
+    field: a field this nvidia-smi does not know fails the whole query)."""
+    done = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    text = (done.stdout or done.stderr).strip()
+    if done.returncode != 0:
+        return f"nvidia-smi: {text[:120]}"
+    if text in ("No", "Yes"):  # remapped_rows.failure / .pending
+        return float(text == "Yes")
+    try:
+        return float(text)
+    except ValueError:
+        return f"nvidia-smi says {text[:60]!r}"
+
+
+def _sampled(prefix: str, seconds: float) -> dict[int, list[float]]:
+    """Every GPU_SAMPLE value the NVML sampler (DCGM set on) wrote for GPU 0 over ``seconds``, by metric id."""
+    from kernel_insight.agent.probe.nvml import NvmlSampler
+    from kernel_insight.agent.records import SampleRecord
+    from kernel_insight.agent.ring import RingReader, ring_name
+
+    with NvmlSampler.open(gpus=[0], label_prefix=prefix, interval_s=0.5) as s:
+        s.run(seconds)
+    got: dict[int, list[float]] = {}
+    with RingReader.open(ring_name(f"{prefix}0")) as r:
+        while batch := r.read():
+            for rec in batch:
+                if isinstance(rec, SampleRecord) and rec.aux == 0:
+                    got.setdefault(rec.metric, []).append(rec.value)
+    return got
+
+
 def nvml_vs_smi(env: dict[str, str]) -> dict[str, Any]:
+    """Our NVML series and dcgm-exporter's of the same samples against nvidia-smi's, in each one's
+    units (issue 38): a field nvidia-smi cannot report on this GPU is listed, not failed."""
     try:
         import pynvml  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return {"skipped": "no pynvml (nvidia-ml-py) for this python"}
     try:
-        from kernel_insight.agent.probe.nvml import NvmlSampler
+        got = _sampled(f"{PREFIX}nvml", 1.6)
     except ImportError as e:  # the sampler's own dependencies (grpcio for the kubelet's pods, ...)
         return {"skipped": f"the NVML sampler needs {e.name}, not installed for this python"}
-
-    smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used,memory.total,temperature.gpu,power.draw,clocks.sm",
-         "--format=csv,noheader,nounits", "-i", "0"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split(",")  # fmt: skip
-    used_mib, total_mib, temp_c, power_w, sm_mhz = (float(v) for v in smi)
-    from kernel_insight.agent.metric_ids import MetricId
-    from kernel_insight.agent.records import SampleRecord
-    from kernel_insight.agent.ring import RingReader, ring_name
-
-    name = ring_name(f"{PREFIX}nvml0")
-    with NvmlSampler.open(gpus=[0], label_prefix=f"{PREFIX}nvml", interval_s=0.5) as s:
-        s.run(1.6)
-    got: dict[int, float] = {}
-    with RingReader.open(name) as r:
-        while batch := r.read():
-            for rec in batch:
-                if isinstance(rec, SampleRecord):
-                    got[rec.metric] = rec.value
-    ours = {
-        "memory_total_bytes": (got.get(MetricId.MEMORY_TOTAL), total_mib * 2**20, 0.01),
-        "memory_used_bytes": (got.get(MetricId.MEMORY_USED), used_mib * 2**20, 0.05),
-        "temperature_c": (got.get(MetricId.TEMPERATURE), temp_c, 0.1),
-        "power_w": (got.get(MetricId.POWER), power_w, 0.25),
-        "sm_clock_hz": (got.get(MetricId.SM_CLOCK), sm_mhz * 1e6, 0.25),
-    }
-    # dcgm-exporter's series (issue 38) of the same samples, in DCGM's units; the GPM profiling
-    # fields (DCGM_FI_PROF_*) on Hopper and later, from the second sample on.
-    from kernel_insight.agent.dcgm import dcgm_id
-    from kernel_insight.agent.metric_ids import METRIC_SPECS
-
-    ours["dcgm_fb_used_mib"] = (got.get(dcgm_id(252)), used_mib, 0.05)
-    ours["dcgm_gpu_temp_c"] = (got.get(dcgm_id(150)), temp_c, 0.1)
-    ours["dcgm_power_w"] = (got.get(dcgm_id(155)), power_w, 0.25)
-    ours["dcgm_sm_clock_mhz"] = (got.get(dcgm_id(100)), sm_mhz, 0.25)
-    out: dict[str, Any] = {
-        "dcgm_prof": {
-            METRIC_SPECS[m].name: v
-            for m, v in got.items()
-            if m in METRIC_SPECS and "_PROF_" in METRIC_SPECS[m].name
-        }
-    }
+    out: dict[str, Any] = {}
     ok = True
-    for k, (mine, theirs, tol) in ours.items():
-        agree = mine is not None and abs(mine - theirs) <= tol * max(abs(theirs), 1.0)
+    for name, (metric, field, factor, kind, tol) in _smi_table().items():
+        theirs = smi_value(field)
+        values = got.get(metric)
+        mine = values[-1] if values else None
+        if isinstance(theirs, str):
+            out[name] = {"sampler": mine, "nvidia_smi": None, "not_compared": theirs}
+            continue
+        theirs *= factor
+        bound = tol * max(abs(theirs), 1.0) if kind == "rel" else tol
+        agree = mine is not None and abs(mine - theirs) <= bound
         ok &= agree
-        out[k] = {"sampler": mine, "nvidia_smi": theirs, "agree": agree}
+        out[name] = {"sampler": mine, "nvidia_smi": theirs, "agree": agree}
     out["ok"] = ok
+    return out
+
+
+#: bf16 GEMMs on GPU 0 until killed (at most 120 s): the busy GPU the GPM metrics are read under.
+_BUSY = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+(a @ a).sum().item()
+open(sys.argv[1], "w").close()
+end = time.time() + 120
+while time.time() < end:
+    for _ in range(20):
+        b = a @ a
+    torch.cuda.synchronize()
+"""
+#: nvidia-smi dmon's GPM metric ids (``nvidia-smi dmon --help``) for the DCGM fields, as percent.
+_DMON_GPM = {"DCGM_FI_PROF_SM_ACTIVE": 2, "DCGM_FI_PROF_SM_OCCUPANCY": 3, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 5,
+             "DCGM_FI_PROF_DRAM_ACTIVE": 10}  # fmt: skip
+
+
+def _dmon_gpm() -> dict[str, Any]:
+    """nvidia-smi's own GPM readings (``dmon --gpm-metrics``, 3 one-second rows) as mean ratios by
+    DCGM name, with its output; a dmon without GPM says why."""
+    ids = ",".join(str(i) for i in _DMON_GPM.values())
+    done = subprocess.run(
+        ["nvidia-smi", "dmon", "-i", "0", "-c", "3", "-d", "1", "-s", "u", "--gpm-metrics", ids],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    text = done.stdout.strip()
+    if done.returncode != 0:
+        return {"skipped": f"nvidia-smi dmon --gpm-metrics: {(text or done.stderr)[:200]}"}
+    lines = text.splitlines()
+    header = next((ln.lstrip("#").split() for ln in lines if ln.startswith("#")), [])
+    rows = [ln.split() for ln in lines if ln.strip() and not ln.startswith("#")]
+    # The GPM columns are dmon's last ones, in the order asked (after gpu and the -s u columns).
+    out: dict[str, Any] = {"output": text[:1500], "header": header}
+    try:
+        cols = list(zip(*[[float(v) for v in r[-len(_DMON_GPM) :]] for r in rows], strict=True))
+        out["ratios"] = {n: sum(c) / len(c) / 100.0 for n, c in zip(_DMON_GPM, cols, strict=True)}
+    except (ValueError, ZeroDivisionError) as e:
+        out["unparsed"] = str(e)
+    return out
+
+
+def gpm_under_load(env: dict[str, str]) -> dict[str, Any]:
+    """The GPM profiling fields (DCGM_FI_PROF_*) while bf16 GEMMs keep GPU 0 busy: on Hopper and
+    later each is there, ratios in [0, 1], SM and tensor activity well above idle; beside them
+    nvidia-smi's own GPM readings of the same load, compared within 20 points where it gives them."""
+    import torch
+
+    cap = torch.cuda.get_device_capability(0)
+    if cap < (9, 0):
+        return {"skipped": f"compute capability {cap[0]}.{cap[1]}: NVML GPM needs Hopper (9.0) or later"}
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return {"skipped": "no pynvml (nvidia-ml-py) for this python"}
+    from kernel_insight.agent.dcgm import DCGM_FIELDS
+
+    started = Path(f"/tmp/{PREFIX}busy")
+    busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(started)], env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not started.exists():
+            if busy.poll() is not None or time.monotonic() > deadline:
+                return {"ok": False, "error": f"the GEMM load did not start (exit {busy.poll()})"}
+            time.sleep(0.2)
+        time.sleep(1.0)
+        got = _sampled(f"{PREFIX}gpm", 3.1)
+        smi = _dmon_gpm()
+    finally:
+        busy.kill()
+        busy.wait()
+        started.unlink(missing_ok=True)
+    prof = {f.name: got.get(f.id, []) for f in DCGM_FIELDS if "_PROF_" in f.name}
+    means = {name: (sum(v) / len(v) if v else None) for name, v in prof.items()}
+    ratios = [n for n in means if not n.endswith("_BYTES")]
+    checks = {
+        "every_field": all(v is not None for v in means.values()),
+        "ratios_in_0_1": all(means[n] is None or 0.0 <= means[n] <= 1.0 for n in ratios),
+        "sm_active": (means.get("DCGM_FI_PROF_SM_ACTIVE") or 0.0) >= 0.3,
+        "tensor_active": (means.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") or 0.0) >= 0.05,
+    }
+    out: dict[str, Any] = {
+        "sampler": means,
+        "samples": {n: len(v) for n, v in prof.items()},
+        "nvidia_smi": smi,
+    }
+    for name, theirs in smi.get("ratios", {}).items():
+        mine = means.get(name)
+        checks[f"smi_{name}"] = mine is not None and abs(mine - theirs) <= 0.2
+    out["checks"] = checks
+    out["ok"] = all(checks.values())
     return out
 
 
@@ -249,7 +386,7 @@ def main() -> int:
         "with_launch": launched,
     }
     summary["device_time_diff_pct"] = 100.0 * (ns / prof["kernel_ns"] - 1.0) if prof["kernel_ns"] else None
-    for key, part in (("nvml", nvml_vs_smi), ("gpu_tests", gpu_tests)):
+    for key, part in (("nvml", nvml_vs_smi), ("gpm", gpm_under_load), ("gpu_tests", gpu_tests)):
         try:
             summary[key] = part(base)
         except Exception as e:  # a part that cannot run is a failed part, said, not a crash

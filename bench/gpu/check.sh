@@ -13,10 +13,13 @@
 # Runs bench/gpu/check.py: a transformer block (bf16, forward + backward + SGD, KI_CHECK_STEPS=300
 # steps after 50 of warm-up) plain, under the CUPTI probe and with instrument_torch's spans,
 # interleaved KI_CHECK_ROUNDS=3 times; the probe's kernels against torch.profiler's; the NVML
-# sampler against nvidia-smi; the two gpu-marked tests. Prints the summary (also written to
+# sampler's series, ours and dcgm-exporter's DCGM_FI_* (issue 38), against nvidia-smi; the GPM
+# profiling fields (DCGM_FI_PROF_*) under bf16 GEMMs on Hopper and later, beside nvidia-smi dmon's
+# GPM readings; the two gpu-marked tests. Prints the summary (also written to
 # $OUT/gpu-check.json when OUT is set) and one BENCH line. Exit 0 only when every target holds:
 # CUPTI step-time overhead <= 1%, kernel count equal to torch.profiler's, summed device time within
-# 1%, every kernel with its launch, NVML within tolerance and the gpu tests passed (where they ran).
+# 1%, every kernel with its launch, NVML and DCGM series within tolerance, the GPM fields there and
+# plausible under load (Hopper and later), and the gpu tests passed (where they ran).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=${KI_CHECK_BUILD:-$ROOT/build/gpu-check}
@@ -72,7 +75,7 @@ echo "check.py took $(( $(date +%s) - started )) s"
 import json, sys
 s = json.load(open(sys.argv[1]))
 k = s["kernels"]
-nvml, tests = s["nvml"], s["gpu_tests"]
+nvml, gpm, tests = s["nvml"], s["gpm"], s["gpu_tests"]
 checks = {
     "cupti_overhead": s["cupti_overhead_pct"] <= 1.0,
     "kernel_count": k["probe"] == k["torch_profiler"] and k["probe"] > 0,
@@ -80,6 +83,7 @@ checks = {
     "launches": k["with_launch"] == k["probe"],
     "span_ran": s["span_overhead_pct"] is not None,
     "nvml": "skipped" in nvml or nvml["ok"],
+    "gpm": "skipped" in gpm or gpm["ok"],
     "gpu_tests": "skipped" in tests or tests["ok"],
 }
 failed = [name for name, ok in checks.items() if not ok]
@@ -89,6 +93,7 @@ print(
     f"span_overhead_pct={'na' if span is None else f'{span:.2f}'} kernels={k['probe']} "
     f"profiler_kernels={k['torch_profiler']} device_time_diff_pct={s['device_time_diff_pct']} "
     f"with_launch={k['with_launch']} nvml={'skipped' if 'skipped' in nvml else int(nvml['ok'])} "
+    f"gpm={'skipped' if 'skipped' in gpm else int(gpm['ok'])} "
     f"gpu_tests={'skipped' if 'skipped' in tests else int(tests['ok'])} failed={','.join(failed) or 'none'}"
 )
 sys.exit(1 if failed else 0)
