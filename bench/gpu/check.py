@@ -309,7 +309,7 @@ def gpm_under_load(env: dict[str, str]) -> dict[str, Any]:
     ratios = [n for n in means if not n.endswith("_BYTES")]
     checks = {
         "every_field": all(v is not None for v in means.values()),
-        "ratios_in_0_1": all(means[n] is None or 0.0 <= means[n] <= 1.0 for n in ratios),
+        "ratios_in_0_1": all(v is None or 0.0 <= v <= 1.0 for v in (means[n] for n in ratios)),
         "sm_active": (means.get("DCGM_FI_PROF_SM_ACTIVE") or 0.0) >= 0.3,
         "tensor_active": (means.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") or 0.0) >= 0.05,
     }
