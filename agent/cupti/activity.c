@@ -193,9 +193,46 @@ static uint32_t range_id(struct ki_cupti *g, struct ki_cupti_device *d, uint32_t
     return name_in_ring(d, dev, e) == 0 ? e->id : 0;
 }
 
-static inline void put(struct ki_cupti_device *d, const struct ki_rec *rec) {
-    if (ki_ring_write(&d->ring, rec) == 0) d->counts[KI_CUPTI_RECORDS_WRITTEN]++;
-    else d->counts[KI_CUPTI_RING_REFUSED]++;
+/* Ring records are not written one by one: the records of up to KI_CUPTI_BATCH activity records
+ * are built here first, then written run by run (a run: consecutive records of one device) with
+ * one reservation of the run's slots, one atomic step on the ring's head for up to
+ * KI_RING_RESERVE_MAX records instead of one per record. Names and NVTX ranges are registered
+ * (STRING records) while building, so they are in the ring before the records that use them. */
+#define KI_CUPTI_BATCH 64u
+
+struct ki_cupti_batch {
+    size_t n;
+    struct ki_cupti_device *dev[KI_CUPTI_BATCH];
+    struct ki_rec rec[KI_CUPTI_BATCH];
+};
+
+/* A record to fill in (zeroed), for device d. */
+static inline struct ki_rec *batch_add(struct ki_cupti_batch *b, struct ki_cupti_device *d) {
+    struct ki_rec *rec = &b->rec[b->n];
+    b->dev[b->n++] = d;
+    memset(rec, 0, sizeof *rec);
+    return rec;
+}
+
+static void batch_write(struct ki_cupti_batch *b) {
+    for (size_t i = 0, run; i < b->n; i += run) {
+        struct ki_cupti_device *d = b->dev[i];
+        for (run = 1; i + run < b->n && run < KI_RING_RESERVE_MAX && b->dev[i + run] == d; run++) {
+        }
+        uint64_t pos;
+        if (ki_ring_reserve(&d->ring, (unsigned)run, &pos) == 0) {
+            unsigned ok = ki_ring_put_n(&d->ring, pos, &b->rec[i], (unsigned)run);
+            d->counts[KI_CUPTI_RECORDS_WRITTEN] += ok;
+            d->counts[KI_CUPTI_RING_REFUSED] += run - ok;
+            continue;
+        }
+        /* Too little room for the run (counted dropped by the ring): those that fit still go. */
+        for (size_t j = i; j < i + run; j++) {
+            if (ki_ring_write(&d->ring, &b->rec[j]) == 0) d->counts[KI_CUPTI_RECORDS_WRITTEN]++;
+            else d->counts[KI_CUPTI_RING_REFUSED]++;
+        }
+    }
+    b->n = 0;
 }
 
 static inline void note_context(struct ki_cupti *g, uint32_t ctx, uint32_t dev) {
@@ -229,7 +266,7 @@ KI_SAME(CUpti_ActivitySynchronization, CUpti_ActivitySynchronization2, cudaEvent
 KI_SAME(CUpti_ActivityContext2, CUpti_ActivityContext3, contextId);
 KI_SAME(CUpti_ActivityContext2, CUpti_ActivityContext3, deviceId);
 
-static void on_kernel(struct ki_cupti *g, const CUpti_ActivityKernel10 *k) {
+static void on_kernel(struct ki_cupti *g, struct ki_cupti_batch *b, const CUpti_ActivityKernel10 *k) {
     note_context(g, k->contextId, k->deviceId);
     struct ki_cupti_device *d = device_ring(g, k->deviceId);
     if (!d) return;
@@ -241,53 +278,50 @@ static void on_kernel(struct ki_cupti *g, const CUpti_ActivityKernel10 *k) {
     }
     uint64_t corr = KI_CUPTI_CORRELATION_TAG | k->correlationId;
     struct ki_cupti_launch l;
-    struct ki_rec rec;
+    struct ki_rec *rec;
     if (ki_cupti_launch_find(g, k->correlationId, &l)) {
-        memset(&rec, 0, sizeof rec);
-        rec.type = KI_REC_LAUNCH;
-        rec.flags = KI_FLAG_LAUNCH_SPAN;
-        rec.device = dev;
-        rec.id = e->id;
-        rec.ts_ns = l.launch_ns;
-        rec.u.launch.pid = d->ring.pid;
-        rec.u.launch.tid = l.tid;
-        rec.u.launch.grid[0] = (uint32_t)corr;
-        rec.u.launch.grid[1] = (uint32_t)(corr >> 32);
-        rec.u.launch.grid[2] = l.host_ns;
-        rec.u.launch.block[0] = range_id(g, d, dev, l.range);
-        put(d, &rec);
+        uint32_t range = l.range ? range_id(g, d, dev, l.range) : 0;
+        rec = batch_add(b, d);
+        rec->type = KI_REC_LAUNCH;
+        rec->flags = KI_FLAG_LAUNCH_SPAN;
+        rec->device = dev;
+        rec->id = e->id;
+        rec->ts_ns = l.launch_ns;
+        rec->u.launch.pid = d->ring.pid;
+        rec->u.launch.tid = l.tid;
+        rec->u.launch.grid[0] = (uint32_t)corr;
+        rec->u.launch.grid[1] = (uint32_t)(corr >> 32);
+        rec->u.launch.grid[2] = l.host_ns;
+        rec->u.launch.block[0] = range;
     }
-    memset(&rec, 0, sizeof rec);
-    rec.type = KI_REC_KERNEL;
-    rec.device = dev;
-    rec.id = e->id;
-    rec.ts_ns = to_ring_ns(g, k->start);
-    rec.u.kernel.end_ns = k->end >= k->start ? to_ring_ns(g, k->end) : rec.ts_ns;
-    rec.u.kernel.stream = k->streamId;
-    rec.u.kernel.correlation = corr;
-    rec.u.kernel.pid = d->ring.pid;
-    put(d, &rec);
+    rec = batch_add(b, d);
+    rec->type = KI_REC_KERNEL;
+    rec->device = dev;
+    rec->id = e->id;
+    rec->ts_ns = to_ring_ns(g, k->start);
+    rec->u.kernel.end_ns = k->end >= k->start ? to_ring_ns(g, k->end) : rec->ts_ns;
+    rec->u.kernel.stream = k->streamId;
+    rec->u.kernel.correlation = corr;
+    rec->u.kernel.pid = d->ring.pid;
 }
 
-static void on_memop(struct ki_cupti *g, uint32_t kind, uint32_t dev, uint32_t ctx, uint64_t start, uint64_t bytes,
+static void on_memop(struct ki_cupti *g, struct ki_cupti_batch *b, uint32_t kind, uint32_t dev, uint32_t ctx, uint64_t start, uint64_t bytes,
                      uint32_t corr) {
     note_context(g, ctx, dev);
     struct ki_cupti_device *d = device_ring(g, dev);
     if (!d) return;
     struct ki_cupti_launch l;
-    struct ki_rec rec;
-    memset(&rec, 0, sizeof rec);
-    rec.type = KI_REC_MEMOP;
-    rec.device = (uint16_t)dev;
-    rec.id = kind;
-    rec.ts_ns = to_ring_ns(g, start);
-    rec.u.memop.bytes = bytes;
-    rec.u.memop.pid = d->ring.pid;
-    rec.u.memop.tid = ki_cupti_launch_find(g, corr, &l) ? l.tid : 0;
-    put(d, &rec);
+    struct ki_rec *rec = batch_add(b, d);
+    rec->type = KI_REC_MEMOP;
+    rec->device = (uint16_t)dev;
+    rec->id = kind;
+    rec->ts_ns = to_ring_ns(g, start);
+    rec->u.memop.bytes = bytes;
+    rec->u.memop.pid = d->ring.pid;
+    rec->u.memop.tid = ki_cupti_launch_find(g, corr, &l) ? l.tid : 0;
 }
 
-static void on_sync(struct ki_cupti *g, const CUpti_ActivitySynchronization2 *s) {
+static void on_sync(struct ki_cupti *g, struct ki_cupti_batch *b, const CUpti_ActivitySynchronization2 *s) {
     uint32_t kind, dev1 = s->contextId < KI_CUPTI_CONTEXTS ? g->context_device[s->contextId] : 0;
     uint64_t handle = s->streamId;
     switch (s->type) {
@@ -302,41 +336,42 @@ static void on_sync(struct ki_cupti *g, const CUpti_ActivitySynchronization2 *s)
     }
     struct ki_cupti_device *d = device_ring(g, dev1 - 1);
     if (!d) return;
-    struct ki_rec rec;
-    memset(&rec, 0, sizeof rec);
-    rec.type = KI_REC_SYNC;
-    rec.device = (uint16_t)(dev1 - 1);
-    rec.id = kind;
-    rec.ts_ns = to_ring_ns(g, s->start);
-    rec.u.sync.duration_ns = s->end > s->start ? s->end - s->start : 0;
-    rec.u.sync.handle = handle;
-    rec.u.sync.pid = d->ring.pid;
-    put(d, &rec);
+    struct ki_rec *rec = batch_add(b, d);
+    rec->type = KI_REC_SYNC;
+    rec->device = (uint16_t)(dev1 - 1);
+    rec->id = kind;
+    rec->ts_ns = to_ring_ns(g, s->start);
+    rec->u.sync.duration_ns = s->end > s->start ? s->end - s->start : 0;
+    rec->u.sync.handle = handle;
+    rec->u.sync.pid = d->ring.pid;
 }
 
 size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t valid) {
     if (ki_ring_mono_ns() - g->clock_at_ns > 1000000000ULL) ki_cupti_clock_refresh(g); /* drift: ppm */
+    struct ki_cupti_batch b;
+    b.n = 0;
     CUpti_Activity *a = NULL;
     size_t n = 0;
     while (g->api.ActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS && a) {
         n++;
+        if (b.n > KI_CUPTI_BATCH - 2) batch_write(&b); /* room for the most one record adds */
         switch (a->kind) {
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-            on_kernel(g, (const CUpti_ActivityKernel10 *)a);
+            on_kernel(g, &b, (const CUpti_ActivityKernel10 *)a);
             break;
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)a;
-            on_memop(g, KI_MEM_MEMCPY, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
+            on_memop(g, &b, KI_MEM_MEMCPY, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
             break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
             const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)a;
-            on_memop(g, KI_MEM_MEMSET, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
+            on_memop(g, &b, KI_MEM_MEMSET, m->deviceId, m->contextId, m->start, m->bytes, m->correlationId);
             break;
         }
         case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
-            on_sync(g, (const CUpti_ActivitySynchronization2 *)a);
+            on_sync(g, &b, (const CUpti_ActivitySynchronization2 *)a);
             break;
         case CUPTI_ACTIVITY_KIND_CONTEXT: {
             const CUpti_ActivityContext3 *c = (const CUpti_ActivityContext3 *)a;
@@ -347,6 +382,7 @@ size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t val
             break;
         }
     }
+    batch_write(&b);
     return n;
 }
 

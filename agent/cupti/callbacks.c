@@ -150,17 +150,3 @@ void CUPTIAPI ki_cupti_callback(void *userdata, CUpti_CallbackDomain domain, CUp
     e->range = depth == 0 ? 0 : depth <= KI_CUPTI_RANGE_DEPTH ? tls_ranges[depth - 1] : tls_ranges[KI_CUPTI_RANGE_DEPTH - 1];
     __atomic_store_n(&e->corr, corr, __ATOMIC_RELEASE);
 }
-
-int ki_cupti_launch_find(const struct ki_cupti *g, uint32_t corr, struct ki_cupti_launch *out) {
-    if (corr == 0 || !g->launches) return 0;
-    const struct ki_cupti_launch *e = &g->launches[corr & (KI_CUPTI_CORR_SLOTS - 1)];
-    if (__atomic_load_n(&e->corr, __ATOMIC_ACQUIRE) != corr) return 0;
-    out->tid = e->tid;
-    out->launch_ns = e->launch_ns;
-    out->host_ns = e->host_ns;
-    out->range = e->range;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&e->corr, __ATOMIC_RELAXED) != corr) return 0; /* rewritten meanwhile */
-    out->corr = corr;
-    return 1;
-}

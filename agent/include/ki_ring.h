@@ -596,33 +596,49 @@ static inline int ki_ring_set_flags(struct ki_ring *r, unsigned flags) {
     return 0;
 }
 
-/* Write one record (with the handle's flags OR-ed in).  Never blocks: returns 0,
- * KI_RING_DROPPED (full, counted) or KI_RING_LOST (the consumer gave the slot up, counted). */
-static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
+/* Reserve the n slots (1 <= n <= KI_RING_RESERVE_MAX) from the returned position on in one step,
+ * for a producer writing records that belong together (the CUPTI probe's LAUNCH_SPAN and KERNEL):
+ * one atomic operation on head instead of n.  Each reserved position must then be written with
+ * ki_ring_put.  Never blocks: returns 0 with *pos set, or KI_RING_DROPPED when the ring lacks room
+ * for all n (then all n are counted dropped). */
+#define KI_RING_RESERVE_MAX 16u
+static inline int ki_ring_reserve(struct ki_ring *r, unsigned n, uint64_t *pos_out) {
+    struct ki_slot *slots = r->slots;
+    const uint64_t mask = r->mask;
+    uint64_t pos = KI_LOAD_RLX(&r->hdr->head);
+    for (;;) {
+        int64_t dif = 0;
+        for (unsigned i = 0; i < n && dif == 0; i++) /* every slot free for this lap (in order: the
+                                                        consumer frees them in ring order) */
+            dif = (int64_t)(KI_LOAD_ACQ(&slots[(pos + i) & mask].seq) - (pos + i));
+        if (dif == 0) {
+            if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                break;
+        } else if (dif < 0) {
+            KI_ADD_RLX(&r->hdr->dropped, n);
+            KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].dropped, n);
+            return KI_RING_DROPPED;
+        } else {
+            pos = KI_LOAD_RLX(&r->hdr->head);
+        }
+    }
+    *pos_out = pos;
+    return 0;
+}
+
+/* Write rec (with the handle's flags OR-ed in) into the slot of pos, reserved by ki_ring_reserve,
+ * and publish it.  The checksum is the caller's record's, not the slot's: a writer that stalled
+ * past its slot's abandonment and scribbles on it later makes the next writer's record fail its
+ * check instead of passing with the scribble in it.  Returns 0 or KI_RING_LOST (the consumer gave
+ * the slot up meanwhile, counted). */
+static inline int ki_ring_put(struct ki_ring *r, uint64_t pos, const struct ki_rec *rec) {
     struct ki_rec flagged;
     if (r->flags) {
         flagged = *rec;
         flagged.flags |= r->flags;
         rec = &flagged;
     }
-    struct ki_slot *slots = r->slots;
-    uint64_t pos = KI_LOAD_RLX(&r->hdr->head);
-    struct ki_slot *s;
-    for (;;) {
-        s = &slots[pos & r->mask];
-        uint64_t seq = KI_LOAD_ACQ(&s->seq);
-        int64_t dif = (int64_t)(seq - pos);
-        if (dif == 0) {
-            if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-                break;
-        } else if (dif < 0) {
-            KI_ADD_RLX(&r->hdr->dropped, 1);
-            KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].dropped, 1);
-            return KI_RING_DROPPED;
-        } else {
-            pos = KI_LOAD_RLX(&r->hdr->head);
-        }
-    }
+    struct ki_slot *s = &r->slots[pos & r->mask];
 #ifdef KI_RING_TEST_AFTER_RESERVE
     KI_RING_TEST_AFTER_RESERVE(r, pos); /* tests only: stall or die between reservation and publication */
 #endif
@@ -636,6 +652,47 @@ static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
         return KI_RING_LOST;
     }
     return 0;
+}
+
+/* ki_ring_put of n records into the n slots reserved from pos on (ki_ring_reserve), in one call:
+ * the handle's fields are read once for all n. Returns the number published (the others were
+ * lost, counted). */
+static inline unsigned ki_ring_put_n(struct ki_ring *r, uint64_t pos, const struct ki_rec *recs, unsigned n) {
+    if (r->flags) { /* rare (the simulator): record by record, through the flagged copy */
+        unsigned ok = 0;
+        for (unsigned i = 0; i < n; i++) ok += ki_ring_put(r, pos + i, &recs[i]) == 0;
+        return ok;
+    }
+    /* Locals, not r's fields: the stores into the slots could alias those. */
+    struct ki_slot *const slots = r->slots;
+    const uint64_t mask = r->mask;
+    const uint32_t producer = r->producer_id;
+    unsigned ok = 0;
+    for (unsigned i = 0; i < n; i++, pos++) {
+        struct ki_slot *s = &slots[pos & mask];
+#ifdef KI_RING_TEST_AFTER_RESERVE
+        KI_RING_TEST_AFTER_RESERVE(r, pos);
+#endif
+        __atomic_store_n(&s->producer, producer, __ATOMIC_RELAXED);
+        memcpy(&s->rec, &recs[i], sizeof recs[i]);
+        s->check = ki_ring_checksum(pos, producer, &recs[i]);
+        uint64_t expect = pos;
+        if (__atomic_compare_exchange_n(&s->seq, &expect, pos + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+            ok++;
+        } else {
+            KI_ADD_RLX(&r->hdr->lost, 1);
+            KI_ADD_RLX(&r->producers[producer & (KI_RING_MAX_PRODUCERS - 1)].lost, 1);
+        }
+    }
+    return ok;
+}
+
+/* Write one record (with the handle's flags OR-ed in).  Never blocks: returns 0,
+ * KI_RING_DROPPED (full, counted) or KI_RING_LOST (the consumer gave the slot up, counted). */
+static inline int ki_ring_write(struct ki_ring *r, const struct ki_rec *rec) {
+    uint64_t pos;
+    int rc = ki_ring_reserve(r, 1, &pos);
+    return rc < 0 ? rc : ki_ring_put(r, pos, rec);
 }
 
 static inline int ki_ring_kernel(struct ki_ring *r, uint32_t name_id, uint16_t device, uint64_t start_ns,

@@ -6,7 +6,8 @@ its resident memory beside a workload, with the stand-in CUPTI (docs/probes.md).
   written as a LAUNCH_SPAN and a KERNEL record into a default-sized ring that the program drains
   between buffers (as the agent would); the buffer's launch callbacks run just before, timed apart.
   Wall ns per record (median of ROUNDS) moves with the machine's load; instructions per record
-  under callgrind (``--toggle-collect=ki_cupti_buffer_completed``) do not.
+  under callgrind (``--toggle-collect=ki_cupti_buffer_completed``; the records of a long run
+  against a short one's, so once-per-process costs drop out) do not.
 - Memory: the stand-in workload's resident memory with and without the probe injected: the probe's
   own (RssAnon + RssFile: its buffers and tables, its code, libstdc++ for demangling when the
   process had none, the CUPTI library) apart from the ring it maps (RssShmem: the agent's shared
@@ -34,6 +35,7 @@ PREFIX = "bench-cupti-"
 RECORDS = 200_000
 ROUNDS = 7
 CALLGRIND_RECORDS = 100_000
+CALLGRIND_WARM = 20_000
 RSS_STEPS = 20_000
 KERNELS = (
     "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_",
@@ -62,19 +64,29 @@ def _json(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _instructions(out: Path, ring: str) -> float | None:
-    """Instructions per record in ki_cupti_buffer_completed, or None without valgrind."""
-    if shutil.which("valgrind") is None:
-        print("bench-cupti: valgrind not installed (scripts/bootstrap.sh installs it): no instruction count")
-        return None
-    cg = out / "callgrind.out"
+def _callgrind_total(out: Path, ring: str, records: int) -> int | None:
+    cg = out / f"callgrind.{records}.out"
     subprocess.run(
         ["valgrind", "--tool=callgrind", "--toggle-collect=ki_cupti_buffer_completed", f"--callgrind-out-file={cg}",
-         str(out / "bench_cupti"), ring, str(CALLGRIND_RECORDS), "1"],
+         str(out / "bench_cupti"), ring, str(records), "1"],
         env=_env(out), capture_output=True, text=True, check=True,
     )  # fmt: skip
     m = re.search(r"^totals:\s*(\d+)", cg.read_text(), re.MULTILINE)
-    return int(m.group(1)) / CALLGRIND_RECORDS if m else None
+    return int(m.group(1)) if m else None
+
+
+def _instructions(out: Path, ring: str) -> float | None:
+    """Instructions per record in ki_cupti_buffer_completed once the probe is warm, or None without
+    valgrind: the difference between a run of CALLGRIND_RECORDS and one of CALLGRIND_WARM, per
+    record between them, so what a process pays once (the first sight of each name, demangling
+    and the symbol look-ups of its first calls) is not spread over the records of a short run."""
+    if shutil.which("valgrind") is None:
+        print("bench-cupti: valgrind not installed (scripts/bootstrap.sh installs it): no instruction count")
+        return None
+    short, full = _callgrind_total(out, ring, CALLGRIND_WARM), _callgrind_total(out, ring, CALLGRIND_RECORDS)
+    if short is None or full is None:
+        return None
+    return (full - short) / (CALLGRIND_RECORDS - CALLGRIND_WARM)
 
 
 def _rss(out: Path) -> tuple[dict[str, float], dict[str, float]]:

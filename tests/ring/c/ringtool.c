@@ -1,7 +1,9 @@
 /*
  * ringtool: a C producer and consumer for the ring tests.
  *
- *   ringtool produce NAME COUNT TAG      verifiable KERNEL records; prints "id written dropped lost"
+ *   ringtool produce NAME COUNT TAG [RUN] verifiable KERNEL records; prints "id written dropped lost";
+ *                                        with RUN > 1, RUN records at a time in one reservation
+ *                                        (ki_ring_reserve + ki_ring_put_n; a refused run drops all RUN)
  *   ringtool forever NAME TAG            verifiable KERNEL records until killed
  *   ringtool midwrite NAME               reserve a slot, write half a record, then stop forever
  *   ringtool write-all NAME              one record of every type; prints them as JSON lines
@@ -56,23 +58,36 @@ static void verifiable(struct ki_rec *rec, uint32_t tag, uint64_t seq) {
     rec->u.kernel.correlation = seq;
 }
 
-static int produce(const char *name, uint64_t count, uint32_t tag, int forever) {
+static int produce(const char *name, uint64_t count, uint32_t tag, int forever, unsigned run) {
     struct ki_ring r;
     char err[256];
+    if (run < 1 || run > KI_RING_RESERVE_MAX) return die("RUN must be 1 to KI_RING_RESERVE_MAX");
     if (ki_ring_attach(&r, name, KI_RING_PRODUCER, err, sizeof err) < 0) return die(err);
     uint64_t written = 0, dropped = 0, lost = 0;
-    struct ki_rec rec;
+    struct ki_rec recs[KI_RING_RESERVE_MAX];
     printf("%u\n", r.producer_id);
     fflush(stdout);
-    for (uint64_t seq = 0; forever || seq < count; seq++) {
-        verifiable(&rec, tag, seq);
-        int rc = ki_ring_write(&r, &rec);
-        if (rc == 0)
-            written++;
-        else if (rc == KI_RING_DROPPED)
-            dropped++;
-        else
-            lost++;
+    for (uint64_t seq = 0; forever || seq < count; seq += run) {
+        unsigned n = forever || count - seq >= run ? run : (unsigned)(count - seq);
+        for (unsigned i = 0; i < n; i++) verifiable(&recs[i], tag, seq + i);
+        if (run == 1) {
+            int rc = ki_ring_write(&r, &recs[0]);
+            if (rc == 0)
+                written++;
+            else if (rc == KI_RING_DROPPED)
+                dropped++;
+            else
+                lost++;
+            continue;
+        }
+        uint64_t pos;
+        if (ki_ring_reserve(&r, n, &pos) < 0) {
+            dropped += n;
+            continue;
+        }
+        unsigned ok = ki_ring_put_n(&r, pos, recs, n);
+        written += ok;
+        lost += n - ok;
     }
     printf("%u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r.producer_id, written, dropped, lost);
     ki_ring_close(&r);
@@ -307,9 +322,12 @@ static int dump(const char *name, uint64_t count, uint64_t timeout_ms) {
 int main(int argc, char **argv) {
     if (argc < 3) return die("usage: ringtool produce|forever|midwrite|write-all|flagged|dump NAME ...");
     const char *cmd = argv[1], *name = argv[2];
+    if (!strcmp(cmd, "produce") && argc == 6)
+        return produce(name, strtoull(argv[3], NULL, 10), (uint32_t)strtoul(argv[4], NULL, 10), 0,
+                       (unsigned)strtoul(argv[5], NULL, 10));
     if (!strcmp(cmd, "produce") && argc == 5)
-        return produce(name, strtoull(argv[3], NULL, 10), (uint32_t)strtoul(argv[4], NULL, 10), 0);
-    if (!strcmp(cmd, "forever") && argc == 4) return produce(name, 0, (uint32_t)strtoul(argv[3], NULL, 10), 1);
+        return produce(name, strtoull(argv[3], NULL, 10), (uint32_t)strtoul(argv[4], NULL, 10), 0, 1);
+    if (!strcmp(cmd, "forever") && argc == 4) return produce(name, 0, (uint32_t)strtoul(argv[3], NULL, 10), 1, 1);
     if (!strcmp(cmd, "midwrite")) return midwrite(name);
     if (!strcmp(cmd, "slow") && argc == 4) return slow(name, (unsigned)strtoul(argv[3], NULL, 10));
     if (!strcmp(cmd, "write-all")) return write_all(name);
