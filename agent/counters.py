@@ -62,6 +62,8 @@ class Counter(enum.IntEnum):
     HISTOGRAM_INCREMENTS = 35
     HISTOGRAM_EVICTED = 36
     BUSY_DRAINS = 37
+    CUPTI_DROPPED = 38
+    CUPTI_REFUSED = 39
 
 
 #: Ids up to this one are in every batch; later ones only when not zero (an agent with histograms
@@ -319,6 +321,22 @@ SPECS: dict[Counter, Spec] = {
         'drains before their tick: producers, at the rate they wrote since the last drain, would fill half the ring first (docs/agent.md, "The loop"); any agent, histograms or not',
         metric_note="(drains before their tick: producers would fill half the ring first; a rate that stays up says the GPU writes faster than the ring and `drain_interval_ms` were sized for: docs/agent.md)",
         c_comment="drains before their tick: producers would fill half the ring first",
+    ),
+    Counter.CUPTI_DROPPED: Spec(
+        "ki_agent_cupti_dropped_records_total",
+        "counter",
+        1.0,
+        "the ring header's `cupti_dropped`: activity records CUPTI dropped in the processes the CUPTI probe is in (`cuptiActivityGetNumDroppedRecords`; its buffer pool was empty, or CUPTI's queue was full), since the ring was created",
+        metric_note="(activity records CUPTI dropped in the processes writing to the GPU's ring through the CUPTI probe: kernels, copies and syncs no span shows; docs/probes.md)",
+        c_comment="the ring header's cupti_dropped: records CUPTI dropped (CUPTI probe)",
+    ),
+    Counter.CUPTI_REFUSED: Spec(
+        "ki_agent_cupti_refused_records_total",
+        "counter",
+        1.0,
+        "the ring header's `cupti_refused`: records the CUPTI probe could not write, the ring being full (those are in `ring_dropped` too) or its process having no ring for their device, since the ring was created",
+        metric_note="(records the CUPTI probe could not write: the ring was full, or there was no ring for their GPU; docs/probes.md)",
+        c_comment="the ring header's cupti_refused: records the CUPTI probe could not write",
     ),
 }
 

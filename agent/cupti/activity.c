@@ -193,10 +193,10 @@ static uint32_t range_id(struct ki_cupti *g, struct ki_cupti_device *d, uint32_t
     return name_in_ring(d, dev, e) == 0 ? e->id : 0;
 }
 
-/* Ring records are not written one by one: the records of up to KI_CUPTI_BATCH activity records
- * are built here first, then written run by run (a run: consecutive records of one device) with
- * one reservation of the run's slots, one atomic step on the ring's head for up to
- * KI_RING_RESERVE_MAX records instead of one per record. Names and NVTX ranges are registered
+/* Ring records are not written one by one: up to KI_CUPTI_BATCH of them are built here first, then
+ * written run by run (a run: consecutive records of one device) with one reservation of the run's
+ * slots, one atomic step on the ring's head for up to KI_RING_RESERVE_MAX records instead of one
+ * per record. Names and NVTX ranges are registered
  * (STRING records) while building, so they are in the ring before the records that use them. */
 #define KI_CUPTI_BATCH 64u
 
@@ -220,17 +220,16 @@ static void batch_write(struct ki_cupti_batch *b) {
         for (run = 1; i + run < b->n && run < KI_RING_RESERVE_MAX && b->dev[i + run] == d; run++) {
         }
         uint64_t pos;
-        if (ki_ring_reserve(&d->ring, (unsigned)run, &pos) == 0) {
-            unsigned ok = ki_ring_put_n(&d->ring, pos, &b->rec[i], (unsigned)run);
-            d->counts[KI_CUPTI_RECORDS_WRITTEN] += ok;
-            d->counts[KI_CUPTI_RING_REFUSED] += run - ok;
+        int got = ki_ring_reserve(&d->ring, (unsigned)run, &pos);
+        if (got < 0) { /* full: this record is refused, the next ones try again */
+            d->counts[KI_CUPTI_RING_REFUSED]++;
+            run = 1;
             continue;
         }
-        /* Too little room for the run (counted dropped by the ring): those that fit still go. */
-        for (size_t j = i; j < i + run; j++) {
-            if (ki_ring_write(&d->ring, &b->rec[j]) == 0) d->counts[KI_CUPTI_RECORDS_WRITTEN]++;
-            else d->counts[KI_CUPTI_RING_REFUSED]++;
-        }
+        run = (size_t)got;
+        unsigned ok = ki_ring_put_n(&d->ring, pos, &b->rec[i], (unsigned)got);
+        d->counts[KI_CUPTI_RECORDS_WRITTEN] += ok;
+        d->counts[KI_CUPTI_RING_REFUSED] += (unsigned)got - ok;
     }
     b->n = 0;
 }
@@ -272,14 +271,15 @@ static void on_kernel(struct ki_cupti *g, struct ki_cupti_batch *b, const CUpti_
     if (!d) return;
     uint16_t dev = (uint16_t)k->deviceId;
     struct ki_cupti_name *e = name_of(g, k->name);
+    struct ki_cupti_launch l;
+    int launch = ki_cupti_launch_find(g, k->correlationId, &l);
     if (!e || name_in_ring(d, dev, e) < 0) {
-        d->counts[KI_CUPTI_RING_REFUSED]++;
+        d->counts[KI_CUPTI_RING_REFUSED] += 1u + (unsigned)launch; /* the kernel and its launch */
         return;
     }
     uint64_t corr = KI_CUPTI_CORRELATION_TAG | k->correlationId;
-    struct ki_cupti_launch l;
     struct ki_rec *rec;
-    if (ki_cupti_launch_find(g, k->correlationId, &l)) {
+    if (launch) {
         uint32_t range = l.range ? range_id(g, d, dev, l.range) : 0;
         rec = batch_add(b, d);
         rec->type = KI_REC_LAUNCH;
@@ -395,6 +395,13 @@ static const uint32_t count_metric[KI_CUPTI_COUNT_MAX] = {
     [KI_CUPTI_POOL_EXHAUSTED] = KI_METRIC_CUPTI_POOL_EXHAUSTED,
 };
 
+/* Add what grew since the last report to the ring header's counters (the agent ships them as
+ * ki_agent_cupti_*_records_total): exact even when the ring is too full for the samples. */
+static inline void header_add(uint64_t *counter, uint64_t total, uint64_t *added) {
+    if (total > *added) KI_ADD_RLX(counter, total - *added);
+    *added = total; /* (a count that went back, as the benchmark resets it, adds nothing) */
+}
+
 void ki_cupti_activity_report(struct ki_cupti *g) {
     int first = 1;
     uint64_t now = ki_ring_now_ns();
@@ -406,8 +413,10 @@ void ki_cupti_activity_report(struct ki_cupti *g) {
             d->counts[KI_CUPTI_POOL_EXHAUSTED] = __atomic_load_n(&g->pool_exhausted, __ATOMIC_RELAXED);
             d->counts[KI_CUPTI_RING_REFUSED] += g->unknown_device; /* no ring to go to: a device past 63, */
             g->unknown_device = 0;                                  /* or a sync of an unknown context */
+            header_add(&d->ring.hdr->cupti_dropped, g->cupti_dropped_total, &g->dropped_in_header);
             first = 0;
         }
+        header_add(&d->ring.hdr->cupti_refused, d->counts[KI_CUPTI_RING_REFUSED], &d->refused_in_header);
         for (int c = 0; c < KI_CUPTI_COUNT_MAX; c++) {
             if (d->counts[c] == d->reported[c]) continue;
             if (ki_ring_sample(&d->ring, count_metric[c], (uint16_t)dev, now, (double)d->counts[c], d->ring.pid) == 0)

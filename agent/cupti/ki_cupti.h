@@ -42,7 +42,9 @@
 #define KI_METRIC_CUPTI_RING_REFUSED 31
 #define KI_METRIC_CUPTI_POOL_EXHAUSTED 32
 
-/* The probe's own counts, written to each ring as cumulative GPU_SAMPLE records (docs/metrics.md). */
+/* The probe's own counts, written to each ring as cumulative GPU_SAMPLE records per process
+ * (docs/metrics.md); CUPTI's drops and the ring's refusals are also added to the ring header's
+ * cupti_dropped and cupti_refused, which the agent ships as its counters (docs/ring.md). */
 enum ki_cupti_count {
     KI_CUPTI_RECORDS_WRITTEN = 0, /* ring records written (names excluded) */
     KI_CUPTI_CUPTI_DROPPED,       /* records CUPTI dropped (cuptiActivityGetNumDroppedRecords) */
@@ -85,6 +87,7 @@ struct ki_cupti_device {
     uint64_t retry_ns;            /* monotonic time of the next attach attempt */
     uint64_t counts[KI_CUPTI_COUNT_MAX];
     uint64_t reported[KI_CUPTI_COUNT_MAX]; /* last values written as samples */
+    uint64_t refused_in_header;   /* of counts[KI_CUPTI_RING_REFUSED], added to the ring header's cupti_refused */
 };
 
 /* One launch seen by the callbacks, found again by its CUPTI correlation id. */
@@ -129,6 +132,7 @@ struct ki_cupti {
     uint32_t context_device[KI_CUPTI_CONTEXTS]; /* context id -> device + 1, 0 unknown */
     struct ki_cupti_device devices[KI_CUPTI_MAX_DEVICES];
     uint64_t cupti_dropped_total;     /* cuptiActivityGetNumDroppedRecords summed */
+    uint64_t dropped_in_header;       /* of which added to the first ring header's cupti_dropped */
     uint64_t pool_exhausted;          /* buffer requests with the pool empty */
     uint64_t unknown_device;          /* records whose device was out of range or unknown */
     /* callbacks */

@@ -48,7 +48,9 @@ enum ki_counter {
     KI_CTR_HISTOGRAM_INCREMENTS = 35, /* of histograms_shipped, increments (wire body version 4) */
     KI_CTR_HISTOGRAM_EVICTED = 36, /* histogram keys evicted after histogram_idle_s without a change */
     KI_CTR_BUSY_DRAINS = 37, /* drains before their tick: producers would fill half the ring first */
-    KI_CTR_MAX = 37
+    KI_CTR_CUPTI_DROPPED = 38, /* the ring header's cupti_dropped: records CUPTI dropped (CUPTI probe) */
+    KI_CTR_CUPTI_REFUSED = 39, /* the ring header's cupti_refused: records the CUPTI probe could not write */
+    KI_CTR_MAX = 39
 };
 
 /* Ids up to this one are in every batch; later ones only when not zero. */

@@ -27,6 +27,8 @@ struct ki_drain_stats {
     uint64_t torn;      /* records failing their checksum */
     uint64_t abandoned; /* slots never published */
     uint64_t lost;      /* late publications refused */
+    uint64_t cupti_dropped; /* records CUPTI dropped, as the CUPTI probe counted them in the header */
+    uint64_t cupti_refused; /* records the CUPTI probe could not write, likewise */
     uint64_t backlog;   /* records waiting (head - tail), read but not yet freed ones included */
     uint64_t capacity;  /* the ring's slots */
 };

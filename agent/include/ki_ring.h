@@ -211,7 +211,9 @@ struct ki_ring_header {
     uint64_t consumed;       /* atomic: records handed out by consumers */
     uint32_t next_producer;  /* atomic: next producer id (starts at 1) */
     uint32_t pad3a;
-    uint8_t pad3[16];
+    uint64_t cupti_dropped;  /* atomic: activity records CUPTI dropped in the processes writing here (CUPTI probe) */
+    uint64_t cupti_refused;  /* atomic: records the CUPTI probe could not write: the ring was full, or there was
+                                no ring for their device (counted in the process's first ring) */
 };
 
 struct ki_ring {
@@ -260,6 +262,7 @@ KI_STATIC_ASSERT(sizeof(struct ki_ring_header) <= KI_RING_HEADER_SIZE, "header t
 KI_STATIC_ASSERT(offsetof(struct ki_ring_header, head) == 128, "head offset");
 KI_STATIC_ASSERT(offsetof(struct ki_ring_header, tail) == 256, "tail offset");
 KI_STATIC_ASSERT(offsetof(struct ki_ring_header, dropped) == 384, "counters offset");
+KI_STATIC_ASSERT(offsetof(struct ki_ring_header, cupti_dropped) == 432, "probe counters offset");
 KI_STATIC_ASSERT(sizeof(struct ki_producer_entry) == 32, "producer entry size");
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -596,34 +599,35 @@ static inline int ki_ring_set_flags(struct ki_ring *r, unsigned flags) {
     return 0;
 }
 
-/* Reserve the n slots (1 <= n <= KI_RING_RESERVE_MAX) from the returned position on in one step,
- * for a producer writing records that belong together (the CUPTI probe's LAUNCH_SPAN and KERNEL):
- * one atomic operation on head instead of n.  Each reserved position must then be written with
- * ki_ring_put.  Never blocks: returns 0 with *pos set, or KI_RING_DROPPED when the ring lacks room
- * for all n (then all n are counted dropped). */
+/* Reserve up to n slots (1 <= n <= KI_RING_RESERVE_MAX) in a row, from *pos_out on, in one step:
+ * one atomic operation on head for records written together (the CUPTI probe's) instead of one
+ * each.  Returns the number reserved, 1 to n (fewer when fewer are free), each of which must then
+ * be written with ki_ring_put or ki_ring_put_n; or, with no slot free, KI_RING_DROPPED: the ring
+ * is full and one record is counted dropped (the caller's next one, as ki_ring_write's). Never
+ * blocks. */
 #define KI_RING_RESERVE_MAX 16u
 static inline int ki_ring_reserve(struct ki_ring *r, unsigned n, uint64_t *pos_out) {
     struct ki_slot *slots = r->slots;
     const uint64_t mask = r->mask;
     uint64_t pos = KI_LOAD_RLX(&r->hdr->head);
     for (;;) {
-        int64_t dif = 0;
-        for (unsigned i = 0; i < n && dif == 0; i++) /* every slot free for this lap (in order: the
-                                                        consumer frees them in ring order) */
-            dif = (int64_t)(KI_LOAD_ACQ(&slots[(pos + i) & mask].seq) - (pos + i));
+        int64_t dif = (int64_t)(KI_LOAD_ACQ(&slots[pos & mask].seq) - pos);
         if (dif == 0) {
-            if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-                break;
+            /* The free slots in a row (the consumer frees slots in ring order). */
+            unsigned k = 1;
+            while (k < n && KI_LOAD_ACQ(&slots[(pos + k) & mask].seq) == pos + k) k++;
+            if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + k, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                *pos_out = pos;
+                return (int)k;
+            }
         } else if (dif < 0) {
-            KI_ADD_RLX(&r->hdr->dropped, n);
-            KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].dropped, n);
+            KI_ADD_RLX(&r->hdr->dropped, 1);
+            KI_ADD_RLX(&r->producers[r->producer_id & (KI_RING_MAX_PRODUCERS - 1)].dropped, 1);
             return KI_RING_DROPPED;
         } else {
             pos = KI_LOAD_RLX(&r->hdr->head);
         }
     }
-    *pos_out = pos;
-    return 0;
 }
 
 /* Write rec (with the handle's flags OR-ed in) into the slot of pos, reserved by ki_ring_reserve,

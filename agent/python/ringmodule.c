@@ -479,13 +479,15 @@ static PyObject *Ring_write_raw(RingObject *self, PyObject *arg) {
 static PyObject *header_stats(struct ki_ring *r) {
     struct ki_ring_header *h = r->hdr;
     uint64_t head = KI_LOAD_ACQ(&h->head), tail = KI_LOAD_ACQ(&h->tail);
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsIsI}", "capacity", (unsigned long long)h->capacity, "head",
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsIsIsKsK}", "capacity", (unsigned long long)h->capacity, "head",
                          (unsigned long long)head, "tail", (unsigned long long)tail, "fill",
                          (unsigned long long)(head - tail), "dropped", (unsigned long long)KI_LOAD_RLX(&h->dropped),
                          "abandoned", (unsigned long long)KI_LOAD_RLX(&h->abandoned), "torn",
                          (unsigned long long)KI_LOAD_RLX(&h->torn), "lost", (unsigned long long)KI_LOAD_RLX(&h->lost),
                          "consumed", (unsigned long long)KI_LOAD_RLX(&h->consumed), "consumer_pid",
-                         KI_LOAD_RLX(&h->consumer_pid), "producers", KI_LOAD_RLX(&h->next_producer));
+                         KI_LOAD_RLX(&h->consumer_pid), "producers", KI_LOAD_RLX(&h->next_producer),
+                         "cupti_dropped", (unsigned long long)KI_LOAD_RLX(&h->cupti_dropped), "cupti_refused",
+                         (unsigned long long)KI_LOAD_RLX(&h->cupti_refused));
 }
 
 static PyObject *Ring_stats(RingObject *self, PyObject *unused) {

@@ -363,6 +363,8 @@ static void update_counters(struct ki_counters *c, const struct ki_batch_info *i
     c->v[KI_CTR_RING_TORN] = ds.torn;
     c->v[KI_CTR_RING_ABANDONED] = ds.abandoned;
     c->v[KI_CTR_RING_LOST] = ds.lost;
+    c->v[KI_CTR_CUPTI_DROPPED] = ds.cupti_dropped;
+    c->v[KI_CTR_CUPTI_REFUSED] = ds.cupti_refused;
     c->v[KI_CTR_RING_BACKLOG] = ds.backlog;
     c->v[KI_CTR_SPOOL_DROPPED_BATCHES] = ss.dropped_batches + a->lost_batches;
     c->v[KI_CTR_SPOOL_DROPPED_RECORDS] = ss.dropped_records + a->lost_records;

@@ -121,6 +121,8 @@ void ki_drain_stats(const struct ki_drain *d, struct ki_drain_stats *out) {
     out->torn = KI_LOAD_RLX(&h->torn);
     out->abandoned = KI_LOAD_RLX(&h->abandoned);
     out->lost = KI_LOAD_RLX(&h->lost);
+    out->cupti_dropped = KI_LOAD_RLX(&h->cupti_dropped);
+    out->cupti_refused = KI_LOAD_RLX(&h->cupti_refused);
     uint64_t head = KI_LOAD_ACQ(&h->head), tail = KI_LOAD_ACQ(&h->tail);
     out->backlog = head > tail ? head - tail : 0;
     out->capacity = d->c.ring.mask + 1;

@@ -103,3 +103,56 @@ def test_every_kernel_reaches_kql_and_the_timeline_with_its_launch(tmp_path, age
     finally:
         with contextlib.suppress(OSError):
             Ring.unlink(name)
+
+
+def test_records_cupti_dropped_and_the_ring_refused_reach_kql_as_agent_counters(tmp_path, agent_bin):
+    """A pool of two 4 KiB buffers that CUPTI holds until the flush (it drops the rest) and a ring of
+    64 slots that the burst at the flush overfills: both counts, as the ring header has them, are
+    the agent's ki_agent_cupti_dropped_records_total and ki_agent_cupti_refused_records_total."""
+    cupti = build_cupti(tmp_path / "cupti")
+    prefix = f"cupti-ctr-{uuid.uuid4().hex[:8]}-"
+    name = ring_name(f"{prefix}0")
+    Ring.create(name, capacity=64).close()
+    try:
+        with running_collector(tmp_path) as c:
+            key = tmp_path / "agent.key"
+            c.agent.write_key_file(key)
+            instance = read_key_file(key).agent_id.hex()
+            with (tmp_path / "agent.log").open("w") as out:
+                agent = subprocess.Popen(
+                    [str(agent_bin), "--ring", name, "--collector", c.url, "--key-file", str(key),
+                     "--spool-dir", str(tmp_path / "spool"), "--drain-interval-ms", "20", "--histograms=0",
+                     "--shutdown-timeout-s", "10"],
+                    stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            try:
+                subprocess.run(
+                    [str(cupti.workload), "--steps", "400"],
+                    env=cupti.env(prefix, KI_CUPTI_BUFFERS="2", KI_CUPTI_BUFFER_KB="4", KI_CUPTI_FLUSH_MS="60000",
+                                  KIFAKE_CUPTI_HOLD="8"),
+                    capture_output=True, text=True, timeout=120, check=True,
+                )  # fmt: skip
+                with Ring.attach(name) as r:
+                    header = r.stats()
+                assert header["cupti_dropped"] > 0
+                assert header["cupti_refused"] > 0
+                want = {
+                    "ki_agent_cupti_dropped_records_total": header["cupti_dropped"],
+                    "ki_agent_cupti_refused_records_total": header["cupti_refused"],
+                }
+                with KqlClient(c.url, c.read_token) as kql:
+
+                    def counters() -> dict[str, float]:
+                        got = {}
+                        for metric in want:
+                            res = kql.query(f'max_over_time({metric}{{instance="{instance}"}}[10m])')
+                            got[metric] = sum(s.value for s in res.samples)
+                        return got
+
+                    wait_for(lambda: counters() == want, 60, f"the agent's counters at {want}")
+            finally:
+                agent.terminate()
+                agent.wait(30)
+    finally:
+        with contextlib.suppress(OSError):
+            Ring.unlink(name)

@@ -231,16 +231,26 @@ def test_an_empty_buffer_pool_drops_records_and_counts_every_one(cupti, label_pr
     assert 0 < kept < 4 * did["kernels"]
     assert kept + counts[MetricId.CUPTI_DROPPED] == 4 * did["kernels"], "kernel, copy, memset, sync per step"
     assert counts[MetricId.CUPTI_POOL_EXHAUSTED] > 0
+    with Ring.attach(ring_name(f"{label_prefix}0")) as r:  # what the agent ships as its counter
+        assert r.stats()["cupti_dropped"] == counts[MetricId.CUPTI_DROPPED]
 
 
 def test_a_full_ring_refuses_records_and_they_are_counted(cupti, label_prefix):
     rings(label_prefix, 1, capacity=64)
-    _did, _ = run(cupti, label_prefix, "--steps", "200")
+    did, _ = run(cupti, label_prefix, "--steps", "200")
     recs = drain(ring_name(f"{label_prefix}0"))
     assert len(recs) <= 64
     with Ring.attach(ring_name(f"{label_prefix}0")) as r:
-        dropped = r.stats()["dropped"]
-    assert dropped > 0, "the ring counted its refusals too"
+        stats = r.stats()
+    assert stats["dropped"] > 0, "the ring counted its refusals too"
+    # Every record the probe meant to write is in the ring or in the header's count, which the
+    # agent ships as ki_agent_cupti_refused_records_total: a kernel and its launch, a copy, a
+    # memset and a sync per step.
+    written = len(of(recs, KernelRecord)) + len(of(recs, LaunchRecord)) + len(of(recs, MemopRecord))
+    written += len(of(recs, SyncRecord))
+    assert stats["cupti_refused"] > 0
+    assert written + stats["cupti_refused"] == 5 * did["kernels"]
+    assert stats["cupti_refused"] <= stats["dropped"], "a full ring's refusals are among its drops"
 
 
 def test_a_forked_child_writes_nothing_and_exits(cupti, label_prefix):

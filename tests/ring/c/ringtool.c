@@ -2,8 +2,9 @@
  * ringtool: a C producer and consumer for the ring tests.
  *
  *   ringtool produce NAME COUNT TAG [RUN] verifiable KERNEL records; prints "id written dropped lost";
- *                                        with RUN > 1, RUN records at a time in one reservation
- *                                        (ki_ring_reserve + ki_ring_put_n; a refused run drops all RUN)
+ *                                        with RUN > 1, RUN records at a time, each reservation
+ *                                        taking as many as there is room for (ki_ring_reserve +
+ *                                        ki_ring_put_n)
  *   ringtool forever NAME TAG            verifiable KERNEL records until killed
  *   ringtool midwrite NAME               reserve a slot, write half a record, then stop forever
  *   ringtool write-all NAME              one record of every type; prints them as JSON lines
@@ -80,14 +81,19 @@ static int produce(const char *name, uint64_t count, uint32_t tag, int forever, 
                 lost++;
             continue;
         }
-        uint64_t pos;
-        if (ki_ring_reserve(&r, n, &pos) < 0) {
-            dropped += n;
-            continue;
+        for (unsigned done = 0; done < n;) { /* as many as there is room for, in one step each time */
+            uint64_t pos;
+            int got = ki_ring_reserve(&r, n - done, &pos);
+            if (got < 0) {
+                dropped++;
+                done++;
+                continue;
+            }
+            unsigned ok = ki_ring_put_n(&r, pos, &recs[done], (unsigned)got);
+            written += ok;
+            lost += (unsigned)got - ok;
+            done += (unsigned)got;
         }
-        unsigned ok = ki_ring_put_n(&r, pos, recs, n);
-        written += ok;
-        lost += n - ok;
     }
     printf("%u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r.producer_id, written, dropped, lost);
     ki_ring_close(&r);
