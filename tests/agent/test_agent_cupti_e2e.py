@@ -9,11 +9,12 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 from agent_harness import wait_for
 from cupti_standins import build_cupti
-from support.collector import running_collector
+from support.collector import RunningCollector, running_collector
 
 from kernel_insight.agent.ring import Ring, ring_name
 from kernel_insight.collector.keys import read_key_file
@@ -25,19 +26,18 @@ TRITON = "triton_poi_fused_add_mul_0"
 STEPS = 50
 
 
-def test_every_kernel_reaches_kql_and_the_timeline_with_its_launch(tmp_path, agent_bin):
-    cupti = build_cupti(tmp_path / "cupti")
-    prefix = f"cupti-e2e-{uuid.uuid4().hex[:8]}-"
-    name = ring_name(f"{prefix}0")
-    ring = Ring.create(name, capacity=1 << 14)
-    ring.close()
+@contextlib.contextmanager
+def ring_agent_collector(
+    agent_bin, tmp_path, name: str, capacity: int
+) -> Iterator[tuple[RunningCollector, str]]:
+    """Ring name (created), a collector, and ki-agent draining the one into the other; yields the
+    collector and the instance the agent reports as. Everything is gone afterwards."""
+    Ring.create(name, capacity=capacity).close()
     try:
         with running_collector(tmp_path) as c:
             key = tmp_path / "agent.key"
             c.agent.write_key_file(key)
-            instance = read_key_file(key).agent_id.hex()
-            log = tmp_path / "agent.log"
-            with log.open("w") as out:
+            with (tmp_path / "agent.log").open("w") as out:
                 agent = subprocess.Popen(
                     [str(agent_bin), "--ring", name, "--collector", c.url, "--key-file", str(key),
                      "--spool-dir", str(tmp_path / "spool"), "--drain-interval-ms", "20", "--histograms=0",
@@ -45,64 +45,70 @@ def test_every_kernel_reaches_kql_and_the_timeline_with_its_launch(tmp_path, age
                     stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
             try:
-                before = time.time()
-                done = subprocess.run(
-                    [str(cupti.workload), "--steps", str(STEPS), "--nvtx", "--kernel", FILL, "--kernel", TRITON],
-                    env=cupti.env(prefix), capture_output=True, text=True, timeout=120, check=True,
-                )  # fmt: skip
-                did = json.loads(done.stdout.strip().splitlines()[-1])
-                after = time.time()
-                with KqlClient(c.url, c.read_token) as kql:
-
-                    def launches() -> dict[str, float]:
-                        res = kql.query(f'sum by (kernel) (kernel_launches_total{{instance="{instance}"}})')
-                        return {s.labels["kernel"]: s.value for s in res.samples}
-
-                    wait_for(lambda: sum(launches().values()) >= did["kernels"], 90, "every kernel counted")
-                    assert launches() == {FILL_READABLE: STEPS, TRITON: STEPS}
-
-                    def total(expr: str) -> float:
-                        # The newest sample over the run: the stand-in runs all steps within a few
-                        # milliseconds, and two batches' samples of a counter at the same millisecond
-                        # are not told apart by an instant query (the report of issue 37).
-                        return sum(s.value for s in kql.query(f"max_over_time({expr}[10m])").samples)
-
-                    sel = f'instance="{instance}"'
-                    want = {
-                        f'gpu_memory_operations_total{{{sel},kind="memcpy"}}': STEPS,
-                        f'gpu_memory_operations_total{{{sel},kind="memset"}}': STEPS,
-                        f"cuda_syncs_total{{{sel}}}": STEPS,
-                        # per step: 2 kernels with their launches, a copy, a memset, a sync
-                        f"ki_cupti_records_total{{{sel}}}": STEPS * 7,
-                    }
-                    wait_for(
-                        lambda: all(total(q) >= n for q, n in want.items()), 60, "copies, memsets, syncs"
-                    )
-                    assert {q: total(q) for q in want} == want
-                spans = httpx.get(
-                    c.url + "/v1/timeline/spans",
-                    params={
-                        "instance": instance,
-                        "gpu": 0,
-                        "from": before - 1,
-                        "to": after + 1,
-                        "limit": 1000,
-                    },
-                    headers={"Authorization": f"Bearer {c.read_token}"},
-                    timeout=30,
-                ).json()["spans"]
-                assert len(spans) == did["kernels"]
-                for s in spans:  # the host side of each kernel, joined by correlation
-                    assert s["pid"] == did["pid"]
-                    assert s["tid"] > 0
-                    assert 0 < s["launch_ns"] <= s["start_ns"]
-                    assert s["end_ns"] - s["start_ns"] == (1000 if s["kernel"] == FILL_READABLE else 2000)
+                yield c, read_key_file(key).agent_id.hex()
             finally:
                 agent.terminate()
                 agent.wait(30)
     finally:
         with contextlib.suppress(OSError):
             Ring.unlink(name)
+
+
+def test_every_kernel_reaches_kql_and_the_timeline_with_its_launch(tmp_path, agent_bin):
+    cupti = build_cupti(tmp_path / "cupti")
+    prefix = f"cupti-e2e-{uuid.uuid4().hex[:8]}-"
+    name = ring_name(f"{prefix}0")
+    with ring_agent_collector(agent_bin, tmp_path, name, 1 << 14) as (c, instance):
+        before = time.time()
+        done = subprocess.run(
+            [str(cupti.workload), "--steps", str(STEPS), "--nvtx", "--kernel", FILL, "--kernel", TRITON],
+            env=cupti.env(prefix), capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        did = json.loads(done.stdout.strip().splitlines()[-1])
+        after = time.time()
+        with KqlClient(c.url, c.read_token) as kql:
+
+            def launches() -> dict[str, float]:
+                res = kql.query(f'sum by (kernel) (kernel_launches_total{{instance="{instance}"}})')
+                return {s.labels["kernel"]: s.value for s in res.samples}
+
+            wait_for(lambda: sum(launches().values()) >= did["kernels"], 90, "every kernel counted")
+            assert launches() == {FILL_READABLE: STEPS, TRITON: STEPS}
+
+            def total(expr: str) -> float:
+                # The newest sample over the run: the stand-in runs all steps within a few
+                # milliseconds, and two batches' samples of a counter at the same millisecond
+                # are not told apart by an instant query (the report of issue 37).
+                return sum(s.value for s in kql.query(f"max_over_time({expr}[10m])").samples)
+
+            sel = f'instance="{instance}"'
+            want = {
+                f'gpu_memory_operations_total{{{sel},kind="memcpy"}}': STEPS,
+                f'gpu_memory_operations_total{{{sel},kind="memset"}}': STEPS,
+                f"cuda_syncs_total{{{sel}}}": STEPS,
+                # per step: 2 kernels with their launches, a copy, a memset, a sync
+                f"ki_cupti_records_total{{{sel}}}": STEPS * 7,
+            }
+            wait_for(lambda: all(total(q) >= n for q, n in want.items()), 60, "copies, memsets, syncs")
+            assert {q: total(q) for q in want} == want
+        spans = httpx.get(
+            c.url + "/v1/timeline/spans",
+            params={
+                "instance": instance,
+                "gpu": 0,
+                "from": before - 1,
+                "to": after + 1,
+                "limit": 1000,
+            },
+            headers={"Authorization": f"Bearer {c.read_token}"},
+            timeout=30,
+        ).json()["spans"]
+        assert len(spans) == did["kernels"]
+        for s in spans:  # the host side of each kernel, joined by correlation
+            assert s["pid"] == did["pid"]
+            assert s["tid"] > 0
+            assert 0 < s["launch_ns"] <= s["start_ns"]
+            assert s["end_ns"] - s["start_ns"] == (1000 if s["kernel"] == FILL_READABLE else 2000)
 
 
 def test_records_cupti_dropped_and_the_ring_refused_reach_kql_as_agent_counters(tmp_path, agent_bin):
@@ -112,47 +118,28 @@ def test_records_cupti_dropped_and_the_ring_refused_reach_kql_as_agent_counters(
     cupti = build_cupti(tmp_path / "cupti")
     prefix = f"cupti-ctr-{uuid.uuid4().hex[:8]}-"
     name = ring_name(f"{prefix}0")
-    Ring.create(name, capacity=64).close()
-    try:
-        with running_collector(tmp_path) as c:
-            key = tmp_path / "agent.key"
-            c.agent.write_key_file(key)
-            instance = read_key_file(key).agent_id.hex()
-            with (tmp_path / "agent.log").open("w") as out:
-                agent = subprocess.Popen(
-                    [str(agent_bin), "--ring", name, "--collector", c.url, "--key-file", str(key),
-                     "--spool-dir", str(tmp_path / "spool"), "--drain-interval-ms", "20", "--histograms=0",
-                     "--shutdown-timeout-s", "10"],
-                    stdout=out, stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            try:
-                subprocess.run(
-                    [str(cupti.workload), "--steps", "400"],
-                    env=cupti.env(prefix, KI_CUPTI_BUFFERS="2", KI_CUPTI_BUFFER_KB="4", KI_CUPTI_FLUSH_MS="60000",
-                                  KIFAKE_CUPTI_HOLD="8"),
-                    capture_output=True, text=True, timeout=120, check=True,
-                )  # fmt: skip
-                with Ring.attach(name) as r:
-                    header = r.stats()
-                assert header["cupti_dropped"] > 0
-                assert header["cupti_refused"] > 0
-                want = {
-                    "ki_agent_cupti_dropped_records_total": header["cupti_dropped"],
-                    "ki_agent_cupti_refused_records_total": header["cupti_refused"],
-                }
-                with KqlClient(c.url, c.read_token) as kql:
+    with ring_agent_collector(agent_bin, tmp_path, name, 64) as (c, instance):
+        subprocess.run(
+            [str(cupti.workload), "--steps", "400"],
+            env=cupti.env(prefix, KI_CUPTI_BUFFERS="2", KI_CUPTI_BUFFER_KB="4", KI_CUPTI_FLUSH_MS="60000",
+                          KIFAKE_CUPTI_HOLD="8"),
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        with Ring.attach(name) as r:
+            header = r.stats()
+        assert header["cupti_dropped"] > 0
+        assert header["cupti_refused"] > 0
+        want = {
+            "ki_agent_cupti_dropped_records_total": header["cupti_dropped"],
+            "ki_agent_cupti_refused_records_total": header["cupti_refused"],
+        }
+        with KqlClient(c.url, c.read_token) as kql:
 
-                    def counters() -> dict[str, float]:
-                        got = {}
-                        for metric in want:
-                            res = kql.query(f'max_over_time({metric}{{instance="{instance}"}}[10m])')
-                            got[metric] = sum(s.value for s in res.samples)
-                        return got
+            def counters() -> dict[str, float]:
+                got = {}
+                for metric in want:
+                    res = kql.query(f'max_over_time({metric}{{instance="{instance}"}}[10m])')
+                    got[metric] = sum(s.value for s in res.samples)
+                return got
 
-                    wait_for(lambda: counters() == want, 60, f"the agent's counters at {want}")
-            finally:
-                agent.terminate()
-                agent.wait(30)
-    finally:
-        with contextlib.suppress(OSError):
-            Ring.unlink(name)
+            wait_for(lambda: counters() == want, 60, f"the agent's counters at {want}")
