@@ -170,3 +170,16 @@ def test_the_cupti_workload_example_loads_the_library_the_daemonset_installs(obj
     assert volumes[lib_mount["name"]]["hostPath"]["path"] == lib["hostPath"]["path"]
     assert volumes[mounts["ki-shm"]["name"]]["hostPath"]["path"] == "/dev/shm"
     assert 10001 in pod["spec"]["securityContext"]["supplementalGroups"]
+
+
+def test_the_probes_ask_the_kubelet_through_its_socket_mounted_read_only(objects):
+    """Issue 38: the DaemonSet mounts the kubelet's pod-resources directory read-only into the
+    container whose NVML sampler asks it, and passes the socket in that directory."""
+    agent = _pod_specs(objects)["ki-agent"]
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    (probes,) = [c for c in agent["containers"] if "--kubelet-socket" in " ".join(c.get("args", []))]
+    socket = " ".join(probes["args"]).split("--kubelet-socket ")[1].split()[0]
+    (mount,) = [m for m in probes["volumeMounts"] if socket.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
