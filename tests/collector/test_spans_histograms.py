@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -22,13 +23,20 @@ def _durations(seconds: int, kernel: int) -> list[np.ndarray]:
     return [rng.lognormal(np.log(100e-6 * (kernel + 1)), 0.4, PER_S) for _ in range(seconds)]
 
 
-def _histograms(kernels: tuple[str, ...]) -> HistogramBuilder:
+def _histograms(kernels: tuple[str, ...], **pod: str) -> HistogramBuilder:
     """``kernel_duration_seconds`` of n1's GPU 0 as the agent ships it: each kernel's cumulative
-    histogram of :func:`_durations` exported every second from T0-1 s to T0+10 s."""
+    histogram of :func:`_durations` exported every second from T0-1 s to T0+10 s (``pod``: the
+    series' Kubernetes labels, pod, namespace, container)."""
     hb = HistogramBuilder()
     for k, kernel in enumerate(kernels):
         per_second = _durations(12, k)
-        labels = {"__name__": "kernel_duration_seconds", "instance": "n1", "gpu": "0", "kernel": kernel}
+        labels = {
+            "__name__": "kernel_duration_seconds",
+            "instance": "n1",
+            "gpu": "0",
+            "kernel": kernel,
+            **pod,
+        }
         for s in range(12):
             h = FloatHistogram.from_observations(np.concatenate(per_second[: s + 1]), schema=3)
             hb.add_histogram(labels, T0_MS + (s - 1) * 1000, h)
@@ -85,6 +93,25 @@ def test_summary_counts_every_launch_from_the_histograms(tmp_path):
     assert set(hists) == {"gemm", "softmax"}
     assert set(filtered) == {"softmax"}
     assert by_stream == {}  # histograms carry no per-span filter: the spans answer alone
+
+
+def test_a_pod_filter_counts_the_launches_of_that_pods_histograms_only(tmp_path):
+    # gemm ran in two pods one after the other within the window's GPU history: each pod's series
+    # carries its pod labels (derive), so a summary of one pod counts that pod's launches alone.
+    train = {"pod": "train-0", "namespace": "ml", "container": "main"}
+    serve = {"pod": "serve-0", "namespace": "serving", "container": "engine"}
+    with EmbeddedStore(tmp_path / "data") as store:
+        store.insert_histograms(_histograms(("gemm",), **train).build())
+        store.insert_histograms(_histograms(("other", "gemm"), **serve).build())  # gemm: durations of k=1
+        window = SpanWindow("n1", 0, T0_MS * 10**6, (T0_MS + 10_000) * 10**6)
+        every = {k["kernel"]: k for k in summarize(store, window, kernels=10, slowest=0)["kernels"]}
+        mine = summarize(store, dataclasses.replace(window, pod="train-0"), kernels=10, slowest=0)
+        theirs = summarize(store, dataclasses.replace(window, namespace="serving"), kernels=10, slowest=0)
+    assert every["gemm"]["count"] == 2 * 9 * PER_S
+    (gemm,) = mine["kernels"]
+    assert (gemm["kernel"], gemm["source"], gemm["count"]) == ("gemm", "histograms", 9 * PER_S)
+    assert abs(gemm["total_ns"] - np.concatenate(_durations(12, 0)[2:11]).sum() * 1e9) < 1e3
+    assert {k["kernel"]: k["count"] for k in theirs["kernels"]} == {"gemm": 9 * PER_S, "other": 9 * PER_S}
 
 
 def test_shares_add_up_when_only_some_kernels_have_histograms(tmp_path):
