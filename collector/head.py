@@ -42,7 +42,7 @@ DEFAULT_HEAD_WINDOW_MS = 30 * 60 * 1000
 DEFAULT_HEAD_BYTES = 1024 * 1024 * 1024
 #: Samples an open block takes before it is sealed (sorted by series): a read filters the open
 #: block sample by sample, the sealed ones series by series.
-OPEN_BLOCK_SAMPLES = 1 << 18
+OPEN_BLOCK_SAMPLES = 1 << 16
 #: Sealed blocks are merged, four or more neighbours at a time, up to this many samples: a read
 #: searches each block once per series, so fewer, larger blocks; eviction drops whole blocks.
 MAX_BLOCK_SAMPLES = 1 << 24
@@ -120,6 +120,9 @@ class _Block:
         query after; 4 bytes per series id up to the largest here), not a binary search each."""
         if not self.run_of:
             top = int(self.sids[-1]) + 1 if len(self.sids) else 0
+            if len(self.sids) * 8 < top:  # a block of few series: no map the size of every id
+                at = np.minimum(np.searchsorted(self.sids, sids), len(self.sids) - 1)
+                return np.where(self.sids[at] == sids, at, -1).astype(np.int32)
             run_of = np.full(top, -1, dtype=np.int32)
             run_of[self.sids] = np.arange(len(self.sids), dtype=np.int32)
             self.run_of.append(run_of)
@@ -176,6 +179,16 @@ def _last_grid(labels: list[Labels], ts: I64, vs: F64, sample_times: bool) -> Gr
     """One step's :class:`GridColumns` of series' last samples (a stale marker is not present)."""
     column = vs.reshape(-1, 1)
     return GridColumns(labels, column, ts.reshape(-1, 1) if sample_times else None, ~is_stale(column))
+
+
+def _place_in(sids: I32, osid: I32) -> I64:
+    """Where each of ``osid`` is in ``sids`` (ascending), -1 where it is not: the open block's
+    samples of a selection, by a binary search each (the open block is small; no array the size
+    of every series id)."""
+    if not len(sids):
+        return np.full(len(osid), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(sids, osid), len(sids) - 1)
+    return np.where(sids[at] == osid, at, -1)
 
 
 def _newest(r: I64, t: I64, v: F64) -> tuple[I64, I64, F64]:
@@ -636,7 +649,6 @@ class Head:
             if numbering != self._numbering:
                 return None  # series renumbered since they were matched: let ClickHouse answer
             osid, ots, ovs = self._open_arrays()
-            n_series = len(self._labels)
         lo = max(start_ms, self._coverage)
         # Each part (a block's runs, or the open block's samples grouped by series) is placed
         # where its series' samples go in the answer (series in label order, each one's parts in
@@ -648,10 +660,9 @@ class Head:
             most -= len(part[2])
             runs.append(part)
         if len(osid):
-            pos = np.full(n_series, -1, dtype=np.int64)
-            pos[sids] = label_rank
-            r = pos[osid]
-            m = (r >= 0) & (ots >= lo) & (ots <= end_ms)
+            at = _place_in(sids, osid)
+            r = label_rank[np.maximum(at, 0)]
+            m = (at >= 0) & (ots >= lo) & (ots <= end_ms)
             if int(m.sum()) > most:
                 raise TooManySamplesError()
             r, t, v = r[m], ots[m], ovs[m]
@@ -731,7 +742,6 @@ class Head:
             if numbering != self._numbering:
                 return None
             osid, ots, ovs = self._open_arrays()
-            n_series = len(self._labels)
         lo = max(first_ms, self._coverage)
         n = len(sids)
         best_t = np.full(n, _MIN_TS, dtype=np.int64)
@@ -753,9 +763,7 @@ class Head:
             best_t[pos[newer]] = t[newer]
             best_v[pos[newer]] = v[newer]
         if len(osid):
-            at_of = np.full(n_series, -1, dtype=np.int64)
-            at_of[sids] = where
-            r = at_of[osid]
+            r = _place_in(sids, osid)
             m = (r >= 0) & (ots >= lo) & (ots <= time_ms)
             pos, t, v = _newest(r[m], ots[m], ovs[m])
             newer = t >= best_t[pos]
@@ -797,10 +805,8 @@ class Head:
                 r, _, _, _ = b.gather(sids, where, lo, end_ms, 2**62)
                 seen[sids[r]] = True
         if len(osid):
-            wanted = np.zeros(n_series, dtype=bool)
-            wanted[sids] = True
-            m = (ots >= lo) & (ots <= end_ms)
-            seen[osid[m][wanted[osid[m]]]] = True
+            m = (_place_in(sids, osid) >= 0) & (ots >= lo) & (ots <= end_ms)
+            seen[osid[m]] = True
         return seen, numbering
 
     def label_names(

@@ -26,6 +26,9 @@ from kernel_insight.kql.storage import Labels, Matcher, SeriesData
 
 __all__ = ["HeadStorage", "fill_head", "main"]
 
+#: Targets whose requests one write carries (the batcher's group commit at these rates).
+GROUP_TARGETS = 20
+
 
 class HeadStorage:
     """kql storage over a head alone (the collector's QueryStorage when the head covers the window)."""
@@ -73,10 +76,15 @@ def fill_head(targets: int, rounds: int, interval_s: float, end_ms: int) -> Head
     fps = np.arange(1, len(series) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     idx = np.arange(len(series), dtype=np.int32)
     head = Head(window_ms=10 * 3600_000, max_bytes=1 << 34)
+    # As the collector's batcher commits them: about 20 targets' requests a write.
+    step = GROUP_TARGETS * per
     for r in range(rounds):
         at = end_ms - (rounds - 1 - r) * int(interval_s * 1000)
         ts.advance(interval_s)
-        head.append(series, fps, idx, np.full(len(series), at, np.int64), ts._values.reshape(-1).copy())
+        values = ts._values.reshape(-1)
+        for lo in range(0, len(series), step):
+            part = idx[lo : lo + step]
+            head.append(series, fps, part, np.full(len(part), at, np.int64), values[lo : lo + step].copy())
     assert len(series) == targets * per
     return head
 
