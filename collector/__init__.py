@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from kernel_insight.collector.openmetrics import ExpositionReader as ExpositionReader
     from kernel_insight.collector.openmetrics import OpenMetricsError as OpenMetricsError
     from kernel_insight.collector.openmetrics import parse_exposition as parse_exposition
-    from kernel_insight.collector.perfetto_trace import perfetto_trace as perfetto_trace
     from kernel_insight.collector.query import ClickHouseStorage as ClickHouseStorage
     from kernel_insight.collector.relabel import RelabelConfig as RelabelConfig
     from kernel_insight.collector.relabel import Relabeler as Relabeler

@@ -76,7 +76,10 @@ def test_a_lazy_package_exports_its_type_checking_imports_and_nothing_else(name:
     mod = importlib.import_module(name)
     exports = exports_of(Path(mod.__file__ or "").read_text())
     assert sorted(exports) == mod.__all__
+    folder = Path(mod.__file__ or "").resolve().parent
     for export, (module, attr) in exports.items():
+        # a name that is also a submodule's becomes the submodule once that is imported
+        assert not (folder / f"{export}.py").exists(), f"{name}.{export} is also a module"
         assert getattr(mod, export) is getattr(importlib.import_module(module), attr)
     with pytest.raises(AttributeError, match="has no attribute 'not_exported'"):
         _ = mod.not_exported
