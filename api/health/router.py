@@ -21,6 +21,7 @@ from kernel_insight.api.models import ErrorBody, HealthSnapshot
 __all__ = [
     "CACHE_CONTROL",
     "ERROR_RESPONSES",
+    "accepts_gzip",
     "cached_json",
     "current_snapshot",
     "etag_matches",
@@ -65,15 +66,43 @@ async def current_snapshot(snapshotter: Snapshotter) -> Snapshot:
         ) from None
 
 
-def cached_json(request: Request, body: Callable[[], bytes], etag: str, snap: Snapshot) -> Response:
-    """200 with ETag and Cache-Control, or 304 when the client already holds this ETag."""
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an Accept-Encoding header (RFC 9110) takes gzip: listed, or ``*``, with a q above 0."""
+    if not accept_encoding:
+        return False
+    for item in accept_encoding.split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False
+
+
+def cached_json(
+    request: Request, body: Callable[[], bytes], etag: str, snap: Snapshot, gzipped: bytes | None = None
+) -> Response:
+    """200 with ETag and Cache-Control, or 304 when the client already holds this ETag.
+
+    ``gzipped``: ``body()`` already gzip-compressed, sent as such to a client that accepts gzip
+    (httpx, the SDK and browsers ask for it by default); the ETag names the content either way."""
     headers = {
         "ETag": etag,
         "Cache-Control": CACHE_CONTROL,
         "X-Ki-Computed-At-Ms": str(snap.computed_at_ms),
     }
+    if gzipped is not None:
+        headers["Vary"] = "Accept-Encoding"
     if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
+    if gzipped is not None and accepts_gzip(request.headers.get("accept-encoding")):
+        headers["Content-Encoding"] = "gzip"
+        return Response(gzipped, media_type="application/json", headers=headers)
     return Response(body(), media_type="application/json", headers=headers)
 
 
@@ -146,7 +175,7 @@ def health_router(
                     break
                 snap = newer
         if not filtered:
-            return cached_json(request, lambda: snap.body, snap.etag, snap)
+            return cached_json(request, lambda: snap.body, snap.etag, snap, snap.body_gzip)
         return cached_json(
             request,
             lambda: snap.render(snap.select(model, min_free_bytes, healthy, pod, namespace)),

@@ -132,6 +132,39 @@ def test_etag_cache_control_and_304(client):
     assert client.get("/v1/health/snapshot?healthy=true", headers={"If-None-Match": etag}).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("accept", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip, deflate", True),
+        ("br;q=1.0, GZIP;q=0.5", True),
+        ("*", True),
+        ("identity", False),
+        ("gzip;q=0", False),
+        ("gzip;q=nonsense", False),
+        ("", False),
+    ],
+)
+def test_the_snapshot_is_sent_gzipped_to_a_client_that_accepts_it(client, accept, gzipped):
+    """The snapshot's bytes as compressed once per rebuild (snapshot.body_gzip), to clients that
+    ask for gzip; the same JSON either way, the same ETag, and a 304 is a 304."""
+    plain = client.get("/v1/health/snapshot", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    r = client.get("/v1/health/snapshot", headers={"Accept-Encoding": accept})
+    assert r.status_code == 200
+    assert r.headers.get("content-encoding") == ("gzip" if gzipped else None)
+    assert r.headers["vary"] == "Accept-Encoding"
+    assert r.content == plain.content  # httpx undoes the gzip
+    assert r.headers["etag"] == plain.headers["etag"]
+    if gzipped:
+        assert int(r.headers["content-length"]) < len(plain.content)
+    again = client.get(
+        "/v1/health/snapshot", headers={"Accept-Encoding": accept, "If-None-Match": r.headers["etag"]}
+    )
+    assert again.status_code == 304
+    assert again.content == b""
+
+
 def test_etag_survives_a_recomputation_that_changes_nothing_and_moves_when_data_changes(fleet, now_ms):
     rule = HealthRule()
     first = build_snapshot(fleet.facts, rule, now_ms)
