@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql._nativehist_bounds import EXPONENTIAL_BOUNDS
+from kernel_insight.kql.gocompat import go_float
 
 __all__ = [
     "COUNTER_RESET",
@@ -346,41 +347,6 @@ def go_exp2(x: float) -> float:
 
 #: The name kql's histeval used before go_exp2 was public.
 _exp2 = go_exp2
-
-
-# --- Go's %g ---------------------------------------------------------------------------------
-
-
-def go_float(x: float) -> str:
-    """``x`` as Go's ``fmt`` prints a float64 with ``%g``/``%v`` (shortest digits, e+06 exponents)."""
-    if x != x:
-        return "NaN"
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    if x == 0:
-        return "-0" if math.copysign(1.0, x) < 0 else "0"
-    r = repr(x)
-    neg = r.startswith("-")
-    if neg:
-        r = r[1:]
-    mant, _, e = r.partition("e")
-    exp10 = int(e) if e else 0
-    ip, _, fp = mant.partition(".")
-    digits = (ip + fp).lstrip("0")
-    # Decimal exponent of the first significant digit.
-    dp = len(ip.lstrip("0")) + exp10 if ip.strip("0") else exp10 - (len(fp) - len(fp.lstrip("0")))
-    digits = digits.rstrip("0") or "0"
-    exp = dp - 1
-    if exp < -4 or exp >= 6:
-        body = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        s = f"{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    elif exp < 0:
-        s = "0." + "0" * (-exp - 1) + digits
-    elif len(digits) <= dp:
-        s = digits + "0" * (dp - len(digits))
-    else:
-        s = digits[:dp] + "." + digits[dp:]
-    return ("-" if neg else "") + s
 
 
 # --- the value type --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import orjson
 
 from kernel_insight.kql import _windows
 from kernel_insight.kql.ast import PosRange
+from kernel_insight.kql.gocompat import go_float_fixed
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.sparsehists import HistSamples, SparseCells, SparseHists
 from kernel_insight.kql.storage import Labels
@@ -418,20 +419,9 @@ def almost_equal_array(
     return out
 
 
-def format_sample_value(value: float) -> str:
-    """A float as Go's ``strconv.FormatFloat(v, 'f', -1, 64)`` writes it: ``"1"``, ``"0.5"``,
-    ``"+Inf"``, ``"NaN"`` (a ``count_values`` label; the HTTP API's values are :func:`format_json_float`)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    text = repr(float(value))
-    if "e" in text or "E" in text:
-        # Go's 'f' format never uses an exponent.
-        text = np.format_float_positional(value, trim="-")
-    elif text.endswith(".0"):
-        text = text[:-2]
-    return text
+#: A float as Go's ``strconv.FormatFloat(v, 'f', -1, 64)`` writes it: a ``count_values`` label, a
+#: value in an error message (the HTTP API's values are :func:`format_json_float`).
+format_sample_value = go_float_fixed
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kernel_insight.kql.gocompat import go_duration, go_float
+
 if TYPE_CHECKING:
     from re2 import _Regexp
 
@@ -63,17 +65,7 @@ def go_format_float(v: float, verb: str = "v", prec: int | None = None) -> str:
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     if verb in ("v", "g", "G") and prec is None:
-        if v == 0:
-            return "-0" if math.copysign(1, v) < 0 else "0"
-        text = repr(float(v))
-        exp = _decimal_exponent(text)
-        # strconv's shortest 'g': the exponent form when exp < -4 or exp >= 6 (eprec = 6).
-        if exp < -4 or exp >= 6:
-            digits = text.lstrip("-").partition("e")[0].replace(".", "").strip("0") or "0"
-            m = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-            sign = "-" if v < 0 else ""
-            return f"{sign}{m}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-        return _plain(v)
+        return go_float(v)
     p = 6 if prec is None else prec
     if verb in ("g", "G"):
         return f"{v:.{p}g}"
@@ -82,29 +74,6 @@ def go_format_float(v: float, verb: str = "v", prec: int | None = None) -> str:
     if verb == "f":
         return f"{v:.{p}f}"
     raise TemplateError(f"unsupported float verb %{verb}")
-
-
-def _decimal_exponent(text: str) -> int:
-    mant, _, exp_s = text.lstrip("-").partition("e")
-    exp = int(exp_s) if exp_s else 0
-    whole, _, frac = mant.partition(".")
-    whole = whole.lstrip("0")
-    if whole:
-        return exp + len(whole) - 1
-    stripped = frac.lstrip("0")
-    return exp - (len(frac) - len(stripped)) - 1
-
-
-def _plain(v: float) -> str:
-    """Shortest round-trip digits without an exponent."""
-    text = repr(float(v))
-    if "e" in text or "E" in text:
-        import numpy as np
-
-        text = np.format_float_positional(v, trim="-")
-    elif text.endswith(".0"):
-        text = text[:-2]
-    return text
 
 
 def _go_g4(v: float) -> str:
@@ -131,7 +100,7 @@ def _sprint(value: Any) -> str:
     if isinstance(value, dt.datetime):
         return _go_time(value)
     if isinstance(value, dt.timedelta):
-        return _go_duration(value.total_seconds())
+        return go_duration(value // dt.timedelta(microseconds=1) * 1000)
     if isinstance(value, Mapping):
         return "map[" + " ".join(f"{k}:{_sprint(v)}" for k, v in sorted(value.items())) + "]"
     if isinstance(value, QuerySample):
@@ -147,34 +116,6 @@ def _go_time(t: dt.datetime) -> str:
     if t.microsecond:
         text += ("." + f"{t.microsecond:06d}").rstrip("0")
     return text + " +0000 UTC"
-
-
-def _go_duration(seconds: float) -> str:
-    """Go's ``time.Duration.String()``."""
-    ns = round(seconds * 1e9)
-    if ns == 0:
-        return "0s"
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    if ns < 1_000:
-        return f"{sign}{ns}ns"
-    if ns < 1_000_000:
-        return f"{sign}{_trim(ns / 1e3)}µs"
-    if ns < 1_000_000_000:
-        return f"{sign}{_trim(ns / 1e6)}ms"
-    h, rem = divmod(ns, 3_600_000_000_000)
-    m, rem = divmod(rem, 60_000_000_000)
-    s = _trim(rem / 1e9)
-    if h:
-        return f"{sign}{h}h{m}m{s}s"
-    if m:
-        return f"{sign}{m}m{s}s"
-    return f"{sign}{s}s"
-
-
-def _trim(x: float) -> str:
-    text = f"{x:.9f}".rstrip("0").rstrip(".")
-    return text or "0"
 
 
 # ----------------------------------------------------------------------------- functions

@@ -22,6 +22,7 @@ import yaml
 
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
+from kernel_insight.kql.gocompat import go_duration
 from kernel_insight.kql.lexical import format_duration, go_quote, parse_duration
 from kernel_insight.kql.promqltest import ScriptError, _split_values, expand_values, parse_series
 from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
@@ -86,20 +87,7 @@ def _go_duration(ms: int) -> str:
 
 def _go_since_epoch(ms: int) -> str:
     """Go's ``time.Duration.String()`` of ``ts - 0`` (``1m0s``), as the rule error line prints it."""
-    if ms == 0:
-        return "0s"
-    sign = "-" if ms < 0 else ""
-    ms = abs(ms)
-    h, rem = divmod(ms, 3_600_000)
-    m, rem = divmod(rem, 60_000)
-    s = f"{rem / 1000:.3f}".rstrip("0").rstrip(".")
-    if h:
-        return f"{sign}{h}h{m}m{s}s"
-    if m:
-        return f"{sign}{m}m{s}s"
-    if ms < 1000:
-        return f"{sign}{ms}ms"
-    return f"{sign}{s}s"
+    return go_duration(ms * 1_000_000)
 
 
 def _labels_str(labels: Labels) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel_insight.kql.gocompat import go_float
 from kernel_insight.kql.nativehist import (
     CUSTOM_BUCKETS_SCHEMA,
     GAUGE_TYPE,
@@ -28,7 +29,6 @@ from kernel_insight.kql.nativehist import (
     expand_histogram_series,
     get_bound,
     go_exp2,
-    go_float,
     go_log2,
     histogram_avg,
     histogram_fraction,
