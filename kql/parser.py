@@ -12,6 +12,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_QUERY_LENGTH",
     "parse",
     "parse_raw",
+    "vocabulary",
 ]
 
 #: How deeply the parse tree may nest (about 255 terms of ``1+1+...``, 255 parentheses or 127 nested
@@ -582,6 +584,43 @@ def parse_raw(query: str) -> Expr:
             raise KqlParseError(orig.message, query, orig.pos.start, orig.pos.end) from None
         raise
     return result
+
+
+#: A keyword terminal of grammar/kql.lark: ``/(?i:word)(?![\w:])/`` (or a lookahead for ``(``).
+_KEYWORD_PATTERN = re.compile(r"\(\?i:([a-z_0-9]+)\)\(\?[=!]")
+
+
+@functools.cache
+def vocabulary() -> dict[str, list[str]]:
+    """The words an editor highlights, read from the parser and the registries, not listed again:
+    ``keywords`` (the grammar's keyword terminals; ``call_keywords``: those that are keywords only
+    before a parenthesis, ``fill``), ``grouping`` (those a label list follows: ``by``, ``on``,
+    ``group_left`` ...), ``aggregators`` and ``functions`` (their registries, duration functions
+    included). The web UI's query editor asks for it (``GET /ui/kql.json``)."""
+    from kernel_insight.kql.functions import FUNCTIONS
+
+    parser = _parser()
+    keyword_of: dict[str, str] = {}
+    before_parenthesis: set[str] = set()
+    for terminal in parser.terminals:
+        found = _KEYWORD_PATTERN.match(str(terminal.pattern.value))
+        if terminal.name != "AGG_OP" and found is not None:
+            keyword_of[terminal.name] = found.group(1)
+            if found.group(0).endswith("(?="):
+                before_parenthesis.add(found.group(1))
+    grouping = {
+        keyword_of[rule.expansion[i].name]
+        for rule in parser.rules
+        for i in range(len(rule.expansion) - 1)
+        if rule.expansion[i].name in keyword_of and rule.expansion[i + 1].name == "label_list"
+    }
+    return {
+        "keywords": sorted(keyword_of.values()),
+        "call_keywords": sorted(before_parenthesis),
+        "grouping": sorted(grouping),
+        "aggregators": sorted(AGGREGATORS),
+        "functions": sorted({*FUNCTIONS, *DURATION_FUNCTIONS}),
+    }
 
 
 def parse(query: str) -> Expr:

@@ -9,6 +9,8 @@ exactly as the SDK or Grafana would, so the UI can do nothing a token could not 
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -37,6 +39,13 @@ def _files(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file() and p.suffix in _TYPES}
 
 
+@functools.cache
+def _vocabulary_json() -> bytes:
+    from kernel_insight.kql.parser import vocabulary
+
+    return json.dumps(vocabulary()).encode()
+
+
 def ui_router(root: Path = STATIC_DIR) -> APIRouter:
     """``GET /`` (the single page) and ``GET /ui/{path}`` (its scripts, styles and vendored libraries).
 
@@ -49,6 +58,12 @@ def ui_router(root: Path = STATIC_DIR) -> APIRouter:
     @router.get("/")
     def index() -> Response:
         return FileResponse(root / "index.html", media_type=_TYPES[".html"], headers=_HEADERS)
+
+    @router.get("/ui/kql.json")
+    def kql_words() -> Response:
+        """The query editor's keywords, aggregators and functions (kql.parser.vocabulary): read
+        from kql's grammar and registries, so the editor highlights what the parser accepts."""
+        return Response(_vocabulary_json(), media_type="application/json", headers=_HEADERS)
 
     @router.get("/ui/{path:path}")
     def static(path: str) -> Response:

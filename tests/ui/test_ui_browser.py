@@ -256,6 +256,17 @@ def test_explore_draws_one_line_per_series_and_shares_the_query_in_the_url(
     page.click("#run")
     page.wait_for_function(f"document.querySelector('#chart').dataset.series === '{FLEET}'")
     assert "sum+by" in page.url or "sum%20by" in page.url
+    # The words are kql's (GET /ui/kql.json): `fill` is a keyword before "(" and a metric name elsewhere.
+    page.fill("#q", "a + on (x) fill(0) fill")
+    tokens = page.eval_on_selector_all("#q-hl span", "spans => spans.map(s => [s.className, s.textContent])")
+    assert tokens == [
+        ["tok-metric", "a"],
+        ["tok-kw", "on"],
+        ["tok-label", "x"],
+        ["tok-kw", "fill"],
+        ["tok-num", "0"],
+        ["tok-metric", "fill"],
+    ]
 
     page.fill("#q", "sum(rate(x[5m])")
     page.click("#run")

@@ -90,3 +90,29 @@ def test_a_browser_that_cannot_start_says_why(monkeypatch):
         bench.ui.chromium(),
     ):
         pass
+
+
+def test_the_editor_words_are_kql_grammar_and_registries(app):
+    """``/ui/kql.json`` (the query editor's highlighting) is read from kql, not listed in app.js:
+    every aggregator and function of the registries, the grammar's keywords including the ones
+    app.js once lacked (``anchored``, ``smoothed``, ``fill``), and the keywords a label list follows."""
+    from kernel_insight.kql.aggregators import AGGREGATORS
+    from kernel_insight.kql.functions import FUNCTIONS
+    from kernel_insight.kql.parser import parse
+
+    r = _get(app, "/ui/kql.json")
+    assert r.status_code == 200
+    words = r.json()
+    assert set(words["aggregators"]) == set(AGGREGATORS)
+    assert set(FUNCTIONS) <= set(words["functions"])
+    assert {"anchored", "smoothed", "fill", "bool", "offset", "atan2", "and", "or", "unless"} <= set(
+        words["keywords"]
+    )
+    assert set(words["grouping"]) == {"by", "without", "on", "ignoring", "group_left", "group_right"}
+    assert set(words["call_keywords"]) == {"fill", "fill_left", "fill_right"}
+    for agg in words["aggregators"]:  # each is parsed as an aggregation where the editor says so
+        arg = "1, x" if agg in ("topk", "bottomk", "quantile", "limitk", "limit_ratio") else "x"
+        arg = '"v", x' if agg == "count_values" else arg
+        assert type(parse(f"{agg} by (a) ({arg})")).__name__ == "AggregateExpr", agg
+    js = _get(app, "/ui/app.js").text
+    assert '"sum", "avg"' not in js  # the old hard-coded list is gone

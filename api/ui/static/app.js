@@ -448,6 +448,7 @@ async function pageExplore(params) {
   ta.addEventListener("input", () => { paint(); suggest(ta); });
   ta.addEventListener("scroll", paint);
   paint();
+  vocabulary.then(paint);
   // Typed before the names arrived: complete it now that they are here.
   loadNames().then(() => { if (document.activeElement === ta) suggest(ta); }).catch(() => {});
   if (q) runQuery(q, win, RANGES[range]);
@@ -457,9 +458,13 @@ async function pageExplore(params) {
 // keywords, function names (an identifier before "("), label names (an identifier before an
 // operator inside braces or a grouping list) and metric names. A lexer only, never an error:
 // errors are the API's to report (showError).
-const KEYWORDS = new Set(["by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or", "unless", "atan2"]);
-const AGGREGATORS = new Set(["sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group", "limitk", "limit_ratio"]);
-const GROUPING = new Set(["by", "without", "on", "ignoring", "group_left", "group_right"]);
+// The words come from the collector (GET /ui/kql.json: kql's grammar and registries); until they
+// arrive only strings, numbers, comments, labels and names are told apart.
+let KEYWORDS = new Set(), CALL_KEYWORDS = new Set(), AGGREGATORS = new Set(), GROUPING = new Set();
+const vocabulary = fetch("/ui/kql.json").then((r) => r.json()).then((v) => {
+  KEYWORDS = new Set(v.keywords); CALL_KEYWORDS = new Set(v.call_keywords);
+  AGGREGATORS = new Set(v.aggregators); GROUPING = new Set(v.grouping);
+}).catch(() => {});
 const TOKEN = /(#[^\n]*)|("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?)|(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*|0x[0-9a-fA-F]+|\d*\.?\d+(?:[eE][+-]?\d+)?|Inf|NaN)|([A-Za-z_:][A-Za-z0-9_:]*)|([\s\S])/g;
 
 function highlight(text) {
@@ -479,7 +484,8 @@ function lex(text) {
     else if (num) cls = "tok-num";
     else if (ident) {
       const rest = text.slice(TOKEN.lastIndex);
-      if (KEYWORDS.has(ident.toLowerCase())) { cls = "tok-kw"; grouping = GROUPING.has(ident.toLowerCase()); }
+      const word = ident.toLowerCase();
+      if (KEYWORDS.has(word) && (!CALL_KEYWORDS.has(word) || /^\s*\(/.test(rest))) { cls = "tok-kw"; grouping = GROUPING.has(word); }
       else if (inList || depth > 0 || /^\s*(=~|!~|!=|=)/.test(rest)) cls = "tok-label";
       else if (/^\s*\(/.test(rest) || (AGGREGATORS.has(ident) && /^\s*(by|without)\b/i.test(rest))) cls = "tok-fn";
       else cls = "tok-metric";
