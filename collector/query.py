@@ -33,7 +33,6 @@ from kernel_insight.kql.sparsehists import Ragged, SparseHists, tsdb_pending
 from kernel_insight.kql.storage import (
     READ_BUDGET,
     STALE_NAN_BITS,
-    START_TIMESTAMP_FUNCTIONS,
     START_TIMESTAMPS_WANTED,
     Labels,
     Matcher,
@@ -898,7 +897,7 @@ class ClickHouseStorage:
         # which metrics have them (a server store) has the grid ask: a series with any in the
         # window sends the query to the engine's read, and its metric skips the grid next time.
         ask_st = False
-        if func in START_TIMESTAMP_FUNCTIONS:
+        if spec is not None and spec.start_timestamps:
             starts = self._store.start_timestamp_metrics()
             if starts is None:
                 starts, ask_st = self._store.start_timestamp_metrics_seen(), True

@@ -28,7 +28,6 @@ __all__ = [
     "STALE_NAN",
     "STALE_NAN_BITS",
     "START_TIMESTAMPS_WANTED",
-    "START_TIMESTAMP_FUNCTIONS",
     "Labels",
     "Matcher",
     "MemoryStorage",
@@ -188,11 +187,9 @@ class ReadBudget:
 #: Set by the engine around each storage read, in the reading thread; ``None`` outside a query.
 READ_BUDGET: ContextVar[ReadBudget | None] = ContextVar("kql_read_budget", default=None)
 
-#: The functions that read start timestamps, directly over a matrix selector (Prometheus'
-#: ``UseStartTimestamps``: nothing else sees them, and a subquery cuts them).
-START_TIMESTAMP_FUNCTIONS = frozenset({"rate", "increase", "irate", "resets"})
-
-#: True while the engine reads a matrix selector for one of START_TIMESTAMP_FUNCTIONS: a back end
+#: True while the engine reads a matrix selector for a function that reads start timestamps
+#: (``FunctionSpec.start_timestamps``: rate, increase, ... directly over the selector, as
+#: Prometheus' ``UseStartTimestamps``; nothing else sees them, and a subquery cuts them): a back end
 #: returns start timestamps (``SeriesData.start_timestamps``) then only, and only for series that
 #: have some, so every other read (and the usual rate over series without) carries none.
 START_TIMESTAMPS_WANTED: ContextVar[bool] = ContextVar("kql_start_timestamps_wanted", default=False)

@@ -39,10 +39,6 @@ KNOWN: dict[tuple[str, frozenset[str]], str] = {
     ("aggregation.py", frozenset({"sum", "avg"})): (
         "to move: _moments, shared by sum/avg/stddev/stdvar, picks its arithmetic by name"
     ),
-    ("storage.py", frozenset({"rate", "increase", "irate", "resets"})): (
-        "to move: START_TIMESTAMP_FUNCTIONS, read by collector/query.py (the engine reads "
-        "FunctionSpec.start_timestamps); it goes with the storage protocol's hints"
-    ),
 }
 
 
