@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
@@ -176,6 +177,8 @@ class _Group:
     token: str
     done: set[str] = field(default_factory=set)
     checked: bool = False
+    logged: bool = False  # its write-ahead file is written (``Store.log_group``), or none is needed
+    wal: Path | None = None
 
 
 def _group_token(tickets: list[Ticket]) -> str:
@@ -387,13 +390,19 @@ class Batcher:
                 if not group.tickets:
                     continue
                 started = time.monotonic()
+                if not group.logged:
+                    group.wal = self.store.log_group([t.rows for t in group.tickets], group.token, group.done)
+                    group.logged = True
                 self.store.insert_prepared([t.rows for t in group.tickets], group.token, group.done)
+                self.store.unlog_group(group.wal)
                 self._count_flush(group, time.monotonic() - started)
                 for t in group.tickets:
                     self._finish(t, True)
                 delay = self.retry_min_s
             except StorageUnavailable as exc:
                 if self._give_up():
+                    # Its write-ahead file stays: the next start stores the group, and the agents'
+                    # retries then find their batches stored.
                     log.error("batcher: giving up on %d batches at shutdown: %s", len(group.tickets), exc)
                     for t in group.tickets:
                         self._finish(t, exc)
@@ -413,9 +422,9 @@ class Batcher:
                 if len(group.tickets) > 1:
                     # One batch's rows were refused: write the rest one batch at a time, each from
                     # where the group stopped, so only the refused batch fails.
-                    work.extendleft(
-                        reversed([_Group([t], t.rows.batch_id, set(group.done), True) for t in group.tickets])
-                    )
+                    parts = [_Group([t], t.rows.batch_id, set(group.done), True) for t in group.tickets]
+                    self._log_parts(group, parts)
+                    work.extendleft(reversed(parts))
                     continue
                 (t,) = group.tickets
                 self.stats.refused_batches += 1
@@ -431,7 +440,29 @@ class Batcher:
                     )
                 else:
                     log.error("batcher: batch %s refused by storage: %s", t.rows.batch_id, exc)
+                self.store.unlog_group(group.wal)  # refused: a replay would be refused again
                 self._finish(t, exc if isinstance(exc, StorageError) else StorageError(str(exc)))
+
+    def _log_parts(self, group: _Group, parts: list[_Group]) -> None:
+        """Write-ahead files of a split group's parts (each under its own token, from where the
+        group stopped), then remove the group's: a crash in between replays the parts, never
+        the group under its token after some parts landed under theirs. Should a part's file
+        fail (a full disk), the group's file stays and the parts are logged one by one before
+        their first insert; a replay of the group then sets it aside (its batches are stored in
+        part), logged."""
+        if group.wal is None:
+            return
+        try:
+            for part in parts:
+                part.wal = self.store.log_group([t.rows for t in part.tickets], part.token, part.done)
+                part.logged = True
+        except StorageUnavailable as exc:
+            log.error("batcher: cannot write the write-ahead files of a split group %s: %s", group.token, exc)
+            for part in parts:
+                self.store.unlog_group(part.wal)
+                part.wal, part.logged = None, False
+            return
+        self.store.unlog_group(group.wal)
 
     def _count_flush(self, group: _Group, seconds: float) -> None:
         s = self.stats

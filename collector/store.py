@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
 import re
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -33,6 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head
+from kernel_insight.collector.ingest_wal import IngestWal, WalCorrupt
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
@@ -106,6 +109,13 @@ _TTL_DAYS_RE = re.compile(r"\bTTL\b.*?toIntervalDay\((\d+)\)", re.DOTALL)
 #: The order a group's tables are written in (``Store.insert_prepared``); the ``batches`` rows
 #: come after all of them, since they vouch that everything before them landed.
 _GROUP_ORDER = ("series", "samples", "histograms", "kernel_spans", "gpu_calls", "events", "instances")
+#: A test hook, never set in production: a process started with this variable naming a table of
+#: ``_GROUP_ORDER`` SIGKILLs itself right after that table of a group of two or more recorded
+#: batches landed, before the group's ``batches`` rows: the one place where an agent's retry
+#: (a new group, a new token) would store rows twice without the write-ahead file
+#: (tests/collector/test_ingest_wal.py kills ``ki collector`` exactly there). Read once, at import.
+TEST_KILL_AFTER_TABLE_ENV = "KI_TEST_KILL_AFTER_GROUP_TABLE"
+_TEST_KILL_AFTER_TABLE = os.environ.get(TEST_KILL_AFTER_TABLE_ENV) or None
 _MAX_NS = MAX_TS_MS * 1_000_000
 
 
@@ -238,6 +248,19 @@ class PreparedRows:
     record: bool = True
     #: The batch's float samples for the head (``Store.head``), once they are written.
     samples: SampleBatch | None = None
+
+
+def _batches_rows(recorded: Sequence[PreparedRows]) -> pa.Table:
+    """The ``batches`` rows of a group's recorded batches (written last, ``Store.insert_prepared``)."""
+    now_ms = time.time_ns() // 1_000_000
+    return pa.table(
+        {
+            "batch_id": pa.array([p.batch_id for p in recorded], pa.string()),
+            "agent_id": pa.array([p.agent_id for p in recorded], pa.string()),
+            "received": pa.array([now_ms] * len(recorded), pa.timestamp("ms", tz="UTC")),
+            "rows": pa.array([p.rows for p in recorded], pa.uint64()),
+        }
+    )
 
 
 def _start_metrics(batch: SampleBatch | HistogramBatch) -> list[str]:
@@ -411,6 +434,9 @@ class Store(ABC):
             f"SELECT DISTINCT metric FROM {self._table('histograms')} WHERE st != 0"
         )
         self._track_metrics = False
+        #: Write-ahead files of ingest groups (collector/ingest_wal.py), once ``open_ingest_wal``
+        #: replayed what an earlier process left; None: groups are written without them.
+        self.ingest_wal: IngestWal | None = None
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -1257,19 +1283,103 @@ class Store(ABC):
                     self._histogram_metrics.note([m for p in group for m in p.histogram_metrics])
                 self._write(name, _concat(parts), f"{token}:{name}")
             done.add(name)
+            if name == _TEST_KILL_AFTER_TABLE and sum(p.record for p in group) > 1:
+                os.kill(os.getpid(), signal.SIGKILL)
         recorded = [p for p in group if p.record]
         if "batches" not in done and recorded:
-            now_ms = time.time_ns() // 1_000_000
-            record = pa.table(
-                {
-                    "batch_id": pa.array([p.batch_id for p in recorded], pa.string()),
-                    "agent_id": pa.array([p.agent_id for p in recorded], pa.string()),
-                    "received": pa.array([now_ms] * len(recorded), pa.timestamp("ms", tz="UTC")),
-                    "rows": pa.array([p.rows for p in recorded], pa.uint64()),
-                }
-            )
-            self._write("batches", record, f"{token}:batches")
+            self._write("batches", _batches_rows(recorded), f"{token}:batches")
         done.add("batches")
+
+    # ---- the ingest write-ahead files (collector/ingest_wal.py) ------------------------
+
+    def open_ingest_wal(self, directory: str | Path) -> int:
+        """Replay the write-ahead files left in ``directory`` (``replay_ingest_wal``), then write a
+        file for every group with recorded batches from now on (``log_group``); the number replayed.
+
+        Call it before ingest is served: a replayed group's batches must be stored before an
+        agent's retry of them asks."""
+        wal = IngestWal(directory)
+        replayed = self.replay_ingest_wal(wal)
+        self.ingest_wal = wal
+        return replayed
+
+    def log_group(self, group: Sequence[PreparedRows], token: str, done: set[str]) -> Path | None:
+        """Write the group's tables not yet in ``done`` and its ``batches`` rows to a write-ahead
+        file (before its first insert; ``unlog_group`` after its ``batches`` rows landed).
+
+        None, and nothing written, without write-ahead files, for a group of no recorded batches
+        (remote_write's: nothing to deduplicate) and once its ``batches`` rows landed. A file
+        that cannot be written (a full disk) raises StorageUnavailable: the group is retried
+        and its senders answered 503, and nothing of it was inserted."""
+        wal = self.ingest_wal
+        recorded = [p for p in group if p.record]
+        if wal is None or not recorded or "batches" in done:
+            return None
+        tables: dict[str, pa.Table] = {}
+        for name in _GROUP_ORDER:
+            parts = [p.tables[name] for p in group if name in p.tables]
+            if parts and name not in done:
+                tables[name] = _concat(parts)
+        tables["batches"] = _batches_rows(recorded)
+        try:
+            return wal.write(token, tables)
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot write the ingest write-ahead file in {wal.dir}: {exc}") from exc
+
+    def unlog_group(self, path: Path | None) -> None:
+        """Remove a group's write-ahead file (``log_group``) once its ``batches`` rows landed."""
+        if path is not None and self.ingest_wal is not None:
+            self.ingest_wal.remove(path)
+
+    def replay_ingest_wal(self, wal: IngestWal) -> int:
+        """Store each group left in ``wal`` with its own token, ``batches`` rows last, and remove
+        its file; the number of groups replayed.
+
+        The engine drops the tables that had landed (their tokens survive restarts) and stores
+        the rest. A file that does not read back whole, names a table that is not ingest's, holds
+        batches of which some are stored already (another group stored them: replaying could
+        store rows twice), or that storage refuses is set aside (``*.bad``, logged) and the store
+        opens without it; a group whose batches are all stored had finished, and is removed.
+        StorageUnavailable propagates: the store does not open until the files can be replayed."""
+        replayed = 0
+        known = {*_GROUP_ORDER, "batches"}
+        for path in wal.pending():
+            try:
+                group = wal.read(path)
+            except (WalCorrupt, OSError) as exc:
+                wal.set_aside(path, str(exc))
+                continue
+            strange = sorted(set(group.tables) - known)
+            batches = group.tables.get("batches")
+            if strange or batches is None or list(group.tables)[-1] != "batches":
+                wal.set_aside(path, f"not an ingest group (tables {list(group.tables)})")
+                continue
+            ids = {str(b) for b in batches.column("batch_id").to_pylist()}
+            seen = self.batches_seen(sorted(ids))
+            if seen == ids:
+                wal.remove(path)  # the group had finished; its file's removal had not reached the disk
+                continue
+            if seen:
+                wal.set_aside(
+                    path, f"{len(seen)} of its {len(ids)} batches are stored already, e.g. {min(seen)}"
+                )
+                continue
+            try:
+                for name, table in group.tables.items():
+                    self.insert_table(name, table, dedup_token=f"{group.token}:{name}")
+            except StorageUnavailable:
+                raise
+            except (StorageError, ValueError) as exc:
+                wal.set_aside(path, f"storage refused it: {exc}")
+                continue
+            wal.remove(path)
+            replayed += 1
+            log.warning(
+                "ingest WAL: replayed group %s (%d batches) that an earlier process had not finished",
+                group.token,
+                len(ids),
+            )
+        return replayed
 
     def _new_series(
         self, parts: list[pa.Table], group: Sequence[PreparedRows]
@@ -1382,6 +1492,7 @@ class EmbeddedStore(Store):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         head_bytes: int = 0,
         head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
+        ingest_wal: str | Path | None = None,
     ) -> None:
         super().__init__(database, retention)
         from chdb import session as chdb_session
@@ -1424,6 +1535,8 @@ class EmbeddedStore(Store):
                 t.name: {**packed, **EMBEDDED_TABLE_SETTINGS.get(t.name, {})} for t in SCHEMA
             }
             self.create_schema()
+            if ingest_wal is not None:  # before the head loads: what a replay stores is in it
+                self.open_ingest_wal(ingest_wal)
         except BaseException:
             self.close()  # a half-opened session would hold the directory for this process
             raise
@@ -1605,6 +1718,7 @@ def open_store(
     cache_bytes: int | None = None,
     head_bytes: int = 0,
     head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
+    ingest_wal: str | Path | None = None,
 ) -> Store:
     """A ServerStore for ``http(s)://``, ``clickhouse://`` or ``chdb://`` URLs, else an EmbeddedStore on a path.
 
@@ -1613,12 +1727,21 @@ def open_store(
     this one's back (collector/sample_cache.py). ``head_bytes`` and ``head_window_ms`` bound the
     embedded store's head (collector/head.py; 0 bytes, the default: off, for tools that only write,
     such as ``ki import``; ``ki collector`` turns it on); a server store has none.
+    ``ingest_wal``: the directory of this process's ingest write-ahead files, replayed before the
+    store is returned (``Store.open_ingest_wal``; ``ki collector`` gives one, tools that write
+    with ``insert_batch`` need none).
     """
     text = str(target)
     if is_store_url(text):
         store: Store = ServerStore.connect(text, database, retention, cluster=cluster)
         if cache_bytes:
             store.sample_cache = SampleCache(cache_bytes)
+        if ingest_wal is not None:
+            try:
+                store.open_ingest_wal(ingest_wal)
+            except BaseException:
+                store.close()
+                raise
         return store
     if cluster is not None:
         raise ValueError("a cluster needs a ClickHouse URL, not an embedded data directory")
@@ -1629,4 +1752,5 @@ def open_store(
         cache_bytes=DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes,
         head_bytes=head_bytes,
         head_window_ms=head_window_ms,
+        ingest_wal=ingest_wal,
     )

@@ -250,6 +250,15 @@ def _health_rule(args: argparse.Namespace) -> HealthRule:
     return HealthRule(stale_after_s=args.stale_after, max_data_age_s=args.max_data_age)
 
 
+def _ingest_wal_dir(args: argparse.Namespace) -> Path:
+    """--ingest-wal, or its default: beside the embedded store's tables, or ./ki-ingest-wal."""
+    from kernel_insight.collector.store import is_store_url
+
+    if args.ingest_wal:
+        return Path(args.ingest_wal)
+    return Path("ki-ingest-wal") if is_store_url(str(args.store)) else Path(args.store) / "ingest-wal"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.app import serve
     from kernel_insight.api.auth import TokenError
@@ -284,6 +293,7 @@ def _serve(args: argparse.Namespace) -> int:
             head_window_ms=DEFAULT_HEAD_WINDOW_MS
             if args.head_minutes is None
             else int(args.head_minutes * 60_000),
+            ingest_wal=_ingest_wal_dir(args),
         )
     except (StorageError, ValueError, OSError) as exc:
         print(f"ki collector: cannot open the store {args.store}: {exc}", file=sys.stderr)
@@ -438,6 +448,12 @@ def _collector_arguments(s: argparse.ArgumentParser) -> None:
     if isinstance(s, DeferredParser):
         s.read_flags_from("--config")
     s.add_argument("--store", default="./ki-data", help="data directory (embedded chDB) or ClickHouse URL")
+    s.add_argument(
+        "--ingest-wal",
+        help="directory of this collector's ingest write-ahead files, which keep agent batches stored "
+        "exactly once across a crash (default: ingest-wal in the data directory, or ./ki-ingest-wal with "
+        'a ClickHouse URL; one per collector, on a disk that outlives a restart; docs/storage.md, "Exactly once")',
+    )
     s.add_argument(
         "--cluster",
         help="ClickHouse cluster name: the schema is created ON CLUSTER as replicated local tables under "
