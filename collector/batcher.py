@@ -74,6 +74,9 @@ class BatcherStats:
     partial_batches: int = 0  # refused after some of their tables had landed (logged)
     queue_full: int = 0  # submits refused because the queue held max_queue_rows
     early_flushes: int = 0  # groups written before max_delay_s: eager senders had gone quiet
+    wal_files: int = 0  # write-ahead files written (groups with agent batches; collector/ingest_wal.py)
+    wal_bytes: int = 0
+    wal_cpu_seconds: float = 0.0  # the flusher's CPU time writing them (serialising, checksum, fsync)
     insert_seconds_total: float = 0.0
     insert_seconds_last: float = 0.0
     insert_seconds_max: float = 0.0
@@ -391,8 +394,7 @@ class Batcher:
                     continue
                 started = time.monotonic()
                 if not group.logged:
-                    group.wal = self.store.log_group([t.rows for t in group.tickets], group.token, group.done)
-                    group.logged = True
+                    self._log(group)
                 self.store.insert_prepared([t.rows for t in group.tickets], group.token, group.done)
                 self.store.unlog_group(group.wal)
                 self._count_flush(group, time.monotonic() - started)
@@ -443,6 +445,16 @@ class Batcher:
                 self.store.unlog_group(group.wal)  # refused: a replay would be refused again
                 self._finish(t, exc if isinstance(exc, StorageError) else StorageError(str(exc)))
 
+    def _log(self, group: _Group) -> None:
+        """Write the group's write-ahead file (``Store.log_group``), counted in the stats."""
+        cpu = time.thread_time()
+        group.wal = self.store.log_group([t.rows for t in group.tickets], group.token, group.done)
+        group.logged = True
+        if group.wal is not None:
+            self.stats.wal_files += 1
+            self.stats.wal_bytes += group.wal.stat().st_size
+            self.stats.wal_cpu_seconds += time.thread_time() - cpu
+
     def _log_parts(self, group: _Group, parts: list[_Group]) -> None:
         """Write-ahead files of a split group's parts (each under its own token, from where the
         group stopped), then remove the group's: a crash in between replays the parts, never
@@ -454,8 +466,7 @@ class Batcher:
             return
         try:
             for part in parts:
-                part.wal = self.store.log_group([t.rows for t in part.tickets], part.token, part.done)
-                part.logged = True
+                self._log(part)
         except StorageUnavailable as exc:
             log.error("batcher: cannot write the write-ahead files of a split group %s: %s", group.token, exc)
             for part in parts:

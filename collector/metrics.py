@@ -345,6 +345,9 @@ class _BatcherFigures(Collector):
                 "Groups written before the flush delay: their waiting senders had gone quiet",
                 s.early_flushes,
             ),
+            ("wal_files", "Write-ahead files written, one per group of agent batches", s.wal_files),
+            ("wal_bytes", "Bytes of the write-ahead files written", s.wal_bytes),
+            ("wal_cpu_seconds", "The flusher's CPU seconds writing write-ahead files", s.wal_cpu_seconds),
         ):
             counter = CounterMetricFamily(f"ki_collector_batcher_{name}", help_text)
             counter.add_metric([], float(value))

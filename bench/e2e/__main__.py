@@ -68,6 +68,11 @@ class Trial:
     #: the agents ran with --histograms=1 (kept spans + histograms, their default) instead of 0
     histograms: bool = False
     p99_ack_ms: float = math.nan
+    #: the ingest write-ahead files of the whole trial (docs/storage.md, "Exactly once"): per
+    #: flush of a group of agent batches, bytes written and the flusher's CPU milliseconds
+    wal_files: int = 0
+    wal_bytes_per_flush: float = math.nan
+    wal_cpu_ms_per_flush: float = math.nan
     backlog_end: int = 0
     backlog_30s_before: int = 0
     backlog_max: int = 0
@@ -128,6 +133,20 @@ def _ack_histogram(url: str) -> dict[float, float] | None:
             math.inf if le == "+Inf" else float(le), 0
         ) + float(value)
     return out or None
+
+
+def _batcher_counters(url: str) -> dict[str, float]:
+    """The batcher's ``ki_collector_batcher_*_total`` counters from /metrics (empty if unreadable)."""
+    try:
+        r = httpx.get(f"{url}/metrics", timeout=5)
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in r.text.splitlines() if r.status_code == 200 else ():
+        name, _, value = line.partition(" ")
+        if name.startswith("ki_collector_batcher_") and name.endswith("_total"):
+            out[name.removeprefix("ki_collector_batcher_").removesuffix("_total")] = float(value)
+    return out
 
 
 def _p99_ms(before: dict[float, float] | None, after: dict[float, float] | None) -> float:
@@ -222,6 +241,11 @@ def run_trial(
         except TimeoutError as exc:
             trial.notes.append(str(exc))
         trial.drain_s = time.monotonic() - drain_start
+        batcher = _batcher_counters(collector.url)
+        trial.wal_files = int(batcher.get("wal_files", 0))
+        if trial.wal_files:
+            trial.wal_bytes_per_flush = batcher["wal_bytes"] / trial.wal_files
+            trial.wal_cpu_ms_per_flush = 1000 * batcher["wal_cpu_seconds"] / trial.wal_files
         if trial.written:
             trial.collector_cpu_us_per_record = 1e6 * (cpu_seconds(collector.pid) - cpu_ready) / trial.written
         threads_now = thread_cpu_seconds(collector.pid)
@@ -374,7 +398,9 @@ def main() -> None:
             f"drain {t.drain_s:.1f}s p99 ack {t.p99_ack_ms:.0f} ms bytes/sample du {t.bytes_per_sample_du:.2f} "
             f"store {t.bytes_per_sample_store:.2f} (with series: {t.bytes_per_sample_du_all:.2f} / "
             f"{t.bytes_per_sample_store_all:.2f}); du over parts: samples {t.du_over_parts_pct:+.1f}%, "
-            f"whole store {t.store_du_over_parts_pct:+.1f}% {'; '.join(t.notes)}"
+            f"whole store {t.store_du_over_parts_pct:+.1f}%; ingest WAL {t.wal_files} files, "
+            f"{t.wal_bytes_per_flush / 1024:.0f} KiB and {t.wal_cpu_ms_per_flush:.2f} ms CPU per flush "
+            f"{'; '.join(t.notes)}"
         )
     if not passing:
         print("no rate passed; figures of the lowest rate tried", file=sys.stderr)

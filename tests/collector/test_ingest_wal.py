@@ -144,6 +144,9 @@ def test_a_written_group_leaves_no_file_and_remote_write_writes_none(tmp_path):
         assert [t.answer().result(timeout=30) for t in tickets] == [True] * 3
         assert wal.files_written >= 1
         assert wal.bytes_written > 0
+        assert batcher.stats.wal_files == wal.files_written  # /metrics' ki_collector_batcher_wal_*
+        assert batcher.stats.wal_bytes == wal.bytes_written
+        assert batcher.stats.wal_cpu_seconds > 0
         written = wal.files_written
         b = SampleBuilder()
         b.add({"__name__": "rw"}, 1_700_000_000_000, 1.0)
