@@ -128,9 +128,10 @@ def test_a_group_cut_short_is_replayed_once_at_open_and_its_retries_are_duplicat
         assert _counts(store) == {"s": 20, "k": 10, "b": 2}
         batcher = Batcher(store, max_delay_s=0.01)
         batcher.start()
-        assert batcher.submit(_rows(store, 1)).answer().result(timeout=30) is False
-        assert batcher.submit(_rows(store, 2)).answer().result(timeout=30) is False
+        answers = [batcher.submit(_rows(store, i)).answer() for i in (1, 2)]  # the agents' retries
+        assert [a.result(timeout=30) for a in answers] == [False, False]
         batcher.shutdown()
+        assert batcher.stats.duplicates == 2
         assert _counts(store) == {"s": 20, "k": 10, "b": 2}
 
 
