@@ -1298,7 +1298,12 @@ class Store(ABC):
 
         Call it before ingest is served: a replayed group's batches must be stored before an
         agent's retry of them asks."""
-        wal = IngestWal(directory)
+        try:
+            wal = IngestWal(directory)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot use {directory} for the ingest write-ahead files: {exc} (ki collector --ingest-wal DIR)"
+            ) from exc
         replayed = self.replay_ingest_wal(wal)
         self.ingest_wal = wal
         return replayed

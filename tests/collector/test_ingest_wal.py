@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -240,3 +241,14 @@ def test_a_full_disk_is_a_503_with_nothing_written_and_the_group_goes_in_once_sp
             batcher.shutdown()
             assert _counts(store) == {"s": 5, "k": 5, "b": 1}
             assert os.listdir(wal_dir) == []
+
+
+def test_a_write_ahead_directory_that_cannot_be_made_stops_the_start_naming_the_flag(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_insight.cli", "collector", "--port", "0", "--store", str(tmp_path / "data"),
+         "--ingest-wal", "/proc/ki-ingest-wal"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "/proc/ki-ingest-wal" in done.stderr
+    assert "--ingest-wal DIR" in done.stderr
