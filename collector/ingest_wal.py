@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
 __all__ = ["IngestWal", "WalCorrupt", "WalGroup"]
 

@@ -347,11 +347,15 @@ class _BatcherFigures(Collector):
             ),
             ("wal_files", "Write-ahead files written, one per group of agent batches", s.wal_files),
             ("wal_bytes", "Bytes of the write-ahead files written", s.wal_bytes),
-            ("wal_cpu_seconds", "The flusher's CPU seconds writing write-ahead files", s.wal_cpu_seconds),
         ):
             counter = CounterMetricFamily(f"ki_collector_batcher_{name}", help_text)
             counter.add_metric([], float(value))
             yield counter
+        wal_cpu = CounterMetricFamily(
+            "ki_collector_batcher_wal_cpu_seconds", "The flusher's CPU seconds writing write-ahead files"
+        )
+        wal_cpu.add_metric([], s.wal_cpu_seconds)
+        yield wal_cpu
         yield _histogram(
             "ki_collector_batcher_flush_rows",
             "Rows in one flush (all tables of the group)",
