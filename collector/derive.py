@@ -315,8 +315,8 @@ class Deriver:
         # (pod, namespace, container); a span gets the holder of its start (_span_owners).
         self._owners: dict[int, tuple[list[int], list[tuple[str, str, str]]]] = {}
         self._memory_total: dict[int, float] = {}
-        # (gpu, pid, correlation) -> (launch ns, host ns, tid): launches whose kernel is not in yet
-        self._open_launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        # (gpu, pid, correlation) -> (launch ns, host ns, tid, NVTX range): launches whose kernel is not in yet
+        self._open_launches: dict[tuple[int, int, int], tuple[int, int, int, str]] = {}
         # The last millisecond the agent's own series were stamped at (its COUNTERS, the ingest
         # lag): each batch's are stamped at least 1 ms later (_next_stamp_ms).
         self._counters_ms = -1
@@ -728,32 +728,44 @@ class Deriver:
     # ---- LAUNCH_SPAN: the host side of CUDA-event spans -----------------------------------
 
     def _span_launches(self, r: npt.NDArray[np.void]) -> None:
-        """Hold each launch until its kernel record arrives (the probe writes it just before)."""
+        """Hold each launch until its kernel record arrives (the probe writes it just before), with
+        the NVTX range enclosing it (block x: a string id of the launch's producer, 0 none)."""
         p = _payload(r, _LAUNCH_DTYPE)
         corr = p["grid"][:, 0].astype(np.uint64) | (p["grid"][:, 1].astype(np.uint64) << np.uint64(32))
         held = self._open_launches
-        for gpu, pid, c, ts, host, tid in zip(
+        for gpu, pid, c, ts, host, tid, producer, rng in zip(
             r["device"].tolist(),
             p["pid"].tolist(),
             corr.tolist(),
             r["ts_ns"].tolist(),
             p["grid"][:, 2].tolist(),
             p["tid"].tolist(),
+            r["producer"].tolist(),
+            p["block"][:, 0].tolist(),
             strict=True,
         ):
-            held[(gpu, pid, c)] = (min(ts, _MAX_TS_NS), host, tid)
+            nvtx = (self._name(producer, rng) or "") if rng else ""
+            held[(gpu, pid, c)] = (min(ts, _MAX_TS_NS), host, tid, nvtx)
         while len(held) > MAX_OPEN_LAUNCHES:  # kernels that never came: forget the oldest
             del held[next(iter(held))]
 
     def _attach_launches(self, spans: SpanBatch) -> None:
-        """Fill the spans' host side from the held launches (each taken once)."""
+        """Fill the spans' host side and NVTX range from the held launches (each taken once)."""
         held = self._open_launches
+        ranges: dict[str, int] = {"": 0}
+        codes: npt.NDArray[np.int32] | None = None
         for i, key in enumerate(
             zip(spans.gpu.tolist(), spans.pid.tolist(), spans.correlation.tolist(), strict=True)
         ):
             hit = held.pop(key, None)
             if hit is not None:
-                spans.launch_ns[i], spans.launch_host_ns[i], spans.tid[i] = hit
+                spans.launch_ns[i], spans.launch_host_ns[i], spans.tid[i], nvtx = hit
+                if nvtx:
+                    if codes is None:
+                        codes = np.zeros(len(spans), np.int32)
+                    codes[i] = ranges.setdefault(nvtx, len(ranges))
+        if codes is not None:
+            spans.nvtx = (codes, list(ranges))
 
     # ---- HISTOGRAMS (body versions 2 to 5): native histograms, and the kernel counters
 

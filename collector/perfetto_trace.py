@@ -45,7 +45,7 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
     p = Params()
     rows = store.query(
         "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid,"
-        " launch_ns, launch_host_ns, tid, pod, namespace, container"
+        " launch_ns, launch_host_ns, tid, pod, namespace, container, nvtx_range"
         f" FROM {qualified(store.database, 'kernel_spans')} WHERE {window.where(p)}"
         f" ORDER BY start, stream LIMIT {int(max_spans) + 1}",
         p,
@@ -71,7 +71,7 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
     _call_slices(trace, gpu_uuid, len(tracks), call_tracks(store, window))
     threads = _host_tracks(trace, window, rows)
     flow = 0
-    for stream, kernel, start, dur, corr, pid, launch, host_ns, tid, pod, namespace, container in zip(
+    for stream, kernel, start, dur, corr, pid, launch, host_ns, tid, pod, namespace, container, nvtx in zip(
         rows["stream"],
         rows["kernel"],
         rows["s"],
@@ -84,6 +84,7 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
         rows["pod"],
         rows["namespace"],
         rows["container"],
+        rows["nvtx_range"],
         strict=True,
     ):
         if launch:
@@ -103,6 +104,9 @@ def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PRO
             for name, text in (("pod", pod), ("namespace", namespace), ("container", container)):
                 a = ev.debug_annotations.add()
                 a.name, a.string_value = name, text
+        if nvtx:  # the NVTX range enclosing the launch (CUPTI probe)
+            a = ev.debug_annotations.add()
+            a.name, a.string_value = "nvtx_range", nvtx
         end = _packet(trace)
         end.timestamp = start + dur
         end.track_event.type, end.track_event.track_uuid = pb.TrackEvent.TYPE_SLICE_END, tracks[stream]

@@ -803,6 +803,9 @@ class SpanBatch:
     #: The Kubernetes (pod, namespace, container) holding each span's GPU when it started, as
     #: (per-row index into the list, distinct holders); None: none held any ("" each).
     owners: tuple[npt.NDArray[np.int32], list[tuple[str, str, str]]] | None = None
+    #: The NVTX range enclosing each span's launch (CUPTI probe, ring LAUNCH_SPAN block x), as
+    #: (per-row index into the list, distinct ranges); None: no span had one ("" each).
+    nvtx: tuple[npt.NDArray[np.int32], list[str]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
@@ -811,12 +814,16 @@ class SpanBatch:
             raise ValueError("every span column must have the same length")
         if self.kernel_dict is not None and len(self.kernel_dict[0]) != n:
             raise ValueError("every span column must have the same length")
-        if self.owners is not None:
-            codes, owners = self.owners
+        # Dictionary columns: (per-row code, distinct values), every code within the values.
+        for coded, what in ((self.owners, "an owner code is outside the owners list"),
+                            (self.nvtx, "an NVTX range code is outside the ranges list")):  # fmt: skip
+            if coded is None:
+                continue
+            codes, values = coded
             if len(codes) != n:
                 raise ValueError("every span column must have the same length")
-            if n and not 0 <= int(codes.min()) <= int(codes.max()) < len(owners):
-                raise ValueError("an owner code is outside the owners list")
+            if n and not 0 <= int(codes.min()) <= int(codes.max()) < len(values):
+                raise ValueError(what)
         if n and not len(self.launch_ns):
             self.launch_ns = np.zeros(n, np.int64)
         if n and not len(self.launch_host_ns):

@@ -290,6 +290,12 @@ SCHEMA: tuple[Table, ...] = (
             Column(
                 "container", "LowCardinality(String)", "ZSTD(1)", "the pod's container the GPU is assigned to"
             ),
+            Column(
+                "nvtx_range",
+                "LowCardinality(String)",
+                "ZSTD(1)",
+                "the NVTX range enclosing the kernel's launch (CUPTI probe); '': none",
+            ),
         ),
         order_by=("instance", "gpu", "start"),
         partition_by="toDate(start)",

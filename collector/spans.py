@@ -140,7 +140,7 @@ class SpanCursor:
 
 _SPAN_COLUMNS = (
     f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid,"
-    " launch_ns, launch_host_ns, tid, pod, namespace, container"
+    " launch_ns, launch_host_ns, tid, pod, namespace, container, nvtx_range"
 )
 
 
@@ -159,6 +159,7 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         "pod": row["pod"],
         "namespace": row["namespace"],
         "container": row["container"],
+        "nvtx_range": row["nvtx_range"],
     }
 
 

@@ -147,6 +147,12 @@ def _owner_columns(spans: SpanBatch) -> dict[str, pa.Array]:
     }
 
 
+def _nvtx_column(spans: SpanBatch) -> pa.Array:
+    """The spans' NVTX ranges as a dictionary over the distinct ranges ("" where none)."""
+    codes, ranges = spans.nvtx if spans.nvtx is not None else (np.zeros(len(spans), np.int32), [""])
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(ranges, pa.string()))
+
+
 def _check_ns_range(values: Any, what: str) -> None:
     arr = np.asarray(values, dtype=np.int64)
     if arr.size and (int(arr.min()) < MIN_TS_MS or int(arr.max()) > _MAX_NS):
@@ -1049,6 +1055,7 @@ class Store(ABC):
                 "launch_host_ns": pa.array(spans.launch_host_ns, pa.uint32()),
                 "tid": pa.array(spans.tid, pa.uint32()),
                 **_owner_columns(spans),
+                "nvtx_range": _nvtx_column(spans),
             }
         )
 

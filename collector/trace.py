@@ -196,7 +196,9 @@ def chrome_trace_parts(
             # the Kubernetes pod that held the GPU, where one did
             " if(pod = '', '', concat(',\"pod\":', toJSONString(toString(pod)),"
             " ',\"namespace\":', toJSONString(toString(namespace)),"
-            " ',\"container\":', toJSONString(toString(container)))), '}},') AS e"
+            " ',\"container\":', toJSONString(toString(container)))),"
+            # the NVTX range enclosing the launch (CUPTI probe), where one did
+            " if(nvtx_range = '', '', concat(',\"nvtx_range\":', toJSONString(toString(nvtx_range)))), '}},') AS e"
             # No ORDER BY: the trace event format does not ask for time order (readers sort), and
             # reading in key order costs a third of this query over a 1M-span capture.
             f" FROM {spans} WHERE {where}"

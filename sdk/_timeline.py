@@ -67,6 +67,8 @@ class Span:
     pod: str = ""
     namespace: str = ""
     container: str = ""
+    #: The NVTX range enclosing the kernel's launch (CUPTI probe; "": none).
+    nvtx_range: str = ""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Span:
@@ -84,6 +86,7 @@ class Span:
             str(d.get("pod", "")),
             str(d.get("namespace", "")),
             str(d.get("container", "")),
+            str(d.get("nvtx_range", "")),
         )
 
 

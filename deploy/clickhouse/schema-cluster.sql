@@ -92,7 +92,8 @@ CREATE TABLE IF NOT EXISTS ki.kernel_spans_local ON CLUSTER ki
     tid UInt32 CODEC(ZSTD(1)) COMMENT 'host thread of the launch; 0: unknown',
     pod LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'Kubernetes pod holding the GPU; \'\': none',
     namespace LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s namespace',
-    container LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s container the GPU is assigned to'
+    container LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s container the GPU is assigned to',
+    nvtx_range LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the NVTX range enclosing the kernel\'s launch (CUPTI probe); \'\': none'
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/ki/kernel_spans_local', '{replica}')
 PARTITION BY toDate(start)

@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS ki.kernel_spans
     tid UInt32 CODEC(ZSTD(1)) COMMENT 'host thread of the launch; 0: unknown',
     pod LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'Kubernetes pod holding the GPU; \'\': none',
     namespace LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s namespace',
-    container LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s container the GPU is assigned to'
+    container LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the pod\'s container the GPU is assigned to',
+    nvtx_range LowCardinality(String) CODEC(ZSTD(1)) COMMENT 'the NVTX range enclosing the kernel\'s launch (CUPTI probe); \'\': none'
 )
 ENGINE = MergeTree()
 PARTITION BY toDate(start)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 from agent_harness import wait_for
 from cupti_standins import build_cupti
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from support.collector import RunningCollector, running_collector
 
 from kernel_insight.agent.ring import Ring, ring_name
@@ -91,24 +92,37 @@ def test_every_kernel_reaches_kql_and_the_timeline_with_its_launch(tmp_path, age
             }
             wait_for(lambda: all(total(q) >= n for q, n in want.items()), 60, "copies, memsets, syncs")
             assert {q: total(q) for q in want} == want
+        window = {"instance": instance, "gpu": 0, "from": before - 1, "to": after + 1}
+        auth = {"Authorization": f"Bearer {c.read_token}"}
         spans = httpx.get(
-            c.url + "/v1/timeline/spans",
-            params={
-                "instance": instance,
-                "gpu": 0,
-                "from": before - 1,
-                "to": after + 1,
-                "limit": 1000,
-            },
-            headers={"Authorization": f"Bearer {c.read_token}"},
-            timeout=30,
+            c.url + "/v1/timeline/spans", params={**window, "limit": 1000}, headers=auth, timeout=30
         ).json()["spans"]
         assert len(spans) == did["kernels"]
+        # The workload launches kernel k inside the NVTX ranges "step" > "layer.k".
+        layer = {FILL_READABLE: "layer.0", TRITON: "layer.1"}
         for s in spans:  # the host side of each kernel, joined by correlation
             assert s["pid"] == did["pid"]
             assert s["tid"] > 0
             assert 0 < s["launch_ns"] <= s["start_ns"]
             assert s["end_ns"] - s["start_ns"] == (1000 if s["kernel"] == FILL_READABLE else 2000)
+            assert s["nvtx_range"] == layer[s["kernel"]]
+        # The exports carry the range in each kernel slice's args.
+        export = c.url + "/v1/timeline/export"
+        doc = httpx.get(export, params={**window, "format": "json"}, headers=auth, timeout=30).json()
+        kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+        assert len(kernels) == did["kernels"]
+        assert {(e["name"], e["args"]["nvtx_range"]) for e in kernels} == set(layer.items())
+        proto = httpx.get(export, params={**window, "format": "perfetto"}, headers=auth, timeout=30)
+        begins = [
+            p.track_event
+            for p in pb.Trace.FromString(proto.content).packet
+            if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN and "kernel" in p.track_event.categories
+        ]
+        assert len(begins) == did["kernels"]
+        notes = {
+            (ev.name, a.string_value) for ev in begins for a in ev.debug_annotations if a.name == "nvtx_range"
+        }
+        assert notes == set(layer.items())
 
 
 def test_records_cupti_dropped_and_the_ring_refused_reach_kql_as_agent_counters(tmp_path, agent_bin):
