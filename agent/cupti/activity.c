@@ -214,6 +214,12 @@ static inline struct ki_rec *batch_add(struct ki_cupti_batch *b, struct ki_cupti
     return rec;
 }
 
+/* The next record, for device d, to be written whole by the caller. */
+static inline struct ki_rec *batch_slot(struct ki_cupti_batch *b, struct ki_cupti_device *d) {
+    b->dev[b->n] = d;
+    return &b->rec[b->n++];
+}
+
 static void batch_write(struct ki_cupti_batch *b) {
     for (size_t i = 0, run; i < b->n; i += run) {
         struct ki_cupti_device *d = b->dev[i];
@@ -278,31 +284,21 @@ static void on_kernel(struct ki_cupti *g, struct ki_cupti_batch *b, const CUpti_
         return;
     }
     uint64_t corr = KI_CUPTI_CORRELATION_TAG | k->correlationId;
-    struct ki_rec *rec;
+    /* Whole records (every byte set, the zeros too): no memset before the fields. */
     if (launch) {
         uint32_t range = l.range ? range_id(g, d, dev, l.range) : 0;
-        rec = batch_add(b, d);
-        rec->type = KI_REC_LAUNCH;
-        rec->flags = KI_FLAG_LAUNCH_SPAN;
-        rec->device = dev;
-        rec->id = e->id;
-        rec->ts_ns = l.launch_ns;
-        rec->u.launch.pid = d->ring.pid;
-        rec->u.launch.tid = l.tid;
-        rec->u.launch.grid[0] = (uint32_t)corr;
-        rec->u.launch.grid[1] = (uint32_t)(corr >> 32);
-        rec->u.launch.grid[2] = l.host_ns;
-        rec->u.launch.block[0] = range;
+        *batch_slot(b, d) = (struct ki_rec){
+            .type = KI_REC_LAUNCH, .flags = KI_FLAG_LAUNCH_SPAN, .device = dev, .id = e->id, .ts_ns = l.launch_ns,
+            .u.launch = {.pid = d->ring.pid, .tid = l.tid, .grid = {(uint32_t)corr, (uint32_t)(corr >> 32), l.host_ns},
+                         .block = {range, 0, 0}},
+        };
     }
-    rec = batch_add(b, d);
-    rec->type = KI_REC_KERNEL;
-    rec->device = dev;
-    rec->id = e->id;
-    rec->ts_ns = to_ring_ns(g, k->start);
-    rec->u.kernel.end_ns = k->end >= k->start ? to_ring_ns(g, k->end) : rec->ts_ns;
-    rec->u.kernel.stream = k->streamId;
-    rec->u.kernel.correlation = corr;
-    rec->u.kernel.pid = d->ring.pid;
+    uint64_t start = to_ring_ns(g, k->start);
+    *batch_slot(b, d) = (struct ki_rec){
+        .type = KI_REC_KERNEL, .device = dev, .id = e->id, .ts_ns = start,
+        .u.kernel = {.end_ns = k->end >= k->start ? to_ring_ns(g, k->end) : start, .stream = k->streamId,
+                     .correlation = corr, .pid = d->ring.pid},
+    };
 }
 
 static void on_memop(struct ki_cupti *g, struct ki_cupti_batch *b, uint32_t kind, uint32_t dev, uint32_t ctx, uint64_t start, uint64_t bytes,
