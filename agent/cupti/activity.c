@@ -202,6 +202,8 @@ static uint32_t range_id(struct ki_cupti *g, struct ki_cupti_device *d, uint32_t
 
 struct ki_cupti_batch {
     size_t n;
+    uint32_t last_id;               /* the device of the last kernel record, UINT32_MAX: none yet */
+    struct ki_cupti_device *last;   /* its attached ring */
     struct ki_cupti_device *dev[KI_CUPTI_BATCH];
     struct ki_rec rec[KI_CUPTI_BATCH];
 };
@@ -273,8 +275,12 @@ KI_SAME(CUpti_ActivityContext2, CUpti_ActivityContext3, deviceId);
 
 static void on_kernel(struct ki_cupti *g, struct ki_cupti_batch *b, const CUpti_ActivityKernel10 *k) {
     note_context(g, k->contextId, k->deviceId);
-    struct ki_cupti_device *d = device_ring(g, k->deviceId);
-    if (!d) return;
+    struct ki_cupti_device *d = b->last; /* a buffer's kernels are mostly of one device */
+    if (k->deviceId != b->last_id) {
+        if (!(d = device_ring(g, k->deviceId))) return;
+        b->last_id = k->deviceId;
+        b->last = d;
+    }
     uint16_t dev = (uint16_t)k->deviceId;
     struct ki_cupti_name *e = name_of(g, k->name);
     struct ki_cupti_launch l;
@@ -346,6 +352,8 @@ size_t ki_cupti_activity_process(struct ki_cupti *g, uint8_t *buffer, size_t val
     if (ki_ring_mono_ns() - g->clock_at_ns > 1000000000ULL) ki_cupti_clock_refresh(g); /* drift: ppm */
     struct ki_cupti_batch b;
     b.n = 0;
+    b.last_id = UINT32_MAX;
+    b.last = NULL;
     CUpti_Activity *a = NULL;
     size_t n = 0;
     while (g->api.ActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS && a) {

@@ -164,10 +164,11 @@ void ki_cupti_clock_refresh(struct ki_cupti *g);
 void CUPTIAPI ki_cupti_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data);
 /* Enable the launch (runtime and driver) and NVTX callbacks on the subscriber. Returns callbacks enabled. */
 int ki_cupti_callbacks_enable(struct ki_cupti *g);
-/* The launch entry of a correlation id, copied out; 0 when it is not (or no longer) known.
- * Inline: the buffer-completed path asks once per record. */
+/* The launch entry of a correlation id, copied out (all but corr); 0 when it is not (or no longer)
+ * known. Inline: the buffer-completed path asks once per record, with the table allocated (the
+ * probe is active only once ki_cupti_activity_init succeeded). */
 static inline int ki_cupti_launch_find(const struct ki_cupti *g, uint32_t corr, struct ki_cupti_launch *out) {
-    if (corr == 0 || !g->launches) return 0;
+    if (corr == 0) return 0;
     const struct ki_cupti_launch *e = &g->launches[corr & (KI_CUPTI_CORR_SLOTS - 1)];
     if (__atomic_load_n(&e->corr, __ATOMIC_ACQUIRE) != corr) return 0;
     out->tid = e->tid;
@@ -175,9 +176,7 @@ static inline int ki_cupti_launch_find(const struct ki_cupti *g, uint32_t corr, 
     out->host_ns = e->host_ns;
     out->range = e->range;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&e->corr, __ATOMIC_RELAXED) != corr) return 0; /* rewritten meanwhile */
-    out->corr = corr;
-    return 1;
+    return __atomic_load_n(&e->corr, __ATOMIC_RELAXED) == corr; /* else rewritten meanwhile */
 }
 
 /* ---- names.c ---------------------------------------------------------- */
