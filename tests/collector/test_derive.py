@@ -531,6 +531,30 @@ def test_probe_launches_become_the_host_side_of_their_spans_even_a_batch_later(r
     assert d.spans.tid.tolist() == [8, 9, 0]
 
 
+def test_the_nvtx_range_of_a_launch_is_stored_with_its_span(ring):
+    """The CUPTI probe's LAUNCH_SPAN names the NVTX range around the launch in block x (a string
+    id of its producer): the span gets the range's text; no range (0) or an id whose STRING never
+    came gives ""."""
+    gemm = ring.intern("gemm")
+    layer = ring.intern("layer.3")
+
+    def launch_span(corr: int, range_id: int) -> None:
+        # ki_rec: type, flags, device, id, ts_ns; launch: pid, tid, grid[3], block[3] (docs/ring.md)
+        rec = struct.pack("<BBHIQ8I", 2, 0x04, 0, gemm, T0 + corr, 42, 7, corr, 0, 10, range_id, 0, 0)
+        assert ring.write_raw(rec) == 0
+
+    launch_span(1, layer)
+    launch_span(2, 0)
+    launch_span(3, 999)  # no such string
+    for corr in (1, 2, 3):
+        ring.kernel(gemm, 0, T0 + 1000 * corr, T0 + 1000 * corr + 500, 3, corr, 42)
+    d = Deriver("host-1").derive(_drain(ring), now_ns=T0)
+    assert d.spans.nvtx is not None
+    codes, ranges = d.spans.nvtx
+    assert [ranges[i] for i in codes.tolist()] == ["layer.3", "", ""]
+    assert d.spans.tid.tolist() == [7, 7, 7]
+
+
 def test_the_order_across_record_types_does_not_change_what_is_derived(ring):
     """The sink hands derive the records grouped by type (DecodedBatch.by_type, no sort by position):
     the rows must be those of the same records in ring order."""
