@@ -51,7 +51,12 @@ setup(
         ),
         Extension(
             "kernel_insight.collector._decode",
-            sources=["collector/native/decodemodule.c"],
+            sources=[
+                "collector/native/decodemodule.c",
+                "collector/native/series_labels.c",
+                "collector/native/ki_blake2b.c",
+            ],
+            depends=["collector/native/series_labels.h", "collector/native/ki_blake2b.h"],
             extra_compile_args=CFLAGS,
         ),
         Extension(

@@ -2,6 +2,15 @@ from typing_extensions import Buffer
 
 def varints(buf: Buffer, n: int, /) -> bytes: ...
 def write_request(buf: Buffer, /) -> tuple[bytes, bytes, bytes] | None: ...
+def series_labels(
+    buf: Buffer,
+    spans: Buffer,
+    max_labels: int,
+    max_name_bytes: int,
+    max_value_bytes: int,
+    utf8_names: bool,
+    /,
+) -> list[tuple[tuple[tuple[str, str], ...], int, str] | None]: ...
 
 class SeriesIndex:
     """Dense ids of byte strings (remote_write label fields), added once each."""

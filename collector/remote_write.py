@@ -175,33 +175,45 @@ class SeriesCache:
         for j in np.flatnonzero(counts == 0).tolist():  # no samples: its labels must parse, nothing kept
             _raw_labels(buf, int(triples[j, 0]), int(triples[j, 1]))
             ids[j] = -1
-        missing = np.flatnonzero((ids < 0) & (counts > 0)).tolist()
-        if missing:
+        missing = np.flatnonzero((ids < 0) & (counts > 0))
+        if len(missing):
+            # Parsed, made canonical, checked and fingerprinted in C (collector/native/series_labels.c);
+            # a series it leaves (None: a rare encoding, or one the checks refuse) takes the Python
+            # path, which gives the same labels or raises the error the sender reads.
+            parsed = _decode.series_labels(
+                buf,
+                triples[missing, :2].tobytes(),
+                limits.max_labels,
+                limits.max_name_bytes,
+                limits.max_value_bytes,
+                limits.utf8_names,
+            )
             with self._lock:
-                for j in missing:
+                for j, new_series in zip(missing.tolist(), parsed, strict=True):
                     start, end = int(triples[j, 0]), int(triples[j, 1])
                     key = buf[start:end]
                     found = known.index.get(key)
-                    ids[j] = (
-                        found
-                        if found >= 0
-                        else self._add(known, key, _series_labels(buf, start, end, limits))
-                    )
+                    if found >= 0:
+                        ids[j] = found
+                        continue
+                    if new_series is None:
+                        labels = _series_labels(buf, start, end, limits)
+                        new_series = (labels, series_fingerprint(labels), dict(labels)["__name__"])
+                    ids[j] = self._add(known, key, *new_series)
         return known, ids
 
     @staticmethod
-    def _add(known: _Known, key: bytes, labels: Labels) -> int:
+    def _add(known: _Known, key: bytes, labels: Labels, fingerprint: int, name: str) -> int:
         i = len(known.labels)
         if i == len(known.fingerprints):
             known.fingerprints = np.concatenate([known.fingerprints, np.zeros(i, np.uint64)])
             known.codes = np.concatenate([known.codes, np.zeros(i, np.int32)])
-        name = dict(labels)["__name__"]
         code = known.name_codes.get(name)
         if code is None:
             code = known.name_codes[name] = len(known.names)
             known.names.append(name)
         known.labels.append(labels)
-        known.fingerprints[i] = series_fingerprint(labels)
+        known.fingerprints[i] = fingerprint
         known.codes[i] = code
         added = known.index.add(key)  # published last: readers find only complete entries
         assert added == i, "SeriesIndex ids follow the order of adds"

@@ -235,7 +235,8 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         elapsed = time.monotonic() - t0
         cpu = process_cpu_s(proc.pid) - cpu0
         sender.measuring = False
-        querier.join(timeout=120)
+        if args.queries:
+            querier.join(timeout=120)
         sender.stop.set()
         sender.join(timeout=120)
         lat, rounds, qerr = box.get("q", ([], [], ["the querier did not finish"] if args.queries else []))

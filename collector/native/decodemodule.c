@@ -9,6 +9,8 @@
  *   in one pass (collector/remote_write.py): where each TimeSeries' label bytes are, and
  *   every sample's value and timestamp as columns.
  *
+ * - series_labels(buf, spans, ...): remote_write's new series parsed, made canonical, checked
+ *   and fingerprinted (series_labels.c, BLAKE2b in ki_blake2b.c);
  * - SeriesIndex: remote_write series ids by the raw bytes of their label fields, so a
  *   request's known series are found without a Python step per series (lookup).
  *
@@ -23,6 +25,8 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#include "series_labels.h"
 
 /* ---- varints ---------------------------------------------------------------------- */
 
@@ -490,6 +494,10 @@ static PyMethodDef methods[] = {
      "write_request(buf) -> (series, values, ts) | None: a WriteRequest in Prometheus' usual encoding, "
      "as int64 (label start, label end, samples) triples per TimeSeries, float64 values and uint64 "
      "timestamps; None for an encoding the scan does not handle."},
+    {"series_labels", ki_series_labels_parse, METH_VARARGS,
+     "series_labels(buf, spans, max_labels, max_name_bytes, max_value_bytes, utf8_names) -> list: per "
+     "int64 (start, end) pair, the TimeSeries label fields buf[start:end] as (canonical labels, "
+     "fingerprint, metric name), or None where the Python path must take them (collector/native/series_labels.c)."},
     {NULL, NULL, 0, NULL},
 };
 
