@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli soak clean
-.PHONY: bench-fleet bench-fleet-gpus bench-fleet-inproc
+.PHONY: bench-fleet bench-fleet-gpus bench-fleet-inproc bench-fleet-ingest
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -105,6 +105,11 @@ bench-fleet: build
 # expressions timed as instant queries (CPU per expression); FLEET_INPROC_ARGS="--targets 500".
 bench-fleet-inproc: build
 	$(PY) -m bench.fleet.inproc $(FLEET_INPROC_ARGS)
+
+# bench-fleet's remote_write ingest in one process (decode, prepare, group insert, head): CPU per
+# sample of new and of known series; FLEET_INGEST_ARGS="--targets 500 --churn 10".
+bench-fleet-ingest: build
+	$(PY) -m bench.fleet.ingest $(FLEET_INGEST_ARGS)
 
 bench-kql: build
 	$(PY) -m bench.kql

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -231,6 +231,23 @@ def concat_columns(older: SeriesColumns, newer: SeriesColumns) -> SeriesColumns:
     return SeriesColumns(labels, ts, vs, offsets)
 
 
+def find_sorted(haystack: npt.NDArray[np.uint64], needles: npt.NDArray[np.uint64]) -> I64:
+    """Where each of ``needles`` is in the sorted ``haystack`` (-1: not there).
+
+    Searched in ascending order: random fingerprints into a large array miss the cache at every
+    step of a binary search, sorted ones walk it in order (several times faster at 200k series).
+    """
+    out = np.full(len(needles), -1, dtype=np.int64)
+    if not len(haystack) or not len(needles):
+        return out
+    order = np.argsort(needles)
+    ordered = needles[order]
+    at = np.minimum(np.searchsorted(haystack, ordered), len(haystack) - 1)
+    hit = haystack[at] == ordered
+    out[order[hit]] = at[hit]
+    return out
+
+
 class _FpIndex:
     """fingerprint -> series id for a whole batch at once: a sorted array searched with numpy, and
     the series added since it was last sorted in a dict (merged in once they are an eighth)."""
@@ -244,17 +261,19 @@ class _FpIndex:
 
     def lookup(self, fps: npt.NDArray[np.uint64]) -> I32:
         out = np.full(len(fps), -1, dtype=np.int32)
-        if len(self.fps):
-            at = np.minimum(np.searchsorted(self.fps, fps), len(self.fps) - 1)
-            hit = self.fps[at] == fps
-            out[hit] = self.sids[at[hit]]
+        at = find_sorted(self.fps, fps)
+        hit = at >= 0
+        out[hit] = self.sids[at[hit]]
         if self.pending:
             for j in np.flatnonzero(out < 0).tolist():
                 out[j] = self.pending.get(int(fps[j]), -1)
         return out
 
     def add(self, fp: int, sid: int) -> None:
-        self.pending[fp] = sid
+        self.add_many([fp], [sid])
+
+    def add_many(self, fps: Sequence[int], sids: Iterable[int]) -> None:
+        self.pending.update(zip(fps, sids, strict=True))
         if len(self.pending) > max(4096, len(self.fps) // 8):
             fps = np.concatenate([self.fps, np.fromiter(self.pending.keys(), np.uint64, len(self.pending))])
             sids = np.concatenate(
@@ -272,8 +291,21 @@ class _Postings:
         self._arrays: dict[tuple[str, str], tuple[int, I32]] = {}
 
     def add(self, sid: int, labels: Labels) -> None:
-        for name, value in labels:
-            self.by_name.setdefault(name, {}).setdefault(value, []).append(sid)
+        self.add_many(sid, [labels])
+
+    def add_many(self, first: int, series: Sequence[Labels]) -> None:
+        """Series ``first``, ``first + 1``, ... with the labels ``series``, in that order."""
+        by_name = self.by_name
+        for sid, labels in enumerate(series, first):
+            for name, value in labels:
+                values = by_name.get(name)
+                if values is None:
+                    values = by_name[name] = {}
+                ids = values.get(value)
+                if ids is None:
+                    values[value] = [sid]
+                else:
+                    ids.append(sid)
 
     def ids(self, name: str, value: str) -> I32:
         ids = self.by_name.get(name, {}).get(value)
@@ -384,24 +416,30 @@ class Head:
         """Series ids of ``series[used]`` (fingerprints ``fps``), new series added; -1 elsewhere."""
         local = np.full(len(series), -1, dtype=np.int32)
         found = self._index.lookup(fps[used])
-        for j in np.flatnonzero(found < 0).tolist():  # new series (or one sent twice in the batch)
-            i = int(used[j])
-            found[j] = self._sid(int(fps[i]), series[i])
+        missed = np.flatnonzero(found < 0)
+        if len(missed):  # new series (one may come twice in the batch)
+            found[missed] = self._add_series(series, fps, used[missed])
         local[used] = found
         return local
 
-    def _sid(self, fp: int, labels: Labels) -> int:
-        """The id of a series the batch lookup missed: added now, unless the same batch added it."""
-        sid = self._index.pending.get(fp, -1)
-        if sid < 0:
-            sid = len(self._labels)
-            self._series_version += 1
-            self._index.add(fp, sid)
-            self._labels.append(labels)
-            self._fps.append(fp)
-            self._postings.add(sid, labels)
-            self._bytes += SERIES_OVERHEAD_BYTES
-        return sid
+    def _add_series(self, series: Sequence[Labels], fps: npt.NDArray[np.uint64], idx: I64) -> I32:
+        """Ids of ``series[idx]``, which the batch lookup missed: added now, in order of first
+        appearance, once each (a fingerprint that comes twice gets one id)."""
+        uniq, first, inverse = np.unique(fps[idx], return_index=True, return_inverse=True)
+        rank = np.argsort(first, kind="stable")  # the new series in order of first appearance
+        base = len(self._labels)
+        sid_of = np.empty(len(uniq), dtype=np.int32)
+        sid_of[rank] = np.arange(base, base + len(uniq), dtype=np.int32)
+        firsts = idx[first[rank]].tolist()
+        labels = [series[i] for i in firsts]
+        new_fps = fps[firsts].tolist()
+        self._series_version += len(firsts)
+        self._index.add_many(new_fps, range(base, base + len(firsts)))
+        self._labels.extend(labels)
+        self._fps.extend(new_fps)
+        self._postings.add_many(base, labels)
+        self._bytes += SERIES_OVERHEAD_BYTES * len(firsts)
+        return sid_of[inverse.reshape(-1)]
 
     def _seal(self) -> None:
         if not self._open_n:
@@ -530,8 +568,7 @@ class Head:
         self._index = _FpIndex(np.array(self._fps, dtype=np.uint64))
         self._series_version += 1
         self._numbering += 1
-        for sid, labels_ in enumerate(self._labels):
-            self._postings.add(sid, labels_)
+        self._postings.add_many(0, self._labels)
         self._bytes -= dead * SERIES_OVERHEAD_BYTES
 
     def stats(self) -> HeadStats:

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head
+from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head, find_sorted
 from kernel_insight.collector.ingest_wal import IngestWal, WalCorrupt
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
@@ -990,8 +990,7 @@ class Store(ABC):
                 seen = self._series_seen
                 known = self._seen_by_day.get(first)
                 if known is not None and len(known):
-                    at = np.minimum(np.searchsorted(known, fps[used]), len(known) - 1)
-                    used = used[known[at] != fps[used]]
+                    used = used[find_sorted(known, fps[used]) < 0]
                 rows = [
                     (i, first)
                     for i, fp in zip(used.tolist(), fps[used].tolist(), strict=True)

@@ -35,7 +35,9 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=250, help="node_exporter targets (828 series each)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds of known series after the first")
     ap.add_argument("--group", type=int, default=20, help="requests per group commit")
-    ap.add_argument("--churn", type=float, default=0.0, help="percent of targets replaced before each known round")
+    ap.add_argument(
+        "--churn", type=float, default=0.0, help="percent of targets replaced before each known round"
+    )
     ap.add_argument("--profile", choices=["new", "known"], default=None, help="cProfile that round kind")
     args = ap.parse_args()
 
@@ -64,7 +66,9 @@ def main() -> None:
                 prof.enable()
             for g in range(0, len(bodies), args.group):
                 group = [
-                    store.prepare(f"rw:{uuid.uuid4().hex}", samples=parse_remote_write(b, cache=cache), record=False)
+                    store.prepare(
+                        f"rw:{uuid.uuid4().hex}", samples=parse_remote_write(b, cache=cache), record=False
+                    )
                     for b in bodies[g : g + args.group]
                 ]
                 store.insert_prepared(group, f"bench:{uuid.uuid4().hex}")
@@ -73,7 +77,9 @@ def main() -> None:
                 prof.disable()
             us = 1e6 * (_cpu() - c0) / (len(bodies) * per_target)
             figures[kind].append(us)
-            print(f"round {r} ({kind}{f', {replaced} targets replaced' if replaced else ''}): {us:.2f} us/sample")
+            print(
+                f"round {r} ({kind}{f', {replaced} targets replaced' if replaced else ''}): {us:.2f} us/sample"
+            )
         store.close()
     known = sorted(figures["known"])[len(figures["known"]) // 2] if figures["known"] else 0.0
     new = figures["new"][0]

@@ -107,7 +107,9 @@ _NAMES = st.one_of(
     st.text(max_size=30),  # unicode, empty, invalid classic names
     st.text(alphabet="abcXYZ_:09", min_size=0, max_size=30),
 )
-_VALUES = st.one_of(st.just(""), st.text(max_size=50), st.sampled_from(["up", "node_cpu:rate", "9bad", "a-b"]))
+_VALUES = st.one_of(
+    st.just(""), st.text(max_size=50), st.sampled_from(["up", "node_cpu:rate", "9bad", "a-b"])
+)
 
 
 @settings(max_examples=600, deadline=None)
@@ -155,7 +157,9 @@ def test_fingerprints_across_blake2b_block_boundaries(size: int) -> None:
     c = _c(raw, SeriesLimits(0, 0, 0, True))
     assert c is not None
     assert c[1] == series_fingerprint(labels)
-    h = hashlib.blake2b(b"".join(k.encode() + b"\xff" + v.encode() + b"\xfe" for k, v in labels), digest_size=8)
+    h = hashlib.blake2b(
+        b"".join(k.encode() + b"\xff" + v.encode() + b"\xfe" for k, v in labels), digest_size=8
+    )
     assert c[1] == int.from_bytes(h.digest(), "little")
 
 
@@ -163,7 +167,8 @@ def test_label_bytes_of_exotic_text_and_bad_utf8() -> None:
     ok = [("__name__", "up"), ("x", "\U0001f600 \u00e9\u4e2d \u0000"), ("e", "")]
     c = _c(_label_bytes(ok), SeriesLimits())
     assert c == _python(_label_bytes(ok), SeriesLimits())
-    assert c is not None and c[0] == (("__name__", "up"), ("x", "\U0001f600 \u00e9\u4e2d \u0000"))
+    assert c is not None
+    assert c[0] == (("__name__", "up"), ("x", "\U0001f600 \u00e9\u4e2d \u0000"))
     for bad in (b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82"):
         raw = _enc_len(1, _enc_len(1, b"__name__") + _enc_len(2, b"up")) + _enc_len(
             1, _enc_len(1, b"x") + _enc_len(2, bad)
@@ -207,7 +212,10 @@ def test_repeated_label_name_is_refused_with_its_name() -> None:
 def test_a_request_of_new_series_stores_the_python_fingerprints() -> None:
     rng = np.random.default_rng(3)
     series = [
-        ({"__name__": f"m{i % 7}", "instance": f"h{i}", "v": "é" * int(rng.integers(0, 5))}, [(1_000 + i, float(i))])
+        (
+            {"__name__": f"m{i % 7}", "instance": f"h{i}", "v": "é" * int(rng.integers(0, 5))},
+            [(1_000 + i, float(i))],
+        )
         for i in range(300)
     ]
     batch = decode_write_request(encode_write_request(series, compress=False), cache=SeriesCache())
