@@ -275,12 +275,14 @@ class _FpIndex:
     def add_many(self, fps: Sequence[int], sids: Iterable[int]) -> None:
         self.pending.update(zip(fps, sids, strict=True))
         if len(self.pending) > max(4096, len(self.fps) // 8):
-            fps = np.concatenate([self.fps, np.fromiter(self.pending.keys(), np.uint64, len(self.pending))])
-            sids = np.concatenate(
+            all_fps = np.concatenate(
+                [self.fps, np.fromiter(self.pending.keys(), np.uint64, len(self.pending))]
+            )
+            all_sids = np.concatenate(
                 [self.sids, np.fromiter(self.pending.values(), np.int32, len(self.pending))]
             )
-            order = np.argsort(fps, kind="stable")
-            self.fps, self.sids, self.pending = fps[order], sids[order], {}
+            order = np.argsort(all_fps, kind="stable")
+            self.fps, self.sids, self.pending = all_fps[order], all_sids[order], {}
 
 
 class _Postings:

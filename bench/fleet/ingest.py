@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import tempfile
 import time
@@ -28,6 +29,22 @@ from kernel_insight.collector.store import open_store
 
 def _cpu() -> float:
     return time.process_time()
+
+
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds of this process' threads by name (chDB names its pools: ThreadPool, MergeMutate...)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def main() -> None:
@@ -60,7 +77,7 @@ def main() -> None:
             bodies = [targets.body(t, ts + 10_000 * r) for t in range(args.targets)]
             kind = "new" if r == 0 else "known"
             profiling = prof is not None and args.profile == kind
-            c0 = _cpu()
+            c0, t0 = _cpu(), _threads_cpu()
             if profiling:
                 assert prof is not None
                 prof.enable()
@@ -75,10 +92,15 @@ def main() -> None:
             if profiling:
                 assert prof is not None
                 prof.disable()
-            us = 1e6 * (_cpu() - c0) / (len(bodies) * per_target)
+            n = len(bodies) * per_target
+            us = 1e6 * (_cpu() - c0) / n
             figures[kind].append(us)
+            t1 = _threads_cpu()
+            split = sorted(((t1[k] - t0.get(k, 0.0), k) for k in t1), reverse=True)
+            shown = ", ".join(f"{k} {1e6 * v / n:.2f}" for v, k in split[:4] if v > 0)
             print(
-                f"round {r} ({kind}{f', {replaced} targets replaced' if replaced else ''}): {us:.2f} us/sample"
+                f"round {r} ({kind}{f', {replaced} targets replaced' if replaced else ''}): "
+                f"{us:.2f} us/sample ({shown})"
             )
         store.close()
     known = sorted(figures["known"])[len(figures["known"]) // 2] if figures["known"] else 0.0

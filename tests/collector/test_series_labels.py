@@ -151,8 +151,8 @@ def test_mutated_label_bytes_never_crash_and_never_disagree(
 def test_fingerprints_across_blake2b_block_boundaries(size: int) -> None:
     # The message is name 0xFF value 0xFE per label: values sized so it ends on, before and
     # after 128-byte block boundaries, and past the C parse's 4 KB scratch buffer.
-    labels = (("__name__", "m"), ("v", "ü" * (size // 2) + "x" * (size % 2)))
-    labels = tuple((k, v) for k, v in labels if v)
+    given = (("__name__", "m"), ("v", "ü" * (size // 2) + "x" * (size % 2)))
+    labels = tuple((k, v) for k, v in given if v)
     raw = _label_bytes(list(labels))
     c = _c(raw, SeriesLimits(0, 0, 0, True))
     assert c is not None
