@@ -64,8 +64,11 @@ class HeadStorage:
         raise NotImplementedError
 
 
-def fill_head(targets: int, rounds: int, interval_s: float, end_ms: int) -> Head:
-    """A head holding ``rounds`` scrapes of ``targets`` targets, the last at ``end_ms``."""
+def fill_head(
+    targets: int, rounds: int, interval_s: float, end_ms: int, group_targets: int = GROUP_TARGETS
+) -> Head:
+    """A head holding ``rounds`` scrapes of ``targets`` targets, the last at ``end_ms``, written
+    ``group_targets`` targets at a time (0: a whole round a write)."""
     page = node_exporter_page()
     ts = TargetSet(page, 0, targets)
     per = len(page.labels)
@@ -77,7 +80,7 @@ def fill_head(targets: int, rounds: int, interval_s: float, end_ms: int) -> Head
     idx = np.arange(len(series), dtype=np.int32)
     head = Head(window_ms=10 * 3600_000, max_bytes=1 << 34)
     # As the collector's batcher commits them: about 20 targets' requests a write.
-    step = GROUP_TARGETS * per
+    step = (group_targets or targets) * per
     for r in range(rounds):
         at = end_ms - (rounds - 1 - r) * int(interval_s * 1000)
         ts.advance(interval_s)
@@ -95,12 +98,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=31, help="scrapes held (default: 5 minutes at 10 s)")
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--group-targets", type=int, default=GROUP_TARGETS, help="targets a write carries (0: a whole round)"
+    )
     ap.add_argument("--profile", default="", help="write a cProfile of one more round here")
     ap.add_argument("--only", default="", help="comma-separated indices of expressions to run")
     args = ap.parse_args()
     end_ms = 1_800_000_000_000
     began = time.perf_counter()
-    head = fill_head(args.targets, args.rounds, args.interval, end_ms)
+    head = fill_head(args.targets, args.rounds, args.interval, end_ms, args.group_targets)
     print(
         f"filled {head.stats().series} series x {args.rounds} rounds in {time.perf_counter() - began:.1f} s"
     )
