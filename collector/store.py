@@ -1329,8 +1329,13 @@ class Store(ABC):
         tables: dict[str, pa.Table] = {}
         for name in _GROUP_ORDER:
             parts = [p.tables[name] for p in group if name in p.tables]
-            if parts and name not in done:
-                tables[name] = _concat(parts)
+            if not parts or name in done:
+                continue
+            # The rows insert_prepared is about to write, so a replay's insert is the same block
+            # under the same token (series: the pairs not written before, as it chooses them).
+            data = self._new_series(parts, group)[0] if name == "series" else _concat(parts)
+            if data is not None:
+                tables[name] = data
         tables["batches"] = _batches_rows(recorded)
         try:
             return wal.write(token, tables)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pyarrow as pa
 import pytest
 from support.collector import start_collector, stop_collector
 from support.wire_corpus import kernel_stream
@@ -120,20 +121,22 @@ def test_a_group_cut_short_is_replayed_once_at_open_and_its_retries_are_duplicat
         path = store.log_group(group, "group:cut", set())
         assert path is not None
         assert path.exists()
-        store.insert_table("samples", group[0].tables["samples"], dedup_token="group:cut:samples")  # partial
+        # The group's samples landed (as insert_prepared writes them: both batches' chunks, its token).
+        landed = pa.concat_tables([g.tables["samples"] for g in group])
+        store.insert_table("samples", landed, dedup_token="group:cut:samples")
         store.insert_table("samples", group[1].tables["samples"], dedup_token="other")  # not the group's
-        assert _counts(store) == {"s": 10, "k": 0, "b": 0}
+        assert _counts(store) == {"s": 15, "k": 0, "b": 0}
     with EmbeddedStore(tmp_path / "d", cache_bytes=0, ingest_wal=wal_dir) as store:
         assert not path.exists()
-        # The group's samples went in whole (the 5 rows above under another token are apart).
-        assert _counts(store) == {"s": 20, "k": 10, "b": 2}
+        # The landed samples were dropped by their token, the spans and the batch ids stored.
+        assert _counts(store) == {"s": 15, "k": 10, "b": 2}
         batcher = Batcher(store, max_delay_s=0.01)
         batcher.start()
         answers = [batcher.submit(_rows(store, i)).answer() for i in (1, 2)]  # the agents' retries
         assert [a.result(timeout=30) for a in answers] == [False, False]
         batcher.shutdown()
         assert batcher.stats.duplicates == 2
-        assert _counts(store) == {"s": 20, "k": 10, "b": 2}
+        assert _counts(store) == {"s": 15, "k": 10, "b": 2}
 
 
 def test_a_written_group_leaves_no_file_and_remote_write_writes_none(tmp_path):
