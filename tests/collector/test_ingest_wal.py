@@ -28,7 +28,12 @@ from kernel_insight.collector.batcher import Batcher
 from kernel_insight.collector.ingest_wal import IngestWal
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import TEST_KILL_AFTER_TABLE_ENV, EmbeddedStore, StorageUnavailable
+from kernel_insight.collector.store import (
+    TEST_KILL_AFTER_TABLE_ENV,
+    EmbeddedStore,
+    StorageError,
+    StorageUnavailable,
+)
 
 SPANS_PER_BATCH = 200
 KERNEL_NAMES = {(1, k): f"kernel_{k}" for k in range(1, 6)}
@@ -255,3 +260,24 @@ def test_a_write_ahead_directory_that_cannot_be_made_stops_the_start_naming_the_
     assert done.returncode == 2, done.stderr
     assert "/proc/ki-ingest-wal" in done.stderr
     assert "--ingest-wal DIR" in done.stderr
+
+
+def test_a_split_group_logs_its_parts_and_leaves_no_file(tmp_path, monkeypatch):
+    """One batch refused by the engine: the group's parts are written one by one, each with a
+    file of its own written before the group's is removed; when all is done no file is left."""
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0, ingest_wal=tmp_path / "wal") as store:
+        real = store._insert
+
+        def refusing(name, data, token):  # the engine refusing batch 1's samples (and so the group's)
+            if name == "samples" and (token.startswith("group:") or token.startswith("agent:1:")):
+                raise StorageError("refused")
+            return real(name, data, token)
+
+        monkeypatch.setattr(store, "_insert", refusing)
+        batcher = Batcher(store, max_delay_s=10)
+        tickets = [batcher.submit(_rows(store, i)) for i in range(3)]
+        batcher.shutdown()  # never started: shutdown writes what is queued
+        assert [t.outcome is True for t in tickets] == [True, False, True]
+        assert batcher.stats.wal_files == 4  # the group's, then one per part
+        assert _counts(store) == {"s": 10, "k": 10, "b": 2}
+    assert list((tmp_path / "wal").iterdir()) == []
