@@ -230,14 +230,18 @@ def test_revoked_agent_stops_sending_with_a_clear_error(env):
 
 
 def read_dead_letters(path):
-    """Entries of a dead-letter file (docs/agent.md): (status, unix ns, frame)."""
-    data = path.read_bytes()
+    """The whole entries of a dead-letter file (docs/agent.md): (status, unix ns, frame). The agent
+    creates the file, then writes an entry's head and its frame: a reader may see the file before
+    the entry is whole, so an incomplete tail is not returned (nor is a missing file)."""
+    data = path.read_bytes() if path.exists() else b""
     out, pos = [], 0
-    while pos < len(data):
+    while pos + 24 <= len(data):
         assert data[pos : pos + 4] == b"KIDL"
         status = int.from_bytes(data[pos + 4 : pos + 6], "little")
         ns = int.from_bytes(data[pos + 8 : pos + 16], "little")
         n = int.from_bytes(data[pos + 16 : pos + 20], "little")
+        if pos + 24 + n > len(data):
+            break
         out.append((status, ns, data[pos + 24 : pos + 24 + n]))
         pos += 24 + n
     return out
@@ -252,7 +256,7 @@ def test_other_4xx_goes_to_the_dead_letter_file_and_the_agent_goes_on(env):
     second = write(env, random_records(np.random.default_rng(7), 5))
     wait_records(env, second["pos"].tolist())
     assert not set(first["pos"].tolist()) & shipped(env).keys()
-    wait_for(lambda: (env.spool / "dead-letter").exists(), what="the dead-letter file")
+    wait_for(lambda: read_dead_letters(env.spool / "dead-letter"), what="an entry in the dead-letter file")
     third = write(env, random_records(np.random.default_rng(8), 1))  # sealed after the refusal: counts it
     wait_records(env, third["pos"].tolist())
     counters = env.receiver.got.last_counters()
@@ -285,7 +289,7 @@ def test_a_permanently_refused_batch_inside_a_backlog_is_dead_lettered_alone(env
     agent = env.start("--batch-records", "64")
     expected = write(env, random_records(np.random.default_rng(9), 64 * 8))
     wait_for(lambda: len(env.receiver.got.batches) >= 7, what="the backlog")
-    wait_for(lambda: (env.spool / "dead-letter").exists(), what="the dead-letter file")
+    wait_for(lambda: read_dead_letters(env.spool / "dead-letter"), what="an entry in the dead-letter file")
     assert max(env.receiver.got.frames_per_request) > 1
     assert refused == [2]
     got = shipped(env).keys()
