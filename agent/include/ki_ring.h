@@ -613,9 +613,14 @@ static inline int ki_ring_reserve(struct ki_ring *r, unsigned n, uint64_t *pos_o
     for (;;) {
         int64_t dif = (int64_t)(KI_LOAD_ACQ(&slots[pos & mask].seq) - pos);
         if (dif == 0) {
-            /* The free slots in a row (the consumer frees slots in ring order). */
-            unsigned k = 1;
-            while (k < n && KI_LOAD_ACQ(&slots[(pos + k) & mask].seq) == pos + k) k++;
+            /* The free slots in a row. The consumer frees slots in ring order (its release store
+             * of each after the ones before), so when the last of the n is free, all n are: one
+             * acquire load in the usual case, a count slot by slot only near a full ring. */
+            unsigned k = n;
+            if (n > 1 && KI_LOAD_ACQ(&slots[(pos + n - 1) & mask].seq) != pos + n - 1) {
+                k = 1;
+                while (k < n && KI_LOAD_ACQ(&slots[(pos + k) & mask].seq) == pos + k) k++;
+            }
             if (__atomic_compare_exchange_n(&r->hdr->head, &pos, pos + k, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
                 *pos_out = pos;
                 return (int)k;
