@@ -12,15 +12,30 @@ import contextlib
 import ctypes
 import importlib.abc
 import importlib.machinery
+import os
 import re
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["drop_library_pages", "dropping_library_pages", "modules_unimportable"]
+__all__ = [
+    "MALLOC_ARENAS",
+    "drop_library_pages",
+    "dropping_library_pages",
+    "limit_malloc_arenas",
+    "modules_unimportable",
+]
 
 _MADV_DONTNEED = 4
+#: glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
+_M_ARENA_MAX = -8
+#: Arenas a long-running server keeps (``ki collector``): glibc gives each thread that allocates
+#: while another holds an arena a new one, up to 8 per core, and each keeps what was freed in it.
+#: The collector's query, ingest and flush threads free large arrays in turn, so most of those
+#: arenas held memory no thread used (bench/results/fleet.md, "malloc arenas"). Python's own
+#: small-object allocator is unaffected.
+MALLOC_ARENAS = 2
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ")
 
 
@@ -69,6 +84,22 @@ def drop_library_pages(name_part: str, smaps: Path = Path("/proc/self/smaps")) -
             if madvise(start, end - start, _MADV_DONTNEED) != 0:
                 return 0
     return dropped
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for the threads this process starts from now on (call it before
+    starting them). Leaves a ``MALLOC_ARENA_MAX`` the user set alone; returns whether the cap was
+    set (False elsewhere than glibc)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,72 @@
+"""``ki collector`` caps glibc's malloc arenas (collector/footprint.py, ``limit_malloc_arenas``):
+threads that allocate at once share two arenas instead of one each, so memory freed by one is
+reused by the next. Checked with glibc's own account of its heaps (``malloc_info``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import ctypes, os, sys, tempfile, threading
+sys.path[:0] = [{path!r}]
+from kernel_insight.collector.footprint import limit_malloc_arenas
+if sys.argv[1] == "cap":
+    assert limit_malloc_arenas(2)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fdopen.restype = ctypes.c_void_p
+libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+start = threading.Barrier(8)
+def work():
+    start.wait()
+    for _ in range(200):
+        libc.free(libc.malloc(256 * 1024 - 64))  # below the mmap threshold: from an arena
+        libc.free(libc.malloc(4096))
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+with tempfile.TemporaryFile("w+") as f:
+    fp = libc.fdopen(os.dup(f.fileno()), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    f.seek(0)
+    print(f.read().count("<heap nr="))
+"""
+
+
+def _heaps(mode: str, env: dict[str, str] | None = None) -> int:
+    import kernel_insight.collector.footprint as footprint
+
+    path = footprint.__file__.rsplit("/kernel_insight/", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(path=path), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_info: Linux only"
+)
+def test_capped_threads_share_two_arenas() -> None:
+    assert _heaps("cap") <= 2
+    assert (
+        _heaps("free") > 2
+    )  # without the cap the same threads spread over more (the main arena's and theirs)
+
+
+def test_a_users_malloc_arena_max_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_insight.collector.footprint import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False
