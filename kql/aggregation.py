@@ -314,17 +314,35 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
 
 
 @aggregator("sum", histograms="sum")
-@aggregator("avg", histograms="mean")
-@aggregator("stddev", histograms="ignored")
-@aggregator("stdvar", histograms="ignored")
 @_grouped
-def _moments(
+def _sum(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+    """Sum of each group (Kahan-Neumaier compensated)."""
+    return _sum_avg(vec, gid, n, mean=False)[0]
+
+
+@aggregator("avg", histograms="mean")
+@_grouped
+def _avg(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+    """Mean of each group (Kahan-Neumaier compensated, incremental past an overflow)."""
+    return _sum_avg(vec, gid, n, mean=True)[0]
+
+
+@aggregator("stddev", histograms="ignored")
+@_grouped
+def _stddev(
     ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
-    """Sum or mean (Kahan-Neumaier compensated), population standard deviation or variance of each group."""
-    if node.op in ("sum", "avg"):
-        return _sum_avg(vec, gid, n, mean=node.op == "avg")[0]
-    return _variance(vec, gid, n, node.op == "stddev")
+    """Population standard deviation of each group."""
+    return _variance(vec, gid, n, sqrt=True)
+
+
+@aggregator("stdvar", histograms="ignored")
+@_grouped
+def _stdvar(
+    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
+    """Population variance of each group."""
+    return _variance(vec, gid, n, sqrt=False)
 
 
 @aggregator("count", histograms="presence")
@@ -345,17 +363,24 @@ def _group(
     return np.ones((n, vec.values.shape[1]))
 
 
-@aggregator("min", histograms="ignored")
-@aggregator("max", histograms="ignored")
-@_grouped
-def _min_or_max(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
-) -> F64:
-    """Smallest or largest value of each group (NaN only when all are NaN)."""
+def _extreme(vec: StepVector, gid: npt.NDArray[np.intp], n: int, ufunc: np.ufunc) -> F64:
     acc = np.full((n, vec.values.shape[1]), np.nan)
-    ufunc = np.fmin if node.op == "min" else np.fmax
     ufunc.at(acc, gid, np.where(vec.present, vec.values, np.nan))
     return acc
+
+
+@aggregator("min", histograms="ignored")
+@_grouped
+def _min(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+    """Smallest value of each group (NaN only when all are NaN)."""
+    return _extreme(vec, gid, n, np.fmin)
+
+
+@aggregator("max", histograms="ignored")
+@_grouped
+def _max(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+    """Largest value of each group (NaN only when all are NaN)."""
+    return _extreme(vec, gid, n, np.fmax)
 
 
 @aggregator("quantile", ValueType.SCALAR, histograms="ignored")

@@ -11,7 +11,9 @@ import numpy.typing as npt
 
 from kernel_insight.kql.ast import BinaryExpr, VectorMatching
 from kernel_insight.kql.errors import KqlEvaluationError
-from kernel_insight.kql.parser import COMPARISON_OPS
+from kernel_insight.kql.operators import ARITHMETIC as ARITH
+from kernel_insight.kql.operators import COMPARISON, OPERATORS
+from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, labels_to_str
 from kernel_insight.kql.vectors import LabelsMemo, consolidate
@@ -21,22 +23,12 @@ __all__ = ["ARITHMETIC", "COMPARE", "binary_op"]
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 
+#: The float operation of each arithmetic operator and of each comparison (from the registry).
 ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
-    "+": np.add,
-    "-": np.subtract,
-    "*": np.multiply,
-    "/": np.true_divide,
-    "%": np.fmod,
-    "^": np.power,
-    "atan2": np.arctan2,
+    name: spec.floats for name, spec in OPERATORS.items() if spec.kind == ARITH and spec.floats
 }
 COMPARE: dict[str, Callable[[Any, Any], Any]] = {
-    "==": np.equal,
-    "!=": np.not_equal,
-    ">": np.greater,
-    "<": np.less,
-    ">=": np.greater_equal,
-    "<=": np.less_equal,
+    name: spec.floats for name, spec in OPERATORS.items() if spec.kind == COMPARISON and spec.floats
 }
 
 _DEFAULT_MATCHING = VectorMatching()
@@ -57,7 +49,7 @@ def binary_op(node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
         return result.astype(np.float64) if op in COMPARE else result
     if l_vec and r_vec:
         matching = node.matching or _DEFAULT_MATCHING
-        if op in ("and", "or", "unless"):
+        if op in SET_OPS:
             return _set_op(op, lhs, rhs, matching)
         return _vector_vector(node, lhs, rhs, matching)
     if l_vec:

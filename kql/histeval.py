@@ -29,7 +29,8 @@ from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.nativehist import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
 from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
-from kernel_insight.kql.parser import TRIM_OPS
+from kernel_insight.kql.operators import OPERATORS
+from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS, TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
@@ -311,15 +312,6 @@ def quantile_nan(x: float) -> bool:
 
 # ------------------------------------------------------------------------------ binary operators
 
-_CMP_FLOAT: dict[str, Callable[[float, float], bool]] = {
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    ">": lambda a, b: a > b,
-    "<": lambda a, b: a < b,
-    ">=": lambda a, b: a >= b,
-    "<=": lambda a, b: a <= b,
-}
-
 
 def fdiv(a: float, b: float) -> float:
     """Go's float division: x/0 is ±Inf, 0/0 and NaN/0 are NaN."""
@@ -347,8 +339,9 @@ def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> Ele
     Raises :class:`Incompatible` for exponential and custom-bucket histograms added or subtracted.
     """
     if lh is None and rh is None:
-        if op in _CMP_FLOAT:
-            return ElemResult(lf, None, _CMP_FLOAT[op](lf, rf))
+        compare = OPERATORS[op].compare
+        if compare is not None:
+            return ElemResult(lf, None, compare(lf, rf))
         if op in TRIM_OPS:
             return ElemResult(0.0, None, False, info=incompatible_types("float", op, "float"))
         return ElemResult(_arith(op, lf, rf), None, True)
@@ -457,7 +450,7 @@ def vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: boo
     columns = None if node.return_bool else sparse_times_scalar(vec, op, scalar, swapped)
     if columns is not None:
         return columns
-    comparison = op in _CMP_FLOAT
+    comparison = op in COMPARISON_OPS
     changes_schema = not comparison and op not in TRIM_OPS
     out = _Builder(vec.values.shape[1])
     hists = vec.hists
@@ -498,8 +491,7 @@ def sparse_times_scalar(vec: StepVector, op: str, scalar: F64, swapped: bool) ->
         or vec.hist_objs is not None
         or vec.dense is not None
         or vec.present.any()
-        or op not in ("*", "/")
-        or (op == "/" and swapped)
+        or not (op == "*" or (op == "/" and not swapped))
     ):
         return None
     data = cells.data
@@ -599,7 +591,7 @@ def vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, matching
     from kernel_insight.kql.values import labels_to_str
 
     op = node.op
-    comparison = op in _CMP_FLOAT
+    comparison = op in COMPARISON_OPS
     keeps_name = (comparison or op in TRIM_OPS) and not node.return_bool
     swapped = matching.card == "one-to-many"
     many, one = (rhs, lhs) if swapped else (lhs, rhs)
@@ -690,7 +682,7 @@ def binary(ev: Any, node: Any, lhs: Any, rhs: Any) -> Any:
     l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
     if l_vec and r_vec:
         matching = node.matching or VectorMatching()
-        if node.op in ("and", "or", "unless"):
+        if node.op in SET_OPS:
             return set_op(node.op, lhs, rhs, matching)
         return vector_vector(ev, node, lhs, rhs, matching)
     if l_vec:

@@ -47,10 +47,10 @@ from kernel_insight.kql.lexical import (
     parse_number,
     unquote,
 )
+from kernel_insight.kql.operators import COMPARISON, SET, TRIM, names_of_kind
 from kernel_insight.kql.storage import Matcher
 
 __all__ = [
-    "DURATION_FUNCTIONS",
     "MAX_AT_MS",
     "MAX_DEPTH",
     "MAX_QUERY_LENGTH",
@@ -71,14 +71,11 @@ MAX_QUERY_LENGTH = 128 * 1024
 #: years): any offset and range subtracted from it still fits the engine's int64 arithmetic.
 MAX_AT_MS = 2**62
 
-#: Functions allowed inside duration expressions (ranges, subquery steps, offsets), with arity.
-DURATION_FUNCTIONS = {"step": 0, "range": 0, "min_of": 2, "max_of": 2}
-
-COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+COMPARISON_OPS = names_of_kind(COMPARISON)
 #: Native-histogram trim operators (Prometheus 3): ``h </ x`` keeps the observations below ``x``,
 #: ``h >/ x`` those above; like a comparison they keep the metric name, but they take no ``bool``.
-TRIM_OPS = frozenset({"</", ">/"})
-SET_OPS = frozenset({"and", "or", "unless"})
+TRIM_OPS = names_of_kind(TRIM)
+SET_OPS = names_of_kind(SET)
 
 _TOKEN_NAMES = {
     "$END": "end of input",
@@ -409,16 +406,19 @@ class _ToAst(Transformer[Token, Expr]):
         return Call(name, tuple(args or ()), pos=_pos(meta))
 
     def dur_call(self, meta: Any, children: list[Any]) -> Call:
+        from kernel_insight.kql.functions import FUNCTIONS  # local: the registry imports the AST
+
         name_tok, *args = children
         args = [a for a in args if a is not None]
         name = str(name_tok).lower()
-        if name not in DURATION_FUNCTIONS:
+        spec = FUNCTIONS.get(name)
+        if spec is None or not spec.in_durations:
             raise _Error(
                 f"unknown function {go_quote(str(name_tok))} in duration expression, "
                 "expected step(), range(), min_of() or max_of()",
                 _tok_pos(name_tok),
             )
-        want = DURATION_FUNCTIONS[name]
+        want = len(spec.arg_types)
         if len(args) != want:
             raise _Error(
                 f"expected {want} argument(s) in call to {go_quote(name)}, got {len(args)}", _pos(meta)
@@ -619,7 +619,7 @@ def vocabulary() -> dict[str, list[str]]:
         "call_keywords": sorted(before_parenthesis),
         "grouping": sorted(grouping),
         "aggregators": sorted(AGGREGATORS),
-        "functions": sorted({*FUNCTIONS, *DURATION_FUNCTIONS}),
+        "functions": sorted(FUNCTIONS),
     }
 
 

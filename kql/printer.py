@@ -35,38 +35,20 @@ from kernel_insight.kql.lexical import (
     is_legacy_label_name,
     is_valid_metric_name,
 )
+from kernel_insight.kql.operators import OPERATORS
 from kernel_insight.kql.storage import Matcher
 
 __all__ = ["format_expr", "format_labels", "format_matcher"]
 
-# Binding strength: higher binds tighter. Unary minus sits between `*` and `^`.
-_PRECEDENCE = {
-    "or": 1,
-    "and": 2,
-    "unless": 2,
-    "==": 3,
-    "!=": 3,
-    ">": 3,
-    "<": 3,
-    ">=": 3,
-    "<=": 3,
-    "</": 3,
-    ">/": 3,
-    "+": 4,
-    "-": 4,
-    "*": 5,
-    "/": 5,
-    "%": 5,
-    "atan2": 5,
-    "^": 7,
-}
+# Binding strength (higher binds tighter) of what is not a binary operator: unary minus sits
+# between `*` and `^` (OPERATORS holds the binary operators').
 _UNARY = 6
 _ATOM = 8
 
 
 def _precedence(node: Node) -> int:
     if isinstance(node, BinaryExpr):
-        return _PRECEDENCE[node.op]
+        return OPERATORS[node.op].precedence
     if isinstance(node, UnaryExpr):
         return _UNARY
     if isinstance(node, NumberLiteral) and _is_negative(node):
@@ -206,8 +188,8 @@ def format_expr(node: Node) -> str:
             inner = f"({inner})"
         return node.op + inner
     if isinstance(node, BinaryExpr):
-        prec = _PRECEDENCE[node.op]
-        right_assoc = node.op == "^"
+        spec = OPERATORS[node.op]
+        prec, right_assoc = spec.precedence, spec.right_assoc
         lhs = _operand(node.lhs, prec, right=False, right_assoc=right_assoc)
         rhs = _operand(node.rhs, prec, right=True, right_assoc=right_assoc)
         modifiers = _matching(node.op, node.return_bool, node.matching, rhs.startswith("("))

@@ -90,14 +90,14 @@ def _pi(ctx: CallContext, args: list[Any]) -> F64:
     return np.full(ctx.steps, np.pi)
 
 
-@function("min_of", (S, S), S)
+@function("min_of", (S, S), S, in_durations=True)
 def _min_of(ctx: CallContext, args: list[Any]) -> F64:
     """The smaller of two scalars (NaN if either is NaN); also usable in durations."""
     result: F64 = np.minimum(args[0], args[1])
     return result
 
 
-@function("max_of", (S, S), S)
+@function("max_of", (S, S), S, in_durations=True)
 def _max_of(ctx: CallContext, args: list[Any]) -> F64:
     """The larger of two scalars (NaN if either is NaN); also usable in durations."""
     result: F64 = np.maximum(args[0], args[1])

@@ -86,6 +86,7 @@ class FunctionSpec:
     smoothed: bool = False  # takes a ``smoothed`` range
     start_timestamps: bool = False  # reads its matrix selector's start timestamps (rate, increase, ...)
     sample_times: bool = False  # reads the sample times of its selector (timestamp())
+    in_durations: bool = False  # also allowed in duration expressions (ranges, steps, offsets)
     #: Its histogram behaviour (Prometheus branches to it inside the same function, as
     #: extrapolatedRate calls histogramRate), registered by :func:`histogram_behaviour`; None
     #: when ``histogram_samples`` says all there is to say.
@@ -152,6 +153,7 @@ def function(
     smoothed: bool = False,
     start_timestamps: bool = False,
     sample_times: bool = False,
+    in_durations: bool = False,
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -177,6 +179,7 @@ def function(
             smoothed=smoothed,
             start_timestamps=start_timestamps,
             sample_times=sample_times,
+            in_durations=in_durations,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

@@ -119,13 +119,13 @@ for _name, _part, _doc in (
     _calendar(_name, _part, _doc)
 
 
-@function("step", (), S)
+@function("step", (), S, in_durations=True)
 def _step(ctx: CallContext, args: list[Any]) -> F64:
     """The query's step in seconds (0 for an instant query)."""
     return np.full(ctx.steps, ctx.query_step_ms / 1000.0)
 
 
-@function("range", (), S)
+@function("range", (), S, in_durations=True)
 def _range(ctx: CallContext, args: list[Any]) -> F64:
     """The query's time range (end - start) in seconds (0 for an instant query)."""
     return np.full(ctx.steps, (ctx.query_end_ms - ctx.query_start_ms) / 1000.0)
