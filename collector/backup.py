@@ -2,8 +2,14 @@
 FREEZE``: hard links, no copy), with the agent key store and the token store, and restores of
 such a backup into an empty data directory by attaching the parts (docs/backup.md).
 
+A group of agent batches being written when the tables freeze has landed in some tables and not
+in others; the backup keeps what it has left to write as a write-ahead file
+(``ingest-wal/<file>``, collector/ingest_wal.py) that the restored store replays at its first
+open, so each batch of the group is whole there, once.
+
 A backup is a directory: ``manifest.json`` (tables, their ``CREATE`` statements, parts and
-rows), ``tables/<table>/<part>/...`` and the key and token files as they were. ``ki collector``
+rows), ``tables/<table>/<part>/...``, the key and token files as they were, and
+``ingest-wal/*.wal`` for the groups cut by the freeze. ``ki collector``
 serves one as a tar stream (``GET /api/v1/admin/backup``, scope ``admin``) that ``ki backup``
 unpacks; with no collector running ``ki backup --store DIR`` reads the directory itself.
 
@@ -29,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
 from kernel_insight.collector.sql import Params, ident
 
 __all__ = [
@@ -47,8 +54,13 @@ __all__ = [
     "write_backup",
 ]
 
-#: The layout version of a backup directory; ``restore`` refuses others.
-BACKUP_FORMAT = 1
+#: The layout version of a backup directory. 2 added ``ingest-wal/``: a version that reads
+#: only 1 refuses it rather than restore without the groups the freeze cut.
+BACKUP_FORMAT = 2
+#: The layout versions ``restore`` reads.
+READABLE_FORMATS = (1, 2)
+#: Where a backup keeps the groups the freeze cut, and where ``restore`` puts them by default.
+WAL_DIR = EMBEDDED_INGEST_WAL
 #: The file that says what a backup holds.
 MANIFEST = "manifest.json"
 #: The agent key store's and the token store's names in a backup.
@@ -85,6 +97,7 @@ class Manifest:
     database: str
     tables: list[TableBackup]
     files: list[str] = field(default_factory=list)  # key and token files beside the tables
+    ingest_wal: list[str] = field(default_factory=list)  # files under ingest-wal/: groups cut by the freeze
     created: float = 0.0
     version: str = ""
     format: int = BACKUP_FORMAT
@@ -95,23 +108,32 @@ class Manifest:
     @staticmethod
     def from_json(text: str) -> Manifest:
         raw = json.loads(text)
-        if raw.get("format") != BACKUP_FORMAT:
+        if raw.get("format") not in READABLE_FORMATS:
             raise BackupError(
-                f"backup format {raw.get('format')!r} is not {BACKUP_FORMAT}: made by another version"
+                f"backup format {raw.get('format')!r} is not one of {READABLE_FORMATS}: made by another version"
             )
         tables = [
             TableBackup(t["name"], t["create"], {str(k): int(v) for k, v in t["parts"].items()})
             for t in raw["tables"]
         ]
         files = [str(f) for f in raw.get("files", [])]
+        wal = [str(f) for f in raw.get("ingest_wal", [])]
         names = [str(raw["database"]), *(t.name for t in tables), *(p for t in tables for p in t.parts)]
-        for name in [*names, *files]:
+        for name in [*names, *files, *wal]:
             if not _SAFE.match(name) or name in (".", ".."):
                 raise BackupError(f"backup manifest names {name!r}: not a plain file name")
         for t in tables:  # statements that create the table named (the engine runs one statement a query)
             if not t.create.startswith(f"CREATE TABLE {raw['database']}.{t.name} "):
                 raise BackupError(f"backup manifest: the statement for table {t.name} does not create it")
-        return Manifest(raw["database"], tables, files, float(raw["created"]), str(raw["version"]))
+        return Manifest(
+            raw["database"],
+            tables,
+            files,
+            wal,
+            float(raw["created"]),
+            str(raw["version"]),
+            int(raw["format"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +164,8 @@ def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snap
 
     ``extra``: files stored beside the tables under the given names (the key and token stores),
     read once the tables are frozen (each is replaced whole when it changes, never edited).
+    The groups of agent batches the freeze cut are kept as what each has left to write
+    (``Store.ingest_groups_in_flight``), read while writes are held.
     """
     shadow = Path(store.path) / "shadow"
     for stale in shadow.glob(_FREEZE_PREFIX + "*"):  # a backup cut off before it cleaned up
@@ -156,8 +180,17 @@ def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snap
     tables: list[TableBackup] = []
     files: dict[str, Path] = {}
     counts: dict[str, dict[str, int]] = {}
+    wal_names: list[str] = []
     try:
         with store.writes_held():
+            if store.ingest_wal is not None:
+                from kernel_insight.collector.ingest_wal import IngestWal  # pyarrow: not for ki's help
+
+                cut = IngestWal(shadow / name / WAL_DIR)
+                for group in store.ingest_groups_in_flight():
+                    path = cut.write(group.token, group.tables)
+                    files[f"{WAL_DIR}/{path.name}"] = path
+                    wal_names.append(path.name)
             for row in rows:
                 table = str(row["name"])
                 store.command(f"ALTER TABLE {ident(store.database)}.{ident(table)} FREEZE WITH NAME '{name}'")
@@ -191,6 +224,7 @@ def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snap
             store.database,
             tables,
             sorted(k for k, v in extras.items() if v.exists()),
+            sorted(wal_names),
             time.time(),
             _version(),
         )
@@ -249,18 +283,31 @@ def read_manifest(src: Path) -> Manifest:
         raise BackupError(f"{src / MANIFEST} is not a backup manifest: {exc}") from exc
 
 
-def restore(src: Path, data_dir: Path, *, files_to: Mapping[str, Path] | None = None) -> Manifest:
+def restore(
+    src: Path,
+    data_dir: Path,
+    *,
+    files_to: Mapping[str, Path] | None = None,
+    ingest_wal: Path | None = None,
+) -> Manifest:
     """Restore the backup at ``src`` into ``data_dir`` (created; must be empty): the tables are
     created as they were and their parts attached, then each table's rows are counted against
     the manifest. ``files_to`` says where each of the backup's files (keys, tokens) goes; those
-    not named are left in the backup. The store opens as usual afterwards (missing tables and
-    columns of a newer version are added then)."""
+    not named are left in the backup. The groups the backup's freeze cut go to ``ingest_wal``
+    (default ``ingest-wal`` in ``data_dir``, where ``ki collector`` looks), which must hold no
+    file: the collector's first start replays them. The store opens as usual afterwards
+    (missing tables and columns of a newer version are added then)."""
     from chdb import session as chdb_session
 
     manifest = read_manifest(src)
     for target in (files_to or {}).values():
         if target.exists():
             raise BackupError(f"{target} exists: restore writes keys and tokens only where there are none")
+    wal_to = ingest_wal if ingest_wal is not None else data_dir / WAL_DIR
+    if manifest.ingest_wal and wal_to.is_dir() and any(wal_to.iterdir()):
+        raise BackupError(
+            f"{wal_to} holds files: restore writes the groups the backup cut only into an empty one"
+        )
     _empty_dir(data_dir, "data directory")
     data_dir.chmod(0o700)
     session_cls: Any = chdb_session.Session  # chDB ships no types
@@ -294,6 +341,10 @@ def restore(src: Path, data_dir: Path, *, files_to: Mapping[str, Path] | None = 
         if name in manifest.files:
             target.parent.mkdir(parents=True, exist_ok=True)
             _write_private(target, (src / name).read_text())
+    if manifest.ingest_wal:
+        wal_to.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name in manifest.ingest_wal:
+            shutil.copyfile(src / WAL_DIR / name, wal_to / name)
     return manifest
 
 

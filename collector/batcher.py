@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernel_insight.collector.defaults import BATCHER_SHUTDOWN_S
 from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = ["Batcher", "BatcherStats", "FlushFailed", "Ticket"]
@@ -211,7 +212,7 @@ class Batcher:
         quiet_s: float = 0.005,
         retry_min_s: float = 0.2,
         retry_max_s: float = 5.0,
-        shutdown_timeout_s: float = 30.0,
+        shutdown_timeout_s: float = BATCHER_SHUTDOWN_S,
     ) -> None:
         if max_delay_s < 0 or max_rows < 1 or max_queue_rows < max_rows or quiet_s < 0 or eager_rows < 1:
             raise ValueError(

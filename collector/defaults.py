@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 __all__ = [
     "BASE_MAX_BYTES",
+    "BATCHER_SHUTDOWN_S",
     "DEFAULT_STORE_STATS_INTERVAL_S",
+    "EMBEDDED_INGEST_WAL",
     "SYNC_KEEP_NS",
     "SYNC_SAMPLE_EVERY",
     "SeriesLimits",
@@ -26,6 +28,14 @@ SYNC_SAMPLE_EVERY = 100
 #: --histogram-base-mb``): at ~0.5 MB per GPU of 100 busy kernels, ~500 GPUs' worth, more than one
 #: collector core ingests (docs/scaling.md); without a bound a collector's memory grew with its fleet.
 BASE_MAX_BYTES = 256 << 20
+#: How long a stopping collector keeps writing what it has accepted (retrying an unavailable
+#: store) before it gives up and leaves the groups to its write-ahead files. Every shipped way
+#: to run it (systemd's TimeoutStopSec, Kubernetes' terminationGracePeriodSeconds, compose's
+#: stop_grace_period) waits longer than this before SIGKILL: tests/deploy checks each.
+BATCHER_SHUTDOWN_S = 30.0
+#: The ingest write-ahead files' directory inside an embedded store's data directory (the default
+#: of ``ki collector --ingest-wal``; where ``ki restore`` puts the groups a backup cut).
+EMBEDDED_INGEST_WAL = "ingest-wal"
 #: How often the parts, rows and bytes per table are read from ``system.parts``.
 DEFAULT_STORE_STATS_INTERVAL_S = 30.0
 

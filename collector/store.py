@@ -35,7 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head, find_sorted
-from kernel_insight.collector.ingest_wal import IngestWal, WalCorrupt
+from kernel_insight.collector.ingest_wal import IngestWal, WalCorrupt, WalGroup
 from kernel_insight.collector.rows import (
     MAX_TS_MS,
     MIN_TS_MS,
@@ -443,6 +443,11 @@ class Store(ABC):
         #: Write-ahead files of ingest groups (collector/ingest_wal.py), once ``open_ingest_wal``
         #: replayed what an earlier process left; None: groups are written without them.
         self.ingest_wal: IngestWal | None = None
+        #: The done set of each group whose write-ahead file is on disk (``log_group`` ..
+        #: ``unlog_group``), read by backups; ``_group_step`` is held over a table's insert and
+        #: its entry in that set.
+        self._groups_logged: dict[Path, set[str]] = {}
+        self._group_step = threading.Lock()
 
     # ---- back-end primitives -------------------------------------------------------
 
@@ -1264,37 +1269,43 @@ class Store(ABC):
         for name in _GROUP_ORDER:
             if name in done:
                 continue
-            parts = [p.tables[name] for p in group if name in p.tables]
-            if not parts:
+            # A table's insert and its place in ``done`` at once: a backup (``writes_held``) reads
+            # what a group has left to write (``ingest_groups_in_flight``) between the two never.
+            with self._group_step:
+                parts = [p.tables[name] for p in group if name in p.tables]
+                if not parts:
+                    done.add(name)
+                    continue
+                if name == "series":
+                    data, keys = self._new_series(parts, group)
+                    if data is not None:
+                        self._write("series", data, f"{token}:series")
+                    self._mark_series(keys)
+                elif name == "samples":
+                    try:
+                        self._write("samples", _concat(parts), f"{token}:samples")
+                    finally:
+                        if self.sample_cache is not None:  # after the write (or its failure), never before
+                            for p in group:
+                                if p.ts_ms is not None and p.metric_codes is not None:
+                                    self.sample_cache.invalidate_samples(
+                                        p.metric_names, p.metric_codes, p.ts_ms
+                                    )
+                    for p in group:  # after the write committed: what the head holds is acknowledged
+                        if p.samples is not None and "samples" in p.tables:
+                            self._to_head(p.samples, p.tables["samples"])
+                else:
+                    if name == "histograms":  # before the write: a reader must not miss rows that landed
+                        self._histogram_metrics.note([m for p in group for m in p.histogram_metrics])
+                    self._write(name, _concat(parts), f"{token}:{name}")
                 done.add(name)
-                continue
-            if name == "series":
-                data, keys = self._new_series(parts, group)
-                if data is not None:
-                    self._write("series", data, f"{token}:series")
-                self._mark_series(keys)
-            elif name == "samples":
-                try:
-                    self._write("samples", _concat(parts), f"{token}:samples")
-                finally:
-                    if self.sample_cache is not None:  # after the write (or its failure), never before
-                        for p in group:
-                            if p.ts_ms is not None and p.metric_codes is not None:
-                                self.sample_cache.invalidate_samples(p.metric_names, p.metric_codes, p.ts_ms)
-                for p in group:  # after the write committed: what the head holds is acknowledged
-                    if p.samples is not None and "samples" in p.tables:
-                        self._to_head(p.samples, p.tables["samples"])
-            else:
-                if name == "histograms":  # before the write: a reader must not miss rows that landed
-                    self._histogram_metrics.note([m for p in group for m in p.histogram_metrics])
-                self._write(name, _concat(parts), f"{token}:{name}")
-            done.add(name)
             if name == _TEST_KILL_AFTER_TABLE and sum(p.record for p in group) > 1:
                 os.kill(os.getpid(), signal.SIGKILL)
         recorded = [p for p in group if p.record]
-        if "batches" not in done and recorded:
-            self._write("batches", _batches_rows(recorded), f"{token}:batches")
-        done.add("batches")
+        with self._group_step:
+            if "batches" not in done and recorded:
+                self._write("batches", _batches_rows(recorded), f"{token}:batches")
+            done.add("batches")
 
     # ---- the ingest write-ahead files (collector/ingest_wal.py) ------------------------
 
@@ -1338,14 +1349,37 @@ class Store(ABC):
                 tables[name] = data
         tables["batches"] = _batches_rows(recorded)
         try:
-            return wal.write(token, tables)
+            path = wal.write(token, tables)
         except OSError as exc:
             raise StorageUnavailable(f"cannot write the ingest write-ahead file in {wal.dir}: {exc}") from exc
+        with self._group_step:
+            self._groups_logged[path] = done
+        return path
 
     def unlog_group(self, path: Path | None) -> None:
         """Remove a group's write-ahead file (``log_group``) once its ``batches`` rows landed."""
         if path is not None and self.ingest_wal is not None:
+            with self._group_step:
+                self._groups_logged.pop(path, None)
             self.ingest_wal.remove(path)
+
+    def ingest_groups_in_flight(self) -> list[WalGroup]:
+        """Each group with a write-ahead file, as what it has left to write: its token and the
+        tables not yet landed (``batches`` last). Call it with writes held (``writes_held``): a
+        backup keeps these beside the tables it froze, and a store restored from it replays them
+        at open, so the group lands whole there too (collector/backup.py)."""
+        groups: list[WalGroup] = []
+        for path, done in list(self._groups_logged.items()):
+            try:
+                group = IngestWal.read(path)
+            except (OSError, WalCorrupt) as exc:
+                raise StorageError(
+                    f"cannot read the ingest write-ahead file {path} for a backup: {exc}"
+                ) from exc
+            left = {name: table for name, table in group.tables.items() if name not in done}
+            if left:
+                groups.append(WalGroup(path, group.token, left))
+        return groups
 
     def replay_ingest_wal(self, wal: IngestWal) -> int:
         """Store each group left in ``wal`` with its own token, ``batches`` rows last, and remove
@@ -1610,7 +1644,7 @@ class EmbeddedStore(Store):
     def writes_held(self) -> Iterator[None]:
         """No insert runs while this is held: a backup freezes every table at one moment
         (collector/backup.py)."""
-        with self._insert_lock:
+        with self._group_step, self._insert_lock:
             yield
 
     def _insert(self, name: str, data: pa.Table, token: str | None) -> None:

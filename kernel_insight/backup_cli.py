@@ -60,6 +60,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     r.add_argument("--keys", metavar="FILE", help="where the agent key store goes (must not exist)")
     r.add_argument("--tokens", metavar="FILE", help="where the token store goes (must not exist)")
+    r.add_argument(
+        "--ingest-wal",
+        metavar="DIR",
+        help="where the groups of agent batches the backup cut go, replayed by the collector's first start "
+        "(default: ingest-wal in --store, as ki collector; give the collector's --ingest-wal if it has one)",
+    )
     r.set_defaults(handler=_restore)
 
 
@@ -67,6 +73,8 @@ def _say(what: str, where: Path, m: Manifest, took_s: float) -> None:
     rows = sum(t.rows for t in m.tables)
     size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
     extra = f", {', '.join(m.files)}" if m.files else ""
+    if m.ingest_wal:
+        extra += f", {len(m.ingest_wal)} group(s) of agent batches cut by the freeze (replayed at the collector's start)"
     print(
         f"ki {what}: {len(m.tables)} tables, {rows:,} rows{extra}; {size / 1e6:,.1f} MB in {where}; {took_s:.1f} s"
     )
@@ -84,12 +92,17 @@ def _backup(args: argparse.Namespace) -> int:
             manifest = _from_collector(args.collector, _admin_token(args), dest)
         else:
             from kernel_insight.api.cli import token_store_path
+            from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
             from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
             from kernel_insight.collector.store import EmbeddedStore, StorageError
 
             files = {KEYS_FILE: Path(args.keys or DEFAULT_KEYS), TOKENS_FILE: token_store_path(args.tokens)}
+            data = Path(args.store or "./ki-data")
+            # Groups a stopped collector left in its write-ahead files are stored first, as its
+            # next start would store them: the backup then holds them whole.
+            wal = data / EMBEDDED_INGEST_WAL
             try:
-                store = EmbeddedStore(args.store or "./ki-data", cache_bytes=0)
+                store = EmbeddedStore(data, cache_bytes=0, ingest_wal=wal if wal.is_dir() else None)
             except StorageError as exc:
                 raise BackupError(f"{exc} (a running collector backs up with --collector URL)") from exc
             try:
@@ -162,7 +175,10 @@ def _restore(args: argparse.Namespace) -> int:
     files = {KEYS_FILE: args.keys, TOKENS_FILE: args.tokens}
     try:
         manifest = restore(
-            Path(args.src), Path(args.store), files_to={k: Path(v) for k, v in files.items() if v}
+            Path(args.src),
+            Path(args.store),
+            files_to={k: Path(v) for k, v in files.items() if v},
+            ingest_wal=Path(args.ingest_wal) if args.ingest_wal else None,
         )
     except (BackupError, OSError) as exc:
         print(f"ki restore: {exc}", file=sys.stderr)

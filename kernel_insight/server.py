@@ -252,11 +252,12 @@ def _health_rule(args: argparse.Namespace) -> HealthRule:
 
 def _ingest_wal_dir(args: argparse.Namespace) -> Path:
     """--ingest-wal, or its default: beside the embedded store's tables, or ./ki-ingest-wal."""
+    from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
     from kernel_insight.collector.store import is_store_url
 
     if args.ingest_wal:
         return Path(args.ingest_wal)
-    return Path("ki-ingest-wal") if is_store_url(str(args.store)) else Path(args.store) / "ingest-wal"
+    return Path("ki-ingest-wal") if is_store_url(str(args.store)) else Path(args.store) / EMBEDDED_INGEST_WAL
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -157,3 +157,72 @@ def test_a_manifest_naming_a_path_outside_the_backup_is_refused(tmp_path):
     with pytest.raises(BackupError, match="not a plain file name"):
         restore(tmp_path, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_group_cut_by_the_freeze_is_restored_whole_once(tmp_path, monkeypatch):
+    """A group of agent batches whose samples had landed and whose spans and batch ids had not
+    when the tables froze: the backup keeps what the group had left to write, the restored
+    store replays it at open (spans and batch ids stored, the samples not again), and the
+    agents' retries against the restored store are duplicates. Without the kept group the
+    restore held the samples alone, and the retries stored them a second time."""
+    from test_batcher import _counts, _rows
+
+    from kernel_insight.collector.backup import WAL_DIR, frozen, write_backup
+    from kernel_insight.collector.batcher import Batcher
+    from kernel_insight.collector.store import StorageUnavailable
+
+    with EmbeddedStore(tmp_path / "d", cache_bytes=0, ingest_wal=tmp_path / "wal") as store:
+        group, done = [_rows(store, 1), _rows(store, 2)], set()
+        path = store.log_group(group, "group:cut", done)
+        assert path is not None
+        write = store._write
+
+        def cut(name, data, token):  # the store goes away after the samples landed
+            if name == "kernel_spans":
+                raise StorageUnavailable("the disk went away")
+            write(name, data, token)
+
+        monkeypatch.setattr(store, "_write", cut)
+        with pytest.raises(StorageUnavailable):
+            store.insert_prepared(group, "group:cut", done)
+        monkeypatch.setattr(store, "_write", write)
+        assert {"series", "samples"} <= done
+        assert "kernel_spans" not in done
+        assert _counts(store) == {"s": 10, "k": 0, "b": 0}
+        with frozen(store) as snap:
+            manifest = write_backup(snap, tmp_path / "backup")
+        assert path.exists()  # the live group's own file is untouched
+    assert len(manifest.ingest_wal) == 1
+    assert read_manifest(tmp_path / "backup").ingest_wal == manifest.ingest_wal
+    restore(tmp_path / "backup", tmp_path / "restored")
+    assert (tmp_path / "restored" / WAL_DIR / manifest.ingest_wal[0]).exists()
+    with EmbeddedStore(tmp_path / "restored", cache_bytes=0) as back:
+        assert _counts(back) == {"s": 10, "k": 0, "b": 0}  # the frozen tables alone
+    with EmbeddedStore(
+        tmp_path / "restored", cache_bytes=0, ingest_wal=tmp_path / "restored" / WAL_DIR
+    ) as back:  # as ki collector opens it
+        assert _counts(back) == {"s": 10, "k": 10, "b": 2}
+        assert not list((tmp_path / "restored" / WAL_DIR).iterdir())
+        batcher = Batcher(back, max_delay_s=0.01)
+        batcher.start()
+        answers = [batcher.submit(_rows(back, i)).answer() for i in (1, 2)]  # the agents' retries
+        assert [a.result(timeout=30) for a in answers] == [False, False]
+        batcher.shutdown()
+        assert _counts(back) == {"s": 10, "k": 10, "b": 2}
+
+
+def test_a_backup_without_groups_in_flight_keeps_no_write_ahead_file_and_old_backups_restore(tmp_path):
+    from kernel_insight.collector.backup import frozen, write_backup
+
+    with (
+        EmbeddedStore(tmp_path / "d", cache_bytes=0, ingest_wal=tmp_path / "wal") as store,
+        frozen(store) as snap,
+    ):
+        manifest = write_backup(snap, tmp_path / "backup")
+    assert manifest.ingest_wal == []
+    text = (tmp_path / "backup" / MANIFEST).read_text().replace('"format": 2', '"format": 1')
+    (tmp_path / "backup" / MANIFEST).write_text(text)  # as the previous version wrote it
+    assert restore(tmp_path / "backup", tmp_path / "restored").format == 1
+    (tmp_path / "backup" / MANIFEST).write_text(text.replace('"format": 1', '"format": 3'))
+    with pytest.raises(BackupError, match="made by another version"):
+        read_manifest(tmp_path / "backup")
