@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import reaping
 from support.rings import label_prefix, ring_name
 
 HERE = Path(__file__).resolve().parent
@@ -40,3 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = item.path.relative_to(HERE).as_posix()
         if path not in SPREAD:
             item.add_marker(pytest.mark.xdist_group(path))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reaping.pytest_configure(config)

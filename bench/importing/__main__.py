@@ -156,6 +156,7 @@ def _collector(root: Path, name: str) -> tuple[subprocess.Popen[str], str, Path]
     line = proc.stdout.readline() if proc.stdout else ""
     if "listening on" not in line:
         proc.kill()
+        proc.communicate()
         raise RuntimeError(f"ki collector did not start: {line!r}")
     return proc, line.split("listening on ")[1].strip(), data
 

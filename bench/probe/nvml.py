@@ -138,6 +138,7 @@ def nvml_figures(seconds: int = 300, dcgm_names: bool = True) -> dict[str, float
         finally:
             if sampler.poll() is None:
                 sampler.kill()
+                sampler.wait()
             for g in range(GPUS):
                 with contextlib.suppress(OSError):
                     Ring.unlink(ring_name(f"{prefix}{g}"))

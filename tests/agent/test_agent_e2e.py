@@ -85,6 +85,7 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
         for a in agents:
             if a.poll() is None:
                 a.kill()
+                a.wait()
         collector.stop()
         ring.close()
     from kernel_insight.collector.store import EmbeddedStore

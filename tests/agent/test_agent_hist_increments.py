@@ -225,6 +225,7 @@ def _through_a_real_collector(
     finally:
         if agent is not None and agent.poll() is None:
             agent.kill()
+            agent.wait()
         stop_collector(collector)
         ring.close()
     from kernel_insight.collector.store import EmbeddedStore
@@ -363,6 +364,7 @@ def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ri
     finally:
         if agent is not None and agent.poll() is None:
             agent.kill()
+            agent.wait()
         stop_collector(collector)
         ring.close()
     from kernel_insight.collector.store import EmbeddedStore

@@ -236,6 +236,7 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
     finally:
         if agent is not None and agent.poll() is None:
             agent.kill()
+            agent.wait()
         stop_collector(collector)
         ring.close()
     from kernel_insight.collector.store import EmbeddedStore

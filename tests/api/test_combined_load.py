@@ -127,11 +127,17 @@ def test_snapshot_p99_stays_under_100ms_under_queries_flood_and_poison(tmp_path,
                     waits.append(max(_run_delay_ns(mine) - queued[0], _run_delay_ns(loop) - queued[1]) / 1e9)
                     assert r.status_code == 200, r.text
             finally:
+                outs = {}
+                for name, p in procs.items():  # every one reaped before any is judged
+                    try:
+                        outs[name], _ = p.communicate(input="", timeout=120)  # closing stdin stops it
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        outs[name], _ = p.communicate()
                 results = {}
-                for name, p in procs.items():
-                    out, _ = p.communicate(input="", timeout=120)  # closing stdin stops it
+                for name, out in outs.items():
+                    assert procs[name].returncode == 0, (name, out)
                     results[name] = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-                    assert p.returncode == 0, (name, out)
 
     # The collector's own time: the wall-clock time less the longer of the two threads' run-queue
     # waits inside it (the two can wait at once: their sum would take time off twice, and their

@@ -256,4 +256,9 @@ def test_two_ki_collector_processes_over_one_clickhouse(shim, stores):
     finally:
         for p in procs:
             p.terminate()
-            p.communicate(timeout=60)
+        for p in procs:  # each reaped, even when another one hangs
+            try:
+                p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()

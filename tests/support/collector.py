@@ -157,7 +157,12 @@ def stop_collector(proc: subprocess.Popen[str]) -> None:
     """SIGTERM (the collector writes what is queued first) and wait for it."""
     if proc.poll() is None:
         proc.terminate()
-    proc.communicate(timeout=60)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # reaped on the way out too: the caller's failure is the report
+        proc.communicate()
+        raise
 
 
 def wait_for_log(log: Path, pattern: str, after: int, timeout_s: float) -> int:
