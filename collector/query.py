@@ -26,7 +26,7 @@ from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql import _windows
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
-from kernel_insight.kql.nativehist import HISTOGRAM_MIN_WEIGHT
+from kernel_insight.kql.histogram import HISTOGRAM_MIN_WEIGHT
 from kernel_insight.kql.pushdown import GridColumns, HistColumns, SeriesColumns, columns_of, gather_ranges
 from kernel_insight.kql.regex import anchored, compile_anchored
 from kernel_insight.kql.sparsehists import Ragged, SparseHists, tsdb_pending

@@ -581,7 +581,7 @@ class HistogramBuilder:
     ``add`` takes absolute bucket counts (a float histogram, or an integer one already summed);
     ``add_deltas`` takes an integer histogram as remote_write and the agent send it, each bucket
     the difference to the one before; ``add_histogram`` takes any object with a
-    ``FloatHistogram``'s fields (kernel_insight.kql.nativehist).
+    ``FloatHistogram``'s fields (kernel_insight.kql.histogram).
 
     >>> b = HistogramBuilder()
     >>> b.add({"__name__": "lat", "gpu": "0"}, 1_000, schema=3, count=3.0, sum=0.5,
@@ -734,7 +734,7 @@ class HistogramBuilder:
         h: Any,
         start_timestamp_ms: int = 0,
     ) -> None:
-        """A ``FloatHistogram`` (kernel_insight.kql.nativehist) or anything with its fields."""
+        """A ``FloatHistogram`` (kernel_insight.kql.histogram) or anything with its fields."""
         self.add(
             labels,
             ts_ms,

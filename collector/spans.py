@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kernel_insight.collector.sql import Params, qualified
-from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
+from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
 from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
 from kernel_insight.kql.storage import Matcher, is_stale_value
 

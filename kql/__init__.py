@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from kernel_insight.kql.functions import FUNCTIONS as FUNCTIONS
     from kernel_insight.kql.functions import FunctionSpec as FunctionSpec
     from kernel_insight.kql.functions import GridPushdown as GridPushdown
+    from kernel_insight.kql.histogram import FloatHistogram as FloatHistogram
+    from kernel_insight.kql.histogram import HistogramError as HistogramError
+    from kernel_insight.kql.histogram import parse_histogram as parse_histogram
     from kernel_insight.kql.limits import EngineLimits as EngineLimits
-    from kernel_insight.kql.nativehist import FloatHistogram as FloatHistogram
-    from kernel_insight.kql.nativehist import HistogramError as HistogramError
-    from kernel_insight.kql.nativehist import parse_histogram as parse_histogram
     from kernel_insight.kql.parser import parse as parse
     from kernel_insight.kql.printer import format_expr as format_expr
     from kernel_insight.kql.storage import STALE_NAN as STALE_NAN

@@ -52,9 +52,9 @@ from kernel_insight.kql.errors import (
 )
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
+from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
 from kernel_insight.kql.lexical import MAX_DURATION_MS, go_quote
 from kernel_insight.kql.limits import DEFAULT_LOOKBACK_MS, EngineLimits
-from kernel_insight.kql.nativehist import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
 from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (

@@ -5,7 +5,7 @@ it (:attr:`StepVector.hists`, :attr:`RangeInput.hist`) and the operations that t
 here, one Python step per histogram cell, following ``promql/engine.go`` and
 ``promql/functions.go`` line for line: binary operators, aggregations, the range functions that
 read histograms and the annotations Prometheus raises for mixed float/histogram input. The
-histogram arithmetic itself is :mod:`kernel_insight.kql.nativehist`'s; only the wrappers at the
+histogram arithmetic itself is :mod:`kernel_insight.kql.histogram`'s; only the wrappers at the
 top of this module call it, so its conventions are met in one place.
 """
 
@@ -20,15 +20,15 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql import nativehist as nh
+from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.binary import ARITHMETIC
 from kernel_insight.kql.functions import FUNCTIONS  # noqa: F401  (registered before their histogram behaviour)
 from kernel_insight.kql.functions.registry import FunctionSpec, histogram_behaviour
+from kernel_insight.kql.histogram import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
+from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
+from kernel_insight.kql.histogram import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.nativehist import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
-from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
-from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.operators import OPERATORS
 from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS, TRIM_OPS
 from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists, bucket_indices, renumbering
@@ -60,7 +60,7 @@ I64 = npt.NDArray[np.int64]
 H = nh.FloatHistogram
 
 
-# ------------------------------------------------------------------------------ nativehist calls
+# ------------------------------------------------------------------------------ kql.histogram calls
 
 
 class Incompatible(Exception):
@@ -314,7 +314,9 @@ def quantile_nan(x: float) -> bool:
 
 
 def fdiv(a: float, b: float) -> float:
-    """Go's float division: x/0 is ±Inf, 0/0 and NaN/0 are NaN."""
+    """Go's float division as the hardware does it: x/0 is ±Inf, 0/0 and NaN/0 the x86 default
+    NaN (sign bit set, as numpy's arrays give it; :func:`kernel_insight.kql.histogram.go_div`
+    answers Python's NaN)."""
     return float(np.float64(a) / np.float64(b))
 
 
@@ -1419,7 +1421,7 @@ def _histogram_stddev(h: H) -> float:
 
 def dense_stdvar(block: Totals) -> F64:
     """histogram_stdvar of every row of a dense block or of a selector's columns, as
-    ``nativehist._variance`` makes it of each object (Go's ``histogramVariance``): the same IEEE
+    ``histogram.quantile._variance`` makes it of each object (Go's ``histogramVariance``): the same IEEE
     operations per bucket, the Kahan sum run bucket by bucket for all rows at once. Custom-bucket
     rows and rows whose spans do not cover their buckets are left to the objects."""
     if isinstance(block, DenseBlock):
@@ -1472,7 +1474,7 @@ def _variances(
     neg: tuple[I64, I64, F64],
     pos: tuple[I64, I64, F64],
 ) -> F64:
-    """``nativehist._variance`` of every row from its buckets as (row, index, count) elements of
+    """``histogram.quantile._variance`` of every row from its buckets as (row, index, count) elements of
     each side (exponential schemas): per row the negative buckets most negative first, the zero
     bucket (when its count is > 0), the positive ones, Kahan-summed in that order."""
     n = len(count)
@@ -1485,8 +1487,8 @@ def _variances(
             sc = schema[rows]
             for s_ in np.unique(sc).tolist():
                 at = sc == s_
-                up[at] = nh._bounds_exponential(idx[at], s_)
-                below[at] = nh._bounds_exponential(idx[at] - 1, s_)
+                up[at] = nh.bounds_exponential(idx[at], s_)
+                below[at] = nh.bounds_exponential(idx[at] - 1, s_)
             lo, hi = (below, up) if part == 2 else (-up, -below)
             z = zt[rows]
             lo = np.where((z > 0) & (lo > 0) & (lo < z), z, lo)
@@ -1534,7 +1536,7 @@ def _variances(
 
 
 def _safe_divide(a: F64, b: F64) -> F64:
-    """``nativehist._safe_div`` of every element: IEEE division, but 0/0 and NaN/0 the plain
+    """``histogram.go_div`` of every element: IEEE division, but 0/0 and NaN/0 the plain
     (positive) NaN Python's ``math.nan`` is, where the processor's 0/0 has the sign bit set."""
     with np.errstate(divide="ignore", invalid="ignore"):
         out: F64 = np.where((b == 0) & ((a == 0) | np.isnan(a)), math.nan, a / b)
@@ -1626,24 +1628,9 @@ def _concat(a: StepVector, b: StepVector) -> StepVector:
     )
 
 
-#: nativehist's info texts, as Prometheus' annotations word them (``for metric name "x"`` follows).
-_NOTES = {
-    "NAN_RESULT_INFO": "input to histogram_quantile has NaN observations, result is NaN",
-    "NAN_SKEW_INFO": "input to histogram_quantile has NaN observations, result is skewed higher",
-    "FRACTION_NAN_INFO": "input to histogram_fraction has NaN observations, which are excluded from all fractions",
-}
-
-
-def _note_text(note: str) -> str:
-    for constant, text in _NOTES.items():
-        if note == getattr(nh, constant, None):
-            return text
-    return note
-
-
 def _notes(ctx: Any, notes: Iterable[str], name: str, pos: Any) -> None:
     for note in notes:
-        ctx.info(_note_text(note) + (f" for metric name {go_quote(name)}" if name else ""), pos)
+        ctx.info(note + (f" for metric name {go_quote(name)}" if name else ""), pos)
 
 
 def _quantile_of(ctx: Any, q: float, h: H, name: str, pos: Any) -> float:
@@ -1670,7 +1657,7 @@ def _histogram_quantile(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: l
 
 def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector:
     """histogram_quantile of every histogram cell: a dense block's numpy search where the cells
-    share a layout (:func:`dense_quantiles`), nativehist per histogram for the rest."""
+    share a layout (:func:`dense_quantiles`), kql.histogram per histogram for the rest."""
     qs = np.asarray(q, dtype=np.float64)
     return _native_cells(
         ctx,
@@ -2209,7 +2196,7 @@ class DenseBlock:
             self.neg_lo + n_neg - 1, self.neg_lo - 1, -1, dtype=np.int64
         )  # most negative first
         pos_idx = np.arange(self.pos_lo, self.pos_lo + n_pos, dtype=np.int64)
-        bounds = nh._bounds_exponential
+        bounds = nh.bounds_exponential
         neg_lower = -bounds(neg_idx, self.schema) if n_neg else np.zeros(0)
         neg_upper = -bounds(neg_idx - 1, self.schema) if n_neg else np.zeros(0)
         pos_lower = bounds(pos_idx - 1, self.schema) if n_pos else np.zeros(0)
@@ -2264,10 +2251,10 @@ def _dense_side(hs: list[H], positive: bool) -> tuple[int, F64]:
 def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     """Go's HistogramQuantile for every row of ``block`` at once (``q`` per row), and which rows it
     decided; the others (NaN sums, negative or non-finite counts, a rank above every bucket,
-    q outside [0, 1] or NaN) are left to :func:`nativehist.histogram_quantile`.
+    q outside [0, 1] or NaN) are left to :func:`kernel_insight.kql.histogram.histogram_quantile`.
 
     The bucket search is numpy's; the interpolation is the same Python float arithmetic as
-    nativehist's, so the results are the same bits.
+    kql.histogram's, so the results are the same bits.
     """
     counts, lower_b, upper_b = block.ordered()
     n, width = counts.shape
@@ -2314,7 +2301,7 @@ def dense_quantiles(q: F64, block: DenseBlock) -> tuple[F64, BOOL]:
     hi = np.where(only_neg, 0.0, hi)
     count = np.minimum(count, total_count[rows])
     rk = rank[rows]
-    above = count < rk  # the rank lies above every bucket: nativehist decides (and annotates)
+    above = count < rk  # the rank lies above every bucket: kql.histogram decides (and annotates)
     done[rows[above]] = False
     rk = np.where(fwd, rk - (count - bcount), count - rk)
     fraction = rk / bcount
@@ -2341,13 +2328,13 @@ def dense_fractions(lower: F64, upper: F64, block: DenseBlock) -> tuple[F64, BOO
     """Go's HistogramFraction for every row of ``block`` at once (``lower``, ``upper`` per row),
     and which rows it decided; the others (NaN sums, negative or non-finite counts, a block
     with an infinite or overlapping bucket bound, a bound above every bucket when the buckets
-    hold fewer observations than the count) are left to :func:`nativehist.histogram_fraction`.
+    hold fewer observations than the count) are left to :func:`kernel_insight.kql.histogram.histogram_fraction`.
 
     Go walks the stored buckets in order and takes, for each bound, the first bucket that ends
     above it (or starts at or above it). A block knows non-empty buckets only, not which empty
     ones a histogram stored; with ordered, disjoint, finite bounds the first non-empty such
     bucket gives the same rank (an empty bucket before it adds nothing), and one that lies
-    around the bound is interpolated by nativehist's own function, so the results are the
+    around the bound is interpolated by kql.histogram's own function, so the results are the
     same bits.
     """
     counts, lower_b, upper_b = block.ordered()
@@ -2394,7 +2381,7 @@ def dense_fractions(lower: F64, upper: F64, block: DenseBlock) -> tuple[F64, BOO
         rank = np.where(found, before[at, col], count)
         for k in np.flatnonzero(found & (lo[at, col] < v)).tolist():
             j = int(col[k])
-            rank[k] = nh._interpolate(
+            rank[k] = nh.interpolate_rank(
                 float(before[k, j]),
                 float(lo[k, j]),
                 float(hi[k, j]),
@@ -2531,7 +2518,7 @@ def _zero_clean(block: DenseBlock) -> bool:
     """No bucket of the block lies (partly) inside its zero bucket, so comparing counts bucket by
     bucket is Prometheus' reset detection."""
     zt = block.zero_threshold
-    bounds = nh._bounds_exponential
+    bounds = nh.bounds_exponential
     for lo, mat in ((block.pos_lo, block.pos), (block.neg_lo, block.neg)):
         if mat.shape[1] and float(bounds(np.array([lo - 1], dtype=np.int64), block.schema)[0]) < zt:
             return False
@@ -2748,7 +2735,7 @@ def sparse_sum(
 def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[DenseHists, bool] | None:
     """sum/avg of histogram cells per (group, step) in numpy, for cells sharing one layout family;
     the additions run in Prometheus' order (input rows ascending at each step), so the sums are
-    nativehist's bit for bit. Also whether counter-reset hints collided in some group. None when
+    kql.histogram's bit for bit. Also whether counter-reset hints collided in some group. None when
     the cells are too few or mixed in schema, zero threshold or custom buckets. The sums stay
     dense (:class:`DenseHists`)."""
     steps = hists.shape[1]
@@ -2857,7 +2844,7 @@ def _dense_sum_block(
     neg, neg_c = summed(block.neg)
     if mean and not all(np.isfinite(x).all() for x in (count, total, zero, pos, neg)):
         # A running sum that overflowed: Go's avg goes on as an incremental mean from there
-        # (nativehist's HistogramMean, on the per-histogram path).
+        # (kql.histogram's HistogramMean, on the per-histogram path).
         return None
     members = np.bincount(target, minlength=cells_n).astype(np.float64)
     seen = {hint: np.bincount(target[hints == hint], minlength=cells_n) > 0 for hint in (0, 1, 2, 3)}

@@ -22,13 +22,13 @@ from pathlib import Path
 from kernel_insight.kql import histeval
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
-from kernel_insight.kql.lexical import parse_duration, unquote
-from kernel_insight.kql.nativehist import (
+from kernel_insight.kql.histogram import (
     FloatHistogram,
     HistogramNotationError,
     expand_histogram_series,
     spans_match,
 )
+from kernel_insight.kql.lexical import parse_duration, unquote
 from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
 from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector, almost_equal
 
@@ -142,7 +142,7 @@ class Value:
 
 def histogram_values(token: str) -> list[Value]:
     """``{{...}}``, ``{{...}}x3`` and ``{{...}}+{{...}}x3`` / ``-``: the histograms a script token
-    stands for (the notation is :func:`nativehist.expand_histogram_series`)."""
+    stands for (the notation is :func:`kernel_insight.kql.histogram.expand_histogram_series`)."""
     try:
         return [
             Value("histogram", hist=v.histogram, hint_set=v.hint_set) for v in expand_histogram_series(token)

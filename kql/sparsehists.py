@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.nativehist import (
+from kernel_insight.kql.histogram import (
     COUNTER_RESET,
     CUSTOM_BUCKETS_SCHEMA,
     NOT_COUNTER_RESET,
     FloatHistogram,
 )
-from kernel_insight.kql.nativehist import GAUGE_TYPE as GAUGE
-from kernel_insight.kql.nativehist import UNKNOWN_COUNTER_RESET as UNKNOWN
+from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
+from kernel_insight.kql.histogram import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.storage import STALE_NAN_BITS, is_stale
 
 __all__ = [

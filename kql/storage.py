@@ -20,7 +20,7 @@ from kernel_insight.kql.errors import KqlError, StorageError
 from kernel_insight.kql.regex import RegexError, compile_anchored
 
 if TYPE_CHECKING:
-    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.histogram import FloatHistogram
 
 __all__ = [
     "MATCH_OPS",

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from kernel_insight.kql.ast import Call, Node
     from kernel_insight.kql.histeval import DenseHists
-    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.histogram import FloatHistogram
     from kernel_insight.kql.storage import Matcher
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any
 
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
-from kernel_insight.kql.nativehist import FloatHistogram, HistogramError
+from kernel_insight.kql.histogram import FloatHistogram, HistogramError
 from kernel_insight.kql.storage import STALE_NAN
 from kernel_insight.kql.values import Scalar, Vector
 from kernel_insight.rules.config import GroupSpec, RuleSpec

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, SubqueryExpr, VectorSelector
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of
 from kernel_insight.kql.storage import (
     START_TIMESTAMPS_WANTED,

@@ -44,7 +44,7 @@ LES = [2.0**k for k in range(-20, 1)]  # 0.95 us .. 1 s
 
 
 def _storages() -> tuple[MemoryStorage, MemoryStorage]:
-    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.histogram import FloatHistogram
     from kernel_insight.kql.storage import MemoryStorage
 
     rng = np.random.default_rng(14)

@@ -19,7 +19,7 @@ import numpy as np
 from bench.api.__main__ import populate
 from kernel_insight.collector.rows import CallBatch, Event, HistogramBuilder, SampleBuilder, SpanBatch
 from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 
 __all__ = [
     "CHROMIUM",

@@ -9,7 +9,7 @@ import numpy as np
 
 from kernel_insight.kql.functions._common import F64, S, V, map_values
 from kernel_insight.kql.functions.registry import function
-from kernel_insight.kql.nativehist import go_log2_array, go_log10_array, go_log_array
+from kernel_insight.kql.histogram import go_log2_array, go_log10_array, go_log_array
 from kernel_insight.kql.values import CallContext, StepVector
 
 __all__: list[str] = []

@@ -36,7 +36,7 @@ from kernel_insight.collector.wire_hist import (
     decode_histograms,
     encode_histograms,
 )
-from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
+from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,7 +210,7 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
     tmp_path: Path, agent_bin: Path, ring_name: str
 ) -> None:
     """C producer -> ki-agent (histograms on) -> ki collector -> ClickHouse; then Prometheus'
-    histogram_quantile (kql.nativehist) over the stored histogram against the exact quantiles."""
+    histogram_quantile (kql.histogram) over the stored histogram against the exact quantiles."""
     total = 1_000_000
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("hist").write_key_file(tmp_path / "agent.key")

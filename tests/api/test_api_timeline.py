@@ -22,7 +22,7 @@ from kernel_insight.collector.rows import (
     SpanBatch,
 )
 from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 
 S = 1_000_000_000
 #: An hour ago, on a whole second: older spans would fall to the 7-day TTL.

@@ -12,7 +12,7 @@ import pytest
 from kernel_insight.collector.rows import HistogramBuilder, SpanBatch
 from kernel_insight.collector.spans import SpanWindow, _launches, kernel_histograms, summarize
 from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 
 T0_MS = (int(time.time()) - 120) * 1000  # recent: older rows would be past the retention TTL
 PER_S = 1_000

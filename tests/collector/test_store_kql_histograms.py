@@ -10,7 +10,7 @@ import pytest
 from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, is_stale_value
 
 NOW = (int(time.time() * 1000) // 3_600_000) * 3_600_000 - 2 * 3_600_000  # two settled hours back

@@ -20,7 +20,7 @@ from kernel_insight.collector.sample_cache import BLOCK_MS, SampleCache
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import engine as engine_module
 from kernel_insight.kql.engine import Engine, _Evaluator
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.storage import STALE_NAN, Matcher
 from kernel_insight.kql.values import prometheus_json_bytes
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kernel_insight.kql import FUNCTIONS, Engine, Matrix
 from kernel_insight.kql.histeval import DenseBlock
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.promqltest import default_dir, run_file
 from kernel_insight.kql.sparsehists import SparseHists, tsdb_pending
 from kernel_insight.kql.storage import STALE_NAN, MemoryStorage, tsdb_hints
@@ -497,7 +497,7 @@ def test_dense_fractions_are_nativehists_bit_for_bit(seed: int, odd: bool) -> No
     """dense_fractions over a block gives histogram_fraction's float for every row it decides
     (bounds inside buckets, on bucket edges, in the zero bucket, +-Inf, lower >= upper, NaN), and
     decides most rows of ordinary histograms."""
-    from kernel_insight.kql import nativehist as nh
+    from kernel_insight.kql import histogram as nh
     from kernel_insight.kql.histeval import DenseBlock, dense_fractions
 
     rng = np.random.default_rng(seed)
@@ -505,7 +505,7 @@ def test_dense_fractions_are_nativehists_bit_for_bit(seed: int, odd: bool) -> No
     skewed = rng.random() < 0.3
     if skewed:  # buckets holding fewer observations than the count, or more
         hs = [dataclasses.replace(h, count=h.count * float(rng.choice([0.5, 2.0]))) for h in hs]
-    zt = float(rng.choice([0.0, 1e-3, 0.3]))  # 0.3: buckets inside the zero bucket (left to nativehist)
+    zt = float(rng.choice([0.0, 1e-3, 0.3]))  # 0.3: buckets inside the zero bucket (left to kql.histogram)
     block_hs = [dataclasses.replace(h, schema=1, zero_threshold=zt) for h in hs]
     block = DenseBlock.of(block_hs)
     if block is None:

@@ -15,7 +15,7 @@ import pytest
 from kernel_insight.kql import Engine, EngineLimits, KqlError, MemoryStorage
 from kernel_insight.kql.ast import ValueType
 from kernel_insight.kql.functions.registry import FUNCTIONS
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 
 VALUES = [0.0, -0.0, 1.0, -1.0, math.nan, math.inf, -math.inf, 1e308, 5e-324, 0.5]
 SCALARS = ["0", "-1", "1", "NaN", "Inf", "0.5", "2", "1e308"]

@@ -269,7 +269,7 @@ def test_a_query_over_wide_histograms_reaches_the_limit_by_their_buckets() -> No
     # 20 kernels' latency histograms (schema 3, ~50 buckets each) over 10 minutes at 15 s:
     # 820 histogram samples. Counted one each they would pass a 5,000 limit; by size (about
     # 40 samples each) the 5m windows need more than that.
-    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.histogram import FloatHistogram
 
     rng = np.random.default_rng(7)
     s = MemoryStorage()

@@ -19,7 +19,7 @@ from kernel_insight.kql import (
     to_prometheus_json,
 )
 from kernel_insight.kql.histeval import DenseBlock, dense_quantiles
-from kernel_insight.kql.nativehist import FloatHistogram, histogram_quantile
+from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
 from kernel_insight.kql.promqltest import histogram_values
 from kernel_insight.kql.storage import STALE_NAN, Matcher
 from kernel_insight.kql.values import hist_mask, histogram_json
@@ -375,14 +375,14 @@ def _random_histograms(rng: np.random.Generator, n: int, schema: int) -> list[Fl
 
 @pytest.mark.parametrize("schema", [-2, 0, 3, 8])
 def test_dense_quantiles_equal_nativehist_bit_for_bit(schema: int) -> None:
-    """The numpy fast path of histogram_quantile gives nativehist's own answers, bit for bit."""
+    """The numpy fast path of histogram_quantile gives kql.histogram's own answers, bit for bit."""
     rng = np.random.default_rng(schema + 10)
     hs = _random_histograms(rng, 400, schema)
     block = DenseBlock.of(hs)
     assert block is not None
     for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0):
         values, decided = dense_quantiles(np.full(len(hs), q), block)
-        assert decided.sum() > 300  # empty histograms (count 0) are left to nativehist
+        assert decided.sum() > 300  # empty histograms (count 0) are left to kql.histogram
         for h, value, ok in zip(hs, values.tolist(), decided.tolist(), strict=True):
             if ok:
                 expected = histogram_quantile(q, h)[0]

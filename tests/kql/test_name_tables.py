@@ -18,19 +18,7 @@ KQL = Path(__file__).resolve().parents[2] / "kql"
 KNOWN: dict[tuple[str, frozenset[str]], str] = {
     ("engine.py", frozenset({"time", "start", "end"})): "query fields (time, start, end), not the functions",
     ("parser.py", frozenset({"start", "end"})): "the @ modifier's start()/end(), not the functions",
-    ("nativehist.py", frozenset({"sum", "count"})): "histogram fields in the test notation",
-    (
-        "nativehist.py",
-        frozenset(
-            {
-                "histogram_avg",
-                "histogram_fraction",
-                "histogram_quantile",
-                "histogram_stddev",
-                "histogram_stdvar",
-            }
-        ),
-    ): "__all__: the Python functions named after Go's",
+    ("histogram/notation.py", frozenset({"sum", "count"})): "histogram fields in the test notation",
     ("sparsehists.py", frozenset({"count", "sum"})): "column names",
     ("values.py", frozenset({"count", "sum"})): "the HTTP API's histogram fields",
     ("histeval.py", frozenset({"count", "sum"})): "histogram fields",

@@ -1,4 +1,4 @@
-"""The native-histogram value type and its math (kql/nativehist.py), against Prometheus' own cases.
+"""The native-histogram value type and its math (kql/histogram/), against Prometheus' own cases.
 
 Cases marked "Go:" are ported from prometheus/prometheus (commit d15adb9ad7):
 model/histogram/float_histogram_test.go, promql/parser/parse_test.go and promql/quantile.go's
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kernel_insight.kql.gocompat import go_float
-from kernel_insight.kql.nativehist import (
+from kernel_insight.kql.histogram import (
     CUSTOM_BUCKETS_SCHEMA,
     GAUGE_TYPE,
     NOT_COUNTER_RESET,
@@ -488,7 +488,7 @@ def test_go_reduce_resolution_table(case: dict[str, Any]) -> None:
 # --- Prometheus' native_histograms.test, the math-only cases ---------------------------------
 # tests/fixtures/nativehist/native_histograms.test (Prometheus' promqltest file). Every instant
 # eval of histogram_{quantile,fraction,stddev,stdvar,avg,count,sum} applied directly to a loaded
-# histogram series is computed with nativehist and compared as promqltest compares (relative
+# histogram series is computed with kql.histogram and compared as promqltest compares (relative
 # epsilon 1e-6); the engine-level cases (rate, sum, ...) belong to kql's promqltest runner.
 
 _NH_TEST = Path(__file__).parents[1] / "fixtures" / "nativehist" / "native_histograms.test"
@@ -928,7 +928,7 @@ def test_go_exp2_and_log2_round_as_go_does() -> None:
 
 
 def test_go_log2_and_exp2_of_arrays_are_the_scalar_ports_bit_for_bit() -> None:
-    from kernel_insight.kql.nativehist import go_exp2_array, go_log2_array
+    from kernel_insight.kql.histogram import go_exp2_array, go_log2_array
 
     rng = np.random.default_rng(11)
     xs = np.concatenate(

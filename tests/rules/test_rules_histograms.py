@@ -14,7 +14,7 @@ import pytest
 from kernel_insight.collector.rows import HistogramBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import Engine
-from kernel_insight.kql.nativehist import FloatHistogram
+from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.storage import Matcher
 from kernel_insight.rules.manager import RuleManager
 from kernel_insight.rules.notifier import Notifier
@@ -188,7 +188,7 @@ tests:
 
 
 def _unit(tmp_path, histogram: str) -> subprocess.CompletedProcess[str]:
-    from kernel_insight.kql.nativehist import histogram_quantile, parse_histogram
+    from kernel_insight.kql.histogram import histogram_quantile, parse_histogram
 
     (tmp_path / "rules.yml").write_text(UNIT_RULES)
     # One minute's increment per series, doubled by increase's extrapolation over [2m]:

@@ -188,7 +188,7 @@ def test_async_client_retries_the_same_way():
 def test_native_histogram_results_are_parsed():
     """What ki collector sends for native histograms (kql's own encoder) comes back typed."""
     from kernel_insight.kql import Engine, MemoryStorage, prometheus_json_bytes
-    from kernel_insight.kql.nativehist import FloatHistogram
+    from kernel_insight.kql.histogram import FloatHistogram
     from kernel_insight.sdk import Histogram, HistogramBucket
 
     store = MemoryStorage()

@@ -1,4 +1,4 @@
-"""Native-histogram bucket bounds within [0.5, 1) for schemas 0..8, digit for digit.
+"""Exponential-schema bucket bounds within [0.5, 1) for schemas 0..8, digit for digit.
 
 Extracted from prometheus/prometheus model/histogram/generic.go (``exponentialBounds``, commit
 d15adb9ad7e5); do not regenerate with ``2 ** x`` (results may differ in the last bit).
