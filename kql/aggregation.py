@@ -13,12 +13,40 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql import _windows
+from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.aggregators import AGGREGATORS, aggregator
 from kernel_insight.kql.ast import AggregateExpr, ValueType
 from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.histdense import (
+    DenseHists,
+    dense_sum,
+    dense_sum_cells,
+    single_dense,
+    single_members,
+    single_sparse,
+    sparse_sum,
+)
+from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET
+from kernel_insight.kql.histsamples import (
+    MIXED_FLOATS_HISTOGRAMS_AGG,
+    OBJ,
+    Incompatible,
+    _checked,
+    cells,
+    counter_reset_collision,
+    hcompact,
+    hkahan_add,
+    ignored_in_aggregation,
+    kahan_total,
+    metric_name,
+    mixed_exponential_custom,
+    presence_proxy,
+    reconciled_custom_buckets,
+)
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
+from kernel_insight.kql.sparsehists import SparseCells
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, format_sample_value, keep_hists
+from kernel_insight.kql.values import StepVector, format_sample_value, hist_mask, keep_hists
 from kernel_insight.kql.vectors import LabelsMemo, group_rows
 
 __all__ = [
@@ -287,6 +315,8 @@ def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> Step
     spec = AGGREGATORS.get(node.op)
     if spec is None:  # pragma: no cover - the parser only accepts registered aggregations
         raise KqlEvaluationError(f"unknown aggregation {node.op!r}")
+    if vec.has_hists:
+        return _histogram_aggregate(ev, node, vec, param)
     result: StepVector = spec.impl(ev, node, vec, param)
     return result
 
@@ -604,3 +634,154 @@ def xxhash64(data: bytes, seed: int = 0) -> int:
     h = (h * _P3) & _M
     h ^= h >> 32
     return h
+
+
+# ------------------------------------------------------------------------------ native histograms
+# What each aggregator does with histogram samples is its AggregatorSpec.histograms.
+
+
+def _impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    """The aggregator's implementation as registered (histogram cells handed over as they are)."""
+    result: StepVector = AGGREGATORS[node.op].impl(ev, node, vec, param)
+    return result
+
+
+def _histogram_aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
+    """An aggregation over a vector holding histograms (Prometheus' aggregation and aggregationK)."""
+
+    op = node.op
+    kind = AGGREGATORS[op].histograms
+    if kind == "presence":
+        return _impl(ev, node, presence_proxy(vec), param)
+    if kind in ("ignored", "ignored_whole"):
+        if vec.hist_present().any():
+            ev.annotate(
+                "info", ignored_in_aggregation(op), node.pos if kind == "ignored_whole" else node.expr.pos
+            )
+        return _impl(ev, node, vec.floats_only(), param)
+    if kind not in ("sum", "mean"):
+        return _impl(ev, node, vec, param)  # limitk, limit_ratio, count_values read histograms
+    mean = kind == "mean"
+    steps = vec.values.shape[1]
+    keys = [_grouping_key(lb, node) for lb in vec.labels]
+    gid, n = group_rows(keys)
+    group_labels: list[Labels] = [()] * n
+    for i, g in enumerate(gid.tolist()):
+        group_labels[g] = keys[i]
+    has_float = np.zeros((n, steps), dtype=bool)
+    np.logical_or.at(has_float, gid, vec.present)
+    hp = vec.hist_present()
+    has_hist = np.zeros((n, steps), dtype=bool)
+    np.logical_or.at(has_hist, gid, hp)
+    mixed = has_float & has_hist
+    if mixed.any():
+        ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
+    summed = None
+    if vec.dense is not None:
+        moved = single_dense(vec, gid, n, mixed)
+        if moved is not None:
+            return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
+        if vec.hist_objs is None:
+            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, mean)
+    elif vec.sparse is not None and vec.hist_objs is None:
+        # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns, each
+        # member holding a bucket of 0 compacted as the sum's Compact(0) does; several (sum(x))
+        # summed from the columns.
+        columns = single_sparse(vec.sparse, gid, mixed, steps)
+        if columns is None:
+            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, mean)
+        else:
+            compact = columns.data.compacted()
+            if compact is not None:
+                members = SparseCells(compact, columns.rows, columns.steps)
+                return _histogram_aggregated(
+                    ev, node, vec, param, gid, n, group_labels, mixed, None, None, members
+                )
+    if summed is None:
+        assert vec.hists is not None
+        single = single_members(vec.hists, gid, n, mixed)
+        if single is not None:
+            return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
+        summed = dense_sum(vec.hists, gid, n, mixed, mean)
+    if summed is not None:
+        dense_totals, collision = summed
+        if collision:
+            ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
+        return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, dense_totals)
+    assert vec.hists is not None
+    totals: OBJ = np.full((n, steps), None, dtype=object)
+    comps: OBJ = np.full((n, steps), None, dtype=object)
+    means: OBJ = np.full((n, steps), None, dtype=object)  # avg: Go's mean, incremental past overflow
+    counts = np.zeros((n, steps), dtype=np.int64)
+    bad = np.zeros((n, steps), dtype=bool)
+    reset_seen = np.zeros((n, steps), dtype=bool)
+    not_reset_seen = np.zeros((n, steps), dtype=bool)
+    for k, (i, j, h) in enumerate(cells(vec.hists)):
+        if k % 1024 == 1023:
+            ev.checkpoint()
+        g = int(gid[i])
+        if mixed[g, j] or bad[g, j]:
+            continue
+        if h.counter_reset_hint == COUNTER_RESET:
+            reset_seen[g, j] = True
+        elif h.counter_reset_hint == NOT_COUNTER_RESET:
+            not_reset_seen[g, j] = True
+        counts[g, j] += 1
+        acc = totals[g, j]
+        if acc is None:
+            totals[g, j] = h.copy()
+            if mean:
+                means[g, j] = nh.HistogramMean(totals[g, j])
+            continue
+        try:
+            if mean:
+                _checked(acc, h)
+                reconciled = means[g, j].add(h)
+            else:
+                res, comp, _, reconciled = hkahan_add(acc, h, comps[g, j])
+                totals[g, j], comps[g, j] = res, comp
+        except (Incompatible, nh.HistogramError):
+            ev.annotate("warning", mixed_exponential_custom(metric_name(vec.labels[i])), node.expr.pos)
+            bad[g, j] = True
+            totals[g, j] = None
+            continue
+        if reconciled:
+            ev.annotate("info", reconciled_custom_buckets("aggregation"), node.expr.pos)
+    if (reset_seen & not_reset_seen).any():
+        ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
+    for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
+        avg = means[g, j]
+        totals[g, j] = hcompact(avg.result() if avg is not None else kahan_total(totals[g, j], comps[g, j]))
+    return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
+
+
+def _histogram_aggregated(
+    ev: Any,
+    node: Any,
+    vec: StepVector,
+    param: Any,
+    gid: Any,
+    n: int,
+    group_labels: list[Labels],
+    mixed: BOOL,
+    totals: OBJ | None,
+    dense: DenseHists | None = None,
+    sparse: SparseCells | None = None,
+) -> StepVector:
+    """sum/avg's result: the groups' histograms (``totals``, or still dense or columns), and the
+    float aggregation of the float samples (less the groups that held both kinds at a step)."""
+
+    steps = vec.values.shape[1]
+    drop = np.zeros(n, dtype=bool)
+    if any(k == "__name__" for k in node.grouping) and not node.without:
+        np.logical_or.at(drop, gid, vec.drop_name)
+    floats = _impl(ev, node, vec.floats_only(), param)
+    row_of = {lb: r for r, lb in enumerate(floats.labels)}
+    values = np.zeros((n, steps))
+    present = np.zeros((n, steps), dtype=bool)
+    for g, lb in enumerate(group_labels):
+        r = row_of.get(lb)
+        if r is not None:
+            values[g] = floats.values[r]
+            present[g] = floats.present[r] & ~mixed[g]
+    return StepVector(group_labels, values, present, drop, None, totals, dense, sparse).compact()

@@ -11,14 +11,33 @@ import numpy.typing as npt
 
 from kernel_insight.kql.ast import BinaryExpr, VectorMatching
 from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
+from kernel_insight.kql.histsamples import (
+    OBJ,
+    H,
+    Incompatible,
+    counter_reset_collision,
+    hadd,
+    hcompact,
+    hdiv,
+    hequals,
+    hmul,
+    hsub,
+    incompatible_bucket_layout,
+    incompatible_types,
+    reconciled_custom_buckets,
+    safe_divide,
+)
+from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.operators import ARITHMETIC as ARITH
 from kernel_insight.kql.operators import COMPARISON, OPERATORS
-from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS
+from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS, TRIM_OPS
+from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, labels_to_str
+from kernel_insight.kql.values import StepVector, keep_hists, labels_to_str
 from kernel_insight.kql.vectors import LabelsMemo, consolidate
 
-__all__ = ["ARITHMETIC", "COMPARE", "binary_op"]
+__all__ = ["ARITHMETIC", "COMPARE", "binary_op", "evaluate_binary"]
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
@@ -38,6 +57,19 @@ def _apply(op: str, lhs: Any, rhs: Any) -> Any:
     if op in ARITHMETIC:
         return ARITHMETIC[op](lhs, rhs)
     return COMPARE[op](lhs, rhs)
+
+
+def evaluate_binary(ev: Any, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+    """``lhs op rhs`` for the evaluator ``ev`` (its annotations): float samples columnar
+    (:func:`binary_op`), histogram samples one pair at a time (Prometheus' vectorElemBinop)."""
+    if node.op in TRIM_OPS:
+        if not isinstance(lhs, StepVector) and not isinstance(rhs, StepVector):
+            # Prometheus' scalarBinop has no case for them (its evaluator panics with this text).
+            raise KqlEvaluationError(f"operator {go_quote(node.op)} not allowed for Scalar operations")
+        return histogram_binary(ev, node, lhs, rhs)
+    if (isinstance(lhs, StepVector) and lhs.has_hists) or (isinstance(rhs, StepVector) and rhs.has_hists):
+        return histogram_binary(ev, node, lhs, rhs)
+    return binary_op(node, lhs, rhs)
 
 
 def binary_op(node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
@@ -395,3 +427,373 @@ def _pairs_general(
         (po >= 0)[:, None], one.values[np.maximum(po, 0)] if len(one) else 0.0, fill_one or 0.0
     )
     return pm, po, mask, many_vals, one_vals
+
+
+# ------------------------------------------------------------------------------ native histograms
+
+
+def _arith(op: str, a: float, b: float) -> float:
+    return float(ARITHMETIC[op](np.float64(a), np.float64(b)))
+
+
+class ElemResult:
+    """What one pair of samples gives under a binary operator (Prometheus' vectorElemBinop)."""
+
+    __slots__ = ("f", "h", "info", "keep", "warn")
+
+    def __init__(
+        self, f: float, h: H | None, keep: bool, info: str | None = None, warn: str | None = None
+    ) -> None:
+        self.f, self.h, self.keep, self.info, self.warn = f, h, keep, info, warn
+
+
+def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> ElemResult:
+    """One pair: floats, float and histogram, or two histograms; ``keep`` False drops the pair.
+
+    Raises :class:`Incompatible` for exponential and custom-bucket histograms added or subtracted.
+    """
+    if lh is None and rh is None:
+        compare = OPERATORS[op].compare
+        if compare is not None:
+            return ElemResult(lf, None, compare(lf, rf))
+        if op in TRIM_OPS:
+            return ElemResult(0.0, None, False, info=incompatible_types("float", op, "float"))
+        return ElemResult(_arith(op, lf, rf), None, True)
+    if lh is None:
+        assert rh is not None
+        if op == "*":
+            return ElemResult(0.0, hcompact(hmul(rh, lf)), True)
+        return ElemResult(0.0, None, False, info=incompatible_types("float", op, "histogram"))
+    if rh is None:
+        if op == "*":
+            return ElemResult(0.0, hcompact(hmul(lh, rf)), True)
+        if op == "/":
+            return ElemResult(0.0, hcompact(hdiv(lh, rf)), True)
+        if op in TRIM_OPS:
+            return ElemResult(0.0, lh.trim_buckets(rf, upper=op == "</"), True)
+        return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "float"))
+    if op == "+":
+        res, collision, reconciled = hadd(lh, rh)
+        return ElemResult(
+            0.0,
+            hcompact(res),
+            True,
+            info=reconciled_custom_buckets("addition") if reconciled else None,
+            warn=counter_reset_collision("addition") if collision else None,
+        )
+    if op == "-":
+        res, collision, reconciled = hsub(lh, rh)
+        res.counter_reset_hint = GAUGE
+        return ElemResult(
+            0.0,
+            hcompact(res),
+            True,
+            info=reconciled_custom_buckets("subtraction") if reconciled else None,
+            warn=counter_reset_collision("subtraction") if collision else None,
+        )
+    if op == "==":
+        return ElemResult(0.0, lh, hequals(lh, rh))
+    if op == "!=":
+        return ElemResult(0.0, lh, not hequals(lh, rh))
+    return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "histogram"))
+
+
+def _annotate_elem(ev: Any, res: ElemResult, pos: Any) -> None:
+    if res.info is not None:
+        ev.annotate("info", res.info, pos)
+    if res.warn is not None:
+        ev.annotate("warning", res.warn, pos)
+
+
+class _Builder:
+    """Output rows of a histogram-bearing operation, keyed by labels, filled cell by cell."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.rows: dict[Labels, int] = {}
+        self.labels: list[Labels] = []
+        self.values: list[F64] = []
+        self.present: list[BOOL] = []
+        self.hists: list[OBJ] = []
+        self.drop: list[bool] = []
+        self.any_hist = False
+
+    def row(self, labels: Labels, drop: bool) -> int:
+        r = self.rows.get(labels)
+        if r is None:
+            r = self.rows[labels] = len(self.labels)
+            self.labels.append(labels)
+            self.values.append(np.zeros(self.steps))
+            self.present.append(np.zeros(self.steps, dtype=bool))
+            self.hists.append(np.full(self.steps, None, dtype=object))
+            self.drop.append(drop)
+        elif drop:
+            self.drop[r] = True
+        return r
+
+    def filled(self, labels: Labels, j: int) -> bool:
+        r = self.rows.get(labels)
+        return r is not None and (bool(self.present[r][j]) or self.hists[r][j] is not None)
+
+    def put(self, labels: Labels, j: int, f: float, h: H | None, drop: bool) -> None:
+        r = self.row(labels, drop)
+        if h is None:
+            self.values[r][j] = f
+            self.present[r][j] = True
+        else:
+            self.hists[r][j] = h
+            self.any_hist = True
+
+    def vector(self) -> StepVector:
+        n = len(self.labels)
+        if n == 0:
+            return StepVector.empty(self.steps)
+        return StepVector(
+            self.labels,
+            np.array(self.values).reshape(n, self.steps),
+            np.array(self.present, dtype=bool).reshape(n, self.steps),
+            np.array(self.drop, dtype=bool),
+            None,
+            np.array(self.hists, dtype=object).reshape(n, self.steps) if self.any_hist else None,
+        )
+
+
+def _hist_vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
+    """``vec op scalar`` (or ``scalar op vec``) where ``vec`` holds histograms: Prometheus' VectorscalarBinop."""
+    op = node.op
+    columns = None if node.return_bool else sparse_times_scalar(vec, op, scalar, swapped)
+    if columns is not None:
+        return columns
+    comparison = op in COMPARISON_OPS
+    changes_schema = not comparison and op not in TRIM_OPS
+    out = _Builder(vec.values.shape[1])
+    hists = vec.hists
+    for j in range(vec.values.shape[1]):
+        s = float(scalar[j])
+        for i in range(len(vec)):
+            h = hists[i, j] if hists is not None else None
+            if h is None and not vec.present[i, j]:
+                continue
+            f = float(vec.values[i, j])
+            lf, rf, lh, rh = (s, f, None, h) if swapped else (f, s, h, None)
+            res = elem_binop(op, lf, rf, lh, rh)
+            if res.info is not None or res.warn is not None:
+                _annotate_elem(ev, res, node.pos)
+                if not res.keep and (lh is not None or rh is not None):
+                    continue
+            value, hist = res.f, res.h
+            if comparison and swapped:
+                value, hist = rf, rh
+            keep = res.keep
+            if node.return_bool:
+                value, hist, keep = (1.0 if res.keep else 0.0), None, True
+            if keep:
+                drop = bool(vec.drop_name[i]) or changes_schema or node.return_bool
+                out.put(vec.labels[i], j, value, hist, drop)
+    return out.vector()
+
+
+def sparse_times_scalar(vec: StepVector, op: str, scalar: F64, swapped: bool) -> StepVector | None:
+    """``x * s``, ``s * x`` and ``x / s`` of a vector holding only a selector's columns, still
+    columns: every count and the sum scaled as ``FloatHistogram.mul``/``div`` do it (the same
+    operand order, a negative scalar making a gauge, ``_safe_div``'s NaN), then ``Compact(0)`` of
+    every row, as ``elem_binop`` does; no annotations arise. None (the per-cell path) for float
+    samples, other cells, another operator, or a division by 0 (which drops every bucket)."""
+    cells = vec.sparse
+    if (
+        cells is None
+        or vec.hist_objs is not None
+        or vec.dense is not None
+        or vec.present.any()
+        or not (op == "*" or (op == "/" and not swapped))
+    ):
+        return None
+    data = cells.data
+    f = np.asarray(scalar, dtype=np.float64)[cells.steps]
+    if op == "/" and (f == 0).any():
+        return None
+
+    def scaled(x: F64, per_row: F64) -> F64:
+        if op == "*":
+            out: F64 = x * per_row
+            return out
+        return safe_divide(x, per_row)
+
+    def bucket_scaled(buckets: Ragged) -> Ragged:
+        per = np.repeat(f, buckets.lengths)
+        flat = per * buckets.flat if op == "*" else buckets.flat / per  # f*x as mul, x/s as div
+        return Ragged(buckets.off, flat)
+
+    hint = np.where(f < 0, GAUGE, data.hints())
+    out = SparseHists(
+        data.schema,
+        data.zero_threshold,
+        scaled(data.zero_count, f),
+        scaled(data.count, f),
+        scaled(data.sum, f),
+        hint,
+        np.zeros(len(data), dtype=bool),
+        data.pos_spans,
+        bucket_scaled(data.pos_buckets),
+        data.neg_spans,
+        bucket_scaled(data.neg_buckets),
+        data.custom,
+    )
+    out._hints = hint
+    compact = out.compacted(every_row=True)
+    if compact is None:
+        return None
+    shape = vec.values.shape
+    return StepVector(
+        vec.labels,
+        np.zeros(shape),
+        np.zeros(shape, dtype=bool),
+        np.ones(len(vec), dtype=bool),
+        None,
+        None,
+        None,
+        SparseCells(compact, cells.rows, cells.steps),
+    ).compact()
+
+
+def _hist_set_op(op: str, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+    """``and``/``or``/``unless`` over vectors of either sample kind (presence is what counts)."""
+
+    sig = signature_fn(matching)
+    steps = lhs.values.shape[1] if len(lhs) else rhs.values.shape[1]
+    none = np.zeros(steps, dtype=bool)
+    l_all, r_all = lhs.any_present(), rhs.any_present()
+
+    def by_sig(vec: StepVector, present: BOOL) -> dict[Labels, BOOL]:
+        acc: dict[Labels, BOOL] = {}
+        for lb, p in zip(vec.labels, present, strict=True):
+            key = sig(lb)
+            acc[key] = p.copy() if key not in acc else acc[key] | p
+        return acc
+
+    def masked(vec: StepVector, keep: BOOL) -> StepVector:
+        hists = None if vec.hists is None else keep_hists(vec.hists, keep)
+        return StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts, hists)
+
+    if op == "or":
+        l_any = by_sig(lhs, l_all)
+        keep = np.array([~l_any.get(sig(lb), none) for lb in rhs.labels], dtype=bool).reshape(r_all.shape)
+        right = masked(rhs, keep).compact()
+        lh = lhs.hists if lhs.hists is not None else np.full(lhs.values.shape, None, dtype=object)
+        rh = right.hists if right.hists is not None else np.full(right.values.shape, None, dtype=object)
+        return StepVector(
+            lhs.labels + right.labels,
+            np.concatenate([lhs.values, right.values]),
+            np.concatenate([lhs.present, right.present]),
+            np.concatenate([lhs.drop_name, right.drop_name]),
+            None,
+            np.concatenate([lh, rh]),
+        )
+    r_any = by_sig(rhs, r_all)
+    if op == "and":
+        keep = np.array([r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
+    else:
+        keep = np.array([~r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
+    return masked(lhs, keep.reshape(l_all.shape)).compact()
+
+
+def _hist_vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+    """Arithmetic or comparison between vectors holding histograms: Prometheus' VectorBinop, step by step."""
+
+    op = node.op
+    comparison = op in COMPARISON_OPS
+    keeps_name = (comparison or op in TRIM_OPS) and not node.return_bool
+    swapped = matching.card == "one-to-many"
+    many, one = (rhs, lhs) if swapped else (lhs, rhs)
+    one_to_one = matching.card == "one-to-one"
+    include = frozenset(matching.include)
+    sig = signature_fn(matching)
+    steps = lhs.values.shape[1] if len(lhs) else rhs.values.shape[1]
+    m_all, o_all = many.any_present(), one.any_present()
+    many_sigs = [sig(lb) for lb in many.labels]
+    one_sigs = [sig(lb) for lb in one.labels]
+    out = _Builder(steps)
+    cache: dict[tuple[Labels, Labels], Labels] = {}
+
+    def sample(vec: StepVector, i: int, j: int) -> tuple[float, H | None]:
+        h = vec.hists[i, j] if vec.hists is not None else None
+        return float(vec.values[i, j]), h
+
+    for j in range(steps):
+        right: dict[Labels, int] = {}
+        for r in np.flatnonzero(o_all[:, j]).tolist():
+            s = one_sigs[r]
+            if s in right:
+                a, b = sorted((one.labels[r], one.labels[right[s]]))
+                side = "left" if swapped else "right"
+                raise KqlEvaluationError(
+                    f"found duplicate series for the match group {labels_to_str(s)} on the {side} hand-side of "
+                    f"the operation: [{labels_to_str(a)}, {labels_to_str(b)}];many-to-many matching not allowed: "
+                    "matching labels must be unique on one side"
+                )
+            right[s] = r
+        matched_one: set[Labels] = set()
+        matched_many: dict[Labels, set[Labels]] = {}
+        for i in np.flatnonzero(m_all[:, j]).tolist():
+            s = many_sigs[i]
+            found = right.get(s)
+            if found is None:
+                continue
+            k = found
+            mf, mh = sample(many, i, j)
+            of, oh = sample(one, k, j)
+            lf, rf, lh, rh = (of, mf, oh, mh) if swapped else (mf, of, mh, oh)
+            try:
+                res = elem_binop(op, lf, rf, lh, rh)
+            except Incompatible:
+                ev.annotate("warning", incompatible_bucket_layout(op), node.pos)
+                continue
+            if res.info is not None or res.warn is not None:
+                _annotate_elem(ev, res, node.pos)
+                # An incompatible pair and a counter-reset collision drop the pair (Prometheus
+                # returns them as the pair's error); reconciled custom buckets keep it.
+                if res.warn is not None or not res.keep:
+                    continue
+            value, hist = res.f, res.h
+            if node.return_bool:
+                value, hist = (1.0 if res.keep else 0.0), None
+            many_labels, one_labels = many.labels[i], one.labels[k]
+            if not one_to_one and not include:
+                metric = many_labels
+            else:
+                key = (many_labels, one_labels)
+                metric = cache.get(key) or cache.setdefault(
+                    key, _result_labels(many_labels, one_labels, matching, one_to_one, include)
+                )
+            if one_to_one:
+                if s in matched_one:
+                    raise KqlEvaluationError(
+                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
+                    )
+                matched_one.add(s)
+            else:
+                seen = matched_many.setdefault(s, set())
+                if metric in seen:
+                    raise KqlEvaluationError(
+                        "multiple matches for labels: grouping labels must ensure unique matches"
+                    )
+                seen.add(metric)
+            if not res.keep and not node.return_bool:
+                continue
+            drop = bool(many.drop_name[i]) if keeps_name else True
+            out.put(metric, j, value, hist, drop)
+    return out.vector()
+
+
+def histogram_binary(ev: Any, node: Any, lhs: Any, rhs: Any) -> Any:
+    """``binary_op`` for operands of which at least one vector holds histogram samples."""
+
+    l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
+    if l_vec and r_vec:
+        matching = node.matching or VectorMatching()
+        if node.op in SET_OPS:
+            return _hist_set_op(node.op, lhs, rhs, matching)
+        return _hist_vector_vector(ev, node, lhs, rhs, matching)
+    if l_vec:
+        return _hist_vector_scalar(ev, node, lhs, rhs, swapped=False)
+    return _hist_vector_scalar(ev, node, rhs, lhs, swapped=True)

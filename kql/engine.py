@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql import _windows, histeval
+from kernel_insight.kql import _windows
 from kernel_insight.kql.aggregation import aggregate
 from kernel_insight.kql.ast import (
     AggregateExpr,
@@ -39,7 +39,7 @@ from kernel_insight.kql.ast import (
     VectorSelector,
     children,
 )
-from kernel_insight.kql.binary import ARITHMETIC, binary_op
+from kernel_insight.kql.binary import ARITHMETIC, evaluate_binary
 from kernel_insight.kql.checker import value_type
 from kernel_insight.kql.errors import (
     KqlEvaluationError,
@@ -52,8 +52,10 @@ from kernel_insight.kql.errors import (
 )
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
+from kernel_insight.kql.functions.range_histograms import smoothed_selector
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
-from kernel_insight.kql.lexical import MAX_DURATION_MS, go_quote
+from kernel_insight.kql.histsamples import cells, hmul
+from kernel_insight.kql.lexical import MAX_DURATION_MS
 from kernel_insight.kql.limits import DEFAULT_LOOKBACK_MS, EngineLimits
 from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
@@ -444,8 +446,8 @@ class _Evaluator:
             hists = value.hists
             if hists is not None:
                 hists = hists.copy()
-                for i, j, h in histeval.cells(hists):
-                    hists[i, j] = histeval.hmul(h, -1.0)
+                for i, j, h in cells(hists):
+                    hists[i, j] = hmul(h, -1.0)
             return StepVector(
                 value.labels, -value.values, value.present, np.ones(len(value), dtype=bool), None, hists
             )
@@ -459,20 +461,11 @@ class _Evaluator:
             rhs = self.eval(node.rhs, times)
         finally:
             self.bucket_readers -= trim
-        if node.op in TRIM_OPS:
-            if not isinstance(lhs, StepVector) and not isinstance(rhs, StepVector):
-                # Prometheus' scalarBinop has no case for them (its evaluator panics with this text).
-                raise KqlEvaluationError(f"operator {go_quote(node.op)} not allowed for Scalar operations")
-            return histeval.binary(self, node, lhs, rhs)
-        if (isinstance(lhs, StepVector) and lhs.has_hists) or (isinstance(rhs, StepVector) and rhs.has_hists):
-            return histeval.binary(self, node, lhs, rhs)
-        return binary_op(node, lhs, rhs)
+        return evaluate_binary(self, node, lhs, rhs)
 
     def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
         param = self.eval(node.param, times) if node.param is not None else None
         vec = self.eval(node.expr, times)
-        if vec.has_hists:
-            return histeval.aggregate(self, node, vec, param)
         return aggregate(self, node, vec, param)
 
     def eval_call(self, node: Call, times: I64) -> Any:
@@ -500,13 +493,7 @@ class _Evaluator:
             self.stats_readers -= stats
             self.bucket_readers -= buckets
             START_TIMESTAMPS_WANTED.reset(starts)
-        ctx = CallContext(self, node, times)
-        if any(
-            (isinstance(a, StepVector) and a.has_hists) or (isinstance(a, RangeInput) and a.hist is not None)
-            for a in args
-        ):
-            return histeval.call(ctx, spec, args)
-        return spec.impl(ctx, args)
+        return spec.evaluate(CallContext(self, node, times), args)
 
     def start_timestamps(self, node: VectorSelector, times: I64, vec: StepVector) -> F64:
         """The start timestamp (ms, 0 = unset) of the sample behind each cell of ``vec``, the
@@ -770,7 +757,7 @@ class _Evaluator:
             return StepVector.empty(steps)
         self.dense(n, steps)
         if len(ts) == 0:
-            return histeval.smoothed_selector(self, node, StepVector.empty(steps), cols, refs)
+            return smoothed_selector(self, node, StepVector.empty(steps), cols, refs)
         nxt = batched_searchsorted(ts, offsets, refs, "right")
         last = nxt - 1
         has_prev = last >= offsets[:-1, None]
@@ -788,7 +775,7 @@ class _Evaluator:
         labels = cols.labels
         out = StepVector(labels, values, present, np.zeros(n, dtype=bool))
         if cols.hist is not None:
-            return histeval.smoothed_selector(self, node, out, cols, refs)
+            return smoothed_selector(self, node, out, cols, refs)
         return out.compact()
 
     def eval_matrix_selector(self, node: MatrixSelector, times: I64) -> RangeInput:

@@ -19,15 +19,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_insight.kql import histeval
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.histogram import (
+    CUSTOM_BUCKETS_SCHEMA,
     FloatHistogram,
     HistogramNotationError,
     expand_histogram_series,
     spans_match,
 )
+from kernel_insight.kql.histsamples import hcompact
 from kernel_insight.kql.lexical import parse_duration, unquote
 from kernel_insight.kql.storage import STALE_NAN, Labels, MemoryStorage, is_stale_value, normalize_labels
 from kernel_insight.kql.values import Matrix, QueryResult, Scalar, String, Vector, almost_equal
@@ -505,10 +506,10 @@ def _check_annotations(case: Case, result: QueryResult) -> str | None:
 
 def same_histogram(want: FloatHistogram, got: FloatHistogram, hint_set: bool) -> bool:
     """promqltest's compareNativeHistogram on both sides compacted: counts within 1e-6, layouts exact."""
-    a, b = histeval.hcompact(want.copy()), histeval.hcompact(got.copy())
+    a, b = hcompact(want.copy()), hcompact(got.copy())
     if a.schema != b.schema or not same_value(a.count, b.count) or not same_value(a.sum, b.sum):
         return False
-    if a.schema == histeval.CUSTOM_BUCKETS_SCHEMA and tuple(a.custom_values) != tuple(b.custom_values):
+    if a.schema == CUSTOM_BUCKETS_SCHEMA and tuple(a.custom_values) != tuple(b.custom_values):
         return False
     if a.zero_threshold != b.zero_threshold or not same_value(a.zero_count, b.zero_count):
         return False
@@ -743,7 +744,7 @@ class _TempHistogram:
             deltas.append(cumulative - prev)
             prev = cumulative
         h = FloatHistogram(
-            schema=histeval.CUSTOM_BUCKETS_SCHEMA,
+            schema=CUSTOM_BUCKETS_SCHEMA,
             zero_threshold=0.0,
             zero_count=0.0,
             count=count,
@@ -754,7 +755,7 @@ class _TempHistogram:
             negative_buckets=(),
             custom_values=tuple(le for le, _ in buckets[:-1]),
         )
-        compacted: FloatHistogram = histeval.hcompact(h)
+        compacted: FloatHistogram = hcompact(h)
         return compacted
 
 

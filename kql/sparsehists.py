@@ -396,7 +396,7 @@ class SparseHists:
 
     def dense_side(self, positive: bool) -> tuple[int, F64] | None:
         """(lowest bucket index, counts as an n x width matrix) of one side, bucket ``lo + k`` in
-        column ``k`` (absent buckets 0), as ``histeval.DenseBlock`` lays out objects; None when
+        column ``k`` (absent buckets 0), as ``histdense.DenseBlock`` lays out objects; None when
         some row's spans do not cover exactly its buckets (the object path decides those)."""
         spans, buckets = (
             (self.pos_spans, self.pos_buckets) if positive else (self.neg_spans, self.neg_buckets)
@@ -416,7 +416,7 @@ class SparseHists:
         """These rows as ``FloatHistogram.compact(0)`` (Prometheus' ``Compact(0)``) leaves each
         row holding a bucket of 0 (±0: both sides' zero buckets dropped, their spans rebuilt as
         maximal runs), every other row as it is: what sum/avg make of a group's single member,
-        as :func:`histeval._single_members` does for objects; with ``every_row`` every row
+        as :func:`histdense.single_members` does for objects; with ``every_row`` every row
         compacted (``hcompact`` of each result of ``x * s``, ``x / s``). Itself when no row
         has a bucket of 0 (and not ``every_row``); None when a row to compact has spans that
         do not cover its buckets or go backwards (the object path decides those)."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kernel_insight.kql.ast import Call, Node
-    from kernel_insight.kql.histeval import DenseHists
+    from kernel_insight.kql.histdense import DenseHists
     from kernel_insight.kql.histogram import FloatHistogram
     from kernel_insight.kql.storage import Matcher
 
@@ -133,7 +133,7 @@ class StepVector:
     drop_name: BOOL
     sample_ts: I64 | None = None
     hist_objs: OBJ | None = None  # read it as ``hists``
-    #: Histogram cells still held as dense bucket blocks (histeval.DenseHists: rate's results),
+    #: Histogram cells still held as dense bucket blocks (histdense.DenseHists: rate's results),
     #: made into objects only when ``hists`` is read; the cells are none of ``hist_objs``'.
     dense: DenseHists | None = None
     #: Histogram cells still held as a store's columns (sparsehists.SparseCells: an instant

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder
 from kernel_insight.collector.schema import SCHEMA, Table, single_ddl
 from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.kql.histeval import DENSE_CHUNK, DenseBlock
+from kernel_insight.kql.histdense import DENSE_CHUNK, DenseBlock
 from kernel_insight.kql.storage import Matcher
 
 SCHEMA_N = 3

@@ -9,6 +9,7 @@ from kernel_insight.kql.functions import (  # noqa: F401  (importing registers t
     labels,
     math,
     range,
+    range_histograms,
     time,
 )
 from kernel_insight.kql.functions.registry import FUNCTIONS, FunctionSpec, GridPushdown, function

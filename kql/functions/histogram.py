@@ -7,18 +7,41 @@ Native histograms are not stored by kql, so the functions that only read native 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.aggregation import bad_quantile_message
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, STR, S, V
-from kernel_insight.kql.functions.registry import function
+from kernel_insight.kql.functions.registry import function, histogram_behaviour
+from kernel_insight.kql.histdense import (
+    DenseBlock,
+    chunked_cells,
+    dense_avg,
+    dense_fractions,
+    dense_quantiles,
+    dense_stddev,
+    dense_stdvar,
+)
+from kernel_insight.kql.histsamples import (
+    BOOL,
+    I64,
+    H,
+    Totals,
+    cells,
+    fdiv,
+    float_of_hists,
+    hstddev,
+    hstdvar,
+    metric_name,
+)
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array
+from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array, hist_mask
 from kernel_insight.kql.vectors import consolidate
 
 __all__ = ["bucket_fraction", "bucket_quantile"]
@@ -353,3 +376,215 @@ for _name, _doc, _reads in (
     ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored).", ""),
 ):
     _native_only(_name, _doc, _reads)
+
+
+# ------------------------------------------------------------------------------ native histograms
+
+
+def _native_floats(
+    fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None
+) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
+    def handler(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+        return float_of_hists(args[0], fn, dense_fn)
+
+    return handler
+
+
+histogram_behaviour("histogram_count")(_native_floats(lambda h: float(h.count), lambda b: b.count))
+
+
+histogram_behaviour("histogram_sum")(_native_floats(lambda h: float(h.sum), lambda b: b.sum))
+
+
+histogram_behaviour("histogram_avg")(_native_floats(lambda h: fdiv(float(h.sum), float(h.count)), dense_avg))
+
+
+histogram_behaviour("histogram_stdvar")(_native_floats(hstdvar, dense_stdvar))
+
+
+histogram_behaviour("histogram_stddev")(_native_floats(hstddev, dense_stddev))
+
+
+def mixed_classic_native(name: str) -> str:
+    base = "vector contains a mix of classic and native histograms"
+    return f"{base} for metric name {go_quote(name)}" if name else base
+
+
+def _split_classic_native(ctx: Any, vec: StepVector, arg_index: int) -> StepVector:
+    """The float (classic bucket) part of ``vec``, less the buckets that collide with a native histogram
+    of the same labels at the same step (both are dropped then, with Prometheus' warning)."""
+    if not any(k == "le" for lb in vec.labels for k, _ in lb):
+        return vec  # no classic bucket: nothing collides (dense histogram cells stay dense)
+    assert vec.hists is not None
+    by_key: dict[Labels, list[int]] = {}
+    for i, lb in enumerate(vec.labels):
+        le = dict(lb).get("le")
+        if le is None:
+            continue
+        try:
+            float(le.replace("Inf", "inf"))
+        except ValueError:
+            continue
+        by_key.setdefault(tuple(p for p in lb if p[0] != "le"), []).append(i)
+    present = vec.present.copy()
+    hists = vec.hists.copy()
+    for i, j, _ in cells(vec.hists):
+        rows = by_key.get(vec.labels[i])
+        if rows and present[rows, j].any():
+            ctx.warn(mixed_classic_native(metric_name(vec.labels[i])), ctx.node.args[arg_index].pos)
+            present[rows, j] = False
+            hists[i, j] = None
+    return StepVector(vec.labels, vec.values, present, vec.drop_name, vec.sample_ts, hists)
+
+
+def _concat_vectors(a: StepVector, b: StepVector) -> StepVector:
+
+    return consolidate(
+        StepVector(
+            a.labels + b.labels,
+            np.concatenate([a.values, b.values]),
+            np.concatenate([a.present, b.present]),
+            np.concatenate([a.drop_name, b.drop_name]),
+        )
+    )
+
+
+def _notes(ctx: Any, notes: Iterable[str], name: str, pos: Any) -> None:
+    for note in notes:
+        ctx.info(note + (f" for metric name {go_quote(name)}" if name else ""), pos)
+
+
+def _quantile_of(ctx: Any, q: float, h: H, name: str, pos: Any) -> float:
+    value, notes = nh.histogram_quantile(q, h)
+    if notes:
+        _notes(ctx, notes, name, pos)
+    return float(value)
+
+
+def _fraction_of(ctx: Any, lower: float, upper: float, h: H, name: str, pos: Any) -> float:
+    value, notes = nh.histogram_fraction(lower, upper, h)
+    if notes:
+        _notes(ctx, notes, name, pos)
+    return float(value)
+
+
+def _native_histogram_quantile(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+) -> StepVector:
+    q, vec = args
+    classic = _split_classic_native(ctx, vec, 1)
+    floats = impl(ctx, [q, classic.floats_only()])
+    pos = ctx.node.args[1].pos
+    return _concat_vectors(floats, _native_quantiles(ctx, q, classic, pos))
+
+
+def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector:
+    """histogram_quantile of every histogram cell: a dense block's numpy search where the cells
+    share a layout (:func:`dense_quantiles`), kql.histogram per histogram for the rest."""
+    qs = np.asarray(q, dtype=np.float64)
+    return _native_cells(
+        ctx,
+        vec,
+        lambda steps, block: dense_quantiles(qs[steps], block),
+        lambda i, j, h: _quantile_of(ctx, float(q[j]), h, metric_name(vec.labels[i]), pos),
+    )
+
+
+def _native_cells(
+    ctx: Any,
+    vec: StepVector,
+    dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
+    one: Callable[[int, int, H], float],
+) -> StepVector:
+    """A float of every histogram cell: ``dense_fn`` over whole blocks (its steps' arguments,
+    the block; the rows it leaves undecided go to ``one``, per histogram). Cells still dense
+    (rate's results) are searched where they are, a selector's columns (``vec.sparse``) and
+    objects in chunks of neighbouring series (narrow blocks); objects are made only for the
+    rows ``dense_fn`` leaves."""
+    values = np.zeros(vec.values.shape)
+    present = np.zeros(vec.values.shape, dtype=bool)
+    if vec.dense is not None:
+        for block, rows, steps, hint in vec.dense.parts:
+            found, done = dense_fn(steps, block)
+            values[rows[done], steps[done]] = found[done]
+            present[rows, steps] = True
+            rest = np.flatnonzero(~done)
+            if len(rest):
+                for k, h in zip(rest.tolist(), block.take(rest).materialize(hint), strict=True):
+                    i, j = int(rows[k]), int(steps[k])
+                    values[i, j] = one(i, j, h)
+            ctx.check()
+    if vec.sparse is not None:
+        cells = vec.sparse
+        order = np.lexsort((cells.steps, cells.rows))  # row by row, as the objects' cells come
+        data = cells.data.take(order)
+        chunked_cells(
+            ctx,
+            cells.rows[order],
+            cells.steps[order],
+            values,
+            present,
+            dense_fn,
+            one,
+            lambda a, b: DenseBlock.of_sparse(data.rows(a, b)),
+            lambda rest: list(data.take(rest).objects()),
+        )
+    if vec.hist_objs is not None:
+        rows, steps = np.nonzero(hist_mask(vec.hist_objs))
+        hs = vec.hist_objs[rows, steps].tolist()
+        chunked_cells(
+            ctx,
+            rows,
+            steps,
+            values,
+            present,
+            dense_fn,
+            one,
+            lambda a, b: DenseBlock.of(hs[a:b]),
+            lambda rest: [hs[k] for k in rest.tolist()],
+        )
+    return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
+
+
+def _native_histogram_fraction(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+) -> StepVector:
+    lower, upper, vec = args
+    classic = _split_classic_native(ctx, vec, 2)
+    floats = impl(ctx, [lower, upper, classic.floats_only()])
+    pos = ctx.node.args[2].pos
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    native = _native_cells(
+        ctx,
+        classic,
+        lambda steps, block: dense_fractions(lo[steps], hi[steps], block),
+        lambda i, j, h: _fraction_of(
+            ctx, float(lower[j]), float(upper[j]), h, metric_name(vec.labels[i]), pos
+        ),
+    )
+    return _concat_vectors(floats, native)
+
+
+def _native_histogram_quantiles(
+    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+) -> StepVector:
+
+    vec, label, *qs = args
+    classic = _split_classic_native(ctx, vec, 0)
+    out: StepVector = impl(ctx, [classic.floats_only(), label, *qs])
+    pos = ctx.node.args[0].pos
+    for q in qs:
+        text = _q_label(float(q[0])) if len(q) else ""
+        native = _native_quantiles(ctx, q, classic, pos)
+        native.labels = [tuple(sorted({**dict(lb), label: text}.items())) for lb in native.labels]
+        out = _concat_vectors(out, native)
+    return out
+
+
+histogram_behaviour("histogram_quantile")(_native_histogram_quantile)
+
+
+histogram_behaviour("histogram_fraction")(_native_histogram_fraction)
+
+
+histogram_behaviour("histogram_quantiles")(_native_histogram_quantiles)

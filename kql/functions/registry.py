@@ -105,6 +105,28 @@ class FunctionSpec:
             return None
         return len(self.arg_types) - 1 + self.variadic
 
+    def evaluate(self, ctx: CallContext, args: list[Any]) -> Any:
+        """Run the function on evaluated ``args``: with histogram samples among them, its
+        ``histogram_impl`` (given the float implementation too) or what ``histogram_samples`` says."""
+        # local: the checker imports the registry, which stays free of the evaluator's modules
+        from kernel_insight.kql import histsamples as hs
+        from kernel_insight.kql.values import RangeInput, StepVector
+
+        if not hs.holds_histograms(args):
+            return self.impl(ctx, args)
+        if self.histogram_impl is not None:
+            return self.histogram_impl(ctx, self.impl, args)
+        if self.histogram_samples == "pass_through":
+            return self.impl(ctx, args)
+        if self.histogram_samples == "presence":
+            return self.impl(ctx, [hs.presence_proxy(a) if isinstance(a, StepVector) else a for a in args])
+        out = self.impl(ctx, [hs.without_histograms(a) for a in args])
+        if self.histogram_samples == "mixed_range_info":
+            for a in args:
+                if isinstance(a, RangeInput):
+                    hs.info_mixed_range(ctx, a)
+        return out
+
     def arg_type(self, index: int) -> ValueType:
         """The expected type of argument ``index`` (repeated arguments share the last type)."""
         return self.arg_types[min(index, len(self.arg_types) - 1)]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.kql import FUNCTIONS, Engine, Matrix
-from kernel_insight.kql.histeval import DenseBlock
+from kernel_insight.kql.histdense import DenseBlock
 from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.promqltest import default_dir, run_file
 from kernel_insight.kql.sparsehists import SparseHists, tsdb_pending
@@ -187,10 +187,10 @@ def _results(storage: Any, name: str) -> Iterator[tuple[str, Any]]:
 @pytest.fixture
 def dense_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dense paths for any number of cells, in blocks of a few series."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
-    monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
-    monkeypatch.setattr(histeval, "DENSE_CHUNK", 40)
+    monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 1)
+    monkeypatch.setattr(histdense, "DENSE_CHUNK", 40)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -198,10 +198,10 @@ def dense_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_columns_give_the_object_paths_results(seed: int, odd: bool, dense_everywhere: None) -> None:
     memory, columnar = MemoryStorage(), ColumnarMemory()
     _fill([memory, columnar], seed, "h", odd_counts=odd)
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(histeval, "DENSE_MIN_CELLS", 10**9)  # the reference: one histogram at a time
+        mp.setattr(histdense, "DENSE_MIN_CELLS", 10**9)  # the reference: one histogram at a time
         want = dict(_results(memory, "h"))
     got = dict(_results(columnar, "h"))
     dense_objects = dict(_results(memory, "h"))
@@ -240,7 +240,7 @@ def test_pending_hints_decide_as_tsdb_hints(seed: int, odd: bool) -> None:
 
 
 def test_dense_block_of_columns_is_the_block_of_objects() -> None:
-    from kernel_insight.kql.histeval import DenseBlock
+    from kernel_insight.kql.histdense import DenseBlock
 
     rng = np.random.default_rng(7)
     hs = [v for _, v in _series(rng, 200, odd_counts=False) if isinstance(v, FloatHistogram)]
@@ -283,7 +283,7 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
     or sums (several) the store's columns without an object per sample: bit for bit the
     per-histogram path, on histograms of one layout family (the columns' path runs) or of mixed
     schemas and zero thresholds (it declines)."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import aggregation, histdense
 
     rng = np.random.default_rng(seed)
     memory, columnar = MemoryStorage(), ColumnarMemory()
@@ -303,8 +303,8 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
                 else:
                     store.add(labels, [t], [v])
     ran: list[str] = []
-    for name in ("_single_sparse", "sparse_sum"):
-        real = getattr(histeval, name)
+    for name in ("single_sparse", "sparse_sum"):
+        real = getattr(aggregation, name)
 
         def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
             out = _real(*args)
@@ -312,7 +312,7 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
                 ran.append(_name)
             return out
 
-        monkeypatch.setattr(histeval, name, spy)
+        monkeypatch.setattr(aggregation, name, spy)
     real_compacted = SparseHists.compacted
 
     def compacted(self: SparseHists) -> SparseHists | None:
@@ -324,11 +324,11 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
     for q in SELECTOR_SUMS:
         query = q.format(m="h")
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(histeval, "DENSE_MIN_CELLS", 10**9)  # the reference: one histogram at a time
+            mp.setattr(histdense, "DENSE_MIN_CELLS", 10**9)  # the reference: one histogram at a time
             want = _plain(Engine(memory).range_query(query, 0, 600_000, 15_000))
         assert _plain(Engine(columnar).range_query(query, 0, 600_000, 15_000)) == want, query
     if one_schema:
-        assert "_single_sparse" in ran  # sum by (i): one member a group
+        assert "single_sparse" in ran  # sum by (i): one member a group
         assert "sparse_sum" in ran or series == 1  # sum(h) over several series
         assert ("compacted" if zeros else "as it is") in ran
 
@@ -348,18 +348,19 @@ OVER_TIME = [
 def _per_window(ctx: Any, impl: Any, args: list[Any], kind: str) -> Any:
     """The per-window reference these functions had (every sample of every window merged in
     time order, each histogram an object), kept here to test the bounds-based paths against."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histsamples
+    from kernel_insight.kql.functions import range_histograms
 
     r = args[0]
-    touched = histeval.has_hist_windows(r)
-    floats = impl(ctx, [histeval._strip(r)])
+    touched = histsamples.has_hist_windows(r)
+    floats = impl(ctx, [histsamples.without_histograms(r)])
     hists: dict[tuple[int, int], Any] = {}
     values: dict[tuple[int, int], float] = {}
-    for i, j, _, hs, nfloat in histeval.hist_windows(r):
+    for i, j, _, hs, nfloat in histsamples.hist_windows(r):
         if kind in ("count", "present"):
             values[i, j] = float(len(hs) + nfloat) if kind == "count" else 1.0
             continue
-        samples = histeval._merged(r, i, j)
+        samples = range_histograms._merged(r, i, j)
         t, f, h = samples[-1] if "last" in kind else samples[0]
         if kind.startswith("ts_of"):
             values[i, j] = t / 1000.0
@@ -368,8 +369,10 @@ def _per_window(ctx: Any, impl: Any, args: list[Any], kind: str) -> Any:
         else:
             hists[i, j] = h
     if kind in ("count", "present"):
-        return histeval._combine(r, floats, {}, values)
-    return histeval._combine(r, floats, hists, values, drop=touched, keep_name=not kind.startswith("ts_of"))
+        return range_histograms._combine(r, floats, {}, values)
+    return range_histograms._combine(
+        r, floats, hists, values, drop=touched, keep_name=not kind.startswith("ts_of")
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -478,9 +481,9 @@ def test_promqltest_cases_pass_alike_through_columns(
 ) -> None:
     """Every promqltest case passes or fails through the columnar read as it does over objects,
     with the dense paths taken wherever they can be (one cell up)."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
-    monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
+    monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 1)
     native = 0
     for name, want in promqltest_reports.items():
         got = run_file(default_dir() / name, storage_type=ColumnarMemory)
@@ -498,7 +501,7 @@ def test_dense_fractions_are_nativehists_bit_for_bit(seed: int, odd: bool) -> No
     (bounds inside buckets, on bucket edges, in the zero bucket, +-Inf, lower >= upper, NaN), and
     decides most rows of ordinary histograms."""
     from kernel_insight.kql import histogram as nh
-    from kernel_insight.kql.histeval import DenseBlock, dense_fractions
+    from kernel_insight.kql.histdense import DenseBlock, dense_fractions
 
     rng = np.random.default_rng(seed)
     hs = [v for _, v in _series(rng, 80, odd_counts=odd) if isinstance(v, FloatHistogram)]
@@ -609,7 +612,7 @@ def test_dense_stdvar_is_the_objects_bit_for_bit(seed: int, odd: bool, integers:
     """histogram_stdvar/stddev of a selector's columns and of a dense block give each object's
     float bit for bit: mixed schemas and zero thresholds, explicit zero, negative and NaN
     buckets, counter resets, integer or fractional counts, custom buckets (left to the objects)."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense, histsamples
 
     rng = np.random.default_rng(seed)
     hs = [v for _, v in _series(rng, 60, odd_counts=odd) if isinstance(v, FloatHistogram)]
@@ -636,17 +639,17 @@ def test_dense_stdvar_is_the_objects_bit_for_bit(seed: int, odd: bool, integers:
         hs.insert(int(rng.integers(0, len(hs) + 1)), nhcb)
     if not hs:
         return
-    stdvar = [np.float64(histeval._histogram_stdvar(h)).tobytes() for h in hs]
-    stddev = [np.float64(histeval._histogram_stddev(h)).tobytes() for h in hs]
+    stdvar = [np.float64(histsamples.hstdvar(h)).tobytes() for h in hs]
+    stddev = [np.float64(histsamples.hstddev(h)).tobytes() for h in hs]
     data = SparseHists.of_objects(hs)
     data._objects = None  # the fallback rows made from the columns, as a store's read
-    assert [x.tobytes() for x in histeval.dense_stdvar(data)] == stdvar
-    assert [x.tobytes() for x in histeval.dense_stddev(data)] == stddev
+    assert [x.tobytes() for x in histdense.dense_stdvar(data)] == stdvar
+    assert [x.tobytes() for x in histdense.dense_stddev(data)] == stddev
     one = [dataclasses.replace(h, schema=1, zero_threshold=1e-3) for h in hs if h.schema != -53]
     block = DenseBlock.of([h.compact(0) for h in one])
     if block is not None:
-        want = [np.float64(histeval._histogram_stdvar(h)).tobytes() for h in block.materialize(0)]
-        assert [x.tobytes() for x in histeval.dense_stdvar(block)] == want
+        want = [np.float64(histsamples.hstdvar(h)).tobytes() for h in block.materialize(0)]
+        assert [x.tobytes() for x in histdense.dense_stdvar(block)] == want
 
 
 SCALAR_OPS = [
@@ -672,7 +675,7 @@ def test_histograms_times_scalars_over_columns_give_the_object_paths_results(
     row compacted) and give the per-cell path's results bit for bit: negative scalars (gauges),
     0, a scalar changing by step, zero and NaN buckets, mixed schemas; the columns'
     path checked to run where the vector holds histograms only."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import binary
 
     rng = np.random.default_rng(seed)
     memory, columnar = MemoryStorage(), ColumnarMemory()
@@ -685,14 +688,14 @@ def test_histograms_times_scalars_over_columns_give_the_object_paths_results(
                 elif v == "stale":
                     store.add_histograms(labels, [t], [FloatHistogram(sum=STALE_NAN)])
     ran: list[bool] = []
-    real = histeval.sparse_times_scalar
+    real = binary.sparse_times_scalar
 
     def spy(*args: Any) -> Any:
         out = real(*args)
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(histeval, "sparse_times_scalar", spy)
+    monkeypatch.setattr(binary, "sparse_times_scalar", spy)
     for q in SCALAR_OPS:
         query = q.format(m="h")
         want = _plain(Engine(memory).range_query(query, 0, 600_000, 15_000))

@@ -18,7 +18,7 @@ from kernel_insight.kql import (
     prometheus_json_bytes,
     to_prometheus_json,
 )
-from kernel_insight.kql.histeval import DenseBlock, dense_quantiles
+from kernel_insight.kql.histdense import DenseBlock, dense_quantiles
 from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
 from kernel_insight.kql.promqltest import histogram_values
 from kernel_insight.kql.storage import STALE_NAN, Matcher
@@ -448,12 +448,12 @@ def test_dense_rate_and_sum_equal_the_per_histogram_path(
 ) -> None:
     """The numpy paths for rate/increase and sum/avg give the per-histogram path's histograms, bit for bit
     (in one block, and in blocks of a few series each)."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
-    monkeypatch.setattr(histeval, "DENSE_CHUNK", chunk)
+    monkeypatch.setattr(histdense, "DENSE_CHUNK", chunk)
     store = _counter_series(np.random.default_rng(3), 12, 60)
     fast = Engine(store).range_query(query, 120_000, 885_000, 15_000).value
-    monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 10**9)
+    monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 10**9)
     slow = Engine(store).range_query(query, 120_000, 885_000, 15_000).value
     assert isinstance(fast, Matrix)
     assert isinstance(slow, Matrix)
@@ -496,18 +496,18 @@ def test_dense_cells_handed_to_sum_and_quantile_equal_the_object_path(
     """rate's dense cells go through sum/avg by series and histogram_quantile without becoming
     objects (DenseHists); the quantiles, the sample counts and the stats are the per-histogram
     path's, bit for bit."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
-    monkeypatch.setattr(histeval, "DENSE_CHUNK", chunk)
+    monkeypatch.setattr(histdense, "DENSE_CHUNK", chunk)
     store = _counter_series(np.random.default_rng(5), 12, 60, 0.03 if resets else 0.0)
     made = [0]
-    fill = histeval.DenseHists.fill
+    fill = histdense.DenseHists.fill
 
-    def counting_fill(self: histeval.DenseHists, out: np.ndarray) -> None:
+    def counting_fill(self: histdense.DenseHists, out: np.ndarray) -> None:
         made[0] += 1
         fill(self, out)
 
-    monkeypatch.setattr(histeval.DenseHists, "fill", counting_fill)
+    monkeypatch.setattr(histdense.DenseHists, "fill", counting_fill)
     fast = Engine(store).range_query(query, 120_000, 885_000, 15_000)
     if (
         query.startswith("histogram_quantile")
@@ -517,7 +517,7 @@ def test_dense_cells_handed_to_sum_and_quantile_equal_the_object_path(
         # No FloatHistogram was made of rate's results: one series per group, or every window
         # decided dense (no reset inside) for sums of several.
         assert made[0] == 0
-    monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 10**9)
+    monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 10**9)
     slow = Engine(store).range_query(query, 120_000, 885_000, 15_000)
     assert isinstance(fast.value, Matrix)
     assert isinstance(slow.value, Matrix)
@@ -556,10 +556,10 @@ def test_histogram_sums_are_kahan_compensated_as_prometheus(
     dense: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """sum and sum_over_time add histograms with Prometheus' KahanAdd: 1e100 + 1 - 1e100 is 1, not 0."""
-    from kernel_insight.kql import histeval
+    from kernel_insight.kql import histdense
 
     if dense:
-        monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
+        monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 1)
     s = MemoryStorage()
     for k, v in enumerate((1e100, 1.0, -1e100)):
         s.add_histograms({"__name__": "h", "k": str(k)}, [0], [_h(v, (v,), hint=3)])

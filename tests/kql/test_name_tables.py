@@ -21,7 +21,7 @@ KNOWN: dict[tuple[str, frozenset[str]], str] = {
     ("histogram/notation.py", frozenset({"sum", "count"})): "histogram fields in the test notation",
     ("sparsehists.py", frozenset({"count", "sum"})): "column names",
     ("values.py", frozenset({"count", "sum"})): "the HTTP API's histogram fields",
-    ("histeval.py", frozenset({"count", "sum"})): "histogram fields",
+    ("histdense.py", frozenset({"count", "sum"})): "histogram fields",
     ("promqltest.py", frozenset({"info"})): "annotation levels",
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from columnar_memory import ColumnarMemory
 
-from kernel_insight.kql import histeval
+from kernel_insight.kql import histdense
 from kernel_insight.kql.promqltest import run_file
 from kernel_insight.kql.storage import MemoryStorage
 
@@ -28,7 +28,7 @@ def test_every_case_passes(
 ) -> None:
     path, evals = SCRIPTS[script]
     if storage_type is ColumnarMemory:
-        monkeypatch.setattr(histeval, "DENSE_MIN_CELLS", 1)
+        monkeypatch.setattr(histdense, "DENSE_MIN_CELLS", 1)
     report = run_file(path, storage_type=storage_type)
     failing = [f"{r.case.id}: {r.case.query}: {r.reason}" for r in report.results if not r.passed]
     assert len(report.results) == evals
