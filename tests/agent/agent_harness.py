@@ -352,28 +352,45 @@ def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condi
 class PacedProducer(threading.Thread):
     """Writes KERNEL records into a ring at ``rate``/s in 10 ms steps, as a probe does: never
     waits, a full ring drops (counted in ``dropped``); correlation numbers from ``base`` on are unique.
-    ``set_rate`` changes the rate from then on (what was due before stays written)."""
+    ``set_rate`` changes the rate from then on (what was due before stays written).
 
-    def __init__(self, ring: Ring, rate: int, base: int = 0) -> None:
+    ``catch_up`` False: the rate is a ceiling at every moment, as a probe's is (kernels end at the
+    GPU's pace): when this thread was not scheduled for longer than ``MAX_LAG_S`` (a loaded
+    machine), what fell due meanwhile is not written, instead of in one burst far above the rate.
+    True (the default): every record due is written, ``rate`` per second on average."""
+
+    MAX_LAG_S = 0.05
+
+    def __init__(self, ring: Ring, rate: int, base: int = 0, catch_up: bool = True) -> None:
         super().__init__(daemon=True)
         self.ring = ring
         self.rate = rate
         self.base = base
+        self.catch_up = catch_up
         self.written = 0
         self.dropped = 0
+        self.skipped = 0  # due while the thread was not scheduled (catch_up False)
         self.stop_flag = threading.Event()
         self.names = [ring.intern(f"kernel_{i}") for i in range(4)]
+        self._lock = threading.Lock()
         self._pace = (time.monotonic(), 0, rate)  # since when, how many written then, at what rate
 
     def set_rate(self, rate: int) -> None:
-        self._pace = (time.monotonic(), self.written, rate)
-        self.rate = rate
+        with self._lock:
+            self._pace = (time.monotonic(), self.written, rate)
+            self.rate = rate
 
     def run(self) -> None:
         self._pace = (time.monotonic(), 0, self.rate)
         while not self.stop_flag.is_set():
-            since, before, rate = self._pace
-            due = before + int((time.monotonic() - since) * rate)
+            with self._lock:
+                since, before, rate = self._pace
+                now_s = time.monotonic()
+                due = before + int((now_s - since) * rate)
+                if not self.catch_up and due - self.written > rate * self.MAX_LAG_S:
+                    self.skipped += due - self.written
+                    self._pace = (now_s, self.written, rate)
+                    due = self.written
             now = time.time_ns()
             while self.written < due:
                 n = self.written

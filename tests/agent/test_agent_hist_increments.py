@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from support.collector import start_collector, stop_collector
 from test_agent_units import run_unit
@@ -21,6 +22,7 @@ from test_histogram import bounds_table, go_index
 from bench.histogram.producer import build_producer
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.agent.ring import Ring
+from kernel_insight.api import TokenStore
 from kernel_insight.collector import wire
 from kernel_insight.collector.hist_base import HistogramBases
 from kernel_insight.collector.keys import KeyStore
@@ -190,14 +192,17 @@ def _through_a_real_collector(
     agent_args: tuple[str, ...] = (),
     kernels: int = 3,
     runs: int = 1,
-    pause_s: float = 0.0,
+    evicted_between: int = 0,
 ) -> tuple[list[dict[str, Any]], dict[str, float], str]:
-    """C producer (50k kernels/s; runs processes one after the other, pause_s after each) ->
+    """C producer (50k kernels/s; runs processes one after the other; with ``evicted_between``,
+    the next starts once the collector has stored an evicted counter of that many keys a run so
+    far: the previous process's keys have gone idle and were evicted) ->
     ki-agent (1 s interval) -> ki collector -> ClickHouse: each series' last stored histogram, the
     agent's histogram counters (the last value stored of ki_agent_histogram_<name>_total), and the
     collector's /metrics."""
     producer = build_producer(tmp_path)
     KeyStore(tmp_path / "keys.json").add_agent("inc").write_key_file(tmp_path / "agent.key")
+    reader = TokenStore(tmp_path / "tokens.json").create("reader", ["read"]).token
     ring = Ring.create(ring_name, capacity=1 << 16)
     collector, url = start_collector(tmp_path, *collector_args)
     agent = None
@@ -216,7 +221,8 @@ def _through_a_real_collector(
                                capture_output=True, text=True, timeout=120)  # fmt: skip
             assert r.returncode == 0, r.stdout + r.stderr
             durations += part.read_bytes()
-            time.sleep(pause_s)
+            if evicted_between and run < runs - 1:
+                _wait_evicted(url, reader, evicted_between * (run + 1))
         (tmp_path / "durations.bin").write_bytes(durations)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=120) == 0, (tmp_path / "agent.log").read_text()[-3000:]
@@ -247,6 +253,24 @@ def _through_a_real_collector(
     finally:
         store.close()
     return last, counters, metrics
+
+
+def _wait_evicted(url: str, token: str, keys: int, timeout_s: float = 180) -> None:
+    """Until the agent's evicted counter stored in the collector reaches ``keys``: an idle key goes
+    between histogram_idle_s and twice that after its last change once that change is delivered
+    (later on a loaded machine), and the counter arrives with the next batch (a heartbeat)."""
+    deadline = time.monotonic() + timeout_s
+    evicted = 0.0
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+        while evicted < keys:
+            assert time.monotonic() < deadline, (
+                f"{evicted:.0f} of {keys} idle keys evicted in {timeout_s:.0f} s"
+            )
+            time.sleep(0.2)
+            r = http.get("/api/v1/query", params={"query": "max(ki_agent_histogram_evicted_total)"})
+            assert r.status_code == 200, r.text
+            result = r.json()["data"]["result"]
+            evicted = float(result[0]["value"][1]) if result else 0.0
 
 
 def _exact(tmp_path: Path, last: list[dict[str, Any]]) -> None:
@@ -310,8 +334,8 @@ def test_idle_keys_make_room_for_the_next_process(tmp_path: Path, agent_bin: Pat
     the eviction the second process's kernels would all be refused."""
     total = 20_000
     last, counters, _ = _through_a_real_collector(
-        tmp_path, agent_bin, ring_name, total, kernels=16, runs=2, pause_s=5.0,
-        agent_args=("--histogram-max-keys", "16", "--histogram-idle-s", "1"),
+        tmp_path, agent_bin, ring_name, total, kernels=16, runs=2, evicted_between=16,
+        agent_args=("--histogram-max-keys", "16", "--histogram-idle-s", "1", "--heartbeat-s", "1"),
     )  # fmt: skip
     assert counters["evicted"] >= 16
     assert counters.get("refused", 0.0) == 0
