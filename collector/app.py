@@ -264,9 +264,12 @@ def create_app(
                     batcher.start()  # idempotent; refused once the app is shutting down
                 except RuntimeError:
                     return _error(503, "the collector is shutting down", {"Retry-After": "5"})
-                # eager: a remote_write sender (a Prometheus shard) waits for this answer before
-                # its next request, so the group is written as soon as the senders go quiet.
-                await asyncio.wrap_future(batcher.submit(decoded, eager=True).answer())
+                # eager: a remote_write sender (a Prometheus shard: one keep-alive connection)
+                # waits for this answer before its next request, so the group is written once
+                # every connection that sends waits on one (or its window passed).
+                client = request.scope.get("client")
+                sender = (client[0], client[1]) if client else None
+                await asyncio.wrap_future(batcher.submit(decoded, eager=True, sender=sender).answer())
         except RemoteWriteTooLarge as exc:
             return _error(413, f"remote_write request too large: {exc}")
         except RemoteWriteError as exc:

@@ -14,6 +14,13 @@ and nothing new has come for ``quiet_s``, everyone who will send before this flu
 and waiting out ``max_delay_s`` would only idle them (16 senders of 2,000 samples capped
 remote_write at 32,000 samples per 0.2 s: 160k/s with the collector half idle).
 
+An eager batch submitted with its ``sender`` (the connection it came on) lets the flusher wait
+for exactly those senders: a group of such batches alone is written once every sender seen in
+the last ``sender_idle_s`` has a batch queued (none of them will send more before its answer),
+by the quiet rule above, or ``eager_max_delay_s`` after the previous flush began, whichever is
+first. A fleet's remote_write arrives spread over its scrape interval: a short fixed window
+would give groups of a few requests, each paying an insert's fixed cost (docs/storage.md).
+
 Example::
 
     batcher = Batcher(store)
@@ -30,7 +37,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +81,8 @@ class BatcherStats:
     refused_batches: int = 0  # batches the engine refused (answered with the error)
     partial_batches: int = 0  # refused after some of their tables had landed (logged)
     queue_full: int = 0  # submits refused because the queue held max_queue_rows
-    early_flushes: int = 0  # groups written before max_delay_s: eager senders had gone quiet
+    early_flushes: int = 0  # groups written before their delay: eager senders had gone quiet or all wait
+    eager_senders: int = 0  # remote_write connections seen in the last sender_idle_s (at the last flush)
     wal_files: int = 0  # write-ahead files written (groups with agent batches; collector/ingest_wal.py)
     wal_bytes: int = 0
     wal_cpu_seconds: float = 0.0  # the flusher's CPU time writing them (serialising, checksum, fsync)
@@ -102,9 +110,10 @@ class Ticket:
     ticket again instead of storing the batch a second time.
     """
 
-    def __init__(self, rows: PreparedRows, eager: bool = False) -> None:
+    def __init__(self, rows: PreparedRows, eager: bool = False, sender: Hashable | None = None) -> None:
         self.rows = rows
         self.eager = eager
+        self.sender = sender if eager else None
         self.enqueued = time.monotonic()
         self.outcome: bool | BaseException | None = None
         self._answers: list[Future[bool]] = []
@@ -210,13 +219,24 @@ class Batcher:
         max_queue_rows: int = 2_000_000,
         eager_rows: int = 10_000,
         quiet_s: float = 0.005,
+        eager_max_delay_s: float = 1.0,
+        sender_idle_s: float = 2.0,
         retry_min_s: float = 0.2,
         retry_max_s: float = 5.0,
         shutdown_timeout_s: float = BATCHER_SHUTDOWN_S,
     ) -> None:
-        if max_delay_s < 0 or max_rows < 1 or max_queue_rows < max_rows or quiet_s < 0 or eager_rows < 1:
+        if (
+            max_delay_s < 0
+            or max_rows < 1
+            or max_queue_rows < max_rows
+            or quiet_s < 0
+            or eager_rows < 1
+            or eager_max_delay_s < 0
+            or sender_idle_s <= 0
+        ):
             raise ValueError(
-                "need max_delay_s >= 0, quiet_s >= 0, eager_rows >= 1 and 1 <= max_rows <= max_queue_rows"
+                "need max_delay_s >= 0, quiet_s >= 0, eager_max_delay_s >= 0, sender_idle_s > 0, "
+                "eager_rows >= 1 and 1 <= max_rows <= max_queue_rows"
             )
         self.store = store
         self.max_delay_s = max_delay_s
@@ -224,6 +244,8 @@ class Batcher:
         self.max_queue_rows = max_queue_rows
         self.eager_rows = eager_rows
         self.quiet_s = quiet_s
+        self.eager_max_delay_s = eager_max_delay_s
+        self.sender_idle_s = sender_idle_s
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -237,6 +259,11 @@ class Batcher:
         self._last_flush = 0.0
         self._eager_queued = 0  # rows of queued eager tickets not yet taken by a flush
         self._last_submit = 0.0
+        #: Eager senders (connections) by the time of their last submit; and how many of the queued
+        #: tickets not yet taken by a flush came from each, and from none (agents, untracked eager).
+        self._senders: dict[Hashable, float] = {}
+        self._sender_queued: dict[Hashable, int] = {}
+        self._untracked_queued = 0
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -278,10 +305,12 @@ class Batcher:
                 self._cond.notify_all()
             return ticket
 
-    def submit(self, rows: PreparedRows, *, eager: bool = False) -> Ticket:
+    def submit(self, rows: PreparedRows, *, eager: bool = False, sender: Hashable | None = None) -> Ticket:
         """Queue one prepared batch; a batch id already queued returns the queued ticket.
 
-        ``eager``: its sender sends nothing more until answered (see the module docstring)."""
+        ``eager``: its sender sends nothing more until answered (see the module docstring);
+        ``sender``: which one (a connection's address), so the group waits for exactly the
+        senders that are still to send."""
         with self._cond:
             if self._stopping:
                 raise StorageUnavailable("the collector is shutting down", retry_after_s=5)
@@ -292,21 +321,50 @@ class Batcher:
             if self.stats.queue_rows + rows.rows > self.max_queue_rows and self._queue:
                 self.stats.queue_full += 1
                 raise StorageUnavailable("the ingest queue is full; the store is behind", retry_after_s=1)
-            ticket = Ticket(rows, eager)
+            ticket = Ticket(rows, eager, sender)
             self._queue.append(ticket)
             self._pending[rows.batch_id] = ticket
             self.stats.queue_batches += 1
             self.stats.queue_rows += rows.rows
-            self._last_submit = time.monotonic()
+            now = self._last_submit = time.monotonic()
             crossed = False
             if eager:
                 crossed = self._eager_queued < self.eager_rows <= self._eager_queued + rows.rows
                 self._eager_queued += rows.rows
+            if ticket.sender is not None:
+                self._senders[ticket.sender] = now
+                self._sender_queued[ticket.sender] = self._sender_queued.get(ticket.sender, 0) + 1
+                crossed |= self._all_senders_wait(now)
+            else:
+                self._untracked_queued += 1
+                crossed |= self._untracked_queued == 1  # the group's window shortens to max_delay_s
             if len(self._queue) == 1 or self.stats.queue_rows >= self.max_rows or crossed:
                 self._cond.notify_all()
         return ticket
 
     # ---- the flusher -------------------------------------------------------------------
+
+    def _all_senders_wait(self, now: float) -> bool:
+        """Every eager sender seen in the last ``sender_idle_s`` has a ticket queued (under the
+        lock); senders gone idle longer are forgotten."""
+        idle_before = now - self.sender_idle_s
+        gone = [k for k, t in self._senders.items() if t < idle_before and k not in self._sender_queued]
+        for k in gone:
+            del self._senders[k]
+        return bool(self._sender_queued) and len(self._sender_queued) >= len(self._senders)
+
+    def _count_taken(self, ticket: Ticket) -> None:
+        """Count ``ticket`` as taken by a flush (under the lock)."""
+        if ticket.eager:
+            self._eager_queued -= ticket.rows.rows
+        if ticket.sender is None:
+            self._untracked_queued -= 1
+            return
+        left = self._sender_queued[ticket.sender] - 1
+        if left:
+            self._sender_queued[ticket.sender] = left
+        else:
+            del self._sender_queued[ticket.sender]
 
     def _take(self) -> list[Ticket] | None:
         """Wait for a group to be due and take it; None when stopping with nothing queued."""
@@ -317,13 +375,22 @@ class Batcher:
                 return None
             # At most one flush per max_delay_s: after a quiet spell a batch goes at once, under
             # load what arrives while one group is written (or within max_delay_s) forms the next;
-            # sooner only once eager senders' rows are queued and they have gone quiet.
-            due = self._last_flush + self.max_delay_s
+            # sooner only once eager senders' rows are queued and they have gone quiet. A group
+            # of tracked senders' batches alone waits up to eager_max_delay_s, less once every
+            # sender waits on its answer.
             while not self._stopping and self.stats.queue_rows < self.max_rows:
                 now = time.monotonic()
-                left = due - now
+                delay = self.max_delay_s if self._untracked_queued else self.eager_max_delay_s
+                left = self._last_flush + delay - now
                 if left <= 0:
                     break
+                if self._sender_queued:
+                    if self._all_senders_wait(now):
+                        self.stats.early_flushes += 1
+                        break
+                    # Wake when the next sender still to send would be forgotten, should it stay away.
+                    oldest = min(t for k, t in self._senders.items() if k not in self._sender_queued)
+                    left = min(left, max(0.001, oldest + self.sender_idle_s - now))
                 if self._eager_queued >= self.eager_rows:
                     quiet_left = self._last_submit + self.quiet_s - now
                     if quiet_left <= 0:
@@ -332,14 +399,14 @@ class Batcher:
                     left = min(left, quiet_left)
                 self._cond.wait(left)
             self._last_flush = time.monotonic()
+            self.stats.eager_senders = len(self._senders)
             taken: list[Ticket] = []
             rows = 0
             while self._queue and (not taken or rows + self._queue[0].rows.rows <= self.max_rows):
                 t = self._queue.popleft()
                 taken.append(t)
                 rows += t.rows.rows
-                if t.eager:
-                    self._eager_queued -= t.rows.rows
+                self._count_taken(t)
             return taken
 
     def _run(self) -> None:
@@ -359,7 +426,8 @@ class Batcher:
             with self._cond:
                 taken = list(self._queue)
                 self._queue.clear()
-                self._eager_queued = 0
+                self._eager_queued = self._untracked_queued = 0
+                self._sender_queued.clear()
             if not taken:
                 return
             self._flush(taken)

@@ -327,6 +327,11 @@ class _BatcherFigures(Collector):
                 s.queue_batches,
             ),
             ("queue_rows", "Rows waiting for a flush", s.queue_rows),
+            (
+                "eager_senders",
+                "remote_write connections seen sending lately: a group of theirs waits for each",
+                s.eager_senders,
+            ),
         ):
             gauge = GaugeMetricFamily(f"ki_collector_batcher_{name}", help_text)
             gauge.add_metric([], float(value))
@@ -342,7 +347,7 @@ class _BatcherFigures(Collector):
             ("queue_full", "Batches refused with 503 because the queue held its row limit", s.queue_full),
             (
                 "early_flushes",
-                "Groups written before the flush delay: their waiting senders had gone quiet",
+                "Groups written before their delay: their senders had gone quiet or all waited on them",
                 s.early_flushes,
             ),
             ("wal_files", "Write-ahead files written, one per group of agent batches", s.wal_files),

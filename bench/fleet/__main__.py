@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.e2e.__main__ import _batcher_counters
 from bench.fleet import gpus
 from bench.fleet.alerts import ALERT_EXPRESSIONS, CONCURRENCY
 from bench.fleet.systems import SYSTEMS, System
@@ -68,6 +69,8 @@ class Result:
     query_p99_ms: float = 0.0
     round_p99_s: float = 0.0
     query_errors: int = 0
+    #: ki only: remote_write requests per group commit (one chDB insert) while measured.
+    requests_per_flush: float = 0.0
     first_errors: list[str] = field(default_factory=list)
     holds: bool = False
 
@@ -225,6 +228,7 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         sender.start()
         time.sleep(args.warmup)
         cpu0, t0 = process_cpu_s(proc.pid), time.monotonic()
+        groups0 = _batcher_counters(proc.base) if system.name == "ki" else {}
         sender.measuring = True
         stop = threading.Event()
         rss_peak = anon_peak = 0
@@ -241,6 +245,12 @@ def run_one(system: System, n: int, args: argparse.Namespace, page_series: int, 
         stop.set()
         elapsed = time.monotonic() - t0
         cpu = process_cpu_s(proc.pid) - cpu0
+        groups1 = _batcher_counters(proc.base) if system.name == "ki" else {}
+        flushes = groups1.get("flushes", 0.0) - groups0.get("flushes", 0.0)
+        if flushes > 0:
+            res.requests_per_flush = (
+                groups1.get("flushed_batches", 0.0) - groups0.get("flushed_batches", 0.0)
+            ) / flushes
         sender.measuring = False
         if args.queries:
             querier.join(timeout=120)
@@ -330,7 +340,7 @@ def main() -> None:
                     f"sent={r.sent_samples_per_s:8.0f}/s werr={r.write_errors} late={r.max_lateness_s:6.2f}s "
                     f"cpu={r.cpu_pct:6.1f}% us/sample={r.cpu_us_per_sample:6.2f} rss={r.rss_peak_mb:7.0f}MB anon={r.rss_anon_peak_mb:7.0f}MB "
                     f"disk={r.disk_bytes_per_sample:5.2f}B/s q50={r.query_p50_ms:7.1f}ms q99={r.query_p99_ms:7.1f}ms "
-                    f"round99={r.round_p99_s:6.2f}s qerr={r.query_errors} load={os.getloadavg()[0]:.2f} "
+                    f"round99={r.round_p99_s:6.2f}s qerr={r.query_errors} req/flush={r.requests_per_flush:.1f} load={os.getloadavg()[0]:.2f} "
                     f"{'; '.join(r.first_errors)[:300]}",
                     flush=True,
                 )

@@ -216,6 +216,69 @@ def test_too_few_eager_rows_or_plain_batches_wait_for_the_delay(store):
     assert [t.outcome for t in (eager, *plain)] == [True] * 4
 
 
+def _rw(store, i: int):
+    """A remote_write request's rows (no batch id to record, as the app prepares them)."""
+    b = SampleBuilder()
+    b.add({"__name__": "rw", "req": str(i)}, NOW_MS, 1.0)
+    return store.prepare(f"rw:{i}", samples=b.build(), record=False)
+
+
+def _senders_known(store, batcher: Batcher, senders: list[str]) -> None:
+    """Start ``batcher`` with each sender's first request queued, written together: it now knows them."""
+    tickets = [batcher.submit(_rw(store, 1000 + i), eager=True, sender=s) for i, s in enumerate(senders)]
+    batcher.start()
+    assert [t.answer().result(timeout=30) for t in tickets] == [True] * len(senders)
+
+
+def test_a_group_of_tracked_senders_waits_until_every_sender_waits(store):
+    """A fleet's remote_write spread over its interval: each connection's request waits for the
+    others' (not a short fixed window), and the group goes once every connection has sent."""
+    batcher = Batcher(store, max_delay_s=0.01, eager_max_delay_s=120, sender_idle_s=120)
+    _senders_known(store, batcher, ["a", "b", "c"])
+    flushes = batcher.stats.flushes
+    early = batcher.stats.early_flushes
+    first = [batcher.submit(_rw(store, i), eager=True, sender=s) for i, s in enumerate("ab")]
+    for ticket in first:  # c has not sent: a and b wait far past max_delay_s
+        with pytest.raises(TimeoutError):
+            ticket.answer().result(timeout=0.5)
+    last = batcher.submit(_rw(store, 2), eager=True, sender="c")
+    assert [t.answer().result(timeout=30) for t in (*first, last)] == [True] * 3
+    assert batcher.stats.flushes == flushes + 1  # the three in one insert
+    assert batcher.stats.early_flushes == early + 1
+    assert batcher.stats.eager_senders == 3
+    batcher.shutdown()
+
+
+def test_a_sender_gone_idle_is_not_waited_for(store):
+    batcher = Batcher(store, max_delay_s=0.01, eager_max_delay_s=120, sender_idle_s=0.5)
+    _senders_known(store, batcher, ["a", "b", "c"])
+    tickets = [batcher.submit(_rw(store, i), eager=True, sender=s) for i, s in enumerate("ab")]
+    # c stays away: forgotten sender_idle_s after its last request, then a and b go (not 120 s).
+    assert [t.answer().result(timeout=60) for t in tickets] == [True, True]
+    batcher.shutdown()
+
+
+def test_tracked_senders_wait_at_most_the_eager_delay(store):
+    batcher = Batcher(store, max_delay_s=0.01, eager_max_delay_s=0.5, sender_idle_s=120)
+    _senders_known(store, batcher, ["a", "b", "c"])
+    started = time.monotonic()
+    tickets = [batcher.submit(_rw(store, i), eager=True, sender=s) for i, s in enumerate("ab")]
+    assert [t.answer().result(timeout=60) for t in tickets] == [True, True]
+    assert time.monotonic() - started < 60  # not sender_idle_s
+    batcher.shutdown()
+
+
+def test_an_agent_batch_beside_tracked_senders_keeps_its_delay(store):
+    """Agent batches keep max_delay_s however long the remote_write senders' groups may wait."""
+    batcher = Batcher(store, max_delay_s=0.2, eager_max_delay_s=120, sender_idle_s=120)
+    _senders_known(store, batcher, ["a", "b"])
+    waiting = batcher.submit(_rw(store, 1), eager=True, sender="a")
+    agent = batcher.submit(_rows(store, 7))
+    assert agent.answer().result(timeout=60) is True
+    assert waiting.answer().result(timeout=60) is True  # it went with the agent's group
+    batcher.shutdown()
+
+
 def test_unrecorded_batches_skip_the_batches_table(store, monkeypatch):
     """remote_write's fresh ids (record=False): no batches_seen query and no batches rows; agents' still get both."""
     asked: list[list[str]] = []

@@ -435,3 +435,42 @@ def test_the_labels_fast_read_answers_as_the_field_walk(labels, garbage):
         except RemoteWriteError as exc:
             got = type(exc)
         assert got == want
+
+
+def test_a_group_waits_for_each_keep_alive_connection_of_the_senders(app_store):
+    """Over real HTTP the batcher knows remote_write's senders by their connections: with two
+    connections sending, one's request waits (past max_delay_s) for the other's, and both go in one insert."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loopback import running_server
+
+    from kernel_insight.collector.batcher import Batcher
+
+    app = create_app(app_store)
+    batcher = app.state.remote_write_batcher = Batcher(
+        app_store, max_delay_s=0.01, eager_max_delay_s=120, sender_idle_s=120
+    )
+
+    def body(i: int) -> bytes:
+        return encode_write_request([({"__name__": "conn", "i": str(i)}, [(NOW, float(i))])])
+
+    try:
+        with (
+            running_server(app) as url,
+            httpx.Client(base_url=url, timeout=60) as a,
+            httpx.Client(base_url=url, timeout=60) as b,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            assert a.post("/api/v1/write", content=body(0)).status_code == 204  # a alone: at once
+            pending = pool.submit(b.post, "/api/v1/write", content=body(1))
+            with pytest.raises(TimeoutError):  # b waits for a's next request
+                pending.result(timeout=0.5)
+            flushes = batcher.stats.flushes
+            assert a.post("/api/v1/write", content=body(2)).status_code == 204
+            assert pending.result(timeout=60).status_code == 204
+            assert batcher.stats.flushes == flushes + 1
+            assert batcher.stats.eager_senders == 2
+    finally:
+        batcher.shutdown()
+    got = app_store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"]
+    assert got == 3
