@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ki_wire.h"
+
 struct ki_record;
 
 #define KI_CAPTURE_MAX 16             /* windows running at once; more offers wait for the next answer */
@@ -22,7 +24,6 @@ struct ki_record;
 #define KI_CAPTURE_RECENT 64          /* finished ids remembered, so a repeated offer is not run twice */
 #define KI_CAPTURE_MAX_SECONDS 3600   /* an offer asking for longer is ignored */
 #define KI_CAPTURE_SETTLE_NS 1000000000ULL /* the final report waits this long past the window's end */
-#define KI_CAPTURE_SECTION 0x03u      /* the CAPTURES body section's tag */
 /* Bytes a CAPTURES section takes at most: tag, length, count, and per window an 8-byte id,
  * four varints (gpu, start, end, spans) and the final byte. */
 #define KI_CAPTURE_SECTION_MAX (1 + 2 + 1 + KI_CAPTURE_MAX * (8 + 3 + 10 + 10 + 10 + 1))

@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #include "ki_config.h"
+#include "ki_wire.h"
 
-#define KI_LABELS_SECTION 0x05u /* the LABELS body section's tag */
 #define KI_LABELS_MAX 16u       /* labels per instance, as for enrolment */
 #define KI_LABEL_VALUE_MAX 200u /* bytes of one value */
 /* The section: tag, length, count, and per label two lengths (1-2 bytes each) and the text,

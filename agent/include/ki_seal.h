@@ -12,13 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KI_KEY_BYTES 32u
+#include "ki_wire.h" /* KI_KEY_BYTES, KI_HEADER_BYTES, KI_TAG_BYTES, the AEAD and compression ids */
+
 #define KI_AGENT_ID_BYTES 16u
-#define KI_HEADER_BYTES 64u
-#define KI_TAG_BYTES 16u
-#define KI_AEAD_CHACHA20_POLY1305 1u
-#define KI_COMPRESSION_NONE 0u
-#define KI_COMPRESSION_ZSTD 1u
 
 struct ki_seal {
     uint8_t agent_id[KI_AGENT_ID_BYTES]; /* from the key file */

@@ -12,11 +12,11 @@
 #include <stdint.h>
 
 #include "ki_capture.h"
+#include "ki_wire.h"
 
 struct ki_http;
 
 #define KI_HTTP_MAX_FRAMES 64          /* most frames one request carries (KI-Batch-Status entries) */
-#define KI_STATUS_NAMES_UNKNOWN 424    /* a batch's names left out are not all known to the collector (docs/wire.md) */
 #define KI_HTTP_RETRY_AFTER_MAX 86400  /* Retry-After values are clamped to this many seconds */
 #define KI_HTTP_BODY_SKIP_MAX (1 << 20) /* an answer body longer than this ends the connection instead */
 

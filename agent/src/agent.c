@@ -33,7 +33,6 @@
 #define MULTI_RETRY_NS (300 * NS_PER_S)
 #define BACKLOG_SEAL_NS NS_PER_S /* while a backlog waits, a batch gathers up to this long (fewer, larger batches) */ /* after a refused request of several batches, send one per request this long */
 #define FRAMES_CONTENT_TYPE "application/x-ki-batches"
-#define SECTION_HISTOGRAMS 0x04u
 /* Bytes of histograms per batch (more go in the next ones): small bodies keep the buffers small.
  * A table of more than 1,024 keys exports in quarter sections (ki_kstats_encode: 16 KiB, ~0.3 MB
  * less peak memory at 10,000 keys); smaller ones in one section (16 KiB cost 100 kernels' exports
@@ -457,7 +456,8 @@ static int seal_batch(struct ki_agent *a, size_t n) {
             ki_kstats_encode(a->ks, a->hist, a->hist_cap, &hlen, &hist_ts, mark_name, a);
         }
         /* Body v3, or v4 when the HISTOGRAMS section may hold increments. */
-        ki_encoder_set_extra(a->enc, ki_kstats_increments(a->ks) ? 4 : 3, SECTION_HISTOGRAMS, a->hist, hlen);
+        ki_encoder_set_extra(a->enc, ki_kstats_increments(a->ks) ? KI_BODY_VERSION_INCREMENTS : KI_BODY_VERSION_PDELTA,
+                             KI_SECTION_HISTOGRAMS, a->hist, hlen);
     }
     /* Names once (docs/wire.md): only while batches get through, so a batch sealed while the
      * collector is away (it waits in the spool, and may reach another collector) resolves alone. */

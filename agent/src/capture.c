@@ -119,7 +119,7 @@ size_t ki_captures_section(struct ki_captures *c, uint64_t now_ns, uint8_t *out,
         }
     }
     size_t off = 0;
-    out[off++] = KI_CAPTURE_SECTION;
+    out[off++] = KI_SECTION_CAPTURES;
     off += ki_varint_put(out + off, len);
     memcpy(out + off, body, len);
     return off + len;

@@ -9,51 +9,21 @@
 #include "ki_names.h"
 #include "ki_ring.h"
 #include "ki_varint.h"
+#include "ki_wire.h"
 
-#define BODY_VERSION 1u
-#define SECTION_COUNTERS 0x01u
-#define SECTION_STRINGS 0x02u
-#define SECTION_NAMES_USED 0x06u
-#define BODY_VERSION_NAMES_ONCE 5u /* version 4 whose texts may be left out (docs/wire.md, "Names once") */
-#define SECTION_RECORDS 0x10u
-#define SHIPPED_TYPES 8 /* KERNEL .. ERROR */
-#define MAX_COLS 14
+#define SHIPPED_TYPES KI_WIRE_SHIPPED_TYPES
+#define MAX_COLS (KI_WIRE_COMMON_COLS + KI_WIRE_MAX_PAYLOAD_COLS)
 #define MAX_RECORD_BYTES 80 /* worst case of all columns of one record, see docs/wire.md */
 
-enum col_enc { ENC_DELTA, ENC_UV, ENC_SV, ENC_REL, ENC_U8, ENC_F64, ENC_PDELTA };
-
-/* One column: where the value sits in struct ki_record, its width and its encoding. */
-struct col {
-    uint8_t off;   /* byte offset in struct ki_record */
-    uint8_t width; /* bytes */
-    uint8_t enc;   /* enum col_enc */
-};
-
-#define P(x) (uint8_t)(32 + (x)) /* payload offset */
-
-/* The wire's column tables: six common columns, then the payload columns by type. */
-static const struct col COMMON[6] = {
-    {0, 8, ENC_DELTA}, {8, 4, ENC_UV}, {17, 1, ENC_U8}, {18, 2, ENC_UV}, {20, 4, ENC_UV}, {24, 8, ENC_DELTA},
-};
-static const struct col PAYLOAD[SHIPPED_TYPES + 1][8] = {
-    [KI_REC_KERNEL] = {{P(0), 8, ENC_REL}, {P(8), 8, ENC_UV}, {P(16), 8, ENC_DELTA}, {P(24), 4, ENC_UV}},
-    [KI_REC_LAUNCH] = {{P(0), 4, ENC_UV}, {P(4), 4, ENC_UV}, {P(8), 4, ENC_UV}, {P(12), 4, ENC_UV},
-                       {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}, {P(24), 4, ENC_UV}, {P(28), 4, ENC_UV}},
-    [KI_REC_MEMOP] = {{P(0), 8, ENC_DELTA}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV},
-                      {P(24), 4, ENC_SV}},
-    [KI_REC_COLLECTIVE] = {{P(0), 8, ENC_UV}, {P(8), 8, ENC_UV}, {P(16), 8, ENC_UV}, {P(24), 4, ENC_UV},
-                           {P(28), 4, ENC_UV}},
-    [KI_REC_SYNC] = {{P(0), 8, ENC_UV}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}},
-    [KI_REC_GPU_SAMPLE] = {{P(0), 8, ENC_F64}, {P(8), 8, ENC_UV}},
-    [KI_REC_FINGERPRINT] = {{P(0), 8, ENC_UV}},
-    [KI_REC_ERROR] = {{P(0), 8, ENC_SV}, {P(8), 8, ENC_UV}, {P(16), 4, ENC_UV}, {P(20), 4, ENC_UV}},
-};
-static const uint8_t NPAYLOAD[SHIPPED_TYPES + 1] = {0, 4, 8, 5, 5, 4, 2, 1, 4};
+/* The wire's column tables (ki_wire.h, generated from collector/wire.py): the common columns,
+ * then the payload columns by type. */
+static const struct ki_wire_col COMMON[KI_WIRE_COMMON_COLS] = KI_WIRE_COMMON_COLUMNS;
+static const struct ki_wire_col PAYLOAD[SHIPPED_TYPES + 1][KI_WIRE_MAX_PAYLOAD_COLS] = KI_WIRE_PAYLOAD_COLUMNS;
+static const uint8_t NPAYLOAD[SHIPPED_TYPES + 1] = KI_WIRE_PAYLOAD_NCOLS;
 /* Body version 3 (and later): KERNEL correlation as the delta of (correlation - pos). A probe
  * numbers its kernels as the ring numbers its records, so the difference hardly moves and the
  * column costs next to nothing where a plain delta costs as much as the pos column. */
-#define BODY_VERSION_PDELTA 3u
-static const struct col KERNEL_CORRELATION_V3 = {P(16), 8, ENC_PDELTA};
+static const struct ki_wire_col KERNEL_CORRELATION_V3 = KI_WIRE_KERNEL_PDELTA_COLUMN;
 
 struct ki_encoder {
     size_t max_records;   /* batch size */
@@ -127,13 +97,13 @@ int ki_encode_names_body(struct ki_encoder *e, const struct ki_names *names, uin
     int rc = ki_names_emit_all(names, e->section, e->section_cap, &slen, count);
     if (rc < 0) return rc;
     if (cap < 1) return -ENOBUFS;
-    out[off++] = BODY_VERSION_NAMES_ONCE;
-    if (*count && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
+    out[off++] = KI_BODY_VERSION_NAMES_ONCE;
+    if (*count && (rc = put_section(out, cap, &off, KI_SECTION_STRINGS, e->section, slen)) < 0) return rc;
     *len = off;
     return 0;
 }
 
-static inline uint64_t load(const struct ki_record *r, const struct col *c) {
+static inline uint64_t load(const struct ki_record *r, const struct ki_wire_col *c) {
     uint64_t v = 0;
     memcpy(&v, (const uint8_t *)r + c->off, c->width); /* little-endian hosts only (x86-64, ARM64) */
     return v;
@@ -141,33 +111,33 @@ static inline uint64_t load(const struct ki_record *r, const struct col *c) {
 
 /* Encode one column of the records idx[0..n) into e->column; returns its length. */
 static size_t encode_column(struct ki_encoder *e, const struct ki_record *recs, const uint32_t *idx, size_t n,
-                            const struct col *c) {
+                            const struct ki_wire_col *c) {
     uint8_t *p = e->column;
     uint64_t prev = 0;
     for (size_t i = 0; i < n; i++) {
         const struct ki_record *r = &recs[idx[i]];
         uint64_t v = load(r, c);
         switch (c->enc) {
-        case ENC_U8:
+        case KI_ENC_U8:
             *p++ = (uint8_t)v;
             break;
-        case ENC_F64:
+        case KI_ENC_F64:
             memcpy(p, &v, 8);
             p += 8;
             break;
-        case ENC_DELTA:
+        case KI_ENC_DELTA:
             p += ki_varint_put(p, ki_zigzag(v - prev));
             prev = v;
             break;
-        case ENC_REL:
+        case KI_ENC_REL:
             p += ki_varint_put(p, ki_zigzag(v - r->rec.ts_ns));
             break;
-        case ENC_PDELTA:
+        case KI_ENC_PDELTA:
             v -= r->pos;
             p += ki_varint_put(p, ki_zigzag(v - prev));
             prev = v;
             break;
-        case ENC_SV:
+        case KI_ENC_SV:
             if (c->width == 4) v = (uint64_t)(int64_t)(int32_t)(uint32_t)v;
             p += ki_varint_put(p, ki_zigzag(v));
             break;
@@ -240,9 +210,9 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     /* A name the batch uses but the table lost (it filled up and was cleared, or its chunks went
      * missing) may still be known to the collector, which would then count it in the digest where
      * this agent cannot: such a batch carries every text it uses instead (version 5, no NAMES_USED). */
-    const int v5 = e->names_once && e->version == BODY_VERSION_NAMES_ONCE - 1;
+    const int v5 = e->names_once && e->version == KI_BODY_VERSION_NAMES_ONCE - 1;
     const int once = v5 && !e->unnamed;
-    const uint8_t version = v5 ? BODY_VERSION_NAMES_ONCE : e->version ? e->version : BODY_VERSION;
+    const uint8_t version = v5 ? KI_BODY_VERSION_NAMES_ONCE : e->version ? e->version : KI_BODY_VERSION;
     e->names_once = 0;
     e->unnamed = 0;
     out[off++] = version;
@@ -256,15 +226,15 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
         if (!count[t]) continue;
         const uint32_t *idx = e->order + start[t];
         size_t s = ki_varint_put(e->section, count[t]);
-        for (int c = 0; c < 6 + NPAYLOAD[t]; c++) {
-            const struct col *col = c < 6 ? &COMMON[c] : &PAYLOAD[t][c - 6];
-            if (t == KI_REC_KERNEL && c == 6 + 2 && version >= BODY_VERSION_PDELTA) col = &KERNEL_CORRELATION_V3;
+        for (int c = 0; c < KI_WIRE_COMMON_COLS + NPAYLOAD[t]; c++) {
+            const struct ki_wire_col *col = c < KI_WIRE_COMMON_COLS ? &COMMON[c] : &PAYLOAD[t][c - KI_WIRE_COMMON_COLS];
+            if (t == KI_REC_KERNEL && c == KI_WIRE_COMMON_COLS + KI_WIRE_KERNEL_PDELTA_COL && version >= KI_BODY_VERSION_PDELTA) col = &KERNEL_CORRELATION_V3;
             size_t clen = encode_column(e, recs, idx, count[t], col);
             s += ki_varint_put(e->section + s, clen);
             memcpy(e->section + s, e->column, clen);
             s += clen;
         }
-        if ((rc = put_section(out, cap, &off, (uint8_t)(SECTION_RECORDS + t), e->section, s)) < 0) return rc;
+        if ((rc = put_section(out, cap, &off, (uint8_t)(KI_SECTION_RECORDS + t), e->section, s)) < 0) return rc;
     }
     size_t slen, k;
     struct ki_names_once left = {0};
@@ -273,11 +243,11 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
     if (rc < 0) return rc;
     info->names = (uint32_t)k;
     info->omitted = (uint32_t)left.omitted;
-    if (k && (rc = put_section(out, cap, &off, SECTION_STRINGS, e->section, slen)) < 0) return rc;
+    if (k && (rc = put_section(out, cap, &off, KI_SECTION_STRINGS, e->section, slen)) < 0) return rc;
     if (left.omitted) { /* the collector checks its copies of the texts left out against this */
         uint8_t digest[8];
         memcpy(digest, &left.digest, 8);
-        if ((rc = put_section(out, cap, &off, SECTION_NAMES_USED, digest, 8)) < 0) return rc;
+        if ((rc = put_section(out, cap, &off, KI_SECTION_NAMES_USED, digest, 8)) < 0) return rc;
     }
     if (update) update(counters, info, update_arg);
     size_t c = 0, nc = 0;
@@ -288,7 +258,7 @@ int ki_encode_body(struct ki_encoder *e, const struct ki_record *recs, size_t n,
         c += ki_varint_put(e->section + c, (uint64_t)id);
         c += ki_varint_put(e->section + c, counters->v[id]);
     }
-    if ((rc = put_section(out, cap, &off, SECTION_COUNTERS, e->section, c)) < 0) return rc;
+    if ((rc = put_section(out, cap, &off, KI_SECTION_COUNTERS, e->section, c)) < 0) return rc;
     *len = off;
     return 0;
 }

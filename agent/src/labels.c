@@ -66,7 +66,7 @@ int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t err
     if (!l->n) return 0;
     uint8_t *s = l->section;
     size_t off = 0;
-    s[off++] = KI_LABELS_SECTION;
+    s[off++] = KI_SECTION_LABELS;
     uint8_t count[10];
     size_t clen = ki_varint_put(count, l->n);
     off += ki_varint_put(s + off, clen + blen);

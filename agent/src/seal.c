@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const uint8_t MAGIC[4] = {'K', 'I', 'W', 'B'};
 
 static int hex_decode(const char *hex, uint8_t *out, size_t n) {
     if (strlen(hex) != 2 * n) return -EINVAL;
@@ -145,8 +144,8 @@ int ki_seal_frame(struct ki_seal *s, uint8_t *frame, size_t plen, unsigned compr
     if (plen + KI_TAG_BYTES > UINT32_MAX) return -E2BIG;
     uint64_t seq = s->next_seq;
     uint8_t *h = frame;
-    memcpy(h, MAGIC, 4);
-    h[4] = 1; /* wire version */
+    memcpy(h, KI_WIRE_MAGIC, KI_WIRE_MAGIC_BYTES);
+    h[4] = KI_WIRE_VERSION;
     h[5] = KI_AEAD_CHACHA20_POLY1305;
     h[6] = (uint8_t)compression;
     h[7] = 0;
@@ -172,7 +171,7 @@ int ki_seal_frame(struct ki_seal *s, uint8_t *frame, size_t plen, unsigned compr
 
 int ki_seal_reseal(struct ki_seal *s, const uint8_t old_key[KI_KEY_BYTES], uint8_t *frame, size_t len,
                    size_t *frame_len) {
-    if (len < KI_HEADER_BYTES + KI_TAG_BYTES || memcmp(frame, MAGIC, 4)) return -EINVAL;
+    if (len < KI_HEADER_BYTES + KI_TAG_BYTES || memcmp(frame, KI_WIRE_MAGIC, KI_WIRE_MAGIC_BYTES)) return -EINVAL;
     uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
     memcpy(nonce, frame + 28, 12); /* epoch || seq, as sealed */
     size_t clen = len - KI_HEADER_BYTES - KI_TAG_BYTES;
@@ -194,7 +193,7 @@ int ki_seal_reseal(struct ki_seal *s, const uint8_t old_key[KI_KEY_BYTES], uint8
 }
 
 int ki_seal_peek_header(const uint8_t *frame, size_t len, uint32_t *epoch, uint64_t *seq, uint32_t *count) {
-    if (len < KI_HEADER_BYTES || memcmp(frame, MAGIC, 4)) return -EINVAL;
+    if (len < KI_HEADER_BYTES || memcmp(frame, KI_WIRE_MAGIC, KI_WIRE_MAGIC_BYTES)) return -EINVAL;
     memcpy(epoch, frame + 28, 4);
     memcpy(seq, frame + 32, 8);
     memcpy(count, frame + 56, 4);

@@ -293,7 +293,7 @@ static int read_frame(int fd, uint8_t *buf, size_t cap, size_t *len) {
     /* The frame must be exactly what its header says (64 + payload_len): anything else was damaged on disk. */
     uint32_t plen;
     memcpy(&plen, buf + KI_HEADER_BYTES - 4, 4);
-    if (memcmp(buf, "KIWB", 4) || (uint64_t)plen + KI_HEADER_BYTES != want) return -EBADMSG;
+    if (memcmp(buf, KI_WIRE_MAGIC, KI_WIRE_MAGIC_BYTES) || (uint64_t)plen + KI_HEADER_BYTES != want) return -EBADMSG;
     *len = want;
     return 0;
 }

@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
     CHECK(!ki_captures_due(&c, t0 + 3 * S));
     CHECK(ki_captures_due(&c, t0 + 4 * S)); /* b's end plus the settle time */
     size_t n = ki_captures_section(&c, t0 + 4 * S, sec, sizeof sec); /* a running, b final */
-    CHECK(n > 0 && sec[0] == KI_CAPTURE_SECTION);
+    CHECK(n > 0 && sec[0] == KI_SECTION_CAPTURES);
     fwrite(&n, sizeof n, 1, f);
     fwrite(sec, 1, n, f);
     CHECK_EQ(ki_captures_running(&c), 1);

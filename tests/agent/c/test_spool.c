@@ -10,7 +10,7 @@
 
 static size_t frame(uint8_t *buf, uint32_t epoch, uint64_t seq, uint32_t count, size_t len) {
     memset(buf, 0xAB, len);
-    memcpy(buf, "KIWB", 4);
+    memcpy(buf, KI_WIRE_MAGIC, KI_WIRE_MAGIC_BYTES);
     memcpy(buf + 28, &epoch, 4);
     memcpy(buf + 32, &seq, 8);
     memcpy(buf + 56, &count, 4);
