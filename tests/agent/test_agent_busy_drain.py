@@ -3,7 +3,7 @@
 At 1M kernels/s the default ring (32,768 slots) holds 33 ms of records, less than one 100 ms
 tick: without drains paced by the producers' rate, a probe that fast drops two thirds of what it
 writes. Scaled down here so the margins are wide on a loaded machine: a 8,192-slot ring at
-10k records/s (0.8 s of records) under a 4 s tick.
+5k records/s (1.6 s of records: a drain may come 0.8 s late) under an 8 s tick.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from agent_harness import PacedProducer, setup, wait_for
 from kernel_insight.agent import Ring
 from kernel_insight.collector import wire
 
-RATE = 10_000  # records/s
-CAPACITY = 8192  # slots: 0.8 s of records
-INTERVAL_MS = 4000  # a tick drains 5x the ring's worth
+RATE = 5_000  # records/s
+CAPACITY = 8192  # slots: 1.6 s of records
+INTERVAL_MS = 8000  # a tick drains 5x the ring's worth
+STEP_S = INTERVAL_MS / 4000  # the scenario's times, in seconds at a 4 s tick
 
 
 def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: Path, tmp_path: Path) -> None:
@@ -30,14 +31,15 @@ def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: 
         producer = PacedProducer(s.ring, RATE, catch_up=False)  # never above RATE, also on a loaded machine
         producer.start()
         try:
-            # The first tick that sees records (t0 + 4 s) gives the agent the producers' rate
+            # The first tick that sees records (t0 + 4 steps) gives the agent the producers' rate
             # (what it read and what the full ring dropped); it drains before the ticks from
             # then on. Until then the ring overflows, as it must: the agent has not seen the
             # rate yet.
-            time.sleep(max(0.0, t0 + 5.5 - time.monotonic()))
+            time.sleep(max(0.0, t0 + 5.5 * STEP_S - time.monotonic()))
             settled = s.ring.stats()["dropped"]
             written_settled = producer.written
-            time.sleep(max(0.0, t0 + 10.5 - time.monotonic()))  # a tick at t0 + 8 s lies in between
+            # a tick at t0 + 8 steps lies in between
+            time.sleep(max(0.0, t0 + 10.5 * STEP_S - time.monotonic()))
             end = s.ring.stats()["dropped"]
             written_end = producer.written
         finally:
@@ -53,7 +55,7 @@ def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: 
         wait_for(lambda: s.ring.stats()["fill"] == 0, 20, "the agent to drain the ring")
         assert agent.stop() == 0
     counters = s.receiver.got.last_counters()
-    assert counters.get(wire.Counter.BUSY_DRAINS, 0) >= 8, counters  # ~2.4 a second from t0 + 4 s
+    assert counters.get(wire.Counter.BUSY_DRAINS, 0) >= 8, counters  # ~1.2 a second from t0 + 4 steps
     assert counters[wire.Counter.KERNELS_AGGREGATED] == written_end - end
 
 
@@ -61,7 +63,7 @@ def test_a_rate_that_grows_by_half_between_two_drains_loses_nothing(agent_bin: P
     """The margin busy drains at half a ring keep (docs/agent.md, "The loop"): paced at the rate of the
     last interval, the ring is three quarters full at the next drain when the rate grew by half just
     after the last one, and drops nothing; paced for three quarters of the ring it would overflow."""
-    base, grown = RATE // 2, RATE * 3 // 4  # 0.8 s between busy drains at the base rate
+    base, grown = RATE // 2, RATE * 3 // 4  # 1.6 s between busy drains at the base rate
     with setup(tmp_path, agent_bin, f"/ki_test_burst.{os.getpid()}", capacity=CAPACITY) as s:
         agent = s.start("--drain-interval-ms", str(INTERVAL_MS), "--histograms=1")
         wait_for(lambda: "started:" in agent.log(), 20, "agent start")
@@ -69,17 +71,19 @@ def test_a_rate_that_grows_by_half_between_two_drains_loses_nothing(agent_bin: P
         producer = PacedProducer(s.ring, base, catch_up=False)
         producer.start()
         try:
-            time.sleep(max(0.0, t0 + 5.5 - time.monotonic()))  # the first tick gave the agent the rate
+            time.sleep(
+                max(0.0, t0 + 5.5 * STEP_S - time.monotonic())
+            )  # the first tick gave the agent the rate
             settled = s.ring.stats()["dropped"]
             written_settled = producer.written
-            # Three jumps, each 2 s after the last fall back (the pace settled at the base rate), each
-            # right after a drain: the worst case, a whole interval at the new rate.
+            # Three jumps, each 2 steps after the last fall back (the pace settled at the base rate),
+            # each right after a drain: the worst case, a whole interval at the new rate.
             for _ in range(3):
                 _after_a_drain(s.ring)
                 producer.set_rate(grown)
-                time.sleep(2.0)
+                time.sleep(2.0 * STEP_S)
                 producer.set_rate(base)
-                time.sleep(2.0)
+                time.sleep(2.0 * STEP_S)
             end = s.ring.stats()["dropped"]
             written_end = producer.written
         finally:
@@ -100,11 +104,11 @@ def test_a_rate_that_grows_by_half_between_two_drains_loses_nothing(agent_bin: P
 def _after_a_drain(ring: Ring) -> None:
     """Returns as soon as the ring's fill falls: the agent has just drained it."""
     last = ring.stats()["fill"]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 5 * STEP_S
     while time.monotonic() < deadline:
         time.sleep(0.001)
         fill = ring.stats()["fill"]
         if fill < last:
             return
         last = fill
-    raise AssertionError("no drain in 5 s")
+    raise AssertionError(f"no drain in {5 * STEP_S:.0f} s")
