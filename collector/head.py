@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -297,17 +298,21 @@ class _Postings:
 
     def add_many(self, first: int, series: Sequence[Labels]) -> None:
         """Series ``first``, ``first + 1``, ... with the labels ``series``, in that order."""
-        by_name = self.by_name
+        # Grouped by label pair first: one dict step per pair of a series, then one per distinct pair.
+        grouped: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
         for sid, labels in enumerate(series, first):
-            for name, value in labels:
-                values = by_name.get(name)
-                if values is None:
-                    values = by_name[name] = {}
-                ids = values.get(value)
-                if ids is None:
-                    values[value] = [sid]
-                else:
-                    ids.append(sid)
+            for pair in labels:
+                grouped[pair].append(sid)
+        by_name = self.by_name
+        for (name, value), sids in grouped.items():
+            values = by_name.get(name)
+            if values is None:
+                values = by_name[name] = {}
+            ids = values.get(value)
+            if ids is None:
+                values[value] = sids
+            else:
+                ids.extend(sids)
 
     def ids(self, name: str, value: str) -> I32:
         ids = self.by_name.get(name, {}).get(value)

@@ -184,6 +184,20 @@ def _bucket_lists(
     return out
 
 
+def _labels_map(series: Sequence[Labels]) -> pa.MapArray:
+    """The series table's ``labels`` column: each series' labels but ``__name__`` (which every
+    series has once), built from flat key and value columns rather than a list of pairs per series."""
+    offsets = np.zeros(len(series) + 1, np.int32)
+    np.cumsum([len(s) - 1 for s in series], out=offsets[1:])
+    pairs = [kv for s in series for kv in s if kv[0] != "__name__"]
+    if len(pairs) != offsets[-1]:  # a series without a name: count each one's pairs
+        np.cumsum([sum(k != "__name__" for k, _ in s) for s in series], out=offsets[1:])
+    keys, values = (list(c) for c in zip(*pairs, strict=True)) if pairs else ([], [])
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+    )
+
+
 def _value_columns(batch: SampleBatch) -> dict[str, pa.Array]:
     """The samples table's value columns: decimals where they give the float back bit for bit
     (collector/valuecodec.py), one scale per series of the batch."""
@@ -404,9 +418,8 @@ class Store(ABC):
         self.retention = retention or Retention()
         self._closed = False
         self._pinged_at = float("-inf")  # monotonic time of the last ping the engine answered
-        self._series_seen: set[tuple[int, int]] = set()
-        #: The same pairs as sorted fingerprint arrays per day: a batch's series are checked
-        #: against them at once, the set only for those not found (new, or seen again after a clear).
+        #: The (series, day) pairs whose series rows are written, as a sorted fingerprint array per
+        #: day: a batch's series are checked against them at once (no Python object per pair).
         self._seen_by_day: dict[int, np.ndarray[Any, np.dtype[np.uint64]]] = {}
         self._series_lock = threading.Lock()
         self._fp_cache: dict[Labels, tuple[int, str]] = {}
@@ -984,58 +997,65 @@ class Store(ABC):
         metric_of: Sequence[str] | npt.NDArray[np.object_],
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         days = batch.ts_ms // _MS_PER_DAY
-        rows: list[tuple[int, int]] = []
         first, last = int(days.min()), int(days.max())
         # Seen pairs are skipped even under a dedup token: a retry then sends fewer rows under
         # the same token, which the engine drops or stores exactly as it would the full set.
         if first == last:  # the common case: every sample of the batch on one UTC day
             # A series row only for a day it has samples on (bincount: O(n), np.unique sorted).
             used = np.flatnonzero(np.bincount(batch.series_idx, minlength=len(batch.series)))
-            with self._series_lock:
-                seen = self._series_seen
-                known = self._seen_by_day.get(first)
-                if known is not None and len(known):
-                    used = used[find_sorted(known, fps[used]) < 0]
-                rows = [
-                    (i, first)
-                    for i, fp in zip(used.tolist(), fps[used].tolist(), strict=True)
-                    if (fp, first) not in seen
-                ]
+            row_days = np.full(len(used), first, np.int64)
         else:
             pairs = np.unique((batch.series_idx.astype(np.int64) << 24) | (days & 0xFFFFFF))
-            with self._series_lock:
-                for p in pairs.tolist():
-                    if (int(fps[p >> 24]), p & 0xFFFFFF) not in self._series_seen:
-                        rows.append((p >> 24, p & 0xFFFFFF))
-        if not rows:
+            used, row_days = pairs >> 24, pairs & 0xFFFFFF
+        with self._series_lock:
+            new = ~self._seen(fps[used], row_days)
+        if not new.any():
             return None, []
-        idx = [r[0] for r in rows]
+        idx, row_days = used[new], row_days[new]
+        row_fps = fps[idx]
         data = pa.table(
             {
-                "date": pa.array(np.array([r[1] for r in rows], dtype=np.int32), pa.date32()),
-                "metric": pa.array([metric_of[i] for i in idx], pa.string()),
-                "fingerprint": pa.array(fps[idx], pa.uint64()),
-                "labels": pa.array(
-                    [[(k, v) for k, v in batch.series[i] if k != "__name__"] for i in idx],
-                    pa.map_(pa.string(), pa.string()),
+                "date": pa.array(row_days.astype(np.int32), pa.date32()),
+                "metric": pa.array(
+                    metric_of[idx]
+                    if isinstance(metric_of, np.ndarray)
+                    else [metric_of[i] for i in idx.tolist()],
+                    pa.string(),
                 ),
+                "fingerprint": pa.array(row_fps, pa.uint64()),
+                "labels": _labels_map([batch.series[i] for i in idx.tolist()]),
             }
         )
-        return data, [(int(fps[i]), d) for i, d in rows]
+        return data, list(zip(row_fps.tolist(), row_days.tolist(), strict=True))
+
+    def _seen(
+        self, fps: np.ndarray[Any, np.dtype[np.uint64]], days: np.ndarray[Any, Any]
+    ) -> npt.NDArray[np.bool_]:
+        """Whether each (fingerprint, day) pair's series row is written (under the series lock)."""
+        out = np.zeros(len(fps), np.bool_)
+        for day in np.unique(days).tolist() if len(days) else ():
+            known = self._seen_by_day.get(day)
+            if known is not None and len(known):
+                on = days == day
+                out[on] = find_sorted(known, fps[on]) >= 0
+        return out
 
     def _mark_series(self, keys: Sequence[tuple[int, int]]) -> None:
+        if not keys:
+            return
+        fps = np.fromiter((k[0] for k in keys), np.uint64, len(keys))
+        days = np.fromiter((k[1] for k in keys), np.int64, len(keys))
         with self._series_lock:
-            if len(self._series_seen) > _SERIES_CACHE_MAX:
-                self._series_seen.clear()
+            if sum(len(a) for a in self._seen_by_day.values()) > _SERIES_CACHE_MAX:
                 self._seen_by_day.clear()
-            self._series_seen.update(keys)
-            by_day: dict[int, list[int]] = {}
-            for fp, day in keys:
-                by_day.setdefault(day, []).append(fp)
-            for day, fps in by_day.items():
+            for day in np.unique(days).tolist():
+                new = np.unique(fps[days == day])
                 have = self._seen_by_day.get(day)
-                new = np.asarray(fps, dtype=np.uint64)
-                self._seen_by_day[day] = np.union1d(have, new) if have is not None else np.unique(new)
+                if have is not None and len(have):
+                    new = new[find_sorted(have, new) < 0]
+                    # Inserted in place of a sort of the whole day's array: O(n) per batch.
+                    new = np.insert(have, np.searchsorted(have, new), new)
+                self._seen_by_day[day] = new
 
     @staticmethod
     def _spans_table(spans: SpanBatch) -> pa.Table:
@@ -1436,14 +1456,16 @@ class Store(ABC):
     ) -> tuple[pa.Table | None, list[tuple[int, int]]]:
         """The group's series rows without repeats and without pairs another group wrote since."""
         keys = [k for p in group for k in p.series_keys]
+        if not keys:
+            return None, keys
+        fps = np.fromiter((k[0] for k in keys), np.uint64, len(keys))
+        days = np.fromiter((k[1] for k in keys), np.int64, len(keys))
+        # The first row of each pair (np.unique's index), of the pairs not written meanwhile.
+        _, first = np.unique(np.stack([fps, days.astype(np.uint64)]), axis=1, return_index=True)
+        first.sort()
         with self._series_lock:
-            keep: list[int] = []
-            chosen: set[tuple[int, int]] = set()
-            for i, k in enumerate(keys):
-                if k not in chosen and k not in self._series_seen:
-                    chosen.add(k)
-                    keep.append(i)
-        if not keep:
+            keep = first[~self._seen(fps[first], days[first])]
+        if not len(keep):
             return None, keys
         data = _concat(parts)
         return (data if len(keep) == len(keys) else data.take(pa.array(keep, pa.int64()))), keys
