@@ -97,7 +97,7 @@ def check_agent_name(name: str) -> None:
 RESERVED_LABELS = frozenset({"__name__", "instance", "gpu", "gpu_product", "le", "simulated"})
 #: Labels per instance at most, and the longest value (series carry them; see rows.SeriesLimits).
 MAX_INSTANCE_LABELS = 16
-_MAX_LABEL_VALUE = 200
+MAX_LABEL_VALUE = 200
 
 
 def check_instance_labels(labels: object) -> dict[str, str]:
@@ -119,11 +119,11 @@ def check_instance_labels(labels: object) -> dict[str, str]:
         if (
             not isinstance(value, str)
             or not value
-            or len(value) > _MAX_LABEL_VALUE
+            or len(value) > MAX_LABEL_VALUE
             or any(c in value for c in "\n\r\0")
         ):
             raise KeyStoreError(
-                f"label {name!r}: the value must be 1-{_MAX_LABEL_VALUE} characters on one line"
+                f"label {name!r}: the value must be 1-{MAX_LABEL_VALUE} characters on one line"
             )
         out[name] = value
     return dict(sorted(out.items()))

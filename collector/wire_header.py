@@ -1,6 +1,7 @@
 """agent/include/ki_wire.h, generated from collector/wire.py: the wire's constants (magic, versions,
 section tags, sizes, the names-unknown status) and the column tables the agent encodes records
-with, so the encoder (agent/src/encode.c) and the decoder (collector/wire.py) cannot disagree.
+with, so the encoder (agent/src/encode.c) and the decoder (collector/wire.py) cannot disagree;
+and the instance-label rules of collector/keys.py, which the agent's ``labels`` setting obeys.
 
 The column offsets come from the one record layout (agent/records.py's ``RECORD_DTYPE`` and
 ``PAYLOAD_DTYPES``, which tests/agent/test_record_layout.py checks against the compiler's
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from kernel_insight.agent import codegen
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
-from kernel_insight.collector import wire
+from kernel_insight.collector import keys, wire
 
 __all__ = ["ENCODINGS", "HEADER", "c_header", "generated_files", "main"]
 
@@ -120,6 +121,14 @@ def c_header() -> str:
         f"#define KI_WIRE_KERNEL_PDELTA_COL {kernel_cols.index(corr[0])}",
         "#define KI_WIRE_KERNEL_PDELTA_COLUMN "
         + _col(_payload_offset(RecordType.KERNEL, corr[0]), corr[2], corr[1]),
+        "",
+        "/* Instance labels (the LABELS section): the collector's enrolment rules (collector/keys.py). */",
+        f"#define KI_LABELS_MAX {keys.MAX_INSTANCE_LABELS} /* labels per instance */",
+        f"#define KI_LABEL_VALUE_MAX {keys.MAX_LABEL_VALUE} /* bytes of one value */",
+        "/* Names the collector sets itself (besides every __-prefixed one). */",
+        "#define KI_RESERVED_LABELS {"
+        + ", ".join(f'"{n}"' for n in sorted(keys.RESERVED_LABELS) if not n.startswith("__"))
+        + "}",
         "",
         "#endif /* KI_WIRE_H */",
         "",

@@ -14,11 +14,9 @@
 #include "ki_config.h"
 #include "ki_wire.h"
 
-#define KI_LABELS_MAX 16u       /* labels per instance, as for enrolment */
-#define KI_LABEL_VALUE_MAX 200u /* bytes of one value */
 /* The section: tag, length, count, and per label two lengths (1-2 bytes each) and the text,
  * which is at most the setting's own length. */
-#define KI_LABELS_SECTION_MAX (1u + 10u + 1u + KI_LABELS_MAX * 4u + KI_CONFIG_PATH)
+#define KI_LABELS_SECTION_MAX (1u + 10u + 1u + (unsigned)KI_LABELS_MAX * 4u + KI_CONFIG_PATH)
 
 struct ki_labels {
     unsigned n;                               /* labels set; 0: no section is sent */
@@ -29,7 +27,7 @@ struct ki_labels {
 /* Parse "k=v,k2=v2" (spaces around items are ignored; "" sets none). Names are Prometheus label
  * names, not __-prefixed and not one the collector sets itself (instance, gpu, gpu_product, le,
  * simulated); values are 1-200 bytes without commas or line breaks; no name twice.
- * Returns 0 or -EINVAL with the reason in err. */
+ * Returns 0, or -EINVAL with the reason in err and no label set. */
 int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t errlen);
 
 /* Append the section to out (cap bytes); returns the bytes written (0 when no labels or no room). */

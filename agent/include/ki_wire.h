@@ -66,4 +66,10 @@ struct ki_wire_col {
 #define KI_WIRE_KERNEL_PDELTA_COL 2
 #define KI_WIRE_KERNEL_PDELTA_COLUMN {48, 8, KI_ENC_PDELTA}
 
+/* Instance labels (the LABELS section): the collector's enrolment rules (collector/keys.py). */
+#define KI_LABELS_MAX 16 /* labels per instance */
+#define KI_LABEL_VALUE_MAX 200 /* bytes of one value */
+/* Names the collector sets itself (besides every __-prefixed one). */
+#define KI_RESERVED_LABELS {"gpu", "gpu_product", "instance", "le", "simulated"}
+
 #endif /* KI_WIRE_H */

@@ -7,7 +7,10 @@
 
 #include "ki_varint.h"
 
-static const char *const RESERVED[] = {"instance", "gpu", "gpu_product", "le", "simulated"};
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+static const char *const RESERVED[] = KI_RESERVED_LABELS;
 
 static int bad(char *err, size_t errlen, const char *what, const char *item, size_t len) {
     snprintf(err, errlen, "labels: %s in \"%.*s\"", what, (int)(len > 80 ? 80 : len), item);
@@ -24,7 +27,7 @@ static int name_ok(const char *s, size_t n) {
     return 1;
 }
 
-int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t errlen) {
+static int parse(struct ki_labels *l, const char *text, char *err, size_t errlen) {
     memset(l, 0, sizeof *l);
     uint8_t body[KI_LABELS_SECTION_MAX];
     size_t blen = 0;
@@ -48,11 +51,11 @@ int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t err
             if (strlen(RESERVED[i]) == nlen && memcmp(RESERVED[i], a, nlen) == 0)
                 return bad(err, errlen, "label set by the collector itself", a, nlen);
         if (vlen == 0 || vlen > KI_LABEL_VALUE_MAX || memchr(eq + 1, '\n', vlen) || memchr(eq + 1, '\r', vlen))
-            return bad(err, errlen, "the value must be 1-200 bytes on one line", a, (size_t)(b - a));
+            return bad(err, errlen, "the value must be 1-" STR(KI_LABEL_VALUE_MAX) " bytes on one line", a, (size_t)(b - a));
         for (unsigned i = 0; i < l->n; i++)
             if (name_lens[i] == nlen && memcmp(names[i], a, nlen) == 0)
                 return bad(err, errlen, "label given twice", a, nlen);
-        if (l->n == KI_LABELS_MAX) return bad(err, errlen, "more than 16 labels", text, strlen(text));
+        if (l->n == KI_LABELS_MAX) return bad(err, errlen, "more than " STR(KI_LABELS_MAX) " labels", text, strlen(text));
         names[l->n] = a;
         name_lens[l->n] = nlen;
         l->n++;
@@ -75,6 +78,12 @@ int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t err
     memcpy(s + off, body, blen);
     l->len = off + blen;
     return 0;
+}
+
+int ki_labels_parse(struct ki_labels *l, const char *text, char *err, size_t errlen) {
+    int rc = parse(l, text, err, errlen);
+    if (rc < 0) memset(l, 0, sizeof *l); /* refused: nothing set, no section */
+    return rc;
 }
 
 size_t ki_labels_section(const struct ki_labels *l, uint8_t *out, size_t cap) {

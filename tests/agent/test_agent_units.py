@@ -11,6 +11,7 @@ from support.wire_corpus import random_records, zero_reserved
 
 from kernel_insight.agent.records import RECORD_DTYPE
 from kernel_insight.collector import wire
+from kernel_insight.collector.keys import RESERVED_LABELS, KeyStoreError, check_instance_labels
 
 HERE = Path(__file__).resolve().parent / "c"
 
@@ -39,6 +40,29 @@ def test_c_names(tmp_path):
 def test_c_status(tmp_path):
     """One classifier of the collector's statuses: stored, auth, names, retryable, permanent."""
     run_unit(tmp_path, "test_status")
+
+
+def test_c_labels_encode_as_the_collector_decodes_and_obey_its_enrolment_rule(tmp_path):
+    """The agent's ``labels`` setting: its LABELS section is byte for byte what wire.py encodes for
+    the same labels, and it accepts exactly the names the collector's enrolment rule accepts."""
+    candidates = [*sorted(RESERVED_LABELS), "__x", "model", "rack_2", "_a", "A", "9x", "a-b", "é", "gpu0"]
+    out = run_unit(tmp_path, "test_labels", *candidates)
+    sections = dict(
+        line[len("section ") :].rsplit(" ", 1) for line in out.splitlines() if line.startswith("section ")
+    )
+    assert len(sections) == 3
+    for text, hexed in sections.items():
+        pairs = [tuple(item.strip().split("=", 1)) for item in text.split(",") if item.strip()]
+        assert bytes.fromhex(hexed) == wire._section(wire.SECTION_LABELS, wire._encode_labels(pairs))
+    named = dict(line.split()[1:] for line in out.splitlines() if line.startswith("name "))
+    assert set(named) == set(candidates)
+    for name, said in named.items():
+        try:
+            check_instance_labels({name: "v"})
+            python = "yes"
+        except KeyStoreError:
+            python = "no"
+        assert said == python, name
 
 
 def test_c_spool(tmp_path):
