@@ -53,6 +53,9 @@ log = logging.getLogger("kernel_insight.collector.batcher")
 FLUSH_ROWS_BOUNDS = (1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000)
 INSERT_SECONDS_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
+#: How often, at most, the batcher looks for remote_write senders gone idle (``sender_idle_s``).
+_PRUNE_EVERY_S = 0.05
+
 
 def _bucket(bounds: tuple[float, ...], value: float) -> int:
     for i, b in enumerate(bounds):
@@ -264,6 +267,7 @@ class Batcher:
         self._senders: dict[Hashable, float] = {}
         self._sender_queued: dict[Hashable, int] = {}
         self._untracked_queued = 0
+        self._pruned = 0.0  # when idle senders were last forgotten
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -347,11 +351,17 @@ class Batcher:
     def _all_senders_wait(self, now: float) -> bool:
         """Every eager sender seen in the last ``sender_idle_s`` has a ticket queued (under the
         lock); senders gone idle longer are forgotten."""
-        idle_before = now - self.sender_idle_s
-        gone = [k for k, t in self._senders.items() if t < idle_before and k not in self._sender_queued]
-        for k in gone:
-            del self._senders[k]
-        return bool(self._sender_queued) and len(self._sender_queued) >= len(self._senders)
+        if not self._sender_queued:
+            return False
+        if len(self._sender_queued) < len(self._senders) and now - self._pruned >= _PRUNE_EVERY_S:
+            # A scan at most every _PRUNE_EVERY_S: a client opening a connection per request
+            # must not cost a scan of every connection per request.
+            self._pruned = now
+            idle_before = now - self.sender_idle_s
+            gone = [k for k, t in self._senders.items() if t < idle_before and k not in self._sender_queued]
+            for k in gone:
+                del self._senders[k]
+        return len(self._sender_queued) >= len(self._senders)
 
     def _count_taken(self, ticket: Ticket) -> None:
         """Count ``ticket`` as taken by a flush (under the lock)."""
@@ -390,7 +400,7 @@ class Batcher:
                         break
                     # Wake when the next sender still to send would be forgotten, should it stay away.
                     oldest = min(t for k, t in self._senders.items() if k not in self._sender_queued)
-                    left = min(left, max(0.001, oldest + self.sender_idle_s - now))
+                    left = min(left, max(_PRUNE_EVERY_S, oldest + self.sender_idle_s - now))
                 if self._eager_queued >= self.eager_rows:
                     quiet_left = self._last_submit + self.quiet_s - now
                     if quiet_left <= 0:
