@@ -65,6 +65,14 @@ def test_c_labels_encode_as_the_collector_decodes_and_obey_its_enrolment_rule(tm
         assert said == python, name
 
 
+def test_c_histogram_increments(tmp_path):
+    """histinc.c alone: an increment holds exactly the buckets that grew and by how much, over
+    random growing histograms; bases are kept only when worth it, lost on a schema change or a
+    forget; a small arena refuses and compacts without overflowing (the wire side is
+    test_agent_hist_increments.py)."""
+    run_unit(tmp_path, "test_histinc")
+
+
 def test_c_spool(tmp_path):
     run_unit(tmp_path, "test_spool", str(tmp_path / "spool"))
 
