@@ -337,7 +337,12 @@ class Collector:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # reaped on the way out too: the caller's failure is the report
+                self.proc.wait()
+                raise
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
