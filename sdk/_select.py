@@ -42,6 +42,12 @@ class LoadPolicy:
     * ``choices``: how many weighted draws compete (power of d choices). Two: the classic; more
       concentrates many clients acting on the same snapshot on its least-loaded instances
       (herding, measured by ``make bench-routing``).
+    * ``nccl_weight``: the expected penalty of a degraded interconnect, in queued requests per
+      multiple of the fleet's median NCCL p99 above it (p99 5 x the median: 2 queued requests).
+      Added to the load, not multiplied with it: a degraded instance loses to lightly loaded
+      ones, and is used again once the others' queues are longer than its penalty, so near
+      saturation its capacity is not lost (its share of the draws already shrinks with its
+      weight, :func:`weight`).
     """
 
     running_weight: float = 0.25
@@ -51,6 +57,7 @@ class LoadPolicy:
     affinity_slack: float = 2.0
     affinity_choices: int = 2
     choices: int = 2
+    nccl_weight: float = 0.5
 
 
 def load_cost(
@@ -60,8 +67,9 @@ def load_cost(
     policy: LoadPolicy,
     now_s: float | None = None,
 ) -> float:
-    """The expected wait on ``instance`` in queued requests, penalised like :func:`weight`:
-    ``(1 + waiting + own + running_weight x running + kv term) x (1 + p99 / p99_ref) / 2 x (1 + errors_5m)``.
+    """The expected wait on ``instance`` in queued requests, with the expected penalty of its
+    interconnect: ``(1 + waiting + own + running_weight x running + kv term) x (1 + errors_5m)
+    + nccl_weight x max(0, p99 / p99_ref - 1)``.
 
     ``own``: this client's requests in flight there sent after the figures were sampled (not
     in them yet). Without serving figures (or older than ``policy.max_age_s``) only ``own`` counts.
@@ -75,7 +83,7 @@ def load_cost(
             load += policy.kv_weight * (kv - policy.kv_knee) / (1.0 - policy.kv_knee)
     nccl = instance.nccl_latency_seconds
     p99 = nccl.p99 if nccl is not None else p99_ref_s
-    return load * (1.0 + p99 / p99_ref_s) / 2.0 * (1.0 + instance.errors_5m)
+    return load * (1.0 + instance.errors_5m) + policy.nccl_weight * max(0.0, p99 / p99_ref_s - 1.0)
 
 
 def prefix_key(prompt: str | bytes, chars: int = 256) -> str:

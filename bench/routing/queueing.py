@@ -211,9 +211,10 @@ class PowerOfTwo(Picker):
 
 class InferenceExtension(Picker):
     """The Gateway API Inference Extension's default endpoint picker, re-implemented from its source
-    (kubernetes-sigs/gateway-api-inference-extension, pkg/epp/config/loader/defaults.go and the
-    plugins it names): score = 2 x queue + 2 x kv-cache-utilization + 3 x prefix-cache, highest wins
-    (ties broken at random). Queue: (max - waiting) / (max - min) over the candidates (1 when all
+    (kubernetes-sigs/gateway-api-inference-extension v1.5.0, the last release holding the endpoint
+    picker: pkg/epp/config/loader/defaults.go and the plugins it names): score = 2 x queue-scorer +
+    2 x kv-cache-utilization-scorer + 3 x prefix-cache-scorer, max-score-picker (ties broken at
+    random). Queue: (max - waiting) / (max - min) over the candidates (1 when all
     equal); KV: 1 - usage; prefix: the share of the prompt's 16-token blocks, up to 256, that its
     approximate index (an LRU of the blocks it routed to each server, as many as the server has KV
     blocks) says the server holds, counting the longest matched run. Metrics are refreshed every

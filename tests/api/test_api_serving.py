@@ -3,7 +3,13 @@ the SDK through a real collector, and the ETag'd long-poll."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import math
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +22,7 @@ from support.collector import RunningCollector, running_collector
 from kernel_insight.api import Authenticator
 from kernel_insight.api.health.serving import SERVING_METRICS, combine, markdown_table, serving_record
 from kernel_insight.api.models import HealthSnapshot
+from kernel_insight.run import free_port
 from kernel_insight.sdk import HealthClient
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -153,3 +160,208 @@ def test_remote_written_vllm_metrics_reach_the_sdk_and_a_long_poll_sees_the_next
             while health.snapshot().get("node-1").serving.requests_waiting != 5:  # type: ignore[union-attr]
                 assert time.monotonic() < deadline, "the watch thread did not bring the next write"
                 time.sleep(0.02)
+
+
+#: One instance per engine, its metrics with the labels the engine itself exports: (labels, value).
+_ENGINES: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = {
+    "vllm-0": {  # two engine processes (data parallel): queues add up, the fuller KV cache counts
+        "vllm:num_requests_waiting": [({"engine": "0"}, 3.0), ({"engine": "1"}, 4.0)],
+        "vllm:num_requests_running": [({"engine": "0"}, 10.0), ({"engine": "1"}, 12.0)],
+        "vllm:kv_cache_usage_perc": [({"engine": "0"}, 0.5), ({"engine": "1"}, 0.625)],
+        "vllm:prefix_cache_hits_total": [({"engine": "0"}, 300.0)],
+        "vllm:prefix_cache_queries_total": [({"engine": "0"}, 1200.0)],
+    },
+    "sglang-0": {
+        "sglang:num_queue_reqs": [({"tp_rank": "0"}, 2.0)],
+        "sglang:num_running_reqs": [({"tp_rank": "0"}, 9.0)],
+        "sglang:token_usage": [({"tp_rank": "0"}, 0.4)],
+        "sglang:cache_hit_rate": [({"tp_rank": "0"}, 0.6)],
+    },
+    "tgi-0": {"tgi_queue_size": [({}, 5.0)], "tgi_batch_current_size": [({}, 16.0)]},
+    "trtllm-0": {
+        "trtllm_num_requests_waiting": [({"engine_type": "trtllm"}, 1.0)],
+        "trtllm_num_requests_running": [({"engine_type": "trtllm"}, 7.0)],
+        "trtllm_kv_cache_utilization": [({"engine_type": "trtllm"}, 0.3)],
+    },
+}
+_EXPECTED = {
+    "vllm-0": (["vllm"], 7, 22, 0.625, 0.25),
+    "sglang-0": (["sglang"], 2, 9, 0.4, 0.6),
+    "tgi-0": (["tgi"], 5, 16, None, None),
+    "trtllm-0": (["trtllm-serve"], 1, 7, 0.3, None),
+}
+
+
+def _serving(c: RunningCollector, ids: set[str]) -> dict[str, dict]:
+    """The snapshot's ``serving`` of ``ids`` once every one has it (generous deadline)."""
+    with httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.read_token}"}, timeout=30) as h:
+        deadline = time.monotonic() + 60
+        while True:
+            got = {i["id"]: i["serving"] for i in h.get("/v1/health/snapshot").json()["instances"]}
+            if all(got.get(i) is not None for i in ids):
+                return {i: got[i] for i in ids}
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_every_engine_in_the_table_reaches_the_snapshot_by_remote_write(tmp_path):
+    """Each engine's own metric names and labels, remote-written to a real collector beside the GPU
+    gauge that puts the instance in the snapshot, come out as its ``serving`` figures."""
+    assert {SERVING_METRICS[n].engine for m in _ENGINES.values() for n in m} == {
+        m.engine for m in SERVING_METRICS.values()
+    }  # every engine the table lists is exercised here
+    with running_collector(tmp_path, interval_s=0.2) as c:
+        now = int(time.time() * 1000)
+        series: list[tuple[dict[str, str], list[tuple[int, float]]]] = []
+        for inst, metrics in _ENGINES.items():
+            base = {"instance": inst, "model_name": "llama"}
+            series.append(({**base, "__name__": "gpu_memory_free_bytes", "gpu": "0"}, [(now, 8e9)]))
+            for name, rows in metrics.items():
+                series += [({**base, **labels, "__name__": name}, [(now, v)]) for labels, v in rows]
+        c.remote_write(series)
+        got = _serving(c, set(_ENGINES))
+    for inst, (engines, waiting, running, kv, hit) in _EXPECTED.items():
+        s = got[inst]
+        assert (s["engines"], s["requests_waiting"], s["requests_running"]) == (engines, waiting, running), (
+            inst
+        )
+        assert s["kv_cache_usage_ratio"] == (None if kv is None else pytest.approx(kv)), inst
+        assert s["prefix_cache_hit_ratio"] == (None if hit is None else pytest.approx(hit)), inst
+        assert s["sample_ms"] == now
+
+
+#: vLLM's /metrics as it serves it (an excerpt: its gauges, a counter, a histogram), no timestamps.
+_VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 14.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 6.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 0.8125
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 4000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 3000.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="meta-llama/Llama-3.1-70B-Instruct"} 90.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-70B-Instruct"} 100.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 100.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 7.5
+"""
+
+
+def _enrol_by_series(c: RunningCollector, tmp_path: Path, instance: str) -> Path:
+    """Put ``instance`` in the snapshot (its GPU gauge, remote-written) and return a 0600 file
+    holding the collector's ingest token, for the sender under test."""
+    token = tmp_path / "ingest.token"
+    token.write_text(c.ingest_token)
+    token.chmod(0o600)
+    now = int(time.time() * 1000)
+    c.remote_write([({"__name__": "gpu_memory_free_bytes", "instance": instance, "gpu": "0"}, [(now, 8e9)])])
+    return token
+
+
+def _assert_the_vllm_excerpt(s: dict) -> None:
+    assert (s["engines"], s["requests_waiting"], s["requests_running"]) == (["vllm"], 6, 14)
+    assert s["kv_cache_usage_ratio"] == pytest.approx(0.8125)
+    assert s["prefix_cache_hit_ratio"] == pytest.approx(0.75)  # 3,000 of 4,000 tokens
+
+
+@pytest.mark.timeout(180)
+def test_without_prometheus_ki_import_brings_vllm_metrics_in(tmp_path):
+    """docs/routing.md's recipe for a fleet without Prometheus: the engine's /metrics text piped to
+    ``ki import - --collector`` with a relabel rule naming the instance; the import stamps the
+    samples with its own time."""
+    rules = tmp_path / "instance.yml"
+    rules.write_text("- target_label: instance\n  replacement: gpu-node-7\n")
+    with running_collector(tmp_path, interval_s=0.2) as c:
+        before = int(time.time() * 1000)
+        token = _enrol_by_series(c, tmp_path, "gpu-node-7")
+        done = subprocess.run(
+            [sys.executable, "-m", "kernel_insight.cli", "import", "-", "--collector", c.url,
+             "--token-file", str(token), "--relabel-config", str(rules)],
+            input=_VLLM_METRICS, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        after = int(time.time() * 1000)
+        assert done.returncode == 0, done.stderr
+        s = _serving(c, {"gpu-node-7"})["gpu-node-7"]
+    _assert_the_vllm_excerpt(s)
+    assert before <= s["sample_ms"] <= after
+
+
+class _VllmMetrics(http.server.BaseHTTPRequestHandler):
+    """A stand-in for a vLLM server's /metrics (the engine is outside the system): its exposition."""
+
+    def do_GET(self) -> None:
+        body = _VLLM_METRICS.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a scrape given up on
+            self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None, reason="the prometheus binary (Debian package) is not installed"
+)
+@pytest.mark.timeout(180)
+def test_prometheus_in_agent_mode_scrapes_vllm_into_the_snapshot(tmp_path):
+    """docs/routing.md's recipe for a fleet without a Prometheus server: Prometheus in agent mode
+    (no local TSDB) scrapes the engine every 250 ms, names the instance by a relabel rule and
+    remote-writes to the collector."""
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VllmMetrics)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    prom: subprocess.Popen[str] | None = None
+    with running_collector(tmp_path, interval_s=0.2) as c:
+        try:
+            token = _enrol_by_series(c, tmp_path, "gpu-node-9")
+            config = tmp_path / "agent.yml"
+            config.write_text(
+                json.dumps(  # YAML is a superset of JSON
+                    {
+                        "global": {"scrape_interval": "250ms", "scrape_timeout": "200ms"},
+                        "scrape_configs": [
+                            {
+                                "job_name": "vllm",
+                                "static_configs": [{"targets": [f"127.0.0.1:{engine.server_port}"]}],
+                                "relabel_configs": [
+                                    {"target_label": "instance", "replacement": "gpu-node-9"}
+                                ],
+                            }
+                        ],
+                        "remote_write": [
+                            {
+                                "url": f"{c.url}/api/v1/write",
+                                "authorization": {"type": "Bearer", "credentials_file": str(token)},
+                                "queue_config": {"batch_send_deadline": "250ms"},
+                            }
+                        ],
+                    }
+                )
+            )
+            prom = subprocess.Popen(
+                ["prometheus", "--enable-feature=agent", f"--config.file={config}",
+                 f"--web.listen-address=127.0.0.1:{free_port()}",
+                 f"--storage.agent.path={tmp_path / 'agent'}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            s = _serving(c, {"gpu-node-9"})["gpu-node-9"]
+            assert prom.poll() is None, prom.stderr.read() if prom.stderr else ""
+        finally:
+            if prom is not None:
+                prom.terminate()
+                prom.communicate(timeout=30)
+            engine.shutdown()
+            engine.server_close()
+    _assert_the_vllm_excerpt(s)
