@@ -8,7 +8,7 @@ from collections import Counter
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sdk_helpers import FakeServer, GiB, instance
 
@@ -148,7 +148,11 @@ def test_clients_sharing_a_snapshot_do_not_herd(clock):
     assert herd["empty"] > 300  # the least loaded of 16 draws: most clients land on the same one
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+)
 @given(
     st.lists(
         st.tuples(
