@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
-from agent_harness import build
+from agent_harness import build, self_signed
 from support.wire_corpus import random_records, zero_reserved
 
 from kernel_insight.agent.records import RECORD_DTYPE
@@ -17,9 +21,12 @@ HERE = Path(__file__).resolve().parent / "c"
 
 
 def run_unit(tmp_path: Path, name: str, *args: str) -> str:
-    out = build(tmp_path / "build", "unit", TEST=str(HERE / f"{name}.c"), SAN="1")
+    """Build the unit test ``name`` (once per test: the build dir is the test's) and run it."""
+    binary = tmp_path / "build" / name
+    if not binary.exists():
+        build(tmp_path / "build", "unit", TEST=str(HERE / f"{name}.c"), SAN="1")
     r = subprocess.run(
-        [str(out / name), *args],
+        [str(binary), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -71,6 +78,47 @@ def test_c_histogram_increments(tmp_path):
     forget; a small arena refuses and compacts without overflowing (the wire side is
     test_agent_hist_increments.py)."""
     run_unit(tmp_path, "test_histinc")
+
+
+def test_c_tls_client_verifies_the_server_and_carries_bytes(tmp_path):
+    """tls.c against a real TLS server on loopback (Python's ssl): the handshake verifies against
+    the CA file and the host name, bytes go there and back, the end of the stream reads as 0; a
+    wrong host name or another CA is refused with a reason."""
+    cert, ctx = self_signed(tmp_path)
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other_ca, _ = self_signed(other_dir)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    errors: list[BaseException] = []
+
+    def serve(n: int) -> None:
+        for _ in range(n):
+            conn, _addr = server.accept()
+            conn.settimeout(30)
+            try:
+                with ctx.wrap_socket(conn, server_side=True) as tls:
+                    data = tls.recv(64)
+                    tls.sendall(data)
+                    with contextlib.suppress(ssl.SSLEOFError):  # the client may close without its own
+                        tls.unwrap()  # close_notify: the client reads the end of the stream
+            except (ssl.SSLError, OSError) as exc:  # the refused handshakes end here
+                errors.append(exc)
+
+    thread = threading.Thread(target=serve, args=(3,), daemon=True)
+    thread.start()
+    try:
+        assert "ok echo" in run_unit(tmp_path, "test_tls", str(port), str(cert), "localhost", "echo")
+        refused = run_unit(tmp_path, "test_tls", str(port), str(cert), "wrong.example", "refused")
+        assert "ok refused" in refused
+        assert "ok refused" in run_unit(
+            tmp_path, "test_tls", str(port), str(other_ca), "localhost", "refused"
+        )
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(errors) == 2  # the two refused handshakes, the server side of them
+    finally:
+        server.close()
 
 
 def test_c_spool(tmp_path):
