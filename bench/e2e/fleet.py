@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -97,8 +98,10 @@ class Collector:
         *,
         host: str = "127.0.0.1",
         tokens: Path | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.data, self.keys, self.log = data, keys, log
+        self.extra = list(extra)  # more ``ki collector`` flags
         self.interval_s = interval_s
         self.port = port or free_port()
         self.host, self.tokens = host, tokens
@@ -117,7 +120,7 @@ class Collector:
         auth = ["--tokens", str(self.tokens), "--host", self.host] if self.tokens else ["--local-dev"]
         args = [sys.executable, "-m", "kernel_insight.cli", "collector", "--store", str(self.data),
                 "--keys", str(self.keys), "--auth-store", "file", *auth, "--port", str(self.port),
-                "--interval", str(self.interval_s)]  # fmt: skip
+                "--interval", str(self.interval_s), *self.extra]  # fmt: skip
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 

@@ -23,10 +23,16 @@ polling the health snapshot every second. Every ``--fault-every`` seconds one fa
 
 At the end the producers stop, the agents drain and stop, and the store is read: every kernel
 record a producer wrote is stored exactly once (``lost``: written, not stored; ``duplicated``:
-stored more than once), every remote_write sample acknowledged is stored once; the resident
-memory of the agents (and of the collector's last run, when it outlived the warm-up) after the
-warm-up (a third of the run, at most 10 minutes) against the end; the longest an instance was
-reported stale after a fault had ended. Ends with ``BENCH soak minutes=<n> faults=<n>
+stored more than once), every remote_write sample acknowledged is stored once; the largest
+growth of resident memory after the warm-up (a third of the run, at most 10 minutes), over the
+agents and each collector process that started before it (``rss_growth_pct``; the log gives each
+one's figures, the collector's head size and the agents' VmSize beside). The collector runs with
+``--head-minutes`` of half the warm-up, so its head (recent samples for a window, by design) is
+full before growth is measured, not filling during it. ``stale_s_max``: the longest an agent's
+instance was reported stale after the last fault had ended (a fault's window is open from its
+beginning until it is over: an agent_stop's at its SIGCONT; staleness while one runs is the
+fault's own); each agent's stale/fresh turns are logged with the snapshot's ages and reasons.
+Ends with ``BENCH soak minutes=<n> faults=<n>
 records=<n> lost=<n> duplicated=<n> rss_growth_pct=<n> stale_s_max=<n>``; the fault log and
 the figures go to ``--log`` (default bench/results/soak-<seed>.log).
 """
@@ -51,6 +57,7 @@ from pathlib import Path
 import httpx
 
 from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
+from bench.soak.windows import FaultWindows
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.remote_write import encode_write_request
@@ -68,9 +75,13 @@ FAULTS = (
     "network_cut",
 )
 NOT_BUILT: set[str] = set()
-#: The veth pair's addresses: the collector's end (this namespace) and the agents' end.
-HOST_IP, AGENTS_IP = "10.201.77.1", "10.201.77.2"
+#: The veth pairs' /30s are carved from this /16, one per run (``Netns``): two soaks at once
+#: with the same addresses would each answer the other's agents.
+VETH_NET = "10.201"
 RW_METRIC, STORM_METRIC = "soak_remote_write", "soak_merge_storm"
+#: The soak's collector keeps this many head windows (--head-minutes) in the warm-up, so its head
+#: is full, and its memory at its size, before the flatness of memory is measured.
+HEAD_WINDOWS_IN_WARM_UP = 2
 WRITE_HEADERS = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
 
 
@@ -105,14 +116,23 @@ class Loop(threading.Thread):
                 self.errors += 1
 
 
-def _rss_kb(pid: int) -> int:
+def _rss_kb(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory (or another ``/proc/<pid>/status`` field in kB); 0 once it has ended."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def _head_bytes(client: httpx.Client) -> float:
+    """The collector's ``ki_head_bytes`` from its /metrics."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("ki_head_bytes "):
+            return float(line.split()[1])
+    raise ValueError("no ki_head_bytes in /metrics")
 
 
 def _wallshift(out: Path) -> Path:
@@ -160,6 +180,13 @@ class Netns:
     def __init__(self) -> None:
         tag = f"{os.getpid() % 100000}"
         self.name, self.host_if, self.ns_if = f"kisoak{tag}", f"kish{tag}", f"kisn{tag}"
+        block = os.getpid() % (1 << 14)  # the run's /30 of VETH_NET, unless another holds it
+        taken = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+        while f" {VETH_NET}.{block >> 6}.{(block & 63) * 4 + 1}/" in taken:
+            block = (block + 1) % (1 << 14)
+        #: The collector's end (this namespace) and the agents' end.
+        self.host_ip = f"{VETH_NET}.{block >> 6}.{(block & 63) * 4 + 1}"
+        self.agents_ip = f"{VETH_NET}.{block >> 6}.{(block & 63) * 4 + 2}"
         steps = [
             ["ip", "netns", "add", self.name],
             [
@@ -175,9 +202,20 @@ class Netns:
                 "netns",
                 self.name,
             ],
-            ["ip", "addr", "add", f"{HOST_IP}/30", "dev", self.host_if],
+            ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
             ["ip", "link", "set", self.host_if, "up"],
-            ["ip", "netns", "exec", self.name, "ip", "addr", "add", f"{AGENTS_IP}/30", "dev", self.ns_if],
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.name,
+                "ip",
+                "addr",
+                "add",
+                f"{self.agents_ip}/30",
+                "dev",
+                self.ns_if,
+            ],
             ["ip", "netns", "exec", self.name, "ip", "link", "set", self.ns_if, "up"],
             ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
         ]
@@ -257,15 +295,24 @@ def main() -> None:
                 NOT_BUILT.add("network_cut")
             token = TokenStore(tmp / "tokens.json").create("soak", ["read", "ingest"]).token
             auth = {"Authorization": f"Bearer {token}"}
+            warm_s = min(600.0, run_s / 3)
+            head_minutes = warm_s / 60 / HEAD_WINDOWS_IN_WARM_UP
             collector = Collector(
                 store_dir / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0,
-                host=HOST_IP if netns else "127.0.0.1", tokens=tmp / "tokens.json",
+                host=netns.host_ip if netns else "127.0.0.1", tokens=tmp / "tokens.json",
+                extra=["--head-minutes", f"{head_minutes:g}"],
             )  # fmt: skip
-            stopped: dict[int, float] = {}  # agent index -> when its SIGSTOP ends
+            stopped: dict[int, tuple[float, int]] = {}  # agent index -> (when its SIGSTOP ends, its window)
             faults_done = 0
-            windows: list[tuple[float, float]] = []  # (start, end) of each fault, monotonic
+            windows = FaultWindows()
             rss: dict[str, list[tuple[float, int]]] = {}
-            collector_since = [time.monotonic()]
+            head_mb: dict[
+                str, list[tuple[float, float]]
+            ] = {}  # collector -> (time, its ki_head_bytes in MiB)
+            vm_kb: dict[str, list[int]] = {}  # agent -> VmSize: its buffers are all allocated at start
+            #: process -> (time, RssAnon, RssFile): the heaps against pages of mapped files (chDB's library)
+            split_kb: dict[str, list[tuple[float, int, int]]] = {}
+            was_stale: dict[str, bool] = {}
             rw_acked: set[float] = set()
             stale_after_fault = [0.0]
             client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
@@ -303,13 +350,27 @@ def main() -> None:
 
                 def poll() -> None:
                     now = time.monotonic()
-                    active = any(s <= now <= e for s, e in windows) or any(
-                        now < until for until in stopped.values()
-                    )
+                    active = windows.active(now)
                     snap = health.snapshot()
-                    if active or not windows:
+                    wall_ms = time.time() * 1000
+                    for inst in snap.instances:
+                        if inst.id in ids and was_stale.get(inst.id, False) != inst.stale:
+                            was_stale[inst.id] = inst.stale
+                            heard = (
+                                "never"
+                                if inst.last_heard_ms is None
+                                else f"{(wall_ms - inst.last_heard_ms) / 1000:.1f} s"
+                            )
+                            log(
+                                f"agent{ids[inst.id]} {'stale' if inst.stale else 'fresh'}"
+                                f"{' (lagging)' if inst.lagging else ''}: data {(wall_ms - inst.last_seen_ms) / 1000:.1f} s old,"
+                                f" heard {heard} ago, ingest lag {inst.ingest_lag_s}, snapshot as of"
+                                f" {(wall_ms - snap.as_of_ms) / 1000:.1f} s ago{', during a fault' if active else ''};"
+                                f" {'; '.join(inst.reasons) or 'no reasons'}"
+                            )  # fmt: skip
+                    since = windows.since_last(now)
+                    if since is None:
                         return
-                    since = now - max(e for _, e in windows if e <= now)
                     for inst in snap.instances:
                         if inst.id in ids and inst.stale:
                             stale_after_fault[0] = max(stale_after_fault[0], since)
@@ -317,12 +378,19 @@ def main() -> None:
                 def memory() -> None:
                     now = time.monotonic()
                     if collector.proc is not None and collector.proc.poll() is None:
-                        rss.setdefault(f"collector@{collector_since[0]:.0f}", []).append(
-                            (now, _rss_kb(collector.pid))
+                        pid = collector.pid  # a restarted collector is another process: another series
+                        rss.setdefault(f"collector{pid}", []).append((now, _rss_kb(pid)))
+                        split_kb.setdefault(f"collector{pid}", []).append(
+                            (now, _rss_kb(pid, "RssAnon"), _rss_kb(pid, "RssFile"))
                         )
+                        with contextlib.suppress(httpx.HTTPError, ValueError):
+                            head_mb.setdefault(f"collector{pid}", []).append(
+                                (now, _head_bytes(client) / (1 << 20))
+                            )
                     for i, n in enumerate(nodes):
                         if n.agent is not None:
                             rss.setdefault(f"agent{i}", []).append((now, _rss_kb(n.agent.pid)))
+                            vm_kb.setdefault(f"agent{i}", []).append(_rss_kb(n.agent.pid, "VmSize"))
 
                 loops = [Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory)]
                 for loop in loops:
@@ -343,19 +411,19 @@ def main() -> None:
                                 os.environ.pop(k, None)
                             else:
                                 os.environ[k] = v
-                    collector_since[0] = time.monotonic()
 
                 hold_s = args.fault_every / 5
                 next_fault, k = t_start + args.fault_every, 0
                 while time.monotonic() < t_start + run_s:
                     now = time.monotonic()
-                    for i, until in list(stopped.items()):
+                    for i, (until, w) in list(stopped.items()):
                         if now >= until:
                             agent = nodes[i].agent
                             assert agent is not None
                             agent.send_signal(signal.SIGCONT)
                             del stopped[i]
-                            log(f"agent{i} continued")
+                            took = windows.end(w, time.monotonic())
+                            log(f"agent{i} continued; fault agent_stop: over after {took:.1f} s")
                     if now < next_fault:
                         time.sleep(min(1.0, next_fault - now))
                         continue
@@ -367,6 +435,7 @@ def main() -> None:
                         log(f"fault {name}: skipped (not built yet)")
                         continue
                     log(f"fault {name}: begins")
+                    window = windows.begin(begin)  # open: meanwhile the snapshot's verdicts are the fault's
                     if name == "collector_kill":
                         assert collector.proc is not None
                         collector.proc.send_signal(signal.SIGKILL)
@@ -377,9 +446,8 @@ def main() -> None:
                         agent = nodes[i].agent
                         assert agent is not None
                         agent.send_signal(signal.SIGSTOP)
-                        stopped[i] = time.monotonic() + hold_s
+                        stopped[i] = (time.monotonic() + hold_s, window)
                         log(f"agent{i} stopped for {hold_s:g} s")
-                        windows.append((begin, begin + hold_s))
                     elif name == "collector_reconfig":
                         restart(interval=5.0 if collector.interval_s == 2.0 else 2.0)
                         log(f"collector now --interval {collector.interval_s:g}")
@@ -425,10 +493,9 @@ def main() -> None:
 
                         with ThreadPoolExecutor(8) as pool:
                             list(pool.map(one, range(2000)))
-                    if name != "agent_stop":
-                        windows.append((begin, time.monotonic()))
                     faults_done += 1
-                    log(f"fault {name}: over after {time.monotonic() - begin:.1f} s")
+                    if name != "agent_stop":  # that one is over at its SIGCONT
+                        log(f"fault {name}: over after {windows.end(window, time.monotonic()):.1f} s")
                 for i in list(stopped):
                     agent = nodes[i].agent
                     assert agent is not None
@@ -481,17 +548,34 @@ def main() -> None:
             lost_rw = len(rw_acked - rw_values)
             lost += lost_rw
             duplicated += int(rw["n"]) - int(rw["u"])
-            warm = t_start + min(600.0, run_s / 3)
+            warm = t_start + warm_s
             growth = 0.0
             for proc, points in rss.items():
                 after = [kb for t, kb in points if t >= warm and kb > 0]  # 0: the process had ended
                 if (
                     len(after) >= 2
                     and after[0] > 0
-                    and (not proc.startswith("collector@") or points[0][0] <= warm)
+                    and (not proc.startswith("collector") or points[0][0] <= warm)
                 ):
                     growth = max(growth, 100.0 * (max(after) - after[0]) / after[0])
-                    log(f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})")
+                    head = [mb for t, mb in head_mb.get(proc, ()) if t >= warm]
+                    vm = [kb for kb in vm_kb.get(proc, ()) if kb > 0]
+                    split = [(a, f) for t, a, f in split_kb.get(proc, ()) if t >= warm and a > 0]
+                    log(
+                        f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})"
+                        + (
+                            f"; head {head[0]:.0f} -> {head[-1]:.0f} MiB (max {max(head):.0f})"
+                            if head
+                            else ""
+                        )
+                        + (f"; VmSize {min(vm)}-{max(vm)} kB" if vm else "")
+                        + (
+                            f"; RssAnon {split[0][0]} -> {split[-1][0]} kB (max {max(a for a, _ in split)}),"
+                            f" RssFile {split[0][1]} -> {split[-1][1]} kB (max {max(f for _, f in split)})"
+                            if split
+                            else ""
+                        )
+                    )
             log(
                 f"records {records} written by the producers ({dropped} dropped by a full ring), {lost} lost, {duplicated} duplicated; remote_write {len(rw_acked)} acknowledged, {lost_rw} lost"
             )
