@@ -7,7 +7,7 @@ Sums and means use Kahan-Neumaier compensation in input order, as Prometheus doe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,8 +31,8 @@ from kernel_insight.kql.histsamples import (
     MIXED_FLOATS_HISTOGRAMS_AGG,
     OBJ,
     Incompatible,
-    _checked,
     cells,
+    check_compatible,
     counter_reset_collision,
     hcompact,
     hkahan_add,
@@ -48,6 +48,9 @@ from kernel_insight.kql.sparsehists import SparseCells
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, format_sample_value, hist_mask, keep_hists
 from kernel_insight.kql.vectors import LabelsMemo, group_rows
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.engine import _Evaluator as Evaluator
 
 __all__ = [
     "aggregate",
@@ -310,7 +313,7 @@ def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
     return np.trunc(clipped).astype(np.int64)
 
 
-def aggregate(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """Evaluate one aggregation over a step vector (``param`` already evaluated)."""
     spec = AGGREGATORS.get(node.op)
     if spec is None:  # pragma: no cover - the parser only accepts registered aggregations
@@ -329,7 +332,7 @@ Reduce = Callable[[Any, AggregateExpr, StepVector, npt.NDArray[np.intp], int, An
 def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], StepVector]:
     """An aggregation that reduces the rows of each ``by``/``without`` group to one row."""
 
-    def impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    def impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
         gid, n, groups = _groups(vec.labels, node)
         group_labels = list(groups)
         present = _group_counts(vec.present, gid, n) > 0
@@ -345,14 +348,18 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
 
 @aggregator("sum", histograms="sum")
 @_grouped
-def _sum(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+def _sum(
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
     """Sum of each group (Kahan-Neumaier compensated)."""
     return _sum_avg(vec, gid, n, mean=False)[0]
 
 
 @aggregator("avg", histograms="mean")
 @_grouped
-def _avg(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+def _avg(
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
     """Mean of each group (Kahan-Neumaier compensated, incremental past an overflow)."""
     return _sum_avg(vec, gid, n, mean=True)[0]
 
@@ -360,7 +367,7 @@ def _avg(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp
 @aggregator("stddev", histograms="ignored")
 @_grouped
 def _stddev(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
     """Population standard deviation of each group."""
     return _variance(vec, gid, n, sqrt=True)
@@ -369,7 +376,7 @@ def _stddev(
 @aggregator("stdvar", histograms="ignored")
 @_grouped
 def _stdvar(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
     """Population variance of each group."""
     return _variance(vec, gid, n, sqrt=False)
@@ -378,7 +385,7 @@ def _stdvar(
 @aggregator("count", histograms="presence")
 @_grouped
 def _count(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
     """Number of series in each group."""
     return _group_counts(vec.present, gid, n).astype(np.float64)
@@ -387,7 +394,7 @@ def _count(
 @aggregator("group", histograms="presence")
 @_grouped
 def _group(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
     """1 for every group."""
     return np.ones((n, vec.values.shape[1]))
@@ -401,14 +408,18 @@ def _extreme(vec: StepVector, gid: npt.NDArray[np.intp], n: int, ufunc: np.ufunc
 
 @aggregator("min", histograms="ignored")
 @_grouped
-def _min(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+def _min(
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
     """Smallest value of each group (NaN only when all are NaN)."""
     return _extreme(vec, gid, n, np.fmin)
 
 
 @aggregator("max", histograms="ignored")
 @_grouped
-def _max(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any) -> F64:
+def _max(
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+) -> F64:
     """Largest value of each group (NaN only when all are NaN)."""
     return _extreme(vec, gid, n, np.fmax)
 
@@ -416,7 +427,7 @@ def _max(ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp
 @aggregator("quantile", ValueType.SCALAR, histograms="ignored")
 @_grouped
 def _quantile(
-    ev: Any, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
 ) -> F64:
     """The phi-quantile of each group."""
     steps = vec.values.shape[1]
@@ -464,7 +475,7 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
 
 
 @aggregator("count_values", ValueType.STRING)
-def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """Number of series per distinct value, the value in the label the parameter names."""
     label = str(param)
     if not is_valid_label_name(label):
@@ -496,7 +507,7 @@ def _count_values(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> 
 @aggregator("bottomk", ValueType.SCALAR, histograms="ignored_whole")
 @aggregator("limitk", ValueType.SCALAR)
 @aggregator("limit_ratio", ValueType.SCALAR)
-def _select_series(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _select_series(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """Series of each group chosen by value (topk, bottomk), by order (limitk) or by label hash (limit_ratio)."""
     param = np.asarray(param, dtype=np.float64)
     op = node.op
@@ -640,13 +651,13 @@ def xxhash64(data: bytes, seed: int = 0) -> int:
 # What each aggregator does with histogram samples is its AggregatorSpec.histograms.
 
 
-def _impl(ev: Any, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """The aggregator's implementation as registered (histogram cells handed over as they are)."""
     result: StepVector = AGGREGATORS[node.op].impl(ev, node, vec, param)
     return result
 
 
-def _histogram_aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> StepVector:
+def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
     """An aggregation over a vector holding histograms (Prometheus' aggregation and aggregationK)."""
 
     op = node.op
@@ -735,7 +746,7 @@ def _histogram_aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> Ste
             continue
         try:
             if mean:
-                _checked(acc, h)
+                check_compatible(acc, h)
                 reconciled = means[g, j].add(h)
             else:
                 res, comp, _, reconciled = hkahan_add(acc, h, comps[g, j])
@@ -756,11 +767,11 @@ def _histogram_aggregate(ev: Any, node: Any, vec: StepVector, param: Any) -> Ste
 
 
 def _histogram_aggregated(
-    ev: Any,
-    node: Any,
+    ev: Evaluator,
+    node: AggregateExpr,
     vec: StepVector,
     param: Any,
-    gid: Any,
+    gid: npt.NDArray[np.intp],
     n: int,
     group_labels: list[Labels],
     mixed: BOOL,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kernel_insight.kql.ast import BinaryExpr, VectorMatching
+from kernel_insight.kql.ast import BinaryExpr, PosRange, VectorMatching
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.histsamples import (
@@ -37,6 +37,9 @@ from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import StepVector, keep_hists, labels_to_str
 from kernel_insight.kql.vectors import LabelsMemo, consolidate
 
+if TYPE_CHECKING:
+    from kernel_insight.kql.engine import _Evaluator as Evaluator
+
 __all__ = ["ARITHMETIC", "COMPARE", "binary_op", "evaluate_binary"]
 
 F64 = npt.NDArray[np.float64]
@@ -59,7 +62,7 @@ def _apply(op: str, lhs: Any, rhs: Any) -> Any:
     return COMPARE[op](lhs, rhs)
 
 
-def evaluate_binary(ev: Any, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+def evaluate_binary(ev: Evaluator, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
     """``lhs op rhs`` for the evaluator ``ev`` (its annotations): float samples columnar
     (:func:`binary_op`), histogram samples one pair at a time (Prometheus' vectorElemBinop)."""
     if node.op in TRIM_OPS:
@@ -498,7 +501,7 @@ def elem_binop(op: str, lf: float, rf: float, lh: H | None, rh: H | None) -> Ele
     return ElemResult(0.0, None, False, info=incompatible_types("histogram", op, "histogram"))
 
 
-def _annotate_elem(ev: Any, res: ElemResult, pos: Any) -> None:
+def _annotate_elem(ev: Evaluator, res: ElemResult, pos: PosRange) -> None:
     if res.info is not None:
         ev.annotate("info", res.info, pos)
     if res.warn is not None:
@@ -558,7 +561,9 @@ class _Builder:
         )
 
 
-def _hist_vector_scalar(ev: Any, node: Any, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
+def _hist_vector_scalar(
+    ev: Evaluator, node: BinaryExpr, vec: StepVector, scalar: F64, swapped: bool
+) -> StepVector:
     """``vec op scalar`` (or ``scalar op vec``) where ``vec`` holds histograms: Prometheus' VectorscalarBinop."""
     op = node.op
     columns = None if node.return_bool else sparse_times_scalar(vec, op, scalar, swapped)
@@ -656,7 +661,7 @@ def sparse_times_scalar(vec: StepVector, op: str, scalar: F64, swapped: bool) ->
     ).compact()
 
 
-def _hist_set_op(op: str, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+def _hist_set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatching) -> StepVector:
     """``and``/``or``/``unless`` over vectors of either sample kind (presence is what counts)."""
 
     sig = signature_fn(matching)
@@ -697,7 +702,9 @@ def _hist_set_op(op: str, lhs: StepVector, rhs: StepVector, matching: Any) -> St
     return masked(lhs, keep.reshape(l_all.shape)).compact()
 
 
-def _hist_vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, matching: Any) -> StepVector:
+def _hist_vector_vector(
+    ev: Evaluator, node: BinaryExpr, lhs: StepVector, rhs: StepVector, matching: VectorMatching
+) -> StepVector:
     """Arithmetic or comparison between vectors holding histograms: Prometheus' VectorBinop, step by step."""
 
     op = node.op
@@ -785,7 +792,7 @@ def _hist_vector_vector(ev: Any, node: Any, lhs: StepVector, rhs: StepVector, ma
     return out.vector()
 
 
-def histogram_binary(ev: Any, node: Any, lhs: Any, rhs: Any) -> Any:
+def histogram_binary(ev: Evaluator, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
     """``binary_op`` for operands of which at least one vector holds histogram samples."""
 
     l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)

@@ -793,7 +793,9 @@ def _dense_rate_chunk(
     return out, wi.astype(np.int64), wj.astype(np.int64), decided
 
 
-def single_dense(vec: StepVector, gid: Any, n: int, mixed: BOOL) -> tuple[OBJ | None, DenseHists] | None:
+def single_dense(
+    vec: StepVector, gid: npt.NDArray[np.intp], n: int, mixed: BOOL
+) -> tuple[OBJ | None, DenseHists] | None:
     """:func:`_single_members` of a vector with dense cells: each moved to its group's row (the
     dense ones without becoming objects); None when some group has several members."""
     dense = vec.dense
@@ -813,7 +815,7 @@ def single_dense(vec: StepVector, gid: Any, n: int, mixed: BOOL) -> tuple[OBJ | 
     return objs, dense.regrouped(np.asarray(gid, dtype=np.int64), drop=mixed)
 
 
-def single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
+def single_members(hists: OBJ, gid: npt.NDArray[np.intp], n: int, mixed: BOOL) -> OBJ | None:
     """sum/avg where no (group, step) holds more than one histogram (``sum by (kernel)`` over one
     series per kernel): each result is its one member, compacted (x + 0 and x / 1 are x), so
     nothing is added; None when some group has several members."""
@@ -834,7 +836,9 @@ def single_members(hists: OBJ, gid: Any, n: int, mixed: BOOL) -> OBJ | None:
     return out
 
 
-def single_sparse(cells: SparseCells, gid: Any, mixed: BOOL, steps: int) -> SparseCells | None:
+def single_sparse(
+    cells: SparseCells, gid: npt.NDArray[np.intp], mixed: BOOL, steps: int
+) -> SparseCells | None:
     """:func:`_single_members` of a selector's columns: each cell moved to its group's row, still
     columns (not yet compacted: :meth:`SparseHists.compacted`); None when some group has several members at a step."""
     data = cells.data
@@ -850,7 +854,7 @@ def single_sparse(cells: SparseCells, gid: Any, mixed: BOOL, steps: int) -> Spar
 
 
 def sparse_sum(
-    cells: SparseCells, gid: Any, n: int, steps: int, mixed: BOOL, mean: bool
+    cells: SparseCells, gid: npt.NDArray[np.intp], n: int, steps: int, mixed: BOOL, mean: bool
 ) -> tuple[DenseHists, bool] | None:
     """:func:`dense_sum` of a selector's columns (``sum(x)`` over many series): one block made
     straight from the columns, no object per sample; None as for :func:`dense_sum` (then
@@ -867,7 +871,9 @@ def sparse_sum(
     return _dense_sum_block(block, data.hints(), rows[order], cols[order], gid, n, steps, mean)
 
 
-def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[DenseHists, bool] | None:
+def dense_sum(
+    hists: OBJ, gid: npt.NDArray[np.intp], n: int, mixed: BOOL, mean: bool
+) -> tuple[DenseHists, bool] | None:
     """sum/avg of histogram cells per (group, step) in numpy, for cells sharing one layout family;
     the additions run in Prometheus' order (input rows ascending at each step), so the sums are
     kql.histogram's bit for bit. Also whether counter-reset hints collided in some group. None when
@@ -890,7 +896,7 @@ def dense_sum(hists: OBJ, gid: Any, n: int, mixed: BOOL, mean: bool) -> tuple[De
 
 
 def dense_sum_cells(
-    dense: DenseHists, gid: Any, n: int, steps: int, mixed: BOOL, mean: bool
+    dense: DenseHists, gid: npt.NDArray[np.intp], n: int, steps: int, mixed: BOOL, mean: bool
 ) -> tuple[DenseHists, bool] | None:
     """:func:`dense_sum` of cells already dense (rate's results): their blocks are laid side by
     side on the union of their bucket ranges, no object made; None when they differ in schema or
@@ -941,7 +947,14 @@ def dense_sum_cells(
 
 
 def _dense_sum_block(
-    block: DenseBlock, hints: I64, rows: Any, cols: Any, gid: Any, n: int, steps: int, mean: bool
+    block: DenseBlock,
+    hints: I64,
+    rows: Any,
+    cols: Any,
+    gid: npt.NDArray[np.intp],
+    n: int,
+    steps: int,
+    mean: bool,
 ) -> tuple[DenseHists, bool] | None:
     """dense_sum's arithmetic over ``block``, whose rows are the cells ``(rows, cols)`` ordered
     step by step, input rows ascending (Prometheus' order of additions)."""

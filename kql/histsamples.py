@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql import histogram as nh
+from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.histogram import CUSTOM_BUCKETS_SCHEMA
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
+    CallContext,
     RangeInput,
     StepVector,
     hist_mask,
 )
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.engine import _Evaluator as Evaluator
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
@@ -36,14 +41,15 @@ def uses_custom(h: H) -> bool:
     return bool(h.schema == CUSTOM_BUCKETS_SCHEMA)
 
 
-def _checked(a: H, b: H) -> None:
+def check_compatible(a: H, b: H) -> None:
+    """Raise :class:`Incompatible` for a histogram with custom buckets met by an exponential one."""
     if uses_custom(a) != uses_custom(b):
         raise Incompatible
 
 
 def hadd(a: H, b: H) -> tuple[H, bool, bool]:
     """``a + b`` as a new histogram, whether counter-reset hints collided, whether custom buckets were reconciled."""
-    _checked(a, b)
+    check_compatible(a, b)
     try:
         res = a.add(b)
     except nh.HistogramError:
@@ -53,7 +59,7 @@ def hadd(a: H, b: H) -> tuple[H, bool, bool]:
 
 def hsub(a: H, b: H) -> tuple[H, bool, bool]:
     """``a - b`` as a new histogram (same flags as :func:`hadd`)."""
-    _checked(a, b)
+    check_compatible(a, b)
     try:
         res = a.sub(b)
     except nh.HistogramError:
@@ -64,7 +70,7 @@ def hsub(a: H, b: H) -> tuple[H, bool, bool]:
 def hkahan_add(acc: H, h: H, comp: H | None) -> tuple[H, H, bool, bool]:
     """``acc + h`` with Kahan-compensated counts (Prometheus' KahanAdd, as sum and avg add):
     (sum, compensation, counter-reset collision, custom buckets reconciled)."""
-    _checked(acc, h)
+    check_compatible(acc, h)
     try:
         res = acc.kahan_add(h, comp)
     except nh.HistogramError:
@@ -291,7 +297,7 @@ def without_histograms(arg: Any) -> Any:
     return arg
 
 
-def matrix_arg(ctx: Any) -> Any:
+def matrix_arg(ctx: CallContext) -> Any:
     from kernel_insight.kql.ast import MatrixSelector, SubqueryExpr
 
     for arg in ctx.node.args:
@@ -303,14 +309,14 @@ def matrix_arg(ctx: Any) -> Any:
     return ctx.node.args[0]
 
 
-def info_mixed_range(ctx: Any, r: RangeInput) -> None:
+def info_mixed_range(ctx: CallContext, r: RangeInput) -> None:
     both = (r.counts > 0) & has_hist_windows(r)
     pos = ctx.node.args[0].pos
     for i in np.flatnonzero(both.any(axis=1)).tolist():
         ctx.info(ignored_in_mixed_range(metric_name(r.labels[i])), pos)
 
 
-def warn_mixed_range(ctx: Any, r: RangeInput, mixed: BOOL) -> None:
+def warn_mixed_range(ctx: CallContext, r: RangeInput, mixed: BOOL) -> None:
     pos = matrix_arg(ctx).pos
     for i in np.flatnonzero(mixed.any(axis=1)).tolist():
         ctx.warn(mixed_floats_histograms(metric_name(r.labels[i])), pos)
@@ -335,13 +341,13 @@ def safe_divide(a: F64, b: F64) -> F64:
 class EvalAnnotations:
     """The ``warn``/``info`` of a call context, for code shared with selectors."""
 
-    def __init__(self, ev: Any, pos: Any) -> None:
+    def __init__(self, ev: Evaluator, pos: PosRange) -> None:
         self.ev, self.pos = ev, pos
 
-    def warn(self, message: str, pos: Any = None) -> None:
+    def warn(self, message: str, pos: PosRange | None = None) -> None:
         self.ev.annotate("warning", message, pos or self.pos)
 
-    def info(self, message: str, pos: Any = None) -> None:
+    def info(self, message: str, pos: PosRange | None = None) -> None:
         self.ev.annotate("info", message, pos or self.pos)
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import lark
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.tree import Meta
 
 import kernel_insight.kql.aggregation  # noqa: F401  (importing registers the aggregators)
 from kernel_insight.kql.aggregators import AGGREGATORS
@@ -110,7 +111,7 @@ def _describe(terminal: str) -> str:
     return _TOKEN_NAMES.get(terminal, terminal.lower().replace("_", " "))
 
 
-def _pos(meta: Any) -> PosRange:
+def _pos(meta: Meta) -> PosRange:
     if getattr(meta, "empty", True):
         return PosRange(0, 0)
     return PosRange(meta.start_pos, meta.end_pos)
@@ -150,27 +151,27 @@ class _ToAst(Transformer[Token, Expr]):
 
     # ---------------------------------------------------------------- literals
 
-    def number(self, meta: Any, children: list[Token]) -> NumberLiteral:
+    def number(self, meta: Meta, children: list[Token]) -> NumberLiteral:
         return NumberLiteral(parse_number(str(children[0])), pos=_pos(meta))
 
-    def duration(self, meta: Any, children: list[Token]) -> NumberLiteral:
+    def duration(self, meta: Meta, children: list[Token]) -> NumberLiteral:
         return NumberLiteral(_duration_ms(children[0]) / 1000, duration=True, pos=_pos(meta))
 
-    def bytes(self, meta: Any, children: list[Token]) -> NumberLiteral:
+    def bytes(self, meta: Meta, children: list[Token]) -> NumberLiteral:
         value, unit = parse_bytes(str(children[0]))
         return NumberLiteral(value, unit=unit, pos=_pos(meta))
 
-    def string(self, meta: Any, children: list[Token]) -> StringLiteral:
+    def string(self, meta: Meta, children: list[Token]) -> StringLiteral:
         return StringLiteral(_unquote(children[0]), pos=_pos(meta))
 
-    def paren(self, meta: Any, children: list[Expr]) -> ParenExpr:
+    def paren(self, meta: Meta, children: list[Expr]) -> ParenExpr:
         return ParenExpr(children[0], pos=_pos(meta))
 
     dur_paren = paren
 
     # ---------------------------------------------------------------- operators
 
-    def unary(self, meta: Any, children: list[Any]) -> Expr:
+    def unary(self, meta: Meta, children: list[Any]) -> Expr:
         op, expr = str(children[0]), children[1]
         pos = _pos(meta)
         if isinstance(expr, NumberLiteral):
@@ -181,13 +182,13 @@ class _ToAst(Transformer[Token, Expr]):
 
     dur_unary = unary
 
-    def binary(self, meta: Any, children: list[Any]) -> BinaryExpr:
+    def binary(self, meta: Meta, children: list[Any]) -> BinaryExpr:
         lhs, op_tok, mods, rhs = children
         op = str(op_tok).lower()
         return_bool, matching = self._modifiers(op, op_tok, mods)
         return BinaryExpr(op, lhs, rhs, return_bool=return_bool, matching=matching, pos=_pos(meta))
 
-    def dur_binary(self, meta: Any, children: list[Any]) -> BinaryExpr:
+    def dur_binary(self, meta: Meta, children: list[Any]) -> BinaryExpr:
         lhs, op_tok, rhs = children
         return BinaryExpr(str(op_tok), lhs, rhs, pos=_pos(meta))
 
@@ -238,28 +239,28 @@ class _ToAst(Transformer[Token, Expr]):
         )
         return bool_tok is not None, matching
 
-    def bin_mods(self, meta: Any, children: list[Any]) -> Any:
+    def bin_mods(self, meta: Meta, children: list[Any]) -> Any:
         return _Children(children)
 
-    def matching(self, meta: Any, children: list[Any]) -> tuple[bool, tuple[str, ...], Any]:
+    def matching(self, meta: Meta, children: list[Any]) -> tuple[bool, tuple[str, ...], Any]:
         kw, labels, group = children
         return str(kw).lower() == "on", labels, group
 
-    def group_mod(self, meta: Any, children: list[Any]) -> tuple[Token, tuple[str, ...]]:
+    def group_mod(self, meta: Meta, children: list[Any]) -> tuple[Token, tuple[str, ...]]:
         tok, labels = children
         return tok, labels if labels is not None else ()
 
-    def fill_mod(self, meta: Any, children: list[Any]) -> tuple[Token, float]:
+    def fill_mod(self, meta: Meta, children: list[Any]) -> tuple[Token, float]:
         return children[0], children[1]
 
-    def signed_number(self, meta: Any, children: list[Any]) -> float:
+    def signed_number(self, meta: Meta, children: list[Any]) -> float:
         sign, tok = children
         value = _duration_ms(tok) / 1000 if tok.type == "DURATION" else parse_number(str(tok))
         return -value if sign is not None and str(sign) == "-" else value
 
     # ---------------------------------------------------------------- postfix modifiers
 
-    def matrix(self, meta: Any, children: list[Any]) -> MatrixSelector:
+    def matrix(self, meta: Meta, children: list[Any]) -> MatrixSelector:
         inner, rng = children
         pos = _pos(meta)
         if not isinstance(inner, VectorSelector):
@@ -268,11 +269,11 @@ class _ToAst(Transformer[Token, Expr]):
             raise _Error("no offset, @ or smoothed modifiers allowed before range", pos)
         return MatrixSelector(inner, rng, pos=pos)
 
-    def subquery(self, meta: Any, children: list[Any]) -> SubqueryExpr:
+    def subquery(self, meta: Meta, children: list[Any]) -> SubqueryExpr:
         inner, rng, step = children
         return SubqueryExpr(inner, rng, step, pos=_pos(meta))
 
-    def offset(self, meta: Any, children: list[Any]) -> Expr:
+    def offset(self, meta: Meta, children: list[Any]) -> Expr:
         inner, tok, value = children
         pos = _pos(meta)
         if isinstance(inner, VectorSelector | SubqueryExpr):
@@ -289,7 +290,7 @@ class _ToAst(Transformer[Token, Expr]):
             _tok_pos(tok),
         )
 
-    def at(self, meta: Any, children: list[Any]) -> Expr:
+    def at(self, meta: Meta, children: list[Any]) -> Expr:
         inner, at = children
         pos = _pos(meta)
         if isinstance(inner, VectorSelector | SubqueryExpr):
@@ -305,7 +306,7 @@ class _ToAst(Transformer[Token, Expr]):
             pos,
         )
 
-    def at_number(self, meta: Any, children: list[Any]) -> At:
+    def at_number(self, meta: Meta, children: list[Any]) -> At:
         sign, tok = children
         if tok.type == "DURATION":
             ms = _duration_ms(tok)
@@ -318,14 +319,14 @@ class _ToAst(Transformer[Token, Expr]):
             ms = round(value * 1000)
         return At("time", -ms if sign is not None and str(sign) == "-" else ms)
 
-    def at_function(self, meta: Any, children: list[Any]) -> At:
+    def at_function(self, meta: Meta, children: list[Any]) -> At:
         tok = children[0]
         name = str(tok).lower()
         if name not in ("start", "end"):
             raise _Error(f"unexpected {go_quote(str(tok))} in @, expected start() or end()", _tok_pos(tok))
         return At(name)
 
-    def range_modifier(self, meta: Any, children: list[Any]) -> Expr:
+    def range_modifier(self, meta: Meta, children: list[Any]) -> Expr:
         inner, tok = children
         kind = str(tok).lower()
         if isinstance(inner, VectorSelector) and kind == "smoothed":
@@ -341,7 +342,7 @@ class _ToAst(Transformer[Token, Expr]):
 
     # ---------------------------------------------------------------- selectors
 
-    def vector_selector(self, meta: Any, children: list[Any]) -> VectorSelector:
+    def vector_selector(self, meta: Meta, children: list[Any]) -> VectorSelector:
         pos = _pos(meta)
         if len(children) == 2:
             name_tok, items = children
@@ -366,10 +367,10 @@ class _ToAst(Transformer[Token, Expr]):
         # The checker rejects selectors that match everything (info() may take one as its filter).
         return VectorSelector(name, tuple(matchers), pos=pos)
 
-    def matchers(self, meta: Any, children: list[Any]) -> list[Any]:
+    def matchers(self, meta: Meta, children: list[Any]) -> list[Any]:
         return [c for c in children if c is not None]
 
-    def label_matcher(self, meta: Any, children: list[Any]) -> tuple[str, Matcher, PosRange]:
+    def label_matcher(self, meta: Meta, children: list[Any]) -> tuple[str, Matcher, PosRange]:
         name, op_tok, value_tok = children
         pos = _pos(meta)
         try:
@@ -378,25 +379,25 @@ class _ToAst(Transformer[Token, Expr]):
             raise _Error(str(exc), _tok_pos(value_tok)) from None
         return "matcher", matcher, pos
 
-    def name_matcher(self, meta: Any, children: list[Any]) -> tuple[str, str, PosRange]:
+    def name_matcher(self, meta: Meta, children: list[Any]) -> tuple[str, str, PosRange]:
         return "name", _unquote(children[0]), _pos(meta)
 
-    def label_name(self, meta: Any, children: list[Token]) -> str:
+    def label_name(self, meta: Meta, children: list[Token]) -> str:
         tok = children[0]
         name = _unquote(tok) if tok.type == "STRING" else str(tok)
         if not is_valid_label_name(name):
             raise _Error(f"invalid label name {go_quote(name)}", _tok_pos(tok))
         return name
 
-    def label_list(self, meta: Any, children: list[Any]) -> tuple[str, ...]:
+    def label_list(self, meta: Meta, children: list[Any]) -> tuple[str, ...]:
         return tuple(c for c in children if c is not None)
 
     # ---------------------------------------------------------------- calls and aggregations
 
-    def args(self, meta: Any, children: list[Any]) -> list[Expr]:
+    def args(self, meta: Meta, children: list[Any]) -> list[Expr]:
         return [c for c in children if c is not None]
 
-    def call(self, meta: Any, children: list[Any]) -> Call:
+    def call(self, meta: Meta, children: list[Any]) -> Call:
         from kernel_insight.kql.functions import FUNCTIONS  # local: the registry imports the AST
 
         name_tok, args = children
@@ -405,7 +406,7 @@ class _ToAst(Transformer[Token, Expr]):
             raise _Error(f"unknown function with name {go_quote(name)}", _tok_pos(name_tok))
         return Call(name, tuple(args or ()), pos=_pos(meta))
 
-    def dur_call(self, meta: Any, children: list[Any]) -> Call:
+    def dur_call(self, meta: Meta, children: list[Any]) -> Call:
         from kernel_insight.kql.functions import FUNCTIONS  # local: the registry imports the AST
 
         name_tok, *args = children
@@ -425,19 +426,19 @@ class _ToAst(Transformer[Token, Expr]):
             )
         return Call(name, tuple(args), pos=_pos(meta))
 
-    def grouping(self, meta: Any, children: list[Any]) -> tuple[bool, tuple[str, ...]]:
+    def grouping(self, meta: Meta, children: list[Any]) -> tuple[bool, tuple[str, ...]]:
         kw, labels = children
         return str(kw).lower() == "without", labels
 
-    def aggregate_pre(self, meta: Any, children: list[Any]) -> AggregateExpr:
+    def aggregate_pre(self, meta: Meta, children: list[Any]) -> AggregateExpr:
         op_tok, grouping, args = children
         return self._aggregate(meta, op_tok, args, grouping)
 
-    def aggregate_post(self, meta: Any, children: list[Any]) -> AggregateExpr:
+    def aggregate_post(self, meta: Meta, children: list[Any]) -> AggregateExpr:
         op_tok, args, grouping = children
         return self._aggregate(meta, op_tok, args, grouping)
 
-    def _aggregate(self, meta: Any, op_tok: Token, args: list[Expr] | None, grouping: Any) -> AggregateExpr:
+    def _aggregate(self, meta: Meta, op_tok: Token, args: list[Expr] | None, grouping: Any) -> AggregateExpr:
         op = str(op_tok).lower()
         args = args or []
         pos = _pos(meta)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -320,6 +320,15 @@ class Annotation:
         """``PromQL warning: <message> (1:7)``, as Prometheus words it."""
         line, col = self.pos.line_col(query)
         return f"PromQL {self.level}: {self.message} ({line}:{col})"
+
+
+class Annotator(Protocol):
+    """What takes a query's warnings and infos: a :class:`CallContext`, or the evaluator's
+    annotations wrapped for code shared between functions and selectors."""
+
+    def warn(self, message: str, pos: PosRange | None = None) -> None: ...
+
+    def info(self, message: str, pos: PosRange | None = None) -> None: ...
 
 
 class CallContext:

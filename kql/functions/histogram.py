@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.aggregation import bad_quantile_message
+from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, STR, S, V
 from kernel_insight.kql.functions.registry import function, histogram_behaviour
@@ -384,7 +385,7 @@ for _name, _doc, _reads in (
 def _native_floats(
     fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None
 ) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
-    def handler(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+    def handler(ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
         return float_of_hists(args[0], fn, dense_fn)
 
     return handler
@@ -410,7 +411,7 @@ def mixed_classic_native(name: str) -> str:
     return f"{base} for metric name {go_quote(name)}" if name else base
 
 
-def _split_classic_native(ctx: Any, vec: StepVector, arg_index: int) -> StepVector:
+def _split_classic_native(ctx: CallContext, vec: StepVector, arg_index: int) -> StepVector:
     """The float (classic bucket) part of ``vec``, less the buckets that collide with a native histogram
     of the same labels at the same step (both are dropped then, with Prometheus' warning)."""
     if not any(k == "le" for lb in vec.labels for k, _ in lb):
@@ -449,19 +450,19 @@ def _concat_vectors(a: StepVector, b: StepVector) -> StepVector:
     )
 
 
-def _notes(ctx: Any, notes: Iterable[str], name: str, pos: Any) -> None:
+def _notes(ctx: CallContext, notes: Iterable[str], name: str, pos: PosRange) -> None:
     for note in notes:
         ctx.info(note + (f" for metric name {go_quote(name)}" if name else ""), pos)
 
 
-def _quantile_of(ctx: Any, q: float, h: H, name: str, pos: Any) -> float:
+def _quantile_of(ctx: CallContext, q: float, h: H, name: str, pos: PosRange) -> float:
     value, notes = nh.histogram_quantile(q, h)
     if notes:
         _notes(ctx, notes, name, pos)
     return float(value)
 
 
-def _fraction_of(ctx: Any, lower: float, upper: float, h: H, name: str, pos: Any) -> float:
+def _fraction_of(ctx: CallContext, lower: float, upper: float, h: H, name: str, pos: PosRange) -> float:
     value, notes = nh.histogram_fraction(lower, upper, h)
     if notes:
         _notes(ctx, notes, name, pos)
@@ -469,7 +470,7 @@ def _fraction_of(ctx: Any, lower: float, upper: float, h: H, name: str, pos: Any
 
 
 def _native_histogram_quantile(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
 ) -> StepVector:
     q, vec = args
     classic = _split_classic_native(ctx, vec, 1)
@@ -478,7 +479,7 @@ def _native_histogram_quantile(
     return _concat_vectors(floats, _native_quantiles(ctx, q, classic, pos))
 
 
-def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector:
+def _native_quantiles(ctx: CallContext, q: F64, vec: StepVector, pos: PosRange) -> StepVector:
     """histogram_quantile of every histogram cell: a dense block's numpy search where the cells
     share a layout (:func:`dense_quantiles`), kql.histogram per histogram for the rest."""
     qs = np.asarray(q, dtype=np.float64)
@@ -491,7 +492,7 @@ def _native_quantiles(ctx: Any, q: F64, vec: StepVector, pos: Any) -> StepVector
 
 
 def _native_cells(
-    ctx: Any,
+    ctx: CallContext,
     vec: StepVector,
     dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
     one: Callable[[int, int, H], float],
@@ -547,7 +548,7 @@ def _native_cells(
 
 
 def _native_histogram_fraction(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
 ) -> StepVector:
     lower, upper, vec = args
     classic = _split_classic_native(ctx, vec, 2)
@@ -566,7 +567,7 @@ def _native_histogram_fraction(
 
 
 def _native_histogram_quantiles(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
 ) -> StepVector:
 
     vec, label, *qs = args

@@ -9,12 +9,13 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import kernel_insight.kql.functions.range  # noqa: F401  (registers the entries the behaviours below attach to)
 from kernel_insight.kql import histogram as nh
+from kernel_insight.kql.ast import PosRange, VectorSelector
 from kernel_insight.kql.functions.registry import histogram_behaviour
 from kernel_insight.kql.histdense import DenseHists, dense_rate
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET
@@ -25,7 +26,7 @@ from kernel_insight.kql.histsamples import (
     EvalAnnotations,
     H,
     Incompatible,
-    _checked,
+    check_compatible,
     counter_reset_collision,
     detect_reset,
     hadd,
@@ -50,6 +51,8 @@ from kernel_insight.kql.histsamples import (
     without_histograms,
 )
 from kernel_insight.kql.values import (
+    Annotator,
+    CallContext,
     HistRange,
     RangeInput,
     StepVector,
@@ -59,6 +62,9 @@ from kernel_insight.kql.values import (
     start_time_overlaps,
     start_timestamp_resets,
 )
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.engine import _Evaluator as Evaluator
 
 
 def _combine(
@@ -103,7 +109,7 @@ def _combine(
 
 
 def _rate(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], counter: bool, per_second: bool
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], counter: bool, per_second: bool
 ) -> StepVector:
     r: RangeInput = args[0]
     if r.anchored or r.smoothed:
@@ -204,11 +210,11 @@ def _extrapolation(
 
 
 def histogram_rate(
-    ctx: Any,
+    ctx: CallContext,
     points: list[H],
     counter: bool,
     name: str,
-    pos: Any,
+    pos: PosRange,
     ts: list[int] | None = None,
     sts: list[int] | None = None,
 ) -> H | None:
@@ -278,7 +284,7 @@ def _start_resets(ts: list[int] | None, sts: list[int] | None) -> list[bool] | N
     return [False, *start_timestamp_resets(st[:-1], t[:-1], st[1:], t[1:]).tolist()]
 
 
-def _warn_overlaps(ctx: Any, ts: list[int], sts: list[int], name: str, pos: Any) -> None:
+def _warn_overlaps(ctx: CallContext, ts: list[int], sts: list[int], name: str, pos: PosRange) -> None:
     """Prometheus' start-time overlap warning for a window of histograms (as for floats)."""
     t, st = np.asarray(ts, np.int64), np.asarray(sts, np.int64)
     if len(t) > 1 and start_time_overlaps(st[:-1], t[:-1], st[1:]).any():
@@ -302,7 +308,9 @@ def _empty_like(h: H) -> H:
     return out
 
 
-def _instant(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], is_rate: bool) -> StepVector:
+def _instant(
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], is_rate: bool
+) -> StepVector:
     """irate/idelta where windows hold histograms: the last two samples of either kind."""
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
@@ -394,7 +402,9 @@ def _merged_starts(r: RangeInput, i: int, j: int) -> list[int]:
     return [st for _, st in pairs]
 
 
-def _anchored_windows(ctx: Any, r: RangeInput) -> list[tuple[int, int, list[tuple[int, float, H | None]]]]:
+def _anchored_windows(
+    ctx: CallContext, r: RangeInput
+) -> list[tuple[int, int, list[tuple[int, float, H | None]]]]:
     """For every step of every series holding histograms: the window's samples of both kinds after
     the anchor, the latest sample at or before the range start within the lookback (Prometheus'
     pickFirstSampleIndices); an empty list where no sample lies inside the range."""
@@ -423,7 +433,7 @@ def _anchored_windows(ctx: Any, r: RangeInput) -> list[tuple[int, int, list[tupl
 
 
 def _changes_or_resets(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], resets: bool
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], resets: bool
 ) -> StepVector:
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
@@ -464,7 +474,7 @@ def _changes_or_resets(
 
 
 def _sum_avg_over_time(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], mean: bool
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], mean: bool
 ) -> StepVector:
     r: RangeInput = args[0]
     hw = has_hist_windows(r)
@@ -482,7 +492,7 @@ def _sum_avg_over_time(
         acc = nh.HistogramMean(hs[0].copy()) if mean else nh.HistogramSum(hs[0].copy())
         try:
             for h in hs[1:]:
-                _checked(hs[0], h)
+                check_compatible(hs[0], h)
                 if acc.add(h):
                     ctx.info(reconciled_custom_buckets("aggregation"), pos)
         except (Incompatible, nh.HistogramError):
@@ -494,7 +504,9 @@ def _sum_avg_over_time(
     return _combine(r, floats, hists, drop=mixed)
 
 
-def _count_like(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], count: bool) -> StepVector:
+def _count_like(
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], count: bool
+) -> StepVector:
     """count_over_time/present_over_time of windows holding histograms: samples of either kind
     counted from the windows' bounds, no histogram looked at."""
     r: RangeInput = args[0]
@@ -512,7 +524,7 @@ def _count_like(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]
 
 
 def _first_last(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any], last: bool, ts: bool
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], last: bool, ts: bool
 ) -> StepVector:
     """first/last_over_time (and their ts_of_) of windows holding histograms: the window's first
     or last sample of either kind found from the windows' bounds (a float wins a tie for first,
@@ -543,7 +555,7 @@ def _first_last(
     return _combine(r, floats, hists, values, drop=touched, keep_name=not ts)
 
 
-def _absent_over_time(ctx: Any, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+def _absent_over_time(ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
     from dataclasses import replace
 
     r: RangeInput = args[0]
@@ -624,7 +636,9 @@ def _extended_window(r: RangeInput, ts: list[int], j: int, lookback: int) -> tup
     return a, b
 
 
-def _interpolate_hist(ctx: Any, h1: H, t1: int, h2: H, t2: int, t: int, counter: bool, pos: Any) -> H:
+def _interpolate_hist(
+    ctx: Annotator, h1: H, t1: int, h2: H, t2: int, t: int, counter: bool, pos: PosRange
+) -> H:
     if t == t1:
         return h1.copy()
     if t == t2:
@@ -643,7 +657,7 @@ def _interpolate_hist(ctx: Any, h1: H, t1: int, h2: H, t2: int, t: int, counter:
 
 
 def extended_histogram_rate(
-    ctx: Any,
+    ctx: CallContext,
     hts: list[int],
     hs: list[H],
     start: int,
@@ -652,7 +666,7 @@ def extended_histogram_rate(
     counter: bool,
     per_second: bool,
     name: str,
-    pos: Any,
+    pos: PosRange,
 ) -> H | None:
     """Prometheus' extendedHistogramRate: rate/increase/delta of an anchored or smoothed range."""
     import bisect
@@ -741,7 +755,7 @@ def _reset_correction(
 
 
 def _extended_rate(
-    ctx: Any, impl: Callable[[Any, list[Any]], Any], r: RangeInput, counter: bool, per_second: bool
+    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], r: RangeInput, counter: bool, per_second: bool
 ) -> StepVector:
     """rate/increase/delta over anchored or smoothed ranges holding histograms."""
     floats = impl(ctx, [without_histograms(r)])
@@ -772,7 +786,9 @@ def _extended_rate(
     return _combine(r, floats, hists, drop=drop)
 
 
-def smoothed_selector(ev: Any, node: Any, floats: StepVector, cols: Any, refs: Any) -> StepVector:
+def smoothed_selector(
+    ev: Evaluator, node: VectorSelector, floats: StepVector, cols: Any, refs: Any
+) -> StepVector:
     """A ``smoothed`` instant selector over series holding histograms (Prometheus' smoothSeries):
     each step's histogram interpolated between the samples around it, carried forward after the last."""
     import bisect
