@@ -188,36 +188,60 @@ class SeriesCache:
                 limits.max_value_bytes,
                 limits.utf8_names,
             )
+            spans = triples[missing, :2].tolist()
             with self._lock:
-                for j, new_series in zip(missing.tolist(), parsed, strict=True):
-                    start, end = int(triples[j, 0]), int(triples[j, 1])
-                    key = buf[start:end]
-                    found = known.index.get(key)
-                    if found >= 0:
-                        ids[j] = found
-                        continue
-                    if new_series is None:
-                        labels = _series_labels(buf, start, end, limits)
-                        new_series = (labels, series_fingerprint(labels), dict(labels)["__name__"])
-                    ids[j] = self._add(known, key, *new_series)
+                ids[missing] = self._add_all(known, buf, spans, parsed, limits)
         return known, ids
 
     @staticmethod
-    def _add(known: _Known, key: bytes, labels: Labels, fingerprint: int, name: str) -> int:
-        i = len(known.labels)
-        if i == len(known.fingerprints):
-            known.fingerprints = np.concatenate([known.fingerprints, np.zeros(i, np.uint64)])
-            known.codes = np.concatenate([known.codes, np.zeros(i, np.int32)])
-        code = known.name_codes.get(name)
-        if code is None:
-            code = known.name_codes[name] = len(known.names)
-            known.names.append(name)
-        known.labels.append(labels)
-        known.fingerprints[i] = fingerprint
-        known.codes[i] = code
-        added = known.index.add(key)  # published last: readers find only complete entries
-        assert added == i, "SeriesIndex ids follow the order of adds"
-        return i
+    def _add_all(
+        known: _Known,
+        buf: bytes,
+        spans: list[list[int]],
+        parsed: list[tuple[Labels, int, str] | None],
+        limits: SeriesLimits,
+    ) -> list[int]:
+        """Ids of the series at ``spans`` (their label bytes), those not in ``known`` added: the
+        entries written together, then published one by one (under the cache's lock)."""
+        base = len(known.labels)
+        out: list[int] = []
+        added: dict[bytes, int] = {}  # a series twice in one request gets one id
+        labels: list[Labels] = []
+        fps: list[int] = []
+        codes: list[int] = []
+        for (start, end), new_series in zip(spans, parsed, strict=True):
+            key = buf[start:end]
+            found = known.index.get(key)
+            if found < 0:
+                found = added.get(key, -1)
+            if found < 0:
+                if new_series is None:
+                    series = _series_labels(buf, start, end, limits)
+                    new_series = (series, series_fingerprint(series), dict(series)["__name__"])
+                code = known.name_codes.get(new_series[2])
+                if code is None:
+                    code = known.name_codes[new_series[2]] = len(known.names)
+                    known.names.append(new_series[2])
+                found = added[key] = base + len(labels)
+                labels.append(new_series[0])
+                fps.append(new_series[1])
+                codes.append(code)
+            out.append(found)
+        if labels:
+            end = base + len(labels)
+            if end > len(known.fingerprints):
+                size = max(end, 2 * len(known.fingerprints))
+                known.fingerprints = np.concatenate(
+                    [known.fingerprints, np.zeros(size - len(known.fingerprints), np.uint64)]
+                )
+                known.codes = np.concatenate([known.codes, np.zeros(size - len(known.codes), np.int32)])
+            known.fingerprints[base:end] = np.array(fps, np.uint64)
+            known.codes[base:end] = codes
+            known.labels.extend(labels)
+            for i, key in enumerate(added, base):  # published last: readers find only complete entries
+                got = known.index.add(key)
+                assert got == i, "SeriesIndex ids follow the order of adds"
+        return out
 
 
 def decode_write_request(

@@ -323,7 +323,7 @@ def test_the_store_writes_the_same_rows_with_the_decoders_series_metadata_as_wit
 
 @pytest.mark.parametrize("with_meta", [True, False])
 def test_a_series_row_is_written_once_per_series_and_day(app_store, with_meta):
-    """The written (series, day) check (sorted fingerprints per day, then the set): no pair twice, none missed."""
+    """The written (series, day) check (sorted fingerprints per day): no pair twice, none missed."""
     cache = SeriesCache()
     day = 86_400_000
     t = (NOW // day) * day + 1000

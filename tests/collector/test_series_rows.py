@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kernel_insight.collector.remote_write import SeriesCache, decode_write_request, encode_write_request
-from kernel_insight.collector.rows import SampleBatch, SampleBuilder
+from kernel_insight.collector.rows import SampleBatch, SampleBuilder, series_fingerprint
 from kernel_insight.collector.store import EmbeddedStore
 
 DAY_MS = 86_400_000
@@ -70,3 +70,28 @@ def test_a_series_row_per_series_and_day_once_across_requests_groups_and_days(st
     for arr in store._seen_by_day.values():
         assert bool(np.all(arr[1:] > arr[:-1]))
     assert sum(len(a) for a in store._seen_by_day.values()) == len(rows)
+
+
+def test_the_series_cache_gives_each_series_its_own_entry_past_its_first_arrays():
+    """New series added in bulk (3,000, past the cache's first 1,024-entry arrays; a request of
+    known and new series; one series twice): each decodes to its labels, fingerprint and name."""
+    cache = SeriesCache()
+
+    def series(i: int) -> dict[str, str]:
+        return {"__name__": f"m{i % 7}", "host": f"h{i}"}
+
+    def decode(hosts: list[int]) -> SampleBatch:
+        sent = [(series(i), [(TODAY, float(i))]) for i in hosts]
+        return decode_write_request(encode_write_request(sent, compress=False), cache=cache)
+
+    decode(list(range(1500)))
+    batch = decode([*range(1000, 3000), 2999])
+    assert len(cache) == 3000
+    assert batch.series_meta is not None
+    fps, codes, names = batch.series_meta
+    for k, labels in enumerate(batch.series):
+        i = int(dict(labels)["host"][1:])
+        assert labels == tuple(sorted(series(i).items()))
+        assert int(fps[k]) == series_fingerprint(labels)
+        assert names[codes[k]] == f"m{i % 7}"
+    assert batch.values.tolist() == [float(i) for i in [*range(1000, 3000), 2999]]
