@@ -48,7 +48,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.lexical import parse_duration
 from kernel_insight.kql.limits import EngineLimits
 from kernel_insight.kql.parser import parse
-from kernel_insight.kql.storage import Matcher, Storage, read_within
+from kernel_insight.kql.storage import Matcher, SelectHints, Storage, read_within
 from kernel_insight.kql.values import QueryResult, prometheus_json_bytes
 
 __all__ = [
@@ -433,10 +433,14 @@ def prometheus_router(
             result = Engine(storage_factory(), limits_).range_query(query, start_ms, end_ms, step_ms)
         return _result_response(result)
 
+    def listing_hints() -> SelectHints:
+        """The hints of a series or label read: the query limits as its budget, which a store
+        that honours it stops it by at the timeout and before it returns more samples than a
+        query may hold."""
+        return SelectHints(budget=base_limits.read_budget(time.monotonic() + base_limits.timeout_s))
+
     def listing(read: Callable[[], None]) -> None:
-        """Run a series or label read under the query limits (READ_BUDGET): a store that honours
-        them stops it at the timeout and before it returns more samples than a query may hold."""
-        read_within(base_limits.read_budget(time.monotonic() + base_limits.timeout_s), "storage failed", read)
+        read_within("storage failed", read)
 
     def do_series(params: _Params) -> JSONResponse:
         matches = params.get_all("match[]")
@@ -446,11 +450,12 @@ def prometheus_router(
         start_ms, end_ms = _bounds(params)
         storage = storage_factory()
         seen: dict[tuple[tuple[str, str], ...], None] = {}
+        hints = listing_hints()
 
         def read() -> None:
             loaded = 0  # select() hands back samples too: the same limit as a query's
             for matchers in sets:
-                for s in storage.select(matchers, start_ms, end_ms):
+                for s in storage.select(matchers, start_ms, end_ms, hints):
                     seen[s.labels] = None
                     loaded += len(s.timestamps) + sum(h.sample_weight() for h in s.histograms)
                 if loaded > base_limits.max_samples:
@@ -461,30 +466,35 @@ def prometheus_router(
         return _success(series, warnings)
 
     def label_listing(
-        params: _Params, fetch: Callable[[Storage, list[Matcher], int, int], list[str]]
+        params: _Params, fetch: Callable[[Storage, list[Matcher], int, int, SelectHints], list[str]]
     ) -> JSONResponse:
         """Label names or values of the ``match[]`` sets (all series without one), sorted and limited."""
         sets = _selectors(params.get_all("match[]")) or [()]
         start_ms, end_ms = _bounds(params)
         storage = storage_factory()
         found: set[str] = set()
+        hints = listing_hints()
 
         def read() -> None:
             for matchers in sets:
-                found.update(fetch(storage, list(matchers), start_ms, end_ms))
+                found.update(fetch(storage, list(matchers), start_ms, end_ms, hints))
 
         listing(read)
         out, warnings = _truncate(sorted(found), _limit(params))
         return _success(out, warnings)
 
     def do_labels(params: _Params) -> JSONResponse:
-        return label_listing(params, lambda storage, m, start, end: storage.label_names(m, start, end))
+        return label_listing(
+            params, lambda storage, m, start, end, hints: storage.label_names(m, start, end, hints)
+        )
 
     def do_label_values(params: _Params) -> JSONResponse:
         name = params.path_params["name"]
         if name != "__name__" and not _LABEL_NAME.match(name):
             raise ParamError(f'invalid label name: "{name}"')
-        return label_listing(params, lambda storage, m, start, end: storage.label_values(name, m, start, end))
+        return label_listing(
+            params, lambda storage, m, start, end, hints: storage.label_values(name, m, start, end, hints)
+        )
 
     def do_format_query(params: _Params) -> JSONResponse:
         query = params.get("query")

@@ -31,12 +31,15 @@ from kernel_insight.kql.pushdown import GridColumns, HistColumns, SeriesColumns,
 from kernel_insight.kql.regex import anchored, compile_anchored
 from kernel_insight.kql.sparsehists import Ragged, SparseHists, tsdb_pending
 from kernel_insight.kql.storage import (
-    READ_BUDGET,
+    NO_HINTS,
     STALE_NAN_BITS,
-    START_TIMESTAMPS_WANTED,
+    Capability,
     Labels,
     Matcher,
+    ReadBudget,
+    SelectHints,
     SeriesData,
+    StorageBase,
     is_stale,
     labels_match,
 )
@@ -136,7 +139,7 @@ def _day(ms: int) -> dt.date:
     return min(day, _MAX_DATE)
 
 
-class ClickHouseStorage:
+class ClickHouseStorage(StorageBase):
     """:class:`kernel_insight.kql.storage.Storage` backed by a :class:`Store`.
 
     Example::
@@ -144,6 +147,10 @@ class ClickHouseStorage:
         storage = store.storage()
         storage.select([Matcher("__name__", "=", "up")], 0, 60_000)
     """
+
+    capabilities = frozenset(
+        {Capability.COLUMNS, Capability.LAST_ON_GRID, Capability.RANGE_ON_GRID, Capability.HEAD}
+    )
 
     def __init__(self, store: Store, *, use_cache: bool = True) -> None:
         self._store = store
@@ -216,26 +223,37 @@ class ClickHouseStorage:
             f"AND ts <= fromUnixTimestamp64Milli(toInt64({_clamp(end_ms)}), 'UTC')"
         )
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
-        return self.select_columns(matchers, start_ms, end_ms).series()
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
+        return self.select_columns(matchers, start_ms, end_ms, hints).series()
 
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
         """``select`` as one block of arrays: no Python work per sample, little per series."""
         if end_ms < start_ms:
             return columns_of([])
         # Start timestamps: for rate, increase, irate and resets of a selector only, and only of
         # metrics known to have some, or of every metric when the store cannot know them (a
         # server store: the st column comes along with the read; the cache holds none).
-        starts = self._store.start_timestamp_metrics() if START_TIMESTAMPS_WANTED.get() else frozenset()
+        starts = self._store.start_timestamp_metrics() if hints.start_timestamps else frozenset()
+        budget = hints.budget
         head = self._store.head
         if head is not None and starts is not None and head.ready and end_ms >= head.coverage_start_ms:
-            answered = self._from_head(head, matchers, start_ms, end_ms, starts)
+            answered = self._from_head(head, matchers, start_ms, end_ms, starts, budget)
             if answered is not None:
                 return answered
-        return self._select_columns_sql(matchers, start_ms, end_ms, starts)
+        return self._select_columns_sql(matchers, start_ms, end_ms, starts, budget)
 
     def _from_head(
-        self, head: Head, matchers: Sequence[Matcher], start_ms: int, end_ms: int, starts: frozenset[str]
+        self,
+        head: Head,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        starts: frozenset[str],
+        budget: ReadBudget | None,
     ) -> SeriesColumns | None:
         """The window from the head (collector/head.py), the part before its coverage from
         ClickHouse; None when the head cannot answer (histograms or start timestamps wanted)."""
@@ -243,38 +261,42 @@ class ClickHouseStorage:
         if histograms is None:
             return None
         coverage = head.coverage_start_ms
-        budget = READ_BUDGET.get()
         recent = head.select_columns(
             matchers, max(start_ms, coverage), end_ms, budget, exclude_metrics=histograms | starts
         )
         if recent is None or start_ms >= coverage:
             return recent
-        older = self._select_columns_sql(matchers, start_ms, coverage - 1, starts)
+        older = self._select_columns_sql(matchers, start_ms, coverage - 1, starts, budget)
         return concat_columns(older, recent)
 
     def _select_columns_sql(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, starts: frozenset[str] | None
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        starts: frozenset[str] | None,
+        budget: ReadBudget | None,
     ) -> SeriesColumns:
         plan = self._declined_plan(matchers, start_ms, end_ms)
         if plan is not None and (starts is None or plan[0] in starts):
             plan = None
         if plan is not None and plan[1].stop > end_ms:
-            cols = self._select_cached_metric(matchers, start_ms, end_ms, *plan)
+            cols = self._select_cached_metric(matchers, start_ms, end_ms, budget, *plan)
             if cols is not None:
                 return cols
         p = Params()
         sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=False)
-        series = self._read(sub, p)
+        series = self._read(budget, sub, p)
         if series.num_rows == 0:
             return columns_of([])
         labels_by_fp = self._labels(series)
         if plan is not None:  # never a metric with histograms (_cache_plan)
-            return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, *plan)
+            return self._columns_from_cache(series, sub, p, labels_by_fp, start_ms, end_ms, budget, *plan)
         where = f"{_fingerprints_in(series, sub, p)} AND {self._window(start_ms, end_ms)}"
         with_st = starts is None or bool(starts and _metrics(series) & starts)
-        samples = self._samples(where, p, with_st)
+        samples = self._samples(budget, where, p, with_st)
         cols = _columns(samples, labels_by_fp)
-        with_hists = self._histogram_metrics_of(series, start_ms, end_ms)
+        with_hists = self._histogram_metrics_of(budget, series, start_ms, end_ms)
         if starts is None:
             self._note_starts(_started(samples), series)
         if not with_hists:
@@ -284,7 +306,7 @@ class ClickHouseStorage:
             f"{_fingerprints_in(series, sub, hp)} AND metric IN {hp(sorted(with_hists), 'Array(String)')} "
             f"AND {self._window(start_ms, end_ms)}"
         )
-        hists = self._histograms(where, hp, with_st)
+        hists = self._histograms(budget, where, hp, with_st)
         if starts is None:
             self._note_starts(_started(hists), series)
         return _merge_histograms(cols, hists, labels_by_fp)
@@ -300,11 +322,15 @@ class ClickHouseStorage:
             str(m) for m in pc.unique(pc.filter(series.column("s_metric"), mask)).to_pylist()
         )
 
-    def _histogram_metrics_of(self, series: pa.Table, start_ms: int, end_ms: int) -> frozenset[str]:
+    def _histogram_metrics_of(
+        self, budget: ReadBudget | None, series: pa.Table, start_ms: int, end_ms: int
+    ) -> frozenset[str]:
         """Which metrics of the series just found have native histogram samples (maybe in the window)."""
-        return self._histogram_metrics_among(_metrics(series), start_ms, end_ms)
+        return self._histogram_metrics_among(budget, _metrics(series), start_ms, end_ms)
 
-    def _histogram_metrics_among(self, metrics: frozenset[str], start_ms: int, end_ms: int) -> frozenset[str]:
+    def _histogram_metrics_among(
+        self, budget: ReadBudget | None, metrics: frozenset[str], start_ms: int, end_ms: int
+    ) -> frozenset[str]:
         """Which of ``metrics`` have native histogram samples (maybe in the window).
 
         The embedded store knows its histogram metrics (``Store.histogram_metrics``): no query.
@@ -315,28 +341,33 @@ class ClickHouseStorage:
             return metrics & known
         p = Params()
         found = self._read(
+            budget,
             f"SELECT DISTINCT metric FROM {self._histograms_table} WHERE metric IN "
             f"{p(sorted(metrics), 'Array(String)')} AND {self._window(start_ms, end_ms)}",
             p,
         )
         return frozenset(str(m) for m in found.column("metric").to_pylist())
 
-    def _histograms(self, where: str, p: Params, with_st: bool = False) -> pa.Table:
+    def _histograms(
+        self, budget: ReadBudget | None, where: str, p: Params, with_st: bool = False
+    ) -> pa.Table:
         """Native histogram samples matching ``where``, ordered by (fingerprint, t); one bucket list
         per side; ``with_st``: their start timestamps too."""
         st = ", st" if with_st else ""
         return self._read(
+            budget,
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, {_HISTOGRAM_COLUMNS}{st} "
             f"FROM {self._histograms_table} WHERE {where} ORDER BY fingerprint, t",
             p,
             rows_per_sample=HISTOGRAM_MIN_WEIGHT,  # a histogram counts as at least 11 samples
         )
 
-    def _samples(self, where: str, p: Params, with_st: bool = False) -> pa.Table:
+    def _samples(self, budget: ReadBudget | None, where: str, p: Params, with_st: bool = False) -> pa.Table:
         """Raw samples ``(fingerprint, t, value)`` matching ``where``, ordered by (fingerprint, t);
         ``with_st``: their start timestamps too (column ``st``)."""
         st = ", st" if with_st else ""
         return self._read(
+            budget,
             f"SELECT fingerprint, toUnixTimestamp64Milli(ts) AS t, value{st} FROM {self._samples_table} "
             f"WHERE {where} ORDER BY fingerprint, t",
             p,
@@ -344,9 +375,14 @@ class ClickHouseStorage:
         )
 
     def _read(
-        self, sql: str, p: Params | None = None, rows_per_sample: int = 0, settings: str = ""
+        self,
+        budget: ReadBudget | None,
+        sql: str,
+        p: Params | None = None,
+        rows_per_sample: int = 0,
+        settings: str = "",
     ) -> pa.Table:
-        """A read bounded by the running kql query's budget (``READ_BUDGET``), if there is one.
+        """A read bounded by the running kql query's budget (``SelectHints.budget``), if there is one.
 
         ClickHouse stops it at the query's deadline (``max_execution_time``) and, for reads whose
         rows hold samples (``rows_per_sample`` samples or grid cells a row), once it has more rows
@@ -355,7 +391,6 @@ class ClickHouseStorage:
         with ``break`` (a partial result this method refuses), not ``throw``: a statement that
         fails mid-stream in chDB hands its rows to the session's next query (collector/store.py).
         """
-        budget = READ_BUDGET.get()
         extra = [settings] if settings else []
         rows = 0
         if budget is not None:
@@ -476,6 +511,7 @@ class ClickHouseStorage:
         labels_by_fp: dict[int, _Known],
         start_ms: int,
         end_ms: int,
+        budget: ReadBudget | None,
         metric: str,
         hours: range,
     ) -> SeriesColumns:
@@ -483,17 +519,23 @@ class ClickHouseStorage:
         fps = series.column("fingerprint").to_numpy().tolist()
         labels, rows = _sorted_rows(fps, labels_by_fp)
         want = np.asarray(fps, dtype=np.uint64)[rows]
-        blocks = self._hour_blocks(metric, hours)
+        blocks = self._hour_blocks(budget, metric, hours)
         tail_start = hours.stop
         if tail_start <= end_ms:
             tail = self._samples(
-                f"{_fingerprints_in(series, sub, p)} AND {self._window(tail_start, end_ms)}", p
+                budget, f"{_fingerprints_in(series, sub, p)} AND {self._window(tail_start, end_ms)}", p
             )
             blocks.append(_sorted_block(tail))
         return gather_series(labels, want, blocks, start_ms, end_ms)
 
     def _select_cached_metric(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, metric: str, hours: range
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        budget: ReadBudget | None,
+        metric: str,
+        hours: range,
     ) -> SeriesColumns | None:
         """``select_columns`` without asking ClickHouse which series match: every hour is cached.
 
@@ -501,18 +543,24 @@ class ClickHouseStorage:
         matchers run on their labels here. None when
         some series' labels are unknown (samples without a series row): the SQL path decides.
         """
-        selection = self._cached_selection(matchers, start_ms, end_ms, metric, hours)
+        selection = self._cached_selection(matchers, start_ms, end_ms, budget, metric, hours)
         if selection is None:
             return None
         blocks, labels, want = selection
         return gather_series(labels, want, blocks, start_ms, end_ms)
 
     def _cached_selection(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, metric: str, hours: range
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        budget: ReadBudget | None,
+        metric: str,
+        hours: range,
     ) -> tuple[list[SampleBlock], list[Labels], npt.NDArray[np.uint64]] | None:
         """The cached blocks of the hours, and the series of them the selector matches (labels in
         order, their fingerprints); None when some series' labels are unknown."""
-        blocks = self._hour_blocks(metric, hours)
+        blocks = self._hour_blocks(budget, metric, hours)
         others = tuple(m for m in matchers if not (m.name == "__name__" and m.op == "="))
         # Which series match depends only on which are present (labels never change): the last
         # answer for the same selector holds while the same series are (~0.4 ms of label
@@ -528,7 +576,7 @@ class ClickHouseStorage:
         if hit is not None and np.array_equal(hit[1], present):
             self._selection_cache[key] = (serials, hit[1], hit[2], hit[3])
             return blocks, hit[2], hit[3]
-        known = self._known_labels(metric, present.tolist(), start_ms, end_ms)
+        known = self._known_labels(budget, metric, present.tolist(), start_ms, end_ms)
         if known is None:
             return None
         matched = (
@@ -548,7 +596,7 @@ class ClickHouseStorage:
         return head is not None and self._store.histogram_metrics() is not None and head.covers(start_ms)
 
     def _head_last(
-        self, matchers: Sequence[Matcher], first_ms: int, time_ms: int, sample_times: bool
+        self, matchers: Sequence[Matcher], first_ms: int, time_ms: int, hints: SelectHints, sample_times: bool
     ) -> GridColumns | None:
         """:meth:`select_last_on_grid` at one time from the head (``Head.select_last``): each
         series' newest sample in the lookback window, not the window's samples; None where
@@ -556,19 +604,24 @@ class ClickHouseStorage:
         or start-timestamp metric may be selected)."""
         head = self._store.head
         histograms = self._store.histogram_metrics()
-        if head is None or histograms is None or START_TIMESTAMPS_WANTED.get() or not head.covers(first_ms):
+        if head is None or histograms is None or hints.start_timestamps or not head.covers(first_ms):
             return None
         return head.select_last(
             matchers,
             time_ms,
             first_ms,
-            READ_BUDGET.get(),
+            hints.budget,
             exclude_metrics=histograms,
             sample_times=sample_times,
         )
 
     def _cached_last(
-        self, matchers: Sequence[Matcher], time_ms: int, lookback_ms: int, sample_times: bool
+        self,
+        matchers: Sequence[Matcher],
+        time_ms: int,
+        lookback_ms: int,
+        hints: SelectHints,
+        sample_times: bool,
     ) -> GridColumns | None:
         """:meth:`select_last_on_grid` at one time from the cached hours (the plan :meth:`_decline_grid`
         just made): each matching series' last sample in ``(t - lookback, t]`` found in the blocks
@@ -579,11 +632,11 @@ class ClickHouseStorage:
         """
         first = time_ms - lookback_ms + 1
         plan = self._declined_plan(matchers, first, time_ms)
-        if plan is None or plan[1].stop <= time_ms or START_TIMESTAMPS_WANTED.get():
+        if plan is None or plan[1].stop <= time_ms or hints.start_timestamps:
             # Not every hour of the window settled (the rest is ClickHouse's), or start timestamps
             # wanted (the cache holds none): as select_columns, the SQL path answers.
             return None
-        selection = self._cached_selection(matchers, first, time_ms, *plan)
+        selection = self._cached_selection(matchers, first, time_ms, hints.budget, *plan)
         if selection is None:
             return None
         blocks, labels, want = selection
@@ -624,7 +677,7 @@ class ClickHouseStorage:
         return _last_grid(labels, rows, values, ts, sample_times)
 
     def _known_labels(
-        self, metric: str, fps: list[int], start_ms: int, end_ms: int
+        self, budget: ReadBudget | None, metric: str, fps: list[int], start_ms: int, end_ms: int
     ) -> dict[int, _Known] | None:
         """Labels of these series of ``metric``, from the labels cache or else from the series table."""
         cache = self._labels_cache
@@ -633,22 +686,28 @@ class ClickHouseStorage:
             sub = self._series_sql(
                 p, [Matcher("__name__", "=", metric)], start_ms, end_ms, with_samples=False
             )
-            self._labels(self._read(sub, p))
+            self._labels(self._read(budget, sub, p))
         out = {fp: known for fp in fps if (known := cache.get(fp)) is not None}
         return out if len(out) == len(fps) else None
 
-    def _hour_blocks(self, metric: str, hours: range) -> list[SampleBlock]:
+    def _hour_blocks(self, budget: ReadBudget | None, metric: str, hours: range) -> list[SampleBlock]:
         """The metric's block for every hour; one evicted since the plan is read again, here."""
         cache = self.sample_cache
         assert cache is not None
         found = {hour: block for hour in hours if (block := cache.get(metric, hour)) is not None}
         missing = [hour for hour in hours if hour not in found]
         if missing:
-            found.update(self._fill(cache, metric, missing, check_size=False))
+            found.update(self._fill(cache, metric, missing, budget, check_size=False))
         return [found[hour] for hour in hours]
 
     def _fill(
-        self, cache: SampleCache, metric: str, hours: list[int], *, check_size: bool = True
+        self,
+        cache: SampleCache,
+        metric: str,
+        hours: list[int],
+        budget: ReadBudget | None = None,
+        *,
+        check_size: bool = True,
     ) -> dict[int, SampleBlock]:
         """Read these hours of the metric (all its series) and offer them to the cache.
 
@@ -667,7 +726,7 @@ class ClickHouseStorage:
                 for hour in hours:
                     cache.mark_oversized(metric, hour)
                 return {}
-        fps, ts, vs, _ = _deduplicated(self._samples(where, p))
+        fps, ts, vs, _ = _deduplicated(self._samples(budget, where, p))
         # Stable by hour keeps (fingerprint, t) order inside each hour; as int16 (a window
         # spans at most CACHE_MAX_HOURS) numpy sorts by radix, in linear time.
         hour_of = (ts // BLOCK_MS - lo // BLOCK_MS).astype(np.int16)
@@ -689,7 +748,7 @@ class ClickHouseStorage:
         matchers: Sequence[Matcher],
         start_ms: int,
         end_ms: int,
-        step_ms: int,
+        hints: SelectHints,
         lookback_ms: int,
         sample_times: bool = True,
     ) -> GridColumns | None:
@@ -700,6 +759,7 @@ class ClickHouseStorage:
         that step, and a second aggregate over ``ts`` itself gives each value's sample time
         (only when asked for: it makes the query ~50% slower).
         """
+        step_ms, budget = hints.step_ms, hints.budget
         first = start_ms - lookback_ms + 1
         if step_ms <= 0 or lookback_ms <= 0 or end_ms < start_ms or first < 0 or end_ms > MAX_TS_MS:
             return None
@@ -708,25 +768,26 @@ class ClickHouseStorage:
             # from them here, a grid by the engine over select_columns.
             if start_ms != end_ms:
                 return None
-            return self._head_last(matchers, first, end_ms, sample_times) or self._cached_last(
-                matchers, end_ms, lookback_ms, sample_times
+            return self._head_last(matchers, first, end_ms, hints, sample_times) or self._cached_last(
+                matchers, end_ms, lookback_ms, hints, sample_times
             )
         steps = (end_ms - start_ms) // step_ms + 1
         if steps == 1:
-            instant = self._last_instant(matchers, end_ms, lookback_ms, sample_times)
+            instant = self._last_instant(matchers, end_ms, lookback_ms, budget, sample_times)
             if instant is not None:
                 return instant
         p = Params()
         sub = self._series_sql(p, matchers, first, end_ms, with_samples=False)
-        series = self._read(sub, p)
+        series = self._read(budget, sub, p)
         if series.num_rows == 0:
             return _empty_grid(steps)
-        if self._histogram_metrics_of(series, first, end_ms):
+        if self._histogram_metrics_of(budget, series, first, end_ms):
             return None  # the grid aggregates read floats only: the engine computes histograms
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, lookback_ms)
         times = f", timeSeriesLastToGrid({grid})(ts, toFloat64(toUnixTimestamp64Milli(ts))) AS t"
         result = self._read(
+            budget,
             f"SELECT fingerprint, timeSeriesLastToGrid({grid})(ts, value) AS v{times if sample_times else ''} "
             f"FROM {self._samples_table} WHERE {_fingerprints_in(series, sub, p)} "
             f"AND {self._window(first, end_ms)} GROUP BY fingerprint",
@@ -746,7 +807,12 @@ class ClickHouseStorage:
         return GridColumns(labels, values, sample_ts, has & ~is_stale(values))
 
     def _last_instant(
-        self, matchers: Sequence[Matcher], time_ms: int, lookback_ms: int, sample_times: bool
+        self,
+        matchers: Sequence[Matcher],
+        time_ms: int,
+        lookback_ms: int,
+        budget: ReadBudget | None,
+        sample_times: bool,
     ) -> GridColumns | None:
         """:meth:`select_last_on_grid` at one time for a selector that names its metrics, without
         asking the series table which series match; None when it cannot answer so.
@@ -770,11 +836,12 @@ class ClickHouseStorage:
         if hit is not None and hit.general:
             return None
         first = time_ms - lookback_ms + 1
-        if self._histogram_metrics_among(metrics, first, time_ms):
+        if self._histogram_metrics_among(budget, metrics, first, time_ms):
             return None  # the engine computes histograms from raw samples (the general path)
         p = Params()
         times = ", toUnixTimestamp64Milli(max(ts)) AS t" if sample_times else ""
         result = self._read(
+            budget,
             f"SELECT fingerprint, argMax(value, ts) AS v{times} FROM {self._samples_table} "
             f"WHERE metric IN {p(list(key[0]), 'Array(String)')} AND {self._window(first, time_ms)} "
             "GROUP BY fingerprint",
@@ -793,7 +860,7 @@ class ClickHouseStorage:
         # were stored before their series-table row): else they stay unselected until the
         # present series change, which in a steady fleet may be never.
         if hit is None or len(hit.matched) < len(present) or not np.array_equal(hit.present, present):
-            hit = self._instant_selection(metrics, others, present, first, time_ms, hit)
+            hit = self._instant_selection(budget, metrics, others, present, first, time_ms, hit)
             hit.general = len(present) > INSTANT_SELECTIVE_MIN_ROWS and len(
                 hit.pick
             ) * INSTANT_SELECTIVE_SHARE < len(present)
@@ -811,6 +878,7 @@ class ClickHouseStorage:
 
     def _instant_selection(
         self,
+        budget: ReadBudget | None,
         metrics: frozenset[str],
         others: tuple[Matcher, ...],
         present: npt.NDArray[np.uint64],
@@ -825,16 +893,18 @@ class ClickHouseStorage:
         matched = {fp: seen for fp in fps if (seen := previous.get(fp)) is not None}
         new = [fp for fp in fps if fp not in matched]
         if new:  # a series without a row in the series table stays unjudged: not selected, asked again
-            for fp, known in self._labels_of(metrics, new, start_ms, end_ms).items():
+            for fp, known in self._labels_of(budget, metrics, new, start_ms, end_ms).items():
                 matched[fp] = labels_match(known[0], others)
-        labels_by_fp = self._labels_of(metrics, [fp for fp in fps if matched.get(fp)], start_ms, end_ms)
+        labels_by_fp = self._labels_of(
+            budget, metrics, [fp for fp in fps if matched.get(fp)], start_ms, end_ms
+        )
         labels, rows = _sorted_rows(list(labels_by_fp), labels_by_fp)
         chosen = np.fromiter(labels_by_fp, dtype=np.uint64, count=len(labels_by_fp))[rows]
         pick = np.searchsorted(present, chosen).astype(np.int64)
         return _InstantSelection(present, labels, pick, matched)
 
     def _labels_of(
-        self, metrics: frozenset[str], fps: list[int], start_ms: int, end_ms: int
+        self, budget: ReadBudget | None, metrics: frozenset[str], fps: list[int], start_ms: int, end_ms: int
     ) -> dict[int, _Known]:
         """Labels of these series (of ``metrics``, with a row in the window's days): cache, else the series table."""
         cache = self._labels_cache
@@ -849,6 +919,7 @@ class ClickHouseStorage:
                 else ""
             )
             series = self._read(
+                budget,
                 "SELECT fingerprint, any(metric) AS s_metric, any(labels) AS s_labels "
                 f"FROM {self._series_table} WHERE `date` BETWEEN '{_day(start_ms).isoformat()}' AND "
                 f"'{_day(end_ms).isoformat()}' AND metric IN {p(sorted(metrics), 'Array(String)')}{only} "
@@ -860,7 +931,7 @@ class ClickHouseStorage:
         return out
 
     def select_range_on_grid(
-        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints
     ) -> tuple[GridColumns, int] | None:
         """A range function at every grid step, computed by ClickHouse's ``timeSeries*ToGrid`` aggregates.
 
@@ -868,6 +939,7 @@ class ClickHouseStorage:
         The samples never reach the engine, so the count returned is of computed values (a
         ``timeSeriesCountToGrid`` for the exact window count made the query ~30% slower).
         """
+        func, step_ms, range_ms, budget = hints.func, hints.step_ms, hints.range_ms, hints.budget
         spec = FUNCTIONS.get(func)
         pushdown = spec.pushdown if spec is not None else None
         first = start_ms - range_ms + 1
@@ -887,11 +959,11 @@ class ClickHouseStorage:
             return None
         p = Params()
         sub = self._series_sql(p, matchers, first, end_ms, with_samples=False)
-        series = self._read(sub, p)
+        series = self._read(budget, sub, p)
         steps = (end_ms - start_ms) // step_ms + 1
         if series.num_rows == 0:
             return _empty_grid(steps), 0
-        if self._histogram_metrics_of(series, first, end_ms):
+        if self._histogram_metrics_of(budget, series, first, end_ms):
             return None  # the grid aggregates read floats only: the engine computes histograms
         # Nor start timestamps: the engine reads them (docs/kql.md). A store that cannot know
         # which metrics have them (a server store) has the grid ask: a series with any in the
@@ -906,6 +978,7 @@ class ClickHouseStorage:
         labels_by_fp = self._labels(series)
         grid = _grid_params(start_ms, steps, step_ms, range_ms)
         result = self._read(
+            budget,
             f"SELECT fingerprint, {pushdown.aggregate}({grid})(ts, value) AS v"
             f"{', max(st != 0) AS st_set' if ask_st else ''} "
             f"FROM {self._samples_table} WHERE {_fingerprints_in(series, sub, p)} "
@@ -951,7 +1024,9 @@ class ClickHouseStorage:
                 out[fps[i]] = cache[fps[i]] = (labels, _sort_key(labels))
         return out
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
         if end_ms < start_ms:
             return []
         head = self._store.head
@@ -963,12 +1038,20 @@ class ClickHouseStorage:
         p = Params()
         sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(
+            hints.budget,
             f"SELECT DISTINCT arrayJoin(arrayConcat(['__name__'], mapKeys(s_labels))) AS name FROM ({sub}) ORDER BY name",
             p,
         )
         return [str(v) for v in result.column("name").to_pylist()]
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
         if end_ms < start_ms:
             return []
         head = self._store.head
@@ -980,7 +1063,9 @@ class ClickHouseStorage:
         p = Params()
         sub = self._series_sql(p, matchers, start_ms, end_ms, with_samples=True)
         result = self._read(
-            f"SELECT DISTINCT {_label_expr(name, p, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v", p
+            hints.budget,
+            f"SELECT DISTINCT {_label_expr(name, p, 's_')} AS v FROM ({sub}) WHERE v != '' ORDER BY v",
+            p,
         )
         return [str(v) for v in result.column("v").to_pylist()]
 

@@ -43,10 +43,13 @@ if TYPE_CHECKING:
     from kernel_insight.kql.parser import parse as parse
     from kernel_insight.kql.printer import format_expr as format_expr
     from kernel_insight.kql.storage import STALE_NAN as STALE_NAN
+    from kernel_insight.kql.storage import Capability as Capability
     from kernel_insight.kql.storage import Matcher as Matcher
     from kernel_insight.kql.storage import MemoryStorage as MemoryStorage
+    from kernel_insight.kql.storage import SelectHints as SelectHints
     from kernel_insight.kql.storage import SeriesData as SeriesData
     from kernel_insight.kql.storage import Storage as Storage
+    from kernel_insight.kql.storage import StorageBase as StorageBase
     from kernel_insight.kql.values import Annotation as Annotation
     from kernel_insight.kql.values import Matrix as Matrix
     from kernel_insight.kql.values import QueryResult as QueryResult

@@ -61,19 +61,17 @@ from kernel_insight.kql.parser import TRIM_OPS, parse
 from kernel_insight.kql.printer import format_expr
 from kernel_insight.kql.pushdown import (
     GRID_MIN_STEP_MS,
-    ColumnarStorage,
     GridColumns,
-    GridStorage,
     HistColumns,
-    RangeGridStorage,
     SeriesColumns,
     columns_of,
     grid_step,
 )
 from kernel_insight.kql.sparsehists import SparseCells, stats_read_hints
 from kernel_insight.kql.storage import (
-    START_TIMESTAMPS_WANTED,
+    Capability,
     Matcher,
+    SelectHints,
     SeriesData,
     Storage,
     is_stale,
@@ -111,20 +109,6 @@ _CHECK_EVERY = 1024
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 _T = TypeVar("_T")
-#: (storage class, protocol) -> whether the class has the protocol's methods (_as_protocol).
-_PROTOCOL_CHECKS: dict[tuple[type, type], bool] = {}
-
-
-def _as_protocol(storage: object, protocol: type) -> Any:
-    """``storage`` when ``isinstance(storage, protocol)`` (a runtime-checkable Protocol of
-    methods), else None; remembered per class: the check walks the protocol's members every
-    time (~5-10 us, three per query: a tenth of a small instant query's evaluation), and a
-    class's methods do not change. The caller annotates the result with the protocol."""
-    key = (type(storage), protocol)
-    found = _PROTOCOL_CHECKS.get(key)
-    if found is None:
-        found = _PROTOCOL_CHECKS[key] = isinstance(storage, protocol)
-    return storage if found else None
 
 
 class CancelToken:
@@ -218,6 +202,7 @@ class _Evaluator:
         cancel: CancelToken | None,
     ) -> None:
         self.storage = storage
+        self.capabilities = storage.capabilities
         self.query = query
         self.query_start = start
         self.query_end = end
@@ -238,6 +223,12 @@ class _Evaluator:
         self.held = 0  # held in memory now: live intermediate results (Prometheus' currentSamples)
         self.peak = 0
         self.sample_times_wanted = 0  # > 0 while evaluating the argument of timestamp()
+        #: While evaluating the selector argument of a function that reads start timestamps
+        #: (SelectHints.start_timestamps).
+        self.starts_wanted = False
+        #: The nodes being evaluated, outermost first: the reads' hints name the function or
+        #: aggregation around the selector from it (SelectHints.func, grouping).
+        self.path: list[Node] = []
         # Enclosing calls that read only histogram counts and sums, and enclosing expressions that
         # need whole histograms (subqueries, histogram_quantile, trim): while the first is > 0 and
         # the second 0, selectors read hints as Prometheus' HistogramStatsIterator gives them.
@@ -303,29 +294,62 @@ class _Evaluator:
         return grid_step(refs)
 
     def read(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Call the storage under this query's budget (READ_BUDGET); its failures become StorageError.
+        """Call the storage; its failures become StorageError.
 
-        A back end that honours the budget raises the query's own timeout or sample-limit error.
+        A back end that honours the budget of its hints (:meth:`hints`) raises the query's own
+        timeout or sample-limit error.
         """
         self.checkpoint()
-        return read_within(
-            self.limits.read_budget(self.deadline, self.held), "storage select failed", fn, *args
+        return read_within("storage select failed", fn, *args)
+
+    def hints(self, step_ms: int | None = None, range_ms: int = 0, func: str | None = None) -> SelectHints:
+        """The hints of a read made now: the budget left to the query, the function or
+        aggregation around the selector being read (``func`` when given, else as Prometheus'
+        extractFuncFromPath and extractGroupsFromPath find them), and ``step_ms`` (default:
+        the query's step)."""
+        grouping: tuple[str, ...] = ()
+        by = False
+        path = self.path
+        for i in range(len(path) - 1, -1, -1) if func is None else ():
+            node = path[i]
+            if isinstance(node, AggregateExpr):
+                func = node.op
+                if i == len(path) - 2:  # directly around the selector
+                    grouping, by = node.grouping, not node.without
+                break
+            if isinstance(node, Call):
+                func = node.func
+                break
+            if isinstance(node, BinaryExpr):
+                break
+        return SelectHints(
+            step_ms=(self.query_step if self.is_range_query else 0) if step_ms is None else step_ms,
+            func=func or "",
+            range_ms=range_ms,
+            grouping=grouping,
+            by=by,
+            budget=self.limits.read_budget(self.deadline, self.held),
+            start_timestamps=self.starts_wanted,
         )
 
-    def select(self, matchers: Sequence[Matcher], start: int, end: int) -> list[SeriesData]:
-        series = self.read(self.storage.select, matchers, start, end)
+    def select(
+        self, matchers: Sequence[Matcher], start: int, end: int, range_ms: int = 0
+    ) -> list[SeriesData]:
+        series = self.read(self.storage.select, matchers, start, end, self.hints(range_ms=range_ms))
         if len(series) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(series)} series, more than the limit of {self.limits.max_series}"
             )
         return series
 
-    def select_columns(self, matchers: Sequence[Matcher], start: int, end: int) -> SeriesColumns:
-        """Like :meth:`select`, as one block; a :class:`ColumnarStorage` answers so without per-series work."""
-        columnar: ColumnarStorage | None = _as_protocol(self.storage, ColumnarStorage)
-        if columnar is None:
-            return self._stats_hinted(columns_of(self.select(matchers, start, end)))
-        cols = self.read(columnar.select_columns, matchers, start, end)
+    def select_columns(
+        self, matchers: Sequence[Matcher], start: int, end: int, range_ms: int = 0
+    ) -> SeriesColumns:
+        """Like :meth:`select`, as one block; a store declaring ``Capability.COLUMNS`` answers so
+        without per-series work."""
+        if Capability.COLUMNS not in self.capabilities:
+            return self._stats_hinted(columns_of(self.select(matchers, start, end, range_ms)))
+        cols = self.read(self.storage.select_columns, matchers, start, end, self.hints(range_ms=range_ms))
         if len(cols) > self.limits.max_series:
             raise TooManySeriesError(
                 f"query selected {len(cols)} series, more than the limit of {self.limits.max_series}"
@@ -416,7 +440,9 @@ class _Evaluator:
         self.checkpoint()
         before = self.held
         loaded = self.samples
+        self.path.append(node)
         value = self.handlers[type(node)](node, times)
+        self.path.pop()  # (a failure ends the query: nothing reads the path after one)
         if isinstance(node, VectorSelector | MatrixSelector):
             # A selector's result is the samples it loaded (already counted), not a second copy:
             # Prometheus' peak for ``x`` is x's samples once.
@@ -481,9 +507,8 @@ class _Evaluator:
         self.stats_readers += stats
         self.bucket_readers += buckets
         # Start timestamps are read for rate, increase, irate and resets of a selector only.
-        starts = START_TIMESTAMPS_WANTED.set(
-            spec.start_timestamps and isinstance(unwrap(node.args[0]), MatrixSelector)
-        )
+        starts = self.starts_wanted
+        self.starts_wanted = spec.start_timestamps and isinstance(unwrap(node.args[0]), MatrixSelector)
         try:
             args = [
                 arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)
@@ -492,7 +517,7 @@ class _Evaluator:
             self.sample_times_wanted -= wants_times
             self.stats_readers -= stats
             self.bucket_readers -= buckets
-            START_TIMESTAMPS_WANTED.reset(starts)
+            self.starts_wanted = starts
         return spec.evaluate(CallContext(self, node, times), args)
 
     def start_timestamps(self, node: VectorSelector, times: I64, vec: StepVector) -> F64:
@@ -502,13 +527,13 @@ class _Evaluator:
         if vec.sample_ts is None or not len(vec):
             return out
         refs = self.reference_times(times, node.at, node.offset)
-        wanted = START_TIMESTAMPS_WANTED.set(True)
+        wanted, self.starts_wanted = self.starts_wanted, True
         try:
             cols = self.select_columns(
                 node.all_matchers(), int(refs.min()) - self.limits.lookback_ms + 1, int(refs.max())
             )
         finally:
-            START_TIMESTAMPS_WANTED.reset(wanted)
+            self.starts_wanted = wanted
         row_of = {labels: i for i, labels in enumerate(cols.labels)}
         for ts, st, offsets in (
             (cols.ts, cols.st, cols.offsets),
@@ -624,7 +649,8 @@ class _Evaluator:
     def _lookup_on_grid(
         self, matchers: Sequence[Matcher], refs: I64, sample_times: bool
     ) -> StepVector | None:
-        """:meth:`lookup` computed by a :class:`GridStorage` when the reference times form a grid."""
+        """:meth:`lookup` computed by the store (``Capability.LAST_ON_GRID``) when the reference
+        times form a grid."""
         grid = self._grid_last(matchers, refs, sample_times)
         if grid is None:
             return None
@@ -635,11 +661,11 @@ class _Evaluator:
         ).compact()
 
     def _grid_last(self, matchers: Sequence[Matcher], refs: I64, sample_times: bool) -> GridColumns | None:
-        """The :class:`GridStorage`'s answer for the selector at the reference times (series limit
-        checked, samples not yet counted); None when it declines, or declined these very times
-        before (:meth:`instant_selector`: the general path that follows does not ask again)."""
-        storage: GridStorage | None = _as_protocol(self.storage, GridStorage)
-        if storage is None:
+        """The store's grid answer (``Capability.LAST_ON_GRID``) for the selector at the reference
+        times (series limit checked, samples not yet counted); None when it declines, or declined
+        these very times before (:meth:`instant_selector`: the general path that follows does not
+        ask again)."""
+        if Capability.LAST_ON_GRID not in self.capabilities:
             return None
         step = self.grid_step(refs)
         if step is None or (len(refs) > 1 and step < GRID_MIN_STEP_MS):
@@ -650,7 +676,13 @@ class _Evaluator:
             if declined == (tuple(matchers), first, last, sample_times):
                 return None
         grid = self.read(
-            storage.select_last_on_grid, matchers, first, last, step, self.limits.lookback_ms, sample_times
+            self.storage.select_last_on_grid,
+            matchers,
+            first,
+            last,
+            self.hints(step),
+            self.limits.lookback_ms,
+            sample_times,
         )
         if grid is None:
             self._grid_declined = (tuple(matchers), first, last, sample_times)
@@ -710,10 +742,10 @@ class _Evaluator:
         return Matrix((Series(labels, times.copy() if times is self.times else times, np.ones(len(times))),))
 
     def _range_on_grid(self, node: Call, times: I64) -> StepVector | None:
-        """``func(selector[range])`` computed by a :class:`RangeGridStorage` when the steps form a grid."""
+        """``func(selector[range])`` computed by the store (``Capability.RANGE_ON_GRID``) when the
+        steps form a grid."""
         pushdown = FUNCTIONS[node.func].pushdown
-        storage: RangeGridStorage | None = _as_protocol(self.storage, RangeGridStorage)
-        if pushdown is None or len(node.args) != 1 or storage is None:
+        if pushdown is None or len(node.args) != 1 or Capability.RANGE_ON_GRID not in self.capabilities:
             return None
         arg = node.args[0]
         while isinstance(arg, ParenExpr):
@@ -726,13 +758,11 @@ class _Evaluator:
             return None
         range_ms = self.duration_ms(arg.range, "range", positive=True)
         answer = self.read(
-            storage.select_range_on_grid,
-            node.func,
+            self.storage.select_range_on_grid,
             arg.vector.all_matchers(),
             int(refs[0]),
             int(refs[-1]),
-            step,
-            range_ms,
+            self.hints(step, range_ms, node.func),
         )
         if answer is None:
             return None
@@ -785,7 +815,7 @@ class _Evaluator:
         extra = self.limits.lookback_ms if (node.anchored or node.smoothed) else 0
         after = self.limits.lookback_ms if node.smoothed else 0
         cols = self.select_columns(
-            vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after
+            vec.all_matchers(), int(refs.min()) - range_ms - extra + 1, int(refs.max()) + after, range_ms
         ).without_stale()
         ts, vs, offsets = cols.ts, cols.vs, cols.offsets
         # What is held is each loaded sample once, however many steps' windows share it (Prometheus

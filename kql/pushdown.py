@@ -1,32 +1,28 @@
-"""What a store may do beyond ``Storage.select``: columnar reads, and selectors evaluated on a step grid.
+"""The shapes of what a store may return beyond ``Storage.select``: columns, and selectors on a step grid.
 
 The engine flattens selected series into ``(ts, vs, offsets)`` anyway; a store answering in
-that form (:class:`ColumnarStorage`, e.g. ClickHouse's one Arrow result ordered by series)
-saves splitting the result into per-series objects and concatenating them again. A
-:class:`GridStorage` goes further and returns an instant-vector selector's value at every
-step (ClickHouse's ``timeSeriesLastToGrid``), so only one value per series and step leaves
-the database. Stores without either keep working through ``select``.
+that form (``Capability.COLUMNS``: :class:`SeriesColumns`, e.g. ClickHouse's one Arrow result
+ordered by series) saves splitting the result into per-series objects and concatenating them
+again. A store declaring ``Capability.LAST_ON_GRID`` or ``RANGE_ON_GRID`` goes further and
+returns a selector's value at every step (:class:`GridColumns`), so only one value per series
+and step leaves the database. Stores declaring neither keep working through ``select``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.sparsehists import HistSamples, SparseHists
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData, is_stale, join_start_timestamps
+from kernel_insight.kql.storage import Labels, SeriesData, is_stale, join_start_timestamps
 
 __all__ = [
     "GRID_MIN_STEP_MS",
-    "ColumnarStorage",
     "GridColumns",
-    "GridStorage",
     "HistColumns",
-    "RangeGridStorage",
     "SeriesColumns",
     "columns_of",
     "gather_ranges",
@@ -139,15 +135,6 @@ class SeriesColumns:
         )
 
 
-@runtime_checkable
-class ColumnarStorage(Protocol):
-    """A :class:`kernel_insight.kql.storage.Storage` that can also answer ``select`` as one block."""
-
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
-        """What ``select`` returns, as :class:`SeriesColumns`."""
-        ...
-
-
 def columns_of(series: Sequence[SeriesData]) -> SeriesColumns:
     """Per-series results of ``Storage.select`` as one block."""
     offsets = np.zeros(len(series) + 1, dtype=np.int64)
@@ -204,48 +191,6 @@ class GridColumns:
 
     def __len__(self) -> int:
         return len(self.labels)
-
-
-@runtime_checkable
-class GridStorage(Protocol):
-    """A store that evaluates an instant-vector selector on a regular grid itself (push-down)."""
-
-    def select_last_on_grid(
-        self,
-        matchers: Sequence[Matcher],
-        start_ms: int,
-        end_ms: int,
-        step_ms: int,
-        lookback_ms: int,
-        sample_times: bool = True,
-    ) -> GridColumns | None:
-        """Latest sample per series at ``start, start+step, ... <= end`` within ``(t - lookback, t]``.
-
-        With ``sample_times=False`` the store may leave ``sample_ts`` as None.
-
-        ``None`` when the store cannot answer this grid (the engine then reads raw samples).
-        """
-        ...
-
-
-@runtime_checkable
-class RangeGridStorage(Protocol):
-    """A store that evaluates ``func(selector[range])`` on a regular grid itself (push-down)."""
-
-    def select_range_on_grid(
-        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
-    ) -> tuple[GridColumns, int] | None:
-        """``func`` over ``(t - range, t]`` at every grid time, and how many samples to account for.
-
-        The engine asks only for functions whose spec carries a
-        :class:`~kernel_insight.kql.functions.GridPushdown`, named by its ``aggregate``.
-
-        ``values`` hold the function's result where ``present``; ``sample_ts`` is unused. The
-        count feeds the engine's sample limit and statistics; a store that cannot count window
-        samples cheaply may count computed values instead.
-        ``None`` when the store cannot compute this function or grid.
-        """
-        ...
 
 
 def grid_step(refs: I64) -> int | None:

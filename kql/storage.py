@@ -1,15 +1,16 @@
 """The storage protocol the kql engine reads through, and an in-memory implementation of it.
 
 Two back ends implement :class:`Storage`: the ClickHouse store of the collector and
-:class:`MemoryStorage` here (tests, the promqltest runner). The engine only ever calls
-``select``, ``label_names`` and ``label_values``.
+:class:`MemoryStorage` here (tests, the promqltest runner). Every read takes its window and a
+:class:`SelectHints` (what the engine will do with it, and the read budget); what a store can do
+beyond ``select``, ``label_names`` and ``label_values`` it declares in ``capabilities``.
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -21,19 +22,22 @@ from kernel_insight.kql.regex import RegexError, compile_anchored
 
 if TYPE_CHECKING:
     from kernel_insight.kql.histogram import FloatHistogram
+    from kernel_insight.kql.pushdown import GridColumns, SeriesColumns
 
 __all__ = [
     "MATCH_OPS",
-    "READ_BUDGET",
+    "NO_HINTS",
     "STALE_NAN",
     "STALE_NAN_BITS",
-    "START_TIMESTAMPS_WANTED",
+    "Capability",
     "Labels",
     "Matcher",
     "MemoryStorage",
     "ReadBudget",
+    "SelectHints",
     "SeriesData",
     "Storage",
+    "StorageBase",
     "is_stale",
     "is_stale_histogram",
     "is_stale_value",
@@ -172,7 +176,7 @@ class SeriesData:
 
 @dataclass(frozen=True, slots=True)
 class ReadBudget:
-    """What the running query may still spend on one storage read; see :data:`READ_BUDGET`.
+    """What the running query may still spend on one storage read (:attr:`SelectHints.budget`).
 
     A back end that can bound a read (ClickHouse's ``max_execution_time`` and
     ``max_result_rows``) raises :class:`~kernel_insight.kql.errors.QueryTimeoutError` or
@@ -184,27 +188,62 @@ class ReadBudget:
     max_samples: int  # samples the read may return before the query is over its sample limit
 
 
-#: Set by the engine around each storage read, in the reading thread; ``None`` outside a query.
-READ_BUDGET: ContextVar[ReadBudget | None] = ContextVar("kql_read_budget", default=None)
+@dataclass(frozen=True, slots=True)
+class SelectHints:
+    """What the engine tells the store about one read, in the shape of Prometheus'
+    ``storage.SelectHints``; the window is the read's own ``start_ms``/``end_ms`` arguments
+    (Prometheus' ``Start``/``End``), and the deadline travels in ``budget`` (Prometheus' ``ctx``).
 
-#: True while the engine reads a matrix selector for a function that reads start timestamps
-#: (``FunctionSpec.start_timestamps``: rate, increase, ... directly over the selector, as
-#: Prometheus' ``UseStartTimestamps``; nothing else sees them, and a subquery cuts them): a back end
-#: returns start timestamps (``SeriesData.start_timestamps``) then only, and only for series that
-#: have some, so every other read (and the usual rate over series without) carries none.
-START_TIMESTAMPS_WANTED: ContextVar[bool] = ContextVar("kql_start_timestamps_wanted", default=False)
+    A store may ignore every hint but ``budget`` (which it should honour when it can) and
+    ``start_timestamps`` (which says whether to return start timestamps at all).
+
+    >>> SelectHints(step_ms=60_000, func="rate", range_ms=300_000).func
+    'rate'
+    """
+
+    step_ms: int = 0  # the grid step of a grid read, else the query's step (0: an instant query)
+    func: str = ""  # the function or aggregation around the selector ("" under a binary operator)
+    range_ms: int = 0  # the range of a matrix selector (0 for an instant-vector selector)
+    grouping: tuple[str, ...] = ()  # the labels of the aggregation directly around the selector
+    by: bool = False  # True for ``by (grouping)``, False for ``without (grouping)``
+    budget: ReadBudget | None = None  # what the read may spend; None outside a query
+    #: Whether the read is for a function that reads start timestamps (``FunctionSpec.start_timestamps``:
+    #: rate, increase, ... directly over the selector, as Prometheus' ``UseStartTimestamps``; a
+    #: subquery cuts them): a back end returns start timestamps (``SeriesData.start_timestamps``)
+    #: then only, and only for series that have some, so every other read carries none.
+    start_timestamps: bool = False
+
+
+#: The hints of a read outside a query: no budget, no start timestamps.
+NO_HINTS = SelectHints()
+
+
+class Capability(enum.Enum):
+    """What a store can do beyond ``select``, ``label_names`` and ``label_values``, declared in
+    its ``capabilities``; the engine calls the matching :class:`Storage` method only then."""
+
+    #: ``select_columns``: the selection as one block (:class:`~kernel_insight.kql.pushdown.SeriesColumns`).
+    COLUMNS = "columns"
+    #: ``select_last_on_grid``: an instant-vector selector's latest sample at every step of a grid.
+    LAST_ON_GRID = "last_on_grid"
+    #: ``select_range_on_grid``: ``func(selector[range])`` at every step of a grid, for the
+    #: functions whose spec carries a :class:`~kernel_insight.kql.functions.GridPushdown`.
+    RANGE_ON_GRID = "range_on_grid"
+    #: ``head_covers``: reads from some time on are answered from memory (a head), so a caller
+    #: may share them between queries of one evaluation (rules/prefetch.py).
+    HEAD = "head"
+
 
 _T = TypeVar("_T")
 
 
-def read_within(budget: ReadBudget, what: str, fn: Callable[..., _T], *args: Any) -> _T:
-    """Call a storage read under ``budget`` (:data:`READ_BUDGET`); its failures become StorageError.
+def read_within(what: str, fn: Callable[..., _T], *args: Any) -> _T:
+    """Call a storage read; its failures become StorageError.
 
     kql's own errors (the budget's timeout and sample limit) pass as they are; any other
     failure is wrapped as ``"<what>: <message>"``, and a retryable one stays retryable (read
     from the cause). The engine's reads and the API's series and label listings share it.
     """
-    token = READ_BUDGET.set(budget)
     try:
         return fn(*args)
     except StorageError as exc:
@@ -213,28 +252,123 @@ def read_within(budget: ReadBudget, what: str, fn: Callable[..., _T], *args: Any
         raise
     except Exception as exc:
         raise StorageError(f"{what}: {exc}") from exc
-    finally:
-        READ_BUDGET.reset(token)
 
 
 @runtime_checkable
 class Storage(Protocol):
-    """What the engine needs from a store. All bounds are inclusive milliseconds since the epoch."""
+    """What the engine needs from a store. All bounds are inclusive milliseconds since the epoch.
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    ``select``, ``label_names`` and ``label_values`` every store answers; the other methods
+    only a store whose ``capabilities`` name them (:class:`StorageBase` refuses them).
+    """
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the store does beyond the three reads every store answers."""
+        ...
+
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         """Series matching every matcher, with their samples where ``start_ms <= t <= end_ms``.
 
         A series with no sample in the window may be returned with empty arrays or left out.
         """
         ...
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
         """Sorted label names of the matching series (all series when ``matchers`` is empty)."""
         ...
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
         """Sorted distinct values of label ``name`` among the matching series."""
         ...
+
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
+        """:attr:`Capability.COLUMNS`: what ``select`` returns, as one block of arrays."""
+        ...
+
+    def select_last_on_grid(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints,
+        lookback_ms: int,
+        sample_times: bool = True,
+    ) -> GridColumns | None:
+        """:attr:`Capability.LAST_ON_GRID`: the latest sample per series at ``start, start + step,
+        ... <= end`` (``step`` is ``hints.step_ms``) within ``(t - lookback, t]``.
+
+        With ``sample_times=False`` the store may leave ``sample_ts`` as None. ``None`` when the
+        store cannot answer this grid (the engine then reads raw samples).
+        """
+        ...
+
+    def select_range_on_grid(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints
+    ) -> tuple[GridColumns, int] | None:
+        """:attr:`Capability.RANGE_ON_GRID`: ``hints.func`` over ``(t - hints.range_ms, t]`` at
+        every grid time ``start, start + hints.step_ms, ... <= end``, and how many samples to
+        account for.
+
+        ``values`` hold the function's result where ``present``; ``sample_ts`` is unused. The
+        count feeds the engine's sample limit and statistics; a store that cannot count window
+        samples cheaply may count computed values instead. ``None`` when the store cannot
+        compute this function or grid.
+        """
+        ...
+
+    def head_covers(self, start_ms: int) -> bool:
+        """:attr:`Capability.HEAD`: whether reads from ``start_ms`` on are answered from memory."""
+        ...
+
+
+class StorageBase:
+    """A :class:`Storage` that declares no capability: its optional methods refuse to run.
+
+    A store subclasses it, implements the three reads and whatever its ``capabilities`` name.
+    """
+
+    capabilities: frozenset[Capability] = frozenset()
+
+    def _undeclared(self, capability: Capability) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not declare {capability}")
+
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
+        raise self._undeclared(Capability.COLUMNS)
+
+    def select_last_on_grid(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints,
+        lookback_ms: int,
+        sample_times: bool = True,
+    ) -> GridColumns | None:
+        raise self._undeclared(Capability.LAST_ON_GRID)
+
+    def select_range_on_grid(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints
+    ) -> tuple[GridColumns, int] | None:
+        raise self._undeclared(Capability.RANGE_ON_GRID)
+
+    def head_covers(self, start_ms: int) -> bool:
+        raise self._undeclared(Capability.HEAD)
 
 
 _FloatArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64] | None]
@@ -357,7 +491,7 @@ def normalize_labels(labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> L
     return tuple(sorted((k, v) for k, v in items if v != ""))
 
 
-class MemoryStorage:
+class MemoryStorage(StorageBase):
     """An in-memory :class:`Storage`, for tests and the promqltest runner.
 
     >>> s = MemoryStorage()
@@ -424,9 +558,11 @@ class MemoryStorage:
         candidates = self._by_name.get(names[0], []) if names else self._series.values()
         return [s for s in candidates if labels_match(s.labels, matchers)]
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         out = []
-        wanted = START_TIMESTAMPS_WANTED.get()
+        wanted = hints.start_timestamps
         for series in self._matching(matchers):
             (ts, vs, sts), (hts, hs, hsts) = series.arrays()
             if not wanted:
@@ -464,10 +600,19 @@ class MemoryStorage:
     def _in_window(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[Labels]:
         return [d.labels for d in self.select(matchers, start_ms, end_ms)]
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
         return sorted({k for labels in self._in_window(matchers, start_ms, end_ms) for k, _ in labels})
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
         values = {dict(labels).get(name, "") for labels in self._in_window(matchers, start_ms, end_ms)}
         values.discard("")
         return sorted(values)

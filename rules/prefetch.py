@@ -24,11 +24,14 @@ from kernel_insight.kql.ast import Call, MatrixSelector, NumberLiteral, Subquery
 from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of
 from kernel_insight.kql.storage import (
-    START_TIMESTAMPS_WANTED,
+    NO_HINTS,
+    Capability,
     Labels,
     Matcher,
+    SelectHints,
     SeriesData,
     Storage,
+    StorageBase,
     labels_match,
 )
 
@@ -171,7 +174,7 @@ def _placed(t: npt.NDArray[np.int64], v: npt.NDArray[Any], ts: int, value: Any) 
     return t2, v2
 
 
-class CycleStorage:
+class CycleStorage(StorageBase):
     """The store as one evaluation at ``ts_ms`` sees it, each metric of ``windows`` read once.
 
     When the store answers the window from its head (collector/head.py: postings and recent
@@ -180,6 +183,9 @@ class CycleStorage:
     to the head once per evaluation, and the rules that ask it again get the same columns. A
     metric the group itself has written this evaluation is read as above, from what is held.
     """
+
+    #: Its grid read answers one time from the store's head, or declines (:meth:`select_last_on_grid`).
+    capabilities = frozenset({Capability.COLUMNS, Capability.LAST_ON_GRID})
 
     def __init__(self, inner: Storage, ts_ms: int, windows: dict[str, int]) -> None:
         self.inner = inner
@@ -196,10 +202,13 @@ class CycleStorage:
         """Whether a read goes straight to the store's head (shared by the group's rules): the
         head covers its window, and it cannot select a metric the group wrote this evaluation
         (those are held: the writer may not have sent them to the store yet)."""
-        covers = getattr(self.inner, "head_covers", None)  # collector/query.py's storage
-        if covers is None or end_ms > self.ts_ms or not self._not_written(matchers):
+        if (
+            Capability.HEAD not in self.inner.capabilities
+            or end_ms > self.ts_ms
+            or not self._not_written(matchers)
+        ):
             return False
-        return bool(covers(start_ms))
+        return self.inner.head_covers(start_ms)
 
     def _not_written(self, matchers: Sequence[Matcher]) -> bool:
         if not self._written:
@@ -213,31 +222,38 @@ class CycleStorage:
             self._shared[key] = read(*args)
         return self._shared[key]
 
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
-        if self._direct(matchers, start_ms, end_ms):
-            key = ("cols", tuple(matchers), start_ms, end_ms, START_TIMESTAMPS_WANTED.get())
-            inner: Any = self.inner  # a store with a head: a ColumnarStorage
-            cols: SeriesColumns = self._shared_read(key, inner.select_columns, matchers, start_ms, end_ms)
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
+        if self._direct(matchers, start_ms, end_ms) and Capability.COLUMNS in self.inner.capabilities:
+            # The budget of the rule that reads it first bounds the shared read.
+            key = ("cols", tuple(matchers), start_ms, end_ms, hints.start_timestamps)
+            cols: SeriesColumns = self._shared_read(
+                key, self.inner.select_columns, matchers, start_ms, end_ms, hints
+            )
             return cols
-        return columns_of(self.select(matchers, start_ms, end_ms))
+        return columns_of(self.select(matchers, start_ms, end_ms, hints))
 
     def select_last_on_grid(
         self,
         matchers: Sequence[Matcher],
         start_ms: int,
         end_ms: int,
-        step_ms: int,
+        hints: SelectHints,
         lookback_ms: int,
         sample_times: bool = True,
     ) -> GridColumns | None:
         """The store's instant-selector read when it comes from the head (shared as above);
         otherwise None: the engine reads the window through :meth:`select_columns`."""
-        if start_ms != end_ms or not self._direct(matchers, start_ms - lookback_ms + 1, end_ms):
+        if (
+            start_ms != end_ms
+            or Capability.LAST_ON_GRID not in self.inner.capabilities
+            or not self._direct(matchers, start_ms - lookback_ms + 1, end_ms)
+        ):
             return None
-        key = ("last", tuple(matchers), end_ms, lookback_ms, sample_times, START_TIMESTAMPS_WANTED.get())
-        inner: Any = self.inner  # a store with a head: a GridStorage
+        key = ("last", tuple(matchers), end_ms, lookback_ms, sample_times, hints.start_timestamps)
         grid: GridColumns | None = self._shared_read(
-            key, inner.select_last_on_grid, matchers, start_ms, end_ms, step_ms, lookback_ms, sample_times
+            key, self.inner.select_last_on_grid, matchers, start_ms, end_ms, hints, lookback_ms, sample_times
         )
         return grid
 
@@ -259,7 +275,9 @@ class CycleStorage:
             if held is not None and held.lo <= ts <= self.ts_ms:
                 held.absorb(labels, ts, value)
 
-    def _series(self, name: str) -> _Held:
+    def _series(self, name: str, hints: SelectHints = NO_HINTS) -> _Held:
+        """The metric's series over its window (read now when not held yet, under ``hints``'
+        budget: the first rule that reads it)."""
         held = self._held.get(name)
         if held is not None:
             return held
@@ -282,27 +300,27 @@ class CycleStorage:
         self.reads += 1
         # What is held answers every later select, rate's too: read with start timestamps (a
         # back end returns them for series that have some only; other functions ignore them).
-        wanted = START_TIMESTAMPS_WANTED.set(True)
-        try:
-            return self._read(name, names, lo)
-        finally:
-            START_TIMESTAMPS_WANTED.reset(wanted)
-
-    def _read(self, name: str, names: list[str], lo: int) -> _Held:
+        hints = SelectHints(budget=hints.budget, start_timestamps=True)  # read for every rule
         if len(names) == 1:
-            self._held[name] = _Held(lo, self.inner.select([Matcher("__name__", "=", name)], lo, self.ts_ms))
+            self._held[name] = _Held(
+                lo, self.inner.select([Matcher("__name__", "=", name)], lo, self.ts_ms, hints)
+            )
         else:
             by_name: dict[str, list[SeriesData]] = {n: [] for n in names}
-            for data in self.inner.select([Matcher("__name__", "=~", "|".join(names))], lo, self.ts_ms):
+            for data in self.inner.select(
+                [Matcher("__name__", "=~", "|".join(names))], lo, self.ts_ms, hints
+            ):
                 by_name[dict(data.labels)["__name__"]].append(data)
             for n, series in by_name.items():
                 self._held[n] = _Held(lo, series)
         return self._held[name]
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         names = [m.value for m in matchers if m.name == "__name__" and m.op == "="]
         if len(names) == 1 and names[0] in self.windows and end_ms <= self.ts_ms:
-            held = self._series(names[0])
+            held = self._series(names[0], hints)
             if start_ms >= held.lo:
                 rest = [m for m in matchers if not (m.name == "__name__" and m.op == "=")]
                 out = []
@@ -315,10 +333,19 @@ class CycleStorage:
                         out.append(part)
                 out.sort(key=lambda d: d.labels)
                 return out
-        return self.inner.select(matchers, start_ms, end_ms)
+        return self.inner.select(matchers, start_ms, end_ms, hints)
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self.inner.label_names(matchers, start_ms, end_ms)
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
+        return self.inner.label_names(matchers, start_ms, end_ms, hints)
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self.inner.label_values(name, matchers, start_ms, end_ms)
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
+        return self.inner.label_values(name, matchers, start_ms, end_ms, hints)

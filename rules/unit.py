@@ -25,7 +25,7 @@ from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.gocompat import go_duration
 from kernel_insight.kql.lexical import format_duration, go_quote, parse_duration
 from kernel_insight.kql.promqltest import ScriptError, _split_values, expand_values, parse_series
-from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+from kernel_insight.kql.storage import NO_HINTS, Matcher, MemoryStorage, SelectHints, SeriesData, StorageBase
 from kernel_insight.kql.values import Scalar, Vector
 from kernel_insight.rules.config import RuleFileError, expand_globs, load_files
 from kernel_insight.rules.evaluation import AlertingRule, AlertState, Group, WrittenSample
@@ -51,21 +51,32 @@ class TestFileResult:
         return not self.errors
 
 
-class _Until:
+class _Until(StorageBase):
     """The storage as the lazy loader shows it: samples up to ``now_ms`` only."""
 
     def __init__(self, inner: MemoryStorage) -> None:
         self.inner = inner
         self.now_ms = 0
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
-        return self.inner.select(matchers, start_ms, min(end_ms, self.now_ms))
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
+        return self.inner.select(matchers, start_ms, min(end_ms, self.now_ms), hints)
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self.inner.label_names(matchers, start_ms, min(end_ms, self.now_ms))
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
+        return self.inner.label_names(matchers, start_ms, min(end_ms, self.now_ms), hints)
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
-        return self.inner.label_values(name, matchers, start_ms, min(end_ms, self.now_ms))
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
+        return self.inner.label_values(name, matchers, start_ms, min(end_ms, self.now_ms), hints)
 
 
 def _duration_ms(value: Any, what: str) -> int:

@@ -22,7 +22,15 @@ from bench.fleet.targets import TargetSet, node_exporter_page
 from kernel_insight.collector.head import Head
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns
-from kernel_insight.kql.storage import Labels, Matcher, SeriesData
+from kernel_insight.kql.storage import (
+    NO_HINTS,
+    Capability,
+    Labels,
+    Matcher,
+    SelectHints,
+    SeriesData,
+    StorageBase,
+)
 
 __all__ = ["HeadStorage", "fill_head", "main"]
 
@@ -30,13 +38,17 @@ __all__ = ["HeadStorage", "fill_head", "main"]
 GROUP_TARGETS = 20
 
 
-class HeadStorage:
+class HeadStorage(StorageBase):
     """kql storage over a head alone (the collector's QueryStorage when the head covers the window)."""
+
+    capabilities = frozenset({Capability.COLUMNS, Capability.LAST_ON_GRID})
 
     def __init__(self, head: Head) -> None:
         self.head = head
 
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
         cols = self.head.select_columns(matchers, start_ms, end_ms)
         assert cols is not None
         return cols
@@ -46,7 +58,7 @@ class HeadStorage:
         matchers: Sequence[Matcher],
         start_ms: int,
         end_ms: int,
-        step_ms: int,
+        hints: SelectHints,
         lookback_ms: int,
         sample_times: bool = True,
     ) -> GridColumns | None:
@@ -54,13 +66,24 @@ class HeadStorage:
             return None
         return self.head.select_last(matchers, end_ms, end_ms - lookback_ms + 1, sample_times=sample_times)
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
-        return self.select_columns(matchers, start_ms, end_ms).series()
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
+        return self.select_columns(matchers, start_ms, end_ms, hints).series()
 
-    def label_names(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_names(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[str]:
         raise NotImplementedError
 
-    def label_values(self, name: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[str]:
+    def label_values(
+        self,
+        name: str,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints = NO_HINTS,
+    ) -> list[str]:
         raise NotImplementedError
 
 

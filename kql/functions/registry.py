@@ -38,7 +38,7 @@ HistImpl = Callable[["CallContext", Impl, list[Any]], Any]
 
 @dataclass(frozen=True, slots=True)
 class GridPushdown:
-    """``func(selector[range])`` on a step grid may be computed by the store (a ``RangeGridStorage``).
+    """``func(selector[range])`` on a step grid may be computed by a store declaring ``Capability.RANGE_ON_GRID``.
 
     Only functions whose pushed result equals the engine's own on randomized data carry one
     (``tests/kql/test_pushdown.py`` runs every such function both ways). ``aggregate`` names the

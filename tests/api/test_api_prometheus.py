@@ -247,10 +247,10 @@ def test_format_query_and_exemplars(client):
 
 
 class DownStorage(MemoryStorage):
-    def select(self, matchers, start_ms, end_ms):
+    def select(self, matchers, start_ms, end_ms, hints=None):
         raise StorageUnavailable("ClickHouse connection refused", retry_after_s=3)
 
-    def label_names(self, matchers, start_ms, end_ms):
+    def label_names(self, matchers, start_ms, end_ms, hints=None):
         raise StorageUnavailable("ClickHouse connection refused", retry_after_s=3)
 
 

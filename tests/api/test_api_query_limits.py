@@ -17,7 +17,7 @@ from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import EngineLimits
 from kernel_insight.kql.errors import TooManySamplesError
-from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+from kernel_insight.kql.storage import NO_HINTS, Matcher, MemoryStorage, SelectHints, SeriesData
 from kernel_insight.server import _query_limits
 
 T0 = 1_700_000_000
@@ -128,9 +128,11 @@ def test_form_bodies_are_capped(storage, tokens, auth_headers) -> None:
 class SlowStorage(MemoryStorage):
     """Every select takes 0.1 s, so a query of many selectors runs past a short timeout."""
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         time.sleep(0.1)
-        return super().select(matchers, start_ms, end_ms)
+        return super().select(matchers, start_ms, end_ms, hints)
 
 
 def test_a_query_over_its_timeout_is_a_503_timeout(tokens, auth_headers) -> None:

@@ -31,7 +31,7 @@ from kernel_insight.api import (
 )
 from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
 from kernel_insight.api.prometheus import INLINE_MAX_S, _EncodedJSON, _query_pairs
-from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+from kernel_insight.kql.storage import NO_HINTS, Matcher, MemoryStorage, SelectHints, SeriesData
 
 
 class _Recording(MemoryStorage):
@@ -43,12 +43,14 @@ class _Recording(MemoryStorage):
         self.spin_s = spin_s
         self.add({"__name__": "up", "job": "a"}, [0, 15_000], [1.0, 1.0])
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         self.threads.append(threading.current_thread().name)
         until = time.perf_counter() + self.spin_s
         while time.perf_counter() < until:  # CPU work standing in for an expensive read
             pass
-        return super().select(matchers, start_ms, end_ms)
+        return super().select(matchers, start_ms, end_ms, hints)
 
 
 def _client(storage: MemoryStorage, tmp_path, **kwargs: float) -> TestClient:

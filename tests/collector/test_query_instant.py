@@ -183,10 +183,10 @@ def test_metrics_with_native_histograms_take_the_general_path(both):
     )
     both.store.insert_histograms(h.build())
     ch = both.store.storage()
-    grid = ch._last_instant([Matcher("__name__", "=", "gpu_power_watts")], NOW, LOOKBACK, True)
+    grid = ch._last_instant([Matcher("__name__", "=", "gpu_power_watts")], NOW, LOOKBACK, None, True)
     assert grid is None
     assert (
-        ch._last_instant([Matcher("__name__", "=", "gpu_temperature_celsius")], NOW, LOOKBACK, True)
+        ch._last_instant([Matcher("__name__", "=", "gpu_temperature_celsius")], NOW, LOOKBACK, None, True)
         is not None
     )
 
@@ -211,16 +211,16 @@ def test_a_series_stored_before_its_series_row_is_judged_at_the_next_read(both, 
     real = ch._labels_of
     rows_readable = False
 
-    def labels_of(metrics, fps, start_ms, end_ms):
-        got = real(metrics, fps, start_ms, end_ms)
+    def labels_of(budget, metrics, fps, start_ms, end_ms):
+        got = real(budget, metrics, fps, start_ms, end_ms)
         return got if rows_readable else {}
 
     monkeypatch.setattr(ch, "_labels_of", labels_of)
     selector = [Matcher("__name__", "=", "gpu_power_watts")]
-    first = ch._last_instant(selector, NOW, LOOKBACK, True)
+    first = ch._last_instant(selector, NOW, LOOKBACK, None, True)
     assert first is not None
     assert first.labels == []
     rows_readable = True
-    second = ch._last_instant(selector, NOW, LOOKBACK, True)
+    second = ch._last_instant(selector, NOW, LOOKBACK, None, True)
     assert second is not None
     assert sorted(dict(labels)["gpu"] for labels in second.labels) == ["0", "1"]

@@ -13,7 +13,7 @@ from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache
 from kernel_insight.collector.store import EmbeddedStore, ServerStore, open_store
 from kernel_insight.kql.pushdown import SeriesColumns
-from kernel_insight.kql.storage import STALE_NAN, Matcher
+from kernel_insight.kql.storage import STALE_NAN, Matcher, SelectHints
 
 # A whole UTC hour, recent enough for the default retention (samples older than it are dropped).
 HOUR0 = int(time.time() * 1000) // BLOCK_MS * BLOCK_MS - 6 * BLOCK_MS
@@ -149,10 +149,12 @@ def test_an_instant_selector_over_cached_hours_reads_the_last_samples_from_them(
                 cached = store.storage()
                 cached.select_columns(m, t - lookback + 1, t)  # queues the fill of its hours
                 assert store.sample_cache.wait_idle()
-                got = cached.select_last_on_grid(m, t, t, 1, lookback, sample_times)
+                got = cached.select_last_on_grid(m, t, t, SelectHints(step_ms=1), lookback, sample_times)
                 if got is None:
                     continue  # left to the engine over select_columns (a window reaching past the cache)
-                want = store.storage(use_cache=False).select_last_on_grid(m, t, t, 1, lookback, sample_times)
+                want = store.storage(use_cache=False).select_last_on_grid(
+                    m, t, t, SelectHints(step_ms=1), lookback, sample_times
+                )
                 assert want is not None
                 assert got.labels == want.labels, (t, m)
                 np.testing.assert_array_equal(got.present, want.present)

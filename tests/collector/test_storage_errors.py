@@ -115,7 +115,7 @@ def test_a_real_engine_refusal_is_permanent(tmp_path):
 
 def test_the_engine_keeps_retryable_through_its_wrapping():
     class Down(MemoryStorage):
-        def select(self, matchers, start_ms, end_ms):
+        def select(self, matchers, start_ms, end_ms, hints=None):
             raise StorageUnavailable("connection refused", 4)
 
     with pytest.raises(StorageError, match="storage select failed") as info:

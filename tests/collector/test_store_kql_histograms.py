@@ -11,7 +11,7 @@ from kernel_insight.collector.query import ClickHouseStorage
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.histogram import FloatHistogram
-from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, is_stale_value
+from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SelectHints, is_stale_value
 
 NOW = (int(time.time() * 1000) // 3_600_000) * 3_600_000 - 2 * 3_600_000  # two settled hours back
 NAME = Matcher("__name__", "=", "kernel_duration_seconds")
@@ -125,10 +125,21 @@ def test_label_apis_see_histogram_only_series_in_a_partial_day(stores):
 def test_grid_pushdowns_leave_histogram_metrics_to_the_engine(stores):
     store, _ = stores
     storage = store.storage(use_cache=False)
-    assert storage.select_last_on_grid([NAME], NOW + 60_000, NOW + 120_000, 15_000, 60_000) is None
-    assert storage.select_range_on_grid("rate", [NAME], NOW + 60_000, NOW + 120_000, 15_000, 60_000) is None
+    assert (
+        storage.select_last_on_grid([NAME], NOW + 60_000, NOW + 120_000, SelectHints(step_ms=15_000), 60_000)
+        is None
+    )
+    assert (
+        storage.select_range_on_grid(
+            [NAME], NOW + 60_000, NOW + 120_000, SelectHints(step_ms=15_000, func="rate", range_ms=60_000)
+        )
+        is None
+    )
     temp = [Matcher("__name__", "=", "gpu_temp")]
-    assert storage.select_last_on_grid(temp, NOW + 15_000, NOW + 30_000, 15_000, 60_000) is not None
+    assert (
+        storage.select_last_on_grid(temp, NOW + 15_000, NOW + 30_000, SelectHints(step_ms=15_000), 60_000)
+        is not None
+    )
 
 
 def test_a_store_that_cannot_know_its_histogram_metrics_looks_every_time(stores, tmp_path):
@@ -143,7 +154,9 @@ def test_a_store_that_cannot_know_its_histogram_metrics_looks_every_time(stores,
         got = _plain(ClickHouseStorage(server).select([NAME], 0, 10**13))
         assert got == _plain(memory.select([NAME], 0, 10**13))
         assert (
-            ClickHouseStorage(server).select_last_on_grid([NAME], NOW + 60_000, NOW + 120_000, 15_000, 60_000)
+            ClickHouseStorage(server).select_last_on_grid(
+                [NAME], NOW + 60_000, NOW + 120_000, SelectHints(step_ms=15_000), 60_000
+            )
             is None
         )
     finally:

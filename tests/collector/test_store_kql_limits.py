@@ -13,7 +13,7 @@ from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql import Engine, EngineLimits, QueryTimeoutError, TooManySamplesError
-from kernel_insight.kql.storage import READ_BUDGET, ReadBudget
+from kernel_insight.kql.storage import ReadBudget
 
 BASE = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
 SERIES, SAMPLES = 40, 60  # 2,400 samples, one every 15 s for 15 minutes
@@ -70,22 +70,16 @@ def test_clickhouse_refuses_reads_over_the_sample_limit(
 
 def test_clickhouse_stops_a_read_at_the_query_deadline(store) -> None:
     storage = store.storage(use_cache=False)
-    token = READ_BUDGET.set(ReadBudget(deadline=time.monotonic() + 0.3, timeout_s=0.3, max_samples=10**9))
+    budget = ReadBudget(deadline=time.monotonic() + 0.3, timeout_s=0.3, max_samples=10**9)
     began = time.monotonic()
-    try:
-        with pytest.raises(
-            QueryTimeoutError, match=r"query timed out in expression evaluation \(timeout 0.3s\)"
-        ):
-            storage._read("SELECT count() FROM numbers(100000000000) WHERE sipHash64(number) % 7 = 1")
-    finally:
-        READ_BUDGET.reset(token)
+    with pytest.raises(QueryTimeoutError, match=r"query timed out in expression evaluation \(timeout 0.3s\)"):
+        storage._read(budget, "SELECT count() FROM numbers(100000000000) WHERE sipHash64(number) % 7 = 1")
     assert time.monotonic() - began < 10  # the statement alone would run for minutes
 
 
 def test_reads_outside_a_query_are_not_bounded(store) -> None:
     storage = store.storage(use_cache=False)
-    assert READ_BUDGET.get() is None
-    table = storage._read("SELECT number FROM numbers(5000)", rows_per_sample=1)
+    table = storage._read(None, "SELECT number FROM numbers(5000)", rows_per_sample=1)
     assert table.num_rows == 5000
 
 

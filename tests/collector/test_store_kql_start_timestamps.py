@@ -18,7 +18,7 @@ from kernel_insight.collector.store import EmbeddedStore, ServerStore, Store
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.promqltest import default_dir, run_file
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns
-from kernel_insight.kql.storage import Matcher, MemoryStorage, SeriesData
+from kernel_insight.kql.storage import NO_HINTS, Capability, Matcher, MemoryStorage, SelectHints, SeriesData
 
 SCRIPT = default_dir() / "start_timestamps.test"
 
@@ -93,18 +93,22 @@ class ServerBacked(StoreBacked):
             self._store.close()
             self._store = None
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
-        return self._open().storage().select(matchers, start_ms, end_ms)
+    capabilities = frozenset({Capability.COLUMNS, Capability.RANGE_ON_GRID})
 
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
-        return self._open().storage().select_columns(matchers, start_ms, end_ms)
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
+        return self._open().storage().select(matchers, start_ms, end_ms, hints)
+
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
+        return self._open().storage().select_columns(matchers, start_ms, end_ms, hints)
 
     def select_range_on_grid(
-        self, func: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int, step_ms: int, range_ms: int
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints
     ) -> tuple[GridColumns, int] | None:
-        return (
-            self._open().storage().select_range_on_grid(func, matchers, start_ms, end_ms, step_ms, range_ms)
-        )
+        return self._open().storage().select_range_on_grid(matchers, start_ms, end_ms, hints)
 
 
 @pytest.mark.parametrize("backed", [StoreBacked, ServerBacked], ids=["embedded", "server"])

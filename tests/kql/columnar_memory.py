@@ -10,7 +10,7 @@ import numpy as np
 
 from kernel_insight.kql.pushdown import HistColumns, SeriesColumns, columns_of
 from kernel_insight.kql.sparsehists import SparseHists, tsdb_pending
-from kernel_insight.kql.storage import Matcher, MemoryStorage
+from kernel_insight.kql.storage import NO_HINTS, Capability, Matcher, MemoryStorage, SelectHints
 
 
 class ColumnarMemory(MemoryStorage):
@@ -18,8 +18,12 @@ class ColumnarMemory(MemoryStorage):
     window's first, which keeps the hint MemoryStorage gives it (it decides that one from the
     sample before the window, which a columnar read does not see)."""
 
-    def select_columns(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> SeriesColumns:
-        series = self.select(matchers, start_ms, end_ms)
+    capabilities = frozenset({Capability.COLUMNS})
+
+    def select_columns(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> SeriesColumns:
+        series = self.select(matchers, start_ms, end_ms, hints)
         cols = columns_of(series)
         if cols.hist is None:
             return cols

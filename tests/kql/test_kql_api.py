@@ -11,7 +11,8 @@ import pytest
 import kernel_insight.kql as kql
 
 EXPECTED = {
-    "AGGREGATORS", "AggregatorSpec", "FUNCTIONS", "GridPushdown", "STALE_NAN", "Annotation", "CancelToken", "Engine",
+    "AGGREGATORS", "AggregatorSpec", "FUNCTIONS", "GridPushdown", "STALE_NAN", "Annotation", "CancelToken",
+    "Capability", "Engine", "SelectHints", "StorageBase",
     "EngineLimits", "FloatHistogram", "FunctionSpec", "HistogramError",
     "KqlError", "KqlEvaluationError", "KqlExecutionError", "KqlParseError", "KqlTypeError", "Matcher",
     "Matrix", "MemoryStorage", "QueryCancelledError", "QueryResult", "QueryTimeoutError", "Sample",

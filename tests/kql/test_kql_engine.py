@@ -23,6 +23,7 @@ from kernel_insight.kql import (
     QueryCancelledError,
     QueryTimeoutError,
     Scalar,
+    SelectHints,
     SeriesData,
     StorageError,
     String,
@@ -32,6 +33,7 @@ from kernel_insight.kql import (
     parse,
     to_prometheus_json,
 )
+from kernel_insight.kql.storage import NO_HINTS
 
 MIN = 60_000
 
@@ -220,9 +222,11 @@ class SlowStorage(MemoryStorage):
         self.delay = delay
         self.add({"__name__": "up"}, [0], [1.0])
 
-    def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+    ) -> list[SeriesData]:
         time.sleep(self.delay)
-        return super().select(matchers, start_ms, end_ms)
+        return super().select(matchers, start_ms, end_ms, hints)
 
 
 def test_query_times_out() -> None:
@@ -236,10 +240,12 @@ def test_query_can_be_cancelled_from_another_thread() -> None:
     started, release = threading.Event(), threading.Event()
 
     class BlockingStorage(MemoryStorage):
-        def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        def select(
+            self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+        ) -> list[SeriesData]:
             started.set()
             release.wait(5)
-            return super().select(matchers, start_ms, end_ms)
+            return super().select(matchers, start_ms, end_ms, hints)
 
     def cancel_once_running() -> None:
         started.wait(5)
@@ -255,7 +261,9 @@ def test_query_can_be_cancelled_from_another_thread() -> None:
 
 def test_storage_failures_are_typed() -> None:
     class Broken(MemoryStorage):
-        def select(self, matchers: Sequence[Matcher], start_ms: int, end_ms: int) -> list[SeriesData]:
+        def select(
+            self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: SelectHints = NO_HINTS
+        ) -> list[SeriesData]:
             raise ConnectionError("clickhouse is down")
 
     with pytest.raises(StorageError, match="clickhouse is down") as info:

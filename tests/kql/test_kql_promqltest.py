@@ -23,7 +23,7 @@ from kernel_insight.kql.promqltest import (
     parse_start_offsets,
     run_file,
 )
-from kernel_insight.kql.storage import START_TIMESTAMPS_WANTED, Matcher, MemoryStorage
+from kernel_insight.kql.storage import Matcher, MemoryStorage, SelectHints
 
 SCRIPTS = default_dir()
 
@@ -103,11 +103,7 @@ def test_start_timestamp_lines_expand_like_upstream(tmp_path: Path) -> None:
     _load(storage, load)
     both = [Matcher("__name__", "=~", "c|d")]
     assert [x.start_timestamps for x in storage.select(both, 0, 600_000)] == [None, None]  # not asked for
-    wanted = START_TIMESTAMPS_WANTED.set(True)  # as the engine sets it for rate and friends
-    try:
-        c, d = storage.select(both, 0, 600_000)
-    finally:
-        START_TIMESTAMPS_WANTED.reset(wanted)
+    c, d = storage.select(both, 0, 600_000, SelectHints(start_timestamps=True))  # as for rate and friends
     assert c.start_timestamps is not None
     assert c.start_timestamps.tolist() == [60_000 - 30_000, 120_000 - 60_000]
     assert d.start_timestamps is None  # a series without: nothing carried

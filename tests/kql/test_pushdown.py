@@ -15,12 +15,11 @@ from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.pushdown import (
-    ColumnarStorage,
     SeriesColumns,
     columns_of,
     gather_ranges,
 )
-from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SeriesData, is_stale
+from kernel_insight.kql.storage import STALE_NAN, Capability, Matcher, MemoryStorage, SeriesData, is_stale
 from kernel_insight.kql.values import Matrix
 
 BASE = (int(time.time()) // 3600) * 3_600_000 - 2 * 3_600_000
@@ -122,8 +121,8 @@ def test_without_stale_keeps_a_series_whose_samples_were_all_stale():
 
 def test_clickhouse_storage_is_columnar(stores):
     ch, mem = stores
-    assert isinstance(ch, ColumnarStorage)
-    assert not isinstance(mem, ColumnarStorage)
+    assert Capability.COLUMNS in ch.capabilities
+    assert Capability.COLUMNS not in mem.capabilities
 
 
 @pytest.mark.parametrize(
