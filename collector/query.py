@@ -47,7 +47,7 @@ from kernel_insight.kql.storage import (
 if TYPE_CHECKING:
     from kernel_insight.collector.store import Store
 
-__all__ = ["ClickHouseStorage", "matcher_sql"]
+__all__ = ["RANGE_GRID_AGGREGATES", "ClickHouseStorage", "GridAggregate", "matcher_sql"]
 
 # DateTime64 holds 1900-01-01 .. 2299-12-31; Date holds 1970-01-01 .. 2149-06-06.
 _MIN_MS = -2_208_988_800_000
@@ -69,6 +69,40 @@ CACHE_MAX_HOURS = 48
 _GRID_SETTING = "allow_experimental_ts_to_grid_aggregate_function = 1"
 #: The server's error code in a refused statement's message.
 _CODE = re.compile(r"Code:\s*(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class GridAggregate:
+    """How ClickHouse computes one of kql's range functions at every step of a grid.
+
+    ``aggregate`` is its ``timeSeries*ToGrid`` aggregate function; ``beats_cache`` when ClickHouse
+    computes a grid of more than one step faster than the engine does over samples already
+    decoded in memory (bench/kql), so such a grid is pushed down even when the cache holds it.
+    """
+
+    aggregate: str
+    beats_cache: bool = False
+
+
+#: The push-down table, keyed by kql's function names: the range functions whose spec allows a
+#: store to compute them on a grid (``FunctionSpec.pushdown``) that ClickHouse computes, and how.
+#: ``tests/kql/test_pushdown.py`` runs each both ways and holds the keys to kql's flags.
+RANGE_GRID_AGGREGATES: dict[str, GridAggregate] = {
+    "rate": GridAggregate("timeSeriesRateToGrid"),
+    "increase": GridAggregate("timeSeriesIncreaseToGrid"),
+    "delta": GridAggregate("timeSeriesDeltaToGrid"),
+    "irate": GridAggregate("timeSeriesInstantRateToGrid"),
+    "idelta": GridAggregate("timeSeriesInstantDeltaToGrid"),
+    "deriv": GridAggregate("timeSeriesDerivToGrid", beats_cache=True),
+    "changes": GridAggregate("timeSeriesChangesToGrid"),
+    "resets": GridAggregate("timeSeriesResetsToGrid"),
+    "sum_over_time": GridAggregate("timeSeriesSumToGrid"),
+    "avg_over_time": GridAggregate("timeSeriesAvgToGrid"),
+    "count_over_time": GridAggregate("timeSeriesCountToGrid"),
+    "min_over_time": GridAggregate("timeSeriesMinToGrid"),
+    "max_over_time": GridAggregate("timeSeriesMaxToGrid"),
+    "last_over_time": GridAggregate("timeSeriesLastToGrid"),
+}
 
 #: A series' labels and the string that sorts like them (None when one cannot be built).
 _Known = tuple[Labels, str | None]
@@ -941,7 +975,7 @@ class ClickHouseStorage(StorageBase):
         """
         func, step_ms, range_ms, budget = hints.func, hints.step_ms, hints.range_ms, hints.budget
         spec = FUNCTIONS.get(func)
-        pushdown = spec.pushdown if spec is not None else None
+        pushdown = RANGE_GRID_AGGREGATES.get(func) if spec is not None and spec.pushdown is not None else None
         first = start_ms - range_ms + 1
         if (
             pushdown is None

@@ -178,8 +178,8 @@ class SeriesData:
 class ReadBudget:
     """What the running query may still spend on one storage read (:attr:`SelectHints.budget`).
 
-    A back end that can bound a read (ClickHouse's ``max_execution_time`` and
-    ``max_result_rows``) raises :class:`~kernel_insight.kql.errors.QueryTimeoutError` or
+    A back end that can bound a read (the ClickHouse one: by the statement's own time and row
+    limits) raises :class:`~kernel_insight.kql.errors.QueryTimeoutError` or
     :class:`~kernel_insight.kql.errors.TooManySamplesError` itself instead of returning more.
     """
 

@@ -499,7 +499,7 @@ def _starts_in_range(
     "rate",
     (M,),
     V,
-    pushdown=GridPushdown("timeSeriesRateToGrid"),
+    pushdown=GridPushdown(),
     anchored=True,
     smoothed=True,
     start_timestamps=True,
@@ -513,7 +513,7 @@ def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
     "increase",
     (M,),
     V,
-    pushdown=GridPushdown("timeSeriesIncreaseToGrid"),
+    pushdown=GridPushdown(),
     anchored=True,
     smoothed=True,
     start_timestamps=True,
@@ -523,7 +523,7 @@ def _increase(ctx: CallContext, args: list[Any]) -> StepVector:
     return _extrapolated(ctx, args[0], counter=True, per_second=False)
 
 
-@function("delta", (M,), V, pushdown=GridPushdown("timeSeriesDeltaToGrid"), anchored=True, smoothed=True)
+@function("delta", (M,), V, pushdown=GridPushdown(), anchored=True, smoothed=True)
 def _delta(ctx: CallContext, args: list[Any]) -> StepVector:
     """Difference between first and last value of a gauge, extrapolated to the range boundaries."""
     return _extrapolated(ctx, args[0], counter=False, per_second=False)
@@ -548,13 +548,13 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
     return range_result(r, result, present)
 
 
-@function("irate", (M,), V, pushdown=GridPushdown("timeSeriesInstantRateToGrid"), start_timestamps=True)
+@function("irate", (M,), V, pushdown=GridPushdown(), start_timestamps=True)
 def _irate(ctx: CallContext, args: list[Any]) -> StepVector:
     """Per-second rate from the last two samples of the range (counter resets handled)."""
     return _instant(args[0], is_rate=True)
 
 
-@function("idelta", (M,), V, pushdown=GridPushdown("timeSeriesInstantDeltaToGrid"))
+@function("idelta", (M,), V, pushdown=GridPushdown())
 def _idelta(ctx: CallContext, args: list[Any]) -> StepVector:
     """Difference between the last two samples of the range."""
     return _instant(args[0], is_rate=False)
@@ -652,7 +652,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     "deriv",
     (M,),
     V,
-    pushdown=GridPushdown("timeSeriesDerivToGrid", beats_cache=True),
+    pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
 def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
@@ -693,35 +693,33 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
     return result
 
 
-@function("changes", (M,), V, pushdown=GridPushdown("timeSeriesChangesToGrid"), anchored=True)
+@function("changes", (M,), V, pushdown=GridPushdown(), anchored=True)
 def _changes(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of times the value changed within the range."""
     return _count_changes(args[0], resets=False)
 
 
-@function(
-    "resets", (M,), V, pushdown=GridPushdown("timeSeriesResetsToGrid"), anchored=True, start_timestamps=True
-)
+@function("resets", (M,), V, pushdown=GridPushdown(), anchored=True, start_timestamps=True)
 def _resets(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of counter resets (decreases) within the range."""
     return _count_changes(args[0], resets=True)
 
 
-@function("sum_over_time", (M,), V, pushdown=GridPushdown("timeSeriesSumToGrid"))
+@function("sum_over_time", (M,), V, pushdown=GridPushdown())
 def _sum_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Sum of all samples in the range (Kahan summation)."""
     r = args[0]
     return range_result(r, _kahan_sum(r), _present(r))
 
 
-@function("avg_over_time", (M,), V, pushdown=GridPushdown("timeSeriesAvgToGrid"))
+@function("avg_over_time", (M,), V, pushdown=GridPushdown())
 def _avg_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Mean of all samples in the range."""
     r = args[0]
     return range_result(r, _kahan_mean(r), _present(r))
 
 
-@function("count_over_time", (M,), V, pushdown=GridPushdown("timeSeriesCountToGrid"))
+@function("count_over_time", (M,), V, pushdown=GridPushdown())
 def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Number of samples in the range."""
     r = args[0]
@@ -732,7 +730,7 @@ def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     "min_over_time",
     (M,),
     V,
-    pushdown=GridPushdown("timeSeriesMinToGrid"),
+    pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
 def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
@@ -745,7 +743,7 @@ def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     "max_over_time",
     (M,),
     V,
-    pushdown=GridPushdown("timeSeriesMaxToGrid"),
+    pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
 def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
@@ -754,7 +752,7 @@ def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     return range_result(r, _reduce(r, np.fmax), _present(r))
 
 
-@function("last_over_time", (M,), V, pushdown=GridPushdown("timeSeriesLastToGrid", keeps_name=True))
+@function("last_over_time", (M,), V, pushdown=GridPushdown(keeps_name=True))
 def _last_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     """Most recent sample in the range; keeps the metric name."""
     r = args[0]

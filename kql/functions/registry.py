@@ -38,19 +38,18 @@ HistImpl = Callable[["CallContext", Impl, list[Any]], Any]
 
 @dataclass(frozen=True, slots=True)
 class GridPushdown:
-    """``func(selector[range])`` on a step grid may be computed by a store declaring ``Capability.RANGE_ON_GRID``.
+    """``func(selector[range])`` on a step grid may be computed by a store declaring
+    ``Capability.RANGE_ON_GRID``: the function is one reduction of each window's float samples,
+    which a store may compute where the samples are. How a store computes it is the store's own
+    table, keyed by the function's name (the ClickHouse one: collector/query.py's
+    ``RANGE_GRID_AGGREGATES``); the store answers None for a function it has no entry for.
 
     Only functions whose pushed result equals the engine's own on randomized data carry one
-    (``tests/kql/test_pushdown.py`` runs every such function both ways). ``aggregate`` names the
-    window operation as ClickHouse's ``timeSeries*ToGrid`` aggregate family does, the one grid
-    store there is; ``keeps_name`` when the result keeps the metric name; ``beats_cache`` when the
-    store computes a grid of more than one step faster than the engine does over samples already
-    decoded in memory (measured by bench/kql), so such a grid is pushed down even when cached.
+    (``tests/kql/test_pushdown.py`` runs every such function both ways); ``keeps_name`` when
+    the result keeps the metric name.
     """
 
-    aggregate: str
     keeps_name: bool = False
-    beats_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 
 import numpy as np
 import pytest
 
+from kernel_insight.collector.query import RANGE_GRID_AGGREGATES
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import SampleCache
 from kernel_insight.collector.store import EmbeddedStore, ServerStore
@@ -340,6 +342,14 @@ def test_a_grid_read_declined_for_the_cache_hands_its_plan_to_the_read(stores, m
     # Handed over once: the next query plans afresh.
     Engine(ch).range_query(query, start, end, step_ms or 60_000)
     assert len(plans) == 2
+
+
+def test_the_push_down_table_is_the_stores_keyed_by_kql_function_names():
+    """kql says which functions a store may compute on a grid (FunctionSpec.pushdown); the
+    ClickHouse adapter says how, for exactly those."""
+    assert set(RANGE_GRID_AGGREGATES) == {f for f, spec in FUNCTIONS.items() if spec.pushdown is not None}
+    for func, agg in RANGE_GRID_AGGREGATES.items():
+        assert re.fullmatch(r"timeSeries[A-Za-z]+ToGrid", agg.aggregate), func
 
 
 @pytest.mark.parametrize("func", sorted(f for f, spec in FUNCTIONS.items() if spec.pushdown is not None))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel_insight.collector.query import RANGE_GRID_AGGREGATES, GridAggregate
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import (
@@ -92,16 +93,14 @@ def test_registering_an_aggregation_twice_is_refused() -> None:
 def newest_in_window() -> Iterator[str]:
     """A made-up range function with a push-down: one decorator, nothing else."""
     name = "newest_in_window"
-    function(name, (M,), V, pushdown=GridPushdown("timeSeriesLastToGrid", keeps_name=True))(
-        FUNCTIONS["last_over_time"].impl
-    )
+    function(name, (M,), V, pushdown=GridPushdown(keeps_name=True))(FUNCTIONS["last_over_time"].impl)
     try:
         yield name
     finally:
         del FUNCTIONS[name]
 
 
-def test_a_registered_function_is_pushed_down_by_its_spec_alone(
+def test_a_registered_function_is_pushed_down_by_its_spec_and_the_stores_table(
     newest_in_window: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = (int(time.time()) // 3600) * 3_600_000 - 2 * 3_600_000  # inside the store's retention
@@ -126,8 +125,13 @@ def test_a_registered_function_is_pushed_down_by_its_spec_alone(
 
         monkeypatch.setattr(ch, "select_range_on_grid", spy)
         start, end = base + 600_500, base + 3_000_500
-        got = Engine(ch).range_query(f"{newest_in_window}(gpu_temp[2m])", start, end, 60_000).value
-    assert answered == [(newest_in_window, True)]
+        query = f"{newest_in_window}(gpu_temp[2m])"
+        # kql's flag alone: the store has no entry for the function, so the engine computes it.
+        unpushed = Engine(ch).range_query(query, start, end, 60_000).value
+        monkeypatch.setitem(RANGE_GRID_AGGREGATES, newest_in_window, GridAggregate("timeSeriesLastToGrid"))
+        got = Engine(ch).range_query(query, start, end, 60_000).value
+    assert answered == [(newest_in_window, False), (newest_in_window, True)]
+    assert [s.labels for s in unpushed.series] == [s.labels for s in got.series]
     want = Engine(mem).range_query("last_over_time(gpu_temp[2m])", start, end, 60_000).value
     assert [s.labels for s in got.series] == [s.labels for s in want.series]
     assert got.series[0].labels[0] == ("__name__", "gpu_temp")  # keeps_name from the spec
