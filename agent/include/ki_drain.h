@@ -68,7 +68,7 @@ size_t ki_drain_poll(struct ki_drain *d, struct ki_record *out, size_t max);
  * to the front of recs) stay in out, so records folded into histograms are not copied into a
  * batch. Unlike ki_drain_poll, each slot is freed as it is read (ki_ring_consume_keep): a
  * folded record needs nothing more from the ring, and the histogram path already lets kept ones
- * wait in memory with their slots freed (agent.c, hold_kept); ki_drain_commit then moves tail
+ * wait in memory with their slots freed (batch.c, hold_kept); ki_drain_commit then moves tail
  * without a second pass over the slots. An agent killed before that commit does not read these
  * records again. *read is the number read (skipped ones, spooled by an earlier run, not counted
  * and not handed to keep); returns the number kept. */

@@ -45,8 +45,27 @@ def test_c_names(tmp_path):
 
 
 def test_c_status(tmp_path):
-    """One classifier of the collector's statuses: stored, auth, names, retryable, permanent."""
+    """One classifier of the collector's answers: each batch's status (stored, auth, names,
+    retryable, permanent) and a request's answer as a whole (none, one status per batch, a refusal
+    of several batches, an answer that does not settle each)."""
     run_unit(tmp_path, "test_status")
+
+
+def test_c_batch_builder(tmp_path):
+    """batch.c on a real ring and spool: batches of at most batch_records, a backlog gathering for
+    a second, heartbeats, strictly increasing batch times, the names batch, kernels folded."""
+    run_unit(tmp_path, "test_batch", str(tmp_path / "scratch"))
+
+
+def test_c_sender_settles_each_status(tmp_path):
+    """send.c against a loopback socket answered by hand: 503/429 with Retry-After, 200, 409, 422,
+    401 and SIGHUP, 424 and the names batch, per-batch statuses, a refusal of several batches."""
+    run_unit(tmp_path, "test_send", str(tmp_path / "scratch"))
+
+
+def test_c_loop_without_a_collector(tmp_path):
+    """loop.c: early drains paced by the producers' rate (drops counted), a tick, stop, shutdown."""
+    run_unit(tmp_path, "test_loop", str(tmp_path / "scratch"))
 
 
 def test_c_labels_encode_as_the_collector_decodes_and_obey_its_enrolment_rule(tmp_path):
