@@ -29,6 +29,7 @@ from kernel_insight.collector.captures import (
     list_captures,
     request_capture,
 )
+from kernel_insight.collector.clickhouse.store import StorageError
 from kernel_insight.collector.perfetto_trace import perfetto_trace
 from kernel_insight.collector.spans import (
     SpanCursor,
@@ -40,7 +41,6 @@ from kernel_insight.collector.spans import (
     read_spans,
     summarize,
 )
-from kernel_insight.collector.store import StorageError
 from kernel_insight.collector.trace import TraceTooLarge, chrome_trace_parts
 
 __all__ = ["MAX_PAGE", "CaptureBody", "timeline_router"]

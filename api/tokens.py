@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_insight.collector.private_json import PrivateJsonFile, SecretStore, VersionedJsonTable
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "DEFAULT_TOKEN_STORE",
@@ -223,7 +223,7 @@ def open_token_store(target: str | Path | Store) -> TokenStoreBase:
     """The table store over a ``Store``, else the file store at a path (``ki tokens --store``).
 
     A ClickHouse URL as ``target`` is for callers that own the store's lifetime: open it
-    with :func:`kernel_insight.collector.store.open_store` and pass the ``Store``.
+    with :func:`kernel_insight.collector.clickhouse.store.open_store` and pass the ``Store``.
     """
     if isinstance(target, str | Path):
         return TokenStore(Path(target))

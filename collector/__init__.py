@@ -23,6 +23,18 @@ if TYPE_CHECKING:
     from kernel_insight.collector.batcher import Ticket as Ticket
     from kernel_insight.collector.captures import CaptureDesk as CaptureDesk
     from kernel_insight.collector.captures import CaptureError as CaptureError
+    from kernel_insight.collector.clickhouse.query import ClickHouseStorage as ClickHouseStorage
+    from kernel_insight.collector.clickhouse.schema import SCHEMA as SCHEMA
+    from kernel_insight.collector.clickhouse.schema import Retention as Retention
+    from kernel_insight.collector.clickhouse.schema import cluster_ddl as cluster_ddl
+    from kernel_insight.collector.clickhouse.schema import single_ddl as single_ddl
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore as EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import PreparedRows as PreparedRows
+    from kernel_insight.collector.clickhouse.store import ServerStore as ServerStore
+    from kernel_insight.collector.clickhouse.store import StorageError as StorageError
+    from kernel_insight.collector.clickhouse.store import StorageUnavailable as StorageUnavailable
+    from kernel_insight.collector.clickhouse.store import Store as Store
+    from kernel_insight.collector.clickhouse.store import open_store as open_store
     from kernel_insight.collector.derive import DROP_REASONS as DROP_REASONS
     from kernel_insight.collector.derive import DROP_STATS as DROP_STATS
     from kernel_insight.collector.derive import Derived as Derived
@@ -49,7 +61,6 @@ if TYPE_CHECKING:
     from kernel_insight.collector.openmetrics import ExpositionReader as ExpositionReader
     from kernel_insight.collector.openmetrics import OpenMetricsError as OpenMetricsError
     from kernel_insight.collector.openmetrics import parse_exposition as parse_exposition
-    from kernel_insight.collector.query import ClickHouseStorage as ClickHouseStorage
     from kernel_insight.collector.relabel import RelabelConfig as RelabelConfig
     from kernel_insight.collector.relabel import Relabeler as Relabeler
     from kernel_insight.collector.relabel import RelabelError as RelabelError
@@ -74,21 +85,10 @@ if TYPE_CHECKING:
     from kernel_insight.collector.sample_cache import CacheStats as CacheStats
     from kernel_insight.collector.sample_cache import SampleBlock as SampleBlock
     from kernel_insight.collector.sample_cache import SampleCache as SampleCache
-    from kernel_insight.collector.schema import SCHEMA as SCHEMA
-    from kernel_insight.collector.schema import Retention as Retention
-    from kernel_insight.collector.schema import cluster_ddl as cluster_ddl
-    from kernel_insight.collector.schema import single_ddl as single_ddl
     from kernel_insight.collector.sink import StoreSink as StoreSink
     from kernel_insight.collector.spans import SpanCursor as SpanCursor
     from kernel_insight.collector.spans import SpanQueryError as SpanQueryError
     from kernel_insight.collector.spans import SpanWindow as SpanWindow
-    from kernel_insight.collector.store import EmbeddedStore as EmbeddedStore
-    from kernel_insight.collector.store import PreparedRows as PreparedRows
-    from kernel_insight.collector.store import ServerStore as ServerStore
-    from kernel_insight.collector.store import StorageError as StorageError
-    from kernel_insight.collector.store import StorageUnavailable as StorageUnavailable
-    from kernel_insight.collector.store import Store as Store
-    from kernel_insight.collector.store import open_store as open_store
     from kernel_insight.collector.trace import TraceTooLarge as TraceTooLarge
     from kernel_insight.collector.trace import chrome_trace as chrome_trace
     from kernel_insight.collector.trace import chrome_trace_parts as chrome_trace_parts

@@ -23,6 +23,7 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from kernel_insight.collector.batcher import Batcher, FlushFailed
+from kernel_insight.collector.clickhouse.store import PreparedRows, StorageError, StorageUnavailable, Store
 from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.remote_write import (
@@ -35,7 +36,6 @@ from kernel_insight.collector.remote_write import (
     parse_remote_write,
 )
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder, SampleBatch
-from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = [
     "DEFAULT_MAX_BODY",

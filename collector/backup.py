@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_insight.collector.clickhouse.sql import Params, ident
 from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
-from kernel_insight.collector.sql import Params, ident
 
 __all__ = [
     "BACKUP_FORMAT",

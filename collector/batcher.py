@@ -42,8 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernel_insight.collector.clickhouse.store import PreparedRows, StorageError, StorageUnavailable, Store
 from kernel_insight.collector.defaults import BATCHER_SHUTDOWN_S
-from kernel_insight.collector.store import PreparedRows, StorageError, StorageUnavailable, Store
 
 __all__ = ["Batcher", "BatcherStats", "FlushFailed", "Ticket"]
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.sql import Params, qualified
+from kernel_insight.collector.clickhouse.sql import Params, qualified
 from kernel_insight.collector.wire import CaptureReport
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "CAPTURE_HEADER",

@@ -15,6 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from kernel_insight.collector.clickhouse.schema import (
+    Retention,
+    cluster_ddl,
+    render_sql_file,
+    single_ddl,
+    write_deploy_files,
+)
 from kernel_insight.collector.flags import count_at_least, defer_arguments
 from kernel_insight.collector.footprint import (
     drop_library_pages,
@@ -22,20 +29,13 @@ from kernel_insight.collector.footprint import (
     modules_unimportable,
 )
 from kernel_insight.collector.private_json import read_secret_file
-from kernel_insight.collector.schema import (
-    Retention,
-    cluster_ddl,
-    render_sql_file,
-    single_ddl,
-    write_deploy_files,
-)
 
 if TYPE_CHECKING:
     # Imported where a command runs (numpy, pyarrow, chDB): ki schema and ki --help need none.
+    from kernel_insight.collector.clickhouse.store import Store
     from kernel_insight.collector.openmetrics import ExpositionReader
     from kernel_insight.collector.relabel import Relabeler
     from kernel_insight.collector.rows import Labels, SampleBatch, SeriesLimits
-    from kernel_insight.collector.store import Store
 
 __all__ = ["DEFAULT_DATA_DIR", "add_commands", "add_series_limit_arguments", "relabeler", "series_limits"]
 
@@ -147,9 +147,9 @@ def _import(args: argparse.Namespace) -> int:
 
 def _import_stream(args: argparse.Namespace) -> int:
     """Read, parse and store a chunk at a time: memory stays flat whatever the file's size."""
+    from kernel_insight.collector.clickhouse.store import StorageError, open_store
     from kernel_insight.collector.openmetrics import ExpositionReader, OpenMetricsError, detect_format
     from kernel_insight.collector.relabel import RelabelError
-    from kernel_insight.collector.store import StorageError, open_store
 
     try:
         token = _token(args) if args.collector else None
@@ -225,7 +225,7 @@ def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
     library pages are dropped every ``DROP_SAMPLES`` (footprint.drop_library_pages). A ClickHouse
     server's memory is its own business.
     """
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     if not isinstance(store, EmbeddedStore):
         return store.insert_samples

@@ -27,9 +27,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from kernel_insight.collector.captures import CAPTURE_HEADER, CaptureDesk
+from kernel_insight.collector.clickhouse.store import StorageError, StorageUnavailable
 from kernel_insight.collector.keys import KeyStoreError, RevokedAgent, UnknownAgent
 from kernel_insight.collector.metrics import CollectorMetrics
-from kernel_insight.collector.store import StorageError, StorageUnavailable
 from kernel_insight.collector.wire import (
     BATCH_STATUS_HEADER,
     DEFAULT_LIMITS,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernel_insight.collector.clickhouse.sql import is_store_url
 from kernel_insight.collector.private_json import (
     CLUSTER_REFRESH_S,
     MISS_REFRESH_S,
@@ -36,12 +37,11 @@ from kernel_insight.collector.private_json import (
     versioned_table_ddl,
     write_private,
 )
-from kernel_insight.collector.sql import is_store_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "CLUSTER_REFRESH_S",

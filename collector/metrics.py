@@ -41,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
+from kernel_insight.collector.clickhouse.sql import Params
 from kernel_insight.collector.defaults import DEFAULT_STORE_STATS_INTERVAL_S
 from kernel_insight.collector.derive import (
     AGENT_COUNTERS,
@@ -53,7 +54,6 @@ from kernel_insight.collector.head import Head
 from kernel_insight.collector.hist_base import BaseBudget
 from kernel_insight.collector.periodic import Periodic
 from kernel_insight.collector.relabel import Relabeler
-from kernel_insight.collector.sql import Params
 
 __all__ = [
     "DEFAULT_AGENT_TTL_S",

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ignore[import-untyped]
 
+from kernel_insight.collector.clickhouse.sql import Params, qualified
 from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
-from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.collector.trace import (
     MAX_EXPORT_EVENTS,
     CallTracks,
@@ -25,7 +25,7 @@ from kernel_insight.collector.trace import (
 )
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = ["MAX_PROTO_SPANS", "perfetto_trace"]
 

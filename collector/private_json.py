@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from kernel_insight.collector.sql import ident, is_store_url, literal, qualified
+from kernel_insight.collector.clickhouse.sql import ident, is_store_url, literal, qualified
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
     # Only the ClickHouse-table stores need the store (numpy, pyarrow, chDB): imported when one
     # is opened, so that ``ki keys list`` and ``ki tokens list`` on a file start fast.
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "CLUSTER_REFRESH_S",
@@ -377,7 +377,7 @@ def opened_secret_store(
             raise error(f"{existing} {path} does not exist")
         yield in_file(path)
         return
-    from kernel_insight.collector.store import open_store
+    from kernel_insight.collector.clickhouse.store import open_store
 
     try:
         store = open_store(target)

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 from kernel_insight.collector.batcher import Batcher, Ticket
+from kernel_insight.collector.clickhouse.store import StorageError, Store
 from kernel_insight.collector.derive import SYNC_KEEP_NS, SYNC_SAMPLE_EVERY, Deriver
 from kernel_insight.collector.hist_base import BaseBudget
 from kernel_insight.collector.ingest import counter_name
 from kernel_insight.collector.keys import KeyStoreError, check_instance_labels
 from kernel_insight.collector.rows import InstanceInfo, Labels
-from kernel_insight.collector.store import StorageError, Store
 from kernel_insight.collector.wire import DecodedBatch, NamesUnknown
 
 __all__ = ["INSTANCE_ROW_EVERY_S", "StoreSink"]

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernel_insight.collector.sql import Params, qualified
+from kernel_insight.collector.clickhouse.sql import Params, qualified
 from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
 from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
 from kernel_insight.kql.storage import Matcher, is_stale_value
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "COUNTER_METRICS",

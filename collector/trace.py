@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from kernel_insight.collector.clickhouse.sql import Params, qualified
 from kernel_insight.collector.spans import SpanWindow, read_calls, read_counters, read_events
-from kernel_insight.collector.sql import Params, qualified
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = [
     "MAX_EXPORT_CALLS",

@@ -16,8 +16,8 @@ import numpy.typing as npt
 
 from kernel_insight.collector import _valuecodec
 
-# The SQL side of the codec (the ``value`` column's expression) is SQL text: collector/sql.py.
-from kernel_insight.collector.sql import MAX_SCALE, VALUE_ALIAS
+# The SQL side of the codec (the ``value`` column's expression) is SQL text: collector/clickhouse/sql.py.
+from kernel_insight.collector.clickhouse.sql import MAX_SCALE, VALUE_ALIAS
 
 __all__ = ["FLOAT_FORM", "MAX_SCALE", "VALUE_ALIAS", "decode_values", "encode_values", "encode_values_numpy"]
 

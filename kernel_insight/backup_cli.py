@@ -92,9 +92,9 @@ def _backup(args: argparse.Namespace) -> int:
             manifest = _from_collector(args.collector, _admin_token(args), dest)
         else:
             from kernel_insight.api.cli import token_store_path
+            from kernel_insight.collector.clickhouse.store import EmbeddedStore, StorageError
             from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
             from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
-            from kernel_insight.collector.store import EmbeddedStore, StorageError
 
             files = {KEYS_FILE: Path(args.keys or DEFAULT_KEYS), TOKENS_FILE: token_store_path(args.tokens)}
             data = Path(args.store or "./ki-data")

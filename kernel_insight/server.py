@@ -50,7 +50,7 @@ AUTH_STORES = ("auto", "file", "table")
 def auth_store_kind(store: Any, requested: str = "auto") -> str:
     """``file`` or ``table``: ``auto`` picks the table for a ClickHouse server (several collectors
     may share it, and must share enrolments and revocations), the files for an embedded store."""
-    from kernel_insight.collector.store import ServerStore
+    from kernel_insight.collector.clickhouse.store import ServerStore
 
     if requested not in AUTH_STORES:
         raise ValueError(f"unknown auth store {requested!r} (known: {', '.join(AUTH_STORES)})")
@@ -252,8 +252,8 @@ def _health_rule(args: argparse.Namespace) -> HealthRule:
 
 def _ingest_wal_dir(args: argparse.Namespace) -> Path:
     """--ingest-wal, or its default: beside the embedded store's tables, or ./ki-ingest-wal."""
+    from kernel_insight.collector.clickhouse.store import is_store_url
     from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
-    from kernel_insight.collector.store import is_store_url
 
     if args.ingest_wal:
         return Path(args.ingest_wal)
@@ -265,10 +265,10 @@ def _serve(args: argparse.Namespace) -> int:
     from kernel_insight.api.auth import TokenError
     from kernel_insight.api.cli import token_store_path
     from kernel_insight.collector.cli import relabeler, series_limits
+    from kernel_insight.collector.clickhouse.store import StorageError, open_store
     from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS
     from kernel_insight.collector.keys import DEFAULT_STORE as DEFAULT_KEYS
     from kernel_insight.collector.keys import KeyStoreError
-    from kernel_insight.collector.store import StorageError, open_store
 
     if args.print_config:
         from kernel_insight.collector.flag_file import settings_yaml

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.clickhouse.schema import DEDUP_WINDOW
+from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.store import Store
 from kernel_insight.collector.private_json import replacing_table_ddl
-from kernel_insight.collector.schema import DEDUP_WINDOW
-from kernel_insight.collector.sql import Params, qualified
-from kernel_insight.collector.store import Store
 
 __all__ = ["LEASE_TABLE", "Lease", "LeaseState", "holder_id"]
 

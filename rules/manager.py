@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from kernel_insight.collector.clickhouse.store import StorageError, Store
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
-from kernel_insight.collector.store import StorageError, Store
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.storage import Matcher, is_stale_value
 from kernel_insight.rules.config import (
@@ -401,7 +401,7 @@ def rule_manager_for(
     ``before_reload`` (``ki collector --config``: the settings file read again) runs first on
     every SIGHUP, with the manager or None; with it SIGHUP is handled even without rules, where
     its default action would end the collector."""
-    from kernel_insight.collector.store import ServerStore
+    from kernel_insight.collector.clickhouse.store import ServerStore
 
     if not args.rules:
         if before_reload is not None:

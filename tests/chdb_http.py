@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from kernel_insight.collector.sql import literal
+from kernel_insight.collector.clickhouse.sql import literal
 
 __all__ = ["running_shim", "serve"]
 

@@ -11,8 +11,8 @@ import numpy.typing as npt
 
 from kernel_insight.api.health.rule import ERROR_WINDOW_MS, InstanceFacts
 from kernel_insight.api.health.serving import SERVING_METRICS, combine
+from kernel_insight.collector.clickhouse.sql import Params, qualified
 from kernel_insight.collector.derive import INGEST_LAG_METRIC
-from kernel_insight.collector.sql import Params, qualified
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.limits import EngineLimits
 from kernel_insight.kql.storage import Labels, Matcher

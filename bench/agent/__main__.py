@@ -77,10 +77,10 @@ def _collector(data: str, keys: str, port: int, stats_path: str) -> None:
     import uvicorn
 
     from kernel_insight.collector.app import create_app
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.ingest import ingest_router
     from kernel_insight.collector.keys import KeyStore
     from kernel_insight.collector.sink import StoreSink
-    from kernel_insight.collector.store import EmbeddedStore
     from kernel_insight.collector.wire import HEADER_SIZE, DecodedBatch
 
     store = EmbeddedStore(data)
@@ -243,8 +243,8 @@ def run_catchup(agents: int, rate: int, outage_s: float, warm_s: float = 5.0) ->
     then until every agent's spool is back to its steady one or two batches.
     """
     from kernel_insight.agent.ring import Ring
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.keys import KeyStore
-    from kernel_insight.collector.store import EmbeddedStore
 
     tmp = Path(tempfile.mkdtemp(prefix="ki-bench-catchup-"))
     names = [f"/ki_bench_catchup.{os.getpid()}.{i}" for i in range(agents)]

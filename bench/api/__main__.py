@@ -25,8 +25,8 @@ import httpx
 from bench.collector_process import start_collector
 from kernel_insight.api.auth import TokenStore
 from kernel_insight.api.health import HealthRule, InstanceFacts, StoreSource, build_snapshot
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import HealthClient
 
 GiB = 1 << 30

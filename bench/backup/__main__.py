@@ -22,8 +22,8 @@ import httpx
 from bench.collector_process import start_collector
 from bench.kql.data import HOURS, dataset, load_chdb
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 _SUMS = "SELECT metric, count() AS n, sum(value) AS total FROM ki.samples GROUP BY metric ORDER BY metric"
 

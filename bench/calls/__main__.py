@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from kernel_insight.agent.records import PAYLOAD_DTYPES, RECORD_DTYPE, RecordFlag, RecordType
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import Deriver
-from kernel_insight.collector.store import EmbeddedStore
 
 S = 1_000_000_000
 INSTANCE = "bench-node-1"

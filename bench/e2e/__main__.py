@@ -42,8 +42,8 @@ import httpx
 
 from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, thread_cpu_seconds, wait_until
 from kernel_insight.agent.launcher import agent_binary
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 INGEST_ENDPOINT = "/v1/ingest"
 #: The tables a float or histogram sample lives in: its rows, and the series index that finds them.

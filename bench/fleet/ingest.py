@@ -22,9 +22,9 @@ import time
 import uuid
 
 from bench.fleet.targets import TargetSet, node_exporter_page
+from kernel_insight.collector.clickhouse.store import open_store
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES
 from kernel_insight.collector.remote_write import SeriesCache, parse_remote_write
-from kernel_insight.collector.store import open_store
 
 
 def _cpu() -> float:

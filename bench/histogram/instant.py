@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.histstore.__main__ import STEP_MS, histograms
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.kql import Engine, Matrix, Vector
 from kernel_insight.kql.values import QueryResult
 

@@ -132,7 +132,7 @@ class _Run:
         the frame bytes per second of the run's first and last minute: ``first_min_bytes_per_s``,
         ``last_min_bytes_per_s``)."""
         from kernel_insight.agent.ring import Ring
-        from kernel_insight.collector.store import EmbeddedStore
+        from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
         self.agent.send_signal(signal.SIGTERM)
         self.agent.wait(120)

@@ -115,8 +115,8 @@ def _time(engine: Engine, query: str, repeats: int, base: int = 0) -> tuple[floa
 
 def _fill_store(path: Path, native: MemoryStorage, classic: MemoryStorage, base: int) -> None:
     """Both data sets into one EmbeddedStore at ``path``, shifted to ``base`` (settled hours)."""
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
-    from kernel_insight.collector.store import EmbeddedStore
 
     store = EmbeddedStore(path)
     try:
@@ -225,7 +225,7 @@ class _Figures(dict[str, float]):
 def quantile_figures(repeats: int = 2, http: bool = True, peers: bool = True) -> dict[str, float]:
     """Every figure of the module docstring; without ``http`` the headline keys are the
     in-process store's; without ``peers`` no Prometheus or VictoriaMetrics figures."""
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.kql.engine import Engine, EngineLimits
 
     native, classic = _storages()

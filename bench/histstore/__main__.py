@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.collector.clickhouse.schema import SCHEMA, Table, single_ddl
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder
-from kernel_insight.collector.schema import SCHEMA, Table, single_ddl
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.histdense import DENSE_CHUNK, DenseBlock
 from kernel_insight.kql.storage import Matcher
 

@@ -39,9 +39,9 @@ import numpy as np
 
 from bench.e2e.__main__ import _du_bytes
 from bench.kql.data import dataset, prometheus_text, write_openmetrics
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import SeriesEncoder
 from kernel_insight.collector.rows import Labels, SampleBatch
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.run import free_port
 
 REQUEST_SAMPLES = 2_000  # Prometheus' max_samples_per_send

@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.agent import RECORD_DTYPE, RecordType
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.rows import Labels, SampleBatch, SpanBatch, canonical_labels
-from kernel_insight.collector.store import EmbeddedStore
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -49,7 +49,7 @@ from bench.kql.servers import (
     peer_binary,
     process_cpu_s,
 )
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.values import Matrix, Sample, Series, Vector

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Labels
 
 __all__ = [

@@ -41,9 +41,9 @@ from bench.e2e.__main__ import run_trial
 from bench.e2e.fleet import build_ringtool
 from bench.ingest.__main__ import _batches, _scrapes, _series
 from bench.kql.data import dataset
+from kernel_insight.collector.clickhouse.schema import Column, table
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.schema import Column, table
-from kernel_insight.collector.store import EmbeddedStore
 
 SCRATCH = "codecs"
 

@@ -59,9 +59,9 @@ import httpx
 from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
 from bench.soak.windows import FaultWindows
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.remote_write import encode_write_request
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import HealthClient
 
 FAULTS = (

@@ -25,8 +25,8 @@ import numpy as np
 
 from bench.collector_process import start_collector
 from kernel_insight.api.auth import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SpanBatch
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import TimelineClient
 
 S = 1_000_000_000

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from bench.api.__main__ import populate
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import CallBatch, Event, HistogramBuilder, SampleBuilder, SpanBatch
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.histogram import FloatHistogram
 
 __all__ = [

@@ -41,7 +41,7 @@ class GridPushdown:
     """``func(selector[range])`` on a step grid may be computed by a store declaring
     ``Capability.RANGE_ON_GRID``: the function is one reduction of each window's float samples,
     which a store may compute where the samples are. How a store computes it is the store's own
-    table, keyed by the function's name (the ClickHouse one: collector/query.py's
+    table, keyed by the function's name (the ClickHouse one: collector/clickhouse/query.py's
     ``RANGE_GRID_AGGREGATES``); the store answers None for a function it has no entry for.
 
     Only functions whose pushed result equals the engine's own on randomized data carry one

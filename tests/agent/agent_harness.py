@@ -24,9 +24,9 @@ from starlette.concurrency import run_in_threadpool
 from kernel_insight.agent.ring import Ring
 from kernel_insight.api.app import listening_socket
 from kernel_insight.collector import wire
+from kernel_insight.collector.clickhouse.store import StorageError, StorageUnavailable
 from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import AgentCredentials, KeyStore
-from kernel_insight.collector.store import StorageError, StorageUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "agent" / "src"

@@ -9,10 +9,10 @@ from pathlib import Path
 import uvicorn
 
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.sink import StoreSink
-from kernel_insight.collector.store import EmbeddedStore
 
 
 def main() -> None:

@@ -117,7 +117,7 @@ def test_backlog_after_a_collector_outage_drains_five_times_faster_than_it_grew(
             with contextlib.suppress(OSError):
                 Ring.unlink(f"{ring_name}.{i}")
     assert sum(p.dropped for p in producers) == 0
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:

@@ -88,7 +88,7 @@ def test_million_records_exactly_once_through_outage_and_sigkill(tmp_path, agent
                 a.wait()
         collector.stop()
         ring.close()
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:
@@ -112,7 +112,7 @@ def test_a_batch_of_several_errors_and_string_fingerprints_is_stored_not_refused
     import httpx
 
     from kernel_insight.agent.records import ErrorKind, FingerprintField
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     keys = KeyStore(tmp_path / "keys.json")
     keys.add_agent("several").write_key_file(tmp_path / "agent.key")

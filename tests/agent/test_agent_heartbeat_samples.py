@@ -20,8 +20,8 @@ from agent_harness import setup, wait_for
 from support.collector import start_agent, start_collector, stop_collector
 
 from kernel_insight.agent.ring import Ring
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 #: Distinct kernels, one histogram each: more than one 64 KiB HISTOGRAMS section holds, so the
 #: export at SIGTERM goes out as several batches sealed within a millisecond or two.

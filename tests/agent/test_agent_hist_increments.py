@@ -234,7 +234,7 @@ def _through_a_real_collector(
             agent.wait()
         stop_collector(collector)
         ring.close()
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:
@@ -391,7 +391,7 @@ def test_a_collector_restart_costs_no_counts(tmp_path: Path, agent_bin: Path, ri
             agent.wait()
         stop_collector(collector)
         ring.close()
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:

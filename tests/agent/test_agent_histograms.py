@@ -239,7 +239,7 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
             agent.wait()
         stop_collector(collector)
         ring.close()
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:

@@ -20,8 +20,8 @@ from tier_proxy import UNAVAILABLE, Answer, TierProxy
 from bench.histogram.pipeline import KERNEL_NAMES
 from bench.histogram.producer import build_producer
 from kernel_insight.agent.ring import Ring
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.wire import parse_header
 
 KERNELS = 20

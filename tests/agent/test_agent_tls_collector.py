@@ -10,7 +10,7 @@ from pki import LocalCA
 from support.collector import running_collector
 
 from kernel_insight.agent.ring import Ring
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
 RECORDS = 500
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from bench.e2e.fleet import Collector, Node, build_ringtool, cpu_seconds, wait_until
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import sys
 from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
 KI = [sys.executable, "-m", "kernel_insight.cli"]
 

@@ -14,8 +14,8 @@ from api_helpers import facts
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.records import RECORD_DTYPE, RecordType
 from kernel_insight.api import HealthRule, StoreSource, build_snapshot
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import Derived, Deriver
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk._models import HealthSnapshot
 from kernel_insight.sdk._select import SelectionIndex
 

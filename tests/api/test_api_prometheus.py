@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from kernel_insight.api import Authenticator
 from kernel_insight.api.prometheus import _kql_error
-from kernel_insight.collector.store import StorageUnavailable
+from kernel_insight.collector.clickhouse.store import StorageUnavailable
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.errors import KqlEvaluationError, QueryCancelledError, QueryTimeoutError
 from kernel_insight.kql.errors import StorageError as KqlStorageError

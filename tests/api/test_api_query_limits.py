@@ -13,8 +13,8 @@ from kernel_insight.api import Authenticator, create_api_app
 from kernel_insight.api.errors import install_error_handlers
 from kernel_insight.api.prometheus import prometheus_router
 from kernel_insight.cli import build_parser
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import EngineLimits
 from kernel_insight.kql.errors import TooManySamplesError
 from kernel_insight.kql.storage import NO_HINTS, Matcher, MemoryStorage, SelectHints, SeriesData

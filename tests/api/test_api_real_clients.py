@@ -12,8 +12,8 @@ import pytest
 from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 
 NOW_S = int(time.time()) // 60 * 60
 PROMTOOL = shutil.which("promtool")

@@ -10,9 +10,9 @@ import pytest
 from loopback import running_server
 
 from kernel_insight.api import create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import BLOCK_MS
-from kernel_insight.collector.store import EmbeddedStore
 
 # Three whole hours that ended at least two hours ago: settled, so cacheable.
 START_MS = int(time.time() * 1000) // BLOCK_MS * BLOCK_MS - 5 * BLOCK_MS

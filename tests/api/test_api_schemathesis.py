@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 
 NOW_MS = int(time.time() * 1000)
 TOKEN: dict[str, str] = {}

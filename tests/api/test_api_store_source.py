@@ -10,9 +10,9 @@ from api_helpers import TestClient
 
 from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN
 
 GiB = 1 << 30

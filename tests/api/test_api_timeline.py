@@ -13,6 +13,7 @@ from api_helpers import TestClient
 from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import (
     CallBatch,
     Event,
@@ -21,7 +22,6 @@ from kernel_insight.collector.rows import (
     SampleBuilder,
     SpanBatch,
 )
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.histogram import FloatHistogram
 
 S = 1_000_000_000

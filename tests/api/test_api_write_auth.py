@@ -14,8 +14,8 @@ import pytest
 from api_helpers import TestClient
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import encode_write_request
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 from kernel_insight.run import free_port
 

@@ -17,8 +17,8 @@ from kernel_insight.collector import app as app_module
 from kernel_insight.collector import create_app
 from kernel_insight.collector.app import RemoteWriteEndpoint
 from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import announced_size, encode_write_request, parse_remote_write
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
 NOW = int(time.time() * 1000)

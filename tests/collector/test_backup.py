@@ -21,8 +21,8 @@ from kernel_insight.collector.backup import (
     read_manifest,
     restore,
 )
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import encode_write_request
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
 BODY_HEADERS = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
@@ -169,7 +169,7 @@ def test_a_group_cut_by_the_freeze_is_restored_whole_once(tmp_path, monkeypatch)
 
     from kernel_insight.collector.backup import WAL_DIR, frozen, write_backup
     from kernel_insight.collector.batcher import Batcher
-    from kernel_insight.collector.store import StorageUnavailable
+    from kernel_insight.collector.clickhouse.store import StorageUnavailable
 
     with EmbeddedStore(tmp_path / "d", cache_bytes=0, ingest_wal=tmp_path / "wal") as store:
         group, done = [_rows(store, 1), _rows(store, 2)], set()

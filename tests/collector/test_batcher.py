@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.rows import SampleBuilder, SpanBatch
-from kernel_insight.collector.store import EmbeddedStore, StorageError, StorageUnavailable
 
 NOW_MS = int(time.time() * 1000)
 

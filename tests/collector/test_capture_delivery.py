@@ -21,9 +21,9 @@ from kernel_insight.collector.captures import (
     parse_capture_header,
     request_capture,
 )
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import AgentCredentials
 from kernel_insight.collector.rows import InstanceInfo
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.varint import encode as encode_varint
 from kernel_insight.collector.wire import CaptureReport
 

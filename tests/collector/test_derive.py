@@ -290,7 +290,7 @@ def test_every_metric_id_and_derived_metric_is_documented():
 def test_ring_to_store_to_kql(ring, tmp_path):
     import time as _time
 
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.kql.storage import Matcher
 
     now = _time.time_ns()

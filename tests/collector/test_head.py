@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES as HEAD
 from kernel_insight.collector.head import Head, concat_columns
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.pushdown import columns_of
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, labels_match

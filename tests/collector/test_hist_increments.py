@@ -263,7 +263,7 @@ def test_the_real_collector_stores_rebuilt_increments_once_and_asks_for_a_snapsh
         assert "ki-histogram-snapshot" not in headers  # asked once, not on every answer
     finally:
         stop_collector(proc)
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:

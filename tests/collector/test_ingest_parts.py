@@ -16,10 +16,10 @@ from loopback import running_server
 from kernel_insight.agent import RECORD_DTYPE, RecordType
 from kernel_insight.collector import wire
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.sink import StoreSink
-from kernel_insight.collector.store import EmbeddedStore
 
 AGENTS = 6
 REQUESTS_PER_AGENT = 40  # 240 requests of 8 kernel records each

@@ -16,11 +16,11 @@ from fastapi import FastAPI
 from kernel_insight.agent import RECORD_DTYPE, FingerprintField, RecordFlag, RecordType
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.collector import wire
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import DROP_STATS
 from kernel_insight.collector.ingest import ingest_router
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.sink import StoreSink
-from kernel_insight.collector.store import EmbeddedStore
 
 NOW = time.time_ns()
 YEAR_2150_NS = 5_680_281_600_000_000_000  # 2150-01-01

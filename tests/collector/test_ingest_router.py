@@ -11,9 +11,9 @@ from fastapi import FastAPI
 from support.wire_corpus import random_records
 
 from kernel_insight.collector import wire
+from kernel_insight.collector.clickhouse.store import StorageError, StorageUnavailable
 from kernel_insight.collector.ingest import IngestStats, ingest_router
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import StorageError, StorageUnavailable
 
 PATH = wire.INGEST_PATH
 

@@ -25,15 +25,15 @@ from test_batcher import _counts, _rows
 
 from kernel_insight.collector import wire
 from kernel_insight.collector.batcher import Batcher
-from kernel_insight.collector.ingest_wal import IngestWal
-from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import (
+from kernel_insight.collector.clickhouse.store import (
     TEST_KILL_AFTER_TABLE_ENV,
     EmbeddedStore,
     StorageError,
     StorageUnavailable,
 )
+from kernel_insight.collector.ingest_wal import IngestWal
+from kernel_insight.collector.keys import KeyStore
+from kernel_insight.collector.rows import SampleBuilder
 
 SPANS_PER_BATCH = 200
 KERNEL_NAMES = {(1, k): f"kernel_{k}" for k in range(1, 6)}

@@ -18,7 +18,7 @@ from loopback import chdb_http_server
 from kernel_insight.api import ClickHouseTokenStore, TokenStore, UnknownToken
 from kernel_insight.cli import main
 from kernel_insight.collector import keys as k
-from kernel_insight.collector.store import ServerStore
+from kernel_insight.collector.clickhouse.store import ServerStore
 from kernel_insight.server import auth_store_kind, build_collector_app
 
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from kernel_insight.collector.clickhouse.schema import MERGE_SETTINGS
+from kernel_insight.collector.clickhouse.store import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.schema import MERGE_SETTINGS
-from kernel_insight.collector.store import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
 
 DAY_MS = 86_400_000
 

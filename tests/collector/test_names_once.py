@@ -196,7 +196,7 @@ def test_the_real_collector_resolves_left_out_names_and_answers_424_after_a_rest
         assert _post(url, [lost]) == [409]
     finally:
         stop_collector(proc)
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path / "data")
     try:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kernel_insight.cli import main
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
 NOW = (int(time.time()) // 60) * 60_000
@@ -245,7 +245,7 @@ def test_classic_histograms_import_as_bucket_series_and_native_ones_are_refused_
 
 def test_insert_samples_sets_the_insert_size_and_refuses_zero(tmp_path, capsys, monkeypatch):
     from kernel_insight.collector import cli
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
     sizes: list[int] = []
     real = Store.insert_samples

@@ -7,8 +7,8 @@ import os
 import stat
 
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 
 def _mode(path) -> int:

@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from kernel_insight.collector import query
+from kernel_insight.collector.clickhouse import query
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
     SeriesCache,
@@ -24,7 +25,6 @@ from kernel_insight.collector.remote_write import (
     parse_remote_write,
 )
 from kernel_insight.collector.rows import HistogramBuilder, SeriesLimits
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, is_stale
 
 NOW = (int(time.time()) // 60) * 60_000
@@ -374,7 +374,7 @@ def test_dense_codes_are_numpys_unique_with_its_inverse(codes, spare):
     """Store._sample_rows' counting unique (both its branches: few codes of a large domain sort)."""
     import numpy as np
 
-    from kernel_insight.collector.store import _dense_codes
+    from kernel_insight.collector.clickhouse.store import _dense_codes
 
     arr = np.asarray(codes, dtype=np.int32)
     for domain in (max(codes, default=-1) + 1 + spare, 10_000 + spare):

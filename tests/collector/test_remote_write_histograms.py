@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from kernel_insight.collector.app import create_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import (
     RemoteWriteError,
     decode_write_request,
@@ -25,7 +26,6 @@ from kernel_insight.collector.remote_write import (
     encode_write_request,
 )
 from kernel_insight.collector.rows import HistogramBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import STALE_NAN, is_stale_value
 
 NOW = (int(time.time()) // 60) * 60_000

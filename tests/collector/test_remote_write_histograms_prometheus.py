@@ -26,7 +26,7 @@ from native_histogram_exposition import (
 )
 from support.collector import running_collector
 
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
 
 class _Target:

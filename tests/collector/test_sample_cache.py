@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore, open_store
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache
-from kernel_insight.collector.store import EmbeddedStore, ServerStore, open_store
 from kernel_insight.kql.pushdown import SeriesColumns
 from kernel_insight.kql.storage import STALE_NAN, Matcher, SelectHints
 
@@ -135,7 +135,7 @@ def test_an_instant_selector_over_cached_hours_reads_the_last_samples_from_them(
     lookback = 300_000
     times = [HOUR0 + k * BLOCK_MS + d for k in range(HOURS + 1) for d in (-1, 0, 1, 60_000, lookback - 1)]
     times += [HOUR0 + rng.randrange(0, HOURS * BLOCK_MS) for _ in range(12)]
-    import kernel_insight.collector.query as query
+    import kernel_insight.collector.clickhouse.query as query
 
     from_cache = []
     real = query.ClickHouseStorage._cached_last
@@ -342,7 +342,7 @@ def test_the_cache_is_on_for_a_data_directory_and_off_for_a_server_by_default(tm
 
 def test_a_selector_asked_again_skips_label_matching_until_its_series_change(store, monkeypatch):
     """store.selection_cache: the matching series of a selector are remembered while the same series are present."""
-    import kernel_insight.collector.query as query
+    import kernel_insight.collector.clickhouse.query as query
 
     store.sample_cache = _clock_at(HOUR0 + 10 * BLOCK_MS)
     m = [Matcher("__name__", "=", "launches_total"), Matcher("kernel", "=", "gemm")]

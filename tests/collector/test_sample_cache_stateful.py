@@ -12,9 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleCache
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
 HOUR0 = int(time.time() * 1000) // BLOCK_MS * BLOCK_MS - 8 * BLOCK_MS

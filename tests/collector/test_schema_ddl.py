@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernel_insight.collector.schema import (
+from kernel_insight.collector.clickhouse.schema import (
     SCHEMA,
     Retention,
     cluster_ddl,
@@ -50,7 +50,7 @@ def test_zero_retention_means_no_ttl():
 
 def test_cluster_ddl_parses_in_the_real_engine(tmp_path):
     # No Keeper here, so the cluster DDL cannot run; ClickHouse's own parser still checks every statement.
-    from kernel_insight.collector.store import EmbeddedStore, quote
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore, quote
 
     with EmbeddedStore(tmp_path / "d") as store:
         for statement in cluster_ddl(cluster="prod"):

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.remote_write import SeriesCache, decode_write_request, encode_write_request
 from kernel_insight.collector.rows import SampleBatch, SampleBuilder, series_fingerprint
-from kernel_insight.collector.store import EmbeddedStore
 
 DAY_MS = 86_400_000
 TODAY = (int(time.time() * 1000) // DAY_MS) * DAY_MS

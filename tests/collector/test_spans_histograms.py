@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBuilder, SpanBatch
 from kernel_insight.collector.spans import SpanWindow, _launches, kernel_histograms, summarize
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.histogram import FloatHistogram
 
 T0_MS = (int(time.time()) - 120) * 1000  # recent: older rows would be past the retention TTL

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_insight.collector.sql import Params, ident, param_text, qualified
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.sql import Params, ident, param_text, qualified
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
 ODD = [
     "",

@@ -12,8 +12,8 @@ import pytest
 from kernel_insight.collector import StorageError as CollectorStorageError
 from kernel_insight.collector.app import create_app
 from kernel_insight.collector.batcher import Batcher, FlushFailed
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore, StorageUnavailable
 from kernel_insight.collector.remote_write import encode_write_request
-from kernel_insight.collector.store import EmbeddedStore, ServerStore, StorageUnavailable
 from kernel_insight.kql import Engine, StorageError
 from kernel_insight.kql.errors import KqlError
 from kernel_insight.kql.storage import MemoryStorage

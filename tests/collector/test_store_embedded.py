@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.schema import Retention
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder, SpanBatch
-from kernel_insight.collector.schema import Retention
-from kernel_insight.collector.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.kql.storage import STALE_NAN, Matcher, is_stale
 
 NOW_MS = (int(time.time()) // 60) * 60_000
@@ -85,7 +85,7 @@ def test_exactly_once_survives_a_kill_between_insert_and_reply(tmp_path):
         f"""
         import os, signal, numpy as np
         from kernel_insight.collector.rows import SampleBuilder
-        from kernel_insight.collector.store import EmbeddedStore
+        from kernel_insight.collector.clickhouse.store import EmbeddedStore
         s = EmbeddedStore({str(path)!r})
         b = SampleBuilder()
         for i in range(3):
@@ -200,7 +200,7 @@ def test_zero_retention_on_a_fresh_store_creates_no_ttl(tmp_path):
 
 
 def test_embedded_store_has_no_cluster_mode(tmp_path):
-    from kernel_insight.collector.store import open_store
+    from kernel_insight.collector.clickhouse.store import open_store
 
     with pytest.raises(ValueError, match="cluster needs a ClickHouse URL"):
         open_store(tmp_path / "d", cluster="ki")
@@ -230,7 +230,7 @@ def test_out_of_range_timestamps_are_refused_before_storage():
 def test_a_directory_in_use_by_another_process_is_a_clear_error(tmp_path):
     path = tmp_path / "d"
     with EmbeddedStore(path):
-        child = f"from kernel_insight.collector.store import EmbeddedStore; EmbeddedStore({str(path)!r})"
+        child = f"from kernel_insight.collector.clickhouse.store import EmbeddedStore; EmbeddedStore({str(path)!r})"
         proc = subprocess.run(
             [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False
         )
@@ -250,7 +250,7 @@ def test_reopening_with_the_same_retention_alters_nothing(tmp_path):
 
 
 def test_query_blob_returns_the_values_back_to_back(store):
-    from kernel_insight.collector.sql import Params
+    from kernel_insight.collector.clickhouse.sql import Params
 
     p = Params()
     sql = f"SELECT concat(toString(number), {p('x', 'String')}) FROM numbers(3)"
@@ -260,7 +260,7 @@ def test_query_blob_returns_the_values_back_to_back(store):
 
 def test_ping_asks_the_engine_at_most_once_a_second_and_a_closed_store_fails_at_once(tmp_path, monkeypatch):
     # /healthz is polled on kept-alive connections: each SELECT 1 queued behind the engine's work.
-    from kernel_insight.collector import store as store_module
+    from kernel_insight.collector.clickhouse import store as store_module
 
     s = EmbeddedStore(tmp_path / "d")
     asked: list[str] = []

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kernel_insight.collector.batcher import Batcher
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBatch, HistogramBuilder, concat_histograms
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import STALE_NAN, is_stale_value
 
 NOW_MS = (int(time.time()) // 60) * 60_000

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from chdb_http import running_shim
 
+from kernel_insight.collector.clickhouse.query import matcher_sql
+from kernel_insight.collector.clickhouse.sql import Params
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES
-from kernel_insight.collector.query import matcher_sql
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.sql import Params
-from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, Storage
 
 BASE = (int(time.time()) // 3600) * 3_600_000 - 3_600_000

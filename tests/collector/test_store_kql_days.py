@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher, MemoryStorage
 
 DAY = 86_400_000

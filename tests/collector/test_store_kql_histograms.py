@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from kernel_insight.collector.query import ClickHouseStorage
+from kernel_insight.collector.clickhouse.query import ClickHouseStorage
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.storage import STALE_NAN, Matcher, MemoryStorage, SelectHints, is_stale_value
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernel_insight.collector.query import ClickHouseStorage
+from kernel_insight.collector.clickhouse.query import ClickHouseStorage
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder, canonical_labels
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleCache
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import engine as engine_module
 from kernel_insight.kql.engine import Engine, _Evaluator
 from kernel_insight.kql.histogram import FloatHistogram

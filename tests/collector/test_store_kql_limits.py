@@ -9,9 +9,9 @@ import traceback
 
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import StorageError as StoreError
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
-from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql import Engine, EngineLimits, QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.storage import ReadBudget
 

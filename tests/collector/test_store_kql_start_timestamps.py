@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.schema import Retention
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore, Store
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder, canonical_labels
-from kernel_insight.collector.schema import Retention
-from kernel_insight.collector.store import EmbeddedStore, ServerStore, Store
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.promqltest import default_dir, run_file
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns

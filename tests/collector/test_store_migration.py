@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBuilder, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql.storage import Matcher
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from chdb_http import running_shim
 
+from kernel_insight.collector.clickhouse.store import ServerStore, StorageError, StorageUnavailable
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import ServerStore, StorageError, StorageUnavailable
 
 NOW_MS = (int(time.time()) // 60) * 60_000
 
@@ -88,7 +88,7 @@ def test_shim_speaks_http_compression_both_ways(shim):
 
 
 def test_query_blob_returns_the_values_back_to_back(shim):
-    from kernel_insight.collector.sql import Params
+    from kernel_insight.collector.clickhouse.sql import Params
 
     _, url = shim
     store = ServerStore.connect(url, compress=False)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kernel_insight.agent import RECORD_DTYPE, RecordType
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.sink import INSTANCE_ROW_EVERY_S, StoreSink
-from kernel_insight.collector.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.wire import BatchHeader, Counter, DecodedBatch
 from kernel_insight.kql.storage import Matcher
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_insight.collector import _valuecodec
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.valuecodec import FLOAT_FORM, decode_values, encode_values, encode_values_numpy
 from kernel_insight.kql.storage import Matcher
 

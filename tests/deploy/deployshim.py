@@ -142,7 +142,7 @@ def runuser(args: list[str]) -> int:
 
 def clickhouse_client(args: list[str]) -> int:
     """Every statement through ClickHouse's own parser (no cluster here to run them on)."""
-    from kernel_insight.collector.store import EmbeddedStore, quote
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore, quote
 
     statements = [s for s in sys.stdin.read().split(";\n") if s.strip()]
     assert statements

@@ -108,5 +108,5 @@ def test_component_imports_only_what_its_rule_allows(component: str) -> None:
 
 def test_the_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
     probe = tmp_path / "x.py"
-    probe.write_text("def f():\n    from kernel_insight.collector.store import Store\n")
-    assert _imports(probe) == [(2, "kernel_insight.collector.store")]
+    probe.write_text("def f():\n    from kernel_insight.collector.clickhouse.store import Store\n")
+    assert _imports(probe) == [(2, "kernel_insight.collector.clickhouse.store")]

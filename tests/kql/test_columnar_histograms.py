@@ -408,7 +408,7 @@ def test_over_time_from_window_bounds_give_the_per_window_results(seed: int, odd
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(tmp_path_factory.mktemp("columnar") / "data")
     yield store

@@ -26,8 +26,8 @@ from simulated_store import store_simulated
 
 from kernel_insight.agent import Ring, RingError, RingReader, ring_name
 from kernel_insight.agent.probe.simulate import SimConfig, Simulator
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import Deriver
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import Engine, KqlError, KqlParseError, Matrix, Scalar, Vector, parse
 from kernel_insight.kql.ast import Expr, MatrixSelector, SubqueryExpr, VectorSelector, walk
 

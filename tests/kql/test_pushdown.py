@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from kernel_insight.collector.query import RANGE_GRID_AGGREGATES
+from kernel_insight.collector.clickhouse.query import RANGE_GRID_AGGREGATES
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.rows import SampleBuilder
 from kernel_insight.collector.sample_cache import SampleCache
-from kernel_insight.collector.store import EmbeddedStore, ServerStore
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.pushdown import (
@@ -412,7 +412,7 @@ def test_grid_reads_ask_for_sample_times_only_under_timestamp(stores, monkeypatc
 
 @pytest.mark.parametrize("list_max", [0, 10_000])
 def test_many_series_filter_samples_by_the_series_query_itself(stores, monkeypatch, list_max):
-    from kernel_insight.collector import query
+    from kernel_insight.collector.clickhouse import query
 
     ch, mem = stores
     monkeypatch.setattr(query, "FINGERPRINT_LIST_MAX", list_max)
@@ -425,7 +425,7 @@ def test_many_series_filter_samples_by_the_series_query_itself(stores, monkeypat
 
 
 def test_label_sort_keys_order_like_the_label_tuples():
-    from kernel_insight.collector.query import _sort_key
+    from kernel_insight.collector.clickhouse.query import _sort_key
 
     rng = random.Random(9)
     alphabet = ["", "a", "ab", "a_b", "b", "é", "Z", "a b", "\t"]
@@ -440,7 +440,7 @@ def test_label_sort_keys_order_like_the_label_tuples():
 
 
 def test_series_whose_labels_have_no_sort_key_are_sorted_by_their_tuples():
-    from kernel_insight.collector.query import _sort_key, _sorted_rows
+    from kernel_insight.collector.clickhouse.query import _sort_key, _sorted_rows
 
     labels = [(("__name__", "b"),), (("__name__", "a\x01"),), (("__name__", "a"),)]
     known = {fp: (lab, _sort_key(lab)) for fp, lab in enumerate(labels)}

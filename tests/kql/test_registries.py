@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernel_insight.collector.query import RANGE_GRID_AGGREGATES, GridAggregate
+from kernel_insight.collector.clickhouse.query import RANGE_GRID_AGGREGATES, GridAggregate
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import (
     AGGREGATORS,
     FUNCTIONS,

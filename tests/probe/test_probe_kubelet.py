@@ -17,10 +17,10 @@ from trace_check import check_trace
 from kernel_insight.agent import Ring, RingReader, ring_name
 from kernel_insight.agent.probe.kubelet import Attribution, KubeletUnavailable, PodResources
 from kernel_insight.agent.probe.nvml import NvmlSampler
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import Deriver
 from kernel_insight.collector.perfetto_trace import perfetto_trace
 from kernel_insight.collector.spans import SpanWindow, read_spans, summarize
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.collector.trace import chrome_trace
 
 pytestmark = pytest.mark.nvml

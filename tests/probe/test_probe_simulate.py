@@ -214,8 +214,8 @@ def test_allocation_failures_alert_fires_in_an_episode_and_resolves_after_it(tmp
     10 minutes after it (it fired all the time when every cache cycle ended in an OOM)."""
     import yaml
 
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.derive import Deriver
-    from kernel_insight.collector.store import EmbeddedStore
     from kernel_insight.kql import Engine
 
     rules = yaml.safe_load((ROOT / "deploy" / "rules" / "memory.yml").read_text())
@@ -319,9 +319,9 @@ def test_ranks_all_reduce_together():
 
 
 def test_the_simulators_collectives_memory_operations_and_syncs_are_stored_one_row_per_call(tmp_path):
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.derive import SYNC_KEEP_NS, Deriver
     from kernel_insight.collector.spans import SpanWindow, read_calls
-    from kernel_insight.collector.store import EmbeddedStore
 
     per_gpu = simulate_arrays(5, gpus=2, seed=2, layers=4, time_scale=5)
     with EmbeddedStore(tmp_path / "d") as store:

@@ -10,8 +10,8 @@ import pytest
 from rules_helpers import receiver
 
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import Engine
 from kernel_insight.rules.manager import RuleManager
 from kernel_insight.rules.notifier import Notifier

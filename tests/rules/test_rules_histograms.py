@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import HistogramBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.kql import Engine
 from kernel_insight.kql.histogram import FloatHistogram
 from kernel_insight.kql.storage import Matcher

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from loopback import chdb_http_server
 
-from kernel_insight.collector.store import ServerStore
+from kernel_insight.collector.clickhouse.store import ServerStore
 from kernel_insight.rules.lease import Lease
 
 INTERVAL_S = 2.0

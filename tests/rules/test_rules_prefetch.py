@@ -109,8 +109,8 @@ def test_with_a_head_each_distinct_read_goes_to_it_once_and_the_groups_writes_ar
     wrote this evaluation is read with what it wrote."""
     import time
 
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
     from kernel_insight.collector.rows import SampleBuilder
-    from kernel_insight.collector.store import EmbeddedStore
 
     now = (int(time.time()) // 60) * 60_000
     store = EmbeddedStore(tmp_path, head_bytes=1 << 26, head_window_ms=3_600_000)

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 
 GiB = 1 << 30
 

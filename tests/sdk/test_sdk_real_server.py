@@ -8,8 +8,8 @@ import pytest
 from loopback import running_server
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import (
     AuthenticationError,
     BadRequestError,

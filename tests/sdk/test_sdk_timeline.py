@@ -16,8 +16,8 @@ from loopback import running_server
 from trace_check import check_perfetto, check_trace
 
 from kernel_insight.api import TokenStore, create_api_app
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.rows import CallBatch, Event, InstanceInfo, SpanBatch
-from kernel_insight.collector.store import EmbeddedStore
 from kernel_insight.sdk import (
     AsyncTimelineClient,
     BadRequestError,

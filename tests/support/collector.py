@@ -181,7 +181,7 @@ def stored_kernel_histograms(data: Path) -> tuple[list[str], int, float]:
     """What a collector's embedded store under ``data`` holds of an agent's kernel histograms: the
     kernel names, the sum over series of each one's last count, and the agent's last
     kernels_aggregated counter (equal to that sum when every folded kernel was stored once)."""
-    from kernel_insight.collector.store import EmbeddedStore
+    from kernel_insight.collector.clickhouse.store import EmbeddedStore
 
     store = EmbeddedStore(data)
     try:

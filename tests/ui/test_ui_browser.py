@@ -36,9 +36,9 @@ from bench.ui import (
     populate_spans,
 )
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import InstanceInfo, SampleBuilder
-from kernel_insight.collector.store import EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from kernel_insight.api.ui import STATIC_DIR
-from kernel_insight.collector.store import EmbeddedStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.server import build_collector_app
 
 

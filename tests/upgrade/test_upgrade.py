@@ -22,8 +22,8 @@ from release_build import PREVIOUS_RELEASE, PREVIOUS_RELEASE_COMMIT, Release, bu
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.agent.ring import Ring
 from kernel_insight.api import TokenStore
+from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.keys import KeyStore
-from kernel_insight.collector.store import EmbeddedStore
 
 REPO = Path(__file__).resolve().parents[2]
 #: Producer values: BASE + sequence number, one sample per record, told apart from anything else.

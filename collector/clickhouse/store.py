@@ -34,6 +34,17 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from kernel_insight.collector.clickhouse.schema import (
+    MERGE_SETTINGS,
+    PACKED_SETTINGS,
+    SCHEMA,
+    Retention,
+    cluster_ddl,
+    codec_matches,
+    single_ddl,
+    table,
+)
+from kernel_insight.collector.clickhouse.sql import Params, ident, is_store_url, literal, qualified
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES, DEFAULT_HEAD_WINDOW_MS, Head, find_sorted
 from kernel_insight.collector.ingest_wal import IngestWal, WalCorrupt, WalGroup
 from kernel_insight.collector.rows import (
@@ -49,22 +60,11 @@ from kernel_insight.collector.rows import (
     series_fingerprint,
 )
 from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCache
-from kernel_insight.collector.schema import (
-    MERGE_SETTINGS,
-    PACKED_SETTINGS,
-    SCHEMA,
-    Retention,
-    cluster_ddl,
-    codec_matches,
-    single_ddl,
-    table,
-)
-from kernel_insight.collector.sql import Params, ident, is_store_url, literal, qualified
 from kernel_insight.collector.valuecodec import encode_values
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.query import ClickHouseStorage
+    from kernel_insight.collector.clickhouse.query import ClickHouseStorage
 
 __all__ = [
     "EmbeddedStore",
@@ -657,7 +657,7 @@ class Store(ABC):
         self.command(f"DROP TABLE {old}")
 
     def command(self, sql: str, params: Params | None = None) -> None:
-        """Run a statement; ``params`` holds the values of its ``{name:Type}`` placeholders (collector/sql.py)."""
+        """Run a statement; ``params`` holds the values of its ``{name:Type}`` placeholders (collector/clickhouse/sql.py)."""
         self._check_open()
         try:
             self._command(sql, params)
@@ -702,7 +702,7 @@ class Store(ABC):
         one object for every caller (it is stateless and safe across threads)."""
         storage = self._storages.get(use_cache)
         if storage is None:
-            from kernel_insight.collector.query import ClickHouseStorage
+            from kernel_insight.collector.clickhouse.query import ClickHouseStorage
 
             storage = self._storages[use_cache] = ClickHouseStorage(self, use_cache=use_cache)
         return storage

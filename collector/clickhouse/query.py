@@ -18,11 +18,11 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.store import StorageError as StoreError
 from kernel_insight.collector.head import Head, concat_columns
 from kernel_insight.collector.rows import MAX_TS_MS, MIN_TS_MS
 from kernel_insight.collector.sample_cache import BLOCK_MS, SampleBlock, SampleCache, gather_series
-from kernel_insight.collector.sql import Params, qualified
-from kernel_insight.collector.store import StorageError as StoreError
 from kernel_insight.kql import _windows
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError
 from kernel_insight.kql.functions import FUNCTIONS
@@ -45,7 +45,7 @@ from kernel_insight.kql.storage import (
 )
 
 if TYPE_CHECKING:
-    from kernel_insight.collector.store import Store
+    from kernel_insight.collector.clickhouse.store import Store
 
 __all__ = ["RANGE_GRID_AGGREGATES", "ClickHouseStorage", "GridAggregate", "matcher_sql"]
 
@@ -423,7 +423,7 @@ class ClickHouseStorage(StorageBase):
         than the query may still hold (``max_result_rows``): a 200k-series read ends in ClickHouse
         with the query's own timeout or sample-limit error instead of filling memory. Both stop
         with ``break`` (a partial result this method refuses), not ``throw``: a statement that
-        fails mid-stream in chDB hands its rows to the session's next query (collector/store.py).
+        fails mid-stream in chDB hands its rows to the session's next query (collector/clickhouse/store.py).
         """
         extra = [settings] if settings else []
         rows = 0
