@@ -7,7 +7,7 @@ Sums and means use Kahan-Neumaier compensation in input order, as Prometheus doe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -17,15 +17,7 @@ from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.aggregators import AGGREGATORS, aggregator
 from kernel_insight.kql.ast import AggregateExpr, ValueType
 from kernel_insight.kql.errors import KqlEvaluationError
-from kernel_insight.kql.histdense import (
-    DenseHists,
-    dense_sum,
-    dense_sum_cells,
-    single_dense,
-    single_members,
-    single_sparse,
-    sparse_sum,
-)
+from kernel_insight.kql.histcells import Hists, object_cells
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET
 from kernel_insight.kql.histsamples import (
     MIXED_FLOATS_HISTOGRAMS_AGG,
@@ -44,9 +36,8 @@ from kernel_insight.kql.histsamples import (
     reconciled_custom_buckets,
 )
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
-from kernel_insight.kql.sparsehists import SparseCells
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, format_sample_value, hist_mask, keep_hists
+from kernel_insight.kql.values import Param, StepVector, format_sample_value, hist_mask
 from kernel_insight.kql.vectors import LabelsMemo, group_rows
 
 if TYPE_CHECKING:
@@ -90,7 +81,7 @@ def kahan_add(total: F64, comp: F64, inc: F64, t: F64, bb: F64) -> None:
     total[...] = t
 
 
-def kahan_inc(inc: Any, total: Any, comp: Any) -> tuple[Any, Any]:
+def kahan_inc(inc: npt.ArrayLike, total: npt.ArrayLike, comp: npt.ArrayLike) -> tuple[F64, F64]:
     """:func:`kahan_add` on copies, broadcasting: returns the new (sum, compensation) arrays."""
     t, c, i = (np.array(x, dtype=np.float64) for x in np.broadcast_arrays(total, comp, inc))
     kahan_add(t, c, i, np.empty_like(t), np.empty_like(t))
@@ -313,7 +304,7 @@ def _k_values(param: F64, node: AggregateExpr) -> npt.NDArray[np.int64]:
     return np.trunc(clipped).astype(np.int64)
 
 
-def aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """Evaluate one aggregation over a step vector (``param`` already evaluated)."""
     spec = AGGREGATORS.get(node.op)
     if spec is None:  # pragma: no cover - the parser only accepts registered aggregations
@@ -326,13 +317,13 @@ def aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -
 
 #: A per-group reduction: (evaluator, node, vector, group id of each row, group count, parameter)
 #: -> values of shape (groups, steps); rows absent at a step are masked by ``vec.present``.
-Reduce = Callable[[Any, AggregateExpr, StepVector, npt.NDArray[np.intp], int, Any], F64]
+Reduce: TypeAlias = "Callable[[Evaluator, AggregateExpr, StepVector, npt.NDArray[np.intp], int, Param], F64]"
 
 
-def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], StepVector]:
+def _grouped(reduce: Reduce) -> Callable[[Evaluator, AggregateExpr, StepVector, Param], StepVector]:
     """An aggregation that reduces the rows of each ``by``/``without`` group to one row."""
 
-    def impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+    def impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
         gid, n, groups = _groups(vec.labels, node)
         group_labels = list(groups)
         present = _group_counts(vec.present, gid, n) > 0
@@ -349,7 +340,7 @@ def _grouped(reduce: Reduce) -> Callable[[Any, AggregateExpr, StepVector, Any], 
 @aggregator("sum", histograms="sum")
 @_grouped
 def _sum(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Sum of each group (Kahan-Neumaier compensated)."""
     return _sum_avg(vec, gid, n, mean=False)[0]
@@ -358,7 +349,7 @@ def _sum(
 @aggregator("avg", histograms="mean")
 @_grouped
 def _avg(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Mean of each group (Kahan-Neumaier compensated, incremental past an overflow)."""
     return _sum_avg(vec, gid, n, mean=True)[0]
@@ -367,7 +358,7 @@ def _avg(
 @aggregator("stddev", histograms="ignored")
 @_grouped
 def _stddev(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Population standard deviation of each group."""
     return _variance(vec, gid, n, sqrt=True)
@@ -376,7 +367,7 @@ def _stddev(
 @aggregator("stdvar", histograms="ignored")
 @_grouped
 def _stdvar(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Population variance of each group."""
     return _variance(vec, gid, n, sqrt=False)
@@ -385,7 +376,7 @@ def _stdvar(
 @aggregator("count", histograms="presence")
 @_grouped
 def _count(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Number of series in each group."""
     return _group_counts(vec.present, gid, n).astype(np.float64)
@@ -394,7 +385,7 @@ def _count(
 @aggregator("group", histograms="presence")
 @_grouped
 def _group(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """1 for every group."""
     return np.ones((n, vec.values.shape[1]))
@@ -409,7 +400,7 @@ def _extreme(vec: StepVector, gid: npt.NDArray[np.intp], n: int, ufunc: np.ufunc
 @aggregator("min", histograms="ignored")
 @_grouped
 def _min(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Smallest value of each group (NaN only when all are NaN)."""
     return _extreme(vec, gid, n, np.fmin)
@@ -418,7 +409,7 @@ def _min(
 @aggregator("max", histograms="ignored")
 @_grouped
 def _max(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """Largest value of each group (NaN only when all are NaN)."""
     return _extreme(vec, gid, n, np.fmax)
@@ -427,7 +418,7 @@ def _max(
 @aggregator("quantile", ValueType.SCALAR, histograms="ignored")
 @_grouped
 def _quantile(
-    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Any
+    ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
 ) -> F64:
     """The phi-quantile of each group."""
     steps = vec.values.shape[1]
@@ -475,7 +466,7 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
 
 
 @aggregator("count_values", ValueType.STRING)
-def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """Number of series per distinct value, the value in the label the parameter names."""
     label = str(param)
     if not is_valid_label_name(label):
@@ -483,7 +474,7 @@ def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: An
     steps = vec.values.shape[1]
     cells: dict[Labels, npt.NDArray[np.float64]] = {}
     base = _grouping_keys(vec.labels, node)
-    hists = vec.hists
+    hists = vec.hist_objects()
     present = vec.any_present()
     for i, key in enumerate(base):
         ev.checkpoint()
@@ -507,17 +498,17 @@ def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: An
 @aggregator("bottomk", ValueType.SCALAR, histograms="ignored_whole")
 @aggregator("limitk", ValueType.SCALAR)
 @aggregator("limit_ratio", ValueType.SCALAR)
-def _select_series(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _select_series(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """Series of each group chosen by value (topk, bottomk), by order (limitk) or by label hash (limit_ratio)."""
-    param = np.asarray(param, dtype=np.float64)
+    values = np.asarray(param, dtype=np.float64)
     op = node.op
     steps = vec.values.shape[1]
     gid, groups, _ = _groups(vec.labels, node)
     keep = np.zeros_like(vec.present)
     if op == "limit_ratio":
-        if np.isnan(param).any():
+        if np.isnan(values).any():
             raise KqlEvaluationError("Ratio value is NaN")
-        outside = param[(param < -1) | (param > 1)]
+        outside = values[(values < -1) | (values > 1)]
         if len(outside):
             got, capped = float(outside[0]), float(np.clip(outside[0], -1, 1))
             ev.annotate(
@@ -526,14 +517,14 @@ def _select_series(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: A
                 f"capping to {format_sample_value(capped)}",
                 node.param.pos if node.param is not None else node.pos,
             )
-        ratio = np.clip(param, -1, 1)
+        ratio = np.clip(values, -1, 1)
         offsets = np.array([_ratio_offset(lb) for lb in vec.labels])
         for j in range(steps):
             r = ratio[j]
             keep[:, j] = (offsets < r) if r >= 0 else (offsets >= 1 + r)
         keep &= vec.any_present()
-        return _kept(vec, keep).compact()
-    k = _k_values(param, node)
+        return vec.where(keep).compact()
+    k = _k_values(values, node)
     # All steps at once: one sort of every column by (group, absent last, NaN last, value), the
     # rank of a cell within its group its position less the group's first. Rows of a group are
     # the same at every step, so each group starts at the same position of every sorted column.
@@ -557,17 +548,11 @@ def _select_series(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: A
     chosen = (within < k[None, :]) & np.take_along_axis(present, order, axis=0)
     keep = np.empty_like(vec.present)
     np.put_along_axis(keep, order, chosen, axis=0)  # each column's order is a permutation
-    out = _kept(vec, keep)
+    out = vec.where(keep)
     if steps == 1:
         # An instant topk/bottomk lists each group's series best first.
         return out.take(order[:, 0][chosen[:, 0]])
     return out.compact()
-
-
-def _kept(vec: StepVector, keep: BOOL) -> StepVector:
-    """The samples of ``vec`` (either kind) where ``keep``."""
-    hists = None if vec.hists is None else keep_hists(vec.hists, keep)
-    return StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts, hists)
 
 
 def _ratio_offset(labels: Labels) -> float:
@@ -651,13 +636,13 @@ def xxhash64(data: bytes, seed: int = 0) -> int:
 # What each aggregator does with histogram samples is its AggregatorSpec.histograms.
 
 
-def _impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _impl(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """The aggregator's implementation as registered (histogram cells handed over as they are)."""
     result: StepVector = AGGREGATORS[node.op].impl(ev, node, vec, param)
     return result
 
 
-def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Any) -> StepVector:
+def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """An aggregation over a vector holding histograms (Prometheus' aggregation and aggregationK)."""
 
     op = node.op
@@ -687,39 +672,19 @@ def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, pa
     mixed = has_float & has_hist
     if mixed.any():
         ev.annotate("warning", MIXED_FLOATS_HISTOGRAMS_AGG, node.expr.pos)
-    summed = None
-    if vec.dense is not None:
-        moved = single_dense(vec, gid, n, mixed)
-        if moved is not None:
-            return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, *moved)
-        if vec.hist_objs is None:
-            summed = dense_sum_cells(vec.dense, gid, n, steps, mixed, mean)
-    elif vec.sparse is not None and vec.hist_objs is None:
-        # A selector's columns: one member a group (sum by (kernel) (x)) moved as columns, each
-        # member holding a bucket of 0 compacted as the sum's Compact(0) does; several (sum(x))
-        # summed from the columns.
-        columns = single_sparse(vec.sparse, gid, mixed, steps)
-        if columns is None:
-            summed = sparse_sum(vec.sparse, gid, n, steps, mixed, mean)
-        else:
-            compact = columns.data.compacted()
-            if compact is not None:
-                members = SparseCells(compact, columns.rows, columns.steps)
-                return _histogram_aggregated(
-                    ev, node, vec, param, gid, n, group_labels, mixed, None, None, members
-                )
-    if summed is None:
-        assert vec.hists is not None
-        single = single_members(vec.hists, gid, n, mixed)
-        if single is not None:
-            return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, single)
-        summed = dense_sum(vec.hists, gid, n, mixed, mean)
+    hists = vec.hists
+    assert hists is not None
+    # One member a group (sum by (kernel) (x)): each moved to its group's row, where it is.
+    moved = hists.single(gid, n, mixed)
+    if moved is not None:
+        return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, moved)
+    summed = hists.summed(gid, n, mixed, mean)
     if summed is not None:
-        dense_totals, collision = summed
+        sums, collision = summed
         if collision:
             ev.annotate("warning", counter_reset_collision("aggregation"), node.expr.pos)
-        return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, None, dense_totals)
-    assert vec.hists is not None
+        return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, sums)
+    objects = hists.objects()
     totals: OBJ = np.full((n, steps), None, dtype=object)
     comps: OBJ = np.full((n, steps), None, dtype=object)
     means: OBJ = np.full((n, steps), None, dtype=object)  # avg: Go's mean, incremental past overflow
@@ -727,7 +692,7 @@ def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, pa
     bad = np.zeros((n, steps), dtype=bool)
     reset_seen = np.zeros((n, steps), dtype=bool)
     not_reset_seen = np.zeros((n, steps), dtype=bool)
-    for k, (i, j, h) in enumerate(cells(vec.hists)):
+    for k, (i, j, h) in enumerate(cells(objects)):
         if k % 1024 == 1023:
             ev.checkpoint()
         g = int(gid[i])
@@ -763,23 +728,21 @@ def _histogram_aggregate(ev: Evaluator, node: AggregateExpr, vec: StepVector, pa
     for g, j in zip(*np.nonzero(hist_mask(totals)), strict=True):
         avg = means[g, j]
         totals[g, j] = hcompact(avg.result() if avg is not None else kahan_total(totals[g, j], comps[g, j]))
-    return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, totals)
+    return _histogram_aggregated(ev, node, vec, param, gid, n, group_labels, mixed, object_cells(totals))
 
 
 def _histogram_aggregated(
     ev: Evaluator,
     node: AggregateExpr,
     vec: StepVector,
-    param: Any,
+    param: Param,
     gid: npt.NDArray[np.intp],
     n: int,
     group_labels: list[Labels],
     mixed: BOOL,
-    totals: OBJ | None,
-    dense: DenseHists | None = None,
-    sparse: SparseCells | None = None,
+    hists: Hists | None,
 ) -> StepVector:
-    """sum/avg's result: the groups' histograms (``totals``, or still dense or columns), and the
+    """sum/avg's result: the groups' histograms (``hists``, in whatever form), and the
     float aggregation of the float samples (less the groups that held both kinds at a step)."""
 
     steps = vec.values.shape[1]
@@ -795,4 +758,4 @@ def _histogram_aggregated(
         if r is not None:
             values[g] = floats.values[r]
             present[g] = floats.present[r] & ~mixed[g]
-    return StepVector(group_labels, values, present, drop, None, totals, dense, sparse).compact()
+    return StepVector(group_labels, values, present, drop, None, hists).compact()

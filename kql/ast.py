@@ -65,7 +65,7 @@ class PosRange:
 _NOPOS = PosRange(0, 0)
 
 
-def _key(value: Any) -> Any:
+def _key(value: object) -> object:
     # Numbers compare as floats and every NaN equals every NaN (a query cannot tell them apart).
     if isinstance(value, int) and not isinstance(value, bool):
         value = float(value)

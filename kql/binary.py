@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from kernel_insight.kql.ast import BinaryExpr, PosRange, VectorMatching
 from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.histcells import object_cells
 from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.histsamples import (
     OBJ,
@@ -26,15 +27,13 @@ from kernel_insight.kql.histsamples import (
     incompatible_bucket_layout,
     incompatible_types,
     reconciled_custom_buckets,
-    safe_divide,
 )
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.operators import ARITHMETIC as ARITH
 from kernel_insight.kql.operators import COMPARISON, OPERATORS
 from kernel_insight.kql.parser import COMPARISON_OPS, SET_OPS, TRIM_OPS
-from kernel_insight.kql.sparsehists import Ragged, SparseCells, SparseHists
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, keep_hists, labels_to_str
+from kernel_insight.kql.values import Operand, StepVector, labels_to_str
 from kernel_insight.kql.vectors import LabelsMemo, consolidate
 
 if TYPE_CHECKING:
@@ -56,13 +55,12 @@ COMPARE: dict[str, Callable[[Any, Any], Any]] = {
 _DEFAULT_MATCHING = VectorMatching()
 
 
-def _apply(op: str, lhs: Any, rhs: Any) -> Any:
-    if op in ARITHMETIC:
-        return ARITHMETIC[op](lhs, rhs)
-    return COMPARE[op](lhs, rhs)
+def _apply(op: str, lhs: F64, rhs: F64) -> F64:
+    out: F64 = ARITHMETIC[op](lhs, rhs) if op in ARITHMETIC else COMPARE[op](lhs, rhs)
+    return out
 
 
-def evaluate_binary(ev: Evaluator, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+def evaluate_binary(ev: Evaluator, node: BinaryExpr, lhs: Operand, rhs: Operand) -> Operand:
     """``lhs op rhs`` for the evaluator ``ev`` (its annotations): float samples columnar
     (:func:`binary_op`), histogram samples one pair at a time (Prometheus' vectorElemBinop)."""
     if node.op in TRIM_OPS:
@@ -75,21 +73,20 @@ def evaluate_binary(ev: Evaluator, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
     return binary_op(node, lhs, rhs)
 
 
-def binary_op(node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+def binary_op(node: BinaryExpr, lhs: Operand, rhs: Operand) -> Operand:
     """Evaluate ``lhs op rhs`` where each side is a scalar array (steps,) or a StepVector."""
     op = node.op
-    l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
-    if not l_vec and not r_vec:
-        result = _apply(op, lhs, rhs)
-        return result.astype(np.float64) if op in COMPARE else result
-    if l_vec and r_vec:
-        matching = node.matching or _DEFAULT_MATCHING
-        if op in SET_OPS:
-            return _set_op(op, lhs, rhs, matching)
-        return _vector_vector(node, lhs, rhs, matching)
-    if l_vec:
+    if isinstance(lhs, StepVector):
+        if isinstance(rhs, StepVector):
+            matching = node.matching or _DEFAULT_MATCHING
+            if op in SET_OPS:
+                return _set_op(op, lhs, rhs, matching)
+            return _vector_vector(node, lhs, rhs, matching)
         return _vector_scalar(node, lhs, rhs, swapped=False)
-    return _vector_scalar(node, rhs, lhs, swapped=True)
+    if isinstance(rhs, StepVector):
+        return _vector_scalar(node, rhs, lhs, swapped=True)
+    result = _apply(op, lhs, rhs)
+    return result.astype(np.float64) if op in COMPARE else result
 
 
 def _vector_scalar(node: BinaryExpr, vec: StepVector, scalar: F64, swapped: bool) -> StepVector:
@@ -557,7 +554,9 @@ class _Builder:
             np.array(self.present, dtype=bool).reshape(n, self.steps),
             np.array(self.drop, dtype=bool),
             None,
-            np.array(self.hists, dtype=object).reshape(n, self.steps) if self.any_hist else None,
+            object_cells(
+                np.array(self.hists, dtype=object).reshape(n, self.steps) if self.any_hist else None
+            ),
         )
 
 
@@ -572,7 +571,7 @@ def _hist_vector_scalar(
     comparison = op in COMPARISON_OPS
     changes_schema = not comparison and op not in TRIM_OPS
     out = _Builder(vec.values.shape[1])
-    hists = vec.hists
+    hists = vec.hist_objects()
     for j in range(vec.values.shape[1]):
         s = float(scalar[j])
         for i in range(len(vec)):
@@ -599,65 +598,17 @@ def _hist_vector_scalar(
 
 
 def sparse_times_scalar(vec: StepVector, op: str, scalar: F64, swapped: bool) -> StepVector | None:
-    """``x * s``, ``s * x`` and ``x / s`` of a vector holding only a selector's columns, still
-    columns: every count and the sum scaled as ``FloatHistogram.mul``/``div`` do it (the same
-    operand order, a negative scalar making a gauge, ``_safe_div``'s NaN), then ``Compact(0)`` of
-    every row, as ``elem_binop`` does; no annotations arise. None (the per-cell path) for float
-    samples, other cells, another operator, or a division by 0 (which drops every bucket)."""
-    cells = vec.sparse
-    if (
-        cells is None
-        or vec.hist_objs is not None
-        or vec.dense is not None
-        or vec.present.any()
-        or not (op == "*" or (op == "/" and not swapped))
-    ):
+    """``x * s``, ``s * x`` and ``x / s`` of a vector holding only histogram cells that scale
+    where they are (a selector's columns: ``Hists.scaled``); no annotations arise. None (the
+    per-cell path) for float samples, cells that do not scale so, or another operator."""
+    if vec.hists is None or vec.present.any():
         return None
-    data = cells.data
-    f = np.asarray(scalar, dtype=np.float64)[cells.steps]
-    if op == "/" and (f == 0).any():
-        return None
-
-    def scaled(x: F64, per_row: F64) -> F64:
-        if op == "*":
-            out: F64 = x * per_row
-            return out
-        return safe_divide(x, per_row)
-
-    def bucket_scaled(buckets: Ragged) -> Ragged:
-        per = np.repeat(f, buckets.lengths)
-        flat = per * buckets.flat if op == "*" else buckets.flat / per  # f*x as mul, x/s as div
-        return Ragged(buckets.off, flat)
-
-    hint = np.where(f < 0, GAUGE, data.hints())
-    out = SparseHists(
-        data.schema,
-        data.zero_threshold,
-        scaled(data.zero_count, f),
-        scaled(data.count, f),
-        scaled(data.sum, f),
-        hint,
-        np.zeros(len(data), dtype=bool),
-        data.pos_spans,
-        bucket_scaled(data.pos_buckets),
-        data.neg_spans,
-        bucket_scaled(data.neg_buckets),
-        data.custom,
-    )
-    out._hints = hint
-    compact = out.compacted(every_row=True)
-    if compact is None:
+    scaled = vec.hists.scaled(op, scalar, swapped)
+    if scaled is None:
         return None
     shape = vec.values.shape
     return StepVector(
-        vec.labels,
-        np.zeros(shape),
-        np.zeros(shape, dtype=bool),
-        np.ones(len(vec), dtype=bool),
-        None,
-        None,
-        None,
-        SparseCells(compact, cells.rows, cells.steps),
+        vec.labels, np.zeros(shape), np.zeros(shape, dtype=bool), np.ones(len(vec), dtype=bool), None, scaled
     ).compact()
 
 
@@ -676,30 +627,30 @@ def _hist_set_op(op: str, lhs: StepVector, rhs: StepVector, matching: VectorMatc
             acc[key] = p.copy() if key not in acc else acc[key] | p
         return acc
 
-    def masked(vec: StepVector, keep: BOOL) -> StepVector:
-        hists = None if vec.hists is None else keep_hists(vec.hists, keep)
-        return StepVector(vec.labels, vec.values, vec.present & keep, vec.drop_name, vec.sample_ts, hists)
-
     if op == "or":
         l_any = by_sig(lhs, l_all)
         keep = np.array([~l_any.get(sig(lb), none) for lb in rhs.labels], dtype=bool).reshape(r_all.shape)
-        right = masked(rhs, keep).compact()
-        lh = lhs.hists if lhs.hists is not None else np.full(lhs.values.shape, None, dtype=object)
-        rh = right.hists if right.hists is not None else np.full(right.values.shape, None, dtype=object)
+        right = rhs.where(keep).compact()
+        lh = lhs.hist_objects()
+        rh = right.hist_objects()
+        if lh is None:
+            lh = np.full(lhs.values.shape, None, dtype=object)
+        if rh is None:
+            rh = np.full(right.values.shape, None, dtype=object)
         return StepVector(
             lhs.labels + right.labels,
             np.concatenate([lhs.values, right.values]),
             np.concatenate([lhs.present, right.present]),
             np.concatenate([lhs.drop_name, right.drop_name]),
             None,
-            np.concatenate([lh, rh]),
+            object_cells(np.concatenate([lh, rh])),
         )
     r_any = by_sig(rhs, r_all)
     if op == "and":
         keep = np.array([r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
     else:
         keep = np.array([~r_any.get(sig(lb), none) for lb in lhs.labels], dtype=bool)
-    return masked(lhs, keep.reshape(l_all.shape)).compact()
+    return lhs.where(keep.reshape(l_all.shape)).compact()
 
 
 def _hist_vector_vector(
@@ -722,9 +673,10 @@ def _hist_vector_vector(
     out = _Builder(steps)
     cache: dict[tuple[Labels, Labels], Labels] = {}
 
-    def sample(vec: StepVector, i: int, j: int) -> tuple[float, H | None]:
-        h = vec.hists[i, j] if vec.hists is not None else None
-        return float(vec.values[i, j]), h
+    many_h, one_h = many.hist_objects(), one.hist_objects()
+
+    def sample(vec: StepVector, hists: OBJ | None, i: int, j: int) -> tuple[float, H | None]:
+        return float(vec.values[i, j]), None if hists is None else hists[i, j]
 
     for j in range(steps):
         right: dict[Labels, int] = {}
@@ -747,8 +699,8 @@ def _hist_vector_vector(
             if found is None:
                 continue
             k = found
-            mf, mh = sample(many, i, j)
-            of, oh = sample(one, k, j)
+            mf, mh = sample(many, many_h, i, j)
+            of, oh = sample(one, one_h, k, j)
             lf, rf, lh, rh = (of, mf, oh, mh) if swapped else (mf, of, mh, oh)
             try:
                 res = elem_binop(op, lf, rf, lh, rh)
@@ -792,15 +744,16 @@ def _hist_vector_vector(
     return out.vector()
 
 
-def histogram_binary(ev: Evaluator, node: BinaryExpr, lhs: Any, rhs: Any) -> Any:
+def histogram_binary(ev: Evaluator, node: BinaryExpr, lhs: Operand, rhs: Operand) -> Operand:
     """``binary_op`` for operands of which at least one vector holds histogram samples."""
 
-    l_vec, r_vec = isinstance(lhs, StepVector), isinstance(rhs, StepVector)
-    if l_vec and r_vec:
-        matching = node.matching or VectorMatching()
-        if node.op in SET_OPS:
-            return _hist_set_op(node.op, lhs, rhs, matching)
-        return _hist_vector_vector(ev, node, lhs, rhs, matching)
-    if l_vec:
+    if isinstance(lhs, StepVector):
+        if isinstance(rhs, StepVector):
+            matching = node.matching or VectorMatching()
+            if node.op in SET_OPS:
+                return _hist_set_op(node.op, lhs, rhs, matching)
+            return _hist_vector_vector(ev, node, lhs, rhs, matching)
         return _hist_vector_scalar(ev, node, lhs, rhs, swapped=False)
-    return _hist_vector_scalar(ev, node, rhs, lhs, swapped=True)
+    if isinstance(rhs, StepVector):
+        return _hist_vector_scalar(ev, node, rhs, lhs, swapped=True)
+    raise TypeError("histogram_binary: neither operand is a vector")  # evaluate_binary rules it out

@@ -14,7 +14,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +53,7 @@ from kernel_insight.kql.errors import (
 from kernel_insight.kql.functions import FUNCTIONS
 from kernel_insight.kql.functions._common import labels_from_equal_matchers, unwrap
 from kernel_insight.kql.functions.range_histograms import smoothed_selector
+from kernel_insight.kql.histcells import Hists, SparseCells, object_cells
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET, UNKNOWN_COUNTER_RESET
 from kernel_insight.kql.histsamples import cells, hmul
 from kernel_insight.kql.lexical import MAX_DURATION_MS
@@ -67,7 +68,7 @@ from kernel_insight.kql.pushdown import (
     columns_of,
     grid_step,
 )
-from kernel_insight.kql.sparsehists import SparseCells, stats_read_hints
+from kernel_insight.kql.sparsehists import stats_read_hints
 from kernel_insight.kql.storage import (
     Capability,
     Matcher,
@@ -80,9 +81,11 @@ from kernel_insight.kql.storage import (
 )
 from kernel_insight.kql.values import (
     Annotation,
+    Arg,
     CallContext,
     HistRange,
     Matrix,
+    Operand,
     QueryResult,
     QueryStats,
     RangeInput,
@@ -91,6 +94,7 @@ from kernel_insight.kql.values import (
     Series,
     StepVector,
     String,
+    Value,
     Vector,
     drop_name,
     float_samples,
@@ -109,6 +113,7 @@ _CHECK_EVERY = 1024
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 class CancelToken:
@@ -171,7 +176,28 @@ def _parsed(text: str) -> Expr:
     return parse(text)
 
 
-def _held_size(value: Any) -> int:
+def _vector(value: Value) -> StepVector:
+    """``value`` where the type checker guarantees an instant vector."""
+    if not isinstance(value, StepVector):  # pragma: no cover - the checker rules it out
+        raise TypeError(f"expected an instant vector, got {type(value).__name__}")
+    return value
+
+
+def _scalar(value: Value) -> F64:
+    """``value`` where the type checker guarantees a scalar (one float per step)."""
+    if not isinstance(value, np.ndarray):  # pragma: no cover - the checker rules it out
+        raise TypeError(f"expected a scalar, got {type(value).__name__}")
+    return value
+
+
+def _operand(value: Value) -> Operand:
+    """``value`` where the type checker guarantees a binary operator's operand."""
+    if isinstance(value, RangeInput | str):  # pragma: no cover - the checker rules it out
+        raise TypeError(f"a binary operand cannot be a {type(value).__name__}")
+    return value
+
+
+def _held_size(value: Value) -> int:
     """Samples a node's result holds, as Prometheus counts them: present points, one per scalar
     step, a histogram by its size (:func:`hist_weight`)."""
     if isinstance(value, StepVector):
@@ -293,14 +319,14 @@ class _Evaluator:
             return self.query_step
         return grid_step(refs)
 
-    def read(self, fn: Callable[..., _T], *args: Any) -> _T:
+    def read(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Call the storage; its failures become StorageError.
 
         A back end that honours the budget of its hints (:meth:`hints`) raises the query's own
         timeout or sample-limit error.
         """
         self.checkpoint()
-        return read_within("storage select failed", fn, *args)
+        return read_within("storage select failed", fn, *args, **kwargs)
 
     def hints(self, step_ms: int | None = None, range_ms: int = 0, func: str | None = None) -> SelectHints:
         """The hints of a read made now: the budget left to the query, the function or
@@ -435,13 +461,13 @@ class _Evaluator:
 
     # ------------------------------------------------------------------ dispatch
 
-    def eval(self, node: Node, times: I64) -> Any:
+    def eval(self, node: Node, times: I64) -> Value:
         """Evaluate ``node`` at ``times``; its inputs are released once its result is counted."""
         self.checkpoint()
         before = self.held
         loaded = self.samples
         self.path.append(node)
-        value = self.handlers[type(node)](node, times)
+        value: Value = self.handlers[type(node)](node, times)
         self.path.pop()  # (a failure ends the query: nothing reads the path after one)
         if isinstance(node, VectorSelector | MatrixSelector):
             # A selector's result is the samples it loaded (already counted), not a second copy:
@@ -461,25 +487,29 @@ class _Evaluator:
     def eval_string(self, node: StringLiteral, times: I64) -> str:
         return node.value
 
-    def eval_paren(self, node: ParenExpr, times: I64) -> Any:
+    def eval_paren(self, node: ParenExpr, times: I64) -> Value:
         return self.eval(node.expr, times)
 
-    def eval_unary(self, node: UnaryExpr, times: I64) -> Any:
+    def eval_unary(self, node: UnaryExpr, times: I64) -> Value:
         value = self.eval(node.expr, times)
         if node.op == "+":
             return value
         if isinstance(value, StepVector):
-            hists = value.hists
+            hists = value.hist_objects()
             if hists is not None:
-                hists = hists.copy()
                 for i, j, h in cells(hists):
                     hists[i, j] = hmul(h, -1.0)
             return StepVector(
-                value.labels, -value.values, value.present, np.ones(len(value), dtype=bool), None, hists
+                value.labels,
+                -value.values,
+                value.present,
+                np.ones(len(value), dtype=bool),
+                None,
+                object_cells(hists),
             )
-        return -value
+        return -_scalar(value)
 
-    def eval_binary(self, node: BinaryExpr, times: I64) -> Any:
+    def eval_binary(self, node: BinaryExpr, times: I64) -> Value:
         trim = node.op in TRIM_OPS
         self.bucket_readers += trim
         try:
@@ -487,14 +517,15 @@ class _Evaluator:
             rhs = self.eval(node.rhs, times)
         finally:
             self.bucket_readers -= trim
-        return evaluate_binary(self, node, lhs, rhs)
+        return evaluate_binary(self, node, _operand(lhs), _operand(rhs))
 
     def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
         param = self.eval(node.param, times) if node.param is not None else None
-        vec = self.eval(node.expr, times)
-        return aggregate(self, node, vec, param)
+        if isinstance(param, RangeInput | StepVector):  # pragma: no cover - the checker rules it out
+            raise TypeError(f"{node.op}: the parameter is a {type(param).__name__}")
+        return aggregate(self, node, _vector(self.eval(node.expr, times)), param)
 
-    def eval_call(self, node: Call, times: I64) -> Any:
+    def eval_call(self, node: Call, times: I64) -> Value:
         pushed = self._range_on_grid(node, times)
         if pushed is not None:
             return pushed
@@ -510,7 +541,7 @@ class _Evaluator:
         starts = self.starts_wanted
         self.starts_wanted = spec.start_timestamps and isinstance(unwrap(node.args[0]), MatrixSelector)
         try:
-            args = [
+            args: list[Arg] = [
                 arg if i in spec.unevaluated else self.eval(arg, times) for i, arg in enumerate(node.args)
             ]
         finally:
@@ -632,7 +663,7 @@ class _Evaluator:
                 present,
                 np.zeros(n, dtype=bool),
                 sample_ts,
-                sparse=cells if len(cells) else None,
+                Hists.of((n, steps), sparse=cells if len(cells) else None),
             ).compact()
         hists: npt.NDArray[np.object_] = np.full((n, steps), None, dtype=object)
         if shown.any():
@@ -643,7 +674,12 @@ class _Evaluator:
         hp = hist_mask(hists)
         self.count_samples(int(present.sum()) + hist_weight(hists))
         return StepVector(
-            cols.labels, values, present, np.zeros(n, dtype=bool), sample_ts, hists if hp.any() else None
+            cols.labels,
+            values,
+            present,
+            np.zeros(n, dtype=bool),
+            sample_ts,
+            object_cells(hists if hp.any() else None),
         ).compact()
 
     def _lookup_on_grid(
@@ -865,7 +901,7 @@ class _Evaluator:
         else:
             self.bucket_readers += 1
             try:
-                inner = consolidate(self.eval(node.expr, inner_times))
+                inner = consolidate(_vector(self.eval(node.expr, inner_times)))
             finally:
                 self.bucket_readers -= 1
         n = len(inner)
@@ -878,14 +914,15 @@ class _Evaluator:
         np.cumsum(np.count_nonzero(inner.present, axis=1), out=offsets[1:])
         lo, hi = window_bounds(ts, offsets, refs, range_ms)
         hist = None
-        if inner.hists is not None:
-            hmask = hist_mask(inner.hists)
+        inner_hists = inner.hist_objects()
+        if inner_hists is not None:
+            hmask = hist_mask(inner_hists)
             hrows, hcols = np.nonzero(hmask)
             hoffsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(np.count_nonzero(hmask, axis=1), out=hoffsets[1:])
             hts = inner_times[hcols]
             hlo, hhi = window_bounds(hts, hoffsets, refs, range_ms)
-            hist = HistRange(hts, _unknown_resets(inner.hists[hrows, hcols]), hoffsets, hlo, hhi)
+            hist = HistRange(hts, _unknown_resets(inner_hists[hrows, hcols]), hoffsets, hlo, hhi)
         return RangeInput(
             labels=inner.labels,
             drop_name=inner.drop_name.copy(),
@@ -1012,7 +1049,7 @@ class Engine:
         return QueryResult(value, text, tuple(ev.annotations), stats)
 
     def _result(
-        self, ev: _Evaluator, raw: Any, times: I64, is_range: bool
+        self, ev: _Evaluator, raw: Value, times: I64, is_range: bool
     ) -> Vector | Matrix | Scalar | String:
         t0 = int(times[0])
         if isinstance(raw, str):
@@ -1021,7 +1058,7 @@ class Engine:
             return _range_to_matrix(raw)
         if isinstance(raw, StepVector):
             vec = finalize_names(raw)
-            hists = vec.hists
+            hists = vec.hist_objects()
             if not is_range:
                 if hists is None:
                     # Indices and values as Python lists: a numpy scalar read per series cost more

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -16,13 +16,11 @@ from kernel_insight.kql.histogram import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, N
 from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.histogram import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.histsamples import BOOL, F64, I64, OBJ, H, Totals, hcompact, hstdvar, safe_divide
-from kernel_insight.kql.sparsehists import SparseCells, SparseHists, bucket_indices, renumbering
-from kernel_insight.kql.values import (
-    HistRange,
-    RangeInput,
-    StepVector,
-    hist_mask,
-)
+from kernel_insight.kql.sparsehists import SparseHists, bucket_indices
+from kernel_insight.kql.values import HistRange, RangeInput, hist_mask
+
+if TYPE_CHECKING:
+    from kernel_insight.kql.values import CallContext
 
 
 def dense_avg(block: Totals) -> F64:
@@ -149,7 +147,7 @@ def _variances(
 
 
 def chunked_cells(
-    ctx: Any,
+    ctx: CallContext,
     rows: I64,
     steps: I64,
     values: F64,
@@ -597,13 +595,14 @@ def materialize(
 
 
 class DenseHists:
-    """Histogram cells of a :class:`StepVector` held as dense blocks instead of objects.
+    """Histogram cells held as dense blocks instead of objects (a form of
+    :class:`kernel_insight.kql.histcells.Hists`).
 
     ``parts`` are ``(block, rows, steps, hint)``: block row ``k`` is the histogram of cell
     ``(rows[k], steps[k])``, with counter-reset hint ``hint``. rate/increase and sum/avg make
     them (:func:`dense_rate`, :func:`dense_sum`), sum/avg of one member per group and
-    histogram_quantile read them as they are, and anything else gets FloatHistograms through
-    ``StepVector.hists``: a quantile over 240k histograms never builds 240k objects and their
+    histogram_quantile read them as they are, and anything else asks for FloatHistograms
+    (``Hists.objects``): a quantile over 240k histograms never builds 240k objects and their
     dense blocks again.
     """
 
@@ -612,10 +611,13 @@ class DenseHists:
     def __init__(self, parts: list[tuple[DenseBlock, I64, I64, int]]) -> None:
         self.parts = parts
 
-    def mark(self, mask: BOOL) -> None:
-        """Set ``mask`` True at every cell held here."""
-        for _, rows, steps, _ in self.parts:
-            mask[rows, steps] = True
+    def __len__(self) -> int:
+        return sum(len(rows) for _, rows, _, _ in self.parts)
+
+    def coords(self) -> tuple[I64, I64]:
+        if not self.parts:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return np.concatenate([p[1] for p in self.parts]), np.concatenate([p[2] for p in self.parts])
 
     def fill(self, out: OBJ) -> None:
         """Put every cell's FloatHistogram into ``out``."""
@@ -627,18 +629,12 @@ class DenseHists:
     def weight(self) -> int:
         return sum(int(block.weights().sum()) for block, _, _, _ in self.parts)
 
-    def take(self, idx: npt.NDArray[np.intp], n: int) -> DenseHists | None:
-        """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
-        a row is taken twice (then the caller takes objects)."""
-        new_of_old = renumbering(idx, n)
-        return None if new_of_old is None else self.regrouped(new_of_old)
-
-    def regrouped(self, new_of_old: I64, drop: BOOL | None = None) -> DenseHists:
+    def regrouped(self, new_of_old: I64, rows: int = 0, drop: BOOL | None = None) -> DenseHists:
         """The cells moved to rows ``new_of_old[row]``; cells whose new row is -1 (or where
         ``drop[new row, step]``) are left out."""
         parts = []
-        for block, rows, steps, hint in self.parts:
-            new = new_of_old[rows]
+        for block, old, steps, hint in self.parts:
+            new = new_of_old[old]
             keep = new >= 0
             if drop is not None:
                 keep[keep] = ~drop[new[keep], steps[keep]]
@@ -647,6 +643,53 @@ class DenseHists:
             elif keep.any():
                 parts.append((block.take(np.flatnonzero(keep)), new[keep], steps[keep], hint))
         return DenseHists(parts)
+
+    def single(self, gid: npt.NDArray[np.intp], n: int, mixed: BOOL) -> DenseHists | None:
+        """Each cell moved to its group's row, still dense."""
+        rows, cols = self.coords()
+        steps = mixed.shape[1]
+        keep = ~mixed[gid[rows], cols]
+        target = gid[rows[keep]] * steps + cols[keep]
+        if len(target) and np.bincount(target, minlength=n * steps).max() > 1:  # (a sort was 5x slower)
+            return None
+        return self.regrouped(np.asarray(gid, dtype=np.int64), n, drop=mixed)
+
+    def summed(
+        self, gid: npt.NDArray[np.intp], n: int, steps: int, mixed: BOOL, mean: bool
+    ) -> tuple[DenseHists, bool] | None:
+        return dense_sum_cells(self, gid, n, steps, mixed, mean)
+
+    def floats(self, fn: Callable[[H], float], totals_fn: Callable[[Totals], F64] | None) -> F64:
+        if not self.parts:
+            return np.empty(0)
+        if totals_fn is not None:
+            return np.concatenate([totals_fn(block) for block, _, _, _ in self.parts])
+        return np.array(
+            [fn(h) for block, _, _, hint in self.parts for h in block.materialize(hint)], dtype=np.float64
+        )
+
+    def search(
+        self,
+        ctx: CallContext,
+        values: F64,
+        present: BOOL,
+        dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
+        one: Callable[[int, int, H], float],
+    ) -> None:
+        """Each block searched where it is; the rows it leaves become objects."""
+        for block, rows, steps, hint in self.parts:
+            found, done = dense_fn(steps, block)
+            values[rows[done], steps[done]] = found[done]
+            present[rows, steps] = True
+            rest = np.flatnonzero(~done)
+            if len(rest):
+                for k, h in zip(rest.tolist(), block.take(rest).materialize(hint), strict=True):
+                    i, j = int(rows[k]), int(steps[k])
+                    values[i, j] = one(i, j, h)
+            ctx.check()
+
+    def scaled(self, op: str, factor: F64, swapped: bool) -> None:
+        return None
 
 
 def _zero_clean(block: DenseBlock) -> bool:
@@ -793,28 +836,6 @@ def _dense_rate_chunk(
     return out, wi.astype(np.int64), wj.astype(np.int64), decided
 
 
-def single_dense(
-    vec: StepVector, gid: npt.NDArray[np.intp], n: int, mixed: BOOL
-) -> tuple[OBJ | None, DenseHists] | None:
-    """:func:`_single_members` of a vector with dense cells: each moved to its group's row (the
-    dense ones without becoming objects); None when some group has several members."""
-    dense = vec.dense
-    assert dense is not None
-    steps = vec.values.shape[1]
-    parts = [(r, c) for _, r, c, _ in dense.parts]
-    if vec.hist_objs is not None:
-        orows, ocols = np.nonzero(hist_mask(vec.hist_objs))
-        parts.append((orows.astype(np.int64), ocols.astype(np.int64)))
-    rows = np.concatenate([r for r, _ in parts])
-    cols = np.concatenate([c for _, c in parts])
-    keep = ~mixed[gid[rows], cols]
-    target = gid[rows[keep]] * steps + cols[keep]
-    if len(target) and np.bincount(target, minlength=n * steps).max() > 1:  # (a sort was 5x slower)
-        return None
-    objs = None if vec.hist_objs is None else single_members(vec.hist_objs, gid, n, mixed)
-    return objs, dense.regrouped(np.asarray(gid, dtype=np.int64), drop=mixed)
-
-
 def single_members(hists: OBJ, gid: npt.NDArray[np.intp], n: int, mixed: BOOL) -> OBJ | None:
     """sum/avg where no (group, step) holds more than one histogram (``sum by (kernel)`` over one
     series per kernel): each result is its one member, compacted (x + 0 and x / 1 are x), so
@@ -836,35 +857,24 @@ def single_members(hists: OBJ, gid: npt.NDArray[np.intp], n: int, mixed: BOOL) -
     return out
 
 
-def single_sparse(
-    cells: SparseCells, gid: npt.NDArray[np.intp], mixed: BOOL, steps: int
-) -> SparseCells | None:
-    """:func:`_single_members` of a selector's columns: each cell moved to its group's row, still
-    columns (not yet compacted: :meth:`SparseHists.compacted`); None when some group has several members at a step."""
-    data = cells.data
-    keep = ~mixed[gid[cells.rows], cells.steps]
-    rows = np.asarray(gid, dtype=np.int64)[cells.rows]
-    target = rows[keep] * steps + cells.steps[keep]
-    if len(target) and np.bincount(target).max() > 1:
-        return None
-    if keep.all():
-        return SparseCells(data, rows, cells.steps)
-    idx = np.flatnonzero(keep)
-    return SparseCells(data.take(idx), rows[idx], cells.steps[idx])
-
-
 def sparse_sum(
-    cells: SparseCells, gid: npt.NDArray[np.intp], n: int, steps: int, mixed: BOOL, mean: bool
+    columns: SparseHists,
+    rows: I64,
+    cols: I64,
+    gid: npt.NDArray[np.intp],
+    n: int,
+    steps: int,
+    mixed: BOOL,
+    mean: bool,
 ) -> tuple[DenseHists, bool] | None:
-    """:func:`dense_sum` of a selector's columns (``sum(x)`` over many series): one block made
-    straight from the columns, no object per sample; None as for :func:`dense_sum` (then
-    objects decide)."""
-    rows, cols = cells.rows, cells.steps
+    """:func:`dense_sum` of a selector's columns (``sum(x)`` over many series; row ``k`` the
+    cell ``(rows[k], cols[k])``): one block made straight from the columns, no object per
+    sample; None as for :func:`dense_sum` (then objects decide)."""
     keep = np.flatnonzero(~mixed[gid[rows], cols])
     if len(keep) < DENSE_MIN_CELLS:
         return None
     order = keep[np.lexsort((rows[keep], cols[keep]))]  # step by step, input rows ascending
-    data = cells.data.take(order)
+    data = columns.take(order)
     block = DenseBlock.of_sparse(data)
     if block is None:
         return None
@@ -949,8 +959,8 @@ def dense_sum_cells(
 def _dense_sum_block(
     block: DenseBlock,
     hints: I64,
-    rows: Any,
-    cols: Any,
+    rows: I64,
+    cols: I64,
     gid: npt.NDArray[np.intp],
     n: int,
     steps: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ from kernel_insight.kql.histogram import CUSTOM_BUCKETS_SCHEMA
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.storage import Labels
 from kernel_insight.kql.values import (
+    Arg,
     CallContext,
     RangeInput,
     StepVector,
@@ -24,7 +25,9 @@ from kernel_insight.kql.values import (
 )
 
 if TYPE_CHECKING:
+    from kernel_insight.kql.ast import Expr
     from kernel_insight.kql.engine import _Evaluator as Evaluator
+    from kernel_insight.kql.functions.registry import Impl
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
@@ -198,19 +201,10 @@ def float_of_hists(
     (rate's results) or of a selector's columns, so those cells never become objects."""
     values = np.zeros(vec.values.shape)
     present = np.zeros(vec.present.shape, dtype=bool)
-    objs = vec.hists if dense_fn is None or (vec.dense is None and vec.sparse is None) else vec.hist_objs
-    if dense_fn is not None and vec.dense is not None:
-        for block, rows, steps, _ in vec.dense.parts:
-            values[rows, steps] = dense_fn(block)
-            present[rows, steps] = True
-    if dense_fn is not None and vec.sparse is not None:
-        held = vec.sparse
-        values[held.rows, held.steps] = dense_fn(held.data)
-        present[held.rows, held.steps] = True
-    if objs is not None:
-        for i, j, h in cells(objs):
-            values[i, j] = fn(h)
-            present[i, j] = True
+    if vec.hists is not None:
+        got = vec.hists.floats(fn, dense_fn)
+        values[got.rows, got.steps] = got.values
+        present[got.rows, got.steps] = True
     return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
 
 
@@ -287,7 +281,7 @@ def presence_proxy(vec: StepVector) -> StepVector:
     )
 
 
-def without_histograms(arg: Any) -> Any:
+def without_histograms(arg: Arg) -> Arg:
     if isinstance(arg, StepVector):
         return arg.floats_only()
     if isinstance(arg, RangeInput) and arg.hist is not None:
@@ -297,7 +291,16 @@ def without_histograms(arg: Any) -> Any:
     return arg
 
 
-def matrix_arg(ctx: CallContext) -> Any:
+def floats_of(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
+    """What a function's float implementation answers for ``args`` (an instant vector: every
+    function with a histogram behaviour returns one)."""
+    out = impl(ctx, args)
+    if not isinstance(out, StepVector):  # pragma: no cover - a registry entry's contract
+        raise TypeError(f"{ctx.node.func}: the float implementation returned {type(out).__name__}")
+    return out
+
+
+def matrix_arg(ctx: CallContext) -> Expr:
     from kernel_insight.kql.ast import MatrixSelector, SubqueryExpr
 
     for arg in ctx.node.args:
@@ -351,7 +354,7 @@ class EvalAnnotations:
         self.ev.annotate("info", message, pos or self.pos)
 
 
-def holds_histograms(args: list[Any]) -> bool:
+def holds_histograms(args: list[Arg]) -> bool:
     """Whether histogram samples are among a function's evaluated arguments."""
     return any(
         (isinstance(a, StepVector) and a.has_hists) or (isinstance(a, RangeInput) and a.hist is not None)

@@ -52,7 +52,12 @@ class OperatorSpec:
 
 
 def _spec(
-    name: str, kind: str, precedence: int, floats: Any = None, compare: Any = None, right_assoc: bool = False
+    name: str,
+    kind: str,
+    precedence: int,
+    floats: Callable[[Any, Any], Any] | None = None,
+    compare: Callable[[float, float], bool] | None = None,
+    right_assoc: bool = False,
 ) -> OperatorSpec:
     return OperatorSpec(name, kind, precedence, right_assoc, floats, compare)
 

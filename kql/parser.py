@@ -185,15 +185,15 @@ class _ToAst(Transformer[Token, Expr]):
     def binary(self, meta: Meta, children: list[Any]) -> BinaryExpr:
         lhs, op_tok, mods, rhs = children
         op = str(op_tok).lower()
-        return_bool, matching = self._modifiers(op, op_tok, mods)
+        return_bool, matching = self._modifiers(op, op_tok, mods.children)
         return BinaryExpr(op, lhs, rhs, return_bool=return_bool, matching=matching, pos=_pos(meta))
 
     def dur_binary(self, meta: Meta, children: list[Any]) -> BinaryExpr:
         lhs, op_tok, rhs = children
         return BinaryExpr(str(op_tok), lhs, rhs, pos=_pos(meta))
 
-    def _modifiers(self, op: str, op_tok: Token, mods: Any) -> tuple[bool, VectorMatching | None]:
-        bool_tok, matching_tree, *fills = mods.children
+    def _modifiers(self, op: str, op_tok: Token, mods: list[Any]) -> tuple[bool, VectorMatching | None]:
+        bool_tok, matching_tree, *fills = mods
         if bool_tok is not None and op not in COMPARISON_OPS:
             raise _Error("bool modifier can only be used on comparison operators", _tok_pos(bool_tok))
         fill_left: float | None = None
@@ -239,7 +239,7 @@ class _ToAst(Transformer[Token, Expr]):
         )
         return bool_tok is not None, matching
 
-    def bin_mods(self, meta: Meta, children: list[Any]) -> Any:
+    def bin_mods(self, meta: Meta, children: list[Any]) -> _Children:
         return _Children(children)
 
     def matching(self, meta: Meta, children: list[Any]) -> tuple[bool, tuple[str, ...], Any]:
@@ -438,7 +438,13 @@ class _ToAst(Transformer[Token, Expr]):
         op_tok, args, grouping = children
         return self._aggregate(meta, op_tok, args, grouping)
 
-    def _aggregate(self, meta: Meta, op_tok: Token, args: list[Expr] | None, grouping: Any) -> AggregateExpr:
+    def _aggregate(
+        self,
+        meta: Meta,
+        op_tok: Token,
+        args: list[Expr] | None,
+        grouping: tuple[bool, tuple[str, ...]] | None,
+    ) -> AggregateExpr:
         op = str(op_tok).lower()
         args = args or []
         pos = _pos(meta)

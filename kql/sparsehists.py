@@ -26,7 +26,6 @@ from kernel_insight.kql.storage import STALE_NAN_BITS, is_stale
 __all__ = [
     "HistSamples",
     "Ragged",
-    "SparseCells",
     "SparseHists",
     "bucket_indices",
     "renumbering",
@@ -626,57 +625,6 @@ def renumbering(idx: npt.NDArray[np.intp], n: int) -> I64 | None:
     new_of_old = np.full(n, -1, dtype=np.int64)
     new_of_old[idx] = np.arange(len(idx))
     return None if np.count_nonzero(new_of_old >= 0) != len(idx) else new_of_old
-
-
-class SparseCells:
-    """Histogram cells of a ``StepVector`` held as columns: row ``k`` of ``data`` (hints decided,
-    none pending) is the histogram of cell ``(rows[k], steps[k])``. An instant selector over a
-    columnar read leaves its cells so; histogram_quantile and histogram_fraction read them as
-    they are, anything else gets ``FloatHistogram`` objects through ``StepVector.hists``.
-    The cells are none of the vector's other cells (``hist_objs``, ``dense``).
-    """
-
-    __slots__ = ("data", "rows", "steps")
-
-    def __init__(self, data: SparseHists, rows: I64, steps: I64) -> None:
-        self.data, self.rows, self.steps = data, rows, steps
-
-    @classmethod
-    def at(cls, data: SparseHists, idx: I64, shown: BOOL) -> SparseCells:
-        """The cells where ``shown``, cell ``(i, j)`` holding row ``idx[i, j]`` of ``data``;
-        staleness markers are no cell."""
-        rows, steps = np.nonzero(shown)
-        sel = idx[rows, steps]
-        live = ~data.stale()[sel]
-        if not live.all():
-            rows, steps, sel = rows[live], steps[live], sel[live]
-        return cls(data.select(sel), rows.astype(np.int64), steps.astype(np.int64))
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def mark(self, mask: BOOL) -> None:
-        """Set ``mask`` True at every cell held here."""
-        mask[self.rows, self.steps] = True
-
-    def fill(self, out: OBJ) -> None:
-        """Put every cell's FloatHistogram into ``out``."""
-        out[self.rows, self.steps] = self.data.objects()
-
-    def weight(self) -> int:
-        return int(self.data.weights().sum())
-
-    def take(self, idx: npt.NDArray[np.intp], n: int) -> SparseCells | None:
-        """The cells of rows ``idx`` (of ``n``), renumbered as ``StepVector.take`` does; None when
-        a row is taken twice (then the caller takes objects)."""
-        new_of_old = renumbering(idx, n)
-        if new_of_old is None:
-            return None
-        new = new_of_old[self.rows]
-        keep = np.flatnonzero(new >= 0)
-        if len(keep) == len(new):
-            return SparseCells(self.data, new, self.steps)
-        return SparseCells(self.data.take(keep), new[keep], self.steps[keep])
 
 
 class HistSamples:

@@ -12,7 +12,7 @@ import enum
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -235,9 +235,10 @@ class Capability(enum.Enum):
 
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
-def read_within(what: str, fn: Callable[..., _T], *args: Any) -> _T:
+def read_within(what: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Call a storage read; its failures become StorageError.
 
     kql's own errors (the budget's timeout and sample limit) pass as they are; any other
@@ -245,7 +246,7 @@ def read_within(what: str, fn: Callable[..., _T], *args: Any) -> _T:
     from the cause). The engine's reads and the API's series and label listings share it.
     """
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except StorageError as exc:
         raise StorageError(f"{what}: {exc}") from exc
     except KqlError:

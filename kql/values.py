@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -22,22 +22,26 @@ from kernel_insight.kql import _windows
 from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.gocompat import go_float_fixed
 from kernel_insight.kql.lexical import go_quote
-from kernel_insight.kql.sparsehists import HistSamples, SparseCells, SparseHists
+from kernel_insight.kql.sparsehists import HistSamples, SparseHists
 from kernel_insight.kql.storage import Labels
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from kernel_insight.kql.ast import Call, Node
-    from kernel_insight.kql.histdense import DenseHists
+    from kernel_insight.kql.ast import Call, Expr, Node, VectorSelector
+    from kernel_insight.kql.engine import _Evaluator as Evaluator
+    from kernel_insight.kql.histcells import Hists
     from kernel_insight.kql.histogram import FloatHistogram
     from kernel_insight.kql.storage import Matcher
 
 __all__ = [
     "Annotation",
+    "Arg",
     "CallContext",
     "HistRange",
     "Matrix",
+    "Operand",
+    "Param",
     "QueryResult",
     "QueryStats",
     "RangeInput",
@@ -46,6 +50,7 @@ __all__ = [
     "Series",
     "StepVector",
     "String",
+    "Value",
     "Vector",
     "almost_equal",
     "almost_equal_array",
@@ -61,12 +66,17 @@ I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
 
-
-def keep_hists(hists: OBJ, keep: BOOL) -> OBJ:
-    """A copy of ``hists`` with None wherever ``keep`` is False."""
-    out = hists.copy()
-    out[~keep] = None
-    return out
+#: What an expression evaluates to at every step: an instant vector, a range vector, a scalar
+#: (one float per step) or a string.
+Value: TypeAlias = "StepVector | RangeInput | F64 | str"
+#: A binary operator's operand: an instant vector or a scalar per step.
+Operand: TypeAlias = "StepVector | F64"
+#: A function's argument: its value, or the expression itself for the arguments a function reads
+#: unevaluated (``FunctionSpec.unevaluated``: absent's selector, for one).
+Arg: TypeAlias = "Value | Expr"
+#: An aggregation's parameter as evaluated: a scalar per step (topk, quantile, ...), a label name
+#: (count_values), or None (the aggregations without one).
+Param: TypeAlias = "F64 | str | None"
 
 
 def hist_mask(hists: OBJ) -> BOOL:
@@ -120,11 +130,12 @@ class StepVector:
     when the result is returned (Prometheus' delayed name removal). ``sample_ts`` holds the
     sample timestamps for rows that come straight from a selector (``timestamp()`` needs them).
 
-    Native histograms live beside the floats: ``hists[i, j]`` is the ``FloatHistogram`` of
-    series ``i`` at step ``j`` or None; ``present`` covers float samples only, and a cell is
-    never both. ``hists`` is None when the vector holds no histogram at all, so float queries
-    never look at it, and code written for floats drops histogram samples (as Prometheus'
-    float-only functions do) instead of misreading them.
+    Native histograms live beside the floats: ``hists`` holds the histogram cells
+    (:class:`kernel_insight.kql.histcells.Hists`: objects, dense blocks or a store's columns,
+    one interface for all), ``present`` covers float samples only, and a cell is never both.
+    ``hists`` is None when the vector holds no histogram at all, so float queries never look at
+    it, and code written for floats drops histogram samples (as Prometheus' float-only
+    functions do) instead of misreading them.
     """
 
     labels: list[Labels]
@@ -132,31 +143,17 @@ class StepVector:
     present: BOOL
     drop_name: BOOL
     sample_ts: I64 | None = None
-    hist_objs: OBJ | None = None  # read it as ``hists``
-    #: Histogram cells still held as dense bucket blocks (histdense.DenseHists: rate's results),
-    #: made into objects only when ``hists`` is read; the cells are none of ``hist_objs``'.
-    dense: DenseHists | None = None
-    #: Histogram cells still held as a store's columns (sparsehists.SparseCells: an instant
-    #: selector's), made into objects only when ``hists`` is read; none of the others' cells.
-    sparse: SparseCells | None = None
-
-    @property
-    def hists(self) -> OBJ | None:
-        """The histogram cells as ``FloatHistogram`` objects (None cells elsewhere), or None."""
-        for held in (self.dense, self.sparse):
-            if held is not None:
-                out = self.hist_objs
-                if out is None:
-                    out = np.full(self.present.shape, None, dtype=object)
-                held.fill(out)
-                self.hist_objs = out
-        self.dense = self.sparse = None
-        return self.hist_objs
+    hists: Hists | None = None
 
     @property
     def has_hists(self) -> bool:
-        """Whether the vector holds histogram cells, without making objects of dense or sparse ones."""
-        return self.hist_objs is not None or self.dense is not None or self.sparse is not None
+        """Whether the vector holds histogram cells."""
+        return self.hists is not None
+
+    def hist_objects(self) -> OBJ | None:
+        """The histogram cells as ``FloatHistogram`` objects (None cells elsewhere), a new array
+        the caller owns; None without histograms."""
+        return None if self.hists is None else self.hists.objects()
 
     @classmethod
     def empty(cls, steps: int) -> StepVector:
@@ -168,36 +165,33 @@ class StepVector:
     def take(self, rows: npt.NDArray[np.intp] | list[int]) -> StepVector:
         """A new vector of the given rows, in the given order."""
         idx = np.asarray(rows, dtype=np.intp)
-        dense = None if self.dense is None else self.dense.take(idx, len(self.labels))
-        sparse = None if self.sparse is None else self.sparse.take(idx, len(self.labels))
-        if (dense is None and self.dense is not None) or (sparse is None and self.sparse is not None):
-            dense = sparse = None  # a row taken twice: objects
-            self.hists  # noqa: B018 (fills hist_objs)
         return StepVector(
             [self.labels[i] for i in idx],
             self.values[idx],
             self.present[idx],
             self.drop_name[idx],
             None if self.sample_ts is None else self.sample_ts[idx],
-            None if self.hist_objs is None else self.hist_objs[idx],
-            dense,
-            sparse,
+            None if self.hists is None else self.hists.take(idx),
+        )
+
+    def where(self, keep: BOOL) -> StepVector:
+        """The samples of either kind where ``keep`` (every row kept)."""
+        return StepVector(
+            self.labels,
+            self.values,
+            self.present & keep,
+            self.drop_name,
+            self.sample_ts,
+            None if self.hists is None else self.hists.where(keep),
         )
 
     def hist_present(self) -> BOOL:
         """Where a histogram sample is (all False without histograms)."""
-        mask = (
-            np.zeros(self.present.shape, dtype=bool) if self.hist_objs is None else hist_mask(self.hist_objs)
-        )
-        for held in (self.dense, self.sparse):
-            if held is not None:
-                held.mark(mask)
-        return mask
+        return np.zeros(self.present.shape, dtype=bool) if self.hists is None else self.hists.mask()
 
     def hist_weight(self) -> int:
         """What the histogram cells count as toward ``max_samples`` (:func:`hist_weight`)."""
-        total = 0 if self.hist_objs is None else hist_weight(self.hist_objs)
-        return total + sum(held.weight() for held in (self.dense, self.sparse) if held is not None)
+        return 0 if self.hists is None else self.hists.weight()
 
     def any_present(self) -> BOOL:
         """Where a sample of either kind is."""
@@ -336,7 +330,7 @@ class CallContext:
 
     __slots__ = ("_eval", "node", "times")
 
-    def __init__(self, evaluator: Any, node: Call, times: I64) -> None:
+    def __init__(self, evaluator: Evaluator, node: Call, times: I64) -> None:
         self._eval = evaluator
         self.node = node
         self.times = times
@@ -380,7 +374,7 @@ class CallContext:
         lookback: int = self._eval.limits.lookback_ms
         return lookback
 
-    def start_timestamps(self, node: Any, vec: StepVector) -> F64:
+    def start_timestamps(self, node: VectorSelector, vec: StepVector) -> F64:
         """Per cell of ``vec`` (selector ``node``'s value with its sample times): the start
         timestamp of the sample behind it, ms, 0 where unset (``start_timestamp()``)."""
         result: F64 = self._eval.start_timestamps(node, self.times, vec)

@@ -9,8 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql.errors import KqlEvaluationError
+from kernel_insight.kql.histcells import object_cells
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import StepVector, drop_name
+from kernel_insight.kql.values import StepVector, drop_name, hist_mask
 
 __all__ = ["DUPLICATE_LABELSET", "LabelsMemo", "consolidate", "finalize_names", "group_rows"]
 
@@ -75,7 +76,8 @@ def consolidate(
         return StepVector(labels, vec.values, vec.present, vec.drop_name, vec.sample_ts, vec.hists)
     gid, n = group_rows(labels)
     counts = np.zeros((n, vec.present.shape[1]), dtype=np.int64)
-    hmask = None if vec.hists is None else vec.hist_present()
+    objs = vec.hist_objects()
+    hmask = None if objs is None else hist_mask(objs)
     np.add.at(counts, gid, vec.present if hmask is None else vec.present | hmask)
     if (counts > 1).any():
         raise KqlEvaluationError(message)
@@ -87,7 +89,7 @@ def consolidate(
     present = np.zeros((n, vec.present.shape[1]), dtype=bool)
     drop = np.zeros(n, dtype=bool)
     sample_ts = None if vec.sample_ts is None else np.zeros((n, vec.present.shape[1]), dtype=np.int64)
-    hists = None if vec.hists is None else np.full((n, vec.present.shape[1]), None, dtype=object)
+    hists = None if objs is None else np.full((n, vec.present.shape[1]), None, dtype=object)
     for i, g in enumerate(gid):
         p = vec.present[i]
         values[g, p] = vec.values[i, p]
@@ -95,11 +97,11 @@ def consolidate(
         drop[g] |= vec.drop_name[i]
         if sample_ts is not None and vec.sample_ts is not None:
             sample_ts[g, p] = vec.sample_ts[i, p]
-        if hmask is not None and hists is not None and vec.hists is not None:
-            hists[g, hmask[i]] = vec.hists[i, hmask[i]]
+        if hmask is not None and hists is not None and objs is not None:
+            hists[g, hmask[i]] = objs[i, hmask[i]]
             if sample_ts is not None and vec.sample_ts is not None:
                 sample_ts[g, hmask[i]] = vec.sample_ts[i, hmask[i]]
-    return StepVector([labels[i] for i in first], values, present, drop, sample_ts, hists)
+    return StepVector([labels[i] for i in first], values, present, drop, sample_ts, object_cells(hists))
 
 
 def finalize_names(vec: StepVector) -> StepVector:

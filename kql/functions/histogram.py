@@ -18,10 +18,9 @@ from kernel_insight.kql.aggregation import bad_quantile_message
 from kernel_insight.kql.ast import PosRange
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, STR, S, V
-from kernel_insight.kql.functions.registry import function, histogram_behaviour
+from kernel_insight.kql.functions.registry import HistImpl, Impl, function, histogram_behaviour
+from kernel_insight.kql.histcells import DenseFn, OneFn, object_cells
 from kernel_insight.kql.histdense import (
-    DenseBlock,
-    chunked_cells,
     dense_avg,
     dense_fractions,
     dense_quantiles,
@@ -29,20 +28,19 @@ from kernel_insight.kql.histdense import (
     dense_stdvar,
 )
 from kernel_insight.kql.histsamples import (
-    BOOL,
-    I64,
     H,
     Totals,
     cells,
     fdiv,
     float_of_hists,
+    floats_of,
     hstddev,
     hstdvar,
     metric_name,
 )
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array, hist_mask
+from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array
 from kernel_insight.kql.vectors import consolidate
 
 __all__ = ["bucket_fraction", "bucket_quantile"]
@@ -382,10 +380,8 @@ for _name, _doc, _reads in (
 # ------------------------------------------------------------------------------ native histograms
 
 
-def _native_floats(
-    fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None
-) -> Callable[[Any, Callable[[Any, list[Any]], Any], list[Any]], Any]:
-    def handler(ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+def _native_floats(fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None) -> HistImpl:
+    def handler(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
         return float_of_hists(args[0], fn, dense_fn)
 
     return handler
@@ -416,7 +412,8 @@ def _split_classic_native(ctx: CallContext, vec: StepVector, arg_index: int) -> 
     of the same labels at the same step (both are dropped then, with Prometheus' warning)."""
     if not any(k == "le" for lb in vec.labels for k, _ in lb):
         return vec  # no classic bucket: nothing collides (dense histogram cells stay dense)
-    assert vec.hists is not None
+    objects = vec.hist_objects()
+    assert objects is not None
     by_key: dict[Labels, list[int]] = {}
     for i, lb in enumerate(vec.labels):
         le = dict(lb).get("le")
@@ -428,14 +425,14 @@ def _split_classic_native(ctx: CallContext, vec: StepVector, arg_index: int) -> 
             continue
         by_key.setdefault(tuple(p for p in lb if p[0] != "le"), []).append(i)
     present = vec.present.copy()
-    hists = vec.hists.copy()
-    for i, j, _ in cells(vec.hists):
+    hists = objects.copy()
+    for i, j, _ in cells(objects):
         rows = by_key.get(vec.labels[i])
         if rows and present[rows, j].any():
             ctx.warn(mixed_classic_native(metric_name(vec.labels[i])), ctx.node.args[arg_index].pos)
             present[rows, j] = False
             hists[i, j] = None
-    return StepVector(vec.labels, vec.values, present, vec.drop_name, vec.sample_ts, hists)
+    return StepVector(vec.labels, vec.values, present, vec.drop_name, vec.sample_ts, object_cells(hists))
 
 
 def _concat_vectors(a: StepVector, b: StepVector) -> StepVector:
@@ -469,12 +466,10 @@ def _fraction_of(ctx: CallContext, lower: float, upper: float, h: H, name: str, 
     return float(value)
 
 
-def _native_histogram_quantile(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
-) -> StepVector:
+def _native_histogram_quantile(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
     q, vec = args
     classic = _split_classic_native(ctx, vec, 1)
-    floats = impl(ctx, [q, classic.floats_only()])
+    floats = floats_of(ctx, impl, [q, classic.floats_only()])
     pos = ctx.node.args[1].pos
     return _concat_vectors(floats, _native_quantiles(ctx, q, classic, pos))
 
@@ -491,68 +486,21 @@ def _native_quantiles(ctx: CallContext, q: F64, vec: StepVector, pos: PosRange) 
     )
 
 
-def _native_cells(
-    ctx: CallContext,
-    vec: StepVector,
-    dense_fn: Callable[[I64, DenseBlock], tuple[F64, BOOL]],
-    one: Callable[[int, int, H], float],
-) -> StepVector:
+def _native_cells(ctx: CallContext, vec: StepVector, dense_fn: DenseFn, one: OneFn) -> StepVector:
     """A float of every histogram cell: ``dense_fn`` over whole blocks (its steps' arguments,
-    the block; the rows it leaves undecided go to ``one``, per histogram). Cells still dense
-    (rate's results) are searched where they are, a selector's columns (``vec.sparse``) and
-    objects in chunks of neighbouring series (narrow blocks); objects are made only for the
-    rows ``dense_fn`` leaves."""
-    values = np.zeros(vec.values.shape)
-    present = np.zeros(vec.values.shape, dtype=bool)
-    if vec.dense is not None:
-        for block, rows, steps, hint in vec.dense.parts:
-            found, done = dense_fn(steps, block)
-            values[rows[done], steps[done]] = found[done]
-            present[rows, steps] = True
-            rest = np.flatnonzero(~done)
-            if len(rest):
-                for k, h in zip(rest.tolist(), block.take(rest).materialize(hint), strict=True):
-                    i, j = int(rows[k]), int(steps[k])
-                    values[i, j] = one(i, j, h)
-            ctx.check()
-    if vec.sparse is not None:
-        cells = vec.sparse
-        order = np.lexsort((cells.steps, cells.rows))  # row by row, as the objects' cells come
-        data = cells.data.take(order)
-        chunked_cells(
-            ctx,
-            cells.rows[order],
-            cells.steps[order],
-            values,
-            present,
-            dense_fn,
-            one,
-            lambda a, b: DenseBlock.of_sparse(data.rows(a, b)),
-            lambda rest: list(data.take(rest).objects()),
-        )
-    if vec.hist_objs is not None:
-        rows, steps = np.nonzero(hist_mask(vec.hist_objs))
-        hs = vec.hist_objs[rows, steps].tolist()
-        chunked_cells(
-            ctx,
-            rows,
-            steps,
-            values,
-            present,
-            dense_fn,
-            one,
-            lambda a, b: DenseBlock.of(hs[a:b]),
-            lambda rest: [hs[k] for k in rest.tolist()],
-        )
+    the block; the rows it leaves undecided go to ``one``, per histogram), wherever the cells
+    are held (``Hists.search``: dense cells where they are, a selector's columns and objects in
+    chunks of neighbouring series); objects are made only for the rows ``dense_fn`` leaves."""
+    if vec.hists is None:
+        return StepVector.empty(vec.values.shape[1])
+    values, present = vec.hists.search(ctx, dense_fn, one)
     return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
 
 
-def _native_histogram_fraction(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
-) -> StepVector:
+def _native_histogram_fraction(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
     lower, upper, vec = args
     classic = _split_classic_native(ctx, vec, 2)
-    floats = impl(ctx, [lower, upper, classic.floats_only()])
+    floats = floats_of(ctx, impl, [lower, upper, classic.floats_only()])
     pos = ctx.node.args[2].pos
     lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     native = _native_cells(
@@ -566,13 +514,11 @@ def _native_histogram_fraction(
     return _concat_vectors(floats, native)
 
 
-def _native_histogram_quantiles(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]
-) -> StepVector:
+def _native_histogram_quantiles(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
 
     vec, label, *qs = args
     classic = _split_classic_native(ctx, vec, 0)
-    out: StepVector = impl(ctx, [classic.floats_only(), label, *qs])
+    out: StepVector = floats_of(ctx, impl, [classic.floats_only(), label, *qs])
     pos = ctx.node.args[0].pos
     for q in qs:
         text = _q_label(float(q[0])) if len(q) else ""

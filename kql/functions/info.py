@@ -46,6 +46,7 @@ def _info(ctx: CallContext, args: list[Any]) -> StepVector:
     refs = ctx.data_times(ctx.node.args[0])
     infos = ctx.lookup([*name_matchers, *data_matchers], refs)
     info_maps = [dict(lb) for lb in infos.labels]
+    info_hists = infos.hist_present() if infos.has_hists else None
 
     rows: dict[tuple[int, Labels], np.ndarray] = {}
     for i, labels in enumerate(base.labels):
@@ -60,7 +61,7 @@ def _info(ctx: CallContext, args: list[Any]) -> StepVector:
             j for j, im in enumerate(info_maps) if ident and all(im.get(k) == v for k, v in ident.items())
         ]
         for step in np.flatnonzero(base.present[i]):
-            if infos.hists is not None and any(infos.hists[c, step] is not None for c in candidates):
+            if info_hists is not None and info_hists[candidates, step].any():
                 raise KqlEvaluationError("info sample should be float")
             added = _data_labels(infos, info_maps, candidates, int(step), wanted, lookup)
             if added is None:

@@ -145,7 +145,7 @@ def _i64(values: I64) -> I64:
     return np.ascontiguousarray(values, dtype=np.int64)
 
 
-def _reduce(r: RangeInput, ufunc: Any) -> F64:
+def _reduce(r: RangeInput, ufunc: np.ufunc) -> F64:
     """``ufunc.reduce`` over every window via reduceat on (lo, hi) pairs."""
     w = _Windows(r)
     out = np.full(w.n, np.nan)

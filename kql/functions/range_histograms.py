@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,19 +16,22 @@ import numpy as np
 import kernel_insight.kql.functions.range  # noqa: F401  (registers the entries the behaviours below attach to)
 from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.ast import PosRange, VectorSelector
-from kernel_insight.kql.functions.registry import histogram_behaviour
+from kernel_insight.kql.functions.registry import Impl, histogram_behaviour
+from kernel_insight.kql.histcells import Hists, object_cells
 from kernel_insight.kql.histdense import DenseHists, dense_rate
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET
 from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.histogram import UNKNOWN_COUNTER_RESET as UNKNOWN
 from kernel_insight.kql.histsamples import (
     BOOL,
+    I64,
     EvalAnnotations,
     H,
     Incompatible,
     check_compatible,
     counter_reset_collision,
     detect_reset,
+    floats_of,
     hadd,
     has_hist_windows,
     hcompact,
@@ -65,6 +68,7 @@ from kernel_insight.kql.values import (
 
 if TYPE_CHECKING:
     from kernel_insight.kql.engine import _Evaluator as Evaluator
+    from kernel_insight.kql.pushdown import SeriesColumns
 
 
 def _combine(
@@ -99,25 +103,23 @@ def _combine(
         holder[:] = list(hists.values())
         out_h[keys[:, 0], keys[:, 1]] = holder
         out_p[keys[:, 0], keys[:, 1]] = False
-    if dense is not None and not dense.parts:
+    if dense is not None and not len(dense):
         dense = None
-    if dense is not None:
-        for _, rows, steps, _ in dense.parts:
-            out_p[rows, steps] = False
+    cells = Hists.of((n, steps), objects=out_h if hists else None, dense=dense)
+    if dense is not None and cells is not None:
+        out_p &= ~cells.mask()
     names = r.drop_name.copy() if keep_name else np.ones(n, dtype=bool)
-    return StepVector(list(r.labels), out_v, out_p, names, None, out_h if hists else None, dense).compact()
+    return StepVector(list(r.labels), out_v, out_p, names, None, cells).compact()
 
 
-def _rate(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], counter: bool, per_second: bool
-) -> StepVector:
+def _rate(ctx: CallContext, impl: Impl, args: list[Any], counter: bool, per_second: bool) -> StepVector:
     r: RangeInput = args[0]
     if r.anchored or r.smoothed:
         return _extended_rate(ctx, impl, r, counter, per_second)
     mixed = (r.counts > 0) & has_hist_windows(r)
     if mixed.any():
         warn_mixed_range(ctx, r, mixed)
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
     pos = matrix_arg(ctx).pos
     hr = r.hist
@@ -308,13 +310,11 @@ def _empty_like(h: H) -> H:
     return out
 
 
-def _instant(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], is_rate: bool
-) -> StepVector:
+def _instant(ctx: CallContext, impl: Impl, args: list[Any], is_rate: bool) -> StepVector:
     """irate/idelta where windows hold histograms: the last two samples of either kind."""
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
     values: dict[tuple[int, int], float] = {}
     pos = matrix_arg(ctx).pos
@@ -432,12 +432,10 @@ def _anchored_windows(
     return out
 
 
-def _changes_or_resets(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], resets: bool
-) -> StepVector:
+def _changes_or_resets(ctx: CallContext, impl: Impl, args: list[Any], resets: bool) -> StepVector:
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     values: dict[tuple[int, int], float] = {}
     windows: Iterable[tuple[int, int, list[tuple[int, float, H | None]]]]
     if r.anchored:
@@ -473,15 +471,13 @@ def _changes_or_resets(
     return _combine(r, floats, {}, values, drop=touched)
 
 
-def _sum_avg_over_time(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], mean: bool
-) -> StepVector:
+def _sum_avg_over_time(ctx: CallContext, impl: Impl, args: list[Any], mean: bool) -> StepVector:
     r: RangeInput = args[0]
     hw = has_hist_windows(r)
     mixed = (r.counts > 0) & hw
     if mixed.any():
         warn_mixed_range(ctx, r, mixed)
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
     pos = ctx.node.args[0].pos
     for i, j, _, hs, nfloat in hist_windows(r):
@@ -504,13 +500,11 @@ def _sum_avg_over_time(
     return _combine(r, floats, hists, drop=mixed)
 
 
-def _count_like(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], count: bool
-) -> StepVector:
+def _count_like(ctx: CallContext, impl: Impl, args: list[Any], count: bool) -> StepVector:
     """count_over_time/present_over_time of windows holding histograms: samples of either kind
     counted from the windows' bounds, no histogram looked at."""
     r: RangeInput = args[0]
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     rows, steps = np.nonzero(has_hist_windows(r))
     assert r.hist is not None or not len(rows)
     found = (
@@ -523,16 +517,14 @@ def _count_like(
     )
 
 
-def _first_last(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any], last: bool, ts: bool
-) -> StepVector:
+def _first_last(ctx: CallContext, impl: Impl, args: list[Any], last: bool, ts: bool) -> StepVector:
     """first/last_over_time (and their ts_of_) of windows holding histograms: the window's first
     or last sample of either kind found from the windows' bounds (a float wins a tie for first,
     a histogram for last, as a stable time sort of floats then histograms orders them), and an
     object made only for each histogram picked."""
     r: RangeInput = args[0]
     touched = has_hist_windows(r)
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
     values: dict[tuple[int, int], float] = {}
     hr = r.hist
@@ -555,7 +547,7 @@ def _first_last(
     return _combine(r, floats, hists, values, drop=touched, keep_name=not ts)
 
 
-def _absent_over_time(ctx: CallContext, impl: Callable[[Any, list[Any]], Any], args: list[Any]) -> StepVector:
+def _absent_over_time(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
     from dataclasses import replace
 
     r: RangeInput = args[0]
@@ -563,7 +555,7 @@ def _absent_over_time(ctx: CallContext, impl: Callable[[Any, list[Any]], Any], a
     # A window with a histogram counts as a window with a sample: widen the float windows' counts.
     hi = np.where(has_hist_windows(r), np.maximum(r.hi, r.lo + 1), r.hi)
     padded = replace(r, hi=hi, vs=np.append(r.vs, 0.0), ts=np.append(r.ts, 0), hist=None)
-    out: StepVector = impl(ctx, [padded])
+    out: StepVector = floats_of(ctx, impl, [padded])
     return out
 
 
@@ -755,10 +747,10 @@ def _reset_correction(
 
 
 def _extended_rate(
-    ctx: CallContext, impl: Callable[[Any, list[Any]], Any], r: RangeInput, counter: bool, per_second: bool
+    ctx: CallContext, impl: Impl, r: RangeInput, counter: bool, per_second: bool
 ) -> StepVector:
     """rate/increase/delta over anchored or smoothed ranges holding histograms."""
-    floats = impl(ctx, [without_histograms(r)])
+    floats = floats_of(ctx, impl, [without_histograms(r)])
     lookback = int(ctx.lookback_ms)
     pos = matrix_arg(ctx).pos
     hists: dict[tuple[int, int], H] = {}
@@ -787,13 +779,14 @@ def _extended_rate(
 
 
 def smoothed_selector(
-    ev: Evaluator, node: VectorSelector, floats: StepVector, cols: Any, refs: Any
+    ev: Evaluator, node: VectorSelector, floats: StepVector, cols: SeriesColumns, refs: I64
 ) -> StepVector:
     """A ``smoothed`` instant selector over series holding histograms (Prometheus' smoothSeries):
     each step's histogram interpolated between the samples around it, carried forward after the last."""
     import bisect
 
     hist = cols.hist
+    assert hist is not None  # the engine calls it for series holding histograms
     lookback = int(ev.limits.lookback_ms)
     n, steps = len(cols), len(refs)
     values = np.zeros((n, steps))
@@ -850,5 +843,10 @@ def smoothed_selector(
     hp = hist_mask(hists)
     ev.count_samples(hist_weight(hists))
     return StepVector(
-        list(cols.labels), values, present, np.zeros(n, dtype=bool), None, hists if hp.any() else None
+        list(cols.labels),
+        values,
+        present,
+        np.zeros(n, dtype=bool),
+        None,
+        object_cells(hists if hp.any() else None),
     ).compact()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernel_insight.kql.ast import ValueType
 
 if TYPE_CHECKING:
-    from kernel_insight.kql.values import CallContext
+    from kernel_insight.kql.values import Arg, CallContext, Value
 
 __all__ = [
     "FUNCTIONS",
@@ -30,10 +30,10 @@ __all__ = [
 ]
 
 #: An implementation receives the call context and the evaluated arguments.
-Impl = Callable[["CallContext", list[Any]], Any]
+Impl = Callable[["CallContext", list["Arg"]], "Value"]
 #: A function's behaviour when native-histogram samples are among its arguments: it receives the
 #: call context, the float implementation (for the float samples) and the evaluated arguments.
-HistImpl = Callable[["CallContext", Impl, list[Any]], Any]
+HistImpl = Callable[["CallContext", Impl, list["Arg"]], "Value"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ class FunctionSpec:
             return None
         return len(self.arg_types) - 1 + self.variadic
 
-    def evaluate(self, ctx: CallContext, args: list[Any]) -> Any:
+    def evaluate(self, ctx: CallContext, args: list[Arg]) -> Value:
         """Run the function on evaluated ``args``: with histogram samples among them, its
         ``histogram_impl`` (given the float implementation too) or what ``histogram_samples`` says."""
         # local: the checker imports the registry, which stays free of the evaluator's modules

@@ -84,11 +84,11 @@ def _calendar(name: str, part: Callable[[Any], Any], doc: str) -> None:
     function(name, (V,), V, variadic=1, time_dependent=True)(impl)
 
 
-def _days(secs: Any) -> Any:
+def _days(secs: F64) -> F64:
     return np.floor_divide(secs, 86400)
 
 
-def _dt(secs: Any, unit: str) -> Any:
+def _dt(secs: F64, unit: str) -> F64:
     return secs.astype("datetime64[s]").astype(f"datetime64[{unit}]")
 
 

@@ -283,7 +283,7 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
     or sums (several) the store's columns without an object per sample: bit for bit the
     per-histogram path, on histograms of one layout family (the columns' path runs) or of mixed
     schemas and zero thresholds (it declines)."""
-    from kernel_insight.kql import aggregation, histdense
+    from kernel_insight.kql import histcells, histdense
 
     rng = np.random.default_rng(seed)
     memory, columnar = MemoryStorage(), ColumnarMemory()
@@ -303,16 +303,19 @@ def test_selector_sums_over_columns_give_the_object_paths_results(
                 else:
                     store.add(labels, [t], [v])
     ran: list[str] = []
-    for name in ("single_sparse", "sparse_sum"):
-        real = getattr(aggregation, name)
+    for owner, name, said in (
+        (histcells.SparseCells, "single", "single_sparse"),
+        (histcells, "sparse_sum", "sparse_sum"),
+    ):
+        real = getattr(owner, name)
 
-        def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
+        def spy(*args: Any, _real: Any = real, _said: str = said) -> Any:
             out = _real(*args)
             if out is not None:
-                ran.append(_name)
+                ran.append(_said)
             return out
 
-        monkeypatch.setattr(aggregation, name, spy)
+        monkeypatch.setattr(owner, name, spy)
     real_compacted = SparseHists.compacted
 
     def compacted(self: SparseHists) -> SparseHists | None:
