@@ -2,9 +2,16 @@
 
 A real ``ki collector`` on an embedded store; ``--agents`` GPUs, each a ring fed by the C
 producer (``ringtool paced``: KERNEL records at ``--rate`` plus 16 NVML-like metrics at 10 Hz)
-and a ``ki-agent`` shipping every record; a remote_write sender (one request of 100 samples
-every 10 s over one kept-alive connection); Prometheus API queries every second; the SDK
-polling the health snapshot every second. Every ``--fault-every`` seconds one fault from
+and a ``ki-agent``: the first ``--exact-agents`` (default 2) ship every record
+(``--histograms=0``), the others run with histograms on, the agent's default (kernels folded
+into native histograms, only sampled spans shipped); a remote_write sender (one request of 100
+samples every 10 s over one kept-alive connection, plus the alert gauge below); a ``ki import
+--collector`` run of a small Prometheus-text file every ``--import-every`` seconds
+(bench/soak/imports.py); the collector evaluating the shipped rules (deploy/rules/*.yml) and
+the soak's own (bench/soak/alerts.py) and sending alerts to a real Alertmanager
+(``prometheus-alertmanager`` on 127.0.0.1, its data in the work directory; ``--rules-resend-delay
+5``, so an alert a restarted collector no longer holds expires there within 20 s); Prometheus API
+queries every second; the SDK polling the health snapshot every second. Every ``--fault-every`` seconds one fault from
 ``FAULTS``, in an order drawn from ``--seed``, each logged with its time:
 
 - ``collector_kill``: SIGKILL of the collector, restarted at once;
@@ -21,9 +28,23 @@ polling the health snapshot every second. Every ``--fault-every`` seconds one fa
   all of its free space for a fifth of the fault interval, then is deleted (without loop mounts
   they live in the work directory and the faults are skipped).
 
-At the end the producers stop, the agents drain and stop, and the store is read: every kernel
-record a producer wrote is stored exactly once (``lost``: written, not stored; ``duplicated``:
-stored more than once), every remote_write sample acknowledged is stored once; the largest
+At the end the producers stop, the agents drain and stop, and the store is read. ``lost``
+(written, not stored) and ``duplicated`` (stored more than once) add up: for an agent shipping
+every record, each record by its correlation id in ``kernel_spans``; for a histogram agent, the
+sum over its ``kernel_duration_seconds`` series of each one's last (cumulative) count against
+the records its producer wrote (less: lost, more: duplicated), and any histogram sample stored
+twice (same series and time); every remote_write sample acknowledged, and every sample of a
+successful ``ki import``, stored once (an import that fails is retried at each later run and
+once after the load; ``imports_failed`` counts those that never succeeded, the log their
+reasons). ``alerts_ok``: the soak sets its gauge above the rule's threshold from 0.3 of the run
+for a quarter of it (45 s to 5 min), and its alert reached Alertmanager within ``for`` + two
+evaluation intervals (+10 s) of the first high sample acknowledged and left it (resolved)
+within two intervals (+10 s) of the first low one, unless a fault overlapped the late stretch
+(named in the log); and every rule of the collector was evaluated, none failing outside a
+fault (0 without Alertmanager installed). ``leaked``: what is still there after the cleanup,
+every process the soak started (each carries ``KI_SOAK_RUN`` in its environment; a child
+never reaped is found by its parent pid), the network namespace and veth, the loop mounts,
+the shared-memory rings (bench/soak/leaks.py); the run exits 1 when anything leaked. The largest
 growth of resident memory after the warm-up (a third of the run, at most 10 minutes), over the
 agents and each collector process that started before it (``rss_growth_pct``; the log gives each
 one's figures, the collector's head size and the agents' VmSize beside). The collector runs with
@@ -33,7 +54,8 @@ instance was reported stale after the last fault had ended (a fault's window is 
 beginning until it is over: an agent_stop's at its SIGCONT; staleness while one runs is the
 fault's own); each agent's stale/fresh turns are logged with the snapshot's ages and reasons.
 Ends with ``BENCH soak minutes=<n> faults=<n>
-records=<n> lost=<n> duplicated=<n> rss_growth_pct=<n> stale_s_max=<n>``; the fault log and
+records=<n> lost=<n> duplicated=<n> rss_growth_pct=<n> stale_s_max=<n> alerts_ok=<0|1>
+imports=<n> imports_failed=<n> leaked=<n>``; the fault log and
 the figures go to ``--log`` (default bench/results/soak-<seed>.log).
 """
 
@@ -57,6 +79,10 @@ from pathlib import Path
 import httpx
 
 from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
+from bench.soak import leaks
+from bench.soak.alerts import ALERT, GAUGE, RULE, Alertmanager, AlertWatch, Condition, RuleHealth
+from bench.soak.imports import METRIC as IMPORT_METRIC
+from bench.soak.imports import Importer
 from bench.soak.windows import FaultWindows
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.clickhouse.store import EmbeddedStore
@@ -248,10 +274,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="draws the faults' order (default 1)")
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--rate", type=int, default=1000, help="KERNEL records/s per agent (default 1000)")
+    ap.add_argument(
+        "--exact-agents", type=int, default=2, metavar="N",
+        help="agents that ship every span (--histograms=0), checked record by record; the others fold"
+        " kernels into histograms and are checked by their counts (default 2)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--import-every", type=float, default=180.0, metavar="S",
+        help="seconds between ki import runs (default 180; at most a third of the run)",
+    )  # fmt: skip
     ap.add_argument("--log", type=Path, help="fault log and figures (default bench/results/soak-<seed>.log)")
     ap.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
     args = ap.parse_args()
     run_s = args.minutes * 60
+    token_mark = leaks.mark()  # before the first process starts: every one inherits it
     log = Log(args.log or REPO / "bench" / "results" / f"soak-{args.seed}.log")
     rng = random.Random(args.seed)
     order = list(FAULTS)
@@ -260,6 +296,8 @@ def main() -> None:
         f"soak: {args.minutes:g} min, {args.agents} agents at {args.rate}/s, a fault every {args.fault_every:g} s, seed {args.seed}: {order}"
     )
     disks: dict[str, SmallDisk] = {}  # unmounted last: the temporary directory's removal skips them
+    left_behind: dict[str, str | None] = {"netns": None, "host_if": None}
+    ring_prefix = f"ki_e2e.{os.getpid()}."  # bench.e2e.fleet.Node's ring names
     try:
         with tempfile.TemporaryDirectory(
             prefix="ki-soak-", dir=args.dir, ignore_cleanup_errors=True
@@ -293,14 +331,31 @@ def main() -> None:
                     f"no network namespace ({getattr(exc, 'stderr', '') or exc}): agents on loopback, network_cut skipped"
                 )
                 NOT_BUILT.add("network_cut")
+            if netns is not None:
+                left_behind.update(netns=netns.name, host_if=netns.host_if)
             token = TokenStore(tmp / "tokens.json").create("soak", ["read", "ingest"]).token
+            (tmp / "soak-rules.yml").write_text(RULE)
+            rule_flags = [
+                "--rules",
+                str(REPO / "deploy" / "rules" / "*.yml"),
+                "--rules",
+                str(tmp / "soak-rules.yml"),
+            ]
+            am: Alertmanager | None = None
+            if Alertmanager.BINARY is None:
+                log("no prometheus-alertmanager: rules evaluated, alerts not delivered (alerts_ok=0)")
+            else:
+                am = Alertmanager(tmp)
+                # A firing alert's endsAt is 4 resend delays ahead: Alertmanager resolves it by
+                # itself within 20 s when a restarted collector no longer has it to resolve.
+                rule_flags += ["--alertmanager", am.url, "--rules-resend-delay", "5"]
             auth = {"Authorization": f"Bearer {token}"}
             warm_s = min(600.0, run_s / 3)
             head_minutes = warm_s / 60 / HEAD_WINDOWS_IN_WARM_UP
             collector = Collector(
                 store_dir / "data", tmp / "keys.json", tmp / "collector.log", interval_s=2.0,
                 host=netns.host_ip if netns else "127.0.0.1", tokens=tmp / "tokens.json",
-                extra=["--head-minutes", f"{head_minutes:g}"],
+                extra=["--head-minutes", f"{head_minutes:g}", *rule_flags],
             )  # fmt: skip
             stopped: dict[int, tuple[float, int]] = {}  # agent index -> (when its SIGSTOP ends, its window)
             faults_done = 0
@@ -316,12 +371,20 @@ def main() -> None:
             rw_acked: set[float] = set()
             stale_after_fault = [0.0]
             client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
+            rules_client = httpx.Client(base_url=collector.url, timeout=30, headers=auth)
+            rules = RuleHealth()
+            importer = Importer(tmp, collector.url, token)
+            watch = AlertWatch(am.url) if am is not None else None
+            alert_hold = max(45.0, min(300.0, run_s / 4))
             try:
                 collector.start()
-                for n in nodes:
+                for i, n in enumerate(nodes):
                     n.start_producer(args.rate, run_s)
-                    n.start_agent(collector.url, "--histograms=0", netns=netns.name if netns else None)
+                    n.start_agent(
+                        collector.url, histograms=i >= args.exact_agents, netns=netns.name if netns else None
+                    )
                 t_start = time.monotonic()
+                cond = Condition(t_start + 0.3 * run_s, alert_hold)
                 log(f"collector pid {collector.pid}; agents {[n.agent.pid for n in nodes if n.agent]}")
 
                 rw_seq = [0]
@@ -330,10 +393,17 @@ def main() -> None:
                     base = rw_seq[0]
                     now = int(time.time() * 1000)
                     samples = [(now + i, float(base + i)) for i in range(100)]
-                    body = encode_write_request([({"__name__": RW_METRIC, "job": "soak"}, samples)])
+                    gauge = cond.value(time.monotonic())
+                    body = encode_write_request(
+                        [
+                            ({"__name__": RW_METRIC, "job": "soak"}, samples),
+                            ({"__name__": GAUGE, "job": "soak"}, [(now, gauge)]),
+                        ]
+                    )
                     rw_seq[0] += 100
                     if client.post("/api/v1/write", content=body, headers=WRITE_HEADERS).status_code != 204:
                         raise OSError("remote_write refused")
+                    cond.acked(gauge, time.monotonic())
                     rw_acked.update(v for _, v in samples)
 
                 def query() -> None:
@@ -392,7 +462,10 @@ def main() -> None:
                             rss.setdefault(f"agent{i}", []).append((now, _rss_kb(n.agent.pid)))
                             vm_kb.setdefault(f"agent{i}", []).append(_rss_kb(n.agent.pid, "VmSize"))
 
-                loops = [Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory)]
+                loops = [
+                    Loop(10, remote_write), Loop(1, query), Loop(1, poll), Loop(10, memory),
+                    Loop(min(args.import_every, run_s / 3), importer.step), Loop(15, lambda: rules.poll(rules_client)),
+                ]  # fmt: skip
                 for loop in loops:
                     loop.start()
 
@@ -435,7 +508,9 @@ def main() -> None:
                         log(f"fault {name}: skipped (not built yet)")
                         continue
                     log(f"fault {name}: begins")
-                    window = windows.begin(begin)  # open: meanwhile the snapshot's verdicts are the fault's
+                    window = windows.begin(
+                        begin, name
+                    )  # open: meanwhile the snapshot's verdicts are the fault's
                     if name == "collector_kill":
                         assert collector.proc is not None
                         collector.proc.send_signal(signal.SIGKILL)
@@ -505,8 +580,25 @@ def main() -> None:
                     loop.join(30)
                 health.close()
                 log(
-                    f"load over: queries {loops[1].calls} ({loops[1].errors} failed), remote_write {loops[0].calls} ({loops[0].errors} failed), snapshot polls {loops[2].calls} ({loops[2].errors} failed)"
+                    f"load over: queries {loops[1].calls} ({loops[1].errors} failed), remote_write {loops[0].calls} ({loops[0].errors} failed), snapshot polls {loops[2].calls} ({loops[2].errors} failed), rule reads {loops[5].calls} ({loops[5].errors} failed)"
                 )
+                if importer.pending:
+                    importer.attempt()  # the failed imports' last retry, on a collector with no fault
+                for line in importer.failures:
+                    log(line)
+                log(
+                    f"ki import: {importer.runs} runs, {importer.succeeded} succeeded, {len(importer.pending)} failed for good,"
+                    f" {len(importer.failures)} failed attempts"
+                )
+                if watch is not None and cond.ended is not None:
+                    deadline = (
+                        time.monotonic() + 120
+                    )  # it resolves within two evaluations of the condition's end
+                    while (
+                        time.monotonic() < deadline
+                        and (watch.spells.get(ALERT) or [[0.0, None]])[-1][1] is None
+                    ):
+                        time.sleep(1)
                 produced = [n.produced(timeout=run_s + 120) for n in nodes]
 
                 def drained() -> bool:
@@ -517,9 +609,14 @@ def main() -> None:
                     n.stop_agent()
             finally:
                 client.close()
+                rules_client.close()
+                if watch is not None:
+                    watch.close()
                 for n in nodes:
                     n.close()
                 collector.stop()
+                if am is not None:
+                    am.close()
                 if netns is not None:
                     netns.close()
 
@@ -538,13 +635,74 @@ def main() -> None:
                     .column("value")
                     .to_pylist()
                 )
+                imported = store.query(
+                    f"SELECT count() AS n, uniqExact(value) AS u, groupUniqArray(value) AS v FROM ki.samples"
+                    f" WHERE metric = '{IMPORT_METRIC}'"
+                ).to_pylist()[0]
+                # The histogram agents' kernels: each series' last (cumulative) count, summed per instance.
+                folded = {
+                    r["instance"]: int(r["n"])
+                    for r in store.query(
+                        "SELECT s.instance AS instance, sum(h.c) AS n FROM"
+                        " (SELECT fingerprint, max(count) AS c FROM ki.histograms"
+                        "  WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint) AS h"
+                        " INNER JOIN (SELECT DISTINCT fingerprint, labels['instance'] AS instance FROM ki.series"
+                        "  WHERE metric = 'kernel_duration_seconds') AS s ON h.fingerprint = s.fingerprint"
+                        " GROUP BY instance"
+                    ).to_pylist()
+                }
+                hist_rows = store.query(
+                    "SELECT count() AS n, uniqExact(fingerprint, ts) AS u FROM ki.histograms"
+                    " WHERE metric = 'kernel_duration_seconds'"
+                ).to_pylist()[0]
             records = lost = duplicated = dropped = 0
-            for n, (written, ring_full, _) in zip(nodes, produced, strict=True):
-                got, unique = spans.get(n.agent_id, (0, 0))
+            for i, (n, (written, ring_full, _)) in enumerate(zip(nodes, produced, strict=True)):
                 records += written
                 dropped += ring_full
-                lost += max(written - unique, 0)
-                duplicated += got - unique
+                if i < args.exact_agents:  # every span shipped: each record by its correlation id
+                    got, unique = spans.get(n.agent_id, (0, 0))
+                    lost += max(written - unique, 0)
+                    duplicated += got - unique
+                    log(f"agent{i} (every span): {written} written, {unique} stored, {got - unique} twice")
+                else:  # folded: the histograms' counts
+                    counted = folded.get(n.agent_id, 0)
+                    lost += max(written - counted, 0)
+                    duplicated += max(counted - written, 0)
+                    log(
+                        f"agent{i} (histograms): {written} written, {counted} counted by its kernel histograms,"
+                        f" {spans.get(n.agent_id, (0, 0))[0]} spans kept"
+                    )
+            hist_dup = int(hist_rows["n"]) - int(hist_rows["u"])
+            if hist_dup:
+                log(f"{hist_dup} kernel histogram samples stored twice (same series and time)")
+            duplicated += hist_dup
+            import_values = set(imported["v"])
+            lost_import = len(importer.acked - import_values)
+            dup_import = int(imported["n"]) - int(imported["u"])
+            log(
+                f"ki import: {len(importer.acked)} samples of successful imports, {lost_import} of them not stored,"
+                f" {dup_import} stored twice"
+            )
+            lost += lost_import
+            duplicated += dup_import
+            fault_spans = windows.spans()
+            alert_problems = rules.problems(lambda t: any(b <= t <= e for _, b, e in fault_spans))
+            log(f"rules: {len(rules.names)} seen, {len(rules.evaluated)} evaluated and healthy")
+            for problem in alert_problems:
+                log(f"rule problem: {problem}")
+            if watch is None:
+                alerts_ok, verdict = False, "no Alertmanager"
+            else:
+                alerts_ok, verdict = watch.judge(cond, fault_spans)
+                for name, spells in sorted(watch.spells.items()):
+                    times = ", ".join(
+                        f"{a - t_start:.0f}-{'' if b is None else f'{b - t_start:.0f}'} s"
+                        for a, b in spells
+                        if a is not None
+                    )
+                    log(f"alertmanager: {name} active {times}")
+            alerts_ok = alerts_ok and not alert_problems
+            log(f"soak alert {ALERT}: {verdict}; alerts_ok={int(alerts_ok)}")
             lost_rw = len(rw_acked - rw_values)
             lost += lost_rw
             duplicated += int(rw["n"]) - int(rw["u"])
@@ -581,14 +739,24 @@ def main() -> None:
             )
             line = (
                 f"BENCH soak minutes={args.minutes:g} faults={faults_done} records={records} lost={lost} "
-                f"duplicated={duplicated} rss_growth_pct={growth:.1f} stale_s_max={stale_after_fault[0]:.1f}"
+                f"duplicated={duplicated} rss_growth_pct={growth:.1f} stale_s_max={stale_after_fault[0]:.1f} "
+                f"alerts_ok={int(alerts_ok)} imports={importer.succeeded} imports_failed={len(importer.pending)}"
             )
-            log(line)
-            print(line)
     finally:
         for disk in disks.values():
             disk.close()
             shutil.rmtree(disk.path.parent, ignore_errors=True)
+    left = leaks.leftovers(
+        token_mark, netns=left_behind["netns"], host_if=left_behind["host_if"],
+        mounts=[d.path for d in disks.values()], rings=ring_prefix,
+    )  # fmt: skip
+    for thing in left:
+        log(f"left behind: {thing}")
+    line += f" leaked={len(left)}"
+    log(line)
+    print(line)
+    if left:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

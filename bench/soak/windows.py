@@ -18,11 +18,13 @@ class FaultWindows:
 
     def __init__(self) -> None:
         self._windows: list[list[float]] = []
+        self._names: list[str] = []
         self._lock = threading.Lock()
 
-    def begin(self, at: float) -> int:
-        """Open a window at ``at``; its index, for :meth:`end`."""
+    def begin(self, at: float, name: str = "") -> int:
+        """Open a window at ``at`` for fault ``name``; its index, for :meth:`end`."""
         with self._lock:
+            self._names.append(name)
             self._windows.append([at, math.inf])
             return len(self._windows) - 1
 
@@ -45,3 +47,8 @@ class FaultWindows:
                 return None
             ended = [end for _, end in self._windows if end <= now]
             return now - max(ended) if ended else None
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        """Every fault's (name, beginning, end); the end is infinite while it runs."""
+        with self._lock:
+            return [(n, w[0], w[1]) for n, w in zip(self._names, self._windows, strict=True)]

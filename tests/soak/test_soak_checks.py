@@ -1,0 +1,67 @@
+"""The soak's end-of-run checks on their own: the alert's timing verdict and the leak finder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.soak import leaks
+from bench.soak.alerts import ALERT, EVAL_S, FOR_S, SLACK_S, AlertWatch, Condition
+
+
+def _watch(spells: list[list[float | None]]) -> AlertWatch:
+    w = AlertWatch.__new__(AlertWatch)  # no poller thread: the spells are given
+    w.spells = {ALERT: spells}
+    return w
+
+
+def _cond(began: float, ended: float) -> Condition:
+    c = Condition(began, ended - began)
+    c.acked(100.0, began)
+    c.acked(0.0, ended)
+    return c
+
+
+def test_an_alert_firing_and_resolving_within_its_bounds_is_ok() -> None:
+    ok, why = _watch([[100.0 + FOR_S + EVAL_S, 200.0 + EVAL_S]]).judge(_cond(100.0, 200.0), [])
+    assert ok, why
+
+
+def test_a_late_alert_is_a_failure_unless_a_fault_overlapped_the_lateness() -> None:
+    late = 100.0 + FOR_S + 2 * EVAL_S + SLACK_S + 30
+    spells: list[list[float | None]] = [[late, 205.0]]
+    ok, why = _watch(spells).judge(_cond(100.0, 200.0), [])
+    assert not ok
+    assert "no fault explains it" in why
+    ok, why = _watch(spells).judge(_cond(100.0, 200.0), [("collector_kill", 110.0, 115.0)])
+    assert ok
+    assert "collector_kill" in why
+    ok, why = _watch(spells).judge(_cond(100.0, 200.0), [("agent_stop", 300.0, 360.0)])
+    assert not ok, why
+
+
+def test_an_alert_never_delivered_or_never_resolved_fails() -> None:
+    assert not _watch([]).judge(_cond(100.0, 200.0), [])[0]
+    ok, why = _watch([[115.0, None]]).judge(_cond(100.0, 200.0), [])
+    assert not ok
+    assert "never resolved" in why
+
+
+def test_a_marked_process_and_an_unreaped_child_are_leftovers(tmp_path: Path) -> None:
+    token = leaks.mark()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        os.environ.pop(leaks.MARK)
+    found = leaks.leftovers(
+        token, netns=None, host_if=None, mounts=[tmp_path / "disk"], rings="ki_test_none.", wait_s=0
+    )
+    assert any(f"pid {child.pid} " in f for f in found), found
+    child.kill()
+    # Killed, not reaped: a zombie, found by its parent pid (its environment is gone).
+    zombie = leaks.leftovers(token, netns=None, host_if=None, mounts=[], rings="ki_test_none.", wait_s=0)
+    assert any(f"pid {child.pid} " in f and "state Z" in f for f in zombie), zombie
+    child.wait()
+    assert leaks.leftovers(token, netns=None, host_if=None, mounts=[], rings="ki_test_none.") == []
