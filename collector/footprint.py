@@ -16,11 +16,13 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
     "MALLOC_ARENAS",
+    "MALLOC_TRIM_INTERVAL_S",
+    "MallocTrimmer",
     "drop_library_pages",
     "dropping_library_pages",
     "limit_malloc_arenas",
@@ -36,6 +38,11 @@ _M_ARENA_MAX = -8
 #: arenas held memory no thread used (bench/results/fleet.md, "malloc arenas"). Python's own
 #: small-object allocator is unaffected.
 MALLOC_ARENAS = 2
+#: How often ``ki collector`` hands the free pages inside glibc's heaps back to the kernel
+#: (``malloc_trim``). glibc returns memory by itself only from the top of a heap; chDB's inserts
+#: and merges free large blocks below live ones, and that free space stayed resident (under the
+#: soak's load, 20-80 MB that one trim returned: bench/results/soak.md, "Memory").
+MALLOC_TRIM_INTERVAL_S = 10.0
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ")
 
 
@@ -100,6 +107,52 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+class MallocTrimmer:
+    """A daemon thread calling glibc's ``malloc_trim(0)`` every ``interval_s`` (:meth:`start`,
+    :meth:`stop`): it walks the free chunks of every arena and releases their whole pages
+    (``MADV_DONTNEED``), a few milliseconds with the arena locked. Does nothing elsewhere than glibc."""
+
+    def __init__(self, interval_s: float = MALLOC_TRIM_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.trims = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._trim: Callable[[], None] | None = None
+        try:
+            libc = ctypes.CDLL(None)
+            trim = libc.malloc_trim
+        except (OSError, AttributeError):
+            return
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+        self._trim = lambda: trim(0)
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def trim(self) -> None:
+        if self._trim is not None:
+            self._trim()
+            self.trims += 1
+
+    def start(self) -> MallocTrimmer:
+        if self._trim is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ki-malloc-trim", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.trim()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 @contextlib.contextmanager

@@ -47,6 +47,10 @@ OPEN_BLOCK_SAMPLES = 1 << 16
 #: Sealed blocks are merged, four or more neighbours at a time, up to this many samples: a read
 #: searches each block once per series, so fewer, larger blocks; eviction drops whole blocks.
 MAX_BLOCK_SAMPLES = 1 << 24
+#: ...and up to this fraction of the window in time: eviction drops a block only once its newest
+#: sample has left the window, so a merged block of a long span would keep that much more than
+#: the window in memory (at a few thousand samples a second, 2**24 samples are hours).
+MAX_BLOCK_SPAN_OF_WINDOW = 1 / 8
 #: Estimated bytes a series costs beside its samples (labels, postings entries, ids).
 SERIES_OVERHEAD_BYTES = 400
 _MIN_TS = -(2**63)
@@ -461,12 +465,18 @@ class Head:
         """Four or more neighbouring small blocks to merge (under the lock); [] when none or busy."""
         if self._merging:
             return []
+        span = self.window_ms * MAX_BLOCK_SPAN_OF_WINDOW
         run: list[_Block] = []
         for b in self._blocks:
-            if len(b.values) * 4 > MAX_BLOCK_SAMPLES:
+            if len(b.values) * 4 > MAX_BLOCK_SAMPLES or b.tmax - b.tmin > span / 2:
                 if len(run) >= 4:
                     break
                 run = []
+                continue
+            if run and max(b.tmax, *(x.tmax for x in run)) - min(b.tmin, *(x.tmin for x in run)) > span:
+                if len(run) >= 4:
+                    break
+                run = [b]
                 continue
             run.append(b)
             if len(run) == 8 or sum(len(x.values) for x in run) * 2 >= MAX_BLOCK_SAMPLES:

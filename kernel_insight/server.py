@@ -275,9 +275,10 @@ def _serve(args: argparse.Namespace) -> int:
 
         print(settings_yaml(_collector_parser(), args, skip=_NOT_SETTINGS), end="")
         return 0
-    from kernel_insight.collector.footprint import limit_malloc_arenas
+    from kernel_insight.collector.footprint import MallocTrimmer, limit_malloc_arenas
 
     limit_malloc_arenas()  # before any thread of the server starts (collector/footprint.py)
+    MallocTrimmer().start()  # for the process' life (a daemon thread)
     keys = Path(args.keys or os.environ.get("KI_KEY_STORE", str(DEFAULT_KEYS)))
     try:
         tls, limits, rules_for_series = _tls(args), _limits(args), relabeler(args)

@@ -401,3 +401,28 @@ def test_the_head_loads_a_fleet_of_series_with_statements_that_do_not_grow_with_
         assert sorted(d.values.tolist()[-1] for d in got) == [float(56 + g) for g in range(8)]
     finally:
         store.close()
+
+
+def test_merged_blocks_keep_the_head_near_its_window_at_a_low_rate():
+    """Blocks merge only within an eighth of the window in time: eviction drops a block once its
+    newest sample leaves the window, so a block merged over a longer span kept that much more in
+    memory (at the soak's ~2,000 samples/s a head of a 5-minute window grew past 20 minutes' worth)."""
+    from kernel_insight.collector.head import MAX_BLOCK_SPAN_OF_WINDOW
+
+    window_ms, per_s = 60_000, 50
+    h = Head(window_ms=window_ms, open_block_samples=100)  # a block every 2 s of sample time
+    series = [(("__name__", "m"), ("i", str(i))) for i in range(per_s)]
+    fps = np.arange(1, per_s + 1, dtype=np.uint64)
+    idx = np.arange(per_s, dtype=np.int32)
+    most = 0
+    for second in range(20 * 60):
+        h.append(series, fps, idx, np.full(per_s, second * 1000, np.int64), np.full(per_s, float(second)))
+        deadline = time.monotonic() + 30
+        while h._merging:  # a merge runs on its own thread: let it land before the next write
+            assert time.monotonic() < deadline, "a head merge did not finish"
+            time.sleep(0.001)
+        most = max(most, h.stats().samples)
+    # The window, one merged block's span and the open block, in samples (one a second per series).
+    bound = per_s * (window_ms * (1 + MAX_BLOCK_SPAN_OF_WINDOW) / 1000 + 2 + 1)
+    assert most <= bound, (most, bound)
+    assert h.stats().blocks < 20 * 60 / 2 / 2  # and blocks did merge

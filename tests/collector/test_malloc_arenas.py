@@ -70,3 +70,48 @@ def test_a_users_malloc_arena_max_is_left_alone(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
+
+
+TRIM_PROBE = """
+import ctypes, sys
+sys.path[:0] = [{path!r}]
+from kernel_insight.collector.footprint import MallocTrimmer
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def anon_kb():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon"))
+blocks = [libc.malloc(64 * 1024) for _ in range(2000)]  # below the mmap threshold: the main heap
+for b in blocks:
+    ctypes.memset(b, 1, 64 * 1024)
+pin = libc.malloc(64)  # a live block above them: the heap's top is not free
+for b in blocks:
+    libc.free(b)
+before = anon_kb()
+trimmer = MallocTrimmer(interval_s=0.01)
+assert trimmer.available
+trimmer.start()
+import time
+deadline = time.monotonic() + 60
+while trimmer.trims == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
+trimmer.stop()
+print(before, anon_kb(), trimmer.trims)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
+def test_the_trimmer_hands_freed_heap_pages_below_live_ones_back() -> None:
+    """128 MB freed under a live block stay resident (glibc trims only a heap's top) until the
+    collector's trimmer thread runs ``malloc_trim``."""
+    import kernel_insight.collector.footprint as footprint
+
+    path = footprint.__file__.rsplit("/kernel_insight/", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE.format(path=path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, after, trims = (int(x) for x in out.stdout.split())
+    assert trims >= 1
+    assert before - after > 100_000, (before, after)  # kB: most of the 128 MB went back
