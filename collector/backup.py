@@ -35,7 +35,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_insight.collector.clickhouse.sql import Params, ident
+from kernel_insight.collector.clickhouse.freeze import (
+    create_statement_prefix,
+    freeze_table,
+    mergetree_tables,
+    part_rows,
+    restore_attach_part,
+    restore_count,
+    restore_create_database,
+    restore_data_path,
+)
 from kernel_insight.collector.defaults import EMBEDDED_INGEST_WAL
 
 __all__ = [
@@ -123,7 +132,7 @@ class Manifest:
             if not _SAFE.match(name) or name in (".", ".."):
                 raise BackupError(f"backup manifest names {name!r}: not a plain file name")
         for t in tables:  # statements that create the table named (the engine runs one statement a query)
-            if not t.create.startswith(f"CREATE TABLE {raw['database']}.{t.name} "):
+            if not t.create.startswith(create_statement_prefix(raw["database"], t.name)):
                 raise BackupError(f"backup manifest: the statement for table {t.name} does not create it")
         return Manifest(
             raw["database"],
@@ -171,12 +180,7 @@ def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snap
     for stale in shadow.glob(_FREEZE_PREFIX + "*"):  # a backup cut off before it cleaned up
         shutil.rmtree(stale, ignore_errors=True)
     name = f"{_FREEZE_PREFIX}{uuid.uuid4().hex}"
-    p = Params()
-    rows = store.query(
-        "SELECT name, create_table_query AS q, data_paths AS paths FROM system.tables "
-        f"WHERE database = {p(store.database, 'String')} AND engine LIKE '%MergeTree' ORDER BY name",
-        p,
-    ).to_pylist()
+    rows = mergetree_tables(store)
     tables: list[TableBackup] = []
     files: dict[str, Path] = {}
     counts: dict[str, dict[str, int]] = {}
@@ -193,17 +197,9 @@ def frozen(store: Any, extra: Mapping[str, Path] | None = None) -> Iterator[Snap
                     wal_names.append(path.name)
             for row in rows:
                 table = str(row["name"])
-                store.command(f"ALTER TABLE {ident(store.database)}.{ident(table)} FREEZE WITH NAME '{name}'")
+                freeze_table(store, table, name)
                 # Each part's rows, now: a part merged away stays listed for old_parts_lifetime only.
-                q = Params()
-                counts[table] = {
-                    r["name"]: int(r["rows"])
-                    for r in store.query(
-                        "SELECT name, rows FROM system.parts "
-                        f"WHERE database = {q(store.database, 'String')} AND table = {q(table, 'String')}",
-                        q,
-                    ).to_pylist()
-                }
+                counts[table] = part_rows(store, table)
         for row in rows:
             table = str(row["name"])
             where = shadow / name / Path(row["paths"][0]).relative_to(Path(store.path).resolve())
@@ -313,26 +309,14 @@ def restore(
     session_cls: Any = chdb_session.Session  # chDB ships no types
     session = session_cls(str(data_dir))
     try:
-        session.query(f"CREATE DATABASE IF NOT EXISTS {ident(manifest.database)}")
+        restore_create_database(session, manifest.database)
         for t in manifest.tables:
             session.query(t.create)
-            paths = json.loads(
-                str(
-                    session.query(
-                        f"SELECT data_paths FROM system.tables WHERE database = '{manifest.database}' AND name = '{t.name}'",
-                        "JSONCompactEachRow",
-                    )
-                ).strip()
-            )[0]
-            detached = Path(paths[0]) / "detached"
+            detached = Path(restore_data_path(session, manifest.database, t.name)) / "detached"
             for part in t.parts:
                 shutil.copytree(src / "tables" / t.name / part, detached / part)
-                session.query(f"ALTER TABLE {ident(manifest.database)}.{ident(t.name)} ATTACH PART '{part}'")
-            got = int(
-                str(
-                    session.query(f"SELECT count() FROM {ident(manifest.database)}.{ident(t.name)}", "CSV")
-                ).strip()
-            )
+                restore_attach_part(session, manifest.database, t.name, part)
+            got = restore_count(session, manifest.database, t.name)
             if got != t.rows:
                 raise BackupError(f"table {t.name}: {got} rows restored, the backup holds {t.rows}")
     finally:

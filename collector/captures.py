@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.capture_rows import (
+    capture_row,
+    instance_gpu_count,
+    newest_capture_rows,
+    open_capture_rows,
+    pending_capture_rows,
+)
 from kernel_insight.collector.wire import CaptureReport
 
 if TYPE_CHECKING:
@@ -82,14 +88,6 @@ def parse_capture_header(value: str) -> tuple[str, int, int]:
     return m.group(1), int(m.group(2)), int(m.group(3))
 
 
-_COLUMNS = (
-    "id, instance, gpu, seconds, state, toUnixTimestamp64Milli(requested) AS requested_ms,"
-    " toUnixTimestamp64Milli(updated) AS updated_ms, token_id, token_name,"
-    " toUnixTimestamp64Nano(window_start) AS window_start_ns, toUnixTimestamp64Nano(window_end) AS window_end_ns,"
-    " spans"
-)
-
-
 def _public(r: dict[str, Any]) -> dict[str, Any]:
     """A row as the API shows it (the token's name, never its id)."""
     return {
@@ -107,20 +105,9 @@ def _public(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rows(store: Store, where: str, p: Params, limit: int = 1000) -> list[dict[str, Any]]:
-    return list(
-        store.query(
-            f"SELECT {_COLUMNS} FROM {qualified(store.database, 'capture_requests')} FINAL WHERE {where}"
-            f" ORDER BY requested_ms, id LIMIT {int(limit)}",
-            p,
-        ).to_pylist()
-    )
-
-
 def pending_captures(store: Store, instance: str) -> list[dict[str, Any]]:
     """The instance's pending capture requests, oldest first."""
-    p = Params()
-    return [_public(r) for r in _rows(store, f"instance = {p(instance, 'String')} AND state = 'pending'", p)]
+    return [_public(r) for r in pending_capture_rows(store, instance)]
 
 
 def list_captures(
@@ -129,27 +116,17 @@ def list_captures(
     """The instance's capture requests in ``state`` (None: any), newest ``limit`` of them, oldest first."""
     if state is not None and state not in CAPTURE_STATES:
         raise CaptureError(f"state must be one of {', '.join(CAPTURE_STATES)}, got {state!r}")
-    p = Params()
-    where = f"instance = {p(instance, 'String')}" + (
-        "" if state is None else f" AND state = {p(state, 'String')}"
-    )
-    rows = store.query(
-        f"SELECT * FROM (SELECT {_COLUMNS} FROM {qualified(store.database, 'capture_requests')} FINAL"
-        f" WHERE {where} ORDER BY requested_ms DESC, id DESC LIMIT {int(limit)}) ORDER BY requested_ms, id",
-        p,
-    ).to_pylist()
-    return [_public(r) for r in rows]
+    return [_public(r) for r in newest_capture_rows(store, instance, state, limit)]
 
 
 def get_capture(store: Store, capture_id: str) -> dict[str, Any]:
     """One request by id (raises CaptureError 404 when there is none)."""
     if not _ID_RE.match(capture_id):
         raise CaptureError(f"a capture id is 16 hex digits, got {capture_id[:40]!r}")
-    p = Params()
-    rows = _rows(store, f"id = {p(capture_id, 'String')}", p, 1)
-    if not rows:
+    row = capture_row(store, capture_id)
+    if row is None:
         raise CaptureError(f"no capture {capture_id}", 404)
-    return _public(rows[0])
+    return _public(row)
 
 
 def _write(store: Store, rows: Sequence[dict[str, Any]]) -> None:
@@ -188,14 +165,9 @@ def request_capture(
         raise CaptureError(f"seconds must be 1..{MAX_CAPTURE_SECONDS}, got {seconds}")
     if not 0 <= gpu <= 65535:
         raise CaptureError(f"gpu must be 0..65535, got {gpu}")
-    p = Params()
-    known = store.query(
-        f"SELECT gpu_count FROM {qualified(store.database, 'instances')} FINAL WHERE id = {p(instance, 'String')}",
-        p,
-    ).to_pylist()
-    if not known:
+    gpus = instance_gpu_count(store, instance)
+    if gpus is None:
         raise CaptureError(f"no instance {instance!r}: it has never reported", 404)
-    gpus = int(known[0]["gpu_count"])
     if gpus and gpu >= gpus:
         raise CaptureError(f"instance {instance!r} has {gpus} GPUs (0..{gpus - 1}); no GPU {gpu}")
     if len(pending_captures(store, instance)) >= MAX_PENDING:
@@ -260,7 +232,7 @@ class CaptureDesk:
         now = self._clock()
         if now - self._read_at < self._refresh_s:
             return
-        rows = _rows(self.store, "state IN ('pending', 'delivered', 'capturing')", Params(), 100_000)
+        rows = open_capture_rows(self.store, 100_000)
         self._read_at = now
         self._open = {r["id"]: r for r in rows}
         expired = []

@@ -235,7 +235,7 @@ def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
     def write(batch: SampleBatch) -> int:
         nonlocal stored, next_drop
         n = store.insert_samples(batch)
-        store.command("SYSTEM JEMALLOC PURGE")
+        store.purge_allocator()
         stored += n
         if stored >= next_drop:
             next_drop = stored + DROP_SAMPLES

@@ -34,7 +34,6 @@ from kernel_insight.collector.private_json import (
     SecretStore,
     VersionedJsonTable,
     next_version,
-    versioned_table_ddl,
     write_private,
 )
 
@@ -63,7 +62,6 @@ __all__ = [
     "parse_agent_id",
     "parse_label_args",
     "read_key_file",
-    "versioned_table_ddl",
 ]
 
 #: Where ``ki keys`` and the collector look when nothing else is said (env KI_KEY_STORE overrides).

@@ -41,7 +41,6 @@ from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernel_insight.collector.batcher import FLUSH_ROWS_BOUNDS, INSERT_SECONDS_BOUNDS, Batcher
-from kernel_insight.collector.clickhouse.sql import Params
 from kernel_insight.collector.defaults import DEFAULT_STORE_STATS_INTERVAL_S
 from kernel_insight.collector.derive import (
     AGENT_COUNTERS,
@@ -410,14 +409,7 @@ class StoreStats(Collector):
 
     def refresh(self) -> None:
         """Read the figures now (blocking)."""
-        p = Params()
-        rows = self.store.query(
-            "SELECT table, count() AS parts, sum(rows) AS rows, sum(bytes_on_disk) AS bytes"
-            f" FROM system.parts WHERE active AND database = {p(str(self.store.database), 'String')}"
-            " GROUP BY table ORDER BY table",
-            p,
-        ).to_pylist()
-        self._tables = rows
+        self._tables = self.store.table_stats()
         self._refreshed_s = time.time()
 
     def tick(self) -> bool:

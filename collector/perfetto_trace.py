@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # type: ignore[import-untyped]
 
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.timeline import perfetto_span_columns
 from kernel_insight.collector.spans import SpanWindow, read_counters, read_events
 from kernel_insight.collector.trace import (
     MAX_EXPORT_EVENTS,
@@ -42,14 +42,7 @@ def _packet(trace: pb.Trace) -> pb.TracePacket:
 
 def perfetto_trace(store: Store, window: SpanWindow, *, max_spans: int = MAX_PROTO_SPANS) -> bytes:
     """The serialized ``perfetto.protos.Trace`` of ``window``; raises TraceTooLarge past ``max_spans``."""
-    p = Params()
-    rows = store.query(
-        "SELECT stream, kernel, toUnixTimestamp64Nano(start) AS s, duration_ns AS d, correlation, pid,"
-        " launch_ns, launch_host_ns, tid, pod, namespace, container, nvtx_range"
-        f" FROM {qualified(store.database, 'kernel_spans')} WHERE {window.where(p)}"
-        f" ORDER BY start, stream LIMIT {int(max_spans) + 1}",
-        p,
-    ).to_pydict()
+    rows = perfetto_span_columns(store, window, int(max_spans) + 1)
     if len(rows["s"]) > max_spans:
         raise TraceTooLarge(
             f"the window holds more than {max_spans} spans, the most a protobuf export takes: "

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from kernel_insight.collector.clickhouse.sql import ident, is_store_url, literal, qualified
+from kernel_insight.collector.clickhouse.sql import is_store_url, qualified
+from kernel_insight.collector.clickhouse.versioned import latest_docs, versioned_table_ddl
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ __all__ = [
     "opened_secret_store",
     "private_file_problem",
     "read_secret_file",
-    "versioned_table_ddl",
     "write_private",
 ]
 
@@ -194,35 +194,6 @@ def next_version(previous: int) -> int:
     return max(time.time_ns(), previous + 1)
 
 
-def replacing_table_ddl(
-    store: Store, table: str, columns: str, order_by: str, comment: str, *, dedup_window: int | None = None
-) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` for a small table whose rows carry a ``version``; the newest wins.
-
-    On a cluster the table is replicated to every node and not sharded (the same ZooKeeper
-    path for all shards): every collector reads it whole from whichever node it talks to.
-    ``dedup_window`` keeps that many insert tokens (so a repeated insert is dropped).
-    """
-    if store.cluster is None:
-        engine, on_cluster, window = "ReplacingMergeTree(version)", "", "non_replicated_deduplication_window"
-    else:
-        path = literal(f"/clickhouse/tables/all/{store.database}/{table}")
-        engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', version)"
-        on_cluster, window = f" ON CLUSTER {ident(store.cluster)}", "replicated_deduplication_window"
-    settings = f" SETTINGS {window} = {int(dedup_window)}" if dedup_window is not None else ""
-    return (
-        f"CREATE TABLE IF NOT EXISTS {qualified(store.database, table)}{on_cluster} ({columns}) ENGINE = {engine} "
-        f"ORDER BY {order_by}{settings} COMMENT {literal(comment)}"
-    )
-
-
-def versioned_table_ddl(store: Store, table: str, key: str, comment: str) -> str:
-    """The DDL of a small (key, version, doc) table where the newest version of a key wins."""
-    return replacing_table_ddl(
-        store, table, f"{ident(key)} String, version UInt64, doc String", ident(key), comment
-    )
-
-
 class VersionedJsonTable(Generic[K]):
     """Records as a ClickHouse table (``<id>``, ``version``, ``doc``), for several collectors.
 
@@ -262,14 +233,12 @@ class VersionedJsonTable(Generic[K]):
             raise error(f"cannot create the {what} {store.database}.{table}: {exc}") from None
 
     def reload(self) -> None:
-        name = qualified(self.store.database, self.table)
-        key = ident(self._id)
         try:
-            rows = self.store.query(
-                f"SELECT {key}, max(version) AS v, argMax(doc, version) AS doc FROM {name} GROUP BY {key}"
-            ).to_pylist()
+            rows = latest_docs(self.store, self.table, self._id)
         except StorageError as exc:
-            raise self._error(f"{self._what} {name} unreadable: {exc}") from None
+            raise self._error(
+                f"{self._what} {qualified(self.store.database, self.table)} unreadable: {exc}"
+            ) from None
         try:
             records = {self._decode(r[self._id]): json.loads(r["doc"]) for r in rows}
         except (ValueError, TypeError) as exc:

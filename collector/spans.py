@@ -14,9 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.timeline import (
+    call_rows,
+    event_rows,
+    kernel_aggregate_rows,
+    slowest_span_rows,
+    span_page_rows,
+)
 from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
-from kernel_insight.kql.regex import RegexError, anchored, compile_anchored
+from kernel_insight.kql.regex import RegexError, compile_anchored
 from kernel_insight.kql.storage import Matcher, is_stale_value
 
 if TYPE_CHECKING:
@@ -40,8 +46,6 @@ __all__ = [
 MAX_WINDOW_NS = 86_400 * 1_000_000_000
 #: NVML samples drawn next to spans: metric name -> the short name used in views and traces.
 COUNTER_METRICS = {"gpu_memory_used_bytes": "memory_used_bytes", "gpu_sm_utilization_ratio": "sm_utilization"}
-
-_NS = "toUnixTimestamp64Nano"
 
 
 class SpanQueryError(ValueError):
@@ -90,24 +94,6 @@ class SpanWindow:
             except RegexError as exc:
                 raise SpanQueryError(f"invalid kernel regex: {exc}") from None
 
-    def where(self, p: Params) -> str:
-        """The SQL condition (its values as parameters in ``p``): the sort-key prefix first, then the filters."""
-        parts = [
-            f"instance = {p(self.instance, 'String')}",
-            f"gpu = {self.gpu}",
-            f"start >= fromUnixTimestamp64Nano(toInt64({self.start_ns}), 'UTC')",
-            f"start < fromUnixTimestamp64Nano(toInt64({self.end_ns}), 'UTC')",
-        ]
-        if self.stream is not None:
-            parts.append(f"stream = {self.stream}")
-        if self.kernel is not None:
-            parts.append(f"match(kernel, {p(anchored(self.kernel), 'String')})")
-        if self.min_duration_ns:
-            parts.append(f"duration_ns >= {self.min_duration_ns}")
-        for name, value in self.holder().items():
-            parts.append(f"{name} = {p(value, 'String')}")
-        return " AND ".join(parts)
-
     def holder(self) -> dict[str, str]:
         """The pod, namespace and container filters that are set (label name -> value)."""
         wanted = (("pod", self.pod), ("namespace", self.namespace), ("container", self.container))
@@ -136,12 +122,6 @@ class SpanCursor:
         if a < 0 or not 0 <= b < 2**64 or not 0 <= c < 2**64:
             raise SpanQueryError(f"invalid cursor {text[:40]!r}: out of range")
         return cls(a, b, c)
-
-
-_SPAN_COLUMNS = (
-    f"stream, kernel, {_NS}(start) AS start_ns, {_NS}(end) AS end_ns, duration_ns, correlation, pid,"
-    " launch_ns, launch_host_ns, tid, pod, namespace, container, nvtx_range"
-)
 
 
 def _span(row: dict[str, Any]) -> dict[str, Any]:
@@ -173,26 +153,8 @@ def read_spans(
     sort the whole window (100-300 ms over a 1M-span capture instead of 5). The spans sharing
     the page's last start are then read by that start (the key) and the page sorted fully.
     """
-    table = qualified(store.database, "kernel_spans")
-    p = Params()
-    where = window.where(p)
-    if cursor is not None:
-        after = f"fromUnixTimestamp64Nano(toInt64({cursor.start_ns}), 'UTC')"
-        where += (
-            f" AND start >= {after} AND (start, stream, correlation) >"
-            f" ({after}, toUInt64({cursor.stream}), toUInt64({cursor.correlation}))"
-        )
-    rows = store.query(
-        f"SELECT {_SPAN_COLUMNS} FROM {table} WHERE {where} ORDER BY start LIMIT {int(limit) + 1}", p
-    ).to_pylist()
-    if len(rows) > limit:  # more follow: take every span of the last start, however many
-        last = int(rows[-1]["start_ns"])
-        rows = [r for r in rows if int(r["start_ns"]) < last]
-        rows += store.query(
-            f"SELECT {_SPAN_COLUMNS} FROM {table} WHERE {where}"
-            f" AND start = fromUnixTimestamp64Nano(toInt64({last}), 'UTC')",
-            p,
-        ).to_pylist()
+    after = None if cursor is None else (cursor.start_ns, cursor.stream, cursor.correlation)
+    rows = span_page_rows(store, window, limit, after)
     spans = sorted((_span(r) for r in rows), key=lambda x: (x["start_ns"], x["stream"], x["correlation"]))
     page = spans[:limit]
     if len(spans) <= limit or not page:
@@ -284,24 +246,13 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
     Sorting whole rows per group in the first pass cost 4-6x as much over a 1M-span capture.
     """
     keep = max(1, int(slowest))
-    table = qualified(store.database, "kernel_spans")
     hists = kernel_histograms(store, window)
     # Without histograms the first `kernels` by span time are the answer. With them a kernel is
     # ranked by its histograms' total, which its kept spans can be far below, and the GPU's kernel
     # time must leave those spans out: every kernel's row is read then. ClickHouse aggregates every
     # group before a LIMIT anyway, so this costs their transfer only, where handing it the
     # histograms' kernels (thousands of names, as a URL parameter to a server) could fail.
-    limit = "" if hists else f" LIMIT {int(kernels)}"
-    p = Params()
-    rows = store.query(
-        "SELECT kernel, count() AS n, sum(duration_ns) AS total,"
-        " quantiles(0.5, 0.9, 0.99)(duration_ns) AS q, max(duration_ns) AS mx,"
-        f" groupArraySorted({keep})(-toInt64(duration_ns)) AS top,"
-        " sum(sum(duration_ns)) OVER () AS all_total, sum(count()) OVER () AS all_n"
-        f" FROM {table} WHERE {window.where(p)}"
-        f" GROUP BY kernel ORDER BY total DESC, kernel{limit}",
-        p,
-    ).to_pylist()
+    rows = kernel_aggregate_rows(store, window, keep, None if hists else int(kernels))
     listed: dict[str, dict[str, Any]] = {}
     for r in rows:
         q = [float(x) for x in r["q"]]
@@ -342,17 +293,7 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
     floors = {r["kernel"]: -int(r["top"][-1]) for r in rows}  # each kernel's slowest-th longest duration
     names = [k["kernel"] for k in out if k["kernel"] in floors]
     if names and slowest > 0:
-        p = Params()
-        where = window.where(p)
-        found = store.query(
-            f"SELECT {_SPAN_COLUMNS} FROM {table}"
-            f" WHERE {where} AND kernel IN {p(names, 'Array(String)')}"
-            f" AND duration_ns >= transform(toString(kernel), {p(names, 'Array(String)')},"
-            f" {p([floors[n] for n in names], 'Array(UInt64)')}, toUInt64(0))"
-            f" ORDER BY kernel, duration_ns DESC, start, stream, correlation LIMIT {int(slowest)} BY kernel",
-            p,
-        ).to_pylist()
-        for t in found:
+        for t in slowest_span_rows(store, window, names, [floors[n] for n in names], slowest):
             listed[t["kernel"]]["slowest"].append(_span(t))
     return {
         "span_count": int(rows[0]["all_n"]) if rows else 0,
@@ -362,23 +303,8 @@ def summarize(store: Store, window: SpanWindow, kernels: int, slowest: int) -> d
     }
 
 
-def _gpu_window(window: SpanWindow, column: str, p: Params) -> str:
-    """The SQL condition of rows of the window's GPU whose time ``column`` is in the window."""
-    return (
-        f"instance = {p(window.instance, 'String')} AND gpu = {window.gpu}"
-        f" AND {column} >= fromUnixTimestamp64Nano(toInt64({window.start_ns}), 'UTC')"
-        f" AND {column} < fromUnixTimestamp64Nano(toInt64({window.end_ns}), 'UTC')"
-    )
-
-
 def read_events(store: Store, window: SpanWindow, limit: int) -> list[dict[str, Any]]:
     """The GPU's events (errors, OOM, XID...) in the window, oldest first."""
-    p = Params()
-    rows = store.query(
-        f"SELECT {_NS}(ts) AS ts_ns, kind, code, aux, pid, message FROM {qualified(store.database, 'events')}"
-        f" WHERE {_gpu_window(window, 'ts', p)} ORDER BY ts_ns LIMIT {int(limit)}",
-        p,
-    ).to_pylist()
     return [
         {
             "ts_ns": int(r["ts_ns"]),
@@ -388,7 +314,7 @@ def read_events(store: Store, window: SpanWindow, limit: int) -> list[dict[str, 
             "pid": int(r["pid"]),
             "message": r["message"],
         }
-        for r in rows
+        for r in event_rows(store, window, limit)
     ]
 
 
@@ -435,13 +361,7 @@ def read_calls(store: Store, window: SpanWindow, track: str, limit: int) -> tupl
     fields = _CALL_FIELDS.get(track)
     if fields is None:
         raise SpanQueryError(f"unknown call track {track!r}: one of {', '.join(_CALL_FIELDS)}")
-    p = Params()
-    rows = store.query(
-        f"SELECT {_NS}(start) AS ts_ns, op, {', '.join(fields)} FROM {qualified(store.database, 'gpu_calls')}"
-        f" WHERE {_gpu_window(window, 'start', p)} AND track = {p(track, 'String')}"
-        f" ORDER BY start LIMIT {int(limit) + 1}",
-        p,
-    ).to_pylist()
+    rows = call_rows(store, window, track, fields, int(limit) + 1)
     out = [
         {"ts_ns": int(r["ts_ns"]), "op": r["op"], **{f: _call_value(f, r[f]) for f in fields}}
         for r in rows[:limit]

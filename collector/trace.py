@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.timeline import trace_head, trace_launch_events, trace_span_events
 from kernel_insight.collector.spans import SpanWindow, read_calls, read_counters, read_events
 
 if TYPE_CHECKING:
@@ -46,11 +46,6 @@ MAX_EXPORT_CALLS = 200_000
 
 class TraceTooLarge(ValueError):
     """The window holds more spans than :data:`MAX_EXPORT_SPANS`; the message says how many."""
-
-
-def _us(ns: str) -> str:
-    """SQL: nanoseconds (an Int64 expression) as microseconds with three decimals, as text."""
-    return f"concat(toString(intDiv({ns}, 1000)), '.', leftPad(toString({ns} % 1000), 3, '0'))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,15 +119,7 @@ def chrome_trace_parts(
     """:func:`chrome_trace` as the pieces that make it, in order, never joined: the span events
     are views of the buffers ClickHouse filled, so a 200 MB export is not copied three more
     times before it is sent (the API streams the pieces)."""
-    p = Params()
-    spans, where = qualified(store.database, "kernel_spans"), window.where(p)
-    head = store.query(
-        "SELECT count() AS n, groupUniqArray(stream) AS streams, countIf(launch_ns != 0) AS launches,"
-        " minIf(launch_ns, launch_ns != 0) AS first_launch,"
-        " groupUniqArrayIf((pid, tid), launch_ns != 0) AS threads"
-        f" FROM {spans} WHERE {where}",
-        p,
-    ).to_pylist()[0]
+    head = trace_head(store, window)
     if int(head["n"]) > max_spans:
         raise TraceTooLarge(
             f"the window holds {head['n']} spans; an export takes at most {max_spans}: narrow the window or filter"
@@ -180,32 +167,9 @@ def chrome_trace_parts(
         )
     parts: list[bytes | memoryview] = [orjson.dumps(m) for m in meta]
     if tids:
-        keys = ", ".join(str(s) for s in tids)
-        values = ", ".join(str(t) for t in tids.values())
-        start, dur = "toUnixTimestamp64Nano(start)", "toInt64(duration_ns)"
-        rel = f"({start} - toInt64({origin}))"
-        span_sql = (
-            'SELECT concat(\'{"ph":"X","cat":"kernel","pid":\', toString(gpu),'
-            f" ',\"tid\":', toString(transform(stream, [{keys}], [{values}], 0)),"
-            f" ',\"ts\":', {_us(rel)}, ',\"dur\":', {_us(dur)},"
-            " ',\"name\":', toJSONString(toString(kernel)),"
-            # args: the exact absolute start; dur is exact to the ns already, the stream is the track's name
-            f' \',"args":{{"start_ns":\', toString({start}),'
-            " ',\"correlation\":', toString(correlation),"
-            " ',\"pid\":', toString(pid),"
-            # the Kubernetes pod that held the GPU, where one did
-            " if(pod = '', '', concat(',\"pod\":', toJSONString(toString(pod)),"
-            " ',\"namespace\":', toJSONString(toString(namespace)),"
-            " ',\"container\":', toJSONString(toString(container)))),"
-            # the NVTX range enclosing the launch (CUPTI probe), where one did
-            " if(nvtx_range = '', '', concat(',\"nvtx_range\":', toJSONString(toString(nvtx_range)))), '}},') AS e"
-            # No ORDER BY: the trace event format does not ask for time order (readers sort), and
-            # reading in key order costs a third of this query over a 1M-span capture.
-            f" FROM {spans} WHERE {where}"
-        )
-        parts.extend(_rows(store, span_sql, p))
+        parts.extend(_pieces(trace_span_events(store, window, origin, tids)))
     if launches:
-        parts.extend(_rows(store, _launch_sql(spans, where, origin, tids), p))
+        parts.extend(_pieces(trace_launch_events(store, window, origin, tids)))
     parts.extend(_call_events(calls, call_tids, pid, origin))
     for ev in read_events(store, window, MAX_EXPORT_EVENTS):
         parts.append(
@@ -280,41 +244,7 @@ def _call_events(calls: CallTracks, tids: list[int], pid: int, origin: int) -> l
     return out
 
 
-def _launch_sql(spans: str, where: str, origin: int, tids: dict[int, int]) -> str:
-    """Per span with a host side: its launch slice on the host thread and the flow to the kernel.
-
-    The flow starts (``s``) where the launch slice starts and ends (``f``, ``bp: "e"``: bound to
-    the enclosing slice) where the kernel starts, so both ends sit inside their slices.
-    """
-    keys = ", ".join(str(s) for s in tids)
-    values = ", ".join(str(t) for t in tids.values())
-    launch, start = "launch_ns", "toUnixTimestamp64Nano(start)"
-    dur = "greatest(toInt64(launch_host_ns), 1)"
-    lrel, krel = f"({launch} - toInt64({origin}))", f"({start} - toInt64({origin}))"
-    host = "',\"pid\":', toString(pid), ',\"tid\":', toString(tid)"
-    sql = (
-        'SELECT concat(\'{"ph":"X","cat":"launch"\','
-        f" {host}, ',\"ts\":', {_us(lrel)}, ',\"dur\":', {_us(dur)},"
-        " ',\"name\":', toJSONString(toString(kernel)),"
-        f' \',"args":{{"start_ns":\', toString({launch}),'
-        ' \',"stream":"\', toString(stream), \'","correlation":\', toString(correlation),'
-        ' \',"pid":\', toString(pid), \'}},{"ph":"s","cat":"launch","id":\', toString(n),'
-        f" {host}, ',\"ts\":', {_us(lrel)}, ',\"name\":', toJSONString(toString(kernel)),"
-        ' \'},{"ph":"f","bp":"e","cat":"launch","id":\', toString(n),'
-        " ',\"pid\":', toString(gpu),"
-        f" ',\"tid\":', toString(transform(stream, [{keys}], [{values}], 0)),"
-        f" ',\"ts\":', {_us(krel)}, ',\"name\":', toJSONString(toString(kernel)), '}},') AS e"
-        f" FROM (SELECT *, rowNumberInAllBlocks() + 1 AS n FROM (SELECT gpu, stream, kernel, start,"
-        f" correlation, pid, tid, launch_ns, launch_host_ns FROM {spans} WHERE {where} AND launch_ns != 0"
-        " ORDER BY start, stream))"
-    )
-    return sql
-
-
-def _rows(store: Store, sql: str, p: Params) -> list[memoryview]:
-    """Events formatted in SQL, each ending in a comma, as one piece without the last comma.
-
-    Read as RawBLOB (the values back to back): no Arrow encoding, decoding and joining of a
-    result of a million strings that is only ever sent on; a view, so not copied again."""
-    blob = store.query_blob(sql, p)
+def _pieces(blob: bytes) -> list[memoryview]:
+    """Events formatted in SQL, each ending in a comma, as one piece without the last comma: a
+    view, so not copied again."""
     return [memoryview(blob)[:-1]] if blob else []

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from kernel_insight.collector.clickhouse.schema import DEDUP_WINDOW
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.sql import qualified
 from kernel_insight.collector.clickhouse.store import Store
-from kernel_insight.collector.private_json import replacing_table_ddl
+from kernel_insight.collector.clickhouse.versioned import latest_lease_term, replacing_table_ddl
 
 __all__ = ["LEASE_TABLE", "Lease", "LeaseState", "holder_id"]
 
@@ -69,16 +69,9 @@ class Lease:
 
     def current(self, group_key: str) -> LeaseState | None:
         """The newest term of ``group_key``'s lease, or None if nobody ever held it."""
-        p = Params()
-        rows = self.store.query(
-            f"SELECT term, argMax(holder, version) AS holder, argMax(expires_ms, version) AS expires "
-            f"FROM {self.table} WHERE group_key = {p(group_key, 'String')} "
-            f"GROUP BY term ORDER BY term DESC LIMIT 1",
-            p,
-        ).to_pylist()
-        if not rows:
+        r = latest_lease_term(self.store, self._name, group_key)
+        if r is None:
             return None
-        r = rows[0]
         return LeaseState(int(r["term"]), str(r["holder"]), int(r["expires"]))
 
     def _write(self, group_key: str, term: int, expires_ms: int, token: str | None) -> None:

@@ -1,9 +1,9 @@
-"""The snapshot's facts from the collector's store: the latest GPU gauges through kql, the rest in SQL."""
+"""The snapshot's facts from the collector's store: the latest GPU gauges through kql, the rest from collector/clickhouse/health.py."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -11,17 +11,19 @@ import numpy.typing as npt
 
 from kernel_insight.api.health.rule import ERROR_WINDOW_MS, InstanceFacts
 from kernel_insight.api.health.serving import SERVING_METRICS, combine
-from kernel_insight.collector.clickhouse.sql import Params, qualified
+from kernel_insight.collector.clickhouse.health import (
+    event_counts,
+    instance_rows,
+    instance_series_labels,
+    quantiles_by_instance,
+    recent_events,
+)
 from kernel_insight.collector.derive import INGEST_LAG_METRIC
 from kernel_insight.kql.engine import Engine
 from kernel_insight.kql.limits import EngineLimits
 from kernel_insight.kql.storage import Labels, Matcher
 
 __all__ = ["StoreSource"]
-
-
-def _ms(ms: int) -> str:
-    return f"fromUnixTimestamp64Milli(toInt64({int(ms)}), 'UTC')"
 
 
 #: The newest samples are read as of this much after the rebuild's clock. A batch received while
@@ -87,26 +89,8 @@ class StoreSource:
         #: The last label list read and its codes (_keys), while the storage hands back that list.
         self._seen: tuple[list[Labels], npt.NDArray[np.intp], npt.NDArray[np.intp]] | None = None
 
-    def _table(self, name: str) -> str:
-        return qualified(self.store.database, name)
-
-    def _series(self, p: Params, metrics: Sequence[str], start_ms: int, now_ms: int) -> str:
-        return (
-            f"SELECT DISTINCT fingerprint, metric, labels['instance'] AS instance FROM {self._table('series')}"
-            f" WHERE metric IN {p(list(metrics), 'Array(String)')}"
-            f" AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
-        )
-
-    @staticmethod
-    def _metric_in(p: Params, metrics: Sequence[str]) -> str:
-        """The samples key leads with metric: this filter skips every other metric's granules."""
-        return f"s.metric IN {p(list(metrics), 'Array(String)')}"
-
     def collect(self, now_ms: int) -> list[InstanceFacts]:
-        rows = self.store.query(
-            "SELECT id, hardware_fingerprint, gpu_count, gpu_model, memory_total_bytes, labels, attributes,"
-            f" toUnixTimestamp64Milli(last_seen) AS last_seen_ms FROM {self._table('instances')} FINAL"
-        ).to_pylist()
+        rows = instance_rows(self.store)
         facts: dict[str, InstanceFacts] = {}
         for r in rows:
             facts[r["id"]] = InstanceFacts(
@@ -120,26 +104,14 @@ class StoreSource:
                 memory_total_bytes=int(r["memory_total_bytes"]),
             )
         start = now_ms - ERROR_WINDOW_MS
-        window = f"s.ts >= {_ms(start)} AND s.ts <= {_ms(now_ms)}"
-        samples = self._table("samples")
         self._latest(facts, now_ms + CLOCK_SLACK_MS)
         self._series_labels(facts, start, now_ms)
-        p = Params()
-        latencies = self.store.query(
-            "SELECT f.instance AS instance, quantilesExactInclusive(0.5, 0.9, 0.99)(s.value) AS q, count() AS n"
-            f" FROM {samples} AS s INNER JOIN ({self._series(p, [self.LATENCY_METRIC], start, now_ms)}) AS f"
-            f" ON s.fingerprint = f.fingerprint WHERE {window} AND {self._metric_in(p, [self.LATENCY_METRIC])}"
-            " AND isFinite(s.value) GROUP BY instance",
-            p,
-        ).to_pylist()
+        latencies = quantiles_by_instance(self.store, self.LATENCY_METRIC, start, now_ms)
         for lat in latencies:
             if lat["instance"] in facts:
                 p50, p90, p99 = (float(x) for x in lat["q"])
                 facts[lat["instance"]].nccl_quantiles = (p50, p90, p99, int(lat["n"]))
-        errors = self.store.query(
-            f"SELECT instance, kind, count() AS n FROM {self._table('events')} WHERE ts >= {_ms(start)}"
-            " GROUP BY instance, kind"
-        ).to_pylist()
+        errors = event_counts(self.store, start)
         for e in errors:
             if e["instance"] in facts:
                 counts = dict(facts[e["instance"]].errors_by_kind)
@@ -264,14 +236,7 @@ class StoreSource:
         Enrolment labels win where both say something. One series per instance (the lowest
         fingerprint) so the answer does not change between rebuilds.
         """
-        p = Params()
-        rows = self.store.query(
-            "SELECT labels['instance'] AS instance, argMin(labels, fingerprint) AS l"
-            f" FROM {self._table('series')} WHERE metric = {p(self.LABELS_METRIC, 'String')}"
-            f" AND date >= toDate({_ms(start_ms)}) AND date <= toDate({_ms(now_ms)})"
-            " AND labels['instance'] != '' GROUP BY instance",
-            p,
-        ).to_pylist()
+        rows = instance_series_labels(self.store, self.LABELS_METRIC, start_ms, now_ms)
         for r in rows:
             own = {k: v for k, v in dict(r["l"] or []).items() if k not in self.SERIES_ONLY_LABELS and v}
             if not own:
@@ -281,13 +246,7 @@ class StoreSource:
                 f.labels = dict(sorted({**own, **f.labels}.items()))
 
     def recent_errors(self, instance_id: str, limit: int) -> list[dict[str, Any]]:
-        p = Params()
-        rows = self.store.query(
-            "SELECT toUnixTimestamp64Milli(ts) AS ts_ms, gpu, kind, code, message"
-            f" FROM {self._table('events')} WHERE instance = {p(instance_id, 'String')}"
-            f" ORDER BY ts DESC LIMIT {int(limit)}",
-            p,
-        ).to_pylist()
+        rows = recent_events(self.store, instance_id, limit)
         return [
             {
                 "ts_ms": int(r["ts_ms"]),

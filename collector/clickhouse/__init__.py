@@ -3,6 +3,9 @@
 ``schema`` (the one table definition and the DDL generated from it), ``sql`` (how a statement is
 written: identifiers quoted, values as server-side parameters), ``store`` (the two back ends,
 embedded chDB and a server, and every write and maintenance statement), ``query`` (kql's storage
-protocol over the tables). The API, the rules and the rest of the collector call these modules'
-methods; none writes a statement of its own (tests/foundation/test_sql_owner.py).
+protocol over the tables), and the named reads and writes the rest calls: ``timeline``
+(spans, per-call rows, events, trace exports), ``capture_rows``, ``health`` (the snapshot's
+reads besides kql's), ``versioned`` (key and token tables, rule leases), ``freeze`` (backup and
+restore). The API, the rules and the rest of the collector call these; none writes a statement
+of its own (tests/foundation/test_sql_owner.py).
 """

@@ -32,6 +32,8 @@ __all__ = [
     "ident",
     "is_store_url",
     "literal",
+    "ms_time",
+    "ns_time",
     "param_text",
     "qualified",
 ]
@@ -71,6 +73,16 @@ def ident(name: str) -> str:
 def qualified(database: str, name: str) -> str:
     """``database.name`` with both parts quoted as identifiers."""
     return f"{ident(database)}.{ident(name)}"
+
+
+def ms_time(ms: int) -> str:
+    """A UTC DateTime64(3) from milliseconds since the epoch (an integer: no value text enters)."""
+    return f"fromUnixTimestamp64Milli(toInt64({int(ms)}), 'UTC')"
+
+
+def ns_time(ns: int) -> str:
+    """A UTC DateTime64(9) from nanoseconds since the epoch (an integer: no value text enters)."""
+    return f"fromUnixTimestamp64Nano(toInt64({int(ns)}), 'UTC')"
 
 
 def literal(text: str) -> str:

@@ -675,6 +675,11 @@ class Store(ABC):
         self._check_open()
         return self._query(sql, params)
 
+    def query_rows(self, sql: str, params: Params | None = None) -> list[dict[str, Any]]:
+        """:meth:`query`'s rows as dicts (column name -> value), for small results."""
+        rows: list[dict[str, Any]] = self.query(sql, params).to_pylist()
+        return rows
+
     def query_blob(self, sql: str, params: Params | None = None) -> bytes:
         """Run a read of one String column and return its values back to back, nothing between
         (ClickHouse's RawBLOB format): for output formatted in SQL, such as a trace export, with
@@ -1521,6 +1526,18 @@ class Store(ABC):
         value = result.column("b")[0].as_py()
         return int(value or 0)
 
+    def table_stats(self) -> list[dict[str, Any]]:
+        """Per table of the store's database (``table``, by name): active ``parts``, ``rows``, ``bytes``
+        on disk (the collector's store statistics, collector/metrics.py)."""
+        p = Params()
+        rows: list[dict[str, Any]] = self.query(
+            "SELECT table, count() AS parts, sum(rows) AS rows, sum(bytes_on_disk) AS bytes"
+            f" FROM system.parts WHERE active AND database = {p(str(self.database), 'String')}"
+            " GROUP BY table ORDER BY table",
+            p,
+        ).to_pylist()
+        return rows
+
     def optimize(self, name: str) -> None:
         """Merge a table's parts now (tests and benchmarks; the engine does this on its own)."""
         table(name)
@@ -1661,6 +1678,10 @@ class EmbeddedStore(Store):
     def _query_blob(self, sql: str, params: Params | None = None) -> bytes:
         data: bytes = self._run(sql, "RawBLOB", params).bytes()
         return data
+
+    def purge_allocator(self) -> None:
+        """Hand the engine's freed memory back to the system now (``SYSTEM JEMALLOC PURGE``)."""
+        self.command("SYSTEM JEMALLOC PURGE")
 
     @contextlib.contextmanager
     def writes_held(self) -> Iterator[None]:
