@@ -22,8 +22,12 @@ lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The second run checks the SDK distribution from its own link tree (sdk/build/__editable__...), where
+# its modules sit at kernel_insight.sdk.* (the main tree no longer holds them: docs/architecture.md).
 typecheck: bootstrap
 	$(VENV)/bin/mypy
+	cd sdk/build/__editable__.kernel_insight_sdk-*/ && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml \
+		--explicit-package-bases --cache-dir $(CURDIR)/.mypy_cache/sdk kernel_insight/sdk
 
 # Test workers (pytest-xdist; tests/conftest.py says what runs together): most of a test's time is
 # spent waiting on the processes it starts, so `make test TEST_WORKERS=4` (more workers than cores)

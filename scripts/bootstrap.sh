@@ -36,29 +36,36 @@ fi
 # needs a re-install to be importable as kernel_insight.*. Cheap to check (names only, no contents),
 # a few seconds to redo, so every make target (they all run this script) keeps the tree current.
 tree_stamp=build/.ki-editable-stamp
-tree_want=$( { cat pyproject.toml setup.py
+# The SDK is its own distribution (sdk/pyproject.toml) installed the same way; its link tree and
+# egg-info land inside sdk/ (sdk/build, sdk/*.egg-info), which the names below leave out.
+tree_want=$( { cat pyproject.toml setup.py sdk/pyproject.toml
     find kernel_insight agent api collector kql rules sdk -type f -not -path '*/__pycache__/*' \
-        -not -path 'agent/bin/*' -not -name '*.so' -not -name '*.pyc' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
+        -not -path 'agent/bin/*' -not -path 'sdk/build/*' -not -path 'sdk/*.egg-info/*' \
+        -not -name '*.so' -not -name '*.pyc' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
 
-# The virtual environment, rebuilt when pyproject.toml or setup.py change.
+# The virtual environment, rebuilt when pyproject.toml, setup.py or sdk/pyproject.toml change. The
+# server distribution depends on kernel-insight-sdk: both are named in one pip command, so pip takes
+# the SDK from ./sdk (never from the package index).
 PY=${PYTHON:-python3}
 stamp=.venv/.ki-stamp
-want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py sdk/pyproject.toml | sha256sum | cut -c1-16)
 if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     echo "bootstrap: preparing .venv"
     [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check -U pip setuptools wheel
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=strict
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ./sdk -e '.[dev]' \
+        --config-settings editable_mode=strict
     echo "$want" >"$stamp"
     mkdir -p build && echo "$tree_want" >"$tree_stamp"
 fi
 
 if ! compgen -G 'build/__editable__.kernel_insight-*/kernel_insight' >/dev/null \
+    || ! compgen -G 'sdk/build/__editable__.kernel_insight_sdk-*/kernel_insight/sdk' >/dev/null \
     || [[ ! -f $tree_stamp || $(cat "$tree_stamp") != "$tree_want" ]]; then
     echo "bootstrap: refreshing the editable install (modules added or removed)"
     # Its output is setuptools' long notice about the link tree: shown only when it fails.
     if ! out=$(.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-        -e . --config-settings editable_mode=strict 2>&1); then
+        -e ./sdk -e . --config-settings editable_mode=strict 2>&1); then
         echo "$out" >&2
         exit 1
     fi

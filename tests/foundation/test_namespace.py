@@ -18,13 +18,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-PACKAGE_DIR: dict[str, str] = CONFIG["package-dir"]
-PACKAGES: list[str] = CONFIG["packages"]
+#: The two distributions: the server (pyproject.toml) and the SDK it depends on (sdk/pyproject.toml),
+#: each mapping its folders into kernel_insight; each package is listed by exactly one of them.
+DISTRIBUTIONS = {"": ROOT / "pyproject.toml", "sdk": ROOT / "sdk" / "pyproject.toml"}
+PACKAGE_DIR: dict[str, str] = {}
+PACKAGES: list[str] = []
+for _base, _pyproject in DISTRIBUTIONS.items():
+    _config = tomllib.loads(_pyproject.read_text())["tool"]["setuptools"]
+    PACKAGE_DIR |= {package: str(Path(_base, folder)) for package, folder in _config["package-dir"].items()}
+    PACKAGES += _config["packages"]
 
 STALE = (
     "run `make build` (scripts/bootstrap.sh re-links the strict editable install when modules are "
-    "added or removed; by hand: .venv/bin/pip install -e . --no-deps --no-build-isolation "
+    "added or removed; by hand: .venv/bin/pip install -e ./sdk -e . --no-deps --no-build-isolation "
     "--config-settings editable_mode=strict)"
 )
 
@@ -36,7 +42,8 @@ def _modules() -> dict[str, Path]:
         base = ROOT / folder
         for path in sorted(base.rglob("*")):
             rel = path.relative_to(base)
-            if "__pycache__" in rel.parts or not path.is_file():
+            # sdk/build: the SDK's own strict editable install (links to these same files).
+            if {"__pycache__", "build"} & set(rel.parts) or not path.is_file():
                 continue
             suffix = next((s for s in importlib.machinery.EXTENSION_SUFFIXES if path.name.endswith(s)), None)
             if path.suffix == ".py":
@@ -65,6 +72,14 @@ def test_every_mapped_folder_is_a_component() -> None:
     # No links left in the tree: the packaging maps the folders, nothing else does.
     links = [str(p.relative_to(ROOT)) for p in (ROOT / "kernel_insight").iterdir() if p.is_symlink()]
     assert links == []
+
+
+def test_each_package_has_one_owner() -> None:
+    assert sorted(set(PACKAGES)) == sorted(PACKAGES), "a package is listed by both distributions"
+    assert "kernel_insight.sdk" in PACKAGES
+    assert tomllib.loads(DISTRIBUTIONS["sdk"].read_text())["tool"]["setuptools"]["packages"] == [
+        "kernel_insight.sdk"
+    ]  # the SDK ships no kernel_insight/__init__.py: installed alone, kernel_insight is a namespace
 
 
 def test_every_folder_with_modules_is_a_listed_package() -> None:
