@@ -686,7 +686,9 @@ def main() -> None:
             lost += lost_import
             duplicated += dup_import
             fault_spans = windows.spans()
-            alert_problems = rules.problems(lambda t: any(b <= t <= e for _, b, e in fault_spans))
+            alert_problems = rules.problems(
+                lambda a, b: any(fb <= b and a <= fe for _, fb, fe in fault_spans)
+            )
             log(f"rules: {len(rules.names)} seen, {len(rules.evaluated)} evaluated and healthy")
             for problem in alert_problems:
                 log(f"rule problem: {problem}")

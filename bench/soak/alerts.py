@@ -188,31 +188,43 @@ class AlertWatch:
 class RuleHealth:
     """The collector's rules as ``/api/v1/rules`` shows them over the run: which were ever
     evaluated and healthy, and which ever failed (with the error). A restarted collector shows a
-    group unevaluated until its first slot, so one look at the end would not do."""
+    group unevaluated until its first slot, so one look at the end would not do.
+
+    A failure is the rule's evaluation, not the look that saw it: a rule's ``lastError`` stays
+    until its group's next evaluation (up to its interval later), so each failed evaluation
+    (``lastEvaluation``) is kept once, with the span between the look before and the look that
+    first showed it: it happened then, and a fault that overlaps that span explains it."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.evaluated: set[str] = set()
-        self.failed: list[tuple[str, str, float]] = []  # (name, its error, when: monotonic)
+        #: (name, its error, the span it happened in: monotonic, from the look before to this one)
+        self.failed: list[tuple[str, str, float, float]] = []
+        self._failures_seen: set[tuple[str, str]] = set()  # (name, lastEvaluation)
+        self._last_look: float | None = None
 
     def poll(self, client: httpx.Client) -> None:
         r = client.get("/api/v1/rules")
         r.raise_for_status()
+        now = time.monotonic()
+        since = now if self._last_look is None else self._last_look
+        self._last_look = now
         for g in r.json()["data"]["groups"]:
             for rule in g["rules"]:
                 name = f"{g['name']}/{rule['name']}"
                 self.names.add(name)
-                if rule.get("lastEvaluation", "0001-").startswith("0001-"):
+                evaluated = str(rule.get("lastEvaluation", "0001-"))
+                if evaluated.startswith("0001-"):
                     continue
                 if rule.get("health") == "ok":
                     self.evaluated.add(name)
-                else:
-                    self.failed.append(
-                        (name, str(rule.get("lastError", rule.get("health"))), time.monotonic())
-                    )
+                elif (name, evaluated) not in self._failures_seen:
+                    self._failures_seen.add((name, evaluated))
+                    self.failed.append((name, str(rule.get("lastError", rule.get("health"))), since, now))
 
-    def problems(self, during_fault: Callable[[float], bool]) -> list[str]:
-        """Rules never evaluated, and rules that failed while no fault ran (``during_fault(t)``)."""
+    def problems(self, during_fault: Callable[[float, float], bool]) -> list[str]:
+        """Rules never evaluated, and rules that failed while no fault ran (``during_fault(a, b)``:
+        whether a fault overlapped the span ``a``-``b`` the failed evaluation happened in)."""
         return [f"{n}: never evaluated" for n in sorted(self.names - self.evaluated)] + [
-            f"{n}: {e}" for n, e in sorted({(n, e) for n, e, t in self.failed if not during_fault(t)})
+            f"{n}: {e}" for n, e in sorted({(n, e) for n, e, a, b in self.failed if not during_fault(a, b)})
         ]

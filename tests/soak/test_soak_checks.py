@@ -65,3 +65,41 @@ def test_a_marked_process_and_an_unreaped_child_are_leftovers(tmp_path: Path) ->
     assert any(f"pid {child.pid} " in f and "state Z" in f for f in zombie), zombie
     child.wait()
     assert leaks.leftovers(token, netns=None, host_if=None, mounts=[], rings="ki_test_none.") == []
+
+
+def test_a_rule_failure_is_timed_by_its_evaluation_not_by_the_look_that_sees_it() -> None:
+    """A rule that failed during a fault keeps its lastError until its group's next evaluation:
+    later looks, after the fault, show the same failed evaluation and must not count it again
+    (two 60-minute soaks said alerts_ok=0 for a store_disk_full failure seen after the fault)."""
+    import time
+
+    import httpx
+
+    from bench.soak.alerts import RuleHealth
+
+    answers: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        rule = {"name": "r", **answers[0]}
+        return httpx.Response(200, json={"data": {"groups": [{"name": "g", "rules": [rule]}]}})
+
+    rules = RuleHealth()
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://collector") as client:
+        answers[:] = [{"health": "ok", "lastEvaluation": "2026-12-07T16:47:00Z"}]
+        rules.poll(client)
+        fault_begins = time.monotonic()
+        answers[:] = [{"health": "err", "lastError": "disk full", "lastEvaluation": "2026-12-07T16:47:30Z"}]
+        rules.poll(client)  # the failed evaluation, during the fault
+        fault_ends = time.monotonic()
+        time.sleep(0.01)
+        rules.poll(client)  # the same evaluation seen again after the fault: not a new failure
+        rules.poll(client)
+
+        def during(a: float, b: float) -> bool:
+            return fault_begins <= b and a <= fault_ends
+
+        assert rules.problems(during) == []
+        answers[:] = [{"health": "err", "lastError": "disk full", "lastEvaluation": "2026-12-07T16:49:30Z"}]
+        rules.poll(client)  # a new failed evaluation, no fault running
+        assert rules.problems(during) == ["g/r: disk full"]
+    assert rules.evaluated == {"g/r"}
