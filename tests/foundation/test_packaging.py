@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-COMPONENTS = ["agent", "collector", "kql", "api", "sdk", "rules"]
+#: The server distribution's components; the SDK (sdk/) is its own distribution, kernel-insight-sdk
+#: (tests/sdk/test_sdk_wheel.py checks its wheel and that no file is in both).
+COMPONENTS = ["agent", "collector", "kql", "api", "rules"]
 
 
 @pytest.fixture(scope="module")
