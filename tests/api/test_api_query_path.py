@@ -31,6 +31,7 @@ from kernel_insight.api import (
 )
 from kernel_insight.api.connections import ConnectionLimits, guarded_protocol
 from kernel_insight.api.prometheus import INLINE_MAX_S, _EncodedJSON, _query_pairs
+from kernel_insight.collector.private_json import RELOAD_CHECK_S
 from kernel_insight.kql.storage import NO_HINTS, Matcher, MemoryStorage, SelectHints, SeriesData
 
 
@@ -407,7 +408,9 @@ def test_a_kept_alive_connection_checks_its_token_once_and_a_revocation_still_en
 ):
     """The protocol's quick answers remember the connection's last good Authorization (no SHA-256
     per request), and a revocation by another process (``ki tokens revoke``) still refuses the very
-    connection within the second the token file is looked at (RELOAD_CHECK_S, 0.5 s)."""
+    connection: the token file is looked at every RELOAD_CHECK_S (0.5 s), so a request *sent* that
+    long after the revocation is refused, however slowly a loaded machine answers it (a wall-clock
+    bound on the answer failed at load 13-19: one answer took 1.6 s)."""
     tokens = TokenStore(tmp_path / "tokens.json")
     token = tokens.create("r", ["read"]).token
     verified: list[str] = []
@@ -443,12 +446,15 @@ def test_a_kept_alive_connection_checks_its_token_once_and_a_revocation_still_en
             TokenStore(tmp_path / "tokens.json").revoke(token)  # as another process would
             revoked = time.monotonic()
             while True:
+                sent = time.monotonic()
                 s.sendall(request)
                 answer = _read_answers(s, 1)
                 if answer.startswith(b"HTTP/1.1 401 "):
                     break
                 assert answer.startswith(b"HTTP/1.1 200 ")
-                assert time.monotonic() - revoked < 1.0, "a revoked token still answered after a second"
+                assert sent - revoked < RELOAD_CHECK_S, (
+                    f"a request sent {sent - revoked:.2f} s after the revocation still answered 200"
+                )
                 time.sleep(0.01)
             assert b"was revoked" in answer
         with socket.create_connection(addr, timeout=10) as s:  # and on any other connection
