@@ -148,7 +148,8 @@ def listening_socket(host: str, port: int, *, backlog: int = 2048) -> socket.soc
 
     Made with ``IPPROTO_TCP`` explicitly: asyncio sets TCP_NODELAY on accepted connections only
     when the listening socket's protocol says TCP, and without it every response after the first
-    on a kept-alive connection waited ~40 ms for the client's delayed ACK (Nagle).
+    on a kept-alive connection waited for the client's delayed ACK (Nagle): bench-kql's keep-alive
+    clients show it (bench/results/kql.md).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)

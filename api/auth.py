@@ -50,7 +50,8 @@ class CheckMemo:
 
     A connection (Grafana's, the SDK's) sends the same header on every request: its verdict
     holds while the token records are the same (``TokenStoreBase.stamp``), so the SHA-256 of the
-    secret and the token's parsing (~7 us of a 0.2 ms query) are done once, not per request. A
+    secret and the token's parsing (a noticeable share of a small query: `make bench-kql`) are done
+    once, not per request. A
     revocation re-reads the records (the file is looked at every second, as for a full check)
     and so ends the memo's verdict within the same second.
     """

@@ -185,8 +185,8 @@ class _Deadline:
     """A deadline a connection sets again for every request without a loop timer each time.
 
     A keep-alive connection waits for a head after every response: a ``call_later`` per request
-    and its ``cancel`` when the head came (a timer handle made and freed each time) cost ~10-15 us
-    of a 0.2 ms query's request. Here the timer is made once and left running when the deadline
+    and its ``cancel`` when the head came (a timer handle made and freed each time) were a visible
+    share of a small query's request (`make bench-kql`). Here the timer is made once and left running when the deadline
     is stopped; when it fires it looks at the deadline now in force: none (stopped), later (set
     again since: it waits on until then) or passed (``fire``). A deadline set earlier than the
     timer (a keep-alive wait is shorter than a head's) arms it again then.
@@ -361,7 +361,7 @@ class _Guard(_Base):
                 self._head_since = self.loop.time()
                 # After a response the first byte of the next request is due within the
                 # keep-alive time (uvicorn's own timer, a call_later per response, is not
-                # armed over httptools: ~10 us a request), the whole head within its deadline.
+                # armed over httptools, and would cost a timer a request), the whole head within its deadline.
                 wait = self.limits.keep_alive_s if self._served else self.limits.header_timeout_s
                 self._head_deadline.until(self._head_since + wait)
             return
@@ -427,8 +427,8 @@ class _HeadWithBody:
     write so that both leave in one ``send`` (uvicorn writes them apart).
 
     On loopback each ``send`` runs the whole delivery to the client, and the client wakes for
-    the head alone and again for the body: one write instead of two took ~30 us off a small
-    query's answer. Everything but ``write`` and ``close`` is the real transport's.
+    the head alone and again for the body: one write instead of two makes a small query's answer
+    cheaper (`make bench-kql`). Everything but ``write`` and ``close`` is the real transport's.
     """
 
     __slots__ = ("_cycle", "_head", "_held", "_transport")
@@ -471,7 +471,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
 
         A request that ``quick`` answers (a :data:`QuickRouter`; none by default) is answered
         here when its message is complete, with no ASGI request cycle (a task, a cycle object,
-        its event and the ASGI messages: ~28 us of a small query's ~0.2 ms); every other
+        its event and the ASGI messages: a large share of a small query, `make bench-kql`); every other
         request goes through uvicorn's cycle unchanged. Only a plain ``GET`` on a kept-alive
         connection: no body, no ``Expect``, no upgrade, not pipelined behind an answer still
         being written.

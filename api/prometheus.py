@@ -205,7 +205,7 @@ def _query_pairs(raw: bytes) -> list[tuple[str, str]]:
     """A URL query's parameters as Starlette's ``QueryParams`` reads them (latin-1, then
     ``parse_qsl`` keeping blank values; the same pairs, hypothesis-checked), each distinct
     %-encoded part decoded once: a dashboard sends the same query text again and again, and
-    ``QueryParams`` cost ~15-20 us of a 0.2 ms request."""
+    ``QueryParams`` was a visible share of a small request (``make bench-kql``)."""
     pairs = []
     for part in raw.decode("latin-1").split("&"):
         if part:
@@ -266,7 +266,8 @@ class _EncodedJSON(JSONResponse):
 
 def _result_response(result: QueryResult) -> JSONResponse:
     """A query's result as ``_success`` would write it, encoded without a Python object per sample
-    (``prometheus_json_bytes``: a 240k-point range result took ~0.6 s through JSONResponse)."""
+    (``prometheus_json_bytes``: a large range result through JSONResponse spent most of its time on
+    those objects; ``make bench-kql``)."""
     body = b'{"status":"success","data":' + prometheus_json_bytes(result.value)
     if warnings := result.warnings:
         body += b',"warnings":' + orjson.dumps(warnings)
@@ -635,7 +636,8 @@ def prometheus_router(
 
 def query_routes(router: APIRouter) -> list[BaseRoute]:
     """The bare query routes of a :func:`prometheus_router`, for an app to put ahead of all its
-    routes: matched first, a query skips trying every included router's routes (~40 us a request)."""
+    routes: matched first, a query skips trying every included router's routes (a cost per request
+    that ``make bench-kql`` shows on small queries)."""
     return [r for r in router.routes if isinstance(r, Route) and isinstance(r.endpoint, _QueryEndpoint)]
 
 
@@ -646,20 +648,19 @@ _Hop = Callable[[Callable[[_Params], JSONResponse], _Params], Awaitable[JSONResp
 class _QueryRunner:
     """Runs a query's work in a query thread, or inline on the event loop when it is known to be quick.
 
-    Handing work to a thread and back costs the event loop two wake-ups (~0.15 ms on a 2-core
-    host, as much as a small query's evaluation; on a loaded host each wake-up can also wait for
-    a core). A request (same endpoint, query, step and time span) the quicker of whose last two
-    runs took less than ``inline_max_s`` (5 ms) runs inline. Inline, it holds the loop (other
-    requests on this collector wait) for at most that long; in a thread a query holds the GIL
-    for most of its run anyway, the loop getting it back every switch interval (1 ms, set by
-    ``serve``). At 1 ms, the queries of 1-5 ms that dashboards ask most paid the hop: inline,
-    bench-kql's instant queries of 1-8 ms took 5-12% less collector CPU and ~8% less wall time
-    (A/B, load 9). Two runs, not one: on a loaded host one run in six or seven of a 0.1 ms query
-    was preempted past 1 ms (15% of 2,000 runs at load 14), sending the next to a thread.
+    Handing work to a thread and back costs the event loop two wake-ups (as much as a small
+    query's evaluation; on a loaded host each wake-up can also wait for a core). A request (same
+    endpoint, query, step and time span) the quicker of whose last two runs took less than
+    ``inline_max_s`` runs inline. Inline, it holds the loop (other requests on this collector
+    wait) for at most that long; in a thread a query holds the GIL for most of its run anyway,
+    the loop getting it back every switch interval (set by ``serve``). The short queries that
+    dashboards ask most paid the hop: inline, bench-kql's instant queries took less collector CPU
+    and wall time (bench/results/kql.md). Two runs, not one: on a loaded host a quick query's run
+    is sometimes preempted past the bound, which alone would send the next to a thread.
     A request seen for the first time, or slow twice, runs in a thread; one that turns slow (a
     cache miss reading ClickHouse) holds the loop twice and runs in a thread from then on.
     ``loop.run_in_executor`` rather than anyio's ``to_thread``: its capacity limiter, cancel scope
-    and run-var lookups cost the loop ~60 us a query more.
+    and run-var lookups cost the loop more a query (``make bench-kql``).
     """
 
     def __init__(self, workers: int = QUERY_THREADS, inline_max_s: float = INLINE_MAX_S) -> None:
@@ -797,10 +798,10 @@ class _FastEndpoint(Protocol):
 class QueryFastPath:
     """An ASGI app answering ``GET`` of the two query endpoints ahead of ``app``'s middleware stack.
 
-    A small instant query costs ~0.1 ms of evaluation, and the stack around a route (uvicorn's
-    proxy headers, Starlette's error and exception middleware, FastAPI's telemetry, body-limit
-    and exit-stack layers, the request metrics) added ~30-35 us of coroutine calls and send
-    wrappers to each. Here a query is handed straight to its :class:`_QueryEndpoint` (the
+    A small instant query's evaluation is short, and the stack around a route (uvicorn's proxy
+    headers, Starlette's error and exception middleware, FastAPI's telemetry, body-limit and
+    exit-stack layers, the request metrics) added a sizeable share of coroutine calls and send
+    wrappers to each (``make bench-kql``). Here a query is handed straight to its :class:`_QueryEndpoint` (the
     ``query_routes``) with what that stack does for it kept: the request metrics
     (``observe(endpoint, method, status, seconds)``), the app's exception handlers (an
     :class:`~kernel_insight.api.errors.ApiError` from the token check is rendered as anywhere

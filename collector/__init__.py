@@ -109,7 +109,7 @@ if TYPE_CHECKING:
 
 #: Where each exported name lives. A submodule is imported when one of its names is first used:
 #: ``import kernel_insight.collector.openmetrics`` (``ki import``) then loads neither FastAPI nor
-#: the app (~57 MB resident and ~1 s of CPU the import never used: docs/benchmarks.md).
+#: the app, memory and start-up CPU the import never uses (``make bench-import``, bench/results/import.md).
 
 
 __getattr__, __dir__ = lazy_exports(globals())

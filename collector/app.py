@@ -50,10 +50,10 @@ __all__ = [
 DEFAULT_MAX_BODY = 16 << 20
 
 #: remote_write bodies that decompress to at most this many bytes (as their snappy header says) are
-#: decoded on the event loop, larger ones in a worker thread. bench-import's 2,000-sample requests
-#: (Prometheus' batch) are ~31 KB, ~237 KB decompressed, and decode in ~0.1-0.3 ms: the hand-off
-#: to a thread and back cost about as much (two wake-ups), and the decode holds the GIL either
-#: way. 1 MiB is ~8,500 such samples: a few ms of the loop at most, whatever the compression.
+#: decoded on the event loop, larger ones in a worker thread. Prometheus' 2,000-sample requests
+#: (bench-import's) decode in about what the hand-off to a thread and back costs (two wake-ups),
+#: and the decode holds the GIL either way; the bound keeps the loop's share of the largest
+#: request small whatever the compression (``make bench-import``, bench/results/import.md).
 INLINE_MAX_DECODED = 1 << 20
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class RemoteWriteEndpoint:
 
     ``ki collector`` answers remote_write ahead of the app's middleware stack with it
     (``api.QueryFastPath``'s ``posts``, docs/api.md "remote_write: the request path"): the
-    stack and FastAPI's dependency solving cost ~0.2 ms of a 2,000-sample request's ~1.1 ms
-    of Python in the collector. Everything else is the route's: ``write`` is the same handler, so the
+    stack and FastAPI's dependency solving were a large share of a 2,000-sample request's Python
+    time in the collector (``make bench-import``, bench/results/import.md). Everything else is the route's: ``write`` is the same handler, so the
     answers (204, 400, 413, 415, 422, 503) are the same. ``authorize`` gets the Authorization
     header and raises what the app's exception handlers render (401/403); None: open.
     Only made when every check of the route is ``authorize`` (``create_app``), so the fast

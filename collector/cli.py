@@ -46,7 +46,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 #: Bytes read per step: a few MB of parser state, whatever the file's size (2 MiB parsed faster
-#: than 8 MiB, 1.5M against 1.0M samples/s, and kept ~40 MB less resident).
+#: than 8 MiB and kept less resident: bench/results/import.md).
 CHUNK_BYTES = 2 << 20
 #: Samples per insert into an embedded store: ClickHouse wants few, large inserts, but an insert's
 #: working memory grows with it, ~130 bytes a sample. For the bench file (3.4M samples) at load
@@ -54,7 +54,7 @@ CHUNK_BYTES = 2 << 20
 #: 280-290 MB and 3.4-3.7 CPU s (bench/results/import.md, "Memory of `ki import`").
 FLUSH_SAMPLES = 200_000
 #: Samples inserted between two drops of chDB's pages (_bounded_writer): what only a merge or the
-#: first insert ran leaves the resident set. Each walks /proc/self/smaps (~15 ms of CPU).
+#: first insert ran leaves the resident set. Each walks /proc/self/smaps, so not after every insert.
 DROP_SAMPLES = 1_000_000
 #: Samples per remote_write request with ``--collector``, and requests in flight at once.
 REQUEST_SAMPLES = 20_000
@@ -193,7 +193,7 @@ def _import_stream(args: argparse.Namespace) -> int:
                 # chDB's static initialisers touch ~165 MB of its library (as much again as an
                 # import's whole working set): dropped as they go, it is never all resident; and
                 # what the imports ran once (Python's, numpy's, Arrow's start-up code) is dropped
-                # before. Peak RSS while the store opens: 279-285 MB -> 215-249.
+                # before; the peak RSS while the store opens is lower for it (bench/results/import.md).
                 drop_library_pages(_EVERY_FILE)
                 with dropping_library_pages(_CHDB_LIBRARY):
                     opened = open_store(args.store, cluster=args.cluster, cache_bytes=0)
@@ -221,7 +221,7 @@ def _bounded_writer(store: Store) -> Callable[[SampleBatch], int]:
 
     chDB's allocator (jemalloc) is purged after each insert: it keeps freed pages for seconds,
     and an insert frees most of its ~130 bytes a sample (anonymous memory at the peak for the
-    bench's 3.4M samples: 168 -> 119 MB in 250k-sample inserts; ~15 ms of CPU a purge). chDB's
+    bench's samples, bench/results/import.md "Memory of `ki import`"). chDB's
     library pages are dropped every ``DROP_SAMPLES`` (footprint.drop_library_pages). A ClickHouse
     server's memory is its own business.
     """

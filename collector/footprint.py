@@ -160,7 +160,7 @@ def dropping_library_pages(name_part: str, interval_s: float = 0.05) -> Iterator
     """Drop the library's pages (:func:`drop_library_pages`) every ``interval_s`` while the block
     runs, and once more at its end: for a block that loads the library and runs its static
     initialisers (``dlopen`` lets other threads run meanwhile), whose pages would otherwise all be
-    resident at once. Each round walks ``/proc/self/smaps`` (~15 ms of CPU with chDB loaded).
+    resident at once. Each round walks ``/proc/self/smaps``, which costs CPU with chDB loaded.
     """
     stop = threading.Event()
 

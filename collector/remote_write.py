@@ -268,10 +268,10 @@ def decode_write_request(
 
 def _decode_fast(buf: bytes, limits: SeriesLimits, cache: SeriesCache) -> SampleBatch:
     # The scan (where each series' labels are; values and timestamps as columns) is C
-    # (collector/native/decodemodule.c): in Python it was ~1.2 us of CPU per sample, the
-    # largest part of the collector's cost per remote_write sample. The series are found by
-    # their label bytes in the cache, all at once in C (a Python step per series was another
-    # ~0.45 us per sample: a Prometheus request holds one sample of each of its series).
+    # (collector/native/decodemodule.c): in Python it was the largest part of the collector's
+    # cost per remote_write sample. The series are found by their label bytes in the cache, all
+    # at once in C (a Python step per series is a step per sample: a Prometheus request holds
+    # one sample of each of its series). make bench-fleet-ingest, bench/results/fleet.md.
     try:
         scanned = _decode.write_request(buf)
     except ValueError as exc:
@@ -286,8 +286,8 @@ def _decode_fast(buf: bytes, limits: SeriesLimits, cache: SeriesCache) -> Sample
         ids = ids[ids >= 0]
     # One entry of ``series`` per TimeSeries with samples, in the request's order: no sort to
     # merge the rare series sent twice in one request (each entry's samples are stored alike,
-    # and the store writes a series row once per day). np.unique over a request's ~2,000
-    # samples cost ~0.1 ms, more than the rest of the decode.
+    # and the store writes a series row once per day). np.unique over a request's samples
+    # cost more than the rest of the decode.
     sid = np.repeat(np.arange(len(ids), dtype=np.int32), counts)
     ts_ms = np.frombuffer(raw_ts, dtype=np.int64).copy()
     if len(ts_ms) and (ts_ms.min() < MIN_TS_MS or ts_ms.max() > MAX_TS_MS):

@@ -268,7 +268,7 @@ class SampleCache:
             return
         hours = ts_ms // BLOCK_MS
         # One int64 key per (metric, hour): a 1-D unique sorts numbers, where unique(axis=1)
-        # sorted rows as structured values (18% of a ``ki import``'s CPU). Hours since 1970 fit
+        # sorted rows as structured values (a large share of ``ki import``'s CPU). Hours since 1970 fit
         # 24 bits until 3883 (the schema ends in 2149).
         keys = np.unique((codes.astype(np.int64) << 24) | (hours & 0xFFFFFF))
         self.invalidate((metrics[k >> 24], (k & 0xFFFFFF) * BLOCK_MS) for k in keys.tolist())
@@ -302,8 +302,8 @@ def gather_series(
 
     Each wanted series' samples inside the window in each block are found by two binary
     searches in C (``_windows.series_ranges``: a series' samples ascend, so those outside the
-    window are a prefix and a suffix of its range; numpy took a dozen passes, ~30% of an instant
-    ``deriv``). When most of the blocks is wanted they
+    window are a prefix and a suffix of its range; numpy took a dozen passes, a large share of an
+    instant ``deriv``: ``make bench-kql``). When most of the blocks is wanted they
     are laid side by side and gathered once; otherwise each block's wanted ranges are gathered
     first, so a selective query does not copy whole hours. Series with no sample in the window
     are left out.

@@ -30,8 +30,7 @@ __all__ = ["INSTANCE_ROW_EVERY_S", "StoreSink"]
 #: batch in each window of this many seconds of its own (producer) time, and with any batch whose
 #: row says something new besides ``last_seen`` (docs/storage.md, "Ingest: group commit"). The
 #: windows are aligned to the clock, so a fleet's rows land in the same flush or two per window,
-#: and the other flushes skip the table: each insert costs ~5-10 ms of CPU in chDB whatever its
-#: size. ``last_seen`` is thus at most this much behind the newest batch (staleness is 60 s).
+#: and the other flushes skip the table: each insert has a fixed cost in chDB whatever its size. ``last_seen`` is thus at most this much behind the newest batch (staleness is 60 s).
 INSTANCE_ROW_EVERY_S = 1.0
 
 

@@ -150,7 +150,7 @@ def read_spans(
 
     Ordered by the ``start`` column alone, so ClickHouse reads the window's granules in key
     order and stops after the page: ordering by (start, stream, correlation) makes it read and
-    sort the whole window (100-300 ms over a 1M-span capture instead of 5). The spans sharing
+    sort the whole window (``make bench-timeline``, bench/results/timeline.md). The spans sharing
     the page's last start are then read by that start (the key) and the page sorted fully.
     """
     after = None if cursor is None else (cursor.start_ns, cursor.stream, cursor.correlation)

@@ -31,10 +31,10 @@ _POW10_INT = 10 ** np.arange(MAX_SCALE + 1, dtype=np.int64)
 #: division that decodes it is one correctly rounded IEEE operation on exact operands.
 _LIMIT = float(2**53)
 #: A fraction's mantissa has at most 14 significant digits. Near 2**53 / 10**k every float is
-#: some m / 10**k (for values 4..9, 89-100% of random floats are at scale 15), so a decimal of
+#: some m / 10**k (for values 4..9, nearly every random float is at scale 15), so a decimal of
 #: 15-16 digits says nothing: a full-precision float series would land on decimals at random,
-#: switching columns sample by sample (Delta then pays a full step in both). Under 10**14 at most
-#: ~2-4% of random floats pass (14 digits against the float's 15.95). Integers (scale 0) keep
+#: switching columns sample by sample (Delta then pays a full step in both). Under 10**14 few
+#: random floats pass (14 digits against the float's 15.95). Integers (scale 0) keep
 #: the whole 2**53: large byte counters are integers, not accidents.
 _FRACTION_LIMIT = 1e14
 
@@ -80,7 +80,7 @@ def _scales(v: F64) -> tuple[I64, I64]:
 
 def encode_values(values: F64, series_idx: npt.NDArray[Any] | None = None) -> tuple[F64, I64, I8]:
     """``(float_value, mantissa, scale)`` for ``values``, by the C loop (``_valuecodec.encode``,
-    ~5 ns a sample): the same arrays as ``encode_values_numpy``, which documents the rules."""
+    one pass): the same arrays as ``encode_values_numpy``, which documents the rules."""
     v = np.ascontiguousarray(values, dtype=np.float64)
     n = len(v)
     float_value = np.empty(n, dtype=np.float64)

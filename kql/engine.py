@@ -106,7 +106,7 @@ from kernel_insight.kql.vectors import consolidate, finalize_names
 __all__ = ["DEFAULT_LOOKBACK_MS", "CancelToken", "Engine", "EngineLimits"]
 
 #: Parsed queries kept by text. Dashboards and rules send the same texts over and over, and
-#: parsing a join takes ~2 ms, as long as evaluating it at one step; the tree is immutable.
+#: parsing a join takes about as long as evaluating it at one step; the tree is immutable.
 PARSE_CACHE_SIZE = 1024
 #: Python loops over series check the deadline once per this many iterations (a monotonic clock read).
 _CHECK_EVERY = 1024
@@ -139,7 +139,7 @@ def batched_searchsorted(ts: I64, offsets: I64, queries: I64, side: str) -> I64:
     Returned indices are global positions in ``ts``. One walk through each series' samples and
     the sorted query times together, in C (``_windows.searchsorted``): numpy's way, placing
     every sample among the query times and counting per series, took five passes over all the
-    samples (~0.2 ms of an instant ``avg_over_time(x[1h])`` over 200 series).
+    samples (a large part of an instant ``avg_over_time(x[1h])``; ``make bench-kql``).
     """
     n = len(offsets) - 1
     out = np.empty((n, len(queries)), dtype=np.int64)
@@ -314,7 +314,7 @@ class _Evaluator:
 
     def grid_step(self, refs: I64) -> int | None:
         """:func:`grid_step` of ``refs``, without comparing every step when they are the query's
-        own steps (:attr:`times`: a range selector without @ or offset; ~5-10 us a selector)."""
+        own steps (:attr:`times`: a range selector without @ or offset), which every selector asks."""
         if refs is self.times and len(refs) > 1:
             return self.query_step
         return grid_step(refs)
@@ -733,8 +733,8 @@ class _Evaluator:
         """The instant query ``node`` (or ``absent(node)``) at ``time_ms`` straight from the grid
         read's columns: the answer :meth:`Engine._result` gives for the general evaluation (same
         samples, same order, same counts and peak), without the step vector, the call machinery
-        and the name finalisation (~40 small steps of 2-10 us: an instant ``absent`` or ``up``
-        spent more in them than in its read). None when the storage declines (the general path
+        and the name finalisation (some forty small steps: an instant ``absent`` or ``up`` spent
+        more in them than in its read). None when the storage declines (the general path
         then does not ask it again) or two answered series share labels (the general path says
         what that means)."""
         refs = np.array([time_ms], dtype=np.int64)
@@ -762,7 +762,7 @@ class _Evaluator:
         answer for the general evaluation). A selector that matches nothing is known so from
         the storage's series selection (a cached metric's, kept while its blocks are the same)
         and answered with one series of 1 at every step; the call, ``absent``'s step vector,
-        ``compact`` and ``finalize_names`` took ~100 us of a ~200 us range ``absent``."""
+        ``compact`` and ``finalize_names`` took half of a range ``absent``."""
         matchers = node.all_matchers()
         vec = self.lookup(matchers, self.times, False)
         if not absent:
@@ -1062,7 +1062,7 @@ class Engine:
             if not is_range:
                 if hists is None:
                     # Indices and values as Python lists: a numpy scalar read per series cost more
-                    # than the Sample it goes into (a 200-series answer ~50 us).
+                    # than the Sample it goes into.
                     rows = np.flatnonzero(vec.present[:, 0])
                     samples = float_samples(vec.labels, t0, rows.tolist(), vec.values[rows, 0].tolist())
                 else:

@@ -497,8 +497,8 @@ def _grammar() -> str:
 def _cache_file(grammar: str) -> str | bool:
     """Where the analysed grammar is kept between processes, or False for no cache.
 
-    Building the LALR tables takes ~0.2 s, most of a short command's start (``ki rules check``,
-    ``ki query``); loading them takes a few ms. Lark's own default is a predictable name in the
+    Building the LALR tables is most of a short command's start (``ki rules check``, ``ki
+    query``); loading them is far quicker (``make bench-cli``, bench/results/cli.md). Lark's own default is a predictable name in the
     shared temporary directory, and the file is a pickle, so it lives in the user's cache
     directory instead (``$XDG_CACHE_HOME`` or ``~/.cache``, ``kernel-insight/``), used only when
     that folder is the user's own and writable by nobody else. The name carries a digest of the

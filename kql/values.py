@@ -450,7 +450,7 @@ class Sample:
 
 
 #: Sample's slots, set directly: a frozen dataclass's ``__init__`` sets each field through
-#: ``object.__setattr__`` (~0.4 us a Sample, ~0.25 us this way; an instant answer makes one per series).
+#: ``object.__setattr__``, slower than the slots' setters; an instant answer makes one per series.
 _SAMPLE_SLOTS = tuple(vars(Sample)[name].__set__ for name in ("labels", "timestamp_ms", "value", "histogram"))
 
 
@@ -649,7 +649,7 @@ def _value_bytes(values: F64) -> npt.NDArray[np.object_]:
 
 
 #: Up to this many values :func:`_few_value_bytes` formats them one by one: below it the dozen
-#: numpy calls of :func:`_value_bytes` (~15 us) cost more than a Python loop.
+#: numpy calls of :func:`_value_bytes` cost more than a Python loop.
 _FEW_VALUES = 32
 
 
@@ -668,8 +668,7 @@ def _few_value_bytes(values: list[float]) -> list[bytes]:
 
 
 #: A label set -> its JSON object (``orjson.dumps(dict(labels))``): dashboards and rules ask for the
-#: same series again and again, and encoding ~2 us a series was up to half of an instant query over
-#: 200 series. Forgotten all at once when full.
+#: same series again and again, and encoding them was up to half of an instant query's time. Forgotten all at once when full.
 _LABELS_JSON: dict[Labels, bytes] = {}
 _LABELS_JSON_MAX = 100_000
 
@@ -694,7 +693,7 @@ _FAST_STAMP_MS = 10**15
 
 def _stamps_bytes(ms: I64) -> list[bytes]:
     """``_ts_bytes`` of every time of ``ms`` (ascending), the grid's in one pass: a range query's
-    240-360 steps took ~70-100 us one by one. In seconds the times are integers (``ms // 1000``,
+    hundreds of steps one by one cost more than the rest of the answer's text. In seconds the times are integers (``ms // 1000``,
     as ``_ts``) or fractions whose shortest digits orjson writes as ``repr`` does (the same
     bytes, hypothesis-checked)."""
     if len(ms) and int(ms[0]) >= 0 and int(ms[-1]) < _FAST_STAMP_MS:
@@ -707,15 +706,14 @@ def _stamps_text(ms: I64, after: bytes = b",") -> bytes:
     followed by ``after`` (a comma), as :func:`_ts_bytes` writes them.
 
     One pass in C (``_windows.stamps_text``, digits from the integer milliseconds): orjson's
-    float text of ``ms / 1000`` with the whole seconds' ".0" replaced away took ~15 us of a
-    241-step answer (load 5), this ~1 us.
+    float text of ``ms / 1000`` with the whole seconds' ".0" replaced away cost many times that.
     """
     return _windows.stamps_text(np.ascontiguousarray(ms, dtype=np.int64), after)
 
 
 #: Up to this many series a matrix is written series by series (:func:`_series_bytes`): the
-#: whole-matrix pass's object arrays cost ~0.3 ms more than that for one 361-step series (range
-#: ``absent``, ``sum(...)``), and less than it from about three series on.
+#: whole-matrix pass's object arrays cost more than that for one series (range ``absent``,
+#: ``sum(...)``), and less than it from about three series on.
 _FEW_SERIES = 2
 
 
@@ -725,10 +723,8 @@ def _constant_points(ms: I64, values: F64) -> bytes | None:
     range, ``vector(1)``, a flat gauge. None for any other series, or times :func:`_stamps_bytes`
     writes one by one.
 
-    The value is formatted once and written after every time by :func:`_stamps_text`: a
-    361-step ``absent`` answer took ~175 us of CPU as two object arrays and a join of 722
-    pieces, ~46 us as two replaces on the times' text (241 steps: 107 -> 29 us; best of 15
-    batches, load 9), ~6 us so (241 steps, load 5).
+    The value is formatted once and written after every time by :func:`_stamps_text`, instead of
+    two object arrays and a join of two pieces a step (``make bench-kql``).
     """
     n = len(ms)
     if n < 2 or int(ms[0]) < 0 or int(ms[-1]) >= _FAST_STAMP_MS:
@@ -758,7 +754,7 @@ def _series_bytes(s: Series) -> bytes:
 def prometheus_json_bytes(value: Vector | Matrix | Scalar | String) -> bytes:
     """:func:`to_prometheus_json` already encoded as compact UTF-8 JSON, without a Python object per sample.
 
-    A range query over 1,000 series and 240 steps took ~0.6 s to build as objects and dump;
+    A large range answer spent most of its time building objects and dumping them;
     here the values are formatted by two orjson calls and every point is two slices of one
     joined list.
     """

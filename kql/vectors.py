@@ -26,8 +26,8 @@ class LabelsMemo(Generic[_T]):
     (collector/head.py), so the per-series Python work of grouping and matching is done once.
 
     An entry is found by the lists' lengths and the identities of their ends, and used only when
-    the lists are equal to the ones it was made from (a C loop over identical objects: ~10 ns a
-    series), so an answer never depends on what is remembered. Forgotten all at once when full.
+    the lists are equal to the ones it was made from (a C loop over identical objects, cheap),
+    so an answer never depends on what is remembered. Forgotten all at once when full.
     """
 
     def __init__(self, size: int = 512) -> None:

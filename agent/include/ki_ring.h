@@ -826,7 +826,7 @@ static inline void ki_ring_consumer_close(struct ki_ring_consumer *c) {
 #define KI_RING_PEEK_BLOCK 16u
 /* How far ahead the read prefetches: two blocks, so that a slot's line is asked for a whole block's
  * fold before its block is read (one block ahead left the agent waiting on the first load of a
- * slot; two measured 5% less CPU a record at 1M records/s, docs/benchmarks.md). */
+ * slot; two cost less CPU a record: `make bench-histogram`, bench/results/histogram.md). */
 #ifndef KI_RING_PREFETCH
 #define KI_RING_PREFETCH (2u * KI_RING_PEEK_BLOCK)
 #endif

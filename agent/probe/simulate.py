@@ -44,7 +44,7 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 
 #: The longest a straggler runs, as a multiple of its ordinary duration. Real stragglers (a clock
 #: drop, a neighbour's memory traffic, a preempted SM) take a few times as long, not hundreds of
-#: times: an unbounded Pareto tail gave the GEMM a 1.2-1.6 s maximum beside a 2.2 ms median.
+#: times: an unbounded Pareto tail gave the GEMM maxima hundreds of times its median.
 STRAGGLER_MAX = 6.0
 
 

@@ -21,8 +21,8 @@
 
 
 /* Whether the ring's pages stay mapped: handing pages back (MADV_DONTNEED, then a page fault when
- * the next lap reads them) costs about a third of the agent's CPU a record at 1M records/s
- * (docs/benchmarks.md), so a ring that fits under ring_keep_kb with everything else stays mapped
+ * the next lap reads them) is a large share of the agent's CPU a record at high rates
+ * (`make bench-histogram`, bench/results/histogram.md), so a ring that fits under ring_keep_kb with everything else stays mapped
  * whole. Decided at attach from the resident memory then; from there on ki_agent_commit_slots stops
  * keeping for good once the resident memory passes the bound (keys, names and exports grew),
  * and the peak ends at most one step of growth above it: ring_keep_kb is 512 kB under the 5 MB

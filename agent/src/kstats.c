@@ -105,8 +105,8 @@ struct ki_kstats *ki_kstats_create(const struct ki_kstats_config *cfg) {
     }
     /* Cache-line aligned: the per-record fields (key cache, sampling window) then sit in lines of
      * their own wherever the heap puts the struct. At malloc's 16-byte alignment the statically
-     * linked agent's heap layout cost ~60% more CPU per kernel (28-30 -> 46-52 ns in
-     * bench.histogram --phases cpu; loads of the one-entry key cache stalled), aligned both builds read 28-32. */
+     * linked agent's heap layout made loads of the one-entry key cache stall and every kernel cost more
+     * CPU (`make bench-histogram`, its cpu phase: bench/results/histogram.md); aligned, both builds cost the same. */
     struct ki_kstats *ks = aligned_alloc(64, (sizeof *ks + 63) & ~(size_t)63);
     if (!ks) return NULL;
     memset(ks, 0, sizeof *ks);

@@ -50,9 +50,9 @@ uint64_t ki_loop_drain_and_pace(struct ki_agent *a) {
 /* Drain, then send (or wait for answers) until the next tick is due, with drains before it when
  * producers write fast: the default 32 Ki-slot ring holds 33 ms of records at 1M kernels/s, less than a
  * 100 ms tick, and a producer drops what a full ring cannot take. Paced by the rate seen, not
- * polled: a wake-up costs ~18 us of CPU on a VM, what ~1,000 records cost to fold. Half a ring,
- * not less: records read soon after they were written cost the agent more (measured: a quarter
- * 2-4 ns a kernel more than a half at 1M/s, docs/benchmarks.md). */
+ * polled: a wake-up costs as much CPU as folding about a thousand records. Half a ring, not less:
+ * records read soon after they were written cost the agent more CPU a kernel (`make
+ * bench-histogram`, bench/results/histogram.md). */
 void ki_loop_tick_until(struct ki_agent *a, uint64_t next_tick_ns, volatile sig_atomic_t *stop,
                        volatile sig_atomic_t *reload) {
     uint64_t early = ki_loop_drain_and_pace(a);

@@ -3,8 +3,8 @@
 A request never touches the store: :class:`Snapshotter` (``snapshotter.py``) rebuilds an
 immutable :class:`Snapshot` (``snapshot.py``: pre-encoded JSON per instance, an ETag over the
 content) every few seconds from a :class:`HealthSource` (``source.py``: the store), and the
-handler (``router.py``) only filters and joins bytes. That is what keeps p99 under 10 ms for
-1,000 instances and makes ``If-None-Match`` -> 304 free. The healthy/stale/lagging rule is
+handler (``router.py``) only filters and joins bytes. That is what keeps a snapshot request's
+p99 within its target at 1,000 instances (``make bench-api``, docs/benchmarks.md) and makes ``If-None-Match`` -> 304 free. The healthy/stale/lagging rule is
 :class:`HealthRule` (``rule.py``; docs/api.md states it).
 """
 

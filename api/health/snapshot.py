@@ -19,7 +19,8 @@ from kernel_insight.api.health.serving import serving_record
 __all__ = ["Snapshot", "build_snapshot", "encode_json", "instance_record", "served_models"]
 
 
-#: The snapshot's gzip level: 1 compresses its JSON ~10x at ~10 ms per MB; more buys little here.
+#: The snapshot's gzip level: 1 already compresses its repetitive JSON most of the way, at the least
+#: CPU a rebuild; higher levels buy little here (bench/results/fleet.md, the GPU fleet's snapshot).
 GZIP_LEVEL = 1
 
 

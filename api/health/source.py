@@ -54,9 +54,9 @@ class StoreSource:
     lookback, staleness markers meaning absent), so its rules live in kql alone; NaN readings
     are left out, then ``sum``/``max``/``mean`` by instance. The storage reads all six metrics
     in one pass of the samples and remembers which series match (docs/kql.md, "Instant
-    selectors"); the grouping by instance is numpy over codes kept per label set. At 1,000
-    instances x 8 GPUs x 5 gauges a rebuild takes ~70 ms of CPU (``make bench-api``; ~450 ms
-    through the grid path), on the background thread every 5 s. The NCCL latency quantiles
+    selectors"); the grouping by instance is numpy over codes kept per label set, far cheaper
+    than the grid path (``make bench-api``: the snapshot rebuild's figure, docs/benchmarks.md); it
+    runs on the background thread every 5 s. The NCCL latency quantiles
     (over every sample of the window) and the labels stay SQL.
     """
 
@@ -206,7 +206,8 @@ class StoreSource:
     def _keys(self, labels: list[Labels]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
         """Per series: the metric (its position in GAUGES, then the heartbeat) and the instance
         (its position in ``_instances``). Remembered per label set: the storage hands the same
-        label tuples back every rebuild, and reading each one's labels again cost ~60 ms a rebuild."""
+        label tuples back every rebuild, and reading each one's labels again was a large part of a
+        rebuild (``make bench-api``)."""
         if len(self._known) > 4 * len(labels) + 100_000:  # series come and go: start afresh
             self._known.clear()
             self._instances.clear()

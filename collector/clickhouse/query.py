@@ -196,7 +196,7 @@ class ClickHouseStorage(StorageBase):
         self._selection_cache: dict[tuple[str, tuple[Matcher, ...]], _Selection] = store.selection_cache
         # The cache plan a grid read just made before declining (the cache serves the window
         # better): the engine reads that same window through ``select_columns`` next, which takes
-        # the plan over instead of making it again (~15% of a cached range ``absent``).
+        # the plan over instead of making it again (a visible share of a cached range ``absent``).
         self._declined: tuple[tuple[Matcher, ...], int, int, tuple[str, range]] | None = None
 
     @property
@@ -597,10 +597,10 @@ class ClickHouseStorage(StorageBase):
         blocks = self._hour_blocks(budget, metric, hours)
         others = tuple(m for m in matchers if not (m.name == "__name__" and m.op == "="))
         # Which series match depends only on which are present (labels never change): the last
-        # answer for the same selector holds while the same series are (~0.4 ms of label
-        # matching for 1,000 series in Python, per query). The very same blocks hold the same
-        # series: known without merging their fingerprints (a 7-hour window's np.unique was
-        # ~50 us of a range query over a selector that matches nothing).
+        # answer for the same selector holds while the same series are (label matching in Python
+        # grows with the series, per query). The very same blocks hold the same series: known
+        # without merging their fingerprints (np.unique over a long window's blocks dominated a
+        # range query over a selector that matches nothing; ``make bench-kql``).
         key = (metric, others)
         serials = tuple(b.serial for b in blocks)
         hit = self._selection_cache.get(key)
@@ -791,7 +791,7 @@ class ClickHouseStorage(StorageBase):
         The window ``(t - lookback, t]`` is left-open like the engine's (and Prometheus 3.x);
         stale markers stay in the input, so a series whose latest sample is one is absent at
         that step, and a second aggregate over ``ts`` itself gives each value's sample time
-        (only when asked for: it makes the query ~50% slower).
+        (only when asked for: it makes the query markedly slower, ``make bench-kql``).
         """
         step_ms, budget = hints.step_ms, hints.budget
         first = start_ms - lookback_ms + 1
@@ -857,8 +857,8 @@ class ClickHouseStorage(StorageBase):
         :func:`labels_match` (labels from the labels cache; the unknown ones are read once), and
         the answer is kept while the same series are present. Stale markers are left to the
         caller's ``present`` as on the grid. The health snapshot asks this every few seconds
-        for 40,000 series: through the series query and ``timeSeriesLastToGrid`` that took
-        ~270 ms of CPU, this ~12 ms.
+        for every GPU's gauges: through the series query and ``timeSeriesLastToGrid`` that cost
+        many times the CPU of this one read (``make bench-api``, bench/results/api.md).
         """
         named = _named_metrics(matchers)
         if named is None:
@@ -971,7 +971,7 @@ class ClickHouseStorage(StorageBase):
 
         Stale markers are filtered out in SQL, as the engine drops them before range functions.
         The samples never reach the engine, so the count returned is of computed values (a
-        ``timeSeriesCountToGrid`` for the exact window count made the query ~30% slower).
+        ``timeSeriesCountToGrid`` for the exact window count made the query markedly slower).
         """
         func, step_ms, range_ms, budget = hints.func, hints.step_ms, hints.range_ms, hints.budget
         spec = FUNCTIONS.get(func)
@@ -1159,8 +1159,8 @@ def _grid_order(
 def _sort_key(labels: Labels) -> str | None:
     """A string that sorts as the label tuple does (None if a label holds a separator character).
 
-    Python compares tuples of tuples element by element, ~5 us per comparison here: sorting
-    48,000 label sets took 250 ms; the strings sort in a tenth of that.
+    Python compares tuples of tuples element by element; one string per label set compares in
+    one C call, so a fleet's label sets sort many times faster (``make bench-kql``).
     """
     if any(c in part for pair in labels for part in pair for c in "\x00\x01"):
         return None
@@ -1280,7 +1280,7 @@ _HISTOGRAM_COLUMNS = (
 
 def _ragged(rows: pa.Table, name: str, pair: str | None = None) -> Ragged:
     """A list column (with ``pair``: two list columns of the same lengths, as (offset, length)
-    pairs) as flat values and row offsets: Arrow's to_pylist of lists costs ~25 us a row."""
+    pairs) as flat values and row offsets: Arrow's to_pylist of lists makes Python objects a row."""
     arr = rows.column(name).combine_chunks()
     offsets = arr.offsets.to_numpy().astype(np.int64)
     flat = arr.flatten().to_numpy(zero_copy_only=False)

@@ -199,9 +199,9 @@ SCHEMA: tuple[Table, ...] = (
             Column(
                 "float_value", "Float64", "Delta, ZSTD(3)", "the value where no decimal gives it back, else 0"
             ),
-            # ZSTD(5), ZSTD's lazy matching (4 is 3's strategy): 0.630 against 0.696 bytes/sample
-            # on bench-e2e --histograms data, 1.628 / 1.656 histograms off, 2.286 / 2.306 import,
-            # 1.232 / 1.225 ingest, for 3-14 ns more CPU a sample at each write (insert, merges).
+            # ZSTD(5), ZSTD's lazy matching (4 is 3's strategy): fewer bytes a sample on e2e and
+            # import data, for a little more CPU at each write (insert, merges): make
+            # bench-samplestore, bench/results/samplestore.md.
             Column("mantissa", "Int64", "Delta, ZSTD(5)", "the value is mantissa / 10^scale when scale >= 0"),
             Column(
                 "scale", "Int8", "ZSTD(1)", "0, 3, 6, 9, 12 or 15; -1: the value is float_value", "DEFAULT -1"

@@ -84,14 +84,14 @@ _MS_PER_DAY = 86_400_000
 #: How often the embedded store asks the engine to delete the parts merges replaced (docs/storage.md,
 #: "Merges"). chDB's own cleanup ran rarely: replaced parts stayed 40 s and more after the merges
 #: (past ``old_parts_lifetime``), so ``du`` of a busy table was several times its active parts.
-#: The statement costs ~0.3 ms and deletes nothing younger than ``old_parts_lifetime``.
+#: The statement is cheap and deletes nothing younger than ``old_parts_lifetime``.
 CLEANUP_INTERVAL_S = 2.0
 #: Merge settings of the embedded store's busiest tables (docs/storage.md, "Merges"): ClickHouse's
 #: selector (base 5) rewrote each ``kernel_spans`` row 2.3 times on average in a stream of
-#: 40k-row flushes (12M rows); at base 10 about 1.6 times, for ~25% less CPU in inserts and merges
+#: 40k-row flushes (12M rows); at base 10 about 1.6 times, for less CPU in inserts and merges
 #: together and a few more active parts. ``samples`` under remote_write (32k-row flushes): 2.9
-#: times against 1.6, and the merge threads took half the CPU (1.8 -> 0.9 s of ~6 s in
-#: bench-import's remote_write). Embedded only: a server's tables keep its defaults.
+#: times against 1.6, and the merge threads took half the CPU in bench-import's remote_write
+#: (bench/results/import.md). Embedded only: a server's tables keep its defaults.
 EMBEDDED_TABLE_SETTINGS: dict[str, dict[str, int]] = {
     "kernel_spans": {"merge_selector_base": 10},
     "samples": {"merge_selector_base": 10},
@@ -214,7 +214,7 @@ _TS_MS_UTC = pa.timestamp("ms", tz="UTC")
 
 def _dense_codes(codes: npt.NDArray[Any], domain: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]:
     """``np.unique(codes, return_inverse=True)`` for codes in ``range(domain)``, by counting:
-    O(len + domain) where the sort cost ~0.1 ms for a remote_write request's 2,000 series."""
+    O(len + domain) where a sort is O(len log len), on every remote_write request."""
     if domain > 8 * len(codes) + 1024:  # a few codes out of many: sorting them is cheaper
         used, inverse = np.unique(codes, return_inverse=True)
         return used, inverse.astype(np.int32).reshape(-1)
@@ -439,7 +439,7 @@ class Store(ABC):
         #: cache: a dashboard asks the same selector again and again over the same series.
         self.selection_cache: dict[Any, Any] = {}
         #: ``storage()`` by ``use_cache``: a ClickHouseStorage holds no state of its own (its caches
-        #: are the store's), and making one per request cost ~10 us of a small query's request.
+        #: are the store's), and making one per request was a cost on every small query.
         self._storages: dict[bool, Any] = {}
         #: Told of every INSERT: (table, rows, seconds, succeeded); the collector's /metrics
         #: (``CollectorMetrics.observe_insert``) counts rows by table and times inserts with it.
@@ -692,7 +692,7 @@ class Store(ABC):
 
         An answer within the last ``PING_FRESH_S`` stands: /healthz is polled by load balancers,
         kubelets and clients on kept-alive connections, and each ``SELECT 1`` queues behind the
-        engine's own work (1-10 ms of chDB on a busy 2-core host), which a health check should not
+        engine's own work (chDB's queries and merges on a busy host), which a health check should not
         wait for or add to. A closed store still fails at once; an engine that stops answering is
         seen within ``PING_FRESH_S``.
         """
@@ -744,7 +744,7 @@ class Store(ABC):
             {
                 "metric": metric,
                 "fingerprint": pa.array(fps[batch.series_idx], pa.uint64()),
-                # Int64 viewed as the timestamp: a tz-aware type from numpy went through pandas_compat (~3 us).
+                # Int64 viewed as the timestamp: a tz-aware type from numpy went through pandas_compat.
                 "ts": pa.array(batch.ts_ms, pa.int64()).view(_TS_MS_UTC),
                 **_value_columns(batch),
             }
@@ -1608,7 +1608,7 @@ class EmbeddedStore(Store):
                 f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})"
             ) from exc
         try:
-            # Results cross no wire here: LZ4 on Arrow output only cost time (1.2 M rows: 88 -> 54 ms).
+            # Results cross no wire here: LZ4 on Arrow output only cost time.
             self._command("SET output_format_arrow_compression_method = 'none'")
             # Packed small parts where the engine has them (chDB 4.4 does; an older one creates
             # its tables as before rather than refusing an unknown setting).

@@ -68,7 +68,7 @@ def span_page_rows(
 
     Ordered by the ``start`` column alone, so ClickHouse reads the window's granules in key
     order and stops after the page: ordering by (start, stream, correlation) makes it read and
-    sort the whole window (100-300 ms over a 1M-span capture instead of 5). The spans sharing
+    sort the whole window (``make bench-timeline``, bench/results/timeline.md). The spans sharing
     the page's last start are then read by that start (the key).
     """
     table = qualified(store.database, "kernel_spans")

@@ -5,8 +5,8 @@
  * them on random and awkward values): per value the smallest scale k of 0, 3, 6, 9, 12, 15 with
  * (double)m / 10^k bit-equal to it (|m| <= 2^53 at k = 0, < 10^14 above), each series raised to
  * its largest scale where the mantissa still fits, and a last check that every decimal decodes
- * to its value's bits. numpy needed 30-150 ns a sample (six passes of a dozen array operations,
- * plus ~40 us a call); this is one pass. Plain IEEE double arithmetic (no -ffast-math, C11's
+ * to its value's bits. numpy needed six passes of a dozen array operations and a fixed cost a
+ * call; this is one pass (make bench-samplestore, bench/results/samplestore.md). Plain IEEE double arithmetic (no -ffast-math, C11's
  * default of no contraction), so the results are numpy's bit for bit. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -179,8 +179,7 @@ DENSE_VARIANCE = True
 
 #: Kahan sums, variances and regression sums run window by window in C (kql/native/windowsmodule.c:
 #: the same operations in the same order, the same bits) instead of numpy's lock step, whose
-#: dozen ufuncs per sample cost ~1 us each (an instant stddev_over_time(x[15m]) of 200 series
-#: ~0.8 ms). False: the numpy paths (the tests compare the two).
+#: dozen ufuncs per sample each have a fixed cost a call (``make bench-kql``). False: the numpy paths (the tests compare the two).
 NATIVE_WINDOWS = True
 
 #: Windows at least this full (samples over windows x the longest one) are summed side by side
@@ -325,7 +324,7 @@ def _variance(r: RangeInput) -> F64:
     ):
         # Every window has a sample at each step of the lock step (regular scrapes): the same
         # operations on whole arrays, the samples gathered once as a (step, window) matrix
-        # instead of a take and a dozen slices per step (~20% of a 200-series instant query).
+        # instead of a take and a dozen slices per step (a large part of an instant query).
         steps = r.vs[w.sorted_lo[None, :] + np.arange(longest)[:, None]]
         for k in range(longest):
             if k % 32 == 31:

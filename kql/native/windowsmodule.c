@@ -20,7 +20,7 @@
  * numpy passes over all of them.
  *
  * Also stamps_text: a range answer's step times as the Prometheus API writes them, one pass in C
- * (kql/values.py: a float formatter and a byte replace over the text took ~15-30 us an answer).
+ * (kql/values.py: a float formatter and a byte replace over the text cost more than the rest).
  *
  * The window functions take the windows as (lo, cnt) int64 arrays of equal length n into a float64
  * array of values, reads at most `limit` samples of each window (longer windows are finished
