@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -173,19 +174,41 @@ PAYLOAD_DTYPES: dict[RecordType, np.dtype[np.void]] = {
 }
 assert all(dt.itemsize == 32 for dt in PAYLOAD_DTYPES.values())
 
-_HEAD = struct.Struct("<QII BBHIQ")  # a consumed record's first 32 bytes (pos, producer, check, header)
+_STRUCT_CODES = {"u1": "B", "u2": "H", "u4": "I", "u8": "Q", "i4": "i", "i8": "q", "f8": "d"}
+
+
+def _struct_of(dtype: np.dtype[np.void], names: tuple[str, ...] | None = None) -> struct.Struct:
+    """The ``struct`` format of ``dtype``'s fields (``names``: those, in order), written from the
+    dtype itself: ``reserved`` fields are pad bytes, a sub-array is a repeat count."""
+    assert dtype.names is not None
+    assert dtype.fields is not None
+    codes = []
+    for name in dtype.names if names is None else names:
+        field: np.dtype[Any] = dtype.fields[name][0]
+        base, shape = field.subdtype if field.subdtype is not None else (field, ())
+        count = int(np.prod(shape)) if shape else 1
+        if name == "reserved":
+            codes.append(f"{field.itemsize}x")
+        else:
+            codes.append((str(count) if count > 1 else "") + _STRUCT_CODES[base.str[1:]])
+    return struct.Struct("<" + "".join(codes))
+
+
+_RECORD_FIELDS = ("pos", "producer", "check", "type", "flags", "device", "id", "ts_ns")
+#: A consumed record's first 32 bytes (pos, producer, check, header).
+_HEAD = _struct_of(RECORD_DTYPE, _RECORD_FIELDS)
 
 #: The 16-byte record header and the 32-byte payload of each type, as docs/ring.md lays them
-#: out: the one definition both the decoder here and Python-side record packers use.
-REC_HEAD = struct.Struct("<BBHIQ")
-KERNEL_PAYLOAD = struct.Struct("<QQQI4x")
-LAUNCH_PAYLOAD = struct.Struct("<II3I3I")
-MEMOP_PAYLOAD = struct.Struct("<QQIIi4x")
-COLLECTIVE_PAYLOAD = struct.Struct("<QQQII")
-SYNC_PAYLOAD = struct.Struct("<QQII8x")
-SAMPLE_PAYLOAD = struct.Struct("<dQ16x")
-FINGERPRINT_PAYLOAD = struct.Struct("<Q24x")
-ERROR_PAYLOAD = struct.Struct("<qQII8x")
+#: out, written from RECORD_DTYPE and PAYLOAD_DTYPES: what Python-side record packers use.
+REC_HEAD = _struct_of(RECORD_DTYPE, _RECORD_FIELDS[3:])
+KERNEL_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.KERNEL])
+LAUNCH_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.LAUNCH])
+MEMOP_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.MEMOP])
+COLLECTIVE_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.COLLECTIVE])
+SYNC_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.SYNC])
+SAMPLE_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.GPU_SAMPLE])
+FINGERPRINT_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.FINGERPRINT])
+ERROR_PAYLOAD = _struct_of(PAYLOAD_DTYPES[RecordType.ERROR])
 
 
 @dataclass(frozen=True, slots=True)

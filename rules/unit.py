@@ -91,11 +91,6 @@ def _duration_ms(value: Any, what: str) -> int:
         raise ValueError(f'{what}: not a valid duration string: "{text}"') from None
 
 
-def _go_duration(ms: int) -> str:
-    """Prometheus' ``model.Duration.String()``: ``1m``, ``1h30m``, ``0s``."""
-    return format_duration(ms)
-
-
 def _go_since_epoch(ms: int) -> str:
     """Go's ``time.Duration.String()`` of ``ts - 0`` (``1m0s``), as the rule error line prints it."""
     return go_duration(ms * 1_000_000)
@@ -245,7 +240,7 @@ def _run_group(
         if not case.get("alertname"):
             where = f" (in TestGroup {name})" if name else ""
             return [
-                f"an item under alert_rule_test misses required attribute alertname at eval_time {_go_duration(t)}{where}"
+                f"an item under alert_rule_test misses required attribute alertname at eval_time {format_duration(t)}{where}"
             ]
         alert_tests.setdefault(t, []).append(case)
     expr_tests = tg.get("promql_expr_test") or []
@@ -307,7 +302,7 @@ def _run_group(
                 exp_alerts.sort()
                 if exp_alerts != got_alerts:
                     errs.append(
-                        f"{test_name}    alertname: {case['alertname']}, time: {_go_duration(t)}, \n"
+                        f"{test_name}    alertname: {case['alertname']}, time: {format_duration(t)}, \n"
                         f"        exp:{_pairs_str(exp_alerts)}, \n        got:{_pairs_str(got_alerts)}"
                     )
             curr += 1
@@ -337,7 +332,7 @@ def _same(a: float, b: float, fuzzy: bool) -> bool:
 def _expr_case(engine: Engine, case: dict[str, Any], start_ms: int, fuzzy: bool) -> list[str]:
     expr = str(case.get("expr", ""))
     t = _duration_ms(case.get("eval_time"), "eval_time")
-    where = f"    expr: {go_quote(expr)}, time: {_go_duration(t)}"
+    where = f"    expr: {go_quote(expr)}, time: {format_duration(t)}"
     try:
         result = engine.instant_query(expr, start_ms + t)
     except KqlError as exc:
