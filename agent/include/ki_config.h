@@ -70,6 +70,10 @@ void ki_config_help(FILE *out);
 /* Print "key = value" for every setting (what --print-config shows). */
 void ki_config_print(const struct ki_config *cfg, FILE *out);
 
+/* s with its leading and trailing white space cut (the trailing in place): the one trim of the
+ * agent's "key = value" files (the config file, the key file). Returns a pointer into s. */
+char *ki_config_trim(char *s);
+
 /* The ring's shm name: the ring setting itself when it starts with /, else /kernel_insight.<ring>. */
 void ki_config_ring_name(const struct ki_config *cfg, char *out, size_t outlen);
 

@@ -121,7 +121,7 @@ static int set(struct ki_config *cfg, const struct ki_config_entry *e, const cha
     return 0;
 }
 
-static char *trim(char *s) {
+char *ki_config_trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
     char *e = s + strlen(s);
     while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
@@ -136,7 +136,7 @@ static int load_file(struct ki_config *cfg, const char *path, char *err, size_t 
     while (rc == 0 && fgets(line, sizeof line, f)) {
         lineno++;
         snprintf(where, sizeof where, "%s:%d", path, lineno);
-        char *s = trim(line);
+        char *s = ki_config_trim(line);
         if (!*s || *s == '#') continue;
         char *eq = strchr(s, '=');
         if (!eq) {
@@ -144,7 +144,7 @@ static int load_file(struct ki_config *cfg, const char *path, char *err, size_t 
             break;
         }
         *eq = '\0';
-        char *key = trim(s), *value = trim(eq + 1);
+        char *key = ki_config_trim(s), *value = ki_config_trim(eq + 1);
         const struct ki_config_entry *e = find(key, strlen(key));
         if (!e) {
             rc = fail(err, errlen, -EINVAL, "%s: unknown setting '%s' (see --help)", where, key);

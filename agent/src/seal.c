@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ki_seal.h"
 
+#include "ki_config.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,13 +28,6 @@ static int hex_decode(const char *hex, uint8_t *out, size_t n) {
         out[i] = (uint8_t)v;
     }
     return 0;
-}
-
-static char *trim(char *s) {
-    while (isspace((unsigned char)*s)) s++;
-    char *e = s + strlen(s);
-    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
-    return s;
 }
 
 int ki_seal_load_key(struct ki_seal *s, const char *path, char *err, size_t errlen) {
@@ -63,7 +58,7 @@ int ki_seal_load_key(struct ki_seal *s, const char *path, char *err, size_t errl
     memset(&tmp, 0, sizeof tmp);
     char *save = NULL;
     for (char *line = strtok_r(buf, "\n", &save); line && rc == 0; line = strtok_r(NULL, "\n", &save)) {
-        char *l = trim(line);
+        char *l = ki_config_trim(line);
         if (!*l || *l == '#') continue;
         char *eq = strchr(l, '=');
         if (!eq) {
@@ -71,7 +66,7 @@ int ki_seal_load_key(struct ki_seal *s, const char *path, char *err, size_t errl
             break;
         }
         *eq = '\0';
-        char *k = trim(l), *v = trim(eq + 1);
+        char *k = ki_config_trim(l), *v = ki_config_trim(eq + 1);
         if (!strcmp(k, "agent_id")) {
             rc = hex_decode(v, tmp.agent_id, KI_AGENT_ID_BYTES);
             have |= 1;

@@ -42,6 +42,10 @@ int main(int argc, char **argv) {
     CHECK(ki_config_load(&c, 5, a4, none, devnull, err, sizeof err) < 0);
     char *a5[] = {"ki-agent", "--help", NULL};
     CHECK_EQ(ki_config_load(&c, 2, a5, none, devnull, err, sizeof err), KI_CONFIG_EXIT);
+    char padded[] = " \t key = value \r\n", blank[] = " \n", bare[] = "x";
+    CHECK(!strcmp(ki_config_trim(padded), "key = value"));
+    CHECK(!strcmp(ki_config_trim(blank), ""));
+    CHECK(!strcmp(ki_config_trim(bare), "x"));
     fclose(devnull);
     puts("ok");
     return 0;
