@@ -23,7 +23,8 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from kernel_insight.collector.batcher import Batcher, FlushFailed
-from kernel_insight.collector.clickhouse.store import PreparedRows, StorageError, StorageUnavailable, Store
+from kernel_insight.collector.clickhouse.ingest_groups import PreparedRows
+from kernel_insight.collector.clickhouse.store import StorageError, StorageUnavailable, Store
 from kernel_insight.collector.metrics import CollectorMetrics, RequestMetrics
 from kernel_insight.collector.relabel import Relabeler
 from kernel_insight.collector.remote_write import (

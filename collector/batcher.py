@@ -42,7 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_insight.collector.clickhouse.store import PreparedRows, StorageError, StorageUnavailable, Store
+from kernel_insight.collector.clickhouse.ingest_groups import PreparedRows
+from kernel_insight.collector.clickhouse.store import StorageError, StorageUnavailable, Store
 from kernel_insight.collector.defaults import BATCHER_SHUTDOWN_S
 
 __all__ = ["Batcher", "BatcherStats", "FlushFailed", "Ticket"]

@@ -2,7 +2,9 @@
 
 ``schema`` (the one table definition and the DDL generated from it), ``sql`` (how a statement is
 written: identifiers quoted, values as server-side parameters), ``store`` (the two back ends,
-embedded chDB and a server, and every write and maintenance statement), ``query`` (kql's storage
+embedded chDB and a server, and every write and maintenance statement; its parts ``errors``,
+``arrow_rows``, ``series_index``, ``ingest_groups``, ``schema_sync``, ``head_load``,
+``known_metrics``), ``query`` (kql's storage
 protocol over the tables), and the named reads and writes the rest calls: ``timeline``
 (spans, per-call rows, events, trace exports), ``capture_rows``, ``health`` (the snapshot's
 reads besides kql's), ``versioned`` (key and token tables, rule leases), ``freeze`` (backup and

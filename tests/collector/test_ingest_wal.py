@@ -25,12 +25,8 @@ from test_batcher import _counts, _rows
 
 from kernel_insight.collector import wire
 from kernel_insight.collector.batcher import Batcher
-from kernel_insight.collector.clickhouse.store import (
-    TEST_KILL_AFTER_TABLE_ENV,
-    EmbeddedStore,
-    StorageError,
-    StorageUnavailable,
-)
+from kernel_insight.collector.clickhouse.ingest_groups import TEST_KILL_AFTER_TABLE_ENV
+from kernel_insight.collector.clickhouse.store import EmbeddedStore, StorageError, StorageUnavailable
 from kernel_insight.collector.ingest_wal import IngestWal
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import SampleBuilder

@@ -371,14 +371,14 @@ def test_a_series_sent_twice_in_one_request_is_stored_once_per_sample_with_one_s
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 5000), max_size=300), st.integers(0, 3))
 def test_dense_codes_are_numpys_unique_with_its_inverse(codes, spare):
-    """Store._sample_rows' counting unique (both its branches: few codes of a large domain sort)."""
+    """arrow_rows.dense_codes, Store._sample_rows' counting unique (both its branches: few codes of a large domain sort)."""
     import numpy as np
 
-    from kernel_insight.collector.clickhouse.store import _dense_codes
+    from kernel_insight.collector.clickhouse.arrow_rows import dense_codes
 
     arr = np.asarray(codes, dtype=np.int32)
     for domain in (max(codes, default=-1) + 1 + spare, 10_000 + spare):
-        used, dense = _dense_codes(arr, domain)
+        used, dense = dense_codes(arr, domain)
         want_used, want_inverse = np.unique(arr, return_inverse=True)
         assert used.tolist() == want_used.tolist()
         assert dense.tolist() == want_inverse.reshape(-1).tolist()

@@ -67,9 +67,9 @@ def test_a_series_row_per_series_and_day_once_across_requests_groups_and_days(st
     assert sorted(x["gpu"] for _, x in two) == ["0", "0", "1"]
     assert len({d for d, _ in two}) == 2
     # What the store remembers: each day's fingerprints sorted and once, as many as its rows.
-    for arr in store._seen_by_day.values():
+    for arr in store._series_index._seen_by_day.values():
         assert bool(np.all(arr[1:] > arr[:-1]))
-    assert sum(len(a) for a in store._seen_by_day.values()) == len(rows)
+    assert sum(len(a) for a in store._series_index._seen_by_day.values()) == len(rows)
 
 
 def test_the_series_cache_gives_each_series_its_own_entry_past_its_first_arrays():
