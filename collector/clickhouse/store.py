@@ -727,6 +727,13 @@ class Store(ABC):
         value = result.column("b")[0].as_py()
         return int(value or 0)
 
+    def row_count(self, name: str) -> int:
+        """The rows one table of the schema holds (``count()``: a ReplacingMergeTree's rows as
+        written, before merges replace any)."""
+        table(name)  # rejects names outside the schema
+        result = self.query(f"SELECT count() AS n FROM {self._table(name)}")
+        return int(result.column("n")[0].as_py())
+
     def table_stats(self) -> list[dict[str, Any]]:
         """Per table of the store's database (``table``, by name): active ``parts``, ``rows``, ``bytes``
         on disk (the collector's store statistics, collector/metrics.py)."""

@@ -251,7 +251,7 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
         launches = store.query(
             "SELECT argMax(value, ts) AS v FROM ki.samples WHERE metric = 'kernel_launches_total'"
         ).to_pylist()[0]["v"]
-        spans = store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]["n"]
+        spans = store.row_count("kernel_spans")
     finally:
         store.close()
     assert hist["count"] == total

@@ -35,9 +35,11 @@ def _rows(store, i: int, n: int = 5):
 
 
 def _counts(store) -> dict[str, int]:
-    q = "SELECT (SELECT count() FROM ki.samples) AS s, (SELECT count() FROM ki.kernel_spans) AS k, "
-    q += "(SELECT count() FROM ki.batches) AS b"
-    return store.query(q).to_pylist()[0]
+    return {
+        "s": store.row_count("samples"),
+        "k": store.row_count("kernel_spans"),
+        "b": store.row_count("batches"),
+    }
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_part_count_stays_bounded_under_many_small_requests(tmp_path):
             sink.close()
         requests = AGENTS * REQUESTS_PER_AGENT
         assert statuses == [200] * requests
-        spans = store.query("SELECT count() AS n FROM ki.kernel_spans").to_pylist()[0]["n"]
+        spans = store.row_count("kernel_spans")
         assert spans == requests * 8
         stats = sink.batcher.stats
         assert stats.flushed_batches == requests

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from kernel_insight.agent import RECORD_DTYPE, FingerprintField, RecordFlag, RecordType
 from kernel_insight.agent.metric_ids import MetricId
 from kernel_insight.collector import wire
+from kernel_insight.collector.clickhouse.health import instance_rows
 from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.derive import DROP_STATS
 from kernel_insight.collector.ingest import ingest_router
@@ -103,7 +104,7 @@ def env(tmp_path):
 
 
 def spans(store) -> int:
-    return int(store.query("SELECT count() AS n FROM ki.kernel_spans").column("n")[0].as_py())
+    return store.row_count("kernel_spans")
 
 
 def series_values(store, name: str) -> list[float]:
@@ -154,7 +155,7 @@ def test_a_poisoned_batch_is_stored_without_the_bad_record_and_later_batches_flo
         r = agent.send(kernel(NOW + i * 1000), sample(MetricId.MEMORY_FREE, 1e9, ts=NOW + i))
         assert r.status_code == 200, r.text
     assert spans(store) == 3
-    (inst,) = store.query("SELECT memory_total_bytes AS m FROM ki.instances FINAL").column("m").to_pylist()
+    (inst,) = [i["memory_total_bytes"] for i in instance_rows(store)]
     assert inst < 2**64
 
 

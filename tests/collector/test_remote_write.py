@@ -277,7 +277,7 @@ def test_app_refuses_series_prometheus_would_with_400(app_store, labels, message
     r = client.post("/api/v1/write", content=body, headers={"Content-Encoding": "snappy"})
     assert r.status_code == 400, r.text
     assert message in r.json()["detail"]
-    assert app_store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 0
+    assert app_store.row_count("samples") == 0
 
 
 def test_app_series_limits_are_settings_and_writes_go_through_the_batcher(app_store):
@@ -472,5 +472,5 @@ def test_a_group_waits_for_each_keep_alive_connection_of_the_senders(app_store):
             assert batcher.stats.eager_senders == 2
     finally:
         batcher.shutdown()
-    got = app_store.query("SELECT count() AS n FROM ki.samples").to_pylist()[0]["n"]
+    got = app_store.row_count("samples")
     assert got == 3

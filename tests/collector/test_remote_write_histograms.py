@@ -331,7 +331,7 @@ def test_collector_stores_remote_written_histograms_and_answers_400_for_bad_ones
         assert got[1]["positive_float_counts"] == [4.25, 3.0]
         assert got[1]["positive_counts"] == []
         assert got[3]["custom_values"] == [0.1, 0.5, 1.0]
-        samples = store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py()
+        samples = store.row_count("samples")
         assert samples == 1
         req = WriteRequest()
         ts = req.timeseries.add()
@@ -454,7 +454,7 @@ def test_collector_takes_remote_write_2_and_says_what_it_wrote(tmp_path):
                 "positive_float_counts": [4.25, 3.0],
             },
         ]
-        assert store.query("SELECT count() AS n FROM ki.samples").column("n")[0].as_py() == 1
+        assert store.row_count("samples") == 1
     finally:
         store.close()
 
