@@ -85,7 +85,6 @@ from kernel_insight.kql.values import (
     CallContext,
     HistRange,
     Matrix,
-    Operand,
     QueryResult,
     QueryStats,
     RangeInput,
@@ -96,6 +95,9 @@ from kernel_insight.kql.values import (
     String,
     Value,
     Vector,
+    as_operand,
+    as_scalar,
+    as_vector,
     drop_name,
     float_samples,
     hist_mask,
@@ -174,27 +176,6 @@ def window_bounds(ts: I64, offsets: I64, refs: I64, range_ms: int) -> tuple[I64,
 def _parsed(text: str) -> Expr:
     """:func:`parse`, remembered (a query that fails to parse raises every time: nothing is kept)."""
     return parse(text)
-
-
-def _vector(value: Value) -> StepVector:
-    """``value`` where the type checker guarantees an instant vector."""
-    if not isinstance(value, StepVector):  # pragma: no cover - the checker rules it out
-        raise TypeError(f"expected an instant vector, got {type(value).__name__}")
-    return value
-
-
-def _scalar(value: Value) -> F64:
-    """``value`` where the type checker guarantees a scalar (one float per step)."""
-    if not isinstance(value, np.ndarray):  # pragma: no cover - the checker rules it out
-        raise TypeError(f"expected a scalar, got {type(value).__name__}")
-    return value
-
-
-def _operand(value: Value) -> Operand:
-    """``value`` where the type checker guarantees a binary operator's operand."""
-    if isinstance(value, RangeInput | str):  # pragma: no cover - the checker rules it out
-        raise TypeError(f"a binary operand cannot be a {type(value).__name__}")
-    return value
 
 
 def _held_size(value: Value) -> int:
@@ -507,7 +488,7 @@ class _Evaluator:
                 None,
                 object_cells(hists),
             )
-        return -_scalar(value)
+        return -as_scalar(value)
 
     def eval_binary(self, node: BinaryExpr, times: I64) -> Value:
         trim = node.op in TRIM_OPS
@@ -517,13 +498,13 @@ class _Evaluator:
             rhs = self.eval(node.rhs, times)
         finally:
             self.bucket_readers -= trim
-        return evaluate_binary(self, node, _operand(lhs), _operand(rhs))
+        return evaluate_binary(self, node, as_operand(lhs), as_operand(rhs))
 
     def eval_aggregate(self, node: AggregateExpr, times: I64) -> StepVector:
         param = self.eval(node.param, times) if node.param is not None else None
         if isinstance(param, RangeInput | StepVector):  # pragma: no cover - the checker rules it out
             raise TypeError(f"{node.op}: the parameter is a {type(param).__name__}")
-        return aggregate(self, node, _vector(self.eval(node.expr, times)), param)
+        return aggregate(self, node, as_vector(self.eval(node.expr, times)), param)
 
     def eval_call(self, node: Call, times: I64) -> Value:
         pushed = self._range_on_grid(node, times)
@@ -901,7 +882,7 @@ class _Evaluator:
         else:
             self.bucket_readers += 1
             try:
-                inner = consolidate(_vector(self.eval(node.expr, inner_times)))
+                inner = consolidate(as_vector(self.eval(node.expr, inner_times)))
             finally:
                 self.bucket_readers -= 1
         n = len(inner)

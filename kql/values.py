@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,11 @@ __all__ = [
     "Vector",
     "almost_equal",
     "almost_equal_array",
+    "as_operand",
+    "as_range",
+    "as_scalar",
+    "as_string",
+    "as_vector",
     "format_json_float",
     "format_sample_value",
     "labels_to_str",
@@ -65,6 +70,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 OBJ = npt.NDArray[np.object_]
+_T = TypeVar("_T")
 
 #: What an expression evaluates to at every step: an instant vector, a range vector, a scalar
 #: (one float per step) or a string.
@@ -274,6 +280,43 @@ class RangeInput:
     def counts(self) -> I64:
         counts: I64 = self.hi - self.lo
         return counts
+
+
+# -------------------------------------------------------- what an argument or operand holds
+# The checker guarantees each argument's type before anything runs (a function's registry entry
+# declares them); these narrow a value to that type for the type checker, and a value of another
+# type is a bug in kql, not in the query.
+
+
+def _narrowed(value: Arg, kind: type[_T], what: str) -> _T:
+    if not isinstance(value, kind):  # pragma: no cover - the checker rules it out
+        raise TypeError(f"expected {what}, got {type(value).__name__}")
+    return value
+
+
+def as_vector(value: Arg) -> StepVector:
+    """``value`` where the checker guarantees an instant vector."""
+    return _narrowed(value, StepVector, "an instant vector")
+
+
+def as_range(value: Arg) -> RangeInput:
+    """``value`` where the checker guarantees a range vector."""
+    return _narrowed(value, RangeInput, "a range vector")
+
+
+def as_scalar(value: Arg) -> F64:
+    """``value`` where the checker guarantees a scalar (one float per step)."""
+    return _narrowed(value, np.ndarray, "a scalar")
+
+
+def as_string(value: Arg) -> str:
+    """``value`` where the checker guarantees a string."""
+    return _narrowed(value, str, "a string")
+
+
+def as_operand(value: Arg) -> Operand:
+    """``value`` where the checker guarantees a binary operator's operand (a vector or a scalar)."""
+    return value if isinstance(value, StepVector) else as_scalar(value)
 
 
 def start_timestamp_resets(prev_st: I64, prev_t: I64, cur_st: I64, cur_t: I64) -> BOOL:

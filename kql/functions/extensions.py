@@ -4,27 +4,25 @@ so no valid PromQL query changes meaning.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from kernel_insight.kql.functions._common import F64, STR, M, V, range_result
 from kernel_insight.kql.functions.registry import function
-from kernel_insight.kql.values import CallContext, RangeInput, StepVector
+from kernel_insight.kql.values import Arg, CallContext, StepVector, as_range, as_string, as_vector
 from kernel_insight.kql.vectors import group_rows
 
 __all__: list[str] = []
 
 
 @function("time_weighted_avg_over_time", (M,), V, extension=True)
-def _time_weighted_avg_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _time_weighted_avg_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Mean weighted by how long each sample was current, from the first sample in the range to its end.
 
     Irregularly sampled gauges (NVML readings on change, DCGM fields at varying intervals)
     are what avg_over_time gets wrong: it weighs a reading held for a second like one held
     for a minute.
     """
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     if len(r.vs) == 0:
         return StepVector.empty(ctx.steps)
     # Hold time of every sample until the next one of the same series (0 for a series' last).
@@ -43,14 +41,14 @@ def _time_weighted_avg_over_time(ctx: CallContext, args: list[Any]) -> StepVecto
 
 
 @function("zscore", (V, STR), V, variadic=-1, extension=True)
-def _zscore(ctx: CallContext, args: list[Any]) -> StepVector:
+def _zscore(ctx: CallContext, args: list[Arg]) -> StepVector:
     """How many standard deviations each series is from the mean of its peers at every step.
 
     Peers are the series sharing the values of the given labels (all series when none are
     given): ``abs(zscore(step_time, "job")) > 3`` finds the straggler GPUs of each training job.
     """
-    vec: StepVector = args[0]
-    names = frozenset(args[1:])
+    vec = as_vector(args[0])
+    names = frozenset(as_string(a) for a in args[1:])
     keys = [tuple(p for p in labels if p[0] in names) for labels in vec.labels]
     gid, n = group_rows(keys)
     if n == 0:

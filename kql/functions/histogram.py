@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +39,16 @@ from kernel_insight.kql.histsamples import (
 )
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector, almost_equal, almost_equal_array
+from kernel_insight.kql.values import (
+    Arg,
+    CallContext,
+    StepVector,
+    almost_equal,
+    almost_equal_array,
+    as_scalar,
+    as_string,
+    as_vector,
+)
 from kernel_insight.kql.vectors import consolidate
 
 __all__ = ["bucket_fraction", "bucket_quantile"]
@@ -297,9 +305,9 @@ def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
 
 
 @function("histogram_quantile", (S, V), V, histogram_reads="buckets")
-def _histogram_quantile(ctx: CallContext, args: list[Any]) -> StepVector:
+def _histogram_quantile(ctx: CallContext, args: list[Arg]) -> StepVector:
     """The φ-quantile of a classic histogram (series with an ``le`` label), per label set without ``le``."""
-    q, vec = args
+    q, vec = as_scalar(args[0]), as_vector(args[1])
     _warn_quantile(ctx, q, 0)
     (out,) = _quantiles(ctx, vec, [q], 1)
     return consolidate(out.compact())
@@ -314,9 +322,10 @@ def _q_label(q: float) -> str:
 
 
 @function("histogram_quantiles", (V, STR, S), V, variadic=-1, experimental=True, histogram_reads="buckets")
-def _histogram_quantiles(ctx: CallContext, args: list[Any]) -> StepVector:
+def _histogram_quantiles(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Several quantiles at once, each output series labelled ``<label>="<φ>"``."""
-    vec, label, *qs = args
+    vec, label = as_vector(args[0]), as_string(args[1])
+    qs = [as_scalar(a) for a in args[2:]]
     if not is_valid_label_name(label):
         raise KqlEvaluationError(f"invalid label name {go_quote(label)}")
     for k, q in enumerate(qs):
@@ -335,9 +344,9 @@ def _histogram_quantiles(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 @function("histogram_fraction", (S, S, V), V, histogram_reads="buckets")
-def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
+def _histogram_fraction(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Estimated fraction of a classic histogram's observations between ``lower`` and ``upper``."""
-    lower, upper, vec = args
+    lower, upper, vec = as_scalar(args[0]), as_scalar(args[1]), as_vector(args[2])
     groups = _groups(ctx, vec, 2)
     keys = list(groups)
     values = np.full((len(keys), ctx.steps), np.nan)
@@ -356,7 +365,7 @@ def _histogram_fraction(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 def _native_only(name: str, doc: str, reads: str) -> None:
-    def impl(ctx: CallContext, args: list[Any]) -> StepVector:
+    def impl(ctx: CallContext, args: list[Arg]) -> StepVector:
         return StepVector.empty(ctx.steps)
 
     impl.__doc__ = doc
@@ -381,8 +390,8 @@ for _name, _doc, _reads in (
 
 
 def _native_floats(fn: Callable[[H], float], dense_fn: Callable[[Totals], F64] | None = None) -> HistImpl:
-    def handler(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
-        return float_of_hists(args[0], fn, dense_fn)
+    def handler(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
+        return float_of_hists(as_vector(args[0]), fn, dense_fn)
 
     return handler
 
@@ -466,8 +475,8 @@ def _fraction_of(ctx: CallContext, lower: float, upper: float, h: H, name: str, 
     return float(value)
 
 
-def _native_histogram_quantile(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
-    q, vec = args
+def _native_histogram_quantile(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
+    q, vec = as_scalar(args[0]), as_vector(args[1])
     classic = _split_classic_native(ctx, vec, 1)
     floats = floats_of(ctx, impl, [q, classic.floats_only()])
     pos = ctx.node.args[1].pos
@@ -497,8 +506,8 @@ def _native_cells(ctx: CallContext, vec: StepVector, dense_fn: DenseFn, one: One
     return StepVector(vec.labels, values, present, np.ones(len(vec), dtype=bool)).compact()
 
 
-def _native_histogram_fraction(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
-    lower, upper, vec = args
+def _native_histogram_fraction(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
+    lower, upper, vec = as_scalar(args[0]), as_scalar(args[1]), as_vector(args[2])
     classic = _split_classic_native(ctx, vec, 2)
     floats = floats_of(ctx, impl, [lower, upper, classic.floats_only()])
     pos = ctx.node.args[2].pos
@@ -514,9 +523,9 @@ def _native_histogram_fraction(ctx: CallContext, impl: Impl, args: list[Any]) ->
     return _concat_vectors(floats, native)
 
 
-def _native_histogram_quantiles(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
-
-    vec, label, *qs = args
+def _native_histogram_quantiles(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
+    vec, label = as_vector(args[0]), as_string(args[1])
+    qs = [as_scalar(a) for a in args[2:]]
     classic = _split_classic_native(ctx, vec, 0)
     out: StepVector = floats_of(ctx, impl, [classic.floats_only(), label, *qs])
     pos = ctx.node.args[0].pos

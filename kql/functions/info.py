@@ -9,8 +9,6 @@ info series and name the only labels to add.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from kernel_insight.kql.ast import VectorSelector
@@ -19,7 +17,7 @@ from kernel_insight.kql.functions._common import V
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote
 from kernel_insight.kql.storage import Labels, Matcher
-from kernel_insight.kql.values import CallContext, StepVector
+from kernel_insight.kql.values import Arg, CallContext, StepVector, as_vector
 
 __all__ = ["IDENTIFYING_LABELS"]
 
@@ -30,10 +28,12 @@ _ANY_INFO = Matcher("__name__", "=~", ".+_info")
 
 
 @function("info", (V, V), V, variadic=1, experimental=True, unevaluated=(1,))
-def _info(ctx: CallContext, args: list[Any]) -> StepVector:
+def _info(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Add the data labels of matching info series (default ``target_info``) to each series."""
-    base: StepVector = args[0]
-    selector: VectorSelector | None = args[1] if len(args) > 1 else None
+    base = as_vector(args[0])
+    selector = args[1] if len(args) > 1 else None
+    if not isinstance(selector, VectorSelector | None):  # pragma: no cover - the checker rules it out
+        raise TypeError(f"info: the label selector is a {type(selector).__name__}")
     matchers = selector.all_matchers() if selector is not None else ()
     name_matchers = [m for m in matchers if m.name == "__name__"] or [_DEFAULT_INFO]
     if not any(m.op in ("=", "=~") for m in name_matchers):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.lexical import go_quote, is_valid_label_name
 from kernel_insight.kql.regex import RegexError, compile_anchored
 from kernel_insight.kql.storage import Labels
-from kernel_insight.kql.values import CallContext, StepVector
+from kernel_insight.kql.values import Arg, CallContext, StepVector, as_string, as_vector
 from kernel_insight.kql.vectors import consolidate
 
 if TYPE_CHECKING:
@@ -58,9 +58,10 @@ def _relabel(vec: StepVector, dst: str, new_labels: list[Labels]) -> StepVector:
 
 
 @function("label_replace", (V, STR, STR, STR, STR), V, histogram_samples="pass_through")
-def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
+def _label_replace(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Set ``dst`` to the expanded ``replacement`` where ``regex`` fully matches label ``src``."""
-    vec, dst, replacement, src, regex = args
+    vec = as_vector(args[0])
+    dst, replacement, src, regex = (as_string(a) for a in args[1:])
     try:
         pattern = compile_anchored(regex)
     except RegexError as exc:
@@ -79,9 +80,10 @@ def _label_replace(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 @function("label_join", (V, STR, STR, STR), V, variadic=-1, histogram_samples="pass_through")
-def _label_join(ctx: CallContext, args: list[Any]) -> StepVector:
+def _label_join(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Set ``dst`` to the values of the ``src`` labels joined by ``separator``."""
-    vec, dst, sep, *srcs = args
+    vec, dst, sep = as_vector(args[0]), as_string(args[1]), as_string(args[2])
+    srcs = [as_string(a) for a in args[3:]]
     if not is_valid_label_name(dst):
         raise KqlEvaluationError(f"invalid destination label name in label_join(): {go_quote(dst)}")
     for src in srcs:
@@ -111,15 +113,15 @@ def _sorted_by_value(ctx: CallContext, vec: StepVector, descending: bool) -> Ste
 
 
 @function("sort", (V,), V)
-def _sort(ctx: CallContext, args: list[Any]) -> StepVector:
+def _sort(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Order an instant vector by value, ascending (NaN last)."""
-    return _sorted_by_value(ctx, args[0], descending=False)
+    return _sorted_by_value(ctx, as_vector(args[0]), descending=False)
 
 
 @function("sort_desc", (V,), V)
-def _sort_desc(ctx: CallContext, args: list[Any]) -> StepVector:
+def _sort_desc(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Order an instant vector by value, descending (NaN last)."""
-    return _sorted_by_value(ctx, args[0], descending=True)
+    return _sorted_by_value(ctx, as_vector(args[0]), descending=True)
 
 
 _CHUNK = re.compile(r"(\d+|\D+)")
@@ -150,9 +152,9 @@ def natural_less(a: str, b: str) -> bool:
     return False
 
 
-def _sort_by_label(ctx: CallContext, args: list[Any], descending: bool) -> StepVector:
-    vec: StepVector = args[0]
-    names: list[str] = args[1:]
+def _sort_by_label(ctx: CallContext, args: list[Arg], descending: bool) -> StepVector:
+    vec = as_vector(args[0])
+    names = [as_string(a) for a in args[1:]]
     _sort_warning(ctx)
     sign = -1 if descending else 1
 
@@ -171,21 +173,21 @@ def _sort_by_label(ctx: CallContext, args: list[Any], descending: bool) -> StepV
 
 
 @function("sort_by_label", (V, STR), V, variadic=-1, histogram_samples="pass_through")
-def _sort_by_label_asc(ctx: CallContext, args: list[Any]) -> StepVector:
+def _sort_by_label_asc(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Order by the given labels' values (natural order), then by the full label set."""
     return _sort_by_label(ctx, args, descending=False)
 
 
 @function("sort_by_label_desc", (V, STR), V, variadic=-1, histogram_samples="pass_through")
-def _sort_by_label_desc(ctx: CallContext, args: list[Any]) -> StepVector:
+def _sort_by_label_desc(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Like sort_by_label, descending."""
     return _sort_by_label(ctx, args, descending=True)
 
 
 @function("absent", (V,), V, histogram_samples="presence")
-def _absent(ctx: CallContext, args: list[Any]) -> StepVector:
+def _absent(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1 with the selector's equality labels at steps where the vector is empty."""
-    vec: StepVector = args[0]
+    vec = as_vector(args[0])
     arg = ctx.node.args[0]
     labels: Labels = ()
     if isinstance(arg, VectorSelector):

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from kernel_insight.kql.functions._common import F64, S, V, map_values
 from kernel_insight.kql.functions.registry import function
 from kernel_insight.kql.histogram import go_log2_array, go_log10_array, go_log_array
-from kernel_insight.kql.values import CallContext, StepVector
+from kernel_insight.kql.values import Arg, CallContext, StepVector, as_scalar, as_vector
 
 __all__: list[str] = []
 
 
 def _elementwise(name: str, fn: Callable[[F64], F64], doc: str) -> None:
-    def impl(ctx: CallContext, args: list[Any]) -> StepVector:
-        return map_values(args[0], fn)
+    def impl(ctx: CallContext, args: list[Arg]) -> StepVector:
+        return map_values(as_vector(args[0]), fn)
 
     impl.__doc__ = doc
     function(name, (V,), V)(impl)
@@ -53,52 +52,52 @@ for _name, _fn, _doc in (
 
 
 @function("round", (V, S), V, variadic=1)
-def _round(ctx: CallContext, args: list[Any]) -> StepVector:
+def _round(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Round to the nearest multiple of ``to_nearest`` (default 1); halves round up."""
-    vec: StepVector = args[0]
-    nearest = args[1] if len(args) > 1 else np.ones(ctx.steps)
+    vec = as_vector(args[0])
+    nearest = as_scalar(args[1]) if len(args) > 1 else np.ones(ctx.steps)
     inverse = 1.0 / nearest[None, :]
     return map_values(vec, lambda v: np.floor(v * inverse + 0.5) / inverse)
 
 
 @function("clamp", (V, S, S), V)
-def _clamp(ctx: CallContext, args: list[Any]) -> StepVector:
+def _clamp(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Clamp every sample to [min, max]; empty where max < min."""
-    vec, lo, hi = args
+    vec, lo, hi = as_vector(args[0]), as_scalar(args[1]), as_scalar(args[2])
     out = map_values(vec, lambda v: np.maximum(lo[None, :], np.minimum(hi[None, :], v)))
     out.present = out.present & ~(hi < lo)[None, :]
     return out.compact()
 
 
 @function("clamp_min", (V, S), V)
-def _clamp_min(ctx: CallContext, args: list[Any]) -> StepVector:
+def _clamp_min(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Raise every sample to at least ``min``."""
-    vec, lo = args
+    vec, lo = as_vector(args[0]), as_scalar(args[1])
     return map_values(vec, lambda v: np.maximum(lo[None, :], v))
 
 
 @function("clamp_max", (V, S), V)
-def _clamp_max(ctx: CallContext, args: list[Any]) -> StepVector:
+def _clamp_max(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Lower every sample to at most ``max``."""
-    vec, hi = args
+    vec, hi = as_vector(args[0]), as_scalar(args[1])
     return map_values(vec, lambda v: np.minimum(hi[None, :], v))
 
 
 @function("pi", (), S)
-def _pi(ctx: CallContext, args: list[Any]) -> F64:
+def _pi(ctx: CallContext, args: list[Arg]) -> F64:
     """The number pi."""
     return np.full(ctx.steps, np.pi)
 
 
 @function("min_of", (S, S), S, in_durations=True)
-def _min_of(ctx: CallContext, args: list[Any]) -> F64:
+def _min_of(ctx: CallContext, args: list[Arg]) -> F64:
     """The smaller of two scalars (NaN if either is NaN); also usable in durations."""
-    result: F64 = np.minimum(args[0], args[1])
+    result: F64 = np.minimum(as_scalar(args[0]), as_scalar(args[1]))
     return result
 
 
 @function("max_of", (S, S), S, in_durations=True)
-def _max_of(ctx: CallContext, args: list[Any]) -> F64:
+def _max_of(ctx: CallContext, args: list[Arg]) -> F64:
     """The larger of two scalars (NaN if either is NaN); also usable in durations."""
-    result: F64 = np.maximum(args[0], args[1])
+    result: F64 = np.maximum(as_scalar(args[0]), as_scalar(args[1]))
     return result

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +28,12 @@ from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
 from kernel_insight.kql.functions.registry import GridPushdown, function
 from kernel_insight.kql.values import (
+    Arg,
     CallContext,
     RangeInput,
     StepVector,
+    as_range,
+    as_scalar,
     start_time_overlap_warning,
     start_time_overlaps,
     start_timestamp_resets,
@@ -39,6 +42,8 @@ from kernel_insight.kql.values import (
 __all__: list[str] = []
 
 I64 = npt.NDArray[np.int64]
+#: Any numpy element type: the helpers that only move values keep theirs.
+_G = TypeVar("_G", bound=np.generic)
 
 
 #: Windows with more samples than this (dense data, long ranges) are computed one window at a
@@ -74,7 +79,7 @@ class _Windows:
         """Per-window values in (series, step) order as a (series, steps) array."""
         return values.reshape(self.shape)
 
-    def sorted(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def sorted(self, values: npt.NDArray[_G]) -> npt.NDArray[_G]:
         """Per-window values in (series, step) order, rearranged into lock-step order."""
         return values[self.order]
 
@@ -403,7 +408,7 @@ def _same_series_prev(r: RangeInput) -> npt.NDArray[np.bool_]:
     return same
 
 
-def _previous(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+def _previous(values: npt.NDArray[_G]) -> npt.NDArray[_G]:
     """Each flat sample's predecessor's value (garbage, 0, for a series' first sample)."""
     return np.concatenate([np.zeros(1, values.dtype), values[:-1]]) if len(values) else values
 
@@ -503,9 +508,9 @@ def _starts_in_range(
     smoothed=True,
     start_timestamps=True,
 )
-def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
+def _rate(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second increase of a counter over the range, extrapolated to the range boundaries."""
-    return _extrapolated(ctx, args[0], counter=True, per_second=True)
+    return _extrapolated(ctx, as_range(args[0]), counter=True, per_second=True)
 
 
 @function(
@@ -517,15 +522,15 @@ def _rate(ctx: CallContext, args: list[Any]) -> StepVector:
     smoothed=True,
     start_timestamps=True,
 )
-def _increase(ctx: CallContext, args: list[Any]) -> StepVector:
+def _increase(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Increase of a counter over the range, extrapolated to the range boundaries."""
-    return _extrapolated(ctx, args[0], counter=True, per_second=False)
+    return _extrapolated(ctx, as_range(args[0]), counter=True, per_second=False)
 
 
 @function("delta", (M,), V, pushdown=GridPushdown(), anchored=True, smoothed=True)
-def _delta(ctx: CallContext, args: list[Any]) -> StepVector:
+def _delta(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Difference between first and last value of a gauge, extrapolated to the range boundaries."""
-    return _extrapolated(ctx, args[0], counter=False, per_second=False)
+    return _extrapolated(ctx, as_range(args[0]), counter=False, per_second=False)
 
 
 def _instant(r: RangeInput, is_rate: bool) -> StepVector:
@@ -548,15 +553,15 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
 
 
 @function("irate", (M,), V, pushdown=GridPushdown(), start_timestamps=True)
-def _irate(ctx: CallContext, args: list[Any]) -> StepVector:
+def _irate(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second rate from the last two samples of the range (counter resets handled)."""
-    return _instant(args[0], is_rate=True)
+    return _instant(as_range(args[0]), is_rate=True)
 
 
 @function("idelta", (M,), V, pushdown=GridPushdown())
-def _idelta(ctx: CallContext, args: list[Any]) -> StepVector:
+def _idelta(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Difference between the last two samples of the range."""
-    return _instant(args[0], is_rate=False)
+    return _instant(as_range(args[0]), is_rate=False)
 
 
 def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
@@ -654,17 +659,17 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
-def _deriv(ctx: CallContext, args: list[Any]) -> StepVector:
+def _deriv(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second derivative of a gauge by simple linear regression."""
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     slope, _ = _regression(r, None)
     return range_result(r, slope, _present(r, 2))
 
 
 @function("predict_linear", (M, S), V, time_dependent=True, histogram_samples="mixed_range_info")
-def _predict_linear(ctx: CallContext, args: list[Any]) -> StepVector:
+def _predict_linear(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Value of a gauge ``t`` seconds from now, by simple linear regression."""
-    r, horizon = args
+    r, horizon = as_range(args[0]), as_scalar(args[1])
     slope, intercept = _regression(r, ctx.times)
     return range_result(r, slope * horizon[None, :] + intercept, _present(r, 2))
 
@@ -693,35 +698,35 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
 
 
 @function("changes", (M,), V, pushdown=GridPushdown(), anchored=True)
-def _changes(ctx: CallContext, args: list[Any]) -> StepVector:
+def _changes(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of times the value changed within the range."""
-    return _count_changes(args[0], resets=False)
+    return _count_changes(as_range(args[0]), resets=False)
 
 
 @function("resets", (M,), V, pushdown=GridPushdown(), anchored=True, start_timestamps=True)
-def _resets(ctx: CallContext, args: list[Any]) -> StepVector:
+def _resets(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of counter resets (decreases) within the range."""
-    return _count_changes(args[0], resets=True)
+    return _count_changes(as_range(args[0]), resets=True)
 
 
 @function("sum_over_time", (M,), V, pushdown=GridPushdown())
-def _sum_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _sum_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Sum of all samples in the range (Kahan summation)."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, _kahan_sum(r), _present(r))
 
 
 @function("avg_over_time", (M,), V, pushdown=GridPushdown())
-def _avg_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _avg_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Mean of all samples in the range."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, _kahan_mean(r), _present(r))
 
 
 @function("count_over_time", (M,), V, pushdown=GridPushdown())
-def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _count_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of samples in the range."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, r.counts.astype(np.float64), _present(r))
 
 
@@ -732,9 +737,9 @@ def _count_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
-def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _min_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Smallest sample in the range (NaN only if all are NaN)."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, _reduce(r, np.fmin), _present(r))
 
 
@@ -745,40 +750,40 @@ def _min_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
     pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
 )
-def _max_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _max_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Largest sample in the range (NaN only if all are NaN)."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, _reduce(r, np.fmax), _present(r))
 
 
 @function("last_over_time", (M,), V, pushdown=GridPushdown(keeps_name=True))
-def _last_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _last_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Most recent sample in the range; keeps the metric name."""
-    r = args[0]
+    r = as_range(args[0])
     _, last_v, _, _ = _window_values(r)
     return range_result(r, last_v, _present(r), keep_name=True)
 
 
 @function("first_over_time", (M,), V)
-def _first_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _first_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Oldest sample in the range; keeps the metric name."""
-    r = args[0]
+    r = as_range(args[0])
     first_v, _, _, _ = _window_values(r)
     return range_result(r, first_v, _present(r), keep_name=True)
 
 
 @function("ts_of_last_over_time", (M,), V, experimental=True)
-def _ts_of_last(ctx: CallContext, args: list[Any]) -> StepVector:
+def _ts_of_last(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of the most recent sample in the range."""
-    r = args[0]
+    r = as_range(args[0])
     _, _, _, last_t = _window_values(r)
     return range_result(r, last_t / 1000.0, _present(r))
 
 
 @function("ts_of_first_over_time", (M,), V, experimental=True)
-def _ts_of_first(ctx: CallContext, args: list[Any]) -> StepVector:
+def _ts_of_first(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of the oldest sample in the range."""
-    r = args[0]
+    r = as_range(args[0])
     _, _, first_t, _ = _window_values(r)
     return range_result(r, first_t / 1000.0, _present(r))
 
@@ -806,35 +811,35 @@ def _ts_of_extreme(r: RangeInput, largest: bool) -> StepVector:
 
 
 @function("ts_of_max_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
-def _ts_of_max(ctx: CallContext, args: list[Any]) -> StepVector:
+def _ts_of_max(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of the largest sample in the range (the last one on ties)."""
-    return _ts_of_extreme(args[0], largest=True)
+    return _ts_of_extreme(as_range(args[0]), largest=True)
 
 
 @function("ts_of_min_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
-def _ts_of_min(ctx: CallContext, args: list[Any]) -> StepVector:
+def _ts_of_min(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of the smallest sample in the range (the last one on ties)."""
-    return _ts_of_extreme(args[0], largest=False)
+    return _ts_of_extreme(as_range(args[0]), largest=False)
 
 
 @function("stddev_over_time", (M,), V, histogram_samples="mixed_range_info")
-def _stddev_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _stddev_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Population standard deviation of the samples in the range."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, np.sqrt(_variance(r)), _present(r))
 
 
 @function("stdvar_over_time", (M,), V, histogram_samples="mixed_range_info")
-def _stdvar_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _stdvar_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Population variance of the samples in the range."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, _variance(r), _present(r))
 
 
 @function("quantile_over_time", (S, M), V, histogram_samples="mixed_range_info")
-def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _quantile_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """The φ-quantile (0 ≤ φ ≤ 1) of the samples in the range."""
-    q, r = args
+    q, r = as_scalar(args[0]), as_range(args[1])
     present = _present(r)
     # Prometheus warns per series it answers: only at steps where some window holds floats.
     message = bad_quantile_message(np.asarray(q, dtype=np.float64)[present.any(axis=0)])
@@ -850,9 +855,9 @@ def _quantile_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 @function("mad_over_time", (M,), V, experimental=True, histogram_samples="mixed_range_info")
-def _mad_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _mad_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Median absolute deviation of the samples in the range (NaN if any sample is NaN)."""
-    r = args[0]
+    r = as_range(args[0])
     w = _Windows(r)
     out = np.full(w.n, np.nan)
     for i, values in w.per_window():
@@ -864,16 +869,16 @@ def _mad_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 @function("present_over_time", (M,), V)
-def _present_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _present_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1 for every series that has a sample in the range."""
-    r = args[0]
+    r = as_range(args[0])
     return range_result(r, np.ones(r.lo.shape), _present(r))
 
 
 @function("absent_over_time", (M,), V)
-def _absent_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
+def _absent_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1, with the selector's equality labels, at steps where no series has a sample in the range."""
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     arg = ctx.node.args[0]
     labels = labels_from_equal_matchers(arg.vector.all_matchers()) if isinstance(arg, MatrixSelector) else ()
     empty = ~(r.counts > 0).any(axis=0) if len(r) else np.ones(ctx.steps, dtype=bool)
@@ -884,9 +889,9 @@ def _absent_over_time(ctx: CallContext, args: list[Any]) -> StepVector:
 @function(
     "double_exponential_smoothing", (M, S, S), V, experimental=True, histogram_samples="mixed_range_info"
 )
-def _double_exponential_smoothing(ctx: CallContext, args: list[Any]) -> StepVector:
+def _double_exponential_smoothing(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Holt's double exponential smoothing with smoothing factor ``sf`` and trend factor ``tf``."""
-    r, sf_arr, tf_arr = args
+    r, sf_arr, tf_arr = as_range(args[0]), as_scalar(args[1]), as_scalar(args[2])
     for name, arr in (("smoothing", sf_arr), ("trend", tf_arr)):
         bad = arr[~((arr > 0) & (arr < 1))]
         if len(bad):

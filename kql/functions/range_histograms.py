@@ -9,7 +9,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -55,10 +55,12 @@ from kernel_insight.kql.histsamples import (
 )
 from kernel_insight.kql.values import (
     Annotator,
+    Arg,
     CallContext,
     HistRange,
     RangeInput,
     StepVector,
+    as_range,
     hist_mask,
     hist_weight,
     start_time_overlap_warning,
@@ -112,8 +114,8 @@ def _combine(
     return StepVector(list(r.labels), out_v, out_p, names, None, cells).compact()
 
 
-def _rate(ctx: CallContext, impl: Impl, args: list[Any], counter: bool, per_second: bool) -> StepVector:
-    r: RangeInput = args[0]
+def _rate(ctx: CallContext, impl: Impl, args: list[Arg], counter: bool, per_second: bool) -> StepVector:
+    r = as_range(args[0])
     if r.anchored or r.smoothed:
         return _extended_rate(ctx, impl, r, counter, per_second)
     mixed = (r.counts > 0) & has_hist_windows(r)
@@ -310,9 +312,9 @@ def _empty_like(h: H) -> H:
     return out
 
 
-def _instant(ctx: CallContext, impl: Impl, args: list[Any], is_rate: bool) -> StepVector:
+def _instant(ctx: CallContext, impl: Impl, args: list[Arg], is_rate: bool) -> StepVector:
     """irate/idelta where windows hold histograms: the last two samples of either kind."""
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     touched = has_hist_windows(r)
     floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
@@ -432,8 +434,8 @@ def _anchored_windows(
     return out
 
 
-def _changes_or_resets(ctx: CallContext, impl: Impl, args: list[Any], resets: bool) -> StepVector:
-    r: RangeInput = args[0]
+def _changes_or_resets(ctx: CallContext, impl: Impl, args: list[Arg], resets: bool) -> StepVector:
+    r = as_range(args[0])
     touched = has_hist_windows(r)
     floats = floats_of(ctx, impl, [without_histograms(r)])
     values: dict[tuple[int, int], float] = {}
@@ -471,8 +473,8 @@ def _changes_or_resets(ctx: CallContext, impl: Impl, args: list[Any], resets: bo
     return _combine(r, floats, {}, values, drop=touched)
 
 
-def _sum_avg_over_time(ctx: CallContext, impl: Impl, args: list[Any], mean: bool) -> StepVector:
-    r: RangeInput = args[0]
+def _sum_avg_over_time(ctx: CallContext, impl: Impl, args: list[Arg], mean: bool) -> StepVector:
+    r = as_range(args[0])
     hw = has_hist_windows(r)
     mixed = (r.counts > 0) & hw
     if mixed.any():
@@ -500,10 +502,10 @@ def _sum_avg_over_time(ctx: CallContext, impl: Impl, args: list[Any], mean: bool
     return _combine(r, floats, hists, drop=mixed)
 
 
-def _count_like(ctx: CallContext, impl: Impl, args: list[Any], count: bool) -> StepVector:
+def _count_like(ctx: CallContext, impl: Impl, args: list[Arg], count: bool) -> StepVector:
     """count_over_time/present_over_time of windows holding histograms: samples of either kind
     counted from the windows' bounds, no histogram looked at."""
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     floats = floats_of(ctx, impl, [without_histograms(r)])
     rows, steps = np.nonzero(has_hist_windows(r))
     assert r.hist is not None or not len(rows)
@@ -517,12 +519,12 @@ def _count_like(ctx: CallContext, impl: Impl, args: list[Any], count: bool) -> S
     )
 
 
-def _first_last(ctx: CallContext, impl: Impl, args: list[Any], last: bool, ts: bool) -> StepVector:
+def _first_last(ctx: CallContext, impl: Impl, args: list[Arg], last: bool, ts: bool) -> StepVector:
     """first/last_over_time (and their ts_of_) of windows holding histograms: the window's first
     or last sample of either kind found from the windows' bounds (a float wins a tie for first,
     a histogram for last, as a stable time sort of floats then histograms orders them), and an
     object made only for each histogram picked."""
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     touched = has_hist_windows(r)
     floats = floats_of(ctx, impl, [without_histograms(r)])
     hists: dict[tuple[int, int], H] = {}
@@ -547,10 +549,10 @@ def _first_last(ctx: CallContext, impl: Impl, args: list[Any], last: bool, ts: b
     return _combine(r, floats, hists, values, drop=touched, keep_name=not ts)
 
 
-def _absent_over_time(ctx: CallContext, impl: Impl, args: list[Any]) -> StepVector:
+def _absent_over_time(ctx: CallContext, impl: Impl, args: list[Arg]) -> StepVector:
     from dataclasses import replace
 
-    r: RangeInput = args[0]
+    r = as_range(args[0])
     assert r.hist is not None
     # A window with a histogram counts as a window with a sample: widen the float windows' counts.
     hi = np.where(has_hist_windows(r), np.maximum(r.hi, r.lo + 1), r.hi)

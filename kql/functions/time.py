@@ -3,36 +3,38 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kernel_insight.kql.ast import VectorSelector
 from kernel_insight.kql.functions._common import F64, S, V, map_values, unwrap
 from kernel_insight.kql.functions.registry import function
-from kernel_insight.kql.values import CallContext, StepVector
+from kernel_insight.kql.values import Arg, CallContext, StepVector, as_scalar, as_vector
 
 __all__: list[str] = []
 
+I64 = npt.NDArray[np.int64]
+
 
 @function("time", (), S, time_dependent=True)
-def _time(ctx: CallContext, args: list[Any]) -> F64:
+def _time(ctx: CallContext, args: list[Arg]) -> F64:
     """Evaluation time in seconds since the epoch."""
     result: F64 = ctx.times / 1000.0
     return result
 
 
 @function("vector", (S,), V)
-def _vector(ctx: CallContext, args: list[Any]) -> StepVector:
+def _vector(ctx: CallContext, args: list[Arg]) -> StepVector:
     """The scalar as a one-element vector with no labels."""
-    values = np.asarray(args[0], dtype=np.float64).reshape(1, -1)
+    values = np.asarray(as_scalar(args[0]), dtype=np.float64).reshape(1, -1)
     return StepVector([()], values, np.ones(values.shape, dtype=bool), np.zeros(1, dtype=bool))
 
 
 @function("scalar", (V,), S)
-def _scalar(ctx: CallContext, args: list[Any]) -> F64:
+def _scalar(ctx: CallContext, args: list[Arg]) -> F64:
     """The value of a one-element vector; NaN when the vector has zero or several elements."""
-    vec: StepVector = args[0]
+    vec = as_vector(args[0])
     if len(vec) == 0:
         return np.full(ctx.steps, np.nan)
     count = vec.present.sum(axis=0)
@@ -42,9 +44,9 @@ def _scalar(ctx: CallContext, args: list[Any]) -> F64:
 
 
 @function("timestamp", (V,), V, time_dependent=True, histogram_samples="presence", sample_times=True)
-def _timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
+def _timestamp(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of each sample: the sample's own time for a plain selector."""
-    vec: StepVector = args[0]
+    vec = as_vector(args[0])
     if vec.sample_ts is not None and isinstance(unwrap(ctx.node.args[0]), VectorSelector):
         stamps = vec.sample_ts / 1000.0
     else:
@@ -53,10 +55,10 @@ def _timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
 
 
 @function("start_timestamp", (V,), V, experimental=True, histogram_samples="presence", sample_times=True)
-def _start_timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
+def _start_timestamp(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Start timestamp (seconds, 0 when unset) of each sample of a plain selector; nothing for
     any other expression, which has none (Prometheus 3.14, experimental)."""
-    vec: StepVector = args[0]
+    vec = as_vector(args[0])
     node = unwrap(ctx.node.args[0])
     if vec.sample_ts is None or not isinstance(node, VectorSelector) or node.smoothed:
         return StepVector.empty(ctx.steps)
@@ -64,10 +66,10 @@ def _start_timestamp(ctx: CallContext, args: list[Any]) -> StepVector:
     return map_values(vec, lambda v: starts / 1000.0)
 
 
-def _calendar(name: str, part: Callable[[Any], Any], doc: str) -> None:
-    def impl(ctx: CallContext, args: list[Any]) -> StepVector:
+def _calendar(name: str, part: Callable[[I64], npt.ArrayLike], doc: str) -> None:
+    def impl(ctx: CallContext, args: list[Arg]) -> StepVector:
         if args:
-            vec: StepVector = args[0]
+            vec = as_vector(args[0])
         else:
             now = (ctx.times / 1000.0).reshape(1, -1)
             vec = StepVector([()], now, np.ones(now.shape, dtype=bool), np.zeros(1, dtype=bool))
@@ -84,11 +86,11 @@ def _calendar(name: str, part: Callable[[Any], Any], doc: str) -> None:
     function(name, (V,), V, variadic=1, time_dependent=True)(impl)
 
 
-def _days(secs: F64) -> F64:
+def _days(secs: I64) -> I64:
     return np.floor_divide(secs, 86400)
 
 
-def _dt(secs: F64, unit: str) -> F64:
+def _dt(secs: I64, unit: str) -> npt.NDArray[np.datetime64]:
     return secs.astype("datetime64[s]").astype(f"datetime64[{unit}]")
 
 
@@ -120,24 +122,24 @@ for _name, _part, _doc in (
 
 
 @function("step", (), S, in_durations=True)
-def _step(ctx: CallContext, args: list[Any]) -> F64:
+def _step(ctx: CallContext, args: list[Arg]) -> F64:
     """The query's step in seconds (0 for an instant query)."""
     return np.full(ctx.steps, ctx.query_step_ms / 1000.0)
 
 
 @function("range", (), S, in_durations=True)
-def _range(ctx: CallContext, args: list[Any]) -> F64:
+def _range(ctx: CallContext, args: list[Arg]) -> F64:
     """The query's time range (end - start) in seconds (0 for an instant query)."""
     return np.full(ctx.steps, (ctx.query_end_ms - ctx.query_start_ms) / 1000.0)
 
 
 @function("start", (), S)
-def _start(ctx: CallContext, args: list[Any]) -> F64:
+def _start(ctx: CallContext, args: list[Arg]) -> F64:
     """The query's start time in seconds since the epoch."""
     return np.full(ctx.steps, ctx.query_start_ms / 1000.0)
 
 
 @function("end", (), S)
-def _end(ctx: CallContext, args: list[Any]) -> F64:
+def _end(ctx: CallContext, args: list[Arg]) -> F64:
     """The query's end time in seconds since the epoch."""
     return np.full(ctx.steps, ctx.query_end_ms / 1000.0)
