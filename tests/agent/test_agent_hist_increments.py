@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 from support.collector import start_collector, stop_collector
+from support.stored import metric_series
 from test_agent_units import run_unit
 from test_histogram import bounds_table, go_index
 
@@ -243,13 +244,10 @@ def _through_a_real_collector(
             " argMax(positive_span_lengths, ts) AS pl, argMax(positive_counts, ts) AS pc, count() AS samples"
             " FROM ki.histograms WHERE metric = 'kernel_duration_seconds' GROUP BY fingerprint"
         ).to_pylist()
-        counters = {
-            row["m"].removeprefix("ki_agent_histogram_").removesuffix("_total"): row["v"]
-            for row in store.query(
-                "SELECT metric AS m, max(value) AS v FROM ki.samples"
-                " WHERE metric LIKE 'ki_agent_histogram_%_total' GROUP BY metric"
-            ).to_pylist()
-        }
+        counters: dict[str, float] = {}
+        for s in metric_series(store, "ki_agent_histogram_.*_total", "=~"):
+            name = dict(s.labels)["__name__"].removeprefix("ki_agent_histogram_").removesuffix("_total")
+            counters[name] = max([counters.get(name, float("-inf")), *s.values.tolist()])
     finally:
         store.close()
     return last, counters, metrics

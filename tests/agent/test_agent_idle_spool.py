@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from support.collector import start_collector, stop_collector, stored_kernel_histograms, wait_for_log
+from support.stored import metric_samples
 from tier_proxy import UNAVAILABLE, Answer, TierProxy
 
 from bench.histogram.pipeline import KERNEL_NAMES
@@ -111,9 +112,7 @@ def test_no_idle_key_is_evicted_while_its_last_change_waits_in_the_spool(
     assert stored == aggregated, log.read_text()[-3000:]  # the re-sent snapshot had every key
     store = EmbeddedStore(tmp_path / "data")
     try:
-        evicted = store.query(
-            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_histogram_evicted_total'"
-        ).to_pylist()[0]["v"]
+        evicted = max(v for _, v in metric_samples(store, "ki_agent_histogram_evicted_total"))
     finally:
         store.close()
     assert evicted == KERNELS  # the sweep was put off, not lost

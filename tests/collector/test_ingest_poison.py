@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
+from support.stored import metric_samples
 
 from kernel_insight.agent import RECORD_DTYPE, FingerprintField, RecordFlag, RecordType
 from kernel_insight.agent.metric_ids import MetricId
@@ -108,10 +109,7 @@ def spans(store) -> int:
 
 
 def series_values(store, name: str) -> list[float]:
-    rows = store.query(
-        f"SELECT s.value AS v FROM ki.samples AS s WHERE s.metric = '{name}' ORDER BY s.ts"
-    ).column("v")
-    return [float(v) for v in rows.to_pylist()]
+    return [v for _, v in metric_samples(store, name)]
 
 
 def _dropped(reason: str) -> int:
@@ -173,13 +171,7 @@ def test_a_header_time_past_2150_stamps_counters_with_the_collector_clock(env):
     r = agent.send(kernel(NOW), t_max=2**64 - 1)
     assert r.status_code == 200, r.text
     assert _dropped("batch_time_out_of_range") - before == 1
-    (ts,) = (
-        store.query(
-            "SELECT toUnixTimestamp64Milli(ts) AS t FROM ki.samples WHERE metric = 'ki_agent_ring_dropped_total'"
-        )
-        .column("t")
-        .to_pylist()
-    )
+    ((ts, _),) = metric_samples(store, "ki_agent_ring_dropped_total")
     assert abs(ts - time.time_ns() // 1_000_000) < 600_000
     assert agent.send(kernel(NOW + 1000)).status_code == 200
     assert spans(store) == 2

@@ -43,13 +43,11 @@ TABLE_READS_IN_TESTS: dict[str, int] = {
     "tests/agent/test_agent_catchup.py": 1,
     "tests/agent/test_agent_e2e.py": 2,
     "tests/agent/test_agent_heartbeat_samples.py": 3,
-    "tests/agent/test_agent_hist_increments.py": 3,
+    "tests/agent/test_agent_hist_increments.py": 2,
     "tests/agent/test_agent_histograms.py": 2,
-    "tests/agent/test_agent_idle_spool.py": 1,
     "tests/agent/test_collector_outage.py": 1,
     "tests/collector/test_batcher.py": 2,
     "tests/collector/test_hist_increments.py": 1,
-    "tests/collector/test_ingest_poison.py": 2,
     "tests/collector/test_ingest_wal.py": 1,
     "tests/collector/test_names_once.py": 1,
     "tests/collector/test_remote_write.py": 2,
@@ -57,7 +55,6 @@ TABLE_READS_IN_TESTS: dict[str, int] = {
     "tests/collector/test_remote_write_histograms_prometheus.py": 1,
     "tests/collector/test_sample_cache.py": 1,
     "tests/collector/test_series_rows.py": 1,
-    "tests/support/collector.py": 3,
     "tests/upgrade/test_upgrade.py": 1,
 }
 

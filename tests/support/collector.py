@@ -19,6 +19,7 @@ from pathlib import Path
 from bench.collector_process import start_collector as launch
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.keys import AgentCredentials, KeyStore
+from support.stored import metric_samples, metric_series
 
 __all__ = [
     "RunningCollector",
@@ -185,16 +186,10 @@ def stored_kernel_histograms(data: Path) -> tuple[list[str], int, float]:
 
     store = EmbeddedStore(data)
     try:
-        kernels = store.query(
-            "SELECT DISTINCT labels['kernel'] AS k FROM ki.series WHERE metric = 'kernel_duration_seconds'"
-        ).to_pylist()
-        counts = store.query(
-            "SELECT fingerprint, max(count) AS c FROM ki.histograms WHERE metric = 'kernel_duration_seconds'"
-            " GROUP BY fingerprint"
-        ).to_pylist()
-        aggregated = store.query(
-            "SELECT max(value) AS v FROM ki.samples WHERE metric = 'ki_agent_kernels_aggregated_total'"
-        ).to_pylist()[0]["v"]
+        series = metric_series(store, "kernel_duration_seconds")
+        kernels = {dict(s.labels).get("kernel", "") for s in series}
+        counts = [max(h.count for h in s.histograms) for s in series if s.histograms]
+        aggregated = max(v for _, v in metric_samples(store, "ki_agent_kernels_aggregated_total"))
     finally:
         store.close()
-    return sorted(r["k"] for r in kernels), sum(r["c"] for r in counts), aggregated
+    return sorted(kernels), sum(counts), aggregated
