@@ -360,6 +360,10 @@ class SparseHists:
             custom_values=values(self.custom),
         )
 
+    def objects_made(self) -> bool:
+        """Whether :meth:`objects` has made (or was given) the rows' objects."""
+        return self._objects is not None
+
     def objects(self) -> OBJ:
         """One ``FloatHistogram`` per row (hints decided), made once."""
         if self._objects is None:
@@ -629,36 +633,40 @@ def renumbering(idx: npt.NDArray[np.intp], n: int) -> I64 | None:
 
 class HistSamples:
     """Histogram samples held as ``FloatHistogram`` objects or as columns (:class:`SparseHists`):
-    ``hs`` gives objects either way, made from the columns the first time it is read."""
+    ``hs`` gives objects either way. Of columns, they are the columns' own
+    (:meth:`SparseHists.objects`, made the first time any holder of the same columns reads them,
+    and carried by the row selections made of them): one array, not one per holder."""
 
-    __slots__ = ("_hs", "data")
+    __slots__ = ("_source",)
 
     def __init__(self, hs: OBJ | SparseHists) -> None:
-        self.data = hs if isinstance(hs, SparseHists) else None
-        self._hs = None if isinstance(hs, SparseHists) else hs
+        self._source = hs
+
+    @property
+    def data(self) -> SparseHists | None:
+        """The columns, None where the samples are held as objects."""
+        return self._source if isinstance(self._source, SparseHists) else None
 
     @property
     def hs(self) -> OBJ:
         """FloatHistogram per sample; stale markers have the StaleNaN bit pattern as sum."""
-        if self._hs is None:
-            assert self.data is not None
-            self._hs = self.data.objects()
-        return self._hs
+        return self._source.objects() if isinstance(self._source, SparseHists) else self._source
 
     def objects_at(self, rows: I64) -> OBJ:
         """An object array as long as the samples holding the ``FloatHistogram`` of each of
-        ``rows`` (None elsewhere, where columns were not made objects): all of ``hs`` when it
-        is made already or there are no columns."""
-        if self._hs is not None or self.data is None:
+        ``rows`` (None elsewhere, where columns were not made objects): all of ``hs`` when the
+        objects are made already or there are no columns."""
+        data = self.data
+        if data is None or data.objects_made():
             return self.hs
-        out = np.full(len(self.data), None, dtype=object)
-        out[rows] = self.data.select(rows).objects()
+        out = np.full(len(data), None, dtype=object)
+        out[rows] = data.select(rows).objects()
         return out
 
     def source(self) -> OBJ | SparseHists:
         """The columns where there are some, else the objects (what another holder of the same
         samples is made of)."""
-        return self.hs if self.data is None else self.data
+        return self._source
 
     def weight(self) -> int:
         """What the samples count as toward ``max_samples`` (their ``sample_weight``s)."""

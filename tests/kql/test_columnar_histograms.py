@@ -746,3 +746,29 @@ def test_quantile_of_summed_rates_over_columns_makes_no_histogram_object(
     assert [(s.labels, s.values.tobytes()) for s in got.series] == [
         (s.labels, s.values.tobytes()) for s in want.series
     ]
+
+
+def test_holders_of_the_same_columns_share_one_set_of_objects() -> None:
+    """Two holders of the same columns (a selector's read and the range made of it) make the
+    histograms' objects once: what one makes, the other reads, whole, instead of making more."""
+    from kernel_insight.kql.pushdown import HistColumns
+
+    hs = [
+        FloatHistogram(count=float(k), sum=float(k), positive_spans=((0, 1),), positive_buckets=(float(k),))
+        for k in range(1, 9)
+    ]
+    data = SparseHists.of_objects(hs)
+    data = data.with_hints(data.hint)  # columns only: no objects made yet
+    ts = np.arange(len(hs), dtype=np.int64)
+    read = HistColumns(ts, data, np.asarray([0, len(hs)], dtype=np.int64))
+    ranged = HistColumns(ts, read.source(), read.offsets)
+    assert ranged.source() is data
+
+    some = read.objects_at(np.asarray([2, 5], dtype=np.int64))
+    assert [h is not None for h in some] == [k in (2, 5) for k in range(len(hs))]
+    assert not data.objects_made()  # only the rows asked for were made
+
+    made = read.hs
+    assert [str(h) for h in made] == [str(h) for h in hs]
+    assert ranged.objects_at(np.asarray([1], dtype=np.int64)) is made
+    assert ranged.hs is made
