@@ -734,6 +734,15 @@ class Store(ABC):
         result = self.query(f"SELECT count() AS n FROM {self._table(name)}")
         return int(result.column("n")[0].as_py())
 
+    def distinct_count(self, name: str, column: str) -> int:
+        """How many distinct values one column of a table holds (``uniqExact``): with
+        :meth:`row_count`, whether rows were stored once each (spans by ``correlation``, batches
+        by ``batch_id``)."""
+        if column not in {c.name for c in table(name).columns}:
+            raise KeyError(f"no column {column!r} in table {name!r}")
+        result = self.query(f"SELECT uniqExact({ident(column)}) AS n FROM {self._table(name)}")
+        return int(result.column("n")[0].as_py())
+
     def table_stats(self) -> list[dict[str, Any]]:
         """Per table of the store's database (``table``, by name): active ``parts``, ``rows``, ``bytes``
         on disk (the collector's store statistics, collector/metrics.py)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.collector import start_collector, stop_collector
+from support.stored import metric_samples, metric_series
 from test_agent_units import run_unit
 from test_histogram import bounds_table, go_index
 
@@ -36,7 +37,7 @@ from kernel_insight.collector.wire_hist import (
     decode_histograms,
     encode_histograms,
 )
-from kernel_insight.kql.histogram import FloatHistogram, histogram_quantile
+from kernel_insight.kql.histogram import histogram_quantile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -243,29 +244,23 @@ def test_a_million_long_tailed_kernels_give_quantiles_within_the_schema_bound(
 
     store = EmbeddedStore(tmp_path / "data")
     try:
-        hist = store.query(
-            "SELECT schema, zero_threshold, zero_count, count, sum, positive_span_offsets AS po,"
-            " positive_span_lengths AS pl, positive_counts AS pc FROM ki.histograms"
-            " WHERE metric = 'kernel_duration_seconds' ORDER BY ts DESC LIMIT 1"
-        ).to_pylist()[0]
-        launches = store.query(
-            "SELECT argMax(value, ts) AS v FROM ki.samples WHERE metric = 'kernel_launches_total'"
-        ).to_pylist()[0]["v"]
+        newest = [
+            (s.hist_timestamps[-1], s.histograms[-1])
+            for s in metric_series(store, "kernel_duration_seconds")
+            if s.histograms
+        ]
+        h = max(newest, key=lambda th: th[0])[1]  # the newest histogram sample of the metric
+        launches = metric_samples(store, "kernel_launches_total")[-1][1]  # its newest value
         spans = store.row_count("kernel_spans")
     finally:
         store.close()
-    assert hist["count"] == total
+    assert h.count == total
     assert launches == total  # counted from the histograms, not from the sampled spans
     assert 0 < spans < total // 20  # tail and uniform sample only
-    h = FloatHistogram(
-        schema=hist["schema"], zero_threshold=hist["zero_threshold"], zero_count=hist["zero_count"],
-        count=hist["count"], sum=hist["sum"], positive_spans=tuple(zip(hist["po"], hist["pl"], strict=True)),
-        positive_buckets=tuple(float(c) for c in hist["pc"]),
-    )  # fmt: skip
     exact = np.sort(np.fromfile(durations, dtype="<u8"))
     assert len(exact) == total
-    assert math.isclose(hist["sum"], float(exact.sum()) * 1e-9, rel_tol=1e-6)
-    base = 2.0 ** (2.0 ** -hist["schema"])  # the schema's relative error bound: one bucket's width
+    assert math.isclose(h.sum, float(exact.sum()) * 1e-9, rel_tol=1e-6)
+    base = 2.0 ** (2.0**-h.schema)  # the schema's relative error bound: one bucket's width
     for q in (0.5, 0.99, 0.999):
         got, _ = histogram_quantile(q, h)
         want = _exact_quantile(exact, q)

@@ -148,6 +148,17 @@ def test_spans_events_and_instances_round_trip(store):
     ]
     latest = store.query("SELECT labels['rack'] AS rack FROM ki.instances FINAL").to_pylist()
     assert latest == [{"rack": "r2"}]
+    # Counts as the store reads them for tests and tools: rows as written (the instances table's
+    # two rows before a merge replaces one), distinct values of a column.
+    store.insert_batch("agent-c:2", spans=spans)  # the same spans again, under another batch id
+    assert store.row_count("kernel_spans") == 4
+    assert store.distinct_count("kernel_spans", "correlation") == 2
+    assert store.row_count("instances") == 2
+    assert store.distinct_count("batches", "batch_id") == 2
+    with pytest.raises(KeyError):
+        store.row_count("system.users")
+    with pytest.raises(KeyError):
+        store.distinct_count("kernel_spans", "no_such_column")
 
 
 def test_retention_is_configurable_and_reapplied(tmp_path):

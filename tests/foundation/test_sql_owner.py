@@ -40,15 +40,12 @@ STORE_TESTS = frozenset(
 #: Other tests (and test helpers) that still query ``ki.*`` tables in SQL of their own, and how
 #: many statements: each is to use the store's API instead (issue #35). Counts may only go down.
 TABLE_READS_IN_TESTS: dict[str, int] = {
-    "tests/agent/test_agent_catchup.py": 1,
-    "tests/agent/test_agent_e2e.py": 2,
+    "tests/agent/test_agent_e2e.py": 1,
     "tests/agent/test_agent_heartbeat_samples.py": 3,
     "tests/agent/test_agent_hist_increments.py": 2,
-    "tests/agent/test_agent_histograms.py": 2,
     "tests/agent/test_collector_outage.py": 1,
     "tests/collector/test_batcher.py": 2,
     "tests/collector/test_hist_increments.py": 1,
-    "tests/collector/test_ingest_wal.py": 1,
     "tests/collector/test_names_once.py": 1,
     "tests/collector/test_remote_write.py": 2,
     "tests/collector/test_remote_write_histograms.py": 5,
