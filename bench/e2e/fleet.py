@@ -32,6 +32,7 @@ __all__ = [
     "build_ringtool",
     "cpu_seconds",
     "free_port",
+    "smaps_kb",
     "thread_cpu_seconds",
     "wait_until",
 ]
@@ -55,6 +56,34 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (its threads included) from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: An unnamed mapping at least this large is a reservation (pyarrow's mimalloc arena reserves
+#: 1 GiB), kept apart from the other anonymous memory by ``smaps_kb``.
+RESERVATION_BYTES = 256 << 20
+
+
+def smaps_kb(pid: int) -> dict[str, tuple[int, int]]:
+    """Resident kB and anonymous kB of each mapping of ``pid`` (summed by path; ``[anon]`` for
+    unnamed mappings, ``[anon reservation]`` for those of ``RESERVATION_BYTES`` or more): where its
+    resident memory is, at the moment of the call. Empty once the process has ended."""
+    out: dict[str, tuple[int, int]] = {}
+    cur = "[anon]"
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            unnamed = "[anon reservation]" if hi - lo >= RESERVATION_BYTES else "[anon]"
+            cur = head[5] if len(head) > 5 else unnamed
+            out.setdefault(cur, (0, 0))
+        elif head[0] in ("Rss:", "Anonymous:"):
+            rss, anon = out[cur]
+            out[cur] = (rss + int(head[1]), anon) if head[0] == "Rss:" else (rss, anon + int(head[1]))
+    return out
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:

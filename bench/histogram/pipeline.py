@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.e2e.fleet import smaps_kb
 from bench.kql.servers import process_cpu_s
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,22 +67,6 @@ def _hwm_kb(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise RuntimeError("no VmHWM")
-
-
-def _smaps(pid: int) -> dict[str, tuple[int, int]]:
-    """Resident kB and anonymous kB of each mapping of ``pid`` (summed by path; ``[anon]`` for
-    unnamed mappings): where the agent's resident memory is, at the moment of the call."""
-    out: dict[str, tuple[int, int]] = {}
-    cur = "[anon]"
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split()
-        if "-" in head[0] and ":" not in head[0]:
-            cur = head[5] if len(head) > 5 else "[anon]"
-            out.setdefault(cur, (0, 0))
-        elif head[0] in ("Rss:", "Anonymous:"):
-            rss, anon = out[cur]
-            out[cur] = (rss + int(head[1]), anon) if head[0] == "Rss:" else (rss, anon + int(head[1]))
-    return out
 
 
 def _start_collector(tmp: Path) -> tuple[subprocess.Popen[str], str]:
@@ -306,7 +291,7 @@ def _hwm(root: Path, producer: Path, out: dict[str, float], show_smaps: bool = F
     run.produce(2_000_000, 10_000, 0)
     time.sleep(1.5)  # one histogram export of every key
     out["hwm_kb"] = _hwm_kb(run.agent.pid)
-    maps = _smaps(run.agent.pid)
+    maps = smaps_kb(run.agent.pid)
     out["rss_anon_kb"] = sum(a for _, a in maps.values())
     out["rss_file_kb"] = sum(r - a for r, a in maps.values())
     if show_smaps:
@@ -316,7 +301,7 @@ def _hwm(root: Path, producer: Path, out: dict[str, float], show_smaps: bool = F
         run.produce(2_000_000, 10_000, 0)
         time.sleep(1.5)
     out["hwm_4p_kb"] = _hwm_kb(run.agent.pid)
-    out["rss_anon_4p_kb"] = sum(a for _, a in _smaps(run.agent.pid).values())
+    out["rss_anon_4p_kb"] = sum(a for _, a in smaps_kb(run.agent.pid).values())
     counters = run.finish()
     out["hwm_4p_keys"] = counters.get("ki_agent_histogram_keys", 0.0)
     out["hwm_4p_refused"] = counters.get("ki_agent_histogram_refused_total", 0.0)

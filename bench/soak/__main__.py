@@ -85,7 +85,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, wait_until
+from bench.e2e.fleet import REPO, Collector, Node, build_ringtool, smaps_kb, wait_until
 from bench.soak import leaks
 from bench.soak.alerts import ALERT, GAUGE, RULE, Alertmanager, AlertWatch, Condition, RuleHealth
 from bench.soak.imports import METRIC as IMPORT_METRIC
@@ -389,6 +389,9 @@ def main() -> None:
             vm_kb: dict[str, list[tuple[float, int]]] = {}
             #: process -> (time, RssAnon, RssFile): the heaps against pages of mapped files (chDB's library)
             split_kb: dict[str, list[tuple[float, int, int]]] = {}
+            #: collector -> its mappings' (resident, anonymous) kB at its first look after the
+            #: warm-up and at its latest: what grew, by mapping (chDB's library, [heap], arenas)
+            maps_kb: dict[str, list[dict[str, tuple[int, int]]]] = {}
             was_stale: dict[str, bool] = {}
             rw_acked: set[float] = set()
             stale_after_fault = [0.0]
@@ -475,6 +478,11 @@ def main() -> None:
                         split_kb.setdefault(f"collector{pid}", []).append(
                             (now, _rss_kb(pid, "RssAnon"), _rss_kb(pid, "RssFile"))
                         )
+                        if now >= t_start + warm_s and (maps := smaps_kb(pid)):
+                            seen = maps_kb.setdefault(f"collector{pid}", [])
+                            seen[1:] = [maps]
+                            if len(seen) == 1:
+                                seen.append(maps)
                         with contextlib.suppress(httpx.HTTPError, ValueError):
                             head_mb.setdefault(f"collector{pid}", []).append(
                                 (now, _head_bytes(client) / (1 << 20))
@@ -778,6 +786,23 @@ def main() -> None:
                             else ""
                         )
                     )
+                    if proc in maps_kb:
+                        first, last = maps_kb[proc]
+                        moved = sorted(
+                            (last.get(m, (0, 0))[0] - first.get(m, (0, 0))[0], m)
+                            for m in first.keys() | last.keys()
+                        )
+                        log(
+                            f"smaps {proc} after the warm-up, resident kB by mapping that moved 1 MB or more: "
+                            + (
+                                ", ".join(
+                                    f"{m} {first.get(m, (0, 0))[0]} -> {last.get(m, (0, 0))[0]}"
+                                    for d, m in moved
+                                    if abs(d) >= 1024
+                                )
+                                or "none"
+                            )
+                        )
             log(
                 f"agents after the warm-up: resident at most {agent_rss_max} kB (held to {AGENT_BUDGET_KB}),"
                 f" VmSize grew by at most {agent_vm_growth} kB (0: nothing allocated after the start)"
