@@ -373,7 +373,7 @@ def _stdvar(
     return _variance(vec, gid, n, sqrt=False)
 
 
-@aggregator("count", histograms="presence")
+@aggregator("count", histograms="presence", result_unit="unitless")
 @_grouped
 def _count(
     ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
@@ -382,7 +382,7 @@ def _count(
     return _group_counts(vec.present, gid, n).astype(np.float64)
 
 
-@aggregator("group", histograms="presence")
+@aggregator("group", histograms="presence", result_unit="unitless")
 @_grouped
 def _group(
     ev: Evaluator, node: AggregateExpr, vec: StepVector, gid: npt.NDArray[np.intp], n: int, param: Param
@@ -465,7 +465,7 @@ def _variance(vec: StepVector, gid: npt.NDArray[np.intp], n: int, sqrt: bool) ->
     return np.sqrt(var) if sqrt else var
 
 
-@aggregator("count_values", ValueType.STRING)
+@aggregator("count_values", ValueType.STRING, result_unit="unitless")
 def _count_values(ev: Evaluator, node: AggregateExpr, vec: StepVector, param: Param) -> StepVector:
     """Number of series per distinct value, the value in the label the parameter names."""
     label = str(param)

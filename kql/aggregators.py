@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_insight.kql.ast import AggregateExpr, ValueType
+from kernel_insight.kql.ast import RESULT_UNITS, AggregateExpr, ValueType
 
 __all__ = ["AGGREGATORS", "HISTOGRAM_AGGREGATION", "AggImpl", "AggregatorSpec", "aggregator"]
 
@@ -35,6 +35,8 @@ class AggregatorSpec:
     #: ``ignored histogram in <op> aggregation`` at the argument ("ignored_whole": at the whole
     #: aggregation, as topk/bottomk place it), "" hands them to the implementation as they are.
     histograms: str = ""
+    #: The unit of its result, one of RESULT_UNITS ("" the argument's).
+    result_unit: str = ""
 
 
 #: Every aggregation kql knows, by (lower-case) name; filled when kql.aggregation is imported.
@@ -44,7 +46,7 @@ HISTOGRAM_AGGREGATION = ("", "sum", "mean", "presence", "ignored", "ignored_whol
 
 
 def aggregator(
-    name: str, param: ValueType | None = None, *, histograms: str = ""
+    name: str, param: ValueType | None = None, *, histograms: str = "", result_unit: str = ""
 ) -> Callable[[AggImpl], AggImpl]:
     """Register the decorated implementation as the aggregation ``name``; the docstring becomes its doc."""
 
@@ -55,8 +57,10 @@ def aggregator(
             raise ValueError(f"aggregator name {name!r} must be a lower-case identifier")
         if histograms not in HISTOGRAM_AGGREGATION:
             raise ValueError(f"aggregator {name!r}: unknown histogram behaviour {histograms!r}")
+        if result_unit not in RESULT_UNITS:
+            raise ValueError(f"aggregator {name!r}: unknown result unit {result_unit!r}")
         doc = (impl.__doc__ or "").strip().split("\n")[0]
-        AGGREGATORS[name] = AggregatorSpec(name, param, impl, doc, histograms)
+        AGGREGATORS[name] = AggregatorSpec(name, param, impl, doc, histograms, result_unit)
         return impl
 
     return register

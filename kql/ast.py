@@ -15,6 +15,7 @@ from typing import Any
 from kernel_insight.kql.storage import Matcher
 
 __all__ = [
+    "RESULT_UNITS",
     "AggregateExpr",
     "At",
     "BinaryExpr",
@@ -46,6 +47,13 @@ class ValueType(StrEnum):
 
     def __str__(self) -> str:
         return str(self.value)
+
+
+#: What a function's or aggregator's result is measured in (``FunctionSpec.result_unit``,
+#: ``AggregatorSpec.result_unit``): "" its argument's unit, "unitless" a plain number (a count, a
+#: time, a 0/1 presence), "per_second" the argument's unit per second, "bucket_unit" the unit of
+#: the histogram's buckets (a quantile, a mean), "ratio" a fraction of 1.
+RESULT_UNITS = ("", "unitless", "per_second", "bucket_unit", "ratio")
 
 
 @dataclass(frozen=True, slots=True)

@@ -598,12 +598,14 @@ _KEYWORD_PATTERN = re.compile(r"\(\?i:([a-z_0-9]+)\)\(\?[=!]")
 
 
 @functools.cache
-def vocabulary() -> dict[str, list[str]]:
+def vocabulary() -> dict[str, list[str] | dict[str, str]]:
     """The words an editor highlights, read from the parser and the registries, not listed again:
     ``keywords`` (the grammar's keyword terminals; ``call_keywords``: those that are keywords only
     before a parenthesis, ``fill``), ``grouping`` (those a label list follows: ``by``, ``on``,
     ``group_left`` ...), ``aggregators`` and ``functions`` (their registries, duration functions
-    included). The web UI's query editor asks for it (``GET /ui/kql.json``)."""
+    included), and ``result_units``: each function's and aggregator's result unit other than its
+    argument's (``result_unit``, one of :data:`~kernel_insight.kql.ast.RESULT_UNITS`). The web UI's
+    query editor asks for it (``GET /ui/kql.json``) and labels its charts' axes with the units."""
     from kernel_insight.kql.functions import FUNCTIONS
 
     parser = _parser()
@@ -621,12 +623,15 @@ def vocabulary() -> dict[str, list[str]]:
         for i in range(len(rule.expansion) - 1)
         if rule.expansion[i].name in keyword_of and rule.expansion[i + 1].name == "label_list"
     }
+    units = {name: spec.result_unit for name, spec in AGGREGATORS.items()}
+    units.update({name: spec.result_unit for name, spec in FUNCTIONS.items()})
     return {
         "keywords": sorted(keyword_of.values()),
         "call_keywords": sorted(before_parenthesis),
         "grouping": sorted(grouping),
         "aggregators": sorted(AGGREGATORS),
         "functions": sorted(FUNCTIONS),
+        "result_units": {name: unit for name, unit in sorted(units.items()) if unit},
     }
 
 

@@ -61,8 +61,9 @@ def ui_router(root: Path = STATIC_DIR) -> APIRouter:
 
     @router.get("/ui/kql.json")
     def kql_words() -> Response:
-        """The query editor's keywords, aggregators and functions (kql.parser.vocabulary): read
-        from kql's grammar and registries, so the editor highlights what the parser accepts."""
+        """The query editor's keywords, aggregators and functions, and their result units
+        (kql.parser.vocabulary): read from kql's grammar and registries, so the editor highlights
+        what the parser accepts and the chart's axis has the unit kql says the result is in."""
         return Response(_vocabulary_json(), media_type="application/json", headers=_HEADERS)
 
     @router.get("/ui/{path:path}")

@@ -304,7 +304,7 @@ def _warn_quantile(ctx: CallContext, q: F64, arg_index: int) -> None:
         ctx.warn(message, ctx.node.args[arg_index].pos)
 
 
-@function("histogram_quantile", (S, V), V, histogram_reads="buckets")
+@function("histogram_quantile", (S, V), V, histogram_reads="buckets", result_unit="bucket_unit")
 def _histogram_quantile(ctx: CallContext, args: list[Arg]) -> StepVector:
     """The φ-quantile of a classic histogram (series with an ``le`` label), per label set without ``le``."""
     q, vec = as_scalar(args[0]), as_vector(args[1])
@@ -343,7 +343,7 @@ def _histogram_quantiles(ctx: CallContext, args: list[Arg]) -> StepVector:
     return consolidate(merged.compact())
 
 
-@function("histogram_fraction", (S, S, V), V, histogram_reads="buckets")
+@function("histogram_fraction", (S, S, V), V, histogram_reads="buckets", result_unit="ratio")
 def _histogram_fraction(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Estimated fraction of a classic histogram's observations between ``lower`` and ``upper``."""
     lower, upper, vec = as_scalar(args[0]), as_scalar(args[1]), as_vector(args[2])
@@ -364,26 +364,42 @@ def _histogram_fraction(ctx: CallContext, args: list[Arg]) -> StepVector:
     return consolidate(StepVector(labels, values, present, np.zeros(len(keys), dtype=bool)).compact())
 
 
-def _native_only(name: str, doc: str, reads: str) -> None:
+def _native_only(name: str, doc: str, reads: str, unit: str) -> None:
     def impl(ctx: CallContext, args: list[Arg]) -> StepVector:
         return StepVector.empty(ctx.steps)
 
     impl.__doc__ = doc
-    function(name, (V,), V, histogram_reads=reads)(impl)
+    function(name, (V,), V, histogram_reads=reads, result_unit=unit)(impl)
 
 
-for _name, _doc, _reads in (
-    ("histogram_count", "Observation count of native histograms (float samples are ignored).", "stats"),
-    ("histogram_sum", "Sum of observations of native histograms (float samples are ignored).", "stats"),
-    ("histogram_avg", "Mean observation of native histograms (float samples are ignored).", "stats"),
+for _name, _doc, _reads, _unit in (
+    (
+        "histogram_count",
+        "Observation count of native histograms (float samples are ignored).",
+        "stats",
+        "unitless",
+    ),
+    ("histogram_sum", "Sum of observations of native histograms (float samples are ignored).", "stats", ""),
+    (
+        "histogram_avg",
+        "Mean observation of native histograms (float samples are ignored).",
+        "stats",
+        "bucket_unit",
+    ),
     (
         "histogram_stddev",
         "Estimated standard deviation of native histograms (float samples are ignored).",
         "",
+        "bucket_unit",
     ),
-    ("histogram_stdvar", "Estimated variance of native histograms (float samples are ignored).", ""),
+    (
+        "histogram_stdvar",
+        "Estimated variance of native histograms (float samples are ignored).",
+        "",
+        "bucket_unit",
+    ),
 ):
-    _native_only(_name, _doc, _reads)
+    _native_only(_name, _doc, _reads, _unit)
 
 
 # ------------------------------------------------------------------------------ native histograms

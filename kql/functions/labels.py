@@ -184,7 +184,7 @@ def _sort_by_label_desc(ctx: CallContext, args: list[Arg]) -> StepVector:
     return _sort_by_label(ctx, args, descending=True)
 
 
-@function("absent", (V,), V, histogram_samples="presence")
+@function("absent", (V,), V, histogram_samples="presence", result_unit="unitless")
 def _absent(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1 with the selector's equality labels at steps where the vector is empty."""
     vec = as_vector(args[0])

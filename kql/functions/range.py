@@ -507,6 +507,7 @@ def _starts_in_range(
     anchored=True,
     smoothed=True,
     start_timestamps=True,
+    result_unit="per_second",
 )
 def _rate(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second increase of a counter over the range, extrapolated to the range boundaries."""
@@ -552,7 +553,7 @@ def _instant(r: RangeInput, is_rate: bool) -> StepVector:
     return range_result(r, result, present)
 
 
-@function("irate", (M,), V, pushdown=GridPushdown(), start_timestamps=True)
+@function("irate", (M,), V, pushdown=GridPushdown(), start_timestamps=True, result_unit="per_second")
 def _irate(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second rate from the last two samples of the range (counter resets handled)."""
     return _instant(as_range(args[0]), is_rate=True)
@@ -658,6 +659,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
     V,
     pushdown=GridPushdown(),
     histogram_samples="mixed_range_info",
+    result_unit="per_second",
 )
 def _deriv(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Per-second derivative of a gauge by simple linear regression."""
@@ -697,13 +699,15 @@ def _anchored_first_change(r: RangeInput, resets: bool) -> F64:
     return result
 
 
-@function("changes", (M,), V, pushdown=GridPushdown(), anchored=True)
+@function("changes", (M,), V, pushdown=GridPushdown(), anchored=True, result_unit="unitless")
 def _changes(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of times the value changed within the range."""
     return _count_changes(as_range(args[0]), resets=False)
 
 
-@function("resets", (M,), V, pushdown=GridPushdown(), anchored=True, start_timestamps=True)
+@function(
+    "resets", (M,), V, pushdown=GridPushdown(), anchored=True, start_timestamps=True, result_unit="unitless"
+)
 def _resets(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of counter resets (decreases) within the range."""
     return _count_changes(as_range(args[0]), resets=True)
@@ -723,7 +727,7 @@ def _avg_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     return range_result(r, _kahan_mean(r), _present(r))
 
 
-@function("count_over_time", (M,), V, pushdown=GridPushdown())
+@function("count_over_time", (M,), V, pushdown=GridPushdown(), result_unit="unitless")
 def _count_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Number of samples in the range."""
     r = as_range(args[0])
@@ -868,14 +872,14 @@ def _mad_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     return range_result(r, w.reshape(out), _present(r))
 
 
-@function("present_over_time", (M,), V)
+@function("present_over_time", (M,), V, result_unit="unitless")
 def _present_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1 for every series that has a sample in the range."""
     r = as_range(args[0])
     return range_result(r, np.ones(r.lo.shape), _present(r))
 
 
-@function("absent_over_time", (M,), V)
+@function("absent_over_time", (M,), V, result_unit="unitless")
 def _absent_over_time(ctx: CallContext, args: list[Arg]) -> StepVector:
     """1, with the selector's equality labels, at steps where no series has a sample in the range."""
     r = as_range(args[0])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kernel_insight.kql.ast import ValueType
+from kernel_insight.kql.ast import RESULT_UNITS, ValueType
 
 if TYPE_CHECKING:
     from kernel_insight.kql.values import Arg, CallContext, Value
@@ -86,6 +86,8 @@ class FunctionSpec:
     start_timestamps: bool = False  # reads its matrix selector's start timestamps (rate, increase, ...)
     sample_times: bool = False  # reads the sample times of its selector (timestamp())
     in_durations: bool = False  # also allowed in duration expressions (ranges, steps, offsets)
+    #: The unit of its result, one of RESULT_UNITS (the web UI labels axes with it).
+    result_unit: str = ""
     #: Its histogram behaviour (Prometheus branches to it inside the same function, as
     #: extrapolatedRate calls histogramRate), registered by :func:`histogram_behaviour`; None
     #: when ``histogram_samples`` says all there is to say.
@@ -175,6 +177,7 @@ def function(
     start_timestamps: bool = False,
     sample_times: bool = False,
     in_durations: bool = False,
+    result_unit: str = "",
 ) -> Callable[[Impl], Impl]:
     """Register the decorated implementation under ``name``; the docstring becomes its doc."""
 
@@ -183,6 +186,8 @@ def function(
             raise ValueError(f"function {name!r} registered twice")
         if histogram_samples not in HISTOGRAM_SAMPLES or histogram_reads not in HISTOGRAM_READS:
             raise ValueError(f"function {name!r}: unknown histogram behaviour")
+        if result_unit not in RESULT_UNITS:
+            raise ValueError(f"function {name!r}: unknown result unit {result_unit!r}")
         FUNCTIONS[name] = FunctionSpec(
             name=name,
             arg_types=args,
@@ -201,6 +206,7 @@ def function(
             start_timestamps=start_timestamps,
             sample_times=sample_times,
             in_durations=in_durations,
+            result_unit=result_unit,
             doc=(impl.__doc__ or "").strip().split("\n")[0],
         )
         return impl

@@ -17,7 +17,7 @@ __all__: list[str] = []
 I64 = npt.NDArray[np.int64]
 
 
-@function("time", (), S, time_dependent=True)
+@function("time", (), S, time_dependent=True, result_unit="unitless")
 def _time(ctx: CallContext, args: list[Arg]) -> F64:
     """Evaluation time in seconds since the epoch."""
     result: F64 = ctx.times / 1000.0
@@ -43,7 +43,15 @@ def _scalar(ctx: CallContext, args: list[Arg]) -> F64:
     return result
 
 
-@function("timestamp", (V,), V, time_dependent=True, histogram_samples="presence", sample_times=True)
+@function(
+    "timestamp",
+    (V,),
+    V,
+    time_dependent=True,
+    histogram_samples="presence",
+    sample_times=True,
+    result_unit="unitless",
+)
 def _timestamp(ctx: CallContext, args: list[Arg]) -> StepVector:
     """Timestamp (seconds) of each sample: the sample's own time for a plain selector."""
     vec = as_vector(args[0])

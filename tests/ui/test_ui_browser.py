@@ -782,3 +782,43 @@ def test_sign_out_forgets_the_token(page, collector):
     assert page.evaluate("sessionStorage.getItem('ki.token')") is None
     page.goto(collector.url + "/#/fleet")
     page.wait_for_selector("#login")
+
+
+# What each query's values are measured in (queryUnit, which labels the chart's axis and legend):
+# the function's result unit from kql's registry, else the metric's.
+QUERY_UNITS = {
+    "gpu_memory_free_bytes": "B",
+    "sum by (gpu) (gpu_memory_free_bytes)": "B",
+    "rate(pcie_rx_bytes_total[5m])": "B/s",
+    "irate(pcie_rx_bytes_total[5m])": "B/s",
+    "deriv(gpu_temperature_celsius[5m])": "°C/s",
+    "rate(gpu_busy_seconds_total[5m])": "",  # seconds per second: a plain number
+    "count(gpu_memory_free_bytes)": "",
+    'count_values("v", gpu_memory_free_bytes)': "",
+    "group(gpu_memory_free_bytes)": "",
+    "count_over_time(gpu_memory_free_bytes[5m])": "",
+    "changes(gpu_memory_free_bytes[5m])": "",
+    "resets(pcie_rx_bytes_total[5m])": "",
+    "absent(gpu_memory_free_bytes)": "",
+    "absent_over_time(gpu_memory_free_bytes[5m])": "",
+    "present_over_time(gpu_memory_free_bytes[5m])": "",
+    "timestamp(gpu_memory_free_bytes)": "",
+    "histogram_count(rate(kernel_duration_seconds[1m]))": "",
+    "histogram_quantile(0.9, sum(rate(kernel_duration_seconds[1m])))": "s",
+    "histogram_avg(rate(kernel_duration_seconds[1m]))": "s",
+    "histogram_stddev(kernel_duration_seconds)": "s",
+    "histogram_stdvar(kernel_duration_seconds)": "s",
+    "histogram_sum(kernel_duration_seconds)": "s",
+    "histogram_sum(rate(kernel_duration_seconds[1m]))": "",  # seconds per second
+    "histogram_fraction(0, 0.1, kernel_duration_seconds)": "ratio",
+    "histogram_quantile(0.9, rate(pcie_rx_bytes_bucket[5m]))": "B",
+    "gpu_memory_free_bytes / gpu_memory_total_bytes": "",
+    "gpu_memory_free_bytes + gpu_temperature_celsius": "",
+}
+
+
+def test_explore_units_follow_kql_result_units(page, collector):
+    """queryUnit reads each function's result unit from kql (GET /ui/kql.json), none from app.js."""
+    page.goto(collector.url)
+    got = page.evaluate("async (qs) => { await vocabulary; return qs.map(queryUnit); }", list(QUERY_UNITS))
+    assert dict(zip(QUERY_UNITS, got, strict=True)) == QUERY_UNITS

@@ -116,3 +116,45 @@ def test_the_editor_words_are_kql_grammar_and_registries(app):
         assert type(parse(f"{agg} by (a) ({arg})")).__name__ == "AggregateExpr", agg
     js = _get(app, "/ui/app.js").text
     assert '"sum", "avg"' not in js  # the old hard-coded list is gone
+
+
+def test_the_result_units_are_kql_registries_and_app_js_handles_each(app):
+    """``/ui/kql.json``'s ``result_units`` (what queryUnit labels a chart with) are the registries'
+    ``result_unit``: the UI's unit rules read them; app.js holds each kind, and no function name."""
+    from kernel_insight.kql.aggregators import AGGREGATORS
+    from kernel_insight.kql.ast import RESULT_UNITS
+    from kernel_insight.kql.functions import FUNCTIONS
+
+    units = _get(app, "/ui/kql.json").json()["result_units"]
+    specs = {**FUNCTIONS, **AGGREGATORS}
+    assert units == {name: spec.result_unit for name, spec in specs.items() if spec.result_unit}
+    assert {units[f] for f in ("count", "count_values", "group", "count_over_time", "histogram_count")} == {
+        "unitless"
+    }
+    assert {units[f] for f in ("absent", "absent_over_time", "changes", "resets", "present_over_time")} == {
+        "unitless"
+    }
+    assert units["time"] == units["timestamp"] == "unitless"
+    assert units["rate"] == units["irate"] == units["deriv"] == "per_second"
+    assert {
+        units[f] for f in ("histogram_quantile", "histogram_avg", "histogram_stddev", "histogram_stdvar")
+    } == {"bucket_unit"}
+    assert units["histogram_fraction"] == "ratio"
+    assert not {"sum", "increase", "histogram_sum"} & set(units)  # the argument's unit
+    js = _get(app, "/ui/app.js").text
+    for kind in RESULT_UNITS[1:]:
+        assert f'"{kind}"' in js, f"app.js does not handle the result unit {kind!r}"
+
+
+def test_app_js_lists_no_kql_function_or_aggregator(app):
+    """kql's names reach the UI through ``/ui/kql.json`` only: a string in app.js naming a function
+    or aggregator (a set of them, as COUNTING or PER_SECOND once were) fails here. ``range``,
+    ``step`` and ``scalar`` are also words of the HTTP API (parameters, a ``resultType``)."""
+    import re
+
+    from kernel_insight.kql.aggregators import AGGREGATORS
+    from kernel_insight.kql.functions import FUNCTIONS
+
+    js = _get(app, "/ui/app.js").text
+    named = {m.group(2) for m in re.finditer(r"([\"'`])([A-Za-z_][A-Za-z0-9_]*)\1", js)}
+    assert named & (set(FUNCTIONS) | set(AGGREGATORS)) <= {"range", "step", "scalar"}

@@ -49,25 +49,21 @@ function metricUnit(name) {
 }
 
 // What a query's values are measured in, from the metrics it reads and what it does to them: ""
-// where that is not clear (metrics of different units, a count, arithmetic between values). A
-// per-second rate adds "/s".
-const COUNTING = new Set(["count", "count_over_time", "histogram_count", "absent", "absent_over_time", "changes", "resets", "count_values", "group", "present_over_time", "timestamp", "time"]);
-const PER_SECOND = new Set(["rate", "irate", "deriv"]);
-// Functions whose values are bucket boundaries (a quantile, a mean): the metric's own unit, however
-// its counts were rated or summed.
-const IN_BUCKET_UNIT = new Set(["histogram_quantile", "histogram_avg", "histogram_stddev", "histogram_stdvar"]);
-
+// where that is not clear (metrics of different units, a count, arithmetic between values). Each
+// function's and aggregator's result unit is kql's (GET /ui/kql.json, `result_units`): "unitless"
+// (a count, a time), "bucket_unit" (a quantile or mean of a histogram: the metric's own unit,
+// however its counts were rated or summed), "ratio", "per_second" (adds "/s"); else the argument's.
 function queryUnit(query) {
   const toks = lex(query);
   const metrics = toks.filter((t) => t.cls === "tok-metric").map((t) => t.tok);
-  const fns = toks.filter((t) => t.cls === "tok-fn").map((t) => t.tok);
+  const kinds = new Set(toks.filter((t) => t.cls === "tok-fn").map((t) => RESULT_UNITS.get(t.tok)));
   const units = new Set(metrics.map(metricUnit));
-  if (units.size !== 1 || fns.some((f) => COUNTING.has(f))) return "";
+  if (units.size !== 1 || kinds.has("unitless")) return "";
   if (toks.some((t) => !t.cls && /^[*/%^]$/.test(t.tok)) || toks.some((t) => t.cls === "tok-kw" && t.tok === "atan2")) return "";
   const unit = [...units][0];
-  if (fns.some((f) => IN_BUCKET_UNIT.has(f))) return unit;
-  if (fns.includes("histogram_fraction")) return "ratio";
-  if (!unit || !fns.some((f) => PER_SECOND.has(f))) return unit;
+  if (kinds.has("bucket_unit")) return unit;
+  if (kinds.has("ratio")) return "ratio";
+  if (!unit || !kinds.has("per_second")) return unit;
   return unit === "s" ? "" : `${unit}/s`; // seconds per second: a plain number (busy GPUs, say)
 }
 
@@ -460,10 +456,11 @@ async function pageExplore(params) {
 // errors are the API's to report (showError).
 // The words come from the collector (GET /ui/kql.json: kql's grammar and registries); until they
 // arrive only strings, numbers, comments, labels and names are told apart.
-let KEYWORDS = new Set(), CALL_KEYWORDS = new Set(), AGGREGATORS = new Set(), GROUPING = new Set();
+let KEYWORDS = new Set(), CALL_KEYWORDS = new Set(), AGGREGATORS = new Set(), GROUPING = new Set(), RESULT_UNITS = new Map();
 const vocabulary = fetch("/ui/kql.json").then((r) => r.json()).then((v) => {
   KEYWORDS = new Set(v.keywords); CALL_KEYWORDS = new Set(v.call_keywords);
   AGGREGATORS = new Set(v.aggregators); GROUPING = new Set(v.grouping);
+  RESULT_UNITS = new Map(Object.entries(v.result_units));
 }).catch(() => {});
 const TOKEN = /(#[^\n]*)|("(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?)|(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*|0x[0-9a-fA-F]+|\d*\.?\d+(?:[eE][+-]?\d+)?|Inf|NaN)|([A-Za-z_:][A-Za-z0-9_:]*)|([\s\S])/g;
 
@@ -560,6 +557,7 @@ async function runQuery(query, win, rangeS) {
     return;
   }
   renderTable(inst.data, inst.warnings, win ? fmtTime(end * 1000) : "now");
+  await vocabulary; // the chart's unit (queryUnit) needs kql's result units
   if (rng instanceof Error) {
     document.getElementById("chart").hidden = true;
     document.getElementById("heatmaps").hidden = true;
