@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from kernel_insight.agent.ring import Ring, RingReader, ring_name
+from kernel_insight.run import free_port
 
 KI = [sys.executable, "-m", "kernel_insight.cli"]
 
@@ -58,8 +59,22 @@ def test_ring_names_are_validated(label: str) -> None:
 @pytest.mark.slow
 def test_main_job_runs_collector_agent_and_simulator_and_data_arrives(tmp_path) -> None:
     prefix = f"runtest{os.getpid()}-"
+    port = str(free_port())  # not the default 8470: other test files start `ki run` at the same time
     out = subprocess.run(
-        [*KI, "run", "--data", str(tmp_path), "--seconds", "8", "--every", "3", "--ring-prefix", prefix],
+        [
+            *KI,
+            "run",
+            "--data",
+            str(tmp_path),
+            "--port",
+            port,
+            "--seconds",
+            "8",
+            "--every",
+            "3",
+            "--ring-prefix",
+            prefix,
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -129,7 +144,18 @@ def test_main_job_stopped_by_sigterm_stops_what_it_started(tmp_path) -> None:
     log = tmp_path / "out.txt"
     with log.open("w") as out:
         job = subprocess.Popen(
-            [*KI, "run", "--data", str(tmp_path / "data"), "--every", "1", "--ring-prefix", prefix],
+            [
+                *KI,
+                "run",
+                "--data",
+                str(tmp_path / "data"),
+                "--port",
+                str(free_port()),
+                "--every",
+                "1",
+                "--ring-prefix",
+                prefix,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -252,7 +278,18 @@ def test_main_job_stops_when_its_agent_cannot_drain_the_ring_and_leaves_that_rin
     with Ring.create(ring, capacity=1024, producer=False), RingReader.open(ring):
         try:
             out = subprocess.run(
-                [*KI, "run", "--data", str(tmp_path), "--seconds", "5", "--ring-prefix", prefix],
+                [
+                    *KI,
+                    "run",
+                    "--data",
+                    str(tmp_path),
+                    "--port",
+                    str(free_port()),
+                    "--seconds",
+                    "5",
+                    "--ring-prefix",
+                    prefix,
+                ],
                 capture_output=True,
                 text=True,
                 timeout=240,
