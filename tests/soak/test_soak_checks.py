@@ -60,6 +60,9 @@ def test_a_marked_process_and_an_unreaped_child_are_leftovers(tmp_path: Path) ->
     )
     assert any(f"pid {child.pid} " in f for f in found), found
     child.kill()
+    # SIGKILL is delivered asynchronously: until the child has exited it may still read "state R".
+    # Wait for the exit without reaping it (WNOWAIT), so it stays a zombie.
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
     # Killed, not reaped: a zombie, found by its parent pid (its environment is gone).
     zombie = leaks.leftovers(token, netns=None, host_if=None, mounts=[], rings="ki_test_none.", wait_s=0)
     assert any(f"pid {child.pid} " in f and "state Z" in f for f in zombie), zombie
@@ -103,3 +106,28 @@ def test_a_rule_failure_is_timed_by_its_evaluation_not_by_the_look_that_sees_it(
         rules.poll(client)  # a new failed evaluation, no fault running
         assert rules.problems(during) == ["g/r: disk full"]
     assert rules.evaluated == {"g/r"}
+
+
+def test_each_process_is_judged_from_the_end_of_its_own_warm_up() -> None:
+    """A collector restarted just before the run's warm-up ended is judged warm_s after its own
+    start, not on its start-up; one that ended within its warm-up is not judged (None)."""
+    from bench.soak.memory import growth_pct, judged_from
+
+    t0, warm = 1000.0, 600.0
+    first = [(t0 + 10 * i, 500_000) for i in range(120)]  # from the run's start, flat
+    assert judged_from(first, t0, warm) == t0 + warm
+    assert growth_pct(first, t0, warm) == (0.0, [500_000] * 60)
+    # born at 585 s: grows 500 -> 560 MB in its first 10 minutes, then flat
+    late = [(t0 + 585 + 10 * i, min(560_000, 500_000 + 1_000 * i)) for i in range(120)]
+    pct, after = growth_pct(late, t0, warm) or (None, [])
+    assert pct == 0.0
+    assert after[0] == 560_000
+    # judged from the run's warm-up instead, the same process "grew" 11.6%: its own start-up
+    run_warm = [kb for t, kb in late if t >= t0 + warm]
+    assert round(100.0 * (max(run_warm) - run_warm[0]) / run_warm[0], 1) == 11.6
+    # a collector killed 5 minutes after its start is not judged
+    assert growth_pct([(t0 + 900 + 10 * i, 500_000) for i in range(30)], t0, warm) is None
+    # growth after the own warm-up still counts
+    leaking = [(t0 + 10 * i, 500_000 + (1_000 * (i - 60) if i > 60 else 0)) for i in range(120)]
+    pct, _ = growth_pct(leaking, t0, warm) or (0.0, [])
+    assert round(pct, 1) == 11.8
