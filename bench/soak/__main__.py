@@ -46,8 +46,10 @@ every process the soak started (each carries ``KI_SOAK_RUN`` in its environment;
 never reaped is found by its parent pid), the network namespace and veth, the loop mounts,
 the shared-memory rings (bench/soak/leaks.py); the run exits 1 when anything leaked. The largest
 growth of resident memory after the warm-up (a third of the run, at most 10 minutes), over the
-agents and each collector process that started before it (``rss_growth_pct``; the log gives each
-one's figures, the collector's head size and the agents' VmSize beside). The collector runs with
+agents and each collector process, each judged from the end of its own warm-up (a collector a
+fault restarted is judged that long after its start; one that did not live so long is logged as
+not judged: bench/soak/memory.py) (``rss_growth_pct``; the log gives each one's figures, the
+collector's head size and the agents' VmSize beside). The collector runs with
 ``--head-minutes`` of half the warm-up, so its head (recent samples for a window, by design) is
 full before growth is measured, not filling during it; a quarter into the warm-up every agent is
 stopped as long as an agent_stop fault stops one (at most another quarter of the warm-up) and
@@ -90,6 +92,7 @@ from bench.soak import leaks
 from bench.soak.alerts import ALERT, GAUGE, RULE, Alertmanager, AlertWatch, Condition, RuleHealth
 from bench.soak.imports import METRIC as IMPORT_METRIC
 from bench.soak.imports import Importer
+from bench.soak.memory import growth_pct, judged_from
 from bench.soak.windows import FaultWindows
 from kernel_insight.api import TokenStore
 from kernel_insight.collector.clickhouse.store import EmbeddedStore
@@ -478,7 +481,8 @@ def main() -> None:
                         split_kb.setdefault(f"collector{pid}", []).append(
                             (now, _rss_kb(pid, "RssAnon"), _rss_kb(pid, "RssFile"))
                         )
-                        if now >= t_start + warm_s and (maps := smaps_kb(pid)):
+                        born = rss[f"collector{pid}"]
+                        if now >= judged_from(born, t_start, warm_s) and (maps := smaps_kb(pid)):
                             seen = maps_kb.setdefault(f"collector{pid}", [])
                             seen[1:] = [maps]
                             if len(seen) == 1:
@@ -754,25 +758,28 @@ def main() -> None:
             lost_rw = len(rw_acked - rw_values)
             lost += lost_rw
             duplicated += int(rw["n"]) - int(rw["u"])
-            warm = t_start + warm_s
             growth = 0.0
             agent_rss_max = agent_vm_growth = 0
+            not_judged: list[str] = []
             for proc, points in rss.items():
-                after = [kb for t, kb in points if t >= warm and kb > 0]  # 0: the process had ended
-                if (
-                    len(after) >= 2
-                    and after[0] > 0
-                    and (not proc.startswith("collector") or points[0][0] <= warm)
-                ):
-                    growth = max(growth, 100.0 * (max(after) - after[0]) / after[0])
-                    head = [mb for t, mb in head_mb.get(proc, ()) if t >= warm]
-                    vm = [kb for t, kb in vm_kb.get(proc, ()) if t >= warm and kb > 0]
+                judged = growth_pct(points, t_start, warm_s)
+                if judged is None:
+                    not_judged.append(
+                        f"{proc} (looked at {points[0][0] - t_start:.0f}-{points[-1][0] - t_start:.0f} s)"
+                    )
+                else:
+                    pct, after = judged
+                    since = judged_from(points, t_start, warm_s)
+                    growth = max(growth, pct)
+                    head = [mb for t, mb in head_mb.get(proc, ()) if t >= since]
+                    vm = [kb for t, kb in vm_kb.get(proc, ()) if t >= since and kb > 0]
                     if proc.startswith("agent"):
                         agent_rss_max = max(agent_rss_max, max(after))
                         agent_vm_growth = max(agent_vm_growth, max(vm) - vm[0] if vm else 0)
-                    split = [(a, f) for t, a, f in split_kb.get(proc, ()) if t >= warm and a > 0]
+                    split = [(a, f) for t, a, f in split_kb.get(proc, ()) if t >= since and a > 0]
                     log(
-                        f"rss {proc}: {after[0]} -> {after[-1]} kB (max {max(after)})"
+                        f"rss {proc} from {since - t_start:.0f} s (its own warm-up's end):"
+                        f" {after[0]} -> {after[-1]} kB (max {max(after)})"
                         + (
                             f"; head {head[0]:.0f} -> {head[-1]:.0f} MiB (max {max(head):.0f})"
                             if head
@@ -803,6 +810,10 @@ def main() -> None:
                                 or "none"
                             )
                         )
+            if not_judged:
+                log(
+                    f"memory not judged (ended within its own warm-up of {warm_s:.0f} s): {', '.join(not_judged)}"
+                )
             log(
                 f"agents after the warm-up: resident at most {agent_rss_max} kB (held to {AGENT_BUDGET_KB}),"
                 f" VmSize grew by at most {agent_vm_growth} kB (0: nothing allocated after the start)"
