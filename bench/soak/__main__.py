@@ -481,8 +481,8 @@ def main() -> None:
                         split_kb.setdefault(f"collector{pid}", []).append(
                             (now, _rss_kb(pid, "RssAnon"), _rss_kb(pid, "RssFile"))
                         )
-                        born = rss[f"collector{pid}"]
-                        if now >= judged_from(born, t_start, warm_s) and (maps := smaps_kb(pid)):
+                        looks = rss[f"collector{pid}"]
+                        if now >= judged_from(looks, t_start, warm_s) and (maps := smaps_kb(pid)):
                             seen = maps_kb.setdefault(f"collector{pid}", [])
                             seen[1:] = [maps]
                             if len(seen) == 1:

@@ -89,7 +89,7 @@ for b in blocks:
 # chunk *below* them (a bin left by the interpreter's start-up, whose layout differs with the
 # environment: it did under pytest-xdist), so blocks of their size are taken until one lies above.
 top = max(blocks)
-pins = [libc.malloc(64 * 1024) for _ in range(1)]
+pins = [libc.malloc(64 * 1024)]
 while pins[-1] < top and len(pins) < 64:
     pins.append(libc.malloc(64 * 1024))
 assert pins[-1] > top, "no block above the freed ones"
