@@ -19,8 +19,7 @@ int ki_batch_create(struct ki_agent *a, char *err, size_t errlen) {
      * body, frame and zstd's context (~0.5 MB less at 10,000 new names). */
     a->batch.batch_max = cfg->histograms && a->batch.staging_cap / 4 >= 64 ? a->batch.staging_cap / 4 : a->batch.staging_cap;
     a->batch.enc = ki_encoder_create(a->batch.staging_cap, a->names);
-    a->batch.zc = ki_compress_create((int)cfg->zstd_level);
-    if (!a->batch.staging || !a->batch.enc || !a->batch.zc) {
+    if (!a->batch.staging || !a->batch.enc) {
         snprintf(err, errlen, "out of memory for batch buffers (batch_records %lld)", (long long)cfg->batch_records);
         return -1;
     }
@@ -57,7 +56,9 @@ int ki_batch_create(struct ki_agent *a, char *err, size_t errlen) {
     a->batch.frame_cap = KI_HEADER_BYTES + ki_compress_bound(a->batch.body_cap) + KI_TAG_BYTES;
     a->batch.body = malloc(a->batch.body_cap);
     a->batch.frame = malloc(a->batch.frame_cap);
-    if (!a->batch.body || !a->batch.frame) {
+    /* zstd's context sized once for a full body: a catch-up's full batches allocate nothing. */
+    a->batch.zc = ki_compress_create((int)cfg->zstd_level, a->batch.body_cap);
+    if (!a->batch.body || !a->batch.frame || !a->batch.zc) {
         snprintf(err, errlen, "out of memory for batch buffers");
         return -1;
     }

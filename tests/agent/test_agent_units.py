@@ -51,6 +51,13 @@ def test_c_status(tmp_path):
     run_unit(tmp_path, "test_status")
 
 
+def test_c_compress_reserves_its_workspace_once(tmp_path):
+    """compress.c: zstd's context is sized at creation for the largest batch body, so a catch-up's
+    full batches, and the small ones after them, allocate nothing (the agent's memory stays flat
+    across outages); frames round-trip and say their content size; over-size input is refused."""
+    run_unit(tmp_path, "test_compress")
+
+
 def test_c_batch_builder(tmp_path):
     """batch.c on a real ring and spool: batches of at most batch_records, a backlog gathering for
     a second, heartbeats, strictly increasing batch times, the names batch, kernels folded."""

@@ -37,8 +37,7 @@ int main(int argc, char **argv) {
     fclose(in);
     struct ki_names *names = ki_names_create(64, 4096, 1024);
     struct ki_encoder *e = ki_encoder_create(4096, names);
-    struct ki_compress *z = ki_compress_create(3);
-    CHECK(names && e && z);
+    CHECK(names && e);
     struct ki_kstats *ks = NULL;
     uint8_t *hist = NULL;
     size_t hlen = 0;
@@ -91,6 +90,8 @@ int main(int argc, char **argv) {
     uint8_t *body = malloc(cap);
     size_t fcap = KI_HEADER_BYTES + ki_compress_bound(cap) + KI_TAG_BYTES;
     uint8_t *frame = malloc(fcap);
+    struct ki_compress *z = ki_compress_create(3, cap);
+    CHECK(z != NULL);
     struct ki_counters ctr;
     memset(&ctr, 0, sizeof ctr);
     ctr.v[KI_CTR_RECORDS_READ] = n;
