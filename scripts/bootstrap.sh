@@ -74,3 +74,11 @@ fi
 
 # eBPF prerequisites (header links, tracefs) and Debian's bcc visible from the venv.
 scripts/setup_ebpf.sh .venv
+
+# Prometheus 3.5 and VictoriaMetrics 1.1xx, the newer peers of kql's differential tests and
+# benchmarks (docs/kql.md), from Debian's unstable suite, unpacked under build/peers (nothing
+# installed system-wide; a no-op once there). Without the archive the set-up goes on and the tests
+# that need them skip, naming this script.
+if ! scripts/fetch_peers.sh >/dev/null; then
+    echo "bootstrap: could not fetch the newer peers (scripts/fetch_peers.sh); their tests will skip" >&2
+fi
