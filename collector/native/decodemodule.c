@@ -269,6 +269,10 @@ static PyObject *py_write_request(PyObject *self, PyObject *arg)
  * dense ids 0, 1, 2... in the order they were added. Keys live in one arena; a slot holds
  * the key's hash and id (-1: empty). Nothing is ever removed: the Python owner drops the
  * whole index when it grows past its bound.
+ *
+ * add_spans adds a request's new keys at once without publishing them: get and lookup (the
+ * request threads' reads, without the owner's lock) see an id only once publish() says its
+ * entries are complete; rollback() forgets the unpublished ones should those entries fail.
  */
 typedef struct {
     PyObject_HEAD
@@ -278,6 +282,7 @@ typedef struct {
     Py_ssize_t *key_off;
     Py_ssize_t *key_len;
     Py_ssize_t nids, cap_ids;
+    Py_ssize_t visible; /* ids below it are published: get and lookup see no others */
     char *arena;
     Py_ssize_t arena_len, arena_cap;
 } SeriesIndex;
@@ -300,6 +305,15 @@ static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n)
     return h;
 }
 
+/* A bytes object of n int32s, *ids its storage; NULL with the error set. */
+static PyObject *int32_bytes(Py_ssize_t n, int32_t **ids)
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (out != NULL)
+        *ids = (int32_t *)PyBytes_AS_STRING(out);
+    return out;
+}
+
 /* The id of key, or -1; *slot is where it is or would go. */
 static int32_t index_find(const SeriesIndex *ix, const uint8_t *key, Py_ssize_t n, uint64_t h, Py_ssize_t *slot)
 {
@@ -319,7 +333,8 @@ static int32_t index_find(const SeriesIndex *ix, const uint8_t *key, Py_ssize_t 
     }
 }
 
-static int index_resize(SeriesIndex *ix, Py_ssize_t nslots)
+/* The slot table rebuilt with nslots slots, holding the ids below limit only. */
+static int index_rebuild(SeriesIndex *ix, Py_ssize_t nslots, Py_ssize_t limit)
 {
     uint64_t *hashes = PyMem_RawCalloc((size_t)nslots, sizeof(uint64_t));
     int32_t *ids = PyMem_RawMalloc((size_t)nslots * sizeof(int32_t));
@@ -331,7 +346,7 @@ static int index_resize(SeriesIndex *ix, Py_ssize_t nslots)
     for (Py_ssize_t i = 0; i < nslots; i++)
         ids[i] = -1;
     for (Py_ssize_t i = 0; i < ix->nslots; i++) {
-        if (ix->slot_id[i] < 0)
+        if (ix->slot_id[i] < 0 || ix->slot_id[i] >= limit)
             continue;
         Py_ssize_t j = (Py_ssize_t)(ix->slot_hash[i] & (uint64_t)(nslots - 1));
         while (ids[j] >= 0)
@@ -345,6 +360,11 @@ static int index_resize(SeriesIndex *ix, Py_ssize_t nslots)
     ix->slot_id = ids;
     ix->nslots = nslots;
     return 0;
+}
+
+static int index_resize(SeriesIndex *ix, Py_ssize_t nslots)
+{
+    return index_rebuild(ix, nslots, ix->nids);
 }
 
 static PyObject *index_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -385,12 +405,16 @@ static PyObject *index_get(SeriesIndex *ix, PyObject *arg)
     Py_ssize_t slot;
     int32_t id = index_find(ix, key.buf, key.len, hash_bytes(key.buf, key.len), &slot);
     PyBuffer_Release(&key);
-    return PyLong_FromLong(id);
+    return PyLong_FromLong(id < ix->visible ? id : -1);
 }
 
 static PyObject *index_add(SeriesIndex *ix, PyObject *arg)
 {
     Py_buffer key;
+    if (ix->visible != ix->nids) {
+        PyErr_SetString(PyExc_RuntimeError, "SeriesIndex.add with unpublished ids (publish or rollback first)");
+        return NULL;
+    }
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
         return NULL;
     uint64_t h = hash_bytes(key.buf, key.len);
@@ -427,8 +451,91 @@ static PyObject *index_add(SeriesIndex *ix, PyObject *arg)
     ix->arena_len += key.len;
     ix->slot_id[slot] = id;
     ix->slot_hash[slot] = h;
+    ix->visible = ix->nids;
     PyBuffer_Release(&key);
     return PyLong_FromLong(id);
+}
+
+/* add_spans(buf, spans): per int64 (start, end) pair, the id of buf[start:end], added (unpublished)
+ * when new: a key twice in spans gets one id, new ids follow the order of first appearance.
+ * Everything it may need is allocated and checked first, so it adds all the new keys or none. */
+static PyObject *index_add_spans(SeriesIndex *ix, PyObject *args)
+{
+    Py_buffer buf, spans;
+    if (!PyArg_ParseTuple(args, "y*y*:add_spans", &buf, &spans))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = ki_spans_count(&spans, 2, KI_SPANS_PAIRS);
+    if (n < 0)
+        goto done;
+    Py_ssize_t bytes = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t t[2];
+        if (ki_span_at(&spans, 2, k, buf.len, KI_SPAN_OUTSIDE, t) < 0)
+            goto done;
+        bytes += (Py_ssize_t)(t[1] - t[0]);
+    }
+    if (n > INT32_MAX - 1 - ix->nids) {
+        PyErr_SetString(PyExc_OverflowError, "SeriesIndex is full");
+        goto done;
+    }
+    Py_ssize_t cap_off = ix->cap_ids, cap_len = ix->cap_ids, nslots = ix->nslots;
+    while (2 * (ix->nids + n) > nslots)
+        nslots *= 2;
+    if (grow((void **)&ix->key_off, &cap_off, ix->nids + n, sizeof(Py_ssize_t)) < 0 ||
+        grow((void **)&ix->key_len, &cap_len, ix->nids + n, sizeof(Py_ssize_t)) < 0 ||
+        grow((void **)&ix->arena, &ix->arena_cap, ix->arena_len + bytes, 1) < 0 ||
+        (nslots != ix->nslots && index_resize(ix, nslots) < 0)) {
+        ix->cap_ids = cap_off < cap_len ? cap_off : cap_len;
+        PyErr_NoMemory();
+        goto done;
+    }
+    ix->cap_ids = cap_off < cap_len ? cap_off : cap_len;
+    int32_t *ids;
+    out = int32_bytes(n, &ids);
+    if (out == NULL)
+        goto done;
+    const uint8_t *b = buf.buf;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t t[2];
+        memcpy(t, (const char *)spans.buf + k * 2 * (Py_ssize_t)sizeof(int64_t), sizeof(t)); /* checked above */
+        const uint8_t *key = b + t[0];
+        Py_ssize_t len = (Py_ssize_t)(t[1] - t[0]);
+        uint64_t h = hash_bytes(key, len);
+        Py_ssize_t slot;
+        int32_t id = index_find(ix, key, len, h, &slot);
+        if (id < 0) {
+            id = (int32_t)ix->nids++;
+            ix->key_off[id] = ix->arena_len;
+            ix->key_len[id] = len;
+            memcpy(ix->arena + ix->arena_len, key, (size_t)len);
+            ix->arena_len += len;
+            ix->slot_id[slot] = id;
+            ix->slot_hash[slot] = h;
+        }
+        ids[k] = id;
+    }
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&spans);
+    return out;
+}
+
+static PyObject *index_publish(SeriesIndex *ix, PyObject *Py_UNUSED(arg))
+{
+    ix->visible = ix->nids;
+    Py_RETURN_NONE;
+}
+
+static PyObject *index_rollback(SeriesIndex *ix, PyObject *Py_UNUSED(arg))
+{
+    if (ix->visible == ix->nids)
+        Py_RETURN_NONE;
+    if (index_rebuild(ix, ix->nslots, ix->visible) < 0)
+        return PyErr_NoMemory();
+    ix->nids = ix->visible;
+    ix->arena_len = ix->nids ? ix->key_off[ix->nids - 1] + ix->key_len[ix->nids - 1] : 0;
+    Py_RETURN_NONE;
 }
 
 /* lookup(buf, series): per (label start, label end, samples) int64 triple of write_request's
@@ -439,26 +546,20 @@ static PyObject *index_lookup(SeriesIndex *ix, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*:lookup", &buf, &series))
         return NULL;
     PyObject *out = NULL;
-    if (series.len % (Py_ssize_t)(3 * sizeof(int64_t)) != 0) {
-        PyErr_SetString(PyExc_ValueError, "series must hold int64 (start, end, samples) triples");
-        goto done;
-    }
-    Py_ssize_t n = series.len / (Py_ssize_t)(3 * sizeof(int64_t));
-    out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
-    if (out == NULL)
-        goto done;
-    int32_t *ids = (int32_t *)PyBytes_AS_STRING(out);
+    int32_t *ids = NULL;
     const uint8_t *b = buf.buf;
+    Py_ssize_t n = ki_spans_count(&series, 3, "series must hold int64 (start, end, samples) triples");
+    if (n < 0 || (out = int32_bytes(n, &ids)) == NULL)
+        goto done;
     for (Py_ssize_t k = 0; k < n; k++) {
         int64_t t[2];
-        memcpy(t, (const char *)series.buf + k * 3 * (Py_ssize_t)sizeof(int64_t), sizeof(t));
-        if (t[0] < 0 || t[1] < t[0] || t[1] > buf.len) {
+        if (ki_span_at(&series, 3, k, buf.len, "series triple outside the buffer", t) < 0) {
             Py_CLEAR(out);
-            PyErr_SetString(PyExc_ValueError, "series triple outside the buffer");
             goto done;
         }
         Py_ssize_t slot;
-        ids[k] = index_find(ix, b + t[0], (Py_ssize_t)(t[1] - t[0]), hash_bytes(b + t[0], (Py_ssize_t)(t[1] - t[0])), &slot);
+        int32_t id = index_find(ix, b + t[0], (Py_ssize_t)(t[1] - t[0]), hash_bytes(b + t[0], (Py_ssize_t)(t[1] - t[0])), &slot);
+        ids[k] = id < ix->visible ? id : -1;
     }
 done:
     PyBuffer_Release(&buf);
@@ -471,6 +572,11 @@ static PyMethodDef index_methods[] = {
     {"add", (PyCFunction)index_add, METH_O, "add(key) -> int: the id of key, the next one when it is new."},
     {"lookup", (PyCFunction)index_lookup, METH_VARARGS,
      "lookup(buf, series) -> bytes: int32 ids of each triple's buf[start:end] (-1: unknown)."},
+    {"add_spans", (PyCFunction)index_add_spans, METH_VARARGS,
+     "add_spans(buf, spans) -> bytes: int32 ids of each int64 (start, end) pair's buf[start:end], "
+     "new ones added unpublished (all or none), in order of first appearance."},
+    {"publish", (PyCFunction)index_publish, METH_NOARGS, "publish(): get and lookup see every id added."},
+    {"rollback", (PyCFunction)index_rollback, METH_NOARGS, "rollback(): forget the ids added since the last publish."},
     {NULL, NULL, 0, NULL},
 };
 

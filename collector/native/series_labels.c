@@ -270,11 +270,9 @@ PyObject *ki_series_labels_parse(PyObject *self, PyObject *args)
                           &lim.max_value_bytes, &lim.utf8_names))
         return NULL;
     PyObject *out = NULL;
-    if (spans.len % (Py_ssize_t)(2 * sizeof(int64_t)) != 0) {
-        PyErr_SetString(PyExc_ValueError, "spans must hold int64 (start, end) pairs");
+    Py_ssize_t n = ki_spans_count(&spans, 2, KI_SPANS_PAIRS);
+    if (n < 0)
         goto done;
-    }
-    Py_ssize_t n = spans.len / (Py_ssize_t)(2 * sizeof(int64_t));
     out = PyList_New(n);
     if (out == NULL)
         goto done;
@@ -282,10 +280,8 @@ PyObject *ki_series_labels_parse(PyObject *self, PyObject *args)
     Label kept[MAX_PARSED];
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t se[2];
-        memcpy(se, (const char *)spans.buf + i * 2 * (Py_ssize_t)sizeof(int64_t), sizeof(se));
-        if (se[0] < 0 || se[1] < se[0] || se[1] > buf.len) {
+        if (ki_span_at(&spans, 2, i, buf.len, KI_SPAN_OUTSIDE, se) < 0) {
             Py_CLEAR(out);
-            PyErr_SetString(PyExc_ValueError, "span outside the buffer");
             goto done;
         }
         Py_ssize_t nkept = 0;
@@ -304,4 +300,25 @@ done:
     PyBuffer_Release(&buf);
     PyBuffer_Release(&spans);
     return out;
+}
+
+Py_ssize_t ki_spans_count(const Py_buffer *spans, Py_ssize_t width, const char *bad_size)
+{
+    Py_ssize_t size = width * (Py_ssize_t)sizeof(int64_t);
+    if (spans->len % size != 0) {
+        PyErr_SetString(PyExc_ValueError, bad_size);
+        return -1;
+    }
+    return spans->len / size;
+}
+
+int ki_span_at(const Py_buffer *spans, Py_ssize_t width, Py_ssize_t k, Py_ssize_t buf_len, const char *outside,
+               int64_t se[2])
+{
+    memcpy(se, (const char *)spans->buf + k * width * (Py_ssize_t)sizeof(int64_t), 2 * sizeof(int64_t));
+    if (se[0] < 0 || se[1] < se[0] || se[1] > buf_len) {
+        PyErr_SetString(PyExc_ValueError, outside);
+        return -1;
+    }
+    return 0;
 }

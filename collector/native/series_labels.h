@@ -12,4 +12,15 @@
 /* series_labels(buf, spans, max_labels, max_name_bytes, max_value_bytes, utf8_names) -> list */
 PyObject *ki_series_labels_parse(PyObject *self, PyObject *args);
 
+#define KI_SPANS_PAIRS "spans must hold int64 (start, end) pairs"
+#define KI_SPAN_OUTSIDE "span outside the buffer"
+
+/* The number of tuples of `width` int64s (start, end, ...) in spans, or -1 with ValueError(bad_size). */
+Py_ssize_t ki_spans_count(const Py_buffer *spans, Py_ssize_t width, const char *bad_size);
+
+/* Tuple k's (start, end) of spans (tuples of `width` int64s) into se: 0, or -1 with ValueError(outside)
+ * when buf[start:end] is not inside a buffer of buf_len bytes. */
+int ki_span_at(const Py_buffer *spans, Py_ssize_t width, Py_ssize_t k, Py_ssize_t buf_len, const char *outside,
+               int64_t se[2]);
+
 #endif
