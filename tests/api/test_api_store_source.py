@@ -10,6 +10,7 @@ from api_helpers import TestClient
 
 from kernel_insight.api import StoreSource, TokenStore, create_api_app
 from kernel_insight.api.models import HealthSnapshot, InstanceDetail
+from kernel_insight.collector.clickhouse.health import quantiles_by_instance
 from kernel_insight.collector.clickhouse.store import EmbeddedStore, ServerStore
 from kernel_insight.collector.keys import KeyStore
 from kernel_insight.collector.rows import Event, InstanceInfo, SampleBuilder
@@ -154,3 +155,38 @@ def test_the_snapshot_names_an_enrolled_agents_instance_and_leaves_others_unname
     assert names["n1"] is None
     assert client.get(f"/v1/instances/{agent}").json()["instance"]["name"] == "gpu-box-7"
     assert keys.name_of("not-an-agent-id") is None
+
+
+class _Statements:
+    """A store whose reads are recorded (the statement texts) and passed on."""
+
+    def __init__(self, store):
+        self._store = store
+        self.sql: list[str] = []
+
+    def query_rows(self, sql, params=None):
+        self.sql.append(sql)
+        return self._store.query_rows(sql, params)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_latency_quantiles_skip_the_join_when_no_series_of_the_metric_is_in_the_window(store):
+    # A fleet without NCCL series (host metrics by remote_write) has nothing to join: the join's
+    # setup is not paid at every snapshot rebuild, and the answer is the same (no rows).
+    spy = _Statements(store)
+    assert quantiles_by_instance(spy, "no_such_metric", NOW_MS - 300_000, NOW_MS) == []
+    assert spy.sql
+    assert not any("JOIN" in s for s in spy.sql)
+    # Days before the data: the series rows are per day, so the window's days decide.
+    assert (
+        quantiles_by_instance(
+            spy, "nccl_op_latency_seconds", NOW_MS - 400 * 86_400_000, NOW_MS - 300 * 86_400_000
+        )
+        == []
+    )
+    assert not any("JOIN" in s for s in spy.sql)
+    rows = quantiles_by_instance(spy, "nccl_op_latency_seconds", NOW_MS - 300_000, NOW_MS)
+    assert {r["instance"]: r["n"] for r in rows} == {"n1": 200, "n2": 200}
+    assert any("JOIN" in s for s in spy.sql)
