@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 # brings promtool, a real Prometheus client the API tests drive.
 # python3-bpfcc and the kernel headers serve the eBPF tracer (scripts/setup_ebpf.sh);
 # victoria-metrics is the second server make bench-kql compares kql with;
+# prometheus-node-exporter gives make bench-fleet the real page its targets replicate;
 # chromium is the browser the web UI's tests and make bench-ui drive (docs/ui.md).
 # valgrind (callgrind) counts the instructions make bench-cupti reports per record.
-APT_PACKAGES=(build-essential valgrind pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager chromium
+APT_PACKAGES=(build-essential valgrind pkg-config libzstd-dev libsodium-dev zstd python3-venv prometheus victoria-metrics prometheus-alertmanager prometheus-node-exporter chromium
     python3-bpfcc "linux-headers-$(dpkg --print-architecture)")
 
 missing=()
