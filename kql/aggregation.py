@@ -19,6 +19,7 @@ from kernel_insight.kql.ast import AggregateExpr, ValueType
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.histcells import Hists, object_cells
 from kernel_insight.kql.histogram import COUNTER_RESET, NOT_COUNTER_RESET
+from kernel_insight.kql.histogram.gomath import kahan_inc_array
 from kernel_insight.kql.histsamples import (
     MIXED_FLOATS_HISTOGRAMS_AGG,
     OBJ,
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = [
     "aggregate",
     "bad_quantile_message",
-    "kahan_add",
-    "kahan_inc",
     "quantiles_of_sorted_rows",
     "sort_rows_nan_first",
     "xxhash64",
@@ -55,37 +54,6 @@ __all__ = [
 
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
-
-
-def kahan_add(total: F64, comp: F64, inc: F64, t: F64, bb: F64) -> None:
-    """One Kahan-Neumaier step in place on same-shaped float arrays (views welcome).
-
-    ``total`` and ``comp`` are updated; ``inc``, ``t`` and ``bb`` are scratch (``inc`` is
-    overwritten). Prometheus' kahanSumInc picks Fast2Sum's operand order by magnitude;
-    Knuth's TwoSum needs no branch and yields the same exact rounding error of
-    ``total + inc`` wherever that sum is finite (where it is not, the compensation is reset
-    to 0 as Prometheus does), at half the numpy operations and no allocation: lock-step
-    loops run it once per window and sample (tests/kql/test_kql_numerics.py checks it
-    against kahanSumInc bit for bit).
-    """
-    np.add(total, inc, out=t)
-    np.subtract(t, total, out=bb)  # bb = t - total
-    np.subtract(inc, bb, out=inc)  # inc - bb
-    np.subtract(t, bb, out=bb)  # t - bb
-    np.subtract(total, bb, out=bb)  # total - (t - bb)
-    np.add(bb, inc, out=bb)  # the rounding error of total + inc
-    np.add(comp, bb, out=comp)
-    inf = np.isinf(t)
-    if inf.any():
-        comp[inf] = 0.0
-    total[...] = t
-
-
-def kahan_inc(inc: npt.ArrayLike, total: npt.ArrayLike, comp: npt.ArrayLike) -> tuple[F64, F64]:
-    """:func:`kahan_add` on copies, broadcasting: returns the new (sum, compensation) arrays."""
-    t, c, i = (np.array(x, dtype=np.float64) for x in np.broadcast_arrays(total, comp, inc))
-    kahan_add(t, c, i, np.empty_like(t), np.empty_like(t))
-    return t, c
 
 
 def _grouping_key(labels: Labels, node: AggregateExpr) -> Labels:
@@ -177,9 +145,9 @@ def _kahan_totals(
 ) -> tuple[F64, F64, npt.NDArray[np.int64]]:
     """Kahan-Neumaier sum, compensation and count of the present values of every group and step.
 
-    In C (``_windows.group_kahan``), row by row in order with :func:`kahan_add`'s arithmetic, as
-    Prometheus adds a group's series: numpy needed a gather, a Kahan step and a scatter per rank
-    within the groups (a range ``sum(rate(...))`` over n series: n such steps, and ``np.add.at``
+    In C (``_windows.group_kahan``), row by row in order with the arithmetic of
+    ``histogram.gomath.kahan_inc_into``, as Prometheus adds a group's series: numpy needed a
+    gather, a Kahan step and a scatter per rank within the groups (a range ``sum(rate(...))`` over n series: n such steps, and ``np.add.at``
     for the counts; ``make bench-kql``).
     """
     steps = values.shape[1]
@@ -237,7 +205,7 @@ def _overflowing_mean(
         cnt = count[g] + p
         t, c = total[g], comp[g]
         inc_mode = incremental[g]
-        new_t, new_c = kahan_inc(f, t, c)
+        new_t, new_c = kahan_inc_array(f, t, c)
         overflow = later & ~inc_mode & np.isinf(new_t)
         direct = later & ~inc_mode & ~overflow
         prev = np.maximum(cnt - 1, 1)
@@ -245,7 +213,7 @@ def _overflowing_mean(
         cm = np.where(overflow, c / prev, c)
         inc_now = later & (inc_mode | overflow)
         q = (cnt - 1) / np.maximum(cnt, 1)
-        im, ic = kahan_inc(f / np.maximum(cnt, 1), q * m, q * cm)
+        im, ic = kahan_inc_array(f / np.maximum(cnt, 1), q * m, q * cm)
         total[g] = np.where(first, f, np.where(direct, new_t, t))
         comp[g] = np.where(first, 0.0, np.where(direct, new_c, np.where(inc_now, ic, c)))
         avg[g] = np.where(inc_now, im, m)

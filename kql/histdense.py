@@ -15,6 +15,7 @@ from kernel_insight.kql import histogram as nh
 from kernel_insight.kql.histogram import COUNTER_RESET, CUSTOM_BUCKETS_SCHEMA, NOT_COUNTER_RESET
 from kernel_insight.kql.histogram import GAUGE_TYPE as GAUGE
 from kernel_insight.kql.histogram import UNKNOWN_COUNTER_RESET as UNKNOWN
+from kernel_insight.kql.histogram.gomath import kahan_inc_into
 from kernel_insight.kql.histsamples import BOOL, F64, I64, OBJ, H, Totals, hcompact, hstdvar, safe_divide
 from kernel_insight.kql.sparsehists import SparseHists, bucket_indices
 from kernel_insight.kql.values import HistRange, RangeInput, hist_mask
@@ -131,8 +132,6 @@ def _variances(
         np.cumsum(lengths[:-1], out=starts[1:])
         rank = np.arange(len(rows)) - starts[rows]
         width = int(lengths.max()) if n else 0
-        from kernel_insight.kql.aggregation import kahan_add
-
         # A row's terms in columns 0..len-1, then +0.0: adding it leaves the sum and its
         # compensation as they are (the sum is never -0.0: it starts at +0.0).
         mat = np.zeros((width, n))
@@ -141,7 +140,7 @@ def _variances(
         comp = np.zeros(n)
         t, bb = np.empty(n), np.empty(n)
         for inc in mat:
-            kahan_add(variance, comp, inc, t, bb)
+            kahan_inc_into(variance, comp, inc, t, bb)
         out = safe_divide(variance + comp, count)
     return out
 

@@ -16,17 +16,12 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel_insight.kql import _windows
-from kernel_insight.kql.aggregation import (
-    bad_quantile_message,
-    kahan_add,
-    kahan_inc,
-    quantiles_of_sorted_rows,
-    sort_rows_nan_first,
-)
+from kernel_insight.kql.aggregation import bad_quantile_message, quantiles_of_sorted_rows, sort_rows_nan_first
 from kernel_insight.kql.ast import MatrixSelector
 from kernel_insight.kql.errors import KqlEvaluationError
 from kernel_insight.kql.functions._common import F64, M, S, V, labels_from_equal_matchers, range_result
 from kernel_insight.kql.functions.registry import GridPushdown, function
+from kernel_insight.kql.histogram.gomath import kahan_inc, kahan_inc_array, kahan_inc_into, two_sum_into
 from kernel_insight.kql.values import (
     Arg,
     CallContext,
@@ -210,7 +205,7 @@ def _kahan_totals(w: _Windows) -> tuple[F64, F64]:
         t_buf, b_buf = np.empty(w.n), np.empty(w.n)
         for _k, active, idx in w.lockstep():
             m = len(idx)
-            kahan_add(total[active], comp[active], w.r.vs[idx], t_buf[:m], b_buf[:m])
+            kahan_inc_into(total[active], comp[active], w.r.vs[idx], t_buf[:m], b_buf[:m])
     for j, values, _ in w.long():
         total[j], comp[j] = _exact_sum(values), 0.0
     return total, comp
@@ -222,7 +217,7 @@ def _dense_kahan_totals(w: _Windows, longest: int, total: F64, comp: F64) -> Non
     The first ``longest`` samples of every window are laid out as one (sample, window) matrix
     padded with +0.0, which leaves a Kahan sum and its compensation as they were (a sum that
     starts at +0.0 is never -0.0); each step is then seven ufuncs on whole rows, no slicing,
-    gathering or copying back (half the numpy calls of :func:`kahan_add` through slices: an
+    gathering or copying back (half the numpy calls of ``kahan_inc_into`` through slices: an
     instant ``avg_over_time(x[1h])`` of 200 series loops 240 times). The compensation is not
     reset where the sum turns infinite: from there the sum stays infinite or NaN, and the
     callers take the sum alone.
@@ -235,13 +230,7 @@ def _dense_kahan_totals(w: _Windows, longest: int, total: F64, comp: F64) -> Non
     for k in range(longest):
         if k % 32 == 31:
             w.r.checkpoint()
-        x = values[k]  # a row of our own matrix: overwritten as scratch
-        np.add(s, x, out=t)
-        np.subtract(t, s, out=bb)  # bb = t - s
-        np.subtract(x, bb, out=x)  # x - bb
-        np.subtract(t, bb, out=bb)  # t - bb
-        np.subtract(s, bb, out=bb)  # s - (t - bb)
-        np.add(bb, x, out=bb)  # the rounding error of s + x (Knuth's TwoSum, as kahan_add)
+        two_sum_into(s, values[k], t, bb)  # the row is our own matrix's: overwritten as scratch
         np.add(comp, bb, out=comp)
         s, t = t, s
     if s is not total:
@@ -274,13 +263,13 @@ def _kahan_mean(r: RangeInput) -> F64:
             continue
         count = k + 1.0
         t, c, m, inc = total[active], comp[active], mean[active], incremental[active]
-        new_t, new_c = kahan_inc(f, t, c)
+        new_t, new_c = kahan_inc_array(f, t, c)
         overflow = ~inc & np.isinf(new_t)
         direct = ~inc & ~overflow
         m = np.where(overflow, t / (count - 1), m)
         c_inc = np.where(overflow, c / (count - 1), c)
         q = (count - 1) / count
-        im, ic = kahan_inc(f / count, q * m, q * c_inc)
+        im, ic = kahan_inc_array(f / count, q * m, q * c_inc)
         total[active] = np.where(direct, new_t, t)
         comp[active] = np.where(direct, new_c, ic)
         mean[active] = np.where(direct, m, im)
@@ -298,15 +287,14 @@ def _sequential_mean(values: F64) -> float:
     for i, f in enumerate(values[1:].tolist(), start=2):
         count = float(i)
         if not incremental:
-            new_t, new_c = kahan_inc(np.float64(f), np.float64(total), np.float64(comp))
+            new_t, new_c = kahan_inc(f, total, comp)
             if not math.isinf(new_t):
-                total, comp = float(new_t), float(new_c)
+                total, comp = new_t, new_c
                 continue
             incremental = True
             mean, comp = total / (count - 1), comp / (count - 1)
         q = (count - 1) / count
-        m, c = kahan_inc(np.float64(f / count), np.float64(q * mean), np.float64(q * comp))
-        mean, comp = float(m), float(c)
+        mean, comp = kahan_inc(f / count, q * mean, q * comp)
     return mean + comp if incremental else total / len(values) + comp / len(values)
 
 
@@ -338,11 +326,11 @@ def _variance(r: RangeInput) -> F64:
             np.add(mean, c_mean, out=d_buf)
             np.subtract(f, d_buf, out=d_buf)
             np.divide(d_buf, k + 1.0, out=x_buf)
-            kahan_add(mean, c_mean, x_buf, t_buf, b_buf)
+            kahan_inc_into(mean, c_mean, x_buf, t_buf, b_buf)
             np.add(mean, c_mean, out=x_buf)
             np.subtract(f, x_buf, out=x_buf)
             np.multiply(d_buf, x_buf, out=x_buf)
-            kahan_add(aux, c_aux, x_buf, t_buf, b_buf)
+            kahan_inc_into(aux, c_aux, x_buf, t_buf, b_buf)
         lock_step = ()
     else:
         lock_step = w.lockstep()
@@ -353,11 +341,11 @@ def _variance(r: RangeInput) -> F64:
         np.add(mean[active], c_mean[active], out=delta)
         np.subtract(f, delta, out=delta)
         np.divide(delta, k + 1.0, out=x)
-        kahan_add(mean[active], c_mean[active], x, t_buf[:m], b_buf[:m])
+        kahan_inc_into(mean[active], c_mean[active], x, t_buf[:m], b_buf[:m])
         np.add(mean[active], c_mean[active], out=x)
         np.subtract(f, x, out=x)
         np.multiply(delta, x, out=x)
-        kahan_add(aux[active], c_aux[active], x, t_buf[:m], b_buf[:m])
+        kahan_inc_into(aux[active], c_aux[active], x, t_buf[:m], b_buf[:m])
     if result is None:
         result = (aux + c_aux) / np.maximum(w.sorted_cnt, 1)
     for j, values, _ in w.long():
@@ -619,7 +607,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
         for k in range(longest):
             if k % 32 == 31:
                 w.r.checkpoint()
-            kahan_add(total, comp, steps[k], t_buf, b_buf)
+            kahan_inc_into(total, comp, steps[k], t_buf, b_buf)
         lock_step = ()
     for k, active, idx in lock_step:
         m = len(idx)
@@ -633,7 +621,7 @@ def _regression(r: RangeInput, intercept_ms: I64 | None) -> tuple[F64, F64]:
         step[0], step[1] = x, y
         np.multiply(x, y, out=step[2])
         np.multiply(x, x, out=step[3])
-        kahan_add(total[:, active], comp[:, active], step, t_buf[:, :m], b_buf[:, :m])
+        kahan_inc_into(total[:, active], comp[:, active], step, t_buf[:, :m], b_buf[:, :m])
     for j, values, stamps in w.long():
         x = (stamps - t0[j]) / 1000.0
         first_y[j] = values[0]

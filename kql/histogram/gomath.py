@@ -9,6 +9,7 @@ import math
 from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from kernel_insight.kql.histogram.constants import _F64, _INF
 
@@ -21,8 +22,19 @@ def _ldexp(frac: float, exp: int) -> float:
         return _INF
 
 
+# --- Kahan-Neumaier summation: Prometheus' ``util/kahansum.Inc`` (``kahanSumInc`` in
+# promql/functions.go before 3.x moved it), the one definition of the step in this code base.
+# The scalar form is the port; the array forms give the same bits element by element
+# (tests/kql/test_kql_numerics.py), and kql/native/windowsmodule.c's ``kahan_step`` is the C
+# port of :func:`kahan_inc_into`, checked against :func:`kahan_inc` on the same inputs.
+
+
 def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
-    """Neumaier-compensated ``total + inc`` (Prometheus ``util/kahansum.Inc``): (new total, new c)."""
+    """Neumaier-compensated ``total + inc`` (Prometheus ``util/kahansum.Inc``): (new total, new c).
+
+    The compensation is reset to 0 where the sum turns infinite, as Prometheus does, so a later
+    finite term does not add ``inf - inf`` into it.
+    """
     t = total + inc
     if math.isinf(t):
         c = 0.0
@@ -30,6 +42,42 @@ def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
         c += (total - t) + inc
     else:
         c += (inc - t) + total
+    return t, c
+
+
+def two_sum_into(total: _F64, inc: _F64, t: _F64, bb: _F64) -> None:
+    """Knuth's TwoSum on arrays: ``t = total + inc`` and ``bb`` its exact rounding error.
+
+    :func:`kahan_inc` picks Fast2Sum's operand order by magnitude; TwoSum needs no branch and
+    yields the same error wherever ``total + inc`` is finite, at six ufuncs and no allocation.
+    ``inc`` is overwritten (scratch); ``t`` and ``bb`` are outputs of ``total``'s shape.
+    """
+    np.add(total, inc, out=t)
+    np.subtract(t, total, out=bb)  # bb = t - total
+    np.subtract(inc, bb, out=inc)  # inc - bb
+    np.subtract(t, bb, out=bb)  # t - bb
+    np.subtract(total, bb, out=bb)  # total - (t - bb)
+    np.add(bb, inc, out=bb)  # the rounding error of total + inc
+
+
+def kahan_inc_into(total: _F64, comp: _F64, inc: _F64, t: _F64, bb: _F64) -> None:
+    """:func:`kahan_inc` of every element in place on same-shaped float arrays (views welcome).
+
+    ``total`` and ``comp`` are updated; ``inc``, ``t`` and ``bb`` are scratch (``inc`` is
+    overwritten): lock-step loops run it once per window and sample without allocating.
+    """
+    two_sum_into(total, inc, t, bb)
+    np.add(comp, bb, out=comp)
+    inf = np.isinf(t)
+    if inf.any():
+        comp[inf] = 0.0
+    total[...] = t
+
+
+def kahan_inc_array(inc: npt.ArrayLike, total: npt.ArrayLike, comp: npt.ArrayLike) -> tuple[_F64, _F64]:
+    """:func:`kahan_inc` of every element on copies, broadcasting: the new (sum, compensation) arrays."""
+    t, c, i = (np.array(x, dtype=np.float64) for x in np.broadcast_arrays(total, comp, inc))
+    kahan_inc_into(t, c, i, np.empty_like(t), np.empty_like(t))
     return t, c
 
 

@@ -34,8 +34,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Prometheus' kahanSumInc (aggregation.py kahan_add): Knuth's TwoSum, the compensation reset
- * to 0 where the sum turns infinite. */
+/* The C port of kql/histogram/gomath.py kahan_inc_into, the one Kahan step of kql (Prometheus'
+ * util/kahansum.Inc, formerly kahanSumInc in promql/functions.go): Knuth's TwoSum, which gives
+ * Inc's Fast2Sum error without its branch wherever the sum is finite, the compensation reset
+ * to 0 where the sum turns infinite. tests/kql/test_kql_numerics.py checks kahan() and
+ * group_kahan() against gomath.kahan_inc bit for bit (cancellations, NaN, infinities). */
 static inline void kahan_step(double *sum, double *comp, double inc)
 {
     double t = *sum + inc;

@@ -1,5 +1,6 @@
 """Vectorised numeric kernels equal Prometheus' own scalar algorithms bit for bit: quantiles of
-row-sorted windows, and the Kahan step."""
+row-sorted windows, and the Kahan step (its numpy and C forms against the scalar port,
+``histogram.gomath.kahan_inc``, the one definition)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_insight.kql.aggregation import kahan_inc, quantiles_of_sorted_rows, sort_rows_nan_first
+from kernel_insight.kql import _windows
+from kernel_insight.kql.aggregation import quantiles_of_sorted_rows, sort_rows_nan_first
 from kernel_insight.kql.engine import Engine
+from kernel_insight.kql.histogram.gomath import kahan_inc, kahan_inc_array
 from kernel_insight.kql.storage import MemoryStorage
 
 
@@ -82,15 +85,6 @@ def test_quantile_over_time_and_quantile_by_equal_the_reference_on_ragged_window
     assert len(by) == 2
 
 
-def _neumaier(inc: float, total: float, comp: float) -> tuple[float, float]:
-    """promql/functions.go kahanSumInc, as Prometheus writes it."""
-    t = total + inc
-    if math.isinf(t):
-        return t, 0.0
-    c = (total - t) + inc if abs(total) >= abs(inc) else (inc - t) + total
-    return t, comp + c
-
-
 finite_or_not = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=-1e308, max_value=1e308),
@@ -98,20 +92,80 @@ finite_or_not = st.one_of(
 )
 
 
+def _same_pair(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return _same(a[0], b[0]) and _same(a[1], b[1])
+
+
+def _kahan_fold(values: list[float]) -> tuple[float, float]:
+    total, comp = 0.0, 0.0
+    for v in values:
+        total, comp = kahan_inc(v, total, comp)
+    return total, comp
+
+
+#: Sums that plain addition gets wrong or that reach infinities and NaN: (terms, total, compensation)
+#: as Prometheus' kahansum.Inc leaves them (sum_over_time prints total + comp where total is finite).
+ADVERSARIAL = [
+    ([1e100, 1.0, -1e100], 0.0, 1.0),
+    ([2.0, 8.0, 1e100, -1e100], 0.0, 10.0),
+    ([1.0, 1e100, 1.0, -1e100], 0.0, 2.0),
+    ([0.1] * 10, 0.9999999999999999, 1.6653345369377348e-16),
+    ([1.7e308, 1.7e308, 5.0], math.inf, 0.0),
+    ([1.7e308, 1.7e308, -1.7e308], math.inf, 0.0),
+    ([math.inf, 1.0, 1e100], math.inf, 0.0),
+    ([math.inf, -math.inf, 1.0], math.nan, math.nan),
+    ([1.0, math.nan, 2.0], math.nan, math.nan),
+    ([-0.0, -0.0], 0.0, 0.0),
+    ([1e-308, -1e-308, 5e-324], 5e-324, 0.0),
+]
+
+
+@pytest.mark.parametrize(("terms", "total", "comp"), ADVERSARIAL)
+def test_kahan_inc_keeps_what_cancellation_loses(terms, total, comp):
+    got = _kahan_fold(terms)
+    assert _same_pair(got, (total, comp)), got
+    assert math.isnan(total) or math.copysign(1.0, got[0]) == math.copysign(1.0, total)
+
+
 @settings(max_examples=2000, deadline=None)
 @given(finite_or_not, finite_or_not, st.floats(min_value=-1e10, max_value=1e10))
-def test_kahan_step_equals_prometheus_kahan_sum_inc_bit_for_bit(inc, total, comp):
+def test_kahan_inc_array_equals_kahan_inc_bit_for_bit(inc, total, comp):
     with np.errstate(all="ignore"):
-        t, c = kahan_inc(np.array([inc]), np.array([total]), np.array([comp]))
-    want_t, want_c = _neumaier(inc, total, comp)
+        t, c = kahan_inc_array(np.array([inc]), np.array([total]), np.array([comp]))
+    want_t, want_c = kahan_inc(inc, total, comp)
     assert _same(float(t[0]), want_t)
     assert _same(float(c[0]), want_c)
+
+
+def _c_window_sums(windows: list[list[float]], limit: int = 1 << 40) -> list[tuple[float, float]]:
+    """kql/native/windowsmodule.c's kahan(): one Kahan sum per window, in C."""
+    vs = np.array([v for w in windows for v in w], dtype=np.float64)
+    cnt = np.array([len(w) for w in windows], dtype=np.int64)
+    lo = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
+    total, comp = np.zeros(len(windows)), np.zeros(len(windows))
+    _windows.kahan(vs, lo, cnt, limit, total, comp)
+    return list(zip(total.tolist(), comp.tolist(), strict=True))
+
+
+def test_c_kahan_step_gives_kahan_incs_bits_on_adversarial_sums():
+    """The C port (windowsmodule.c kahan_step) and the Python definition are one contract."""
+    windows = [terms for terms, _, _ in ADVERSARIAL]
+    for got, terms in zip(_c_window_sums(windows), windows, strict=True):
+        assert _same_pair(got, _kahan_fold(terms)), (terms, got)
+    assert _c_window_sums([[1e100, 1.0, -1e100, 7.0]], limit=3) == [(0.0, 1.0)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(finite_or_not, max_size=30), min_size=1, max_size=6))
+def test_c_kahan_sums_equal_kahan_inc_folds_bit_for_bit(windows):
+    for got, terms in zip(_c_window_sums(windows), windows, strict=True):
+        assert _same_pair(got, _kahan_fold(terms)), (terms, got)
 
 
 def _group_sums_reference(
     values: np.ndarray, present: np.ndarray, gid: np.ndarray, n: int
 ) -> tuple[list[list[float]], list[list[float]], list[list[int]]]:
-    """Prometheus' sum of each group and step: kahanSumInc over the group's rows in row order."""
+    """Prometheus' sum of each group and step: kahansum.Inc over the group's rows in row order."""
     steps = values.shape[1]
     total = [[0.0] * steps for _ in range(n)]
     comp = [[0.0] * steps for _ in range(n)]
@@ -119,7 +173,7 @@ def _group_sums_reference(
     for i, g in enumerate(gid.tolist()):
         for j in range(steps):
             if present[i, j]:
-                total[g][j], comp[g][j] = _neumaier(float(values[i, j]), total[g][j], comp[g][j])
+                total[g][j], comp[g][j] = kahan_inc(float(values[i, j]), total[g][j], comp[g][j])
                 count[g][j] += 1
     return total, comp, count
 
@@ -145,7 +199,7 @@ def _check_group_sums(values: np.ndarray, present: np.ndarray, gid: np.ndarray, 
     st.randoms(use_true_random=False),
 )
 def test_group_sums_are_prometheus_kahan_sums_in_row_order(rows, steps, groups, pool, rnd):
-    """sum/avg's group totals (in C) are kahanSumInc over each group's rows in order, bit for bit;
+    """sum/avg's group totals (in C) are kahansum.Inc over each group's rows in order, bit for bit;
     the group counts (count, and where any aggregation has a value) count the present rows."""
     values = np.array([[rnd.choice(pool) for _ in range(steps)] for _ in range(rows)], dtype=np.float64)
     present = np.array([[rnd.random() < 0.8 for _ in range(steps)] for _ in range(rows)])
@@ -163,8 +217,6 @@ def test_group_sums_of_large_groups_are_strictly_sequential():
 
 
 def test_group_sums_refuse_a_group_outside_the_output():
-    from kernel_insight.kql import _windows
-
     total, comp, count = np.zeros((1, 2)), np.zeros((1, 2)), np.zeros((1, 2), dtype=np.int64)
     with pytest.raises(ValueError, match="group 1 outside"):
         _windows.group_kahan(
