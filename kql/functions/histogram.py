@@ -133,40 +133,21 @@ def bucket_fraction(lower: float, upper: float, buckets: list[list[float]]) -> f
         return math.nan
     if lower >= upper:
         return 0.0
-    rank = 0.0
-    lower_rank = upper_rank = 0.0
-    lower_set = upper_set = False
-    for i, (ub, cum) in enumerate(buckets):
-        lb = buckets[i - 1][0] if i > 0 else (0.0 if ub > 0 else -math.inf)
-        count = cum - rank
-
-        def rank_at(
-            v: float, lb: float = lb, ub: float = ub, below: float = rank, count: float = count
-        ) -> float:
-            if math.isinf(lb):
-                return below + count  # no interpolation in an infinite bucket
-            if math.isinf(ub):
-                return below
-            return below + count * (v - lb) / (ub - lb)
-
-        if not lower_set and lb >= lower:
-            lower_rank, lower_set = rank, True
-        if not upper_set and lb >= upper:
-            upper_rank, upper_set = rank, True
-        if lower_set and upper_set:
-            break
-        if not lower_set and lb < lower < ub:
-            lower_rank, lower_set = rank_at(lower), True
-        if not upper_set and lb < upper < ub:
-            upper_rank, upper_set = rank_at(upper), True
-        if lower_set and upper_set:
-            break
-        rank = cum
-    if not lower_set or lower_rank > total:
-        lower_rank = total
-    if not upper_set or upper_rank > total:
-        upper_rank = total
+    # Go's lower bound of the first bucket: 0 where it ends above 0 (positive buckets only).
+    lows = [0.0 if buckets[0][0] > 0 else -math.inf] + [ub for ub, _ in buckets[:-1]]
+    walk = ((lb, ub, cum, True) for lb, (ub, cum) in zip(lows, buckets, strict=True))
+    lower_rank, upper_rank = nh.fraction_ranks(lower, upper, walk, _classic_rank_at, total, cumulative=True)
     return (upper_rank - lower_rank) / total
+
+
+def _classic_rank_at(below: float, lb: float, ub: float, count: float, v: float, linear: bool) -> float:
+    """``BucketFraction``'s interpolation: linear, ``count * (v - lb) / (ub - lb)`` in Go's order;
+    an infinite bucket holds all its observations at its infinite end."""
+    if math.isinf(lb):
+        return below + count  # no interpolation in an infinite bucket
+    if math.isinf(ub):
+        return below
+    return below + count * (v - lb) / (ub - lb)
 
 
 def _groups(ctx: CallContext, vec: StepVector, arg_index: int) -> dict[Labels, list[int]]:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from kernel_insight.kql.histogram.notation import HistogramSeriesValue as HistogramSeriesValue
     from kernel_insight.kql.histogram.notation import expand_histogram_series as expand_histogram_series
     from kernel_insight.kql.histogram.notation import parse_histogram as parse_histogram
+    from kernel_insight.kql.histogram.quantile import fraction_ranks as fraction_ranks
     from kernel_insight.kql.histogram.quantile import histogram_avg as histogram_avg
     from kernel_insight.kql.histogram.quantile import histogram_fraction as histogram_fraction
     from kernel_insight.kql.histogram.quantile import histogram_quantile as histogram_quantile

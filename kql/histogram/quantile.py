@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 
 import numpy as np
@@ -148,6 +149,70 @@ def interpolate_rank(rank: float, lo: float, hi: float, count: float, v: float, 
     return rank + count * _fraction_below(lo, hi, v, linear)
 
 
+#: ``rank_at(rank, lower, upper, count, v, linear)``: the rank at ``v`` inside the bucket
+#: (``lower``, ``upper``] that holds ``count`` observations above ``rank`` ones.
+RankAt = Callable[[float, float, float, float, float, bool], float]
+
+
+def fraction_ranks(
+    lower: float,
+    upper: float,
+    buckets: Iterable[tuple[float, float, float, bool]],
+    rank_at: RankAt,
+    total: float,
+    cumulative: bool = False,
+) -> tuple[float, float]:
+    """The ranks of ``lower`` and ``upper`` among ``buckets``, each at most ``total``: the walk that
+    Prometheus' ``HistogramFraction`` and ``BucketFraction`` (promql/quantile.go) both run.
+
+    ``buckets`` are (lower bound, upper bound, count, linear) in ascending order, the count
+    cumulative where ``cumulative`` is set (classic buckets, as Go's ``Buckets``: the rank then
+    becomes that count, not a sum of differences). A value at or below a bucket's lower bound
+    has the rank below that bucket; one inside it is interpolated by ``rank_at``, which is where
+    the two Go functions differ (linear with classic operation order, or ``Bucket.FractionBelow``);
+    a value above every bucket has the rank ``total``. The walk stops once both are found.
+    """
+    rank = lower_rank = upper_rank = 0.0
+    lower_set = upper_set = False
+    for lo, hi, c, linear in buckets:
+        count = c - rank if cumulative else c
+        if not lower_set and lo >= lower:
+            lower_rank, lower_set = rank, True
+        if not upper_set and lo >= upper:
+            upper_rank, upper_set = rank, True
+        if lower_set and upper_set:
+            break
+        if not lower_set and lo < lower < hi:
+            lower_rank, lower_set = rank_at(rank, lo, hi, count, lower, linear), True
+        if not upper_set and lo < upper < hi:
+            upper_rank, upper_set = rank_at(rank, lo, hi, count, upper, linear), True
+        if lower_set and upper_set:
+            break
+        rank = c if cumulative else rank + c
+    if not lower_set or lower_rank > total:
+        lower_rank = total
+    if not upper_set or upper_rank > total:
+        upper_rank = total
+    return lower_rank, upper_rank
+
+
+def _fraction_buckets(
+    h: FloatHistogram, counts: tuple[float, ...]
+) -> Iterator[tuple[float, float, float, bool]]:
+    """:func:`fraction_ranks`' buckets of ``h``: Go's ``AllBucketIterator`` with its zero bucket rule
+    (ending or starting at 0 when the other side has no buckets; linear, as custom buckets are)."""
+    custom = h.uses_custom_buckets()
+    for k, c in enumerate(counts):
+        b_lo, b_hi = _bucket_of(h, k, False)
+        zero_bucket = b_lo <= 0 <= b_hi
+        if zero_bucket:
+            if not h.negative_buckets and h.positive_buckets:
+                b_lo = 0.0
+            elif not h.positive_buckets and h.negative_buckets:
+                b_hi = 0.0
+        yield b_lo, b_hi, c, custom or zero_bucket
+
+
 def histogram_fraction(lower: float, upper: float, h: FloatHistogram) -> tuple[float, list[str]]:
     """The estimated share of observations between ``lower`` and ``upper`` (Go ``HistogramFraction``)."""
     if h.count == 0 or math.isnan(lower) or math.isnan(upper):
@@ -155,48 +220,18 @@ def histogram_fraction(lower: float, upper: float, h: FloatHistogram) -> tuple[f
     if lower >= upper:
         return 0.0, []
     counts = _ordered(h, reverse=False)
-    custom = h.uses_custom_buckets()
-    rank = lower_rank = upper_rank = 0.0
-    lower_set = upper_set = False
-    count = 0.0
-    consumed = 0
-    for consumed, c in enumerate(counts, start=1):
-        b_lo, b_hi = _bucket_of(h, consumed - 1, False)
-        count += c
-        zero_bucket = False
-        if b_lo <= 0 and b_hi >= 0:
-            zero_bucket = True
-            if not h.negative_buckets and h.positive_buckets:
-                b_lo = 0.0
-            elif not h.positive_buckets and h.negative_buckets:
-                b_hi = 0.0
-        linear = custom or zero_bucket
-
-        if not lower_set and b_lo >= lower:
-            lower_rank, lower_set = rank, True
-        if not upper_set and b_lo >= upper:
-            upper_rank, upper_set = rank, True
-        if lower_set and upper_set:
-            break
-        if not lower_set and b_lo < lower < b_hi:
-            lower_rank, lower_set = interpolate_rank(rank, b_lo, b_hi, c, lower, linear), True
-        if not upper_set and b_lo < upper < b_hi:
-            upper_rank, upper_set = interpolate_rank(rank, b_lo, b_hi, c, upper, linear), True
-        if lower_set and upper_set:
-            break
-        rank += c
     annos: list[str] = []
+    count = h.count
     if math.isnan(h.sum):
-        for c in counts[consumed:]:
+        # NaN observations may be in the count but in no bucket: the ranks stop at the buckets' total.
+        count = 0.0
+        for c in counts:
             count += c
         if count < h.count:
             annos.append(FRACTION_NAN_INFO)
-    else:
-        count = h.count
-    if not lower_set or lower_rank > count:
-        lower_rank = count
-    if not upper_set or upper_rank > count:
-        upper_rank = count
+    lower_rank, upper_rank = fraction_ranks(
+        lower, upper, _fraction_buckets(h, counts), interpolate_rank, count
+    )
     return (upper_rank - lower_rank) / h.count, annos
 
 
