@@ -2,7 +2,7 @@
 
 Prometheus writes floats and durations with Go's ``strconv`` and ``time``; clients and rule tests
 compare those bytes. One definition of each form lives here (issue: they were written in four
-places): ``%g``/``%v`` (:func:`go_float`), ``strconv.FormatFloat(v, 'f', -1, 64)``
+places): ``%g``/``%v`` (:func:`go_float`), ``strconv.FormatFloat(v, 'f', prec, 64)``
 (:func:`go_float_fixed`) and ``time.Duration.String()`` (:func:`go_duration`). Prometheus'
 ``model.Duration`` (``1h30m``) is kql's own duration literal: ``kql.lexical.format_duration``.
 """
@@ -49,13 +49,17 @@ def go_float(x: float) -> str:
     return ("-" if neg else "") + s
 
 
-def go_float_fixed(x: float) -> str:
-    """``x`` as Go's ``strconv.FormatFloat(x, 'f', -1, 64)`` writes it: the shortest digits that
-    read back as ``x``, never an exponent (``"1"``, ``"0.5"``, ``"0.0000000005939"``, ``"+Inf"``)."""
+def go_float_fixed(x: float, prec: int = -1) -> str:
+    """``x`` as Go's ``strconv.FormatFloat(x, 'f', prec, 64)`` writes it: never an exponent; with
+    ``prec`` -1 the shortest digits that read back as ``x`` (``"1"``, ``"0.5"``,
+    ``"0.0000000005939"``, ``"1"`` and 100 zeros for 1e100), else ``prec`` decimals correctly
+    rounded (``"10.000"``, as Prometheus' printer writes an ``@`` time); ``"+Inf"``, ``"NaN"``."""
     if math.isnan(x):
         return "NaN"
     if math.isinf(x):
         return "+Inf" if x > 0 else "-Inf"
+    if prec >= 0:
+        return f"{x:.{prec}f}"
     text = repr(float(x))
     if "e" in text or "E" in text:
         text = np.format_float_positional(x, trim="-")

@@ -10,7 +10,6 @@ __all__ = [
     "DURATION_UNITS",
     "MAX_DURATION_MS",
     "format_duration",
-    "format_float",
     "go_quote",
     "is_valid_label_name",
     "is_valid_metric_name",
@@ -124,17 +123,6 @@ def parse_number(text: str) -> float:
     if low == "nan":
         return math.nan
     return float(text)
-
-
-def format_float(value: float) -> str:
-    """Shortest text that reads back as the same float: ``2``, ``0.5``, ``1e+100``, ``NaN``, ``-Inf``."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value)) if value != 0 or math.copysign(1, value) > 0 else "-0"
-    return repr(value)
 
 
 _SIMPLE_ESCAPES = {

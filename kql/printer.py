@@ -27,10 +27,10 @@ from kernel_insight.kql.ast import (
     VectorMatching,
     VectorSelector,
 )
+from kernel_insight.kql.gocompat import go_float, go_float_fixed
 from kernel_insight.kql.lexical import (
     BYTE_UNITS,
     format_duration,
-    format_float,
     go_quote,
     is_legacy_label_name,
     is_valid_metric_name,
@@ -77,18 +77,15 @@ def format_matcher(m: Matcher) -> str:
 def _number(node: NumberLiteral) -> str:
     if node.unit in BYTE_UNITS:
         size = node.value / BYTE_UNITS[node.unit]
-        text = format_float(abs(size))
-        if (
-            "e" not in text
-            and "n" not in text.lower()
-            and abs(size) * BYTE_UNITS[node.unit] == abs(node.value)
-        ):
+        text = go_float_fixed(abs(size))
+        if "n" not in text.lower() and abs(size) * BYTE_UNITS[node.unit] == abs(node.value):
             return ("-" if node.value < 0 else "") + text + node.unit
     if node.duration and math.isfinite(node.value) and abs(node.value) < 2**52:
         ms = round(node.value * 1000)
         if ms / 1000 == node.value:  # exactly what the parser makes of the duration text
             return format_duration(ms)
-    return format_float(node.value)
+    # Prometheus 3's NumberLiteral.String: strconv.FormatFloat(v, 'f', -1, 64), never an exponent.
+    return go_float_fixed(node.value)
 
 
 def _at(at: At | None) -> str:
@@ -96,7 +93,8 @@ def _at(at: At | None) -> str:
         return ""
     if at.kind != "time":
         return f" @ {at.kind}()"
-    return f" @ {format_float(at.ms / 1000)}"
+    # Prometheus' printer: FormatFloat(float64(ms)/1000, 'f', 3, 64), so `@ 10` prints `@ 10.000`.
+    return f" @ {go_float_fixed(float(at.ms) / 1000.0, 3)}"
 
 
 def _offset(offset: Node | None) -> str:
@@ -137,13 +135,14 @@ def _matching(op: str, return_bool: bool, matching: VectorMatching | None, rhs_p
             bare = not matching.include and not rhs_paren
             parts.append(group + ("" if bare else format_labels(matching.include)))
         left, right = matching.fill_left, matching.fill_right
-        if left is not None and right is not None and format_float(left) == format_float(right):
-            parts.append(f"fill({format_float(left)})")
+        # Prometheus' printer writes fill values with %v (go_float): `fill(1e+06)`.
+        if left is not None and right is not None and go_float(left) == go_float(right):
+            parts.append(f"fill({go_float(left)})")
         else:
             if left is not None:
-                parts.append(f"fill_left({format_float(left)})")
+                parts.append(f"fill_left({go_float(left)})")
             if right is not None:
-                parts.append(f"fill_right({format_float(right)})")
+                parts.append(f"fill_right({go_float(right)})")
     return " ".join(parts)
 
 

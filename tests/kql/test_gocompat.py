@@ -45,10 +45,31 @@ def test_go_float_is_fmt_sprint(value: float, text: str) -> None:
         (5.939e-10, "0.0000000005939"),
         (1e21, "1000000000000000000000"),
         (-0.25, "-0.25"),
+        (1e100, "1" + "0" * 100),
+        (1e-7, "0.0000001"),
+        (1e15, "1000000000000000"),
+        (-0.0, "-0"),
+        (123456789012345678.0, "123456789012345680"),
     ],
 )
 def test_go_float_fixed_is_strconv_f(value: float, text: str) -> None:
     assert go_float_fixed(value) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "prec", "text"),
+    [
+        (10.0, 3, "10.000"),
+        (1.0, 3, "1.000"),
+        (-1.5, 3, "-1.500"),
+        (0.0005, 3, "0.001"),  # 0.0005 is stored just above the half
+        (0.0625, 3, "0.062"),  # an exact half rounds to even, as Go's decimal rounding
+        (1e15, 3, "1000000000000000.000"),
+        (math.inf, 3, "+Inf"),
+    ],
+)
+def test_go_float_fixed_with_a_precision_is_strconv_f(value: float, prec: int, text: str) -> None:
+    assert go_float_fixed(value, prec) == text
 
 
 @given(st.floats(allow_nan=False, allow_infinity=False))

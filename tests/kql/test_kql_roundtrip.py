@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
+import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.kql.servers import Prometheus, peer_binary
 from kernel_insight.kql.aggregators import AGGREGATORS
 from kernel_insight.kql.ast import (
     AggregateExpr,
@@ -236,3 +240,65 @@ def test_numbers_keep_their_value_and_spelling(number: NumberLiteral) -> None:
     assert value is not None
     assert value == number.value or (math.isnan(value) and math.isnan(number.value))
     assert parsed == number
+
+
+@pytest.mark.parametrize(
+    ("query", "text"),
+    [
+        # promql/parser/printer_test.go (TestExprString) and prettier_test.go, Prometheus 3.
+        ("a @ 10", "a @ 10.000"),
+        ("a[1m] @ 10", "a[1m] @ 10.000"),
+        ("a @ 1", "a @ 1.000"),
+        ("1048576", "1048576"),
+        ("predict_linear(foo[1h], 3000)", "predict_linear(foo[1h], 3000)"),
+        ("histogram_quantile(0.9, rate(foo[1m]))", "histogram_quantile(0.9, rate(foo[1m]))"),
+        ("node_timex_offset_seconds < -0.05", "node_timex_offset_seconds < -0.05"),
+        # NumberLiteral.String is strconv.FormatFloat(v, 'f', -1, 64): never an exponent.
+        ("1e100", "1" + "0" * 100),
+        ("x > 1e-7", "x > 0.0000001"),
+        ("1e15", "1000000000000000"),
+        ("-0.0", "-0"),
+        ("Inf", "+Inf"),
+        ("-Inf", "-Inf"),
+        ("NaN", "NaN"),
+        ("0x10", "16"),
+        # fill values are written with %v (Prometheus: `fill (%v)`; kql keeps `fill(`).
+        ("a + fill(1e6) b", "a + fill(1e+06) b"),
+        ("a + fill_left(-23) fill_right(0.5) b", "a + fill_left(-23) fill_right(0.5) b"),
+    ],
+)
+def test_numbers_print_as_prometheus_3s_printer(query: str, text: str) -> None:
+    assert format_expr(parse_raw(query)) == text
+
+
+def test_numbers_print_as_a_running_prometheus_3_formats_them(tmp_path: Path) -> None:
+    """The same numbers through Prometheus 3.5's own /api/v1/format_query (fill is newer than 3.5)."""
+    binary = peer_binary("prometheus")
+    if binary is None:
+        pytest.skip(
+            "Prometheus 3.5 is not unpacked (scripts/fetch_peers.sh); the pinned strings above still ran"
+        )
+    queries = [
+        "a @ 10",
+        "a[1m] @ 10.5",
+        "a @ 1e15",
+        "1e100",
+        "x > 1e-7",
+        "1e15",
+        "-0.0",
+        "Inf",
+        "0x10",
+        "123456789012345678",
+        "5e-324",
+        "x > 0.1 * 3",
+    ]
+    server = Prometheus(tmp_path / "tsdb", tmp_path / "prometheus.log", binary)
+    try:
+        with httpx.Client(base_url=server.base, timeout=10) as client:
+            want = {
+                q: client.get("/api/v1/format_query", params={"query": q}).json()["data"] for q in queries
+            }
+    finally:
+        server.stop()
+    got = {q: format_expr(parse_raw(q)) for q in queries}
+    assert got == want
