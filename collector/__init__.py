@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kernel_insight.collector.batcher import Ticket as Ticket
     from kernel_insight.collector.captures import CaptureDesk as CaptureDesk
     from kernel_insight.collector.captures import CaptureError as CaptureError
+    from kernel_insight.collector.clickhouse.embedded import EmbeddedStore as EmbeddedStore
     from kernel_insight.collector.clickhouse.errors import StorageUnavailable as StorageUnavailable
     from kernel_insight.collector.clickhouse.ingest_groups import PreparedRows as PreparedRows
     from kernel_insight.collector.clickhouse.query import ClickHouseStorage as ClickHouseStorage
@@ -30,8 +31,7 @@ if TYPE_CHECKING:
     from kernel_insight.collector.clickhouse.schema import Retention as Retention
     from kernel_insight.collector.clickhouse.schema import cluster_ddl as cluster_ddl
     from kernel_insight.collector.clickhouse.schema import single_ddl as single_ddl
-    from kernel_insight.collector.clickhouse.store import EmbeddedStore as EmbeddedStore
-    from kernel_insight.collector.clickhouse.store import ServerStore as ServerStore
+    from kernel_insight.collector.clickhouse.server import ServerStore as ServerStore
     from kernel_insight.collector.clickhouse.store import StorageError as StorageError
     from kernel_insight.collector.clickhouse.store import Store as Store
     from kernel_insight.collector.clickhouse.store import open_store as open_store

@@ -1,17 +1,18 @@
 """The store: inserts and queries against ClickHouse, embedded (chDB) or a server (clickhouse-connect).
 
-Both back ends share every SQL statement; they differ only in how a statement or an Arrow table
-reaches the engine. The store's parts, each a module of this package: ``errors`` (what to catch:
-``StorageError``, and ``StorageUnavailable``, retryable), ``arrow_rows`` (batches as the Arrow
-tables inserted), ``series_index`` (which series rows are written), ``known_metrics`` (the
-metrics with histograms or start timestamps), ``ingest_groups`` (prepared batches written
-together, their write-ahead files), ``schema_sync`` (tables brought to the schema), ``head_load``
-(the head filled from the tables).
+Both back ends share every SQL statement (:class:`Store`); they differ only in how a statement or
+an Arrow table reaches the engine, each in its own module: ``embedded`` (:class:`EmbeddedStore`)
+and ``server`` (:class:`ServerStore`), both also names of this one. The store's other parts,
+each a module of this package: ``errors`` (what to catch: ``StorageError``, and
+``StorageUnavailable``, retryable), ``arrow_rows`` (batches as the Arrow tables inserted),
+``series_index`` (which series rows are written), ``known_metrics`` (the metrics with
+histograms or start timestamps), ``ingest_groups`` (prepared batches written together, their
+write-ahead files), ``schema_sync`` (tables brought to the schema), ``head_load`` (the head
+filled from the tables).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -41,10 +42,10 @@ from kernel_insight.collector.clickhouse.arrow_rows import (
     spans_table,
     start_metrics,
 )
-from kernel_insight.collector.clickhouse.errors import StorageUnavailable, engine_errors
+from kernel_insight.collector.clickhouse.errors import StorageUnavailable
 from kernel_insight.collector.clickhouse.ingest_groups import GROUP_ORDER, PreparedRows, batches_rows
 from kernel_insight.collector.clickhouse.known_metrics import KnownMetrics
-from kernel_insight.collector.clickhouse.schema import PACKED_SETTINGS, SCHEMA, Retention, table
+from kernel_insight.collector.clickhouse.schema import Retention, table
 from kernel_insight.collector.clickhouse.schema_sync import sync_schema
 from kernel_insight.collector.clickhouse.series_index import SeriesIndex, SeriesKey
 from kernel_insight.collector.clickhouse.sql import Params, ident, is_store_url, literal, qualified
@@ -62,7 +63,9 @@ from kernel_insight.collector.sample_cache import DEFAULT_CACHE_BYTES, SampleCac
 from kernel_insight.kql.errors import StorageError
 
 if TYPE_CHECKING:
+    from kernel_insight.collector.clickhouse.embedded import EmbeddedStore
     from kernel_insight.collector.clickhouse.query import ClickHouseStorage
+    from kernel_insight.collector.clickhouse.server import ServerStore
 
 __all__ = [
     "EmbeddedStore",
@@ -78,22 +81,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MS_PER_DAY = 86_400_000
-#: How often the embedded store asks the engine to delete the parts merges replaced (docs/storage.md,
-#: "Merges"). chDB's own cleanup ran rarely: replaced parts stayed 40 s and more after the merges
-#: (past ``old_parts_lifetime``), so ``du`` of a busy table was several times its active parts.
-#: The statement is cheap and deletes nothing younger than ``old_parts_lifetime``.
-CLEANUP_INTERVAL_S = 2.0
-#: Merge settings of the embedded store's busiest tables (docs/storage.md, "Merges"): ClickHouse's
-#: selector (base 5) rewrote each ``kernel_spans`` row 2.3 times on average in a stream of
-#: 40k-row flushes (12M rows); at base 10 about 1.6 times, for less CPU in inserts and merges
-#: together and a few more active parts. ``samples`` under remote_write (32k-row flushes): 2.9
-#: times against 1.6, and the merge threads took half the CPU in bench-import's remote_write
-#: (bench/results/import.md). Embedded only: a server's tables keep its defaults.
-EMBEDDED_TABLE_SETTINGS: dict[str, dict[str, int]] = {
-    "kernel_spans": {"merge_selector_base": 10},
-    "samples": {"merge_selector_base": 10},
-}
-
 #: How long an engine's answer to ``Store.ping`` stands (seconds).
 PING_FRESH_S = 1.0
 
@@ -781,244 +768,6 @@ class Store(ABC):
         self.close()
 
 
-class EmbeddedStore(Store):
-    """ClickHouse in-process (chDB) on a data directory; one per directory per process.
-
-    Inserts hand Arrow tables to the engine through the ``Python()`` table function, which
-    reads the Arrow buffers in place; row-by-row INSERT statements are orders of magnitude slower.
-    Small parts are written packed, one file each (``PACKED_SETTINGS``, docs/storage.md, "Merges").
-    """
-
-    def __init__(
-        self,
-        path: str | Path,
-        database: str = "ki",
-        retention: Retention | None = None,
-        *,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-        head_bytes: int = 0,
-        head_window_ms: int = DEFAULT_HEAD_WINDOW_MS,
-        ingest_wal: str | Path | None = None,
-    ) -> None:
-        super().__init__(database, retention)
-        from chdb import session as chdb_session
-
-        session_cls: Any = chdb_session.Session
-
-        self.path = Path(path)
-        # Samples, keys and tokens live here: a directory we create is readable by its owner only.
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._insert_lock = threading.Lock()
-        # chDB runs one statement of a session at a time anyway (three concurrent sleep(1): 3 s);
-        # the lock keeps a failed statement and the throwaway query after it together (_run).
-        self._session_lock = threading.Lock()
-        self._cleanup_stop = threading.Event()
-        self._cleanup_thread: threading.Thread | None = None
-        try:
-            self._session: Any = session_cls(str(self.path))
-        except Exception as exc:
-            # chDB lets one process at a time use a data directory; the engine's own message
-            # ("Error initializing EmbeddedServer") does not say so.
-            raise StorageUnavailable(
-                f"cannot open the embedded store at {self.path}: is another process (a running collector?) "
-                f"using it? Only one process at a time can; send through the collector instead (ki import --collector URL) "
-                f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})"
-            ) from exc
-        try:
-            # Results cross no wire here: LZ4 on Arrow output only cost time.
-            self._command("SET output_format_arrow_compression_method = 'none'")
-            # Packed small parts where the engine has them (chDB 4.4 does; an older one creates
-            # its tables as before rather than refusing an unknown setting).
-            p = Params()
-            names = ", ".join(p(k, "String") for k in PACKED_SETTINGS)
-            known = set(
-                self._query(f"SELECT name FROM system.merge_tree_settings WHERE name IN ({names})", p)
-                .column("name")
-                .to_pylist()
-            )
-            packed = {k: v for k, v in PACKED_SETTINGS.items() if k in known}
-            self._table_settings = {
-                t.name: {**packed, **EMBEDDED_TABLE_SETTINGS.get(t.name, {})} for t in SCHEMA
-            }
-            self.create_schema()
-            if ingest_wal is not None:  # before the head loads: what a replay stores is in it
-                self.open_ingest_wal(ingest_wal)
-        except BaseException:
-            self.close()  # a half-opened session would hold the directory for this process
-            raise
-        # One process owns the directory, so every write passes through here: the cache is exact,
-        # and so is the set of metrics with histograms.
-        self.sample_cache = SampleCache(cache_bytes) if cache_bytes > 0 else None
-        self._track_metrics = True
-        if head_bytes > 0:
-            self.enable_head(head_bytes, head_window_ms)
-        self._cleanup_thread = threading.Thread(
-            target=self._cleanup_loop, name="ki-store-cleanup", daemon=True
-        )
-        self._cleanup_thread.start()
-
-    def _cleanup_loop(self) -> None:
-        """Have the engine delete replaced parts every ``CLEANUP_INTERVAL_S``, busy or idle."""
-        while not self._cleanup_stop.wait(CLEANUP_INTERVAL_S):
-            try:
-                self._command("SYSTEM START CLEANUP")
-            except StorageError as exc:  # closing, or a transient engine error: the next round retries
-                log.debug("embedded store cleanup: %s", exc)
-
-    def _run(self, sql: str, fmt: str, params: Params | None = None) -> Any:
-        self._check_open()
-        texts = params.texts() if params else None
-        with self._session_lock, engine_errors("embedded ClickHouse"):
-            try:
-                return self._session.query(sql, fmt, params=texts)
-            except Exception:
-                # chDB hands what a statement that failed mid-stream had already produced (rows
-                # of a throwIf, a result over max_result_rows, a memory limit) to the session's
-                # next query, another thread's too, as that query's result: a throwaway
-                # statement takes it instead, before any other statement can run.
-                with contextlib.suppress(Exception):
-                    self._session.query("SELECT 1", "CSV")
-                raise
-
-    def _command(self, sql: str, params: Params | None = None) -> None:
-        self._run(sql, "CSV", params)
-
-    def _query(self, sql: str, params: Params | None = None) -> pa.Table:
-        # ArrowStream read by pyarrow directly: chdb.to_arrowTable would import pandas (0.3 s).
-        result = self._run(sql, "ArrowStream", params)
-        data = result.bytes()
-        if not data:
-            raise StorageError(f"embedded ClickHouse returned no result set for: {sql[:200]}")
-        table_: pa.Table = pa.ipc.open_stream(pa.BufferReader(data)).read_all()
-        return table_
-
-    def _query_blob(self, sql: str, params: Params | None = None) -> bytes:
-        data: bytes = self._run(sql, "RawBLOB", params).bytes()
-        return data
-
-    def purge_allocator(self) -> None:
-        """Hand the engine's freed memory back to the system now (``SYSTEM JEMALLOC PURGE``)."""
-        self.command("SYSTEM JEMALLOC PURGE")
-
-    @contextlib.contextmanager
-    def writes_held(self) -> Iterator[None]:
-        """No insert runs while this is held: a backup freezes every table at one moment
-        (collector/backup.py)."""
-        with self._group_step, self._insert_lock:
-            yield
-
-    def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
-        cols = ", ".join(ident(c) for c in data.column_names)
-        # An INSERT's SETTINGS take no parameters; the token is ours (batch id and table name).
-        settings = f" SETTINGS insert_deduplication_token = {literal(token)}" if token else ""
-        # chDB resolves Python(_ki_arrow_data) by looking the name up from this frame, and two
-        # threads doing so at once can be handed each other's table: inserts take turns.
-        _ki_arrow_data = data
-        with self._insert_lock:
-            self._run(
-                f"INSERT INTO {self._table(name)} ({cols}){settings} SELECT {cols} FROM Python(_ki_arrow_data)",
-                "CSV",
-            )
-
-    def _close(self) -> None:
-        self._cleanup_stop.set()
-        if self._cleanup_thread is not None:
-            self._cleanup_thread.join()
-        try:
-            self._session.close()
-        finally:
-            self._session = None
-
-
-class ServerStore(Store):
-    """A ClickHouse server or cluster through clickhouse-connect (any client it returns works).
-
-    Example::
-
-        store = ServerStore.connect("http://default:@clickhouse:8123", cluster="ki")
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        database: str = "ki",
-        retention: Retention | None = None,
-        *,
-        cluster: str | None = None,
-        create_schema: bool = True,
-    ) -> None:
-        super().__init__(database, retention, cluster)
-        self._client = client
-        if create_schema:
-            try:
-                self.create_schema()
-            except BaseException:
-                self.close()
-                raise
-
-    @classmethod
-    def connect(
-        cls,
-        dsn: str,
-        database: str = "ki",
-        retention: Retention | None = None,
-        *,
-        cluster: str | None = None,
-        **kwargs: Any,
-    ) -> ServerStore:
-        """Connect through clickhouse-connect; ``kwargs`` go to ``clickhouse_connect.get_client``."""
-        import clickhouse_connect
-
-        # One client serves every thread of a collector; a clickhouse-connect session would
-        # refuse concurrent queries ("concurrent queries within the same session"), and the
-        # store needs no session state, so none is made unless the caller asks for one.
-        if "autogenerate_session_id" not in dsn:
-            kwargs.setdefault("autogenerate_session_id", False)
-        with engine_errors("cannot connect to ClickHouse"):
-            client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
-        return cls(client, database, retention, cluster=cluster)
-
-    def _command(self, sql: str, params: Params | None = None) -> None:
-        with engine_errors("ClickHouse"):
-            self._client.command(sql, **_passed_through(params))
-
-    def _query(self, sql: str, params: Params | None = None) -> pa.Table:
-        with engine_errors("ClickHouse"):
-            result: pa.Table = self._client.query_arrow(sql, **_passed_through(params))
-        return result
-
-    def _query_blob(self, sql: str, params: Params | None = None) -> bytes:
-        with engine_errors("ClickHouse"):
-            data: bytes = self._client.raw_query(sql, fmt="RawBLOB", **_passed_through(params))
-        return data
-
-    def _insert(self, name: str, data: pa.Table, token: str | None) -> None:
-        settings = {"insert_deduplication_token": token} if token else {}
-        self._check_open()
-        with engine_errors("ClickHouse insert"):
-            self._client.insert_arrow(self._table(name), data, settings=settings)
-
-    def _close(self) -> None:
-        self._client.close()
-
-
-class _Text:
-    """A parameter already in ClickHouse's text form: clickhouse-connect sends ``str()`` of it as is."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _passed_through(params: Params | None) -> dict[str, dict[str, _Text]]:
-    """clickhouse-connect's ``parameters`` argument, formatted as for chDB so both engines read the same text."""
-    return {"parameters": {k: _Text(v) for k, v in params.texts().items()}} if params else {}
-
-
 def open_store(
     target: str | Path,
     database: str = "ki",
@@ -1041,6 +790,9 @@ def open_store(
     store is returned (``Store.open_ingest_wal``; ``ki collector`` gives one, tools that write
     with ``insert_batch`` need none).
     """
+    from kernel_insight.collector.clickhouse.embedded import EmbeddedStore
+    from kernel_insight.collector.clickhouse.server import ServerStore
+
     text = str(target)
     if is_store_url(text):
         store: Store = ServerStore.connect(text, database, retention, cluster=cluster)
@@ -1064,3 +816,17 @@ def open_store(
         head_window_ms=head_window_ms,
         ingest_wal=ingest_wal,
     )
+
+
+def __getattr__(name: str) -> Any:
+    """The back ends, public names of this module, from their own modules (PEP 562): they
+    subclass :class:`Store`, so they are imported once this module is, in either order."""
+    if name == "EmbeddedStore":
+        from kernel_insight.collector.clickhouse.embedded import EmbeddedStore
+
+        return EmbeddedStore
+    if name == "ServerStore":
+        from kernel_insight.collector.clickhouse.server import ServerStore
+
+        return ServerStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

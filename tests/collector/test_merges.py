@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from kernel_insight.collector.clickhouse.embedded import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
 from kernel_insight.collector.clickhouse.schema import MERGE_SETTINGS
-from kernel_insight.collector.clickhouse.store import EMBEDDED_TABLE_SETTINGS, EmbeddedStore
 from kernel_insight.collector.rows import SampleBuilder
 
 DAY_MS = 86_400_000
