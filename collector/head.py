@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from kernel_insight.kql.errors import QueryTimeoutError, TooManySamplesError, TooManySeriesError
 from kernel_insight.kql.pushdown import GridColumns, SeriesColumns, columns_of
-from kernel_insight.kql.storage import Labels, Matcher, ReadBudget, is_stale
+from kernel_insight.kql.storage import Labels, Matcher, ReadBudget, is_stale, labels_match
 
 __all__ = ["DEFAULT_HEAD_BYTES", "DEFAULT_HEAD_WINDOW_MS", "Head", "HeadStats", "concat_columns"]
 
@@ -53,6 +53,11 @@ MAX_BLOCK_SAMPLES = 1 << 24
 MAX_BLOCK_SPAN_OF_WINDOW = 1 / 8
 #: Estimated bytes a series costs beside its samples (labels, postings entries, ids).
 SERIES_OVERHEAD_BYTES = 400
+#: Series left by the equality matchers that the other matchers check on their labels rather
+#: than through postings (:meth:`Head.matching`): this many, or this share of the head's series
+#: when that is more.
+FILTER_BY_LABELS_MAX = 256
+FILTER_BY_LABELS_SHARE = 1 / 64
 _MIN_TS = -(2**63)
 
 I64 = npt.NDArray[np.int64]
@@ -642,22 +647,44 @@ class Head:
         return sids, rank, in_order, numbering
 
     def matching(self, matchers: Sequence[Matcher]) -> I32:
-        """Ids of the series that satisfy every matcher, ascending."""
+        """Ids of the series that satisfy every matcher, ascending.
+
+        The equality matchers' postings are intersected first. When that leaves no series, the
+        other matchers are not looked at; when it leaves few (``FILTER_BY_LABELS_MAX``, or
+        ``FILTER_BY_LABELS_SHARE`` of the head), the others are checked on those series' labels
+        instead of through postings: ``instance!=""`` beside ``__name__="x"`` (the health
+        snapshot's selectors) would otherwise unite the postings of every instance, every time."""
         with self._lock:
             n = len(self._labels)
             postings = self._postings
+            equal = sorted(
+                (postings.ids(m.name, m.value) for m in matchers if m.op == "=" and m.value), key=len
+            )
+            rest = [m for m in matchers if not (m.op == "=" and m.value)]
+            ids: I32 | None = None
+            if equal:
+                ids = equal[0]
+                for other in equal[1:]:
+                    if not len(ids):
+                        break
+                    ids = ids[np.isin(ids, other, assume_unique=True)]
+                if not len(ids) or not rest:
+                    return ids
+                if len(ids) <= max(FILTER_BY_LABELS_MAX, n * FILTER_BY_LABELS_SHARE):
+                    labels = self._labels
+                    keep = [i for i in ids.tolist() if labels_match(labels[i], rest)]
+                    return np.asarray(keep, dtype=np.int32)
             positive: list[I32] = []
             negative: list[I32] = []
-            for m in matchers:
+            for m in rest:
                 values = postings.by_name.get(m.name, {})
-                if m.op == "=" and m.value:
-                    positive.append(postings.ids(m.name, m.value))
-                    continue
                 if m.matches_empty():  # series without the label match: exclude the values it rejects
                     rejected = [v for v in list(values) if not m.matches(v)]
                     negative.append(postings.union(m.name, rejected))
                 else:
                     positive.append(postings.union(m.name, [v for v in list(values) if m.matches(v)]))
+        if ids is not None:
+            positive.append(ids)
         if positive:
             positive.sort(key=len)
             ids = positive[0]

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel_insight.collector import head as head_module
 from kernel_insight.collector.clickhouse.store import EmbeddedStore
 from kernel_insight.collector.head import DEFAULT_HEAD_BYTES as HEAD
 from kernel_insight.collector.head import Head, concat_columns
@@ -49,6 +50,15 @@ MATCHERS = [
     [Matcher("job", "=~", "node|gpu"), Matcher("mode", "=~", ".*")],
     [Matcher("nosuch", "=", "")],
     [Matcher("instance", "=", "h2"), Matcher("job", "!=", "")],
+    [Matcher("__name__", "=", "up"), Matcher("instance", "!=", "")],
+    [Matcher("__name__", "=", "up"), Matcher("nosuch", "=", "")],
+    [Matcher("__name__", "=", "up"), Matcher("nosuch", "!=", "")],
+    [
+        Matcher("__name__", "=", "cpu_seconds_total"),
+        Matcher("mode", "=~", "i.*"),
+        Matcher("job", "!~", "gpu"),
+    ],
+    [Matcher("__name__", "=", "absent_metric"), Matcher("instance", "!=", "")],
 ]
 
 
@@ -209,8 +219,12 @@ def test_a_flood_of_series_past_the_budget_evicts_and_still_answers_exactly(tmp_
         store.close()
 
 
-def test_head_matching_is_labels_match():
-    """Postings intersection gives exactly the series kql's own matcher semantics select."""
+@pytest.mark.parametrize("filter_max", [0, 10**9], ids=["postings", "labels"])
+def test_head_matching_is_labels_match(monkeypatch, filter_max):
+    """Postings intersection, and the check of the few series the equality matchers leave on their
+    labels, give exactly the series kql's own matcher semantics select."""
+    monkeypatch.setattr(head_module, "FILTER_BY_LABELS_MAX", filter_max)
+    monkeypatch.setattr(head_module, "FILTER_BY_LABELS_SHARE", 0.0)
     rng = random.Random(3)
     head = Head()
     seen: dict[tuple[tuple[str, str], ...], int] = {}
