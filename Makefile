@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: bootstrap run test test-midnight test-at lint typecheck unit build bench-ring bench-api bench-agent bench-catchup bench-ingest bench-e2e bench-ebpf bench-probe bench-cupti bench-kql bench-derive bench-import bench-metrics bench-rules bench-ui bench-histogram-core bench-histogram bench-histstore bench-samplestore bench-timeline bench-calls bench-routing bench-backup bench-cli soak clean
-.PHONY: bench-fleet bench-fleet-gpus bench-fleet-inproc bench-fleet-ingest
+.PHONY: bench-fleet bench-fleet-gpus bench-fleet-inproc bench-fleet-ingest bench-fleet-matching
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -114,6 +114,11 @@ bench-fleet-inproc: build
 # sample of new and of known series; FLEET_INGEST_ARGS="--targets 500 --churn 10".
 bench-fleet-ingest: build
 	$(PY) -m bench.fleet.ingest $(FLEET_INGEST_ARGS)
+
+# The head's series selection alone (Head.matching): snapshot-like selectors over 207,500 series,
+# postings path vs as answered; FLEET_MATCHING_ARGS="--instances 10000 --metrics 20".
+bench-fleet-matching: build
+	$(PY) -m bench.fleet.matching $(FLEET_MATCHING_ARGS)
 
 bench-kql: build
 	$(PY) -m bench.kql
