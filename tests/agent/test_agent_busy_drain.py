@@ -26,6 +26,7 @@ STEP_S = INTERVAL_MS / 4000  # the scenario's times, in seconds at a 4 s tick
 def test_a_ring_filling_faster_than_the_ticks_is_drained_before_them(agent_bin: Path, tmp_path: Path) -> None:
     with setup(tmp_path, agent_bin, f"/ki_test_busy.{os.getpid()}", capacity=CAPACITY) as s:
         agent = s.start("--drain-interval-ms", str(INTERVAL_MS), "--histograms=1")
+        agent.prioritize()  # its drains are what is judged, not the machine's scheduling
         wait_for(lambda: "started:" in agent.log(), 20, "agent start")
         t0 = time.monotonic()  # the agent's first tick (an empty ring) is now
         producer = PacedProducer(s.ring, RATE, catch_up=False)  # never above RATE, also on a loaded machine
@@ -66,6 +67,7 @@ def test_a_rate_that_grows_by_half_between_two_drains_loses_nothing(agent_bin: P
     base, grown = RATE // 2, RATE * 3 // 4  # 1.6 s between busy drains at the base rate
     with setup(tmp_path, agent_bin, f"/ki_test_burst.{os.getpid()}", capacity=CAPACITY) as s:
         agent = s.start("--drain-interval-ms", str(INTERVAL_MS), "--histograms=1")
+        agent.prioritize()  # its drains are what is judged, not the machine's scheduling
         wait_for(lambda: "started:" in agent.log(), 20, "agent start")
         t0 = time.monotonic()
         producer = PacedProducer(s.ring, base, catch_up=False)
