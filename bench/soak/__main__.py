@@ -289,6 +289,10 @@ class Netns:
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
 
 
+def _stop_by_hand(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="how long the load runs (default 60)")
@@ -310,6 +314,11 @@ def main() -> None:
     ap.add_argument("--log", type=Path, help="fault log and figures (default bench/results/soak-<seed>.log)")
     ap.add_argument("--dir", type=Path, help="work here (default: a temporary directory)")
     args = ap.parse_args()
+    # Stopped by hand: Ctrl-C, or SIGTERM where a shell started the soak in the background (such a
+    # job ignores SIGINT). Raised in the main thread, so the processes, the network namespace, the
+    # loop mounts and the rings are cleaned up on the way out, as at the end of a run.
+    signal.signal(signal.SIGINT, _stop_by_hand)
+    signal.signal(signal.SIGTERM, _stop_by_hand)
     run_s = args.minutes * 60
     token_mark = leaks.mark()  # before the first process starts: every one inherits it
     log = Log(args.log or REPO / "bench" / "results" / f"soak-{args.seed}.log")
