@@ -86,6 +86,10 @@ def browser() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCollector]:
     tmp = tmp_path_factory.mktemp("ui")
+    # Taken again when the data is written: at import (collection) it can be over an hour old by
+    # the time a slow full run reaches this module, and the UI's "last hour" would miss the spans.
+    global SPAN_START_S
+    SPAN_START_S = int(time.time()) - 120
     populate_fleet(tmp / "data", INSTANCES, int(time.time() * 1000), hot=("node-0003",))
     populate_spans(tmp / "data", "node-0001", 0, SPAN_START_S * 1_000_000_000, SPANS)
     # Native histograms as the agent ships them, every HISTOGRAM_INTERVAL_S (7 s): node-0001's GPU 0
